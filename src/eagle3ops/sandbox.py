@@ -1,5 +1,525 @@
-"""Placeholder sub-app; its owner replaces it (see the ownership map)."""
+"""The embedded sandbox host: an OpenSSH server on 127.0.0.1 and a Docker engine of its own, on this machine.
+
+The sandbox is reached exactly like a real GPU host — through :class:`eagle3ops.remote.Remote` and the inventory
+entry ``sandbox`` in ``deploy/hosts.yaml`` — so the same code path serves ``HOST=sandbox`` and ``HOST=gpu-01``.
+
+Layout (host side, owned by root, under ``/var/lib/eagle3ops-sandbox/<name>/``)::
+
+    docker.sock         the sandbox engine's API socket (group ``e3ops``, mode 660)
+    docker.pid          dockerd pid file;  dockerd.log  its log
+    docker/             dockerd --data-root;  /run/eagle3ops-sandbox/<name>  its --exec-root
+    ssh/sshd_config     sshd's own config (Port, ListenAddress 127.0.0.1, HostKey, PidFile, AuthorizedKeysFile)
+    ssh/ssh_host_ed25519_key[.pub]   the sandbox's own host key, generated on first ``up``
+    ssh/authorized_keys  the client key allowed to log in as ``e3ops``
+    ssh/sshd.pid, sshd.log
+    data/  state/       the inventory's ``data_dir`` / ``state_dir`` (owned by ``e3ops``)
+
+Client side (in the repository, gitignored): ``.sandbox/<name>/id_ed25519`` (the user key) and
+``.sandbox/<name>/known_hosts`` holding ``[127.0.0.1]:<port> ssh-ed25519 ...`` — host-key checking stays on.
+
+The second dockerd runs with ``--bridge=none --iptables=false``, so containers there must use ``--network host``.
+It starts its own containerd under its exec-root (none is shared with the build engine). Measured on this machine
+(Docker 20.10, Debian 12): two dockerd daemons with separate data-/exec-roots run side by side (FACTS.md).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+#: Parent of every sandbox's host-side state.
+SANDBOX_BASE = Path("/var/lib/eagle3ops-sandbox")
+#: Parent of every sandbox dockerd's exec-root (short path: containerd puts unix sockets under it).
+EXEC_BASE = Path("/run/eagle3ops-sandbox")
+#: Login user and group on the sandbox (group owns the sandbox docker socket).
+USER = "e3ops"
+GROUP = "e3ops"
+#: apt packages providing the programs the sandbox needs.
+APT_PACKAGES = {"sshd": "openssh-server", "dockerd": "docker.io", "docker": "docker.io", "ssh-keygen": "openssh-client",
+                "ssh": "openssh-client"}
+#: Seconds to wait for dockerd / sshd to answer after start.
+START_TIMEOUT_S = 60.0
+
+
+class SandboxError(Exception):
+    """The sandbox cannot be set up or is unhealthy; the message says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """Where a sandbox lives and how to reach it (the values the inventory entry uses).
+
+    Attributes:
+        name: sandbox name (``sandbox`` for the inventory entry of the same name).
+        ssh_port: TCP port of its sshd on 127.0.0.1.
+        root: host-side state directory.
+        docker_host: ``unix://`` URL of its dockerd socket.
+        data_dir / state_dir: the inventory's data and state directories on the "host".
+        identity_file / known_hosts: client-side files (the user key and the pinned host key).
+        user: login user.
+        docker_version: server version the sandbox engine reported on the last verification.
+        started: which daemons this call (re)started (empty when everything already ran).
+    """
+
+    name: str
+    ssh_port: int
+    root: Path
+    docker_host: str
+    data_dir: Path
+    state_dir: Path
+    identity_file: Path
+    known_hosts: Path
+    user: str
+    docker_version: str = ""
+    started: tuple[str, ...] = ()
+
+    def host_config(self, **overrides: object):
+        """A :class:`eagle3ops.config.HostConfig` for this sandbox (serving/model fields are placeholders unless
+        overridden); used by tests and benchmarks that need a host without an inventory file."""
+        from eagle3ops.config import HostConfig, ServingConfig
+
+        fields: dict = dict(
+            name=self.name, hostname="127.0.0.1", port=self.ssh_port, user=self.user,
+            identity_file=self.identity_file, known_hosts=self.known_hosts, docker_host=self.docker_host,
+            data_dir=str(self.data_dir), state_dir=str(self.state_dir), model_path=str(self.data_dir / "model"),
+            serving=ServingConfig(image="none", served_model_name="none", gpus="none"),
+        )
+        fields.update(overrides)
+        return HostConfig(**fields)
+
+
+# --- paths ------------------------------------------------------------------------------------------------------
+def repo_root() -> Path:
+    """The repository root: the source checkout this module lives in, else the current directory."""
+    here = Path(__file__).resolve().parents[2]
+    if (here / "pyproject.toml").is_file() and (here / "src" / "eagle3ops").is_dir():
+        return here
+    return Path.cwd()
+
+
+def _root(name: str) -> Path:
+    return SANDBOX_BASE / name
+
+
+def client_dir(name: str) -> Path:
+    """Client-side directory holding the sandbox's user key and known_hosts: ``<repo>/.sandbox/<name>/``."""
+    override = os.environ.get("EAGLE3OPS_SANDBOX_CLIENT_DIR")
+    base = Path(override) if override else repo_root() / ".sandbox"
+    return base / name
+
+
+def _check_name(name: str) -> None:
+    if not name or not all(c.isalnum() or c in "-_" for c in name) or len(name) > 32:
+        raise SandboxError(f"sandbox name {name!r}: use 1-32 letters, digits, '-' or '_'")
+
+
+def info(name: str = "sandbox", ssh_port: int = 2222) -> SandboxInfo:
+    """The :class:`SandboxInfo` of a sandbox (paths only; nothing is checked or started)."""
+    _check_name(name)
+    root = _root(name)
+    cdir = client_dir(name)
+    return SandboxInfo(
+        name=name, ssh_port=ssh_port, root=root, docker_host=f"unix://{root / 'docker.sock'}",
+        data_dir=root / "data", state_dir=root / "state", identity_file=cdir / "id_ed25519",
+        known_hosts=cdir / "known_hosts", user=USER,
+    )
+
+
+# --- prerequisites ----------------------------------------------------------------------------------------------
+def check_prerequisites() -> dict[str, str]:
+    """Check that we run as root and that ``sshd``, ``dockerd``, ``docker``, ``ssh``, ``ssh-keygen`` exist.
+
+    Returns:
+        program name → absolute path.
+
+    Raises:
+        SandboxError: not root, or programs missing (the message names the apt packages to install).
+    """
+    if os.geteuid() != 0:
+        raise SandboxError("the sandbox host needs root (it starts sshd and dockerd and creates the user e3ops); "
+                           "run `sudo eagle3ops sandbox up`")
+    found: dict[str, str] = {}
+    missing: list[str] = []
+    search = os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/local/sbin"
+    for prog in APT_PACKAGES:
+        path = shutil.which(prog, path=search)
+        if path:
+            found[prog] = path
+        else:
+            missing.append(prog)
+    if missing:
+        pkgs = sorted({APT_PACKAGES[p] for p in missing})
+        raise SandboxError(f"missing program(s) {', '.join(missing)}: install them with "
+                           f"`apt-get install -y {' '.join(pkgs)}`")
+    return found
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------
+def _run(argv: list[str], *, timeout: float = 60, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    try:
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"`{' '.join(argv)}` did not finish within {timeout:.0f}s") from None
+    if check and cp.returncode != 0:
+        raise SandboxError(f"`{' '.join(argv)}` exited {cp.returncode}: {(cp.stderr or cp.stdout).strip()[-800:]}")
+    return cp
+
+
+def _pid_alive(pidfile: Path) -> int | None:
+    """The pid in ``pidfile`` if that process exists (and is not a zombie), else None."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            return None
+    except OSError:
+        return None
+    return pid
+
+
+def _stop_pid(pidfile: Path, timeout: float = 20.0) -> bool:
+    """SIGTERM the process named by ``pidfile``, SIGKILL after ``timeout`` s. Returns True if one was running."""
+    pid = _pid_alive(pidfile)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _pid_alive(pidfile) is None:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+    try:
+        pidfile.unlink()
+    except FileNotFoundError:
+        pass
+    return True
+
+
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
+def _ensure_user() -> tuple[int, int]:
+    """Create group and user ``e3ops`` (shell /bin/bash, home /home/e3ops) if missing; returns (uid, gid)."""
+    try:
+        grp.getgrnam(GROUP)
+    except KeyError:
+        _run(["groupadd", "--system", GROUP])
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        _run(["useradd", "--create-home", "--shell", "/bin/bash", "--gid", GROUP, USER])
+    pw = pwd.getpwnam(USER)
+    if pw.pw_shell != "/bin/bash":
+        _run(["usermod", "--shell", "/bin/bash", USER])
+    # A fresh useradd leaves the password field "!" (locked); sshd (UsePAM no) refuses locked accounts even for
+    # public-key logins. "*" = no password can ever match, but the account is not locked.
+    _run(["usermod", "-p", "*", USER])
+    return pw.pw_uid, grp.getgrnam(GROUP).gr_gid
+
+
+def _sshd_config(inf: SandboxInfo) -> str:
+    ssh = inf.root / "ssh"
+    return "\n".join([
+        "# eagle3ops sandbox sshd (generated by eagle3ops.sandbox; edits are overwritten by `sandbox up`)",
+        f"Port {inf.ssh_port}",
+        "ListenAddress 127.0.0.1",
+        f"HostKey {ssh / 'ssh_host_ed25519_key'}",
+        f"PidFile {ssh / 'sshd.pid'}",
+        f"AuthorizedKeysFile {ssh / 'authorized_keys'}",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PubkeyAuthentication yes",
+        "PermitRootLogin no",
+        f"AllowUsers {USER}",
+        # StrictModes stays on: the authorized_keys file and every directory above it are root-owned, not
+        # group/world-writable, which is what StrictModes demands.
+        "StrictModes yes",
+        "UsePAM no",
+        "X11Forwarding no",
+        "AllowTcpForwarding no",
+        "PrintMotd no",
+        "AcceptEnv LANG LC_*",
+        "Subsystem sftp internal-sftp",
+        "",
+    ])
+
+
+def _docker_ok(sock: Path) -> str | None:
+    """Server version of the engine at ``sock`` if it answers, else None."""
+    if not sock.exists():
+        return None
+    cp = subprocess.run(["docker", "-H", f"unix://{sock}", "version", "--format", "{{.Server.Version}}"],
+                        capture_output=True, text=True, timeout=20)
+    return cp.stdout.strip() if cp.returncode == 0 and cp.stdout.strip() else None
+
+
+def _start_dockerd(inf: SandboxInfo, dockerd: str) -> None:
+    root = inf.root
+    sock = root / "docker.sock"
+    exec_root = EXEC_BASE / inf.name
+    exec_root.mkdir(parents=True, exist_ok=True)
+    (root / "docker").mkdir(parents=True, exist_ok=True)
+    if sock.exists():
+        sock.unlink()  # stale socket of a dead daemon
+    argv = [
+        dockerd,
+        "--data-root", str(root / "docker"),
+        "--exec-root", str(exec_root),
+        "--pidfile", str(root / "docker.pid"),
+        "-H", f"unix://{sock}",
+        "--bridge=none", "--iptables=false", "--ip-masq=false",
+        "--group", GROUP,
+        "--containerd-namespace", f"e3ops-{inf.name}",
+        "--containerd-plugins-namespace", f"e3ops-{inf.name}-plugins",
+    ]
+    log = open(root / "dockerd.log", "ab")
+    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
+    subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True, env=env)
+    log.close()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if _docker_ok(sock):
+            return
+        time.sleep(0.5)
+    tail = (root / "dockerd.log").read_text(errors="replace").splitlines()[-15:]
+    raise SandboxError(f"sandbox dockerd did not answer on {sock} within {START_TIMEOUT_S:.0f}s; "
+                       f"log {root / 'dockerd.log'}:\n" + "\n".join(tail))
+
+
+def _start_sshd(inf: SandboxInfo, sshd: str) -> None:
+    if _port_open(inf.ssh_port):
+        raise SandboxError(f"port 127.0.0.1:{inf.ssh_port} is already taken by another program; pick another "
+                           f"with `eagle3ops sandbox up --ssh-port N` (and the inventory's `port:`)")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege-separation directory sshd requires
+    ssh = inf.root / "ssh"
+    _run([sshd, "-t", "-f", str(ssh / "sshd_config")])
+    _run([sshd, "-f", str(ssh / "sshd_config"), "-E", str(inf.root / "sshd.log")])  # daemonizes, writes PidFile
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if _port_open(inf.ssh_port) and _pid_alive(ssh / "sshd.pid"):
+            return
+        time.sleep(0.2)
+    raise SandboxError(f"sandbox sshd did not listen on 127.0.0.1:{inf.ssh_port} within {START_TIMEOUT_S:.0f}s; "
+                       f"log {inf.root / 'sshd.log'}")
+
+
+def _ssh_argv(inf: SandboxInfo, remote_argv: list[str]) -> list[str]:
+    from eagle3ops.remote import render
+
+    return ["ssh", "-F", "/dev/null", "-p", str(inf.ssh_port), "-i", str(inf.identity_file),
+            "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={inf.known_hosts}", "-o", "ConnectTimeout=10",
+            f"{inf.user}@127.0.0.1", render(remote_argv)]
+
+
+# --- public API -------------------------------------------------------------------------------------------------
+def up(name: str = "sandbox", ssh_port: int = 2222) -> SandboxInfo:
+    """Bring the sandbox host up (idempotent): create what is missing, start what is dead, verify what runs.
+
+    Creates user/group ``e3ops``, the host key (first time only), the client user key and known_hosts, the
+    directories, then (re)starts dockerd and sshd as needed. Finally logs in over real SSH with strict host-key
+    checking and runs ``docker -H <sock> version`` as ``e3ops``.
+
+    Args:
+        name: sandbox name (state under ``/var/lib/eagle3ops-sandbox/<name>/``).
+        ssh_port: TCP port on 127.0.0.1 for its sshd.
+
+    Returns:
+        :class:`SandboxInfo` with ``started`` naming the daemons this call started.
+
+    Raises:
+        SandboxError: not root, missing programs (names the apt packages), port taken, a daemon fails to start, or
+            the final SSH + docker check fails.
+    """
+    progs = check_prerequisites()
+    inf = info(name, ssh_port)
+    uid, gid = _ensure_user()
+    root = inf.root
+    for d in (SANDBOX_BASE, root, root / "ssh"):
+        d.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chown(d, 0, 0)
+        os.chmod(d, 0o755)
+    for d in (inf.data_dir, inf.state_dir):
+        d.mkdir(mode=0o755, exist_ok=True)
+        os.chown(d, uid, gid)
+    # Client side: user key + known_hosts.
+    cdir = inf.identity_file.parent
+    cdir.mkdir(parents=True, exist_ok=True)
+    os.chmod(cdir, 0o700)
+    if not inf.identity_file.exists():
+        _run([progs["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-C", f"eagle3ops-{name}-client",
+              "-f", str(inf.identity_file)])
+    pub = Path(str(inf.identity_file) + ".pub").read_text().strip()
+    # Host side: host key (kept across ups so known_hosts stays valid), authorized_keys, sshd_config.
+    ssh = root / "ssh"
+    hostkey = ssh / "ssh_host_ed25519_key"
+    if not hostkey.exists():
+        _run([progs["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-C", f"eagle3ops-{name}-host",
+              "-f", str(hostkey)])
+    os.chmod(hostkey, 0o600)
+    ak = ssh / "authorized_keys"
+    ak.write_text(pub + "\n")
+    os.chown(ak, 0, 0)
+    os.chmod(ak, 0o644)
+    host_pub = Path(str(hostkey) + ".pub").read_text().split()
+    inf.known_hosts.write_text(f"[127.0.0.1]:{ssh_port} {host_pub[0]} {host_pub[1]}\n")
+    config_text = _sshd_config(inf)
+    cfg = ssh / "sshd_config"
+    config_changed = not cfg.exists() or cfg.read_text() != config_text
+    cfg.write_text(config_text)
+
+    started: list[str] = []
+    sock = root / "docker.sock"
+    if _pid_alive(root / "docker.pid") is None or _docker_ok(sock) is None:
+        _stop_pid(root / "docker.pid")
+        _start_dockerd(inf, progs["dockerd"])
+        started.append("dockerd")
+    # dockerd --group sets the socket's group; make sure (an older daemon may have been started without it).
+    os.chown(sock, 0, gid)
+    os.chmod(sock, 0o660)
+    sshd_pid = _pid_alive(ssh / "sshd.pid")
+    if sshd_pid is not None and (config_changed or not _port_open(ssh_port)):
+        _stop_pid(ssh / "sshd.pid")
+        sshd_pid = None
+    if sshd_pid is None:
+        _start_sshd(inf, progs["sshd"])
+        started.append("sshd")
+    # Verify over real SSH, as e3ops, with strict host-key checking.
+    cp = subprocess.run(_ssh_argv(inf, ["docker", "-H", inf.docker_host, "version", "--format",
+                                        "{{.Server.Version}}"]),
+                        capture_output=True, text=True, timeout=60)
+    if cp.returncode != 0 or not cp.stdout.strip():
+        raise SandboxError(f"sandbox {name}: SSH login as {USER} + `docker version` failed (exit {cp.returncode}): "
+                           f"{cp.stderr.strip()[-800:]}; see {root / 'sshd.log'} and {root / 'dockerd.log'}")
+    return SandboxInfo(**{**asdict(inf), "docker_version": cp.stdout.strip(), "started": tuple(started)})
+
+
+def down(name: str = "sandbox", purge: bool = False) -> list[str]:
+    """Stop the sandbox's sshd and dockerd (its containers stop with dockerd).
+
+    Args:
+        name: sandbox name.
+        purge: also delete its host-side state (images, data, keys) and its client directory.
+
+    Returns:
+        the daemons that were running and got stopped.
+    """
+    _check_name(name)
+    root = _root(name)
+    stopped = []
+    if _stop_pid(root / "ssh" / "sshd.pid"):
+        stopped.append("sshd")
+    sock = root / "docker.sock"
+    if _pid_alive(root / "docker.pid") is not None:
+        # Stop containers first so dockerd exits promptly (bounded by the stop timeout).
+        cp = subprocess.run(["docker", "-H", f"unix://{sock}", "ps", "-q"], capture_output=True, text=True,
+                            timeout=30)
+        ids = cp.stdout.split()
+        if ids:
+            subprocess.run(["docker", "-H", f"unix://{sock}", "stop", "-t", "10", *ids], capture_output=True,
+                           timeout=120)
+        _stop_pid(root / "docker.pid", timeout=60)
+        stopped.append("dockerd")
+    if purge:
+        exec_root = EXEC_BASE / name
+        for p in (exec_root, root):
+            if p.exists():
+                # overlay mounts of a dead daemon may linger; unmount before deleting
+                subprocess.run(["sh", "-c", 'grep -o " $0[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l',
+                                str(p)], capture_output=True, timeout=60)
+                shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(client_dir(name), ignore_errors=True)
+    return stopped
+
+
+def status(name: str = "sandbox", ssh_port: int = 2222) -> dict[str, object]:
+    """State of a sandbox without changing it: which daemons run, whether the engine answers.
+
+    Returns:
+        a dict with ``dockerd`` (pid or None), ``docker_version`` (or None), ``sshd`` (pid or None),
+        ``ssh_listening`` (bool), and the paths of :class:`SandboxInfo`.
+    """
+    inf = info(name, ssh_port)
+    return {
+        "name": name,
+        "dockerd": _pid_alive(inf.root / "docker.pid"),
+        "docker_version": _docker_ok(inf.root / "docker.sock"),
+        "sshd": _pid_alive(inf.root / "ssh" / "sshd.pid"),
+        "ssh_listening": _port_open(ssh_port),
+        "docker_host": inf.docker_host,
+        "identity_file": str(inf.identity_file),
+        "known_hosts": str(inf.known_hosts),
+        "data_dir": str(inf.data_dir),
+        "state_dir": str(inf.state_dir),
+    }
+
+
+# --- CLI --------------------------------------------------------------------------------------------------------
+app = typer.Typer(no_args_is_help=True, help="The embedded sandbox host: sshd on 127.0.0.1 + its own dockerd.")
+
+
+@app.command("up")
+def up_command(
+    name: str = typer.Option("sandbox", help="Sandbox name (the inventory entry of the same name uses it)."),
+    ssh_port: int = typer.Option(2222, help="sshd port on 127.0.0.1."),
+) -> None:
+    """Start (or re-verify) the sandbox host; idempotent."""
+    try:
+        inf = up(name, ssh_port)
+    except SandboxError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1)
+    what = f"started {', '.join(inf.started)}" if inf.started else "already running, verified"
+    typer.echo(f"sandbox {name}: {what}; ssh {inf.user}@127.0.0.1:{inf.ssh_port}, docker {inf.docker_version} "
+               f"at {inf.docker_host}")
+    typer.echo(f"  identity_file {inf.identity_file}\n  known_hosts   {inf.known_hosts}")
+
+
+@app.command("down")
+def down_command(
+    name: str = typer.Option("sandbox", help="Sandbox name."),
+    purge: bool = typer.Option(False, help="Also delete its images, data, keys and client files."),
+) -> None:
+    """Stop the sandbox host's sshd and dockerd."""
+    stopped = down(name, purge=purge)
+    typer.echo(f"sandbox {name}: stopped {', '.join(stopped) or 'nothing (was not running)'}"
+               + ("; state purged" if purge else ""))
+
+
+@app.command("status")
+def status_command(
+    name: str = typer.Option("sandbox", help="Sandbox name."),
+    ssh_port: int = typer.Option(2222, help="sshd port on 127.0.0.1."),
+) -> None:
+    """Show whether the sandbox's daemons run; exit 1 when not healthy."""
+    st = status(name, ssh_port)
+    for k, v in st.items():
+        typer.echo(f"{k:15} {v}")
+    if not (st["dockerd"] and st["docker_version"] and st["sshd"] and st["ssh_listening"]):
+        raise typer.Exit(1)
