@@ -1,0 +1,367 @@
+"""The ``eagle3ops`` command line (typer): thin commands that load the inventory and call the orchestration layer.
+
+Every command that changes a host takes ``--dry-run``, which prints the remote commands in order and runs none of
+them (read-only checks still run, so the plan shows real answers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eagle3ops import __version__
+from eagle3ops.config import ConfigError, HostConfig, docs, load_inventory
+from eagle3ops.image_cli import app as image_app
+from eagle3ops.patches.cli import app as patch_app
+from eagle3ops.sandbox import app as sandbox_app
+from eagle3ops.stages.cli import app as stage_app
+
+console = Console(stderr=True)
+app = typer.Typer(no_args_is_help=True, help="Train and ship an EAGLE-3 draft head for a model served with vLLM.")
+app.add_typer(patch_app, name="patch", help="Patch series: apply, verify, check, new/refresh, rebase, capture, drift.")
+app.add_typer(stage_app, name="stage", help="Pipeline stages (run inside the pipeline image).")
+app.add_typer(image_app, name="image", help="Versioned images: build, base, ls.")
+app.add_typer(sandbox_app, name="sandbox", help="The embedded local sandbox host (sshd + its own dockerd).")
+lock_app = typer.Typer(no_args_is_help=True, help="The host's deploy lock.")
+app.add_typer(lock_app, name="lock")
+config_app = typer.Typer(no_args_is_help=True, help="Inventory reference and validation.")
+app.add_typer(config_app, name="config")
+
+InventoryOpt = typer.Option(
+    Path(os.environ.get("EAGLE3OPS_INVENTORY", "deploy/hosts.yaml")), "--inventory", "-i",
+    help="Inventory file (env EAGLE3OPS_INVENTORY).")
+DryRunOpt = typer.Option(False, "--dry-run", help="Print every remote command in order; execute none.")
+
+
+def _host(inventory: Path, name: str) -> HostConfig:
+    try:
+        return load_inventory(inventory).host(name)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _remote(host: HostConfig, dry_run: bool = False):
+    from eagle3ops.remote import Remote
+
+    echo = (lambda cmd: print(cmd)) if dry_run else None
+    return Remote(host, dry_run=dry_run, echo=echo)
+
+
+def _fail(msg: str, code: int = 1) -> None:
+    console.print(f"[red]error:[/red] {msg}")
+    raise typer.Exit(code)
+
+
+def _print_event(ev: dict[str, Any]) -> None:
+    step, event = ev.get("step"), ev.get("event")
+    color = {"ok": "green", "error": "red", "warn": "yellow", "start": "cyan", "done": "bold"}.get(event, "white")
+    extra = {k: v for k, v in ev.items() if k not in ("t", "epoch", "step", "event")}
+    console.print(f"[{color}]{ev.get('t', '')[11:19]} {step:<12} {event:<6}[/{color}] "
+                  + " ".join(f"{k}={v}" for k, v in extra.items()))
+
+
+def _summary(result: dict[str, Any]) -> None:
+    t = Table(title=f"window {result.get('window_id')} ({result.get('kind')})")
+    t.add_column("what")
+    t.add_column("value")
+    t.add_row("outcome", str(result.get("outcome")))
+    if result.get("error"):
+        t.add_row("error", str(result["error"]))
+    for name, outcome in (result.get("stages") or {}).items():
+        secs = (result.get("stage_seconds") or {}).get(name)
+        t.add_row(f"stage {name}", f"{outcome}" + (f" ({secs:.1f} s)" if secs is not None else ""))
+    if result.get("downtime_s") is not None:
+        t.add_row("serving downtime", f"{result['downtime_s']:.1f} s")
+    t.add_row("wall time", f"{result.get('wall_s')} s")
+    t.add_row("serving running", str(result.get("serving_running")))
+    t.add_row("serving release", str(result.get("release")))
+    for w in result.get("warnings") or []:
+        t.add_row("warning", w)
+    Console().print(t)
+
+
+def _deployed(r) -> dict[str, Any]:
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window import paths
+
+    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False)
+    if not out.stdout.strip():
+        _fail(f"{r.host.name}: no pipeline image deployed yet; run `eagle3ops deploy {r.host.name}` first")
+    return json.loads(out.stdout)
+
+
+def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
+    from eagle3ops.window import WindowError, run_window
+
+    command = "eagle3ops " + " ".join(sys.argv[1:])
+    with _remote(host, dry_run) as r:
+        dep = _deployed(r) if not dry_run else (_deployed(r) if host.pipeline_image is None else
+                                                 {"image": host.pipeline_image, "image_id": None})
+        try:
+            result = run_window(r, kind=kind, image=host.pipeline_image or dep["image"],
+                                expected_image_id=dep.get("image_id"), command=command,
+                                on_event=_print_event, **kw)
+        except WindowError as exc:
+            _fail(str(exc))
+    if dry_run:
+        return result
+    _summary(result)
+    if result.get("outcome") != "ok":
+        raise typer.Exit(1)
+    return result
+
+
+@app.command()
+def version() -> None:
+    """Print the eagle3ops version."""
+    print(__version__)
+
+
+@app.command()
+def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+           profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image."),
+           base_image: Optional[str] = typer.Option(None, help="Override BASE_IMAGE (local bases).")) -> None:
+    """Build the pipeline image if needed, push it over SSH, verify its id on the host, preflight. Serving untouched."""
+    from eagle3ops import deployer
+
+    h = _host(inventory, host)
+    try:
+        deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print)
+    except deployer.DeployError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def extract(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+            run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
+            pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with.")) -> None:
+    """Maintenance window 1: stop serving, run prepare + extract, restore serving (health-gated)."""
+    h = _host(inventory, host)
+    _upload_pipeline(h, run, pipeline, dry_run)
+    _window("extract", h, dry_run, run=run)
+
+
+@app.command()
+def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+          run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
+          pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with.")) -> None:
+    """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated)."""
+    h = _host(inventory, host)
+    _upload_pipeline(h, run, pipeline, dry_run)
+    _window("train", h, dry_run, run=run)
+
+
+def _upload_pipeline(h: HostConfig, run: str, pipeline: Path, dry_run: bool) -> None:
+    from eagle3ops.commands import host as hc
+
+    if not pipeline.is_file():
+        _fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
+    text = pipeline.read_text()
+    try:
+        from eagle3ops.pipeline_config import PipelineConfig  # validated here when the module is available
+
+        import yaml
+
+        PipelineConfig.model_validate(yaml.safe_load(text) or {})
+    except ImportError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - pydantic ValidationError or YAML error, shown with the file name
+        _fail(f"{pipeline}: invalid pipeline config: {exc}")
+    rdir = f"{h.data_dir}/runs/{run}"
+    with _remote(h, dry_run) as r:
+        r.run(hc.mkdir_p(rdir))
+        r.run(hc.write_file(f"{rdir}/pipeline.yaml"), stdin=text)
+
+
+@app.command()
+def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+            arg: list[str] = typer.Option([], "--arg", help="Extra serving argument for this release (repeatable).")
+            ) -> None:
+    """Roll out a new serving release from the inventory (plus --arg flags), health-gated; rollback on failure."""
+    from eagle3ops.window import serving_release_spec
+
+    h = _host(inventory, host)
+    _window("release", h, dry_run, new_spec=serving_release_spec(h, list(arg)))
+
+
+@app.command()
+def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+             to: Optional[int] = typer.Option(None, "--to", help="Release number (default: the one before current).")
+             ) -> None:
+    """Bring back a retained serving release (default: the previous one), health-gated."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window import paths
+
+    h = _host(inventory, host)
+    if to is None:
+        with _remote(h) as r:
+            cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False, mutates=False)
+            nums = r.run(hc.ls(paths(h)["releases"]), check=False, mutates=False)
+        current = int(cur.stdout.strip() or 0)
+        earlier = sorted(int(n[:-5]) for n in nums.stdout.split() if n.endswith(".json") and int(n[:-5]) < current)
+        if not earlier:
+            _fail(f"{host}: no release before the current one ({current or 'none'}) is retained")
+        to = earlier[-1]
+    _window("rollback", h, dry_run, to_release=to)
+
+
+@app.command()
+def status(host: str, inventory: Path = InventoryOpt) -> None:
+    """Lock, serving release and the newest window's journal and result."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window import latest_window, paths, read_lock
+
+    h = _host(inventory, host)
+    with _remote(h) as r:
+        lock = read_lock(r)
+        console.print(f"lock: {json.dumps(lock) if lock else 'free'}")
+        cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False, mutates=False)
+        console.print(f"serving release: {cur.stdout.strip() or 'none recorded'}")
+        wid = latest_window(r)
+        if not wid:
+            console.print("no window has run on this host")
+            return
+        p = paths(h, wid)
+        for line in r.run(hc.cat_if_exists(p["journal"]), check=False, mutates=False).stdout.splitlines():
+            _print_event(json.loads(line))
+        res = r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False).stdout
+        if res.strip():
+            _summary({**json.loads(res), "window_id": wid})
+        else:
+            console.print(f"window {wid} is still running (or its supervisor died: `eagle3ops recover {host}`)")
+
+
+@app.command()
+def attach(host: str, inventory: Path = InventoryOpt) -> None:
+    """Follow the newest window's journal until it finishes, then print its summary."""
+    from eagle3ops.window import cleanup_supervisor, latest_window, watch
+
+    h = _host(inventory, host)
+    with _remote(h) as r:
+        wid = latest_window(r)
+        if not wid:
+            _fail(f"{host}: no window to attach to")
+        result = watch(r, wid, on_event=_print_event)
+        cleanup_supervisor(r, wid)
+    _summary({**result, "window_id": wid})
+
+
+@app.command()
+def recover(host: str, inventory: Path = InventoryOpt) -> None:
+    """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
+    from eagle3ops.commands import docker as dk
+    from eagle3ops.commands import host as hc
+    from eagle3ops.commands import stages as st
+    from eagle3ops.window import latest_window, paths, watch
+
+    h = _host(inventory, host)
+    with _remote(h) as r:
+        wid = latest_window(r)
+        if not wid:
+            _fail(f"{host}: no window to recover")
+        p = paths(h, wid)
+        if r.run(hc.cat_if_exists(p["result"]), mutates=False).stdout.strip():
+            console.print(f"window {wid} already finished")
+        else:
+            plan = json.loads(r.run(hc.cat(p["plan"]), mutates=False).stdout)
+            image = plan["stages"][0]["spec"]["image"] if plan["stages"] else _deployed(r)["image"]
+            r.run(dk.rm(h, st.supervisor_name(wid), force=True), check=False)
+            r.run(st.supervisor_argv(h, image=image, window_id=wid, plan_path=p["plan"]))
+        result = watch(r, wid, on_event=_print_event)
+    _summary({**result, "window_id": wid})
+
+
+@app.command()
+def audit(host: str, inventory: Path = InventoryOpt) -> None:
+    """The host's audit log: who, when, what, outcome."""
+    from eagle3ops.window import audit_entries
+
+    h = _host(inventory, host)
+    with _remote(h) as r:
+        entries = audit_entries(r)
+    t = Table(title=f"audit log of {host}")
+    for col in ("t", "user", "command", "outcome", "error"):
+        t.add_column(col)
+    for e in entries:
+        t.add_row(*(str(e.get(c, ""))[:80] for c in ("t", "user", "command", "outcome", "error")))
+    Console().print(t)
+
+
+@lock_app.command("status")
+def lock_status(host: str, inventory: Path = InventoryOpt) -> None:
+    """Show who holds the host's deploy lock (and whether it is stale)."""
+    from eagle3ops.window import describe_lock, read_lock
+
+    h = _host(inventory, host)
+    with _remote(h) as r:
+        console.print(describe_lock(r) if read_lock(r) else f"{host}: lock is free")
+
+
+@lock_app.command("release")
+def lock_release(host: str, inventory: Path = InventoryOpt,
+                 force: bool = typer.Option(False, "--force", help="Release even if its window may still run.")
+                 ) -> None:
+    """Release the host's deploy lock; refuses while its window's supervisor runs unless --force."""
+    from eagle3ops.window import lock_is_stale, read_lock, release_lock
+
+    h = _host(inventory, host)
+    with _remote(h) as r:
+        d = read_lock(r)
+        if not d:
+            console.print(f"{host}: lock is free")
+            return
+        if not lock_is_stale(r, d) and not force:
+            _fail(f"{host}: window {d.get('window_id')} is still running; wait or pass --force")
+        release_lock(r)
+        console.print(f"{host}: lock released (was held by {d.get('holder')} since {d.get('since')})")
+
+
+@config_app.command("docs")
+def config_docs() -> None:
+    """Print every inventory key with its type, default and meaning."""
+    print(docs())
+
+
+@config_app.command("check")
+def config_check(inventory: Path = InventoryOpt) -> None:
+    """Validate the inventory file."""
+    try:
+        inv = load_inventory(inventory)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    console.print(f"{inventory}: ok ({', '.join(inv.hosts)})")
+
+
+def _register_push() -> None:
+    from eagle3ops import transfer
+
+    app.command("push", help="Push an image to hosts over SSH, sending only missing layers.")(transfer.push_command)
+
+
+_register_push()
+
+
+@app.command()
+def demo(inventory: Path = InventoryOpt,
+         keep_going: bool = typer.Option(False, help="Continue after a failed step.")) -> None:
+    """The whole maintenance cycle on the embedded sandbox host (see README)."""
+    from eagle3ops import demo as demo_mod
+
+    raise typer.Exit(demo_mod.run(inventory=inventory))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

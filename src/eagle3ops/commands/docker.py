@@ -1,0 +1,58 @@
+"""Docker CLI commands on a host, as argv lists (``docker -H ENDPOINT ...``)."""
+
+from __future__ import annotations
+
+from eagle3ops.config import HostConfig
+
+
+def docker(host: HostConfig, *args: str) -> list[str]:
+    """``docker [-H endpoint] ARGS...`` for the host's Docker endpoint (``docker_host`` in the inventory)."""
+    base = ["docker"]
+    if host.docker_host:
+        base += ["-H", host.docker_host]
+    return base + list(args)
+
+
+def version(host: HostConfig) -> list[str]:
+    """Server version (proves the engine answers)."""
+    return docker(host, "version", "--format", "{{.Server.Version}}")
+
+
+def image_id(host: HostConfig, image: str) -> list[str]:
+    """Print the image id (``sha256:<config digest>``) of ``image``; exits non-zero when absent."""
+    return docker(host, "image", "inspect", "--format", "{{.Id}}", image)
+
+
+def inspect_container(host: HostConfig, name: str) -> list[str]:
+    """Full ``docker inspect`` JSON of a container (its spec and state)."""
+    return docker(host, "container", "inspect", name)
+
+
+def logs(host: HostConfig, name: str, *, follow: bool = False, tail: int | None = None) -> list[str]:
+    """Container logs (stdout+stderr)."""
+    args = ["logs"]
+    if follow:
+        args.append("--follow")
+    if tail is not None:
+        args += ["--tail", str(tail)]
+    return docker(host, *args, name)
+
+
+def rm(host: HostConfig, name: str, *, force: bool = False) -> list[str]:
+    """Remove a container."""
+    return docker(host, "rm", *(["--force"] if force else []), name)
+
+
+def socket_path(host: HostConfig) -> str:
+    """Path of the engine's Unix socket on the host (to mount into the supervisor container).
+
+    Raises:
+        ValueError: ``docker_host`` is not a ``unix://`` endpoint (a TCP endpoint cannot be mounted).
+    """
+    ep = host.docker_host or "unix:///var/run/docker.sock"
+    if not ep.startswith("unix://"):
+        raise ValueError(
+            f"hosts.{host.name}.docker_host: {ep!r} is not a unix:// socket; the host-side supervisor needs the "
+            f"engine's socket. Use the engine's unix socket path."
+        )
+    return ep[len("unix://"):]

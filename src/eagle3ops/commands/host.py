@@ -1,0 +1,80 @@
+"""Plain host commands (files, disk, GPUs) as argv lists; POSIX tools only, no shell strings."""
+
+from __future__ import annotations
+
+
+def mkdir_p(path: str) -> list[str]:
+    """Create a directory and its parents."""
+    return ["mkdir", "-p", path]
+
+
+def mkdir_atomic(path: str) -> list[str]:
+    """Create one directory, failing if it exists: the atomic test-and-set behind the deploy lock."""
+    return ["mkdir", path]
+
+
+def write_file(path: str) -> list[str]:
+    """Write standard input to ``path`` (``tee``; the caller discards stdout)."""
+    return ["tee", path]
+
+
+def append_file(path: str) -> list[str]:
+    """Append standard input to ``path``."""
+    return ["tee", "-a", path]
+
+
+def cat(path: str) -> list[str]:
+    """Print a file."""
+    return ["cat", path]
+
+
+def cat_if_exists(path: str) -> list[str]:
+    """Print a file, or nothing (exit 0) when it is missing: ``find`` prints nothing for a missing path."""
+    return ["find", path, "-maxdepth", "0", "-type", "f", "-exec", "cat", "{}", "+"]
+
+
+def tail_from(path: str, line: int) -> list[str]:
+    """Print ``path`` from 1-based line ``line`` on (journal polling)."""
+    return ["tail", "-n", f"+{line}", path]
+
+
+def test_dir(path: str) -> list[str]:
+    """Exit 0 when ``path`` is a directory."""
+    return ["test", "-d", path]
+
+
+def rm_rf(path: str) -> list[str]:
+    """Remove a path recursively."""
+    return ["rm", "-rf", "--", path]
+
+
+def free_bytes(path: str) -> list[str]:
+    """POSIX ``df -Pk``: free 1024-byte blocks of the filesystem holding ``path`` (4th column of line 2)."""
+    return ["df", "-Pk", path]
+
+
+def gpu_list() -> list[str]:
+    """``nvidia-smi -L``: one line per visible GPU."""
+    return ["nvidia-smi", "-L"]
+
+
+def whoami() -> list[str]:
+    """The SSH login user (for lock and audit entries)."""
+    return ["id", "-un"]
+
+
+def ls(path: str) -> list[str]:
+    """List a directory, one name per line."""
+    return ["ls", "-1", path]
+
+
+def parse_df_free_bytes(output: str) -> int:
+    """Free bytes from ``df -Pk`` output.
+
+    Raises:
+        ValueError: output is not in POSIX ``df -P`` format.
+    """
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    if len(lines) < 2:
+        raise ValueError(f"unexpected df output: {output!r}")
+    return int(lines[-1].split()[3]) * 1024

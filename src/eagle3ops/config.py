@@ -1,0 +1,203 @@
+"""Inventory models: ``deploy/hosts.yaml`` validated with pydantic, errors naming file, key and fix.
+
+Every key has a type, a default (where one is safe) and a one-line doc (the ``description``); unknown keys are
+errors. ``eagle3ops config docs`` prints this documentation from the models themselves (Kamal's
+``configuration/docs`` idea, kept in one place: here).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
+
+
+class ConfigError(Exception):
+    """An inventory file is missing, unreadable or invalid; the message names file, key and fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServingConfig(_Strict):
+    """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it."""
+
+    kind: Literal["container"] = Field(
+        "container", description="Serving manager. Only `container` (a named Docker container) is supported now."
+    )
+    container: str = Field("vllm-serving", description="Name of the serving container on the host.")
+    image: str = Field(..., description="Serving image reference, e.g. `vllm/vllm-openai:v0.16.0`.")
+    args: list[str] = Field(
+        default_factory=list, description="Arguments passed to the image's entrypoint (`vllm serve` args)."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment of the serving container.")
+    volumes: list[str] = Field(
+        default_factory=list, description="Bind mounts `HOST_PATH:CONTAINER_PATH[:ro]` for the serving container."
+    )
+    port: int = Field(8000, ge=1, le=65535, description="TCP port the server listens on (host network).")
+    served_model_name: str = Field(..., description="Model name that `/v1/models` must list.")
+    gpus: Literal["all", "none"] | int = Field(
+        "all", description="GPUs given to the container: `all`, `none`, or a count."
+    )
+    shm_size: str | None = Field(None, description="`--shm-size` for the container, e.g. `16g`.")
+    health_timeout_s: float = Field(
+        1800.0, gt=0, description="How long the restore health gate waits for a (slow) server start, in seconds."
+    )
+    stop_timeout_s: int = Field(120, ge=1, description="Graceful stop timeout before SIGKILL, in seconds.")
+
+
+class HostConfig(_Strict):
+    """One host of the inventory: how to reach it over SSH, its Docker endpoint, data and serving."""
+
+    name: str = Field(..., description="Inventory name of the host (the key under `hosts:`).")
+    hostname: str = Field(..., description="SSH host: an alias from ~/.ssh/config (ProxyJump works) or an address.")
+    user: str | None = Field(None, description="SSH user; default from ssh_config or the local user.")
+    port: int | None = Field(None, ge=1, le=65535, description="SSH port; default from ssh_config or 22.")
+    identity_file: Path | None = Field(None, description="SSH private key; default from ssh_config / agent.")
+    known_hosts: Path | None = Field(
+        None, description="Extra known_hosts file checked in addition to ~/.ssh/known_hosts (never skipped)."
+    )
+    ssh_config: Path | None = Field(None, description="ssh_config file to read host aliases from.")
+    docker_host: str | None = Field(
+        None, description="Docker endpoint on the host, e.g. `unix:///run/user/1000/docker.sock`; default socket."
+    )
+    gpus: int = Field(0, ge=0, description="GPUs on the host; 0 = CPU only (the sandbox).")
+    data_dir: str = Field(..., description="Directory on the host for models, datasets and run outputs.")
+    state_dir: str = Field(
+        ..., description="Directory on the host for eagle3ops state: lock, journal, releases, audit log."
+    )
+    model_path: str = Field(..., description="Target model directory on the host (inside or outside data_dir).")
+    serving: ServingConfig
+    pipeline_image: str | None = Field(
+        None, description="Pipeline image to run stages with; default: the image `eagle3ops image build` made."
+    )
+    stage_env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment for stage containers, e.g. NCCL_PROTO, NCCL_ALGO."
+    )
+    maintenance_budget_s: float = Field(
+        7200.0, gt=0, description="Longest a window may keep serving down; past it the stage stops and serving returns."
+    )
+    stage_timeout_s: float = Field(3600.0, gt=0, description="Longest one stage may run, in seconds.")
+    min_free_gib: float = Field(1.0, ge=0, description="Free space required on data_dir beyond stage estimates.")
+
+    @field_validator("data_dir", "state_dir", "model_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"must be an absolute path on the host, got {value!r}")
+        return value.rstrip("/") or "/"
+
+
+class Inventory(_Strict):
+    """The whole inventory file: a mapping of host name → :class:`HostConfig`."""
+
+    hosts: dict[str, HostConfig]
+    source: Path | None = Field(None, exclude=True, description="File the inventory was read from.")
+
+    def host(self, name: str) -> HostConfig:
+        """Return the host called ``name``.
+
+        Raises:
+            ConfigError: no such host; the message lists the known names.
+        """
+        try:
+            return self.hosts[name]
+        except KeyError:
+            known = ", ".join(sorted(self.hosts)) or "(none)"
+            raise ConfigError(
+                f"{self.source or 'inventory'}: no host {name!r}. Known hosts: {known}. "
+                f"Add it under `hosts:` or pass HOST=<one of them>."
+            ) from None
+
+
+def _format_validation_error(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid inventory"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            fix = "remove it or fix its spelling (see `eagle3ops config docs`)"
+        elif e["type"] == "missing":
+            fix = "add it"
+        else:
+            fix = "see `eagle3ops config docs` for the expected type"
+        lines.append(f"  - {key}: {e['msg']} ({fix})")
+    return "\n".join(lines)
+
+
+def _resolve_paths(raw_host: dict[str, Any], base: Path) -> dict[str, Any]:
+    out = dict(raw_host)
+    for key in ("identity_file", "known_hosts", "ssh_config"):
+        value = out.get(key)
+        if isinstance(value, str):
+            p = Path(os.path.expanduser(value))
+            out[key] = p if p.is_absolute() else (base / p).resolve()
+    return out
+
+
+def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
+    """Read and validate an inventory file.
+
+    Local paths in a host entry (``identity_file``, ``known_hosts``, ``ssh_config``) are resolved relative to the
+    inventory file's directory; ``~`` is expanded.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, not a mapping with ``hosts:``, or fails validation; the
+            message names the file, each bad key and the fix.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: inventory file not found (pass --inventory or create it)") from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("hosts"), dict):
+        raise ConfigError(f"{path}: expected a mapping with a `hosts:` mapping of host name → settings")
+    unknown = set(raw) - {"hosts"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; only `hosts:` is allowed")
+    hosts: dict[str, Any] = {}
+    for name, entry in raw["hosts"].items():
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: hosts.{name} must be a mapping of settings")
+        entry = _resolve_paths(entry, path.parent)
+        entry.setdefault("name", name)
+        hosts[name] = entry
+    try:
+        inv = Inventory.model_validate({"hosts": hosts})
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(path, exc)) from None
+    return inv.model_copy(update={"source": path})
+
+
+def docs() -> str:
+    """Return the inventory reference (every key, type, default, description) as Markdown text."""
+    out: list[str] = []
+    for model in (HostConfig, ServingConfig):
+        out.append(f"## {model.__name__}\n{(model.__doc__ or '').strip()}\n")
+        for key, field in model.model_fields.items():
+            default = "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
+            ann = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+            out.append(f"- `{key}` ({ann}, {default}): {field.description or ''}")
+        out.append("")
+    return "\n".join(out)
+
+
+__all__ = [
+    "Annotated",
+    "ConfigError",
+    "DEFAULT_INVENTORY",
+    "HostConfig",
+    "Inventory",
+    "ServingConfig",
+    "docs",
+    "load_inventory",
+]

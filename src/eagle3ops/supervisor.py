@@ -1,0 +1,529 @@
+"""The host-side runner of a maintenance window: stop serving → stages → restore → health gate, with a journal.
+
+It runs in a detached container on the host (started by :mod:`eagle3ops.window`), talks to the host's Docker engine
+through its mounted socket (docker SDK) and outlives the driver's SSH session: if the operator's machine sleeps or
+the driver is killed, stages finish (or hit the budget) and serving is restored anyway.
+
+Files, all under ``<state_dir>`` on the host::
+
+    lock/details.json             the deploy lock (released here at the end)
+    windows/<id>/plan.json        what to do (written by the driver; :class:`Plan`)
+    windows/<id>/journal.jsonl    one JSON object per step event: {"t", "step", "event", ...}
+    windows/<id>/<stage>.log      each stage container's output
+    windows/<id>/serving-inspect.json   the serving container's full ``docker inspect`` before it was stopped
+    windows/<id>/result.json      the outcome (written last)
+    releases/NNNN.json            retained serving releases (spec + image id); ``current`` names the live one
+    audit.jsonl                   who, when, what, outcome — one line per window
+
+Restarted after an interruption (Docker daemon restart, ``recover``), it reads the journal and goes on: finished
+stages are not rerun, and serving is restored in every case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from eagle3ops.commands.serving import spec_from_inspect
+
+
+class StageStep(BaseModel):
+    """One stage of a window: its container spec and time limit (seconds)."""
+
+    name: str
+    spec: dict[str, Any]
+    timeout_s: float
+
+
+class HealthCheck(BaseModel):
+    """The restore health gate: /health 200, /v1/models lists ``model``, one completion succeeds."""
+
+    port: int
+    model: str
+    timeout_s: float
+    interval_s: float = 2.0
+
+
+class Plan(BaseModel):
+    """Everything the supervisor needs, written by the driver as ``windows/<id>/plan.json``.
+
+    ``kind``: ``window`` (stop, stages, restore), ``release`` (replace serving with ``new_spec`` as a new
+    release) or ``rollback`` (replace serving with retained release ``to_release``).
+    """
+
+    window_id: str
+    kind: Literal["window", "release", "rollback"]
+    host: str
+    user: str
+    command: str
+    state_dir: str
+    serving_container: str
+    stop_timeout_s: int = 120
+    stages: list[StageStep] = Field(default_factory=list)
+    budget_s: float = 7200.0
+    health: HealthCheck
+    new_spec: dict[str, Any] | None = None
+    to_release: int | None = None
+    gpus: int = 0
+
+
+class Interrupted(Exception):
+    """SIGTERM/SIGINT reached the supervisor: stop the current stage and restore serving."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Journal:
+    """Append-only JSON-lines journal of a window (``journal.jsonl``); safe to reopen after a restart."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.entries: list[dict[str, Any]] = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    self.entries.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by a crash
+
+    def log(self, step: str, event: str, **data: Any) -> None:
+        """Append ``{"t", "mono", "step", "event", **data}`` and fsync."""
+        entry = {"t": _now(), "epoch": time.time(), "step": step, "event": event, **data}
+        self.entries.append(entry)
+        with self.path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        print(json.dumps(entry), flush=True)
+
+    def last(self, step: str) -> dict[str, Any] | None:
+        """The newest entry of ``step``, or None."""
+        for e in reversed(self.entries):
+            if e["step"] == step:
+                return e
+        return None
+
+    def done(self, step: str) -> bool:
+        """True when ``step``'s newest entry is a successful end (``event == "ok"``)."""
+        e = self.last(step)
+        return bool(e and e["event"] == "ok")
+
+    def first_epoch(self) -> float:
+        """Start time of the window (epoch seconds), surviving restarts."""
+        return self.entries[0]["epoch"] if self.entries else time.time()
+
+
+# ---- releases --------------------------------------------------------------------------------------------------
+
+class Releases:
+    """Retained serving releases under ``<state_dir>/releases``; pruning never removes one listed here."""
+
+    def __init__(self, state_dir: Path):
+        self.dir = state_dir / "releases"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def numbers(self) -> list[int]:
+        """Release numbers present, ascending."""
+        return sorted(int(p.stem) for p in self.dir.glob("[0-9]*.json"))
+
+    def get(self, n: int) -> dict[str, Any]:
+        """Release ``n`` (``{"release", "spec", "image_id", "created", "window"}``).
+
+        Raises:
+            FileNotFoundError: no such retained release.
+        """
+        return json.loads((self.dir / f"{n:04d}.json").read_text())
+
+    def current(self) -> int | None:
+        """The live release number, or None when none was recorded."""
+        p = self.dir / "current"
+        return int(p.read_text().strip()) if p.exists() else None
+
+    def add(self, spec: dict[str, Any], image_id: str | None, window: str) -> int:
+        """Record a new release from ``spec`` and return its number (not yet current)."""
+        n = (self.numbers() or [0])[-1] + 1
+        spec = json.loads(json.dumps(spec))
+        spec.setdefault("labels", {})["io.eagle3ops.release"] = str(n)
+        rec = {"release": n, "spec": spec, "image_id": image_id, "created": _now(), "window": window}
+        (self.dir / f"{n:04d}.json").write_text(json.dumps(rec, indent=2))
+        return n
+
+    def set_current(self, n: int) -> None:
+        """Mark release ``n`` as live."""
+        (self.dir / "current").write_text(f"{n}\n")
+
+
+# ---- the runner ------------------------------------------------------------------------------------------------
+
+class Supervisor:
+    """Executes a :class:`Plan` against the host's Docker engine (docker SDK ``DockerClient``)."""
+
+    def __init__(self, plan: Plan, client: Any, wdir: Path):
+        self.plan, self.client, self.wdir = plan, client, wdir
+        self.journal = Journal(wdir / "journal.jsonl")
+        self.state_dir = Path(plan.state_dir)
+        self.releases = Releases(self.state_dir)
+        self.deadline = self.journal.first_epoch() + plan.budget_s
+        self.stage_times: dict[str, float] = {}
+        self.stage_outcomes: dict[str, str] = {}
+
+    # docker helpers
+    def _serving(self) -> Any | None:
+        import docker.errors
+
+        try:
+            return self.client.containers.get(self.plan.serving_container)
+        except docker.errors.NotFound:
+            return None
+
+    def _create(self, spec: dict[str, Any]) -> Any:
+        import docker.types
+
+        kw = dict(spec)
+        kw["device_requests"] = [
+            docker.types.DeviceRequest(driver=r.get("Driver", ""), count=r.get("Count", -1),
+                                       capabilities=r.get("Capabilities", [["gpu"]]))
+            for r in kw.get("device_requests") or []
+        ]
+        if kw.get("ulimits"):
+            kw["ulimits"] = [docker.types.Ulimit(name=u["Name"], soft=u["Soft"], hard=u["Hard"]) for u in kw["ulimits"]]
+        if not (kw.get("restart_policy") or {}).get("Name"):
+            kw.pop("restart_policy", None)
+        return self.client.containers.run(detach=True, **kw)
+
+    def _remove_serving(self) -> None:
+        c = self._serving()
+        if c is not None:
+            c.stop(timeout=self.plan.stop_timeout_s)
+            c.remove(force=True)
+
+    # steps
+    def record(self) -> None:
+        """Save the serving container's full inspect output and make sure it is a retained release."""
+        if self.journal.done("record"):
+            return
+        self.journal.log("record", "start")
+        c = self._serving()
+        if c is None:
+            raise RuntimeError(f"serving container {self.plan.serving_container!r} does not exist on the host")
+        inspect = c.attrs
+        (self.wdir / "serving-inspect.json").write_text(json.dumps(inspect, indent=2))
+        if self.releases.current() is None:
+            n = self.releases.add(spec_from_inspect(inspect), inspect.get("Image"), self.plan.window_id)
+            self.releases.set_current(n)
+        self.journal.log("record", "ok", release=self.releases.current(), image_id=inspect.get("Image"))
+
+    def stop_serving(self) -> None:
+        """Stop serving gracefully (``stop_timeout_s``, then SIGKILL) and wait for the GPUs to be released."""
+        if self.journal.done("stop"):
+            return
+        self.journal.log("stop", "start")
+        c = self._serving()
+        if c is not None and c.status == "running":
+            c.stop(timeout=self.plan.stop_timeout_s)
+        self.journal.log("stop", "ok")
+        if self.plan.gpus:
+            self._wait_gpus_free()
+
+    def _wait_gpus_free(self, timeout: float = 300.0) -> None:
+        """Poll ``nvidia-smi`` in a throwaway container until no process holds GPU memory."""
+        self.journal.log("gpu-release", "start")
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            out = self.client.containers.run(
+                self.plan.stages[0].spec["image"] if self.plan.stages else self.plan.new_spec["image"],
+                entrypoint=["nvidia-smi"], command=["--query-compute-apps=pid", "--format=csv,noheader"],
+                device_requests=[__import__("docker").types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
+                remove=True,
+            ).decode()
+            if not out.strip():
+                self.journal.log("gpu-release", "ok")
+                return
+            time.sleep(2)
+        self.journal.log("gpu-release", "warn", message="GPU memory still held after stop; continuing")
+
+    def run_stage(self, step: StageStep) -> bool:
+        """Run one stage container to completion within its timeout and the window budget.
+
+        Returns:
+            True when the stage exited 0.
+        """
+        import docker.errors
+
+        if self.journal.done(step.name):
+            self.stage_outcomes[step.name] = "ok (earlier)"
+            return True
+        name = step.spec["name"]
+        try:
+            self.client.containers.get(name).remove(force=True)  # left over from an interrupted attempt
+        except docker.errors.NotFound:
+            pass
+        budget_left = self.deadline - time.time()
+        limit = min(step.timeout_s, budget_left)
+        self.journal.log(step.name, "start", limit_s=round(limit, 1))
+        if limit <= 0:
+            self.journal.log(step.name, "error", reason="maintenance budget exhausted before the stage started")
+            self.stage_outcomes[step.name] = "not run (budget)"
+            return False
+        t0 = time.time()
+        container = self._create(step.spec)
+        log_path = self.wdir / f"{step.name}.log"
+        exit_code: int | None = None
+        reason = ""
+        try:
+            with log_path.open("ab") as log:
+                # Stream logs while waiting; the stream ends when the container exits.
+                import threading
+
+                def pump() -> None:
+                    try:
+                        for chunk in container.logs(stream=True, follow=True):
+                            log.write(chunk)
+                            log.flush()
+                    except Exception:  # noqa: BLE001 - the log pump must never kill the supervisor
+                        pass
+
+                th = threading.Thread(target=pump, daemon=True)
+                th.start()
+                try:
+                    res = container.wait(timeout=limit)
+                    exit_code = int(res.get("StatusCode", -1))
+                except Exception:  # requests ReadTimeout / ConnectionError
+                    reason = "budget exceeded" if budget_left <= step.timeout_s else f"timed out after {limit:.0f}s"
+                    container.stop(timeout=10)
+                th.join(timeout=10)
+        except Interrupted:
+            container.stop(timeout=10)
+            reason = "supervisor interrupted"
+            raise
+        finally:
+            dt = time.time() - t0
+            self.stage_times[step.name] = round(dt, 1)
+            if exit_code == 0:
+                self.journal.log(step.name, "ok", seconds=round(dt, 1))
+                self.stage_outcomes[step.name] = "ok"
+            else:
+                why = reason or f"exited {exit_code}"
+                self.journal.log(step.name, "error", seconds=round(dt, 1), reason=why)
+                self.stage_outcomes[step.name] = f"failed ({why})"
+        return exit_code == 0
+
+    def restore(self) -> str:
+        """Bring serving back: start the stopped container, or recreate it from the recorded spec; health-gate it.
+
+        Returns:
+            ``"restored"`` or ``"rolled back to release N"``.
+
+        Raises:
+            RuntimeError: neither the restore nor the rollback passed the health gate.
+        """
+        self.journal.log("restore", "start")
+        c = self._serving()
+        try:
+            if c is None:
+                inspect = json.loads((self.wdir / "serving-inspect.json").read_text())
+                self._create(spec_from_inspect(inspect))
+            elif c.status != "running":
+                c.start()
+            self.gate()
+            self.journal.log("restore", "ok")
+            return "restored"
+        except Exception as exc:  # noqa: BLE001 - any failure leads to the rollback path
+            self.journal.log("restore", "error", reason=str(exc)[-500:])
+            return self._rollback_after_failure(str(exc))
+
+    def _rollback_after_failure(self, why: str) -> str:
+        cur = self.releases.current()
+        candidates = [n for n in self.releases.numbers() if cur is None or n < cur]
+        if not candidates:
+            raise RuntimeError(f"serving failed its health gate ({why}) and no earlier release is retained")
+        prev = candidates[-1]
+        self.journal.log("rollback", "start", to_release=prev, reason=why[-300:])
+        self._remove_serving()
+        self._create(self.releases.get(prev)["spec"])
+        self.gate()
+        self.releases.set_current(prev)
+        self.journal.log("rollback", "ok", to_release=prev)
+        return f"rolled back to release {prev}"
+
+    def gate(self) -> None:
+        """Health gate: /health 200, /v1/models lists the served model, one completion returns text.
+
+        Waits up to ``health.timeout_s`` for a slow start, but fails at once when the container has exited.
+
+        Raises:
+            RuntimeError: the gate did not pass in time, or the serving container stopped.
+        """
+        h = self.plan.health
+        base = f"http://127.0.0.1:{h.port}"
+        deadline = time.time() + h.timeout_s
+        self.journal.log("health", "start", timeout_s=h.timeout_s)
+        last = ""
+        while time.time() < deadline:
+            c = self._serving()
+            if c is not None:
+                c.reload()
+                if c.status in ("exited", "dead"):
+                    logs = c.logs(tail=20).decode(errors="replace")
+                    raise RuntimeError(f"serving container exited ({c.attrs['State'].get('ExitCode')}): {logs[-800:]}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                    if r.status != 200:
+                        raise RuntimeError(f"/health returned {r.status}")
+                with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:
+                    models = [m["id"] for m in json.load(r)["data"]]
+                if h.model not in models:
+                    raise RuntimeError(f"/v1/models lists {models}, not {h.model!r}")
+                body = json.dumps({"model": h.model, "prompt": "Hello", "max_tokens": 4}).encode()
+                req = urllib.request.Request(base + "/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    out = json.load(r)
+                if not out.get("choices"):
+                    raise RuntimeError(f"completion returned no choices: {out}")
+                self.journal.log("health", "ok", models=models)
+                return
+            except (urllib.error.URLError, ConnectionError, OSError, RuntimeError, ValueError, KeyError) as exc:
+                last = str(exc)
+                if isinstance(exc, RuntimeError) and "lists" in last:
+                    pass
+            time.sleep(h.interval_s)
+        self.journal.log("health", "error", reason=last)
+        raise RuntimeError(f"health gate did not pass within {h.timeout_s:.0f}s: {last}")
+
+    def replace_serving(self) -> str:
+        """``release``/``rollback`` plans: swap the serving container for the target spec, health-gated."""
+        self.record()
+        if self.plan.kind == "release":
+            assert self.plan.new_spec is not None
+            target = self.releases.add(self.plan.new_spec, None, self.plan.window_id)
+        else:
+            assert self.plan.to_release is not None
+            target = self.plan.to_release
+            self.releases.get(target)  # raises when not retained
+        spec = self.releases.get(target)["spec"]
+        self.journal.log("switch", "start", to_release=target)
+        self._remove_serving()
+        try:
+            self._create(spec)
+            self.gate()
+        except Exception as exc:  # noqa: BLE001
+            self.journal.log("switch", "error", reason=str(exc)[-500:])
+            prev = self.releases.current()
+            if prev is None or prev == target:
+                raise
+            self._remove_serving()
+            self._create(self.releases.get(prev)["spec"])
+            self.gate()
+            self.journal.log("rollback", "ok", to_release=prev)
+            return f"release {target} failed its health gate; rolled back to release {prev}"
+        self.releases.set_current(target)
+        self.journal.log("switch", "ok", to_release=target)
+        return f"serving release {target}"
+
+    # the whole window
+    def run(self) -> dict[str, Any]:
+        """Execute the plan; always restores serving; writes ``result.json``, the audit line, releases the lock."""
+        t0 = self.journal.first_epoch()
+        outcome, error, stopped_at, restored_at = "ok", "", None, None
+        try:
+            if self.plan.kind == "window":
+                self.record()
+                self.stop_serving()
+                stopped_at = (self.journal.last("stop") or {}).get("epoch")
+                try:
+                    for step in self.plan.stages:
+                        if not self.run_stage(step):
+                            outcome, error = "failed", f"stage {step.name}: {self.stage_outcomes[step.name]}"
+                            break
+                except Interrupted as exc:
+                    outcome, error = "interrupted", str(exc)
+                finally:
+                    restore_msg = self.restore()
+                    restored_at = time.time()
+                    if restore_msg != "restored":
+                        outcome = "failed" if outcome == "ok" else outcome
+                        error = (error + "; " if error else "") + f"serving {restore_msg}"
+            else:
+                msg = self.replace_serving()
+                if "rolled back" in msg:
+                    outcome, error = "failed", msg
+        except Exception as exc:  # noqa: BLE001 - recorded, then reported through the result
+            outcome, error = "failed", f"{type(exc).__name__}: {exc}"
+            self.journal.log("supervisor", "error", reason=error[-1000:])
+        serving_ok = self._serving_running()
+        result = {
+            "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
+            "stages": self.stage_outcomes, "stage_seconds": self.stage_times,
+            "downtime_s": round((restored_at or time.time()) - stopped_at, 1) if stopped_at else None,
+            "wall_s": round(time.time() - t0, 1), "serving_running": serving_ok,
+            "release": self.releases.current(), "finished": _now(),
+        }
+        (self.wdir / "result.json").write_text(json.dumps(result, indent=2))
+        with (self.state_dir / "audit.jsonl").open("a") as f:
+            f.write(json.dumps({"t": _now(), "user": self.plan.user, "host": self.plan.host,
+                                "command": self.plan.command, "window": self.plan.window_id,
+                                "outcome": outcome, "error": error, "release": result["release"]}) + "\n")
+        self._release_lock()
+        self.journal.log("supervisor", "done", outcome=outcome)
+        return result
+
+    def _serving_running(self) -> bool:
+        c = self._serving()
+        if c is None:
+            return False
+        c.reload()
+        return c.status == "running"
+
+    def _release_lock(self) -> None:
+        lock = self.state_dir / "lock"
+        details = lock / "details.json"
+        try:
+            holder = json.loads(details.read_text()).get("window_id")
+        except (OSError, ValueError):
+            holder = None
+        if holder == self.plan.window_id:
+            import shutil
+
+            shutil.rmtree(lock, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m eagle3ops.supervisor PLAN_JSON``. Exit 0 when the run ended (any outcome)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m eagle3ops.supervisor PLAN_JSON", file=sys.stderr)
+        return 2
+    import docker
+
+    plan_path = Path(argv[0])
+    plan = Plan.model_validate_json(plan_path.read_text())
+    wdir = plan_path.parent
+    if (wdir / "result.json").exists():
+        print("window already finished; nothing to do", flush=True)
+        return 0
+
+    def _term(signum: int, _frame: Any) -> None:
+        raise Interrupted(f"supervisor received signal {signum}")
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    sup = Supervisor(plan, docker.from_env(timeout=600), wdir)
+    sup.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

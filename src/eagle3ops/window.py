@@ -1,0 +1,331 @@
+"""A maintenance window, driver side: lock → preflight → launch the host-side supervisor → watch → summary.
+
+The driver *plans and watches*; the host *does and remembers* (:mod:`eagle3ops.supervisor`). Nothing here stops
+serving: the supervisor does, and it restores serving whatever happens to the driver. A preflight failure stops
+nothing and releases the lock.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.commands import host as hc
+from eagle3ops.commands import serving as sv
+from eagle3ops.commands import stages as st
+from eagle3ops.config import HostConfig
+from eagle3ops.remote import Remote, RemoteCommandError
+from eagle3ops.supervisor import HealthCheck, Plan, StageStep
+
+#: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
+AUX_LAYERS_STORED = 4
+BF16_BYTES = 2
+
+
+class WindowError(Exception):
+    """A window could not start or did not end well; the message says what happened and what to do."""
+
+
+class LockHeld(WindowError):
+    """Another run holds the host's deploy lock."""
+
+
+class PreflightFailed(WindowError):
+    """A preflight check failed; nothing was stopped."""
+
+
+def new_window_id(kind: str) -> str:
+    """``YYYYmmddTHHMMSSZ-<kind>-<6 hex>``: sortable and unique."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{kind}-{secrets.token_hex(3)}"
+
+
+def paths(host: HostConfig, window_id: str | None = None) -> dict[str, str]:
+    """Well-known state paths on the host (see :mod:`eagle3ops.supervisor`)."""
+    s = host.state_dir
+    p = {"state": s, "lock": f"{s}/lock", "lock_details": f"{s}/lock/details.json", "audit": f"{s}/audit.jsonl",
+         "windows": f"{s}/windows", "releases": f"{s}/releases", "deployed": f"{s}/deployed.json"}
+    if window_id:
+        w = f"{s}/windows/{window_id}"
+        p.update(window=w, plan=f"{w}/plan.json", journal=f"{w}/journal.jsonl", result=f"{w}/result.json")
+    return p
+
+
+def hidden_state_bytes(tokens: int, hidden_size: int) -> int:
+    """Disk bytes of extracted hidden states: tokens × 4 aux layers × hidden_size × 2 (bf16).
+
+    Source: speculators stores, per token, the 3 aux layers' hidden states concatenated plus the last layer's,
+    each ``hidden_size`` values, in the target's dtype (bf16 = 2 bytes).
+    """
+    return tokens * AUX_LAYERS_STORED * hidden_size * BF16_BYTES
+
+
+# ---- lock -------------------------------------------------------------------------------------------------------
+
+def acquire_lock(r: Remote, window_id: str, command: str, message: str = "") -> None:
+    """Take the host's deploy lock (atomic ``mkdir``) and write who/when/what into it.
+
+    Raises:
+        LockHeld: the lock exists; the message says who holds it, since when, and the command to clear it.
+    """
+    p = paths(r.host)
+    r.run(hc.mkdir_p(p["state"]))
+    res = r.run(hc.mkdir_atomic(p["lock"]), check=False)
+    if not res.ok and not r.dry_run:
+        raise LockHeld(describe_lock(r))
+    details = {"window_id": window_id, "holder": f"{getpass.getuser()}@{socket.gethostname()}",
+               "since": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
+               "message": message}
+    r.run(hc.write_file(p["lock_details"]), stdin=json.dumps(details, indent=2))
+
+
+def read_lock(r: Remote) -> dict[str, Any] | None:
+    """The lock's details, or None when the host is not locked."""
+    out = r.run(hc.cat_if_exists(paths(r.host)["lock_details"]), check=False, mutates=False)
+    if out.ok and out.stdout.strip():
+        try:
+            return json.loads(out.stdout)
+        except ValueError:
+            return {"holder": "unknown", "raw": out.stdout}
+    held = r.run(hc.test_dir(paths(r.host)["lock"]), check=False, mutates=False)
+    return {"holder": "unknown (no details file)"} if held.ok else None
+
+
+def lock_is_stale(r: Remote, details: dict[str, Any]) -> bool:
+    """True when the lock's window has no running supervisor (its holder is dead)."""
+    wid = details.get("window_id")
+    if not wid:
+        return True
+    out = r.run(dk.docker(r.host, "inspect", "--format", "{{.State.Running}}", st.supervisor_name(wid)),
+                check=False, mutates=False)
+    return not (out.ok and out.stdout.strip() == "true")
+
+
+def describe_lock(r: Remote) -> str:
+    """Human text about the current lock, with the exact command to clear a stale one."""
+    d = read_lock(r) or {}
+    stale = lock_is_stale(r, d)
+    text = (f"{r.host.name}: deploy lock held by {d.get('holder')} since {d.get('since', '?')} "
+            f"for `{d.get('command', '?')}` (window {d.get('window_id', '?')})")
+    if stale:
+        text += (f". Its supervisor is not running, so the lock looks stale: check `eagle3ops status {r.host.name}`"
+                 f", then clear it with `eagle3ops lock release {r.host.name} --force`.")
+    else:
+        text += f". That window is still running: follow it with `eagle3ops attach {r.host.name}`."
+    return text
+
+
+def release_lock(r: Remote, window_id: str | None = None) -> None:
+    """Remove the lock (only if held by ``window_id`` when given)."""
+    if window_id is not None:
+        d = read_lock(r)
+        if d and d.get("window_id") != window_id:
+            return
+    r.run(hc.rm_rf(paths(r.host)["lock"]))
+
+
+# ---- preflight --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Preflight:
+    """Results of the read-only checks made before anything stops."""
+
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        """Record one check."""
+        self.checks.append((name, ok, detail))
+
+    @property
+    def ok(self) -> bool:
+        """All checks passed."""
+        return all(ok for _, ok, _ in self.checks)
+
+    def failures(self) -> str:
+        """One line per failed check."""
+        return "\n".join(f"  - {n}: {d}" for n, ok, d in self.checks if not ok)
+
+
+def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
+              need_serving: bool = True) -> Preflight:
+    """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container.
+
+    Args:
+        image: pipeline image reference that must be present on the host.
+        expected_image_id: ``sha256:...`` it must have (None: presence only).
+        need_bytes: estimated bytes the stages will write into ``data_dir`` (on top of ``min_free_gib``).
+    """
+    h, pf = r.host, Preflight()
+    v = r.run(dk.version(h), check=False, mutates=False)
+    pf.add("docker engine", v.ok, v.stdout.strip() or v.stderr.strip()[-200:])
+    got = r.run(dk.image_id(h, image), check=False, mutates=False)
+    got_id = got.stdout.strip()
+    if not got.ok:
+        pf.add("pipeline image", False, f"{image} is not on the host: run `eagle3ops deploy {h.name}` first")
+    elif expected_image_id and got_id != expected_image_id:
+        pf.add("pipeline image", False, f"{image} on host has id {got_id[:19]}, expected {expected_image_id[:19]}: "
+                                         f"redeploy with `eagle3ops deploy {h.name}`")
+    else:
+        pf.add("pipeline image", True, got_id[:19])
+    m = r.run(hc.test_dir(h.model_path), check=False, mutates=False)
+    pf.add("model path", m.ok, h.model_path if m.ok else f"{h.model_path} is not a directory on the host")
+    r.run(hc.mkdir_p(h.data_dir), check=False, mutates=False)
+    df = r.run(hc.free_bytes(h.data_dir), check=False, mutates=False)
+    if df.ok:
+        free = hc.parse_df_free_bytes(df.stdout)
+        need = need_bytes + int(h.min_free_gib * 2**30)
+        pf.add("free space", free >= need, f"{free / 2**30:.1f} GiB free on {h.data_dir}, need {need / 2**30:.1f} GiB")
+    else:
+        pf.add("free space", False, df.stderr.strip()[-200:])
+    if h.gpus:
+        g = r.run(hc.gpu_list(), check=False, mutates=False)
+        n = len([ln for ln in g.stdout.splitlines() if ln.startswith("GPU ")])
+        pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
+    else:
+        pf.add("gpus", True, "none (CPU host)")
+    if need_serving:
+        s = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container),
+                  check=False, mutates=False)
+        pf.add("serving container", s.ok and s.stdout.strip() == "running",
+               s.stdout.strip() or f"no container {h.serving.container!r}")
+    return pf
+
+
+# ---- running a plan ---------------------------------------------------------------------------------------------
+
+def health_check(h: HostConfig) -> HealthCheck:
+    """The health gate settings for the host's serving."""
+    return HealthCheck(port=h.serving.port, model=h.serving.served_model_name, timeout_s=h.serving.health_timeout_s)
+
+
+def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command: str, run: str = "default",
+               stages: list[str] | None = None, new_spec: dict[str, Any] | None = None,
+               to_release: int | None = None, user: str = "") -> Plan:
+    """The :class:`~eagle3ops.supervisor.Plan` for a window (pure)."""
+    steps = [StageStep(name=s, spec=st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id),
+                       timeout_s=h.stage_timeout_s) for s in (stages or [])]
+    return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
+                state_dir=h.state_dir, serving_container=h.serving.container, stop_timeout_s=h.serving.stop_timeout_s,
+                stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), new_spec=new_spec,
+                to_release=to_release, gpus=h.gpus)
+
+
+def launch(r: Remote, plan: Plan, image: str) -> None:
+    """Write the plan on the host and start the detached supervisor container."""
+    p = paths(r.host, plan.window_id)
+    r.run(hc.mkdir_p(p["window"]))
+    r.run(hc.write_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
+    r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
+
+
+def watch(r: Remote, window_id: str, *, on_event: Callable[[dict[str, Any]], None] | None = None,
+          poll_s: float = 2.0, timeout_s: float | None = None) -> dict[str, Any]:
+    """Follow a window's journal until ``result.json`` appears; return the result.
+
+    Survives SSH drops (reconnects on the next poll). Raises :class:`WindowError` on ``timeout_s``.
+    """
+    p = paths(r.host, window_id)
+    seen = 0
+    t0 = time.monotonic()
+    while True:
+        try:
+            out = r.run(hc.tail_from(p["journal"], seen + 1), check=False, mutates=False)
+            for line in out.stdout.splitlines():
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                seen += 1
+                if on_event:
+                    on_event(ev)
+            res = r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False)
+            if res.ok and res.stdout.strip():
+                return json.loads(res.stdout)
+        except (RemoteCommandError, OSError) as exc:  # transient: keep watching
+            if on_event:
+                on_event({"step": "driver", "event": "warn", "reason": f"watch: {exc}"})
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            raise WindowError(f"window {window_id} did not finish within {timeout_s:.0f}s of watching; it goes on "
+                              f"on the host: `eagle3ops attach {r.host.name}`")
+        time.sleep(poll_s)
+
+
+def cleanup_supervisor(r: Remote, window_id: str) -> str | None:
+    """Remove the finished supervisor container; returns a warning text instead of raising."""
+    res = r.run(dk.rm(r.host, st.supervisor_name(window_id), force=True), check=False)
+    return None if res.ok else f"cleanup: could not remove supervisor container: {res.stderr.strip()[-200:]}"
+
+
+def latest_window(r: Remote) -> str | None:
+    """Id of the newest window on the host (ids sort by time)."""
+    out = r.run(hc.ls(paths(r.host)["windows"]), check=False, mutates=False)
+    names = sorted(n for n in out.stdout.split() if n)
+    return names[-1] if names else None
+
+
+def audit_entries(r: Remote) -> list[dict[str, Any]]:
+    """The host's audit log."""
+    out = r.run(hc.cat_if_exists(paths(r.host)["audit"]), check=False, mutates=False)
+    return [json.loads(ln) for ln in out.stdout.splitlines() if ln.strip()]
+
+
+def append_audit(r: Remote, entry: dict[str, Any]) -> None:
+    """Append one audit line from the driver (for windows that never reached the supervisor)."""
+    entry = {"t": datetime.now(timezone.utc).isoformat(timespec="seconds"), **entry}
+    r.run(hc.mkdir_p(r.host.state_dir))
+    r.run(hc.append_file(paths(r.host)["audit"]), stdin=json.dumps(entry) + "\n")
+
+
+def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | None, command: str,
+               run: str = "default", new_spec: dict[str, Any] | None = None, to_release: int | None = None,
+               need_bytes: int = 0, on_event: Callable[[dict[str, Any]], None] | None = None,
+               message: str = "") -> dict[str, Any]:
+    """One maintenance window end to end (driver side).
+
+    ``kind`` is ``extract`` / ``train`` (stages from :data:`eagle3ops.commands.stages.WINDOWS`), ``release`` or
+    ``rollback``. Returns the supervisor's ``result.json`` (``outcome``, ``downtime_s``, ``stage_seconds``...).
+
+    Raises:
+        LockHeld: another run holds the lock (nothing done).
+        PreflightFailed: a check failed (nothing stopped; lock released; audit entry written).
+    """
+    window_id = new_window_id(kind)
+    acquire_lock(r, window_id, command, message)
+    try:
+        pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
+                       need_serving=kind in st.WINDOWS)
+        if on_event:
+            for name, ok, detail in pf.checks:
+                on_event({"step": "preflight", "event": "ok" if ok else "error", "check": name, "detail": detail})
+        if not pf.ok and not r.dry_run:
+            raise PreflightFailed(f"{r.host.name}: preflight failed, nothing was stopped:\n{pf.failures()}")
+        plan_kind = "window" if kind in st.WINDOWS else kind
+        plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
+                          stages=st.WINDOWS.get(kind), new_spec=new_spec, to_release=to_release)
+        launch(r, plan, image)
+    except BaseException as exc:
+        if not r.dry_run:
+            release_lock(r, window_id)
+            append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command,
+                             "window": window_id, "outcome": "not started", "error": str(exc)[-500:]})
+        raise
+    if r.dry_run:
+        return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history)}
+    result = watch(r, window_id, on_event=on_event)
+    warn = cleanup_supervisor(r, window_id)
+    if warn:
+        result.setdefault("warnings", []).append(warn)
+    result["window_id"] = window_id
+    return result
+
+
+def serving_release_spec(h: HostConfig, extra_args: list[str]) -> dict[str, Any]:
+    """Spec of a new serving release from the inventory plus ``extra_args`` (release number set on the host)."""
+    return sv.container_spec(h, release=0, extra_args=extra_args)
