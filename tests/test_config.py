@@ -1,0 +1,78 @@
+"""Inventory validation: the checked-in file loads; bad input names file, key and fix."""
+
+from pathlib import Path
+
+import pytest
+
+from eagle3ops.config import ConfigError, docs, load_inventory
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_checked_in_inventory_loads_and_resolves_paths():
+    inv = load_inventory(REPO / "deploy/hosts.yaml")
+    h = inv.host("sandbox")
+    assert h.port == 2222 and h.user == "e3ops"
+    assert h.identity_file == REPO / ".sandbox/sandbox/id_ed25519"
+    assert h.serving.served_model_name == "tiny-llama"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "hosts.yaml"
+    p.write_text(text)
+    return p
+
+
+BASE = """
+hosts:
+  h1:
+    hostname: gpu-01
+    data_dir: /data
+    state_dir: /var/lib/e3
+    model_path: /models/m
+    serving:
+      image: vllm/vllm-openai:v0.16.0
+      served_model_name: m
+"""
+
+
+def test_unknown_key_is_named_with_fix(tmp_path):
+    p = _write(tmp_path, BASE + "    gpuz: 8\n")
+    with pytest.raises(ConfigError) as e:
+        load_inventory(p)
+    msg = str(e.value)
+    assert str(p) in msg and "hosts.h1.gpuz" in msg and "spelling" in msg
+
+
+def test_wrong_type_and_relative_path(tmp_path):
+    p = _write(tmp_path, BASE.replace("data_dir: /data", "data_dir: data") + "    gpus: many\n")
+    with pytest.raises(ConfigError) as e:
+        load_inventory(p)
+    msg = str(e.value)
+    assert "hosts.h1.data_dir" in msg and "absolute" in msg
+    assert "hosts.h1.gpus" in msg
+
+
+def test_missing_required_key(tmp_path):
+    p = _write(tmp_path, BASE.replace("      served_model_name: m\n", ""))
+    with pytest.raises(ConfigError, match=r"hosts\.h1\.serving\.served_model_name.*add it"):
+        load_inventory(p)
+
+
+def test_unknown_host_lists_known(tmp_path):
+    inv = load_inventory(_write(tmp_path, BASE))
+    with pytest.raises(ConfigError, match="Known hosts: h1"):
+        inv.host("nope")
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_inventory(tmp_path / "none.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_inventory(_write(tmp_path, "hosts: [unclosed"))
+
+
+def test_docs_cover_every_key():
+    text = docs()
+    for key in ("hostname", "docker_host", "stage_env", "maintenance_budget_s", "health_timeout_s", "served_model_name"):
+        assert f"`{key}`" in text
