@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up of this machine for eagle3ops: system packages, the build Docker engine, the driver
+# venv. Needs root (apt, dockerd). Used by `make setup` (and so by `make demo`, `make test` and .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\033[1;34m[setup]\033[0m %s\n' "$*"; }
+
+need_pkgs=()
+command -v dockerd >/dev/null || need_pkgs+=(docker.io)
+command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need_pkgs+=(openssh-server)
+command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need_pkgs+=(debootstrap)
+command -v patch >/dev/null || need_pkgs+=(patch)
+command -v zstd >/dev/null || need_pkgs+=(zstd)
+command -v ip >/dev/null || need_pkgs+=(iproute2)
+command -v tc >/dev/null || [ -x /usr/sbin/tc ] || need_pkgs+=(iproute2)
+command -v curl >/dev/null || need_pkgs+=(curl)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need_pkgs+=(ca-certificates)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+# The build engine (where images are built). Debian's docker.io, classic overlay2 store.
+if ! docker info >/dev/null 2>&1; then
+  log "starting the build Docker engine (dockerd)"
+  mkdir -p /var/log
+  nohup dockerd >/var/log/eagle3ops-build-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/eagle3ops-build-dockerd.log" >&2; exit 1; }
+fi
+
+# The driver venv: light (no torch); the ML stack lives in the pipeline image.
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c 'import eagle3ops, fabric, docker, typer, pytest' 2>/dev/null \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  log "installing eagle3ops and its driver dependencies into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[test]'
+  touch .venv/.installed
+fi
+log "ready: $(docker version --format 'build engine {{.Server.Version}}'), $(.venv/bin/python --version)"
