@@ -160,8 +160,6 @@ def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
 
 
 def _upload_pipeline(h: HostConfig, run: str, pipeline: Path, dry_run: bool) -> None:
-    from eagle3ops.commands import host as hc
-
     if not pipeline.is_file():
         _fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
     text = pipeline.read_text()
@@ -175,10 +173,10 @@ def _upload_pipeline(h: HostConfig, run: str, pipeline: Path, dry_run: bool) -> 
         pass
     except Exception as exc:  # noqa: BLE001 - pydantic ValidationError or YAML error, shown with the file name
         _fail(f"{pipeline}: invalid pipeline config: {exc}")
-    rdir = f"{h.data_dir}/runs/{run}"
+    from eagle3ops.window import upload_pipeline_config
+
     with _remote(h, dry_run) as r:
-        r.run(hc.mkdir_p(rdir))
-        r.run(hc.write_file(f"{rdir}/pipeline.yaml"), stdin=text)
+        upload_pipeline_config(r, run, text)
 
 
 @app.command()
@@ -351,11 +349,11 @@ _register_push()
 
 @app.command()
 def demo(inventory: Path = InventoryOpt,
-         keep_going: bool = typer.Option(False, help="Continue after a failed step.")) -> None:
+         pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config for the demo run.")) -> None:
     """The whole maintenance cycle on the embedded sandbox host (see README)."""
     from eagle3ops import demo as demo_mod
 
-    raise typer.Exit(demo_mod.run(inventory=inventory))
+    raise typer.Exit(demo_mod.run(inventory=inventory, pipeline=pipeline))
 
 
 def main() -> None:

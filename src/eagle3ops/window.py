@@ -326,6 +326,14 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     return result
 
 
+def upload_pipeline_config(r: Remote, run: str, text: str) -> str:
+    """Write a pipeline config (YAML text) as ``<data_dir>/runs/<run>/pipeline.yaml`` on the host; returns the path."""
+    rdir = f"{r.host.data_dir}/runs/{run}"
+    r.run(hc.mkdir_p(rdir))
+    r.run(hc.write_file(f"{rdir}/pipeline.yaml"), stdin=text)
+    return f"{rdir}/pipeline.yaml"
+
+
 def serving_release_spec(h: HostConfig, extra_args: list[str]) -> dict[str, Any]:
     """Spec of a new serving release from the inventory plus ``extra_args`` (release number set on the host)."""
     return sv.container_spec(h, release=0, extra_args=extra_args)

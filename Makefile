@@ -1,0 +1,85 @@
+# eagle3ops make targets: each a thin call of the `eagle3ops` CLI (see README.md).
+#   make demo                       the whole maintenance cycle on the embedded sandbox host
+#   make test                       the test suite (host tests, then the in-image tests)
+#   make deploy  HOST=gpu-01        build + push the pipeline image, verify, preflight (serving untouched)
+#   make extract HOST=gpu-01        window 1: prepare + extract hidden states
+#   make train   HOST=gpu-01        window 2: vocab (d2t/t2d) + train the draft head
+#   make rollback HOST=gpu-01       bring back the previous serving release
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+HOST ?= sandbox
+RUN ?= default
+INVENTORY ?= deploy/hosts.yaml
+PROFILE ?= speculators-0.3.0-vllm-0.16.0
+E3 := .venv/bin/eagle3ops
+PY := .venv/bin/python
+# The sandbox has no registry to pull vllm/vllm-openai from: its pipeline image builds on the local stand-in base.
+LOCAL_BASE := eagle3ops/vllm-openai-local:v0.16.0
+ifeq ($(HOST),sandbox)
+BASE_IMAGE ?= $(LOCAL_BASE)
+endif
+BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
+export EAGLE3OPS_INVENTORY := $(INVENTORY)
+
+.PHONY: setup sandbox base image deploy extract train release rollback status audit demo test test-host test-image \
+        patch-check bench-rebuild bench-push bench-extract clean-sandbox
+
+setup:
+	bash scripts/setup.sh
+
+sandbox: setup
+	$(E3) sandbox up
+
+base: setup
+	$(E3) image base
+
+image: base
+	$(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE)
+
+deploy: setup
+	$(E3) deploy $(HOST) $(BASE_FLAG) --profile $(PROFILE)
+
+extract: setup
+	$(E3) extract $(HOST) --run $(RUN)
+
+train: setup
+	$(E3) train $(HOST) --run $(RUN)
+
+release: setup
+	$(E3) release $(HOST) $(ARGS)
+
+rollback: setup
+	$(E3) rollback $(HOST)
+
+status: setup
+	$(E3) status $(HOST)
+
+audit: setup
+	$(E3) audit $(HOST)
+
+demo: setup
+	$(E3) demo
+
+# Host tests need the sandbox and the images; the fixtures in tests/conftest.py build/start what is missing.
+test: setup
+	$(PY) -m pytest -ra tests --ignore=tests/image
+	$(MAKE) test-image
+
+# Tests that need torch / vLLM / speculators run inside the built pipeline image (its /opt/venv).
+test-image: image
+	$(PY) -m eagle3ops image test $(BASE_FLAG) --profile $(PROFILE)
+
+patch-check: setup
+	$(E3) patch check
+
+bench-rebuild: setup
+	$(PY) benchmarks/rebuild.py
+
+bench-push: setup
+	$(PY) benchmarks/push.py
+
+bench-extract: image
+	$(PY) benchmarks/extract.py
+
+clean-sandbox: setup
+	$(E3) sandbox down

@@ -1,0 +1,186 @@
+"""``make demo``: the whole maintenance cycle against the embedded sandbox host, each step visible and timed.
+
+1. sandbox host up (sshd on 127.0.0.1 + its own dockerd)  2. images: local vLLM 0.16 base (stand-in for
+``vllm/vllm-openai:v0.16.0``) and the pipeline image  3. production serving on the sandbox (tiny model, real vLLM)
+4. deploy  5. extract window, train window  6. a second serving release, then rollback  — and a summary of figures.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from eagle3ops.config import HostConfig, load_inventory
+
+console = Console()
+SANDBOX = "sandbox"
+
+
+class DemoError(Exception):
+    """A demo step failed; the message names the step."""
+
+
+def _step(title: str) -> float:
+    console.rule(f"[bold cyan]{title}")
+    return time.monotonic()
+
+
+def _event(ev: dict[str, Any]) -> None:
+    from eagle3ops.cli import _print_event
+
+    _print_event(ev)
+
+
+def serving_healthy(h: HostConfig, timeout: float = 5.0) -> bool:
+    """True when the sandbox's server answers /health 200 and lists its model (the sandbox shares our loopback)."""
+    base = f"http://127.0.0.1:{h.serving.port}"
+    try:
+        with urllib.request.urlopen(base + "/health", timeout=timeout) as r:
+            if r.status != 200:
+                return False
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as r:
+            return h.serving.served_model_name in [m["id"] for m in json.load(r)["data"]]
+    except OSError:
+        return False
+
+
+def build_tiny_model(image: str, model_path: str) -> None:
+    """Build the tiny Llama target into ``model_path`` on this machine with the pipeline image (local engine).
+
+    The sandbox host's directories live on this machine, so provisioning writes there directly, as an operator
+    would copy weights onto a real host before it ever served.
+    """
+    import docker
+
+    out = Path(model_path)
+    if (out / "config.json").exists():
+        console.print(f"tiny model already at {out}")
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    client = docker.from_env()
+    logs = client.containers.run(
+        image, entrypoint=["python3"], command=["-m", "eagle3ops.tinymodel", f"/out/{out.name}", "--kind", "llama"],
+        volumes={str(out.parent): {"bind": "/out", "mode": "rw"}}, network_mode="host", remove=True,
+        environment={"HF_HUB_OFFLINE": "1"},
+    )
+    console.print(logs.decode(errors="replace")[-400:])
+    if not (out / "config.json").exists():
+        raise DemoError(f"tiny model build wrote no config.json into {out}")
+
+
+def start_serving(h: HostConfig) -> float:
+    """Start production serving on the sandbox (release 1 from the inventory) unless it runs; wait until healthy.
+
+    Returns:
+        seconds until healthy (0 when it was already running).
+    """
+    from eagle3ops.commands import docker as dk
+    from eagle3ops.commands import serving as sv
+    from eagle3ops.remote import Remote
+
+    with Remote(h) as r:
+        state = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container),
+                      check=False, mutates=False).stdout.strip()
+        if state == "running" and serving_healthy(h):
+            console.print("production serving already running and healthy")
+            return 0.0
+        if state:
+            r.run(dk.rm(h, h.serving.container, force=True))
+        t0 = time.monotonic()
+        r.run(sv.run_argv(h, sv.container_spec(h, release=1)))
+        while time.monotonic() - t0 < h.serving.health_timeout_s:
+            if serving_healthy(h):
+                return time.monotonic() - t0
+            st = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container),
+                       check=False, mutates=False).stdout.strip()
+            if st in ("exited", "dead"):
+                logs = r.run(dk.logs(h, h.serving.container, tail=30), check=False, mutates=False)
+                raise DemoError(f"serving container exited during start:\n{logs.stdout}{logs.stderr}")
+            time.sleep(2)
+    raise DemoError(f"serving did not become healthy within {h.serving.health_timeout_s:.0f}s")
+
+
+def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("deploy/pipeline.yaml")) -> int:
+    """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end)."""
+    from eagle3ops import deployer, images, sandbox, transfer
+    from eagle3ops.remote import Remote
+    from eagle3ops.window import run_window, upload_pipeline_config
+
+    t_start = time.monotonic()
+    figures: list[tuple[str, str]] = []
+    h = load_inventory(inventory).host(SANDBOX)
+
+    t = _step("1. sandbox host: sshd on 127.0.0.1 + its own Docker engine")
+    info = sandbox.up(SANDBOX, ssh_port=h.port or 2222)
+    figures.append(("sandbox up", f"{time.monotonic() - t:.1f} s (engine {info.docker_version})"))
+
+    t = _step("2. images: local vLLM 0.16 base (stand-in for vllm/vllm-openai:v0.16.0), pipeline image")
+    ca = images.default_ca_bundle()
+    base = images.build_local_base(ca_bundle=ca)
+    built = images.build_image("pipeline", base_image=base, ca_bundle=ca)
+    client = images.docker_client()
+    base_size = int(client.images.get(base).attrs["Size"])
+    figures.append(("images", f"{time.monotonic() - t:.1f} s"))
+    figures.append(("base image size", f"{base_size / 1e9:.2f} GB ({base})"))
+    figures.append(("pipeline image size", f"{built.size / 1e9:.2f} GB ({built.tag})"))
+
+    t = _step("3. production serving on the sandbox host: real vLLM 0.16 serving a tiny local model")
+    console.print(transfer.push_to_host(h.serving.image, h))
+    build_tiny_model(built.tag, h.model_path)
+    ready_s = start_serving(h)
+    figures.append(("serving start (cold)", f"{ready_s:.1f} s"))
+    figures.append(("provision serving", f"{time.monotonic() - t:.1f} s"))
+
+    t = _step(f"4. deploy {SANDBOX}: push the pipeline image over SSH (missing layers only), verify, preflight")
+    dep = deployer.deploy(h, base_image=base, echo=console.print)
+    figures.append(("deploy", f"{time.monotonic() - t:.1f} s (push {dep.push_s:.1f} s)"))
+
+    ok = True
+    for kind in ("extract", "train"):
+        t = _step(f"5. {kind} window on {SANDBOX}")
+        with Remote(h) as r:
+            upload_pipeline_config(r, "demo", pipeline.read_text())
+            res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id,
+                             command=f"eagle3ops {kind} {SANDBOX} (demo)", run="demo", on_event=_event)
+        from eagle3ops.cli import _summary
+
+        _summary(res)
+        ok &= res["outcome"] == "ok"
+        figures.append((f"{kind} window", f"{res['outcome']}, wall {res['wall_s']} s, serving downtime "
+                                           f"{res['downtime_s']} s"))
+        for name, secs in (res.get("stage_seconds") or {}).items():
+            figures.append((f"  stage {name}", f"{secs} s ({res['stages'][name]})"))
+        if res["outcome"] != "ok":
+            break
+
+    if ok:
+        t = _step("6. a second serving release (changed flag), then rollback to the previous one")
+        with Remote(h) as r:
+            from eagle3ops.window import serving_release_spec
+
+            rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
+                             command=f"eagle3ops release {SANDBOX} --arg --max-num-seqs --arg 8 (demo)",
+                             new_spec=serving_release_spec(h, ["--max-num-seqs", "8"]), on_event=_event)
+            figures.append(("release", f"{rel['outcome']} → release {rel['release']}, {rel['wall_s']} s"))
+            prev = (rel["release"] or 2) - 1
+            rb = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,
+                            command=f"eagle3ops rollback {SANDBOX} (demo)", to_release=prev, on_event=_event)
+            figures.append(("rollback", f"{rb['outcome']} → release {rb['release']}, {rb['wall_s']} s"))
+            ok &= rel["outcome"] == "ok" and rb["outcome"] == "ok" and rb["release"] == prev
+
+    healthy = serving_healthy(h)
+    figures.append(("serving healthy at the end", str(healthy)))
+    figures.append(("demo wall time", f"{time.monotonic() - t_start:.1f} s"))
+    table = Table(title="eagle3ops demo: measured figures")
+    table.add_column("what")
+    table.add_column("figure")
+    for k, v in figures:
+        table.add_row(k, v)
+    console.print(table)
+    return 0 if ok and healthy else 1

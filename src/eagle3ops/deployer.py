@@ -1,0 +1,80 @@
+"""``eagle3ops deploy HOST``: build the pipeline image if needed, push it over SSH, verify its id, preflight.
+
+Serving is not touched. The host records what was deployed in ``<state_dir>/deployed.json`` (image tag and id), which
+the maintenance windows read to know which image to run and which id to expect.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.commands import host as hc
+from eagle3ops.config import HostConfig
+from eagle3ops.remote import Remote
+from eagle3ops.window import paths, preflight
+
+
+class DeployError(Exception):
+    """The image could not be built, pushed or verified, or the host failed preflight."""
+
+
+@dataclass
+class DeployResult:
+    """What a deploy did: ``tag``/``image_id`` deployed, seconds spent building and pushing, push summary."""
+
+    tag: str
+    image_id: str
+    build_s: float
+    push_s: float
+    push_summary: str
+
+
+def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, base_image: str | None = None,
+           echo: Callable[[str], None] = print) -> DeployResult:
+    """Build (cached by content tag), push, verify the image id on the host, preflight, record the deployment.
+
+    Raises:
+        DeployError: build failure, push failure, id mismatch on the host ("every layer pushed but the image is not
+            there" included), or a failed preflight check.
+    """
+    from eagle3ops import images, transfer
+
+    t0 = time.monotonic()
+    try:
+        built = images.build_image("pipeline", base_image=base_image, profile=profile,
+                                   ca_bundle=images.default_ca_bundle())
+    except images.ImageError as exc:
+        raise DeployError(f"building the pipeline image failed: {exc}") from None
+    build_s = time.monotonic() - t0
+    echo(f"pipeline image {built.tag} ({built.image_id[:19]}, {built.size / 1e9:.2f} GB) built/found in {build_s:.1f} s")
+    with Remote(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
+        t1 = time.monotonic()
+        if dry_run:
+            push_summary = f"(dry run) would push {built.tag} to {h.name}, sending only the layers it lacks"
+        else:
+            try:
+                push_summary = transfer.push_to_host(built.tag, h)
+            except transfer.TransferError as exc:
+                raise DeployError(f"pushing {built.tag} to {h.name} failed: {exc}") from None
+        push_s = time.monotonic() - t1
+        echo(push_summary)
+        got = r.run(dk.image_id(h, built.tag), check=False, mutates=False).stdout.strip()
+        if not dry_run and got != built.image_id:
+            raise DeployError(f"{h.name}: after the push, {built.tag} has id {got or '(absent)'}, expected "
+                              f"{built.image_id}; the image is not correctly on the host")
+        pf = preflight(r, image=built.tag, expected_image_id=built.image_id, need_serving=False)
+        for name, ok, detail in pf.checks:
+            echo(f"  preflight {'ok  ' if ok else 'FAIL'} {name}: {detail}")
+        if not pf.ok and not dry_run:
+            raise DeployError(f"{h.name}: preflight failed after the push:\n{pf.failures()}")
+        record = {"image": built.tag, "image_id": built.image_id, "labels": built.labels,
+                  "deployed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "by": getpass.getuser()}
+        r.run(hc.mkdir_p(h.state_dir))
+        r.run(hc.write_file(paths(h)["deployed"]), stdin=json.dumps(record, indent=2))
+    return DeployResult(built.tag, built.image_id, build_s, push_s, push_summary)
