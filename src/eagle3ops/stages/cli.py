@@ -1,5 +1,86 @@
-"""Placeholder sub-app; its owner replaces it (see the ownership map)."""
+"""``eagle3ops stage <prepare|extract|vocab|train> --run-dir DIR``: the in-container pipeline stages.
+
+Each command reads ``DIR/pipeline.yaml`` and its inputs' manifests, writes only ``DIR/<stage>/`` and ends with
+``DIR/<stage>/manifest.json``. Exit status: 0 done, 2 config or input error (message names file and fix),
+1 any other failure. Heavy libraries (torch, vLLM, speculators) are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True, help="Run one in-container EAGLE-3 pipeline stage on a run directory.")
+
+RunDir = Annotated[
+    Path,
+    typer.Option("--run-dir", help="Run directory holding pipeline.yaml, e.g. /data/runs/<id>.", file_okay=False),
+]
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
+    from eagle3ops.pipeline_config import PipelineConfigError, load_pipeline_config
+    from eagle3ops.stages.chatdata import ChatDataError
+    from eagle3ops.stages.manifest import StageInputError
+    from eagle3ops.stages.prepare import UnmaskableConversation
+
+    try:
+        if not run_dir.is_dir():
+            raise PipelineConfigError(f"--run-dir {run_dir}: no such directory")
+        config = load_pipeline_config(run_dir)
+        if stage == "prepare":
+            from eagle3ops.stages.prepare import run_prepare
+
+            run_prepare(run_dir, config, log=_log)
+        elif stage == "extract":
+            from eagle3ops.stages.extract import run_extract
+
+            run_extract(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
+        elif stage == "vocab":
+            from eagle3ops.stages.vocab import run_vocab
+
+            run_vocab(run_dir, config, log=_log)
+        elif stage == "train":
+            from eagle3ops.stages.train import run_train
+
+            run_train(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
+    except (PipelineConfigError, StageInputError, ChatDataError, UnmaskableConversation) as exc:
+        print(f"error: stage {stage}: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def prepare(run_dir: RunDir) -> None:
+    """Tokenize the chat datasets with the target's chat template; loss masks over assistant turns."""
+    _run("prepare", run_dir)
+
+
+@app.command()
+def extract(
+    run_dir: RunDir,
+    restart: Annotated[bool, typer.Option(help="Delete earlier extract output instead of resuming it.")] = False,
+) -> None:
+    """Hidden states of the target (3 aux layers + last layer) with speculators' VllmHiddenStatesGenerator."""
+    _run("extract", run_dir, restart=restart)
+
+
+@app.command()
+def vocab(run_dir: RunDir) -> None:
+    """d2t/t2d draft vocabulary from token frequencies of the prepared data."""
+    _run("vocab", run_dir)
+
+
+@app.command()
+def train(
+    run_dir: RunDir,
+    restart: Annotated[bool, typer.Option(help="Delete earlier checkpoints instead of resuming from them.")] = False,
+) -> None:
+    """Train the EAGLE-3 draft head (speculators); resumable checkpoints and a vLLM-loadable final one."""
+    _run("train", run_dir, restart=restart)

@@ -1,0 +1,197 @@
+"""The pipeline config of one run: ``<run_dir>/pipeline.yaml`` validated with pydantic.
+
+One file drives the four in-container stages (prepare, extract, vocab, train). Every key has a type, a default
+where one is safe and a one-line doc; unknown keys are errors that name the file and the key. The file is read
+only from the run directory, so a run is reproducible from its directory alone.
+
+Example (the smallest useful file)::
+
+    target_model: /data/models/tiny-llama
+    prepare:
+      datasets: [builtin:sharegpt, builtin:messages]
+    vocab:
+      draft_vocab_size: 1024
+    train:
+      steps: 20
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PIPELINE_FILE = "pipeline.yaml"
+BUILTIN_DATASETS = ("builtin:sharegpt", "builtin:messages")
+
+
+class PipelineConfigError(Exception):
+    """``pipeline.yaml`` is missing, unreadable or invalid; the message names the file, the key and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrepareConfig(_Strict):
+    """Stage ``prepare``: chat files → token ids + loss masks over assistant turns."""
+
+    datasets: list[str] = Field(
+        default_factory=lambda: list(BUILTIN_DATASETS),
+        min_length=1,
+        description=(
+            "Chat files: JSONL or Parquet, rows in ShareGPT (`conversations`: from/value) or OpenAI (`messages`: "
+            "role/content) form. Relative paths are taken from the run directory; `builtin:sharegpt` and "
+            "`builtin:messages` are the small datasets shipped in eagle3ops."
+        ),
+    )
+    max_seq_len: int = Field(2048, ge=16, description="Token ids per sample after the chat template; longer ones are cut.")
+    max_samples: int | None = Field(None, ge=1, description="Keep at most this many conversations (after shuffling).")
+    shuffle: bool = Field(True, description="Shuffle the conversations with `seed` before `max_samples` is applied.")
+    on_unmaskable: Literal["error", "skip"] = Field(
+        "error",
+        description=(
+            "What to do with a conversation whose chat template breaks the prefix property (a rendered prefix is "
+            "not a prefix of the whole rendering), so assistant turns cannot be located: `error` stops the stage, "
+            "`skip` leaves it out and counts it in the manifest."
+        ),
+    )
+
+
+class ExtractConfig(_Strict):
+    """Stage ``extract``: hidden states of the target model from vLLM (speculators' VllmHiddenStatesGenerator)."""
+
+    aux_layer_ids: list[int] | None = Field(
+        None,
+        description=(
+            "The three aux layers whose outputs feed the draft head. Default: speculators' choice "
+            "[2, L // 2, L - 3] for a target with L layers. The last layer (L - 1) is always captured as well, "
+            "so each token stores 4 × hidden_size values."
+        ),
+    )
+    engine: Literal["vllm", "transformers"] = Field(
+        "vllm",
+        description=(
+            "`vllm`: speculators' VllmHiddenStatesGenerator (patched). `transformers`: a reference forward with hooks "
+            "on the same layers (slow, one device; for hosts without vLLM and for checking vLLM's numbers)."
+        ),
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel size (GPUs of the host to use).")
+    batch_size: int = Field(16, ge=1, description="Sequences handed to the generator per call.")
+    max_model_len: int | None = Field(
+        None, ge=32, description="vLLM max_model_len; default prepare.max_seq_len + 1 (one decode slot)."
+    )
+    gpu_memory_utilization: float = Field(0.8, gt=0, le=1, description="vLLM gpu_memory_utilization.")
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _three_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if len(value) != 3:
+                raise ValueError(f"needs exactly 3 layer ids (the EAGLE-3 draft head fuses 3 aux layers), got {value}")
+            if len(set(value)) != 3 or sorted(value) != value:
+                raise ValueError(f"layer ids must be distinct and increasing, got {value}")
+            if value[0] < 0:
+                raise ValueError(f"layer ids must be >= 0, got {value}")
+        return value
+
+
+class VocabConfig(_Strict):
+    """Stage ``vocab``: d2t/t2d from token frequencies over the assistant tokens of the prepared data."""
+
+    draft_vocab_size: int = Field(32000, ge=2, description="Draft vocabulary size (tokens the draft head predicts).")
+
+
+class TrainConfig(_Strict):
+    """Stage ``train``: speculators' EAGLE-3 draft head training."""
+
+    steps: int = Field(100, ge=1, description="Optimizer steps in total (a rerun resumes up to this count).")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (peak of the linear warmup/decay schedule).")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
+    batch_max_tokens: int = Field(
+        2048, ge=16, description="Tokens per packed batch (speculators packs samples into one row of this length)."
+    )
+    num_layers: int = Field(1, ge=1, description="Decoder layers of the draft head.")
+    ttt_steps: int = Field(3, ge=1, description="Test-time-training unroll steps per batch (EAGLE-3).")
+    ttt_step_loss_decay: float = Field(1.0, gt=0, description="Loss weight decay per ttt step.")
+    checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every this many steps.")
+    keep_checkpoints: int = Field(2, ge=1, description="Resumable checkpoints kept (older ones are deleted).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` = cuda when available, else cpu.")
+    compile: bool = Field(
+        False, description="Keep speculators' torch.compile of the draft forward (faster on GPU, slow to start)."
+    )
+    noise_std: float = Field(0.0, ge=0, description="Uniform noise added to aux hidden states (0 = none).")
+
+
+class PipelineConfig(_Strict):
+    """``<run_dir>/pipeline.yaml``: everything the four stages of one run need."""
+
+    target_model: str = Field(
+        ..., description="Target model directory (HF layout) as seen inside the stage container, e.g. /data/models/x."
+    )
+    seed: int = Field(0, description="Seed for shuffling, draft head init and training.")
+    prepare: PrepareConfig = Field(default_factory=PrepareConfig)
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    vocab: VocabConfig = Field(default_factory=VocabConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> PipelineConfig:
+        mml = self.extract.max_model_len
+        if mml is not None and mml < self.prepare.max_seq_len + 1:
+            raise ValueError(
+                f"extract.max_model_len ({mml}) must be at least prepare.max_seq_len + 1 "
+                f"({self.prepare.max_seq_len + 1}): vLLM needs one slot after the prompt"
+            )
+        return self
+
+    def effective_max_model_len(self) -> int:
+        """vLLM max_model_len for extraction: ``extract.max_model_len`` or ``prepare.max_seq_len + 1``."""
+        return self.extract.max_model_len or self.prepare.max_seq_len + 1
+
+    def section_digest(self, *sections: str) -> str:
+        """sha256 (hex) of the named sections (``"target_model"``, ``"prepare"``, ...) as canonical JSON.
+
+        Stages record it in their manifest; a later stage compares it with the current file to tell whether
+        the inputs were made with the settings now in force.
+        """
+        data = self.model_dump(mode="json")
+        picked = {name: data[name] for name in sections}
+        return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()
+
+
+def load_pipeline_config(run_dir: Path) -> PipelineConfig:
+    """Read and validate ``<run_dir>/pipeline.yaml``.
+
+    Raises:
+        PipelineConfigError: the file is missing, not YAML, not a mapping, or a key is unknown or invalid; the
+            message names the file and each bad key (dotted path) with pydantic's reason.
+    """
+    path = Path(run_dir) / PIPELINE_FILE
+    if not path.is_file():
+        raise PipelineConfigError(
+            f"{path}: not found. Every run directory needs a {PIPELINE_FILE} (at least `target_model:`)."
+        )
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise PipelineConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise PipelineConfigError(f"{path}: expected a mapping of keys at the top level, got {type(raw).__name__}")
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            if err["type"] == "extra_forbidden":
+                lines.append(f"{path}: unknown key `{key}` (remove it or check its spelling)")
+            elif err["type"] == "missing":
+                lines.append(f"{path}: missing required key `{key}`")
+            else:
+                lines.append(f"{path}: key `{key}`: {err['msg']}")
+        raise PipelineConfigError("\n".join(lines)) from exc

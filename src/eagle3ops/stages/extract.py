@@ -1,0 +1,291 @@
+"""Stage ``extract``: hidden states of the target for every prepared sample, in speculators' v1 file format.
+
+Engine: speculators' ``VllmHiddenStatesGenerator`` (with this project's patch series applied) on vLLM, tensor
+parallel size from ``extract.tensor_parallel_size``. ``extract.engine: transformers`` is a reference engine
+(a plain transformers forward with hooks on the same layers) for hosts without vLLM and for checking vLLM's
+numbers; it is slow and single-device.
+
+Layers: ``aux_layer_ids`` (3 ids; default speculators' ``[2, L // 2, L - 3]``) plus the last layer ``L - 1``,
+each the output of that decoder layer *before* the final norm (the residual stream ``hidden + residual``; the
+same thing speculators' patched forward captures). The generator returns them in layer order, so the ids
+must be increasing and below ``L - 1``.
+
+Output, in ``<run_dir>/extract/``:
+
+- ``hidden/data_NNNNNN.pt``, one per sample ``i`` of ``prepare/samples.jsonl``: ``torch.save`` of
+  ``{"input_ids": long [T], "hidden_states": [bf16 [T, H]] * 4, "loss_mask": long [T]}`` — speculators'
+  ``standardize_data_v1`` input, i.e. 3 aux layers + the last layer = ``4 × H × 2`` bytes per token of
+  hidden states (plus 16 bytes per token of ids and mask);
+- ``progress.jsonl``: one line per finished file (written after the file, fsynced), so a rerun skips the
+  samples already written and resumes;
+- ``state.json``: what the files were made from (prepare manifest digest, layer ids, engine); a rerun with
+  other inputs stops and says to pass ``--restart``;
+- ``manifest.json``: count, tokens, dtype, hidden size, layer ids, per-sample tokens/file/sha256, wall time
+  and tokens/s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3ops.pipeline_config import PipelineConfig
+from eagle3ops.stages.manifest import (
+    MANIFEST,
+    StageInputError,
+    atomic_write_text,
+    check_inputs,
+    sha256_file,
+    stage_dir,
+    write_manifest,
+)
+from eagle3ops.stages.prepare import read_samples
+from eagle3ops.stages.vocab import target_text_config
+
+HIDDEN_DIR = "hidden"
+PROGRESS = "progress.jsonl"
+STATE = "state.json"
+BYTES_PER_VALUE = 2  # bf16
+
+
+def resolve_layer_ids(config: PipelineConfig) -> tuple[list[int], int, int]:
+    """``(aux_layer_ids, num_layers, hidden_size)`` of the target; aux ids default to speculators' choice.
+
+    Raises:
+        ValueError: an id is out of range, the default is degenerate for a shallow target (then the message
+            asks for ``extract.aux_layer_ids``), or the ids are not increasing and below the last layer.
+    """
+    t = target_text_config(config.target_model)
+    n = int(t.num_hidden_layers)
+    aux = config.extract.aux_layer_ids
+    source = "extract.aux_layer_ids"
+    if aux is None:
+        aux = [2, n // 2, n - 3]  # speculators 0.3.0 VllmHiddenStatesGenerator default (without the last)
+        source = f"speculators' default [2, L // 2, L - 3] for L = {n}"
+    if not (len(aux) == 3 and all(0 <= a < n - 1 for a in aux) and aux == sorted(set(aux))):
+        raise ValueError(
+            f"{source} = {aux}: need 3 distinct increasing layer ids in [0, {n - 2}] (layer {n - 1} is the last "
+            f"layer, captured anyway); set `extract.aux_layer_ids` in pipeline.yaml, e.g. "
+            f"[{max(0, n // 4)}, {n // 2}, {max(n // 2 + 1, n - 3)}]"
+        )
+    return list(aux), n, int(t.hidden_size)
+
+
+class TransformersEngine:
+    """Reference engine: transformers forward (eager attention) with forward hooks on the captured layers.
+
+    ``generate(list[list[int]])`` returns the same list of dicts as speculators' generator:
+    ``{"input_ids": long [T], "hidden_states": [tensor [T, H]] * len(layer_ids), "loss_mask": None}``, each
+    tensor the decoder layer's output (the residual stream, before the final norm).
+    """
+
+    def __init__(self, model_path: str, layer_ids: list[int], device: str | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, trust_remote_code=True, dtype="auto", attn_implementation="eager"
+        ).to(self.device)
+        self.model.eval()
+        self.layer_ids = layer_ids
+        self._captured: dict[int, Any] = {}
+        layers = self.model.model.layers
+        for j in layer_ids:
+            layers[j].register_forward_hook(self._hook(j))
+
+    def _hook(self, j: int):
+        def fn(_module: Any, _inp: Any, output: Any) -> None:
+            self._captured[j] = output[0] if isinstance(output, tuple) else output
+
+        return fn
+
+    def generate(self, token_ids: list[list[int]]) -> list[dict[str, Any]]:
+        import torch
+
+        results = []
+        with torch.inference_mode():
+            for ids in token_ids:
+                self._captured.clear()
+                x = torch.tensor([ids], dtype=torch.long, device=self.device)
+                self.model.model(input_ids=x)
+                results.append({
+                    "input_ids": torch.tensor(ids, dtype=torch.long),
+                    "hidden_states": [self._captured[j][0].detach().cpu() for j in self.layer_ids],
+                    "loss_mask": None,
+                })
+        return results
+
+
+def make_vllm_generator(config: PipelineConfig, layer_ids: list[int]) -> Any:
+    """speculators' ``VllmHiddenStatesGenerator`` (patched) for the target, capturing ``layer_ids``."""
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+    return VllmHiddenStatesGenerator(
+        model_path=config.target_model,
+        layer_ids=layer_ids,
+        max_model_len=config.effective_max_model_len(),
+        gpu_memory_utilization=config.extract.gpu_memory_utilization,
+        tensor_parallel_size=config.extract.tensor_parallel_size,
+    )
+
+
+def _save_sample(path: Path, ids: list[int], mask: list[int], hidden: list[Any]) -> None:
+    import torch
+
+    states = []
+    for h in hidden:
+        h = h.to(torch.bfloat16).contiguous()
+        if h.untyped_storage().nbytes() != h.numel() * BYTES_PER_VALUE:
+            h = h.clone()  # never save a view of a larger buffer
+        states.append(h)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(
+        {
+            "input_ids": torch.tensor(ids, dtype=torch.long),
+            "hidden_states": states,
+            "loss_mask": torch.tensor(mask, dtype=torch.long),
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def _read_progress(out: Path) -> dict[int, dict[str, Any]]:
+    done: dict[int, dict[str, Any]] = {}
+    p = out / PROGRESS
+    if not p.is_file():
+        return done
+    for line in p.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line from a killed run
+        f = out / rec["file"]
+        if f.is_file() and f.stat().st_size == rec["bytes"]:
+            done[int(rec["i"])] = rec
+    return done
+
+
+def run_extract(
+    run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False, engine: Any = None
+) -> dict[str, Any]:
+    """Run stage ``extract``; returns the manifest's figures.
+
+    ``engine`` (an object with ``generate(list[list[int]])`` like speculators' generator) replaces the one
+    ``extract.engine`` names; the benchmark passes its own.
+
+    Raises:
+        StageInputError: prepare/ missing or inconsistent, or earlier extract output made from other inputs.
+        RuntimeError: the engine returned other token ids, layer count or shapes than asked for.
+    """
+    t0 = time.monotonic()
+    inputs = check_inputs(run_dir, "extract", config, hash_files=True)
+    aux, n_layers, hidden_size = resolve_layer_ids(config)
+    layer_ids = [*aux, n_layers - 1]
+    out = stage_dir(run_dir, "extract")
+    if restart and out.exists():
+        shutil.rmtree(out)
+    (out / HIDDEN_DIR).mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # a manifest only describes a finished, complete stage
+
+    state = {
+        "prepare_manifest_sha256": sha256_file(stage_dir(run_dir, "prepare") / MANIFEST),
+        "config_digest": config.section_digest("target_model", "extract"),
+        "layer_ids": layer_ids,
+        "prepare_samples": inputs["prepare"]["samples"],
+    }
+    state_path = out / STATE
+    if state_path.is_file():
+        old = json.loads(state_path.read_text())
+        if old != state:
+            raise StageInputError(
+                f"stage extract: {out} holds hidden states made from other inputs or settings ({state_path} "
+                f"differs); rerun with --restart to delete them: python -m eagle3ops stage extract --run-dir "
+                f"{run_dir} --restart"
+            )
+    atomic_write_text(state_path, json.dumps(state, indent=2) + "\n")
+
+    samples = read_samples(run_dir)
+    done = _read_progress(out)
+    todo = [s for s in samples if s["i"] not in done]
+    log(f"extract: {len(samples)} samples, {len(done)} already written, {len(todo)} to do; layers {layer_ids}")
+    gen_s = 0.0
+    gen_tokens = 0
+    if todo:
+        if engine is None:
+            engine = (
+                TransformersEngine(config.target_model, layer_ids)
+                if config.extract.engine == "transformers"
+                else make_vllm_generator(config, layer_ids)
+            )
+        bs = config.extract.batch_size
+        with open(out / PROGRESS, "a", encoding="utf-8") as prog:
+            for start in range(0, len(todo), bs):
+                chunk = todo[start : start + bs]
+                tg = time.monotonic()
+                results = engine.generate([s["input_ids"] for s in chunk])
+                gen_s += time.monotonic() - tg
+                if len(results) != len(chunk):
+                    raise RuntimeError(f"extract: engine returned {len(results)} results for {len(chunk)} sequences")
+                for s, r in zip(chunk, results, strict=True):
+                    ids = s["input_ids"]
+                    if r["input_ids"].tolist() != ids:
+                        raise RuntimeError(f"extract: sample {s['i']}: engine returned other token ids than given")
+                    hs = r["hidden_states"]
+                    want = (len(ids), hidden_size)
+                    if len(hs) != len(layer_ids) or any(tuple(h.shape) != want for h in hs):
+                        raise RuntimeError(
+                            f"extract: sample {s['i']}: expected {len(layer_ids)} tensors of shape {want}, got "
+                            f"{[tuple(h.shape) for h in hs]}"
+                        )
+                    rel = f"{HIDDEN_DIR}/data_{s['i']:06d}.pt"
+                    _save_sample(out / rel, ids, s["loss_mask"], hs)
+                    rec = {"i": s["i"], "file": rel, "tokens": len(ids), "bytes": (out / rel).stat().st_size,
+                           "sha256": sha256_file(out / rel)}
+                    prog.write(json.dumps(rec) + "\n")
+                    prog.flush()
+                    os.fsync(prog.fileno())
+                    done[s["i"]] = rec
+                    gen_tokens += len(ids)
+                log(f"extract: {len(done)}/{len(samples)} samples written")
+        if hasattr(engine, "executor"):
+            del engine  # shut vLLM's workers down before the manifest is written
+    recs = [done[s["i"]] for s in samples]
+    tokens = sum(r["tokens"] for r in recs)
+    figures = {
+        "samples": len(recs),
+        "tokens": tokens,
+        "dtype": "bfloat16",
+        "hidden_size": hidden_size,
+        "num_layers": n_layers,
+        "aux_layer_ids": aux,
+        "layer_ids": layer_ids,
+        "layer_convention": "output of decoder layer j, before the final norm (hidden + residual)",
+        "tensors_per_sample": {
+            "input_ids": "long [T]",
+            "loss_mask": "long [T]",
+            "hidden_states": f"{len(layer_ids)} x bfloat16 [T, {hidden_size}] (3 aux layers + last layer)",
+        },
+        "hidden_bytes_per_token": len(layer_ids) * hidden_size * BYTES_PER_VALUE,
+        "hidden_bytes": tokens * len(layer_ids) * hidden_size * BYTES_PER_VALUE,
+        "file_bytes": sum(r["bytes"] for r in recs),
+        "engine": "transformers" if config.extract.engine == "transformers" else "vllm",
+        "tensor_parallel_size": config.extract.tensor_parallel_size,
+        "samples_this_run": len(todo),
+        "generate_s": round(gen_s, 3),
+        "generate_tokens_per_s": round(gen_tokens / gen_s, 1) if gen_s > 0 else None,
+        "samples_index": [{"i": r["i"], "file": r["file"], "tokens": r["tokens"]} for r in recs],
+        "wall_s": round(time.monotonic() - t0, 3),
+    }
+    figures["samples"] = len(recs)
+    files = {r["file"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in recs}
+    write_manifest(run_dir, "extract", config, files, **{k: v for k, v in figures.items() if k != "samples_index"},
+                   sample_files=figures["samples_index"])
+    log(f"extract: {len(recs)} samples, {tokens} tokens, {figures['hidden_bytes']} bytes of hidden states "
+        f"in {figures['wall_s']} s")
+    return figures

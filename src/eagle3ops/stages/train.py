@@ -1,0 +1,322 @@
+"""Stage ``train``: speculators' EAGLE-3 draft head, trained on the extracted hidden states.
+
+Inputs: ``extract/`` (speculators' v1 sample files) and ``vocab/`` (d2t/t2d). Output in ``<run_dir>/train/``:
+
+- ``checkpoints/step_NNNNNNNN/``: resumable checkpoints (``model.safetensors`` + ``config.json`` in speculators'
+  format, fp32; ``optimizer.pt``, ``scheduler.pt``; ``state.json`` written last = the checkpoint is complete).
+  A rerun resumes from the newest complete one (``--restart`` deletes them), with the same data order.
+- ``final/``: the draft head in speculators' saved format (``config.json`` with ``speculators_config``,
+  ``model.safetensors`` in bf16 with ``d2t``/``t2d``), which vLLM 0.16 loads with
+  ``--speculative-config '{"method": "eagle3", "model": "<run_dir>/train/final", "num_speculative_tokens": 3}'``.
+- ``metrics.jsonl`` (one line per step) and ``manifest.json`` (steps, losses, steps/s, peak memory).
+
+What is speculators' and what is changed here
+---------------------------------------------
+Used as is from speculators 0.3.0: ``Eagle3DraftModel`` / ``Eagle3SpeculatorConfig`` (model, TTT loss and
+accuracy metrics), ``Eagle3SampleFileDataset`` + ``standardize_data_v1`` + ``shift_batch`` + ``create_collate_fn``
+(data), ``MultipackDistributedBatchSamplerV2`` (packing), AdamW + linear warmup/decay + grad-norm clip 1.0
+(``train/trainer.py``). Changed, each for a reason:
+
+- **Teacher logits use the target's final norm.** The extracted last layer is the *pre-norm* residual stream
+  (speculators' capture stores ``hidden + residual`` before ``model.norm``), but 0.3.0 feeds it straight to the
+  lm_head (``core.py``: ``targets = self.verifier_lm_head(verifier_last_hidden_states)``). Later speculators
+  releases apply ``verifier_norm`` there; here the target's ``model.norm`` (RMSNorm, weight and eps from the
+  target) is applied when a sample is loaded, so the targets are the target model's real next-token logits.
+- **Layer ids in vLLM's convention.** speculators' generator captures the *output* of layer ``j``; vLLM's
+  EAGLE-3 target (``models/llama.py``) captures the *input* of layer ``i`` (= output of layer ``i - 1``). The
+  final config therefore records ``eagle_aux_hidden_state_layer_ids = [j + 1 for j in aux_layer_ids]``, so
+  vLLM feeds the draft head the same layers it was trained on (leaving it out would give vLLM's default
+  ``(2, L // 2, L - 3)``, one layer off from speculators' default ``[2, L // 2, L - 3]``).
+- **Step-based, CPU-capable checkpoints.** 0.3.0's ``SingleGPUCheckpointer`` saves per epoch and loads with
+  ``map_location="cuda:0"``; here checkpoints are per ``checkpoint_every`` steps, load on any device and store
+  RNG state and data position, so a killed run resumes where it stopped.
+- ``torch.compile`` of the forward is optional (``train.compile``; off = eager, which also runs on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3ops.pipeline_config import PipelineConfig
+from eagle3ops.stages.manifest import (
+    atomic_write_text,
+    check_inputs,
+    file_entry,
+    stage_dir,
+    write_manifest,
+)
+from eagle3ops.stages.vocab import target_text_config
+
+SPECULATIVE_TOKENS = 3
+
+
+def build_draft_config(config: PipelineConfig, aux_layer_ids: list[int], draft_vocab_size: int) -> Any:
+    """speculators' ``Eagle3SpeculatorConfig`` for a one-or-more-layer Llama draft head of the target.
+
+    The decoder layer copies the target's width, heads, activation, rope and norm eps (as speculators'
+    training script does); ``eagle_aux_hidden_state_layer_ids`` is stored in vLLM's convention (see module doc).
+    """
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    t = target_text_config(config.target_model)
+    heads = t.num_attention_heads
+    layer_cfg = LlamaConfig(
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=getattr(t, "intermediate_size", 4 * t.hidden_size),
+        num_hidden_layers=config.train.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(t, "num_key_value_heads", heads) or heads,
+        head_dim=getattr(t, "head_dim", None) or t.hidden_size // heads,
+        hidden_act=getattr(t, "hidden_act", "silu"),
+        max_position_embeddings=t.max_position_embeddings,
+        rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6),
+        rope_theta=getattr(t, "rope_theta", 10000.0),
+        rope_scaling=getattr(t, "rope_scaling", None),
+        tie_word_embeddings=False,
+    )
+    # speculators registers flex attention under this name (models/eagle3/attention.py); its forward passes a
+    # BlockMask, which only this attention function takes.
+    layer_cfg._attn_implementation = "simple_flex_attention"
+    archs = list(getattr(t, "architectures", None) or [])
+    return Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_cfg,
+        draft_vocab_size=draft_vocab_size,
+        norm_before_residual=False,
+        eagle_aux_hidden_state_layer_ids=[j + 1 for j in aux_layer_ids],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=SPECULATIVE_TOKENS)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=config.target_model, architectures=archs),
+        ),
+    )
+
+
+def _target_final_norm(target_model: str) -> tuple[Any, float]:
+    """Weight (fp32, ``[H]``) and eps of the target's final RMSNorm (``model.norm.weight``)."""
+    from speculators.utils.loading import load_model_layers
+
+    t = target_text_config(target_model)
+    weights = load_model_layers(["model.norm.weight"], target_model)
+    if "model.norm.weight" not in weights:
+        raise ValueError(f"{target_model}: no `model.norm.weight` tensor; cannot form the teacher logits")
+    return weights["model.norm.weight"].float(), float(getattr(t, "rms_norm_eps", 1e-6))
+
+
+def _standardize_with_norm(norm_weight: Any, eps: float):
+    """speculators' ``standardize_data_v1`` + the target's final RMSNorm on the last layer (see module doc)."""
+    import torch
+    from speculators.train.data import standardize_data_v1
+
+    def fn(data: dict[str, Any]) -> dict[str, Any]:
+        out = standardize_data_v1(data)
+        h = out["verifier_last_hidden_states"].float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
+        out["verifier_last_hidden_states"] = h
+        return out
+
+    return fn
+
+
+def _latest_checkpoint(ckpt_root: Path) -> Path | None:
+    done = sorted(p.parent for p in ckpt_root.glob("step_*/state.json"))
+    return done[-1] if done else None
+
+
+def _peak_memory_bytes(device: str) -> int:
+    import torch
+
+    if device == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def run_train(run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False) -> dict[str, Any]:
+    """Run stage ``train``; returns the manifest's figures.
+
+    Raises:
+        StageInputError: extract/ or vocab/ missing or inconsistent (with each other or pipeline.yaml).
+        ValueError: the loss is not finite.
+    """
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+    from speculators.train.noise_transforms import AddUniformNoise
+    from transformers import get_linear_schedule_with_warmup
+
+    t_start = time.monotonic()
+    tc = config.train
+    inputs = check_inputs(run_dir, "train", config)
+    ext, voc = inputs["extract"], inputs["vocab"]
+    if ext["inputs"].get("prepare") != voc["inputs"].get("prepare"):
+        raise ValueError("extract/ and vocab/ were made from different prepare outputs; rerun both")
+    out = stage_dir(run_dir, "train")
+    ckpt_root = out / "checkpoints"
+    if restart and out.exists():
+        shutil.rmtree(out)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+
+    device = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    if not tc.compile:
+        torch._dynamo.config.disable = True  # speculators decorates forward with @torch.compile
+
+    d2t = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "d2t.npy"))
+    t2d = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "t2d.npy"))
+    aux = list(ext["aux_layer_ids"])
+    draft_cfg = build_draft_config(config, aux, int(d2t.shape[0]))
+
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    model = Eagle3DraftModel(draft_cfg, t2d=t2d, d2t=d2t)
+
+    ext_dir = stage_dir(run_dir, "extract")
+    files = [str(ext_dir / s["file"]) for s in ext["sample_files"]]
+    norm_w, eps = _target_final_norm(config.target_model)
+    transform = AddUniformNoise(std=tc.noise_std) if tc.noise_std > 0 else None
+    dataset = Eagle3SampleFileDataset(
+        max_len=tc.batch_max_tokens,
+        file_list=files,
+        transform=transform,
+        standardize_fn=_standardize_with_norm(norm_w, eps),
+    )
+    lengths = [s["tokens"] - 1 for s in ext["sample_files"]]  # shift_batch drops one position
+    sampler = MultipackDistributedBatchSamplerV2(
+        batch_max_length=tc.batch_max_tokens, lengths=lengths, num_replicas=1, rank=0, seed=config.seed
+    )
+    collate = create_collate_fn(tc.batch_max_tokens)
+
+    model.to(device)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc.lr)
+    sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=tc.warmup_steps, num_training_steps=tc.steps)
+
+    step = 0
+    prev = _latest_checkpoint(ckpt_root)
+    if prev is not None:
+        state = json.loads((prev / "state.json").read_text())
+        sd = load_file(str(prev / "model.safetensors"), device="cpu")
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        if unexpected or set(missing) - {"verifier_lm_head.weight"}:
+            raise ValueError(f"{prev}: checkpoint does not fit the draft head (missing {missing}, extra {unexpected})")
+        opt.load_state_dict(torch.load(prev / "optimizer.pt", map_location=device, weights_only=True))
+        sched.load_state_dict(torch.load(prev / "scheduler.pt", weights_only=True))
+        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        step = int(state["step"])
+        log(f"train: resuming from {prev} at step {step}")
+    metrics_path = out / "metrics.jsonl"
+    if step == 0:
+        metrics_path.unlink(missing_ok=True)
+
+    # Batches of epoch e come from the sampler seeded with seed + e: the position of step s is reproducible.
+    def batches_from(start: int):
+        epoch, seen = 0, 0
+        while True:
+            sampler.set_epoch(epoch)
+            epoch_batches = list(iter(sampler))
+            if not epoch_batches:
+                raise ValueError("extract/ holds no sample to train on")
+            for b in epoch_batches:
+                if seen >= start:
+                    yield epoch, [int(i) for i in b]
+                seen += 1
+            epoch += 1
+
+    def save_checkpoint(s: int) -> None:
+        d = ckpt_root / f"step_{s:08d}"
+        if d.exists():
+            shutil.rmtree(d)
+        model.save_pretrained(d, state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()})
+        torch.save(opt.state_dict(), d / "optimizer.pt")
+        torch.save(sched.state_dict(), d / "scheduler.pt")
+        atomic_write_text(d / "state.json", json.dumps({"step": s, "torch_rng": torch.get_rng_state().tolist()}))
+        for old in sorted(p.parent for p in ckpt_root.glob("step_*/state.json"))[: -tc.keep_checkpoints]:
+            shutil.rmtree(old)
+
+    model.train()
+    first_step = step
+    t_loop = time.monotonic()
+    last: dict[str, float] = {}
+    with open(metrics_path, "a", encoding="utf-8") as mf:
+        gen = batches_from(step)
+        while step < tc.steps:
+            epoch, idx = next(gen)
+            batch = collate([dataset[i] for i in idx])
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            _draft, loss, metrics = model(
+                **batch, ttt_steps=tc.ttt_steps, ttt_step_loss_decay=tc.ttt_step_loss_decay
+            )
+            if not torch.isfinite(loss):
+                raise ValueError(f"train: loss is {loss.item()} at step {step}; lower train.lr")
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            last = {k: round(float(v), 6) for k, v in metrics.items()}
+            mf.write(json.dumps({"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], **last}) + "\n")
+            mf.flush()
+            if step % 10 == 0 or step == tc.steps:
+                log(f"train: step {step}/{tc.steps} loss {last['loss']:.4f} full_acc_0 {last.get('full_acc_0', 0):.3f}")
+            if step % tc.checkpoint_every == 0 or step == tc.steps:
+                save_checkpoint(step)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    loop_s = time.monotonic() - t_loop
+    ran = step - first_step
+
+    final = out / "final"
+    if final.exists():
+        shutil.rmtree(final)
+    sd = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).cpu()
+          for k, v in model.state_dict().items()}
+    model.save_pretrained(final, state_dict=sd)
+    final_files = {f"final/{p.name}": file_entry(p) for p in sorted(final.iterdir()) if p.is_file()}
+    with open(metrics_path, encoding="utf-8") as mf:
+        history = [json.loads(line) for line in mf if line.strip()]
+    figures = {
+        "steps": step,
+        "steps_this_run": ran,
+        "resumed_from_step": first_step,
+        "device": device if device == "cpu" else f"cuda ({torch.cuda.get_device_name(0)})",
+        "compile": tc.compile,
+        "steps_per_s": round(ran / loop_s, 4) if ran and loop_s > 0 else None,
+        "peak_memory_bytes": _peak_memory_bytes(device),
+        "peak_memory_kind": "torch.cuda.max_memory_allocated" if device == "cuda" else "process max RSS",
+        "first_loss": history[0]["loss"] if history else None,
+        "final_metrics": last or (history[-1] if history else {}),
+        "aux_layer_ids_extracted": aux,
+        "eagle_aux_hidden_state_layer_ids": [j + 1 for j in aux],
+        "draft_vocab_size": int(d2t.shape[0]),
+        "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "vllm_speculative_config": {
+            "method": "eagle3",
+            "model": str(final),
+            "num_speculative_tokens": SPECULATIVE_TOKENS,
+        },
+        "wall_s": round(time.monotonic() - t_start, 3),
+    }
+    if any(not math.isfinite(h["loss"]) for h in history):
+        raise ValueError("train: a non-finite loss was recorded")
+    write_manifest(run_dir, "train", config, {"metrics.jsonl": file_entry(metrics_path), **final_files}, **figures)
+    log(f"train: {step} steps ({ran} this run, {figures['steps_per_s']} steps/s on {figures['device']}); final draft "
+        f"head in {final}")
+    os.sync()
+    return figures

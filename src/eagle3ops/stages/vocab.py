@@ -1,0 +1,107 @@
+"""Stage ``vocab``: the draft vocabulary (d2t/t2d) from token frequencies of the prepared data.
+
+Output, in ``<run_dir>/vocab/``: ``d2t.npy`` (int64, ``[draft_vocab_size]``), ``t2d.npy`` (bool,
+``[target_vocab_size]``), ``token_freq.json`` (``{token id: count}`` over assistant tokens), ``manifest.json``.
+
+Conventions (speculators 0.3.0 ``train/vocab_mapping.py`` and vLLM 0.16 ``model_executor/models/llama_eagle3.py``):
+
+- ``d2t[i]`` is an *offset*: the target id of draft id ``i`` is ``i + d2t[i]``; vLLM's EAGLE-3 proposer maps a
+  draft argmax ``i`` to ``i + d2t[i]``;
+- ``t2d`` is a bool mask over the target vocabulary with exactly ``draft_vocab_size`` true entries;
+- the draft vocabulary is the ``draft_vocab_size`` most frequent target ids among the tokens under the loss
+  mask (ties broken by lower id), topped up with the lowest unused ids when the data has fewer distinct tokens,
+  and sorted — speculators' ``build_vocab_mappings_from_distribution``, which is used as is.
+
+The target vocabulary size is read from the target's config (``trust_remote_code=True``; ``vocab_size`` or
+``text_config.vocab_size``), never assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from eagle3ops.pipeline_config import PipelineConfig
+from eagle3ops.stages.manifest import atomic_write_text, check_inputs, file_entry, stage_dir, write_manifest
+from eagle3ops.stages.prepare import read_samples
+
+
+def target_text_config(target_model: str) -> Any:
+    """The target's (text) config: ``AutoConfig`` with ``trust_remote_code=True``; ``text_config`` when nested
+    (multimodal wrappers such as Kimi-K2.5)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(target_model, trust_remote_code=True)
+    text = getattr(cfg, "text_config", None)
+    return text if text is not None and getattr(cfg, "vocab_size", None) is None else cfg
+
+
+def target_vocab_size(target_model: str) -> int:
+    """Vocabulary size of the target (rows of its embedding / lm_head), from its config.
+
+    Raises:
+        ValueError: the config has no ``vocab_size`` (nor ``text_config.vocab_size``).
+    """
+    cfg = target_text_config(target_model)
+    size = getattr(cfg, "vocab_size", None)
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"{target_model}/config.json: no vocab_size (nor text_config.vocab_size) to size t2d by")
+    return size
+
+
+def run_vocab(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[str, Any]:
+    """Run stage ``vocab``; returns the manifest's figures.
+
+    Raises:
+        StageInputError: the prepare output is missing or inconsistent.
+        ValueError: ``draft_vocab_size`` exceeds the target vocabulary, or a token id is outside it.
+    """
+    import numpy as np
+    import torch
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    t0 = time.monotonic()
+    check_inputs(run_dir, "vocab", config, hash_files=True)
+    out = stage_dir(run_dir, "vocab")
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = target_vocab_size(config.target_model)
+    draft = config.vocab.draft_vocab_size
+    if draft > vocab:
+        raise ValueError(
+            f"pipeline.yaml: vocab.draft_vocab_size ({draft}) is larger than the target vocabulary ({vocab}, "
+            f"from {config.target_model}/config.json); set it to at most {vocab}"
+        )
+    freq: Counter[int] = Counter()
+    for row in read_samples(run_dir):
+        freq.update(t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m)
+    bad = [t for t in freq if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(
+            f"prepare/samples.jsonl holds token ids outside the target vocabulary [0, {vocab}) e.g. {bad[:5]}: the "
+            "tokenizer and config.json of the target disagree"
+        )
+    d2t, t2d = build_vocab_mappings_from_distribution(dict(freq), draft, vocab)
+    # Invariants the draft head and vLLM rely on.
+    assert d2t.shape == (draft,) and t2d.shape == (vocab,) and int(t2d.sum()) == draft
+    assert torch.equal(torch.arange(draft) + d2t, torch.nonzero(t2d).flatten())
+    np.save(out / "d2t.npy", d2t.numpy())
+    np.save(out / "t2d.npy", t2d.numpy())
+    atomic_write_text(out / "token_freq.json", json.dumps({str(k): v for k, v in sorted(freq.items())}) + "\n")
+    covered = sum(c for t, c in freq.items() if t2d[t])
+    total = sum(freq.values())
+    figures = {
+        "draft_vocab_size": draft,
+        "target_vocab_size": vocab,
+        "distinct_assistant_tokens": len(freq),
+        "assistant_tokens": total,
+        "coverage": round(covered / total, 6) if total else 0.0,
+        "padded_ids": max(0, draft - len(freq)),
+        "wall_s": round(time.monotonic() - t0, 3),
+    }
+    files = {n: file_entry(out / n) for n in ("d2t.npy", "t2d.npy", "token_freq.json")}
+    write_manifest(run_dir, "vocab", config, files, **figures)
+    log(f"vocab: {draft} of {vocab} target ids cover {figures['coverage']:.2%} of assistant tokens")
+    return figures
