@@ -1,0 +1,129 @@
+"""``eagle3ops patch check``: every series of a profile applied to its pristine pinned wheel, then byte-compiled.
+
+For each series: fetch the pinned wheel (:func:`~eagle3ops.patches.wheels.fetch_wheel`, sha256 verified), unpack
+it into a scratch dir (which is laid out like a site-packages dir, ``*.dist-info`` included, so the very same
+:func:`~eagle3ops.patches.apply.apply_series` used in images runs here, pin check included), apply the series
+strictly, byte-compile every ``.py`` file of the package (:func:`compileall.compile_file`) and report per patch.
+Required versions of other packages are not checked (they are not in the scratch tree); the probe names are checked
+against the probe registry when it can be imported.
+"""
+
+from __future__ import annotations
+
+import compileall
+import contextlib
+import io
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3ops.patches.apply import Action, apply_series
+from eagle3ops.patches.diffgen import list_files
+from eagle3ops.patches.errors import PatchToolError
+from eagle3ops.patches.series import Profile, Series, load_series
+from eagle3ops.patches.wheels import fetch_wheel, unpack_wheel
+
+
+@dataclass
+class PatchCheck:
+    """Per-patch outcome: ``ok`` and a one-line detail (action or the error)."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class SeriesCheck:
+    """Outcome for one series dir."""
+
+    series_dir: Path
+    ok: bool
+    patches: list[PatchCheck] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    compiled: int = 0
+
+
+def _probe_names() -> tuple[set[str] | None, str | None]:
+    try:
+        from eagle3ops.patches import probes  # noqa: PLC0415 - lazy: may pull heavy optional code paths
+    except Exception as e:  # noqa: BLE001 - report, not crash: probes may need the pipeline image
+        return None, f"probe registry not importable here ({type(e).__name__}: {e}); probe names not checked"
+    return set(getattr(probes, "PROBES", {})), None
+
+
+def byte_compile(root: Path, tops: tuple[str, ...]) -> tuple[int, list[str]]:
+    """Byte-compile every ``.py`` under ``root/<top>``; return (files compiled, error messages)."""
+    n, errors = 0, []
+    for rel in sorted(list_files(root, tops)):
+        if not rel.endswith(".py"):
+            continue
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            ok = compileall.compile_file(str(root / rel), quiet=1, force=True)
+        n += 1
+        if not ok:
+            errors.append(f"{rel}: " + " ".join(buf.getvalue().split())[-300:])
+    return n, errors
+
+
+def check_series(series_dir: Path, *, cache: Path | None = None, profile: Profile | None = None) -> SeriesCheck:
+    """Check one series dir against its pristine wheel (see module docstring). Never raises for a bad patch:
+    the problem is recorded in the result."""
+    res = SeriesCheck(series_dir=series_dir, ok=False)
+    try:
+        series: Series = load_series(series_dir)
+    except PatchToolError as e:
+        res.problems.append(str(e))
+        return res
+    for u in series.unlisted:
+        res.problems.append(f"{series_dir / u}: not listed in {series_dir / 'series'} (list it or delete it)")
+    names, warn = _probe_names()
+    if warn:
+        res.warnings.append(warn)
+    elif names is not None:
+        for p in series.patches:
+            if p.header.probe not in names:
+                res.problems.append(f"patch {p.name}: probe {p.header.probe!r} is not in eagle3ops.patches.probes.PROBES")
+    if profile is not None:
+        for pin in profile.requires:
+            for p in series.patches:
+                for r in p.header.requires:
+                    if r.name == pin.name and r.version != pin.version:
+                        res.problems.append(f"patch {p.name} requires {r} but profile {profile.name} requires {pin}")
+    try:
+        wheel = fetch_wheel(series.upstream, cache)
+    except PatchToolError as e:
+        res.problems.append(str(e))
+        return res
+    with tempfile.TemporaryDirectory(prefix="eagle3ops-check-") as tmp:
+        site = unpack_wheel(wheel, Path(tmp) / "site")
+        # apply patch by patch so every patch gets its own line in the report
+        for i, patch in enumerate(series.patches):
+            sub = Series(dir=series.dir, upstream=series.upstream, patches=[patch])
+            try:
+                r = apply_series(sub, site_dir=site, check_requires=False, write_manifest=False)
+                pr = r.patches[0]
+                if pr.action is Action.ALREADY_APPLIED:
+                    res.patches.append(PatchCheck(patch.name, False, "already applied on the pristine wheel (drop it: upstream has it)"))
+                else:
+                    off = "; ".join(f"{f} hunk #{n} offset {o:+d}" for f, lst in pr.offsets.items() for n, o in lst)
+                    res.patches.append(PatchCheck(patch.name, True, "applies" + (f" ({off})" if off else "")))
+            except PatchToolError as e:
+                res.patches.append(PatchCheck(patch.name, False, str(e).splitlines()[0]))
+                for later in series.patches[i + 1 :]:
+                    res.patches.append(PatchCheck(later.name, False, f"not tried: {patch.name} failed before it"))
+                break
+        from eagle3ops.patches.installed import find_dist
+
+        dist = find_dist(series.package, site)
+        res.compiled, errors = byte_compile(site, dist.top_levels)
+        res.problems += [f"byte-compile: {e}" for e in errors]
+    res.ok = not res.problems and all(p.ok for p in res.patches)
+    return res
+
+
+def check_profile(profile: Profile, *, cache: Path | None = None) -> list[SeriesCheck]:
+    """:func:`check_series` for every series dir of ``profile``."""
+    return [check_series(d, cache=cache, profile=profile) for d in profile.series_dirs]

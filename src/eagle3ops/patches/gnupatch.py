@@ -1,0 +1,101 @@
+"""Run GNU ``patch`` strictly and parse what it reports.
+
+Flags (quilt/dpkg-source rules): ``-p1`` (paths ``a/<pkg>/...``), ``--fuzz=0`` (every context line must match;
+only a line offset is tolerated, and reported), ``--batch`` (never ask), ``--no-backup-if-mismatch`` and
+``--reject-file=-`` (leave no ``.orig``/``.rej`` droppings), ``--unified`` (the input is read only as a unified
+diff, never as an ed script or context diff), ``--forward --force``: ``--batch`` alone *assumes* a patch that looks
+reversed should be reversed; ``--forward`` stops that and ``--force`` makes GNU patch try every hunk as given and
+report each failed hunk instead of skipping the whole file - "already applied" is then decided explicitly by a
+reverse dry run (:func:`run_patch` with ``reverse=True``). ``LC_ALL=C`` keeps the messages parseable.
+
+Requires GNU patch (2.7 tested; Debian package ``patch``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3ops.patches.errors import PatchToolError
+
+_FILE_RE = re.compile(r"^(?:checking|patching) file (.+)$")
+_FAILED_RE = re.compile(r"^Hunk #(\d+) FAILED at (\d+)")
+_OFFSET_RE = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: with fuzz \d+)? \(offset (-?\d+) lines?\)")
+_FUZZ_RE = re.compile(r"^Hunk #(\d+) succeeded at \d+ with fuzz")
+_MISSING_RE = re.compile(r"^(?:can't find file to patch|No file to patch)")
+_NOT_REGULAR_RE = re.compile(r"^File (.+) is not a regular file")
+
+
+@dataclass
+class PatchRun:
+    """Outcome of one ``patch`` invocation.
+
+    Attributes:
+        ok: exit status 0.
+        failed: file -> numbers of hunks GNU patch reported FAILED (1-based, per file).
+        offsets: file -> list of (hunk number, offset in lines) for hunks that applied at another line.
+        missing: True when GNU patch could not find a file to patch.
+        output: combined stdout+stderr (for error messages).
+    """
+
+    ok: bool
+    returncode: int
+    output: str
+    failed: dict[str, list[int]] = field(default_factory=dict)
+    offsets: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    missing: bool = False
+    fuzzed: bool = False
+
+
+def patch_binary() -> str:
+    """Path of GNU patch; :class:`PatchToolError` if absent or not GNU."""
+    exe = shutil.which("patch")
+    if not exe:
+        raise PatchToolError("GNU patch is not installed", fix="install it (Debian: apt-get install patch)")
+    return exe
+
+
+def run_patch(diff_text: str, cwd: Path, *, dry_run: bool, reverse: bool = False) -> PatchRun:
+    """Apply (or dry-run) ``diff_text`` with GNU patch in ``cwd`` (the site dir) using the strict flags above.
+
+    Args:
+        diff_text: a validated unified diff (see :func:`eagle3ops.patches.diffcheck.render`).
+        cwd: directory the ``-p1`` paths are relative to.
+        dry_run: pass ``--dry-run`` (nothing is written).
+        reverse: pass ``-R`` (used to decide "already applied").
+    """
+    argv = [
+        patch_binary(), "-p1", "--fuzz=0", "--batch", "--forward", "--force", "--unified",
+        "--no-backup-if-mismatch", "--reject-file=-", "--quoting-style=literal", "-d", str(cwd),
+    ]
+    if dry_run:
+        argv.append("--dry-run")
+    if reverse:
+        argv.append("-R")
+    env = dict(os.environ, LC_ALL="C", LANG="C")
+    env.pop("POSIXLY_CORRECT", None)
+    env.pop("PATCH_GET", None)
+    env.pop("SIMPLE_BACKUP_SUFFIX", None)
+    env.pop("VERSION_CONTROL", None)
+    proc = subprocess.run(argv, input=diff_text.encode("utf-8"), capture_output=True, env=env, check=False)
+    out = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
+    run = PatchRun(ok=proc.returncode == 0, returncode=proc.returncode, output=out)
+    current = ""
+    for line in out.splitlines():
+        if m := _FILE_RE.match(line):
+            current = m.group(1).strip()
+        elif m := _FAILED_RE.match(line):
+            run.failed.setdefault(current, []).append(int(m.group(1)))
+        elif m := _OFFSET_RE.match(line):
+            run.offsets.setdefault(current, []).append((int(m.group(1)), int(m.group(3))))
+        elif _MISSING_RE.match(line):
+            run.missing = True
+        if _FUZZ_RE.match(line):
+            run.fuzzed = True
+    if run.fuzzed:  # cannot happen with --fuzz=0; refuse rather than trust it
+        run.ok = False
+    return run
