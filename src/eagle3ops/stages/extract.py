@@ -53,7 +53,9 @@ BYTES_PER_VALUE = 2  # bf16
 
 
 def resolve_layer_ids(config: PipelineConfig) -> tuple[list[int], int, int]:
-    """``(aux_layer_ids, num_layers, hidden_size)`` of the target; aux ids default to speculators' choice.
+    """``(aux_layer_ids, num_layers, hidden_size)`` of the target; aux ids default to speculators' choice
+    ``[2, L // 2, L - 3]``, or ``[L - 4, L - 3, L - 2]`` for targets under 7 layers, where speculators' choice
+    repeats a layer.
 
     Raises:
         ValueError: an id is out of range, the default is degenerate for a shallow target (then the message
@@ -66,6 +68,11 @@ def resolve_layer_ids(config: PipelineConfig) -> tuple[list[int], int, int]:
     if aux is None:
         aux = [2, n // 2, n - 3]  # speculators 0.3.0 VllmHiddenStatesGenerator default (without the last)
         source = f"speculators' default [2, L // 2, L - 3] for L = {n}"
+        if aux != sorted(set(aux)) and n >= 4:
+            # Below 7 layers speculators' default repeats a layer (L = 4 gives [2, 2, 1]): its capture then
+            # stores fewer tensors than the draft head's fc expects. Take the three layers before the last.
+            aux = [n - 4, n - 3, n - 2]
+            source = f"the three layers before the last (speculators' default is degenerate for L = {n})"
     if not (len(aux) == 3 and all(0 <= a < n - 1 for a in aux) and aux == sorted(set(aux))):
         raise ValueError(
             f"{source} = {aux}: need 3 distinct increasing layer ids in [0, {n - 2}] (layer {n - 1} is the last "

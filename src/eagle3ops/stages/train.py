@@ -150,6 +150,10 @@ def run_train(run_dir: Path, config: PipelineConfig, log: Any = print, restart: 
         StageInputError: extract/ or vocab/ missing or inconsistent (with each other or pipeline.yaml).
         ValueError: the loss is not finite.
     """
+    t_start = time.monotonic()
+    tc = config.train
+    inputs = check_inputs(run_dir, "train", config)  # before the heavy imports: refusals stay fast and torch-free
+
     import numpy as np
     import torch
     from safetensors.torch import load_file
@@ -159,9 +163,6 @@ def run_train(run_dir: Path, config: PipelineConfig, log: Any = print, restart: 
     from speculators.train.noise_transforms import AddUniformNoise
     from transformers import get_linear_schedule_with_warmup
 
-    t_start = time.monotonic()
-    tc = config.train
-    inputs = check_inputs(run_dir, "train", config)
     ext, voc = inputs["extract"], inputs["vocab"]
     if ext["inputs"].get("prepare") != voc["inputs"].get("prepare"):
         raise ValueError("extract/ and vocab/ were made from different prepare outputs; rerun both")
@@ -308,7 +309,7 @@ def run_train(run_dir: Path, config: PipelineConfig, log: Any = print, restart: 
         "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "vllm_speculative_config": {
             "method": "eagle3",
-            "model": str(final),
+            "model": str(final.resolve()),
             "num_speculative_tokens": SPECULATIVE_TOKENS,
         },
         "wall_s": round(time.monotonic() - t_start, 3),

@@ -59,12 +59,12 @@ def run_vocab(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[s
         StageInputError: the prepare output is missing or inconsistent.
         ValueError: ``draft_vocab_size`` exceeds the target vocabulary, or a token id is outside it.
     """
+    t0 = time.monotonic()
+    check_inputs(run_dir, "vocab", config, hash_files=True)
     import numpy as np
     import torch
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    t0 = time.monotonic()
-    check_inputs(run_dir, "vocab", config, hash_files=True)
     out = stage_dir(run_dir, "vocab")
     out.mkdir(parents=True, exist_ok=True)
     vocab = target_vocab_size(config.target_model)

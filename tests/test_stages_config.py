@@ -1,0 +1,159 @@
+"""Host-side tests of the stage plumbing that needs no torch: pipeline.yaml validation, chat data normalization,
+manifests and the refusal of inconsistent inputs, and the stage CLI's error path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle3ops.pipeline_config import PipelineConfig, PipelineConfigError, load_pipeline_config
+from eagle3ops.stages.chatdata import ChatDataError, load_conversations, normalize_row, resolve_dataset
+from eagle3ops.stages.cli import app
+from eagle3ops.stages.manifest import StageInputError, check_inputs, file_entry, write_manifest
+
+
+def _write(run: Path, text: str) -> Path:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "pipeline.yaml").write_text(text)
+    return run
+
+
+def test_minimal_config_gets_documented_defaults(tmp_path):
+    cfg = load_pipeline_config(_write(tmp_path, "target_model: /model\n"))
+    assert cfg.target_model == "/model"
+    assert cfg.prepare.datasets == ["builtin:sharegpt", "builtin:messages"]
+    assert cfg.extract.aux_layer_ids is None and cfg.extract.tensor_parallel_size == 1
+    assert cfg.vocab.draft_vocab_size == 32000
+    assert cfg.effective_max_model_len() == cfg.prepare.max_seq_len + 1
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("target_model: /m\ntrian: {steps: 3}\n", "unknown key `trian`"),
+        ("target_model: /m\ntrain: {stepz: 3}\n", "unknown key `train.stepz`"),
+        ("prepare: {max_seq_len: 64}\n", "missing required key `target_model`"),
+        ("target_model: /m\nextract: {aux_layer_ids: [3, 1, 2]}\n", "key `extract.aux_layer_ids`"),
+        ("target_model: /m\nextract: {aux_layer_ids: [1, 2]}\n", "needs exactly 3 layer ids"),
+        ("target_model: /m\nprepare: {max_seq_len: 512}\nextract: {max_model_len: 512}\n", "max_seq_len + 1"),
+        ("target_model: /m\ntrain: {lr: -1}\n", "key `train.lr`"),
+        ("- a\n- b\n", "expected a mapping"),
+    ],
+)
+def test_bad_config_names_file_and_key(tmp_path, text, needle):
+    run = _write(tmp_path / "run", text)
+    with pytest.raises(PipelineConfigError) as exc:
+        load_pipeline_config(run)
+    assert str(run / "pipeline.yaml") in str(exc.value)
+    assert needle in str(exc.value)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(PipelineConfigError, match=r"pipeline\.yaml: not found"):
+        load_pipeline_config(tmp_path)
+
+
+def test_both_chat_forms_normalize_to_the_same_messages():
+    sharegpt = {"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "Q"},
+                                  {"from": "gpt", "value": "A"}]}
+    openai = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+                           {"role": "assistant", "content": [{"type": "text", "text": "A"}]}]}
+    want = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+            {"role": "assistant", "content": "A"}]
+    assert normalize_row(sharegpt, "x") == want
+    assert normalize_row(openai, "x") == want
+
+
+def test_unknown_role_and_missing_turns_are_errors_naming_the_row():
+    with pytest.raises(ChatDataError, match=r"f\.jsonl:3: turn 1 has unknown role `narrator`"):
+        normalize_row({"messages": [{"role": "user", "content": "q"}, {"role": "narrator", "content": "x"}]},
+                      "f.jsonl:3")
+    with pytest.raises(ChatDataError, match="no `conversations`"):
+        normalize_row({"text": "hello"}, "f.jsonl:1")
+
+
+def test_builtin_datasets_hold_both_forms_and_varied_conversations(tmp_path):
+    paths = [resolve_dataset("builtin:sharegpt", tmp_path), resolve_dataset("builtin:messages", tmp_path)]
+    first = json.loads(paths[0].read_text().splitlines()[0])
+    second = json.loads(paths[1].read_text().splitlines()[0])
+    assert "conversations" in first and "messages" in second
+    convs = load_conversations(paths)
+    assert len(convs) >= 40 and all(c["messages"] for c in convs)
+    assert sum(1 for c in convs if sum(m["role"] == "assistant" for m in c["messages"]) > 1) >= 5  # multi-turn
+    assert sum(1 for c in convs if c["messages"][0]["role"] == "system") >= 5
+    assert len({c["messages"][-1]["content"] for c in convs}) == len(convs)
+    with pytest.raises(ChatDataError, match="unknown builtin dataset"):
+        resolve_dataset("builtin:nope", tmp_path)
+
+
+def test_jsonl_errors_name_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": []}\n{not json}\n')
+    with pytest.raises(ChatDataError, match=r"bad\.jsonl:2: not valid JSON"):
+        load_conversations([bad])
+    rows = load_conversations([_one(tmp_path / "q.jsonl", [{"role": "user", "content": "only a question"}])])
+    assert rows[0]["messages"] is None and rows[0]["reason"] == "no assistant turn"
+
+
+def _one(path: Path, messages: list[dict]) -> Path:
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    return path
+
+
+def _fake_stage(run: Path, cfg: PipelineConfig, stage: str, name: str, data: bytes) -> Path:
+    d = run / stage
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data)
+    write_manifest(run, stage, cfg, {name: file_entry(d / name)}, samples=1)
+    return d / name
+
+
+def test_inputs_are_checked_and_refusals_name_file_and_stage(tmp_path):
+    run = _write(tmp_path / "run", "target_model: /m\n")
+    cfg = load_pipeline_config(run)
+    with pytest.raises(StageInputError) as exc:
+        check_inputs(run, "extract", cfg)
+    assert f"{run / 'prepare' / 'manifest.json'} is missing" in str(exc.value)
+    assert f"python -m eagle3ops stage prepare --run-dir {run}" in str(exc.value)
+
+    samples = _fake_stage(run, cfg, "prepare", "samples.jsonl", b"{}\n")
+    assert check_inputs(run, "extract", cfg, hash_files=True)["prepare"]["samples"] == 1
+
+    samples.write_bytes(b"{}\n{}\n")  # another size
+    with pytest.raises(StageInputError, match=r"samples\.jsonl has 6 bytes.*lists 3"):
+        check_inputs(run, "extract", cfg)
+    samples.write_bytes(b"[]\n")  # same size, other content
+    check_inputs(run, "extract", cfg)  # sizes only: passes
+    with pytest.raises(StageInputError, match="does not match the sha256"):
+        check_inputs(run, "extract", cfg, hash_files=True)
+    samples.write_bytes(b"{}\n")
+
+    other = PipelineConfig.model_validate({"target_model": "/m", "prepare": {"max_seq_len": 64}})
+    with pytest.raises(StageInputError, match="made with other settings of target_model, seed, prepare"):
+        check_inputs(run, "extract", other)
+
+
+def test_downstream_refuses_output_made_from_an_older_upstream(tmp_path):
+    run = _write(tmp_path / "run", "target_model: /m\n")
+    cfg = load_pipeline_config(run)
+    _fake_stage(run, cfg, "prepare", "samples.jsonl", b"{}\n")
+    _fake_stage(run, cfg, "extract", "data.pt", b"x")
+    _fake_stage(run, cfg, "vocab", "d2t.npy", b"y")
+    assert set(check_inputs(run, "train", cfg)) == {"extract", "vocab"}
+    _fake_stage(run, cfg, "prepare", "samples.jsonl", b"{}\n{}\n")  # prepare rerun: new manifest digest
+    with pytest.raises(StageInputError, match=r"made from another `prepare` output.*rerun stage `extract`"):
+        check_inputs(run, "train", cfg)
+
+
+def test_stage_cli_exits_2_with_the_reason(tmp_path):
+    run = _write(tmp_path / "run", "target_model: /m\n")
+    result = CliRunner().invoke(app, ["train", "--run-dir", str(run)])
+    assert result.exit_code == 2
+    assert "extract/manifest.json is missing" in result.output or "extract/manifest.json is missing" in str(
+        result.stderr_bytes or b"", "utf-8"
+    )
+    result = CliRunner().invoke(app, ["prepare", "--run-dir", str(tmp_path / "nope")])
+    assert result.exit_code == 2
