@@ -76,7 +76,7 @@ def _hunk_desc(files: list[FileDiff], path: str, number: int) -> str:
         if f.path == path:
             for h in f.hunks:
                 if h.number == number:
-                    return f"hunk #{number} ({h.header})"
+                    return f"hunk #{number} \"{h.header}\""
     return f"hunk #{number}"
 
 

@@ -1,6 +1,6 @@
 """Write patches: unified diffs between two trees (GNU ``diff``) and DEP-3 headers.
 
-Diffs are produced by GNU diffutils (``diff -u``, 3 lines of context, ``a/``/``b/`` labels, ``/dev/null`` for
+Diffs are produced by GNU diffutils (``diff -u``, 3 lines of context, ``-F`` naming the enclosing ``def``/``class`` in hunk headers, ``a/``/``b/`` labels, ``/dev/null`` for
 created or deleted files, ``\\ No newline at end of file`` handled by diff itself), one file at a time in sorted
 path order, so the result is deterministic and applies with ``patch -p1 --fuzz=0``.
 """
@@ -17,6 +17,8 @@ from eagle3ops.patches.errors import PatchToolError
 from eagle3ops.patches.series import Pin
 
 SKIP_DIRS = {"__pycache__"}
+# hunk headers name the enclosing def/class, like git's Python diff driver (GNU diff -F, basic regex)
+PY_FUNCTION_LINE = r"^[[:space:]]*\(async \)\?\(def\|class\) "
 SKIP_SUFFIXES = (".pyc", ".pyo", ".orig", ".rej")
 
 
@@ -51,7 +53,7 @@ def diff_file(old: Path | None, new: Path | None, rel: str) -> str:
         raise PatchToolError("GNU diff is not installed", fix="install diffutils")
     a_label = f"a/{rel}" if old is not None else "/dev/null"
     b_label = f"b/{rel}" if new is not None else "/dev/null"
-    argv = [exe, "-u", "--label", a_label, "--label", b_label, str(old or "/dev/null"), str(new or "/dev/null")]
+    argv = [exe, "-u", "-F", PY_FUNCTION_LINE, "--label", a_label, "--label", b_label, str(old or "/dev/null"), str(new or "/dev/null")]
     proc = subprocess.run(argv, capture_output=True, env=dict(os.environ, LC_ALL="C"), check=False)
     if proc.returncode == 0:
         return ""

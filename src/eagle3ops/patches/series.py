@@ -345,9 +345,11 @@ class _UpstreamModel(BaseModel):
     sha256: str
     index_url: str | None = None
 
-    @field_validator("sha256")
+    @field_validator("sha256", mode="before")
     @classmethod
-    def _hex64(cls, v: str) -> str:
+    def _hex64(cls, v: object) -> str:
+        if not isinstance(v, str):
+            raise ValueError("must be a string of 64 hex digits (quote it: YAML read it as a number)")
         v = v.strip().lower()
         if not re.fullmatch(r"[0-9a-f]{64}", v):
             raise ValueError("must be 64 hex digits (sha256 of the wheel file)")

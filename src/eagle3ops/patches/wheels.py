@@ -41,6 +41,12 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _pip_tail(text: str) -> str:
+    """pip's error output in one line, without its WARNING lines."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("WARNING:")]
+    return " | ".join(lines[-6:])
+
+
 def fetch_wheel(upstream: Upstream, cache: Path | None = None) -> Path:
     """Return the path of the pinned wheel, downloading it into the cache when absent.
 
@@ -66,7 +72,7 @@ def fetch_wheel(upstream: Upstream, cache: Path | None = None) -> Path:
             argv += ["--index-url", upstream.index_url]
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            tail = _pip_tail(proc.stderr or proc.stdout)
             raise WheelError(
                 f"pip could not download {upstream.wheel} (sha256 {upstream.sha256}): {tail}",
                 fix="check network/index access and that upstream.yaml's wheel and sha256 are those on the index",
@@ -130,7 +136,7 @@ def discover_wheel(package: str, version: str, cache: Path | None = None, index_
             argv += ["--index-url", index_url]
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            tail = _pip_tail(proc.stderr or proc.stdout)
             raise WheelError(f"pip could not download {package}=={version}: {tail}", fix="check the version exists as a wheel on the index")
         wheels = sorted(out.glob("*.whl"))
         if len(wheels) != 1:
