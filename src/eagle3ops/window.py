@@ -22,7 +22,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
-from eagle3ops.remote import Remote, RemoteCommandError
+from eagle3ops.remote import Remote, RemoteError
 from eagle3ops.supervisor import HealthCheck, Plan, StageStep
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
@@ -248,7 +248,7 @@ def watch(r: Remote, window_id: str, *, on_event: Callable[[dict[str, Any]], Non
             res = r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False)
             if res.ok and res.stdout.strip():
                 return json.loads(res.stdout)
-        except (RemoteCommandError, OSError) as exc:  # transient: keep watching
+        except (RemoteError, OSError) as exc:  # transient (SSH drop, host busy): keep watching
             if on_event:
                 on_event({"step": "driver", "event": "warn", "reason": f"watch: {exc}"})
         if timeout_s is not None and time.monotonic() - t0 > timeout_s:

@@ -1,0 +1,53 @@
+"""Session fixtures with real parts: the sandbox host (sshd + its own dockerd), the built images, production serving.
+
+Each fixture builds or starts what is missing and reuses what is already there, so a second run is fast. They are
+the same functions ``make demo`` uses (:mod:`eagle3ops.demo`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+INVENTORY = REPO / "deploy/hosts.yaml"
+
+
+@pytest.fixture(scope="session")
+def sandbox_host():
+    """The inventory's ``sandbox`` host, brought up (idempotent)."""
+    from eagle3ops import sandbox
+    from eagle3ops.config import load_inventory
+
+    h = load_inventory(INVENTORY).host("sandbox")
+    sandbox.up("sandbox", ssh_port=h.port or 2222)
+    return h
+
+
+@pytest.fixture(scope="session")
+def built_images():
+    """(local base tag, BuiltImage of the pipeline image) — built if missing (the base takes minutes once)."""
+    from eagle3ops import images
+
+    ca = images.default_ca_bundle()
+    base = images.build_local_base(ca_bundle=ca, quiet=True)
+    built = images.build_image("pipeline", base_image=base, ca_bundle=ca, quiet=True)
+    return base, built
+
+
+@pytest.fixture(scope="session")
+def deployed(sandbox_host, built_images):
+    """Sandbox with production serving running (real vLLM, tiny model) and the pipeline image deployed.
+
+    Returns (host, DeployResult).
+    """
+    from eagle3ops import demo, deployer, transfer
+
+    base, built = built_images
+    transfer.push_to_host(sandbox_host.serving.image, sandbox_host)
+    demo.build_tiny_model(built.tag, sandbox_host.model_path)
+    demo.start_serving(sandbox_host)
+    dep = deployer.deploy(sandbox_host, base_image=base, echo=lambda *_: None)
+    assert demo.serving_healthy(sandbox_host)
+    return sandbox_host, dep
