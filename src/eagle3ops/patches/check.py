@@ -45,11 +45,13 @@ class SeriesCheck:
     compiled: int = 0
 
 
-def _probe_names() -> tuple[set[str] | None, str | None]:
+def _probe_names(module: str) -> tuple[set[str] | None, str | None]:
+    import importlib
+
     try:
-        from eagle3ops.patches import probes  # noqa: PLC0415 - lazy: may pull heavy optional code paths
+        probes = importlib.import_module(module)  # lazy: probes import torch/vLLM only inside their bodies
     except Exception as e:  # noqa: BLE001 - report, not crash: probes may need the pipeline image
-        return None, f"probe registry not importable here ({type(e).__name__}: {e}); probe names not checked"
+        return None, f"probe registry {module} not importable here ({type(e).__name__}: {e}); probe names not checked"
     return set(getattr(probes, "PROBES", {})), None
 
 
@@ -68,9 +70,11 @@ def byte_compile(root: Path, tops: tuple[str, ...]) -> tuple[int, list[str]]:
     return n, errors
 
 
-def check_series(series_dir: Path, *, cache: Path | None = None, profile: Profile | None = None) -> SeriesCheck:
+def check_series(
+    series_dir: Path, *, cache: Path | None = None, profile: Profile | None = None, probes_module: str = "eagle3ops.patches.probes"
+) -> SeriesCheck:
     """Check one series dir against its pristine wheel (see module docstring). Never raises for a bad patch:
-    the problem is recorded in the result."""
+    the problem is recorded in the result. Probe names are checked against ``PROBES`` of ``probes_module``."""
     res = SeriesCheck(series_dir=series_dir, ok=False)
     try:
         series: Series = load_series(series_dir)
@@ -79,13 +83,13 @@ def check_series(series_dir: Path, *, cache: Path | None = None, profile: Profil
         return res
     for u in series.unlisted:
         res.problems.append(f"{series_dir / u}: not listed in {series_dir / 'series'} (list it or delete it)")
-    names, warn = _probe_names()
+    names, warn = _probe_names(probes_module)
     if warn:
         res.warnings.append(warn)
     elif names is not None:
         for p in series.patches:
             if p.header.probe not in names:
-                res.problems.append(f"patch {p.name}: probe {p.header.probe!r} is not in eagle3ops.patches.probes.PROBES")
+                res.problems.append(f"patch {p.name}: probe {p.header.probe!r} is not in {probes_module}.PROBES")
     if profile is not None:
         for pin in profile.requires:
             for p in series.patches:
@@ -124,6 +128,6 @@ def check_series(series_dir: Path, *, cache: Path | None = None, profile: Profil
     return res
 
 
-def check_profile(profile: Profile, *, cache: Path | None = None) -> list[SeriesCheck]:
+def check_profile(profile: Profile, *, cache: Path | None = None, probes_module: str = "eagle3ops.patches.probes") -> list[SeriesCheck]:
     """:func:`check_series` for every series dir of ``profile``."""
-    return [check_series(d, cache=cache, profile=profile) for d in profile.series_dirs]
+    return [check_series(d, cache=cache, profile=profile, probes_module=probes_module) for d in profile.series_dirs]

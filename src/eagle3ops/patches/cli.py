@@ -143,6 +143,7 @@ def check_cmd(
     patches_dir: PatchesDir = None,
     profile: Annotated[list[str], typer.Option(help="profile(s) to check (default: all)")] = [],  # noqa: B006
     cache_dir: CacheDir = None,
+    probes_module: Annotated[str, typer.Option(help="module whose PROBES names the patches' probes must be in")] = "eagle3ops.patches.probes",
 ) -> None:
     """For every series: fetch the pinned wheel (sha256 verified), apply strictly in a scratch tree,
     byte-compile, report per patch. Used by CI."""
@@ -160,7 +161,7 @@ def check_cmd(
                 typer.echo(f"  series {d}: checked above")
                 continue
             done.add(d)
-            r = check_series(d, cache=cache_dir, profile=prof)
+            r = check_series(d, cache=cache_dir, profile=prof, probes_module=probes_module)
             typer.echo(f"  series {d}: {'OK' if r.ok else 'FAILED'} ({r.compiled} files byte-compiled)")
             for p in r.patches:
                 typer.echo(f"    {'ok  ' if p.ok else 'FAIL'} {p.name}: {p.detail}")
