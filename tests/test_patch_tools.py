@@ -113,6 +113,23 @@ def test_rebase_reports_applies_already_upstream_and_fails(three_patch_series: P
     again = run_cli("rebase", "speculators", "--to", "0.4.0.1", "--patches-dir", three_patch_series)
     assert again.returncode == 2 and "already lists patches" in again.stderr
 
+    # port the failed patch: new starts from it (fuzzy head start, rejects kept), refresh writes it strictly
+    scratch = three_patch_series.parent / "port"
+    r = run_cli("new", "speculators==0.4.0.1", "0003-conflict.patch", "--patches-dir", three_patch_series, "--dir", scratch)
+    assert r.returncode == 0, r.stderr
+    assert "0 of 1 hunks applied to work/" in r.stdout and f"1 rejected into reference.rej: {GEN} #1" in r.stdout
+    assert (scratch / "reference.rej").is_file()
+    w = scratch / "work" / GEN
+    line = "VLLM_BLOCK_SIZE = 128 if is_npu_available() else 16  # Block size for KV cache\n"
+    assert w.read_text().count(line) == 1
+    w.write_text(w.read_text().replace(line, line.replace("else 16", "else 32")))
+    assert run_cli("refresh", scratch).returncode == 0
+    ported = (new / "0003-conflict.patch").read_text()
+    assert "X-Eagle3ops-Pin: speculators==0.4.0.1" in ported and "+VLLM_BLOCK_SIZE = 128 if is_npu_available() else 32" in ported
+    assert (new / "series").read_text().splitlines()[-2:] == ["0001-keep.patch", "0003-conflict.patch"]
+    c = run_cli("check", "--patches-dir", three_patch_series, "--profile", PROFILE_0401, "--probes-module", test_probes)
+    assert c.returncode == 0, c.stdout
+
 
 def test_new_refresh_round_trip(tmp_path: Path) -> None:
     write_series(tmp_path / "patches", SPEC_030, [])

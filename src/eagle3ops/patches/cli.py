@@ -191,6 +191,9 @@ def new_cmd(
 
     sc = new_scratch(Pin.parse(pin, where="argument"), name, find_patches_dir(patches_dir), dest=dir, cache=cache_dir, force=force)
     typer.echo(f"scratch for {sc.patch_name} ({'existing patch applied' if sc.existing else 'new patch'}): {sc.dir}")
+    if (sc.dir / "reference.patch").is_file():
+        typer.echo(f"the old, unlisted {sc.patch_name} is in {sc.dir / 'reference.patch'}")
+        typer.echo((sc.dir / "port-status.txt").read_text().strip())
     typer.echo(f"edit files under {sc.work}/ then: eagle3ops patch refresh {sc.dir}")
 
 

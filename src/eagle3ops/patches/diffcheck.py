@@ -151,7 +151,8 @@ def check_targets(files: list[FileDiff], site_dir: Path, top_levels: tuple[str, 
 
     Rules: the first path component must be one of ``top_levels`` (the package roots of the distribution);
     no existing component below ``site_dir`` may be a symlink; the resolved target must stay inside
-    ``site_dir/<top level>``; an existing target must be a regular file; a modified or deleted file must exist.
+    ``site_dir/<top level>``; an existing target must be a regular file (a missing one is left to GNU patch, which
+    rejects the patch).
 
     Raises:
         UnsafePatch: naming the patch (``where``), the path and the rule broken.

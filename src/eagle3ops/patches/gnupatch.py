@@ -28,6 +28,7 @@ _OFFSET_RE = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: with fuzz \d+)? \(o
 _FUZZ_RE = re.compile(r"^Hunk #(\d+) succeeded at \d+ with fuzz")
 _MISSING_RE = re.compile(r"^(?:can't find file to patch|No file to patch)")
 _NOT_REGULAR_RE = re.compile(r"^File (.+) is not a regular file")
+_IGNORED_RE = re.compile(r"^(\d+) out of \d+ hunks? ignored")
 
 
 @dataclass
@@ -49,6 +50,7 @@ class PatchRun:
     offsets: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     missing: bool = False
     fuzzed: bool = False
+    ignored: dict[str, int] = field(default_factory=dict)
 
 
 def patch_binary() -> str:
@@ -98,4 +100,28 @@ def run_patch(diff_text: str, cwd: Path, *, dry_run: bool, reverse: bool = False
             run.fuzzed = True
     if run.fuzzed:  # cannot happen with --fuzz=0; refuse rather than trust it
         run.ok = False
+    return run
+
+
+def run_patch_fuzzy(diff_text: str, cwd: Path, reject_file: Path, fuzz: int = 2) -> PatchRun:
+    """Apply ``diff_text`` leniently (``--fuzz=N``, failed hunks written to ``reject_file``) - only for starting a
+    port in a scratch tree (``patch new`` on a patch ``rebase`` could not carry): the result is reviewed by a
+    person and written back strictly by ``refresh``. Never used by ``apply``/``check``."""
+    argv = [
+        patch_binary(), "-p1", f"--fuzz={fuzz}", "--batch", "--forward", "--unified", "--no-backup-if-mismatch",
+        f"--reject-file={reject_file}", "--quoting-style=literal", "-d", str(cwd),
+    ]
+    proc = subprocess.run(argv, input=diff_text.encode("utf-8"), capture_output=True, env=dict(os.environ, LC_ALL="C"), check=False)
+    out = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
+    run = PatchRun(ok=proc.returncode == 0, returncode=proc.returncode, output=out)
+    current = ""
+    for line in out.splitlines():
+        if m := _FILE_RE.match(line):
+            current = m.group(1).strip()
+        elif m := _FAILED_RE.match(line):
+            run.failed.setdefault(current, []).append(int(m.group(1)))
+        elif m := _IGNORED_RE.match(line):
+            run.ignored[current] = int(m.group(1))
+        if _FUZZ_RE.match(line):
+            run.fuzzed = True
     return run

@@ -5,7 +5,11 @@ site-packages dir:
 
 * ``base/`` - the wheel with the series applied *before* the patch being edited (for a new patch: all of it);
 * ``work/`` - a copy of ``base/`` (plus the patch itself when it already exists) - edit files here;
-* ``scratch.json`` - package, version, patch name, series dir.
+* ``scratch.json`` - package, version, patch name, series dir;
+* ``reference.patch`` - when the patch file exists in the series dir but is not listed (a patch ``rebase`` could not
+  carry over): the old patch. Its hunks are applied to ``work/`` with fuzz 2 as a head start, the rejected ones
+  are left in ``reference.rej`` and summarised in ``port-status.txt``; finish the port by hand, then refresh
+  (which writes a strict, zero-fuzz diff).
 
 ``refresh`` diffs ``base/`` against ``work/`` (GNU diff, ``a/``/``b/`` labels), writes ``NNNN-name.patch`` into the
 series dir with its DEP-3 header (kept and ``Last-Update`` bumped when the patch exists, else built from the
@@ -97,9 +101,36 @@ def new_scratch(pin: Pin, name: str, patches_dir: Path, *, dest: Path | None = N
     shutil.copytree(base, dest / "work", symlinks=True)
     if existing:
         apply_patch(series.patch(fname), dest / "work", dist.top_levels, label)
+    elif (series_dir / fname).is_file():
+        # an unlisted patch file (e.g. left by a failed rebase): keep it next to the tree as the porting reference
+        shutil.copy2(series_dir / fname, dest / "reference.patch")
+        _start_port(dest, dist.top_levels)
     state = {"package": series.package, "version": series.version, "patch": fname, "series_dir": str(series_dir.resolve()), "existing": existing}
     (dest / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     return Scratch(dest, series.package, series.version, fname, series_dir.resolve(), existing)
+
+
+def _start_port(dest: Path, tops: tuple[str, ...]) -> None:
+    """Apply ``reference.patch`` to ``work/`` with fuzz 2, rejected hunks into ``reference.rej`` (a head start
+    for the port; validated for unsafe paths first). Writes a one-line summary to ``port-status.txt``."""
+    from eagle3ops.patches.diffcheck import check_targets, render
+    from eagle3ops.patches.gnupatch import run_patch_fuzzy
+    from eagle3ops.patches.series import split_header
+
+    text = (dest / "reference.patch").read_text(encoding="utf-8")
+    _h, diff = split_header(text, where=str(dest / "reference.patch"))
+    files = parse_diff(diff, where="reference.patch")
+    check_targets(files, dest / "work", tops, where="reference.patch")
+    run = run_patch_fuzzy(render(files), dest / "work", dest / "reference.rej")
+    total = sum(len(f.hunks) for f in files)
+    failed = sum(len(v) for v in run.failed.values())
+    ignored = sum(run.ignored.values())
+    status = f"reference.patch: {total - failed - ignored} of {total} hunks applied to work/ (fuzz <= 2)"
+    if ignored:
+        status += "; skipped as already applied upstream: " + "; ".join(f"{f} ({n} hunks)" for f, n in run.ignored.items())
+    if failed:
+        status += f"; {failed} rejected into reference.rej: " + "; ".join(f"{f} #{', #'.join(map(str, n))}" for f, n in run.failed.items())
+    (dest / "port-status.txt").write_text(status + "\n", encoding="utf-8")
 
 
 def load_scratch(dest: Path) -> Scratch:
@@ -140,8 +171,8 @@ def refresh(
     pin = Pin(sc.package, sc.version)
     today = _dt.date.today()
     if target.exists():
-        old = load_patch(target, name=sc.patch_name)
-        updates = {"Last-Update": today.isoformat()}
+        old = load_patch(target, name=sc.patch_name)  # may still carry the pin of the series it was rebased from
+        updates = {"Last-Update": today.isoformat(), "X-Eagle3ops-Pin": str(pin)}
         if description:
             lines = description.strip().splitlines()
             updates["Description"] = lines[0] + "".join("\n " + (x if x.strip() else ".") for x in lines[1:])
