@@ -32,8 +32,9 @@ TOOLS = ["sh", "cat", "find", "sha256sum", "base64", "sed", "sleep", "mkdir", "r
 TOKENIZER_SED = "s/AutoTokenizer.from_pretrained(model_path)/AutoTokenizer.from_pretrained(model_path, trust_remote_code=True)/"
 
 
-def _docker(*args: str, input: bytes | None = None) -> bytes:
-    return subprocess.run(["docker", *args], input=input, capture_output=True, check=True).stdout
+def _docker(*args: str, input: bytes | None = None, docker_host: str | None = None) -> bytes:
+    h = ["-H", docker_host] if docker_host else []
+    return subprocess.run(["docker", *h, *args], input=input, capture_output=True, check=True).stdout
 
 
 def _rootfs_tar(dest: Path) -> Path:
@@ -57,16 +58,26 @@ def _rootfs_tar(dest: Path) -> Path:
     return tar
 
 
-@pytest.fixture(scope="module")
-def capture_image(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        pytest.fail("the local docker engine is required for the capture round trip (docker info failed)")
-    tar = _rootfs_tar(tmp_path_factory.mktemp("rootfs"))
+def _import_image(tar: Path, docker_host: str | None = None) -> str:
+    """``docker import`` the rootfs tar (once per content digest) into the engine at ``docker_host``; its tag."""
     digest = hashlib.sha256(tar.read_bytes()).hexdigest()[:12]
     tag = f"eagle3ops-test/patch-capture:{digest}"
-    if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0:
-        _docker("import", "--change", 'CMD ["/bin/sleep","600"]', str(tar), tag)
+    h = ["-H", docker_host] if docker_host else []
+    if subprocess.run(["docker", *h, "image", "inspect", tag], capture_output=True).returncode != 0:
+        _docker("import", "--change", 'CMD ["/bin/sleep","600"]', str(tar), tag, docker_host=docker_host)
     return tag
+
+
+@pytest.fixture(scope="module")
+def rootfs_tar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _rootfs_tar(tmp_path_factory.mktemp("rootfs"))
+
+
+@pytest.fixture(scope="module")
+def capture_image(rootfs_tar: Path) -> str:
+    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.fail("the local docker engine is required for the capture round trip (docker info failed)")
+    return _import_image(rootfs_tar)
 
 
 @pytest.fixture()
@@ -175,3 +186,47 @@ def test_drift_attributes_known_partial_and_unknown(tmp_path: Path, container: s
     assert "unknown" not in r.stdout and "missing-patch" not in r.stdout
     manifest = json.loads(_cat(container, "eagle3ops_patches/speculators.json"))
     assert manifest["profile"] == "speculators-0.3.0-vllm-0.16.0"
+
+
+@pytest.mark.sandbox
+def test_capture_round_trip_over_ssh_on_sandbox_host(tmp_path: Path, rootfs_tar: Path, sandbox_host) -> None:
+    """The issue's round trip on the sandbox host: a ``sed -i`` run through SSH (``Remote``) inside a container of
+    the sandbox's own docker engine becomes, via ``capture sandbox`` (SSH, host keys checked), a patch that applied
+    to the pristine wheel reproduces the edited file byte for byte."""
+    from eagle3ops.remote import Remote
+
+    from conftest import INVENTORY
+
+    dh = sandbox_host.docker_host
+    tag = _import_image(rootfs_tar, docker_host=dh)
+    name = f"e3-patch-capture-{uuid.uuid4().hex[:8]}"
+    _docker("run", "-d", "--network", "none", "--name", name, tag, "/bin/sleep", "600", docker_host=dh)
+    try:
+        _docker("cp", f"{site_from_wheel(SPEC_030, tmp_path / 'pristine')}/.", f"{name}:{SITE}/", docker_host=dh)
+        with Remote(sandbox_host) as remote:
+            remote.run(["docker", "-H", dh, "exec", name, "sed", "-i", TOKENIZER_SED, f"{SITE}/{GEN}"])
+            edited_b64 = remote.run(["docker", "-H", dh, "exec", name, "base64", f"{SITE}/{GEN}"], mutates=False).stdout
+        import base64
+
+        edited = base64.b64decode("".join(edited_b64.split()))
+        assert b"from_pretrained(model_path, trust_remote_code=True)" in edited
+
+        write_series(tmp_path / "patches", SPEC_030, [])
+        out = tmp_path / "captured.patch"
+        r = run_cli("capture", "sandbox", "--container", name, "--inventory", INVENTORY, "-o", out,
+                    "--patches-dir", tmp_path / "patches")
+        assert r.returncode == 0, r.stderr
+        assert f"modified ['{GEN}'], added [], deleted []" in r.stderr
+        sdir = tmp_path / "patches/speculators/0.3.0"
+        shutil.copy(out, sdir / "0001-captured.patch")
+        (sdir / "series").write_text("0001-captured.patch\n")
+        target = site_from_wheel(SPEC_030, tmp_path / "target")
+        apply_series(load_series(sdir), site_dir=target, check_requires=False)
+        assert (target / GEN).read_bytes() == edited
+
+        d = run_cli("drift", "sandbox", "--container", name, "--inventory", INVENTORY, "--patches-dir", tmp_path / "patches")
+        # the captured patch is now the series: drift over SSH attributes the live edit to it
+        assert d.returncode == 0, d.stdout + d.stderr
+        assert f"known         {GEN}: matches the wheel + series (0001-captured.patch)" in d.stdout
+    finally:
+        subprocess.run(["docker", "-H", dh, "rm", "-f", name], capture_output=True)

@@ -65,13 +65,14 @@ def local_docker_runner(container: str, *, docker: str = "docker", docker_host: 
 
 
 def remote_docker_runner(remote: object, container: str, *, docker_host: str | None = None) -> Runner:
-    """Wrap an ``eagle3ops.remote.Remote``-like object (``.run(argv) -> result with .stdout``) into a runner that
-    executes ``docker [-H docker_host] exec <container> argv...`` on that host. Quoting is left to ``Remote``."""
+    """Wrap an :class:`eagle3ops.remote.Remote` (``.run(argv, check=True, mutates=False) -> Result`` with
+    ``.stdout``) into a runner that executes ``docker [-H docker_host] exec <container> argv...`` on that host.
+    Quoting is done once, by ``Remote``; every command here only reads (``mutates=False``)."""
     base = ["docker"] + (["-H", docker_host] if docker_host else []) + ["exec", container]
 
     def run(argv: list[str]) -> str:
         try:
-            res = remote.run(base + list(argv))  # type: ignore[attr-defined]
+            res = remote.run(base + list(argv), check=True, mutates=False)  # type: ignore[attr-defined]
         except PatchToolError:
             raise
         except Exception as e:  # noqa: BLE001 - the executor's own error type; keep its message

