@@ -1,0 +1,421 @@
+"""Behavioural probes for the speculators patch series (``X-Eagle3ops-Probe`` names -> callables).
+
+Each probe exercises the *installed* (patched) speculators against the installed vLLM on tiny, locally built
+models (:mod:`eagle3ops.tinymodel`) and raises :class:`ProbeFailed` naming the wrong behaviour; it returns None on
+success. No probe looks at log text. ``eagle3ops patch verify`` runs them (``PROBES``).
+
+Probes of one run share vLLM engines (a CPU engine takes ~30 s to start): one
+``VllmHiddenStatesGenerator`` on the tiny Llama whose tokenizer needs remote code (tokenizer, API, device and
+attribution probes) and one on the tiny DeepSeek-V3 (DeepSeek probe). They live in a module-level cache until
+:func:`shutdown` (registered with :mod:`atexit`).
+
+Hidden-state reference: transformers' fp32 forward of the same checkpoint, the output of decoder layer ``L``
+(forward hook; the residual stream *before* the final norm, which is what speculators captures -- transformers'
+``output_hidden_states[-1]`` is after the norm). The error of one token is the relative L2 error
+``|h - ref| / |ref|``. vLLM runs the bf16 checkpoint in bf16, so tolerances are stated per token quantile
+(FACTS.md: MoE routing flips near-tied experts under bf16 for ~1-2 % of tokens); a misattributed token has a
+relative error near 1, far outside them.
+
+Environment: on vLLM's CPU platform ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB) here, and the DeepSeek probe
+sets ``VLLM_MLA_DISABLE=1`` (vLLM 0.16 has no MLA on CPU). Engines use spawn: call probes from a process whose
+main module is import-safe (``python -m eagle3ops patch verify``, pytest).
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PROBES",
+    "ProbeFailed",
+    "Tolerance",
+    "DENSE_TOLERANCE",
+    "MOE_TOLERANCE",
+    "ErrorStats",
+    "reference_layer_states",
+    "hidden_state_errors",
+    "shutdown",
+]
+
+LLAMA_LAYERS = (0, 2, 3)
+DEEPSEEK_LAYERS = (1, 2, 3)
+MAX_MODEL_LEN = 512
+#: Per-step token budget of the probe engines, where the generator accepts ``max_num_batched_tokens`` (added by
+#: the attribution patch; speculators 0.4 has it): small, so that prompts are prefilled in chunks cheaply.
+#: Without it the generator's own budget (max(8192, max_model_len)) applies and the attribution probe's batch
+#: (~10k tokens) still exceeds it.
+PROBE_MAX_NUM_BATCHED_TOKENS = 256
+#: speculators' MAX_NUM_SEQS is 32; the attribution probe sends more sequences than that.
+ATTRIBUTION_NUM_SEQS = 40
+
+
+class ProbeFailed(Exception):
+    """A patched behaviour is wrong or absent; the message says which and what was observed."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Per-token relative-L2 error limits of captured hidden states against the fp32 reference.
+
+    Attributes:
+        median: limit on the median over all tokens and layers.
+        q99: limit on the 99th percentile (dense models), or None.
+        frac_above: (threshold, max fraction) -- at most that fraction of tokens may exceed threshold (MoE).
+        seq_median: limit on the median of every single sequence and layer (catches one short misattributed
+            sequence that all-token quantiles would hide).
+    """
+
+    median: float
+    q99: float | None
+    frac_above: tuple[float, float] | None
+    seq_median: float
+
+
+#: Dense bf16 target (tiny Llama measured: median ~0.006).
+DENSE_TOLERANCE = Tolerance(median=0.02, q99=0.06, frac_above=None, seq_median=0.05)
+#: MoE bf16 target (tiny DeepSeek-V3 measured: median ~0.005, q99 ~0.016, 0.8 % of tokens above 0.05).
+MOE_TOLERANCE = Tolerance(median=0.02, q99=None, frac_above=(0.05, 0.03), seq_median=0.05)
+
+
+@dataclass
+class ErrorStats:
+    """Summary of per-token relative errors (all sequences, all layers) and the worst sequence median."""
+
+    n_tokens: int
+    median: float
+    q99: float
+    max: float
+    frac_above_001: float
+    frac_above_005: float
+    worst_seq_median: float
+    worst_seq: int
+
+    def check(self, tol: Tolerance, what: str) -> None:
+        """Raise :class:`ProbeFailed` if these statistics exceed ``tol``."""
+        problems = []
+        if self.median > tol.median:
+            problems.append(f"median {self.median:.4g} > {tol.median}")
+        if tol.q99 is not None and self.q99 > tol.q99:
+            problems.append(f"q99 {self.q99:.4g} > {tol.q99}")
+        if tol.frac_above is not None:
+            thr, frac = tol.frac_above
+            observed = self.frac_above_005 if thr == 0.05 else None
+            if observed is None:
+                raise ValueError("frac_above threshold must be 0.05")
+            if observed > frac:
+                problems.append(f"{observed:.2%} of tokens above {thr} (limit {frac:.2%})")
+        if self.worst_seq_median > tol.seq_median:
+            problems.append(
+                f"sequence {self.worst_seq} has median error {self.worst_seq_median:.4g} > {tol.seq_median} "
+                "(states belong to another sequence or position)"
+            )
+        if problems:
+            raise ProbeFailed(f"{what}: captured hidden states differ from the reference forward: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------------------------------- engines
+
+
+@dataclass
+class _Engine:
+    model_dir: Path
+    generator: Any
+    start_s: float
+
+
+_ENGINES: dict[str, _Engine] = {}
+_TMP: Path | None = None
+
+
+def _tmpdir() -> Path:
+    global _TMP
+    if _TMP is None:
+        _TMP = Path(tempfile.mkdtemp(prefix="eagle3ops-probes-"))
+    return _TMP
+
+
+def _is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _engine(kind: str) -> _Engine:
+    """Build (once) the tiny model ``kind`` and a ``VllmHiddenStatesGenerator`` on it."""
+    if kind in _ENGINES:
+        return _ENGINES[kind]
+    from eagle3ops.tinymodel import build_tiny_model
+
+    model_dir = _tmpdir() / kind
+    if not (model_dir / "config.json").exists():
+        shutil.rmtree(model_dir, ignore_errors=True)
+        build_tiny_model(model_dir, kind=kind, seed=0)  # type: ignore[arg-type]
+    if _is_cpu_platform():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if kind == "deepseek-v3":
+            os.environ["VLLM_MLA_DISABLE"] = "1"
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+    layers = DEEPSEEK_LAYERS if kind == "deepseek-v3" else LLAMA_LAYERS
+    kwargs: dict[str, Any] = {}
+    if "max_num_batched_tokens" in inspect.signature(VllmHiddenStatesGenerator).parameters:
+        kwargs["max_num_batched_tokens"] = PROBE_MAX_NUM_BATCHED_TOKENS
+    t0 = time.monotonic()
+    try:
+        gen = VllmHiddenStatesGenerator(
+            str(model_dir),
+            layer_ids=list(layers),
+            max_model_len=MAX_MODEL_LEN,
+            gpu_memory_utilization=0.5,
+            **kwargs,
+        )
+    except Exception as e:  # noqa: BLE001 - any failure to construct is the probe's finding
+        raise ProbeFailed(
+            f"VllmHiddenStatesGenerator({kind} tiny model) could not be constructed on the installed vLLM: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    eng = _Engine(model_dir, gen, time.monotonic() - t0)
+    _ENGINES[kind] = eng
+    return eng
+
+
+def shutdown() -> None:
+    """Shut down the cached engines and remove the probes' temporary models."""
+    global _TMP
+    for eng in list(_ENGINES.values()):
+        try:
+            eng.generator.executor.shutdown()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+    _ENGINES.clear()
+    if _TMP is not None:
+        shutil.rmtree(_TMP, ignore_errors=True)
+        _TMP = None
+
+
+atexit.register(shutdown)
+
+
+# ----------------------------------------------------------------------------------------------- reference
+
+
+def reference_layer_states(model_dir: Path, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[list[Any]]:
+    """transformers fp32 outputs of decoder ``layers`` for each sequence (one forward per sequence).
+
+    Returns ``refs[i][j]``: tensor ``[len(sequences[i]), hidden]`` = output of decoder layer ``layers[j]``
+    (the residual stream before the final norm, as captured by speculators' worker extension).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.eval()
+    captured: dict[int, Any] = {}
+    hooks = []
+    for layer in layers:
+        def hook(_mod, _inp, out, layer=layer):
+            captured[layer] = (out[0] if isinstance(out, tuple) else out)[0].detach()
+
+        hooks.append(model.model.layers[layer].register_forward_hook(hook))
+    refs = []
+    try:
+        with torch.no_grad():
+            for seq in sequences:
+                captured.clear()
+                model(torch.tensor([list(seq)], dtype=torch.long))
+                refs.append([captured[layer].clone() for layer in layers])
+    finally:
+        for h in hooks:
+            h.remove()
+    return refs
+
+
+def hidden_state_errors(results: Sequence[dict], refs: Sequence[Sequence[Any]]) -> ErrorStats:
+    """Per-token relative L2 errors of ``results[i]["hidden_states"][j]`` against ``refs[i][j]``.
+
+    Raises :class:`ProbeFailed` on a count or shape mismatch (a missing/truncated sequence is a finding).
+    """
+    import torch
+
+    if len(results) != len(refs):
+        raise ProbeFailed(f"generate() returned {len(results)} results for {len(refs)} sequences")
+    errs = []
+    worst, worst_i = 0.0, -1
+    for i, (res, ref_layers) in enumerate(zip(results, refs)):
+        states = res["hidden_states"]
+        if len(states) != len(ref_layers):
+            raise ProbeFailed(f"sequence {i}: {len(states)} layers of hidden states, expected {len(ref_layers)}")
+        for h, ref in zip(states, ref_layers):
+            if tuple(h.shape) != tuple(ref.shape):
+                raise ProbeFailed(
+                    f"sequence {i}: hidden states of shape {tuple(h.shape)}, expected {tuple(ref.shape)} "
+                    "(truncated or another sequence's states)"
+                )
+            e = (h.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+            errs.append(e)
+            m = float(e.median())
+            if m > worst:
+                worst, worst_i = m, i
+    allerr = torch.cat(errs)
+    return ErrorStats(
+        n_tokens=int(allerr.numel()),
+        median=float(allerr.median()),
+        q99=float(torch.quantile(allerr, 0.99)),
+        max=float(allerr.max()),
+        frac_above_001=float((allerr > 0.01).float().mean()),
+        frac_above_005=float((allerr > 0.05).float().mean()),
+        worst_seq_median=worst,
+        worst_seq=worst_i,
+    )
+
+
+def _random_sequences(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    """``n`` random token sequences with lengths in [lo, hi], ids avoiding the 6 special tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    return [torch.randint(6, 256, (int(length),), generator=g).tolist() for length in lengths]
+
+
+def _check_results_basic(results: Sequence[dict], sequences: Sequence[Sequence[int]], n_layers: int, what: str) -> None:
+    if len(results) != len(sequences):
+        raise ProbeFailed(f"{what}: generate() returned {len(results)} results for {len(sequences)} sequences")
+    for i, (res, seq) in enumerate(zip(results, sequences)):
+        if res["input_ids"].tolist() != list(seq):
+            raise ProbeFailed(f"{what}: result {i} carries the input_ids of another sequence (results not in input order)")
+        if len(res["hidden_states"]) != n_layers:
+            raise ProbeFailed(f"{what}: result {i} has {len(res['hidden_states'])} layers, expected {n_layers}")
+        for h in res["hidden_states"]:
+            if h.shape[0] != len(seq):
+                raise ProbeFailed(f"{what}: result {i} has states for {h.shape[0]} of its {len(seq)} tokens")
+            if not bool(h.float().isfinite().all()):
+                raise ProbeFailed(f"{what}: result {i} has non-finite hidden states")
+
+
+# ----------------------------------------------------------------------------------------------- probes
+
+#: Figures of the last run of each probe (seconds, error statistics), for reports and tests.
+LAST_RUN: dict[str, dict[str, Any]] = {}
+
+
+def probe_tokenizer_remote_code() -> None:
+    """0001: the generator loads a tokenizer that needs trust_remote_code (slow, auto_map class)."""
+    from transformers import PreTrainedTokenizerFast
+
+    t0 = time.monotonic()
+    eng = _engine("llama-remote-code")
+    tok = eng.generator.tokenizer
+    cls = type(tok)
+    if cls.__name__ != "TinyTokenizer" or not cls.__module__.startswith("transformers_modules"):
+        raise ProbeFailed(
+            f"generator.tokenizer is {cls.__module__}.{cls.__name__}, not the model's remote-code TinyTokenizer"
+        )
+    if isinstance(tok, PreTrainedTokenizerFast):
+        raise ProbeFailed("generator.tokenizer is a fast tokenizer; the remote slow class was not used")
+    ids = tok("probe text", add_special_tokens=False)["input_ids"]
+    if tok.decode(ids) != "probe text" or tok.eos_token_id != 2:
+        raise ProbeFailed(f"remote tokenizer does not round-trip text (ids {ids}) or eos id {tok.eos_token_id} != 2")
+    LAST_RUN["tokenizer-remote-code"] = {"seconds": time.monotonic() - t0, "engine_start_s": eng.start_s}
+
+
+def probe_vllm_api() -> None:
+    """0002: the generator runs on the installed vLLM: scheduler + KV cache set up, generate() twice."""
+    t0 = time.monotonic()
+    gen = _engine("llama-remote-code").generator
+    first = _random_sequences(5, 20, 60, seed=1)
+    second = [first[2], *_random_sequences(3, 10, 40, seed=2)]
+    try:
+        r1 = gen.generate(first)
+        r2 = gen.generate(second)
+    except Exception as e:  # noqa: BLE001
+        raise ProbeFailed(f"generate() on the installed vLLM failed: {type(e).__name__}: {e}") from e
+    _check_results_basic(r1, first, len(LLAMA_LAYERS), "first generate()")
+    _check_results_basic(r2, second, len(LLAMA_LAYERS), "second generate()")
+    import torch
+
+    for a, b in zip(r1[2]["hidden_states"], r2[0]["hidden_states"]):
+        if not torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2):
+            raise ProbeFailed("the same prompt gave different hidden states in the second generate() call")
+    LAST_RUN["vllm-0.16-api"] = {"seconds": time.monotonic() - t0}
+
+
+def probe_cpu_device() -> None:
+    """0003: KV-cache sizing and cache release work without CUDA (CPU) or through torch.accelerator."""
+    import torch
+
+    t0 = time.monotonic()
+    gen = _engine("llama-remote-code").generator
+    num_blocks = gen.vllm_config.cache_config.num_gpu_blocks
+    if not num_blocks or num_blocks <= 0:
+        raise ProbeFailed(f"KV cache has {num_blocks} blocks")
+    if _is_cpu_platform():
+        if torch.cuda.is_available():
+            raise ProbeFailed("vLLM runs on CPU but torch sees CUDA; cannot tell the CPU path was used")
+        expected = min(gen.executor.determine_available_memory())
+        used = gen._kv_cache_memory(0.5)  # noqa: SLF001 - the patched sizing function itself
+        if used != expected or used <= 0:
+            raise ProbeFailed(f"KV cache sized from {used} bytes, the CPU workers report {expected}")
+    seqs = _random_sequences(2, 8, 16, seed=3)
+    try:
+        res = gen.generate(seqs)  # ends with the device cache release
+    except Exception as e:  # noqa: BLE001
+        raise ProbeFailed(f"generate() failed on this device: {type(e).__name__}: {e}") from e
+    _check_results_basic(res, seqs, len(LLAMA_LAYERS), "cpu-device generate()")
+    LAST_RUN["cpu-device"] = {"seconds": time.monotonic() - t0, "kv_blocks": num_blocks}
+
+
+def probe_prefill_attribution() -> None:
+    """0004: >32 sequences, chunked prefill: every sequence gets its own states, in input order.
+
+    40 sequences of 200..500 tokens: more than ``max_num_seqs`` (32), and the first 32 alone hold more than the
+    generator's default 8192-token step budget, so prompts are split between steps even without the probe
+    engine's 256-token budget (with it, most prompts are chunked). Compared token by token with the transformers
+    reference; result ``i`` must be sequence ``i``'s.
+    """
+    t0 = time.monotonic()
+    eng = _engine("llama-remote-code")
+    seqs = _random_sequences(ATTRIBUTION_NUM_SEQS, 200, 500, seed=4)
+    if sum(map(len, seqs[:32])) <= 8192:
+        raise AssertionError("attribution probe: the first 32 sequences must exceed 8192 tokens")
+    try:
+        res = eng.generator.generate(seqs)
+    except Exception as e:  # noqa: BLE001
+        raise ProbeFailed(f"generate() of {len(seqs)} sequences failed: {type(e).__name__}: {e}") from e
+    _check_results_basic(res, seqs, len(LLAMA_LAYERS), "prefill-attribution")
+    stats = hidden_state_errors(res, reference_layer_states(eng.model_dir, seqs, LLAMA_LAYERS))
+    stats.check(DENSE_TOLERANCE, f"tiny Llama, {len(seqs)} sequences, chunked prefill")
+    LAST_RUN["prefill-attribution"] = {"seconds": time.monotonic() - t0, "stats": stats}
+
+
+def probe_deepseek_capture() -> None:
+    """0005: DeepSeek-V3 (MLA + MoE) target: capture accepted and states match the reference."""
+    t0 = time.monotonic()
+    eng = _engine("deepseek-v3")
+    seqs = _random_sequences(10, 20, 250, seed=5)
+    try:
+        res = eng.generator.generate(seqs)
+    except Exception as e:  # noqa: BLE001
+        raise ProbeFailed(f"generate() on tiny DeepSeek-V3 failed: {type(e).__name__}: {e}") from e
+    _check_results_basic(res, seqs, len(DEEPSEEK_LAYERS), "deepseek-capture")
+    stats = hidden_state_errors(res, reference_layer_states(eng.model_dir, seqs, DEEPSEEK_LAYERS))
+    stats.check(MOE_TOLERANCE, "tiny DeepSeek-V3")
+    LAST_RUN["deepseek-capture"] = {"seconds": time.monotonic() - t0, "engine_start_s": eng.start_s, "stats": stats}
+
+
+PROBES: dict[str, Callable[[], None]] = {
+    "tokenizer-remote-code": probe_tokenizer_remote_code,
+    "vllm-0.16-api": probe_vllm_api,
+    "cpu-device": probe_cpu_device,
+    "prefill-attribution": probe_prefill_attribution,
+    "deepseek-capture": probe_deepseek_capture,
+}

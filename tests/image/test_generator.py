@@ -1,0 +1,86 @@
+"""speculators' VllmHiddenStatesGenerator (patched) on vLLM 0.16: attribution, order and tolerances.
+
+Uses the probes' shared engines (tiny Llama with a remote-code tokenizer; tiny DeepSeek-V3) and the transformers
+fp32 reference forward (:func:`eagle3ops.patches.probes.reference_layer_states`). Tolerances are per token
+quantile (bf16 target, MoE routing flips) as in :mod:`eagle3ops.patches.probes`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3ops.patches import probes
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def llama():
+    eng = probes._engine("llama-remote-code")  # noqa: SLF001 - the shared engine
+    yield eng
+    probes.shutdown()
+
+
+def test_same_prompt_same_states_alone_or_chunked_deep_in_a_large_batch(llama):
+    gen = llama.generator
+    target = probes._random_sequences(1, 450, 450, seed=11)[0]  # noqa: SLF001
+    alone = gen.generate([target])[0]["hidden_states"]
+    batch = probes._random_sequences(44, 100, 400, seed=12)  # noqa: SLF001
+    batch.insert(37, target)  # past max_num_seqs (32); split over several 256-token steps
+    res = gen.generate(batch)
+    assert [r["input_ids"].tolist() for r in res] == batch
+    for a, b in zip(alone, res[37]["hidden_states"]):
+        assert a.shape == b.shape == (450, 128)
+        assert torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2), float((a.float() - b.float()).abs().max())
+
+
+def test_results_in_input_order_for_any_batch_size(llama):
+    gen = llama.generator
+    for n in (1, 11, 33, 70):  # 11+: text order of request ids differs from input order; 33+: over max_num_seqs
+        seqs = [[6 + (i % 200)] * (3 + i) for i in range(n)]  # distinct lengths identify each sequence
+        res = gen.generate(seqs)
+        assert [r["input_ids"].tolist() for r in res] == seqs
+        assert [r["hidden_states"][0].shape[0] for r in res] == [len(s) for s in seqs]
+
+
+def test_llama_states_within_dense_tolerance_per_quantile(llama):
+    seqs = probes._random_sequences(12, 50, 500, seed=13)  # noqa: SLF001
+    res = llama.generator.generate(seqs)
+    stats = probes.hidden_state_errors(res, probes.reference_layer_states(llama.model_dir, seqs, probes.LLAMA_LAYERS))
+    print("llama bf16 vs fp32 reference:", stats)
+    stats.check(probes.DENSE_TOLERANCE, "tiny Llama")
+    assert stats.median < 0.02 and stats.q99 < 0.06
+
+
+def test_tolerance_check_rejects_states_of_another_sequence(llama):
+    seqs = probes._random_sequences(6, 60, 60, seed=14)  # noqa: SLF001 - equal lengths: shapes cannot tell
+    res = llama.generator.generate(seqs)
+    refs = probes.reference_layer_states(llama.model_dir, seqs, probes.LLAMA_LAYERS)
+    probes.hidden_state_errors(res, refs).check(probes.DENSE_TOLERANCE, "aligned")
+    swapped = [res[1], res[0], *res[2:]]
+    stats = probes.hidden_state_errors(swapped, refs)
+    assert stats.worst_seq in (0, 1) and stats.worst_seq_median > 0.3
+    with pytest.raises(probes.ProbeFailed, match="another sequence"):
+        stats.check(probes.DENSE_TOLERANCE, "swapped")
+    shifted = [{**r, "hidden_states": [torch.roll(h, 1, dims=0) for h in r["hidden_states"]]} for r in res]
+    with pytest.raises(probes.ProbeFailed):
+        probes.hidden_state_errors(shifted, refs).check(probes.DENSE_TOLERANCE, "off by one position")
+
+
+def test_deepseek_v3_states_within_moe_tolerance_per_quantile():
+    eng = probes._engine("deepseek-v3")  # noqa: SLF001
+    try:
+        seqs = probes._random_sequences(16, 30, 500, seed=15)  # noqa: SLF001
+        res = eng.generator.generate(seqs)
+        stats = probes.hidden_state_errors(
+            res, probes.reference_layer_states(eng.model_dir, seqs, probes.DEEPSEEK_LAYERS)
+        )
+        print("deepseek-v3 bf16 vs fp32 reference:", stats)
+        stats.check(probes.MOE_TOLERANCE, "tiny DeepSeek-V3")
+        assert stats.median < 0.02
+        assert stats.frac_above_005 <= 0.03
+        # A wrong rotary kernel shifts every position >0 by ~0.05 absolute: the median would blow up.
+        assert stats.worst_seq_median < 0.05
+    finally:
+        probes.shutdown()

@@ -1,0 +1,180 @@
+"""The speculators series' behavioural probes, run against the installed (patched) speculators and vLLM.
+
+Runs inside the pipeline image (or, for development, /opt/e3/venv-ml with a patched speculators first on
+PYTHONPATH). Every probe starts from tiny models built locally by :mod:`eagle3ops.tinymodel`; the probes share
+two vLLM engines (tiny Llama with a remote-code tokenizer, tiny DeepSeek-V3) for the module.
+
+The negative tests take the installed speculators, reverse-apply patches of the checked-in series with
+``patch -R --fuzz=0`` into a scratch copy and show that the matching probe then fails (in a subprocess, with the
+scratch copy first on ``sys.path``): the probes detect the faults the patches fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from eagle3ops.patches import probes
+from eagle3ops.tinymodel import build_tiny_model
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+PATCHES = REPO / "patches" / "speculators"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_engines():
+    yield
+    probes.shutdown()
+
+
+def _installed_series() -> Path:
+    """Series dir matching the installed speculators version (fails if the repo's patches/ is missing)."""
+    import speculators
+
+    version = speculators.__version__ if hasattr(speculators, "__version__") else None
+    if version is None:
+        from importlib.metadata import version as dist_version
+
+        version = dist_version("speculators")
+    d = PATCHES / version.split("+")[0]
+    assert (d / "series").is_file(), f"{d}/series missing: run the tests from a checkout that has patches/"
+    return d
+
+
+def _series_names(d: Path) -> list[str]:
+    return [ln.strip() for ln in (d / "series").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_every_series_probe_is_registered():
+    names = set()
+    for patch in sorted(PATCHES.glob("*/*.patch")):
+        m = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)\s*$", patch.read_text(), re.M)
+        assert m, f"{patch}: no X-Eagle3ops-Probe field"
+        names.add(m.group(1))
+    assert names, "no patches found"
+    assert names <= set(probes.PROBES), f"probes missing from PROBES: {sorted(names - set(probes.PROBES))}"
+
+
+@pytest.mark.parametrize("name", list(probes.PROBES))
+def test_probe_passes_on_installed_patched_package(name):
+    probes.PROBES[name]()  # raises ProbeFailed naming the wrong behaviour
+    assert name in probes.LAST_RUN
+    print(name, json.dumps({k: (v if not hasattr(v, "__dict__") else vars(v)) for k, v in probes.LAST_RUN[name].items()}))
+
+
+def test_tiny_model_kinds(tmp_path):
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
+
+    llama = build_tiny_model(tmp_path / "llama", kind="llama")
+    tok = AutoTokenizer.from_pretrained(llama)
+    assert isinstance(tok, PreTrainedTokenizerFast)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<|bos|><|user|>\nhi<|eos|>\n<|assistant|>\n"
+    assert max(tok.get_vocab().values()) < 2048
+    cfg = AutoConfig.from_pretrained(llama)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (128, 4, 4, 2)
+
+    remote = build_tiny_model(tmp_path / "remote", kind="llama-remote-code")
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        AutoTokenizer.from_pretrained(remote)
+    rtok = AutoTokenizer.from_pretrained(remote, trust_remote_code=True)
+    assert type(rtok).__name__ == "TinyTokenizer" and not rtok.is_fast
+    assert rtok.decode(rtok("héllo", add_special_tokens=False)["input_ids"]) == "héllo"
+    # same seed, same weights as the plain llama
+    assert (remote / "model.safetensors").read_bytes() == (llama / "model.safetensors").read_bytes()
+
+    ds = AutoConfig.from_pretrained(build_tiny_model(tmp_path / "ds", kind="deepseek-v3"))
+    assert ds.model_type == "deepseek_v3" and ds.qk_nope_head_dim + ds.qk_rope_head_dim == 64
+    with pytest.raises(FileExistsError):
+        build_tiny_model(tmp_path / "ds", kind="deepseek-v3")
+
+
+# ----------------------------------------------------------------------------------- probes catch the faults
+
+_RUNNER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    if __name__ == "__main__":
+        import speculators
+        assert speculators.__file__.startswith(sys.argv[1]), speculators.__file__
+        from eagle3ops.patches import probes
+        try:
+            probes.PROBES[sys.argv[2]]()
+        except probes.ProbeFailed as e:
+            print("PROBE-FAILED:", e)
+            probes.shutdown()
+            sys.exit(3)
+        probes.shutdown()
+        print("PROBE-PASSED")
+    """
+)
+
+
+def _probe_of(patch: Path) -> str:
+    m = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)\s*$", patch.read_text(), re.M)
+    assert m, patch
+    return m.group(1)
+
+
+def _tree_without(tmp_path: Path, probe: str) -> Path:
+    """Copy the installed speculators and reverse-apply (strictly) the patch whose probe is ``probe``.
+
+    If that patch alone does not reverse (a later patch edits its context), it is reversed together with every
+    later patch of the series, last first.
+    """
+    import speculators
+
+    series = _installed_series()
+    names = _series_names(series)
+    idx = [i for i, n in enumerate(names) if _probe_of(series / n) == probe]
+    assert idx, f"no patch with probe {probe} in {series}"
+    src = Path(speculators.__file__).parent
+    for drop in ([names[idx[0]]], names[idx[0]:]):
+        root = tmp_path / f"site-{len(drop)}"
+        shutil.copytree(src, root / "speculators", ignore=shutil.ignore_patterns("__pycache__"))
+        for name in reversed(drop):
+            r = subprocess.run(
+                ["patch", "-p1", "-R", "--fuzz=0", "--no-backup-if-mismatch", "-d", str(root), "-i", str(series / name)],
+                capture_output=True, text=True,
+            )
+            if r.returncode != 0:
+                break
+        else:
+            return root
+    raise AssertionError(f"cannot reverse {names[idx[0]]} from the installed package (not patched with {series}?)")
+
+
+def _run_probe_in(tree: Path, probe: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    script = tmp_path / "run_probe.py"
+    script.write_text(_RUNNER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, str(script), str(tree), probe], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_tokenizer_probe_fails_without_tokenizer_patch(tmp_path):
+    r = _run_probe_in(_tree_without(tmp_path, "tokenizer-remote-code"), "tokenizer-remote-code", tmp_path)
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "trust_remote_code" in r.stdout
+
+
+def test_attribution_probe_fails_without_attribution_patch(tmp_path):
+    r = _run_probe_in(_tree_without(tmp_path, "prefill-attribution"), "prefill-attribution", tmp_path)
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "PROBE-FAILED: prefill-attribution" in r.stdout or "differ from the reference" in r.stdout
+
+
+def test_deepseek_probe_fails_without_deepseek_patch(tmp_path):
+    r = _run_probe_in(_tree_without(tmp_path, "deepseek-capture"), "deepseek-capture", tmp_path)
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "does not support hidden state extraction" in r.stdout
