@@ -535,47 +535,45 @@ class ArchivePart:
         return "sha256:" + hashlib.sha256(self.config).hexdigest()
 
 
-def archive_size(source: LayerSource, part: ArchivePart) -> int:
-    """Exact byte length of :func:`archive_chunks` for ``part`` (uncompressed)."""
-    return sum(len(c) for c in _archive_meta(source, part, sizes_only=True))
-
-
-def _archive_meta(source: LayerSource, part: ArchivePart, sizes_only: bool = False) -> Iterator[bytes]:
-    """Yields the archive but with layer data replaced by zero bytes of equal length when ``sizes_only``."""
-    for chunk, _ in _archive(source, part, fake_data=sizes_only):
-        yield chunk
-
-
-def archive_chunks(source: LayerSource, part: ArchivePart) -> Iterator[tuple[bytes, int | None]]:
-    """The ``docker save``-format tar of ``part`` as chunks, each with the layer index it belongs to (None for
-    metadata). Layer paths are ``<chainid hex>/layer.tar`` (unique per position even when diff ids repeat).
-
-    Raises:
-        LayerDigestMismatch: from :meth:`LayerSource.iter_layer`.
-    """
-    return _archive(source, part, fake_data=False)
-
-
-def _archive(source: LayerSource, part: ArchivePart, fake_data: bool) -> Iterator[tuple[bytes, int | None]]:
+def archive_segments(source: LayerSource, part: ArchivePart) -> Iterator[tuple[bytes | None, int | None]]:
+    """The ``docker save``-format tar of ``part`` as segments: ``(bytes, None)`` for metadata (tar headers,
+    config, padding, manifest) and ``(None, i)`` where layer ``i``'s tar data goes. Layer paths are
+    ``<chainid hex>/layer.tar`` (unique per position even when diff ids repeat)."""
     img = source.image
     chains = img.chain_ids
     cfg_name = hashlib.sha256(part.config).hexdigest() + ".json"
-    yield _tar_header(cfg_name, len(part.config)) + part.config + _pad(len(part.config)), None
+    pending = _tar_header(cfg_name, len(part.config)) + part.config + _pad(len(part.config))
     for i in part.include:
         d = _hex(chains[i])
         size = source.layer_size(i)
-        yield _tar_header(d + "/", 0, is_dir=True) + _tar_header(d + "/layer.tar", size), i
-        if fake_data:
-            yield b"\0" * size, i
-        else:
-            yield from ((c, i) for c in source.iter_layer(i))
-        yield _pad(size), i
+        yield pending + _tar_header(d + "/", 0, is_dir=True) + _tar_header(d + "/layer.tar", size), None
+        yield None, i
+        pending = _pad(size)
     manifest = json.dumps([{
         "Config": cfg_name,
         "RepoTags": list(part.repo_tags) or None,
         "Layers": [_hex(chains[i]) + "/layer.tar" for i in range(part.n_layers)],
     }]).encode()
-    yield _tar_header("manifest.json", len(manifest)) + manifest + _pad(len(manifest)) + b"\0" * 1024, None
+    yield pending + _tar_header("manifest.json", len(manifest)) + manifest + _pad(len(manifest)) + b"\0" * 1024, None
+
+
+def archive_size(source: LayerSource, part: ArchivePart) -> int:
+    """Exact byte length of the uncompressed archive of ``part``."""
+    return sum(len(m) if m is not None else source.layer_size(i) for m, i in archive_segments(source, part))
+
+
+def archive_chunks(source: LayerSource, part: ArchivePart) -> Iterator[tuple[bytes, int | None]]:
+    """The uncompressed archive of ``part`` as chunks, each with the layer index it belongs to (None for
+    metadata).
+
+    Raises:
+        LayerDigestMismatch: from :meth:`LayerSource.iter_layer`.
+    """
+    for meta, i in archive_segments(source, part):
+        if meta is not None:
+            yield meta, None
+        else:
+            yield from ((c, i) for c in source.iter_layer(i))
 
 
 def scaffold_config(image: LocalImage, n_layers: int) -> bytes:
@@ -885,54 +883,164 @@ class Compression:
     why: str = ""
 
 
-class _Compressor:
-    """Streaming compressor: ``feed`` bytes, get compressed bytes (zstd in a ``zstd -T0`` subprocess, gzip via
-    zlib)."""
+def compress_small(data: bytes, comp: Compression) -> bytes:
+    """One complete zstd frame / gzip member holding ``data`` (metadata segments between layers)."""
+    if comp.codec == "gzip":
+        return gzip.compress(data, comp.level, mtime=0)
+    return subprocess.run(["zstd", "-q", "-c", f"-{comp.level}"], input=data, capture_output=True,
+                          check=True).stdout
 
-    def __init__(self, comp: Compression):
-        self.comp = comp
-        self._out: list[bytes] = []
+
+class _Spool:
+    """One layer compressed once into a spool file while any number of readers (hosts) stream from it.
+
+    A producer thread feeds the layer's bytes (digest-checked) into ``zstd -T0`` (or zlib for gzip) and appends
+    the output to the file; readers follow the growing file. A zstd stream / gzip member per layer; concatenated
+    frames/members decompress as one stream (zstd format spec; RFC 1952 multi-member, which Go's gzip reader and so
+    ``docker load`` accept).
+    """
+
+    def __init__(self, source: LayerSource, i: int, comp: Compression, path: Path):
+        self.source, self.i, self.comp, self.path = source, i, comp, path
+        self.raw = 0
+        self.size = 0
+        self.done = False
+        self.error: BaseException | None = None
+        self.cond = threading.Condition()
+        self._f = open(path, "wb")
+        threading.Thread(target=self._produce, daemon=True, name=f"spool-{i}").start()
+
+    def _append(self, data: bytes) -> None:
+        if data:
+            self._f.write(data)
+            self._f.flush()
+            with self.cond:
+                self.size += len(data)
+                self.cond.notify_all()
+
+    def _produce(self) -> None:
+        try:
+            if self.comp.codec == "gzip":
+                z = zlib.compressobj(self.comp.level, zlib.DEFLATED, 31)
+                for chunk in self.source.iter_layer(self.i):
+                    self.raw += len(chunk)
+                    self._append(z.compress(chunk))
+                self._append(z.flush())
+            else:
+                proc = subprocess.Popen(["zstd", "-q", "-c", "-T0", f"-{self.comp.level}"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, bufsize=0)
+                err: list[BaseException] = []
+
+                def feed() -> None:
+                    try:
+                        for chunk in self.source.iter_layer(self.i):
+                            proc.stdin.write(chunk)  # type: ignore[union-attr]
+                            self.raw += len(chunk)
+                    except BaseException as exc:  # noqa: BLE001 - handed to readers
+                        err.append(exc)
+                        proc.kill()
+                    finally:
+                        try:
+                            proc.stdin.close()  # type: ignore[union-attr]
+                        except OSError:
+                            pass
+
+                t = threading.Thread(target=feed, daemon=True)
+                t.start()
+                while chunk := proc.stdout.read(WRITE_CHUNK):  # type: ignore[union-attr]
+                    self._append(chunk)
+                t.join()
+                if proc.wait() != 0 and not err:
+                    err.append(TransferError(f"zstd exited {proc.returncode} compressing layer {self.i}"))
+                if err:
+                    raise err[0]
+        except BaseException as exc:  # noqa: BLE001 - handed to readers
+            self.error = exc
+        finally:
+            self._f.close()
+            with self.cond:
+                self.done = True
+                self.cond.notify_all()
+
+    def read(self) -> Iterator[tuple[bytes, int]]:
+        """Chunks of the compressed layer as they become available, each with the estimated raw bytes so far.
+
+        Raises:
+            the producer's error (e.g. :class:`LayerDigestMismatch`) once the reader catches up with it.
+        """
+        pos = 0
+        with open(self.path, "rb") as f:
+            while True:
+                with self.cond:
+                    while self.size <= pos and not self.done:
+                        self.cond.wait(1.0)
+                    size, done, error = self.size, self.done, self.error
+                if error is not None:
+                    raise error
+                while pos < size:
+                    chunk = f.read(min(WRITE_CHUNK, size - pos))
+                    pos += len(chunk)
+                    ratio = self.raw / max(self.size, 1)
+                    yield chunk, int(pos * ratio) if not done else int(self.source.layer_size(self.i) * pos / size)
+                if done and pos >= size:
+                    return
+
+
+class Encoders:
+    """Layer bytes on the wire, shared by all hosts of one fan-out: each layer is compressed once per
+    codec/level (in a :class:`_Spool`) however many hosts need it. Also caches the compressor measurement."""
+
+    def __init__(self, source: LayerSource):
+        self.source = source
+        self._spools: dict[tuple[int, str, int], _Spool] = {}
+        self._measured: dict[tuple[str, int], tuple[float, float]] = {}
         self._lock = threading.Lock()
-        if comp.codec == "zstd":
-            self.proc = subprocess.Popen(["zstd", "-q", "-c", "-T0", f"-{comp.level}"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, bufsize=0)
-            self._reader = threading.Thread(target=self._read, daemon=True)
-            self._reader.start()
-        elif comp.codec == "gzip":
-            self.z = zlib.compressobj(comp.level, zlib.DEFLATED, 31)
-        else:
-            raise ValueError(comp.codec)
+        self._dir: Path | None = None
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while chunk := self.proc.stdout.read(WRITE_CHUNK):
-            with self._lock:
-                self._out.append(chunk)
-
-    def feed(self, data: bytes) -> bytes:
-        if self.comp.codec == "gzip":
-            return self.z.compress(data)
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(data)
+    def layer(self, i: int, comp: Compression) -> Iterator[tuple[bytes, int]]:
+        """Wire chunks of layer ``i`` with the raw bytes they stand for (uncompressed: the chunk itself)."""
+        if comp.codec == "none":
+            done = 0
+            for chunk in self.source.iter_layer(i):
+                done += len(chunk)
+                yield chunk, done
+            return
         with self._lock:
-            out, self._out = self._out, []
-        return b"".join(out)
+            key = (i, comp.codec, comp.level)
+            spool = self._spools.get(key)
+            if spool is None or (spool.done and spool.error is not None):  # a failed spool is redone on retry
+                if self._dir is None:
+                    self._dir = Path(tempfile.mkdtemp(prefix="eagle3ops-spool-"))
+                spool = _Spool(self.source, i, comp, self._dir / f"{i}-{comp.codec}-{comp.level}")
+                self._spools[key] = spool
+        yield from spool.read()
 
-    def end(self) -> bytes:
-        if self.comp.codec == "gzip":
-            return self.z.flush()
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self._reader.join()
-        self.proc.wait()
+    def sample(self, i: int, n: int = 32 * 1024 * 1024) -> bytes:
+        """The first ``n`` bytes of layer ``i`` (cached), the compressor measurement's sample."""
         with self._lock:
-            out, self._out = self._out, []
-        return b"".join(out)
+            if getattr(self, "_sample", None) is None or self._sample[0] != i:
+                buf = bytearray()
+                gen = self.source.iter_layer(i, verify=False)
+                for c in gen:
+                    buf += c
+                    if len(buf) >= n:
+                        break
+                gen.close()
+                self._sample = (i, bytes(buf[:n]))
+            return self._sample[1]
 
-    def kill(self) -> None:
-        if self.comp.codec == "zstd" and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+    def measure(self, sample: bytes, codec: str, level: int) -> tuple[float, float]:
+        """:func:`measure_compressor`, once per codec/level for all hosts."""
+        with self._lock:
+            if (codec, level) not in self._measured:
+                self._measured[(codec, level)] = measure_compressor(sample, codec, level)
+            return self._measured[(codec, level)]
+
+    def close(self) -> None:
+        """Delete the spool files."""
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
 
 def measure_link(host, seconds_budget: float = 3.0, probe_bytes: int = 16 * 1024 * 1024) -> tuple[float, int]:
@@ -974,7 +1082,8 @@ def measure_compressor(sample: bytes, codec: str, level: int) -> tuple[float, fl
     return len(sample) / max(dt, 1e-6), len(sample) / max(n, 1)
 
 
-def choose_compression(sample: bytes, link_Bps: float, has_zstd: bool, total: int) -> Compression:
+def choose_compression(sample: bytes, link_Bps: float, has_zstd: bool, total: int,
+                       measure: Callable[[bytes, str, int], tuple[float, float]] = measure_compressor) -> Compression:
     """Pick the codec/level minimising the predicted time ``max(total/compress_rate, total/(ratio*link))`` against
     ``total/link`` uncompressed; compression is used only when it saves ≥ 20 %.
 
@@ -989,7 +1098,7 @@ def choose_compression(sample: bytes, link_Bps: float, has_zstd: bool, total: in
     best_t = t_none
     options = [("zstd", 1), ("zstd", 3), ("zstd", 6)] if has_zstd and shutil.which("zstd") else [("gzip", 1)]
     for codec, level in options:
-        rate, ratio = measure_compressor(sample, codec, level)
+        rate, ratio = measure(sample, codec, level)
         t = max(total / rate, total / (ratio * link_Bps))
         if t < best_t * 0.8 and t < (best_t if best.codec != "none" else t_none * 0.8):
             best_t = t
@@ -1125,10 +1234,11 @@ def _verify(remote, img: LocalImage, store: HostStore) -> None:
             raise VerifyFailed(f"{host.name}: image {ref} on the host has different layers than {img.id}")
 
 
-def _send_part(remote, source: LayerSource, part: ArchivePart, opts: PushOptions, comp: Compression,
+def _send_part(remote, encoders: Encoders, part: ArchivePart, opts: PushOptions, comp: Compression,
                result: PushResult, on_progress: Callable[[Progress], None] | None, total_layer_bytes: int,
                stream_hook: Callable[[ByteStream], None] | None) -> None:
     host = remote.host
+    source = encoders.source
     load = opts.load_argv or _docker(host, "load")
     if comp.codec == "zstd":
         load = ["sh", "-c", 'zstd -d -q -c | "$@"', "eagle3ops-load", *load]
@@ -1139,51 +1249,49 @@ def _send_part(remote, source: LayerSource, part: ArchivePart, opts: PushOptions
     result.transport = stream.name  # type: ignore[attr-defined]
     if stream_hook:
         stream_hook(stream)
-    compressor = _Compressor(comp) if comp.codec != "none" else None
-    sent_before = stream.sent
-    buf: list[bytes] = []
-    buffered = 0
-    cur_layer: int | None = None
-    layer_done = 0
+    produced_before = result.produced
 
-    def flush(final: bool = False) -> None:
-        nonlocal buf, buffered
-        data = b"".join(buf)
-        buf, buffered = [], 0
-        if compressor is not None:
-            data = compressor.feed(data) + (compressor.end() if final else b"")
-        if data:
-            stream.write(data)
+    def progress(phase: str, layer: int | None = None, layer_raw: int = 0) -> None:
+        if on_progress:
+            on_progress(Progress(host.name, phase, layer, layer_raw,
+                                 source.layer_size(layer) if layer is not None else 0,
+                                 result.produced, total_layer_bytes, result.bytes_sent + stream.sent))
 
     try:
-        for chunk, layer in archive_chunks(source, part):
-            buf.append(chunk)
-            buffered += len(chunk)
-            result.produced += len(chunk)
-            if layer is not None:
-                if layer != cur_layer:
-                    cur_layer, layer_done = layer, 0
-                layer_done += len(chunk)
-                result.per_layer[layer] = layer_done
-            if buffered >= WRITE_CHUNK:
-                flush()
-                if on_progress:
-                    on_progress(Progress(host.name, "send", cur_layer, layer_done,
-                                         source.layer_size(cur_layer) if cur_layer is not None else 0,
-                                         result.produced, total_layer_bytes, result.bytes_sent + stream.sent))
-        flush(final=True)
-        if on_progress:
-            on_progress(Progress(host.name, "load", None, 0, 0, result.produced, total_layer_bytes,
-                                 result.bytes_sent + stream.sent))
+        for meta, i in archive_segments(source, part):
+            if meta is not None:
+                stream.write(meta if comp.codec == "none" else compress_small(meta, comp))
+                result.produced += len(meta)
+                continue
+            assert i is not None
+            base = result.produced
+            wire_start = stream.sent
+            buf: list[bytes] = []
+            buffered = 0
+            raw = 0
+            for chunk, raw in encoders.layer(i, comp):
+                buf.append(chunk)
+                buffered += len(chunk)
+                if buffered >= WRITE_CHUNK:
+                    stream.write(b"".join(buf))
+                    buf, buffered = [], 0
+                    result.produced = base + raw
+                    result.per_layer[i] = stream.sent - wire_start
+                    progress("send", i, raw)
+            if buf:
+                stream.write(b"".join(buf))
+            result.produced = base + source.layer_size(i)
+            result.per_layer[i] = stream.sent - wire_start
+            progress("send", i, source.layer_size(i))
+        progress("load")
         timeout = 300 + size / 5e6  # docker load applies ~1 GB in well under 200 s; generous, but bounded
         rc, out, err = stream.finish(timeout=timeout)
     except BaseException:
         stream.kill()
-        if compressor is not None:
-            compressor.kill()
-        result.bytes_sent += stream.sent - sent_before
+        result.bytes_sent += stream.sent
+        result.produced = produced_before
         raise
-    result.bytes_sent += stream.sent - sent_before
+    result.bytes_sent += stream.sent
     if rc != 0:
         msg = (err or out).strip()[-600:]
         if rc == 255 and not use_paramiko:
@@ -1202,15 +1310,16 @@ def _cleanup_scaffolds(remote, img: LocalImage, store: HostStore, parts: Sequenc
         remote.run(_docker(host, "image", "rm", *sorted(set(ids))), timeout=120, check=False)
 
 
-def push(image: LocalImage | str, host, *, source: LayerSource | None = None, options: PushOptions | None = None,
-         on_progress: Callable[[Progress], None] | None = None,
+def push(image: LocalImage | str, host, *, source: LayerSource | None = None, encoders: Encoders | None = None,
+         options: PushOptions | None = None, on_progress: Callable[[Progress], None] | None = None,
          stream_hook: Callable[[ByteStream], None] | None = None) -> PushResult:
     """Push one image to one host; never raises for host-side failures (they are in the result).
 
     Args:
         image: a :class:`LocalImage` or a reference on the build engine.
         host: the :class:`eagle3ops.config.HostConfig` of the host.
-        source: layer source to share between hosts (default: :func:`open_source`).
+        source: layer source (default: :func:`open_source`).
+        encoders: shared :class:`Encoders` of a fan-out (compress each layer once for all hosts).
         options: :class:`PushOptions`.
         on_progress: called with :class:`Progress` events (from the pushing thread).
         stream_hook: called with each stream as it opens (tests use it to break streams).
@@ -1226,8 +1335,10 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, op
     t0 = time.monotonic()
     img = inspect_local(image) if isinstance(image, str) else image
     result = PushResult(host=host.name, image_id=img.id, layers_total=len(img.diff_ids))
-    own_source = source is None
-    src = source or open_source(img, prefer=opts.source)
+    own = encoders is None
+    if encoders is None:
+        encoders = Encoders(source or open_source(img, prefer=opts.source))
+    src = encoders.source
     remote = Remote(host)
 
     def attempt() -> None:
@@ -1260,20 +1371,14 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, op
                 raise TransferError(f"{host.name}: --compression zstd but the host has no `zstd`; use gzip or auto")
         elif opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
             largest = max((i for p in parts for i in p.include), key=src.layer_size)
-            sample = bytearray()
-            gen = src.iter_layer(largest, verify=False)
-            for c in gen:
-                sample += c
-                if len(sample) >= 32 * 1024 * 1024:
-                    break
-            gen.close()
             link, probe = measure_link(host)
             result.probe_bytes += probe
-            comp = choose_compression(bytes(sample), link, host_has_zstd(remote), total)
+            comp = choose_compression(encoders.sample(largest), link, host_has_zstd(remote), total,
+                                      measure=encoders.measure)
         result.compression = comp.codec + (f"-{comp.level}" if comp.codec != "none" else "") + (
             f" ({comp.why})" if comp.why else "")
         for part in parts:
-            _send_part(remote, src, part, opts, comp, result, on_progress, total, stream_hook)
+            _send_part(remote, encoders, part, opts, comp, result, on_progress, total, stream_hook)
         if on_progress:
             on_progress(Progress(host.name, "verify", None, 0, 0, result.produced, total, result.bytes_sent))
         _verify(remote, img, store)
@@ -1293,7 +1398,8 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, op
         result.status, result.reason = "failed", str(exc)
     finally:
         remote.close()
-        if own_source:
+        if own:
+            encoders.close()
             src.close()
     result.wall_s = time.monotonic() - t0
     return result
@@ -1310,11 +1416,13 @@ def push_many(image: str, hosts: Sequence, *, options: PushOptions | None = None
     opts = options or PushOptions()
     img = inspect_local(image)
     src = open_source(img, prefer=opts.source)
+    enc = Encoders(src)
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as ex:
-            futs = [ex.submit(push, img, h, source=src, options=opts, on_progress=on_progress) for h in hosts]
+            futs = [ex.submit(push, img, h, encoders=enc, options=opts, on_progress=on_progress) for h in hosts]
             return [f.result() for f in futs]
     finally:
+        enc.close()
         src.close()
 
 
