@@ -203,3 +203,16 @@ def test_requirement_found_by_import_name_and_mismatch() -> None:
     assert found.dist == "PyYAML" and found.version == ver
     with pytest.raises(RequirementMismatch, match=rf"requires pyyaml==0.0.1 but PyYAML {ver} is installed"):
         check_requirement(Pin("pyyaml", "0.0.1"), what="test")
+
+
+def test_partially_applied_series_completes(tmp_path: Path, three_patch_series: Path) -> None:
+    """A tree with only the first patch applied: apply reports it already applied and applies the rest."""
+    site = site_from_wheel(SPEC_030, tmp_path / "site")
+    ser = load_series(three_patch_series / "speculators/0.3.0")
+    first = load_series(three_patch_series / "speculators/0.3.0")
+    first.patches = first.patches[:1]
+    apply_series(first, site_dir=site, check_requires=False)
+    res = apply_series(ser, site_dir=site, check_requires=False)
+    assert [r.action.value for r in res.patches] == ["already-applied", "applied", "applied"]
+    text = (site / GEN).read_text()
+    assert text.count("# kept") == 1 and _UP_OLD not in text and _FAIL_NEW in text

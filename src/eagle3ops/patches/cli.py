@@ -55,15 +55,26 @@ def _profiles(patches_dir: Path | None):
 @handled
 def list_cmd(patches_dir: PatchesDir = None, profile: ProfileOpt = None) -> None:
     """List the profiles and the patches of each series."""
+    from eagle3ops.patches.series import load_series
+
     profs = _profiles(patches_dir)
     names = [profile] if profile else list(profs.profiles)
+    bad = 0
     for n in names:
         p = profs.get(n)
         typer.echo(f"profile {p.name}{' (default)' if p.name == profs.default else ''}: requires {', '.join(map(str, p.requires))}")
-        for s in p.load():
+        for d in p.series_dirs:
+            try:
+                s = load_series(d)
+            except PatchToolError as e:
+                typer.echo(f"  series {d}: ERROR {e}")
+                bad += 1
+                continue
             typer.echo(f"  series {s.dir} ({s.upstream.wheel} sha256 {s.upstream.sha256[:12]}...)")
             for pt in s.patches:
                 typer.echo(f"    {pt.name}  probe={pt.header.probe}  {pt.header.summary}")
+    if bad:
+        raise typer.Exit(2)
 
 
 @app.command("apply")
