@@ -1,5 +1,122 @@
-"""Placeholder sub-app; its owner replaces it (see the ownership map)."""
+"""``eagle3ops image``: build the local base, build pipeline/serving images with content tags, list images.
+
+Heavy work lives in :mod:`eagle3ops.images`; docker is imported lazily there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True, help="Versioned images: local base, pipeline and serving builds, listing.")
+
+CaOpt = Annotated[
+    Optional[Path],
+    typer.Option("--ca-bundle", help="CA bundle for a TLS-intercepting proxy, passed as a BuildKit secret (never in "
+                 "a layer). Default: $EAGLE3OPS_CA_BUNDLE, else /etc/ssl/certs/ca-certificates.crt when present."),
+]
+NoCaOpt = Annotated[bool, typer.Option("--no-ca-bundle", help="Pass no CA bundle (direct internet access).")]
+
+
+def _ca(ca_bundle: Optional[Path], no_ca: bool) -> Optional[Path]:
+    from eagle3ops import images
+
+    if no_ca:
+        return None
+    return ca_bundle or images.default_ca_bundle()
+
+
+def _fail(exc: Exception) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+    raise typer.Exit(1)
+
+
+@app.command()
+def base(
+    tag: Annotated[str, typer.Option(help="Tag of the local base.")] = "eagle3ops/vllm-openai-local:v0.16.0",
+    force: Annotated[bool, typer.Option(help="Rebuild even when the tag exists.")] = False,
+    ca_bundle: CaOpt = None,
+    no_ca_bundle: NoCaOpt = False,
+) -> None:
+    """Build the local stand-in for vllm/vllm-openai:v0.16.0 (debootstrap minbase + venv with vLLM 0.16.0 CPU)."""
+    from eagle3ops import images
+
+    try:
+        out = images.build_local_base(tag, _ca(ca_bundle, no_ca_bundle), force=force)
+    except images.ImageError as exc:
+        _fail(exc)
+    typer.echo(out)
+
+
+@app.command()
+def build(
+    name: Annotated[str, typer.Argument(help="Image definition: pipeline or serving (images/<name>.yaml).")] = "pipeline",
+    base_image: Annotated[Optional[str], typer.Option("--base-image", help="Override the base (e.g. the local base).")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Patch profile (default: the definition's).")] = None,
+    ca_bundle: CaOpt = None,
+    no_ca_bundle: NoCaOpt = False,
+    tag_only: Annotated[bool, typer.Option("--tag-only", help="Print the content tag without building.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Build an image and tag it <name>:<vllm>-<speculators>-<12 hex> (hash of base, pins, lock, patches, files)."""
+    from eagle3ops import images
+
+    try:
+        if tag_only:
+            typer.echo(images.content_tag(name, profile, base_image))
+            return
+        built = images.build_image(name, base_image, profile, _ca(ca_bundle, no_ca_bundle))
+    except images.ImageError as exc:
+        _fail(exc)
+    if json_out:
+        typer.echo(json.dumps({"tag": built.tag, "image_id": built.image_id, "size": built.size,
+                               "seconds": round(built.seconds, 1)}))
+    else:
+        typer.echo(f"{built.tag}  {built.image_id[:19]}  {images.human_size(built.size)}  {built.seconds:.1f}s")
+
+
+@app.command("ls")
+def ls(
+    host: Annotated[Optional[str], typer.Argument(help="Inventory host (default: the local engine).")] = None,
+    inventory: Annotated[Optional[Path], typer.Option(help="Inventory file (for HOST).")] = None,
+    all_images: Annotated[bool, typer.Option("--all", help="Also images without eagle3ops labels.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List images with their tags, sizes, profile and patches (local engine, or HOST over SSH)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from eagle3ops import images
+
+    runner = None
+    remote = None
+    try:
+        if host is not None:
+            from eagle3ops.config import load_inventory
+            from eagle3ops.remote import Remote
+
+            inv = load_inventory(inventory) if inventory else load_inventory()
+            remote = Remote(inv.host(host))
+            runner = lambda argv: remote.run(argv, mutates=False)  # noqa: E731
+        rows = images.list_images(runner, all_images=all_images)
+    except images.ImageError as exc:
+        _fail(exc)
+    finally:
+        if remote is not None:
+            remote.close()
+    if json_out:
+        typer.echo(json.dumps([r.__dict__ for r in rows], indent=2))
+        return
+    table = Table(title=f"images on {host or 'local engine'}")
+    for col in ("tag", "id", "size", "profile", "patches"):
+        table.add_column(col)
+    for r in rows:
+        patches = "\n".join(f"{Path(k).name} {v[:12]}" for k, v in r.patches.items()) or "-"
+        table.add_row("\n".join(r.tags) or "<none>", r.image_id.split(":")[-1][:12], images.human_size(r.size),
+                      r.profile or "-", patches)
+    Console().print(table)

