@@ -17,10 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from unidiff import PatchSet
-from unidiff.errors import UnidiffParseError
-
-from eagle3ops.patches.errors import SeriesError, UnsafePatch
+from eagle3ops.patches.errors import PatchToolError, SeriesError, UnsafePatch
 
 DEV_NULL = "/dev/null"
 _GIT_UNSUPPORTED = re.compile(
@@ -86,6 +83,14 @@ def parse_diff(diff_text: str, *, where: str) -> list[FileDiff]:
         UnsafePatch: absolute path, ``..``, no ``-p1`` prefix, rename/copy/mode change/binary, a file listed twice,
             or old and new names that differ.
     """
+    try:
+        from unidiff import PatchSet
+        from unidiff.errors import UnidiffParseError
+    except ImportError:
+        raise PatchToolError(
+            "the Python package 'unidiff' is not installed (eagle3ops patch parses diffs with it)",
+            fix="pip install unidiff (driver venv: pyproject dependency; image: add it to the pipeline requirements)",
+        ) from None
     try:
         ps = PatchSet(diff_text)
     except UnidiffParseError as e:

@@ -57,7 +57,10 @@ def patch_binary() -> str:
     """Path of GNU patch; :class:`PatchToolError` if absent or not GNU."""
     exe = shutil.which("patch")
     if not exe:
-        raise PatchToolError("GNU patch is not installed", fix="install it (Debian: apt-get install patch)")
+        raise PatchToolError(
+            "GNU patch is not installed (eagle3ops patch apply/check/new/rebase run it)",
+            fix="install it: apt-get install -y --no-install-recommends patch (Debian/Ubuntu; also in the image)",
+        )
     return exe
 
 
