@@ -51,7 +51,7 @@ DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 LOCAL_BASE_TAG = "eagle3ops/vllm-openai-local:v0.16.0"
 MINBASE_TAG = "eagle3ops/debian-minbase:bookworm"
 MINBASE_SUITE = "bookworm"
-MINBASE_INCLUDE = ("python3", "python3-venv", "ca-certificates")
+MINBASE_INCLUDE = ("python3", "python3-venv", "ca-certificates", "libnuma1")  # libnuma1: vllm._C (CPU) links it
 
 LABEL_PREFIX = "io.eagle3ops"
 OCI = "org.opencontainers.image"
@@ -288,10 +288,12 @@ def content_inputs(
     base_id: dict[str, str] | None = None,
     root: Path = REPO_ROOT,
     client: Any = None,
+    extra_build_args: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The JSON-able record hashed into the content tag (see the module doc for what goes in and why).
 
     ``base_id`` overrides the engine lookup of the base (for tests and for hashing before the base exists).
+    ``extra_build_args`` (e.g. ``VERIFY``, ``PROBES_MODULE``) are added to the rendered build args and hashed.
     """
     pname, spec = defn.profile(profile)
     base = base_id or base_identity(defn, base_image, client)
@@ -312,7 +314,8 @@ def content_inputs(
         "lock": lock,
         "patches": patch_digests(spec, root),
         "files": files,
-        "build_args": {k: render(v, **variables) for k, v in sorted(defn.build_args.items())},
+        "build_args": dict(sorted({**{k: render(v, **variables) for k, v in defn.build_args.items()},
+                                   **(extra_build_args or {})}.items())),
         "env": {k: render(v, **variables) for k, v in sorted(defn.env.items())},
         "eagle3ops": eagle3ops_version(),
     }
@@ -331,14 +334,27 @@ def content_tag(
     base_id: dict[str, str] | None = None,
     root: Path = REPO_ROOT,
     client: Any = None,
+    verify: str = "probes",
+    probes_module: str | None = None,
 ) -> str:
-    """``<repo>:<vllm>-<speculators>-<12 hex>`` for image definition ``name`` (``pipeline``/``serving``).
+    """``<repo>:<vllm>-<speculators>-<12 hex>`` for image definition ``name`` (``pipeline``/``serving``): the tag
+    :func:`build_image` gives for the same arguments.
 
     Same inputs → same tag; any input byte changed → a new tag. Raises ImageError like :func:`content_inputs`.
     """
     defn = load_def(name, root / "images")
-    inputs = content_inputs(defn, profile, base_image, base_id=base_id, root=root, client=client)
+    inputs = content_inputs(defn, profile, base_image, base_id=base_id, root=root, client=client,
+                            extra_build_args=_extra_args(defn, verify, probes_module))
     return _tag(defn, inputs)
+
+
+def _extra_args(defn: ImageDef, verify: str, probes_module: str | None) -> dict[str, str]:
+    """Build args chosen per build (not in the definition): ``VERIFY`` and ``PROBES_MODULE`` (pipeline only)."""
+    if defn.dockerfile.endswith(".j2"):
+        return {}
+    if verify not in ("probes", "apply-only"):
+        raise ImageError(f"verify must be 'probes' or 'apply-only', got {verify!r}")
+    return {"VERIFY": verify, **({"PROBES_MODULE": probes_module} if probes_module else {})}
 
 
 def _tag(defn: ImageDef, inputs: dict[str, Any]) -> str:
@@ -373,6 +389,11 @@ def image_labels(defn: ImageDef, inputs: dict[str, Any], tag: str, root: Path = 
         f"{LABEL_PREFIX}.content-hash": content_hash(inputs),
         f"{LABEL_PREFIX}.eagle3ops-version": inputs["eagle3ops"],
     }
+    verify = inputs["build_args"].get("VERIFY")
+    if verify is not None:
+        labels[f"{LABEL_PREFIX}.verified"] = verify
+        if inputs["build_args"].get("PROBES_MODULE"):
+            labels[f"{LABEL_PREFIX}.probes-module"] = inputs["build_args"]["PROBES_MODULE"]
     if "digest" in inputs["base"]:
         labels[f"{OCI}.base.digest"] = inputs["base"]["digest"]
     else:
@@ -546,6 +567,8 @@ def build_image(
     root: Path = REPO_ROOT,
     quiet: bool = False,
     extra_tags: Sequence[str] = (),
+    verify: str = "probes",
+    probes_module: str | None = None,
 ) -> BuiltImage:
     """Build image definition ``name`` (``pipeline``/``serving``) and tag it with its content tag.
 
@@ -554,6 +577,9 @@ def build_image(
         profile: patch profile (default: the definition's ``default_profile``).
         ca_bundle: CA bundle for a TLS-intercepting proxy, passed as BuildKit secret ``ca`` (never in a layer).
         root: repository root holding ``images/``, the Dockerfile and the context files.
+        verify: pipeline only: ``probes`` (run every applied patch's behavioural probe at build time) or
+            ``apply-only`` (strict apply, no probes: fast dev rebuilds; labelled ``io.eagle3ops.verified``).
+        probes_module: pipeline only: module whose ``PROBES`` replaces the probe registry (tests).
 
     Returns:
         BuiltImage(tag, image_id, size, seconds, labels).
@@ -565,7 +591,8 @@ def build_image(
     defn = load_def(name, root / "images")
     pname, spec = defn.profile(profile)
     client = docker_client()
-    inputs = content_inputs(defn, pname, base_image, root=root, client=client)
+    inputs = content_inputs(defn, pname, base_image, root=root, client=client,
+                            extra_build_args=_extra_args(defn, verify, probes_module))
     tag = _tag(defn, inputs)
     labels = image_labels(defn, inputs, tag, root)
     variables = {"profile": pname, "pins": spec.pins, "base": {**inputs["base"], "image": base_image or defn.base.image}}
