@@ -97,9 +97,9 @@ def start_serving(h: HostConfig) -> float:
         while time.monotonic() - t0 < h.serving.health_timeout_s:
             if serving_healthy(h):
                 return time.monotonic() - t0
-            st = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container),
-                       check=False, mutates=False).stdout.strip()
-            if st in ("exited", "dead"):
+            st = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}} {{.RestartCount}}",
+                                 h.serving.container), check=False, mutates=False).stdout.split()
+            if not st or st[0] in ("exited", "dead", "restarting") or st[1] != "0":
                 logs = r.run(dk.logs(h, h.serving.container, tail=30), check=False, mutates=False)
                 raise DemoError(f"serving container exited during start:\n{logs.stdout}{logs.stderr}")
             time.sleep(2)

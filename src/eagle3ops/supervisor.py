@@ -371,13 +371,17 @@ class Supervisor:
         deadline = time.time() + h.timeout_s
         self.journal.log("health", "start", timeout_s=h.timeout_s)
         last = ""
+        c0 = self._serving()
+        restarts0 = c0.attrs.get("RestartCount", 0) if c0 is not None else 0
         while time.time() < deadline:
             c = self._serving()
             if c is not None:
                 c.reload()
-                if c.status in ("exited", "dead"):
+                # A restart policy turns a crash into "restarting"/a higher RestartCount: a crash, not a slow start.
+                if c.status in ("exited", "dead", "restarting") or c.attrs.get("RestartCount", 0) > restarts0:
                     logs = c.logs(tail=20).decode(errors="replace")
-                    raise RuntimeError(f"serving container exited ({c.attrs['State'].get('ExitCode')}): {logs[-800:]}")
+                    raise RuntimeError(f"serving container crashed (status {c.status}, exit "
+                                       f"{c.attrs['State'].get('ExitCode')}): {logs[-800:]}")
             try:
                 with urllib.request.urlopen(base + "/health", timeout=5) as r:
                     if r.status != 200:
@@ -397,8 +401,6 @@ class Supervisor:
                 return
             except (urllib.error.URLError, ConnectionError, OSError, RuntimeError, ValueError, KeyError) as exc:
                 last = str(exc)
-                if isinstance(exc, RuntimeError) and "lists" in last:
-                    pass
             time.sleep(h.interval_s)
         self.journal.log("health", "error", reason=last)
         raise RuntimeError(f"health gate did not pass within {h.timeout_s:.0f}s: {last}")
