@@ -42,10 +42,10 @@ def deployed(sandbox_host, built_images):
 
     Returns (host, DeployResult).
     """
-    from eagle3ops import demo, deployer, transfer
+    from eagle3ops import demo, deployer
 
     base, built = built_images
-    transfer.push_to_host(sandbox_host.serving.image, sandbox_host)
+    deployer.push_image(sandbox_host.serving.image, sandbox_host)
     demo.build_tiny_model(built.tag, sandbox_host.model_path)
     demo.start_serving(sandbox_host)
     dep = deployer.deploy(sandbox_host, base_image=base, echo=lambda *_: None)

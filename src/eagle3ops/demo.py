@@ -108,7 +108,7 @@ def start_serving(h: HostConfig) -> float:
 
 def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("deploy/pipeline.yaml")) -> int:
     """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end)."""
-    from eagle3ops import deployer, images, sandbox, transfer
+    from eagle3ops import deployer, images, sandbox
     from eagle3ops.remote import Remote
     from eagle3ops.window import run_window, upload_pipeline_config
 
@@ -131,7 +131,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     figures.append(("pipeline image size", f"{built.size / 1e9:.2f} GB ({built.tag})"))
 
     t = _step("3. production serving on the sandbox host: real vLLM 0.16 serving a tiny local model")
-    console.print(transfer.push_to_host(h.serving.image, h))
+    console.print(deployer.push_image(h.serving.image, h))
     build_tiny_model(built.tag, h.model_path)
     ready_s = start_serving(h)
     figures.append(("serving start (cold)", f"{ready_s:.1f} s"))

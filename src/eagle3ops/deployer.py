@@ -35,6 +35,26 @@ class DeployResult:
     push_summary: str
 
 
+def push_image(tag: str, h: HostConfig) -> str:
+    """Push ``tag`` to host ``h`` with :func:`eagle3ops.transfer.push` (missing layers only, id verified).
+
+    Returns:
+        a one-line summary with layers and bytes sent and the wall time.
+
+    Raises:
+        DeployError: the push failed; the message carries the transfer's reason.
+    """
+    from eagle3ops import transfer
+
+    res = transfer.push(tag, h)
+    if not res.ok:
+        raise DeployError(f"pushing {tag} to {h.name} failed: {res.reason}")
+    if res.status != "ok":
+        return f"{tag} on {h.name}: {res.status} (nothing to send)"
+    return (f"{tag} → {h.name}: {res.layers_sent}/{res.layers_total} layers sent, {res.bytes_sent / 1e6:.1f} MB over "
+            f"SSH ({res.transport}, {res.compression}), {res.wall_s:.1f} s, image id verified")
+
+
 def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, base_image: str | None = None,
            echo: Callable[[str], None] = print) -> DeployResult:
     """Build (cached by content tag), push, verify the image id on the host, preflight, record the deployment.
@@ -43,7 +63,7 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
         DeployError: build failure, push failure, id mismatch on the host ("every layer pushed but the image is not
             there" included), or a failed preflight check.
     """
-    from eagle3ops import images, transfer
+    from eagle3ops import images
 
     t0 = time.monotonic()
     try:
@@ -58,10 +78,7 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
         if dry_run:
             push_summary = f"(dry run) would push {built.tag} to {h.name}, sending only the layers it lacks"
         else:
-            try:
-                push_summary = transfer.push_to_host(built.tag, h)
-            except transfer.TransferError as exc:
-                raise DeployError(f"pushing {built.tag} to {h.name} failed: {exc}") from None
+            push_summary = push_image(built.tag, h)
         push_s = time.monotonic() - t1
         echo(push_summary)
         got = r.run(dk.image_id(h, built.tag), check=False, mutates=False).stdout.strip()
