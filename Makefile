@@ -67,7 +67,7 @@ test: setup
 
 # Tests that need torch / vLLM / speculators run inside the built pipeline image (its /opt/venv).
 test-image: image
-	$(PY) -m eagle3ops image test $(BASE_FLAG) --profile $(PROFILE)
+	bash scripts/test-image.sh "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
 
 patch-check: setup
 	$(E3) patch check

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run tests/image inside a container of the pipeline image (its Python has torch, vLLM 0.16, patched speculators
+# and eagle3ops). pytest comes from hash-pinned wheels installed into a throwaway dir, not into the image.
+# Usage: scripts/test-image.sh IMAGE_TAG [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tag=$1; shift
+mkdir -p .cache/test-wheels
+.venv/bin/pip download -q --no-deps --require-hashes -r requirements/image-test.txt -d .cache/test-wheels
+exec docker run --rm --network host \
+  -e HF_HUB_OFFLINE=1 -e TRANSFORMERS_OFFLINE=1 -e VLLM_CPU_KVCACHE_SPACE=1 -e PYTHONDONTWRITEBYTECODE=1 \
+  -e PYTHONUNBUFFERED=1 \
+  -v "$PWD/tests:/e3/tests:ro" -v "$PWD/.cache/test-wheels:/wheels:ro" -w /e3 \
+  --entrypoint bash "$tag" -c \
+  'python3 -m pip install -q --no-index --no-deps --target /tmp/pt /wheels/*.whl \
+   && PYTHONPATH=/tmp/pt python3 -m pytest -p no:cacheprovider -ra "$@" tests/image' test-image "$@"
