@@ -157,3 +157,14 @@ def test_stage_cli_exits_2_with_the_reason(tmp_path):
     )
     result = CliRunner().invoke(app, ["prepare", "--run-dir", str(tmp_path / "nope")])
     assert result.exit_code == 2
+
+
+def test_a_changed_upstream_setting_is_caught_two_stages_down(tmp_path):
+    run = _write(tmp_path / "run", "target_model: /m\n")
+    cfg = load_pipeline_config(run)
+    _fake_stage(run, cfg, "prepare", "samples.jsonl", b"{}\n")
+    _fake_stage(run, cfg, "extract", "data.pt", b"x")
+    _fake_stage(run, cfg, "vocab", "d2t.npy", b"y")
+    changed = _write(run, "target_model: /m\nprepare: {max_seq_len: 128}\n")
+    with pytest.raises(StageInputError, match=r"prepare/manifest\.json \(input of `extract`\).*rerun stage `prepare`"):
+        check_inputs(changed, "train", load_pipeline_config(changed))

@@ -44,6 +44,15 @@ STAGE_INPUTS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _ancestors(stage: str) -> list[str]:
+    out: list[str] = []
+    for s in STAGE_INPUTS[stage]:
+        for a in [*_ancestors(s), s]:
+            if a not in out:
+                out.append(a)
+    return [a for a in out if a != stage]
+
+
 class StageInputError(Exception):
     """An input of a stage is missing or inconsistent; the message names the file and the stage to rerun."""
 
@@ -152,6 +161,18 @@ def check_inputs(
                 f"{', '.join(STAGE_SECTIONS[stage])} than {run_dir / 'pipeline.yaml'} has now; rerun stage "
                 f"`{stage}`: {hint}"
             )
+        for ancestor in _ancestors(stage):
+            anc_path = stage_dir(run_dir, ancestor) / MANIFEST
+            try:
+                anc_digest = json.loads(anc_path.read_text()).get("config_digest")
+            except (OSError, json.JSONDecodeError):
+                anc_digest = None
+            if anc_digest != config.section_digest(*STAGE_SECTIONS[ancestor]):
+                raise StageInputError(
+                    f"stage {for_stage}: {anc_path} (input of `{stage}`) is missing or was made with other settings "
+                    f"of {', '.join(STAGE_SECTIONS[ancestor])} than {run_dir / 'pipeline.yaml'} has now; rerun "
+                    f"stage `{ancestor}` and the stages after it, first: {rerun_hint(run_dir, ancestor)}"
+                )
         for upstream, digest in (data.get("inputs") or {}).items():
             upstream_path = stage_dir(run_dir, upstream) / MANIFEST
             if not upstream_path.is_file() or sha256_file(upstream_path) != digest:

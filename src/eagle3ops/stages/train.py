@@ -143,8 +143,13 @@ def _peak_memory_bytes(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
-def run_train(run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False) -> dict[str, Any]:
+def run_train(
+    run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False, stop_after: int | None = None
+) -> dict[str, Any]:
     """Run stage ``train``; returns the manifest's figures.
+
+    ``stop_after`` ends this run after that many steps with a checkpoint and no final output or manifest (an
+    interrupted run, as a time-boxed window leaves it); the next call resumes from there.
 
     Raises:
         StageInputError: extract/ or vocab/ missing or inconsistent (with each other or pipeline.yaml).
@@ -278,6 +283,10 @@ def run_train(run_dir: Path, config: PipelineConfig, log: Any = print, restart: 
                 log(f"train: step {step}/{tc.steps} loss {last['loss']:.4f} full_acc_0 {last.get('full_acc_0', 0):.3f}")
             if step % tc.checkpoint_every == 0 or step == tc.steps:
                 save_checkpoint(step)
+            if stop_after is not None and step - first_step >= stop_after and step < tc.steps:
+                save_checkpoint(step)
+                log(f"train: stopped after {stop_after} steps at step {step}; a rerun resumes")
+                return {"stopped_at": step}
     if device == "cuda":
         torch.cuda.synchronize()
     loop_s = time.monotonic() - t_loop

@@ -1,0 +1,475 @@
+"""The four pipeline stages on CPU with tiny targets (real tokenizers, real transformers/speculators/vLLM).
+
+Runs inside the pipeline image (``/opt/venv``: vLLM 0.16, patched speculators 0.3.0, eagle3ops). For development:
+``PYTHONPATH=<patched speculators overlay>:src /opt/e3/venv-ml/bin/python -m pytest tests/image/test_stages.py``.
+Tests marked ``slow`` start vLLM engines (about a minute each on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")  # noqa: F841 - the image always has it; the host run leaves tests/image out
+
+from eagle3ops.pipeline_config import PipelineConfig, load_pipeline_config  # noqa: E402
+from eagle3ops.stages.extract import TransformersEngine, run_extract  # noqa: E402
+from eagle3ops.stages.manifest import StageInputError  # noqa: E402
+from eagle3ops.stages.prepare import (  # noqa: E402
+    UnmaskableConversation,
+    encode_conversation,
+    load_tokenizer,
+    read_samples,
+    run_prepare,
+)
+from eagle3ops.stages.train import _standardize_with_norm, _target_final_norm, run_train  # noqa: E402
+from eagle3ops.stages.vocab import run_vocab  # noqa: E402
+from eagle3ops.tinymodel import build_tiny_model  # noqa: E402
+
+ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+QUIET = lambda *_a, **_k: None  # noqa: E731
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {k: build_tiny_model(root / k, kind=k) for k in ("llama", "llama-remote-code")}
+
+
+def make_run(root: Path, model: Path, **sections) -> Path:
+    cfg = {"target_model": str(model), "prepare": {"max_seq_len": 256}, "extract": {"engine": "transformers"},
+           "vocab": {"draft_vocab_size": 256}, "train": {"steps": 4, "checkpoint_every": 2, "batch_max_tokens": 512}}
+    for k, v in sections.items():
+        cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pipeline.yaml").write_text(json.dumps(cfg))  # JSON is YAML
+    return root
+
+
+def cfg_of(run: Path) -> PipelineConfig:
+    return load_pipeline_config(run)
+
+
+def _eot_suffix(tok) -> str:
+    """What the chat template writes after an assistant reply (its end-of-turn marker)."""
+    text = tok.apply_chat_template([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "REPLY"}],
+                                   tokenize=False)
+    return text[text.index("REPLY") + len("REPLY"):]
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    out, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- prepare
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-remote-code"])
+def test_prepare_masks_cover_exactly_the_assistant_replies(tmp_path, models, kind):
+    run = make_run(tmp_path / "run", models[kind], prepare={"max_seq_len": 2048})
+    figures = run_prepare(run, cfg_of(run), log=QUIET)
+    tok = load_tokenizer(str(models[kind]))
+    assert figures["tokenizer"]["is_fast"] is (kind == "llama")  # the remote-code tokenizer is a slow one
+    assert figures["samples"] == 42 and figures["truncated"] == 0
+    suffix = _eot_suffix(tok)
+    by_source = {}
+    for path in {s.split(":")[0] for s in [r["source"] for r in read_samples(run)]}:
+        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+            by_source[f"{path}:{n}"] = json.loads(line)
+    for row in read_samples(run):
+        raw = by_source[row["source"]]
+        turns = raw.get("messages") or [{"role": t["from"], "content": t["value"]} for t in raw["conversations"]]
+        replies = [t["content"] for t in turns if t["role"] in ("assistant", "gpt")]
+        spans = _runs(row["loss_mask"])
+        decoded = [tok.decode(row["input_ids"][a:b], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                   for a, b in spans]
+        assert decoded == [r + suffix for r in replies], row["source"]
+
+
+def test_prepare_masks_agree_with_offset_mapping_of_the_fast_tokenizer(tmp_path, models):
+    """Independent check: character spans of the replies mapped through the fast tokenizer's offsets."""
+    tok = load_tokenizer(str(models["llama"]))
+    run = make_run(tmp_path / "run", models["llama"], prepare={"max_seq_len": 2048})
+    from eagle3ops.stages.chatdata import load_conversations, resolve_dataset
+
+    convs = load_conversations([resolve_dataset("builtin:sharegpt", run), resolve_dataset("builtin:messages", run)])
+    for conv in convs:
+        msgs = conv["messages"]
+        ids, mask, _ = encode_conversation(tok, msgs)
+        full = tok.apply_chat_template(msgs, tokenize=False)
+        enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+        assert enc["input_ids"] == ids
+        want = [0] * len(ids)
+        for k, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            a = len(tok.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=True))
+            b = len(tok.apply_chat_template(msgs[: k + 1], tokenize=False))
+            for j, (s, e) in enumerate(enc["offset_mapping"]):
+                if s >= a and e <= b and e > s:
+                    want[j] = 1
+        assert mask == want, conv["source"]
+
+
+def test_prepare_reads_jsonl_and_parquet_in_both_forms_alike(tmp_path, models):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(x) for x in Path(
+        str(__import__("importlib.resources").resources.files("eagle3ops.data") / "chat_messages.jsonl")
+    ).read_text().splitlines()][:6]
+    sharegpt = [{"conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]),
+                                    "value": m["content"]} for m in r["messages"]]} for r in rows]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sharegpt))
+    pq.write_table(pa.Table.from_pylist([{"messages": r["messages"]} for r in rows]), data / "b.parquet")
+    out = []
+    for name in ("a.jsonl", "b.parquet"):
+        run = make_run(tmp_path / name, models["llama-remote-code"],
+                       prepare={"datasets": [str(data / name)], "shuffle": False})
+        run_prepare(run, cfg_of(run), log=QUIET)
+        out.append([(r["input_ids"], r["loss_mask"]) for r in read_samples(run)])
+    assert out[0] == out[1] and len(out[0]) == 6
+
+
+def test_prepare_refuses_or_skips_a_template_without_the_prefix_property(tmp_path, models):
+    model = tmp_path / "rewriting"
+    shutil.copytree(models["llama"], model)
+    tc = json.loads((model / "tokenizer_config.json").read_text())
+    # Earlier assistant turns are rendered as a placeholder (as templates that strip past reasoning do).
+    tc["chat_template"] = (
+        "{% for m in messages %}<|{{ m.role }}|>\n"
+        "{% if m.role == 'assistant' and not loop.last %}(earlier reply){% else %}{{ m.content }}{% endif %}"
+        "<|eos|>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    )
+    (model / "tokenizer_config.json").write_text(json.dumps(tc))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    run = make_run(tmp_path / "run", model)
+    with pytest.raises(UnmaskableConversation, match=r"on_unmaskable: skip"):
+        run_prepare(run, cfg_of(run), log=QUIET)
+    run = make_run(tmp_path / "run2", model, prepare={"on_unmaskable": "skip"})
+    figures = run_prepare(run, cfg_of(run), log=QUIET)
+    from eagle3ops.stages.chatdata import load_conversations, resolve_dataset
+
+    convs = load_conversations([resolve_dataset(d, run) for d in ("builtin:sharegpt", "builtin:messages")])
+    multi = sum(1 for c in convs if sum(m["role"] == "assistant" for m in c["messages"]) > 1)
+    assert multi >= 5
+    assert figures["skipped"]["unmaskable"] == multi and figures["samples"] == 42 - multi
+
+
+# ------------------------------------------------------------------------------------------------------ vocab
+
+
+def test_vocab_sizes_t2d_from_the_target_config_and_keeps_speculators_convention(tmp_path, models):
+    import numpy as np
+
+    model = tmp_path / "wide"
+    shutil.copytree(models["llama-remote-code"], model)
+    conf = json.loads((model / "config.json").read_text())
+    conf["vocab_size"] = 2304  # not the tokenizer's size: the stage must read the config
+    (model / "config.json").write_text(json.dumps(conf))
+    run = make_run(tmp_path / "run", model, vocab={"draft_vocab_size": 100})
+    run_prepare(run, cfg_of(run), log=QUIET)
+    figures = run_vocab(run, cfg_of(run), log=QUIET)
+    d2t, t2d = np.load(run / "vocab/d2t.npy"), np.load(run / "vocab/t2d.npy")
+    assert t2d.shape == (2304,) and t2d.dtype == bool and t2d.sum() == 100 == d2t.shape[0]
+    assert (np.arange(100) + d2t == np.nonzero(t2d)[0]).all()  # target id = draft id + d2t[draft id]
+    freq = {int(k): v for k, v in json.loads((run / "vocab/token_freq.json").read_text()).items()}
+    top = sorted(freq, key=lambda t: (-freq[t], t))[:100]
+    assert set(top) == set(np.nonzero(t2d)[0].tolist())
+    assert figures["target_vocab_size"] == 2304 and 0 < figures["coverage"] < 1
+    run_big = make_run(tmp_path / "run2", model, vocab={"draft_vocab_size": 5000})
+    run_prepare(run_big, cfg_of(run_big), log=QUIET)
+    with pytest.raises(ValueError, match=r"draft_vocab_size \(5000\) is larger than the target vocabulary \(2304"):
+        run_vocab(run_big, cfg_of(run_big), log=QUIET)
+
+
+# ---------------------------------------------------------------------------------------------------- extract
+
+
+def _check_disk(run: Path, hidden: int) -> int:
+    m = json.loads((run / "extract/manifest.json").read_text())
+    assert m["hidden_bytes_per_token"] == 4 * hidden * 2
+    total = 0
+    for s in m["sample_files"]:
+        d = torch.load(run / "extract" / s["file"], weights_only=True)
+        assert len(d["hidden_states"]) == 4
+        for h in d["hidden_states"]:
+            assert h.dtype == torch.bfloat16 and tuple(h.shape) == (s["tokens"], hidden)
+            assert h.untyped_storage().nbytes() == s["tokens"] * hidden * 2  # no oversized storage saved
+        size = (run / "extract" / s["file"]).stat().st_size
+        payload = s["tokens"] * (4 * hidden * 2 + 8 + 8)  # hidden states + long ids + long mask
+        assert payload <= size <= payload + 4096, (s, size, payload)  # zip/pickle framing only
+        total += s["tokens"] * 4 * hidden * 2
+    assert total == m["hidden_bytes"] == m["tokens"] * 4 * hidden * 2
+    return total
+
+
+def test_extract_layer_convention_and_vllm_layer_ids(models):
+    """Captured layer j = output of decoder layer j = transformers' hidden_states[j + 1] = what vLLM's EAGLE-3
+    target captures for aux id j + 1 (the input of layer j + 1); the last layer is captured before the norm."""
+    from transformers import AutoModelForCausalLM
+
+    path = str(models["llama"])
+    eng = TransformersEngine(path, [0, 1, 2, 3], device="cpu")
+    ids = list(range(5, 60))
+    got = eng.generate([ids])[0]["hidden_states"]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager")
+    with torch.inference_mode():
+        out = hf(torch.tensor([ids]), output_hidden_states=True)
+    for j in range(3):
+        assert torch.equal(got[j], out.hidden_states[j + 1][0])
+    assert not torch.equal(got[3], out.hidden_states[4][0])  # transformers' last entry is after the final norm
+    assert torch.allclose(hf.model.norm(got[3]).float(), out.hidden_states[4][0].float(), atol=1e-2)
+
+
+def test_extract_writes_4_layers_bf16_per_token_and_resumes(tmp_path, models):
+    run = make_run(tmp_path / "run", models["llama"], extract={"aux_layer_ids": [0, 1, 2], "batch_size": 8})
+    run_prepare(run, cfg_of(run), log=QUIET)
+    first = run_extract(run, cfg_of(run), log=QUIET)
+    assert first["samples"] == 42 and first["layer_ids"] == [0, 1, 2, 3]
+    _check_disk(run, 128)
+
+    # A killed run: two files gone (one never written, one torn), manifest gone. The rerun redoes only those.
+    files = sorted((run / "extract/hidden").iterdir())
+    keep = {f: f.stat().st_mtime_ns for f in files[2:]}
+    files[0].unlink()
+    files[1].write_bytes(b"torn")
+    (run / "extract/manifest.json").unlink()
+    second = run_extract(run, cfg_of(run), log=QUIET)
+    assert second["samples_this_run"] == 2 and second["samples"] == 42
+    assert all(f.stat().st_mtime_ns == t for f, t in keep.items())
+    _check_disk(run, 128)
+
+    # Other layers asked for: the old files are not mixed in.
+    cfg = json.loads((run / "pipeline.yaml").read_text())
+    cfg["extract"]["aux_layer_ids"] = [0, 1, 2]
+    cfg["extract"]["batch_size"] = 4  # extract section changed -> state differs
+    (run / "pipeline.yaml").write_text(json.dumps(cfg))
+    with pytest.raises(StageInputError, match="--restart"):
+        run_extract(run, cfg_of(run), log=QUIET)
+    assert run_extract(run, cfg_of(run), log=QUIET, restart=True)["samples_this_run"] == 42
+
+
+def test_extract_default_aux_layers_follow_speculators_and_fix_shallow_targets(tmp_path, models):
+    from eagle3ops.stages.extract import resolve_layer_ids
+
+    run = make_run(tmp_path / "run", models["llama"])
+    assert resolve_layer_ids(cfg_of(run)) == ([0, 1, 2], 4, 128)  # speculators' [2, 2, 1] repeats a layer
+    model = tmp_path / "deep"
+    shutil.copytree(models["llama"], model)
+    conf = json.loads((model / "config.json").read_text())
+    conf["num_hidden_layers"] = 32
+    (model / "config.json").write_text(json.dumps(conf))
+    assert resolve_layer_ids(cfg_of(make_run(tmp_path / "r2", model)))[0] == [2, 16, 29]
+    with pytest.raises(ValueError, match=r"extract.aux_layer_ids = \[1, 2, 3\].*\[0, 2\]"):
+        resolve_layer_ids(cfg_of(make_run(tmp_path / "r3", models["llama"], extract={"aux_layer_ids": [1, 2, 3]})))
+
+
+@pytest.mark.slow
+def test_extract_with_vllm_matches_the_reference_forward(tmp_path, models):
+    """speculators' (patched) VllmHiddenStatesGenerator on vLLM 0.16 CPU, through the stage CLI, against a
+    transformers forward of the same bf16 weights. Tolerance: per layer, max |vLLM - ref| <= 0.03 * max |ref|
+    (a few bf16 ulps at the tensor's scale: the two engines order their bf16 matmuls differently)."""
+    run = make_run(tmp_path / "run", models["llama-remote-code"],
+                   extract={"engine": "vllm", "batch_size": 64, "aux_layer_ids": [0, 1, 2]})
+    run_prepare(run, cfg_of(run), log=QUIET)
+    r = subprocess.run([sys.executable, "-m", "eagle3ops", "stage", "extract", "--run-dir", str(run)],
+                       env=ENV, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _check_disk(run, 128)
+    eng = TransformersEngine(str(models["llama-remote-code"]), [0, 1, 2, 3], device="cpu")
+    rows = read_samples(run)
+    refs = eng.generate([row["input_ids"] for row in rows])
+    for row, ref in zip(rows, refs, strict=True):
+        d = torch.load(run / f"extract/hidden/data_{row['i']:06d}.pt", weights_only=True)
+        assert d["input_ids"].tolist() == row["input_ids"] and d["loss_mask"].tolist() == row["loss_mask"]
+        for got, want in zip(d["hidden_states"], ref["hidden_states"], strict=True):
+            err = (got.float() - want.float()).abs().max().item()
+            assert err <= 0.03 * want.float().abs().max().item(), (row["i"], err)
+
+
+# ------------------------------------------------------------------------------------------------------ train
+
+
+@pytest.fixture(scope="module")
+def trained_base(tmp_path_factory, models) -> Path:
+    """A run with prepare, extract (reference engine) and vocab done; train not yet."""
+    run = make_run(tmp_path_factory.mktemp("train") / "base", models["llama"],
+                   extract={"aux_layer_ids": [0, 1, 2]})
+    cfg = cfg_of(run)
+    run_prepare(run, cfg, log=QUIET)
+    run_extract(run, cfg, log=QUIET)
+    run_vocab(run, cfg, log=QUIET)
+    return run
+
+
+def _copy(run: Path, dst: Path) -> Path:
+    shutil.copytree(run, dst)
+    return dst
+
+
+def test_teacher_logits_are_the_targets_real_logits(trained_base, models):
+    """The training targets (lm_head of the normed last layer) equal the target model's own logits."""
+    from transformers import AutoModelForCausalLM
+
+    path = str(models["llama"])
+    w, eps = _target_final_norm(path)
+    f = _standardize_with_norm(w, eps)
+    d = torch.load(trained_base / "extract/hidden/data_000000.pt", weights_only=True)
+    std = f(d)
+    assert std["hidden_states"].shape[-1] == 3 * 128
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.inference_mode():
+        logits = hf(d["input_ids"][None]).logits[0]
+        teacher = hf.lm_head(std["verifier_last_hidden_states"].float())
+        raw = hf.lm_head(d["hidden_states"][-1].float())  # speculators 0.3.0's teacher (no final norm)
+    scale = logits.abs().max().item()
+    assert (teacher - logits).abs().max().item() < 0.05 * scale
+    assert (raw - logits).abs().max().item() > 0.2 * scale  # the unnormed one is far off: the fix matters
+
+
+def test_train_resumes_to_the_same_weights_as_an_uninterrupted_run(tmp_path, trained_base):
+    from safetensors.torch import load_file
+
+    straight = _copy(trained_base, tmp_path / "straight")
+    fig = run_train(straight, cfg_of(straight), log=QUIET)
+    assert fig["steps"] == 4 and fig["resumed_from_step"] == 0 and fig["device"] == "cpu"
+    assert all(map(lambda x: x == x, [fig["first_loss"], fig["final_metrics"]["loss"]]))
+
+    cut = _copy(trained_base, tmp_path / "cut")
+    assert run_train(cut, cfg_of(cut), log=QUIET, stop_after=3) == {"stopped_at": 3}  # interrupted
+    assert not (cut / "train/manifest.json").exists() and not (cut / "train/final").exists()
+    fig2 = run_train(cut, cfg_of(cut), log=QUIET)
+    assert fig2["resumed_from_step"] == 3 and fig2["steps_this_run"] == 1
+    a, b = load_file(straight / "train/final/model.safetensors"), load_file(cut / "train/final/model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    losses = [json.loads(x)["loss"] for x in (cut / "train/metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 4
+    assert sorted(p.name for p in (cut / "train/checkpoints").iterdir()) == ["step_00000003", "step_00000004"]
+
+
+def test_train_final_checkpoint_format(tmp_path, trained_base):
+    run = _copy(trained_base, tmp_path / "run")
+    run_train(run, cfg_of(run), log=QUIET)
+    final = run / "train/final"
+    conf = json.loads((final / "config.json").read_text())
+    assert conf["speculators_model_type"] == "eagle3" and conf["draft_vocab_size"] == 256
+    assert conf["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM's convention: extracted ids + 1
+    assert conf["speculators_config"]["verifier"]["name_or_path"] == cfg_of(run).target_model
+    assert conf["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    from safetensors.torch import load_file
+
+    sd = load_file(final / "model.safetensors")
+    assert sd["fc.weight"].shape == (128, 384) and sd["lm_head.weight"].shape == (256, 128)
+    assert sd["d2t"].shape == (256,) and sd["t2d"].shape == (2048,) and "verifier_lm_head.weight" not in sd
+    assert sd["fc.weight"].dtype == torch.bfloat16
+
+
+VLLM_LOAD = r"""
+import json, sys
+if __name__ == "__main__":
+    import torch
+    from safetensors.torch import load_file
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model
+    target, draft, port = sys.argv[1], sys.argv[2], sys.argv[3]
+    spec = {"method": "eagle3", "model": draft, "num_speculative_tokens": 3}
+    vc = EngineArgs(model=target, speculative_config=spec, enforce_eager=True, max_model_len=512,
+                    dtype="bfloat16").create_engine_config()
+    sc = vc.speculative_config
+    with set_current_vllm_config(vc):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+        initialize_model_parallel(1, 1)
+        m = get_model(vllm_config=vc, model_config=sc.draft_model_config)
+    sd = load_file(draft + "/model.safetensors")
+    p = dict(m.named_parameters())
+    same = {
+        "d2t": torch.equal(m.draft_id_to_target_id.cpu(), sd["d2t"].to(m.draft_id_to_target_id.dtype)),
+        "fc": torch.equal(p["model.fc.weight"].cpu(), sd["fc.weight"]),
+        "lm_head": torch.equal(p["lm_head.weight"].cpu(), sd["lm_head.weight"]),
+        "qkv": torch.equal(p["model.layers.0.self_attn.qkv_proj.weight"].cpu(), torch.cat(
+            [sd["layers.0.self_attn.q_proj.weight"], sd["layers.0.self_attn.k_proj.weight"],
+             sd["layers.0.self_attn.v_proj.weight"]])),
+        "embed": torch.equal(p["model.embed_tokens.weight"].cpu(), sd["embed_tokens.weight"]),
+    }
+    print("RESULT " + json.dumps({"method": sc.method, "k": sc.num_speculative_tokens, "cls": type(m).__name__,
+          "aux": list(sc.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids), "same": same}))
+    from vllm import LLM
+    try:
+        LLM(model=target, speculative_config=spec, enforce_eager=True, max_model_len=512, dtype="bfloat16")
+        print("SERVE ok")
+    except Exception as exc:  # vLLM 0.16's CPU model runner has no spec decode
+        print("SERVE failed " + repr(exc))
+"""
+
+
+@pytest.mark.slow
+def test_final_checkpoint_loads_as_vllm_eagle3_draft(tmp_path, trained_base):
+    """vLLM 0.16 parses the final checkpoint as an EAGLE-3 speculator and loads every weight into its
+    Eagle3LlamaForCausalLM. Serving with it needs a GPU: vLLM 0.16's CPU model runner asserts
+    ``speculative_config is None`` ("spec decode is not supported"), which this test records."""
+    run = _copy(trained_base, tmp_path / "run")
+    run_train(run, cfg_of(run), log=QUIET)
+    script = tmp_path / "load.py"
+    script.write_text(VLLM_LOAD)
+    r = subprocess.run([sys.executable, str(script), cfg_of(run).target_model, str(run / "train/final"), "29541"],
+                       env=ENV, capture_output=True, text=True, timeout=900)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(line.removeprefix("RESULT "))
+    assert res["method"] == "eagle3" and res["k"] == 3 and res["cls"] == "Eagle3LlamaForCausalLM"
+    assert res["aux"] == [1, 2, 3]
+    assert all(res["same"].values()), res["same"]
+    serve = next(x for x in r.stdout.splitlines() if x.startswith("SERVE "))
+    # Recorded limit of vLLM 0.16 CPU. If a later CPU build runs spec decode this fails: then assert a real
+    # generate() with the draft here instead.
+    assert serve.startswith("SERVE failed"), serve
+    assert "spec decode is not supported" in r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+
+@pytest.mark.slow
+def test_four_stages_end_to_end_through_the_cli_with_a_remote_code_tokenizer(tmp_path, models):
+    run = make_run(tmp_path / "run", models["llama-remote-code"],
+                   extract={"engine": "vllm", "aux_layer_ids": None}, train={"steps": 3})
+    times = {}
+    for stage in ("prepare", "extract", "vocab", "train"):
+        r = subprocess.run([sys.executable, "-m", "eagle3ops", "stage", stage, "--run-dir", str(run)],
+                           env=ENV, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, (stage, r.stdout[-3000:], r.stderr[-3000:])
+        m = json.loads((run / stage / "manifest.json").read_text())
+        assert m["status"] == "complete"
+        times[stage] = m["wall_s"]
+    assert json.loads((run / "extract/manifest.json").read_text())["aux_layer_ids"] == [0, 1, 2]
+    assert json.loads((run / "train/manifest.json").read_text())["steps"] == 3
+    print("stage wall times (s):", times)
+    # prepare rerun with other settings: the later stages' inputs are now stale and train refuses.
+    cfg = json.loads((run / "pipeline.yaml").read_text())
+    cfg["prepare"]["max_seq_len"] = 128
+    (run / "pipeline.yaml").write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, "-m", "eagle3ops", "stage", "train", "--run-dir", str(run)],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert "prepare" in r.stderr and "manifest.json" in r.stderr and "rerun" in r.stderr
