@@ -305,8 +305,11 @@ class Supervisor:
                     container.stop(timeout=10)
                 th.join(timeout=10)
         except Interrupted:
-            container.stop(timeout=10)
             reason = "supervisor interrupted"
+            try:
+                container.stop(timeout=10)
+            except Exception:  # noqa: BLE001 - the engine may be going down (daemon restart)
+                pass
             raise
         finally:
             dt = time.time() - t0
@@ -465,6 +468,12 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - recorded, then reported through the result
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
             self.journal.log("supervisor", "error", reason=error[-1000:])
+        if not self._engine_up():
+            # The Docker engine is going down (daemon restart): leave no result, exit non-zero, and let the restart
+            # policy (on-failure) start this supervisor again once the engine is back; it resumes from the journal.
+            self.journal.log("supervisor", "error", reason="Docker engine unavailable; exiting so that the restart "
+                                                           "policy resumes this window when the engine is back")
+            raise SystemExit(75)
         serving_ok = self._serving_running()
         result = {
             "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
@@ -481,6 +490,12 @@ class Supervisor:
         self._release_lock()
         self.journal.log("supervisor", "done", outcome=outcome)
         return result
+
+    def _engine_up(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except Exception:  # noqa: BLE001 - any failure means "not reachable"
+            return False
 
     def _serving_running(self) -> bool:
         c = self._serving()
@@ -518,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     def _term(signum: int, _frame: Any) -> None:
+        # Raise once; later signals are ignored so the restore that follows is not cut short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise Interrupted(f"supervisor received signal {signum}")
 
     signal.signal(signal.SIGTERM, _term)
