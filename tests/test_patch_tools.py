@@ -194,6 +194,8 @@ def test_manifest_contents(tmp_path: Path, three_patch_series: Path) -> None:
         (p.name, p.sha256, "test-probe", "applied") for p in ser.patches
     ]
     assert m["files_sha256"][GEN] is not None
+    shown = run_cli("manifest", "--site-dir", site)
+    assert shown.returncode == 0 and json.loads(shown.stdout) == m
 
 
 def test_requirement_found_by_import_name_and_mismatch() -> None:

@@ -109,6 +109,22 @@ def apply_cmd(
             typer.echo(f"manifest: {r.manifest}")
 
 
+@app.command("manifest")
+@handled
+def manifest_cmd(
+    site_dir: SiteDir = None,
+    package: Annotated[str, typer.Option(help="distribution whose manifest to print")] = "speculators",
+) -> None:
+    """Print the manifest that apply wrote for an installed package (JSON: patches, sha256, pins, profile)."""
+    import json
+
+    from eagle3ops.patches.apply import read_manifest
+    from eagle3ops.patches.installed import find_dist
+
+    dist = find_dist(package, site_dir)
+    typer.echo(json.dumps(read_manifest(dist.site_dir, package), indent=2))
+
+
 @app.command("verify")
 @handled
 def verify_cmd(
