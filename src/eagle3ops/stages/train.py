@@ -180,8 +180,8 @@ def run_train(
     device = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    if not tc.compile:
-        torch._dynamo.config.disable = True  # speculators decorates forward with @torch.compile
+    # speculators decorates the draft forward with @torch.compile; train.compile decides whether it compiles.
+    torch._dynamo.config.disable = not tc.compile
 
     d2t = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "d2t.npy"))
     t2d = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "t2d.npy"))
@@ -263,6 +263,7 @@ def run_train(
         gen = batches_from(step)
         while step < tc.steps:
             epoch, idx = next(gen)
+            t_step = time.monotonic()
             batch = collate([dataset[i] for i in idx])
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             _draft, loss, metrics = model(
@@ -276,8 +277,11 @@ def run_train(
             opt.step()
             sched.step()
             step += 1
-            last = {k: round(float(v), 6) for k, v in metrics.items()}
-            mf.write(json.dumps({"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], **last}) + "\n")
+            last = {k: round(float(v), 6) for k, v in metrics.items()}  # float() waits for the device
+            step_s = time.monotonic() - t_step
+            n_tok = int(batch["lengths"].sum())
+            mf.write(json.dumps({"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "step_s": round(step_s, 5),
+                                 "tokens": n_tok, **last}) + "\n")
             mf.flush()
             if step % 10 == 0 or step == tc.steps:
                 log(f"train: step {step}/{tc.steps} loss {last['loss']:.4f} full_acc_0 {last.get('full_acc_0', 0):.3f}")
@@ -301,13 +305,19 @@ def run_train(
     final_files = {f"final/{p.name}": file_entry(p) for p in sorted(final.iterdir()) if p.is_file()}
     with open(metrics_path, encoding="utf-8") as mf:
         history = [json.loads(line) for line in mf if line.strip()]
+    steady = sorted(h["step_s"] for h in history[first_step + min(3, max(0, ran - 1)):] if "step_s" in h)
+    median_step_s = steady[len(steady) // 2] if steady else None
+    tokens_per_step = [h["tokens"] for h in history[first_step:] if "tokens" in h]
     figures = {
         "steps": step,
+        "median_step_s": median_step_s,
+        "steps_per_s_steady": round(1 / median_step_s, 3) if median_step_s else None,
+        "tokens_per_step_mean": round(sum(tokens_per_step) / len(tokens_per_step), 1) if tokens_per_step else None,
         "steps_this_run": ran,
         "resumed_from_step": first_step,
         "device": device if device == "cpu" else f"cuda ({torch.cuda.get_device_name(0)})",
         "compile": tc.compile,
-        "steps_per_s": round(ran / loop_s, 4) if ran and loop_s > 0 else None,
+        "steps_per_s": round(ran / loop_s, 4) if ran and loop_s > 0 else None,  # checkpoint saves included
         "peak_memory_bytes": _peak_memory_bytes(device),
         "peak_memory_kind": "torch.cuda.max_memory_allocated" if device == "cuda" else "process max RSS",
         "first_loss": history[0]["loss"] if history else None,

@@ -1,0 +1,128 @@
+"""P6: hidden-state extraction throughput vs a plain prefill of the same vLLM engine on the same inputs.
+
+One run, one ratio (target >= 0.9):
+
+- **prefill**: vLLM ``LLM.generate`` of every prompt with ``max_tokens=1`` (a prefill and one sampled token),
+  same model, dtype, ``enforce_eager``, ``max_model_len``, scheduler limits (``max_num_seqs=32``,
+  ``max_num_batched_tokens=max(8192, max_model_len)``: speculators' generator's values) and prefix caching off
+  (as the patched generator runs);
+- **extract**: speculators' ``VllmHiddenStatesGenerator`` (patched) on the same token ids, capturing 3 aux
+  layers + the last, hidden states returned to the caller on the CPU (what stage extract then writes).
+
+Both are timed after one warm-up call of their own engine, over the same inputs; engine start-up is not
+counted. Printed: tokens, seconds, tokens/s of each and ``ratio = extract tok/s / prefill tok/s``; with
+``--json PATH`` the figures are also written there.
+
+Usage (inside the pipeline image, or a venv with vLLM 0.16 and the patched speculators)::
+
+    VLLM_CPU_KVCACHE_SPACE=2 python benchmarks/extract.py              # tiny Llama built on the fly
+    python benchmarks/extract.py --model /data/models/x --repeat 4 --tp 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def prepared_inputs(model: str, max_seq_len: int, repeat: int) -> list[list[int]]:
+    """Token ids of the built-in chat data rendered with the model's chat template (stage prepare's code)."""
+    from eagle3ops.pipeline_config import PipelineConfig
+    from eagle3ops.stages.prepare import read_samples, run_prepare
+
+    run = Path(tempfile.mkdtemp(prefix="e3bench-"))
+    cfg = PipelineConfig.model_validate({
+        "target_model": model,
+        "prepare": {"datasets": ["builtin:sharegpt", "builtin:messages"] * repeat, "max_seq_len": max_seq_len},
+    })
+    run_prepare(run, cfg, log=lambda *_: None)
+    return [r["input_ids"] for r in read_samples(run)]
+
+
+def time_prefill(model: str, inputs: list[list[int]], max_model_len: int, tp: int) -> float:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=model, tokenizer=model, trust_remote_code=True, dtype="auto", enforce_eager=True,
+              max_model_len=max_model_len, max_num_seqs=32, max_num_batched_tokens=max(8192, max_model_len),
+              enable_prefix_caching=False, tensor_parallel_size=tp, gpu_memory_utilization=0.5)
+    sp = SamplingParams(max_tokens=1, temperature=0.0)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in inputs]
+    llm.generate(prompts[:8], sp, use_tqdm=False)  # warm-up
+    t = time.perf_counter()
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    dt = time.perf_counter() - t
+    assert len(outs) == len(inputs)
+    del llm
+    return dt
+
+
+def time_extract(model: str, inputs: list[list[int]], max_model_len: int, tp: int, batch: int) -> float:
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model, trust_remote_code=True)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    n = cfg.num_hidden_layers
+    layers = sorted({max(0, n - 4), max(1, n - 3), max(2, n - 2), n - 1}) if n < 7 else [2, n // 2, n - 3, n - 1]
+    gen = VllmHiddenStatesGenerator(model_path=model, layer_ids=layers, max_model_len=max_model_len,
+                                    gpu_memory_utilization=0.5, tensor_parallel_size=tp)
+    gen.generate(inputs[:8])  # warm-up
+    t = time.perf_counter()
+    got = 0
+    for i in range(0, len(inputs), batch):
+        res = gen.generate(inputs[i : i + batch])
+        got += sum(len(r["hidden_states"]) == len(layers) for r in res)
+    dt = time.perf_counter() - t
+    assert got == len(inputs), f"{got} of {len(inputs)} results have {len(layers)} layers"
+    del gen
+    return dt
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="Extraction throughput vs plain prefill (ratio; target >= 0.9).")
+    p.add_argument("--model", help="Target model directory; default: a tiny Llama built into a temp dir.")
+    p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--repeat", type=int, default=4, help="Copies of the built-in chat data (more tokens).")
+    p.add_argument("--tp", type=int, default=1, help="Tensor parallel size.")
+    p.add_argument("--batch", type=int, default=64, help="Sequences per generator call (stage extract's batch).")
+    p.add_argument("--json", type=Path, help="Also write the figures here.")
+    a = p.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    model = a.model
+    if model is None:
+        from eagle3ops.tinymodel import build_tiny_model
+
+        model = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="e3tiny-")) / "llama", kind="llama"))
+    inputs = prepared_inputs(model, a.max_seq_len, a.repeat)
+    tokens = sum(map(len, inputs))
+    mml = a.max_seq_len + 1
+    prefill_s = time_prefill(model, inputs, mml, a.tp)
+    extract_s = time_extract(model, inputs, mml, a.tp, a.batch)
+    fig = {
+        "model": model,
+        "sequences": len(inputs),
+        "tokens": tokens,
+        "prefill_s": round(prefill_s, 3),
+        "prefill_tokens_per_s": round(tokens / prefill_s, 1),
+        "extract_s": round(extract_s, 3),
+        "extract_tokens_per_s": round(tokens / extract_s, 1),
+        "ratio": round(prefill_s / extract_s, 3),
+        "target": 0.9,
+    }
+    print(f"sequences {fig['sequences']}, tokens {tokens}")
+    print(f"prefill : {fig['prefill_s']:8.3f} s  {fig['prefill_tokens_per_s']:10.1f} tok/s")
+    print(f"extract : {fig['extract_s']:8.3f} s  {fig['extract_tokens_per_s']:10.1f} tok/s")
+    print(f"ratio (extract tok/s / prefill tok/s) = {fig['ratio']:.3f}  (target >= 0.9)")
+    if a.json:
+        a.json.write_text(json.dumps(fig, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
