@@ -231,6 +231,13 @@ class Remote:
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
             return HostUnreachable(f"{self.host.name}: cannot connect to {where}: connection refused ({exc}); "
                                    f"is sshd running on that port?")
+        if isinstance(exc, paramiko.SSHException) and (
+                "banner" in str(exc) or str(exc) in ("No existing session", "Negotiation failed.")):
+            # paramiko's own negotiation deadline (= the connect timeout) races its banner timeout; either way the
+            # peer accepted TCP but did not complete the SSH handshake in time.
+            return HostUnreachable(f"{self.host.name}: SSH handshake with {where} did not complete within "
+                                   f"{max(1, int(self.connect_timeout))}s (no or slow SSH banner: is that port an "
+                                   f"sshd? is the host overloaded?) ({exc})")
         if isinstance(exc, paramiko.SSHException):
             return HostUnreachable(f"{self.host.name}: SSH handshake with {where} failed: {exc}")
         return HostUnreachable(f"{self.host.name}: cannot connect to {where}: {type(exc).__name__}: {exc}")
