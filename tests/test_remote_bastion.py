@@ -106,7 +106,7 @@ def test_proxyjump_runs_through_bastion_with_strict_keys_on_both_hops(sandbox_ho
         assert isinstance(conn.client.get_transport().sock, paramiko.Channel)
     text = log.read_text(errors="replace")
     # The bastion really forwarded to the sandbox's sshd.
-    assert "direct-tcpip" in text and f"target 127.0.0.1 port {sandbox_host.port}" in text, text[-2000:]
+    assert "server_request_direct_tcpip" in text and f"target 127.0.0.1 port {sandbox_host.port}" in text, text[-2000:]
     assert kh.read_bytes() == before  # nothing added to known_hosts
 
 
@@ -114,14 +114,14 @@ def test_bastion_key_missing_from_known_hosts_is_refused(sandbox_host, bastion, 
     port, _, log = bastion
     host, kh = _jump_host(sandbox_host, tmp_path, port, [_sandbox_key_line(sandbox_host)])
     before = kh.read_bytes()
-    forwards_before = log.read_text(errors="replace").count("direct-tcpip")
+    forwards_before = log.read_text(errors="replace").count("server_request_direct_tcpip")
     with pytest.raises(HostUnreachable) as ei:
         Remote(host).run(["id", "-un"])
     msg = str(ei.value)
     assert "bastion" in msg and f"[127.0.0.1]:{port}" in msg and "not in known_hosts" in msg, msg
     assert "fingerprint" in msg and f"add the key to {kh}" in msg, msg
     assert kh.read_bytes() == before  # never auto-added
-    assert log.read_text(errors="replace").count("direct-tcpip") == forwards_before  # nothing was forwarded
+    assert log.read_text(errors="replace").count("server_request_direct_tcpip") == forwards_before  # nothing was forwarded
 
 
 def test_bastion_key_mismatch_is_refused(sandbox_host, bastion, tmp_path):
