@@ -144,3 +144,20 @@ def test_target_key_missing_behind_a_trusted_bastion_is_refused(sandbox_host, ba
     assert "target e3ops@127.0.0.1:" in msg and f"[127.0.0.1]:{sandbox_host.port}" in msg, msg
     assert "not in known_hosts" in msg
     assert kh.read_bytes() == before
+
+
+def test_jump_that_fabric_would_drop_is_refused(sandbox_host, bastion, tmp_path):
+    """``ProxyJump e3ops@127.0.0.1:<bastion port>`` for a target whose HostName is also 127.0.0.1: Fabric skips such
+    a hop (its self-proxy guard compares host strings only) and would connect directly; eagle3ops refuses."""
+    port, bastion_line, log = bastion
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host target\n    HostName 127.0.0.1\n    Port {sandbox_host.port}\n    User e3ops\n"
+                   f"    ProxyJump e3ops@127.0.0.1:{port}\n")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(_sandbox_key_line(sandbox_host) + "\n" + bastion_line + "\n")
+    host = sandbox_host.model_copy(update={"hostname": "target", "port": None, "user": None, "ssh_config": cfg,
+                                           "known_hosts": kh})
+    forwards_before = log.read_text(errors="replace").count("server_request_direct_tcpip")
+    with pytest.raises(HostUnreachable, match=r"Fabric would skip the jump .* `ProxyJump bastion`"):
+        Remote(host).run(["true"])
+    assert log.read_text(errors="replace").count("server_request_direct_tcpip") == forwards_before

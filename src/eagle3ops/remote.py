@@ -186,11 +186,37 @@ class Remote:
             overrides["ssh_config_path"] = str(self.host.ssh_config)
         try:
             config = Config(overrides=overrides)
-            return Connection(self.host.hostname, user=self.host.user, port=self.host.port, config=config,
+            conn = Connection(self.host.hostname, user=self.host.user, port=self.host.port, config=config,
                               connect_timeout=timeout)
         except (paramiko.SSHException, ValueError, OSError) as exc:  # bad ssh_config syntax, bad ProxyJump
             raise HostUnreachable(f"{self.host.name}: cannot use ssh settings for {self.host.hostname}: {exc}"
                                   ) from None
+        self._check_jump_kept(conn)
+        return conn
+
+    def _check_jump_kept(self, conn: Connection) -> None:
+        """Refuse when ssh_config asks for a ProxyJump that Fabric silently dropped.
+
+        Fabric (``Connection.get_gateway``, 3.2) skips the whole ProxyJump when a hop's host string equals the
+        target's resolved HostName — its guard against a host proxying through itself — even if the hop's port
+        differs. The connection would then go straight to the target, not through the bastion.
+
+        Raises:
+            HostUnreachable: a ProxyJump was configured, no gateway was built, and the skipped hop is a different
+                endpoint (other port) than the target.
+        """
+        jump = str(conn.ssh_config.get("proxyjump", "") or "").strip()
+        if not jump or jump.lower() == "none" or conn.gateway:
+            return
+        for hop in jump.split(","):
+            sh = conn.derive_shorthand(hop)
+            port = int(sh["port"] or conn.config.base_ssh_config.lookup(sh["host"]).get("port", 22))
+            if sh["host"] == conn.host and port != conn.port:
+                raise HostUnreachable(
+                    f"{self.host.name}: ssh_config gives {self.host.hostname} `ProxyJump {jump}`, but the hop "
+                    f"{hop} has the same address as the target's HostName ({conn.host}), so Fabric would skip the "
+                    f"jump and connect directly. Give the bastion a Host alias of its own in ssh_config (`Host "
+                    f"bastion` / `HostName {conn.host}` / `Port {port}`) and write `ProxyJump bastion`.")
 
     def _unreachable(self, exc: BaseException, hop: Connection, hops: list[Connection], files: list[Path]
                      ) -> HostUnreachable:
