@@ -80,7 +80,13 @@ def test_deepseek_v3_states_within_moe_tolerance_per_quantile():
         stats.check(probes.MOE_TOLERANCE, "tiny DeepSeek-V3")
         assert stats.median < 0.02
         assert stats.frac_above_005 <= 0.03
-        # A wrong rotary kernel shifts every position >0 by ~0.05 absolute: the median would blow up.
         assert stats.worst_seq_median < 0.05
+        # Dense layer 0: no routing noise; vLLM's faulty CPU rotary kernel on q_pe shows up here first.
+        dense = probes.hidden_state_errors(
+            [{**r, "hidden_states": r["hidden_states"][:1]} for r in res],
+            [ref[:1] for ref in probes.reference_layer_states(eng.model_dir, seqs, probes.DEEPSEEK_LAYERS[:1])],
+        )
+        print("deepseek-v3 dense layer 0:", dense)
+        dense.check(probes.MOE_DENSE_LAYER_TOLERANCE, "tiny DeepSeek-V3 layer 0")
     finally:
         probes.shutdown()

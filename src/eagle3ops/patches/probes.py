@@ -40,6 +40,7 @@ __all__ = [
     "Tolerance",
     "DENSE_TOLERANCE",
     "MOE_TOLERANCE",
+    "MOE_DENSE_LAYER_TOLERANCE",
     "ErrorStats",
     "reference_layer_states",
     "hidden_state_errors",
@@ -47,7 +48,9 @@ __all__ = [
 ]
 
 LLAMA_LAYERS = (0, 2, 3)
-DEEPSEEK_LAYERS = (1, 2, 3)
+#: Layer 0 of the tiny DeepSeek-V3 is dense (first_k_dense_replace=1): its states carry no MoE routing noise,
+#: so the attention path (MLA expanded, rotary on q_pe) is checked there with a tight tolerance.
+DEEPSEEK_LAYERS = (0, 1, 2, 3)
 MAX_MODEL_LEN = 512
 #: Per-step token budget of the probe engines, where the generator accepts ``max_num_batched_tokens`` (added by
 #: the attribution patch; speculators 0.4 has it): small, so that prompts are prefilled in chunks cheaply.
@@ -69,21 +72,28 @@ class Tolerance:
     Attributes:
         median: limit on the median over all tokens and layers.
         q99: limit on the 99th percentile (dense models), or None.
-        frac_above: (threshold, max fraction) -- at most that fraction of tokens may exceed threshold (MoE).
+        frac_above: (threshold, max fraction) pairs, threshold 0.01 or 0.05 -- at most that fraction of tokens
+            may exceed the threshold (MoE: near-tied experts flip under bf16 for a few tokens).
         seq_median: limit on the median of every single sequence and layer (catches one short misattributed
             sequence that all-token quantiles would hide).
+        max: limit on the largest token error, or None.
     """
 
     median: float
     q99: float | None
-    frac_above: tuple[float, float] | None
+    frac_above: tuple[tuple[float, float], ...]
     seq_median: float
+    max: float | None = None
 
 
-#: Dense bf16 target (tiny Llama measured: median ~0.006).
-DENSE_TOLERANCE = Tolerance(median=0.02, q99=0.06, frac_above=None, seq_median=0.05)
-#: MoE bf16 target (tiny DeepSeek-V3 measured: median ~0.005, q99 ~0.016, 0.8 % of tokens above 0.05).
-MOE_TOLERANCE = Tolerance(median=0.02, q99=None, frac_above=(0.05, 0.03), seq_median=0.05)
+#: Dense bf16 target (tiny Llama measured: median ~0.006, q99 ~0.008, max ~0.01).
+DENSE_TOLERANCE = Tolerance(median=0.02, q99=0.06, frac_above=(), seq_median=0.05)
+#: MoE bf16 target, all layers (tiny DeepSeek-V3 measured: median ~0.006, 4-6 % of tokens above 0.01, ~1 % above
+#: 0.05). With vLLM's CPU rotary kernel on q_pe (the fault the DeepSeek patch works around) 27 % were above 0.01.
+MOE_TOLERANCE = Tolerance(median=0.02, q99=None, frac_above=((0.01, 0.15), (0.05, 0.03)), seq_median=0.05)
+#: The dense first layer of the tiny DeepSeek-V3 (measured: q99 0.0044, max 0.0050; with the faulty CPU rotary
+#: kernel q99 0.0095, max 0.0146).
+MOE_DENSE_LAYER_TOLERANCE = Tolerance(median=0.01, q99=0.007, frac_above=(), seq_median=0.02, max=0.01)
 
 
 @dataclass
@@ -106,11 +116,12 @@ class ErrorStats:
             problems.append(f"median {self.median:.4g} > {tol.median}")
         if tol.q99 is not None and self.q99 > tol.q99:
             problems.append(f"q99 {self.q99:.4g} > {tol.q99}")
-        if tol.frac_above is not None:
-            thr, frac = tol.frac_above
-            observed = self.frac_above_005 if thr == 0.05 else None
+        if tol.max is not None and self.max > tol.max:
+            problems.append(f"max {self.max:.4g} > {tol.max}")
+        for thr, frac in tol.frac_above:
+            observed = {0.01: self.frac_above_001, 0.05: self.frac_above_005}.get(thr)
             if observed is None:
-                raise ValueError("frac_above threshold must be 0.05")
+                raise ValueError(f"frac_above threshold {thr} must be 0.01 or 0.05")
             if observed > frac:
                 problems.append(f"{observed:.2%} of tokens above {thr} (limit {frac:.2%})")
         if self.worst_seq_median > tol.seq_median:
@@ -361,10 +372,12 @@ def probe_cpu_device() -> None:
     if _is_cpu_platform():
         if torch.cuda.is_available():
             raise ProbeFailed("vLLM runs on CPU but torch sees CUDA; cannot tell the CPU path was used")
+        # The KV cache the generator configured must be what the CPU workers report they can hold
+        # (VLLM_CPU_KVCACHE_SPACE), not 0 (no accelerator to query) nor a device query's figure.
         expected = min(gen.executor.determine_available_memory())
-        used = gen._kv_cache_memory(0.5)  # noqa: SLF001 - the patched sizing function itself
-        if used != expected or used <= 0:
-            raise ProbeFailed(f"KV cache sized from {used} bytes, the CPU workers report {expected}")
+        kv_bytes = sum(t.size for t in gen.scheduler.kv_cache_config.kv_cache_tensors)
+        if not (0 < kv_bytes <= expected and kv_bytes >= 0.9 * expected):
+            raise ProbeFailed(f"KV cache holds {kv_bytes} bytes, the CPU workers report {expected} available")
     seqs = _random_sequences(2, 8, 16, seed=3)
     try:
         res = gen.generate(seqs)  # ends with the device cache release
@@ -407,9 +420,19 @@ def probe_deepseek_capture() -> None:
     except Exception as e:  # noqa: BLE001
         raise ProbeFailed(f"generate() on tiny DeepSeek-V3 failed: {type(e).__name__}: {e}") from e
     _check_results_basic(res, seqs, len(DEEPSEEK_LAYERS), "deepseek-capture")
-    stats = hidden_state_errors(res, reference_layer_states(eng.model_dir, seqs, DEEPSEEK_LAYERS))
-    stats.check(MOE_TOLERANCE, "tiny DeepSeek-V3")
-    LAST_RUN["deepseek-capture"] = {"seconds": time.monotonic() - t0, "engine_start_s": eng.start_s, "stats": stats}
+    refs = reference_layer_states(eng.model_dir, seqs, DEEPSEEK_LAYERS)
+    stats = hidden_state_errors(res, refs)
+    stats.check(MOE_TOLERANCE, "tiny DeepSeek-V3, all layers")
+    dense = hidden_state_errors(
+        [{**r, "hidden_states": r["hidden_states"][:1]} for r in res], [ref[:1] for ref in refs]
+    )
+    dense.check(MOE_DENSE_LAYER_TOLERANCE, "tiny DeepSeek-V3, dense layer 0")
+    LAST_RUN["deepseek-capture"] = {
+        "seconds": time.monotonic() - t0,
+        "engine_start_s": eng.start_s,
+        "stats": stats,
+        "dense_layer0_stats": dense,
+    }
 
 
 PROBES: dict[str, Callable[[], None]] = {
