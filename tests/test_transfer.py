@@ -363,3 +363,79 @@ def test_push_cli_table_and_exit_code(sbx, images, tmp_path):
     r = CliRunner().invoke(app, [images["v2"], "sbx", "broken", "--inventory", str(inv), "--attempts", "1"])
     assert r.exit_code == 1
     assert "present" in r.output and "failed" in r.output
+
+
+def test_corrupt_layer_fails_the_push_and_loads_nothing(sbx, images):
+    """Bytes that do not hash to the diff id abort the stream: failed, and the host has no image."""
+    _wipe(sbx, images["big"])
+    img = transfer.inspect_local(images["big"])
+
+    class Corrupt(transfer.StoreLayerSource):
+        def _raw_layer(self, i):
+            for k, chunk in enumerate(super()._raw_layer(i)):
+                yield bytes([chunk[0] ^ 1]) + chunk[1:] if (i == 2 and k == 1) else chunk
+
+    src = Corrupt(img, transfer.StoreLayerSource.open(img).root)
+    r = transfer.push(img, sbx.host_config(), source=src, options=PushOptions(transport="openssh"))
+    assert r.status == "failed" and "layer 2" in r.reason and "expected" in r.reason
+    assert r.attempts == 1  # not retried: resending the same bytes cannot help
+    assert _host_id(sbx, images["big"]) == ""
+
+
+def test_fan_out_compresses_each_layer_once(sbx, sbx2, images):
+    _wipe(sbx, images["big"])
+    _wipe(sbx2, images["big"])
+    img = transfer.inspect_local(images["big"])
+    src = transfer.StoreLayerSource.open(img)
+    enc = transfer.Encoders(src)
+    spawned = []
+    real_spool = transfer._Spool
+
+    class CountingSpool(real_spool):
+        def __init__(self, *a, **kw):
+            spawned.append(a[1])
+            super().__init__(*a, **kw)
+
+    transfer._Spool = CountingSpool
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        opts = PushOptions(compression="zstd", transport="openssh")
+        with ThreadPoolExecutor(2) as ex:
+            res = list(ex.map(lambda h: transfer.push(img, h, encoders=enc, options=opts),
+                              [sbx.host_config(), sbx2.host_config()]))
+    finally:
+        transfer._Spool = real_spool
+        enc.close()
+    assert [r.status for r in res] == ["ok", "ok"], [r.reason for r in res]
+    sent = sorted(set(res[0].per_layer) | set(res[1].per_layer))
+    assert sorted(spawned) == sent  # one compression per layer, shared by both hosts
+    assert _host_id(sbx, images["big"]) == img.id == _host_id(sbx2, images["big"])
+
+
+def test_layer_sample_is_spread_over_the_layer(images):
+    img = transfer.inspect_local(images["big"])
+    store = transfer.StoreLayerSource.open(img)
+    save = transfer.SaveLayerSource(img)
+    try:
+        full = b"".join(store.iter_layer(1))  # 24 MB of random bytes + tar headers
+        n, pieces = 64 * 1024, 8
+        piece = n // pieces
+        want = b"".join(full[k * (len(full) - piece) // (pieces - 1):][:piece] for k in range(pieces))
+        assert store.sample(1, n, pieces) == want == save.sample(1, n, pieces)
+    finally:
+        save.close()
+
+
+def test_choose_compression_by_measurement():
+    sample = b"x" * 1000
+
+    def measure(_s, codec, level, long=False):  # (rate B/s, ratio) as measured on some link/CPU
+        return {1: (300e6, 1.8), 3: (80e6, 2.3), 6: (20e6, 2.5)}[level]
+
+    slow = transfer.choose_compression(sample, 12e6, True, 10**9, measure=measure)  # 100 Mbit/s link
+    assert (slow.codec, slow.level, slow.long) == ("zstd", 3, True) and "12.0 MB/s" in slow.why
+    fast = transfer.choose_compression(sample, 1e9, True, 10**9, measure=measure)  # link faster than compressors
+    assert fast.codec == "none"
+    gz = transfer.choose_compression(sample, 12e6, False, 10**9, measure=lambda *a: (100e6, 3.0))
+    assert gz.codec == "gzip"

@@ -1,0 +1,227 @@
+"""Benchmark of ``eagle3ops push`` against the baseline ``docker save IMAGE | ssh HOST docker load`` (issue 8).
+
+Cases (each on sandbox hosts this script creates: own sshd + own dockerd, removed at the end):
+  P1  patch-only update: the host holds version N of a ≥1 GiB image; push N+1 that differs only in its top layer.
+  P2  cold push of the same image to an empty host: over loopback, and over a 100 Mbit/s link (a veth pair into a
+      network namespace this script creates, ``tc qdisc tbf rate 100mbit``; removed at the end).
+  P5  fan-out: 4 sandbox hosts, each behind its own 100 Mbit/s link (own namespace, address, sshd and dockerd),
+      at once vs 1 host.
+
+Bytes are counted at the SSH stream (what goes into the ssh client's stdin; for eagle3ops after compression, the
+link probe listed separately). Wall times are in-process (Python start-up of the CLI, ~0.4 s, not included for
+either side). Only loopback and the namespaces created here are used.
+
+The image (built locally, no registry): FROM scratch + a layer of CUDA libraries + a layer of Python packages
+(both copied from the ML venv: real content) + a small patch layer; version N+1 changes only the patch file.
+
+Usage (root): python benchmarks/push.py [--cases P1,P2,P2wan,P5] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from eagle3ops import sandbox, transfer
+
+VENV = Path("/opt/e3/venv-ml/lib/python3.11/site-packages")
+CUDA_DIRS = ["nvidia/cusparse", "nvidia/curand", "nvidia/cuda_nvrtc", "nvidia/nvjitlink", "nvidia/cuda_cupti"]
+PY_DIRS = ["transformers", "sympy", "numpy", "tokenizers", "jinja2", "yaml", "regex", "safetensors"]
+IMAGE = "e3ops-bench/real"
+CTX = Path("/var/tmp/e3ops-bench-ctx")
+RATE = "100mbit"
+
+
+def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), check=check, capture_output=True, text=True, **kw)
+
+
+# --- image ------------------------------------------------------------------------------------------------------
+def build_images() -> tuple[str, str]:
+    """Build ``IMAGE:n`` and ``IMAGE:n1`` (only the patch file differs). Returns the two tags."""
+    if CTX.exists():
+        shutil.rmtree(CTX)
+    (CTX / "cuda").mkdir(parents=True)
+    (CTX / "py").mkdir()
+    for d in CUDA_DIRS:
+        sh("cp", "-al", str(VENV / d), str(CTX / "cuda" / Path(d).name))
+    for d in PY_DIRS:
+        if (VENV / d).exists():
+            sh("cp", "-al", str(VENV / d), str(CTX / "py" / d))
+    (CTX / "Dockerfile").write_text("FROM scratch\nCOPY cuda /opt/cuda\nCOPY py /opt/py\nCOPY patch.txt /patch.txt\n")
+    tags = []
+    for v in ("n", "n1"):
+        (CTX / "patch.txt").write_text(f"patch version {v}\n")
+        t0 = time.monotonic()
+        sh("docker", "build", "-q", "-t", f"{IMAGE}:{v}", str(CTX), timeout=1800)
+        print(f"  built {IMAGE}:{v} in {time.monotonic() - t0:.0f}s", flush=True)
+        tags.append(f"{IMAGE}:{v}")
+    shutil.rmtree(CTX)
+    return tags[0], tags[1]
+
+
+# --- hosts ------------------------------------------------------------------------------------------------------
+class Netns:
+    """A namespace ``e3b<k>`` with a veth pair 10.231.<k>.1 (here) ↔ 10.231.<k>.2 (inside), rate-limited both ways."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.ns, self.here, self.there = f"e3b{k}", f"e3bh{k}", f"e3bn{k}"
+        self.addr = f"10.231.{k}.2"
+
+    def __enter__(self) -> Netns:
+        self.close()
+        sh("ip", "netns", "add", self.ns)
+        sh("ip", "link", "add", self.here, "type", "veth", "peer", "name", self.there)
+        sh("ip", "link", "set", self.there, "netns", self.ns)
+        sh("ip", "addr", "add", f"10.231.{self.k}.1/24", "dev", self.here)
+        sh("ip", "link", "set", self.here, "up")
+        sh("ip", "netns", "exec", self.ns, "ip", "addr", "add", f"{self.addr}/24", "dev", self.there)
+        sh("ip", "netns", "exec", self.ns, "ip", "link", "set", self.there, "up")
+        sh("ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up")
+        for prefix, dev in (([], self.here), (["ip", "netns", "exec", self.ns], self.there)):
+            sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", RATE, "burst", "32kbit",
+               "latency", "400ms")
+        return self
+
+    def close(self) -> None:
+        sh("ip", "link", "del", self.here, check=False)
+        sh("ip", "netns", "del", self.ns, check=False)
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def wipe(info: sandbox.SandboxInfo) -> None:
+    sh("docker", "-H", info.docker_host, "system", "prune", "-af", timeout=600)
+    left = sh("docker", "-H", info.docker_host, "image", "ls", "-aq").stdout.split()
+    assert not left, left
+
+
+# --- the two contenders -----------------------------------------------------------------------------------------
+def baseline(image: str, info: sandbox.SandboxInfo) -> dict:
+    """``docker save IMAGE | ssh HOST docker load``, bytes counted between the two."""
+    host = info.host_config()
+    t0 = time.monotonic()
+    save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+    ssh = subprocess.Popen(transfer.ssh_argv(host, ["docker", "-H", info.docker_host, "load"]),
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    n = 0
+    assert save.stdout is not None and ssh.stdin is not None
+    while chunk := save.stdout.read(1 << 20):
+        ssh.stdin.write(chunk)
+        n += len(chunk)
+    ssh.stdin.close()
+    out = ssh.stdout.read()
+    err = ssh.stderr.read()
+    assert save.wait() == 0 and ssh.wait(timeout=1800) == 0, err
+    dt = time.monotonic() - t0
+    want = transfer.inspect_local(image).id
+    got = sh("docker", "-H", info.docker_host, "image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+    assert got == want, (got, want)
+    return {"bytes": n, "s": dt}
+
+
+def ours(image: str, infos: list[sandbox.SandboxInfo], **opts) -> dict:
+    t0 = time.monotonic()
+    res = transfer.push_many(image, [i.host_config() for i in infos], options=transfer.PushOptions(**opts))
+    dt = time.monotonic() - t0
+    for r in res:
+        assert r.status == "ok", (r.host, r.status, r.reason)
+    return {"bytes": sum(r.bytes_sent for r in res), "probe": sum(r.probe_bytes for r in res), "s": dt,
+            "layers_sent": [r.layers_sent for r in res], "layer_bytes": sum(r.layer_bytes for r in res),
+            "compression": res[0].compression, "transport": res[0].transport,
+            "per_host_s": [round(r.wall_s, 1) for r in res],
+            "load_wait_s": [round(r.load_wait_s, 1) for r in res]}
+
+
+def fmt(b: float) -> str:
+    return f"{b / 1e6:,.1f} MB" if b >= 1e5 else f"{b / 1e3:,.1f} kB"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="P1,P2,P2wan,P5")
+    ap.add_argument("--keep", action="store_true", help="keep images and sandboxes")
+    a = ap.parse_args()
+    cases = set(a.cases.split(","))
+    report: dict[str, dict] = {}
+    print("building images", flush=True)
+    vn, vn1 = build_images()
+    img = transfer.inspect_local(vn1)
+    src = transfer.StoreLayerSource.open(img)
+    sizes = [src.layer_size(i) for i in range(len(img.diff_ids))]
+    print(f"image {vn1}: {img.size / 1e6:.0f} MB, layer tars {[round(s / 1e6, 3) for s in sizes]} MB", flush=True)
+    with ExitStack() as stack:
+        if cases & {"P1", "P2"}:
+            loop = sandbox.up("bench-loop", 2241)
+            if not a.keep:
+                stack.callback(sandbox.down, "bench-loop", True)
+        if "P1" in cases:
+            print("P1 patch-only update (loopback)", flush=True)
+            wipe(loop)
+            assert transfer.push(vn, loop.host_config()).status == "ok"
+            b = baseline(vn1, loop)
+            sh("docker", "-H", loop.docker_host, "image", "rm", vn1)
+            o = ours(vn1, [loop])
+            changed = sizes[-1]
+            report["P1"] = {"baseline": b, "eagle3ops": o, "changed_layer_bytes": changed,
+                            "bytes_target": 1.05 * changed + 2**20, "speedup": b["s"] / o["s"]}
+            print(f"  baseline {fmt(b['bytes'])} {b['s']:.2f}s | eagle3ops {fmt(o['bytes'])} {o['s']:.2f}s "
+                  f"(layers {o['layers_sent']}) | speed-up {b['s'] / o['s']:.1f}x, bytes {o['bytes']} vs target "
+                  f"<= {1.05 * changed + 2**20:.0f}", flush=True)
+        if "P2" in cases:
+            print("P2 cold push (loopback)", flush=True)
+            wipe(loop)
+            b = baseline(vn1, loop)
+            wipe(loop)
+            o = ours(vn1, [loop])
+            report["P2-loopback"] = {"baseline": b, "eagle3ops": o, "speed_ratio": b["s"] / o["s"]}
+            print(f"  baseline {fmt(b['bytes'])} {b['s']:.1f}s | eagle3ops {fmt(o['bytes'])} {o['s']:.1f}s "
+                  f"[{o['compression']}; load after stream {o['load_wait_s']}s] | speed ratio {b['s'] / o['s']:.2f}x",
+                      flush=True)
+        if cases & {"P2wan", "P5"}:
+            n = 4 if "P5" in cases else 1
+            wans = []
+            for k in range(1, n + 1):
+                ns = stack.enter_context(Netns(k))
+                info = sandbox.up(f"bench-wan{k}", 2222, listen=ns.addr, netns=ns.ns)
+                if not a.keep:
+                    stack.callback(sandbox.down, f"bench-wan{k}", True)
+                wans.append(info)
+            if "P2wan" in cases:
+                print(f"P2 cold push over {RATE}", flush=True)
+                wipe(wans[0])
+                b = baseline(vn1, wans[0])
+                wipe(wans[0])
+                o = ours(vn1, [wans[0]])
+                report["P2-100mbit"] = {"baseline": b, "eagle3ops": o, "speed_ratio": b["s"] / o["s"]}
+                print(f"  baseline {fmt(b['bytes'])} {b['s']:.1f}s | eagle3ops {fmt(o['bytes'])} {o['s']:.1f}s "
+                      f"[{o['compression']}; load after stream {o['load_wait_s']}s] | speed ratio {b['s'] / o['s']:.2f}x",
+                      flush=True)
+            if "P5" in cases:
+                print(f"P5 fan-out: 1 vs 4 hosts, each behind its own {RATE} link", flush=True)
+                for w in wans:
+                    wipe(w)
+                one = ours(vn1, wans[:1])
+                for w in wans:
+                    wipe(w)
+                four = ours(vn1, wans)
+                report["P5"] = {"one": one, "four": four, "ratio": four["s"] / one["s"]}
+                print(f"  1 host {one['s']:.1f}s ({fmt(one['bytes'])}) | 4 hosts {four['s']:.1f}s "
+                      f"({fmt(four['bytes'])}, per host {four['per_host_s']}) | ratio {four['s'] / one['s']:.2f} "
+                      f"(target <= 1.5)", flush=True)
+    if not a.keep:
+        sh("docker", "image", "rm", vn, vn1, check=False)
+    print(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
