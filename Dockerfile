@@ -41,12 +41,13 @@ RUN --mount=type=secret,id=ca --mount=type=cache,target=/root/.cache/pip \
     python3 -m pip install --no-deps --require-hashes -r "/tmp/req/pipeline-speculators-${SPECULATORS_VERSION}.lock" \
     && python3 -c "import importlib.metadata as m; v = m.version('speculators'); assert v == '${SPECULATORS_VERSION}', v; print('speculators', v)"
 
-# eagle3ops itself (no network: --no-deps, build backend from the base's setuptools).
-COPY pyproject.toml README.md* /opt/eagle3ops/src-tree/
-COPY src /opt/eagle3ops/src-tree/src
-RUN cd /opt/eagle3ops/src-tree && { [ -f README.md ] || echo "eagle3ops" > README.md; } \
-    && python3 -m pip install --no-deps --no-build-isolation --no-cache-dir . \
-    && rm -rf /opt/eagle3ops/src-tree \
+# eagle3ops itself (no network: --no-deps, build backend from the base's setuptools). The source is bind-mounted and
+# built in a temp dir removed in the same step, so no copy of it stays in a layer.
+RUN --mount=type=bind,source=src,target=/tmp/e3ctx/src --mount=type=bind,source=pyproject.toml,target=/tmp/e3ctx/pyproject.toml \
+    d=$(mktemp -d) && cp -r /tmp/e3ctx/src /tmp/e3ctx/pyproject.toml "$d"/ \
+    && echo "eagle3ops: see the project repository's README.md" > "$d/README.md" \
+    && python3 -m pip install --no-deps --no-build-isolation --no-cache-dir "$d" \
+    && rm -rf "$d" \
     && python3 -m eagle3ops --help > /dev/null
 
 # The patch series, applied strictly (pins checked, -p1, zero fuzz) and verified: each applied patch's behavioural

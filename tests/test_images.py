@@ -263,15 +263,14 @@ def test_no_ca_bundle_in_any_layer(tmp_path: Path, standin_base: str, ca: Path |
                                probes_module="eagle3ops.standin_probes")
     client = docker.from_env()
     try:
-        # the secret was really used: the build log of the extras step has the marker-free pip output; the secret
-        # path was mounted while pip ran (a build without it would not reach the index through the proxy)
-        hits, scanned = images.find_in_layers(built.tag, [marker, b"run/secrets/ca", b"ca-bundle.crt"])
+        hits, scanned = images.find_in_layers(built.tag, [marker], ["run/secrets/ca", "ca-bundle.crt"])
         n_layers = len(client.images.get(built.tag).attrs["RootFS"]["Layers"])
         assert scanned == n_layers and scanned >= 5
         assert hits == []
         # and the scanner does find a needle that is there (so an empty result means something)
-        found, _ = images.find_in_layers(built.tag, [b"X-Eagle3ops-Probe:"])
-        assert any("opt/eagle3ops/patches/speculators/0.3.0/" in h for h in found)
+        found, _ = images.find_in_layers(built.tag, [b"X-Eagle3ops-Probe:"], ["eagle3ops_patches/speculators.json"])
+        assert any("opt/eagle3ops/patches/speculators/0.3.0/" in h and "contains" in h for h in found)
+        assert any("path contains 'eagle3ops_patches/speculators.json'" in h for h in found)
     finally:
         client.images.remove(built.tag, force=True)
 
@@ -366,5 +365,24 @@ def test_real_pipeline_image(built_images) -> None:
     ca = images.default_ca_bundle()
     if ca is not None:
         needle = ca.read_bytes()[-4096:]  # the bundle's tail: the locally added (proxy) certificates
-        hits, scanned = images.find_in_layers(built.tag, [needle, b"run/secrets/ca"], skip_base=base)
+        hits, scanned = images.find_in_layers(built.tag, [needle], ["run/secrets/ca"], skip_base=base)
         assert scanned >= 4 and hits == []
+
+
+def test_serving_image_through_the_sdk(standin_base: str) -> None:
+    """The serving definition renders its jinja2 Dockerfile and builds through the docker SDK (no mounts needed):
+    env defaults set, the base's entrypoint (vllm serve) kept, labels and content tag as for the pipeline."""
+    import docker
+
+    built = images.build_image("serving", standin_base, None, None, quiet=True)
+    client = docker.from_env()
+    try:
+        assert re.match(r"^eagle3ops/serving:0\.16\.0-0\.3\.0-[0-9a-f]{12}$", built.tag)
+        assert built.tag == images.content_tag("serving", base_image=standin_base)
+        cfg = client.images.get(built.tag).attrs["Config"]
+        assert "VLLM_CPU_KVCACHE_SPACE=1" in cfg["Env"]
+        assert cfg["Entrypoint"] == ["vllm", "serve"]
+        assert cfg["Labels"]["io.eagle3ops.image"] == "eagle3ops/serving"
+        assert json.loads(cfg["Labels"]["io.eagle3ops.patches"]) == {}
+    finally:
+        client.images.remove(built.tag, force=True)

@@ -877,20 +877,20 @@ def list_images(runner: Runner | None = None, *, all_images: bool = False) -> li
     return sorted(result, key=lambda i: (i.tags or ["~"])[0])
 
 
-def find_in_layers(image: str, needles: Sequence[bytes], *, skip_base: str | None = None, client: Any = None,
-                   chunk: int = 1 << 22) -> tuple[list[str], int]:
-    """Search every file of every layer of ``docker save image`` for each needle (bytes or a file name).
+def find_in_layers(image: str, contents: Sequence[bytes] = (), names: Sequence[str] = (), *,
+                   skip_base: str | None = None, client: Any = None, chunk: int = 1 << 22) -> tuple[list[str], int]:
+    """Search every layer of ``docker save image`` for files whose bytes contain one of ``contents`` or whose path
+    contains one of ``names``.
 
-    Layers are streamed one at a time from a temporary ``docker save`` archive; file contents are scanned in
-    ``chunk``-sized pieces with an overlap, so a needle across a chunk boundary is still found. A needle also
-    matches a member whose path contains it (for file names such as ``run/secrets/ca``).
+    Layers are streamed one at a time from a temporary ``docker save`` archive; file contents are read in
+    ``chunk``-sized pieces with an overlap, so a needle across a chunk boundary is still found.
 
     Args:
         skip_base: an image whose layers (by diff id) are left out, e.g. the base when only the layers a build
             added matter.
 
     Returns:
-        (hits as ``"<layer>:<path>: <needle>"``, number of layers scanned).
+        (hits as ``"<layer>:<path>: ..."``, number of layers scanned).
     """
     import tarfile
 
@@ -899,7 +899,7 @@ def find_in_layers(image: str, needles: Sequence[bytes], *, skip_base: str | Non
     if skip_base:
         skip = set(client.images.get(skip_base).attrs["RootFS"]["Layers"])
     hits: list[str] = []
-    overlap = max(len(n) for n in needles) - 1
+    overlap = max((len(n) for n in contents), default=1) - 1
     scanned = 0
     with tempfile.TemporaryFile(dir="/var/tmp") as f:
         for piece in client.images.get(image).save(named=False):
@@ -916,22 +916,15 @@ def find_in_layers(image: str, needles: Sequence[bytes], *, skip_base: str | Non
                 assert lf is not None
                 with tarfile.open(fileobj=lf, mode="r|*") as inner:
                     for m in inner:
-                        for n in needles:
-                            if n.decode(errors="replace") in m.name:
-                                hits.append(f"{layer}:{m.name}: name contains {n!r}")
-                        if not m.isfile():
+                        hits.extend(f"{layer}:{m.name}: path contains {n!r}" for n in names if n in m.name)
+                        if not m.isfile() or not contents:
                             continue
                         fo = inner.extractfile(m)
                         assert fo is not None
                         tail = b""
-                        while True:
-                            data = fo.read(chunk)
-                            if not data:
-                                break
+                        while data := fo.read(chunk):
                             window = tail + data
-                            for n in needles:
-                                if n in window:
-                                    hits.append(f"{layer}:{m.name}: contains {n[:40]!r}")
+                            hits.extend(f"{layer}:{m.name}: contains {n[:40]!r}" for n in contents if n in window)
                             tail = window[-overlap:] if overlap > 0 else b""
     return sorted(set(hits)), scanned
 
