@@ -88,14 +88,17 @@ def _summary(result: dict[str, Any]) -> None:
     Console().print(t)
 
 
-def _deployed(r) -> dict[str, Any]:
+def _deployed(r, required: bool = True) -> dict[str, Any]:
+    """The host's ``deployed.json`` (image tag and id); a placeholder in dry runs of a never-deployed host."""
     from eagle3ops.commands import host as hc
     from eagle3ops.window import paths
 
     out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False)
-    if not out.stdout.strip():
+    if out.stdout.strip():
+        return json.loads(out.stdout)
+    if required:
         _fail(f"{r.host.name}: no pipeline image deployed yet; run `eagle3ops deploy {r.host.name}` first")
-    return json.loads(out.stdout)
+    return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
 
 
 def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
@@ -103,8 +106,7 @@ def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, 
 
     command = "eagle3ops " + " ".join(sys.argv[1:])
     with _remote(host, dry_run) as r:
-        dep = _deployed(r) if not dry_run else (_deployed(r) if host.pipeline_image is None else
-                                                 {"image": host.pipeline_image, "image_id": None})
+        dep = _deployed(r, required=not (dry_run or host.pipeline_image))
         try:
             result = run_window(r, kind=kind, image=host.pipeline_image or dep["image"],
                                 expected_image_id=dep.get("image_id"), command=command,

@@ -22,7 +22,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
-from eagle3ops.remote import Remote, RemoteError
+from eagle3ops.remote import Remote, RemoteError, render
 from eagle3ops.supervisor import HealthCheck, Plan, StageStep
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
@@ -176,8 +176,9 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("pipeline image", True, got_id[:19])
     m = r.run(hc.test_dir(h.model_path), check=False, mutates=False)
     pf.add("model path", m.ok, h.model_path if m.ok else f"{h.model_path} is not a directory on the host")
-    r.run(hc.mkdir_p(h.data_dir), check=False, mutates=False)
-    df = r.run(hc.free_bytes(h.data_dir), check=False, mutates=False)
+    has_data_dir = r.run(hc.test_dir(h.data_dir), check=False, mutates=False).ok
+    # df on the data dir, or on the state dir's filesystem while the data dir does not exist yet (created at launch).
+    df = r.run(hc.free_bytes(h.data_dir if has_data_dir else "/"), check=False, mutates=False)
     if df.ok:
         free = hc.parse_df_free_bytes(df.stdout)
         need = need_bytes + int(h.min_free_gib * 2**30)
@@ -217,9 +218,32 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
                 to_release=to_release, gpus=h.gpus)
 
 
+def supervisor_commands(h: HostConfig, plan: Plan) -> list[list[str]]:
+    """What the host-side supervisor will do, as equivalent ``docker`` argv lists (for ``--dry-run``).
+
+    The supervisor uses the docker SDK, not the CLI; these are the CLI commands with the same effect.
+    """
+    cmds: list[list[str]] = []
+    if plan.kind == "window":
+        cmds.append(dk.docker(h, "stop", "--time", str(plan.stop_timeout_s), plan.serving_container))
+        for step in plan.stages:
+            cmds.append(sv.run_argv(h, {**step.spec, "restart_policy": {}}))
+        cmds.append(dk.docker(h, "start", plan.serving_container))
+    else:
+        spec = plan.new_spec if plan.kind == "release" else {"image": f"<image of release {plan.to_release}>",
+                                                             "name": plan.serving_container, "command": []}
+        cmds.append(dk.rm(h, plan.serving_container, force=True))
+        cmds.append(sv.run_argv(h, spec))
+    port = plan.health.port
+    cmds.append(["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
+                 f"POST http://127.0.0.1:{port}/v1/completions"])
+    return cmds
+
+
 def launch(r: Remote, plan: Plan, image: str) -> None:
     """Write the plan on the host and start the detached supervisor container."""
     p = paths(r.host, plan.window_id)
+    r.run(hc.mkdir_p(r.host.data_dir))
     r.run(hc.mkdir_p(p["window"]))
     r.run(hc.write_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
     r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
@@ -297,6 +321,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         PreflightFailed: a check failed (nothing stopped; lock released; audit entry written).
     """
     window_id = new_window_id(kind)
+    if r.dry_run and read_lock(r):
+        raise LockHeld(describe_lock(r))
     acquire_lock(r, window_id, command, message)
     try:
         pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
@@ -317,7 +343,16 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                              "window": window_id, "outcome": "not started", "error": str(exc)[-500:]})
         raise
     if r.dry_run:
-        return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history)}
+        on_host = supervisor_commands(r.host, plan)
+        if r.echo:
+            r.echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
+            for argv in on_host:
+                r.echo("#   " + render(argv))
+        if not pf.ok:
+            raise PreflightFailed(f"{r.host.name}: preflight would fail, so a real run would stop before anything "
+                                  f"is stopped:\n{pf.failures()}")
+        return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history),
+                "supervisor_commands": on_host}
     result = watch(r, window_id, on_event=on_event)
     warn = cleanup_supervisor(r, window_id)
     if warn:
