@@ -44,9 +44,21 @@ def push_image(tag: str, h: HostConfig) -> str:
     Raises:
         DeployError: the push failed; the message carries the transfer's reason.
     """
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
     from eagle3ops import transfer
 
-    res = transfer.push(tag, h)
+    with Progress(TextColumn(f"push {h.name}"), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("layer inventory", total=None)
+
+        def on_progress(p: transfer.Progress) -> None:
+            desc = {"send": f"layer {p.layer}" if p.layer is not None else "metadata", "load": "docker load",
+                    "verify": "verify image id"}.get(p.phase, p.phase)
+            bar.update(task, description=desc, completed=p.done, total=p.total or None)
+
+        res = transfer.push(tag, h, on_progress=on_progress)
     if not res.ok:
         raise DeployError(f"pushing {tag} to {h.name} failed: {res.reason}")
     if res.status != "ok":
