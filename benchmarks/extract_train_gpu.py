@@ -32,6 +32,7 @@ SHAPE = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_h
              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
              rms_norm_eps=1e-5, tie_word_embeddings=False)
 DRAFT_VOCAB = 32000
+TRAIN_TIMEOUT_S = int(os.environ.get("E3GPU_TRAIN_TIMEOUT_S", "200"))
 if os.environ.get("E3GPU_SMOKE"):  # a CPU rehearsal of the same flow at tiny shapes
     SHAPE.update(vocab_size=4096, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
     DRAFT_VOCAB = 1024
@@ -108,13 +109,20 @@ def gpu(dirpath: Path, out: Path) -> None:
     shutil.copytree(dirpath / "run", base)
     figures["extract"] = {k: v for k, v in run_extract(base, load_pipeline_config(base)).items()
                           if k != "samples_index"}
+    (out / "figures.json").write_text(json.dumps(figures, indent=1))
     for variant, compile_ in (("eager", False),) if smoke else (("eager", False), ("compiled", True)):
         run = work / variant
         shutil.copytree(base, run)
         steps = json.loads((run / "pipeline.yaml").read_text())["train"]["steps"]
         (run / "pipeline.yaml").write_text(pipeline_yaml(steps, compile_))
-        r = subprocess.run([sys.executable, "-c", "from eagle3ops.stages.cli import app; app()", "train",
-                            "--run-dir", str(run)], capture_output=True, text=True)
+        try:
+            r = subprocess.run([sys.executable, "-c", "from eagle3ops.stages.cli import app; app()", "train",
+                                "--run-dir", str(run)], capture_output=True, text=True, timeout=TRAIN_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            figures[f"train_{variant}"] = {"failed": f"timed out after {TRAIN_TIMEOUT_S} s",
+                                           "stdout": str(exc.stdout or "")[-1500:]}
+            (out / "figures.json").write_text(json.dumps(figures, indent=1))
+            continue
         print(r.stdout[-4000:], r.stderr[-4000:], flush=True)
         if r.returncode == 0:
             m = json.loads((run / "train/manifest.json").read_text())
@@ -125,6 +133,7 @@ def gpu(dirpath: Path, out: Path) -> None:
             shutil.copy(run / "train/metrics.jsonl", out / f"metrics_{variant}.jsonl")
         else:
             figures[f"train_{variant}"] = {"failed": r.stderr[-2000:]}
+        (out / "figures.json").write_text(json.dumps(figures, indent=1))
     (out / "figures.json").write_text(json.dumps(figures, indent=1))
     print(json.dumps(figures, indent=1))
 

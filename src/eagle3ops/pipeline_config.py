@@ -121,8 +121,13 @@ class TrainConfig(_Strict):
     checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every this many steps.")
     keep_checkpoints: int = Field(2, ge=1, description="Resumable checkpoints kept (older ones are deleted).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` = cuda when available, else cpu.")
-    compile: bool = Field(
-        False, description="Keep speculators' torch.compile of the draft forward (faster on GPU, slow to start)."
+    compile: bool | None = Field(
+        None,
+        description=(
+            "torch.compile the draft forward (speculators' default). Default: on for cuda, off for cpu. Measured on "
+            "an H200 (hidden 4096, 4k-token batches): compiled 1.11 steps/s and 16.5 GB peak, eager 0.90 steps/s and "
+            "62 GB (eager flex attention materializes the scores); compiling costs a minute or two at start."
+        ),
     )
     noise_std: float = Field(0.0, ge=0, description="Uniform noise added to aux hidden states (0 = none).")
 

@@ -379,7 +379,7 @@ def test_train_final_checkpoint_format(tmp_path, trained_base):
     sd = load_file(final / "model.safetensors")
     assert sd["fc.weight"].shape == (128, 384) and sd["lm_head.weight"].shape == (256, 128)
     assert sd["d2t"].shape == (256,) and sd["t2d"].shape == (2048,) and "verifier_lm_head.weight" not in sd
-    assert sd["fc.weight"].dtype == torch.bfloat16
+    assert sd["fc.weight"].dtype == torch.bfloat16 and conf["dtype"] == "bfloat16"
 
 
 VLLM_LOAD = r"""

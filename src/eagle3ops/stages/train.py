@@ -30,7 +30,8 @@ accuracy metrics), ``Eagle3SampleFileDataset`` + ``standardize_data_v1`` + ``shi
 - **Step-based, CPU-capable checkpoints.** 0.3.0's ``SingleGPUCheckpointer`` saves per epoch and loads with
   ``map_location="cuda:0"``; here checkpoints are per ``checkpoint_every`` steps, load on any device and store
   RNG state and data position, so a killed run resumes where it stopped.
-- ``torch.compile`` of the forward is optional (``train.compile``; off = eager, which also runs on CPU).
+- ``torch.compile`` of the forward follows ``train.compile`` (default: on for cuda, off for cpu, where eager is
+  what runs in reasonable time).
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def run_train(
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     # speculators decorates the draft forward with @torch.compile; train.compile decides whether it compiles.
-    torch._dynamo.config.disable = not tc.compile
+    use_compile = tc.compile if tc.compile is not None else device == "cuda"
+    torch._dynamo.config.disable = not use_compile
 
     d2t = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "d2t.npy"))
     t2d = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "t2d.npy"))
@@ -302,6 +304,11 @@ def run_train(
     sd = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).cpu()
           for k, v in model.state_dict().items()}
     model.save_pretrained(final, state_dict=sd)
+    # save_pretrained labels the config with the parameters' dtype (fp32 in training); the weights are bf16.
+    conf_path = final / "config.json"
+    conf = json.loads(conf_path.read_text())
+    conf["dtype"] = "bfloat16"
+    atomic_write_text(conf_path, json.dumps(conf, indent=2, sort_keys=True) + "\n")
     final_files = {f"final/{p.name}": file_entry(p) for p in sorted(final.iterdir()) if p.is_file()}
     with open(metrics_path, encoding="utf-8") as mf:
         history = [json.loads(line) for line in mf if line.strip()]
@@ -316,7 +323,7 @@ def run_train(
         "steps_this_run": ran,
         "resumed_from_step": first_step,
         "device": device if device == "cpu" else f"cuda ({torch.cuda.get_device_name(0)})",
-        "compile": tc.compile,
+        "compile": use_compile,
         "steps_per_s": round(ran / loop_s, 4) if ran and loop_s > 0 else None,  # checkpoint saves included
         "peak_memory_bytes": _peak_memory_bytes(device),
         "peak_memory_kind": "torch.cuda.max_memory_allocated" if device == "cuda" else "process max RSS",
