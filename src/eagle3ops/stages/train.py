@@ -72,6 +72,11 @@ def build_draft_config(config: PipelineConfig, aux_layer_ids: list[int], draft_v
 
     t = target_text_config(config.target_model)
     heads = t.num_attention_heads
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // heads
+    if getattr(t, "kv_lora_rank", None):
+        # MLA targets (DeepSeek-V2/V3, Kimi-K2.5): their `head_dim` is the rope part of a query head, not a
+        # width for the draft's plain attention; use hidden_size // heads.
+        head_dim = t.hidden_size // heads
     layer_cfg = LlamaConfig(
         vocab_size=t.vocab_size,
         hidden_size=t.hidden_size,
@@ -79,7 +84,7 @@ def build_draft_config(config: PipelineConfig, aux_layer_ids: list[int], draft_v
         num_hidden_layers=config.train.num_layers,
         num_attention_heads=heads,
         num_key_value_heads=getattr(t, "num_key_value_heads", heads) or heads,
-        head_dim=getattr(t, "head_dim", None) or t.hidden_size // heads,
+        head_dim=head_dim,
         hidden_act=getattr(t, "hidden_act", "silu"),
         max_position_embeddings=t.max_position_embeddings,
         rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6),
