@@ -80,7 +80,16 @@ class ExtractConfig(_Strict):
             "on the same layers (slow, one device; for hosts without vLLM and for checking vLLM's numbers)."
         ),
     )
-    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel size (GPUs of the host to use).")
+    tensor_parallel_size: int | Literal["auto"] = Field(
+        "auto", description="vLLM tensor parallel size; `auto` = every GPU the stage container sees (1 on CPU)."
+    )
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _tp(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be >= 1 or `auto`, got {value}")
+        return value
     batch_size: int = Field(16, ge=1, description="Sequences handed to the generator per call.")
     max_model_len: int | None = Field(
         None, ge=32, description="vLLM max_model_len; default prepare.max_seq_len + 1 (one decode slot)."

@@ -128,16 +128,31 @@ class TransformersEngine:
         return results
 
 
+def resolve_tp(config: PipelineConfig) -> int:
+    """``extract.tensor_parallel_size``, with ``auto`` = the number of visible CUDA devices (1 without any)."""
+    tp = config.extract.tensor_parallel_size
+    if tp == "auto":
+        import torch
+
+        return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+    return int(tp)
+
+
 def make_vllm_generator(config: PipelineConfig, layer_ids: list[int]) -> Any:
     """speculators' ``VllmHiddenStatesGenerator`` (patched) for the target, capturing ``layer_ids``."""
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
+    import torch
+
+    if not torch.cuda.is_available() and getattr(target_text_config(config.target_model), "kv_lora_rank", None):
+        # vLLM 0.16 CPU: "MLA is not supported on CPU" unless MLA is expanded to per-head attention (FACTS.md).
+        os.environ.setdefault("VLLM_MLA_DISABLE", "1")
     return VllmHiddenStatesGenerator(
         model_path=config.target_model,
         layer_ids=layer_ids,
         max_model_len=config.effective_max_model_len(),
         gpu_memory_utilization=config.extract.gpu_memory_utilization,
-        tensor_parallel_size=config.extract.tensor_parallel_size,
+        tensor_parallel_size=resolve_tp(config),
     )
 
 
@@ -282,7 +297,7 @@ def run_extract(
         "hidden_bytes": tokens * len(layer_ids) * hidden_size * BYTES_PER_VALUE,
         "file_bytes": sum(r["bytes"] for r in recs),
         "engine": "transformers" if config.extract.engine == "transformers" else "vllm",
-        "tensor_parallel_size": config.extract.tensor_parallel_size,
+        "tensor_parallel_size": resolve_tp(config) if config.extract.engine == "vllm" else 1,
         "samples_this_run": len(todo),
         "generate_s": round(gen_s, 3),
         "generate_tokens_per_s": round(gen_tokens / gen_s, 1) if gen_s > 0 else None,
