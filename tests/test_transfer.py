@@ -439,3 +439,9 @@ def test_choose_compression_by_measurement():
     assert fast.codec == "none"
     gz = transfer.choose_compression(sample, 12e6, False, 10**9, measure=lambda *a: (100e6, 3.0))
     assert gz.codec == "gzip"
+
+
+def test_wrong_docker_endpoint_is_reported(sbx, images):
+    host = sbx.host_config(docker_host="unix:///nonexistent/docker.sock")
+    r = transfer.push(images["v1"], host, options=PushOptions(attempts=1))
+    assert r.status == "failed" and "does not answer `docker info`" in r.reason and "docker_host" in r.reason

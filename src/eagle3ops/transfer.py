@@ -686,11 +686,21 @@ def _docker(host, *args: str) -> list[str]:
     return ["docker"] + (["-H", host.docker_host] if host.docker_host else []) + list(args)
 
 
+#: The host inventory in one round trip: ``docker info`` as JSON, a separator line, then id, diff ids and labels
+#: of every image. The docker command (``docker -H ENDPOINT``) comes in as positional arguments ("$@"), so the
+#: script is a constant and the argv is rendered (quoted) once like every other command.
+_INVENTORY_SCRIPT = (
+    '"$@" info --format "{{json .}}" || exit 97; echo "--eagle3ops--"; '
+    '"$@" image ls -a -q --no-trunc | sort -u | '
+    'xargs -r -n 200 "$@" image inspect --format "{{.Id}}\t{{json .RootFS.Layers}}\t{{json .Config.Labels}}"'
+)
+
+
 def inspect_host(remote) -> HostStore:
     """Ask a host which image store it runs and which layers (as chain ids) it holds.
 
-    Three commands: ``docker info``, ``docker image ls -a -q --no-trunc`` and one ``docker image inspect`` per 200
-    images (id, ``RootFS.Layers`` and the scaffold label).
+    One SSH command (:data:`_INVENTORY_SCRIPT`): ``docker info``, then ``docker image inspect`` of every image
+    (id, ``RootFS.Layers`` and the scaffold label).
 
     Args:
         remote: an :class:`eagle3ops.remote.Remote`.
@@ -699,24 +709,30 @@ def inspect_host(remote) -> HostStore:
         eagle3ops.remote.RemoteError: the host or its engine does not answer.
     """
     host = remote.host
-    info = json.loads(remote.run(_docker(host, "info", "--format", "{{json .}}"), timeout=60, mutates=False).stdout)
+    # check=False: an image deleted between `ls` and `inspect` makes inspect exit 1 but print all the others.
+    r = remote.run(["sh", "-c", _INVENTORY_SCRIPT, "eagle3ops-inventory", *_docker(host)], timeout=120,
+                   mutates=False, check=False)
+    head, sep, rest = r.stdout.partition("--eagle3ops--\n")
+    if r.exited == 97 or not sep:
+        raise TransferError(f"{host.name}: the Docker engine at {host.docker_host or 'the default socket'} does not "
+                            f"answer `docker info` as {host.user or 'the SSH user'}: {r.stderr.strip()[-300:]} "
+                            f"(check docker_host in the inventory and that the user may use the socket)")
+    info = json.loads(head)
     kind = "containerd" if _is_containerd_store(info) else "classic"
-    ids = sorted(set(remote.run(_docker(host, "image", "ls", "-a", "-q", "--no-trunc"), timeout=60,
-                                mutates=False).stdout.split()))
+    ids: set[str] = set()
     chains: set[str] = set()
     scaffolds: dict[str, str] = {}
-    fmt = "{{.Id}}\t{{json .RootFS.Layers}}\t{{json .Config.Labels}}"
-    for k in range(0, len(ids), 200):
-        out = remote.run(_docker(host, "image", "inspect", "--format", fmt, *ids[k:k + 200]),
-                         timeout=120, mutates=False, check=False).stdout
-        for line in out.splitlines():
-            iid, _, rest = line.strip().partition("\t")
-            layers, _, labels = rest.partition("\t")
-            if layers and layers != "null":
-                chains.update(chain_ids(json.loads(layers)))
-            target = (json.loads(labels) or {}).get(SCAFFOLD_LABEL) if labels and labels != "null" else None
-            if target:
-                scaffolds[iid] = target
+    for line in rest.splitlines():
+        iid, _, tail = line.strip().partition("\t")
+        if not iid:
+            continue
+        ids.add(iid)
+        layers, _, labels = tail.partition("\t")
+        if layers and layers != "null":
+            chains.update(chain_ids(json.loads(layers)))
+        target = (json.loads(labels) or {}).get(SCAFFOLD_LABEL) if labels and labels != "null" else None
+        if target:
+            scaffolds[iid] = target
     return HostStore(kind=kind, driver=str(info.get("Driver")), server_version=str(info.get("ServerVersion")),
                      chain_ids=frozenset(chains), image_ids=frozenset(ids), scaffolds=scaffolds)
 
