@@ -37,16 +37,27 @@ def _event(ev: dict[str, Any]) -> None:
     _print_event(ev)
 
 
-def serving_healthy(h: HostConfig, timeout: float = 5.0) -> bool:
-    """True when the sandbox's server answers /health 200 and lists its model (the sandbox shares our loopback)."""
+def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = False) -> bool:
+    """True when the sandbox's server answers /health 200 and lists its model (the sandbox shares our loopback).
+
+    With ``completion``, one sampled completion must also succeed (what the supervisor's health gate asks).
+    """
     base = f"http://127.0.0.1:{h.serving.port}"
     try:
         with urllib.request.urlopen(base + "/health", timeout=timeout) as r:
             if r.status != 200:
                 return False
         with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as r:
-            return h.serving.served_model_name in [m["id"] for m in json.load(r)["data"]]
-    except OSError:
+            if h.serving.served_model_name not in [m["id"] for m in json.load(r)["data"]]:
+                return False
+        if completion:
+            body = json.dumps({"model": h.serving.served_model_name, "prompt": "Hello", "max_tokens": 4}).encode()
+            req = urllib.request.Request(base + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=max(timeout, 120)) as r:
+                return bool(json.load(r).get("choices"))
+        return True
+    except (OSError, ValueError, KeyError):
         return False
 
 
@@ -87,7 +98,7 @@ def start_serving(h: HostConfig) -> float:
     with Remote(h) as r:
         state = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container),
                       check=False, mutates=False).stdout.strip()
-        if state == "running" and serving_healthy(h):
+        if state == "running" and serving_healthy(h, completion=True):
             console.print("production serving already running and healthy")
             return 0.0
         if state:
@@ -95,7 +106,7 @@ def start_serving(h: HostConfig) -> float:
         t0 = time.monotonic()
         r.run(sv.run_argv(h, sv.container_spec(h, release=1)))
         while time.monotonic() - t0 < h.serving.health_timeout_s:
-            if serving_healthy(h):
+            if serving_healthy(h, completion=True):
                 return time.monotonic() - t0
             st = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}} {{.RestartCount}}",
                                  h.serving.container), check=False, mutates=False).stdout.split()
@@ -174,7 +185,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
             figures.append(("rollback", f"{rb['outcome']} → release {rb['release']}, {rb['wall_s']} s"))
             ok &= rel["outcome"] == "ok" and rb["outcome"] == "ok" and rb["release"] == prev
 
-    healthy = serving_healthy(h)
+    healthy = serving_healthy(h, completion=True)
     figures.append(("serving healthy at the end", str(healthy)))
     figures.append(("demo wall time", f"{time.monotonic() - t_start:.1f} s"))
     table = Table(title="eagle3ops demo: measured figures")
