@@ -49,5 +49,5 @@ def deployed(sandbox_host, built_images):
     demo.build_tiny_model(built.tag, sandbox_host.model_path)
     demo.start_serving(sandbox_host)
     dep = deployer.deploy(sandbox_host, base_image=base, echo=lambda *_: None)
-    assert demo.serving_healthy(sandbox_host)
+    assert demo.serving_healthy(sandbox_host, completion=True)
     return sandbox_host, dep

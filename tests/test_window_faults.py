@@ -45,7 +45,7 @@ def _serving_started_at(h) -> str:
 
 
 def _assert_serving_back(h, window_id: str | None, outcome: str):
-    assert demo.serving_healthy(h, timeout=10), "serving must be healthy after every fault"
+    assert demo.serving_healthy(h, timeout=10, completion=True), "serving must be healthy after every fault"
     with Remote(h) as r:
         assert read_lock(r) is None, "the lock must be released"
         audit = audit_entries(r)
