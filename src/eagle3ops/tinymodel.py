@@ -33,7 +33,7 @@ import textwrap
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["KINDS", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "build_tiny_model", "main"]
+__all__ = ["CHAT_TEMPLATE", "KINDS", "SPECIAL_TOKENS", "build_tiny_model", "main"]
 
 Kind = Literal["llama", "llama-remote-code", "deepseek-v3"]
 KINDS: tuple[str, ...] = ("llama", "llama-remote-code", "deepseek-v3")
@@ -63,20 +63,25 @@ CHAT_TEMPLATE = (
 )
 
 _WORDS = (
-    "the a an one two three model draft head target token layer hidden state speculative decoding "
-    "server host image patch series hunk fuzz digest window lock journal release inventory vector "
-    "matrix batch prefill decode cache block scheduler request sequence prompt answer question user "
-    "assistant system message train epoch loss mask accuracy acceptance length rate fast slow small "
-    "large quick brown fox jumps over lazy dog river mountain forest city street house garden water "
-    "fire earth wind light dark morning evening night day week month year time people child teacher "
-    "student book paper letter number word sentence language code python function class method value "
-    "error warning result output input file folder path network socket packet bytes memory disk cpu "
-    "gpu kernel thread process signal timeout retry check verify apply build ship deploy run stop "
-    "start restore health gate probe extract vocab prepare is are was were be been has have had do "
-    "does did will would can could should may might must and or but if then else when while for with "
-    "without from into onto about above below under between after before during because so than "
-    "very more most less least many much few some any every each all no not only also just still"
-).split()
+    "the", "a", "an", "one", "two", "three", "model", "draft", "head", "target", "token", "layer", "hidden",
+    "state", "speculative", "decoding", "server", "host", "image", "patch", "series", "hunk", "fuzz", "digest",
+    "window", "lock", "journal", "release", "inventory", "vector", "matrix", "batch", "prefill", "decode",
+    "cache", "block", "scheduler", "request", "sequence", "prompt", "answer", "question", "user", "assistant",
+    "system", "message", "train", "epoch", "loss", "mask", "accuracy", "acceptance", "length", "rate", "fast",
+    "slow", "small", "large", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "river", "mountain",
+    "forest", "city", "street", "house", "garden", "water", "fire", "earth", "wind", "light", "dark", "morning",
+    "evening", "night", "day", "week", "month", "year", "time", "people", "child", "teacher", "student", "book",
+    "paper", "letter", "number", "word", "sentence", "language", "code", "python", "function", "class",
+    "method", "value", "error", "warning", "result", "output", "input", "file", "folder", "path", "network",
+    "socket", "packet", "bytes", "memory", "disk", "cpu", "gpu", "kernel", "thread", "process", "signal",
+    "timeout", "retry", "check", "verify", "apply", "build", "ship", "deploy", "run", "stop", "start",
+    "restore", "health", "gate", "probe", "extract", "vocab", "prepare", "is", "are", "was", "were", "be",
+    "been", "has", "have", "had", "do", "does", "did", "will", "would", "can", "could", "should", "may",
+    "might", "must", "and", "or", "but", "if", "then", "else", "when", "while", "for", "with", "without",
+    "from", "into", "onto", "about", "above", "below", "under", "between", "after", "before", "during",
+    "because", "so", "than", "very", "more", "most", "less", "least", "many", "much", "few", "some", "any",
+    "every", "each", "all", "no", "not", "only", "also", "just", "still"
+)
 
 
 def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
@@ -226,11 +231,22 @@ REMOTE_TOKENIZER_SOURCE = textwrap.dedent(
 ).lstrip()
 
 
+def _byte_chars() -> dict[int, str]:
+    """GPT-2 byte -> printable character map; the same function ships in ``tokenization_tiny.py``."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
 def _write_remote_tokenizer(out: Path) -> None:
     """Write ``tokenization_tiny.py``, its vocab and a tokenizer_config whose auto_map needs remote code."""
-    ns: dict = {}
-    exec(compile(REMOTE_TOKENIZER_SOURCE.split("class TinyTokenizer")[0], "tokenization_tiny", "exec"), ns)
-    byte_chars = ns["_byte_chars"]()
+    byte_chars = _byte_chars()
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for b in range(256):
         vocab[byte_chars[b]] = len(SPECIAL_TOKENS) + b

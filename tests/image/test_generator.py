@@ -17,16 +17,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def llama():
-    eng = probes._engine("llama-remote-code")  # noqa: SLF001 - the shared engine
+    eng = probes._engine("llama-remote-code")
     yield eng
     probes.shutdown()
 
 
 def test_same_prompt_same_states_alone_or_chunked_deep_in_a_large_batch(llama):
     gen = llama.generator
-    target = probes._random_sequences(1, 450, 450, seed=11)[0]  # noqa: SLF001
+    target = probes._random_sequences(1, 450, 450, seed=11)[0]
     alone = gen.generate([target])[0]["hidden_states"]
-    batch = probes._random_sequences(44, 100, 400, seed=12)  # noqa: SLF001
+    batch = probes._random_sequences(44, 100, 400, seed=12)
     batch.insert(37, target)  # past max_num_seqs (32); split over several 256-token steps
     res = gen.generate(batch)
     assert [r["input_ids"].tolist() for r in res] == batch
@@ -45,7 +45,7 @@ def test_results_in_input_order_for_any_batch_size(llama):
 
 
 def test_llama_states_within_dense_tolerance_per_quantile(llama):
-    seqs = probes._random_sequences(12, 50, 500, seed=13)  # noqa: SLF001
+    seqs = probes._random_sequences(12, 50, 500, seed=13)
     res = llama.generator.generate(seqs)
     stats = probes.hidden_state_errors(res, probes.reference_layer_states(llama.model_dir, seqs, probes.LLAMA_LAYERS))
     print("llama bf16 vs fp32 reference:", stats)
@@ -54,7 +54,7 @@ def test_llama_states_within_dense_tolerance_per_quantile(llama):
 
 
 def test_tolerance_check_rejects_states_of_another_sequence(llama):
-    seqs = probes._random_sequences(6, 60, 60, seed=14)  # noqa: SLF001 - equal lengths: shapes cannot tell
+    seqs = probes._random_sequences(6, 60, 60, seed=14)
     res = llama.generator.generate(seqs)
     refs = probes.reference_layer_states(llama.model_dir, seqs, probes.LLAMA_LAYERS)
     probes.hidden_state_errors(res, refs).check(probes.DENSE_TOLERANCE, "aligned")
@@ -69,9 +69,9 @@ def test_tolerance_check_rejects_states_of_another_sequence(llama):
 
 
 def test_deepseek_v3_states_within_moe_tolerance_per_quantile():
-    eng = probes._engine("deepseek-v3")  # noqa: SLF001
+    eng = probes._engine("deepseek-v3")
     try:
-        seqs = probes._random_sequences(16, 30, 500, seed=15)  # noqa: SLF001
+        seqs = probes._random_sequences(16, 30, 500, seed=15)
         res = eng.generator.generate(seqs)
         stats = probes.hidden_state_errors(
             res, probes.reference_layer_states(eng.model_dir, seqs, probes.DEEPSEEK_LAYERS)

@@ -58,7 +58,7 @@ def _series_names(d: Path) -> list[str]:
 def test_every_series_probe_is_registered():
     names = set()
     for patch in sorted(PATCHES.glob("*/*.patch")):
-        m = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)\s*$", patch.read_text(), re.M)
+        m = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)\s*$", patch.read_text(), re.MULTILINE)
         assert m, f"{patch}: no X-Eagle3ops-Probe field"
         names.add(m.group(1))
     assert names, "no patches found"
@@ -122,7 +122,7 @@ _RUNNER = textwrap.dedent(
 
 
 def _probe_of(patch: Path) -> str:
-    m = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)\s*$", patch.read_text(), re.M)
+    m = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)\s*$", patch.read_text(), re.MULTILINE)
     assert m, patch
     return m.group(1)
 
@@ -146,7 +146,7 @@ def _tree_without(tmp_path: Path, probe: str) -> Path:
         for name in reversed(drop):
             r = subprocess.run(
                 ["patch", "-p1", "-R", "--fuzz=0", "--no-backup-if-mismatch", "-d", str(root), "-i", str(series / name)],
-                capture_output=True, text=True,
+                check=False, capture_output=True, text=True,
             )
             if r.returncode != 0:
                 break
@@ -159,7 +159,7 @@ def _run_probe_in(tree: Path, probe: str, tmp_path: Path) -> subprocess.Complete
     script = tmp_path / "run_probe.py"
     script.write_text(_RUNNER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, str(script), str(tree), probe], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run([sys.executable, str(script), str(tree), probe], check=False, capture_output=True, text=True, env=env, timeout=600)
 
 
 def test_tokenizer_probe_fails_without_tokenizer_patch(tmp_path):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import logging
 import os
 import shutil
 import tempfile
@@ -35,15 +36,15 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DENSE_TOLERANCE",
+    "MOE_DENSE_LAYER_TOLERANCE",
+    "MOE_TOLERANCE",
     "PROBES",
+    "ErrorStats",
     "ProbeFailed",
     "Tolerance",
-    "DENSE_TOLERANCE",
-    "MOE_TOLERANCE",
-    "MOE_DENSE_LAYER_TOLERANCE",
-    "ErrorStats",
-    "reference_layer_states",
     "hidden_state_errors",
+    "reference_layer_states",
     "shutdown",
 ]
 
@@ -174,7 +175,9 @@ def _engine(kind: str) -> _Engine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         if kind == "deepseek-v3":
             os.environ["VLLM_MLA_DISABLE"] = "1"
-    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+    from speculators.data_generation.vllm_hidden_states_generator import (
+        VllmHiddenStatesGenerator,
+    )
 
     layers = DEEPSEEK_LAYERS if kind == "deepseek-v3" else LLAMA_LAYERS
     kwargs: dict[str, Any] = {}
@@ -189,7 +192,7 @@ def _engine(kind: str) -> _Engine:
             gpu_memory_utilization=0.5,
             **kwargs,
         )
-    except Exception as e:  # noqa: BLE001 - any failure to construct is the probe's finding
+    except Exception as e:
         raise ProbeFailed(
             f"VllmHiddenStatesGenerator({kind} tiny model) could not be constructed on the installed vLLM: "
             f"{type(e).__name__}: {e}"
@@ -205,8 +208,8 @@ def shutdown() -> None:
     for eng in list(_ENGINES.values()):
         try:
             eng.generator.executor.shutdown()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
+        except Exception:
+            logging.getLogger(__name__).debug("executor shutdown failed", exc_info=True)
     _ENGINES.clear()
     if _TMP is not None:
         shutil.rmtree(_TMP, ignore_errors=True)
@@ -348,7 +351,7 @@ def probe_vllm_api() -> None:
     try:
         r1 = gen.generate(first)
         r2 = gen.generate(second)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise ProbeFailed(f"generate() on the installed vLLM failed: {type(e).__name__}: {e}") from e
     _check_results_basic(r1, first, len(LLAMA_LAYERS), "first generate()")
     _check_results_basic(r2, second, len(LLAMA_LAYERS), "second generate()")
@@ -381,7 +384,7 @@ def probe_cpu_device() -> None:
     seqs = _random_sequences(2, 8, 16, seed=3)
     try:
         res = gen.generate(seqs)  # ends with the device cache release
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise ProbeFailed(f"generate() failed on this device: {type(e).__name__}: {e}") from e
     _check_results_basic(res, seqs, len(LLAMA_LAYERS), "cpu-device generate()")
     LAST_RUN["cpu-device"] = {"seconds": time.monotonic() - t0, "kv_blocks": num_blocks}
@@ -402,7 +405,7 @@ def probe_prefill_attribution() -> None:
         raise AssertionError("attribution probe: the first 32 sequences must exceed 8192 tokens")
     try:
         res = eng.generator.generate(seqs)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise ProbeFailed(f"generate() of {len(seqs)} sequences failed: {type(e).__name__}: {e}") from e
     _check_results_basic(res, seqs, len(LLAMA_LAYERS), "prefill-attribution")
     stats = hidden_state_errors(res, reference_layer_states(eng.model_dir, seqs, LLAMA_LAYERS))
@@ -417,7 +420,7 @@ def probe_deepseek_capture() -> None:
     seqs = _random_sequences(10, 20, 250, seed=5)
     try:
         res = eng.generator.generate(seqs)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise ProbeFailed(f"generate() on tiny DeepSeek-V3 failed: {type(e).__name__}: {e}") from e
     _check_results_basic(res, seqs, len(DEEPSEEK_LAYERS), "deepseek-capture")
     refs = reference_layer_states(eng.model_dir, seqs, DEEPSEEK_LAYERS)
