@@ -116,10 +116,10 @@ def ls(
         typer.echo(json.dumps([r.__dict__ for r in rows], indent=2))
         return
     table = Table(title=f"images on {host or 'local engine'}")
-    for col in ("tag", "id", "size", "profile", "patches"):
+    for col in ("tag", "id", "size", "profile", "verified", "patches"):
         table.add_column(col)
     for r in rows:
         patches = "\n".join(f"{Path(k).name} {v[:12]}" for k, v in r.patches.items()) or "-"
         table.add_row("\n".join(r.tags) or "<none>", r.image_id.split(":")[-1][:12], images.human_size(r.size),
-                      r.profile or "-", patches)
+                      r.profile or "-", r.verified or "-", patches)
     Console().print(table)

