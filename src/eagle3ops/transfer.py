@@ -797,6 +797,10 @@ class ByteStream(ABC):
         """Send bytes; raises :class:`StreamStalled` / :class:`TransientTransferError` when the stream breaks."""
 
     @abstractmethod
+    def close_input(self) -> None:
+        """Send EOF (idempotent)."""
+
+    @abstractmethod
     def finish(self, timeout: float) -> tuple[int, str, str]:
         """Close stdin, wait up to ``timeout`` s for the command; returns (exit status, stdout, stderr)."""
 
@@ -864,15 +868,18 @@ class SshStream(ByteStream):
                 self.last_move = time.monotonic()
                 view = view[n:]
 
-    def finish(self, timeout: float) -> tuple[int, str, str]:
+    def close_input(self) -> None:
+        """Send EOF. After it docker load still applies the layers with no byte moving, so the stall watchdog
+        stops here and the caller's deadline (:meth:`finish`) bounds the wait."""
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.close()
         except OSError:
             pass
-        # After EOF, docker load still applies the layers: no bytes move, so the stall watchdog stops here and the
-        # caller's deadline bounds the wait.
         self._done.set()
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        self.close_input()
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -930,8 +937,14 @@ class ParamikoStream(ByteStream):
             self.last_move = time.monotonic()
             view = view[n:]
 
+    def close_input(self) -> None:
+        """Send EOF on the channel."""
+        if not getattr(self, "_eof", False):
+            self._eof = True
+            self.chan.shutdown_write()
+
     def finish(self, timeout: float) -> tuple[int, str, str]:
-        self.chan.shutdown_write()
+        self.close_input()
         deadline = time.monotonic() + timeout
         out, err = [], []
         self.chan.settimeout(1.0)
@@ -1358,42 +1371,60 @@ def _verify(remote, img: LocalImage, store: HostStore) -> None:
             raise VerifyFailed(f"{host.name}: image {ref} on the host has different layers than {img.id}")
 
 
-def _send_part(remote, encoders: Encoders, part: ArchivePart, opts: PushOptions, comp: Compression,
-               result: PushResult, on_progress: Callable[[Progress], None] | None, total_layer_bytes: int,
-               stream_hook: Callable[[ByteStream], None] | None) -> None:
-    host = remote.host
-    source = encoders.source
-    load = opts.load_argv or _docker(host, "load")
-    if comp.codec == "zstd":
-        load = ["sh", "-c", 'zstd -d -q -c | "$@"', "eagle3ops-load", *load]
-    size = archive_size(source, part)
-    use_paramiko = opts.transport == "paramiko" or (opts.transport == "auto" and size < SMALL_ARCHIVE_BYTES)
-    stream: ByteStream = (ParamikoStream(remote, load, opts.stall_s) if use_paramiko
-                          else SshStream(host, load, opts.stall_s))
-    result.transport = stream.name  # type: ignore[attr-defined]
-    if stream_hook:
-        stream_hook(stream)
-    produced_before = result.produced
+class _PartSender:
+    """Streams one :class:`ArchivePart` into ``docker load`` on the host, in three steps so that parts overlap:
+    :meth:`body` (everything but the last archive segment), :meth:`final` (the manifest and end-of-archive) and
+    :meth:`wait` (the host's load finishing). ``docker load`` reads the whole archive before it registers any layer
+    (moby ``image/tarexport/load.go``), so holding back the manifest until the previous part's load has finished
+    keeps the layer-parent order while the next part already streams during the previous part's layer apply."""
 
-    def progress(phase: str, layer: int | None = None, layer_raw: int = 0) -> None:
-        if on_progress:
-            on_progress(Progress(host.name, phase, layer, layer_raw,
-                                 source.layer_size(layer) if layer is not None else 0,
-                                 result.produced, total_layer_bytes, result.bytes_sent + stream.sent))
+    def __init__(self, remote, encoders: Encoders, part: ArchivePart, opts: PushOptions, comp: Compression,
+                 result: PushResult, on_progress: Callable[[Progress], None] | None, total_layer_bytes: int,
+                 stream_hook: Callable[[ByteStream], None] | None):
+        self.remote, self.encoders, self.part, self.opts, self.comp = remote, encoders, part, opts, comp
+        self.result, self.on_progress, self.total = result, on_progress, total_layer_bytes
+        host = remote.host
+        load = opts.load_argv or _docker(host, "load")
+        if comp.codec == "zstd":
+            load = ["sh", "-c", 'zstd -d -q -c | "$@"', "eagle3ops-load", *load]
+        self.size = archive_size(encoders.source, part)
+        self.use_paramiko = opts.transport == "paramiko" or (opts.transport == "auto" and
+                                                              self.size < SMALL_ARCHIVE_BYTES)
+        self.stream: ByteStream = (ParamikoStream(remote, load, opts.stall_s) if self.use_paramiko
+                                   else SshStream(host, load, opts.stall_s))
+        result.transport = self.stream.name  # type: ignore[attr-defined]
+        if stream_hook:
+            stream_hook(self.stream)
+        self._final: bytes = b""
+        self._counted = False
 
-    try:
-        for meta, i in archive_segments(source, part):
+    def _progress(self, phase: str, layer: int | None = None, layer_raw: int = 0) -> None:
+        if self.on_progress:
+            src = self.encoders.source
+            self.on_progress(Progress(self.remote.host.name, phase, layer, layer_raw,
+                                      src.layer_size(layer) if layer is not None else 0, self.result.produced,
+                                      self.total, self.result.bytes_sent + self.stream.sent))
+
+    def _meta(self, meta: bytes) -> bytes:
+        return meta if self.comp.codec == "none" else compress_small(meta, self.comp)
+
+    def body(self) -> None:
+        """Send everything but the final segment (the layers the host lacks)."""
+        source, result, stream = self.encoders.source, self.result, self.stream
+        segments = list(archive_segments(source, self.part))
+        final_meta, _ = segments.pop()
+        assert final_meta is not None
+        self._final = final_meta
+        for meta, i in segments:
             if meta is not None:
-                stream.write(meta if comp.codec == "none" else compress_small(meta, comp))
+                stream.write(self._meta(meta))
                 result.produced += len(meta)
                 continue
             assert i is not None
-            base = result.produced
-            wire_start = stream.sent
+            base, wire_start = result.produced, stream.sent
             buf: list[bytes] = []
             buffered = 0
-            raw = 0
-            for chunk, raw in encoders.layer(i, comp):
+            for chunk, raw in self.encoders.layer(i, self.comp):
                 buf.append(chunk)
                 buffered += len(chunk)
                 if buffered >= WRITE_CHUNK:
@@ -1401,30 +1432,93 @@ def _send_part(remote, encoders: Encoders, part: ArchivePart, opts: PushOptions,
                     buf, buffered = [], 0
                     result.produced = base + raw
                     result.per_layer[i] = stream.sent - wire_start
-                    progress("send", i, raw)
+                    self._progress("send", i, raw)
             if buf:
                 stream.write(b"".join(buf))
             result.produced = base + source.layer_size(i)
             result.per_layer[i] = stream.sent - wire_start
-            progress("send", i, source.layer_size(i))
-        progress("load")
-        timeout = 300 + size / 5e6  # docker load applies ~1 GB in well under 200 s; generous, but bounded
-        t_end = time.monotonic()
-        rc, out, err = stream.finish(timeout=timeout)
-        result.load_wait_s += time.monotonic() - t_end
+            self._progress("send", i, source.layer_size(i))
+
+    def hold(self) -> None:
+        """Suspend stall detection while this stream waits for the previous part's load (itself bounded)."""
+        self._stall = self.stream.stall_s  # type: ignore[attr-defined]
+        self.stream.stall_s = float("inf")  # type: ignore[attr-defined]
+
+    def release(self) -> None:
+        """Resume stall detection."""
+        self.stream.last_move = time.monotonic()
+        self.stream.stall_s = self._stall  # type: ignore[attr-defined]
+
+    def final(self) -> None:
+        """Send the manifest and the end of the archive; the host's ``docker load`` then registers the layers."""
+        self.stream.write(self._meta(self._final))
+        self.stream.close_input()
+        self.result.produced += len(self._final)
+        self._t_end = time.monotonic()
+
+    def wait(self) -> None:
+        """Wait (bounded) for the host's ``docker load``; raise on failure.
+
+        Raises:
+            TransientTransferError: ssh failed (exit 255) or the load did not finish in time.
+            TransferError: ``docker load`` failed.
+        """
+        self._progress("load")
+        timeout = 300 + self.size / 5e6  # docker load applies ~1 GB in well under 200 s; generous, but bounded
+        rc, out, err = self.stream.finish(timeout=timeout)
+        self.result.load_wait_s += time.monotonic() - self._t_end
+        self._count()
+        if rc != 0:
+            msg = (err or out).strip()[-600:]
+            if rc == 255 and not self.use_paramiko:
+                raise TransientTransferError(f"{self.remote.host.name}: ssh failed (exit 255): {msg}")
+            raise TransferError(f"{self.remote.host.name}: `docker load` failed (exit {rc}): {msg}")
+        self.result.layers_sent += len(self.part.include)
+        self.result.layer_bytes += sum(self.encoders.source.layer_size(i) for i in self.part.include)
+
+    def _count(self) -> None:
+        if not self._counted:
+            self._counted = True
+            self.result.bytes_sent += self.stream.sent
+
+    def kill(self) -> None:
+        """Abort the stream (on any failure)."""
+        self.stream.kill()
+        self._count()
+
+
+def _send_parts(remote, encoders: Encoders, parts: Sequence[ArchivePart], opts: PushOptions, comp: Compression,
+                result: PushResult, on_progress: Callable[[Progress], None] | None, total_layer_bytes: int,
+                stream_hook: Callable[[ByteStream], None] | None) -> None:
+    """Send the parts in order, part k+1's layers streaming while the host applies part k (see
+    :class:`_PartSender`); part k+1's manifest goes out only after part k's load succeeded."""
+    pending: _PartSender | None = None
+    cur: _PartSender | None = None
+    try:
+        for part in parts:
+            cur = _PartSender(remote, encoders, part, opts, comp, result, on_progress, total_layer_bytes,
+                              stream_hook)
+            cur.body()
+            if pending is not None:
+                cur.hold()
+                pending.wait()
+                cur.release()
+            pending = None
+            cur.final()
+            pending, cur = cur, None
+        if pending is not None:
+            pending.wait()
+            pending = None
     except BaseException:
-        stream.kill()
-        result.bytes_sent += stream.sent
-        result.produced = produced_before
+        if cur is not None:
+            cur.kill()
+        if pending is not None:
+            # The previous part went out whole: let its load finish (bounded) so that a retry resumes after it.
+            try:
+                pending.wait()
+            except BaseException:  # noqa: BLE001 - the first error is the one to report
+                pending.kill()
         raise
-    result.bytes_sent += stream.sent
-    if rc != 0:
-        msg = (err or out).strip()[-600:]
-        if rc == 255 and not use_paramiko:
-            raise TransientTransferError(f"{host.name}: ssh failed (exit 255): {msg}")
-        raise TransferError(f"{host.name}: `docker load` failed (exit {rc}): {msg}")
-    result.layers_sent += len(part.include)
-    result.layer_bytes += sum(source.layer_size(i) for i in part.include)
 
 
 def _cleanup_scaffolds(remote, img: LocalImage, store: HostStore, parts: Sequence[ArchivePart] = ()) -> None:
@@ -1502,8 +1596,7 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
             result.probe_bytes += probe
             comp = encoders.decide(link, host_has_zstd(remote), total, largest)
         result.compression = comp.label + (f" ({comp.why})" if comp.why else "")
-        for part in parts:
-            _send_part(remote, encoders, part, opts, comp, result, on_progress, total, stream_hook)
+        _send_parts(remote, encoders, parts, opts, comp, result, on_progress, total, stream_hook)
         if on_progress:
             on_progress(Progress(host.name, "verify", None, 0, 0, result.produced, total, result.bytes_sent))
         _verify(remote, img, store)
