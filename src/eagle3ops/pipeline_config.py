@@ -138,6 +138,14 @@ class TrainConfig(_Strict):
             "62 GB (eager flex attention materializes the scores); compiling costs a minute or two at start."
         ),
     )
+    attention: Literal["auto", "flex", "dense"] = Field(
+        "auto",
+        description=(
+            "Draft attention: `flex` = speculators' flex attention (BlockMask), `dense` = the same mask evaluated "
+            "densely with SDPA (exact; much faster on CPU, where flex attention runs unfused). `auto`: dense on "
+            "cpu, flex on cuda."
+        ),
+    )
     noise_std: float = Field(0.0, ge=0, description="Uniform noise added to aux hidden states (0 = none).")
 
 

@@ -365,6 +365,35 @@ def test_train_resumes_to_the_same_weights_as_an_uninterrupted_run(tmp_path, tra
     assert sorted(p.name for p in (cut / "train/checkpoints").iterdir()) == ["step_00000003", "step_00000004"]
 
 
+def test_dense_attention_equals_speculators_flex_attention(trained_base):
+    """train.attention: dense (the CPU default) gives speculators' flex-attention loss and gradients."""
+    import numpy as np
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
+
+    from eagle3ops.stages.train import build_draft_config, register_dense_attention
+
+    torch._dynamo.config.disable = True
+    run, cfg = trained_base, cfg_of(trained_base)
+    d2t = torch.from_numpy(np.load(run / "vocab/d2t.npy"))
+    t2d = torch.from_numpy(np.load(run / "vocab/t2d.npy"))
+    m = json.loads((run / "extract/manifest.json").read_text())
+    w, eps = _target_final_norm(cfg.target_model)
+    ds = Eagle3SampleFileDataset(max_len=512, file_list=[str(run / "extract" / s["file"]) for s in m["sample_files"]],
+                                 standardize_fn=_standardize_with_norm(w, eps))
+    batch = create_collate_fn(512)([ds[i] for i in range(6)])
+    assert len(batch["lengths"]) > 1  # several packed documents: the document mask matters
+    out = []
+    for impl in ("simple_flex_attention", register_dense_attention()):
+        torch.manual_seed(0)
+        model = Eagle3DraftModel(build_draft_config(cfg, [0, 1, 2], 256, impl), t2d=t2d, d2t=d2t)
+        _, loss, _ = model(**batch, ttt_steps=3)
+        loss.backward()
+        out.append((loss.detach(), model.fc.weight.grad.clone()))
+    assert torch.allclose(out[0][0], out[1][0], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(out[0][1], out[1][1], rtol=1e-4, atol=1e-7)
+
+
 def test_train_final_checkpoint_format(tmp_path, trained_base):
     run = _copy(trained_base, tmp_path / "run")
     run_train(run, cfg_of(run), log=QUIET)

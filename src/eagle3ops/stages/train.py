@@ -59,7 +59,38 @@ from eagle3ops.stages.vocab import target_text_config
 SPECULATIVE_TOKENS = 3
 
 
-def build_draft_config(config: PipelineConfig, aux_layer_ids: list[int], draft_vocab_size: int) -> Any:
+DENSE_ATTENTION = "eagle3ops_dense_sdpa"
+
+
+def register_dense_attention() -> str:
+    """Register (once) a dense-mask SDPA attention that takes speculators' BlockMask; returns its name.
+
+    speculators' draft forward builds a flex-attention ``BlockMask`` (causal within each packed document, plus
+    the diagonal over earlier TTT steps). Without ``torch.compile`` flex attention falls back to an unfused
+    reference implementation that is slow on CPU (about 11 s per 1k-token step here, mostly its dense
+    backward), and inductor cannot compile it on CPU (``InductorError: IndexError`` with torch 2.10). This
+    evaluates the same ``mask_mod`` densely (``create_mask``: exact, the mask_mod is complete by itself) and
+    calls ``torch.nn.functional.scaled_dot_product_attention``.
+    """
+    from torch.nn.attention.flex_attention import create_mask
+    from torch.nn.functional import scaled_dot_product_attention
+    from transformers.modeling_utils import AttentionInterface
+
+    def dense_sdpa_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                           scaling: float | None = None, **_kwargs: Any) -> tuple[Any, None]:
+        q_len, kv_len = query.shape[2], key.shape[2]
+        mask = create_mask(attention_mask.mask_mod, None, None, q_len, kv_len, device=query.device)
+        out = scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                           enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register(DENSE_ATTENTION, dense_sdpa_forward)
+    return DENSE_ATTENTION
+
+
+def build_draft_config(
+    config: PipelineConfig, aux_layer_ids: list[int], draft_vocab_size: int, attention: str = "simple_flex_attention"
+) -> Any:
     """speculators' ``Eagle3SpeculatorConfig`` for a one-or-more-layer Llama draft head of the target.
 
     The decoder layer copies the target's width, heads, activation, rope and norm eps (as speculators'
@@ -94,7 +125,7 @@ def build_draft_config(config: PipelineConfig, aux_layer_ids: list[int], draft_v
     )
     # speculators registers flex attention under this name (models/eagle3/attention.py); its forward passes a
     # BlockMask, which only this attention function takes.
-    layer_cfg._attn_implementation = "simple_flex_attention"
+    layer_cfg._attn_implementation = attention
     archs = list(getattr(t, "architectures", None) or [])
     return Eagle3SpeculatorConfig(
         transformer_layer_config=layer_cfg,
@@ -193,7 +224,9 @@ def run_train(
     d2t = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "d2t.npy"))
     t2d = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "t2d.npy"))
     aux = list(ext["aux_layer_ids"])
-    draft_cfg = build_draft_config(config, aux, int(d2t.shape[0]))
+    attention = tc.attention if tc.attention != "auto" else ("dense" if device == "cpu" else "flex")
+    attn_impl = register_dense_attention() if attention == "dense" else "simple_flex_attention"
+    draft_cfg = build_draft_config(config, aux, int(d2t.shape[0]), attn_impl)
 
     random.seed(config.seed)
     np.random.seed(config.seed)
@@ -329,6 +362,7 @@ def run_train(
         "resumed_from_step": first_step,
         "device": device if device == "cpu" else f"cuda ({torch.cuda.get_device_name(0)})",
         "compile": use_compile,
+        "attention": attention,
         "steps_per_s": round(ran / loop_s, 4) if ran and loop_s > 0 else None,  # checkpoint saves included
         "peak_memory_bytes": _peak_memory_bytes(device),
         "peak_memory_kind": "torch.cuda.max_memory_allocated" if device == "cuda" else "process max RSS",
