@@ -10,8 +10,10 @@ One run, one ratio (target >= 0.9):
   layers + the last, hidden states returned to the caller on the CPU (what stage extract then writes).
 
 Both engines are started first, each warmed up once, then timed in alternating rounds over the same inputs
-(so that load from other processes falls on both alike); engine start-up is not counted. Printed: tokens, seconds, tokens/s of each and ``ratio = extract tok/s / prefill tok/s``; with
-``--json PATH`` the figures are also written there.
+(so that load from other processes falls on both alike); engine start-up is not counted. Printed: tokens
+(all rounds), seconds, tokens/s of each and ``ratio = extract tok/s / prefill tok/s``; with ``--json PATH``
+the figures are also written there. Measured (2-core CPU, tiny Llama, vLLM 0.16 CPU):
+``benchmarks/extract-cpu-tiny-llama.json``.
 
 Usage (inside the pipeline image, or a venv with vLLM 0.16 and the patched speculators)::
 

@@ -49,7 +49,9 @@ class PrepareConfig(_Strict):
             "`builtin:messages` are the small datasets shipped in eagle3ops."
         ),
     )
-    max_seq_len: int = Field(2048, ge=16, description="Token ids per sample after the chat template; longer ones are cut.")
+    max_seq_len: int = Field(
+        2048, ge=16, description="Token ids per sample after the chat template; longer ones are cut."
+    )
     max_samples: int | None = Field(None, ge=1, description="Keep at most this many conversations (after shuffling).")
     shuffle: bool = Field(True, description="Shuffle the conversations with `seed` before `max_samples` is applied.")
     on_unmaskable: Literal["error", "skip"] = Field(

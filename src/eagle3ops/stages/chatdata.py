@@ -46,7 +46,9 @@ def resolve_dataset(spec: str, run_dir: Path) -> Path:
         name = spec.removeprefix("builtin:")
         path = Path(str(resources.files("eagle3ops.data").joinpath(f"chat_{name}.jsonl")))
         if not path.is_file():
-            raise ChatDataError(f"prepare.datasets: unknown builtin dataset `{spec}` (have builtin:sharegpt, builtin:messages)")
+            raise ChatDataError(
+                f"prepare.datasets: unknown builtin dataset `{spec}` (have builtin:sharegpt, builtin:messages)"
+            )
         return path
     path = Path(spec)
     if not path.is_absolute():
@@ -66,7 +68,9 @@ def _read_rows(path: Path) -> Iterator[tuple[int, Any]]:
                 try:
                     yield lineno, json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ChatDataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); JSONL needs one object per line") from exc
+                    raise ChatDataError(
+                        f"{path}:{lineno}: not valid JSON ({exc.msg}); JSONL needs one object per line"
+                    ) from exc
     elif suffix == ".parquet":
         import pyarrow.parquet as pq  # lazy: only needed for Parquet
 
