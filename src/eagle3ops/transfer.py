@@ -164,16 +164,66 @@ def _docker_local(*args: str, docker_host: str | None = None, timeout: float = 1
         raise TransferError(f"build engine: `{' '.join(argv)}` did not answer within {timeout:.0f}s") from None
 
 
+def _engine_api(path: str, docker_host: str | None = None, timeout: float = 30) -> tuple[int, bytes] | None:
+    """GET ``path`` from the build engine's API over its unix socket (≈10 ms, vs 100-300 ms for a ``docker`` CLI
+    call on a busy 2-core machine). None when the endpoint is not a plain unix socket (then the CLI is used, which
+    also honours docker contexts)."""
+    import http.client
+    import socket as _socket
+    from urllib.parse import quote
+
+    endpoint = docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not endpoint.startswith("unix://") or (os.environ.get("DOCKER_CONTEXT") and not docker_host):
+        return None
+    sock_path = endpoint[len("unix://"):]
+
+    class _Conn(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(sock_path)
+
+    try:
+        conn = _Conn("localhost", timeout=timeout)
+        conn.request("GET", quote(path, safe="/?=&:@"))
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        return resp.status, body
+    except OSError:
+        return None
+
+
+def _local_info(docker_host: str | None = None) -> dict:
+    """``docker info`` of the build engine as a dict.
+
+    Raises:
+        TransferError: the engine does not answer.
+    """
+    api = _engine_api("/info", docker_host)
+    if api is not None and api[0] == 200:
+        return json.loads(api[1])
+    cp = _docker_local("info", "--format", "{{json .}}", docker_host=docker_host)
+    if cp.returncode != 0:
+        raise TransferError(f"build engine does not answer: {cp.stderr.strip()}")
+    return json.loads(cp.stdout)
+
+
 def inspect_local(ref: str, docker_host: str | None = None) -> LocalImage:
     """Read an image's id and layers from the build engine.
 
     Raises:
         TransferError: the image does not exist locally (build it first) or the engine does not answer.
     """
-    cp = _docker_local("image", "inspect", ref, docker_host=docker_host)
-    if cp.returncode != 0:
-        raise TransferError(f"image {ref!r} is not on the build engine ({cp.stderr.strip()}); build or tag it first")
-    data = json.loads(cp.stdout)[0]
+    api = _engine_api(f"/images/{ref}/json", docker_host)
+    if api is not None and api[0] == 200:
+        data = json.loads(api[1])
+    else:
+        cp = _docker_local("image", "inspect", ref, docker_host=docker_host)
+        if cp.returncode != 0:
+            raise TransferError(f"image {ref!r} is not on the build engine ({cp.stderr.strip()}); build or tag it "
+                                f"first")
+        data = json.loads(cp.stdout)[0]
     if ref.startswith("sha256:") or "@" in ref or data["Id"].startswith("sha256:" + ref):
         tags: tuple[str, ...] = ()  # an id or a digest reference: nothing to tag
     else:
@@ -334,10 +384,7 @@ class StoreLayerSource(LayerSource):
         Raises:
             TransferError: the engine is not a readable classic overlay2 store (reason in the message).
         """
-        cp = _docker_local("info", "--format", "{{json .}}", docker_host=docker_host)
-        if cp.returncode != 0:
-            raise TransferError(f"build engine does not answer: {cp.stderr.strip()}")
-        inf = json.loads(cp.stdout)
+        inf = _local_info(docker_host)
         driver = inf.get("Driver")
         if driver != "overlay2" or _is_containerd_store(inf):
             raise TransferError(f"build engine storage driver {driver!r} is not the classic overlay2 store")
