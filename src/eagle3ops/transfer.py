@@ -1193,10 +1193,11 @@ class Encoders:
 
     def decide(self, link_Bps: float, has_zstd: bool, total: int, largest: int) -> Compression:
         """:func:`choose_compression` for one host, reusing an earlier host's decision when its link rate was within
-        a factor 1.5 (so a fan-out compresses each layer once, not once per slightly different link)."""
+        a factor 3 (so a fan-out compresses each layer once, not once per host: link probes of hosts that share this
+        machine's CPU scatter by 2x on a busy machine)."""
         with self._lock:
             for (link, zstd_ok), comp in getattr(self, "_decisions", {}).items():
-                if zstd_ok == has_zstd and link / 1.5 <= link_Bps <= link * 1.5:
+                if zstd_ok == has_zstd and link / 3 <= link_Bps <= link * 3:
                     return comp
         comp = choose_compression(self.sample(largest), link_Bps, has_zstd, total, measure=self.measure)
         with self._lock:
