@@ -314,6 +314,10 @@ class Supervisor:
         finally:
             dt = time.time() - t0
             self.stage_times[step.name] = round(dt, 1)
+            try:  # its output is in <stage>.log; the exit code goes into the journal below
+                container.remove(force=True)
+            except Exception:  # noqa: BLE001 - cleanup only; the engine may be going down
+                pass
             if exit_code == 0:
                 self.journal.log(step.name, "ok", seconds=round(dt, 1))
                 self.stage_outcomes[step.name] = "ok"
