@@ -1660,6 +1660,9 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
     except (TransferError, RemoteError) as exc:
         result.status = "failed"
         result.reason = str(exc)
+    except OSError as exc:  # local trouble (disk full for the spool, a vanished file): this host fails, others go on
+        result.status = "failed"
+        result.reason = f"{host.name}: local error: {exc}"
     except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
         result.status, result.reason = "failed", str(exc)
     finally:
