@@ -153,12 +153,13 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     figures.append(("deploy", f"{time.monotonic() - t:.1f} s (push {dep.push_s:.1f} s)"))
 
     ok = True
+    run = time.strftime("demo-%Y%m%dT%H%M%S")  # a fresh pipeline run each demo (stages refuse foreign outputs)
     for kind in ("extract", "train"):
         t = _step(f"5. {kind} window on {SANDBOX}")
         with Remote(h) as r:
-            upload_pipeline_config(r, "demo", pipeline.read_text())
+            upload_pipeline_config(r, run, pipeline.read_text())
             res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id,
-                             command=f"eagle3ops {kind} {SANDBOX} (demo)", run="demo", on_event=_event)
+                             command=f"eagle3ops {kind} {SANDBOX} --run {run} (demo)", run=run, on_event=_event)
         from eagle3ops.cli import _summary
 
         _summary(res)
