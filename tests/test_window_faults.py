@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,11 @@ extract: {batch_size: 8}
 vocab: {draft_vocab_size: 512}
 train: {steps: 2, checkpoint_every: 1, batch_max_tokens: 512}
 """
+
+
+def _unique(run: str) -> str:
+    """Run names are unique per test run: stages refuse outputs a different earlier run left behind."""
+    return f"{run}-{uuid.uuid4().hex[:8]}"
 
 
 def _window(h, dep, kind, run, pipeline=TINY, **kw):
@@ -54,15 +60,19 @@ def _assert_serving_back(h, window_id: str | None, outcome: str):
         assert entry and entry[-1]["outcome"] == outcome, (entry, outcome)
 
 
-def _wait_for_event(h, window_id_prefix: str, step: str, event: str = "start", timeout: float = 120) -> str:
-    """Poll the host's newest window journal until ``step`` has ``event``; return the window id."""
+def _windows(h) -> set[str]:
+    with Remote(h) as r:
+        return set(r.run(["ls", "-1", paths(h)["windows"]], check=False).stdout.split())
+
+
+def _wait_for_event(h, before: set[str], step: str, event: str = "start", timeout: float = 300) -> str:
+    """Poll the journal of the window created after ``before`` was taken until ``step`` has ``event``."""
     deadline = time.time() + timeout
     with Remote(h) as r:
         while time.time() < deadline:
-            out = r.run(["ls", "-1", paths(h)["windows"]], check=False).stdout.split()
-            cands = sorted(n for n in out if window_id_prefix in n)
-            if cands:
-                wid = cands[-1]
+            new = sorted(set(r.run(["ls", "-1", paths(h)["windows"]], check=False).stdout.split()) - before)
+            if new:
+                wid = new[-1]
                 j = r.run(["cat", paths(h, wid)["journal"]], check=False).stdout
                 for line in j.splitlines():
                     ev = json.loads(line)
@@ -76,18 +86,19 @@ def test_stage_exits_nonzero_keeps_finished_outputs(deployed):
     h, dep = deployed
     # extract asks for more tensor-parallel ranks than this CPU host has: a real failure of the extract stage,
     # after prepare finished.
-    res = _window(h, dep, "extract", "fault-exit", TINY.replace("batch_size: 8", "batch_size: 8, tensor_parallel_size: 4"))
+    run = _unique("fault-exit")
+    res = _window(h, dep, "extract", run, TINY.replace("batch_size: 8", "batch_size: 8, tensor_parallel_size: 4"))
     assert res["outcome"] == "failed" and "stage extract" in res["error"]
     assert res["stages"]["prepare"] == "ok" and res["stages"]["extract"].startswith("failed (exited")
     assert res["serving_running"] is True
-    assert Path(h.data_dir, "runs/fault-exit/prepare/manifest.json").is_file(), "finished stage output kept"
+    assert Path(h.data_dir, f"runs/{run}/prepare/manifest.json").is_file(), "finished stage output kept"
     _assert_serving_back(h, res["window_id"], "failed")
 
 
 def test_stage_hangs_past_timeout(deployed):
     h, dep = deployed
     slow = h.model_copy(update={"stage_timeout_s": 1.0})
-    res = _window(slow, dep, "extract", "fault-hang")
+    res = _window(slow, dep, "extract", _unique("fault-hang"))
     assert res["outcome"] == "failed"
     assert "timed out" in res["stages"]["prepare"]
     assert "extract" not in res["stages"], "no stage runs after a timed-out one"
@@ -97,7 +108,7 @@ def test_stage_hangs_past_timeout(deployed):
 def test_budget_exceeded_stops_stage_and_restores(deployed):
     h, dep = deployed
     tight = h.model_copy(update={"maintenance_budget_s": 1.0})
-    res = _window(tight, dep, "extract", "fault-budget")
+    res = _window(tight, dep, "extract", _unique("fault-budget"))
     assert res["outcome"] == "failed" and "budget" in res["stages"]["prepare"]
     _assert_serving_back(h, res["window_id"], "failed")
 
@@ -138,11 +149,12 @@ def test_driver_killed_mid_stage(deployed, tmp_path):
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(TINY)
     env = {**os.environ, "EAGLE3OPS_INVENTORY": str(REPO / "deploy/hosts.yaml")}
-    proc = subprocess.Popen([str(REPO / ".venv/bin/eagle3ops"), "extract", "sandbox", "--run", "fault-kill",
+    before = _windows(h)
+    proc = subprocess.Popen([str(REPO / ".venv/bin/eagle3ops"), "extract", "sandbox", "--run", _unique("fault-kill"),
                              "--pipeline", str(pipeline)], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wid = _wait_for_event(h, "-extract-", "prepare", "start")
+        wid = _wait_for_event(h, before, "prepare", "start")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -163,13 +175,14 @@ def test_ssh_connection_cut_mid_stage(deployed):
 
     def drive():
         try:
-            box["res"] = _window(h, dep, "extract", "fault-ssh")
+            box["res"] = _window(h, dep, "extract", _unique("fault-ssh"))
         except Exception as exc:  # noqa: BLE001 - reported below
             box["exc"] = exc
 
+    before = _windows(h)
     th = threading.Thread(target=drive)
     th.start()
-    _wait_for_event(h, "-extract-", "prepare", "start")
+    _wait_for_event(h, before, "prepare", "start")
     # Cut every SSH session of the login user (the driver's included).
     subprocess.run(["pkill", "-KILL", "-u", "e3ops", "sshd"], check=False)
     th.join(timeout=900)
@@ -187,13 +200,14 @@ def test_docker_daemon_restarted_mid_run(deployed):
 
     def drive():
         try:
-            box["res"] = _window(h, dep, "extract", "fault-dockerd")
+            box["res"] = _window(h, dep, "extract", _unique("fault-dockerd"))
         except Exception as exc:  # noqa: BLE001
             box["exc"] = exc
 
+    before = _windows(h)
     th = threading.Thread(target=drive)
     th.start()
-    wid = _wait_for_event(h, "-extract-", "prepare", "start")
+    wid = _wait_for_event(h, before, "prepare", "start")
     pid = int(Path("/var/lib/eagle3ops-sandbox/sandbox/docker.pid").read_text())
     os.kill(pid, signal.SIGTERM)
     for _ in range(60):
@@ -217,7 +231,7 @@ def test_data_dir_fills_up_during_stage(deployed):
     try:
         os.chmod(small, 0o777)
         tiny_disk = h.model_copy(update={"data_dir": small, "min_free_gib": 0.0})
-        res = _window(tiny_disk, dep, "extract", "fault-disk", TINY.replace("max_samples: 8", "max_samples: 64"))
+        res = _window(tiny_disk, dep, "extract", _unique("fault-disk"), TINY.replace("max_samples: 8", "max_samples: 64"))
         assert res["outcome"] == "failed", res
         assert any(o.startswith("failed") for o in res["stages"].values())
         log = Path(h.state_dir, "windows", res["window_id"])
@@ -244,11 +258,12 @@ def test_restore_fails_health_gate_then_rollback(deployed):
     box: dict = {}
 
     def drive():
-        box["res"] = _window(h, dep, "extract", "fault-gate")
+        box["res"] = _window(h, dep, "extract", _unique("fault-gate"))
 
+    before = _windows(h)
     th = threading.Thread(target=drive)
     th.start()
-    _wait_for_event(h, "-extract-", "prepare", "start")
+    _wait_for_event(h, before, "prepare", "start")
     subprocess.run(["rm", "-rf", str(copy)], check=True)
     th.join(timeout=900)
     res = box["res"]
