@@ -886,55 +886,100 @@ def list_images(runner: Runner | None = None, *, all_images: bool = False) -> li
     return sorted(result, key=lambda i: (i.tags or ["~"])[0])
 
 
+class _ChunkReader:
+    """File-like ``read(n)`` over an iterator of byte chunks (``docker save``'s stream), hashing what it yields
+    when ``hasher`` is set."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._it = iter(chunks)
+        self._buf = b""
+        self.hasher: Any = None
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self._buf) < n:
+            try:
+                self._buf += next(self._it)
+            except StopIteration:
+                break
+        if n < 0:
+            out, self._buf = self._buf, b""
+        else:
+            out, self._buf = self._buf[:n], self._buf[n:]
+        if self.hasher is not None:
+            self.hasher.update(out)
+        return out
+
+
+class _Hashing:
+    """Wrap a file-like, hashing every byte read (to learn a layer tar's diff id while streaming it)."""
+
+    def __init__(self, f: Any):
+        self.f, self.h = f, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.h.update(data)
+        return data
+
+
 def find_in_layers(image: str, contents: Sequence[bytes] = (), names: Sequence[str] = (), *,
                    skip_base: str | None = None, client: Any = None, chunk: int = 1 << 22) -> tuple[list[str], int]:
     """Search every layer of ``docker save image`` for files whose bytes contain one of ``contents`` or whose path
     contains one of ``names``.
 
-    Layers are streamed one at a time from a temporary ``docker save`` archive; file contents are read in
+    The archive is streamed (nothing written to disk, so a 9 GB image needs no 9 GB of scratch space): each layer
+    tar is parsed as it arrives and hashed on the way, which gives its diff id. File contents are read in
     ``chunk``-sized pieces with an overlap, so a needle across a chunk boundary is still found.
 
     Args:
-        skip_base: an image whose layers (by diff id) are left out, e.g. the base when only the layers a build
-            added matter.
+        skip_base: an image whose layers (by diff id) are not reported, e.g. the base when only the layers a
+            build added matter (they are still read: the stream has them).
 
     Returns:
-        (hits as ``"<layer>:<path>: ..."``, number of layers scanned).
+        (hits as ``"<layer diff id>:<path>: ..."``, number of layers scanned and reported).
     """
     import tarfile
 
-    client = client or docker_client()
+    import docker
+
+    # the engine prepares the archive before the first byte comes back: allow far more than the 60 s default
+    client = client or docker.from_env(timeout=3600)
     skip: set[str] = set()
     if skip_base:
         skip = set(client.images.get(skip_base).attrs["RootFS"]["Layers"])
+    want = set(client.images.get(image).attrs["RootFS"]["Layers"])
     hits: list[str] = []
     overlap = max((len(n) for n in contents), default=1) - 1
     scanned = 0
-    with tempfile.TemporaryFile(dir="/var/tmp") as f:
-        for piece in client.images.get(image).save(named=False):
-            f.write(piece)
-        f.seek(0)
-        with tarfile.open(fileobj=f) as outer:
-            manifest = json.load(outer.extractfile("manifest.json"))[0]  # type: ignore[arg-type]
-            config = json.load(outer.extractfile(manifest["Config"]))  # type: ignore[arg-type]
-            for layer, diff_id in zip(manifest["Layers"], config["rootfs"]["diff_ids"]):
-                if diff_id in skip:
+    outer = tarfile.open(fileobj=_ChunkReader(client.images.get(image).save(named=False)), mode="r|")
+    for m in outer:
+        if not (m.isfile() and m.name.endswith("layer.tar")):
+            continue
+        lf = outer.extractfile(m)
+        assert lf is not None
+        hashing = _Hashing(lf)
+        layer_hits: list[str] = []
+        with tarfile.open(fileobj=hashing, mode="r|") as inner:
+            for im in inner:
+                layer_hits.extend(f"{im.name}: path contains {n!r}" for n in names if n in im.name)
+                if not im.isfile() or not contents:
                     continue
-                scanned += 1
-                lf = outer.extractfile(layer)
-                assert lf is not None
-                with tarfile.open(fileobj=lf, mode="r|*") as inner:
-                    for m in inner:
-                        hits.extend(f"{layer}:{m.name}: path contains {n!r}" for n in names if n in m.name)
-                        if not m.isfile() or not contents:
-                            continue
-                        fo = inner.extractfile(m)
-                        assert fo is not None
-                        tail = b""
-                        while data := fo.read(chunk):
-                            window = tail + data
-                            hits.extend(f"{layer}:{m.name}: contains {n[:40]!r}" for n in contents if n in window)
-                            tail = window[-overlap:] if overlap > 0 else b""
+                fo = inner.extractfile(im)
+                assert fo is not None
+                tail = b""
+                while data := fo.read(chunk):
+                    window = tail + data
+                    layer_hits.extend(f"{im.name}: contains {n[:40]!r}" for n in contents if n in window)
+                    tail = window[-overlap:] if overlap > 0 else b""
+        while hashing.read(chunk):  # the tar's end padding: the diff id covers every byte
+            pass
+        diff_id = "sha256:" + hashing.h.hexdigest()
+        if diff_id not in want:
+            raise ImageError(f"docker save of {image}: layer {m.name} has diff id {diff_id}, not one of the image's")
+        if diff_id in skip:
+            continue
+        scanned += 1
+        hits.extend(f"{diff_id[7:19]}:{h}" for h in layer_hits)
     return sorted(set(hits)), scanned
 
 
