@@ -1,8 +1,8 @@
-"""``eagle3ops stage <prepare|extract|vocab|train> --run-dir DIR``: the in-container pipeline stages.
+"""``eagle3ops stage <prepare|extract|vocab|train|probe> --run-dir DIR``: the in-container pipeline stages.
 
 Each command reads ``DIR/pipeline.yaml`` and its inputs' manifests, writes only ``DIR/<stage>/`` and ends with
 ``DIR/<stage>/manifest.json``. Exit status: 0 done, 2 config or input error (message names file and fix),
-1 any other failure. Heavy libraries (torch, vLLM, speculators) are imported inside the commands.
+1 any other failure (``probe``: 1 = the hidden states are outside the tolerance). Heavy libraries (torch, vLLM, speculators) are imported inside the commands.
 """
 
 from __future__ import annotations
@@ -51,9 +51,22 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
             from eagle3ops.stages.train import run_train
 
             run_train(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
+        elif stage == "probe":
+            from eagle3ops.stages.probe import run_probe
+
+            run_probe(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
     except (PipelineConfigError, StageInputError, ChatDataError, UnmaskableConversation) as exc:
         print(f"error: stage {stage}: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from exc
+    except Exception as exc:
+        from eagle3ops.patches.probes import ProbeFailed
+
+        if not isinstance(exc, ProbeFailed):
+            raise
+        print(f"error: stage probe FAILED: {exc}. Do not start a long extraction on this host/image until the "
+              f"patched speculators matches the reference (see {run_dir}/probe/report.json; "
+              f"`eagle3ops patch verify` checks the patch series).", file=sys.stderr, flush=True)
+        raise typer.Exit(1) from exc
 
 
 @app.command()
@@ -84,3 +97,19 @@ def train(
 ) -> None:
     """Train the EAGLE-3 draft head (speculators); resumable checkpoints and a vLLM-loadable final one."""
     _run("train", run_dir, restart=restart)
+
+
+@app.command()
+def probe(
+    run_dir: RunDir,
+    num_seqs: Annotated[int, typer.Option(min=41, help="Sequences in the probe batch (two generate() calls; > 40).")] = 48,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(min=32, help="vLLM per-step token budget for the probe (small: prompts are chunked).")
+    ] = 256,
+    seed: Annotated[int, typer.Option(help="Seed for sequence lengths (and ids without prepare/).")] = 0,
+) -> None:
+    """Hidden-state correctness probe: vLLM extraction vs a transformers forward (same layers, dtype).
+
+    Run before a long extraction; exit 1 when the per-token errors exceed the stated tolerance.
+    """
+    _run("probe", run_dir, num_seqs=num_seqs, max_num_batched_tokens=max_num_batched_tokens, seed=seed)

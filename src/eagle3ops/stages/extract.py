@@ -90,13 +90,14 @@ class TransformersEngine:
     tensor the decoder layer's output (the residual stream, before the final norm).
     """
 
-    def __init__(self, model_path: str, layer_ids: list[int], device: str | None = None) -> None:
+    def __init__(self, model_path: str, layer_ids: list[int], device: str | None = None, dtype: Any = None) -> None:
+        """``dtype``: a torch dtype for the weights and activations; None = the checkpoint's (``dtype="auto"``)."""
         import torch
         from transformers import AutoModelForCausalLM
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, trust_remote_code=True, dtype="auto", attn_implementation="eager"
+            model_path, trust_remote_code=True, dtype=dtype or "auto", attn_implementation="eager"
         ).to(self.device)
         self.model.eval()
         self.layer_ids = layer_ids
@@ -138,8 +139,14 @@ def resolve_tp(config: PipelineConfig) -> int:
     return int(tp)
 
 
-def make_vllm_generator(config: PipelineConfig, layer_ids: list[int]) -> Any:
-    """speculators' ``VllmHiddenStatesGenerator`` (patched) for the target, capturing ``layer_ids``."""
+def make_vllm_generator(
+    config: PipelineConfig, layer_ids: list[int], max_num_batched_tokens: int | None = None
+) -> Any:
+    """speculators' ``VllmHiddenStatesGenerator`` (patched) for the target, capturing ``layer_ids``.
+
+    ``max_num_batched_tokens``: vLLM's per-step token budget (the patched generator's argument; None = its
+    default ``max(8192, max_model_len)``). The probe passes a small one so prompts are prefilled in chunks.
+    """
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
     import torch
@@ -153,6 +160,7 @@ def make_vllm_generator(config: PipelineConfig, layer_ids: list[int]) -> Any:
         max_model_len=config.effective_max_model_len(),
         gpu_memory_utilization=config.extract.gpu_memory_utilization,
         tensor_parallel_size=resolve_tp(config),
+        **({"max_num_batched_tokens": max_num_batched_tokens} if max_num_batched_tokens else {}),
     )
 
 
