@@ -451,7 +451,9 @@ class Supervisor:
             if self.plan.kind == "window":
                 self.record()
                 self.stop_serving()
-                stopped_at = (self.journal.last("stop") or {}).get("epoch")
+                # Downtime counts from the moment the stop began (serving refuses requests from then on).
+                stopped_at = next((e["epoch"] for e in self.journal.entries
+                                   if e["step"] == "stop" and e["event"] == "start"), None)
                 try:
                     for step in self.plan.stages:
                         if not self.run_stage(step):
