@@ -27,6 +27,8 @@ def test_minimal_config_gets_documented_defaults(tmp_path):
     assert cfg.prepare.datasets == ["builtin:sharegpt", "builtin:messages"]
     assert cfg.extract.aux_layer_ids is None and cfg.extract.tensor_parallel_size == "auto"
     assert cfg.vocab.draft_vocab_size == 32000
+    assert cfg.train.nproc == "auto"  # one process per visible GPU
+    assert load_pipeline_config(_write(tmp_path, "target_model: /m\ntrain: {nproc: 2}\n")).train.nproc == 2
     assert cfg.effective_max_model_len() == cfg.prepare.max_seq_len + 1
 
 
@@ -41,6 +43,7 @@ def test_minimal_config_gets_documented_defaults(tmp_path):
         ("target_model: /m\nprepare: {max_seq_len: 512}\nextract: {max_model_len: 512}\n", "max_seq_len + 1"),
         ("target_model: /m\ntrain: {lr: -1}\n", "key `train.lr`"),
         ("target_model: /m\nextract: {tensor_parallel_size: 0}\n", "key `extract.tensor_parallel_size`"),
+        ("target_model: /m\ntrain: {nproc: 0}\n", "key `train.nproc`"),
         ("- a\n- b\n", "expected a mapping"),
     ],
 )

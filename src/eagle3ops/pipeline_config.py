@@ -149,6 +149,21 @@ class TrainConfig(_Strict):
         ),
     )
     noise_std: float = Field(0.0, ge=0, description="Uniform noise added to aux hidden states (0 = none).")
+    nproc: int | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "Training processes: > 1 relaunches the stage under torchrun (localhost rendezvous) with FSDP2, one "
+            "process per GPU (NCCL) or N CPU processes (gloo). `auto` = every visible GPU (1 on CPU). The "
+            "environment variable EAGLE3OPS_TRAIN_NPROC overrides it."
+        ),
+    )
+
+    @field_validator("nproc")
+    @classmethod
+    def _nproc(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be >= 1 or `auto`, got {value}")
+        return value
 
 
 class PipelineConfig(_Strict):

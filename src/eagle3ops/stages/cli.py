@@ -94,9 +94,16 @@ def vocab(run_dir: RunDir) -> None:
 def train(
     run_dir: RunDir,
     restart: Annotated[bool, typer.Option(help="Delete earlier checkpoints instead of resuming from them.")] = False,
+    stop_after: Annotated[
+        int | None, typer.Option(min=1, help="Stop after this many steps with a checkpoint (a rerun resumes).")
+    ] = None,
 ) -> None:
-    """Train the EAGLE-3 draft head (speculators); resumable checkpoints and a vLLM-loadable final one."""
-    _run("train", run_dir, restart=restart)
+    """Train the EAGLE-3 draft head (speculators); resumable checkpoints and a vLLM-loadable final one.
+
+    Processes: ``train.nproc`` / ``$EAGLE3OPS_TRAIN_NPROC`` (default one per GPU); more than one runs under
+    torchrun with FSDP2 (NCCL on GPUs, gloo on CPU).
+    """
+    _run("train", run_dir, restart=restart, stop_after=stop_after)
 
 
 @app.command()

@@ -32,6 +32,26 @@ accuracy metrics), ``Eagle3SampleFileDataset`` + ``standardize_data_v1`` + ``shi
   RNG state and data position, so a killed run resumes where it stopped.
 - ``torch.compile`` of the forward follows ``train.compile`` (default: on for cuda, off for cpu, where eager is
   what runs in reasonable time).
+
+Several processes (FSDP2)
+-------------------------
+``train.nproc`` (``auto`` = one per visible GPU, 1 on CPU; the ``EAGLE3OPS_TRAIN_NPROC`` environment variable
+overrides it) > 1 makes the stage relaunch itself under torchrun (``python -m torch.distributed.run --standalone
+--nproc_per_node N``: rendezvous on localhost, a free port), one process per GPU with NCCL, or N CPU processes
+with gloo (how CI tests the distributed path). One process stays a plain process. Each rank builds the same
+draft head (same seed), loads the checkpoint's full state dict if resuming, then applies FSDP2
+``fully_shard`` to every decoder layer and to the whole model, as speculators' ``apply_fully_sharded`` does --
+but without its bf16 ``MixedPrecisionPolicy`` (parameters and reductions stay fp32, as on one process, so 1-
+and N-process runs train the same numbers) and without its meta-device re-init (the weights are loaded before
+sharding). Each rank gets its own packed batches from ``MultipackDistributedBatchSamplerV2`` (``num_replicas``
+= world size, every rank the same number of batches); gradients are averaged over ranks by FSDP's
+reduce-scatter. Loss and metrics are averaged over ranks before they are logged; only rank 0 writes files.
+
+Checkpoints are world-size independent: rank 0 writes full (unsharded) state dicts gathered with
+``torch.distributed.checkpoint.state_dict`` (``get_model_state_dict`` / ``get_optimizer_state_dict`` with
+``full_state_dict=True``; optimizer state keyed by parameter name), so a checkpoint written by N processes
+resumes in 1 and vice versa. The step count, LR schedule and RNG state carry over; the batch order after a
+resume follows the new world size's sampler.
 """
 
 from __future__ import annotations
@@ -42,6 +62,8 @@ import os
 import random
 import resource
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -172,10 +194,55 @@ def _latest_checkpoint(ckpt_root: Path) -> Path | None:
     return done[-1] if done else None
 
 
+NPROC_ENV = "EAGLE3OPS_TRAIN_NPROC"
+
+
+def _quiet(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def resolve_nproc(config: PipelineConfig) -> int:
+    """Training processes: ``$EAGLE3OPS_TRAIN_NPROC``, else ``train.nproc``; ``auto`` = visible CUDA devices
+    (when training on cuda), else 1.
+
+    Raises:
+        ValueError: ``$EAGLE3OPS_TRAIN_NPROC`` is not a positive integer.
+    """
+    raw = os.environ.get(NPROC_ENV)
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"${NPROC_ENV}={raw!r}: must be a positive integer (processes for the train stage)")
+        return int(raw)
+    if config.train.nproc != "auto":
+        return int(config.train.nproc)
+    if config.train.device == "cpu":
+        return 1
+    import torch
+
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
+
+def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any) -> dict[str, Any]:
+    """Run this stage in ``nproc`` processes under torchrun (localhost rendezvous); returns rank 0's figures."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "eagle3ops", "stage", "train", "--run-dir", str(run_dir)]
+    if stop_after is not None:
+        argv += ["--stop-after", str(stop_after)]
+    log(f"train: {nproc} processes: {' '.join(argv[1:])}")
+    rc = subprocess.run(argv, check=False).returncode  # noqa: S603 - argv list, our own interpreter
+    if rc != 0:
+        raise RuntimeError(f"train: torchrun with {nproc} processes exited with status {rc} (see the ranks' log above)")
+    done = stage_dir(run_dir, "train") / "manifest.json"
+    if stop_after is not None and not done.is_file():
+        return {"stopped_at": json.loads((_latest_checkpoint(stage_dir(run_dir, "train") / "checkpoints")
+                                          / "state.json").read_text())["step"]}
+    return json.loads(done.read_text())
+
+
 def _peak_memory_bytes(device: str) -> int:
     import torch
 
-    if device == "cuda":
+    if device.startswith("cuda"):
         return int(torch.cuda.max_memory_allocated())
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
@@ -195,10 +262,25 @@ def run_train(
     t_start = time.monotonic()
     tc = config.train
     inputs = check_inputs(run_dir, "train", config)  # before the heavy imports: refusals stay fast and torch-free
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if "LOCAL_RANK" not in os.environ:  # not under torchrun: pick the launch
+        nproc = resolve_nproc(config)
+        if nproc > 1:
+            if restart and stage_dir(run_dir, "train").exists():
+                shutil.rmtree(stage_dir(run_dir, "train"))
+            return _launch_torchrun(run_dir, nproc, stop_after, log)
+        world = 1
 
     import numpy as np
     import torch
+    import torch.distributed as dist
     from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
@@ -210,15 +292,26 @@ def run_train(
         raise ValueError("extract/ and vocab/ were made from different prepare outputs; rerun both")
     out = stage_dir(run_dir, "train")
     ckpt_root = out / "checkpoints"
-    if restart and out.exists():
+    if restart and out.exists() and world == 1:
         shutil.rmtree(out)
     ckpt_root.mkdir(parents=True, exist_ok=True)
 
     device = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda":
+    rank = 0
+    if world > 1:
+        if device == "cuda":
+            local_rank = int(os.environ["LOCAL_RANK"])
+            torch.cuda.set_device(local_rank)
+            device = f"cuda:{local_rank}"
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        rank = dist.get_rank()
+    is_main = rank == 0
+    if not is_main:
+        log = _quiet  # one log per run: rank 0's
+    if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     # speculators decorates the draft forward with @torch.compile; train.compile decides whether it compiles.
-    use_compile = tc.compile if tc.compile is not None else device == "cuda"
+    use_compile = tc.compile if tc.compile is not None else device.startswith("cuda")
     torch._dynamo.config.disable = not use_compile
 
     d2t = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "d2t.npy"))
@@ -245,29 +338,39 @@ def run_train(
     )
     lengths = [s["tokens"] - 1 for s in ext["sample_files"]]  # shift_batch drops one position
     sampler = MultipackDistributedBatchSamplerV2(
-        batch_max_length=tc.batch_max_tokens, lengths=lengths, num_replicas=1, rank=0, seed=config.seed
+        batch_max_length=tc.batch_max_tokens, lengths=lengths, num_replicas=world, rank=rank, seed=config.seed
     )
     collate = create_collate_fn(tc.batch_max_tokens)
 
-    model.to(device)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc.lr)
-    sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=tc.warmup_steps, num_training_steps=tc.steps)
-
     step = 0
     prev = _latest_checkpoint(ckpt_root)
-    if prev is not None:
+    state: dict[str, Any] = {}
+    if prev is not None:  # full state dict into the unsharded model, before fully_shard
         state = json.loads((prev / "state.json").read_text())
         sd = load_file(str(prev / "model.safetensors"), device="cpu")
         missing, unexpected = model.load_state_dict(sd, strict=False)
         if unexpected or set(missing) - {"verifier_lm_head.weight"}:
             raise ValueError(f"{prev}: checkpoint does not fit the draft head (missing {missing}, extra {unexpected})")
-        opt.load_state_dict(torch.load(prev / "optimizer.pt", map_location=device, weights_only=True))
+    model.to(device)
+    if world > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc.lr)
+    sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=tc.warmup_steps, num_training_steps=tc.steps)
+    # Full (unsharded, name-keyed) state dicts: the same files for any world size. cpu_offload needs a group.
+    sd_opts = StateDictOptions(full_state_dict=True, cpu_offload=world > 1)
+    if prev is not None:
+        osd = torch.load(prev / "optimizer.pt", map_location="cpu", weights_only=True)
+        set_optimizer_state_dict(model, opt, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True))
         sched.load_state_dict(torch.load(prev / "scheduler.pt", weights_only=True))
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         step = int(state["step"])
-        log(f"train: resuming from {prev} at step {step}")
+        log(f"train: resuming from {prev} at step {step} ({world} process{'es' if world > 1 else ''})")
     metrics_path = out / "metrics.jsonl"
-    if step == 0:
+    if step == 0 and is_main:
         metrics_path.unlink(missing_ok=True)
 
     # Batches of epoch e come from the sampler seeded with seed + e: the position of step s is reproducible.
@@ -284,22 +387,36 @@ def run_train(
                 seen += 1
             epoch += 1
 
+    def full_model_sd() -> dict[str, Any]:
+        sd = get_model_state_dict(model, options=sd_opts)  # a collective when sharded: every rank calls it
+        return {k: v.detach().cpu() for k, v in sd.items()}
+
     def save_checkpoint(s: int) -> None:
-        d = ckpt_root / f"step_{s:08d}"
-        if d.exists():
-            shutil.rmtree(d)
-        model.save_pretrained(d, state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()})
-        torch.save(opt.state_dict(), d / "optimizer.pt")
-        torch.save(sched.state_dict(), d / "scheduler.pt")
-        atomic_write_text(d / "state.json", json.dumps({"step": s, "torch_rng": torch.get_rng_state().tolist()}))
-        for old in sorted(p.parent for p in ckpt_root.glob("step_*/state.json"))[: -tc.keep_checkpoints]:
-            shutil.rmtree(old)
+        msd = full_model_sd()
+        osd = get_optimizer_state_dict(model, opt, options=sd_opts)
+        if is_main:
+            d = ckpt_root / f"step_{s:08d}"
+            if d.exists():
+                shutil.rmtree(d)
+            model.save_pretrained(d, state_dict=msd)
+            torch.save(osd, d / "optimizer.pt")
+            torch.save(sched.state_dict(), d / "scheduler.pt")
+            atomic_write_text(d / "state.json", json.dumps({"step": s, "world_size": world,
+                                                            "torch_rng": torch.get_rng_state().tolist()}))
+            for old in sorted(p.parent for p in ckpt_root.glob("step_*/state.json"))[: -tc.keep_checkpoints]:
+                shutil.rmtree(old)
+        if world > 1:
+            dist.barrier()
+
+    def finish() -> None:
+        if world > 1:
+            dist.destroy_process_group()
 
     model.train()
     first_step = step
     t_loop = time.monotonic()
     last: dict[str, float] = {}
-    with open(metrics_path, "a", encoding="utf-8") as mf:
+    with open(metrics_path if is_main else os.devnull, "a", encoding="utf-8") as mf:
         gen = batches_from(step)
         while step < tc.steps:
             epoch, idx = next(gen)
@@ -309,8 +426,18 @@ def run_train(
             _draft, loss, metrics = model(
                 **batch, ttt_steps=tc.ttt_steps, ttt_step_loss_decay=tc.ttt_step_loss_decay
             )
-            if not torch.isfinite(loss):
-                raise ValueError(f"train: loss is {loss.item()} at step {step}; lower train.lr")
+            n_tok = int(batch["lengths"].sum())
+            if world > 1:  # mean loss/metrics over ranks (same on every rank, so all stop alike), summed tokens
+                names = sorted(metrics)
+                v = torch.stack([loss.detach().float(), *[torch.as_tensor(metrics[k]).float().to(loss.device)
+                                                         for k in names], torch.tensor(float(n_tok), device=loss.device)])
+                dist.all_reduce(v)
+                metrics = {k: v[i + 1] / world for i, k in enumerate(names)}
+                mean_loss, n_tok = v[0] / world, int(v[-1])
+            else:
+                mean_loss = loss
+            if not torch.isfinite(mean_loss):
+                raise ValueError(f"train: loss is {mean_loss.item()} at step {step}; lower train.lr")
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -319,7 +446,6 @@ def run_train(
             step += 1
             last = {k: round(float(v), 6) for k, v in metrics.items()}  # float() waits for the device
             step_s = time.monotonic() - t_step
-            n_tok = int(batch["lengths"].sum())
             mf.write(json.dumps({"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "step_s": round(step_s, 5),
                                  "tokens": n_tok, **last}) + "\n")
             mf.flush()
@@ -330,17 +456,25 @@ def run_train(
             if stop_after is not None and step - first_step >= stop_after and step < tc.steps:
                 save_checkpoint(step)
                 log(f"train: stopped after {stop_after} steps at step {step}; a rerun resumes")
+                finish()
                 return {"stopped_at": step}
-    if device == "cuda":
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
     loop_s = time.monotonic() - t_loop
     ran = step - first_step
 
+    sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in full_model_sd().items()}
+    peak = _peak_memory_bytes(device)
+    peaks = [peak]
+    if world > 1:
+        peaks = [0] * world
+        dist.all_gather_object(peaks, peak)
+    if not is_main:
+        finish()
+        return {"rank": rank}
     final = out / "final"
     if final.exists():
         shutil.rmtree(final)
-    sd = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).cpu()
-          for k, v in model.state_dict().items()}
     model.save_pretrained(final, state_dict=sd)
     # save_pretrained labels the config with the parameters' dtype (fp32 in training); the weights are bf16.
     conf_path = final / "config.json"
@@ -361,11 +495,14 @@ def run_train(
         "steps_this_run": ran,
         "resumed_from_step": first_step,
         "device": device if device == "cpu" else f"cuda ({torch.cuda.get_device_name(0)})",
+        "world_size": world,
+        "distributed": f"FSDP2 fully_shard, {'nccl' if device.startswith('cuda') else 'gloo'}" if world > 1 else None,
         "compile": use_compile,
         "attention": attention,
         "steps_per_s": round(ran / loop_s, 4) if ran and loop_s > 0 else None,  # checkpoint saves included
-        "peak_memory_bytes": _peak_memory_bytes(device),
-        "peak_memory_kind": "torch.cuda.max_memory_allocated" if device == "cuda" else "process max RSS",
+        "peak_memory_bytes": max(peaks),
+        "peak_memory_bytes_per_rank": peaks,
+        "peak_memory_kind": "torch.cuda.max_memory_allocated" if device.startswith("cuda") else "process max RSS",
         "first_loss": history[0]["loss"] if history else None,
         "final_metrics": last or (history[-1] if history else {}),
         "aux_layer_ids_extracted": aux,
@@ -382,7 +519,8 @@ def run_train(
     if any(not math.isfinite(h["loss"]) for h in history):
         raise ValueError("train: a non-finite loss was recorded")
     write_manifest(run_dir, "train", config, {"metrics.jsonl": file_entry(metrics_path), **final_files}, **figures)
-    log(f"train: {step} steps ({ran} this run, {figures['steps_per_s']} steps/s on {figures['device']}); final draft "
-        f"head in {final}")
+    log(f"train: {step} steps ({ran} this run, {figures['steps_per_s']} steps/s on {figures['device']} x {world}); "
+        f"final draft head in {final}")
     os.sync()
+    finish()
     return figures
