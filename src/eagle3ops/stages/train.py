@@ -225,7 +225,7 @@ def resolve_nproc(config: PipelineConfig) -> int:
 def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any) -> dict[str, Any]:
     """Run this stage in ``nproc`` processes under torchrun (localhost rendezvous); returns rank 0's figures."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "eagle3ops", "stage", "train", "--run-dir", str(run_dir)]
+            "-m", "eagle3ops.stages", "train", "--run-dir", str(run_dir)]
     if stop_after is not None:
         argv += ["--stop-after", str(stop_after)]
     log(f"train: {nproc} processes: {' '.join(argv[1:])}")
