@@ -54,6 +54,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("dir", type=Path)
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    p.add_argument("--allreduce-only", action="store_true")
     a = p.parse_args()
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -64,10 +65,16 @@ def main() -> None:
     figs: dict = {"gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                   "torch": torch.__version__}
     save = lambda: (a.out / "figures.json").write_text(json.dumps(figs, indent=1))  # noqa: E731
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-c",
-                        ALLREDUCE], capture_output=True, text=True, timeout=120)
+    script = a.out / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(script)], capture_output=True, text=True, timeout=120)
+    script.unlink()
     figs["allreduce"] = next((x for x in r.stdout.splitlines() if x.startswith("ALLREDUCE")), r.stderr[-800:])
     save()
+    if a.allreduce_only:
+        print(figs["allreduce"])
+        return
     shutil.rmtree(single.TARGET, ignore_errors=True)
     shutil.copytree(a.dir / "target", single.TARGET)
     torch.manual_seed(0)
