@@ -489,10 +489,17 @@ class Supervisor:
             "release": self.releases.current(), "finished": _now(),
         }
         (self.wdir / "result.json").write_text(json.dumps(result, indent=2))
-        with (self.state_dir / "audit.jsonl").open("a") as f:
+        audit = self.state_dir / "audit.jsonl"
+        with audit.open("a") as f:
             f.write(json.dumps({"t": _now(), "user": self.plan.user, "host": self.plan.host,
                                 "command": self.plan.command, "window": self.plan.window_id,
                                 "outcome": outcome, "error": error, "release": result["release"]}) + "\n")
+        # The driver appends to the same log as the SSH user (windows that never started): keep it theirs.
+        st = self.state_dir.stat()
+        try:
+            os.chown(audit, st.st_uid, st.st_gid)
+        except OSError:
+            pass
         self._release_lock()
         self.journal.log("supervisor", "done", outcome=outcome)
         return result
