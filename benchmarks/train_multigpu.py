@@ -373,7 +373,7 @@ def gpu(dirpath: Path, out: Path) -> None:
     save()
 
     # d. resume across process counts, if time is left
-    if time.monotonic() - T0 < DEADLINE_S - 150:
+    if os.environ.get("E3MG_RESUME", "1") != "0" and time.monotonic() - T0 < DEADLINE_S - 150:
         run = WORK / "resume"
         shutil.rmtree(run, ignore_errors=True)
         shutil.copytree(WORK / "base", run, ignore=shutil.ignore_patterns("train"))
@@ -392,7 +392,7 @@ def gpu(dirpath: Path, out: Path) -> None:
                 break
         figures["resume_across_nproc"] = res
     else:
-        figures["resume_across_nproc"] = "skipped: not enough time left"
+        figures["resume_across_nproc"] = "skipped (E3MG_RESUME=0 or not enough time left)"
     save()
     print(json.dumps(figures, indent=1))
 
