@@ -257,6 +257,11 @@ def test_restore_fails_health_gate_then_rollback(deployed):
     spec = serving_release_spec(h, [])
     spec["volumes"] = [f"{copy}:/models/tiny-llama:ro"]
     with Remote(h) as r:
+        # A known-good release first, so that the numerically previous release is a good one whatever earlier runs
+        # left on this host (rollback picks the newest release before the current one).
+        good = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
+                          command="pytest release good", new_spec=serving_release_spec(h, []))
+        assert good["outcome"] == "ok", good
         rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
                          command="pytest release copy", new_spec=spec)
     assert rel["outcome"] == "ok", rel
