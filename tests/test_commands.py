@@ -81,3 +81,18 @@ def test_supervisor_argv_mounts_socket(host):
     tcp = host.model_copy(update={"docker_host": "tcp://10.0.0.1:2375"})
     with pytest.raises(ValueError, match="docker_host"):
         st.supervisor_argv(tcp, image="p", window_id="w", plan_path="/p")
+
+
+def test_compose_serving_is_found_by_labels_and_keeps_them(host):
+    h = host.model_copy(update={"serving": host.serving.model_copy(
+        update={"kind": "compose", "compose_project": "prod; rm -rf /", "compose_service": "vllm"})})
+    argv = sv.find_container_argv(h)
+    assert "label=com.docker.compose.project=prod; rm -rf /" in argv
+    assert shlex.split(render(argv)) == argv
+    spec = sv.container_spec(h, release=2)
+    assert spec["name"] == "prod; rm -rf /-vllm-1"
+    assert spec["labels"]["com.docker.compose.service"] == "vllm"
+    assert spec["labels"]["com.docker.compose.oneoff"] == "False"
+    plain = sv.container_spec(host, release=2)
+    assert not any(k.startswith("com.docker.compose") for k in plain["labels"])
+    assert "name=^/?vllm-serving$" in sv.find_container_argv(host)

@@ -76,3 +76,20 @@ def test_docs_cover_every_key():
     text = docs()
     for key in ("hostname", "docker_host", "stage_env", "maintenance_budget_s", "health_timeout_s", "served_model_name"):
         assert f"`{key}`" in text
+
+
+def test_compose_serving_needs_project_and_service(tmp_path):
+    p = _write(tmp_path, BASE + "      kind: compose\n      compose_project: prod\n")
+    with pytest.raises(ConfigError) as e:
+        load_inventory(p)
+    assert "hosts.h1.serving" in str(e.value) and "compose_service" in str(e.value)
+    ok = load_inventory(_write(tmp_path, BASE + "      kind: compose\n      compose_project: prod\n"
+                                                "      compose_service: vllm\n")).host("h1")
+    assert (ok.serving.kind, ok.serving.compose_project, ok.serving.compose_service) == ("compose", "prod", "vllm")
+
+
+def test_compose_keys_with_container_kind_and_systemd_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="kind: compose"):
+        load_inventory(_write(tmp_path, BASE + "      compose_service: vllm\n"))
+    with pytest.raises(ConfigError, match=r"hosts\.h1\.serving\.kind"):
+        load_inventory(_write(tmp_path, BASE + "      kind: systemd\n"))

@@ -170,6 +170,40 @@ def test_driver_killed_mid_stage(deployed, tmp_path):
     _assert_serving_back(h, wid, "ok")
 
 
+def test_supervisor_killed_then_recover(deployed):
+    # The supervisor container itself dies mid-stage (killed: its restart policy does not bring back a container
+    # that was killed by hand). `eagle3ops recover` restarts it; it resumes from the journal and restores serving.
+    h, dep = deployed
+    box: dict = {}
+
+    def drive():
+        try:
+            box["res"] = _window(h, dep, "extract", _unique("fault-recover"))
+        except Exception as exc:  # noqa: BLE001 - the driver may give up or time out; recover finishes the window
+            box["exc"] = exc
+
+    before = _windows(h)
+    th = threading.Thread(target=drive, daemon=True)
+    th.start()
+    wid = _wait_for_event(h, before, "prepare", "start")
+    from eagle3ops.commands import stages as st
+
+    with Remote(h) as r:
+        r.run(dk.docker(h, "kill", st.supervisor_name(wid)))
+    env = {**os.environ, "EAGLE3OPS_INVENTORY": str(REPO / "deploy/hosts.yaml")}
+    out = subprocess.run([str(REPO / ".venv/bin/eagle3ops"), "recover", "sandbox"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    th.join(timeout=120)
+    with Remote(h) as r:
+        result = json.loads(r.run(["cat", paths(h, wid)["result"]]).stdout)
+        journal = [json.loads(x) for x in r.run(["cat", paths(h, wid)["journal"]]).stdout.splitlines()]
+    assert result["outcome"] == "ok" and result["stages"] == {"prepare": "ok", "extract": "ok"}, result
+    # The resumed supervisor did not record/stop serving again: one "record start" in the journal.
+    assert sum(1 for e in journal if e["step"] == "record" and e["event"] == "start") == 1
+    _assert_serving_back(h, wid, "ok")
+
+
 def test_ssh_connection_cut_mid_stage(deployed):
     h, dep = deployed
     box: dict = {}
@@ -249,22 +283,23 @@ def test_data_dir_fills_up_during_stage(deployed):
 
 def test_restore_fails_health_gate_then_rollback(deployed):
     h, dep = deployed
-    # Release N+1 serves a copy of the model; the copy is lost during the window, so the restored server cannot
-    # start: the supervisor must roll back to release N and say so.
+    # Live release L; then a broken release B (vLLM rejects its flag: it fails its gate and never goes live); then
+    # release C serving a copy of the model. The copy is lost during the next window, so the restored server cannot
+    # start: the supervisor must roll back to the previously *live* release L (not B, the numerically previous one)
+    # and say so.
     copy = Path(h.data_dir, "models/tiny-llama-copy")
     subprocess.run(["rm", "-rf", str(copy)], check=True)
     subprocess.run(["cp", "-a", h.model_path, str(copy)], check=True)
     spec = serving_release_spec(h, [])
     spec["volumes"] = [f"{copy}:/models/tiny-llama:ro"]
     with Remote(h) as r:
-        # A known-good release first, so that the numerically previous release is a good one whatever earlier runs
-        # left on this host (rollback picks the newest release before the current one).
-        good = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
-                          command="pytest release good", new_spec=serving_release_spec(h, []))
-        assert good["outcome"] == "ok", good
+        bad = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
+                         command="pytest release broken", new_spec=serving_release_spec(h, ["--no-such-flag"]))
+        live = bad["release"]
+        assert bad["outcome"] == "failed" and f"rolled back to release {live}" in bad["error"], bad
         rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
                          command="pytest release copy", new_spec=spec)
-    assert rel["outcome"] == "ok", rel
+    assert rel["outcome"] == "ok" and rel["release"] == live + 2, (rel, live)
     box: dict = {}
 
     def drive():
@@ -277,6 +312,6 @@ def test_restore_fails_health_gate_then_rollback(deployed):
     subprocess.run(["rm", "-rf", str(copy)], check=True)
     th.join(timeout=900)
     res = box["res"]
-    assert res["outcome"] == "failed" and f"rolled back to release {rel['release'] - 1}" in res["error"], res
-    assert res["release"] == rel["release"] - 1
+    assert res["outcome"] == "failed" and f"rolled back to release {live}" in res["error"], res
+    assert res["release"] == live
     _assert_serving_back(h, res["window_id"], "failed")

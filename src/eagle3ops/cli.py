@@ -194,30 +194,29 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
 
 @app.command()
 def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
-             to: Optional[int] = typer.Option(None, "--to", help="Release number (default: the one before current).")
+             to: Optional[int] = typer.Option(
+                 None, "--to", help="Release number (default: the release that was live before the current one).")
              ) -> None:
-    """Bring back a retained serving release (default: the previous one), health-gated."""
-    from eagle3ops.commands import host as hc
-    from eagle3ops.window import paths
-
+    """Bring back a retained serving release (default: the one live before the current one), health-gated."""
     h = _host(inventory, host)
-    if to is None:
-        with _remote(h) as r:
-            cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False, mutates=False)
-            nums = r.run(hc.ls(paths(h)["releases"]), check=False, mutates=False)
-        current = int(cur.stdout.strip() or 0)
-        earlier = sorted(int(n[:-5]) for n in nums.stdout.split() if n.endswith(".json") and int(n[:-5]) < current)
-        if not earlier:
-            _fail(f"{host}: no release before the current one ({current or 'none'}) is retained")
-        to = earlier[-1]
     _window("rollback", h, dry_run, to_release=to)
+
+
+def _newest_window(r, required: str = "") -> str | None:
+    """Id of the host's newest window; fails with ``no window to <required>`` when ``required`` and none exists."""
+    from eagle3ops.window import latest_window
+
+    wid = latest_window(r)
+    if not wid and required:
+        _fail(f"{r.host.name}: no window to {required}")
+    return wid
 
 
 @app.command()
 def status(host: str, inventory: Path = InventoryOpt) -> None:
     """Lock, serving release and the newest window's journal and result."""
     from eagle3ops.commands import host as hc
-    from eagle3ops.window import latest_window, paths, read_lock
+    from eagle3ops.window import paths, read_lock
 
     h = _host(inventory, host)
     with _remote(h) as r:
@@ -225,7 +224,7 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
         console.print(f"lock: {json.dumps(lock) if lock else 'free'}")
         cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False, mutates=False)
         console.print(f"serving release: {cur.stdout.strip() or 'none recorded'}")
-        wid = latest_window(r)
+        wid = _newest_window(r)
         if not wid:
             console.print("no window has run on this host")
             return
@@ -242,13 +241,10 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
 @app.command()
 def attach(host: str, inventory: Path = InventoryOpt) -> None:
     """Follow the newest window's journal until it finishes, then print its summary."""
-    from eagle3ops.window import cleanup_supervisor, latest_window, watch
+    from eagle3ops.window import cleanup_supervisor, watch
 
-    h = _host(inventory, host)
-    with _remote(h) as r:
-        wid = latest_window(r)
-        if not wid:
-            _fail(f"{host}: no window to attach to")
+    with _remote(_host(inventory, host)) as r:
+        wid = _newest_window(r, "attach to")
         result = watch(r, wid, on_event=_print_event)
         cleanup_supervisor(r, wid)
     _summary({**result, "window_id": wid})
@@ -257,24 +253,12 @@ def attach(host: str, inventory: Path = InventoryOpt) -> None:
 @app.command()
 def recover(host: str, inventory: Path = InventoryOpt) -> None:
     """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
-    from eagle3ops.commands import docker as dk
-    from eagle3ops.commands import host as hc
-    from eagle3ops.commands import stages as st
-    from eagle3ops.window import latest_window, paths, watch
+    from eagle3ops.window import relaunch, watch
 
-    h = _host(inventory, host)
-    with _remote(h) as r:
-        wid = latest_window(r)
-        if not wid:
-            _fail(f"{host}: no window to recover")
-        p = paths(h, wid)
-        if r.run(hc.cat_if_exists(p["result"]), mutates=False).stdout.strip():
+    with _remote(_host(inventory, host)) as r:
+        wid = _newest_window(r, "recover")
+        if not relaunch(r, wid, fallback_image=_deployed(r, required=False)["image"]):
             console.print(f"window {wid} already finished")
-        else:
-            plan = json.loads(r.run(hc.cat(p["plan"]), mutates=False).stdout)
-            image = plan["stages"][0]["spec"]["image"] if plan["stages"] else _deployed(r)["image"]
-            r.run(dk.rm(h, st.supervisor_name(wid), force=True), check=False)
-            r.run(st.supervisor_argv(h, image=image, window_id=wid, plan_path=p["plan"]))
         result = watch(r, wid, on_event=_print_event)
     _summary({**result, "window_id": wid})
 

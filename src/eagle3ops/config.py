@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
 
@@ -28,10 +28,17 @@ class _Strict(BaseModel):
 class ServingConfig(_Strict):
     """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it."""
 
-    kind: Literal["container"] = Field(
-        "container", description="Serving manager. Only `container` (a named Docker container) is supported now."
+    kind: Literal["container", "compose"] = Field(
+        "container",
+        description="Serving manager: `container` (a Docker container by name) or `compose` (the container of a "
+                    "Compose service, found by its `com.docker.compose.project`/`.service` labels). systemd units are "
+                    "not supported yet: run serving as a container or a Compose service.",
     )
-    container: str = Field("vllm-serving", description="Name of the serving container on the host.")
+    container: str = Field("vllm-serving", description="Name of the serving container on the host (kind container).")
+    compose_project: str | None = Field(
+        None, description="Compose project name (kind compose), as `docker compose -p` / `name:` sets it."
+    )
+    compose_service: str | None = Field(None, description="Compose service name (kind compose), e.g. `vllm`.")
     image: str = Field(..., description="Serving image reference, e.g. `vllm/vllm-openai:v0.16.0`.")
     args: list[str] = Field(
         default_factory=list, description="Arguments passed to the image's entrypoint (`vllm serve` args)."
@@ -50,6 +57,17 @@ class ServingConfig(_Strict):
         1800.0, gt=0, description="How long the restore health gate waits for a (slow) server start, in seconds."
     )
     stop_timeout_s: int = Field(120, ge=1, description="Graceful stop timeout before SIGKILL, in seconds.")
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> "ServingConfig":
+        compose = (self.compose_project, self.compose_service)
+        if self.kind == "compose" and not all(compose):
+            raise ValueError("kind `compose` needs `compose_project` and `compose_service` (the Compose project "
+                             "and service names of the serving container)")
+        if self.kind == "container" and any(compose):
+            raise ValueError("`compose_project`/`compose_service` are set but `kind` is `container`: set "
+                             "`kind: compose` or remove them")
+        return self
 
 
 class HostConfig(_Strict):

@@ -128,11 +128,18 @@ class Journal:
 # ---- releases --------------------------------------------------------------------------------------------------
 
 class Releases:
-    """Retained serving releases under ``<state_dir>/releases``; pruning never removes one listed here."""
+    """Retained serving releases under ``<state_dir>/releases``; pruning never removes one listed here.
+
+    Files: ``NNNN.json`` per release (image, full container spec), ``current`` (the live release) and
+    ``history.jsonl`` (one line per release that became live, oldest first). A release that failed its health gate
+    never becomes live, so it never enters the history: rollback targets come from the history, not from the
+    numbering, and a broken newer-numbered release is never picked by an automatic rollback.
+    """
 
     def __init__(self, state_dir: Path):
         self.dir = state_dir / "releases"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.history_file = self.dir / "history.jsonl"
 
     def numbers(self) -> list[int]:
         """Release numbers present, ascending."""
@@ -161,8 +168,34 @@ class Releases:
         return n
 
     def set_current(self, n: int) -> None:
-        """Mark release ``n`` as live."""
+        """Mark release ``n`` as live (it passed its health gate, or it was already serving) and log it."""
+        earlier = [] if self.history_file.exists() else self.history()  # seed from the numbering once
         (self.dir / "current").write_text(f"{n}\n")
+        with self.history_file.open("a") as f:
+            for m in earlier:
+                f.write(json.dumps({"release": m, "t": None, "reconstructed": True}) + "\n")
+            f.write(json.dumps({"release": n, "t": _now()}) + "\n")
+
+    def history(self) -> list[int]:
+        """Releases in the order they became live, oldest first (repeats kept).
+
+        Hosts whose state predates the history file get one reconstructed from the numbering: every retained
+        release up to the current one.
+        """
+        if self.history_file.exists():
+            return [json.loads(line)["release"] for line in self.history_file.read_text().splitlines() if line]
+        cur = self.current()
+        return [] if cur is None else [n for n in self.numbers() if n <= cur]
+
+    def fallbacks(self, failed: int | None) -> list[int]:
+        """Rollback candidates after release ``failed`` did not pass its gate: previously live releases, most
+        recently live first, each once, excluding ``failed`` and releases no longer retained."""
+        out: list[int] = []
+        kept = set(self.numbers())
+        for n in reversed(self.history()):
+            if n != failed and n in kept and n not in out:
+                out.append(n)
+        return out
 
 
 # ---- the runner ------------------------------------------------------------------------------------------------
@@ -351,19 +384,36 @@ class Supervisor:
             self.journal.log("restore", "error", reason=str(exc)[-500:])
             return self._rollback_after_failure(str(exc))
 
-    def _rollback_after_failure(self, why: str) -> str:
-        cur = self.releases.current()
-        candidates = [n for n in self.releases.numbers() if cur is None or n < cur]
+    def _rollback_after_failure(self, why: str, failed: int | None = None, tries: int = 3) -> str:
+        """Serving failed its gate on release ``failed`` (default: the current one): bring back the most recently
+        live other release, trying up to ``tries`` previously live releases in turn, each health-gated.
+
+        Returns:
+            ``"rolled back to release N"``.
+
+        Raises:
+            RuntimeError: no previously live release is retained, or none of those tried passed the gate.
+        """
+        failed = self.releases.current() if failed is None else failed
+        candidates = self.releases.fallbacks(failed)[:tries]
         if not candidates:
-            raise RuntimeError(f"serving failed its health gate ({why}) and no earlier release is retained")
-        prev = candidates[-1]
-        self.journal.log("rollback", "start", to_release=prev, reason=why[-300:])
-        self._remove_serving()
-        self._create(self.releases.get(prev)["spec"])
-        self.gate()
-        self.releases.set_current(prev)
-        self.journal.log("rollback", "ok", to_release=prev)
-        return f"rolled back to release {prev}"
+            raise RuntimeError(f"serving failed its health gate ({why}) and no earlier live release is retained")
+        errors = []
+        for prev in candidates:
+            self.journal.log("rollback", "start", to_release=prev, failed_release=failed, reason=why[-300:])
+            try:
+                self._remove_serving()
+                self._create(self.releases.get(prev)["spec"])
+                self.gate()
+            except Exception as exc:  # noqa: BLE001 - try the next previously live release
+                self.journal.log("rollback", "error", to_release=prev, reason=str(exc)[-500:])
+                errors.append(f"release {prev}: {str(exc)[-200:]}")
+                continue
+            self.releases.set_current(prev)
+            self.journal.log("rollback", "ok", to_release=prev,
+                             message=f"ROLLED BACK: release {failed} failed its health gate; serving release {prev}")
+            return f"rolled back to release {prev}"
+        raise RuntimeError(f"serving failed its health gate ({why}); rollback failed too: " + "; ".join(errors))
 
     def gate(self) -> None:
         """Health gate: /health 200, /v1/models lists the served model, one completion returns text.
@@ -413,15 +463,29 @@ class Supervisor:
         raise RuntimeError(f"health gate did not pass within {h.timeout_s:.0f}s: {last}")
 
     def replace_serving(self) -> str:
-        """``release``/``rollback`` plans: swap the serving container for the target spec, health-gated."""
+        """``release``/``rollback`` plans: swap the serving container for the target spec, health-gated.
+
+        A ``rollback`` plan without ``to_release`` targets the release that was live before the current one
+        (from the live history, see :class:`Releases`).
+
+        Raises:
+            RuntimeError: the target is not retained, there is no earlier live release, or neither the target nor
+                any fallback passed the health gate.
+            FileNotFoundError: ``to_release`` names a release that is not retained.
+        """
         self.record()
         if self.plan.kind == "release":
             assert self.plan.new_spec is not None
             target = self.releases.add(self.plan.new_spec, None, self.plan.window_id)
-        else:
-            assert self.plan.to_release is not None
+        elif self.plan.to_release is not None:
             target = self.plan.to_release
             self.releases.get(target)  # raises when not retained
+        else:
+            earlier = self.releases.fallbacks(self.releases.current())
+            if not earlier:
+                raise RuntimeError(f"no release that was live before the current one "
+                                   f"({self.releases.current()}) is retained; name one with --to")
+            target = earlier[0]
         spec = self.releases.get(target)["spec"]
         self.journal.log("switch", "start", to_release=target)
         self._remove_serving()
@@ -430,14 +494,8 @@ class Supervisor:
             self.gate()
         except Exception as exc:  # noqa: BLE001
             self.journal.log("switch", "error", reason=str(exc)[-500:])
-            prev = self.releases.current()
-            if prev is None or prev == target:
-                raise
-            self._remove_serving()
-            self._create(self.releases.get(prev)["spec"])
-            self.gate()
-            self.journal.log("rollback", "ok", to_release=prev)
-            return f"release {target} failed its health gate; rolled back to release {prev}"
+            msg = self._rollback_after_failure(str(exc), failed=target)
+            return f"release {target} failed its health gate; {msg}"
         self.releases.set_current(target)
         self.journal.log("switch", "ok", to_release=target)
         return f"serving release {target}"

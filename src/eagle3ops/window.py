@@ -138,6 +138,8 @@ class Preflight:
     """Results of the read-only checks made before anything stops."""
 
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    #: Name of the serving container the run will manage (see :func:`serving_container`).
+    serving_container: str = ""
 
     def add(self, name: str, ok: bool, detail: str) -> None:
         """Record one check."""
@@ -191,12 +193,33 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
     else:
         pf.add("gpus", True, "none (CPU host)")
-    if need_serving:
-        s = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container),
-                  check=False, mutates=False)
-        pf.add("serving container", s.ok and s.stdout.strip() == "running",
-               s.stdout.strip() or f"no container {h.serving.container!r}")
+    names, found = serving_container(r)
+    pf.serving_container = names[0] if names else sv.default_name(h.serving)
+    if len(names) > 1:
+        pf.add("serving container", False, f"{found} matches {len(names)} containers ({', '.join(names)}); "
+                                           f"eagle3ops manages one serving container: scale the service to 1")
+    elif need_serving:
+        s = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", pf.serving_container),
+                  check=False, mutates=False) if names else None
+        pf.add("serving container", bool(s and s.ok and s.stdout.strip() == "running"),
+               f"{pf.serving_container}: {s.stdout.strip()}" if s and s.ok else f"no container for {found}")
     return pf
+
+
+def serving_container(r: Remote) -> tuple[list[str], str]:
+    """Find the host's serving container (read-only).
+
+    Returns:
+        (names found, what was looked for): kind ``container`` looks up its name, kind ``compose`` the
+        container(s) carrying the service's Compose labels. An empty list: no such container (callers then use
+        :func:`eagle3ops.commands.serving.default_name`).
+    """
+    s = r.host.serving
+    what = (f"Compose service {s.compose_project}/{s.compose_service}" if s.kind == "compose"
+            else f"container {s.container!r}")
+    out = r.run(sv.find_container_argv(r.host), check=False, mutates=False)
+    names = [n for n in out.stdout.split() if n] if out.ok else []
+    return names, what
 
 
 # ---- running a plan ---------------------------------------------------------------------------------------------
@@ -208,12 +231,19 @@ def health_check(h: HostConfig) -> HealthCheck:
 
 def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command: str, run: str = "default",
                stages: list[str] | None = None, new_spec: dict[str, Any] | None = None,
-               to_release: int | None = None, user: str = "") -> Plan:
-    """The :class:`~eagle3ops.supervisor.Plan` for a window (pure)."""
+               to_release: int | None = None, user: str = "", serving_container: str | None = None) -> Plan:
+    """The :class:`~eagle3ops.supervisor.Plan` for a window (pure).
+
+    ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
+    a new release's container gets the same name, so the next window finds it again.
+    """
+    name = serving_container or sv.default_name(h.serving)
+    if new_spec is not None:
+        new_spec = {**new_spec, "name": name}
     steps = [StageStep(name=s, spec=st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id),
                        timeout_s=h.stage_timeout_s) for s in (stages or [])]
     return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
-                state_dir=h.state_dir, serving_container=h.serving.container, stop_timeout_s=h.serving.stop_timeout_s,
+                state_dir=h.state_dir, serving_container=name, stop_timeout_s=h.serving.stop_timeout_s,
                 stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), new_spec=new_spec,
                 to_release=to_release, gpus=h.gpus)
 
@@ -230,7 +260,7 @@ def supervisor_commands(h: HostConfig, plan: Plan) -> list[list[str]]:
             cmds.append(sv.run_argv(h, {**step.spec, "restart_policy": {}}))
         cmds.append(dk.docker(h, "start", plan.serving_container))
     else:
-        spec = plan.new_spec if plan.kind == "release" else {"image": f"<image of release {plan.to_release}>",
+        spec = plan.new_spec if plan.kind == "release" else {"image": f"<image of release {plan.to_release or 'live before the current one'}>",
                                                              "name": plan.serving_container, "command": []}
         cmds.append(dk.rm(h, plan.serving_container, force=True))
         cmds.append(sv.run_argv(h, spec))
@@ -287,6 +317,28 @@ def cleanup_supervisor(r: Remote, window_id: str) -> str | None:
     return None if res.ok else f"cleanup: could not remove supervisor container: {res.stderr.strip()[-200:]}"
 
 
+def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bool:
+    """Restart an unfinished window's supervisor, which resumes from its journal (done stages are skipped and
+    serving is restored); returns False, doing nothing, when the window already has a result.
+
+    The supervisor image is the one the window's stages ran in (``fallback_image`` for release/rollback plans).
+
+    Raises:
+        RemoteError: the plan cannot be read or the supervisor cannot be started.
+        WindowError: a plan without stages and no ``fallback_image``.
+    """
+    p = paths(r.host, window_id)
+    if r.run(hc.cat_if_exists(p["result"]), mutates=False).stdout.strip():
+        return False
+    plan = json.loads(r.run(hc.cat(p["plan"]), mutates=False).stdout)
+    image = plan["stages"][0]["spec"]["image"] if plan["stages"] else fallback_image
+    if not image:
+        raise WindowError(f"window {window_id} has no stages and no image was given to run its supervisor")
+    r.run(dk.rm(r.host, st.supervisor_name(window_id), force=True), check=False)
+    r.run(st.supervisor_argv(r.host, image=image, window_id=window_id, plan_path=p["plan"]))
+    return True
+
+
 def latest_window(r: Remote) -> str | None:
     """Id of the newest window on the host (ids sort by time)."""
     out = r.run(hc.ls(paths(r.host)["windows"]), check=False, mutates=False)
@@ -334,7 +386,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise PreflightFailed(f"{r.host.name}: preflight failed, nothing was stopped:\n{pf.failures()}")
         plan_kind = "window" if kind in st.WINDOWS else kind
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
-                          stages=st.WINDOWS.get(kind), new_spec=new_spec, to_release=to_release)
+                          stages=st.WINDOWS.get(kind), new_spec=new_spec, to_release=to_release,
+                          serving_container=pf.serving_container)
         launch(r, plan, image)
     except BaseException as exc:
         if not r.dry_run:

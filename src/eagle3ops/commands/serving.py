@@ -13,6 +13,43 @@ from eagle3ops.config import HostConfig, ServingConfig
 
 ROLE_LABEL = "io.eagle3ops.role"
 RELEASE_LABEL = "io.eagle3ops.release"
+#: Labels by which Docker Compose (v1 and v2) finds a service's containers.
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+COMPOSE_SERVICE_LABEL = "com.docker.compose.service"
+COMPOSE_ONEOFF_LABEL = "com.docker.compose.oneoff"
+
+
+def compose_labels(s: ServingConfig) -> dict[str, str]:
+    """The Compose labels a serving container of kind ``compose`` carries ({} for kind ``container``).
+
+    Compose (``docker compose ps``, ``docker-compose ps``) lists a service's containers by project + service
+    labels with ``oneoff=False``; a release that eagle3ops recreates keeps them, so Compose still sees its service.
+    """
+    if s.kind != "compose":
+        return {}
+    return {COMPOSE_PROJECT_LABEL: s.compose_project or "", COMPOSE_SERVICE_LABEL: s.compose_service or "",
+            COMPOSE_ONEOFF_LABEL: "False"}
+
+
+def default_name(s: ServingConfig) -> str:
+    """Serving container name when none exists yet: ``container``, or ``<project>-<service>-1`` for kind
+    ``compose`` (the name Compose v2 gives a service's first container)."""
+    return f"{s.compose_project}-{s.compose_service}-1" if s.kind == "compose" else s.container
+
+
+def find_container_argv(host: HostConfig) -> list[str]:
+    """``docker ps -a`` argv printing the name(s) of the serving container(s) (one name per line).
+
+    Kind ``container``: filtered by name (exact match); kind ``compose``: by the Compose project/service labels.
+    """
+    s = host.serving
+    if s.kind == "compose":
+        filters = ["--filter", f"label={COMPOSE_PROJECT_LABEL}={s.compose_project}",
+                   "--filter", f"label={COMPOSE_SERVICE_LABEL}={s.compose_service}",
+                   "--filter", f"label={COMPOSE_ONEOFF_LABEL}=False"]
+    else:
+        filters = ["--filter", f"name=^/?{s.container}$"]
+    return docker(host, "ps", "--all", *filters, "--format", "{{.Names}}")
 
 
 def _gpu_request(gpus: str | int) -> list[dict[str, Any]]:
@@ -38,13 +75,13 @@ def container_spec(host: HostConfig, *, release: int, serving: ServingConfig | N
     gpus = "none" if host.gpus == 0 else s.gpus
     spec: dict[str, Any] = {
         "image": s.image,
-        "name": s.container,
+        "name": default_name(s),
         "command": list(s.args) + list(extra_args or []),
         "environment": dict(sorted(s.env.items())),
         "volumes": list(s.volumes),
         "network_mode": "host",
         "restart_policy": {"Name": "unless-stopped"},
-        "labels": {ROLE_LABEL: "serving", RELEASE_LABEL: str(release)},
+        "labels": {**compose_labels(s), ROLE_LABEL: "serving", RELEASE_LABEL: str(release)},
         "device_requests": _gpu_request(gpus),
     }
     if s.shm_size:
