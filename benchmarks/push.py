@@ -124,17 +124,17 @@ def baseline(image: str, info: sandbox.SandboxInfo) -> dict:
     host = info.host_config()
     t0 = time.monotonic()
     save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
-    ssh = subprocess.Popen(transfer.ssh_argv(host, ["docker", "-H", info.docker_host, "load"]),
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    n = 0
-    assert save.stdout is not None and ssh.stdin is not None
-    while chunk := save.stdout.read(1 << 20):
-        ssh.stdin.write(chunk)
-        n += len(chunk)
-    ssh.stdin.close()
-    out = ssh.stdout.read()
-    err = ssh.stderr.read()
-    assert save.wait() == 0 and ssh.wait(timeout=1800) == 0, err
+    with transfer.ssh_command(host, ["docker", "-H", info.docker_host, "load"]) as argv:
+        ssh = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        n = 0
+        assert save.stdout is not None and ssh.stdin is not None
+        while chunk := save.stdout.read(1 << 20):
+            ssh.stdin.write(chunk)
+            n += len(chunk)
+        ssh.stdin.close()
+        out = ssh.stdout.read()
+        err = ssh.stderr.read()
+        assert save.wait() == 0 and ssh.wait(timeout=1800) == 0, err
     dt = time.monotonic() - t0
     want = transfer.inspect_local(image).id
     got = sh("docker", "-H", info.docker_host, "image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
