@@ -27,6 +27,7 @@ torch and transformers are imported lazily so that importing this module stays c
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import random
 import textwrap
@@ -52,6 +53,17 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     "<|assistant|>",
 )
 PAD, BOS, EOS = SPECIAL_TOKENS[0], SPECIAL_TOKENS[1], SPECIAL_TOKENS[2]
+#: Token settings of every tokenizer built here (``PreTrainedTokenizer`` keyword arguments and
+#: ``tokenizer_config.json`` keys).
+_TOKENIZER_SETTINGS = {
+    "bos_token": BOS,
+    "eos_token": EOS,
+    "pad_token": PAD,
+    "additional_special_tokens": list(SPECIAL_TOKENS[3:]),
+    "model_max_length": MAX_POSITIONS,
+}
+#: Special-token ids (the positions in :data:`SPECIAL_TOKENS`) in model and generation configs.
+_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 #: Jinja chat template: ``<|role|>\ncontent<|eos|>\n`` per turn, generation prompt ``<|assistant|>\n``.
 CHAT_TEMPLATE = (
@@ -124,14 +136,7 @@ def _write_fast_tokenizer(out: Path, seed: int) -> None:
     """Save a ``PreTrainedTokenizerFast`` (tokenizer.json) with the chat template in tokenizer_config."""
     from transformers import PreTrainedTokenizerFast
 
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=_train_bpe(seed),
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        additional_special_tokens=list(SPECIAL_TOKENS[3:]),
-        model_max_length=MAX_POSITIONS,
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=_train_bpe(seed), **_TOKENIZER_SETTINGS)
     fast.save_pretrained(out)
     _put_chat_template(out)
 
@@ -143,6 +148,20 @@ def _put_chat_template(out: Path) -> None:
     cfg["chat_template"] = CHAT_TEMPLATE
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
     (out / "chat_template.jinja").unlink(missing_ok=True)
+
+
+# GPT-2 byte -> printable character map (byte value -> one-character token). Used here to write the vocab and
+# shipped, as this very source text (inspect.getsource), inside tokenization_tiny.py: one definition for both.
+def _byte_chars():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 #: Source of the slow, remote-code tokenizer shipped inside ``llama-remote-code`` model directories.
@@ -161,16 +180,7 @@ REMOTE_TOKENIZER_SOURCE = textwrap.dedent(
     SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 
-    def _byte_chars():
-        bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-        cs = bs[:]
-        n = 0
-        for b in range(256):
-            if b not in bs:
-                bs.append(b)
-                cs.append(256 + n)
-                n += 1
-        return {b: chr(c) for b, c in zip(bs, cs)}
+    # <_byte_chars, spliced in from eagle3ops.tinymodel>
 
 
     class TinyTokenizer(PreTrainedTokenizer):
@@ -228,20 +238,7 @@ REMOTE_TOKENIZER_SOURCE = textwrap.dedent(
                 json.dump(self.encoder, f, ensure_ascii=False)
             return (path,)
     '''
-).lstrip()
-
-
-def _byte_chars() -> dict[int, str]:
-    """GPT-2 byte -> printable character map; the same function ships in ``tokenization_tiny.py``."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+).lstrip().replace("# <_byte_chars, spliced in from eagle3ops.tinymodel>\n", inspect.getsource(_byte_chars))
 
 
 def _write_remote_tokenizer(out: Path) -> None:
@@ -255,11 +252,7 @@ def _write_remote_tokenizer(out: Path) -> None:
     cfg = {
         "tokenizer_class": "TinyTokenizer",
         "auto_map": {"AutoTokenizer": ["tokenization_tiny.TinyTokenizer", None]},
-        "bos_token": BOS,
-        "eos_token": EOS,
-        "pad_token": PAD,
-        "additional_special_tokens": list(SPECIAL_TOKENS[3:]),
-        "model_max_length": MAX_POSITIONS,
+        **_TOKENIZER_SETTINGS,
         "chat_template": CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
     }
@@ -269,37 +262,24 @@ def _write_remote_tokenizer(out: Path) -> None:
     )
 
 
-def _llama_config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=MAX_POSITIONS,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        dtype="bfloat16",
-    )
-
-
-def _deepseek_v3_config():
-    from transformers import DeepseekV3Config
-
-    return DeepseekV3Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=128,
-        intermediate_size=256,
+#: Settings both architectures share (hidden 128, 4 layers, 4 heads, intermediate 256, untied bf16, ids 0/1/2).
+_COMMON_CONFIG = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    max_position_embeddings=MAX_POSITIONS,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    **_TOKEN_IDS,
+    dtype="bfloat16",
+)
+#: What each architecture adds (see the module docstring and FACTS.md for the DeepSeek-V3 values).
+_ARCH_CONFIG = {
+    "llama": dict(num_key_value_heads=2, rms_norm_eps=1e-5),
+    "deepseek-v3": dict(
         moe_intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
         num_key_value_heads=4,
         n_shared_experts=1,
         n_routed_experts=8,
@@ -316,16 +296,20 @@ def _deepseek_v3_config():
         v_head_dim=32,
         topk_method="noaux_tc",
         scoring_func="sigmoid",
-        max_position_embeddings=MAX_POSITIONS,
-        rope_theta=10000.0,
         rope_scaling=None,
         rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        dtype="bfloat16",
-    )
+    ),
+}
+
+
+def _model_config(kind: Kind):
+    """The transformers config of ``kind`` (``llama-remote-code`` uses the Llama one)."""
+    if kind == "deepseek-v3":
+        from transformers import DeepseekV3Config as config_class
+    else:
+        from transformers import LlamaConfig as config_class
+    arch = "deepseek-v3" if kind == "deepseek-v3" else "llama"
+    return config_class(**_COMMON_CONFIG, **_ARCH_CONFIG[arch])
 
 
 def build_tiny_model(out_dir: str | Path, kind: Kind = "llama", seed: int = 0) -> Path:
@@ -349,7 +333,7 @@ def build_tiny_model(out_dir: str | Path, kind: Kind = "llama", seed: int = 0) -
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    config = _deepseek_v3_config() if kind == "deepseek-v3" else _llama_config()
+    config = _model_config(kind)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     if kind == "deepseek-v3":
@@ -361,7 +345,7 @@ def build_tiny_model(out_dir: str | Path, kind: Kind = "llama", seed: int = 0) -
                 buf.copy_(torch.randn(buf.shape, generator=gen) * 0.01)
     model = model.to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
-    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(out)
+    GenerationConfig(**_TOKEN_IDS).save_pretrained(out)
 
     if kind == "llama-remote-code":
         _write_remote_tokenizer(out)
