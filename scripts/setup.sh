@@ -15,6 +15,8 @@ command -v zstd >/dev/null || need_pkgs+=(zstd)
 command -v ip >/dev/null || need_pkgs+=(iproute2)
 command -v tc >/dev/null || [ -x /usr/sbin/tc ] || need_pkgs+=(iproute2)
 command -v curl >/dev/null || need_pkgs+=(curl)
+# Compose v1 (Debian's docker-compose): the tests bring up a Compose-managed serving service with it.
+command -v docker-compose >/dev/null || need_pkgs+=(docker-compose)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need_pkgs+=(ca-certificates)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_pkgs[*]}"

@@ -270,22 +270,29 @@ class Supervisor:
         if self.plan.gpus:
             self._wait_gpus_free()
 
-    def _wait_gpus_free(self, timeout: float = 300.0) -> None:
-        """Poll ``nvidia-smi`` in a throwaway container until no process holds GPU memory."""
+    def _wait_gpus_free(self, timeout: float = 300.0, poll_s: float = 2.0) -> None:
+        """Poll ``nvidia-smi --query-compute-apps=pid`` in a throwaway container (the pipeline image, all GPUs)
+        until no process holds GPU memory, so stages do not start while the stopped server still frees it.
+
+        After ``timeout`` seconds it logs a warning and goes on (a stage then fails on its own if memory is short).
+        """
+        import docker.types
+
         self.journal.log("gpu-release", "start")
+        image = self.plan.stages[0].spec["image"] if self.plan.stages else self.plan.new_spec["image"]
         deadline = time.time() + timeout
+        holders = ""
         while time.time() < deadline:
-            out = self.client.containers.run(
-                self.plan.stages[0].spec["image"] if self.plan.stages else self.plan.new_spec["image"],
-                entrypoint=["nvidia-smi"], command=["--query-compute-apps=pid", "--format=csv,noheader"],
-                device_requests=[__import__("docker").types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
-                remove=True,
-            ).decode()
-            if not out.strip():
-                self.journal.log("gpu-release", "ok")
+            holders = self.client.containers.run(
+                image, entrypoint=["nvidia-smi"], command=["--query-compute-apps=pid", "--format=csv,noheader"],
+                device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])], remove=True,
+            ).decode().strip()
+            if not holders:
+                self.journal.log("gpu-release", "ok", seconds=round(timeout - (deadline - time.time()), 1))
                 return
-            time.sleep(2)
-        self.journal.log("gpu-release", "warn", message="GPU memory still held after stop; continuing")
+            time.sleep(poll_s)
+        self.journal.log("gpu-release", "warn", message=f"GPU memory still held after stop by pids "
+                                                        f"{holders.split()}; continuing")
 
     def run_stage(self, step: StageStep) -> bool:
         """Run one stage container to completion within its timeout and the window budget.

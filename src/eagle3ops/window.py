@@ -328,7 +328,7 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
         WindowError: a plan without stages and no ``fallback_image``.
     """
     p = paths(r.host, window_id)
-    if r.run(hc.cat_if_exists(p["result"]), mutates=False).stdout.strip():
+    if r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False).stdout.strip():
         return False
     plan = json.loads(r.run(hc.cat(p["plan"]), mutates=False).stdout)
     image = plan["stages"][0]["spec"]["image"] if plan["stages"] else fallback_image

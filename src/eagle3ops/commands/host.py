@@ -29,7 +29,8 @@ def cat(path: str) -> list[str]:
 
 
 def cat_if_exists(path: str) -> list[str]:
-    """Print a file, or nothing (exit 0) when it is missing: ``find`` prints nothing for a missing path."""
+    """Print a file, or nothing on stdout when it is missing (``find`` then exits 1 with a message on stderr: run
+    it with ``check=False`` and test stdout)."""
     return ["find", path, "-maxdepth", "0", "-type", "f", "-exec", "cat", "{}", "+"]
 
 
