@@ -95,4 +95,4 @@ def test_compose_serving_is_found_by_labels_and_keeps_them(host):
     assert spec["labels"]["com.docker.compose.oneoff"] == "False"
     plain = sv.container_spec(host, release=2)
     assert not any(k.startswith("com.docker.compose") for k in plain["labels"])
-    assert "name=^/?vllm-serving$" in sv.find_container_argv(host)
+    assert "name=^/?vllm\\-serving$" in sv.find_container_argv(host)

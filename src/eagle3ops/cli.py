@@ -253,12 +253,16 @@ def attach(host: str, inventory: Path = InventoryOpt) -> None:
 @app.command()
 def recover(host: str, inventory: Path = InventoryOpt) -> None:
     """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
-    from eagle3ops.window import relaunch, watch
+    from eagle3ops.window import WindowError, relaunch, watch
 
     with _remote(_host(inventory, host)) as r:
         wid = _newest_window(r, "recover")
-        if not relaunch(r, wid, fallback_image=_deployed(r, required=False)["image"]):
-            console.print(f"window {wid} already finished")
+        deployed = _deployed(r, required=False)["image"]
+        try:
+            if not relaunch(r, wid, fallback_image=None if deployed.startswith("<") else deployed):
+                console.print(f"window {wid} already finished with serving running")
+        except WindowError as exc:
+            _fail(str(exc))
         result = watch(r, wid, on_event=_print_event)
     _summary({**result, "window_id": wid})
 

@@ -115,6 +115,10 @@ class Journal:
                 return e
         return None
 
+    def first(self, step: str, event: str) -> dict[str, Any] | None:
+        """The oldest entry of ``step`` with ``event``, or None."""
+        return next((e for e in self.entries if e["step"] == step and e["event"] == event), None)
+
     def done(self, step: str) -> bool:
         """True when ``step``'s newest entry is a successful end (``event == "ok"``)."""
         e = self.last(step)
@@ -169,31 +173,54 @@ class Releases:
 
     def set_current(self, n: int) -> None:
         """Mark release ``n`` as live (it passed its health gate, or it was already serving) and log it."""
-        earlier = [] if self.history_file.exists() else self.history()  # seed from the numbering once
-        (self.dir / "current").write_text(f"{n}\n")
+        self._append({"release": n, "t": _now()})
+        tmp = self.dir / "current.tmp"
+        tmp.write_text(f"{n}\n")
+        tmp.replace(self.dir / "current")  # atomic: a crash leaves the old or the new number, never half
+
+    def mark_failed(self, n: int, why: str) -> None:
+        """Record that live release ``n`` failed a health gate: no rollback picks it until it is live again."""
+        self._append({"release": n, "t": _now(), "failed": why[-300:]})
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        earlier = [] if self.history_file.exists() else self._entries()  # seed from the numbering once
         with self.history_file.open("a") as f:
-            for m in earlier:
-                f.write(json.dumps({"release": m, "t": None, "reconstructed": True}) + "\n")
-            f.write(json.dumps({"release": n, "t": _now()}) + "\n")
+            for e in earlier:
+                f.write(json.dumps(e) + "\n")
+            f.write(json.dumps(entry) + "\n")
+
+    def _entries(self) -> list[dict[str, Any]]:
+        if self.history_file.exists():
+            out = []
+            for line in self.history_file.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by a crash
+            return out
+        cur = self.current()
+        return [] if cur is None else [{"release": n, "t": None, "reconstructed": True}
+                                       for n in self.numbers() if n <= cur]
 
     def history(self) -> list[int]:
         """Releases in the order they became live, oldest first (repeats kept).
 
         Hosts whose state predates the history file get one reconstructed from the numbering: every retained
-        release up to the current one.
+        release up to the current one. Lines cut by a crash are skipped.
         """
-        if self.history_file.exists():
-            return [json.loads(line)["release"] for line in self.history_file.read_text().splitlines() if line]
-        cur = self.current()
-        return [] if cur is None else [n for n in self.numbers() if n <= cur]
+        return [e["release"] for e in self._entries() if not e.get("failed")]
 
     def fallbacks(self, failed: int | None) -> list[int]:
         """Rollback candidates after release ``failed`` did not pass its gate: previously live releases, most
-        recently live first, each once, excluding ``failed`` and releases no longer retained."""
+        recently live first, each once, excluding ``failed``, releases no longer retained and releases whose
+        newest history entry says they failed a gate."""
         out: list[int] = []
         kept = set(self.numbers())
+        newest: dict[int, dict[str, Any]] = {}
+        for e in self._entries():
+            newest[e["release"]] = e
         for n in reversed(self.history()):
-            if n != failed and n in kept and n not in out:
+            if n != failed and n in kept and n not in out and not newest[n].get("failed"):
                 out.append(n)
         return out
 
@@ -211,6 +238,8 @@ class Supervisor:
         self.deadline = self.journal.first_epoch() + plan.budget_s
         self.stage_times: dict[str, float] = {}
         self.stage_outcomes: dict[str, str] = {}
+        #: Set when neither the restore nor any rollback passed the health gate.
+        self.unhealthy = False
 
     # docker helpers
     def _serving(self) -> Any | None:
@@ -221,15 +250,23 @@ class Supervisor:
         except docker.errors.NotFound:
             return None
 
-    def _create(self, spec: dict[str, Any]) -> Any:
+    def _create(self, spec: dict[str, Any], image_id: str | None = None) -> Any:
+        """Create and start a container from a spec (see :func:`eagle3ops.commands.serving.spec_from_inspect`);
+        ``image_id`` (``sha256:...``) pins the image when known, so a re-tagged image cannot change a release."""
         import docker.types
 
         kw = dict(spec)
+        if image_id:
+            kw["image"] = image_id
         kw["device_requests"] = [
             docker.types.DeviceRequest(driver=r.get("Driver", ""), count=r.get("Count", -1),
+                                       device_ids=r.get("DeviceIDs") or None, options=r.get("Options") or None,
                                        capabilities=r.get("Capabilities", [["gpu"]]))
             for r in kw.get("device_requests") or []
         ]
+        if kw.get("mounts"):
+            kw["mounts"] = [docker.types.Mount(target=m["Target"], source=m.get("Source"), type=m.get("Type", "bind"),
+                                               read_only=bool(m.get("ReadOnly"))) for m in kw["mounts"]]
         if kw.get("ulimits"):
             kw["ulimits"] = [docker.types.Ulimit(name=u["Name"], soft=u["Soft"], hard=u["Hard"]) for u in kw["ulimits"]]
         if not (kw.get("restart_policy") or {}).get("Name"):
@@ -268,7 +305,12 @@ class Supervisor:
             c.stop(timeout=self.plan.stop_timeout_s)
         self.journal.log("stop", "ok")
         if self.plan.gpus:
-            self._wait_gpus_free()
+            try:
+                self._wait_gpus_free()
+            except Interrupted:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failing check must not keep serving down; stages may fail
+                self.journal.log("gpu-release", "warn", message=f"could not check GPU memory: {str(exc)[-300:]}")
 
     def _wait_gpus_free(self, timeout: float = 300.0, poll_s: float = 2.0) -> None:
         """Poll ``nvidia-smi --query-compute-apps=pid`` in a throwaway container (the pipeline image, all GPUs)
@@ -286,6 +328,7 @@ class Supervisor:
             holders = self.client.containers.run(
                 image, entrypoint=["nvidia-smi"], command=["--query-compute-apps=pid", "--format=csv,noheader"],
                 device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])], remove=True,
+                pid_mode="host",  # other containers' processes are invisible to nvidia-smi in its own PID namespace
             ).decode().strip()
             if not holders:
                 self.journal.log("gpu-release", "ok", seconds=round(timeout - (deadline - time.time()), 1))
@@ -340,6 +383,8 @@ class Supervisor:
                 try:
                     res = container.wait(timeout=limit)
                     exit_code = int(res.get("StatusCode", -1))
+                except Interrupted:
+                    raise
                 except Exception:  # requests ReadTimeout / ConnectionError
                     reason = "budget exceeded" if budget_left <= step.timeout_s else f"timed out after {limit:.0f}s"
                     container.stop(timeout=10)
@@ -377,19 +422,29 @@ class Supervisor:
             RuntimeError: neither the restore nor the rollback passed the health gate.
         """
         self.journal.log("restore", "start")
-        c = self._serving()
         try:
+            c = self._serving()
             if c is None:
                 inspect = json.loads((self.wdir / "serving-inspect.json").read_text())
-                self._create(spec_from_inspect(inspect))
+                self._create(spec_from_inspect(inspect), image_id=inspect.get("Image"))
             elif c.status != "running":
                 c.start()
-            self.gate()
+            self._gate_through_signal()
             self.journal.log("restore", "ok")
             return "restored"
         except Exception as exc:  # noqa: BLE001 - any failure leads to the rollback path
             self.journal.log("restore", "error", reason=str(exc)[-500:])
             return self._rollback_after_failure(str(exc))
+
+    def _gate_through_signal(self) -> None:
+        """:meth:`gate`, finished even when the first SIGTERM/SIGINT lands during it: the signal handler raises
+        :class:`Interrupted` once and ignores later signals, and a stop request during a restore must not turn a
+        healthy start into a rollback."""
+        try:
+            self.gate()
+        except Interrupted as exc:
+            self.journal.log("health", "warn", message=f"{exc}; finishing the health gate before exiting")
+            self.gate()
 
     def _rollback_after_failure(self, why: str, failed: int | None = None, tries: int = 3) -> str:
         """Serving failed its gate on release ``failed`` (default: the current one): bring back the most recently
@@ -402,16 +457,20 @@ class Supervisor:
             RuntimeError: no previously live release is retained, or none of those tried passed the gate.
         """
         failed = self.releases.current() if failed is None else failed
+        if failed is not None and failed == self.releases.current():
+            self.releases.mark_failed(failed, why)
         candidates = self.releases.fallbacks(failed)[:tries]
         if not candidates:
+            self.unhealthy = True
             raise RuntimeError(f"serving failed its health gate ({why}) and no earlier live release is retained")
         errors = []
         for prev in candidates:
             self.journal.log("rollback", "start", to_release=prev, failed_release=failed, reason=why[-300:])
             try:
                 self._remove_serving()
-                self._create(self.releases.get(prev)["spec"])
-                self.gate()
+                rel = self.releases.get(prev)
+                self._create(rel["spec"], image_id=rel.get("image_id"))
+                self._gate_through_signal()
             except Exception as exc:  # noqa: BLE001 - try the next previously live release
                 self.journal.log("rollback", "error", to_release=prev, reason=str(exc)[-500:])
                 errors.append(f"release {prev}: {str(exc)[-200:]}")
@@ -420,6 +479,7 @@ class Supervisor:
             self.journal.log("rollback", "ok", to_release=prev,
                              message=f"ROLLED BACK: release {failed} failed its health gate; serving release {prev}")
             return f"rolled back to release {prev}"
+        self.unhealthy = True
         raise RuntimeError(f"serving failed its health gate ({why}); rollback failed too: " + "; ".join(errors))
 
     def gate(self) -> None:
@@ -481,7 +541,13 @@ class Supervisor:
             FileNotFoundError: ``to_release`` names a release that is not retained.
         """
         self.record()
-        if self.plan.kind == "release":
+        done = self.journal.first("switch", "ok")
+        if done:  # a resumed supervisor: the switch already happened
+            return f"serving release {done['to_release']}"
+        begun = self.journal.first("switch", "start")
+        if begun:  # resumed mid-switch: same target, never a second new release
+            target = begun["to_release"]
+        elif self.plan.kind == "release":
             assert self.plan.new_spec is not None
             target = self.releases.add(self.plan.new_spec, None, self.plan.window_id)
         elif self.plan.to_release is not None:
@@ -493,19 +559,25 @@ class Supervisor:
                 raise RuntimeError(f"no release that was live before the current one "
                                    f"({self.releases.current()}) is retained; name one with --to")
             target = earlier[0]
-        spec = self.releases.get(target)["spec"]
-        self.journal.log("switch", "start", to_release=target)
-        self._remove_serving()
-        try:
-            self._create(spec)
-            self.gate()
-        except Exception as exc:  # noqa: BLE001
-            self.journal.log("switch", "error", reason=str(exc)[-500:])
-            msg = self._rollback_after_failure(str(exc), failed=target)
-            return f"release {target} failed its health gate; {msg}"
-        self.releases.set_current(target)
-        self.journal.log("switch", "ok", to_release=target)
-        return f"serving release {target}"
+        rel = self.releases.get(target)
+        if self.journal.first("switch", "error") is None:
+            if not begun:
+                self.journal.log("switch", "start", to_release=target)
+            self._remove_serving()
+            try:
+                self._create(rel["spec"], image_id=rel.get("image_id"))
+                self._gate_through_signal()
+            except Exception as exc:  # noqa: BLE001
+                self.journal.log("switch", "error", reason=str(exc)[-500:])
+                return f"release {target} failed its health gate; " + self._rollback_after_failure(str(exc), target)
+            self.releases.set_current(target)
+            self.journal.log("switch", "ok", to_release=target)
+            return f"serving release {target}"
+        # resumed after the switch failed: finish the rollback
+        ok = self.journal.first("rollback", "ok")
+        if ok:
+            return f"release {target} failed its health gate; rolled back to release {ok['to_release']}"
+        return f"release {target} failed its health gate; " + self._rollback_after_failure("resumed", target)
 
     # the whole window
     def run(self) -> dict[str, Any]:
@@ -514,19 +586,27 @@ class Supervisor:
         outcome, error, stopped_at, restored_at = "ok", "", None, None
         try:
             if self.plan.kind == "window":
-                self.record()
-                self.stop_serving()
-                # Downtime counts from the moment the stop began (serving refuses requests from then on).
-                stopped_at = next((e["epoch"] for e in self.journal.entries
-                                   if e["step"] == "stop" and e["event"] == "start"), None)
+                self.record()  # nothing is stopped before this succeeds
                 try:
-                    for step in self.plan.stages:
-                        if not self.run_stage(step):
-                            outcome, error = "failed", f"stage {step.name}: {self.stage_outcomes[step.name]}"
-                            break
+                    if self.journal.first("restore", "start") is None:
+                        self.stop_serving()
+                        for step in self.plan.stages:
+                            if not self.run_stage(step):
+                                outcome, error = "failed", f"stage {step.name}: {self.stage_outcomes[step.name]}"
+                                break
+                    else:  # resumed once serving was already being restored: never run stages beside it
+                        outcome, error = self._stages_from_journal()
+                        self.journal.log("supervisor", "warn", message="resumed after the restore had begun; "
+                                                                       "stages are not run again")
                 except Interrupted as exc:
                     outcome, error = "interrupted", str(exc)
+                except Exception as exc:  # noqa: BLE001 - whatever broke, serving is restored below
+                    outcome, error = "failed", f"{type(exc).__name__}: {exc}"
+                    self.journal.log("supervisor", "error", reason=error[-1000:])
                 finally:
+                    # Downtime counts from the moment the stop began (serving refuses requests from then on).
+                    stopped = self.journal.first("stop", "start")
+                    stopped_at = stopped["epoch"] if stopped else None
                     restore_msg = self.restore()
                     restored_at = time.time()
                     if restore_msg != "restored":
@@ -545,15 +625,20 @@ class Supervisor:
             self.journal.log("supervisor", "error", reason="Docker engine unavailable; exiting so that the restart "
                                                            "policy resumes this window when the engine is back")
             raise SystemExit(75)
-        serving_ok = self._serving_running()
+        running = self._serving_running()
+        serving_ok = running and not self.unhealthy
+        if not serving_ok:
+            error = (error + "; " if error else "") + (
+                f"SERVING IS NOT {'HEALTHY' if running else 'RUNNING'} on {self.plan.host}: the lock stays held; "
+                f"`eagle3ops recover {self.plan.host}` retries the restore")
+            outcome = "failed"
         result = {
             "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
             "stages": self.stage_outcomes, "stage_seconds": self.stage_times,
             "downtime_s": round((restored_at or time.time()) - stopped_at, 1) if stopped_at else None,
-            "wall_s": round(time.time() - t0, 1), "serving_running": serving_ok,
+            "wall_s": round(time.time() - t0, 1), "serving_running": running, "serving_healthy": serving_ok,
             "release": self.releases.current(), "finished": _now(),
         }
-        (self.wdir / "result.json").write_text(json.dumps(result, indent=2))
         audit = self.state_dir / "audit.jsonl"
         with audit.open("a") as f:
             f.write(json.dumps({"t": _now(), "user": self.plan.user, "host": self.plan.host,
@@ -565,9 +650,31 @@ class Supervisor:
             os.chown(audit, st.st_uid, st.st_gid)
         except OSError:
             pass
-        self._release_lock()
+        if serving_ok:
+            self._release_lock()
         self.journal.log("supervisor", "done", outcome=outcome)
+        # Last: the driver removes this container as soon as it sees the result.
+        tmp = self.wdir / "result.json.tmp"
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.replace(self.wdir / "result.json")
         return result
+
+    def _stages_from_journal(self) -> tuple[str, str]:
+        """Stage outcomes of an earlier attempt of this window, from the journal: (outcome, error)."""
+        outcome, error = "ok", ""
+        for step in self.plan.stages:
+            e = self.journal.last(step.name)
+            if e is None or e["event"] == "start":
+                self.stage_outcomes[step.name] = "not run" if e is None else "interrupted"
+            elif e["event"] == "ok":
+                self.stage_outcomes[step.name] = "ok"
+            else:
+                self.stage_outcomes[step.name] = f"failed ({e.get('reason', '')})"
+            if self.stage_outcomes[step.name] != "ok" and outcome == "ok":
+                outcome, error = "failed", f"stage {step.name}: {self.stage_outcomes[step.name]}"
+            if e is not None and "seconds" in e:
+                self.stage_times[step.name] = e["seconds"]
+        return outcome, error
 
     def _engine_up(self) -> bool:
         try:

@@ -98,14 +98,37 @@ def read_lock(r: Remote) -> dict[str, Any] | None:
     return {"holder": "unknown (no details file)"} if held.ok else None
 
 
+#: A lock whose window has no plan on the host yet is the driver's own (preflight, launch) for this long.
+LAUNCH_GRACE_S = 900
+
+
+def _serving_ok(result: dict[str, Any]) -> bool:
+    """A window result says serving ended running and healthy (results before ``serving_healthy`` existed: running)."""
+    return bool(result.get("serving_healthy", result.get("serving_running", True)))
+
+
+def supervisor_alive(r: Remote, window_id: str) -> bool:
+    """True while the window's supervisor container runs (or is being restarted by its restart policy)."""
+    out = r.run(dk.docker(r.host, "inspect", "--format", "{{.State.Running}} {{.State.Restarting}}",
+                          st.supervisor_name(window_id)), check=False, mutates=False)
+    return out.ok and "true" in out.stdout.split()
+
+
 def lock_is_stale(r: Remote, details: dict[str, Any]) -> bool:
-    """True when the lock's window has no running supervisor (its holder is dead)."""
+    """True when the lock's holder is dead: its window's supervisor is not running, and it is not a driver still in
+    preflight/launch (no plan written yet and the lock younger than :data:`LAUNCH_GRACE_S`)."""
     wid = details.get("window_id")
     if not wid:
         return True
-    out = r.run(dk.docker(r.host, "inspect", "--format", "{{.State.Running}}", st.supervisor_name(wid)),
-                check=False, mutates=False)
-    return not (out.ok and out.stdout.strip() == "true")
+    if supervisor_alive(r, wid):
+        return False
+    if r.run(hc.cat_if_exists(paths(r.host, wid)["plan"]), check=False, mutates=False).stdout.strip():
+        return True
+    try:
+        age = (datetime.now(timezone.utc) - datetime.fromisoformat(details["since"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return True
+    return age > LAUNCH_GRACE_S
 
 
 def describe_lock(r: Remote) -> str:
@@ -114,7 +137,12 @@ def describe_lock(r: Remote) -> str:
     stale = lock_is_stale(r, d)
     text = (f"{r.host.name}: deploy lock held by {d.get('holder')} since {d.get('since', '?')} "
             f"for `{d.get('command', '?')}` (window {d.get('window_id', '?')})")
-    if stale:
+    res = r.run(hc.cat_if_exists(paths(r.host, d["window_id"])["result"]), check=False, mutates=False).stdout \
+        if d.get("window_id") else ""
+    if stale and res.strip() and not _serving_ok(json.loads(res)):
+        text += (f". That window ended with serving NOT running and kept the lock: `eagle3ops recover "
+                 f"{r.host.name}` retries the restore.")
+    elif stale:
         text += (f". Its supervisor is not running, so the lock looks stale: check `eagle3ops status {r.host.name}`"
                  f", then clear it with `eagle3ops lock release {r.host.name} --force`.")
     else:
@@ -318,24 +346,37 @@ def cleanup_supervisor(r: Remote, window_id: str) -> str | None:
 
 
 def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bool:
-    """Restart an unfinished window's supervisor, which resumes from its journal (done stages are skipped and
-    serving is restored); returns False, doing nothing, when the window already has a result.
+    """Restart the supervisor of an interrupted window, which resumes from its journal (done stages are skipped,
+    serving is restored and health-gated). Returns False, doing nothing, when the window already has a result
+    with serving running; a result that says serving is *not* running is moved aside and the restore retried.
 
     The supervisor image is the one the window's stages ran in (``fallback_image`` for release/rollback plans).
 
     Raises:
+        WindowError: the supervisor still runs (use ``attach``), the window does not hold the host's lock (it never
+            started, or another run holds it), or a plan without stages and no ``fallback_image``.
         RemoteError: the plan cannot be read or the supervisor cannot be started.
-        WindowError: a plan without stages and no ``fallback_image``.
     """
-    p = paths(r.host, window_id)
-    if r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False).stdout.strip():
+    h, p = r.host, paths(r.host, window_id)
+    res = r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False).stdout
+    if res.strip() and _serving_ok(json.loads(res)):
         return False
+    if supervisor_alive(r, window_id):
+        raise WindowError(f"window {window_id}: its supervisor is still running; follow it with "
+                          f"`eagle3ops attach {h.name}`")
+    lock = read_lock(r)
+    if not lock or lock.get("window_id") != window_id:
+        holder = f"the lock is held by window {lock.get('window_id')}" if lock else "the lock is free"
+        raise WindowError(f"window {window_id} does not hold the lock of {h.name} ({holder}): it never started "
+                          f"or it finished; nothing to recover")
     plan = json.loads(r.run(hc.cat(p["plan"]), mutates=False).stdout)
     image = plan["stages"][0]["spec"]["image"] if plan["stages"] else fallback_image
     if not image:
-        raise WindowError(f"window {window_id} has no stages and no image was given to run its supervisor")
-    r.run(dk.rm(r.host, st.supervisor_name(window_id), force=True), check=False)
-    r.run(st.supervisor_argv(r.host, image=image, window_id=window_id, plan_path=p["plan"]))
+        raise WindowError(f"window {window_id} has no stages and no deployed image to run its supervisor with")
+    if res.strip():
+        r.run(hc.mv(p["result"], f"{p['result']}.{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"))
+    r.run(dk.rm(h, st.supervisor_name(window_id), force=True), check=False)
+    r.run(st.supervisor_argv(h, image=image, window_id=window_id, plan_path=p["plan"]))
     return True
 
 
@@ -390,7 +431,11 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                           serving_container=pf.serving_container)
         launch(r, plan, image)
     except BaseException as exc:
-        if not r.dry_run:
+        started = None if r.dry_run else _started(r, window_id)
+        if started:
+            raise WindowError(f"{r.host.name}: the driver failed after window {window_id} started on the host "
+                              f"({exc}); it goes on there: `eagle3ops attach {r.host.name}`") from exc
+        if started is False:
             release_lock(r, window_id)
             append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command,
                              "window": window_id, "outcome": "not started", "error": str(exc)[-500:]})
@@ -412,6 +457,16 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         result.setdefault("warnings", []).append(warn)
     result["window_id"] = window_id
     return result
+
+
+def _started(r: Remote, window_id: str) -> bool | None:
+    """Whether the window's supervisor container exists (the window runs on the host and owns the lock); None when
+    the host cannot be asked (the lock then stays; stale detection reports it later)."""
+    try:
+        return r.run(dk.docker(r.host, "inspect", "--format", "{{.Id}}", st.supervisor_name(window_id)),
+                     check=False, mutates=False).ok
+    except Exception:  # noqa: BLE001 - host unreachable
+        return None
 
 
 def upload_pipeline_config(r: Remote, run: str, text: str) -> str:

@@ -44,6 +44,11 @@ def test_dir(path: str) -> list[str]:
     return ["test", "-d", path]
 
 
+def mv(src: str, dest: str) -> list[str]:
+    """Rename ``src`` to ``dest`` (no overwrite prompts)."""
+    return ["mv", "-f", "--", src, dest]
+
+
 def rm_rf(path: str) -> list[str]:
     """Remove a path recursively."""
     return ["rm", "-rf", "--", path]

@@ -6,6 +6,7 @@ driver prints (``--dry-run``) or runs (sandbox provisioning) the equivalent ``do
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from eagle3ops.commands.docker import docker
@@ -28,7 +29,7 @@ def compose_labels(s: ServingConfig) -> dict[str, str]:
     if s.kind != "compose":
         return {}
     return {COMPOSE_PROJECT_LABEL: s.compose_project or "", COMPOSE_SERVICE_LABEL: s.compose_service or "",
-            COMPOSE_ONEOFF_LABEL: "False"}
+            COMPOSE_ONEOFF_LABEL: "False", "com.docker.compose.container-number": "1"}
 
 
 def default_name(s: ServingConfig) -> str:
@@ -48,7 +49,7 @@ def find_container_argv(host: HostConfig) -> list[str]:
                    "--filter", f"label={COMPOSE_SERVICE_LABEL}={s.compose_service}",
                    "--filter", f"label={COMPOSE_ONEOFF_LABEL}=False"]
     else:
-        filters = ["--filter", f"name=^/?{s.container}$"]
+        filters = ["--filter", f"name=^/?{re.escape(s.container)}$"]  # Docker matches names as a regexp
     return docker(host, "ps", "--all", *filters, "--format", "{{.Names}}")
 
 
@@ -102,7 +103,18 @@ def run_argv(host: HostConfig, spec: dict[str, Any]) -> list[str]:
     for k, v in (spec.get("labels") or {}).items():
         argv += ["--label", f"{k}={v}"]
     for req in spec.get("device_requests") or []:
-        argv += ["--gpus", "all" if req.get("Count", -1) == -1 else str(req["Count"])]
+        if req.get("DeviceIDs"):
+            argv += ["--gpus", "device=" + ",".join(req["DeviceIDs"])]
+        else:
+            argv += ["--gpus", "all" if req.get("Count", -1) == -1 else str(req["Count"])]
+    if spec.get("runtime"):
+        argv += ["--runtime", spec["runtime"]]
+    for cport, binds in (spec.get("ports") or {}).items():
+        for ip, hport in binds:
+            argv += ["--publish", f"{ip + ':' if ip else ''}{hport or ''}:{cport}"]
+    for m in spec.get("mounts") or []:
+        argv += ["--mount", f"type={m.get('Type', 'bind')},source={m.get('Source', '')},target={m['Target']}"
+                 + (",readonly" if m.get("ReadOnly") else "")]
     if spec.get("shm_size"):
         argv += ["--shm-size", spec["shm_size"]]
     if spec.get("entrypoint"):
@@ -118,8 +130,9 @@ def run_argv(host: HostConfig, spec: dict[str, Any]) -> list[str]:
 def spec_from_inspect(inspect: dict[str, Any]) -> dict[str, Any]:
     """Rebuild a container spec from ``docker inspect`` output (one container object).
 
-    Keeps what decides behaviour — image, command, entrypoint, env, binds, network, restart policy, labels, GPU
-    requests, shm size, IPC mode — and drops runtime state. Mirrors the fields of Docker Engine API
+    Keeps what decides behaviour — image, command, entrypoint, env, binds and ``--mount`` mounts, network, published
+    ports, runtime, restart policy, labels, GPU requests (count or device ids), shm size, IPC mode — and drops runtime
+    state. Not kept: extra networks and their aliases, healthchecks, resource limits, capabilities. Mirrors the fields of Docker Engine API
     ``ContainerInspect`` (``Config``, ``HostConfig``).
     """
     cfg, hc = inspect.get("Config") or {}, inspect.get("HostConfig") or {}
@@ -141,4 +154,12 @@ def spec_from_inspect(inspect: dict[str, Any]) -> dict[str, Any]:
         spec["shm_size"] = str(hc["ShmSize"])
     if hc.get("IpcMode") and hc["IpcMode"] not in ("private", "shareable", ""):
         spec["ipc_mode"] = hc["IpcMode"]
+    if hc.get("Runtime") and hc["Runtime"] != "runc":
+        spec["runtime"] = hc["Runtime"]  # e.g. `nvidia` on hosts set up before `--gpus`
+    ports = {k: [(b.get("HostIp") or "", int(b["HostPort"]) if b.get("HostPort") else None) for b in v]
+             for k, v in (hc.get("PortBindings") or {}).items() if v}
+    if ports:
+        spec["ports"] = ports
+    if hc.get("Mounts"):  # `--mount` / Compose long-syntax mounts (short `-v` ones are in Binds)
+        spec["mounts"] = [{k: m[k] for k in ("Type", "Source", "Target", "ReadOnly") if k in m} for m in hc["Mounts"]]
     return spec

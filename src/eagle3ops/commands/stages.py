@@ -51,6 +51,10 @@ def supervisor_name(window_id: str) -> str:
     return f"eagle3ops-supervisor-{window_id}"
 
 
+#: Seconds `docker stop` gives the supervisor to stop a stage and bring serving back (start, not the full gate).
+SUPERVISOR_STOP_TIMEOUT_S = 120
+
+
 def supervisor_argv(host: HostConfig, *, image: str, window_id: str, plan_path: str) -> list[str]:
     """``docker run -d`` argv that starts the host-side supervisor for a window.
 
@@ -61,6 +65,8 @@ def supervisor_argv(host: HostConfig, *, image: str, window_id: str, plan_path: 
     return docker(
         host, "run", "--detach", "--name", supervisor_name(window_id), "--network", "host",
         "--restart", "on-failure:5",
+        # On `docker stop` the supervisor stops the running stage (up to 10 s) and restores serving before it exits.
+        "--stop-timeout", str(int(SUPERVISOR_STOP_TIMEOUT_S)),
         "--label", "io.eagle3ops.role=supervisor", "--label", f"io.eagle3ops.window={window_id}",
         "--volume", f"{sock}:/var/run/docker.sock",
         "--volume", f"{host.state_dir}:{host.state_dir}",
