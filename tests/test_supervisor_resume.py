@@ -46,6 +46,7 @@ class StandInContainer:
         self.client.stage_runs.append(self.name)
         if self.client.on_wait:
             self.client.on_wait()
+        self.status = "exited"
         return {"StatusCode": self.client.stage_exit}
 
 
@@ -236,3 +237,40 @@ def test_torn_history_line_is_skipped(tmp_path):
     with rel.history_file.open("a") as f:
         f.write('{"release": 1, "t"')
     assert rel.fallbacks(2) == [1]
+
+
+def test_stage_log_survives_a_silent_stretch(tmp_path, gate):
+    """A follow stream that ends while the stage still runs (the client's read timeout after a silent stretch) is
+    followed again, so later output still reaches ``<stage>.log``."""
+    plan, wdir = _plan(tmp_path)
+    client = StandInClient()
+    streams = [[b"before the silence\n"], [], [b"after the silence\n"]]
+    calls = []
+
+    def logs(self, **kw):
+        if not kw.get("stream"):
+            return b""
+        calls.append(kw.get("since"))
+        chunks = streams.pop(0) if streams else []
+        if not streams:
+            self.status = "exited"
+        return iter(chunks)
+
+    def wait(self, timeout=None):
+        import time as _t
+        deadline = _t.time() + 10
+        while self.status == "running" and _t.time() < deadline:
+            _t.sleep(0.05)
+        return {"StatusCode": 0}
+
+    StandIn = StandInContainer
+    orig_logs, orig_wait = StandIn.logs, StandIn.wait
+    StandIn.logs, StandIn.wait = logs, wait
+    try:
+        sup = Supervisor(plan, client, wdir)
+        assert sup.run_stage(plan.stages[0]) is True
+    finally:
+        StandIn.logs, StandIn.wait = orig_logs, orig_wait
+    text = (wdir / "prepare.log").read_text()
+    assert "before the silence" in text and "after the silence" in text
+    assert calls[0] is None and all(c is not None for c in calls[1:])

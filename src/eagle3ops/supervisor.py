@@ -371,12 +371,26 @@ class Supervisor:
                 import threading
 
                 def pump() -> None:
-                    try:
-                        for chunk in container.logs(stream=True, follow=True):
-                            log.write(chunk)
-                            log.flush()
-                    except Exception:  # noqa: BLE001 - the log pump must never kill the supervisor
-                        pass
+                    # The client's read timeout (600 s) ends a follow stream when a stage prints nothing for that
+                    # long: follow again from the last second seen while the container still runs (a line printed
+                    # in that second may then appear twice; none is lost).
+                    since: int | None = None
+                    while True:
+                        try:
+                            for chunk in container.logs(stream=True, follow=True, since=since):
+                                log.write(chunk)
+                                log.flush()
+                                since = int(time.time())
+                        except Exception:  # noqa: BLE001 - the log pump must never kill the supervisor
+                            pass
+                        try:
+                            container.reload()
+                            if container.status != "running":
+                                return
+                        except Exception:  # noqa: BLE001 - gone (removed) or the engine is down
+                            return
+                        since = since or int(time.time())
+                        time.sleep(1)
 
                 th = threading.Thread(target=pump, daemon=True)
                 th.start()
