@@ -7,7 +7,7 @@
 #     --build-arg BASE_IMAGE=eagle3ops/vllm-openai-local:v0.16.0 -t eagle3ops/pipeline:dev .
 #
 # Layer order: heavy dependencies first, eagle3ops next, the patch series last, so a patch-only change re-runs only
-# the last two steps (seconds). Nothing here hard-codes a site-packages path: `python3` is whatever the base puts
+# the last two steps (about a second when the probe results can be reused, see below). Nothing here hard-codes a site-packages path: `python3` is whatever the base puts
 # first on PATH (/opt/venv in the local base, the system Python 3.12 with dist-packages in vllm/vllm-openai), and
 # pip installs into that interpreter's own scheme.
 ARG BASE_IMAGE=vllm/vllm-openai:v0.16.0
@@ -51,9 +51,15 @@ RUN --mount=type=bind,source=src,target=/tmp/e3ctx/src --mount=type=bind,source=
     && python3 -m eagle3ops --help > /dev/null
 
 # The patch series, applied strictly (pins checked, -p1, zero fuzz) and verified: each applied patch's behavioural
-# probe runs (tiny models, vLLM engines on CPU); a failing apply or probe fails the build.
-# VERIFY=probes (default) or apply-only (fast dev rebuilds; the image is then labelled
-# io.eagle3ops.verified=apply-only by eagle3ops.images). PROBES_MODULE replaces the probe registry (tests).
+# probe (tiny models, vLLM engines on CPU) runs, or its pass is reused from a content-addressed result cache (a
+# BuildKit cache mount, never in a layer) when every byte the probe depends on is identical to a run that passed:
+# probe code, the installed patched files, the installed distributions, platform and the base image
+# (eagle3ops.patches.probecache). A header-only patch edit therefore reuses passes; any change to patched code
+# re-runs the probes. Failures are never cached: a failing apply or probe fails the build.
+# VERIFY=probes (default, cache used), probes-fresh (every probe runs; passes still stored) or apply-only (fast dev
+# rebuilds; the image is then labelled io.eagle3ops.verified=apply-only by eagle3ops.images). What ran and what was
+# reused is recorded in the image: <site>/eagle3ops_patches/speculators.verify.json. PROBES_MODULE replaces the
+# probe registry (tests); BASE_IDENTITY (the base's digest or image id, passed by eagle3ops.images) salts the keys.
 ARG PROFILE=speculators-0.3.0-vllm-0.16.0
 ARG VERIFY=probes
 ARG PROBES_MODULE=eagle3ops.patches.probes
@@ -61,12 +67,17 @@ ENV EAGLE3OPS_PATCHES_DIR=/opt/eagle3ops/patches \
     EAGLE3OPS_PROFILE=${PROFILE} \
     PYTHONUNBUFFERED=1
 COPY patches /opt/eagle3ops/patches
-RUN python3 -m eagle3ops patch apply --profile "${PROFILE}" \
+ARG BASE_IDENTITY=
+RUN --mount=type=cache,id=eagle3ops-probe-results,target=/var/cache/eagle3ops/probe-results \
+    python3 -m eagle3ops patch apply --profile "${PROFILE}" \
+    && verify() { VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" python3 -m eagle3ops patch verify \
+         --profile "${PROFILE}" --probes-module "${PROBES_MODULE}" --record \
+         --result-cache /var/cache/eagle3ops/probe-results --salt "base=${BASE_IDENTITY}" "$@"; } \
     && case "${VERIFY}" in \
-         probes) VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-                 python3 -m eagle3ops patch verify --profile "${PROFILE}" --probes-module "${PROBES_MODULE}" ;; \
+         probes) verify ;; \
+         probes-fresh) verify --fresh ;; \
          apply-only) echo "VERIFY=apply-only: probes not run" ;; \
-         *) echo "unknown VERIFY=${VERIFY} (probes or apply-only)" >&2; exit 2 ;; \
+         *) echo "unknown VERIFY=${VERIFY} (probes, probes-fresh or apply-only)" >&2; exit 2 ;; \
        esac
 
 WORKDIR /vllm-workspace

