@@ -197,8 +197,12 @@ def test_probe_result_cache_reuses_only_byte_identical_inputs(tmp_path: Path) ->
         site = site_from_wheel(SPEC_030, tmp_path / f"site-{n}")
         pdir = tmp_path / f"patches-{n}"
         sdir = write_series(pdir, SPEC_030, [("0001-gen.patch", diff(code_line))])
-        if summary:  # a DEP-3 header edit: the diff (and the applied file) stay identical
-            f = sdir / "0001-gen.patch"
+        f = sdir / "0001-gen.patch"
+        if summary == "offsets":  # a refresh that only moves the hunk's line numbers: applies at an offset
+            f.write_text(re.sub(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@",
+                                lambda m: f"@@ -{int(m[1]) + 3},{m[2]} +{int(m[3]) + 3},{m[4]} @@",
+                                f.read_text(), count=1, flags=re.M))
+        elif summary:  # a DEP-3 header edit: the diff (and the applied file) stay identical
             f.write_text(f.read_text().replace("Description: 0001-gen.patch", f"Description: {summary}", 1))
         r = run_cli("apply", "--patches-dir", pdir, "--site-dir", site, "--no-require-check")
         assert r.returncode == 0, r.stderr
@@ -221,6 +225,11 @@ def test_probe_result_cache_reuses_only_byte_identical_inputs(tmp_path: Path) ->
     assert "passed (reused: identical inputs" in v.stdout and "0 probe(s) run, 1 reused" in v.stdout
     rec_b = json.loads((tmp_path / "site-b/eagle3ops_patches/speculators.verify.json").read_text())
     assert rec_b["outcomes"][0]["reused"] and rec_b["outcomes"][0]["key"] == rec["outcomes"][0]["key"]
+
+    v, ran = build("b2", "# eagle3ops: first", summary="offsets")
+    assert v.returncode == 0 and ran == 0, v.stdout + v.stderr
+    assert (tmp_path / "patches-b2/speculators/0.3.0/0001-gen.patch").read_text() != \
+        (tmp_path / "patches-a/speculators/0.3.0/0001-gen.patch").read_text()
 
     v, ran = build("c", "# eagle3ops: second")  # code change: the patched file differs
     assert v.returncode == 0 and ran == 1, v.stdout + v.stderr
