@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -297,9 +298,11 @@ def test_restore_fails_health_gate_then_rollback(deployed):
                          command="pytest release broken", new_spec=serving_release_spec(h, ["--no-such-flag"]))
         live = bad["release"]
         assert bad["outcome"] == "failed" and f"rolled back to release {live}" in bad["error"], bad
+        broken = int(re.search(r"release (\d+) failed its health gate", bad["error"]).group(1))
         rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
                          command="pytest release copy", new_spec=spec)
-    assert rel["outcome"] == "ok" and rel["release"] == live + 2, (rel, live)
+    # The broken release is the numerically previous one: the rollback below must skip it.
+    assert rel["outcome"] == "ok" and rel["release"] == broken + 1, (rel, broken)
     box: dict = {}
 
     def drive():
