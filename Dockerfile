@@ -59,7 +59,11 @@ RUN --mount=type=bind,source=src,target=/tmp/e3ctx/src --mount=type=bind,source=
 # VERIFY=probes (default, cache used), probes-fresh (every probe runs; passes still stored) or apply-only (fast dev
 # rebuilds; the image is then labelled io.eagle3ops.verified=apply-only by eagle3ops.images). What ran and what was
 # reused is recorded in the image: <site>/eagle3ops_patches/speculators.verify.json. PROBES_MODULE replaces the
-# probe registry (tests); BASE_IDENTITY (the base's digest or image id, passed by eagle3ops.images) salts the keys.
+# probe registry (tests). VLLM_CACHE_ROOT is a cache mount too: vLLM caches what it learns about a model class
+# (modelinfos, keyed by the sha of the model's source file) and otherwise finds it out in a subprocess that imports
+# vLLM again, one per architecture (~15 s per fresh probe run on 2 busy cores). PROBE_KEY_SALT (passed by
+# eagle3ops.images.probe_key_salt: the base's digest or id and a hash of every input of the layers below this step)
+# salts the keys; empty when built by hand.
 ARG PROFILE=speculators-0.3.0-vllm-0.16.0
 ARG VERIFY=probes
 ARG PROBES_MODULE=eagle3ops.patches.probes
@@ -67,12 +71,14 @@ ENV EAGLE3OPS_PATCHES_DIR=/opt/eagle3ops/patches \
     EAGLE3OPS_PROFILE=${PROFILE} \
     PYTHONUNBUFFERED=1
 COPY patches /opt/eagle3ops/patches
-ARG BASE_IDENTITY=
+ARG PROBE_KEY_SALT=
 RUN --mount=type=cache,id=eagle3ops-probe-results,target=/var/cache/eagle3ops/probe-results \
+    --mount=type=cache,id=eagle3ops-vllm-cache,target=/var/cache/eagle3ops/vllm \
     python3 -m eagle3ops patch apply --profile "${PROFILE}" \
-    && verify() { VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" python3 -m eagle3ops patch verify \
+    && verify() { VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_CACHE_ROOT=/var/cache/eagle3ops/vllm \
+         python3 -m eagle3ops patch verify \
          --profile "${PROFILE}" --probes-module "${PROBES_MODULE}" --record \
-         --result-cache /var/cache/eagle3ops/probe-results --salt "base=${BASE_IDENTITY}" "$@"; } \
+         --result-cache /var/cache/eagle3ops/probe-results --salt "${PROBE_KEY_SALT}" "$@"; } \
     && case "${VERIFY}" in \
          probes) verify ;; \
          probes-fresh) verify --fresh ;; \

@@ -282,6 +282,30 @@ def test_probe_cache_key_covers_every_patched_byte(tmp_path: Path) -> None:
     assert k != probecache.probe_key(probecache.probe_key_inputs("p", "m", **{**base, "salt": "base=y"}))
 
 
+def test_probe_key_salt_covers_the_layers_below_the_patch_step(root: Path) -> None:
+    """The build's salt of the probe keys: same after a patch edit or a VERIFY change, new after any change to what
+    the lower layers are built from (src, lock, Dockerfile, base)."""
+    defn = images.load_def("pipeline", root / "images")
+
+    def salt(verify: str = "probes", base_id: dict[str, str] = BASE_ID) -> str:
+        return images.probe_key_salt(images.content_inputs(defn, base_id=base_id, root=root,
+                                                           extra_build_args=images._extra_args(defn, verify, None)))
+
+    s0 = salt()
+    assert s0.startswith(f"base={BASE_ID['id']};below=") and len(s0.split("below=")[1]) == 64
+    p = first_patch(root)
+    p.write_text(p.read_text().replace("\n+", "\n+# changed code\n+", 1))
+    assert salt() == s0 == salt("probes-fresh")
+    assert salt(base_id={**BASE_ID, "id": "sha256:" + "cd" * 32}) != s0
+    for rel in ("src/eagle3ops/tinymodel.py", "requirements/pipeline-speculators-0.3.0.lock", "Dockerfile"):
+        f = root / rel
+        before = f.read_text()
+        f.write_text(before + "\n# x\n")
+        assert salt() != s0, rel
+        f.write_text(before)
+    assert salt() == s0
+
+
 # --- builds on the stand-in base (real docker engine, BuildKit) --------------------------------------------------
 
 STANDIN_PROBES = '''"""TEST STAND-IN probe registry (written by tests/test_images.py): the real probes need torch and vLLM."""

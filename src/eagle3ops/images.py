@@ -359,6 +359,21 @@ def _extra_args(defn: ImageDef, verify: str, probes_module: str | None) -> dict[
     return {"VERIFY": verify, **({"PROBES_MODULE": probes_module} if probes_module else {})}
 
 
+def probe_key_salt(inputs: dict[str, Any]) -> str:
+    """The salt of the probe-result cache keys of a pipeline build: ``base=<digest or id>;below=<sha256>``.
+
+    ``below`` hashes every input of :func:`content_inputs` except the patches and the ``VERIFY`` mode: the base,
+    lock, Dockerfile, ``src/``, requirements, build args and env, i.e. everything that makes the layers under the
+    patch step. So a probe pass is reused only on a build whose lower layers came from identical inputs (on top of
+    the probe key's own hashes of the patched tree, the installed distributions and the platform), while a patch
+    edit alone keeps the salt. ``VERIFY`` is left out so that ``probes`` and ``probes-fresh`` share results.
+    """
+    below = {k: v for k, v in inputs.items() if k != "patches"}
+    below["build_args"] = {k: v for k, v in inputs["build_args"].items() if k != "VERIFY"}
+    base = inputs["base"].get("digest") or inputs["base"].get("id", "")
+    return f"base={base};below={content_hash(below)}"
+
+
 def _tag(defn: ImageDef, inputs: dict[str, Any]) -> str:
     pins = inputs["pins"]
     return f"{defn.name}:{pins['vllm']}-{pins['speculators']}-{content_hash(inputs)[:12]}"
@@ -611,8 +626,8 @@ def build_image(
     labels = image_labels(defn, inputs, tag, root)
     variables = {"profile": pname, "pins": spec.pins, "base": {**inputs["base"], "image": base_image or defn.base.image}}
     build_args = {"BASE_IMAGE": variables["base"]["image"], **inputs["build_args"]}
-    if "VERIFY" in build_args:  # salts the probe-result cache keys (the base is in the tag already)
-        build_args["BASE_IDENTITY"] = inputs["base"].get("digest") or inputs["base"].get("id", "")
+    if "VERIFY" in build_args:
+        build_args["PROBE_KEY_SALT"] = probe_key_salt(inputs)
     with tempfile.TemporaryDirectory(prefix="e3ctx-") as tmp:
         ctx = Path(tmp)
         _assemble_context(defn, root, ctx)

@@ -14,7 +14,8 @@ key of probe ``P`` is the sha256 of a canonical JSON record (:func:`probe_key_in
   sha256 of the ``RECORD`` (per-file hashes) of every installed distribution on ``sys.path`` (vLLM, torch,
   transformers, ...), the environment variables that steer them (``VLLM_*``, ``OMP_*``, ``HF_*``, ...);
 * a **salt** given by the caller: the image build passes the base image's registry digest or image id, which
-  covers what the Python metadata does not (system libraries).
+  covers what the Python metadata does not (system libraries), and a hash of every input of the image's layers
+  below the patch step (``eagle3ops.images.probe_key_salt``).
 
 Granularity: the key covers the whole patched tree, not the subset of files a probe executes. With the speculators
 series every probe goes through ``VllmHiddenStatesGenerator`` and the worker extension -- the two files every patch
