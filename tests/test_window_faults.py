@@ -284,19 +284,24 @@ def test_data_dir_fills_up_during_stage(deployed):
 
 def test_restore_fails_health_gate_then_rollback(deployed):
     h, dep = deployed
-    # Live release L; then a broken release B (vLLM rejects its flag: it fails its gate and never goes live); then
-    # release C serving a copy of the model. The copy is lost during the next window, so the restored server cannot
-    # start: the supervisor must roll back to the previously *live* release L (not B, the numerically previous one)
-    # and say so.
+    # Live release L (rolled out first); then a broken release B (vLLM rejects its flag: it fails its gate and never
+    # goes live); then release C serving a copy of the model. The copy is lost during the next window, so the
+    # restored server cannot start: the supervisor must roll back to the previously *live* release L (not B, the
+    # numerically previous one) and say so.
     copy = Path(h.data_dir, "models/tiny-llama-copy")
     subprocess.run(["rm", "-rf", str(copy)], check=True)
     subprocess.run(["cp", "-a", h.model_path, str(copy)], check=True)
     spec = serving_release_spec(h, [])
     spec["volumes"] = [f"{copy}:/models/tiny-llama:ro"]
     with Remote(h) as r:
+        # A known-good live release first: whatever earlier runs left live on this host may itself depend on a
+        # model copy that this test replaces.
+        good = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
+                          command="pytest release good", new_spec=serving_release_spec(h, []))
+        assert good["outcome"] == "ok", good
+        live = good["release"]
         bad = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
                          command="pytest release broken", new_spec=serving_release_spec(h, ["--no-such-flag"]))
-        live = bad["release"]
         assert bad["outcome"] == "failed" and f"rolled back to release {live}" in bad["error"], bad
         broken = int(re.search(r"release (\d+) failed its health gate", bad["error"]).group(1))
         rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
