@@ -191,7 +191,7 @@ def test_prepare_starts_engines_concurrently_and_finish_kills_their_workers():
     probes.shutdown()  # start from no engines (earlier tests share them)
     started = probes.prepare(["prefill-attribution", "deepseek-capture", "no-such-probe"])
     assert set(started) == {"llama-remote-code", "deepseek-v3"} == set(probes._ENGINES)
-    assert os.environ.get("VLLM_SLEEP_WHEN_IDLE") == "1"
+    assert os.environ.get("VLLM_SLEEP_WHEN_IDLE") == "1" and os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"
     probes.PROBES["cpu-device"]()
     probes.PROBES["deepseek-capture"]()
     procs = [w.proc for e in probes._ENGINES.values() for w in e.generator.executor.workers]

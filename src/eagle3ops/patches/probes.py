@@ -19,10 +19,10 @@ Hidden-state reference: transformers' fp32 forward of the same checkpoint, the o
 (FACTS.md: MoE routing flips near-tied experts under bf16 for ~1-2 % of tokens); a misattributed token has a
 relative error near 1, far outside them.
 
-Environment: on vLLM's CPU platform ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB) and ``VLLM_SLEEP_WHEN_IDLE``
-to 1 here (:func:`_quiet_idle_polling`), and the DeepSeek probe sets ``VLLM_MLA_DISABLE=1`` (vLLM 0.16 has no MLA
-on CPU). Engines use spawn: call probes from a process whose
-main module is import-safe (``python -m eagle3ops patch verify``, pytest).
+Environment: on vLLM's CPU platform ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB), ``VLLM_SLEEP_WHEN_IDLE``
+to 1 and ``OMP_WAIT_POLICY`` to PASSIVE here (:func:`_quiet_idle_polling`), and the DeepSeek probe sets
+``VLLM_MLA_DISABLE=1`` (vLLM 0.16 has no MLA on CPU). Engines use spawn: call probes from a process whose main
+module is import-safe (``python -m eagle3ops patch verify``, pytest).
 """
 
 from __future__ import annotations
@@ -169,11 +169,16 @@ def _is_cpu_platform() -> bool:
 
 
 def _quiet_idle_polling() -> None:
-    """``VLLM_SLEEP_WHEN_IDLE=1`` unless set: vLLM's shared-memory queues otherwise busy-poll (``sched_yield``)
-    while waiting, so an idle engine's worker keeps a core busy. With two probe engines on a 2-core builder that
-    made the probes 2-3x slower (measured here: verify 70 s vs 26 s under the same load). It only changes how an
-    idle reader waits (sleeping 0.1 s between polls after 3 s without messages), not what the engine computes."""
+    """``VLLM_SLEEP_WHEN_IDLE=1`` and ``OMP_WAIT_POLICY=PASSIVE`` unless set (inherited by the engine workers; the
+    probes process takes the OpenMP one when torch is not imported yet).
+
+    vLLM's shared-memory queues otherwise busy-poll (``sched_yield``) while waiting, so an idle engine's worker keeps
+    a core busy: with two probe engines on a 2-core builder the probes were 2-3x slower (verify 70 s vs 26 s under
+    the same load). OpenMP threads otherwise spin between the tiny models' short parallel regions; with three
+    processes' thread pools on 2 cores the probe bodies took 11-13 s instead of 3-5 s at load 5-8. Both only change
+    how threads wait, not what is computed."""
     os.environ.setdefault("VLLM_SLEEP_WHEN_IDLE", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _engine(kind: str) -> _Engine:
