@@ -55,9 +55,10 @@ def main() -> int:
         return 2
     with Remote(h) as r:
         dep = json.loads(r.run(hc.cat(paths(h)["deployed"])).stdout)
-        upload_pipeline_config(r, "bench-p3", PIPELINE)
+        run = f"bench-p3-{datetime.now():%Y%m%dT%H%M%S}"  # a fresh run: stages refuse outputs of other inputs
+        upload_pipeline_config(r, run, PIPELINE)
         res = run_window(r, kind="extract", image=dep["image"], expected_image_id=dep["image_id"],
-                         command="benchmarks/window.py", run="bench-p3")
+                         command="benchmarks/window.py", run=run)
         journal = [json.loads(x) for x in r.run(hc.cat(paths(h, res["window_id"])["journal"])).stdout.splitlines()]
     if res["outcome"] != "ok":
         print(f"window failed: {res}", file=sys.stderr)
