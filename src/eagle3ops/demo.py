@@ -180,9 +180,9 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
                              command=f"eagle3ops release {SANDBOX} --arg --max-num-seqs --arg 8 (demo)",
                              new_spec=serving_release_spec(h, ["--max-num-seqs", "8"]), on_event=_event)
             figures.append(("release", f"{rel['outcome']} → release {rel['release']}, {rel['wall_s']} s"))
-            prev = (rel["release"] or 2) - 1
+            prev = res["release"]  # live before the new release (release numbers need not be consecutive)
             rb = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,
-                            command=f"eagle3ops rollback {SANDBOX} (demo)", to_release=prev, on_event=_event)
+                            command=f"eagle3ops rollback {SANDBOX} (demo)", on_event=_event)
             figures.append(("rollback", f"{rb['outcome']} → release {rb['release']}, {rb['wall_s']} s"))
             ok &= rel["outcome"] == "ok" and rb["outcome"] == "ok" and rb["release"] == prev
 
