@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.patches.apply import MANIFEST_DIR
+from eagle3ops.patches.wheels import sha256_file
 
 __all__ = ["ENV_PREFIXES", "ProbeResultCache", "code_digest", "environment_fingerprint", "patched_trees",
            "probe_key", "probe_key_inputs", "tree_digest"]
@@ -54,14 +55,6 @@ ENV_PREFIXES = ("VLLM_", "CUDA_", "NVIDIA_", "TORCH", "PYTORCH_", "OMP_", "KMP_"
                 "TOKENIZERS_", "EAGLE3OPS_", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED")
 #: Variables with those prefixes that only say where things go, not what a probe does.
 ENV_IGNORED = frozenset({"EAGLE3OPS_PROBE_CACHE"})
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _skip(path: Path) -> bool:
@@ -93,7 +86,7 @@ def tree_digest(root: Path, names: tuple[str, ...] | list[str]) -> str:
                 h.update(f"L {rel} {os.readlink(p)}\n".encode())
             else:
                 x = "x" if os.access(p, os.X_OK) else "-"
-                h.update(f"F {rel} {x} {_sha256_file(p)}\n".encode())
+                h.update(f"F {rel} {x} {sha256_file(p)}\n".encode())
     return h.hexdigest()
 
 
