@@ -93,26 +93,15 @@ def pipeline_yaml(steps: int) -> str:
 
 def prep(dirpath: Path) -> None:
     """CPU side: target config + tokenizer, stages prepare and vocab."""
-    from transformers import LlamaConfig
-
     from eagle3ops.pipeline_config import load_pipeline_config
     from eagle3ops.stages.prepare import run_prepare
     from eagle3ops.stages.vocab import run_vocab
-    from eagle3ops.tinymodel import build_tiny_model
+    from eagle3ops.tinymodel import build_shaped_llama_config, build_tiny_model
 
     shutil.rmtree(dirpath, ignore_errors=True)
     shutil.rmtree("/tmp/e3mg/tiny", ignore_errors=True)
     tiny = build_tiny_model(Path("/tmp/e3mg/tiny"), kind="llama")
-    shutil.rmtree(TARGET, ignore_errors=True)
-    TARGET.mkdir(parents=True)
-    for f in tiny.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(f, TARGET / f.name)
-    tiny_cfg = json.loads((tiny / "config.json").read_text())
-    cfg = LlamaConfig(**SHAPE, bos_token_id=tiny_cfg.get("bos_token_id"), eos_token_id=tiny_cfg.get("eos_token_id"),
-                      pad_token_id=tiny_cfg.get("pad_token_id"), torch_dtype="bfloat16")
-    cfg.architectures = ["LlamaForCausalLM"]
-    cfg.save_pretrained(TARGET)
+    build_shaped_llama_config(TARGET, tiny, **SHAPE)
     shutil.copytree(TARGET, dirpath / "target")  # travels with the run
     run = dirpath / "run"
     run.mkdir(parents=True)

@@ -34,7 +34,7 @@ import textwrap
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["CHAT_TEMPLATE", "KINDS", "SPECIAL_TOKENS", "build_tiny_model", "main"]
+__all__ = ["CHAT_TEMPLATE", "KINDS", "SPECIAL_TOKENS", "build_shaped_llama_config", "build_tiny_model", "main"]
 
 Kind = Literal["llama", "llama-remote-code", "deepseek-v3"]
 KINDS: tuple[str, ...] = ("llama", "llama-remote-code", "deepseek-v3")
@@ -351,6 +351,34 @@ def build_tiny_model(out_dir: str | Path, kind: Kind = "llama", seed: int = 0) -
         _write_remote_tokenizer(out)
     else:
         _write_fast_tokenizer(out, seed)
+    return out
+
+
+def build_shaped_llama_config(out_dir: str | Path, tokenizer_from: str | Path, **shape: int) -> Path:
+    """A Llama target *config* of any width (no weights) that uses a tiny model's tokenizer, for benchmarks.
+
+    Copies the tokenizer files (``tokenizer*``, ``special_tokens*``, ``chat_template*``) of ``tokenizer_from`` (a
+    :func:`build_tiny_model` output) and writes a ``LlamaConfig(**shape)`` in bf16 with that model's bos/eos/pad
+    ids. ``out_dir`` is replaced. Weights are the caller's business (e.g. random init from the config).
+
+    Args:
+        shape: ``LlamaConfig`` sizes, e.g. ``vocab_size``, ``hidden_size``, ``num_hidden_layers``.
+    """
+    import shutil
+
+    from transformers import LlamaConfig
+
+    out, tiny = Path(out_dir), Path(tokenizer_from)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for f in tiny.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, out / f.name)
+    ids = json.loads((tiny / "config.json").read_text())
+    cfg = LlamaConfig(**shape, bos_token_id=ids.get("bos_token_id"), eos_token_id=ids.get("eos_token_id"),
+                      pad_token_id=ids.get("pad_token_id"), torch_dtype="bfloat16")
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(out)
     return out
 
 
