@@ -72,14 +72,18 @@ test-image: image
 patch-check: setup
 	$(E3) patch check
 
-bench-rebuild: setup
-	$(PY) benchmarks/rebuild.py
+bench-rebuild: base
+	$(PY) benchmarks/rebuild --base-image $(LOCAL_BASE) --profile $(PROFILE)
 
 bench-push: setup
 	$(PY) benchmarks/push.py
 
+# The extract benchmark needs torch, vLLM and the patched speculators: it runs inside the pipeline image.
 bench-extract: image
-	$(PY) benchmarks/extract.py
+	docker run --rm --network host -e VLLM_CPU_KVCACHE_SPACE=2 -e HF_HUB_OFFLINE=1 -e PYTHONUNBUFFERED=1 \
+	  -v "$$PWD/benchmarks:/e3/benchmarks" -w /e3 --entrypoint python3 \
+	  "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)" \
+	  benchmarks/extract.py --json benchmarks/extract-cpu-tiny-llama.json
 
 clean-sandbox: setup
 	$(E3) sandbox down

@@ -54,7 +54,10 @@ class Prefill:
 
         self.llm = LLM(model=model, tokenizer=model, trust_remote_code=True, dtype="auto", enforce_eager=True,
                        max_model_len=max_model_len, max_num_seqs=32, max_num_batched_tokens=max(8192, max_model_len),
-                       enable_prefix_caching=False, tensor_parallel_size=tp, gpu_memory_utilization=0.4)
+                       enable_prefix_caching=False, tensor_parallel_size=tp, gpu_memory_utilization=0.4,
+                       # speculators' generator's block size: the same attention kernel on both sides, and on
+                       # CPU one that works on AMX machines too (eagle3ops.cpuattn)
+                       block_size=16)
         self.sp = SamplingParams(max_tokens=1, temperature=0.0)
 
     def run(self, inputs: list[list[int]]) -> float:

@@ -10,7 +10,7 @@ mkdir -p .cache/test-wheels
 exec docker run --rm --network host \
   -e HF_HUB_OFFLINE=1 -e TRANSFORMERS_OFFLINE=1 -e VLLM_CPU_KVCACHE_SPACE=1 -e PYTHONDONTWRITEBYTECODE=1 \
   -e PYTHONUNBUFFERED=1 \
-  -v "$PWD/tests:/e3/tests:ro" -v "$PWD/patches:/e3/patches:ro" -v "$PWD/.cache/test-wheels:/wheels:ro" -w /e3 \
+  -v "$PWD/tests:/e3/tests:ro" -v "$PWD/patches:/e3/patches:ro" -v "$PWD/deploy:/e3/deploy:ro" -v "$PWD/.cache/test-wheels:/wheels:ro" -w /e3 \
   --entrypoint bash "$tag" -c \
   'python3 -m pip install -q --no-index --no-deps --target /tmp/pt /wheels/*.whl \
    && PYTHONPATH=/tmp/pt python3 -m pytest -p no:cacheprovider -ra "$@" tests/image' test-image "$@"

@@ -95,3 +95,18 @@ def test_only_e3ops_may_log_in(sbx):
                          "-o", f"UserKnownHostsFile={sbx.known_hosts}", "root@127.0.0.1", "true"],
                         capture_output=True, text=True, timeout=30)
     assert cp.returncode == 255 and "Permission denied" in cp.stderr
+
+
+def test_a_second_checkout_does_not_lock_the_first_out(sbx, tmp_path: Path, monkeypatch):
+    """Issue 14 item 16: ``sandbox up`` from a second clone (its own client dir and key) adds its key to the
+    sandbox; the first clone's key still logs in afterwards."""
+    monkeypatch.setenv("EAGLE3OPS_SANDBOX_CLIENT_DIR", str(tmp_path / "second-clone"))
+    second = sandbox.up(NAME, PORT)
+    assert second.identity_file != sbx.identity_file
+    with Remote(second.host_config()) as r:
+        assert r.run(["id", "-un"]).stdout.strip() == "e3ops"
+    monkeypatch.delenv("EAGLE3OPS_SANDBOX_CLIENT_DIR")
+    with Remote(sbx.host_config()) as r:  # the first clone's key and known_hosts
+        assert r.run(["id", "-un"]).stdout.strip() == "e3ops"
+    keys = (sbx.root / "ssh" / "authorized_keys").read_text().splitlines()
+    assert len(keys) == len(set(keys)) >= 2

@@ -85,6 +85,29 @@ def build_tiny_model(image: str, model_path: str) -> None:
         raise DemoError(f"tiny model build wrote no config.json into {out}")
 
 
+def check_cpu_attention(h: HostConfig, r: Any) -> None:
+    """Refuse to start CPU serving whose vLLM attention path fails on this host's CPU (:mod:`eagle3ops.cpuattn`).
+
+    Reads the host's ``/proc/cpuinfo`` and the served model's ``config.json`` (``model_path``) over ``r`` (a
+    :class:`eagle3ops.remote.Remote`); GPU serving is not checked.
+
+    Raises:
+        DemoError: the path fails; the message names the inventory field and the fix.
+    """
+    from eagle3ops import cpuattn
+    from eagle3ops.commands import host as hc
+
+    if h.gpus or h.serving.gpus not in ("none", 0):
+        return
+    cpuinfo = r.run(hc.cpuinfo(), mutates=False).stdout
+    cfg = json.loads(r.run(hc.cat(f"{h.model_path.rstrip('/')}/config.json"), mutates=False).stdout)
+    try:
+        path = cpuattn.check_serving(h.serving.args, cfg, cpuinfo, where=f"hosts.{h.name}.serving.args")
+    except cpuattn.CpuAttentionError as e:
+        raise DemoError(str(e)) from e
+    console.print(path.describe())
+
+
 def start_serving(h: HostConfig) -> float:
     """Start production serving on the sandbox (release 1 from the inventory) unless it runs; wait until healthy.
 
@@ -101,6 +124,7 @@ def start_serving(h: HostConfig) -> float:
         if state == "running" and serving_healthy(h, completion=True):
             console.print("production serving already running and healthy")
             return 0.0
+        check_cpu_attention(h, r)
         if state:
             r.run(dk.rm(h, h.serving.container, force=True))
         t0 = time.monotonic()

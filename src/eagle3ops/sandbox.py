@@ -10,7 +10,8 @@ Layout (host side, owned by root, under ``/var/lib/eagle3ops-sandbox/<name>/``):
     docker/             dockerd --data-root;  /run/eagle3ops-sandbox/<name>  its --exec-root
     ssh/sshd_config     sshd's own config (Port, ListenAddress 127.0.0.1, HostKey, PidFile, AuthorizedKeysFile)
     ssh/ssh_host_ed25519_key[.pub]   the sandbox's own host key, generated on first ``up``
-    ssh/authorized_keys  the client key allowed to log in as ``e3ops``
+    ssh/authorized_keys  the client keys allowed to log in as ``e3ops`` (one per checkout that ran ``up``; added,
+                         never replaced)
     ssh/sshd.pid, sshd.log
     data/  state/       the inventory's ``data_dir`` / ``state_dir`` (owned by ``e3ops``)
 
@@ -395,7 +396,11 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
               "-f", str(hostkey)])
     os.chmod(hostkey, 0o600)
     ak = ssh / "authorized_keys"
-    ak.write_text(pub + "\n")
+    # Shared host state is added to, never overwritten: a second checkout (its own client key) must not lock
+    # the first one out of the same sandbox.
+    keys = ak.read_text().splitlines() if ak.exists() else []
+    if pub not in (k.strip() for k in keys):
+        ak.write_text("".join(f"{k}\n" for k in [*keys, pub] if k.strip()))
     os.chown(ak, 0, 0)
     os.chmod(ak, 0o644)
     host_pub = Path(str(hostkey) + ".pub").read_text().split()

@@ -64,6 +64,11 @@ def gpu_list() -> list[str]:
     return ["nvidia-smi", "-L"]
 
 
+def cpuinfo() -> list[str]:
+    """The host's ``/proc/cpuinfo`` (CPU feature flags: which attention kernel vLLM's CPU build will take)."""
+    return ["cat", "/proc/cpuinfo"]
+
+
 def whoami() -> list[str]:
     """The SSH login user (for lock and audit entries)."""
     return ["id", "-un"]

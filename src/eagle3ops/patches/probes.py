@@ -511,7 +511,40 @@ def probe_cpu_device() -> None:
     except Exception as e:
         raise ProbeFailed(f"generate() failed on this device: {type(e).__name__}: {e}") from e
     _check_results_basic(res, seqs, len(LLAMA_LAYERS), "cpu-device generate()")
-    LAST_RUN["cpu-device"] = {"seconds": time.monotonic() - t0, "kv_blocks": num_blocks}
+    attn = _check_attention_path(_engine("llama-remote-code"), "cpu-device (tiny Llama)")
+    LAST_RUN["cpu-device"] = {"seconds": time.monotonic() - t0, "kv_blocks": num_blocks, "attention": attn}
+
+
+def _check_attention_path(eng: "_Engine", what: str) -> dict[str, Any]:
+    """On vLLM's CPU platform: the attention kernel this probe engine ran is one that works on this CPU and the
+    one CPU serving takes with eagle3ops' settings (bf16, :data:`eagle3ops.cpuattn.CPU_BLOCK_SIZE`), so a kernel
+    that fails at serving's first request fails the build here instead (AMX machines: shared/FACTS.md).
+
+    vLLM decides with its own ``_get_attn_isa`` on the engine's dtype and block size; returns what was checked.
+    """
+    if not _is_cpu_platform():
+        return {}
+    import json
+
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    from eagle3ops import cpuattn
+
+    vc = eng.generator.vllm_config
+    dtype, block = vc.model_config.dtype, vc.cache_config.block_size
+    head = cpuattn.head_size(json.loads((eng.model_dir / "config.json").read_text()))
+    flags = cpuattn.cpu_flags(Path("/proc/cpuinfo").read_text())
+    ran = _get_attn_isa(dtype, block, head)
+    serving = _get_attn_isa(dtype, cpuattn.CPU_BLOCK_SIZE, head)
+    path = cpuattn.check(str(dtype).removeprefix("torch."), block, head, flags)
+    if ran != path.isa:
+        raise ProbeFailed(f"{what}: vLLM picked CPU attention kernel {ran!r}, eagle3ops.cpuattn predicts {path.isa!r}")
+    if not path.supported:
+        raise ProbeFailed(f"{what}: {path.describe()}")
+    if ran != serving:
+        raise ProbeFailed(f"{what}: the probe engine ran kernel {ran!r} but CPU serving (block size "
+                          f"{cpuattn.CPU_BLOCK_SIZE}) takes {serving!r}: the probe does not cover serving's path")
+    return {"isa": ran, "dtype": str(dtype), "block_size": block, "head_size": head, "amx": path.amx}
 
 
 def probe_prefill_attribution() -> None:
@@ -554,7 +587,9 @@ def probe_deepseek_capture() -> None:
         [{**r, "hidden_states": r["hidden_states"][:1]} for r in res], [ref[:1] for ref in refs]
     )
     dense.check(MOE_DENSE_LAYER_TOLERANCE, "tiny DeepSeek-V3, dense layer 0")
+    attn = _check_attention_path(eng, "deepseek-capture (tiny DeepSeek-V3)")
     LAST_RUN["deepseek-capture"] = {
+        "attention": attn,
         "seconds": time.monotonic() - t0,
         "engine_start_s": eng.start_s,
         "stats": stats,
