@@ -21,7 +21,7 @@ def sandbox_host():
     from eagle3ops.config import load_inventory
 
     h = load_inventory(INVENTORY).host("sandbox")
-    sandbox.up("sandbox", ssh_port=h.port or 2222)
+    sandbox.up_for(h)
     return h
 
 

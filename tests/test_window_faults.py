@@ -250,7 +250,7 @@ def test_docker_daemon_restarted_mid_run(deployed):
         if not Path(f"/proc/{pid}").exists():
             break
         time.sleep(1)
-    sandbox.up("sandbox", ssh_port=h.port or 2222)
+    sandbox.up_for(h)
     th.join(timeout=900)
     assert "exc" not in box, box.get("exc")
     res = box["res"]

@@ -8,6 +8,7 @@ errors. ``eagle3ops config docs`` prints this documentation from the models them
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -148,6 +149,36 @@ def _format_validation_error(path: Path, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand_env(value: Any, where: str) -> Any:
+    """Expand ``${NAME}`` and ``${NAME:-default}`` in every string of a parsed host entry (after YAML parsing,
+    so a variable's value can never change the document's structure), as Docker Compose does.
+
+    Used by the sandbox entry so that several sandboxes (own name, ports, state) run side by side on one machine.
+
+    Raises:
+        ConfigError: ``${NAME}`` without a default names a variable that is not set (names key and variable).
+    """
+    if isinstance(value, dict):
+        return {k: _expand_env(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ and os.environ[name] != "":
+            return os.environ[name]
+        if default is None:
+            raise ConfigError(f"{where}: environment variable {name} is not set; set it or write ${{{name}:-default}}")
+        return default
+
+    return _ENV_REF.sub(sub, value)
+
+
 def _resolve_paths(raw_host: dict[str, Any], base: Path) -> dict[str, Any]:
     out = dict(raw_host)
     for key in ("identity_file", "known_hosts", "ssh_config"):
@@ -186,7 +217,7 @@ def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
     for name, entry in raw["hosts"].items():
         if not isinstance(entry, dict):
             raise ConfigError(f"{path}: hosts.{name} must be a mapping of settings")
-        entry = _resolve_paths(entry, path.parent)
+        entry = _resolve_paths(_expand_env(entry, f"{path}: hosts.{name}"), path.parent)
         entry.setdefault("name", name)
         hosts[name] = entry
     try:

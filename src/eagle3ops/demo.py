@@ -152,7 +152,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     h = load_inventory(inventory).host(SANDBOX)
 
     t = _step("1. sandbox host: sshd on 127.0.0.1 + its own Docker engine")
-    info = sandbox.up(SANDBOX, ssh_port=h.port or 2222)
+    info = sandbox.up_for(h)
     figures.append(("sandbox up", f"{time.monotonic() - t:.1f} s (engine {info.docker_version})"))
 
     t = _step("2. images: local vLLM 0.16 base (stand-in for vllm/vllm-openai:v0.16.0), pipeline image")

@@ -18,6 +18,13 @@ Layout (host side, owned by root, under ``/var/lib/eagle3ops-sandbox/<name>/``):
 Client side (in the repository, gitignored): ``.sandbox/<name>/id_ed25519`` (the user key) and
 ``.sandbox/<name>/known_hosts`` holding ``[127.0.0.1]:<port> ssh-ed25519 ...`` — host-key checking stays on.
 
+Engines (``engine=``): ``classic`` is this machine's Debian ``dockerd`` (Docker 20.10, classic overlay2 image
+store); ``containerd`` is Debian 13's ``docker.io`` 26.1 with its ``containerd`` 1.7, unpacked from the packages
+(never installed over the system's) into ``/opt/eagle3ops/engines/docker-26.1`` and started with
+``{"features": {"containerd-snapshotter": true}}``: the containerd image store that Docker Engine 29 uses by default
+on new installs (image ids are manifest digests there). The system's ``runc`` runs its containers (trixie's needs a
+newer glibc than bookworm's).
+
 The second dockerd runs with ``--bridge=none --iptables=false``, so containers there must use ``--network host``.
 It starts its own containerd under its exec-root (none is shared with the build engine). Measured on this machine
 (Docker 20.10, Debian 12): two dockerd daemons with separate data-/exec-roots run side by side (FACTS.md).
@@ -52,6 +59,13 @@ APT_PACKAGES = {"sshd": "openssh-server", "dockerd": "docker.io", "docker": "doc
 START_TIMEOUT_S = 60.0
 
 
+#: Where the containerd-store engine's binaries are unpacked, and its Debian packages (suite, name, version prefix).
+ENGINE26_DIR = Path("/opt/eagle3ops/engines/docker-26.1")
+ENGINE26_PACKAGES = {"docker.io": "26.1.", "containerd": "1.7."}
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+ENGINES = ("classic", "containerd")
+
+
 class SandboxError(Exception):
     """The sandbox cannot be set up or is unhealthy; the message says what and how to fix it."""
 
@@ -70,6 +84,7 @@ class SandboxInfo:
         user: login user.
         hostname: address sshd listens on (127.0.0.1, or an address inside ``netns``).
         netns: network namespace sshd runs in (benchmarks: a veth link with a rate limit); None = this one.
+        engine: ``classic`` (Docker 20.10, overlay2 image store) or ``containerd`` (Docker 26.1, containerd store).
         docker_version: server version the sandbox engine reported on the last verification.
         started: which daemons this call (re)started (empty when everything already ran).
     """
@@ -87,6 +102,7 @@ class SandboxInfo:
     started: tuple[str, ...] = ()
     hostname: str = "127.0.0.1"
     netns: str | None = None
+    engine: str = "classic"
 
     def host_config(self, **overrides: object):
         """A :class:`eagle3ops.config.HostConfig` for this sandbox (serving/model fields are placeholders unless
@@ -128,8 +144,8 @@ def _check_name(name: str) -> None:
         raise SandboxError(f"sandbox name {name!r}: use 1-32 letters, digits, '-' or '_'")
 
 
-def info(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", netns: str | None = None
-         ) -> SandboxInfo:
+def info(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", netns: str | None = None,
+         engine: str = "classic") -> SandboxInfo:
     """The :class:`SandboxInfo` of a sandbox (paths only; nothing is checked or started)."""
     _check_name(name)
     root = _root(name)
@@ -137,7 +153,7 @@ def info(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1",
     return SandboxInfo(
         name=name, ssh_port=ssh_port, root=root, docker_host=f"unix://{root / 'docker.sock'}",
         data_dir=root / "data", state_dir=root / "state", identity_file=cdir / "id_ed25519",
-        known_hosts=cdir / "known_hosts", user=USER, hostname=listen, netns=netns,
+        known_hosts=cdir / "known_hosts", user=USER, hostname=listen, netns=netns, engine=engine,
     )
 
 
@@ -284,7 +300,56 @@ def _docker_ok(sock: Path) -> str | None:
     return cp.stdout.strip() if cp.returncode == 0 and cp.stdout.strip() else None
 
 
-def _start_dockerd(inf: SandboxInfo, dockerd: str) -> None:
+def ensure_containerd_engine() -> Path:
+    """Unpack Debian 13 (trixie) ``docker.io`` 26.1 and ``containerd`` 1.7 into :data:`ENGINE26_DIR` (once).
+
+    The packages come from the Debian mirror through a private apt sources list and lists dir (the system's apt
+    configuration is not changed) and are unpacked with ``dpkg -x`` (never installed). Their versions are recorded
+    in ``ENGINE26_DIR/VERSIONS``.
+
+    Returns:
+        the directory holding ``dockerd`` and ``containerd`` (``usr/sbin`` and ``usr/bin`` under it).
+
+    Raises:
+        SandboxError: the download fails or a package's version is not the expected major.minor.
+    """
+    stamp = ENGINE26_DIR / "VERSIONS"
+    if stamp.exists() and (ENGINE26_DIR / "usr/sbin/dockerd").exists():
+        return ENGINE26_DIR
+    work = Path("/var/cache/eagle3ops/trixie")
+    (work / "lists/partial").mkdir(parents=True, exist_ok=True)
+    (work / "debs").mkdir(exist_ok=True)
+    (work / "sources.list").write_text(f"deb {DEBIAN_MIRROR} trixie main\n")
+    apt = ["-o", f"Dir::Etc::SourceList={work / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
+           "-o", f"Dir::State::Lists={work / 'lists'}", "-o", "Debug::NoLocking=1",
+           "-o", "APT::Sandbox::User=root"]
+    _run(["apt-get", *apt, "update", "-qq"], timeout=300)
+    versions = {}
+    for pkg, prefix in ENGINE26_PACKAGES.items():
+        cand = _run(["apt-cache", *apt, "policy", pkg]).stdout
+        ver = next((ln.split(":", 1)[1].strip() for ln in cand.splitlines() if "Candidate:" in ln), "")
+        if not ver.startswith(prefix):
+            raise SandboxError(f"trixie's {pkg} candidate is {ver or 'missing'}, expected {prefix}x")
+        versions[pkg] = ver
+    for f in (work / "debs").glob("*.deb"):
+        f.unlink()
+    subprocess.run(["apt-get", *apt, "download", *(f"{p}={v}" for p, v in versions.items())], cwd=work / "debs",
+                   check=True, capture_output=True, timeout=600)
+    tmp = ENGINE26_DIR.with_name(ENGINE26_DIR.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for deb in sorted((work / "debs").glob("*.deb")):
+        _run(["dpkg", "-x", str(deb), str(tmp)], timeout=300)
+    for runc in tmp.glob("usr/*bin/runc"):
+        runc.unlink()  # trixie's runc needs glibc 2.38; the system's runc runs the containers
+    (tmp / "VERSIONS").write_text("".join(f"{p} {v}\n" for p, v in versions.items()))
+    shutil.rmtree(ENGINE26_DIR, ignore_errors=True)
+    ENGINE26_DIR.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(ENGINE26_DIR)
+    return ENGINE26_DIR
+
+
+def _start_dockerd(inf: SandboxInfo, dockerd: str, engine: str = "classic") -> None:
     root = inf.root
     sock = root / "docker.sock"
     exec_root = EXEC_BASE / inf.name
@@ -303,8 +368,15 @@ def _start_dockerd(inf: SandboxInfo, dockerd: str) -> None:
         "--containerd-namespace", f"e3ops-{inf.name}",
         "--containerd-plugins-namespace", f"e3ops-{inf.name}-plugins",
     ]
-    log = open(root / "dockerd.log", "ab")
     env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
+    if engine == "containerd":
+        top = ensure_containerd_engine()
+        (root / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}\n')
+        argv[0] = str(top / "usr/sbin/dockerd")
+        argv[1:1] = ["--config-file", str(root / "daemon.json")]
+        # dockerd starts the containerd it finds on PATH: trixie's 1.7, not the system's 1.6.
+        env["PATH"] = f"{top / 'usr/bin'}:{top / 'usr/sbin'}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    log = open(root / "dockerd.log", "ab")
     subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True, env=env)
     log.close()
@@ -347,8 +419,29 @@ def _ssh_argv(inf: SandboxInfo, remote_argv: list[str]) -> list[str]:
 
 
 # --- public API -------------------------------------------------------------------------------------------------
-def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", netns: str | None = None
-       ) -> SandboxInfo:
+def name_of(docker_host: str) -> str:
+    """The sandbox name behind an inventory entry: its ``docker_host`` is ``unix:///var/lib/eagle3ops-sandbox/<name>/
+    docker.sock`` (deploy/hosts.yaml's ``sandbox`` entry takes ``<name>`` from ``$EAGLE3OPS_SANDBOX``).
+
+    Raises:
+        SandboxError: ``docker_host`` is not a sandbox engine's socket.
+    """
+    path = Path(docker_host.removeprefix("unix://"))
+    if path.name != "docker.sock" or path.parent.parent != SANDBOX_BASE:
+        raise SandboxError(f"docker_host {docker_host!r} is not a sandbox engine "
+                           f"(expected unix://{SANDBOX_BASE}/<name>/docker.sock)")
+    _check_name(path.parent.name)
+    return path.parent.name
+
+
+def up_for(host: object) -> SandboxInfo:
+    """:func:`up` for an inventory entry (a :class:`eagle3ops.config.HostConfig` of a sandbox): its name from
+    ``docker_host`` (:func:`name_of`), its sshd port from ``port``."""
+    return up(name_of(host.docker_host or ""), ssh_port=host.port or 2222)  # type: ignore[attr-defined]
+
+
+def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", netns: str | None = None,
+       engine: str = "classic") -> SandboxInfo:
     """Bring the sandbox host up (idempotent): create what is missing, start what is dead, verify what runs.
 
     Creates user/group ``e3ops``, the host key (first time only), the client user key and known_hosts, the
@@ -361,6 +454,8 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
         listen: address sshd listens on; only 127.0.0.1 or an address of a network namespace the caller created
             (``netns``, e.g. the benchmark's rate-limited veth link).
         netns: run sshd inside this network namespace (dockerd stays in this one; its socket is a file).
+        engine: ``classic`` or ``containerd`` (:data:`ENGINES`; see the module docs). A sandbox keeps the engine
+            it was made with (recorded in ``<root>/engine``).
 
     Returns:
         :class:`SandboxInfo` with ``started`` naming the daemons this call started.
@@ -369,14 +464,23 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
         SandboxError: not root, missing programs (names the apt packages), port taken, a daemon fails to start, or
             the final SSH + docker check fails.
     """
+    if engine not in ENGINES:
+        raise SandboxError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
     progs = check_prerequisites()
-    inf = info(name, ssh_port, listen, netns)
+    inf = info(name, ssh_port, listen, netns, engine)
     uid, gid = _ensure_user()
     root = inf.root
+    made_with = (root / "engine").read_text().strip() if (root / "engine").exists() else None
+    if made_with is None and (root / "docker").exists():
+        made_with = "classic"  # sandboxes from before engines were recorded
+    if made_with not in (None, engine):
+        raise SandboxError(f"sandbox {name} was made with the {made_with} engine, not {engine}; remove it first with "
+                           f"`eagle3ops sandbox down --name {name} --purge`")
     for d in (SANDBOX_BASE, root, root / "ssh"):
         d.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chown(d, 0, 0)
         os.chmod(d, 0o755)
+    (root / "engine").write_text(engine + "\n")
     for d in (inf.data_dir, inf.state_dir):
         d.mkdir(mode=0o755, exist_ok=True)
         os.chown(d, uid, gid)
@@ -414,7 +518,7 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
     sock = root / "docker.sock"
     if _pid_alive(root / "docker.pid") is None or _docker_ok(sock) is None:
         _stop_pid(root / "docker.pid")
-        _start_dockerd(inf, progs["dockerd"])
+        _start_dockerd(inf, progs["dockerd"], engine)
         started.append("dockerd")
     # dockerd --group sets the socket's group; make sure (an older daemon may have been started without it).
     os.chown(sock, 0, gid)
@@ -502,8 +606,9 @@ app = typer.Typer(no_args_is_help=True, help="The embedded sandbox host: sshd on
 
 @app.command("up")
 def up_command(
-    name: str = typer.Option("sandbox", help="Sandbox name (the inventory entry of the same name uses it)."),
-    ssh_port: int = typer.Option(2222, help="sshd port on 127.0.0.1."),
+    name: str = typer.Option("sandbox", envvar="EAGLE3OPS_SANDBOX",
+                             help="Sandbox name (deploy/hosts.yaml's `sandbox` entry uses $EAGLE3OPS_SANDBOX too)."),
+    ssh_port: int = typer.Option(2222, envvar="EAGLE3OPS_SANDBOX_SSH_PORT", help="sshd port on 127.0.0.1."),
 ) -> None:
     """Start (or re-verify) the sandbox host; idempotent."""
     try:
@@ -519,7 +624,7 @@ def up_command(
 
 @app.command("down")
 def down_command(
-    name: str = typer.Option("sandbox", help="Sandbox name."),
+    name: str = typer.Option("sandbox", envvar="EAGLE3OPS_SANDBOX", help="Sandbox name."),
     purge: bool = typer.Option(False, help="Also delete its images, data, keys and client files."),
 ) -> None:
     """Stop the sandbox host's sshd and dockerd."""
@@ -530,8 +635,8 @@ def down_command(
 
 @app.command("status")
 def status_command(
-    name: str = typer.Option("sandbox", help="Sandbox name."),
-    ssh_port: int = typer.Option(2222, help="sshd port on 127.0.0.1."),
+    name: str = typer.Option("sandbox", envvar="EAGLE3OPS_SANDBOX", help="Sandbox name."),
+    ssh_port: int = typer.Option(2222, envvar="EAGLE3OPS_SANDBOX_SSH_PORT", help="sshd port on 127.0.0.1."),
 ) -> None:
     """Show whether the sandbox's daemons run; exit 1 when not healthy."""
     st = status(name, ssh_port)
