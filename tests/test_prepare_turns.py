@@ -35,7 +35,7 @@ TOOL_TEMPLATE = (
     "{{ '<tool_call>' }}{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}"
     "{{ '</tool_call>' }}{% endfor %}"
     "{{ eos_token + '\n' }}"
-    "{% elif m.role == 'tool' %}{{ '<|tool|>\n<tool_response name=\"' + m.name + '\">' + m.content }}"
+    "{% elif m.role == 'tool' %}{{ '<|tool|>\n<tool_response name=\"' + (m.name or '') + '\">' + m.content }}"
     "{{ '</tool_response>' + eos_token + '\n' }}"
     "{% else %}{{ '<|' + m.role + '|>\n' + m.content + eos_token + '\n' }}{% endif %}"
     "{% endfor %}"
@@ -243,3 +243,23 @@ def test_a_reply_cut_off_by_max_seq_len_is_counted_as_truncated(tmp_path, monkey
     assert len(row["input_ids"]) == 48 and _spans(row) == ["A1</s>\n"]
     assert figures["turns"]["trained"] == 1 and figures["turns"]["not_trained"]["truncated"] == 1
     assert figures["truncated"] == 1 and _turns_add_up(figures)
+
+
+def test_the_stage_cli_no_longer_exits_2_on_a_conversation_opened_by_the_assistant(tmp_path, monkeypatch):
+    """The issue's case through `python -m eagle3ops stage prepare` (exit 2 on main)."""
+    from typer.testing import CliRunner
+
+    from eagle3ops.stages.cli import app
+
+    data = tmp_path / "sharegpt.jsonl"
+    data.write_text(json.dumps({"conversations": [{"from": "gpt", "value": "Hi!"}, {"from": "human", "value": "Q"},
+                                                  {"from": "gpt", "value": "A"}]}) + "\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "pipeline.yaml").write_text(json.dumps({"target_model": "/models/char",
+                                                   "prepare": {"datasets": [str(data)]}}))
+    monkeypatch.setattr(prepare_stage, "load_tokenizer", lambda _target: CharTokenizer(PLAIN_TEMPLATE))
+    result = CliRunner().invoke(app, ["prepare", "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((run / "prepare" / "manifest.json").read_text())
+    assert manifest["samples"] == 1 and manifest["turns"]["not_trained"]["no_prompt_before"] == 1
