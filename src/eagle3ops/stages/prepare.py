@@ -176,12 +176,51 @@ def _not_rendered(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str
     return out
 
 
+class _NotTrained(Exception):
+    """An assistant turn is not trained; ``reason`` is a key of :data:`NOT_TRAINED_REASONS`."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or NOT_TRAINED_REASONS[reason])
+        self.reason = reason
+
+
+def _reply_span(tok: Any, body: list[dict[str, Any]], k: int, full: str, ids: list[int],
+                tools: list[dict[str, Any]] | None, turn: int) -> tuple[int, int, int]:
+    """``(first, end, boundary merges)``: the tokens of the reply of assistant message ``body[k]`` in ``ids``.
+
+    Raises:
+        _NotTrained: the turn cannot be located (template error, prefix property broken, no token) or is empty.
+    """
+    start = _try_render(tok, body[:k], True, tools)
+    end = _try_render(tok, body[: k + 1], False, tools)
+    for text in (start, end):
+        if isinstance(text, Exception):
+            raise _NotTrained("template_error", f"the chat template raises on the conversation up to turn {turn} "
+                                                f"({type(text).__name__}: {text})")
+    if not full.startswith(start):
+        raise _NotTrained("prefix_broken", f"the template's rendering of the turns before turn {turn} with the "
+                                           "generation prompt is not a prefix of the whole conversation's rendering")
+    if not full.startswith(end):
+        raise _NotTrained("prefix_broken", f"the template's rendering of the turns through turn {turn} is not a "
+                                           "prefix of the whole conversation's rendering")
+    if not str(body[k].get("content") or "").strip():
+        # No content: trainable only if the template writes something else of it (a tool call, reasoning).
+        if _try_render(tok, [*body[:k], {"role": "assistant", "content": ""}], False, tools) == end:
+            raise _NotTrained("empty_reply")
+    start_ids, end_ids = _encode(tok, start), _encode(tok, end)
+    a, b = _lcp(start_ids, ids), _lcp(end_ids, ids)
+    if b <= a:
+        raise _NotTrained("no_token")
+    return a, b, int(a != len(start_ids)) + int(b != len(end_ids))
+
+
 def encode_conversation(tok: Any, messages: list[dict[str, Any]],
                         tools: list[dict[str, Any]] | None = None) -> EncodedConversation:
     """Token ids of the rendered conversation and its loss mask (1 on the assistant replies that can be trained).
 
     Decides per assistant turn (see the module doc): trained turns are in ``trained``, the others in
     ``not_trained`` with their reason; unmaskable turns are reported there too, never raised. Not truncated.
+    Leading assistant turns (no prompt before them) are left out of the text.
 
     Raises:
         UnmaskableConversation: the template raises on the whole conversation.
@@ -199,46 +238,19 @@ def encode_conversation(tok: Any, messages: list[dict[str, Any]],
         raise UnmaskableConversation(
             f"the chat template fails on the whole conversation ({type(full).__name__}: {full})"
         )
-    ids = _encode(tok, full)
-    mask = [0] * len(ids)
-    out.input_ids, out.loss_mask = ids, mask
+    out.input_ids = _encode(tok, full)
+    out.loss_mask = [0] * len(out.input_ids)
     for k, msg in enumerate(body):
         if msg["role"] != "assistant":
             continue
-        turn = k + lead
-
-        def skip(reason: str, detail: str, turn: int = turn) -> None:
-            out.not_trained.append((turn, reason, detail))
-
-        start = _try_render(tok, body[:k], True, tools)
-        end = _try_render(tok, body[: k + 1], False, tools)
-        if isinstance(start, Exception) or isinstance(end, Exception):
-            exc = start if isinstance(start, Exception) else end
-            skip("template_error", f"the chat template raises on turns 0..{turn} ({type(exc).__name__}: {exc})")
+        try:
+            a, b, merges = _reply_span(tok, body, k, full, out.input_ids, tools, k + lead)
+        except _NotTrained as exc:
+            out.not_trained.append((k + lead, exc.reason, str(exc)))
             continue
-        if not full.startswith(start):
-            skip("prefix_broken", f"the template's rendering of turns 0..{turn - 1} with the generation prompt is "
-                                  "not a prefix of the whole conversation's rendering")
-            continue
-        if not full.startswith(end):
-            skip("prefix_broken", f"the template's rendering of turns 0..{turn} is not a prefix of the whole "
-                                  "conversation's rendering")
-            continue
-        if not msg["content"].strip():
-            as_empty = _try_render(tok, [*body[:k], {"role": "assistant", "content": ""}], False, tools)
-            if as_empty == end:
-                skip("empty_reply", NOT_TRAINED_REASONS["empty_reply"])
-                continue
-        start_ids, end_ids = _encode(tok, start), _encode(tok, end)
-        a, b = _lcp(start_ids, ids), _lcp(end_ids, ids)
-        out.boundary_merges += (a != len(start_ids)) + (b != len(end_ids))
-        if b <= a:
-            skip("no_token", NOT_TRAINED_REASONS["no_token"])
-            continue
-        for j in range(a, b):
-            mask[j] = 1
-        out.trained.append((turn, a, b))
-    out.not_trained.sort()
+        out.boundary_merges += merges
+        out.loss_mask[a:b] = [1] * (b - a)
+        out.trained.append((k + lead, a, b))
     out.not_rendered = _not_rendered(tok, body, tools, full)
     return out
 
@@ -324,7 +336,7 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
         turn_reasons = list(enc.not_trained)
         kept_turns = [t for t, a, _b in enc.trained if a < pc.max_seq_len]
         turn_reasons += [(t, "truncated", "") for t, a, _b in enc.trained if a >= pc.max_seq_len]
-        for turn, reason, _detail in turn_reasons:
+        for turn, reason, _detail in sorted(turn_reasons):
             not_trained[reason] += 1
             if len(untrained_sources) < 50:
                 untrained_sources.append(f"{source} turn {turn}: {reason}")
