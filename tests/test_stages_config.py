@@ -145,6 +145,12 @@ def test_null_fields_count_as_absent_as_parquet_rows_have_them():
            "tools": None}
     assert normalize_row(row, "x") == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     assert row_tools(row, "x") is None
+    tools = [{"type": "function", "function": {"name": "f", "description": None, "parameters": {"type": "object"}}}]
+    assert row_tools({"tools": tools}, "x") == [{"type": "function", "function": {"name": "f",
+                                                                                  "parameters": {"type": "object"}}}]
+    assert row_tools({"tools": json.dumps(tools)}, "x") == row_tools({"tools": tools}, "x")
+    with pytest.raises(ChatDataError, match=r"x: `tools` must be a list of tool definitions"):
+        row_tools({"tools": {"name": "f"}}, "x")
 
 
 def test_unknown_role_and_missing_turns_are_errors_naming_the_row():

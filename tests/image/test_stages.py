@@ -254,6 +254,34 @@ def test_prepare_trains_the_tool_call_turn_as_the_template_renders_it(tmp_path, 
             list(range(*_runs(row["loss_mask"])[0]))
 
 
+def test_prepare_reads_tool_rows_from_parquet_as_from_jsonl(tmp_path, models):
+    """Parquet gives every struct every field of the file's schema (as null): the training text must not change.
+
+    (Struct fields take the order first seen in the file; a later definition whose keys come in another order is
+    rendered in the file's order: the chatdata module doc says to store `tools` as a JSON string then.)
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    two_tools = {**TOOL_ROW, "tools": [{"type": "function", "function": {
+        "name": "get_time", "description": "Local time of a city.", "parameters": {"type": "object"}}},
+        *TOOL_ROW["tools"]]}  # get_weather has no description: null in Parquet
+    rows = [two_tools, {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                     {"role": "assistant", "content": "Hello."}]}]
+    model = _with_template(tmp_path, models["llama-remote-code"], TOOL_TEMPLATE)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pq.write_table(pa.Table.from_pylist(rows), data / "b.parquet")
+    out = []
+    for name in ("a.jsonl", "b.parquet"):
+        run = make_run(tmp_path / name, model,
+                       prepare={"datasets": [str(data / name)], "shuffle": False, "max_seq_len": 2048})
+        run_prepare(run, cfg_of(run), log=QUIET)
+        out.append([(r["input_ids"], r["loss_mask"]) for r in read_samples(run)])
+    assert out[0] == out[1] and len(out[0]) == 2
+
+
 def test_prepare_reports_tool_fields_the_template_drops_and_does_not_train_the_emptied_turn(tmp_path, models):
     """Issue 15 item 5, with the tiny target's own template (role and content only)."""
     tok = load_tokenizer(str(models["llama"]))

@@ -20,11 +20,13 @@ training text is the text the served target sees and writes:
 - :data:`TEMPLATE_FIELDS` are kept: ``tool_calls`` (each ``function.arguments`` given as a JSON string is parsed
   to an object, ``null``/``""`` becomes ``{}``, an empty list is dropped), ``tool_call_id``, ``name``, and the
   reasoning text under both of its names, ``reasoning_content`` and ``reasoning``;
-- a row's ``tools`` list is kept for the template's ``tools`` argument;
+- a row's ``tools`` list (or a JSON string holding it) is kept for the template's ``tools`` argument;
 - any other message field is not passed to the template (vLLM would not pass it either): it is counted per
   field in the conversation's ``ignored_fields`` (the prepare manifest reports them), never silently lost.
 
-A field whose value is ``null`` counts as absent (Parquet rows carry every column of the file's schema).
+A field whose value is ``null`` counts as absent (Parquet rows carry every column of the file's schema). Parquet
+also gives every struct its keys in the order the file's schema has them, which is what ``tojson`` in a template
+then writes: keep ``tools`` (and ``function.arguments``) as JSON strings in Parquet files to keep their key order.
 """
 
 from __future__ import annotations
@@ -218,20 +220,36 @@ def normalize_row(row: Any, where: str, ignored: Counter[str] | None = None) -> 
     return out
 
 
+def _drop_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
 def row_tools(row: Any, where: str) -> list[dict[str, Any]] | None:
     """The row's ``tools`` (OpenAI form: tool definitions for the template's ``tools`` argument), or ``None``.
 
+    ``tools`` may be a list or a JSON string holding one (as many datasets store it). Keys whose value is null
+    are dropped at every depth: a Parquet file gives each definition every key any definition of the file has.
+
     Raises:
-        ChatDataError: ``tools`` is not a list of objects.
+        ChatDataError: ``tools`` is not a list of objects (or a JSON string holding one).
     """
     tools = row.get("tools") if isinstance(row, dict) else None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise ChatDataError(f"{where}: `tools` is a string but not valid JSON ({exc.msg})") from exc
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise ChatDataError(
             f"{where}: `tools` must be a list of tool definitions (objects, OpenAI form), got {tools!r:.80}"
         )
-    return tools
+    return _drop_nulls(tools)
 
 
 def load_conversations(paths: list[Path]) -> list[dict[str, Any]]:
