@@ -178,7 +178,9 @@ def test_an_empty_reply_is_not_trained_even_without_tool_fields(tmp_path, monkey
 # ------------------------------------------------------------------------------ item 6: decisions per turn
 
 
-def test_a_sharegpt_conversation_opened_by_the_assistant_keeps_its_later_replies(tmp_path, monkeypatch):
+@pytest.mark.parametrize("on_unmaskable", ["error", "skip"])
+def test_a_sharegpt_conversation_opened_by_the_assistant_keeps_its_later_replies(tmp_path, monkeypatch,
+                                                                                  on_unmaskable):
     rows = [
         {"conversations": [{"from": "gpt", "value": "Hello! How can I help?"},
                            {"from": "human", "value": "Q1"}, {"from": "gpt", "value": "A1"},
@@ -186,8 +188,9 @@ def test_a_sharegpt_conversation_opened_by_the_assistant_keeps_its_later_replies
         {"conversations": [{"from": "gpt", "value": "only the assistant speaks"}]},
         {"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]},
     ]
-    # on_unmaskable is `error` (the default): a turn with no prompt before it is data to leave out, not an error.
-    figures, samples, logs = _prepare(tmp_path, monkeypatch, PLAIN_TEMPLATE, rows)
+    # Whatever on_unmaskable says (`error` is the default), a turn with no prompt before it is data to leave out,
+    # not an error, and the conversation's later replies are trained.
+    figures, samples, logs = _prepare(tmp_path, monkeypatch, PLAIN_TEMPLATE, rows, on_unmaskable=on_unmaskable)
     first = samples[0]
     assert _text(first["input_ids"]) == (
         "<s><|user|>\nQ1</s>\n<|assistant|>\nA1</s>\n<|user|>\nQ2</s>\n<|assistant|>\nA2</s>\n"
