@@ -71,6 +71,88 @@ def test_both_chat_forms_normalize_to_the_same_messages():
     assert normalize_row(openai, "x") == want
 
 
+TOOL_ROW = {
+    "id": "tool-1",
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?", "weight": 1},
+        {"role": "assistant", "content": None, "reasoning_content": "Ask the tool.",
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "18 C, sunny"},
+        {"role": "assistant", "content": "It is 18 C and sunny in Paris.", "tool_calls": []},
+    ],
+}
+
+
+def test_openai_tool_messages_keep_every_field_the_template_can_render():
+    """Issue 15 item 5: tool_calls, tool_call_id, name and reasoning_content reach the template as vLLM passes them."""
+    from collections import Counter
+
+    from eagle3ops.stages.chatdata import row_tools
+
+    ignored: Counter = Counter()
+    msgs = normalize_row(TOOL_ROW, "t.jsonl:1", ignored)
+    assert msgs[1] == {
+        "role": "assistant", "content": "", "reasoning_content": "Ask the tool.", "reasoning": "Ask the tool.",
+        # arguments parsed from the JSON string, as vLLM 0.16's _postprocess_messages does
+        "tool_calls": [{"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+    }
+    assert msgs[2] == {"role": "tool", "content": "18 C, sunny", "tool_call_id": "c1", "name": "get_weather"}
+    assert msgs[3] == {"role": "assistant", "content": "It is 18 C and sunny in Paris."}  # empty list dropped
+    assert ignored == {"weight": 1}  # a field the template never sees is counted, not silently lost
+    assert row_tools(TOOL_ROW, "t.jsonl:1") == TOOL_ROW["tools"]
+
+
+def test_tool_rows_from_a_file_carry_tools_and_ignored_fields(tmp_path):
+    path = tmp_path / "tools.jsonl"
+    path.write_text(json.dumps(TOOL_ROW) + "\n")
+    (conv,) = load_conversations([path])
+    assert conv["tools"] == TOOL_ROW["tools"] and conv["ignored_fields"] == {"weight": 1}
+    assert conv["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+
+
+@pytest.mark.parametrize(
+    ("turn", "needle"),
+    [
+        ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]},
+         r"x\.jsonl:4: turn 1: tool_calls\[0\]\.function\.arguments is not valid JSON"),
+        ({"role": "assistant", "tool_calls": [{"name": "f"}]}, r"turn 1: tool_calls\[0\] needs a `function` object"),
+        ({"role": "assistant", "tool_calls": {"name": "f"}}, r"turn 1: `tool_calls` must be a list"),
+        ({"role": "tool", "content": "x", "tool_call_id": 7}, r"turn 1: `tool_call_id` must be a string"),
+        ({"role": "assistant", "content": "a", "reasoning": "r1", "reasoning_content": "r2"},
+         r"turn 1: `reasoning_content` and `reasoning` differ"),
+    ],
+)
+def test_malformed_tool_fields_are_errors_naming_row_turn_and_field(turn, needle):
+    with pytest.raises(ChatDataError, match=needle):
+        normalize_row({"messages": [{"role": "user", "content": "q"}, turn]}, "x.jsonl:4")
+
+
+def test_content_parts_are_joined_as_vllm_joins_them():
+    """vLLM's `string` content format joins text parts with a newline; training text must be the served text."""
+    row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                        {"role": "assistant", "content": "c"}]}
+    assert normalize_row(row, "x")[0]["content"] == "a\nb"
+
+
+def test_null_fields_count_as_absent_as_parquet_rows_have_them():
+    from eagle3ops.stages.chatdata import row_tools
+
+    row = {"messages": [{"role": "user", "content": "q", "tool_calls": None, "name": None, "weight": None},
+                        {"role": "assistant", "content": "a", "tool_call_id": None, "reasoning": None}],
+           "tools": None}
+    assert normalize_row(row, "x") == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert row_tools(row, "x") is None
+    tools = [{"type": "function", "function": {"name": "f", "description": None, "parameters": {"type": "object"}}}]
+    assert row_tools({"tools": tools}, "x") == [{"type": "function", "function": {"name": "f",
+                                                                                  "parameters": {"type": "object"}}}]
+    assert row_tools({"tools": json.dumps(tools)}, "x") == row_tools({"tools": tools}, "x")
+    with pytest.raises(ChatDataError, match=r"x: `tools` must be a list of tool definitions"):
+        row_tools({"tools": {"name": "f"}}, "x")
+
+
 def test_unknown_role_and_missing_turns_are_errors_naming_the_row():
     with pytest.raises(ChatDataError, match=r"f\.jsonl:3: turn 1 has unknown role `narrator`"):
         normalize_row({"messages": [{"role": "user", "content": "q"}, {"role": "narrator", "content": "x"}]},

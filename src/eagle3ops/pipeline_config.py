@@ -45,8 +45,9 @@ class PrepareConfig(_Strict):
         min_length=1,
         description=(
             "Chat files: JSONL or Parquet, rows in ShareGPT (`conversations`: from/value) or OpenAI (`messages`: "
-            "role/content) form. Relative paths are taken from the run directory; `builtin:sharegpt` and "
-            "`builtin:messages` are the small datasets shipped in eagle3ops."
+            "role/content, tool_calls/tool_call_id/name/reasoning_content; row `tools`) form. Relative paths are "
+            "taken from the run directory; `builtin:sharegpt` and `builtin:messages` are the small datasets "
+            "shipped in eagle3ops."
         ),
     )
     max_seq_len: int = Field(
@@ -57,9 +58,12 @@ class PrepareConfig(_Strict):
     on_unmaskable: Literal["error", "skip"] = Field(
         "error",
         description=(
-            "What to do with a conversation whose chat template breaks the prefix property (a rendered prefix is "
-            "not a prefix of the whole rendering), so assistant turns cannot be located: `error` stops the stage, "
-            "`skip` leaves it out and counts it in the manifest."
+            "What to do with an assistant turn the chat template keeps from being located (a rendered prefix is "
+            "not a prefix of the whole rendering, the reply maps to no token, or the template raises): `error` "
+            "stops the stage naming the conversation and turn, `skip` leaves that turn untrained (loss mask 0) "
+            "and keeps the conversation's other replies; each case is counted in the manifest. Turns that cannot "
+            "be trained for reasons of the data (an assistant turn with no prompt before it, an empty reply) are "
+            "never an error: they are left untrained and counted."
         ),
     )
 

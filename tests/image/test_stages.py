@@ -108,7 +108,8 @@ def test_prepare_masks_agree_with_offset_mapping_of_the_fast_tokenizer(tmp_path,
     convs = load_conversations([resolve_dataset("builtin:sharegpt", run), resolve_dataset("builtin:messages", run)])
     for conv in convs:
         msgs = conv["messages"]
-        ids, mask, _ = encode_conversation(tok, msgs)
+        enc = encode_conversation(tok, msgs)
+        ids, mask = enc.input_ids, enc.loss_mask
         full = tok.apply_chat_template(msgs, tokenize=False)
         enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
         assert enc["input_ids"] == ids
@@ -146,29 +147,163 @@ def test_prepare_reads_jsonl_and_parquet_in_both_forms_alike(tmp_path, models):
     assert out[0] == out[1] and len(out[0]) == 6
 
 
+def _with_template(tmp_path: Path, model: Path, template: str) -> Path:
+    """A copy of ``model`` whose tokenizer has ``template`` as its chat template."""
+    out = tmp_path / f"{model.name}-template"
+    shutil.copytree(model, out)
+    tc = json.loads((out / "tokenizer_config.json").read_text())
+    tc["chat_template"] = template
+    (out / "tokenizer_config.json").write_text(json.dumps(tc))
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    return out
+
+
 def test_prepare_refuses_or_skips_a_template_without_the_prefix_property(tmp_path, models):
-    model = tmp_path / "rewriting"
-    shutil.copytree(models["llama"], model)
-    tc = json.loads((model / "tokenizer_config.json").read_text())
     # Earlier assistant turns are rendered as a placeholder (as templates that strip past reasoning do).
-    tc["chat_template"] = (
+    model = _with_template(tmp_path, models["llama"], (
         "{% for m in messages %}<|{{ m.role }}|>\n"
         "{% if m.role == 'assistant' and not loop.last %}(earlier reply){% else %}{{ m.content }}{% endif %}"
         "<|eos|>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-    )
-    (model / "tokenizer_config.json").write_text(json.dumps(tc))
-    (model / "chat_template.jinja").unlink(missing_ok=True)
+    ))
     run = make_run(tmp_path / "run", model)
-    with pytest.raises(UnmaskableConversation, match=r"on_unmaskable: skip"):
+    with pytest.raises(UnmaskableConversation, match=r"assistant turn 1: .*on_unmaskable: skip"):
         run_prepare(run, cfg_of(run), log=QUIET)
-    run = make_run(tmp_path / "run2", model, prepare={"on_unmaskable": "skip"})
+    run = make_run(tmp_path / "run2", model, prepare={"on_unmaskable": "skip", "max_seq_len": 2048})
     figures = run_prepare(run, cfg_of(run), log=QUIET)
     from eagle3ops.stages.chatdata import load_conversations, resolve_dataset
 
     convs = load_conversations([resolve_dataset(d, run) for d in ("builtin:sharegpt", "builtin:messages")])
-    multi = sum(1 for c in convs if sum(m["role"] == "assistant" for m in c["messages"]) > 1)
-    assert multi >= 5
-    assert figures["skipped"]["unmaskable"] == multi and figures["samples"] == 42 - multi
+    replies = [sum(m["role"] == "assistant" for m in c["messages"]) for c in convs]
+    assert sum(1 for n in replies if n > 1) >= 5
+    # Per turn: every conversation stays, its last reply is trained, only the earlier (rewritten) ones are not.
+    assert figures["samples"] == 42 and figures["skipped"]["no_trained_turn"] == 0
+    assert figures["turns"]["trained"] == 42 and figures["turns"]["not_trained"]["prefix_broken"] == sum(replies) - 42
+    tok = load_tokenizer(str(model))
+    by_source = {c["source"]: c["messages"] for c in convs}
+    for row in read_samples(run):
+        last = [m["content"] for m in by_source[row["source"]] if m["role"] == "assistant"][-1]
+        assert _decoded_spans(tok, row) == [last + "<|eos|>\n"], row["source"]
+
+
+#: Renders tools, tool calls, tool results (with the tool's name) and reasoning, the shape of Qwen2.5/Hermes
+#: templates (tests/test_prepare_turns.py has the same one for the host tests).
+TOOL_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}{{ '<|system|>\n# Tools\n' }}{% for t in tools %}{{ t | tojson }}{{ '\n' }}{% endfor %}"
+    "{{ eos_token + '\n' }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'assistant' %}{{ '<|assistant|>\n' }}"
+    "{% if m.reasoning_content %}{{ '<think>' + m.reasoning_content + '</think>\n' }}{% endif %}"
+    "{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}"
+    "{{ '<tool_call>' }}{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}"
+    "{{ '</tool_call>' }}{% endfor %}"
+    "{{ eos_token + '\n' }}"
+    "{% elif m.role == 'tool' %}{{ '<|tool|>\n<tool_response name=\"' + (m.name or '') + '\">' + m.content }}"
+    "{{ '</tool_response>' + eos_token + '\n' }}"
+    "{% else %}{{ '<|' + m.role + '|>\n' + m.content + eos_token + '\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+TOOL_ROW = {
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "reasoning_content": "Ask the tool.",
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "18 C, sunny"},
+        {"role": "assistant", "content": "It is 18 C and sunny in Paris."},
+    ],
+}
+CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+def _decoded_spans(tok, row) -> list[str]:
+    return [tok.decode(row["input_ids"][a:b], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            for a, b in _runs(row["loss_mask"])]
+
+
+def _prepare_rows(tmp_path: Path, model: Path, rows: list[dict], **prepare) -> tuple[dict, list[dict]]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = make_run(tmp_path / "run", model, prepare={"datasets": [str(data)], "shuffle": False, **prepare})
+    return run_prepare(run, cfg_of(run), log=QUIET), read_samples(run)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-remote-code"])
+def test_prepare_trains_the_tool_call_turn_as_the_template_renders_it(tmp_path, models, kind):
+    """Issue 15 item 5: the tool call stays in the training text and its turn is trained; the tool result is not."""
+    model = _with_template(tmp_path, models[kind], TOOL_TEMPLATE)
+    tok = load_tokenizer(str(model))
+    figures, (row,) = _prepare_rows(tmp_path, model, [TOOL_ROW], max_seq_len=2048)
+    text = tok.decode(row["input_ids"], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    assert CALL_TEXT in text and '<tool_response name="get_weather">18 C, sunny</tool_response>' in text
+    assert _decoded_spans(tok, row) == [f"<think>Ask the tool.</think>\n{CALL_TEXT}<|eos|>\n",
+                                        "It is 18 C and sunny in Paris.<|eos|>\n"]
+    assert figures["turns"]["trained"] == 2 and figures["fields"]["not_rendered"] == {"tool_call_id": 1}
+    if kind == "llama":  # independent check through the fast tokenizer's offsets
+        full = tok.apply_chat_template([TOOL_ROW["messages"][0]], tokenize=False, tools=TOOL_ROW["tools"],
+                                       add_generation_prompt=True)
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert enc["input_ids"] == row["input_ids"]
+        a = len(full)
+        b = text.index("<|eos|>\n", a) + len("<|eos|>\n")
+        assert [j for j, (s, e) in enumerate(enc["offset_mapping"]) if s >= a and e <= b and e > s] == \
+            list(range(*_runs(row["loss_mask"])[0]))
+
+
+def test_prepare_reads_tool_rows_from_parquet_as_from_jsonl(tmp_path, models):
+    """Parquet gives every struct every field of the file's schema (as null): the training text must not change.
+
+    (Struct fields take the order first seen in the file; a later definition whose keys come in another order is
+    rendered in the file's order: the chatdata module doc says to store `tools` as a JSON string then.)
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    two_tools = {**TOOL_ROW, "tools": [{"type": "function", "function": {
+        "name": "get_time", "description": "Local time of a city.", "parameters": {"type": "object"}}},
+        *TOOL_ROW["tools"]]}  # get_weather has no description: null in Parquet
+    rows = [two_tools, {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                     {"role": "assistant", "content": "Hello."}]}]
+    model = _with_template(tmp_path, models["llama-remote-code"], TOOL_TEMPLATE)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pq.write_table(pa.Table.from_pylist(rows), data / "b.parquet")
+    out = []
+    for name in ("a.jsonl", "b.parquet"):
+        run = make_run(tmp_path / name, model,
+                       prepare={"datasets": [str(data / name)], "shuffle": False, "max_seq_len": 2048})
+        run_prepare(run, cfg_of(run), log=QUIET)
+        out.append([(r["input_ids"], r["loss_mask"]) for r in read_samples(run)])
+    assert out[0] == out[1] and len(out[0]) == 2
+
+
+def test_prepare_reports_tool_fields_the_template_drops_and_does_not_train_the_emptied_turn(tmp_path, models):
+    """Issue 15 item 5, with the tiny target's own template (role and content only)."""
+    tok = load_tokenizer(str(models["llama"]))
+    figures, (row,) = _prepare_rows(tmp_path, models["llama"], [TOOL_ROW])
+    assert _decoded_spans(tok, row) == ["It is 18 C and sunny in Paris.<|eos|>\n"]
+    assert figures["turns"]["not_trained"]["empty_reply"] == 1
+    assert figures["fields"]["not_rendered"] == {"name": 1, "reasoning_content": 1, "tool_call_id": 1,
+                                                 "tool_calls": 1, "tools": 1}
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-remote-code"])
+def test_prepare_keeps_the_replies_after_an_opening_assistant_turn(tmp_path, models, kind):
+    """Issue 15 item 6: a ShareGPT conversation opened by the assistant no longer stops the stage or is dropped."""
+    rows = [{"conversations": [{"from": "gpt", "value": "Hello! How can I help?"},
+                               {"from": "human", "value": "Name one prime."}, {"from": "gpt", "value": "Seven."},
+                               {"from": "human", "value": "And another?"}, {"from": "gpt", "value": "Eleven."}]}]
+    tok = load_tokenizer(str(models[kind]))
+    for mode in ("error", "skip"):
+        figures, (row,) = _prepare_rows(tmp_path / mode, models[kind], rows, on_unmaskable=mode)
+        assert _decoded_spans(tok, row) == ["Seven.<|eos|>\n", "Eleven.<|eos|>\n"]
+        assert "Hello! How can I help?" not in tok.decode(row["input_ids"])
+        assert figures["turns"]["trained"] == 2 and figures["turns"]["not_trained"]["no_prompt_before"] == 1
 
 
 # ------------------------------------------------------------------------------------------------------ vocab

@@ -5,7 +5,15 @@ Output, in ``<run_dir>/prepare/``:
 - ``samples.jsonl``: one object per kept conversation, in the order extraction will use:
   ``{"i": index, "source": "file:row", "input_ids": [int], "loss_mask": [0|1]}`` (same length, at most
   ``prepare.max_seq_len``);
-- ``manifest.json``: counts, tokens, the tokenizer's class and chat template digest, the input files' sha256.
+- ``manifest.json``: counts (conversations, assistant turns trained and not trained, by reason; message fields
+  the chat template does not render), tokens, the tokenizer's class and chat template digest, the input files'
+  sha256.
+
+Messages reach the chat template with every field it can render (``tool_calls``, ``tool_call_id``, ``name``,
+``reasoning_content``/``reasoning``; a row's ``tools`` as the template's ``tools`` argument), as vLLM 0.16 passes
+them (see :mod:`eagle3ops.stages.chatdata`). A field the target's template leaves out of the text (rendering
+without it gives the same text) is counted per field in ``fields.not_rendered`` and logged as a warning naming the
+field; turn fields that are not passed to the template at all are counted in ``fields.not_passed``.
 
 How the masks are made (works for slow, remote-code tokenizers: no offset mapping is needed)
 --------------------------------------------------------------------------------------------
@@ -16,15 +24,33 @@ template itself marks the turns: for every assistant turn *k* of a conversation 
 
 - ``start_k`` = template(``m[:k]``, add_generation_prompt=True): the text right before the reply;
 - ``end_k``   = template(``m[:k+1]``): the text through the end of the reply, end-of-turn token included
-  (the draft head must learn to predict it);
+  (the draft head must learn to predict it); with tool use the reply is whatever the template writes for the
+  assistant message: its content, its tool calls (e.g. ``<tool_call>{...}</tool_call>``), its reasoning;
 
 and the whole conversation ``full`` = template(``m``). The prefix property is checked on text
 (``full`` starts with ``start_k`` and with ``end_k``); then each prefix is tokenized on its own and the
 reply's tokens are ``[lcp(tok(start_k), tok(full)), lcp(tok(end_k), tok(full)))`` where ``lcp`` is the
 length of the common prefix of two id lists. When a tokenizer merges characters across a boundary the merged
-token falls to the later side; such boundaries are counted (``boundary_merges``) in the manifest. A template
-that breaks the text prefix property (e.g. one that rewrites earlier turns) makes the conversation
-*unmaskable*: an error naming it, or a counted skip with ``prepare.on_unmaskable: skip``.
+token falls to the later side; such boundaries are counted (``boundary_merges``) in the manifest. Tool results
+(``tool`` messages), user and system turns are context: never trained.
+
+Decisions are made per assistant turn: a turn that cannot be trained gets loss mask 0, the conversation's other
+replies are kept, and each case is counted in the manifest's ``turns.not_trained`` under its reason:
+
+- ``no_prompt_before``: the conversation starts with assistant turns (nothing to condition on). They are left
+  out of the text (many templates refuse a conversation that starts with the assistant); the rest is kept.
+- ``empty_reply``: the template renders the turn as an empty reply (no content, and no tool call or reasoning
+  that the template writes): training it would teach the draft head to end the turn at once.
+- ``prefix_broken``, ``no_token``, ``template_error`` (*unmaskable* turns): the template breaks the text prefix
+  property for this turn (e.g. it rewrites earlier turns, as templates that strip past reasoning do), the reply
+  maps to no token, or the template raises on the prefix. With ``prepare.on_unmaskable: error`` (the default)
+  the stage stops naming the conversation, the turn and the fix; with ``skip`` the turn is not trained.
+- ``truncated``: the reply starts at or after ``prepare.max_seq_len``.
+
+A conversation the template cannot render at all (it raises) is unmaskable as a whole: an error, or with
+``skip`` counted in ``skipped.unrenderable``. A conversation left with no trained turn is counted in
+``skipped.no_trained_turn`` (or ``skipped.no_assistant_token_after_truncation`` when truncation removed its last
+trained token).
 """
 
 from __future__ import annotations
@@ -33,6 +59,8 @@ import hashlib
 import json
 import random
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +70,46 @@ from eagle3ops.stages.manifest import atomic_write_text, file_entry, sha256_file
 
 SAMPLES = "samples.jsonl"
 
+#: Why an assistant turn is not trained (keys of the manifest's ``turns.not_trained``).
+NOT_TRAINED_REASONS: dict[str, str] = {
+    "no_prompt_before": "the conversation starts with it: no prompt comes before it (left out of the text)",
+    "empty_reply": "the chat template renders it as an empty reply (no content, no rendered tool call or reasoning)",
+    "prefix_broken": "the chat template breaks the prefix property for it",
+    "no_token": "the reply maps to no token of the conversation",
+    "template_error": "the chat template raises on the conversation up to it",
+    "truncated": "it starts at or after prepare.max_seq_len",
+}
+#: Reasons that mean the template (not the data) keeps the turn from being located: subject to ``on_unmaskable``.
+UNMASKABLE_REASONS = frozenset({"prefix_broken", "no_token", "template_error"})
+#: Message fields checked for being rendered, by the name reported (``reasoning`` is ``reasoning_content``).
+_FIELD_GROUPS: dict[str, tuple[str, ...]] = {
+    "tool_calls": ("tool_calls",),
+    "tool_call_id": ("tool_call_id",),
+    "name": ("name",),
+    "reasoning_content": ("reasoning_content", "reasoning"),
+}
+
 
 class UnmaskableConversation(Exception):
-    """The chat template does not keep the prefix property for this conversation; assistant turns can't be found."""
+    """The chat template keeps an assistant turn (or the whole conversation) from being located in the text."""
+
+
+@dataclass
+class EncodedConversation:
+    """One conversation as token ids with its loss mask, and what was decided per assistant turn.
+
+    Turn numbers are indices into the messages given to :func:`encode_conversation`.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    boundary_merges: int = 0
+    #: ``(turn, first token, end token)`` of each trained reply (loss mask 1 on ``[first, end)``).
+    trained: list[tuple[int, int, int]] = field(default_factory=list)
+    #: ``(turn, reason, detail)`` of each assistant turn not trained; reason is a key of NOT_TRAINED_REASONS.
+    not_trained: list[tuple[int, str, str]] = field(default_factory=list)
+    #: field name → messages (``tools``: conversations) whose field the template leaves out of the text.
+    not_rendered: dict[str, int] = field(default_factory=dict)
 
 
 def load_tokenizer(target_model: str) -> Any:
@@ -64,11 +129,22 @@ def load_tokenizer(target_model: str) -> Any:
     return tok
 
 
-def _render(tok: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+def _render(tok: Any, messages: list[dict[str, Any]], generation_prompt: bool,
+            tools: list[dict[str, Any]] | None = None) -> str:
+    kwargs = {"tools": tools} if tools else {}
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
     if not isinstance(text, str):
         raise TypeError(f"apply_chat_template returned {type(text).__name__}, expected str")
     return text
+
+
+def _try_render(tok: Any, messages: list[dict[str, Any]], generation_prompt: bool,
+                tools: list[dict[str, Any]] | None) -> str | Exception:
+    """The rendering, or the exception the template raised (``raise_exception``, an undefined attribute, ...)."""
+    try:
+        return _render(tok, messages, generation_prompt, tools)
+    except Exception as exc:  # noqa: BLE001 - whatever a template raises, the text cannot be had
+        return exc
 
 
 def _encode(tok: Any, text: str) -> list[int]:
@@ -84,45 +160,111 @@ def _lcp(a: list[int], b: list[int]) -> int:
     return i
 
 
-def encode_conversation(tok: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int], int]:
-    """Token ids of the rendered conversation, its loss mask (1 on assistant replies) and boundary merges.
+def _not_rendered(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  full: str) -> dict[str, int]:
+    """Fields whose removal leaves the rendering unchanged: field name → messages carrying it (``tools``: 1)."""
+    out: dict[str, int] = {}
+    for name, keys in _FIELD_GROUPS.items():
+        carrying = sum(1 for m in messages if any(k in m for k in keys))
+        if not carrying:
+            continue
+        stripped = [{k: v for k, v in m.items() if k not in keys} for m in messages]
+        if _try_render(tok, stripped, False, tools) == full:
+            out[name] = carrying
+    if tools and _try_render(tok, messages, False, None) == full:
+        out["tools"] = 1
+    return out
 
-    Returns:
-        ``(input_ids, loss_mask, boundary_merges)``; ``len(input_ids) == len(loss_mask)`` (not truncated).
+
+class _NotTrained(Exception):
+    """An assistant turn is not trained; ``reason`` is a key of :data:`NOT_TRAINED_REASONS`."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or NOT_TRAINED_REASONS[reason])
+        self.reason = reason
+
+
+def _reply_span(tok: Any, body: list[dict[str, Any]], k: int, full: str, ids: list[int],
+                tools: list[dict[str, Any]] | None, turn: int) -> tuple[int, int, int]:
+    """``(first, end, boundary merges)``: the tokens of the reply of assistant message ``body[k]`` in ``ids``.
 
     Raises:
-        UnmaskableConversation: the template breaks the text prefix property, or a reply maps to no token.
+        _NotTrained: the turn cannot be located (template error, prefix property broken, no token) or is empty.
     """
-    full = _render(tok, messages, False)
-    ids = _encode(tok, full)
-    mask = [0] * len(ids)
-    merges = 0
-    for k, msg in enumerate(messages):
+    start = _try_render(tok, body[:k], True, tools)
+    end = _try_render(tok, body[: k + 1], False, tools)
+    for text in (start, end):
+        if isinstance(text, Exception):
+            raise _NotTrained("template_error", f"the chat template raises on the conversation up to turn {turn} "
+                                                f"({type(text).__name__}: {text})")
+    if not full.startswith(start):
+        raise _NotTrained("prefix_broken", f"the template's rendering of the turns before turn {turn} with the "
+                                           "generation prompt is not a prefix of the whole conversation's rendering")
+    if not full.startswith(end):
+        raise _NotTrained("prefix_broken", f"the template's rendering of the turns through turn {turn} is not a "
+                                           "prefix of the whole conversation's rendering")
+    if not str(body[k].get("content") or "").strip():
+        # No content: trainable only if the template writes something else of it (a tool call, reasoning).
+        if _try_render(tok, [*body[:k], {"role": "assistant", "content": ""}], False, tools) == end:
+            raise _NotTrained("empty_reply")
+    start_ids, end_ids = _encode(tok, start), _encode(tok, end)
+    a, b = _lcp(start_ids, ids), _lcp(end_ids, ids)
+    if b <= a:
+        raise _NotTrained("no_token")
+    return a, b, int(a != len(start_ids)) + int(b != len(end_ids))
+
+
+def encode_conversation(tok: Any, messages: list[dict[str, Any]],
+                        tools: list[dict[str, Any]] | None = None) -> EncodedConversation:
+    """Token ids of the rendered conversation and its loss mask (1 on the assistant replies that can be trained).
+
+    Decides per assistant turn (see the module doc): trained turns are in ``trained``, the others in
+    ``not_trained`` with their reason; unmaskable turns are reported there too, never raised. Not truncated.
+    Leading assistant turns (no prompt before them) are left out of the text.
+
+    Raises:
+        UnmaskableConversation: the template raises on the whole conversation.
+    """
+    lead = 0
+    while lead < len(messages) and messages[lead]["role"] == "assistant":
+        lead += 1
+    out = EncodedConversation([], [])
+    out.not_trained = [(k, "no_prompt_before", NOT_TRAINED_REASONS["no_prompt_before"]) for k in range(lead)]
+    body = messages[lead:]
+    if not body:
+        return out
+    full = _try_render(tok, body, False, tools)
+    if isinstance(full, Exception):
+        raise UnmaskableConversation(
+            f"the chat template fails on the whole conversation ({type(full).__name__}: {full})"
+        )
+    out.input_ids = _encode(tok, full)
+    out.loss_mask = [0] * len(out.input_ids)
+    for k, msg in enumerate(body):
         if msg["role"] != "assistant":
             continue
-        if k == 0:
-            raise UnmaskableConversation("the conversation starts with an assistant turn (no prompt before it)")
-        start = _render(tok, messages[:k], True)
-        end = _render(tok, messages[: k + 1], False)
-        if not full.startswith(start):
-            raise UnmaskableConversation(
-                f"turn {k}: the template's rendering of turns 0..{k - 1} with the generation prompt is not a "
-                "prefix of the whole conversation's rendering"
-            )
-        if not full.startswith(end):
-            raise UnmaskableConversation(
-                f"turn {k}: the template's rendering of turns 0..{k} is not a prefix of the whole conversation's"
-            )
-        start_ids, end_ids = _encode(tok, start), _encode(tok, end)
-        a, b = _lcp(start_ids, ids), _lcp(end_ids, ids)
-        merges += (a != len(start_ids)) + (b != len(end_ids))
-        if b <= a:
-            if not msg["content"]:
-                continue  # an empty reply has nothing to learn
-            raise UnmaskableConversation(f"turn {k}: the reply maps to no token of the conversation")
-        for j in range(a, b):
-            mask[j] = 1
-    return ids, mask, merges
+        try:
+            a, b, merges = _reply_span(tok, body, k, full, out.input_ids, tools, k + lead)
+        except _NotTrained as exc:
+            out.not_trained.append((k + lead, exc.reason, str(exc)))
+            continue
+        out.boundary_merges += merges
+        out.loss_mask[a:b] = [1] * (b - a)
+        out.trained.append((k + lead, a, b))
+    out.not_rendered = _not_rendered(tok, body, tools, full)
+    return out
+
+
+def _warn_fields(log: Any, fields: dict[str, Counter[str]], examples: dict[str, str], target: str) -> None:
+    for name, n in sorted(fields["not_rendered"].items()):
+        what = "conversation(s) lose their tool definitions" if name == "tools" else f"message(s) lose `{name}`"
+        log(f"prepare: warning: the chat template of {target} does not render `{name}`: {n} {what} in the "
+            f"training text (first: {examples['not_rendered:' + name]}); an assistant turn left empty by this is "
+            "not trained. Use a target whose template renders it, or rewrite such rows into `content`.")
+    for name, n in sorted(fields["not_passed"].items()):
+        log(f"prepare: warning: message field `{name}` is not passed to the chat template ({n} message(s), first: "
+            f"{examples['not_passed:' + name]}); vLLM passes only role, content and "
+            "tool_calls/tool_call_id/name/reasoning_content. Move what it holds into `content` if it must be trained.")
 
 
 def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[str, Any]:
@@ -130,7 +272,7 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
 
     Raises:
         ChatDataError: a dataset file or row is unusable.
-        UnmaskableConversation: with ``on_unmaskable: error``, naming the conversation (file:row).
+        UnmaskableConversation: with ``on_unmaskable: error``, naming the conversation (file:row) and the turn.
         ValueError: no conversation was kept.
     """
     t0 = time.monotonic()
@@ -149,36 +291,75 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
 
     tok = load_tokenizer(config.target_model)
     rows: list[str] = []
-    unmaskable: list[str] = []
-    truncated = empty = merges = tokens = trained = 0
+    unrenderable: list[str] = []
+    untrained_sources: list[str] = []
+    not_trained: Counter[str] = Counter({reason: 0 for reason in NOT_TRAINED_REASONS})
+    fields: dict[str, Counter[str]] = {"kept": Counter(), "not_rendered": Counter(), "not_passed": Counter()}
+    examples: dict[str, str] = {}
+    truncated = no_trained = empty = merges = tokens = trained = assistant_turns = trained_turns = 0
     for conv in convs:
+        source, messages = conv["source"], conv["messages"]
+        assistant_turns += sum(m["role"] == "assistant" for m in messages)
+        fields["kept"].update(k for m in messages for k in m if k not in ("role", "content", "reasoning"))
+        if conv.get("tools"):
+            fields["kept"]["tools"] += 1
+        for name, n in conv.get("ignored_fields", {}).items():
+            fields["not_passed"][name] += n
+            examples.setdefault(f"not_passed:{name}", source)
         try:
-            ids, mask, m = encode_conversation(tok, conv["messages"])
+            enc = encode_conversation(tok, messages, conv.get("tools"))
         except UnmaskableConversation as exc:
             if pc.on_unmaskable == "error":
                 raise UnmaskableConversation(
-                    f"{conv['source']}: {exc}. The target's chat template does not keep the prefix property, so "
-                    "assistant turns cannot be located without offsets. Set `prepare.on_unmaskable: skip` in "
-                    "pipeline.yaml to leave such conversations out (they are counted in the manifest), or split "
-                    "them into single-reply conversations."
+                    f"{source}: {exc}. Fix or remove that row, or set `prepare.on_unmaskable: skip` in "
+                    "pipeline.yaml to leave such conversations out (they are counted in the manifest)."
                 ) from exc
-            unmaskable.append(conv["source"])
+            unrenderable.append(source)
+            n_turns = sum(m["role"] == "assistant" for m in messages)
+            not_trained["template_error"] += n_turns
+            if len(untrained_sources) < 50:
+                untrained_sources.append(f"{source}: all {n_turns} assistant turn(s): template_error")
             continue
-        merges += m
+        for name, n in enc.not_rendered.items():
+            fields["not_rendered"][name] += n
+            examples.setdefault(f"not_rendered:{name}", source)
+        unmaskable = [t for t in enc.not_trained if t[1] in UNMASKABLE_REASONS]
+        if unmaskable and pc.on_unmaskable == "error":
+            turn, _reason, detail = unmaskable[0]
+            raise UnmaskableConversation(
+                f"{source}: assistant turn {turn}: {detail}. The target's chat template does not let this turn be "
+                "located without offsets. Set `prepare.on_unmaskable: skip` in pipeline.yaml to leave such turns "
+                "untrained (loss mask 0; the conversation's other replies are kept and each case is counted in the "
+                "manifest), or split the conversation into single-reply conversations."
+            )
+        ids, mask = enc.input_ids, enc.loss_mask
+        turn_reasons = list(enc.not_trained)
+        kept_turns = [t for t, a, _b in enc.trained if a < pc.max_seq_len]
+        turn_reasons += [(t, "truncated", "") for t, a, _b in enc.trained if a >= pc.max_seq_len]
+        for turn, reason, _detail in sorted(turn_reasons):
+            not_trained[reason] += 1
+            if len(untrained_sources) < 50:
+                untrained_sources.append(f"{source} turn {turn}: {reason}")
+        merges += enc.boundary_merges
         if len(ids) > pc.max_seq_len:
             ids, mask = ids[: pc.max_seq_len], mask[: pc.max_seq_len]
             truncated += 1
+        trained_turns += len(kept_turns)
         if sum(mask) == 0:
-            empty += 1
+            if enc.trained:
+                empty += 1
+            else:
+                no_trained += 1
             continue
         rows.append(
-            json.dumps({"i": len(rows), "source": conv["source"], "input_ids": ids, "loss_mask": mask},
+            json.dumps({"i": len(rows), "source": source, "input_ids": ids, "loss_mask": mask},
                        separators=(",", ":"))
         )
         tokens += len(ids)
         trained += sum(mask)
     if not rows:
         raise ValueError(f"prepare: no conversation left to train on from {', '.join(map(str, paths))}")
+    _warn_fields(log, fields, examples, config.target_model)
     samples = out_dir / SAMPLES
     atomic_write_text(samples, "\n".join(rows) + "\n")
     template = tok.chat_template if isinstance(tok.chat_template, str) else json.dumps(tok.chat_template)
@@ -189,10 +370,14 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
         "max_seq_len": pc.max_seq_len,
         "skipped": {
             "no_assistant_turn": len(no_assistant),
-            "unmaskable": len(unmaskable),
+            "unrenderable": len(unrenderable),
+            "no_trained_turn": no_trained,
             "no_assistant_token_after_truncation": empty,
         },
-        "unmaskable_sources": unmaskable[:50],
+        "unrenderable_sources": unrenderable[:50],
+        "turns": {"assistant": assistant_turns, "trained": trained_turns, "not_trained": dict(not_trained)},
+        "not_trained_turn_sources": untrained_sources,
+        "fields": {k: dict(sorted(v.items())) for k, v in fields.items()},
         "truncated": truncated,
         "boundary_merges": merges,
         "tokenizer": {
@@ -204,7 +389,10 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
         "wall_s": round(time.monotonic() - t0, 3),
     }
     write_manifest(run_dir, "prepare", config, {SAMPLES: file_entry(samples)}, **figures)
-    log(f"prepare: wrote {len(rows)} samples, {tokens} tokens ({trained} assistant) in {figures['wall_s']} s")
+    n_untrained = sum(not_trained.values())
+    log(f"prepare: wrote {len(rows)} samples, {tokens} tokens ({trained} assistant) in {figures['wall_s']} s; "
+        f"{trained_turns} of {assistant_turns} assistant turns trained"
+        + (f", not trained: {', '.join(f'{k} {v}' for k, v in not_trained.items() if v)}" if n_untrained else ""))
     return figures
 
 
