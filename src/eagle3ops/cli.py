@@ -329,9 +329,9 @@ def config_check(inventory: Path = InventoryOpt) -> None:
 
 
 def _register_push() -> None:
-    from eagle3ops import transfer
+    from eagle3ops.transfer.cli import push_command
 
-    app.command("push", help="Push an image to hosts over SSH, sending only missing layers.")(transfer.push_command)
+    app.command("push", help="Push an image to hosts over SSH, sending only missing layers.")(push_command)
 
 
 _register_push()
