@@ -56,3 +56,13 @@ def socket_path(host: HostConfig) -> str:
             f"engine's socket. Use the engine's unix socket path."
         )
     return ep[len("unix://"):]
+
+
+def tag(host: HostConfig, source: str, target: str) -> list[str]:
+    """Give image ``source`` (id or reference) the additional reference ``target``."""
+    return docker(host, "tag", source, target)
+
+
+def rmi(host: HostConfig, *images: str) -> list[str]:
+    """Remove images (ids or references); untagged images that other images use fail without harm."""
+    return docker(host, "image", "rm", *images)

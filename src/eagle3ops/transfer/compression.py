@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3ops.commands import transfer as tc
 from eagle3ops.transfer.errors import TransferError, TransientTransferError
 from eagle3ops.transfer.limits import WRITE_CHUNK
 from eagle3ops.transfer.sources import LayerSource
@@ -50,7 +51,7 @@ class Compression:
 
 
 def _zstd_argv(comp: Compression, threads: bool = True) -> list[str]:
-    return ["zstd", "-q", "-c", f"-{comp.level}"] + (["-T0"] if threads else []) + (["--long=27"] if comp.long else [])
+    return tc.zstd_compress(comp.level, threads=threads, long=comp.long)
 
 
 def compress_small(data: bytes, comp: Compression) -> bytes:
@@ -227,7 +228,7 @@ def measure_link(host, seconds_budget: float = 3.0, probe_bytes: int = 16 * 1024
     Returns:
         (bytes per second, bytes sent in total including the warm-up).
     """
-    s = SshStream(host, ["sh", "-c", "cat >/dev/null"], stall_s=30)
+    s = SshStream(host, tc.discard(), stall_s=30)
     try:
         s.write(os.urandom(2 * 1024 * 1024))
         block = os.urandom(1024 * 1024)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from eagle3ops.commands import transfer as tc
 from eagle3ops.transfer.archive import SCAFFOLD_LABEL
 from eagle3ops.transfer.errors import TransferError
 from eagle3ops.transfer.local import chain_ids, is_containerd_store
@@ -31,24 +32,10 @@ class HostStore:
     scaffolds: dict[str, str] = field(default_factory=dict)
 
 
-def _docker(host, *args: str) -> list[str]:
-    return ["docker"] + (["-H", host.docker_host] if host.docker_host else []) + list(args)
-
-
-#: The host inventory in one round trip: ``docker info`` as JSON, a separator line, then id, diff ids and labels
-#: of every image. The docker command (``docker -H ENDPOINT``) comes in as positional arguments ("$@"), so the
-#: script is a constant and the argv is rendered (quoted) once like every other command.
-_INVENTORY_SCRIPT = (
-    '"$@" info --format "{{json .}}" || exit 97; echo "--eagle3ops--"; '
-    '"$@" image ls -a -q --no-trunc | sort -u | '
-    'xargs -r -n 200 "$@" image inspect --format "{{.Id}}\t{{json .RootFS.Layers}}\t{{json .Config.Labels}}"'
-)
-
-
 def inspect_host(remote) -> HostStore:
     """Ask a host which image store it runs and which layers (as chain ids) it holds.
 
-    One SSH command (:data:`_INVENTORY_SCRIPT`): ``docker info``, then ``docker image inspect`` of every image
+    One SSH command (:func:`eagle3ops.commands.transfer.inventory`): ``docker info``, then ``docker image inspect`` of every image
     (id, ``RootFS.Layers`` and the scaffold label).
 
     Args:
@@ -59,10 +46,9 @@ def inspect_host(remote) -> HostStore:
     """
     host = remote.host
     # check=False: an image deleted between `ls` and `inspect` makes inspect exit 1 but print all the others.
-    r = remote.run(["sh", "-c", _INVENTORY_SCRIPT, "eagle3ops-inventory", *_docker(host)], timeout=120,
-                   mutates=False, check=False)
-    head, sep, rest = r.stdout.partition("--eagle3ops--\n")
-    if r.exited == 97 or not sep:
+    r = remote.run(tc.inventory(host), timeout=120, mutates=False, check=False)
+    head, sep, rest = r.stdout.partition(tc.INVENTORY_SEPARATOR + "\n")
+    if r.exited == tc.INVENTORY_NO_ENGINE or not sep:
         raise TransferError(f"{host.name}: the Docker engine at {host.docker_host or 'the default socket'} does not "
                             f"answer `docker info` as {host.user or 'the SSH user'}: {r.stderr.strip()[-300:]} "
                             f"(check docker_host in the inventory and that the user may use the socket)")
@@ -88,4 +74,4 @@ def inspect_host(remote) -> HostStore:
 
 def host_has_zstd(remote) -> bool:
     """Whether ``zstd`` is on the host's PATH (needed to send zstd streams)."""
-    return remote.run(["sh", "-c", "command -v zstd"], check=False, timeout=30, mutates=False).ok
+    return remote.run(tc.has_zstd(), check=False, timeout=30, mutates=False).ok

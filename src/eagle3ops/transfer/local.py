@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from eagle3ops.commands import transfer as tc
 from eagle3ops.transfer.errors import TransferError
 
 
@@ -62,12 +64,11 @@ class LocalImage:
         return chain_ids(self.diff_ids)
 
 
-def _docker_local(*args: str, docker_host: str | None = None, timeout: float = 120, text: bool = True):
-    argv = ["docker"] + (["-H", docker_host] if docker_host else []) + list(args)
+def _run_local(argv: list[str], timeout: float = 120, text: bool = True):
     try:
         return subprocess.run(argv, capture_output=True, text=text, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise TransferError(f"build engine: `{' '.join(argv)}` did not answer within {timeout:.0f}s") from None
+        raise TransferError(f"build engine: `{shlex.join(argv)}` did not answer within {timeout:.0f}s") from None
 
 
 def _engine_api(path: str, docker_host: str | None = None, timeout: float = 30) -> tuple[int, bytes] | None:
@@ -109,7 +110,7 @@ def local_info(docker_host: str | None = None) -> dict:
     api = _engine_api("/info", docker_host)
     if api is not None and api[0] == 200:
         return json.loads(api[1])
-    cp = _docker_local("info", "--format", "{{json .}}", docker_host=docker_host)
+    cp = _run_local(tc.local_info(docker_host))
     if cp.returncode != 0:
         raise TransferError(f"build engine does not answer: {cp.stderr.strip()}")
     return json.loads(cp.stdout)
@@ -125,7 +126,7 @@ def inspect_local(ref: str, docker_host: str | None = None) -> LocalImage:
     if api is not None and api[0] == 200:
         data = json.loads(api[1])
     else:
-        cp = _docker_local("image", "inspect", ref, docker_host=docker_host)
+        cp = _run_local(tc.local_inspect(docker_host, ref))
         if cp.returncode != 0:
             raise TransferError(f"image {ref!r} is not on the build engine ({cp.stderr.strip()}); build or tag it "
                                 f"first")

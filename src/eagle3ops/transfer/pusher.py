@@ -9,10 +9,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from eagle3ops.commands import docker as dk
+from eagle3ops.commands import transfer as tc
 from eagle3ops.transfer.archive import ArchivePart, archive_segments, archive_size, scaffold_config
 from eagle3ops.transfer.compression import Compression, Encoders, compress_small, measure_link
 from eagle3ops.transfer.errors import TransferError, TransientTransferError, VerifyFailed
-from eagle3ops.transfer.hoststore import HostStore, _docker, host_has_zstd, inspect_host
+from eagle3ops.transfer.hoststore import HostStore, host_has_zstd, inspect_host
 from eagle3ops.transfer.limits import CHUNK_BYTES, COMPRESS_MIN_BYTES, SMALL_ARCHIVE_BYTES, STALL_S, WRITE_CHUNK
 from eagle3ops.transfer.local import LocalImage, inspect_local
 from eagle3ops.transfer.sources import LayerSource, open_source
@@ -136,8 +138,7 @@ def _verify(remote, img: LocalImage, store: HostStore) -> None:
     refs = list(img.repo_tags) or [img.id]
     for ref in refs:
         try:
-            r = remote.run(_docker(host, "image", "inspect", "--format", "{{.Id}} {{json .RootFS.Layers}}", ref),
-                           timeout=60, mutates=False)
+            r = remote.run(tc.image_id_and_layers(host, ref), timeout=60, mutates=False)
         except RemoteCommandError as exc:
             raise VerifyFailed(f"{host.name}: every layer was pushed but image {ref} is not on the host "
                                f"({exc.stderr.strip()[-200:]})") from None
@@ -161,9 +162,7 @@ class _PartSender:
         self.remote, self.encoders, self.part, self.opts, self.comp = remote, encoders, part, opts, comp
         self.result, self.on_progress, self.total = result, on_progress, total_layer_bytes
         host = remote.host
-        load = opts.load_argv or _docker(host, "load")
-        if comp.codec == "zstd":
-            load = ["sh", "-c", 'zstd -d -q -c | "$@"', "eagle3ops-load", *load]
+        load = tc.load(host, comp.codec, opts.load_argv)
         self.size = archive_size(encoders.source, part)
         self.use_paramiko = opts.transport == "paramiko" or (opts.transport == "auto" and
                                                               self.size < SMALL_ARCHIVE_BYTES)
@@ -308,7 +307,7 @@ def _cleanup_scaffolds(remote, img: LocalImage, store: HostStore, parts: Sequenc
     ids = [i for i, target in store.scaffolds.items() if target == img.id]
     ids += [p.config_id for p in parts if p.scaffold]
     if ids:
-        remote.run(_docker(host, "image", "rm", *sorted(set(ids))), timeout=120, check=False)
+        remote.run(dk.rmi(host, *sorted(set(ids))), timeout=120, check=False)
 
 
 def push(image: LocalImage | str, host, *, source: LayerSource | None = None, encoders: Encoders | None = None,
@@ -352,12 +351,11 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
         if img.id in store.image_ids and store.kind == "classic":
             missing_tags = []
             for tag in img.repo_tags:
-                r = remote.run(_docker(host, "image", "inspect", "--format", "{{.Id}}", tag), check=False,
-                               timeout=60, mutates=False)
+                r = remote.run(dk.image_id(host, tag), check=False, timeout=60, mutates=False)
                 if r.stdout.strip() != img.id:
                     missing_tags.append(tag)
             for tag in missing_tags:
-                remote.run(_docker(host, "tag", img.id, tag), timeout=60)
+                remote.run(dk.tag(host, img.id, tag), timeout=60)
             _verify(remote, img, store)
             _cleanup_scaffolds(remote, img, store)
             if result.status != "ok":

@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 
+from eagle3ops.commands import transfer as tc
 from eagle3ops.transfer.errors import LayerDigestMismatch, TransferError, UnsafeArchive
 from eagle3ops.transfer.limits import WRITE_CHUNK
 from eagle3ops.transfer.local import LocalImage, digest_hex, is_containerd_store, local_info
@@ -257,7 +259,7 @@ class SaveLayerSource(LayerSource):
             if self._dir is not None:
                 return self._dir
             d = Path(tempfile.mkdtemp(prefix="eagle3ops-save-", dir=self.tmp_dir))
-            argv = ["docker"] + (["-H", self.docker_host] if self.docker_host else []) + ["save", self.image.id]
+            argv = tc.local_save(self.docker_host, self.image.id)
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
                 assert proc.stdout is not None
@@ -270,7 +272,7 @@ class SaveLayerSource(LayerSource):
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
             if proc.wait() != 0:
                 shutil.rmtree(d, ignore_errors=True)
-                raise TransferError(f"`{' '.join(argv)}` failed: {err.strip()}")
+                raise TransferError(f"`{shlex.join(argv)}` failed: {err.strip()}")
             manifest = json.loads((d / "manifest.json").read_text())
             for entry in manifest:
                 cfg = d / entry["Config"]

@@ -1,5 +1,6 @@
 """The OpenSSH client side of the bulk path: a generated ``-F`` config (strict host keys on every ``ProxyJump``
-hop, identity, timeouts, cipher preference) and the ``ssh`` argv that uses it."""
+hop, identity, timeouts, cipher preference), written to a private file for the ``ssh`` argv of
+:func:`eagle3ops.commands.ssh.openssh`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from eagle3ops.commands.ssh import openssh
 from eagle3ops.transfer.errors import TransferError
 
 
@@ -42,7 +44,7 @@ def _cfg_path(p: object, key: str, host) -> str:
 
 
 def ssh_client_config(host, fast_cipher: bool = True) -> str:
-    """Text of the OpenSSH client config that the bulk path runs with (``ssh -F``; see :func:`ssh_argv`).
+    """Text of the OpenSSH client config that the bulk path runs with (``ssh -F``; see :func:`eagle3ops.commands.ssh.openssh`).
 
     Why a generated file: with ``ProxyJump`` OpenSSH dials each jump host with a separate ``ssh -W`` process that
     gets the ``-F`` file (and ``-l``/``-p`` from the jump spec) but none of the outer command line's ``-o``/``-i``
@@ -143,37 +145,15 @@ def write_ssh_config(host, fast_cipher: bool = True) -> Path:
     return path
 
 
-def ssh_argv(host, remote_argv: Sequence[str], config_file: Path | str) -> list[str]:
-    """OpenSSH client argv running ``remote_argv`` (quoted once by :func:`eagle3ops.remote.render`) on ``host``.
-
-    Args:
-        host: a :class:`eagle3ops.config.HostConfig`; ``hostname`` may be an ssh_config alias (``ProxyJump`` works).
-        remote_argv: the remote command as an argv list.
-        config_file: the file from :func:`write_ssh_config` (strict host keys on every hop, identity, timeouts),
-            passed with ``-F``; the inventory's ``port``/``user`` are given as ``-p``/``-l`` (target only).
-
-    Returns:
-        ``["ssh", "-F", config_file, ..., "--", hostname, "<rendered command>"]``.
-    """
-    from eagle3ops.remote import render
-
-    argv = ["ssh", "-F", str(config_file)]
-    if host.port:
-        argv += ["-p", str(host.port)]
-    if host.user:
-        argv += ["-l", host.user]
-    return argv + ["--", host.hostname, render(list(remote_argv))]
-
-
 @contextmanager
 def ssh_command(host, remote_argv: Sequence[str], fast_cipher: bool = True) -> Iterator[list[str]]:
-    """:func:`ssh_argv` with its config file written for the duration of the block (removed on exit).
+    """:func:`eagle3ops.commands.ssh.openssh` with its config file written for the duration of the block (removed on exit).
 
     Yields:
         The argv to run (e.g. with :class:`subprocess.Popen`); the process must have exited when the block ends.
     """
     cfg = write_ssh_config(host, fast_cipher=fast_cipher)
     try:
-        yield ssh_argv(host, remote_argv, cfg)
+        yield openssh(host, remote_argv, cfg)
     finally:
         shutil.rmtree(cfg.parent, ignore_errors=True)

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 from eagle3ops.transfer.errors import StreamStalled, TransientTransferError
 from eagle3ops.transfer.limits import STALL_S, WRITE_CHUNK
-from eagle3ops.transfer.sshconfig import ssh_argv, write_ssh_config
+from eagle3ops.commands.ssh import openssh
+from eagle3ops.transfer.sshconfig import write_ssh_config
 
 
 class ByteStream(ABC):
@@ -44,7 +45,7 @@ class ByteStream(ABC):
 
 
 class SshStream(ByteStream):
-    """The bulk path: an OpenSSH ``ssh`` subprocess (see :func:`ssh_argv`), watched by a stall watchdog.
+    """The bulk path: an OpenSSH ``ssh`` subprocess (see :func:`eagle3ops.commands.ssh.openssh`), watched by a stall watchdog.
 
     Its config file (:func:`write_ssh_config`, at :attr:`config_file`) lives until :meth:`finish` or :meth:`kill`
     (or, as a last resort, until the stream is garbage-collected)."""
@@ -55,7 +56,7 @@ class SshStream(ByteStream):
         self.host = host
         self.config_file = write_ssh_config(host, fast_cipher=fast_cipher)
         self._remove_config = weakref.finalize(self, shutil.rmtree, self.config_file.parent, True)
-        self.argv = ssh_argv(host, remote_argv, self.config_file)
+        self.argv = openssh(host, remote_argv, self.config_file)
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, bufsize=0)
