@@ -90,7 +90,9 @@ class PushOptions:
     Attributes:
         compression: ``auto`` (by measurement), ``none``, ``zstd``, ``gzip``.
         transport: ``auto`` (paramiko for small archives, OpenSSH for bulk), ``openssh``, ``paramiko``.
-        attempts: tries per host (tenacity), each re-reading the host inventory (resume).
+        attempts: tries per host (tenacity), each re-reading the host inventory (resume). Only errors that can
+            pass are retried (a stream that broke or stalled, a lost connection, a reconnect after one); a host this
+            push never reached (no TCP, no SSH banner, refused key) fails at once, within the connect bound.
         stall_s: seconds without progress before a stream is killed.
         chunk_bytes: resumable chunk size (layer bytes); 0 disables scaffolds.
         containerd: on a containerd-store host: ``full`` (send the full archive) or ``refuse``.
@@ -329,7 +331,7 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
     """
     from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-    from eagle3ops.remote import HostUnreachable, Remote, RemoteError
+    from eagle3ops.remote import ConnectFailed, HostUnreachable, Remote, RemoteError
 
     opts = options or PushOptions()
     t0 = time.monotonic()
@@ -340,13 +342,20 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
         encoders = Encoders(source or open_source(img, prefer=opts.source))
     src = encoders.source
     remote = Remote(host)
+    reached = False  # whether this push has talked to the host yet
 
     def attempt() -> None:
+        nonlocal reached
         result.attempts += 1
         try:
             store = inspect_host(remote)
-        except HostUnreachable as exc:
+        except ConnectFailed as exc:
+            if not reached:  # never reached: fail once, within the connect bound (not a TransientTransferError)
+                raise
+            raise TransientTransferError(str(exc)) from None  # it answered a moment ago (sshd restart, blip)
+        except HostUnreachable as exc:  # the connection was lost: a retry may pass
             raise TransientTransferError(str(exc)) from None
+        reached = True
         result.store = store.kind
         if img.id in store.image_ids and store.kind == "classic":
             missing_tags = []
