@@ -346,6 +346,7 @@ def test_fan_out_one_bad_host_does_not_stop_others(sbx, sbx2, images, tmp_path):
     res = transfer.push_many(images["v1"], hosts, options=PushOptions(attempts=1))
     assert [r.status for r in res] == ["ok", "failed", "ok"]
     assert "nowhere" in res[1].reason
+    assert not res.ok and list(res.failed) == ["nowhere"] and list(res.succeeded) == [hosts[0].name, hosts[2].name]
     img_id = transfer.inspect_local(images["v1"]).id
     assert _host_id(sbx, images["v1"]) == img_id == _host_id(sbx2, images["v1"])
 
@@ -432,6 +433,14 @@ def test_layer_sample_is_spread_over_the_layer(images):
         assert store.sample(1, n, pieces) == want == save.sample(1, n, pieces)
     finally:
         save.close()
+
+
+def test_group_result_by_host():
+    res = transfer.PushGroupResult([transfer.PushResult("a", "ok"), transfer.PushResult("b", reason="b: refused"),
+                                    transfer.PushResult("c", "present")])
+    assert [r.host for r in res] == ["a", "b", "c"]  # a list in the order given
+    assert list(res.succeeded) == ["a", "c"] and list(res.failed) == ["b"] and not res.ok
+    assert transfer.PushGroupResult([transfer.PushResult("a", "tagged")]).ok
 
 
 def test_choose_compression_by_measurement():

@@ -67,9 +67,10 @@ This package exports the push API; tests and benchmarks that reach into the part
 from eagle3ops.transfer.errors import (LayerDigestMismatch, StreamStalled, TransferError, TransientTransferError,
                                        UnsafeArchive, VerifyFailed)
 from eagle3ops.transfer.local import LocalImage, chain_ids, inspect_local
-from eagle3ops.transfer.pusher import Progress, PushOptions, PushResult, push, push_many
+from eagle3ops.transfer.pusher import Progress, PushGroupResult, PushOptions, PushResult, push, push_many
 
 __all__ = [
-    "LayerDigestMismatch", "LocalImage", "Progress", "PushOptions", "PushResult", "StreamStalled", "TransferError",
-    "TransientTransferError", "UnsafeArchive", "VerifyFailed", "chain_ids", "inspect_local", "push", "push_many",
+    "LayerDigestMismatch", "LocalImage", "Progress", "PushGroupResult", "PushOptions", "PushResult", "StreamStalled",
+    "TransferError", "TransientTransferError", "UnsafeArchive", "VerifyFailed", "chain_ids", "inspect_local", "push",
+    "push_many",
 ]

@@ -90,5 +90,5 @@ def push_command(
         for r in results:
             bar.update(tasks[r.host], description=r.status)
     Console().print(results_table(image, results))
-    if not all(r.ok for r in results):
+    if not results.ok:
         raise typer.Exit(1)

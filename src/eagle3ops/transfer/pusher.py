@@ -414,13 +414,37 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
     return result
 
 
+class PushGroupResult(list):
+    """The per-host results of a fan-out (like Fabric's ``GroupResult``): a list of :class:`PushResult` in the
+    order the hosts were given, with the hosts that succeeded and those that failed by inventory name."""
+
+    @property
+    def succeeded(self) -> dict[str, PushResult]:
+        """Host name → result, for every host that holds the image now (``ok``, ``present``, ``tagged``)."""
+        return {r.host: r for r in self if r.ok}
+
+    @property
+    def failed(self) -> dict[str, PushResult]:
+        """Host name → result, for every host whose push failed (``reason`` says why)."""
+        return {r.host: r for r in self if not r.ok}
+
+    @property
+    def ok(self) -> bool:
+        """True when every host succeeded."""
+        return not self.failed
+
+
 def push_many(image: str, hosts: Sequence, *, options: PushOptions | None = None, parallel: int = 8,
-              on_progress: Callable[[Progress], None] | None = None) -> list[PushResult]:
+              on_progress: Callable[[Progress], None] | None = None) -> PushGroupResult:
     """Push one image to many hosts in parallel (one thread per host, at most ``parallel`` at once), sharing one
-    layer source. One failed host does not stop the others.
+    layer source (each layer read, and compressed, once). One failed host does not stop the others.
 
     Returns:
-        one :class:`PushResult` per host, in the order given.
+        :class:`PushGroupResult`: one :class:`PushResult` per host, in the order given.
+
+    Raises:
+        TransferError: the image is not on the build engine, or the build engine does not answer (no host was
+            contacted).
     """
     opts = options or PushOptions()
     img = inspect_local(image)
@@ -429,7 +453,7 @@ def push_many(image: str, hosts: Sequence, *, options: PushOptions | None = None
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as ex:
             futs = [ex.submit(push, img, h, encoders=enc, options=opts, on_progress=on_progress) for h in hosts]
-            return [f.result() for f in futs]
+            return PushGroupResult(f.result() for f in futs)
     finally:
         enc.close()
         src.close()
