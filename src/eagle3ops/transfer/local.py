@@ -34,6 +34,11 @@ def chain_ids(diff_ids: Sequence[str]) -> list[str]:
 
 
 def digest_hex(digest: str) -> str:
+    """The 64 hex digits of a ``sha256:<hex>`` digest (used as a file name in stores and archives).
+
+    Raises:
+        TransferError: not a sha256 digest of 64 lowercase hex digits.
+    """
     algo, _, h = digest.partition(":")
     if algo != "sha256" or len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
         raise TransferError(f"unexpected digest {digest!r} (want sha256:<64 hex>)")
@@ -141,6 +146,8 @@ def inspect_local(ref: str, docker_host: str | None = None) -> LocalImage:
 
 
 def is_containerd_store(info: dict) -> bool:
+    """Whether a ``docker info`` answer (a dict) describes the containerd image store rather than the classic
+    layer store (a ``DriverStatus`` naming ``io.containerd.snapshotter``, or a snapshotter driver name)."""
     for pair in info.get("DriverStatus") or []:
         if len(pair) == 2 and str(pair[1]).startswith("io.containerd.snapshotter"):
             return True
