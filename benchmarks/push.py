@@ -43,6 +43,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from eagle3ops import sandbox, transfer
+from eagle3ops.transfer.sources import StoreLayerSource
+from eagle3ops.transfer.sshconfig import ssh_command
 
 VENV = Path("/opt/e3/venv-ml/lib/python3.11/site-packages")
 CUDA_DIRS = ["nvidia/cusparse", "nvidia/curand", "nvidia/cuda_nvrtc", "nvidia/nvjitlink", "nvidia/cuda_cupti"]
@@ -124,7 +126,7 @@ def baseline(image: str, info: sandbox.SandboxInfo) -> dict:
     host = info.host_config()
     t0 = time.monotonic()
     save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
-    with transfer.ssh_command(host, ["docker", "-H", info.docker_host, "load"]) as argv:
+    with ssh_command(host, ["docker", "-H", info.docker_host, "load"]) as argv:
         ssh = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         n = 0
         assert save.stdout is not None and ssh.stdin is not None
@@ -169,7 +171,7 @@ def main() -> int:
     print("building images", flush=True)
     vn, vn1 = build_images()
     img = transfer.inspect_local(vn1)
-    src = transfer.StoreLayerSource.open(img)
+    src = StoreLayerSource.open(img)
     sizes = [src.layer_size(i) for i in range(len(img.diff_ids))]
     print(f"image {vn1}: {img.size / 1e6:.0f} MB, layer tars {[round(s / 1e6, 3) for s in sizes]} MB", flush=True)
     with ExitStack() as stack:

@@ -11,7 +11,8 @@ import argparse
 import os
 import time
 
-from eagle3ops import sandbox, transfer
+from eagle3ops import sandbox
+from eagle3ops.transfer.streams import ParamikoStream, SshStream
 from eagle3ops.remote import Remote
 
 
@@ -41,9 +42,9 @@ def main() -> None:
         remote.run(["true"])
         for _ in range(a.repeat):
             for name, factory in (
-                ("openssh default", lambda: transfer.SshStream(host, argv, fast_cipher=False)),
-                ("openssh aes-gcm", lambda: transfer.SshStream(host, argv, fast_cipher=True)),
-                ("paramiko channel", lambda: transfer.ParamikoStream(remote, argv)),
+                ("openssh default", lambda: SshStream(host, argv, fast_cipher=False)),
+                ("openssh aes-gcm", lambda: SshStream(host, argv, fast_cipher=True)),
+                ("paramiko channel", lambda: ParamikoStream(remote, argv)),
             ):
                 dt, n = run(factory, a.mib, block)
                 rows.append((name, n, dt))

@@ -27,6 +27,9 @@ import paramiko
 import pytest
 
 from eagle3ops import transfer
+from eagle3ops.commands.docker import docker as docker_cmd
+from eagle3ops.transfer.sshconfig import ssh_command
+from eagle3ops.transfer.streams import SshStream
 from eagle3ops.remote import KEEPALIVE_S, HostUnreachable, Remote
 
 pytestmark = pytest.mark.sandbox
@@ -190,7 +193,7 @@ def test_openssh_config_puts_strict_options_before_the_inventory_ssh_config(tmp_
                    f"    IdentityFile {tmp_path}/bastion_key\n")
     host = SimpleNamespace(name="h", hostname="target", port=None, user=None, ssh_config=cfg,
                            known_hosts=tmp_path / "known_hosts", identity_file=tmp_path / "id")
-    with transfer.ssh_command(host, ["echo", "a b; c"]) as argv:
+    with ssh_command(host, ["echo", "a b; c"]) as argv:
         conf = Path(argv[2])
         assert argv[:2] == ["ssh", "-F"] and argv[-2:] == ["target", "echo 'a b; c'"] and "-o" not in argv
         assert conf.stat().st_mode & 0o777 == 0o600 and conf.parent.stat().st_mode & 0o777 == 0o700
@@ -220,7 +223,7 @@ def test_openssh_bulk_path_runs_and_pushes_through_bastion(sandbox_host, bastion
     before = kh.read_bytes()
     # the bare stream: a command through the jump, one forward on the bastion
     n0 = _forwards(log)
-    s = transfer.SshStream(host, ["id", "-un"])
+    s = SshStream(host, ["id", "-un"])
     rc, out, err = s.finish(timeout=60)
     assert (rc, out.strip()) == (0, "e3ops"), err
     assert _forwards(log) == n0 + 1
@@ -238,15 +241,15 @@ def test_openssh_bulk_path_runs_and_pushes_through_bastion(sandbox_host, bastion
         r = transfer.push(tag, host, options=transfer.PushOptions(transport="openssh", compression="none",
                                                                   attempts=1), stream_hook=streams.append)
         assert r.status == "ok" and r.transport == "openssh" and r.layers_sent == 1, r.reason
-        assert [type(x) for x in streams] == [transfer.SshStream]
+        assert [type(x) for x in streams] == [SshStream]
         assert not streams[0].config_file.parent.exists()
         assert _forwards(log) >= n1 + 2  # paramiko's connection and the ssh stream, both through the bastion
         with Remote(host) as remote:
-            got = remote.run(transfer._docker(host, "image", "inspect", "--format", "{{.Id}}", tag)).stdout.strip()
+            got = remote.run(docker_cmd(host, "image", "inspect", "--format", "{{.Id}}", tag)).stdout.strip()
             assert got == transfer.inspect_local(tag).id
     finally:
         with Remote(host) as remote:
-            remote.run(transfer._docker(host, "image", "rm", tag), check=False)
+            remote.run(docker_cmd(host, "image", "rm", tag), check=False)
         subprocess.run(["docker", "image", "rm", tag], capture_output=True)
     assert kh.read_bytes() == before
 
@@ -262,7 +265,7 @@ def test_openssh_bulk_path_refuses_unknown_bastion_key(sandbox_host, bastion, tm
     user_kh = Path("~/.ssh/known_hosts").expanduser()
     snap = (kh.read_bytes(), user_kh.read_bytes() if user_kh.exists() else None)
     n0 = _forwards(log)
-    s = transfer.SshStream(host, ["true"])
+    s = SshStream(host, ["true"])
     rc, _, err = s.finish(timeout=60)
     assert rc == 255 and "Host key verification failed" in err, (rc, err)
     assert f"[127.0.0.1]:{port}" in err, err  # it is the bastion's key that was refused

@@ -20,6 +20,14 @@ from pathlib import Path
 import pytest
 
 from eagle3ops import sandbox, transfer
+from eagle3ops.transfer.archive import SCAFFOLD_LABEL
+from eagle3ops.transfer.cli import push_command
+from eagle3ops.transfer import compression
+from eagle3ops.transfer.compression import Encoders, choose_compression
+from eagle3ops.transfer.hoststore import inspect_host
+from eagle3ops.transfer.local import is_containerd_store
+from eagle3ops.transfer.sources import SaveLayerSource, StoreLayerSource
+from eagle3ops.transfer.tarsafe import safe_extract
 from eagle3ops.remote import Remote
 from eagle3ops.transfer import PushOptions
 
@@ -99,8 +107,8 @@ def test_chain_ids_match_the_engines_layer_store(images):
 
 def test_store_source_equals_docker_save(images):
     img = transfer.inspect_local(images["v1"])
-    store = transfer.StoreLayerSource.open(img)
-    save = transfer.SaveLayerSource(img)
+    store = StoreLayerSource.open(img)
+    save = SaveLayerSource(img)
     try:
         assert store.config_bytes() == save.config_bytes()
         for i in range(len(img.diff_ids)):
@@ -114,12 +122,12 @@ def test_store_source_equals_docker_save(images):
 def test_corrupt_layer_bytes_are_detected(images):
     img = transfer.inspect_local(images["v1"])
 
-    class Corrupt(transfer.StoreLayerSource):
+    class Corrupt(StoreLayerSource):
         def _raw_layer(self, i):
             for k, chunk in enumerate(super()._raw_layer(i)):
                 yield bytes([chunk[0] ^ 1]) + chunk[1:] if k == 0 else chunk
 
-    src = Corrupt(img, transfer.StoreLayerSource.open(img).root)
+    src = Corrupt(img, StoreLayerSource.open(img).root)
     with pytest.raises(transfer.LayerDigestMismatch, match="layer 1"):
         b"".join(src.iter_layer(1))
 
@@ -148,7 +156,7 @@ def test_safe_extract_refuses_path_escapes(tmp_path, bad):
     else:
         ti = tarfile.TarInfo(bad)
     with pytest.raises(transfer.UnsafeArchive):
-        transfer.safe_extract(_tar((ok, b"fine"), (ti, b"x" if ti.isreg() else b"")), dest)
+        safe_extract(_tar((ok, b"fine"), (ti, b"x" if ti.isreg() else b"")), dest)
     assert not (tmp_path / "x" / "evil").exists() and not (tmp_path / "evil").exists()
     assert (dest / "ok.txt").read_bytes() == b"fine"  # members before the bad one were checked and written
     assert sorted(p.name for p in dest.iterdir()) == ["ok.txt"]
@@ -157,16 +165,16 @@ def test_safe_extract_refuses_path_escapes(tmp_path, bad):
 def test_safe_extract_accepts_inner_links(tmp_path):
     f = tarfile.TarInfo("d/f")
     s = tarfile.TarInfo("d/s"); s.type = tarfile.SYMTYPE; s.linkname = "f"
-    names = transfer.safe_extract(_tar((f, b"data"), (s, b"")), tmp_path)
+    names = safe_extract(_tar((f, b"data"), (s, b"")), tmp_path)
     assert names == ["d/f", "d/s"] and (tmp_path / "d" / "s").read_bytes() == b"data"
 
 
 def test_store_detection():
     info = json.loads(_docker("info", "--format", "{{json .}}").stdout)
-    assert transfer._is_containerd_store(info) is False  # this machine: Docker 20.10, overlay2 (classic)
+    assert is_containerd_store(info) is False  # this machine: Docker 20.10, overlay2 (classic)
     # The shape `docker info` has on Docker >= 24 with the containerd image store (driver-type snapshotter).
     cd = {"Driver": "overlayfs", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
-    assert transfer._is_containerd_store(cd) is True
+    assert is_containerd_store(cd) is True
 
 
 # --- real pushes ------------------------------------------------------------------------------------------------
@@ -183,7 +191,7 @@ def test_cold_push_then_patch_only_update(sbx, images):
     r2 = transfer.push(v2, host)
     assert r2.status == "ok", r2.reason
     assert r2.layers_sent == 1 and r2.per_layer.keys() == {3}
-    src = transfer.StoreLayerSource.open(v2)
+    src = StoreLayerSource.open(v2)
     top = src.layer_size(3)
     assert r2.layer_bytes == top
     assert r2.bytes_sent < top + 8192  # the top layer + config + manifest + tar headers
@@ -209,7 +217,7 @@ def test_push_to_host_with_only_some_layers_and_tag_only(sbx, images):
     host = sbx.host_config()
     assert transfer.push(images["v1"], host).status == "ok"
     with Remote(host) as remote:
-        store = transfer.inspect_host(remote)
+        store = inspect_host(remote)
     v2 = transfer.inspect_local(images["v2"])
     present = [c in store.chain_ids for c in v2.chain_ids]
     assert present == [True, True, True, False]
@@ -280,12 +288,12 @@ def test_resume_after_break_skips_registered_chunks(sbx, images):
                       stream_hook=streams.append, on_progress=on_progress)
     assert r.status == "ok", r.reason
     assert r.attempts == 2 and killed
-    sizes = transfer.StoreLayerSource.open(transfer.inspect_local(images["big"]))
+    sizes = StoreLayerSource.open(transfer.inspect_local(images["big"]))
     # layer 1 once; layer 2 partly, then once; layer 3 once: far less than sending layer 1 twice
     assert r.per_layer.keys() >= {1, 2, 3}
     assert r.layer_bytes == sum(sizes.layer_size(i) for i in r.per_layer)
     assert r.bytes_sent < sizes.layer_size(1) + 2 * sizes.layer_size(2) + 100_000
-    left = _docker("image", "ls", "-a", "-q", "--filter", f"label={transfer.SCAFFOLD_LABEL}", host=sbx.docker_host)
+    left = _docker("image", "ls", "-a", "-q", "--filter", f"label={SCAFFOLD_LABEL}", host=sbx.docker_host)
     assert left.stdout.strip() == ""
 
 
@@ -338,6 +346,7 @@ def test_fan_out_one_bad_host_does_not_stop_others(sbx, sbx2, images, tmp_path):
     res = transfer.push_many(images["v1"], hosts, options=PushOptions(attempts=1))
     assert [r.status for r in res] == ["ok", "failed", "ok"]
     assert "nowhere" in res[1].reason
+    assert not res.ok and list(res.failed) == ["nowhere"] and list(res.succeeded) == [hosts[0].name, hosts[2].name]
     img_id = transfer.inspect_local(images["v1"]).id
     assert _host_id(sbx, images["v1"]) == img_id == _host_id(sbx2, images["v1"])
 
@@ -355,7 +364,7 @@ def test_push_cli_table_and_exit_code(sbx, images, tmp_path):
     }
     inv.write_text(json.dumps({"hosts": {"sbx": entry, "broken": {**entry, "port": 1}}}))
     app = typer.Typer()
-    app.command()(transfer.push_command)
+    app.command()(push_command)
     _wipe(sbx, images["v2"])
     r = CliRunner().invoke(app, [images["v2"], "sbx", "--inventory", str(inv)])
     assert r.exit_code == 0, r.output
@@ -370,33 +379,33 @@ def test_corrupt_layer_fails_the_push_and_loads_nothing(sbx, images):
     _wipe(sbx, images["big"])
     img = transfer.inspect_local(images["big"])
 
-    class Corrupt(transfer.StoreLayerSource):
+    class Corrupt(StoreLayerSource):
         def _raw_layer(self, i):
             for k, chunk in enumerate(super()._raw_layer(i)):
                 yield bytes([chunk[0] ^ 1]) + chunk[1:] if (i == 2 and k == 1) else chunk
 
-    src = Corrupt(img, transfer.StoreLayerSource.open(img).root)
+    src = Corrupt(img, StoreLayerSource.open(img).root)
     r = transfer.push(img, sbx.host_config(), source=src, options=PushOptions(transport="openssh"))
     assert r.status == "failed" and "layer 2" in r.reason and "expected" in r.reason
     assert r.attempts == 1  # not retried: resending the same bytes cannot help
     assert _host_id(sbx, images["big"]) == ""
 
 
-def test_fan_out_compresses_each_layer_once(sbx, sbx2, images):
+def test_fan_out_compresses_each_layer_once(sbx, sbx2, images, monkeypatch):
     _wipe(sbx, images["big"])
     _wipe(sbx2, images["big"])
     img = transfer.inspect_local(images["big"])
-    src = transfer.StoreLayerSource.open(img)
-    enc = transfer.Encoders(src)
+    src = StoreLayerSource.open(img)
+    enc = Encoders(src)
     spawned = []
-    real_spool = transfer._Spool
+    real_spool = compression._Spool
 
     class CountingSpool(real_spool):
         def __init__(self, *a, **kw):
             spawned.append(a[1])
             super().__init__(*a, **kw)
 
-    transfer._Spool = CountingSpool
+    monkeypatch.setattr(compression, "_Spool", CountingSpool)
     try:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -405,7 +414,6 @@ def test_fan_out_compresses_each_layer_once(sbx, sbx2, images):
             res = list(ex.map(lambda h: transfer.push(img, h, encoders=enc, options=opts),
                               [sbx.host_config(), sbx2.host_config()]))
     finally:
-        transfer._Spool = real_spool
         enc.close()
     assert [r.status for r in res] == ["ok", "ok"], [r.reason for r in res]
     sent = sorted(set(res[0].per_layer) | set(res[1].per_layer))
@@ -415,8 +423,8 @@ def test_fan_out_compresses_each_layer_once(sbx, sbx2, images):
 
 def test_layer_sample_is_spread_over_the_layer(images):
     img = transfer.inspect_local(images["big"])
-    store = transfer.StoreLayerSource.open(img)
-    save = transfer.SaveLayerSource(img)
+    store = StoreLayerSource.open(img)
+    save = SaveLayerSource(img)
     try:
         full = b"".join(store.iter_layer(1))  # 24 MB of random bytes + tar headers
         n, pieces = 64 * 1024, 8
@@ -427,17 +435,25 @@ def test_layer_sample_is_spread_over_the_layer(images):
         save.close()
 
 
+def test_group_result_by_host():
+    res = transfer.PushGroupResult([transfer.PushResult("a", "ok"), transfer.PushResult("b", reason="b: refused"),
+                                    transfer.PushResult("c", "present")])
+    assert [r.host for r in res] == ["a", "b", "c"]  # a list in the order given
+    assert list(res.succeeded) == ["a", "c"] and list(res.failed) == ["b"] and not res.ok
+    assert transfer.PushGroupResult([transfer.PushResult("a", "tagged")]).ok
+
+
 def test_choose_compression_by_measurement():
     sample = b"x" * 1000
 
     def measure(_s, codec, level, long=False):  # (rate B/s, ratio) as measured on some link/CPU
         return {1: (300e6, 1.8), 3: (80e6, 2.3), 6: (20e6, 2.5)}[level]
 
-    slow = transfer.choose_compression(sample, 12e6, True, 10**9, measure=measure)  # 100 Mbit/s link
+    slow = choose_compression(sample, 12e6, True, 10**9, measure=measure)  # 100 Mbit/s link
     assert (slow.codec, slow.level, slow.long) == ("zstd", 3, True) and "12.0 MB/s" in slow.why
-    fast = transfer.choose_compression(sample, 1e9, True, 10**9, measure=measure)  # link faster than compressors
+    fast = choose_compression(sample, 1e9, True, 10**9, measure=measure)  # link faster than compressors
     assert fast.codec == "none"
-    gz = transfer.choose_compression(sample, 12e6, False, 10**9, measure=lambda *a: (100e6, 3.0))
+    gz = choose_compression(sample, 12e6, False, 10**9, measure=lambda *a: (100e6, 3.0))
     assert gz.codec == "gzip"
 
 

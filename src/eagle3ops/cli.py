@@ -329,9 +329,9 @@ def config_check(inventory: Path = InventoryOpt) -> None:
 
 
 def _register_push() -> None:
-    from eagle3ops import transfer
+    from eagle3ops.transfer.cli import push_command
 
-    app.command("push", help="Push an image to hosts over SSH, sending only missing layers.")(transfer.push_command)
+    app.command("push", help="Push an image to hosts over SSH, sending only missing layers.")(push_command)
 
 
 _register_push()
@@ -347,8 +347,18 @@ def demo(inventory: Path = InventoryOpt,
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    A host that cannot be reached, or a remote command that failed where the command did not handle it, ends the
+    program with ``error: <host>: <cause>`` on stderr and exit status 1 (no traceback).
+    """
+    from eagle3ops.remote import RemoteError
+
+    try:
+        app()
+    except RemoteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

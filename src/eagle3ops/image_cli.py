@@ -100,16 +100,24 @@ def ls(
 
     runner = None
     remote = None
+    host_cfg = None
     try:
         if host is not None:
             from eagle3ops.config import load_inventory
             from eagle3ops.remote import Remote
 
             inv = load_inventory(inventory) if inventory else load_inventory()
-            remote = Remote(inv.host(host))
+            host_cfg = inv.host(host)
+            remote = Remote(host_cfg)
             runner = lambda argv: remote.run(argv, mutates=False)  # noqa: E731
-        rows = images.list_images(runner, all_images=all_images)
+        rows = images.list_images(runner, all_images=all_images, host=host_cfg)
     except images.ImageError as exc:
+        _fail(exc)
+    except Exception as exc:  # noqa: BLE001 - a bad inventory or host name: one line naming the file and key
+        from eagle3ops.config import ConfigError
+
+        if not isinstance(exc, ConfigError):
+            raise
         _fail(exc)
     finally:
         if remote is not None:

@@ -892,12 +892,14 @@ def _run_local(argv: list[str]) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
 
-def list_images(runner: Runner | None = None, *, all_images: bool = False) -> list[ImageInfo]:
+def list_images(runner: Runner | None = None, *, all_images: bool = False, host: Any = None) -> list[ImageInfo]:
     """eagle3ops images (those with an ``io.eagle3ops.*`` label) on the local engine or, with ``runner``, a host.
 
     ``runner(argv)`` runs a docker command where the images are and returns its stdout (a str, or an object with
     ``.stdout`` such as :class:`eagle3ops.remote.Result`); e.g. ``lambda argv: Remote(host).run(argv, mutates=False)``.
-    Without ``runner`` the local engine is asked through the docker SDK.
+    ``host`` (a :class:`eagle3ops.config.HostConfig`) names the engine the commands address (its ``docker_host``;
+    argv from :mod:`eagle3ops.commands.docker`); None: the default engine where ``runner`` runs. Without ``runner``
+    the local engine is asked through the docker SDK.
     """
     if runner is None:
         client = docker_client()
@@ -907,8 +909,10 @@ def list_images(runner: Runner | None = None, *, all_images: bool = False) -> li
             r = runner(argv)
             return r if isinstance(r, str) else r.stdout
 
-        ids = sorted(set(out(["docker", "image", "ls", "-q", "--no-trunc"]).split()))
-        raw = json.loads(out(["docker", "image", "inspect", *ids])) if ids else []
+        from eagle3ops.commands import docker as dk
+
+        ids = sorted(set(out(dk.image_ids(host)).split()))
+        raw = json.loads(out(dk.inspect_images(host, ids))) if ids else []
     result = []
     for a in raw:
         labels = (a.get("Config") or {}).get("Labels") or {}

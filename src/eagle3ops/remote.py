@@ -60,7 +60,21 @@ class RemoteError(Exception):
 
 class HostUnreachable(RemoteError):
     """The SSH connection could not be made or was lost (DNS, refused, timeout, auth, an untrusted host key on any
-    hop); the message names the host, the hop and the fix."""
+    hop); the message (one line) names the host, the hop and the fix."""
+
+    def __init__(self, message: str):
+        super().__init__(re.sub(r"\s*\n\s*", " ", message.strip()))  # one line, whatever the cause's text holds
+
+
+class ConnectFailed(HostUnreachable):
+    """The connection could not be made at all: nothing ran on the host. Raised within the connect bound (TCP
+    connect, then SSH banner, then authentication, each at most ``connect_timeout`` seconds per hop); retrying at
+    once does not help (wrong address, no sshd or a silent port, refused key, untrusted host key)."""
+
+
+class ConnectionLost(HostUnreachable):
+    """An established connection died while a command ran (or no session could be opened on it after one
+    reconnect); the command may or may not have run. A retry of an idempotent step may pass."""
 
 
 class RemoteCommandError(RemoteError):
@@ -134,22 +148,26 @@ class Remote:
         dry_run: print each rendered command instead of running it; every run then "succeeds" with empty output.
         echo: callable receiving each rendered command before it runs (for ``--verbose`` and tests).
         connect_timeout: seconds for each hop's TCP connect, SSH banner and authentication (whole seconds: Fabric
-            truncates to int; at least 1).
+            truncates to int; at least 1); default :data:`CONNECT_TIMEOUT_S` as it is when the Remote is made.
     """
 
     host: HostConfig
     dry_run: bool = False
     echo: Callable[[str], None] | None = None
     history: list[str] = field(default_factory=list)
-    connect_timeout: float = CONNECT_TIMEOUT_S
+    connect_timeout: float | None = None
     _conn: Connection | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.connect_timeout is None:
+            self.connect_timeout = CONNECT_TIMEOUT_S
 
     # --- connection -------------------------------------------------------------------------------------------
     def _known_hosts_files(self, c: Connection) -> list[Path]:
         files: list[Path] = []
         if self.host.known_hosts:
             if not Path(self.host.known_hosts).is_file():
-                raise HostUnreachable(
+                raise ConnectFailed(
                     f"{self.host.name}: known_hosts file {self.host.known_hosts} (inventory key `known_hosts`) does "
                     f"not exist; add the host key with `ssh-keyscan -p PORT HOST >> FILE` after checking its "
                     f"fingerprint")
@@ -181,7 +199,7 @@ class Remote:
                            "connect_kwargs": connect_kwargs, "runners": {"remote": _Runner}}
         if self.host.ssh_config:
             if not Path(self.host.ssh_config).is_file():
-                raise HostUnreachable(f"{self.host.name}: ssh_config file {self.host.ssh_config} (inventory key "
+                raise ConnectFailed(f"{self.host.name}: ssh_config file {self.host.ssh_config} (inventory key "
                                       f"`ssh_config`) does not exist; fix the path or remove the key")
             overrides["ssh_config_path"] = str(self.host.ssh_config)
         try:
@@ -189,7 +207,7 @@ class Remote:
             conn = Connection(self.host.hostname, user=self.host.user, port=self.host.port, config=config,
                               connect_timeout=timeout)
         except (paramiko.SSHException, ValueError, OSError) as exc:  # bad ssh_config syntax, bad ProxyJump
-            raise HostUnreachable(f"{self.host.name}: cannot use ssh settings for {self.host.hostname}: {exc}"
+            raise ConnectFailed(f"{self.host.name}: cannot use ssh settings for {self.host.hostname}: {exc}"
                                   ) from None
         self._check_jump_kept(conn)
         return conn
@@ -212,14 +230,14 @@ class Remote:
             sh = conn.derive_shorthand(hop)
             port = int(sh["port"] or conn.config.base_ssh_config.lookup(sh["host"]).get("port", 22))
             if sh["host"] == conn.host and port != conn.port:
-                raise HostUnreachable(
+                raise ConnectFailed(
                     f"{self.host.name}: ssh_config gives {self.host.hostname} `ProxyJump {jump}`, but the hop "
                     f"{hop} has the same address as the target's HostName ({conn.host}), so Fabric would skip the "
                     f"jump and connect directly. Give the bastion a Host alias of its own in ssh_config (`Host "
                     f"bastion` / `HostName {conn.host}` / `Port {port}`) and write `ProxyJump bastion`.")
 
     def _unreachable(self, exc: BaseException, hop: Connection, hops: list[Connection], files: list[Path]
-                     ) -> HostUnreachable:
+                     ) -> ConnectFailed:
         """Turn a paramiko/socket error on ``hop`` into a message naming host, hop and fix."""
         where = _hop_name(hop)
         if len(hops) > 1:
@@ -229,44 +247,44 @@ class Remote:
         known = ", ".join(str(f) for f in files) or "none found"
         port = hop.port
         if isinstance(exc, paramiko.BadHostKeyException):
-            return HostUnreachable(
+            return ConnectFailed(
                 f"{self.host.name}: host key of {where} does NOT match the one in known_hosts ({known}): "
                 f"got {exc.key.get_name()} {exc.key.fingerprint}. Either the host was reinstalled or someone is "
                 f"in the middle; verify the fingerprint out of band, then replace its line in {first}.")
         if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
             server = re.search(r"Server '([^']*)'", str(exc))
-            return HostUnreachable(
+            return ConnectFailed(
                 f"{self.host.name}: host key of {where} ({server.group(1) if server else hop.host}) is not in "
                 f"known_hosts ({known}); refused. Check its fingerprint (`ssh-keyscan -p {port} {hop.host} | "
                 f"ssh-keygen -lf -` against the host's own `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub`) and add "
                 f"the key to {first}; eagle3ops never skips host-key checking.")
         if isinstance(exc, paramiko.AuthenticationException):
-            return HostUnreachable(
+            return ConnectFailed(
                 f"{self.host.name}: authentication as {hop.user} on {where} failed ({exc}); check `identity_file` "
                 f"/ ssh_config IdentityFile / the agent, and the key in the user's authorized_keys.")
         if isinstance(exc, paramiko.ChannelException) and hop.gateway:
-            return HostUnreachable(
+            return ConnectFailed(
                 f"{self.host.name}: the bastion in front of {where} refused to forward to it ({exc}); check the "
                 f"bastion's `AllowTcpForwarding` and the target address/port in ssh_config.")
         if isinstance(exc, socket.gaierror):
-            return HostUnreachable(f"{self.host.name}: cannot resolve {where}: {exc}; check `hostname` / "
+            return ConnectFailed(f"{self.host.name}: cannot resolve {where}: {exc}; check `hostname` / "
                                    f"ssh_config HostName")
         if isinstance(exc, (socket.timeout, TimeoutError)):
-            return HostUnreachable(f"{self.host.name}: connecting to {where} timed out after "
+            return ConnectFailed(f"{self.host.name}: connecting to {where} timed out after "
                                    f"{self.connect_timeout:.0f}s (host down or port filtered?)")
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-            return HostUnreachable(f"{self.host.name}: cannot connect to {where}: connection refused ({exc}); "
+            return ConnectFailed(f"{self.host.name}: cannot connect to {where}: connection refused ({exc}); "
                                    f"is sshd running on that port?")
         if isinstance(exc, paramiko.SSHException) and (
                 "banner" in str(exc) or str(exc) in ("No existing session", "Negotiation failed.")):
             # paramiko's own negotiation deadline (= the connect timeout) races its banner timeout; either way the
             # peer accepted TCP but did not complete the SSH handshake in time.
-            return HostUnreachable(f"{self.host.name}: SSH handshake with {where} did not complete within "
+            return ConnectFailed(f"{self.host.name}: SSH handshake with {where} did not complete within "
                                    f"{max(1, int(self.connect_timeout))}s (no or slow SSH banner: is that port an "
                                    f"sshd? is the host overloaded?) ({exc})")
         if isinstance(exc, paramiko.SSHException):
-            return HostUnreachable(f"{self.host.name}: SSH handshake with {where} failed: {exc}")
-        return HostUnreachable(f"{self.host.name}: cannot connect to {where}: {type(exc).__name__}: {exc}")
+            return ConnectFailed(f"{self.host.name}: SSH handshake with {where} failed: {exc}")
+        return ConnectFailed(f"{self.host.name}: cannot connect to {where}: {type(exc).__name__}: {exc}")
 
     def _connect(self) -> Connection:
         if self._conn is not None and self._conn.is_connected:
@@ -340,7 +358,8 @@ class Remote:
             :class:`Result` with stdout/stderr as text (UTF-8, undecodable bytes replaced).
 
         Raises:
-            HostUnreachable: the connection failed, or was lost while the command ran.
+            ConnectFailed: the connection could not be made (bounded by ``connect_timeout`` per hop and phase).
+            ConnectionLost: the connection was lost while the command ran (both are :class:`HostUnreachable`).
             RemoteCommandError: non-zero exit (or death by a signal) with ``check=True``, or timeout.
         """
         cmd = render(argv)
@@ -367,7 +386,7 @@ class Remote:
                 # The transport looked alive but could not open a channel (peer gone): reconnect once.
                 self.close()
                 if attempt == 2:
-                    raise HostUnreachable(f"{self.host.name}: cannot open a session to run `{cmd}` after "
+                    raise ConnectionLost(f"{self.host.name}: cannot open a session to run `{cmd}` after "
                                           f"reconnecting: {exc}") from None
             except CommandTimedOut as exc:
                 res = exc.result
@@ -378,13 +397,13 @@ class Remote:
                 break
             except (paramiko.SSHException, OSError, EOFError, ThreadException) as exc:
                 self.close()
-                raise HostUnreachable(f"{self.host.name}: connection lost while running `{cmd}`: {exc}") from None
+                raise ConnectionLost(f"{self.host.name}: connection lost while running `{cmd}`: {exc}") from None
         exited = r.exited
         if exited == -1:  # paramiko: the channel closed without an exit status
             transport = conn.client.get_transport()
             if transport is None or not transport.is_active():
                 self.close()
-                raise HostUnreachable(f"{self.host.name}: connection lost while running `{cmd}` (no exit status; "
+                raise ConnectionLost(f"{self.host.name}: connection lost while running `{cmd}` (no exit status; "
                                       f"it may or may not have finished on the host)")
             if check:
                 raise RemoteCommandError(self.host.name, argv, None, r.stdout, r.stderr,

@@ -56,3 +56,30 @@ def socket_path(host: HostConfig) -> str:
             f"engine's socket. Use the engine's unix socket path."
         )
     return ep[len("unix://"):]
+
+
+def tag(host: HostConfig, source: str, target: str) -> list[str]:
+    """Give image ``source`` (id or reference) the additional reference ``target``."""
+    return docker(host, "tag", source, target)
+
+
+def rmi(host: HostConfig, *images: str) -> list[str]:
+    """Remove images (ids or references); untagged images that other images use fail without harm."""
+    return docker(host, "image", "rm", *images)
+
+
+def image_ids(host: HostConfig | None = None) -> list[str]:
+    """Full ids of the engine's images, one per line (``docker image ls -q --no-trunc``).
+
+    Args:
+        host: the inventory entry whose engine is asked (``docker_host``); None: the local client's default engine.
+    """
+    return (docker(host, *_IMAGE_LS) if host is not None else ["docker", *_IMAGE_LS])
+
+
+def inspect_images(host: HostConfig | None, ids: list[str]) -> list[str]:
+    """``docker image inspect`` JSON (a list) of ``ids`` on the engine of ``host`` (None: the local default)."""
+    return docker(host, "image", "inspect", *ids) if host is not None else ["docker", "image", "inspect", *ids]
+
+
+_IMAGE_LS = ("image", "ls", "-q", "--no-trunc")

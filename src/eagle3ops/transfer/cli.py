@@ -1,0 +1,94 @@
+"""``eagle3ops push IMAGE HOST...``: options, live progress per host, and the per-host results table."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import typer
+
+from eagle3ops.transfer.errors import TransferError
+from eagle3ops.transfer.limits import STALL_S
+from eagle3ops.transfer.pusher import Progress, PushOptions, PushResult, push_many
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def results_table(image: str, results: Iterable[PushResult]):
+    """A rich table: one row per host with status, store/mode, layers, bytes, time, reason."""
+    from rich.table import Table
+
+    t = Table(title=f"push {image}")
+    for col in ("host", "status", "store/mode", "layers sent", "layer bytes", "bytes sent", "time", "transport",
+                "reason / compression"):
+        t.add_column(col)
+    for r in results:
+        style = {"ok": "green", "present": "cyan", "tagged": "cyan"}.get(r.status, "red")
+        t.add_row(r.host, f"[{style}]{r.status}[/]", f"{r.store}/{r.mode or '-'}", f"{r.layers_sent}/{r.layers_total}",
+                  _fmt_bytes(r.layer_bytes), _fmt_bytes(r.bytes_sent), f"{r.wall_s:.1f}s", r.transport or "-",
+                  r.reason or r.compression)
+    return t
+
+
+def push_command(
+    image: str = typer.Argument(..., help="Image reference on the build engine (tag or id)."),
+    hosts: list[str] = typer.Argument(..., help="Inventory host names."),
+    inventory: Path = typer.Option(Path("deploy/hosts.yaml"), "--inventory", "-i", help="Inventory file."),
+    compression: str = typer.Option("auto", help="auto (by measurement) | none | zstd | gzip."),
+    transport: str = typer.Option("auto", help="auto | openssh | paramiko."),
+    attempts: int = typer.Option(3, min=1, help="Tries per host."),
+    stall_s: float = typer.Option(STALL_S, help="Seconds without progress before a stream is killed."),
+    parallel: int = typer.Option(8, min=1, help="Hosts pushed at once."),
+    containerd: str = typer.Option("full", help="On a containerd-store host: full (send all layers) | refuse."),
+) -> None:
+    """Push IMAGE to each HOST over SSH: only missing layers, verified by image id, in parallel."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, TransferSpeedColumn
+
+    from eagle3ops.config import ConfigError, load_inventory
+
+    console = Console(stderr=True)
+    try:
+        inv = load_inventory(inventory)
+        host_cfgs = [inv.host(h) for h in hosts]
+    except ConfigError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+    for name, val, allowed in (("--compression", compression, ("auto", "none", "zstd", "gzip")),
+                               ("--transport", transport, ("auto", "openssh", "paramiko")),
+                               ("--containerd", containerd, ("full", "refuse"))):
+        if val not in allowed:
+            console.print(f"[red]error:[/] {name} {val!r}: use one of {', '.join(allowed)}")
+            raise typer.Exit(2)
+    opts = PushOptions(compression=compression, transport=transport, attempts=attempts, stall_s=stall_s,
+                       containerd=containerd)
+    with RichProgress(TextColumn("{task.fields[host]:>12}"), TextColumn("{task.description}"), BarColumn(),
+                      DownloadColumn(), TransferSpeedColumn(), console=console, transient=False) as bar:
+        tasks = {h.name: bar.add_task("inventory", host=h.name, total=None) for h in host_cfgs}
+        lock = threading.Lock()
+
+        def on_progress(p: Progress) -> None:
+            with lock:
+                desc = {"send": f"layer {p.layer}" if p.layer is not None else "metadata",
+                        "load": "docker load", "verify": "verify"}.get(p.phase, p.phase)
+                if p.phase == "send" and p.layer is not None:
+                    desc += f" {_fmt_bytes(p.layer_bytes)}/{_fmt_bytes(p.layer_total)}"
+                bar.update(tasks[p.host], description=desc, completed=p.done, total=p.total or None)
+
+        try:
+            results = push_many(image, host_cfgs, options=opts, parallel=parallel, on_progress=on_progress)
+        except TransferError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2)
+        for r in results:
+            bar.update(tasks[r.host], description=r.status)
+    Console().print(results_table(image, results))
+    if not results.ok:
+        raise typer.Exit(1)
