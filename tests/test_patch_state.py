@@ -258,3 +258,32 @@ def test_capture_diff_carries_empty_files(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert (site / LOGU).read_bytes() == new_log and (site / "speculators/e3_new/__init__.py").read_bytes() == b""
     assert not (site / empty_del).exists()
+
+
+def test_apply_stopped_half_way_is_completed_by_the_next_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real run dies after its first patch (the trial had passed): the manifest written after each patch
+    records that state, so the next apply reports 0001 already applied and applies 0002."""
+    from eagle3ops.patches import apply as apply_mod
+    from eagle3ops.patches.errors import PatchToolError
+
+    pristine = site_from_wheel(SPEC_030, tmp_path / "pristine")
+    d1 = make_diff(pristine, LOGU, lambda t: t.replace("import sys\n", "import sys  # one\n", 1), tmp_path / "e1")
+    (pristine / LOGU).write_text((pristine / LOGU).read_text().replace("import sys\n", "import sys  # one\n", 1))
+    d2 = make_diff(pristine, LOGU, lambda t: t.replace("import logging\n", "import logging  # two\n", 1), tmp_path / "e2")
+    sdir = write_series(tmp_path / "patches", SPEC_030, [("0001-a.patch", d1), ("0002-b.patch", d2)])
+    site = site_from_wheel(SPEC_030, tmp_path / "site")
+    real = apply_mod.apply_patch
+
+    def dying(patch, tree, *a, **kw):
+        if patch.name == "0002-b.patch" and Path(tree) == site.resolve():
+            raise PatchToolError("killed (test)")
+        return real(patch, tree, *a, **kw)
+
+    monkeypatch.setattr(apply_mod, "apply_patch", dying)
+    with pytest.raises(PatchToolError, match="killed"):
+        apply_mod.apply_series(load_series(sdir), site_dir=site, check_requires=False)
+    assert "# one" in (site / LOGU).read_text() and "# two" not in (site / LOGU).read_text()
+    monkeypatch.setattr(apply_mod, "apply_patch", real)
+    res = apply_mod.apply_series(load_series(sdir), site_dir=site, check_requires=False)
+    assert [r.action.value for r in res.patches] == ["already-applied", "applied"]
+    assert (site / LOGU).read_text().count("# one") == 1 and "# two" in (site / LOGU).read_text()

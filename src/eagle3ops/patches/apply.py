@@ -246,7 +246,8 @@ def apply_series(
         extra_requires: the profile's required pins (checked like ``X-Eagle3ops-Requires``).
         check_requires: check required versions (off for scratch trees without the other packages).
         dry_run: decide and report only; nothing is written.
-        write_manifest: write ``<site>/eagle3ops_patches/<package>.json``.
+        write_manifest: write ``<site>/eagle3ops_patches/<package>.json`` (rewritten after each patch applied, so an
+            apply stopped half-way leaves a recorded state the next apply of the series completes).
 
     Raises:
         PinMismatch: installed version differs from the series pin (nothing touched).
@@ -295,13 +296,15 @@ def apply_series(
             r.action = Action.WOULD_APPLY
         return SeriesResult(series=series, dist=dist, patches=done + trial_results, requires_found=found)
     results: list[PatchResult] = list(done)
+    out = SeriesResult(series=series, dist=dist, patches=results, requires_found=found)
     for patch in todo:
         try:
             results.append(apply_patch(patch, dist.site_dir, dist.top_levels, label))
         except PatchToolError as e:
             raise type(e)(e.message + " (the trial run on a copy had passed: did the tree change meanwhile?)", fix=e.fix) from e
-    out = SeriesResult(series=series, dist=dist, patches=results, requires_found=found)
-    if write_manifest:
+        if write_manifest:  # after every patch: a run stopped half-way leaves a state the next apply recognises
+            out.manifest = write_manifest_file(out, profile=profile)
+    if write_manifest and out.manifest is None:
         out.manifest = write_manifest_file(out, profile=profile)
     return out
 
