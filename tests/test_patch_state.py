@@ -114,7 +114,7 @@ def test_mixed_states_are_refused(tmp_path: Path) -> None:
     (site / LOGU).write_bytes((pristine / LOGU).read_bytes())
     r = _apply(tmp_path / "patches", site)
     assert r.returncode == 5
-    assert f"partly applied" in r.stderr and f"still pristine: {LOGU}" in r.stderr and GEN in r.stderr
+    assert "partly applied" in r.stderr and f"still pristine: {LOGU}" in r.stderr and GEN in r.stderr
 
 
 # --- item 4: exact landing ----------------------------------------------------------------------------------------
