@@ -93,3 +93,28 @@ def test_compose_keys_with_container_kind_and_systemd_are_refused(tmp_path):
         load_inventory(_write(tmp_path, BASE + "      compose_service: vllm\n"))
     with pytest.raises(ConfigError, match=r"hosts\.h1\.serving\.kind"):
         load_inventory(_write(tmp_path, BASE + "      kind: systemd\n"))
+
+
+def test_host_written_twice_is_refused_naming_file_line_and_key(tmp_path):
+    """The same host twice in an inventory: YAML would keep the last entry silently; it is an error naming the
+    file, the line of the second entry and the key (also through `eagle3ops config check`)."""
+    second = BASE.replace("gpu-01", "gpu-02").replace("hosts:\n", "")
+    p = _write(tmp_path, BASE + second)
+    line = (BASE + second).splitlines().index("  h1:", 3) + 1
+    with pytest.raises(ConfigError) as e:
+        load_inventory(p)
+    msg = str(e.value)
+    assert f"{p}:{line}:3: duplicate key 'h1'" in msg and "first given at line 3" in msg and "remove or rename" in msg
+
+    from typer.testing import CliRunner
+
+    from eagle3ops.cli import app
+
+    r = CliRunner().invoke(app, ["config", "check", "--inventory", str(p)])
+    assert r.exit_code != 0 and "duplicate key 'h1'" in r.output
+
+
+def test_duplicate_setting_inside_a_host_is_refused(tmp_path):
+    p = _write(tmp_path, BASE + "    data_dir: /data2\n")
+    with pytest.raises(ConfigError, match=r"hosts\.yaml:11:5: duplicate key 'data_dir' \(first given at line 5"):
+        load_inventory(p)

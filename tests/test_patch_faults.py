@@ -71,9 +71,9 @@ def test_required_version_missing_is_refused(site030: Path, good_series: Path) -
     assert tree_digest(site030) == before
 
 
-def test_rejected_hunk_names_patch_file_and_hunk(tmp_path: Path, site030: Path, good_series: Path) -> None:
-    """The installed generator differs where patch 0002's second hunk applies: exit 5 naming patch, file, hunk #2
-    and its @@ header; the whole series is refused before anything is written (patch 0001 not applied either)."""
+def test_locally_edited_file_is_refused_by_name_before_anything_is_applied(site030: Path, good_series: Path) -> None:
+    """The installed generator differs from the wheel where patch 0002's second hunk applies: the tree is in no
+    state the series knows, so apply exits 5 naming the file (and patch rebase), before any patch is applied."""
     gen = site030 / GEN
     text = gen.read_text()
     line = '        log.info(f"Tensor parallel size: {tensor_parallel_size}")\n'
@@ -83,8 +83,27 @@ def test_rejected_hunk_names_patch_file_and_hunk(tmp_path: Path, site030: Path, 
     r = run_cli("apply", "--patches-dir", good_series, "--site-dir", site030, "--no-require-check")
     assert r.returncode == 5, r.stdout + r.stderr
     err = r.stderr
+    assert f"{GEN} (sha256 " in err and "is neither the pinned wheel's file (RECORD: sha256" in err
+    assert LOGU not in err.split("fix:")[0]  # the pristine file is not blamed
+    assert "eagle3ops patch rebase speculators" in err
+    assert tree_digest(site030) == before, "a refused series must not leave earlier patches applied"
+
+
+def test_rejected_hunk_names_patch_file_and_hunk(tmp_path: Path, site030: Path) -> None:
+    """Patch 0002's second hunk carries a context line the (pristine) generator does not have: exit 5 naming
+    patch, file, hunk #2 and its @@ header; the whole series is refused before anything is written."""
+    d1 = make_diff(site030, LOGU, _edit_log, tmp_path / "e1")
+    d2 = make_diff(site030, GEN, _edit_gen_two_hunks, tmp_path / "e2")
+    line = ' log.info(f"Tensor parallel size: {tensor_parallel_size}")\n'
+    assert d2.count(line) == 1
+    d2 = d2.replace(line, ' log.info("TP size: %d", tensor_parallel_size)\n')
+    write_series(tmp_path / "patches", SPEC_030, [("0001-log.patch", d1), ("0002-gen.patch", d2)])
+    before = tree_digest(site030)
+    r = run_cli("apply", "--patches-dir", tmp_path / "patches", "--site-dir", site030, "--no-require-check")
+    assert r.returncode == 5, r.stdout + r.stderr
+    err = r.stderr
     assert "patch 0002-gen.patch does not apply" in err
-    assert f"{GEN}: hunk #2 \"@@ -81,7 +81,7 @@ def __init__(\" FAILED" in err and "FAILED" in err
+    assert f"{GEN}: hunk #2 \"@@ -81,7 +81,7 @@ def __init__(\" does not match at line 81" in err
     assert "hunk #1" not in err  # the first hunk still matches; only the real culprit is named
     assert tree_digest(site030) == before, "a rejected series must not leave earlier patches applied"
 

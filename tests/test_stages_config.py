@@ -254,3 +254,25 @@ def test_a_changed_upstream_setting_is_caught_two_stages_down(tmp_path):
     changed = _write(run, "target_model: /m\nprepare: {max_seq_len: 128}\n")
     with pytest.raises(StageInputError, match=r"prepare/manifest\.json \(input of `extract`\).*rerun stage `prepare`"):
         check_inputs(changed, "train", load_pipeline_config(changed))
+
+
+def test_section_written_twice_is_refused_naming_file_line_and_key(tmp_path, capsys):
+    """`prepare:` twice in pipeline.yaml: the last one would win silently; it is an error naming file, line, key,
+    both when a stage loads it and when the driver validates it before the upload (cli._upload_pipeline)."""
+    text = "target_model: /m\nprepare: {max_seq_len: 64}\nextract: {tensor_parallel_size: 1}\nprepare: {max_seq_len: 128}\n"
+    run = _write(tmp_path / "run", text)
+    with pytest.raises(PipelineConfigError) as exc:
+        load_pipeline_config(run)
+    assert f"{run / 'pipeline.yaml'}:4:1: duplicate key 'prepare' (first given at line 2" in str(exc.value)
+    nested = _write(tmp_path / "run2", "target_model: /m\ntrain:\n  steps: 3\n  lr: 0.001\n  steps: 4\n")
+    with pytest.raises(PipelineConfigError, match=r"pipeline\.yaml:5:3: duplicate key 'steps' \(first given at line 3"):
+        load_pipeline_config(nested)
+
+    import typer
+
+    from eagle3ops import cli
+
+    with pytest.raises(typer.Exit):
+        cli._upload_pipeline(None, "run", run / "pipeline.yaml", True)  # type: ignore[arg-type]
+    out = " ".join(capsys.readouterr().err.split())
+    assert "invalid pipeline config" in out and "duplicate key 'prepare'" in out

@@ -168,9 +168,9 @@ def _upload_pipeline(h: HostConfig, run: str, pipeline: Path, dry_run: bool) -> 
     try:
         from eagle3ops.pipeline_config import PipelineConfig  # validated here when the module is available
 
-        import yaml
+        from eagle3ops.yamlload import safe_load
 
-        PipelineConfig.model_validate(yaml.safe_load(text) or {})
+        PipelineConfig.model_validate(safe_load(text, source=pipeline) or {})
     except ImportError:
         pass
     except Exception as exc:  # noqa: BLE001 - pydantic ValidationError or YAML error, shown with the file name

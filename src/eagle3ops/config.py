@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagle3ops import yamlload
+
 DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
 
 
@@ -205,7 +207,9 @@ def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
     except FileNotFoundError:
         raise ConfigError(f"{path}: inventory file not found (pass --inventory or create it)") from None
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yamlload.safe_load(text, source=path) or {}
+    except yamlload.DuplicateKeyError as exc:
+        raise ConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("hosts"), dict):

@@ -43,6 +43,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from eagle3ops import yamlload
+
 #: repository root (this file is src/eagle3ops/images.py)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGES_DIR = REPO_ROOT / "images"
@@ -150,10 +152,12 @@ def load_def(name: str, images_dir: Path = IMAGES_DIR) -> ImageDef:
     """
     path = images_dir / f"{name}.yaml"
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlload.safe_load(path.read_text(), source=path)
     except FileNotFoundError:
         known = sorted(p.stem for p in images_dir.glob("*.yaml"))
         raise ImageError(f"{path}: no such image definition (known: {', '.join(known)})") from None
+    except yamlload.DuplicateKeyError as exc:
+        raise ImageError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise ImageError(f"{path}: not valid YAML: {exc}") from None
     try:

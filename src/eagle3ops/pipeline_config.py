@@ -25,6 +25,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagle3ops import yamlload
+
 PIPELINE_FILE = "pipeline.yaml"
 BUILTIN_DATASETS = ("builtin:sharegpt", "builtin:messages")
 
@@ -220,7 +222,9 @@ def load_pipeline_config(run_dir: Path) -> PipelineConfig:
             f"{path}: not found. Every run directory needs a {PIPELINE_FILE} (at least `target_model:`)."
         )
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlload.safe_load(path.read_text(), source=path)
+    except yamlload.DuplicateKeyError as exc:
+        raise PipelineConfigError(str(exc)) from exc
     except yaml.YAMLError as exc:
         raise PipelineConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):

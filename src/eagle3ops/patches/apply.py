@@ -5,14 +5,22 @@ For each series of a profile, in order:
 1. find the installed distribution (:func:`~eagle3ops.patches.installed.find_dist`) and refuse if its version
    differs from the series pin (``upstream.yaml``) - naming both versions;
 2. check the required versions (profile ``requires`` + each patch's ``X-Eagle3ops-Requires``) unless disabled;
-3. **trial run**: copy the package's top-level dirs into a temporary tree and apply the whole series there; only
-   if every patch applies (or is already applied) is the real tree touched, so a failing patch never leaves the
-   installed package half-patched;
-4. for each patch: parse and validate the diff (:mod:`~eagle3ops.patches.diffcheck`: no ``..``, absolute paths,
-   symlinks, foreign packages), then a forward and a reverse GNU ``patch --dry-run`` with zero fuzz:
-   forward only -> apply; reverse only -> already applied (reported, not applied twice); both -> ambiguous,
-   refused; neither -> rejected, naming patch, file and hunk number + ``@@`` header;
-5. write the manifest ``<site>/eagle3ops_patches/<package>.json`` (see :func:`manifest_path`).
+3. parse and validate every patch's diff (:mod:`~eagle3ops.patches.diffcheck`: no ``..``, absolute paths,
+   symlinks, foreign packages);
+4. **judge the tree for the series as a whole** (:mod:`~eagle3ops.patches.states`): every file the series touches
+   must be the pinned wheel's file (its ``RECORD`` sha256) or the state the manifest recorded when the same series
+   (or its first ``k`` patches) was applied here; else the tree is refused naming each file. The first ``k``
+   patches are reported ``already-applied`` (all of them: a no-op);
+5. **trial run**: copy the package's top-level dirs into a temporary tree and apply the remaining patches there,
+   each hunk required to land exactly at the line its header names on the tree the earlier patches produced
+   (:func:`~eagle3ops.patches.diffcheck.check_landing`, zero fuzz, zero offset), then GNU ``patch`` with zero fuzz
+   (an offset it reports is refused too); only if every patch applies is the real tree touched, so a failing patch
+   never leaves the installed package half-patched; failures name patch, file and hunk number + ``@@`` header;
+6. write the manifest ``<site>/eagle3ops_patches/<package>.json`` (see :func:`manifest_path`) with the sha256 of
+   every touched file: the recorded post-apply state a later ``apply`` of the same series recognises.
+
+:func:`decide` (forward and reverse dry runs, offsets tolerated) is kept for ``rebase``, which carries patches to
+another upstream version and regenerates their diffs.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from eagle3ops.patches.diffcheck import FileDiff, check_targets, parse_diff, render
+from eagle3ops.patches.diffcheck import FileDiff, check_landing, check_targets, parse_diff, render
 from eagle3ops.patches.errors import HunkRejected, PatchToolError
 from eagle3ops.patches.gnupatch import PatchRun, run_patch
 from eagle3ops.patches.installed import (
@@ -37,6 +45,7 @@ from eagle3ops.patches.installed import (
     require_pin,
 )
 from eagle3ops.patches.series import Patch, Pin, Series
+from eagle3ops.patches.states import diff_sha256, judge_tree
 
 MANIFEST_DIR = "eagle3ops_patches"
 MANIFEST_SCHEMA = 1
@@ -97,7 +106,9 @@ def rejected_error(patch: Patch, files: list[FileDiff], fwd: PatchRun, dist_labe
 
 
 def decide(patch: Patch, tree: Path, top_levels: tuple[str, ...], dist_label: str) -> tuple[Action, list[FileDiff], PatchRun]:
-    """Validate ``patch`` against ``tree`` and decide, by forward and reverse dry runs, what to do.
+    """Validate ``patch`` against ``tree`` and decide, by forward and reverse dry runs, what to do - for ``rebase``,
+    which carries a patch to *another* upstream version: offsets are tolerated there (the diff is regenerated) and
+    "its reverse applies" means "upstream has it". ``apply``/``check`` use :func:`apply_patch` instead.
 
     Returns (``WOULD_APPLY`` or ``ALREADY_APPLIED``, parsed files, the forward dry run).
 
@@ -109,8 +120,17 @@ def decide(patch: Patch, tree: Path, top_levels: tuple[str, ...], dist_label: st
     files = parse_diff(patch.diff_text, where=where)
     check_targets(files, tree, top_levels, where=where)
     text = render(files)
-    fwd = run_patch(text, tree, dry_run=True)
-    rev = run_patch(text, tree, dry_run=True, reverse=True)
+    if text:
+        fwd = run_patch(text, tree, dry_run=True)
+        rev = run_patch(text, tree, dry_run=True, reverse=True)
+    else:  # only empty files created/deleted: decided by what is there
+        fwd = PatchRun(ok=True, returncode=0, output="")
+        rev = PatchRun(ok=True, returncode=0, output="")
+    for f in files:
+        if f.empty_file:
+            there = (tree / f.path).is_file()
+            fwd.ok = fwd.ok and (there != f.added)
+            rev.ok = rev.ok and (there == f.added)
     if fwd.ok and not rev.ok:
         return Action.WOULD_APPLY, files, fwd
     if rev.ok and not fwd.ok:
@@ -124,15 +144,78 @@ def decide(patch: Patch, tree: Path, top_levels: tuple[str, ...], dist_label: st
     raise rejected_error(patch, files, fwd, dist_label)
 
 
+def reverse_applies(patch: Patch, tree: Path) -> bool:
+    """True when GNU patch would apply ``patch`` reversed to ``tree`` with zero fuzz (dry run): used only to say
+    "already upstream" about a patch that does not apply forward (``check``, ``rebase``)."""
+    files = parse_diff(patch.diff_text, where=f"patch {patch.name}")
+    text = render(files)
+    return bool(text) and run_patch(text, tree, dry_run=True, reverse=True).ok
+
+
+def apply_empty_files(files: list[FileDiff], tree: Path) -> None:
+    """Create or delete the empty files of a patch (its git stanzas; GNU patch is not given them). The caller has
+    checked the targets (:func:`~eagle3ops.patches.diffcheck.check_targets`) and that they are absent / empty."""
+    for f in files:
+        if not f.empty_file:
+            continue
+        target = tree / f.path
+        if f.added:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "x", encoding="utf-8"):
+                pass
+        else:
+            target.unlink()
+
+
 def apply_patch(patch: Patch, tree: Path, top_levels: tuple[str, ...], dist_label: str, *, dry_run: bool = False) -> PatchResult:
-    """Apply one patch strictly to ``tree`` (or only decide, with ``dry_run``); see :func:`decide`."""
-    action, files, fwd = decide(patch, tree, top_levels, dist_label)
-    if action is Action.WOULD_APPLY and not dry_run:
-        real = run_patch(render(files), tree, dry_run=False)
+    """Apply one patch strictly to ``tree`` as it is now (or only check that it would, with ``dry_run``).
+
+    Strict means: the diff is validated and its targets checked (:func:`~eagle3ops.patches.diffcheck.check_targets`);
+    every hunk's old lines must be exactly at the line its header names
+    (:func:`~eagle3ops.patches.diffcheck.check_landing`: zero offset, so GNU patch's search for the nearest copy of
+    the context never comes into play); GNU patch then runs with zero fuzz (dry run first), and a hunk it reports
+    at an offset is refused as well. Empty files (git stanzas) are created/deleted here.
+
+    Nothing decides "already applied" here: that is judged for the whole series (:mod:`~eagle3ops.patches.states`).
+
+    Returns:
+        A :class:`PatchResult` with ``APPLIED`` (``WOULD_APPLY`` with ``dry_run``).
+
+    Raises:
+        UnsafePatch: path traversal, absolute path, symlink, foreign package (nothing was touched).
+        HunkRejected: a hunk that does not match at its line, fails in GNU patch, or lands at an offset; the message
+            names patch, file and hunk (number and ``@@`` header). Nothing was touched.
+    """
+    where = f"patch {patch.name}"
+    files = parse_diff(patch.diff_text, where=where)
+    check_targets(files, tree, top_levels, where=where)
+    check_landing(files, tree, patch_name=patch.name)
+    text = render(files)
+    if text:
+        fwd = run_patch(text, tree, dry_run=True)
+        if not fwd.ok:
+            raise rejected_error(patch, files, fwd, dist_label)
+        if fwd.offsets:
+            _refuse_offsets(patch, files, fwd, dist_label)
+    if dry_run:
+        return PatchResult(patch=patch, action=Action.WOULD_APPLY, files=[f.path for f in files])
+    if text:
+        real = run_patch(text, tree, dry_run=False)
         if not real.ok:
             raise rejected_error(patch, files, real, dist_label)
-        action = Action.APPLIED
-    return PatchResult(patch=patch, action=action, files=[f.path for f in files], offsets=fwd.offsets)
+        if real.offsets:
+            _refuse_offsets(patch, files, real, dist_label)
+    apply_empty_files(files, tree)
+    return PatchResult(patch=patch, action=Action.APPLIED, files=[f.path for f in files])
+
+
+def _refuse_offsets(patch: Patch, files: list[FileDiff], run: PatchRun, dist_label: str) -> None:
+    details = [f"{path}: {_hunk_desc(files, path, n)} at offset {o:+d}" for path, lst in run.offsets.items() for n, o in lst]
+    raise HunkRejected(
+        f"patch {patch.name} does not apply to {dist_label} at the lines it names (GNU patch found them at an "
+        "offset): " + "; ".join(details),
+        fix=f"refresh the patch ({patch.path}) against the tree the earlier patches produce: eagle3ops patch new / refresh",
+    )
 
 
 def _copy_package(dist: InstalledDist, dest: Path) -> None:
@@ -163,12 +246,16 @@ def apply_series(
         extra_requires: the profile's required pins (checked like ``X-Eagle3ops-Requires``).
         check_requires: check required versions (off for scratch trees without the other packages).
         dry_run: decide and report only; nothing is written.
-        write_manifest: write ``<site>/eagle3ops_patches/<package>.json``.
+        write_manifest: write ``<site>/eagle3ops_patches/<package>.json`` (rewritten after each patch applied, so an
+            apply stopped half-way leaves a recorded state the next apply of the series completes).
 
     Raises:
         PinMismatch: installed version differs from the series pin (nothing touched).
         RequirementMismatch: a required package is missing or another version (nothing touched).
-        UnsafePatch / HunkRejected: see :func:`decide` (nothing touched: the trial run fails first).
+        UnsafePatch: see :func:`apply_patch` (nothing touched).
+        TreeMismatch: a touched file is neither pristine nor in the recorded applied state, naming each file
+            (nothing touched; see :func:`~eagle3ops.patches.states.judge_tree`).
+        HunkRejected: a hunk does not land exactly where it says (nothing touched: the trial run fails first).
     """
     dist = find_dist(series.package, site_dir)
     label = f"{dist.name} {dist.version} in {dist.site_dir}"
@@ -184,31 +271,53 @@ def apply_series(
                 continue
             seen.add(pin)
             found.append(check_requirement(pin, site_dir, what=what))
-    # Trial run on a copy: the real tree is only touched when the whole series goes through.
+    parsed: list[list[FileDiff]] = []
+    for patch in series.patches:
+        where = f"patch {patch.name}"
+        files = parse_diff(patch.diff_text, where=where)
+        check_targets(files, dist.site_dir, dist.top_levels, where=where)  # symlink/traversal checks on the real tree
+        parsed.append(files)
+    manifest, manifest_where = _existing_manifest(dist.site_dir, series.package)
+    state = judge_tree(series, parsed, dist, manifest, manifest_where)
+    done = [
+        PatchResult(patch=p, action=Action.ALREADY_APPLIED, files=[f.path for f in parsed[i]])
+        for i, p in enumerate(series.patches[: state.applied])
+    ]
+    todo = series.patches[state.applied :]
+    # Trial run on a copy: the real tree is only touched when the rest of the series goes through.
     trial_results: list[PatchResult] = []
     with tempfile.TemporaryDirectory(prefix="eagle3ops-trial-") as tmp:
         trial = Path(tmp)
         _copy_package(dist, trial)
-        for patch in series.patches:
-            where = f"patch {patch.name}"
-            # symlink/traversal checks against the real tree as well as the copy
-            check_targets(parse_diff(patch.diff_text, where=where), dist.site_dir, dist.top_levels, where=where)
+        for patch in todo:
             trial_results.append(apply_patch(patch, trial, dist.top_levels, label))
     if dry_run:
         for r in trial_results:
-            if r.action is Action.APPLIED:
-                r.action = Action.WOULD_APPLY
-        return SeriesResult(series=series, dist=dist, patches=trial_results, requires_found=found)
-    results: list[PatchResult] = []
-    for patch in series.patches:
+            r.action = Action.WOULD_APPLY
+        return SeriesResult(series=series, dist=dist, patches=done + trial_results, requires_found=found)
+    results: list[PatchResult] = list(done)
+    out = SeriesResult(series=series, dist=dist, patches=results, requires_found=found)
+    for patch in todo:
         try:
             results.append(apply_patch(patch, dist.site_dir, dist.top_levels, label))
         except PatchToolError as e:
             raise type(e)(e.message + " (the trial run on a copy had passed: did the tree change meanwhile?)", fix=e.fix) from e
-    out = SeriesResult(series=series, dist=dist, patches=results, requires_found=found)
-    if write_manifest:
+        if write_manifest:  # after every patch: a run stopped half-way leaves a state the next apply recognises
+            out.manifest = write_manifest_file(out, profile=profile)
+    if write_manifest and out.manifest is None:
         out.manifest = write_manifest_file(out, profile=profile)
     return out
+
+
+def _existing_manifest(site_dir: Path, package: str) -> tuple[dict | None, str]:
+    """The manifest an earlier ``apply`` left (None when absent or unreadable) and its path or why it is unusable."""
+    path = manifest_path(site_dir, package)
+    if not path.exists():
+        return None, f"{path} does not exist"
+    try:
+        return read_manifest(site_dir, package), str(path)
+    except PatchToolError as e:
+        return None, f"{path} is unusable: {e.message}"
 
 
 def manifest_path(site_dir: Path, package: str) -> Path:
@@ -228,8 +337,9 @@ def write_manifest_file(result: SeriesResult, *, profile: str | None) -> Path:
     """Write the manifest JSON of an applied series and return its path.
 
     Contents: schema, package, installed version, pin, profile, series dir, the patches in order (name, sha256 of
-    the patch file, summary, probe, requires, action, files touched), the sha256 of each touched file after
-    applying (so ``verify`` detects later edits), the required versions found installed, UTC time, tool version.
+    the patch file and of its diff text, summary, probe, requires, action, files touched), the sha256 of each
+    touched file after applying (``verify`` detects later edits with it; a later ``apply`` of the same series
+    recognises the applied state by it), the required versions found installed, UTC time, tool version.
     """
     from eagle3ops import __version__
 
@@ -247,6 +357,7 @@ def write_manifest_file(result: SeriesResult, *, profile: str | None) -> Path:
             {
                 "name": r.patch.name,
                 "sha256": r.patch.sha256,
+                "diff_sha256": diff_sha256(r.patch),
                 "summary": r.patch.header.summary,
                 "probe": r.patch.header.probe,
                 "requires": [str(p) for p in r.patch.header.requires],

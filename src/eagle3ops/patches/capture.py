@@ -225,13 +225,21 @@ def wheel_files(wheel: Path, cp: ContainerPackage) -> dict[str, bytes]:
 
 
 def diff_against_wheel(cp: ContainerPackage, pristine: dict[str, bytes]) -> str:
-    """Unified ``-p1`` diff from the wheel contents to the container's contents (modified, added, deleted)."""
+    """Unified ``-p1`` diff from the wheel contents to the container's contents (modified, added, deleted); an
+    empty file added or deleted (no unified hunk exists for it) becomes a git stanza after the unified diffs."""
+    from eagle3ops.patches.diffcheck import empty_file_stanza
     from eagle3ops.patches.diffgen import diff_file
 
-    chunks = []
+    chunks, stanzas = [], []
     with tempfile.TemporaryDirectory(prefix="eagle3ops-capture-") as tmp:
         a, b = Path(tmp) / "a", Path(tmp) / "b"
         for rel in sorted(set(cp.modified) | set(cp.added) | set(cp.deleted)):
+            if rel not in pristine and cp.contents.get(rel) == b"":
+                stanzas.append(empty_file_stanza(rel, created=True))
+                continue
+            if rel not in cp.contents and pristine.get(rel) == b"":
+                stanzas.append(empty_file_stanza(rel, created=False))
+                continue
             old = new = None
             if rel in pristine:
                 old = a / rel
@@ -242,7 +250,7 @@ def diff_against_wheel(cp: ContainerPackage, pristine: dict[str, bytes]) -> str:
                 new.parent.mkdir(parents=True, exist_ok=True)
                 new.write_bytes(cp.contents[rel])
             chunks.append(diff_file(old, new, rel))
-    return "".join(chunks)
+    return "".join(chunks) + "".join(stanzas)
 
 
 def capture_patch(

@@ -1,9 +1,12 @@
 """``eagle3ops patch check``: every series of a profile applied to its pristine pinned wheel, then byte-compiled.
 
 For each series: fetch the pinned wheel (:func:`~eagle3ops.patches.wheels.fetch_wheel`, sha256 verified), unpack
-it into a scratch dir (which is laid out like a site-packages dir, ``*.dist-info`` included, so the very same
-:func:`~eagle3ops.patches.apply.apply_series` used in images runs here, pin check included), apply the series
-strictly, byte-compile every ``.py`` file of the package (:func:`compileall.compile_file`) and report per patch.
+it into a scratch dir (laid out like a site-packages dir, ``*.dist-info`` included), apply the series patch by
+patch with :func:`~eagle3ops.patches.apply.apply_patch` (every hunk exactly at its line, zero fuzz) to report per
+patch, byte-compile every ``.py`` file of the package (:func:`compileall.compile_file`). Then the very same
+:func:`~eagle3ops.patches.apply.apply_series` used in images runs twice on a second pristine copy (pin check and
+series-level state judgement included): the first run must apply every patch, the second must find the series
+already applied and change nothing (``apply`` is idempotent on this series).
 Required versions of other packages are not checked (they are not in the scratch tree); the probe names are checked
 against the probe registry when it can be imported.
 """
@@ -17,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3ops.patches.apply import Action, apply_series
+from eagle3ops.patches.apply import Action, apply_patch, apply_series, reverse_applies
 from eagle3ops.patches.diffgen import list_files
 from eagle3ops.patches.errors import PatchToolError
 from eagle3ops.patches.series import Profile, Series, load_series
@@ -101,31 +104,62 @@ def check_series(
     except PatchToolError as e:
         res.problems.append(str(e))
         return res
+    from eagle3ops.patches.installed import find_dist
+
     with tempfile.TemporaryDirectory(prefix="eagle3ops-check-") as tmp:
         site = unpack_wheel(wheel, Path(tmp) / "site")
-        # apply patch by patch so every patch gets its own line in the report
+        dist = find_dist(series.package, site)
+        label = f"{dist.name} {dist.version} (pristine wheel)"
+        all_ok = True
         for i, patch in enumerate(series.patches):
-            sub = Series(dir=series.dir, upstream=series.upstream, patches=[patch])
             try:
-                r = apply_series(sub, site_dir=site, check_requires=False, write_manifest=False)
-                pr = r.patches[0]
-                if pr.action is Action.ALREADY_APPLIED:
-                    res.patches.append(PatchCheck(patch.name, False, "already applied on the pristine wheel (drop it: upstream has it)"))
-                else:
-                    off = "; ".join(f"{f} hunk #{n} offset {o:+d}" for f, lst in pr.offsets.items() for n, o in lst)
-                    res.patches.append(PatchCheck(patch.name, True, "applies" + (f" ({off})" if off else "")))
+                apply_patch(patch, site, dist.top_levels, label)
+                res.patches.append(PatchCheck(patch.name, True, "applies"))
             except PatchToolError as e:
-                res.patches.append(PatchCheck(patch.name, False, str(e).splitlines()[0]))
+                all_ok = False
+                try:
+                    upstream = reverse_applies(patch, site)
+                except PatchToolError:
+                    upstream = False
+                detail = ("already applied on the pristine wheel (drop it: upstream has it)" if upstream
+                          else str(e).splitlines()[0])
+                res.patches.append(PatchCheck(patch.name, False, detail))
                 for later in series.patches[i + 1 :]:
                     res.patches.append(PatchCheck(later.name, False, f"not tried: {patch.name} failed before it"))
                 break
-        from eagle3ops.patches.installed import find_dist
-
-        dist = find_dist(series.package, site)
         res.compiled, errors = byte_compile(site, dist.top_levels)
         res.problems += [f"byte-compile: {e}" for e in errors]
+        if all_ok:
+            res.problems += _apply_twice(series, unpack_wheel(wheel, Path(tmp) / "site2"))
     res.ok = not res.problems and all(p.ok for p in res.patches)
     return res
+
+
+def _apply_twice(series: Series, site: Path) -> list[str]:
+    """Apply ``series`` to the pristine ``site`` with :func:`apply_series` (as an image build does), then again:
+    the second run must report every patch already applied and leave every file as the first run left it.
+    Returns the problems found (empty when both runs behave)."""
+    def tree_bytes(root: Path) -> dict[str, bytes]:
+        return {f.relative_to(root).as_posix(): f.read_bytes() for f in sorted(root.rglob("*"))
+                if f.is_file() and "__pycache__" not in f.parts}
+
+    try:
+        first = apply_series(series, site_dir=site, check_requires=False)
+        after_first = tree_bytes(site)
+        second = apply_series(series, site_dir=site, check_requires=False)
+    except PatchToolError as e:
+        return [f"apply_series on a pristine copy: {str(e).splitlines()[0]}"]
+    out = []
+    if [r.action for r in first.patches] != [Action.APPLIED] * len(series.patches):
+        out.append("apply on a pristine copy: " + ", ".join(f"{r.patch.name} {r.action.value}" for r in first.patches))
+    if [r.action for r in second.patches] != [Action.ALREADY_APPLIED] * len(series.patches):
+        out.append("apply run twice (must be a no-op): " + ", ".join(f"{r.patch.name} {r.action.value}" for r in second.patches))
+    after_second = tree_bytes(site)
+    changed = sorted(p for p in set(after_first) | set(after_second)
+                     if after_first.get(p) != after_second.get(p) and not p.startswith("eagle3ops_patches/"))
+    if changed:
+        out.append("apply run twice changed " + ", ".join(changed))
+    return out
 
 
 def check_profile(profile: Profile, *, cache: Path | None = None, probes_module: str = "eagle3ops.patches.probes") -> list[SeriesCheck]:

@@ -54,6 +54,13 @@ class HunkRejected(PatchToolError):
     exit_code = 5
 
 
+class TreeMismatch(PatchToolError):
+    """A file the series touches is in no state the series knows: neither the pinned wheel's file (its RECORD hash)
+    nor the state recorded when the series (or a leading part of it) was applied; the message names each file."""
+
+    exit_code = 5
+
+
 class ProbeError(PatchToolError):
     """A verification probe is unknown or failed: behaviour of the installed, patched package is wrong."""
 

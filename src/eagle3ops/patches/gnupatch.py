@@ -1,12 +1,15 @@
 """Run GNU ``patch`` strictly and parse what it reports.
 
 Flags (quilt/dpkg-source rules): ``-p1`` (paths ``a/<pkg>/...``), ``--fuzz=0`` (every context line must match;
-only a line offset is tolerated, and reported), ``--batch`` (never ask), ``--no-backup-if-mismatch`` and
-``--reject-file=-`` (leave no ``.orig``/``.rej`` droppings), ``--unified`` (the input is read only as a unified
-diff, never as an ed script or context diff), ``--forward --force``: ``--batch`` alone *assumes* a patch that looks
-reversed should be reversed; ``--forward`` stops that and ``--force`` makes GNU patch try every hunk as given and
-report each failed hunk instead of skipping the whole file - "already applied" is then decided explicitly by a
-reverse dry run (:func:`run_patch` with ``reverse=True``). ``LC_ALL=C`` keeps the messages parseable.
+GNU patch still tolerates a line offset, which it reports: ``apply``/``check`` refuse any reported offset, and
+check beforehand that every hunk is exactly at its line, see :func:`eagle3ops.patches.diffcheck.check_landing`),
+``--batch`` (never ask), ``--no-backup-if-mismatch`` and ``--reject-file=-`` (leave no ``.orig``/``.rej``
+droppings), ``--unified`` (the input is read only as a unified diff, never as an ed script or context diff),
+``--forward --force``: ``--batch`` alone *assumes* a patch that looks reversed should be reversed; ``--forward``
+stops that and ``--force`` makes GNU patch try every hunk as given and report each failed hunk instead of skipping
+the whole file. Whether a series is already applied is judged from file hashes
+(:mod:`eagle3ops.patches.states`); a reverse dry run (:func:`run_patch` with ``reverse=True``) only tells
+``rebase``/``check`` that upstream already has a patch. ``LC_ALL=C`` keeps the messages parseable.
 
 Requires GNU patch (2.7 tested; Debian package ``patch``).
 """
@@ -71,7 +74,7 @@ def run_patch(diff_text: str, cwd: Path, *, dry_run: bool, reverse: bool = False
         diff_text: a validated unified diff (see :func:`eagle3ops.patches.diffcheck.render`).
         cwd: directory the ``-p1`` paths are relative to.
         dry_run: pass ``--dry-run`` (nothing is written).
-        reverse: pass ``-R`` (used to decide "already applied").
+        reverse: pass ``-R`` (``rebase``/``check``: does upstream already have the patch).
     """
     argv = [
         patch_binary(), "-p1", "--fuzz=0", "--batch", "--forward", "--force", "--unified",

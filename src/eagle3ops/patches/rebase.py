@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from eagle3ops.patches.apply import Action, decide
+from eagle3ops.patches.apply import Action, apply_empty_files, decide
 from eagle3ops.patches.diffgen import compose_patch, diff_trees, replace_header_fields
 from eagle3ops.patches.errors import PatchToolError, SeriesError
 from eagle3ops.patches.gnupatch import run_patch
@@ -120,9 +120,11 @@ def rebase_series(source: Series, to_version: str, patches_dir: Path, *, cache: 
                 if src.is_file():
                     (before / f.path).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(src, before / f.path)
-            run = run_patch(render(files), site, dry_run=False)
-            if not run.ok:  # dry run said it applies; anything else is an environment problem
-                raise PatchToolError(f"GNU patch failed after a clean dry run on {patch.name}: {run.output.strip()}")
+            if render(files):
+                run = run_patch(render(files), site, dry_run=False)
+                if not run.ok:  # dry run said it applies; anything else is an environment problem
+                    raise PatchToolError(f"GNU patch failed after a clean dry run on {patch.name}: {run.output.strip()}")
+            apply_empty_files(files, site)
             diff = diff_trees(before, site, dist.top_levels, only={f.path for f in files})
             parse_diff(diff, where=f"regenerated {patch.name}")  # sanity: still a valid, safe diff
             header = replace_header_fields(

@@ -33,6 +33,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from eagle3ops.patches.errors import SeriesError
+from eagle3ops.yamlload import DuplicateKeyError
+from eagle3ops.yamlload import load_file as load_yaml_file
 
 ORIGIN_KINDS = ("upstream", "backport", "vendor", "other")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?:\s(.*)|)$")
@@ -370,12 +372,14 @@ def load_upstream(path: Path) -> Upstream:
     The aliases ``wheel_filename``/``filename`` (for ``wheel``), ``wheel_sha256`` and ``index`` are accepted.
     """
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml_file(path)
     except FileNotFoundError:
         raise SeriesError(
             f"{path}: missing",
             fix="write package, version, wheel (file name) and sha256 (from the package index) into it",
         )
+    except DuplicateKeyError as e:
+        raise SeriesError(str(e), fix="keep one of the two keys")
     except yaml.YAMLError as e:
         raise SeriesError(f"{path}: not valid YAML ({e})", fix="fix the YAML syntax")
     if not isinstance(raw, dict):
@@ -506,9 +510,11 @@ def load_profiles(patches_dir: Path) -> Profiles:
     patches_dir = Path(patches_dir).resolve()
     path = patches_dir / "profiles.yaml"
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml_file(path)
     except FileNotFoundError:
         raise SeriesError(f"{path}: missing", fix="pass --patches-dir pointing at the repository's patches/ dir")
+    except DuplicateKeyError as e:
+        raise SeriesError(str(e), fix="keep one of the two keys")
     except yaml.YAMLError as e:
         raise SeriesError(f"{path}: not valid YAML ({e})", fix="fix the YAML syntax")
     try:

@@ -14,6 +14,10 @@ site-packages dir:
 ``refresh`` diffs ``base/`` against ``work/`` (GNU diff, ``a/``/``b/`` labels), writes ``NNNN-name.patch`` into the
 series dir with its DEP-3 header (kept and ``Last-Update`` bumped when the patch exists, else built from the
 options) and appends it to ``series`` if it is not listed. ``base/`` is never modified, so refresh can be repeated.
+Every change of ``work/`` is carried (edits, new and deleted files, empty ones included) or refused by name before
+anything is written (mode changes, symlinks, changes outside the package, binaries, empty dirs: see
+:func:`~eagle3ops.patches.diffgen.tree_changes`); and the diff is applied strictly to a copy of ``base/``, which
+must then equal ``work/`` file for file, so nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -133,6 +137,41 @@ def _start_port(dest: Path, tops: tuple[str, ...]) -> None:
     (dest / "port-status.txt").write_text(status + "\n", encoding="utf-8")
 
 
+def _check_round_trip(sc: Scratch, diff: str, tops: tuple[str, ...]) -> None:
+    """Apply ``diff`` strictly to a copy of ``base/`` and require the result to equal ``work/`` (every regular file's
+    bytes, which files exist, symlinks; compiled files ignored).
+
+    Raises:
+        PatchToolError: naming each path where the patched copy and ``work/`` differ.
+    """
+    import tempfile
+
+    from eagle3ops.patches.apply import apply_empty_files
+    from eagle3ops.patches.diffcheck import check_landing, check_targets, render
+    from eagle3ops.patches.diffgen import tree_bytes
+    from eagle3ops.patches.gnupatch import run_patch
+
+    where = f"refreshed {sc.patch_name}"
+    files = parse_diff(diff, where=where)
+    with tempfile.TemporaryDirectory(prefix="eagle3ops-refresh-") as tmp:
+        copy = Path(tmp) / "base"
+        shutil.copytree(sc.base, copy, symlinks=True)
+        check_targets(files, copy, tops, where=where)
+        check_landing(files, copy, patch_name=sc.patch_name)
+        if render(files):
+            run = run_patch(render(files), copy, dry_run=False)
+            if not run.ok or run.offsets:
+                raise PatchToolError(f"{where} does not apply to {sc.base}: {run.output.strip()}", fix="report this: GNU diff and patch disagree")
+        apply_empty_files(files, copy)
+        got, want = tree_bytes(copy), tree_bytes(sc.work)
+    lost = sorted(p for p in set(got) | set(want) if got.get(p) != want.get(p))
+    if lost:
+        raise PatchToolError(
+            f"{where}: applied to a copy of {sc.base} it does not reproduce {sc.work} at: {', '.join(lost)}",
+            fix="these changes cannot be expressed by the patch; undo them in work/ and refresh again (nothing was written)",
+        )
+
+
 def load_scratch(dest: Path) -> Scratch:
     """Read ``scratch.json`` of a scratch dir; :class:`SeriesError` if it is not one."""
     try:
@@ -158,7 +197,9 @@ def refresh(
     ``X-Eagle3ops-Requires`` replaced when given). For a new patch ``description`` and ``probe`` are required.
 
     Raises:
-        PatchToolError: no changes between ``base/`` and ``work/``.
+        PatchToolError: no changes between ``base/`` and ``work/``, or the diff applied to a copy of ``base/`` does
+            not reproduce ``work/`` (the paths that differ are named; nothing is written).
+        UnsafePatch: ``work/`` holds changes a patch cannot carry, each named with its fix (nothing is written).
         SeriesError: missing description/probe for a new patch, or the written header does not validate.
     """
     sc = load_scratch(dest)
@@ -166,7 +207,7 @@ def refresh(
     diff = diff_trees(sc.base, sc.work, dist.top_levels)
     if not diff:
         raise PatchToolError(f"no changes in {sc.work} against {sc.base}", fix="edit files under work/ first")
-    parse_diff(diff, where=f"refreshed {sc.patch_name}")
+    _check_round_trip(sc, diff, dist.top_levels)
     target = sc.series_dir / sc.patch_name
     pin = Pin(sc.package, sc.version)
     today = _dt.date.today()
