@@ -198,13 +198,15 @@ def test_probe_result_cache_reuses_only_byte_identical_inputs(tmp_path: Path) ->
         pdir = tmp_path / f"patches-{n}"
         sdir = write_series(pdir, SPEC_030, [("0001-gen.patch", diff(code_line))])
         f = sdir / "0001-gen.patch"
-        if summary == "offsets":  # a refresh that only moves the hunk's line numbers: applies at an offset
+        if summary == "offsets":  # a hunk header moved by 3 lines: refused (every hunk must land at offset 0)
             f.write_text(re.sub(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@",
                                 lambda m: f"@@ -{int(m[1]) + 3},{m[2]} +{int(m[3]) + 3},{m[4]} @@",
                                 f.read_text(), count=1, flags=re.M))
         elif summary:  # a DEP-3 header edit: the diff (and the applied file) stay identical
             f.write_text(f.read_text().replace("Description: 0001-gen.patch", f"Description: {summary}", 1))
         r = run_cli("apply", "--patches-dir", pdir, "--site-dir", site, "--no-require-check")
+        if summary == "offsets":
+            return r, 0
         assert r.returncode == 0, r.stderr
         before = len(runs.read_text().splitlines())
         e = {"PYTHONPATH": f"{reg}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "E3_PROBE_RUNS": str(runs),
@@ -226,10 +228,11 @@ def test_probe_result_cache_reuses_only_byte_identical_inputs(tmp_path: Path) ->
     rec_b = json.loads((tmp_path / "site-b/eagle3ops_patches/speculators.verify.json").read_text())
     assert rec_b["outcomes"][0]["reused"] and rec_b["outcomes"][0]["key"] == rec["outcomes"][0]["key"]
 
-    v, ran = build("b2", "# eagle3ops: first", summary="offsets")
-    assert v.returncode == 0 and ran == 0, v.stdout + v.stderr
-    assert (tmp_path / "patches-b2/speculators/0.3.0/0001-gen.patch").read_text() != \
-        (tmp_path / "patches-a/speculators/0.3.0/0001-gen.patch").read_text()
+    # A hunk whose header no longer names where it lands is refused at apply, before anything is applied and
+    # before any probe (issue 15 item 4), naming patch, file and hunk.
+    r, _ = build("b2", "# eagle3ops: first", summary="offsets")
+    assert r.returncode == 5 and "0001-gen.patch" in r.stdout + r.stderr and "offset" in r.stdout + r.stderr, \
+        r.stdout + r.stderr
 
     v, ran = build("c", "# eagle3ops: second")  # code change: the patched file differs
     assert v.returncode == 0 and ran == 1, v.stdout + v.stderr
