@@ -40,11 +40,16 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import eagle3ops, fabric, docker, typer, pytest' 2>/dev/null \
-   || [ pyproject.toml -nt .venv/.installed ]; then
-  log "installing eagle3ops and its driver dependencies into .venv"
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[test]'
+# Dependencies from the hash-pinned lock (requirements/driver.lock, made from requirements/driver.in), then
+# eagle3ops itself editable with no dependency resolution and no build isolation (its build backend is in the lock).
+if ! .venv/bin/python -c 'import eagle3ops, fabric, docker, typer, pytest, pytest_timeout' 2>/dev/null \
+   || [ pyproject.toml -nt .venv/.installed ] || [ requirements/driver.lock -nt .venv/.installed ]; then
+  log "installing eagle3ops and its driver dependencies into .venv (requirements/driver.lock)"
+  if [ -z "${PIP_CERT:-}" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt  # the system CA bundle (a TLS-intercepting proxy's CA)
+  fi
+  .venv/bin/pip install -q --require-hashes -r requirements/driver.lock
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e .
   touch .venv/.installed
 fi
 log "ready: $(docker version --format 'build engine {{.Server.Version}}'), $(.venv/bin/python --version)"
