@@ -352,13 +352,16 @@ def main() -> None:
     A host that cannot be reached, or a remote command that failed where the command did not handle it, ends the
     program with ``error: <host>: <cause>`` on stderr and exit status 1 (no traceback).
     """
-    from eagle3ops.remote import RemoteError
-
     try:
         app()
-    except RemoteError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    except Exception as exc:
+        # eagle3ops.remote (Fabric, paramiko) is imported only by commands that reach a host; the pipeline image,
+        # which runs `python3 -m eagle3ops` for its stages, has neither. No RemoteError without that module.
+        remote = sys.modules.get("eagle3ops.remote")
+        if remote is not None and isinstance(exc, remote.RemoteError):
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(1)
+        raise
 
 
 if __name__ == "__main__":
