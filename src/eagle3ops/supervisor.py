@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -813,7 +814,7 @@ class Supervisor:
         if not serving_ok:
             error = (error + "; " if error else "") + (
                 f"SERVING IS NOT {'HEALTHY' if running else 'RUNNING'} on {self.plan.host}: the lock stays held; "
-                f"`eagle3ops recover {self.plan.host}` retries the restore")
+                f"`eagle3ops recover {shlex.quote(self.plan.host)}` retries the restore")
             outcome = "failed"
         result = {
             "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
