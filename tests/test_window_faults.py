@@ -285,8 +285,8 @@ def test_data_dir_fills_up_during_stage(deployed):
         tiny_disk = h.model_copy(update={"data_dir": small, "min_free_gib": 0.0})
         # No disk estimate here (it would refuse this run at preflight, see the test below): the fault under test
         # is a filesystem that fills up while a stage writes.
-        res = _window(tiny_disk, dep, "extract", _unique("fault-disk"), TINY.replace("max_samples: 8", "max_samples: 64"),
-                      estimate=False)
+        res = _window(tiny_disk, dep, "extract", _unique("fault-disk"),
+                      TINY.replace("max_samples: 8", "max_samples: 64"), estimate=False)
         assert res["outcome"] == "failed", res
         assert any(o.startswith("failed") for o in res["stages"].values())
         log = Path(h.state_dir, "windows", res["window_id"])

@@ -55,10 +55,11 @@ class HealthCheck(BaseModel):
     interval_s: float = 2.0
 
 
-#: Seconds of the budget reserved for the restore (start + health gate) when the plan names none: the health
-#: timeout, at most half the budget. Stages must end by ``budget_s - restore_reserve_s``.
 def default_restore_reserve_s(budget_s: float, health_timeout_s: float) -> float:
-    """The restore's reserved share of a window's budget (seconds): ``min(health_timeout_s, budget_s / 2)``."""
+    """The restore's reserved share of a window's budget (seconds): ``min(health_timeout_s, budget_s / 2)``.
+
+    Stages must end by ``budget_s`` minus this; the restore's start and health gate use the rest.
+    """
     return min(health_timeout_s, budget_s / 2)
 
 
@@ -647,8 +648,8 @@ class Supervisor:
                     errors.append(f"release {prev}: {exc}")
                     break
                 self.releases.set_current(prev)
-                self.journal.log("rollback", "ok", to_release=prev,
-                                 message=f"ROLLED BACK: release {failed} failed its health gate; serving release {prev}")
+                self.journal.log("rollback", "ok", to_release=prev, message=f"ROLLED BACK: release {failed} failed "
+                                                                            f"its health gate; serving release {prev}")
                 return f"rolled back to release {prev}"
         self.unhealthy = True
         raise RuntimeError(f"serving failed its health gate ({why}); rollback failed too: " + "; ".join(errors))

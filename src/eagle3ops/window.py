@@ -210,10 +210,13 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str) -> Disk
             if wc is not None and wc.ok and wc.stdout.split():
                 rows += int(wc.stdout.split()[0])
             else:
-                unknown.append(spec)
+                why = (wc.stderr.strip() if wc is not None else "") or (
+                    "Parquet" if hp else "not under /data or the run directory")
+                unknown.append(f"{spec} ({why})")
         if unknown and not cfg.prepare.max_samples:
-            est.error = (f"cannot count the rows of {', '.join(unknown)} before the run; set prepare.max_samples in "
-                         f"the pipeline config so the hidden-state size can be bounded")
+            est.error = (f"cannot count the rows of {'; '.join(unknown)} before the run; put the file in the run "
+                         f"directory or set prepare.max_samples in the pipeline config so the hidden-state size "
+                         f"can be bounded")
             return est
         if unknown:  # rows of some files unknown: max_samples bounds the count
             n = cfg.prepare.max_samples or 0
