@@ -97,7 +97,9 @@ def _deployed(r, required: bool = True) -> dict[str, Any]:
     if out.stdout.strip():
         return json.loads(out.stdout)
     if required:
-        _fail(f"{r.host.name}: no pipeline image deployed yet; run `eagle3ops deploy {r.host.name}` first")
+        from eagle3ops.window import hint
+
+        _fail(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
     return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
 
 
