@@ -251,8 +251,9 @@ def test_stage_output_estimates():
     cfg = PipelineConfig.model_validate({"target_model": "/model", "train": {"keep_checkpoints": 2}})
     dims = {"hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256}
     assert wmod.stage_output_bytes("extract", cfg, dims, 1000) == 1000 * 4 * 4096 * 2 + 1000 * 16
-    n = wmod.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
-    assert wmod.stage_output_bytes("train", cfg, dims, 0) == n * 12 * 3 + n * 2
+    trainable, frozen = wmod.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
+    assert frozen == 2 * 128256 * 4096
+    assert wmod.stage_output_bytes("train", cfg, dims, 0) == (trainable * 12 + frozen * 4) * 3 + (trainable + frozen) * 2
     assert wmod.target_dims({"text_config": {"hidden_size": 7168, "vocab_size": 10}})["hidden_size"] == 7168
 
 

@@ -81,8 +81,10 @@ def hidden_state_bytes(tokens: int, hidden_size: int) -> int:
 #: Bytes per token of ``prepare/samples.jsonl`` (ids and loss mask as JSON text) and of the int64 ``input_ids`` +
 #: ``loss_mask`` stored beside each sample's hidden states: generous bounds.
 PREPARED_BYTES_PER_TOKEN = 16
-#: Bytes per draft-head parameter in one resumable checkpoint: fp32 weights (4) + AdamW's two fp32 moments (8).
+#: Bytes per trainable draft-head parameter in one resumable checkpoint: fp32 weights (4) + AdamW's two fp32
+#: moments (8). Frozen parameters (embeddings, verifier lm_head) are saved as fp32 weights only (4).
 CHECKPOINT_BYTES_PER_PARAM = 12
+FROZEN_BYTES_PER_PARAM = 4
 
 
 def target_dims(model_config: dict[str, Any]) -> dict[str, int]:
@@ -100,12 +102,12 @@ def target_dims(model_config: dict[str, Any]) -> dict[str, int]:
             "vocab_size": int(t.get("vocab_size") or model_config.get("vocab_size") or 0)}
 
 
-def draft_param_count(dims: dict[str, int], *, num_layers: int, draft_vocab_size: int) -> int:
-    """Upper bound of an EAGLE-3 draft head's parameters: embeddings and verifier head (2·V·H), the fused aux
+def draft_param_count(dims: dict[str, int], *, num_layers: int, draft_vocab_size: int) -> tuple[int, int]:
+    """Upper bounds of an EAGLE-3 draft head's parameters as ``(trainable, frozen)``: trainable are the fused aux
     projection (3H·H), per decoder layer attention over 2H inputs (≤ 8H²) and the MLP (3·H·I), and the draft
-    lm_head (H·draft_vocab)."""
+    lm_head (H·draft_vocab); frozen are the target's embeddings and verifier lm_head (2·V·H)."""
     h, i, v = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
-    return 2 * v * h + 3 * h * h + num_layers * (8 * h * h + 3 * h * i) + h * draft_vocab_size
+    return 3 * h * h + num_layers * (8 * h * h + 3 * h * i) + h * draft_vocab_size, 2 * v * h
 
 
 def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) -> int:
@@ -119,7 +121,8 @@ def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) 
 
     ``extract``: tokens × 4·H·2 bytes of hidden states (:func:`hidden_state_bytes`) + ids/masks; ``train``:
     ``keep_checkpoints + 1`` resumable checkpoints (the newest is written before the oldest is deleted) of
-    :data:`CHECKPOINT_BYTES_PER_PARAM` per draft parameter, plus the bf16 final head.
+    :data:`CHECKPOINT_BYTES_PER_PARAM` per trainable and :data:`FROZEN_BYTES_PER_PARAM` per frozen parameter, plus
+    the bf16 final head.
     """
     if stage == "prepare":
         return tokens * PREPARED_BYTES_PER_TOKEN
@@ -128,8 +131,10 @@ def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) 
     if stage == "vocab":
         return 8 * (cfg.vocab.draft_vocab_size + dims["vocab_size"])
     if stage == "train":
-        n = draft_param_count(dims, num_layers=cfg.train.num_layers, draft_vocab_size=cfg.vocab.draft_vocab_size)
-        return n * CHECKPOINT_BYTES_PER_PARAM * (cfg.train.keep_checkpoints + 1) + n * BF16_BYTES
+        trainable, frozen = draft_param_count(dims, num_layers=cfg.train.num_layers,
+                                              draft_vocab_size=cfg.vocab.draft_vocab_size)
+        ckpt = trainable * CHECKPOINT_BYTES_PER_PARAM + frozen * FROZEN_BYTES_PER_PARAM
+        return ckpt * (cfg.train.keep_checkpoints + 1) + (trainable + frozen) * BF16_BYTES
     raise ValueError(f"unknown stage {stage!r}")
 
 
