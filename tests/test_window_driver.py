@@ -253,7 +253,8 @@ def test_stage_output_estimates():
     assert wmod.stage_output_bytes("extract", cfg, dims, 1000) == 1000 * 4 * 4096 * 2 + 1000 * 16
     trainable, frozen = wmod.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
     assert frozen == 2 * 128256 * 4096
-    assert wmod.stage_output_bytes("train", cfg, dims, 0) == (trainable * 12 + frozen * 4) * 3 + (trainable + frozen) * 2
+    want = (trainable * 12 + frozen * 4) * 3 + (trainable + frozen) * 2
+    assert wmod.stage_output_bytes("train", cfg, dims, 0) == want
     assert wmod.target_dims({"text_config": {"hidden_size": 7168, "vocab_size": 10}})["hidden_size"] == 7168
 
 
