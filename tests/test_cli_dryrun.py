@@ -1,6 +1,6 @@
 """``--dry-run`` of the window commands through the real CLI (``.venv/bin/eagle3ops`` in a subprocess) against the
-sandbox's real sshd and Docker engine: the printed plan has the lock, the plan upload and the supervisor start in
-order, and nothing on the host changes.
+sandbox's real sshd and Docker engine: the printed plan has the lock, the pipeline config and plan uploads and the
+supervisor start in order, and nothing on the host changes.
 
 The inventory is a copy of ``deploy/hosts.yaml`` whose ``data_dir``/``state_dir`` point at fresh directories under
 ``/var/lib/eagle3ops-sandbox/sandbox/`` owned by ``e3ops`` (so a wrong write would succeed and be seen, not fail on
@@ -107,8 +107,8 @@ def test_dry_run_prints_the_plan_and_changes_nothing(dry_env, args):
                 rf" --volume {s}:{s} .* --entrypoint python3 {re.escape(FAKE_IMAGE)} -m eagle3ops\.supervisor "
                 rf"{s}/windows/{wid}/plan\.json")
     assert lock < details < plan < sup
-    if args[0] in ("extract", "train"):  # the pipeline config upload comes first
-        assert index(rf"tee {re.escape(str(data))}/runs/default/pipeline\.yaml") < lock
+    if args[0] in ("extract", "train"):  # the pipeline config is written under the lock, after preflight
+        assert details < index(rf"tee {re.escape(str(data))}/runs/default/pipeline\.yaml") < sup
 
     # Nothing changed on the host: no lock, no windows dir, no uploaded config, no audit line, no container.
     assert _tree(state) == before_state

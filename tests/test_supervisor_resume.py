@@ -14,7 +14,7 @@ import json
 import docker.errors
 import pytest
 
-from eagle3ops.supervisor import HealthCheck, Interrupted, Plan, Releases, StageStep, Supervisor
+from eagle3ops.supervisor import GateFailed, HealthCheck, Interrupted, Plan, Releases, StageStep, Supervisor
 
 
 class StandInContainer:
@@ -90,17 +90,20 @@ def gate(monkeypatch):
     class Gate:
         bad: set[str] = set()
         calls = 0
+        timeouts: list = []
 
-    def fake_gate(self):
+    def fake_gate(self, timeout_s=None):
         Gate.calls += 1
+        Gate.timeouts.append(timeout_s)
         c = self._serving()
         if c is None or c.status != "running" or c.spec["image"].split(":", 1)[-1] in Gate.bad or \
                 c.spec["image"] in Gate.bad:
-            raise RuntimeError(f"gate failed for {c and c.spec['image']}")
+            raise GateFailed(f"gate failed for {c and c.spec['image']}")
         self.journal.log("health", "ok")
 
     monkeypatch.setattr(Supervisor, "gate", fake_gate)
     Gate.bad = set()
+    Gate.timeouts = []
     return Gate
 
 
@@ -274,3 +277,198 @@ def test_stage_log_survives_a_silent_stretch(tmp_path, gate):
     text = (wdir / "prepare.log").read_text()
     assert "before the silence" in text and "after the silence" in text
     assert calls[0] is None and all(c is not None for c in calls[1:])
+
+
+# ---- issue 14 ---------------------------------------------------------------------------------------------------
+
+class FlakyEngineClient(StandInClient):
+    """A stand-in engine that goes away (a daemon restart) when :meth:`go_down` is called and answers again
+    ``seconds`` later: meanwhile every API call is refused, as the docker SDK refuses it (requests ConnectionError)."""
+
+    def __init__(self, serving_image="vllm:1"):
+        super().__init__(serving_image)
+        self.up_at = 0.0
+        real_get, real_run = self.containers.get, self.containers.run
+
+        def get(name):
+            self._check()
+            return real_get(name)
+
+        def run(image, detach=False, **kw):
+            self._check()
+            return real_run(image, detach=detach, **kw)
+
+        self.containers.get, self.containers.run = get, run
+
+    def go_down(self, seconds=0.3):
+        import time as _t
+        self.up_at = _t.time() + seconds
+
+    def _check(self):
+        import time as _t
+        import requests
+        if _t.time() < self.up_at:
+            raise requests.exceptions.ConnectionError("('Connection aborted.', ConnectionRefusedError(111, "
+                                                      "'Connection refused'))")
+
+    def ping(self):
+        self._check()
+        return True
+
+
+def _history_lines(tmp_path):
+    f = tmp_path / "state" / "releases" / "history.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+
+
+def _fast(sup):
+    sup.engine_poll_s = 0.05
+    sup.engine_wait_s = 10
+    return sup
+
+
+def test_engine_restart_during_restore_is_waited_out_not_a_verdict(tmp_path, gate):
+    """Issue 14 item 10: a daemon restart makes the restore see "connection refused"; the supervisor waits for the
+    engine and restores the same release; no failure mark lands in the release history."""
+    plan, wdir = _plan(tmp_path)
+    client = FlakyEngineClient()
+    stages_done = []
+
+    def on_wait():
+        stages_done.append(1)
+        if len(stages_done) == 2:  # the engine restarts while the last stage ends
+            client.go_down(3.0)
+
+    client.on_wait = on_wait
+    try:
+        res = _fast(Supervisor(plan, client, wdir)).run()
+    except SystemExit:
+        res = None
+    assert [e for e in _history_lines(tmp_path) if e.get("failed")] == [], "an engine error is not a verdict"
+    assert res is not None and res["outcome"] == "ok" and res["serving_healthy"] is True, res
+    assert ("rollback", "start") not in _steps(wdir)
+    assert any("Docker engine unreachable" in w for w in res["warnings"])
+
+
+def test_engine_down_during_rollback_retries_the_same_release(tmp_path, gate):
+    """Item 10: after a real gate failure of the live release, the engine goes away during the rollback: the
+    rollback waits for it and brings back the most recently live release, not the next candidate within ms."""
+    rel = Releases(tmp_path / "state")
+    for n in (1, 2, 3):
+        rel.add({"image": f"vllm:{n}", "name": "vllm"}, None, "w0")
+        rel.set_current(n)
+    plan, wdir = _plan(tmp_path)
+    client = FlakyEngineClient("vllm:3")
+    gate.bad = {"3"}
+    real = Supervisor.gate
+
+    def gate_then_engine_restart(self, timeout_s=None):
+        try:
+            real(self, timeout_s=timeout_s)
+        except GateFailed:
+            if not client.up_at:  # once: the engine restarts right after the live release failed its gate
+                client.go_down(0.3)
+            raise
+
+    Supervisor.gate = gate_then_engine_restart
+    try:
+        res = _fast(Supervisor(plan, client, wdir)).run()
+    finally:
+        Supervisor.gate = real
+    assert res["release"] == 2 and "rolled back to release 2" in res["error"], res
+    assert [e["to_release"] for e in map(json.loads, (wdir / "journal.jsonl").read_text().splitlines())
+            if e["step"] == "rollback" and e["event"] == "start"] == [2]
+    assert [e["release"] for e in _history_lines(tmp_path) if e.get("failed")] == [3]
+
+
+def test_a_passed_restore_gate_clears_an_earlier_failure_mark(tmp_path, gate):
+    """Item 10: a release marked failed earlier that passes its restore gate is live again: the next rollback may
+    pick it (main kept skipping it and rolled back to an older release)."""
+    rel = Releases(tmp_path / "state")
+    for n in (1, 2):
+        rel.add({"image": f"vllm:{n}", "name": "vllm"}, None, "w0")
+        rel.set_current(n)
+    rel.mark_failed(2, "connection refused (a daemon restart, recorded by an older supervisor)")
+    plan, wdir = _plan(tmp_path)
+    res = Supervisor(plan, StandInClient("vllm:2"), wdir).run()
+    assert res["outcome"] == "ok"
+    rel.set_current(rel.add({"image": "vllm:3", "name": "vllm"}, None, "w2"))
+    assert rel.fallbacks(3) == [2, 1]
+
+
+def test_a_created_container_is_not_recorded_as_a_live_release(tmp_path, gate):
+    """Item 11: serving left in state "created" (never started) is retained as a release but never live: a later
+    rollback does not "succeed" to it."""
+    plan, wdir = _plan(tmp_path, kind="release", new_spec={"image": "vllm:new", "name": "vllm"})
+    client = StandInClient()
+    client.serving.status = "created"
+    res = Supervisor(plan, client, wdir).run()
+    assert res["outcome"] == "ok" and res["release"] == 2, res
+    rel = Releases(tmp_path / "state")
+    assert rel.history() == [2], "only a running container that passed its gate becomes a live release"
+    assert any("'created'" in w for w in res["warnings"])
+    plan2 = plan.model_copy(update={"window_id": "w2", "kind": "rollback", "new_spec": None})
+    (tmp_path / "w2").mkdir()
+    res2 = Supervisor(plan2, client, tmp_path / "w2").run()
+    assert res2["outcome"] == "failed" and "no release that was live before" in res2["error"], res2
+    assert client.serving.spec["image"] == "vllm:new" and rel.current() == 2
+
+
+def test_every_warning_is_in_the_result_and_the_audit_entry(tmp_path, gate):
+    """Item 12: a stage container whose removal failed after a successful window is reported, whole, in
+    result.json and the audit entry."""
+    plan, wdir = _plan(tmp_path)
+    client = StandInClient()
+    why = "removal of container stage-prepare is already in progress " + "x" * 600
+    orig = StandInContainer.remove
+
+    def remove(self, force=False):
+        if self.name == "stage-prepare":
+            raise docker.errors.APIError(why)
+        orig(self, force)
+
+    StandInContainer.remove = remove
+    try:
+        res = Supervisor(plan, client, wdir).run()
+    finally:
+        StandInContainer.remove = orig
+    assert res["outcome"] == "ok"
+    [w] = [w for w in res.get("warnings", []) if "stage-prepare" in w]
+    assert why in w and "docker rm --force stage-prepare" in w
+    audit = [json.loads(x) for x in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
+    assert audit[-1]["warnings"] == res["warnings"]
+    assert json.loads((wdir / "result.json").read_text())["warnings"] == res["warnings"]
+
+
+def test_stages_leave_the_restore_its_reserved_share_of_the_budget(tmp_path, gate):
+    """Item 4: one budget for the whole downtime: stages end by budget - restore reserve (here 100 - 30 s)."""
+    plan, wdir = _plan(tmp_path, budget_s=100)
+    plan = plan.model_copy(update={
+        "health": HealthCheck(port=1, model="m", timeout_s=30),
+        "stages": [s.model_copy(update={"timeout_s": 1000}) for s in plan.stages]})
+    client = StandInClient()
+    res = Supervisor(plan, client, wdir).run()
+    assert res["outcome"] == "ok"
+    limits = [e["limit_s"] for e in map(json.loads, (wdir / "journal.jsonl").read_text().splitlines())
+              if e["event"] == "start" and e["step"] in ("prepare", "extract")]
+    assert limits and all(lim <= 70 for lim in limits), limits
+
+
+def test_restore_gate_waits_only_for_what_is_left_of_the_budget(tmp_path, gate, monkeypatch):
+    """Item 4: the restore's health gate is cut to the rest of the budget, not the full health timeout; once the
+    budget is spent a bounded floor still brings serving back, recorded as a warning."""
+    import eagle3ops.supervisor as supmod
+
+    monkeypatch.setattr(supmod, "MIN_GATE_S", 1.0, raising=False)
+    plan, wdir = _plan(tmp_path, budget_s=5)
+    plan = plan.model_copy(update={"health": HealthCheck(port=1, model="m", timeout_s=600)})
+    res = Supervisor(plan, StandInClient(), wdir).run()
+    assert res["outcome"] == "ok"
+    # gate.timeouts[0] is the record gate (before the stop, not downtime); the last one is the restore's.
+    assert gate.timeouts[-1] is not None and gate.timeouts[-1] <= 5, gate.timeouts
+    # Budget already spent when the restore starts: the gate gets the floor and the overrun is a warning.
+    plan2, wdir2 = _plan(tmp_path, budget_s=0.001)
+    gate.timeouts.clear()
+    res2 = Supervisor(plan2.model_copy(update={"window_id": "w3"}), StandInClient(), wdir2).run()
+    assert res2["serving_healthy"] is True and gate.timeouts[-1] == 1.0
+    assert any("budget" in w for w in res2["warnings"]), res2

@@ -97,7 +97,9 @@ def _deployed(r, required: bool = True) -> dict[str, Any]:
     if out.stdout.strip():
         return json.loads(out.stdout)
     if required:
-        _fail(f"{r.host.name}: no pipeline image deployed yet; run `eagle3ops deploy {r.host.name}` first")
+        from eagle3ops.window import hint
+
+        _fail(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
     return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
 
 
@@ -147,8 +149,7 @@ def extract(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
             pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with.")) -> None:
     """Maintenance window 1: stop serving, run prepare + extract, restore serving (health-gated)."""
     h = _host(inventory, host)
-    _upload_pipeline(h, run, pipeline, dry_run)
-    _window("extract", h, dry_run, run=run)
+    _window("extract", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline))
 
 
 @app.command()
@@ -157,11 +158,12 @@ def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with.")) -> None:
     """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated)."""
     h = _host(inventory, host)
-    _upload_pipeline(h, run, pipeline, dry_run)
-    _window("train", h, dry_run, run=run)
+    _window("train", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline))
 
 
-def _upload_pipeline(h: HostConfig, run: str, pipeline: Path, dry_run: bool) -> None:
+def _read_pipeline(pipeline: Path) -> str:
+    """The pipeline config's text, validated here; the window writes it to the host under the lock, after
+    preflight (never before: a run refused by the lock must not change a running window's input)."""
     if not pipeline.is_file():
         _fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
     text = pipeline.read_text()
@@ -175,10 +177,7 @@ def _upload_pipeline(h: HostConfig, run: str, pipeline: Path, dry_run: bool) -> 
         pass
     except Exception as exc:  # noqa: BLE001 - pydantic ValidationError or YAML error, shown with the file name
         _fail(f"{pipeline}: invalid pipeline config: {exc}")
-    from eagle3ops.window import upload_pipeline_config
-
-    with _remote(h, dry_run) as r:
-        upload_pipeline_config(r, run, text)
+    return text
 
 
 @app.command()
@@ -235,25 +234,29 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
         if res.strip():
             _summary({**json.loads(res), "window_id": wid})
         else:
-            console.print(f"window {wid} is still running (or its supervisor died: `eagle3ops recover {host}`)")
+            from eagle3ops.window import hint
+
+            console.print(f"window {wid} is still running (or its supervisor died: {hint('recover', host)})")
 
 
 @app.command()
 def attach(host: str, inventory: Path = InventoryOpt) -> None:
     """Follow the newest window's journal until it finishes, then print its summary."""
-    from eagle3ops.window import cleanup_supervisor, watch
+    from eagle3ops.window import WindowError, finish_window, watch
 
     with _remote(_host(inventory, host)) as r:
         wid = _newest_window(r, "attach to")
-        result = watch(r, wid, on_event=_print_event)
-        cleanup_supervisor(r, wid)
-    _summary({**result, "window_id": wid})
+        try:
+            result = finish_window(r, wid, watch(r, wid, on_event=_print_event), command="attach")
+        except WindowError as exc:
+            _fail(str(exc))
+    _summary(result)
 
 
 @app.command()
 def recover(host: str, inventory: Path = InventoryOpt) -> None:
     """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
-    from eagle3ops.window import WindowError, relaunch, watch
+    from eagle3ops.window import WindowError, finish_window, relaunch, watch
 
     with _remote(_host(inventory, host)) as r:
         wid = _newest_window(r, "recover")
@@ -261,10 +264,10 @@ def recover(host: str, inventory: Path = InventoryOpt) -> None:
         try:
             if not relaunch(r, wid, fallback_image=None if deployed.startswith("<") else deployed):
                 console.print(f"window {wid} already finished with serving running")
+            result = finish_window(r, wid, watch(r, wid, on_event=_print_event), command="recover")
         except WindowError as exc:
             _fail(str(exc))
-        result = watch(r, wid, on_event=_print_event)
-    _summary({**result, "window_id": wid})
+    _summary(result)
 
 
 @app.command()
@@ -276,10 +279,11 @@ def audit(host: str, inventory: Path = InventoryOpt) -> None:
     with _remote(h) as r:
         entries = audit_entries(r)
     t = Table(title=f"audit log of {host}")
-    for col in ("t", "user", "command", "outcome", "error"):
+    for col in ("t", "user", "command", "outcome", "error", "warnings"):
         t.add_column(col)
-    for e in entries:
-        t.add_row(*(str(e.get(c, ""))[:80] for c in ("t", "user", "command", "outcome", "error")))
+    for e in entries:  # errors and warnings whole: the table wraps them
+        t.add_row(*(str(e.get(c, ""))[:80] for c in ("t", "user", "command", "outcome")),
+                  str(e.get("error", "")), "\n".join(e.get("warnings") or []))
     Console().print(t)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -54,11 +55,23 @@ class HealthCheck(BaseModel):
     interval_s: float = 2.0
 
 
+def default_restore_reserve_s(budget_s: float, health_timeout_s: float) -> float:
+    """The restore's reserved share of a window's budget (seconds): ``min(health_timeout_s, budget_s / 2)``.
+
+    Stages must end by ``budget_s`` minus this; the restore's start and health gate use the rest.
+    """
+    return min(health_timeout_s, budget_s / 2)
+
+
 class Plan(BaseModel):
     """Everything the supervisor needs, written by the driver as ``windows/<id>/plan.json``.
 
     ``kind``: ``window`` (stop, stages, restore), ``release`` (replace serving with ``new_spec`` as a new
     release) or ``rollback`` (replace serving with retained release ``to_release``).
+
+    ``budget_s`` (seconds) is the longest serving may be down, restore, health gate and rollbacks included, counted
+    from the window's start. ``restore_reserve_s`` of it is kept for the restore: stages end by ``budget_s -
+    restore_reserve_s`` (None: :func:`default_restore_reserve_s`).
     """
 
     window_id: str
@@ -75,10 +88,39 @@ class Plan(BaseModel):
     new_spec: dict[str, Any] | None = None
     to_release: int | None = None
     gpus: int = 0
+    restore_reserve_s: float | None = None
+
+    def reserve_s(self) -> float:
+        """Seconds of ``budget_s`` reserved for restore + health gate (see :func:`default_restore_reserve_s`)."""
+        if self.restore_reserve_s is not None:
+            return min(self.restore_reserve_s, self.budget_s)
+        return default_restore_reserve_s(self.budget_s, self.health.timeout_s)
 
 
 class Interrupted(Exception):
     """SIGTERM/SIGINT reached the supervisor: stop the current stage and restore serving."""
+
+
+class GateFailed(RuntimeError):
+    """A health gate ran to its end on a container and failed (no answer in time, wrong answers, or the container
+    crashed): the only kind of error that is a verdict on a release."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The Docker engine did not answer within the bounded wait: not a verdict on any release. The supervisor
+    exits (status 75) without a result so that its restart policy resumes the window when the engine is back."""
+
+
+#: Seconds the supervisor waits for an unreachable Docker engine (e.g. a daemon restart) before it gives up and
+#: exits for its restart policy; such errors are never a verdict on a release.
+ENGINE_WAIT_S = 180.0
+#: Engine outages one supervisor run waits out before it exits for its restart policy (bounds a flapping engine).
+ENGINE_WAITS_MAX = 5
+#: Once the budget is spent and serving has not passed a gate, each further gate (restore or rollback) still waits
+#: this long (seconds): bringing serving back comes before the budget. Each such overrun is a warning in the result.
+MIN_GATE_S = 120.0
+#: Seconds the gate on the already-running serving container may take when it is first recorded as a release.
+RECORD_GATE_S = 60.0
 
 
 def _now() -> str:
@@ -179,8 +221,25 @@ class Releases:
         tmp.replace(self.dir / "current")  # atomic: a crash leaves the old or the new number, never half
 
     def mark_failed(self, n: int, why: str) -> None:
-        """Record that live release ``n`` failed a health gate: no rollback picks it until it is live again."""
-        self._append({"release": n, "t": _now(), "failed": why[-300:]})
+        """Record that live release ``n`` failed a completed health gate: no rollback picks it until it is live again.
+
+        Only a gate verdict (:class:`GateFailed`) may be recorded here; engine errors never are.
+        """
+        self._append({"release": n, "t": _now(), "failed": why})
+
+    def is_marked_failed(self, n: int) -> bool:
+        """True when release ``n``'s newest history entry says it failed a health gate."""
+        newest = None
+        for e in self._entries():
+            if e["release"] == n:
+                newest = e
+        return bool(newest and newest.get("failed"))
+
+    def confirm_live(self, n: int) -> None:
+        """Release ``n`` just passed a health gate while serving: make it current, and clear an earlier failure mark
+        (a newer live entry) so that rollbacks may pick it again."""
+        if self.current() != n or self.is_marked_failed(n):
+            self.set_current(n)
 
     def _append(self, entry: dict[str, Any]) -> None:
         earlier = [] if self.history_file.exists() else self._entries()  # seed from the numbering once
@@ -235,11 +294,24 @@ class Supervisor:
         self.journal = Journal(wdir / "journal.jsonl")
         self.state_dir = Path(plan.state_dir)
         self.releases = Releases(self.state_dir)
+        #: End of the budget (epoch seconds): the whole downtime, restore and gates included, ends by then.
         self.deadline = self.journal.first_epoch() + plan.budget_s
         self.stage_times: dict[str, float] = {}
         self.stage_outcomes: dict[str, str] = {}
         #: Set when neither the restore nor any rollback passed the health gate.
         self.unhealthy = False
+        #: Seconds to wait for an unreachable Docker engine (:data:`ENGINE_WAIT_S`).
+        self.engine_wait_s = ENGINE_WAIT_S
+        self.engine_poll_s = 2.0
+        self.engine_waits = 0
+
+    def warn(self, step: str, message: str) -> None:
+        """Journal a warning; every warning of the window goes, whole, into ``result.json`` and the audit entry."""
+        self.journal.log(step, "warn", message=message)
+
+    def warnings(self) -> list[str]:
+        """Every warning journaled by this window (all attempts), in order, never cut."""
+        return [f"{e['step']}: {e.get('message', '')}" for e in self.journal.entries if e.get("event") == "warn"]
 
     # docker helpers
     def _serving(self) -> Any | None:
@@ -290,10 +362,24 @@ class Supervisor:
             raise RuntimeError(f"serving container {self.plan.serving_container!r} does not exist on the host")
         inspect = c.attrs
         (self.wdir / "serving-inspect.json").write_text(json.dumps(inspect, indent=2))
+        recorded = None
         if self.releases.current() is None:
-            n = self.releases.add(spec_from_inspect(inspect), inspect.get("Image"), self.plan.window_id)
-            self.releases.set_current(n)
-        self.journal.log("record", "ok", release=self.releases.current(), image_id=inspect.get("Image"))
+            # Retained so that a restore can recreate it, but live only when it runs and passes its gate now.
+            recorded = self.releases.add(spec_from_inspect(inspect), inspect.get("Image"), self.plan.window_id)
+            c.reload()
+            if c.status != "running":
+                self.warn("record", f"serving container {self.plan.serving_container!r} is {c.status!r}, not running: "
+                                    f"recorded as release {recorded} but not as a live release (no rollback "
+                                    f"targets it)")
+            else:
+                try:
+                    self._gate_through_signal(RECORD_GATE_S)
+                    self.releases.set_current(recorded)
+                except GateFailed as exc:
+                    self.warn("record", f"serving container {self.plan.serving_container!r} did not pass the health "
+                                        f"gate ({exc}): recorded as release {recorded} but not as a live release")
+        self.journal.log("record", "ok", release=self.releases.current(), recorded=recorded,
+                         image_id=inspect.get("Image"))
 
     def stop_serving(self) -> None:
         """Stop serving gracefully (``stop_timeout_s``, then SIGKILL) and wait for the GPUs to be released."""
@@ -310,7 +396,7 @@ class Supervisor:
             except Interrupted:
                 raise
             except Exception as exc:  # noqa: BLE001 - a failing check must not keep serving down; stages may fail
-                self.journal.log("gpu-release", "warn", message=f"could not check GPU memory: {str(exc)[-300:]}")
+                self.warn("gpu-release", f"could not check GPU memory: {exc}")
 
     def _wait_gpus_free(self, timeout: float = 300.0, poll_s: float = 2.0) -> None:
         """Poll ``nvidia-smi --query-compute-apps=pid`` in a throwaway container (the pipeline image, all GPUs)
@@ -334,8 +420,7 @@ class Supervisor:
                 self.journal.log("gpu-release", "ok", seconds=round(timeout - (deadline - time.time()), 1))
                 return
             time.sleep(poll_s)
-        self.journal.log("gpu-release", "warn", message=f"GPU memory still held after stop by pids "
-                                                        f"{holders.split()}; continuing")
+        self.warn("gpu-release", f"GPU memory still held after stop by pids {holders.split()}; continuing")
 
     def run_stage(self, step: StageStep) -> bool:
         """Run one stage container to completion within its timeout and the window budget.
@@ -353,11 +438,14 @@ class Supervisor:
             self.client.containers.get(name).remove(force=True)  # left over from an interrupted attempt
         except docker.errors.NotFound:
             pass
-        budget_left = self.deadline - time.time()
+        # The restore's share of the budget is reserved: stages end by deadline - reserve.
+        budget_left = self.deadline - self.plan.reserve_s() - time.time()
         limit = min(step.timeout_s, budget_left)
         self.journal.log(step.name, "start", limit_s=round(limit, 1))
         if limit <= 0:
-            self.journal.log(step.name, "error", reason="maintenance budget exhausted before the stage started")
+            self.journal.log(step.name, "error", reason=f"maintenance budget exhausted before the stage started "
+                                                        f"({self.plan.reserve_s():.0f}s of it are reserved for the "
+                                                        f"restore)")
             self.stage_outcomes[step.name] = "not run (budget)"
             return False
         t0 = time.time()
@@ -415,8 +503,9 @@ class Supervisor:
             self.stage_times[step.name] = round(dt, 1)
             try:  # its output is in <stage>.log; the exit code goes into the journal below
                 container.remove(force=True)
-            except Exception:  # noqa: BLE001 - cleanup only; the engine may be going down
-                pass
+            except Exception as exc:  # noqa: BLE001 - cleanup only, reported as a warning
+                self.warn(step.name, f"could not remove stage container {name}: {type(exc).__name__}: {exc}; "
+                                     f"remove it by hand: docker rm --force {name}")
             if exit_code == 0:
                 self.journal.log(step.name, "ok", seconds=round(dt, 1))
                 self.stage_outcomes[step.name] = "ok"
@@ -429,49 +518,115 @@ class Supervisor:
     def restore(self) -> str:
         """Bring serving back: start the stopped container, or recreate it from the recorded spec; health-gate it.
 
+        Engine errors (the Docker engine unreachable, e.g. a daemon restart) are waited out for up to
+        ``engine_wait_s`` seconds and the restore is retried; they are never a verdict on the release. Only a
+        completed health gate that failed (:class:`GateFailed`) marks the release failed; any other error with the
+        engine up still leads to a rollback (serving must come back) but leaves the release unjudged.
+
         Returns:
             ``"restored"`` or ``"rolled back to release N"``.
 
         Raises:
             RuntimeError: neither the restore nor the rollback passed the health gate.
+            EngineUnavailable: the engine stayed unreachable for ``engine_wait_s`` seconds.
         """
         self.journal.log("restore", "start")
-        try:
-            c = self._serving()
-            if c is None:
-                inspect = json.loads((self.wdir / "serving-inspect.json").read_text())
-                self._create(spec_from_inspect(inspect), image_id=inspect.get("Image"))
-            elif c.status != "running":
-                c.start()
-            self._gate_through_signal()
+        while True:
+            try:
+                c = self._serving()
+                if c is None:
+                    inspect = json.loads((self.wdir / "serving-inspect.json").read_text())
+                    self._create(spec_from_inspect(inspect), image_id=inspect.get("Image"))
+                elif c.status != "running":
+                    c.start()
+                self._gate_through_signal()
+            except Exception as exc:  # noqa: BLE001 - any failure leads to the engine wait or the rollback path
+                if self._wait_out_engine("restore", exc):
+                    continue  # the engine is back: the same restore again, not a rollback
+                verdict = isinstance(exc, GateFailed)
+                self.journal.log("restore", "error", reason=str(exc)[-500:], verdict=verdict)
+                return self._rollback_after_failure(str(exc), verdict=verdict)
+            self._confirm_restored()
             self.journal.log("restore", "ok")
             return "restored"
-        except Exception as exc:  # noqa: BLE001 - any failure leads to the rollback path
-            self.journal.log("restore", "error", reason=str(exc)[-500:])
-            return self._rollback_after_failure(str(exc))
 
-    def _gate_through_signal(self) -> None:
+    def _confirm_restored(self) -> None:
+        """The restored container passed its gate: it is the live release (this clears an earlier failure mark; a
+        container first recorded by this window without a gate becomes live now)."""
+        n = self.releases.current()
+        if n is None:
+            rec = self.journal.first("record", "ok")
+            n = rec.get("recorded") if rec else None
+        if n is not None:
+            self.releases.confirm_live(n)
+
+    def _wait_out_engine(self, step: str, exc: BaseException) -> bool:
+        """After ``exc``: when the Docker engine does not answer, wait (bounded) for it to come back.
+
+        Returns:
+            True when the engine was unreachable and is back (retry the step); False when the engine answered all
+            along (``exc`` is a real failure of the step).
+
+        Raises:
+            EngineUnavailable: still unreachable after ``engine_wait_s`` seconds, or the engine went away more than
+                :data:`ENGINE_WAITS_MAX` times in this run.
+        """
+        if self._engine_up():
+            return False
+        self.engine_waits += 1
+        if self.engine_waits > ENGINE_WAITS_MAX:
+            raise EngineUnavailable(f"the Docker engine went away {self.engine_waits} times in this run ({exc})")
+        self.warn(step, f"Docker engine unreachable ({type(exc).__name__}: {exc}); waiting up to "
+                        f"{self.engine_wait_s:.0f}s for it; this is not a verdict on any release")
+        deadline = time.time() + self.engine_wait_s
+        while time.time() < deadline:
+            time.sleep(self.engine_poll_s)
+            if self._engine_up():
+                self.journal.log(step, "info", message="Docker engine is back; retrying")
+                return True
+        raise EngineUnavailable(f"the Docker engine did not answer within {self.engine_wait_s:.0f}s ({exc})")
+
+    def gate_timeout(self) -> float:
+        """Seconds the next health gate may wait: ``health.timeout_s``, cut to what is left of the budget; once the
+        budget is spent, :data:`MIN_GATE_S` (serving first; the overrun is recorded as a warning)."""
+        left = self.deadline - time.time()
+        if left >= MIN_GATE_S:
+            return min(self.plan.health.timeout_s, left)
+        if left < self.plan.health.timeout_s:
+            self.warn("budget", f"maintenance budget ({self.plan.budget_s:.0f}s) "
+                                f"{'spent' if left <= 0 else f'nearly spent ({left:.0f}s left)'} before serving passed "
+                                f"its health gate; this gate still waits up to {MIN_GATE_S:.0f}s to bring serving back")
+        return min(self.plan.health.timeout_s, MIN_GATE_S)
+
+    def _gate_through_signal(self, timeout_s: float | None = None) -> None:
         """:meth:`gate`, finished even when the first SIGTERM/SIGINT lands during it: the signal handler raises
         :class:`Interrupted` once and ignores later signals, and a stop request during a restore must not turn a
-        healthy start into a rollback."""
+        healthy start into a rollback. ``timeout_s``: the gate's limit (default :meth:`gate_timeout`)."""
+        timeout_s = self.gate_timeout() if timeout_s is None else timeout_s
         try:
-            self.gate()
+            self.gate(timeout_s=timeout_s)
         except Interrupted as exc:
-            self.journal.log("health", "warn", message=f"{exc}; finishing the health gate before exiting")
-            self.gate()
+            self.warn("health", f"{exc}; finishing the health gate before exiting")
+            self.gate(timeout_s=timeout_s)
 
-    def _rollback_after_failure(self, why: str, failed: int | None = None, tries: int = 3) -> str:
-        """Serving failed its gate on release ``failed`` (default: the current one): bring back the most recently
-        live other release, trying up to ``tries`` previously live releases in turn, each health-gated.
+    def _rollback_after_failure(self, why: str, failed: int | None = None, tries: int = 3,
+                                verdict: bool = True) -> str:
+        """Serving failed on release ``failed`` (default: the current one): bring back the most recently live other
+        release, trying up to ``tries`` previously live releases in turn, each health-gated.
+
+        ``verdict``: the failure was a completed health gate (:class:`GateFailed`) on ``failed``; only then is the
+        release marked failed in the history. Engine errors during a rollback are waited out (bounded) and the same
+        release is tried again; they never move on to the next candidate.
 
         Returns:
             ``"rolled back to release N"``.
 
         Raises:
             RuntimeError: no previously live release is retained, or none of those tried passed the gate.
+            EngineUnavailable: the engine stayed unreachable for ``engine_wait_s`` seconds.
         """
         failed = self.releases.current() if failed is None else failed
-        if failed is not None and failed == self.releases.current():
+        if verdict and failed is not None and failed == self.releases.current():
             self.releases.mark_failed(failed, why)
         candidates = self.releases.fallbacks(failed)[:tries]
         if not candidates:
@@ -480,34 +635,41 @@ class Supervisor:
         errors = []
         for prev in candidates:
             self.journal.log("rollback", "start", to_release=prev, failed_release=failed, reason=why[-300:])
-            try:
-                self._remove_serving()
-                rel = self.releases.get(prev)
-                self._create(rel["spec"], image_id=rel.get("image_id"))
-                self._gate_through_signal()
-            except Exception as exc:  # noqa: BLE001 - try the next previously live release
-                self.journal.log("rollback", "error", to_release=prev, reason=str(exc)[-500:])
-                errors.append(f"release {prev}: {str(exc)[-200:]}")
-                continue
-            self.releases.set_current(prev)
-            self.journal.log("rollback", "ok", to_release=prev,
-                             message=f"ROLLED BACK: release {failed} failed its health gate; serving release {prev}")
-            return f"rolled back to release {prev}"
+            while True:
+                try:
+                    self._remove_serving()
+                    rel = self.releases.get(prev)
+                    self._create(rel["spec"], image_id=rel.get("image_id"))
+                    self._gate_through_signal()
+                except Exception as exc:  # noqa: BLE001 - engine wait, else the next previously live release
+                    if self._wait_out_engine("rollback", exc):
+                        continue
+                    self.journal.log("rollback", "error", to_release=prev, reason=str(exc)[-500:])
+                    errors.append(f"release {prev}: {exc}")
+                    break
+                self.releases.set_current(prev)
+                self.journal.log("rollback", "ok", to_release=prev, message=f"ROLLED BACK: release {failed} failed "
+                                                                            f"its health gate; serving release {prev}")
+                return f"rolled back to release {prev}"
         self.unhealthy = True
         raise RuntimeError(f"serving failed its health gate ({why}); rollback failed too: " + "; ".join(errors))
 
-    def gate(self) -> None:
+    def gate(self, timeout_s: float | None = None) -> None:
         """Health gate: /health 200, /v1/models lists the served model, one completion returns text.
 
-        Waits up to ``health.timeout_s`` for a slow start, but fails at once when the container has exited.
+        Waits up to ``timeout_s`` seconds (default ``health.timeout_s``) for a slow start, but fails at once when the
+        container has exited.
 
         Raises:
-            RuntimeError: the gate did not pass in time, or the serving container stopped.
+            GateFailed: the gate did not pass in time, or the serving container stopped (a verdict on the release).
+            Exception: docker SDK / connection errors while inspecting the container (the engine is unreachable):
+                not a verdict; callers wait the engine out.
         """
         h = self.plan.health
+        timeout_s = h.timeout_s if timeout_s is None else timeout_s
         base = f"http://127.0.0.1:{h.port}"
-        deadline = time.time() + h.timeout_s
-        self.journal.log("health", "start", timeout_s=h.timeout_s)
+        deadline = time.time() + timeout_s
+        self.journal.log("health", "start", timeout_s=round(timeout_s, 1))
         last = ""
         c0 = self._serving()
         restarts0 = c0.attrs.get("RestartCount", 0) if c0 is not None else 0
@@ -518,8 +680,8 @@ class Supervisor:
                 # A restart policy turns a crash into "restarting"/a higher RestartCount: a crash, not a slow start.
                 if c.status in ("exited", "dead", "restarting") or c.attrs.get("RestartCount", 0) > restarts0:
                     logs = c.logs(tail=20).decode(errors="replace")
-                    raise RuntimeError(f"serving container crashed (status {c.status}, exit "
-                                       f"{c.attrs['State'].get('ExitCode')}): {logs[-800:]}")
+                    raise GateFailed(f"serving container crashed (status {c.status}, exit "
+                                     f"{c.attrs['State'].get('ExitCode')}): {logs[-800:]}")
             try:
                 with urllib.request.urlopen(base + "/health", timeout=5) as r:
                     if r.status != 200:
@@ -539,9 +701,9 @@ class Supervisor:
                 return
             except (urllib.error.URLError, ConnectionError, OSError, RuntimeError, ValueError, KeyError) as exc:
                 last = str(exc)
-            time.sleep(h.interval_s)
+            time.sleep(min(h.interval_s, max(0.0, deadline - time.time())))
         self.journal.log("health", "error", reason=last)
-        raise RuntimeError(f"health gate did not pass within {h.timeout_s:.0f}s: {last}")
+        raise GateFailed(f"health gate did not pass within {timeout_s:.0f}s: {last}")
 
     def replace_serving(self) -> str:
         """``release``/``rollback`` plans: swap the serving container for the target spec, health-gated.
@@ -577,13 +739,19 @@ class Supervisor:
         if self.journal.first("switch", "error") is None:
             if not begun:
                 self.journal.log("switch", "start", to_release=target)
-            self._remove_serving()
-            try:
-                self._create(rel["spec"], image_id=rel.get("image_id"))
-                self._gate_through_signal()
-            except Exception as exc:  # noqa: BLE001
-                self.journal.log("switch", "error", reason=str(exc)[-500:])
-                return f"release {target} failed its health gate; " + self._rollback_after_failure(str(exc), target)
+            while True:
+                try:
+                    self._remove_serving()
+                    self._create(rel["spec"], image_id=rel.get("image_id"))
+                    self._gate_through_signal()
+                except Exception as exc:  # noqa: BLE001
+                    if self._wait_out_engine("switch", exc):
+                        continue  # engine back: the same switch again
+                    self.journal.log("switch", "error", reason=str(exc)[-500:], verdict=isinstance(exc, GateFailed))
+                    what = "failed its health gate" if isinstance(exc, GateFailed) else "could not be started"
+                    return f"release {target} {what}; " + self._rollback_after_failure(
+                        str(exc), target, verdict=isinstance(exc, GateFailed))
+                break
             self.releases.set_current(target)
             self.journal.log("switch", "ok", to_release=target)
             return f"serving release {target}"
@@ -610,8 +778,7 @@ class Supervisor:
                                 break
                     else:  # resumed once serving was already being restored: never run stages beside it
                         outcome, error = self._stages_from_journal()
-                        self.journal.log("supervisor", "warn", message="resumed after the restore had begun; "
-                                                                       "stages are not run again")
+                        self.warn("supervisor", "resumed after the restore had begun; stages are not run again")
                 except Interrupted as exc:
                     outcome, error = "interrupted", str(exc)
                 except Exception as exc:  # noqa: BLE001 - whatever broke, serving is restored below
@@ -630,6 +797,10 @@ class Supervisor:
                 msg = self.replace_serving()
                 if "rolled back" in msg:
                     outcome, error = "failed", msg
+        except EngineUnavailable as exc:
+            self.journal.log("supervisor", "error", reason=f"{exc}; exiting so that the restart policy resumes this "
+                                                           f"window when the engine is back (no verdict recorded)")
+            raise SystemExit(75) from None
         except Exception as exc:  # noqa: BLE001 - recorded, then reported through the result
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
             self.journal.log("supervisor", "error", reason=error[-1000:])
@@ -644,20 +815,21 @@ class Supervisor:
         if not serving_ok:
             error = (error + "; " if error else "") + (
                 f"SERVING IS NOT {'HEALTHY' if running else 'RUNNING'} on {self.plan.host}: the lock stays held; "
-                f"`eagle3ops recover {self.plan.host}` retries the restore")
+                f"`eagle3ops recover {shlex.quote(self.plan.host)}` retries the restore")
             outcome = "failed"
         result = {
             "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
             "stages": self.stage_outcomes, "stage_seconds": self.stage_times,
             "downtime_s": round((restored_at or time.time()) - stopped_at, 1) if stopped_at else None,
             "wall_s": round(time.time() - t0, 1), "serving_running": running, "serving_healthy": serving_ok,
-            "release": self.releases.current(), "finished": _now(),
+            "release": self.releases.current(), "finished": _now(), "warnings": self.warnings(),
         }
         audit = self.state_dir / "audit.jsonl"
         with audit.open("a") as f:
             f.write(json.dumps({"t": _now(), "user": self.plan.user, "host": self.plan.host,
                                 "command": self.plan.command, "window": self.plan.window_id,
-                                "outcome": outcome, "error": error, "release": result["release"]}) + "\n")
+                                "outcome": outcome, "error": error, "release": result["release"],
+                                "warnings": result["warnings"]}) + "\n")
         # The driver appends to the same log as the SSH user (windows that never started): keep it theirs.
         st = self.state_dir.stat()
         try:

@@ -28,6 +28,12 @@ def inspect_container(host: HostConfig, name: str) -> list[str]:
     return docker(host, "container", "inspect", name)
 
 
+def container_status(host: HostConfig, name: str) -> list[str]:
+    """Print a container's state (``created``, ``running``, ``restarting``, ``exited``, ``dead``...); exits
+    non-zero with ``No such object`` on stderr when it does not exist."""
+    return docker(host, "container", "inspect", "--format", "{{.State.Status}}", name)
+
+
 def logs(host: HostConfig, name: str, *, follow: bool = False, tail: int | None = None) -> list[str]:
     """Container logs (stdout+stderr)."""
     args = ["logs"]

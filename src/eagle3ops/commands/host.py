@@ -39,6 +39,11 @@ def tail_from(path: str, line: int) -> list[str]:
     return ["tail", "-n", f"+{line}", path]
 
 
+def line_count(path: str) -> list[str]:
+    """``wc -l``: number of lines of a file (first field of stdout)."""
+    return ["wc", "-l", "--", path]
+
+
 def test_dir(path: str) -> list[str]:
     """Exit 0 when ``path`` is a directory."""
     return ["test", "-d", path]

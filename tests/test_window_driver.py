@@ -1,0 +1,363 @@
+"""Driver side of a window (issue 14 items 1, 2, 3, 12, 14) against a stand-in host: a small in-memory host that
+answers the argv lists :mod:`eagle3ops.window` sends (files, ``mkdir``, ``df``, ``docker``) the way a POSIX host and
+the Docker CLI do. No SSH, no engine: the real-host versions of these paths are in ``test_window_faults.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle3ops import window as wmod
+from eagle3ops.config import load_inventory
+from eagle3ops.remote import RemoteCommandError, Result, render
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGE, IMAGE_ID = "eagle3ops/pipeline:t", "sha256:" + "a" * 64
+TINY = """target_model: /model
+prepare: {datasets: [builtin:sharegpt], max_seq_len: 256, max_samples: 8}
+"""
+
+
+class Launched(Exception):
+    """The driver started the supervisor (the window would stop serving now)."""
+
+
+class StandInHost:
+    """Files and directories of a host, a free-space figure, and the states of its containers."""
+
+    def __init__(self, host, *, free_bytes=50 * 2**30, hidden_size=64, vocab_size=512):
+        self.host, self.free_bytes = host, free_bytes
+        self.files: dict[str, str] = {}
+        self.dirs: set[str] = {"/"}
+        self.readonly: set[str] = set()  # directories the SSH user cannot create entries in
+        self.containers: dict[str, str] = {}  # name -> state
+        self.rm_error = ""  # stderr of a failing `docker rm`
+        self.on_launch = None
+        self.writes: list[str] = []  # rendered argv of each mutating command
+        model = host.model_path
+        self._mkdirs(model)
+        self.files[f"{model}/config.json"] = json.dumps(
+            {"hidden_size": hidden_size, "intermediate_size": 4 * hidden_size, "vocab_size": vocab_size})
+
+    def _mkdirs(self, path):
+        parts = path.strip("/").split("/")
+        for i in range(1, len(parts) + 1):
+            self.dirs.add("/" + "/".join(parts[:i]))
+
+    def _parent_writable(self, path):
+        parent = path.rsplit("/", 1)[0] or "/"
+        return parent not in self.readonly and parent in self.dirs
+
+    def __call__(self, argv, stdin):
+        a = list(argv)
+        if a[0] == "docker":
+            a = a[3:] if a[1] == "-H" else a[1:]
+            return self._docker(a)
+        cmd = a[0]
+        if cmd == "mkdir" and a[1] == "-p":
+            if a[2] in self.dirs:
+                return 0, "", ""
+            if any(a[2].startswith(ro + "/") for ro in self.readonly):
+                return 1, "", f"mkdir: cannot create directory '{a[2]}': Permission denied"
+            self._mkdirs(a[2])
+            return 0, "", ""
+        if cmd == "mkdir":
+            if a[1] in self.dirs:
+                return 1, "", f"mkdir: cannot create directory '{a[1]}': File exists"
+            if not self._parent_writable(a[1]):
+                return 1, "", f"mkdir: cannot create directory '{a[1]}': Permission denied"
+            self.dirs.add(a[1])
+            return 0, "", ""
+        if cmd == "tee":
+            path = a[-1]
+            data = stdin.decode() if isinstance(stdin, bytes) else (stdin or "")
+            self.files[path] = (self.files.get(path, "") if a[1] == "-a" else "") + data
+            return 0, data, ""
+        if cmd == "mv":
+            self.files[a[-1]] = self.files.pop(a[-2])
+            return 0, "", ""
+        if cmd in ("cat", "find"):
+            path = a[1]
+            return (0, self.files[path], "") if path in self.files else (1, "", f"{cmd}: {path}: No such file")
+        if cmd == "tail":
+            path, start = a[-1], int(a[2].lstrip("+"))
+            if path not in self.files:
+                return 1, "", "tail: no such file"
+            return 0, "".join(self.files[path].splitlines(True)[start - 1:]), ""
+        if cmd == "test":
+            return (0 if a[2] in self.dirs else 1), "", ""
+        if cmd == "rm":
+            path = a[-1]
+            self.dirs = {d for d in self.dirs if d != path and not d.startswith(path + "/")}
+            self.files = {f: v for f, v in self.files.items() if not f.startswith(path + "/")}
+            return 0, "", ""
+        if cmd == "df":
+            return 0, ("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                       f"/dev/x 99999999 1 {self.free_bytes // 1024} 1% /\n"), ""
+        if cmd == "wc":
+            path = a[-1]
+            return (0, f"{len(self.files[path].splitlines())} {path}\n", "") if path in self.files else \
+                (1, "", f"wc: {path}: No such file")
+        raise AssertionError(f"unexpected command {a}")
+
+    def _docker(self, a):
+        if a[0] == "version":
+            return 0, "27.0.0\n", ""
+        if a[:2] == ["image", "inspect"]:
+            return 0, IMAGE_ID + "\n", ""
+        if a[0] == "ps":
+            return 0, self.host.serving.container + "\n", ""
+        if a[0] in ("inspect", "container"):
+            name = a[-1]
+            if name not in self.containers:
+                return 1, "", f"Error: No such object: {name}"
+            fmt = a[a.index("--format") + 1]
+            if fmt == "{{.State.Running}} {{.State.Restarting}}":
+                return 0, f"{str(self.containers[name] == 'running').lower()} false\n", ""
+            if fmt == "{{.Id}}":
+                return 0, "cid\n", ""
+            return 0, self.containers[name] + "\n", ""
+        if a[0] == "run":
+            name = a[a.index("--name") + 1]
+            self.containers[name] = "running"
+            if self.on_launch:
+                self.on_launch(name)
+            return 0, "cid\n", ""
+        if a[0] == "rm":
+            if self.rm_error:
+                return 1, "", self.rm_error
+            self.containers.pop(a[-1], None)
+            return 0, "", ""
+        raise AssertionError(f"unexpected docker command {a}")
+
+
+class StandInRemote:
+    """The :class:`eagle3ops.remote.Remote` interface over a :class:`StandInHost`."""
+
+    def __init__(self, host, world, dry_run=False):
+        self.host, self.world, self.dry_run, self.echo, self.history = host, world, dry_run, None, []
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, stream=None, mutates=True):
+        cmd = render(argv)
+        self.history.append(cmd)
+        if mutates:
+            self.world.writes.append(cmd)
+        code, out, err = self.world(argv, stdin)
+        if check and code:
+            raise RemoteCommandError(self.host.name, argv, code, out, err)
+        return Result(list(argv), code, out, err)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+@pytest.fixture
+def host():
+    return load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+
+
+def _host_with_serving(host, **kw):
+    world = StandInHost(host, **kw)
+    world.containers[host.serving.container] = "running"
+    world._mkdirs(host.data_dir)
+    world.files[f"{host.state_dir}/deployed.json"] = json.dumps({"image": IMAGE, "image_id": IMAGE_ID})
+    world._mkdirs(host.state_dir)
+    return world
+
+
+def _cli(monkeypatch, world, *args):
+    """Run the real CLI with its Remote replaced by the stand-in host."""
+    from eagle3ops import cli
+
+    monkeypatch.setattr(cli, "_remote", lambda h, dry_run=False: StandInRemote(h, world, dry_run))
+    return CliRunner().invoke(cli.app, [*args, "--inventory", str(REPO / "deploy/hosts.yaml")])
+
+
+# ---- item 1 ------------------------------------------------------------------------------------------------------
+
+def test_refused_run_does_not_touch_a_running_windows_pipeline_config(host, monkeypatch, tmp_path):
+    """Item 1: `extract` while another window holds the lock refuses and leaves that run's pipeline.yaml alone
+    (main uploaded it before taking the lock)."""
+    world = _host_with_serving(host)
+    run_cfg = f"{host.data_dir}/runs/default/pipeline.yaml"
+    world.files[run_cfg] = "the running window's input\n"
+    world.dirs.add(f"{host.state_dir}/lock")
+    world.files[f"{host.state_dir}/lock/details.json"] = json.dumps(
+        {"window_id": "20990101T000000Z-extract-abcdef", "holder": "alice@laptop", "since": "2099-01-01T00:00:00",
+         "command": "eagle3ops extract sandbox"})
+    world.containers["eagle3ops-supervisor-20990101T000000Z-extract-abcdef"] = "running"
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(TINY)
+    out = _cli(monkeypatch, world, "extract", "sandbox", "--pipeline", str(pipeline))
+    assert out.exit_code != 0 and "alice@laptop" in out.output, out.output
+    assert world.files[run_cfg] == "the running window's input\n"
+    assert not [w for w in world.writes if "pipeline.yaml" in w], world.writes
+
+
+def test_pipeline_config_is_written_after_preflight_under_the_lock(host):
+    """Item 1: the order of writes of a window: lock, then (after preflight) the pipeline config, plan, supervisor."""
+    world = _host_with_serving(host)
+
+    def launched(name):
+        raise Launched(name)
+
+    world.on_launch = launched
+    r = StandInRemote(host, world)
+    with pytest.raises(wmod.WindowError, match="started on the host"):
+        wmod.run_window(r, kind="extract", image=IMAGE, expected_image_id=IMAGE_ID, command="t", run="r1",
+                        pipeline_text=TINY)
+    writes = world.writes
+    lock = next(i for i, w in enumerate(writes) if w == f"mkdir {host.state_dir}/lock")
+    cfg = next(i for i, w in enumerate(writes) if w.endswith("runs/r1/pipeline.yaml"))
+    sup = next(i for i, w in enumerate(writes) if "eagle3ops-supervisor-" in w and " run " in w)
+    assert lock < cfg < sup
+
+
+# ---- item 3 ------------------------------------------------------------------------------------------------------
+
+def test_preflight_refuses_hidden_states_that_cannot_fit(host, monkeypatch, tmp_path):
+    """Item 3: a 50 MB data dir and ~75 MB of hidden states: preflight fails before anything stops (main said
+    "need 0.0 GiB", stopped serving and extract died later)."""
+    # 2,300 rows, at most 600 kept, × 2,048 tokens × 4 layers × 8 hidden × 2 bytes ≈ 75 MiB of hidden states
+    world = _host_with_serving(host, free_bytes=50 * 10**6, hidden_size=8)
+    world.on_launch = lambda name: (_ for _ in ()).throw(Launched(name))
+    small = host.model_copy(update={"min_free_gib": 0.0})
+    monkeypatch.setattr("eagle3ops.cli._host", lambda inv, name: small)
+    ds = f"{host.data_dir}/runs/big/chats.jsonl"
+    world.files[ds] = "{}\n" * 2300
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text("target_model: /model\nprepare: {datasets: [chats.jsonl], max_seq_len: 2048, "
+                        "max_samples: 600}\n")
+    out = _cli(monkeypatch, world, "extract", "sandbox", "--run", "big", "--pipeline", str(pipeline))
+    assert not any("eagle3ops-supervisor-" in w and " run " in w for w in world.writes), "serving would stop"
+    assert out.exit_code != 0 and "free space" in out.output, out.output
+    assert "extract" in out.output and "MiB" in out.output, out.output
+
+
+def test_stage_output_estimates():
+    """Item 3: hidden states are tokens × 4·H·2 bytes; train keeps keep_checkpoints + 1 checkpoints."""
+    from eagle3ops.pipeline_config import PipelineConfig
+
+    cfg = PipelineConfig.model_validate({"target_model": "/model", "train": {"keep_checkpoints": 2}})
+    dims = {"hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256}
+    assert wmod.stage_output_bytes("extract", cfg, dims, 1000) == 1000 * 4 * 4096 * 2 + 1000 * 16
+    trainable, frozen = wmod.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
+    assert frozen == 2 * 128256 * 4096
+    want = (trainable * 12 + frozen * 4) * 3 + (trainable + frozen) * 2
+    assert wmod.stage_output_bytes("train", cfg, dims, 0) == want
+    assert wmod.target_dims({"text_config": {"hidden_size": 7168, "vocab_size": 10}})["hidden_size"] == 7168
+
+
+def test_estimate_uses_the_prepare_manifest_when_present(host):
+    """Item 3: once prepare ran, its exact token count is the basis."""
+    world = _host_with_serving(host, hidden_size=16)
+    world.files[f"{host.data_dir}/runs/r/prepare/manifest.json"] = json.dumps({"tokens": 12345})
+    est = wmod.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=TINY)
+    assert est.by_stage["extract"] == 12345 * 4 * 16 * 2 + 12345 * 16 and "12345 prepared tokens" in est.basis
+
+
+# ---- item 14 -----------------------------------------------------------------------------------------------------
+
+def test_unwritable_state_dir_names_the_real_cause(host):
+    """Item 14: mkdir of the lock fails with Permission denied: say so and how to fix it (main: "held by None ...
+    looks stale ... lock release --force")."""
+    world = _host_with_serving(host)
+    world.readonly.add(host.state_dir)
+    with pytest.raises(wmod.WindowError) as e:
+        wmod.acquire_lock(StandInRemote(host, world), "w1", "t")
+    msg = str(e.value)
+    assert not isinstance(e.value, wmod.LockHeld), msg
+    assert "Permission denied" in msg and f"{host.state_dir}/lock" in msg and "state_dir" in msg, msg
+    assert "None" not in msg and "--force" not in msg, msg
+
+
+# ---- item 2 ------------------------------------------------------------------------------------------------------
+
+def test_watch_reports_a_dead_supervisor_with_the_recover_command(host, monkeypatch):
+    """Item 2: the supervisor container was killed (exited, no result): the watch ends within its grace period and
+    says how to recover, the host name quoted (main waited forever)."""
+    evil = host.model_copy(update={"name": "gpu-01;touch /tmp/x"})
+    world = _host_with_serving(evil)
+    wid = "20990101T000000Z-extract-abcdef"
+    world.files[wmod.paths(evil, wid)["journal"]] = json.dumps({"step": "prepare", "event": "start"}) + "\n"
+    world.containers[f"eagle3ops-supervisor-{wid}"] = "exited"
+    box = {}
+    monkeypatch.setattr(wmod, "DEAD_GRACE_S", 0.2, raising=False)
+
+    def go():
+        try:
+            wmod.watch(StandInRemote(evil, world), wid, poll_s=0.01)
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            box["exc"] = exc
+
+    th = threading.Thread(target=go, daemon=True)
+    t0 = time.monotonic()
+    th.start()
+    th.join(timeout=10)
+    assert not th.is_alive(), "watch() kept waiting for a dead supervisor"
+    assert time.monotonic() - t0 < 5
+    exc = box["exc"]
+    assert isinstance(exc, wmod.SupervisorDead), exc
+    assert "eagle3ops recover 'gpu-01;touch /tmp/x'" in str(exc), str(exc)
+    assert shlex.split("eagle3ops recover 'gpu-01;touch /tmp/x'")[-1] == evil.name
+
+
+def test_watch_waits_through_a_supervisor_restart(host):
+    """Item 2: "restarting" (its restart policy after an engine restart) or an engine that cannot answer is not
+    death; the result that appears later is returned."""
+    world = _host_with_serving(host)
+    wid = "20990101T000000Z-extract-abcdef"
+    name = f"eagle3ops-supervisor-{wid}"
+    world.containers[name] = "restarting"
+    polls = []
+    orig = world.__call__
+
+    def world_call(argv, stdin):
+        polls.append(argv)
+        if len(polls) == 30:
+            world.files[wmod.paths(host, wid)["result"]] = json.dumps({"outcome": "ok"})
+        return orig(argv, stdin)
+
+    r = StandInRemote(host, world)
+    r.world = world_call
+    assert wmod.watch(r, wid, poll_s=0.01, dead_grace_s=0.05, timeout_s=10) == {"outcome": "ok"}
+
+
+def test_watch_is_bounded_by_default(host):
+    """Item 2: the default watch limit follows the window's own budget (not forever)."""
+    assert wmod.watch_limit_s({"budget_s": 3600, "stop_timeout_s": 30}) < 3600 + 3000
+
+
+# ---- item 12 (driver side) ---------------------------------------------------------------------------------------
+
+def test_cleanup_warning_is_recorded_whole_in_result_and_audit(host):
+    """Item 12: the supervisor container cannot be removed after a good window: the warning, whole (main cut it to
+    200 characters, mid-id, and printed it only on the console), is in result.json and in an audit entry."""
+    world = _host_with_serving(host)
+    wid = "20990101T000000Z-extract-abcdef"
+    world.containers[f"eagle3ops-supervisor-{wid}"] = "exited"
+    cid = "f" * 64
+    world.rm_error = (f"Error response from daemon: cannot remove container {cid}: could not kill: tried to kill "
+                      f"container, but did not receive an exit event" + " (details)" * 30)
+    r = StandInRemote(host, world)
+    warn = wmod.cleanup_supervisor(r, wid)
+    assert warn and cid in warn and world.rm_error in warn, warn
+    p = wmod.paths(host, wid)
+    world.files[p["result"]] = json.dumps({"outcome": "ok", "warnings": ["supervisor: earlier"]})
+    res = wmod.finish_window(r, wid, json.loads(world.files[p["result"]]), command="t")
+    [w] = [w for w in res["warnings"] if "cleanup" in w]
+    assert cid in w and world.rm_error in w
+    on_host = json.loads(world.files[p["result"]])
+    assert on_host["warnings"] == ["supervisor: earlier", w]
+    audit = [json.loads(x) for x in world.files[p["audit"]].splitlines()]
+    assert audit[-1]["window"] == wid and audit[-1]["warnings"] == [w] and audit[-1]["outcome"] == "ok"
