@@ -409,7 +409,12 @@ def run_train(
             dist.barrier()
 
     def finish() -> None:
+        """Tear the process group down on every rank together: a barrier first, so that no rank destroys its gloo
+        pairs (or exits) while a peer still works with them. A rank that left early made the others' gloo
+        threads die with ``terminate called without an active exception`` (SIGABRT), now and then, on CPU
+        (PyTorch: destroy_process_group must be called by all ranks, with no collective in flight)."""
         if world > 1:
+            dist.barrier()
             dist.destroy_process_group()
 
     model.train()

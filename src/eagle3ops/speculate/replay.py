@@ -1,0 +1,172 @@
+"""Replay a fixed prompt set at a given concurrency against an OpenAI-compatible server (vLLM), measuring it.
+
+Each level sends every prompt once through ``/v1/completions`` with ``stream: true``, greedy (``temperature 0``),
+``max_tokens`` fixed and ``ignore_eos: true`` (a vLLM sampling extension), so both sides of a comparison generate
+exactly the same number of tokens for the same prompts. Per request: time to first token and inter-token latency
+``(t_last - t_first) / (n_tokens - 1)`` (a streamed chunk may carry several tokens under speculation, so the
+latency is taken over the whole stream, not per chunk); per level: output tokens/s = Σ output tokens / wall time.
+
+Foreign traffic: a monitor thread scrapes ``/metrics`` while the level runs; ``vllm:num_requests_running`` above
+the replay's own in-flight count means someone else's requests shared the server, and the level is marked
+``foreign_requests`` so the gate waits or refuses to decide instead of deciding on skewed figures. Before a level
+starts the server must be idle (bounded wait).
+
+HTTP through ``httpx`` (sync client, one per worker thread).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import httpx
+
+from eagle3ops.speculate.metrics import parse
+
+__all__ = ["LevelResult", "ReplayError", "replay_level", "wait_idle"]
+
+
+class ReplayError(RuntimeError):
+    """The server could not be measured (not idle in time, requests failing); the message says which."""
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """Figures of one concurrency level. Times in seconds unless the name says ms."""
+
+    concurrency: int
+    requests: int
+    errors: int
+    output_tokens: int
+    wall_s: float
+    output_tokens_per_s: float
+    itl_ms_median: float | None
+    itl_ms_p90: float | None
+    ttft_ms_median: float | None
+    foreign_requests: float  # most requests running beyond the replay's own in-flight ones, seen by the monitor
+
+    def figures(self) -> dict[str, object]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def wait_idle(base_url: str, timeout_s: float = 120.0, api_key: str | None = None) -> None:
+    """Wait until ``vllm:num_requests_running`` is 0, at most ``timeout_s`` seconds.
+
+    Raises:
+        ReplayError: still busy (someone else's traffic) or unreachable at the deadline.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{base_url}/metrics", headers=_headers(api_key), timeout=10)
+            running = parse(r.text).requests_running or 0.0
+            if running == 0:
+                return
+            last = f"{running:g} requests running"
+        except httpx.HTTPError as e:
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(1.0)
+    raise ReplayError(f"{base_url} not idle within {timeout_s:.0f} s ({last}): not measuring on a shared server")
+
+
+def _one(client: httpx.Client, base_url: str, model: str, prompt: str, max_tokens: int, inflight: list[int],
+         lock: threading.Lock) -> tuple[int, float | None, float | None]:
+    """Send one streamed completion; returns (output tokens, ttft s, itl s)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with lock:
+        inflight[0] += 1
+    try:
+        t0 = time.monotonic()
+        first = last = None
+        tokens = 0
+        with client.stream("POST", f"{base_url}/v1/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                ev = json.loads(line[6:])
+                if ev.get("choices") and ev["choices"][0].get("text"):
+                    now = time.monotonic()
+                    first = first or now
+                    last = now
+                if ev.get("usage"):
+                    tokens = int(ev["usage"]["completion_tokens"])
+        ttft = (first - t0) if first else None
+        itl = (last - first) / (tokens - 1) if first and last and tokens > 1 else None
+        return tokens, ttft, itl
+    finally:
+        with lock:
+            inflight[0] -= 1
+
+
+def replay_level(base_url: str, model: str, prompts: Sequence[str], concurrency: int, *, max_tokens: int = 64,
+                 api_key: str | None = None, request_timeout_s: float = 300.0, idle_timeout_s: float = 120.0
+                 ) -> LevelResult:
+    """Send every prompt once with ``concurrency`` requests in flight; measure (see the module doc).
+
+    Raises:
+        ReplayError: the server is not idle before the level, or every request failed.
+    """
+    wait_idle(base_url, idle_timeout_s, api_key)
+    lock = threading.Lock()
+    inflight = [0]
+    foreign = [0.0]
+    stop = threading.Event()
+
+    def monitor() -> None:
+        with httpx.Client(headers=_headers(api_key), timeout=10) as c:
+            while not stop.wait(0.5):
+                with lock:
+                    own_before = inflight[0]
+                try:
+                    running = parse(c.get(f"{base_url}/metrics").text).requests_running or 0.0
+                except (httpx.HTTPError, ValueError):
+                    continue
+                with lock:
+                    own = max(own_before, inflight[0])
+                foreign[0] = max(foreign[0], running - own)
+
+    results: list[tuple[int, float | None, float | None]] = []
+    errors = 0
+    mon = threading.Thread(target=monitor, daemon=True)
+    local = threading.local()
+
+    def work(prompt: str) -> tuple[int, float | None, float | None]:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(headers=_headers(api_key), timeout=request_timeout_s)
+        return _one(local.client, base_url, model, prompt, max_tokens, inflight, lock)
+
+    t0 = time.monotonic()
+    mon.start()
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            for fut in [pool.submit(work, p) for p in prompts]:
+                try:
+                    results.append(fut.result())
+                except (httpx.HTTPError, ValueError, KeyError):
+                    errors += 1
+    finally:
+        stop.set()
+        mon.join(timeout=15)
+    wall = time.monotonic() - t0
+    if not results:
+        raise ReplayError(f"all {len(prompts)} requests to {base_url} failed")
+    itls = sorted(x[2] * 1000 for x in results if x[2] is not None)
+    ttfts = [x[1] * 1000 for x in results if x[1] is not None]
+    out = sum(x[0] for x in results)
+    return LevelResult(concurrency, len(prompts), errors, out, round(wall, 3), round(out / wall, 3),
+                       round(statistics.median(itls), 3) if itls else None,
+                       round(itls[int(0.9 * (len(itls) - 1))], 3) if itls else None,
+                       round(statistics.median(ttfts), 3) if ttfts else None, foreign[0])

@@ -1,0 +1,143 @@
+"""The speculation gate's parts (issue 18): vLLM's spec-decode counters as deltas, HumanEval prompts split and kept
+disjoint from training, load replay against real vLLM serving on the sandbox, and the keep-or-rollback rule."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from eagle3ops.speculate import decide as dec
+from eagle3ops.speculate import metrics, prompts
+from eagle3ops.speculate.replay import LevelResult, replay_level
+
+#: Stand-in for a vLLM 0.16 /metrics body with speculation on (counter names from shared/FACTS.md; a `_created`
+#: sample beside each counter, as prometheus_client exports them).
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} {running}
+# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}
+vllm:spec_decode_num_drafts_created{{engine="0",model_name="m"}} 1.7e9
+# HELP vllm:spec_decode_num_draft_tokens Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {draft_tokens}
+# HELP vllm:spec_decode_num_accepted_tokens Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}
+# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted tokens per draft position.
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="0"}} {p0}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="1"}} {p1}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="2"}} {p2}
+"""
+
+
+def _scrape(**kw) -> metrics.SpecCounters:
+    return metrics.parse(METRICS.format(**{"running": 0, **kw}))
+
+
+def test_deltas_give_vllms_acceptance_length_and_per_position_rates():
+    before = _scrape(drafts=100, draft_tokens=300, accepted=150, p0=80, p1=45, p2=25)
+    after = _scrape(drafts=300, draft_tokens=900, accepted=450, p0=260, p1=130, p2=60, running=2)
+    assert after.requests_running == 2 and after.accepted_per_pos == {0: 260, 1: 130, 2: 60}
+    d = metrics.SpecDelta.between(before, after)
+    assert (d.drafts, d.draft_tokens, d.accepted) == (200, 600, 300)
+    assert d.mean_acceptance_length == pytest.approx(1 + 300 / 200)
+    assert d.acceptance_rate == pytest.approx(0.5)
+    assert d.per_position == pytest.approx({0: 0.9, 1: 0.425, 2: 0.175})
+    with pytest.raises(ValueError, match="went down"):
+        metrics.SpecDelta.between(after, before)
+
+
+def test_a_server_without_speculation_has_no_acceptance_length():
+    d = metrics.SpecDelta.between(metrics.parse(""), metrics.parse(""))
+    assert d.mean_acceptance_length is None and d.per_position == {}
+
+
+def test_humaneval_prompts_split_by_id_and_disjoint_from_training():
+    he = prompts.humaneval()
+    assert len(he) == 164 and he[0].id == "HumanEval/0" and "def " in he[0].text
+    train, gate = prompts.split_by_id(he, 0.25)
+    assert {p.id for p in train}.isdisjoint({p.id for p in gate}) and len(train) + len(gate) == 164
+    assert 20 < len(gate) < 70
+    train2, gate2 = prompts.split_by_id(list(reversed(he)), 0.25)  # by id: order does not matter
+    assert {p.id for p in gate2} == {p.id for p in gate}
+    rec = prompts.disjointness(gate, [p.text for p in train])
+    assert rec["overlap"] == [] and rec["gate_prompts"] == len(gate) and len(rec["gate_sha256"]) == 64
+    leaked = [p.text for p in train] + ["  " + gate[3].text.replace("\n", "\n  ") + "\n"]  # whitespace differs
+    with pytest.raises(prompts.GatePromptsError, match=gate[3].id):
+        prompts.disjointness(gate, leaked)
+
+
+def _level(c: int, tps: float, foreign: float = 0, errors: int = 0) -> LevelResult:
+    return LevelResult(c, 10, errors, 640, 640 / tps, tps, 20.0, 30.0, 100.0, foreign)
+
+
+def _spec(acc: float) -> metrics.SpecDelta:
+    return metrics.SpecDelta(100, 300, (acc - 1) * 100, {0: (acc - 1) * 100})
+
+
+def test_keep_only_when_faster_at_production_concurrency_and_acceptance_above_the_floor():
+    base = {1: _level(1, 100), 8: _level(8, 400)}
+    keep = dec.decide(base, {1: _level(1, 130), 8: _level(8, 380)}, _spec(2.2), production_concurrency=1,
+                      margin=0.1, acceptance_floor=1.5)
+    assert keep.keep and "x1.300" in keep.reason
+    assert keep.figures["levels"]["8"]["throughput_ratio"] == pytest.approx(0.95)  # reported, not deciding
+    slow = dec.decide(base, {1: _level(1, 105), 8: _level(8, 500)}, _spec(2.2), production_concurrency=1,
+                      margin=0.1, acceptance_floor=1.5)
+    assert slow.verdict == "rollback" and "needs x1.100" in slow.reason
+    low = dec.decide(base, {1: _level(1, 200), 8: _level(8, 500)}, _spec(1.2), production_concurrency=1,
+                     margin=0.1, acceptance_floor=1.5)
+    assert low.verdict == "rollback" and "below the floor" in low.reason
+    skewed = dec.decide(base, {1: _level(1, 200, foreign=3), 8: _level(8, 500)}, _spec(2.2),
+                        production_concurrency=1, margin=0.1, acceptance_floor=1.5)
+    assert skewed.verdict == "undecided" and not skewed.keep and "speculative at 1" in skewed.reason
+    neg = dec.decide(base, {1: _level(1, 95), 8: _level(8, 300)}, _spec(1.6), production_concurrency=1,
+                     margin=-0.5, acceptance_floor=1.5)
+    assert neg.keep and neg.figures["margin_is_negative_test_setting"] is True
+    with pytest.raises(ValueError, match="production concurrency 4"):
+        dec.decide(base, base, _spec(2), production_concurrency=4, margin=0, acceptance_floor=1)
+
+
+@pytest.mark.sandbox
+def test_replay_measures_real_vllm_serving_and_sees_foreign_requests(deployed):
+    """Against the sandbox's real vLLM server: exact token counts (ignore_eos), then a level during which another
+    client sends requests is marked as shared."""
+    import httpx
+
+    h, _ = deployed
+    base = f"http://127.0.0.1:{h.serving.port}"
+    gate = [p.text for p in prompts.humaneval()[:4]]
+    r1 = replay_level(base, h.serving.served_model_name, gate, 1, max_tokens=8)
+    r2 = replay_level(base, h.serving.served_model_name, gate, 2, max_tokens=8)
+    for r in (r1, r2):
+        assert r.errors == 0 and r.output_tokens == 4 * 8 and r.output_tokens_per_s > 0
+        assert r.itl_ms_median is not None and r.ttft_ms_median is not None and r.foreign_requests == 0
+    stop = threading.Event()
+
+    def other_client() -> None:
+        body = {"model": h.serving.served_model_name, "prompt": "x", "max_tokens": 64, "ignore_eos": True}
+        while not stop.is_set():
+            httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+
+    threads = [threading.Thread(target=other_client, daemon=True) for _ in range(2)]
+    holder: dict[str, LevelResult] = {}
+    level = threading.Thread(target=lambda: holder.update(r=replay_level(
+        base, h.serving.served_model_name, [p.text for p in prompts.humaneval()[:6]], 1, max_tokens=32)))
+    level.start()
+    time.sleep(1.5)  # the level is running: now someone else's requests arrive
+    for t in threads:
+        t.start()
+    try:
+        level.join(timeout=600)
+        assert holder["r"].foreign_requests >= 1, holder["r"]
+        with pytest.raises(Exception, match="not idle"):  # and a new level refuses to start on the busy server
+            replay_level(base, h.serving.served_model_name, gate, 1, max_tokens=8, idle_timeout_s=3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=180)
