@@ -25,7 +25,7 @@ from eagle3ops.commands import docker as dk  # noqa: E402
 from eagle3ops.commands import host as hc  # noqa: E402
 from eagle3ops.config import load_inventory  # noqa: E402
 from eagle3ops.remote import Remote  # noqa: E402
-from eagle3ops.window import paths, run_window, upload_pipeline_config  # noqa: E402
+from eagle3ops.window import paths, run_window  # noqa: E402
 
 PIPELINE = """target_model: /model
 prepare: {datasets: [builtin:sharegpt], max_seq_len: 256, max_samples: 8}
@@ -56,9 +56,8 @@ def main() -> int:
     with Remote(h) as r:
         dep = json.loads(r.run(hc.cat(paths(h)["deployed"])).stdout)
         run = f"bench-p3-{datetime.now():%Y%m%dT%H%M%S}"  # a fresh run: stages refuse outputs of other inputs
-        upload_pipeline_config(r, run, PIPELINE)
         res = run_window(r, kind="extract", image=dep["image"], expected_image_id=dep["image_id"],
-                         command="benchmarks/window.py", run=run)
+                         command="benchmarks/window.py", run=run, pipeline_text=PIPELINE)
         journal = [json.loads(x) for x in r.run(hc.cat(paths(h, res["window_id"])["journal"])).stdout.splitlines()]
     if res["outcome"] != "ok":
         print(f"window failed: {res}", file=sys.stderr)

@@ -19,7 +19,7 @@ import pytest
 
 from eagle3ops import demo
 from eagle3ops.remote import Remote
-from eagle3ops.window import run_window, serving_release_spec, upload_pipeline_config
+from eagle3ops.window import run_window, serving_release_spec
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.images, pytest.mark.slow]
 PROJECT, SERVICE, PORT = "e3compose", "vllm", 18001
@@ -77,9 +77,8 @@ def test_window_and_release_on_a_compose_service(compose_host):
     [cid] = _service_containers(ch, cf)
     run = f"compose-{uuid.uuid4().hex[:8]}"
     with Remote(ch) as r:
-        upload_pipeline_config(r, run, TINY)
         res = run_window(r, kind="extract", image=dep.tag, expected_image_id=dep.image_id,
-                         command="pytest compose extract", run=run)
+                         command="pytest compose extract", run=run, pipeline_text=TINY)
     assert res["outcome"] == "ok" and res["stages"] == {"prepare": "ok", "extract": "ok"}, res
     # The same Compose container was stopped and started again, and it serves.
     assert _service_containers(ch, cf) == [cid]

@@ -102,7 +102,10 @@ class HostConfig(_Strict):
         default_factory=dict, description="Extra environment for stage containers, e.g. NCCL_PROTO, NCCL_ALGO."
     )
     maintenance_budget_s: float = Field(
-        7200.0, gt=0, description="Longest a window may keep serving down; past it the stage stops and serving returns."
+        7200.0, gt=0, description="Longest a window may keep serving down, in seconds: stages, restore, health gate "
+        "and rollbacks together. The restore's share, min(serving.health_timeout_s, budget / 2), is reserved: stages "
+        "must end by the budget minus that share. A gate still gets up to 120 s past a spent budget to bring serving "
+        "back (recorded as a warning): serving comes before the budget."
     )
     stage_timeout_s: float = Field(3600.0, gt=0, description="Longest one stage may run, in seconds.")
     min_free_gib: float = Field(1.0, ge=0, description="Free space required on data_dir beyond stage estimates.")

@@ -145,7 +145,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end)."""
     from eagle3ops import deployer, images, sandbox
     from eagle3ops.remote import Remote
-    from eagle3ops.window import run_window, upload_pipeline_config
+    from eagle3ops.window import run_window
 
     t_start = time.monotonic()
     figures: list[tuple[str, str]] = []
@@ -181,9 +181,9 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     for kind in ("extract", "train"):
         t = _step(f"5. {kind} window on {SANDBOX}")
         with Remote(h) as r:
-            upload_pipeline_config(r, run, pipeline.read_text())
             res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id,
-                             command=f"eagle3ops {kind} {SANDBOX} --run {run} (demo)", run=run, on_event=_event)
+                             command=f"eagle3ops {kind} {SANDBOX} --run {run} (demo)", run=run, on_event=_event,
+                             pipeline_text=pipeline.read_text())
         from eagle3ops.cli import _summary
 
         _summary(res)
