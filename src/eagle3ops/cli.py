@@ -18,6 +18,7 @@ from rich.table import Table
 
 from eagle3ops import __version__
 from eagle3ops.config import ConfigError, HostConfig, docs, load_inventory
+from eagle3ops.console import print_event, summary
 from eagle3ops.image_cli import app as image_app
 from eagle3ops.patches.cli import app as patch_app
 from eagle3ops.sandbox import app as sandbox_app
@@ -60,34 +61,6 @@ def _fail(msg: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _print_event(ev: dict[str, Any]) -> None:
-    step, event = ev.get("step"), ev.get("event")
-    color = {"ok": "green", "error": "red", "warn": "yellow", "start": "cyan", "done": "bold"}.get(event, "white")
-    extra = {k: v for k, v in ev.items() if k not in ("t", "epoch", "step", "event")}
-    console.print(f"[{color}]{ev.get('t', '')[11:19]} {step:<12} {event:<6}[/{color}] "
-                  + " ".join(f"{k}={v}" for k, v in extra.items()))
-
-
-def _summary(result: dict[str, Any]) -> None:
-    t = Table(title=f"window {result.get('window_id')} ({result.get('kind')})")
-    t.add_column("what")
-    t.add_column("value")
-    t.add_row("outcome", str(result.get("outcome")))
-    if result.get("error"):
-        t.add_row("error", str(result["error"]))
-    for name, outcome in (result.get("stages") or {}).items():
-        secs = (result.get("stage_seconds") or {}).get(name)
-        t.add_row(f"stage {name}", f"{outcome}" + (f" ({secs:.1f} s)" if secs is not None else ""))
-    if result.get("downtime_s") is not None:
-        t.add_row("serving downtime", f"{result['downtime_s']:.1f} s")
-    t.add_row("wall time", f"{result.get('wall_s')} s")
-    t.add_row("serving running", str(result.get("serving_running")))
-    t.add_row("serving release", str(result.get("release")))
-    for w in result.get("warnings") or []:
-        t.add_row("warning", w)
-    Console().print(t)
-
-
 def _deployed(r, required: bool = True) -> dict[str, Any]:
     """The host's ``deployed.json`` (image tag and id); a placeholder in dry runs of a never-deployed host."""
     from eagle3ops.commands import host as hc
@@ -112,12 +85,12 @@ def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, 
         try:
             result = run_window(r, kind=kind, image=host.pipeline_image or dep["image"],
                                 expected_image_id=dep.get("image_id"), command=command,
-                                on_event=_print_event, **kw)
+                                on_event=print_event, **kw)
         except WindowError as exc:
             _fail(str(exc))
     if dry_run:
         return result
-    _summary(result)
+    summary(result)
     if result.get("outcome") != "ok":
         raise typer.Exit(1)
     return result
@@ -229,10 +202,10 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
             return
         p = paths(h, wid)
         for line in r.run(hc.cat_if_exists(p["journal"]), check=False, mutates=False).stdout.splitlines():
-            _print_event(json.loads(line))
+            print_event(json.loads(line))
         res = r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False).stdout
         if res.strip():
-            _summary({**json.loads(res), "window_id": wid})
+            summary({**json.loads(res), "window_id": wid})
         else:
             from eagle3ops.window import hint
 
@@ -247,10 +220,10 @@ def attach(host: str, inventory: Path = InventoryOpt) -> None:
     with _remote(_host(inventory, host)) as r:
         wid = _newest_window(r, "attach to")
         try:
-            result = finish_window(r, wid, watch(r, wid, on_event=_print_event), command="attach")
+            result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="attach")
         except WindowError as exc:
             _fail(str(exc))
-    _summary(result)
+    summary(result)
 
 
 @app.command()
@@ -264,10 +237,10 @@ def recover(host: str, inventory: Path = InventoryOpt) -> None:
         try:
             if not relaunch(r, wid, fallback_image=None if deployed.startswith("<") else deployed):
                 console.print(f"window {wid} already finished with serving running")
-            result = finish_window(r, wid, watch(r, wid, on_event=_print_event), command="recover")
+            result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="recover")
         except WindowError as exc:
             _fail(str(exc))
-    _summary(result)
+    summary(result)
 
 
 @app.command()

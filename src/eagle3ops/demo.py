@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3ops.config import HostConfig, load_inventory
+from eagle3ops.console import print_event, summary
 
 console = Console()
 SANDBOX = "sandbox"
@@ -32,9 +33,7 @@ def _step(title: str) -> float:
 
 
 def _event(ev: dict[str, Any]) -> None:
-    from eagle3ops.cli import _print_event
-
-    _print_event(ev)
+    print_event(ev)
 
 
 def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = False) -> bool:
@@ -69,14 +68,17 @@ def build_tiny_model(image: str, model_path: str) -> None:
     """
     import docker
 
+    from eagle3ops.commands import provision
+
     out = Path(model_path)
     if (out / "config.json").exists():
         console.print(f"tiny model already at {out}")
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     client = docker.from_env()
+    argv = provision.tiny_model(f"/out/{out.name}", "llama")
     logs = client.containers.run(
-        image, entrypoint=["python3"], command=["-m", "eagle3ops.tinymodel", f"/out/{out.name}", "--kind", "llama"],
+        image, entrypoint=argv[:1], command=argv[1:],
         volumes={str(out.parent): {"bind": "/out", "mode": "rw"}}, network_mode="host", remove=True,
         environment={"HF_HUB_OFFLINE": "1"},
     )
@@ -184,9 +186,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
             res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id,
                              command=f"eagle3ops {kind} {SANDBOX} --run {run} (demo)", run=run, on_event=_event,
                              pipeline_text=pipeline.read_text())
-        from eagle3ops.cli import _summary
-
-        _summary(res)
+        summary(res)
         ok &= res["outcome"] == "ok"
         figures.append((f"{kind} window", f"{res['outcome']}, wall {res['wall_s']} s, serving downtime "
                                            f"{res['downtime_s']} s"))

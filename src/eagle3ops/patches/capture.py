@@ -31,17 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from eagle3ops.commands import capture as cc
 from eagle3ops.patches.errors import RemoteError, PatchToolError
 from eagle3ops.patches.record import RecordEntry, package_entries, parse_record, top_levels_of
 from eagle3ops.patches.series import Pin, Series, normalize_name
 
 Runner = Callable[[list[str]], str]
 
-_LOCATE_PY = (
-    "import importlib.metadata as m, json, sys\n"
-    "d = m.distribution(sys.argv[1])\n"
-    "print(json.dumps({'site': str(d.locate_file('')), 'version': d.version, 'dist_info': str(d._path)}))\n"
-)
 
 
 def local_docker_runner(container: str, *, docker: str = "docker", docker_host: str | None = None) -> Runner:
@@ -49,10 +45,9 @@ def local_docker_runner(container: str, *, docker: str = "docker", docker_host: 
 
     Raises (from the runner): :class:`RemoteError` naming the container, command and stderr.
     """
-    base = [docker] + (["-H", docker_host] if docker_host else []) + ["exec", container]
-
     def run(argv: list[str]) -> str:
-        proc = subprocess.run(base + list(argv), capture_output=True, check=False)
+        proc = subprocess.run(cc.docker_exec(container, argv, docker=docker, docker_host=docker_host),
+                              capture_output=True, check=False)
         if proc.returncode != 0:
             raise RemoteError(
                 f"in container {container}: {' '.join(argv[:3])}... exited {proc.returncode}: "
@@ -68,11 +63,9 @@ def remote_docker_runner(remote: object, container: str, *, docker_host: str | N
     """Wrap an :class:`eagle3ops.remote.Remote` (``.run(argv, check=True, mutates=False) -> Result`` with
     ``.stdout``) into a runner that executes ``docker [-H docker_host] exec <container> argv...`` on that host.
     Quoting is done once, by ``Remote``; every command here only reads (``mutates=False``)."""
-    base = ["docker"] + (["-H", docker_host] if docker_host else []) + ["exec", container]
-
     def run(argv: list[str]) -> str:
         try:
-            res = remote.run(base + list(argv), check=True, mutates=False)  # type: ignore[attr-defined]
+            res = remote.run(cc.docker_exec(container, argv, docker_host=docker_host), check=True, mutates=False)  # type: ignore[attr-defined]
         except PatchToolError:
             raise
         except Exception as e:  # noqa: BLE001 - the executor's own error type; keep its message
@@ -118,12 +111,12 @@ def locate(run: Runner, package: str, *, python: str = "python3") -> tuple[str, 
         RemoteError: not found, or found more than once by ``find`` (then pass the site dir explicitly).
     """
     try:
-        info = json.loads(run([python, "-c", _LOCATE_PY, package]).strip().splitlines()[-1])
+        info = json.loads(run(cc.locate(python, package)).strip().splitlines()[-1])
         return info["site"].rstrip("/"), info["dist_info"].rstrip("/"), info["version"]
     except (RemoteError, PatchToolError, ValueError, KeyError, IndexError):
         pass
     stem = normalize_name(package).replace("-", "_")
-    out = run(["find", "/", "-xdev", "-type", "d", "-name", f"{stem}-*.dist-info"])
+    out = run(cc.find_dist_info("/", stem))
     hits = [ln.strip() for ln in out.splitlines() if ln.strip() and "-packages/" in ln]
     if len(hits) != 1:
         raise RemoteError(
@@ -137,7 +130,7 @@ def locate(run: Runner, package: str, *, python: str = "python3") -> tuple[str, 
 
 def _dist_info_in(run: Runner, site_dir: str, package: str) -> tuple[str, str]:
     stem = normalize_name(package).replace("-", "_")
-    out = run(["find", site_dir, "-maxdepth", "1", "-type", "d", "-name", f"{stem}-*.dist-info"])
+    out = run(cc.find_dist_info(site_dir, stem, maxdepth=1))
     hits = [ln.strip() for ln in out.splitlines() if ln.strip()]
     if len(hits) != 1:
         raise RemoteError(f"{site_dir}: expected one {stem}-*.dist-info, found {hits}", fix="check --site-dir")
@@ -147,7 +140,7 @@ def _dist_info_in(run: Runner, site_dir: str, package: str) -> tuple[str, str]:
 
 def fetch_bytes(run: Runner, path: str) -> bytes:
     """Read a file in the container byte-exactly (``base64`` there, decoded here)."""
-    return base64.b64decode("".join(run(["base64", path]).split()))
+    return base64.b64decode("".join(run(cc.base64(path)).split()))
 
 
 def inspect_container(run: Runner, package: str, *, site_dir: str | None = None, python: str = "python3") -> ContainerPackage:
@@ -161,10 +154,10 @@ def inspect_container(run: Runner, package: str, *, site_dir: str | None = None,
         dist_info, version = _dist_info_in(run, site, package)
     else:
         site, dist_info, version = locate(run, package, python=python)
-    entries = parse_record(run(["cat", f"{dist_info}/RECORD"]))
+    entries = parse_record(run(cc.cat(f"{dist_info}/RECORD")))
     tops = top_levels_of(entries)
     record = package_entries(entries, tops)
-    present_out = run(["find", *[f"{site}/{t}" for t in tops], "-type", "f"])
+    present_out = run(cc.find_files([f"{site}/{t}" for t in tops]))
     present = set()
     for ln in present_out.splitlines():
         ln = ln.strip()
@@ -179,7 +172,7 @@ def inspect_container(run: Runner, package: str, *, site_dir: str | None = None,
     cp.added = sorted(p for p in present if p not in record)
     to_hash = sorted(p for p in present)
     if to_hash:
-        out = run(["sha256sum", *[f"{site}/{p}" for p in to_hash]])
+        out = run(cc.sha256sum([f"{site}/{p}" for p in to_hash]))
         for ln in out.splitlines():
             parts = ln.split(None, 1)
             if len(parts) != 2:
@@ -196,7 +189,7 @@ def inspect_container(run: Runner, package: str, *, site_dir: str | None = None,
         if hashlib.sha256(cp.contents[p]).hexdigest() != cp.remote_sha256[p]:
             raise RemoteError(f"{p}: content fetched does not match its sha256 in the container", fix="retry; the file may be changing")
     try:
-        cp.manifest = json.loads(run(["cat", f"{site}/eagle3ops_patches/{normalize_name(package)}.json"]))
+        cp.manifest = json.loads(run(cc.cat(f"{site}/eagle3ops_patches/{normalize_name(package)}.json")))
     except (RemoteError, PatchToolError, ValueError):
         cp.manifest = None
     return cp

@@ -1,0 +1,8 @@
+"""Provisioning commands run in a container of the pipeline image on the build engine (the sandbox's model), as argv."""
+
+from __future__ import annotations
+
+
+def tiny_model(out_dir: str, kind: str = "llama", seed: int = 0) -> list[str]:
+    """Build a tiny local target (:mod:`eagle3ops.tinymodel`) into ``out_dir`` (a path inside the container)."""
+    return ["python3", "-m", "eagle3ops.tinymodel", out_dir, "--kind", kind, "--seed", str(seed)]
