@@ -32,10 +32,6 @@ def _step(title: str) -> float:
     return time.monotonic()
 
 
-def _event(ev: dict[str, Any]) -> None:
-    print_event(ev)
-
-
 def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = False) -> bool:
     """True when the sandbox's server answers /health 200 and lists its model (the sandbox shares our loopback).
 
@@ -184,7 +180,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
         t = _step(f"5. {kind} window on {SANDBOX}")
         with Remote(h) as r:
             res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id,
-                             command=f"eagle3ops {kind} {SANDBOX} --run {run} (demo)", run=run, on_event=_event,
+                             command=f"eagle3ops {kind} {SANDBOX} --run {run} (demo)", run=run, on_event=print_event,
                              pipeline_text=pipeline.read_text())
         summary(res)
         ok &= res["outcome"] == "ok"
@@ -202,11 +198,11 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
 
             rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
                              command=f"eagle3ops release {SANDBOX} --arg --max-num-seqs --arg 8 (demo)",
-                             new_spec=serving_release_spec(h, ["--max-num-seqs", "8"]), on_event=_event)
+                             new_spec=serving_release_spec(h, ["--max-num-seqs", "8"]), on_event=print_event)
             figures.append(("release", f"{rel['outcome']} → release {rel['release']}, {rel['wall_s']} s"))
             prev = res["release"]  # live before the new release (release numbers need not be consecutive)
             rb = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,
-                            command=f"eagle3ops rollback {SANDBOX} (demo)", on_event=_event)
+                            command=f"eagle3ops rollback {SANDBOX} (demo)", on_event=print_event)
             figures.append(("rollback", f"{rb['outcome']} → release {rb['release']}, {rb['wall_s']} s"))
             ok &= rel["outcome"] == "ok" and rb["outcome"] == "ok" and rb["release"] == prev
 
