@@ -37,6 +37,7 @@ from fabric import Config, Connection
 from fabric.runners import Remote as _FabricRunner
 from invoke.exceptions import CommandTimedOut, ThreadException, UnexpectedExit
 
+from eagle3ops.commands.quote import render  # noqa: F401 - the one quoting function, used here
 from eagle3ops.config import HostConfig
 
 #: Seconds of SSH transport keepalive (``keepalive@openssh.com``), and the idle time before the first TCP
@@ -89,21 +90,6 @@ class RemoteCommandError(RemoteError):
 
 class _SessionOpenFailed(Exception):
     """Opening the session channel failed: the command never started, so running it again is safe."""
-
-
-def render(argv: Sequence[str]) -> str:
-    """Quote an argv list for a POSIX shell: the single place where commands become strings.
-
-    Args:
-        argv: program and arguments; each element becomes exactly one shell word.
-
-    Raises:
-        TypeError: an element is not a ``str`` (a bug in a command builder).
-    """
-    for a in argv:
-        if not isinstance(a, str):
-            raise TypeError(f"argv elements must be str, got {type(a).__name__}: {a!r} in {argv!r}")
-    return shlex.join(argv)
 
 
 @dataclass

@@ -410,7 +410,7 @@ def _start_sshd(inf: SandboxInfo, sshd: str) -> None:
 
 
 def _ssh_argv(inf: SandboxInfo, remote_argv: list[str]) -> list[str]:
-    from eagle3ops.remote import render
+    from eagle3ops.commands.quote import render
 
     return ["ssh", "-F", "/dev/null", "-p", str(inf.ssh_port), "-i", str(inf.identity_file),
             "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",

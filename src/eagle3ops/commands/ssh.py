@@ -9,7 +9,7 @@ from eagle3ops.config import HostConfig
 
 
 def openssh(host: HostConfig, remote_argv: Sequence[str], config_file: Path | str) -> list[str]:
-    """OpenSSH client argv running ``remote_argv`` (quoted once by :func:`eagle3ops.remote.render`) on ``host``.
+    """OpenSSH client argv running ``remote_argv`` (quoted once by :func:`eagle3ops.commands.quote.render`) on ``host``.
 
     Args:
         host: the inventory entry; ``hostname`` may be an ssh_config alias (``ProxyJump`` works).
@@ -22,9 +22,9 @@ def openssh(host: HostConfig, remote_argv: Sequence[str], config_file: Path | st
         ``["ssh", "-F", config_file, ..., "--", hostname, "<rendered command>"]``.
 
     Raises:
-        TypeError: an element of ``remote_argv`` is not a ``str`` (from :func:`eagle3ops.remote.render`).
+        TypeError: an element of ``remote_argv`` is not a ``str`` (from :func:`eagle3ops.commands.quote.render`).
     """
-    from eagle3ops.remote import render
+    from eagle3ops.commands.quote import render
 
     argv = ["ssh", "-F", str(config_file)]
     if host.port:

@@ -153,7 +153,7 @@ class ParamikoStream(ByteStream):
     name = "paramiko"
 
     def __init__(self, remote, remote_argv: Sequence[str], stall_s: float = STALL_S):
-        from eagle3ops.remote import render
+        from eagle3ops.commands.quote import render
 
         self.host = remote.host
         transport = remote.connection.client.get_transport()

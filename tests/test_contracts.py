@@ -1,0 +1,66 @@
+"""Architecture contracts (ARCHITECTURE.md): which layer may import which, and where command lines are built.
+
+1. Import contracts, declared in pyproject.toml ``[tool.importlinter]``, checked by import-linter (``lint-imports``).
+2. No module outside ``src/eagle3ops/commands/`` builds the argv of anything run on a host or through a Docker
+   engine: an AST scan for list displays whose first element names a program. The exceptions are local tools that
+   never reach a host or an engine of a host, each with its reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src/eagle3ops"
+
+#: Programs whose argv must come from commands/ (run on a host, in a container, or through a Docker engine).
+PROGRAMS = {
+    "docker", "docker-compose", "ssh", "sh", "bash", "mkdir", "cat", "tee", "rm", "mv", "find", "test", "kill",
+    "sha256sum", "base64", "python3", "id", "df", "ls", "tail", "nvidia-smi", "zstd", "systemctl", "ps",
+    "curl", "chown", "chmod", "git", "patch", "diff", "ip", "tc", "dpkg", "apt-get", "apt-cache", "useradd",
+    "groupadd", "usermod", "umount", "ssh-keygen", "sshd", "dockerd", "pip", "uv",
+}
+#: module (relative to src/eagle3ops) -> programs it may start itself, and why.
+LOCAL_TOOLS: dict[str, tuple[set[str], str]] = {
+    "sandbox.py": ({"usermod", "groupadd", "useradd", "docker", "apt-get", "apt-cache", "dpkg", "ip", "ssh", "sh"},
+                   "the sandbox's own daemons, user and engine packages on this machine (it is the host)"),
+    "images.py": ({"git"}, "this checkout's revision for the image label (local git)"),
+}
+
+
+def test_import_contracts_hold():
+    lint = Path(sys.executable).parent / "lint-imports"
+    cp = subprocess.run([str(lint), "--config", str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True,
+                        text=True, timeout=300, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+    assert cp.returncode == 0, cp.stdout[-4000:] + cp.stderr[-2000:]
+    assert "BROKEN" not in cp.stdout and "Contracts:" in cp.stdout
+
+
+def _argv_displays(path: Path) -> list[tuple[int, str]]:
+    """(line, program) of each list display in ``path`` whose first element is a program name of PROGRAMS."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant) \
+                and node.elts[0].value in PROGRAMS:
+            found.append((node.lineno, node.elts[0].value))
+    return found
+
+
+def test_command_lines_are_built_only_in_commands():
+    offenders = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("commands/"):
+            continue
+        allowed = LOCAL_TOOLS.get(rel, (set(), ""))[0]
+        offenders += [f"{rel}:{line}: {prog}" for line, prog in _argv_displays(path) if prog not in allowed]
+    assert offenders == [], "build these argv in src/eagle3ops/commands/:\n" + "\n".join(offenders)
+
+
+def test_the_scan_sees_an_argv_display(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text('def f(h):\n    return ["docker", "-H", h, "ps"]\n')
+    assert _argv_displays(p) == [(2, "docker")]
