@@ -244,6 +244,24 @@ def recover(host: str, inventory: Path = InventoryOpt) -> None:
 
 
 @app.command()
+def report(host: str, run: str = typer.Option(..., "--run", help="The pipeline run to report on."),
+           inventory: Path = InventoryOpt,
+           out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default reports/<host>-<run>/).")
+           ) -> None:
+    """Write the run's HTML report: window timeline, training curves, acceptance and throughput plots."""
+    from eagle3ops import report as rep
+
+    h = _host(inventory, host)
+    with _remote(h) as r:
+        data = rep.collect(r, h, run)
+    if not data["windows"] and not data["train_metrics"]:
+        _fail(f"{host}: nothing recorded for run {run!r} (no window and no training metrics); check --run")
+    folder = out or Path("reports") / f"{host}-{run}"
+    rep.render(data, folder)
+    console.print(f"report: {folder / 'index.html'}")
+
+
+@app.command()
 def audit(host: str, inventory: Path = InventoryOpt) -> None:
     """The host's audit log: who, when, what, outcome."""
     from eagle3ops.window import audit_entries

@@ -206,6 +206,17 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
             figures.append(("rollback", f"{rb['outcome']} → release {rb['release']}, {rb['wall_s']} s"))
             ok &= rel["outcome"] == "ok" and rb["outcome"] == "ok" and rb["release"] == prev
 
+    if ok:
+        t = _step("7. the run's report (HTML + plots)")
+        from eagle3ops import report
+
+        with Remote(h) as r:
+            data = report.collect(r, h, run)
+        folder = Path("reports") / f"{SANDBOX}-{run}"
+        report.render(data, folder)
+        figures.append(("report", f"{folder / 'index.html'} ({len(data['windows'])} windows, "
+                                  f"{len(data['train_metrics'])} train steps)"))
+
     healthy = serving_healthy(h, completion=True)
     figures.append(("serving healthy at the end", str(healthy)))
     figures.append(("demo wall time", f"{time.monotonic() - t_start:.1f} s"))

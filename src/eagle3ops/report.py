@@ -1,0 +1,228 @@
+"""The run report: one HTML page (jinja2) with PNG plots (matplotlib) of a run's measured results.
+
+``eagle3ops report HOST --run RUN`` reads, over SSH and read-only, what the host recorded for the run — each
+window's ``plan.json``/``journal.jsonl``/``result.json`` under ``<state_dir>/windows/``, the train stage's
+``metrics.jsonl`` and ``manifest.json``, the speculation gate's ``speculate/result.json`` under
+``<data_dir>/runs/<run>/`` — and renders locally:
+
+- ``timeline.png``: each window's steps (stop, stages, restore, health...) on one time axis, serving downtime shaded;
+- ``train.png``: training loss and per-position full accuracy (``full_acc_k``) per step;
+- ``acceptance.png``: acceptance rate per draft position, measured on the host beside the offline estimate;
+- ``throughput.png``: output tokens/s against concurrency, baseline and speculative releases;
+- ``index.html``: the tables and the plots.
+
+:func:`render` returns the exact series it plotted (read back from the matplotlib artists), so a test can check
+the picture against the source JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["collect", "plan_run", "render"]
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line of a file still being written
+    return out
+
+
+def plan_run(plan: dict[str, Any]) -> str | None:
+    """The run a window's plan belongs to: its ``run`` field, else the ``--run-dir .../runs/<run>`` of its stages
+    (release and rollback windows belong to no run unless their plan names one)."""
+    if plan.get("run"):
+        return str(plan["run"])
+    for st in plan.get("stages") or []:
+        cmd = list((st.get("spec") or {}).get("command") or [])
+        if "--run-dir" in cmd and cmd.index("--run-dir") + 1 < len(cmd):
+            return Path(cmd[cmd.index("--run-dir") + 1]).name
+    return None
+
+
+def collect(r: Any, host: Any, run: str) -> dict[str, Any]:
+    """Read what ``host`` recorded for ``run`` through ``r`` (an :class:`eagle3ops.remote.Remote`); read-only.
+
+    Returns:
+        ``{"host", "run", "windows": [{"plan", "result", "journal"}...] (in start order), "train_metrics": [...],
+        "train_manifest": {...} | None, "speculate": {...} | None}``.
+    """
+    from eagle3ops.commands import host as hc
+
+    def cat(path: str) -> str:
+        return r.run(hc.cat_if_exists(path), check=False, mutates=False).stdout
+
+    wdir = f"{host.state_dir}/windows"
+    windows = []
+    for wid in sorted(r.run(hc.ls(wdir), check=False, mutates=False).stdout.split()):
+        try:
+            plan = json.loads(cat(f"{wdir}/{wid}/plan.json") or "{}")
+        except ValueError:
+            continue
+        if plan_run(plan) != run:
+            continue
+        result = cat(f"{wdir}/{wid}/result.json")
+        windows.append({"plan": plan, "result": json.loads(result) if result.strip() else None,
+                        "journal": _json_lines(cat(f"{wdir}/{wid}/journal.jsonl"))})
+    rdir = f"{host.data_dir}/runs/{run}"
+    manifest = cat(f"{rdir}/train/manifest.json")
+    spec = cat(f"{rdir}/speculate/result.json")
+    return {"host": host.name, "run": run, "windows": windows,
+            "train_metrics": _json_lines(cat(f"{rdir}/train/metrics.jsonl")),
+            "train_manifest": json.loads(manifest) if manifest.strip() else None,
+            "speculate": json.loads(spec) if spec.strip() else None}
+
+
+def _window_label(plan: dict[str, Any]) -> str:
+    """``prepare+extract``, ``vocab+train``, or the plan's kind (release, rollback)."""
+    names = [st.get("name") for st in plan.get("stages") or [] if st.get("name")]
+    return "+".join(names) if names else str(plan.get("kind", "?"))
+
+
+def _steps(journal: list[dict[str, Any]]) -> list[tuple[str, float, float, str]]:
+    """(step, start epoch s, end epoch s, outcome) of each journal step that started and ended."""
+    open_: dict[str, float] = {}
+    out = []
+    for ev in journal:
+        step, event, t = ev.get("step"), ev.get("event"), ev.get("epoch")
+        if step is None or t is None:
+            continue
+        if event == "start":
+            open_[step] = float(t)
+        elif event in ("ok", "error", "failed") and step in open_:
+            out.append((step, open_.pop(step), float(t), event))
+    return out
+
+
+def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Write ``index.html`` and the PNG plots for ``data`` (what :func:`collect` returns) into ``out_dir``.
+
+    Returns:
+        the plotted series: ``timeline`` [(window_id, step, start_s, end_s)] (seconds from the run's first event),
+        ``loss`` and ``full_acc_<k>`` [(step, value)], ``acceptance_measured`` / ``acceptance_offline``
+        {position: rate}, ``throughput`` {"baseline"|"speculative": [(concurrency, tokens/s)]}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    from eagle3ops import __version__
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plotted: dict[str, Any] = {}
+
+    # Window timeline
+    windows = data.get("windows") or []
+    t0 = min((ev["epoch"] for w in windows for ev in w["journal"] if "epoch" in ev), default=0.0)
+    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.5 * max(1, len(windows))))
+    tab = plt.get_cmap("tab10").colors
+    palette = iter([tab[i] for i in (0, 1, 4, 5, 6, 8, 9)])  # not the red/greens/grey of stop/restore/record
+    colors: dict[str, Any] = {"stop": "#d62728", "restore": "#2ca02c", "health": "#98df8a", "record": "#7f7f7f"}
+    labelled: set[str] = set()
+    timeline = []
+    for i, w in enumerate(windows):
+        wid = w["plan"].get("window_id", "?")
+        steps = _steps(w["journal"])
+        stop = next((s for s in steps if s[0] == "stop"), None)
+        health = [s for s in steps if s[0] == "health" and s[3] == "ok"]
+        if stop and health:  # serving down from the stop's start until the health gate passed
+            ax.barh(i, health[-1][2] - stop[1], left=stop[1] - t0, height=0.8, color="#fdd", zorder=0)
+        for name, a, b, outcome in steps:
+            if name not in colors:
+                colors[name] = next(palette, "#1f77b4")
+            ax.barh(i, b - a, left=a - t0, height=0.5, color=colors[name],
+                    edgecolor="black" if outcome != "ok" else None, label=None if name in labelled else name)
+            labelled.add(name)
+            timeline.append((wid, name, round(a - t0, 3), round(b - t0, 3)))
+    ax.set_yticks(range(len(windows)), [_window_label(w["plan"]) for w in windows])
+    if labelled:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.set_xlabel("seconds since the run's first window step (shaded: serving down)")
+    ax.set_title("maintenance windows")
+    fig.tight_layout()
+    fig.savefig(out_dir / "timeline.png", dpi=100)
+    plt.close(fig)
+    plotted["timeline"] = timeline
+
+    # Training curves
+    metrics = data.get("train_metrics") or []
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    if metrics:
+        steps = [m["step"] for m in metrics]
+        (line,) = ax1.plot(steps, [m["loss"] for m in metrics], marker=".")
+        plotted["loss"] = list(zip(line.get_xdata().tolist(), line.get_ydata().tolist()))
+        for k in sorted({key for m in metrics for key in m if key.startswith("full_acc_")}):
+            (line,) = ax2.plot(steps, [m.get(k) for m in metrics], marker=".", label=k)
+            plotted[k] = list(zip(line.get_xdata().tolist(), line.get_ydata().tolist()))
+        ax2.legend(fontsize=8)
+    ax1.set(title="training loss", xlabel="step")
+    ax2.set(title="full accuracy per draft position", xlabel="step", ylim=(0, 1))
+    fig.tight_layout()
+    fig.savefig(out_dir / "train.png", dpi=100)
+    plt.close(fig)
+
+    # Acceptance per position: measured vs offline estimate
+    manifest = data.get("train_manifest") or {}
+    offline = manifest.get("offline_estimate") or None
+    spec = data.get("speculate") or None
+    measured = {int(k): float(v) for k, v in
+                ((spec or {}).get("spec_decode", {}).get("acceptance_per_position") or {}).items()}
+    offline_pos = {int(k): float(v) for k, v in ((offline or {}).get("per_position") or {}).items()}
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.4
+    if measured:
+        bars = ax.bar([p - width / 2 for p in sorted(measured)], [measured[p] for p in sorted(measured)], width,
+                      label="measured on the host")
+        plotted["acceptance_measured"] = {p: b.get_height() for p, b in zip(sorted(measured), bars)}
+    if offline_pos:
+        bars = ax.bar([p + width / 2 for p in sorted(offline_pos)], [offline_pos[p] for p in sorted(offline_pos)],
+                      width, label="offline estimate (optimistic)")
+        plotted["acceptance_offline"] = {p: b.get_height() for p, b in zip(sorted(offline_pos), bars)}
+    ax.set(title="acceptance rate per draft position", xlabel="position", ylim=(0, 1))
+    if measured or offline_pos:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "acceptance.png", dpi=100)
+    plt.close(fig)
+
+    # Throughput against concurrency
+    levels = (spec or {}).get("levels") or {}
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    thr: dict[str, list[tuple[float, float]]] = {}
+    for side in ("baseline", "speculative"):
+        pts = sorted((int(c), float(lv[side]["output_tokens_per_s"])) for c, lv in levels.items())
+        if pts:
+            (line,) = ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=side)
+            thr[side] = list(zip(line.get_xdata().tolist(), line.get_ydata().tolist()))
+    plotted["throughput"] = thr
+    ax.set(title="output tokens/s against concurrency", xlabel="concurrent requests", ylabel="tokens/s")
+    if thr:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "throughput.png", dpi=100)
+    plt.close(fig)
+
+    env = Environment(loader=PackageLoader("eagle3ops", "templates"), autoescape=select_autoescape())
+    rows = []
+    for w in windows:
+        res = w.get("result") or {}
+        rows.append({"window_id": w["plan"].get("window_id"), "kind": w["plan"].get("kind"),
+                     "outcome": res.get("outcome", "running or lost"), "downtime_s": res.get("downtime_s"),
+                     "wall_s": res.get("wall_s"), "stage_seconds": res.get("stage_seconds") or {},
+                     "release": res.get("release"), "warnings": res.get("warnings") or []})
+    html = env.get_template("report.html.j2").render(
+        run=data.get("run"), host=data.get("host"), generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        version=__version__, windows=rows, train_steps=len(metrics),
+        final_loss=metrics[-1]["loss"] if metrics else None, train_manifest=manifest, offline=offline,
+        decision=spec)
+    (out_dir / "index.html").write_text(html)
+    return plotted

@@ -1,0 +1,74 @@
+"""The run report (issue 19): rendered from results recorded by a real `make demo` run on the sandbox
+(tests/data/report/demo-run.json: what :func:`eagle3ops.report.collect` read from the host: two windows' plans,
+journals and results, the train stage's metrics and manifest), plus a speculation-gate decision computed by
+:func:`eagle3ops.speculate.decide.decide`. The plotted numbers are checked against the source JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3ops import report
+from eagle3ops.speculate import decide as dec
+from eagle3ops.speculate.metrics import SpecDelta
+from eagle3ops.speculate.replay import LevelResult
+
+DATA = Path(__file__).parent / "data/report/demo-run.json"
+
+
+@pytest.fixture()
+def recorded() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def test_report_plots_exactly_the_recorded_numbers(tmp_path, recorded):
+    plotted = report.render(recorded, tmp_path)
+    for f in ("index.html", "timeline.png", "train.png", "acceptance.png", "throughput.png"):
+        assert (tmp_path / f).stat().st_size > 1000 or f == "index.html"
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    metrics = recorded["train_metrics"]
+    assert plotted["loss"] == [(m["step"], m["loss"]) for m in metrics]
+    assert plotted["full_acc_2"] == [(m["step"], m["full_acc_2"]) for m in metrics]
+    # timeline: every started-and-finished journal step of both windows, on one clock
+    t0 = min(ev["epoch"] for w in recorded["windows"] for ev in w["journal"])
+    expected = []
+    for w in recorded["windows"]:
+        starts = {}
+        for ev in w["journal"]:
+            if ev["event"] == "start":
+                starts[ev["step"]] = ev["epoch"]
+            elif ev["event"] in ("ok", "error", "failed") and ev["step"] in starts:
+                expected.append((w["plan"]["window_id"], ev["step"], round(starts.pop(ev["step"]) - t0, 3),
+                                 round(ev["epoch"] - t0, 3)))
+    assert plotted["timeline"] == expected
+    assert {s for _, s, *_ in expected} >= {"stop", "prepare", "extract", "vocab", "train", "restore", "health"}
+    html = (tmp_path / "index.html").read_text()
+    for w in recorded["windows"]:
+        r = w["result"]
+        assert r["window_id"] in html and str(r["downtime_s"]) in html
+    assert "No speculative release was measured" in html
+
+
+def test_report_shows_the_gate_decision_and_its_figures(tmp_path, recorded):
+    base = {1: LevelResult(1, 8, 0, 512, 10.0, 51.2, 19.0, 22.0, 120.0, 0),
+            4: LevelResult(4, 8, 0, 512, 4.0, 128.0, 30.0, 35.0, 150.0, 0)}
+    spec = {1: LevelResult(1, 8, 0, 512, 8.0, 64.0, 15.0, 18.0, 130.0, 0),
+            4: LevelResult(4, 8, 0, 512, 4.2, 121.9, 33.0, 38.0, 160.0, 0)}
+    d = dec.decide(base, spec, SpecDelta(100, 300, 120, {0: 70, 1: 35, 2: 15}), production_concurrency=1,
+                   margin=0.1, acceptance_floor=1.5)
+    recorded["speculate"] = {"verdict": d.verdict, "reason": d.reason, **d.figures}
+    recorded["train_manifest"]["offline_estimate"] = {"acceptance_length": 2.1,
+                                                      "per_position": {"0": 0.8, "1": 0.5, "2": 0.3}}
+    plotted = report.render(recorded, tmp_path)
+    assert plotted["throughput"] == {"baseline": [(1, 51.2), (4, 128.0)], "speculative": [(1, 64.0), (4, 121.9)]}
+    assert plotted["acceptance_measured"] == pytest.approx({0: 0.7, 1: 0.35, 2: 0.15})
+    assert plotted["acceptance_offline"] == pytest.approx({0: 0.8, 1: 0.5, 2: 0.3})
+    html = (tmp_path / "index.html").read_text()
+    assert "keep" in html and d.reason in html and "2.1" in html
+
+
+def test_plan_run_reads_the_stage_run_dir(recorded):
+    assert {report.plan_run(w["plan"]) for w in recorded["windows"]} == {recorded["run"]}
+    assert report.plan_run({"run": "r1"}) == "r1" and report.plan_run({"stages": []}) is None
