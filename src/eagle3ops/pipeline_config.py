@@ -155,6 +155,12 @@ class TrainConfig(_Strict):
         ),
     )
     noise_std: float = Field(0.0, ge=0, description="Uniform noise added to aux hidden states (0 = none).")
+    held_out_fraction: float = Field(
+        0.1, ge=0, lt=1,
+        description="Samples held out of training (by a salted hash of the sample index) for the offline estimate "
+        "of acceptance length at the end of the stage; 0 = none (then no estimate). At least one sample is held "
+        "out when the fraction is > 0 and there are two or more.",
+    )
     nproc: int | Literal["auto"] = Field(
         "auto",
         description=(

@@ -529,6 +529,26 @@ def test_dense_attention_equals_speculators_flex_attention(trained_base):
     assert torch.allclose(out[0][1], out[1][1], rtol=1e-4, atol=1e-7)
 
 
+def test_train_manifest_carries_the_offline_estimate_from_held_out_samples(tmp_path, trained_base):
+    """Issue 19: the train manifest holds a teacher-forced acceptance-length estimate measured on samples the head
+    never trained on: 1 + the sum of full_acc_k over positions, each a rate in [0, 1]."""
+    from eagle3ops.stages.train import held_out_indices
+
+    run = _copy(trained_base, tmp_path / "run")
+    fig = run_train(run, cfg_of(run), log=QUIET)
+    est = json.loads((run / "train/manifest.json").read_text())["offline_estimate"]
+    assert est == fig["offline_estimate"] and "optimistic" in est["kind"]
+    n = len(json.loads((run / "extract/manifest.json").read_text())["sample_files"])
+    held = held_out_indices(n, cfg_of(run).train.held_out_fraction, cfg_of(run).seed)
+    assert est["held_out_samples"] == len(held) >= 1 and est["held_out_tokens"] > 0
+    per = {int(k): v for k, v in est["per_position"].items()}
+    assert sorted(per) == list(range(cfg_of(run).train.ttt_steps)) and all(0 <= v <= 1 for v in per.values())
+    assert est["acceptance_length"] == pytest.approx(1 + sum(per.values()), abs=1e-5)
+    assert all(per[k] >= per[k + 1] - 1e-9 for k in range(len(per) - 1))  # all-correct-so-far cannot grow
+    # the held-out samples are not in what the stage trained on
+    assert held_out_indices(n, 0.0, 0) == set() and len(held_out_indices(n, 0.99, 0)) < n
+
+
 def test_train_final_checkpoint_format(tmp_path, trained_base):
     run = _copy(trained_base, tmp_path / "run")
     run_train(run, cfg_of(run), log=QUIET)

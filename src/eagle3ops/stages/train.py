@@ -56,6 +56,7 @@ resume follows the new world size's sampler.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -239,6 +240,57 @@ def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any
     return json.loads(done.read_text())
 
 
+def held_out_indices(n: int, fraction: float, seed: int) -> set[int]:
+    """Sample indices held out of training: those whose ``sha256(f"{seed}:{i}")`` falls in the first ``fraction`` of
+    the range (stable for a run, independent of world size); at least one when ``fraction > 0`` and ``n >= 2``,
+    never all."""
+    if fraction <= 0 or n < 2:
+        return set()
+    keys = {i: int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:8], "big") for i in range(n)}
+    held = {i for i, k in keys.items() if k < fraction * 2**64}
+    if not held:
+        held = {min(keys, key=keys.__getitem__)}
+    if len(held) == n:
+        held.discard(max(keys, key=keys.__getitem__))
+    return held
+
+
+def offline_estimate(model: Any, held_dataset: Any, collate: Any, device: str, tc: Any) -> dict[str, Any] | None:
+    """Simulated acceptance length of the draft head on the held-out samples (never trained on): teacher-forced
+    (the draft sees the target's own hidden states at every position), so an optimistic estimate.
+
+    ``full_acc_k`` from speculators' ``Eagle3DraftModel.forward`` is the fraction of positions whose draft tokens
+    0..k are all correct; the expected tokens per target forward under greedy verification is then
+    ``1 + Σ_k full_acc_k`` (k < ``train.ttt_steps``), the EAGLE papers' acceptance length τ. Averaged over held-out
+    batches weighted by tokens. Every rank runs the same batches (a sharded forward needs all ranks).
+
+    Returns:
+        ``{"acceptance_length", "per_position": {"k": full_acc_k}, "held_out_samples", "held_out_tokens", "kind"}``,
+        or None when nothing is held out.
+    """
+    import torch
+
+    if len(held_dataset) == 0:
+        return None
+    sums: dict[int, float] = {}
+    tokens = 0
+    model.eval()
+    with torch.no_grad():
+        for i in range(len(held_dataset)):
+            batch = collate([held_dataset[i]])
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            _d, _loss, metrics = model(**batch, ttt_steps=tc.ttt_steps, ttt_step_loss_decay=tc.ttt_step_loss_decay)
+            n = int(batch["lengths"].sum())
+            tokens += n
+            for k in range(tc.ttt_steps):
+                sums[k] = sums.get(k, 0.0) + float(metrics[f"full_acc_{k}"]) * n
+    model.train()
+    per_pos = {str(k): round(v / tokens, 6) for k, v in sums.items()} if tokens else {}
+    return {"acceptance_length": round(1.0 + sum(per_pos.values()), 6), "per_position": per_pos,
+            "held_out_samples": len(held_dataset), "held_out_tokens": tokens,
+            "kind": "teacher-forced on held-out samples: an optimistic estimate of vLLM's mean acceptance length"}
+
+
 def _peak_memory_bytes(device: str) -> int:
     import torch
 
@@ -327,7 +379,9 @@ def run_train(
     model = Eagle3DraftModel(draft_cfg, t2d=t2d, d2t=d2t)
 
     ext_dir = stage_dir(run_dir, "extract")
-    files = [str(ext_dir / s["file"]) for s in ext["sample_files"]]
+    held = held_out_indices(len(ext["sample_files"]), tc.held_out_fraction, config.seed)
+    train_samples = [s for i, s in enumerate(ext["sample_files"]) if i not in held]
+    files = [str(ext_dir / s["file"]) for s in train_samples]
     norm_w, eps = _target_final_norm(config.target_model)
     transform = AddUniformNoise(std=tc.noise_std) if tc.noise_std > 0 else None
     dataset = Eagle3SampleFileDataset(
@@ -336,7 +390,12 @@ def run_train(
         transform=transform,
         standardize_fn=_standardize_with_norm(norm_w, eps),
     )
-    lengths = [s["tokens"] - 1 for s in ext["sample_files"]]  # shift_batch drops one position
+    held_dataset = Eagle3SampleFileDataset(
+        max_len=tc.batch_max_tokens,
+        file_list=[str(ext_dir / ext["sample_files"][i]["file"]) for i in sorted(held)],
+        standardize_fn=_standardize_with_norm(norm_w, eps),
+    )
+    lengths = [s["tokens"] - 1 for s in train_samples]  # shift_batch drops one position
     sampler = MultipackDistributedBatchSamplerV2(
         batch_max_length=tc.batch_max_tokens, lengths=lengths, num_replicas=world, rank=rank, seed=config.seed
     )
@@ -468,6 +527,7 @@ def run_train(
     loop_s = time.monotonic() - t_loop
     ran = step - first_step
 
+    offline = offline_estimate(model, held_dataset, collate, device, tc)
     sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in full_model_sd().items()}
     peak = _peak_memory_bytes(device)
     peaks = [peak]
@@ -513,6 +573,7 @@ def run_train(
         "aux_layer_ids_extracted": aux,
         "eagle_aux_hidden_state_layer_ids": [j + 1 for j in aux],
         "draft_vocab_size": int(d2t.shape[0]),
+        "offline_estimate": offline,
         "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "vllm_speculative_config": {
             "method": "eagle3",
