@@ -215,7 +215,7 @@ def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     rows = []
     for w in windows:
         res = w.get("result") or {}
-        rows.append({"window_id": w["plan"].get("window_id"), "kind": w["plan"].get("kind"),
+        rows.append({"window_id": w["plan"].get("window_id"), "kind": _window_label(w["plan"]),
                      "outcome": res.get("outcome", "running or lost"), "downtime_s": res.get("downtime_s"),
                      "wall_s": res.get("wall_s"), "stage_seconds": res.get("stage_seconds") or {},
                      "release": res.get("release"), "warnings": res.get("warnings") or []})
