@@ -12,7 +12,7 @@ link probe listed separately). Wall times are in-process (Python start-up of the
 either side). Only loopback and the namespaces created here are used.
 
 The image (built locally, no registry): FROM scratch + a layer of CUDA libraries + a layer of Python packages
-(both copied from the ML venv: real content) + a small patch layer; version N+1 changes only the patch file.
+(both copied out of the local vLLM base image: real content) + a small patch layer; version N+1 changes only the patch file.
 
 Usage (root): python benchmarks/push.py [--cases P1,P2,P2wan,P5] [--keep]
 
@@ -46,7 +46,10 @@ from eagle3ops import sandbox, transfer
 from eagle3ops.transfer.sources import StoreLayerSource
 from eagle3ops.transfer.sshconfig import ssh_command
 
-VENV = Path("/opt/e3/venv-ml/lib/python3.11/site-packages")
+#: Real content for the benchmark image: taken from the local vLLM base image (`make base` builds it), whose
+#: /opt/venv holds torch's CUDA libraries and the Python packages (no fixed path on this machine is assumed).
+BASE = "eagle3ops/vllm-openai-local:v0.16.0"
+BASE_SITE = "/opt/venv/lib/python3.11/site-packages"
 CUDA_DIRS = ["nvidia/cusparse", "nvidia/curand", "nvidia/cuda_nvrtc", "nvidia/nvjitlink", "nvidia/cuda_cupti"]
 PY_DIRS = ["transformers", "sympy", "numpy", "tokenizers", "jinja2", "yaml", "regex", "safetensors"]
 IMAGE = "e3ops-bench/real"
@@ -65,11 +68,18 @@ def build_images() -> tuple[str, str]:
         shutil.rmtree(CTX)
     (CTX / "cuda").mkdir(parents=True)
     (CTX / "py").mkdir()
-    for d in CUDA_DIRS:
-        sh("cp", "-al", str(VENV / d), str(CTX / "cuda" / Path(d).name))
-    for d in PY_DIRS:
-        if (VENV / d).exists():
-            sh("cp", "-al", str(VENV / d), str(CTX / "py" / d))
+    if sh("docker", "image", "inspect", BASE, check=False).returncode != 0:
+        raise SystemExit(f"{BASE} is missing: build it first with `make base`")
+    cid = sh("docker", "create", BASE).stdout.strip()
+    try:
+        for d in CUDA_DIRS:
+            sh("docker", "cp", f"{cid}:{BASE_SITE}/{d}", str(CTX / "cuda" / Path(d).name), timeout=600)
+        for d in PY_DIRS:
+            if sh("docker", "cp", f"{cid}:{BASE_SITE}/{d}", str(CTX / "py" / d), check=False,
+                  timeout=600).returncode != 0:
+                print(f"  (no {d} in {BASE})", flush=True)
+    finally:
+        sh("docker", "rm", "-f", cid, check=False)
     (CTX / "Dockerfile").write_text("FROM scratch\nCOPY cuda /opt/cuda\nCOPY py /opt/py\nCOPY patch.txt /patch.txt\n")
     tags = []
     for v in ("n", "n1"):
