@@ -168,7 +168,7 @@ def _read_pipeline(pipeline: Path) -> str:
         _fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
     text = pipeline.read_text()
     try:
-        from eagle3ops.pipeline_config import PipelineConfig  # validated here when the module is available
+        from eagle3ops.config.pipeline import PipelineConfig  # validated here when the module is available
 
         from eagle3ops.yamlload import safe_load
 
