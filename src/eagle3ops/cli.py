@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3ops import __version__
-from eagle3ops.config import ConfigError, HostConfig, docs, load_inventory
+from eagle3ops.config import ConfigError, HostConfig, load_inventory
 from eagle3ops.image_cli import app as image_app
 from eagle3ops.patches.cli import app as patch_app
 from eagle3ops.sandbox import app as sandbox_app
@@ -31,7 +31,7 @@ app.add_typer(image_app, name="image", help="Versioned images: build, base, ls."
 app.add_typer(sandbox_app, name="sandbox", help="The embedded local sandbox host (sshd + its own dockerd).")
 lock_app = typer.Typer(no_args_is_help=True, help="The host's deploy lock.")
 app.add_typer(lock_app, name="lock")
-config_app = typer.Typer(no_args_is_help=True, help="Inventory reference and validation.")
+config_app = typer.Typer(no_args_is_help=True, help="Configuration reference (every file, every key) and validation.")
 app.add_typer(config_app, name="config")
 
 InventoryOpt = typer.Option(
@@ -167,16 +167,12 @@ def _read_pipeline(pipeline: Path) -> str:
     if not pipeline.is_file():
         _fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
     text = pipeline.read_text()
+    from eagle3ops.config.pipeline import PipelineConfigError, parse_pipeline_config
+
     try:
-        from eagle3ops.config.pipeline import PipelineConfig  # validated here when the module is available
-
-        from eagle3ops.yamlload import safe_load
-
-        PipelineConfig.model_validate(safe_load(text, source=pipeline) or {})
-    except ImportError:
-        pass
-    except Exception as exc:  # noqa: BLE001 - pydantic ValidationError or YAML error, shown with the file name
-        _fail(f"{pipeline}: invalid pipeline config: {exc}")
+        parse_pipeline_config(text, pipeline)
+    except PipelineConfigError as exc:
+        _fail(f"invalid pipeline config: {exc}")
     return text
 
 
@@ -317,9 +313,15 @@ def lock_release(host: str, inventory: Path = InventoryOpt,
 
 
 @config_app.command("docs")
-def config_docs() -> None:
-    """Print every inventory key with its type, default and meaning."""
-    print(docs())
+def config_docs(section: Optional[str] = typer.Argument(
+        None, help="inventory, pipeline, image or profiles (default: all of them).")) -> None:
+    """Print every key of a configuration file (type, default, meaning), generated from its models."""
+    from eagle3ops.config.docs import docs
+
+    try:
+        print(docs(section), end="")
+    except ConfigError as exc:
+        _fail(str(exc), 2)
 
 
 @config_app.command("check")

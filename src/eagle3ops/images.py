@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.config.images import (  # noqa: F401 - ImageDef, ProfileSpec: the definition types, re-used here
-    IMAGES_DIR,
+from eagle3ops.config.images import (
     REPO_ROOT,
     ImageDef,
     ImageError,

@@ -4,20 +4,19 @@ One module per section (``eagle3ops config docs SECTION`` prints each from its m
 
 - :mod:`.inventory` — ``deploy/hosts.yaml``: hosts, SSH, Docker endpoint, serving (:func:`load_inventory`).
 - :mod:`.pipeline` — ``<run_dir>/pipeline.yaml`` (example ``deploy/pipeline.yaml``): the stages of one run.
+- :mod:`.images` — ``images/<name>.yaml``: image definitions, resolved against the profile registry.
+- :mod:`.profiles` — ``patches/profiles.yaml``: the one registry of patch profiles.
+- :mod:`.base` — the strict base model, :class:`ConfigError` and the one error formatter they all use.
+- :mod:`.docs` — ``eagle3ops config docs [SECTION]``, generated from the models.
+
+(The supervisor's plan schema joins as ``plan``/``plan_schema``.)
 
 The names most modules need (:func:`load_inventory`, :class:`HostConfig`, :class:`ConfigError`, ...) are
 re-exported here, so ``from eagle3ops.config import load_inventory, HostConfig, ConfigError`` keeps working.
 """
 
-from eagle3ops.config.inventory import (
-    DEFAULT_INVENTORY,
-    ConfigError,
-    HostConfig,
-    Inventory,
-    ServingConfig,
-    docs,
-    load_inventory,
-)
+from eagle3ops.config.base import ConfigError, StrictModel
+from eagle3ops.config.inventory import DEFAULT_INVENTORY, HostConfig, Inventory, ServingConfig, load_inventory
 
 __all__ = [
     "ConfigError",
@@ -25,6 +24,6 @@ __all__ = [
     "HostConfig",
     "Inventory",
     "ServingConfig",
-    "docs",
+    "StrictModel",
     "load_inventory",
 ]
