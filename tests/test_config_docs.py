@@ -78,3 +78,15 @@ def test_one_error_shape_in_every_section(tmp_path: Path, section: str, rel: str
     msg = str(e.value)
     assert str(tmp_path / rel) in msg and needle in msg and "remove it or fix its spelling" in msg
     assert f"eagle3ops config docs {section}" in msg
+
+
+def test_config_check_per_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eagle3ops.cli import app
+
+    monkeypatch.chdir(REPO)  # the examples are named from the repository root, like --inventory's default
+    for section in SECTIONS:
+        r = CliRunner().invoke(app, ["config", "check", section])
+        assert r.exit_code == 0, r.output
+        assert all(f"{rel}: ok" in r.output for rel in SECTIONS[section].examples)
+    r = CliRunner().invoke(app, ["config", "check", "pipeline", str(REPO / "deploy/hosts.yaml")])
+    assert r.exit_code == 2 and "unknown key `hosts`" in r.output and "missing required key `target_model`" in r.output

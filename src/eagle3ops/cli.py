@@ -325,13 +325,29 @@ def config_docs(section: Optional[str] = typer.Argument(
 
 
 @config_app.command("check")
-def config_check(inventory: Path = InventoryOpt) -> None:
-    """Validate the inventory file."""
+def config_check(
+        section: Optional[str] = typer.Argument(
+            None, help="inventory (default), pipeline, image or profiles: the kind of FILE."),
+        file: Optional[Path] = typer.Argument(
+            None, help="The file to check (default: the section's checked-in example; inventory: --inventory)."),
+        inventory: Path = InventoryOpt) -> None:
+    """Validate a configuration file (default: the inventory) as eagle3ops loads it."""
+    if section in (None, "inventory") and file is None:
+        try:
+            inv = load_inventory(inventory)
+        except ConfigError as exc:
+            _fail(str(exc), 2)
+        console.print(f"{inventory}: ok ({', '.join(inv.hosts)})")
+        return
+    from eagle3ops.config.docs import get_section
+
     try:
-        inv = load_inventory(inventory)
+        s = get_section(section or "inventory")
+        for f in [file] if file is not None else [Path(e) for e in s.examples]:
+            s.check(f)
+            console.print(f"{f}: ok ({s.title.lower()})")
     except ConfigError as exc:
         _fail(str(exc), 2)
-    console.print(f"{inventory}: ok ({', '.join(inv.hosts)})")
 
 
 def _register_push() -> None:

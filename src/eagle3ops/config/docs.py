@@ -103,17 +103,26 @@ def model_reference(root: type[BaseModel]) -> str:
     return "\n".join(out)
 
 
+def get_section(name: str) -> Section:
+    """The section called ``name``.
+
+    Raises:
+        ConfigError: unknown section (the message lists the known ones).
+    """
+    if name not in SECTIONS:
+        raise ConfigError(f"no configuration section {name!r}; known: {', '.join(SECTIONS)} "
+                          "(`eagle3ops config docs SECTION`)")
+    return SECTIONS[name]
+
+
 def docs(section: str | None = None) -> str:
     """The reference of one section (``inventory``, ``pipeline``, ``image``, ``profiles``), or of all of them.
 
     Raises:
         ConfigError: unknown section (the message lists the known ones).
     """
-    if section is not None and section not in SECTIONS:
-        raise ConfigError(f"no configuration section {section!r}; known: {', '.join(SECTIONS)} "
-                          "(`eagle3ops config docs SECTION`)")
     out = []
-    for s in [SECTIONS[section]] if section else SECTIONS.values():
+    for s in [get_section(section)] if section else SECTIONS.values():
         out.append(f"## {s.title} (`{s.name}`)\nFile: {s.where}. Example: {', '.join(s.examples)}.\n\n"
                    + model_reference(s.model))
     return "\n".join(out).rstrip() + "\n"
