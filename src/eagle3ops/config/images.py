@@ -56,6 +56,13 @@ class BaseRef(StrictModel):
 class ImageProfile(StrictModel):
     """What an image adds to a profile of ``patches/profiles.yaml`` (the profile's pins and series come from there)."""
 
+    pins: dict[str, str] = Field(
+        default_factory=dict,
+        description="Version pins the image adds to the profile's `requires` (e.g. `{speculators: 0.3.0}` for a "
+                    "serving profile that requires vLLM only: the stack its draft heads are trained with); a package "
+                    "the profile already pins must not get another version here.",
+    )
+
     lock: str | None = Field(
         None, description="Hash-pinned requirements lock of this profile's Python packages (path from the repository "
                           "root, e.g. `requirements/pipeline-speculators-0.3.0.lock`); its bytes enter the content tag."
@@ -64,13 +71,15 @@ class ImageProfile(StrictModel):
 
 @dataclass(frozen=True)
 class ProfileSpec:
-    """One profile as an image is built for it: version pins (from the registry's ``requires``), the lock (from the
-    definition) and the patch series dirs (from the registry, relative to the repository root, e.g.
-    ``patches/speculators/0.3.0``)."""
+    """One profile as an image is built for it: version pins (the registry's ``requires`` + the definition's
+    ``pins``), the lock (from the definition), the patch series dirs (from the registry, relative to the repository
+    root, e.g. ``patches/speculators/0.3.0``) and ``standin`` (from the registry: build only on the local stand-in
+    base)."""
 
     pins: dict[str, str]
     lock: str | None = None
     series: list[str] = field(default_factory=list)
+    standin: bool = False
 
 
 class ImageDef(StrictModel):
@@ -147,15 +156,24 @@ class ImageDef(StrictModel):
                 )
             entry = registry.profiles[pname]
             pins = entry.pins()
+            for pkg, version in extra.pins.items():
+                pkg, version = normalize_name(pkg), str(version)
+                if pins.get(pkg, version) != version:
+                    raise ImageDefinitionError(
+                        f"{path}: profiles.{pname}.pins.{pkg}: {version} contradicts {reg_file} "
+                        f"profiles.{pname}.requires ({pkg}=={pins[pkg]}); remove it here or change it there"
+                    )
+                pins[pkg] = version
             for pin in TAG_PINS:
                 if pin not in pins:
                     raise ImageDefinitionError(
                         f"{path}: profiles.{pname}: {reg_file} profiles.{pname}.requires does not pin {pin} (the "
-                        f"content tag is <name>:<vllm>-<speculators>-<hash>); add {pin}==<version> there"
+                        f"content tag is <name>:<vllm>-<speculators>-<hash>); add {pin}==<version> there, or "
+                        f"`pins: {{{pin}: <version>}}` under profiles.{pname} here"
                     )
             series = [f"{patches_rel}/{s}" for s in entry.series
                       if wanted is None or normalize_name(Path(s).parts[0]) in wanted]
-            specs[pname] = ProfileSpec(pins=pins, lock=extra.lock, series=series)
+            specs[pname] = ProfileSpec(pins=pins, lock=extra.lock, series=series, standin=entry.standin)
         default = self.default_profile or registry.default
         if default not in specs:
             key = "default_profile" if self.default_profile else f"profiles (the registry's default {default!r})"

