@@ -34,7 +34,7 @@ from pathlib import Path
 
 def prepared_inputs(model: str, max_seq_len: int, repeat: int) -> list[list[int]]:
     """Token ids of the built-in chat data rendered with the model's chat template (stage prepare's code)."""
-    from eagle3ops.pipeline_config import PipelineConfig
+    from eagle3ops.config.pipeline import PipelineConfig
     from eagle3ops.stages.prepare import read_samples, run_prepare
 
     run = Path(tempfile.mkdtemp(prefix="e3bench-"))

@@ -51,7 +51,7 @@ def pipeline_yaml(steps: int, compile_: bool) -> str:
 
 
 def prep(dirpath: Path, steps: int) -> None:
-    from eagle3ops.pipeline_config import load_pipeline_config
+    from eagle3ops.config.pipeline import load_pipeline_config
     from eagle3ops.stages.prepare import run_prepare
     from eagle3ops.stages.vocab import run_vocab
     from eagle3ops.tinymodel import build_shaped_llama_config, build_tiny_model
@@ -71,7 +71,7 @@ def gpu(dirpath: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from eagle3ops.pipeline_config import load_pipeline_config
+    from eagle3ops.config.pipeline import load_pipeline_config
     from eagle3ops.stages.extract import run_extract
 
     smoke = bool(os.environ.get("E3GPU_SMOKE"))

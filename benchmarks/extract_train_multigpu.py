@@ -59,7 +59,7 @@ def main() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from eagle3ops.pipeline_config import load_pipeline_config
+    from eagle3ops.config.pipeline import load_pipeline_config
     from eagle3ops.stages.extract import run_extract
 
     figs: dict = {"gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],

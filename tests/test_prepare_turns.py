@@ -16,7 +16,7 @@ import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from eagle3ops.pipeline_config import load_pipeline_config
+from eagle3ops.config.pipeline import load_pipeline_config
 from eagle3ops.stages import prepare as prepare_stage
 from eagle3ops.stages.prepare import UnmaskableConversation, read_samples, run_prepare
 from eagle3ops.tinymodel import CHAT_TEMPLATE as PLAIN_TEMPLATE  # role + content only: drops tool fields

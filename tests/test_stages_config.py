@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from eagle3ops.pipeline_config import PipelineConfig, PipelineConfigError, load_pipeline_config
+from eagle3ops.config.pipeline import PipelineConfig, PipelineConfigError, load_pipeline_config
 from eagle3ops.stages.chatdata import ChatDataError, load_conversations, normalize_row, resolve_dataset
 from eagle3ops.stages.cli import app
 from eagle3ops.stages.manifest import StageInputError, check_inputs, file_entry, write_manifest

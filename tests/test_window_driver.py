@@ -246,7 +246,7 @@ def test_preflight_refuses_hidden_states_that_cannot_fit(host, monkeypatch, tmp_
 
 def test_stage_output_estimates():
     """Item 3: hidden states are tokens × 4·H·2 bytes; train keeps keep_checkpoints + 1 checkpoints."""
-    from eagle3ops.pipeline_config import PipelineConfig
+    from eagle3ops.config.pipeline import PipelineConfig
 
     cfg = PipelineConfig.model_validate({"target_model": "/model", "train": {"keep_checkpoints": 2}})
     dims = {"hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256}

@@ -56,10 +56,10 @@ def test_image_definition_with_duplicate_key(tmp_path: Path) -> None:
     from eagle3ops.images import ImageError, load_def
 
     text = (REPO / "images/pipeline.yaml").read_text()
-    assert "default_profile:" in text
-    (tmp_path / "pipeline.yaml").write_text(text + "default_profile: speculators-0.4.0.1-vllm-0.16.0\n")
+    assert "\ndockerfile:" in text
+    (tmp_path / "pipeline.yaml").write_text(text + "dockerfile: Dockerfile.other\n")
     line = len(text.splitlines()) + 1
-    with pytest.raises(ImageError, match=rf"pipeline\.yaml:{line}:1: duplicate key 'default_profile'"):
+    with pytest.raises(ImageError, match=rf"pipeline\.yaml:{line}:1: duplicate key 'dockerfile'"):
         load_def("pipeline", tmp_path)
 
 

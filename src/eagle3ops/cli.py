@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3ops import __version__
-from eagle3ops.config import ConfigError, HostConfig, docs, load_inventory
+from eagle3ops.config import ConfigError, HostConfig, load_inventory
 from eagle3ops.console import print_event, summary
 from eagle3ops.image_cli import app as image_app
 from eagle3ops.patches.cli import app as patch_app
@@ -32,7 +32,7 @@ app.add_typer(image_app, name="image", help="Versioned images: build, base, ls."
 app.add_typer(sandbox_app, name="sandbox", help="The embedded local sandbox host (sshd + its own dockerd).")
 lock_app = typer.Typer(no_args_is_help=True, help="The host's deploy lock.")
 app.add_typer(lock_app, name="lock")
-config_app = typer.Typer(no_args_is_help=True, help="Inventory reference and validation.")
+config_app = typer.Typer(no_args_is_help=True, help="Configuration reference (every file, every key) and validation.")
 app.add_typer(config_app, name="config")
 
 InventoryOpt = typer.Option(
@@ -140,16 +140,12 @@ def _read_pipeline(pipeline: Path) -> str:
     if not pipeline.is_file():
         _fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
     text = pipeline.read_text()
+    from eagle3ops.config.pipeline import PipelineConfigError, parse_pipeline_config
+
     try:
-        from eagle3ops.pipeline_config import PipelineConfig  # validated here when the module is available
-
-        from eagle3ops.yamlload import safe_load
-
-        PipelineConfig.model_validate(safe_load(text, source=pipeline) or {})
-    except ImportError:
-        pass
-    except Exception as exc:  # noqa: BLE001 - pydantic ValidationError or YAML error, shown with the file name
-        _fail(f"{pipeline}: invalid pipeline config: {exc}")
+        parse_pipeline_config(text, pipeline)
+    except PipelineConfigError as exc:
+        _fail(f"invalid pipeline config: {exc}")
     return text
 
 
@@ -308,19 +304,41 @@ def lock_release(host: str, inventory: Path = InventoryOpt,
 
 
 @config_app.command("docs")
-def config_docs() -> None:
-    """Print every inventory key with its type, default and meaning."""
-    print(docs())
+def config_docs(section: Optional[str] = typer.Argument(
+        None, help="inventory, pipeline, image or profiles (default: all of them).")) -> None:
+    """Print every key of a configuration file (type, default, meaning), generated from its models."""
+    from eagle3ops.config.docs import docs
+
+    try:
+        print(docs(section), end="")
+    except ConfigError as exc:
+        _fail(str(exc), 2)
 
 
 @config_app.command("check")
-def config_check(inventory: Path = InventoryOpt) -> None:
-    """Validate the inventory file."""
+def config_check(
+        section: Optional[str] = typer.Argument(
+            None, help="inventory (default), pipeline, image or profiles: the kind of FILE."),
+        file: Optional[Path] = typer.Argument(
+            None, help="The file to check (default: the section's checked-in example; inventory: --inventory)."),
+        inventory: Path = InventoryOpt) -> None:
+    """Validate a configuration file (default: the inventory) as eagle3ops loads it."""
+    if section in (None, "inventory") and file is None:
+        try:
+            inv = load_inventory(inventory)
+        except ConfigError as exc:
+            _fail(str(exc), 2)
+        console.print(f"{inventory}: ok ({', '.join(inv.hosts)})")
+        return
+    from eagle3ops.config.docs import get_section
+
     try:
-        inv = load_inventory(inventory)
+        s = get_section(section or "inventory")
+        for f in [file] if file is not None else [Path(e) for e in s.examples]:
+            s.check(f)
+            console.print(f"{f}: ok ({s.title.lower()})")
     except ConfigError as exc:
         _fail(str(exc), 2)
-    console.print(f"{inventory}: ok ({', '.join(inv.hosts)})")
 
 
 def _register_push() -> None:

@@ -58,7 +58,9 @@ def base(
 def build(
     name: Annotated[str, typer.Argument(help="Image definition: pipeline or serving (images/<name>.yaml).")] = "pipeline",
     base_image: Annotated[Optional[str], typer.Option("--base-image", help="Override the base (e.g. the local base).")] = None,
-    profile: Annotated[Optional[str], typer.Option(help="Patch profile (default: the definition's).")] = None,
+    profile: Annotated[Optional[str], typer.Option(
+        help="Patch profile, a name from patches/profiles.yaml (default: the definition's default_profile, else the "
+             "registry's default).")] = None,
     ca_bundle: CaOpt = None,
     no_ca_bundle: NoCaOpt = False,
     tag_only: Annotated[bool, typer.Option("--tag-only", help="Print the content tag without building.")] = False,

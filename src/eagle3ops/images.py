@@ -1,7 +1,8 @@
 """Versioned, reproducible images: definitions, content tags, labels and builds.
 
-Each image has a declarative definition in ``images/<name>.yaml`` (validated by :class:`ImageDef`): base reference
-(+ digest when known), per-profile pins, lock and patch series, build args and env defaults (jinja2 templates).
+Each image has a declarative definition in ``images/<name>.yaml`` (:class:`eagle3ops.config.images.ImageDef`): base
+reference (+ digest when known), the profiles of ``patches/profiles.yaml`` it is built for (pins and patch series
+come from there; a lock from the definition), build args and env defaults (jinja2 templates).
 
 **Content tag** ``<name>:<vllm>-<speculators>-<12 hex>``: the hex is the start of a sha256 over the build inputs
 (:func:`content_inputs`): the base image's digest (or, where no digest is known, its id on the building engine),
@@ -40,14 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from eagle3ops import yamlload
-
-#: repository root (this file is src/eagle3ops/images.py)
-REPO_ROOT = Path(__file__).resolve().parents[2]
-IMAGES_DIR = REPO_ROOT / "images"
+from eagle3ops.config.images import (
+    REPO_ROOT,
+    ImageDef,
+    ImageError,
+    ProfileSpec,
+    load_def,
+)
+from eagle3ops.patches.errors import SeriesError
+from eagle3ops.patches.series import read_series_file
 DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 LOCAL_BASE_TAG = "eagle3ops/vllm-openai-local:v0.16.0"
@@ -61,10 +63,6 @@ VERIFY_MODES = ("probes", "probes-fresh", "apply-only")
 OCI = "org.opencontainers.image"
 
 
-class ImageError(Exception):
-    """A definition, input or build problem; the message names the file/field and the fix."""
-
-
 class BuildFailed(ImageError):
     """``docker build`` exited non-zero. ``log_tail`` holds the last lines of its output, ``log_path`` the full log."""
 
@@ -75,96 +73,7 @@ class BuildFailed(ImageError):
         self.returncode = returncode
 
 
-# --- definitions ----------------------------------------------------------------------------------------------
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BaseRef(_Strict):
-    """The base image: a reference (``repo:tag``) and, when known, the registry digest (``sha256:<64 hex>``)."""
-
-    image: str
-    digest: str | None = None
-
-    @field_validator("digest")
-    @classmethod
-    def _digest(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", v):
-            raise ValueError(f"digest must look like sha256:<64 hex>, got {v!r}")
-        return v
-
-
-class ProfileSpec(_Strict):
-    """What one patch profile puts in an image: version pins, the extras lock and the patch series dirs."""
-
-    pins: dict[str, str]
-    lock: str | None = None
-    series: list[str] = Field(default_factory=list)
-
-    @field_validator("pins")
-    @classmethod
-    def _pins(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in ("vllm", "speculators"):
-            if key not in v:
-                raise ValueError(f"pins must name {key!r} (used in the tag <vllm>-<speculators>-<hash>)")
-        return {k: str(x) for k, x in v.items()}
-
-
-class ImageDef(_Strict):
-    """One ``images/<name>.yaml``. ``build_args`` and ``env`` values are jinja2 templates (see :func:`render`)."""
-
-    name: str
-    title: str
-    description: str = ""
-    dockerfile: str
-    context: list[str]
-    base: BaseRef
-    default_profile: str
-    profiles: dict[str, ProfileSpec]
-    build_args: dict[str, str] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9]+([._/-][a-z0-9]+)*", v):
-            raise ValueError(f"name must be a lowercase docker repository name, got {v!r}")
-        return v
-
-    def profile(self, name: str | None) -> tuple[str, ProfileSpec]:
-        """The named profile (default: ``default_profile``). Raises ImageError naming the known profiles."""
-        name = name or self.default_profile
-        if name not in self.profiles:
-            raise ImageError(
-                f"image {self.name}: unknown profile {name!r}; known: {', '.join(sorted(self.profiles))} "
-                f"(images/*.yaml, key profiles)"
-            )
-        return name, self.profiles[name]
-
-
-def load_def(name: str, images_dir: Path = IMAGES_DIR) -> ImageDef:
-    """Read and validate ``images/<name>.yaml`` (``name``: ``pipeline`` or ``serving``).
-
-    Raises:
-        ImageError: missing file, bad YAML or a validation error (each bad field named).
-    """
-    path = images_dir / f"{name}.yaml"
-    try:
-        raw = yamlload.safe_load(path.read_text(), source=path)
-    except FileNotFoundError:
-        known = sorted(p.stem for p in images_dir.glob("*.yaml"))
-        raise ImageError(f"{path}: no such image definition (known: {', '.join(known)})") from None
-    except yamlload.DuplicateKeyError as exc:
-        raise ImageError(str(exc)) from None
-    except yaml.YAMLError as exc:
-        raise ImageError(f"{path}: not valid YAML: {exc}") from None
-    try:
-        return ImageDef.model_validate(raw)
-    except ValidationError as exc:
-        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise ImageError(f"{path}: invalid image definition:\n" + "\n".join(lines)) from None
+# --- templates -----------------------------------------------------------------------------------------------
 
 
 def render(template: str, **variables: Any) -> str:
@@ -185,41 +94,26 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_series(series_dir: Path) -> list[str]:
-    """Patch file names listed in ``series_dir/series`` in order (``#`` comments and blank lines dropped).
-
-    A missing series dir or file means "no patches" only when the dir itself is absent; a dir without ``series``
-    raises ImageError.
-    """
-    if not series_dir.exists():
-        return []
-    series = series_dir / "series"
-    if not series.is_file():
-        raise ImageError(f"{series_dir}: patch series dir has no 'series' file (list the patches in order there)")
-    names = []
-    for line in series.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            names.append(line.split()[0])
-    return names
-
-
 def patch_digests(spec: ProfileSpec, root: Path = REPO_ROOT) -> dict[str, str]:
-    """``{"<series dir>/<file>": sha256}`` for each series file and every patch it lists, in series order.
+    """``{"<series dir>/<file>": sha256}`` for each series file and every patch it lists, in series order (the
+    series file read by :func:`eagle3ops.patches.series.read_series_file`, the parser ``patch apply`` uses).
 
     Raises:
-        ImageError: a patch named in a series file is missing.
+        ImageError: a series dir of the profile, its ``series`` file or a patch it lists is missing, or the series
+            file is malformed (the message names the file and the fix).
     """
     out: dict[str, str] = {}
     for rel in spec.series:
         d = root / rel
-        names = read_series(d)
-        if d.exists():
-            out[f"{rel}/series"] = _sha256((d / "series").read_bytes())
+        try:
+            names = read_series_file(d / "series")
+        except SeriesError as exc:
+            raise ImageError(f"{exc} (series {rel} of a profile in patches/profiles.yaml)") from None
+        out[f"{rel}/series"] = _sha256((d / "series").read_bytes())
         for n in names:
             p = d / n
             if not p.is_file():
-                raise ImageError(f"{d / 'series'} lists {n} but {p} does not exist")
+                raise ImageError(f"{d / 'series'} lists {n} but {p} does not exist; add the file or remove the line")
             out[f"{rel}/{n}"] = _sha256(p.read_bytes())
     return out
 

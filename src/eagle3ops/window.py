@@ -115,7 +115,7 @@ def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) 
 
     Args:
         stage: ``prepare``, ``extract``, ``vocab`` or ``train``.
-        cfg: the run's :class:`eagle3ops.pipeline_config.PipelineConfig`.
+        cfg: the run's :class:`eagle3ops.config.pipeline.PipelineConfig`.
         dims: :func:`target_dims` of the target model.
         tokens: prepared tokens (exact from the prepare manifest, else an upper bound).
 
@@ -174,7 +174,7 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str) -> Disk
     import yaml
     from importlib import resources
 
-    from eagle3ops.pipeline_config import PipelineConfig
+    from eagle3ops.config.pipeline import PipelineConfig
 
     h, est = r.host, DiskEstimate()
     try:

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")  # noqa: F841 - the image always has it; the host run leaves tests/image out
 
-from eagle3ops.pipeline_config import PipelineConfig, load_pipeline_config  # noqa: E402
+from eagle3ops.config.pipeline import PipelineConfig, load_pipeline_config  # noqa: E402
 from eagle3ops.stages.extract import TransformersEngine, run_extract  # noqa: E402
 from eagle3ops.stages.manifest import StageInputError  # noqa: E402
 from eagle3ops.stages.prepare import (  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3ops.pipeline_config import load_pipeline_config  # noqa: E402
+from eagle3ops.config.pipeline import load_pipeline_config  # noqa: E402
 from eagle3ops.stages.extract import run_extract  # noqa: E402
 from eagle3ops.stages.prepare import run_prepare  # noqa: E402
 from eagle3ops.stages.train import NPROC_ENV, resolve_nproc, run_train  # noqa: E402

@@ -1,4 +1,8 @@
-"""Parse patch series: ``series`` files, ``upstream.yaml``, DEP-3 patch headers and ``profiles.yaml``.
+"""Parse patch series: ``series`` files, ``upstream.yaml``, DEP-3 patch headers; resolve ``profiles.yaml``.
+
+The one parser of ``series`` files (:func:`read_series_file`): the image content tag (:mod:`eagle3ops.images`)
+and the patch tooling both read series through it. The profile registry's schema lives in
+:mod:`eagle3ops.config.profiles`; :func:`load_profiles` resolves it into series dirs and pins.
 
 Layout (see ``patches/README.md``)::
 
@@ -30,8 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
+from eagle3ops.config.base import ConfigError, StrictModel
+from eagle3ops.config.profiles import EXACT_PIN_RE as _PIN_RE
+from eagle3ops.config.profiles import load_registry, normalize_name
 from eagle3ops.patches.errors import SeriesError
 from eagle3ops.yamlload import DuplicateKeyError
 from eagle3ops.yamlload import load_file as load_yaml_file
@@ -39,12 +46,6 @@ from eagle3ops.yamlload import load_file as load_yaml_file
 ORIGIN_KINDS = ("upstream", "backport", "vendor", "other")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?:\s(.*)|)$")
 _DIFF_START_RE = re.compile(r"^(--- |diff |Index: )")
-_PIN_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*$")
-
-
-def normalize_name(name: str) -> str:
-    """PEP 503 normalised distribution name (``Foo_Bar`` -> ``foo-bar``)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass(frozen=True)
@@ -339,8 +340,8 @@ def load_patch(path: Path, *, expected_pin: Pin | None = None, name: str | None 
     )
 
 
-class _UpstreamModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class _UpstreamModel(StrictModel):
+    model_config = ConfigDict(populate_by_name=True)  # merged with StrictModel's: extra keys refused, frozen
     package: str
     version: str
     wheel: str = Field(validation_alias="wheel")
@@ -454,23 +455,6 @@ def load_series(series_dir: Path) -> Series:
 # ---------------------------------------------------------------------------------------------- profiles.yaml
 
 
-class ProfileModel(BaseModel):
-    """One profile: the series dirs (relative to the patches dir) and the exact versions they need together."""
-
-    model_config = ConfigDict(extra="forbid")
-    description: str = ""
-    series: list[str]
-    requires: list[str] = Field(default_factory=list)
-
-
-class ProfilesFile(BaseModel):
-    """``patches/profiles.yaml``: ``default`` names a profile; ``profiles`` maps names to :class:`ProfileModel`."""
-
-    model_config = ConfigDict(extra="forbid")
-    default: str
-    profiles: dict[str, ProfileModel]
-
-
 @dataclass
 class Profile:
     """A resolved profile: name, its series (parsed) and its required pins."""
@@ -505,35 +489,24 @@ class Profiles:
 
 
 def load_profiles(patches_dir: Path) -> Profiles:
-    """Load ``<patches_dir>/profiles.yaml``; validate that the default exists and every series dir is inside
-    ``patches_dir`` (relative, no ``..``). Series dirs are not parsed here (see :meth:`Profile.load`)."""
+    """Load the profile registry ``<patches_dir>/profiles.yaml`` (:func:`eagle3ops.config.profiles.load_registry`)
+    and resolve each profile's series dirs and pins. Series dirs are not parsed here (see :meth:`Profile.load`).
+
+    Raises:
+        SeriesError: the registry is missing or invalid (the message names the file, key and fix).
+    """
     patches_dir = Path(patches_dir).resolve()
     path = patches_dir / "profiles.yaml"
     try:
-        raw = load_yaml_file(path)
-    except FileNotFoundError:
-        raise SeriesError(f"{path}: missing", fix="pass --patches-dir pointing at the repository's patches/ dir")
-    except DuplicateKeyError as e:
-        raise SeriesError(str(e), fix="keep one of the two keys")
-    except yaml.YAMLError as e:
-        raise SeriesError(f"{path}: not valid YAML ({e})", fix="fix the YAML syntax")
-    try:
-        pf = ProfilesFile.model_validate(raw)
-    except ValidationError as e:
-        errs = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
-        raise SeriesError(f"{path}: {errs}", fix="see patches/README.md for the profiles.yaml format")
-    if pf.default not in pf.profiles:
-        raise SeriesError(f"{path}: default profile {pf.default!r} is not defined", fix=f"use one of: {', '.join(pf.profiles)}")
+        reg = load_registry(patches_dir)
+    except ConfigError as e:
+        raise SeriesError(str(e)) from None
     out: dict[str, Profile] = {}
-    for name, pm in pf.profiles.items():
-        dirs = []
-        for s in pm.series:
-            if Path(s).is_absolute() or ".." in Path(s).parts:
-                raise SeriesError(f"{path}: profile {name!r}: series {s!r} must be relative to {patches_dir}", fix="write <package>/<version>")
-            dirs.append(patches_dir / s)
+    for name, pm in reg.profiles.items():
         reqs = [Pin.parse(r, where=f"{path}: profile {name!r} requires") for r in pm.requires]
-        out[name] = Profile(name=name, description=pm.description, series_dirs=dirs, requires=reqs)
-    return Profiles(patches_dir=patches_dir, default=pf.default, profiles=out)
+        out[name] = Profile(name=name, description=pm.description, series_dirs=[patches_dir / s for s in pm.series],
+                            requires=reqs)
+    return Profiles(patches_dir=patches_dir, default=reg.default, profiles=out)
 
 
 def find_patches_dir(explicit: Path | None = None) -> Path:

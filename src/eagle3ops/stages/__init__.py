@@ -1,6 +1,6 @@
 """The in-container EAGLE-3 pipeline stages: ``python -m eagle3ops stage NAME --run-dir /data/runs/<id>``.
 
-A run directory (config: ``pipeline.yaml``, model :class:`eagle3ops.pipeline_config.PipelineConfig`)::
+A run directory (config: ``pipeline.yaml``, model :class:`eagle3ops.config.pipeline.PipelineConfig`)::
 
     pipeline.yaml
     prepare/  samples.jsonl (token ids + loss masks), manifest.json                      <- chat files

@@ -26,7 +26,7 @@ def _log(msg: str) -> None:
 
 
 def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
-    from eagle3ops.pipeline_config import PipelineConfigError, load_pipeline_config
+    from eagle3ops.config.pipeline import PipelineConfigError, load_pipeline_config
     from eagle3ops.stages.chatdata import ChatDataError
     from eagle3ops.stages.manifest import StageInputError
     from eagle3ops.stages.prepare import UnmaskableConversation

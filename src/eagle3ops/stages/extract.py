@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.pipeline_config import PipelineConfig
+from eagle3ops.config.pipeline import PipelineConfig
 from eagle3ops.stages.manifest import (
     MANIFEST,
     StageInputError,

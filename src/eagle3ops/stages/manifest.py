@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops import __version__
-from eagle3ops.pipeline_config import PipelineConfig
+from eagle3ops.config.pipeline import PipelineConfig
 
 MANIFEST = "manifest.json"
 STAGES = ("prepare", "extract", "vocab", "train")

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.pipeline_config import PipelineConfig
+from eagle3ops.config.pipeline import PipelineConfig
 from eagle3ops.stages.chatdata import load_conversations, resolve_dataset
 from eagle3ops.stages.manifest import atomic_write_text, file_entry, sha256_file, stage_dir, write_manifest
 

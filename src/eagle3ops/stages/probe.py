@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.pipeline_config import PipelineConfig
+from eagle3ops.config.pipeline import PipelineConfig
 from eagle3ops.stages.manifest import atomic_write_text, stage_dir
 
 #: speculators 0.3.0's ``MAX_NUM_SEQS`` (vllm_hidden_states_generator.py): sequences the scheduler runs at once.

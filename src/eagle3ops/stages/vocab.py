@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.pipeline_config import PipelineConfig
+from eagle3ops.config.pipeline import PipelineConfig
 from eagle3ops.stages.manifest import atomic_write_text, check_inputs, file_entry, stage_dir, write_manifest
 from eagle3ops.stages.prepare import read_samples
 

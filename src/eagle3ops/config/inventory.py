@@ -1,8 +1,8 @@
 """Inventory models: ``deploy/hosts.yaml`` validated with pydantic, errors naming file, key and fix.
 
 Every key has a type, a default (where one is safe) and a one-line doc (the ``description``); unknown keys are
-errors. ``eagle3ops config docs`` prints this documentation from the models themselves (Kamal's
-``configuration/docs`` idea, kept in one place: here).
+errors. ``eagle3ops config docs inventory`` prints this documentation from the models themselves (Kamal's
+``configuration/docs`` idea); the example is ``deploy/hosts.yaml``.
 """
 
 from __future__ import annotations
@@ -10,25 +10,17 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from eagle3ops import yamlload
+from eagle3ops.config.base import ConfigError, StrictModel, read_yaml, require_mapping, validate
 
 DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
+SECTION = "inventory"
 
 
-class ConfigError(Exception):
-    """An inventory file is missing, unreadable or invalid; the message names file, key and fix."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServingConfig(_Strict):
+class ServingConfig(StrictModel):
     """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it."""
 
     kind: Literal["container", "compose"] = Field(
@@ -73,7 +65,7 @@ class ServingConfig(_Strict):
         return self
 
 
-class HostConfig(_Strict):
+class HostConfig(StrictModel):
     """One host of the inventory: how to reach it over SSH, its Docker endpoint, data and serving."""
 
     name: str = Field(..., description="Inventory name of the host (the key under `hosts:`).")
@@ -94,7 +86,8 @@ class HostConfig(_Strict):
         ..., description="Directory on the host for eagle3ops state: lock, journal, releases, audit log."
     )
     model_path: str = Field(..., description="Target model directory on the host (inside or outside data_dir).")
-    serving: ServingConfig
+    serving: ServingConfig = Field(..., description="Production serving on this host (the vLLM container a window "
+                                   "stops and restores).")
     pipeline_image: str | None = Field(
         None, description="Pipeline image to run stages with; default: the image `eagle3ops image build` made."
     )
@@ -118,10 +111,11 @@ class HostConfig(_Strict):
         return value.rstrip("/") or "/"
 
 
-class Inventory(_Strict):
+class Inventory(StrictModel):
     """The whole inventory file: a mapping of host name → :class:`HostConfig`."""
 
-    hosts: dict[str, HostConfig]
+    hosts: dict[str, HostConfig] = Field(..., description="Host name → its settings; the name is what commands "
+                                         "take as HOST (`make extract HOST=gpu-01`).")
     source: Path | None = Field(None, exclude=True, description="File the inventory was read from.")
 
     def host(self, name: str) -> HostConfig:
@@ -139,19 +133,6 @@ class Inventory(_Strict):
                 f"Add it under `hosts:` or pass HOST=<one of them>."
             ) from None
 
-
-def _format_validation_error(path: Path, err: ValidationError) -> str:
-    lines = [f"{path}: invalid inventory"]
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            fix = "remove it or fix its spelling (see `eagle3ops config docs`)"
-        elif e["type"] == "missing":
-            fix = "add it"
-        else:
-            fix = "see `eagle3ops config docs` for the expected type"
-        lines.append(f"  - {key}: {e['msg']} ({fix})")
-    return "\n".join(lines)
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -205,55 +186,31 @@ def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
             message names the file, each bad key and the fix.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: inventory file not found (pass --inventory or create it)") from None
-    try:
-        raw = yamlload.safe_load(text, source=path) or {}
-    except yamlload.DuplicateKeyError as exc:
-        raise ConfigError(str(exc)) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("hosts"), dict):
-        raise ConfigError(f"{path}: expected a mapping with a `hosts:` mapping of host name → settings")
+    raw = read_yaml(path, what="inventory file", missing_fix="pass --inventory FILE or create it; example: "
+                    "deploy/hosts.yaml")
+    raw = require_mapping(raw, path, what="inventory", expected="`hosts:`, a mapping of host name → settings")
+    if not isinstance(raw.get("hosts"), dict):
+        raise ConfigError(f"{path}: expected a `hosts:` mapping of host name → settings (example: deploy/hosts.yaml)")
     unknown = set(raw) - {"hosts"}
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; only `hosts:` is allowed")
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; only `hosts:` is allowed "
+                          "(put them under a host, or remove them)")
     hosts: dict[str, Any] = {}
     for name, entry in raw["hosts"].items():
         if not isinstance(entry, dict):
-            raise ConfigError(f"{path}: hosts.{name} must be a mapping of settings")
+            raise ConfigError(f"{path}: hosts.{name} must be a mapping of settings (hostname:, data_dir:, ...)")
         entry = _resolve_paths(_expand_env(entry, f"{path}: hosts.{name}"), path.parent)
         entry.setdefault("name", name)
         hosts[name] = entry
-    try:
-        inv = Inventory.model_validate({"hosts": hosts})
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(path, exc)) from None
+    inv = validate(Inventory, {"hosts": hosts}, path, what="inventory", section=SECTION)
     return inv.model_copy(update={"source": path})
 
 
-def docs() -> str:
-    """Return the inventory reference (every key, type, default, description) as Markdown text."""
-    out: list[str] = []
-    for model in (HostConfig, ServingConfig):
-        out.append(f"## {model.__name__}\n{(model.__doc__ or '').strip()}\n")
-        for key, field in model.model_fields.items():
-            default = "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
-            ann = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
-            out.append(f"- `{key}` ({ann}, {default}): {field.description or ''}")
-        out.append("")
-    return "\n".join(out)
-
-
 __all__ = [
-    "Annotated",
     "ConfigError",
     "DEFAULT_INVENTORY",
     "HostConfig",
     "Inventory",
     "ServingConfig",
-    "docs",
     "load_inventory",
 ]

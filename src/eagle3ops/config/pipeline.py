@@ -22,24 +22,20 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from eagle3ops import yamlload
+from eagle3ops.config.base import ConfigError, StrictModel, parse_yaml, read_yaml, require_mapping, validate
 
 PIPELINE_FILE = "pipeline.yaml"
 BUILTIN_DATASETS = ("builtin:sharegpt", "builtin:messages")
+SECTION = "pipeline"
 
 
-class PipelineConfigError(Exception):
+class PipelineConfigError(ConfigError):
     """``pipeline.yaml`` is missing, unreadable or invalid; the message names the file, the key and the fix."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PrepareConfig(_Strict):
+class PrepareConfig(StrictModel):
     """Stage ``prepare``: chat files → token ids + loss masks over assistant turns."""
 
     datasets: list[str] = Field(
@@ -70,7 +66,7 @@ class PrepareConfig(_Strict):
     )
 
 
-class ExtractConfig(_Strict):
+class ExtractConfig(StrictModel):
     """Stage ``extract``: hidden states of the target model from vLLM (speculators' VllmHiddenStatesGenerator)."""
 
     aux_layer_ids: list[int] | None = Field(
@@ -117,13 +113,13 @@ class ExtractConfig(_Strict):
         return value
 
 
-class VocabConfig(_Strict):
+class VocabConfig(StrictModel):
     """Stage ``vocab``: d2t/t2d from token frequencies over the assistant tokens of the prepared data."""
 
     draft_vocab_size: int = Field(32000, ge=2, description="Draft vocabulary size (tokens the draft head predicts).")
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictModel):
     """Stage ``train``: speculators' EAGLE-3 draft head training."""
 
     steps: int = Field(100, ge=1, description="Optimizer steps in total (a rerun resumes up to this count).")
@@ -178,17 +174,17 @@ class TrainConfig(_Strict):
         return value
 
 
-class PipelineConfig(_Strict):
+class PipelineConfig(StrictModel):
     """``<run_dir>/pipeline.yaml``: everything the four stages of one run need."""
 
     target_model: str = Field(
         ..., description="Target model directory (HF layout) as seen inside the stage container, e.g. /data/models/x."
     )
     seed: int = Field(0, description="Seed for shuffling, draft head init and training.")
-    prepare: PrepareConfig = Field(default_factory=PrepareConfig)
-    extract: ExtractConfig = Field(default_factory=ExtractConfig)
-    vocab: VocabConfig = Field(default_factory=VocabConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
+    prepare: PrepareConfig = Field(default_factory=PrepareConfig, description="Stage `prepare` (window extract).")
+    extract: ExtractConfig = Field(default_factory=ExtractConfig, description="Stage `extract` (window extract).")
+    vocab: VocabConfig = Field(default_factory=VocabConfig, description="Stage `vocab` (window train).")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Stage `train` (window train).")
 
     @model_validator(mode="after")
     def _lengths(self) -> PipelineConfig:
@@ -220,31 +216,29 @@ def load_pipeline_config(run_dir: Path) -> PipelineConfig:
 
     Raises:
         PipelineConfigError: the file is missing, not YAML, not a mapping, or a key is unknown or invalid; the
-            message names the file and each bad key (dotted path) with pydantic's reason.
+            message names the file and each bad key (dotted path) with the fix.
     """
     path = Path(run_dir) / PIPELINE_FILE
     if not path.is_file():
         raise PipelineConfigError(
-            f"{path}: not found. Every run directory needs a {PIPELINE_FILE} (at least `target_model:`)."
+            f"{path}: not found. Every run directory needs a {PIPELINE_FILE} (at least `target_model:`; example: "
+            "deploy/pipeline.yaml)."
         )
-    try:
-        raw = yamlload.safe_load(path.read_text(), source=path)
-    except yamlload.DuplicateKeyError as exc:
-        raise PipelineConfigError(str(exc)) from exc
-    except yaml.YAMLError as exc:
-        raise PipelineConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise PipelineConfigError(f"{path}: expected a mapping of keys at the top level, got {type(raw).__name__}")
-    try:
-        return PipelineConfig.model_validate(raw)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            if err["type"] == "extra_forbidden":
-                lines.append(f"{path}: unknown key `{key}` (remove it or check its spelling)")
-            elif err["type"] == "missing":
-                lines.append(f"{path}: missing required key `{key}`")
-            else:
-                lines.append(f"{path}: key `{key}`: {err['msg']}")
-        raise PipelineConfigError("\n".join(lines)) from exc
+    raw = read_yaml(path, what="pipeline config", missing_fix="write it", error=PipelineConfigError)
+    return _validate(raw, path)
+
+
+def parse_pipeline_config(text: str, source: Path | str) -> PipelineConfig:
+    """Validate a pipeline config given as text (the driver checks ``deploy/pipeline.yaml`` before a window
+    uploads it); ``source`` names it in errors.
+
+    Raises:
+        PipelineConfigError: as :func:`load_pipeline_config`.
+    """
+    return _validate(parse_yaml(text, source, error=PipelineConfigError), source)
+
+
+def _validate(raw: object, path: Path | str) -> PipelineConfig:
+    raw = require_mapping(raw, path, what="pipeline config", expected="`target_model:`, `prepare:`, ...",
+                          error=PipelineConfigError)
+    return validate(PipelineConfig, raw, path, what="pipeline config", section=SECTION, error=PipelineConfigError)
