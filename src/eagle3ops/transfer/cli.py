@@ -46,7 +46,8 @@ def push_command(
     attempts: int = typer.Option(3, min=1, help="Tries per host."),
     stall_s: float = typer.Option(STALL_S, help="Seconds without progress before a stream is killed."),
     parallel: int = typer.Option(8, min=1, help="Hosts pushed at once."),
-    containerd: str = typer.Option("full", help="On a containerd-store host: full (send all layers) | refuse."),
+    containerd: str = typer.Option("thin", help="On a containerd-store host: thin (OCI layout without the layers "
+                                   "the host holds) | full (send all layers) | refuse."),
 ) -> None:
     """Push IMAGE to each HOST over SSH: only missing layers, verified by image id, in parallel."""
     from rich.console import Console
@@ -63,7 +64,7 @@ def push_command(
         raise typer.Exit(2)
     for name, val, allowed in (("--compression", compression, ("auto", "none", "zstd", "gzip")),
                                ("--transport", transport, ("auto", "openssh", "paramiko")),
-                               ("--containerd", containerd, ("full", "refuse"))):
+                               ("--containerd", containerd, ("thin", "full", "refuse"))):
         if val not in allowed:
             console.print(f"[red]error:[/] {name} {val!r}: use one of {', '.join(allowed)}")
             raise typer.Exit(2)
