@@ -83,11 +83,16 @@ def _listed(info) -> set[str]:
 
 
 def _wipe(info) -> None:
-    """Remove every image from the sandbox engine (its content and snapshots go with them)."""
-    ids = _docker("image", "ls", "-a", "-q", "--no-trunc", host=info.docker_host, text=True).stdout.split()
+    """Remove from the sandbox engine every image this module may have left (tagged ``e3ops-test/...`` or
+    untagged, listed or not); others (the serving base of tests/test_window_containerd.py) stay."""
+    out = _docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}", host=info.docker_host,
+                  text=True).stdout.split("\n")
+    pairs = [ln.split() for ln in out if ln.strip()]
+    ids = {i for i, repo in pairs if repo == "<none>" or repo.startswith("e3ops-test/")}
     if ids:
-        _docker("image", "rm", "-f", *sorted(set(ids)), host=info.docker_host, check=False)
-    assert not _listed(info)
+        _docker("image", "rm", "-f", *sorted(ids), host=info.docker_host, check=False)
+    left = _docker("image", "ls", "-a", "--format", "{{.Repository}}", host=info.docker_host, text=True).stdout
+    assert not any(r.startswith("e3ops-test/") or r == "<none>" for r in left.split())
 
 
 def test_oci_ref_name_normalises_like_docker():
