@@ -40,6 +40,7 @@ def _docker(*args: str, host: str | None = None, check: bool = True, **kw) -> su
 def ctrd():
     info = sandbox.up(NAME, PORT, engine="containerd")
     yield info
+    _wipe(info)
     sandbox.down(NAME)
 
 
