@@ -24,7 +24,8 @@ import pytest
 from eagle3ops import sandbox, transfer
 from eagle3ops.transfer import PushOptions
 from eagle3ops.transfer.archive import SCAFFOLD_LABEL, ArchivePart, archive_chunks, oci_ref_name
-from eagle3ops.transfer.sources import StoreLayerSource
+from eagle3ops.transfer.errors import TransferError
+from eagle3ops.transfer.sources import StoreLayerSource, open_source
 
 pytestmark = pytest.mark.sandbox
 
@@ -245,3 +246,10 @@ def test_mismatching_image_on_host_is_refused(ctrd, images, tmp_path):
     finally:
         (ctrd.data_dir / "v2.tar").unlink()
     assert r.status == "failed" and "has id" in r.reason and "manifest digest" in r.reason, r.reason
+
+
+def test_containerd_store_build_engine_is_refused_by_name(ctrd, images):
+    """As the *build* engine the containerd store is not supported yet: said at once, with the fix."""
+    img = transfer.inspect_local(images["v1"])
+    with pytest.raises(TransferError, match="build engine .* containerd image store.*classic store"):
+        open_source(img, docker_host=ctrd.docker_host)
