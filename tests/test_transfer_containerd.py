@@ -85,14 +85,19 @@ def _listed(info) -> set[str]:
 
 
 def _wipe(info) -> None:
-    """Remove from the sandbox engine every image this module may have left (tagged ``e3ops-test/...`` or
-    untagged, listed or not); others (the serving base of tests/test_window_containerd.py) stay."""
-    out = _docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}", host=info.docker_host,
-                  text=True).stdout.split("\n")
-    pairs = [ln.split() for ln in out if ln.strip()]
-    ids = {i for i, repo in pairs if repo == "<none>" or repo.startswith("e3ops-test/")}
-    if ids:
-        _docker("image", "rm", "-f", *sorted(ids), host=info.docker_host, check=False)
+    """Remove from the sandbox engine what this module may have left: its ``e3ops-test/...`` tags (by name) and
+    untagged images that no other tag names. Other images (the serving base of tests/test_window_containerd.py)
+    stay even when a test tag names the same image."""
+    out = _docker("image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}",
+                  host=info.docker_host, text=True).stdout
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()]
+    ours = [ref for _, ref in rows if ref.startswith("e3ops-test/")]
+    kept = {i for i, ref in rows if not ref.startswith("e3ops-test/") and ref != "<none>:<none>"}
+    if ours:
+        _docker("image", "rm", *ours, host=info.docker_host, check=False)
+    dangling = sorted({i for i, ref in rows if ref == "<none>:<none>" or ref.startswith("e3ops-test/")} - kept)
+    if dangling:
+        _docker("image", "rm", "-f", *dangling, host=info.docker_host, check=False)
     left = _docker("image", "ls", "-a", "--format", "{{.Repository}}", host=info.docker_host, text=True).stdout
     assert not any(r.startswith("e3ops-test/") or r == "<none>" for r in left.split())
 
