@@ -435,19 +435,25 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
                 result.status = "tagged" if missing_tags else "present"
             return
         parts, result.mode = _plan_parts(src, store, opts)
-        total = sum(src.layer_size(i) for p in parts for i in p.include)
-        comp = Compression("none", 0, "")
-        if opts.compression in ("zstd", "gzip"):
-            comp = Compression(opts.compression, 3 if opts.compression == "zstd" else 1, "forced",
-                               long=opts.compression == "zstd")
-            if comp.codec == "zstd" and not host_has_zstd(remote):
-                raise TransferError(f"{host.name}: --compression zstd but the host has no `zstd`; use gzip or auto")
-        elif opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
-            largest = max((i for p in parts for i in p.include), key=src.layer_size)
-            link, probe = measure_link(host)
-            result.probe_bytes += probe
-            comp = encoders.decide(link, host_has_zstd(remote), total, largest)
-        result.compression = comp.label + (f" ({comp.why})" if comp.why else "")
+
+        def choose(parts: Sequence[ArchivePart]) -> tuple[Compression, int]:
+            total = sum(src.layer_size(i) for p in parts for i in p.include)
+            comp = Compression("none", 0, "")
+            if opts.compression in ("zstd", "gzip"):
+                comp = Compression(opts.compression, 3 if opts.compression == "zstd" else 1, "forced",
+                                   long=opts.compression == "zstd")
+                if comp.codec == "zstd" and not host_has_zstd(remote):
+                    raise TransferError(f"{host.name}: --compression zstd but the host has no `zstd`; use gzip or "
+                                        f"auto")
+            elif opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
+                largest = max((i for p in parts for i in p.include), key=src.layer_size)
+                link, probe = measure_link(host)
+                result.probe_bytes += probe
+                comp = encoders.decide(link, host_has_zstd(remote), total, largest)
+            result.compression = comp.label + (f" ({comp.why})" if comp.why else "")
+            return comp, total
+
+        comp, total = choose(parts)
         _send_parts(remote, encoders, parts, opts, comp, result, on_progress, total, stream_hook)
         if on_progress:
             on_progress(Progress(host.name, "verify", None, 0, 0, result.produced, total, result.bytes_sent))
@@ -458,6 +464,7 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
             sent = {i for p in parts for i in p.include}
             fill = _image_part(src, store, [i for i in range(len(img.diff_ids)) if i not in sent])
             result.mode = "thin+fill"
+            comp, total = choose([fill])  # the fill may be the whole base: compression decided for its own size
             _send_parts(remote, encoders, [fill], opts, comp, result, on_progress, total, stream_hook)
             _verify(remote, img, store, expect, result.id_kind)
             if not _content_complete(remote, expect):
