@@ -7,7 +7,7 @@ the wire with zstd, 18.1 GB of sandbox disk: the containerd store keeps the laye
 snapshots); the sandbox keeps it between runs. On this store an image id is a manifest digest, so the window's
 expected pipeline image id is the push's ``host_id``, not the build engine's config digest. Measured on 2 shared
 cores: fixture 117 s with the base already there (pipeline push, tiny model, serving start), release window 73 s,
-rollback 89 s.
+rollback 89 s (load ~8); cold (pipeline image build, base push, load 16-21): fixture 752 s, windows 161 s + 105 s.
 """
 
 from __future__ import annotations
