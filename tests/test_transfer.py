@@ -2,8 +2,8 @@
 
 Test images are built locally (no registry): a base ``docker import``-ed from a few files, then COPY layers of
 random bytes, so every run has fresh layer digests. Uses sandboxes ``pytest-push`` (2232) and ``pytest-push2``
-(2233), never the demo's ``sandbox``. Only the classic layer store runs here (Docker 20.10); the containerd image
-store is covered by detection only.
+(2233), never the demo's ``sandbox``. The host engines here use the classic layer store (Docker 20.10); the containerd
+image store has its own module, tests/test_transfer_containerd.py (sandbox ``pytest-ctrd2``, Docker 26.1).
 """
 
 from __future__ import annotations

@@ -65,6 +65,12 @@ def image_id_and_layers(host: HostConfig, ref: str) -> list[str]:
     return docker(host, "image", "inspect", "--format", "{{.Id}} {{json .RootFS.Layers}}", ref)
 
 
+def listed_image_ids(host: HostConfig) -> list[str]:
+    """Full ids of every image ``docker image ls -a`` lists, one per line (on the containerd store: only images
+    whose content is complete)."""
+    return docker(host, "image", "ls", "-a", "-q", "--no-trunc")
+
+
 # --- on the build machine -----------------------------------------------------------------------------------------
 def local_docker(docker_host: str | None, *args: str) -> list[str]:
     """``docker [-H docker_host] ARGS...`` against the build engine."""

@@ -13,13 +13,19 @@ How one push works (:func:`~eagle3ops.transfer.pusher.push`):
    ``docker image inspect`` of every image on the host give the set of chain ids the host holds. A layer at position
    i is present when the chain id of the image's first i+1 layers is (Docker's classic ``docker load`` looks layers
    up by chain id: moby ``image/tarexport/load.go``).
-3. **Thin archive** — a ``docker save``-format tar (``manifest.json``, the config, and ``<chainid>/layer.tar`` only
-   for the missing layers) is generated on the fly and streamed into ``docker load`` on the host. The classic store
-   accepts an archive without the layer tars it already holds (measured on Docker 20.10: FACTS.md). The containerd
-   store resolves layers by content digest; for it the full archive is sent (never tried here: this machine runs
-   Docker 20.10 only).
-4. **Verify** — ``docker image inspect`` on the host must give the local image id; "every layer pushed but the
-   image is not there" is an error.
+3. **Thin archive** — generated on the fly and streamed into ``docker load`` on the host, without the layers the
+   host holds. Classic store: a ``docker save``-format tar (``manifest.json``, the config, ``<chainid>/layer.tar``
+   only for the missing layers; measured on Docker 20.10: FACTS.md). containerd store: containerd's importer refuses
+   such a tar (``failed to resolve layers``), so an OCI image layout is sent instead (``index.json``, a manifest
+   naming the layers uncompressed, the config, and blobs only for the missing layers); its unpacker skips layers
+   whose snapshot exists (measured on Docker 26.1.5 + containerd 1.7.24:
+   :mod:`~eagle3ops.transfer.archive`). If the host held a left-out layer only under another blob digest (a
+   registry pull keeps compressed blobs), the image loads and runs but ``docker image ls`` leaves it out; the push
+   then sends those blobs in a second archive (mode ``thin+fill``).
+4. **Verify** — ``docker image inspect`` on the host must give the expected id and diff ids; "every layer pushed
+   but the image is not there" is an error. What "image id" means differs by store and the result says which id
+   was compared (:func:`~eagle3ops.transfer.pusher.expected_host_id`): the config digest on the classic store, the
+   manifest digest on the containerd store (the manifest this push generated, naming the config digest).
 
 Layer bytes come from the build engine's classic layer store directly when it is readable
 (:class:`~eagle3ops.transfer.sources.StoreLayerSource`: the layer's ``tar-split.json.gz`` reassembled with the files of its overlay2 ``diff``
@@ -52,7 +58,7 @@ Modules, one job each (imports run downwards only):
 ``local``          the image on the build engine: id, diff ids, chain ids; classic vs containerd store detection
 ``tarsafe``        tar members that cannot escape, files opened below a directory without following symlinks
 ``sources``        layer bytes: the classic store read directly, or ``docker save`` extracted safely
-``archive``        the ``docker save`` archive format and scaffold configs (pure)
+``archive``        the archive formats (``docker save`` for classic, OCI layout for containerd), scaffolds (pure)
 ``hoststore``      what a host's engine holds (one SSH round trip)
 ``sshconfig``      the OpenSSH client config of the bulk path (strict host keys on every hop)
 ``streams``        byte streams into a remote command: OpenSSH subprocess or paramiko channel

@@ -22,16 +22,18 @@ def _fmt_bytes(n: float) -> str:
 
 
 def results_table(image: str, results: Iterable[PushResult]):
-    """A rich table: one row per host with status, store/mode, layers, bytes, time, reason."""
+    """A rich table: one row per host with status, store/mode, the image id on the host and which id it is (config
+    digest on the classic store, manifest digest on the containerd store), layers, bytes, time, reason."""
     from rich.table import Table
 
     t = Table(title=f"push {image}")
-    for col in ("host", "status", "store/mode", "layers sent", "layer bytes", "bytes sent", "time", "transport",
-                "reason / compression"):
+    for col in ("host", "status", "store/mode", "host image id", "layers sent", "layer bytes", "bytes sent", "time",
+                "transport", "reason / compression"):
         t.add_column(col)
     for r in results:
         style = {"ok": "green", "present": "cyan", "tagged": "cyan"}.get(r.status, "red")
-        t.add_row(r.host, f"[{style}]{r.status}[/]", f"{r.store}/{r.mode or '-'}", f"{r.layers_sent}/{r.layers_total}",
+        hid = f"{r.host_id[7:19]} ({r.id_kind})" if r.host_id else "-"
+        t.add_row(r.host, f"[{style}]{r.status}[/]", f"{r.store}/{r.mode or '-'}", hid, f"{r.layers_sent}/{r.layers_total}",
                   _fmt_bytes(r.layer_bytes), _fmt_bytes(r.bytes_sent), f"{r.wall_s:.1f}s", r.transport or "-",
                   r.reason or r.compression)
     return t
@@ -46,7 +48,8 @@ def push_command(
     attempts: int = typer.Option(3, min=1, help="Tries per host."),
     stall_s: float = typer.Option(STALL_S, help="Seconds without progress before a stream is killed."),
     parallel: int = typer.Option(8, min=1, help="Hosts pushed at once."),
-    containerd: str = typer.Option("full", help="On a containerd-store host: full (send all layers) | refuse."),
+    containerd: str = typer.Option("thin", help="On a containerd-store host: thin (OCI layout without the layers "
+                                   "the host holds) | full (send all layers) | refuse."),
 ) -> None:
     """Push IMAGE to each HOST over SSH: only missing layers, verified by image id, in parallel."""
     from rich.console import Console
@@ -63,7 +66,7 @@ def push_command(
         raise typer.Exit(2)
     for name, val, allowed in (("--compression", compression, ("auto", "none", "zstd", "gzip")),
                                ("--transport", transport, ("auto", "openssh", "paramiko")),
-                               ("--containerd", containerd, ("full", "refuse"))):
+                               ("--containerd", containerd, ("thin", "full", "refuse"))):
         if val not in allowed:
             console.print(f"[red]error:[/] {name} {val!r}: use one of {', '.join(allowed)}")
             raise typer.Exit(2)

@@ -16,11 +16,14 @@ class HostStore:
     """What a host's engine holds.
 
     Attributes:
-        kind: ``classic`` (layer store, thin archives work) or ``containerd`` (full archives).
+        kind: ``classic`` (layer store: thin ``docker save`` archives) or ``containerd`` (containerd image store:
+            thin OCI layouts; image ids are manifest digests).
         driver: storage driver name (``overlay2``, ``overlayfs``...).
         server_version: Docker server version.
-        chain_ids: chain ids of every layer prefix of every image on the host.
-        image_ids: ids of the images on the host.
+        chain_ids: chain ids of every layer prefix of every image on the host (on the containerd store: of every
+            image ``docker image ls`` lists, i.e. whose content is complete).
+        image_ids: ids of the images on the host (config digests on the classic store, manifest digests on the
+            containerd store).
         scaffolds: scaffold image id → the image id it was made for (left by interrupted pushes).
     """
 

@@ -48,7 +48,15 @@ class PushResult:
         status: ``ok`` (loaded and verified), ``present`` (already there with the tag), ``tagged`` (the image was
             there, only the tag was added) or ``failed``.
         reason: why it failed (empty on success).
-        store: host image store, ``classic`` or ``containerd``; mode: ``thin`` (missing layers only) or ``full``.
+        image_id: the image id on the build engine (its config digest: the build engine is a classic store).
+        host_id: the id the host's engine gives the image, which verification compared: on the classic store the
+            config digest (= ``image_id``); on the containerd store the digest of the manifest this push generated
+            (:func:`eagle3ops.transfer.archive.oci_manifest`), which names the config digest and every layer.
+        id_kind: ``config digest`` or ``manifest digest``: what ``host_id`` is.
+        store: host image store, ``classic`` or ``containerd``; mode: ``thin`` (missing layers only), ``full``, or
+            ``thin+fill`` (containerd store: the thin load left the image without some layer blobs, because the
+            host held those layers under other blob digests, e.g. compressed from a registry pull, so they were
+            sent in a second archive).
         layers_total / layers_sent: layer counts; layer_bytes: uncompressed bytes of the layers sent.
         bytes_sent: bytes written into the SSH stream(s) (after compression), probes excluded.
         probe_bytes: bytes spent measuring the link.
@@ -62,6 +70,8 @@ class PushResult:
     status: str = "failed"
     reason: str = ""
     image_id: str = ""
+    host_id: str = ""
+    id_kind: str = ""
     store: str = ""
     mode: str = ""
     layers_total: int = 0
@@ -95,7 +105,9 @@ class PushOptions:
             push never reached (no TCP, no SSH banner, refused key) fails at once, within the connect bound.
         stall_s: seconds without progress before a stream is killed.
         chunk_bytes: resumable chunk size (layer bytes); 0 disables scaffolds.
-        containerd: on a containerd-store host: ``full`` (send the full archive) or ``refuse``.
+        containerd: on a containerd-store host: ``thin`` (an OCI layout without the layers the host holds, then
+            the left-out blobs if the host turns out to hold those layers only under other blob digests), ``full``
+            (every layer) or ``refuse``.
         source: ``auto``, ``store`` or ``save`` (see :func:`open_source`).
         load_argv: the host-side load command (default ``docker [-H ...] load``); only tests change it.
     """
@@ -105,21 +117,52 @@ class PushOptions:
     attempts: int = 3
     stall_s: float = STALL_S
     chunk_bytes: int = CHUNK_BYTES
-    containerd: str = "full"
+    containerd: str = "thin"
     source: str = "auto"
     load_argv: list[str] | None = None
+
+
+def _image_part(source: LayerSource, store: HostStore, include: Sequence[int]) -> ArchivePart:
+    """The part that loads the image itself (config, tags) carrying layers ``include``, in the host store's
+    format."""
+    img = source.image
+    n = len(img.diff_ids)
+    if store.kind == "containerd":
+        return ArchivePart(source.config_bytes(), n, tuple(include), img.repo_tags, fmt="oci",
+                           layer_sizes=tuple(source.layer_size(i) for i in range(n)))
+    return ArchivePart(source.config_bytes(), n, tuple(include), img.repo_tags)
+
+
+def expected_host_id(source: LayerSource, store: HostStore) -> tuple[str, str]:
+    """The id the host's engine gives the image once pushed, and what kind of id it is.
+
+    Classic store: the config digest (the build engine's image id). containerd store: the digest of the manifest
+    :func:`eagle3ops.transfer.archive.oci_manifest` writes (the same manifest containerd's importer writes for a
+    ``docker save`` archive), which names the config digest, so equal manifest digests mean equal configs and
+    layers; there an image's config digest is not shown by ``docker image inspect`` (its ``Id`` is the manifest
+    digest) and is not accepted as a reference (``No such image``), both measured on Docker 26.1.
+
+    Returns:
+        ``(id, kind)`` with kind ``config digest`` or ``manifest digest``.
+    """
+    part = _image_part(source, store, ())
+    return part.host_id(source.image.diff_ids), "manifest digest" if part.fmt == "oci" else "config digest"
 
 
 def _plan_parts(source: LayerSource, store: HostStore, opts: PushOptions) -> tuple[list[ArchivePart], str]:
     img = source.image
     chains = img.chain_ids
     n = len(chains)
+    mode = "thin"
     if store.kind == "containerd":
         if opts.containerd == "refuse":
-            raise TransferError("host runs the containerd image store; thin archives are untested there and "
-                                "--containerd refuse was given")
-        return [ArchivePart(source.config_bytes(), n, tuple(range(n)), img.repo_tags)], "full"
-    missing = [i for i in range(n) if chains[i] not in store.chain_ids]
+            raise TransferError(f"host runs the containerd image store (Docker {store.server_version}) and "
+                                f"--containerd refuse was given; use --containerd thin (default) or full")
+        if opts.containerd == "full":
+            mode = "full"
+    missing = [i for i in range(n) if mode == "full" or chains[i] not in store.chain_ids]
+    sizes = tuple(source.layer_size(i) for i in range(n)) if store.kind == "containerd" else ()
+    fmt = "oci" if store.kind == "containerd" else "docker-save"
     parts: list[ArchivePart] = []
     group: list[int] = []
     acc = 0
@@ -127,17 +170,24 @@ def _plan_parts(source: LayerSource, store: HostStore, opts: PushOptions) -> tup
         group.append(i)
         acc += source.layer_size(i)
         if opts.chunk_bytes and acc >= opts.chunk_bytes and i != missing[-1]:
-            parts.append(ArchivePart(scaffold_config(img, i + 1), i + 1, tuple(group), (), scaffold=True))
+            parts.append(ArchivePart(scaffold_config(img, i + 1), i + 1, tuple(group), (), scaffold=True, fmt=fmt,
+                                     layer_sizes=sizes[:i + 1]))
             group, acc = [], 0
-    parts.append(ArchivePart(source.config_bytes(), n, tuple(group), img.repo_tags))
-    return parts, "thin"
+    parts.append(_image_part(source, store, group))
+    return parts, mode
 
 
-def _verify(remote, img: LocalImage, store: HostStore) -> None:
+def _verify(remote, img: LocalImage, store: HostStore, expect: str, kind: str) -> None:
+    """Every tag of ``img`` on the host names an image with id ``expect`` (a ``kind``: see
+    :func:`expected_host_id`) and ``img``'s diff ids.
+
+    Raises:
+        VerifyFailed: a tag is missing, or names an image with another id or other layers.
+    """
     from eagle3ops.remote import RemoteCommandError
 
     host = remote.host
-    refs = list(img.repo_tags) or [img.id]
+    refs = list(img.repo_tags) or [expect]
     for ref in refs:
         try:
             r = remote.run(tc.image_id_and_layers(host, ref), timeout=60, mutates=False)
@@ -145,10 +195,21 @@ def _verify(remote, img: LocalImage, store: HostStore) -> None:
             raise VerifyFailed(f"{host.name}: every layer was pushed but image {ref} is not on the host "
                                f"({exc.stderr.strip()[-200:]})") from None
         rid, _, layers = r.stdout.strip().partition(" ")
-        if store.kind == "classic" and rid != img.id:
-            raise VerifyFailed(f"{host.name}: image {ref} on the host has id {rid}, expected {img.id}")
+        if rid != expect:
+            what = ("config digest" if kind == "config digest" else
+                    f"manifest digest, {store.kind} store; the manifest names config {img.id}")
+            raise VerifyFailed(f"{host.name}: image {ref} on the host has id {rid}, expected {expect} ({what})")
         if tuple(json.loads(layers or "[]")) != img.diff_ids:
             raise VerifyFailed(f"{host.name}: image {ref} on the host has different layers than {img.id}")
+
+
+def _content_complete(remote, host_id: str) -> bool:
+    """Whether the host's ``docker image ls`` lists ``host_id``. On the containerd store an image whose manifest
+    names a blob the content store lacks is inspectable and runs (its snapshots exist) but ``docker image ls``
+    leaves it out and ``docker save`` of it is broken (measured on Docker 26.1); it is listed again once the blobs
+    arrive."""
+    r = remote.run(tc.listed_image_ids(remote.host), timeout=60, mutates=False)
+    return host_id in r.stdout.split()
 
 
 class _PartSender:
@@ -307,7 +368,7 @@ def _cleanup_scaffolds(remote, img: LocalImage, store: HostStore, parts: Sequenc
     """Remove the scaffold images of ``img`` (those the inventory saw and those loaded now)."""
     host = remote.host
     ids = [i for i, target in store.scaffolds.items() if target == img.id]
-    ids += [p.config_id for p in parts if p.scaffold]
+    ids += [p.host_id(img.diff_ids) for p in parts if p.scaffold]
     if ids:
         remote.run(dk.rmi(host, *sorted(set(ids))), timeout=120, check=False)
 
@@ -357,37 +418,59 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
             raise TransientTransferError(str(exc)) from None
         reached = True
         result.store = store.kind
-        if img.id in store.image_ids and store.kind == "classic":
+        expect, result.id_kind = expected_host_id(src, store)
+        result.host_id = expect
+        # On the containerd store the inventory lists only images whose every blob is there (_content_complete).
+        if expect in store.image_ids:
             missing_tags = []
             for tag in img.repo_tags:
                 r = remote.run(dk.image_id(host, tag), check=False, timeout=60, mutates=False)
-                if r.stdout.strip() != img.id:
+                if r.stdout.strip() != expect:
                     missing_tags.append(tag)
             for tag in missing_tags:
-                remote.run(dk.tag(host, img.id, tag), timeout=60)
-            _verify(remote, img, store)
+                remote.run(dk.tag(host, expect, tag), timeout=60)
+            _verify(remote, img, store, expect, result.id_kind)
             _cleanup_scaffolds(remote, img, store)
             if result.status != "ok":
                 result.status = "tagged" if missing_tags else "present"
             return
         parts, result.mode = _plan_parts(src, store, opts)
-        total = sum(src.layer_size(i) for p in parts for i in p.include)
-        comp = Compression("none", 0, "")
-        if opts.compression in ("zstd", "gzip"):
-            comp = Compression(opts.compression, 3 if opts.compression == "zstd" else 1, "forced",
-                               long=opts.compression == "zstd")
-            if comp.codec == "zstd" and not host_has_zstd(remote):
-                raise TransferError(f"{host.name}: --compression zstd but the host has no `zstd`; use gzip or auto")
-        elif opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
-            largest = max((i for p in parts for i in p.include), key=src.layer_size)
-            link, probe = measure_link(host)
-            result.probe_bytes += probe
-            comp = encoders.decide(link, host_has_zstd(remote), total, largest)
-        result.compression = comp.label + (f" ({comp.why})" if comp.why else "")
+
+        def choose(parts: Sequence[ArchivePart]) -> tuple[Compression, int]:
+            total = sum(src.layer_size(i) for p in parts for i in p.include)
+            comp = Compression("none", 0, "")
+            if opts.compression in ("zstd", "gzip"):
+                comp = Compression(opts.compression, 3 if opts.compression == "zstd" else 1, "forced",
+                                   long=opts.compression == "zstd")
+                if comp.codec == "zstd" and not host_has_zstd(remote):
+                    raise TransferError(f"{host.name}: --compression zstd but the host has no `zstd`; use gzip or "
+                                        f"auto")
+            elif opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
+                largest = max((i for p in parts for i in p.include), key=src.layer_size)
+                link, probe = measure_link(host)
+                result.probe_bytes += probe
+                comp = encoders.decide(link, host_has_zstd(remote), total, largest)
+            result.compression = comp.label + (f" ({comp.why})" if comp.why else "")
+            return comp, total
+
+        comp, total = choose(parts)
         _send_parts(remote, encoders, parts, opts, comp, result, on_progress, total, stream_hook)
         if on_progress:
             on_progress(Progress(host.name, "verify", None, 0, 0, result.produced, total, result.bytes_sent))
-        _verify(remote, img, store)
+        _verify(remote, img, store, expect, result.id_kind)
+        if store.kind == "containerd" and not _content_complete(remote, expect):
+            # The host holds some left-out layers only as snapshots or under other blob digests (compressed, from a
+            # registry pull): send those blobs; the unpacker skips them (the snapshots exist).
+            sent = {i for p in parts for i in p.include}
+            fill = _image_part(src, store, [i for i in range(len(img.diff_ids)) if i not in sent])
+            result.mode = "thin+fill"
+            comp, total = choose([fill])  # the fill may be the whole base: compression decided for its own size
+            _send_parts(remote, encoders, [fill], opts, comp, result, on_progress, total, stream_hook)
+            _verify(remote, img, store, expect, result.id_kind)
+            if not _content_complete(remote, expect):
+                raise VerifyFailed(f"{host.name}: image {expect} is loaded but `docker image ls` does not list it "
+                                   f"even with every layer blob sent (containerd content store incomplete); "
+                                   f"retry with --containerd full")
         result.status = "ok"
         _cleanup_scaffolds(remote, img, store, parts)
 

@@ -326,7 +326,18 @@ def open_source(image: LocalImage, docker_host: str | None = None, prefer: str =
 
     Args:
         prefer: ``auto``, ``store`` (fail if the store is not readable) or ``save``.
+
+    Raises:
+        TransferError: the build engine uses the containerd image store. Its image ids are manifest digests and
+            its ``docker save`` carries layer blobs as stored (compressed for built or pulled images), while both
+            sources here need the config digest as image id and uncompressed layer tars; only the *host* side
+            handles that store so far.
     """
+    if is_containerd_store(local_info(docker_host)):
+        raise TransferError(f"the build engine ({docker_host or 'the default Docker endpoint'}) uses the containerd "
+                            f"image store, which eagle3ops cannot read layers from yet (hosts with that store are "
+                            f"supported); build and push from an engine with the classic store (daemon.json "
+                            f'"features": {{"containerd-snapshotter": false}})')
     if prefer in ("auto", "store"):
         try:
             return StoreLayerSource.open(image, docker_host)
