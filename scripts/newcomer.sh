@@ -3,7 +3,7 @@
 # commands there -- `make demo`, then `make test` -- with a sandbox of its own (name, ports, state), so nothing from
 # the working checkout (its .venv, .sandbox keys, untracked files) can help and the checkout's sandbox is never
 # disturbed. What stays shared is machine-wide: Debian packages and the build engine's image/layer cache.
-# Usage: bash scripts/newcomer.sh [REF] [make targets...]   (default targets: demo test)
+# Usage: [KEEP=1] bash scripts/newcomer.sh [REF] [make targets...]   (default targets: demo test; KEEP=1 keeps its sandbox)
 # Prints one line per target with its exit code and wall time; the logs stay in the printed folder.
 set -uo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,4 +28,8 @@ for t in "${targets[@]}"; do
   tail -n 3 "$dir/$t.log" | sed 's/^/    /'
   [ $r -eq 0 ] || rc=$r
 done
+# Its sandbox holds a copy of the 9 GB base image: remove it unless KEEP=1 (disk on a build machine is finite).
+if [ "${KEEP:-0}" != 1 ]; then
+  .venv/bin/eagle3ops sandbox down --name "$EAGLE3OPS_SANDBOX" --purge || true
+fi
 exit $rc
