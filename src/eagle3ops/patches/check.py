@@ -1,6 +1,6 @@
 """``eagle3ops patch check``: every series of a profile applied to its pristine pinned wheel, then byte-compiled.
 
-For each series: fetch the pinned wheel (:func:`~eagle3ops.patches.wheels.fetch_wheel`, sha256 verified), unpack
+For each series, and for each pinned wheel of it (``upstream.yaml``'s wheel and those listed under ``also``): fetch the pinned wheel (:func:`~eagle3ops.patches.wheels.fetch_wheel`, sha256 verified), unpack
 it into a scratch dir (which is laid out like a site-packages dir, ``*.dist-info`` included, so the very same
 :func:`~eagle3ops.patches.apply.apply_series` used in images runs here, pin check included), apply the series
 strictly, byte-compile every ``.py`` file of the package (:func:`compileall.compile_file`) and report per patch.
@@ -20,7 +20,7 @@ from pathlib import Path
 from eagle3ops.patches.apply import Action, apply_series
 from eagle3ops.patches.diffgen import list_files
 from eagle3ops.patches.errors import PatchToolError
-from eagle3ops.patches.series import Profile, Series, load_series
+from eagle3ops.patches.series import Profile, Series, Upstream, load_series
 from eagle3ops.patches.wheels import fetch_wheel, unpack_wheel
 
 
@@ -96,11 +96,21 @@ def check_series(
                 for r in p.header.requires:
                     if r.name == pin.name and r.version != pin.version:
                         res.problems.append(f"patch {p.name} requires {r} but profile {profile.name} requires {pin}")
+    wheels = (series.upstream, *series.upstream.also)
+    for upstream in wheels:
+        _check_wheel(series, upstream, res, cache=cache, label=f"{upstream.wheel}: " if len(wheels) > 1 else "")
+    res.ok = not res.problems and all(p.ok for p in res.patches)
+    return res
+
+
+def _check_wheel(series: Series, upstream: Upstream, res: SeriesCheck, *, cache: Path | None, label: str) -> None:
+    """Apply ``series`` patch by patch to the pristine ``upstream`` wheel and byte-compile it; record each patch's
+    outcome (detail prefixed by ``label``) and any problem in ``res``."""
     try:
-        wheel = fetch_wheel(series.upstream, cache)
+        wheel = fetch_wheel(upstream, cache)
     except PatchToolError as e:
         res.problems.append(str(e))
-        return res
+        return
     with tempfile.TemporaryDirectory(prefix="eagle3ops-check-") as tmp:
         site = unpack_wheel(wheel, Path(tmp) / "site")
         # apply patch by patch so every patch gets its own line in the report
@@ -110,22 +120,21 @@ def check_series(
                 r = apply_series(sub, site_dir=site, check_requires=False, write_manifest=False)
                 pr = r.patches[0]
                 if pr.action is Action.ALREADY_APPLIED:
-                    res.patches.append(PatchCheck(patch.name, False, "already applied on the pristine wheel (drop it: upstream has it)"))
+                    res.patches.append(PatchCheck(patch.name, False, label + "already applied on the pristine wheel (drop it: upstream has it)"))
                 else:
                     off = "; ".join(f"{f} hunk #{n} offset {o:+d}" for f, lst in pr.offsets.items() for n, o in lst)
-                    res.patches.append(PatchCheck(patch.name, True, "applies" + (f" ({off})" if off else "")))
+                    res.patches.append(PatchCheck(patch.name, True, label + "applies" + (f" ({off})" if off else "")))
             except PatchToolError as e:
-                res.patches.append(PatchCheck(patch.name, False, str(e).splitlines()[0]))
+                res.patches.append(PatchCheck(patch.name, False, label + str(e).splitlines()[0]))
                 for later in series.patches[i + 1 :]:
-                    res.patches.append(PatchCheck(later.name, False, f"not tried: {patch.name} failed before it"))
+                    res.patches.append(PatchCheck(later.name, False, label + f"not tried: {patch.name} failed before it"))
                 break
         from eagle3ops.patches.installed import find_dist
 
         dist = find_dist(series.package, site)
-        res.compiled, errors = byte_compile(site, dist.top_levels)
-        res.problems += [f"byte-compile: {e}" for e in errors]
-    res.ok = not res.problems and all(p.ok for p in res.patches)
-    return res
+        compiled, errors = byte_compile(site, dist.top_levels)
+        res.compiled += compiled
+        res.problems += [f"byte-compile: {label}{e}" for e in errors]
 
 
 def check_profile(profile: Profile, *, cache: Path | None = None, probes_module: str = "eagle3ops.patches.probes") -> list[SeriesCheck]:
