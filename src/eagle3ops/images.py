@@ -118,6 +118,62 @@ def patch_digests(spec: ProfileSpec, root: Path = REPO_ROOT) -> dict[str, str]:
     return out
 
 
+def patch_origins(patches: dict[str, str], root: Path = REPO_ROOT) -> dict[str, str]:
+    """``{"<series dir>/<patch>": "<DEP-3 Origin>"}`` for the patches of :func:`patch_digests`' record (the
+    ``io.eagle3ops.patch-origins`` label: which upstream PR or vendor each applied change comes from)."""
+    from eagle3ops.patches.series import load_patch
+
+    out = {}
+    for rel in patches:
+        if rel.endswith("/series"):
+            continue
+        h = load_patch(root / rel).header
+        out[rel] = h.origin_kind + (f", {h.origin_ref}" if h.origin_ref else "")
+    return out
+
+
+def write_serving_patches(spec: ProfileSpec, ctx: Path, root: Path = REPO_ROOT) -> list[dict[str, str]]:
+    """Put the profile's series into the serving build context as validated diffs, in series order.
+
+    Each series is parsed and checked like ``eagle3ops patch apply`` does (:func:`~eagle3ops.patches.series.
+    load_series`: DEP-3 header, pin equal to the series dir; :func:`~eagle3ops.patches.diffcheck.parse_diff`:
+    no traversal, absolute paths, renames, mode changes or binary diffs); only the parsed hunks are written, as
+    ``vllm-patches/NN-<file>.diff``, with ``vllm-patches/manifest.json`` (patch, series, sha256 of the patch file,
+    Origin, summary). The template applies them with GNU patch ``-p1 --fuzz=0 --forward`` to the site dir holding
+    the ``vllm`` package, failing the build on any rejected hunk.
+
+    Returns:
+        ``[{"file", "name", "series", "origin"}]`` in application order (empty for a profile without series).
+
+    Raises:
+        ImageError: a series does not parse or a diff is unsafe (the patch tooling's message).
+    """
+    from eagle3ops.patches.diffcheck import parse_diff, render as render_diff
+    from eagle3ops.patches.errors import PatchToolError
+    from eagle3ops.patches.series import load_series
+
+    out: list[dict[str, str]] = []
+    manifest = []
+    dest = ctx / "vllm-patches"
+    for rel in spec.series:
+        try:
+            series = load_series(root / rel)
+            for patch in series.patches:
+                text = render_diff(parse_diff(patch.diff_text, where=f"patch {patch.name}"))
+                fname = f"{len(out) + 1:02d}-{patch.name.removesuffix('.patch')}.diff"
+                dest.mkdir(parents=True, exist_ok=True)
+                (dest / fname).write_text(text)
+                origin = patch.header.origin_kind + (f", {patch.header.origin_ref}" if patch.header.origin_ref else "")
+                out.append({"file": fname, "name": patch.name, "series": rel, "origin": origin})
+                manifest.append({"patch": f"{rel}/{patch.name}", "sha256": patch.sha256, "origin": origin,
+                                 "summary": patch.header.summary, "pin": str(patch.header.pin)})
+        except PatchToolError as exc:
+            raise ImageError(f"serving profile series {rel}: {exc}") from None
+    if out:
+        (dest / "manifest.json").write_text(json.dumps({"schema": 1, "patches": manifest}, indent=2) + "\n")
+    return out
+
+
 def _context_files(defn: ImageDef, root: Path) -> list[Path]:
     """Every file of the build context (sorted; ``__pycache__``/``*.pyc`` and the patches dir excluded: patches
     enter the hash through :func:`patch_digests`)."""
@@ -207,6 +263,7 @@ def content_inputs(
     files = {str(f.relative_to(root)): _sha256(f.read_bytes()) for f in _context_files(defn, root)}
     return {
         "schema": 1,
+        **({"standin": True} if spec.standin else {}),
         "image": defn.name,
         "base": base,
         "profile": pname,
@@ -292,6 +349,7 @@ def image_labels(defn: ImageDef, inputs: dict[str, Any], tag: str, root: Path = 
     """OCI + eagle3ops labels. ``io.eagle3ops.patches`` is JSON ``{patch path: sha256}`` (series files omitted);
     ``io.eagle3ops.pins`` JSON of the pins; no ``created`` (it would make identical builds differ)."""
     patches = {k: v for k, v in inputs["patches"].items() if not k.endswith("/series")}
+    origins = patch_origins(inputs["patches"], root)
     labels = {
         f"{OCI}.title": defn.title,
         f"{OCI}.description": defn.description,
@@ -304,6 +362,10 @@ def image_labels(defn: ImageDef, inputs: dict[str, Any], tag: str, root: Path = 
         f"{LABEL_PREFIX}.content-hash": content_hash(inputs),
         f"{LABEL_PREFIX}.eagle3ops-version": inputs["eagle3ops"],
     }
+    if origins:
+        labels[f"{LABEL_PREFIX}.patch-origins"] = json.dumps(origins, sort_keys=True)
+    if inputs.get("standin"):
+        labels[f"{LABEL_PREFIX}.standin"] = "true"
     verify = inputs["build_args"].get("VERIFY")
     if verify is not None:
         labels[f"{LABEL_PREFIX}.verified"] = verify
@@ -517,6 +579,12 @@ def build_image(
     """
     defn = load_def(name, root / "images")
     pname, spec = defn.profile(profile)
+    if spec.standin and (base_image or defn.base.image) != LOCAL_BASE_TAG:
+        raise ImageError(
+            f"images/{name}.yaml profile {pname} carries a stand-in series for the sandbox's CPU build; it is built "
+            f"only on {LOCAL_BASE_TAG}, not on {base_image or defn.base.image} (use a profile without stand-in "
+            "series for production)"
+        )
     client = docker_client()
     inputs = content_inputs(defn, pname, base_image, root=root, client=client,
                             extra_build_args=_extra_args(defn, verify, probes_module))
@@ -530,12 +598,9 @@ def build_image(
         ctx = Path(tmp)
         _assemble_context(defn, root, ctx)
         if defn.dockerfile.endswith(".j2"):
-            if spec.series:
-                raise ImageError(
-                    f"images/{name}.yaml profile {pname} lists vLLM patch series {spec.series}, but the serving "
-                    f"template does not apply patches yet (add the apply/verify step to {defn.dockerfile})"
-                )
-            text = render((root / defn.dockerfile).read_text(), env=inputs["env"], **variables)
+            vllm_patches = write_serving_patches(spec, ctx, root)
+            text = render((root / defn.dockerfile).read_text(), env=inputs["env"], vllm_patches=vllm_patches,
+                          **variables)
             (ctx / "Dockerfile").write_text(text)
             dockerfile = "Dockerfile"
         else:

