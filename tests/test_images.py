@@ -127,7 +127,9 @@ def test_definitions_validate() -> None:
         d = images.load_def(name)
         assert d.base.image == "vllm/vllm-openai:v0.16.0"
         assert d.profile(None)[0] == "speculators-0.3.0-vllm-0.16.0"  # the registry's default
-        assert set(d.profiles) == {"speculators-0.3.0-vllm-0.16.0", "speculators-0.4.0.1-vllm-0.16.0"}
+        both = {"speculators-0.3.0-vllm-0.16.0", "speculators-0.4.0.1-vllm-0.16.0"}
+        serving = {"vllm-0.16.0-serving", "vllm-0.16.0-serving-cpu-standin"}
+        assert set(d.profiles) == (both | serving if name == "serving" else both)
 
 
 def test_bad_definition_names_the_field(root: Path) -> None:
@@ -748,7 +750,7 @@ def test_serving_standin_profile_refused_on_a_production_base() -> None:
 
 
 def test_serving_patches_are_validated_diffs_in_series_order(tmp_path: Path) -> None:
-    spec = images.load_def("serving").profiles["vllm-0.16.0-serving-cpu-standin"]
+    spec = images.load_def("serving").profile("vllm-0.16.0-serving-cpu-standin")[1]
     out = images.write_serving_patches(spec, tmp_path)
     assert [p["file"] for p in out] == ["01-0001-eagle3-deepseek-kimi-targets.diff",
                                         "02-0001-standin-cpu-greedy-spec-decode.diff"]
@@ -765,8 +767,10 @@ def test_serving_patches_are_validated_diffs_in_series_order(tmp_path: Path) -> 
 
 def test_serving_series_with_an_unsafe_diff_is_refused(root: Path, tmp_path: Path) -> None:
     d = root / "patches/vllm/0.16.0"
-    p = d / images.read_series(d)[0]
+    from eagle3ops.patches.series import read_series_file
+
+    p = d / read_series_file(d / "series")[0]
     p.write_text(p.read_text().replace("--- a/vllm/config/speculative.py", "--- a/../etc/speculative.py", 1))
-    spec = images.load_def("serving", root / "images").profiles["vllm-0.16.0-serving"]
+    spec = images.load_def("serving", root / "images").profile("vllm-0.16.0-serving")[1]
     with pytest.raises(images.ImageError, match="serving profile series patches/vllm/0.16.0"):
         images.write_serving_patches(spec, tmp_path / "ctx", root)

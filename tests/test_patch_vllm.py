@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import zipfile
@@ -65,7 +66,10 @@ def _wheel_bytes(dist: str, version: str, module_text: str) -> bytes:
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr("pkga/__init__.py", module_text)  # both ship import package pkga
         zf.writestr(f"{di}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-        zf.writestr(f"{di}/RECORD", f"pkga/__init__.py,,\n{di}/METADATA,,\n{di}/RECORD,,\n")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(module_text.encode()).digest()).rstrip(b"=").decode()
+        # RECORD with the file's hash, as every real wheel has it (the applied state is judged against it)
+        zf.writestr(f"{di}/RECORD", f"pkga/__init__.py,sha256={digest},{len(module_text.encode())}\n"
+                                    f"{di}/METADATA,,\n{di}/RECORD,,\n")
     return buf.getvalue()
 
 

