@@ -56,3 +56,27 @@ def test_kimi_pipeline_example_validates_with_tp8_and_32000_draft_ids():
     cfg = PipelineConfig.model_validate(yaml.safe_load(PIPELINE.read_text()))
     assert cfg.extract.tensor_parallel_size == 8 and cfg.vocab.draft_vocab_size == 32000
     assert cfg.target_model == "/model" and cfg.effective_max_model_len() == 4097
+
+
+def test_kimi_window_dry_run_commands_carry_gpu_flags_and_env_exactly():
+    """What `--dry-run` prints for the supervisor's part of an extract and a train window on the Kimi host (the
+    plan and its docker-CLI equivalents are pure: no SSH): each stage's `docker run` carries `--gpus all`,
+    `--ipc host`, `--ulimit memlock=-1:-1` and exactly the stage environment."""
+    from eagle3ops.remote import render
+    from eagle3ops.window import build_plan, supervisor_commands
+
+    h = load_inventory(INVENTORY).host("kimi-01")
+    want_env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **h.stage_env}
+    for kind, stages in WINDOWS.items():
+        plan = build_plan(h, kind="window", window_id=f"w-{kind}", image="eagle3ops/pipeline:t", command=kind,
+                          run="kimi", stages=stages, user="ops")
+        cmds = supervisor_commands(h, plan)
+        assert cmds[0][-4:] == ["stop", "--time", "300", "vllm-kimi"] and cmds[-2][-2:] == ["start", "vllm-kimi"]
+        runs = cmds[1:-2]
+        assert len(runs) == len(stages)
+        for stage, argv in zip(stages, runs):
+            line = render(argv)
+            assert "--gpus all" in line and "--ipc host" in line and "--ulimit memlock=-1:-1" in line, line
+            env = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--env")
+            assert env == want_env, stage
+            assert argv[-6:] == ["-m", "eagle3ops", "stage", stage, "--run-dir", "/data/runs/kimi"]
