@@ -300,3 +300,52 @@ def test_kimi_every_stage_and_the_probe_with_vllm(tmp_path, kimi):
           f"train loss {tr['first_loss']:.3f} -> {tr['final_metrics']['loss']:.3f}; stage wall s: "
           + ", ".join(f"{s} {json.loads((run / s / 'manifest.json').read_text())['wall_s']}"
                       for s in ("prepare", "extract", "vocab", "train")))
+
+
+VLLM_LOAD_ALL = r"""
+import json, sys
+if __name__ == "__main__":
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model
+    target, port = sys.argv[1], sys.argv[2]
+    vc = EngineArgs(model=target, trust_remote_code=True, enforce_eager=True, max_model_len=256,
+                    dtype="bfloat16").create_engine_config()  # every modality on: the vision tower is built
+    with set_current_vllm_config(vc):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+        initialize_model_parallel(1, 1)
+        m = get_model(vllm_config=vc)  # raises on a checkpoint name no module takes and on an unloaded weight
+    p = dict(m.named_parameters())
+    from safetensors import safe_open
+    with safe_open(target + "/model.safetensors", "pt") as f:
+        same = {
+            "embed": torch.equal(p["language_model.model.embed_tokens.weight"], f.get_tensor("language_model.model.embed_tokens.weight")),
+            "lm_head": torch.equal(p["language_model.lm_head.weight"], f.get_tensor("language_model.lm_head.weight")),
+            "norm": torch.equal(p["language_model.model.norm.weight"], f.get_tensor("language_model.model.norm.weight")),
+            "wqkv": torch.equal(p["vision_tower.encoder.blocks.0.wqkv.weight"], f.get_tensor("vision_tower.encoder.blocks.0.wqkv.weight")),
+            "proj0": torch.equal(p["mm_projector.linear_1.weight"], f.get_tensor("mm_projector.proj.0.weight")),
+            "proj2": torch.equal(p["mm_projector.linear_2.weight"], f.get_tensor("mm_projector.proj.2.weight")),
+        }
+    print("RESULT " + json.dumps({"cls": type(m).__name__, "vision": type(m.vision_tower).__name__,
+                                  "params": len(p), "same": same}))
+"""
+
+
+@pytest.mark.slow
+def test_kimi_checkpoint_loads_into_vllms_kimi_k25_with_the_vision_tower(tmp_path, kimi):
+    """vLLM 0.16 builds KimiK25ForConditionalGeneration from the tiny config with the vision modality ON (the
+    MoonViT tower and projector built, not skipped) and loads every checkpoint tensor into it: vLLM's loader
+    refuses names no module takes and parameters left unloaded, so the names are vLLM's own."""
+    script = tmp_path / "load.py"
+    script.write_text(VLLM_LOAD_ALL)
+    env = {**ENV, "VLLM_MLA_DISABLE": "1"}
+    r = subprocess.run([sys.executable, str(script), str(kimi), "29547"], env=env, capture_output=True, text=True,
+                       timeout=900)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, r.stdout[-3000:] + r.stderr[-4000:]
+    res = json.loads(line.removeprefix("RESULT "))
+    assert res["cls"] == "KimiK25ForConditionalGeneration" and res["vision"] == "MoonViT3dPretrainedModel"
+    assert all(res["same"].values()), res["same"]
