@@ -19,6 +19,12 @@ Three kinds, all small enough that vLLM's CPU build starts them in well under a 
     attention backend supports), v_head_dim 32, 8 routed experts top-2 in 2 groups + 1 shared,
     first_k_dense_replace 1, ``topk_method="noaux_tc"``, ``scoring_func="sigmoid"``. On vLLM CPU it needs
     ``VLLM_MLA_DISABLE=1`` and the ``-rotary_embedding`` custom-op workaround.
+``kimi-k25``
+    Laid out like a ``moonshotai/Kimi-K2.5`` checkpoint (see :mod:`eagle3ops.tinykimi`):
+    ``KimiK25ForConditionalGeneration`` (``model_type: kimi_k25``, remote-code config), the tiny DeepSeek-V3
+    above as ``text_config`` but with Kimi's 163,840-token vocabulary, a one-block vision tower, weights under
+    ``language_model.*`` / ``vision_tower.*`` / ``mm_projector.*``, and a slow tiktoken-backed remote-code
+    tokenizer with Kimi-style role tokens and chat template.
 
 Entry points: :func:`build_tiny_model` and ``python -m eagle3ops.tinymodel OUT --kind llama``.
 torch and transformers are imported lazily so that importing this module stays cheap.
@@ -36,8 +42,8 @@ from typing import Literal
 
 __all__ = ["CHAT_TEMPLATE", "KINDS", "SPECIAL_TOKENS", "build_shaped_llama_config", "build_tiny_model", "main"]
 
-Kind = Literal["llama", "llama-remote-code", "deepseek-v3"]
-KINDS: tuple[str, ...] = ("llama", "llama-remote-code", "deepseek-v3")
+Kind = Literal["llama", "llama-remote-code", "deepseek-v3", "kimi-k25"]
+KINDS: tuple[str, ...] = ("llama", "llama-remote-code", "deepseek-v3", "kimi-k25")
 
 #: Model vocabulary size (embedding rows); the tokenizers use at most this many ids.
 VOCAB_SIZE = 2048
@@ -329,6 +335,10 @@ def build_tiny_model(out_dir: str | Path, kind: Kind = "llama", seed: int = 0) -
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out}: output directory is not empty; pass a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
+    if kind == "kimi-k25":
+        from eagle3ops.tinykimi import build_tiny_kimi
+
+        return build_tiny_kimi(out, seed=seed, text_config=_model_config("deepseek-v3").to_dict())
 
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig

@@ -182,6 +182,14 @@ def test_deepseek_probe_fails_without_deepseek_patch(tmp_path):
     assert "PROBE-FAILED: deepseek-capture" in r.stdout
 
 
+def test_kimi_probe_fails_without_kimi_patch(tmp_path):
+    r = _run_probe_in(_tree_without(tmp_path, "kimi-k25-targets"), "kimi-k25-targets", tmp_path)
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-3000:]
+    # Without the patch the generator leaves the vision modality on (and, on 0.3.0, the draft head cannot read
+    # the remote-code verifier config nor find its tensors under language_model.).
+    assert "PROBE-FAILED: kimi-k25-targets" in r.stdout
+
+
 # ----------------------------------------------------------------------------------- engines for verify
 
 

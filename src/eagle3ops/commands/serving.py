@@ -117,6 +117,10 @@ def run_argv(host: HostConfig, spec: dict[str, Any]) -> list[str]:
                  + (",readonly" if m.get("ReadOnly") else "")]
     if spec.get("shm_size"):
         argv += ["--shm-size", spec["shm_size"]]
+    if spec.get("ipc_mode"):
+        argv += ["--ipc", spec["ipc_mode"]]
+    for u in spec.get("ulimits") or []:  # stage containers on GPU hosts: memlock for NCCL
+        argv += ["--ulimit", f"{u['Name']}={u['Soft']}:{u['Hard']}"]
     if spec.get("entrypoint"):
         ep = spec["entrypoint"]
         ep = ep if isinstance(ep, list) else [ep]

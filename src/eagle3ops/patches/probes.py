@@ -60,6 +60,8 @@ LLAMA_LAYERS = (0, 2, 3)
 #: Layer 0 of the tiny DeepSeek-V3 is dense (first_k_dense_replace=1): its states carry no MoE routing noise,
 #: so the attention path (MLA expanded, rotary on q_pe) is checked there with a tight tolerance.
 DEEPSEEK_LAYERS = (0, 1, 2, 3)
+#: Tiny-model kinds with MLA attention (DeepSeek-V3 backbone): vLLM's CPU platform needs VLLM_MLA_DISABLE=1.
+MLA_KINDS = frozenset({"deepseek-v3", "kimi-k25"})
 MAX_MODEL_LEN = 512
 #: Per-step token budget of the probe engines, where the generator accepts ``max_num_batched_tokens`` (added by
 #: the attribution patch; speculators 0.4 has it): small, so that prompts are prefilled in chunks cheaply.
@@ -195,13 +197,13 @@ def _engine(kind: str) -> _Engine:
     if _is_cpu_platform():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         _quiet_idle_polling()
-        if kind == "deepseek-v3":
+        if kind in MLA_KINDS:
             os.environ["VLLM_MLA_DISABLE"] = "1"  # read by the spawned worker (MLA only: no effect on Llama)
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
 
-    layers = DEEPSEEK_LAYERS if kind == "deepseek-v3" else LLAMA_LAYERS
+    layers = DEEPSEEK_LAYERS if kind in MLA_KINDS else LLAMA_LAYERS
     kwargs: dict[str, Any] = {}
     if "max_num_batched_tokens" in inspect.signature(VllmHiddenStatesGenerator).parameters:
         kwargs["max_num_batched_tokens"] = PROBE_MAX_NUM_BATCHED_TOKENS
@@ -233,6 +235,7 @@ PROBE_ENGINES = {
     "cpu-device": "llama-remote-code",
     "prefill-attribution": "llama-remote-code",
     "deepseek-capture": "deepseek-v3",
+    "kimi-k25-targets": "kimi-k25",
 }
 
 
@@ -253,7 +256,7 @@ def prepare(probe_names: Sequence[str]) -> dict[str, float]:
         return {}
     if _is_cpu_platform():
         _quiet_idle_polling()
-        if "deepseek-v3" in kinds:
+        if MLA_KINDS & set(kinds):
             os.environ["VLLM_MLA_DISABLE"] = "1"
     from eagle3ops.tinymodel import build_tiny_model
 
@@ -614,6 +617,68 @@ def probe_eagle3_greedy_identity_deepseek() -> None:
     probe()
 
 
+def probe_kimi_k25_targets() -> None:
+    """Kimi-K2.5 targets (tiny ``kimi-k25``): the generator runs the text backbone alone with the vision modality
+    off and its states match the reference forward of the ``language_model.*`` tensors; the draft head reads the
+    verifier's embeddings and lm_head under ``language_model.`` (its config is remote code)."""
+    import torch
+
+    from eagle3ops.stages.extract import TransformersEngine
+
+    t0 = time.monotonic()
+    eng = _engine("kimi-k25")
+    mm = getattr(eng.generator.vllm_config.model_config, "multimodal_config", None)
+    if mm is None or mm.get_limit_per_prompt("vision_chunk") != 0:
+        raise ProbeFailed("kimi-k25-targets: the generator's vLLM config leaves the vision modality on "
+                          "(limit_mm_per_prompt vision_chunk is not 0)")
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(300, 150_000, (int(n),), generator=g).tolist()
+            for n in torch.randint(20, 200, (8,), generator=g)]
+    try:
+        res = eng.generator.generate(seqs)
+    except Exception as e:
+        raise ProbeFailed(f"generate() on tiny Kimi-K2.5 failed: {type(e).__name__}: {e}") from e
+    _check_results_basic(res, seqs, len(DEEPSEEK_LAYERS), "kimi-k25-targets")
+    ref = TransformersEngine(str(eng.model_dir), list(DEEPSEEK_LAYERS), device="cpu", dtype=torch.float32)
+    refs = [[h.float() for h in r["hidden_states"]] for r in ref.generate(seqs)]
+    stats = hidden_state_errors(res, refs)
+    stats.check(MOE_TOLERANCE, "tiny Kimi-K2.5 (language_model backbone), all layers")
+
+    from safetensors import safe_open
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    vocab, draft = 163_840, 64
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[torch.arange(1000, 1000 + draft)] = True
+    d2t = torch.full((draft,), 1000, dtype=torch.long)
+    cfg = Eagle3SpeculatorConfig(
+        transformer_layer_config=LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256,
+                                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4),
+        draft_vocab_size=draft,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=str(eng.model_dir), architectures=["KimiK25ForConditionalGeneration"]),
+        ),
+    )
+    try:
+        model = Eagle3DraftModel(cfg, t2d=t2d, d2t=d2t)
+    except Exception as e:
+        raise ProbeFailed(f"Eagle3DraftModel on a Kimi-K2.5 verifier: {type(e).__name__}: {e}") from e
+    with safe_open(str(eng.model_dir / "model.safetensors"), "pt") as f:
+        embed = f.get_tensor("language_model.model.embed_tokens.weight").float()
+        head = f.get_tensor("language_model.lm_head.weight").float()
+    if not torch.equal(model.embed_tokens.weight.float(), embed):
+        raise ProbeFailed("kimi-k25-targets: draft embed_tokens != language_model.model.embed_tokens.weight")
+    if not torch.equal(model.verifier_lm_head.weight.float(), head[t2d]):
+        raise ProbeFailed("kimi-k25-targets: draft verifier_lm_head != language_model.lm_head.weight[t2d]")
+    LAST_RUN["kimi-k25-targets"] = {"seconds": time.monotonic() - t0, "engine_start_s": eng.start_s,
+                                    "stats": stats, "draft_rows": draft}
+
+
 PROBES: dict[str, Callable[[], None]] = {
     "tokenizer-remote-code": probe_tokenizer_remote_code,
     "vllm-0.16-api": probe_vllm_api,
@@ -623,4 +688,6 @@ PROBES: dict[str, Callable[[], None]] = {
     # vLLM series (serving): each starts its own two engines (without and with the draft), none shared
     "eagle3-greedy-identity-llama": probe_eagle3_greedy_identity_llama,
     "eagle3-greedy-identity-deepseek": probe_eagle3_greedy_identity_deepseek,
+    # speculators series: Kimi-K2.5 targets (shares the engine cache above)
+    "kimi-k25-targets": probe_kimi_k25_targets,
 }

@@ -12,5 +12,7 @@ A run directory (config: ``pipeline.yaml``, model :class:`eagle3ops.config.pipel
 Each stage reads only the run directory (and the target model), checks its inputs' manifests first
 (:func:`eagle3ops.stages.manifest.check_inputs`) and writes its own ``manifest.json`` last. extract and train
 resume after an interruption. Modules: ``prepare``, ``extract``, ``vocab``, ``train`` (one per stage),
-``chatdata`` (chat file reading), ``manifest`` (manifests and input checks), ``cli`` (the typer sub-app).
+``chatdata`` (chat file reading), ``manifest`` (manifests and input checks), ``target`` (the target's text config
+and text-backbone tensors, also under ``language_model.`` for wrappers such as Kimi-K2.5), ``probe`` (hidden-state
+reference probe), ``cli`` (the typer sub-app).
 """

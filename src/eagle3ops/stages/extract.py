@@ -93,13 +93,13 @@ class TransformersEngine:
     def __init__(self, model_path: str, layer_ids: list[int], device: str | None = None, dtype: Any = None) -> None:
         """``dtype``: a torch dtype for the weights and activations; None = the checkpoint's (``dtype="auto"``)."""
         import torch
-        from transformers import AutoModelForCausalLM
+
+        from eagle3ops.stages.target import load_text_model
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, trust_remote_code=True, dtype=dtype or "auto", attn_implementation="eager"
-        ).to(self.device)
-        self.model.eval()
+        # The text backbone: for wrappers such as Kimi-K2.5 the `language_model.*` tensors in a model of
+        # text_config (the vision tower is not part of the hidden states).
+        self.model = load_text_model(model_path, dtype=dtype).to(self.device)
         self.layer_ids = layer_ids
         self._captured: dict[int, Any] = {}
         layers = self.model.model.layers

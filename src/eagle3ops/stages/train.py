@@ -77,7 +77,7 @@ from eagle3ops.stages.manifest import (
     stage_dir,
     write_manifest,
 )
-from eagle3ops.stages.vocab import target_text_config
+from eagle3ops.stages.target import target_config, target_text_config
 
 SPECULATIVE_TOKENS = 3
 
@@ -149,7 +149,8 @@ def build_draft_config(
     # speculators registers flex attention under this name (models/eagle3/attention.py); its forward passes a
     # BlockMask, which only this attention function takes.
     layer_cfg._attn_implementation = attention
-    archs = list(getattr(t, "architectures", None) or [])
+    # The verifier's own architectures (a wrapper's, e.g. KimiK25ForConditionalGeneration, not its backbone's).
+    archs = list(getattr(target_config(config.target_model), "architectures", None) or [])
     return Eagle3SpeculatorConfig(
         transformer_layer_config=layer_cfg,
         draft_vocab_size=draft_vocab_size,
@@ -165,14 +166,20 @@ def build_draft_config(
 
 
 def _target_final_norm(target_model: str) -> tuple[Any, float]:
-    """Weight (fp32, ``[H]``) and eps of the target's final RMSNorm (``model.norm.weight``)."""
-    from speculators.utils.loading import load_model_layers
+    """Weight (fp32, ``[H]``) and eps of the target's final RMSNorm: ``model.norm.weight``, or
+    ``language_model.model.norm.weight`` for wrappers such as Kimi-K2.5 (:mod:`eagle3ops.stages.target`).
+
+    Raises:
+        ValueError: the checkpoint has no final-norm tensor under its text backbone prefix.
+    """
+    from eagle3ops.stages.target import load_backbone_tensors
 
     t = target_text_config(target_model)
-    weights = load_model_layers(["model.norm.weight"], target_model)
-    if "model.norm.weight" not in weights:
-        raise ValueError(f"{target_model}: no `model.norm.weight` tensor; cannot form the teacher logits")
-    return weights["model.norm.weight"].float(), float(getattr(t, "rms_norm_eps", 1e-6))
+    try:
+        weight = load_backbone_tensors(target_model, ["final_norm"])["final_norm"]
+    except KeyError as exc:
+        raise ValueError(f"{exc.args[0]}; cannot form the teacher logits") from exc
+    return weight.float(), float(getattr(t, "rms_norm_eps", 1e-6))
 
 
 def _standardize_with_norm(norm_weight: Any, eps: float):

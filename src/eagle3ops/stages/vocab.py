@@ -19,6 +19,7 @@ The target vocabulary size is read from the target's config (``trust_remote_code
 from __future__ import annotations
 
 import json
+import resource
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,16 +28,9 @@ from typing import Any
 from eagle3ops.config.pipeline import PipelineConfig
 from eagle3ops.stages.manifest import atomic_write_text, check_inputs, file_entry, stage_dir, write_manifest
 from eagle3ops.stages.prepare import read_samples
+from eagle3ops.stages.target import target_text_config
 
-
-def target_text_config(target_model: str) -> Any:
-    """The target's (text) config: ``AutoConfig`` with ``trust_remote_code=True``; ``text_config`` when nested
-    (multimodal wrappers such as Kimi-K2.5)."""
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(target_model, trust_remote_code=True)
-    text = getattr(cfg, "text_config", None)
-    return text if text is not None and getattr(cfg, "vocab_size", None) is None else cfg
+__all__ = ["run_vocab", "target_text_config", "target_vocab_size"]
 
 
 def target_vocab_size(target_model: str) -> int:
@@ -100,8 +94,12 @@ def run_vocab(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[s
         "coverage": round(covered / total, 6) if total else 0.0,
         "padded_ids": max(0, draft - len(freq)),
         "wall_s": round(time.monotonic() - t0, 3),
+        # Linux ru_maxrss is in KiB; the whole process (torch and speculators imports included).
+        "peak_memory_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
+        "peak_memory_kind": "process max RSS",
     }
     files = {n: file_entry(out / n) for n in ("d2t.npy", "t2d.npy", "token_freq.json")}
     write_manifest(run_dir, "vocab", config, files, **figures)
-    log(f"vocab: {draft} of {vocab} target ids cover {figures['coverage']:.2%} of assistant tokens")
+    log(f"vocab: {draft} of {vocab} target ids cover {figures['coverage']:.2%} of assistant tokens "
+        f"({len(freq)} distinct) in {figures['wall_s']} s, peak RSS {figures['peak_memory_bytes'] / 2**20:.0f} MiB")
     return figures
