@@ -1,6 +1,10 @@
 """Behavioural probes for the patch series (``X-Eagle3ops-Probe`` names -> callables): speculators' here, the vLLM
 series' greedy EAGLE-3 identity probes in :mod:`eagle3ops.patches.specprobes` (registered below).
 
+Why this module is long: the speculators probes share one engine cache (a CPU engine takes 8-30 s to start), one
+transformers reference forward and one error statistic; the probes of other series live in their own modules
+(:mod:`.specprobes`, :mod:`.kimiprobe`) and reach this cache through the registry below.
+
 Each probe exercises the *installed* (patched) speculators against the installed vLLM on tiny, locally built
 models (:mod:`eagle3ops.tinymodel`) and raises :class:`ProbeFailed` naming the wrong behaviour; it returns None on
 success. No probe looks at log text. ``eagle3ops patch verify`` runs them (``PROBES``).
