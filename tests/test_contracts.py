@@ -25,8 +25,9 @@ PROGRAMS = {
 }
 #: module (relative to src/eagle3ops) -> programs it may start itself, and why.
 LOCAL_TOOLS: dict[str, tuple[set[str], str]] = {
-    "sandbox.py": ({"usermod", "groupadd", "useradd", "docker", "apt-get", "apt-cache", "dpkg", "ip", "ssh", "sh"},
-                   "the sandbox's own daemons, user and engine packages on this machine (it is the host)"),
+    "sandbox/host.py": ({"usermod", "groupadd", "useradd", "docker", "ip", "ssh", "sh"},
+                        "the sandbox's own daemons and user on this machine (it is the host)"),
+    "sandbox/engines.py": ({"apt-get", "apt-cache", "dpkg"}, "the sandbox engine's Debian packages, unpacked here"),
     "images.py": ({"git"}, "this checkout's revision for the image label (local git)"),
 }
 

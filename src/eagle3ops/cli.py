@@ -21,7 +21,7 @@ from eagle3ops.config import ConfigError, HostConfig, load_inventory
 from eagle3ops.console import print_event, summary
 from eagle3ops.image_cli import app as image_app
 from eagle3ops.patches.cli import app as patch_app
-from eagle3ops.sandbox import app as sandbox_app
+from eagle3ops.sandbox.cli import app as sandbox_app
 from eagle3ops.stages.cli import app as stage_app
 
 console = Console(stderr=True)

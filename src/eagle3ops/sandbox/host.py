@@ -43,7 +43,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import typer
 
 #: Parent of every sandbox's host-side state.
 SANDBOX_BASE = Path("/var/lib/eagle3ops-sandbox")
@@ -59,10 +58,6 @@ APT_PACKAGES = {"sshd": "openssh-server", "dockerd": "docker.io", "docker": "doc
 START_TIMEOUT_S = 60.0
 
 
-#: Where the containerd-store engine's binaries are unpacked, and its Debian packages (suite, name, version prefix).
-ENGINE26_DIR = Path("/opt/eagle3ops/engines/docker-26.1")
-ENGINE26_PACKAGES = {"docker.io": "26.1.", "containerd": "1.7."}
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
 ENGINES = ("classic", "containerd")
 
 
@@ -122,7 +117,7 @@ class SandboxInfo:
 # --- paths ------------------------------------------------------------------------------------------------------
 def repo_root() -> Path:
     """The repository root: the source checkout this module lives in, else the current directory."""
-    here = Path(__file__).resolve().parents[2]
+    here = Path(__file__).resolve().parents[3]
     if (here / "pyproject.toml").is_file() and (here / "src" / "eagle3ops").is_dir():
         return here
     return Path.cwd()
@@ -300,55 +295,6 @@ def _docker_ok(sock: Path) -> str | None:
     return cp.stdout.strip() if cp.returncode == 0 and cp.stdout.strip() else None
 
 
-def ensure_containerd_engine() -> Path:
-    """Unpack Debian 13 (trixie) ``docker.io`` 26.1 and ``containerd`` 1.7 into :data:`ENGINE26_DIR` (once).
-
-    The packages come from the Debian mirror through a private apt sources list and lists dir (the system's apt
-    configuration is not changed) and are unpacked with ``dpkg -x`` (never installed). Their versions are recorded
-    in ``ENGINE26_DIR/VERSIONS``.
-
-    Returns:
-        the directory holding ``dockerd`` and ``containerd`` (``usr/sbin`` and ``usr/bin`` under it).
-
-    Raises:
-        SandboxError: the download fails or a package's version is not the expected major.minor.
-    """
-    stamp = ENGINE26_DIR / "VERSIONS"
-    if stamp.exists() and (ENGINE26_DIR / "usr/sbin/dockerd").exists():
-        return ENGINE26_DIR
-    work = Path("/var/cache/eagle3ops/trixie")
-    (work / "lists/partial").mkdir(parents=True, exist_ok=True)
-    (work / "debs").mkdir(exist_ok=True)
-    (work / "sources.list").write_text(f"deb {DEBIAN_MIRROR} trixie main\n")
-    apt = ["-o", f"Dir::Etc::SourceList={work / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
-           "-o", f"Dir::State::Lists={work / 'lists'}", "-o", "Debug::NoLocking=1",
-           "-o", "APT::Sandbox::User=root"]
-    _run(["apt-get", *apt, "update", "-qq"], timeout=300)
-    versions = {}
-    for pkg, prefix in ENGINE26_PACKAGES.items():
-        cand = _run(["apt-cache", *apt, "policy", pkg]).stdout
-        ver = next((ln.split(":", 1)[1].strip() for ln in cand.splitlines() if "Candidate:" in ln), "")
-        if not ver.startswith(prefix):
-            raise SandboxError(f"trixie's {pkg} candidate is {ver or 'missing'}, expected {prefix}x")
-        versions[pkg] = ver
-    for f in (work / "debs").glob("*.deb"):
-        f.unlink()
-    subprocess.run(["apt-get", *apt, "download", *(f"{p}={v}" for p, v in versions.items())], cwd=work / "debs",
-                   check=True, capture_output=True, timeout=600)
-    tmp = ENGINE26_DIR.with_name(ENGINE26_DIR.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for deb in sorted((work / "debs").glob("*.deb")):
-        _run(["dpkg", "-x", str(deb), str(tmp)], timeout=300)
-    for runc in tmp.glob("usr/*bin/runc"):
-        runc.unlink()  # trixie's runc needs glibc 2.38; the system's runc runs the containers
-    (tmp / "VERSIONS").write_text("".join(f"{p} {v}\n" for p, v in versions.items()))
-    shutil.rmtree(ENGINE26_DIR, ignore_errors=True)
-    ENGINE26_DIR.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(ENGINE26_DIR)
-    return ENGINE26_DIR
-
-
 def _start_dockerd(inf: SandboxInfo, dockerd: str, engine: str = "classic") -> None:
     root = inf.root
     sock = root / "docker.sock"
@@ -370,6 +316,8 @@ def _start_dockerd(inf: SandboxInfo, dockerd: str, engine: str = "classic") -> N
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
     if engine == "containerd":
+        from eagle3ops.sandbox.engines import ensure_containerd_engine
+
         top = ensure_containerd_engine()
         (root / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}\n')
         argv[0] = str(top / "usr/sbin/dockerd")
@@ -598,49 +546,3 @@ def status(name: str = "sandbox", ssh_port: int = 2222) -> dict[str, object]:
         "data_dir": str(inf.data_dir),
         "state_dir": str(inf.state_dir),
     }
-
-
-# --- CLI --------------------------------------------------------------------------------------------------------
-app = typer.Typer(no_args_is_help=True, help="The embedded sandbox host: sshd on 127.0.0.1 + its own dockerd.")
-
-
-@app.command("up")
-def up_command(
-    name: str = typer.Option("sandbox", envvar="EAGLE3OPS_SANDBOX",
-                             help="Sandbox name (deploy/hosts.yaml's `sandbox` entry uses $EAGLE3OPS_SANDBOX too)."),
-    ssh_port: int = typer.Option(2222, envvar="EAGLE3OPS_SANDBOX_SSH_PORT", help="sshd port on 127.0.0.1."),
-) -> None:
-    """Start (or re-verify) the sandbox host; idempotent."""
-    try:
-        inf = up(name, ssh_port)
-    except SandboxError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1)
-    what = f"started {', '.join(inf.started)}" if inf.started else "already running, verified"
-    typer.echo(f"sandbox {name}: {what}; ssh {inf.user}@127.0.0.1:{inf.ssh_port}, docker {inf.docker_version} "
-               f"at {inf.docker_host}")
-    typer.echo(f"  identity_file {inf.identity_file}\n  known_hosts   {inf.known_hosts}")
-
-
-@app.command("down")
-def down_command(
-    name: str = typer.Option("sandbox", envvar="EAGLE3OPS_SANDBOX", help="Sandbox name."),
-    purge: bool = typer.Option(False, help="Also delete its images, data, keys and client files."),
-) -> None:
-    """Stop the sandbox host's sshd and dockerd."""
-    stopped = down(name, purge=purge)
-    typer.echo(f"sandbox {name}: stopped {', '.join(stopped) or 'nothing (was not running)'}"
-               + ("; state purged" if purge else ""))
-
-
-@app.command("status")
-def status_command(
-    name: str = typer.Option("sandbox", envvar="EAGLE3OPS_SANDBOX", help="Sandbox name."),
-    ssh_port: int = typer.Option(2222, envvar="EAGLE3OPS_SANDBOX_SSH_PORT", help="sshd port on 127.0.0.1."),
-) -> None:
-    """Show whether the sandbox's daemons run; exit 1 when not healthy."""
-    st = status(name, ssh_port)
-    for k, v in st.items():
-        typer.echo(f"{k:15} {v}")
-    if not (st["dockerd"] and st["docker_version"] and st["sshd"] and st["ssh_listening"]):
-        raise typer.Exit(1)
