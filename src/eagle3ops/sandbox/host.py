@@ -54,8 +54,9 @@ GROUP = "e3ops"
 #: apt packages providing the programs the sandbox needs.
 APT_PACKAGES = {"sshd": "openssh-server", "dockerd": "docker.io", "docker": "docker.io", "ssh-keygen": "openssh-client",
                 "ssh": "openssh-client"}
-#: Seconds to wait for dockerd / sshd to answer after start.
-START_TIMEOUT_S = 60.0
+#: Seconds to wait for dockerd / sshd to answer after start (dockerd starts its own containerd first: on a loaded
+#: 2-core machine that alone once took over 60 s).
+START_TIMEOUT_S = 180.0
 
 
 ENGINES = ("classic", "containerd")
