@@ -28,13 +28,19 @@ def _log(msg: str) -> None:
 def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
     from eagle3ops.config.pipeline import PipelineConfigError, load_pipeline_config
     from eagle3ops.stages.chatdata import ChatDataError
-    from eagle3ops.stages.manifest import StageInputError
+    from eagle3ops.stages.manifest import MANIFEST, STAGES, StageInputError, finished, stage_dir
     from eagle3ops.stages.prepare import UnmaskableConversation
 
     try:
         if not run_dir.is_dir():
             raise PipelineConfigError(f"--run-dir {run_dir}: no such directory")
         config = load_pipeline_config(run_dir)
+        if stage in STAGES and not kwargs.get("restart"):
+            done = finished(run_dir, stage, config)
+            if done is not None:  # a finished stage is never redone (nor its output touched) for the same inputs
+                _log(f"{stage}: already done for these inputs ({stage_dir(run_dir, stage) / MANIFEST}, "
+                     f"{done.get('created', '?')}); nothing to do (--restart to redo it)")
+                return
         if stage == "prepare":
             from eagle3ops.stages.prepare import run_prepare
 

@@ -220,9 +220,6 @@ def run_extract(
     out = stage_dir(run_dir, "extract")
     if restart and out.exists():
         shutil.rmtree(out)
-    (out / HIDDEN_DIR).mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # a manifest only describes a finished, complete stage
-
     state = {
         "prepare_manifest_sha256": sha256_file(stage_dir(run_dir, "prepare") / MANIFEST),
         "config_digest": config.section_digest("target_model", "extract"),
@@ -238,6 +235,10 @@ def run_extract(
                 f"differs); rerun with --restart to delete them: python -m eagle3ops stage extract --run-dir "
                 f"{run_dir} --restart"
             )
+    # Only now, with inputs and earlier output checked, does this run change anything on disk: a refused rerun
+    # leaves a finished extract (and its manifest) as it was.
+    (out / HIDDEN_DIR).mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # a manifest only describes a finished, complete stage
     atomic_write_text(state_path, json.dumps(state, indent=2) + "\n")
 
     samples = read_samples(run_dir)

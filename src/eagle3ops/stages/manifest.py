@@ -199,3 +199,54 @@ def check_inputs(
     # extract and vocab must both come from the prepare output now on disk (checked above per input); and
     # train's two inputs must agree with each other on it.
     return out
+
+
+def done_status(stage: str, config: PipelineConfig, manifests: dict[str, str | None]) -> tuple[bool, str]:
+    """Whether ``stage`` is finished for exactly these inputs, judged from manifest texts alone (pure, so the
+    driver can decide it from files read over SSH before a window stops serving).
+
+    Args:
+        stage: one of :data:`STAGES`.
+        config: the run's pipeline config now.
+        manifests: ``{stage: text of <run_dir>/<stage>/manifest.json, or None when absent}`` for ``stage`` and
+            its inputs.
+
+    Returns:
+        ``(True, why)`` when the manifest is complete, made with the current config sections and from the input
+        manifests now on disk (byte for byte, by sha256); else ``(False, why not)``.
+    """
+    text = manifests.get(stage)
+    if text is None:
+        return False, f"{stage}: not finished (no manifest)"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return False, f"{stage}: manifest unreadable"
+    if data.get("stage") != stage or data.get("status") != "complete":
+        return False, f"{stage}: manifest not complete"
+    if data.get("config_digest") != config.section_digest(*STAGE_SECTIONS[stage]):
+        return False, f"{stage}: made with other settings of {', '.join(STAGE_SECTIONS[stage])}"
+    for upstream in STAGE_INPUTS[stage]:
+        up = manifests.get(upstream)
+        if up is None or hashlib.sha256(up.encode()).hexdigest() != (data.get("inputs") or {}).get(upstream):
+            return False, f"{stage}: made from another `{upstream}` output than the one on disk"
+    return True, f"{stage}: already done for these inputs ({data.get('created', '?')})"
+
+
+def finished(run_dir: Path, stage: str, config: PipelineConfig) -> dict[str, Any] | None:
+    """The manifest of ``stage`` when the stage is finished for exactly its current inputs and every file it
+    lists is present with its size (:func:`done_status` plus the files); else None. A rerun of such a stage is a
+    no-op: its finished output is never touched."""
+    def text(s: str) -> str | None:
+        path = stage_dir(run_dir, s) / MANIFEST
+        return path.read_text() if path.is_file() else None
+
+    ok, _why = done_status(stage, config, {s: text(s) for s in (stage, *STAGE_INPUTS[stage])})
+    if not ok:
+        return None
+    data = json.loads(text(stage) or "{}")
+    for rel, entry in (data.get("files") or {}).items():
+        f = stage_dir(run_dir, stage) / rel
+        if not f.is_file() or f.stat().st_size != entry.get("bytes"):
+            return None
+    return data
