@@ -10,7 +10,7 @@ from eagle3ops.cli import app
 from eagle3ops.commands.serving import container_spec, run_argv
 from eagle3ops.commands.stages import WINDOWS, stage_spec
 from eagle3ops.config import load_inventory
-from eagle3ops.pipeline_config import PipelineConfig
+from eagle3ops.config.pipeline import PipelineConfig
 
 REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "deploy/hosts.kimi-k25.example.yaml"

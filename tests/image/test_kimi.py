@@ -20,7 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3ops.pipeline_config import load_pipeline_config  # noqa: E402
+from eagle3ops.config.pipeline import load_pipeline_config  # noqa: E402
 from eagle3ops.stages.extract import TransformersEngine, run_extract  # noqa: E402
 from eagle3ops.stages.prepare import load_tokenizer, read_samples, run_prepare  # noqa: E402
 from eagle3ops.stages.target import BACKBONE_TENSORS, load_backbone_tensors, target_text_config  # noqa: E402
