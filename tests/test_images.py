@@ -73,10 +73,11 @@ def test_one_byte_of_a_patch_gives_a_new_tag(root: Path) -> None:
     assert images.content_tag("pipeline", base_id=BASE_ID, root=root) == before
 
 
-@pytest.mark.parametrize("what", ["Dockerfile", "lock", "series", "src", "base", "verify"])
+@pytest.mark.parametrize("what", ["Dockerfile", "lock", "series", "src", "base", "verify", "engine_checks",
+                                  "check-base"])
 def test_every_input_enters_the_tag(root: Path, what: str) -> None:
     before = images.content_tag("pipeline", base_id=BASE_ID, root=root)
-    base_id, verify = BASE_ID, "probes"
+    base_id, verify, engine_checks = BASE_ID, "probes", "auto"
     if what == "Dockerfile":
         (root / "Dockerfile").write_text((root / "Dockerfile").read_text() + "\n# x\n")
     elif what == "lock":
@@ -92,7 +93,13 @@ def test_every_input_enters_the_tag(root: Path, what: str) -> None:
         base_id = {**BASE_ID, "id": "sha256:" + "cd" * 32}
     elif what == "verify":
         verify = "apply-only"
-    assert images.content_tag("pipeline", base_id=base_id, root=root, verify=verify) != before
+    elif what == "engine_checks":
+        engine_checks = "host"
+    elif what == "check-base":  # the script that decides the interpreter and whether an engine can start
+        f = root / "images/pipeline/check-base.py"
+        f.write_text(f.read_text() + "\n")
+    assert images.content_tag("pipeline", base_id=base_id, root=root, verify=verify,
+                              engine_checks=engine_checks) != before
 
 
 def test_files_outside_the_inputs_do_not_change_the_tag(root: Path) -> None:

@@ -89,7 +89,7 @@ def test_verify_dry_run_prints_the_commands(tmp_path: Path) -> None:
     from eagle3ops.remote import Remote
 
     printed: list[str] = []
-    with Remote(_host(), dry_run=True, echo=printed.append) as r:
+    with Remote(_host(gpus=0), dry_run=True, echo=printed.append) as r:  # (a GPU host: nvidia-smi runs)
         res = verifier.verify(r, image="p:t", image_id="sha256:" + "d" * 64, echo=lambda *_: None)
     assert res.ok and res.outcomes == []
     assert any(c.startswith("docker run --rm --name eagle3ops-verify-dddddddddddd") for c in printed)
@@ -195,3 +195,47 @@ def test_deploy_runs_the_deferred_engine_checks_on_the_sandbox(sandbox_host, bui
                 r.run(hc.write_file(paths(h)["deployed"]), stdin=before)
             else:
                 r.run(hc.rm_rf(paths(h)["deployed"]))
+
+
+def test_a_build_by_hand_decides_the_plan_inside_the_build(tmp_path: Path) -> None:
+    """``docker build`` without eagle3ops (``BUILD_CHECKS=auto``): the build plans from the base's facts itself.
+    On the torch-less TEST STAND-IN base nothing can start an engine (or import), so the probes are deferred and
+    the in-image record says the build decided."""
+    import shutil
+    import uuid
+
+    import docker
+
+    from eagle3ops import images
+
+    ca = images.default_ca_bundle()
+    base = images.build_standin_base(ca_bundle=ca)
+    ctx = tmp_path / "ctx"
+    for rel in ("Dockerfile", "pyproject.toml", "src", "patches", "requirements", "images/pipeline"):
+        src = REPO / rel
+        (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, ctx / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        else:
+            shutil.copy2(src, ctx / rel)
+    tag = f"eagle3ops/test-by-hand:{uuid.uuid4().hex[:12]}"
+    images.buildkit_build(ctx, tag, build_args={"BASE_IMAGE": base}, ca_bundle=ca, quiet=True)
+    client = docker.from_env()
+    try:
+        rec = json.loads(client.containers.run(tag, ["/opt/eagle3ops/checks.json"], entrypoint=["cat"],
+                                               network_mode="none", remove=True))
+        assert (rec["build"], rec["host"]) == (["pins", "apply", "compile", "manifest"], ["probes"])
+        assert rec["how"].startswith("decided in the build") and rec["engine"]["engine"] is False
+    finally:
+        client.images.remove(tag, force=True)
+
+
+def test_gpu_choice_for_the_probe_engines() -> None:
+    rows = vc.parse_gpu_memory("0, 72000, 81559\n1, 1200, 81559\n2, 30000, 81559\n")
+    assert vc.pick_gpu(rows) == 1
+    assert vc.pick_gpu(vc.parse_gpu_memory("0, 72000, 81559\n1, 70000, 81559\n")) is None  # serving holds them
+    argv = vc.engine_check_argv(_host(), image="p:t", image_id="sha256:" + "e" * 64, gpu=1)
+    assert ["--env", "CUDA_VISIBLE_DEVICES=1"] == argv[argv.index("CUDA_VISIBLE_DEVICES=1") - 1:][:2]
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in argv
+    with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
+        vc.parse_gpu_memory("0, 1\n")

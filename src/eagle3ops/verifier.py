@@ -103,17 +103,29 @@ def verify(r: Remote, *, image: str | None = None, image_id: str | None = None,
         :class:`VerifyResult`; the same record (JSON) is written to ``<state_dir>/verify/<id hex>.json``.
 
     Raises:
-        VerifyError: no deployed image, image absent on the host, or the container gave no result line (it
-        crashed before the checks: the message carries its last output lines).
+        VerifyError: no deployed image, image absent on the host, no GPU with half its memory free (a GPU host
+        whose GPUs production serving holds), or the container gave no result line (it crashed before the
+        checks: the message carries its last output lines).
     """
     h = r.host
     if image is None or image_id is None:
         dep = _deployed(r)
         image, image_id = dep["image"], dep["image_id"]
     deferred = [] if r.dry_run else deferred_checks(r, image_id)
-    argv = vc.engine_check_argv(h, image=image, image_id=image_id)
+    gpu = None
+    if h.gpus:
+        res = r.run(vc.gpu_memory(), check=False, mutates=False)
+        rows = vc.parse_gpu_memory(res.stdout) if res.ok else []
+        gpu = vc.pick_gpu(rows)
+        if gpu is None and not r.dry_run:
+            used = "; ".join(f"GPU {i}: {u}/{t} MiB used" for i, u, t in rows) or res.stderr.strip()
+            raise VerifyError(f"{h.name}: no GPU has {vc.PROBE_GPU_FRACTION:.0%} of its memory free for the probe "
+                              f"engines ({used}); production serving holds them. Run `eagle3ops verify {h.name}` "
+                              f"while serving is stopped, or free one GPU")
+    argv = vc.engine_check_argv(h, image=image, image_id=image_id, gpu=gpu)
     echo(f"verify {h.name}: engine checks of {image} ({image_id[:19]}) in a container "
-         f"({'GPUs: all' if h.gpus else 'no GPUs'}); deferred by the build: {', '.join(deferred) or 'none'}")
+         f"({f'GPUs: all, engines on GPU {gpu}' if gpu is not None else 'no GPUs'}); deferred by the build: "
+         f"{', '.join(deferred) or 'none'}")
     r.run(dk.rm(h, vc.container_name(image_id), force=True), check=False)  # a leftover from an interrupted run
     t0 = time.monotonic()
     res = r.run(argv, check=False, timeout=timeout)
