@@ -104,8 +104,8 @@ def verify(r: Remote, *, image: str | None = None, image_id: str | None = None,
 
     Raises:
         VerifyError: no deployed image, image absent on the host, no GPU with half its memory free (a GPU host
-        whose GPUs production serving holds), or the container gave no result line (it crashed before the
-        checks: the message carries its last output lines).
+        whose GPUs production serving holds), the checks ran past ``timeout`` (the container is removed), or the
+        container gave no result line (it crashed before the checks: the message carries its last output lines).
     """
     h = r.host
     if image is None or image_id is None:
@@ -127,8 +127,16 @@ def verify(r: Remote, *, image: str | None = None, image_id: str | None = None,
          f"({f'GPUs: all, engines on GPU {gpu}' if gpu is not None else 'no GPUs'}); deferred by the build: "
          f"{', '.join(deferred) or 'none'}")
     r.run(dk.rm(h, vc.container_name(image_id), force=True), check=False)  # a leftover from an interrupted run
+    from eagle3ops.remote import RemoteCommandError
+
     t0 = time.monotonic()
-    res = r.run(argv, check=False, timeout=timeout)
+    try:
+        res = r.run(argv, check=False, timeout=timeout)
+    except RemoteCommandError as exc:  # the timeout: the container would go on holding a GPU
+        r.run(dk.rm(h, vc.container_name(image_id), force=True), check=False)
+        raise VerifyError(f"{h.name}: the engine checks of {image} did not finish within {timeout:.0f} s ({exc}); "
+                          f"the container {vc.container_name(image_id)} was removed. Look at the host's load and "
+                          f"run `eagle3ops verify {h.name}` again") from None
     seconds = time.monotonic() - t0
     if r.dry_run:
         return VerifyResult(h.name, image, image_id, True, deferred, seconds=0.0)
