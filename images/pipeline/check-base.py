@@ -63,6 +63,7 @@ print(json.dumps(out))
 
 
 def candidates():
+    """Interpreter paths to try, in order: python3*/python in each PATH dir, then the usual fixed places."""
     seen = []
     for d in os.environ.get("PATH", "").split(os.pathsep):
         try:
@@ -83,6 +84,7 @@ def candidates():
 
 
 def ask(py, code):
+    """Run ``code`` in interpreter ``py``; (its last stdout line as JSON, None) or (None, [error line])."""
     r = subprocess.run([py, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     if r.returncode != 0:
         return None, r.stderr.strip().splitlines()[-1:] or ["exit %d" % r.returncode]
@@ -90,6 +92,7 @@ def ask(py, code):
 
 
 def main(argv):
+    """Discover, test, install wrappers / record / print (see the module doc); exits 1 with the fix on failure."""
     want = argv[0]
     opts = argv[1:]
     install = opts[opts.index("--install") + 1] if "--install" in opts else None
