@@ -7,9 +7,12 @@
 #     --build-arg BASE_IMAGE=eagle3ops/vllm-openai-local:v0.16.0 -t eagle3ops/pipeline:dev .
 #
 # Layer order: heavy dependencies first, eagle3ops next, the patch series last, so a patch-only change re-runs only
-# the last two steps (about a second when the probe results can be reused, see below). Nothing here hard-codes a site-packages path: `python3` is whatever the base puts
-# first on PATH (/opt/venv in the local base, the system Python 3.12 with dist-packages in vllm/vllm-openai), and
-# pip installs into that interpreter's own scheme.
+# the last two steps (about a second when the probe results can be reused, see below). Nothing here assumes an
+# interpreter or a site-packages path: the first step finds the interpreter that has vLLM (images/pipeline/check-base.py:
+# /opt/venv in the local base, the system Python's dist-packages in vllm/vllm-openai and the upstream-layout
+# stand-in) and puts `python3`/`python` wrappers for it first on PATH (/opt/eagle3ops/bin), so every later step,
+# the entrypoint and the stage/supervisor containers (`python3 -m eagle3ops ...`) run that interpreter, and pip
+# installs into its own scheme.
 ARG BASE_IMAGE=vllm/vllm-openai:v0.16.0
 FROM ${BASE_IMAGE}
 
@@ -18,10 +21,18 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_INPUT=1
 
-# Fail early, with a message, when the base has no usable python3/pip or no vLLM of the expected version.
+# Find the interpreter that has vLLM (fail early, with a message, when none has the expected version or it has no
+# pip), record the base's facts -- interpreter, site dir, and whether an engine can start here (vLLM's platform:
+# UnspecifiedPlatform on a CUDA build without a GPU) -- in /opt/eagle3ops/base.json, and install the wrappers.
+# check-base.py itself runs with whichever python3/python the base has first on PATH.
 ARG VLLM_VERSION=0.16.0
 RUN --mount=type=bind,source=images/pipeline,target=/tmp/e3img \
-    python3 /tmp/e3img/check-base.py "${VLLM_VERSION}"
+    for py in python3 python; do \
+      if command -v "$py" >/dev/null 2>&1; then \
+        exec "$py" /tmp/e3img/check-base.py "${VLLM_VERSION}" --install /opt/eagle3ops/bin --record /opt/eagle3ops/base.json; \
+      fi; \
+    done; echo "base image error: no python3 or python on PATH ($PATH)" >&2; exit 1
+ENV PATH=/opt/eagle3ops/bin:$PATH
 
 # GNU patch applies the series (eagle3ops.patches.gnupatch); install it when the base lacks it (Debian/Ubuntu apt,
 # the proxy CA from the secret when apt needs TLS).
@@ -50,18 +61,26 @@ RUN --mount=type=bind,source=src,target=/tmp/e3ctx/src --mount=type=bind,source=
     && rm -rf "$d" \
     && python3 -m eagle3ops --help > /dev/null
 
-# The patch series, applied strictly (pins checked, -p1, zero fuzz) and verified: each applied patch's behavioural
-# probe (tiny models, vLLM engines on CPU) runs, or its pass is reused from a content-addressed result cache (a
-# BuildKit cache mount, never in a layer) when every byte the probe depends on is identical to a run that passed:
-# probe code, the installed patched files, the installed distributions, platform and the base image
-# (eagle3ops.patches.probecache). A header-only patch edit therefore reuses passes; any change to patched code
-# re-runs the probes. Failures are never cached: a failing apply or probe fails the build.
+# The patch series, applied strictly (pins checked, -p1, zero fuzz), then the checks (eagle3ops.imagecheck):
+# BUILD_CHECKS run here, HOST_CHECKS are deferred to the target host (`eagle3ops verify HOST`, run by `deploy`);
+# ENGINE_CHECKS (auto, build or host) says where the checks that need an engine go.
+# Checks: pins + apply (`patch apply`), compile (every patched .py byte-compiles), import (every patched module
+# imports; needs torch), manifest (installed files = the apply manifest), probes (each applied patch's behavioural
+# probe: tiny models on vLLM engines -- the only check that needs an engine). eagle3ops.images passes both lists,
+# decided before the build from the base's facts and labelled io.eagle3ops.verified (build:...;host:...);
+# BUILD_CHECKS=auto (a build by hand) decides here from /opt/eagle3ops/base.json the same way: probes run here when
+# the base can start an engine, else they are deferred. What ran is recorded in <site>/eagle3ops_patches/checks.json.
+# Probes that run here reuse a pass from a content-addressed result cache (a BuildKit cache mount, never in a layer)
+# when every byte the probe depends on is identical to a run that passed: probe code, the installed patched files,
+# the installed distributions, platform and the base image (eagle3ops.patches.probecache). A header-only patch edit
+# therefore reuses passes; any change to patched code re-runs the probes. Failures are never cached: a failing
+# apply, check or probe fails the build.
 # VERIFY=probes (default, cache used), probes-fresh (every probe runs; passes still stored) or apply-only (fast dev
-# rebuilds; the image is then labelled io.eagle3ops.verified=apply-only by eagle3ops.images). What ran and what was
-# reused is recorded in the image: <site>/eagle3ops_patches/speculators.verify.json. PROBES_MODULE replaces the
-# probe registry (tests). VLLM_CACHE_ROOT is a cache mount too: vLLM caches what it learns about a model class
-# (modelinfos, keyed by the sha of the model's source file) and otherwise finds it out in a subprocess that imports
-# vLLM again, one per architecture (~15 s per fresh probe run on 2 busy cores). PROBE_KEY_SALT (passed by
+# rebuilds: no probes anywhere; labelled so by eagle3ops.images). What ran and what was reused is recorded in the
+# image: <site>/eagle3ops_patches/speculators.verify.json. PROBES_MODULE replaces the probe registry (tests).
+# VLLM_CACHE_ROOT is a cache mount too: vLLM caches what it learns about a model class (modelinfos, keyed by the
+# sha of the model's source file) and otherwise finds it out in a subprocess that imports vLLM again, one per
+# architecture (~15 s per fresh probe run on 2 busy cores). PROBE_KEY_SALT (passed by
 # eagle3ops.images.probe_key_salt: the base's digest or id and a hash of every input of the layers below this step)
 # salts the keys; empty when built by hand.
 ARG PROFILE=speculators-0.3.0-vllm-0.16.0
@@ -72,19 +91,24 @@ ENV EAGLE3OPS_PATCHES_DIR=/opt/eagle3ops/patches \
     PYTHONUNBUFFERED=1
 COPY patches /opt/eagle3ops/patches
 ARG PROBE_KEY_SALT=
+ARG ENGINE_CHECKS=auto
+ARG BUILD_CHECKS=auto
+ARG HOST_CHECKS=auto
 RUN --mount=type=cache,id=eagle3ops-probe-results,target=/var/cache/eagle3ops/probe-results \
     --mount=type=cache,id=eagle3ops-vllm-cache,target=/var/cache/eagle3ops/vllm \
-    python3 -m eagle3ops patch apply --profile "${PROFILE}" \
+    case "${VERIFY}" in probes|probes-fresh|apply-only) ;; \
+      *) echo "unknown VERIFY=${VERIFY} (probes, probes-fresh or apply-only)" >&2; exit 2 ;; esac \
+    && python3 -m eagle3ops patch apply --profile "${PROFILE}" \
+    && python3 -m eagle3ops.imagecheck build --profile "${PROFILE}" --verify "${VERIFY}" \
+         --probes-module "${PROBES_MODULE}" --engine-checks "${ENGINE_CHECKS}" \
+         --build-checks "${BUILD_CHECKS}" --host-checks "${HOST_CHECKS}" \
     && verify() { VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_CACHE_ROOT=/var/cache/eagle3ops/vllm \
          python3 -m eagle3ops patch verify \
          --profile "${PROFILE}" --probes-module "${PROBES_MODULE}" --record \
          --result-cache /var/cache/eagle3ops/probe-results --salt "${PROBE_KEY_SALT}" "$@"; } \
-    && case "${VERIFY}" in \
-         probes) verify ;; \
-         probes-fresh) verify --fresh ;; \
-         apply-only) echo "VERIFY=apply-only: probes not run" ;; \
-         *) echo "unknown VERIFY=${VERIFY} (probes, probes-fresh or apply-only)" >&2; exit 2 ;; \
-       esac
+    && if python3 -m eagle3ops.imagecheck wants probes; then \
+         if [ "${VERIFY}" = probes-fresh ]; then verify --fresh; else verify; fi; \
+       else echo "probes not run at build: $(python3 -m eagle3ops.imagecheck summary)"; fi
 
 WORKDIR /vllm-workspace
 ENTRYPOINT ["python3", "-m", "eagle3ops"]

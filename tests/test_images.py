@@ -74,10 +74,11 @@ def test_one_byte_of_a_patch_gives_a_new_tag(root: Path) -> None:
     assert images.content_tag("pipeline", base_id=BASE_ID, root=root) == before
 
 
-@pytest.mark.parametrize("what", ["Dockerfile", "lock", "series", "src", "base", "verify"])
+@pytest.mark.parametrize("what", ["Dockerfile", "lock", "series", "src", "base", "verify", "engine_checks",
+                                  "check-base"])
 def test_every_input_enters_the_tag(root: Path, what: str) -> None:
     before = images.content_tag("pipeline", base_id=BASE_ID, root=root)
-    base_id, verify = BASE_ID, "probes"
+    base_id, verify, engine_checks = BASE_ID, "probes", "auto"
     if what == "Dockerfile":
         (root / "Dockerfile").write_text((root / "Dockerfile").read_text() + "\n# x\n")
     elif what == "lock":
@@ -93,7 +94,13 @@ def test_every_input_enters_the_tag(root: Path, what: str) -> None:
         base_id = {**BASE_ID, "id": "sha256:" + "cd" * 32}
     elif what == "verify":
         verify = "apply-only"
-    assert images.content_tag("pipeline", base_id=base_id, root=root, verify=verify) != before
+    elif what == "engine_checks":
+        engine_checks = "host"
+    elif what == "check-base":  # the script that decides the interpreter and whether an engine can start
+        f = root / "images/pipeline/check-base.py"
+        f.write_text(f.read_text() + "\n")
+    assert images.content_tag("pipeline", base_id=base_id, root=root, verify=verify,
+                              engine_checks=engine_checks) != before
 
 
 def test_files_outside_the_inputs_do_not_change_the_tag(root: Path) -> None:
@@ -445,11 +452,11 @@ def test_standin_build_labels_and_tag(tmp_path: Path, standin_base: str, ca: Pat
 
     root = standin_root(tmp_path / "repo")
     built = images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
-                               probes_module="eagle3ops.standin_probes")
+                               probes_module="eagle3ops.standin_probes", engine_checks="build")
     client = docker.from_env()
     try:
         assert built.tag == images.content_tag("pipeline", base_image=standin_base, root=root,
-                                               probes_module="eagle3ops.standin_probes")
+                                               probes_module="eagle3ops.standin_probes", engine_checks="build")
         img = client.images.get(built.tag)
         assert img.id == built.image_id and built.size > 0
         labels = img.labels
@@ -465,7 +472,9 @@ def test_standin_build_labels_and_tag(tmp_path: Path, standin_base: str, ca: Pat
             assert patches[f"patches/speculators/0.3.0/{n}"] == hashlib.sha256((d / n).read_bytes()).hexdigest()
         assert labels["org.opencontainers.image.version"] == built.tag.split(":", 1)[1]
         assert labels["org.opencontainers.image.title"] == "eagle3ops pipeline image"
-        assert labels["io.eagle3ops.verified"] == "probes"
+        # the stand-in has no torch: nothing imports, but the stand-in probes need no engine (engine_checks="build")
+        assert labels["io.eagle3ops.verified"] == "build:pins,apply,compile,manifest,probes"
+        assert labels["io.eagle3ops.verify-mode"] == "probes"
         assert labels["io.eagle3ops.base-id"] == client.images.get(standin_base).id
         assert "org.opencontainers.image.created" not in labels
         # inside: patched speculators, the apply manifest, the stand-in probes ran, entrypoint is eagle3ops
@@ -481,7 +490,7 @@ def test_standin_build_labels_and_tag(tmp_path: Path, standin_base: str, ca: Pat
         assert img.attrs["Config"]["Entrypoint"] == ["python3", "-m", "eagle3ops"]
         # same inputs: rebuilding gives the same tag and (all layers cached) the same image id
         again = images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
-                                   probes_module="eagle3ops.standin_probes")
+                                   probes_module="eagle3ops.standin_probes", engine_checks="build")
         assert (again.tag, again.image_id) == (built.tag, built.image_id)
     finally:
         client.images.remove(built.tag, force=True)
@@ -502,7 +511,7 @@ def test_no_ca_bundle_in_any_layer(tmp_path: Path, standin_base: str, ca: Path |
     lock = root / "requirements/pipeline-speculators-0.3.0.lock"
     lock.write_text(lock.read_text() + f"# {marker.decode()}\n")
     built = images.build_image("pipeline", standin_base, None, bundle, root=root, quiet=True,
-                               probes_module="eagle3ops.standin_probes")
+                               probes_module="eagle3ops.standin_probes", engine_checks="build")
     client = docker.from_env()
     try:
         hits, scanned = images.find_in_layers(built.tag, [marker], ["run/secrets/ca", "ca-bundle.crt"])
@@ -528,10 +537,11 @@ def test_failing_patch_stops_the_build(tmp_path: Path, standin_base: str, ca: Pa
         i += 1
     lines[i] = " " + lines[i][1:].rstrip("\n") + "  # not upstream\n"
     p.write_text("".join(lines))
-    tag = images.content_tag("pipeline", base_image=standin_base, root=root, probes_module="eagle3ops.standin_probes")
+    tag = images.content_tag("pipeline", base_image=standin_base, root=root, probes_module="eagle3ops.standin_probes",
+                             engine_checks="build")
     with pytest.raises(images.BuildFailed) as e:
         images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
-                           probes_module="eagle3ops.standin_probes")
+                           probes_module="eagle3ops.standin_probes", engine_checks="build")
     assert e.value.returncode != 0
     assert p.name in str(e.value) and "patch apply" in str(e.value)
     assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
@@ -541,10 +551,11 @@ def test_failing_probe_stops_the_build(tmp_path: Path, standin_base: str, ca: Pa
     d = REPO / "patches/speculators/0.3.0"
     probe = re.search(r"^X-Eagle3ops-Probe:\s*(\S+)", (d / read_series_file(d / "series")[-1]).read_text(), re.M).group(1)
     root = standin_root(tmp_path / "repo", fail_probe=probe)
-    tag = images.content_tag("pipeline", base_image=standin_base, root=root, probes_module="eagle3ops.standin_probes")
+    tag = images.content_tag("pipeline", base_image=standin_base, root=root, probes_module="eagle3ops.standin_probes",
+                             engine_checks="build")
     with pytest.raises(images.BuildFailed) as e:
         images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
-                           probes_module="eagle3ops.standin_probes")
+                           probes_module="eagle3ops.standin_probes", engine_checks="build")
     msg = str(e.value)
     assert "stand-in probe failed on purpose" in msg and probe in msg and "verification failure" in msg
     assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
@@ -566,7 +577,7 @@ def test_probe_results_reused_only_when_applied_code_is_identical(tmp_path: Path
 
     def build(verify: str = "probes") -> images.BuiltImage:
         b = images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True, verify=verify,
-                               probes_module="eagle3ops.standin_probes")
+                               probes_module="eagle3ops.standin_probes", engine_checks="build")
         tags.append(b.tag)
         return b
 
@@ -587,10 +598,10 @@ def test_probe_results_reused_only_when_applied_code_is_identical(tmp_path: Path
         assert reused(code.tag) == [False] * len(names)
         fresh = build("probes-fresh")
         assert reused(fresh.tag) == [False] * len(names)
-        assert client.images.get(fresh.tag).labels["io.eagle3ops.verified"] == "probes-fresh"
+        assert client.images.get(fresh.tag).labels["io.eagle3ops.verify-mode"] == "probes-fresh"
         add_code_line(d / names[-1], '_EAGLE3OPS_TEST_FAULT = "STANDIN-MUST-FAIL"')
         tag = images.content_tag("pipeline", base_image=standin_base, root=root,
-                                 probes_module="eagle3ops.standin_probes")
+                                 probes_module="eagle3ops.standin_probes", engine_checks="build")
         with pytest.raises(images.BuildFailed) as e:
             build()
         assert "carries the fault marker" in str(e.value) and "verification failure" in str(e.value)
@@ -615,7 +626,7 @@ def test_pipeline_on_a_system_python_dist_packages_base(tmp_path: Path, ca: Path
     assert base.startswith(f"{images.STANDIN_REPO}:system-")
     root = standin_root(tmp_path / "repo")
     built = images.build_image("pipeline", base, None, ca, root=root, quiet=True,
-                               probes_module="eagle3ops.standin_probes")
+                               probes_module="eagle3ops.standin_probes", engine_checks="build")
     client = docker.from_env()
     try:
         site = "/usr/local/lib/python3.11/dist-packages"
@@ -640,7 +651,8 @@ def test_wrong_base_stops_the_build(tmp_path: Path, ca: Path | None) -> None:
     """A base without vLLM 0.16 (the bare minbase) fails at the first step with a message naming the fix."""
     images.build_minbase()
     root = copy_inputs(tmp_path / "repo")
-    with pytest.raises(images.BuildFailed, match=r"vLLM 0\.16\.0 not found .*pass --base-image"):
+    # found before the build (images.base_facts runs the Dockerfile's first step, check-base.py, in the base)
+    with pytest.raises(images.ImageError, match=r"no interpreter with vLLM 0\.16\.0 found .*pass --base-image"):
         images.build_image("pipeline", images.MINBASE_TAG, None, ca, root=root, quiet=True)
 
 
@@ -655,7 +667,9 @@ def test_image_ls_lists_labels_locally_and_through_a_runner(tmp_path: Path, stan
         assert built.tag in local
         assert local[built.tag].profile == "speculators-0.3.0-vllm-0.16.0"
         assert len(local[built.tag].patches) == len(read_series_file(root / "patches/speculators/0.3.0/series"))
-        assert docker.from_env().images.get(built.tag).labels["io.eagle3ops.verified"] == "apply-only"
+        labels = docker.from_env().images.get(built.tag).labels
+        assert labels["io.eagle3ops.verify-mode"] == "apply-only"
+        assert labels["io.eagle3ops.verified"] == "build:pins,apply,compile,manifest"  # no probes anywhere
         calls: list[list[str]] = []
 
         def runner(argv: list[str]) -> str:  # what eagle3ops.remote.Remote(host).run does, on the local engine
@@ -686,7 +700,9 @@ def test_real_pipeline_image(built_images) -> None:
     # (content_tag of the live tree is not compared here: other work may edit src/ meanwhile; the tag's hash is
     # the label's, and tag stability is tested on copies above)
     assert TAG_RE.match(built.tag) and img.labels["io.eagle3ops.content-hash"][:12] == built.tag[-12:]
-    assert img.labels["io.eagle3ops.verified"] == "probes"
+    # the CPU base starts engines: every check ran at build, nothing deferred to the host
+    assert img.labels["io.eagle3ops.verified"] == "build:pins,apply,compile,import,manifest,probes"
+    assert img.labels["io.eagle3ops.verify-mode"] == "probes"
     assert img.labels["io.eagle3ops.base-id"] == client.images.get(base).id
     script = ("import vllm, speculators, importlib.metadata as m, torch; "
               "print(vllm.__version__, m.version('speculators'), torch.__version__)")

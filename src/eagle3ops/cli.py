@@ -350,6 +350,16 @@ def _register_push() -> None:
 _register_push()
 
 
+def _register_verify() -> None:
+    from eagle3ops import verifier
+
+    app.command("verify", help="Run the deployed image's engine checks on HOST (GPUs there); record and print.")(
+        verifier.verify_command)
+
+
+_register_verify()
+
+
 @app.command()
 def demo(inventory: Path = InventoryOpt,
          pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config for the demo run.")) -> None:

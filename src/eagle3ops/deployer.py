@@ -1,4 +1,5 @@
-"""``eagle3ops deploy HOST``: build the pipeline image if needed, push it over SSH, verify its id, preflight.
+"""``eagle3ops deploy HOST``: build the pipeline image if needed, push it over SSH, verify its id, preflight, and run
+the engine checks the build deferred to the host (:func:`eagle3ops.verifier.ensure_verified`).
 
 Serving is not touched. The host records what was deployed in ``<state_dir>/deployed.json`` (image tag and id), which
 the maintenance windows read to know which image to run and which id to expect.
@@ -17,6 +18,7 @@ from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.config import HostConfig
 from eagle3ops.remote import Remote
+from eagle3ops.verifier import VerifyError, VerifyResult, ensure_verified
 from eagle3ops.window import paths, preflight
 
 
@@ -33,6 +35,7 @@ class DeployResult:
     build_s: float
     push_s: float
     push_summary: str
+    verify: "VerifyResult | None" = None
 
 
 def push_image(tag: str, h: HostConfig) -> str:
@@ -68,19 +71,27 @@ def push_image(tag: str, h: HostConfig) -> str:
 
 
 def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, base_image: str | None = None,
-           echo: Callable[[str], None] = print) -> DeployResult:
-    """Build (cached by content tag), push, verify the image id on the host, preflight, record the deployment.
+           echo: Callable[[str], None] = print, engine_checks: str = "auto") -> DeployResult:
+    """Build (cached by content tag), push, verify the image id on the host, preflight, run the deferred engine
+    checks, record the deployment.
+
+    The engine checks (each patch's probe on vLLM engines) run at build time when the base can start an engine;
+    otherwise (the real vllm/vllm-openai on a build host without a GPU; ``engine_checks="host"`` forces it) the
+    image's label ``io.eagle3ops.verified`` defers them to the host, and they run there in a container of the pushed
+    image with the stage settings (:func:`eagle3ops.verifier.ensure_verified`) unless a pass for this image id is
+    recorded on the host already. ``deployed.json`` is written only after they passed, so no window runs an image
+    whose deferred checks failed.
 
     Raises:
         DeployError: build failure, push failure, id mismatch on the host ("every layer pushed but the image is not
-            there" included), or a failed preflight check.
+            there" included), a failed preflight check, or failed deferred engine checks (each failing probe named).
     """
     from eagle3ops import images
 
     t0 = time.monotonic()
     try:
         built = images.build_image("pipeline", base_image=base_image, profile=profile,
-                                   ca_bundle=images.default_ca_bundle())
+                                   ca_bundle=images.default_ca_bundle(), engine_checks=engine_checks)
     except images.ImageError as exc:
         raise DeployError(f"building the pipeline image failed: {exc}") from None
     build_s = time.monotonic() - t0
@@ -102,8 +113,16 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
             echo(f"  preflight {'ok  ' if ok else 'FAIL'} {name}: {detail}")
         if not pf.ok and not dry_run:
             raise DeployError(f"{h.name}: preflight failed after the push:\n{pf.failures()}")
+        echo(f"checks at build / deferred to the host: {built.labels.get('io.eagle3ops.verified')}")
+        try:
+            vres = ensure_verified(r, built.tag, built.image_id, built.labels, echo=echo)
+        except VerifyError as exc:
+            raise DeployError(f"{exc}") from None
+        if vres is not None and not vres.reused and not dry_run:
+            echo(f"  engine checks on {h.name}: {sum(o['ok'] for o in vres.outcomes)}/{len(vres.outcomes)} probes "
+                 f"passed on {vres.platform} in {vres.seconds:.1f} s (recorded in {vres.record_path})")
         record = {"image": built.tag, "image_id": built.image_id, "labels": built.labels,
                   "deployed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "by": getpass.getuser()}
         r.run(hc.mkdir_p(h.state_dir))
         r.run(hc.write_file(paths(h)["deployed"]), stdin=json.dumps(record, indent=2))
-    return DeployResult(built.tag, built.image_id, build_s, push_s, push_summary)
+    return DeployResult(built.tag, built.image_id, build_s, push_s, push_summary, vres)

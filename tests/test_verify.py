@@ -1,0 +1,243 @@
+"""Where the pipeline image's checks run (build vs host), the ``verify`` command as data, and the real thing:
+
+* fast: :func:`eagle3ops.imagecheck.plan` / labels, the ``docker run`` argv of the engine checks (GPU and CPU hosts);
+* slow (minutes, real docker engine, no sandbox): the UPSTREAM-LAYOUT stand-in base (CUDA vLLM 0.16.0 + torch 2.9.1
+  with ``uv pip install --system``) imports vLLM but cannot start an engine; the pipeline image builds on it with
+  the engine checks deferred and labelled so; the interpreter is discovered;
+* sandbox: ``deploy`` of an image whose engine checks are deferred runs them on the sandbox (a CPU host: the image
+  is built on the CPU local base with ``engine_checks="host"``), records the result, reuses it on the next deploy;
+  ``eagle3ops verify sandbox`` runs them again and prints the record.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3ops import imagecheck
+from eagle3ops.commands import verify as vc
+from eagle3ops.config import HostConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_BASE = {"engine": True, "imports": True, "platform": "CpuPlatform", "reason": "vLLM platform CpuPlatform"}
+CUDA_NO_GPU = {"engine": False, "imports": True, "platform": "UnspecifiedPlatform", "reason": "no CUDA device"}
+NO_TORCH = {"engine": False, "imports": False, "platform": None, "reason": "torch is not installed"}
+
+
+# --- plan and labels ---------------------------------------------------------------------------------------------
+
+
+def test_plan_defers_only_the_engine_checks_when_the_base_cannot_start_an_engine() -> None:
+    assert imagecheck.plan(CPU_BASE) == {"build": ["pins", "apply", "compile", "import", "manifest", "probes"],
+                                         "host": []}
+    assert imagecheck.plan(CUDA_NO_GPU) == {"build": ["pins", "apply", "compile", "import", "manifest"],
+                                            "host": ["probes"]}
+    assert imagecheck.plan(NO_TORCH) == {"build": ["pins", "apply", "compile", "manifest"], "host": ["probes"]}
+    assert imagecheck.plan(CPU_BASE, engine_checks="host")["host"] == ["probes"]
+    assert imagecheck.plan(NO_TORCH, engine_checks="build")["build"][-1] == "probes"
+    assert imagecheck.plan(CUDA_NO_GPU, verify="apply-only")["host"] == []  # no probes anywhere
+    with pytest.raises(imagecheck.CheckError, match="engine checks must be one of"):
+        imagecheck.plan(CPU_BASE, engine_checks="gpu")
+
+
+def test_verified_label_round_trip() -> None:
+    for facts in (CPU_BASE, CUDA_NO_GPU, NO_TORCH):
+        p = imagecheck.plan(facts)
+        assert imagecheck.parse_verified(imagecheck.verified_label(p)) == p
+    assert imagecheck.verified_label(imagecheck.plan(CUDA_NO_GPU)) == \
+        "build:pins,apply,compile,import,manifest;host:probes"
+    assert imagecheck.parse_verified("probes")["host"] == []  # labels of images built before the split
+    with pytest.raises(imagecheck.CheckError, match="unknown checks"):
+        imagecheck.parse_verified("build:apply;host:warp-drive")
+
+
+# --- the verify command as data -----------------------------------------------------------------------------------
+
+
+def _host(**kw) -> HostConfig:
+    base = {"name": "gpu-01", "hostname": "gpu-01", "user": "mlops", "gpus": 8, "data_dir": "/srv/e3/data",
+            "state_dir": "/srv/e3/state", "model_path": "/srv/models/target", "stage_env": {"HF_HOME": "/data/hf"},
+            "serving": {"container": "vllm", "image": "vllm/vllm-openai:v0.16.0", "port": 8000,
+                        "served_model_name": "m"}}
+    base.update(kw)
+    return HostConfig.model_validate(base)
+
+
+def test_engine_check_argv_uses_the_stage_container_settings() -> None:
+    image_id = "sha256:" + "ab" * 32
+    argv = vc.engine_check_argv(_host(), image="eagle3ops/pipeline:0.16.0-0.3.0-0123456789ab", image_id=image_id)
+    assert argv[:4] == ["docker", "run", "--rm", "--name"] and argv[4] == "eagle3ops-verify-abababababab"
+    # all GPUs, host IPC, unlimited memlock, host network, the inventory's stage_env: as the stage containers
+    for opt in (["--gpus", "all"], ["--ipc", "host"], ["--ulimit", "memlock=-1:-1"], ["--network", "host"],
+                ["--env", "HF_HOME=/data/hf"], ["--env", "HF_HUB_OFFLINE=1"]):
+        assert any(argv[i:i + 2] == opt for i in range(len(argv))), opt
+    # pinned by id; the entrypoint is the image's python3 (the interpreter with vLLM, see check-base.py)
+    assert argv[-6:] == ["--entrypoint", "python3", image_id, "-m", "eagle3ops.imagecheck", "host"]
+    assert vc.result_path(_host(), image_id) == f"/srv/e3/state/verify/{'ab' * 32}.json"
+
+
+def test_engine_check_argv_on_a_cpu_host_has_no_gpu_options() -> None:
+    argv = vc.engine_check_argv(_host(gpus=0, docker_host="unix:///run/d.sock"), image="p:t", image_id="sha256:" + "c" * 64)
+    assert argv[:3] == ["docker", "-H", "unix:///run/d.sock"]
+    assert "--gpus" not in argv and "--ipc" not in argv and "--ulimit" not in argv
+
+
+def test_verify_dry_run_prints_the_commands(tmp_path: Path) -> None:
+    from eagle3ops import verifier
+    from eagle3ops.remote import Remote
+
+    printed: list[str] = []
+    with Remote(_host(gpus=0), dry_run=True, echo=printed.append) as r:  # (a GPU host: nvidia-smi runs)
+        res = verifier.verify(r, image="p:t", image_id="sha256:" + "d" * 64, echo=lambda *_: None)
+    assert res.ok and res.outcomes == []
+    assert any(c.startswith("docker run --rm --name eagle3ops-verify-dddddddddddd") for c in printed)
+
+
+# --- the upstream-layout base (real docker engine; no sandbox) ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_pipeline_on_the_upstream_layout_base_defers_the_engine_checks() -> None:
+    """The UPSTREAM-LAYOUT stand-in (CUDA vllm 0.16.0 + torch 2.9.1, ``uv pip install --system`` into the system
+    python3, ``vllm serve``) imports vLLM but cannot start an engine here, like a real build host without a GPU; the
+    pipeline image builds on it: apply + every engine-free check at build, the probes deferred to the host, and
+    the labels say so. The base takes ~4 min once (10.6 GB; cached by its inputs), the pipeline ~1 min."""
+    import docker
+
+    from eagle3ops import images
+
+    ca = images.default_ca_bundle()
+    base = images.build_upstream_base(ca_bundle=ca, quiet=True)
+    client = docker.from_env()
+    b = client.images.get(base)
+    assert b.labels["io.eagle3ops.base-layout"] == "upstream"
+    assert b.labels["io.eagle3ops.stand-in-for"] == "vllm/vllm-openai:v0.16.0"
+    assert b.attrs["Config"]["Entrypoint"] == ["vllm", "serve"] and b.attrs["Config"]["WorkingDir"] == "/vllm-workspace"
+    facts = images.base_facts(base)
+    assert (facts["executable"], facts["venv"], facts["site"]) == \
+        ("/usr/bin/python3", False, "/usr/local/lib/python3.11/dist-packages")
+    assert facts["vllm"] == {"vllm": "0.16.0"} and facts["torch_version"] == "2.9.1+cu128"
+    assert facts["imports"] and not facts["engine"] and facts["platform"] == "UnspecifiedPlatform"
+    # what vLLM itself does when an engine is configured there
+    with pytest.raises(docker.errors.ContainerError) as e:
+        client.containers.run(base, ["-c", "from vllm.config import DeviceConfig; DeviceConfig()"],
+                              entrypoint=["python3"], network_mode="none", remove=True)
+    assert b"Failed to infer device type" in e.value.stderr
+
+    built = images.build_image("pipeline", base, None, ca, quiet=True)
+    img = client.images.get(built.tag)
+    assert img.labels["io.eagle3ops.verified"] == "build:pins,apply,compile,import,manifest;host:probes"
+    assert img.labels["io.eagle3ops.verify-mode"] == "probes"
+    assert imagecheck.parse_verified(img.labels["io.eagle3ops.verified"])["host"] == ["probes"]
+    assert img.attrs["Config"]["Entrypoint"] == ["python3", "-m", "eagle3ops"]
+    script = ("import json, sys, sysconfig, shutil, os; r = json.load(open('/opt/eagle3ops/checks.json')); "
+              "site = sysconfig.get_paths()['purelib']; "
+              "print(json.dumps([sys.executable, shutil.which('python3'), site, r['build'], r['host'], "
+              "sorted(r['results']['speculators']), "
+              "os.path.exists(site + '/eagle3ops_patches/speculators.json'), "
+              "os.path.exists(site + '/eagle3ops_patches/speculators.verify.json')]))")
+    out = json.loads(client.containers.run(built.tag, ["-c", script], entrypoint=["python3"], network_mode="none",
+                                           remove=True).decode().strip().splitlines()[-1])
+    assert out == ["/usr/bin/python3", "/opt/eagle3ops/bin/python3", "/usr/local/lib/python3.11/dist-packages",
+                   ["pins", "apply", "compile", "import", "manifest"], ["probes"],
+                   ["apply", "compile", "import", "manifest", "pins"], True, False]
+
+
+# --- verify on the sandbox ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_deploy_runs_the_deferred_engine_checks_on_the_sandbox(sandbox_host, built_images) -> None:
+    """An image whose engine checks are deferred (built on the CPU local base with ``engine_checks="host"``: the
+    sandbox is a CPU host) is deployed: ``deploy`` runs the probes on the sandbox in a container of the pushed image
+    with the stage settings, records the result under <state_dir>/verify/, and a second deploy reuses the recorded
+    pass; ``eagle3ops verify sandbox`` runs them again and prints the record. What was deployed before is put back
+    (other tests' windows use it)."""
+    import subprocess
+    import sys
+
+    from eagle3ops import deployer, images
+    from eagle3ops.commands import host as hc
+    from eagle3ops.remote import Remote
+    from eagle3ops.window import paths
+
+    h = sandbox_host
+    base, _ = built_images
+    with Remote(h) as r:
+        before = r.run(hc.cat_if_exists(paths(h)["deployed"]), check=False, mutates=False).stdout
+    try:
+        dep = deployer.deploy(h, base_image=base, engine_checks="host", echo=lambda *_: None)
+        labels = images.docker_client().images.get(dep.tag).labels
+        assert labels["io.eagle3ops.verified"] == "build:pins,apply,compile,import,manifest;host:probes"
+        v = dep.verify
+        assert v is not None and v.ok and not v.reused and v.deferred == ["probes"], v
+        assert v.platform == "CpuPlatform" and v.outcomes and all(o["ok"] for o in v.outcomes)
+        from eagle3ops.patches.series import read_series_file
+
+        series = read_series_file(REPO / "patches/speculators/0.3.0/series")
+        assert [o["patch"] for o in v.outcomes] == series
+        with Remote(h) as r:
+            rec = json.loads(r.run(hc.cat(vc.result_path(h, dep.image_id)), mutates=False).stdout)
+            assert (rec["ok"], rec["image_id"], rec["deferred"]) == (True, dep.image_id, ["probes"])
+        again = deployer.deploy(h, base_image=base, engine_checks="host", echo=lambda *_: None)
+        assert again.image_id == dep.image_id and again.verify is not None and again.verify.reused
+        cli = subprocess.run([sys.executable, "-m", "eagle3ops", "verify", h.name, "--inventory",
+                              str(REPO / "deploy/hosts.yaml"), "--json"], capture_output=True, text=True,
+                             cwd=REPO, timeout=1800)
+        assert cli.returncode == 0, cli.stderr[-3000:]
+        shown = json.loads(cli.stdout)
+        assert shown["ok"] and shown["image_id"] == dep.image_id and shown["deferred"] == ["probes"]
+        assert [o["patch"] for o in shown["outcomes"]] == series
+    finally:
+        with Remote(h) as r:
+            if before.strip():
+                r.run(hc.write_file(paths(h)["deployed"]), stdin=before)
+            else:
+                r.run(hc.rm_rf(paths(h)["deployed"]))
+
+
+def test_a_build_by_hand_decides_the_plan_inside_the_build(tmp_path: Path) -> None:
+    """``docker build`` without eagle3ops (``BUILD_CHECKS=auto``): the build plans from the base's facts itself.
+    On the torch-less TEST STAND-IN base nothing can start an engine (or import), so the probes are deferred and
+    the in-image record says the build decided."""
+    import shutil
+    import uuid
+
+    import docker
+
+    from eagle3ops import images
+
+    ca = images.default_ca_bundle()
+    base = images.build_standin_base(ca_bundle=ca)
+    ctx = tmp_path / "ctx"
+    for rel in ("Dockerfile", "pyproject.toml", "src", "patches", "requirements", "images/pipeline"):
+        src = REPO / rel
+        (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, ctx / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        else:
+            shutil.copy2(src, ctx / rel)
+    tag = f"eagle3ops/test-by-hand:{uuid.uuid4().hex[:12]}"
+    images.buildkit_build(ctx, tag, build_args={"BASE_IMAGE": base}, ca_bundle=ca, quiet=True)
+    client = docker.from_env()
+    try:
+        rec = json.loads(client.containers.run(tag, ["/opt/eagle3ops/checks.json"], entrypoint=["cat"],
+                                               network_mode="none", remove=True))
+        assert (rec["build"], rec["host"]) == (["pins", "apply", "compile", "manifest"], ["probes"])
+        assert rec["how"].startswith("decided in the build") and rec["engine"]["engine"] is False
+    finally:
+        client.images.remove(tag, force=True)
+
+
+def test_gpu_choice_for_the_probe_engines() -> None:
+    rows = vc.parse_gpu_memory("0, 72000, 81559\n1, 1200, 81559\n2, 30000, 81559\n")
+    assert vc.pick_gpu(rows) == 1
+    assert vc.pick_gpu(vc.parse_gpu_memory("0, 72000, 81559\n1, 70000, 81559\n")) is None  # serving holds them
+    argv = vc.engine_check_argv(_host(), image="p:t", image_id="sha256:" + "e" * 64, gpu=1)
+    assert ["--env", "CUDA_VISIBLE_DEVICES=1"] == argv[argv.index("CUDA_VISIBLE_DEVICES=1") - 1:][:2]
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in argv
+    with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
+        vc.parse_gpu_memory("0, 1\n")
