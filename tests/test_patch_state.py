@@ -43,7 +43,7 @@ def test_real_030_series_applied_twice_is_a_no_op(tmp_path: Path) -> None:
     names = [p.name for p in load_series(REPO / "patches/speculators/0.3.0").patches]
     r1 = _apply(REPO / "patches", site)
     assert r1.returncode == 0, r1.stdout + r1.stderr
-    assert r1.stdout.count("applied          ") == len(names) == 5
+    assert r1.stdout.count("applied          ") == len(names) >= 5
     after_first = tree_digest(site)
     r2 = _apply(REPO / "patches", site)
     assert r2.returncode == 0, r2.stdout + r2.stderr
@@ -51,11 +51,11 @@ def test_real_030_series_applied_twice_is_a_no_op(tmp_path: Path) -> None:
         assert f"already-applied  {n}" in r2.stdout
     assert _without_manifest(tree_digest(site)) == _without_manifest(after_first)
     m = json.loads((site / MANIFEST).read_text())
-    assert [p["action"] for p in m["patches"]] == ["already-applied"] * 5
+    assert [p["action"] for p in m["patches"]] == ["already-applied"] * len(names)
     assert all(len(p["diff_sha256"]) == 64 for p in m["patches"])
     # a dry run on the applied tree says the same and writes nothing
     r3 = _apply(REPO / "patches", site, "--dry-run")
-    assert r3.returncode == 0 and r3.stdout.count("already-applied") == 5 and "would-apply" not in r3.stdout
+    assert r3.returncode == 0 and r3.stdout.count("already-applied") == len(names) and "would-apply" not in r3.stdout
 
 
 @pytest.mark.parametrize("case", ["creates-then-edits", "same-line-twice"])
