@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3ops.commands import images as ic
 from eagle3ops.config.images import (
     REPO_ROOT,
     ImageDef,
@@ -475,7 +476,7 @@ def docker_client() -> Any:
 
 def _client_version(cli: str) -> tuple[int, ...] | None:
     try:
-        out = subprocess.run([cli, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True,
+        out = subprocess.run(ic.client_version(cli), capture_output=True, text=True,
                              timeout=30).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -497,7 +498,7 @@ def buildkit_command() -> tuple[list[str], dict[str, str]]:
     candidates = [os.environ.get("EAGLE3OPS_DOCKER_CLI"), shutil.which("docker"), "/usr/bin/docker"]
     clis = [c for c in dict.fromkeys(candidates) if c and Path(c).exists()]
     for cli in clis:
-        if subprocess.run([cli, "buildx", "version"], capture_output=True).returncode == 0:
+        if subprocess.run(ic.buildx_probe(cli), capture_output=True).returncode == 0:
             return [cli, "buildx", "build", "--load"], env
     for cli in clis:
         v = _client_version(cli)
@@ -505,7 +506,7 @@ def buildkit_command() -> tuple[list[str], dict[str, str]]:
             return [cli, "build"], env
     raise ImageError(
         "no BuildKit-capable docker client: install the buildx plugin (docker-buildx) or use a docker client < 23 "
-        f"(Debian's docker.io); tried {clis or ['docker']}. Set EAGLE3OPS_DOCKER_CLI to pick one."
+        f"(Debian's docker.io); tried {', '.join(clis) or 'docker'}. Set EAGLE3OPS_DOCKER_CLI to pick one."
     )
 
 
@@ -585,22 +586,13 @@ def buildkit_build(
     prefix, env = buildkit_command()
     with tempfile.TemporaryDirectory(prefix="e3img-") as tmp:
         iid = Path(tmp) / "iid"
-        argv = [*prefix, "--progress=plain", "--network", "host", "--iidfile", str(iid), "-f",
-                str(context / dockerfile), "-t", tag]
-        for t in extra_tags:
-            argv += ["-t", t]
-        if no_cache:
-            argv.append("--no-cache")
-        for k, v in (build_args or {}).items():
-            argv += ["--build-arg", f"{k}={v}"]
-        for k, v in (labels or {}).items():
-            argv += ["--label", f"{k}={v}"]
         if ca_bundle is not None:
             ca_bundle = Path(ca_bundle)
             if not ca_bundle.is_file():
                 raise ImageError(f"CA bundle {ca_bundle} not found (pass --ca-bundle PATH or --no-ca-bundle)")
-            argv += ["--secret", f"id=ca,src={ca_bundle}"]
-        argv.append(str(context))
+        argv = ic.buildkit_build(prefix, context=context, dockerfile=dockerfile, tag=tag, iidfile=iid,
+                                 extra_tags=extra_tags, no_cache=no_cache, build_args=build_args, labels=labels,
+                                 ca_bundle=ca_bundle)
         log_path = log_path or Path(tempfile.gettempdir()) / f"eagle3ops-build-{re.sub(r'[^A-Za-z0-9.-]+', '_', tag)}.log"
         t0 = time.monotonic()
         rc = _stream_build(argv, env, log_path, quiet=quiet)
@@ -762,8 +754,7 @@ def build_minbase(tag: str = MINBASE_TAG, *, mirror: str = "http://deb.debian.or
         raise ImageError("debootstrap not found: apt-get install debootstrap (needed to build the local base)")
     with tempfile.TemporaryDirectory(prefix="e3minbase-", dir="/var/tmp") as tmp:
         root = Path(tmp) / "rootfs"
-        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(MINBASE_INCLUDE)}", MINBASE_SUITE,
-                str(root), mirror]
+        argv = ic.debootstrap(root, MINBASE_SUITE, MINBASE_INCLUDE, mirror)
         with console.status(f"debootstrap {MINBASE_SUITE} (about a minute) …"):
             r = subprocess.run(argv, capture_output=True, text=True)
         if r.returncode != 0:
@@ -774,8 +765,8 @@ def build_minbase(tag: str = MINBASE_TAG, *, mirror: str = "http://deb.debian.or
                 if f.is_file():
                     f.unlink()
         with console.status(f"docker import {tag} …"):
-            tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-            imp = subprocess.run(["docker", "import", "-c", "ENV LANG=C.UTF-8", "-", tag], stdin=tar.stdout,
+            tar = subprocess.Popen(ic.tar_rootfs(root), stdout=subprocess.PIPE)
+            imp = subprocess.run(ic.docker_import(tag), stdin=tar.stdout,
                                  capture_output=True, text=True)
             assert tar.stdout is not None
             tar.stdout.close()
