@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from eagle3ops.supervisor import Releases
+from eagle3ops.supervisor.releases import Releases
 
 
 def _spec(tag: str) -> dict:

@@ -19,7 +19,8 @@ import pytest
 
 from eagle3ops import demo
 from eagle3ops.remote import Remote
-from eagle3ops.window import run_window, serving_release_spec
+from eagle3ops.window.planner import serving_release_spec
+from eagle3ops.window.run import run_window
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.images, pytest.mark.slow]
 PROJECT, SERVICE, PORT = "e3compose", "vllm", 18001

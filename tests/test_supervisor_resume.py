@@ -14,7 +14,10 @@ import json
 import docker.errors
 import pytest
 
-from eagle3ops.supervisor import GateFailed, HealthCheck, Interrupted, Plan, Releases, StageStep, Supervisor
+from eagle3ops.plan_schema import HealthCheck, Plan, StageStep
+from eagle3ops.supervisor.gate import GateFailed
+from eagle3ops.supervisor.releases import Releases
+from eagle3ops.supervisor.runner import Interrupted, Supervisor
 
 
 class StandInContainer:
@@ -457,7 +460,7 @@ def test_stages_leave_the_restore_its_reserved_share_of_the_budget(tmp_path, gat
 def test_restore_gate_waits_only_for_what_is_left_of_the_budget(tmp_path, gate, monkeypatch):
     """Item 4: the restore's health gate is cut to the rest of the budget, not the full health timeout; once the
     budget is spent a bounded floor still brings serving back, recorded as a warning."""
-    import eagle3ops.supervisor as supmod
+    import eagle3ops.supervisor.runner as supmod
 
     monkeypatch.setattr(supmod, "MIN_GATE_S", 1.0, raising=False)
     plan, wdir = _plan(tmp_path, budget_s=5)

@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from eagle3ops import window as wmod
+from eagle3ops.window import common as wcommon
+from eagle3ops.window import lock as wlock
+from eagle3ops.window import preflight as wpreflight
+from eagle3ops.window import run as wrun
+from eagle3ops.window import watch as wwatch
 from eagle3ops.config import load_inventory
 from eagle3ops.remote import RemoteCommandError, Result, render
 
@@ -213,8 +217,8 @@ def test_pipeline_config_is_written_after_preflight_under_the_lock(host):
 
     world.on_launch = launched
     r = StandInRemote(host, world)
-    with pytest.raises(wmod.WindowError, match="started on the host"):
-        wmod.run_window(r, kind="extract", image=IMAGE, expected_image_id=IMAGE_ID, command="t", run="r1",
+    with pytest.raises(wcommon.WindowError, match="started on the host"):
+        wrun.run_window(r, kind="extract", image=IMAGE, expected_image_id=IMAGE_ID, command="t", run="r1",
                         pipeline_text=TINY)
     writes = world.writes
     lock = next(i for i, w in enumerate(writes) if w == f"mkdir {host.state_dir}/lock")
@@ -250,19 +254,19 @@ def test_stage_output_estimates():
 
     cfg = PipelineConfig.model_validate({"target_model": "/model", "train": {"keep_checkpoints": 2}})
     dims = {"hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256}
-    assert wmod.stage_output_bytes("extract", cfg, dims, 1000) == 1000 * 4 * 4096 * 2 + 1000 * 16
-    trainable, frozen = wmod.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
+    assert wpreflight.stage_output_bytes("extract", cfg, dims, 1000) == 1000 * 4 * 4096 * 2 + 1000 * 16
+    trainable, frozen = wpreflight.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
     assert frozen == 2 * 128256 * 4096
     want = (trainable * 12 + frozen * 4) * 3 + (trainable + frozen) * 2
-    assert wmod.stage_output_bytes("train", cfg, dims, 0) == want
-    assert wmod.target_dims({"text_config": {"hidden_size": 7168, "vocab_size": 10}})["hidden_size"] == 7168
+    assert wpreflight.stage_output_bytes("train", cfg, dims, 0) == want
+    assert wpreflight.target_dims({"text_config": {"hidden_size": 7168, "vocab_size": 10}})["hidden_size"] == 7168
 
 
 def test_estimate_uses_the_prepare_manifest_when_present(host):
     """Item 3: once prepare ran, its exact token count is the basis."""
     world = _host_with_serving(host, hidden_size=16)
     world.files[f"{host.data_dir}/runs/r/prepare/manifest.json"] = json.dumps({"tokens": 12345})
-    est = wmod.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=TINY)
+    est = wpreflight.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=TINY)
     assert est.by_stage["extract"] == 12345 * 4 * 16 * 2 + 12345 * 16 and "12345 prepared tokens" in est.basis
 
 
@@ -273,10 +277,10 @@ def test_unwritable_state_dir_names_the_real_cause(host):
     looks stale ... lock release --force")."""
     world = _host_with_serving(host)
     world.readonly.add(host.state_dir)
-    with pytest.raises(wmod.WindowError) as e:
-        wmod.acquire_lock(StandInRemote(host, world), "w1", "t")
+    with pytest.raises(wcommon.WindowError) as e:
+        wlock.acquire_lock(StandInRemote(host, world), "w1", "t")
     msg = str(e.value)
-    assert not isinstance(e.value, wmod.LockHeld), msg
+    assert not isinstance(e.value, wcommon.LockHeld), msg
     assert "Permission denied" in msg and f"{host.state_dir}/lock" in msg and "state_dir" in msg, msg
     assert "None" not in msg and "--force" not in msg, msg
 
@@ -289,14 +293,14 @@ def test_watch_reports_a_dead_supervisor_with_the_recover_command(host, monkeypa
     evil = host.model_copy(update={"name": "gpu-01;touch /tmp/x"})
     world = _host_with_serving(evil)
     wid = "20990101T000000Z-extract-abcdef"
-    world.files[wmod.paths(evil, wid)["journal"]] = json.dumps({"step": "prepare", "event": "start"}) + "\n"
+    world.files[wcommon.paths(evil, wid)["journal"]] = json.dumps({"step": "prepare", "event": "start"}) + "\n"
     world.containers[f"eagle3ops-supervisor-{wid}"] = "exited"
     box = {}
-    monkeypatch.setattr(wmod, "DEAD_GRACE_S", 0.2, raising=False)
+    monkeypatch.setattr(wwatch, "DEAD_GRACE_S", 0.2, raising=False)
 
     def go():
         try:
-            wmod.watch(StandInRemote(evil, world), wid, poll_s=0.01)
+            wwatch.watch(StandInRemote(evil, world), wid, poll_s=0.01)
         except Exception as exc:  # noqa: BLE001 - inspected below
             box["exc"] = exc
 
@@ -307,7 +311,7 @@ def test_watch_reports_a_dead_supervisor_with_the_recover_command(host, monkeypa
     assert not th.is_alive(), "watch() kept waiting for a dead supervisor"
     assert time.monotonic() - t0 < 5
     exc = box["exc"]
-    assert isinstance(exc, wmod.SupervisorDead), exc
+    assert isinstance(exc, wcommon.SupervisorDead), exc
     assert "eagle3ops recover 'gpu-01;touch /tmp/x'" in str(exc), str(exc)
     assert shlex.split("eagle3ops recover 'gpu-01;touch /tmp/x'")[-1] == evil.name
 
@@ -325,17 +329,17 @@ def test_watch_waits_through_a_supervisor_restart(host):
     def world_call(argv, stdin):
         polls.append(argv)
         if len(polls) == 30:
-            world.files[wmod.paths(host, wid)["result"]] = json.dumps({"outcome": "ok"})
+            world.files[wcommon.paths(host, wid)["result"]] = json.dumps({"outcome": "ok"})
         return orig(argv, stdin)
 
     r = StandInRemote(host, world)
     r.world = world_call
-    assert wmod.watch(r, wid, poll_s=0.01, dead_grace_s=0.05, timeout_s=10) == {"outcome": "ok"}
+    assert wwatch.watch(r, wid, poll_s=0.01, dead_grace_s=0.05, timeout_s=10) == {"outcome": "ok"}
 
 
 def test_watch_is_bounded_by_default(host):
     """Item 2: the default watch limit follows the window's own budget (not forever)."""
-    assert wmod.watch_limit_s({"budget_s": 3600, "stop_timeout_s": 30}) < 3600 + 3000
+    assert wwatch.watch_limit_s({"budget_s": 3600, "stop_timeout_s": 30}) < 3600 + 3000
 
 
 # ---- item 12 (driver side) ---------------------------------------------------------------------------------------
@@ -350,11 +354,11 @@ def test_cleanup_warning_is_recorded_whole_in_result_and_audit(host):
     world.rm_error = (f"Error response from daemon: cannot remove container {cid}: could not kill: tried to kill "
                       f"container, but did not receive an exit event" + " (details)" * 30)
     r = StandInRemote(host, world)
-    warn = wmod.cleanup_supervisor(r, wid)
+    warn = wwatch.cleanup_supervisor(r, wid)
     assert warn and cid in warn and world.rm_error in warn, warn
-    p = wmod.paths(host, wid)
+    p = wcommon.paths(host, wid)
     world.files[p["result"]] = json.dumps({"outcome": "ok", "warnings": ["supervisor: earlier"]})
-    res = wmod.finish_window(r, wid, json.loads(world.files[p["result"]]), command="t")
+    res = wwatch.finish_window(r, wid, json.loads(world.files[p["result"]]), command="t")
     [w] = [w for w in res["warnings"] if "cleanup" in w]
     assert cid in w and world.rm_error in w
     on_host = json.loads(world.files[p["result"]])

@@ -22,8 +22,10 @@ import pytest
 from eagle3ops import demo
 from eagle3ops.commands import docker as dk
 from eagle3ops.remote import Remote
-from eagle3ops.window import (LockHeld, PreflightFailed, SupervisorDead, WindowError, audit_entries, paths, read_lock,
-                              run_window, serving_release_spec, upload_pipeline_config)
+from eagle3ops.window.common import LockHeld, PreflightFailed, SupervisorDead, WindowError, audit_entries, paths
+from eagle3ops.window.lock import read_lock
+from eagle3ops.window.planner import serving_release_spec
+from eagle3ops.window.run import run_window, upload_pipeline_config
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.images, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]

@@ -91,20 +91,21 @@ def _summary(result: dict[str, Any]) -> None:
 def _deployed(r, required: bool = True) -> dict[str, Any]:
     """The host's ``deployed.json`` (image tag and id); a placeholder in dry runs of a never-deployed host."""
     from eagle3ops.commands import host as hc
-    from eagle3ops.window import paths
+    from eagle3ops.window.common import paths
 
     out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False)
     if out.stdout.strip():
         return json.loads(out.stdout)
     if required:
-        from eagle3ops.window import hint
+        from eagle3ops.window.common import hint
 
         _fail(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
     return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
 
 
 def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
-    from eagle3ops.window import WindowError, run_window
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.run import run_window
 
     command = "eagle3ops " + " ".join(sys.argv[1:])
     with _remote(host, dry_run) as r:
@@ -185,7 +186,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
             arg: list[str] = typer.Option([], "--arg", help="Extra serving argument for this release (repeatable).")
             ) -> None:
     """Roll out a new serving release from the inventory (plus --arg flags), health-gated; rollback on failure."""
-    from eagle3ops.window import serving_release_spec
+    from eagle3ops.window.planner import serving_release_spec
 
     h = _host(inventory, host)
     _window("release", h, dry_run, new_spec=serving_release_spec(h, list(arg)))
@@ -203,7 +204,7 @@ def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOp
 
 def _newest_window(r, required: str = "") -> str | None:
     """Id of the host's newest window; fails with ``no window to <required>`` when ``required`` and none exists."""
-    from eagle3ops.window import latest_window
+    from eagle3ops.window.common import latest_window
 
     wid = latest_window(r)
     if not wid and required:
@@ -215,7 +216,8 @@ def _newest_window(r, required: str = "") -> str | None:
 def status(host: str, inventory: Path = InventoryOpt) -> None:
     """Lock, serving release and the newest window's journal and result."""
     from eagle3ops.commands import host as hc
-    from eagle3ops.window import paths, read_lock
+    from eagle3ops.window.common import paths
+    from eagle3ops.window.lock import read_lock
 
     h = _host(inventory, host)
     with _remote(h) as r:
@@ -234,7 +236,7 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
         if res.strip():
             _summary({**json.loads(res), "window_id": wid})
         else:
-            from eagle3ops.window import hint
+            from eagle3ops.window.common import hint
 
             console.print(f"window {wid} is still running (or its supervisor died: {hint('recover', host)})")
 
@@ -242,7 +244,8 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
 @app.command()
 def attach(host: str, inventory: Path = InventoryOpt) -> None:
     """Follow the newest window's journal until it finishes, then print its summary."""
-    from eagle3ops.window import WindowError, finish_window, watch
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.watch import finish_window, watch
 
     with _remote(_host(inventory, host)) as r:
         wid = _newest_window(r, "attach to")
@@ -256,7 +259,9 @@ def attach(host: str, inventory: Path = InventoryOpt) -> None:
 @app.command()
 def recover(host: str, inventory: Path = InventoryOpt) -> None:
     """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
-    from eagle3ops.window import WindowError, finish_window, relaunch, watch
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.run import relaunch
+    from eagle3ops.window.watch import finish_window, watch
 
     with _remote(_host(inventory, host)) as r:
         wid = _newest_window(r, "recover")
@@ -273,7 +278,7 @@ def recover(host: str, inventory: Path = InventoryOpt) -> None:
 @app.command()
 def audit(host: str, inventory: Path = InventoryOpt) -> None:
     """The host's audit log: who, when, what, outcome."""
-    from eagle3ops.window import audit_entries
+    from eagle3ops.window.common import audit_entries
 
     h = _host(inventory, host)
     with _remote(h) as r:
@@ -290,7 +295,7 @@ def audit(host: str, inventory: Path = InventoryOpt) -> None:
 @lock_app.command("status")
 def lock_status(host: str, inventory: Path = InventoryOpt) -> None:
     """Show who holds the host's deploy lock (and whether it is stale)."""
-    from eagle3ops.window import describe_lock, read_lock
+    from eagle3ops.window.lock import describe_lock, read_lock
 
     h = _host(inventory, host)
     with _remote(h) as r:
@@ -302,7 +307,7 @@ def lock_release(host: str, inventory: Path = InventoryOpt,
                  force: bool = typer.Option(False, "--force", help="Release even if its window may still run.")
                  ) -> None:
     """Release the host's deploy lock; refuses while its window's supervisor runs unless --force."""
-    from eagle3ops.window import lock_is_stale, read_lock, release_lock
+    from eagle3ops.window.lock import lock_is_stale, read_lock, release_lock
 
     h = _host(inventory, host)
     with _remote(h) as r:

@@ -145,7 +145,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end)."""
     from eagle3ops import deployer, images, sandbox
     from eagle3ops.remote import Remote
-    from eagle3ops.window import run_window
+    from eagle3ops.window.run import run_window
 
     t_start = time.monotonic()
     figures: list[tuple[str, str]] = []
@@ -198,7 +198,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     if ok:
         t = _step("6. a second serving release (changed flag), then rollback to the previous one")
         with Remote(h) as r:
-            from eagle3ops.window import serving_release_spec
+            from eagle3ops.window.planner import serving_release_spec
 
             rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
                              command=f"eagle3ops release {SANDBOX} --arg --max-num-seqs --arg 8 (demo)",

@@ -1,109 +1,26 @@
-"""The host-side runner of a maintenance window: stop serving → stages → restore → health gate, with a journal.
-
-It runs in a detached container on the host (started by :mod:`eagle3ops.window`), talks to the host's Docker engine
-through its mounted socket (docker SDK) and outlives the driver's SSH session: if the operator's machine sleeps or
-the driver is killed, stages finish (or hit the budget) and serving is restored anyway.
-
-Files, all under ``<state_dir>`` on the host::
-
-    lock/details.json             the deploy lock (released here at the end)
-    windows/<id>/plan.json        what to do (written by the driver; :class:`Plan`)
-    windows/<id>/journal.jsonl    one JSON object per step event: {"t", "step", "event", ...}
-    windows/<id>/<stage>.log      each stage container's output
-    windows/<id>/serving-inspect.json   the serving container's full ``docker inspect`` before it was stopped
-    windows/<id>/result.json      the outcome (written last)
-    releases/NNNN.json            retained serving releases (spec + image id); ``current`` names the live one
-    audit.jsonl                   who, when, what, outcome — one line per window
-
-Restarted after an interruption (Docker daemon restart, ``recover``), it reads the journal and goes on: finished
-stages are not rerun, and serving is restored in every case.
-"""
+"""The runner of a window on the host: record → stop → stages → restore → health gate → rollback → result."""
 
 from __future__ import annotations
 
 import json
 import os
 import shlex
-import signal
-import sys
 import time
 import urllib.error
 import urllib.request
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from eagle3ops.commands.serving import spec_from_inspect
-
-
-class StageStep(BaseModel):
-    """One stage of a window: its container spec and time limit (seconds)."""
-
-    name: str
-    spec: dict[str, Any]
-    timeout_s: float
-
-
-class HealthCheck(BaseModel):
-    """The restore health gate: /health 200, /v1/models lists ``model``, one completion succeeds."""
-
-    port: int
-    model: str
-    timeout_s: float
-    interval_s: float = 2.0
-
-
-def default_restore_reserve_s(budget_s: float, health_timeout_s: float) -> float:
-    """The restore's reserved share of a window's budget (seconds): ``min(health_timeout_s, budget_s / 2)``.
-
-    Stages must end by ``budget_s`` minus this; the restore's start and health gate use the rest.
-    """
-    return min(health_timeout_s, budget_s / 2)
-
-
-class Plan(BaseModel):
-    """Everything the supervisor needs, written by the driver as ``windows/<id>/plan.json``.
-
-    ``kind``: ``window`` (stop, stages, restore), ``release`` (replace serving with ``new_spec`` as a new
-    release) or ``rollback`` (replace serving with retained release ``to_release``).
-
-    ``budget_s`` (seconds) is the longest serving may be down, restore, health gate and rollbacks included, counted
-    from the window's start. ``restore_reserve_s`` of it is kept for the restore: stages end by ``budget_s -
-    restore_reserve_s`` (None: :func:`default_restore_reserve_s`).
-    """
-
-    window_id: str
-    kind: Literal["window", "release", "rollback"]
-    host: str
-    user: str
-    command: str
-    state_dir: str
-    serving_container: str
-    stop_timeout_s: int = 120
-    stages: list[StageStep] = Field(default_factory=list)
-    budget_s: float = 7200.0
-    health: HealthCheck
-    new_spec: dict[str, Any] | None = None
-    to_release: int | None = None
-    gpus: int = 0
-    restore_reserve_s: float | None = None
-
-    def reserve_s(self) -> float:
-        """Seconds of ``budget_s`` reserved for restore + health gate (see :func:`default_restore_reserve_s`)."""
-        if self.restore_reserve_s is not None:
-            return min(self.restore_reserve_s, self.budget_s)
-        return default_restore_reserve_s(self.budget_s, self.health.timeout_s)
+from eagle3ops.plan_schema import MIN_GATE_S, RECORD_GATE_S, Plan, StageStep
+from eagle3ops.supervisor.gate import GateFailed
+from eagle3ops.supervisor.journal import Journal, _now
+from eagle3ops.supervisor.releases import Releases
 
 
 class Interrupted(Exception):
     """SIGTERM/SIGINT reached the supervisor: stop the current stage and restore serving."""
 
-
-class GateFailed(RuntimeError):
-    """A health gate ran to its end on a container and failed (no answer in time, wrong answers, or the container
-    crashed): the only kind of error that is a verdict on a release."""
 
 
 class EngineUnavailable(RuntimeError):
@@ -116,175 +33,7 @@ class EngineUnavailable(RuntimeError):
 ENGINE_WAIT_S = 180.0
 #: Engine outages one supervisor run waits out before it exits for its restart policy (bounds a flapping engine).
 ENGINE_WAITS_MAX = 5
-#: Once the budget is spent and serving has not passed a gate, each further gate (restore or rollback) still waits
-#: this long (seconds): bringing serving back comes before the budget. Each such overrun is a warning in the result.
-MIN_GATE_S = 120.0
-#: Seconds the gate on the already-running serving container may take when it is first recorded as a release.
-RECORD_GATE_S = 60.0
 
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-class Journal:
-    """Append-only JSON-lines journal of a window (``journal.jsonl``); safe to reopen after a restart."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.entries: list[dict[str, Any]] = []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    self.entries.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # a line cut by a crash
-
-    def log(self, step: str, event: str, **data: Any) -> None:
-        """Append ``{"t", "mono", "step", "event", **data}`` and fsync."""
-        entry = {"t": _now(), "epoch": time.time(), "step": step, "event": event, **data}
-        self.entries.append(entry)
-        with self.path.open("a") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        print(json.dumps(entry), flush=True)
-
-    def last(self, step: str) -> dict[str, Any] | None:
-        """The newest entry of ``step``, or None."""
-        for e in reversed(self.entries):
-            if e["step"] == step:
-                return e
-        return None
-
-    def first(self, step: str, event: str) -> dict[str, Any] | None:
-        """The oldest entry of ``step`` with ``event``, or None."""
-        return next((e for e in self.entries if e["step"] == step and e["event"] == event), None)
-
-    def done(self, step: str) -> bool:
-        """True when ``step``'s newest entry is a successful end (``event == "ok"``)."""
-        e = self.last(step)
-        return bool(e and e["event"] == "ok")
-
-    def first_epoch(self) -> float:
-        """Start time of the window (epoch seconds), surviving restarts."""
-        return self.entries[0]["epoch"] if self.entries else time.time()
-
-
-# ---- releases --------------------------------------------------------------------------------------------------
-
-class Releases:
-    """Retained serving releases under ``<state_dir>/releases``; pruning never removes one listed here.
-
-    Files: ``NNNN.json`` per release (image, full container spec), ``current`` (the live release) and
-    ``history.jsonl`` (one line per release that became live, oldest first). A release that failed its health gate
-    never becomes live, so it never enters the history: rollback targets come from the history, not from the
-    numbering, and a broken newer-numbered release is never picked by an automatic rollback.
-    """
-
-    def __init__(self, state_dir: Path):
-        self.dir = state_dir / "releases"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.history_file = self.dir / "history.jsonl"
-
-    def numbers(self) -> list[int]:
-        """Release numbers present, ascending."""
-        return sorted(int(p.stem) for p in self.dir.glob("[0-9]*.json"))
-
-    def get(self, n: int) -> dict[str, Any]:
-        """Release ``n`` (``{"release", "spec", "image_id", "created", "window"}``).
-
-        Raises:
-            FileNotFoundError: no such retained release.
-        """
-        return json.loads((self.dir / f"{n:04d}.json").read_text())
-
-    def current(self) -> int | None:
-        """The live release number, or None when none was recorded."""
-        p = self.dir / "current"
-        return int(p.read_text().strip()) if p.exists() else None
-
-    def add(self, spec: dict[str, Any], image_id: str | None, window: str) -> int:
-        """Record a new release from ``spec`` and return its number (not yet current)."""
-        n = (self.numbers() or [0])[-1] + 1
-        spec = json.loads(json.dumps(spec))
-        spec.setdefault("labels", {})["io.eagle3ops.release"] = str(n)
-        rec = {"release": n, "spec": spec, "image_id": image_id, "created": _now(), "window": window}
-        (self.dir / f"{n:04d}.json").write_text(json.dumps(rec, indent=2))
-        return n
-
-    def set_current(self, n: int) -> None:
-        """Mark release ``n`` as live (it passed its health gate, or it was already serving) and log it."""
-        self._append({"release": n, "t": _now()})
-        tmp = self.dir / "current.tmp"
-        tmp.write_text(f"{n}\n")
-        tmp.replace(self.dir / "current")  # atomic: a crash leaves the old or the new number, never half
-
-    def mark_failed(self, n: int, why: str) -> None:
-        """Record that live release ``n`` failed a completed health gate: no rollback picks it until it is live again.
-
-        Only a gate verdict (:class:`GateFailed`) may be recorded here; engine errors never are.
-        """
-        self._append({"release": n, "t": _now(), "failed": why})
-
-    def is_marked_failed(self, n: int) -> bool:
-        """True when release ``n``'s newest history entry says it failed a health gate."""
-        newest = None
-        for e in self._entries():
-            if e["release"] == n:
-                newest = e
-        return bool(newest and newest.get("failed"))
-
-    def confirm_live(self, n: int) -> None:
-        """Release ``n`` just passed a health gate while serving: make it current, and clear an earlier failure mark
-        (a newer live entry) so that rollbacks may pick it again."""
-        if self.current() != n or self.is_marked_failed(n):
-            self.set_current(n)
-
-    def _append(self, entry: dict[str, Any]) -> None:
-        earlier = [] if self.history_file.exists() else self._entries()  # seed from the numbering once
-        with self.history_file.open("a") as f:
-            for e in earlier:
-                f.write(json.dumps(e) + "\n")
-            f.write(json.dumps(entry) + "\n")
-
-    def _entries(self) -> list[dict[str, Any]]:
-        if self.history_file.exists():
-            out = []
-            for line in self.history_file.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # a line cut by a crash
-            return out
-        cur = self.current()
-        return [] if cur is None else [{"release": n, "t": None, "reconstructed": True}
-                                       for n in self.numbers() if n <= cur]
-
-    def history(self) -> list[int]:
-        """Releases in the order they became live, oldest first (repeats kept).
-
-        Hosts whose state predates the history file get one reconstructed from the numbering: every retained
-        release up to the current one. Lines cut by a crash are skipped.
-        """
-        return [e["release"] for e in self._entries() if not e.get("failed")]
-
-    def fallbacks(self, failed: int | None) -> list[int]:
-        """Rollback candidates after release ``failed`` did not pass its gate: previously live releases, most
-        recently live first, each once, excluding ``failed``, releases no longer retained and releases whose
-        newest history entry says they failed a gate."""
-        out: list[int] = []
-        kept = set(self.numbers())
-        newest: dict[int, dict[str, Any]] = {}
-        for e in self._entries():
-            newest[e["release"]] = e
-        for n in reversed(self.history()):
-            if n != failed and n in kept and n not in out and not newest[n].get("failed"):
-                out.append(n)
-        return out
-
-
-# ---- the runner ------------------------------------------------------------------------------------------------
 
 class Supervisor:
     """Executes a :class:`Plan` against the host's Docker engine (docker SDK ``DockerClient``)."""
@@ -886,35 +635,3 @@ class Supervisor:
             import shutil
 
             shutil.rmtree(lock, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m eagle3ops.supervisor PLAN_JSON``. Exit 0 when the run ended (any outcome)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m eagle3ops.supervisor PLAN_JSON", file=sys.stderr)
-        return 2
-    import docker
-
-    plan_path = Path(argv[0])
-    plan = Plan.model_validate_json(plan_path.read_text())
-    wdir = plan_path.parent
-    if (wdir / "result.json").exists():
-        print("window already finished; nothing to do", flush=True)
-        return 0
-
-    def _term(signum: int, _frame: Any) -> None:
-        # Raise once; later signals are ignored so the restore that follows is not cut short.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise Interrupted(f"supervisor received signal {signum}")
-
-    signal.signal(signal.SIGTERM, _term)
-    signal.signal(signal.SIGINT, _term)
-    sup = Supervisor(plan, docker.from_env(timeout=600), wdir)
-    sup.run()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

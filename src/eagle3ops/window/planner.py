@@ -1,0 +1,65 @@
+"""The plan of a window (pure): configuration + what preflight found → :class:`eagle3ops.plan_schema.Plan`, and
+what the supervisor will do with it as printable argv (``--dry-run``)."""
+
+from __future__ import annotations
+
+import getpass
+from typing import Any
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.commands import serving as sv
+from eagle3ops.commands import stages as st
+from eagle3ops.config import HostConfig
+from eagle3ops.plan_schema import HealthCheck, Plan, StageStep
+
+
+def health_check(h: HostConfig) -> HealthCheck:
+    """The health gate settings for the host's serving."""
+    return HealthCheck(port=h.serving.port, model=h.serving.served_model_name, timeout_s=h.serving.health_timeout_s)
+
+
+def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command: str, run: str = "default",
+               stages: list[str] | None = None, new_spec: dict[str, Any] | None = None,
+               to_release: int | None = None, user: str = "", serving_container: str | None = None) -> Plan:
+    """The :class:`~eagle3ops.plan_schema.Plan` for a window (pure).
+
+    ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
+    a new release's container gets the same name, so the next window finds it again.
+    """
+    name = serving_container or sv.default_name(h.serving)
+    if new_spec is not None:
+        new_spec = {**new_spec, "name": name}
+    steps = [StageStep(name=s, spec=st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id),
+                       timeout_s=h.stage_timeout_s) for s in (stages or [])]
+    return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
+                state_dir=h.state_dir, serving_container=name, stop_timeout_s=h.serving.stop_timeout_s,
+                stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), new_spec=new_spec,
+                to_release=to_release, gpus=h.gpus)
+
+
+def supervisor_commands(h: HostConfig, plan: Plan) -> list[list[str]]:
+    """What the host-side supervisor will do, as equivalent ``docker`` argv lists (for ``--dry-run``).
+
+    The supervisor uses the docker SDK, not the CLI; these are the CLI commands with the same effect.
+    """
+    cmds: list[list[str]] = []
+    if plan.kind == "window":
+        cmds.append(dk.docker(h, "stop", "--time", str(plan.stop_timeout_s), plan.serving_container))
+        for step in plan.stages:
+            cmds.append(sv.run_argv(h, {**step.spec, "restart_policy": {}}))
+        cmds.append(dk.docker(h, "start", plan.serving_container))
+    else:
+        spec = plan.new_spec if plan.kind == "release" else {"image": f"<image of release {plan.to_release or 'live before the current one'}>",
+                                                             "name": plan.serving_container, "command": []}
+        cmds.append(dk.rm(h, plan.serving_container, force=True))
+        cmds.append(sv.run_argv(h, spec))
+    port = plan.health.port
+    cmds.append(["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
+                 f"POST http://127.0.0.1:{port}/v1/completions"])
+    return cmds
+
+
+
+def serving_release_spec(h: HostConfig, extra_args: list[str]) -> dict[str, Any]:
+    """Spec of a new serving release from the inventory plus ``extra_args`` (release number set on the host)."""
+    return sv.container_spec(h, release=0, extra_args=extra_args)
