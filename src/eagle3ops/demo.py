@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,27 +37,23 @@ def _event(ev: dict[str, Any]) -> None:
 
 
 def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = False) -> bool:
-    """True when the sandbox's server answers /health 200 and lists its model (the sandbox shares our loopback).
+    """True when the sandbox's server passes one probe of the health gate (:func:`eagle3ops.supervisor.gate.probe`:
+    /health 200, /v1/models lists its model, with ``completion`` one completion too); the sandbox shares our
+    loopback. ``timeout``: seconds per request (a completion gets at least 120).
 
-    With ``completion``, one sampled completion must also succeed (what the supervisor's health gate asks).
+    A server that requires an API key is asked with the key from ``serving.api_key_file`` (the sandbox's files are
+    on this machine), else from ``VLLM_API_KEY`` / ``--api-key`` in the inventory's serving env and args.
     """
-    base = f"http://127.0.0.1:{h.serving.port}"
+    from eagle3ops.supervisor import gate
+
     try:
-        with urllib.request.urlopen(base + "/health", timeout=timeout) as r:
-            if r.status != 200:
-                return False
-        with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as r:
-            if h.serving.served_model_name not in [m["id"] for m in json.load(r)["data"]]:
-                return False
-        if completion:
-            body = json.dumps({"model": h.serving.served_model_name, "prompt": "Hello", "max_tokens": 4}).encode()
-            req = urllib.request.Request(base + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=max(timeout, 120)) as r:
-                return bool(json.load(r).get("choices"))
-        return True
-    except (OSError, ValueError, KeyError):
+        key = gate.read_api_key_file(h.serving.api_key_file) if h.serving.api_key_file else (
+            gate.api_key_from_args(list(h.serving.args)) or h.serving.env.get(gate.API_KEY_ENV))
+        gate.probe(f"http://127.0.0.1:{h.serving.port}", h.serving.served_model_name, api_key=key,
+                   completion=completion, request_timeout_s=timeout, completion_timeout_s=max(timeout, 120))
+    except gate.ProbeFailed:
         return False
+    return True
 
 
 def build_tiny_model(image: str, model_path: str) -> None:

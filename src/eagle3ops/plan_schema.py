@@ -20,12 +20,16 @@ class StageStep(BaseModel):
 
 
 class HealthCheck(BaseModel):
-    """The restore health gate: /health 200, /v1/models lists ``model``, one completion succeeds."""
+    """The health gate: /health 200, /v1/models lists ``model``, one completion succeeds (seconds; ``port`` on the
+    host's loopback)."""
 
     port: int
     model: str
     timeout_s: float
     interval_s: float = 2.0
+    #: Host path of a file holding the API key serving requires (``serving.api_key_file``), read on the host by
+    #: the supervisor when the serving container's own configuration names no key; only the path is in the plan.
+    api_key_file: str | None = None
 
 
 def default_restore_reserve_s(budget_s: float, health_timeout_s: float) -> float:

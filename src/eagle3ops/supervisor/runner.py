@@ -6,14 +6,12 @@ import json
 import os
 import shlex
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from eagle3ops.commands.serving import spec_from_inspect
 from eagle3ops.plan_schema import MIN_GATE_S, RECORD_GATE_S, Plan, StageStep
-from eagle3ops.supervisor.gate import GateFailed
+from eagle3ops.supervisor.gate import GateFailed, api_key_from_inspect, read_api_key_file, wait_healthy
 from eagle3ops.supervisor.journal import Journal, _now
 from eagle3ops.supervisor.releases import Releases
 
@@ -404,7 +402,9 @@ class Supervisor:
         raise RuntimeError(f"serving failed its health gate ({why}); rollback failed too: " + "; ".join(errors))
 
     def gate(self, timeout_s: float | None = None) -> None:
-        """Health gate: /health 200, /v1/models lists the served model, one completion returns text.
+        """Health gate on the serving container (:func:`eagle3ops.supervisor.gate.wait_healthy`): /health 200,
+        /v1/models lists the served model, one completion returns text; with the API key the container itself
+        requires (its ``--api-key``/``VLLM_API_KEY``), else the one in ``health.api_key_file``.
 
         Waits up to ``timeout_s`` seconds (default ``health.timeout_s``) for a slow start, but fails at once when the
         container has exited.
@@ -416,43 +416,38 @@ class Supervisor:
         """
         h = self.plan.health
         timeout_s = h.timeout_s if timeout_s is None else timeout_s
-        base = f"http://127.0.0.1:{h.port}"
-        deadline = time.time() + timeout_s
         self.journal.log("health", "start", timeout_s=round(timeout_s, 1))
-        last = ""
         c0 = self._serving()
         restarts0 = c0.attrs.get("RestartCount", 0) if c0 is not None else 0
-        while time.time() < deadline:
+
+        def crashed() -> str | None:
             c = self._serving()
-            if c is not None:
-                c.reload()
-                # A restart policy turns a crash into "restarting"/a higher RestartCount: a crash, not a slow start.
-                if c.status in ("exited", "dead", "restarting") or c.attrs.get("RestartCount", 0) > restarts0:
-                    logs = c.logs(tail=20).decode(errors="replace")
-                    raise GateFailed(f"serving container crashed (status {c.status}, exit "
-                                     f"{c.attrs['State'].get('ExitCode')}): {logs[-800:]}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                    if r.status != 200:
-                        raise RuntimeError(f"/health returned {r.status}")
-                with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:
-                    models = [m["id"] for m in json.load(r)["data"]]
-                if h.model not in models:
-                    raise RuntimeError(f"/v1/models lists {models}, not {h.model!r}")
-                body = json.dumps({"model": h.model, "prompt": "Hello", "max_tokens": 4}).encode()
-                req = urllib.request.Request(base + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    out = json.load(r)
-                if not out.get("choices"):
-                    raise RuntimeError(f"completion returned no choices: {out}")
-                self.journal.log("health", "ok", models=models)
-                return
-            except (urllib.error.URLError, ConnectionError, OSError, RuntimeError, ValueError, KeyError) as exc:
-                last = str(exc)
-            time.sleep(min(h.interval_s, max(0.0, deadline - time.time())))
-        self.journal.log("health", "error", reason=last)
-        raise GateFailed(f"health gate did not pass within {timeout_s:.0f}s: {last}")
+            if c is None:
+                return None
+            c.reload()
+            # A restart policy turns a crash into "restarting"/a higher RestartCount: a crash, not a slow start.
+            if c.status in ("exited", "dead", "restarting") or c.attrs.get("RestartCount", 0) > restarts0:
+                logs = c.logs(tail=20).decode(errors="replace")
+                return (f"serving container crashed (status {c.status}, exit {c.attrs['State'].get('ExitCode')}): "
+                        f"{logs[-800:]}")
+            return None
+
+        try:
+            models = wait_healthy(f"http://127.0.0.1:{h.port}", h.model, timeout_s=timeout_s,
+                                  interval_s=h.interval_s, api_key=self._api_key, crashed=crashed)
+        except GateFailed as exc:
+            self.journal.log("health", "error", reason=str(exc)[-800:])
+            raise
+        self.journal.log("health", "ok", models=models)
+
+    def _api_key(self) -> str | None:
+        """The API key serving requires: from the serving container's own configuration, else from the secret
+        file the inventory names (``health.api_key_file``); None when neither has one. Never logged."""
+        c = self._serving()
+        key = api_key_from_inspect(c.attrs) if c is not None else None
+        if key is None and self.plan.health.api_key_file:
+            key = read_api_key_file(self.plan.health.api_key_file)
+        return key
 
     def replace_serving(self) -> str:
         """``release``/``rollback`` plans: swap the serving container for the target spec, health-gated.

@@ -15,7 +15,8 @@ from eagle3ops.plan_schema import HealthCheck, Plan, StageStep
 
 def health_check(h: HostConfig) -> HealthCheck:
     """The health gate settings for the host's serving."""
-    return HealthCheck(port=h.serving.port, model=h.serving.served_model_name, timeout_s=h.serving.health_timeout_s)
+    return HealthCheck(port=h.serving.port, model=h.serving.served_model_name, timeout_s=h.serving.health_timeout_s,
+                       api_key_file=h.serving.api_key_file)
 
 
 def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command: str, run: str = "default",
