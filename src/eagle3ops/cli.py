@@ -183,13 +183,17 @@ def _read_pipeline(pipeline: Path) -> str:
 
 @app.command()
 def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
-            arg: list[str] = typer.Option([], "--arg", help="Extra serving argument for this release (repeatable).")
+            arg: list[str] = typer.Option([], "--arg", help="Server flag to set for this release (repeatable; "
+                                                           "replaces the same flag of the live command)."),
+            image: Optional[str] = typer.Option(None, "--image", help="New serving image for this release.")
             ) -> None:
-    """Roll out a new serving release from the inventory (plus --arg flags), health-gated; rollback on failure."""
-    from eagle3ops.window.planner import serving_release_spec
+    """Roll out a new serving release: the live serving container with only this change (--arg flags, --image),
+    every other setting kept; health-gated; rollback on failure. The inventory's serving flags are not applied
+    (`eagle3ops config check HOST` shows how they differ from the live container)."""
+    from eagle3ops.plan_schema import ReleaseChange
 
     h = _host(inventory, host)
-    _window("release", h, dry_run, new_spec=serving_release_spec(h, list(arg)))
+    _window("release", h, dry_run, change=ReleaseChange(args=list(arg), image=image))
 
 
 @app.command()
@@ -328,13 +332,31 @@ def config_docs() -> None:
 
 
 @config_app.command("check")
-def config_check(inventory: Path = InventoryOpt) -> None:
-    """Validate the inventory file."""
+def config_check(host: Optional[str] = typer.Argument(
+                     None, help="Also compare this host's serving section with its live serving container."),
+                 inventory: Path = InventoryOpt) -> None:
+    """Validate the inventory file; with HOST, show how its serving flags differ from the live container (they
+    apply only where no live container exists: releases start from the live container)."""
     try:
         inv = load_inventory(inventory)
     except ConfigError as exc:
         _fail(str(exc), 2)
     console.print(f"{inventory}: ok ({', '.join(inv.hosts)})")
+    if host is None:
+        return
+    from eagle3ops.window.preflight import serving_drift
+
+    with _remote(_host(inventory, host)) as r:
+        name, diffs = serving_drift(r)
+    if name is None:
+        console.print(f"{host}: no live serving container; the inventory's serving flags would start one")
+    elif not diffs:
+        console.print(f"{host}: live serving container {name} matches the inventory's serving flags")
+    else:
+        console.print(f"{host}: live serving container {name} differs from the inventory's serving flags (releases "
+                      f"keep the live settings; these inventory values are not applied):")
+        for d in diffs:
+            console.print(f"  - {d}", markup=False)
 
 
 def _register_push() -> None:

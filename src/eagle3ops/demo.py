@@ -193,11 +193,11 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     if ok:
         t = _step("6. a second serving release (changed flag), then rollback to the previous one")
         with Remote(h) as r:
-            from eagle3ops.window.planner import serving_release_spec
+            from eagle3ops.plan_schema import ReleaseChange
 
             rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
                              command=f"eagle3ops release {SANDBOX} --arg --max-num-seqs --arg 8 (demo)",
-                             new_spec=serving_release_spec(h, ["--max-num-seqs", "8"]), on_event=_event)
+                             change=ReleaseChange(args=["--max-num-seqs", "8"]), on_event=_event)
             figures.append(("release", f"{rel['outcome']} → release {rel['release']}, {rel['wall_s']} s"))
             prev = res["release"]  # live before the new release (release numbers need not be consecutive)
             rb = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,

@@ -40,11 +40,33 @@ def default_restore_reserve_s(budget_s: float, health_timeout_s: float) -> float
     return min(health_timeout_s, budget_s / 2)
 
 
+class ReleaseChange(BaseModel):
+    """The intended change of a new serving release; everything else is the live container's, unchanged.
+
+    ``args``: server flags to set (each replaces the same flag in the live command, then is appended); ``env``:
+    variables to set; ``binds``: ``HOST:CONTAINER[:OPTS]`` binds replacing the bind of the same container path;
+    ``image``: a new image reference (the old image's defaults give way to the new one's). See
+    :func:`eagle3ops.commands.serving.apply_change`.
+    """
+
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    binds: list[str] = Field(default_factory=list)
+    image: str | None = None
+
+    def describe(self) -> str:
+        """One line naming the change (environment values are not shown: they may be secrets)."""
+        parts = ([f"args {' '.join(self.args)}"] if self.args else []) + (
+            [f"env {', '.join(sorted(self.env))}"] if self.env else []) + (
+            [f"binds {', '.join(self.binds)}"] if self.binds else []) + ([f"image {self.image}"] if self.image else [])
+        return "; ".join(parts) or "no change (the live container recreated as it is)"
+
+
 class Plan(BaseModel):
     """Everything the supervisor needs, written by the driver as ``windows/<id>/plan.json``.
 
-    ``kind``: ``window`` (stop, stages, restore), ``release`` (replace serving with ``new_spec`` as a new
-    release) or ``rollback`` (replace serving with retained release ``to_release``).
+    ``kind``: ``window`` (stop, stages, restore), ``release`` (replace serving with a new release: the live
+    container plus ``change``) or ``rollback`` (replace serving with retained release ``to_release``).
 
     ``budget_s`` (seconds) is the longest serving may be down, restore, health gate and rollbacks included, counted
     from the window's start. ``restore_reserve_s`` of it is kept for the restore: stages end by ``budget_s -
@@ -62,7 +84,7 @@ class Plan(BaseModel):
     stages: list[StageStep] = Field(default_factory=list)
     budget_s: float = 7200.0
     health: HealthCheck
-    new_spec: dict[str, Any] | None = None
+    change: ReleaseChange | None = None
     to_release: int | None = None
     gpus: int = 0
     restore_reserve_s: float | None = None
@@ -72,7 +94,6 @@ class Plan(BaseModel):
         if self.restore_reserve_s is not None:
             return min(self.restore_reserve_s, self.budget_s)
         return default_restore_reserve_s(self.budget_s, self.health.timeout_s)
-
 
 
 #: Once the budget is spent and serving has not passed a gate, each further gate (restore or rollback) still waits

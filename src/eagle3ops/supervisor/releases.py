@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from eagle3ops.commands.serving import RELEASE_LABEL
 from eagle3ops.supervisor.journal import _now
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600), owned like the directory it is in (the SSH
+    user's state dir): a recorded container configuration holds its environment and command line, which may carry
+    secrets (an API key). Ownership that cannot be changed is left as it is."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
+    st = path.parent.stat()
+    try:
+        os.chown(path, st.st_uid, st.st_gid)
+    except OSError:
+        pass
 
 
 class Releases:
     """Retained serving releases under ``<state_dir>/releases``; pruning never removes one listed here.
 
-    Files: ``NNNN.json`` per release (image, full container spec), ``current`` (the live release) and
+    Files: ``NNNN.json`` per release (the whole container configuration), ``current`` (the live release) and
     ``history.jsonl`` (one line per release that became live, oldest first). A release that failed its health gate
     never becomes live, so it never enters the history: rollback targets come from the history, not from the
     numbering, and a broken newer-numbered release is never picked by an automatic rollback.
@@ -28,7 +45,9 @@ class Releases:
         return sorted(int(p.stem) for p in self.dir.glob("[0-9]*.json"))
 
     def get(self, n: int) -> dict[str, Any]:
-        """Release ``n`` (``{"release", "spec", "image_id", "created", "window"}``).
+        """Release ``n``: ``{"release", "container", "created", "window", "change"}`` (``container``: the whole
+        recorded container, :func:`eagle3ops.commands.serving.container_record`); releases recorded by older
+        versions have ``{"spec", "image_id"}`` (docker SDK kwargs) instead.
 
         Raises:
             FileNotFoundError: no such retained release.
@@ -40,13 +59,20 @@ class Releases:
         p = self.dir / "current"
         return int(p.read_text().strip()) if p.exists() else None
 
-    def add(self, spec: dict[str, Any], image_id: str | None, window: str) -> int:
-        """Record a new release from ``spec`` and return its number (not yet current)."""
+    def add(self, container: dict[str, Any], window: str, change: str = "") -> int:
+        """Record a new release (not yet current) and return its number.
+
+        Args:
+            container: the container's whole configuration (:func:`eagle3ops.commands.serving.container_record`);
+                its ``io.eagle3ops.release`` label is set to the number (the one bookkeeping field eagle3ops adds).
+            window: the window that recorded it; ``change``: what it changed against the live container.
+        """
         n = (self.numbers() or [0])[-1] + 1
-        spec = json.loads(json.dumps(spec))
-        spec.setdefault("labels", {})["io.eagle3ops.release"] = str(n)
-        rec = {"release": n, "spec": spec, "image_id": image_id, "created": _now(), "window": window}
-        (self.dir / f"{n:04d}.json").write_text(json.dumps(rec, indent=2))
+        container = json.loads(json.dumps(container))
+        cfg = container.setdefault("Config", {})
+        cfg["Labels"] = {**(cfg.get("Labels") or {}), RELEASE_LABEL: str(n)}
+        rec = {"release": n, "container": container, "created": _now(), "window": window, "change": change}
+        write_private(self.dir / f"{n:04d}.json", json.dumps(rec, indent=2))
         return n
 
     def set_current(self, n: int) -> None:

@@ -1,4 +1,12 @@
-"""The runner of a window on the host: record → stop → stages → restore → health gate → rollback → result."""
+"""The runner of a window on the host: record → stop → stages → restore → health gate → rollback → result.
+
+Why this module is long (~680 lines): it is one state machine. Every step (record, stop, each stage, restore, the
+switch of a release, each rollback) journals its start and end, waits out Docker engine outages with the same
+bounded wait, takes its time from the same budget and goes through the same "serving comes back" exit path; the
+resume rules (what a restarted supervisor skips) read across all of them. The parts with a job of their own are
+already apart: :mod:`.journal`, :mod:`.releases`, :mod:`.gate` (the health poller), and the container records in
+:mod:`eagle3ops.commands.serving`.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.commands.serving import spec_from_inspect
-from eagle3ops.plan_schema import MIN_GATE_S, RECORD_GATE_S, Plan, StageStep
+from eagle3ops.commands import serving as sv
+from eagle3ops.plan_schema import MIN_GATE_S, RECORD_GATE_S, Plan, ReleaseChange, StageStep
 from eagle3ops.supervisor.gate import GateFailed, api_key_from_inspect, read_api_key_file, wait_healthy
 from eagle3ops.supervisor.journal import Journal, _now
-from eagle3ops.supervisor.releases import Releases
+from eagle3ops.supervisor.releases import Releases, write_private
 
 
 class Interrupted(Exception):
@@ -70,8 +78,9 @@ class Supervisor:
             return None
 
     def _create(self, spec: dict[str, Any], image_id: str | None = None) -> Any:
-        """Create and start a container from a spec (see :func:`eagle3ops.commands.serving.spec_from_inspect`);
-        ``image_id`` (``sha256:...``) pins the image when known, so a re-tagged image cannot change a release."""
+        """Create and start a container from a docker SDK ``containers.run`` spec (stage containers, and releases
+        recorded before releases kept the whole container configuration); ``image_id`` (``sha256:...``) pins the
+        image when known, so a re-tagged image cannot change a release."""
         import docker.types
 
         kw = dict(spec)
@@ -92,6 +101,39 @@ class Supervisor:
             kw.pop("restart_policy", None)
         return self.client.containers.run(detach=True, **kw)
 
+    def _recreate(self, record: dict[str, Any]) -> Any:
+        """Create and start the serving container from a record (:func:`eagle3ops.commands.serving.container_record`)
+        through the Engine API, every ``Config``/``HostConfig`` field as recorded. The image stays the recorded
+        reference while it still resolves to the recorded image id; a re-tagged reference is replaced by the id (a
+        release never changes image silently)."""
+        import docker.errors
+
+        image = None
+        ref, want = record["Config"].get("Image"), record.get("ImageId")
+        if want and ref != want:
+            try:
+                if self.client.images.get(ref).id != want:
+                    image = want
+            except docker.errors.ImageNotFound:
+                image = want
+        body, more = sv.create_request(record, image=image)
+        cid = self.client.api.create_container_from_config(body, name=self.plan.serving_container)["Id"]
+        for net, ep in more.items():
+            ipam = ep.get("IPAMConfig") or {}
+            self.client.api.connect_container_to_network(
+                cid, net, aliases=ep.get("Aliases"), links=ep.get("Links"), driver_opt=ep.get("DriverOpts"),
+                ipv4_address=ipam.get("IPv4Address"), ipv6_address=ipam.get("IPv6Address"),
+                link_local_ips=ipam.get("LinkLocalIPs"))
+        self.client.api.start(cid)
+        return self.client.containers.get(cid)
+
+    def _create_release(self, rel: dict[str, Any]) -> Any:
+        """Create and start retained release ``rel`` (:meth:`Releases.get`): its whole recorded container, or the
+        docker SDK spec of a release recorded before releases kept the whole configuration."""
+        if "container" in rel:
+            return self._recreate(rel["container"])
+        return self._create(rel["spec"], image_id=rel.get("image_id"))
+
     def _remove_serving(self) -> None:
         c = self._serving()
         if c is not None:
@@ -108,11 +150,11 @@ class Supervisor:
         if c is None:
             raise RuntimeError(f"serving container {self.plan.serving_container!r} does not exist on the host")
         inspect = c.attrs
-        (self.wdir / "serving-inspect.json").write_text(json.dumps(inspect, indent=2))
+        write_private(self.wdir / "serving-inspect.json", json.dumps(inspect, indent=2))
         recorded = None
         if self.releases.current() is None:
             # Retained so that a restore can recreate it, but live only when it runs and passes its gate now.
-            recorded = self.releases.add(spec_from_inspect(inspect), inspect.get("Image"), self.plan.window_id)
+            recorded = self.releases.add(sv.container_record(inspect), self.plan.window_id)
             c.reload()
             if c.status != "running":
                 self.warn("record", f"serving container {self.plan.serving_container!r} is {c.status!r}, not running: "
@@ -137,7 +179,7 @@ class Supervisor:
         if c is not None and c.status == "running":
             c.stop(timeout=self.plan.stop_timeout_s)
         self.journal.log("stop", "ok")
-        if self.plan.gpus:
+        if self.plan.gpus and self.plan.stages:  # the GPU check runs in the stages' image
             try:
                 self._wait_gpus_free()
             except Interrupted:
@@ -154,7 +196,7 @@ class Supervisor:
         import docker.types
 
         self.journal.log("gpu-release", "start")
-        image = self.plan.stages[0].spec["image"] if self.plan.stages else self.plan.new_spec["image"]
+        image = self.plan.stages[0].spec["image"]
         deadline = time.time() + timeout
         holders = ""
         while time.time() < deadline:
@@ -283,7 +325,7 @@ class Supervisor:
                 c = self._serving()
                 if c is None:
                     inspect = json.loads((self.wdir / "serving-inspect.json").read_text())
-                    self._create(spec_from_inspect(inspect), image_id=inspect.get("Image"))
+                    self._recreate(sv.container_record(inspect))
                 elif c.status != "running":
                     c.start()
                 self._gate_through_signal()
@@ -386,7 +428,7 @@ class Supervisor:
                 try:
                     self._remove_serving()
                     rel = self.releases.get(prev)
-                    self._create(rel["spec"], image_id=rel.get("image_id"))
+                    self._create_release(rel)
                     self._gate_through_signal()
                 except Exception as exc:  # noqa: BLE001 - engine wait, else the next previously live release
                     if self._wait_out_engine("rollback", exc):
@@ -468,8 +510,8 @@ class Supervisor:
         if begun:  # resumed mid-switch: same target, never a second new release
             target = begun["to_release"]
         elif self.plan.kind == "release":
-            assert self.plan.new_spec is not None
-            target = self.releases.add(self.plan.new_spec, None, self.plan.window_id)
+            target = self.releases.add(self._new_release(), self.plan.window_id,
+                                       change=(self.plan.change or ReleaseChange()).describe())
         elif self.plan.to_release is not None:
             target = self.plan.to_release
             self.releases.get(target)  # raises when not retained
@@ -486,7 +528,7 @@ class Supervisor:
             while True:
                 try:
                     self._remove_serving()
-                    self._create(rel["spec"], image_id=rel.get("image_id"))
+                    self._create_release(rel)
                     self._gate_through_signal()
                 except Exception as exc:  # noqa: BLE001
                     if self._wait_out_engine("switch", exc):
@@ -504,6 +546,17 @@ class Supervisor:
         if ok:
             return f"release {target} failed its health gate; rolled back to release {ok['to_release']}"
         return f"release {target} failed its health gate; " + self._rollback_after_failure("resumed", target)
+
+    def _new_release(self) -> dict[str, Any]:
+        """The record of a new release: the serving container recorded by this window (``serving-inspect.json``)
+        plus the plan's intended change, nothing else (:func:`eagle3ops.commands.serving.apply_change`)."""
+        inspect = json.loads((self.wdir / "serving-inspect.json").read_text())
+        change = self.plan.change or ReleaseChange()
+        defaults = None
+        if change.image:  # the old image's own defaults give way to the new image's
+            defaults = self.client.images.get(inspect["Image"]).attrs.get("Config") or {}
+        return sv.apply_change(sv.container_record(inspect), args=change.args, env=change.env, binds=change.binds,
+                               image=change.image, image_defaults=defaults)
 
     # the whole window
     def run(self) -> dict[str, Any]:

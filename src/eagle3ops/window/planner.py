@@ -4,13 +4,12 @@ what the supervisor will do with it as printable argv (``--dry-run``)."""
 from __future__ import annotations
 
 import getpass
-from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
-from eagle3ops.plan_schema import HealthCheck, Plan, StageStep
+from eagle3ops.plan_schema import HealthCheck, Plan, ReleaseChange, StageStep
 
 
 def health_check(h: HostConfig) -> HealthCheck:
@@ -20,21 +19,22 @@ def health_check(h: HostConfig) -> HealthCheck:
 
 
 def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command: str, run: str = "default",
-               stages: list[str] | None = None, new_spec: dict[str, Any] | None = None,
+               stages: list[str] | None = None, change: ReleaseChange | None = None,
                to_release: int | None = None, user: str = "", serving_container: str | None = None) -> Plan:
     """The :class:`~eagle3ops.plan_schema.Plan` for a window (pure).
 
     ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
-    a new release's container gets the same name, so the next window finds it again.
+    a new release's container gets the same name, so the next window finds it again. ``change``: a ``release``
+    plan's intended change of the live container (default: none, the live container recreated as it is).
     """
     name = serving_container or sv.default_name(h.serving)
-    if new_spec is not None:
-        new_spec = {**new_spec, "name": name}
+    if kind == "release" and change is None:
+        change = ReleaseChange()
     steps = [StageStep(name=s, spec=st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id),
                        timeout_s=h.stage_timeout_s) for s in (stages or [])]
     return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
                 state_dir=h.state_dir, serving_container=name, stop_timeout_s=h.serving.stop_timeout_s,
-                stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), new_spec=new_spec,
+                stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), change=change,
                 to_release=to_release, gpus=h.gpus)
 
 
@@ -50,17 +50,19 @@ def supervisor_commands(h: HostConfig, plan: Plan) -> list[list[str]]:
             cmds.append(sv.run_argv(h, {**step.spec, "restart_policy": {}}))
         cmds.append(dk.docker(h, "start", plan.serving_container))
     else:
-        spec = plan.new_spec if plan.kind == "release" else {"image": f"<image of release {plan.to_release or 'live before the current one'}>",
-                                                             "name": plan.serving_container, "command": []}
+        if plan.kind == "release":
+            change = plan.change or ReleaseChange()
+            record = {"Name": plan.serving_container, "Config": {
+                "Image": change.image or "<image of the live container>",
+                "Cmd": ["<command of the live container, with:", *change.args, ">"] if change.args else
+                       ["<command of the live container>"]}}
+        else:
+            which = plan.to_release or "live before the current one"
+            record = {"Name": plan.serving_container, "Config": {"Image": f"<image of release {which}>",
+                                                                  "Cmd": [f"<command of release {which}>"]}}
         cmds.append(dk.rm(h, plan.serving_container, force=True))
-        cmds.append(sv.run_argv(h, spec))
+        cmds.append(sv.record_run_argv(h, record))
     port = plan.health.port
     cmds.append(["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
                  f"POST http://127.0.0.1:{port}/v1/completions"])
     return cmds
-
-
-
-def serving_release_spec(h: HostConfig, extra_args: list[str]) -> dict[str, Any]:
-    """Spec of a new serving release from the inventory plus ``extra_args`` (release number set on the host)."""
-    return sv.container_spec(h, release=0, extra_args=extra_args)

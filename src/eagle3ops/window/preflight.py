@@ -283,3 +283,21 @@ def serving_container(r: Remote) -> tuple[list[str], str]:
     out = r.run(sv.find_container_argv(r.host), check=False, mutates=False)
     names = [n for n in out.stdout.split() if n] if out.ok else []
     return names, what
+
+
+def serving_drift(r: Remote) -> tuple[str | None, list[str]]:
+    """How the inventory's serving flags differ from the host's live serving container (read-only).
+
+    Returns:
+        (the live container's name or None when none exists, one line per difference
+        (:func:`eagle3ops.commands.serving.inventory_drift`)). Without a live container the inventory's flags are
+        what provisioning would use, so there is nothing to compare.
+    """
+    names, _ = serving_container(r)
+    if not names:
+        return None, []
+    out = r.run(dk.inspect_container(r.host, names[0]), check=False, mutates=False)
+    if not out.ok:
+        return names[0], [f"cannot inspect {names[0]}: {(out.stderr or out.stdout).strip()[-300:]}"]
+    return names[0], sv.inventory_drift(r.host, json.loads(out.stdout)[0])
+

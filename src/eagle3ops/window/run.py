@@ -11,7 +11,7 @@ from typing import Any
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import stages as st
-from eagle3ops.plan_schema import Plan
+from eagle3ops.plan_schema import Plan, ReleaseChange
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
                                      paths)
@@ -68,13 +68,14 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
 
 
 def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | None, command: str,
-               run: str = "default", new_spec: dict[str, Any] | None = None, to_release: int | None = None,
+               run: str = "default", change: ReleaseChange | None = None, to_release: int | None = None,
                need_bytes: int = 0, on_event: Callable[[dict[str, Any]], None] | None = None,
                message: str = "", pipeline_text: str | None = None) -> dict[str, Any]:
     """One maintenance window end to end (driver side).
 
     ``kind`` is ``extract`` / ``train`` (stages from :data:`eagle3ops.commands.stages.WINDOWS`), ``release`` or
     ``rollback``. Returns the supervisor's ``result.json`` (``outcome``, ``downtime_s``, ``stage_seconds``...).
+    ``change``: a release's intended change of the live serving container (:class:`~eagle3ops.plan_schema.ReleaseChange`).
 
     ``pipeline_text``: the run's pipeline config (YAML). It is written to ``<data_dir>/runs/<run>/pipeline.yaml``
     only under the lock, after preflight passed (every write to a host happens then), and it drives the disk
@@ -103,7 +104,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise PreflightFailed(f"{r.host.name}: preflight failed, nothing was stopped:\n{pf.failures()}")
         plan_kind = "window" if kind in st.WINDOWS else kind
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
-                          stages=st.WINDOWS.get(kind), new_spec=new_spec, to_release=to_release,
+                          stages=st.WINDOWS.get(kind), change=change, to_release=to_release,
                           serving_container=pf.serving_container)
         if pipeline_text is not None:  # under the lock, after preflight: a refused run changes nothing on the host
             upload_pipeline_config(r, run, pipeline_text)
