@@ -2,7 +2,7 @@
 
 The stand-in (``StandInClient``) stands in for the docker SDK's ``DockerClient`` on the host: containers are dicts
 with a status, and hooks raise where a real engine or signal would (SIGTERM arriving as
-:class:`~eagle3ops.supervisor.Interrupted`, an ``nvidia-smi`` container failing). The health gate is replaced by
+:class:`~eagle3ops.supervisor.runner.Interrupted`, an ``nvidia-smi`` container failing). The health gate is replaced by
 one that passes or fails on demand. The real-engine versions of these paths are in ``test_window_faults.py``; these
 cover interleavings that are impractical to time there (a signal during the stop, a crash between two writes).
 """

@@ -64,24 +64,20 @@ def _gpu_request(gpus: str | int) -> list[dict[str, Any]]:
     return [{"Driver": "", "Count": count, "Capabilities": [["gpu"]]}]
 
 
-def container_spec(host: HostConfig, *, release: int, serving: ServingConfig | None = None,
-                   extra_args: list[str] | None = None) -> dict[str, Any]:
-    """Serving container spec for release number ``release``.
-
-    Args:
-        host: inventory entry (its ``serving`` section is used unless ``serving`` is given).
-        release: release number recorded in the container's labels.
-        extra_args: appended to the server args (e.g. a changed serving flag for a new release).
+def container_spec(host: HostConfig, *, release: int) -> dict[str, Any]:
+    """The inventory's serving container spec, for release number ``release`` (recorded in its labels); used only
+    where no serving container exists yet (provisioning: ``demo``, the sandbox). Releases start from the live
+    container instead (:func:`container_record`, :func:`apply_change`).
 
     Returns:
         JSON-serialisable kwargs for ``docker.client.containers.run`` (``device_requests`` as raw dicts).
     """
-    s = serving or host.serving
+    s = host.serving
     gpus = "none" if host.gpus == 0 else s.gpus
     spec: dict[str, Any] = {
         "image": s.image,
         "name": default_name(s),
-        "command": list(s.args) + list(extra_args or []),
+        "command": list(s.args),
         "environment": dict(sorted(s.env.items())),
         "volumes": list(s.volumes),
         "network_mode": "host",
