@@ -42,6 +42,7 @@ class StandInHost:
         self.dirs: set[str] = {"/"}
         self.readonly: set[str] = set()  # directories the SSH user cannot create entries in
         self.containers: dict[str, str] = {}  # name -> state
+        self.inspects: dict[str, dict] = {}  # name -> its `docker container inspect` object
         self.rm_error = ""  # stderr of a failing `docker rm`
         self.on_launch = None
         self.writes: list[str] = []  # rendered argv of each mutating command
@@ -122,6 +123,8 @@ class StandInHost:
             name = a[-1]
             if name not in self.containers:
                 return 1, "", f"Error: No such object: {name}"
+            if "--format" not in a:  # the whole inspect
+                return 0, json.dumps([self.inspects.get(name, {})]), ""
             fmt = a[a.index("--format") + 1]
             if fmt == "{{.State.Running}} {{.State.Restarting}}":
                 return 0, f"{str(self.containers[name] == 'running').lower()} false\n", ""
@@ -365,3 +368,43 @@ def test_cleanup_warning_is_recorded_whole_in_result_and_audit(host):
     assert on_host["warnings"] == ["supervisor: earlier", w]
     audit = [json.loads(x) for x in world.files[p["audit"]].splitlines()]
     assert audit[-1]["window"] == wid and audit[-1]["warnings"] == [w] and audit[-1]["outcome"] == "ok"
+
+
+def test_config_check_host_shows_how_the_inventory_differs_from_live_serving(host, monkeypatch):
+    """Item 6: the inventory's serving flags apply only where no live container exists; `config check HOST` says
+    how they differ from the live one (an env value that may be a secret is named, never shown)."""
+    world = _host_with_serving(host)
+    s = host.serving
+    world.inspects[s.container] = {
+        "Config": {"Image": s.image, "Cmd": [*s.args, "--max-num-seqs", "8", "--api-key", "k-9"],
+                   "Env": ["VLLM_CPU_KVCACHE_SPACE=4", "NCCL_DEBUG=WARN"]},
+        "HostConfig": {"Binds": [*s.volumes, "/cache:/root/.cache"], "IpcMode": "host"}}
+    out = _cli(monkeypatch, world, "config", "check", "sandbox")
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "differs from the inventory's serving flags" in text
+    assert "--max-num-seqs" in text and "k-9" not in text and "***" in text
+    assert "env VLLM_CPU_KVCACHE_SPACE: the inventory's value differs from the live one" in text
+    assert "'/cache:/root/.cache': a bind of the live container, not in the inventory" in text
+    world.inspects[s.container] = {"Config": {"Image": s.image, "Cmd": list(s.args),
+                                              "Env": [f"{k}={v}" for k, v in s.env.items()]},
+                                   "HostConfig": {"Binds": list(s.volumes)}}
+    out = _cli(monkeypatch, world, "config", "check", "sandbox")
+    assert "matches the inventory's serving flags" in " ".join(out.output.split()), out.output
+    assert not world.writes, "config check changes nothing on the host"
+
+
+def test_release_plan_carries_only_the_intended_change(host, monkeypatch):
+    """Item 6: `release --arg` puts the change in the plan, not the inventory's idea of serving."""
+    world = _host_with_serving(host)
+    plans = []
+
+    def launched(name):
+        plans.append(next(json.loads(v) for k, v in world.files.items() if k.endswith("/plan.json")))
+        raise Launched(name)
+
+    world.on_launch = launched
+    _cli(monkeypatch, world, "release", "sandbox", "--arg", "--max-num-seqs", "--arg", "8")
+    assert plans and plans[0]["kind"] == "release", plans
+    assert plans[0]["change"] == {"args": ["--max-num-seqs", "8"], "env": {}, "binds": [], "image": None}
+    assert "new_spec" not in plans[0] and plans[0]["serving_container"] == host.serving.container
