@@ -60,7 +60,7 @@ def _run_argv(h) -> list[str]:
         "run", "--detach", "--name", NAME, "--network", "host", "--restart", "always",
         "--ipc", "host", "--shm-size", "1g",
         "--ulimit", "memlock=8388608:8388608", "--ulimit", "stack=67108864:67108864",
-        "--ulimit", "nofile=65536:65536",
+        "--ulimit", "nofile=16384:16384",
         "--tmpfs", "/tmp/scratch:rw,size=64m",
         "--device", "/dev/fuse:/dev/infiniband/uverbs0",
         "--cap-add", "IPC_LOCK", "--cap-add", "SYS_NICE", "--security-opt", "no-new-privileges",
