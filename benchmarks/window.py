@@ -25,7 +25,8 @@ from eagle3ops.commands import docker as dk  # noqa: E402
 from eagle3ops.commands import host as hc  # noqa: E402
 from eagle3ops.config import load_inventory  # noqa: E402
 from eagle3ops.remote import Remote  # noqa: E402
-from eagle3ops.window import paths, run_window  # noqa: E402
+from eagle3ops.window.common import paths  # noqa: E402
+from eagle3ops.window.run import run_window  # noqa: E402
 
 PIPELINE = """target_model: /model
 prepare: {datasets: [builtin:sharegpt], max_seq_len: 256, max_samples: 8}

@@ -47,21 +47,6 @@ def test_serving_spec_with_hostile_values_stays_literal(host):
     assert "io.eagle3ops.release=3" in words
 
 
-def test_spec_from_inspect_round_trip(host):
-    spec = sv.container_spec(host, release=1)
-    inspect = {
-        "Name": "/" + spec["name"],
-        "Image": "sha256:abc",
-        "Config": {"Image": spec["image"], "Cmd": spec["command"], "Labels": spec["labels"],
-                   "Env": [f"{k}={v}" for k, v in spec["environment"].items()]},
-        "HostConfig": {"Binds": spec["volumes"], "NetworkMode": "host",
-                       "RestartPolicy": {"Name": "unless-stopped"}, "DeviceRequests": None},
-    }
-    back = sv.spec_from_inspect(inspect)
-    for key in ("image", "name", "command", "environment", "volumes", "network_mode", "restart_policy", "labels"):
-        assert back[key] == spec[key], key
-
-
 def test_stage_spec_mounts_and_env(host):
     spec = st.stage_spec(host, image="p:1", stage="extract", run="r1", window_id="w")
     assert spec["command"] == ["-m", "eagle3ops", "stage", "extract", "--run-dir", "/data/runs/r1"]

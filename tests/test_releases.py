@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 
-from eagle3ops.supervisor import Releases
+from eagle3ops.supervisor.releases import Releases
 
 
 def _spec(tag: str) -> dict:
-    return {"image": f"vllm:{tag}", "name": "vllm", "labels": {}}
+    return {"Name": "vllm", "ImageId": None, "Config": {"Image": f"vllm:{tag}", "Labels": {}}, "HostConfig": {},
+            "Networks": {}}
 
 
 def test_fallbacks_follow_the_live_history_not_the_numbering(tmp_path):
     rel = Releases(tmp_path)
-    good = rel.add(_spec("good"), "sha256:a", "w1")
+    good = rel.add(_spec("good"), "w1")
     rel.set_current(good)
-    broken = rel.add(_spec("broken"), None, "w2")   # failed its gate: never made current
-    newer = rel.add(_spec("newer"), None, "w3")
+    broken = rel.add(_spec("broken"), "w2")   # failed its gate: never made current
+    newer = rel.add(_spec("newer"), "w3")
     rel.set_current(newer)
     assert rel.numbers() == [good, broken, newer]
     assert rel.history() == [good, newer]
@@ -27,7 +28,7 @@ def test_fallbacks_follow_the_live_history_not_the_numbering(tmp_path):
 
 def test_fallbacks_are_most_recent_first_and_unique(tmp_path):
     rel = Releases(tmp_path)
-    a, b, c = (rel.add(_spec(t), None, "w") for t in "abc")
+    a, b, c = (rel.add(_spec(t), "w") for t in "abc")
     for n in (a, b, a, c):
         rel.set_current(n)
     assert rel.history() == [a, b, a, c]
@@ -39,7 +40,7 @@ def test_fallbacks_are_most_recent_first_and_unique(tmp_path):
 
 def test_history_is_seeded_from_the_numbering_on_older_state(tmp_path):
     rel = Releases(tmp_path)
-    a, b, c = (rel.add(_spec(t), None, "w") for t in "abc")
+    a, b, c = (rel.add(_spec(t), "w") for t in "abc")
     (tmp_path / "releases" / "current").write_text(f"{b}\n")  # state written before history.jsonl existed
     assert rel.history() == [a, b]
     rel.set_current(c)
@@ -50,6 +51,6 @@ def test_history_is_seeded_from_the_numbering_on_older_state(tmp_path):
 
 def test_release_label_carries_the_number(tmp_path):
     rel = Releases(tmp_path)
-    n = rel.add(_spec("x"), None, "w")
-    assert rel.get(n)["spec"]["labels"]["io.eagle3ops.release"] == str(n)
+    n = rel.add(_spec("x"), "w")
+    assert rel.get(n)["container"]["Config"]["Labels"]["io.eagle3ops.release"] == str(n)
     assert rel.fallbacks(None) == []

@@ -19,7 +19,8 @@ import pytest
 
 from eagle3ops import demo
 from eagle3ops.remote import Remote
-from eagle3ops.window import run_window, serving_release_spec
+from eagle3ops.config.plan import ReleaseChange
+from eagle3ops.window.run import run_window
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.images, pytest.mark.slow]
 PROJECT, SERVICE, PORT = "e3compose", "vllm", 18001
@@ -86,7 +87,7 @@ def test_window_and_release_on_a_compose_service(compose_host):
 
     with Remote(ch) as r:
         rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
-                         command="pytest compose release", new_spec=serving_release_spec(ch, ["--max-num-seqs", "4"]))
+                         command="pytest compose release", change=ReleaseChange(args=["--max-num-seqs", "4"]))
     assert rel["outcome"] == "ok", rel
     # Recreated by eagle3ops: a new container, still Compose's service container, running the new flag.
     [new] = _service_containers(ch, cf)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from eagle3ops.supervisor import HealthCheck, Plan, StageStep, Supervisor
+from eagle3ops.config.plan import HealthCheck, Plan, StageStep
+from eagle3ops.supervisor.runner import Supervisor
 
 
 class StandInContainers:

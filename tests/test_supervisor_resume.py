@@ -2,7 +2,7 @@
 
 The stand-in (``StandInClient``) stands in for the docker SDK's ``DockerClient`` on the host: containers are dicts
 with a status, and hooks raise where a real engine or signal would (SIGTERM arriving as
-:class:`~eagle3ops.supervisor.Interrupted`, an ``nvidia-smi`` container failing). The health gate is replaced by
+:class:`~eagle3ops.supervisor.runner.Interrupted`, an ``nvidia-smi`` container failing). The health gate is replaced by
 one that passes or fails on demand. The real-engine versions of these paths are in ``test_window_faults.py``; these
 cover interleavings that are impractical to time there (a signal during the stop, a crash between two writes).
 """
@@ -14,16 +14,20 @@ import json
 import docker.errors
 import pytest
 
-from eagle3ops.supervisor import GateFailed, HealthCheck, Interrupted, Plan, Releases, StageStep, Supervisor
+from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange, StageStep
+from eagle3ops.health import GateFailed
+from eagle3ops.supervisor.releases import Releases
+from eagle3ops.supervisor.runner import Interrupted, Supervisor
 
 
 class StandInContainer:
     def __init__(self, client, name, spec):
         self.client, self.name, self.spec, self.status = client, name, spec, "running"
-        self.attrs = {"Name": "/" + name, "Image": "sha256:" + spec["image"],
+        self.attrs = {"Id": "c" * 64, "Name": "/" + name, "Image": "sha256:" + spec["image"].removeprefix("sha256:"),
                       "Config": {"Image": spec["image"], "Cmd": spec.get("command", []),
-                                 "Labels": spec.get("labels", {})},
-                      "HostConfig": {"NetworkMode": "host"}, "State": {"ExitCode": 0}, "RestartCount": 0}
+                                 "Labels": spec.get("labels", {}), **spec.get("config", {})},
+                      "HostConfig": {"NetworkMode": "host", **spec.get("host_config", {})},
+                      "State": {"ExitCode": 0}, "RestartCount": 0}
 
     def stop(self, timeout=10):
         self.status = "exited"
@@ -68,11 +72,48 @@ class StandInContainers:
         return c
 
 
+class StandInAPI:
+    """The low-level API calls the supervisor recreates serving with (Engine API ``POST /containers/create``)."""
+
+    def __init__(self, client):
+        self.client, self.bodies = client, []
+
+    def create_container_from_config(self, body, name=None):
+        self.bodies.append(body)
+        hc = {k: v for k, v in body["HostConfig"].items()}
+        cfg = {k: v for k, v in body.items() if k not in ("HostConfig", "NetworkingConfig", "Image", "Cmd", "Labels")}
+        c = StandInContainer(self.client, name, {"image": body["Image"], "command": body.get("Cmd") or [],
+                                                 "labels": body.get("Labels") or {}, "config": cfg,
+                                                 "host_config": hc})
+        c.status = "created"
+        self.client.containers.by_name[name] = c
+        self.client.created.append(body["Image"])
+        return {"Id": name}
+
+    def start(self, cid):
+        self.client.containers.by_name[cid].status = "running"
+
+    def connect_container_to_network(self, cid, net, **kw):
+        pass
+
+
+class StandInImage:
+    def __init__(self, ref):
+        self.id = ref if ref.startswith("sha256:") else "sha256:" + ref
+        self.attrs = {"Config": {}}
+
+
+class StandInImages:
+    def get(self, ref):
+        return StandInImage(ref)
+
+
 class StandInClient:
     def __init__(self, serving_image="vllm:1"):
         self.on_stop = self.on_wait = self.on_smi = None
         self.stage_exit, self.stage_runs, self.created = 0, [], []
         self.containers = StandInContainers(self)
+        self.api, self.images = StandInAPI(self), StandInImages()
         self.containers.run(serving_image, detach=True, name="vllm")
         self.created.clear()
 
@@ -82,6 +123,12 @@ class StandInClient:
     @property
     def serving(self):
         return self.containers.by_name.get("vllm")
+
+
+def _rec(image, name="vllm"):
+    """A release record (the whole container, as :func:`eagle3ops.commands.serving.container_record` keeps it)."""
+    return {"Name": name, "ImageId": "sha256:" + image, "Config": {"Image": image, "Cmd": [], "Labels": {}},
+            "HostConfig": {"NetworkMode": "host"}, "Networks": {}}
 
 
 @pytest.fixture
@@ -189,7 +236,7 @@ def test_resumed_rollback_keeps_its_target(tmp_path, gate):
     plan, wdir = _plan(tmp_path, kind="rollback")
     rel = Releases(tmp_path / "state")
     for n in (1, 2, 3):
-        rel.add({"image": f"vllm:{n}", "name": "vllm"}, None, "w0")
+        rel.add(_rec(f"vllm:{n}"), "w0")
         rel.set_current(n)
     client = StandInClient("vllm:3")
     assert Supervisor(plan, client, wdir).replace_serving() == "serving release 2"
@@ -200,30 +247,30 @@ def test_resumed_rollback_keeps_its_target(tmp_path, gate):
 
 
 def test_resumed_release_adds_no_second_release(tmp_path, gate):
-    plan, wdir = _plan(tmp_path, kind="release", new_spec={"image": "vllm:new", "name": "vllm"})
+    plan, wdir = _plan(tmp_path, kind="release", change=ReleaseChange(image="vllm:new"))
     client = StandInClient()
     sup = Supervisor(plan, client, wdir)
     sup.record()
-    target = sup.releases.add(plan.new_spec, None, "w1")
+    target = sup.releases.add(sup._new_release(), "w1")
     sup.journal.log("switch", "start", to_release=target)  # died right after this
     assert Supervisor(plan, client, wdir).replace_serving() == f"serving release {target}"
     assert Releases(tmp_path / "state").numbers() == [1, 2] and client.serving.spec["image"] == "vllm:new"
 
 
 def test_failed_release_rolls_back_to_last_live_and_is_never_a_target(tmp_path, gate):
-    plan, wdir = _plan(tmp_path, kind="release", new_spec={"image": "vllm:broken", "name": "vllm"})
+    plan, wdir = _plan(tmp_path, kind="release", change=ReleaseChange(image="vllm:broken"))
     client = StandInClient()
     gate.bad = {"broken"}
     msg = Supervisor(plan, client, wdir).replace_serving()
     assert msg == "release 2 failed its health gate; rolled back to release 1"
     rel = Releases(tmp_path / "state")
-    assert rel.current() == 1 and 2 not in rel.history() and client.serving.spec["image"] == "sha256:vllm:1"
+    assert rel.current() == 1 and 2 not in rel.history() and client.serving.spec["image"] == "vllm:1"
 
 
 def test_live_release_that_fails_a_restore_gate_is_skipped_later(tmp_path, gate):
     rel = Releases(tmp_path / "state")
     for n in (1, 2):
-        rel.add({"image": f"vllm:{n}", "name": "vllm"}, None, "w0")
+        rel.add(_rec(f"vllm:{n}"), "w0")
         rel.set_current(n)
     plan, wdir = _plan(tmp_path)
     client = StandInClient("vllm:2")
@@ -236,7 +283,7 @@ def test_live_release_that_fails_a_restore_gate_is_skipped_later(tmp_path, gate)
 def test_torn_history_line_is_skipped(tmp_path):
     rel = Releases(tmp_path)
     for t in "ab":
-        rel.set_current(rel.add({"image": t}, None, "w"))
+        rel.set_current(rel.add(_rec(t), "w"))
     with rel.history_file.open("a") as f:
         f.write('{"release": 1, "t"')
     assert rel.fallbacks(2) == [1]
@@ -355,7 +402,7 @@ def test_engine_down_during_rollback_retries_the_same_release(tmp_path, gate):
     rollback waits for it and brings back the most recently live release, not the next candidate within ms."""
     rel = Releases(tmp_path / "state")
     for n in (1, 2, 3):
-        rel.add({"image": f"vllm:{n}", "name": "vllm"}, None, "w0")
+        rel.add(_rec(f"vllm:{n}"), "w0")
         rel.set_current(n)
     plan, wdir = _plan(tmp_path)
     client = FlakyEngineClient("vllm:3")
@@ -386,20 +433,20 @@ def test_a_passed_restore_gate_clears_an_earlier_failure_mark(tmp_path, gate):
     pick it (main kept skipping it and rolled back to an older release)."""
     rel = Releases(tmp_path / "state")
     for n in (1, 2):
-        rel.add({"image": f"vllm:{n}", "name": "vllm"}, None, "w0")
+        rel.add(_rec(f"vllm:{n}"), "w0")
         rel.set_current(n)
     rel.mark_failed(2, "connection refused (a daemon restart, recorded by an older supervisor)")
     plan, wdir = _plan(tmp_path)
     res = Supervisor(plan, StandInClient("vllm:2"), wdir).run()
     assert res["outcome"] == "ok"
-    rel.set_current(rel.add({"image": "vllm:3", "name": "vllm"}, None, "w2"))
+    rel.set_current(rel.add(_rec("vllm:3"), "w2"))
     assert rel.fallbacks(3) == [2, 1]
 
 
 def test_a_created_container_is_not_recorded_as_a_live_release(tmp_path, gate):
     """Item 11: serving left in state "created" (never started) is retained as a release but never live: a later
     rollback does not "succeed" to it."""
-    plan, wdir = _plan(tmp_path, kind="release", new_spec={"image": "vllm:new", "name": "vllm"})
+    plan, wdir = _plan(tmp_path, kind="release", change=ReleaseChange(image="vllm:new"))
     client = StandInClient()
     client.serving.status = "created"
     res = Supervisor(plan, client, wdir).run()
@@ -407,7 +454,7 @@ def test_a_created_container_is_not_recorded_as_a_live_release(tmp_path, gate):
     rel = Releases(tmp_path / "state")
     assert rel.history() == [2], "only a running container that passed its gate becomes a live release"
     assert any("'created'" in w for w in res["warnings"])
-    plan2 = plan.model_copy(update={"window_id": "w2", "kind": "rollback", "new_spec": None})
+    plan2 = plan.model_copy(update={"window_id": "w2", "kind": "rollback", "change": None})
     (tmp_path / "w2").mkdir()
     res2 = Supervisor(plan2, client, tmp_path / "w2").run()
     assert res2["outcome"] == "failed" and "no release that was live before" in res2["error"], res2
@@ -457,7 +504,7 @@ def test_stages_leave_the_restore_its_reserved_share_of_the_budget(tmp_path, gat
 def test_restore_gate_waits_only_for_what_is_left_of_the_budget(tmp_path, gate, monkeypatch):
     """Item 4: the restore's health gate is cut to the rest of the budget, not the full health timeout; once the
     budget is spent a bounded floor still brings serving back, recorded as a warning."""
-    import eagle3ops.supervisor as supmod
+    import eagle3ops.supervisor.runner as supmod
 
     monkeypatch.setattr(supmod, "MIN_GATE_S", 1.0, raising=False)
     plan, wdir = _plan(tmp_path, budget_s=5)

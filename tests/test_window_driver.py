@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from eagle3ops import window as wmod
+from eagle3ops.window import common as wcommon
+from eagle3ops.window import lock as wlock
+from eagle3ops.window import preflight as wpreflight
+from eagle3ops.window import run as wrun
+from eagle3ops.window import watch as wwatch
 from eagle3ops.config import load_inventory
 from eagle3ops.remote import RemoteCommandError, Result, render
 
@@ -38,6 +42,7 @@ class StandInHost:
         self.dirs: set[str] = {"/"}
         self.readonly: set[str] = set()  # directories the SSH user cannot create entries in
         self.containers: dict[str, str] = {}  # name -> state
+        self.inspects: dict[str, dict] = {}  # name -> its `docker container inspect` object
         self.rm_error = ""  # stderr of a failing `docker rm`
         self.on_launch = None
         self.writes: list[str] = []  # rendered argv of each mutating command
@@ -118,6 +123,8 @@ class StandInHost:
             name = a[-1]
             if name not in self.containers:
                 return 1, "", f"Error: No such object: {name}"
+            if "--format" not in a:  # the whole inspect
+                return 0, json.dumps([self.inspects.get(name, {})]), ""
             fmt = a[a.index("--format") + 1]
             if fmt == "{{.State.Running}} {{.State.Restarting}}":
                 return 0, f"{str(self.containers[name] == 'running').lower()} false\n", ""
@@ -213,8 +220,8 @@ def test_pipeline_config_is_written_after_preflight_under_the_lock(host):
 
     world.on_launch = launched
     r = StandInRemote(host, world)
-    with pytest.raises(wmod.WindowError, match="started on the host"):
-        wmod.run_window(r, kind="extract", image=IMAGE, expected_image_id=IMAGE_ID, command="t", run="r1",
+    with pytest.raises(wcommon.WindowError, match="started on the host"):
+        wrun.run_window(r, kind="extract", image=IMAGE, expected_image_id=IMAGE_ID, command="t", run="r1",
                         pipeline_text=TINY)
     writes = world.writes
     lock = next(i for i, w in enumerate(writes) if w == f"mkdir {host.state_dir}/lock")
@@ -250,19 +257,19 @@ def test_stage_output_estimates():
 
     cfg = PipelineConfig.model_validate({"target_model": "/model", "train": {"keep_checkpoints": 2}})
     dims = {"hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256}
-    assert wmod.stage_output_bytes("extract", cfg, dims, 1000) == 1000 * 4 * 4096 * 2 + 1000 * 16
-    trainable, frozen = wmod.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
+    assert wpreflight.stage_output_bytes("extract", cfg, dims, 1000) == 1000 * 4 * 4096 * 2 + 1000 * 16
+    trainable, frozen = wpreflight.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
     assert frozen == 2 * 128256 * 4096
     want = (trainable * 12 + frozen * 4) * 3 + (trainable + frozen) * 2
-    assert wmod.stage_output_bytes("train", cfg, dims, 0) == want
-    assert wmod.target_dims({"text_config": {"hidden_size": 7168, "vocab_size": 10}})["hidden_size"] == 7168
+    assert wpreflight.stage_output_bytes("train", cfg, dims, 0) == want
+    assert wpreflight.target_dims({"text_config": {"hidden_size": 7168, "vocab_size": 10}})["hidden_size"] == 7168
 
 
 def test_estimate_uses_the_prepare_manifest_when_present(host):
     """Item 3: once prepare ran, its exact token count is the basis."""
     world = _host_with_serving(host, hidden_size=16)
     world.files[f"{host.data_dir}/runs/r/prepare/manifest.json"] = json.dumps({"tokens": 12345})
-    est = wmod.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=TINY)
+    est = wpreflight.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=TINY)
     assert est.by_stage["extract"] == 12345 * 4 * 16 * 2 + 12345 * 16 and "12345 prepared tokens" in est.basis
 
 
@@ -273,10 +280,10 @@ def test_unwritable_state_dir_names_the_real_cause(host):
     looks stale ... lock release --force")."""
     world = _host_with_serving(host)
     world.readonly.add(host.state_dir)
-    with pytest.raises(wmod.WindowError) as e:
-        wmod.acquire_lock(StandInRemote(host, world), "w1", "t")
+    with pytest.raises(wcommon.WindowError) as e:
+        wlock.acquire_lock(StandInRemote(host, world), "w1", "t")
     msg = str(e.value)
-    assert not isinstance(e.value, wmod.LockHeld), msg
+    assert not isinstance(e.value, wcommon.LockHeld), msg
     assert "Permission denied" in msg and f"{host.state_dir}/lock" in msg and "state_dir" in msg, msg
     assert "None" not in msg and "--force" not in msg, msg
 
@@ -289,14 +296,14 @@ def test_watch_reports_a_dead_supervisor_with_the_recover_command(host, monkeypa
     evil = host.model_copy(update={"name": "gpu-01;touch /tmp/x"})
     world = _host_with_serving(evil)
     wid = "20990101T000000Z-extract-abcdef"
-    world.files[wmod.paths(evil, wid)["journal"]] = json.dumps({"step": "prepare", "event": "start"}) + "\n"
+    world.files[wcommon.paths(evil, wid)["journal"]] = json.dumps({"step": "prepare", "event": "start"}) + "\n"
     world.containers[f"eagle3ops-supervisor-{wid}"] = "exited"
     box = {}
-    monkeypatch.setattr(wmod, "DEAD_GRACE_S", 0.2, raising=False)
+    monkeypatch.setattr(wwatch, "DEAD_GRACE_S", 0.2, raising=False)
 
     def go():
         try:
-            wmod.watch(StandInRemote(evil, world), wid, poll_s=0.01)
+            wwatch.watch(StandInRemote(evil, world), wid, poll_s=0.01)
         except Exception as exc:  # noqa: BLE001 - inspected below
             box["exc"] = exc
 
@@ -307,7 +314,7 @@ def test_watch_reports_a_dead_supervisor_with_the_recover_command(host, monkeypa
     assert not th.is_alive(), "watch() kept waiting for a dead supervisor"
     assert time.monotonic() - t0 < 5
     exc = box["exc"]
-    assert isinstance(exc, wmod.SupervisorDead), exc
+    assert isinstance(exc, wcommon.SupervisorDead), exc
     assert "eagle3ops recover 'gpu-01;touch /tmp/x'" in str(exc), str(exc)
     assert shlex.split("eagle3ops recover 'gpu-01;touch /tmp/x'")[-1] == evil.name
 
@@ -325,17 +332,17 @@ def test_watch_waits_through_a_supervisor_restart(host):
     def world_call(argv, stdin):
         polls.append(argv)
         if len(polls) == 30:
-            world.files[wmod.paths(host, wid)["result"]] = json.dumps({"outcome": "ok"})
+            world.files[wcommon.paths(host, wid)["result"]] = json.dumps({"outcome": "ok"})
         return orig(argv, stdin)
 
     r = StandInRemote(host, world)
     r.world = world_call
-    assert wmod.watch(r, wid, poll_s=0.01, dead_grace_s=0.05, timeout_s=10) == {"outcome": "ok"}
+    assert wwatch.watch(r, wid, poll_s=0.01, dead_grace_s=0.05, timeout_s=10) == {"outcome": "ok"}
 
 
 def test_watch_is_bounded_by_default(host):
     """Item 2: the default watch limit follows the window's own budget (not forever)."""
-    assert wmod.watch_limit_s({"budget_s": 3600, "stop_timeout_s": 30}) < 3600 + 3000
+    assert wwatch.watch_limit_s({"budget_s": 3600, "stop_timeout_s": 30}) < 3600 + 3000
 
 
 # ---- item 12 (driver side) ---------------------------------------------------------------------------------------
@@ -350,14 +357,54 @@ def test_cleanup_warning_is_recorded_whole_in_result_and_audit(host):
     world.rm_error = (f"Error response from daemon: cannot remove container {cid}: could not kill: tried to kill "
                       f"container, but did not receive an exit event" + " (details)" * 30)
     r = StandInRemote(host, world)
-    warn = wmod.cleanup_supervisor(r, wid)
+    warn = wwatch.cleanup_supervisor(r, wid)
     assert warn and cid in warn and world.rm_error in warn, warn
-    p = wmod.paths(host, wid)
+    p = wcommon.paths(host, wid)
     world.files[p["result"]] = json.dumps({"outcome": "ok", "warnings": ["supervisor: earlier"]})
-    res = wmod.finish_window(r, wid, json.loads(world.files[p["result"]]), command="t")
+    res = wwatch.finish_window(r, wid, json.loads(world.files[p["result"]]), command="t")
     [w] = [w for w in res["warnings"] if "cleanup" in w]
     assert cid in w and world.rm_error in w
     on_host = json.loads(world.files[p["result"]])
     assert on_host["warnings"] == ["supervisor: earlier", w]
     audit = [json.loads(x) for x in world.files[p["audit"]].splitlines()]
     assert audit[-1]["window"] == wid and audit[-1]["warnings"] == [w] and audit[-1]["outcome"] == "ok"
+
+
+def test_config_check_host_shows_how_the_inventory_differs_from_live_serving(host, monkeypatch):
+    """Item 6: the inventory's serving flags apply only where no live container exists; `config check HOST` says
+    how they differ from the live one (an env value that may be a secret is named, never shown)."""
+    world = _host_with_serving(host)
+    s = host.serving
+    world.inspects[s.container] = {
+        "Config": {"Image": s.image, "Cmd": [*s.args, "--max-num-seqs", "8", "--api-key", "k-9"],
+                   "Env": ["VLLM_CPU_KVCACHE_SPACE=4", "NCCL_DEBUG=WARN"]},
+        "HostConfig": {"Binds": [*s.volumes, "/cache:/root/.cache"], "IpcMode": "host"}}
+    out = _cli(monkeypatch, world, "config", "check", "sandbox")
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "differs from the inventory's serving flags" in text
+    assert "--max-num-seqs" in text and "k-9" not in text and "***" in text
+    assert "env VLLM_CPU_KVCACHE_SPACE: the inventory's value differs from the live one" in text
+    assert "'/cache:/root/.cache': a bind of the live container, not in the inventory" in text
+    world.inspects[s.container] = {"Config": {"Image": s.image, "Cmd": list(s.args),
+                                              "Env": [f"{k}={v}" for k, v in s.env.items()]},
+                                   "HostConfig": {"Binds": list(s.volumes)}}
+    out = _cli(monkeypatch, world, "config", "check", "sandbox")
+    assert "matches the inventory's serving flags" in " ".join(out.output.split()), out.output
+    assert not world.writes, "config check changes nothing on the host"
+
+
+def test_release_plan_carries_only_the_intended_change(host, monkeypatch):
+    """Item 6: `release --arg` puts the change in the plan, not the inventory's idea of serving."""
+    world = _host_with_serving(host)
+    plans = []
+
+    def launched(name):
+        plans.append(next(json.loads(v) for k, v in world.files.items() if k.endswith("/plan.json")))
+        raise Launched(name)
+
+    world.on_launch = launched
+    _cli(monkeypatch, world, "release", "sandbox", "--arg", "--max-num-seqs", "--arg", "8")
+    assert plans and plans[0]["kind"] == "release", plans
+    assert plans[0]["change"] == {"args": ["--max-num-seqs", "8"], "env": {}, "binds": [], "image": None}
+    assert "new_spec" not in plans[0] and plans[0]["serving_container"] == host.serving.container

@@ -22,8 +22,10 @@ import pytest
 from eagle3ops import demo
 from eagle3ops.commands import docker as dk
 from eagle3ops.remote import Remote
-from eagle3ops.window import (LockHeld, PreflightFailed, SupervisorDead, WindowError, audit_entries, paths, read_lock,
-                              run_window, serving_release_spec, upload_pipeline_config)
+from eagle3ops.window.common import LockHeld, PreflightFailed, SupervisorDead, WindowError, audit_entries, paths
+from eagle3ops.window.lock import read_lock
+from eagle3ops.config.plan import ReleaseChange
+from eagle3ops.window.run import run_window, upload_pipeline_config
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.images, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -310,21 +312,23 @@ def test_restore_fails_health_gate_then_rollback(deployed):
     copy = Path(h.data_dir, "models/tiny-llama-copy")
     subprocess.run(["rm", "-rf", str(copy)], check=True)
     subprocess.run(["cp", "-a", h.model_path, str(copy)], check=True)
-    spec = serving_release_spec(h, [])
-    spec["volumes"] = [f"{copy}:/models/tiny-llama:ro"]
+    # Releases are the live container plus a change: "good" binds the original model (whatever earlier runs left
+    # live may itself bind a model copy that this test replaces), "copy" binds the copy instead.
+    good_change = ReleaseChange(binds=list(h.serving.volumes))
+    copy_change = ReleaseChange(binds=[f"{copy}:/models/tiny-llama:ro"])
     with Remote(h) as r:
         # A known-good live release first: whatever earlier runs left live on this host may itself depend on a
         # model copy that this test replaces.
         good = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
-                          command="pytest release good", new_spec=serving_release_spec(h, []))
+                          command="pytest release good", change=good_change)
         assert good["outcome"] == "ok", good
         live = good["release"]
         bad = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
-                         command="pytest release broken", new_spec=serving_release_spec(h, ["--no-such-flag"]))
+                         command="pytest release broken", change=ReleaseChange(args=["--no-such-flag"]))
         assert bad["outcome"] == "failed" and f"rolled back to release {live}" in bad["error"], bad
         broken = int(re.search(r"release (\d+) failed its health gate", bad["error"]).group(1))
         rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
-                         command="pytest release copy", new_spec=spec)
+                         command="pytest release copy", change=copy_change)
     # The broken release is the numerically previous one: the rollback below must skip it.
     assert rel["outcome"] == "ok" and rel["release"] == broken + 1, (rel, broken)
     box: dict = {}

@@ -64,20 +64,21 @@ def _fail(msg: str, code: int = 1) -> None:
 def _deployed(r, required: bool = True) -> dict[str, Any]:
     """The host's ``deployed.json`` (image tag and id); a placeholder in dry runs of a never-deployed host."""
     from eagle3ops.commands import host as hc
-    from eagle3ops.window import paths
+    from eagle3ops.window.common import paths
 
     out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False)
     if out.stdout.strip():
         return json.loads(out.stdout)
     if required:
-        from eagle3ops.window import hint
+        from eagle3ops.window.common import hint
 
         _fail(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
     return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
 
 
 def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
-    from eagle3ops.window import WindowError, run_window
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.run import run_window
 
     command = "eagle3ops " + " ".join(sys.argv[1:])
     with _remote(host, dry_run) as r:
@@ -151,13 +152,17 @@ def _read_pipeline(pipeline: Path) -> str:
 
 @app.command()
 def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
-            arg: list[str] = typer.Option([], "--arg", help="Extra serving argument for this release (repeatable).")
+            arg: list[str] = typer.Option([], "--arg", help="Server flag to set for this release (repeatable; "
+                                                           "replaces the same flag of the live command)."),
+            image: Optional[str] = typer.Option(None, "--image", help="New serving image for this release.")
             ) -> None:
-    """Roll out a new serving release from the inventory (plus --arg flags), health-gated; rollback on failure."""
-    from eagle3ops.window import serving_release_spec
+    """Roll out a new serving release: the live serving container with only this change (--arg flags, --image),
+    every other setting kept; health-gated; rollback on failure. The inventory's serving flags are not applied
+    (`eagle3ops config check HOST` shows how they differ from the live container)."""
+    from eagle3ops.config.plan import ReleaseChange
 
     h = _host(inventory, host)
-    _window("release", h, dry_run, new_spec=serving_release_spec(h, list(arg)))
+    _window("release", h, dry_run, change=ReleaseChange(args=list(arg), image=image))
 
 
 @app.command()
@@ -172,7 +177,7 @@ def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOp
 
 def _newest_window(r, required: str = "") -> str | None:
     """Id of the host's newest window; fails with ``no window to <required>`` when ``required`` and none exists."""
-    from eagle3ops.window import latest_window
+    from eagle3ops.window.common import latest_window
 
     wid = latest_window(r)
     if not wid and required:
@@ -184,7 +189,8 @@ def _newest_window(r, required: str = "") -> str | None:
 def status(host: str, inventory: Path = InventoryOpt) -> None:
     """Lock, serving release and the newest window's journal and result."""
     from eagle3ops.commands import host as hc
-    from eagle3ops.window import paths, read_lock
+    from eagle3ops.window.common import paths
+    from eagle3ops.window.lock import read_lock
 
     h = _host(inventory, host)
     with _remote(h) as r:
@@ -203,7 +209,7 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
         if res.strip():
             summary({**json.loads(res), "window_id": wid})
         else:
-            from eagle3ops.window import hint
+            from eagle3ops.window.common import hint
 
             console.print(f"window {wid} is still running (or its supervisor died: {hint('recover', host)})")
 
@@ -211,7 +217,8 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
 @app.command()
 def attach(host: str, inventory: Path = InventoryOpt) -> None:
     """Follow the newest window's journal until it finishes, then print its summary."""
-    from eagle3ops.window import WindowError, finish_window, watch
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.watch import finish_window, watch
 
     with _remote(_host(inventory, host)) as r:
         wid = _newest_window(r, "attach to")
@@ -225,7 +232,9 @@ def attach(host: str, inventory: Path = InventoryOpt) -> None:
 @app.command()
 def recover(host: str, inventory: Path = InventoryOpt) -> None:
     """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
-    from eagle3ops.window import WindowError, finish_window, relaunch, watch
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.run import relaunch
+    from eagle3ops.window.watch import finish_window, watch
 
     with _remote(_host(inventory, host)) as r:
         wid = _newest_window(r, "recover")
@@ -260,7 +269,7 @@ def report(host: str, run: str = typer.Option(..., "--run", help="The pipeline r
 @app.command()
 def audit(host: str, inventory: Path = InventoryOpt) -> None:
     """The host's audit log: who, when, what, outcome."""
-    from eagle3ops.window import audit_entries
+    from eagle3ops.window.common import audit_entries
 
     h = _host(inventory, host)
     with _remote(h) as r:
@@ -277,7 +286,7 @@ def audit(host: str, inventory: Path = InventoryOpt) -> None:
 @lock_app.command("status")
 def lock_status(host: str, inventory: Path = InventoryOpt) -> None:
     """Show who holds the host's deploy lock (and whether it is stale)."""
-    from eagle3ops.window import describe_lock, read_lock
+    from eagle3ops.window.lock import describe_lock, read_lock
 
     h = _host(inventory, host)
     with _remote(h) as r:
@@ -289,7 +298,7 @@ def lock_release(host: str, inventory: Path = InventoryOpt,
                  force: bool = typer.Option(False, "--force", help="Release even if its window may still run.")
                  ) -> None:
     """Release the host's deploy lock; refuses while its window's supervisor runs unless --force."""
-    from eagle3ops.window import lock_is_stale, read_lock, release_lock
+    from eagle3ops.window.lock import lock_is_stale, read_lock, release_lock
 
     h = _host(inventory, host)
     with _remote(h) as r:
@@ -317,28 +326,55 @@ def config_docs(section: Optional[str] = typer.Argument(
 
 @config_app.command("check")
 def config_check(
-        section: Optional[str] = typer.Argument(
-            None, help="inventory (default), pipeline, image or profiles: the kind of FILE."),
+        what: Optional[str] = typer.Argument(
+            None, help="inventory (default), pipeline, image or profiles: the kind of FILE; or a HOST of the "
+                       "inventory: also compare its serving section with its live serving container."),
         file: Optional[Path] = typer.Argument(
             None, help="The file to check (default: the section's checked-in example; inventory: --inventory)."),
         inventory: Path = InventoryOpt) -> None:
-    """Validate a configuration file (default: the inventory) as eagle3ops loads it."""
-    if section in (None, "inventory") and file is None:
+    """Validate a configuration file (default: the inventory) as eagle3ops loads it. With HOST, show how the
+    inventory's serving flags differ from the live container (they apply only where no live container exists:
+    releases start from the live container)."""
+    from eagle3ops.config.docs import SECTIONS, get_section
+
+    sections = set(SECTIONS)
+    if what is None or what == "inventory" and file is None or what not in sections:
         try:
             inv = load_inventory(inventory)
         except ConfigError as exc:
             _fail(str(exc), 2)
         console.print(f"{inventory}: ok ({', '.join(inv.hosts)})")
+        if what in (None, "inventory"):
+            return
+        if what not in inv.hosts:
+            _fail(f"{what!r} is neither a section ({', '.join(sorted(sections))}) nor a host of {inventory} "
+                  f"({', '.join(inv.hosts)})", 2)
+        _serving_drift(inventory, what)
         return
-    from eagle3ops.config.docs import get_section
-
     try:
-        s = get_section(section or "inventory")
+        s = get_section(what)
         for f in [file] if file is not None else [Path(e) for e in s.examples]:
             s.check(f)
             console.print(f"{f}: ok ({s.title.lower()})")
     except ConfigError as exc:
         _fail(str(exc), 2)
+
+
+def _serving_drift(inventory: Path, host: str) -> None:
+    """Print how the inventory's serving flags for ``host`` differ from its live serving container."""
+    from eagle3ops.window.preflight import serving_drift
+
+    with _remote(_host(inventory, host)) as r:
+        name, diffs = serving_drift(r)
+    if name is None:
+        console.print(f"{host}: no live serving container; the inventory's serving flags would start one")
+    elif not diffs:
+        console.print(f"{host}: live serving container {name} matches the inventory's serving flags")
+    else:
+        console.print(f"{host}: live serving container {name} differs from the inventory's serving flags (releases "
+                      f"keep the live settings; these inventory values are not applied):")
+        for d in diffs:
+            console.print(f"  - {d}", markup=False)
 
 
 def _register_push() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,27 +32,23 @@ def _step(title: str) -> float:
 
 
 def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = False) -> bool:
-    """True when the sandbox's server answers /health 200 and lists its model (the sandbox shares our loopback).
+    """True when the sandbox's server passes one probe of the health gate (:func:`eagle3ops.health.probe`:
+    /health 200, /v1/models lists its model, with ``completion`` one completion too); the sandbox shares our
+    loopback. ``timeout``: seconds per request (a completion gets at least 120).
 
-    With ``completion``, one sampled completion must also succeed (what the supervisor's health gate asks).
+    A server that requires an API key is asked with the key from ``serving.api_key_file`` (the sandbox's files are
+    on this machine), else from ``VLLM_API_KEY`` / ``--api-key`` in the inventory's serving env and args.
     """
-    base = f"http://127.0.0.1:{h.serving.port}"
+    from eagle3ops import health as gate
+
     try:
-        with urllib.request.urlopen(base + "/health", timeout=timeout) as r:
-            if r.status != 200:
-                return False
-        with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as r:
-            if h.serving.served_model_name not in [m["id"] for m in json.load(r)["data"]]:
-                return False
-        if completion:
-            body = json.dumps({"model": h.serving.served_model_name, "prompt": "Hello", "max_tokens": 4}).encode()
-            req = urllib.request.Request(base + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=max(timeout, 120)) as r:
-                return bool(json.load(r).get("choices"))
-        return True
-    except (OSError, ValueError, KeyError):
+        key = gate.read_api_key_file(h.serving.api_key_file) if h.serving.api_key_file else (
+            gate.api_key_from_args(list(h.serving.args)) or h.serving.env.get(gate.API_KEY_ENV))
+        gate.probe(f"http://127.0.0.1:{h.serving.port}", h.serving.served_model_name, api_key=key,
+                   completion=completion, request_timeout_s=timeout, completion_timeout_s=max(timeout, 120))
+    except gate.ProbeFailed:
         return False
+    return True
 
 
 def build_tiny_model(image: str, model_path: str) -> None:
@@ -143,7 +138,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end)."""
     from eagle3ops import deployer, images, sandbox
     from eagle3ops.remote import Remote
-    from eagle3ops.window import run_window
+    from eagle3ops.window.run import run_window
 
     t_start = time.monotonic()
     figures: list[tuple[str, str]] = []
@@ -194,11 +189,11 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     if ok:
         t = _step("6. a second serving release (changed flag), then rollback to the previous one")
         with Remote(h) as r:
-            from eagle3ops.window import serving_release_spec
+            from eagle3ops.config.plan import ReleaseChange
 
             rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
                              command=f"eagle3ops release {SANDBOX} --arg --max-num-seqs --arg 8 (demo)",
-                             new_spec=serving_release_spec(h, ["--max-num-seqs", "8"]), on_event=print_event)
+                             change=ReleaseChange(args=["--max-num-seqs", "8"]), on_event=print_event)
             figures.append(("release", f"{rel['outcome']} → release {rel['release']}, {rel['wall_s']} s"))
             prev = res["release"]  # live before the new release (release numbers need not be consecutive)
             rb = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,

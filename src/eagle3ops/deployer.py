@@ -19,7 +19,8 @@ from eagle3ops.commands import host as hc
 from eagle3ops.config import HostConfig
 from eagle3ops.remote import Remote
 from eagle3ops.verifier import VerifyError, VerifyResult, ensure_verified
-from eagle3ops.window import paths, preflight
+from eagle3ops.window.common import paths
+from eagle3ops.window.preflight import preflight
 
 
 class DeployError(Exception):

@@ -1,11 +1,15 @@
-"""The serving container as data: a spec dict (docker SDK ``containers.run`` kwargs) and its ``docker run`` argv.
+"""The serving container as data.
 
-One spec, two renderers: the host-side supervisor creates containers from the spec with the docker SDK, and the
-driver prints (``--dry-run``) or runs (sandbox provisioning) the equivalent ``docker run`` argv.
+Two kinds: the inventory's idea of serving (:func:`container_spec`, docker SDK ``containers.run`` kwargs, rendered
+as ``docker run`` argv by :func:`run_argv`), used only where no live container exists (provisioning); and a release
+(:func:`container_record`): the live container's whole configuration from ``docker inspect``, plus the intended
+change (:func:`apply_change`), recreated through the Engine API (:func:`create_request`) by the host-side
+supervisor. :func:`inventory_drift` says how the two differ (``config check HOST``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -60,24 +64,20 @@ def _gpu_request(gpus: str | int) -> list[dict[str, Any]]:
     return [{"Driver": "", "Count": count, "Capabilities": [["gpu"]]}]
 
 
-def container_spec(host: HostConfig, *, release: int, serving: ServingConfig | None = None,
-                   extra_args: list[str] | None = None) -> dict[str, Any]:
-    """Serving container spec for release number ``release``.
-
-    Args:
-        host: inventory entry (its ``serving`` section is used unless ``serving`` is given).
-        release: release number recorded in the container's labels.
-        extra_args: appended to the server args (e.g. a changed serving flag for a new release).
+def container_spec(host: HostConfig, *, release: int) -> dict[str, Any]:
+    """The inventory's serving container spec, for release number ``release`` (recorded in its labels); used only
+    where no serving container exists yet (provisioning: ``demo``, the sandbox). Releases start from the live
+    container instead (:func:`container_record`, :func:`apply_change`).
 
     Returns:
         JSON-serialisable kwargs for ``docker.client.containers.run`` (``device_requests`` as raw dicts).
     """
-    s = serving or host.serving
+    s = host.serving
     gpus = "none" if host.gpus == 0 else s.gpus
     spec: dict[str, Any] = {
         "image": s.image,
         "name": default_name(s),
-        "command": list(s.args) + list(extra_args or []),
+        "command": list(s.args),
         "environment": dict(sorted(s.env.items())),
         "volumes": list(s.volumes),
         "network_mode": "host",
@@ -131,39 +131,184 @@ def run_argv(host: HostConfig, spec: dict[str, Any]) -> list[str]:
     return docker(host, *argv, spec["image"], *cmd_prefix, *spec.get("command", []))
 
 
-def spec_from_inspect(inspect: dict[str, Any]) -> dict[str, Any]:
-    """Rebuild a container spec from ``docker inspect`` output (one container object).
+# ---- releases: the live container plus the intended change --------------------------------------------------------
 
-    Keeps what decides behaviour — image, command, entrypoint, env, binds and ``--mount`` mounts, network, published
-    ports, runtime, restart policy, labels, GPU requests (count or device ids), shm size, IPC mode — and drops runtime
-    state. Not kept: extra networks and their aliases, healthchecks, resource limits, capabilities. Mirrors the fields of Docker Engine API
-    ``ContainerInspect`` (``Config``, ``HostConfig``).
+#: Settings of a container's endpoint on a network that are configuration (kept); the rest is runtime state.
+ENDPOINT_KEYS = ("Aliases", "IPAMConfig", "Links", "DriverOpts")
+
+
+def container_record(inspect: dict[str, Any]) -> dict[str, Any]:
+    """A container's configuration, whole, from its ``docker inspect`` (Engine API ``ContainerInspect``): every
+    ``Config`` and ``HostConfig`` field as the engine reports it, the configuration part of each network endpoint
+    (:data:`ENDPOINT_KEYS`; the alias Docker derives from the container id is dropped, the new container gets its
+    own), its name and image id. Recreating from it (:func:`create_request`) gives a container equal to this one on
+    every ``Config``/``HostConfig`` field: User, WorkingDir, StopSignal, StopTimeout, Healthcheck, Ulimits, Devices,
+    CapAdd, SecurityOpt, LogConfig, Init, Tmpfs, PidMode, IpcMode, ShmSize, GroupAdd, resource limits, restart
+    policy, env, mounts...: nothing is picked field by field, so nothing is lost."""
+    short_id = (inspect.get("Id") or "")[:12]
+    nets = {}
+    for net, ep in ((inspect.get("NetworkSettings") or {}).get("Networks") or {}).items():
+        keep = {k: ep[k] for k in ENDPOINT_KEYS if ep.get(k)}
+        if keep.get("Aliases"):
+            keep["Aliases"] = [a for a in keep["Aliases"] if not short_id or a != short_id] or None
+            if keep["Aliases"] is None:
+                keep.pop("Aliases")
+        nets[net] = keep
+    return {"Name": (inspect.get("Name") or "").lstrip("/"), "ImageId": inspect.get("Image"),
+            "Config": json.loads(json.dumps(inspect.get("Config") or {})),
+            "HostConfig": json.loads(json.dumps(inspect.get("HostConfig") or {})), "Networks": nets}
+
+
+def set_args(cmd: list[str], args: list[str]) -> list[str]:
+    """``cmd`` with the server flags in ``args`` set: each ``--flag [VALUE...]`` (or ``--flag=VALUE``) of ``args``
+    replaces every occurrence of that flag (with the values that follow it) in ``cmd``, then all of ``args`` is
+    appended in its order. Tokens of ``args`` before its first flag are appended as they are.
+
+    >>> set_args(["serve", "/m", "--max-num-seqs", "16", "--port", "8000"], ["--max-num-seqs", "8"])
+    ['serve', '/m', '--port', '8000', '--max-num-seqs', '8']
     """
-    cfg, hc = inspect.get("Config") or {}, inspect.get("HostConfig") or {}
-    env = dict(e.split("=", 1) for e in (cfg.get("Env") or []) if "=" in e)
-    spec: dict[str, Any] = {
-        "image": cfg.get("Image") or inspect.get("Image"),
-        "name": (inspect.get("Name") or "").lstrip("/"),
-        "command": list(cfg.get("Cmd") or []),
-        "environment": env,
-        "volumes": list(hc.get("Binds") or []),
-        "network_mode": hc.get("NetworkMode") or "host",
-        "restart_policy": {"Name": (hc.get("RestartPolicy") or {}).get("Name") or ""},
-        "labels": dict(cfg.get("Labels") or {}),
-        "device_requests": list(hc.get("DeviceRequests") or []),
-    }
-    if cfg.get("Entrypoint"):
-        spec["entrypoint"] = list(cfg["Entrypoint"])
-    if hc.get("ShmSize"):
-        spec["shm_size"] = str(hc["ShmSize"])
-    if hc.get("IpcMode") and hc["IpcMode"] not in ("private", "shareable", ""):
-        spec["ipc_mode"] = hc["IpcMode"]
-    if hc.get("Runtime") and hc["Runtime"] != "runc":
-        spec["runtime"] = hc["Runtime"]  # e.g. `nvidia` on hosts set up before `--gpus`
-    ports = {k: [(b.get("HostIp") or "", int(b["HostPort"]) if b.get("HostPort") else None) for b in v]
-             for k, v in (hc.get("PortBindings") or {}).items() if v}
-    if ports:
-        spec["ports"] = ports
-    if hc.get("Mounts"):  # `--mount` / Compose long-syntax mounts (short `-v` ones are in Binds)
-        spec["mounts"] = [{k: m[k] for k in ("Type", "Source", "Target", "ReadOnly") if k in m} for m in hc["Mounts"]]
-    return spec
+    flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+    out: list[str] = []
+    skipping = False
+    for tok in cmd:
+        if tok.startswith("-"):
+            skipping = tok.split("=", 1)[0] in flags
+            if skipping:
+                continue
+        elif skipping:  # a value of a replaced flag
+            continue
+        out.append(tok)
+    return out + list(args)
+
+
+def apply_change(record: dict[str, Any], *, args: list[str] | None = None, env: dict[str, str] | None = None,
+                 binds: list[str] | None = None, image: str | None = None,
+                 image_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A new release: ``record`` (:func:`container_record` of the live container) with only the intended change.
+
+    Args:
+        args: server flags to set (:func:`set_args` on ``Config.Cmd``).
+        env: environment variables to set (``Config.Env``; others kept, order kept).
+        binds: ``HOST:CONTAINER[:OPTS]`` binds; each replaces the bind (or ``--mount``) of the same container path,
+            or is added.
+        image: a new image reference. ``image_defaults`` (the old image's ``Config``) lets values the old image
+            put into the container (its Env entries, Labels, Entrypoint, Cmd, WorkingDir, User) give way to the new
+            image's defaults; what was set on the container itself stays.
+
+    Returns:
+        A new record (``ImageId`` None when the image changes: the engine resolves ``image`` at creation).
+    """
+    rec = json.loads(json.dumps(record))
+    cfg, hcfg = rec["Config"], rec["HostConfig"]
+    if image:
+        old = image_defaults or {}
+        old_env = set(old.get("Env") or [])
+        cfg["Env"] = [e for e in cfg.get("Env") or [] if e not in old_env] or None
+        old_labels = old.get("Labels") or {}
+        cfg["Labels"] = {k: v for k, v in (cfg.get("Labels") or {}).items() if old_labels.get(k) != v}
+        for key in ("Entrypoint", "WorkingDir", "User"):
+            if key in old and cfg.get(key) == old.get(key):
+                cfg[key] = None if key == "Entrypoint" else ""
+        if cfg.get("Cmd") == old.get("Cmd") and not args:
+            cfg["Cmd"] = None
+        cfg["Image"] = image
+        rec["ImageId"] = None
+    if args:
+        cfg["Cmd"] = set_args(list(cfg.get("Cmd") or []), args)
+    if env:
+        cur = [e for e in cfg.get("Env") or [] if e.split("=", 1)[0] not in env]
+        cfg["Env"] = cur + [f"{k}={v}" for k, v in env.items()]
+    for b in binds or []:
+        target = b.split(":")[1] if ":" in b else b
+        hcfg["Binds"] = [x for x in hcfg.get("Binds") or [] if (x.split(":")[1] if ":" in x else x) != target]
+        hcfg["Binds"].append(b)
+        if hcfg.get("Mounts"):
+            hcfg["Mounts"] = [m for m in hcfg["Mounts"] if m.get("Target") != target] or None
+    return rec
+
+
+def create_request(record: dict[str, Any], *, image: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Engine API ``POST /containers/create`` body recreating ``record``, and the networks to connect after
+    creation (older engines take one network at create time).
+
+    Args:
+        image: the image to create from (default ``Config.Image``); the supervisor passes the recorded image id when
+            the reference no longer resolves to it.
+
+    Returns:
+        (body with ``HostConfig`` and ``NetworkingConfig``, {network: endpoint config} to connect afterwards).
+    """
+    body = json.loads(json.dumps(record["Config"]))
+    if image:
+        body["Image"] = image
+    body["HostConfig"] = json.loads(json.dumps(record["HostConfig"]))
+    nets = dict(record.get("Networks") or {})
+    mode = body["HostConfig"].get("NetworkMode") or "default"
+    primary = mode if mode in nets else ("bridge" if mode == "default" and "bridge" in nets else None)
+    if mode in ("host", "none") or mode.startswith("container:"):
+        primary, nets = None, {}
+    if primary is None and nets and mode not in ("host", "none") and not mode.startswith("container:"):
+        primary = next(iter(nets))
+    if primary is not None:
+        body["NetworkingConfig"] = {"EndpointsConfig": {primary: nets.pop(primary)}}
+    return body, nets
+
+
+def record_run_argv(host: HostConfig, record: dict[str, Any]) -> list[str]:
+    """A readable ``docker run`` line for a recreated container (``--dry-run``): name, image and command; the
+    engine gets every other setting of the record from the supervisor, unchanged."""
+    cfg = record.get("Config") or {}
+    ep = list(cfg.get("Entrypoint") or [])
+    return docker(host, "run", "--detach", "--name", record.get("Name") or "?",
+                  "<every other Config/HostConfig setting of the recorded container, unchanged>",
+                  *(["--entrypoint", ep[0]] if ep else []), cfg.get("Image") or "?", *ep[1:], *(cfg.get("Cmd") or []))
+
+
+def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:
+    """How the inventory's serving flags differ from the live serving container (``config check HOST``).
+
+    The inventory's ``image``, ``args``, ``env``, ``volumes``, ``shm_size`` and ``gpus`` apply only where no live
+    container exists (provisioning); releases start from the live container. Returns one line per difference
+    (values of environment variables are not shown: they may be secrets).
+    """
+    s, cfg, hcfg = host.serving, inspect.get("Config") or {}, inspect.get("HostConfig") or {}
+    out: list[str] = []
+    if cfg.get("Image") != s.image:
+        out.append(f"image: inventory {s.image!r}, live {cfg.get('Image')!r}")
+    cmd = list(cfg.get("Cmd") or [])
+    if cmd != list(s.args):
+        out.append(f"args: inventory {_redact_args(list(s.args))}, live {_redact_args(cmd)}")
+    live_env = dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
+    for k, v in sorted(s.env.items()):
+        if k not in live_env:
+            out.append(f"env {k}: set in the inventory, not in the live container")
+        elif live_env[k] != v:
+            out.append(f"env {k}: the inventory's value differs from the live one")
+    binds = set(hcfg.get("Binds") or [])
+    for v in s.volumes:
+        if v not in binds:
+            out.append(f"volume {v!r}: in the inventory, not a bind of the live container")
+    for v in sorted(binds - set(s.volumes)):
+        out.append(f"volume {v!r}: a bind of the live container, not in the inventory")
+    if s.shm_size and str(hcfg.get("ShmSize")) != str(_bytes(s.shm_size)) and hcfg.get("IpcMode") != "host":
+        out.append(f"shm_size: inventory {s.shm_size}, live {hcfg.get('ShmSize')} bytes")
+    want_gpu = not (host.gpus == 0 or s.gpus in ("none", 0))
+    if want_gpu != bool(hcfg.get("DeviceRequests")):
+        out.append(f"gpus: inventory {s.gpus!r}, live {'GPU request' if hcfg.get('DeviceRequests') else 'no GPUs'}")
+    return out
+
+
+def _redact_args(args: list[str]) -> list[str]:
+    """``args`` with the value of ``--api-key`` replaced by ``***``."""
+    out, hide = [], False
+    for a in args:
+        out.append("***" if hide else ("--api-key=***" if a.startswith("--api-key=") else a))
+        hide = a == "--api-key"
+    return out
+
+
+def _bytes(size: str) -> int:
+    """``16g``/``512m``/``1024`` (Docker's size syntax) in bytes."""
+    units = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+    s = size.strip().lower()
+    return int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s)

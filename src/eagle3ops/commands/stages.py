@@ -59,9 +59,13 @@ def supervisor_argv(host: HostConfig, *, image: str, window_id: str, plan_path: 
     """``docker run -d`` argv that starts the host-side supervisor for a window.
 
     The supervisor gets the engine socket, the state and data dirs at the same paths as on the host, host
-    networking (health checks on 127.0.0.1), and a restart policy so a Docker daemon restart resumes it.
+    networking (health checks on 127.0.0.1), the serving API key file when the inventory names one (read-only), and a
+    restart policy so a Docker daemon restart resumes it.
     """
     sock = socket_path(host)
+    # The secret file of the serving API key (if any), read-only at the same path: the gate reads it on the host.
+    secret = host.serving.api_key_file
+    secret_mount = ["--volume", f"{secret}:{secret}:ro"] if secret else []
     return docker(
         host, "run", "--detach", "--name", supervisor_name(window_id), "--network", "host",
         "--restart", "on-failure:5",
@@ -71,6 +75,7 @@ def supervisor_argv(host: HostConfig, *, image: str, window_id: str, plan_path: 
         "--volume", f"{sock}:/var/run/docker.sock",
         "--volume", f"{host.state_dir}:{host.state_dir}",
         "--volume", f"{host.data_dir}:{host.data_dir}",
+        *secret_mount,
         "--env", "PYTHONUNBUFFERED=1",
         "--entrypoint", "python3",
         image, "-m", "eagle3ops.supervisor", plan_path,

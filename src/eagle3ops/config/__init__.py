@@ -9,7 +9,7 @@ One module per section (``eagle3ops config docs SECTION`` prints each from its m
 - :mod:`.base` — the strict base model, :class:`ConfigError` and the one error formatter they all use.
 - :mod:`.docs` — ``eagle3ops config docs [SECTION]``, generated from the models.
 
-(The supervisor's plan schema joins as ``plan``/``plan_schema``.)
+``plan``: the window plan the driver writes and the host-side supervisor reads.
 
 The names most modules need (:func:`load_inventory`, :class:`HostConfig`, :class:`ConfigError`, ...) are
 re-exported here, so ``from eagle3ops.config import load_inventory, HostConfig, ConfigError`` keeps working.

@@ -52,6 +52,19 @@ class ServingConfig(StrictModel):
         1800.0, gt=0, description="How long the restore health gate waits for a (slow) server start, in seconds."
     )
     stop_timeout_s: int = Field(120, ge=1, description="Graceful stop timeout before SIGKILL, in seconds.")
+    api_key_file: str | None = Field(
+        None, description="Absolute path, on the host, of a file whose first line is the API key serving requires "
+                          "(`vllm serve --api-key`), for the health gate when the serving container's own "
+                          "`--api-key`/`VLLM_API_KEY` does not show it (e.g. read by its entrypoint from a mounted "
+                          "secret). Read on the host by the supervisor; the key itself never leaves the host.",
+    )
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _absolute_key_file(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"must be an absolute path on the host, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "ServingConfig":

@@ -1,22 +1,11 @@
-"""The host-side runner of a maintenance window: stop serving → stages → restore → health gate, with a journal.
+"""The runner of a window on the host: record → stop → stages → restore → health gate → rollback → result.
 
-It runs in a detached container on the host (started by :mod:`eagle3ops.window`), talks to the host's Docker engine
-through its mounted socket (docker SDK) and outlives the driver's SSH session: if the operator's machine sleeps or
-the driver is killed, stages finish (or hit the budget) and serving is restored anyway.
-
-Files, all under ``<state_dir>`` on the host::
-
-    lock/details.json             the deploy lock (released here at the end)
-    windows/<id>/plan.json        what to do (written by the driver; :class:`Plan`)
-    windows/<id>/journal.jsonl    one JSON object per step event: {"t", "step", "event", ...}
-    windows/<id>/<stage>.log      each stage container's output
-    windows/<id>/serving-inspect.json   the serving container's full ``docker inspect`` before it was stopped
-    windows/<id>/result.json      the outcome (written last)
-    releases/NNNN.json            retained serving releases (spec + image id); ``current`` names the live one
-    audit.jsonl                   who, when, what, outcome — one line per window
-
-Restarted after an interruption (Docker daemon restart, ``recover``), it reads the journal and goes on: finished
-stages are not rerun, and serving is restored in every case.
+Why this module is long (~680 lines): it is one state machine. Every step (record, stop, each stage, restore, the
+switch of a release, each rollback) journals its start and end, waits out Docker engine outages with the same
+bounded wait, takes its time from the same budget and goes through the same "serving comes back" exit path; the
+resume rules (what a restarted supervisor skips) read across all of them. The parts with a job of their own are
+already apart: :mod:`.journal`, :mod:`.releases`, :mod:`.gate` (the health poller), and the container records in
+:mod:`eagle3ops.commands.serving`.
 """
 
 from __future__ import annotations
@@ -24,86 +13,20 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import sys
 import time
-import urllib.error
-import urllib.request
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
-
-from eagle3ops.commands.serving import spec_from_inspect
-
-
-class StageStep(BaseModel):
-    """One stage of a window: its container spec and time limit (seconds)."""
-
-    name: str
-    spec: dict[str, Any]
-    timeout_s: float
-
-
-class HealthCheck(BaseModel):
-    """The restore health gate: /health 200, /v1/models lists ``model``, one completion succeeds."""
-
-    port: int
-    model: str
-    timeout_s: float
-    interval_s: float = 2.0
-
-
-def default_restore_reserve_s(budget_s: float, health_timeout_s: float) -> float:
-    """The restore's reserved share of a window's budget (seconds): ``min(health_timeout_s, budget_s / 2)``.
-
-    Stages must end by ``budget_s`` minus this; the restore's start and health gate use the rest.
-    """
-    return min(health_timeout_s, budget_s / 2)
-
-
-class Plan(BaseModel):
-    """Everything the supervisor needs, written by the driver as ``windows/<id>/plan.json``.
-
-    ``kind``: ``window`` (stop, stages, restore), ``release`` (replace serving with ``new_spec`` as a new
-    release) or ``rollback`` (replace serving with retained release ``to_release``).
-
-    ``budget_s`` (seconds) is the longest serving may be down, restore, health gate and rollbacks included, counted
-    from the window's start. ``restore_reserve_s`` of it is kept for the restore: stages end by ``budget_s -
-    restore_reserve_s`` (None: :func:`default_restore_reserve_s`).
-    """
-
-    window_id: str
-    kind: Literal["window", "release", "rollback"]
-    host: str
-    user: str
-    command: str
-    state_dir: str
-    serving_container: str
-    stop_timeout_s: int = 120
-    stages: list[StageStep] = Field(default_factory=list)
-    budget_s: float = 7200.0
-    health: HealthCheck
-    new_spec: dict[str, Any] | None = None
-    to_release: int | None = None
-    gpus: int = 0
-    restore_reserve_s: float | None = None
-
-    def reserve_s(self) -> float:
-        """Seconds of ``budget_s`` reserved for restore + health gate (see :func:`default_restore_reserve_s`)."""
-        if self.restore_reserve_s is not None:
-            return min(self.restore_reserve_s, self.budget_s)
-        return default_restore_reserve_s(self.budget_s, self.health.timeout_s)
+from eagle3ops.commands import serving as sv
+from eagle3ops.config.plan import MIN_GATE_S, RECORD_GATE_S, Plan, ReleaseChange, StageStep
+from eagle3ops.health import GateFailed, api_key_from_inspect, read_api_key_file, wait_healthy
+from eagle3ops.supervisor.journal import Journal, _now
+from eagle3ops.supervisor.releases import Releases, write_private
 
 
 class Interrupted(Exception):
     """SIGTERM/SIGINT reached the supervisor: stop the current stage and restore serving."""
 
-
-class GateFailed(RuntimeError):
-    """A health gate ran to its end on a container and failed (no answer in time, wrong answers, or the container
-    crashed): the only kind of error that is a verdict on a release."""
 
 
 class EngineUnavailable(RuntimeError):
@@ -116,175 +39,7 @@ class EngineUnavailable(RuntimeError):
 ENGINE_WAIT_S = 180.0
 #: Engine outages one supervisor run waits out before it exits for its restart policy (bounds a flapping engine).
 ENGINE_WAITS_MAX = 5
-#: Once the budget is spent and serving has not passed a gate, each further gate (restore or rollback) still waits
-#: this long (seconds): bringing serving back comes before the budget. Each such overrun is a warning in the result.
-MIN_GATE_S = 120.0
-#: Seconds the gate on the already-running serving container may take when it is first recorded as a release.
-RECORD_GATE_S = 60.0
 
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-class Journal:
-    """Append-only JSON-lines journal of a window (``journal.jsonl``); safe to reopen after a restart."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.entries: list[dict[str, Any]] = []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    self.entries.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # a line cut by a crash
-
-    def log(self, step: str, event: str, **data: Any) -> None:
-        """Append ``{"t", "mono", "step", "event", **data}`` and fsync."""
-        entry = {"t": _now(), "epoch": time.time(), "step": step, "event": event, **data}
-        self.entries.append(entry)
-        with self.path.open("a") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        print(json.dumps(entry), flush=True)
-
-    def last(self, step: str) -> dict[str, Any] | None:
-        """The newest entry of ``step``, or None."""
-        for e in reversed(self.entries):
-            if e["step"] == step:
-                return e
-        return None
-
-    def first(self, step: str, event: str) -> dict[str, Any] | None:
-        """The oldest entry of ``step`` with ``event``, or None."""
-        return next((e for e in self.entries if e["step"] == step and e["event"] == event), None)
-
-    def done(self, step: str) -> bool:
-        """True when ``step``'s newest entry is a successful end (``event == "ok"``)."""
-        e = self.last(step)
-        return bool(e and e["event"] == "ok")
-
-    def first_epoch(self) -> float:
-        """Start time of the window (epoch seconds), surviving restarts."""
-        return self.entries[0]["epoch"] if self.entries else time.time()
-
-
-# ---- releases --------------------------------------------------------------------------------------------------
-
-class Releases:
-    """Retained serving releases under ``<state_dir>/releases``; pruning never removes one listed here.
-
-    Files: ``NNNN.json`` per release (image, full container spec), ``current`` (the live release) and
-    ``history.jsonl`` (one line per release that became live, oldest first). A release that failed its health gate
-    never becomes live, so it never enters the history: rollback targets come from the history, not from the
-    numbering, and a broken newer-numbered release is never picked by an automatic rollback.
-    """
-
-    def __init__(self, state_dir: Path):
-        self.dir = state_dir / "releases"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.history_file = self.dir / "history.jsonl"
-
-    def numbers(self) -> list[int]:
-        """Release numbers present, ascending."""
-        return sorted(int(p.stem) for p in self.dir.glob("[0-9]*.json"))
-
-    def get(self, n: int) -> dict[str, Any]:
-        """Release ``n`` (``{"release", "spec", "image_id", "created", "window"}``).
-
-        Raises:
-            FileNotFoundError: no such retained release.
-        """
-        return json.loads((self.dir / f"{n:04d}.json").read_text())
-
-    def current(self) -> int | None:
-        """The live release number, or None when none was recorded."""
-        p = self.dir / "current"
-        return int(p.read_text().strip()) if p.exists() else None
-
-    def add(self, spec: dict[str, Any], image_id: str | None, window: str) -> int:
-        """Record a new release from ``spec`` and return its number (not yet current)."""
-        n = (self.numbers() or [0])[-1] + 1
-        spec = json.loads(json.dumps(spec))
-        spec.setdefault("labels", {})["io.eagle3ops.release"] = str(n)
-        rec = {"release": n, "spec": spec, "image_id": image_id, "created": _now(), "window": window}
-        (self.dir / f"{n:04d}.json").write_text(json.dumps(rec, indent=2))
-        return n
-
-    def set_current(self, n: int) -> None:
-        """Mark release ``n`` as live (it passed its health gate, or it was already serving) and log it."""
-        self._append({"release": n, "t": _now()})
-        tmp = self.dir / "current.tmp"
-        tmp.write_text(f"{n}\n")
-        tmp.replace(self.dir / "current")  # atomic: a crash leaves the old or the new number, never half
-
-    def mark_failed(self, n: int, why: str) -> None:
-        """Record that live release ``n`` failed a completed health gate: no rollback picks it until it is live again.
-
-        Only a gate verdict (:class:`GateFailed`) may be recorded here; engine errors never are.
-        """
-        self._append({"release": n, "t": _now(), "failed": why})
-
-    def is_marked_failed(self, n: int) -> bool:
-        """True when release ``n``'s newest history entry says it failed a health gate."""
-        newest = None
-        for e in self._entries():
-            if e["release"] == n:
-                newest = e
-        return bool(newest and newest.get("failed"))
-
-    def confirm_live(self, n: int) -> None:
-        """Release ``n`` just passed a health gate while serving: make it current, and clear an earlier failure mark
-        (a newer live entry) so that rollbacks may pick it again."""
-        if self.current() != n or self.is_marked_failed(n):
-            self.set_current(n)
-
-    def _append(self, entry: dict[str, Any]) -> None:
-        earlier = [] if self.history_file.exists() else self._entries()  # seed from the numbering once
-        with self.history_file.open("a") as f:
-            for e in earlier:
-                f.write(json.dumps(e) + "\n")
-            f.write(json.dumps(entry) + "\n")
-
-    def _entries(self) -> list[dict[str, Any]]:
-        if self.history_file.exists():
-            out = []
-            for line in self.history_file.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # a line cut by a crash
-            return out
-        cur = self.current()
-        return [] if cur is None else [{"release": n, "t": None, "reconstructed": True}
-                                       for n in self.numbers() if n <= cur]
-
-    def history(self) -> list[int]:
-        """Releases in the order they became live, oldest first (repeats kept).
-
-        Hosts whose state predates the history file get one reconstructed from the numbering: every retained
-        release up to the current one. Lines cut by a crash are skipped.
-        """
-        return [e["release"] for e in self._entries() if not e.get("failed")]
-
-    def fallbacks(self, failed: int | None) -> list[int]:
-        """Rollback candidates after release ``failed`` did not pass its gate: previously live releases, most
-        recently live first, each once, excluding ``failed``, releases no longer retained and releases whose
-        newest history entry says they failed a gate."""
-        out: list[int] = []
-        kept = set(self.numbers())
-        newest: dict[int, dict[str, Any]] = {}
-        for e in self._entries():
-            newest[e["release"]] = e
-        for n in reversed(self.history()):
-            if n != failed and n in kept and n not in out and not newest[n].get("failed"):
-                out.append(n)
-        return out
-
-
-# ---- the runner ------------------------------------------------------------------------------------------------
 
 class Supervisor:
     """Executes a :class:`Plan` against the host's Docker engine (docker SDK ``DockerClient``)."""
@@ -323,8 +78,9 @@ class Supervisor:
             return None
 
     def _create(self, spec: dict[str, Any], image_id: str | None = None) -> Any:
-        """Create and start a container from a spec (see :func:`eagle3ops.commands.serving.spec_from_inspect`);
-        ``image_id`` (``sha256:...``) pins the image when known, so a re-tagged image cannot change a release."""
+        """Create and start a container from a docker SDK ``containers.run`` spec (stage containers, and releases
+        recorded before releases kept the whole container configuration); ``image_id`` (``sha256:...``) pins the
+        image when known, so a re-tagged image cannot change a release."""
         import docker.types
 
         kw = dict(spec)
@@ -345,6 +101,39 @@ class Supervisor:
             kw.pop("restart_policy", None)
         return self.client.containers.run(detach=True, **kw)
 
+    def _recreate(self, record: dict[str, Any]) -> Any:
+        """Create and start the serving container from a record (:func:`eagle3ops.commands.serving.container_record`)
+        through the Engine API, every ``Config``/``HostConfig`` field as recorded. The image stays the recorded
+        reference while it still resolves to the recorded image id; a re-tagged reference is replaced by the id (a
+        release never changes image silently)."""
+        import docker.errors
+
+        image = None
+        ref, want = record["Config"].get("Image"), record.get("ImageId")
+        if want and ref != want:
+            try:
+                if self.client.images.get(ref).id != want:
+                    image = want
+            except docker.errors.ImageNotFound:
+                image = want
+        body, more = sv.create_request(record, image=image)
+        cid = self.client.api.create_container_from_config(body, name=self.plan.serving_container)["Id"]
+        for net, ep in more.items():
+            ipam = ep.get("IPAMConfig") or {}
+            self.client.api.connect_container_to_network(
+                cid, net, aliases=ep.get("Aliases"), links=ep.get("Links"), driver_opt=ep.get("DriverOpts"),
+                ipv4_address=ipam.get("IPv4Address"), ipv6_address=ipam.get("IPv6Address"),
+                link_local_ips=ipam.get("LinkLocalIPs"))
+        self.client.api.start(cid)
+        return self.client.containers.get(cid)
+
+    def _create_release(self, rel: dict[str, Any]) -> Any:
+        """Create and start retained release ``rel`` (:meth:`Releases.get`): its whole recorded container, or the
+        docker SDK spec of a release recorded before releases kept the whole configuration."""
+        if "container" in rel:
+            return self._recreate(rel["container"])
+        return self._create(rel["spec"], image_id=rel.get("image_id"))
+
     def _remove_serving(self) -> None:
         c = self._serving()
         if c is not None:
@@ -361,11 +150,11 @@ class Supervisor:
         if c is None:
             raise RuntimeError(f"serving container {self.plan.serving_container!r} does not exist on the host")
         inspect = c.attrs
-        (self.wdir / "serving-inspect.json").write_text(json.dumps(inspect, indent=2))
+        write_private(self.wdir / "serving-inspect.json", json.dumps(inspect, indent=2))
         recorded = None
         if self.releases.current() is None:
             # Retained so that a restore can recreate it, but live only when it runs and passes its gate now.
-            recorded = self.releases.add(spec_from_inspect(inspect), inspect.get("Image"), self.plan.window_id)
+            recorded = self.releases.add(sv.container_record(inspect), self.plan.window_id)
             c.reload()
             if c.status != "running":
                 self.warn("record", f"serving container {self.plan.serving_container!r} is {c.status!r}, not running: "
@@ -390,7 +179,7 @@ class Supervisor:
         if c is not None and c.status == "running":
             c.stop(timeout=self.plan.stop_timeout_s)
         self.journal.log("stop", "ok")
-        if self.plan.gpus:
+        if self.plan.gpus and self.plan.stages:  # the GPU check runs in the stages' image
             try:
                 self._wait_gpus_free()
             except Interrupted:
@@ -407,7 +196,7 @@ class Supervisor:
         import docker.types
 
         self.journal.log("gpu-release", "start")
-        image = self.plan.stages[0].spec["image"] if self.plan.stages else self.plan.new_spec["image"]
+        image = self.plan.stages[0].spec["image"]
         deadline = time.time() + timeout
         holders = ""
         while time.time() < deadline:
@@ -536,7 +325,7 @@ class Supervisor:
                 c = self._serving()
                 if c is None:
                     inspect = json.loads((self.wdir / "serving-inspect.json").read_text())
-                    self._create(spec_from_inspect(inspect), image_id=inspect.get("Image"))
+                    self._recreate(sv.container_record(inspect))
                 elif c.status != "running":
                     c.start()
                 self._gate_through_signal()
@@ -639,7 +428,7 @@ class Supervisor:
                 try:
                     self._remove_serving()
                     rel = self.releases.get(prev)
-                    self._create(rel["spec"], image_id=rel.get("image_id"))
+                    self._create_release(rel)
                     self._gate_through_signal()
                 except Exception as exc:  # noqa: BLE001 - engine wait, else the next previously live release
                     if self._wait_out_engine("rollback", exc):
@@ -655,7 +444,9 @@ class Supervisor:
         raise RuntimeError(f"serving failed its health gate ({why}); rollback failed too: " + "; ".join(errors))
 
     def gate(self, timeout_s: float | None = None) -> None:
-        """Health gate: /health 200, /v1/models lists the served model, one completion returns text.
+        """Health gate on the serving container (:func:`eagle3ops.health.wait_healthy`): /health 200,
+        /v1/models lists the served model, one completion returns text; with the API key the container itself
+        requires (its ``--api-key``/``VLLM_API_KEY``), else the one in ``health.api_key_file``.
 
         Waits up to ``timeout_s`` seconds (default ``health.timeout_s``) for a slow start, but fails at once when the
         container has exited.
@@ -667,43 +458,38 @@ class Supervisor:
         """
         h = self.plan.health
         timeout_s = h.timeout_s if timeout_s is None else timeout_s
-        base = f"http://127.0.0.1:{h.port}"
-        deadline = time.time() + timeout_s
         self.journal.log("health", "start", timeout_s=round(timeout_s, 1))
-        last = ""
         c0 = self._serving()
         restarts0 = c0.attrs.get("RestartCount", 0) if c0 is not None else 0
-        while time.time() < deadline:
+
+        def crashed() -> str | None:
             c = self._serving()
-            if c is not None:
-                c.reload()
-                # A restart policy turns a crash into "restarting"/a higher RestartCount: a crash, not a slow start.
-                if c.status in ("exited", "dead", "restarting") or c.attrs.get("RestartCount", 0) > restarts0:
-                    logs = c.logs(tail=20).decode(errors="replace")
-                    raise GateFailed(f"serving container crashed (status {c.status}, exit "
-                                     f"{c.attrs['State'].get('ExitCode')}): {logs[-800:]}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                    if r.status != 200:
-                        raise RuntimeError(f"/health returned {r.status}")
-                with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:
-                    models = [m["id"] for m in json.load(r)["data"]]
-                if h.model not in models:
-                    raise RuntimeError(f"/v1/models lists {models}, not {h.model!r}")
-                body = json.dumps({"model": h.model, "prompt": "Hello", "max_tokens": 4}).encode()
-                req = urllib.request.Request(base + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    out = json.load(r)
-                if not out.get("choices"):
-                    raise RuntimeError(f"completion returned no choices: {out}")
-                self.journal.log("health", "ok", models=models)
-                return
-            except (urllib.error.URLError, ConnectionError, OSError, RuntimeError, ValueError, KeyError) as exc:
-                last = str(exc)
-            time.sleep(min(h.interval_s, max(0.0, deadline - time.time())))
-        self.journal.log("health", "error", reason=last)
-        raise GateFailed(f"health gate did not pass within {timeout_s:.0f}s: {last}")
+            if c is None:
+                return None
+            c.reload()
+            # A restart policy turns a crash into "restarting"/a higher RestartCount: a crash, not a slow start.
+            if c.status in ("exited", "dead", "restarting") or c.attrs.get("RestartCount", 0) > restarts0:
+                logs = c.logs(tail=20).decode(errors="replace")
+                return (f"serving container crashed (status {c.status}, exit {c.attrs['State'].get('ExitCode')}): "
+                        f"{logs[-800:]}")
+            return None
+
+        try:
+            models = wait_healthy(f"http://127.0.0.1:{h.port}", h.model, timeout_s=timeout_s,
+                                  interval_s=h.interval_s, api_key=self._api_key, crashed=crashed)
+        except GateFailed as exc:
+            self.journal.log("health", "error", reason=str(exc)[-800:])
+            raise
+        self.journal.log("health", "ok", models=models)
+
+    def _api_key(self) -> str | None:
+        """The API key serving requires: from the serving container's own configuration, else from the secret
+        file the inventory names (``health.api_key_file``); None when neither has one. Never logged."""
+        c = self._serving()
+        key = api_key_from_inspect(c.attrs) if c is not None else None
+        if key is None and self.plan.health.api_key_file:
+            key = read_api_key_file(self.plan.health.api_key_file)
+        return key
 
     def replace_serving(self) -> str:
         """``release``/``rollback`` plans: swap the serving container for the target spec, health-gated.
@@ -724,8 +510,8 @@ class Supervisor:
         if begun:  # resumed mid-switch: same target, never a second new release
             target = begun["to_release"]
         elif self.plan.kind == "release":
-            assert self.plan.new_spec is not None
-            target = self.releases.add(self.plan.new_spec, None, self.plan.window_id)
+            target = self.releases.add(self._new_release(), self.plan.window_id,
+                                       change=(self.plan.change or ReleaseChange()).describe())
         elif self.plan.to_release is not None:
             target = self.plan.to_release
             self.releases.get(target)  # raises when not retained
@@ -742,7 +528,7 @@ class Supervisor:
             while True:
                 try:
                     self._remove_serving()
-                    self._create(rel["spec"], image_id=rel.get("image_id"))
+                    self._create_release(rel)
                     self._gate_through_signal()
                 except Exception as exc:  # noqa: BLE001
                     if self._wait_out_engine("switch", exc):
@@ -760,6 +546,17 @@ class Supervisor:
         if ok:
             return f"release {target} failed its health gate; rolled back to release {ok['to_release']}"
         return f"release {target} failed its health gate; " + self._rollback_after_failure("resumed", target)
+
+    def _new_release(self) -> dict[str, Any]:
+        """The record of a new release: the serving container recorded by this window (``serving-inspect.json``)
+        plus the plan's intended change, nothing else (:func:`eagle3ops.commands.serving.apply_change`)."""
+        inspect = json.loads((self.wdir / "serving-inspect.json").read_text())
+        change = self.plan.change or ReleaseChange()
+        defaults = None
+        if change.image:  # the old image's own defaults give way to the new image's
+            defaults = self.client.images.get(inspect["Image"]).attrs.get("Config") or {}
+        return sv.apply_change(sv.container_record(inspect), args=change.args, env=change.env, binds=change.binds,
+                               image=change.image, image_defaults=defaults)
 
     # the whole window
     def run(self) -> dict[str, Any]:
@@ -886,35 +683,3 @@ class Supervisor:
             import shutil
 
             shutil.rmtree(lock, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m eagle3ops.supervisor PLAN_JSON``. Exit 0 when the run ended (any outcome)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m eagle3ops.supervisor PLAN_JSON", file=sys.stderr)
-        return 2
-    import docker
-
-    plan_path = Path(argv[0])
-    plan = Plan.model_validate_json(plan_path.read_text())
-    wdir = plan_path.parent
-    if (wdir / "result.json").exists():
-        print("window already finished; nothing to do", flush=True)
-        return 0
-
-    def _term(signum: int, _frame: Any) -> None:
-        # Raise once; later signals are ignored so the restore that follows is not cut short.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise Interrupted(f"supervisor received signal {signum}")
-
-    signal.signal(signal.SIGTERM, _term)
-    signal.signal(signal.SIGINT, _term)
-    sup = Supervisor(plan, docker.from_env(timeout=600), wdir)
-    sup.run()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""The window's journal: append-only JSON lines, fsynced, reopened after a restart (``windows/<id>/journal.jsonl``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Journal:
+    """Append-only JSON-lines journal of a window (``journal.jsonl``); safe to reopen after a restart."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.entries: list[dict[str, Any]] = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    self.entries.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by a crash
+
+    def log(self, step: str, event: str, **data: Any) -> None:
+        """Append ``{"t", "mono", "step", "event", **data}`` and fsync."""
+        entry = {"t": _now(), "epoch": time.time(), "step": step, "event": event, **data}
+        self.entries.append(entry)
+        with self.path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        print(json.dumps(entry), flush=True)
+
+    def last(self, step: str) -> dict[str, Any] | None:
+        """The newest entry of ``step``, or None."""
+        for e in reversed(self.entries):
+            if e["step"] == step:
+                return e
+        return None
+
+    def first(self, step: str, event: str) -> dict[str, Any] | None:
+        """The oldest entry of ``step`` with ``event``, or None."""
+        return next((e for e in self.entries if e["step"] == step and e["event"] == event), None)
+
+    def done(self, step: str) -> bool:
+        """True when ``step``'s newest entry is a successful end (``event == "ok"``)."""
+        e = self.last(step)
+        return bool(e and e["event"] == "ok")
+
+    def first_epoch(self) -> float:
+        """Start time of the window (epoch seconds), surviving restarts."""
+        return self.entries[0]["epoch"] if self.entries else time.time()

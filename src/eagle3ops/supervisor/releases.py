@@ -1,0 +1,146 @@
+"""Retained serving releases under ``<state_dir>/releases``: numbered container specs, the live one, the history."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from eagle3ops.commands.serving import RELEASE_LABEL
+from eagle3ops.supervisor.journal import _now
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600), owned like the directory it is in (the SSH
+    user's state dir): a recorded container configuration holds its environment and command line, which may carry
+    secrets (an API key). Ownership that cannot be changed is left as it is."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
+    st = path.parent.stat()
+    try:
+        os.chown(path, st.st_uid, st.st_gid)
+    except OSError:
+        pass
+
+
+class Releases:
+    """Retained serving releases under ``<state_dir>/releases``; pruning never removes one listed here.
+
+    Files: ``NNNN.json`` per release (the whole container configuration), ``current`` (the live release) and
+    ``history.jsonl`` (one line per release that became live, oldest first). A release that failed its health gate
+    never becomes live, so it never enters the history: rollback targets come from the history, not from the
+    numbering, and a broken newer-numbered release is never picked by an automatic rollback.
+    """
+
+    def __init__(self, state_dir: Path):
+        self.dir = state_dir / "releases"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.history_file = self.dir / "history.jsonl"
+
+    def numbers(self) -> list[int]:
+        """Release numbers present, ascending."""
+        return sorted(int(p.stem) for p in self.dir.glob("[0-9]*.json"))
+
+    def get(self, n: int) -> dict[str, Any]:
+        """Release ``n``: ``{"release", "container", "created", "window", "change"}`` (``container``: the whole
+        recorded container, :func:`eagle3ops.commands.serving.container_record`); releases recorded by older
+        versions have ``{"spec", "image_id"}`` (docker SDK kwargs) instead.
+
+        Raises:
+            FileNotFoundError: no such retained release.
+        """
+        return json.loads((self.dir / f"{n:04d}.json").read_text())
+
+    def current(self) -> int | None:
+        """The live release number, or None when none was recorded."""
+        p = self.dir / "current"
+        return int(p.read_text().strip()) if p.exists() else None
+
+    def add(self, container: dict[str, Any], window: str, change: str = "") -> int:
+        """Record a new release (not yet current) and return its number.
+
+        Args:
+            container: the container's whole configuration (:func:`eagle3ops.commands.serving.container_record`);
+                its ``io.eagle3ops.release`` label is set to the number (the one bookkeeping field eagle3ops adds).
+            window: the window that recorded it; ``change``: what it changed against the live container.
+        """
+        n = (self.numbers() or [0])[-1] + 1
+        container = json.loads(json.dumps(container))
+        cfg = container.setdefault("Config", {})
+        cfg["Labels"] = {**(cfg.get("Labels") or {}), RELEASE_LABEL: str(n)}
+        rec = {"release": n, "container": container, "created": _now(), "window": window, "change": change}
+        write_private(self.dir / f"{n:04d}.json", json.dumps(rec, indent=2))
+        return n
+
+    def set_current(self, n: int) -> None:
+        """Mark release ``n`` as live (it passed its health gate, or it was already serving) and log it."""
+        self._append({"release": n, "t": _now()})
+        tmp = self.dir / "current.tmp"
+        tmp.write_text(f"{n}\n")
+        tmp.replace(self.dir / "current")  # atomic: a crash leaves the old or the new number, never half
+
+    def mark_failed(self, n: int, why: str) -> None:
+        """Record that live release ``n`` failed a completed health gate: no rollback picks it until it is live again.
+
+        Only a gate verdict (:class:`eagle3ops.health.GateFailed`) may be recorded here; engine errors never are.
+        """
+        self._append({"release": n, "t": _now(), "failed": why})
+
+    def is_marked_failed(self, n: int) -> bool:
+        """True when release ``n``'s newest history entry says it failed a health gate."""
+        newest = None
+        for e in self._entries():
+            if e["release"] == n:
+                newest = e
+        return bool(newest and newest.get("failed"))
+
+    def confirm_live(self, n: int) -> None:
+        """Release ``n`` just passed a health gate while serving: make it current, and clear an earlier failure mark
+        (a newer live entry) so that rollbacks may pick it again."""
+        if self.current() != n or self.is_marked_failed(n):
+            self.set_current(n)
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        earlier = [] if self.history_file.exists() else self._entries()  # seed from the numbering once
+        with self.history_file.open("a") as f:
+            for e in earlier:
+                f.write(json.dumps(e) + "\n")
+            f.write(json.dumps(entry) + "\n")
+
+    def _entries(self) -> list[dict[str, Any]]:
+        if self.history_file.exists():
+            out = []
+            for line in self.history_file.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by a crash
+            return out
+        cur = self.current()
+        return [] if cur is None else [{"release": n, "t": None, "reconstructed": True}
+                                       for n in self.numbers() if n <= cur]
+
+    def history(self) -> list[int]:
+        """Releases in the order they became live, oldest first (repeats kept).
+
+        Hosts whose state predates the history file get one reconstructed from the numbering: every retained
+        release up to the current one. Lines cut by a crash are skipped.
+        """
+        return [e["release"] for e in self._entries() if not e.get("failed")]
+
+    def fallbacks(self, failed: int | None) -> list[int]:
+        """Rollback candidates after release ``failed`` did not pass its gate: previously live releases, most
+        recently live first, each once, excluding ``failed``, releases no longer retained and releases whose
+        newest history entry says they failed a gate."""
+        out: list[int] = []
+        kept = set(self.numbers())
+        newest: dict[int, dict[str, Any]] = {}
+        for e in self._entries():
+            newest[e["release"]] = e
+        for n in reversed(self.history()):
+            if n != failed and n in kept and n not in out and not newest[n].get("failed"):
+                out.append(n)
+        return out

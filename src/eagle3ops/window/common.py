@@ -1,0 +1,71 @@
+"""What every part of the driver side of a window shares: its errors, host paths, window ids, hints, the audit log."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+from datetime import datetime, timezone
+from typing import Any
+
+from eagle3ops.commands import host as hc
+from eagle3ops.config import HostConfig
+from eagle3ops.remote import Remote
+
+
+class WindowError(Exception):
+    """A window could not start or did not end well; the message says what happened and what to do."""
+
+
+class LockHeld(WindowError):
+    """Another run holds the host's deploy lock."""
+
+
+class PreflightFailed(WindowError):
+    """A preflight check failed; nothing was stopped."""
+
+
+class SupervisorDead(WindowError):
+    """The window's host-side supervisor is not running and left no result; the message gives the recover command."""
+
+
+def hint(*args: str) -> str:
+    """An ``eagle3ops`` command for a message, each argument quoted (``shlex.quote``): a host name or alias pasted
+    back into a shell stays one literal word and runs nothing."""
+    return "`" + shlex.join(["eagle3ops", *args]) + "`"
+
+
+def new_window_id(kind: str) -> str:
+    """``YYYYmmddTHHMMSSZ-<kind>-<6 hex>``: sortable and unique."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{kind}-{secrets.token_hex(3)}"
+
+
+def paths(host: HostConfig, window_id: str | None = None) -> dict[str, str]:
+    """Well-known state paths on the host (see :mod:`eagle3ops.supervisor`)."""
+    s = host.state_dir
+    p = {"state": s, "lock": f"{s}/lock", "lock_details": f"{s}/lock/details.json", "audit": f"{s}/audit.jsonl",
+         "windows": f"{s}/windows", "releases": f"{s}/releases", "deployed": f"{s}/deployed.json"}
+    if window_id:
+        w = f"{s}/windows/{window_id}"
+        p.update(window=w, plan=f"{w}/plan.json", journal=f"{w}/journal.jsonl", result=f"{w}/result.json")
+    return p
+
+
+def latest_window(r: Remote) -> str | None:
+    """Id of the newest window on the host (ids sort by time)."""
+    out = r.run(hc.ls(paths(r.host)["windows"]), check=False, mutates=False)
+    names = sorted(n for n in out.stdout.split() if n)
+    return names[-1] if names else None
+
+
+def audit_entries(r: Remote) -> list[dict[str, Any]]:
+    """The host's audit log."""
+    out = r.run(hc.cat_if_exists(paths(r.host)["audit"]), check=False, mutates=False)
+    return [json.loads(ln) for ln in out.stdout.splitlines() if ln.strip()]
+
+
+def append_audit(r: Remote, entry: dict[str, Any]) -> None:
+    """Append one audit line from the driver (for windows that never reached the supervisor)."""
+    entry = {"t": datetime.now(timezone.utc).isoformat(timespec="seconds"), **entry}
+    r.run(hc.mkdir_p(r.host.state_dir))
+    r.run(hc.append_file(paths(r.host)["audit"]), stdin=json.dumps(entry) + "\n")

@@ -1,0 +1,119 @@
+"""The host's deploy lock (a directory: ``mkdir`` is atomic) and who holds it."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shlex
+import socket
+from datetime import datetime, timezone
+from typing import Any
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.commands import host as hc
+from eagle3ops.commands import stages as st
+from eagle3ops.remote import Remote, render
+from eagle3ops.window.common import LockHeld, WindowError, hint, paths
+
+
+def acquire_lock(r: Remote, window_id: str, command: str, message: str = "") -> None:
+    """Take the host's deploy lock (atomic ``mkdir``) and write who/when/what into it.
+
+    Raises:
+        LockHeld: the lock exists; the message says who holds it, since when, and the command to clear it.
+        WindowError: the lock could not be created for another reason (e.g. ``Permission denied`` on ``state_dir``);
+            the message quotes the host's error and says how to fix it.
+    """
+    p, h = paths(r.host), r.host
+    fix = (f"The SSH user ({h.user or 'the login user'}) must be able to create and write {h.state_dir}: on the host "
+           f"run `sudo install -d -o <ssh user> {shlex.quote(h.state_dir)}`, or set `hosts.{h.name}.state_dir` in "
+           f"the inventory to a directory that user owns.")
+    mk = r.run(hc.mkdir_p(p["state"]), check=False)
+    if not mk.ok and not r.dry_run:
+        raise WindowError(f"{h.name}: cannot create the state dir: `{render(hc.mkdir_p(p['state']))}` failed: "
+                          f"{(mk.stderr or mk.stdout).strip()}. {fix}")
+    res = r.run(hc.mkdir_atomic(p["lock"]), check=False)
+    if not res.ok and not r.dry_run:
+        if r.run(hc.test_dir(p["lock"]), check=False, mutates=False).ok:
+            raise LockHeld(describe_lock(r))
+        raise WindowError(f"{h.name}: cannot take the deploy lock: `{render(hc.mkdir_atomic(p['lock']))}` failed: "
+                          f"{(res.stderr or res.stdout).strip() or f'exit {res.exited}'}. {fix}")
+    details = {"window_id": window_id, "holder": f"{getpass.getuser()}@{socket.gethostname()}",
+               "since": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
+               "message": message}
+    r.run(hc.write_file(p["lock_details"]), stdin=json.dumps(details, indent=2))
+
+
+def read_lock(r: Remote) -> dict[str, Any] | None:
+    """The lock's details, or None when the host is not locked."""
+    out = r.run(hc.cat_if_exists(paths(r.host)["lock_details"]), check=False, mutates=False)
+    if out.ok and out.stdout.strip():
+        try:
+            return json.loads(out.stdout)
+        except ValueError:
+            return {"holder": "unknown", "raw": out.stdout}
+    held = r.run(hc.test_dir(paths(r.host)["lock"]), check=False, mutates=False)
+    return {"holder": "unknown (no details file)"} if held.ok else None
+
+
+#: A lock whose window has no plan on the host yet is the driver's own (preflight, launch) for this long.
+LAUNCH_GRACE_S = 900
+
+
+def _serving_ok(result: dict[str, Any]) -> bool:
+    """A window result says serving ended running and healthy (results before ``serving_healthy`` existed: running)."""
+    return bool(result.get("serving_healthy", result.get("serving_running", True)))
+
+
+def supervisor_alive(r: Remote, window_id: str) -> bool:
+    """True while the window's supervisor container runs (or is being restarted by its restart policy)."""
+    out = r.run(dk.docker(r.host, "inspect", "--format", "{{.State.Running}} {{.State.Restarting}}",
+                          st.supervisor_name(window_id)), check=False, mutates=False)
+    return out.ok and "true" in out.stdout.split()
+
+
+def lock_is_stale(r: Remote, details: dict[str, Any]) -> bool:
+    """True when the lock's holder is dead: its window's supervisor is not running, and it is not a driver still in
+    preflight/launch (no plan written yet and the lock younger than :data:`LAUNCH_GRACE_S`)."""
+    wid = details.get("window_id")
+    if not wid:
+        return True
+    if supervisor_alive(r, wid):
+        return False
+    if r.run(hc.cat_if_exists(paths(r.host, wid)["plan"]), check=False, mutates=False).stdout.strip():
+        return True
+    try:
+        age = (datetime.now(timezone.utc) - datetime.fromisoformat(details["since"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return True
+    return age > LAUNCH_GRACE_S
+
+
+def describe_lock(r: Remote) -> str:
+    """Human text about the current lock, with the exact command to clear a stale one."""
+    d = read_lock(r)
+    if d is None:
+        return f"{r.host.name}: the deploy lock is free (it was released meanwhile); run the command again"
+    stale = lock_is_stale(r, d)
+    text = (f"{r.host.name}: deploy lock held by {d.get('holder')} since {d.get('since', '?')} "
+            f"for `{d.get('command', '?')}` (window {d.get('window_id', '?')})")
+    res = r.run(hc.cat_if_exists(paths(r.host, d["window_id"])["result"]), check=False, mutates=False).stdout \
+        if d.get("window_id") else ""
+    if stale and res.strip() and not _serving_ok(json.loads(res)):
+        text += (f". That window ended with serving NOT running and kept the lock: {hint('recover', r.host.name)} "
+                 f"retries the restore.")
+    elif stale:
+        text += (f". Its supervisor is not running, so the lock looks stale: check {hint('status', r.host.name)}"
+                 f", then clear it with {hint('lock', 'release', r.host.name, '--force')}.")
+    else:
+        text += f". That window is still running: follow it with {hint('attach', r.host.name)}."
+    return text
+
+
+def release_lock(r: Remote, window_id: str | None = None) -> None:
+    """Remove the lock (only if held by ``window_id`` when given)."""
+    if window_id is not None:
+        d = read_lock(r)
+        if d and d.get("window_id") != window_id:
+            return
+    r.run(hc.rm_rf(paths(r.host)["lock"]))

@@ -1,0 +1,68 @@
+"""The plan of a window (pure): configuration + what preflight found → :class:`eagle3ops.config.plan.Plan`, and
+what the supervisor will do with it as printable argv (``--dry-run``)."""
+
+from __future__ import annotations
+
+import getpass
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.commands import serving as sv
+from eagle3ops.commands import stages as st
+from eagle3ops.config import HostConfig
+from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange, StageStep
+
+
+def health_check(h: HostConfig) -> HealthCheck:
+    """The health gate settings for the host's serving."""
+    return HealthCheck(port=h.serving.port, model=h.serving.served_model_name, timeout_s=h.serving.health_timeout_s,
+                       api_key_file=h.serving.api_key_file)
+
+
+def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command: str, run: str = "default",
+               stages: list[str] | None = None, change: ReleaseChange | None = None,
+               to_release: int | None = None, user: str = "", serving_container: str | None = None) -> Plan:
+    """The :class:`~eagle3ops.config.plan.Plan` for a window (pure).
+
+    ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
+    a new release's container gets the same name, so the next window finds it again. ``change``: a ``release``
+    plan's intended change of the live container (default: none, the live container recreated as it is).
+    """
+    name = serving_container or sv.default_name(h.serving)
+    if kind == "release" and change is None:
+        change = ReleaseChange()
+    steps = [StageStep(name=s, spec=st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id),
+                       timeout_s=h.stage_timeout_s) for s in (stages or [])]
+    return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
+                state_dir=h.state_dir, serving_container=name, stop_timeout_s=h.serving.stop_timeout_s,
+                stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), change=change,
+                to_release=to_release, gpus=h.gpus)
+
+
+def supervisor_commands(h: HostConfig, plan: Plan) -> list[list[str]]:
+    """What the host-side supervisor will do, as equivalent ``docker`` argv lists (for ``--dry-run``).
+
+    The supervisor uses the docker SDK, not the CLI; these are the CLI commands with the same effect.
+    """
+    cmds: list[list[str]] = []
+    if plan.kind == "window":
+        cmds.append(dk.docker(h, "stop", "--time", str(plan.stop_timeout_s), plan.serving_container))
+        for step in plan.stages:
+            cmds.append(sv.run_argv(h, {**step.spec, "restart_policy": {}}))
+        cmds.append(dk.docker(h, "start", plan.serving_container))
+    else:
+        if plan.kind == "release":
+            change = plan.change or ReleaseChange()
+            record = {"Name": plan.serving_container, "Config": {
+                "Image": change.image or "<image of the live container>",
+                "Cmd": ["<command of the live container, with:", *change.args, ">"] if change.args else
+                       ["<command of the live container>"]}}
+        else:
+            which = plan.to_release or "live before the current one"
+            record = {"Name": plan.serving_container, "Config": {"Image": f"<image of release {which}>",
+                                                                  "Cmd": [f"<command of release {which}>"]}}
+        cmds.append(dk.rm(h, plan.serving_container, force=True))
+        cmds.append(sv.record_run_argv(h, record))
+    port = plan.health.port
+    cmds.append(["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
+                 f"POST http://127.0.0.1:{port}/v1/completions"])
+    return cmds

@@ -1,0 +1,303 @@
+"""Preflight of a window (read-only, before anything stops): host checks and the stages' disk estimate."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.commands import host as hc
+from eagle3ops.commands import serving as sv
+from eagle3ops.commands import stages as st
+from eagle3ops.config import HostConfig
+from eagle3ops.remote import Remote
+from eagle3ops.window.common import hint
+
+#: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
+AUX_LAYERS_STORED = 4
+BF16_BYTES = 2
+
+
+
+def hidden_state_bytes(tokens: int, hidden_size: int) -> int:
+    """Disk bytes of extracted hidden states: tokens × 4 aux layers × hidden_size × 2 (bf16).
+
+    Source: speculators stores, per token, the 3 aux layers' hidden states concatenated plus the last layer's,
+    each ``hidden_size`` values, in the target's dtype (bf16 = 2 bytes).
+    """
+    return tokens * AUX_LAYERS_STORED * hidden_size * BF16_BYTES
+
+
+#: Bytes per token of ``prepare/samples.jsonl`` (ids and loss mask as JSON text) and of the int64 ``input_ids`` +
+#: ``loss_mask`` stored beside each sample's hidden states: generous bounds.
+PREPARED_BYTES_PER_TOKEN = 16
+#: Bytes per trainable draft-head parameter in one resumable checkpoint: fp32 weights (4) + AdamW's two fp32
+#: moments (8). Frozen parameters (embeddings, verifier lm_head) are saved as fp32 weights only (4).
+CHECKPOINT_BYTES_PER_PARAM = 12
+FROZEN_BYTES_PER_PARAM = 4
+
+
+def target_dims(model_config: dict[str, Any]) -> dict[str, int]:
+    """``hidden_size``, ``intermediate_size``, ``vocab_size`` of a target's ``config.json`` (the text model's for
+    multimodal configs with a ``text_config``).
+
+    Raises:
+        ValueError: no ``hidden_size`` (the file is not a transformer config).
+    """
+    t = model_config if "hidden_size" in model_config else (model_config.get("text_config") or {})
+    if not t.get("hidden_size"):
+        raise ValueError("config.json has no hidden_size (nor text_config.hidden_size)")
+    h = int(t["hidden_size"])
+    return {"hidden_size": h, "intermediate_size": int(t.get("intermediate_size") or 4 * h),
+            "vocab_size": int(t.get("vocab_size") or model_config.get("vocab_size") or 0)}
+
+
+def draft_param_count(dims: dict[str, int], *, num_layers: int, draft_vocab_size: int) -> tuple[int, int]:
+    """Upper bounds of an EAGLE-3 draft head's parameters as ``(trainable, frozen)``: trainable are the fused aux
+    projection (3H·H), per decoder layer attention over 2H inputs (≤ 8H²) and the MLP (3·H·I), and the draft
+    lm_head (H·draft_vocab); frozen are the target's embeddings and verifier lm_head (2·V·H)."""
+    h, i, v = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
+    return 3 * h * h + num_layers * (8 * h * h + 3 * h * i) + h * draft_vocab_size, 2 * v * h
+
+
+def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) -> int:
+    """Estimated bytes a stage writes into ``<data_dir>/runs/<run>/`` (pure).
+
+    Args:
+        stage: ``prepare``, ``extract``, ``vocab`` or ``train``.
+        cfg: the run's :class:`eagle3ops.config.pipeline.PipelineConfig`.
+        dims: :func:`target_dims` of the target model.
+        tokens: prepared tokens (exact from the prepare manifest, else an upper bound).
+
+    ``extract``: tokens × 4·H·2 bytes of hidden states (:func:`hidden_state_bytes`) + ids/masks; ``train``:
+    ``keep_checkpoints + 1`` resumable checkpoints (the newest is written before the oldest is deleted) of
+    :data:`CHECKPOINT_BYTES_PER_PARAM` per trainable and :data:`FROZEN_BYTES_PER_PARAM` per frozen parameter, plus
+    the bf16 final head.
+    """
+    if stage == "prepare":
+        return tokens * PREPARED_BYTES_PER_TOKEN
+    if stage == "extract":
+        return hidden_state_bytes(tokens, dims["hidden_size"]) + tokens * PREPARED_BYTES_PER_TOKEN
+    if stage == "vocab":
+        return 8 * (cfg.vocab.draft_vocab_size + dims["vocab_size"])
+    if stage == "train":
+        trainable, frozen = draft_param_count(dims, num_layers=cfg.train.num_layers,
+                                              draft_vocab_size=cfg.vocab.draft_vocab_size)
+        ckpt = trainable * CHECKPOINT_BYTES_PER_PARAM + frozen * FROZEN_BYTES_PER_PARAM
+        return ckpt * (cfg.train.keep_checkpoints + 1) + (trainable + frozen) * BF16_BYTES
+    raise ValueError(f"unknown stage {stage!r}")
+
+
+@dataclass
+class DiskEstimate:
+    """Bytes each stage of a window is expected to write, how they were estimated, or why they could not be."""
+
+    by_stage: dict[str, int] = field(default_factory=dict)
+    basis: str = ""
+    error: str = ""
+
+    @property
+    def total(self) -> int:
+        """Sum over the stages, in bytes."""
+        return sum(self.by_stage.values())
+
+    def describe(self) -> str:
+        """One line: per-stage MiB and the basis."""
+        parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.by_stage.items())
+        return f"stage outputs {parts} ({self.basis})" if parts else self.error
+
+
+def _host_path(h: HostConfig, path: str, run: str) -> str | None:
+    """Host path of a path as a stage container sees it (relative paths: the run directory); None if not mounted."""
+    if not path.startswith("/"):
+        return f"{h.data_dir}/runs/{run}/{path}"
+    for mount, host_dir in ((st.DATA_MOUNT, h.data_dir), (st.MODEL_MOUNT, h.model_path)):
+        if path == mount or path.startswith(mount + "/"):
+            return host_dir + path[len(mount):]
+    return None
+
+
+def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str) -> DiskEstimate:
+    """Estimate the bytes the stages of window ``kind`` will write, from facts read before anything stops
+    (read-only): the target's ``config.json``, the run's prepare manifest (exact token count) or else the dataset
+    row counts × ``prepare.max_seq_len`` (an upper bound), and the pipeline config."""
+    import yaml
+    from importlib import resources
+
+    from eagle3ops.config.pipeline import PipelineConfig
+
+    h, est = r.host, DiskEstimate()
+    try:
+        cfg = PipelineConfig.model_validate(yaml.safe_load(pipeline_text) or {})
+    except Exception as exc:  # noqa: BLE001 - pydantic or YAML error
+        est.error = f"pipeline config is invalid: {exc}"
+        return est
+    model_dir = _host_path(h, cfg.target_model, run) or h.model_path
+    out = r.run(hc.cat_if_exists(f"{model_dir}/config.json"), check=False, mutates=False)
+    try:
+        dims = target_dims(json.loads(out.stdout))
+    except (ValueError, TypeError) as exc:
+        est.error = (f"cannot read the target's {model_dir}/config.json on the host ({exc or 'missing'}); it gives "
+                     f"the hidden size the disk estimate needs (target_model: {cfg.target_model})")
+        return est
+    rdir = f"{h.data_dir}/runs/{run}"
+    if not {"prepare", "extract"} & set(st.WINDOWS[kind]):  # train window: outputs do not scale with tokens
+        est.basis = f"draft head of {cfg.train.num_layers} layer(s), hidden size {dims['hidden_size']}"
+        est.by_stage = {s: stage_output_bytes(s, cfg, dims, 0) for s in st.WINDOWS[kind]}
+        return est
+    man = r.run(hc.cat_if_exists(f"{rdir}/prepare/manifest.json"), check=False, mutates=False)
+    tokens = None
+    try:
+        tokens = int(json.loads(man.stdout)["tokens"]) if man.stdout.strip() else None
+    except (ValueError, KeyError, TypeError):
+        tokens = None
+    if tokens is not None:
+        est.basis = f"{tokens} prepared tokens from the prepare manifest, hidden size {dims['hidden_size']}"
+    else:
+        rows, unknown = 0, []
+        for spec in cfg.prepare.datasets:
+            if spec.startswith("builtin:"):
+                f = resources.files("eagle3ops.data").joinpath(f"chat_{spec.removeprefix('builtin:')}.jsonl")
+                rows += len(f.read_text().splitlines()) if f.is_file() else 0
+                continue
+            hp = _host_path(h, spec, run)
+            wc = r.run(hc.line_count(hp), check=False, mutates=False) if hp and not spec.endswith(".parquet") else None
+            if wc is not None and wc.ok and wc.stdout.split():
+                rows += int(wc.stdout.split()[0])
+            else:
+                why = (wc.stderr.strip() if wc is not None else "") or (
+                    "Parquet" if hp else "not under /data or the run directory")
+                unknown.append(f"{spec} ({why})")
+        if unknown and not cfg.prepare.max_samples:
+            est.error = (f"cannot count the rows of {'; '.join(unknown)} before the run; put the file in the run "
+                         f"directory or set prepare.max_samples in the pipeline config so the hidden-state size "
+                         f"can be bounded")
+            return est
+        if unknown:  # rows of some files unknown: max_samples bounds the count
+            n = cfg.prepare.max_samples or 0
+        else:
+            n = min(rows, cfg.prepare.max_samples) if cfg.prepare.max_samples else rows
+        tokens = n * cfg.prepare.max_seq_len
+        est.basis = (f"at most {n} samples × {cfg.prepare.max_seq_len} tokens, hidden size {dims['hidden_size']}, "
+                     f"4 layers × 2 bytes per value")
+    for stage in st.WINDOWS[kind]:
+        est.by_stage[stage] = stage_output_bytes(stage, cfg, dims, tokens)
+    return est
+
+
+
+@dataclass
+class Preflight:
+    """Results of the read-only checks made before anything stops."""
+
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    #: Name of the serving container the run will manage (see :func:`serving_container`).
+    serving_container: str = ""
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        """Record one check."""
+        self.checks.append((name, ok, detail))
+
+    @property
+    def ok(self) -> bool:
+        """All checks passed."""
+        return all(ok for _, ok, _ in self.checks)
+
+    def failures(self) -> str:
+        """One line per failed check."""
+        return "\n".join(f"  - {n}: {d}" for n, ok, d in self.checks if not ok)
+
+
+def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
+              need_serving: bool = True, disk: DiskEstimate | None = None) -> Preflight:
+    """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container.
+
+    Args:
+        image: pipeline image reference that must be present on the host.
+        expected_image_id: ``sha256:...`` it must have (None: presence only).
+        need_bytes: further bytes the run will write into ``data_dir`` (on top of ``disk`` and ``min_free_gib``).
+        disk: the stages' estimated output (:func:`estimate_disk`); an estimate that could not be made fails the
+            ``free space`` check with its reason.
+    """
+    h, pf = r.host, Preflight()
+    v = r.run(dk.version(h), check=False, mutates=False)
+    pf.add("docker engine", v.ok, v.stdout.strip() or v.stderr.strip()[-200:])
+    got = r.run(dk.image_id(h, image), check=False, mutates=False)
+    got_id = got.stdout.strip()
+    if not got.ok:
+        pf.add("pipeline image", False, f"{image} is not on the host: run {hint('deploy', h.name)} first")
+    elif expected_image_id and got_id != expected_image_id:
+        pf.add("pipeline image", False, f"{image} on host has id {got_id[:19]}, expected {expected_image_id[:19]}: "
+                                         f"redeploy with {hint('deploy', h.name)}")
+    else:
+        pf.add("pipeline image", True, got_id[:19])
+    m = r.run(hc.test_dir(h.model_path), check=False, mutates=False)
+    pf.add("model path", m.ok, h.model_path if m.ok else f"{h.model_path} is not a directory on the host")
+    has_data_dir = r.run(hc.test_dir(h.data_dir), check=False, mutates=False).ok
+    # df on the data dir, or on the state dir's filesystem while the data dir does not exist yet (created at launch).
+    df = r.run(hc.free_bytes(h.data_dir if has_data_dir else "/"), check=False, mutates=False)
+    if disk is not None and disk.error:
+        pf.add("free space", False, f"no disk estimate: {disk.error}")
+    elif df.ok:
+        free = hc.parse_df_free_bytes(df.stdout)
+        margin = int(h.min_free_gib * 2**30)
+        need = need_bytes + (disk.total if disk else 0) + margin
+        pf.add("free space", free >= need,
+               f"{free / 2**30:.2f} GiB free on {h.data_dir}, need {need / 2**30:.2f} GiB"
+               + (f" = {disk.describe()} + min_free_gib {h.min_free_gib:g} GiB" if disk else "")
+               + ("" if free >= need else f": free space on {h.data_dir} (or make the run smaller: "
+                                          f"prepare.max_samples / max_seq_len, train.keep_checkpoints)"))
+    else:
+        pf.add("free space", False, df.stderr.strip()[-200:])
+    if h.gpus:
+        g = r.run(hc.gpu_list(), check=False, mutates=False)
+        n = len([ln for ln in g.stdout.splitlines() if ln.startswith("GPU ")])
+        pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
+    else:
+        pf.add("gpus", True, "none (CPU host)")
+    names, found = serving_container(r)
+    pf.serving_container = names[0] if names else sv.default_name(h.serving)
+    if len(names) > 1:
+        pf.add("serving container", False, f"{found} matches {len(names)} containers ({', '.join(names)}); "
+                                           f"eagle3ops manages one serving container: scale the service to 1")
+    elif need_serving:
+        s = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", pf.serving_container),
+                  check=False, mutates=False) if names else None
+        pf.add("serving container", bool(s and s.ok and s.stdout.strip() == "running"),
+               f"{pf.serving_container}: {s.stdout.strip()}" if s and s.ok else f"no container for {found}")
+    return pf
+
+
+def serving_container(r: Remote) -> tuple[list[str], str]:
+    """Find the host's serving container (read-only).
+
+    Returns:
+        (names found, what was looked for): kind ``container`` looks up its name, kind ``compose`` the
+        container(s) carrying the service's Compose labels. An empty list: no such container (callers then use
+        :func:`eagle3ops.commands.serving.default_name`).
+    """
+    s = r.host.serving
+    what = (f"Compose service {s.compose_project}/{s.compose_service}" if s.kind == "compose"
+            else f"container {s.container!r}")
+    out = r.run(sv.find_container_argv(r.host), check=False, mutates=False)
+    names = [n for n in out.stdout.split() if n] if out.ok else []
+    return names, what
+
+
+def serving_drift(r: Remote) -> tuple[str | None, list[str]]:
+    """How the inventory's serving flags differ from the host's live serving container (read-only).
+
+    Returns:
+        (the live container's name or None when none exists, one line per difference
+        (:func:`eagle3ops.commands.serving.inventory_drift`)). Without a live container the inventory's flags are
+        what provisioning would use, so there is nothing to compare.
+    """
+    names, _ = serving_container(r)
+    if not names:
+        return None, []
+    out = r.run(dk.inspect_container(r.host, names[0]), check=False, mutates=False)
+    if not out.ok:
+        return names[0], [f"cannot inspect {names[0]}: {(out.stderr or out.stdout).strip()[-300:]}"]
+    return names[0], sv.inventory_drift(r.host, json.loads(out.stdout)[0])
+

@@ -1,0 +1,156 @@
+"""One window end to end (driver side): lock → preflight → plan → upload → launch → watch → finish; and relaunch."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.commands import host as hc
+from eagle3ops.commands import stages as st
+from eagle3ops.config.plan import Plan, ReleaseChange
+from eagle3ops.remote import Remote, render
+from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
+                                     paths)
+from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
+from eagle3ops.window.planner import build_plan, supervisor_commands
+from eagle3ops.window.preflight import estimate_disk, preflight
+from eagle3ops.window.watch import finish_window, watch
+
+
+def launch(r: Remote, plan: Plan, image: str) -> None:
+    """Write the plan on the host and start the detached supervisor container."""
+    p = paths(r.host, plan.window_id)
+    r.run(hc.mkdir_p(r.host.data_dir))
+    r.run(hc.mkdir_p(p["window"]))
+    r.run(hc.write_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
+    r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
+
+
+
+def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bool:
+    """Restart the supervisor of an interrupted window, which resumes from its journal (done stages are skipped,
+    serving is restored and health-gated). Returns False, doing nothing, when the window already has a result
+    with serving running; a result that says serving is *not* running is moved aside and the restore retried.
+
+    The supervisor image is the one the window's stages ran in (``fallback_image`` for release/rollback plans).
+
+    Raises:
+        WindowError: the supervisor still runs (use ``attach``), the window does not hold the host's lock (it never
+            started, or another run holds it), or a plan without stages and no ``fallback_image``.
+        RemoteError: the plan cannot be read or the supervisor cannot be started.
+    """
+    h, p = r.host, paths(r.host, window_id)
+    res = r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False).stdout
+    if res.strip() and _serving_ok(json.loads(res)):
+        return False
+    if supervisor_alive(r, window_id):
+        raise WindowError(f"window {window_id}: its supervisor is still running; follow it with "
+                          f"{hint('attach', h.name)}")
+    lock = read_lock(r)
+    if not lock or lock.get("window_id") != window_id:
+        holder = f"the lock is held by window {lock.get('window_id')}" if lock else "the lock is free"
+        raise WindowError(f"window {window_id} does not hold the lock of {h.name} ({holder}): it never started "
+                          f"or it finished; nothing to recover")
+    plan = json.loads(r.run(hc.cat(p["plan"]), mutates=False).stdout)
+    image = plan["stages"][0]["spec"]["image"] if plan["stages"] else fallback_image
+    if not image:
+        raise WindowError(f"window {window_id} has no stages and no deployed image to run its supervisor with")
+    if res.strip():
+        r.run(hc.mv(p["result"], f"{p['result']}.{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"))
+    r.run(dk.rm(h, st.supervisor_name(window_id), force=True), check=False)
+    r.run(st.supervisor_argv(h, image=image, window_id=window_id, plan_path=p["plan"]))
+    return True
+
+
+
+def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | None, command: str,
+               run: str = "default", change: ReleaseChange | None = None, to_release: int | None = None,
+               need_bytes: int = 0, on_event: Callable[[dict[str, Any]], None] | None = None,
+               message: str = "", pipeline_text: str | None = None) -> dict[str, Any]:
+    """One maintenance window end to end (driver side).
+
+    ``kind`` is ``extract`` / ``train`` (stages from :data:`eagle3ops.commands.stages.WINDOWS`), ``release`` or
+    ``rollback``. Returns the supervisor's ``result.json`` (``outcome``, ``downtime_s``, ``stage_seconds``...).
+    ``change``: a release's intended change of the live serving container (:class:`~eagle3ops.config.plan.ReleaseChange`).
+
+    ``pipeline_text``: the run's pipeline config (YAML). It is written to ``<data_dir>/runs/<run>/pipeline.yaml``
+    only under the lock, after preflight passed (every write to a host happens then), and it drives the disk
+    estimate of the stages (:func:`estimate_disk`) that preflight checks against free space.
+
+    Raises:
+        LockHeld: another run holds the lock (nothing done).
+        WindowError: the lock could not be taken (the message names the host's error and the fix), or the driver
+            failed after the window started.
+        PreflightFailed: a check failed (nothing stopped; lock released; audit entry written).
+        SupervisorDead: the supervisor died without a result (the message gives the recover command).
+    """
+    window_id = new_window_id(kind)
+    if r.dry_run and read_lock(r):
+        raise LockHeld(describe_lock(r))
+    acquire_lock(r, window_id, command, message)
+    try:
+        disk = estimate_disk(r, kind=kind, run=run, pipeline_text=pipeline_text) \
+            if pipeline_text is not None and kind in st.WINDOWS else None
+        pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
+                       need_serving=kind in st.WINDOWS, disk=disk)
+        if on_event:
+            for name, ok, detail in pf.checks:
+                on_event({"step": "preflight", "event": "ok" if ok else "error", "check": name, "detail": detail})
+        if not pf.ok and not r.dry_run:
+            raise PreflightFailed(f"{r.host.name}: preflight failed, nothing was stopped:\n{pf.failures()}")
+        plan_kind = "window" if kind in st.WINDOWS else kind
+        plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
+                          stages=st.WINDOWS.get(kind), change=change, to_release=to_release,
+                          serving_container=pf.serving_container)
+        if pipeline_text is not None:  # under the lock, after preflight: a refused run changes nothing on the host
+            upload_pipeline_config(r, run, pipeline_text)
+        launch(r, plan, image)
+    except BaseException as exc:
+        started = None if r.dry_run else _started(r, window_id)
+        if started:
+            raise WindowError(f"{r.host.name}: the driver failed after window {window_id} started on the host "
+                              f"({exc}); it goes on there: {hint('attach', r.host.name)}") from exc
+        if started is False:
+            release_lock(r, window_id)
+            append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command,
+                             "window": window_id, "outcome": "not started", "error": str(exc)[-500:]})
+        raise
+    if r.dry_run:
+        on_host = supervisor_commands(r.host, plan)
+        if r.echo:
+            r.echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
+            for argv in on_host:
+                r.echo("#   " + render(argv))
+        if not pf.ok:
+            raise PreflightFailed(f"{r.host.name}: preflight would fail, so a real run would stop before anything "
+                                  f"is stopped:\n{pf.failures()}")
+        return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history),
+                "supervisor_commands": on_host}
+    result = watch(r, window_id, on_event=on_event)
+    return finish_window(r, window_id, result, command=command)
+
+
+def _started(r: Remote, window_id: str) -> bool | None:
+    """Whether the window's supervisor container exists (the window runs on the host and owns the lock); None when
+    the host cannot be asked (the lock then stays; stale detection reports it later)."""
+    try:
+        return r.run(dk.docker(r.host, "inspect", "--format", "{{.Id}}", st.supervisor_name(window_id)),
+                     check=False, mutates=False).ok
+    except Exception:  # noqa: BLE001 - host unreachable
+        return None
+
+
+def upload_pipeline_config(r: Remote, run: str, text: str) -> str:
+    """Write a pipeline config (YAML text) as ``<data_dir>/runs/<run>/pipeline.yaml`` on the host; returns the path.
+
+    A write to the host: call it only while holding the lock (``run_window(pipeline_text=...)`` does, after
+    preflight); a run refused by the lock must not change a running window's input.
+    """
+    rdir = f"{r.host.data_dir}/runs/{run}"
+    r.run(hc.mkdir_p(rdir))
+    r.run(hc.write_file(f"{rdir}/pipeline.yaml"), stdin=text)
+    return f"{rdir}/pipeline.yaml"

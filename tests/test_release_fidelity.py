@@ -1,0 +1,138 @@
+"""Issue 14 items 6 and 5 on the sandbox's real Docker engine and real vLLM.
+
+Serving is started by hand with a long ``docker run`` flag list like a real 8-GPU vLLM deployment's (ipc host,
+shm size, finite memlock/stack/nofile ulimits within this machine's limits, a tmpfs mount, a device, cap-add,
+security-opt, init, log options, user, workdir, stop signal/timeout, a healthcheck, pids limit, group-add, env,
+binds, restart policy) and with ``--api-key``: the health gate must send the key it finds in the container's own
+configuration, and a release and a rollback must give back a container equal to the recorded one on every
+``Config``/``HostConfig`` field except the intended change (the ``--max-num-seqs`` flag) and the release label.
+
+The supervisor runs in this process (the code under test; the sandbox's deployed pipeline image holds an older
+eagle3ops), against the sandbox engine's socket; the gate reaches serving on the loopback the sandbox shares.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange
+from eagle3ops import health as gate
+from eagle3ops.supervisor.releases import Releases
+from eagle3ops.supervisor.runner import Supervisor
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+PORT = 18007
+NAME = "e3-fidelity-serving"
+KEY = "sk-fidelity-" + uuid.uuid4().hex[:12]
+RELEASE_LABEL = "io.eagle3ops.release"
+
+
+def _docker(h, *args, check=True):
+    return subprocess.run(["docker", "-H", h.docker_host, *args], capture_output=True, text=True, timeout=300,
+                          check=check)
+
+
+def _inspect(h, name=NAME) -> dict:
+    return json.loads(_docker(h, "container", "inspect", name).stdout)[0]
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Paths where two inspect sections differ (recursively into dicts)."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+def _run_argv(h) -> list[str]:
+    s = h.serving
+    args = [a if a != str(s.port) else str(PORT) for a in s.args]
+    return [
+        "run", "--detach", "--name", NAME, "--network", "host", "--restart", "always",
+        "--ipc", "host", "--shm-size", "1g",
+        "--ulimit", "memlock=8388608:8388608", "--ulimit", "stack=67108864:67108864",
+        "--ulimit", "nofile=16384:16384",
+        "--tmpfs", "/tmp/scratch:rw,size=64m",
+        "--device", "/dev/fuse:/dev/infiniband/uverbs0",
+        "--cap-add", "IPC_LOCK", "--cap-add", "SYS_NICE", "--security-opt", "no-new-privileges",
+        "--init", "--user", "0:0", "--workdir", "/tmp", "--group-add", "44",
+        "--stop-signal", "SIGINT", "--stop-timeout", "20",
+        "--health-cmd", "python3 -c 0", "--health-interval", "30s",
+        "--log-driver", "json-file", "--log-opt", "max-size=10m", "--log-opt", "max-file=3",
+        "--pids-limit", "4096", "--oom-score-adj", "100", "--cpu-shares", "512",
+        "--env", "NCCL_IB_HCA=mlx5", "--env", "NCCL_SOCKET_IFNAME=lo", "--env", "NCCL_DEBUG=WARN",
+        "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--env", "OMP_NUM_THREADS=2",
+        "--label", "team=inference",
+        "--volume", f"{h.model_path}:/models/tiny-llama:ro",
+        s.image, *args, "--api-key", KEY,
+    ]
+
+
+@pytest.fixture
+def hand_started(sandbox_host):
+    h = sandbox_host
+    _docker(h, "rm", "--force", NAME, check=False)
+    _docker(h, *_run_argv(h))
+    try:
+        gate.wait_healthy(f"http://127.0.0.1:{PORT}", h.serving.served_model_name, api_key=KEY, timeout_s=900,
+                          crashed=lambda: None if _inspect(h)["State"]["Running"] else
+                          _docker(h, "logs", "--tail", "30", NAME).stderr)
+        yield h
+    finally:
+        _docker(h, "rm", "--force", NAME, check=False)
+
+
+def _plan(h, tmp_path, kind, **kw):
+    wid = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{kind}-{uuid.uuid4().hex[:6]}"
+    wdir = tmp_path / "state" / "windows" / wid
+    wdir.mkdir(parents=True)
+    plan = Plan(window_id=wid, kind=kind, host=h.name, user="pytest", command=f"pytest {kind}",
+                state_dir=str(tmp_path / "state"), serving_container=NAME, stop_timeout_s=30, budget_s=1800,
+                health=HealthCheck(port=PORT, model=h.serving.served_model_name, timeout_s=900), **kw)
+    return plan, wdir
+
+
+def test_release_and_rollback_keep_every_setting_and_gate_with_the_api_key(hand_started, tmp_path):
+    import docker
+
+    h = hand_started
+    # The server requires its key: a client without it gets 401 (what main's gate did, failing every release).
+    with pytest.raises(gate.ProbeFailed, match="401"):
+        gate.probe(f"http://127.0.0.1:{PORT}", h.serving.served_model_name)
+    before = _inspect(h)
+    client = docker.DockerClient(base_url=h.docker_host, timeout=600)
+
+    plan, wdir = _plan(h, tmp_path, "release", change=ReleaseChange(args=["--max-num-seqs", "8"]))
+    res = Supervisor(plan, client, wdir).run()
+    assert res["outcome"] == "ok" and res["serving_healthy"] and res["release"] == 2, res
+    released = _inspect(h)
+    assert released["Id"] != before["Id"], "the release recreated the container"
+    diff = _diff(before["Config"], released["Config"], "Config.") + _diff(before["HostConfig"],
+                                                                         released["HostConfig"], "HostConfig.")
+    assert sorted(d.split(":")[0] for d in diff) == ["Config.Cmd", f"Config.Labels.{RELEASE_LABEL}"], diff
+    assert released["Config"]["Cmd"][-2:] == ["--max-num-seqs", "8"]
+    assert released["Config"]["Cmd"][:-2] == before["Config"]["Cmd"]
+
+    plan, wdir2 = _plan(h, tmp_path, "rollback")
+    res = Supervisor(plan, client, wdir2).run()
+    assert res["outcome"] == "ok" and res["serving_healthy"] and res["release"] == 1, res
+    back = _inspect(h)
+    diff = _diff(before["Config"], back["Config"], "Config.") + _diff(before["HostConfig"], back["HostConfig"],
+                                                                       "HostConfig.")
+    assert diff == [f"Config.Labels.{RELEASE_LABEL}: None -> '1'"], diff
+    assert Releases(tmp_path / "state").history() == [1, 2, 1]
+
+    # The key went nowhere it must not: journals, results, the audit log, labels.
+    for f in (wdir / "journal.jsonl", wdir / "result.json", wdir2 / "journal.jsonl", wdir2 / "result.json",
+              tmp_path / "state" / "audit.jsonl"):
+        assert KEY not in f.read_text(), f
+    assert KEY not in json.dumps(back["Config"]["Labels"])
