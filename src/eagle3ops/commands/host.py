@@ -64,6 +64,11 @@ def free_bytes(path: str) -> list[str]:
     return ["df", "-Pk", path]
 
 
+def gpu_compute_pids() -> list[str]:
+    """``nvidia-smi``: the pids of processes holding GPU memory, one per line (empty: every GPU released)."""
+    return ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]
+
+
 def gpu_list() -> list[str]:
     """``nvidia-smi -L``: one line per visible GPU."""
     return ["nvidia-smi", "-L"]

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.config.plan import MIN_GATE_S, RECORD_GATE_S, Plan, ReleaseChange, StageStep
 from eagle3ops.health import GateFailed, api_key_from_inspect, read_api_key_file, wait_healthy
@@ -200,8 +201,9 @@ class Supervisor:
         deadline = time.time() + timeout
         holders = ""
         while time.time() < deadline:
+            argv = hc.gpu_compute_pids()
             holders = self.client.containers.run(
-                image, entrypoint=["nvidia-smi"], command=["--query-compute-apps=pid", "--format=csv,noheader"],
+                image, entrypoint=argv[:1], command=argv[1:],
                 device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])], remove=True,
                 pid_mode="host",  # other containers' processes are invisible to nvidia-smi in its own PID namespace
             ).decode().strip()
