@@ -62,8 +62,8 @@ def test_kimi_window_dry_run_commands_carry_gpu_flags_and_env_exactly():
     """What `--dry-run` prints for the supervisor's part of an extract and a train window on the Kimi host (the
     plan and its docker-CLI equivalents are pure: no SSH): each stage's `docker run` carries `--gpus all`,
     `--ipc host`, `--ulimit memlock=-1:-1` and exactly the stage environment."""
-    from eagle3ops.remote import render
-    from eagle3ops.window import build_plan, supervisor_commands
+    from eagle3ops.commands.quote import render
+    from eagle3ops.window.planner import build_plan, supervisor_commands
 
     h = load_inventory(INVENTORY).host("kimi-01")
     want_env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **h.stage_env}

@@ -44,6 +44,8 @@ def test_other_settings_or_other_inputs_are_not_done(run):
     cfg = load_pipeline_config(run)
     ok, why = done_status("prepare", cfg, _texts(run))
     assert not ok and "other settings of target_model, seed, prepare" in why
+    ok, why = done_status("extract", cfg, _texts(run))  # extract's own settings are unchanged, its input is stale
+    assert not ok and why.startswith("prepare: made with other settings")
     (run / "pipeline.yaml").write_text("target_model: /model\nprepare: {max_seq_len: 64}\n")
     cfg = load_pipeline_config(run)
     texts = _texts(run)

@@ -209,28 +209,31 @@ def done_status(stage: str, config: PipelineConfig, manifests: dict[str, str | N
         stage: one of :data:`STAGES`.
         config: the run's pipeline config now.
         manifests: ``{stage: text of <run_dir>/<stage>/manifest.json, or None when absent}`` for ``stage`` and
-            its inputs.
+            every stage before it (:func:`_ancestors`).
 
     Returns:
-        ``(True, why)`` when the manifest is complete, made with the current config sections and from the input
-        manifests now on disk (byte for byte, by sha256); else ``(False, why not)``.
+        ``(True, why)`` when the manifests of ``stage`` and of every stage it depends on are complete, made with
+        the current config sections, and each made from the input manifests now on disk (byte for byte, by
+        sha256); else ``(False, why not)``.
     """
-    text = manifests.get(stage)
-    if text is None:
-        return False, f"{stage}: not finished (no manifest)"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return False, f"{stage}: manifest unreadable"
-    if data.get("stage") != stage or data.get("status") != "complete":
-        return False, f"{stage}: manifest not complete"
-    if data.get("config_digest") != config.section_digest(*STAGE_SECTIONS[stage]):
-        return False, f"{stage}: made with other settings of {', '.join(STAGE_SECTIONS[stage])}"
-    for upstream in STAGE_INPUTS[stage]:
-        up = manifests.get(upstream)
-        if up is None or hashlib.sha256(up.encode()).hexdigest() != (data.get("inputs") or {}).get(upstream):
-            return False, f"{stage}: made from another `{upstream}` output than the one on disk"
-    return True, f"{stage}: already done for these inputs ({data.get('created', '?')})"
+    for s in [*_ancestors(stage), stage]:
+        text = manifests.get(s)
+        if text is None:
+            return False, f"{s}: not finished (no manifest)"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return False, f"{s}: manifest unreadable"
+        if data.get("stage") != s or data.get("status") != "complete":
+            return False, f"{s}: manifest not complete"
+        if data.get("config_digest") != config.section_digest(*STAGE_SECTIONS[s]):
+            return False, f"{s}: made with other settings of {', '.join(STAGE_SECTIONS[s])}"
+        for upstream in STAGE_INPUTS[s]:
+            up = manifests.get(upstream)
+            if up is None or hashlib.sha256(up.encode()).hexdigest() != (data.get("inputs") or {}).get(upstream):
+                return False, f"{s}: made from another `{upstream}` output than the one on disk"
+    created = json.loads(manifests[stage] or "{}").get("created", "?")
+    return True, f"{stage}: already done for these inputs ({created})"
 
 
 def finished(run_dir: Path, stage: str, config: PipelineConfig) -> dict[str, Any] | None:
@@ -241,7 +244,7 @@ def finished(run_dir: Path, stage: str, config: PipelineConfig) -> dict[str, Any
         path = stage_dir(run_dir, s) / MANIFEST
         return path.read_text() if path.is_file() else None
 
-    ok, _why = done_status(stage, config, {s: text(s) for s in (stage, *STAGE_INPUTS[stage])})
+    ok, _why = done_status(stage, config, {s: text(s) for s in (*_ancestors(stage), stage)})
     if not ok:
         return None
     data = json.loads(text(stage) or "{}")
