@@ -28,7 +28,7 @@ LOCAL_TOOLS: dict[str, tuple[set[str], str]] = {
     "sandbox/host.py": ({"usermod", "groupadd", "useradd", "docker", "ip", "ssh", "sh"},
                         "the sandbox's own daemons and user on this machine (it is the host)"),
     "sandbox/engines.py": ({"apt-get", "apt-cache", "dpkg"}, "the sandbox engine's Debian packages, unpacked here"),
-    "images.py": ({"git"}, "this checkout's revision for the image label (local git)"),
+    "images/tags.py": ({"git"}, "this checkout's revision for the image label (local git)"),
 }
 
 

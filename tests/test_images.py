@@ -88,7 +88,7 @@ def test_every_input_enters_the_tag(root: Path, what: str) -> None:
         f = root / "patches/speculators/0.3.0/series"
         f.write_text(f.read_text() + "# comment\n")
     elif what == "src":
-        f = root / "src/eagle3ops/images.py"
+        f = root / "src/eagle3ops/images/tags.py"
         f.write_text(f.read_text() + "\n")
     elif what == "base":
         base_id = {**BASE_ID, "id": "sha256:" + "cd" * 32}

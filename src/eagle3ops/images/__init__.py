@@ -1,0 +1,92 @@
+"""Versioned, reproducible images: definitions, content tags, labels, builds, bases and inspection.
+
+Each image has a declarative definition in ``images/<name>.yaml`` at the repository root
+(:class:`eagle3ops.config.images.ImageDef`, read by :func:`load_def`): base reference (+ digest when known), the
+profiles of ``patches/profiles.yaml`` it is built for (pins and patch series come from there; a lock from the
+definition), build args and env defaults (jinja2 templates). That folder of YAML files and Dockerfiles
+(``REPO_ROOT / "images"``) is data; this package is the code, one job per module:
+
+- :mod:`~eagle3ops.images.tags`: content inputs, content tag, labels, the jinja2 render of build args (pure but
+  for the base's id on the engine when no digest is known);
+- :mod:`~eagle3ops.images.buildkit`: the BuildKit-capable client, the streamed build, the CA bundle;
+- :mod:`~eagle3ops.images.build`: :func:`build_image` (context, checks plan, labels, BuildKit or the SDK's legacy
+  builder) and the serving image's patches;
+- :mod:`~eagle3ops.images.bases`: the debootstrap minbase, the ``local`` and ``upstream`` stand-in bases, the test
+  stand-in base;
+- :mod:`~eagle3ops.images.facts`: what a base holds (:func:`base_facts`) and the checks plan it implies;
+- :mod:`~eagle3ops.images.inspect`: the docker SDK client, ``image ls``, layer search, human sizes.
+
+Dependencies run one way: tags ← inspect ← facts; buildkit; bases (buildkit, inspect, tags); build (all of them).
+Command lines come from :mod:`eagle3ops.commands.images`. Callers import from this package
+(``from eagle3ops import images``; ``images.build_image(...)``); the names below are its API.
+"""
+
+from __future__ import annotations
+
+from eagle3ops.config.images import REPO_ROOT, ImageDef, ImageError, ProfileSpec, load_def
+from eagle3ops.images.bases import (
+    BASE_LAYOUTS,
+    LOCAL_BASE_TAG,
+    MINBASE_INCLUDE,
+    MINBASE_SUITE,
+    MINBASE_TAG,
+    STANDIN_LAYOUTS,
+    STANDIN_PACKAGES,
+    STANDIN_REPO,
+    UPSTREAM_BASE_TAG,
+    BaseLayout,
+    build_base,
+    build_local_base,
+    build_minbase,
+    build_standin_base,
+    build_upstream_base,
+    lock_subset,
+)
+from eagle3ops.images.build import BuiltImage, build_image, write_serving_patches
+from eagle3ops.images.buildkit import (
+    DEFAULT_CA_BUNDLE,
+    BuildFailed,
+    buildkit_build,
+    buildkit_command,
+    default_ca_bundle,
+)
+from eagle3ops.images.facts import FACTS_CACHE, base_facts, checks_plan
+from eagle3ops.images.inspect import ImageInfo, Runner, docker_client, find_in_layers, human_size, list_images
+from eagle3ops.images.tags import (
+    LABEL_PREFIX,
+    OCI,
+    VERIFY_MODES,
+    _extra_args,
+    _tag,
+    base_identity,
+    content_hash,
+    content_inputs,
+    content_tag,
+    eagle3ops_version,
+    git_revision,
+    image_labels,
+    patch_digests,
+    patch_origins,
+    probe_key_salt,
+    render,
+)
+
+__all__ = [
+    # definitions (eagle3ops.config.images)
+    "REPO_ROOT", "ImageDef", "ImageError", "ProfileSpec", "load_def",
+    # tags
+    "LABEL_PREFIX", "OCI", "VERIFY_MODES", "_extra_args", "_tag", "base_identity", "content_hash", "content_inputs",
+    "content_tag", "eagle3ops_version", "git_revision", "image_labels", "patch_digests", "patch_origins",
+    "probe_key_salt", "render",
+    # buildkit and build
+    "DEFAULT_CA_BUNDLE", "BuildFailed", "buildkit_build", "buildkit_command", "default_ca_bundle",
+    "BuiltImage", "build_image", "write_serving_patches",
+    # bases
+    "BASE_LAYOUTS", "LOCAL_BASE_TAG", "MINBASE_INCLUDE", "MINBASE_SUITE", "MINBASE_TAG", "STANDIN_LAYOUTS",
+    "STANDIN_PACKAGES", "STANDIN_REPO", "UPSTREAM_BASE_TAG", "BaseLayout", "build_base", "build_local_base",
+    "build_minbase", "build_standin_base", "build_upstream_base", "lock_subset",
+    # facts
+    "FACTS_CACHE", "base_facts", "checks_plan",
+    # inspect
+    "ImageInfo", "Runner", "docker_client", "find_in_layers", "human_size", "list_images",
+]
