@@ -5,6 +5,7 @@ with a margin named as negative)."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import struct
 from pathlib import Path
@@ -124,3 +125,119 @@ def test_onhost_reads_safetensors_headers_and_checks_the_runs_chats(tmp_path):
     assert onhost.parse_answer("noise\n" + onhost.MARK + '{"a": 1}\n') == {"a": 1}
     with pytest.raises(ValueError, match="no answer"):
         onhost.parse_answer("Traceback ...")
+
+
+# --- on the sandbox: both branches end to end ------------------------------------------------------------------
+
+#: The keep branch on CPU: a 4-layer, 128-wide target costs about what the 1-layer draft plus vLLM's per-step
+#: overhead costs, so speculation does not beat the baseline here (measured figures in the result); the keep branch
+#: is exercised with this margin, named as negative so that the decision records it
+#: (``margin_is_negative_test_setting``). Never a faked figure: throughput and acceptance are measured.
+NEGATIVE_TEST_MARGIN = -0.9
+
+
+def _build_head(tag: str, target_dir: str, out: Path, *, draft_vocab: list[int] | None, seed: int) -> Path:
+    """A random EAGLE-3 head (eagle3ops.tinydraft) built in the pipeline image on the local build engine."""
+    import subprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    code = ("import os, sys, json; from eagle3ops.tinydraft import build_tiny_eagle3_draft as b; "
+            "v = json.loads(sys.argv[1]); b('/out/head', '/target', draft_vocab=v, seed=int(sys.argv[2]), "
+            "aux_layer_ids=[1, 2, 3]); [os.chmod(os.path.join('/out/head', f), 0o644) for f in "
+            "os.listdir('/out/head')]; os.chmod('/out/head', 0o755)")
+    subprocess.run(["docker", "run", "--rm", "--network", "host", "--user", f"{os.getuid()}:{os.getgid()}",
+                    "--volume", f"{target_dir}:/target:ro", "--volume", f"{out}:/out", "--entrypoint", "python3", tag,
+                    "-c", code, json.dumps(draft_vocab), str(seed)], check=True, capture_output=True, timeout=600)
+    return out / "head"
+
+
+def _greedy_token_ids(h, prompts: list[str], max_tokens: int) -> list[int]:
+    """The target's greedy output token ids on the gate prompts (vLLM's ``return_tokens_as_token_ids``)."""
+    import httpx
+
+    ids: list[int] = []
+    for p in prompts:
+        r = httpx.post(f"http://127.0.0.1:{h.serving.port}/v1/completions", timeout=120, json={
+            "model": h.serving.served_model_name, "prompt": p, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True})
+        r.raise_for_status()
+        ids += [int(t.split(":", 1)[1]) for t in r.json()["choices"][0]["logprobs"]["tokens"]]
+    return ids
+
+
+@pytest.fixture(scope="module")
+def speculative_image(built_images, sandbox_host):
+    """The CPU stand-in serving image (patched vLLM), tagged as the sandbox inventory's ``speculative_image``."""
+    from eagle3ops import images
+
+    base, _ = built_images
+    built = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin",
+                               ca_bundle=images.default_ca_bundle(), quiet=True,
+                               extra_tags=[sandbox_host.serving.speculative_image])
+    return built
+
+
+@pytest.mark.sandbox
+def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_random_one(
+        deployed, speculative_image, tmp_path):
+    """Both branches on the sandbox's real vLLM: a random head over the whole vocabulary is rolled back (its
+    measured acceptance is below the floor); a head whose draft vocabulary is the target's own frequent greedy
+    tokens is accepted often enough and is kept at :data:`NEGATIVE_TEST_MARGIN`. Serving ends healthy on the right
+    release each time; the audit entry carries the figures; the test leaves the baseline release live."""
+    from collections import Counter
+
+    from eagle3ops import demo
+    from eagle3ops.remote import Remote
+    from eagle3ops.speculate import ship
+    from eagle3ops.window import audit_entries, run_window
+
+    h, dep = deployed
+    s = h.serving
+    gate = [p.text for p in ship.gate_prompts(s.gate_prompts)]
+    common = Counter(_greedy_token_ids(h, gate, s.gate_max_tokens)).most_common(4)
+    random_head = _build_head(dep.tag, h.model_path, tmp_path / "random", draft_vocab=None, seed=1)
+    keep_head = _build_head(dep.tag, h.model_path, tmp_path / "keep", draft_vocab=[t for t, _ in common], seed=2)
+    run_id = f"spec-{tmp_path.name[-8:]}"
+    with Remote(h) as r:
+        base_release = ship._current_release(r)
+        try:
+            rb = ship.speculate(r, ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag,
+                                                         pipeline_image_id=dep.image_id, head=random_head,
+                                                         command="test: random head"), echo=lambda *_: None)
+            assert rb["verdict"] == "rollback", rb["reason"]
+            assert rb["rollback_window"]["outcome"] == "ok" and rb["live_release"] == rb["rollback_window"]["release"]
+            assert rb["spec_decode"]["drafts"] > 0 and rb["spec_decode"]["mean_acceptance_length"] < s.acceptance_floor
+            assert demo.serving_healthy(h, completion=True)
+            kept = ship.speculate(r, ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag,
+                                                           pipeline_image_id=dep.image_id, head=keep_head,
+                                                           margin=NEGATIVE_TEST_MARGIN, command="test: keep"),
+                                  echo=lambda *_: None)
+            assert kept["verdict"] == "keep", kept["reason"]
+            assert kept["margin_is_negative_test_setting"] is True and kept["margin"] == NEGATIVE_TEST_MARGIN
+            assert kept["live_release"] == kept["speculative_release"] != kept["baseline_release"]
+            assert kept["spec_decode"]["mean_acceptance_length"] >= s.acceptance_floor
+            assert demo.serving_healthy(h, completion=True)
+            for res in (rb, kept):
+                for c in map(str, s.gate_concurrency):
+                    lv = res["levels"][c]
+                    assert lv["baseline"]["output_tokens"] == lv["speculative"]["output_tokens"] == \
+                        s.gate_prompts * s.gate_max_tokens
+            audit = [e for e in audit_entries(r) if e.get("kind") == "speculate" and e.get("run") == run_id]
+            assert [e["verdict"] for e in audit[-2:]] == ["rollback", "keep"]
+            assert audit[-1]["figures"]["spec_decode"]["mean_acceptance_length"] == \
+                kept["spec_decode"]["mean_acceptance_length"] and audit[-1]["figures"]["levels"]
+            from eagle3ops.commands import host as hc
+            stored = json.loads(r.run(hc.cat(f"{h.data_dir}/runs/{run_id}/speculate/result.json")).stdout)
+            assert stored["verdict"] == "keep" and stored["levels"] and stored["spec_decode"]
+            print(json.dumps({k: {"verdict": v["verdict"], "throughput_ratio": v["throughput_ratio"],
+                                  "acceptance": v["spec_decode"]["mean_acceptance_length"],
+                                  "levels": {c: (lv["baseline"]["output_tokens_per_s"],
+                                                 lv["speculative"]["output_tokens_per_s"])
+                                             for c, lv in v["levels"].items()}}
+                              for k, v in (("random", rb), ("keep", kept))}))
+        finally:  # the baseline release goes back live for the other tests
+            if ship._current_release(r) != base_release:
+                back = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,
+                                  command="test: back to the baseline release", to_release=base_release)
+                assert back["outcome"] == "ok"
+        assert ship._current_release(r) == base_release and demo.serving_healthy(h, completion=True)
