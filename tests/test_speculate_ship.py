@@ -56,6 +56,8 @@ def test_a_trained_head_fits_its_target():
     (HEAD, {**SHAPES, "lm_head.weight": [2048, 128]}, "lm_head.weight", "draft_vocab_size"),
     (_with(HEAD, "eagle_aux_hidden_state_layer_ids", [1, 2, 4]), SHAPES, "eagle_aux_hidden_state_layer_ids",
      "train the head"),
+    (_with(HEAD, "eagle_aux_hidden_state_layer_ids", [0, 1, 2]), SHAPES, "eagle_aux_hidden_state_layer_ids",
+     "train the head"),  # vLLM adds hidden + residual; no residual before layer 0
     (HEAD, {**SHAPES, "fc.weight": [128, 256]}, "fc.weight", "train the head"),
     (_with(HEAD, "speculators_config.verifier.architectures", ["DeepseekV3ForCausalLM"]), SHAPES,
      "speculators_config.verifier.architectures", "train the head"),
@@ -63,7 +65,8 @@ def test_a_trained_head_fits_its_target():
 def test_a_misfit_head_is_refused_naming_the_field_and_the_fix(head, shapes, field, fix):
     with pytest.raises(hk.HeadMismatch) as ei:
         hk.check_head(head, shapes, TARGET)
-    assert ei.value.field == field and f"`{field}`" in str(ei.value) and "fix:" in str(ei.value) and fix in str(ei.value)
+    msg = str(ei.value)
+    assert ei.value.field == field and f"`{field}`" in msg and "fix:" in msg and fix in msg
 
 
 def test_a_flat_eagle3_llama_head_without_aux_ids_takes_vllms_default():
@@ -134,6 +137,11 @@ def test_onhost_reads_safetensors_headers_and_checks_the_runs_chats(tmp_path):
 #: is exercised with this margin, named as negative so that the decision records it
 #: (``margin_is_negative_test_setting``). Never a faked figure: throughput and acceptance are measured.
 NEGATIVE_TEST_MARGIN = -0.9
+#: The keep head is random too, but its draft vocabulary is the one token the target emits most often on the gate
+#: prompts (its greedy output, read from serving first), so the target accepts its proposals wherever it loops on
+#: that token: a measured mean acceptance length a little above 1 (about 1.2 expected for 4 prompts x 16 tokens).
+#: A random head over the whole vocabulary stays at about 1.0. The floor between them, named for the test:
+TEST_ACCEPTANCE_FLOOR = 1.1
 
 
 def _build_head(tag: str, target_dir: str, out: Path, *, draft_vocab: list[int] | None, seed: int) -> Path:
@@ -178,11 +186,13 @@ def speculative_image(built_images, sandbox_host):
 
 
 @pytest.mark.sandbox
+@pytest.mark.slow
 def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_random_one(
         deployed, speculative_image, tmp_path):
     """Both branches on the sandbox's real vLLM: a random head over the whole vocabulary is rolled back (its
     measured acceptance is below the floor); a head whose draft vocabulary is the target's own frequent greedy
-    tokens is accepted often enough and is kept at :data:`NEGATIVE_TEST_MARGIN`. Serving ends healthy on the right
+    token is accepted often enough and is kept at :data:`NEGATIVE_TEST_MARGIN` (floor for both:
+    :data:`TEST_ACCEPTANCE_FLOOR`). Serving ends healthy on the right
     release each time; the audit entry carries the figures; the test leaves the baseline release live."""
     from collections import Counter
 
@@ -194,28 +204,32 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
     h, dep = deployed
     s = h.serving
     gate = [p.text for p in ship.gate_prompts(s.gate_prompts)]
-    common = Counter(_greedy_token_ids(h, gate, s.gate_max_tokens)).most_common(4)
+    common = Counter(_greedy_token_ids(h, gate, s.gate_max_tokens)).most_common(1)
     random_head = _build_head(dep.tag, h.model_path, tmp_path / "random", draft_vocab=None, seed=1)
-    keep_head = _build_head(dep.tag, h.model_path, tmp_path / "keep", draft_vocab=[t for t, _ in common], seed=2)
+    keep_head = _build_head(dep.tag, h.model_path, tmp_path / "keep", draft_vocab=[common[0][0]], seed=2)
     run_id = f"spec-{tmp_path.name[-8:]}"
     with Remote(h) as r:
         base_release = ship._current_release(r)
         try:
             rb = ship.speculate(r, ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag,
                                                          pipeline_image_id=dep.image_id, head=random_head,
+                                                         acceptance_floor=TEST_ACCEPTANCE_FLOOR,
                                                          command="test: random head"), echo=lambda *_: None)
             assert rb["verdict"] == "rollback", rb["reason"]
             assert rb["rollback_window"]["outcome"] == "ok" and rb["live_release"] == rb["rollback_window"]["release"]
-            assert rb["spec_decode"]["drafts"] > 0 and rb["spec_decode"]["mean_acceptance_length"] < s.acceptance_floor
+            assert rb["spec_decode"]["drafts"] > 0
+            assert rb["spec_decode"]["mean_acceptance_length"] < TEST_ACCEPTANCE_FLOOR
             assert demo.serving_healthy(h, completion=True)
             kept = ship.speculate(r, ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag,
                                                            pipeline_image_id=dep.image_id, head=keep_head,
-                                                           margin=NEGATIVE_TEST_MARGIN, command="test: keep"),
+                                                           margin=NEGATIVE_TEST_MARGIN,
+                                                           acceptance_floor=TEST_ACCEPTANCE_FLOOR,
+                                                           command="test: keep"),
                                   echo=lambda *_: None)
             assert kept["verdict"] == "keep", kept["reason"]
             assert kept["margin_is_negative_test_setting"] is True and kept["margin"] == NEGATIVE_TEST_MARGIN
             assert kept["live_release"] == kept["speculative_release"] != kept["baseline_release"]
-            assert kept["spec_decode"]["mean_acceptance_length"] >= s.acceptance_floor
+            assert kept["spec_decode"]["mean_acceptance_length"] >= TEST_ACCEPTANCE_FLOOR
             assert demo.serving_healthy(h, completion=True)
             for res in (rb, kept):
                 for c in map(str, s.gate_concurrency):

@@ -223,9 +223,9 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
         sd = sp.get("spec_decode") or {}
         figures.append(("speculation gate", f"{sp['verdict']}: {sp['reason']}"))
         for c, lv in (sp.get("levels") or {}).items():
+            spec_tps = (lv.get("speculative") or {}).get("output_tokens_per_s")
             figures.append((f"  concurrency {c}", f"baseline {lv['baseline']['output_tokens_per_s']} tok/s, "
-                                                  f"speculative {(lv.get('speculative') or {}).get('output_tokens_per_s')}"
-                                                  f" tok/s (x{lv.get('throughput_ratio')})"))
+                                                  f"speculative {spec_tps} tok/s (x{lv.get('throughput_ratio')})"))
         figures.append(("  acceptance length", f"{sd.get('mean_acceptance_length')} (per position "
                                                f"{sd.get('acceptance_per_position')})"))
         figures.append(("  live release", str(sp.get("live_release"))))

@@ -10,9 +10,10 @@ the shapes in its safetensors header(s) and the target's ``config.json`` (``text
 * **vocabulary**: the draft's ``vocab_size`` is the target's; ``d2t`` has ``draft_vocab_size`` entries (offsets,
   ``target id = i + d2t[i]``), ``t2d`` (when stored; vLLM skips it) has one per target token, ``lm_head.weight``
   has ``draft_vocab_size`` rows.
-* **aux layers**: ``eagle_aux_hidden_state_layer_ids`` are vLLM-convention ids (vLLM captures the *input* of each
-  listed target layer inside its ``for idx, layer in enumerate(layers)`` loop), so each must be in
-  ``[0, num_hidden_layers)``; as many as ``fc`` fuses.
+* **aux layers**: ``eagle_aux_hidden_state_layer_ids`` are vLLM-convention ids: vLLM captures the *input* of each
+  listed target layer inside its ``for idx, layer in enumerate(layers)`` loop as ``hidden_states + residual``
+  (``vllm/model_executor/models/llama.py``), and ``residual`` is None before layer 0, so each id must be in
+  ``[1, num_hidden_layers)`` (id 0 fails at the first request); as many as ``fc`` fuses.
 * **verifier**: a speculators-format head names its verifier (``speculators_config.verifier``): its architectures
   must be the target's.
 
@@ -97,11 +98,12 @@ def check_head(head_config: Mapping[str, Any], shapes: Mapping[str, Sequence[int
         aux = [2, t_layers // 2, t_layers - 3]  # vLLM's default for Llama-style targets
         warnings.append(f"no eagle_aux_hidden_state_layer_ids: vLLM uses its default {aux}")
     aux = [int(i) for i in aux]
-    bad = [i for i in aux if not 0 <= i < t_layers]
+    bad = [i for i in aux if not 1 <= i < t_layers]
     if bad:
         raise HeadMismatch("eagle_aux_hidden_state_layer_ids",
-                           f"{aux}: {bad} outside the target's layers [0, {t_layers}) (vLLM captures the input "
-                           "of each listed layer)", retrain)
+                           f"{aux}: {bad} outside [1, {t_layers}) for a target of {t_layers} layers (vLLM captures "
+                           "the input of each listed layer as hidden + residual; there is no residual before "
+                           "layer 0)", retrain)
     fc = shapes.get("fc.weight")
     if fc is not None and int(fc[1]) != len(aux) * t_hidden:
         raise HeadMismatch("fc.weight", f"shape {list(fc)} fuses {int(fc[1]) / t_hidden:g} target hidden states, "

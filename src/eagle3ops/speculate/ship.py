@@ -74,6 +74,7 @@ class SpeculateOptions:
         serving_image: overrides ``serving.speculative_image``.
         force: accept a head whose offline acceptance estimate is below the floor.
         margin: overrides ``serving.gate_margin`` (tests name a negative one to exercise the keep branch).
+        acceptance_floor: overrides ``serving.acceptance_floor`` (both the offline-estimate check and the gate).
         max_tokens, prompts: override ``serving.gate_max_tokens`` / ``serving.gate_prompts``.
         command: the command line, for the audit log.
     """
@@ -85,6 +86,7 @@ class SpeculateOptions:
     serving_image: str | None = None
     force: bool = False
     margin: float | None = None
+    acceptance_floor: float | None = None
     max_tokens: int | None = None
     prompts: int | None = None
     command: str = "eagle3ops speculate"
@@ -188,6 +190,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     t0 = time.monotonic()
     run_dir = f"{h.data_dir}/runs/{opts.run}"
     margin = s.gate_margin if opts.margin is None else opts.margin
+    floor = s.acceptance_floor if opts.acceptance_floor is None else opts.acceptance_floor
     max_tokens = opts.max_tokens or s.gate_max_tokens
     image = opts.serving_image or s.speculative_image or s.image
     gate = gate_prompts(opts.prompts or s.gate_prompts)
@@ -211,9 +214,9 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     warnings = list(facts.warnings)
     if offline is None:
         warnings.append("the train manifest has no offline acceptance estimate: floor not checked before release")
-    elif offline < s.acceptance_floor and not opts.force:
+    elif offline < floor and not opts.force:
         raise SpeculateError(f"{h.name}: run {opts.run}: offline acceptance estimate {offline:.3f} is below the "
-                             f"floor {s.acceptance_floor} (serving.acceptance_floor); train longer, or pass --force "
+                             f"floor {floor} (serving.acceptance_floor); train longer, or pass --force "
                              "to measure it anyway")
     disjoint = info.get("disjointness") or {}
     if disjoint.get("error") or disjoint.get("contained_in_training"):
@@ -258,7 +261,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
             speculative, deltas = measure_on_host(r, opts.pipeline_image, prompt_texts, levels, max_tokens)
             total = _sum(list(deltas.values()))
             decision = decide(baseline, speculative, total, production_concurrency=levels[0], margin=margin,
-                              acceptance_floor=s.acceptance_floor)
+                              acceptance_floor=floor)
             decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
         except Exception as exc:
             rb = run_window(r, kind="rollback", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
