@@ -86,7 +86,9 @@ def test_speculative_config_and_the_gate_helper_argv():
     args = sc.speculative_args(num_speculative_tokens=3, cpu=True)
     assert args[0] == "--speculative-config" and json.loads(args[1]) == {
         "method": "eagle3", "model": sc.HEAD_MOUNT, "num_speculative_tokens": 3, "disable_padded_drafter_batch": True}
-    assert "disable_padded_drafter_batch" not in sc.speculative_args(num_speculative_tokens=4, cpu=False)[1]
+    assert args[2:] == ["--override-generation-config", '{"temperature": 0.0}']  # greedy-only CPU stand-in
+    assert sc.speculative_args(num_speculative_tokens=4, cpu=False) == [
+        "--speculative-config", '{"method": "eagle3", "model": "/eagle3ops/draft", "num_speculative_tokens": 4}']
     argv = sc.gate_helper(h, "img:1", "inspect", head_dir="/d/h ead", run_dir="/d/runs/r")
     assert argv[:3] == ["docker", "-H", h.docker_host] and argv[-3:] == ["-m", "eagle3ops.speculate.onhost", "inspect"]
     assert "/d/h ead:/head:ro" in argv and f"{h.model_path}:/target:ro" in argv and "/d/runs/r:/run:ro" in argv

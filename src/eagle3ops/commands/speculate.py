@@ -41,10 +41,19 @@ def untar_into(path: str) -> list[str]:
 
 
 def speculative_args(*, num_speculative_tokens: int, cpu: bool) -> list[str]:
-    """``--speculative-config`` for vLLM 0.16: method ``eagle3``, the mounted head (:data:`HEAD_MOUNT`), ``k``; on
-    a CPU host ``disable_padded_drafter_batch: true`` (the EAGLE proposer's torch path, which the CPU stand-in
-    series needs)."""
+    """``--speculative-config`` for vLLM 0.16: method ``eagle3``, the mounted head (:data:`HEAD_MOUNT`), ``k``.
+
+    On a CPU host (the sandbox's stand-in series, greedy only) also ``disable_padded_drafter_batch: true`` (the EAGLE
+    proposer's torch path) and ``--override-generation-config {"temperature": 0.0}``: a request that leaves
+    ``temperature`` unset (the health gate's, most clients') would otherwise sample, and vLLM 0.16's rejection
+    sampler for sampled requests is a Triton kernel that kills the CPU engine (``TypeError: 'function' object is
+    not subscriptable`` in ``expand_kernel``, then ``EngineDeadError``; measured on the sandbox). A client that asks
+    for ``temperature > 0`` still does; the stand-in is never a production image.
+    """
     cfg: dict[str, Any] = {"method": "eagle3", "model": HEAD_MOUNT, "num_speculative_tokens": num_speculative_tokens}
     if cpu:
         cfg["disable_padded_drafter_batch"] = True
-    return ["--speculative-config", json.dumps(cfg, sort_keys=True)]
+    args = ["--speculative-config", json.dumps(cfg, sort_keys=True)]
+    if cpu:
+        args += ["--override-generation-config", json.dumps({"temperature": 0.0})]
+    return args

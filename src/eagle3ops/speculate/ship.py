@@ -195,7 +195,9 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     image = opts.serving_image or s.speculative_image or s.image
     gate = gate_prompts(opts.prompts or s.gate_prompts)
 
-    # 1. inspect and check (read-only, except a --head upload into data_dir)
+    # 1. inspect and check (read-only, except a --head upload into data_dir and the results' folder, made here as
+    # the SSH user: a bind mount of a missing run dir would make Docker create it as root)
+    r.run(hc.mkdir_p(f"{run_dir}/speculate"))
     head_dir = _upload_head(r, opts.head) if opts.head else f"{run_dir}/train/final"
     res = r.run(sc.gate_helper(h, opts.pipeline_image, "inspect", head_dir=head_dir, run_dir=run_dir),
                 stdin=json.dumps({"gate": [{"id": p.id, "text": p.text} for p in gate]}), check=False,
@@ -278,7 +280,6 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     result = {"host": h.name, "verdict": decision.verdict, "reason": decision.reason, **decision.figures,
               **figures, "rollback_window": rollback_window, "live_release": _current_release(r),
               "wall_s": round(time.monotonic() - t0, 1)}
-    r.run(hc.mkdir_p(f"{run_dir}/speculate"))
     r.run(hc.write_file(f"{run_dir}/speculate/result.json"), stdin=json.dumps(result, indent=2) + "\n")
     append_audit(r, {"user": getpass.getuser(), "host": h.name, "command": opts.command, "kind": "speculate",
                      "run": opts.run, "verdict": decision.verdict, "reason": decision.reason,
