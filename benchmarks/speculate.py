@@ -11,6 +11,13 @@ Figures (all measured by the gate on the host, see :mod:`eagle3ops.speculate`): 
 Δdrafts, and per concurrency c in {first level (production), last level}: baseline and speculative output tokens/s
 and ``ratio`` = speculative / baseline.
 
+Measured (``benchmarks/speculate-cpu-tiny-llama.json``; sandbox: 2 shared cores, tiny Llama target of 4 layers x
+128, the demo run's 20-step head uploaded with ``--head``, k = 3, 4 HumanEval gate prompts x 16 tokens): mean
+acceptance length 1.0 (no proposal accepted), speculative/baseline output tokens/s 0.27 at concurrency 1 and 0.62 at
+4, rolled back. A target this small costs about what a draft step costs, so speculation cannot win on this CPU; the
+figures on 64 tokens per level also move by up to 2x between runs (shared cores): read them as the gate's
+mechanics, not as a speed-up estimate.
+
 Usage::
 
     python benchmarks/speculate.py sandbox --run demo --head /tmp/head --margin -0.9   # CPU: see the README

@@ -180,15 +180,15 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
               force: bool = typer.Option(False, "--force", help="Accept a head whose offline acceptance "
                                          "estimate is below serving.acceptance_floor."),
               margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin."),
-              inventory: Path = InventoryOpt) -> None:
+              inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions
     from eagle3ops.speculate.ship import speculate as run_speculate
     from eagle3ops.window import WindowError
 
     h = _host(inventory, host)
-    with _remote(h) as r:
-        dep = _deployed(r, required=not h.pipeline_image)
+    with _remote(h, dry_run) as r:
+        dep = _deployed(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
                                 margin=margin, command="eagle3ops " + " ".join(sys.argv[1:]))
@@ -196,6 +196,8 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:
             _fail(str(exc))
+    if dry_run:
+        return
     sd = res.get("spec_decode") or {}
     console.print(f"[bold]{res['verdict']}[/bold]: {res['reason']}")
     for c, lv in (res.get("levels") or {}).items():

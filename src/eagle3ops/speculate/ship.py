@@ -170,6 +170,18 @@ def _ensure_image(r: Any, image: str, echo: Callable[[str], None], push: Callabl
     return push(image, r.host)
 
 
+def _dry_release(r: Any, opts: SpeculateOptions, head_dir: str, k: int, image: str, run_window: Any,
+                 serving_release_spec: Any, on_event: Any) -> dict[str, Any]:
+    """The dry run's release window (printed by ``run_window``); no measurement, no result written."""
+    spec = serving_release_spec(r.host, sc.speculative_args(num_speculative_tokens=k, cpu=r.host.gpus == 0))
+    spec["image"] = image
+    spec["volumes"] = list(spec.get("volumes") or []) + [f"{head_dir}:{sc.HEAD_MOUNT}:ro"]
+    rel = run_window(r, kind="release", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
+                     command=opts.command, run=opts.run, new_spec=spec, on_event=on_event)
+    return {"verdict": "dry-run", "reason": "dry run: nothing measured, nothing changed", "release_plan": rel,
+            "speculative_spec": spec}
+
+
 def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = print,
               on_event: Callable[[dict[str, Any]], None] | None = None,
               push: Callable[[str, Any], str] | None = None) -> dict[str, Any]:
@@ -199,7 +211,12 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     # the SSH user: a bind mount of a missing run dir would make Docker create it as root)
     r.run(hc.mkdir_p(f"{run_dir}/speculate"))
     head_dir = _upload_head(r, opts.head) if opts.head else f"{run_dir}/train/final"
-    res = r.run(sc.gate_helper(h, opts.pipeline_image, "inspect", head_dir=head_dir, run_dir=run_dir),
+    if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
+        echo(f"# dry run: {opts.head} would be uploaded to {head_dir} and checked against {h.model_path}")
+        return _dry_release(r, opts, head_dir, 3, image, run_window, serving_release_spec, on_event)
+    mount_run = r.run(hc.test_dir(run_dir), check=False, mutates=False).ok
+    res = r.run(sc.gate_helper(h, opts.pipeline_image, "inspect", head_dir=head_dir,
+                               run_dir=run_dir if mount_run else None),
                 stdin=json.dumps({"gate": [{"id": p.id, "text": p.text} for p in gate]}), check=False,
                 timeout=INSPECT_TIMEOUT_S, mutates=False)
     try:
@@ -230,6 +247,11 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     k = int(ttt or 3)
     prompt_texts = [p.text for p in gate]
     levels = list(s.gate_concurrency)
+    if r.dry_run:
+        echo(f"# dry run: head checked ({facts.__dict__}); would measure {len(gate)} prompts x {max_tokens} tokens "
+             f"at concurrency {levels} on both releases:")
+        echo("#   " + " ".join(sc.gate_helper(h, opts.pipeline_image, "measure")))
+        return _dry_release(r, opts, head_dir, k, image, run_window, serving_release_spec, on_event)
 
     # 2. baseline
     base_release = _current_release(r)
@@ -255,7 +277,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     if rel.get("outcome") != "ok":
         decision = Decision("rollback", f"the speculative release failed its health gate (window "
                                         f"{rel.get('window_id')}: {rel.get('error')}); the supervisor rolled back",
-                            {"levels": {str(c): {"baseline": b.figures()} for c, b in baseline.items()}})
+                            {"baseline_levels": {str(c): b.figures() for c, b in baseline.items()}})
     else:
         figures["speculative_release"] = rel.get("release")
         # 4. measure it; 5. decide. A failed measurement rolls back before the error is raised.
