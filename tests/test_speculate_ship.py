@@ -257,3 +257,109 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
                                   command="test: back to the baseline release", to_release=base_release)
                 assert back["outcome"] == "ok"
         assert ship._current_release(r) == base_release and demo.serving_healthy(h, completion=True)
+
+
+# --- the orchestration with fakes: which windows run, in which order, and what is written -----------------------
+
+class _Res:
+    def __init__(self, stdout: str = "", ok: bool = True):
+        self.stdout, self.stderr, self.ok = stdout, "", ok
+
+
+class _FakeRemote:
+    """Answers the gate's host commands: the inspect helper (a fitting head), ``releases/current``, image present."""
+
+    def __init__(self, host, current: list[int]):
+        self.host, self.dry_run, self.current, self.written = host, False, current, {}
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, mutates=True, **_):
+        if argv[-1] == "inspect":
+            return _Res(onhost.MARK + json.dumps({"head_config": HEAD, "shapes": SHAPES, "target_config": TARGET,
+                                                  "train_manifest": {"offline_estimate": {"acceptance_length": 2.0}},
+                                                  "pipeline_yaml": "train:\n  ttt_steps: 4\n",
+                                                  "disjointness": {"overlap": [], "contained_in_training": []}}))
+        if argv[0] == "find" and argv[1].endswith("/releases/current"):
+            return _Res(f"{self.current[-1]}\n")
+        if argv[0] == "tee":
+            self.written[argv[-1]] = stdin
+        return _Res()
+
+
+def _levels(tps: dict[int, float]):
+    from eagle3ops.speculate.replay import LevelResult
+
+    return {c: LevelResult(c, 4, 0, 64, 64 / v, v, 10.0, 12.0, 50.0, 0.0) for c, v in tps.items()}
+
+
+@pytest.mark.parametrize("spec_tps,acc,verdict", [(150.0, 2.5, "keep"), (90.0, 2.5, "rollback"),
+                                                  (150.0, 1.05, "rollback"), (None, None, "error")])
+def test_speculate_rolls_back_to_the_baseline_release_unless_kept(monkeypatch, spec_tps, acc, verdict):
+    from eagle3ops import window
+    from eagle3ops.speculate import ship
+    from eagle3ops.speculate.metrics import SpecDelta
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    r = _FakeRemote(h, [7])
+    windows: list[dict] = []
+    audit: list[dict] = []
+    measured = iter([(_levels({1: 100.0, 4: 200.0}), {}),
+                     None if spec_tps is None else
+                     (_levels({1: spec_tps, 4: 150.0}), {1: SpecDelta(10, 40, (acc - 1) * 10, {0: (acc - 1) * 10}),
+                                                         4: SpecDelta(0, 0, 0, {})})])
+
+    def fake_measure(*a, **k):
+        m = next(measured)
+        if m is None:
+            raise ship.SpeculateError("sandbox: gate measurement failed: not idle")
+        return m
+
+    def fake_window(r_, *, kind, **kw):
+        windows.append({"kind": kind, **kw})
+        r.current.append(8 if kind == "release" else kw["to_release"])
+        return {"window_id": f"w-{kind}", "outcome": "ok", "release": r.current[-1]}
+
+    monkeypatch.setattr(ship, "measure_on_host", fake_measure)
+    monkeypatch.setattr(window, "run_window", fake_window)
+    monkeypatch.setattr(window, "append_audit", lambda r_, e: audit.append(e))
+    opts = ship.SpeculateOptions(run="r1", pipeline_image="pipe:1", serving_image="serving:patched")
+    if verdict == "error":
+        with pytest.raises(ship.SpeculateError, match="rolled back to release 7"):
+            ship.speculate(r, opts, echo=lambda *_: None)
+        assert [w["kind"] for w in windows] == ["release", "rollback"] and windows[1]["to_release"] == 7
+        return
+    res = ship.speculate(r, opts, echo=lambda *_: None)
+    rel = windows[0]["new_spec"]
+    assert rel["image"] == "serving:patched" and f"{h.data_dir}/runs/r1/train/final:{sc.HEAD_MOUNT}:ro" in rel["volumes"]
+    assert json.loads(rel["command"][rel["command"].index("--speculative-config") + 1])["num_speculative_tokens"] == 4
+    assert res["verdict"] == verdict and res["baseline_release"] == 7
+    if verdict == "keep":
+        assert [w["kind"] for w in windows] == ["release"] and res["live_release"] == 8
+    else:
+        assert [w["kind"] for w in windows] == ["release", "rollback"] and windows[1]["to_release"] == 7
+        assert res["live_release"] == 7 and res["rollback_window"]["outcome"] == "ok"
+    stored = json.loads(r.written[f"{h.data_dir}/runs/r1/speculate/result.json"])
+    assert stored["verdict"] == verdict and stored["levels"]["1"]["speculative"] and stored["spec_decode"]
+    assert audit[-1]["verdict"] == verdict and audit[-1]["figures"]["levels"] and audit[-1]["figures"]["spec_decode"]
+
+
+def test_a_head_below_the_offline_floor_is_refused_before_anything_changes(monkeypatch):
+    from eagle3ops import window
+    from eagle3ops.speculate import ship
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    r = _FakeRemote(h, [7])
+    orig = r.run
+
+    def low(argv, **kw):
+        res = orig(argv, **kw)
+        if argv[-1] == "inspect":
+            ans = onhost.parse_answer(res.stdout)
+            ans["train_manifest"]["offline_estimate"]["acceptance_length"] = 1.1
+            res = _Res(onhost.MARK + json.dumps(ans))
+        return res
+
+    r.run = low
+    monkeypatch.setattr(window, "run_window", lambda *a, **k: pytest.fail("a window ran"))
+    monkeypatch.setattr(ship, "measure_on_host", lambda *a, **k: pytest.fail("measured"))
+    with pytest.raises(ship.SpeculateError, match="offline acceptance estimate 1.100 is below the floor.*--force"):
+        ship.speculate(r, ship.SpeculateOptions(run="r1", pipeline_image="p"), echo=lambda *_: None)

@@ -289,8 +289,9 @@ def report(host: str, run: str = typer.Option(..., "--run", help="The pipeline r
     h = _host(inventory, host)
     with _remote(h) as r:
         data = rep.collect(r, h, run)
-    if not data["windows"] and not data["train_metrics"]:
-        _fail(f"{host}: nothing recorded for run {run!r} (no window and no training metrics); check --run")
+    if not data["windows"] and not data["train_metrics"] and not data.get("speculate"):
+        _fail(f"{host}: nothing recorded for run {run!r} (no window, no training metrics, no speculation gate); "
+              "check --run")
     folder = out or Path("reports") / f"{host}-{run}"
     rep.render(data, folder)
     console.print(f"report: {folder / 'index.html'}")
