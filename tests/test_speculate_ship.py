@@ -329,7 +329,8 @@ def test_speculate_rolls_back_to_the_baseline_release_unless_kept(monkeypatch, s
         return
     res = ship.speculate(r, opts, echo=lambda *_: None)
     rel = windows[0]["new_spec"]
-    assert rel["image"] == "serving:patched" and f"{h.data_dir}/runs/r1/train/final:{sc.HEAD_MOUNT}:ro" in rel["volumes"]
+    assert rel["image"] == "serving:patched"
+    assert f"{h.data_dir}/runs/r1/train/final:{sc.HEAD_MOUNT}:ro" in rel["volumes"]
     assert json.loads(rel["command"][rel["command"].index("--speculative-config") + 1])["num_speculative_tokens"] == 4
     assert res["verdict"] == verdict and res["baseline_release"] == 7
     if verdict == "keep":
