@@ -175,6 +175,45 @@ def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOp
     _window("rollback", h, dry_run, to_release=to)
 
 
+@app.command()
+def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipeline run (its head: train/final; "
+                                                                       "results: runs/<run>/speculate/)."),
+              head: Optional[Path] = typer.Option(None, "--head", help="A local head directory trained elsewhere "
+                                                  "(speculators format); uploaded to <data_dir>/heads/."),
+              image: Optional[str] = typer.Option(None, "--image", help="Patched serving image (default: "
+                                                  "serving.speculative_image)."),
+              force: bool = typer.Option(False, "--force", help="Accept a head whose offline acceptance "
+                                         "estimate is below serving.acceptance_floor."),
+              margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin."),
+              inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+    """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
+    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions
+    from eagle3ops.speculate.ship import speculate as run_speculate
+    from eagle3ops.window import WindowError
+
+    h = _host(inventory, host)
+    with _remote(h, dry_run) as r:
+        dep = _deployed(r, required=not (dry_run or h.pipeline_image))
+        opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
+                                pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
+                                margin=margin, command="eagle3ops " + " ".join(sys.argv[1:]))
+        try:
+            res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
+        except (SpeculateError, WindowError) as exc:
+            _fail(str(exc))
+    if dry_run:
+        return
+    sd = res.get("spec_decode") or {}
+    console.print(f"[bold]{res['verdict']}[/bold]: {res['reason']}")
+    for c, lv in (res.get("levels") or {}).items():
+        console.print(f"  concurrency {c}: baseline {lv['baseline']['output_tokens_per_s']} tok/s, speculative "
+                      f"{(lv.get('speculative') or {}).get('output_tokens_per_s')} tok/s "
+                      f"(x{lv.get('throughput_ratio')})")
+    console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
+                  f"{sd.get('acceptance_per_position')}; live release {res.get('live_release')}")
+    print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
+
+
 def _newest_window(r, required: str = "") -> str | None:
     """Id of the host's newest window; fails with ``no window to <required>`` when ``required`` and none exists."""
     from eagle3ops.window.common import latest_window
@@ -259,8 +298,9 @@ def report(host: str, run: str = typer.Option(..., "--run", help="The pipeline r
     h = _host(inventory, host)
     with _remote(h) as r:
         data = rep.collect(r, h, run)
-    if not data["windows"] and not data["train_metrics"]:
-        _fail(f"{host}: nothing recorded for run {run!r} (no window and no training metrics); check --run")
+    if not data["windows"] and not data["train_metrics"] and not data.get("speculate"):
+        _fail(f"{host}: nothing recorded for run {run!r} (no window, no training metrics, no speculation gate); "
+              "check --run")
     folder = out or Path("reports") / f"{host}-{run}"
     rep.render(data, folder)
     console.print(f"report: {folder / 'index.html'}")

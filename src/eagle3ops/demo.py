@@ -202,7 +202,31 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
             ok &= rel["outcome"] == "ok" and rb["outcome"] == "ok" and rb["release"] == prev
 
     if ok:
-        t = _step("7. the run's report (HTML + plots)")
+        t = _step("7. speculate: the trained head as a speculative release, kept only when measured faster")
+        from eagle3ops.speculate import ship
+
+        spec_img = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin",
+                                      ca_bundle=ca, extra_tags=[h.serving.speculative_image] if
+                                      h.serving.speculative_image else ())
+        with Remote(h) as r:
+            # --force: the demo's 20-step head has no meaningful offline estimate; the gate measures it anyway
+            sp = ship.speculate(r, ship.SpeculateOptions(
+                run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True,
+                serving_image=h.serving.speculative_image or spec_img.tag,
+                command=f"eagle3ops speculate {SANDBOX} --run {run} --force (demo)"), echo=console.print,
+                on_event=print_event)
+        sd = sp.get("spec_decode") or {}
+        figures.append(("speculation gate", f"{sp['verdict']}: {sp['reason']}"))
+        for c, lv in (sp.get("levels") or {}).items():
+            spec_tps = (lv.get("speculative") or {}).get("output_tokens_per_s")
+            figures.append((f"  concurrency {c}", f"baseline {lv['baseline']['output_tokens_per_s']} tok/s, "
+                                                  f"speculative {spec_tps} tok/s (x{lv.get('throughput_ratio')})"))
+        figures.append(("  acceptance length", f"{sd.get('mean_acceptance_length')} (per position "
+                                               f"{sd.get('acceptance_per_position')})"))
+        figures.append(("  live release", str(sp.get("live_release"))))
+
+    if ok:
+        t = _step("8. the run's report (HTML + plots)")
         from eagle3ops import report
 
         with Remote(h) as r:

@@ -65,6 +65,34 @@ class ServingConfig(StrictModel):
         if value is not None and not value.startswith("/"):
             raise ValueError(f"must be an absolute path on the host, got {value!r}")
         return value
+    gate_concurrency: list[int] = Field(
+        default_factory=lambda: [1, 8], min_length=1,
+        description="Concurrency levels at which `eagle3ops speculate` measures both releases; the first is the "
+                    "host's production concurrency (the one that decides keep or rollback).",
+    )
+    gate_margin: float = Field(
+        0.05, gt=-1.0, description="Keep a speculative release only when its output tokens/s at production "
+                                   "concurrency are at least (1 + gate_margin) x the baseline's.",
+    )
+    acceptance_floor: float = Field(
+        1.3, ge=1.0, description="Least mean acceptance length (1 + accepted / drafts, measured from vLLM's "
+                                 "/metrics) of a kept speculative release; also the least offline estimate of the "
+                                 "train manifest that `speculate` accepts without --force.",
+    )
+    gate_prompts: int = Field(16, ge=1, description="HumanEval gate-split prompts replayed per concurrency level.")
+    gate_max_tokens: int = Field(128, ge=2, description="Output tokens per gate request (`ignore_eos`: exact).")
+    speculative_image: str | None = Field(
+        None, description="Serving image of the speculative release (vLLM with the serving patch series, e.g. "
+                          "from `eagle3ops image build serving`); pushed when the host lacks it. Default: `image`.",
+    )
+
+    @field_validator("gate_concurrency")
+    @classmethod
+    def _levels(cls, v: list[int]) -> list[int]:
+        if any(c < 1 for c in v) or len(set(v)) != len(v):
+            raise ValueError("gate_concurrency: distinct positive request counts, production concurrency first, "
+                             "e.g. [1, 8]")
+        return v
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "ServingConfig":

@@ -1,0 +1,113 @@
+"""Speculative decoding on a host: acceptance length (mean, per position) and the speculative/baseline output
+throughput ratio at concurrency 1 and N, from one ``eagle3ops speculate`` run.
+
+Either runs the gate once (``HOST --run RUN [--head DIR] [--margin M]``: baseline measurement, speculative
+release, measurement, keep-or-rollback, exactly as ``eagle3ops speculate``), or, with ``--read``, reads the figures
+a run already recorded (``<data_dir>/runs/<run>/speculate/result.json`` on the host; nothing changes). Prints the
+figures and writes them as JSON (``--json PATH``, default ``benchmarks/speculate-<host>-<run>.json``).
+
+Figures (all measured by the gate on the host, see :mod:`eagle3ops.speculate`): ``acceptance_length_mean`` =
+1 + Δaccepted / Δdrafts over every level (vLLM's definition), ``acceptance_per_position`` = Δaccepted_pos /
+Δdrafts, and per concurrency c in {first level (production), last level}: baseline and speculative output tokens/s
+and ``ratio`` = speculative / baseline.
+
+Measured (``benchmarks/speculate-cpu-tiny-llama.json``; sandbox: 2 shared cores, tiny Llama target of 4 layers x
+128, the demo run's 20-step head uploaded with ``--head``, k = 3, 4 HumanEval gate prompts x 16 tokens): mean
+acceptance length 1.0 (no proposal accepted), speculative/baseline output tokens/s 0.27 at concurrency 1 and 0.62 at
+4, rolled back. A target this small costs about what a draft step costs, so speculation cannot win on this CPU; the
+figures on 64 tokens per level also move by up to 2x between runs (shared cores): read them as the gate's
+mechanics, not as a speed-up estimate.
+
+Usage::
+
+    python benchmarks/speculate.py sandbox --run demo --head /tmp/head --margin -0.9   # CPU: see the README
+    python benchmarks/speculate.py gpu-01 --run r1 --read
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def summarize(result: dict) -> dict:
+    """The benchmark's figures from a gate result (``speculate/result.json``)."""
+    levels = result.get("levels") or {}
+    cs = sorted(int(c) for c in levels)
+    prod = int(result.get("production_concurrency") or (cs[0] if cs else 1))
+    n = max(cs) if cs else prod
+    sd = result.get("spec_decode") or {}
+
+    def level(c: int) -> dict:
+        lv = levels.get(str(c)) or {}
+        b = (lv.get("baseline") or {}).get("output_tokens_per_s")
+        s = (lv.get("speculative") or {}).get("output_tokens_per_s")
+        return {"concurrency": c, "baseline_tokens_per_s": b, "speculative_tokens_per_s": s,
+                "ratio": lv.get("throughput_ratio"),
+                "baseline_itl_ms": (lv.get("baseline") or {}).get("itl_ms_median"),
+                "speculative_itl_ms": (lv.get("speculative") or {}).get("itl_ms_median")}
+
+    return {"host": result.get("host"), "run": result.get("run"), "verdict": result.get("verdict"),
+            "reason": result.get("reason"), "margin": result.get("margin"),
+            "num_speculative_tokens": result.get("num_speculative_tokens"),
+            "acceptance_length_mean": sd.get("mean_acceptance_length"),
+            "acceptance_per_position": sd.get("acceptance_per_position"),
+            "offline_estimate": result.get("offline_estimate"),
+            "prompts": {k: (result.get("prompts") or {}).get(k) for k in ("source", "count", "max_tokens")},
+            "concurrency_1": level(prod), "concurrency_n": level(n)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("host")
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--head", type=Path, help="a local head directory (default: the run's train/final)")
+    ap.add_argument("--margin", type=float, help="override serving.gate_margin (negative: keep-branch tests only)")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--read", action="store_true", help="read the run's recorded result; change nothing")
+    ap.add_argument("--inventory", type=Path, default=REPO / "deploy/hosts.yaml")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+
+    from eagle3ops.commands import host as hc
+    from eagle3ops.config import load_inventory
+    from eagle3ops.remote import Remote
+    from eagle3ops.speculate import ship
+    from eagle3ops.window import paths
+
+    h = load_inventory(a.inventory).host(a.host)
+    with Remote(h) as r:
+        if a.read:
+            out = r.run(hc.cat_if_exists(f"{h.data_dir}/runs/{a.run}/speculate/result.json"), check=False,
+                        mutates=False)
+            if not out.stdout.strip():
+                print(f"{a.host}: run {a.run} has no speculate/result.json", file=sys.stderr)
+                return 1
+            result = json.loads(out.stdout)
+        else:
+            dep = json.loads(r.run(hc.cat(paths(h)["deployed"]), mutates=False).stdout)
+            result = ship.speculate(r, ship.SpeculateOptions(
+                run=a.run, pipeline_image=h.pipeline_image or dep["image"], pipeline_image_id=dep.get("image_id"),
+                head=a.head, force=a.force, margin=a.margin, command="benchmarks/speculate.py"),
+                echo=lambda m: print(m, file=sys.stderr))
+    fig = summarize(result)
+    path = a.json or REPO / "benchmarks" / f"speculate-{a.host}-{a.run}.json"
+    path.write_text(json.dumps(fig, indent=1) + "\n")
+    print(f"verdict {fig['verdict']}: {fig['reason']}")
+    print(f"acceptance length {fig['acceptance_length_mean']} (k={fig['num_speculative_tokens']}), per position "
+          f"{fig['acceptance_per_position']}; offline estimate {fig['offline_estimate']}")
+    for key in ("concurrency_1", "concurrency_n"):
+        lv = fig[key]
+        print(f"concurrency {lv['concurrency']}: baseline {lv['baseline_tokens_per_s']} tok/s, speculative "
+              f"{lv['speculative_tokens_per_s']} tok/s, ratio {lv['ratio']} (ITL {lv['baseline_itl_ms']} -> "
+              f"{lv['speculative_itl_ms']} ms)")
+    print(f"figures written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

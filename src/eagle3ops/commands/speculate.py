@@ -1,0 +1,59 @@
+"""The speculation gate's host commands as argv lists (pure): the host-side gate helper in the pipeline image,
+the head's upload, and the speculative serving release's extra server arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from eagle3ops.commands.docker import docker
+from eagle3ops.config import HostConfig
+
+#: Where a speculative release sees its draft head (read-only bind mount).
+HEAD_MOUNT = "/eagle3ops/draft"
+
+
+def gate_helper(host: HostConfig, image: str, action: str, *, head_dir: str | None = None,
+                run_dir: str | None = None) -> list[str]:
+    """``docker run --rm -i --network host`` of ``python3 -m eagle3ops.speculate.onhost ACTION`` in ``image`` (the
+    pipeline image), reading its request on stdin.
+
+    ``inspect`` mounts the head at ``/head``, the host's ``model_path`` at ``/target`` and the run dir at ``/run``
+    (all read-only); ``measure`` mounts nothing and reaches serving over the host's loopback (host network).
+    """
+    if action not in ("inspect", "measure"):
+        raise ValueError(f"gate helper action {action!r}: inspect or measure")
+    argv = ["run", "--rm", "-i", "--network", "host", "--entrypoint", "python3"]
+    if action == "inspect":
+        if not head_dir:
+            raise ValueError("inspect needs head_dir")
+        argv += ["--volume", f"{head_dir}:/head:ro", "--volume", f"{host.model_path}:/target:ro"]
+        if run_dir:
+            argv += ["--volume", f"{run_dir}:/run:ro"]
+    argv += ["--label", "io.eagle3ops.role=speculate-gate", image, "-m", "eagle3ops.speculate.onhost", action]
+    return docker(host, *argv)
+
+
+def untar_into(path: str) -> list[str]:
+    """Unpack a tar stream from stdin into ``path`` (an uploaded head)."""
+    return ["tar", "-x", "-f", "-", "-C", path, "--no-same-owner"]
+
+
+def speculative_args(*, num_speculative_tokens: int, cpu: bool) -> list[str]:
+    """``--speculative-config`` for vLLM 0.16: method ``eagle3``, the mounted head (:data:`HEAD_MOUNT`), ``k``.
+
+    On a CPU host (the sandbox's stand-in series, greedy only) also ``disable_padded_drafter_batch: true`` (the EAGLE
+    proposer's torch path) and ``--override-generation-config {"temperature": 0.0}``: a request that leaves
+    ``temperature`` unset (the health gate's, most clients') would otherwise sample, and vLLM 0.16's rejection
+    sampler for sampled requests is a Triton kernel that kills the CPU engine (``TypeError: 'function' object is
+    not subscriptable`` in ``expand_kernel``, then ``EngineDeadError``; measured on the sandbox). A client that asks
+    for ``temperature > 0`` still does; the stand-in is never a production image.
+    """
+    cfg: dict[str, Any] = {"method": "eagle3", "model": HEAD_MOUNT, "num_speculative_tokens": num_speculative_tokens}
+    if cpu:
+        cfg["disable_padded_drafter_batch"] = True
+    args = ["--speculative-config", json.dumps(cfg, sort_keys=True)]
+    if cpu:
+        args += ["--override-generation-config", json.dumps({"temperature": 0.0})]
+    return args
