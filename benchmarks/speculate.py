@@ -77,7 +77,7 @@ def main() -> int:
     from eagle3ops.config import load_inventory
     from eagle3ops.remote import Remote
     from eagle3ops.speculate import ship
-    from eagle3ops.window import paths
+    from eagle3ops.window.common import paths
 
     h = load_inventory(a.inventory).host(a.host)
     with Remote(h) as r:

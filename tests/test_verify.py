@@ -162,7 +162,7 @@ def test_deploy_runs_the_deferred_engine_checks_on_the_sandbox(sandbox_host, bui
     from eagle3ops import deployer, images
     from eagle3ops.commands import host as hc
     from eagle3ops.remote import Remote
-    from eagle3ops.window import paths
+    from eagle3ops.window.common import paths
 
     h = sandbox_host
     base, _ = built_images

@@ -49,13 +49,14 @@ def ctrd_serving(built_images):
 def test_release_window_then_rollback(ctrd_serving):
     from eagle3ops import demo
     from eagle3ops.remote import Remote
-    from eagle3ops.window import run_window, serving_release_spec
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.window.run import run_window
 
     h, tag, host_id = ctrd_serving
     with Remote(h) as r:
         rel = run_window(r, kind="release", image=tag, expected_image_id=host_id,
                          command="eagle3ops release (test, containerd store)",
-                         new_spec=serving_release_spec(h, ["--max-num-seqs", "8"]))
+                         change=ReleaseChange(args=["--max-num-seqs", "8"]))
         assert rel["outcome"] == "ok", rel
         assert demo.serving_healthy(h, completion=True)
         rb = run_window(r, kind="rollback", image=tag, expected_image_id=host_id,
