@@ -296,11 +296,31 @@ def _docker_ok(sock: Path) -> str | None:
     return cp.stdout.strip() if cp.returncode == 0 and cp.stdout.strip() else None
 
 
+def _clear_stale_containerd(exec_root: Path) -> None:
+    """Before a dockerd starts under ``exec_root``: a ``containerd.pid`` left by a dockerd that died makes the new
+    one wait for that containerd's socket ("libcontainerd: containerd is still running") until it gives up (seen:
+    the pid a zombie, or reused by another process). Stop our own orphaned containerd (its command line names
+    ``exec_root``), and remove the pid file in every case."""
+    cpid = exec_root / "containerd" / "containerd.pid"
+    if not cpid.exists():
+        return
+    pid = _pid_alive(cpid)
+    if pid is not None:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            cmdline = ""
+        if "containerd" in cmdline and str(exec_root) in cmdline:
+            _stop_pid(cpid)
+    cpid.unlink(missing_ok=True)
+
+
 def _start_dockerd(inf: SandboxInfo, dockerd: str, engine: str = "classic") -> None:
     root = inf.root
     sock = root / "docker.sock"
     exec_root = EXEC_BASE / inf.name
     exec_root.mkdir(parents=True, exist_ok=True)
+    _clear_stale_containerd(exec_root)
     (root / "docker").mkdir(parents=True, exist_ok=True)
     if sock.exists():
         sock.unlink()  # stale socket of a dead daemon
