@@ -126,10 +126,12 @@ def test_replay_measures_real_vllm_serving_and_sees_foreign_requests(deployed):
 
     threads = [threading.Thread(target=other_client, daemon=True) for _ in range(2)]
     holder: dict[str, LevelResult] = {}
+    # A level long enough to be running when the other client starts (idle here: ~260 tokens/s at concurrency 1,
+    # so 16 x 64 tokens take ~4 s; 6 x 32 once finished in 0.7 s, before the other requests came)
     level = threading.Thread(target=lambda: holder.update(r=replay_level(
-        base, h.serving.served_model_name, [p.text for p in prompts.humaneval()[:6]], 1, max_tokens=32)))
+        base, h.serving.served_model_name, [p.text for p in prompts.humaneval()[:16]], 1, max_tokens=64)))
     level.start()
-    time.sleep(1.5)  # the level is running: now someone else's requests arrive
+    time.sleep(0.3)  # the level is running: now someone else's requests arrive
     for t in threads:
         t.start()
     try:
