@@ -519,3 +519,20 @@ def test_restore_gate_waits_only_for_what_is_left_of_the_budget(tmp_path, gate, 
     res2 = Supervisor(plan2.model_copy(update={"window_id": "w3"}), StandInClient(), wdir2).run()
     assert res2["serving_healthy"] is True and gate.timeouts[-1] == 1.0
     assert any("budget" in w for w in res2["warnings"]), res2
+
+
+def test_a_stop_request_while_the_engine_is_down_exits_at_once():
+    """A daemon restart stops its containers (SIGTERM) and the new daemon loads containers only once they exit: a
+    supervisor that then waited for the engine (up to 180 s) held the restart up that long. It exits at once
+    (EngineUnavailable -> exit 75) and its restart policy resumes the window."""
+    import time as _time
+
+    from eagle3ops.supervisor.runner import EngineUnavailable, Supervisor
+
+    sup = Supervisor.__new__(Supervisor)
+    sup.stop_requested, sup.engine_waits, sup.engine_wait_s, sup.engine_poll_s = True, 0, 180.0, 1.0
+    sup._engine_up = lambda: False  # type: ignore[method-assign]
+    t0 = _time.monotonic()
+    with pytest.raises(EngineUnavailable, match="stop requested while the Docker engine is down"):
+        sup._wait_out_engine("restore", ConnectionError("refused"))
+    assert _time.monotonic() - t0 < 1.0

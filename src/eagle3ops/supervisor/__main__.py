@@ -26,15 +26,17 @@ def main(argv: list[str] | None = None) -> int:
         print("window already finished; nothing to do", flush=True)
         return 0
 
+    sup = Supervisor(plan, docker.from_env(timeout=600), wdir)
+
     def _term(signum: int, _frame: Any) -> None:
         # Raise once; later signals are ignored so the restore that follows is not cut short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sup.stop_requested = True
         raise Interrupted(f"supervisor received signal {signum}")
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
-    sup = Supervisor(plan, docker.from_env(timeout=600), wdir)
     sup.run()
     return 0
 

@@ -58,6 +58,10 @@ class Supervisor:
         self.unhealthy = False
         #: Seconds to wait for an unreachable Docker engine (:data:`ENGINE_WAIT_S`).
         self.engine_wait_s = ENGINE_WAIT_S
+        #: Set by the SIGTERM/SIGINT handler. A stop request while the engine is down is a daemon restart stopping
+        #: its containers: waiting then would only hold up the new daemon, which loads containers only once this
+        #: one exits (seen: 100 s), so the supervisor exits at once and its restart policy resumes the window.
+        self.stop_requested = False
         self.engine_poll_s = 2.0
         self.engine_waits = 0
 
@@ -364,6 +368,9 @@ class Supervisor:
         """
         if self._engine_up():
             return False
+        if self.stop_requested:
+            raise EngineUnavailable(f"stop requested while the Docker engine is down (a daemon restart): exiting "
+                                    f"at once ({exc})")
         self.engine_waits += 1
         if self.engine_waits > ENGINE_WAITS_MAX:
             raise EngineUnavailable(f"the Docker engine went away {self.engine_waits} times in this run ({exc})")
