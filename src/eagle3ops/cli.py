@@ -189,7 +189,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions
     from eagle3ops.speculate.ship import speculate as run_speculate
-    from eagle3ops.window import WindowError
+    from eagle3ops.window.common import WindowError
 
     h = _host(inventory, host)
     with _remote(h, dry_run) as r:

@@ -58,7 +58,7 @@ class VerifyResult:
 
 
 def _deployed(r: Remote) -> dict[str, Any]:
-    from eagle3ops.window import paths
+    from eagle3ops.window.common import paths
 
     out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False)
     if not out.stdout.strip():

@@ -291,8 +291,11 @@ def _docker_ok(sock: Path) -> str | None:
     """Server version of the engine at ``sock`` if it answers, else None."""
     if not sock.exists():
         return None
-    cp = subprocess.run(["docker", "-H", f"unix://{sock}", "version", "--format", "{{.Server.Version}}"],
-                        capture_output=True, text=True, timeout=20)
+    try:
+        cp = subprocess.run(["docker", "-H", f"unix://{sock}", "version", "--format", "{{.Server.Version}}"],
+                            capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return None  # a daemon still starting (loading its containers) accepts connections but does not answer
     return cp.stdout.strip() if cp.returncode == 0 and cp.stdout.strip() else None
 
 
