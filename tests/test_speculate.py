@@ -18,6 +18,13 @@ METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{{engine="0",model_name="m"}} {running}
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}
+# HELP vllm:generation_tokens Number of generation tokens processed.
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{{engine="0",model_name="m"}} {gen}
+vllm:generation_tokens_created{{engine="0",model_name="m"}} 1.7e9
 # HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts counter
 vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}
@@ -37,13 +44,15 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",po
 
 
 def _scrape(**kw) -> metrics.SpecCounters:
-    return metrics.parse(METRICS.format(**{"running": 0, **kw}))
+    return metrics.parse(METRICS.format(**{"running": 0, "waiting": 0, "gen": 0, **kw}))
 
 
 def test_deltas_give_vllms_acceptance_length_and_per_position_rates():
     before = _scrape(drafts=100, draft_tokens=300, accepted=150, p0=80, p1=45, p2=25)
-    after = _scrape(drafts=300, draft_tokens=900, accepted=450, p0=260, p1=130, p2=60, running=2)
-    assert after.requests_running == 2 and after.accepted_per_pos == {0: 260, 1: 130, 2: 60}
+    after = _scrape(drafts=300, draft_tokens=900, accepted=450, p0=260, p1=130, p2=60, running=2, waiting=3,
+                    gen=1234)
+    assert (after.requests_running, after.requests_waiting, after.generation_tokens) == (2, 3, 1234)
+    assert after.accepted_per_pos == {0: 260, 1: 130, 2: 60}
     d = metrics.SpecDelta.between(before, after)
     assert (d.drafts, d.draft_tokens, d.accepted) == (200, 600, 300)
     assert d.mean_acceptance_length == pytest.approx(1 + 300 / 200)
@@ -131,7 +140,11 @@ def test_replay_measures_real_vllm_serving_and_sees_foreign_requests(deployed):
     level = threading.Thread(target=lambda: holder.update(r=replay_level(
         base, h.serving.served_model_name, [p.text for p in prompts.humaneval()[:16]], 1, max_tokens=64)))
     level.start()
-    time.sleep(0.3)  # the level is running: now someone else's requests arrive
+    deadline = time.monotonic() + 120  # the level is running (its own idle check passed, a request is in flight) ...
+    while not (metrics.parse(httpx.get(f"{base}/metrics", timeout=10).text).requests_running or 0):
+        assert time.monotonic() < deadline and level.is_alive(), "the level never started sending"
+        time.sleep(0.1)
+    # ... now someone else's requests arrive
     for t in threads:
         t.start()
     try:

@@ -168,6 +168,8 @@ def test_deploy_runs_the_deferred_engine_checks_on_the_sandbox(sandbox_host, bui
     base, _ = built_images
     with Remote(h) as r:
         before = r.run(hc.cat_if_exists(paths(h)["deployed"]), check=False, mutates=False).stdout
+        # Another test may have deployed this very image already (its record would be reused): start without one.
+        r.run(hc.rm_rf(vc.verify_dir(h)))
     try:
         dep = deployer.deploy(h, base_image=base, engine_checks="host", echo=lambda *_: None)
         labels = images.docker_client().images.get(dep.tag).labels

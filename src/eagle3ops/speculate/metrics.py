@@ -3,7 +3,8 @@
 vLLM 0.16 exports (Prometheus text format; a ``_created`` series sits beside each counter and is ignored here):
 ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
 ``vllm:spec_decode_num_accepted_tokens_total`` and ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position=k}``,
-plus the gauge ``vllm:num_requests_running`` (shared/FACTS.md). Mean acceptance length, as vLLM's own
+plus the gauges ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` and the counter
+``vllm:generation_tokens_total`` (vLLM 0.16 ``vllm/v1/metrics/loggers.py``; shared/FACTS.md). Mean acceptance length, as vLLM's own
 ``SpecDecodingLogging`` reports it: ``1 + Δaccepted / Δdrafts`` (each draft round yields the accepted tokens plus one
 token from the target); per-position acceptance rate ``Δaccepted_pos[k] / Δdrafts``.
 
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 __all__ = ["SpecCounters", "SpecDelta", "parse"]
 
 PREFIX = "vllm:spec_decode_"
+_SUMMED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class SpecCounters:
         accepted: proposed tokens the target accepted.
         accepted_per_pos: position (0-based) -> accepted tokens at that position.
         requests_running: ``vllm:num_requests_running`` (gauge; summed over engines), None when absent.
+        requests_waiting: ``vllm:num_requests_waiting`` (gauge; summed over engines), None when absent.
+        generation_tokens: ``vllm:generation_tokens_total`` (counter; summed), None when absent. Two scrapes with
+            the same value mean no request produced a token in between: the server is idle, not between requests.
     """
 
     drafts: float = 0.0
@@ -38,6 +43,8 @@ class SpecCounters:
     accepted: float = 0.0
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
     requests_running: float | None = None
+    requests_waiting: float | None = None
+    generation_tokens: float | None = None
 
 
 def parse(text: str) -> SpecCounters:
@@ -49,11 +56,11 @@ def parse(text: str) -> SpecCounters:
     """
     totals = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
     per_pos: dict[int, float] = {}
-    running: float | None = None
+    summed: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name == "vllm:num_requests_running":
-                running = (running or 0.0) + s.value
+            if s.name in _SUMMED:
+                summed[s.name] = summed.get(s.name, 0.0) + s.value
             if not (s.name.startswith(PREFIX) and s.name.endswith("_total")):
                 continue
             key = s.name[len(PREFIX):-len("_total")]
@@ -63,7 +70,8 @@ def parse(text: str) -> SpecCounters:
             elif key in totals:
                 totals[key] += s.value
     return SpecCounters(totals["num_drafts"], totals["num_draft_tokens"], totals["num_accepted_tokens"], per_pos,
-                        running)
+                        summed.get("vllm:num_requests_running"), summed.get("vllm:num_requests_waiting"),
+                        summed.get("vllm:generation_tokens_total"))
 
 
 @dataclass(frozen=True)

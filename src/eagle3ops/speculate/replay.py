@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from eagle3ops.speculate.metrics import parse
+from eagle3ops.speculate.metrics import SpecCounters, parse
 
 __all__ = ["LevelResult", "ReplayError", "replay_level", "wait_idle"]
 
@@ -59,24 +59,35 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def wait_idle(base_url: str, timeout_s: float = 120.0, api_key: str | None = None) -> None:
-    """Wait until ``vllm:num_requests_running`` is 0, at most ``timeout_s`` seconds.
+def wait_idle(base_url: str, timeout_s: float = 120.0, api_key: str | None = None, settle_s: float = 1.0) -> None:
+    """Wait until the server is idle, at most ``timeout_s`` seconds.
+
+    Idle means two ``/metrics`` scrapes ``settle_s`` seconds apart both show ``vllm:num_requests_running`` and
+    ``vllm:num_requests_waiting`` at 0 and ``vllm:generation_tokens_total`` unchanged: one scrape of the running
+    gauge alone reads 0 in the gap between another client's back-to-back requests.
 
     Raises:
         ReplayError: still busy (someone else's traffic) or unreachable at the deadline.
     """
     deadline = time.monotonic() + timeout_s
     last = "no answer"
+    prev: SpecCounters | None = None
     while time.monotonic() < deadline:
         try:
             r = httpx.get(f"{base_url}/metrics", headers=_headers(api_key), timeout=10)
-            running = parse(r.text).requests_running or 0.0
-            if running == 0:
+            now = parse(r.text)
+            busy = (now.requests_running or 0.0) + (now.requests_waiting or 0.0)
+            if busy:
+                last, prev = f"{busy:g} requests running or waiting", None
+            elif prev is not None and prev.generation_tokens == now.generation_tokens:
                 return
-            last = f"{running:g} requests running"
+            else:
+                if prev is not None:
+                    last = "tokens generated between two scrapes"
+                prev = now
         except httpx.HTTPError as e:
-            last = f"{type(e).__name__}: {e}"
-        time.sleep(1.0)
+            last, prev = f"{type(e).__name__}: {e}", None
+        time.sleep(settle_s)
     raise ReplayError(f"{base_url} not idle within {timeout_s:.0f} s ({last}): not measuring on a shared server")
 
 
