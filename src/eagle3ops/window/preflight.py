@@ -11,7 +11,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
-from eagle3ops.remote import Remote
+from eagle3ops.remote import Remote, RemoteError
 from eagle3ops.window.common import hint
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
@@ -209,9 +209,77 @@ class Preflight:
         return "\n".join(f"  - {n}: {d}" for n, ok, d in self.checks if not ok)
 
 
+def read_run_state(r: Remote, run: str) -> tuple[str | None, dict[str, str | None], dict[str, int]]:
+    """What a run directory holds now (read-only, over SSH): ``(text of runs/<run>/pipeline.yaml or None,
+    {stage: text of its manifest.json or None} for every stage, {"<stage>/<relative path>": bytes} of every file)``.
+    The driver decides from it which stages are done before serving stops
+    (:func:`eagle3ops.window.planner.decide_stages`)."""
+    from eagle3ops.stages.manifest import MANIFEST, STAGES
+
+    rdir = f"{r.host.data_dir}/runs/{run}"
+
+    def text(path: str) -> str | None:
+        out = r.run(hc.cat_if_exists(path), check=False, mutates=False)
+        return out.stdout if out.ok and out.stdout else None
+
+    manifests = {s: text(f"{rdir}/{s}/{MANIFEST}") for s in STAGES}
+    sizes: dict[str, int] = {}
+    if any(manifests.values()):
+        out = r.run(hc.file_sizes(rdir), check=False, mutates=False)
+        sizes = hc.parse_file_sizes(out.stdout, rdir)
+    return text(f"{rdir}/pipeline.yaml"), manifests, sizes
+
+
+#: Which inventory key of ``hosts.<name>`` sets each stage container setting (named in a failed probe's message).
+PROBE_SETTINGS = {"runtime": "stage_runtime", "ulimit": "stage_ulimits", "ipc": "stage_ipc",
+                  "shm": "stage_shm_size", "gpu": "gpus", "device": "gpus", "cuda": "gpus", "mount": "data_dir / model_path",
+                  "env": "stage_env"}
+
+
+def diagnose_probe(h: HostConfig, spec: dict[str, Any], exited: int | None, output: str) -> str:
+    """The message of a failed throwaway stage container (pure): the engine's or the container's own words, the
+    stage setting they name and the inventory key that sets it, else every setting with its key."""
+    low = output.lower()
+    named = [(word, key) for word, key in PROBE_SETTINGS.items() if word in low]
+    settings = {"runtime": spec.get("runtime") or "engine default", "ipc": spec.get("ipc_mode") or "engine default",
+                "shm": spec.get("shm_size") or "engine default",
+                "ulimits": ", ".join(f"{u['Name']}={u['Soft']}:{u['Hard']}" for u in spec.get("ulimits") or [])
+                or "engine default", "gpus": "all" if spec.get("device_requests") else "none"}
+    what = (f"the stage setting it names: {', '.join(sorted({k for _, k in named}))} (hosts.{h.name}.<key> in the "
+            f"inventory)" if named else
+            f"stage settings: {'; '.join(f'{k} {v}' for k, v in settings.items())} (inventory keys "
+            f"hosts.{h.name}.stage_runtime / stage_ipc / stage_shm_size / stage_ulimits / gpus)")
+    tail = " ".join(output.strip().split())[-400:] or "no output"
+    return (f"a throwaway stage container with the stages' own settings failed "
+            f"({'timed out' if exited is None else f'exit {exited}'}): {tail}. Fix {what}; serving was not touched")
+
+
+def probe_stage_container(r: Remote, pf: Preflight, *, image: str, run: str, window_id: str, stage: str) -> None:
+    """Preflight's GPU/container check: start a throwaway container from the stage's own spec
+    (:func:`eagle3ops.commands.stages.probe_spec`: device request, runtime, ipc, shm, ulimits, env, mounts) and the
+    pipeline image, running :func:`eagle3ops.commands.stages.probe_command`, bounded by
+    :data:`eagle3ops.commands.stages.PROBE_TIMEOUT_S` seconds and removed afterwards (``--rm``, then ``rm -f``).
+    Adds the ``stage container`` check to ``pf``. In a dry run it is printed, not run."""
+    spec = st.probe_spec(r.host, image=image, run=run, window_id=window_id, stage=stage)
+    try:
+        res = r.run(st.probe_argv(r.host, spec), check=False, timeout=st.PROBE_TIMEOUT_S)
+        ok, exited, output = res.ok, res.exited, (res.stderr + "\n" + res.stdout)
+    except RemoteError as exc:  # timed out
+        ok, exited, output = False, None, f"no answer within {st.PROBE_TIMEOUT_S}s: {exc}"
+    finally:
+        r.run(dk.rm(r.host, spec["name"], force=True), check=False)
+    if r.dry_run:
+        pf.add("stage container", True, f"would run {spec['name']} with the {stage} stage's settings")
+        return
+    pf.add("stage container", ok, f"{stage} stage's settings work: {' '.join(output.split())[-120:]}" if ok
+           else diagnose_probe(r.host, spec, exited, output))
+
+
 def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
-              need_serving: bool = True, disk: DiskEstimate | None = None) -> Preflight:
-    """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container.
+              need_serving: bool = True, disk: DiskEstimate | None = None,
+              probe: tuple[str, str, str] | None = None) -> Preflight:
+    """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container; and, with
+    ``probe``, a throwaway container with a stage's own settings (:func:`probe_stage_container`).
 
     Args:
         image: pipeline image reference that must be present on the host.
@@ -219,6 +287,8 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         need_bytes: further bytes the run will write into ``data_dir`` (on top of ``disk`` and ``min_free_gib``).
         disk: the stages' estimated output (:func:`estimate_disk`); an estimate that could not be made fails the
             ``free space`` check with its reason.
+        probe: ``(run, window_id, stage)``: start the throwaway container of that stage (only when the image is
+            there: it runs in the image).
     """
     h, pf = r.host, Preflight()
     v = r.run(dk.version(h), check=False, mutates=False)
@@ -250,7 +320,10 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
                                           f"prepare.max_samples / max_seq_len, train.keep_checkpoints)"))
     else:
         pf.add("free space", False, df.stderr.strip()[-200:])
-    if h.gpus:
+    if probe is not None and got.ok:  # the GPUs as the stages see them: in a container with their settings
+        run, window_id, stage = probe
+        probe_stage_container(r, pf, image=image, run=run, window_id=window_id, stage=stage)
+    elif h.gpus:
         g = r.run(hc.gpu_list(), check=False, mutates=False)
         n = len([ln for ln in g.stdout.splitlines() if ln.startswith("GPU ")])
         pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
