@@ -226,6 +226,32 @@ def test_probe_diagnosis_names_the_ulimit_key():
     spec = st.stage_spec(h, image=IMAGE, stage="extract", run="r", window_id="w")
     msg = wpreflight.diagnose_probe(h, spec, 126, "docker: Error response from daemon: failed to create task for "
                                     "container: ... setrlimit(RLIMIT_MEMLOCK): operation not permitted: ulimit")
-    assert "stage_ulimits" in msg and "exit 126" in msg
+    assert "stage_ulimits" in msg and "exit 126" in msg and "memlock=99999999999:99999999999" in msg
     msg = wpreflight.diagnose_probe(h, spec, None, "")
     assert "timed out" in msg and "memlock=99999999999:99999999999" in msg
+
+
+# ---- item 9: the summary carries each stage's reason --------------------------------------------------------------
+
+def test_a_failed_stage_reason_is_what_the_stage_said():
+    from eagle3ops.supervisor.runner import stage_error
+
+    log = ("prepare: 8 samples\nerror: stage extract: /data/runs/r/extract holds hidden states made from other "
+           "inputs; rerun with --restart\n")
+    assert stage_error(log) == ("stage extract: /data/runs/r/extract holds hidden states made from other inputs; "
+                                "rerun with --restart")
+    tb = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n    f()\n"
+          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    assert stage_error(tb) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert stage_error("loading model\n") == ""
+
+
+def test_probe_diagnosis_blames_the_ulimit_not_the_oci_runtime():
+    """runc's own words on this machine for memlock=-1 (measured on the sandbox) mention the OCI runtime too."""
+    h = _host().model_copy(update={"stage_ulimits": {"memlock": -1}})
+    spec = st.stage_spec(h, image=IMAGE, stage="extract", run="r", window_id="w")
+    msg = wpreflight.diagnose_probe(h, spec, 125, (
+        "docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc create "
+        "failed: unable to start container process: error during container init: error setting rlimits for ready "
+        "process: error setting rlimit type 8: operation not permitted: unknown"))
+    assert "hosts.sandbox.stage_ulimits" in msg and "memlock=-1:-1" in msg and "stage_runtime" not in msg

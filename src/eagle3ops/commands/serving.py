@@ -94,7 +94,8 @@ def run_argv(host: HostConfig, spec: dict[str, Any], *, remove: bool = False) ->
     """``docker run -d`` argv equivalent to ``spec`` (see :func:`container_spec`; stage containers:
     :func:`eagle3ops.commands.stages.stage_spec`). ``remove``: ``docker run --rm`` instead (attached, removed on
     exit: preflight's throwaway stage container)."""
-    argv = ["run", "--rm" if remove else "--detach", "--name", spec["name"], "--network", spec.get("network_mode", "host")]
+    argv = ["run", "--rm" if remove else "--detach", "--name", spec["name"],
+            "--network", spec.get("network_mode", "host")]
     rp = spec.get("restart_policy") or {}
     if rp.get("Name"):
         argv += ["--restart", rp["Name"]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,25 +231,38 @@ def read_run_state(r: Remote, run: str) -> tuple[str | None, dict[str, str | Non
     return text(f"{rdir}/pipeline.yaml"), manifests, sizes
 
 
-#: Which inventory key of ``hosts.<name>`` sets each stage container setting (named in a failed probe's message).
-PROBE_SETTINGS = {"runtime": "stage_runtime", "ulimit": "stage_ulimits", "ipc": "stage_ipc",
-                  "shm": "stage_shm_size", "gpu": "gpus", "device": "gpus", "cuda": "gpus", "mount": "data_dir / model_path",
-                  "env": "stage_env"}
+#: What a failed throwaway stage container's output says → the stage setting at fault and its inventory key under
+#: ``hosts.<name>`` (first match wins; the engine's own words, e.g. runc's "error setting rlimit type 8").
+PROBE_SETTINGS: list[tuple[str, str, str]] = [
+    (r"rlimit|ulimit", "ulimits", "stage_ulimits"),
+    (r"runtime name|unknown runtime|runtime .*not found", "runtime", "stage_runtime"),
+    (r"device driver|nvidia-container|libnvidia|cdi|gpu|cuda devices", "gpus", "gpus (or stage_runtime)"),
+    (r"shm", "shm", "stage_shm_size"),
+    (r"\bipc\b", "ipc", "stage_ipc"),
+    (r"mounts missing|mount", "mounts", "data_dir / model_path"),
+]
+
+
+def _settings(spec: dict[str, Any]) -> dict[str, str]:
+    return {"runtime": spec.get("runtime") or "engine default", "ipc": spec.get("ipc_mode") or "engine default",
+            "shm": spec.get("shm_size") or "engine default",
+            "ulimits": ", ".join(f"{u['Name']}={u['Soft']}:{u['Hard']}" for u in spec.get("ulimits") or [])
+            or "engine default", "gpus": "all" if spec.get("device_requests") else "none",
+            "mounts": ", ".join(spec.get("volumes") or [])}
 
 
 def diagnose_probe(h: HostConfig, spec: dict[str, Any], exited: int | None, output: str) -> str:
     """The message of a failed throwaway stage container (pure): the engine's or the container's own words, the
-    stage setting they name and the inventory key that sets it, else every setting with its key."""
+    stage setting they point at (:data:`PROBE_SETTINGS`) with its value and the inventory key that sets it, else
+    every setting with its key."""
+    settings = _settings(spec)
     low = output.lower()
-    named = [(word, key) for word, key in PROBE_SETTINGS.items() if word in low]
-    settings = {"runtime": spec.get("runtime") or "engine default", "ipc": spec.get("ipc_mode") or "engine default",
-                "shm": spec.get("shm_size") or "engine default",
-                "ulimits": ", ".join(f"{u['Name']}={u['Soft']}:{u['Hard']}" for u in spec.get("ulimits") or [])
-                or "engine default", "gpus": "all" if spec.get("device_requests") else "none"}
-    what = (f"the stage setting it names: {', '.join(sorted({k for _, k in named}))} (hosts.{h.name}.<key> in the "
-            f"inventory)" if named else
-            f"stage settings: {'; '.join(f'{k} {v}' for k, v in settings.items())} (inventory keys "
-            f"hosts.{h.name}.stage_runtime / stage_ipc / stage_shm_size / stage_ulimits / gpus)")
+    hit = next(((name, key) for pattern, name, key in PROBE_SETTINGS if re.search(pattern, low)), None)
+    if hit:
+        what = f"the stages' {hit[0]} ({settings[hit[0]]}): inventory key hosts.{h.name}.{hit[1]}"
+    else:
+        what = (f"the stage settings ({'; '.join(f'{k} {v}' for k, v in settings.items())}): inventory keys "
+                f"hosts.{h.name}.stage_runtime / stage_ipc / stage_shm_size / stage_ulimits / gpus")
     tail = " ".join(output.strip().split())[-400:] or "no output"
     return (f"a throwaway stage container with the stages' own settings failed "
             f"({'timed out' if exited is None else f'exit {exited}'}): {tail}. Fix {what}; serving was not touched")
