@@ -255,3 +255,15 @@ def test_probe_diagnosis_blames_the_ulimit_not_the_oci_runtime():
         "failed: unable to start container process: error during container init: error setting rlimits for ready "
         "process: error setting rlimit type 8: operation not permitted: unknown"))
     assert "hosts.sandbox.stage_ulimits" in msg and "memlock=-1:-1" in msg and "stage_runtime" not in msg
+
+
+def test_a_bad_ulimit_in_the_inventory_is_a_config_error_naming_the_key(tmp_path):
+    from eagle3ops.config import ConfigError, load_inventory
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy/hosts.yaml").read_text())
+    raw["hosts"]["sandbox"]["stage_ulimits"] = {"memlock": "lots"}
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as e:
+        load_inventory(inv)
+    assert "stage_ulimits" in str(e.value) and "memlock" in str(e.value) and "soft:hard" in str(e.value)

@@ -162,6 +162,16 @@ class HostConfig(StrictModel):
     stage_timeout_s: float = Field(3600.0, gt=0, description="Longest one stage may run, in seconds.")
     min_free_gib: float = Field(1.0, ge=0, description="Free space required on data_dir beyond stage estimates.")
 
+    @field_validator("stage_ulimits")
+    @classmethod
+    def _ulimits(cls, value: dict[str, int | str] | None) -> dict[str, int | str] | None:
+        for name, v in (value or {}).items():
+            parts = str(v).split(":")
+            if len(parts) > 2 or not all(p.strip().lstrip("-").isdigit() for p in parts):
+                raise ValueError(f"{name}: {v!r} is not an integer or `soft:hard` of integers (-1 = unlimited), "
+                                 f"e.g. `memlock: \"-1\"` or `stack: \"67108864:67108864\"`")
+        return value
+
     @field_validator("data_dir", "state_dir", "model_path")
     @classmethod
     def _absolute(cls, value: str) -> str:

@@ -301,8 +301,9 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         need_bytes: further bytes the run will write into ``data_dir`` (on top of ``disk`` and ``min_free_gib``).
         disk: the stages' estimated output (:func:`estimate_disk`); an estimate that could not be made fails the
             ``free space`` check with its reason.
-        probe: ``(run, window_id, stage)``: start the throwaway container of that stage (only when the image is
-            there: it runs in the image).
+        probe: ``(run, window_id, stage)``: start the throwaway container of that stage
+            (:func:`probe_stage_container`), once every check before it passed and ``data_dir`` exists; GPU hosts
+            without it fall back to ``nvidia-smi -L`` on the host.
     """
     h, pf = r.host, Preflight()
     v = r.run(dk.version(h), check=False, mutates=False)
@@ -334,14 +335,21 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
                                           f"prepare.max_samples / max_seq_len, train.keep_checkpoints)"))
     else:
         pf.add("free space", False, df.stderr.strip()[-200:])
-    if probe is not None and got.ok:  # the GPUs as the stages see them: in a container with their settings
+    # The GPUs as the stages see them: a container with their settings. Only once the engine, image, model path
+    # and data dir are known good: a bind mount of a missing directory would make the engine create it (as root).
+    probed = False
+    if probe is not None and pf.ok and has_data_dir:
         run, window_id, stage = probe
         probe_stage_container(r, pf, image=image, run=run, window_id=window_id, stage=stage)
-    elif h.gpus:
+        probed = not r.dry_run
+    elif probe is not None and pf.ok:
+        pf.add("stage container", True, f"not started: {h.data_dir} does not exist yet (created at launch; a bind "
+                                        f"mount would make the engine create it as root)")
+    if h.gpus and not probed:  # the host's own view of its GPUs, where no stage container told
         g = r.run(hc.gpu_list(), check=False, mutates=False)
         n = len([ln for ln in g.stdout.splitlines() if ln.startswith("GPU ")])
         pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
-    else:
+    elif not h.gpus:
         pf.add("gpus", True, "none (CPU host)")
     names, found = serving_container(r)
     pf.serving_container = names[0] if names else sv.default_name(h.serving)

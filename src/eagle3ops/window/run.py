@@ -125,7 +125,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             return _nothing_to_do(r, window_id, kind, command, decision, restart_hint=hint(
                 kind, r.host.name, "--run", run, "--restart"))
         plan_kind = "window" if kind in st.WINDOWS else kind
-        stages = [s for s, _ in decision.run] if decision is not None else st.WINDOWS.get(kind)
+        stages = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
+            else st.WINDOWS.get(kind)
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
                           stages=stages, change=change, to_release=to_release,
                           serving_container=pf.serving_container, restart=restart)
