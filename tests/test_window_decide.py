@@ -24,6 +24,7 @@ WINDOW_STAGES = {"extract": ["prepare", "extract"], "train": ["vocab", "train"]}
 
 
 def finished_run(tmp_path: Path, text: str = TINY, stages=("prepare", "extract")) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     """A run directory whose ``stages`` finished (stand-in outputs: one small file each, real manifests)."""
     run = tmp_path / "run"
     run.mkdir(exist_ok=True)
@@ -267,3 +268,17 @@ def test_a_bad_ulimit_in_the_inventory_is_a_config_error_naming_the_key(tmp_path
     with pytest.raises(ConfigError) as e:
         load_inventory(inv)
     assert "stage_ulimits" in str(e.value) and "memlock" in str(e.value) and "soft:hard" in str(e.value)
+
+
+def test_a_finished_window_is_a_no_op_even_on_a_full_disk_and_estimates_only_what_runs(tmp_path):
+    host = _host()
+    world = _host_with_serving(host, free_bytes=2**20)  # 1 MiB free: any window that runs fails preflight
+    _put_run(world, host, finished_run(tmp_path), "done")
+    res = wrun.run_window(StandInRemote(host, world), kind="extract", image=IMAGE, expected_image_id=IMAGE_ID,
+                          command="t", run="done", pipeline_text=TINY)
+    assert res["outcome"] == "nothing to do"
+    world = _host_with_serving(host)
+    _put_run(world, host, finished_run(tmp_path / "half", stages=("prepare",)), "half")
+    est = wpreflight.estimate_disk(StandInRemote(host, world), kind="extract", run="half", pipeline_text=TINY,
+                                   stages=["extract"])
+    assert list(est.by_stage) == ["extract"] and "100 prepared tokens" in est.basis

@@ -44,7 +44,8 @@ def summary(result: dict[str, Any]) -> None:
         t.add_row("serving downtime", f"{result['downtime_s']:.1f} s")
     t.add_row("wall time", f"{result.get('wall_s')} s")
     t.add_row("serving running", str(result.get("serving_running")))
-    t.add_row("serving release", str(result.get("release")))
+    if "release" in result:
+        t.add_row("serving release", str(result.get("release")))
     for w in result.get("warnings") or []:
         t.add_row("warning", w)
     Console().print(t)

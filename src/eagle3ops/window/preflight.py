@@ -119,10 +119,12 @@ def _host_path(h: HostConfig, path: str, run: str) -> str | None:
     return None
 
 
-def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str) -> DiskEstimate:
+def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
+                  stages: list[str] | None = None) -> DiskEstimate:
     """Estimate the bytes the stages of window ``kind`` will write, from facts read before anything stops
     (read-only): the target's ``config.json``, the run's prepare manifest (exact token count) or else the dataset
-    row counts × ``prepare.max_seq_len`` (an upper bound), and the pipeline config."""
+    row counts × ``prepare.max_seq_len`` (an upper bound), and the pipeline config. ``stages``: the stages that
+    will run (default: all of the window's; skipped ones write nothing)."""
     import yaml
     from importlib import resources
 
@@ -143,9 +145,10 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str) -> Disk
                      f"the hidden size the disk estimate needs (target_model: {cfg.target_model})")
         return est
     rdir = f"{h.data_dir}/runs/{run}"
-    if not {"prepare", "extract"} & set(st.WINDOWS[kind]):  # train window: outputs do not scale with tokens
+    stages = st.WINDOWS[kind] if stages is None else stages
+    if not {"prepare", "extract"} & set(stages):  # train window: outputs do not scale with tokens
         est.basis = f"draft head of {cfg.train.num_layers} layer(s), hidden size {dims['hidden_size']}"
-        est.by_stage = {s: stage_output_bytes(s, cfg, dims, 0) for s in st.WINDOWS[kind]}
+        est.by_stage = {s: stage_output_bytes(s, cfg, dims, 0) for s in stages}
         return est
     man = r.run(hc.cat_if_exists(f"{rdir}/prepare/manifest.json"), check=False, mutates=False)
     tokens = None
@@ -182,7 +185,7 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str) -> Disk
         tokens = n * cfg.prepare.max_seq_len
         est.basis = (f"at most {n} samples × {cfg.prepare.max_seq_len} tokens, hidden size {dims['hidden_size']}, "
                      f"4 layers × 2 bytes per value")
-    for stage in st.WINDOWS[kind]:
+    for stage in stages:
         est.by_stage[stage] = stage_output_bytes(stage, cfg, dims, tokens)
     return est
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -17,7 +18,7 @@ from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, app
                                      paths)
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
 from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
-from eagle3ops.window.preflight import estimate_disk, preflight, read_run_state
+from eagle3ops.window.preflight import Preflight, estimate_disk, preflight, read_run_state
 from eagle3ops.window.watch import finish_window, watch
 
 
@@ -97,20 +98,24 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         SupervisorDead: the supervisor died without a result (the message gives the recover command).
     """
     window_id = new_window_id(kind)
+    t0 = time.monotonic()
     if r.dry_run and read_lock(r):
         raise LockHeld(describe_lock(r))
     acquire_lock(r, window_id, command, message)
     decision, on_host_text = None, None
     try:
-        disk = estimate_disk(r, kind=kind, run=run, pipeline_text=pipeline_text) \
-            if pipeline_text is not None and kind in st.WINDOWS else None
         if kind in st.WINDOWS:
             on_host_text, decision = _decide(r, kind, run, pipeline_text, restart)
-        probe = None
-        if kind in st.WINDOWS and (decision is None or decision.run):
-            probe = (run, window_id, decision.run[0][0] if decision else st.WINDOWS[kind][0])
-        pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
-                       need_serving=kind in st.WINDOWS, disk=disk, probe=probe)
+        to_run = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
+            else st.WINDOWS.get(kind)
+        if decision is not None and decision.nothing_to_do:  # nothing will run: no host check matters
+            pf = Preflight()
+        else:
+            disk = estimate_disk(r, kind=kind, run=run, pipeline_text=pipeline_text, stages=to_run) \
+                if pipeline_text is not None and kind in st.WINDOWS else None
+            probe = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
+            pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
+                           need_serving=kind in st.WINDOWS, disk=disk, probe=probe)
         if decision is not None:
             for name, detail in decision.lines():
                 pf.add(name, True, detail)
@@ -122,13 +127,11 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         if not pf.ok and not r.dry_run:
             raise PreflightFailed(f"{r.host.name}: preflight failed, nothing was stopped:\n{pf.failures()}")
         if decision is not None and decision.nothing_to_do and pf.ok:
-            return _nothing_to_do(r, window_id, kind, command, decision, restart_hint=hint(
-                kind, r.host.name, "--run", run, "--restart"))
+            return {**_nothing_to_do(r, window_id, kind, command, decision, restart_hint=hint(
+                kind, r.host.name, "--run", run, "--restart")), "wall_s": round(time.monotonic() - t0, 1)}
         plan_kind = "window" if kind in st.WINDOWS else kind
-        stages = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
-            else st.WINDOWS.get(kind)
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
-                          stages=stages, change=change, to_release=to_release,
+                          stages=to_run, change=change, to_release=to_release,
                           serving_container=pf.serving_container, restart=restart)
         # under the lock, after preflight: a refused run changes nothing on the host; an identical config stays
         if pipeline_text is not None and pipeline_text != on_host_text:
