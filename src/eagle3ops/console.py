@@ -27,8 +27,8 @@ def print_event(ev: dict[str, Any]) -> None:
 
 
 def summary(result: dict[str, Any]) -> None:
-    """A window's ``result.json`` as a table: outcome, message (a no-op window's reasons), error, each stage (seconds), downtime, wall time, serving
-    state, release, every warning (whole)."""
+    """A window's ``result.json`` as a table: outcome, message (a no-op window's reasons), error, each stage
+    (seconds), downtime, wall time, serving state, release, every warning (whole)."""
     t = Table(title=f"window {result.get('window_id')} ({result.get('kind')})")
     t.add_column("what")
     t.add_column("value")
