@@ -67,3 +67,31 @@ def test_rerunning_a_finished_stage_through_the_cli_touches_nothing(run):
     assert "already done for these inputs" in cp.stdout + cp.stderr
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in d.iterdir()} == before
     assert json.loads((d / MANIFEST).read_text())["samples"] == 3
+
+
+def test_restart_replaces_a_finished_output_only_once_the_new_one_is_complete(run):
+    """Issue 14 item 9: ``--restart`` over a finished stage builds the new output beside it; until it is promoted,
+    the finished output (and its manifest) is whole, so a restart that fails leaves it usable."""
+    from eagle3ops.stages.manifest import output_dir, promote, restart_dir
+
+    cfg = load_pipeline_config(run)
+    final = stage_dir(run, "extract")
+    before = {p.name: p.read_bytes() for p in final.iterdir()}
+    out = output_dir(run, "extract", restart=True)
+    assert out == restart_dir(run, "extract") and out != final
+    out.mkdir()
+    (out / "out.bin").write_bytes(b"new" * 7)
+    # the new run dies here: the finished output is untouched and still done
+    assert {p.name: p.read_bytes() for p in final.iterdir()} == before and finished(run, "extract", cfg)
+    out = output_dir(run, "extract", restart=True)  # the restart again starts from scratch
+    assert not out.exists()
+    out.mkdir()
+    (out / "out.bin").write_bytes(b"new" * 7)
+    promote(run, "extract", out)
+    write_manifest(run, "extract", cfg, {"out.bin": file_entry(final / "out.bin")})
+    assert (final / "out.bin").read_bytes() == b"new" * 7 and not out.exists()
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
+    assert finished(run, "extract", cfg)["files"]["out.bin"]["bytes"] == 21
+    # without a finished output a restart writes in place; without --restart, always in place
+    assert output_dir(run, "vocab", restart=True) == stage_dir(run, "vocab")
+    assert output_dir(run, "extract", restart=False) == final

@@ -45,6 +45,8 @@ class StandInHost:
         self.inspects: dict[str, dict] = {}  # name -> its `docker container inspect` object
         self.rm_error = ""  # stderr of a failing `docker rm`
         self.on_launch = None
+        self.probes: list[list[str]] = []  # argv of each throwaway stage container (docker run --rm)
+        self.probe_answer = (0, "mounts ok\n", "")
         self.writes: list[str] = []  # rendered argv of each mutating command
         model = host.model_path
         self._mkdirs(model)
@@ -88,6 +90,10 @@ class StandInHost:
         if cmd == "mv":
             self.files[a[-1]] = self.files.pop(a[-2])
             return 0, "", ""
+        if cmd == "find" and "-type" in a and a[a.index("-exec") + 1] == "wc":  # file sizes under a directory
+            root = a[1].rstrip("/") + "/"
+            hits = {f: v for f, v in self.files.items() if f.startswith(root)}
+            return (0 if hits else 1), "".join(f"{len(v.encode())} {f}\n" for f, v in hits.items()), ""
         if cmd in ("cat", "find"):
             path = a[1]
             return (0, self.files[path], "") if path in self.files else (1, "", f"{cmd}: {path}: No such file")
@@ -131,6 +137,9 @@ class StandInHost:
             if fmt == "{{.Id}}":
                 return 0, "cid\n", ""
             return 0, self.containers[name] + "\n", ""
+        if a[0] == "run" and a[1] == "--rm":  # preflight's throwaway stage container: runs and is gone
+            self.probes.append(a)
+            return self.probe_answer
         if a[0] == "run":
             name = a[a.index("--name") + 1]
             self.containers[name] = "running"
@@ -154,6 +163,8 @@ class StandInRemote:
     def run(self, argv, *, check=True, timeout=None, stdin=None, stream=None, mutates=True):
         cmd = render(argv)
         self.history.append(cmd)
+        if self.dry_run and mutates:  # as Remote: a dry run prints what changes the host, runs only what reads
+            return Result(list(argv), 0)
         if mutates:
             self.world.writes.append(cmd)
         code, out, err = self.world(argv, stdin)

@@ -92,7 +92,7 @@ def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, 
     if dry_run:
         return result
     summary(result)
-    if result.get("outcome") != "ok":
+    if result.get("outcome") not in ("ok", "nothing to do"):
         raise typer.Exit(1)
     return result
 
@@ -117,22 +117,30 @@ def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
         _fail(str(exc))
 
 
+RestartOpt = typer.Option(False, "--restart", help="Redo extract/train from scratch even when done for these "
+                          "inputs (a window whose stages are all done is otherwise a no-op: serving is not stopped).")
+
+
 @app.command()
 def extract(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
-            pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with.")) -> None:
-    """Maintenance window 1: stop serving, run prepare + extract, restore serving (health-gated)."""
+            pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
+            restart: bool = RestartOpt) -> None:
+    """Maintenance window 1: stop serving, run prepare + extract, restore serving (health-gated). Stages done for
+    these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
     h = _host(inventory, host)
-    _window("extract", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline))
+    _window("extract", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
 
 
 @app.command()
 def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
           run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
-          pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with.")) -> None:
-    """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated)."""
+          pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
+          restart: bool = RestartOpt) -> None:
+    """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated). Stages done for
+    these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
     h = _host(inventory, host)
-    _window("train", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline))
+    _window("train", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
 
 
 def _read_pipeline(pipeline: Path) -> str:

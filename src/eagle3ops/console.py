@@ -27,12 +27,14 @@ def print_event(ev: dict[str, Any]) -> None:
 
 
 def summary(result: dict[str, Any]) -> None:
-    """A window's ``result.json`` as a table: outcome, error, each stage (seconds), downtime, wall time, serving
-    state, release, every warning (whole)."""
+    """A window's ``result.json`` as a table: outcome, message (a no-op window's reasons), error, each stage
+    (seconds), downtime, wall time, serving state, release, every warning (whole)."""
     t = Table(title=f"window {result.get('window_id')} ({result.get('kind')})")
     t.add_column("what")
     t.add_column("value")
     t.add_row("outcome", str(result.get("outcome")))
+    if result.get("message"):  # a window that had nothing to do says why (each stage's reason)
+        t.add_row("message", str(result["message"]))
     if result.get("error"):
         t.add_row("error", str(result["error"]))
     for name, outcome in (result.get("stages") or {}).items():
@@ -42,7 +44,8 @@ def summary(result: dict[str, Any]) -> None:
         t.add_row("serving downtime", f"{result['downtime_s']:.1f} s")
     t.add_row("wall time", f"{result.get('wall_s')} s")
     t.add_row("serving running", str(result.get("serving_running")))
-    t.add_row("serving release", str(result.get("release")))
+    if "release" in result:
+        t.add_row("serving release", str(result.get("release")))
     for w in result.get("warnings") or []:
         t.add_row("warning", w)
     Console().print(t)

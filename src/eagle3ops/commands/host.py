@@ -99,3 +99,21 @@ def parse_df_free_bytes(output: str) -> int:
     if len(lines) < 2:
         raise ValueError(f"unexpected df output: {output!r}")
     return int(lines[-1].split()[3]) * 1024
+
+
+def file_sizes(path: str) -> list[str]:
+    """POSIX ``find … -exec wc -c``: the size in bytes of every regular file under ``path``, one ``<bytes> <path>``
+    line each (plus a ``total`` line per batch); nothing on stdout and exit 1 when ``path`` does not exist (run it
+    with ``check=False``). Parse with :func:`parse_file_sizes`."""
+    return ["find", path, "-type", "f", "-exec", "wc", "-c", "{}", "+"]
+
+
+def parse_file_sizes(output: str, root: str) -> dict[str, int]:
+    """``{path relative to root: bytes}`` from :func:`file_sizes` output (``total`` lines dropped)."""
+    out: dict[str, int] = {}
+    prefix = root.rstrip("/") + "/"
+    for line in output.splitlines():
+        size, _, path = line.strip().partition(" ")
+        if path.startswith(prefix) and size.isdigit():
+            out[path[len(prefix):]] = int(size)
+    return out

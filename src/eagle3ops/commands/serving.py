@@ -90,9 +90,12 @@ def container_spec(host: HostConfig, *, release: int) -> dict[str, Any]:
     return spec
 
 
-def run_argv(host: HostConfig, spec: dict[str, Any]) -> list[str]:
-    """``docker run -d`` argv equivalent to ``spec`` (see :func:`container_spec`)."""
-    argv = ["run", "--detach", "--name", spec["name"], "--network", spec.get("network_mode", "host")]
+def run_argv(host: HostConfig, spec: dict[str, Any], *, remove: bool = False) -> list[str]:
+    """``docker run -d`` argv equivalent to ``spec`` (see :func:`container_spec`; stage containers:
+    :func:`eagle3ops.commands.stages.stage_spec`). ``remove``: ``docker run --rm`` instead (attached, removed on
+    exit: preflight's throwaway stage container)."""
+    argv = ["run", "--rm" if remove else "--detach", "--name", spec["name"],
+            "--network", spec.get("network_mode", "host")]
     rp = spec.get("restart_policy") or {}
     if rp.get("Name"):
         argv += ["--restart", rp["Name"]]
@@ -116,7 +119,7 @@ def run_argv(host: HostConfig, spec: dict[str, Any]) -> list[str]:
         argv += ["--mount", f"type={m.get('Type', 'bind')},source={m.get('Source', '')},target={m['Target']}"
                  + (",readonly" if m.get("ReadOnly") else "")]
     if spec.get("shm_size"):
-        argv += ["--shm-size", spec["shm_size"]]
+        argv += ["--shm-size", str(spec["shm_size"])]
     if spec.get("ipc_mode"):
         argv += ["--ipc", spec["ipc_mode"]]
     for u in spec.get("ulimits") or []:  # stage containers on GPU hosts: memlock for NCCL

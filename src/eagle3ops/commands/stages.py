@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3ops.commands.docker import docker, socket_path
+from eagle3ops.commands.serving import run_argv
 from eagle3ops.config import HostConfig
 
 #: Where the host's data_dir appears inside stage containers.
@@ -20,12 +21,34 @@ def run_dir(run: str) -> str:
     return f"{DATA_MOUNT}/runs/{run}"
 
 
+def ulimits(host: HostConfig) -> list[dict[str, Any]]:
+    """Ulimits of stage containers (docker SDK ``Ulimit`` dicts): the inventory's ``stage_ulimits`` (name →
+    ``soft:hard`` or one value for both), else unlimited ``memlock`` on GPU hosts (NCCL), else none.
+
+    Raises:
+        ValueError: a value that is not an integer or ``soft:hard`` of integers (names the inventory key).
+    """
+    if host.stage_ulimits is None:
+        return [{"Name": "memlock", "Soft": -1, "Hard": -1}] if host.gpus else []
+    out = []
+    for name, value in host.stage_ulimits.items():
+        soft, _, hard = str(value).partition(":")
+        try:
+            out.append({"Name": name, "Soft": int(soft), "Hard": int(hard or soft)})
+        except ValueError:
+            raise ValueError(f"hosts.{host.name}.stage_ulimits.{name}: {value!r} is not an integer or "
+                             f"`soft:hard` of integers (-1 = unlimited)") from None
+    return out
+
+
 def stage_spec(host: HostConfig, *, image: str, stage: str, run: str, window_id: str) -> dict[str, Any]:
     """Container spec for one pipeline stage (docker SDK ``containers.run`` kwargs, JSON-serialisable).
 
     The stage sees the host's ``data_dir`` at ``/data`` and the target model at ``/model`` (read-only), runs on the
-    host network, gets the inventory's ``stage_env`` exactly, all GPUs when the host has any, and what NCCL needs for
-    multi-GPU (``ipc=host``, unlimited memlock).
+    host network, gets the inventory's ``stage_env`` exactly, all GPUs when the host has any, and the inventory's
+    ``stage_runtime``, ``stage_ipc``, ``stage_shm_size`` and :func:`ulimits` (defaults on GPU hosts: what NCCL needs
+    for multi-GPU, ``ipc=host`` and unlimited memlock). Preflight runs a throwaway container from this same spec
+    (:func:`probe_spec`) before serving stops.
     """
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.update(host.stage_env)
@@ -40,10 +63,51 @@ def stage_spec(host: HostConfig, *, image: str, stage: str, run: str, window_id:
         "labels": {"io.eagle3ops.role": "stage", "io.eagle3ops.window": window_id, "io.eagle3ops.stage": stage},
         "device_requests": [{"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}] if host.gpus else [],
     }
-    if host.gpus:
-        spec["ipc_mode"] = "host"
-        spec["ulimits"] = [{"Name": "memlock", "Soft": -1, "Hard": -1}]
+    if host.stage_runtime:
+        spec["runtime"] = host.stage_runtime
+    ipc = host.stage_ipc or ("host" if host.gpus else None)
+    if ipc:
+        spec["ipc_mode"] = ipc
+    if host.stage_shm_size:
+        spec["shm_size"] = host.stage_shm_size
+    if lim := ulimits(host):
+        spec["ulimits"] = lim
     return spec
+
+
+#: Seconds preflight's throwaway stage container may take (engine start, image, ``import torch``) before it counts as
+#: failed; it is removed afterwards either way.
+PROBE_TIMEOUT_S = 120
+
+
+def probe_command(gpus: int) -> list[str]:
+    """Arguments to ``python3`` in preflight's throwaway stage container: the mounts are there, and on GPU hosts
+    ``torch.cuda.device_count()`` sees at least ``gpus`` devices (exit 3 otherwise)."""
+    code = ("import os,sys; ok=os.path.isdir('/data') and os.path.isdir('/model'); "
+            "print('mounts', 'ok' if ok else 'missing: /data or /model'); ")
+    if gpus:
+        code += (f"import torch; n=torch.cuda.device_count(); print('cuda devices', n); "
+                 f"sys.exit(0 if ok and n >= {int(gpus)} else 3)")
+    else:
+        code += "sys.exit(0 if ok else 3)"
+    return ["-c", code]
+
+
+def probe_spec(host: HostConfig, *, image: str, run: str, window_id: str, stage: str) -> dict[str, Any]:
+    """The spec of preflight's throwaway container: :func:`stage_spec` of ``stage`` exactly (image, device request,
+    runtime, ipc, shm, ulimits, env, mounts, network, labels), with its own name and :func:`probe_command` as
+    command."""
+    spec = stage_spec(host, image=image, stage=stage, run=run, window_id=window_id)
+    spec["name"] = f"eagle3ops-{window_id}-preflight"
+    spec["command"] = probe_command(host.gpus)
+    return spec
+
+
+def probe_argv(host: HostConfig, spec: dict[str, Any]) -> list[str]:
+    """``docker run --rm`` argv of preflight's throwaway container (:func:`probe_spec`): the argv the stage
+    container's spec gives (:func:`eagle3ops.commands.serving.run_argv`, the one builder for both), attached and
+    removed on exit instead of detached."""
+    return run_argv(host, spec, remove=True)
 
 
 def supervisor_name(window_id: str) -> str:

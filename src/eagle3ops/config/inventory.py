@@ -141,8 +141,36 @@ class HostConfig(StrictModel):
         "must end by the budget minus that share. A gate still gets up to 120 s past a spent budget to bring serving "
         "back (recorded as a warning): serving comes before the budget."
     )
+    stage_runtime: str | None = Field(
+        None, description="Docker runtime of stage containers (`docker run --runtime`), e.g. `nvidia` on hosts "
+        "whose engine has no CDI/`--gpus` support; default: the engine's default runtime. Preflight starts a "
+        "throwaway container with it before serving stops."
+    )
+    stage_ipc: str | None = Field(
+        None, description="IPC mode of stage containers (`--ipc`); default `host` on GPU hosts (NCCL), none on CPU "
+        "hosts."
+    )
+    stage_shm_size: str | None = Field(
+        None, description="`/dev/shm` size of stage containers (`--shm-size`, e.g. `16g`); default: the engine's."
+    )
+    stage_ulimits: dict[str, int | str] | None = Field(
+        None, description="Ulimits of stage containers, name → `soft:hard` (or one value for both; -1 = "
+        "unlimited), e.g. `{memlock: \"-1\", stack: \"67108864\"}`; default `{memlock: \"-1\"}` on GPU hosts "
+        "(NCCL), none on CPU hosts. A hard limit above the host's own is refused by the engine: preflight says so "
+        "before serving stops."
+    )
     stage_timeout_s: float = Field(3600.0, gt=0, description="Longest one stage may run, in seconds.")
     min_free_gib: float = Field(1.0, ge=0, description="Free space required on data_dir beyond stage estimates.")
+
+    @field_validator("stage_ulimits")
+    @classmethod
+    def _ulimits(cls, value: dict[str, int | str] | None) -> dict[str, int | str] | None:
+        for name, v in (value or {}).items():
+            parts = str(v).split(":")
+            if len(parts) > 2 or not all(p.strip().lstrip("-").isdigit() for p in parts):
+                raise ValueError(f"{name}: {v!r} is not an integer or `soft:hard` of integers (-1 = unlimited), "
+                                 f"e.g. `memlock: \"-1\"` or `stack: \"67108864:67108864\"`")
+        return value
 
     @field_validator("data_dir", "state_dir", "model_path")
     @classmethod

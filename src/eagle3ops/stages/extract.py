@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,8 @@ from eagle3ops.stages.manifest import (
     StageInputError,
     atomic_write_text,
     check_inputs,
+    output_dir,
+    promote,
     sha256_file,
     stage_dir,
     write_manifest,
@@ -217,9 +218,9 @@ def run_extract(
     inputs = check_inputs(run_dir, "extract", config, hash_files=True)
     aux, n_layers, hidden_size = resolve_layer_ids(config)
     layer_ids = [*aux, n_layers - 1]
-    out = stage_dir(run_dir, "extract")
-    if restart and out.exists():
-        shutil.rmtree(out)
+    # --restart over a finished extract builds the new one beside it; the finished one is replaced only once the
+    # new one is complete (promote, below).
+    out = output_dir(run_dir, "extract", restart=restart)
     state = {
         "prepare_manifest_sha256": sha256_file(stage_dir(run_dir, "prepare") / MANIFEST),
         "config_digest": config.section_digest("target_model", "extract"),
@@ -315,6 +316,7 @@ def run_extract(
     }
     figures["samples"] = len(recs)
     files = {r["file"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in recs}
+    promote(run_dir, "extract", out)
     write_manifest(run_dir, "extract", config, files, **{k: v for k, v in figures.items() if k != "samples_index"},
                    sample_files=figures["samples_index"])
     log(f"extract: {len(recs)} samples, {tokens} tokens, {figures['hidden_bytes']} bytes of hidden states "

@@ -236,6 +236,49 @@ def done_status(stage: str, config: PipelineConfig, manifests: dict[str, str | N
     return True, f"{stage}: already done for these inputs ({created})"
 
 
+def restart_dir(run_dir: Path, stage: str) -> Path:
+    """Where a ``--restart`` of ``stage`` builds its new output while the finished one stays in place:
+    ``<run_dir>/.<stage>.restart`` (:func:`promote` swaps it in once complete)."""
+    return Path(run_dir) / f".{stage}.restart"
+
+
+def output_dir(run_dir: Path, stage: str, *, restart: bool) -> Path:
+    """The directory a stage writes into. A ``--restart`` over an output that has a manifest builds a new one in
+    :func:`restart_dir` (emptied first: a restart starts from scratch), so the finished output is replaced only once
+    the new one is complete (:func:`promote`); otherwise :func:`stage_dir`, earlier partial output there discarded on
+    restart. What an earlier :func:`promote` left to delete is deleted here."""
+    import shutil
+
+    shutil.rmtree(Path(run_dir) / f".{stage}.replaced", ignore_errors=True)
+    final = stage_dir(run_dir, stage)
+    if not restart:
+        return final
+    if (final / MANIFEST).is_file():
+        staging = restart_dir(run_dir, stage)
+        shutil.rmtree(staging, ignore_errors=True)
+        return staging
+    shutil.rmtree(final, ignore_errors=True)  # no finished output: nothing to keep
+    return final
+
+
+def promote(run_dir: Path, stage: str, out: Path) -> None:
+    """Make ``out`` (complete, before its manifest is written) the stage's output: when it is the
+    :func:`restart_dir`, the finished output is renamed aside, ``out`` renamed into place and the old one deleted
+    (renames within the run directory: the old output stays whole until the new one is). A no-op for
+    :func:`stage_dir` itself."""
+    import shutil
+
+    final = stage_dir(run_dir, stage)
+    if Path(out) == final:
+        return
+    aside = Path(run_dir) / f".{stage}.replaced"
+    shutil.rmtree(aside, ignore_errors=True)
+    if final.exists():
+        os.replace(final, aside)
+    os.replace(out, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def finished(run_dir: Path, stage: str, config: PipelineConfig) -> dict[str, Any] | None:
     """The manifest of ``stage`` when the stage is finished for exactly its current inputs and every file it
     lists is present with its size (:func:`done_status` plus the files); else None. A rerun of such a stage is a

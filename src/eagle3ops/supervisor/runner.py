@@ -42,6 +42,33 @@ ENGINE_WAIT_S = 180.0
 ENGINE_WAITS_MAX = 5
 
 
+def _tail(path: Path, size: int = 65536) -> str:
+    """The last ``size`` bytes of a file as text ('' when it cannot be read)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def stage_error(log: str, limit: int = 600) -> str:
+    """What a failed stage said about why (pure): the last ``error:`` line of its log (the stage CLI's message for a
+    config or input error, exit 2, naming the file and fix), else the last line of a Python traceback
+    (``SomeError: ...``), cut to ``limit`` characters; '' when the log says neither. It goes into the stage's
+    journal reason, so the window's summary carries it, not only "exited 2"."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("error:"):
+            return ln[len("error:"):].strip()[:limit]
+    if any(ln.startswith("Traceback (most recent call last)") for ln in lines):
+        for ln in reversed(lines):
+            exc_type = ln.split(":", 1)[0].replace(".", "")
+            if ":" in ln and not ln.startswith(("File ", "^", "~")) and exc_type.isidentifier():
+                return ln[:limit]
+    return ""
+
+
 class Supervisor:
     """Executes a :class:`Plan` against the host's Docker engine (docker SDK ``DockerClient``)."""
 
@@ -306,6 +333,8 @@ class Supervisor:
                 self.stage_outcomes[step.name] = "ok"
             else:
                 why = reason or f"exited {exit_code}"
+                said = stage_error(_tail(log_path)) if exit_code is not None else ""
+                why += f": {said}" if said else ""
                 self.journal.log(step.name, "error", seconds=round(dt, 1), reason=why)
                 self.stage_outcomes[step.name] = f"failed ({why})"
         return exit_code == 0

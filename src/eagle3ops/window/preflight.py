@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +12,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
-from eagle3ops.remote import Remote
+from eagle3ops.remote import Remote, RemoteError
 from eagle3ops.window.common import hint
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
@@ -118,10 +119,12 @@ def _host_path(h: HostConfig, path: str, run: str) -> str | None:
     return None
 
 
-def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str) -> DiskEstimate:
+def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
+                  stages: list[str] | None = None) -> DiskEstimate:
     """Estimate the bytes the stages of window ``kind`` will write, from facts read before anything stops
     (read-only): the target's ``config.json``, the run's prepare manifest (exact token count) or else the dataset
-    row counts × ``prepare.max_seq_len`` (an upper bound), and the pipeline config."""
+    row counts × ``prepare.max_seq_len`` (an upper bound), and the pipeline config. ``stages``: the stages that
+    will run (default: all of the window's; skipped ones write nothing)."""
     import yaml
     from importlib import resources
 
@@ -142,9 +145,10 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str) -> Disk
                      f"the hidden size the disk estimate needs (target_model: {cfg.target_model})")
         return est
     rdir = f"{h.data_dir}/runs/{run}"
-    if not {"prepare", "extract"} & set(st.WINDOWS[kind]):  # train window: outputs do not scale with tokens
+    stages = st.WINDOWS[kind] if stages is None else stages
+    if not {"prepare", "extract"} & set(stages):  # train window: outputs do not scale with tokens
         est.basis = f"draft head of {cfg.train.num_layers} layer(s), hidden size {dims['hidden_size']}"
-        est.by_stage = {s: stage_output_bytes(s, cfg, dims, 0) for s in st.WINDOWS[kind]}
+        est.by_stage = {s: stage_output_bytes(s, cfg, dims, 0) for s in stages}
         return est
     man = r.run(hc.cat_if_exists(f"{rdir}/prepare/manifest.json"), check=False, mutates=False)
     tokens = None
@@ -181,7 +185,7 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str) -> Disk
         tokens = n * cfg.prepare.max_seq_len
         est.basis = (f"at most {n} samples × {cfg.prepare.max_seq_len} tokens, hidden size {dims['hidden_size']}, "
                      f"4 layers × 2 bytes per value")
-    for stage in st.WINDOWS[kind]:
+    for stage in stages:
         est.by_stage[stage] = stage_output_bytes(stage, cfg, dims, tokens)
     return est
 
@@ -209,9 +213,90 @@ class Preflight:
         return "\n".join(f"  - {n}: {d}" for n, ok, d in self.checks if not ok)
 
 
+def read_run_state(r: Remote, run: str) -> tuple[str | None, dict[str, str | None], dict[str, int]]:
+    """What a run directory holds now (read-only, over SSH): ``(text of runs/<run>/pipeline.yaml or None,
+    {stage: text of its manifest.json or None} for every stage, {"<stage>/<relative path>": bytes} of every file)``.
+    The driver decides from it which stages are done before serving stops
+    (:func:`eagle3ops.window.planner.decide_stages`)."""
+    from eagle3ops.stages.manifest import MANIFEST, STAGES
+
+    rdir = f"{r.host.data_dir}/runs/{run}"
+
+    def text(path: str) -> str | None:
+        out = r.run(hc.cat_if_exists(path), check=False, mutates=False)
+        return out.stdout if out.ok and out.stdout else None
+
+    manifests = {s: text(f"{rdir}/{s}/{MANIFEST}") for s in STAGES}
+    sizes: dict[str, int] = {}
+    if any(manifests.values()):
+        out = r.run(hc.file_sizes(rdir), check=False, mutates=False)
+        sizes = hc.parse_file_sizes(out.stdout, rdir)
+    return text(f"{rdir}/pipeline.yaml"), manifests, sizes
+
+
+#: What a failed throwaway stage container's output says → the stage setting at fault and its inventory key under
+#: ``hosts.<name>`` (first match wins; the engine's own words, e.g. runc's "error setting rlimit type 8").
+PROBE_SETTINGS: list[tuple[str, str, str]] = [
+    (r"rlimit|ulimit", "ulimits", "stage_ulimits"),
+    (r"runtime name|unknown runtime|runtime .*not found", "runtime", "stage_runtime"),
+    (r"device driver|nvidia-container|libnvidia|cdi|gpu|cuda devices", "gpus", "gpus (or stage_runtime)"),
+    (r"shm", "shm", "stage_shm_size"),
+    (r"\bipc\b", "ipc", "stage_ipc"),
+    (r"mounts missing|mount", "mounts", "data_dir / model_path"),
+]
+
+
+def _settings(spec: dict[str, Any]) -> dict[str, str]:
+    return {"runtime": spec.get("runtime") or "engine default", "ipc": spec.get("ipc_mode") or "engine default",
+            "shm": spec.get("shm_size") or "engine default",
+            "ulimits": ", ".join(f"{u['Name']}={u['Soft']}:{u['Hard']}" for u in spec.get("ulimits") or [])
+            or "engine default", "gpus": "all" if spec.get("device_requests") else "none",
+            "mounts": ", ".join(spec.get("volumes") or [])}
+
+
+def diagnose_probe(h: HostConfig, spec: dict[str, Any], exited: int | None, output: str) -> str:
+    """The message of a failed throwaway stage container (pure): the engine's or the container's own words, the
+    stage setting they point at (:data:`PROBE_SETTINGS`) with its value and the inventory key that sets it, else
+    every setting with its key."""
+    settings = _settings(spec)
+    low = output.lower()
+    hit = next(((name, key) for pattern, name, key in PROBE_SETTINGS if re.search(pattern, low)), None)
+    if hit:
+        what = f"the stages' {hit[0]} ({settings[hit[0]]}): inventory key hosts.{h.name}.{hit[1]}"
+    else:
+        what = (f"the stage settings ({'; '.join(f'{k} {v}' for k, v in settings.items())}): inventory keys "
+                f"hosts.{h.name}.stage_runtime / stage_ipc / stage_shm_size / stage_ulimits / gpus")
+    tail = " ".join(output.strip().split())[-400:] or "no output"
+    return (f"a throwaway stage container with the stages' own settings failed "
+            f"({'timed out' if exited is None else f'exit {exited}'}): {tail}. Fix {what}; serving was not touched")
+
+
+def probe_stage_container(r: Remote, pf: Preflight, *, image: str, run: str, window_id: str, stage: str) -> None:
+    """Preflight's GPU/container check: start a throwaway container from the stage's own spec
+    (:func:`eagle3ops.commands.stages.probe_spec`: device request, runtime, ipc, shm, ulimits, env, mounts) and the
+    pipeline image, running :func:`eagle3ops.commands.stages.probe_command`, bounded by
+    :data:`eagle3ops.commands.stages.PROBE_TIMEOUT_S` seconds and removed afterwards (``--rm``, then ``rm -f``).
+    Adds the ``stage container`` check to ``pf``. In a dry run it is printed, not run."""
+    spec = st.probe_spec(r.host, image=image, run=run, window_id=window_id, stage=stage)
+    try:
+        res = r.run(st.probe_argv(r.host, spec), check=False, timeout=st.PROBE_TIMEOUT_S)
+        ok, exited, output = res.ok, res.exited, (res.stderr + "\n" + res.stdout)
+    except RemoteError as exc:  # timed out
+        ok, exited, output = False, None, f"no answer within {st.PROBE_TIMEOUT_S}s: {exc}"
+    finally:
+        r.run(dk.rm(r.host, spec["name"], force=True), check=False)
+    if r.dry_run:
+        pf.add("stage container", True, f"would run {spec['name']} with the {stage} stage's settings")
+        return
+    pf.add("stage container", ok, f"{stage} stage's settings work: {' '.join(output.split())[-120:]}" if ok
+           else diagnose_probe(r.host, spec, exited, output))
+
+
 def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
-              need_serving: bool = True, disk: DiskEstimate | None = None) -> Preflight:
-    """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container.
+              need_serving: bool = True, disk: DiskEstimate | None = None,
+              probe: tuple[str, str, str] | None = None) -> Preflight:
+    """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container; and, with
+    ``probe``, a throwaway container with a stage's own settings (:func:`probe_stage_container`).
 
     Args:
         image: pipeline image reference that must be present on the host.
@@ -219,6 +304,9 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         need_bytes: further bytes the run will write into ``data_dir`` (on top of ``disk`` and ``min_free_gib``).
         disk: the stages' estimated output (:func:`estimate_disk`); an estimate that could not be made fails the
             ``free space`` check with its reason.
+        probe: ``(run, window_id, stage)``: start the throwaway container of that stage
+            (:func:`probe_stage_container`), once every check before it passed and ``data_dir`` exists; GPU hosts
+            without it fall back to ``nvidia-smi -L`` on the host.
     """
     h, pf = r.host, Preflight()
     v = r.run(dk.version(h), check=False, mutates=False)
@@ -250,11 +338,21 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
                                           f"prepare.max_samples / max_seq_len, train.keep_checkpoints)"))
     else:
         pf.add("free space", False, df.stderr.strip()[-200:])
-    if h.gpus:
+    # The GPUs as the stages see them: a container with their settings. Only once the engine, image, model path
+    # and data dir are known good: a bind mount of a missing directory would make the engine create it (as root).
+    probed = False
+    if probe is not None and pf.ok and has_data_dir:
+        run, window_id, stage = probe
+        probe_stage_container(r, pf, image=image, run=run, window_id=window_id, stage=stage)
+        probed = not r.dry_run
+    elif probe is not None and pf.ok:
+        pf.add("stage container", True, f"not started: {h.data_dir} does not exist yet (created at launch; a bind "
+                                        f"mount would make the engine create it as root)")
+    if h.gpus and not probed:  # the host's own view of its GPUs, where no stage container told
         g = r.run(hc.gpu_list(), check=False, mutates=False)
         n = len([ln for ln in g.stdout.splitlines() if ln.startswith("GPU ")])
         pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
-    else:
+    elif not h.gpus:
         pf.add("gpus", True, "none (CPU host)")
     names, found = serving_container(r)
     pf.serving_container = names[0] if names else sv.default_name(h.serving)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -16,8 +17,8 @@ from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
                                      paths)
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
-from eagle3ops.window.planner import build_plan, supervisor_commands
-from eagle3ops.window.preflight import estimate_disk, preflight
+from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
+from eagle3ops.window.preflight import Preflight, estimate_disk, preflight, read_run_state
 from eagle3ops.window.watch import finish_window, watch
 
 
@@ -70,7 +71,7 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
 def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | None, command: str,
                run: str = "default", change: ReleaseChange | None = None, to_release: int | None = None,
                need_bytes: int = 0, on_event: Callable[[dict[str, Any]], None] | None = None,
-               message: str = "", pipeline_text: str | None = None) -> dict[str, Any]:
+               message: str = "", pipeline_text: str | None = None, restart: bool = False) -> dict[str, Any]:
     """One maintenance window end to end (driver side).
 
     ``kind`` is ``extract`` / ``train`` (stages from :data:`eagle3ops.commands.stages.WINDOWS`), ``release`` or
@@ -79,7 +80,15 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
 
     ``pipeline_text``: the run's pipeline config (YAML). It is written to ``<data_dir>/runs/<run>/pipeline.yaml``
     only under the lock, after preflight passed (every write to a host happens then), and it drives the disk
-    estimate of the stages (:func:`estimate_disk`) that preflight checks against free space.
+    estimate of the stages (:func:`estimate_disk`) that preflight checks against free space. It is not rewritten
+    when the host's copy is byte-identical.
+
+    What the window does is decided before serving stops (:func:`decide_stages`, from the run's manifests read
+    over SSH): stages done for exactly these inputs are skipped (with their reason in the plan, the events and the
+    result's ``stages``); when every stage is done the window is a no-op: serving is not stopped, nothing of the run
+    is written, and the result has ``outcome: "nothing to do"`` and a ``message`` naming each stage's reason.
+    ``restart``: extract/train are redone (their ``--restart``). Preflight also starts a throwaway container with the
+    first stage's own settings (:func:`eagle3ops.window.preflight.probe_stage_container`).
 
     Raises:
         LockHeld: another run holds the lock (nothing done).
@@ -89,24 +98,43 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         SupervisorDead: the supervisor died without a result (the message gives the recover command).
     """
     window_id = new_window_id(kind)
+    t0 = time.monotonic()
     if r.dry_run and read_lock(r):
         raise LockHeld(describe_lock(r))
     acquire_lock(r, window_id, command, message)
+    decision, on_host_text = None, None
     try:
-        disk = estimate_disk(r, kind=kind, run=run, pipeline_text=pipeline_text) \
-            if pipeline_text is not None and kind in st.WINDOWS else None
-        pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
-                       need_serving=kind in st.WINDOWS, disk=disk)
+        if kind in st.WINDOWS:
+            on_host_text, decision = _decide(r, kind, run, pipeline_text, restart)
+        to_run = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
+            else st.WINDOWS.get(kind)
+        if decision is not None and decision.nothing_to_do:  # nothing will run: no host check matters
+            pf = Preflight()
+        else:
+            disk = estimate_disk(r, kind=kind, run=run, pipeline_text=pipeline_text, stages=to_run) \
+                if pipeline_text is not None and kind in st.WINDOWS else None
+            probe = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
+            pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
+                           need_serving=kind in st.WINDOWS, disk=disk, probe=probe)
+        if decision is not None:
+            for name, detail in decision.lines():
+                pf.add(name, True, detail)
+            if decision.refuse:
+                pf.add("stage inputs", False, decision.refuse)
         if on_event:
             for name, ok, detail in pf.checks:
                 on_event({"step": "preflight", "event": "ok" if ok else "error", "check": name, "detail": detail})
         if not pf.ok and not r.dry_run:
             raise PreflightFailed(f"{r.host.name}: preflight failed, nothing was stopped:\n{pf.failures()}")
+        if decision is not None and decision.nothing_to_do and pf.ok:
+            return {**_nothing_to_do(r, window_id, kind, command, decision, restart_hint=hint(
+                kind, r.host.name, "--run", run, "--restart")), "wall_s": round(time.monotonic() - t0, 1)}
         plan_kind = "window" if kind in st.WINDOWS else kind
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
-                          stages=st.WINDOWS.get(kind), change=change, to_release=to_release,
-                          serving_container=pf.serving_container)
-        if pipeline_text is not None:  # under the lock, after preflight: a refused run changes nothing on the host
+                          stages=to_run, change=change, to_release=to_release,
+                          serving_container=pf.serving_container, restart=restart)
+        # under the lock, after preflight: a refused run changes nothing on the host; an identical config stays
+        if pipeline_text is not None and pipeline_text != on_host_text:
             upload_pipeline_config(r, run, pipeline_text)
         launch(r, plan, image)
     except BaseException as exc:
@@ -131,7 +159,49 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history),
                 "supervisor_commands": on_host}
     result = watch(r, window_id, on_event=on_event)
+    if decision is not None and decision.skip:  # skipped stages and why, before the ones that ran
+        result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
+                                       **(result.get("stages") or {})}}
     return finish_window(r, window_id, result, command=command)
+
+
+def _decide(r: Remote, kind: str, run: str, pipeline_text: str | None,
+            restart: bool) -> tuple[str | None, StageDecision | None]:
+    """(the host's ``runs/<run>/pipeline.yaml`` text, :func:`decide_stages` for the window) read-only; the decision
+    is None when no valid pipeline config is known (preflight's disk estimate names that error)."""
+    import yaml
+
+    from eagle3ops.config.pipeline import PipelineConfig
+
+    on_host, manifests, sizes = read_run_state(r, run)
+    text = pipeline_text if pipeline_text is not None else on_host
+    if text is None:
+        return on_host, None
+    try:
+        cfg = PipelineConfig.model_validate(yaml.safe_load(text) or {})
+    except Exception:  # noqa: BLE001 - pydantic or YAML error: reported by the disk estimate
+        return on_host, None
+    return on_host, decide_stages(st.WINDOWS[kind], cfg, manifests, sizes, restart=restart,
+                                  rerun_hint=hint("extract", r.host.name, "--run", run))
+
+
+def _nothing_to_do(r: Remote, window_id: str, kind: str, command: str, decision: StageDecision, *,
+                   restart_hint: str) -> dict[str, Any]:
+    """End a window whose every stage is done for these inputs: nothing stopped, nothing of the run written; the lock
+    is released and an audit entry says why. Returns the result (``outcome: "nothing to do"``)."""
+    message = ("nothing to do: " + "; ".join(why for _, why in decision.skip)
+               + f"; pass --restart to redo it ({restart_hint})")
+    result = {"window_id": window_id, "kind": kind, "outcome": "nothing to do", "message": message, "error": "",
+              "stages": {s: f"skipped ({why})" for s, why in decision.skip}, "stage_seconds": {},
+              "downtime_s": None, "serving_running": True, "serving_healthy": True, "warnings": []}
+    if r.dry_run:
+        if r.echo:
+            r.echo(f"# {message}; serving would not be stopped")
+        return {**result, "outcome": "dry-run", "commands": list(r.history), "supervisor_commands": []}
+    release_lock(r, window_id)
+    append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command, "window": window_id,
+                     "outcome": "nothing to do", "error": "", "message": message})
+    return result
 
 
 def _started(r: Remote, window_id: str) -> bool | None:
