@@ -20,21 +20,30 @@ DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
 SECTION = "inventory"
 
 
-class ServingConfig(StrictModel):
-    """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it."""
+#: Serving kinds a host's ``serving.kind`` may name.
+SERVING_KINDS = ("container", "compose", "none")
 
-    kind: Literal["container", "compose"] = Field(
+
+class ServingConfig(StrictModel):
+    """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it; or
+    ``kind: none`` (shorthand ``serving: none``) for a host that only trains."""
+
+    kind: Literal["container", "compose", "none"] = Field(
         "container",
-        description="Serving manager: `container` (a Docker container by name) or `compose` (the container of a "
-                    "Compose service, found by its `com.docker.compose.project`/`.service` labels). systemd units are "
-                    "not supported yet: run serving as a container or a Compose service.",
+        description="Serving manager: `container` (a Docker container by name), `compose` (the container of a "
+                    "Compose service, found by its `com.docker.compose.project`/`.service` labels) or `none` (a "
+                    "host that only trains, e.g. a rented training host: windows skip the stop, the restore and the "
+                    "health gate and say so; release, rollback and speculate refuse it). Write `serving: none` or "
+                    "`serving: {kind: none}`, with no other serving keys. systemd units are not supported yet: run "
+                    "serving as a container or a Compose service.",
     )
     container: str = Field("vllm-serving", description="Name of the serving container on the host (kind container).")
     compose_project: str | None = Field(
         None, description="Compose project name (kind compose), as `docker compose -p` / `name:` sets it."
     )
     compose_service: str | None = Field(None, description="Compose service name (kind compose), e.g. `vllm`.")
-    image: str = Field(..., description="Serving image reference, e.g. `vllm/vllm-openai:v0.16.0`.")
+    image: str | None = Field(None, description="Serving image reference, e.g. `vllm/vllm-openai:v0.16.0` "
+                                                "(required unless `kind: none`).")
     args: list[str] = Field(
         default_factory=list, description="Arguments passed to the image's entrypoint (`vllm serve` args)."
     )
@@ -43,7 +52,8 @@ class ServingConfig(StrictModel):
         default_factory=list, description="Bind mounts `HOST_PATH:CONTAINER_PATH[:ro]` for the serving container."
     )
     port: int = Field(8000, ge=1, le=65535, description="TCP port the server listens on (host network).")
-    served_model_name: str = Field(..., description="Model name that `/v1/models` must list.")
+    served_model_name: str | None = Field(
+        None, description="Model name that `/v1/models` must list (required unless `kind: none`).")
     gpus: Literal["all", "none"] | int = Field(
         "all", description="GPUs given to the container: `all`, `none`, or a count."
     )
@@ -94,8 +104,25 @@ class ServingConfig(StrictModel):
                              "e.g. [1, 8]")
         return v
 
+    @property
+    def managed(self) -> bool:
+        """True when the host has production serving that windows stop, restore and health-gate (kind not
+        ``none``)."""
+        return self.kind != "none"
+
     @model_validator(mode="after")
     def _kind_fields(self) -> "ServingConfig":
+        if self.kind == "none":
+            extra = sorted(self.model_fields_set - {"kind"})
+            if extra:
+                raise ValueError(f"`kind: none` (a host without production serving) takes no other serving keys, "
+                                 f"got {extra}: remove them, or set the kind of the host's serving")
+            return self
+        missing = [k for k in ("image", "served_model_name") if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"kind `{self.kind}` needs {' and '.join(f'`{k}`' for k in missing)} (add "
+                             f"{'them' if len(missing) > 1 else 'it'}; or `serving: none` for a host that only "
+                             f"trains)")
         compose = (self.compose_project, self.compose_service)
         if self.kind == "compose" and not all(compose):
             raise ValueError("kind `compose` needs `compose_project` and `compose_service` (the Compose project "
@@ -128,7 +155,7 @@ class HostConfig(StrictModel):
     )
     model_path: str = Field(..., description="Target model directory on the host (inside or outside data_dir).")
     serving: ServingConfig = Field(..., description="Production serving on this host (the vLLM container a window "
-                                   "stops and restores).")
+                                   "stops and restores), or `none` for a host that only trains.")
     pipeline_image: str | None = Field(
         None, description="Pipeline image to run stages with; default: the image `eagle3ops image build` made."
     )
@@ -143,6 +170,17 @@ class HostConfig(StrictModel):
     )
     stage_timeout_s: float = Field(3600.0, gt=0, description="Longest one stage may run, in seconds.")
     min_free_gib: float = Field(1.0, ge=0, description="Free space required on data_dir beyond stage estimates.")
+
+    @field_validator("serving", mode="before")
+    @classmethod
+    def _serving_none(cls, value: Any) -> Any:
+        """``serving: none`` is shorthand for ``serving: {kind: none}``."""
+        if value == "none":
+            return {"kind": "none"}
+        if isinstance(value, str):
+            raise ValueError(f"expected a mapping of serving settings (image:, served_model_name:, ...) or `none` "
+                             f"for a host that only trains, got {value!r}")
+        return value
 
     @field_validator("data_dir", "state_dir", "model_path")
     @classmethod

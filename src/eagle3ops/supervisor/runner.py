@@ -19,7 +19,7 @@ from typing import Any
 
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
-from eagle3ops.config.plan import MIN_GATE_S, RECORD_GATE_S, Plan, ReleaseChange, StageStep
+from eagle3ops.config.plan import MIN_GATE_S, NO_SERVING_NOTE, RECORD_GATE_S, Plan, ReleaseChange, StageStep
 from eagle3ops.health import GateFailed, api_key_from_inspect, read_api_key_file, wait_healthy
 from eagle3ops.supervisor.journal import Journal, _now
 from eagle3ops.supervisor.releases import Releases, write_private
@@ -573,7 +573,9 @@ class Supervisor:
         t0 = self.journal.first_epoch()
         outcome, error, stopped_at, restored_at = "ok", "", None, None
         try:
-            if self.plan.kind == "window":
+            if self.plan.serving_kind == "none":
+                outcome, error = self._stages_only()
+            elif self.plan.kind == "window":
                 self.record()  # nothing is stopped before this succeeds
                 try:
                     if self.journal.first("restore", "start") is None:
@@ -616,8 +618,9 @@ class Supervisor:
             self.journal.log("supervisor", "error", reason="Docker engine unavailable; exiting so that the restart "
                                                            "policy resumes this window when the engine is back")
             raise SystemExit(75)
-        running = self._serving_running()
-        serving_ok = running and not self.unhealthy
+        no_serving = self.plan.serving_kind == "none"
+        running = None if no_serving else self._serving_running()
+        serving_ok = no_serving or (bool(running) and not self.unhealthy)
         if not serving_ok:
             error = (error + "; " if error else "") + (
                 f"SERVING IS NOT {'HEALTHY' if running else 'RUNNING'} on {self.plan.host}: the lock stays held; "
@@ -627,7 +630,9 @@ class Supervisor:
             "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
             "stages": self.stage_outcomes, "stage_seconds": self.stage_times,
             "downtime_s": round((restored_at or time.time()) - stopped_at, 1) if stopped_at else None,
-            "wall_s": round(time.time() - t0, 1), "serving_running": running, "serving_healthy": serving_ok,
+            "wall_s": round(time.time() - t0, 1), "serving_running": running,
+            "serving_healthy": None if no_serving else serving_ok, "serving": "none" if no_serving else "managed",
+            **({"serving_note": NO_SERVING_NOTE} if no_serving else {}),
             "release": self.releases.current(), "finished": _now(), "warnings": self.warnings(),
         }
         audit = self.state_dir / "audit.jsonl"
@@ -650,6 +655,26 @@ class Supervisor:
         tmp.write_text(json.dumps(result, indent=2))
         tmp.replace(self.wdir / "result.json")
         return result
+
+    def _stages_only(self) -> tuple[str, str]:
+        """A window on a host without production serving (``serving: none``): journal that the stop, restore and
+        health gate are skipped, then run the stages (a resumed supervisor skips finished ones). A ``release`` or
+        ``rollback`` plan for such a host is refused (the driver refuses it first).
+
+        Returns:
+            (outcome, error) of the stages.
+        """
+        if self.plan.kind != "window":
+            raise RuntimeError(f"host {self.plan.host} has no serving (serving: none): nothing to {self.plan.kind}")
+        if self.journal.first("serving", "skip") is None:
+            self.journal.log("serving", "skip", message=NO_SERVING_NOTE)
+        try:
+            for step in self.plan.stages:
+                if not self.run_stage(step):
+                    return "failed", f"stage {step.name}: {self.stage_outcomes[step.name]}"
+        except Interrupted as exc:
+            return "interrupted", str(exc)
+        return "ok", ""
 
     def _stages_from_journal(self) -> tuple[str, str]:
         """Stage outcomes of an earlier attempt of this window, from the journal: (outcome, error)."""

@@ -9,12 +9,14 @@ from eagle3ops.commands import docker as dk
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
-from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange, StageStep
+from eagle3ops.config.plan import NO_SERVING_NOTE, HealthCheck, Plan, ReleaseChange, StageStep
 
 
-def health_check(h: HostConfig) -> HealthCheck:
-    """The health gate settings for the host's serving."""
-    return HealthCheck(port=h.serving.port, model=h.serving.served_model_name, timeout_s=h.serving.health_timeout_s,
+def health_check(h: HostConfig) -> HealthCheck | None:
+    """The health gate settings for the host's serving (None for ``serving: none``: nothing to gate)."""
+    if not h.serving.managed:
+        return None
+    return HealthCheck(port=h.serving.port, model=h.serving.served_model_name or "", timeout_s=h.serving.health_timeout_s,
                        api_key_file=h.serving.api_key_file)
 
 
@@ -26,8 +28,16 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
     ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
     a new release's container gets the same name, so the next window finds it again. ``change``: a ``release``
     plan's intended change of the live container (default: none, the live container recreated as it is).
+    A host with ``serving: none`` gets a plan with ``serving_kind`` ``none``, no serving container and no health
+    gate: the supervisor runs only the stages (:data:`eagle3ops.config.plan.NO_SERVING_NOTE`).
+
+    Raises:
+        ValueError: a ``release``/``rollback`` plan for a host with ``serving: none`` (callers refuse earlier, with
+            :func:`eagle3ops.window.common.require_serving`).
     """
-    name = serving_container or sv.default_name(h.serving)
+    if not h.serving.managed and kind != "window":
+        raise ValueError(f"host {h.name} has no serving (serving: none): a {kind} plan needs production serving")
+    name = "" if not h.serving.managed else (serving_container or sv.default_name(h.serving))
     if kind == "release" and change is None:
         change = ReleaseChange()
     steps = [StageStep(name=s, spec=st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id),
@@ -35,7 +45,7 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
     return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
                 state_dir=h.state_dir, serving_container=name, stop_timeout_s=h.serving.stop_timeout_s,
                 stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), change=change,
-                to_release=to_release, gpus=h.gpus)
+                to_release=to_release, gpus=h.gpus, serving_kind=h.serving.kind)
 
 
 def supervisor_commands(h: HostConfig, plan: Plan) -> list[list[str]]:
@@ -44,6 +54,9 @@ def supervisor_commands(h: HostConfig, plan: Plan) -> list[list[str]]:
     The supervisor uses the docker SDK, not the CLI; these are the CLI commands with the same effect.
     """
     cmds: list[list[str]] = []
+    if plan.serving_kind == "none":  # a host that only trains: the stages, nothing else (see NO_SERVING_NOTE)
+        return [sv.run_argv(h, {**step.spec, "restart_policy": {}}) for step in plan.stages]
+    assert plan.health is not None  # every plan with serving has a gate
     if plan.kind == "window":
         cmds.append(dk.docker(h, "stop", "--time", str(plan.stop_timeout_s), plan.serving_container))
         for step in plan.stages:

@@ -11,6 +11,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
+from eagle3ops.config.plan import NO_SERVING_NOTE
 from eagle3ops.remote import Remote
 from eagle3ops.window.common import hint
 
@@ -256,6 +257,9 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
     else:
         pf.add("gpus", True, "none (CPU host)")
+    if not h.serving.managed:  # a host that only trains: no serving container to find or check
+        pf.add("serving", True, NO_SERVING_NOTE)
+        return pf
     names, found = serving_container(r)
     pf.serving_container = names[0] if names else sv.default_name(h.serving)
     if len(names) > 1:

@@ -11,10 +11,10 @@ from typing import Any
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import stages as st
-from eagle3ops.config.plan import Plan, ReleaseChange
+from eagle3ops.config.plan import NO_SERVING_NOTE, Plan, ReleaseChange
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
-                                     paths)
+                                     paths, require_serving)
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
 from eagle3ops.window.planner import build_plan, supervisor_commands
 from eagle3ops.window.preflight import estimate_disk, preflight
@@ -87,7 +87,10 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             failed after the window started.
         PreflightFailed: a check failed (nothing stopped; lock released; audit entry written).
         SupervisorDead: the supervisor died without a result (the message gives the recover command).
+        WindowError: also a ``release``/``rollback`` on a host with ``serving: none`` (refused before the lock).
     """
+    if kind not in st.WINDOWS:
+        require_serving(r.host, kind)
     window_id = new_window_id(kind)
     if r.dry_run and read_lock(r):
         raise LockHeld(describe_lock(r))
@@ -122,6 +125,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     if r.dry_run:
         on_host = supervisor_commands(r.host, plan)
         if r.echo:
+            if plan.serving_kind == "none":
+                r.echo(f"# {r.host.name}: {NO_SERVING_NOTE}")
             r.echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
             for argv in on_host:
                 r.echo("#   " + render(argv))
@@ -129,7 +134,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise PreflightFailed(f"{r.host.name}: preflight would fail, so a real run would stop before anything "
                                   f"is stopped:\n{pf.failures()}")
         return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history),
-                "supervisor_commands": on_host}
+                "supervisor_commands": on_host, "serving": "none" if plan.serving_kind == "none" else "managed"}
     result = watch(r, window_id, on_event=on_event)
     return finish_window(r, window_id, result, command=command)
 
