@@ -133,3 +133,44 @@ def test_supervisor_runs_only_the_stages_and_leaves_containers_alone(tmp_path, t
     assert ("serving", "skip") in steps and not {s for s, _ in steps} & {"record", "stop", "restore", "health"}
     assert not (tmp_path / "state" / "lock").exists()  # released: a trainer's window ends with nothing to restore
     assert _serving_ok(res)
+
+
+@pytest.mark.sandbox
+@pytest.mark.images
+def test_window_on_the_sandbox_as_a_host_without_serving_leaves_serving_alone(deployed, tmp_path):
+    """An inventory entry for the sandbox with ``serving: none`` runs a real window (prepare ok, then an extract
+    that fails at once: more tensor-parallel ranks than the host has, the cheapest real stage run); the sandbox's
+    serving container is never stopped or restarted (same ``StartedAt``), the lock is released, the audit says so."""
+    import uuid
+
+    import yaml
+
+    from eagle3ops.commands import docker as dk
+    from eagle3ops.remote import Remote
+    from eagle3ops.window.common import audit_entries
+    from eagle3ops.window.lock import read_lock
+
+    h, dep = deployed
+    raw = yaml.safe_load((REPO / "deploy/hosts.yaml").read_text())["hosts"]["sandbox"]
+    raw.update(identity_file=str(h.identity_file), known_hosts=str(h.known_hosts), port=h.port,
+               docker_host=h.docker_host, data_dir=h.data_dir, state_dir=h.state_dir, model_path=h.model_path,
+               serving="none")
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(yaml.safe_dump({"hosts": {"trainer": raw}}))
+    trainer = load_inventory(inv).host("trainer")
+    assert trainer.serving.kind == "none"
+    started = dk.docker(h, "inspect", "--format", "{{.State.StartedAt}} {{.State.Status}}", h.serving.container)
+    with Remote(h) as r:
+        before = r.run(started).stdout.strip()
+    pipeline = TINY + "extract: {batch_size: 8, tensor_parallel_size: 4}\n"
+    with Remote(trainer) as r:
+        res = wrun.run_window(r, kind="extract", image=dep.tag, expected_image_id=dep.image_id,
+                              command="pytest serving-none", run=f"none-{uuid.uuid4().hex[:8]}",
+                              pipeline_text=pipeline)
+        assert read_lock(r) is None
+        audit = [e for e in audit_entries(r) if e.get("window") == res["window_id"]]
+    assert res["serving"] == "none" and res["downtime_s"] is None, res
+    assert res["stages"]["prepare"] == "ok" and res["stages"]["extract"].startswith("failed"), res
+    assert audit and audit[-1]["outcome"] == "failed"
+    with Remote(h) as r:
+        assert r.run(started).stdout.strip() == before and before.endswith(" running"), "serving was touched"
