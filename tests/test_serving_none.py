@@ -138,9 +138,10 @@ def test_supervisor_runs_only_the_stages_and_leaves_containers_alone(tmp_path, t
 @pytest.mark.sandbox
 @pytest.mark.images
 def test_window_on_the_sandbox_as_a_host_without_serving_leaves_serving_alone(deployed, tmp_path):
-    """An inventory entry for the sandbox with ``serving: none`` runs a real window (prepare ok, then an extract
-    that fails at once: more tensor-parallel ranks than the host has, the cheapest real stage run); the sandbox's
-    serving container is never stopped or restarted (same ``StartedAt``), the lock is released, the audit says so."""
+    """An inventory entry for the sandbox with ``serving: none`` runs a real window (a train window on a fresh run:
+    its vocab stage runs for real and fails at once without prepared data, the cheapest real stage run); the
+    sandbox's serving container is never stopped or restarted (same ``StartedAt``), the lock is released, the audit
+    says so."""
     import uuid
 
     import yaml
@@ -162,15 +163,25 @@ def test_window_on_the_sandbox_as_a_host_without_serving_leaves_serving_alone(de
     started = dk.docker(h, "inspect", "--format", "{{.State.StartedAt}} {{.State.Status}}", h.serving.container)
     with Remote(h) as r:
         before = r.run(started).stdout.strip()
-    pipeline = TINY + "extract: {batch_size: 8, tensor_parallel_size: 4}\n"
+    pipeline = TINY
     with Remote(trainer) as r:
-        res = wrun.run_window(r, kind="extract", image=dep.tag, expected_image_id=dep.image_id,
+        res = wrun.run_window(r, kind="train", image=dep.tag, expected_image_id=dep.image_id,
                               command="pytest serving-none", run=f"none-{uuid.uuid4().hex[:8]}",
                               pipeline_text=pipeline)
         assert read_lock(r) is None
         audit = [e for e in audit_entries(r) if e.get("window") == res["window_id"]]
     assert res["serving"] == "none" and res["downtime_s"] is None, res
-    assert res["stages"]["prepare"] == "ok" and res["stages"]["extract"].startswith("failed"), res
+    assert res["stages"]["vocab"].startswith("failed") and "train" not in res["stages"], res
     assert audit and audit[-1]["outcome"] == "failed"
     with Remote(h) as r:
         assert r.run(started).stdout.strip() == before and before.endswith(" running"), "serving was touched"
+
+
+def test_process_serving_needs_a_match_and_no_image(tmp_path):
+    h = _load(tmp_path, "    serving: {kind: process, process_match: 'ml-env/bin/vllm serve', served_model_name: m}\n")
+    assert (h.serving.kind, h.serving.process_match, h.serving.image) == ("process", "ml-env/bin/vllm serve", None)
+    with pytest.raises(ConfigError, match=r"hosts\.trainer\.serving.*kind `process` needs `process_match`"):
+        _load(tmp_path, "    serving: {kind: process, served_model_name: m}\n")
+    with pytest.raises(ConfigError, match=r"`process_match` is set but `kind` is not `process`"):
+        _load(tmp_path, "    serving: {image: i, served_model_name: m, process_match: vllm}\n")
+    assert "`process_match`" in docs("inventory") and "kind: process" in (REPO / "deploy/hosts.yaml").read_text()

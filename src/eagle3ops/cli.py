@@ -411,6 +411,10 @@ def _serving_drift(inventory: Path, host: str) -> None:
     if not h.serving.managed:
         console.print(f"{host}: serving: none (a host that only trains): no serving container to compare")
         return
+    if h.serving.kind == "process":
+        console.print(f"{host}: serving kind process: windows restore the running process as recorded from /proc; "
+                      f"there is no container to compare")
+        return
     with _remote(h) as r:
         name, diffs = serving_drift(r)
     if name is None:

@@ -21,17 +21,21 @@ SECTION = "inventory"
 
 
 #: Serving kinds a host's ``serving.kind`` may name.
-SERVING_KINDS = ("container", "compose", "none")
+SERVING_KINDS = ("container", "compose", "process", "none")
 
 
 class ServingConfig(StrictModel):
-    """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it; or
-    ``kind: none`` (shorthand ``serving: none``) for a host that only trains."""
+    """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it; a vLLM
+    process (``kind: process``); or ``kind: none`` (shorthand ``serving: none``) for a host that only trains."""
 
-    kind: Literal["container", "compose", "none"] = Field(
+    kind: Literal["container", "compose", "process", "none"] = Field(
         "container",
         description="Serving manager: `container` (a Docker container by name), `compose` (the container of a "
-                    "Compose service, found by its `com.docker.compose.project`/`.service` labels) or `none` (a "
+                    "Compose service, found by its `com.docker.compose.project`/`.service` labels), `process` (vLLM "
+                    "run as a plain process on the host, e.g. from a virtualenv, found by `process_match`; its "
+                    "command line, environment, working directory and user are recorded from /proc, it is stopped "
+                    "with SIGTERM and restored detached by a restore agent on the host, logging to the window's "
+                    "state dir; it must run as the SSH user) or `none` (a "
                     "host that only trains, e.g. a rented training host: windows skip the stop, the restore and the "
                     "health gate and say so; release, rollback and speculate refuse it). Write `serving: none` or "
                     "`serving: {kind: none}`, with no other serving keys. systemd units are not supported yet: run "
@@ -42,6 +46,10 @@ class ServingConfig(StrictModel):
         None, description="Compose project name (kind compose), as `docker compose -p` / `name:` sets it."
     )
     compose_service: str | None = Field(None, description="Compose service name (kind compose), e.g. `vllm`.")
+    process_match: str | None = Field(
+        None, description="Kind process: an extended regular expression matched against the serving process's "
+                          "whole command line (`pgrep -o -f`; the oldest match is the server), e.g. "
+                          "`ml-env/bin/vllm serve`.")
     image: str | None = Field(None, description="Serving image reference, e.g. `vllm/vllm-openai:v0.16.0` "
                                                 "(required unless `kind: none`).")
     args: list[str] = Field(
@@ -118,7 +126,8 @@ class ServingConfig(StrictModel):
                 raise ValueError(f"`kind: none` (a host without production serving) takes no other serving keys, "
                                  f"got {extra}: remove them, or set the kind of the host's serving")
             return self
-        missing = [k for k in ("image", "served_model_name") if getattr(self, k) is None]
+        needed = ("served_model_name", "process_match") if self.kind == "process" else ("image", "served_model_name")
+        missing = [k for k in needed if getattr(self, k) is None]
         if missing:
             raise ValueError(f"kind `{self.kind}` needs {' and '.join(f'`{k}`' for k in missing)} (add "
                              f"{'them' if len(missing) > 1 else 'it'}; or `serving: none` for a host that only "
@@ -127,8 +136,10 @@ class ServingConfig(StrictModel):
         if self.kind == "compose" and not all(compose):
             raise ValueError("kind `compose` needs `compose_project` and `compose_service` (the Compose project "
                              "and service names of the serving container)")
-        if self.kind == "container" and any(compose):
-            raise ValueError("`compose_project`/`compose_service` are set but `kind` is `container`: set "
+        if self.process_match is not None and self.kind != "process":
+            raise ValueError("`process_match` is set but `kind` is not `process`: set `kind: process` or remove it")
+        if self.kind in ("container", "process") and any(compose):
+            raise ValueError(f"`compose_project`/`compose_service` are set but `kind` is `{self.kind}`: set "
                              "`kind: compose` or remove them")
         return self
 

@@ -88,7 +88,11 @@ class Plan(BaseModel):
     serving_container: str
     #: The host's serving kind (``serving.kind``); ``none``: a host that only trains: the supervisor skips the
     #: record, stop, restore and health gate (and says so in its journal and result).
-    serving_kind: Literal["container", "compose", "none"] = "container"
+    serving_kind: Literal["container", "compose", "process", "none"] = "container"
+    #: Kind ``process``: the window's process dir on the host (the record and the files the supervisor and the
+    #: host-side restore agent exchange, :mod:`eagle3ops.commands.process`) and the serving process's pid.
+    process_dir: str | None = None
+    process_pid: int | None = None
     stop_timeout_s: int = 120
     stages: list[StageStep] = Field(default_factory=list)
     budget_s: float = 7200.0

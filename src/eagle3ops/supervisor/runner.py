@@ -151,6 +151,11 @@ class Supervisor:
         if self.journal.done("record"):
             return
         self.journal.log("record", "start")
+        if self.plan.serving_kind == "process":
+            argv = self._process_argv()
+            self.journal.log("record", "ok", pid=self.plan.process_pid, argv=argv, cwd=self._process_file("cwd"),
+                             uid=self._process_file("uid"))
+            return
         c = self._serving()
         if c is None:
             raise RuntimeError(f"serving container {self.plan.serving_container!r} does not exist on the host")
@@ -180,6 +185,9 @@ class Supervisor:
         if self.journal.done("stop"):
             return
         self.journal.log("stop", "start")
+        if self.plan.serving_kind == "process":
+            self._process_stop()
+            return
         c = self._serving()
         if c is not None and c.status == "running":
             c.stop(timeout=self.plan.stop_timeout_s)
@@ -326,6 +334,8 @@ class Supervisor:
             EngineUnavailable: the engine stayed unreachable for ``engine_wait_s`` seconds.
         """
         self.journal.log("restore", "start")
+        if self.plan.serving_kind == "process":
+            return self._process_restore()
         while True:
             try:
                 c = self._serving()
@@ -466,8 +476,18 @@ class Supervisor:
                 not a verdict; callers wait the engine out.
         """
         h = self.plan.health
+        assert h is not None  # plans with serving have a gate
         timeout_s = h.timeout_s if timeout_s is None else timeout_s
         self.journal.log("health", "start", timeout_s=round(timeout_s, 1))
+        if self.plan.serving_kind == "process":
+            try:
+                models = wait_healthy(f"http://127.0.0.1:{h.port}", h.model, timeout_s=timeout_s,
+                                      interval_s=h.interval_s, api_key=self._api_key)
+            except GateFailed as exc:
+                self.journal.log("health", "error", reason=str(exc)[-800:])
+                raise
+            self.journal.log("health", "ok", models=models)
+            return
         c0 = self._serving()
         restarts0 = c0.attrs.get("RestartCount", 0) if c0 is not None else 0
 
@@ -494,8 +514,13 @@ class Supervisor:
     def _api_key(self) -> str | None:
         """The API key serving requires: from the serving container's own configuration, else from the secret
         file the inventory names (``health.api_key_file``); None when neither has one. Never logged."""
-        c = self._serving()
-        key = api_key_from_inspect(c.attrs) if c is not None else None
+        if self.plan.serving_kind == "process":
+            env = [e.decode(errors="replace") for e in self._process_bytes("environ.nul").split(b"\0") if e]
+            key = api_key_from_inspect({"Config": {"Cmd": self._process_argv(), "Env": env}})
+        else:
+            c = self._serving()
+            key = api_key_from_inspect(c.attrs) if c is not None else None
+        assert self.plan.health is not None
         if key is None and self.plan.health.api_key_file:
             key = read_api_key_file(self.plan.health.api_key_file)
         return key
@@ -631,9 +656,11 @@ class Supervisor:
             "stages": self.stage_outcomes, "stage_seconds": self.stage_times,
             "downtime_s": round((restored_at or time.time()) - stopped_at, 1) if stopped_at else None,
             "wall_s": round(time.time() - t0, 1), "serving_running": running,
-            "serving_healthy": None if no_serving else serving_ok, "serving": "none" if no_serving else "managed",
+            "serving_healthy": None if no_serving else serving_ok, "serving": self.plan.serving_kind,
             **({"serving_note": NO_SERVING_NOTE} if no_serving else {}),
-            "release": self.releases.current(), "finished": _now(), "warnings": self.warnings(),
+            # Releases are serving containers: a window on a host serving with a process (or none) has none.
+            "release": self.releases.current() if self.plan.serving_kind in ("container", "compose") else None,
+            "finished": _now(), "warnings": self.warnings(),
         }
         audit = self.state_dir / "audit.jsonl"
         with audit.open("a") as f:
@@ -655,6 +682,70 @@ class Supervisor:
         tmp.write_text(json.dumps(result, indent=2))
         tmp.replace(self.wdir / "result.json")
         return result
+
+    # kind process: the host-side restore agent (eagle3ops.commands.process) stops and restores; this side asks,
+    # waits (bounded) and gates
+    def _process_bytes(self, name: str) -> bytes:
+        assert self.plan.process_dir is not None
+        return (Path(self.plan.process_dir) / name).read_bytes()
+
+    def _process_file(self, name: str) -> str:
+        try:
+            return self._process_bytes(name).decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def _process_argv(self) -> list[str]:
+        """The recorded command line of the serving process (``cmdline.nul``)."""
+        return [a.decode(errors="replace") for a in self._process_bytes("cmdline.nul").split(b"\0") if a]
+
+    def _await_file(self, name: str, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` seconds) for the agent to write ``name`` into the process dir."""
+        assert self.plan.process_dir is not None
+        path = Path(self.plan.process_dir) / name
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if path.exists():
+                return True
+            time.sleep(0.5)
+        return path.exists()
+
+    def _process_stop(self) -> None:
+        """Ask the restore agent to stop the serving process and wait for it (SIGTERM grace + GPU release wait +
+        60 s, bounded)."""
+        assert self.plan.process_dir is not None
+        req = Path(self.plan.process_dir) / "stop-requested"
+        if not req.exists():
+            req.write_text(_now())
+        if not self._await_file("stopped", self.plan.stop_timeout_s + 300 + 60):
+            raise RuntimeError(f"the restore agent did not report the serving process (pid {self.plan.process_pid}) "
+                               f"stopped; see {self.plan.process_dir}/agent.log")
+        self.journal.log("stop", "ok", pid=self.plan.process_pid, seconds=self._process_file("stopped"))
+
+    def _process_restore(self) -> str:
+        """Ask the agent to restore the recorded process (detached, recorded argv/env/cwd), then health-gate it.
+        There are no retained releases of a process to roll back to: a failed gate leaves the window failed with
+        the lock held (``recover``)."""
+        assert self.plan.process_dir is not None
+        req = Path(self.plan.process_dir) / "restore-requested"
+        if not req.exists():
+            req.write_text(_now())
+        if not self._await_file("restored", 120):
+            self.unhealthy = True
+            self.journal.log("restore", "error", reason="the restore agent did not report a restore within 120 s; "
+                                                        f"see {self.plan.process_dir}/agent.log")
+            raise RuntimeError(f"serving process not restored: no answer from the restore agent "
+                               f"({self.plan.process_dir}/agent.log)")
+        try:
+            self._gate_through_signal()
+        except GateFailed as exc:
+            self.unhealthy = True
+            self.journal.log("restore", "error", reason=str(exc)[-500:], verdict=True)
+            raise RuntimeError(f"restored serving process failed its health gate ({exc}); its output: "
+                               f"{self.plan.process_dir}/serving.log") from None
+        self.journal.log("restore", "ok", pid=self._process_file("restored"),
+                         log=f"{self.plan.process_dir}/serving.log")
+        return "restored"
 
     def _stages_only(self) -> tuple[str, str]:
         """A window on a host without production serving (``serving: none``): journal that the stop, restore and
@@ -700,6 +791,8 @@ class Supervisor:
             return False
 
     def _serving_running(self) -> bool:
+        if self.plan.serving_kind == "process":  # host pids are invisible here: the last gate decides
+            return self.journal.last("health") is not None and self.journal.last("health")["event"] == "ok"
         c = self._serving()
         if c is None:
             return False
