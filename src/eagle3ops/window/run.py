@@ -94,14 +94,11 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             failed after the window started.
         PreflightFailed: a check failed (nothing stopped; lock released; audit entry written).
         SupervisorDead: the supervisor died without a result (the message gives the recover command).
-        WindowError: also a ``release``/``rollback`` on a host with ``serving: none`` (refused before the lock).
+        WindowError: also a ``release``/``rollback`` on a host with ``serving: none`` or process serving (refused
+            before the lock).
     """
     if kind not in st.WINDOWS:
         require_serving(r.host, kind)
-        if r.host.serving.kind == "process":
-            raise WindowError(f"host {r.host.name} serves with a process (`hosts.{r.host.name}.serving.kind: "
-                              f"process`): {kind} is not supported for process serving yet; change the process by "
-                              f"hand, or run serving as a container")
     window_id = new_window_id(kind)
     if r.dry_run and read_lock(r):
         raise LockHeld(describe_lock(r))
