@@ -51,12 +51,12 @@ while [ ! -e "$d/stop-requested" ]; do
   st=$(sup_state "$@")
   if [ "$st" = gone ]; then log "supervisor $sup ended before asking for the stop: nothing stopped"; exit 0; fi
   if [ $(( $(now) - t0 )) -ge "$stop_wait" ]; then log "no stop request within ${stop_wait}s: nothing stopped"; exit 0; fi
-  sleep 0.5
+  sleep 1
 done
 log "stopping pid $pid (SIGTERM, up to ${stop_s}s)"
 t1=$(now)
 kill -TERM "$pid" 2>/dev/null
-while kill -0 "$pid" 2>/dev/null && [ $(( $(now) - t1 )) -lt "$stop_s" ]; do sleep 0.5; done
+while kill -0 "$pid" 2>/dev/null && [ $(( $(now) - t1 )) -lt "$stop_s" ]; do sleep 1; done
 if kill -0 "$pid" 2>/dev/null; then log "pid $pid still runs after ${stop_s}s: SIGKILL"; kill -KILL "$pid"; sleep 1; fi
 if command -v nvidia-smi >/dev/null 2>&1; then
   t2=$(now)
