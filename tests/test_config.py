@@ -56,7 +56,7 @@ def test_wrong_type_and_relative_path(tmp_path):
 
 def test_missing_required_key(tmp_path):
     p = _write(tmp_path, BASE.replace("      served_model_name: m\n", ""))
-    with pytest.raises(ConfigError, match=r"hosts\.h1\.serving\.served_model_name.*add it"):
+    with pytest.raises(ConfigError, match=r"hosts\.h1\.serving\b.*served_model_name.*add it"):
         load_inventory(p)
 
 

@@ -244,7 +244,8 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
         lock = read_lock(r)
         console.print(f"lock: {json.dumps(lock) if lock else 'free'}")
         cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False, mutates=False)
-        console.print(f"serving release: {cur.stdout.strip() or 'none recorded'}")
+        console.print(f"serving release: {cur.stdout.strip() or 'none recorded'}" if h.serving.managed else
+                      "serving: none (serving: none in the inventory: a host that only trains)")
         wid = _newest_window(r)
         if not wid:
             console.print("no window has run on this host")
@@ -283,12 +284,14 @@ def recover(host: str, inventory: Path = InventoryOpt) -> None:
     from eagle3ops.window.run import relaunch
     from eagle3ops.window.watch import finish_window, watch
 
-    with _remote(_host(inventory, host)) as r:
+    h = _host(inventory, host)
+    with _remote(h) as r:
         wid = _newest_window(r, "recover")
         deployed = _deployed(r, required=False)["image"]
         try:
             if not relaunch(r, wid, fallback_image=None if deployed.startswith("<") else deployed):
-                console.print(f"window {wid} already finished with serving running")
+                console.print(f"window {wid} already finished with serving running" if h.serving.managed else
+                              f"window {wid} already finished (the host has no serving)")
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="recover")
         except WindowError as exc:
             _fail(str(exc))
@@ -412,7 +415,15 @@ def _serving_drift(inventory: Path, host: str) -> None:
     """Print how the inventory's serving flags for ``host`` differ from its live serving container."""
     from eagle3ops.window.preflight import serving_drift
 
-    with _remote(_host(inventory, host)) as r:
+    h = _host(inventory, host)
+    if not h.serving.managed:
+        console.print(f"{host}: serving: none (a host that only trains): no serving container to compare")
+        return
+    if h.serving.kind == "process":
+        console.print(f"{host}: serving kind process: windows restore the running process as recorded from /proc; "
+                      f"there is no container to compare")
+        return
+    with _remote(h) as r:
         name, diffs = serving_drift(r)
     if name is None:
         console.print(f"{host}: no live serving container; the inventory's serving flags would start one")

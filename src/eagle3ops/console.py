@@ -43,7 +43,10 @@ def summary(result: dict[str, Any]) -> None:
     if result.get("downtime_s") is not None:
         t.add_row("serving downtime", f"{result['downtime_s']:.1f} s")
     t.add_row("wall time", f"{result.get('wall_s')} s")
-    t.add_row("serving running", str(result.get("serving_running")))
+    if result.get("serving") == "none":
+        t.add_row("serving", str(result.get("serving_note") or "none (serving: none): not stopped, restored or gated"))
+    else:
+        t.add_row("serving running", str(result.get("serving_running")))
     if "release" in result:
         t.add_row("serving release", str(result.get("release")))
     for w in result.get("warnings") or []:

@@ -20,21 +20,39 @@ DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
 SECTION = "inventory"
 
 
-class ServingConfig(StrictModel):
-    """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it."""
+#: Serving kinds a host's ``serving.kind`` may name.
+SERVING_KINDS = ("container", "compose", "process", "none")
 
-    kind: Literal["container", "compose"] = Field(
+
+class ServingConfig(StrictModel):
+    """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it; a vLLM
+    process (``kind: process``); or ``kind: none`` (shorthand ``serving: none``) for a host that only trains."""
+
+    kind: Literal["container", "compose", "process", "none"] = Field(
         "container",
-        description="Serving manager: `container` (a Docker container by name) or `compose` (the container of a "
-                    "Compose service, found by its `com.docker.compose.project`/`.service` labels). systemd units are "
-                    "not supported yet: run serving as a container or a Compose service.",
+        description="Serving manager: `container` (a Docker container by name), `compose` (the container of a "
+                    "Compose service, found by its `com.docker.compose.project`/`.service` labels), `process` (vLLM "
+                    "run as a plain process on the host, e.g. from a virtualenv, found by `process_match`; its "
+                    "command line, environment, working directory and user are recorded from /proc, it is stopped "
+                    "with SIGTERM and restored detached by a restore agent on the host, logging to the window's "
+                    "state dir; it must run as the SSH user; windows only so far: release, rollback and speculate "
+                    "refuse it) or `none` (a "
+                    "host that only trains, e.g. a rented training host: windows skip the stop, the restore and the "
+                    "health gate and say so; release, rollback and speculate refuse it). Write `serving: none` or "
+                    "`serving: {kind: none}`, with no other serving keys. systemd units are not supported yet: run "
+                    "serving as a container or a Compose service.",
     )
     container: str = Field("vllm-serving", description="Name of the serving container on the host (kind container).")
     compose_project: str | None = Field(
         None, description="Compose project name (kind compose), as `docker compose -p` / `name:` sets it."
     )
     compose_service: str | None = Field(None, description="Compose service name (kind compose), e.g. `vllm`.")
-    image: str = Field(..., description="Serving image reference, e.g. `vllm/vllm-openai:v0.16.0`.")
+    process_match: str | None = Field(
+        None, description="Kind process: an extended regular expression matched against the serving process's "
+                          "whole command line (`pgrep -o -f`; the oldest match is the server), e.g. "
+                          "`ml-env/bin/vllm serve`.")
+    image: str | None = Field(None, description="Serving image reference, e.g. `vllm/vllm-openai:v0.16.0` "
+                                                "(required unless `kind: none`).")
     args: list[str] = Field(
         default_factory=list, description="Arguments passed to the image's entrypoint (`vllm serve` args)."
     )
@@ -43,7 +61,8 @@ class ServingConfig(StrictModel):
         default_factory=list, description="Bind mounts `HOST_PATH:CONTAINER_PATH[:ro]` for the serving container."
     )
     port: int = Field(8000, ge=1, le=65535, description="TCP port the server listens on (host network).")
-    served_model_name: str = Field(..., description="Model name that `/v1/models` must list.")
+    served_model_name: str | None = Field(
+        None, description="Model name that `/v1/models` must list (required unless `kind: none`).")
     gpus: Literal["all", "none"] | int = Field(
         "all", description="GPUs given to the container: `all`, `none`, or a count."
     )
@@ -94,14 +113,34 @@ class ServingConfig(StrictModel):
                              "e.g. [1, 8]")
         return v
 
+    @property
+    def managed(self) -> bool:
+        """True when the host has production serving that windows stop, restore and health-gate (kind not
+        ``none``)."""
+        return self.kind != "none"
+
     @model_validator(mode="after")
     def _kind_fields(self) -> "ServingConfig":
+        if self.kind == "none":
+            extra = sorted(self.model_fields_set - {"kind"})
+            if extra:
+                raise ValueError(f"`kind: none` (a host without production serving) takes no other serving keys, "
+                                 f"got {extra}: remove them, or set the kind of the host's serving")
+            return self
+        needed = ("served_model_name", "process_match") if self.kind == "process" else ("image", "served_model_name")
+        missing = [k for k in needed if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"kind `{self.kind}` needs {' and '.join(f'`{k}`' for k in missing)} (add "
+                             f"{'them' if len(missing) > 1 else 'it'}; or `serving: none` for a host that only "
+                             f"trains)")
         compose = (self.compose_project, self.compose_service)
         if self.kind == "compose" and not all(compose):
             raise ValueError("kind `compose` needs `compose_project` and `compose_service` (the Compose project "
                              "and service names of the serving container)")
-        if self.kind == "container" and any(compose):
-            raise ValueError("`compose_project`/`compose_service` are set but `kind` is `container`: set "
+        if self.process_match is not None and self.kind != "process":
+            raise ValueError("`process_match` is set but `kind` is not `process`: set `kind: process` or remove it")
+        if self.kind in ("container", "process") and any(compose):
+            raise ValueError(f"`compose_project`/`compose_service` are set but `kind` is `{self.kind}`: set "
                              "`kind: compose` or remove them")
         return self
 
@@ -128,7 +167,7 @@ class HostConfig(StrictModel):
     )
     model_path: str = Field(..., description="Target model directory on the host (inside or outside data_dir).")
     serving: ServingConfig = Field(..., description="Production serving on this host (the vLLM container a window "
-                                   "stops and restores).")
+                                   "stops and restores), or `none` for a host that only trains.")
     pipeline_image: str | None = Field(
         None, description="Pipeline image to run stages with; default: the image `eagle3ops image build` made."
     )
@@ -170,6 +209,17 @@ class HostConfig(StrictModel):
             if len(parts) > 2 or not all(p.strip().lstrip("-").isdigit() for p in parts):
                 raise ValueError(f"{name}: {v!r} is not an integer or `soft:hard` of integers (-1 = unlimited), "
                                  f"e.g. `memlock: \"-1\"` or `stack: \"67108864:67108864\"`")
+        return value
+
+    @field_validator("serving", mode="before")
+    @classmethod
+    def _serving_none(cls, value: Any) -> Any:
+        """``serving: none`` is shorthand for ``serving: {kind: none}``."""
+        if value == "none":
+            return {"kind": "none"}
+        if isinstance(value, str):
+            raise ValueError(f"expected a mapping of serving settings (image:, served_model_name:, ...) or `none` "
+                             f"for a host that only trains, got {value!r}")
         return value
 
     @field_validator("data_dir", "state_dir", "model_path")

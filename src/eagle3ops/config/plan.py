@@ -11,6 +11,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+#: What a window on a host without production serving (``serving: none``) leaves out; said in the dry-run, the
+#: preflight, the supervisor's journal and the window's result.
+NO_SERVING_NOTE = ("host has no production serving (serving: none): the window skips the stop, the restore and the "
+                   "health gate")
+
+
 class StageStep(BaseModel):
     """One stage of a window: its container spec and time limit (seconds)."""
 
@@ -80,10 +86,18 @@ class Plan(BaseModel):
     command: str
     state_dir: str
     serving_container: str
+    #: The host's serving kind (``serving.kind``); ``none``: a host that only trains: the supervisor skips the
+    #: record, stop, restore and health gate (and says so in its journal and result).
+    serving_kind: Literal["container", "compose", "process", "none"] = "container"
+    #: Kind ``process``: the window's process dir on the host (the record and the files the supervisor and the
+    #: host-side restore agent exchange, :mod:`eagle3ops.commands.process`) and the serving process's pid.
+    process_dir: str | None = None
+    process_pid: int | None = None
     stop_timeout_s: int = 120
     stages: list[StageStep] = Field(default_factory=list)
     budget_s: float = 7200.0
-    health: HealthCheck
+    #: None only when ``serving_kind`` is ``none`` (nothing to gate).
+    health: HealthCheck | None
     change: ReleaseChange | None = None
     to_release: int | None = None
     gpus: int = 0
@@ -91,6 +105,8 @@ class Plan(BaseModel):
 
     def reserve_s(self) -> float:
         """Seconds of ``budget_s`` reserved for restore + health gate (see :func:`default_restore_reserve_s`)."""
+        if self.serving_kind == "none" or self.health is None:
+            return 0.0
         if self.restore_reserve_s is not None:
             return min(self.restore_reserve_s, self.budget_s)
         return default_restore_reserve_s(self.budget_s, self.health.timeout_s)

@@ -199,11 +199,13 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
         SpeculateError: refused before anything changed (misfit head, low offline estimate without ``force``, gate
             prompts trained on, baseline not measurable), or the speculative release could not be measured (then
             rolled back first).
-        eagle3ops.window.WindowError: a window failed to run (its own message: lock, preflight, supervisor).
+        eagle3ops.window.WindowError: a window failed to run (its own message: lock, preflight, supervisor), or the
+            host has ``serving: none`` (refused before anything is done).
     """
-    from eagle3ops.window.common import append_audit
+    from eagle3ops.window.common import append_audit, require_serving
     from eagle3ops.window.run import run_window
 
+    require_serving(r.host, "speculate")  # before anything is read or written on the host
     if push is None:
         from eagle3ops.deployer import push_image as push
     h, s = r.host, r.host.serving

@@ -19,7 +19,7 @@ from typing import Any
 
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
-from eagle3ops.config.plan import MIN_GATE_S, RECORD_GATE_S, Plan, ReleaseChange, StageStep
+from eagle3ops.config.plan import MIN_GATE_S, NO_SERVING_NOTE, RECORD_GATE_S, Plan, ReleaseChange, StageStep
 from eagle3ops.health import GateFailed, api_key_from_inspect, read_api_key_file, wait_healthy
 from eagle3ops.supervisor.journal import Journal, _now
 from eagle3ops.supervisor.releases import Releases, write_private
@@ -178,6 +178,11 @@ class Supervisor:
         if self.journal.done("record"):
             return
         self.journal.log("record", "start")
+        if self.plan.serving_kind == "process":
+            argv = self._process_argv()
+            self.journal.log("record", "ok", pid=self.plan.process_pid, argv=argv, cwd=self._process_file("cwd"),
+                             uid=self._process_file("uid"))
+            return
         c = self._serving()
         if c is None:
             raise RuntimeError(f"serving container {self.plan.serving_container!r} does not exist on the host")
@@ -207,6 +212,9 @@ class Supervisor:
         if self.journal.done("stop"):
             return
         self.journal.log("stop", "start")
+        if self.plan.serving_kind == "process":
+            self._process_stop()
+            return
         c = self._serving()
         if c is not None and c.status == "running":
             c.stop(timeout=self.plan.stop_timeout_s)
@@ -355,6 +363,8 @@ class Supervisor:
             EngineUnavailable: the engine stayed unreachable for ``engine_wait_s`` seconds.
         """
         self.journal.log("restore", "start")
+        if self.plan.serving_kind == "process":
+            return self._process_restore()
         while True:
             try:
                 c = self._serving()
@@ -495,8 +505,18 @@ class Supervisor:
                 not a verdict; callers wait the engine out.
         """
         h = self.plan.health
+        assert h is not None  # plans with serving have a gate
         timeout_s = h.timeout_s if timeout_s is None else timeout_s
         self.journal.log("health", "start", timeout_s=round(timeout_s, 1))
+        if self.plan.serving_kind == "process":
+            try:
+                models = wait_healthy(f"http://127.0.0.1:{h.port}", h.model, timeout_s=timeout_s,
+                                      interval_s=h.interval_s, api_key=self._api_key)
+            except GateFailed as exc:
+                self.journal.log("health", "error", reason=str(exc)[-800:])
+                raise
+            self.journal.log("health", "ok", models=models)
+            return
         c0 = self._serving()
         restarts0 = c0.attrs.get("RestartCount", 0) if c0 is not None else 0
 
@@ -523,8 +543,13 @@ class Supervisor:
     def _api_key(self) -> str | None:
         """The API key serving requires: from the serving container's own configuration, else from the secret
         file the inventory names (``health.api_key_file``); None when neither has one. Never logged."""
-        c = self._serving()
-        key = api_key_from_inspect(c.attrs) if c is not None else None
+        if self.plan.serving_kind == "process":
+            env = [e.decode(errors="replace") for e in self._process_bytes("environ.nul").split(b"\0") if e]
+            key = api_key_from_inspect({"Config": {"Cmd": self._process_argv(), "Env": env}})
+        else:
+            c = self._serving()
+            key = api_key_from_inspect(c.attrs) if c is not None else None
+        assert self.plan.health is not None
         if key is None and self.plan.health.api_key_file:
             key = read_api_key_file(self.plan.health.api_key_file)
         return key
@@ -602,7 +627,9 @@ class Supervisor:
         t0 = self.journal.first_epoch()
         outcome, error, stopped_at, restored_at = "ok", "", None, None
         try:
-            if self.plan.kind == "window":
+            if self.plan.serving_kind == "none":
+                outcome, error = self._stages_only()
+            elif self.plan.kind == "window":
                 self.record()  # nothing is stopped before this succeeds
                 try:
                     if self.journal.first("restore", "start") is None:
@@ -645,8 +672,9 @@ class Supervisor:
             self.journal.log("supervisor", "error", reason="Docker engine unavailable; exiting so that the restart "
                                                            "policy resumes this window when the engine is back")
             raise SystemExit(75)
-        running = self._serving_running()
-        serving_ok = running and not self.unhealthy
+        no_serving = self.plan.serving_kind == "none"
+        running = None if no_serving else self._serving_running()
+        serving_ok = no_serving or (bool(running) and not self.unhealthy)
         if not serving_ok:
             error = (error + "; " if error else "") + (
                 f"SERVING IS NOT {'HEALTHY' if running else 'RUNNING'} on {self.plan.host}: the lock stays held; "
@@ -656,8 +684,12 @@ class Supervisor:
             "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
             "stages": self.stage_outcomes, "stage_seconds": self.stage_times,
             "downtime_s": round((restored_at or time.time()) - stopped_at, 1) if stopped_at else None,
-            "wall_s": round(time.time() - t0, 1), "serving_running": running, "serving_healthy": serving_ok,
-            "release": self.releases.current(), "finished": _now(), "warnings": self.warnings(),
+            "wall_s": round(time.time() - t0, 1), "serving_running": running,
+            "serving_healthy": None if no_serving else serving_ok, "serving": self.plan.serving_kind,
+            **({"serving_note": NO_SERVING_NOTE} if no_serving else {}),
+            # Releases are serving containers: a window on a host serving with a process (or none) has none.
+            "release": self.releases.current() if self.plan.serving_kind in ("container", "compose") else None,
+            "finished": _now(), "warnings": self.warnings(),
         }
         audit = self.state_dir / "audit.jsonl"
         with audit.open("a") as f:
@@ -679,6 +711,90 @@ class Supervisor:
         tmp.write_text(json.dumps(result, indent=2))
         tmp.replace(self.wdir / "result.json")
         return result
+
+    # kind process: the host-side restore agent (eagle3ops.commands.process) stops and restores; this side asks,
+    # waits (bounded) and gates
+    def _process_bytes(self, name: str) -> bytes:
+        assert self.plan.process_dir is not None
+        return (Path(self.plan.process_dir) / name).read_bytes()
+
+    def _process_file(self, name: str) -> str:
+        try:
+            return self._process_bytes(name).decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def _process_argv(self) -> list[str]:
+        """The recorded command line of the serving process (``cmdline.nul``)."""
+        return [a.decode(errors="replace") for a in self._process_bytes("cmdline.nul").split(b"\0") if a]
+
+    def _await_file(self, name: str, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` seconds) for the agent to write ``name`` into the process dir."""
+        assert self.plan.process_dir is not None
+        path = Path(self.plan.process_dir) / name
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if path.exists():
+                return True
+            time.sleep(0.5)
+        return path.exists()
+
+    def _process_stop(self) -> None:
+        """Ask the restore agent to stop the serving process and wait for it (SIGTERM grace + GPU release wait +
+        60 s, bounded)."""
+        assert self.plan.process_dir is not None
+        req = Path(self.plan.process_dir) / "stop-requested"
+        if not req.exists():
+            req.write_text(_now())
+        if not self._await_file("stopped", self.plan.stop_timeout_s + 300 + 60):
+            raise RuntimeError(f"the restore agent did not report the serving process (pid {self.plan.process_pid}) "
+                               f"stopped; see {self.plan.process_dir}/agent.log")
+        self.journal.log("stop", "ok", pid=self.plan.process_pid, seconds=self._process_file("stopped"))
+
+    def _process_restore(self) -> str:
+        """Ask the agent to restore the recorded process (detached, recorded argv/env/cwd), then health-gate it.
+        There are no retained releases of a process to roll back to: a failed gate leaves the window failed with
+        the lock held (``recover``)."""
+        assert self.plan.process_dir is not None
+        req = Path(self.plan.process_dir) / "restore-requested"
+        if not req.exists():
+            req.write_text(_now())
+        if not self._await_file("restored", 120):
+            self.unhealthy = True
+            self.journal.log("restore", "error", reason="the restore agent did not report a restore within 120 s; "
+                                                        f"see {self.plan.process_dir}/agent.log")
+            raise RuntimeError(f"serving process not restored: no answer from the restore agent "
+                               f"({self.plan.process_dir}/agent.log)")
+        try:
+            self._gate_through_signal()
+        except GateFailed as exc:
+            self.unhealthy = True
+            self.journal.log("restore", "error", reason=str(exc)[-500:], verdict=True)
+            raise RuntimeError(f"restored serving process failed its health gate ({exc}); its output: "
+                               f"{self.plan.process_dir}/serving.log") from None
+        self.journal.log("restore", "ok", pid=self._process_file("restored"),
+                         log=f"{self.plan.process_dir}/serving.log")
+        return "restored"
+
+    def _stages_only(self) -> tuple[str, str]:
+        """A window on a host without production serving (``serving: none``): journal that the stop, restore and
+        health gate are skipped, then run the stages (a resumed supervisor skips finished ones). A ``release`` or
+        ``rollback`` plan for such a host is refused (the driver refuses it first).
+
+        Returns:
+            (outcome, error) of the stages.
+        """
+        if self.plan.kind != "window":
+            raise RuntimeError(f"host {self.plan.host} has no serving (serving: none): nothing to {self.plan.kind}")
+        if self.journal.first("serving", "skip") is None:
+            self.journal.log("serving", "skip", message=NO_SERVING_NOTE)
+        try:
+            for step in self.plan.stages:
+                if not self.run_stage(step):
+                    return "failed", f"stage {step.name}: {self.stage_outcomes[step.name]}"
+        except Interrupted as exc:
+            return "interrupted", str(exc)
+        return "ok", ""
 
     def _stages_from_journal(self) -> tuple[str, str]:
         """Stage outcomes of an earlier attempt of this window, from the journal: (outcome, error)."""
@@ -704,6 +820,8 @@ class Supervisor:
             return False
 
     def _serving_running(self) -> bool:
+        if self.plan.serving_kind == "process":  # host pids are invisible here: the last gate decides
+            return self.journal.last("health") is not None and self.journal.last("health")["event"] == "ok"
         c = self._serving()
         if c is None:
             return False

@@ -29,6 +29,24 @@ class SupervisorDead(WindowError):
     """The window's host-side supervisor is not running and left no result; the message gives the recover command."""
 
 
+def require_serving(h: HostConfig, what: str) -> None:
+    """Refuse ``what`` (``release``, ``rollback``, ``speculate``) on a host without production serving, or whose
+    serving is a plain process (kind ``process``: windows only, so far).
+
+    Raises:
+        WindowError: ``h`` has ``serving: none`` or kind ``process``; the message names the host, the inventory key
+            and the fix.
+    """
+    if h.serving.kind == "process":
+        raise WindowError(f"host {h.name} serves with a process (`hosts.{h.name}.serving.kind: process`): {what} is "
+                          f"not supported for process serving yet (windows are); change the process by hand, or "
+                          f"run serving as a container")
+    if not h.serving.managed:
+        raise WindowError(f"host {h.name} has no serving: `hosts.{h.name}.serving` is `none` in the inventory (a "
+                          f"host that only trains), so there is nothing to {what}. Run {what} on a host that serves, "
+                          f"or describe this host's serving (`eagle3ops config docs inventory`).")
+
+
 def hint(*args: str) -> str:
     """An ``eagle3ops`` command for a message, each argument quoted (``shlex.quote``): a host name or alias pasted
     back into a shell stays one literal word and runs nothing."""

@@ -61,7 +61,10 @@ LAUNCH_GRACE_S = 900
 
 
 def _serving_ok(result: dict[str, Any]) -> bool:
-    """A window result says serving ended running and healthy (results before ``serving_healthy`` existed: running)."""
+    """A window result says serving ended running and healthy (results before ``serving_healthy`` existed: running;
+    a host without serving, ``"serving": "none"``: nothing to be unhealthy)."""
+    if result.get("serving") == "none":
+        return True
     return bool(result.get("serving_healthy", result.get("serving_running", True)))
 
 

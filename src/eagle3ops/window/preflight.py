@@ -9,9 +9,11 @@ from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import process as pr
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
+from eagle3ops.config.plan import NO_SERVING_NOTE
 from eagle3ops.remote import Remote, RemoteError
 from eagle3ops.window.common import hint
 
@@ -198,6 +200,8 @@ class Preflight:
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
     #: Name of the serving container the run will manage (see :func:`serving_container`).
     serving_container: str = ""
+    #: Kind ``process``: pid of the serving process found (see :func:`check_process`).
+    process_pid: int | None = None
 
     def add(self, name: str, ok: bool, detail: str) -> None:
         """Record one check."""
@@ -354,6 +358,12 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
     elif not h.gpus:
         pf.add("gpus", True, "none (CPU host)")
+    if not h.serving.managed:  # a host that only trains: no serving container to find or check
+        pf.add("serving", True, NO_SERVING_NOTE)
+        return pf
+    if h.serving.kind == "process":
+        check_process(r, pf, need_serving)
+        return pf
     names, found = serving_container(r)
     pf.serving_container = names[0] if names else sv.default_name(h.serving)
     if len(names) > 1:
@@ -365,6 +375,28 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("serving container", bool(s and s.ok and s.stdout.strip() == "running"),
                f"{pf.serving_container}: {s.stdout.strip()}" if s and s.ok else f"no container for {found}")
     return pf
+
+
+def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
+    """Kind ``process``: find the serving process (``pgrep -o -f process_match``) and check that it runs as the SSH
+    user (whose restore agent must read its /proc entries and start it again as the same user); sets
+    ``pf.process_pid``. Read-only."""
+    h = r.host
+    pattern = h.serving.process_match or ""
+    out = r.run(pr.find_process(pattern), check=False, mutates=False)
+    pids = [int(p) for p in out.stdout.split() if p.isdigit()]
+    if not pids:
+        pf.add("serving process", not need_serving, f"no process matches {pattern!r} (hosts.{h.name}.serving."
+                                                   f"process_match): start serving, or fix the pattern")
+        return
+    pf.process_pid = pids[0]
+    status = r.run(hc.cat(f"/proc/{pids[0]}/status"), check=False, mutates=False).stdout
+    uid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:")), "?")
+    me = r.run(pr.my_uid(), check=False, mutates=False).stdout.strip()
+    ok = bool(me) and uid == me
+    pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
+           f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "
+           f"serving process only as its own user; run serving as the SSH user or SSH in as its user")
 
 
 def serving_container(r: Remote) -> tuple[list[str], str]:

@@ -11,23 +11,30 @@ from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import process as pr
 from eagle3ops.commands import stages as st
-from eagle3ops.config.plan import Plan, ReleaseChange
+from eagle3ops.config.plan import NO_SERVING_NOTE, Plan, ReleaseChange
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
-                                     paths)
+                                     paths, require_serving)
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
-from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
+from eagle3ops.window.planner import StageDecision, agent_limit_s, build_plan, decide_stages, supervisor_commands
 from eagle3ops.window.preflight import Preflight, estimate_disk, preflight, read_run_state
 from eagle3ops.window.watch import finish_window, watch
 
 
 def launch(r: Remote, plan: Plan, image: str) -> None:
-    """Write the plan on the host and start the detached supervisor container."""
+    """Write the plan on the host and start the detached supervisor container; for process serving, first record
+    the serving process and start its host-side restore agent (:mod:`eagle3ops.commands.process`)."""
     p = paths(r.host, plan.window_id)
     r.run(hc.mkdir_p(r.host.data_dir))
     r.run(hc.mkdir_p(p["window"]))
     r.run(hc.write_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
+    if plan.serving_kind == "process":  # the host-side restore agent, before the supervisor that talks with it
+        assert plan.process_dir is not None and plan.process_pid is not None
+        r.run(pr.record_process(plan.process_pid, plan.process_dir), mutates=True)
+        r.run(pr.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
+                             supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)))
     r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
 
 
@@ -96,7 +103,11 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             failed after the window started.
         PreflightFailed: a check failed (nothing stopped; lock released; audit entry written).
         SupervisorDead: the supervisor died without a result (the message gives the recover command).
+        WindowError: also a ``release``/``rollback`` on a host with ``serving: none`` or process serving (refused
+            before the lock).
     """
+    if kind not in st.WINDOWS:
+        require_serving(r.host, kind)
     window_id = new_window_id(kind)
     t0 = time.monotonic()
     if r.dry_run and read_lock(r):
@@ -132,7 +143,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         plan_kind = "window" if kind in st.WINDOWS else kind
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
                           stages=to_run, change=change, to_release=to_release,
-                          serving_container=pf.serving_container, restart=restart)
+                          serving_container=pf.serving_container, restart=restart, process_pid=pf.process_pid)
         # under the lock, after preflight: a refused run changes nothing on the host; an identical config stays
         if pipeline_text is not None and pipeline_text != on_host_text:
             upload_pipeline_config(r, run, pipeline_text)
@@ -150,6 +161,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     if r.dry_run:
         on_host = supervisor_commands(r.host, plan)
         if r.echo:
+            if plan.serving_kind == "none":
+                r.echo(f"# {r.host.name}: {NO_SERVING_NOTE}")
             r.echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
             for argv in on_host:
                 r.echo("#   " + render(argv))
@@ -157,7 +170,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise PreflightFailed(f"{r.host.name}: preflight would fail, so a real run would stop before anything "
                                   f"is stopped:\n{pf.failures()}")
         return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history),
-                "supervisor_commands": on_host}
+                "supervisor_commands": on_host, "serving": plan.serving_kind}
     result = watch(r, window_id, on_event=on_event)
     if decision is not None and decision.skip:  # skipped stages and why, before the ones that ran
         result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},

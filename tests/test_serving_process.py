@@ -1,0 +1,152 @@
+"""Serving kind ``process`` (issue 12): vLLM run as a plain process on the host, stopped and restored by the
+host-side restore agent, health-gated by the supervisor.
+
+The served process here is a STAND-IN (``tests/data/standin_openai_server.py``, a tiny OpenAI-compatible server,
+not vLLM): the base image's vLLM virtualenv (8.1 GB) is too large to copy out of the image on this machine. It runs
+on the sandbox host as the SSH user, started over SSH with its own working directory and an environment marker.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3ops.config import load_inventory
+from eagle3ops.health import probe
+from eagle3ops.remote import Remote
+from eagle3ops.window.common import audit_entries
+from eagle3ops.window.lock import read_lock
+from eagle3ops.window.planner import build_plan, supervisor_commands
+from eagle3ops.window.run import run_window
+
+REPO = Path(__file__).resolve().parents[1]
+SANDBOX_ROOT = Path("/var/lib/eagle3ops-sandbox/sandbox")
+PORT, MODEL = 18077, "standin-tiny"
+#: A train window on a fresh run: its vocab stage runs for real and fails at once (no prepared data), the cheapest
+#: real stage run between the stop and the restore.
+TINY = """target_model: /model
+prepare: {datasets: [builtin:sharegpt], max_seq_len: 256, max_samples: 8}
+"""
+
+
+def _proc(pid: int) -> tuple[bytes, bytes, str, str]:
+    p = Path(f"/proc/{pid}")
+    uid = next(ln.split()[1] for ln in (p / "status").read_text().splitlines() if ln.startswith("Uid:"))
+    return (p / "cmdline").read_bytes(), (p / "environ").read_bytes(), os.readlink(p / "cwd"), uid
+
+
+def _pid_of(marker: str) -> int | None:
+    """Oldest process whose command line holds ``marker`` (read from /proc here: the sandbox shares this machine)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "cmdline").read_bytes() and b"standin_openai_server" in \
+                        (d / "cmdline").read_bytes():
+                    found.append((d.stat().st_mtime, int(d.name)))
+            except OSError:
+                continue
+    return min(found)[1] if found else None
+
+
+def _wait_up(timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while True:
+        try:
+            probe(f"http://127.0.0.1:{PORT}", MODEL)
+            return
+        except Exception:  # noqa: BLE001 - not up yet
+            if time.time() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@pytest.fixture
+def process_host(deployed, tmp_path):
+    """(host with serving kind process, DeployResult, pid, its workdir): the stand-in server running as e3ops."""
+    h, dep = deployed
+    work = SANDBOX_ROOT / f"proc-{uuid.uuid4().hex[:8]}"
+    pw = pwd.getpwnam(h.user or "e3ops")
+    work.mkdir(mode=0o755)
+    shutil.copy(REPO / "tests/data/standin_openai_server.py", work / "standin_openai_server.py")
+    for p in (work, work / "standin_openai_server.py"):
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+    raw = yaml.safe_load((REPO / "deploy/hosts.yaml").read_text())["hosts"]["sandbox"]
+    raw.update(identity_file=str(h.identity_file), known_hosts=str(h.known_hosts), port=h.port,
+               docker_host=h.docker_host, data_dir=h.data_dir, state_dir=h.state_dir, model_path=h.model_path,
+               serving={"kind": "process", "process_match": f"standin_openai_server.py --port {PORT}",
+                        "port": PORT, "served_model_name": MODEL, "health_timeout_s": 60, "stop_timeout_s": 10})
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(yaml.safe_dump({"hosts": {"sandbox": raw}}))
+    host = load_inventory(inv).host("sandbox")
+    start = (f"cd {work} && E3_STANDIN_MARK={work.name} setsid nohup /usr/bin/python3 {work}/standin_openai_server.py "
+             f"--port {PORT} --model {MODEL} >{work}/first.log 2>&1 </dev/null &")
+    with Remote(h) as r:
+        r.run(["sh", "-c", start])
+    _wait_up()
+    pid = _pid_of(f"--port\0{PORT}")
+    assert pid
+    try:
+        yield host, dep, pid, work
+    finally:
+        for _ in range(2):
+            left = _pid_of(f"--port\0{PORT}")
+            if left:
+                with Remote(h) as r:
+                    r.run(["kill", str(left)], check=False)
+                time.sleep(1)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.sandbox
+@pytest.mark.images
+def test_window_stops_and_restores_a_serving_process_as_recorded(process_host):
+    host, dep, pid, work = process_host
+    before = _proc(pid)
+    with Remote(host, dry_run=True) as r:  # the plan shows the agent, the stop and the restore
+        cmds = supervisor_commands(host, build_plan(host, kind="window", window_id="w", image=dep.tag, command="c",
+                                                    stages=["prepare"], process_pid=pid))
+    flat = [" ".join(c) for c in cmds]
+    assert any("eagle3ops-restore-agent" in c for c in flat) and any(c.startswith(f"kill -TERM {pid}") for c in flat)
+    t0 = time.time()
+    with Remote(host) as r:
+        res = run_window(r, kind="train", image=dep.tag, expected_image_id=dep.image_id,
+                         command="pytest process", run=f"proc-{uuid.uuid4().hex[:8]}", pipeline_text=TINY)
+        assert read_lock(r) is None, res
+        audit = [e for e in audit_entries(r) if e.get("window") == res["window_id"]]
+    wall = time.time() - t0
+    assert res["stages"]["vocab"].startswith("failed") and "train" not in res["stages"], res
+    assert res["serving_healthy"] is True and res["serving_running"] is True, res
+    assert res["serving"] == "process" and res["release"] is None, res
+    assert res["downtime_s"] and res["downtime_s"] > 0
+    assert audit and audit[-1]["outcome"] == "failed"
+    new = _pid_of(f"--port\0{PORT}")
+    assert new and new != pid
+    after = _proc(new)
+    assert after[0] == before[0], "same command line"
+    assert after[1] == before[1], "same environment"
+    assert after[2] == before[2] == str(work), "same working directory"
+    assert after[3] == before[3], "same user"
+    assert b"E3_STANDIN_MARK=" + work.name.encode() in after[1]
+    pdir = Path(host.state_dir) / "windows" / res["window_id"] / "process"
+    assert "stand-in OpenAI server" in (pdir / "serving.log").read_text()
+    assert "restored: pid" in (pdir / "agent.log").read_text()
+    _wait_up(5)
+    print(f"process window: wall {wall:.1f} s, downtime {res['downtime_s']} s")
+
+
+@pytest.mark.sandbox
+def test_release_and_rollback_refuse_process_serving_clearly(process_host):
+    from eagle3ops.window.common import WindowError
+
+    host, dep, _, _ = process_host
+    for kind in ("release", "rollback"):
+        with Remote(host) as r, pytest.raises(WindowError, match=f"serves with a process.*{kind} is not supported"):
+            run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id, command="pytest")
