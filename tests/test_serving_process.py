@@ -25,6 +25,8 @@ from eagle3ops.window.common import audit_entries
 from eagle3ops.window.lock import read_lock
 from eagle3ops.window.planner import build_plan, supervisor_commands
 from eagle3ops.window.run import run_window
+from test_window_decide import finished_run
+from test_window_decide_sandbox import _upload
 
 REPO = Path(__file__).resolve().parents[1]
 SANDBOX_ROOT = Path("/var/lib/eagle3ops-sandbox/sandbox")
@@ -107,7 +109,7 @@ def process_host(deployed, tmp_path):
 
 @pytest.mark.sandbox
 @pytest.mark.images
-def test_window_stops_and_restores_a_serving_process_as_recorded(process_host):
+def test_window_stops_and_restores_a_serving_process_as_recorded(process_host, tmp_path):
     host, dep, pid, work = process_host
     before = _proc(pid)
     with Remote(host, dry_run=True) as r:  # the plan shows the agent, the stop and the restore
@@ -116,9 +118,12 @@ def test_window_stops_and_restores_a_serving_process_as_recorded(process_host):
     flat = [" ".join(c) for c in cmds]
     assert any("eagle3ops-restore-agent" in c for c in flat) and any(c.startswith(f"kill -TERM {pid}") for c in flat)
     t0 = time.time()
+    run = f"proc-{uuid.uuid4().hex[:8]}"
     with Remote(host) as r:
+        # a train window needs a finished extract before the stop: a stand-in one (real manifests, small outputs)
+        _upload(r, finished_run(tmp_path / "seed", text=TINY), run)
         res = run_window(r, kind="train", image=dep.tag, expected_image_id=dep.image_id,
-                         command="pytest process", run=f"proc-{uuid.uuid4().hex[:8]}", pipeline_text=TINY)
+                         command="pytest process", run=run, pipeline_text=TINY)
         assert read_lock(r) is None, res
         audit = [e for e in audit_entries(r) if e.get("window") == res["window_id"]]
     wall = time.time() - t0
