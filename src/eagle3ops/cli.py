@@ -254,33 +254,53 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
 
 
 @app.command()
-def attach(host: str, inventory: Path = InventoryOpt) -> None:
-    """Follow the newest window's journal until it finishes, then print its summary."""
+def attach(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+    """Follow the newest window's journal until it finishes, then print its summary (and remove its finished
+    supervisor container: the only change attach makes on the host, which ``--dry-run`` prints)."""
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.watch import finish_window, watch
 
-    with _remote(_host(inventory, host)) as r:
+    with _remote(_host(inventory, host), dry_run) as r:
         wid = _newest_window(r, "attach to")
         try:
+            if dry_run:
+                _dry_finish(r, wid)
+                return
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="attach")
         except WindowError as exc:
             _fail(str(exc))
     summary(result)
 
 
+def _dry_finish(r, wid: str) -> None:
+    """Dry run of following window ``wid`` to its end: its result if it has one (read), then the commands that
+    finish it (:func:`eagle3ops.window.watch.finish_window`, printed by the dry-run executor, not run)."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window.common import paths
+    from eagle3ops.window.watch import finish_window
+
+    done = r.run(hc.cat_if_exists(paths(r.host, wid)["result"]), check=False, mutates=False).stdout.strip()
+    if not done:
+        print(f"# window {wid} has no result yet: a real run follows its journal until result.json appears, then:")
+    finish_window(r, wid, json.loads(done) if done else {}, command="dry-run")
+
+
 @app.command()
-def recover(host: str, inventory: Path = InventoryOpt) -> None:
+def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.run import relaunch
     from eagle3ops.window.watch import finish_window, watch
 
-    with _remote(_host(inventory, host)) as r:
+    with _remote(_host(inventory, host), dry_run) as r:
         wid = _newest_window(r, "recover")
         deployed = _deployed(r, required=False)["image"]
         try:
             if not relaunch(r, wid, fallback_image=None if deployed.startswith("<") else deployed):
                 console.print(f"window {wid} already finished with serving running")
+            if dry_run:
+                _dry_finish(r, wid)
+                return
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="recover")
         except WindowError as exc:
             _fail(str(exc))
@@ -334,14 +354,14 @@ def lock_status(host: str, inventory: Path = InventoryOpt) -> None:
 
 
 @lock_app.command("release")
-def lock_release(host: str, inventory: Path = InventoryOpt,
+def lock_release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
                  force: bool = typer.Option(False, "--force", help="Release even if its window may still run.")
                  ) -> None:
     """Release the host's deploy lock; refuses while its window's supervisor runs unless --force."""
     from eagle3ops.window.lock import lock_is_stale, read_lock, release_lock
 
     h = _host(inventory, host)
-    with _remote(h) as r:
+    with _remote(h, dry_run) as r:
         d = read_lock(r)
         if not d:
             console.print(f"{host}: lock is free")
@@ -349,7 +369,8 @@ def lock_release(host: str, inventory: Path = InventoryOpt,
         if not lock_is_stale(r, d) and not force:
             _fail(f"{host}: window {d.get('window_id')} is still running; wait or pass --force")
         release_lock(r)
-        console.print(f"{host}: lock released (was held by {d.get('holder')} since {d.get('since')})")
+        console.print(f"{host}: lock {'would be ' if dry_run else ''}released (was held by {d.get('holder')} "
+                      f"since {d.get('since')})")
 
 
 @config_app.command("docs")

@@ -133,6 +133,10 @@ class Remote:
         host: the validated inventory entry.
         dry_run: print each rendered command instead of running it; every run then "succeeds" with empty output.
         echo: callable receiving each rendered command before it runs (for ``--verbose`` and tests).
+        history: every rendered command given to :meth:`run`, in order (read-only ones included); in a dry run, the
+            plan that was printed.
+        changes: the rendered commands of ``history`` that change the host (``mutates=True``), in order: in a dry
+            run exactly those that were printed and not run; a test compares them with a real run's.
         connect_timeout: seconds for each hop's TCP connect, SSH banner and authentication (whole seconds: Fabric
             truncates to int; at least 1); default :data:`CONNECT_TIMEOUT_S` as it is when the Remote is made.
     """
@@ -141,6 +145,7 @@ class Remote:
     dry_run: bool = False
     echo: Callable[[str], None] | None = None
     history: list[str] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
     connect_timeout: float | None = None
     _conn: Connection | None = field(default=None, init=False, repr=False)
 
@@ -350,6 +355,8 @@ class Remote:
         """
         cmd = render(argv)
         self.history.append(cmd)
+        if mutates:
+            self.changes.append(cmd)
         if self.echo:
             self.echo(cmd)
         if self.dry_run and mutates:
@@ -398,6 +405,20 @@ class Remote:
         if check and not result.ok:
             raise RemoteCommandError(self.host.name, argv, exited, r.stdout, r.stderr)
         return result
+
+    def record_stream(self, argv: Sequence[str], note: str = "") -> str:
+        """Record (history, changes, echo) a host-changing command whose bytes go over a bulk stream of its own
+        (:mod:`eagle3ops.transfer.streams`) instead of :meth:`run`, so that a dry run prints it and a real run's
+        history holds it. ``note`` (one line) is echoed after it as a ``#`` comment. Returns the rendered
+        command."""
+        cmd = render(argv)
+        self.history.append(cmd)
+        self.changes.append(cmd)
+        if self.echo:
+            self.echo(cmd)
+            if note:
+                self.echo(f"#   {note}")
+        return cmd
 
     def run_all(self, commands: Iterable[Sequence[str]], **kwargs) -> list[Result]:
         """Run several commands in order, stopping at the first failure (see :meth:`run`)."""
