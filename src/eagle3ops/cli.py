@@ -76,11 +76,19 @@ def _deployed(r, required: bool = True) -> dict[str, Any]:
     return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
 
 
+def _command_line() -> str:
+    """This invocation as a shell command line (each argument quoted: the lock and the audit log show it, and it
+    may be pasted back into a shell)."""
+    import shlex
+
+    return shlex.join(["eagle3ops", *sys.argv[1:]])
+
+
 def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.run import run_window
 
-    command = "eagle3ops " + " ".join(sys.argv[1:])
+    command = _command_line()
     with _remote(host, dry_run) as r:
         dep = _deployed(r, required=not (dry_run or host.pipeline_image))
         try:
@@ -196,7 +204,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         dep = _deployed(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
-                                margin=margin, command="eagle3ops " + " ".join(sys.argv[1:]))
+                                margin=margin, command=_command_line())
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:
