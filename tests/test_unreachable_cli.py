@@ -1,6 +1,6 @@
 """A host that cannot be reached, driven through the real command line in a subprocess (issue 14, items 7 and 13):
 every command fails once, within the inventory's connect bound, with ONE line on stderr naming the host and the
-cause, no traceback, exit status 1. Three ways to be dead: a port that accepts TCP and never speaks SSH (a thread
+cause, no traceback, exit status 1; a host-changing command leaves an entry in the local audit log. Three ways to be dead: a port that accepts TCP and never speaks SSH (a thread
 that accepts and sleeps), a closed port, a name that does not resolve (``.invalid``, RFC 6761).
 
 Also: hints that print a command quote its arguments (a host alias pasted back into a shell runs nothing).
@@ -10,6 +10,7 @@ No sandbox needed; nothing here contacts a real host.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -108,6 +109,8 @@ COMMANDS = {
     "image-ls": ["image", "ls", "deadhost"],
 }
 
+READ_ONLY = {"status", "image-ls"}
+
 CASES = [(c, "silent") for c in COMMANDS] + [(c, k) for c in ("status", "deploy", "push", "extract")
                                              for k in ("closed", "unresolvable")]
 
@@ -119,7 +122,8 @@ def test_dead_host_fails_once_in_one_line(command, kind, silent_port, closed_por
                       "unresolvable": (f"deadhost-{tag}.invalid", 22)}[kind]
     inv = _inventory(tmp_path, hostname, port)
     argv = [*COMMANDS[command], "--inventory", str(inv)]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "COLUMNS": "200"}
+    audit = tmp_path / "local-audit.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "COLUMNS": "200", "EAGLE3OPS_LOCAL_AUDIT": str(audit)}
     t0 = time.monotonic()
     cp = subprocess.run([sys.executable, "-m", "eagle3ops", *argv], cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -133,6 +137,15 @@ def test_dead_host_fails_once_in_one_line(command, kind, silent_port, closed_por
     assert took < BOUND_S, f"{command} took {took:.1f}s (bound {BOUND_S}s)"
     if kind == "silent":  # the bound is the connect bound: it waited for the banner, once
         assert took >= CONNECT_S - 0.5, took
+    # a host-changing command that never reached its host is in the local audit log (the host's cannot be written)
+    if command in READ_ONLY:
+        assert not audit.exists(), audit.read_text()
+    else:
+        entries = [json.loads(ln) for ln in audit.read_text().splitlines()]
+        assert len(entries) == 1 and entries[0]["host"] == "deadhost", entries
+        assert entries[0]["outcome"] == "host not reached" and CAUSES[kind].format(port=port, tag=tag) in \
+            entries[0]["error"], entries
+        assert entries[0]["command"].startswith(f"eagle3ops {COMMANDS[command][0]} "), entries
 
 
 # --- hints quote their arguments ------------------------------------------------------------------------------------

@@ -478,7 +478,9 @@ def main() -> None:
     """Console-script entry point.
 
     A host that cannot be reached, or a remote command that failed where the command did not handle it, ends the
-    program with ``error: <host>: <cause>`` on stderr and exit status 1 (no traceback).
+    program with ``error: <host>: <cause>`` on stderr and exit status 1 (no traceback). A host-changing command whose
+    host could not be reached is recorded in the local audit log (:func:`eagle3ops.window.common.local_audit_path`):
+    the host's own log cannot be written.
     """
     try:
         app()
@@ -488,8 +490,27 @@ def main() -> None:
         remote = sys.modules.get("eagle3ops.remote")
         if remote is not None and isinstance(exc, remote.RemoteError):
             print(f"error: {exc}", file=sys.stderr)
+            if isinstance(exc, remote.HostUnreachable) and _changes_a_host(sys.argv[1:]):
+                from eagle3ops.window.common import append_local_audit
+
+                warn = append_local_audit(str(exc).partition(": ")[0], _command_line(), "host not reached",
+                                          str(exc))
+                if warn:
+                    print(f"warning: {warn}", file=sys.stderr)
             sys.exit(1)
         raise
+
+
+#: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
+HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
+                 "verify"}
+
+
+def _changes_a_host(args: list[str]) -> bool:
+    """Whether the command line ``args`` (without the program name) is a host-changing command (not a dry run)."""
+    words = [a for a in args if not a.startswith("-")]
+    return "--dry-run" not in args and bool(words) and (
+        words[0] in HOST_CHANGING or words[:2] == ["lock", "release"])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import threading
 from collections.abc import Iterable
@@ -111,5 +112,11 @@ def push_command(
     for r in results.failed.values():
         reason = r.reason if r.reason.startswith(f"{r.host}:") else f"{r.host}: {r.reason}"
         print(f"error: {' '.join(reason.split())}", file=sys.stderr)
+        if not r.store and not dry_run:  # its engine never answered: the host's own audit log was not reachable
+            from eagle3ops.window.common import append_local_audit
+
+            warn = append_local_audit(r.host, shlex.join(["eagle3ops", *sys.argv[1:]]), "host not reached", reason)
+            if warn:
+                print(f"warning: {warn}", file=sys.stderr)
     if not results.ok:
         raise typer.Exit(1)
