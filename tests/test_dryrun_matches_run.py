@@ -4,7 +4,7 @@ For each host-changing command, the dry run's plan (the executor's ``changes``: 
 printed and did not run, and its ``history``: every command, reads included) is compared with what the executor then
 ran for real on the sandbox, in this order: the deploy lock taken and released; ``lock release --force``;
 ``push`` of an image the host already holds; ``release`` without a change (a real window: serving is stopped,
-recreated as it was and health-gated); ``recover`` with nothing to recover. Window ids are random per run and are
+recreated as it was and health-gated); ``recover`` with nothing to recover; ``attach`` to that finished window. Window ids are random per run and are
 compared as ``<WID>``. Reads are compared too where no read follows a write the dry run skipped (a read after a
 skipped write sees the host as it is, not as the plan would leave it).
 
@@ -134,6 +134,11 @@ def test_dry_run_plan_is_what_runs(sandbox_host, monkeypatch):
     out_real, real = rec.invoke("recover", h.name)
     assert "already finished with serving running" in out_dry.output + out_real.output
     want = _norm([render(dk.rm(h, st.supervisor_name(real_wid(real)), force=True))])  # finish_window's cleanup, nothing else
+    assert _norm(dry.changes) == _norm(real.changes) == want, (dry.changes, real.changes)
+
+    # 6. attach to the newest window, finished: the same cleanup, nothing else
+    _, dry = rec.invoke("attach", h.name, "--dry-run")
+    _, real = rec.invoke("attach", h.name)
     assert _norm(dry.changes) == _norm(real.changes) == want, (dry.changes, real.changes)
 
 
