@@ -3,7 +3,7 @@
 For each host-changing command, the dry run's plan (the executor's ``changes``: the host-changing commands it
 printed and did not run, and its ``history``: every command, reads included) is compared with what the executor then
 ran for real on the sandbox, in this order: the deploy lock taken and released; ``lock release --force``;
-``push`` of an image the host already holds; ``release`` without a change (a real window: serving is stopped,
+``push`` of an image the host already holds, and of one it lacks; ``release`` without a change (a real window: serving is stopped,
 recreated as it was and health-gated); ``recover`` with nothing to recover; ``attach`` to that finished window. Window ids are random per run and are
 compared as ``<WID>``. Reads are compared too where no read follows a write the dry run skipped (a read after a
 skipped write sees the host as it is, not as the plan would leave it).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,23 @@ def test_dry_run_plan_is_what_runs(sandbox_host, monkeypatch):
     assert (dres.status, rres.status) == ("dry-run", "present"), (dres, rres)
     assert dres.commands == rres.commands and dres.changes == rres.changes == [], (dres.commands, rres.commands)
     assert dres.plan == dres.commands  # nothing to send: the plan is the commands, no notes
+
+    # 3b. push of an image the host lacks (its layers are there: the archive carries the config): the streamed
+    # `docker load` is the dry run's too. The image is removed again afterwards (untag only: its layers are shared).
+    small = "eagle3ops/debian-minbase:bookworm"
+    on_host = lambda: subprocess.run(["docker", "-H", h.docker_host, "image", "inspect", small],  # noqa: E731
+                                     capture_output=True, timeout=60).returncode == 0
+    if not on_host():
+        try:
+            dres = transfer.push(small, h, options=transfer.PushOptions(dry_run=True))
+            assert not on_host(), "a dry-run push loaded the image"
+            rres = transfer.push(small, h)
+        finally:
+            subprocess.run(["docker", "-H", h.docker_host, "rmi", small], capture_output=True, timeout=60)
+        assert (dres.status, rres.status) == ("dry-run", "ok"), (dres, rres)
+        assert dres.changes == rres.changes and any(c.endswith(" load") for c in dres.changes), \
+            (dres.changes, rres.changes)
+        assert dres.commands == rres.commands[:len(dres.commands)]  # then the real run verifies (reads)
 
     # 4. a release (a real window: serving stopped, recreated, health-gated). No intended change, so serving ends as
     # it was found: the live container recreated as it is (one window: a flag change would need a second window,

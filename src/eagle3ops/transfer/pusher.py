@@ -46,7 +46,8 @@ class PushResult:
     Attributes:
         host: inventory name.
         status: ``ok`` (loaded and verified), ``present`` (already there with the tag), ``tagged`` (the image was
-            there, only the tag was added) or ``failed``.
+            there, only the tag was added), ``dry-run`` (planned, nothing changed: :attr:`PushOptions.dry_run`) or
+            ``failed``.
         reason: why it failed (empty on success).
         image_id: the image id on the build engine (its config digest: the build engine is a classic store).
         host_id: the id the host's engine gives the image, which verification compared: on the classic store the
@@ -389,8 +390,8 @@ def _dry_parts(remote, src: LayerSource, parts: Sequence[ArchivePart], opts: Pus
     total = sum(src.layer_size(i) for p in parts for i in p.include)
     codec = opts.compression if opts.compression in ("zstd", "gzip") else "none"
     if opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
-        _note(remote, f"# compression: chosen when the push runs, by measuring the link "
-                                    f"({total / 1e6:.1f} MB of layers); printed uncompressed here")
+        _note(remote, f"# compression: chosen when the push runs, by measuring the link ({total / 1e6:.1f} MB of "
+                      f"layers); the load is printed uncompressed here")
     for k, p in enumerate(parts, 1):
         size = archive_size(src, p)
         remote.record_stream(tc.load(remote.host, codec, opts.load_argv),
@@ -441,6 +442,7 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
     if encoders is None:
         encoders = Encoders(source or open_source(img, prefer=opts.source))
     src = encoders.source
+
     def echo(line: str) -> None:
         result.plan.append(line)
         if opts.echo:
