@@ -4,7 +4,8 @@ For each host-changing command, the dry run's plan (the executor's ``changes``: 
 printed and did not run, and its ``history``: every command, reads included) is compared with what the executor then
 ran for real on the sandbox, in this order: the deploy lock taken and released; ``lock release --force``;
 ``push`` of an image the host already holds, and of one it lacks; ``release`` without a change (a real window: serving is stopped,
-recreated as it was and health-gated); ``recover`` with nothing to recover; ``attach`` to that finished window. Window ids are random per run and are
+recreated as it was and health-gated); ``recover`` with nothing to recover; ``deploy --dry-run`` (the build planned,
+not run; the host's deployment record untouched); ``attach`` to the finished window. Window ids are random per run and are
 compared as ``<WID>``. Reads are compared too where no read follows a write the dry run skipped (a read after a
 skipped write sees the host as it is, not as the plan would leave it).
 
@@ -154,7 +155,26 @@ def test_dry_run_plan_is_what_runs(sandbox_host, monkeypatch):
     want = _norm([render(dk.rm(h, st.supervisor_name(real_wid(real)), force=True))])  # finish_window's cleanup, nothing else
     assert _norm(dry.changes) == _norm(real.changes) == want, (dry.changes, real.changes)
 
-    # 6. attach to the newest window, finished: the same cleanup, nothing else
+    # 6. deploy --dry-run plans the build and builds nothing; the host's deployment record is untouched
+    from eagle3ops import cli, images
+    from eagle3ops.images import build as build_mod
+
+    def refuse(*a, **k):
+        raise AssertionError("deploy --dry-run called a builder")
+
+    monkeypatch.setattr(build_mod, "buildkit_build", refuse)
+    monkeypatch.setattr(build_mod, "_sdk_build", refuse)
+    bp = images.plan_build("pipeline", base_image=images.LOCAL_BASE_TAG)
+    res = CliRunner().invoke(cli.app, ["deploy", h.name, "--dry-run", "--base-image", images.LOCAL_BASE_TAG,
+                                       "--inventory", str(INVENTORY)])
+    assert res.exit_code == 0, res.output
+    out = res.stdout.splitlines()
+    assert bp.lines()[0] in out and f"#   --build-arg BASE_IMAGE={images.LOCAL_BASE_TAG}" in out, res.stdout
+    assert render(hc.write_file(p["deployed"])) in out, res.stdout
+    with Remote(h) as r:
+        assert json.loads(r.run(hc.cat(p["deployed"]), mutates=False).stdout) == deployed
+
+    # 7. attach to the newest window, finished: the same cleanup, nothing else
     _, dry = rec.invoke("attach", h.name, "--dry-run")
     _, real = rec.invoke("attach", h.name)
     assert _norm(dry.changes) == _norm(real.changes) == want, (dry.changes, real.changes)
