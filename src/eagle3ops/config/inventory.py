@@ -157,6 +157,10 @@ class HostConfig(StrictModel):
         None, description="Extra known_hosts file checked in addition to ~/.ssh/known_hosts (never skipped)."
     )
     ssh_config: Path | None = Field(None, description="ssh_config file to read host aliases from.")
+    connect_timeout_s: int | None = Field(
+        None, ge=1, le=600, description="Seconds each SSH hop may take for its TCP connect, then its SSH banner, then "
+        "authentication (each phase); a host that does not answer fails once within them. Default 20."
+    )
     docker_host: str | None = Field(
         None, description="Docker endpoint on the host, e.g. `unix:///run/user/1000/docker.sock`; default socket."
     )
