@@ -154,15 +154,25 @@ def test_multi_turn_conversations_carry_the_targets_own_earlier_answers(tmp_path
     assert "written" not in json.dumps(out)
 
 
-def test_prepare_reads_the_dataset_and_carries_its_generation_manifest(tmp_path):
-    from eagle3ops.stages.chatdata import load_conversations
-    from eagle3ops.stages.prepare import generation_manifests
+def test_prepare_trains_on_the_answers_and_carries_the_generation_manifest(tmp_path, monkeypatch):
+    from test_prepare_turns import PLAIN_TEMPLATE, CharTokenizer  # the stand-in tokenizer of the prepare tests
 
-    man = _run(tmp_path, StandInServer())
-    convs = load_conversations([tmp_path / rg.DATASET])
-    assert len(convs) == 5 and convs[0]["messages"][1]["role"] == "assistant"
-    assert generation_manifests([tmp_path / rg.DATASET]) == {str(tmp_path / rg.DATASET): man}
-    assert generation_manifests([tmp_path / rg.ANSWERS]) == {}
+    from eagle3ops.config.pipeline import load_pipeline_config
+    from eagle3ops.stages import prepare as prepare_stage
+    from eagle3ops.stages.manifest import stage_dir
+
+    run = tmp_path / "run"
+    man = _run(run / rg.HOST_FOLDER, StandInServer())  # as uploaded: <run>/regenerated/dataset.jsonl
+    (run / "pipeline.yaml").write_text(json.dumps({"target_model": "/m", "prepare": {
+        "datasets": [f"{rg.HOST_FOLDER}/{rg.DATASET}"], "shuffle": False}}))
+    monkeypatch.setattr(prepare_stage, "load_tokenizer", lambda _t: CharTokenizer(PLAIN_TEMPLATE))
+    figures = prepare_stage.run_prepare(run, load_pipeline_config(run), log=lambda _m: None)
+    samples = prepare_stage.read_samples(run)
+    trained = "".join(chr(t) for t, m in zip(samples[0]["input_ids"], samples[0]["loss_mask"]) if m)
+    assert figures["samples"] == 5 and f"m says 1: {PROMPTS[0].text[:12]}" in trained
+    recorded = json.loads((stage_dir(run, "prepare") / "manifest.json").read_text())["generation"]
+    assert recorded == {str(run / rg.HOST_FOLDER / rg.DATASET): man}
+    assert prepare_stage.generation_manifests([run / rg.HOST_FOLDER / rg.ANSWERS]) == {}
 
 
 def test_humaneval_training_prompts_are_the_complement_of_the_gate_split():
@@ -199,8 +209,8 @@ def test_the_api_key_comes_from_the_serving_container_and_never_from_argv():
 @pytest.mark.timeout(300)
 def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_path):
     """Four HumanEval train prompts answered by the sandbox's live target (greedy), uploaded to the run dir; each
-    answer is what a direct greedy request returns (sent through an SSH port-forward: the other way to reach
-    serving), and the manifest carries the settings."""
+    answer is what a direct greedy request returns, and the manifest carries the settings. The sandbox's sshd
+    forbids TCP forwarding, so the forward (the way to serving on a host's loopback) is refused with the fix."""
     from eagle3ops.commands import host as hc
     from eagle3ops.remote import Remote
 
@@ -213,8 +223,11 @@ def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_
         man = rg.regenerate_for_host(r, run, p, extra_manifest=he.record, progress=False, echo=lambda _m: None)
         key = rg.serving_api_key(r)
         on_host = r.run(hc.cat_if_exists(man["host_paths"]["manifest"]), mutates=False).stdout
-        with rg.serving_endpoint(r, key, ssh_forward=True) as (url, how):
-            assert how.startswith("ssh forward") and url not in man["endpoint"]
+        with pytest.raises(rg.RegenerateError, match="AllowTcpForwarding local"):
+            with rg.serving_endpoint(r, key, ssh_forward=True):
+                pass
+        with rg.serving_endpoint(r, key) as (url, how):
+            assert how.startswith("direct") and url in man["endpoint"]
             direct = []
             for item in he.items:
                 out = httpx.post(f"{url}/v1/chat/completions", timeout=120,

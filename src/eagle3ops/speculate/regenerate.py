@@ -415,6 +415,28 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _check_forwarding(r: Any, port: int, url: str) -> None:
+    """Open (and close) one ``direct-tcpip`` channel to the host's ``127.0.0.1:port``: a host whose sshd forbids
+    forwarding (``AllowTcpForwarding no``, as the sandbox's) refuses it at once, instead of every request failing.
+
+    Raises:
+        RegenerateError: the host refuses the forward or nothing listens there; the message gives the fixes.
+    """
+    from paramiko.ssh_exception import ChannelException, SSHException
+
+    h = r.host
+    try:
+        chan = r.connection.client.get_transport().open_channel(
+            "direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), timeout=15)
+        chan.close()
+    except (ChannelException, SSHException, OSError) as exc:
+        raise RegenerateError(
+            f"{h.name}: the driver does not reach serving at {url}, and an SSH forward to 127.0.0.1:{port} on the "
+            f"host was refused ({exc}); allow TCP forwarding for the SSH user in the host's sshd "
+            "(AllowTcpForwarding local), or pass --endpoint URL with a route to the serving port the driver "
+            "reaches") from None
+
+
 @contextlib.contextmanager
 def serving_endpoint(r: Any, api_key: str | None, *, direct: str | None = None, ssh_forward: bool = False
                      ) -> Iterator[tuple[str, str]]:
@@ -424,7 +446,9 @@ def serving_endpoint(r: Any, api_key: str | None, *, direct: str | None = None, 
     the driver reaches it and it lists ``serving.served_model_name`` (not tried with ``ssh_forward``), else an SSH
     local port-forward over ``r``'s connection to ``127.0.0.1:<serving.port>`` on the host (Fabric
     ``forward_local`` on a free local port: serving usually listens on the host's loopback only); waits at most
-    30 s for the forward to answer.
+    30 s for the forward to answer. A host whose sshd forbids forwarding (the sandbox's does) is refused with an
+    error naming the fixes; relaying the requests through a helper on the host (as the speculation gate measures)
+    is not implemented.
 
     Raises:
         RegenerateError: none of them answers with the served model (the message names what was tried).
@@ -440,6 +464,7 @@ def serving_endpoint(r: Any, api_key: str | None, *, direct: str | None = None, 
     if not ssh_forward and _serves(url, s.served_model_name, api_key):
         yield url, f"direct {url}"
         return
+    _check_forwarding(r, s.port, url)
     port = _free_port()
     with r.connection.forward_local(port, remote_port=s.port, remote_host="127.0.0.1", local_host="127.0.0.1"):
         fwd = f"http://127.0.0.1:{port}"
