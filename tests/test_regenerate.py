@@ -247,3 +247,19 @@ def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_
     assert man["vllm_version"] and man["vllm_version"].startswith("0.16")
     assert man["disjointness"]["overlap"] == [] and str(h.serving.port) in man["endpoint"]
     assert json.loads(on_host)["dataset_sha256"] == man["dataset_sha256"]
+
+
+def test_dry_run_prints_the_plan_and_the_upload_and_sends_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from eagle3ops.cli import app
+
+    inv = Path(__file__).resolve().parents[1] / "deploy/hosts.yaml"
+    res = CliRunner().invoke(app, ["regenerate", "sandbox", "--run", "r-dry", "--limit", "3", "--max-tokens", "9",
+                                   "--concurrency", "2", "--out", str(tmp_path / "out"), "-i", str(inv),
+                                   "--dry-run"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "regenerate 3 conversations" in res.output and "3 to send" in res.output
+    assert "max_tokens 9" in res.output and "concurrency 2" in res.output
+    assert "tee /var/lib/eagle3ops-sandbox/" in res.output and "/runs/r-dry/regenerated/dataset.jsonl" in res.output
+    assert not (tmp_path / "out").exists()
