@@ -208,9 +208,10 @@ def test_the_api_key_comes_from_the_serving_container_and_never_from_argv():
 @pytest.mark.sandbox
 @pytest.mark.timeout(300)
 def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_path):
-    """Four HumanEval train prompts answered by the sandbox's live target (greedy), uploaded to the run dir; each
-    answer is what a direct greedy request returns, and the manifest carries the settings. The sandbox's sshd
-    forbids TCP forwarding, so the forward (the way to serving on a host's loopback) is refused with the fix."""
+    """Four HumanEval train prompts answered by the sandbox's live target (greedy), once from the driver directly
+    and once relayed on the host (the sandbox's sshd forbids the SSH forward: refused with the fixes, then relayed
+    by the deployed pipeline image); each answer is what a direct greedy request returns, the dataset is uploaded
+    to the run dir and the manifest carries the settings."""
     from eagle3ops.commands import host as hc
     from eagle3ops.remote import Remote
 
@@ -218,16 +219,19 @@ def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_
     run = "test-regenerate"
     he = rg.humaneval_train(4)
     settings = rg.settings_for(h, max_tokens=16, concurrency=2)
-    p = rg.plan(he.items, settings, tmp_path)
+    mans = {}
     with Remote(h) as r:
-        man = rg.regenerate_for_host(r, run, p, extra_manifest=he.record, progress=False, echo=lambda _m: None)
         key = rg.serving_api_key(r)
-        on_host = r.run(hc.cat_if_exists(man["host_paths"]["manifest"]), mutates=False).stdout
-        with pytest.raises(rg.RegenerateError, match="AllowTcpForwarding local"):
+        with pytest.raises(rg.ForwardRefused, match="AllowTcpForwarding local"):
             with rg.serving_endpoint(r, key, ssh_forward=True):
                 pass
+        for how, forward in (("direct", False), ("relayed", True)):
+            p = rg.plan(he.items, settings, tmp_path / how)
+            mans[how] = rg.regenerate_for_host(r, run, p, ssh_forward=forward, extra_manifest=he.record,
+                                               progress=False, echo=lambda _m: None)
+        on_host = r.run(hc.cat_if_exists(mans["relayed"]["host_paths"]["manifest"]), mutates=False).stdout
         with rg.serving_endpoint(r, key) as (url, how):
-            assert how.startswith("direct") and url in man["endpoint"]
+            assert how.startswith("direct")
             direct = []
             for item in he.items:
                 out = httpx.post(f"{url}/v1/chat/completions", timeout=120,
@@ -236,17 +240,59 @@ def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_
                                        "messages": [{"role": "user", "content": item.turns[0][1]}]}).json()
                 direct.append(out["choices"][0]["message"]["content"])
         r.run(hc.rm_rf(f"{h.data_dir}/runs/{run}"))
-    rows = [json.loads(x) for x in (tmp_path / rg.DATASET).read_text().splitlines()]
-    answers = [row["messages"][-1]["content"] for row in rows]
-    assert [row["id"] for row in rows] == [i.id for i in he.items]
-    assert all(a.strip() for a in answers)
-    assert answers == direct
-    assert (man["answered"], man["failed"]) == (4, 0)
-    assert man["settings"]["model"] == h.serving.served_model_name and man["settings"]["max_tokens"] == 16
-    assert man["settings"]["temperature"] == 0.0 and man["settings"]["concurrency"] == 2
-    assert man["vllm_version"] and man["vllm_version"].startswith("0.16")
-    assert man["disjointness"]["overlap"] == [] and str(h.serving.port) in man["endpoint"]
-    assert json.loads(on_host)["dataset_sha256"] == man["dataset_sha256"]
+    assert "direct" in mans["direct"]["endpoint"] and "relayed on the host" in mans["relayed"]["endpoint"]
+    for how, man in mans.items():
+        rows = [json.loads(x) for x in (tmp_path / how / rg.DATASET).read_text().splitlines()]
+        answers = [row["messages"][-1]["content"] for row in rows]
+        assert [row["id"] for row in rows] == [i.id for i in he.items]
+        assert all(a.strip() for a in answers)
+        assert answers == direct, how
+        assert (man["answered"], man["failed"]) == (4, 0)
+        assert man["settings"]["model"] == h.serving.served_model_name and man["settings"]["max_tokens"] == 16
+        assert man["settings"]["temperature"] == 0.0 and man["settings"]["concurrency"] == 2
+        assert man["vllm_version"] and man["vllm_version"].startswith("0.16"), how
+        assert man["disjointness"]["overlap"] == [] and str(h.serving.port) in man["endpoint"]
+    assert json.loads(on_host)["dataset_sha256"] == mans["relayed"]["dataset_sha256"]
+
+
+def test_rows_relayed_from_the_host_reach_the_resume_log_as_they_stream(tmp_path):
+    """The relay's output arrives in arbitrary chunks; each row line is logged when complete, the API key goes on
+    stdin only, and the helper's failure names the fix."""
+    from types import SimpleNamespace
+
+    from eagle3ops.config import load_inventory
+    from eagle3ops.remote import Result
+    from eagle3ops.speculate.onhost import MARK, ROW_MARK
+
+    h = load_inventory(Path(__file__).resolve().parents[1] / "deploy/hosts.yaml").host("sandbox")
+    s = rg.GenSettings(model="m", max_tokens=8, concurrency=2)
+    seen: list[int] = []
+
+    def run(argv, *, stdin, stream, **_):
+        req = json.loads(stdin)
+        assert "regenerate" in argv and "s3cret" not in " ".join(argv) and req["api_key"] == "s3cret"
+        with httpx.Client(transport=httpx.MockTransport(StandInServer())) as c:
+            rows = [rg.answer_item(c, "http://x.invalid", rg.GenSettings(**req["settings"]),
+                                   rg.Item(i["id"], tuple(map(tuple, i["turns"])))) for i in req["items"]]
+        out = "noise\n" + "".join(ROW_MARK + json.dumps(r) + "\n" for r in rows) + MARK + '{"rows": 5}\n'
+        for k in range(0, len(out), 7):
+            stream(out[k:k + 7])
+            seen.append(len((tmp_path / rg.ANSWERS).read_text().splitlines()))
+        return Result(list(argv), 0, out)
+
+    r = SimpleNamespace(host=h, run=run)
+    man = rg.regenerate(rg.plan(rg.items_from_prompts(PROMPTS), s, tmp_path), None, progress=False,
+                        rows_from=rg.host_relay(r, "pipeline:x", "s3cret", s))
+    assert (man["answered"], man["failed"]) == (5, 0) and seen[0] == 0 and seen[-1] == 5 and len(set(seen)) == 6
+    assert "s3cret" not in (tmp_path / rg.ANSWERS).read_text() + (tmp_path / rg.MANIFEST).read_text()
+
+    def broken(argv, **_):
+        return Result(list(argv), 1, "", "No module named eagle3ops.speculate.onhost")
+
+    with pytest.raises(rg.RegenerateError, match="deploy a pipeline image"):
+        rg.regenerate(rg.plan(rg.items_from_prompts(PROMPTS), rg.GenSettings(model="m", max_tokens=9), tmp_path),
+                      None, progress=False, rows_from=rg.host_relay(SimpleNamespace(host=h, run=broken), "p:x",
+                                                                     None, s))
 
 
 def test_dry_run_prints_the_plan_and_the_upload_and_sends_nothing(tmp_path):

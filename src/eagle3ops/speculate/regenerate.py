@@ -28,7 +28,9 @@ The host side (:func:`serving_api_key`, :func:`serving_endpoint`, :func:`upload`
 :class:`eagle3ops.remote.Remote`: the API key is read the way the health gate reads it (the serving container's
 own ``--api-key`` / ``VLLM_API_KEY``, else the file named by ``serving.api_key_file``, read on the host) and never
 reaches argv, logs or the manifest; the serving port is used directly when the driver reaches it, else through an
-SSH port-forward on the same connection.
+SSH port-forward on the same connection, else (the host's sshd forbids forwarding, as the sandbox's does) the
+requests are relayed on the host by the deployed pipeline image (:func:`host_relay`, the way the speculation gate
+measures), its rows streamed back over SSH into the same resume log.
 """
 
 from __future__ import annotations
@@ -65,6 +67,15 @@ HOST_FOLDER = "regenerated"
 
 class RegenerateError(RuntimeError):
     """Regeneration cannot start or finish (endpoint unreachable, bad input); the message names what and the fix."""
+
+
+class ForwardRefused(RegenerateError):
+    """The driver does not reach serving and the host's sshd refuses an SSH port-forward to it."""
+
+
+#: A producer of resume-log rows: ``(items to answer, on_row)`` → the vLLM version it saw (or None); it calls
+#: ``on_row(row)`` once per item as the item finishes (rows as :func:`answer_item` returns them).
+RowSource = Callable[[list["Item"], Callable[[dict[str, Any]], None]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -283,9 +294,9 @@ def vllm_version(base_url: str, api_key: str | None = None, transport: httpx.Bas
         return None
 
 
-def regenerate(p: RegeneratePlan, base_url: str, *, api_key: str | None = None, endpoint: str | None = None,
+def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None = None, endpoint: str | None = None,
                extra_manifest: dict[str, Any] | None = None, progress: bool = True,
-               transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
+               transport: httpx.BaseTransport | None = None, rows_from: RowSource | None = None) -> dict[str, Any]:
     """Carry out plan ``p`` against the OpenAI-compatible server at ``base_url`` (see the module doc).
 
     Args:
@@ -294,6 +305,8 @@ def regenerate(p: RegeneratePlan, base_url: str, *, api_key: str | None = None, 
         extra_manifest: more manifest fields (e.g. the HumanEval disjointness record).
         progress: a rich progress bar on stderr.
         transport: an httpx transport (tests use ``httpx.MockTransport``).
+        rows_from: answer the items elsewhere (:func:`host_relay`: on the host) instead of from here through
+            ``base_url`` (then None).
 
     Returns:
         The manifest written to ``<out_dir>/dataset.manifest.json`` (``failed`` > 0: some items were not answered
@@ -320,21 +333,28 @@ def regenerate(p: RegeneratePlan, base_url: str, *, api_key: str | None = None, 
                                                TextColumn("{task.fields[tokens]} tokens"), TimeRemainingColumn(),
                                                console=Console(stderr=True), transient=False))
             task = bar.add_task("regenerate", total=len(p.todo), tokens=0)
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=s.concurrency))
-        futures = [pool.submit(answer_item, client, base_url, s, item) for item in p.todo]
-        for fut in as_completed(futures):
-            row = fut.result()
+
+        def on_row(row: dict[str, Any]) -> None:
+            nonlocal answered, failed, tokens
             with lock:
                 log.write(json.dumps(row, ensure_ascii=False) + "\n")
                 log.flush()
-            if row.get("error"):
-                failed += 1
-                errors.append(f"{row['id']}: {row['error']}")
-            else:
-                answered += 1
-                tokens += row["completion_tokens"]
-            if bar is not None:
-                bar.update(task, advance=1, tokens=tokens)
+                if row.get("error"):
+                    failed += 1
+                    errors.append(f"{row['id']}: {row['error']}")
+                else:
+                    answered += 1
+                    tokens += row["completion_tokens"]
+                if bar is not None:
+                    bar.update(task, advance=1, tokens=tokens)
+
+        version: str | None = None
+        if rows_from is not None:
+            version = rows_from(p.todo, on_row) if p.todo else None
+        else:
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=s.concurrency))
+            for fut in as_completed([pool.submit(answer_item, client, base_url, s, item) for item in p.todo]):
+                on_row(fut.result())
     wall = time.monotonic() - t0
     rows = read_answers(log_path)
     key = s.key()
@@ -348,7 +368,7 @@ def regenerate(p: RegeneratePlan, base_url: str, *, api_key: str | None = None, 
         "kind": "regenerated-answers",
         "settings": {**asdict(s), "key": key},
         "endpoint": endpoint or base_url,
-        "vllm_version": vllm_version(base_url, api_key, transport),
+        "vllm_version": version or (vllm_version(base_url, api_key, transport) if base_url else None),
         "prompt_set_sha256": p.prompt_set_sha256,
         "conversations": len(p.items),
         "answered": len(dataset),
@@ -430,11 +450,11 @@ def _check_forwarding(r: Any, port: int, url: str) -> None:
             "direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), timeout=15)
         chan.close()
     except (ChannelException, SSHException, OSError) as exc:
-        raise RegenerateError(
+        raise ForwardRefused(
             f"{h.name}: the driver does not reach serving at {url}, and an SSH forward to 127.0.0.1:{port} on the "
             f"host was refused ({exc}); allow TCP forwarding for the SSH user in the host's sshd "
-            "(AllowTcpForwarding local), or pass --endpoint URL with a route to the serving port the driver "
-            "reaches") from None
+            "(AllowTcpForwarding local), deploy the pipeline image (the requests are then relayed by a helper on "
+            "the host), or pass --endpoint URL with a route to the serving port the driver reaches") from None
 
 
 @contextlib.contextmanager
@@ -446,11 +466,11 @@ def serving_endpoint(r: Any, api_key: str | None, *, direct: str | None = None, 
     the driver reaches it and it lists ``serving.served_model_name`` (not tried with ``ssh_forward``), else an SSH
     local port-forward over ``r``'s connection to ``127.0.0.1:<serving.port>`` on the host (Fabric
     ``forward_local`` on a free local port: serving usually listens on the host's loopback only); waits at most
-    30 s for the forward to answer. A host whose sshd forbids forwarding (the sandbox's does) is refused with an
-    error naming the fixes; relaying the requests through a helper on the host (as the speculation gate measures)
-    is not implemented.
+    30 s for the forward to answer.
 
     Raises:
+        ForwardRefused: the host's sshd forbids the forward (the sandbox's does); :func:`regenerate_for_host` then
+            relays through the host (:func:`host_relay`).
         RegenerateError: none of them answers with the served model (the message names what was tried).
     """
     h = r.host
@@ -476,6 +496,48 @@ def serving_endpoint(r: Any, api_key: str | None, *, direct: str | None = None, 
                                       f"`eagle3ops status {h.name}`)")
             time.sleep(1)
         yield fwd, f"ssh forward 127.0.0.1:{port} -> {h.name} 127.0.0.1:{s.port}"
+
+
+def host_relay(r: Any, image: str, api_key: str | None, settings: GenSettings) -> RowSource:
+    """A :data:`RowSource` that answers the items on the host, as the speculation gate measures: the pipeline
+    ``image`` run there (``docker run --rm -i --network host``, :func:`eagle3ops.commands.speculate.gate_helper`
+    ``regenerate``) asks serving over the host's loopback and prints each item's row as it finishes; the rows are
+    read from the streamed output. The request, API key included, goes on stdin.
+
+    Bounded by ``120 + ceil(items / concurrency) × user turns × request_timeout_s × attempts`` seconds.
+
+    Raises (from the source):
+        RegenerateError: the helper failed (its stderr tail), e.g. an image without the ``regenerate`` action.
+    """
+    from eagle3ops.commands import speculate as sc
+    from eagle3ops.speculate.onhost import ROW_MARK, parse_answer
+
+    def rows_from(items: list[Item], on_row: Callable[[dict[str, Any]], None]) -> str | None:
+        req = {"base_url": f"http://127.0.0.1:{r.host.serving.port}", "api_key": api_key,
+               "settings": asdict(settings), "items": [{"id": i.id, "turns": [list(t) for t in i.turns]}
+                                                       for i in items]}
+        turns = max(sum(role == "user" for role, _ in i.turns) for i in items)
+        bound = 120 + -(-len(items) // settings.concurrency) * turns * settings.request_timeout_s * settings.attempts
+        buf = [""]
+
+        def stream(chunk: str) -> None:
+            buf[0] += chunk
+            *lines, buf[0] = buf[0].split("\n")
+            for line in lines:
+                if line.startswith(ROW_MARK):
+                    on_row(json.loads(line[len(ROW_MARK):]))
+
+        res = r.run(sc.gate_helper(r.host, image, "regenerate"), stdin=json.dumps(req), stream=stream,
+                    check=False, timeout=bound, mutates=False)
+        try:
+            ans = parse_answer(res.stdout)
+        except ValueError:
+            raise RegenerateError(f"{r.host.name}: the regeneration helper in {image} failed: "
+                                  f"{res.stderr.strip()[-600:]}; deploy a pipeline image of this eagle3ops "
+                                  "version (eagle3ops deploy), then rerun (answered prompts are kept)") from None
+        return ans.get("vllm_version")
+
+    return rows_from
 
 
 def host_paths(r: Any, run: str) -> dict[str, str]:
@@ -534,13 +596,29 @@ def settings_for(h: Any, *, max_tokens: int | None = None, temperature: float = 
                        request_timeout_s=request_timeout_s or s.regenerate_timeout_s)
 
 
+def _deployed_image(r: Any) -> str | None:
+    """The host's pipeline image: ``pipeline_image`` in the inventory, else the one ``deploy`` recorded."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window.common import paths
+
+    if r.host.pipeline_image:
+        return str(r.host.pipeline_image)
+    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False).stdout
+    try:
+        return json.loads(out)["image"] if out.strip() else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | None = None,
-                        ssh_forward: bool = False, extra_manifest: dict[str, Any] | None = None, progress: bool = True,
+                        ssh_forward: bool = False, image: str | None = None,
+                        extra_manifest: dict[str, Any] | None = None, progress: bool = True,
                         echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run plan ``p`` against host ``r``'s live serving (API key and endpoint as the module doc says), then upload
     the dataset into ``<data_dir>/runs/<run>/regenerated/``. ``direct``/``ssh_forward``: see
-    :func:`serving_endpoint`. In a dry run (``r.dry_run``) print the plan and the
-    upload's commands; nothing is sent.
+    :func:`serving_endpoint`; when the host refuses the SSH forward, the requests are relayed on the host
+    (:func:`host_relay`) by ``image`` (default: the deployed pipeline image). In a dry run (``r.dry_run``) print
+    the plan and the upload's commands; nothing is sent.
 
     Returns:
         The manifest (plus ``host_paths``); in a dry run ``{"dry_run": True, "plan": ...}``.
@@ -560,10 +638,20 @@ def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | No
             r.run(argv)
         return {"dry_run": True, "plan": p.describe(), "host_paths": upload_paths}
     key = serving_api_key(r)
-    with serving_endpoint(r, key, direct=direct, ssh_forward=ssh_forward) as (url, how):
+    where = f"{r.host.name} port {r.host.serving.port}"
+    try:
+        with serving_endpoint(r, key, direct=direct, ssh_forward=ssh_forward) as (url, how):
+            echo(f"serving endpoint: {how}")
+            manifest = regenerate(p, url, api_key=key, endpoint=f"{where} ({how})", extra_manifest=extra_manifest,
+                                  progress=progress)
+    except ForwardRefused:
+        image = image or _deployed_image(r)
+        if not image:
+            raise
+        how = f"relayed on the host by {image} (the SSH forward was refused)"
         echo(f"serving endpoint: {how}")
-        manifest = regenerate(p, url, api_key=key, endpoint=f"{r.host.name} port {r.host.serving.port} ({how})",
-                              extra_manifest=extra_manifest, progress=progress)
+        manifest = regenerate(p, None, endpoint=f"{where} ({how})", extra_manifest=extra_manifest,
+                              progress=progress, rows_from=host_relay(r, image, key, p.settings))
     paths = upload(r, run, p.out_dir)
     echo(f"{manifest['answered']} of {manifest['conversations']} conversations answered "
          f"({manifest['answered_now']} now, {manifest['skipped_already_answered']} resumed, {manifest['failed']} "
