@@ -327,6 +327,62 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
 
 
 @app.command()
+def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeline run (the dataset goes to "
+                                                                         "runs/<run>/regenerated/dataset.jsonl)."),
+               dataset: list[Path] = typer.Option([], "--dataset", help="A local chat file (JSONL/Parquet, the "
+                                                  "forms prepare reads) whose user turns are answered; repeatable. "
+                                                  "Default: HumanEval's train split (the gate's split held out)."),
+               limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N conversations."),
+               max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1,
+                                                        help="Override serving.regenerate_max_tokens."),
+               temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
+               seed: int = typer.Option(0, "--seed", help="vLLM per-request seed."),
+               concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
+                                                         help="Override serving.regenerate_concurrency."),
+               endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Serving URL as the driver reaches "
+                                                      "it (default: http://HOSTNAME:PORT if it answers, else an "
+                                                      "SSH port-forward)."),
+               ssh_forward: bool = typer.Option(False, "--ssh-forward", help="Always go through an SSH "
+                                                "port-forward to the host's 127.0.0.1:PORT."),
+               out: Optional[Path] = typer.Option(None, "--out", help="Local folder: resume log, dataset, manifest "
+                                                  "(default regenerated/<host>-<run>/)."),
+               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+    """Answer the training prompts with the target through LIVE serving (no window, no downtime; resumable).
+
+    Writes dataset.jsonl (the target's answers) and dataset.manifest.json locally and uploads both to
+    <data_dir>/runs/<run>/regenerated/; name `regenerated/dataset.jsonl` in prepare.datasets to train on it.
+    """
+    from eagle3ops.speculate import regenerate as rg
+    from eagle3ops.speculate.prompts import GatePromptsError
+    from eagle3ops.stages.chatdata import ChatDataError
+
+    h = _host(inventory, host)
+    extra: dict[str, Any] = {}
+    try:
+        if dataset:
+            items, left_out = rg.items_from_dataset(dataset)
+            items = items[:limit] if limit else items
+            extra = {"prompt_source": [str(p) for p in dataset], "left_out": left_out}
+        else:
+            he = rg.humaneval_train(limit)
+            items, extra = he.items, he.record
+        settings = rg.settings_for(h, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                                   concurrency=concurrency)
+        p = rg.plan(items, settings, out or Path("regenerated") / f"{host}-{run}")
+    except (rg.RegenerateError, ChatDataError, GatePromptsError) as exc:
+        _fail(str(exc), 2)
+    with _remote(h, dry_run) as r:
+        try:
+            res = rg.regenerate_for_host(r, run, p, direct=endpoint, ssh_forward=ssh_forward,
+                                         extra_manifest=extra, echo=lambda m: console.print(m, markup=False))
+        except rg.RegenerateError as exc:
+            _fail(str(exc))
+    if not dry_run and res["failed"]:
+        _fail(f"{res['failed']} conversation(s) failed after their attempts (first: {res['errors'][0]}); "
+              "rerun the same command to retry them (answered ones are kept)")
+
+
+@app.command()
 def report(host: str, run: str = typer.Option(..., "--run", help="The pipeline run to report on."),
            inventory: Path = InventoryOpt,
            out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default reports/<host>-<run>/).")

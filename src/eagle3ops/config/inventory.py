@@ -100,6 +100,17 @@ class ServingConfig(StrictModel):
     )
     gate_prompts: int = Field(16, ge=1, description="HumanEval gate-split prompts replayed per concurrency level.")
     gate_max_tokens: int = Field(128, ge=2, description="Output tokens per gate request (`ignore_eos`: exact).")
+    regenerate_concurrency: int = Field(
+        4, ge=1, description="`eagle3ops regenerate`: chat requests in flight at most against production serving "
+                             "while it answers the training prompts (small, so production keeps its latency).",
+    )
+    regenerate_max_tokens: int = Field(
+        512, ge=1, description="`eagle3ops regenerate`: output tokens at most per regenerated answer.",
+    )
+    regenerate_timeout_s: float = Field(
+        300.0, gt=0, description="`eagle3ops regenerate`: seconds per chat request (a timeout is retried, "
+                                 "3 attempts in all).",
+    )
     speculative_image: str | None = Field(
         None, description="Serving image of the speculative release (vLLM with the serving patch series, e.g. "
                           "from `eagle3ops image build serving`); pushed when the host lacks it. Default: `image`.",
