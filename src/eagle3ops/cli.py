@@ -127,28 +127,42 @@ def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
 
 RestartOpt = typer.Option(False, "--restart", help="Redo extract/train from scratch even when done for these "
                           "inputs (a window whose stages are all done is otherwise a no-op: serving is not stopped).")
+OfflineOpt = typer.Option(False, "--offline", help="With --dry-run: no SSH at all; the host's facts (GPUs, serving "
+                          "container, stages done) are assumed from the inventory and labelled so in the plan.")
+
+
+def _stage_window(kind: str, h: HostConfig, dry_run: bool, offline: bool, **kw: Any) -> None:
+    """An extract/train window, or its offline plan (``--dry-run --offline``: :mod:`eagle3ops.window.offline`)."""
+    if not offline:
+        _window(kind, h, dry_run, **kw)
+        return
+    if not dry_run:
+        _fail("--offline needs --dry-run: a real window must read the host (add --dry-run, or drop --offline)", 2)
+    from eagle3ops.window.offline import offline_dry_run
+
+    offline_dry_run(h, kind=kind, command="eagle3ops " + " ".join(sys.argv[1:]), **kw)
 
 
 @app.command()
 def extract(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
             pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-            restart: bool = RestartOpt) -> None:
+            restart: bool = RestartOpt, offline: bool = OfflineOpt) -> None:
     """Maintenance window 1: stop serving, run prepare + extract, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
     h = _host(inventory, host)
-    _window("extract", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
+    _stage_window("extract", h, dry_run, offline, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
 
 
 @app.command()
 def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
           run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-          restart: bool = RestartOpt) -> None:
+          restart: bool = RestartOpt, offline: bool = OfflineOpt) -> None:
     """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
     h = _host(inventory, host)
-    _window("train", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
+    _stage_window("train", h, dry_run, offline, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
 
 
 def _read_pipeline(pipeline: Path) -> str:
