@@ -21,7 +21,7 @@ endif
 BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
-.PHONY: setup sandbox base image deploy extract train release rollback speculate status audit demo test test-host test-image \
+.PHONY: setup sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-host test-image \
         patch-check bench-rebuild bench-push bench-extract clean-sandbox
 
 setup:
@@ -50,6 +50,9 @@ release: setup
 
 rollback: setup
 	$(E3) rollback $(HOST)
+
+regenerate: setup
+	$(E3) regenerate $(HOST) --run $(RUN) $(ARGS)
 
 speculate: setup
 	$(E3) speculate $(HOST) --run $(RUN) $(ARGS)

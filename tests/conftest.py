@@ -14,6 +14,22 @@ REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "deploy/hosts.yaml"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def local_audit_log(tmp_path_factory):
+    """The driver's local audit log (commands that never reached their host) in a temp dir, not the user's home;
+    subprocesses inherit it."""
+    import os
+
+    path = tmp_path_factory.mktemp("local-audit") / "audit.jsonl"
+    old = os.environ.get("EAGLE3OPS_LOCAL_AUDIT")
+    os.environ["EAGLE3OPS_LOCAL_AUDIT"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("EAGLE3OPS_LOCAL_AUDIT", None)
+    else:
+        os.environ["EAGLE3OPS_LOCAL_AUDIT"] = old
+
+
 @pytest.fixture(scope="session")
 def sandbox_host():
     """The inventory's ``sandbox`` host, brought up (idempotent)."""

@@ -3,6 +3,7 @@ the commands built from them (stage containers, the serving container) carry the
 
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -80,3 +81,63 @@ def test_kimi_window_dry_run_commands_carry_gpu_flags_and_env_exactly():
             env = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--env")
             assert env == want_env, stage
             assert argv[-6:] == ["-m", "eagle3ops", "stage", stage, "--run-dir", "/data/runs/kimi"]
+
+
+def _unreachable_inventory(tmp_path: Path) -> Path:
+    """The Kimi example with a hostname that cannot resolve and an SSH port nothing listens on."""
+    raw = yaml.safe_load(INVENTORY.read_text())
+    raw["hosts"]["kimi-01"].update(hostname="kimi-01.invalid", port=9)
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(yaml.safe_dump(raw))
+    return inv
+
+
+@pytest.fixture()
+def no_network(monkeypatch):
+    """Any SSH client or socket connection fails the test (an offline dry run opens none)."""
+    import socket
+
+    import eagle3ops.remote
+
+    def refuse(*a, **k):
+        raise AssertionError("an offline dry run tried to connect")
+
+    monkeypatch.setattr(eagle3ops.remote.Remote, "__init__", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.mark.parametrize("kind", ["extract", "train"])
+def test_offline_dry_run_of_the_kimi_host_prints_stage_argv_with_gpus_and_nccl_env_exactly(tmp_path, no_network, kind):
+    inv = _unreachable_inventory(tmp_path)
+    h = load_inventory(inv).host("kimi-01")
+    res = CliRunner().invoke(app, [kind, "kimi-01", "-i", str(inv), "--pipeline", str(PIPELINE), "--run", "kimi",
+                                   "--dry-run", "--offline", "--restart"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert "#   assumed gpus: 8 (inventory `gpus`; not counted on the host)" in lines
+    assert any(ln.startswith("#   assumed free space: unknown") for ln in lines)
+    assert any(ln.startswith("#   assumed serving container: vllm-kimi (inventory `serving`") for ln in lines)
+    assert "#   assumed extract tensor parallel: 8 (pipeline extract.tensor_parallel_size)" in lines
+    stage_lines = [ln for ln in lines if ln.startswith("docker run --detach --name eagle3ops-")]
+    assert [ln.split(" -m eagle3ops stage ")[1].split()[0] for ln in stage_lines] == WINDOWS[kind]
+    for ln in stage_lines:
+        argv = ln.split()
+        assert argv[argv.index("--gpus") + 1] == "all" and argv[argv.index("--ipc") + 1] == "host"
+        assert argv[argv.index("--ulimit") + 1] == "memlock=-1:-1"
+        envs = {a.partition("=")[0]: a.partition("=")[2] for a, flag in zip(argv[1:], argv) if flag == "--env"}
+        assert {k: envs[k] for k in NCCL} == NCCL
+        assert {k: v for k, v in envs.items() if k in h.stage_env} == h.stage_env
+    assert stage_lines[-1].endswith(f"{WINDOWS[kind][-1]} --run-dir /data/runs/kimi --restart")
+    stop, start = lines.index("docker stop --time 300 vllm-kimi"), lines.index("docker start vllm-kimi")
+    assert stop < lines.index(stage_lines[0]) and lines.index(stage_lines[-1]) < start
+    serving = next(ln for ln in lines if ln.startswith("#   docker run --detach --name vllm-kimi "))
+    assert "--gpus all" in serving and "--shm-size 64g" in serving and "--tensor-parallel-size 8" in serving
+
+
+def test_offline_without_dry_run_is_refused(tmp_path, no_network):
+    inv = _unreachable_inventory(tmp_path)
+    res = CliRunner().invoke(app, ["train", "kimi-01", "-i", str(inv), "--pipeline", str(PIPELINE), "--offline"])
+    assert res.exit_code == 2
+    assert "--offline needs --dry-run" in res.output

@@ -76,11 +76,19 @@ def _deployed(r, required: bool = True) -> dict[str, Any]:
     return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
 
 
+def _command_line() -> str:
+    """This invocation as a shell command line (each argument quoted: the lock and the audit log show it, and it
+    may be pasted back into a shell)."""
+    import shlex
+
+    return shlex.join(["eagle3ops", *sys.argv[1:]])
+
+
 def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.run import run_window
 
-    command = "eagle3ops " + " ".join(sys.argv[1:])
+    command = _command_line()
     with _remote(host, dry_run) as r:
         dep = _deployed(r, required=not (dry_run or host.pipeline_image))
         try:
@@ -119,28 +127,42 @@ def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
 
 RestartOpt = typer.Option(False, "--restart", help="Redo extract/train from scratch even when done for these "
                           "inputs (a window whose stages are all done is otherwise a no-op: serving is not stopped).")
+OfflineOpt = typer.Option(False, "--offline", help="With --dry-run: no SSH at all; the host's facts (GPUs, serving "
+                          "container, stages done) are assumed from the inventory and labelled so in the plan.")
+
+
+def _stage_window(kind: str, h: HostConfig, dry_run: bool, offline: bool, **kw: Any) -> None:
+    """An extract/train window, or its offline plan (``--dry-run --offline``: :mod:`eagle3ops.window.offline`)."""
+    if not offline:
+        _window(kind, h, dry_run, **kw)
+        return
+    if not dry_run:
+        _fail("--offline needs --dry-run: a real window must read the host (add --dry-run, or drop --offline)", 2)
+    from eagle3ops.window.offline import offline_dry_run
+
+    offline_dry_run(h, kind=kind, command="eagle3ops " + " ".join(sys.argv[1:]), **kw)
 
 
 @app.command()
 def extract(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
             pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-            restart: bool = RestartOpt) -> None:
+            restart: bool = RestartOpt, offline: bool = OfflineOpt) -> None:
     """Maintenance window 1: stop serving, run prepare + extract, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
     h = _host(inventory, host)
-    _window("extract", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
+    _stage_window("extract", h, dry_run, offline, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
 
 
 @app.command()
 def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
           run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-          restart: bool = RestartOpt) -> None:
+          restart: bool = RestartOpt, offline: bool = OfflineOpt) -> None:
     """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
     h = _host(inventory, host)
-    _window("train", h, dry_run, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
+    _stage_window("train", h, dry_run, offline, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
 
 
 def _read_pipeline(pipeline: Path) -> str:
@@ -204,7 +226,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         dep = _deployed(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
-                                margin=margin, command="eagle3ops " + " ".join(sys.argv[1:]))
+                                margin=margin, command=_command_line())
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:
@@ -263,39 +285,115 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
 
 
 @app.command()
-def attach(host: str, inventory: Path = InventoryOpt) -> None:
-    """Follow the newest window's journal until it finishes, then print its summary."""
+def attach(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+    """Follow the newest window's journal until it finishes, then print its summary (and remove its finished
+    supervisor container: the only change attach makes on the host, which ``--dry-run`` prints)."""
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.watch import finish_window, watch
 
-    with _remote(_host(inventory, host)) as r:
+    with _remote(_host(inventory, host), dry_run) as r:
         wid = _newest_window(r, "attach to")
         try:
+            if dry_run:
+                _dry_finish(r, wid)
+                return
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="attach")
         except WindowError as exc:
             _fail(str(exc))
     summary(result)
 
 
+def _dry_finish(r, wid: str) -> None:
+    """Dry run of following window ``wid`` to its end: its result if it has one (read), then the commands that
+    finish it (:func:`eagle3ops.window.watch.finish_window`, printed by the dry-run executor, not run)."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window.common import paths
+    from eagle3ops.window.watch import finish_window
+
+    done = r.run(hc.cat_if_exists(paths(r.host, wid)["result"]), check=False, mutates=False).stdout.strip()
+    if not done:
+        print(f"# window {wid} has no result yet: a real run follows its journal until result.json appears, then:")
+    finish_window(r, wid, json.loads(done) if done else {}, command="dry-run")
+
+
 @app.command()
-def recover(host: str, inventory: Path = InventoryOpt) -> None:
+def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.run import relaunch
     from eagle3ops.window.watch import finish_window, watch
 
     h = _host(inventory, host)
-    with _remote(h) as r:
+    with _remote(h, dry_run) as r:
         wid = _newest_window(r, "recover")
         deployed = _deployed(r, required=False)["image"]
         try:
             if not relaunch(r, wid, fallback_image=None if deployed.startswith("<") else deployed):
                 console.print(f"window {wid} already finished with serving running" if h.serving.managed else
                               f"window {wid} already finished (the host has no serving)")
+            if dry_run:
+                _dry_finish(r, wid)
+                return
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="recover")
         except WindowError as exc:
             _fail(str(exc))
     summary(result)
+
+
+@app.command()
+def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeline run (the dataset goes to "
+                                                                         "runs/<run>/regenerated/dataset.jsonl)."),
+               dataset: list[Path] = typer.Option([], "--dataset", help="A local chat file (JSONL/Parquet, the "
+                                                  "forms prepare reads) whose user turns are answered; repeatable. "
+                                                  "Default: HumanEval's train split (the gate's split held out)."),
+               limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N conversations."),
+               max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1,
+                                                        help="Override serving.regenerate_max_tokens."),
+               temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
+               seed: int = typer.Option(0, "--seed", help="vLLM per-request seed."),
+               concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
+                                                         help="Override serving.regenerate_concurrency."),
+               endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Serving URL as the driver reaches "
+                                                      "it (default: http://HOSTNAME:PORT if it answers, else an "
+                                                      "SSH port-forward)."),
+               ssh_forward: bool = typer.Option(False, "--ssh-forward", help="Always go through an SSH "
+                                                "port-forward to the host's 127.0.0.1:PORT."),
+               out: Optional[Path] = typer.Option(None, "--out", help="Local folder: resume log, dataset, manifest "
+                                                  "(default regenerated/<host>-<run>/)."),
+               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+    """Answer the training prompts with the target through LIVE serving (no window, no downtime; resumable).
+
+    Writes dataset.jsonl (the target's answers) and dataset.manifest.json locally and uploads both to
+    <data_dir>/runs/<run>/regenerated/; name `regenerated/dataset.jsonl` in prepare.datasets to train on it.
+    """
+    from eagle3ops.speculate import regenerate as rg
+    from eagle3ops.speculate.prompts import GatePromptsError
+    from eagle3ops.stages.chatdata import ChatDataError
+
+    h = _host(inventory, host)
+    extra: dict[str, Any] = {}
+    try:
+        if dataset:
+            items, left_out = rg.items_from_dataset(dataset)
+            items = items[:limit] if limit else items
+            extra = {"prompt_source": [str(p) for p in dataset], "left_out": left_out}
+        else:
+            he = rg.humaneval_train(limit)
+            items, extra = he.items, he.record
+        settings = rg.settings_for(h, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                                   concurrency=concurrency)
+        p = rg.plan(items, settings, out or Path("regenerated") / f"{host}-{run}")
+    except (rg.RegenerateError, ChatDataError, GatePromptsError) as exc:
+        _fail(str(exc), 2)
+    with _remote(h, dry_run) as r:
+        try:
+            res = rg.regenerate_for_host(r, run, p, direct=endpoint, ssh_forward=ssh_forward,
+                                         extra_manifest=extra, echo=lambda m: console.print(m, markup=False))
+        except rg.RegenerateError as exc:
+            _fail(str(exc))
+    if not dry_run and res["failed"]:
+        _fail(f"{res['failed']} conversation(s) failed after their attempts (first: {res['errors'][0]}); "
+              "rerun the same command to retry them (answered ones are kept)")
 
 
 @app.command()
@@ -345,14 +443,14 @@ def lock_status(host: str, inventory: Path = InventoryOpt) -> None:
 
 
 @lock_app.command("release")
-def lock_release(host: str, inventory: Path = InventoryOpt,
+def lock_release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
                  force: bool = typer.Option(False, "--force", help="Release even if its window may still run.")
                  ) -> None:
     """Release the host's deploy lock; refuses while its window's supervisor runs unless --force."""
     from eagle3ops.window.lock import lock_is_stale, read_lock, release_lock
 
     h = _host(inventory, host)
-    with _remote(h) as r:
+    with _remote(h, dry_run) as r:
         d = read_lock(r)
         if not d:
             console.print(f"{host}: lock is free")
@@ -360,7 +458,8 @@ def lock_release(host: str, inventory: Path = InventoryOpt,
         if not lock_is_stale(r, d) and not force:
             _fail(f"{host}: window {d.get('window_id')} is still running; wait or pass --force")
         release_lock(r)
-        console.print(f"{host}: lock released (was held by {d.get('holder')} since {d.get('since')})")
+        console.print(f"{host}: lock {'would be ' if dry_run else ''}released (was held by {d.get('holder')} "
+                      f"since {d.get('since')})")
 
 
 @config_app.command("docs")
@@ -468,7 +567,9 @@ def main() -> None:
     """Console-script entry point.
 
     A host that cannot be reached, or a remote command that failed where the command did not handle it, ends the
-    program with ``error: <host>: <cause>`` on stderr and exit status 1 (no traceback).
+    program with ``error: <host>: <cause>`` on stderr and exit status 1 (no traceback). A host-changing command whose
+    host could not be reached is recorded in the local audit log (:func:`eagle3ops.window.common.local_audit_path`):
+    the host's own log cannot be written.
     """
     try:
         app()
@@ -478,8 +579,27 @@ def main() -> None:
         remote = sys.modules.get("eagle3ops.remote")
         if remote is not None and isinstance(exc, remote.RemoteError):
             print(f"error: {exc}", file=sys.stderr)
+            if isinstance(exc, remote.HostUnreachable) and _changes_a_host(sys.argv[1:]):
+                from eagle3ops.window.common import append_local_audit
+
+                warn = append_local_audit(str(exc).partition(": ")[0], _command_line(), "host not reached",
+                                          str(exc))
+                if warn:
+                    print(f"warning: {warn}", file=sys.stderr)
             sys.exit(1)
         raise
+
+
+#: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
+HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
+                 "verify"}
+
+
+def _changes_a_host(args: list[str]) -> bool:
+    """Whether the command line ``args`` (without the program name) is a host-changing command (not a dry run)."""
+    words = [a for a in args if not a.startswith("-")]
+    return "--dry-run" not in args and bool(words) and (
+        words[0] in HOST_CHANGING or words[:2] == ["lock", "release"])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 1. sandbox host up (sshd on 127.0.0.1 + its own dockerd)  2. images: local vLLM 0.16 base (stand-in for
 ``vllm/vllm-openai:v0.16.0``) and the pipeline image  3. production serving on the sandbox (tiny model, real vLLM)
-4. deploy  5. extract window, train window  6. a second serving release, then rollback  — and a summary of figures.
+4. deploy  4b. training data: HumanEval's train-split prompts answered by the live target (no window; the gate's
+split held out)  5. extract window, train window  6. a second serving release, then rollback  — and a summary of
+figures.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from eagle3ops.console import print_event, summary
 
 console = Console()
 SANDBOX = "sandbox"
+#: The demo's training data: the first DEMO_PROMPTS prompts of HumanEval's train split, answered by the sandbox's
+#: tiny target with at most DEMO_MAX_TOKENS tokens each (measured on the shared 2-core machine: ~64 tokens in
+#: 0.3-0.6 s per request, prompts 186-374 tokens; 32 prompts at concurrency 4 take about 10-20 s).
+DEMO_PROMPTS = 32
+DEMO_MAX_TOKENS = 64
 
 
 class DemoError(Exception):
@@ -134,6 +141,33 @@ def start_serving(h: HostConfig) -> float:
     raise DemoError(f"serving did not become healthy within {h.serving.health_timeout_s:.0f}s")
 
 
+def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, prompts: int = DEMO_PROMPTS,
+                             max_tokens: int = DEMO_MAX_TOKENS, out_dir: Path | None = None) -> tuple[str, dict]:
+    """Answer the first ``prompts`` HumanEval train-split prompts with the sandbox's live target
+    (:mod:`eagle3ops.speculate.regenerate`: greedy, ``max_tokens`` each, uploaded to the run's ``regenerated/``)
+    and return ``(pipeline text training on them, the generation manifest)``.
+
+    Raises:
+        DemoError: some prompts stayed unanswered after their attempts.
+        eagle3ops.speculate.regenerate.RegenerateError: serving not reachable.
+    """
+    import yaml
+
+    from eagle3ops.remote import Remote
+    from eagle3ops.speculate import regenerate as rg
+
+    he = rg.humaneval_train(prompts)
+    p = rg.plan(he.items, rg.settings_for(h, max_tokens=max_tokens),
+                out_dir or Path("regenerated") / f"{h.name}-{run}")
+    with Remote(h) as r:
+        man = rg.regenerate_for_host(r, run, p, extra_manifest=he.record, echo=console.print)
+    if man["failed"]:
+        raise DemoError(f"training data: {man['failed']} prompt(s) unanswered: {man['errors'][:3]}")
+    cfg = yaml.safe_load(pipeline_text) or {}
+    cfg.setdefault("prepare", {})["datasets"] = [f"{rg.HOST_FOLDER}/{rg.DATASET}"]
+    return yaml.safe_dump(cfg, sort_keys=False), man
+
+
 def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("deploy/pipeline.yaml")) -> int:
     """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end)."""
     from eagle3ops import deployer, images, sandbox
@@ -171,12 +205,18 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
 
     ok = True
     run = time.strftime("demo-%Y%m%dT%H%M%S")  # a fresh pipeline run each demo (stages refuse foreign outputs)
+
+    t = _step(f"4b. training data: {DEMO_PROMPTS} HumanEval train-split prompts answered by the live target")
+    pipeline_text, gen = regenerate_training_data(h, run, pipeline.read_text())
+    figures.append(("regenerate (live serving)", f"{gen['answered']} answers, {gen['completion_tokens_now']} tokens "
+                                                 f"in {gen['wall_s']} s ({gen['tokens_per_s_now']} tokens/s, "
+                                                 f"concurrency {gen['settings']['concurrency']})"))
     for kind in ("extract", "train"):
         t = _step(f"5. {kind} window on {SANDBOX}")
         with Remote(h) as r:
             res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id,
                              command=f"eagle3ops {kind} {SANDBOX} --run {run} (demo)", run=run, on_event=print_event,
-                             pipeline_text=pipeline.read_text())
+                             pipeline_text=pipeline_text)
         summary(res)
         ok &= res["outcome"] == "ok"
         figures.append((f"{kind} window", f"{res['outcome']}, wall {res['wall_s']} s, serving downtime "

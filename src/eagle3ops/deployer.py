@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
@@ -21,6 +22,9 @@ from eagle3ops.remote import Remote
 from eagle3ops.verifier import VerifyError, VerifyResult, ensure_verified
 from eagle3ops.window.common import paths
 from eagle3ops.window.preflight import preflight
+
+if TYPE_CHECKING:
+    from eagle3ops.images import BuildPlan, BuiltImage
 
 
 class DeployError(Exception):
@@ -76,6 +80,13 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
     """Build (cached by content tag), push, verify the image id on the host, preflight, run the deferred engine
     checks, record the deployment.
 
+    The host is reached first (before any build), so an unreachable host fails at once, within the connect bound.
+    The build is planned (:func:`eagle3ops.images.plan_build`: base, profile, content tag, build args) before it
+    runs; ``dry_run`` prints that plan and builds nothing, then prints the push plan (the commands
+    :func:`eagle3ops.transfer.push` would run, from the host's real image inventory, when the image is already
+    built; else only what it would send), the preflight checks (which run: read-only) and the commands that record
+    the deployment.
+
     The engine checks (each patch's probe on vLLM engines) run at build time when the base can start an engine;
     otherwise (the real vllm/vllm-openai on a build host without a GPU; ``engine_checks="host"`` forces it) the
     image's label ``io.eagle3ops.verified`` defers them to the host, and they run there in a container of the pushed
@@ -84,23 +95,33 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
     whose deferred checks failed.
 
     Raises:
+        eagle3ops.remote.ConnectFailed: the host cannot be reached (nothing was built).
         DeployError: build failure, push failure, id mismatch on the host ("every layer pushed but the image is not
             there" included), a failed preflight check, or failed deferred engine checks (each failing probe named).
     """
     from eagle3ops import images
 
+    with Remote(h) as probe:  # reachability first: a dead host must not cost a build
+        probe.connection  # noqa: B018 - opens the connection (raises ConnectFailed)
     t0 = time.monotonic()
     try:
-        built = images.build_image("pipeline", base_image=base_image, profile=profile,
-                                   ca_bundle=images.default_ca_bundle(), engine_checks=engine_checks)
+        bp = images.plan_build("pipeline", base_image=base_image, profile=profile, engine_checks=engine_checks)
+        if dry_run:
+            for line in bp.lines():
+                print(line)
+            built = _planned_image(bp)
+        else:
+            built = images.build_image(ca_bundle=images.default_ca_bundle(), plan=bp)
     except images.ImageError as exc:
         raise DeployError(f"building the pipeline image failed: {exc}") from None
     build_s = time.monotonic() - t0
-    echo(f"pipeline image {built.tag} ({built.image_id[:19]}, {built.size / 1e9:.2f} GB) built/found in {build_s:.1f} s")
+    if not dry_run:
+        echo(f"pipeline image {built.tag} ({built.image_id[:19]}, {built.size / 1e9:.2f} GB) built/found in "
+             f"{build_s:.1f} s")
     with Remote(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
         t1 = time.monotonic()
         if dry_run:
-            push_summary = f"(dry run) would push {built.tag} to {h.name}, sending only the layers it lacks"
+            push_summary = _dry_push(bp, h)
         else:
             push_summary = push_image(built.tag, h)
         push_s = time.monotonic() - t1
@@ -127,3 +148,36 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
         r.run(hc.mkdir_p(h.state_dir))
         r.run(hc.write_file(paths(h)["deployed"]), stdin=json.dumps(record, indent=2))
     return DeployResult(built.tag, built.image_id, build_s, push_s, push_summary, vres)
+
+
+#: The image id a dry run shows for an image it did not build.
+UNBUILT_ID = "<image id after the build>"
+
+
+def _planned_image(bp: BuildPlan) -> BuiltImage:
+    """The image a build plan names: the engine's image when its tag exists already, else a placeholder (id
+    :data:`UNBUILT_ID`, size 0) carrying the plan's labels."""
+    from eagle3ops.images import BuiltImage, docker_client
+
+    if bp.exists:
+        img = docker_client().images.get(bp.tag)
+        return BuiltImage(bp.tag, img.id, int(img.attrs.get("Size", 0)), 0.0, dict(img.labels))
+    return BuiltImage(bp.tag, UNBUILT_ID, 0, 0.0, dict(bp.labels))
+
+
+def _dry_push(bp: BuildPlan, h: HostConfig) -> str:
+    """Print the push plan of a dry run: :func:`eagle3ops.transfer.push` with ``dry_run`` when the image exists on
+    the build engine (its plan from the host's real inventory), else what a push would send. Returns a summary."""
+    from eagle3ops import transfer
+
+    if not bp.exists:
+        print(f"# push {bp.tag} to {h.name} once built: `docker load` of an archive holding only the layers the "
+              f"host lacks, then verify the image id")
+        return f"(dry run) would build {bp.tag}, then push it to {h.name}, sending only the layers it lacks"
+    res = transfer.push(bp.tag, h, options=transfer.PushOptions(dry_run=True, attempts=1))
+    print(f"# push {bp.tag} to {h.name}:")
+    for line in res.plan:
+        print(line)
+    if not res.ok:
+        raise DeployError(f"pushing {bp.tag} to {h.name} would fail: {res.reason}")
+    return f"(dry run) push of {bp.tag} to {h.name}: {res.layers_sent}/{res.layers_total} layers to send"

@@ -22,6 +22,7 @@ Two departures from Fabric/Invoke defaults, both measured on the sandbox (2026-1
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import shlex
@@ -39,6 +40,12 @@ from invoke.exceptions import CommandTimedOut, ThreadException, UnexpectedExit
 
 from eagle3ops.commands.quote import render  # noqa: F401 - the one quoting function, used here
 from eagle3ops.config import HostConfig
+
+# paramiko's transport thread logs a failed handshake (a port that never sends an SSH banner) with its traceback;
+# with no handler configured, Python's last-resort handler printed it on stderr after the one-line error the driver
+# gives (`ConnectFailed`). The driver reports every such failure itself; a NullHandler keeps paramiko's log quiet
+# unless the application configures logging.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 #: Seconds of SSH transport keepalive (``keepalive@openssh.com``), and the idle time before the first TCP
 #: keepalive probe on the first hop's socket.
@@ -133,20 +140,26 @@ class Remote:
         host: the validated inventory entry.
         dry_run: print each rendered command instead of running it; every run then "succeeds" with empty output.
         echo: callable receiving each rendered command before it runs (for ``--verbose`` and tests).
+        history: every rendered command given to :meth:`run`, in order (read-only ones included); in a dry run, the
+            plan that was printed.
+        changes: the rendered commands of ``history`` that change the host (``mutates=True``), in order: in a dry
+            run exactly those that were printed and not run; a test compares them with a real run's.
         connect_timeout: seconds for each hop's TCP connect, SSH banner and authentication (whole seconds: Fabric
-            truncates to int; at least 1); default :data:`CONNECT_TIMEOUT_S` as it is when the Remote is made.
+            truncates to int; at least 1); default the inventory's ``connect_timeout_s``, else
+            :data:`CONNECT_TIMEOUT_S` as it is when the Remote is made.
     """
 
     host: HostConfig
     dry_run: bool = False
     echo: Callable[[str], None] | None = None
     history: list[str] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
     connect_timeout: float | None = None
     _conn: Connection | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.connect_timeout is None:
-            self.connect_timeout = CONNECT_TIMEOUT_S
+            self.connect_timeout = self.host.connect_timeout_s or CONNECT_TIMEOUT_S
 
     # --- connection -------------------------------------------------------------------------------------------
     def _known_hosts_files(self, c: Connection) -> list[Path]:
@@ -241,7 +254,7 @@ class Remote:
             server = re.search(r"Server '([^']*)'", str(exc))
             return ConnectFailed(
                 f"{self.host.name}: host key of {where} ({server.group(1) if server else hop.host}) is not in "
-                f"known_hosts ({known}); refused. Check its fingerprint (`ssh-keyscan -p {port} {hop.host} | "
+                f"known_hosts ({known}); refused. Check its fingerprint (`ssh-keyscan -p {port} {shlex.quote(hop.host)} | "
                 f"ssh-keygen -lf -` against the host's own `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub`) and add "
                 f"the key to {first}; eagle3ops never skips host-key checking.")
         if isinstance(exc, paramiko.AuthenticationException):
@@ -350,6 +363,8 @@ class Remote:
         """
         cmd = render(argv)
         self.history.append(cmd)
+        if mutates:
+            self.changes.append(cmd)
         if self.echo:
             self.echo(cmd)
         if self.dry_run and mutates:
@@ -398,6 +413,20 @@ class Remote:
         if check and not result.ok:
             raise RemoteCommandError(self.host.name, argv, exited, r.stdout, r.stderr)
         return result
+
+    def record_stream(self, argv: Sequence[str], note: str = "") -> str:
+        """Record (history, changes, echo) a host-changing command whose bytes go over a bulk stream of its own
+        (:mod:`eagle3ops.transfer.streams`) instead of :meth:`run`, so that a dry run prints it and a real run's
+        history holds it. ``note`` (one line) is echoed after it as a ``#`` comment. Returns the rendered
+        command."""
+        cmd = render(argv)
+        self.history.append(cmd)
+        self.changes.append(cmd)
+        if self.echo:
+            self.echo(cmd)
+            if note:
+                self.echo(f"#   {note}")
+        return cmd
 
     def run_all(self, commands: Iterable[Sequence[str]], **kwargs) -> list[Result]:
         """Run several commands in order, stopping at the first failure (see :meth:`run`)."""

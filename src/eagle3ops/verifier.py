@@ -58,11 +58,11 @@ class VerifyResult:
 
 
 def _deployed(r: Remote) -> dict[str, Any]:
-    from eagle3ops.window.common import paths
+    from eagle3ops.window.common import hint, paths
 
     out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False)
     if not out.stdout.strip():
-        raise VerifyError(f"{r.host.name}: no pipeline image deployed yet; run `eagle3ops deploy {r.host.name}` first")
+        raise VerifyError(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
     return json.loads(out.stdout)
 
 

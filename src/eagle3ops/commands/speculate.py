@@ -20,10 +20,11 @@ def gate_helper(host: HostConfig, image: str, action: str, *, head_dir: str | No
     pipeline image), reading its request on stdin.
 
     ``inspect`` mounts the head at ``/head``, the host's ``model_path`` at ``/target`` and the run dir at ``/run``
-    (all read-only); ``measure`` mounts nothing and reaches serving over the host's loopback (host network).
+    (all read-only); ``measure`` and ``regenerate`` (the training prompts answered by serving, for a host whose
+    sshd forbids port-forwarding) mount nothing and reach serving over the host's loopback (host network).
     """
-    if action not in ("inspect", "measure"):
-        raise ValueError(f"gate helper action {action!r}: inspect or measure")
+    if action not in ("inspect", "measure", "regenerate"):
+        raise ValueError(f"gate helper action {action!r}: inspect, measure or regenerate")
     argv = ["run", "--rm", "-i", "--network", "host", "--entrypoint", "python3"]
     if action == "inspect":
         if not head_dir:

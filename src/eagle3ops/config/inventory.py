@@ -100,6 +100,17 @@ class ServingConfig(StrictModel):
     )
     gate_prompts: int = Field(16, ge=1, description="HumanEval gate-split prompts replayed per concurrency level.")
     gate_max_tokens: int = Field(128, ge=2, description="Output tokens per gate request (`ignore_eos`: exact).")
+    regenerate_concurrency: int = Field(
+        4, ge=1, description="`eagle3ops regenerate`: chat requests in flight at most against production serving "
+                             "while it answers the training prompts (small, so production keeps its latency).",
+    )
+    regenerate_max_tokens: int = Field(
+        512, ge=1, description="`eagle3ops regenerate`: output tokens at most per regenerated answer.",
+    )
+    regenerate_timeout_s: float = Field(
+        300.0, gt=0, description="`eagle3ops regenerate`: seconds per chat request (a timeout is retried, "
+                                 "3 attempts in all).",
+    )
     speculative_image: str | None = Field(
         None, description="Serving image of the speculative release (vLLM with the serving patch series, e.g. "
                           "from `eagle3ops image build serving`); pushed when the host lacks it. Default: `image`.",
@@ -157,6 +168,10 @@ class HostConfig(StrictModel):
         None, description="Extra known_hosts file checked in addition to ~/.ssh/known_hosts (never skipped)."
     )
     ssh_config: Path | None = Field(None, description="ssh_config file to read host aliases from.")
+    connect_timeout_s: int | None = Field(
+        None, ge=1, le=600, description="Seconds each SSH hop may take for its TCP connect, then its SSH banner, then "
+        "authentication (each phase); a host that does not answer fails once within them. Default 20."
+    )
     docker_host: str | None = Field(
         None, description="Docker endpoint on the host, e.g. `unix:///run/user/1000/docker.sock`; default socket."
     )

@@ -42,7 +42,7 @@ from eagle3ops.images.bases import (
     build_upstream_base,
     lock_subset,
 )
-from eagle3ops.images.build import BuiltImage, build_image, write_serving_patches
+from eagle3ops.images.build import BuildPlan, BuiltImage, build_image, plan_build, write_serving_patches
 from eagle3ops.images.buildkit import (
     DEFAULT_CA_BUNDLE,
     BuildFailed,
@@ -80,7 +80,7 @@ __all__ = [
     "probe_key_salt", "render",
     # buildkit and build
     "DEFAULT_CA_BUNDLE", "BuildFailed", "buildkit_build", "buildkit_command", "default_ca_bundle",
-    "BuiltImage", "build_image", "write_serving_patches",
+    "BuildPlan", "BuiltImage", "build_image", "plan_build", "write_serving_patches",
     # bases
     "BASE_LAYOUTS", "LOCAL_BASE_TAG", "MINBASE_INCLUDE", "MINBASE_SUITE", "MINBASE_TAG", "STANDIN_LAYOUTS",
     "STANDIN_PACKAGES", "STANDIN_REPO", "UPSTREAM_BASE_TAG", "BaseLayout", "build_base", "build_local_base",

@@ -98,44 +98,59 @@ def _assemble_context(defn: ImageDef, root: Path, dest: Path) -> None:
             shutil.copy2(src, target)
 
 
-def build_image(
+@dataclass
+class BuildPlan:
+    """What :func:`build_image` will build, decided before anything is built (``deploy --dry-run`` prints it).
+
+    Attributes:
+        name: image definition (``pipeline``/``serving``); profile: the patch profile's name.
+        base: the base image reference; base_id: its id on the build engine (hashed into the tag).
+        tag: the content tag the image gets; build_args: every ``--build-arg``; labels: every label.
+        dockerfile: the definition's Dockerfile (``.j2``: rendered, built by the SDK's legacy builder; else BuildKit).
+        exists: whether the build engine already holds ``tag`` (a build then reuses every cached step).
+    """
+
+    name: str
+    profile: str
+    base: str
+    base_id: str
+    tag: str
+    build_args: dict[str, str]
+    labels: dict[str, str]
+    dockerfile: str
+    exists: bool
+    defn: ImageDef = field(repr=False, compare=False)
+    spec: ProfileSpec = field(repr=False, compare=False)
+    inputs: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    variables: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    def lines(self) -> list[str]:
+        """The plan as text lines (base, profile, tag, builder, build args)."""
+        builder = "docker SDK (legacy builder)" if self.dockerfile.endswith(".j2") else "BuildKit"
+        out = [f"# build {self.name}: base {self.base} ({self.base_id[:19] or 'not on the build engine'}), "
+               f"profile {self.profile}",
+               f"#   tag {self.tag} ({'already on the build engine' if self.exists else 'new'}), "
+               f"{self.dockerfile} with {builder}"]
+        out += [f"#   --build-arg {k}={v}" for k, v in self.build_args.items()]
+        return out
+
+
+def plan_build(
     name: str = "pipeline",
     base_image: str | None = None,
     profile: str | None = None,
-    ca_bundle: Path | None = None,
     *,
     root: Path = REPO_ROOT,
-    quiet: bool = False,
-    extra_tags: Sequence[str] = (),
     verify: str = "probes",
     probes_module: str | None = None,
-    no_cache: bool = False,
     engine_checks: str = "auto",
-) -> BuiltImage:
-    """Build image definition ``name`` (``pipeline``/``serving``) and tag it with its content tag.
-
-    Args:
-        base_image: overrides the definition's base (e.g. the local stand-in ``eagle3ops/vllm-openai-local:v0.16.0``).
-        profile: patch profile (default: the definition's ``default_profile``).
-        ca_bundle: CA bundle for a TLS-intercepting proxy, passed as BuildKit secret ``ca`` (never in a layer).
-        root: repository root holding ``images/``, the Dockerfile and the context files.
-        verify: pipeline only: ``probes`` (every applied patch's behavioural probe runs at build time, or its pass
-            is reused from the content-addressed probe-result cache when all its inputs are byte-identical),
-            ``probes-fresh`` (every probe runs), or ``apply-only`` (strict apply, no probes: fast dev rebuilds).
-            The mode is labelled ``io.eagle3ops.verify-mode`` and enters the content tag.
-        probes_module: pipeline only: module whose ``PROBES`` replaces the probe registry (tests).
-        no_cache: rebuild every layer (pip's cache mount still serves downloaded wheels).
-        engine_checks: pipeline only: where the checks that need a vLLM engine (the probes) run: ``auto`` (at build
-            time when the base can start an engine -- :func:`base_facts`, vLLM's platform is not unspecified --
-            else deferred to the target host: ``eagle3ops verify HOST``, run by ``deploy``), ``build`` or ``host``.
-            Labelled ``io.eagle3ops.verified`` (``build:...;host:...``).
-
-    Returns:
-        BuiltImage(tag, image_id, size, seconds, labels).
+) -> BuildPlan:
+    """Decide a build without building: definition, profile, base, content tag, build args and labels (the same
+    values :func:`build_image` then builds with). Reads the definition files and asks the build engine about the
+    base (read-only).
 
     Raises:
-        ImageError / BuildFailed: bad definition, missing base, or a failing build step (pin check, patch apply,
-        patch verify): the message carries the step's output.
+        ImageError: bad definition or profile, a stand-in profile on a non-local base, or a missing base.
     """
     defn = load_def(name, root / "images")
     pname, spec = defn.profile(profile)
@@ -160,6 +175,65 @@ def build_image(
         # derived from the base's facts (whose id is hashed) and ENGINE_CHECKS: not hashed again
         build_args["BUILD_CHECKS"] = ",".join(checks["build"])
         build_args["HOST_CHECKS"] = ",".join(checks["host"]) or "none"
+    try:
+        client.images.get(tag)
+        exists = True
+    except Exception:  # noqa: BLE001 - docker.errors.ImageNotFound (docker is imported lazily)
+        exists = False
+    return BuildPlan(name=name, profile=pname, base=variables["base"]["image"],
+                     base_id=str(inputs["base"].get("id") or ""), tag=tag, build_args=build_args, labels=labels,
+                     dockerfile=defn.dockerfile, exists=exists, defn=defn, spec=spec, inputs=inputs,
+                     variables=variables)
+
+
+def build_image(
+    name: str = "pipeline",
+    base_image: str | None = None,
+    profile: str | None = None,
+    ca_bundle: Path | None = None,
+    *,
+    root: Path = REPO_ROOT,
+    quiet: bool = False,
+    extra_tags: Sequence[str] = (),
+    verify: str = "probes",
+    probes_module: str | None = None,
+    no_cache: bool = False,
+    engine_checks: str = "auto",
+    plan: BuildPlan | None = None,
+) -> BuiltImage:
+    """Build image definition ``name`` (``pipeline``/``serving``) and tag it with its content tag.
+
+    Args:
+        base_image: overrides the definition's base (e.g. the local stand-in ``eagle3ops/vllm-openai-local:v0.16.0``).
+        profile: patch profile (default: the definition's ``default_profile``).
+        ca_bundle: CA bundle for a TLS-intercepting proxy, passed as BuildKit secret ``ca`` (never in a layer).
+        root: repository root holding ``images/``, the Dockerfile and the context files.
+        verify: pipeline only: ``probes`` (every applied patch's behavioural probe runs at build time, or its pass
+            is reused from the content-addressed probe-result cache when all its inputs are byte-identical),
+            ``probes-fresh`` (every probe runs), or ``apply-only`` (strict apply, no probes: fast dev rebuilds).
+            The mode is labelled ``io.eagle3ops.verify-mode`` and enters the content tag.
+        probes_module: pipeline only: module whose ``PROBES`` replaces the probe registry (tests).
+        no_cache: rebuild every layer (pip's cache mount still serves downloaded wheels).
+        engine_checks: pipeline only: where the checks that need a vLLM engine (the probes) run: ``auto`` (at build
+            time when the base can start an engine -- :func:`base_facts`, vLLM's platform is not unspecified --
+            else deferred to the target host: ``eagle3ops verify HOST``, run by ``deploy``), ``build`` or ``host``.
+            Labelled ``io.eagle3ops.verified`` (``build:...;host:...``).
+        plan: the :class:`BuildPlan` from :func:`plan_build` to build (then ``name``, ``base_image``, ``profile``,
+            ``verify``, ``probes_module`` and ``engine_checks`` are ignored); default: planned here.
+
+    Returns:
+        BuiltImage(tag, image_id, size, seconds, labels).
+
+    Raises:
+        ImageError / BuildFailed: bad definition, missing base, or a failing build step (pin check, patch apply,
+        patch verify): the message carries the step's output.
+    """
+    if plan is None:
+        plan = plan_build(name, base_image, profile, root=root, verify=verify, probes_module=probes_module,
+                          engine_checks=engine_checks)
+    defn, spec, inputs, variables = plan.defn, plan.spec, plan.inputs, plan.variables
+    tag, build_args, labels = plan.tag, plan.build_args, plan.labels
+    client = docker_client()
     with tempfile.TemporaryDirectory(prefix="e3ctx-") as tmp:
         ctx = Path(tmp)
         _assemble_context(defn, root, ctx)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import socket
@@ -447,7 +448,7 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
         made_with = "classic"  # sandboxes from before engines were recorded
     if made_with not in (None, engine):
         raise SandboxError(f"sandbox {name} was made with the {made_with} engine, not {engine}; remove it first with "
-                           f"`eagle3ops sandbox down --name {name} --purge`")
+                           f"`eagle3ops sandbox down --name {shlex.quote(name)} --purge`")
     for d in (SANDBOX_BASE, root, root / "ssh"):
         d.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chown(d, 0, 0)

@@ -8,6 +8,11 @@ string of every row of each dataset the run's ``pipeline.yaml`` names; exact mat
 by sha256, and containment). Mounts: ``/head`` (the head), ``/target`` (the served model), ``/run`` (the run dir;
 optional).
 
+``python3 -m eagle3ops.speculate.onhost regenerate``: :func:`eagle3ops.speculate.regenerate.answer_item` for each
+item of the request against the serving port over the host's loopback, ``concurrency`` at a time; each finished
+item's row is printed at once on its own line prefixed with :data:`ROW_MARK` (the driver appends it to its resume
+log as it arrives). The API key comes in the request (stdin), never in argv.
+
 ``python3 -m eagle3ops.speculate.onhost measure``: :func:`eagle3ops.speculate.replay.replay_level` at each
 concurrency against the serving port over the host's loopback, with ``/metrics`` scraped before and after each
 level (spec-decode counters as raw values; the driver takes the deltas).
@@ -23,9 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MARK", "inspect", "measure", "parse_answer", "safetensors_shapes"]
+__all__ = ["MARK", "ROW_MARK", "inspect", "measure", "parse_answer", "regenerate", "safetensors_shapes"]
 
 MARK = "E3OPS-ANSWER "
+ROW_MARK = "E3OPS-ROW "
 
 
 def safetensors_shapes(path: Path) -> dict[str, list[int]]:
@@ -137,6 +143,28 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def regenerate(req: dict[str, Any]) -> dict[str, Any]:
+    """Answer of ``regenerate``: ``{"rows": n, "vllm_version": ...}`` after printing each item's row (see the
+    module doc) as it finishes. Request: ``{"base_url", "api_key" (or null), "settings": GenSettings fields,
+    "items": [{"id", "turns": [[role, content], ...]}]}``."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    import httpx
+
+    from eagle3ops.speculate.regenerate import GenSettings, Item, answer_item, vllm_version
+
+    s = GenSettings(**req["settings"])
+    items = [Item(i["id"], tuple((r, c) for r, c in i["turns"])) for i in req["items"]]
+    headers = {"Authorization": f"Bearer {req['api_key']}"} if req.get("api_key") else {}
+    n = 0
+    limits = httpx.Limits(max_connections=s.concurrency)
+    with httpx.Client(headers=headers, limits=limits) as client, ThreadPoolExecutor(s.concurrency) as pool:
+        for fut in as_completed([pool.submit(answer_item, client, req["base_url"], s, i) for i in items]):
+            print(ROW_MARK + json.dumps(fut.result(), ensure_ascii=False), flush=True)
+            n += 1
+    return {"rows": n, "vllm_version": vllm_version(req["base_url"], req.get("api_key"))}
+
+
 def parse_answer(stdout: str) -> dict[str, Any]:
     """The JSON answer from a run's stdout (the last line starting with :data:`MARK`).
 
@@ -150,14 +178,15 @@ def parse_answer(stdout: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``inspect`` or ``measure``; request JSON on stdin, answer on stdout."""
+    """Entry point: ``inspect``, ``measure`` or ``regenerate``; request JSON on stdin, answer on stdout."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0] not in ("inspect", "measure"):
-        print("usage: python3 -m eagle3ops.speculate.onhost inspect|measure  (request JSON on stdin)",
+    actions = {"inspect": inspect, "measure": measure, "regenerate": regenerate}
+    if len(args) != 1 or args[0] not in actions:
+        print("usage: python3 -m eagle3ops.speculate.onhost inspect|measure|regenerate  (request JSON on stdin)",
               file=sys.stderr)
         return 2
     req = json.loads(sys.stdin.read() or "{}")
-    ans = inspect(req) if args[0] == "inspect" else measure(req)
+    ans = actions[args[0]](req)
     print(MARK + json.dumps(ans), flush=True)
     return 0
 

@@ -99,7 +99,7 @@ def vocab(run_dir: RunDir) -> None:
 @app.command()
 def train(
     run_dir: RunDir,
-    restart: Annotated[bool, typer.Option(help="Delete earlier checkpoints instead of resuming from them.")] = False,
+    restart: Annotated[bool, typer.Option(help="Redo from scratch instead of resuming from earlier checkpoints; a finished output is replaced only once the new one is complete.")] = False,
     stop_after: Annotated[
         int | None, typer.Option(min=1, help="Stop after this many steps with a checkpoint (a rerun resumes).")
     ] = None,

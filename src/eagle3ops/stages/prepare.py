@@ -7,7 +7,9 @@ Output, in ``<run_dir>/prepare/``:
   ``prepare.max_seq_len``);
 - ``manifest.json``: counts (conversations, assistant turns trained and not trained, by reason; message fields
   the chat template does not render), tokens, the tokenizer's class and chat template digest, the input files'
-  sha256.
+  sha256, and under ``generation`` (dataset path → its manifest) the generation manifest of each dataset that has
+  one beside it (``<stem>.manifest.json``: written by ``eagle3ops regenerate``, which answered the prompts with the
+  target; its settings, endpoint, vLLM version, prompt set sha256 and disjointness record).
 
 Messages reach the chat template with every field it can render (``tool_calls``, ``tool_call_id``, ``name``,
 ``reasoning_content``/``reasoning``; a row's ``tools`` as the template's ``tools`` argument), as vLLM 0.16 passes
@@ -320,6 +322,20 @@ def _encode_all(tok: Any, convs: list[dict[str, Any]], workers: int):
         yield from pool.imap(_encode_one, args, chunksize=max(1, min(64, len(args) // (workers * 8) or 1)))
 
 
+def generation_manifests(paths: list[Path]) -> dict[str, Any]:
+    """Dataset path → the generation manifest beside it (``<stem>.manifest.json``, written by ``eagle3ops
+    regenerate``), for the datasets that have one; a manifest that is not JSON is recorded as ``{"error": ...}``."""
+    out: dict[str, Any] = {}
+    for p in paths:
+        m = p.with_name(f"{p.stem}.manifest.json")
+        if m.is_file():
+            try:
+                out[str(p)] = json.loads(m.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                out[str(p)] = {"error": f"{m}: not JSON ({exc})"}
+    return out
+
+
 def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[str, Any]:
     """Run stage ``prepare`` for ``run_dir``; returns the manifest's figures.
 
@@ -443,6 +459,7 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
         },
         "datasets": {str(p): sha256_file(p) for p in paths},
+        "generation": generation_manifests(paths),
         "workers": workers,
         "wall_s": round(time.monotonic() - t0, 3),
     }

@@ -4,7 +4,10 @@ Inputs: ``extract/`` (speculators' v1 sample files) and ``vocab/`` (d2t/t2d). Ou
 
 - ``checkpoints/step_NNNNNNNN/``: resumable checkpoints (``model.safetensors`` + ``config.json`` in speculators'
   format, fp32; ``optimizer.pt``, ``scheduler.pt``; ``state.json`` written last = the checkpoint is complete).
-  A rerun resumes from the newest complete one (``--restart`` deletes them), with the same data order.
+  A rerun resumes from the newest complete one, with the same data order. ``--restart`` over a finished train
+  builds the new output beside it (``<run_dir>/.train.restart/``, every rank writing there: the launching process
+  passes it to the torchrun ranks in ``EAGLE3OPS_TRAIN_OUT``) and swaps it in only once complete
+  (:func:`eagle3ops.stages.manifest.promote`), so a restart that fails leaves the finished head whole.
 - ``final/``: the draft head in speculators' saved format (``config.json`` with ``speculators_config``,
   ``model.safetensors`` in bf16 with ``d2t``/``t2d``), which vLLM 0.16 loads with
   ``--speculative-config '{"method": "eagle3", "model": "<run_dir>/train/final", "num_speculative_tokens": 3}'``.
@@ -74,6 +77,8 @@ from eagle3ops.stages.manifest import (
     atomic_write_text,
     check_inputs,
     file_entry,
+    output_dir,
+    promote,
     stage_dir,
     write_manifest,
 )
@@ -230,21 +235,32 @@ def resolve_nproc(config: PipelineConfig) -> int:
     return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
 
 
-def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any) -> dict[str, Any]:
-    """Run this stage in ``nproc`` processes under torchrun (localhost rendezvous); returns rank 0's figures."""
+#: Environment variable through which the launching process tells the torchrun ranks where to write (the run's
+#: ``train/`` or, for ``--restart`` over a finished train, :func:`eagle3ops.stages.manifest.restart_dir`).
+OUT_ENV = "EAGLE3OPS_TRAIN_OUT"
+
+
+def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any, out: Path,
+                     restart: bool = False) -> dict[str, Any]:
+    """Run this stage in ``nproc`` processes under torchrun (localhost rendezvous), writing into ``out``
+    (:data:`OUT_ENV`); returns rank 0's figures. ``restart`` is passed on so the ranks redo a finished train (the
+    stage command skips one otherwise); ``out`` was emptied by the launching process."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             "-m", "eagle3ops.stages", "train", "--run-dir", str(run_dir)]
     if stop_after is not None:
         argv += ["--stop-after", str(stop_after)]
+    if restart:
+        argv += ["--restart"]
     log(f"train: {nproc} processes: {' '.join(argv[1:])}")
-    rc = subprocess.run(argv, check=False).returncode  # noqa: S603 - argv list, our own interpreter
+    env = {**os.environ, OUT_ENV: str(out)}
+    rc = subprocess.run(argv, check=False, env=env).returncode  # noqa: S603 - argv list, our own interpreter
     if rc != 0:
         raise RuntimeError(f"train: torchrun with {nproc} processes exited with status {rc} (see the ranks' log above)")
-    done = stage_dir(run_dir, "train") / "manifest.json"
-    if stop_after is not None and not done.is_file():
-        return {"stopped_at": json.loads((_latest_checkpoint(stage_dir(run_dir, "train") / "checkpoints")
+    # Stopped early: ``out`` holds checkpoints and no manifest (a complete run promoted it to train/ with one).
+    if stop_after is not None and out.is_dir() and not (out / "manifest.json").is_file():
+        return {"stopped_at": json.loads((_latest_checkpoint(out / "checkpoints")
                                           / "state.json").read_text())["step"]}
-    return json.loads(done.read_text())
+    return json.loads((stage_dir(run_dir, "train") / "manifest.json").read_text())
 
 
 def held_out_indices(n: int, fraction: float, seed: int) -> set[int]:
@@ -324,11 +340,13 @@ def run_train(
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if "LOCAL_RANK" not in os.environ:  # not under torchrun: pick the launch
         nproc = resolve_nproc(config)
+        # --restart over a finished train builds the new output beside it; promoted (by rank 0) once complete.
+        out = output_dir(run_dir, "train", restart=restart)
         if nproc > 1:
-            if restart and stage_dir(run_dir, "train").exists():
-                shutil.rmtree(stage_dir(run_dir, "train"))
-            return _launch_torchrun(run_dir, nproc, stop_after, log)
+            return _launch_torchrun(run_dir, nproc, stop_after, log, out, restart)
         world = 1
+    else:  # a torchrun rank: where the launching process said (its own run: the run's train/)
+        out = Path(os.environ.get(OUT_ENV) or stage_dir(run_dir, "train"))
 
     import numpy as np
     import torch
@@ -349,10 +367,7 @@ def run_train(
     ext, voc = inputs["extract"], inputs["vocab"]
     if ext["inputs"].get("prepare") != voc["inputs"].get("prepare"):
         raise ValueError("extract/ and vocab/ were made from different prepare outputs; rerun both")
-    out = stage_dir(run_dir, "train")
     ckpt_root = out / "checkpoints"
-    if restart and out.exists() and world == 1:
-        shutil.rmtree(out)
     ckpt_root.mkdir(parents=True, exist_ok=True)
 
     device = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -584,13 +599,16 @@ def run_train(
         "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "vllm_speculative_config": {
             "method": "eagle3",
-            "model": str(final.resolve()),
+            "model": str((stage_dir(run_dir, "train") / "final").resolve()),
             "num_speculative_tokens": SPECULATIVE_TOKENS,
         },
         "wall_s": round(time.monotonic() - t_start, 3),
     }
     if any(not math.isfinite(h["loss"]) for h in history):
         raise ValueError("train: a non-finite loss was recorded")
+    promote(run_dir, "train", out)  # the new output complete: it replaces a finished one now, not before
+    final = stage_dir(run_dir, "train") / "final"
+    metrics_path = stage_dir(run_dir, "train") / "metrics.jsonl"
     write_manifest(run_dir, "train", config, {"metrics.jsonl": file_entry(metrics_path), **final_files}, **figures)
     log(f"train: {step} steps ({ran} this run, {figures['steps_per_s']} steps/s on {figures['device']} x {world}); "
         f"final draft head in {final}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -50,8 +52,14 @@ def push_command(
     parallel: int = typer.Option(8, min=1, help="Hosts pushed at once."),
     containerd: str = typer.Option("thin", help="On a containerd-store host: thin (OCI layout without the layers "
                                    "the host holds) | full (send all layers) | refuse."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Ask each host what it holds (read-only), then print "
+                                 "the commands the push would run there (each load with the layers its archive "
+                                 "would carry); send and change nothing."),
 ) -> None:
-    """Push IMAGE to each HOST over SSH: only missing layers, verified by image id, in parallel."""
+    """Push IMAGE to each HOST over SSH: only missing layers, verified by image id, in parallel.
+
+    A host that cannot be reached fails alone, once, within the connect bound: one ``error: HOST: cause`` line on
+    stderr (exit status 1), the others go on."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, TransferSpeedColumn
 
@@ -71,9 +79,11 @@ def push_command(
             console.print(f"[red]error:[/] {name} {val!r}: use one of {', '.join(allowed)}")
             raise typer.Exit(2)
     opts = PushOptions(compression=compression, transport=transport, attempts=attempts, stall_s=stall_s,
-                       containerd=containerd)
+                       containerd=containerd, dry_run=dry_run)
+    # Bars only on a terminal (a log or a pipe gets the table and the error lines, not a bar's last frame).
     with RichProgress(TextColumn("{task.fields[host]:>12}"), TextColumn("{task.description}"), BarColumn(),
-                      DownloadColumn(), TransferSpeedColumn(), console=console, transient=False) as bar:
+                      DownloadColumn(), TransferSpeedColumn(), console=console, transient=False,
+                      disable=dry_run or not console.is_terminal) as bar:
         tasks = {h.name: bar.add_task("inventory", host=h.name, total=None) for h in host_cfgs}
         lock = threading.Lock()
 
@@ -92,6 +102,21 @@ def push_command(
             raise typer.Exit(2)
         for r in results:
             bar.update(tasks[r.host], description=r.status)
-    Console().print(results_table(image, results))
+    if dry_run:
+        for r in results:
+            print(f"# {r.host}: {r.status}{': ' + r.reason if r.reason else ''}")
+            for line in r.plan:
+                print(line)
+    else:
+        Console().print(results_table(image, results))
+    for r in results.failed.values():
+        reason = r.reason if r.reason.startswith(f"{r.host}:") else f"{r.host}: {r.reason}"
+        print(f"error: {' '.join(reason.split())}", file=sys.stderr)
+        if not r.store and not dry_run:  # its engine never answered: the host's own audit log was not reachable
+            from eagle3ops.window.common import append_local_audit
+
+            warn = append_local_audit(r.host, shlex.join(["eagle3ops", *sys.argv[1:]]), "host not reached", reason)
+            if warn:
+                print(f"warning: {warn}", file=sys.stderr)
     if not results.ok:
         raise typer.Exit(1)

@@ -46,7 +46,8 @@ class PushResult:
     Attributes:
         host: inventory name.
         status: ``ok`` (loaded and verified), ``present`` (already there with the tag), ``tagged`` (the image was
-            there, only the tag was added) or ``failed``.
+            there, only the tag was added), ``dry-run`` (planned, nothing changed: :attr:`PushOptions.dry_run`) or
+            ``failed``.
         reason: why it failed (empty on success).
         image_id: the image id on the build engine (its config digest: the build engine is a classic store).
         host_id: the id the host's engine gives the image, which verification compared: on the classic store the
@@ -64,6 +65,9 @@ class PushResult:
         transport: ``openssh``/``paramiko``; compression: codec and why.
         per_layer: layer index → bytes of it on the wire; produced: uncompressed archive bytes streamed.
         load_wait_s: seconds the host's ``docker load`` took after the stream ended (layer apply).
+        commands: every command of this push in order (the executor's history: read-only ones, each ``docker
+            load`` fed by a stream included); in a dry run, the plan. changes: those that change the host.
+        plan: what was echoed, in order: ``commands`` with the dry run's ``#`` notes between them.
     """
 
     host: str
@@ -86,6 +90,9 @@ class PushResult:
     per_layer: dict[int, int] = field(default_factory=dict)
     produced: int = 0
     load_wait_s: float = 0.0
+    commands: list[str] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -110,6 +117,9 @@ class PushOptions:
             (every layer) or ``refuse``.
         source: ``auto``, ``store`` or ``save`` (see :func:`open_source`).
         load_argv: the host-side load command (default ``docker [-H ...] load``); only tests change it.
+        dry_run: contact the host read-only (its image inventory, tags), plan the parts, and record every command
+            that would change the host in :attr:`PushResult.commands` without running it (status ``dry-run``).
+        echo: receives each command (read-only ones too) as it is planned or run, and ``#`` notes (dry runs).
     """
 
     compression: str = "auto"
@@ -120,6 +130,8 @@ class PushOptions:
     containerd: str = "thin"
     source: str = "auto"
     load_argv: list[str] | None = None
+    dry_run: bool = False
+    echo: Callable[[str], None] | None = None
 
 
 def _image_part(source: LayerSource, store: HostStore, include: Sequence[int]) -> ArchivePart:
@@ -229,6 +241,7 @@ class _PartSender:
         self.size = archive_size(encoders.source, part)
         self.use_paramiko = opts.transport == "paramiko" or (opts.transport == "auto" and
                                                               self.size < SMALL_ARCHIVE_BYTES)
+        remote.record_stream(load)
         self.stream: ByteStream = (ParamikoStream(remote, load, opts.stall_s) if self.use_paramiko
                                    else SshStream(host, load, opts.stall_s))
         result.transport = self.stream.name  # type: ignore[attr-defined]
@@ -364,6 +377,33 @@ def _send_parts(remote, encoders: Encoders, parts: Sequence[ArchivePart], opts: 
         raise
 
 
+def _note(remote, text: str) -> None:
+    """Echo a ``#`` note of a dry run's plan (nothing when the push has no echo)."""
+    if remote.echo:
+        remote.echo(text)
+
+
+def _dry_parts(remote, src: LayerSource, parts: Sequence[ArchivePart], opts: PushOptions,
+               result: PushResult) -> None:
+    """Dry run of :func:`_send_parts`: record each part's ``docker load`` (as :class:`_PartSender` does when it
+    opens the stream) with what the stream would carry, and the verification that follows; send nothing."""
+    total = sum(src.layer_size(i) for p in parts for i in p.include)
+    codec = opts.compression if opts.compression in ("zstd", "gzip") else "none"
+    if opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
+        _note(remote, f"# compression: chosen when the push runs, by measuring the link ({total / 1e6:.1f} MB of "
+                      f"layers); the load is printed uncompressed here")
+    for k, p in enumerate(parts, 1):
+        size = archive_size(src, p)
+        remote.record_stream(tc.load(remote.host, codec, opts.load_argv),
+                             note=f"stdin: archive part {k}/{len(parts)}"
+                                  f"{' (scaffold)' if p.scaffold else ''}: layers {list(p.include)}, "
+                                  f"{size / 1e6:.1f} MB uncompressed")
+    result.layers_sent = sum(len(p.include) for p in parts)
+    result.layer_bytes = total
+    result.status = "dry-run"
+    _note(remote, "# then verify every tag names the image with its layers")
+
+
 def _cleanup_scaffolds(remote, img: LocalImage, store: HostStore, parts: Sequence[ArchivePart] = ()) -> None:
     """Remove the scaffold images of ``img`` (those the inventory saw and those loaded now)."""
     host = remote.host
@@ -402,7 +442,13 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
     if encoders is None:
         encoders = Encoders(source or open_source(img, prefer=opts.source))
     src = encoders.source
-    remote = Remote(host)
+
+    def echo(line: str) -> None:
+        result.plan.append(line)
+        if opts.echo:
+            opts.echo(line)
+
+    remote = Remote(host, dry_run=opts.dry_run, echo=echo)
     reached = False  # whether this push has talked to the host yet
 
     def attempt() -> None:
@@ -429,9 +475,14 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
                     missing_tags.append(tag)
             for tag in missing_tags:
                 remote.run(dk.tag(host, expect, tag), timeout=60)
-            _verify(remote, img, store, expect, result.id_kind)
+            if opts.dry_run and missing_tags:  # the tags were not added: verifying now would fail
+                _note(remote, "# then verify every tag names the image, as after a load")
+            else:
+                _verify(remote, img, store, expect, result.id_kind)
             _cleanup_scaffolds(remote, img, store)
-            if result.status != "ok":
+            if opts.dry_run:
+                result.status = "dry-run"
+            elif result.status != "ok":
                 result.status = "tagged" if missing_tags else "present"
             return
         parts, result.mode = _plan_parts(src, store, opts)
@@ -453,6 +504,10 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
             result.compression = comp.label + (f" ({comp.why})" if comp.why else "")
             return comp, total
 
+        if opts.dry_run:
+            _dry_parts(remote, src, parts, opts, result)
+            _cleanup_scaffolds(remote, img, store, parts)
+            return
         comp, total = choose(parts)
         _send_parts(remote, encoders, parts, opts, comp, result, on_progress, total, stream_hook)
         if on_progress:
@@ -489,6 +544,7 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
     except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
         result.status, result.reason = "failed", str(exc)
     finally:
+        result.commands, result.changes = list(remote.history), list(remote.changes)
         remote.close()
         if own:
             encoders.close()

@@ -106,7 +106,7 @@ def ssh_client_config(host, fast_cipher: bool = True) -> str:
         "UpdateHostKeys no",
         "CheckHostIP no",
         "GlobalKnownHostsFile " + " ".join(known),
-        f"ConnectTimeout {CONNECT_TIMEOUT_S}",
+        f"ConnectTimeout {host.connect_timeout_s or CONNECT_TIMEOUT_S}",
         f"ServerAliveInterval {KEEPALIVE_S}",
         "ServerAliveCountMax 3",
         "LogLevel ERROR",

