@@ -8,7 +8,7 @@ that position and otherwise emits the argmax itself, so the two outputs must be 
 random draft would almost never be accepted, which would leave the accepted-token path unexercised; its draft
 vocabulary is therefore the 8 target tokens the reference output uses most (as the vocab stage keeps the most
 frequent target tokens), so some proposals are accepted (measured: 28 of 762 draft tokens on the tiny Llama, 18 of
-795 on the tiny DeepSeek-V3).
+795 on the tiny DeepSeek-V3, 6 of 540 on the tiny Kimi-K2.5 with 32 tokens per prompt).
 
 * ``eagle3-greedy-identity-llama``: tiny Llama in float32: every token identical.
 * ``eagle3-greedy-identity-kimi``: tiny Kimi-K2.5-class target (:mod:`eagle3ops.tinykimi`:
@@ -54,6 +54,7 @@ __all__ = [
     "GreedyPair",
     "probe_eagle3_greedy_identity_deepseek",
     "probe_eagle3_greedy_identity_kimi",
+    "generate_replies",
     "probe_eagle3_greedy_identity_llama",
     "run_greedy_pair",
 ]
@@ -151,6 +152,37 @@ def _num_layers(target: Path) -> int:
     return int((cfg.get("text_config") or cfg)["num_hidden_layers"])
 
 
+def _engine_args(kind: str, dtype: str, target: Path, seed: int) -> dict[str, Any]:
+    return dict(
+        model=str(target), dtype=dtype, enforce_eager=True, max_model_len=MAX_MODEL_LEN, seed=seed,
+        disable_log_stats=False, gpu_memory_utilization=0.5, **_target_settings(kind), **_cpu_settings(kind),
+    )
+
+
+def generate_replies(kind: str, dtype: str, *, target: Path, messages: list[str], max_tokens: int = 48,
+                     seed: int = 0) -> list[str]:
+    """The target's own greedy replies (text) to single-turn chats, one per user message in ``messages``.
+
+    The chats are rendered with the target's chat template (``LLM.chat``); for training data whose assistant turns
+    are what the target itself says (the usual EAGLE practice of regenerating replies with the target), so that a
+    head trained on them can be expected to get drafts accepted when it serves that target.
+
+    Raises:
+        Exception: whatever vLLM raises starting or running the engine.
+    """
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**_engine_args(kind, dtype, Path(target), seed))
+    try:
+        outs = llm.chat([[{"role": "user", "content": m}] for m in messages],
+                        SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    finally:
+        _stop(llm)
+        del llm
+        gc.collect()
+    return [o.outputs[0].text for o in outs]
+
+
 def _stop(llm: Any) -> None:
     try:
         llm.llm_engine.engine_core.shutdown()
@@ -219,10 +251,7 @@ def run_greedy_pair(
         if not (target / "config.json").exists():
             build_tiny_model(target, kind=kind, seed=seed)  # type: ignore[arg-type]
     target = Path(target)
-    common: dict[str, Any] = dict(
-        model=str(target), dtype=dtype, enforce_eager=True, max_model_len=MAX_MODEL_LEN, seed=seed,
-        disable_log_stats=False, gpu_memory_utilization=0.5, **_target_settings(kind), **_cpu_settings(kind),
-    )
+    common = _engine_args(kind, dtype, target, seed)
     reqs = ([{"prompt_token_ids": list(p)} for p in prompts] if prompts is not None
             else _prompts(num_prompts, seed))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2, ignore_eos=True)
@@ -414,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, default=None, help="target checkpoint (default: built in --workdir)")
     ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 head (default: a random tinydraft head)")
     ap.add_argument("--prompts", type=Path, default=None, help="JSON list of token-id lists")
+    ap.add_argument("--replies-for", type=Path, default=None,
+                    help="JSON list of user messages: write the target's greedy replies ({'replies': [...]}) "
+                         "instead of a pair")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True, help="where the JSON result is written")
@@ -426,6 +458,14 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--prompts {a.prompts}: expected a JSON list of non-empty lists of token ids")
     a.workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    if a.replies_for is not None:
+        messages = json.loads(a.replies_for.read_text())
+        if not (isinstance(messages, list) and messages and all(isinstance(m, str) for m in messages)):
+            ap.error(f"--replies-for {a.replies_for}: expected a JSON list of strings (user messages)")
+        replies = generate_replies(a.kind, a.dtype, target=a.target or a.workdir / a.kind, messages=messages,
+                                   max_tokens=a.max_tokens)
+        a.out.write_text(json.dumps({"replies": replies, "wall_s": round(time.monotonic() - t0, 1)}) + "\n")
+        return 0
     pair = run_greedy_pair(a.kind, a.dtype, workdir=a.workdir, target=a.target, draft=a.draft, prompts=prompts,
                            max_tokens=a.max_tokens)
     a.out.write_text(json.dumps({
