@@ -15,11 +15,12 @@ Across two images on the local engine (docker SDK; container specs from :mod:`ea
 Greedy output must be identical token for token, and the spec-decode counters must show the trained head drafting
 (drafts > 0, draft and per-position accepted counts consistent). Acceptance is measured and printed, not required:
 the tiny target has random weights, its next-token distribution is nearly flat (top-2 logit gaps down to 1e-4), so the
-train stage's distillation loss (KL to the target's distribution) carries almost no signal about its argmax; 60 steps
-reach a train accuracy of about 1 % and serving accepts about as little (measured: 2 of 366 draft tokens, acceptance
-length 1.016; the probes' random head, whose 8-token vocabulary is the reference output's most frequent tokens, gets
-a comparable few). All containers run this checkout's ``src`` (mounted over the image's copy). Figures (acceptance
-length, counters, wall times) are printed (``-s``); the whole test took 3.5 min on the 2-core machine.
+train stage's distillation loss (KL to the target's distribution) carries almost no signal about its argmax: 20 or
+60 steps reach a train accuracy of about 1 % and serving accepts about as little (measured with either: 2 of 366
+draft tokens, acceptance length 1.016; the probes' random head, whose 8-token vocabulary is the reference output's
+most frequent tokens, got the same 2 of 366 on the same prompts). All containers run this checkout's ``src`` (mounted
+over the image's copy). Figures (acceptance length, counters, wall times) are printed (``-s``); the whole test took
+3.4 min on the loaded 2-core machine (replies 35 s, pipeline stages 60 s, serving pair 105 s).
 
 Images: the pipeline image comes from the ``built_images`` fixture (built if missing); ``EAGLE3OPS_TEST_PIPELINE_IMAGE``
 names an existing pipeline image instead (for a checkout whose content tag has not been built: its src is mounted
@@ -44,7 +45,7 @@ NUM_PROMPTS = 4
 MAX_TOKENS = 32
 NUM_CHATS = 24  # training conversations: stand-in user messages, the target's own greedy replies
 REPLY_TOKENS = 48
-TRAIN_STEPS = 60
+TRAIN_STEPS = 20
 PROMPT_CAP = 160  # tokens of each prompt (the conversation up to its first reply, cut here)
 
 
