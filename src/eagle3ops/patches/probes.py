@@ -621,6 +621,14 @@ def probe_eagle3_greedy_identity_deepseek() -> None:
     probe()
 
 
+def probe_eagle3_greedy_identity_kimi() -> None:
+    """vLLM series 0001: the tiny Kimi-K2.5-class target (remote code, vision off) serves in float32 with a
+    Llama-style EAGLE-3 draft, greedy output identical (see :mod:`eagle3ops.patches.specprobes`)."""
+    from eagle3ops.patches.specprobes import probe_eagle3_greedy_identity_kimi as probe
+
+    probe()
+
+
 def probe_kimi_k25_targets() -> None:
     """speculators series: Kimi-K2.5 targets (tiny ``kimi-k25``): the generator runs the text backbone alone with
     the vision modality off, states match the ``language_model.*`` reference, the draft head reads the verifier's
@@ -639,6 +647,7 @@ PROBES: dict[str, Callable[[], None]] = {
     # vLLM series (serving): each starts its own two engines (without and with the draft), none shared
     "eagle3-greedy-identity-llama": probe_eagle3_greedy_identity_llama,
     "eagle3-greedy-identity-deepseek": probe_eagle3_greedy_identity_deepseek,
+    "eagle3-greedy-identity-kimi": probe_eagle3_greedy_identity_kimi,
     # speculators series: Kimi-K2.5 targets (shares the engine cache above)
     "kimi-k25-targets": probe_kimi_k25_targets,
 }

