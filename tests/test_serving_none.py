@@ -139,8 +139,8 @@ def test_supervisor_runs_only_the_stages_and_leaves_containers_alone(tmp_path, t
 @pytest.mark.images
 def test_window_on_the_sandbox_as_a_host_without_serving_leaves_serving_alone(deployed, tmp_path):
     """An inventory entry for the sandbox with ``serving: none`` runs a real window (an extract window on a fresh
-    run whose dataset file is missing: its prepare stage runs for real and fails at once, the cheapest real stage run); the
-    sandbox's serving container is never stopped or restarted (same ``StartedAt``), the lock is released, the audit
+    run whose dataset file is missing: its prepare stage runs for real and fails at once, the cheapest real stage
+    run); the sandbox's serving container is never stopped or restarted (same ``StartedAt``), the lock is released, the audit
     says so."""
     import uuid
 

@@ -1,5 +1,5 @@
 """Serving kind ``process`` (issue 12): vLLM run as a plain process on the host, stopped and restored by the
-host-side restore agent, health-gated by the supervisor.
+host-side restore agent, health-gated by the supervisor; releases (changed flags) and rollbacks of it.
 
 The served process here is a STAND-IN (``tests/data/standin_openai_server.py``, a tiny OpenAI-compatible server,
 not vLLM): the base image's vLLM virtualenv (8.1 GB) is too large to copy out of the image on this machine. It runs
@@ -178,6 +178,10 @@ def test_release_rollback_and_failed_release_of_a_serving_process(process_host):
         assert live, res
         _wait_up(5)
         return res, _proc(live)
+
+    res, live = window("rollback")  # nothing was live before: refused by the supervisor, nothing stopped
+    assert res["outcome"] == "failed" and "no release that was live before" in res["error"], res
+    assert res["serving_healthy"] is True and live == before and _pid_of(f"--port\0{PORT}") == pid, res
 
     res, live = window("release", change=ReleaseChange(args=["--label", "v2"]))
     assert res["outcome"] == "ok" and res["serving_healthy"] is True, res

@@ -958,6 +958,8 @@ class Supervisor:
 
     def _serving_running(self) -> bool:
         if self.plan.serving_kind == "process":  # host pids are invisible here: the last gate decides
+            if self.journal.first("stop", "start") is None:
+                return True  # never asked to stop: the agent stops nothing once this supervisor ends
             return self.journal.last("health") is not None and self.journal.last("health")["event"] == "ok"
         c = self._serving()
         if c is None:
