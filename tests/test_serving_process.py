@@ -161,10 +161,16 @@ def test_release_rollback_and_failed_release_of_a_serving_process(process_host):
     host = host.model_copy(update={"state_dir": str(state)})
     before = _proc(pid)
     argv0 = before[0].split(b"\0")[:-1]
-    plan = build_plan(host, kind="release", window_id="w", image=dep.tag, command="c",
-                      change=ReleaseChange(args=["--label", "v2"]), process_pid=pid)
-    flat = [" ".join(c) for c in supervisor_commands(host, plan)]
+    printed: list[str] = []
+    with Remote(host, dry_run=True, echo=printed.append) as r:  # `release --dry-run`: the plan, nothing done
+        res = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id, command="pytest dry",
+                         change=ReleaseChange(args=["--label", "v2"]))
+    assert res["outcome"] == "dry-run" and res["serving"] == "process", res
+    flat = [" ".join(c) for c in res["supervisor_commands"]]
+    assert any(c.startswith(f"kill -TERM {pid}") for c in flat), flat
     assert any("--label v2" in c for c in flat) and any("roll back to the recorded process" in c for c in flat), flat
+    assert any("eagle3ops-restore-agent" in line for line in printed) and _pid_of(f"--port\0{PORT}") == pid
+    assert not (state / "releases").exists() and not (state / "windows").exists(), "a dry run writes nothing"
     times = {}
 
     def window(kind: str, **kw):
