@@ -211,6 +211,11 @@ def test_release_rollback_and_failed_release_of_a_serving_process(process_host):
     assert max(rel.numbers()) not in rel.history(), "the failed release never became live"
     pdir = state / "windows" / res["window_id"] / "process"
     assert (pdir / "exited").exists() and "unrecognized arguments" in (pdir / "serving.log").read_text()
+
+    res, live = window("rollback", to_release=v2)  # a named release comes back, as it was recorded
+    assert res["outcome"] == "ok" and res["release"] == v2, res
+    assert live[0].split(b"\0")[:-1] == argv0 + [b"--label", b"v2"] and live[1:] == before[1:]
+    assert Releases(state).history()[-1] == v2
     print(f"process release/rollback windows: {times}")
 
 
