@@ -99,3 +99,29 @@ def test_agent_stops_nothing_when_the_supervisor_ends_before_the_stop(world):
     assert _wait(lambda: "nothing stopped" in ((world["pdir"] / "agent.log").read_text()
                                              if (world["pdir"] / "agent.log").exists() else ""))
     assert _alive(world["pid"]) and not (world["pdir"] / "stopped").exists()
+
+
+def test_agent_switch_restores_the_recorded_process_when_the_started_one_exits_and_the_supervisor_dies(world):
+    """A release (``switch``): the agent stops the live process, starts the ``next.`` record (here a command that
+    exits at once), reports its exit, and when the supervisor then dies without a rollback, starts the recorded
+    process again by itself, same command line, environment and working directory."""
+    pdir = world["pdir"]
+    before = [(Path(f"/proc/{world['pid']}") / f).read_bytes() for f in ("cmdline", "environ")]
+    (pdir / "next.cmdline.nul").write_bytes(b"sh\0-c\0exit 3\0")
+    (pdir / "next.environ.nul").write_bytes(b"PATH=" + os.environ["PATH"].encode() + b"\0")
+    (pdir / "next.cwd").write_text("/")
+    (pdir / "switch").write_text("release")
+    subprocess.run(world["argv"], env=world["env"], check=True, timeout=10)
+    (pdir / "stop-requested").write_text("now")
+    assert _wait(lambda: (pdir / "stopped").exists()), (pdir / "agent.log").read_text()
+    (pdir / "restore-requested").write_text("next.")
+    assert _wait(lambda: (pdir / "restored").exists()), (pdir / "agent.log").read_text()
+    assert _wait(lambda: (pdir / "exited").exists()), (pdir / "agent.log").read_text()
+    assert not _pids_of(b"sleep\0" + world["marker"]), "the recorded process is stopped during the switch"
+    world["state"].write_text("exited")  # the supervisor died before rolling back
+    assert _wait(lambda: (pdir / "restored.2").exists()), (pdir / "agent.log").read_text()
+    new = _pids_of(b"sleep\0" + world["marker"])
+    assert len(new) == 1 and new[0] != world["pid"]
+    after = [(Path(f"/proc/{new[0]}") / f).read_bytes() for f in ("cmdline", "environ")]
+    assert after == before
+    assert "is not running: restoring the recorded process" in (pdir / "agent.log").read_text()

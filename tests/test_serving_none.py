@@ -21,8 +21,6 @@ from eagle3ops.window.common import WindowError
 from eagle3ops.window.lock import _serving_ok
 from eagle3ops.window.planner import build_plan, supervisor_commands
 from test_supervisor_resume import StandInClient, _steps
-from test_window_decide import finished_run
-from test_window_decide_sandbox import _upload
 from test_window_driver import IMAGE, IMAGE_ID, TINY, StandInRemote, _host_with_serving
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,10 +138,9 @@ def test_supervisor_runs_only_the_stages_and_leaves_containers_alone(tmp_path, t
 @pytest.mark.sandbox
 @pytest.mark.images
 def test_window_on_the_sandbox_as_a_host_without_serving_leaves_serving_alone(deployed, tmp_path):
-    """An inventory entry for the sandbox with ``serving: none`` runs a real window (a train window over a stand-in
-    finished extract: its vocab stage runs for real and fails at once on the stand-in outputs, the cheapest real stage
-    run); the
-    sandbox's serving container is never stopped or restarted (same ``StartedAt``), the lock is released, the audit
+    """An inventory entry for the sandbox with ``serving: none`` runs a real window (an extract window on a fresh
+    run whose dataset file is missing: its prepare stage runs for real and fails at once, the cheapest real stage
+    run); the sandbox's serving container is never stopped or restarted (same ``StartedAt``), the lock is released, the audit
     says so."""
     import uuid
 
@@ -166,16 +163,18 @@ def test_window_on_the_sandbox_as_a_host_without_serving_leaves_serving_alone(de
     started = dk.docker(h, "inspect", "--format", "{{.State.StartedAt}} {{.State.Status}}", h.serving.container)
     with Remote(h) as r:
         before = r.run(started).stdout.strip()
-    pipeline, run = TINY, f"none-{uuid.uuid4().hex[:8]}"
+    # prepare fails at once on its missing dataset (a train window on a fresh run is refused: extract not ready)
+    pipeline = TINY.replace("builtin:sharegpt", "missing-stand-in.jsonl")
+    assert pipeline != TINY
     with Remote(trainer) as r:
-        # a train window needs a finished extract before the stop: a stand-in one (real manifests, small outputs)
-        _upload(r, finished_run(tmp_path / "seed", text=pipeline), run)
-        res = wrun.run_window(r, kind="train", image=dep.tag, expected_image_id=dep.image_id,
-                              command="pytest serving-none", run=run, pipeline_text=pipeline)
+        res = wrun.run_window(r, kind="extract", image=dep.tag, expected_image_id=dep.image_id,
+                              command="pytest serving-none", run=f"none-{uuid.uuid4().hex[:8]}",
+                              pipeline_text=pipeline)
         assert read_lock(r) is None
         audit = [e for e in audit_entries(r) if e.get("window") == res["window_id"]]
     assert res["serving"] == "none" and res["downtime_s"] is None, res
-    assert res["stages"]["vocab"].startswith("failed") and "train" not in res["stages"], res
+    assert res["stages"]["prepare"].startswith("failed") and "extract" not in res["stages"], res
+    assert "missing-stand-in.jsonl" in res["stages"]["prepare"], res
     assert audit and audit[-1]["outcome"] == "failed"
     with Remote(h) as r:
         assert r.run(started).stdout.strip() == before and before.endswith(" running"), "serving was touched"

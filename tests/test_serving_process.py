@@ -1,5 +1,5 @@
 """Serving kind ``process`` (issue 12): vLLM run as a plain process on the host, stopped and restored by the
-host-side restore agent, health-gated by the supervisor.
+host-side restore agent, health-gated by the supervisor; releases (changed flags) and rollbacks of it.
 
 The served process here is a STAND-IN (``tests/data/standin_openai_server.py``, a tiny OpenAI-compatible server,
 not vLLM): the base image's vLLM virtualenv (8.1 GB) is too large to copy out of the image on this machine. It runs
@@ -25,16 +25,15 @@ from eagle3ops.window.common import audit_entries
 from eagle3ops.window.lock import read_lock
 from eagle3ops.window.planner import build_plan, supervisor_commands
 from eagle3ops.window.run import run_window
-from test_window_decide import finished_run
-from test_window_decide_sandbox import _upload
 
 REPO = Path(__file__).resolve().parents[1]
 SANDBOX_ROOT = Path("/var/lib/eagle3ops-sandbox/sandbox")
 PORT, MODEL = 18077, "standin-tiny"
-#: A train window on a fresh run: its vocab stage runs for real and fails at once (no prepared data), the cheapest
-#: real stage run between the stop and the restore.
+#: An extract window on a fresh run whose dataset file is missing: its prepare stage runs for real and fails at once,
+#: the cheapest real stage run between the stop and the restore (a train window on a fresh run is refused before
+#: the stop: its input `extract` is not ready).
 TINY = """target_model: /model
-prepare: {datasets: [builtin:sharegpt], max_seq_len: 256, max_samples: 8}
+prepare: {datasets: [missing-stand-in.jsonl], max_seq_len: 256, max_samples: 8}
 """
 
 
@@ -109,7 +108,7 @@ def process_host(deployed, tmp_path):
 
 @pytest.mark.sandbox
 @pytest.mark.images
-def test_window_stops_and_restores_a_serving_process_as_recorded(process_host, tmp_path):
+def test_window_stops_and_restores_a_serving_process_as_recorded(process_host):
     host, dep, pid, work = process_host
     before = _proc(pid)
     with Remote(host, dry_run=True) as r:  # the plan shows the agent, the stop and the restore
@@ -118,16 +117,14 @@ def test_window_stops_and_restores_a_serving_process_as_recorded(process_host, t
     flat = [" ".join(c) for c in cmds]
     assert any("eagle3ops-restore-agent" in c for c in flat) and any(c.startswith(f"kill -TERM {pid}") for c in flat)
     t0 = time.time()
-    run = f"proc-{uuid.uuid4().hex[:8]}"
     with Remote(host) as r:
-        # a train window needs a finished extract before the stop: a stand-in one (real manifests, small outputs)
-        _upload(r, finished_run(tmp_path / "seed", text=TINY), run)
-        res = run_window(r, kind="train", image=dep.tag, expected_image_id=dep.image_id,
-                         command="pytest process", run=run, pipeline_text=TINY)
+        res = run_window(r, kind="extract", image=dep.tag, expected_image_id=dep.image_id,
+                         command="pytest process", run=f"proc-{uuid.uuid4().hex[:8]}", pipeline_text=TINY)
         assert read_lock(r) is None, res
         audit = [e for e in audit_entries(r) if e.get("window") == res["window_id"]]
     wall = time.time() - t0
-    assert res["stages"]["vocab"].startswith("failed") and "train" not in res["stages"], res
+    assert res["stages"]["prepare"].startswith("failed") and "extract" not in res["stages"], res
+    assert "missing-stand-in.jsonl" in res["stages"]["prepare"], res
     assert res["serving_healthy"] is True and res["serving_running"] is True, res
     assert res["serving"] == "process" and res["release"] is None, res
     assert res["downtime_s"] and res["downtime_s"] > 0
@@ -148,10 +145,91 @@ def test_window_stops_and_restores_a_serving_process_as_recorded(process_host, t
 
 
 @pytest.mark.sandbox
-def test_release_and_rollback_refuse_process_serving_clearly(process_host):
+@pytest.mark.images
+def test_release_rollback_and_failed_release_of_a_serving_process(process_host):
+    """A release with a changed flag, a rollback, then a release whose process exits at once (an argument the
+    stand-in rejects): each leaves the live process's command line as expected, gated, and the release history
+    naming the live release. Its own state dir: the sandbox's container releases stay as they are."""
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.supervisor.releases import Releases
+
+    host, dep, pid, work = process_host
+    state = work / "state"
+    state.mkdir(mode=0o755)
+    pw = pwd.getpwnam(host.user or "e3ops")
+    os.chown(state, pw.pw_uid, pw.pw_gid)
+    host = host.model_copy(update={"state_dir": str(state)})
+    before = _proc(pid)
+    argv0 = before[0].split(b"\0")[:-1]
+    printed: list[str] = []
+    with Remote(host, dry_run=True, echo=printed.append) as r:  # `release --dry-run`: the plan, nothing done
+        res = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id, command="pytest dry",
+                         change=ReleaseChange(args=["--label", "v2"]))
+    assert res["outcome"] == "dry-run" and res["serving"] == "process", res
+    flat = [" ".join(c) for c in res["supervisor_commands"]]
+    assert any(c.startswith(f"kill -TERM {pid}") for c in flat), flat
+    assert any("--label v2" in c for c in flat) and any("roll back to the recorded process" in c for c in flat), flat
+    assert any("eagle3ops-restore-agent" in line for line in printed) and _pid_of(f"--port\0{PORT}") == pid
+    assert not (state / "releases").exists() and not (state / "windows").exists(), "a dry run writes nothing"
+    times = {}
+
+    def window(kind: str, **kw):
+        t0 = time.time()
+        with Remote(host) as r:
+            res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id, command=f"pytest {kind}",
+                             **kw)
+            assert read_lock(r) is None, res
+        times[f"{kind} {len(times)}"] = round(time.time() - t0, 1)
+        live = _pid_of(f"--port\0{PORT}")
+        assert live, res
+        _wait_up(5)
+        return res, _proc(live)
+
+    res, live = window("rollback")  # nothing was live before: refused by the supervisor, nothing stopped
+    assert res["outcome"] == "failed" and "no release that was live before" in res["error"], res
+    assert res["serving_healthy"] is True and live == before and _pid_of(f"--port\0{PORT}") == pid, res
+
+    res, live = window("release", change=ReleaseChange(args=["--label", "v2"]))
+    assert res["outcome"] == "ok" and res["serving_healthy"] is True, res
+    assert live[0].split(b"\0")[:-1] == argv0 + [b"--label", b"v2"], live[0]
+    assert live[1:] == before[1:], "same environment, working directory and user"
+    rel = Releases(state)
+    first, v2 = rel.history()[-2:]
+    assert rel.current() == v2 == res["release"] and first < v2
+
+    res, live = window("rollback")
+    assert res["outcome"] == "ok" and res["serving_healthy"] is True and res["release"] == first, res
+    assert live[0] == before[0] and live[1:] == before[1:]
+    assert Releases(state).current() == first
+
+    res, live = window("release", change=ReleaseChange(args=["--no-such-flag"]))
+    assert res["outcome"] == "failed" and "rolled back to release" in res["error"], res
+    assert res["serving_healthy"] is True and res["serving_running"] is True, res
+    assert live[0] == before[0], "the recorded process is back"
+    rel = Releases(state)
+    assert rel.current() == first == res["release"]
+    assert max(rel.numbers()) not in rel.history(), "the failed release never became live"
+    pdir = state / "windows" / res["window_id"] / "process"
+    assert (pdir / "exited").exists() and "unrecognized arguments" in (pdir / "serving.log").read_text()
+
+    res, live = window("rollback", to_release=v2)  # a named release comes back, as it was recorded
+    assert res["outcome"] == "ok" and res["release"] == v2, res
+    assert live[0].split(b"\0")[:-1] == argv0 + [b"--label", b"v2"] and live[1:] == before[1:]
+    assert Releases(state).history()[-1] == v2
+    print(f"process release/rollback windows: {times}")
+
+
+def test_release_changing_the_image_of_a_serving_process_is_refused_clearly():
+    from types import SimpleNamespace
+
+    from eagle3ops.config.plan import ReleaseChange
     from eagle3ops.window.common import WindowError
 
-    host, dep, _, _ = process_host
-    for kind in ("release", "rollback"):
-        with Remote(host) as r, pytest.raises(WindowError, match=f"serves with a process.*{kind} is not supported"):
-            run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id, command="pytest")
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    h = h.model_copy(update={"serving": type(h.serving)(kind="process", process_match="vllm serve",
+                                                        served_model_name="m")})
+    with pytest.raises(WindowError, match="serves with a process.*not the image or binds; drop --image"):
+        run_window(SimpleNamespace(host=h), kind="release", image="i", expected_image_id=None, command="pytest",
+                   change=ReleaseChange(image="other:tag"))
+    with pytest.raises(ValueError, match="not --image"):
+        build_plan(h, kind="release", window_id="w", image="i", command="c", change=ReleaseChange(image="o"))

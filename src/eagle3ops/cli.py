@@ -519,7 +519,8 @@ def _serving_drift(inventory: Path, host: str) -> None:
         console.print(f"{host}: serving: none (a host that only trains): no serving container to compare")
         return
     if h.serving.kind == "process":
-        console.print(f"{host}: serving kind process: windows restore the running process as recorded from /proc; "
+        console.print(f"{host}: serving kind process: windows restore the running process as recorded from /proc, "
+                      f"releases change its flags (`release --arg`); "
                       f"there is no container to compare")
         return
     with _remote(h) as r:

@@ -16,6 +16,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--label", default="", help="harmless: only printed (release tests change it)")
     args = ap.parse_args()
 
     class Handler(BaseHTTPRequestHandler):
@@ -48,7 +49,8 @@ def main() -> None:
         def log_message(self, *a: object) -> None:
             pass
 
-    print(f"stand-in OpenAI server (not vLLM) pid {os.getpid()} on 127.0.0.1:{args.port}", flush=True)
+    print(f"stand-in OpenAI server (not vLLM) pid {os.getpid()} on 127.0.0.1:{args.port} label {args.label!r}",
+          flush=True)
     ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 
 

@@ -14,6 +14,14 @@ the restore on the host itself. It talks with the supervisor through files in th
   (``setsid nohup``, ``env -i`` with the recorded environment, in the recorded working directory, its output
   appended to ``serving.log``) and writes ``restored``; the supervisor health-gates it.
 
+Releases and rollbacks (``switch`` present in the process dir) go on in rounds ``k = 2, 3, ...`` after the first
+start: the supervisor writes ``next.cmdline.nul``, ``next.environ.nul`` and ``next.cwd`` (the process to start) and
+``restore-requested`` holding the record prefix to start (``next.``; empty: the recorded process); after each start
+the agent writes ``exited[.k]`` when the started process ends, waits for ``done`` (it exits) or
+``stop-requested.k`` (it stops the started process, writes ``stopped.k``, then waits for ``restore-requested.k``).
+When the supervisor ends or goes missing while the started process is not running, the agent starts the recorded
+process again on its own.
+
 The agent restores serving even when the driver or the supervisor dies: it restores once the supervisor container
 is gone (or missing for :data:`AGENT_MISSING_GRACE_S`), and in any case after its wait limit. When the supervisor
 never asks for the stop (it failed before it), the agent exits having stopped nothing. Its log is ``agent.log``.
@@ -39,10 +47,37 @@ d=$1 pid=$2 stop_s=$3 sup=$4 limit=$5 stop_wait=$6 missing_grace=$7 gpu_wait=$8
 shift 8
 log() { printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >> "$d/agent.log"; }
 now() { date +%s; }
+alive() { kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+put() { echo "$2" > "$d/$1.tmp" && mv "$d/$1.tmp" "$d/$1"; }
 sup_state() {
   out=$("$@" inspect --format '{{.State.Status}}' "$sup" 2>&1)
   case "$out" in *"No such"*|*"no such"*) echo missing ;; running|restarting|created|paused) echo "$out" ;;
     exited|dead|removing) echo gone ;; *) echo unknown ;; esac
+}
+stop_pid() {  # $1: pid, $2: the file that reports the stop
+  log "stopping pid $1 (SIGTERM, up to ${stop_s}s)"
+  t1=$(now)
+  kill -TERM "$1" 2>/dev/null
+  while alive "$1" && [ $(( $(now) - t1 )) -lt "$stop_s" ]; do sleep 1; done
+  if alive "$1"; then log "pid $1 still runs after ${stop_s}s: SIGKILL"; kill -KILL "$1"; sleep 1; fi
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    t2=$(now)
+    while [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] \
+          && [ $(( $(now) - t2 )) -lt "$gpu_wait" ]; do sleep 2; done
+    [ $(( $(now) - t2 )) -ge "$gpu_wait" ] && log "GPU memory still held after ${gpu_wait}s; going on"
+  fi
+  put "$2" "$(( $(now) - t1 ))"
+  log "pid $1 stopped"
+}
+start_from() {  # $1: record prefix in $d ('' = the recorded process), $2: the file that reports the start
+  cd "$(cat "$d/${1}cwd")" 2>/dev/null || { log "cannot enter $(cat "$d/${1}cwd"); starting in /"; cd /; }
+  cat "$d/${1}environ.nul" "$d/${1}cmdline.nul" | setsid nohup xargs -0 -x env -i >> "$d/serving.log" 2>&1 &
+  launcher=$!
+  sleep 1
+  new=$(pgrep -P "$launcher" 2>/dev/null | head -n 1)
+  put "$2" "${new:-$launcher}"
+  new=${new:-$launcher}
+  log "restored: pid $new (launcher $launcher, record '${1:-recorded}'), output in $d/serving.log"
 }
 echo $$ > "$d/agent.pid"
 log "agent $$ up for pid $pid; waiting for the stop request"
@@ -53,40 +88,48 @@ while [ ! -e "$d/stop-requested" ]; do
   if [ $(( $(now) - t0 )) -ge "$stop_wait" ]; then log "no stop request within ${stop_wait}s: nothing stopped"; exit 0; fi
   sleep 1
 done
-log "stopping pid $pid (SIGTERM, up to ${stop_s}s)"
-t1=$(now)
-kill -TERM "$pid" 2>/dev/null
-while kill -0 "$pid" 2>/dev/null && [ $(( $(now) - t1 )) -lt "$stop_s" ]; do sleep 1; done
-if kill -0 "$pid" 2>/dev/null; then log "pid $pid still runs after ${stop_s}s: SIGKILL"; kill -KILL "$pid"; sleep 1; fi
-if command -v nvidia-smi >/dev/null 2>&1; then
-  t2=$(now)
-  while [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] \
-        && [ $(( $(now) - t2 )) -lt "$gpu_wait" ]; do sleep 2; done
-  [ $(( $(now) - t2 )) -ge "$gpu_wait" ] && log "GPU memory still held after ${gpu_wait}s; going on"
-fi
-echo "$(( $(now) - t1 ))" > "$d/stopped.tmp" && mv "$d/stopped.tmp" "$d/stopped"
-log "pid $pid stopped"
-t3=$(now) missing_since=
-while [ ! -e "$d/restore-requested" ]; do
-  st=$(sup_state "$@")
-  if [ "$st" = gone ]; then log "supervisor $sup ended without asking for the restore: restoring"; break; fi
-  if [ "$st" = missing ]; then
-    missing_since=${missing_since:-$(now)}
-    if [ $(( $(now) - missing_since )) -ge "$missing_grace" ]; then log "supervisor $sup missing: restoring"; break; fi
-  else missing_since=; fi
-  if [ $(( $(now) - t3 )) -ge "$limit" ]; then log "no restore request within ${limit}s: restoring"; break; fi
-  sleep 1
+stop_pid "$pid" stopped
+k=1 auto=
+while [ "$k" -le 20 ]; do
+  s=; [ "$k" -gt 1 ] && s=".$k"
+  t3=$(now) missing_since= from=
+  while [ -z "$auto" ] && [ ! -e "$d/restore-requested$s" ]; do
+    st=$(sup_state "$@")
+    if [ "$st" = gone ]; then log "supervisor $sup ended without asking for the restore: restoring"; break; fi
+    if [ "$st" = missing ]; then
+      missing_since=${missing_since:-$(now)}
+      if [ $(( $(now) - missing_since )) -ge "$missing_grace" ]; then log "supervisor $sup missing: restoring"; break; fi
+    else missing_since=; fi
+    if [ $(( $(now) - t3 )) -ge "$limit" ]; then log "no restore request within ${limit}s: restoring"; break; fi
+    sleep 1
+  done
+  [ -z "$auto" ] && [ -e "$d/restore-requested$s" ] && from=$(cat "$d/restore-requested$s")
+  case "$from" in *[!a-z0-9.-]*) log "bad record prefix '$from': restoring the recorded process"; from= ;; esac
+  if [ "$k" = 1 ] && alive "$pid"; then
+    log "pid $pid runs again: not restoring"; put restored "$pid"; exit 0
+  fi
+  start_from "$from" "restored$s"
+  [ -e "$d/switch" ] || exit 0
+  k=$((k + 1)) auto= t3=$(now) missing_since= reported=
+  while [ ! -e "$d/stop-requested.$k" ]; do
+    if [ -e "$d/done" ]; then log "done: pid $new serves"; exit 0; fi
+    if [ -z "$reported" ] && ! alive "$new"; then put "exited$s" "$new"; reported=1; log "pid $new exited"; fi
+    st=$(sup_state "$@") why=
+    if [ "$st" = gone ]; then why="supervisor $sup ended"; fi
+    if [ "$st" = missing ]; then
+      missing_since=${missing_since:-$(now)}
+      [ $(( $(now) - missing_since )) -ge "$missing_grace" ] && why="supervisor $sup missing"
+    else missing_since=; fi
+    [ $(( $(now) - t3 )) -ge "$limit" ] && why="no request within ${limit}s"
+    if [ -n "$why" ]; then
+      if alive "$new"; then log "$why: pid $new serves"; exit 0; fi
+      log "$why and pid $new is not running: restoring the recorded process"; auto=1; break
+    fi
+    sleep 1
+  done
+  [ -z "$auto" ] && stop_pid "$new" "stopped.$k"
 done
-if kill -0 "$pid" 2>/dev/null; then
-  log "pid $pid runs again: not restoring"; echo "$pid" > "$d/restored"; exit 0
-fi
-cd "$(cat "$d/cwd")" 2>/dev/null || { log "cannot enter $(cat "$d/cwd"); starting in /"; cd /; }
-cat "$d/environ.nul" "$d/cmdline.nul" | setsid nohup xargs -0 -x env -i >> "$d/serving.log" 2>&1 &
-launcher=$!
-sleep 1
-new=$(pgrep -P "$launcher" 2>/dev/null | head -n 1)
-echo "${new:-$launcher}" > "$d/restored.tmp" && mv "$d/restored.tmp" "$d/restored"
-log "restored: pid ${new:-?} (launcher $launcher), output in $d/serving.log"
+log "too many switches: exiting"
 """
 
 

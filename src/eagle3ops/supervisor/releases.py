@@ -46,7 +46,8 @@ class Releases:
 
     def get(self, n: int) -> dict[str, Any]:
         """Release ``n``: ``{"release", "container", "created", "window", "change"}`` (``container``: the whole
-        recorded container, :func:`eagle3ops.commands.serving.container_record`); releases recorded by older
+        recorded container, :func:`eagle3ops.commands.serving.container_record`), or ``"process"`` instead of
+        ``"container"`` on a host serving with a process (:meth:`add_process`); releases recorded by older
         versions have ``{"spec", "image_id"}`` (docker SDK kwargs) instead.
 
         Raises:
@@ -72,6 +73,20 @@ class Releases:
         cfg = container.setdefault("Config", {})
         cfg["Labels"] = {**(cfg.get("Labels") or {}), RELEASE_LABEL: str(n)}
         rec = {"release": n, "container": container, "created": _now(), "window": window, "change": change}
+        write_private(self.dir / f"{n:04d}.json", json.dumps(rec, indent=2))
+        return n
+
+    def add_process(self, process: dict[str, Any], window: str, change: str = "") -> int:
+        """Record a new release of a host serving with a process (kind ``process``; not yet current) and return its
+        number.
+
+        Args:
+            process: the whole recorded process, ``{"argv": [...], "environ": ["K=V", ...], "cwd", "uid"}`` (from
+                ``/proc/<pid>/``; see :mod:`eagle3ops.commands.process`), bytes decoded with ``surrogateescape``.
+            window: the window that recorded it; ``change``: what it changed against the live process.
+        """
+        n = (self.numbers() or [0])[-1] + 1
+        rec = {"release": n, "process": process, "created": _now(), "window": window, "change": change}
         write_private(self.dir / f"{n:04d}.json", json.dumps(rec, indent=2))
         return n
 

@@ -91,6 +91,8 @@ class Supervisor:
         self.stop_requested = False
         self.engine_poll_s = 2.0
         self.engine_waits = 0
+        #: Kind ``process``: suffix of the agent's files for the process it started last (``""``, ``".2"``...).
+        self._process_suffix = ""
 
     def warn(self, step: str, message: str) -> None:
         """Journal a warning; every warning of the window goes, whole, into ``result.json`` and the audit entry."""
@@ -511,7 +513,7 @@ class Supervisor:
         if self.plan.serving_kind == "process":
             try:
                 models = wait_healthy(f"http://127.0.0.1:{h.port}", h.model, timeout_s=timeout_s,
-                                      interval_s=h.interval_s, api_key=self._api_key)
+                                      interval_s=h.interval_s, api_key=self._api_key, crashed=self._process_exited)
             except GateFailed as exc:
                 self.journal.log("health", "error", reason=str(exc)[-800:])
                 raise
@@ -566,6 +568,8 @@ class Supervisor:
             FileNotFoundError: ``to_release`` names a release that is not retained.
         """
         self.record()
+        if self.plan.serving_kind == "process":
+            return self._process_switch()
         done = self.journal.first("switch", "ok")
         if done:  # a resumed supervisor: the switch already happened
             return f"serving release {done['to_release']}"
@@ -688,7 +692,10 @@ class Supervisor:
             "serving_healthy": None if no_serving else serving_ok, "serving": self.plan.serving_kind,
             **({"serving_note": NO_SERVING_NOTE} if no_serving else {}),
             # Releases are serving containers: a window on a host serving with a process (or none) has none.
-            "release": self.releases.current() if self.plan.serving_kind in ("container", "compose") else None,
+            # A window on a process host keeps no release (it restores the process as recorded); its release and
+            # rollback plans do (Supervisor._process_switch).
+            "release": self.releases.current() if self.plan.serving_kind in ("container", "compose") or (
+                self.plan.serving_kind == "process" and self.plan.kind != "window") else None,
             "finished": _now(), "warnings": self.warnings(),
         }
         audit = self.state_dir / "audit.jsonl"
@@ -776,6 +783,136 @@ class Supervisor:
                          log=f"{self.plan.process_dir}/serving.log")
         return "restored"
 
+    def _process_live(self) -> dict[str, Any]:
+        """The serving process recorded by this window as a release record: ``{"argv", "environ", "cwd", "uid"}``
+        (``/proc`` bytes decoded with ``surrogateescape``, so that they are written back byte for byte)."""
+        def words(name: str) -> list[str]:
+            return [a.decode(errors="surrogateescape") for a in self._process_bytes(name).split(b"\0") if a]
+
+        return {"argv": words("cmdline.nul"), "environ": words("environ.nul"), "cwd": self._process_file("cwd"),
+                "uid": self._process_file("uid")}
+
+    def _process_write_record(self, prefix: str, process: dict[str, Any]) -> None:
+        """Write ``process`` (a release record's ``process``) as ``<prefix>cmdline.nul``, ``<prefix>environ.nul`` and
+        ``<prefix>cwd`` in the process dir, readable by the SSH user only (the environment may hold secrets)."""
+        assert self.plan.process_dir is not None
+        pdir = Path(self.plan.process_dir)
+
+        def nul(words: list[str]) -> str:
+            return "".join(w + "\0" for w in words)
+
+        for name, text in (("cmdline.nul", nul(process["argv"])), ("environ.nul", nul(process["environ"])),
+                           ("cwd", process.get("cwd") or "/")):
+            path = pdir / f"{prefix}{name}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode(errors="surrogateescape"))
+            st = pdir.stat()
+            try:
+                os.chown(path, st.st_uid, st.st_gid)
+            except OSError:
+                pass
+
+    def _process_round(self, k: int, prefix: str) -> None:
+        """Round ``k`` (2, 3, ...) of a switch: the agent stops the process it started last, then starts the record
+        ``prefix``; waits (bounded) for both. Round 1 is :meth:`_process_stop` then the first start."""
+        assert self.plan.process_dir is not None
+        pdir = Path(self.plan.process_dir)
+        if k > 1:
+            (pdir / f"stop-requested.{k}").write_text(_now())
+            if not self._await_file(f"stopped.{k}", self.plan.stop_timeout_s + 300 + 60):
+                raise RuntimeError(f"the restore agent did not report the started process stopped; see "
+                                   f"{pdir}/agent.log")
+        s = "" if k == 1 else f".{k}"
+        (pdir / f"restore-requested{s}").write_text(prefix)
+        if not self._await_file(f"restored{s}", 120):
+            raise RuntimeError(f"the restore agent did not report a start within 120 s; see {pdir}/agent.log")
+        self._process_suffix = s
+
+    def _process_exited(self) -> str | None:
+        """For the health gate: the process the agent started last has exited (the agent reports it)."""
+        assert self.plan.process_dir is not None
+        pdir = Path(self.plan.process_dir)
+        s = self._process_suffix
+        if (pdir / f"exited{s}").exists():
+            return (f"the serving process (pid {self._process_file('exited' + s)}) exited; its output: "
+                    f"{_tail(pdir / 'serving.log', 800)}")
+        return None
+
+    def _process_switch(self) -> str:
+        """``release``/``rollback`` of a host serving with a process (kind ``process``): the live process (recorded
+        by the driver) is a retained release; the agent stops it and starts the target (a release: the live process
+        with the plan's change; a rollback: release ``to_release`` or the one live before the current one), the
+        target is health-gated, and on a failed gate the agent stops it and starts the recorded live process again
+        (gated too). The agent's own fallback (:mod:`eagle3ops.commands.process`) starts the recorded process when
+        this supervisor dies.
+
+        Returns:
+            ``"serving release N"`` or ``"release N failed its health gate; rolled back to release M"``.
+
+        Raises:
+            RuntimeError: no target (nothing live before), a resumed supervisor, or neither the target nor the
+                recorded process passed the gate (``unhealthy`` set).
+        """
+        assert self.plan.process_dir is not None
+        pdir = Path(self.plan.process_dir)
+        if self.journal.first("switch", "start") is not None:
+            self.unhealthy = True
+            raise RuntimeError("resumed after a process switch had begun: the restore agent restores the recorded "
+                               "process once this supervisor ends; check serving and run `eagle3ops recover`")
+        live = self._process_live()
+        live_n = self.releases.current()
+        if live_n is None or self.releases.get(live_n).get("process") != live:
+            live_n = self.releases.add_process(live, self.plan.window_id, change="the live process, as recorded")
+            self.releases.set_current(live_n)  # it serves now (preflight found it); the switch gates what follows
+        if self.plan.kind == "release":
+            change = self.plan.change or ReleaseChange()
+            env = [e for e in live["environ"] if e.split("=", 1)[0] not in change.env]
+            new = {**live, "argv": sv.set_args(live["argv"], change.args),
+                   "environ": env + [f"{k}={v}" for k, v in change.env.items()]}
+            target = self.releases.add_process(new, self.plan.window_id, change=change.describe())
+        else:
+            target = self.plan.to_release
+            if target is None:
+                earlier = self.releases.fallbacks(live_n)
+                if not earlier:
+                    raise RuntimeError(f"no release that was live before the current one ({live_n}) is retained; "
+                                       f"name one with --to")
+                target = earlier[0]
+            new = self.releases.get(target).get("process")
+            if not new:
+                raise RuntimeError(f"release {target} is not a process release (this host serves with a process)")
+        self._process_write_record("next.", new)
+        (pdir / "switch").write_text(self.plan.kind)
+        self.journal.log("switch", "start", to_release=target, from_release=live_n, argv=new["argv"])
+        self._process_stop()
+        try:
+            try:
+                self._process_round(1, "next.")
+                self._gate_through_signal()
+            except (GateFailed, RuntimeError) as exc:
+                self.journal.log("switch", "error", to_release=target, reason=str(exc)[-500:],
+                                 verdict=isinstance(exc, GateFailed))
+                self.journal.log("rollback", "start", to_release=live_n, failed_release=target)
+                try:
+                    self._process_round(2, "")
+                    self._gate_through_signal()
+                except (GateFailed, RuntimeError) as exc2:
+                    self.unhealthy = True
+                    self.journal.log("rollback", "error", to_release=live_n, reason=str(exc2)[-500:])
+                    raise RuntimeError(f"release {target} failed ({exc}); the rollback to release {live_n} failed "
+                                       f"too ({exc2}); see {pdir}/serving.log") from None
+                self.releases.set_current(live_n)
+                self.journal.log("rollback", "ok", to_release=live_n, message=f"ROLLED BACK: release {target} failed "
+                                                                              f"its health gate; serving release "
+                                                                              f"{live_n}")
+                return f"release {target} failed its health gate; rolled back to release {live_n}"
+            self.releases.set_current(target)
+            self.journal.log("switch", "ok", to_release=target, pid=self._process_file("restored"))
+            return f"serving release {target}"
+        finally:
+            (pdir / "done").write_text(_now())
+
     def _stages_only(self) -> tuple[str, str]:
         """A window on a host without production serving (``serving: none``): journal that the stop, restore and
         health gate are skipped, then run the stages (a resumed supervisor skips finished ones). A ``release`` or
@@ -821,6 +958,8 @@ class Supervisor:
 
     def _serving_running(self) -> bool:
         if self.plan.serving_kind == "process":  # host pids are invisible here: the last gate decides
+            if self.journal.first("stop", "start") is None:
+                return True  # never asked to stop: the agent stops nothing once this supervisor ends
             return self.journal.last("health") is not None and self.journal.last("health")["event"] == "ok"
         c = self._serving()
         if c is None:

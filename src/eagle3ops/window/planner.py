@@ -119,12 +119,15 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
 
     Raises:
         ValueError: a ``release``/``rollback`` plan for a host with ``serving: none`` (callers refuse earlier, with
-            :func:`eagle3ops.window.common.require_serving`).
+            :func:`eagle3ops.window.common.require_serving`); a release of a process changing ``image`` or
+            ``binds`` (a process has neither).
     """
     if not h.serving.managed and kind != "window":
         raise ValueError(f"host {h.name} has no serving (serving: none): a {kind} plan needs production serving")
-    if h.serving.kind == "process" and kind != "window":
-        raise ValueError(f"host {h.name} serves with a process (kind process): {kind} is not supported for it yet")
+    if h.serving.kind == "process" and change is not None and (change.image or change.binds):
+        raise ValueError(f"host {h.name} serves with a process (`hosts.{h.name}.serving.kind: process`): a release "
+                         f"of it changes only server flags (--arg) and environment, not "
+                         f"{'--image' if change.image else 'binds'}; drop it, or run serving as a container")
     process = h.serving.kind == "process"
     name = "" if not h.serving.managed or process else (serving_container or sv.default_name(h.serving))
     if kind == "release" and change is None:
@@ -155,14 +158,23 @@ def supervisor_commands(h: HostConfig, plan: Plan) -> list[list[str]]:
     if plan.serving_kind == "process":  # the host-side restore agent stops and restores; the supervisor gates
         pdir = plan.process_dir or "?"
         port = plan.health.port
-        return [pr.record_process(plan.process_pid or 0, pdir),
+        gate = ["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
+                f"POST http://127.0.0.1:{port}/v1/completions"]
+        head = [pr.record_process(plan.process_pid or 0, pdir),
                 pr.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
                                supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)),
-                pr.stop_preview(plan.process_pid or 0, plan.stop_timeout_s),
-                *[sv.run_argv(h, {**step.spec, "restart_policy": {}}) for step in plan.stages],
-                pr.restore_preview(pdir, [], ""),
-                ["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
-                 f"POST http://127.0.0.1:{port}/v1/completions"]]
+                pr.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
+        if plan.kind == "window":
+            return [*head, *[sv.run_argv(h, {**step.spec, "restart_policy": {}}) for step in plan.stages],
+                    pr.restore_preview(pdir, [], ""), gate]
+        if plan.kind == "release":
+            args = (plan.change or ReleaseChange()).args
+            target = ["<recorded command line, with:", *args, ">"] if args else ["<recorded command line>"]
+        else:
+            target = [f"<command line of release {plan.to_release or 'live before the current one'}>"]
+        return [*head, pr.restore_preview(pdir, target, "<its recorded cwd>"), gate,
+                ["# if the gate fails: roll back to the recorded process"],
+                pr.stop_preview(0, plan.stop_timeout_s), pr.restore_preview(pdir, [], ""), gate]
     if plan.kind == "window":
         cmds.append(dk.docker(h, "stop", "--time", str(plan.stop_timeout_s), plan.serving_container))
         for step in plan.stages:

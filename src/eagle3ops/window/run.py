@@ -103,11 +103,14 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             failed after the window started.
         PreflightFailed: a check failed (nothing stopped; lock released; audit entry written).
         SupervisorDead: the supervisor died without a result (the message gives the recover command).
-        WindowError: also a ``release``/``rollback`` on a host with ``serving: none`` or process serving (refused
-            before the lock).
+        WindowError: also a ``release``/``rollback`` on a host with ``serving: none`` (refused before the lock).
     """
     if kind not in st.WINDOWS:
         require_serving(r.host, kind)
+        if r.host.serving.kind == "process" and change is not None and (change.image or change.binds):
+            raise WindowError(f"host {r.host.name} serves with a process (`hosts.{r.host.name}.serving.kind: "
+                              f"process`): a release of it changes only server flags (--arg), not the image or "
+                              f"binds; drop --image, or run serving as a container")
     window_id = new_window_id(kind)
     t0 = time.monotonic()
     if r.dry_run and read_lock(r):
@@ -126,7 +129,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                 if pipeline_text is not None and kind in st.WINDOWS else None
             probe = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
             pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
-                           need_serving=kind in st.WINDOWS, disk=disk, probe=probe)
+                           need_serving=kind in st.WINDOWS or r.host.serving.kind == "process", disk=disk,
+                           probe=probe)
         if decision is not None:
             for name, detail in decision.lines():
                 pf.add(name, True, detail)
