@@ -1,16 +1,21 @@
 """Serving kind ``process`` (issue 12): vLLM run as a plain process on the host, stopped and restored by the
 host-side restore agent, health-gated by the supervisor; releases (changed flags) and rollbacks of it.
 
-The served process here is a STAND-IN (``tests/data/standin_openai_server.py``, a tiny OpenAI-compatible server,
-not vLLM): the base image's vLLM virtualenv (8.1 GB) is too large to copy out of the image on this machine. It runs
-on the sandbox host as the SSH user, started over SSH with its own working directory and an environment marker.
+The first two sandbox tests serve a STAND-IN (``tests/data/standin_openai_server.py``, a tiny OpenAI-compatible
+server, not vLLM; it starts in a second, so they cover releases and rollbacks in every round). The last sandbox test
+serves REAL vLLM 0.16.0 as a plain process: the local base image's virtualenv ``/opt/venv`` (8.1 GB, too large to
+copy on this machine) is mounted read-only from the build engine's overlay2 layers (no copy) and run by the host's
+python3.11 (same Debian 12 as the image). Each runs on the sandbox host as the SSH user, started over SSH with its own
+working directory and environment.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -233,3 +238,156 @@ def test_release_changing_the_image_of_a_serving_process_is_refused_clearly():
                    change=ReleaseChange(image="other:tag"))
     with pytest.raises(ValueError, match="not --image"):
         build_plan(h, kind="release", window_id="w", image="i", command="c", change=ReleaseChange(image="o"))
+
+
+# --- Real vLLM as a plain process -------------------------------------------------------------------------------
+VLLM_PORT, VLLM_MODEL = 18078, "tiny-llama"
+
+
+def _mount_image_ro(image: str, mnt: Path) -> None:
+    """Mount the build engine's (overlay2) filesystem of ``image`` read-only at ``mnt``, copying nothing: its layer
+    directories become the lowerdirs of an overlay mount with no upperdir (root only)."""
+    out = subprocess.run(["docker", "image", "inspect", image, "--format", "{{json .GraphDriver}}"],
+                         check=True, capture_output=True, text=True).stdout
+    gd = json.loads(out)
+    assert gd["Name"] == "overlay2", f"the build engine's storage driver is {gd['Name']}, not overlay2"
+    layers = ":".join(x for x in (gd["Data"].get("UpperDir"), gd["Data"].get("LowerDir")) if x)
+    mnt.mkdir(mode=0o755)
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"ro,lowerdir={layers}", str(mnt)], check=True)
+
+
+def _pid_on(port: int) -> int | None:
+    """Oldest process whose command line holds ``--port <port>`` and ``vllm``: the API server, not its engine."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+                if f"--port\0{port}\0".encode() in cmd and b"vllm" in cmd:
+                    found.append((d.stat().st_mtime, int(d.name)))
+            except OSError:
+                continue
+    return min(found)[1] if found else None
+
+
+@pytest.fixture
+def vllm_process_host(deployed, built_images, tmp_path):
+    """(host with serving kind process, DeployResult, pid, workdir): REAL vLLM (the local base image's virtualenv,
+    mounted read-only from the build engine's layers) serving a copy of the sandbox's tiny Llama as e3ops."""
+    h, dep = deployed
+    base, _ = built_images
+    work = SANDBOX_ROOT / f"vproc-{uuid.uuid4().hex[:8]}"
+    pw = pwd.getpwnam(h.user or "e3ops")
+    work.mkdir(mode=0o755)
+    mnt = work / "image"
+    try:
+        _mount_image_ro(base, mnt)
+        # The sandbox's model files are root's (mode 600, read by the container's root): a copy e3ops can read.
+        model = shutil.copytree(h.model_path, work / "tiny-llama")
+        for p in [work, model, *model.iterdir()]:
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+        raw = yaml.safe_load((REPO / "deploy/hosts.yaml").read_text())["hosts"]["sandbox"]
+        sv = raw["serving"]
+        raw.update(identity_file=str(h.identity_file), known_hosts=str(h.known_hosts), port=h.port,
+                   docker_host=h.docker_host, data_dir=h.data_dir, state_dir=h.state_dir, model_path=h.model_path,
+                   serving={"kind": "process",
+                            "process_match": f"vllm.entrypoints.openai.api_server .*--port {VLLM_PORT}",
+                            "port": VLLM_PORT, "served_model_name": VLLM_MODEL, "health_timeout_s": 300,
+                            "stop_timeout_s": 30})
+        inv = tmp_path / "hosts.yaml"
+        inv.write_text(yaml.safe_dump({"hosts": {"sandbox": raw}}))
+        host = load_inventory(inv).host("sandbox")
+        # The image's ENV (PATH, VIRTUAL_ENV) and the container serving's flags and env (deploy/hosts.yaml).
+        args = [a for a in sv["args"][1:] if "EAGLE3OPS_SANDBOX_SERVING_PORT" not in a and a != "--port"]
+        env = {"PATH": f"{mnt}/opt/venv/bin:/usr/bin:/bin", "VIRTUAL_ENV": f"{mnt}/opt/venv", "LANG": "C.UTF-8",
+               **sv["env"], "OMP_NUM_THREADS": "2"}
+        start = (f"cd {work} && {' '.join(f'{k}={v}' for k, v in env.items())} setsid nohup {mnt}/opt/venv/bin/python "
+                 f"-m vllm.entrypoints.openai.api_server --model {model} {' '.join(args)} --port {VLLM_PORT} "
+                 f">{work}/first.log 2>&1 </dev/null &")
+        t0 = time.time()
+        with Remote(h) as r:
+            r.run(["sh", "-c", start])
+        _wait_vllm(300)
+        print(f"real vLLM process: up and one completion in {time.time() - t0:.1f} s")
+        pid = _pid_on(VLLM_PORT)
+        assert pid
+        yield host, dep, pid, work
+    finally:
+        for _ in range(3):
+            left = _pid_on(VLLM_PORT)
+            if not left:
+                break
+            with Remote(h) as r:
+                r.run(["kill", str(left)], check=False)
+            for _ in range(30):
+                if not Path(f"/proc/{left}").exists():
+                    break
+                time.sleep(1)
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", str(mnt)], check=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _wait_vllm(timeout: float) -> None:
+    deadline = time.time() + timeout
+    while True:
+        try:
+            probe(f"http://127.0.0.1:{VLLM_PORT}", VLLM_MODEL)
+            return
+        except Exception:  # noqa: BLE001 - not up yet
+            if time.time() > deadline:
+                raise
+            time.sleep(1)
+
+
+@pytest.mark.sandbox
+@pytest.mark.images
+def test_window_and_failed_release_restore_a_real_vllm_process(vllm_process_host):
+    """REAL: vLLM 0.16.0 (the local base image's /opt/venv, mounted read-only from the build engine's layers, run by
+    the host's python3.11), the tiny Llama, the restore agent, the supervisor and its health gate (a completion).
+    NOT real: the host is the sandbox (vLLM on CPU, no GPUs), the model a 2 MB random Llama.
+
+    One window whose stage fails at once (stop, stage, restore), then a release with a flag vLLM rejects (it exits
+    at once) that the supervisor rolls back to the recorded process: both times the process back has the same
+    command line, environment, working directory and user, and passes the gate."""
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.supervisor.releases import Releases
+
+    host, dep, pid, work = vllm_process_host
+    state = work / "state"
+    state.mkdir(mode=0o755)
+    pw = pwd.getpwnam(host.user or "e3ops")
+    os.chown(state, pw.pw_uid, pw.pw_gid)
+    host = host.model_copy(update={"state_dir": str(state)})
+    before = _proc(pid)
+    assert b"vllm.entrypoints.openai.api_server" in before[0] and b"VLLM_CPU_KVCACHE_SPACE=1" in before[1]
+    times = {}
+
+    def window(kind: str, **kw):
+        t0 = time.time()
+        with Remote(host) as r:
+            res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id, command=f"pytest {kind}",
+                             **kw)
+            assert read_lock(r) is None, res
+        times[kind] = round(time.time() - t0, 1)
+        live = _pid_on(VLLM_PORT)
+        assert live and live != pid, res
+        probe(f"http://127.0.0.1:{VLLM_PORT}", VLLM_MODEL)  # serves completions after the gate
+        return res, _proc(live)
+
+    res, live = window("extract", run=f"vproc-{uuid.uuid4().hex[:8]}", pipeline_text=TINY)
+    assert res["stages"]["prepare"].startswith("failed") and "missing-stand-in.jsonl" in res["stages"]["prepare"]
+    assert res["serving"] == "process" and res["serving_healthy"] is True and res["serving_running"] is True, res
+    assert live == before, "same command line, environment, working directory and user"
+    pdir = state / "windows" / res["window_id"] / "process"
+    assert "restored: pid" in (pdir / "agent.log").read_text()
+
+    res, live = window("release", change=ReleaseChange(args=["--no-such-flag"]))
+    assert res["outcome"] == "failed" and "rolled back to release" in res["error"], res
+    assert res["serving_healthy"] is True and res["serving_running"] is True, res
+    assert live == before, "the recorded vLLM process is back as it was"
+    rel = Releases(state)
+    assert rel.current() == res["release"] and max(rel.numbers()) not in rel.history()
+    pdir = state / "windows" / res["window_id"] / "process"
+    assert (pdir / "exited").exists() and "no-such-flag" in (pdir / "serving.log").read_text()
+    print(f"real vLLM process windows: {times}")
