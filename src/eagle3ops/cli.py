@@ -366,6 +366,7 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
     Writes dataset.jsonl (the target's answers) and dataset.manifest.json locally and uploads both to
     <data_dir>/runs/<run>/regenerated/; name `regenerated/dataset.jsonl` in prepare.datasets to train on it.
     """
+    from eagle3ops.speculate import reach
     from eagle3ops.speculate import regenerate as rg
     from eagle3ops.speculate.prompts import GatePromptsError
     from eagle3ops.stages.chatdata import ChatDataError
@@ -387,8 +388,8 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
         _fail(str(exc), 2)
     with _remote(h, dry_run) as r:
         try:
-            res = rg.regenerate_for_host(r, run, p, direct=endpoint, ssh_forward=ssh_forward,
-                                         extra_manifest=extra, echo=lambda m: console.print(m, markup=False))
+            res = reach.regenerate_for_host(r, run, p, direct=endpoint, ssh_forward=ssh_forward,
+                                            extra_manifest=extra, echo=lambda m: console.print(m, markup=False))
         except rg.RegenerateError as exc:
             _fail(str(exc))
     if not dry_run and res["failed"]:
