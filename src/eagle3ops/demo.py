@@ -144,8 +144,8 @@ def start_serving(h: HostConfig) -> float:
 def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, prompts: int = DEMO_PROMPTS,
                              max_tokens: int = DEMO_MAX_TOKENS, out_dir: Path | None = None) -> tuple[str, dict]:
     """Answer the first ``prompts`` HumanEval train-split prompts with the sandbox's live target
-    (:mod:`eagle3ops.speculate.regenerate`: greedy, ``max_tokens`` each, uploaded to the run's ``regenerated/``)
-    and return ``(pipeline text training on them, the generation manifest)``.
+    (:func:`eagle3ops.speculate.reach.regenerate_for_host`: greedy, ``max_tokens`` each, uploaded to the run's
+    ``regenerated/``) and return ``(pipeline text training on them, the generation manifest)``.
 
     Raises:
         DemoError: some prompts stayed unanswered after their attempts.
