@@ -38,7 +38,7 @@ from eagle3ops.speculate.regenerate import (
     RegenerateError,
     RegeneratePlan,
     RowSource,
-    _headers,
+    auth_headers,
     regenerate,
 )
 
@@ -80,7 +80,7 @@ def serving_api_key(r: Any) -> str | None:
 def _serves(base_url: str, model: str, api_key: str | None, timeout: float = 3.0) -> bool:
     """True when ``base_url`` answers ``/v1/models`` listing ``model`` (the host's server, not some other one)."""
     try:
-        r = httpx.get(f"{base_url}/v1/models", headers=_headers(api_key), timeout=timeout)
+        r = httpx.get(f"{base_url}/v1/models", headers=auth_headers(api_key), timeout=timeout)
         return r.status_code == 200 and model in [m.get("id") for m in r.json().get("data", [])]
     except (httpx.HTTPError, ValueError, AttributeError):
         return False

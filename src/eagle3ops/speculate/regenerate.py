@@ -25,8 +25,8 @@ prompts, the disjointness record against the gate's split). Stage ``prepare`` co
 ``<stem>.manifest.json`` into its own manifest (``generation``).
 
 How the host's serving is reached (its API key, a direct URL, an SSH forward or a relay on the host), the upload
-of the result and :func:`regenerate_for_host` live in :mod:`eagle3ops.speculate.reach`; this module is the pure
-part (settings, items, resume log, plan) and the HTTP client with its retries.
+of the result and :func:`~eagle3ops.speculate.reach.regenerate_for_host` live in :mod:`eagle3ops.speculate.reach`;
+this module is the pure part (settings, items, resume log, plan) and the HTTP client with its retries.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from eagle3ops.speculate.prompts import Prompt
 
 __all__ = ["ANSWERS", "DATASET", "HOST_FOLDER", "MANIFEST", "ForwardRefused", "GenSettings", "HumanEvalSet", "Item",
-           "RegenerateError", "RegeneratePlan", "RowSource", "answer_item", "chat_request", "humaneval_train",
-           "items_from_dataset", "items_from_prompts", "plan", "prompt_set_sha256", "read_answers", "regenerate",
-           "settings_for", "vllm_version"]
+           "RegenerateError", "RegeneratePlan", "RowSource", "answer_item", "auth_headers", "chat_request",
+           "humaneval_train", "items_from_dataset", "items_from_prompts", "plan", "prompt_set_sha256", "read_answers",
+           "regenerate", "settings_for", "vllm_version"]
 
 ANSWERS = "answers.jsonl"
 DATASET = "dataset.jsonl"
@@ -273,7 +273,8 @@ def answer_item(client: httpx.Client, base_url: str, settings: GenSettings, item
     return row
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """HTTP headers that carry ``api_key`` (``Authorization: Bearer``); none when it is None or empty."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
@@ -281,7 +282,7 @@ def vllm_version(base_url: str, api_key: str | None = None, transport: httpx.Bas
                  ) -> str | None:
     """The server's ``GET /version`` answer (vLLM: ``{"version": ...}``), or None when it does not answer."""
     try:
-        with httpx.Client(headers=_headers(api_key), timeout=10, transport=transport) as c:
+        with httpx.Client(headers=auth_headers(api_key), timeout=10, transport=transport) as c:
             r = c.get(f"{base_url}/version")
             r.raise_for_status()
             return str(r.json().get("version"))
@@ -317,7 +318,7 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
     errors: list[str] = []
     limits = httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency)
     with contextlib.ExitStack() as stack:
-        client = stack.enter_context(httpx.Client(headers=_headers(api_key), limits=limits, transport=transport))
+        client = stack.enter_context(httpx.Client(headers=auth_headers(api_key), limits=limits, transport=transport))
         log = stack.enter_context(open(log_path, "a", encoding="utf-8"))
         bar = task = None
         if progress and p.todo:
