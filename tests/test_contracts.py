@@ -4,6 +4,8 @@
 2. No module outside ``src/eagle3ops/commands/`` builds the argv of anything run on a host or through a Docker
    engine: an AST scan for list displays whose first element names a program. The exceptions are local tools that
    never reach a host or an engine of a host, each with its reason.
+3. No module over 600 lines without a paragraph of its module docstring that starts "Why this module is long"
+   (issue 13): split along the module's seams, or say why it is one module.
 """
 
 from __future__ import annotations
@@ -65,3 +67,40 @@ def test_the_scan_sees_an_argv_display(tmp_path):
     p = tmp_path / "m.py"
     p.write_text('def f(h):\n    return ["docker", "-H", h, "ps"]\n')
     assert _argv_displays(p) == [(2, "docker")]
+
+
+#: A module longer than this says at its top why it is one module (issue 13).
+LONG_MODULE_LINES = 600
+LONG_REASON = "Why this module is long"
+
+
+def _long_without_reason(path: Path) -> str | None:
+    """``"<lines> lines"`` when ``path`` is over LONG_MODULE_LINES lines and no paragraph of its module docstring
+    starts with LONG_REASON; else None."""
+    text = path.read_text()
+    lines = len(text.splitlines())
+    if lines <= LONG_MODULE_LINES:
+        return None
+    doc = ast.get_docstring(ast.parse(text)) or ""
+    paragraphs = [p.strip() for p in doc.split("\n\n")]
+    return None if any(p.startswith(LONG_REASON) for p in paragraphs) else f"{lines} lines"
+
+
+def test_every_long_module_says_why_at_its_top():
+    offenders = [f"{path.relative_to(SRC).as_posix()}: {why}" for path in sorted(SRC.rglob("*.py"))
+                 if (why := _long_without_reason(path))]
+    assert offenders == [], (f"split these modules along their seams, or start a paragraph of the module docstring "
+                             f"with {LONG_REASON!r} (over {LONG_MODULE_LINES} lines):\n" + "\n".join(offenders))
+
+
+def test_the_long_module_check_sees_a_missing_reason(tmp_path):
+    body = "x = 1\n" * LONG_MODULE_LINES
+    bare = tmp_path / "bare.py"
+    bare.write_text('"""A module.\n\nIt does one thing."""\n' + body)
+    assert _long_without_reason(bare) == f"{LONG_MODULE_LINES + 3} lines"
+    said = tmp_path / "said.py"
+    said.write_text(f'"""A module.\n\n{LONG_REASON}: one state machine."""\n' + body)
+    assert _long_without_reason(said) is None
+    short = tmp_path / "short.py"
+    short.write_text('"""A module."""\nx = 1\n')
+    assert _long_without_reason(short) is None

@@ -35,20 +35,21 @@ def _norm(cmds: list[str]) -> list[str]:
 
 
 class Recorder:
-    """Replaces ``cli._remote``: keeps every Remote the CLI makes, so a test can read its history and changes."""
+    """Replaces ``cli_common.remote``: keeps every Remote the CLI makes, so a test can read its history and
+    changes."""
 
     def __init__(self, monkeypatch):
-        from eagle3ops import cli
+        from eagle3ops import cli_common
 
         self.made: list = []
-        real = cli._remote
+        real = cli_common.remote
 
         def make(host, dry_run=False):
             r = real(host, dry_run)
             self.made.append(r)
             return r
 
-        monkeypatch.setattr(cli, "_remote", make)
+        monkeypatch.setattr(cli_common, "remote", make)
 
     def invoke(self, *args: str):
         """Run the CLI in-process; returns (result, the one Remote it made)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from eagle3ops.speculate import reach
 from eagle3ops.speculate import regenerate as rg
 from eagle3ops.speculate.prompts import Prompt
 
@@ -201,7 +202,7 @@ def test_the_api_key_comes_from_the_serving_container_and_never_from_argv():
         calls.append(list(argv))
         return Result(list(argv), 0, json.dumps(inspect))
 
-    assert rg.serving_api_key(SimpleNamespace(host=h, run=run)) == "s3cret"
+    assert reach.serving_api_key(SimpleNamespace(host=h, run=run)) == "s3cret"
     assert calls and not any("s3cret" in a for c in calls for a in c)
 
 
@@ -221,16 +222,16 @@ def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_
     settings = rg.settings_for(h, max_tokens=16, concurrency=2)
     mans = {}
     with Remote(h) as r:
-        key = rg.serving_api_key(r)
-        with pytest.raises(rg.ForwardRefused, match="AllowTcpForwarding local"):
-            with rg.serving_endpoint(r, key, ssh_forward=True):
+        key = reach.serving_api_key(r)
+        with pytest.raises(reach.ForwardRefused, match="AllowTcpForwarding local"):
+            with reach.serving_endpoint(r, key, ssh_forward=True):
                 pass
         for how, forward in (("direct", False), ("relayed", True)):
             p = rg.plan(he.items, settings, tmp_path / how)
-            mans[how] = rg.regenerate_for_host(r, run, p, ssh_forward=forward, extra_manifest=he.record,
+            mans[how] = reach.regenerate_for_host(r, run, p, ssh_forward=forward, extra_manifest=he.record,
                                                progress=False, echo=lambda _m: None)
         on_host = r.run(hc.cat_if_exists(mans["relayed"]["host_paths"]["manifest"]), mutates=False).stdout
-        with rg.serving_endpoint(r, key) as (url, how):
+        with reach.serving_endpoint(r, key) as (url, how):
             assert how.startswith("direct")
             direct = []
             for item in he.items:
@@ -282,7 +283,7 @@ def test_rows_relayed_from_the_host_reach_the_resume_log_as_they_stream(tmp_path
 
     r = SimpleNamespace(host=h, run=run)
     man = rg.regenerate(rg.plan(rg.items_from_prompts(PROMPTS), s, tmp_path), None, progress=False,
-                        rows_from=rg.host_relay(r, "pipeline:x", "s3cret", s))
+                        rows_from=reach.host_relay(r, "pipeline:x", "s3cret", s))
     assert (man["answered"], man["failed"]) == (5, 0) and seen[0] == 0 and seen[-1] == 5 and len(set(seen)) == 6
     assert "s3cret" not in (tmp_path / rg.ANSWERS).read_text() + (tmp_path / rg.MANIFEST).read_text()
 
@@ -291,7 +292,7 @@ def test_rows_relayed_from_the_host_reach_the_resume_log_as_they_stream(tmp_path
 
     with pytest.raises(rg.RegenerateError, match="deploy a pipeline image"):
         rg.regenerate(rg.plan(rg.items_from_prompts(PROMPTS), rg.GenSettings(model="m", max_tokens=9), tmp_path),
-                      None, progress=False, rows_from=rg.host_relay(SimpleNamespace(host=h, run=broken), "p:x",
+                      None, progress=False, rows_from=reach.host_relay(SimpleNamespace(host=h, run=broken), "p:x",
                                                                      None, s))
 
 

@@ -195,9 +195,9 @@ def _host_with_serving(host, **kw):
 
 def _cli(monkeypatch, world, *args):
     """Run the real CLI with its Remote replaced by the stand-in host."""
-    from eagle3ops import cli
+    from eagle3ops import cli, cli_common
 
-    monkeypatch.setattr(cli, "_remote", lambda h, dry_run=False: StandInRemote(h, world, dry_run))
+    monkeypatch.setattr(cli_common, "remote", lambda h, dry_run=False: StandInRemote(h, world, dry_run))
     return CliRunner().invoke(cli.app, [*args, "--inventory", str(REPO / "deploy/hosts.yaml")])
 
 
@@ -250,7 +250,7 @@ def test_preflight_refuses_hidden_states_that_cannot_fit(host, monkeypatch, tmp_
     world = _host_with_serving(host, free_bytes=50 * 10**6, hidden_size=8)
     world.on_launch = lambda name: (_ for _ in ()).throw(Launched(name))
     small = host.model_copy(update={"min_free_gib": 0.0})
-    monkeypatch.setattr("eagle3ops.cli._host", lambda inv, name: small)
+    monkeypatch.setattr("eagle3ops.cli_common.load_host", lambda inv, name: small)
     ds = f"{host.data_dir}/runs/big/chats.jsonl"
     world.files[ds] = "{}\n" * 2300
     pipeline = tmp_path / "pipeline.yaml"

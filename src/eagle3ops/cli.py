@@ -7,7 +7,6 @@ them (read-only checks still run, so the plan shows real answers).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -17,49 +16,25 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3ops import __version__
-from eagle3ops.config import ConfigError, HostConfig, load_inventory
+from eagle3ops import cli_common as common
+from eagle3ops.cli_common import DryRunOpt, InventoryOpt
+from eagle3ops.config import HostConfig
+from eagle3ops.config_cli import app as config_app
 from eagle3ops.console import print_event, summary
 from eagle3ops.image_cli import app as image_app
+from eagle3ops.lock_cli import app as lock_app
 from eagle3ops.patches.cli import app as patch_app
 from eagle3ops.sandbox.cli import app as sandbox_app
 from eagle3ops.stages.cli import app as stage_app
 
-console = Console(stderr=True)
+console = common.console
 app = typer.Typer(no_args_is_help=True, help="Train and ship an EAGLE-3 draft head for a model served with vLLM.")
 app.add_typer(patch_app, name="patch", help="Patch series: apply, verify, check, new/refresh, rebase, capture, drift.")
 app.add_typer(stage_app, name="stage", help="Pipeline stages (run inside the pipeline image).")
 app.add_typer(image_app, name="image", help="Versioned images: build, base, ls.")
 app.add_typer(sandbox_app, name="sandbox", help="The embedded local sandbox host (sshd + its own dockerd).")
-lock_app = typer.Typer(no_args_is_help=True, help="The host's deploy lock.")
 app.add_typer(lock_app, name="lock")
-config_app = typer.Typer(no_args_is_help=True, help="Configuration reference (every file, every key) and validation.")
 app.add_typer(config_app, name="config")
-
-InventoryOpt = typer.Option(
-    Path(os.environ.get("EAGLE3OPS_INVENTORY", "deploy/hosts.yaml")), "--inventory", "-i",
-    help="Inventory file (env EAGLE3OPS_INVENTORY).")
-DryRunOpt = typer.Option(False, "--dry-run", help="Print every remote command in order; execute none.")
-
-
-def _host(inventory: Path, name: str) -> HostConfig:
-    try:
-        return load_inventory(inventory).host(name)
-    except ConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-
-
-def _remote(host: HostConfig, dry_run: bool = False):
-    from eagle3ops.remote import Remote
-
-    echo = (lambda cmd: print(cmd)) if dry_run else None
-    return Remote(host, dry_run=dry_run, echo=echo)
-
-
-def _fail(msg: str, code: int = 1) -> None:
-    console.print(f"[red]error:[/red] {msg}")
-    raise typer.Exit(code)
-
 
 def _deployed(r, required: bool = True) -> dict[str, Any]:
     """The host's ``deployed.json`` (image tag and id); a placeholder in dry runs of a never-deployed host."""
@@ -72,7 +47,7 @@ def _deployed(r, required: bool = True) -> dict[str, Any]:
     if required:
         from eagle3ops.window.common import hint
 
-        _fail(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
+        common.fail(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
     return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
 
 
@@ -89,14 +64,14 @@ def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, 
     from eagle3ops.window.run import run_window
 
     command = _command_line()
-    with _remote(host, dry_run) as r:
+    with common.remote(host, dry_run) as r:
         dep = _deployed(r, required=not (dry_run or host.pipeline_image))
         try:
             result = run_window(r, kind=kind, image=host.pipeline_image or dep["image"],
                                 expected_image_id=dep.get("image_id"), command=command,
                                 on_event=print_event, **kw)
         except WindowError as exc:
-            _fail(str(exc))
+            common.fail(str(exc))
     if dry_run:
         return result
     summary(result)
@@ -118,11 +93,11 @@ def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
     """Build the pipeline image if needed, push it over SSH, verify its id on the host, preflight. Serving untouched."""
     from eagle3ops import deployer
 
-    h = _host(inventory, host)
+    h = common.load_host(inventory, host)
     try:
         deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print)
     except deployer.DeployError as exc:
-        _fail(str(exc))
+        common.fail(str(exc))
 
 
 RestartOpt = typer.Option(False, "--restart", help="Redo extract/train from scratch even when done for these "
@@ -137,7 +112,7 @@ def _stage_window(kind: str, h: HostConfig, dry_run: bool, offline: bool, **kw: 
         _window(kind, h, dry_run, **kw)
         return
     if not dry_run:
-        _fail("--offline needs --dry-run: a real window must read the host (add --dry-run, or drop --offline)", 2)
+        common.fail("--offline needs --dry-run: a real window must read the host (add --dry-run, or drop --offline)", 2)
     from eagle3ops.window.offline import offline_dry_run
 
     offline_dry_run(h, kind=kind, command="eagle3ops " + " ".join(sys.argv[1:]), **kw)
@@ -150,7 +125,7 @@ def extract(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
             restart: bool = RestartOpt, offline: bool = OfflineOpt) -> None:
     """Maintenance window 1: stop serving, run prepare + extract, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
-    h = _host(inventory, host)
+    h = common.load_host(inventory, host)
     _stage_window("extract", h, dry_run, offline, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
 
 
@@ -161,7 +136,7 @@ def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
           restart: bool = RestartOpt, offline: bool = OfflineOpt) -> None:
     """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
-    h = _host(inventory, host)
+    h = common.load_host(inventory, host)
     _stage_window("train", h, dry_run, offline, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
 
 
@@ -169,14 +144,14 @@ def _read_pipeline(pipeline: Path) -> str:
     """The pipeline config's text, validated here; the window writes it to the host under the lock, after
     preflight (never before: a run refused by the lock must not change a running window's input)."""
     if not pipeline.is_file():
-        _fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
+        common.fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
     text = pipeline.read_text()
     from eagle3ops.config.pipeline import PipelineConfigError, parse_pipeline_config
 
     try:
         parse_pipeline_config(text, pipeline)
     except PipelineConfigError as exc:
-        _fail(f"invalid pipeline config: {exc}")
+        common.fail(f"invalid pipeline config: {exc}")
     return text
 
 
@@ -191,7 +166,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     (`eagle3ops config check HOST` shows how they differ from the live container)."""
     from eagle3ops.config.plan import ReleaseChange
 
-    h = _host(inventory, host)
+    h = common.load_host(inventory, host)
     _window("release", h, dry_run, change=ReleaseChange(args=list(arg), image=image))
 
 
@@ -201,7 +176,7 @@ def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOp
                  None, "--to", help="Release number (default: the release that was live before the current one).")
              ) -> None:
     """Bring back a retained serving release (default: the one live before the current one), health-gated."""
-    h = _host(inventory, host)
+    h = common.load_host(inventory, host)
     _window("rollback", h, dry_run, to_release=to)
 
 
@@ -221,8 +196,8 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     from eagle3ops.speculate.ship import speculate as run_speculate
     from eagle3ops.window.common import WindowError
 
-    h = _host(inventory, host)
-    with _remote(h, dry_run) as r:
+    h = common.load_host(inventory, host)
+    with common.remote(h, dry_run) as r:
         dep = _deployed(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
@@ -230,7 +205,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:
-            _fail(str(exc))
+            common.fail(str(exc))
     if dry_run:
         return
     sd = res.get("spec_decode") or {}
@@ -250,7 +225,7 @@ def _newest_window(r, required: str = "") -> str | None:
 
     wid = latest_window(r)
     if not wid and required:
-        _fail(f"{r.host.name}: no window to {required}")
+        common.fail(f"{r.host.name}: no window to {required}")
     return wid
 
 
@@ -261,8 +236,8 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
     from eagle3ops.window.common import paths
     from eagle3ops.window.lock import read_lock
 
-    h = _host(inventory, host)
-    with _remote(h) as r:
+    h = common.load_host(inventory, host)
+    with common.remote(h) as r:
         lock = read_lock(r)
         console.print(f"lock: {json.dumps(lock) if lock else 'free'}")
         cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False, mutates=False)
@@ -291,7 +266,7 @@ def attach(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt)
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.watch import finish_window, watch
 
-    with _remote(_host(inventory, host), dry_run) as r:
+    with common.remote(common.load_host(inventory, host), dry_run) as r:
         wid = _newest_window(r, "attach to")
         try:
             if dry_run:
@@ -299,7 +274,7 @@ def attach(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt)
                 return
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="attach")
         except WindowError as exc:
-            _fail(str(exc))
+            common.fail(str(exc))
     summary(result)
 
 
@@ -323,8 +298,8 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     from eagle3ops.window.run import relaunch
     from eagle3ops.window.watch import finish_window, watch
 
-    h = _host(inventory, host)
-    with _remote(h, dry_run) as r:
+    h = common.load_host(inventory, host)
+    with common.remote(h, dry_run) as r:
         wid = _newest_window(r, "recover")
         deployed = _deployed(r, required=False)["image"]
         try:
@@ -336,7 +311,7 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
                 return
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="recover")
         except WindowError as exc:
-            _fail(str(exc))
+            common.fail(str(exc))
     summary(result)
 
 
@@ -366,11 +341,12 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
     Writes dataset.jsonl (the target's answers) and dataset.manifest.json locally and uploads both to
     <data_dir>/runs/<run>/regenerated/; name `regenerated/dataset.jsonl` in prepare.datasets to train on it.
     """
+    from eagle3ops.speculate import reach
     from eagle3ops.speculate import regenerate as rg
     from eagle3ops.speculate.prompts import GatePromptsError
     from eagle3ops.stages.chatdata import ChatDataError
 
-    h = _host(inventory, host)
+    h = common.load_host(inventory, host)
     extra: dict[str, Any] = {}
     try:
         if dataset:
@@ -384,15 +360,15 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
                                    concurrency=concurrency)
         p = rg.plan(items, settings, out or Path("regenerated") / f"{host}-{run}")
     except (rg.RegenerateError, ChatDataError, GatePromptsError) as exc:
-        _fail(str(exc), 2)
-    with _remote(h, dry_run) as r:
+        common.fail(str(exc), 2)
+    with common.remote(h, dry_run) as r:
         try:
-            res = rg.regenerate_for_host(r, run, p, direct=endpoint, ssh_forward=ssh_forward,
-                                         extra_manifest=extra, echo=lambda m: console.print(m, markup=False))
+            res = reach.regenerate_for_host(r, run, p, direct=endpoint, ssh_forward=ssh_forward,
+                                            extra_manifest=extra, echo=lambda m: console.print(m, markup=False))
         except rg.RegenerateError as exc:
-            _fail(str(exc))
+            common.fail(str(exc))
     if not dry_run and res["failed"]:
-        _fail(f"{res['failed']} conversation(s) failed after their attempts (first: {res['errors'][0]}); "
+        common.fail(f"{res['failed']} conversation(s) failed after their attempts (first: {res['errors'][0]}); "
               "rerun the same command to retry them (answered ones are kept)")
 
 
@@ -404,11 +380,11 @@ def report(host: str, run: str = typer.Option(..., "--run", help="The pipeline r
     """Write the run's HTML report: window timeline, training curves, acceptance and throughput plots."""
     from eagle3ops import report as rep
 
-    h = _host(inventory, host)
-    with _remote(h) as r:
+    h = common.load_host(inventory, host)
+    with common.remote(h) as r:
         data = rep.collect(r, h, run)
     if not data["windows"] and not data["train_metrics"] and not data.get("speculate"):
-        _fail(f"{host}: nothing recorded for run {run!r} (no window, no training metrics, no speculation gate); "
+        common.fail(f"{host}: nothing recorded for run {run!r} (no window, no training metrics, no speculation gate); "
               "check --run")
     folder = out or Path("reports") / f"{host}-{run}"
     rep.render(data, folder)
@@ -420,8 +396,8 @@ def audit(host: str, inventory: Path = InventoryOpt) -> None:
     """The host's audit log: who, when, what, outcome."""
     from eagle3ops.window.common import audit_entries
 
-    h = _host(inventory, host)
-    with _remote(h) as r:
+    h = common.load_host(inventory, host)
+    with common.remote(h) as r:
         entries = audit_entries(r)
     t = Table(title=f"audit log of {host}")
     for col in ("t", "user", "command", "outcome", "error", "warnings"):
@@ -430,110 +406,6 @@ def audit(host: str, inventory: Path = InventoryOpt) -> None:
         t.add_row(*(str(e.get(c, ""))[:80] for c in ("t", "user", "command", "outcome")),
                   str(e.get("error", "")), "\n".join(e.get("warnings") or []))
     Console().print(t)
-
-
-@lock_app.command("status")
-def lock_status(host: str, inventory: Path = InventoryOpt) -> None:
-    """Show who holds the host's deploy lock (and whether it is stale)."""
-    from eagle3ops.window.lock import describe_lock, read_lock
-
-    h = _host(inventory, host)
-    with _remote(h) as r:
-        console.print(describe_lock(r) if read_lock(r) else f"{host}: lock is free")
-
-
-@lock_app.command("release")
-def lock_release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
-                 force: bool = typer.Option(False, "--force", help="Release even if its window may still run.")
-                 ) -> None:
-    """Release the host's deploy lock; refuses while its window's supervisor runs unless --force."""
-    from eagle3ops.window.lock import lock_is_stale, read_lock, release_lock
-
-    h = _host(inventory, host)
-    with _remote(h, dry_run) as r:
-        d = read_lock(r)
-        if not d:
-            console.print(f"{host}: lock is free")
-            return
-        if not lock_is_stale(r, d) and not force:
-            _fail(f"{host}: window {d.get('window_id')} is still running; wait or pass --force")
-        release_lock(r)
-        console.print(f"{host}: lock {'would be ' if dry_run else ''}released (was held by {d.get('holder')} "
-                      f"since {d.get('since')})")
-
-
-@config_app.command("docs")
-def config_docs(section: Optional[str] = typer.Argument(
-        None, help="inventory, pipeline, image or profiles (default: all of them).")) -> None:
-    """Print every key of a configuration file (type, default, meaning), generated from its models."""
-    from eagle3ops.config.docs import docs
-
-    try:
-        print(docs(section), end="")
-    except ConfigError as exc:
-        _fail(str(exc), 2)
-
-
-@config_app.command("check")
-def config_check(
-        what: Optional[str] = typer.Argument(
-            None, help="inventory (default), pipeline, image or profiles: the kind of FILE; or a HOST of the "
-                       "inventory: also compare its serving section with its live serving container."),
-        file: Optional[Path] = typer.Argument(
-            None, help="The file to check (default: the section's checked-in example; inventory: --inventory)."),
-        inventory: Path = InventoryOpt) -> None:
-    """Validate a configuration file (default: the inventory) as eagle3ops loads it. With HOST, show how the
-    inventory's serving flags differ from the live container (they apply only where no live container exists:
-    releases start from the live container)."""
-    from eagle3ops.config.docs import SECTIONS, get_section
-
-    sections = set(SECTIONS)
-    if what is None or what == "inventory" and file is None or what not in sections:
-        try:
-            inv = load_inventory(inventory)
-        except ConfigError as exc:
-            _fail(str(exc), 2)
-        console.print(f"{inventory}: ok ({', '.join(inv.hosts)})")
-        if what in (None, "inventory"):
-            return
-        if what not in inv.hosts:
-            _fail(f"{what!r} is neither a section ({', '.join(sorted(sections))}) nor a host of {inventory} "
-                  f"({', '.join(inv.hosts)})", 2)
-        _serving_drift(inventory, what)
-        return
-    try:
-        s = get_section(what)
-        for f in [file] if file is not None else [Path(e) for e in s.examples]:
-            s.check(f)
-            console.print(f"{f}: ok ({s.title.lower()})")
-    except ConfigError as exc:
-        _fail(str(exc), 2)
-
-
-def _serving_drift(inventory: Path, host: str) -> None:
-    """Print how the inventory's serving flags for ``host`` differ from its live serving container."""
-    from eagle3ops.window.preflight import serving_drift
-
-    h = _host(inventory, host)
-    if not h.serving.managed:
-        console.print(f"{host}: serving: none (a host that only trains): no serving container to compare")
-        return
-    if h.serving.kind == "process":
-        console.print(f"{host}: serving kind process: windows restore the running process as recorded from /proc, "
-                      f"releases change its flags (`release --arg`); "
-                      f"there is no container to compare")
-        return
-    with _remote(h) as r:
-        name, diffs = serving_drift(r)
-    if name is None:
-        console.print(f"{host}: no live serving container; the inventory's serving flags would start one")
-    elif not diffs:
-        console.print(f"{host}: live serving container {name} matches the inventory's serving flags")
-    else:
-        console.print(f"{host}: live serving container {name} differs from the inventory's serving flags (releases "
-                      f"keep the live settings; these inventory values are not applied):")
-        for d in diffs:
-            console.print(f"  - {d}", markup=False)
 
 
 def _register_push() -> None:

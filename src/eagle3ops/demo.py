@@ -144,8 +144,8 @@ def start_serving(h: HostConfig) -> float:
 def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, prompts: int = DEMO_PROMPTS,
                              max_tokens: int = DEMO_MAX_TOKENS, out_dir: Path | None = None) -> tuple[str, dict]:
     """Answer the first ``prompts`` HumanEval train-split prompts with the sandbox's live target
-    (:mod:`eagle3ops.speculate.regenerate`: greedy, ``max_tokens`` each, uploaded to the run's ``regenerated/``)
-    and return ``(pipeline text training on them, the generation manifest)``.
+    (:func:`eagle3ops.speculate.reach.regenerate_for_host`: greedy, ``max_tokens`` each, uploaded to the run's
+    ``regenerated/``) and return ``(pipeline text training on them, the generation manifest)``.
 
     Raises:
         DemoError: some prompts stayed unanswered after their attempts.
@@ -154,13 +154,14 @@ def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, pro
     import yaml
 
     from eagle3ops.remote import Remote
+    from eagle3ops.speculate import reach
     from eagle3ops.speculate import regenerate as rg
 
     he = rg.humaneval_train(prompts)
     p = rg.plan(he.items, rg.settings_for(h, max_tokens=max_tokens),
                 out_dir or Path("regenerated") / f"{h.name}-{run}")
     with Remote(h) as r:
-        man = rg.regenerate_for_host(r, run, p, extra_manifest=he.record, echo=console.print)
+        man = reach.regenerate_for_host(r, run, p, extra_manifest=he.record, echo=console.print)
     if man["failed"]:
         raise DemoError(f"training data: {man['failed']} prompt(s) unanswered: {man['errors'][:3]}")
     cfg = yaml.safe_load(pipeline_text) or {}

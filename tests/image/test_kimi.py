@@ -21,10 +21,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagle3ops.config.pipeline import load_pipeline_config  # noqa: E402
+from eagle3ops.stages.draft import target_final_norm  # noqa: E402
 from eagle3ops.stages.extract import TransformersEngine, run_extract  # noqa: E402
 from eagle3ops.stages.prepare import load_tokenizer, read_samples, run_prepare  # noqa: E402
 from eagle3ops.stages.target import BACKBONE_TENSORS, load_backbone_tensors, target_text_config  # noqa: E402
-from eagle3ops.stages.train import _target_final_norm, run_train  # noqa: E402
+from eagle3ops.stages.train import run_train  # noqa: E402
 from eagle3ops.stages.vocab import run_vocab  # noqa: E402
 from eagle3ops.tinykimi import (  # noqa: E402
     IM_END_ID,
@@ -205,14 +206,14 @@ def test_kimi_train_reads_every_target_tensor_under_language_model(tmp_path, kim
     from safetensors import safe_open
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    from eagle3ops.stages.train import build_draft_config
+    from eagle3ops.stages.draft import build_draft_config
 
     with safe_open(str(kimi / "model.safetensors"), "pt") as f:
         stored = {role: f.get_tensor(name) for role, name in KIMI_BACKBONE_NAMES.items()}
     got = load_backbone_tensors(str(kimi), list(BACKBONE_TENSORS))
     for role in KIMI_BACKBONE_NAMES:
         assert torch.equal(got[role], stored[role]), role
-    w, eps = _target_final_norm(str(kimi))
+    w, eps = target_final_norm(str(kimi))
     assert torch.equal(w, stored["final_norm"].float()) and eps == 1e-6
 
     run = make_run(tmp_path / "run", kimi, prepare={"max_samples": 10}, extract={"aux_layer_ids": [0, 1, 2]},

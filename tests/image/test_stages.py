@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")  # noqa: F841 - the image always has it; the host run leaves tests/image out
 
 from eagle3ops.config.pipeline import PipelineConfig, load_pipeline_config  # noqa: E402
+from eagle3ops.stages.draft import standardize_with_norm, target_final_norm  # noqa: E402
 from eagle3ops.stages.extract import TransformersEngine, run_extract  # noqa: E402
 from eagle3ops.stages.manifest import StageInputError  # noqa: E402
 from eagle3ops.stages.prepare import (  # noqa: E402
@@ -28,7 +29,7 @@ from eagle3ops.stages.prepare import (  # noqa: E402
     read_samples,
     run_prepare,
 )
-from eagle3ops.stages.train import _standardize_with_norm, _target_final_norm, run_train  # noqa: E402
+from eagle3ops.stages.train import run_train  # noqa: E402
 from eagle3ops.stages.vocab import run_vocab  # noqa: E402
 from eagle3ops.tinymodel import build_tiny_model  # noqa: E402
 
@@ -463,8 +464,8 @@ def test_teacher_logits_are_the_targets_real_logits(trained_base, models):
     from transformers import AutoModelForCausalLM
 
     path = str(models["llama"])
-    w, eps = _target_final_norm(path)
-    f = _standardize_with_norm(w, eps)
+    w, eps = target_final_norm(path)
+    f = standardize_with_norm(w, eps)
     d = torch.load(trained_base / "extract/hidden/data_000000.pt", weights_only=True)
     std = f(d)
     assert std["hidden_states"].shape[-1] == 3 * 128
@@ -506,16 +507,16 @@ def test_dense_attention_equals_speculators_flex_attention(trained_base):
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
 
-    from eagle3ops.stages.train import build_draft_config, register_dense_attention
+    from eagle3ops.stages.draft import build_draft_config, register_dense_attention
 
     torch._dynamo.config.disable = True
     run, cfg = trained_base, cfg_of(trained_base)
     d2t = torch.from_numpy(np.load(run / "vocab/d2t.npy"))
     t2d = torch.from_numpy(np.load(run / "vocab/t2d.npy"))
     m = json.loads((run / "extract/manifest.json").read_text())
-    w, eps = _target_final_norm(cfg.target_model)
+    w, eps = target_final_norm(cfg.target_model)
     ds = Eagle3SampleFileDataset(max_len=512, file_list=[str(run / "extract" / s["file"]) for s in m["sample_files"]],
-                                 standardize_fn=_standardize_with_norm(w, eps))
+                                 standardize_fn=standardize_with_norm(w, eps))
     batch = create_collate_fn(512)([ds[i] for i in range(6)])
     assert len(batch["lengths"]) > 1  # several packed documents: the document mask matters
     out = []

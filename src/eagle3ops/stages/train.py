@@ -15,6 +15,8 @@ Inputs: ``extract/`` (speculators' v1 sample files) and ``vocab/`` (d2t/t2d). Ou
 
 What is speculators' and what is changed here
 ---------------------------------------------
+(The draft head's config, the dense attention used on CPU and the teacher-logit transform live in
+:mod:`eagle3ops.stages.draft`; this module runs the training loop, its checkpoints and its processes.)
 Used as is from speculators 0.3.0: ``Eagle3DraftModel`` / ``Eagle3SpeculatorConfig`` (model, TTT loss and
 accuracy metrics), ``Eagle3SampleFileDataset`` + ``standardize_data_v1`` + ``shift_batch`` + ``create_collate_fn``
 (data), ``MultipackDistributedBatchSamplerV2`` (packing), AdamW + linear warmup/decay + grad-norm clip 1.0
@@ -73,6 +75,13 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.config.pipeline import PipelineConfig
+from eagle3ops.stages.draft import (
+    SPECULATIVE_TOKENS,
+    build_draft_config,
+    register_dense_attention,
+    standardize_with_norm,
+    target_final_norm,
+)
 from eagle3ops.stages.manifest import (
     atomic_write_text,
     check_inputs,
@@ -82,125 +91,6 @@ from eagle3ops.stages.manifest import (
     stage_dir,
     write_manifest,
 )
-from eagle3ops.stages.target import target_config, target_text_config
-
-SPECULATIVE_TOKENS = 3
-
-
-DENSE_ATTENTION = "eagle3ops_dense_sdpa"
-
-
-def register_dense_attention() -> str:
-    """Register (once) a dense-mask SDPA attention that takes speculators' BlockMask; returns its name.
-
-    speculators' draft forward builds a flex-attention ``BlockMask`` (causal within each packed document, plus
-    the diagonal over earlier TTT steps). Without ``torch.compile`` flex attention falls back to an unfused
-    reference implementation that is slow on CPU (about 11 s per 1k-token step here, mostly its dense
-    backward), and inductor cannot compile it on CPU (``InductorError: IndexError`` with torch 2.10). This
-    evaluates the same ``mask_mod`` densely (``create_mask``: exact, the mask_mod is complete by itself) and
-    calls ``torch.nn.functional.scaled_dot_product_attention``.
-    """
-    from torch.nn.attention.flex_attention import create_mask
-    from torch.nn.functional import scaled_dot_product_attention
-    from transformers.modeling_utils import AttentionInterface
-
-    def dense_sdpa_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                           scaling: float | None = None, **_kwargs: Any) -> tuple[Any, None]:
-        q_len, kv_len = query.shape[2], key.shape[2]
-        mask = create_mask(attention_mask.mask_mod, None, None, q_len, kv_len, device=query.device)
-        out = scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                           enable_gqa=query.shape[1] != key.shape[1])
-        return out.transpose(1, 2).contiguous(), None
-
-    AttentionInterface.register(DENSE_ATTENTION, dense_sdpa_forward)
-    return DENSE_ATTENTION
-
-
-def build_draft_config(
-    config: PipelineConfig, aux_layer_ids: list[int], draft_vocab_size: int, attention: str = "simple_flex_attention"
-) -> Any:
-    """speculators' ``Eagle3SpeculatorConfig`` for a one-or-more-layer Llama draft head of the target.
-
-    The decoder layer copies the target's width, heads, activation, rope and norm eps (as speculators'
-    training script does); ``eagle_aux_hidden_state_layer_ids`` is stored in vLLM's convention (see module doc).
-    """
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-    from speculators.models.eagle3 import Eagle3SpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers import LlamaConfig
-
-    t = target_text_config(config.target_model)
-    heads = t.num_attention_heads
-    head_dim = getattr(t, "head_dim", None) or t.hidden_size // heads
-    if getattr(t, "kv_lora_rank", None):
-        # MLA targets (DeepSeek-V2/V3, Kimi-K2.5): their `head_dim` is the rope part of a query head, not a
-        # width for the draft's plain attention; use hidden_size // heads.
-        head_dim = t.hidden_size // heads
-    layer_cfg = LlamaConfig(
-        vocab_size=t.vocab_size,
-        hidden_size=t.hidden_size,
-        intermediate_size=getattr(t, "intermediate_size", 4 * t.hidden_size),
-        num_hidden_layers=config.train.num_layers,
-        num_attention_heads=heads,
-        num_key_value_heads=getattr(t, "num_key_value_heads", heads) or heads,
-        head_dim=head_dim,
-        hidden_act=getattr(t, "hidden_act", "silu"),
-        max_position_embeddings=t.max_position_embeddings,
-        rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6),
-        rope_theta=getattr(t, "rope_theta", 10000.0),
-        rope_scaling=getattr(t, "rope_scaling", None),
-        tie_word_embeddings=False,
-    )
-    # speculators registers flex attention under this name (models/eagle3/attention.py); its forward passes a
-    # BlockMask, which only this attention function takes.
-    layer_cfg._attn_implementation = attention
-    # The verifier's own architectures (a wrapper's, e.g. KimiK25ForConditionalGeneration, not its backbone's).
-    archs = list(getattr(target_config(config.target_model), "architectures", None) or [])
-    return Eagle3SpeculatorConfig(
-        transformer_layer_config=layer_cfg,
-        draft_vocab_size=draft_vocab_size,
-        norm_before_residual=False,
-        eagle_aux_hidden_state_layer_ids=[j + 1 for j in aux_layer_ids],
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=SPECULATIVE_TOKENS)],
-            default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=config.target_model, architectures=archs),
-        ),
-    )
-
-
-def _target_final_norm(target_model: str) -> tuple[Any, float]:
-    """Weight (fp32, ``[H]``) and eps of the target's final RMSNorm: ``model.norm.weight``, or
-    ``language_model.model.norm.weight`` for wrappers such as Kimi-K2.5 (:mod:`eagle3ops.stages.target`).
-
-    Raises:
-        ValueError: the checkpoint has no final-norm tensor under its text backbone prefix.
-    """
-    from eagle3ops.stages.target import load_backbone_tensors
-
-    t = target_text_config(target_model)
-    try:
-        weight = load_backbone_tensors(target_model, ["final_norm"])["final_norm"]
-    except KeyError as exc:
-        raise ValueError(f"{exc.args[0]}; cannot form the teacher logits") from exc
-    return weight.float(), float(getattr(t, "rms_norm_eps", 1e-6))
-
-
-def _standardize_with_norm(norm_weight: Any, eps: float):
-    """speculators' ``standardize_data_v1`` + the target's final RMSNorm on the last layer (see module doc)."""
-    import torch
-    from speculators.train.data import standardize_data_v1
-
-    def fn(data: dict[str, Any]) -> dict[str, Any]:
-        out = standardize_data_v1(data)
-        h = out["verifier_last_hidden_states"].float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
-        out["verifier_last_hidden_states"] = h
-        return out
-
-    return fn
-
 
 def _latest_checkpoint(ckpt_root: Path) -> Path | None:
     done = sorted(p.parent for p in ckpt_root.glob("step_*/state.json"))
@@ -404,18 +294,18 @@ def run_train(
     held = held_out_indices(len(ext["sample_files"]), tc.held_out_fraction, config.seed)
     train_samples = [s for i, s in enumerate(ext["sample_files"]) if i not in held]
     files = [str(ext_dir / s["file"]) for s in train_samples]
-    norm_w, eps = _target_final_norm(config.target_model)
+    norm_w, eps = target_final_norm(config.target_model)
     transform = AddUniformNoise(std=tc.noise_std) if tc.noise_std > 0 else None
     dataset = Eagle3SampleFileDataset(
         max_len=tc.batch_max_tokens,
         file_list=files,
         transform=transform,
-        standardize_fn=_standardize_with_norm(norm_w, eps),
+        standardize_fn=standardize_with_norm(norm_w, eps),
     )
     held_dataset = Eagle3SampleFileDataset(
         max_len=tc.batch_max_tokens,
         file_list=[str(ext_dir / ext["sample_files"][i]["file"]) for i in sorted(held)],
-        standardize_fn=_standardize_with_norm(norm_w, eps),
+        standardize_fn=standardize_with_norm(norm_w, eps),
     )
     lengths = [s["tokens"] - 1 for s in train_samples]  # shift_batch drops one position
     sampler = MultipackDistributedBatchSamplerV2(

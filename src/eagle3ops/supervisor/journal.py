@@ -56,3 +56,13 @@ class Journal:
     def first_epoch(self) -> float:
         """Start time of the window (epoch seconds), surviving restarts."""
         return self.entries[0]["epoch"] if self.entries else time.time()
+
+
+def _tail(path: Path, size: int = 65536) -> str:
+    """The last ``size`` bytes of a file as text ('' when it cannot be read)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

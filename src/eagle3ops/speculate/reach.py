@@ -1,0 +1,280 @@
+"""How the driver reaches a host's live serving to regenerate a dataset there, and where the result goes.
+
+The pure part (settings, items, resume log, plan, the HTTP client and its retries) is
+:mod:`eagle3ops.speculate.regenerate`; this module takes a :class:`eagle3ops.remote.Remote` and does the host side:
+
+- :func:`serving_api_key`: the API key is read the way the health gate reads it (the serving container's own
+  ``--api-key`` / ``VLLM_API_KEY``, else the file named by ``serving.api_key_file``, read on the host) and never
+  reaches argv, logs or the manifest;
+- :func:`serving_endpoint`: the serving port is used directly when the driver reaches it, else through an SSH
+  port-forward on the same connection;
+- :func:`host_relay`: else (the host's sshd forbids forwarding, as the sandbox's does) the requests are relayed on
+  the host by the deployed pipeline image (the way the speculation gate measures), its rows streamed back over SSH
+  into the same resume log;
+- :func:`upload`: the dataset and its manifest go into ``<data_dir>/runs/<run>/regenerated/``;
+- :func:`regenerate_for_host`: all of the above around :func:`eagle3ops.speculate.regenerate.regenerate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eagle3ops.speculate.regenerate import (
+    DATASET,
+    HOST_FOLDER,
+    MANIFEST,
+    ForwardRefused,
+    GenSettings,
+    Item,
+    RegenerateError,
+    RegeneratePlan,
+    RowSource,
+    auth_headers,
+    regenerate,
+)
+
+__all__ = ["ForwardRefused", "RegenerateError", "host_paths", "host_relay", "regenerate_for_host",
+           "serving_api_key", "serving_endpoint", "upload"]
+
+
+def serving_api_key(r: Any) -> str | None:
+    """The API key production serving requires, taken as the health gate takes it: the serving container's own
+    ``--api-key`` / ``VLLM_API_KEY`` (``docker container inspect`` over ``r``), else the first line of the file named
+    by ``serving.api_key_file``, read on the host; None when serving needs none. Never logged.
+
+    Raises:
+        RegenerateError: ``serving.api_key_file`` is set but cannot be read on the host.
+    """
+    from eagle3ops import health
+    from eagle3ops.commands import docker as dk
+    from eagle3ops.commands import host as hc
+
+    h = r.host
+    out = r.run(dk.inspect_container(h, h.serving.container), check=False, mutates=False)
+    if out.ok and out.stdout.strip():
+        try:
+            key = health.api_key_from_inspect(json.loads(out.stdout)[0])
+        except (ValueError, IndexError, TypeError):
+            key = None
+        if key:
+            return key
+    if h.serving.api_key_file:
+        got = r.run(hc.cat_if_exists(h.serving.api_key_file), check=False, mutates=False).stdout
+        lines = [x.strip() for x in got.splitlines() if x.strip()]
+        if not lines:
+            raise RegenerateError(f"{h.name}: cannot read the API key file {h.serving.api_key_file} named by "
+                                  "serving.api_key_file on the host (missing or empty); fix the path or the file")
+        return lines[0]
+    return None
+
+
+def _serves(base_url: str, model: str, api_key: str | None, timeout: float = 3.0) -> bool:
+    """True when ``base_url`` answers ``/v1/models`` listing ``model`` (the host's server, not some other one)."""
+    try:
+        r = httpx.get(f"{base_url}/v1/models", headers=auth_headers(api_key), timeout=timeout)
+        return r.status_code == 200 and model in [m.get("id") for m in r.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _check_forwarding(r: Any, port: int, url: str) -> None:
+    """Open (and close) one ``direct-tcpip`` channel to the host's ``127.0.0.1:port``: a host whose sshd forbids
+    forwarding (``AllowTcpForwarding no``, as the sandbox's) refuses it at once, instead of every request failing.
+
+    Raises:
+        RegenerateError: the host refuses the forward or nothing listens there; the message gives the fixes.
+    """
+    from paramiko.ssh_exception import ChannelException, SSHException
+
+    h = r.host
+    try:
+        chan = r.connection.client.get_transport().open_channel(
+            "direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), timeout=15)
+        chan.close()
+    except (ChannelException, SSHException, OSError) as exc:
+        raise ForwardRefused(
+            f"{h.name}: the driver does not reach serving at {url}, and an SSH forward to 127.0.0.1:{port} on the "
+            f"host was refused ({exc}); allow TCP forwarding for the SSH user in the host's sshd "
+            "(AllowTcpForwarding local), deploy the pipeline image (the requests are then relayed by a helper on "
+            "the host), or pass --endpoint URL with a route to the serving port the driver reaches") from None
+
+
+@contextlib.contextmanager
+def serving_endpoint(r: Any, api_key: str | None, *, direct: str | None = None, ssh_forward: bool = False
+                     ) -> Iterator[tuple[str, str]]:
+    """The host's serving endpoint as ``(base_url, how)``, open for the ``with`` block.
+
+    Tried in order: ``direct`` when given (a URL; must answer), else ``http://<hostname>:<serving.port>`` when
+    the driver reaches it and it lists ``serving.served_model_name`` (not tried with ``ssh_forward``), else an SSH
+    local port-forward over ``r``'s connection to ``127.0.0.1:<serving.port>`` on the host (Fabric
+    ``forward_local`` on a free local port: serving usually listens on the host's loopback only); waits at most
+    30 s for the forward to answer.
+
+    Raises:
+        ForwardRefused: the host's sshd forbids the forward (the sandbox's does); :func:`regenerate_for_host` then
+            relays through the host (:func:`host_relay`).
+        RegenerateError: none of them answers with the served model (the message names what was tried).
+    """
+    h = r.host
+    s = h.serving
+    if direct:
+        if not _serves(direct.rstrip("/"), s.served_model_name, api_key, timeout=10):
+            raise RegenerateError(f"--endpoint {direct}: does not answer /v1/models with {s.served_model_name}")
+        yield direct.rstrip("/"), f"direct {direct}"
+        return
+    url = f"http://{h.hostname}:{s.port}"
+    if not ssh_forward and _serves(url, s.served_model_name, api_key):
+        yield url, f"direct {url}"
+        return
+    _check_forwarding(r, s.port, url)
+    port = _free_port()
+    with r.connection.forward_local(port, remote_port=s.port, remote_host="127.0.0.1", local_host="127.0.0.1"):
+        fwd = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while not _serves(fwd, s.served_model_name, api_key, timeout=10):
+            if time.monotonic() > deadline:
+                raise RegenerateError(f"{h.name}: serving does not answer on {url} nor through an SSH forward to "
+                                      f"127.0.0.1:{s.port} on the host (is production serving up? "
+                                      f"`eagle3ops status {h.name}`)")
+            time.sleep(1)
+        yield fwd, f"ssh forward 127.0.0.1:{port} -> {h.name} 127.0.0.1:{s.port}"
+
+
+def host_relay(r: Any, image: str, api_key: str | None, settings: GenSettings) -> RowSource:
+    """A :data:`RowSource` that answers the items on the host, as the speculation gate measures: the pipeline
+    ``image`` run there (``docker run --rm -i --network host``, :func:`eagle3ops.commands.speculate.gate_helper`
+    ``regenerate``) asks serving over the host's loopback and prints each item's row as it finishes; the rows are
+    read from the streamed output. The request, API key included, goes on stdin.
+
+    Bounded by ``120 + ceil(items / concurrency) × user turns × request_timeout_s × attempts`` seconds.
+
+    Raises (from the source):
+        RegenerateError: the helper failed (its stderr tail), e.g. an image without the ``regenerate`` action.
+    """
+    from eagle3ops.commands import speculate as sc
+    from eagle3ops.speculate.onhost import ROW_MARK, parse_answer
+
+    def rows_from(items: list[Item], on_row: Callable[[dict[str, Any]], None]) -> str | None:
+        req = {"base_url": f"http://127.0.0.1:{r.host.serving.port}", "api_key": api_key,
+               "settings": asdict(settings), "items": [{"id": i.id, "turns": [list(t) for t in i.turns]}
+                                                       for i in items]}
+        turns = max(sum(role == "user" for role, _ in i.turns) for i in items)
+        bound = 120 + -(-len(items) // settings.concurrency) * turns * settings.request_timeout_s * settings.attempts
+        buf = [""]
+
+        def stream(chunk: str) -> None:
+            buf[0] += chunk
+            *lines, buf[0] = buf[0].split("\n")
+            for line in lines:
+                if line.startswith(ROW_MARK):
+                    on_row(json.loads(line[len(ROW_MARK):]))
+
+        res = r.run(sc.gate_helper(r.host, image, "regenerate"), stdin=json.dumps(req), stream=stream,
+                    check=False, timeout=bound, mutates=False)
+        try:
+            ans = parse_answer(res.stdout)
+        except ValueError:
+            raise RegenerateError(f"{r.host.name}: the regeneration helper in {image} failed: "
+                                  f"{res.stderr.strip()[-600:]}; deploy a pipeline image of this eagle3ops "
+                                  "version (eagle3ops deploy), then rerun (answered prompts are kept)") from None
+        return ans.get("vllm_version")
+
+    return rows_from
+
+
+def host_paths(r: Any, run: str) -> dict[str, str]:
+    """Where :func:`upload` puts the dataset and its manifest on the host (pure)."""
+    base = f"{r.host.data_dir}/runs/{run}/{HOST_FOLDER}"
+    return {"dir": base, "dataset": f"{base}/{DATASET}", "manifest": f"{base}/{MANIFEST}"}
+
+
+def upload(r: Any, run: str, out_dir: Path) -> dict[str, str]:
+    """Copy ``dataset.jsonl`` and its manifest into ``<data_dir>/runs/<run>/regenerated/`` on the host (data_dir
+    only, never serving; no window needed); returns :func:`host_paths`. Name ``regenerated/dataset.jsonl`` in
+    ``prepare.datasets`` of the run's pipeline.yaml to train on it."""
+    from eagle3ops.commands import host as hc
+
+    paths = host_paths(r, run)
+    r.run(hc.mkdir_p(paths["dir"]))
+    r.run(hc.write_file(paths["dataset"]), stdin=(Path(out_dir) / DATASET).read_bytes(), timeout=600)
+    r.run(hc.write_file(paths["manifest"]), stdin=(Path(out_dir) / MANIFEST).read_bytes())
+    return paths
+
+
+def _deployed_image(r: Any) -> str | None:
+    """The host's pipeline image: ``pipeline_image`` in the inventory, else the one ``deploy`` recorded."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window.common import paths
+
+    if r.host.pipeline_image:
+        return str(r.host.pipeline_image)
+    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False).stdout
+    try:
+        return json.loads(out)["image"] if out.strip() else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | None = None,
+                        ssh_forward: bool = False, image: str | None = None,
+                        extra_manifest: dict[str, Any] | None = None, progress: bool = True,
+                        echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run plan ``p`` against host ``r``'s live serving (API key and endpoint as the module doc says), then upload
+    the dataset into ``<data_dir>/runs/<run>/regenerated/``. ``direct``/``ssh_forward``: see
+    :func:`serving_endpoint`; when the host refuses the SSH forward, the requests are relayed on the host
+    (:func:`host_relay`) by ``image`` (default: the deployed pipeline image). In a dry run (``r.dry_run``) print
+    the plan and the upload's commands; nothing is sent.
+
+    Returns:
+        The manifest (plus ``host_paths``); in a dry run ``{"dry_run": True, "plan": ...}``.
+
+    Raises:
+        RegenerateError: serving not reachable, or the API key file unreadable.
+    """
+    echo(p.describe())
+    if r.dry_run:
+        echo(f"# dry run: would ask {r.host.name}'s serving ({r.host.serving.served_model_name}, port "
+             f"{r.host.serving.port}) directly or through an SSH forward, then upload:")
+        upload_paths = host_paths(r, run)
+        from eagle3ops.commands import host as hc
+
+        for argv in (hc.mkdir_p(upload_paths["dir"]), hc.write_file(upload_paths["dataset"]),
+                     hc.write_file(upload_paths["manifest"])):
+            r.run(argv)
+        return {"dry_run": True, "plan": p.describe(), "host_paths": upload_paths}
+    key = serving_api_key(r)
+    where = f"{r.host.name} port {r.host.serving.port}"
+    try:
+        with serving_endpoint(r, key, direct=direct, ssh_forward=ssh_forward) as (url, how):
+            echo(f"serving endpoint: {how}")
+            manifest = regenerate(p, url, api_key=key, endpoint=f"{where} ({how})", extra_manifest=extra_manifest,
+                                  progress=progress)
+    except ForwardRefused:
+        image = image or _deployed_image(r)
+        if not image:
+            raise
+        how = f"relayed on the host by {image} (the SSH forward was refused)"
+        echo(f"serving endpoint: {how}")
+        manifest = regenerate(p, None, endpoint=f"{where} ({how})", extra_manifest=extra_manifest,
+                              progress=progress, rows_from=host_relay(r, image, key, p.settings))
+    paths = upload(r, run, p.out_dir)
+    echo(f"{manifest['answered']} of {manifest['conversations']} conversations answered "
+         f"({manifest['answered_now']} now, {manifest['skipped_already_answered']} resumed, {manifest['failed']} "
+         f"failed), {manifest['completion_tokens_now']} tokens in {manifest['wall_s']} s; uploaded to "
+         f"{paths['dataset']} — name `{HOST_FOLDER}/{DATASET}` in prepare.datasets")
+    return {**manifest, "host_paths": paths}

@@ -1,0 +1,217 @@
+"""The ``process`` serving kind, supervisor side (a mixin of :class:`eagle3ops.supervisor.runner.Supervisor`).
+
+vLLM run as a plain process on the host cannot be stopped or started from the supervisor's container (no access to
+the host's PID namespace), so the host-side restore agent (:mod:`eagle3ops.commands.process`, a POSIX sh script
+started over SSH by the driver) does both; this side asks through request files in the window's ``process/`` folder,
+waits (bounded) for the agent's answer and health-gates the result. Process releases (the recorded argv, env, cwd
+and uid plus the intended change) are switched here the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3ops.commands import serving as sv
+from eagle3ops.config.plan import ReleaseChange
+from eagle3ops.health import GateFailed
+from eagle3ops.supervisor.journal import _now, _tail
+
+
+class ProcessServing:
+    """Process-kind steps of a window (stop, restore, release switch), mixed into the Supervisor; every attribute
+    used here (``plan``, ``journal``, ``wdir``, ``releases``, ``gate`` ...) is the Supervisor's."""
+
+    def _process_bytes(self, name: str) -> bytes:
+        assert self.plan.process_dir is not None
+        return (Path(self.plan.process_dir) / name).read_bytes()
+
+    def _process_file(self, name: str) -> str:
+        try:
+            return self._process_bytes(name).decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def _process_argv(self) -> list[str]:
+        """The recorded command line of the serving process (``cmdline.nul``)."""
+        return [a.decode(errors="replace") for a in self._process_bytes("cmdline.nul").split(b"\0") if a]
+
+    def _await_file(self, name: str, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` seconds) for the agent to write ``name`` into the process dir."""
+        assert self.plan.process_dir is not None
+        path = Path(self.plan.process_dir) / name
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if path.exists():
+                return True
+            time.sleep(0.5)
+        return path.exists()
+
+    def _process_stop(self) -> None:
+        """Ask the restore agent to stop the serving process and wait for it (SIGTERM grace + GPU release wait +
+        60 s, bounded)."""
+        assert self.plan.process_dir is not None
+        req = Path(self.plan.process_dir) / "stop-requested"
+        if not req.exists():
+            req.write_text(_now())
+        if not self._await_file("stopped", self.plan.stop_timeout_s + 300 + 60):
+            raise RuntimeError(f"the restore agent did not report the serving process (pid {self.plan.process_pid}) "
+                               f"stopped; see {self.plan.process_dir}/agent.log")
+        self.journal.log("stop", "ok", pid=self.plan.process_pid, seconds=self._process_file("stopped"))
+
+    def _process_restore(self) -> str:
+        """Ask the agent to restore the recorded process (detached, recorded argv/env/cwd), then health-gate it.
+        There are no retained releases of a process to roll back to: a failed gate leaves the window failed with
+        the lock held (``recover``)."""
+        assert self.plan.process_dir is not None
+        req = Path(self.plan.process_dir) / "restore-requested"
+        if not req.exists():
+            req.write_text(_now())
+        if not self._await_file("restored", 120):
+            self.unhealthy = True
+            self.journal.log("restore", "error", reason="the restore agent did not report a restore within 120 s; "
+                                                        f"see {self.plan.process_dir}/agent.log")
+            raise RuntimeError(f"serving process not restored: no answer from the restore agent "
+                               f"({self.plan.process_dir}/agent.log)")
+        try:
+            self._gate_through_signal()
+        except GateFailed as exc:
+            self.unhealthy = True
+            self.journal.log("restore", "error", reason=str(exc)[-500:], verdict=True)
+            raise RuntimeError(f"restored serving process failed its health gate ({exc}); its output: "
+                               f"{self.plan.process_dir}/serving.log") from None
+        self.journal.log("restore", "ok", pid=self._process_file("restored"),
+                         log=f"{self.plan.process_dir}/serving.log")
+        return "restored"
+
+    def _process_live(self) -> dict[str, Any]:
+        """The serving process recorded by this window as a release record: ``{"argv", "environ", "cwd", "uid"}``
+        (``/proc`` bytes decoded with ``surrogateescape``, so that they are written back byte for byte)."""
+        def words(name: str) -> list[str]:
+            return [a.decode(errors="surrogateescape") for a in self._process_bytes(name).split(b"\0") if a]
+
+        return {"argv": words("cmdline.nul"), "environ": words("environ.nul"), "cwd": self._process_file("cwd"),
+                "uid": self._process_file("uid")}
+
+    def _process_write_record(self, prefix: str, process: dict[str, Any]) -> None:
+        """Write ``process`` (a release record's ``process``) as ``<prefix>cmdline.nul``, ``<prefix>environ.nul`` and
+        ``<prefix>cwd`` in the process dir, readable by the SSH user only (the environment may hold secrets)."""
+        assert self.plan.process_dir is not None
+        pdir = Path(self.plan.process_dir)
+
+        def nul(words: list[str]) -> str:
+            return "".join(w + "\0" for w in words)
+
+        for name, text in (("cmdline.nul", nul(process["argv"])), ("environ.nul", nul(process["environ"])),
+                           ("cwd", process.get("cwd") or "/")):
+            path = pdir / f"{prefix}{name}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode(errors="surrogateescape"))
+            st = pdir.stat()
+            try:
+                os.chown(path, st.st_uid, st.st_gid)
+            except OSError:
+                pass
+
+    def _process_round(self, k: int, prefix: str) -> None:
+        """Round ``k`` (2, 3, ...) of a switch: the agent stops the process it started last, then starts the record
+        ``prefix``; waits (bounded) for both. Round 1 is :meth:`_process_stop` then the first start."""
+        assert self.plan.process_dir is not None
+        pdir = Path(self.plan.process_dir)
+        if k > 1:
+            (pdir / f"stop-requested.{k}").write_text(_now())
+            if not self._await_file(f"stopped.{k}", self.plan.stop_timeout_s + 300 + 60):
+                raise RuntimeError(f"the restore agent did not report the started process stopped; see "
+                                   f"{pdir}/agent.log")
+        s = "" if k == 1 else f".{k}"
+        (pdir / f"restore-requested{s}").write_text(prefix)
+        if not self._await_file(f"restored{s}", 120):
+            raise RuntimeError(f"the restore agent did not report a start within 120 s; see {pdir}/agent.log")
+        self._process_suffix = s
+
+    def _process_exited(self) -> str | None:
+        """For the health gate: the process the agent started last has exited (the agent reports it)."""
+        assert self.plan.process_dir is not None
+        pdir = Path(self.plan.process_dir)
+        s = self._process_suffix
+        if (pdir / f"exited{s}").exists():
+            return (f"the serving process (pid {self._process_file('exited' + s)}) exited; its output: "
+                    f"{_tail(pdir / 'serving.log', 800)}")
+        return None
+
+    def _process_switch(self) -> str:
+        """``release``/``rollback`` of a host serving with a process (kind ``process``): the live process (recorded
+        by the driver) is a retained release; the agent stops it and starts the target (a release: the live process
+        with the plan's change; a rollback: release ``to_release`` or the one live before the current one), the
+        target is health-gated, and on a failed gate the agent stops it and starts the recorded live process again
+        (gated too). The agent's own fallback (:mod:`eagle3ops.commands.process`) starts the recorded process when
+        this supervisor dies.
+
+        Returns:
+            ``"serving release N"`` or ``"release N failed its health gate; rolled back to release M"``.
+
+        Raises:
+            RuntimeError: no target (nothing live before), a resumed supervisor, or neither the target nor the
+                recorded process passed the gate (``unhealthy`` set).
+        """
+        assert self.plan.process_dir is not None
+        pdir = Path(self.plan.process_dir)
+        if self.journal.first("switch", "start") is not None:
+            self.unhealthy = True
+            raise RuntimeError("resumed after a process switch had begun: the restore agent restores the recorded "
+                               "process once this supervisor ends; check serving and run `eagle3ops recover`")
+        live = self._process_live()
+        live_n = self.releases.current()
+        if live_n is None or self.releases.get(live_n).get("process") != live:
+            live_n = self.releases.add_process(live, self.plan.window_id, change="the live process, as recorded")
+            self.releases.set_current(live_n)  # it serves now (preflight found it); the switch gates what follows
+        if self.plan.kind == "release":
+            change = self.plan.change or ReleaseChange()
+            env = [e for e in live["environ"] if e.split("=", 1)[0] not in change.env]
+            new = {**live, "argv": sv.set_args(live["argv"], change.args),
+                   "environ": env + [f"{k}={v}" for k, v in change.env.items()]}
+            target = self.releases.add_process(new, self.plan.window_id, change=change.describe())
+        else:
+            target = self.plan.to_release
+            if target is None:
+                earlier = self.releases.fallbacks(live_n)
+                if not earlier:
+                    raise RuntimeError(f"no release that was live before the current one ({live_n}) is retained; "
+                                       f"name one with --to")
+                target = earlier[0]
+            new = self.releases.get(target).get("process")
+            if not new:
+                raise RuntimeError(f"release {target} is not a process release (this host serves with a process)")
+        self._process_write_record("next.", new)
+        (pdir / "switch").write_text(self.plan.kind)
+        self.journal.log("switch", "start", to_release=target, from_release=live_n, argv=new["argv"])
+        self._process_stop()
+        try:
+            try:
+                self._process_round(1, "next.")
+                self._gate_through_signal()
+            except (GateFailed, RuntimeError) as exc:
+                self.journal.log("switch", "error", to_release=target, reason=str(exc)[-500:],
+                                 verdict=isinstance(exc, GateFailed))
+                self.journal.log("rollback", "start", to_release=live_n, failed_release=target)
+                try:
+                    self._process_round(2, "")
+                    self._gate_through_signal()
+                except (GateFailed, RuntimeError) as exc2:
+                    self.unhealthy = True
+                    self.journal.log("rollback", "error", to_release=live_n, reason=str(exc2)[-500:])
+                    raise RuntimeError(f"release {target} failed ({exc}); the rollback to release {live_n} failed "
+                                       f"too ({exc2}); see {pdir}/serving.log") from None
+                self.releases.set_current(live_n)
+                self.journal.log("rollback", "ok", to_release=live_n, message=f"ROLLED BACK: release {target} failed "
+                                                                              f"its health gate; serving release "
+                                                                              f"{live_n}")
+                return f"release {target} failed its health gate; rolled back to release {live_n}"
+            self.releases.set_current(target)
+            self.journal.log("switch", "ok", to_release=target, pid=self._process_file("restored"))
+            return f"serving release {target}"
+        finally:
+            (pdir / "done").write_text(_now())
