@@ -3,8 +3,9 @@
 1. sandbox host up (sshd on 127.0.0.1 + its own dockerd)  2. images: local vLLM 0.16 base (stand-in for
 ``vllm/vllm-openai:v0.16.0``) and the pipeline image  3. production serving on the sandbox (tiny model, real vLLM)
 4. deploy  4b. training data: HumanEval's train-split prompts answered by the live target (no window; the gate's
-split held out)  5. extract window, train window  6. a second serving release, then rollback  — and a summary of
-figures.
+split held out)  5. extract window, train window  6. a second serving release, then rollback  7. speculate: the
+trained head as a speculative release, kept only when measured faster (else rolled back)  8. the run's report (HTML
++ plots) — and a summary of figures.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ console = Console()
 SANDBOX = "sandbox"
 #: The demo's training data: the first DEMO_PROMPTS prompts of HumanEval's train split, answered by the sandbox's
 #: tiny target with at most DEMO_MAX_TOKENS tokens each (measured on the shared 2-core machine: ~64 tokens in
-#: 0.3-0.6 s per request, prompts 186-374 tokens; 32 prompts at concurrency 4 take about 10-20 s).
+#: 0.3-1.2 s per request, prompts 186-374 tokens; 32 prompts at concurrency 4 took 2-8 s here).
 DEMO_PROMPTS = 32
 DEMO_MAX_TOKENS = 64
 

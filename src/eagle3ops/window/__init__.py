@@ -5,6 +5,6 @@ serving: the supervisor does, and it restores serving whatever happens to the dr
 nothing and releases the lock.
 
 Modules: :mod:`.common` (errors, paths, hints, audit), :mod:`.lock`, :mod:`.preflight` (estimates included),
-:mod:`.planner` (the plan, pure), :mod:`.run` (a window end to end, relaunch), :mod:`.watch` (bounded, checks the
-supervisor is alive). The plan schema shared with the host side is :mod:`eagle3ops.config.plan`.
+:mod:`.planner` (the plan, pure), :mod:`.offline` (facts from the inventory for ``--dry-run --offline``),
+:mod:`.run` (a window end to end, relaunch), :mod:`.watch` (bounded, checks the supervisor is alive). The plan schema shared with the host side is :mod:`eagle3ops.config.plan`.
 """
