@@ -191,7 +191,7 @@ def test_openssh_config_puts_strict_options_before_the_inventory_ssh_config(tmp_
                    f"    StrictHostKeyChecking accept-new\n    UpdateHostKeys yes\n"
                    f"Host bastion\n    HostName 127.0.0.2\n    Port 2999\n    User jump\n{_WEAKEN}"
                    f"    IdentityFile {tmp_path}/bastion_key\n")
-    host = SimpleNamespace(name="h", hostname="target", port=None, user=None, ssh_config=cfg,
+    host = SimpleNamespace(name="h", hostname="target", port=None, user=None, ssh_config=cfg, connect_timeout_s=None,
                            known_hosts=tmp_path / "known_hosts", identity_file=tmp_path / "id")
     with ssh_command(host, ["echo", "a b; c"]) as argv:
         conf = Path(argv[2])
