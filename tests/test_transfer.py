@@ -371,7 +371,7 @@ def test_push_cli_table_and_exit_code(sbx, images, tmp_path):
     assert "sbx" in r.output and "ok" in r.output
     r = CliRunner().invoke(app, [images["v2"], "sbx", "broken", "--inventory", str(inv), "--attempts", "1"])
     assert r.exit_code == 1
-    assert "present" in r.output and "failed" in r.output
+    assert "present" in r.output and "failed" in r.output, r.output
 
 
 def test_corrupt_layer_fails_the_push_and_loads_nothing(sbx, images):

@@ -29,8 +29,10 @@ def results_table(image: str, results: Iterable[PushResult]):
     from rich.table import Table
 
     t = Table(title=f"push {image}")
-    for col in ("host", "status", "store/mode", "host image id", "layers sent", "layer bytes", "bytes sent", "time",
-                "transport", "reason / compression"):
+    for col in ("host", "status"):  # never cut in a narrow terminal
+        t.add_column(col, no_wrap=True, min_width=len("present"))
+    for col in ("store/mode", "host image id", "layers sent", "layer bytes", "bytes sent", "time", "transport",
+                "reason / compression"):
         t.add_column(col)
     for r in results:
         style = {"ok": "green", "present": "cyan", "tagged": "cyan"}.get(r.status, "red")
@@ -39,6 +41,16 @@ def results_table(image: str, results: Iterable[PushResult]):
                   _fmt_bytes(r.layer_bytes), _fmt_bytes(r.bytes_sent), f"{r.wall_s:.1f}s", r.transport or "-",
                   r.reason or r.compression)
     return t
+
+
+def result_line(r: PushResult) -> str:
+    """One plain line per host for output that is not a terminal (CI logs, pipes: a rich table there is cut to 80
+    columns): ``HOST: STATUS key=value ...``, the table's columns in the same order."""
+    hid = f"{r.host_id[7:19]}({r.id_kind})" if r.host_id else "-"
+    return (f"{r.host}: {r.status} store={r.store}/{r.mode or '-'} host_image_id={hid} "
+            f"layers_sent={r.layers_sent}/{r.layers_total} layer_bytes={_fmt_bytes(r.layer_bytes).replace(' ', '')} "
+            f"bytes_sent={_fmt_bytes(r.bytes_sent).replace(' ', '')} time={r.wall_s:.1f}s "
+            f"transport={r.transport or '-'} {' '.join((r.reason or r.compression or '').split())}").rstrip()
 
 
 def push_command(
@@ -107,8 +119,12 @@ def push_command(
             print(f"# {r.host}: {r.status}{': ' + r.reason if r.reason else ''}")
             for line in r.plan:
                 print(line)
+    elif (out := Console()).is_terminal:
+        out.print(results_table(image, results))
     else:
-        Console().print(results_table(image, results))
+        print(f"push {image}")
+        for r in results:
+            print(result_line(r))
     for r in results.failed.values():
         reason = r.reason if r.reason.startswith(f"{r.host}:") else f"{r.host}: {r.reason}"
         print(f"error: {' '.join(reason.split())}", file=sys.stderr)
