@@ -69,7 +69,9 @@ def _current_release(r) -> int:
     return int(r.run(hc.cat(f"{paths(r.host)['releases']}/current"), mutates=False).stdout.strip())
 
 
-def test_dry_run_plan_is_what_runs(sandbox_host, monkeypatch):
+def test_dry_run_plan_is_what_runs(deployed, monkeypatch):
+    """Needs production serving and a deployed pipeline image that the build engine holds: the ``deployed``
+    fixture (on a fresh machine nothing else guarantees either before this module runs)."""
     from eagle3ops import transfer
     from eagle3ops.commands import docker as dk
     from eagle3ops.commands import host as hc
@@ -78,7 +80,7 @@ def test_dry_run_plan_is_what_runs(sandbox_host, monkeypatch):
     from eagle3ops.window.common import new_window_id, paths
     from eagle3ops.window.lock import acquire_lock, read_lock, release_lock
 
-    h = sandbox_host
+    h, _ = deployed
     with Remote(h) as r0:
         assert read_lock(r0) is None, "the sandbox's deploy lock is held: another window runs (run under flock)"
         live_before = _current_release(r0)

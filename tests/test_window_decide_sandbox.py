@@ -30,9 +30,10 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.images]
 
 
 @pytest.fixture(scope="module")
-def live(sandbox_host):
-    """(host, deployed.json) of the sandbox with serving healthy; the pipeline image as deployed there."""
-    h = sandbox_host
+def live(deployed):
+    """(host, deployed.json) of the sandbox with serving healthy; the pipeline image as deployed there (by the
+    session's ``deployed`` fixture: on a fresh machine nothing else guarantees it)."""
+    h, _ = deployed
     with Remote(h) as r:
         out = r.run(hc.cat_if_exists(paths(h)["deployed"]), check=False, mutates=False).stdout
     assert out.strip(), "no pipeline image deployed on the sandbox: run `eagle3ops deploy sandbox` (or the " \
