@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from eagle3ops.config import load_inventory
-from eagle3ops.health import probe
+from eagle3ops.health import probe, wait_healthy
 from eagle3ops.remote import Remote
 from eagle3ops.window.common import audit_entries
 from eagle3ops.window.lock import read_lock
@@ -63,15 +63,8 @@ def _pid_of(marker: str) -> int | None:
 
 
 def _wait_up(timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            probe(f"http://127.0.0.1:{PORT}", MODEL)
-            return
-        except Exception:  # noqa: BLE001 - not up yet
-            if time.time() > deadline:
-                raise
-            time.sleep(0.3)
+    """The stand-in server answers the health gate's probe (:func:`eagle3ops.health.wait_healthy`)."""
+    wait_healthy(f"http://127.0.0.1:{PORT}", MODEL, timeout_s=timeout, interval_s=0.3)
 
 
 @pytest.fixture
@@ -329,15 +322,8 @@ def vllm_process_host(deployed, built_images, tmp_path):
 
 
 def _wait_vllm(timeout: float) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            probe(f"http://127.0.0.1:{VLLM_PORT}", VLLM_MODEL)
-            return
-        except Exception:  # noqa: BLE001 - not up yet
-            if time.time() > deadline:
-                raise
-            time.sleep(1)
+    """The real vLLM process answers the health gate's probe (:func:`eagle3ops.health.wait_healthy`)."""
+    wait_healthy(f"http://127.0.0.1:{VLLM_PORT}", VLLM_MODEL, timeout_s=timeout, interval_s=1.0)
 
 
 @pytest.mark.sandbox

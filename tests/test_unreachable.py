@@ -7,6 +7,7 @@ lowered to :data:`CONNECT_S` for speed; each phase (TCP connect, SSH banner, aut
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -24,12 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
 CONNECT_S = 2
 
 
-@pytest.fixture
-def silent_port():
-    """(port, accepted sockets) of a listener that accepts and never speaks."""
+@contextlib.contextmanager
+def silent_listener(backlog: int = 16):
+    """(port, accepted sockets) of a listener on 127.0.0.1 that accepts connections and never sends a byte."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
+    srv.listen(backlog)
     srv.settimeout(0.1)
     conns: list[socket.socket] = []
     stop = threading.Event()
@@ -45,12 +46,21 @@ def silent_port():
 
     t = threading.Thread(target=loop, daemon=True)
     t.start()
-    yield srv.getsockname()[1], conns
-    stop.set()
-    t.join()
-    for c in conns:
-        c.close()
-    srv.close()
+    try:
+        yield srv.getsockname()[1], conns
+    finally:
+        stop.set()
+        t.join()
+        for c in conns:
+            c.close()
+        srv.close()
+
+
+@pytest.fixture
+def silent_port():
+    """(port, accepted sockets) of a listener that accepts and never speaks."""
+    with silent_listener() as listener:
+        yield listener
 
 
 @pytest.fixture

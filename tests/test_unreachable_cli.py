@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import types
 import uuid
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import paramiko
 import pytest
+
+from test_unreachable import silent_listener
 
 REPO = Path(__file__).resolve().parents[1]
 CONNECT_S = 2
@@ -35,30 +36,8 @@ PUSH_IMAGE = "eagle3ops/debian-minbase:bookworm"
 @pytest.fixture(scope="module")
 def silent_port():
     """Port of a listener on 127.0.0.1 that accepts connections and never sends a byte."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(64)
-    srv.settimeout(0.1)
-    conns: list[socket.socket] = []
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                conns.append(srv.accept()[0])
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join()
-    for c in conns:
-        c.close()
-    srv.close()
+    with silent_listener(64) as (port, _):
+        yield port
 
 
 @pytest.fixture(scope="module")
