@@ -68,6 +68,8 @@ def main() -> int:
     ap.add_argument("--head", type=Path, help="a local head directory (default: the run's train/final)")
     ap.add_argument("--margin", type=float, help="override serving.gate_margin (negative: keep-branch tests only)")
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--prompts", type=int, help="override serving.gate_prompts")
+    ap.add_argument("--max-tokens", type=int, help="override serving.gate_max_tokens")
     ap.add_argument("--read", action="store_true", help="read the run's recorded result; change nothing")
     ap.add_argument("--inventory", type=Path, default=REPO / "deploy/hosts.yaml")
     ap.add_argument("--json", type=Path)
@@ -92,7 +94,8 @@ def main() -> int:
             dep = json.loads(r.run(hc.cat(paths(h)["deployed"]), mutates=False).stdout)
             result = ship.speculate(r, ship.SpeculateOptions(
                 run=a.run, pipeline_image=h.pipeline_image or dep["image"], pipeline_image_id=dep.get("image_id"),
-                head=a.head, force=a.force, margin=a.margin, command="benchmarks/speculate.py"),
+                head=a.head, force=a.force, margin=a.margin, prompts=a.prompts, max_tokens=a.max_tokens,
+                command="benchmarks/speculate.py"),
                 echo=lambda m: print(m, file=sys.stderr))
     fig = summarize(result)
     path = a.json or REPO / "benchmarks" / f"speculate-{a.host}-{a.run}.json"

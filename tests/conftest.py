@@ -62,8 +62,21 @@ def deployed(sandbox_host, built_images):
 
     base, built = built_images
     deployer.push_image(sandbox_host.serving.image, sandbox_host)
-    demo.build_tiny_model(built.tag, sandbox_host.model_path)
-    demo.start_serving(sandbox_host)
+    # The tests' target: the random 4-layer tiny Llama (the demo serves the trained one; switching restarts serving)
+    replaced = demo.build_tiny_model(built.tag, sandbox_host.model_path, "llama")
+    demo.start_serving(sandbox_host, restart=replaced)
     dep = deployer.deploy(sandbox_host, base_image=base, echo=lambda *_: None)
     assert demo.serving_healthy(sandbox_host, completion=True)
     return sandbox_host, dep
+
+
+@pytest.fixture(scope="session")
+def speculative_image(built_images, sandbox_host):
+    """The CPU stand-in serving image (patched vLLM), tagged as the sandbox inventory's ``speculative_image``."""
+    from eagle3ops import images
+
+    base, _ = built_images
+    built = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin",
+                               ca_bundle=images.default_ca_bundle(), quiet=True,
+                               extra_tags=[sandbox_host.serving.speculative_image])
+    return built

@@ -190,6 +190,10 @@ class _Engine:
 
 def _sup(tmp_path, kind, **kw):
     wdir = tmp_path / f"w-{kind}"
+    n = 1
+    while wdir.exists():  # a second window of the same kind in one test
+        n += 1
+        wdir = tmp_path / f"w-{kind}-{n}"
     wdir.mkdir()
     plan = Plan(window_id=wdir.name, kind=kind, host="h", user="u", command="c", state_dir=str(tmp_path / "state"),
                 serving_container="vllm-serving", health=HealthCheck(port=1, model="m", timeout_s=1), **kw)
@@ -239,11 +243,40 @@ def test_releases_recorded_by_older_versions_still_roll_back(tmp_path, monkeypat
     rels = Releases(tmp_path / "state")
     rels.set_current(1)
     rels.set_current(rels.add(sv.container_record(LIVE), "w1"))
-    engine = _Engine(LIVE)
+    live = json.loads(json.dumps(LIVE))
+    live["Config"]["Labels"]["io.eagle3ops.release"] = "2"  # release 2 is live: eagle3ops labelled it so
+    engine = _Engine(live)
     plan, wdir = _sup(tmp_path, "rollback")
     res = Supervisor(plan, engine, wdir).run()
     assert res["outcome"] == "ok" and res["release"] == 1, res
     assert engine.runs == ["sha256:old"]
+
+
+def test_serving_recreated_outside_eagle3ops_is_recorded_as_a_new_release(tmp_path, monkeypatch):
+    """The state dir says release 1 is live, but serving was recreated by hand (another release label): the next
+    window records the live container as a new release and makes it current, so a rollback returns to what was
+    really serving, never to the stale release 1."""
+    monkeypatch.setattr(Supervisor, "gate", lambda self, timeout_s=None: self.journal.log("health", "ok"))
+    engine = _Engine(LIVE)
+    plan, wdir = _sup(tmp_path, "release", change=ReleaseChange(args=["--max-num-seqs", "8"]))
+    assert Supervisor(plan, engine, wdir).run()["release"] == 2
+    plan, wdir = _sup(tmp_path, "rollback")
+    assert Supervisor(plan, engine, wdir).run()["release"] == 1
+    by_hand = json.loads(json.dumps(LIVE))
+    by_hand["Config"]["Labels"] = {"team": "inference"}  # `docker run` by hand: no release label
+    by_hand["Config"]["Cmd"] = [*LIVE["Config"]["Cmd"], "--enable-prefix-caching"]
+    engine.by_name["vllm-serving"] = _Container(by_hand)
+    plan, wdir = _sup(tmp_path, "release", change=ReleaseChange(args=["--max-num-seqs", "4"]))
+    res = Supervisor(plan, engine, wdir).run()
+    assert res["outcome"] == "ok" and res["release"] == 4, res
+    assert any("recreated outside eagle3ops" in w for w in res["warnings"]), res["warnings"]
+    rels = Releases(tmp_path / "state")
+    assert rels.get(3)["container"]["Config"]["Cmd"] == by_hand["Config"]["Cmd"]
+    plan, wdir = _sup(tmp_path, "rollback")
+    res = Supervisor(plan, engine, wdir).run()
+    assert res["outcome"] == "ok" and res["release"] == 3, res
+    assert engine.by_name["vllm-serving"].attrs["Config"]["Cmd"] == by_hand["Config"]["Cmd"]
+    assert rels.history() == [1, 2, 1, 3, 4, 3]
 
 
 def test_the_supervisor_mounts_the_api_key_file_read_only():

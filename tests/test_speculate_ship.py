@@ -77,8 +77,14 @@ def test_a_flat_eagle3_llama_head_without_aux_ids_takes_vllms_default():
 
 
 def test_offline_estimate_is_read_from_the_train_manifest():
+    from eagle3ops.speculate import ship
+
     assert hk.offline_acceptance({"offline_estimate": {"acceptance_length": 1.8, "per_position": {}}}) == 1.8
     assert hk.offline_acceptance({"offline_estimate": None}) is None and hk.offline_acceptance(None) is None
+    info = {"train_manifest": {"offline_estimate": {"acceptance_length": 1.8}}}
+    assert ship.offline_estimate_for(ship.SpeculateOptions(run="r", pipeline_image="p"), info) == 1.8
+    # a head trained elsewhere (--head): the run's manifest describes the run's own head, not this one
+    assert ship.offline_estimate_for(ship.SpeculateOptions(run="r", pipeline_image="p", head=Path("/h")), info) is None
 
 
 def test_speculative_config_and_the_gate_helper_argv():
@@ -175,18 +181,6 @@ def _greedy_token_ids(h, prompts: list[str], max_tokens: int) -> list[int]:
     return ids
 
 
-@pytest.fixture(scope="module")
-def speculative_image(built_images, sandbox_host):
-    """The CPU stand-in serving image (patched vLLM), tagged as the sandbox inventory's ``speculative_image``."""
-    from eagle3ops import images
-
-    base, _ = built_images
-    built = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin",
-                               ca_bundle=images.default_ca_bundle(), quiet=True,
-                               extra_tags=[sandbox_host.serving.speculative_image])
-    return built
-
-
 @pytest.mark.sandbox
 @pytest.mark.slow
 def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_random_one(
@@ -212,12 +206,13 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
     keep_head = _build_head(dep.tag, h.model_path, tmp_path / "keep", draft_vocab=[common[0][0]], seed=2)
     run_id = f"spec-{tmp_path.name[-8:]}"
     with Remote(h) as r:
-        base_release = ship._current_release(r)
+        base_release = ship._current_release(r)  # stale when serving was recreated outside a window: see below
         try:
             rb = ship.speculate(r, ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag,
                                                          pipeline_image_id=dep.image_id, head=random_head,
                                                          acceptance_floor=TEST_ACCEPTANCE_FLOOR,
                                                          command="test: random head"), echo=lambda *_: None)
+            base_release = rb["baseline_release"]  # what its record step found live
             assert rb["verdict"] == "rollback", rb["reason"]
             assert rb["rollback_window"]["outcome"] == "ok" and rb["live_release"] == rb["rollback_window"]["release"]
             assert rb["spec_decode"]["drafts"] > 0

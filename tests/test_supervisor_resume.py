@@ -109,12 +109,15 @@ class StandInImages:
 
 
 class StandInClient:
-    def __init__(self, serving_image="vllm:1"):
+    def __init__(self, serving_image="vllm:1", release: int | None = None):
+        """Serving runs ``serving_image``; ``release``: the live container is that retained release (eagle3ops
+        labelled it), as on a host where releases are recorded."""
         self.on_stop = self.on_wait = self.on_smi = None
         self.stage_exit, self.stage_runs, self.created = 0, [], []
         self.containers = StandInContainers(self)
         self.api, self.images = StandInAPI(self), StandInImages()
-        self.containers.run(serving_image, detach=True, name="vllm")
+        labels = {"io.eagle3ops.release": str(release)} if release is not None else {}
+        self.containers.run(serving_image, detach=True, name="vllm", labels=labels)
         self.created.clear()
 
     def ping(self):
@@ -238,7 +241,7 @@ def test_resumed_rollback_keeps_its_target(tmp_path, gate):
     for n in (1, 2, 3):
         rel.add(_rec(f"vllm:{n}"), "w0")
         rel.set_current(n)
-    client = StandInClient("vllm:3")
+    client = StandInClient("vllm:3", release=3)
     assert Supervisor(plan, client, wdir).replace_serving() == "serving release 2"
     # Killed before result.json; resumed: it must not pick "the one before current" again (3).
     assert Supervisor(plan, client, wdir).replace_serving() == "serving release 2"
@@ -273,7 +276,7 @@ def test_live_release_that_fails_a_restore_gate_is_skipped_later(tmp_path, gate)
         rel.add(_rec(f"vllm:{n}"), "w0")
         rel.set_current(n)
     plan, wdir = _plan(tmp_path)
-    client = StandInClient("vllm:2")
+    client = StandInClient("vllm:2", release=2)
     gate.bad = {"2"}
     res = Supervisor(plan, client, wdir).run()
     assert res["release"] == 1 and "rolled back to release 1" in res["error"]
@@ -437,7 +440,7 @@ def test_a_passed_restore_gate_clears_an_earlier_failure_mark(tmp_path, gate):
         rel.set_current(n)
     rel.mark_failed(2, "connection refused (a daemon restart, recorded by an older supervisor)")
     plan, wdir = _plan(tmp_path)
-    res = Supervisor(plan, StandInClient("vllm:2"), wdir).run()
+    res = Supervisor(plan, StandInClient("vllm:2", release=2), wdir).run()
     assert res["outcome"] == "ok"
     rel.set_current(rel.add(_rec("vllm:3"), "w2"))
     assert rel.fallbacks(3) == [2, 1]

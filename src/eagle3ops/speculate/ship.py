@@ -93,6 +93,13 @@ class SpeculateOptions:
     command: str = "eagle3ops speculate"
 
 
+def offline_estimate_for(opts: SpeculateOptions, info: dict[str, Any]) -> float | None:
+    """The offline acceptance estimate that applies to the head being shipped: the run's train manifest's
+    (:func:`~eagle3ops.speculate.headcheck.offline_acceptance`) for the run's own head; None for a head passed with
+    ``head`` (trained elsewhere: the run's manifest describes another head)."""
+    return None if opts.head else offline_acceptance(info.get("train_manifest"))
+
+
 def gate_prompts(n: int) -> list[pr.Prompt]:
     """The first ``n`` HumanEval prompts (file order) of the gate split."""
     _, gate = pr.split_by_id(pr.humaneval(), GATE_FRACTION)
@@ -239,9 +246,12 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
         facts = check_head(info["head_config"], info["shapes"], info["target_config"])
     except HeadMismatch as e:
         raise SpeculateError(f"{h.name}: {e}") from None
-    offline = offline_acceptance(info.get("train_manifest"))
+    offline = offline_estimate_for(opts, info)
     warnings = list(facts.warnings)
-    if offline is None:
+    if opts.head:
+        warnings.append(f"{opts.head}: a head from elsewhere has no offline acceptance estimate here: floor not "
+                        "checked before release")
+    elif offline is None:
         warnings.append("the train manifest has no offline acceptance estimate: floor not checked before release")
     elif offline < floor and not opts.force:
         raise SpeculateError(f"{h.name}: run {opts.run}: offline acceptance estimate {offline:.3f} is below the "
@@ -274,6 +284,10 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     rel = run_window(r, kind="release", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
                      command=opts.command, run=opts.run, change=speculative_change(h, head_dir, k, image),
                      on_event=on_event, message=msg)
+    if rel.get("release_before") is not None:
+        # What the release window's record step found live: differs from releases/current when serving was
+        # recreated outside eagle3ops (then recorded as a new release), and is what a rollback must return to.
+        base_release = rel["release_before"]
     figures: dict[str, Any] = {"run": opts.run, "head": head_dir, "head_source": str(opts.head or "run"),
                                "serving_image": image, "image_push": pushed, "num_speculative_tokens": k,
                                "baseline_release": base_release, "prompts": {"source": "HumanEval gate split",

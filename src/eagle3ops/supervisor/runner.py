@@ -182,7 +182,15 @@ class Supervisor(ProcessServing):
         inspect = c.attrs
         write_private(self.wdir / "serving-inspect.json", json.dumps(inspect, indent=2))
         recorded = None
-        if self.releases.current() is None:
+        current = self.releases.current()
+        label = ((inspect.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
+        if current is not None and label != str(current):
+            # Serving was recreated outside eagle3ops (by hand, or the demo's provisioning): the live container is
+            # not the release the state dir calls current, so rollbacks must not treat that one as live.
+            self.warn("record", f"serving container {self.plan.serving_container!r} is not release {current} (its "
+                                f"{sv.RELEASE_LABEL} label is {label!r}): it was recreated outside eagle3ops; "
+                                "recording it as a new release")
+        if current is None or label != str(current):
             # Retained so that a restore can recreate it, but live only when it runs and passes its gate now.
             recorded = self.releases.add(sv.container_record(inspect), self.plan.window_id)
             c.reload()
@@ -687,6 +695,8 @@ class Supervisor(ProcessServing):
             # rollback plans do (Supervisor._process_switch).
             "release": self.releases.current() if self.plan.serving_kind in ("container", "compose") or (
                 self.plan.serving_kind == "process" and self.plan.kind != "window") else None,
+            # The release live when the window began, as its record step found it (None before any record).
+            "release_before": (self.journal.first("record", "ok") or {}).get("release"),
             "finished": _now(), "warnings": self.warnings(),
         }
         audit = self.state_dir / "audit.jsonl"

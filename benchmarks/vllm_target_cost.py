@@ -1,0 +1,144 @@
+"""What one target step and one speculative step cost in vLLM 0.16 CPU, by target shape (issue 18: sizing the
+sandbox target so that one target forward costs several draft forwards).
+
+For each ``LAYERSxHIDDEN`` shape: a Llama target with random weights (the tiny Llama's tokenizer and vocabulary
+2048, head size 32, GQA 2:1, intermediate 2 x hidden, bf16) and a random one-layer EAGLE-3 head for it
+(:func:`eagle3ops.tinydraft.build_tiny_eagle3_draft`, draft vocabulary 1024, aux layers ``(1, L // 2, L - 2)``).
+Each configuration runs in its own process with ``vllm.LLM`` (``--enforce-eager``, block size 16, as the sandbox
+serves), greedy, ``ignore_eos``, 64 output tokens per request, one warm-up request, then one request (concurrency 1)
+and four at once (concurrency 4). Printed and written as JSON: output tokens/s without and with speculation (k = 3),
+the measured acceptance length of the random head (vLLM's spec-decode counters), and from them
+
+* ``step_ms``: baseline ms per decode step; ``spec_step_ms``: ms per speculative step (3 draft forwards + one
+  verification forward) = acceptance length / speculative tokens/s;
+* ``break_even_acceptance`` = spec_step_ms / step_ms: the acceptance length a head must reach for speculation to win
+  on that target (the draft's forwards and the verification are paid per step, whatever is accepted).
+
+Run inside the CPU stand-in serving image (its vLLM carries the greedy EAGLE-3 CPU series), this checkout's src on
+``PYTHONPATH``::
+
+    docker run --rm --network none -e VLLM_CPU_KVCACHE_SPACE=1 -e OMP_NUM_THREADS=2 -e PYTHONPATH=/src \\
+      -e HF_HUB_OFFLINE=1 -e HOME=/tmp -v $PWD/src:/src:ro -v $PWD/benchmarks:/b -v /tmp/vtc:/w \\
+      --entrypoint /opt/venv/bin/python3 eagle3ops/serving:sandbox-cpu-standin /b/vllm_target_cost.py \\
+      --work /w --shapes 4x128 24x128 12x512 --json /b/vllm-target-cost-cpu.json
+
+Measured: ``benchmarks/vllm-target-cost-cpu.json`` (see ``benchmarks/README-sandbox-target.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+K = 3
+OUT_TOKENS = 64
+PROMPT = "def add(a, b):\n    return a + b\n" * 8
+
+
+def build(work: Path, layers: int, hidden: int) -> tuple[Path, Path]:
+    """Random target ``t{L}x{H}`` and its random head ``d{L}x{H}`` under ``work`` (reused when present)."""
+    import shutil
+
+    t, d = work / f"t{layers}x{hidden}", work / f"d{layers}x{hidden}"
+    if (t / "model.safetensors").exists() and (d / "config.json").exists():
+        return t, d
+    import torch
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    from eagle3ops.tinydraft import build_tiny_eagle3_draft
+    from eagle3ops.tinymodel import build_shaped_llama_config, build_tiny_model
+
+    if not (work / "tiny" / "config.json").exists():
+        build_tiny_model(work / "tiny", "llama")
+    build_shaped_llama_config(t, work / "tiny", vocab_size=2048, hidden_size=hidden, num_hidden_layers=layers,
+                              num_attention_heads=hidden // 32, num_key_value_heads=max(1, hidden // 64),
+                              head_dim=32, intermediate_size=2 * hidden, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    LlamaForCausalLM(AutoConfig.from_pretrained(t)).to(torch.bfloat16).save_pretrained(t, safe_serialization=True)
+    shutil.rmtree(d, ignore_errors=True)
+    build_tiny_eagle3_draft(d, t, draft_vocab=list(range(1024)), aux_layer_ids=[1, layers // 2, layers - 2])
+    cfg = json.loads((d / "config.json").read_text())  # same weight shapes; heads as the target's (head size 32)
+    cfg.update(num_attention_heads=hidden // 32, num_key_value_heads=max(1, hidden // 64), head_dim=32)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return t, d
+
+
+def measure(target: Path, head: Path | None) -> dict:
+    """One configuration in this process: output tokens/s at concurrency 1 and 4, and spec-decode counters."""
+    from vllm import LLM, SamplingParams
+
+    kw: dict = {"model": str(target), "dtype": "bfloat16", "enforce_eager": True, "block_size": 16,
+                "max_model_len": 1024, "disable_log_stats": False}
+    if head is not None:
+        kw["speculative_config"] = {"method": "eagle3", "model": str(head), "num_speculative_tokens": K,
+                                    "disable_padded_drafter_batch": True}
+    llm = LLM(**kw)
+    sp = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, ignore_eos=True)
+    llm.generate([PROMPT], sp, use_tqdm=False)
+    out: dict = {"tokens_per_s": {}}
+    for c in (1, 4):
+        t0 = time.perf_counter()
+        res = llm.generate([PROMPT] * c, sp, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        out["tokens_per_s"][str(c)] = round(sum(len(r.outputs[0].token_ids) for r in res) / dt, 2)
+    drafts = accepted = 0.0
+    for m in llm.get_metrics():
+        if m.name == "vllm:spec_decode_num_drafts":
+            drafts += m.value
+        elif m.name == "vllm:spec_decode_num_accepted_tokens":
+            accepted += m.value
+    out["acceptance_length"] = round(1 + accepted / drafts, 4) if drafts else None
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--shapes", nargs="+", default=["4x128", "24x128", "12x512"])
+    p.add_argument("--json", type=Path)
+    p.add_argument("--one", nargs=2, metavar=("SHAPE", "SPEC"), help=argparse.SUPPRESS)  # child process
+    a = p.parse_args(argv)
+    if a.one:
+        layers, hidden = map(int, a.one[0].split("x"))
+        t, d = build(a.work, layers, hidden)
+        print("RESULT " + json.dumps(measure(t, d if a.one[1] == "1" else None)), flush=True)
+        return 0
+    rows = []
+    for shape in a.shapes:
+        layers, hidden = map(int, shape.split("x"))
+        build(a.work, layers, hidden)
+        row: dict = {"shape": shape, "layers": layers, "hidden": hidden}
+        for spec in ("0", "1"):
+            pr = subprocess.run([sys.executable, __file__, "--work", str(a.work), "--one", shape, spec],
+                                capture_output=True, text=True, timeout=900, env=os.environ)
+            lines = [ln for ln in pr.stdout.splitlines() if ln.startswith("RESULT ")]
+            if not lines:
+                print(pr.stdout[-2000:], pr.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"{shape} spec={spec}: no result (exit {pr.returncode})")
+            row["speculative" if spec == "1" else "baseline"] = json.loads(lines[-1][7:])
+        b, s = row["baseline"]["tokens_per_s"], row["speculative"]
+        tau = s["acceptance_length"] or 1.0
+        for c in ("1", "4"):
+            step_ms = 1000.0 * int(c) / b[c]
+            spec_step_ms = 1000.0 * int(c) * tau / s["tokens_per_s"][c]
+            row[f"c{c}"] = {"step_ms": round(step_ms, 2), "spec_step_ms": round(spec_step_ms, 2),
+                           "break_even_acceptance": round(spec_step_ms / step_ms, 3)}
+        print(f"{shape:>7}: baseline {b['1']:7.1f} tok/s (c=1) {b['4']:7.1f} (c=4) | random head: acceptance "
+              f"{tau:.3f}, {s['tokens_per_s']['1']:6.1f} / {s['tokens_per_s']['4']:6.1f} tok/s | step "
+              f"{row['c1']['step_ms']} ms, speculative step {row['c1']['spec_step_ms']} ms -> break-even acceptance "
+              f"{row['c1']['break_even_acceptance']} (c=1), {row['c4']['break_even_acceptance']} (c=4)", flush=True)
+        rows.append(row)
+    if a.json:
+        a.json.write_text(json.dumps({"benchmark": "vllm_target_cost", "k": K, "output_tokens": OUT_TOKENS,
+                                      "cpu_count": os.cpu_count(), "rows": rows}, indent=2) + "\n")
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
