@@ -11,16 +11,19 @@ Figures (all measured by the gate on the host, see :mod:`eagle3ops.speculate`): 
 Δdrafts, and per concurrency c in {first level (production), last level}: baseline and speculative output tokens/s
 and ``ratio`` = speculative / baseline.
 
-Measured (``benchmarks/speculate-cpu-tiny-llama.json``; sandbox: 2 shared cores, tiny Llama target of 4 layers x
-128, the demo run's 20-step head uploaded with ``--head``, k = 3, 4 HumanEval gate prompts x 16 tokens): mean
+Measured (``benchmarks/speculate-cpu-tiny-llama.json``; sandbox: 2 shared cores, the random tiny Llama target of 4
+layers x 128, the demo run's 20-step head uploaded with ``--head``, k = 3, 4 HumanEval gate prompts x 16 tokens): mean
 acceptance length 1.0 (no proposal accepted), speculative/baseline output tokens/s 0.27 at concurrency 1 and 0.62 at
-4, rolled back. A target this small costs about what a draft step costs, so speculation cannot win on this CPU; the
-figures on 64 tokens per level also move by up to 2x between runs (shared cores): read them as the gate's
-mechanics, not as a speed-up estimate.
+4, rolled back: a random target gives a head nothing to learn, and a 4-layer target costs about what a draft step
+costs. On the trained 24-layer sandbox target (:mod:`eagle3ops.tinytrained`, the demo's) with a head trained by the
+demo's settings (``benchmarks/speculate-cpu-trained-target.json``, 8 prompts x 64 tokens): see
+``benchmarks/README-sandbox-target.md`` — acceptance 1.93 (per position 0.43 / 0.28 / 0.21), x1.30 at
+concurrency 1 and x1.00 at 4, kept. Throughput figures move by ~10 % between runs on the shared cores.
 
 Usage::
 
-    python benchmarks/speculate.py sandbox --run demo --head /tmp/head --margin -0.9   # CPU: see the README
+    python benchmarks/speculate.py sandbox --run demo --head /tmp/head --prompts 8 --max-tokens 64
+    python benchmarks/speculate.py sandbox --run demo-20261130T185849 --read   # what a make demo's gate measured
     python benchmarks/speculate.py gpu-01 --run r1 --read
 """
 

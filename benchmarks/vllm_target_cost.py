@@ -3,7 +3,7 @@ sandbox target so that one target forward costs several draft forwards).
 
 For each ``LAYERSxHIDDEN`` shape: a Llama target with random weights (the tiny Llama's tokenizer and vocabulary
 2048, head size 32, GQA 2:1, intermediate 2 x hidden, bf16) and a random one-layer EAGLE-3 head for it
-(:func:`eagle3ops.tinydraft.build_tiny_eagle3_draft`, draft vocabulary 1024, aux layers ``(1, L // 2, L - 2)``).
+(:func:`eagle3ops.tinydraft.build_tiny_eagle3_draft`, draft vocabulary 1024, aux layers ``(1, L // 2, L - 1)``).
 Each configuration runs in its own process with ``vllm.LLM`` (``--enforce-eager``, block size 16, as the sandbox
 serves), greedy, ``ignore_eos``, 64 output tokens per request, one warm-up request, then one request (concurrency 1)
 and four at once (concurrency 4). Printed and written as JSON: output tokens/s without and with speculation (k = 3),
@@ -61,7 +61,7 @@ def build(work: Path, layers: int, hidden: int) -> tuple[Path, Path]:
     torch.manual_seed(0)
     LlamaForCausalLM(AutoConfig.from_pretrained(t)).to(torch.bfloat16).save_pretrained(t, safe_serialization=True)
     shutil.rmtree(d, ignore_errors=True)
-    build_tiny_eagle3_draft(d, t, draft_vocab=list(range(1024)), aux_layer_ids=[1, layers // 2, layers - 2])
+    build_tiny_eagle3_draft(d, t, draft_vocab=list(range(1024)), aux_layer_ids=[1, layers // 2, layers - 1])
     cfg = json.loads((d / "config.json").read_text())  # same weight shapes; heads as the target's (head size 32)
     cfg.update(num_attention_heads=hidden // 32, num_key_value_heads=max(1, hidden // 64), head_dim=32)
     (d / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -254,8 +254,8 @@ def test_releases_recorded_by_older_versions_still_roll_back(tmp_path, monkeypat
 
 def test_serving_recreated_outside_eagle3ops_is_recorded_as_a_new_release(tmp_path, monkeypatch):
     """The state dir says release 1 is live, but serving was recreated by hand (another release label): the next
-    window records the live container as a new release and makes it current, so a rollback returns to what was
-    really serving, never to the stale release 1."""
+    window records the live container as a new release and makes it current (once: later windows find the same
+    container adopted), so a rollback returns to what was really serving, never to the stale release 1."""
     monkeypatch.setattr(Supervisor, "gate", lambda self, timeout_s=None: self.journal.log("health", "ok"))
     engine = _Engine(LIVE)
     plan, wdir = _sup(tmp_path, "release", change=ReleaseChange(args=["--max-num-seqs", "8"]))
@@ -266,10 +266,17 @@ def test_serving_recreated_outside_eagle3ops_is_recorded_as_a_new_release(tmp_pa
     by_hand["Config"]["Labels"] = {"team": "inference"}  # `docker run` by hand: no release label
     by_hand["Config"]["Cmd"] = [*LIVE["Config"]["Cmd"], "--enable-prefix-caching"]
     engine.by_name["vllm-serving"] = _Container(by_hand)
+    plan, wdir = _sup(tmp_path, "window")
+    first = Supervisor(plan, engine, wdir)
+    first.record()
+    assert first.releases.current() == 3 and any("recreated outside eagle3ops" in w for w in first.warnings())
+    plan, wdir = _sup(tmp_path, "window")  # the next window finds the same (stopped and started) container
+    again = Supervisor(plan, engine, wdir)
+    again.record()
+    assert again.releases.current() == 3 and again.releases.numbers() == [1, 2, 3] and not again.warnings()
     plan, wdir = _sup(tmp_path, "release", change=ReleaseChange(args=["--max-num-seqs", "4"]))
     res = Supervisor(plan, engine, wdir).run()
-    assert res["outcome"] == "ok" and res["release"] == 4, res
-    assert any("recreated outside eagle3ops" in w for w in res["warnings"]), res["warnings"]
+    assert res["outcome"] == "ok" and res["release"] == 4 and res["release_before"] == 3, res
     rels = Releases(tmp_path / "state")
     assert rels.get(3)["container"]["Config"]["Cmd"] == by_hand["Config"]["Cmd"]
     plan, wdir = _sup(tmp_path, "rollback")

@@ -20,10 +20,10 @@ What this builds (``python -m eagle3ops.tinytrained OUT --corpus CORPUS.jsonl [-
    random attention and MLP inputs whose two output projections (``o_proj``, ``down_proj``) are zero, so it adds
    nothing to the residual stream. The result computes exactly what the core computes (same logits, checked by
    :func:`deepen`'s caller in the tests) at the cost of a ``layers``-deep model: vLLM runs every layer's kernels
-   whatever the weights are. Measured with vLLM 0.16 CPU on this 2-core machine (offline ``LLM.generate``, greedy,
-   64 tokens, bf16, one request): 4 x 128 decodes at 3.2 ms per token, 24 x 128 at 10.1 ms, and 24 x 128 with an
-   EAGLE-3 head (k = 3) at 14.6 ms per speculative step, so speculation breaks even at an acceptance length of
-   about 1.45 there, against ~3.4 for the 4-layer target.
+   whatever the weights are. Measured with vLLM 0.16 CPU on this 2-core machine (``benchmarks/vllm_target_cost.py``,
+   ``benchmarks/vllm-target-cost-cpu.json``: greedy, 64 tokens, bf16, one request): a 4 x 128 target steps in 3.0 ms
+   and 7.2 ms with an EAGLE-3 head (k = 3), so speculation needs an acceptance length of 2.39 to win there; a
+   24 x 128 one in 11.8 ms and 16.6 ms: break-even at 1.41.
 
 The EAGLE-3 head for it stays one layer at hidden 128 (speculators sizes the head from the target's hidden size),
 so it trains as fast as the 4-layer target's head. A real target is deep *and* trained; this one is trained where it

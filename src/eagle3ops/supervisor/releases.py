@@ -97,6 +97,26 @@ class Releases:
         tmp.write_text(f"{n}\n")
         tmp.replace(self.dir / "current")  # atomic: a crash leaves the old or the new number, never half
 
+    def adopt(self, n: int, container_id: str) -> None:
+        """Remember that the live container ``container_id`` is release ``n`` although it does not carry ``n`` in its
+        release label (serving recreated outside eagle3ops, recorded by a window's record step). Windows stop and
+        start that same container, so its label never changes; this keeps later record steps from recording it
+        again. One file, ``adopted.json``, replaced atomically."""
+        tmp = self.dir / "adopted.json.tmp"
+        tmp.write_text(json.dumps({"release": n, "container_id": container_id}) + "\n")
+        tmp.replace(self.dir / "adopted.json")
+
+    def is_adopted(self, n: int | None, container_id: str | None) -> bool:
+        """True when ``container_id`` was adopted as release ``n`` (:meth:`adopt`)."""
+        p = self.dir / "adopted.json"
+        if n is None or not container_id or not p.exists():
+            return False
+        try:
+            rec = json.loads(p.read_text())
+        except ValueError:
+            return False
+        return rec.get("release") == n and rec.get("container_id") == container_id
+
     def mark_failed(self, n: int, why: str) -> None:
         """Record that live release ``n`` failed a completed health gate: no rollback picks it until it is live again.
 

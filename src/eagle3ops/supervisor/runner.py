@@ -184,6 +184,8 @@ class Supervisor(ProcessServing):
         recorded = None
         current = self.releases.current()
         label = ((inspect.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
+        if label != str(current) and self.releases.is_adopted(current, inspect.get("Id")):
+            label = str(current)  # recorded as ``current`` by an earlier window (Releases.adopt)
         if current is not None and label != str(current):
             # Serving was recreated outside eagle3ops (by hand, or the demo's provisioning): the live container is
             # not the release the state dir calls current, so rollbacks must not treat that one as live.
@@ -193,6 +195,8 @@ class Supervisor(ProcessServing):
         if current is None or label != str(current):
             # Retained so that a restore can recreate it, but live only when it runs and passes its gate now.
             recorded = self.releases.add(sv.container_record(inspect), self.plan.window_id)
+            if label != str(recorded):
+                self.releases.adopt(recorded, inspect.get("Id") or "")
             c.reload()
             if c.status != "running":
                 self.warn("record", f"serving container {self.plan.serving_container!r} is {c.status!r}, not running: "
