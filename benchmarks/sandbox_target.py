@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import os
 import subprocess
 import sys
@@ -110,43 +109,6 @@ def greedy_replies(model, prompts: list[list[int]], n_tokens: int, eos: int) -> 
             stopped += int(eos in new)
             outs.append([t for t in new if t != eos])
     return outs, round(p_sum / max(n, 1), 4), round(stopped / max(len(prompts), 1), 3)
-
-
-def train_target(model, train_seqs: list[list[int]], steps: int, seq_len: int, batch: int, lr: float,
-                 max_seconds: float, seed: int) -> dict:
-    """Next-token training on random windows of the concatenated training stream (AdamW, warmup + cosine)."""
-    import torch
-
-    stream = torch.tensor([t for s in train_seqs for t in s])
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
-    warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    model.train()
-    t0 = time.monotonic()
-    losses = []
-    done = 0
-    for step in range(steps):
-        starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=g)
-        x = torch.stack([stream[s:s + seq_len] for s in starts.tolist()])
-        loss = model(input_ids=x, labels=x).loss  # transformers shifts the labels itself
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss))
-        done = step + 1
-        if step % 50 == 0 or step == steps - 1:
-            log(f"  step {step:4d} loss {float(loss):.3f} ({time.monotonic() - t0:.0f} s)")
-        if time.monotonic() - t0 > max_seconds:
-            log(f"  stopped at step {done}: time cap {max_seconds:.0f} s")
-            break
-    tail = losses[-20:]
-    return {"steps": done, "steps_planned": steps, "seq_len": seq_len, "batch": batch, "lr": lr,
-            "train_loss_first": round(losses[0], 4), "train_loss_last20_mean": round(sum(tail) / len(tail), 4),
-            "train_seconds": round(time.monotonic() - t0, 1), "train_tokens_in_stream": len(stream)}
 
 
 def llama_config(tiny_cfg: dict, hidden: int, layers: int, vocab: int | None = None):
@@ -323,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (a.reuse_trained and (trained / "config.json").exists()):
         res["random_target_held_out"] = evaluate(model, held_seqs, 1024)
         log(f"random target, held-out: {res['random_target_held_out']}")
-        res["training"] = train_target(model, train_seqs, a.steps, a.seq_len, a.batch, a.lr, a.max_train_seconds,
-                                       a.seed)
+        from eagle3ops.tinytrained import train_core
+
+        res["training"] = train_core(model, train_seqs, steps=a.steps, seq_len=a.seq_len, batch=a.batch, lr=a.lr,
+                                     seed=a.seed, max_seconds=a.max_train_seconds, log=log)
         log(f"training: {res['training']}")
         model.to(torch.bfloat16).save_pretrained(trained, safe_serialization=True)
         for f in base.iterdir():

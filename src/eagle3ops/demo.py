@@ -73,10 +73,12 @@ def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = Fals
 def target_kind(model_path: str | Path) -> str | None:
     """The kind of sandbox target at ``model_path``: ``llama-trained`` (its :data:`eagle3ops.tinytrained.RECORD`
     says so), ``llama`` (a model without that record: :mod:`eagle3ops.tinymodel`), or None (no ``config.json``)."""
+    from eagle3ops.tinytrained import RECORD  # torch is imported lazily there
+
     out = Path(model_path)
     if not (out / "config.json").exists():
         return None
-    rec = out / "eagle3ops-target.json"
+    rec = out / RECORD
     return str(json.loads(rec.read_text()).get("kind", "llama")) if rec.exists() else "llama"
 
 

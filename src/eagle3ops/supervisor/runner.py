@@ -184,15 +184,15 @@ class Supervisor(ProcessServing):
         recorded = None
         current = self.releases.current()
         label = ((inspect.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
-        if label != str(current) and self.releases.is_adopted(current, inspect.get("Id")):
-            label = str(current)  # recorded as ``current`` by an earlier window (Releases.adopt)
-        if current is not None and label != str(current):
+        # The live container is the current release when it carries its label, or an earlier window adopted it.
+        live_is_current = label == str(current) or self.releases.is_adopted(current, inspect.get("Id"))
+        if current is not None and not live_is_current:
             # Serving was recreated outside eagle3ops (by hand, or the demo's provisioning): the live container is
             # not the release the state dir calls current, so rollbacks must not treat that one as live.
             self.warn("record", f"serving container {self.plan.serving_container!r} is not release {current} (its "
                                 f"{sv.RELEASE_LABEL} label is {label!r}): it was recreated outside eagle3ops; "
                                 "recording it as a new release")
-        if current is None or label != str(current):
+        if not live_is_current:
             # Retained so that a restore can recreate it, but live only when it runs and passes its gate now.
             recorded = self.releases.add(sv.container_record(inspect), self.plan.window_id)
             if label != str(recorded):
