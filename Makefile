@@ -21,7 +21,7 @@ endif
 BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
-.PHONY: setup sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-host test-image \
+.PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-host test-image \
         patch-check bench-rebuild bench-push bench-extract clean-sandbox
 
 setup:
@@ -67,9 +67,14 @@ demo: setup
 	$(E3) demo
 
 # Host tests need the sandbox and the images; the fixtures in tests/conftest.py build/start what is missing.
-test: setup
-	$(PY) -m pytest -ra tests --ignore=tests/image
+# Images first (tests/prebuild.py: cached by content, seconds when warm), so no cold build counts against a test's
+# 600 s limit; the ten slowest tests are printed at the end of each suite.
+test: setup prebuild
+	$(PY) -m pytest -ra --durations=10 tests --ignore=tests/image
 	$(MAKE) test-image
+
+prebuild: setup
+	$(PY) tests/prebuild.py
 
 # Tests that need torch / vLLM / speculators run inside the built pipeline image (its /opt/venv).
 test-image: image

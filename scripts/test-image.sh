@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run tests/image inside a container of the pipeline image (its Python has torch, vLLM 0.16, patched speculators
-# and eagle3ops). pytest comes from hash-pinned wheels installed into a throwaway dir, not into the image.
+# and eagle3ops). pytest (+ pytest-timeout: 600 s a test, as on the host) comes from hash-pinned wheels installed into a
+# throwaway dir, not into the image; the ten slowest tests are printed at the end.
 # Usage: scripts/test-image.sh IMAGE_TAG [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,4 +14,5 @@ exec docker run --rm --network host \
   -v "$PWD/tests:/e3/tests:ro" -v "$PWD/patches:/e3/patches:ro" -v "$PWD/deploy:/e3/deploy:ro" -v "$PWD/.cache/test-wheels:/wheels:ro" -w /e3 \
   --entrypoint bash "$tag" -c \
   'python3 -m pip install -q --no-index --no-deps --target /tmp/pt /wheels/*.whl \
-   && PYTHONPATH=/tmp/pt python3 -m pytest -p no:cacheprovider -ra "$@" tests/image' test-image "$@"
+   && PYTHONPATH=/tmp/pt python3 -m pytest -p no:cacheprovider -p pytest_timeout --timeout=600 --timeout-method=signal \
+     --durations=10 -ra "$@" tests/image' test-image "$@"

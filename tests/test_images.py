@@ -561,7 +561,7 @@ def test_failing_probe_stops_the_build(tmp_path: Path, standin_base: str, ca: Pa
     assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
 
 
-@pytest.mark.timeout(3600)  # several image builds on a cold 2-core machine
+@pytest.mark.timeout(600)  # several image builds (their bases are prebuilt: tests/prebuild.py)
 def test_probe_results_reused_only_when_applied_code_is_identical(tmp_path: Path, standin_base: str,
                                                                   ca: Path | None) -> None:
     """Image builds with VERIFY=probes: a header-only patch edit reuses every pass (recorded in the image); a code
@@ -686,7 +686,7 @@ def test_image_ls_lists_labels_locally_and_through_a_runner(tmp_path: Path, stan
 # --- the real pipeline image on the local vLLM 0.16 base --------------------------------------------------------
 
 
-@pytest.mark.timeout(3600)  # several image builds on a cold 2-core machine
+@pytest.mark.timeout(600)  # several image builds (their bases are prebuilt: tests/prebuild.py)
 @pytest.mark.images
 @pytest.mark.slow
 def test_real_pipeline_image(built_images) -> None:

@@ -98,7 +98,7 @@ def _prompts(run: Path) -> list[list[int]]:
 
 @pytest.mark.images
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(600)
 def test_kimi_target_serves_with_its_trained_head_greedy_identical(tmp_path, head_images):
     from eagle3ops.tinykimi import synthetic_chat_rows
 

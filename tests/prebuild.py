@@ -1,0 +1,53 @@
+"""Build every image the test suites need, before pytest starts (``make prebuild``, run by ``make test``).
+
+A cold build of the local vLLM base takes ~5 min on 2 cores and the upstream-layout stand-in ~4 min; inside pytest
+that time counted against the first test's timeout, which therefore had to be 40 minutes. Here each build is timed
+and printed instead, and the suites run with a per-test limit of 600 s. Every build is cached by its content tag,
+so on a warm engine this step takes seconds.
+
+Images (all built on this machine's build engine; none is pulled from a registry):
+- the stand-in bases: the local vLLM 0.16 CPU base (stand-in for ``vllm/vllm-openai:v0.16.0``), the upstream-layout
+  base (CUDA vLLM in the system python3, cannot start an engine here), the torch-less test stand-in bases (venv and
+  system layouts) and the debootstrap minbase;
+- the pipeline image on the local base (the sandbox's stages and the in-image suite run in it);
+- the CPU stand-in serving image (patched vLLM), tagged as the sandbox inventory's ``speculative_image``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    from eagle3ops import images
+    from eagle3ops.config import load_inventory
+
+    ca = images.default_ca_bundle()
+    sandbox = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    t_all = time.monotonic()
+    steps = [
+        ("minbase", lambda: images.build_minbase()),
+        ("local vLLM base", lambda: images.build_local_base(ca_bundle=ca, quiet=True)),
+        ("pipeline image", lambda: images.build_image("pipeline", base_image=images.LOCAL_BASE_TAG,
+                                                       ca_bundle=ca, quiet=True).tag),
+        ("CPU stand-in serving image", lambda: images.build_image(
+            "serving", base_image=images.LOCAL_BASE_TAG, profile="vllm-0.16.0-serving-cpu-standin",
+            ca_bundle=ca, quiet=True, extra_tags=[sandbox.serving.speculative_image]).tag),
+        ("test stand-in base (venv)", lambda: images.build_standin_base(ca_bundle=ca)),
+        ("test stand-in base (system)", lambda: images.build_standin_base(ca_bundle=ca, layout="system")),
+        ("upstream-layout base", lambda: images.build_upstream_base(ca_bundle=ca, quiet=True)),
+    ]
+    for name, build in steps:
+        t0 = time.monotonic()
+        tag = build()
+        print(f"[prebuild] {name}: {tag or ''} ({time.monotonic() - t0:.0f} s)", flush=True)
+    print(f"[prebuild] all images ready in {time.monotonic() - t_all:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
