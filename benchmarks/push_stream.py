@@ -11,7 +11,7 @@ import argparse
 import os
 import time
 
-from eagle3ops import sandbox
+from eagle3ops_dev import sandbox
 from eagle3ops.transfer.streams import ParamikoStream, SshStream
 from eagle3ops.remote import Remote
 
