@@ -6,13 +6,13 @@
 #   DOCKER_BUILDKIT=1 docker build --network host --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt \
 #     --build-arg BASE_IMAGE=eagle3ops/vllm-openai-local:v0.16.0 -t eagle3ops/pipeline:dev .
 #
-# Layer order: heavy dependencies first, eagle3ops next, the patch series last, so a patch-only change re-runs only
-# the last two steps (about a second when the probe results can be reused, see below). Nothing here assumes an
-# interpreter or a site-packages path: the first step finds the interpreter that has vLLM (images/pipeline/check-base.py:
-# /opt/venv in the local base, the system Python's dist-packages in vllm/vllm-openai and the upstream-layout
-# stand-in) and puts `python3`/`python` wrappers for it first on PATH (/opt/eagle3ops/bin), so every later step,
-# the entrypoint and the stage/supervisor containers (`python3 -m eagle3ops ...`) run that interpreter, and pip
-# installs into its own scheme.
+# Layer order: heavy dependencies first, eagle3ops (and the probes' fixtures) next, the patch series last, so a
+# patch-only change re-runs only the last two steps (about a second when the probe results can be reused, see
+# below). Nothing here assumes an interpreter or a site-packages path: the first step finds the interpreter that has
+# vLLM (images/pipeline/check-base.py: /opt/venv in the local base, the system Python's dist-packages in
+# vllm/vllm-openai and the upstream-layout stand-in) and puts `python3`/`python` wrappers for it first on PATH
+# (/opt/eagle3ops/bin), so every later step, the entrypoint and the stage/supervisor containers
+# (`python3 -m eagle3ops ...`) run that interpreter, and pip installs into its own scheme.
 ARG BASE_IMAGE=vllm/vllm-openai:v0.16.0
 FROM ${BASE_IMAGE}
 
@@ -60,6 +60,19 @@ RUN --mount=type=bind,source=src,target=/tmp/e3ctx/src --mount=type=bind,source=
     && python3 -m pip install --no-deps --no-build-isolation --no-cache-dir "$d" \
     && rm -rf "$d" \
     && python3 -m eagle3ops --help > /dev/null
+
+# The behavioural probes' fixtures: the development harness src/eagle3ops_dev (the tiny models the probes build,
+# loaded by name through eagle3ops.patches.fixtures; not in the eagle3ops wheel above). Copied to /opt/eagle3ops/dev
+# and put on the interpreter's path by eagle3ops-dev.pth in its site dir, so the probes here, `eagle3ops verify HOST`
+# on a target host, the demo's target build and tests/image import it. It is part of `src/`, so the content tag and
+# the probe keys' salt cover it. The last command fails the build when the copy is incomplete.
+RUN --mount=type=bind,source=src/eagle3ops_dev,target=/tmp/e3dev \
+    rm -rf /opt/eagle3ops/dev && mkdir -p /opt/eagle3ops/dev \
+    && cp -r /tmp/e3dev /opt/eagle3ops/dev/eagle3ops_dev \
+    && find /opt/eagle3ops/dev -name __pycache__ -prune -exec rm -rf {} + \
+    && site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+    && echo /opt/eagle3ops/dev > "$site/eagle3ops-dev.pth" \
+    && python3 -c 'import eagle3ops.patches.fixtures as f, eagle3ops_dev.tinykimi as k; f.load(); assert k.PAT_STR'
 
 # The patch series, applied strictly (pins checked, -p1, zero fuzz), then the checks (eagle3ops.imagecheck):
 # BUILD_CHECKS run here, HOST_CHECKS are deferred to the target host (`eagle3ops verify HOST`, run by `deploy`);

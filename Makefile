@@ -1,4 +1,5 @@
-# eagle3ops make targets: each a thin call of the `eagle3ops` CLI (see README.md).
+# eagle3ops make targets: each a thin call of the `eagle3ops` CLI, or of the development harness's
+# `python -m eagle3ops_dev` (sandbox, base, demo: not in the eagle3ops wheel) (see README.md).
 #   make demo                       the whole maintenance cycle on the embedded sandbox host
 #   make test                       the test suite (host tests, then the in-image tests)
 #   make deploy  HOST=gpu-01        build + push the pipeline image, verify, preflight (serving untouched)
@@ -13,6 +14,8 @@ INVENTORY ?= deploy/hosts.yaml
 PROFILE ?= speculators-0.3.0-vllm-0.16.0
 E3 := .venv/bin/eagle3ops
 PY := .venv/bin/python
+# The development harness (src/eagle3ops_dev, importable in .venv through scripts/setup.sh's eagle3ops-dev.pth).
+E3DEV := $(PY) -m eagle3ops_dev
 # The sandbox has no registry to pull vllm/vllm-openai from: its pipeline image builds on the local stand-in base.
 LOCAL_BASE := eagle3ops/vllm-openai-local:v0.16.0
 ifeq ($(HOST),sandbox)
@@ -28,10 +31,10 @@ setup:
 	bash scripts/setup.sh
 
 sandbox: setup
-	$(E3) sandbox up
+	$(E3DEV) sandbox up
 
 base: setup
-	$(E3) image base
+	$(E3DEV) base
 
 image: base
 	$(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE)
@@ -64,7 +67,7 @@ audit: setup
 	$(E3) audit $(HOST)
 
 demo: setup
-	$(E3) demo
+	$(E3DEV) demo
 
 # Host tests need the sandbox and the images; the fixtures in tests/conftest.py build/start what is missing.
 # Images first (tests/prebuild.py: cached by content, seconds when warm), so no cold build counts against a test's
@@ -97,4 +100,4 @@ bench-extract: image
 	  benchmarks/extract.py --json benchmarks/extract-cpu-tiny-llama.json
 
 clean-sandbox: setup
-	$(E3) sandbox down
+	$(E3DEV) sandbox down

@@ -42,7 +42,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from eagle3ops import sandbox, transfer
+from eagle3ops import transfer
+from eagle3ops_dev import sandbox
 from eagle3ops.transfer.sources import StoreLayerSource
 from eagle3ops.transfer.sshconfig import ssh_command
 

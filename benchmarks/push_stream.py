@@ -11,9 +11,9 @@ import argparse
 import os
 import time
 
-from eagle3ops import sandbox
 from eagle3ops.transfer.streams import ParamikoStream, SshStream
 from eagle3ops.remote import Remote
+from eagle3ops_dev import sandbox
 
 
 def run(stream_factory, mib: int, block: bytes) -> tuple[float, int]:

@@ -15,7 +15,7 @@ Measured (``benchmarks/speculate-cpu-tiny-llama.json``; sandbox: 2 shared cores,
 layers x 128, the demo run's 20-step head uploaded with ``--head``, k = 3, 4 HumanEval gate prompts x 16 tokens): mean
 acceptance length 1.0 (no proposal accepted), speculative/baseline output tokens/s 0.27 at concurrency 1 and 0.62 at
 4, rolled back: a random target gives a head nothing to learn, and a 4-layer target costs about what a draft step
-costs. On the trained 24-layer sandbox target (:mod:`eagle3ops.tinytrained`, the demo's) with a head trained by the
+costs. On the trained 24-layer sandbox target (:mod:`eagle3ops_dev.tinytrained`, the demo's) with a head trained by the
 demo's settings (``benchmarks/speculate-cpu-trained-target.json``, 8 prompts x 64 tokens): see
 ``benchmarks/README-sandbox-target.md`` — acceptance 1.93 (per position 0.43 / 0.28 / 0.21), x1.30 at
 concurrency 1 and x1.00 at 4, kept. Throughput figures move by ~10 % between runs on the shared cores.

@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from eagle3ops import demo  # noqa: E402
+from eagle3ops_dev import demo  # noqa: E402
 from eagle3ops.commands import docker as dk  # noqa: E402
 from eagle3ops.commands import host as hc  # noqa: E402
 from eagle3ops.config import load_inventory  # noqa: E402

@@ -30,6 +30,6 @@ for t in "${targets[@]}"; do
 done
 # Its sandbox holds a copy of the 9 GB base image: remove it unless KEEP=1 (disk on a build machine is finite).
 if [ "${KEEP:-0}" != 1 ]; then
-  .venv/bin/eagle3ops sandbox down --name "$EAGLE3OPS_SANDBOX" --purge || true
+  .venv/bin/python -m eagle3ops_dev sandbox down --name "$EAGLE3OPS_SANDBOX" --purge || true
 fi
 exit $rc

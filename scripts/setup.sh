@@ -42,7 +42,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Dependencies from the hash-pinned lock (requirements/driver.lock, made from requirements/driver.in), then
 # eagle3ops itself editable with no dependency resolution and no build isolation (its build backend is in the lock).
-if ! .venv/bin/python -c 'import eagle3ops, fabric, docker, typer, pytest, pytest_timeout' 2>/dev/null \
+if ! .venv/bin/python -c 'import eagle3ops, eagle3ops_dev, fabric, docker, typer, pytest, pytest_timeout' 2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ] || [ requirements/driver.lock -nt .venv/.installed ]; then
   log "installing eagle3ops and its driver dependencies into .venv (requirements/driver.lock)"
   if [ -z "${PIP_CERT:-}" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
@@ -52,4 +52,10 @@ if ! .venv/bin/python -c 'import eagle3ops, fabric, docker, typer, pytest, pytes
   .venv/bin/pip install -q --no-deps --no-build-isolation -e .
   touch .venv/.installed
 fi
+# The development harness (src/eagle3ops_dev: sandbox host, demo, stand-in bases, tiny models; `python -m
+# eagle3ops_dev`) is not part of the eagle3ops distribution (pyproject.toml packages only eagle3ops): this checkout's
+# src goes on the venv's path through a .pth file of its own, whatever layout the editable install chose.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD/src" > "$site/eagle3ops-dev.pth"
+.venv/bin/python -c 'import eagle3ops_dev.cli' || { echo "eagle3ops_dev is not importable from .venv ($site/eagle3ops-dev.pth)" >&2; exit 1; }
 log "ready: $(docker version --format 'build engine {{.Server.Version}}'), $(.venv/bin/python --version)"

@@ -1,7 +1,7 @@
 """Session fixtures with real parts: the sandbox host (sshd + its own dockerd), the built images, production serving.
 
 Each fixture builds or starts what is missing and reuses what is already there, so a second run is fast. They are
-the same functions ``make demo`` uses (:mod:`eagle3ops.demo`).
+the same functions ``make demo`` uses (:mod:`eagle3ops_dev.demo`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def local_audit_log(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sandbox_host():
     """The inventory's ``sandbox`` host, brought up (idempotent)."""
-    from eagle3ops import sandbox
     from eagle3ops.config import load_inventory
+    from eagle3ops_dev import sandbox
 
     h = load_inventory(INVENTORY).host("sandbox")
     sandbox.up_for(h)
@@ -45,9 +45,10 @@ def sandbox_host():
 def built_images():
     """(local base tag, BuiltImage of the pipeline image) — built if missing (the base takes minutes once)."""
     from eagle3ops import images
+    from eagle3ops_dev import bases
 
     ca = images.default_ca_bundle()
-    base = images.build_local_base(ca_bundle=ca, quiet=True)
+    base = bases.build_local_base(ca_bundle=ca, quiet=True)
     built = images.build_image("pipeline", base_image=base, ca_bundle=ca, quiet=True)
     return base, built
 
@@ -58,7 +59,8 @@ def deployed(sandbox_host, built_images):
 
     Returns (host, DeployResult).
     """
-    from eagle3ops import demo, deployer
+    from eagle3ops import deployer
+    from eagle3ops_dev import demo
 
     base, built = built_images
     deployer.push_image(sandbox_host.serving.image, sandbox_host)

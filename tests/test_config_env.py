@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops import sandbox
+from eagle3ops_dev import sandbox
 from eagle3ops.config import ConfigError, load_inventory
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,17 +6,26 @@
    never reach a host or an engine of a host, each with its reason.
 3. No module over 600 lines without a paragraph of its module docstring that starts "Why this module is long"
    (issue 13): split along the module's seams, or say why it is one module.
+4. The development harness (``src/eagle3ops_dev``) stays out of the product (issue 23): a contract that the product
+   never imports it (and a test that the contract fails when a product module does), and the production wheel,
+   built here and listed, holds no sandbox, demo, stand-in base builder or tiny model.
+
+Checks 2 and 3 cover both packages; the harness's argv builders (``provision``, ``headspecs``) are its own
+``commands``.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src/eagle3ops"
+DEV = REPO / "src/eagle3ops_dev"
 
 #: Programs whose argv must come from commands/ (run on a host, in a container, or through a Docker engine).
 PROGRAMS = {
@@ -25,21 +34,48 @@ PROGRAMS = {
     "curl", "chown", "chmod", "git", "patch", "diff", "ip", "tc", "dpkg", "apt-get", "apt-cache", "useradd",
     "groupadd", "usermod", "umount", "ssh-keygen", "sshd", "dockerd", "pip", "uv",
 }
-#: module (relative to src/eagle3ops) -> programs it may start itself, and why.
+#: module (relative to src/) -> programs it may start itself, and why.
 LOCAL_TOOLS: dict[str, tuple[set[str], str]] = {
-    "sandbox/host.py": ({"usermod", "groupadd", "useradd", "docker", "ip", "ssh", "sh"},
-                        "the sandbox's own daemons and user on this machine (it is the host)"),
-    "sandbox/engines.py": ({"apt-get", "apt-cache", "dpkg"}, "the sandbox engine's Debian packages, unpacked here"),
-    "images/tags.py": ({"git"}, "this checkout's revision for the image label (local git)"),
+    "eagle3ops_dev/sandbox/host.py": ({"usermod", "groupadd", "useradd", "docker", "ip", "ssh", "sh"},
+                                      "the sandbox's own daemons and user on this machine (it is the host)"),
+    "eagle3ops_dev/sandbox/engines.py": ({"apt-get", "apt-cache", "dpkg"},
+                                         "the sandbox engine's Debian packages, unpacked here"),
+    "eagle3ops/images/tags.py": ({"git"}, "this checkout's revision for the image label (local git)"),
 }
+#: Where argv may be built (relative to src/): the product's commands/ and the harness's own argv builders.
+COMMAND_MODULES = ("eagle3ops/commands/", "eagle3ops_dev/provision.py", "eagle3ops_dev/headspecs.py")
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` of the driver venv over ``root`` (a checkout: its pyproject.toml and src/)."""
+    lint = Path(sys.executable).parent / "lint-imports"
+    return subprocess.run([str(lint), "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root,
+                          capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"})
 
 
 def test_import_contracts_hold():
-    lint = Path(sys.executable).parent / "lint-imports"
-    cp = subprocess.run([str(lint), "--config", str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True,
-                        text=True, timeout=300, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+    cp = _lint_imports(REPO)
     assert cp.returncode == 0, cp.stdout[-4000:] + cp.stderr[-2000:]
     assert "BROKEN" not in cp.stdout and "Contracts:" in cp.stdout
+    assert "the product never imports the development harness" in " ".join(cp.stdout.split())
+
+
+HARNESS_CONTRACT = "the product never imports the development harness"
+
+
+def test_the_harness_contract_fails_when_a_product_module_imports_the_harness(tmp_path):
+    """A copy of the tree whose product module ``eagle3ops.health`` imports the sandbox: lint-imports fails and
+    names that contract and that import (so the passing run above is a real check, not an empty graph)."""
+    shutil.copy2(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(REPO / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    health = tmp_path / "src/eagle3ops/health.py"
+    health.write_text(health.read_text() + "\n\nfrom eagle3ops_dev import sandbox  # noqa: E402,F401\n")
+    cp = _lint_imports(tmp_path)
+    out = " ".join(cp.stdout.split())
+    assert cp.returncode != 0, out[-3000:]
+    assert f"{HARNESS_CONTRACT}" in out and "BROKEN" in out, out[-3000:]
+    assert "eagle3ops.health -> eagle3ops_dev.sandbox" in out, out[-3000:]
 
 
 def _argv_displays(path: Path) -> list[tuple[int, str]]:
@@ -52,15 +88,21 @@ def _argv_displays(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def _sources() -> list[Path]:
+    """Every Python file of the product and of the harness (the remote-code files a tiny model ships included)."""
+    return sorted([*SRC.rglob("*.py"), *DEV.rglob("*.py")])
+
+
 def test_command_lines_are_built_only_in_commands():
     offenders = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
-        if rel.startswith("commands/"):
+    for path in _sources():
+        rel = path.relative_to(SRC.parent).as_posix()
+        if rel.startswith(COMMAND_MODULES):
             continue
         allowed = LOCAL_TOOLS.get(rel, (set(), ""))[0]
         offenders += [f"{rel}:{line}: {prog}" for line, prog in _argv_displays(path) if prog not in allowed]
     assert offenders == [], "build these argv in src/eagle3ops/commands/:\n" + "\n".join(offenders)
+    assert all((SRC.parent / m).exists() for m in [*LOCAL_TOOLS, *COMMAND_MODULES]), "a listed module moved"
 
 
 def test_the_scan_sees_an_argv_display(tmp_path):
@@ -87,7 +129,7 @@ def _long_without_reason(path: Path) -> str | None:
 
 
 def test_every_long_module_says_why_at_its_top():
-    offenders = [f"{path.relative_to(SRC).as_posix()}: {why}" for path in sorted(SRC.rglob("*.py"))
+    offenders = [f"{path.relative_to(SRC.parent).as_posix()}: {why}" for path in _sources()
                  if (why := _long_without_reason(path))]
     assert offenders == [], (f"split these modules along their seams, or start a paragraph of the module docstring "
                              f"with {LONG_REASON!r} (over {LONG_MODULE_LINES} lines):\n" + "\n".join(offenders))
@@ -104,3 +146,37 @@ def test_the_long_module_check_sees_a_missing_reason(tmp_path):
     short = tmp_path / "short.py"
     short.write_text('"""A module."""\nx = 1\n')
     assert _long_without_reason(short) is None
+
+
+# --- the production wheel ---------------------------------------------------------------------------------------
+
+#: Names that must not be in the production wheel: the harness package and what it holds.
+HARNESS_NAMES = ("eagle3ops_dev", "sandbox", "demo", "tinymodel", "tinykimi", "tinytrained", "tinydraft", "bases.py",
+                 "provision.py", "headspecs.py", "remote_code")
+
+
+def test_the_production_wheel_holds_no_harness(tmp_path):
+    """Build the wheel as a release would (``pip wheel --no-deps --no-build-isolation``, setuptools from the driver
+    venv: requirements/driver.lock pins it) from a copy of the checkout, and list it: the product's modules and data
+    are in it, nothing of the development harness is."""
+    src = tmp_path / "checkout"
+    src.mkdir()
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / f, src / f)
+    shutil.copytree(REPO / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    out = tmp_path / "dist"
+    cp = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                         "-q", "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
+    wheels = list(out.glob("eagle3ops-*.whl"))
+    assert len(wheels) == 1, list(out.iterdir())
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    for must in ("eagle3ops/cli.py", "eagle3ops/patches/probes.py", "eagle3ops/patches/fixtures.py",
+                 "eagle3ops/images/build.py", "eagle3ops/templates/report.html.j2"):
+        assert must in names, f"{must} missing from the wheel"
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"eagle3ops"}, f"the wheel holds top-level packages besides eagle3ops: {tops}"
+    harness = [n for n in names if any(h in n for h in HARNESS_NAMES)]
+    assert harness == [], f"the production wheel ships development harness files: {harness}"
+    entry = [n for n in names if n.endswith("entry_points.txt")]
+    assert entry and "eagle3ops_dev" not in zipfile.ZipFile(wheels[0]).read(entry[0]).decode()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops import demo
+from eagle3ops_dev import demo
 from eagle3ops.config import load_inventory
 from eagle3ops.config.plan import HealthCheck, Plan
 from eagle3ops import health as gate

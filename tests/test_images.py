@@ -22,6 +22,7 @@ import pytest
 
 from eagle3ops import images
 from eagle3ops.patches.series import read_series_file
+from eagle3ops_dev import bases
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_ID = {"image": "vllm/vllm-openai:v0.16.0", "id": "sha256:" + "ab" * 32}
@@ -201,11 +202,11 @@ def test_missing_patch_named_in_series_is_an_error(root: Path) -> None:
 
 
 def test_lock_subset_keeps_hashes() -> None:
-    text = images.lock_subset((REPO / "requirements/vllm-base.lock").read_text(), ["PyYAML", "jinja2"])
+    text = bases.lock_subset((REPO / "requirements/vllm-base.lock").read_text(), ["PyYAML", "jinja2"])
     assert re.search(r"^pyyaml==\S+ \\$", text, re.M) and re.search(r"^jinja2==", text, re.M)
     assert text.count("--hash=sha256:") >= 2 and not re.search(r"^torch==", text, re.M)
     with pytest.raises(images.ImageError, match="does not pin no-such-pkg"):
-        images.lock_subset(text, ["no-such-pkg"])
+        bases.lock_subset(text, ["no-such-pkg"])
 
 
 # --- probe-result cache (eagle3ops patch verify --result-cache; real wheel, real patch, real CLI processes) ------
@@ -355,7 +356,7 @@ def test_probe_key_salt_covers_the_layers_below_the_patch_step(root: Path) -> No
     p.write_text(p.read_text().replace("\n+", "\n+# changed code\n+", 1))
     assert salt() == s0 == salt("probes-fresh")
     assert salt(base_id={**BASE_ID, "id": "sha256:" + "cd" * 32}) != s0
-    for rel in ("src/eagle3ops/tinymodel.py", "requirements/pipeline-speculators-0.3.0.lock", "Dockerfile"):
+    for rel in ("src/eagle3ops_dev/tinymodel.py", "requirements/pipeline-speculators-0.3.0.lock", "Dockerfile"):
         f = root / rel
         before = f.read_text()
         f.write_text(before + "\n# x\n")
@@ -405,7 +406,7 @@ def ca() -> Path | None:
 
 @pytest.fixture(scope="session")
 def standin_base(ca: Path | None) -> str:
-    return images.build_standin_base(ca_bundle=ca)
+    return bases.build_standin_base(ca_bundle=ca)
 
 
 def standin_root(dest: Path, fail_probe: str | None = None) -> Path:
@@ -622,8 +623,8 @@ def test_pipeline_on_a_system_python_dist_packages_base(tmp_path: Path, ca: Path
     probes run."""
     import docker
 
-    base = images.build_standin_base(ca_bundle=ca, layout="system")
-    assert base.startswith(f"{images.STANDIN_REPO}:system-")
+    base = bases.build_standin_base(ca_bundle=ca, layout="system")
+    assert base.startswith(f"{bases.STANDIN_REPO}:system-")
     root = standin_root(tmp_path / "repo")
     built = images.build_image("pipeline", base, None, ca, root=root, quiet=True,
                                probes_module="eagle3ops.standin_probes", engine_checks="build")
@@ -649,11 +650,11 @@ def test_pipeline_on_a_system_python_dist_packages_base(tmp_path: Path, ca: Path
 
 def test_wrong_base_stops_the_build(tmp_path: Path, ca: Path | None) -> None:
     """A base without vLLM 0.16 (the bare minbase) fails at the first step with a message naming the fix."""
-    images.build_minbase()
+    bases.build_minbase()
     root = copy_inputs(tmp_path / "repo")
     # found before the build (images.base_facts runs the Dockerfile's first step, check-base.py, in the base)
     with pytest.raises(images.ImageError, match=r"no interpreter with vLLM 0\.16\.0 found .*pass --base-image"):
-        images.build_image("pipeline", images.MINBASE_TAG, None, ca, root=root, quiet=True)
+        images.build_image("pipeline", bases.MINBASE_TAG, None, ca, root=root, quiet=True)
 
 
 def test_image_ls_lists_labels_locally_and_through_a_runner(tmp_path: Path, standin_base: str,

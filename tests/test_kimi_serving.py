@@ -1,9 +1,9 @@
 """Issue 17: the tiny Kimi-K2.5-class target served with a head trained by eagle3ops's own stages.
 
-Across two images on the local engine (docker SDK; container specs from :mod:`eagle3ops.commands.headcheck`):
+Across two images on the local engine (docker SDK; container specs from :mod:`eagle3ops_dev.headspecs`):
 
 1. the pipeline image builds the tiny ``kimi-k25`` target; the serving image generates the target's own greedy
-   replies to stand-in user messages (:func:`eagle3ops.tinykimi.synthetic_chat_rows`): the training conversations
+   replies to stand-in user messages (:func:`eagle3ops_dev.tinykimi.synthetic_chat_rows`): the training conversations
    (a random target's replies share few tokens with any real text, so a head trained on other text could not be
    told apart from a random one);
 2. the pipeline image runs prepare -> extract (reference engine) -> vocab -> train on them, writing the run into a
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops.commands import headcheck
+from eagle3ops_dev import headspecs as headcheck
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = "vllm-0.16.0-serving-cpu-standin"
@@ -100,7 +100,7 @@ def _prompts(run: Path) -> list[list[int]]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_kimi_target_serves_with_its_trained_head_greedy_identical(tmp_path, head_images):
-    from eagle3ops.tinykimi import synthetic_chat_rows
+    from eagle3ops_dev.tinykimi import synthetic_chat_rows
 
     pipe, serving = head_images
     t_all = time.monotonic()
@@ -182,7 +182,7 @@ def test_headcheck_specs_mount_the_checkout_and_run_as_the_caller():
         assert spec["environment"]["PYTHONPATH"] == "/e3/src" and spec["entrypoint"] == ["sh", "-c"]
         json.dumps(spec)
     script = t["command"][0]
-    assert script.startswith("set -e; test -f '/e3/work/k 25/config.json' || python3 -m eagle3ops.tinymodel ")
+    assert script.startswith("set -e; test -f '/e3/work/k 25/config.json' || python3 -m eagle3ops_dev.tinymodel ")
     assert [s for s in headcheck.HEAD_STAGES if f"eagle3ops stage {s} --run-dir /e3/work/run" in script] == \
         list(headcheck.HEAD_STAGES)
     assert "--target '/e3/work/k 25'" in g["command"][0] and "--draft /e3/work/run/train/final" in g["command"][0]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops import sandbox
+from eagle3ops_dev import sandbox
 from eagle3ops.remote import HostUnreachable, Remote
 
 pytestmark = pytest.mark.sandbox

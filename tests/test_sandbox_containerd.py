@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from eagle3ops import sandbox
+from eagle3ops_dev import sandbox
 from eagle3ops.remote import Remote
 
 pytestmark = pytest.mark.sandbox

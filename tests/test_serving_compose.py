@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops import demo
+from eagle3ops_dev import demo
 from eagle3ops.remote import Remote
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.window.run import run_window

@@ -153,11 +153,11 @@ TEST_ACCEPTANCE_FLOOR = 1.1
 
 
 def _build_head(tag: str, target_dir: str, out: Path, *, draft_vocab: list[int] | None, seed: int) -> Path:
-    """A random EAGLE-3 head (eagle3ops.tinydraft) built in the pipeline image on the local build engine."""
+    """A random EAGLE-3 head (eagle3ops_dev.tinydraft) built in the pipeline image on the local build engine."""
     import subprocess
 
     out.mkdir(parents=True, exist_ok=True)
-    code = ("import os, sys, json; from eagle3ops.tinydraft import build_tiny_eagle3_draft as b; "
+    code = ("import os, sys, json; from eagle3ops_dev.tinydraft import build_tiny_eagle3_draft as b; "
             "v = json.loads(sys.argv[1]); b('/out/head', '/target', draft_vocab=v, seed=int(sys.argv[2]), "
             "aux_layer_ids=[1, 2, 3]); [os.chmod(os.path.join('/out/head', f), 0o644) for f in "
             "os.listdir('/out/head')]; os.chmod('/out/head', 0o755)")
@@ -192,7 +192,7 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
     release each time; the audit entry carries the figures; the test leaves the baseline release live."""
     from collections import Counter
 
-    from eagle3ops import demo
+    from eagle3ops_dev import demo
     from eagle3ops.remote import Remote
     from eagle3ops.speculate import ship
     from eagle3ops.window.common import audit_entries

@@ -2,7 +2,7 @@
 
 On the sandbox, end to end, with the inventory's own gate settings (``serving.gate_margin`` 0.05, positive;
 ``serving.acceptance_floor`` 1.3): the sandbox target becomes the trained, 24-layer stand-in the demo serves
-(:mod:`eagle3ops.tinytrained`: a tiny Llama trained on HumanEval's train split, deepened so that one target forward
+(:mod:`eagle3ops_dev.tinytrained`: a tiny Llama trained on HumanEval's train split, deepened so that one target forward
 costs several draft forwards), the live target answers HumanEval's train-split prompts, the extract and train
 windows train a head on those answers (the demo's settings), and ``speculate`` measures it on the gate split (8
 prompts x 64 tokens at concurrency 1 and 4) against the baseline release. Measured here when this test was written:
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_a_head_trained_on_the_trained_target_is_kept_because_it_measured_faster(
         deployed, built_images, speculative_image, tmp_path):
-    from eagle3ops import demo
+    from eagle3ops_dev import demo
     from eagle3ops.commands import host as hc
     from eagle3ops.remote import Remote
     from eagle3ops.speculate import ship

@@ -1,5 +1,5 @@
 """The sandbox target's training corpus: HumanEval's train split only (the gate's prompts never in it), and clear
-errors for a bad corpus file (:func:`eagle3ops.tinytrained.load_corpus`; pure, no torch)."""
+errors for a bad corpus file (:func:`eagle3ops_dev.tinytrained.load_corpus`; pure, no torch)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.regenerate import write_humaneval_train_corpus
 from eagle3ops.speculate.ship import GATE_FRACTION
-from eagle3ops.tinytrained import TrainedTargetError, load_corpus
+from eagle3ops_dev.tinytrained import TrainedTargetError, load_corpus
 
 
 def test_the_corpus_is_the_train_split_with_solutions_and_holds_no_gate_prompt(tmp_path):

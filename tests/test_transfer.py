@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops import sandbox, transfer
+from eagle3ops import transfer
+from eagle3ops_dev import sandbox
 from eagle3ops.transfer.archive import SCAFFOLD_LABEL
 from eagle3ops.transfer.cli import push_command
 from eagle3ops.transfer import compression

@@ -21,7 +21,8 @@ import uuid
 
 import pytest
 
-from eagle3ops import sandbox, transfer
+from eagle3ops import transfer
+from eagle3ops_dev import sandbox
 from eagle3ops.transfer import PushOptions
 from eagle3ops.transfer.archive import SCAFFOLD_LABEL, ArchivePart, archive_chunks, oci_ref_name
 from eagle3ops.transfer.errors import TransferError

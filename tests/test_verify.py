@@ -107,9 +107,10 @@ def test_pipeline_on_the_upstream_layout_base_defers_the_engine_checks() -> None
     import docker
 
     from eagle3ops import images
+    from eagle3ops_dev import bases
 
     ca = images.default_ca_bundle()
-    base = images.build_upstream_base(ca_bundle=ca, quiet=True)
+    base = bases.build_upstream_base(ca_bundle=ca, quiet=True)
     client = docker.from_env()
     b = client.images.get(base)
     assert b.labels["io.eagle3ops.base-layout"] == "upstream"
@@ -211,9 +212,10 @@ def test_a_build_by_hand_decides_the_plan_inside_the_build(tmp_path: Path) -> No
     import docker
 
     from eagle3ops import images
+    from eagle3ops_dev import bases
 
     ca = images.default_ca_bundle()
-    base = images.build_standin_base(ca_bundle=ca)
+    base = bases.build_standin_base(ca_bundle=ca)
     ctx = tmp_path / "ctx"
     for rel in ("Dockerfile", "pyproject.toml", "src", "patches", "requirements", "images/pipeline"):
         src = REPO / rel

@@ -25,7 +25,8 @@ NAME, PORT, SERVING_PORT = "pytest-ctrd2", 2235, 18035
 @pytest.fixture(scope="module")
 def ctrd_serving(built_images):
     """(host, pipeline tag, pipeline id on the host) with production serving healthy on the containerd sandbox."""
-    from eagle3ops import demo, sandbox, transfer
+    from eagle3ops import transfer
+    from eagle3ops_dev import demo, sandbox
     from eagle3ops.config import load_inventory
 
     base, built = built_images
@@ -47,7 +48,7 @@ def ctrd_serving(built_images):
 
 
 def test_release_window_then_rollback(ctrd_serving):
-    from eagle3ops import demo
+    from eagle3ops_dev import demo
     from eagle3ops.remote import Remote
     from eagle3ops.config.plan import ReleaseChange
     from eagle3ops.window.run import run_window

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops import demo
+from eagle3ops_dev import demo
 from eagle3ops.commands import docker as dk
 from eagle3ops.remote import Remote
 from eagle3ops.window.common import LockHeld, PreflightFailed, SupervisorDead, WindowError, audit_entries, paths
@@ -242,7 +242,7 @@ def test_ssh_connection_cut_mid_stage(deployed):
 
 
 def test_docker_daemon_restarted_mid_run(deployed):
-    from eagle3ops import sandbox
+    from eagle3ops_dev import sandbox
 
     h, dep = deployed
     box: dict = {}

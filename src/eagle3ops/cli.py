@@ -24,15 +24,13 @@ from eagle3ops.console import print_event, summary
 from eagle3ops.image_cli import app as image_app
 from eagle3ops.lock_cli import app as lock_app
 from eagle3ops.patches.cli import app as patch_app
-from eagle3ops.sandbox.cli import app as sandbox_app
 from eagle3ops.stages.cli import app as stage_app
 
 console = common.console
 app = typer.Typer(no_args_is_help=True, help="Train and ship an EAGLE-3 draft head for a model served with vLLM.")
 app.add_typer(patch_app, name="patch", help="Patch series: apply, verify, check, new/refresh, rebase, capture, drift.")
 app.add_typer(stage_app, name="stage", help="Pipeline stages (run inside the pipeline image).")
-app.add_typer(image_app, name="image", help="Versioned images: build, base, ls.")
-app.add_typer(sandbox_app, name="sandbox", help="The embedded local sandbox host (sshd + its own dockerd).")
+app.add_typer(image_app, name="image", help="Versioned images: build, ls.")
 app.add_typer(lock_app, name="lock")
 app.add_typer(config_app, name="config")
 
@@ -425,15 +423,6 @@ def _register_verify() -> None:
 
 
 _register_verify()
-
-
-@app.command()
-def demo(inventory: Path = InventoryOpt,
-         pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config for the demo run.")) -> None:
-    """The whole maintenance cycle on the embedded sandbox host (see README)."""
-    from eagle3ops import demo as demo_mod
-
-    raise typer.Exit(demo_mod.run(inventory=inventory, pipeline=pipeline))
 
 
 def main() -> None:

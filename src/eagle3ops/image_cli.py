@@ -1,4 +1,5 @@
-"""``eagle3ops image``: build the local base, build pipeline/serving images with content tags, list images.
+"""``eagle3ops image``: build pipeline/serving images with content tags, list images (the stand-in bases are
+built by the development harness: ``python -m eagle3ops_dev base``).
 
 Heavy work lives in :mod:`eagle3ops.images`; docker is imported lazily there.
 """
@@ -11,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, help="Versioned images: local base, pipeline and serving builds, listing.")
+app = typer.Typer(no_args_is_help=True, help="Versioned images: pipeline and serving builds, listing.")
 
 CaOpt = Annotated[
     Optional[Path],
@@ -35,29 +36,6 @@ def _fail(exc: Exception) -> None:
 
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     raise typer.Exit(1)
-
-
-@app.command()
-def base(
-    tag: Annotated[Optional[str], typer.Option(help="Tag of the base (default: the layout's: "
-                                               "eagle3ops/vllm-openai-local:v0.16.0 for local, "
-                                               "eagle3ops/vllm-openai-upstream-standin:v0.16.0 for upstream).")] = None,
-    layout: Annotated[str, typer.Option(help="'local': CPU build of vLLM 0.16.0 in /opt/venv (starts engines on "
-                                              "CPU); 'upstream': laid out and built like vllm/vllm-openai (CUDA vLLM "
-                                              "0.16.0 + torch 2.9.1 with `uv pip install --system`; imports, starts "
-                                              "no engine without a GPU).")] = "local",
-    force: Annotated[bool, typer.Option(help="Rebuild even when the tag exists.")] = False,
-    ca_bundle: CaOpt = None,
-    no_ca_bundle: NoCaOpt = False,
-) -> None:
-    """Build a stand-in for vllm/vllm-openai:v0.16.0 on the debootstrap minbase (--layout local or upstream)."""
-    from eagle3ops import images
-
-    try:
-        out = images.build_base(layout, _ca(ca_bundle, no_ca_bundle), tag=tag, force=force)
-    except images.ImageError as exc:
-        _fail(exc)
-    typer.echo(out)
 
 
 @app.command()

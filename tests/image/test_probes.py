@@ -1,7 +1,7 @@
 """The speculators series' behavioural probes, run against the installed (patched) speculators and vLLM.
 
 Runs inside the pipeline image (or, for development, /opt/e3/venv-ml with a patched speculators first on
-PYTHONPATH). Every probe starts from tiny models built locally by :mod:`eagle3ops.tinymodel`; the probes share
+PYTHONPATH). Every probe starts from tiny models built locally by :mod:`eagle3ops_dev.tinymodel`; the probes share
 two vLLM engines (tiny Llama with a remote-code tokenizer, tiny DeepSeek-V3) for the module.
 
 The negative tests take the installed speculators, reverse-apply patches of the checked-in series with
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from eagle3ops.patches import probes
-from eagle3ops.tinymodel import build_tiny_model
+from eagle3ops_dev.tinymodel import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

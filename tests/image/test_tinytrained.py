@@ -1,4 +1,4 @@
-"""The trained, deepened sandbox target (:mod:`eagle3ops.tinytrained`): the deep shell computes exactly what its
+"""The trained, deepened sandbox target (:mod:`eagle3ops_dev.tinytrained`): the deep shell computes exactly what its
 trained core computes, training lowers the loss, and the saved checkpoint loads, generates and records what it is.
 
 Development: run in the pipeline image with this checkout's ``src/eagle3ops`` mounted over the installed package
@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3ops.tinymodel import build_tiny_model  # noqa: E402
-from eagle3ops.tinytrained import RECORD, build_trained_llama, deepen  # noqa: E402
+from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
+from eagle3ops_dev.tinytrained import RECORD, build_trained_llama, deepen  # noqa: E402
 
 #: A stand-in corpus (a few lines of code as chat turns): enough tokens for the training mechanics, nothing more.
 ROWS = [{"prompt": f"def add_{i}(a, b):\n    \"\"\"Add {i} to a + b.\"\"\"\n",

@@ -1,4 +1,4 @@
-"""Versioned, reproducible images: definitions, content tags, labels, builds, bases and inspection.
+"""Versioned, reproducible images: definitions, content tags, labels, builds and inspection.
 
 Each image has a declarative definition in ``images/<name>.yaml`` at the repository root
 (:class:`eagle3ops.config.images.ImageDef`, read by :func:`load_def`): base reference (+ digest when known), the
@@ -11,12 +11,12 @@ definition), build args and env defaults (jinja2 templates). That folder of YAML
 - :mod:`~eagle3ops.images.buildkit`: the BuildKit-capable client, the streamed build, the CA bundle;
 - :mod:`~eagle3ops.images.build`: :func:`build_image` (context, checks plan, labels, BuildKit or the SDK's legacy
   builder) and the serving image's patches;
-- :mod:`~eagle3ops.images.bases`: the debootstrap minbase, the ``local`` and ``upstream`` stand-in bases, the test
-  stand-in base;
 - :mod:`~eagle3ops.images.facts`: what a base holds (:func:`base_facts`) and the checks plan it implies;
 - :mod:`~eagle3ops.images.inspect`: the docker SDK client, ``image ls``, layer search, human sizes.
 
-Dependencies run one way: tags ← inspect ← facts; buildkit; bases (buildkit, inspect, tags); build (all of them).
+Dependencies run one way: tags ← inspect ← facts; buildkit; build (all of them). The stand-in bases (the debootstrap
+minbase, the ``local`` and ``upstream`` stand-ins for ``vllm/vllm-openai``, the test stand-in base) are development
+harness: :mod:`eagle3ops_dev.bases` (``python -m eagle3ops_dev base``); only their tag :data:`LOCAL_BASE_TAG` is here.
 Command lines come from :mod:`eagle3ops.commands.images`. Callers import from this package
 (``from eagle3ops import images``; ``images.build_image(...)``); the names below are its API.
 """
@@ -24,25 +24,14 @@ Command lines come from :mod:`eagle3ops.commands.images`. Callers import from th
 from __future__ import annotations
 
 from eagle3ops.config.images import REPO_ROOT, ImageDef, ImageError, ProfileSpec, load_def
-from eagle3ops.images.bases import (
-    BASE_LAYOUTS,
+from eagle3ops.images.build import (
     LOCAL_BASE_TAG,
-    MINBASE_INCLUDE,
-    MINBASE_SUITE,
-    MINBASE_TAG,
-    STANDIN_LAYOUTS,
-    STANDIN_PACKAGES,
-    STANDIN_REPO,
-    UPSTREAM_BASE_TAG,
-    BaseLayout,
-    build_base,
-    build_local_base,
-    build_minbase,
-    build_standin_base,
-    build_upstream_base,
-    lock_subset,
+    BuildPlan,
+    BuiltImage,
+    build_image,
+    plan_build,
+    write_serving_patches,
 )
-from eagle3ops.images.build import BuildPlan, BuiltImage, build_image, plan_build, write_serving_patches
 from eagle3ops.images.buildkit import (
     DEFAULT_CA_BUNDLE,
     BuildFailed,
@@ -80,11 +69,7 @@ __all__ = [
     "probe_key_salt", "render",
     # buildkit and build
     "DEFAULT_CA_BUNDLE", "BuildFailed", "buildkit_build", "buildkit_command", "default_ca_bundle",
-    "BuildPlan", "BuiltImage", "build_image", "plan_build", "write_serving_patches",
-    # bases
-    "BASE_LAYOUTS", "LOCAL_BASE_TAG", "MINBASE_INCLUDE", "MINBASE_SUITE", "MINBASE_TAG", "STANDIN_LAYOUTS",
-    "STANDIN_PACKAGES", "STANDIN_REPO", "UPSTREAM_BASE_TAG", "BaseLayout", "build_base", "build_local_base",
-    "build_minbase", "build_standin_base", "build_upstream_base", "lock_subset",
+    "LOCAL_BASE_TAG", "BuildPlan", "BuiltImage", "build_image", "plan_build", "write_serving_patches",
     # facts
     "FACTS_CACHE", "base_facts", "checks_plan",
     # inspect

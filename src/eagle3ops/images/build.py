@@ -21,11 +21,15 @@ from eagle3ops.config.images import (
     ProfileSpec,
     load_def,
 )
-from eagle3ops.images.bases import LOCAL_BASE_TAG
 from eagle3ops.images.buildkit import BuildFailed, buildkit_build
 from eagle3ops.images.facts import checks_plan
 from eagle3ops.images.inspect import docker_client
 from eagle3ops.images.tags import _extra_args, _short, _tag, content_inputs, image_labels, probe_key_salt, render
+
+#: The local CPU base's tag (stand-in for ``vllm/vllm-openai:v0.16.0``, built by the development harness:
+#: ``python -m eagle3ops_dev base``): the only base a profile with a stand-in series may build on.
+LOCAL_BASE_TAG = "eagle3ops/vllm-openai-local:v0.16.0"
+
 
 def write_serving_patches(spec: ProfileSpec, ctx: Path, root: Path = REPO_ROOT) -> list[dict[str, str]]:
     """Put the profile's series into the serving build context as validated diffs, in series order.

@@ -6,8 +6,9 @@ transformers reference forward and one error statistic; the probes of other seri
 (:mod:`.specprobes`, :mod:`.kimiprobe`) and reach this cache through the registry below.
 
 Each probe exercises the *installed* (patched) speculators against the installed vLLM on tiny, locally built
-models (:mod:`eagle3ops.tinymodel`) and raises :class:`ProbeFailed` naming the wrong behaviour; it returns None on
-success. No probe looks at log text. ``eagle3ops patch verify`` runs them (``PROBES``).
+models (:mod:`eagle3ops.patches.fixtures`, the seam to the harness's :mod:`eagle3ops_dev.tinymodel`) and raises
+:class:`ProbeFailed` naming the wrong behaviour; it returns None on success. No probe looks at log text.
+``eagle3ops patch verify`` runs them (``PROBES``).
 
 Probes of one run share vLLM engines (a CPU engine takes ~8-30 s to start, mostly its spawned worker importing
 torch and vLLM): one ``VllmHiddenStatesGenerator`` on the tiny Llama whose tokenizer needs remote code (tokenizer,
@@ -192,12 +193,12 @@ def _engine(kind: str) -> _Engine:
     """Build (once) the tiny model ``kind`` and a ``VllmHiddenStatesGenerator`` on it."""
     if kind in _ENGINES:
         return _ENGINES[kind]
-    from eagle3ops.tinymodel import build_tiny_model
+    from eagle3ops.patches import fixtures
 
     model_dir = _tmpdir() / kind
     if not (model_dir / "config.json").exists():
         shutil.rmtree(model_dir, ignore_errors=True)
-        build_tiny_model(model_dir, kind=kind, seed=0)  # type: ignore[arg-type]
+        fixtures.load().build_target(model_dir, kind, seed=0)
     if _is_cpu_platform():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         _quiet_idle_polling()
@@ -262,13 +263,13 @@ def prepare(probe_names: Sequence[str]) -> dict[str, float]:
         _quiet_idle_polling()
         if MLA_KINDS & set(kinds):
             os.environ["VLLM_MLA_DISABLE"] = "1"
-    from eagle3ops.tinymodel import build_tiny_model
+    from eagle3ops.patches import fixtures
 
     for kind in kinds:
         model_dir = _tmpdir() / kind
         if not (model_dir / "config.json").exists():
             shutil.rmtree(model_dir, ignore_errors=True)
-            build_tiny_model(model_dir, kind=kind, seed=0)  # type: ignore[arg-type]
+            fixtures.load().build_target(model_dir, kind, seed=0)
     if len(kinds) == 1:
         try:
             return {kinds[0]: _engine(kinds[0]).start_s}

@@ -1,8 +1,8 @@
 """Behavioural probes of greedy EAGLE-3 speculative decoding on the installed, patched vLLM (the vLLM series).
 
-Each probe serves a tiny target (:mod:`eagle3ops.tinymodel`) twice with ``vllm.LLM``, greedy, the same prompts:
-once without speculation (the reference) and once with a Llama-style EAGLE-3 draft head
-(:mod:`eagle3ops.tinydraft`, random weights). Greedy speculative decoding only changes how many target forwards
+Each probe serves a tiny target (built through :mod:`eagle3ops.patches.fixtures`) twice with ``vllm.LLM``,
+greedy, the same prompts: once without speculation (the reference) and once with a Llama-style EAGLE-3 draft head
+(:mod:`eagle3ops_dev.tinydraft`, random weights). Greedy speculative decoding only changes how many target forwards
 produce the tokens, never which tokens: the verifier keeps a draft token only when it equals the target's argmax at
 that position and otherwise emits the argmax itself, so the two outputs must be identical whatever the draft. A
 random draft would almost never be accepted, which would leave the accepted-token path unexercised; its draft
@@ -11,7 +11,7 @@ frequent target tokens), so some proposals are accepted (measured: 28 of 762 dra
 795 on the tiny DeepSeek-V3, 10 of 816 on the tiny Kimi-K2.5 in float32: 288 tokens identical, 133 s).
 
 * ``eagle3-greedy-identity-llama``: tiny Llama in float32: every token identical.
-* ``eagle3-greedy-identity-kimi``: tiny Kimi-K2.5-class target (:mod:`eagle3ops.tinykimi`:
+* ``eagle3-greedy-identity-kimi``: tiny Kimi-K2.5-class target (:mod:`eagle3ops_dev.tinykimi`:
   ``KimiK25ForConditionalGeneration``, its DeepSeek-V3 backbone under ``language_model``, 163,840-token vocabulary,
   remote-code config and tokenizer: ``trust_remote_code``; the vision modality switched off with
   ``limit_mm_per_prompt={"vision_chunk": 0}``) in float32, the draft's aux layers (1, 2, 3): every token identical.
@@ -217,7 +217,7 @@ def run_greedy_pair(
     """Serve the tiny ``kind`` target greedily without and then with an EAGLE-3 draft; return both outputs.
 
     Args:
-        kind: a :data:`eagle3ops.tinymodel.KINDS` entry (``llama``, ``deepseek-v3``, ``kimi-k25``).
+        kind: a :data:`eagle3ops_dev.tinymodel.KINDS` entry (``llama``, ``deepseek-v3``, ``kimi-k25``).
         dtype: vLLM model dtype (``float32``, ``bfloat16``).
         workdir: where the tiny target and the random draft are built (``<workdir>/<kind>``,
             ``<workdir>/<kind>-draft``).
@@ -225,7 +225,7 @@ def run_greedy_pair(
             (``ignore_eos``: every output has ``max_tokens`` tokens).
         target: an existing target checkpoint of kind ``kind`` (None: built in ``workdir``).
         draft: an existing EAGLE-3 head, served as it is (e.g. ``<run>/train/final``, written by the train stage:
-            speculators format, its own aux layer ids and ``d2t``). None: a random :mod:`eagle3ops.tinydraft` head
+            speculators format, its own aux layer ids and ``d2t``). None: a random :mod:`eagle3ops_dev.tinydraft` head
             whose vocabulary is the :data:`DRAFT_VOCAB` most frequent tokens of the reference output and whose aux
             layers are (1, L // 2, L - 1) of the target's L layers.
         prompts: token-id prompts (each id below the target's vocabulary); None: ``num_prompts`` random ones.
@@ -239,8 +239,7 @@ def run_greedy_pair(
     """
     from vllm import LLM, SamplingParams
 
-    from eagle3ops.tinydraft import build_tiny_eagle3_draft
-    from eagle3ops.tinymodel import build_tiny_model
+    from eagle3ops.patches import fixtures
 
     for what, d in (("target", target), ("draft", draft)):
         if d is not None and not (Path(d) / "config.json").is_file():
@@ -249,7 +248,7 @@ def run_greedy_pair(
     if target is None:
         target = workdir / kind
         if not (target / "config.json").exists():
-            build_tiny_model(target, kind=kind, seed=seed)  # type: ignore[arg-type]
+            fixtures.load().build_target(target, kind, seed=seed)
     target = Path(target)
     common = _engine_args(kind, dtype, target, seed)
     reqs = ([{"prompt_token_ids": list(p)} for p in prompts] if prompts is not None
@@ -282,7 +281,7 @@ def run_greedy_pair(
             import shutil
 
             shutil.rmtree(draft)
-        build_tiny_eagle3_draft(draft, target, draft_vocab=[t for t, _ in freq.most_common(DRAFT_VOCAB)],
+        fixtures.load().build_draft(draft, target, draft_vocab=[t for t, _ in freq.most_common(DRAFT_VOCAB)],
                                 seed=seed, aux_layer_ids=(1, n_layers // 2, n_layers - 1))
     t0 = time.monotonic()
     llm = LLM(**common, speculative_config={

@@ -414,7 +414,7 @@ def humaneval_train(n: int | None = None) -> HumanEvalSet:
 def write_humaneval_train_corpus(path: str | Path) -> dict[str, Any]:
     """Write HumanEval's train split (the complement of the gate's split, as in :func:`humaneval_train`) as a
     ``{"prompt", "completion"}`` JSONL corpus (prompt + canonical solution per task) for
-    :mod:`eagle3ops.tinytrained`, the sandbox target's training text; return the split record (``train_ids``,
+    :mod:`eagle3ops_dev.tinytrained`, the sandbox target's training text; return the split record (``train_ids``,
     ``gate_fraction``, the disjointness record of the gate split against these prompts).
 
     Raises:

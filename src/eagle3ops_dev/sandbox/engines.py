@@ -1,7 +1,7 @@
 """The sandbox's second Docker engine kind: Debian 13's docker.io 26.1 with containerd 1.7 (containerd image store).
 
 Unpacked from the Debian packages (never installed over this machine's Debian 12 engine) into
-:data:`ENGINE26_DIR`; :func:`eagle3ops.sandbox.host.up` starts it with ``{"features": {"containerd-snapshotter":
+:data:`ENGINE26_DIR`; :func:`eagle3ops_dev.sandbox.host.up` starts it with ``{"features": {"containerd-snapshotter":
 true}}`` for ``engine="containerd"``.
 """
 
@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from eagle3ops.sandbox.host import SandboxError, _run
+from eagle3ops_dev.sandbox.proc import SandboxError, run_checked
 
 __all__ = ["DEBIAN_MIRROR", "ENGINE26_DIR", "ENGINE26_PACKAGES", "ensure_containerd_engine"]
 
@@ -44,10 +44,10 @@ def ensure_containerd_engine() -> Path:
     apt = ["-o", f"Dir::Etc::SourceList={work / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
            "-o", f"Dir::State::Lists={work / 'lists'}", "-o", "Debug::NoLocking=1",
            "-o", "APT::Sandbox::User=root"]
-    _run(["apt-get", *apt, "update", "-qq"], timeout=300)
+    run_checked(["apt-get", *apt, "update", "-qq"], timeout=300)
     versions = {}
     for pkg, prefix in ENGINE26_PACKAGES.items():
-        cand = _run(["apt-cache", *apt, "policy", pkg]).stdout
+        cand = run_checked(["apt-cache", *apt, "policy", pkg]).stdout
         ver = next((ln.split(":", 1)[1].strip() for ln in cand.splitlines() if "Candidate:" in ln), "")
         if not ver.startswith(prefix):
             raise SandboxError(f"trixie's {pkg} candidate is {ver or 'missing'}, expected {prefix}x")
@@ -60,7 +60,7 @@ def ensure_containerd_engine() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for deb in sorted((work / "debs").glob("*.deb")):
-        _run(["dpkg", "-x", str(deb), str(tmp)], timeout=300)
+        run_checked(["dpkg", "-x", str(deb), str(tmp)], timeout=300)
     for runc in tmp.glob("usr/*bin/runc"):
         runc.unlink()  # trixie's runc needs glibc 2.38; the system's runc runs the containers
     (tmp / "VERSIONS").write_text("".join(f"{p} {v}\n" for p, v in versions.items()))

@@ -20,13 +20,13 @@ Three kinds, all small enough that vLLM's CPU build starts them in well under a 
     first_k_dense_replace 1, ``topk_method="noaux_tc"``, ``scoring_func="sigmoid"``. On vLLM CPU it needs
     ``VLLM_MLA_DISABLE=1`` and the ``-rotary_embedding`` custom-op workaround.
 ``kimi-k25``
-    Laid out like a ``moonshotai/Kimi-K2.5`` checkpoint (see :mod:`eagle3ops.tinykimi`):
+    Laid out like a ``moonshotai/Kimi-K2.5`` checkpoint (see :mod:`eagle3ops_dev.tinykimi`):
     ``KimiK25ForConditionalGeneration`` (``model_type: kimi_k25``, remote-code config), the tiny DeepSeek-V3
     above as ``text_config`` but with Kimi's 163,840-token vocabulary, a one-block vision tower, weights under
     ``language_model.*`` / ``vision_tower.*`` / ``mm_projector.*``, and a slow tiktoken-backed remote-code
     tokenizer with Kimi-style role tokens and chat template.
 
-Entry points: :func:`build_tiny_model` and ``python -m eagle3ops.tinymodel OUT --kind llama``.
+Entry points: :func:`build_tiny_model` and ``python -m eagle3ops_dev.tinymodel OUT --kind llama``.
 torch and transformers are imported lazily so that importing this module stays cheap.
 """
 
@@ -39,6 +39,8 @@ import random
 import textwrap
 from pathlib import Path
 from typing import Literal
+
+from eagle3ops_dev.words import WORDS
 
 __all__ = ["CHAT_TEMPLATE", "KINDS", "SPECIAL_TOKENS", "build_shaped_llama_config", "build_tiny_model", "main"]
 
@@ -80,27 +82,6 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 
-_WORDS = (
-    "the", "a", "an", "one", "two", "three", "model", "draft", "head", "target", "token", "layer", "hidden",
-    "state", "speculative", "decoding", "server", "host", "image", "patch", "series", "hunk", "fuzz", "digest",
-    "window", "lock", "journal", "release", "inventory", "vector", "matrix", "batch", "prefill", "decode",
-    "cache", "block", "scheduler", "request", "sequence", "prompt", "answer", "question", "user", "assistant",
-    "system", "message", "train", "epoch", "loss", "mask", "accuracy", "acceptance", "length", "rate", "fast",
-    "slow", "small", "large", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "river", "mountain",
-    "forest", "city", "street", "house", "garden", "water", "fire", "earth", "wind", "light", "dark", "morning",
-    "evening", "night", "day", "week", "month", "year", "time", "people", "child", "teacher", "student", "book",
-    "paper", "letter", "number", "word", "sentence", "language", "code", "python", "function", "class",
-    "method", "value", "error", "warning", "result", "output", "input", "file", "folder", "path", "network",
-    "socket", "packet", "bytes", "memory", "disk", "cpu", "gpu", "kernel", "thread", "process", "signal",
-    "timeout", "retry", "check", "verify", "apply", "build", "ship", "deploy", "run", "stop", "start",
-    "restore", "health", "gate", "probe", "extract", "vocab", "prepare", "is", "are", "was", "were", "be",
-    "been", "has", "have", "had", "do", "does", "did", "will", "would", "can", "could", "should", "may",
-    "might", "must", "and", "or", "but", "if", "then", "else", "when", "while", "for", "with", "without",
-    "from", "into", "onto", "about", "above", "below", "under", "between", "after", "before", "during",
-    "because", "so", "than", "very", "more", "most", "less", "least", "many", "much", "few", "some", "any",
-    "every", "each", "all", "no", "not", "only", "also", "just", "still"
-)
-
 
 def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
     """Deterministic synthetic English-like corpus for BPE training (words, digits, punctuation)."""
@@ -108,7 +89,7 @@ def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
     lines = []
     for i in range(n_lines):
         n = rng.randint(4, 18)
-        words = [rng.choice(_WORDS) for _ in range(n)]
+        words = [rng.choice(WORDS) for _ in range(n)]
         if rng.random() < 0.3:
             words.insert(rng.randint(0, n), str(rng.randint(0, 9999)))
         sentence = " ".join(words)
@@ -186,7 +167,7 @@ REMOTE_TOKENIZER_SOURCE = textwrap.dedent(
     SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 
-    # <_byte_chars, spliced in from eagle3ops.tinymodel>
+    # <_byte_chars, spliced in from eagle3ops_dev.tinymodel>
 
 
     class TinyTokenizer(PreTrainedTokenizer):
@@ -244,7 +225,7 @@ REMOTE_TOKENIZER_SOURCE = textwrap.dedent(
                 json.dump(self.encoder, f, ensure_ascii=False)
             return (path,)
     '''
-).lstrip().replace("# <_byte_chars, spliced in from eagle3ops.tinymodel>\n", inspect.getsource(_byte_chars))
+).lstrip().replace("# <_byte_chars, spliced in from eagle3ops_dev.tinymodel>\n", inspect.getsource(_byte_chars))
 
 
 def _write_remote_tokenizer(out: Path) -> None:
@@ -336,7 +317,7 @@ def build_tiny_model(out_dir: str | Path, kind: Kind = "llama", seed: int = 0) -
         raise FileExistsError(f"{out}: output directory is not empty; pass a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
     if kind == "kimi-k25":
-        from eagle3ops.tinykimi import build_tiny_kimi
+        from eagle3ops_dev.tinykimi import build_tiny_kimi
 
         return build_tiny_kimi(out, seed=seed, text_config=_model_config("deepseek-v3").to_dict())
 
@@ -393,8 +374,8 @@ def build_shaped_llama_config(out_dir: str | Path, tokenizer_from: str | Path, *
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m eagle3ops.tinymodel OUT [--kind K] [--seed N]``: build one tiny model, print its path."""
-    p = argparse.ArgumentParser(prog="python -m eagle3ops.tinymodel", description=main.__doc__)
+    """``python -m eagle3ops_dev.tinymodel OUT [--kind K] [--seed N]``: build one tiny model, print its path."""
+    p = argparse.ArgumentParser(prog="python -m eagle3ops_dev.tinymodel", description=main.__doc__)
     p.add_argument("out", type=Path, help="output directory (created; must be empty)")
     p.add_argument("--kind", choices=KINDS, default="llama")
     p.add_argument("--seed", type=int, default=0)

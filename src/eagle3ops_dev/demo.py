@@ -2,7 +2,7 @@
 
 1. sandbox host up (sshd on 127.0.0.1 + its own dockerd)  2. images: local vLLM 0.16 base (stand-in for
 ``vllm/vllm-openai:v0.16.0``) and the pipeline image  3. production serving on the sandbox (real vLLM; the target:
-:mod:`eagle3ops.tinytrained`, a tiny Llama trained on HumanEval's train split, 24 layers deep)
+:mod:`eagle3ops_dev.tinytrained`, a tiny Llama trained on HumanEval's train split, 24 layers deep)
 4. deploy  4b. training data: HumanEval's train-split prompts answered by the live target (no window; the gate's
 split held out)  5. extract window, train window  6. a second serving release, then rollback  7. speculate: the
 trained head as a speculative release, kept only when measured faster (else rolled back)  8. the run's report (HTML
@@ -37,7 +37,7 @@ DEMO_TRAIN = {"steps": 300, "lr": 3e-3, "batch_max_tokens": 2048, "checkpoint_ev
 #: The demo's gate: HumanEval gate-split prompts x output tokens per level (the inventory's 4 x 16 suit the tests).
 DEMO_GATE_PROMPTS = 8
 DEMO_GATE_MAX_TOKENS = 64
-#: The sandbox target the demo serves (:mod:`eagle3ops.tinytrained`); the tests serve the random ``llama``.
+#: The sandbox target the demo serves (:mod:`eagle3ops_dev.tinytrained`); the tests serve the random ``llama``.
 DEMO_TARGET = "llama-trained"
 
 
@@ -71,9 +71,9 @@ def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = Fals
 
 
 def target_kind(model_path: str | Path) -> str | None:
-    """The kind of sandbox target at ``model_path``: ``llama-trained`` (its :data:`eagle3ops.tinytrained.RECORD`
-    says so), ``llama`` (a model without that record: :mod:`eagle3ops.tinymodel`), or None (no ``config.json``)."""
-    from eagle3ops.tinytrained import RECORD  # torch is imported lazily there
+    """The kind of sandbox target at ``model_path``: ``llama-trained`` (its :data:`eagle3ops_dev.tinytrained.RECORD`
+    says so), ``llama`` (a model without that record: :mod:`eagle3ops_dev.tinymodel`), or None (no ``config.json``)."""
+    from eagle3ops_dev.tinytrained import RECORD  # torch is imported lazily there
 
     out = Path(model_path)
     if not (out / "config.json").exists():
@@ -87,8 +87,8 @@ def build_tiny_model(image: str, model_path: str, kind: str = DEMO_TARGET) -> bo
     return True when it replaced a target of another kind (serving must then restart), False when it was built
     fresh or was already there.
 
-    ``kind``: ``llama`` (:mod:`eagle3ops.tinymodel`, random weights, 4 layers: the tests' target) or
-    ``llama-trained`` (:mod:`eagle3ops.tinytrained`: trained on HumanEval's train split, written here as the corpus
+    ``kind``: ``llama`` (:mod:`eagle3ops_dev.tinymodel`, random weights, 4 layers: the tests' target) or
+    ``llama-trained`` (:mod:`eagle3ops_dev.tinytrained`: trained on HumanEval's train split, written here as the corpus
     beside the model directory, then deepened to 24 layers; ~50 s on 2 cores). The model is built into a sibling
     directory and renamed into place, so a failed build leaves the old one. The sandbox host's directories live on
     this machine, so provisioning writes there directly, as an operator would copy weights onto a real host before
@@ -102,7 +102,7 @@ def build_tiny_model(image: str, model_path: str, kind: str = DEMO_TARGET) -> bo
 
     import docker
 
-    from eagle3ops.commands import provision
+    from eagle3ops_dev import provision
 
     if kind not in ("llama", "llama-trained"):
         raise ValueError(f"kind={kind!r}: expected llama or llama-trained")
@@ -230,7 +230,8 @@ def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, pro
 
 def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("deploy/pipeline.yaml")) -> int:
     """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end)."""
-    from eagle3ops import deployer, images, sandbox
+    from eagle3ops import deployer, images
+    from eagle3ops_dev import bases, sandbox
     from eagle3ops.remote import Remote
     from eagle3ops.window.run import run_window
 
@@ -244,7 +245,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
 
     t = _step("2. images: local vLLM 0.16 base (stand-in for vllm/vllm-openai:v0.16.0), pipeline image")
     ca = images.default_ca_bundle()
-    base = images.build_local_base(ca_bundle=ca)
+    base = bases.build_local_base(ca_bundle=ca)
     built = images.build_image("pipeline", base_image=base, ca_bundle=ca)
     client = images.docker_client()
     base_size = int(client.images.get(base).attrs["Size"])

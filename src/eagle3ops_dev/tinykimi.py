@@ -29,20 +29,22 @@ words, numbers, and syllable "words", each merge added so that the word encodes 
 processor (``preprocess`` raises: this target is served and extracted with ``limit_mm_per_prompt
 {"vision_chunk": 0}``).
 
-Entry point: :func:`build_tiny_kimi` (via :func:`eagle3ops.tinymodel.build_tiny_model` with ``kind="kimi-k25"``).
+Entry point: :func:`build_tiny_kimi` (via :func:`eagle3ops_dev.tinymodel.build_tiny_model` with ``kind="kimi-k25"``).
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import random
-import textwrap
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KIMI_CHAT_TEMPLATE", "KIMI_SPECIAL_TOKENS", "KIMI_VOCAB_SIZE", "N_RANKS", "build_tiny_kimi",
-           "kimi_ranks", "synthetic_chat_rows", "syllable_words"]
+from eagle3ops_dev.words import WORDS
+
+__all__ = ["KIMI_CHAT_TEMPLATE", "KIMI_SPECIAL_TOKENS", "KIMI_VOCAB_SIZE", "N_RANKS", "REMOTE_CODE_FILES",
+           "build_tiny_kimi", "kimi_ranks", "remote_source", "synthetic_chat_rows", "syllable_words"]
 
 #: Kimi-K2/K2.5's vocabulary: 163,584 BPE ranks + 256 special/reserved ids.
 KIMI_VOCAB_SIZE = 163_840
@@ -91,12 +93,37 @@ KIMI_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
 )
 
+#: The remote-code sources shipped in the model directory (``trust_remote_code``), kept as real files beside this
+#: module (``remote_code/``) and copied byte for byte: ``tokenization_kimi.py``, ``configuration_kimi_k25.py``,
+#: ``kimi_k25_vision_processing.py``.
+REMOTE_CODE_DIR = Path(__file__).resolve().parent / "remote_code"
+REMOTE_CODE_FILES = ("tokenization_kimi.py", "configuration_kimi_k25.py", "kimi_k25_vision_processing.py")
+
+
+def remote_source(name: str) -> str:
+    """The text of the remote-code file ``name`` (one of :data:`REMOTE_CODE_FILES`) as written into a model dir.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`REMOTE_CODE_FILES`.
+        FileNotFoundError: the file is missing beside this module (an incomplete copy of ``eagle3ops_dev``).
+    """
+    if name not in REMOTE_CODE_FILES:
+        raise ValueError(f"{name!r}: not a remote-code file of the tiny Kimi (one of {', '.join(REMOTE_CODE_FILES)})")
+    return (REMOTE_CODE_DIR / name).read_text(encoding="utf-8")
+
+
+def _pat_str() -> str:
+    """``PAT_STR`` as the shipped ``tokenization_kimi.py`` assigns it (one definition: that file)."""
+    tree = ast.parse(remote_source("tokenization_kimi.py"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["PAT_STR"]:
+            return ast.literal_eval(node.value)
+    raise RuntimeError(f"{REMOTE_CODE_DIR / 'tokenization_kimi.py'} assigns no PAT_STR")
+
+
 #: Text pre-tokenization regex (tiktoken ``pat_str``; cl100k-like: contractions, letters with an optional leading
-#: space, 1-3 digits, punctuation runs, newlines, spaces).
-PAT_STR = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+#: space, 1-3 digits, punctuation runs, newlines, spaces), read from ``remote_code/tokenization_kimi.py``.
+PAT_STR = _pat_str()
 
 _CONSONANTS = "bcdfghjklmnprstvwz"
 _VOWELS = "aeiou"
@@ -140,8 +167,6 @@ def kimi_ranks(seed: int = 0) -> tuple[list[bytes], int]:
     current encoding. A merge added later has a higher rank than every earlier one, so it never changes how an
     earlier word encodes (the tokens stay reachable).
     """
-    from eagle3ops.tinymodel import _WORDS
-
     order: list[bytes] = [bytes([b]) for b in range(256)]
     ranks: dict[bytes, int] = {t: i for i, t in enumerate(order)}
 
@@ -157,7 +182,7 @@ def kimi_ranks(seed: int = 0) -> tuple[list[bytes], int]:
             ranks[new] = len(order)
             order.append(new)
 
-    english = [v for w in _WORDS for v in (w, " " + w, w.capitalize(), " " + w.capitalize())]
+    english = [v for w in WORDS for v in (w, " " + w, w.capitalize(), " " + w.capitalize())]
     for w in [*english, *(str(n) for n in range(1000)), *DEFAULT_SYSTEM.split(" "), "system", "tool"]:
         ensure(w)
     whole = 0
@@ -193,188 +218,6 @@ def synthetic_chat_rows(n: int, seed: int = 0, words: int | None = None, turns: 
         rows.append({"messages": msgs})
     return rows
 
-
-#: ``tokenization_kimi.py`` shipped in the model directory (remote code).
-TOKENIZER_SOURCE = textwrap.dedent(
-    '''
-    """Slow tiktoken-backed tokenizer of an eagle3ops tiny Kimi-K2.5-class model (trust_remote_code=True).
-
-    Ids 0..n-1 are the ranks of tiktoken.model (base64 token, rank per line); ids n..n+255 the special and
-    reserved tokens (named by added_tokens_decoder in tokenizer_config.json, else <|reserved_token_ID|>).
-    Tokens are exposed as GPT-2 byte-level strings, as Kimi's own TikTokenTokenizer does.
-    """
-
-    import os
-    from shutil import copyfile
-
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-    from transformers import PreTrainedTokenizer
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-    PAT_STR = %r
-    NUM_RESERVED_SPECIAL_TOKENS = 256
-
-
-    class TikTokenTokenizer(PreTrainedTokenizer):
-        vocab_files_names = {"vocab_file": "tiktoken.model"}
-        model_input_names = ["input_ids", "attention_mask"]
-
-        def __init__(self, vocab_file, bos_token="[BOS]", eos_token="[EOS]", unk_token="[UNK]",
-                     pad_token="[PAD]", additional_special_tokens=None, added_tokens_decoder=None, **kwargs):
-            self.vocab_file = vocab_file
-            ranks = load_tiktoken_bpe(vocab_file)
-            n = len(ranks)
-            names = {int(i): str(getattr(t, "content", t)) for i, t in (added_tokens_decoder or {}).items()}
-            self.special_tokens = {names.get(i, f"<|reserved_token_{i}|>"): i
-                                   for i in range(n, n + NUM_RESERVED_SPECIAL_TOKENS)}
-            self.model = tiktoken.Encoding(name=os.path.basename(vocab_file), pat_str=PAT_STR,
-                                           mergeable_ranks=ranks, special_tokens=self.special_tokens)
-            byte_encoder = bytes_to_unicode()
-            self.byte_decoder = {c: b for b, c in byte_encoder.items()}
-            self.decoder = {i: "".join(byte_encoder[b] for b in tok) for tok, i in ranks.items()}
-            self.decoder.update({i: s for s, i in self.special_tokens.items()})
-            self.encoder = {s: i for i, s in self.decoder.items()}
-            super().__init__(bos_token=bos_token, eos_token=eos_token, unk_token=unk_token, pad_token=pad_token,
-                             additional_special_tokens=additional_special_tokens,
-                             added_tokens_decoder=added_tokens_decoder, **kwargs)
-
-        @property
-        def vocab_size(self):
-            return self.model.n_vocab
-
-        def get_vocab(self):
-            return dict(self.encoder)
-
-        def _tokenize(self, text, **kwargs):
-            # Special tokens were split off by PreTrainedTokenizer.tokenize; what is left is ordinary text.
-            return [self.decoder[i] for i in self.model.encode_ordinary(text)]
-
-        def _convert_token_to_id(self, token):
-            return self.encoder.get(token, self.special_tokens["[UNK]"] if "[UNK]" in self.special_tokens else 0)
-
-        def _convert_id_to_token(self, index):
-            return self.decoder.get(index, "[UNK]")
-
-        def convert_tokens_to_string(self, tokens):
-            out, data = [], bytearray()
-            for t in tokens:
-                if t in self.special_tokens:
-                    out.append(data.decode("utf-8", errors="replace"))
-                    data = bytearray()
-                    out.append(t)
-                else:
-                    data.extend(self.byte_decoder[c] for c in t)
-            out.append(data.decode("utf-8", errors="replace"))
-            return "".join(out)
-
-        def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
-            ids = list(token_ids_0)
-            return ids if token_ids_1 is None else ids + list(token_ids_1)
-
-        def save_vocabulary(self, save_directory, filename_prefix=None):
-            path = os.path.join(save_directory, (filename_prefix + "-" if filename_prefix else "") + "tiktoken.model")
-            if os.path.abspath(path) != os.path.abspath(self.vocab_file):
-                copyfile(self.vocab_file, path)
-            return (path,)
-    '''
-).lstrip() % PAT_STR
-
-#: ``configuration_kimi_k25.py`` shipped in the model directory (remote code; the same JSON keys as vLLM 0.16's
-#: ``vllm.transformers_utils.configs.kimi_k25``).
-CONFIG_SOURCE = textwrap.dedent(
-    '''
-    """Kimi-K2.5-class configuration of an eagle3ops tiny model (loaded with trust_remote_code=True)."""
-
-    from transformers import DeepseekV3Config, PretrainedConfig
-
-
-    class KimiK25VisionConfig(PretrainedConfig):
-        model_type = "kimi_k25_vision"
-
-        def __init__(self, patch_size=14, init_pos_emb_height=64, init_pos_emb_width=64, init_pos_emb_time=4,
-                     pos_emb_type="divided_fixed", num_attention_heads=16, num_hidden_layers=27, hidden_size=1152,
-                     intermediate_size=4304, merge_kernel_size=(2, 2), video_attn_type="spatial_temporal",
-                     merge_type="sd2_tpool", mm_projector_type="patchmerger", mm_hidden_size=None,
-                     projector_hidden_act="gelu", projector_ln_eps=1e-5, **kwargs):
-            super().__init__(**kwargs)
-            self.patch_size = patch_size
-            self.init_pos_emb_height = init_pos_emb_height
-            self.init_pos_emb_width = init_pos_emb_width
-            self.init_pos_emb_time = init_pos_emb_time
-            self.pos_emb_type = pos_emb_type
-            self.num_attention_heads = num_attention_heads
-            self.num_hidden_layers = num_hidden_layers
-            self.hidden_size = hidden_size
-            self.intermediate_size = intermediate_size
-            self.merge_kernel_size = list(merge_kernel_size)
-            self.video_attn_type = video_attn_type
-            self.merge_type = merge_type
-            self.mm_projector_type = mm_projector_type
-            self.mm_hidden_size = hidden_size if mm_hidden_size is None else mm_hidden_size
-            self.projector_hidden_act = projector_hidden_act
-            self.projector_ln_eps = projector_ln_eps
-
-
-    class KimiK25Config(PretrainedConfig):
-        """A DeepSeek-V3 text_config and a MoonViT vision_config; no flat text sizes (read text_config)."""
-
-        model_type = "kimi_k25"
-
-        def __init__(self, vision_config=None, text_config=None, ignore_index=-100,
-                     media_placeholder_token_id=163605, pad_token_id=0, use_unified_vision_chunk=False,
-                     video_placeholder="<|kimi_k25_video_placeholder|>", **kwargs):
-            if vision_config is None or isinstance(vision_config, dict):
-                vision_config = KimiK25VisionConfig(**(vision_config or {}))
-            if text_config is None or isinstance(text_config, dict):
-                text_config = DeepseekV3Config(**(text_config or {}))
-            self.vision_config = vision_config
-            self.text_config = text_config
-            self.ignore_index = ignore_index
-            self.media_placeholder_token_id = media_placeholder_token_id
-            self.use_unified_vision_chunk = use_unified_vision_chunk
-            self.video_placeholder = video_placeholder
-            super().__init__(pad_token_id=pad_token_id, **kwargs)
-    '''
-).lstrip()
-
-#: ``kimi_k25_vision_processing.py``: a stand-in image processor (vision stays switched off).
-IMAGE_PROCESSOR_SOURCE = textwrap.dedent(
-    '''
-    """Stand-in image processor of an eagle3ops tiny Kimi-K2.5-class model (trust_remote_code=True).
-
-    vLLM 0.16 loads the image processor when it sets up Kimi-K2.5's multimodal processing info, even with
-    limit_mm_per_prompt {"vision_chunk": 0}. This one answers the sizes vLLM asks for and refuses to process media.
-    """
-
-    import math
-
-    from transformers.image_processing_utils import BaseImageProcessor
-
-
-    class KimiK25VisionProcessor(BaseImageProcessor):
-        model_input_names = ["pixel_values", "grid_thws"]
-
-        def __init__(self, patch_size=14, merge_kernel_size=(2, 2), num_frames_per_chunk=4, **kwargs):
-            super().__init__(**kwargs)
-            self.patch_size = patch_size
-            self.merge_kernel_size = list(merge_kernel_size)
-            self.num_frames_per_chunk = num_frames_per_chunk
-
-        def media_tokens_calculator(self, chunk):
-            """Tokens one vision chunk becomes: merged patches of its first frame (temporal pooling)."""
-            image = chunk["image"] if chunk.get("type") == "image" else chunk["video_chunk"][0]
-            w, h = image.size
-            kh, kw = self.merge_kernel_size
-            return math.ceil(h / (self.patch_size * kh)) * math.ceil(w / (self.patch_size * kw))
-
-        def split_video_chunks(self, video):
-            return [video[i : i + self.num_frames_per_chunk] for i in range(0, len(video), self.num_frames_per_chunk)]
-
-        def preprocess(self, *args, **kwargs):
-            raise NotImplementedError("stand-in image processor of a tiny test model: the vision modality is off")
-    '''
-).lstrip()
 
 #: The vision config: the smallest MoonViT that vLLM 0.16's ``MoonViT3dPretrainedModel`` builds (one block; head
 #: size 16, divisible by 4 as its 2-D rotary embedding requires; a 4 x 4 learnt position grid).
@@ -425,7 +268,7 @@ def _write_tokenizer(out: Path, seed: int) -> None:
     with open(out / "tiktoken.model", "w", encoding="ascii") as f:
         for rank, tok in enumerate(order):
             f.write(f"{base64.b64encode(tok).decode()} {rank}\n")
-    (out / "tokenization_kimi.py").write_text(TOKENIZER_SOURCE)
+    (out / "tokenization_kimi.py").write_text(remote_source("tokenization_kimi.py"))
     added = {}
     for off in range(N_SPECIAL):
         name = KIMI_SPECIAL_TOKENS.get(off, f"<|reserved_token_{N_RANKS + off}|>")
@@ -503,8 +346,8 @@ def build_tiny_kimi(out: Path, seed: int, text_config: dict[str, Any]) -> Path:
         "tie_word_embeddings": False,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "configuration_kimi_k25.py").write_text(CONFIG_SOURCE)
-    (out / "kimi_k25_vision_processing.py").write_text(IMAGE_PROCESSOR_SOURCE)
+    for name in ("configuration_kimi_k25.py", "kimi_k25_vision_processing.py"):
+        (out / name).write_text(remote_source(name))
     (out / "preprocessor_config.json").write_text(json.dumps({
         "auto_map": {"AutoImageProcessor": "kimi_k25_vision_processing.KimiK25VisionProcessor"},
         "image_processor_type": "KimiK25VisionProcessor",

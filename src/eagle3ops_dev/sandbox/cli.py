@@ -1,10 +1,10 @@
-"""``eagle3ops sandbox up|down|status``: the embedded sandbox host from the command line."""
+"""``python -m eagle3ops_dev sandbox up|down|status``: the embedded sandbox host from the command line."""
 
 from __future__ import annotations
 
 import typer
 
-from eagle3ops.sandbox.host import SandboxError, down, status, up
+from eagle3ops_dev.sandbox.host import SandboxError, down, status, up
 
 app = typer.Typer(no_args_is_help=True, help="The embedded sandbox host: sshd on 127.0.0.1 + its own dockerd.")
 

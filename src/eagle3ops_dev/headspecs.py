@@ -1,10 +1,12 @@
-"""Local containers of the trained-head serving check, as docker SDK specs (``containers.run`` kwargs).
+"""Local containers of the trained-head serving test (tests/test_kimi_serving.py), as docker SDK specs
+(``containers.run`` kwargs). Development harness: the tiny targets it builds come from :mod:`eagle3ops_dev.tinymodel`.
 
 The check trains a head with eagle3ops's own stages in a pipeline image, then serves the target with and without
 that head in a serving image and compares greedy outputs (:mod:`eagle3ops.patches.specprobes`). Both containers run
 on the local build engine, on no network, as the calling user (so the bind-mounted work directory stays removable),
 with this checkout's ``src`` mounted read-only at :data:`SRC_MOUNT` and first on ``PYTHONPATH``: the serving image
-has no eagle3ops installed, and the pipeline image's installed copy is overridden by the code under test.
+has no eagle3ops installed, and the pipeline image's installed copy is overridden by the code under test (this
+package, ``eagle3ops_dev``, is found there too).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def train_head_spec(image: str, *, src: str, work: str, user: str, target: str, 
     """
     tgt = f"{WORK_MOUNT}/{target}"
     steps = [f"test -f {render([tgt + '/config.json'])} || "
-             + render(["python3", "-m", "eagle3ops.tinymodel", tgt, "--kind", kind])]
+             + render(["python3", "-m", "eagle3ops_dev.tinymodel", tgt, "--kind", kind])]
     steps += [render(["python3", "-m", "eagle3ops", "stage", s, "--run-dir", f"{WORK_MOUNT}/{run}"]) for s in stages]
     return _spec(image, src=src, work=work, user=user, script="set -e; " + "; ".join(steps), name=name)
 

@@ -1,6 +1,8 @@
-"""Base images built here: the debootstrap minbase, the stand-ins for ``vllm/vllm-openai:v0.16.0`` (``local``: CPU
-vLLM in a venv; ``upstream``: CUDA vLLM + torch laid out like the real image) and the TEST stand-in base (a small
-hash-pinned subset of the lock, for fast pipeline builds in tests)."""
+"""STAND-IN base images, built by the development harness (not in the eagle3ops wheel): the debootstrap minbase, the
+stand-ins for ``vllm/vllm-openai:v0.16.0`` (``local``: CPU vLLM in a venv; ``upstream``: CUDA vLLM + torch laid out
+like the real image) and the TEST stand-in base (a small hash-pinned subset of the lock, for fast pipeline builds in
+tests). The product knows only the local base's tag (:data:`eagle3ops.images.LOCAL_BASE_TAG`); a production host
+builds on the real ``vllm/vllm-openai`` image."""
 
 from __future__ import annotations
 
@@ -15,11 +17,11 @@ from pathlib import Path
 
 from eagle3ops.commands import images as ic
 from eagle3ops.config.images import REPO_ROOT, ImageError
+from eagle3ops.images.build import LOCAL_BASE_TAG
 from eagle3ops.images.buildkit import buildkit_build
 from eagle3ops.images.inspect import _image_present, docker_client
 from eagle3ops.images.tags import LABEL_PREFIX, OCI, _sha256
 
-LOCAL_BASE_TAG = "eagle3ops/vllm-openai-local:v0.16.0"
 MINBASE_TAG = "eagle3ops/debian-minbase:bookworm"
 MINBASE_SUITE = "bookworm"
 MINBASE_INCLUDE = ("python3", "python3-venv", "ca-certificates", "libnuma1")  # libnuma1: vllm._C (CPU) links it

@@ -1,0 +1,66 @@
+"""``python -m eagle3ops_dev``: the development harness's command line (never part of the ``eagle3ops`` CLI).
+
+Commands: ``demo`` (the whole maintenance cycle on the embedded sandbox host), ``sandbox up|down|status`` (that
+host), ``base`` (a stand-in for ``vllm/vllm-openai:v0.16.0`` on the debootstrap minbase). The product CLI
+(``eagle3ops``) offers none of them: it cannot import this package (import contract in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from eagle3ops.cli_common import InventoryOpt
+from eagle3ops_dev.sandbox.cli import app as sandbox_app
+
+app = typer.Typer(no_args_is_help=True, help="eagle3ops development harness: the sandbox host, the demo, the "
+                  "stand-in bases (not shipped in the eagle3ops wheel).")
+app.add_typer(sandbox_app, name="sandbox", help="The embedded local sandbox host (sshd + its own dockerd).")
+
+
+@app.command()
+def demo(inventory: Path = InventoryOpt,
+         pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config for the demo run.")) -> None:
+    """The whole maintenance cycle on the embedded sandbox host (see README)."""
+    from eagle3ops_dev import demo as demo_mod
+
+    raise typer.Exit(demo_mod.run(inventory=inventory, pipeline=pipeline))
+
+
+@app.command()
+def base(
+    tag: Annotated[Optional[str], typer.Option(help="Tag of the base (default: the layout's: "
+                                               "eagle3ops/vllm-openai-local:v0.16.0 for local, "
+                                               "eagle3ops/vllm-openai-upstream-standin:v0.16.0 for upstream).")] = None,
+    layout: Annotated[str, typer.Option(help="'local': CPU build of vLLM 0.16.0 in /opt/venv (starts engines on "
+                                              "CPU); 'upstream': laid out and built like vllm/vllm-openai (CUDA vLLM "
+                                              "0.16.0 + torch 2.9.1 with `uv pip install --system`; imports, starts "
+                                              "no engine without a GPU).")] = "local",
+    force: Annotated[bool, typer.Option(help="Rebuild even when the tag exists.")] = False,
+    ca_bundle: Annotated[Optional[Path], typer.Option(
+        "--ca-bundle", help="CA bundle for a TLS-intercepting proxy, passed as a BuildKit secret (never in a layer). "
+        "Default: $EAGLE3OPS_CA_BUNDLE, else /etc/ssl/certs/ca-certificates.crt when present.")] = None,
+    no_ca_bundle: Annotated[bool, typer.Option("--no-ca-bundle", help="Pass no CA bundle (direct internet access).")]
+    = False,
+) -> None:
+    """Build a stand-in for vllm/vllm-openai:v0.16.0 on the debootstrap minbase (--layout local or upstream)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from eagle3ops import images
+    from eagle3ops_dev import bases
+
+    ca = None if no_ca_bundle else (ca_bundle or images.default_ca_bundle())
+    try:
+        out = bases.build_base(layout, ca, tag=tag, force=force)
+    except images.ImageError as exc:
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(1)
+    typer.echo(out)
+
+
+def main() -> None:
+    """Entry point of ``python -m eagle3ops_dev``."""
+    app()

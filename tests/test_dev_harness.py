@@ -1,0 +1,76 @@
+"""The development harness beside the product (issue 23): the probes' one seam to it
+(:mod:`eagle3ops.patches.fixtures`), the probe cache key covering it, and the tiny Kimi's remote code as real files.
+Pure: no torch, no engine."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3ops.patches import fixtures, probecache
+from eagle3ops_dev import tinykimi
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_seam_loads_the_harness_fixtures_by_name(monkeypatch):
+    monkeypatch.delenv(fixtures.ENV, raising=False)
+    mod = fixtures.load()
+    assert mod.__name__ == fixtures.DEFAULT_MODULE == "eagle3ops_dev.fixtures"
+    assert isinstance(mod, fixtures.ProbeFixtures)
+
+
+def _fake_fixtures(tmp_path: Path, monkeypatch, body: str) -> str:
+    pkg = tmp_path / "fakefx"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("fakefx", None)
+    return "fakefx"
+
+
+def test_the_environment_names_another_fixtures_module(tmp_path, monkeypatch):
+    name = _fake_fixtures(tmp_path, monkeypatch, "def build_target(out_dir, kind, seed=0):\n    return out_dir\n"
+                          "def build_draft(out_dir, target_dir, **kw):\n    return out_dir\n")
+    monkeypatch.setenv(fixtures.ENV, name)
+    assert fixtures.module_name() == name
+    assert fixtures.load().build_target(tmp_path / "t", "llama") == tmp_path / "t"
+
+
+def test_a_missing_or_incomplete_fixtures_module_is_refused_with_the_fix(tmp_path, monkeypatch):
+    with pytest.raises(fixtures.FixturesMissing, match=r"no_such_fixtures.*/opt/eagle3ops/dev.*scripts/setup.sh"):
+        fixtures.load("no_such_fixtures")
+    name = _fake_fixtures(tmp_path, monkeypatch, "def build_target(out_dir, kind, seed=0):\n    return out_dir\n")
+    with pytest.raises(fixtures.FixturesMissing, match="lacks build_draft"):
+        fixtures.load(name)
+
+
+def test_the_probe_code_digest_covers_the_fixtures(tmp_path, monkeypatch):
+    """A change to the fixtures package (the tiny models the probes build) gives the probes new cache keys."""
+    name = _fake_fixtures(tmp_path, monkeypatch, "def build_target(out_dir, kind, seed=0):\n    return out_dir\n")
+    monkeypatch.setenv(fixtures.ENV, name)
+    before = probecache.code_digest("eagle3ops.patches.probes")
+    assert probecache.code_digest("eagle3ops.patches.probes") == before
+    (tmp_path / name / "__init__.py").write_text("def build_target(out_dir, kind, seed=1):\n    return out_dir\n")
+    changed = probecache.code_digest("eagle3ops.patches.probes")
+    assert changed != before
+    monkeypatch.setenv(fixtures.ENV, "no_such_fixtures")
+    missing = probecache.code_digest("eagle3ops.patches.probes")
+    assert missing not in (before, changed)
+    monkeypatch.delenv(fixtures.ENV)
+    assert probecache.code_digest("eagle3ops.patches.probes") not in (before, changed, missing)
+
+
+def test_the_tiny_kimis_remote_code_is_real_python_read_byte_for_byte():
+    for name in tinykimi.REMOTE_CODE_FILES:
+        path = REPO / "src/eagle3ops_dev/remote_code" / name
+        text = path.read_text(encoding="utf-8")
+        ast.parse(text, filename=str(path))
+        assert tinykimi.remote_source(name) == text
+    # PAT_STR has one definition: the assignment in the shipped tokenizer, which tinykimi reads
+    assert f"\nPAT_STR = {tinykimi.PAT_STR!r}\n" in tinykimi.remote_source("tokenization_kimi.py")
+    with pytest.raises(ValueError, match="not a remote-code file"):
+        tinykimi.remote_source("modeling_kimi.py")
