@@ -25,21 +25,22 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> int:
     from eagle3ops import images
     from eagle3ops.config import load_inventory
+    from eagle3ops_dev import bases
 
     ca = images.default_ca_bundle()
     sandbox = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     t_all = time.monotonic()
     steps = [
-        ("minbase", lambda: images.build_minbase()),
-        ("local vLLM base", lambda: images.build_local_base(ca_bundle=ca, quiet=True)),
+        ("minbase", lambda: bases.build_minbase()),
+        ("local vLLM base", lambda: bases.build_local_base(ca_bundle=ca, quiet=True)),
         ("pipeline image", lambda: images.build_image("pipeline", base_image=images.LOCAL_BASE_TAG,
                                                        ca_bundle=ca, quiet=True).tag),
         ("CPU stand-in serving image", lambda: images.build_image(
             "serving", base_image=images.LOCAL_BASE_TAG, profile="vllm-0.16.0-serving-cpu-standin",
             ca_bundle=ca, quiet=True, extra_tags=[sandbox.serving.speculative_image]).tag),
-        ("test stand-in base (venv)", lambda: images.build_standin_base(ca_bundle=ca)),
-        ("test stand-in base (system)", lambda: images.build_standin_base(ca_bundle=ca, layout="system")),
-        ("upstream-layout base", lambda: images.build_upstream_base(ca_bundle=ca, quiet=True)),
+        ("test stand-in base (venv)", lambda: bases.build_standin_base(ca_bundle=ca)),
+        ("test stand-in base (system)", lambda: bases.build_standin_base(ca_bundle=ca, layout="system")),
+        ("upstream-layout base", lambda: bases.build_upstream_base(ca_bundle=ca, quiet=True)),
     ]
     for name, build in steps:
         t0 = time.monotonic()
