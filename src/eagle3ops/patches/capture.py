@@ -60,12 +60,12 @@ def local_docker_runner(container: str, *, docker: str = "docker", docker_host: 
 
 
 def remote_docker_runner(remote: object, container: str, *, docker_host: str | None = None) -> Runner:
-    """Wrap an :class:`eagle3ops.remote.Remote` (``.run(argv, check=True, mutates=False) -> Result`` with
+    """Wrap an :class:`eagle3ops.remote.Remote` (``.run(argv, check=True) -> Result`` with
     ``.stdout``) into a runner that executes ``docker [-H docker_host] exec <container> argv...`` on that host.
-    Quoting is done once, by ``Remote``; every command here only reads (``mutates=False``)."""
+    Quoting is done once, by ``Remote``; every command here only reads (``docker_exec`` builds a ``Read``)."""
     def run(argv: list[str]) -> str:
         try:
-            res = remote.run(cc.docker_exec(container, argv, docker_host=docker_host), check=True, mutates=False)  # type: ignore[attr-defined]
+            res = remote.run(cc.docker_exec(container, argv, docker_host=docker_host), check=True)  # type: ignore[attr-defined]
         except PatchToolError:
             raise
         except Exception as e:  # noqa: BLE001 - the executor's own error type; keep its message
