@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3ops import executor
 from eagle3ops.config.images import ImageError
 from eagle3ops.images.tags import LABEL_PREFIX, OCI
 
@@ -53,7 +53,7 @@ Runner = Callable[[list[str]], Any]
 
 
 def _run_local(argv: list[str]) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return executor.local().run(argv).stdout
 
 
 def list_images(runner: Runner | None = None, *, all_images: bool = False, host: Any = None) -> list[ImageInfo]:

@@ -24,13 +24,13 @@ import base64
 import datetime as _dt
 import hashlib
 import json
-import subprocess
 import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from eagle3ops import executor
 from eagle3ops.commands import capture as cc
 from eagle3ops.patches.errors import RemoteError, PatchToolError
 from eagle3ops.patches.record import RecordEntry, package_entries, parse_record, top_levels_of
@@ -46,8 +46,8 @@ def local_docker_runner(container: str, *, docker: str = "docker", docker_host: 
     Raises (from the runner): :class:`RemoteError` naming the container, command and stderr.
     """
     def run(argv: list[str]) -> str:
-        proc = subprocess.run(cc.docker_exec(container, argv, docker=docker, docker_host=docker_host),
-                              capture_output=True, check=False)
+        proc = executor.local().run(cc.docker_exec(container, argv, docker=docker, docker_host=docker_host),
+                                    check=False, text=False)
         if proc.returncode != 0:
             raise RemoteError(
                 f"in container {container}: {' '.join(argv[:3])}... exited {proc.returncode}: "
