@@ -16,10 +16,8 @@ from eagle3ops.images.tags import LABEL_PREFIX, OCI
 
 def docker_client() -> Any:
     """A docker SDK client from the environment (``DOCKER_HOST`` etc.). Raises ImageError when the engine is down."""
-    import docker
-
     try:
-        client = docker.from_env()
+        client = executor.engine()
         client.ping()
     except Exception as exc:  # docker.errors.DockerException and connection errors
         raise ImageError(f"cannot reach the docker engine ({exc}); is dockerd running / DOCKER_HOST right?") from None
@@ -147,10 +145,8 @@ def find_in_layers(image: str, contents: Sequence[bytes] = (), names: Sequence[s
     """
     import tarfile
 
-    import docker
-
     # the engine prepares the archive before the first byte comes back: allow far more than the 60 s default
-    client = client or docker.from_env(timeout=3600)
+    client = client or executor.engine(timeout=3600)
     skip: set[str] = set()
     if skip_base:
         skip = set(client.images.get(skip_base).attrs["RootFS"]["Layers"])
