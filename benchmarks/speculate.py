@@ -87,14 +87,13 @@ def main() -> int:
     h = load_inventory(a.inventory).host(a.host)
     with Remote(h) as r:
         if a.read:
-            out = r.run(hc.cat_if_exists(f"{h.data_dir}/runs/{a.run}/speculate/result.json"), check=False,
-                        mutates=False)
+            out = r.run(hc.cat_if_exists(f"{h.data_dir}/runs/{a.run}/speculate/result.json"), check=False)
             if not out.stdout.strip():
                 print(f"{a.host}: run {a.run} has no speculate/result.json", file=sys.stderr)
                 return 1
             result = json.loads(out.stdout)
         else:
-            dep = json.loads(r.run(hc.cat(paths(h)["deployed"]), mutates=False).stdout)
+            dep = json.loads(r.run(hc.cat(paths(h)["deployed"])).stdout)
             result = ship.speculate(r, ship.SpeculateOptions(
                 run=a.run, pipeline_image=h.pipeline_image or dep["image"], pipeline_image_id=dep.get("image_id"),
                 head=a.head, force=a.force, margin=a.margin, prompts=a.prompts, max_tokens=a.max_tokens,

@@ -180,3 +180,55 @@ def test_the_production_wheel_holds_no_harness(tmp_path):
     assert harness == [], f"the production wheel ships development harness files: {harness}"
     entry = [n for n in names if n.endswith("entry_points.txt")]
     assert entry and "eagle3ops_dev" not in zipfile.ZipFile(wheels[0]).read(entry[0]).decode()
+
+
+# --- executors are made in one place (issue 23) ------------------------------------------------------------------
+#: modules (relative to src/eagle3ops) that may construct the SSH executor ``Remote(...)``, and why.
+REMOTE_MAKERS = {"executor.py": "the one factory of executors (for_host)"}
+#: modules of the product (the harness in src/eagle3ops_dev runs its own daemons and is not scanned) that may start a local process themselves (``subprocess.run/Popen/...``), and why; every other module
+#: runs local commands through ``executor.local()``.
+SUBPROCESS_USERS = {
+    "executor.py": "the local executor itself",
+    "stages/train.py": "runs in the pipeline image (torchrun workers); the image has no driver executor",
+    # Not moved to executor.local() yet (issue 23, next step): each is a local tool on the build machine with its
+    # own error handling (CalledProcessError text, input bytes, env): images/buildkit.py (client version probes), images/tags.py (git revision), patches/diffgen.py (diff),
+    # patches/gnupatch.py (patch), patches/wheels.py (pip download), transfer/compression.py (zstd on a sample).
+    "images/buildkit.py": "not moved yet", "images/tags.py": "not moved yet",
+    "patches/diffgen.py": "not moved yet", "patches/gnupatch.py": "not moved yet", "patches/wheels.py": "not moved yet",
+    "transfer/compression.py": "not moved yet",
+}
+_STARTERS = {"run", "Popen", "call", "check_call", "check_output", "getoutput", "getstatusoutput"}
+
+
+def _executor_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, what) of each ``Remote(...)`` construction and each ``subprocess.<starter>(...)`` call in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "Remote" or isinstance(f, ast.Attribute) and f.attr == "Remote":
+            found.append((node.lineno, "Remote"))
+        elif isinstance(f, ast.Attribute) and f.attr in _STARTERS and isinstance(f.value, ast.Name) \
+                and f.value.id == "subprocess":
+            found.append((node.lineno, "subprocess"))
+    return found
+
+
+def test_executors_are_made_only_in_executor_py():
+    offenders = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for line, what in _executor_uses(path):
+            allowed = REMOTE_MAKERS if what == "Remote" else SUBPROCESS_USERS
+            if rel not in allowed:
+                offenders.append(f"{rel}:{line}: {what}")
+    assert offenders == [], ("use eagle3ops.executor.for_host(...) / executor.local() instead:\n"
+                             + "\n".join(offenders))
+
+
+def test_the_executor_scan_sees_a_remote_and_a_subprocess(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("import subprocess\nfrom eagle3ops import remote\n"
+                 "def f(h):\n    r = remote.Remote(h)\n    subprocess.run(['true'])\n    return subprocess.PIPE\n")
+    assert _executor_uses(p) == [(4, "Remote"), (5, "subprocess")]

@@ -66,7 +66,7 @@ def _current_release(r) -> int:
     from eagle3ops.commands import host as hc
     from eagle3ops.window.common import paths
 
-    return int(r.run(hc.cat(f"{paths(r.host)['releases']}/current"), mutates=False).stdout.strip())
+    return int(r.run(hc.cat(f"{paths(r.host)['releases']}/current")).stdout.strip())
 
 
 def test_dry_run_plan_is_what_runs(deployed, monkeypatch):
@@ -84,7 +84,7 @@ def test_dry_run_plan_is_what_runs(deployed, monkeypatch):
     with Remote(h) as r0:
         assert read_lock(r0) is None, "the sandbox's deploy lock is held: another window runs (run under flock)"
         live_before = _current_release(r0)
-        deployed = json.loads(r0.run(hc.cat(paths(h)["deployed"]), mutates=False).stdout)
+        deployed = json.loads(r0.run(hc.cat(paths(h)["deployed"])).stdout)
 
     # 1. the deploy lock, taken and released (the window driver's own calls)
     wid = new_window_id("dryrun")
@@ -175,7 +175,7 @@ def test_dry_run_plan_is_what_runs(deployed, monkeypatch):
     assert bp.lines()[0] in out and f"#   --build-arg BASE_IMAGE={images.LOCAL_BASE_TAG}" in out, res.stdout
     assert render(hc.write_file(p["deployed"])) in out, res.stdout
     with Remote(h) as r:
-        assert json.loads(r.run(hc.cat(p["deployed"]), mutates=False).stdout) == deployed
+        assert json.loads(r.run(hc.cat(p["deployed"])).stdout) == deployed
 
     # 7. attach to the newest window, finished: the same cleanup, nothing else
     _, dry = rec.invoke("attach", h.name, "--dry-run")

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from eagle3ops import image_cli, images, remote
 from eagle3ops.commands import docker as dk
+from eagle3ops.commands.types import Read
 from eagle3ops.config import load_inventory
 
 ENDPOINT = "unix:///run/user/1000/docker.sock"
@@ -63,7 +64,7 @@ def test_image_ls_host_asks_the_inventorys_engine(inventory, monkeypatch):
             self.host = host
 
         def run(self, argv, **kw):
-            assert kw.get("mutates") is False
+            assert isinstance(argv, Read) and "mutates" not in kw  # the builder's type says it only reads
             calls.append(list(argv))
             return remote.Result(list(argv), 0, _answer(argv))
 

@@ -205,7 +205,7 @@ def test_capture_round_trip_over_ssh_on_sandbox_host(tmp_path: Path, rootfs_tar:
         _docker("cp", f"{site_from_wheel(SPEC_030, tmp_path / 'pristine')}/.", f"{name}:{SITE}/", docker_host=dh)
         with Remote(sandbox_host) as remote:
             remote.run(["docker", "-H", dh, "exec", name, "sed", "-i", TOKENIZER_SED, f"{SITE}/{GEN}"])
-            edited_b64 = remote.run(["docker", "-H", dh, "exec", name, "base64", f"{SITE}/{GEN}"], mutates=False).stdout
+            edited_b64 = remote.run(["docker", "-H", dh, "exec", name, "base64", f"{SITE}/{GEN}"]).stdout
         import base64
 
         edited = base64.b64decode("".join(edited_b64.split()))

@@ -230,7 +230,7 @@ def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_
             p = rg.plan(he.items, settings, tmp_path / how)
             mans[how] = reach.regenerate_for_host(r, run, p, ssh_forward=forward, extra_manifest=he.record,
                                                progress=False, echo=lambda _m: None)
-        on_host = r.run(hc.cat_if_exists(mans["relayed"]["host_paths"]["manifest"]), mutates=False).stdout
+        on_host = r.run(hc.cat_if_exists(mans["relayed"]["host_paths"]["manifest"])).stdout
         with reach.serving_endpoint(r, key) as (url, how):
             assert how.startswith("direct")
             direct = []

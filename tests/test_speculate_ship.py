@@ -268,7 +268,7 @@ class _FakeRemote:
     def __init__(self, host, current: list[int]):
         self.host, self.dry_run, self.current, self.written = host, False, current, {}
 
-    def run(self, argv, *, check=True, timeout=None, stdin=None, mutates=True, **_):
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
         if argv[-1] == "inspect":
             return _Res(onhost.MARK + json.dumps({"head_config": HEAD, "shapes": SHAPES, "target_config": TARGET,
                                                   "train_manifest": {"offline_estimate": {"acceptance_length": 2.0}},

@@ -49,7 +49,7 @@ def test_inventory_script_reads_the_engine_from_its_arguments(tmp_path, host):
                     'case "$3" in info) echo "{}";; esac\n')
     fake.chmod(0o755)
     h = host.model_copy(update={"docker_host": EVIL})
-    argv = tc.inventory(h)
+    argv = list(tc.inventory(h))  # a Read is frozen: edit a copy
     argv[argv.index("docker")] = str(fake)
     log = tmp_path / "log"
     cp = subprocess.run(["sh", "-c", render(argv)], capture_output=True, text=True, env={"LOG": str(log),

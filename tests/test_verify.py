@@ -168,7 +168,7 @@ def test_deploy_runs_the_deferred_engine_checks_on_the_sandbox(sandbox_host, bui
     h = sandbox_host
     base, _ = built_images
     with Remote(h) as r:
-        before = r.run(hc.cat_if_exists(paths(h)["deployed"]), check=False, mutates=False).stdout
+        before = r.run(hc.cat_if_exists(paths(h)["deployed"]), check=False).stdout
         # Another test may have deployed this very image already (its record would be reused): start without one.
         r.run(hc.rm_rf(vc.verify_dir(h)))
     try:
@@ -183,7 +183,7 @@ def test_deploy_runs_the_deferred_engine_checks_on_the_sandbox(sandbox_host, bui
         series = read_series_file(REPO / "patches/speculators/0.3.0/series")
         assert [o["patch"] for o in v.outcomes] == series
         with Remote(h) as r:
-            rec = json.loads(r.run(hc.cat(vc.result_path(h, dep.image_id)), mutates=False).stdout)
+            rec = json.loads(r.run(hc.cat(vc.result_path(h, dep.image_id))).stdout)
             assert (rec["ok"], rec["image_id"], rec["deferred"]) == (True, dep.image_id, ["probes"])
         again = deployer.deploy(h, base_image=base, engine_checks="host", echo=lambda *_: None)
         assert again.image_id == dep.image_id and again.verify is not None and again.verify.reused

@@ -35,7 +35,7 @@ def live(deployed):
     session's ``deployed`` fixture: on a fresh machine nothing else guarantees it)."""
     h, _ = deployed
     with Remote(h) as r:
-        out = r.run(hc.cat_if_exists(paths(h)["deployed"]), check=False, mutates=False).stdout
+        out = r.run(hc.cat_if_exists(paths(h)["deployed"]), check=False).stdout
     assert out.strip(), "no pipeline image deployed on the sandbox: run `eagle3ops deploy sandbox` (or the " \
                         "`deployed` fixture's tests) first"
     assert demo.serving_healthy(h, timeout=60), "sandbox serving must be up before these tests"
@@ -43,8 +43,7 @@ def live(deployed):
 
 
 def _started_at(r: Remote) -> str:
-    return r.run(dk.docker(r.host, "inspect", "--format", "{{.State.StartedAt}}", r.host.serving.container),
-                 mutates=False).stdout.strip()
+    return r.run(dk.docker(r.host, "inspect", "--format", "{{.State.StartedAt}}", r.host.serving.container)).stdout.strip()
 
 
 def _upload(r: Remote, local: Path, name: str) -> str:
@@ -93,8 +92,7 @@ def test_the_stage_container_probe_passes_with_the_stages_settings(live):
         probe_stage_container(r, pf, image=dep["image"], run="probe", window_id="pytest-probe-ok", stage="prepare")
         print(f"probe: {time.monotonic() - t0:.1f} s")
         assert pf.ok and "mounts ok" in pf.checks[0][2], pf.checks
-        left = r.run(dk.docker(h, "ps", "-a", "--filter", "name=eagle3ops-pytest-probe-ok", "--format", "{{.Names}}"),
-                     mutates=False).stdout
+        left = r.run(dk.docker(h, "ps", "-a", "--filter", "name=eagle3ops-pytest-probe-ok", "--format", "{{.Names}}")).stdout
         assert not left.strip(), "the throwaway container is removed"
 
 
@@ -117,8 +115,7 @@ def test_a_stage_setting_the_engine_refuses_fails_preflight_before_any_stop(live
         assert words in msg, msg
         assert _started_at(r) == before, "serving untouched"
         assert read_lock(r) is None and audit_entries(r)[-1]["outcome"] == "not started"
-        left = r.run(dk.docker(h, "ps", "-a", "--filter", "name=-preflight", "--format", "{{.Names}}"),
-                     mutates=False).stdout
+        left = r.run(dk.docker(h, "ps", "-a", "--filter", "name=-preflight", "--format", "{{.Names}}")).stdout
         assert not [n for n in left.split() if name in n or "extract" in n and n.endswith("-preflight")]
-        assert not r.run(hc.test_dir(f"{h.data_dir}/runs/{name}"), check=False, mutates=False).ok, \
+        assert not r.run(hc.test_dir(f"{h.data_dir}/runs/{name}"), check=False).ok, \
             "nothing of the run written"

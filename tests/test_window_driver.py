@@ -20,6 +20,7 @@ from eagle3ops.window import preflight as wpreflight
 from eagle3ops.window import run as wrun
 from eagle3ops.window import watch as wwatch
 from eagle3ops.config import load_inventory
+from eagle3ops.commands.types import is_read
 from eagle3ops.remote import RemoteCommandError, Result, render
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,12 +161,13 @@ class StandInRemote:
     def __init__(self, host, world, dry_run=False):
         self.host, self.world, self.dry_run, self.echo, self.history = host, world, dry_run, None, []
 
-    def run(self, argv, *, check=True, timeout=None, stdin=None, stream=None, mutates=True):
+    def run(self, argv, *, check=True, timeout=None, stdin=None, stream=None):
         cmd = render(argv)
         self.history.append(cmd)
-        if self.dry_run and mutates:  # as Remote: a dry run prints what changes the host, runs only what reads
+        changes = not is_read(argv)  # as Remote: the command's type decides
+        if self.dry_run and changes:  # a dry run prints what changes the host, runs only what reads
             return Result(list(argv), 0)
-        if mutates:
+        if changes:
             self.world.writes.append(cmd)
         code, out, err = self.world(argv, stdin)
         if check and code:

@@ -39,7 +39,7 @@ def _deployed(r, required: bool = True) -> dict[str, Any]:
     from eagle3ops.commands import host as hc
     from eagle3ops.window.common import paths
 
-    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False)
+    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False)
     if out.stdout.strip():
         return json.loads(out.stdout)
     if required:
@@ -238,7 +238,7 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
     with common.remote(h) as r:
         lock = read_lock(r)
         console.print(f"lock: {json.dumps(lock) if lock else 'free'}")
-        cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False, mutates=False)
+        cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False)
         console.print(f"serving release: {cur.stdout.strip() or 'none recorded'}" if h.serving.managed else
                       "serving: none (serving: none in the inventory: a host that only trains)")
         wid = _newest_window(r)
@@ -246,9 +246,9 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
             console.print("no window has run on this host")
             return
         p = paths(h, wid)
-        for line in r.run(hc.cat_if_exists(p["journal"]), check=False, mutates=False).stdout.splitlines():
+        for line in r.run(hc.cat_if_exists(p["journal"]), check=False).stdout.splitlines():
             print_event(json.loads(line))
-        res = r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False).stdout
+        res = r.run(hc.cat_if_exists(p["result"]), check=False).stdout
         if res.strip():
             summary({**json.loads(res), "window_id": wid})
         else:
@@ -283,7 +283,7 @@ def _dry_finish(r, wid: str) -> None:
     from eagle3ops.window.common import paths
     from eagle3ops.window.watch import finish_window
 
-    done = r.run(hc.cat_if_exists(paths(r.host, wid)["result"]), check=False, mutates=False).stdout.strip()
+    done = r.run(hc.cat_if_exists(paths(r.host, wid)["result"]), check=False).stdout.strip()
     if not done:
         print(f"# window {wid} has no result yet: a real run follows its journal until result.json appears, then:")
     finish_window(r, wid, json.loads(done) if done else {}, command="dry-run")

@@ -37,12 +37,12 @@ def load_host(inventory: Path, name: str) -> HostConfig:
 
 
 def remote(host: HostConfig, dry_run: bool = False):
-    """A :class:`eagle3ops.remote.Remote` to ``host`` (not yet connected; use it as a context manager); a dry run
-    echoes every command it would run to stdout."""
-    from eagle3ops.remote import Remote
+    """The SSH executor to ``host`` (:func:`eagle3ops.executor.for_host`: not yet connected; use it as a context
+    manager); a dry run echoes every command it would run to stdout."""
+    from eagle3ops import executor
 
     echo = (lambda cmd: print(cmd)) if dry_run else None
-    return Remote(host, dry_run=dry_run, echo=echo)
+    return executor.for_host(host, dry_run=dry_run, echo=echo)
 
 
 def fail(msg: str, code: int = 1) -> NoReturn:

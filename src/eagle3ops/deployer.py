@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from eagle3ops import executor
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.config import HostConfig
-from eagle3ops.remote import Remote
 from eagle3ops.verifier import VerifyError, VerifyResult, ensure_verified
 from eagle3ops.window.common import paths
 from eagle3ops.window.preflight import preflight
@@ -101,7 +101,7 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
     """
     from eagle3ops import images
 
-    with Remote(h) as probe:  # reachability first: a dead host must not cost a build
+    with executor.for_host(h) as probe:  # reachability first: a dead host must not cost a build
         probe.connection  # noqa: B018 - opens the connection (raises ConnectFailed)
     t0 = time.monotonic()
     try:
@@ -118,7 +118,7 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
     if not dry_run:
         echo(f"pipeline image {built.tag} ({built.image_id[:19]}, {built.size / 1e9:.2f} GB) built/found in "
              f"{build_s:.1f} s")
-    with Remote(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
+    with executor.for_host(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
         t1 = time.monotonic()
         if dry_run:
             push_summary = _dry_push(bp, h)
@@ -126,7 +126,7 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
             push_summary = push_image(built.tag, h)
         push_s = time.monotonic() - t1
         echo(push_summary)
-        got = r.run(dk.image_id(h, built.tag), check=False, mutates=False).stdout.strip()
+        got = r.run(dk.image_id(h, built.tag), check=False).stdout.strip()
         if not dry_run and got != built.image_id:
             raise DeployError(f"{h.name}: after the push, {built.tag} has id {got or '(absent)'}, expected "
                               f"{built.image_id}; the image is not correctly on the host")

@@ -97,12 +97,12 @@ def ls(
     try:
         if host is not None:
             from eagle3ops.config import load_inventory
-            from eagle3ops.remote import Remote
+            from eagle3ops import executor
 
             inv = load_inventory(inventory) if inventory else load_inventory()
             host_cfg = inv.host(host)
-            remote = Remote(host_cfg)
-            runner = lambda argv: remote.run(argv, mutates=False)  # noqa: E731
+            remote = executor.for_host(host_cfg)
+            runner = lambda argv: remote.run(argv)  # noqa: E731
         rows = images.list_images(runner, all_images=all_images, host=host_cfg)
     except images.ImageError as exc:
         _fail(exc)

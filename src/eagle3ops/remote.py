@@ -39,6 +39,7 @@ from fabric.runners import Remote as _FabricRunner
 from invoke.exceptions import CommandTimedOut, ThreadException, UnexpectedExit
 
 from eagle3ops.commands.quote import render  # noqa: F401 - the one quoting function, used here
+from eagle3ops.commands.types import Change, Read, is_read
 from eagle3ops.config import HostConfig
 
 # paramiko's transport thread logs a failed handshake (a port that never sends an SSH banner) with its traceback;
@@ -142,8 +143,9 @@ class Remote:
         echo: callable receiving each rendered command before it runs (for ``--verbose`` and tests).
         history: every rendered command given to :meth:`run`, in order (read-only ones included); in a dry run, the
             plan that was printed.
-        changes: the rendered commands of ``history`` that change the host (``mutates=True``), in order: in a dry
-            run exactly those that were printed and not run; a test compares them with a real run's.
+        changes: the rendered commands of ``history`` that change the host (every command that is not a
+            :class:`eagle3ops.commands.types.Read`), in order: in a dry run exactly those that were printed and not
+            run; a test compares them with a real run's.
         connect_timeout: seconds for each hop's TCP connect, SSH banner and authentication (whole seconds: Fabric
             truncates to int; at least 1); default the inventory's ``connect_timeout_s``, else
             :data:`CONNECT_TIMEOUT_S` as it is when the Remote is made.
@@ -338,20 +340,22 @@ class Remote:
         timeout: float | None = None,
         stdin: str | bytes | IO | None = None,
         stream: Callable[[str], None] | None = None,
-        mutates: bool = True,
     ) -> Result:
         """Run one command on the host.
 
+        What a dry run does follows from the command's type alone: a :class:`~eagle3ops.commands.types.Read` is
+        printed and run (so a dry run shows real preflight answers); a
+        :class:`~eagle3ops.commands.types.Change`, or a plain list no builder typed, is printed and recorded in
+        :attr:`changes` but not run (the result "succeeds" with empty output).
+
         Args:
-            argv: the command as an argument list (from :mod:`eagle3ops.commands`).
+            argv: the command (from :mod:`eagle3ops.commands`: a ``Read`` or a ``Change``).
             check: raise :class:`RemoteCommandError` on a non-zero exit.
             timeout: seconds before the command is abandoned (its channel is closed; raises
                 :class:`RemoteCommandError` "timed out").
             stdin: text (sent as UTF-8), bytes, or a binary/text file-like object sent to the command's standard
                 input byte for byte, followed by EOF. None: the command's stdin is closed at once.
             stream: called with each chunk of stdout (decoded UTF-8 text) as it arrives (live logs).
-            mutates: whether the command changes the host; in dry-run, read-only commands (``mutates=False``)
-                still print but also run, so a dry run can show real preflight answers.
 
         Returns:
             :class:`Result` with stdout/stderr as text (UTF-8, undecodable bytes replaced).
@@ -362,12 +366,13 @@ class Remote:
             RemoteCommandError: non-zero exit (or death by a signal) with ``check=True``, or timeout.
         """
         cmd = render(argv)
+        changes = not is_read(argv)
         self.history.append(cmd)
-        if mutates:
+        if changes:
             self.changes.append(cmd)
         if self.echo:
             self.echo(cmd)
-        if self.dry_run and mutates:
+        if self.dry_run and changes:
             return Result(list(argv), 0)
         if isinstance(stdin, bytes):
             stdin = io.BytesIO(stdin)
@@ -414,11 +419,18 @@ class Remote:
             raise RemoteCommandError(self.host.name, argv, exited, r.stdout, r.stderr)
         return result
 
-    def record_stream(self, argv: Sequence[str], note: str = "") -> str:
+    def record_stream(self, argv: Change, note: str = "") -> str:
         """Record (history, changes, echo) a host-changing command whose bytes go over a bulk stream of its own
         (:mod:`eagle3ops.transfer.streams`) instead of :meth:`run`, so that a dry run prints it and a real run's
         history holds it. ``note`` (one line) is echoed after it as a ``#`` comment. Returns the rendered
-        command."""
+        command.
+
+        Raises:
+            TypeError: ``argv`` is a :class:`~eagle3ops.commands.types.Read` (a stream that changes nothing needs
+                no record).
+        """
+        if is_read(argv):
+            raise TypeError(f"record_stream records a change; {argv!r} is a Read")
         cmd = render(argv)
         self.history.append(cmd)
         self.changes.append(cmd)
@@ -432,15 +444,19 @@ class Remote:
         """Run several commands in order, stopping at the first failure (see :meth:`run`)."""
         return [self.run(c, **kwargs) for c in commands]
 
-    def wait_for(self, argv: Sequence[str], *, timeout: float, interval: float = 2.0) -> Result:
-        """Re-run ``argv`` until it exits 0 or ``timeout`` seconds pass.
+    def wait_for(self, argv: Read, *, timeout: float, interval: float = 2.0) -> Result:
+        """Re-run ``argv`` (a :class:`~eagle3ops.commands.types.Read`: polling must not change the host) until it
+        exits 0 or ``timeout`` seconds pass.
 
         Raises:
+            TypeError: ``argv`` is not a ``Read``.
             RemoteCommandError: still failing at the deadline (the last result's output is in the message).
         """
+        if not is_read(argv):
+            raise TypeError(f"wait_for polls a Read; got {argv!r}")
         deadline = time.monotonic() + timeout
         while True:
-            r = self.run(argv, check=False, timeout=max(5.0, interval * 5), mutates=False)
+            r = self.run(argv, check=False, timeout=max(5.0, interval * 5))
             if r.ok:
                 return r
             if time.monotonic() >= deadline:

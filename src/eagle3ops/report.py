@@ -57,11 +57,11 @@ def collect(r: Any, host: Any, run: str) -> dict[str, Any]:
     from eagle3ops.commands import host as hc
 
     def cat(path: str) -> str:
-        return r.run(hc.cat_if_exists(path), check=False, mutates=False).stdout
+        return r.run(hc.cat_if_exists(path), check=False).stdout
 
     wdir = f"{host.state_dir}/windows"
     windows = []
-    for wid in sorted(r.run(hc.ls(wdir), check=False, mutates=False).stdout.split()):
+    for wid in sorted(r.run(hc.ls(wdir), check=False).stdout.split()):
         try:
             plan = json.loads(cat(f"{wdir}/{wid}/plan.json") or "{}")
         except ValueError:

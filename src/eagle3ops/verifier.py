@@ -60,7 +60,7 @@ class VerifyResult:
 def _deployed(r: Remote) -> dict[str, Any]:
     from eagle3ops.window.common import hint, paths
 
-    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False)
+    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False)
     if not out.stdout.strip():
         raise VerifyError(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
     return json.loads(out.stdout)
@@ -73,8 +73,7 @@ def deferred_checks(r: Remote, image_id: str) -> list[str]:
     Raises:
         VerifyError: the image is not on the host.
     """
-    res = r.run(dk.docker(r.host, "image", "inspect", "--format", "{{json .Config.Labels}}", image_id), check=False,
-                mutates=False)
+    res = r.run(dk.inspect_format(r.host, image_id, "{{json .Config.Labels}}", kind="image"), check=False)
     if not res.ok:
         raise VerifyError(f"{r.host.name}: image {image_id} is not on the host ({res.stderr.strip()}); run "
                           f"`eagle3ops deploy {r.host.name}`")
@@ -84,7 +83,7 @@ def deferred_checks(r: Remote, image_id: str) -> list[str]:
 
 def recorded(r: Remote, image_id: str) -> dict[str, Any] | None:
     """The result recorded on the host for ``image_id`` (None when verify never ran for it)."""
-    out = r.run(hc.cat_if_exists(vc.result_path(r.host, image_id)), check=False, mutates=False)
+    out = r.run(hc.cat_if_exists(vc.result_path(r.host, image_id)), check=False)
     return json.loads(out.stdout) if out.stdout.strip() else None
 
 
@@ -114,7 +113,7 @@ def verify(r: Remote, *, image: str | None = None, image_id: str | None = None,
     deferred = [] if r.dry_run else deferred_checks(r, image_id)
     gpu = None
     if h.gpus:
-        res = r.run(vc.gpu_memory(), check=False, mutates=False)
+        res = r.run(vc.gpu_memory(), check=False)
         rows = vc.parse_gpu_memory(res.stdout) if res.ok else []
         gpu = vc.pick_gpu(rows)
         if gpu is None and not r.dry_run:
@@ -215,10 +214,10 @@ def verify_command(
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
-    from eagle3ops.remote import Remote
+    from eagle3ops import executor
 
     try:
-        with Remote(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
+        with executor.for_host(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
             res = verify(r, echo=console.print)
     except VerifyError as exc:
         console.print(f"[red]error:[/red] {exc}")

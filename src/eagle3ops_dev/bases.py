@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3ops import executor
 from eagle3ops.commands import images as ic
 from eagle3ops.config.images import REPO_ROOT, ImageError
 from eagle3ops.images.build import LOCAL_BASE_TAG
@@ -58,7 +59,7 @@ def build_minbase(tag: str = MINBASE_TAG, *, mirror: str = "http://deb.debian.or
                 if f.is_file():
                     f.unlink()
         with console.status(f"docker import {tag} …"):
-            tar = subprocess.Popen(ic.tar_rootfs(root), stdout=subprocess.PIPE)
+            tar = executor.local().popen(ic.tar_rootfs(root), stdout=subprocess.PIPE)
             imp = subprocess.run(ic.docker_import(tag), stdin=tar.stdout,
                                  capture_output=True, text=True)
             assert tar.stdout is not None

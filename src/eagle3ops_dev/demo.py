@@ -153,8 +153,8 @@ def check_cpu_attention(h: HostConfig, r: Any) -> None:
 
     if h.gpus or h.serving.gpus not in ("none", 0):
         return
-    cpuinfo = r.run(hc.cpuinfo(), mutates=False).stdout
-    cfg = json.loads(r.run(hc.cat(f"{h.model_path.rstrip('/')}/config.json"), mutates=False).stdout)
+    cpuinfo = r.run(hc.cpuinfo()).stdout
+    cfg = json.loads(r.run(hc.cat(f"{h.model_path.rstrip('/')}/config.json")).stdout)
     try:
         path = cpuattn.check_serving(h.serving.args, cfg, cpuinfo, where=f"hosts.{h.name}.serving.args")
     except cpuattn.CpuAttentionError as e:
@@ -171,11 +171,11 @@ def start_serving(h: HostConfig, restart: bool = False) -> float:
     """
     from eagle3ops.commands import docker as dk
     from eagle3ops.commands import serving as sv
-    from eagle3ops.remote import Remote
+    from eagle3ops import executor
 
-    with Remote(h) as r:
-        state = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container),
-                      check=False, mutates=False).stdout.strip()
+    with executor.for_host(h) as r:
+        state = r.run(dk.inspect_format(h, h.serving.container, "{{.State.Status}}"),
+                      check=False).stdout.strip()
         if state == "running" and not restart and serving_healthy(h, completion=True):
             console.print("production serving already running and healthy")
             return 0.0
@@ -187,10 +187,10 @@ def start_serving(h: HostConfig, restart: bool = False) -> float:
         while time.monotonic() - t0 < h.serving.health_timeout_s:
             if serving_healthy(h, completion=True):
                 return time.monotonic() - t0
-            st = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}} {{.RestartCount}}",
-                                 h.serving.container), check=False, mutates=False).stdout.split()
+            st = r.run(dk.inspect_format(h, h.serving.container,
+                                         "{{.State.Status}} {{.RestartCount}}"), check=False).stdout.split()
             if not st or st[0] in ("exited", "dead", "restarting") or st[1] != "0":
-                logs = r.run(dk.logs(h, h.serving.container, tail=30), check=False, mutates=False)
+                logs = r.run(dk.logs(h, h.serving.container, tail=30), check=False)
                 raise DemoError(f"serving container exited during start:\n{logs.stdout}{logs.stderr}")
             time.sleep(2)
     raise DemoError(f"serving did not become healthy within {h.serving.health_timeout_s:.0f}s")
@@ -210,14 +210,14 @@ def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, pro
     """
     import yaml
 
-    from eagle3ops.remote import Remote
+    from eagle3ops import executor
     from eagle3ops.speculate import reach
     from eagle3ops.speculate import regenerate as rg
 
     he = rg.humaneval_train(prompts)
     p = rg.plan(he.items, rg.settings_for(h, max_tokens=max_tokens),
                 out_dir or Path("regenerated") / f"{h.name}-{run}")
-    with Remote(h) as r:
+    with executor.for_host(h) as r:
         man = reach.regenerate_for_host(r, run, p, extra_manifest=he.record, echo=console.print)
     if man["failed"]:
         raise DemoError(f"training data: {man['failed']} prompt(s) unanswered: {man['errors'][:3]}")
@@ -230,9 +230,8 @@ def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, pro
 
 def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("deploy/pipeline.yaml")) -> int:
     """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end)."""
-    from eagle3ops import deployer, images
+    from eagle3ops import deployer, executor, images
     from eagle3ops_dev import bases, sandbox
-    from eagle3ops.remote import Remote
     from eagle3ops.window.run import run_window
 
     t_start = time.monotonic()
@@ -274,7 +273,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
                                                  f"concurrency {gen['settings']['concurrency']})"))
     for kind in ("extract", "train"):
         t = _step(f"5. {kind} window on {SANDBOX}")
-        with Remote(h) as r:
+        with executor.for_host(h) as r:
             res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id,
                              command=f"eagle3ops {kind} {SANDBOX} --run {run} (demo)", run=run, on_event=print_event,
                              pipeline_text=pipeline_text)
@@ -289,7 +288,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
 
     if ok:
         t = _step("6. a second serving release (changed flag), then rollback to the previous one")
-        with Remote(h) as r:
+        with executor.for_host(h) as r:
             from eagle3ops.config.plan import ReleaseChange
 
             rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
@@ -309,7 +308,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
         spec_img = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin",
                                       ca_bundle=ca, extra_tags=[h.serving.speculative_image] if
                                       h.serving.speculative_image else ())
-        with Remote(h) as r:
+        with executor.for_host(h) as r:
             # --force: whatever the head's offline estimate, the demo shows the gate's measured decision
             sp = ship.speculate(r, ship.SpeculateOptions(
                 run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True,
@@ -331,7 +330,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
         t = _step("8. the run's report (HTML + plots)")
         from eagle3ops import report
 
-        with Remote(h) as r:
+        with executor.for_host(h) as r:
             data = report.collect(r, h, run)
         folder = Path("reports") / f"{SANDBOX}-{run}"
         report.render(data, folder)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from eagle3ops.commands.types import Read
 #: Python run in the container: the distribution's site dir, version and dist-info dir (importlib.metadata).
 LOCATE_PY = (
     "import importlib.metadata as m, json, sys\n"
@@ -17,37 +18,37 @@ LOCATE_PY = (
 
 
 def docker_exec(container: str, argv: Sequence[str], *, docker: str = "docker", docker_host: str | None = None
-                ) -> list[str]:
+                ) -> Read:
     """``docker [-H docker_host] exec <container> argv...``."""
-    return [docker, *(["-H", docker_host] if docker_host else []), "exec", container, *argv]
+    return Read([docker, *(["-H", docker_host] if docker_host else []), "exec", container, *argv])
 
 
-def locate(python: str, package: str) -> list[str]:
+def locate(python: str, package: str) -> Read:
     """Print ``{"site", "version", "dist_info"}`` of ``package`` as JSON (:data:`LOCATE_PY`)."""
-    return [python, "-c", LOCATE_PY, package]
+    return Read([python, "-c", LOCATE_PY, package])
 
 
-def find_dist_info(root: str, stem: str, *, maxdepth: int | None = None) -> list[str]:
+def find_dist_info(root: str, stem: str, *, maxdepth: int | None = None) -> Read:
     """Directories named ``<stem>-*.dist-info`` under ``root`` (one filesystem; ``maxdepth`` limits depth)."""
     depth = ["-maxdepth", str(maxdepth)] if maxdepth is not None else ["-xdev"]
-    return ["find", root, *depth, "-type", "d", "-name", f"{stem}-*.dist-info"]
+    return Read(["find", root, *depth, "-type", "d", "-name", f"{stem}-*.dist-info"])
 
 
-def find_files(paths: Sequence[str]) -> list[str]:
+def find_files(paths: Sequence[str]) -> Read:
     """Every regular file under ``paths``."""
-    return ["find", *paths, "-type", "f"]
+    return Read(["find", *paths, "-type", "f"])
 
 
-def sha256sum(paths: Sequence[str]) -> list[str]:
+def sha256sum(paths: Sequence[str]) -> Read:
     """sha256 of each path (``sha256sum`` lines: digest, two spaces, path)."""
-    return ["sha256sum", *paths]
+    return Read(["sha256sum", *paths])
 
 
-def base64(path: str) -> list[str]:
+def base64(path: str) -> Read:
     """A file's bytes as base64 text (byte-exact transport through a text channel)."""
-    return ["base64", path]
+    return Read(["base64", path])
 
 
-def cat(path: str) -> list[str]:
+def cat(path: str) -> Read:
     """Print a file."""
-    return ["cat", path]
+    return Read(["cat", path])

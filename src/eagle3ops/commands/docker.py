@@ -2,51 +2,64 @@
 
 from __future__ import annotations
 
+from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig
 
 
 def docker(host: HostConfig, *args: str) -> list[str]:
-    """``docker [-H endpoint] ARGS...`` for the host's Docker endpoint (``docker_host`` in the inventory)."""
+    """``docker [-H endpoint] ARGS...`` for the host's Docker endpoint (``docker_host`` in the inventory): the
+    prefix the builders below start from, untyped (an executor runs only what a builder typed :class:`Read`; a
+    plain list counts as a change)."""
     base = ["docker"]
     if host.docker_host:
         base += ["-H", host.docker_host]
     return base + list(args)
 
 
-def version(host: HostConfig) -> list[str]:
+def version(host: HostConfig) -> Read:
     """Server version (proves the engine answers)."""
-    return docker(host, "version", "--format", "{{.Server.Version}}")
+    return Read(docker(host, "version", "--format", "{{.Server.Version}}"))
 
 
-def image_id(host: HostConfig, image: str) -> list[str]:
+def image_id(host: HostConfig, image: str) -> Read:
     """Print the image id (``sha256:<config digest>``) of ``image``; exits non-zero when absent."""
-    return docker(host, "image", "inspect", "--format", "{{.Id}}", image)
+    return Read(docker(host, "image", "inspect", "--format", "{{.Id}}", image))
 
 
-def inspect_container(host: HostConfig, name: str) -> list[str]:
+def inspect_container(host: HostConfig, name: str) -> Read:
     """Full ``docker inspect`` JSON of a container (its spec and state)."""
-    return docker(host, "container", "inspect", name)
+    return Read(docker(host, "container", "inspect", name))
 
 
-def container_status(host: HostConfig, name: str) -> list[str]:
+def container_status(host: HostConfig, name: str) -> Read:
     """Print a container's state (``created``, ``running``, ``restarting``, ``exited``, ``dead``...); exits
     non-zero with ``No such object`` on stderr when it does not exist."""
-    return docker(host, "container", "inspect", "--format", "{{.State.Status}}", name)
+    return Read(docker(host, "container", "inspect", "--format", "{{.State.Status}}", name))
 
 
-def logs(host: HostConfig, name: str, *, follow: bool = False, tail: int | None = None) -> list[str]:
+def inspect_format(host: HostConfig, name: str, fmt: str, *, kind: str = "") -> Read:
+    """``docker [KIND] inspect --format FMT NAME``: one Go template over an object's inspect JSON; exits non-zero
+    when it does not exist.
+
+    Args:
+        kind: ``""`` (any object: container or image, as ``docker inspect``), ``"container"`` or ``"image"``.
+    """
+    return Read(docker(host, *([kind] if kind else []), "inspect", "--format", fmt, name))
+
+
+def logs(host: HostConfig, name: str, *, follow: bool = False, tail: int | None = None) -> Read:
     """Container logs (stdout+stderr)."""
     args = ["logs"]
     if follow:
         args.append("--follow")
     if tail is not None:
         args += ["--tail", str(tail)]
-    return docker(host, *args, name)
+    return Read(docker(host, *args, name))
 
 
-def rm(host: HostConfig, name: str, *, force: bool = False) -> list[str]:
+def rm(host: HostConfig, name: str, *, force: bool = False) -> Change:
     """Remove a container."""
-    return docker(host, "rm", *(["--force"] if force else []), name)
+    return Change(docker(host, "rm", *(["--force"] if force else []), name))
 
 
 def socket_path(host: HostConfig) -> str:
@@ -64,28 +77,28 @@ def socket_path(host: HostConfig) -> str:
     return ep[len("unix://"):]
 
 
-def tag(host: HostConfig, source: str, target: str) -> list[str]:
+def tag(host: HostConfig, source: str, target: str) -> Change:
     """Give image ``source`` (id or reference) the additional reference ``target``."""
-    return docker(host, "tag", source, target)
+    return Change(docker(host, "tag", source, target))
 
 
-def rmi(host: HostConfig, *images: str) -> list[str]:
+def rmi(host: HostConfig, *images: str) -> Change:
     """Remove images (ids or references); untagged images that other images use fail without harm."""
-    return docker(host, "image", "rm", *images)
+    return Change(docker(host, "image", "rm", *images))
 
 
-def image_ids(host: HostConfig | None = None) -> list[str]:
+def image_ids(host: HostConfig | None = None) -> Read:
     """Full ids of the engine's images, one per line (``docker image ls -q --no-trunc``).
 
     Args:
         host: the inventory entry whose engine is asked (``docker_host``); None: the local client's default engine.
     """
-    return (docker(host, *_IMAGE_LS) if host is not None else ["docker", *_IMAGE_LS])
+    return (Read(docker(host, *_IMAGE_LS) if host is not None else ["docker", *_IMAGE_LS]))
 
 
-def inspect_images(host: HostConfig | None, ids: list[str]) -> list[str]:
+def inspect_images(host: HostConfig | None, ids: list[str]) -> Read:
     """``docker image inspect`` JSON (a list) of ``ids`` on the engine of ``host`` (None: the local default)."""
-    return docker(host, "image", "inspect", *ids) if host is not None else ["docker", "image", "inspect", *ids]
+    return Read(docker(host, "image", "inspect", *ids) if host is not None else ["docker", "image", "inspect", *ids])
 
 
 _IMAGE_LS = ("image", "ls", "-q", "--no-trunc")

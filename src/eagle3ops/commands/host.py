@@ -1,92 +1,93 @@
 """Plain host commands (files, disk, GPUs) as argv lists; POSIX tools only, no shell strings."""
 
 from __future__ import annotations
+from eagle3ops.commands.types import Change, Read
 
 
-def mkdir_p(path: str) -> list[str]:
+def mkdir_p(path: str) -> Change:
     """Create a directory and its parents."""
-    return ["mkdir", "-p", path]
+    return Change(["mkdir", "-p", path])
 
 
-def mkdir_atomic(path: str) -> list[str]:
+def mkdir_atomic(path: str) -> Change:
     """Create one directory, failing if it exists: the atomic test-and-set behind the deploy lock."""
-    return ["mkdir", path]
+    return Change(["mkdir", path])
 
 
-def write_file(path: str) -> list[str]:
+def write_file(path: str) -> Change:
     """Write standard input to ``path`` (``tee``; the caller discards stdout)."""
-    return ["tee", path]
+    return Change(["tee", path])
 
 
-def append_file(path: str) -> list[str]:
+def append_file(path: str) -> Change:
     """Append standard input to ``path``."""
-    return ["tee", "-a", path]
+    return Change(["tee", "-a", path])
 
 
-def cat(path: str) -> list[str]:
+def cat(path: str) -> Read:
     """Print a file."""
-    return ["cat", path]
+    return Read(["cat", path])
 
 
-def cat_if_exists(path: str) -> list[str]:
+def cat_if_exists(path: str) -> Read:
     """Print a file, or nothing on stdout when it is missing (``find`` then exits 1 with a message on stderr: run
     it with ``check=False`` and test stdout)."""
-    return ["find", path, "-maxdepth", "0", "-type", "f", "-exec", "cat", "{}", "+"]
+    return Read(["find", path, "-maxdepth", "0", "-type", "f", "-exec", "cat", "{}", "+"])
 
 
-def tail_from(path: str, line: int) -> list[str]:
+def tail_from(path: str, line: int) -> Read:
     """Print ``path`` from 1-based line ``line`` on (journal polling)."""
-    return ["tail", "-n", f"+{line}", path]
+    return Read(["tail", "-n", f"+{line}", path])
 
 
-def line_count(path: str) -> list[str]:
+def line_count(path: str) -> Read:
     """``wc -l``: number of lines of a file (first field of stdout)."""
-    return ["wc", "-l", "--", path]
+    return Read(["wc", "-l", "--", path])
 
 
-def test_dir(path: str) -> list[str]:
+def test_dir(path: str) -> Read:
     """Exit 0 when ``path`` is a directory."""
-    return ["test", "-d", path]
+    return Read(["test", "-d", path])
 
 
-def mv(src: str, dest: str) -> list[str]:
+def mv(src: str, dest: str) -> Change:
     """Rename ``src`` to ``dest`` (no overwrite prompts)."""
-    return ["mv", "-f", "--", src, dest]
+    return Change(["mv", "-f", "--", src, dest])
 
 
-def rm_rf(path: str) -> list[str]:
+def rm_rf(path: str) -> Change:
     """Remove a path recursively."""
-    return ["rm", "-rf", "--", path]
+    return Change(["rm", "-rf", "--", path])
 
 
-def free_bytes(path: str) -> list[str]:
+def free_bytes(path: str) -> Read:
     """POSIX ``df -Pk``: free 1024-byte blocks of the filesystem holding ``path`` (4th column of line 2)."""
-    return ["df", "-Pk", path]
+    return Read(["df", "-Pk", path])
 
 
-def gpu_compute_pids() -> list[str]:
+def gpu_compute_pids() -> Read:
     """``nvidia-smi``: the pids of processes holding GPU memory, one per line (empty: every GPU released)."""
-    return ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]
+    return Read(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"])
 
 
-def gpu_list() -> list[str]:
+def gpu_list() -> Read:
     """``nvidia-smi -L``: one line per visible GPU."""
-    return ["nvidia-smi", "-L"]
+    return Read(["nvidia-smi", "-L"])
 
 
-def cpuinfo() -> list[str]:
+def cpuinfo() -> Read:
     """The host's ``/proc/cpuinfo`` (CPU feature flags: which attention kernel vLLM's CPU build will take)."""
-    return ["cat", "/proc/cpuinfo"]
+    return Read(["cat", "/proc/cpuinfo"])
 
 
-def whoami() -> list[str]:
+def whoami() -> Read:
     """The SSH login user (for lock and audit entries)."""
-    return ["id", "-un"]
+    return Read(["id", "-un"])
 
 
-def ls(path: str) -> list[str]:
+def ls(path: str) -> Read:
     """List a directory, one name per line."""
-    return ["ls", "-1", path]
+    return Read(["ls", "-1", path])
 
 
 def parse_df_free_bytes(output: str) -> int:
@@ -101,11 +102,11 @@ def parse_df_free_bytes(output: str) -> int:
     return int(lines[-1].split()[3]) * 1024
 
 
-def file_sizes(path: str) -> list[str]:
+def file_sizes(path: str) -> Read:
     """POSIX ``find … -exec wc -c``: the size in bytes of every regular file under ``path``, one ``<bytes> <path>``
     line each (plus a ``total`` line per batch); nothing on stdout and exit 1 when ``path`` does not exist (run it
     with ``check=False``). Parse with :func:`parse_file_sizes`."""
-    return ["find", path, "-type", "f", "-exec", "wc", "-c", "{}", "+"]
+    return Read(["find", path, "-type", "f", "-exec", "wc", "-c", "{}", "+"])
 
 
 def parse_file_sizes(output: str, root: str) -> dict[str, int]:

@@ -9,23 +9,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from eagle3ops.commands.types import Change, Read
+
 __all__ = ["buildkit_build", "buildx_probe", "client_version", "debootstrap", "docker_import", "tar_rootfs"]
 
 
-def client_version(cli: str) -> list[str]:
+def client_version(cli: str) -> Read:
     """The docker client's own version (``23.0.1``...)."""
-    return [cli, "version", "--format", "{{.Client.Version}}"]
+    return Read([cli, "version", "--format", "{{.Client.Version}}"])
 
 
-def buildx_probe(cli: str) -> list[str]:
+def buildx_probe(cli: str) -> Read:
     """Exit 0 when the buildx plugin is installed for ``cli``."""
-    return [cli, "buildx", "version"]
+    return Read([cli, "buildx", "version"])
 
 
 def buildkit_build(prefix: Sequence[str], *, context: Path, dockerfile: str, tag: str, iidfile: Path,
                    extra_tags: Sequence[str] = (), no_cache: bool = False,
                    build_args: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
-                   ca_bundle: Path | None = None) -> list[str]:
+                   ca_bundle: Path | None = None) -> Change:
     """A BuildKit build on the host network with plain progress: ``prefix`` is ``[cli, "buildx", "build",
     "--load"]`` or ``[cli, "build"]`` (with ``DOCKER_BUILDKIT=1``); the CA bundle goes in as secret ``ca`` (never a
     layer); the image id is written to ``iidfile``."""
@@ -41,19 +43,19 @@ def buildkit_build(prefix: Sequence[str], *, context: Path, dockerfile: str, tag
         argv += ["--label", f"{k}={v}"]
     if ca_bundle is not None:
         argv += ["--secret", f"id=ca,src={ca_bundle}"]
-    return [*argv, str(context)]
+    return Change([*argv, str(context)])
 
 
-def debootstrap(root: Path, suite: str, include: Sequence[str], mirror: str) -> list[str]:
+def debootstrap(root: Path, suite: str, include: Sequence[str], mirror: str) -> Change:
     """A minimal Debian ``suite`` root file system in ``root`` (variant minbase, plus ``include``)."""
-    return ["debootstrap", "--variant=minbase", f"--include={','.join(include)}", suite, str(root), mirror]
+    return Change(["debootstrap", "--variant=minbase", f"--include={','.join(include)}", suite, str(root), mirror])
 
 
-def tar_rootfs(root: Path) -> list[str]:
+def tar_rootfs(root: Path) -> Read:
     """``root`` as a tar stream on stdout (numeric owners)."""
-    return ["tar", "--numeric-owner", "-C", str(root), "-c", "."]
+    return Read(["tar", "--numeric-owner", "-C", str(root), "-c", "."])
 
 
-def docker_import(tag: str) -> list[str]:
+def docker_import(tag: str) -> Change:
     """Import a root file system tar from stdin as image ``tag``."""
-    return ["docker", "import", "-c", "ENV LANG=C.UTF-8", "-", tag]
+    return Change(["docker", "import", "-c", "ENV LANG=C.UTF-8", "-", tag])

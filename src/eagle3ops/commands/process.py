@@ -30,6 +30,7 @@ never asks for the stop (it failed before it), the agent exits having stopped no
 from __future__ import annotations
 
 from eagle3ops.commands.docker import docker
+from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig
 
 #: Seconds the agent waits for the supervisor's stop request before it exits without stopping anything.
@@ -138,15 +139,15 @@ def process_dir(window_dir: str) -> str:
     return f"{window_dir}/process"
 
 
-def find_process(pattern: str) -> list[str]:
+def find_process(pattern: str) -> Read:
     """``pgrep -o -f PATTERN``: the pid of the oldest process whose command line matches ``pattern`` (an extended
     regular expression); vLLM's engine processes are its children, so the oldest is the server."""
-    return ["pgrep", "-o", "-f", pattern]
+    return Read(["pgrep", "-o", "-f", pattern])
 
 
-def my_uid() -> list[str]:
+def my_uid() -> Read:
     """``id -u``: the SSH user's uid."""
-    return ["id", "-u"]
+    return Read(["id", "-u"])
 
 
 _RECORD_SH = r"""
@@ -157,15 +158,15 @@ mkdir -p "$d" && cat "/proc/$pid/cmdline" > "$d/cmdline.nul" && cat "/proc/$pid/
 """
 
 
-def record_process(pid: int, pdir: str) -> list[str]:
+def record_process(pid: int, pdir: str) -> Change:
     """Record the running serving process ``pid`` into ``pdir`` (read as the SSH user, who must own the process):
     ``cmdline.nul`` and ``environ.nul`` byte for byte from ``/proc/<pid>/``, ``cwd``, ``uid`` (real uid from
     ``/proc/<pid>/status``) and ``pid``. Prints the command line, one argument per line."""
-    return ["sh", "-c", _RECORD_SH, "eagle3ops-record", str(pid), pdir]
+    return Change(["sh", "-c", _RECORD_SH, "eagle3ops-record", str(pid), pdir])
 
 
 def start_agent(host: HostConfig, *, pdir: str, pid: int, stop_timeout_s: int, supervisor: str,
-                limit_s: float) -> list[str]:
+                limit_s: float) -> Change:
     """Start the restore agent (:data:`AGENT_SH`) detached on the host (``setsid nohup``, all output to
     ``<pdir>/agent.log``), so that it outlives the SSH session and the driver.
 
@@ -178,9 +179,9 @@ def start_agent(host: HostConfig, *, pdir: str, pid: int, stop_timeout_s: int, s
     """
     launcher = ('a=$1; shift; setsid nohup sh -c "$a" eagle3ops-restore-agent "$@" </dev/null '
                 '>>"$1/agent.log" 2>&1 &')
-    return ["sh", "-c", launcher, "eagle3ops-launch", AGENT_SH, pdir, str(pid), str(stop_timeout_s), supervisor,
+    return Change(["sh", "-c", launcher, "eagle3ops-launch", AGENT_SH, pdir, str(pid), str(stop_timeout_s), supervisor,
             str(int(limit_s)), str(AGENT_STOP_WAIT_S), str(AGENT_MISSING_GRACE_S), str(GPU_RELEASE_WAIT_S),
-            *docker(host)]
+            *docker(host)])
 
 
 def stop_preview(pid: int, stop_timeout_s: int) -> list[str]:

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from eagle3ops.commands.docker import docker
+from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig, ServingConfig
 
 ROLE_LABEL = "io.eagle3ops.role"
@@ -42,7 +43,7 @@ def default_name(s: ServingConfig) -> str:
     return f"{s.compose_project}-{s.compose_service}-1" if s.kind == "compose" else s.container
 
 
-def find_container_argv(host: HostConfig) -> list[str]:
+def find_container_argv(host: HostConfig) -> Read:
     """``docker ps -a`` argv printing the name(s) of the serving container(s) (one name per line).
 
     Kind ``container``: filtered by name (exact match); kind ``compose``: by the Compose project/service labels.
@@ -54,7 +55,7 @@ def find_container_argv(host: HostConfig) -> list[str]:
                    "--filter", f"label={COMPOSE_ONEOFF_LABEL}=False"]
     else:
         filters = ["--filter", f"name=^/?{re.escape(s.container)}$"]  # Docker matches names as a regexp
-    return docker(host, "ps", "--all", *filters, "--format", "{{.Names}}")
+    return Read(docker(host, "ps", "--all", *filters, "--format", "{{.Names}}"))
 
 
 def _gpu_request(gpus: str | int) -> list[dict[str, Any]]:
@@ -90,7 +91,7 @@ def container_spec(host: HostConfig, *, release: int) -> dict[str, Any]:
     return spec
 
 
-def run_argv(host: HostConfig, spec: dict[str, Any], *, remove: bool = False) -> list[str]:
+def run_argv(host: HostConfig, spec: dict[str, Any], *, remove: bool = False) -> Change:
     """``docker run -d`` argv equivalent to ``spec`` (see :func:`container_spec`; stage containers:
     :func:`eagle3ops.commands.stages.stage_spec`). ``remove``: ``docker run --rm`` instead (attached, removed on
     exit: preflight's throwaway stage container)."""
@@ -131,7 +132,7 @@ def run_argv(host: HostConfig, spec: dict[str, Any], *, remove: bool = False) ->
         cmd_prefix = ep[1:]
     else:
         cmd_prefix = []
-    return docker(host, *argv, spec["image"], *cmd_prefix, *spec.get("command", []))
+    return Change(docker(host, *argv, spec["image"], *cmd_prefix, *spec.get("command", [])))
 
 
 # ---- releases: the live container plus the intended change --------------------------------------------------------
@@ -257,14 +258,14 @@ def create_request(record: dict[str, Any], *, image: str | None = None) -> tuple
     return body, nets
 
 
-def record_run_argv(host: HostConfig, record: dict[str, Any]) -> list[str]:
+def record_run_argv(host: HostConfig, record: dict[str, Any]) -> Change:
     """A readable ``docker run`` line for a recreated container (``--dry-run``): name, image and command; the
     engine gets every other setting of the record from the supervisor, unchanged."""
     cfg = record.get("Config") or {}
     ep = list(cfg.get("Entrypoint") or [])
-    return docker(host, "run", "--detach", "--name", record.get("Name") or "?",
+    return Change(docker(host, "run", "--detach", "--name", record.get("Name") or "?",
                   "<every other Config/HostConfig setting of the recorded container, unchanged>",
-                  *(["--entrypoint", ep[0]] if ep else []), cfg.get("Image") or "?", *ep[1:], *(cfg.get("Cmd") or []))
+                  *(["--entrypoint", ep[0]] if ep else []), cfg.get("Image") or "?", *ep[1:], *(cfg.get("Cmd") or [])))
 
 
 def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:

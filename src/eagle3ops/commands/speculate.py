@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from eagle3ops.commands.docker import docker
+from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig
 
 #: Where a speculative release sees its draft head (read-only bind mount).
@@ -15,7 +16,7 @@ HEAD_MOUNT = "/eagle3ops/draft"
 
 
 def gate_helper(host: HostConfig, image: str, action: str, *, head_dir: str | None = None,
-                run_dir: str | None = None) -> list[str]:
+                run_dir: str | None = None) -> Read:
     """``docker run --rm -i --network host`` of ``python3 -m eagle3ops.speculate.onhost ACTION`` in ``image`` (the
     pipeline image), reading its request on stdin.
 
@@ -33,12 +34,12 @@ def gate_helper(host: HostConfig, image: str, action: str, *, head_dir: str | No
         if run_dir:
             argv += ["--volume", f"{run_dir}:/run:ro"]
     argv += ["--label", "io.eagle3ops.role=speculate-gate", image, "-m", "eagle3ops.speculate.onhost", action]
-    return docker(host, *argv)
+    return Read(docker(host, *argv))
 
 
-def untar_into(path: str) -> list[str]:
+def untar_into(path: str) -> Change:
     """Unpack a tar stream from stdin into ``path`` (an uploaded head)."""
-    return ["tar", "-x", "-f", "-", "-C", path, "--no-same-owner"]
+    return Change(["tar", "-x", "-f", "-", "-C", path, "--no-same-owner"])
 
 
 def speculative_args(*, num_speculative_tokens: int, cpu: bool) -> list[str]:

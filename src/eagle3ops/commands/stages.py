@@ -6,6 +6,7 @@ from typing import Any
 
 from eagle3ops.commands.docker import docker, socket_path
 from eagle3ops.commands.serving import run_argv
+from eagle3ops.commands.types import Change
 from eagle3ops.config import HostConfig
 
 #: Where the host's data_dir appears inside stage containers.
@@ -103,11 +104,11 @@ def probe_spec(host: HostConfig, *, image: str, run: str, window_id: str, stage:
     return spec
 
 
-def probe_argv(host: HostConfig, spec: dict[str, Any]) -> list[str]:
+def probe_argv(host: HostConfig, spec: dict[str, Any]) -> Change:
     """``docker run --rm`` argv of preflight's throwaway container (:func:`probe_spec`): the argv the stage
     container's spec gives (:func:`eagle3ops.commands.serving.run_argv`, the one builder for both), attached and
     removed on exit instead of detached."""
-    return run_argv(host, spec, remove=True)
+    return Change(run_argv(host, spec, remove=True))
 
 
 def supervisor_name(window_id: str) -> str:
@@ -119,7 +120,7 @@ def supervisor_name(window_id: str) -> str:
 SUPERVISOR_STOP_TIMEOUT_S = 120
 
 
-def supervisor_argv(host: HostConfig, *, image: str, window_id: str, plan_path: str) -> list[str]:
+def supervisor_argv(host: HostConfig, *, image: str, window_id: str, plan_path: str) -> Change:
     """``docker run -d`` argv that starts the host-side supervisor for a window.
 
     The supervisor gets the engine socket, the state and data dirs at the same paths as on the host, host
@@ -130,7 +131,7 @@ def supervisor_argv(host: HostConfig, *, image: str, window_id: str, plan_path: 
     # The secret file of the serving API key (if any), read-only at the same path: the gate reads it on the host.
     secret = host.serving.api_key_file
     secret_mount = ["--volume", f"{secret}:{secret}:ro"] if secret else []
-    return docker(
+    return Change(docker(
         host, "run", "--detach", "--name", supervisor_name(window_id), "--network", "host",
         "--restart", "on-failure:5",
         # On `docker stop` the supervisor stops the running stage (up to 10 s) and restores serving before it exits.
@@ -143,4 +144,4 @@ def supervisor_argv(host: HostConfig, *, image: str, window_id: str, plan_path: 
         "--env", "PYTHONUNBUFFERED=1",
         "--entrypoint", "python3",
         image, "-m", "eagle3ops.supervisor", plan_path,
-    )
+    ))

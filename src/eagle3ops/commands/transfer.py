@@ -10,6 +10,7 @@ place.
 from __future__ import annotations
 
 from eagle3ops.commands.docker import docker
+from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig
 
 #: Separator line between ``docker info`` and the image list in :func:`inventory`'s output.
@@ -28,25 +29,25 @@ INVENTORY_SCRIPT = (
 
 
 # --- on the host -------------------------------------------------------------------------------------------------
-def inventory(host: HostConfig) -> list[str]:
+def inventory(host: HostConfig) -> Read:
     """What the host's engine holds, in one command: ``docker info`` (JSON), :data:`INVENTORY_SEPARATOR`, then one
     line per image: ``<id>\\t<RootFS.Layers JSON>\\t<Labels JSON>``. Exits :data:`INVENTORY_NO_ENGINE` when the
     engine does not answer; an image deleted between listing and inspecting makes it exit 1 with the others
     printed."""
-    return ["sh", "-c", INVENTORY_SCRIPT, "eagle3ops-inventory", *docker(host)]
+    return Read(["sh", "-c", INVENTORY_SCRIPT, "eagle3ops-inventory", *docker(host)])
 
 
-def has_zstd() -> list[str]:
+def has_zstd() -> Read:
     """Exits 0 when ``zstd`` is on the host's PATH (needed to receive zstd streams)."""
-    return ["sh", "-c", "command -v zstd"]
+    return Read(["sh", "-c", "command -v zstd"])
 
 
-def discard() -> list[str]:
+def discard() -> Read:
     """Read standard input to the end and throw it away (the link probe's sink)."""
-    return ["sh", "-c", "cat >/dev/null"]
+    return Read(["sh", "-c", "cat >/dev/null"])
 
 
-def load(host: HostConfig, codec: str = "none", load_argv: list[str] | None = None) -> list[str]:
+def load(host: HostConfig, codec: str = "none", load_argv: list[str] | None = None) -> Change:
     """``docker load`` reading an archive on standard input.
 
     Args:
@@ -57,18 +58,18 @@ def load(host: HostConfig, codec: str = "none", load_argv: list[str] | None = No
     argv = list(load_argv) if load_argv else docker(host, "load")
     if codec == "zstd":
         argv = ["sh", "-c", 'zstd -d -q -c | "$@"', "eagle3ops-load", *argv]
-    return argv
+    return Change(argv)
 
 
-def image_id_and_layers(host: HostConfig, ref: str) -> list[str]:
+def image_id_and_layers(host: HostConfig, ref: str) -> Read:
     """Print ``<image id> <RootFS.Layers as JSON>`` of ``ref``; exits non-zero when the image is absent."""
-    return docker(host, "image", "inspect", "--format", "{{.Id}} {{json .RootFS.Layers}}", ref)
+    return Read(docker(host, "image", "inspect", "--format", "{{.Id}} {{json .RootFS.Layers}}", ref))
 
 
-def listed_image_ids(host: HostConfig) -> list[str]:
+def listed_image_ids(host: HostConfig) -> Read:
     """Full ids of every image ``docker image ls -a`` lists, one per line (on the containerd store: only images
     whose content is complete)."""
-    return docker(host, "image", "ls", "-a", "-q", "--no-trunc")
+    return Read(docker(host, "image", "ls", "-a", "-q", "--no-trunc"))
 
 
 # --- on the build machine -----------------------------------------------------------------------------------------
@@ -77,22 +78,22 @@ def local_docker(docker_host: str | None, *args: str) -> list[str]:
     return ["docker"] + (["-H", docker_host] if docker_host else []) + list(args)
 
 
-def local_info(docker_host: str | None = None) -> list[str]:
+def local_info(docker_host: str | None = None) -> Read:
     """``docker info`` of the build engine as one JSON document."""
-    return local_docker(docker_host, "info", "--format", "{{json .}}")
+    return Read(local_docker(docker_host, "info", "--format", "{{json .}}"))
 
 
-def local_inspect(docker_host: str | None, ref: str) -> list[str]:
+def local_inspect(docker_host: str | None, ref: str) -> Read:
     """``docker image inspect`` of ``ref`` on the build engine (a JSON list of one)."""
-    return local_docker(docker_host, "image", "inspect", ref)
+    return Read(local_docker(docker_host, "image", "inspect", ref))
 
 
-def local_save(docker_host: str | None, image: str) -> list[str]:
+def local_save(docker_host: str | None, image: str) -> Read:
     """``docker save`` of ``image`` from the build engine (a tar on standard output)."""
-    return local_docker(docker_host, "save", image)
+    return Read(local_docker(docker_host, "save", image))
 
 
-def zstd_compress(level: int, *, threads: bool = True, long: bool = False) -> list[str]:
+def zstd_compress(level: int, *, threads: bool = True, long: bool = False) -> Read:
     """``zstd`` compressing standard input to standard output at ``level``; ``threads`` uses every core
     (``-T0``), ``long`` enables long-distance matching with a 128 MiB window (``--long=27``)."""
-    return ["zstd", "-q", "-c", f"-{level}"] + (["-T0"] if threads else []) + (["--long=27"] if long else [])
+    return Read(["zstd", "-q", "-c", f"-{level}"] + (["-T0"] if threads else []) + (["--long=27"] if long else []))

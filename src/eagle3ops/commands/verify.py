@@ -9,6 +9,7 @@ from typing import Any
 
 from eagle3ops.commands.docker import docker
 from eagle3ops.commands.stages import stage_spec
+from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig
 
 
@@ -52,9 +53,9 @@ def run_options(spec: dict[str, Any]) -> list[str]:
 PROBE_GPU_FRACTION = 0.5
 
 
-def gpu_memory() -> list[str]:
+def gpu_memory() -> Read:
     """``nvidia-smi`` query of each GPU's index, used and total memory (MiB), one CSV line per GPU."""
-    return ["nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits"]
+    return Read(["nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits"])
 
 
 def parse_gpu_memory(output: str) -> list[tuple[int, int, int]]:
@@ -81,7 +82,7 @@ def pick_gpu(rows: list[tuple[int, int, int]], fraction: float = PROBE_GPU_FRACT
     return best[0]
 
 
-def engine_check_argv(host: HostConfig, *, image: str, image_id: str, gpu: int | None = None) -> list[str]:
+def engine_check_argv(host: HostConfig, *, image: str, image_id: str, gpu: int | None = None) -> Change:
     """``docker run --rm`` of the pipeline image that runs its engine checks (``python3 -m eagle3ops.imagecheck
     host``: every applied patch's probe, on vLLM engines) with the stage containers' settings of this host: all
     GPUs, host IPC and unlimited memlock on a GPU host, the inventory's ``stage_env``, host network. ``image`` is
@@ -90,7 +91,7 @@ def engine_check_argv(host: HostConfig, *, image: str, image_id: str, gpu: int |
     ``CUDA_VISIBLE_DEVICES``."""
     spec = stage_spec(host, image=image, stage="verify", run="verify", window_id="verify")
     pick = ["--env", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "--env", f"CUDA_VISIBLE_DEVICES={gpu}"] if gpu is not None else []
-    return docker(host, "run", "--rm", "--name", container_name(image_id),
+    return Change(docker(host, "run", "--rm", "--name", container_name(image_id),
                   "--label", "io.eagle3ops.role=verify", "--label", f"io.eagle3ops.image={image}",
                   *run_options(spec), *pick, "--entrypoint", "python3", image_id, "-m", "eagle3ops.imagecheck",
-                  "host")
+                  "host"))

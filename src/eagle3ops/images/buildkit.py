@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from eagle3ops import executor
 from eagle3ops.commands import images as ic
 from eagle3ops.config.images import ImageError
 
@@ -85,7 +86,7 @@ def _stream_build(argv: list[str], env: dict[str, str], log_path: Path, quiet: b
     console = Console(stderr=True, highlight=False)
     step = re.compile(r"^#\d+ (\[.*|DONE.*|CACHED|ERROR.*|naming to .*|writing image .*)$")
     with log_path.open("w") as log, console.status("docker build …") as status:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        proc = executor.local().popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, **env}, bufsize=1)
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3ops import executor
 from eagle3ops.config.images import ImageError
 from eagle3ops.images.tags import LABEL_PREFIX, OCI
 
 def docker_client() -> Any:
     """A docker SDK client from the environment (``DOCKER_HOST`` etc.). Raises ImageError when the engine is down."""
-    import docker
-
     try:
-        client = docker.from_env()
+        client = executor.engine()
         client.ping()
     except Exception as exc:  # docker.errors.DockerException and connection errors
         raise ImageError(f"cannot reach the docker engine ({exc}); is dockerd running / DOCKER_HOST right?") from None
@@ -53,14 +51,14 @@ Runner = Callable[[list[str]], Any]
 
 
 def _run_local(argv: list[str]) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return executor.local().run(argv).stdout
 
 
 def list_images(runner: Runner | None = None, *, all_images: bool = False, host: Any = None) -> list[ImageInfo]:
     """eagle3ops images (those with an ``io.eagle3ops.*`` label) on the local engine or, with ``runner``, a host.
 
     ``runner(argv)`` runs a docker command where the images are and returns its stdout (a str, or an object with
-    ``.stdout`` such as :class:`eagle3ops.remote.Result`); e.g. ``lambda argv: Remote(host).run(argv, mutates=False)``.
+    ``.stdout`` such as :class:`eagle3ops.remote.Result`); e.g. ``lambda argv: Remote(host).run(argv)``.
     ``host`` (a :class:`eagle3ops.config.HostConfig`) names the engine the commands address (its ``docker_host``;
     argv from :mod:`eagle3ops.commands.docker`); None: the default engine where ``runner`` runs. Without ``runner``
     the local engine is asked through the docker SDK.
@@ -147,10 +145,8 @@ def find_in_layers(image: str, contents: Sequence[bytes] = (), names: Sequence[s
     """
     import tarfile
 
-    import docker
-
     # the engine prepares the archive before the first byte comes back: allow far more than the 60 s default
-    client = client or docker.from_env(timeout=3600)
+    client = client or executor.engine(timeout=3600)
     skip: set[str] = set()
     if skip_base:
         skip = set(client.images.get(skip_base).attrs["RootFS"]["Layers"])

@@ -24,13 +24,13 @@ import base64
 import datetime as _dt
 import hashlib
 import json
-import subprocess
 import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from eagle3ops import executor
 from eagle3ops.commands import capture as cc
 from eagle3ops.patches.errors import RemoteError, PatchToolError
 from eagle3ops.patches.record import RecordEntry, package_entries, parse_record, top_levels_of
@@ -46,8 +46,8 @@ def local_docker_runner(container: str, *, docker: str = "docker", docker_host: 
     Raises (from the runner): :class:`RemoteError` naming the container, command and stderr.
     """
     def run(argv: list[str]) -> str:
-        proc = subprocess.run(cc.docker_exec(container, argv, docker=docker, docker_host=docker_host),
-                              capture_output=True, check=False)
+        proc = executor.local().run(cc.docker_exec(container, argv, docker=docker, docker_host=docker_host),
+                                    check=False, text=False)
         if proc.returncode != 0:
             raise RemoteError(
                 f"in container {container}: {' '.join(argv[:3])}... exited {proc.returncode}: "
@@ -60,12 +60,12 @@ def local_docker_runner(container: str, *, docker: str = "docker", docker_host: 
 
 
 def remote_docker_runner(remote: object, container: str, *, docker_host: str | None = None) -> Runner:
-    """Wrap an :class:`eagle3ops.remote.Remote` (``.run(argv, check=True, mutates=False) -> Result`` with
+    """Wrap an :class:`eagle3ops.remote.Remote` (``.run(argv, check=True) -> Result`` with
     ``.stdout``) into a runner that executes ``docker [-H docker_host] exec <container> argv...`` on that host.
-    Quoting is done once, by ``Remote``; every command here only reads (``mutates=False``)."""
+    Quoting is done once, by ``Remote``; every command here only reads (``docker_exec`` builds a ``Read``)."""
     def run(argv: list[str]) -> str:
         try:
-            res = remote.run(cc.docker_exec(container, argv, docker_host=docker_host), check=True, mutates=False)  # type: ignore[attr-defined]
+            res = remote.run(cc.docker_exec(container, argv, docker_host=docker_host), check=True)  # type: ignore[attr-defined]
         except PatchToolError:
             raise
         except Exception as e:  # noqa: BLE001 - the executor's own error type; keep its message

@@ -315,13 +315,13 @@ def _runner(host: str, container: str, docker_host: str | None, inventory: Path 
     if host == "local":
         return local_docker_runner(container, docker_host=docker_host)
     from eagle3ops.config import DEFAULT_INVENTORY, ConfigError, load_inventory
-    from eagle3ops.remote import Remote
+    from eagle3ops import executor
 
     try:
         hc = load_inventory(inventory or DEFAULT_INVENTORY).host(host)
     except ConfigError as e:
         raise PatchToolError(str(e), fix="pass --inventory or HOST=local") from None
-    return remote_docker_runner(Remote(hc), container, docker_host=docker_host or hc.docker_host)
+    return remote_docker_runner(executor.for_host(hc), container, docker_host=docker_host or hc.docker_host)
 
 
 InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", help="inventory file (default deploy/hosts.yaml)")]

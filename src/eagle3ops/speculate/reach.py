@@ -59,7 +59,7 @@ def serving_api_key(r: Any) -> str | None:
     from eagle3ops.commands import host as hc
 
     h = r.host
-    out = r.run(dk.inspect_container(h, h.serving.container), check=False, mutates=False)
+    out = r.run(dk.inspect_container(h, h.serving.container), check=False)
     if out.ok and out.stdout.strip():
         try:
             key = health.api_key_from_inspect(json.loads(out.stdout)[0])
@@ -68,7 +68,7 @@ def serving_api_key(r: Any) -> str | None:
         if key:
             return key
     if h.serving.api_key_file:
-        got = r.run(hc.cat_if_exists(h.serving.api_key_file), check=False, mutates=False).stdout
+        got = r.run(hc.cat_if_exists(h.serving.api_key_file), check=False).stdout
         lines = [x.strip() for x in got.splitlines() if x.strip()]
         if not lines:
             raise RegenerateError(f"{h.name}: cannot read the API key file {h.serving.api_key_file} named by "
@@ -185,7 +185,7 @@ def host_relay(r: Any, image: str, api_key: str | None, settings: GenSettings) -
                     on_row(json.loads(line[len(ROW_MARK):]))
 
         res = r.run(sc.gate_helper(r.host, image, "regenerate"), stdin=json.dumps(req), stream=stream,
-                    check=False, timeout=bound, mutates=False)
+                    check=False, timeout=bound)
         try:
             ans = parse_answer(res.stdout)
         except ValueError:
@@ -223,7 +223,7 @@ def _deployed_image(r: Any) -> str | None:
 
     if r.host.pipeline_image:
         return str(r.host.pipeline_image)
-    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False, mutates=False).stdout
+    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False).stdout
     try:
         return json.loads(out)["image"] if out.strip() else None
     except (ValueError, KeyError, TypeError):

@@ -139,7 +139,7 @@ def measure_on_host(r: Any, image: str, prompts: list[str], levels: list[int], m
     req = {"base_url": f"http://127.0.0.1:{s.port}", "model": s.served_model_name, "prompts": prompts,
            "levels": levels, "max_tokens": max_tokens, "request_timeout_s": request_timeout_s, "idle_timeout_s": 120}
     res = r.run(sc.gate_helper(r.host, image, "measure"), stdin=json.dumps(req), check=False,
-                timeout=120 + len(levels) * (request_timeout_s + 150), mutates=False)
+                timeout=120 + len(levels) * (request_timeout_s + 150))
     try:
         ans = parse_answer(res.stdout)
     except ValueError as e:
@@ -167,12 +167,12 @@ def _sum(deltas: list[SpecDelta]) -> SpecDelta:
 def _current_release(r: Any) -> int | None:
     from eagle3ops.window.common import paths
 
-    out = r.run(hc.cat_if_exists(f"{paths(r.host)['releases']}/current"), check=False, mutates=False)
+    out = r.run(hc.cat_if_exists(f"{paths(r.host)['releases']}/current"), check=False)
     return int(out.stdout.strip()) if out.stdout.strip().isdigit() else None
 
 
 def _ensure_image(r: Any, image: str, echo: Callable[[str], None], push: Callable[[str, Any], str]) -> str:
-    if r.run(dk.image_id(r.host, image), check=False, mutates=False).ok:
+    if r.run(dk.image_id(r.host, image), check=False).ok:
         return "present"
     echo(f"pushing {image} to {r.host.name}")
     return push(image, r.host)
@@ -231,11 +231,11 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
         echo(f"# dry run: {opts.head} would be uploaded to {head_dir} and checked against {h.model_path}")
         return _dry_release(r, opts, head_dir, 3, image, run_window, on_event)
-    mount_run = r.run(hc.test_dir(run_dir), check=False, mutates=False).ok
+    mount_run = r.run(hc.test_dir(run_dir), check=False).ok
     res = r.run(sc.gate_helper(h, opts.pipeline_image, "inspect", head_dir=head_dir,
                                run_dir=run_dir if mount_run else None),
                 stdin=json.dumps({"gate": [{"id": p.id, "text": p.text} for p in gate]}), check=False,
-                timeout=INSPECT_TIMEOUT_S, mutates=False)
+                timeout=INSPECT_TIMEOUT_S)
     try:
         info = parse_answer(res.stdout)
     except ValueError:

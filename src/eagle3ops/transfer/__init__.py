@@ -63,7 +63,8 @@ Modules, one job each (imports run downwards only):
 ``sshconfig``      the OpenSSH client config of the bulk path (strict host keys on every hop)
 ``streams``        byte streams into a remote command: OpenSSH subprocess or paramiko channel
 ``compression``    codec chosen by measurement; each layer compressed once for all hosts
-``pusher``         push to one host (plan parts, stream, verify, retry) and fan-out to many
+``plan``           the host's facts (reads) and the pure plan of one host's push (parts, compression, tags)
+``pusher``         push to one host (carry the plan out: stream, verify, retry) and fan-out to many
 ``cli``            ``eagle3ops push``
 =================  ==============================================================================================
 

@@ -117,6 +117,8 @@ def push_command(
     if dry_run:
         for r in results:
             print(f"# {r.host}: {r.status}{': ' + r.reason if r.reason else ''}")
+            if r.push_plan is not None:  # the plan decided from the host's facts, then its commands as run dry
+                print(r.push_plan.summary())
             for line in r.plan:
                 print(line)
     elif (out := Console()).is_terminal:

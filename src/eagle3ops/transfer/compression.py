@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3ops import executor
 from eagle3ops.commands import transfer as tc
 from eagle3ops.transfer.errors import TransferError, TransientTransferError
 from eagle3ops.transfer.limits import WRITE_CHUNK
@@ -98,7 +99,7 @@ class _Spool:
                     self._append(z.compress(chunk))
                 self._append(z.flush())
             else:
-                proc = subprocess.Popen(_zstd_argv(self.comp), stdin=subprocess.PIPE,
+                proc = executor.local().popen(_zstd_argv(self.comp), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, bufsize=0)
                 err: list[BaseException] = []
 

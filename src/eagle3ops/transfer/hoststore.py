@@ -49,7 +49,7 @@ def inspect_host(remote) -> HostStore:
     """
     host = remote.host
     # check=False: an image deleted between `ls` and `inspect` makes inspect exit 1 but print all the others.
-    r = remote.run(tc.inventory(host), timeout=120, mutates=False, check=False)
+    r = remote.run(tc.inventory(host), timeout=120, check=False)
     head, sep, rest = r.stdout.partition(tc.INVENTORY_SEPARATOR + "\n")
     if r.exited == tc.INVENTORY_NO_ENGINE or not sep:
         raise TransferError(f"{host.name}: the Docker engine at {host.docker_host or 'the default socket'} does not "
@@ -77,4 +77,4 @@ def inspect_host(remote) -> HostStore:
 
 def host_has_zstd(remote) -> bool:
     """Whether ``zstd`` is on the host's PATH (needed to send zstd streams)."""
-    return remote.run(tc.has_zstd(), check=False, timeout=30, mutates=False).ok
+    return remote.run(tc.has_zstd(), check=False, timeout=30).ok

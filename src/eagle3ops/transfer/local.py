@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from eagle3ops import executor
 from eagle3ops.commands import transfer as tc
 from eagle3ops.transfer.errors import TransferError
 
@@ -71,7 +72,7 @@ class LocalImage:
 
 def _run_local(argv: list[str], timeout: float = 120, text: bool = True):
     try:
-        return subprocess.run(argv, capture_output=True, text=text, timeout=timeout)
+        return executor.local().run(argv, check=False, timeout=timeout, text=text)
     except subprocess.TimeoutExpired:
         raise TransferError(f"build engine: `{shlex.join(argv)}` did not answer within {timeout:.0f}s") from None
 

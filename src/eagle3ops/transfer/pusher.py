@@ -1,5 +1,9 @@
-"""Push one image to one host (:func:`push`), or to many at once (:func:`push_many`): plan the archive parts from
-the host's inventory, stream them (parts overlapping), verify the image id, retry what a retry can fix."""
+"""Push one image to one host (:func:`push`), or to many at once (:func:`push_many`): each attempt gathers the
+host's facts (reads), plans (:mod:`eagle3ops.transfer.plan`, pure), then carries the plan out (:func:`execute`):
+stream the archive parts (parts overlapping), verify the image id; retry what a retry can fix. A dry run carries
+the same plan out on a dry executor: the reads run, each change is printed with a ``#`` note and not run.
+
+``PushOptions`` and ``expected_host_id`` live in :mod:`eagle3ops.transfer.plan` and are re-exported here."""
 
 from __future__ import annotations
 
@@ -11,14 +15,19 @@ from dataclasses import dataclass, field
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import transfer as tc
-from eagle3ops.transfer.archive import ArchivePart, archive_segments, archive_size, scaffold_config
+from eagle3ops.transfer.archive import ArchivePart, archive_segments, archive_size
 from eagle3ops.transfer.compression import Compression, Encoders, compress_small, measure_link
 from eagle3ops.transfer.errors import TransferError, TransientTransferError, VerifyFailed
-from eagle3ops.transfer.hoststore import HostStore, host_has_zstd, inspect_host
-from eagle3ops.transfer.limits import CHUNK_BYTES, COMPRESS_MIN_BYTES, SMALL_ARCHIVE_BYTES, STALL_S, WRITE_CHUNK
+from eagle3ops.transfer.hoststore import host_has_zstd
+from eagle3ops.transfer.limits import COMPRESS_MIN_BYTES, SMALL_ARCHIVE_BYTES, WRITE_CHUNK
 from eagle3ops.transfer.local import LocalImage, inspect_local
+from eagle3ops.transfer.plan import (HostFacts, PushOptions, PushPlan, expected_host_id, gather, image_part,
+                                     part_note, plan_push)
 from eagle3ops.transfer.sources import LayerSource, open_source
 from eagle3ops.transfer.streams import ByteStream, ParamikoStream, SshStream
+
+__all__ = ["Progress", "PushGroupResult", "PushOptions", "PushPlan", "PushResult", "execute", "expected_host_id",
+           "push", "push_many"]
 
 
 @dataclass
@@ -68,6 +77,8 @@ class PushResult:
         commands: every command of this push in order (the executor's history: read-only ones, each ``docker
             load`` fed by a stream included); in a dry run, the plan. changes: those that change the host.
         plan: what was echoed, in order: ``commands`` with the dry run's ``#`` notes between them.
+        push_plan: the last attempt's :class:`~eagle3ops.transfer.plan.PushPlan` (None when the host's facts
+            could not be read).
     """
 
     host: str
@@ -93,6 +104,7 @@ class PushResult:
     commands: list[str] = field(default_factory=list)
     changes: list[str] = field(default_factory=list)
     plan: list[str] = field(default_factory=list)
+    push_plan: PushPlan | None = None
 
     @property
     def ok(self) -> bool:
@@ -100,96 +112,7 @@ class PushResult:
         return self.status != "failed"
 
 
-@dataclass
-class PushOptions:
-    """Knobs of a push (defaults suit production).
-
-    Attributes:
-        compression: ``auto`` (by measurement), ``none``, ``zstd``, ``gzip``.
-        transport: ``auto`` (paramiko for small archives, OpenSSH for bulk), ``openssh``, ``paramiko``.
-        attempts: tries per host (tenacity), each re-reading the host inventory (resume). Only errors that can
-            pass are retried (a stream that broke or stalled, a lost connection, a reconnect after one); a host this
-            push never reached (no TCP, no SSH banner, refused key) fails at once, within the connect bound.
-        stall_s: seconds without progress before a stream is killed.
-        chunk_bytes: resumable chunk size (layer bytes); 0 disables scaffolds.
-        containerd: on a containerd-store host: ``thin`` (an OCI layout without the layers the host holds, then
-            the left-out blobs if the host turns out to hold those layers only under other blob digests), ``full``
-            (every layer) or ``refuse``.
-        source: ``auto``, ``store`` or ``save`` (see :func:`open_source`).
-        load_argv: the host-side load command (default ``docker [-H ...] load``); only tests change it.
-        dry_run: contact the host read-only (its image inventory, tags), plan the parts, and record every command
-            that would change the host in :attr:`PushResult.commands` without running it (status ``dry-run``).
-        echo: receives each command (read-only ones too) as it is planned or run, and ``#`` notes (dry runs).
-    """
-
-    compression: str = "auto"
-    transport: str = "auto"
-    attempts: int = 3
-    stall_s: float = STALL_S
-    chunk_bytes: int = CHUNK_BYTES
-    containerd: str = "thin"
-    source: str = "auto"
-    load_argv: list[str] | None = None
-    dry_run: bool = False
-    echo: Callable[[str], None] | None = None
-
-
-def _image_part(source: LayerSource, store: HostStore, include: Sequence[int]) -> ArchivePart:
-    """The part that loads the image itself (config, tags) carrying layers ``include``, in the host store's
-    format."""
-    img = source.image
-    n = len(img.diff_ids)
-    if store.kind == "containerd":
-        return ArchivePart(source.config_bytes(), n, tuple(include), img.repo_tags, fmt="oci",
-                           layer_sizes=tuple(source.layer_size(i) for i in range(n)))
-    return ArchivePart(source.config_bytes(), n, tuple(include), img.repo_tags)
-
-
-def expected_host_id(source: LayerSource, store: HostStore) -> tuple[str, str]:
-    """The id the host's engine gives the image once pushed, and what kind of id it is.
-
-    Classic store: the config digest (the build engine's image id). containerd store: the digest of the manifest
-    :func:`eagle3ops.transfer.archive.oci_manifest` writes (the same manifest containerd's importer writes for a
-    ``docker save`` archive), which names the config digest, so equal manifest digests mean equal configs and
-    layers; there an image's config digest is not shown by ``docker image inspect`` (its ``Id`` is the manifest
-    digest) and is not accepted as a reference (``No such image``), both measured on Docker 26.1.
-
-    Returns:
-        ``(id, kind)`` with kind ``config digest`` or ``manifest digest``.
-    """
-    part = _image_part(source, store, ())
-    return part.host_id(source.image.diff_ids), "manifest digest" if part.fmt == "oci" else "config digest"
-
-
-def _plan_parts(source: LayerSource, store: HostStore, opts: PushOptions) -> tuple[list[ArchivePart], str]:
-    img = source.image
-    chains = img.chain_ids
-    n = len(chains)
-    mode = "thin"
-    if store.kind == "containerd":
-        if opts.containerd == "refuse":
-            raise TransferError(f"host runs the containerd image store (Docker {store.server_version}) and "
-                                f"--containerd refuse was given; use --containerd thin (default) or full")
-        if opts.containerd == "full":
-            mode = "full"
-    missing = [i for i in range(n) if mode == "full" or chains[i] not in store.chain_ids]
-    sizes = tuple(source.layer_size(i) for i in range(n)) if store.kind == "containerd" else ()
-    fmt = "oci" if store.kind == "containerd" else "docker-save"
-    parts: list[ArchivePart] = []
-    group: list[int] = []
-    acc = 0
-    for i in missing:
-        group.append(i)
-        acc += source.layer_size(i)
-        if opts.chunk_bytes and acc >= opts.chunk_bytes and i != missing[-1]:
-            parts.append(ArchivePart(scaffold_config(img, i + 1), i + 1, tuple(group), (), scaffold=True, fmt=fmt,
-                                     layer_sizes=sizes[:i + 1]))
-            group, acc = [], 0
-    parts.append(_image_part(source, store, group))
-    return parts, mode
-
-
-def _verify(remote, img: LocalImage, store: HostStore, expect: str, kind: str) -> None:
+def _verify(remote, img: LocalImage, store_kind: str, expect: str, kind: str) -> None:
     """Every tag of ``img`` on the host names an image with id ``expect`` (a ``kind``: see
     :func:`expected_host_id`) and ``img``'s diff ids.
 
@@ -202,14 +125,14 @@ def _verify(remote, img: LocalImage, store: HostStore, expect: str, kind: str) -
     refs = list(img.repo_tags) or [expect]
     for ref in refs:
         try:
-            r = remote.run(tc.image_id_and_layers(host, ref), timeout=60, mutates=False)
+            r = remote.run(tc.image_id_and_layers(host, ref), timeout=60)
         except RemoteCommandError as exc:
             raise VerifyFailed(f"{host.name}: every layer was pushed but image {ref} is not on the host "
                                f"({exc.stderr.strip()[-200:]})") from None
         rid, _, layers = r.stdout.strip().partition(" ")
         if rid != expect:
             what = ("config digest" if kind == "config digest" else
-                    f"manifest digest, {store.kind} store; the manifest names config {img.id}")
+                    f"manifest digest, {store_kind} store; the manifest names config {img.id}")
             raise VerifyFailed(f"{host.name}: image {ref} on the host has id {rid}, expected {expect} ({what})")
         if tuple(json.loads(layers or "[]")) != img.diff_ids:
             raise VerifyFailed(f"{host.name}: image {ref} on the host has different layers than {img.id}")
@@ -220,7 +143,7 @@ def _content_complete(remote, host_id: str) -> bool:
     names a blob the content store lacks is inspectable and runs (its snapshots exist) but ``docker image ls``
     leaves it out and ``docker save`` of it is broken (measured on Docker 26.1); it is listed again once the blobs
     arrive."""
-    r = remote.run(tc.listed_image_ids(remote.host), timeout=60, mutates=False)
+    r = remote.run(tc.listed_image_ids(remote.host), timeout=60)
     return host_id in r.stdout.split()
 
 
@@ -383,34 +306,106 @@ def _note(remote, text: str) -> None:
         remote.echo(text)
 
 
-def _dry_parts(remote, src: LayerSource, parts: Sequence[ArchivePart], opts: PushOptions,
-               result: PushResult) -> None:
+def _dry_parts(remote, src: LayerSource, plan: PushPlan, result: PushResult) -> None:
     """Dry run of :func:`_send_parts`: record each part's ``docker load`` (as :class:`_PartSender` does when it
     opens the stream) with what the stream would carry, and the verification that follows; send nothing."""
-    total = sum(src.layer_size(i) for p in parts for i in p.include)
-    codec = opts.compression if opts.compression in ("zstd", "gzip") else "none"
-    if opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
-        _note(remote, f"# compression: chosen when the push runs, by measuring the link ({total / 1e6:.1f} MB of "
-                      f"layers); the load is printed uncompressed here")
-    for k, p in enumerate(parts, 1):
-        size = archive_size(src, p)
-        remote.record_stream(tc.load(remote.host, codec, opts.load_argv),
-                             note=f"stdin: archive part {k}/{len(parts)}"
-                                  f"{' (scaffold)' if p.scaffold else ''}: layers {list(p.include)}, "
-                                  f"{size / 1e6:.1f} MB uncompressed")
-    result.layers_sent = sum(len(p.include) for p in parts)
-    result.layer_bytes = total
+    if plan.compression == "auto":
+        _note(remote, f"# compression: chosen when the push runs, by measuring the link ({plan.layer_bytes / 1e6:.1f}"
+                      f" MB of layers); the load is printed uncompressed here")
+    assert plan.load is not None
+    for k in range(1, len(plan.parts) + 1):
+        remote.record_stream(plan.load, note=part_note(src, plan, k))
+    result.layers_sent = sum(len(p.include) for p in plan.parts)
+    result.layer_bytes = plan.layer_bytes
     result.status = "dry-run"
     _note(remote, "# then verify every tag names the image with its layers")
 
 
-def _cleanup_scaffolds(remote, img: LocalImage, store: HostStore, parts: Sequence[ArchivePart] = ()) -> None:
-    """Remove the scaffold images of ``img`` (those the inventory saw and those loaded now)."""
-    host = remote.host
-    ids = [i for i, target in store.scaffolds.items() if target == img.id]
-    ids += [p.host_id(img.diff_ids) for p in parts if p.scaffold]
-    if ids:
-        remote.run(dk.rmi(host, *sorted(set(ids))), timeout=120, check=False)
+def _cleanup_scaffolds(remote, plan: PushPlan) -> None:
+    """Remove the scaffold images the plan names (those the inventory saw and those its parts load)."""
+    if plan.scaffolds:
+        remote.run(dk.rmi(remote.host, *plan.scaffolds), timeout=120, check=False)
+
+
+def _choose(remote, encoders: Encoders, parts: Sequence[ArchivePart], opts: PushOptions, facts: HostFacts,
+            result: PushResult) -> tuple[Compression, int]:
+    """The compression of ``parts``: forced by ``opts.compression``, or for ``auto`` on a large push decided by
+    measuring the link now (bytes are sent: this is why the plan leaves it to execution). Returns it with the
+    parts' uncompressed layer bytes.
+
+    Raises:
+        TransferError: ``--compression zstd`` and the host has no ``zstd``.
+    """
+    src, host = encoders.source, remote.host
+    total = sum(src.layer_size(i) for p in parts for i in p.include)
+    comp = Compression("none", 0, "")
+
+    def has_zstd() -> bool:
+        return facts.has_zstd if facts.has_zstd is not None else host_has_zstd(remote)
+
+    if opts.compression in ("zstd", "gzip"):
+        comp = Compression(opts.compression, 3 if opts.compression == "zstd" else 1, "forced",
+                           long=opts.compression == "zstd")
+        if comp.codec == "zstd" and not has_zstd():
+            raise TransferError(f"{host.name}: --compression zstd but the host has no `zstd`; use gzip or auto")
+    elif opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
+        largest = max((i for p in parts for i in p.include), key=src.layer_size)
+        link, probe = measure_link(host)
+        result.probe_bytes += probe
+        comp = encoders.decide(link, has_zstd(), total, largest)
+    result.compression = comp.label + (f" ({comp.why})" if comp.why else "")
+    return comp, total
+
+
+def execute(remote, plan: PushPlan, facts: HostFacts, encoders: Encoders, opts: PushOptions, result: PushResult,
+            on_progress: Callable[[Progress], None] | None = None,
+            stream_hook: Callable[[ByteStream], None] | None = None) -> None:
+    """Carry out one host's :class:`~eagle3ops.transfer.plan.PushPlan` on ``remote`` (a dry executor: the reads
+    run, the changes are printed and recorded, nothing is sent). Sets ``result``'s status and counts.
+
+    Raises:
+        TransferError, VerifyFailed, TransientTransferError, eagle3ops.remote.RemoteError: as the steps fail.
+    """
+    src, host = encoders.source, remote.host
+    img = src.image
+    if plan.action != "load":
+        for tag in plan.missing_tags:
+            remote.run(dk.tag(host, plan.expect, tag), timeout=60)
+        if opts.dry_run and plan.missing_tags:  # the tags were not added: verifying now would fail
+            _note(remote, "# then verify every tag names the image, as after a load")
+        else:
+            _verify(remote, img, plan.store, plan.expect, plan.id_kind)
+        _cleanup_scaffolds(remote, plan)
+        if opts.dry_run:
+            result.status = "dry-run"
+        elif result.status != "ok":
+            result.status = "tagged" if plan.missing_tags else "present"
+        return
+    result.mode = plan.mode
+    if opts.dry_run:
+        _dry_parts(remote, src, plan, result)
+        _cleanup_scaffolds(remote, plan)
+        return
+    comp, total = _choose(remote, encoders, plan.parts, opts, facts, result)
+    _send_parts(remote, encoders, plan.parts, opts, comp, result, on_progress, total, stream_hook)
+    if on_progress:
+        on_progress(Progress(host.name, "verify", None, 0, 0, result.produced, total, result.bytes_sent))
+    _verify(remote, img, plan.store, plan.expect, plan.id_kind)
+    if plan.store == "containerd" and not _content_complete(remote, plan.expect):
+        # The host holds some left-out layers only as snapshots or under other blob digests (compressed, from a
+        # registry pull): send those blobs; the unpacker skips them (the snapshots exist).
+        sent = {i for p in plan.parts for i in p.include}
+        fill = image_part(src, facts.store, [i for i in range(len(img.diff_ids)) if i not in sent])
+        result.mode = "thin+fill"
+        comp, total = _choose(remote, encoders, [fill], opts, facts, result)  # decided for the fill's own size
+        _send_parts(remote, encoders, [fill], opts, comp, result, on_progress, total, stream_hook)
+        _verify(remote, img, plan.store, plan.expect, plan.id_kind)
+        if not _content_complete(remote, plan.expect):
+            raise VerifyFailed(f"{host.name}: image {plan.expect} is loaded but `docker image ls` does not list it "
+                               f"even with every layer blob sent (containerd content store incomplete); "
+                               f"retry with --containerd full")
+    result.status = "ok"
+    _cleanup_scaffolds(remote, plan)
 
 
 def push(image: LocalImage | str, host, *, source: LayerSource | None = None, encoders: Encoders | None = None,
@@ -432,7 +427,8 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
     """
     from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-    from eagle3ops.remote import ConnectFailed, HostUnreachable, Remote, RemoteError
+    from eagle3ops import executor
+    from eagle3ops.remote import ConnectFailed, HostUnreachable, RemoteError
 
     opts = options or PushOptions()
     t0 = time.monotonic()
@@ -448,14 +444,14 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
         if opts.echo:
             opts.echo(line)
 
-    remote = Remote(host, dry_run=opts.dry_run, echo=echo)
+    remote = executor.for_host(host, dry_run=opts.dry_run, echo=echo)
     reached = False  # whether this push has talked to the host yet
 
     def attempt() -> None:
         nonlocal reached
         result.attempts += 1
         try:
-            store = inspect_host(remote)
+            facts = gather(remote, src, opts)  # reads only
         except ConnectFailed as exc:
             if not reached:  # never reached: fail once, within the connect bound (not a TransientTransferError)
                 raise
@@ -463,71 +459,10 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
         except HostUnreachable as exc:  # the connection was lost: a retry may pass
             raise TransientTransferError(str(exc)) from None
         reached = True
-        result.store = store.kind
-        expect, result.id_kind = expected_host_id(src, store)
-        result.host_id = expect
-        # On the containerd store the inventory lists only images whose every blob is there (_content_complete).
-        if expect in store.image_ids:
-            missing_tags = []
-            for tag in img.repo_tags:
-                r = remote.run(dk.image_id(host, tag), check=False, timeout=60, mutates=False)
-                if r.stdout.strip() != expect:
-                    missing_tags.append(tag)
-            for tag in missing_tags:
-                remote.run(dk.tag(host, expect, tag), timeout=60)
-            if opts.dry_run and missing_tags:  # the tags were not added: verifying now would fail
-                _note(remote, "# then verify every tag names the image, as after a load")
-            else:
-                _verify(remote, img, store, expect, result.id_kind)
-            _cleanup_scaffolds(remote, img, store)
-            if opts.dry_run:
-                result.status = "dry-run"
-            elif result.status != "ok":
-                result.status = "tagged" if missing_tags else "present"
-            return
-        parts, result.mode = _plan_parts(src, store, opts)
-
-        def choose(parts: Sequence[ArchivePart]) -> tuple[Compression, int]:
-            total = sum(src.layer_size(i) for p in parts for i in p.include)
-            comp = Compression("none", 0, "")
-            if opts.compression in ("zstd", "gzip"):
-                comp = Compression(opts.compression, 3 if opts.compression == "zstd" else 1, "forced",
-                                   long=opts.compression == "zstd")
-                if comp.codec == "zstd" and not host_has_zstd(remote):
-                    raise TransferError(f"{host.name}: --compression zstd but the host has no `zstd`; use gzip or "
-                                        f"auto")
-            elif opts.compression == "auto" and total >= COMPRESS_MIN_BYTES:
-                largest = max((i for p in parts for i in p.include), key=src.layer_size)
-                link, probe = measure_link(host)
-                result.probe_bytes += probe
-                comp = encoders.decide(link, host_has_zstd(remote), total, largest)
-            result.compression = comp.label + (f" ({comp.why})" if comp.why else "")
-            return comp, total
-
-        if opts.dry_run:
-            _dry_parts(remote, src, parts, opts, result)
-            _cleanup_scaffolds(remote, img, store, parts)
-            return
-        comp, total = choose(parts)
-        _send_parts(remote, encoders, parts, opts, comp, result, on_progress, total, stream_hook)
-        if on_progress:
-            on_progress(Progress(host.name, "verify", None, 0, 0, result.produced, total, result.bytes_sent))
-        _verify(remote, img, store, expect, result.id_kind)
-        if store.kind == "containerd" and not _content_complete(remote, expect):
-            # The host holds some left-out layers only as snapshots or under other blob digests (compressed, from a
-            # registry pull): send those blobs; the unpacker skips them (the snapshots exist).
-            sent = {i for p in parts for i in p.include}
-            fill = _image_part(src, store, [i for i in range(len(img.diff_ids)) if i not in sent])
-            result.mode = "thin+fill"
-            comp, total = choose([fill])  # the fill may be the whole base: compression decided for its own size
-            _send_parts(remote, encoders, [fill], opts, comp, result, on_progress, total, stream_hook)
-            _verify(remote, img, store, expect, result.id_kind)
-            if not _content_complete(remote, expect):
-                raise VerifyFailed(f"{host.name}: image {expect} is loaded but `docker image ls` does not list it "
-                                   f"even with every layer blob sent (containerd content store incomplete); "
-                                   f"retry with --containerd full")
-        result.status = "ok"
-        _cleanup_scaffolds(remote, img, store, parts)
+        result.store = facts.store.kind
+        plan = result.push_plan = plan_push(host, src, facts, opts)  # pure
+        result.host_id, result.id_kind = plan.expect, plan.id_kind
+        execute(remote, plan, facts, encoders, opts, result, on_progress, stream_hook)
 
     try:
         for att in Retrying(stop=stop_after_attempt(max(1, opts.attempts)),

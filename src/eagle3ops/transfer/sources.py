@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 
+from eagle3ops import executor
 from eagle3ops.commands import transfer as tc
 from eagle3ops.transfer.errors import LayerDigestMismatch, TransferError, UnsafeArchive
 from eagle3ops.transfer.limits import WRITE_CHUNK
@@ -260,7 +261,7 @@ class SaveLayerSource(LayerSource):
                 return self._dir
             d = Path(tempfile.mkdtemp(prefix="eagle3ops-save-", dir=self.tmp_dir))
             argv = tc.local_save(self.docker_host, self.image.id)
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = executor.local().popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
                 assert proc.stdout is not None
                 safe_extract(proc.stdout, d)

@@ -14,6 +14,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from eagle3ops import executor
 from eagle3ops.transfer.errors import StreamStalled, TransientTransferError
 from eagle3ops.transfer.limits import STALL_S, WRITE_CHUNK
 from eagle3ops.commands.ssh import openssh
@@ -58,7 +59,7 @@ class SshStream(ByteStream):
         self._remove_config = weakref.finalize(self, shutil.rmtree, self.config_file.parent, True)
         self.argv = openssh(host, remote_argv, self.config_file)
         try:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            self.proc = executor.local().popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, bufsize=0)
         except BaseException:
             self._remove_config()

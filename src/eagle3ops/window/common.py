@@ -74,14 +74,14 @@ def paths(host: HostConfig, window_id: str | None = None) -> dict[str, str]:
 
 def latest_window(r: Remote) -> str | None:
     """Id of the newest window on the host (ids sort by time)."""
-    out = r.run(hc.ls(paths(r.host)["windows"]), check=False, mutates=False)
+    out = r.run(hc.ls(paths(r.host)["windows"]), check=False)
     names = sorted(n for n in out.stdout.split() if n)
     return names[-1] if names else None
 
 
 def audit_entries(r: Remote) -> list[dict[str, Any]]:
     """The host's audit log."""
-    out = r.run(hc.cat_if_exists(paths(r.host)["audit"]), check=False, mutates=False)
+    out = r.run(hc.cat_if_exists(paths(r.host)["audit"]), check=False)
     return [json.loads(ln) for ln in out.stdout.splitlines() if ln.strip()]
 
 

@@ -34,7 +34,7 @@ def acquire_lock(r: Remote, window_id: str, command: str, message: str = "") -> 
                           f"{(mk.stderr or mk.stdout).strip()}. {fix}")
     res = r.run(hc.mkdir_atomic(p["lock"]), check=False)
     if not res.ok and not r.dry_run:
-        if r.run(hc.test_dir(p["lock"]), check=False, mutates=False).ok:
+        if r.run(hc.test_dir(p["lock"]), check=False).ok:
             raise LockHeld(describe_lock(r))
         raise WindowError(f"{h.name}: cannot take the deploy lock: `{render(hc.mkdir_atomic(p['lock']))}` failed: "
                           f"{(res.stderr or res.stdout).strip() or f'exit {res.exited}'}. {fix}")
@@ -46,13 +46,13 @@ def acquire_lock(r: Remote, window_id: str, command: str, message: str = "") -> 
 
 def read_lock(r: Remote) -> dict[str, Any] | None:
     """The lock's details, or None when the host is not locked."""
-    out = r.run(hc.cat_if_exists(paths(r.host)["lock_details"]), check=False, mutates=False)
+    out = r.run(hc.cat_if_exists(paths(r.host)["lock_details"]), check=False)
     if out.ok and out.stdout.strip():
         try:
             return json.loads(out.stdout)
         except ValueError:
             return {"holder": "unknown", "raw": out.stdout}
-    held = r.run(hc.test_dir(paths(r.host)["lock"]), check=False, mutates=False)
+    held = r.run(hc.test_dir(paths(r.host)["lock"]), check=False)
     return {"holder": "unknown (no details file)"} if held.ok else None
 
 
@@ -70,8 +70,8 @@ def _serving_ok(result: dict[str, Any]) -> bool:
 
 def supervisor_alive(r: Remote, window_id: str) -> bool:
     """True while the window's supervisor container runs (or is being restarted by its restart policy)."""
-    out = r.run(dk.docker(r.host, "inspect", "--format", "{{.State.Running}} {{.State.Restarting}}",
-                          st.supervisor_name(window_id)), check=False, mutates=False)
+    out = r.run(dk.inspect_format(r.host, st.supervisor_name(window_id),
+                                      "{{.State.Running}} {{.State.Restarting}}"), check=False)
     return out.ok and "true" in out.stdout.split()
 
 
@@ -83,7 +83,7 @@ def lock_is_stale(r: Remote, details: dict[str, Any]) -> bool:
         return True
     if supervisor_alive(r, wid):
         return False
-    if r.run(hc.cat_if_exists(paths(r.host, wid)["plan"]), check=False, mutates=False).stdout.strip():
+    if r.run(hc.cat_if_exists(paths(r.host, wid)["plan"]), check=False).stdout.strip():
         return True
     try:
         age = (datetime.now(timezone.utc) - datetime.fromisoformat(details["since"])).total_seconds()
@@ -100,7 +100,7 @@ def describe_lock(r: Remote) -> str:
     stale = lock_is_stale(r, d)
     text = (f"{r.host.name}: deploy lock held by {d.get('holder')} since {d.get('since', '?')} "
             f"for `{d.get('command', '?')}` (window {d.get('window_id', '?')})")
-    res = r.run(hc.cat_if_exists(paths(r.host, d["window_id"])["result"]), check=False, mutates=False).stdout \
+    res = r.run(hc.cat_if_exists(paths(r.host, d["window_id"])["result"]), check=False).stdout \
         if d.get("window_id") else ""
     if stale and res.strip() and not _serving_ok(json.loads(res)):
         text += (f". That window ended with serving NOT running and kept the lock: {hint('recover', r.host.name)} "

@@ -139,7 +139,7 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
         est.error = f"pipeline config is invalid: {exc}"
         return est
     model_dir = _host_path(h, cfg.target_model, run) or h.model_path
-    out = r.run(hc.cat_if_exists(f"{model_dir}/config.json"), check=False, mutates=False)
+    out = r.run(hc.cat_if_exists(f"{model_dir}/config.json"), check=False)
     try:
         dims = target_dims(json.loads(out.stdout))
     except (ValueError, TypeError) as exc:
@@ -152,7 +152,7 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
         est.basis = f"draft head of {cfg.train.num_layers} layer(s), hidden size {dims['hidden_size']}"
         est.by_stage = {s: stage_output_bytes(s, cfg, dims, 0) for s in stages}
         return est
-    man = r.run(hc.cat_if_exists(f"{rdir}/prepare/manifest.json"), check=False, mutates=False)
+    man = r.run(hc.cat_if_exists(f"{rdir}/prepare/manifest.json"), check=False)
     tokens = None
     try:
         tokens = int(json.loads(man.stdout)["tokens"]) if man.stdout.strip() else None
@@ -168,7 +168,7 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
                 rows += len(f.read_text().splitlines()) if f.is_file() else 0
                 continue
             hp = _host_path(h, spec, run)
-            wc = r.run(hc.line_count(hp), check=False, mutates=False) if hp and not spec.endswith(".parquet") else None
+            wc = r.run(hc.line_count(hp), check=False) if hp and not spec.endswith(".parquet") else None
             if wc is not None and wc.ok and wc.stdout.split():
                 rows += int(wc.stdout.split()[0])
             else:
@@ -227,13 +227,13 @@ def read_run_state(r: Remote, run: str) -> tuple[str | None, dict[str, str | Non
     rdir = f"{r.host.data_dir}/runs/{run}"
 
     def text(path: str) -> str | None:
-        out = r.run(hc.cat_if_exists(path), check=False, mutates=False)
+        out = r.run(hc.cat_if_exists(path), check=False)
         return out.stdout if out.ok and out.stdout else None
 
     manifests = {s: text(f"{rdir}/{s}/{MANIFEST}") for s in STAGES}
     sizes: dict[str, int] = {}
     if any(manifests.values()):
-        out = r.run(hc.file_sizes(rdir), check=False, mutates=False)
+        out = r.run(hc.file_sizes(rdir), check=False)
         sizes = hc.parse_file_sizes(out.stdout, rdir)
     return text(f"{rdir}/pipeline.yaml"), manifests, sizes
 
@@ -313,9 +313,9 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
             without it fall back to ``nvidia-smi -L`` on the host.
     """
     h, pf = r.host, Preflight()
-    v = r.run(dk.version(h), check=False, mutates=False)
+    v = r.run(dk.version(h), check=False)
     pf.add("docker engine", v.ok, v.stdout.strip() or v.stderr.strip()[-200:])
-    got = r.run(dk.image_id(h, image), check=False, mutates=False)
+    got = r.run(dk.image_id(h, image), check=False)
     got_id = got.stdout.strip()
     if not got.ok:
         pf.add("pipeline image", False, f"{image} is not on the host: run {hint('deploy', h.name)} first")
@@ -324,11 +324,11 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
                                          f"redeploy with {hint('deploy', h.name)}")
     else:
         pf.add("pipeline image", True, got_id[:19])
-    m = r.run(hc.test_dir(h.model_path), check=False, mutates=False)
+    m = r.run(hc.test_dir(h.model_path), check=False)
     pf.add("model path", m.ok, h.model_path if m.ok else f"{h.model_path} is not a directory on the host")
-    has_data_dir = r.run(hc.test_dir(h.data_dir), check=False, mutates=False).ok
+    has_data_dir = r.run(hc.test_dir(h.data_dir), check=False).ok
     # df on the data dir, or on the state dir's filesystem while the data dir does not exist yet (created at launch).
-    df = r.run(hc.free_bytes(h.data_dir if has_data_dir else "/"), check=False, mutates=False)
+    df = r.run(hc.free_bytes(h.data_dir if has_data_dir else "/"), check=False)
     if disk is not None and disk.error:
         pf.add("free space", False, f"no disk estimate: {disk.error}")
     elif df.ok:
@@ -353,7 +353,7 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("stage container", True, f"not started: {h.data_dir} does not exist yet (created at launch; a bind "
                                         f"mount would make the engine create it as root)")
     if h.gpus and not probed:  # the host's own view of its GPUs, where no stage container told
-        g = r.run(hc.gpu_list(), check=False, mutates=False)
+        g = r.run(hc.gpu_list(), check=False)
         n = len([ln for ln in g.stdout.splitlines() if ln.startswith("GPU ")])
         pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
     elif not h.gpus:
@@ -370,8 +370,8 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("serving container", False, f"{found} matches {len(names)} containers ({', '.join(names)}); "
                                            f"eagle3ops manages one serving container: scale the service to 1")
     elif need_serving:
-        s = r.run(dk.docker(h, "inspect", "--format", "{{.State.Status}}", pf.serving_container),
-                  check=False, mutates=False) if names else None
+        s = r.run(dk.inspect_format(h, pf.serving_container, "{{.State.Status}}"),
+                  check=False) if names else None
         pf.add("serving container", bool(s and s.ok and s.stdout.strip() == "running"),
                f"{pf.serving_container}: {s.stdout.strip()}" if s and s.ok else f"no container for {found}")
     return pf
@@ -383,16 +383,16 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
     ``pf.process_pid``. Read-only."""
     h = r.host
     pattern = h.serving.process_match or ""
-    out = r.run(pr.find_process(pattern), check=False, mutates=False)
+    out = r.run(pr.find_process(pattern), check=False)
     pids = [int(p) for p in out.stdout.split() if p.isdigit()]
     if not pids:
         pf.add("serving process", not need_serving, f"no process matches {pattern!r} (hosts.{h.name}.serving."
                                                    f"process_match): start serving, or fix the pattern")
         return
     pf.process_pid = pids[0]
-    status = r.run(hc.cat(f"/proc/{pids[0]}/status"), check=False, mutates=False).stdout
+    status = r.run(hc.cat(f"/proc/{pids[0]}/status"), check=False).stdout
     uid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:")), "?")
-    me = r.run(pr.my_uid(), check=False, mutates=False).stdout.strip()
+    me = r.run(pr.my_uid(), check=False).stdout.strip()
     ok = bool(me) and uid == me
     pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
            f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "
@@ -410,7 +410,7 @@ def serving_container(r: Remote) -> tuple[list[str], str]:
     s = r.host.serving
     what = (f"Compose service {s.compose_project}/{s.compose_service}" if s.kind == "compose"
             else f"container {s.container!r}")
-    out = r.run(sv.find_container_argv(r.host), check=False, mutates=False)
+    out = r.run(sv.find_container_argv(r.host), check=False)
     names = [n for n in out.stdout.split() if n] if out.ok else []
     return names, what
 
@@ -426,7 +426,7 @@ def serving_drift(r: Remote) -> tuple[str | None, list[str]]:
     names, _ = serving_container(r)
     if not names:
         return None, []
-    out = r.run(dk.inspect_container(r.host, names[0]), check=False, mutates=False)
+    out = r.run(dk.inspect_container(r.host, names[0]), check=False)
     if not out.ok:
         return names[0], [f"cannot inspect {names[0]}: {(out.stderr or out.stdout).strip()[-300:]}"]
     return names[0], sv.inventory_drift(r.host, json.loads(out.stdout)[0])

@@ -32,7 +32,7 @@ def launch(r: Remote, plan: Plan, image: str) -> None:
     r.run(hc.write_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
     if plan.serving_kind == "process":  # the host-side restore agent, before the supervisor that talks with it
         assert plan.process_dir is not None and plan.process_pid is not None
-        r.run(pr.record_process(plan.process_pid, plan.process_dir), mutates=True)
+        r.run(pr.record_process(plan.process_pid, plan.process_dir))
         r.run(pr.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
                              supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)))
     r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
@@ -52,7 +52,7 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
         RemoteError: the plan cannot be read or the supervisor cannot be started.
     """
     h, p = r.host, paths(r.host, window_id)
-    res = r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False).stdout
+    res = r.run(hc.cat_if_exists(p["result"]), check=False).stdout
     if res.strip() and _serving_ok(json.loads(res)):
         return False
     if supervisor_alive(r, window_id):
@@ -63,7 +63,7 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
         holder = f"the lock is held by window {lock.get('window_id')}" if lock else "the lock is free"
         raise WindowError(f"window {window_id} does not hold the lock of {h.name} ({holder}): it never started "
                           f"or it finished; nothing to recover")
-    plan = json.loads(r.run(hc.cat(p["plan"]), mutates=False).stdout)
+    plan = json.loads(r.run(hc.cat(p["plan"])).stdout)
     image = plan["stages"][0]["spec"]["image"] if plan["stages"] else fallback_image
     if not image:
         raise WindowError(f"window {window_id} has no stages and no deployed image to run its supervisor with")
@@ -225,8 +225,8 @@ def _started(r: Remote, window_id: str) -> bool | None:
     """Whether the window's supervisor container exists (the window runs on the host and owns the lock); None when
     the host cannot be asked (the lock then stays; stale detection reports it later)."""
     try:
-        return r.run(dk.docker(r.host, "inspect", "--format", "{{.Id}}", st.supervisor_name(window_id)),
-                     check=False, mutates=False).ok
+        return r.run(dk.inspect_format(r.host, st.supervisor_name(window_id), "{{.Id}}"),
+                     check=False).ok
     except Exception:  # noqa: BLE001 - host unreachable
         return None
 

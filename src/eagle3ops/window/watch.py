@@ -28,7 +28,7 @@ WATCH_FALLBACK_S = 24 * 3600.0
 def supervisor_state(r: Remote, window_id: str) -> str | None:
     """State of the window's supervisor container: ``running``, ``restarting``, ``exited``, ``created``, ``dead``...,
     ``missing`` (no such container), or None when it cannot be told (engine or host not answering)."""
-    out = r.run(dk.container_status(r.host, st.supervisor_name(window_id)), check=False, mutates=False)
+    out = r.run(dk.container_status(r.host, st.supervisor_name(window_id)), check=False)
     if out.ok:
         return out.stdout.strip() or None
     return "missing" if "no such" in (out.stderr + out.stdout).lower() else None
@@ -64,18 +64,18 @@ def watch(r: Remote, window_id: str, *, on_event: Callable[[dict[str, Any]], Non
     recover = hint("recover", r.host.name)
     if timeout_s is None:
         try:
-            out = r.run(hc.cat_if_exists(p["plan"]), check=False, mutates=False)
+            out = r.run(hc.cat_if_exists(p["plan"]), check=False)
             timeout_s = watch_limit_s(json.loads(out.stdout)) if out.stdout.strip() else WATCH_FALLBACK_S
         except (RemoteError, OSError, ValueError):
             timeout_s = WATCH_FALLBACK_S
 
     def result() -> dict[str, Any] | None:
-        res = r.run(hc.cat_if_exists(p["result"]), check=False, mutates=False)
+        res = r.run(hc.cat_if_exists(p["result"]), check=False)
         return json.loads(res.stdout) if res.ok and res.stdout.strip() else None
 
     while True:
         try:
-            out = r.run(hc.tail_from(p["journal"], seen + 1), check=False, mutates=False)
+            out = r.run(hc.tail_from(p["journal"], seen + 1), check=False)
             for line in out.stdout.splitlines():
                 try:
                     ev = json.loads(line)
