@@ -439,7 +439,6 @@ def serving_drift(r: Remote) -> tuple[str | None, list[str]]:
     return names[0], sv.inventory_drift(r.host, json.loads(out.stdout)[0])
 
 
-
 #: What ``docker version`` says when the ``docker`` command is missing on the host (POSIX sh, bash, zsh, busybox).
 _NO_CLI = ("command not found", "not found", "no such file or directory")
 #: What it says when the CLI is there but no engine answers on the socket (Docker 20.10 .. 28 wordings).
