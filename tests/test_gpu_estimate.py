@@ -41,6 +41,10 @@ KIMI_K25 = {
 }
 #: STAND-IN: nvidia-smi --query-gpu=memory.total,compute_cap on 8 x RTX PRO 6000 Blackwell (96 GB, sm_120).
 RTXPRO6000_MIB, RTXPRO6000_CAP = 97887, "12.0"
+#: Read on the lent H200 machine (2026-12-01), not stand-ins: the nvidia-smi query preflight runs, and what the
+#: throwaway stage container's one-liner printed there with torch 2.11.0+cu130.
+H200_SMI = "143771, 9.0\n"
+H200_PROBE = "mounts missing: /data or /model\ncuda devices 1\ncuda archs sm_75 sm_80 sm_86 sm_90 sm_100 sm_120\n"
 SEEDS_PIPELINE = REPO / "deploy/pipeline.kimi-k25-rtxpro6000.example.yaml"
 H200_PIPELINE = REPO / "deploy/pipeline.kimi-k25.example.yaml"  # batch 64: sized for 141 GB GPUs
 
@@ -88,8 +92,8 @@ def test_extract_on_the_seeds_host_accepts_a_batch_of_16_and_refuses_the_h200_ex
     ok, line = est.memory_fits(refuse, gpus, 0.85)
     assert not ok
     assert "= 92.4 GiB per GPU" in line and "over by 11.2 GiB" in line and "extract.batch_size" in line
-    # the same batch fits 8 x H200 (STAND-IN memory.total 143,771 MiB)
-    assert est.memory_fits(refuse, [143771] * 8, 0.85)[0]
+    # the same batch fits 8 x H200 (memory.total 143,771 MiB: H200_SMI, read on a real H200)
+    assert est.memory_fits(refuse, [hc.parse_gpu_memory_and_capability(H200_SMI)[0][0]] * 8, 0.85)[0]
 
 
 def test_train_on_the_seeds_host_fits_over_8_ranks_not_on_one():
@@ -123,6 +127,17 @@ def test_architecture_refusal_names_both_and_torchs_rule_is_mirrored():
     # torch: "backward compatible within major version" — sm_100 kernels run on a B300 (sm_103)
     assert est.arch_check(["10.3"], ["sm_90", "sm_100"])[0]
     assert not est.arch_check(["10.0"], ["sm_90a", "compute_100"])[0]  # PTX entries are not counted, as in torch
+
+
+def test_real_h200_answers_parse_and_pass_the_architecture_check():
+    from eagle3ops.window.gpucheck import probe_arch_list
+
+    gpus = hc.parse_gpu_memory_and_capability(H200_SMI)
+    archs = probe_arch_list(H200_PROBE)
+    assert gpus == [(143771, "9.0")] and archs == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    assert est.arch_check([c for _, c in gpus], archs) == (
+        True, "GPUs sm_90 (compute_cap 9.0); image built for sm_75 sm_80 sm_86 sm_90 sm_100 sm_120")
+    assert est.arch_check([RTXPRO6000_CAP], archs)[0]  # that torch build also carries sm_120 kernels
 
 
 def test_nvidia_smi_query_argv_and_parse():
