@@ -75,6 +75,27 @@ def gpu_list() -> Read:
     return Read(["nvidia-smi", "-L"])
 
 
+def gpu_memory_and_capability() -> Read:
+    """``nvidia-smi``: one ``<memory.total MiB>, <compute_cap>`` line per GPU (e.g. ``97887, 12.0``); parse with
+    :func:`parse_gpu_memory_and_capability`."""
+    return Read(["nvidia-smi", "--query-gpu=memory.total,compute_cap", "--format=csv,noheader,nounits"])
+
+
+def parse_gpu_memory_and_capability(output: str) -> list[tuple[int, str]]:
+    """``[(memory.total in MiB, compute_cap)]``, one per GPU, from :func:`gpu_memory_and_capability` output.
+
+    Raises:
+        ValueError: a line is not ``<integer>, <major>.<minor>`` (the message quotes it).
+    """
+    gpus = []
+    for line in output.strip().splitlines():
+        mem, _, cap = (p.strip() for p in line.partition(","))
+        if not mem.isdigit() or not cap.replace(".", "", 1).isdigit() or "." not in cap:
+            raise ValueError(f"unexpected nvidia-smi line {line!r} (want `<memory.total MiB>, <compute_cap>`)")
+        gpus.append((int(mem), cap))
+    return gpus
+
+
 def cpuinfo() -> Read:
     """The host's ``/proc/cpuinfo`` (CPU feature flags: which attention kernel vLLM's CPU build will take)."""
     return Read(["cat", "/proc/cpuinfo"])

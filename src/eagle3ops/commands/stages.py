@@ -83,11 +83,14 @@ PROBE_TIMEOUT_S = 120
 
 def probe_command(gpus: int) -> list[str]:
     """Arguments to ``python3`` in preflight's throwaway stage container: the mounts are there, and on GPU hosts
-    ``torch.cuda.device_count()`` sees at least ``gpus`` devices (exit 3 otherwise)."""
+    ``torch.cuda.device_count()`` sees at least ``gpus`` devices (exit 3 otherwise); GPU hosts also print the CUDA
+    architectures the image's torch was built for (``cuda archs sm_90 sm_100 ...``, from
+    ``torch.cuda.get_arch_list()``), which preflight compares with the GPUs' compute capability."""
     code = ("import os,sys; ok=os.path.isdir('/data') and os.path.isdir('/model'); "
             "print('mounts', 'ok' if ok else 'missing: /data or /model'); ")
     if gpus:
         code += (f"import torch; n=torch.cuda.device_count(); print('cuda devices', n); "
+                 f"print('cuda archs', ' '.join(torch.cuda.get_arch_list())); "
                  f"sys.exit(0 if ok and n >= {int(gpus)} else 3)")
     else:
         code += "sys.exit(0 if ok else 3)"

@@ -16,6 +16,8 @@ from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import NO_SERVING_NOTE
 from eagle3ops.remote import Remote, RemoteError
 from eagle3ops.window.common import hint
+from eagle3ops.window.estimate import GpuMemoryPlan, draft_param_count
+from eagle3ops.window.gpucheck import check_gpus_fit
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
 AUX_LAYERS_STORED = 4
@@ -54,14 +56,6 @@ def target_dims(model_config: dict[str, Any]) -> dict[str, int]:
     h = int(t["hidden_size"])
     return {"hidden_size": h, "intermediate_size": int(t.get("intermediate_size") or 4 * h),
             "vocab_size": int(t.get("vocab_size") or model_config.get("vocab_size") or 0)}
-
-
-def draft_param_count(dims: dict[str, int], *, num_layers: int, draft_vocab_size: int) -> tuple[int, int]:
-    """Upper bounds of an EAGLE-3 draft head's parameters as ``(trainable, frozen)``: trainable are the fused aux
-    projection (3H·H), per decoder layer attention over 2H inputs (≤ 8H²) and the MLP (3·H·I), and the draft
-    lm_head (H·draft_vocab); frozen are the target's embeddings and verifier lm_head (2·V·H)."""
-    h, i, v = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
-    return 3 * h * h + num_layers * (8 * h * h + 3 * h * i) + h * draft_vocab_size, 2 * v * h
 
 
 def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) -> int:
@@ -202,6 +196,9 @@ class Preflight:
     serving_container: str = ""
     #: Kind ``process``: pid of the serving process found (see :func:`check_process`).
     process_pid: int | None = None
+    #: What the throwaway stage container printed when it passed (its ``cuda archs`` line: the image's CUDA
+    #: architectures, see :func:`check_gpus_fit`); empty when it did not run.
+    probe_output: str = ""
 
     def add(self, name: str, ok: bool, detail: str) -> None:
         """Record one check."""
@@ -294,11 +291,12 @@ def probe_stage_container(r: Remote, pf: Preflight, *, image: str, run: str, win
         return
     pf.add("stage container", ok, f"{stage} stage's settings work: {' '.join(output.split())[-120:]}" if ok
            else diagnose_probe(r.host, spec, exited, output))
+    pf.probe_output = output if ok else ""
 
 
 def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
               need_serving: bool = True, disk: DiskEstimate | None = None,
-              probe: tuple[str, str, str] | None = None) -> Preflight:
+              probe: tuple[str, str, str] | None = None, memory: GpuMemoryPlan | None = None) -> Preflight:
     """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container; and, with
     ``probe``, a throwaway container with a stage's own settings (:func:`probe_stage_container`).
 
@@ -311,10 +309,17 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         probe: ``(run, window_id, stage)``: start the throwaway container of that stage
             (:func:`probe_stage_container`), once every check before it passed and ``data_dir`` exists; GPU hosts
             without it fall back to ``nvidia-smi -L`` on the host.
+        memory: the GPU stages' memory estimates (:func:`estimate_gpu_memory`), checked with the architectures
+            against what the GPUs report (:func:`check_gpus_fit`).
+
+    A host whose container engine is missing or does not answer fails at once, with one line saying so
+    (:func:`engine_status`): every later check would only repeat it.
     """
     h, pf = r.host, Preflight()
     v = r.run(dk.version(h), check=False)
-    pf.add("docker engine", v.ok, v.stdout.strip() or v.stderr.strip()[-200:])
+    pf.add("docker engine", *engine_status(h, v.exited, v.stdout, v.stderr))
+    if not pf.ok:
+        return pf
     got = r.run(dk.image_id(h, image), check=False)
     got_id = got.stdout.strip()
     if not got.ok:
@@ -358,6 +363,8 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
     elif not h.gpus:
         pf.add("gpus", True, "none (CPU host)")
+    if h.gpus:
+        check_gpus_fit(r, pf, memory=memory, probe_ran=probed)
     if not h.serving.managed:  # a host that only trains: no serving container to find or check
         pf.add("serving", True, NO_SERVING_NOTE)
         return pf
@@ -431,3 +438,47 @@ def serving_drift(r: Remote) -> tuple[str | None, list[str]]:
         return names[0], [f"cannot inspect {names[0]}: {(out.stderr or out.stdout).strip()[-300:]}"]
     return names[0], sv.inventory_drift(r.host, json.loads(out.stdout)[0])
 
+
+#: What ``docker version`` says when the ``docker`` command is missing on the host (POSIX sh, bash, zsh, busybox).
+_NO_CLI = ("command not found", "not found", "no such file or directory")
+#: What it says when the CLI is there but no engine answers on the socket (Docker 20.10 .. 28 wordings).
+_NO_DAEMON = ("cannot connect to the docker daemon", "failed to connect to the docker api", "is the docker daemon "
+              "running", "error during connect")
+#: Where eagle3ops stands on hosts without a container engine: said in the refusal, not pretended otherwise.
+NO_ENGINE_ALTERNATIVE = ("a host without a container engine (e.g. a rented GPU container reached over SSH) needs "
+                         "`stage_runtime: venv`, which is not available yet (issue 28)")
+
+
+def engine_status(h: HostConfig, exited: int, stdout: str, stderr: str) -> tuple[bool, str]:
+    """Preflight's ``docker engine`` check from ``docker version --format {{.Server.Version}}`` (pure):
+    ``(ok, one line)``. eagle3ops runs its supervisor and stages in containers, so a host needs an engine; the
+    line says which part is missing and what the host can use instead:
+
+    - no ``docker`` command (exit 127, the shell's "not found"): install Docker Engine, or set ``docker_host``;
+    - the CLI is there, the engine's socket does not answer ("Cannot connect to the Docker daemon", Docker 28's
+      "failed to connect to the docker API"): start the engine or point ``docker_host`` at one that runs;
+    - the socket refuses the SSH user ("permission denied"): the ``docker`` group, or a rootless engine's socket;
+
+    each with :data:`NO_ENGINE_ALTERNATIVE` (no engine-free runtime exists yet). Other failures keep the
+    engine's own words."""
+    out = " ".join((stderr or "").split()) or " ".join((stdout or "").split())
+    if exited == 0:
+        return True, (stdout or "").strip()
+    low = out.lower()
+    endpoint = h.docker_host or "unix:///var/run/docker.sock"
+    key = f"hosts.{h.name}.docker_host"
+    if exited == 127 or (("docker" in low) and any(m in low for m in _NO_CLI) and "daemon" not in low
+                         and "docker api" not in low):
+        return False, (f"no container engine on {h.name}: the `docker` command is not installed there "
+                       f"({out[-120:] or f'exit {exited}'}); eagle3ops runs its supervisor and stages in containers: "
+                       f"install Docker Engine (with the NVIDIA Container Toolkit on GPU hosts) or set {key} to an "
+                       f"engine's socket; {NO_ENGINE_ALTERNATIVE}. Serving was not touched")
+    if "permission denied" in low:
+        return False, (f"the SSH user may not use the container engine on {h.name} ({out[-160:]}): add the user to "
+                       f"the `docker` group or set {key} to an engine it may use (rootless Docker: "
+                       f"unix:///run/user/<uid>/docker.sock). Serving was not touched")
+    if any(m in low for m in _NO_DAEMON):
+        return False, (f"no container engine answers on {h.name}: the `docker` command is there but {endpoint} "
+                       f"does not answer ({out[-160:]}); start the engine (e.g. `systemctl start docker`) or set "
+                       f"{key} to a running engine's socket; {NO_ENGINE_ALTERNATIVE}. Serving was not touched")
+    return False, out[-200:] or f"`docker version` exited {exited}"

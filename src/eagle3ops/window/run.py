@@ -19,6 +19,7 @@ from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, app
                                      paths, require_serving)
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
 from eagle3ops.window.planner import StageDecision, agent_limit_s, build_plan, decide_stages, supervisor_commands
+from eagle3ops.window.gpucheck import estimate_gpu_memory
 from eagle3ops.window.preflight import Preflight, estimate_disk, preflight, read_run_state
 from eagle3ops.window.watch import finish_window, watch
 
@@ -127,10 +128,12 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         else:
             disk = estimate_disk(r, kind=kind, run=run, pipeline_text=pipeline_text, stages=to_run) \
                 if pipeline_text is not None and kind in st.WINDOWS else None
+            memory = estimate_gpu_memory(r, run=run, pipeline_text=pipeline_text, stages=to_run) \
+                if pipeline_text is not None and kind in st.WINDOWS else None
             probe = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
             pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
                            need_serving=kind in st.WINDOWS or r.host.serving.kind == "process", disk=disk,
-                           probe=probe)
+                           probe=probe, memory=memory)
         if decision is not None:
             for name, detail in decision.lines():
                 pf.add(name, True, detail)
