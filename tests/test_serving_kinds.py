@@ -276,3 +276,62 @@ def test_switch_release(world):
     if world.kind == "process":
         rel = sup.releases.get(n)["process"]
         assert rel["argv"][-2:] == ["--label", "two"] and any(e == f"VLLM_API_KEY={KEY}" for e in rel["environ"])
+
+
+# --- the systemd kind's inventory entry, docs, driver side and parser (pure) ---------------------------------------
+def _inv(tmp_path: Path, serving: str):
+    p = tmp_path / "hosts.yaml"
+    p.write_text("hosts:\n  h:\n    hostname: h\n    data_dir: /d\n    state_dir: /s\n    model_path: /m\n" + serving)
+    return load_inventory(p).host("h")
+
+
+def test_systemd_inventory_entry_is_validated_with_clear_errors(tmp_path):
+    from eagle3ops.config import ConfigError
+
+    h = _inv(tmp_path, "    serving: {kind: systemd, unit: vllm.service, port: 8001, served_model_name: m}\n")
+    assert (h.serving.kind, h.serving.unit) == ("systemd", "vllm.service")
+    with pytest.raises(ConfigError, match=r"hosts\.h\.serving.*kind `systemd` needs `unit`"):
+        _inv(tmp_path, "    serving: {kind: systemd, served_model_name: m}\n")
+    with pytest.raises(ConfigError, match=r"`unit` is set but `kind` is not `systemd`"):
+        _inv(tmp_path, "    serving: {unit: vllm.service, image: i, served_model_name: m}\n")
+    with pytest.raises(ConfigError, match=r"not a systemd unit name"):
+        _inv(tmp_path, "    serving: {kind: systemd, unit: 'vllm; rm -rf /', served_model_name: m}\n")
+
+
+def test_config_docs_document_systemd_with_an_example():
+    from eagle3ops.config.docs import docs
+
+    text = docs("inventory")
+    assert "`systemd`" in text and "serving: {kind: systemd, unit: vllm.service" in text
+    assert "stand-in" in text  # says it was not run on a real unit
+    assert "kind: systemd, unit: vllm.service" in (REPO / "deploy/hosts.yaml").read_text()
+
+
+def test_systemd_driver_side_refuses_releases_and_previews_systemctl(tmp_path):
+    from eagle3ops.remote import render
+    from eagle3ops.window.common import WindowError, require_serving
+    from eagle3ops.window.planner import build_plan, supervisor_commands
+
+    h = _inv(tmp_path, "    serving: {kind: systemd, unit: vllm.service, served_model_name: m}\n")
+    for what in ("release", "rollback", "speculate"):
+        with pytest.raises(WindowError, match=rf"systemd unit 'vllm.service'.*{what} is not supported"):
+            require_serving(h, what)
+    plan = build_plan(h, kind="window", window_id="w9", image="i", command="c", stages=["prepare"])
+    assert (plan.serving_kind, plan.serving_unit, plan.serving_container) == ("systemd", "vllm.service", "")
+    assert plan.process_dir == "/s/windows/w9/process"
+    cmds = [render(c) for c in supervisor_commands(h, plan)]
+    assert cmds[0].startswith("sh -c") and "systemctl show -p ExecStart -p Environment -p ActiveState vllm.service" \
+        in cmds[0]
+    assert "eagle3ops-restore-agent" in cmds[1] and "vllm.service" in cmds[1]
+    assert cmds[2] == "systemctl stop vllm.service" and cmds[-2] == "systemctl start vllm.service"
+    assert " run --detach " in cmds[3] and cmds[-1].startswith("GET http://127.0.0.1:8000/health")
+
+
+def test_parse_show_reads_execstart_and_environment():
+    text = ("ExecStart={ path=/opt/venv/bin/vllm ; argv[]=/opt/venv/bin/vllm serve /m --api-key k1 --port 8000 ; "
+            "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\n"
+            'Environment=HF_HOME=/cache "NOTE=two words"\nActiveState=active\n')
+    u = sd.parse_show(text)
+    assert u["argv"] == ["/opt/venv/bin/vllm", "serve", "/m", "--api-key", "k1", "--port", "8000"]
+    assert u["environ"] == ["HF_HOME=/cache", "NOTE=two words"] and u["active"] == "active"
+    assert sd.parse_show("ExecStart=\nEnvironment=\n") == {"argv": [], "environ": [], "active": ""}

@@ -57,7 +57,8 @@ class ServingConfig(StrictModel):
                           "`ml-env/bin/vllm serve`.")
     unit: str | None = Field(
         None, description="Kind systemd: the systemd unit that runs vLLM on the host, e.g. `vllm.service` (letters, "
-                          "digits and `:_.@-`; `systemctl` adds `.service` when no suffix is given).")
+                          "digits and `:_.@-`; `systemctl` adds `.service` when no suffix is given). Example: `serving: {kind: "
+                          "systemd, unit: vllm.service, port: 8000, served_model_name: kimi-k2.5}`.")
     image: str | None = Field(None, description="Serving image reference, e.g. `vllm/vllm-openai:v0.16.0` "
                                                 "(required unless `kind: none`).")
     args: list[str] = Field(
