@@ -226,10 +226,10 @@ def test_release_changing_the_image_of_a_serving_process_is_refused_clearly():
     h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     h = h.model_copy(update={"serving": type(h.serving)(kind="process", process_match="vllm serve",
                                                         served_model_name="m")})
-    with pytest.raises(WindowError, match="serves with a process.*not the image or binds; drop --image"):
+    with pytest.raises(WindowError, match=r"serves with a process.*not the image or binds \(asked: --image\); drop --image"):
         run_window(SimpleNamespace(host=h), kind="release", image="i", expected_image_id=None, command="pytest",
                    change=ReleaseChange(image="other:tag"))
-    with pytest.raises(ValueError, match="not --image"):
+    with pytest.raises(ValueError, match=r"not the image or binds \(asked: --image\)"):
         build_plan(h, kind="release", window_id="w", image="i", command="c", change=ReleaseChange(image="o"))
 
 

@@ -69,13 +69,11 @@ def _serving_drift(inventory: Path, host: str) -> None:
     from eagle3ops.window.preflight import serving_drift
 
     h = common.load_host(inventory, host)
-    if not h.serving.managed:
-        console.print(f"{host}: serving: none (a host that only trains): no serving container to compare")
-        return
-    if h.serving.kind == "process":
-        console.print(f"{host}: serving kind process: windows restore the running process as recorded from /proc, "
-                      f"releases change its flags (`release --arg`); "
-                      f"there is no container to compare")
+    from eagle3ops.window.kinds import driver_kind
+
+    note = driver_kind(h).drift_note(h)
+    if note:
+        console.print(f"{host}: {note}")
         return
     with common.remote(h) as r:
         name, diffs = serving_drift(r)

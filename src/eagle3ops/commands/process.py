@@ -40,14 +40,16 @@ AGENT_MISSING_GRACE_S = 120
 #: Seconds the agent waits for the GPUs to be released after the stop (hosts with ``nvidia-smi``).
 GPU_RELEASE_WAIT_S = 300
 
-#: The restore agent (POSIX sh). Arguments: process dir, pid, stop timeout (s), supervisor container, wait limit for
-#: the restore request (s), wait limit for the stop request (s), missing-supervisor grace (s), GPU release wait (s),
-#: then the docker command words (``docker`` or ``docker -H URL``) it asks about the supervisor with.
-AGENT_SH = r"""
+#: The restore agent's functions (POSIX sh), before its main loop (:data:`AGENT_MAIN_SH`). ``term``, ``kill9``,
+#: ``alive`` and ``start_from`` are the hooks another serving manager redefines between the two (e.g.
+#: :data:`eagle3ops.commands.systemd.AGENT_SH`: a unit stopped and started with ``systemctl``).
+AGENT_FUNCS_SH = r"""
 d=$1 pid=$2 stop_s=$3 sup=$4 limit=$5 stop_wait=$6 missing_grace=$7 gpu_wait=$8
 shift 8
 log() { printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >> "$d/agent.log"; }
 now() { date +%s; }
+term() { kill -TERM "$1" 2>/dev/null; }
+kill9() { kill -KILL "$1"; }
 alive() { kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
 put() { echo "$2" > "$d/$1.tmp" && mv "$d/$1.tmp" "$d/$1"; }
 sup_state() {
@@ -58,9 +60,9 @@ sup_state() {
 stop_pid() {  # $1: pid, $2: the file that reports the stop
   log "stopping pid $1 (SIGTERM, up to ${stop_s}s)"
   t1=$(now)
-  kill -TERM "$1" 2>/dev/null
+  term "$1"
   while alive "$1" && [ $(( $(now) - t1 )) -lt "$stop_s" ]; do sleep 1; done
-  if alive "$1"; then log "pid $1 still runs after ${stop_s}s: SIGKILL"; kill -KILL "$1"; sleep 1; fi
+  if alive "$1"; then log "pid $1 still runs after ${stop_s}s: SIGKILL"; kill9 "$1"; sleep 1; fi
   if command -v nvidia-smi >/dev/null 2>&1; then
     t2=$(now)
     while [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] \
@@ -80,6 +82,11 @@ start_from() {  # $1: record prefix in $d ('' = the recorded process), $2: the f
   new=${new:-$launcher}
   log "restored: pid $new (launcher $launcher, record '${1:-recorded}'), output in $d/serving.log"
 }
+"""
+
+#: The restore agent's main loop (POSIX sh): wait for the stop request, stop, wait for the restore request (or the
+#: supervisor's end), start, and for a switch go on in rounds (see the module doc).
+AGENT_MAIN_SH = r"""
 echo $$ > "$d/agent.pid"
 log "agent $$ up for pid $pid; waiting for the stop request"
 t0=$(now) missing_since=
@@ -133,6 +140,11 @@ done
 log "too many switches: exiting"
 """
 
+#: The restore agent (POSIX sh). Arguments: process dir, pid, stop timeout (s), supervisor container, wait limit for
+#: the restore request (s), wait limit for the stop request (s), missing-supervisor grace (s), GPU release wait (s),
+#: then the docker command words (``docker`` or ``docker -H URL``) it asks about the supervisor with.
+AGENT_SH = AGENT_FUNCS_SH + AGENT_MAIN_SH
+
 
 def process_dir(window_dir: str) -> str:
     """The window's directory of process-serving files (see the module doc)."""
@@ -165,8 +177,8 @@ def record_process(pid: int, pdir: str) -> Change:
     return Change(["sh", "-c", _RECORD_SH, "eagle3ops-record", str(pid), pdir])
 
 
-def start_agent(host: HostConfig, *, pdir: str, pid: int, stop_timeout_s: int, supervisor: str,
-                limit_s: float) -> Change:
+def start_agent(host: HostConfig, *, pdir: str, pid: int | str, stop_timeout_s: int, supervisor: str,
+                limit_s: float, script: str = AGENT_SH) -> Change:
     """Start the restore agent (:data:`AGENT_SH`) detached on the host (``setsid nohup``, all output to
     ``<pdir>/agent.log``), so that it outlives the SSH session and the driver.
 
@@ -176,10 +188,12 @@ def start_agent(host: HostConfig, *, pdir: str, pid: int, stop_timeout_s: int, s
         stop_timeout_s: SIGTERM → SIGKILL grace, seconds.
         supervisor: the window's supervisor container (its end means: restore now).
         limit_s: longest wait (seconds) for the supervisor's restore request before the agent restores anyway.
+        script: the agent (default :data:`AGENT_SH`; another serving manager's variant, e.g.
+            :data:`eagle3ops.commands.systemd.AGENT_SH`, takes its own handle for ``pid``).
     """
     launcher = ('a=$1; shift; setsid nohup sh -c "$a" eagle3ops-restore-agent "$@" </dev/null '
                 '>>"$1/agent.log" 2>&1 &')
-    return Change(["sh", "-c", launcher, "eagle3ops-launch", AGENT_SH, pdir, str(pid), str(stop_timeout_s), supervisor,
+    return Change(["sh", "-c", launcher, "eagle3ops-launch", script, pdir, str(pid), str(stop_timeout_s), supervisor,
             str(int(limit_s)), str(AGENT_STOP_WAIT_S), str(AGENT_MISSING_GRACE_S), str(GPU_RELEASE_WAIT_S),
             *docker(host)])
 

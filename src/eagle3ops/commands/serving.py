@@ -31,7 +31,7 @@ def compose_labels(s: ServingConfig) -> dict[str, str]:
     Compose (``docker compose ps``, ``docker-compose ps``) lists a service's containers by project + service
     labels with ``oneoff=False``; a release that eagle3ops recreates keeps them, so Compose still sees its service.
     """
-    if s.kind != "compose":
+    if s.compose_project is None:  # the inventory allows Compose names only with kind compose
         return {}
     return {COMPOSE_PROJECT_LABEL: s.compose_project or "", COMPOSE_SERVICE_LABEL: s.compose_service or "",
             COMPOSE_ONEOFF_LABEL: "False", "com.docker.compose.container-number": "1"}
@@ -40,7 +40,7 @@ def compose_labels(s: ServingConfig) -> dict[str, str]:
 def default_name(s: ServingConfig) -> str:
     """Serving container name when none exists yet: ``container``, or ``<project>-<service>-1`` for kind
     ``compose`` (the name Compose v2 gives a service's first container)."""
-    return f"{s.compose_project}-{s.compose_service}-1" if s.kind == "compose" else s.container
+    return f"{s.compose_project}-{s.compose_service}-1" if s.compose_project is not None else s.container
 
 
 def find_container_argv(host: HostConfig) -> Read:
@@ -49,7 +49,7 @@ def find_container_argv(host: HostConfig) -> Read:
     Kind ``container``: filtered by name (exact match); kind ``compose``: by the Compose project/service labels.
     """
     s = host.serving
-    if s.kind == "compose":
+    if s.compose_project is not None:  # kind compose (the inventory allows Compose names with it only)
         filters = ["--filter", f"label={COMPOSE_PROJECT_LABEL}={s.compose_project}",
                    "--filter", f"label={COMPOSE_SERVICE_LABEL}={s.compose_service}",
                    "--filter", f"label={COMPOSE_ONEOFF_LABEL}=False"]

@@ -21,14 +21,14 @@ SECTION = "inventory"
 
 
 #: Serving kinds a host's ``serving.kind`` may name.
-SERVING_KINDS = ("container", "compose", "process", "none")
+SERVING_KINDS = ("container", "compose", "process", "systemd", "none")
 
 
 class ServingConfig(StrictModel):
     """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it; a vLLM
     process (``kind: process``); or ``kind: none`` (shorthand ``serving: none``) for a host that only trains."""
 
-    kind: Literal["container", "compose", "process", "none"] = Field(
+    kind: Literal["container", "compose", "process", "systemd", "none"] = Field(
         "container",
         description="Serving manager: `container` (a Docker container by name), `compose` (the container of a "
                     "Compose service, found by its `com.docker.compose.project`/`.service` labels), `process` (vLLM "
@@ -36,12 +36,15 @@ class ServingConfig(StrictModel):
                     "command line, environment, working directory and user are recorded from /proc, it is stopped "
                     "with SIGTERM and restored detached by a restore agent on the host, logging to the window's "
                     "state dir; it must run as the SSH user; windows, release (server flags and environment only) and "
-                    "rollback, each gated with a rollback to the recorded process; speculate refuses it) or `none` "
-                    "(a "
+                    "rollback, each gated with a rollback to the recorded process; speculate refuses it), `systemd` (a "
+                    "systemd unit named by `unit`, e.g. `vllm.service`: its ExecStart and Environment are recorded "
+                    "with `systemctl show`, it is stopped and started with `systemctl stop|start` by the same "
+                    "restore agent on the host, as the SSH user, who must be allowed to; windows only: release, "
+                    "rollback and speculate refuse it; not yet run against a real systemd, only a stand-in of "
+                    "`systemctl`) or `none` (a "
                     "host that only trains, e.g. a rented training host: windows skip the stop, the restore and the "
                     "health gate and say so; release, rollback and speculate refuse it). Write `serving: none` or "
-                    "`serving: {kind: none}`, with no other serving keys. systemd units are not supported yet: run "
-                    "serving as a container or a Compose service.",
+                    "`serving: {kind: none}`, with no other serving keys.",
     )
     container: str = Field("vllm-serving", description="Name of the serving container on the host (kind container).")
     compose_project: str | None = Field(
@@ -52,6 +55,10 @@ class ServingConfig(StrictModel):
         None, description="Kind process: an extended regular expression matched against the serving process's "
                           "whole command line (`pgrep -o -f`; the oldest match is the server), e.g. "
                           "`ml-env/bin/vllm serve`.")
+    unit: str | None = Field(
+        None, description="Kind systemd: the systemd unit that runs vLLM on the host, e.g. `vllm.service` (letters, "
+                          "digits and `:_.@-`; `systemctl` adds `.service` when no suffix is given). Example: `serving: {kind: "
+                          "systemd, unit: vllm.service, port: 8000, served_model_name: kimi-k2.5}`.")
     image: str | None = Field(None, description="Serving image reference, e.g. `vllm/vllm-openai:v0.16.0` "
                                                 "(required unless `kind: none`).")
     args: list[str] = Field(
@@ -139,7 +146,8 @@ class ServingConfig(StrictModel):
                 raise ValueError(f"`kind: none` (a host without production serving) takes no other serving keys, "
                                  f"got {extra}: remove them, or set the kind of the host's serving")
             return self
-        needed = ("served_model_name", "process_match") if self.kind == "process" else ("image", "served_model_name")
+        needed = {"process": ("served_model_name", "process_match"),
+                  "systemd": ("served_model_name", "unit")}.get(self.kind, ("image", "served_model_name"))
         missing = [k for k in needed if getattr(self, k) is None]
         if missing:
             raise ValueError(f"kind `{self.kind}` needs {' and '.join(f'`{k}`' for k in missing)} (add "
@@ -151,7 +159,12 @@ class ServingConfig(StrictModel):
                              "and service names of the serving container)")
         if self.process_match is not None and self.kind != "process":
             raise ValueError("`process_match` is set but `kind` is not `process`: set `kind: process` or remove it")
-        if self.kind in ("container", "process") and any(compose):
+        if self.unit is not None and self.kind != "systemd":
+            raise ValueError("`unit` is set but `kind` is not `systemd`: set `kind: systemd` or remove it")
+        if self.unit is not None and not re.fullmatch(r"[A-Za-z0-9:_.@-]+", self.unit):
+            raise ValueError(f"`unit` {self.unit!r} is not a systemd unit name (letters, digits and `:_.@-`, e.g. "
+                             f"`vllm.service`)")
+        if self.kind in ("container", "process", "systemd") and any(compose):
             raise ValueError(f"`compose_project`/`compose_service` are set but `kind` is `{self.kind}`: set "
                              "`kind: compose` or remove them")
         return self

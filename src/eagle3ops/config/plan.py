@@ -88,11 +88,13 @@ class Plan(BaseModel):
     serving_container: str
     #: The host's serving kind (``serving.kind``); ``none``: a host that only trains: the supervisor skips the
     #: record, stop, restore and health gate (and says so in its journal and result).
-    serving_kind: Literal["container", "compose", "process", "none"] = "container"
-    #: Kind ``process``: the window's process dir on the host (the record and the files the supervisor and the
-    #: host-side restore agent exchange, :mod:`eagle3ops.commands.process`) and the serving process's pid.
+    serving_kind: Literal["container", "compose", "process", "systemd", "none"] = "container"
+    #: Kinds ``process`` and ``systemd``: the window's process dir on the host (the record and the files the
+    #: supervisor and the host-side restore agent exchange, :mod:`eagle3ops.commands.process`); ``process``: the
+    #: serving process's pid; ``systemd``: the unit's name.
     process_dir: str | None = None
     process_pid: int | None = None
+    serving_unit: str | None = None
     stop_timeout_s: int = 120
     stages: list[StageStep] = Field(default_factory=list)
     budget_s: float = 7200.0
@@ -105,7 +107,7 @@ class Plan(BaseModel):
 
     def reserve_s(self) -> float:
         """Seconds of ``budget_s`` reserved for restore + health gate (see :func:`default_restore_reserve_s`)."""
-        if self.serving_kind == "none" or self.health is None:
+        if self.health is None:  # no serving to restore (serving: none)
             return 0.0
         if self.restore_reserve_s is not None:
             return min(self.restore_reserve_s, self.budget_s)

@@ -18,6 +18,8 @@ Files, all under ``<state_dir>`` on the host::
 Restarted after an interruption (Docker daemon restart, ``recover``), it reads the journal and goes on: finished
 stages are not rerun, and serving is restored in every case.
 
-Modules: :mod:`.runner` (the steps), :mod:`.journal`, :mod:`.releases`, :mod:`eagle3ops.health` (the one health gate, shared with the driver),
+Modules: :mod:`.runner` (the step table and its policy), :mod:`.stagerun` (stage containers), :mod:`.kinds` (the
+serving kinds: container, compose, process, systemd, none), :mod:`.errors`, :mod:`.journal`, :mod:`.releases`,
+:mod:`eagle3ops.health` (the one health gate, shared with the driver),
 ``__main__`` (entry point). The plan schema is :mod:`eagle3ops.config.plan`.
 """

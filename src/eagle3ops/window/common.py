@@ -33,21 +33,16 @@ class SupervisorDead(WindowError):
 
 
 def require_serving(h: HostConfig, what: str) -> None:
-    """Refuse ``what`` (``release``, ``rollback``, ``speculate``) on a host without production serving, and
-    ``speculate`` on a host whose serving is a plain process (kind ``process``: windows, releases and rollbacks).
+    """Refuse ``what`` (``release``, ``rollback``, ``speculate``) where the host's serving kind cannot do it
+    (:meth:`eagle3ops.window.kinds.DriverKind.refuse`): ``serving: none`` refuses all three, a plain process
+    ``speculate``, a systemd unit all three.
 
     Raises:
-        WindowError: ``h`` has ``serving: none``, or kind ``process`` for ``speculate``; the message names the host,
-            the inventory key and the fix.
+        WindowError: the message names the host, the inventory key and the fix.
     """
-    if h.serving.kind == "process" and what not in ("release", "rollback"):
-        raise WindowError(f"host {h.name} serves with a process (`hosts.{h.name}.serving.kind: process`): {what} is "
-                          f"not supported for process serving yet (windows, release and rollback are); run serving "
-                          f"as a container for {what}")
-    if not h.serving.managed:
-        raise WindowError(f"host {h.name} has no serving: `hosts.{h.name}.serving` is `none` in the inventory (a "
-                          f"host that only trains), so there is nothing to {what}. Run {what} on a host that serves, "
-                          f"or describe this host's serving (`eagle3ops config docs inventory`).")
+    from eagle3ops.window.kinds import driver_kind  # it imports this module's WindowError
+
+    driver_kind(h).refuse(h, what)
 
 
 def hint(*args: str) -> str:

@@ -8,12 +8,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3ops.commands import docker as dk
-from eagle3ops.commands import process as pr
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
-from eagle3ops.config.plan import NO_SERVING_NOTE, HealthCheck, Plan, ReleaseChange, StageStep
+from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange, StageStep
+from eagle3ops.window.kinds import agent_limit_s, driver_kind  # noqa: F401 - agent_limit_s: re-exported
 
 
 #: Stages whose command takes ``--restart`` (the others redo only what is not done for their inputs).
@@ -124,12 +123,10 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
     """
     if not h.serving.managed and kind != "window":
         raise ValueError(f"host {h.name} has no serving (serving: none): a {kind} plan needs production serving")
-    if h.serving.kind == "process" and change is not None and (change.image or change.binds):
-        raise ValueError(f"host {h.name} serves with a process (`hosts.{h.name}.serving.kind: process`): a release "
-                         f"of it changes only server flags (--arg) and environment, not "
-                         f"{'--image' if change.image else 'binds'}; drop it, or run serving as a container")
-    process = h.serving.kind == "process"
-    name = "" if not h.serving.managed or process else (serving_container or sv.default_name(h.serving))
+    serving = driver_kind(h)
+    refusal = serving.release_refusal(h, change)
+    if refusal:
+        raise ValueError(refusal)
     if kind == "release" and change is None:
         change = ReleaseChange()
     steps = []
@@ -139,67 +136,16 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
             spec["command"] = [*spec["command"], "--restart"]
         steps.append(StageStep(name=s, spec=spec, timeout_s=h.stage_timeout_s))
     return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
-                state_dir=h.state_dir, serving_container=name, stop_timeout_s=h.serving.stop_timeout_s,
+                state_dir=h.state_dir, stop_timeout_s=h.serving.stop_timeout_s,
                 stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), change=change,
                 to_release=to_release, gpus=h.gpus, serving_kind=h.serving.kind,
-                process_dir=pr.process_dir(f"{h.state_dir}/windows/{window_id}") if process else None,
-                process_pid=process_pid if process else None)
+                **serving.plan_fields(h, window_id, serving_container, process_pid))
 
 
 def supervisor_commands(h: HostConfig, plan: Plan) -> list[list[str]]:
-    """What the host-side supervisor will do, as equivalent ``docker`` argv lists (for ``--dry-run``).
+    """What the host-side supervisor will do, as equivalent ``docker`` argv lists (for ``--dry-run``): the serving
+    kind's (:meth:`eagle3ops.window.kinds.DriverKind.supervisor_commands`).
 
     The supervisor uses the docker SDK, not the CLI; these are the CLI commands with the same effect.
     """
-    cmds: list[list[str]] = []
-    if plan.serving_kind == "none":  # a host that only trains: the stages, nothing else (see NO_SERVING_NOTE)
-        return [sv.run_argv(h, {**step.spec, "restart_policy": {}}) for step in plan.stages]
-    assert plan.health is not None  # every plan with serving has a gate
-    if plan.serving_kind == "process":  # the host-side restore agent stops and restores; the supervisor gates
-        pdir = plan.process_dir or "?"
-        port = plan.health.port
-        gate = ["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
-                f"POST http://127.0.0.1:{port}/v1/completions"]
-        head = [pr.record_process(plan.process_pid or 0, pdir),
-                pr.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
-                               supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)),
-                pr.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
-        if plan.kind == "window":
-            return [*head, *[sv.run_argv(h, {**step.spec, "restart_policy": {}}) for step in plan.stages],
-                    pr.restore_preview(pdir, [], ""), gate]
-        if plan.kind == "release":
-            args = (plan.change or ReleaseChange()).args
-            target = ["<recorded command line, with:", *args, ">"] if args else ["<recorded command line>"]
-        else:
-            target = [f"<command line of release {plan.to_release or 'live before the current one'}>"]
-        return [*head, pr.restore_preview(pdir, target, "<its recorded cwd>"), gate,
-                ["# if the gate fails: roll back to the recorded process"],
-                pr.stop_preview(0, plan.stop_timeout_s), pr.restore_preview(pdir, [], ""), gate]
-    if plan.kind == "window":
-        cmds.append(dk.docker(h, "stop", "--time", str(plan.stop_timeout_s), plan.serving_container))
-        for step in plan.stages:
-            cmds.append(sv.run_argv(h, {**step.spec, "restart_policy": {}}))
-        cmds.append(dk.docker(h, "start", plan.serving_container))
-    else:
-        if plan.kind == "release":
-            change = plan.change or ReleaseChange()
-            record = {"Name": plan.serving_container, "Config": {
-                "Image": change.image or "<image of the live container>",
-                "Cmd": ["<command of the live container, with:", *change.args, ">"] if change.args else
-                       ["<command of the live container>"]}}
-        else:
-            which = plan.to_release or "live before the current one"
-            record = {"Name": plan.serving_container, "Config": {"Image": f"<image of release {which}>",
-                                                                  "Cmd": [f"<command of release {which}>"]}}
-        cmds.append(dk.rm(h, plan.serving_container, force=True))
-        cmds.append(sv.record_run_argv(h, record))
-    port = plan.health.port
-    cmds.append(["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
-                 f"POST http://127.0.0.1:{port}/v1/completions"])
-    return cmds
-
-
-def agent_limit_s(plan: Plan) -> float:
-    """How long (seconds) a process-kind window's restore agent waits for the supervisor's restore request before it
-    restores on its own: the window's budget plus the graceful stop and 600 s."""
-    return plan.budget_s + plan.stop_timeout_s + 600.0
+    return driver_kind(h).supervisor_commands(h, plan)

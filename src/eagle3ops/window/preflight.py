@@ -13,11 +13,11 @@ from eagle3ops.commands import process as pr
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
-from eagle3ops.config.plan import NO_SERVING_NOTE
 from eagle3ops.remote import Remote, RemoteError
 from eagle3ops.window.common import hint
 from eagle3ops.window.estimate import GpuMemoryPlan, draft_param_count
 from eagle3ops.window.gpucheck import check_gpus_fit
+from eagle3ops.window.kinds import driver_kind
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
 AUX_LAYERS_STORED = 4
@@ -365,12 +365,14 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("gpus", True, "none (CPU host)")
     if h.gpus:
         check_gpus_fit(r, pf, memory=memory, probe_ran=probed)
-    if not h.serving.managed:  # a host that only trains: no serving container to find or check
-        pf.add("serving", True, NO_SERVING_NOTE)
-        return pf
-    if h.serving.kind == "process":
-        check_process(r, pf, need_serving)
-        return pf
+    driver_kind(h).preflight(r, pf, need_serving)  # the serving kind finds live serving (read-only)
+    return pf
+
+
+def check_serving_container(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
+    """Kinds ``container`` and ``compose``: find the serving container (:func:`serving_container`), refuse more than
+    one, and when ``need_serving`` check that it runs; sets ``pf.serving_container``. Read-only."""
+    h = r.host
     names, found = serving_container(r)
     pf.serving_container = names[0] if names else sv.default_name(h.serving)
     if len(names) > 1:
@@ -381,7 +383,6 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
                   check=False) if names else None
         pf.add("serving container", bool(s and s.ok and s.stdout.strip() == "running"),
                f"{pf.serving_container}: {s.stdout.strip()}" if s and s.ok else f"no container for {found}")
-    return pf
 
 
 def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
@@ -414,9 +415,7 @@ def serving_container(r: Remote) -> tuple[list[str], str]:
         container(s) carrying the service's Compose labels. An empty list: no such container (callers then use
         :func:`eagle3ops.commands.serving.default_name`).
     """
-    s = r.host.serving
-    what = (f"Compose service {s.compose_project}/{s.compose_service}" if s.kind == "compose"
-            else f"container {s.container!r}")
+    what = driver_kind(r.host).looked_for(r.host)
     out = r.run(sv.find_container_argv(r.host), check=False)
     names = [n for n in out.stdout.split() if n] if out.ok else []
     return names, what

@@ -11,31 +11,28 @@ from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
-from eagle3ops.commands import process as pr
 from eagle3ops.commands import stages as st
-from eagle3ops.config.plan import NO_SERVING_NOTE, Plan, ReleaseChange
+from eagle3ops.config.plan import Plan, ReleaseChange
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
                                      paths, require_serving)
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
-from eagle3ops.window.planner import StageDecision, agent_limit_s, build_plan, decide_stages, supervisor_commands
 from eagle3ops.window.gpucheck import estimate_gpu_memory
+from eagle3ops.window.kinds import driver_kind
+from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
 from eagle3ops.window.preflight import Preflight, estimate_disk, preflight, read_run_state
 from eagle3ops.window.watch import finish_window, watch
 
 
 def launch(r: Remote, plan: Plan, image: str) -> None:
-    """Write the plan on the host and start the detached supervisor container; for process serving, first record
-    the serving process and start its host-side restore agent (:mod:`eagle3ops.commands.process`)."""
+    """Write the plan on the host and start the detached supervisor container; first what the serving kind needs on
+    the host before it (:meth:`eagle3ops.window.kinds.DriverKind.launch`: for process and systemd serving, the record
+    and the host-side restore agent)."""
     p = paths(r.host, plan.window_id)
     r.run(hc.mkdir_p(r.host.data_dir))
     r.run(hc.mkdir_p(p["window"]))
     r.run(hc.write_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
-    if plan.serving_kind == "process":  # the host-side restore agent, before the supervisor that talks with it
-        assert plan.process_dir is not None and plan.process_pid is not None
-        r.run(pr.record_process(plan.process_pid, plan.process_dir))
-        r.run(pr.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
-                             supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)))
+    driver_kind(r.host).launch(r, plan)  # e.g. a restore agent, before the supervisor that talks with it
     r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
 
 
@@ -108,10 +105,9 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     """
     if kind not in st.WINDOWS:
         require_serving(r.host, kind)
-        if r.host.serving.kind == "process" and change is not None and (change.image or change.binds):
-            raise WindowError(f"host {r.host.name} serves with a process (`hosts.{r.host.name}.serving.kind: "
-                              f"process`): a release of it changes only server flags (--arg), not the image or "
-                              f"binds; drop --image, or run serving as a container")
+        refusal = driver_kind(r.host).release_refusal(r.host, change)
+        if refusal:
+            raise WindowError(refusal)
     window_id = new_window_id(kind)
     t0 = time.monotonic()
     if r.dry_run and read_lock(r):
@@ -132,8 +128,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                 if pipeline_text is not None and kind in st.WINDOWS else None
             probe = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
             pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
-                           need_serving=kind in st.WINDOWS or r.host.serving.kind == "process", disk=disk,
-                           probe=probe, memory=memory)
+                           need_serving=kind in st.WINDOWS or driver_kind(r.host).records_before_release,
+                           disk=disk, probe=probe, memory=memory)
         if decision is not None:
             for name, detail in decision.lines():
                 pf.add(name, True, detail)
@@ -168,8 +164,9 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     if r.dry_run:
         on_host = supervisor_commands(r.host, plan)
         if r.echo:
-            if plan.serving_kind == "none":
-                r.echo(f"# {r.host.name}: {NO_SERVING_NOTE}")
+            note = driver_kind(r.host).dry_run_note
+            if note:
+                r.echo(f"# {r.host.name}: {note}")
             r.echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
             for argv in on_host:
                 r.echo("#   " + render(argv))

@@ -1,4 +1,4 @@
-"""The ``process`` serving kind, supervisor side (a mixin of :class:`eagle3ops.supervisor.runner.Supervisor`).
+"""The ``process`` serving kind, supervisor side.
 
 vLLM run as a plain process on the host cannot be stopped or started from the supervisor's container (no access to
 the host's PID namespace), so the host-side restore agent (:mod:`eagle3ops.commands.process`, a POSIX sh script
@@ -12,31 +12,42 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from eagle3ops.commands import serving as sv
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.health import GateFailed
+from eagle3ops.health import api_key_from_inspect
 from eagle3ops.supervisor.journal import _now, _tail
+from eagle3ops.supervisor.kinds.base import ServingKind
 
 
-class ProcessServing:
-    """Process-kind steps of a window (stop, restore, release switch), mixed into the Supervisor; every attribute
-    used here (``plan``, ``journal``, ``wdir``, ``releases``, ``gate`` ...) is the Supervisor's."""
+class ProcessServing(ServingKind):
+    """Serving by a plain process on the host, driven through the host-side restore agent's files: recorded from
+    /proc by the driver, stopped and restored (or switched to another process release) by the agent on request,
+    health-gated here."""
 
-    def _process_bytes(self, name: str) -> bytes:
+    name = "process"
+
+    def __init__(self, sup: Any):
+        super().__init__(sup)
+        #: Suffix of the agent's files for the process it started last (``""``, ``".2"``...).
+        self._suffix = ""
+
+    def _bytes(self, name: str) -> bytes:
         assert self.plan.process_dir is not None
         return (Path(self.plan.process_dir) / name).read_bytes()
 
-    def _process_file(self, name: str) -> str:
+    def _file(self, name: str) -> str:
         try:
-            return self._process_bytes(name).decode(errors="replace").strip()
+            return self._bytes(name).decode(errors="replace").strip()
         except OSError:
             return ""
 
-    def _process_argv(self) -> list[str]:
+    def _argv(self) -> list[str]:
         """The recorded command line of the serving process (``cmdline.nul``)."""
-        return [a.decode(errors="replace") for a in self._process_bytes("cmdline.nul").split(b"\0") if a]
+        return [a.decode(errors="replace") for a in self._bytes("cmdline.nul").split(b"\0") if a]
 
     def _await_file(self, name: str, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s`` seconds) for the agent to write ``name`` into the process dir."""
@@ -49,7 +60,7 @@ class ProcessServing:
             time.sleep(0.5)
         return path.exists()
 
-    def _process_stop(self) -> None:
+    def stop(self) -> None:
         """Ask the restore agent to stop the serving process and wait for it (SIGTERM grace + GPU release wait +
         60 s, bounded)."""
         assert self.plan.process_dir is not None
@@ -59,9 +70,9 @@ class ProcessServing:
         if not self._await_file("stopped", self.plan.stop_timeout_s + 300 + 60):
             raise RuntimeError(f"the restore agent did not report the serving process (pid {self.plan.process_pid}) "
                                f"stopped; see {self.plan.process_dir}/agent.log")
-        self.journal.log("stop", "ok", pid=self.plan.process_pid, seconds=self._process_file("stopped"))
+        self.sup.journal.log("stop", "ok", pid=self.plan.process_pid, seconds=self._file("stopped"))
 
-    def _process_restore(self) -> str:
+    def restore(self) -> str:
         """Ask the agent to restore the recorded process (detached, recorded argv/env/cwd), then health-gate it.
         There are no retained releases of a process to roll back to: a failed gate leaves the window failed with
         the lock held (``recover``)."""
@@ -70,32 +81,32 @@ class ProcessServing:
         if not req.exists():
             req.write_text(_now())
         if not self._await_file("restored", 120):
-            self.unhealthy = True
-            self.journal.log("restore", "error", reason="the restore agent did not report a restore within 120 s; "
+            self.sup.unhealthy = True
+            self.sup.journal.log("restore", "error", reason="the restore agent did not report a restore within 120 s; "
                                                         f"see {self.plan.process_dir}/agent.log")
             raise RuntimeError(f"serving process not restored: no answer from the restore agent "
                                f"({self.plan.process_dir}/agent.log)")
         try:
-            self._gate_through_signal()
+            self.sup.gate_through_signal()
         except GateFailed as exc:
-            self.unhealthy = True
-            self.journal.log("restore", "error", reason=str(exc)[-500:], verdict=True)
+            self.sup.unhealthy = True
+            self.sup.journal.log("restore", "error", reason=str(exc)[-500:], verdict=True)
             raise RuntimeError(f"restored serving process failed its health gate ({exc}); its output: "
                                f"{self.plan.process_dir}/serving.log") from None
-        self.journal.log("restore", "ok", pid=self._process_file("restored"),
+        self.sup.journal.log("restore", "ok", pid=self._file("restored"),
                          log=f"{self.plan.process_dir}/serving.log")
         return "restored"
 
-    def _process_live(self) -> dict[str, Any]:
+    def _live(self) -> dict[str, Any]:
         """The serving process recorded by this window as a release record: ``{"argv", "environ", "cwd", "uid"}``
         (``/proc`` bytes decoded with ``surrogateescape``, so that they are written back byte for byte)."""
         def words(name: str) -> list[str]:
-            return [a.decode(errors="surrogateescape") for a in self._process_bytes(name).split(b"\0") if a]
+            return [a.decode(errors="surrogateescape") for a in self._bytes(name).split(b"\0") if a]
 
-        return {"argv": words("cmdline.nul"), "environ": words("environ.nul"), "cwd": self._process_file("cwd"),
-                "uid": self._process_file("uid")}
+        return {"argv": words("cmdline.nul"), "environ": words("environ.nul"), "cwd": self._file("cwd"),
+                "uid": self._file("uid")}
 
-    def _process_write_record(self, prefix: str, process: dict[str, Any]) -> None:
+    def _write_record(self, prefix: str, process: dict[str, Any]) -> None:
         """Write ``process`` (a release record's ``process``) as ``<prefix>cmdline.nul``, ``<prefix>environ.nul`` and
         ``<prefix>cwd`` in the process dir, readable by the SSH user only (the environment may hold secrets)."""
         assert self.plan.process_dir is not None
@@ -116,9 +127,9 @@ class ProcessServing:
             except OSError:
                 pass
 
-    def _process_round(self, k: int, prefix: str) -> None:
+    def _round(self, k: int, prefix: str) -> None:
         """Round ``k`` (2, 3, ...) of a switch: the agent stops the process it started last, then starts the record
-        ``prefix``; waits (bounded) for both. Round 1 is :meth:`_process_stop` then the first start."""
+        ``prefix``; waits (bounded) for both. Round 1 is :meth:`stop` then the first start."""
         assert self.plan.process_dir is not None
         pdir = Path(self.plan.process_dir)
         if k > 1:
@@ -130,19 +141,19 @@ class ProcessServing:
         (pdir / f"restore-requested{s}").write_text(prefix)
         if not self._await_file(f"restored{s}", 120):
             raise RuntimeError(f"the restore agent did not report a start within 120 s; see {pdir}/agent.log")
-        self._process_suffix = s
+        self._suffix = s
 
-    def _process_exited(self) -> str | None:
+    def _exited(self) -> str | None:
         """For the health gate: the process the agent started last has exited (the agent reports it)."""
         assert self.plan.process_dir is not None
         pdir = Path(self.plan.process_dir)
-        s = self._process_suffix
+        s = self._suffix
         if (pdir / f"exited{s}").exists():
-            return (f"the serving process (pid {self._process_file('exited' + s)}) exited; its output: "
+            return (f"the serving process (pid {self._file('exited' + s)}) exited; its output: "
                     f"{_tail(pdir / 'serving.log', 800)}")
         return None
 
-    def _process_switch(self) -> str:
+    def switch(self) -> str:
         """``release``/``rollback`` of a host serving with a process (kind ``process``): the live process (recorded
         by the driver) is a retained release; the agent stops it and starts the target (a release: the live process
         with the plan's change; a rollback: release ``to_release`` or the one live before the current one), the
@@ -159,59 +170,84 @@ class ProcessServing:
         """
         assert self.plan.process_dir is not None
         pdir = Path(self.plan.process_dir)
-        if self.journal.first("switch", "start") is not None:
-            self.unhealthy = True
+        if self.sup.journal.first("switch", "start") is not None:
+            self.sup.unhealthy = True
             raise RuntimeError("resumed after a process switch had begun: the restore agent restores the recorded "
                                "process once this supervisor ends; check serving and run `eagle3ops recover`")
-        live = self._process_live()
-        live_n = self.releases.current()
-        if live_n is None or self.releases.get(live_n).get("process") != live:
-            live_n = self.releases.add_process(live, self.plan.window_id, change="the live process, as recorded")
-            self.releases.set_current(live_n)  # it serves now (preflight found it); the switch gates what follows
+        live = self._live()
+        live_n = self.sup.releases.current()
+        if live_n is None or self.sup.releases.get(live_n).get("process") != live:
+            live_n = self.sup.releases.add_process(live, self.plan.window_id, change="the live process, as recorded")
+            self.sup.releases.set_current(live_n)  # it serves now (preflight found it); the switch gates what follows
         if self.plan.kind == "release":
             change = self.plan.change or ReleaseChange()
             env = [e for e in live["environ"] if e.split("=", 1)[0] not in change.env]
             new = {**live, "argv": sv.set_args(live["argv"], change.args),
                    "environ": env + [f"{k}={v}" for k, v in change.env.items()]}
-            target = self.releases.add_process(new, self.plan.window_id, change=change.describe())
+            target = self.sup.releases.add_process(new, self.plan.window_id, change=change.describe())
         else:
             target = self.plan.to_release
             if target is None:
-                earlier = self.releases.fallbacks(live_n)
+                earlier = self.sup.releases.fallbacks(live_n)
                 if not earlier:
                     raise RuntimeError(f"no release that was live before the current one ({live_n}) is retained; "
                                        f"name one with --to")
                 target = earlier[0]
-            new = self.releases.get(target).get("process")
+            new = self.sup.releases.get(target).get("process")
             if not new:
                 raise RuntimeError(f"release {target} is not a process release (this host serves with a process)")
-        self._process_write_record("next.", new)
+        self._write_record("next.", new)
         (pdir / "switch").write_text(self.plan.kind)
-        self.journal.log("switch", "start", to_release=target, from_release=live_n, argv=new["argv"])
-        self._process_stop()
+        self.sup.journal.log("switch", "start", to_release=target, from_release=live_n, argv=new["argv"])
+        self.stop()
         try:
             try:
-                self._process_round(1, "next.")
-                self._gate_through_signal()
+                self._round(1, "next.")
+                self.sup.gate_through_signal()
             except (GateFailed, RuntimeError) as exc:
-                self.journal.log("switch", "error", to_release=target, reason=str(exc)[-500:],
+                self.sup.journal.log("switch", "error", to_release=target, reason=str(exc)[-500:],
                                  verdict=isinstance(exc, GateFailed))
-                self.journal.log("rollback", "start", to_release=live_n, failed_release=target)
+                self.sup.journal.log("rollback", "start", to_release=live_n, failed_release=target)
                 try:
-                    self._process_round(2, "")
-                    self._gate_through_signal()
+                    self._round(2, "")
+                    self.sup.gate_through_signal()
                 except (GateFailed, RuntimeError) as exc2:
-                    self.unhealthy = True
-                    self.journal.log("rollback", "error", to_release=live_n, reason=str(exc2)[-500:])
+                    self.sup.unhealthy = True
+                    self.sup.journal.log("rollback", "error", to_release=live_n, reason=str(exc2)[-500:])
                     raise RuntimeError(f"release {target} failed ({exc}); the rollback to release {live_n} failed "
                                        f"too ({exc2}); see {pdir}/serving.log") from None
-                self.releases.set_current(live_n)
-                self.journal.log("rollback", "ok", to_release=live_n, message=f"ROLLED BACK: release {target} failed "
+                self.sup.releases.set_current(live_n)
+                self.sup.journal.log("rollback", "ok", to_release=live_n, message=f"ROLLED BACK: release {target} failed "
                                                                               f"its health gate; serving release "
                                                                               f"{live_n}")
                 return f"release {target} failed its health gate; rolled back to release {live_n}"
-            self.releases.set_current(target)
-            self.journal.log("switch", "ok", to_release=target, pid=self._process_file("restored"))
+            self.sup.releases.set_current(target)
+            self.sup.journal.log("switch", "ok", to_release=target, pid=self._file("restored"))
             return f"serving release {target}"
         finally:
             (pdir / "done").write_text(_now())
+
+    def record(self) -> None:
+        """Journal the process the driver recorded from /proc (pid, command line, cwd, uid); the record itself is
+        in the process dir."""
+        self.sup.journal.log("record", "ok", pid=self.plan.process_pid, argv=self._argv(), cwd=self._file("cwd"),
+                             uid=self._file("uid"))
+
+    def api_key(self) -> str | None:
+        """From the recorded command line (``--api-key``) and environment (``VLLM_API_KEY``)."""
+        env = [e.decode(errors="replace") for e in self._bytes("environ.nul").split(b"\0") if e]
+        return api_key_from_inspect({"Config": {"Cmd": self._argv(), "Env": env}})
+
+    def crash_check(self) -> Callable[[], str | None]:
+        return self._exited
+
+    def running(self) -> bool:
+        """Host pids are invisible from the supervisor's container: the last gate decides."""
+        journal = self.sup.journal
+        if journal.first("stop", "start") is None:
+            return True  # never asked to stop: the agent stops nothing once this supervisor ends
+        return journal.last("health") is not None and journal.last("health")["event"] == "ok"
+
+    def keeps_release(self) -> bool:
+        """A window restores the process as recorded (no release); release and rollback plans keep releases."""
+        return self.plan.kind != "window"

@@ -1,0 +1,104 @@
+"""The interface every serving kind implements on the host side (the supervisor's view of production serving).
+
+A window's runner (:class:`eagle3ops.supervisor.runner.Supervisor`) owns the policy every kind shares: the journal
+(each step journals ``start`` before it calls the kind, and is skipped when already done), the budget (each gate's
+limit), Docker engine waits and the health poller. A kind owns only what differs between serving managers: how the
+live serving is recorded, stopped, restored and switched to another release, where its API key is read, how a crash
+shows during a gate, and whether it runs. The kind is chosen once, from the plan's ``serving_kind``
+(:func:`eagle3ops.supervisor.kinds.for_plan`); nothing else in the supervisor looks at the kind's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eagle3ops.supervisor.runner import Supervisor
+
+
+class ServingKind:
+    """One serving manager as the supervisor drives it.
+
+    ``sup`` is the window's runner: the kind reads its ``plan``, ``journal``, ``releases``, ``wdir`` and ``client``,
+    and calls back into its policy (``gate_through_signal``, ``wait_out_engine``, ``warn``); it sets
+    ``sup.unhealthy`` when neither a restore nor a rollback brought serving back.
+
+    Subclasses set :attr:`name` and override the steps; the defaults here refuse (a kind without production serving
+    inherits them unchanged, see :class:`eagle3ops.supervisor.kinds.none.NoServing`).
+    """
+
+    #: The plan's ``serving_kind`` this class implements.
+    name = ""
+    #: False for a host without production serving: the runner then journals ``serving skip`` and runs only the
+    #: stages (no record, stop, restore or gate).
+    manages = True
+
+    def __init__(self, sup: "Supervisor"):
+        self.sup = sup
+        self.plan = sup.plan
+
+    def _refuse(self, what: str) -> RuntimeError:
+        return RuntimeError(f"serving kind {self.name!r} on host {self.plan.host} cannot {what}")
+
+    def record(self) -> None:
+        """Record the live serving (what a restore brings back) and journal ``record ok`` with what was recorded.
+        Nothing is stopped before this succeeds.
+
+        Raises:
+            RuntimeError: there is nothing to record (e.g. the serving container does not exist).
+        """
+        raise self._refuse("record serving")
+
+    def stop(self) -> None:
+        """Stop the recorded serving (graceful, bounded) and journal ``stop ok``; the runner journaled ``start``.
+
+        Raises:
+            RuntimeError: the stop was not confirmed in time.
+        """
+        raise self._refuse("stop serving")
+
+    def restore(self) -> str:
+        """Bring the recorded serving back and health-gate it (the runner journaled ``restore start``).
+
+        Returns:
+            ``"restored"`` or ``"rolled back to release N"``.
+
+        Raises:
+            RuntimeError: serving did not come back (``sup.unhealthy`` is set).
+        """
+        raise self._refuse("restore serving")
+
+    def switch(self) -> str:
+        """A ``release``/``rollback`` plan: replace live serving with the target release, health-gated, rolling back
+        on a failed gate (the runner ran :meth:`record` first).
+
+        Returns:
+            ``"serving release N"`` or ``"release N failed its health gate; rolled back to release M"``.
+
+        Raises:
+            RuntimeError: no target, or neither the target nor any fallback passed the gate.
+        """
+        raise self._refuse(f"switch releases ({self.plan.kind})")
+
+    def api_key(self) -> str | None:
+        """The API key the live serving's own configuration requires (``--api-key``/``VLLM_API_KEY``), None when
+        it names none (the runner then reads ``health.api_key_file``). Never logged."""
+        return None
+
+    def crash_check(self) -> Callable[[], str | None] | None:
+        """For one health gate: a callable that says why serving crashed (the gate then fails at once), else
+        None; or None when this kind cannot tell a crash from a slow start."""
+        return None
+
+    def running(self) -> bool | None:
+        """Whether serving runs now, for the result (None: no serving to run)."""
+        return None
+
+    def keeps_release(self) -> bool:
+        """Whether the result names a retained release (``result.json`` ``release``) for this plan."""
+        return False
+
+    def live_container(self) -> Any | None:
+        """The serving container (docker SDK object) for kinds that serve with one, else None."""
+        return None

@@ -1,0 +1,355 @@
+"""Serving kinds ``container`` and ``compose``: vLLM in one Docker container on the host, driven through the docker
+SDK on the mounted socket.
+
+A release is the live container's whole configuration (:func:`eagle3ops.commands.serving.container_record`) plus the
+intended change; the supervisor recreates it through the Engine API. ``compose`` is ``container`` with the container
+found by its Compose labels at preflight (the plan names it); a recreated release keeps the labels, so Compose still
+lists it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from eagle3ops.commands import host as hc
+from eagle3ops.commands import serving as sv
+from eagle3ops.config.plan import RECORD_GATE_S, ReleaseChange
+from eagle3ops.health import GateFailed, api_key_from_inspect
+from eagle3ops.supervisor.errors import Interrupted
+from eagle3ops.supervisor.kinds.base import ServingKind
+from eagle3ops.supervisor.releases import write_private
+from eagle3ops.supervisor.stagerun import create_container
+
+
+class ContainerServing(ServingKind):
+    """Serving by one named Docker container: recorded from ``docker inspect``, stopped with ``docker stop``,
+    restored by starting (or recreating) it, switched by recreating a retained release; a failed gate rolls back
+    to the most recently live release (up to three tried)."""
+
+    name = "container"
+
+    # docker helpers
+    def live_container(self) -> Any | None:
+        import docker.errors
+
+        try:
+            return self.sup.client.containers.get(self.plan.serving_container)
+        except docker.errors.NotFound:
+            return None
+
+    def _recreate(self, record: dict[str, Any]) -> Any:
+        """Create and start the serving container from a record (:func:`eagle3ops.commands.serving.container_record`)
+        through the Engine API, every ``Config``/``HostConfig`` field as recorded. The image stays the recorded
+        reference while it still resolves to the recorded image id; a re-tagged reference is replaced by the id (a
+        release never changes image silently)."""
+        import docker.errors
+
+        client = self.sup.client
+        image = None
+        ref, want = record["Config"].get("Image"), record.get("ImageId")
+        if want and ref != want:
+            try:
+                if client.images.get(ref).id != want:
+                    image = want
+            except docker.errors.ImageNotFound:
+                image = want
+        body, more = sv.create_request(record, image=image)
+        cid = client.api.create_container_from_config(body, name=self.plan.serving_container)["Id"]
+        for net, ep in more.items():
+            ipam = ep.get("IPAMConfig") or {}
+            client.api.connect_container_to_network(
+                cid, net, aliases=ep.get("Aliases"), links=ep.get("Links"), driver_opt=ep.get("DriverOpts"),
+                ipv4_address=ipam.get("IPv4Address"), ipv6_address=ipam.get("IPv6Address"),
+                link_local_ips=ipam.get("LinkLocalIPs"))
+        client.api.start(cid)
+        return client.containers.get(cid)
+
+    def _create_release(self, rel: dict[str, Any]) -> Any:
+        """Create and start retained release ``rel`` (:meth:`Releases.get`): its whole recorded container, or the
+        docker SDK spec of a release recorded before releases kept the whole configuration."""
+        if "container" in rel:
+            return self._recreate(rel["container"])
+        return create_container(self.sup.client, rel["spec"], image_id=rel.get("image_id"))
+
+    def _remove(self) -> None:
+        c = self.live_container()
+        if c is not None:
+            c.stop(timeout=self.plan.stop_timeout_s)
+            c.remove(force=True)
+
+    # the steps
+    def record(self) -> None:
+        """Save the serving container's full inspect output and make sure it is a retained release."""
+        sup, name = self.sup, self.plan.serving_container
+        c = self.live_container()
+        if c is None:
+            raise RuntimeError(f"serving container {name!r} does not exist on the host")
+        inspect = c.attrs
+        write_private(sup.wdir / "serving-inspect.json", json.dumps(inspect, indent=2))
+        recorded = None
+        current = sup.releases.current()
+        label = ((inspect.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
+        # The live container is the current release when it carries its label, or an earlier window adopted it.
+        live_is_current = label == str(current) or sup.releases.is_adopted(current, inspect.get("Id"))
+        if current is not None and not live_is_current:
+            # Serving was recreated outside eagle3ops (by hand, or the demo's provisioning): the live container is
+            # not the release the state dir calls current, so rollbacks must not treat that one as live.
+            sup.warn("record", f"serving container {name!r} is not release {current} (its {sv.RELEASE_LABEL} label "
+                               f"is {label!r}): it was recreated outside eagle3ops; recording it as a new release")
+        if not live_is_current:
+            # Retained so that a restore can recreate it, but live only when it runs and passes its gate now.
+            recorded = sup.releases.add(sv.container_record(inspect), self.plan.window_id)
+            if label != str(recorded):
+                sup.releases.adopt(recorded, inspect.get("Id") or "")
+            c.reload()
+            if c.status != "running":
+                sup.warn("record", f"serving container {name!r} is {c.status!r}, not running: recorded as release "
+                                   f"{recorded} but not as a live release (no rollback targets it)")
+            else:
+                try:
+                    sup.gate_through_signal(RECORD_GATE_S)
+                    sup.releases.set_current(recorded)
+                except GateFailed as exc:
+                    sup.warn("record", f"serving container {name!r} did not pass the health gate ({exc}): recorded "
+                                       f"as release {recorded} but not as a live release")
+        sup.journal.log("record", "ok", release=sup.releases.current(), recorded=recorded,
+                        image_id=inspect.get("Image"))
+
+    def stop(self) -> None:
+        """Stop serving gracefully (``stop_timeout_s``, then SIGKILL) and wait for the GPUs to be released."""
+        c = self.live_container()
+        if c is not None and c.status == "running":
+            c.stop(timeout=self.plan.stop_timeout_s)
+        self.sup.journal.log("stop", "ok")
+        if self.plan.gpus and self.plan.stages:  # the GPU check runs in the stages' image
+            try:
+                self.wait_gpus_free()
+            except Interrupted:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failing check must not keep serving down; stages may fail
+                self.sup.warn("gpu-release", f"could not check GPU memory: {exc}")
+
+    def wait_gpus_free(self, timeout: float = 300.0, poll_s: float = 2.0) -> None:
+        """Poll ``nvidia-smi --query-compute-apps=pid`` in a throwaway container (the pipeline image, all GPUs)
+        until no process holds GPU memory, so stages do not start while the stopped server still frees it.
+
+        After ``timeout`` seconds it logs a warning and goes on (a stage then fails on its own if memory is short).
+        """
+        import docker.types
+
+        journal = self.sup.journal
+        journal.log("gpu-release", "start")
+        image = self.plan.stages[0].spec["image"]
+        deadline = time.time() + timeout
+        holders = ""
+        while time.time() < deadline:
+            argv = hc.gpu_compute_pids()
+            holders = self.sup.client.containers.run(
+                image, entrypoint=argv[:1], command=argv[1:],
+                device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])], remove=True,
+                pid_mode="host",  # other containers' processes are invisible to nvidia-smi in its own PID namespace
+            ).decode().strip()
+            if not holders:
+                journal.log("gpu-release", "ok", seconds=round(timeout - (deadline - time.time()), 1))
+                return
+            time.sleep(poll_s)
+        self.sup.warn("gpu-release", f"GPU memory still held after stop by pids {holders.split()}; continuing")
+
+    def restore(self) -> str:
+        """Start the stopped container, or recreate it from the recorded spec; health-gate it.
+
+        Engine errors (the Docker engine unreachable, e.g. a daemon restart) are waited out (bounded) and the
+        restore is retried; they are never a verdict on the release. Only a completed health gate that failed
+        (:class:`GateFailed`) marks the release failed; any other error with the engine up still leads to a rollback
+        (serving must come back) but leaves the release unjudged.
+
+        Raises:
+            RuntimeError: neither the restore nor the rollback passed the health gate.
+            EngineUnavailable: the engine stayed unreachable.
+        """
+        sup = self.sup
+        while True:
+            try:
+                c = self.live_container()
+                if c is None:
+                    inspect = json.loads((sup.wdir / "serving-inspect.json").read_text())
+                    self._recreate(sv.container_record(inspect))
+                elif c.status != "running":
+                    c.start()
+                sup.gate_through_signal()
+            except Exception as exc:  # noqa: BLE001 - any failure leads to the engine wait or the rollback path
+                if sup.wait_out_engine("restore", exc):
+                    continue  # the engine is back: the same restore again, not a rollback
+                verdict = isinstance(exc, GateFailed)
+                sup.journal.log("restore", "error", reason=str(exc)[-500:], verdict=verdict)
+                return self.rollback_after_failure(str(exc), verdict=verdict)
+            self._confirm_restored()
+            sup.journal.log("restore", "ok")
+            return "restored"
+
+    def _confirm_restored(self) -> None:
+        """The restored container passed its gate: it is the live release (this clears an earlier failure mark; a
+        container first recorded by this window without a gate becomes live now)."""
+        releases = self.sup.releases
+        n = releases.current()
+        if n is None:
+            rec = self.sup.journal.first("record", "ok")
+            n = rec.get("recorded") if rec else None
+        if n is not None:
+            releases.confirm_live(n)
+
+    def rollback_after_failure(self, why: str, failed: int | None = None, tries: int = 3,
+                               verdict: bool = True) -> str:
+        """Serving failed on release ``failed`` (default: the current one): bring back the most recently live other
+        release, trying up to ``tries`` previously live releases in turn, each health-gated.
+
+        ``verdict``: the failure was a completed health gate (:class:`GateFailed`) on ``failed``; only then is the
+        release marked failed in the history. Engine errors during a rollback are waited out (bounded) and the same
+        release is tried again; they never move on to the next candidate.
+
+        Returns:
+            ``"rolled back to release N"``.
+
+        Raises:
+            RuntimeError: no previously live release is retained, or none of those tried passed the gate.
+            EngineUnavailable: the engine stayed unreachable.
+        """
+        sup, releases = self.sup, self.sup.releases
+        failed = releases.current() if failed is None else failed
+        if verdict and failed is not None and failed == releases.current():
+            releases.mark_failed(failed, why)
+        candidates = releases.fallbacks(failed)[:tries]
+        if not candidates:
+            sup.unhealthy = True
+            raise RuntimeError(f"serving failed its health gate ({why}) and no earlier live release is retained")
+        errors = []
+        for prev in candidates:
+            sup.journal.log("rollback", "start", to_release=prev, failed_release=failed, reason=why[-300:])
+            while True:
+                try:
+                    self._remove()
+                    self._create_release(releases.get(prev))
+                    sup.gate_through_signal()
+                except Exception as exc:  # noqa: BLE001 - engine wait, else the next previously live release
+                    if sup.wait_out_engine("rollback", exc):
+                        continue
+                    sup.journal.log("rollback", "error", to_release=prev, reason=str(exc)[-500:])
+                    errors.append(f"release {prev}: {exc}")
+                    break
+                releases.set_current(prev)
+                sup.journal.log("rollback", "ok", to_release=prev, message=f"ROLLED BACK: release {failed} failed "
+                                                                           f"its health gate; serving release {prev}")
+                return f"rolled back to release {prev}"
+        sup.unhealthy = True
+        raise RuntimeError(f"serving failed its health gate ({why}); rollback failed too: " + "; ".join(errors))
+
+    def switch(self) -> str:
+        """Swap the serving container for the target release, health-gated. A ``rollback`` plan without
+        ``to_release`` targets the release that was live before the current one (:meth:`Releases.fallbacks`); a
+        resumed supervisor keeps the target its journal names and never adds a second new release.
+
+        Raises:
+            RuntimeError: the target is not retained, there is no earlier live release, or neither the target nor
+                any fallback passed the health gate.
+            FileNotFoundError: ``to_release`` names a release that is not retained.
+        """
+        sup, journal, releases = self.sup, self.sup.journal, self.sup.releases
+        done = journal.first("switch", "ok")
+        if done:  # a resumed supervisor: the switch already happened
+            return f"serving release {done['to_release']}"
+        begun = journal.first("switch", "start")
+        if begun:  # resumed mid-switch: same target, never a second new release
+            target = begun["to_release"]
+        elif self.plan.kind == "release":
+            target = releases.add(self.new_release(), self.plan.window_id,
+                                  change=(self.plan.change or ReleaseChange()).describe())
+        elif self.plan.to_release is not None:
+            target = self.plan.to_release
+            releases.get(target)  # raises when not retained
+        else:
+            earlier = releases.fallbacks(releases.current())
+            if not earlier:
+                raise RuntimeError(f"no release that was live before the current one "
+                                   f"({releases.current()}) is retained; name one with --to")
+            target = earlier[0]
+        rel = releases.get(target)
+        if journal.first("switch", "error") is None:
+            if not begun:
+                journal.log("switch", "start", to_release=target)
+            while True:
+                try:
+                    self._remove()
+                    self._create_release(rel)
+                    sup.gate_through_signal()
+                except Exception as exc:  # noqa: BLE001
+                    if sup.wait_out_engine("switch", exc):
+                        continue  # engine back: the same switch again
+                    journal.log("switch", "error", reason=str(exc)[-500:], verdict=isinstance(exc, GateFailed))
+                    what = "failed its health gate" if isinstance(exc, GateFailed) else "could not be started"
+                    return f"release {target} {what}; " + self.rollback_after_failure(
+                        str(exc), target, verdict=isinstance(exc, GateFailed))
+                break
+            releases.set_current(target)
+            journal.log("switch", "ok", to_release=target)
+            return f"serving release {target}"
+        # resumed after the switch failed: finish the rollback
+        ok = journal.first("rollback", "ok")
+        if ok:
+            return f"release {target} failed its health gate; rolled back to release {ok['to_release']}"
+        return f"release {target} failed its health gate; " + self.rollback_after_failure("resumed", target)
+
+    def new_release(self) -> dict[str, Any]:
+        """The record of a new release: the serving container recorded by this window (``serving-inspect.json``)
+        plus the plan's intended change, nothing else (:func:`eagle3ops.commands.serving.apply_change`)."""
+        inspect = json.loads((self.sup.wdir / "serving-inspect.json").read_text())
+        change = self.plan.change or ReleaseChange()
+        defaults = None
+        if change.image:  # the old image's own defaults give way to the new image's
+            defaults = self.sup.client.images.get(inspect["Image"]).attrs.get("Config") or {}
+        return sv.apply_change(sv.container_record(inspect), args=change.args, env=change.env, binds=change.binds,
+                               image=change.image, image_defaults=defaults)
+
+    # what the gate and the result ask
+    def api_key(self) -> str | None:
+        c = self.live_container()
+        return api_key_from_inspect(c.attrs) if c is not None else None
+
+    def crash_check(self) -> Callable[[], str | None]:
+        """A crash is status ``exited``/``dead``/``restarting`` or a RestartCount above the one seen now (a
+        restart policy turns a crash into a restart: a crash, not a slow start)."""
+        c0 = self.live_container()
+        restarts0 = c0.attrs.get("RestartCount", 0) if c0 is not None else 0
+
+        def crashed() -> str | None:
+            c = self.live_container()
+            if c is None:
+                return None
+            c.reload()
+            if c.status in ("exited", "dead", "restarting") or c.attrs.get("RestartCount", 0) > restarts0:
+                logs = c.logs(tail=20).decode(errors="replace")
+                return (f"serving container crashed (status {c.status}, exit {c.attrs['State'].get('ExitCode')}): "
+                        f"{logs[-800:]}")
+            return None
+
+        return crashed
+
+    def running(self) -> bool:
+        c = self.live_container()
+        if c is None:
+            return False
+        c.reload()
+        return c.status == "running"
+
+    def keeps_release(self) -> bool:
+        return True
+
+
+class ComposeServing(ContainerServing):
+    """Kind ``compose``: the container of a Compose service. The driver resolved it by its Compose labels at
+    preflight (the plan names it); on the host it is a container like any other, and a recreated release keeps the
+    labels (they are part of the recorded configuration)."""
+
+    name = "compose"

@@ -1,0 +1,269 @@
+"""Serving kinds on the driver side: what a window's driver does differently per serving manager, one class each,
+chosen once from the host's ``serving.kind`` (:func:`driver_kind`).
+
+Each class says which commands it refuses (:meth:`DriverKind.refuse`), what a release may change, how preflight
+finds live serving, which plan fields it fills, what runs on the host before the supervisor (the ``process`` and
+``systemd`` kinds' restore agent), what ``--dry-run`` shows the supervisor doing, and what ``config check`` says.
+The host side of each kind is :mod:`eagle3ops.supervisor.kinds` (the driver never imports it: the plan's
+``serving_kind`` is the only thing the two share). Nothing else on the driver side looks at the kind's name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.commands import process as pr
+from eagle3ops.commands import serving as sv
+from eagle3ops.commands import stages as st
+from eagle3ops.commands import systemd as sd
+from eagle3ops.config import HostConfig
+from eagle3ops.config.plan import NO_SERVING_NOTE, Plan, ReleaseChange
+from eagle3ops.window.common import WindowError
+
+if TYPE_CHECKING:
+    from eagle3ops.remote import Remote
+    from eagle3ops.window.preflight import Preflight
+
+
+def agent_limit_s(plan: Plan) -> float:
+    """How long (seconds) a ``process``/``systemd`` window's restore agent waits for the supervisor's restore request
+    before it restores on its own: the window's budget plus the graceful stop and 600 s."""
+    return plan.budget_s + plan.stop_timeout_s + 600.0
+
+
+def _gate(plan: Plan) -> list[str]:
+    assert plan.health is not None  # every plan with serving has a gate
+    port = plan.health.port
+    return ["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
+            f"POST http://127.0.0.1:{port}/v1/completions"]
+
+
+def _stage_argv(h: HostConfig, plan: Plan) -> list[list[str]]:
+    return [sv.run_argv(h, {**step.spec, "restart_policy": {}}) for step in plan.stages]
+
+
+class DriverKind:
+    """One serving manager as a window's driver sees it. The defaults are the ``container`` kind's."""
+
+    name = "container"
+    #: A release/rollback needs live serving found at preflight (the kinds whose driver records it before launch).
+    records_before_release = False
+    #: Said by ``--dry-run`` before the supervisor's commands (None: nothing to say).
+    dry_run_note: str | None = None
+
+    def refuse(self, h: HostConfig, what: str) -> None:
+        """Refuse ``what`` (``release``, ``rollback``, ``speculate``) on this kind of serving before the lock.
+
+        Raises:
+            WindowError: the kind cannot do ``what``; the message names the host, the inventory key and the fix.
+        """
+
+    def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
+        """Why a release with ``change`` cannot be made on this kind (None: it can)."""
+        return None
+
+    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+        """Find live serving (read-only) and add its check to ``pf``: the container (by name or Compose labels)."""
+        from eagle3ops.window.preflight import check_serving_container
+
+        check_serving_container(r, pf, need_serving)
+
+    def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
+                    process_pid: int | None) -> dict[str, Any]:
+        """The :class:`~eagle3ops.config.plan.Plan` fields of this kind: the serving container's name (found at
+        preflight, else :func:`eagle3ops.commands.serving.default_name`)."""
+        return {"serving_container": serving_container or sv.default_name(h.serving)}
+
+    def launch(self, r: "Remote", plan: Plan) -> None:
+        """Run what must be on the host before the supervisor starts (nothing for a container)."""
+
+    def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
+        """What the supervisor (docker SDK) will do, as equivalent argv lists (``--dry-run``)."""
+        cmds: list[list[str]] = []
+        if plan.kind == "window":
+            cmds.append(dk.docker(h, "stop", "--time", str(plan.stop_timeout_s), plan.serving_container))
+            cmds += _stage_argv(h, plan)
+            cmds.append(dk.docker(h, "start", plan.serving_container))
+        else:
+            if plan.kind == "release":
+                change = plan.change or ReleaseChange()
+                record = {"Name": plan.serving_container, "Config": {
+                    "Image": change.image or "<image of the live container>",
+                    "Cmd": ["<command of the live container, with:", *change.args, ">"] if change.args else
+                           ["<command of the live container>"]}}
+            else:
+                which = plan.to_release or "live before the current one"
+                record = {"Name": plan.serving_container, "Config": {"Image": f"<image of release {which}>",
+                                                                      "Cmd": [f"<command of release {which}>"]}}
+            cmds.append(dk.rm(h, plan.serving_container, force=True))
+            cmds.append(sv.record_run_argv(h, record))
+        cmds.append(_gate(plan))
+        return cmds
+
+    def looked_for(self, h: HostConfig) -> str:
+        """What preflight looks for, in words."""
+        return f"container {h.serving.container!r}"
+
+    def drift_note(self, h: HostConfig) -> str | None:
+        """``config check HOST``: why there is no live container to compare (None: compare it)."""
+        return None
+
+
+class ComposeKind(DriverKind):
+    """The container of a Compose service, found by its Compose labels."""
+
+    name = "compose"
+
+    def looked_for(self, h: HostConfig) -> str:
+        return f"Compose service {h.serving.compose_project}/{h.serving.compose_service}"
+
+
+class ProcessKind(DriverKind):
+    """A plain process: found with ``pgrep``, recorded from /proc and handed to the host-side restore agent."""
+
+    name = "process"
+    records_before_release = True
+
+    def refuse(self, h: HostConfig, what: str) -> None:
+        if what not in ("release", "rollback"):
+            raise WindowError(f"host {h.name} serves with a process (`hosts.{h.name}.serving.kind: process`): {what} "
+                              f"is not supported for process serving yet (windows, release and rollback are); run "
+                              f"serving as a container for {what}")
+
+    def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
+        if change is None or not (change.image or change.binds):
+            return None
+        return (f"host {h.name} serves with a process (`hosts.{h.name}.serving.kind: process`): a release of it "
+                f"changes only server flags (--arg) and environment, not the image or binds (asked: "
+                f"{'--image' if change.image else 'binds'}); drop --image/binds, or run serving as a container")
+
+    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+        from eagle3ops.window.preflight import check_process
+
+        check_process(r, pf, need_serving)
+
+    def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
+                    process_pid: int | None) -> dict[str, Any]:
+        return {"serving_container": "", "process_dir": pr.process_dir(f"{h.state_dir}/windows/{window_id}"),
+                "process_pid": process_pid}
+
+    def launch(self, r: "Remote", plan: Plan) -> None:
+        """Record the serving process and start the restore agent, before the supervisor that talks with it."""
+        assert plan.process_dir is not None and plan.process_pid is not None
+        r.run(pr.record_process(plan.process_pid, plan.process_dir))
+        r.run(pr.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
+                             supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)))
+
+    def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
+        """The host-side restore agent stops and restores; the supervisor gates."""
+        pdir = plan.process_dir or "?"
+        gate = _gate(plan)
+        head = [pr.record_process(plan.process_pid or 0, pdir),
+                pr.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
+                               supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)),
+                pr.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
+        if plan.kind == "window":
+            return [*head, *_stage_argv(h, plan), pr.restore_preview(pdir, [], ""), gate]
+        if plan.kind == "release":
+            args = (plan.change or ReleaseChange()).args
+            target = ["<recorded command line, with:", *args, ">"] if args else ["<recorded command line>"]
+        else:
+            target = [f"<command line of release {plan.to_release or 'live before the current one'}>"]
+        return [*head, pr.restore_preview(pdir, target, "<its recorded cwd>"), gate,
+                ["# if the gate fails: roll back to the recorded process"],
+                pr.stop_preview(0, plan.stop_timeout_s), pr.restore_preview(pdir, [], ""), gate]
+
+    def drift_note(self, h: HostConfig) -> str | None:
+        return ("serving kind process: windows restore the running process as recorded from /proc, releases change "
+                "its flags (`release --arg`); there is no container to compare")
+
+
+class SystemdKind(DriverKind):
+    """A systemd unit: recorded with ``systemctl show``, stopped and started by the restore agent's systemd variant
+    (:mod:`eagle3ops.commands.systemd`). Windows only. Not run against a real systemd (a stand-in in the tests)."""
+
+    name = "systemd"
+    records_before_release = True
+
+    def refuse(self, h: HostConfig, what: str) -> None:
+        raise WindowError(f"host {h.name} serves with systemd unit {h.serving.unit!r} (`hosts.{h.name}.serving.kind: "
+                          f"systemd`): {what} is not supported for systemd serving (windows are); change the unit "
+                          f"and restart it yourself, or run serving as a container for {what}")
+
+    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+        """``systemctl is-active UNIT`` must say ``active`` (read-only)."""
+        unit = r.host.serving.unit or ""
+        out = r.run(sd.is_active(unit), check=False)
+        state = out.stdout.strip() or (out.stderr or "").strip()[-200:] or "?"
+        ok = state == "active" or not need_serving
+        pf.add("serving unit", ok, f"{unit}: {state}" if ok else
+               f"{unit} is {state!r}, not active (hosts.{r.host.name}.serving.unit): start it (`systemctl start "
+               f"{unit}`), or fix the unit name")
+
+    def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
+                    process_pid: int | None) -> dict[str, Any]:
+        return {"serving_container": "", "process_dir": pr.process_dir(f"{h.state_dir}/windows/{window_id}"),
+                "serving_unit": h.serving.unit}
+
+    def launch(self, r: "Remote", plan: Plan) -> None:
+        """Record the unit (``unit.show``) and start the systemd restore agent, before the supervisor."""
+        assert plan.process_dir is not None and plan.serving_unit is not None
+        r.run(sd.record_unit(plan.serving_unit, plan.process_dir))
+        r.run(sd.start_agent(r.host, pdir=plan.process_dir, unit=plan.serving_unit,
+                             stop_timeout_s=plan.stop_timeout_s, supervisor=st.supervisor_name(plan.window_id),
+                             limit_s=agent_limit_s(plan)))
+
+    def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
+        """The agent runs ``systemctl stop``, the stages run, the agent runs ``systemctl start``, the supervisor
+        gates."""
+        pdir, unit = plan.process_dir or "?", plan.serving_unit or "?"
+        return [sd.record_unit(unit, pdir),
+                sd.start_agent(h, pdir=pdir, unit=unit, stop_timeout_s=plan.stop_timeout_s,
+                               supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)),
+                sd.stop_argv(unit), *_stage_argv(h, plan), sd.start_argv(unit), _gate(plan)]
+
+    def looked_for(self, h: HostConfig) -> str:
+        return f"systemd unit {h.serving.unit!r}"
+
+    def drift_note(self, h: HostConfig) -> str | None:
+        return (f"serving kind systemd: windows stop and start unit {h.serving.unit!r} as systemd has it; there is "
+                f"no container to compare")
+
+
+class NoServingKind(DriverKind):
+    """A host that only trains (``serving: none``): no serving to find, stop, restore or gate."""
+
+    name = "none"
+    dry_run_note = NO_SERVING_NOTE
+
+    def refuse(self, h: HostConfig, what: str) -> None:
+        raise WindowError(f"host {h.name} has no serving: `hosts.{h.name}.serving` is `none` in the inventory (a "
+                          f"host that only trains), so there is nothing to {what}. Run {what} on a host that serves, "
+                          f"or describe this host's serving (`eagle3ops config docs inventory`).")
+
+    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+        pf.add("serving", True, NO_SERVING_NOTE)  # no serving container to find or check
+
+    def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
+                    process_pid: int | None) -> dict[str, Any]:
+        return {"serving_container": ""}
+
+    def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
+        return _stage_argv(h, plan)  # the stages, nothing else (see NO_SERVING_NOTE)
+
+    def looked_for(self, h: HostConfig) -> str:
+        return "no serving (serving: none)"
+
+    def drift_note(self, h: HostConfig) -> str | None:
+        return "serving: none (a host that only trains): no serving container to compare"
+
+
+#: ``serving.kind`` → its driver-side class.
+DRIVER_KINDS: dict[str, type[DriverKind]] = {k.name: k for k in (DriverKind, ComposeKind, ProcessKind, SystemdKind,
+                                                                 NoServingKind)}
+
+
+def driver_kind(h: HostConfig) -> DriverKind:
+    """The driver-side serving kind of host ``h`` (from ``serving.kind``, which the inventory validated)."""
+    return DRIVER_KINDS[h.serving.kind]()
