@@ -20,6 +20,7 @@ from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, app
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
 from eagle3ops.window.planner import StageDecision, agent_limit_s, build_plan, decide_stages, supervisor_commands
 from eagle3ops.window.preflight import Preflight, estimate_disk, preflight, read_run_state
+from eagle3ops.window.standin import refuse_standin_image
 from eagle3ops.window.watch import finish_window, watch
 
 
@@ -103,7 +104,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             failed after the window started.
         PreflightFailed: a check failed (nothing stopped; lock released; audit entry written).
         SupervisorDead: the supervisor died without a result (the message gives the recover command).
-        WindowError: also a ``release``/``rollback`` on a host with ``serving: none`` (refused before the lock).
+        WindowError: also a ``release``/``rollback`` on a host with ``serving: none``, or a release of a stand-in
+            image on a host that is not a sandbox (:mod:`eagle3ops.window.standin`); both refused before the lock.
     """
     if kind not in st.WINDOWS:
         require_serving(r.host, kind)
@@ -111,6 +113,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise WindowError(f"host {r.host.name} serves with a process (`hosts.{r.host.name}.serving.kind: "
                               f"process`): a release of it changes only server flags (--arg), not the image or "
                               f"binds; drop --image, or run serving as a container")
+        if change is not None and change.image:
+            refuse_standin_image(r, change.image, f"{kind} --image")
     window_id = new_window_id(kind)
     t0 = time.monotonic()
     if r.dry_run and read_lock(r):
