@@ -189,13 +189,22 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                                                   "serving.speculative_image)."),
               force: bool = typer.Option(False, "--force", help="Accept a head whose offline acceptance "
                                          "estimate is below serving.acceptance_floor."),
-              margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin."),
+              margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin (0 or "
+                                                     "more; negative only in tests, with "
+                                                     "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1)."),
               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions
     from eagle3ops.speculate.ship import speculate as run_speculate
     from eagle3ops.window.common import WindowError
 
+    from eagle3ops.config.inventory import check_gate_margin
+
+    if margin is not None:
+        try:
+            check_gate_margin(margin)
+        except ValueError as e:
+            common.fail(f"--margin: {e}")
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run) as r:
         dep = _deployed(r, required=not (dry_run or h.pipeline_image))

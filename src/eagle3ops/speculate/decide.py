@@ -207,14 +207,17 @@ def ratio_interval(baseline: Sequence[LevelResult], speculative: Sequence[LevelR
     bs_w, ss_w = _widen(bt, bs), _widen(st, ss)
     rng = np.random.default_rng(seed)
     n_prompts = bt.shape[1]
-    # multiplicities: how often each prompt / pass is drawn in a replicate (a multinomial draw = indices drawn
-    # with replacement); Σ over drawn cells = u @ X @ w for pass counts u and prompt counts w
-    w = rng.multinomial(n_prompts, np.full(n_prompts, 1.0 / n_prompts), size=resamples)
-    ub = rng.multinomial(bt.shape[0], np.full(bt.shape[0], 1.0 / bt.shape[0]), size=resamples)
-    us = rng.multinomial(st.shape[0], np.full(st.shape[0], 1.0 / st.shape[0]), size=resamples)
+    # multiplicities: how often each prompt / pass is drawn in a replicate (indices drawn with replacement, counted);
+    # Σ over drawn cells = u @ X @ w for pass counts u and prompt counts w
+    def counts(n: int) -> np.ndarray:
+        idx = rng.integers(0, n, (resamples, n)) + n * np.arange(resamples)[:, None]
+        return np.bincount(idx.ravel(), minlength=resamples * n).reshape(resamples, n).astype(float)
+
+    w = counts(n_prompts)
+    ub, us = counts(bt.shape[0]), counts(st.shape[0])
 
     def rate(u: np.ndarray, tok: np.ndarray, sec: np.ndarray) -> np.ndarray:
-        return np.einsum("bi,bi->b", u @ tok, w) / np.einsum("bi,bi->b", u @ sec, w)
+        return ((u @ tok) * w).sum(axis=1) / ((u @ sec) * w).sum(axis=1)
 
     ratios = rate(us, st, ss_w) / rate(ub, bt, bs_w)
     low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import httpx
 
@@ -59,8 +59,8 @@ class LevelResult:
     prompt_ttft_ms: tuple[float | None, ...] | list[float | None] = ()
 
     def figures(self) -> dict[str, object]:
-        """JSON-ready dict."""
-        return asdict(self)
+        """JSON-ready dict (per-prompt figures as lists)."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
