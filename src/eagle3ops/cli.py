@@ -222,7 +222,16 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     for c, lv in (res.get("levels") or {}).items():
         console.print(f"  concurrency {c}: baseline {lv['baseline']['output_tokens_per_s']} tok/s, speculative "
                       f"{(lv.get('speculative') or {}).get('output_tokens_per_s')} tok/s "
-                      f"(x{lv.get('throughput_ratio')})")
+                      f"(x{lv.get('throughput_ratio')}); passes (tok/s): baseline "
+                      f"{[p['output_tokens_per_s'] for p in lv['baseline'].get('passes', [])]}, speculative "
+                      f"{[p['output_tokens_per_s'] for p in (lv.get('speculative') or {}).get('passes', [])]}")
+    if res.get("interval"):
+        iv = res["interval"]
+        console.print(f"  {iv['level']:.0%} interval of the ratio x{iv['low']} to x{iv['high']} (point x{iv['point']},"
+                      f" {iv['baseline_passes']} + {iv['speculative_passes']} passes x {iv['prompts']} prompts)")
+    if res.get("drift"):
+        console.print(f"  baseline drift {res['drift']['change']} (interval {res['drift']['low']} to "
+                      f"{res['drift']['high']}, limit ±{res['drift']['limit']})")
     console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
                   f"{sd.get('acceptance_per_position')}; live release {res.get('live_release')}")
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))

@@ -2,9 +2,9 @@
 
 A stand-in image is one this repository builds so that the sandbox (a CPU machine) can go through the production
 code path: the local vLLM base (``eagle3ops/vllm-openai-local``: CPU vLLM in a venv), the upstream-layout base
-(``eagle3ops/vllm-openai-upstream-standin``), the test base (``eagle3ops/standin-vllm-base``) and every image built
-from a ``standin: true`` patch profile (e.g. the CPU stand-in serving image ``eagle3ops/serving:sandbox-cpu-standin``,
-greedy only). They are recognised by their labels (``io.eagle3ops.standin`` on an image of a stand-in profile,
+(``eagle3ops/vllm-openai-upstream-standin``), the test base (``eagle3ops/standin-vllm-base``) and every image
+built from a ``standin: true`` patch profile (e.g. the CPU stand-in serving image
+``eagle3ops/serving:sandbox-cpu-standin``, greedy only). They are recognised by their labels (``io.eagle3ops.standin`` on an image of a stand-in profile,
 ``io.eagle3ops.stand-in-for`` on a stand-in base and every image built on it: labels are inherited,
 ``io.eagle3ops.stand-in`` on the test base; written by :mod:`eagle3ops.images.tags` and
 :mod:`eagle3ops.images.bases`) and, where the labels cannot be read (an image the host does not hold yet), by
