@@ -5,6 +5,8 @@ journals and results, the train stage's metrics and manifest), plus a speculatio
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -52,17 +54,24 @@ def test_report_plots_exactly_the_recorded_numbers(tmp_path, recorded):
 
 
 def test_report_shows_the_gate_decision_and_its_figures(tmp_path, recorded):
-    base = {1: LevelResult(1, 8, 0, 512, 10.0, 51.2, 19.0, 22.0, 120.0, 0),
-            4: LevelResult(4, 8, 0, 512, 4.0, 128.0, 30.0, 35.0, 150.0, 0)}
-    spec = {1: LevelResult(1, 8, 0, 512, 8.0, 64.0, 15.0, 18.0, 130.0, 0),
-            4: LevelResult(4, 8, 0, 512, 4.2, 121.9, 33.0, 38.0, 160.0, 0)}
+    # issue 24: the decision takes three passes per side with per-prompt figures (identical passes here, so the
+    # pooled tokens/s are the single pass's)
+    def passes(lv: LevelResult) -> list[LevelResult]:
+        return [dataclasses.replace(lv, prompt_tokens=(64,) * 8, prompt_seconds=(1.0,) * 8,
+                                    prompt_ttft_ms=(lv.ttft_ms_median,) * 8)] * 3
+
+    base = {1: passes(LevelResult(1, 8, 0, 512, 10.0, 51.2, 19.0, 22.0, 120.0, 0)),
+            4: passes(LevelResult(4, 8, 0, 512, 4.0, 128.0, 30.0, 35.0, 150.0, 0))}
+    spec = {1: passes(LevelResult(1, 8, 0, 512, 8.0, 64.0, 15.0, 18.0, 130.0, 0)),
+            4: passes(LevelResult(4, 8, 0, 512, 4.2, 121.9, 33.0, 38.0, 160.0, 0))}
     d = dec.decide(base, spec, SpecDelta(100, 300, 120, {0: 70, 1: 35, 2: 15}), production_concurrency=1,
                    margin=0.1, acceptance_floor=1.5)
     recorded["speculate"] = {"verdict": d.verdict, "reason": d.reason, **d.figures}
     recorded["train_manifest"]["offline_estimate"] = {"acceptance_length": 2.1,
                                                       "per_position": {"0": 0.8, "1": 0.5, "2": 0.3}}
     plotted = report.render(recorded, tmp_path)
-    assert plotted["throughput"] == {"baseline": [(1, 51.2), (4, 128.0)], "speculative": [(1, 64.0), (4, 121.9)]}
+    # pass-pooled tokens/s (Σ tokens / Σ wall): 512 / 4.2 s = 121.905
+    assert plotted["throughput"] == {"baseline": [(1, 51.2), (4, 128.0)], "speculative": [(1, 64.0), (4, 121.905)]}
     assert plotted["acceptance_measured"] == pytest.approx({0: 0.7, 1: 0.35, 2: 0.15})
     assert plotted["acceptance_offline"] == pytest.approx({0: 0.8, 1: 0.5, 2: 0.3})
     html = (tmp_path / "index.html").read_text()

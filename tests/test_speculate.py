@@ -3,6 +3,7 @@ disjoint from training, load replay against real vLLM serving on the sandbox, an
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -82,8 +83,16 @@ def test_humaneval_prompts_split_by_id_and_disjoint_from_training():
         prompts.disjointness(gate, leaked)
 
 
-def _level(c: int, tps: float, foreign: float = 0, errors: int = 0) -> LevelResult:
-    return LevelResult(c, 10, errors, 640, 640 / tps, tps, 20.0, 30.0, 100.0, foreign)
+def _level(c: int, tps: float, foreign: float = 0, errors: int = 0, passes: int = 3,
+           ttft: float = 100.0) -> list[LevelResult]:
+    """``passes`` passes of 10 prompts x 64 tokens at ``tps`` tokens/s, the passes within ±1 % of each other and
+    the prompts' request times apart (so the interval has something to resample)."""
+    out = []
+    for j in range(passes):
+        v = tps * (1.0, 1.01, 0.99, 1.005, 0.995)[j % 5]
+        out.append(LevelResult(c, 10, errors, 640, 640 / v, v, 20.0, 30.0, ttft, foreign, (64,) * 10,
+                               tuple(64 / v * (0.8 + 0.04 * i) for i in range(10)), (ttft,) * 10))
+    return out
 
 
 def _spec(acc: float) -> metrics.SpecDelta:
@@ -91,14 +100,18 @@ def _spec(acc: float) -> metrics.SpecDelta:
 
 
 def test_keep_only_when_faster_at_production_concurrency_and_acceptance_above_the_floor():
+    # issue 24 changed the rule: three passes per side with per-prompt figures; the reason names the interval
     base = {1: _level(1, 100), 8: _level(8, 400)}
     keep = dec.decide(base, {1: _level(1, 130), 8: _level(8, 380)}, _spec(2.2), production_concurrency=1,
                       margin=0.1, acceptance_floor=1.5)
-    assert keep.keep and "x1.300" in keep.reason
-    assert keep.figures["levels"]["8"]["throughput_ratio"] == pytest.approx(0.95)  # reported, not deciding
-    slow = dec.decide(base, {1: _level(1, 105), 8: _level(8, 500)}, _spec(2.2), production_concurrency=1,
+    assert keep.keep and "x1.300" in keep.reason and "lower bound clears x1.100" in keep.reason
+    assert keep.interval is not None and keep.interval.low >= 1.1 and keep.interval.high <= 1.4
+    assert keep.figures["interval"]["low"] == round(keep.interval.low, 4)
+    assert keep.figures["levels"]["8"]["throughput_ratio"] == pytest.approx(0.95, abs=1e-3)  # reported only
+    assert len(keep.figures["levels"]["1"]["baseline"]["passes"]) == 3 and keep.figures["drift"]["exceeded"] is False
+    slow = dec.decide(base, {1: _level(1, 95), 8: _level(8, 500)}, _spec(2.2), production_concurrency=1,
                       margin=0.1, acceptance_floor=1.5)
-    assert slow.verdict == "rollback" and "needs x1.100" in slow.reason
+    assert slow.verdict == "rollback" and "upper bound below x1.100" in slow.reason
     low = dec.decide(base, {1: _level(1, 200), 8: _level(8, 500)}, _spec(1.2), production_concurrency=1,
                      margin=0.1, acceptance_floor=1.5)
     assert low.verdict == "rollback" and "below the floor" in low.reason
@@ -110,6 +123,58 @@ def test_keep_only_when_faster_at_production_concurrency_and_acceptance_above_th
     assert neg.keep and neg.figures["margin_is_negative_test_setting"] is True
     with pytest.raises(ValueError, match="production concurrency 4"):
         dec.decide(base, base, _spec(2), production_concurrency=4, margin=0, acceptance_floor=1)
+    with pytest.raises(ValueError, match="at least 3 passes"):
+        dec.decide({1: _level(1, 100, passes=2)}, {1: _level(1, 130)}, _spec(2), production_concurrency=1,
+                   margin=0.1, acceptance_floor=1.5)
+
+
+def test_a_straddling_interval_is_undecided_and_names_the_figure_that_would_have_decided():
+    base = {1: _level(1, 100)}
+    spec = _level(1, 108)
+    # one slow speculative pass: the ratio's interval spans 1.05
+    spec[1] = _level(1, 90)[1]
+    d = dec.decide(base, {1: spec}, _spec(2.2), production_concurrency=1, margin=0.05, acceptance_floor=1.5)
+    assert d.verdict == "undecided" and not d.keep
+    assert d.interval is not None and d.interval.low < 1.05 <= d.interval.high
+    assert d.deciding == {"figure": "lower bound of the 90% throughput-ratio interval",
+                          "value": round(d.interval.low, 4), "needs": 1.05}
+    assert d.figures["deciding"] == d.deciding and "would have to reach x1.050" in d.reason
+
+
+def test_baseline_drift_beyond_half_the_margin_is_undecided_and_reported():
+    steady = dec.baseline_drift(_level(1, 100), 0.05)
+    assert not steady.exceeded and abs(steady.change) <= 0.011
+    drifting = [_level(1, v)[0] for v in (100.0, 104.0, 108.2, 112.5)]  # +4 % a pass, tightly
+    d = dec.decide({1: drifting}, {1: _level(1, 150, passes=4)}, _spec(2.2), production_concurrency=1,
+                   margin=0.05, acceptance_floor=1.5)
+    assert d.verdict == "undecided" and "drifted +12.5%" in d.reason
+    assert d.drift is not None and d.drift.exceeded and d.figures["drift"]["passes_tokens_per_s"][0] == 100.0
+    # scatter without a trend is not drift: the interval of a noisy trend reaches inside ±margin/2
+    noisy = [_level(1, v)[0] for v in (100.0, 112.0, 101.0)]
+    assert not dec.baseline_drift(noisy, 0.05).exceeded
+
+
+def test_a_slow_first_token_rolls_back_whatever_the_throughput():
+    base = {1: _level(1, 100, ttft=100.0)}
+    d = dec.decide(base, {1: _level(1, 150, ttft=170.0)}, _spec(2.2), production_concurrency=1, margin=0.05,
+                   acceptance_floor=1.5, ttft_ratio_max=1.5)
+    assert d.verdict == "rollback" and "time to first token x1.700" in d.reason and d.ttft_ratio == pytest.approx(1.7)
+    ok = dec.decide(base, {1: _level(1, 150, ttft=140.0)}, _spec(2.2), production_concurrency=1, margin=0.05,
+                    acceptance_floor=1.5, ttft_ratio_max=1.5)
+    assert ok.keep
+
+
+def test_the_interval_is_seeded_and_resamples_passes_not_only_prompts():
+    base, spec = _level(1, 100), _level(1, 130)
+    a = dec.ratio_interval(base, spec)
+    assert a == dec.ratio_interval(base, spec)  # same figures, same seed: the same interval
+    # per-pass noise shared by every prompt of a pass widens the interval (a prompt-only bootstrap would not see it)
+    wide = [_level(1, v)[0] for v in (90.0, 100.0, 110.0)]
+    assert dec.ratio_interval(wide, spec).high - dec.ratio_interval(wide, spec).low > 2 * (a.high - a.low)
+    with pytest.raises(ValueError, match="same prompts"):
+        short = [dataclasses.replace(p, prompt_tokens=p.prompt_tokens[:5], prompt_seconds=p.prompt_seconds[:5])
+                 for p in spec]
+        dec.ratio_interval(base, short)
 
 
 @pytest.mark.sandbox

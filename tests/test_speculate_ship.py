@@ -14,6 +14,7 @@ import pytest
 
 from eagle3ops.commands import speculate as sc
 from eagle3ops.config import load_inventory
+from eagle3ops.config.inventory import NEGATIVE_MARGIN_ENV
 from eagle3ops.speculate import headcheck as hk
 from eagle3ops.speculate import onhost
 
@@ -184,7 +185,7 @@ def _greedy_token_ids(h, prompts: list[str], max_tokens: int) -> list[int]:
 @pytest.mark.sandbox
 @pytest.mark.slow
 def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_random_one(
-        deployed, speculative_image, tmp_path):
+        deployed, speculative_image, tmp_path, monkeypatch):
     """Both branches on the sandbox's real vLLM: a random head over the whole vocabulary is rolled back (its
     measured acceptance is below the floor); a head whose draft vocabulary is the target's own frequent greedy
     token is accepted often enough and is kept at :data:`NEGATIVE_TEST_MARGIN` (floor for both:
@@ -218,6 +219,8 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
             assert rb["spec_decode"]["drafts"] > 0
             assert rb["spec_decode"]["mean_acceptance_length"] < TEST_ACCEPTANCE_FLOOR
             assert demo.serving_healthy(h, completion=True)
+            # the test-only switch: without it a negative margin is refused (test_negative_margin_is_refused...)
+            monkeypatch.setenv(NEGATIVE_MARGIN_ENV, "1")
             kept = ship.speculate(r, ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag,
                                                            pipeline_image_id=dep.image_id, head=keep_head,
                                                            margin=NEGATIVE_TEST_MARGIN,
@@ -282,9 +285,14 @@ class _FakeRemote:
 
 
 def _levels(tps: dict[int, float]):
+    """Three passes per level (the decision's least), 4 prompts x 16 tokens each, the passes a little apart."""
     from eagle3ops.speculate.replay import LevelResult
 
-    return {c: LevelResult(c, 4, 0, 64, 64 / v, v, 10.0, 12.0, 50.0, 0.0) for c, v in tps.items()}
+    def one(c: int, v: float) -> LevelResult:
+        return LevelResult(c, 4, 0, 64, 64 / v, v, 10.0, 12.0, 50.0, 0.0, (16,) * 4,
+                           tuple(16 / v * f for f in (0.9, 1.0, 1.1, 1.0)), (50.0,) * 4)
+
+    return {c: [one(c, v * f) for f in (1.0, 1.01, 0.995)] for c, v in tps.items()}
 
 
 @pytest.mark.parametrize("spec_tps,acc,verdict", [(150.0, 2.5, "keep"), (90.0, 2.5, "rollback"),

@@ -187,13 +187,22 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                                                   "serving.speculative_image)."),
               force: bool = typer.Option(False, "--force", help="Accept a head whose offline acceptance "
                                          "estimate is below serving.acceptance_floor."),
-              margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin."),
+              margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin (0 or "
+                                                     "more; negative only in tests, with "
+                                                     "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1)."),
               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions
     from eagle3ops.speculate.ship import speculate as run_speculate
     from eagle3ops.window.common import WindowError
 
+    from eagle3ops.config.inventory import check_gate_margin
+
+    if margin is not None:
+        try:
+            check_gate_margin(margin)
+        except ValueError as e:
+            common.fail(f"--margin: {e}")
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run) as r:
         dep = _deployed(r, required=not (dry_run or h.pipeline_image))
@@ -211,7 +220,16 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     for c, lv in (res.get("levels") or {}).items():
         console.print(f"  concurrency {c}: baseline {lv['baseline']['output_tokens_per_s']} tok/s, speculative "
                       f"{(lv.get('speculative') or {}).get('output_tokens_per_s')} tok/s "
-                      f"(x{lv.get('throughput_ratio')})")
+                      f"(x{lv.get('throughput_ratio')}); passes (tok/s): baseline "
+                      f"{[p['output_tokens_per_s'] for p in lv['baseline'].get('passes', [])]}, speculative "
+                      f"{[p['output_tokens_per_s'] for p in (lv.get('speculative') or {}).get('passes', [])]}")
+    if res.get("interval"):
+        iv = res["interval"]
+        console.print(f"  {iv['level']:.0%} interval of the ratio x{iv['low']} to x{iv['high']} (point x{iv['point']},"
+                      f" {iv['baseline_passes']} + {iv['speculative_passes']} passes x {iv['prompts']} prompts)")
+    if res.get("drift"):
+        console.print(f"  baseline drift {res['drift']['change']} (interval {res['drift']['low']} to "
+                      f"{res['drift']['high']}, limit ±{res['drift']['limit']})")
     console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
                   f"{sd.get('acceptance_per_position')}; live release {res.get('live_release')}")
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))

@@ -20,6 +20,28 @@ DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
 SECTION = "inventory"
 
 
+#: Test-only switch: set to ``1`` to allow a negative ``serving.gate_margin`` / ``speculate --margin`` (a test that
+#: exercises the keep branch where speculation cannot win, e.g. a random head on the sandbox). Never in production.
+NEGATIVE_MARGIN_ENV = "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN"
+
+
+def check_gate_margin(value: float) -> float:
+    """``value`` when it is a usable gate margin: 0 or more, or negative (above -1) only while the test-only
+    switch :data:`NEGATIVE_MARGIN_ENV` is ``1``.
+
+    Raises:
+        ValueError: a negative margin without the switch (a gate that keeps a release slower than the baseline), or
+            -1 or less; the message says the fix.
+    """
+    if value <= -1.0:
+        raise ValueError(f"gate margin {value} must be above -1 (0 or more outside tests)")
+    if value < 0 and os.environ.get(NEGATIVE_MARGIN_ENV) != "1":
+        raise ValueError(f"gate margin {value} is negative: the gate would keep a speculative release slower than "
+                         f"the baseline. Use 0 or more (e.g. 0.05); only tests may set a negative one, through the "
+                         f"test-only switch {NEGATIVE_MARGIN_ENV}=1")
+    return value
+
+
 #: Serving kinds a host's ``serving.kind`` may name.
 SERVING_KINDS = ("container", "compose", "process", "systemd", "none")
 
@@ -98,9 +120,25 @@ class ServingConfig(StrictModel):
                     "host's production concurrency (the one that decides keep or rollback).",
     )
     gate_margin: float = Field(
-        0.05, gt=-1.0, description="Keep a speculative release only when its output tokens/s at production "
-                                   "concurrency are at least (1 + gate_margin) x the baseline's.",
+        0.05, gt=-1.0, description="Keep a speculative release only when the lower bound of the 90 % interval of "
+                                   "its output tokens/s over the baseline's at production concurrency is at least "
+                                   "1 + gate_margin; baseline drift beyond half of it makes the gate undecided. 0 or "
+                                   f"more (a negative margin only in tests, with {NEGATIVE_MARGIN_ENV}=1).",
     )
+    gate_passes: int = Field(
+        5, ge=3, description="Passes per release at each gate concurrency (the same prompts in the same order each "
+                             "pass); the throughput interval resamples passes and prompts, so more passes narrow it. "
+                             "At least 3.",
+    )
+    gate_ttft_ratio_max: float = Field(
+        1.5, gt=0, description="Most median time to first token of the speculative release over the baseline's at "
+                               "production concurrency; above it the gate rolls back whatever the throughput.",
+    )
+
+    @field_validator("gate_margin")
+    @classmethod
+    def _margin(cls, v: float) -> float:
+        return check_gate_margin(v)
     acceptance_floor: float = Field(
         1.3, ge=1.0, description="Least mean acceptance length (1 + accepted / drafts, measured from vLLM's "
                                  "/metrics) of a kept speculative release; also the least offline estimate of the "

@@ -14,8 +14,9 @@ item's row is printed at once on its own line prefixed with :data:`ROW_MARK` (th
 log as it arrives). The API key comes in the request (stdin), never in argv.
 
 ``python3 -m eagle3ops.speculate.onhost measure``: :func:`eagle3ops.speculate.replay.replay_level` at each
-concurrency against the serving port over the host's loopback, with ``/metrics`` scraped before and after each
-level (spec-decode counters as raw values; the driver takes the deltas).
+concurrency, ``passes`` times, against the serving port over the host's loopback, with ``/metrics`` scraped after
+each level's idle wait and after its last request (spec-decode counters as raw values; the driver takes the
+deltas). The API key, when serving needs one, comes in the request (stdin), never in argv.
 
 Only the standard library, httpx, prometheus_client and PyYAML are imported (all in the pipeline image).
 """
@@ -112,8 +113,14 @@ def inspect(req: dict[str, Any], head: Path = Path("/head"), target: Path = Path
 
 
 def measure(req: dict[str, Any]) -> dict[str, Any]:
-    """Answer of ``measure``: ``{"levels": {c: LevelResult figures}, "counters": {c: [before, after]}}`` where
-    counters are :class:`~eagle3ops.speculate.metrics.SpecCounters` as dicts.
+    """Answer of ``measure``: ``{"levels": {c: [LevelResult figures, one per pass]}, "counters": {c: [[before,
+    after], one per pass]}}`` where counters are :class:`~eagle3ops.speculate.metrics.SpecCounters` as dicts.
+
+    Request: ``{"base_url", "model", "prompts" (sent in this order every pass), "levels", "max_tokens", "passes"
+    (default 1), "api_key" (or null: sent on every request and scrape, never in argv), "request_timeout_s",
+    "idle_timeout_s"}``. Passes run one after the other, each going through every level in order (a slow drift of
+    the host then touches every level alike). A level's "before" snapshot is taken after its idle wait, right
+    before its first request (:func:`~eagle3ops.speculate.replay.replay_level`'s ``on_idle``).
 
     Raises:
         ReplayError: the server was busy before a level, or every request failed.
@@ -125,21 +132,25 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
     from eagle3ops.speculate.metrics import parse
     from eagle3ops.speculate.replay import replay_level
 
-    base, model = req["base_url"], req["model"]
-    out: dict[str, Any] = {"levels": {}, "counters": {}}
+    base, model, key = req["base_url"], req["model"], req.get("api_key")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    out: dict[str, Any] = {"levels": {str(c): [] for c in req["levels"]},
+                           "counters": {str(c): [] for c in req["levels"]}}
 
     def scrape() -> dict[str, Any]:
-        d = asdict(parse(httpx.get(f"{base}/metrics", timeout=30).text))
+        d = asdict(parse(httpx.get(f"{base}/metrics", headers=headers, timeout=30).text))
         d["accepted_per_pos"] = {str(k): v for k, v in d["accepted_per_pos"].items()}
         return d
 
-    for c in req["levels"]:
-        before = scrape()
-        res = replay_level(base, model, req["prompts"], int(c), max_tokens=int(req["max_tokens"]),
-                           request_timeout_s=float(req.get("request_timeout_s", 300)),
-                           idle_timeout_s=float(req.get("idle_timeout_s", 120)))
-        out["levels"][str(c)] = res.figures()
-        out["counters"][str(c)] = [before, scrape()]
+    for _ in range(int(req.get("passes", 1))):
+        for c in req["levels"]:
+            before: list[dict[str, Any]] = []
+            res = replay_level(base, model, req["prompts"], int(c), max_tokens=int(req["max_tokens"]), api_key=key,
+                               request_timeout_s=float(req.get("request_timeout_s", 300)),
+                               idle_timeout_s=float(req.get("idle_timeout_s", 120)),
+                               on_idle=lambda: before.append(scrape()))
+            out["levels"][str(c)].append(res.figures())
+            out["counters"][str(c)].append([before[0], scrape()])
     return out
 
 

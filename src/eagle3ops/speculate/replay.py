@@ -5,6 +5,9 @@ Each level sends every prompt once through ``/v1/completions`` with ``stream: tr
 exactly the same number of tokens for the same prompts. Per request: time to first token and inter-token latency
 ``(t_last - t_first) / (n_tokens - 1)`` (a streamed chunk may carry several tokens under speculation, so the
 latency is taken over the whole stream, not per chunk); per level: output tokens/s = Σ output tokens / wall time.
+Per prompt, in the prompts' own (fixed) order whatever the order of completion: output tokens, request seconds
+(sent to last token) and time to first token, which the gate's interval resamples
+(:func:`eagle3ops.speculate.decide.ratio_interval`).
 
 Foreign traffic: a monitor thread scrapes ``/metrics`` while the level runs; ``vllm:num_requests_running`` above
 the replay's own in-flight count means someone else's requests shared the server, and the level is marked
@@ -20,9 +23,9 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import httpx
 
@@ -49,10 +52,15 @@ class LevelResult:
     itl_ms_p90: float | None
     ttft_ms_median: float | None
     foreign_requests: float  # most requests running beyond the replay's own in-flight ones, seen by the monitor
+    #: per prompt, in the prompts' order: output tokens, request seconds (sent to last token; None: failed), time
+    #: to first token in ms (None: failed or no token)
+    prompt_tokens: tuple[int, ...] | list[int] = ()
+    prompt_seconds: tuple[float | None, ...] | list[float | None] = ()
+    prompt_ttft_ms: tuple[float | None, ...] | list[float | None] = ()
 
     def figures(self) -> dict[str, object]:
-        """JSON-ready dict."""
-        return asdict(self)
+        """JSON-ready dict (per-prompt figures as lists)."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -92,8 +100,8 @@ def wait_idle(base_url: str, timeout_s: float = 120.0, api_key: str | None = Non
 
 
 def _one(client: httpx.Client, base_url: str, model: str, prompt: str, max_tokens: int, inflight: list[int],
-         lock: threading.Lock) -> tuple[int, float | None, float | None]:
-    """Send one streamed completion; returns (output tokens, ttft s, itl s)."""
+         lock: threading.Lock) -> tuple[int, float | None, float | None, float]:
+    """Send one streamed completion; returns (output tokens, ttft s, itl s, request s)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     with lock:
@@ -116,16 +124,20 @@ def _one(client: httpx.Client, base_url: str, model: str, prompt: str, max_token
                     tokens = int(ev["usage"]["completion_tokens"])
         ttft = (first - t0) if first else None
         itl = (last - first) / (tokens - 1) if first and last and tokens > 1 else None
-        return tokens, ttft, itl
+        return tokens, ttft, itl, (last or time.monotonic()) - t0
     finally:
         with lock:
             inflight[0] -= 1
 
 
 def replay_level(base_url: str, model: str, prompts: Sequence[str], concurrency: int, *, max_tokens: int = 64,
-                 api_key: str | None = None, request_timeout_s: float = 300.0, idle_timeout_s: float = 120.0
-                 ) -> LevelResult:
+                 api_key: str | None = None, request_timeout_s: float = 300.0, idle_timeout_s: float = 120.0,
+                 on_idle: Callable[[], object] | None = None) -> LevelResult:
     """Send every prompt once with ``concurrency`` requests in flight; measure (see the module doc).
+
+    ``api_key``: sent as ``Authorization: Bearer`` on every request, ``/metrics`` scrapes included. ``on_idle``:
+    called once the server is idle, right before the first request (the gate takes its "before" counter snapshot
+    there: after the idle wait, so a foreign request finishing during the wait is not counted).
 
     Raises:
         ReplayError: the server is not idle before the level, or every request failed.
@@ -149,16 +161,18 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str], concurrency:
                     own = max(own_before, inflight[0])
                 foreign[0] = max(foreign[0], running - own)
 
-    results: list[tuple[int, float | None, float | None]] = []
+    results: list[tuple[int, float | None, float | None, float] | None] = []
     errors = 0
     mon = threading.Thread(target=monitor, daemon=True)
     local = threading.local()
 
-    def work(prompt: str) -> tuple[int, float | None, float | None]:
+    def work(prompt: str) -> tuple[int, float | None, float | None, float]:
         if not hasattr(local, "client"):
             local.client = httpx.Client(headers=_headers(api_key), timeout=request_timeout_s)
         return _one(local.client, base_url, model, prompt, max_tokens, inflight, lock)
 
+    if on_idle is not None:
+        on_idle()
     t0 = time.monotonic()
     mon.start()
     try:
@@ -167,17 +181,22 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str], concurrency:
                 try:
                     results.append(fut.result())
                 except (httpx.HTTPError, ValueError, KeyError):
+                    results.append(None)
                     errors += 1
     finally:
         stop.set()
         mon.join(timeout=15)
     wall = time.monotonic() - t0
-    if not results:
+    done = [x for x in results if x is not None]
+    if not done:
         raise ReplayError(f"all {len(prompts)} requests to {base_url} failed")
-    itls = sorted(x[2] * 1000 for x in results if x[2] is not None)
-    ttfts = [x[1] * 1000 for x in results if x[1] is not None]
-    out = sum(x[0] for x in results)
+    itls = sorted(x[2] * 1000 for x in done if x[2] is not None)
+    ttfts = [x[1] * 1000 for x in done if x[1] is not None]
+    out = sum(x[0] for x in done)
     return LevelResult(concurrency, len(prompts), errors, out, round(wall, 3), round(out / wall, 3),
                        round(statistics.median(itls), 3) if itls else None,
                        round(itls[int(0.9 * (len(itls) - 1))], 3) if itls else None,
-                       round(statistics.median(ttfts), 3) if ttfts else None, foreign[0])
+                       round(statistics.median(ttfts), 3) if ttfts else None, foreign[0],
+                       tuple(x[0] if x else 0 for x in results),
+                       tuple(round(x[3], 6) if x else None for x in results),
+                       tuple(round(x[1] * 1000, 3) if x and x[1] is not None else None for x in results))

@@ -8,8 +8,10 @@ Order (each step bounded; nothing on the host changes before step 3):
    disjointness from the run's training chats. :func:`.headcheck.check_head` refuses a misfit head; a train
    manifest whose ``offline_estimate.acceptance_length`` is below ``serving.acceptance_floor`` is refused unless
    ``force``.
-2. **baseline**: :func:`.replay.replay_level` at each ``serving.gate_concurrency`` level against the live release,
-   run on the host (``docker run --rm --network host <pipeline image>``, serving's port over the host's loopback:
+2. **baseline**: :func:`.replay.replay_level` at each ``serving.gate_concurrency`` level, ``serving.gate_passes``
+   passes (at least 3; the prompts in one fixed order every pass, per-prompt figures kept), against the live
+   release with the serving API key taken as the health gate takes it (:func:`.reach.serving_api_key`; sent in
+   the helper's stdin, never argv), run on the host (``docker run --rm --network host <pipeline image>``, serving's port over the host's loopback:
    no network hop between the load generator and the server on either side).
 3. **speculative release**: the patched serving image (``serving.speculative_image``; pushed with
    :func:`eagle3ops.deployer.push_image` when the host lacks it), the head bind-mounted read-only at
@@ -17,12 +19,17 @@ Order (each step bounded; nothing on the host changes before step 3):
    the run's ``train.ttt_steps``; ``disable_padded_drafter_batch`` on a CPU host), through
    ``run_window(kind="release")``: health-gated, rolled back by the supervisor when its gate fails.
 4. **speculative measurement**: the same prompts and levels, with vLLM's spec-decode counters as deltas.
-5. :func:`.decide.decide`; anything but ``keep`` (or a failed measurement) → ``run_window(kind="rollback",
+5. :func:`.decide.decide` (a 90 % interval of the throughput ratio; baseline drift; TTFT bound); anything but
+   ``keep`` (or a failed measurement) → ``run_window(kind="rollback",
    to_release=<the baseline release>)``, health-gated.
 
 Results: ``<data_dir>/runs/<run>/speculate/result.json`` (``verdict``, ``reason``, ``levels``, ``spec_decode`` and
 the rest of the figures; :mod:`eagle3ops.report` reads it) and one audit line with the same figures. That file and
 the head's upload (``--head``) are written outside a window's lock; they touch only ``<data_dir>``, never serving.
+
+Refused before anything is read from serving: a negative margin without the test-only switch
+(:func:`eagle3ops.config.inventory.check_gate_margin`), and a stand-in serving image on a host that is not a
+sandbox (:mod:`eagle3ops.window.standin`; the release window checks it again).
 """
 
 from __future__ import annotations
@@ -40,12 +47,13 @@ from typing import Any
 
 import yaml
 
+from eagle3ops.config.inventory import check_gate_margin
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
-from eagle3ops.speculate.decide import Decision, decide
+from eagle3ops.speculate.decide import MIN_PASSES, Decision, decide
 from eagle3ops.speculate.headcheck import HeadMismatch, check_head, offline_acceptance
 from eagle3ops.speculate.metrics import SpecCounters, SpecDelta
 from eagle3ops.speculate.onhost import parse_answer
@@ -74,9 +82,11 @@ class SpeculateOptions:
         head: a local head directory (trained elsewhere): uploaded to ``<data_dir>/heads/<sha256[:12]>/``.
         serving_image: overrides ``serving.speculative_image``.
         force: accept a head whose offline acceptance estimate is below the floor.
-        margin: overrides ``serving.gate_margin`` (tests name a negative one to exercise the keep branch).
+        margin: overrides ``serving.gate_margin``; negative only with the test-only switch
+            ``EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1`` (tests name one to exercise the keep branch).
         acceptance_floor: overrides ``serving.acceptance_floor`` (both the offline-estimate check and the gate).
-        max_tokens, prompts: override ``serving.gate_max_tokens`` / ``serving.gate_prompts``.
+        max_tokens, prompts, passes: override ``serving.gate_max_tokens`` / ``serving.gate_prompts`` /
+            ``serving.gate_passes``.
         command: the command line, for the audit log.
     """
 
@@ -90,6 +100,7 @@ class SpeculateOptions:
     acceptance_floor: float | None = None
     max_tokens: int | None = None
     prompts: int | None = None
+    passes: int | None = None
     command: str = "eagle3ops speculate"
 
 
@@ -124,34 +135,42 @@ def _upload_head(r: Any, head: Path) -> str:
     return dest
 
 
-def measure_on_host(r: Any, image: str, prompts: list[str], levels: list[int], max_tokens: int,
-                    request_timeout_s: float = 300.0) -> tuple[dict[int, LevelResult], dict[int, SpecDelta]]:
-    """Replay ``prompts`` at each concurrency in ``levels`` against the host's serving port, from the host.
+def measure_on_host(r: Any, image: str, prompts: list[str], levels: list[int], max_tokens: int, passes: int = 1,
+                    api_key: str | None = None, request_timeout_s: float = 300.0
+                    ) -> tuple[dict[int, list[LevelResult]], dict[int, SpecDelta]]:
+    """Replay ``prompts`` (in this order, every pass) at each concurrency in ``levels``, ``passes`` times, against
+    the host's serving port, from the host (:func:`eagle3ops.speculate.onhost.measure`). ``api_key`` goes in the
+    helper's stdin (never argv).
 
     Returns:
-        (concurrency -> LevelResult, concurrency -> spec-decode counter delta over that level).
+        (concurrency -> its passes in order, concurrency -> spec-decode counter delta summed over its passes; each
+        pass's delta runs from after its idle wait to after its last request).
 
     Raises:
         SpeculateError: the helper failed (server busy before a level, requests failing, timeout); bounded by
-            ``120 + len(levels) * (request_timeout_s + 150)`` seconds.
+            ``120 + passes * len(levels) * (request_timeout_s + 150)`` seconds.
     """
     s = r.host.serving
     req = {"base_url": f"http://127.0.0.1:{s.port}", "model": s.served_model_name, "prompts": prompts,
-           "levels": levels, "max_tokens": max_tokens, "request_timeout_s": request_timeout_s, "idle_timeout_s": 120}
+           "levels": levels, "max_tokens": max_tokens, "passes": passes, "api_key": api_key,
+           "request_timeout_s": request_timeout_s, "idle_timeout_s": 120}
     res = r.run(sc.gate_helper(r.host, image, "measure"), stdin=json.dumps(req), check=False,
-                timeout=120 + len(levels) * (request_timeout_s + 150))
+                timeout=120 + passes * len(levels) * (request_timeout_s + 150))
     try:
         ans = parse_answer(res.stdout)
     except ValueError as e:
         raise SpeculateError(f"{r.host.name}: gate measurement failed: {res.stderr[-800:] or e}") from None
-    out: dict[int, LevelResult] = {}
+    out: dict[int, list[LevelResult]] = {}
     deltas: dict[int, SpecDelta] = {}
-    for c, fig in ans["levels"].items():
-        out[int(c)] = LevelResult(**fig)
-        before, after = (SpecCounters(d["drafts"], d["draft_tokens"], d["accepted"],
-                                      {int(k): v for k, v in d["accepted_per_pos"].items()}, d["requests_running"])
-                         for d in ans["counters"][c])
-        deltas[int(c)] = SpecDelta.between(before, after)
+    for c, figs in ans["levels"].items():
+        out[int(c)] = [LevelResult(**fig) for fig in figs]
+        per_pass = []
+        for pair in ans["counters"][c]:
+            before, after = (SpecCounters(d["drafts"], d["draft_tokens"], d["accepted"],
+                                          {int(k): v for k, v in d["accepted_per_pos"].items()},
+                                          d["requests_running"]) for d in pair)
+            per_pass.append(SpecDelta.between(before, after))
+        deltas[int(c)] = _sum(per_pass)
     return out, deltas
 
 
@@ -162,6 +181,16 @@ def _sum(deltas: list[SpecDelta]) -> SpecDelta:
             pos[k] = pos.get(k, 0.0) + v
     return SpecDelta(sum(d.drafts for d in deltas), sum(d.draft_tokens for d in deltas),
                      sum(d.accepted for d in deltas), dict(sorted(pos.items())))
+
+
+def _api_key(r: Any) -> str | None:
+    """Serving's API key, taken as the health gate takes it (:func:`eagle3ops.speculate.reach.serving_api_key`)."""
+    from eagle3ops.speculate.reach import RegenerateError, serving_api_key
+
+    try:
+        return serving_api_key(r)
+    except RegenerateError as e:
+        raise SpeculateError(str(e)) from None
 
 
 def _current_release(r: Any) -> int | None:
@@ -211,18 +240,27 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     """
     from eagle3ops.window.common import append_audit, require_serving
     from eagle3ops.window.run import run_window
+    from eagle3ops.window.standin import refuse_standin_image
 
     require_serving(r.host, "speculate")  # before anything is read or written on the host
+    try:
+        margin_override = None if opts.margin is None else check_gate_margin(opts.margin)
+    except ValueError as e:
+        raise SpeculateError(f"{r.host.name}: --margin: {e}") from None
     if push is None:
         from eagle3ops.deployer import push_image as push
     h, s = r.host, r.host.serving
     t0 = time.monotonic()
     run_dir = f"{h.data_dir}/runs/{opts.run}"
-    margin = s.gate_margin if opts.margin is None else opts.margin
+    margin = s.gate_margin if margin_override is None else margin_override
+    passes = opts.passes or s.gate_passes
+    if passes < MIN_PASSES:
+        raise SpeculateError(f"{h.name}: {passes} gate passes: the decision needs at least {MIN_PASSES} per side")
     floor = s.acceptance_floor if opts.acceptance_floor is None else opts.acceptance_floor
     max_tokens = opts.max_tokens or s.gate_max_tokens
     image = opts.serving_image or s.speculative_image or s.image
     gate = gate_prompts(opts.prompts or s.gate_prompts)
+    refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
 
     # 1. inspect and check (read-only, except a --head upload into data_dir and the results' folder, made here as
     # the SSH user: a bind mount of a missing run dir would make Docker create it as root)
@@ -269,14 +307,16 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     levels = list(s.gate_concurrency)
     if r.dry_run:
         echo(f"# dry run: head checked ({facts.__dict__}); would measure {len(gate)} prompts x {max_tokens} tokens "
-             f"at concurrency {levels} on both releases:")
+             f"at concurrency {levels}, {passes} passes, on both releases:")
         echo("#   " + " ".join(sc.gate_helper(h, opts.pipeline_image, "measure")))
         return _dry_release(r, opts, head_dir, k, image, run_window, on_event)
 
     # 2. baseline
     base_release = _current_release(r)
-    echo(f"baseline: release {base_release}, {len(gate)} prompts x {max_tokens} tokens at concurrency {levels}")
-    baseline, _ = measure_on_host(r, opts.pipeline_image, prompt_texts, levels, max_tokens)
+    echo(f"baseline: release {base_release}, {len(gate)} prompts x {max_tokens} tokens at concurrency {levels}, "
+         f"{passes} passes")
+    baseline, _ = measure_on_host(r, opts.pipeline_image, prompt_texts, levels, max_tokens, passes,
+                                  _api_key(r))
 
     # 3. the speculative release
     pushed = _ensure_image(r, image, echo, push)
@@ -292,22 +332,23 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                                "serving_image": image, "image_push": pushed, "num_speculative_tokens": k,
                                "baseline_release": base_release, "prompts": {"source": "HumanEval gate split",
                                "fraction": GATE_FRACTION, "count": len(gate), "max_tokens": max_tokens,
-                               "disjointness": disjoint},
+                               "disjointness": disjoint, "order": [p.id for p in gate]}, "gate_passes": passes,
                                "head_check": facts.__dict__, "offline_estimate": offline, "force": opts.force,
                                "release_window": rel.get("window_id"), "warnings": warnings}
     rollback_window = None
     if rel.get("outcome") != "ok":
         decision = Decision("rollback", f"the speculative release failed its health gate (window "
                                         f"{rel.get('window_id')}: {rel.get('error')}); the supervisor rolled back",
-                            {"baseline_levels": {str(c): b.figures() for c, b in baseline.items()}})
+                            {"baseline_levels": {str(c): [b.figures() for b in bs] for c, bs in baseline.items()}})
     else:
         figures["speculative_release"] = rel.get("release")
         # 4. measure it; 5. decide. A failed measurement rolls back before the error is raised.
         try:
-            speculative, deltas = measure_on_host(r, opts.pipeline_image, prompt_texts, levels, max_tokens)
+            speculative, deltas = measure_on_host(r, opts.pipeline_image, prompt_texts, levels, max_tokens,
+                                                  passes, _api_key(r))
             total = _sum(list(deltas.values()))
             decision = decide(baseline, speculative, total, production_concurrency=levels[0], margin=margin,
-                              acceptance_floor=floor)
+                              acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max)
             decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
         except Exception as exc:
             rb = run_window(r, kind="rollback", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
@@ -327,7 +368,9 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     r.run(hc.write_file(f"{run_dir}/speculate/result.json"), stdin=json.dumps(result, indent=2) + "\n")
     append_audit(r, {"user": getpass.getuser(), "host": h.name, "command": opts.command, "kind": "speculate",
                      "run": opts.run, "verdict": decision.verdict, "reason": decision.reason,
-                     "figures": {k: result.get(k) for k in ("throughput_ratio", "spec_decode", "levels", "margin",
+                     "figures": {k: result.get(k) for k in ("throughput_ratio", "interval", "drift", "passes",
+                                                            "ttft_ratio", "ttft_ratio_max", "deciding",
+                                                            "spec_decode", "levels", "margin",
                                                             "margin_is_negative_test_setting", "acceptance_floor",
                                                             "production_concurrency", "live_release",
                                                             "baseline_release", "speculative_release")}})

@@ -21,6 +21,7 @@ from eagle3ops.window.gpucheck import estimate_gpu_memory
 from eagle3ops.window.kinds import driver_kind
 from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
 from eagle3ops.window.preflight import Preflight, estimate_disk, preflight, read_run_state
+from eagle3ops.window.standin import refuse_standin_image
 from eagle3ops.window.watch import finish_window, watch
 
 
@@ -101,13 +102,16 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             failed after the window started.
         PreflightFailed: a check failed (nothing stopped; lock released; audit entry written).
         SupervisorDead: the supervisor died without a result (the message gives the recover command).
-        WindowError: also a ``release``/``rollback`` on a host with ``serving: none`` (refused before the lock).
+        WindowError: also a ``release``/``rollback`` on a host with ``serving: none``, or a release of a stand-in
+            image on a host that is not a sandbox (:mod:`eagle3ops.window.standin`); both refused before the lock.
     """
     if kind not in st.WINDOWS:
         require_serving(r.host, kind)
         refusal = driver_kind(r.host).release_refusal(r.host, change)
         if refusal:
             raise WindowError(refusal)
+        if change is not None and change.image:
+            refuse_standin_image(r, change.image, f"{kind} --image")
     window_id = new_window_id(kind)
     t0 = time.monotonic()
     if r.dry_run and read_lock(r):
