@@ -153,3 +153,34 @@ def test_sandbox_release_of_shell_form_serving_is_refused_and_serving_untouched(
         assert Releases(tmp_path / "state").numbers() == [1]
     finally:
         dk("rm", "--force", NAME, check=False)
+
+
+def test_driver_refuses_the_release_before_the_stop_and_in_dry_run() -> None:
+    """The window's preflight step (``check_release_flags``) reads the live container (read-only ``docker inspect``
+    over a stand-in executor giving a recorded answer) and fails the check by name."""
+    from types import SimpleNamespace
+
+    from eagle3ops.window.preflight import Preflight
+    from eagle3ops.window.run import check_release_flags
+
+    class RecordedRemote:  # stand-in for eagle3ops.remote.Remote: answers the one read with a recorded inspect
+        host = SimpleNamespace(name="h1", docker_host=None)
+        dry_run = True
+
+        def __init__(self, inspect: dict) -> None:
+            self.inspect, self.calls = inspect, []
+
+        def run(self, argv, check=True, mutates=True):
+            self.calls.append((argv, mutates))
+            return SimpleNamespace(ok=True, stdout=json.dumps([self.inspect]), stderr="")
+
+    r = RecordedRemote(_inspect(["bash", "-c"], [SCRIPT]))
+    pf = Preflight()
+    pf.serving_container = "vllm-serving"
+    check_release_flags(r, pf, ["--max-num-seqs", "8"])
+    assert not pf.ok and "vllm-serving runs its server through a shell" in pf.failures(), pf.failures()
+    assert all(m is False for _, m in r.calls) and r.calls[0][0][-3:] == ["container", "inspect", "vllm-serving"]
+    pf = Preflight()
+    pf.serving_container = "vllm-serving"
+    check_release_flags(RecordedRemote(_inspect(["vllm", "serve"], ["/m"])), pf, ["--max-num-seqs", "8"])
+    assert pf.ok
