@@ -136,3 +136,47 @@ def test_t2d_disagreeing_with_d2t() -> None:
     with pytest.raises(HeadMismatch) as e:
         check_vocab_values(d2t, other, target_vocab=1000)
     assert e.value.field == "t2d" and "disagree" in str(e.value)
+
+
+# ---- the inspect answer: values read in the image, checked on the host before any restart ------------------------------
+
+def test_safetensors_vector_reads_d2t_and_t2d_without_torch(tmp_path) -> None:
+    import json
+    import struct
+
+    from eagle3ops.speculate.onhost import safetensors_vector
+
+    d2t, t2d = _mapping()
+    blobs = {"d2t": (d2t.astype("<i8").tobytes(), "I64", [500]), "t2d": (t2d.tobytes(), "BOOL", [1000]),
+             "fc.weight": (np.zeros((2, 3), dtype="<f4").tobytes(), "F32", [2, 3])}
+    header, data, off = {}, b"", 0
+    for name, (b, dt, shape) in blobs.items():
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+        data, off = data + b, off + len(b)
+    h = json.dumps(header).encode()
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(struct.pack("<Q", len(h)) + h + data)
+    assert safetensors_vector(f, "d2t") == d2t.tolist()
+    assert safetensors_vector(f, "t2d") == t2d.astype(int).tolist()
+    assert safetensors_vector(f, "missing") is None
+    with pytest.raises(ValueError, match="F32"):
+        safetensors_vector(f, "fc.weight")
+
+
+def test_speculate_checks_the_inspect_answer_as_vllm_reads_it() -> None:
+    from eagle3ops.speculate.headcheck import HeadFacts
+    from eagle3ops.speculate.ship import check_as_vllm_reads
+
+    facts = HeadFacts(128, 1000, 500, [2, 12, 21], TARGET_LAYERS)
+    d2t, t2d = _mapping()
+    head = _spec_head(norm_before_fc=True)
+    info = {"head_config": head, "vllm_view": _view(head), "vocab": {"d2t": d2t.tolist(), "t2d": t2d.tolist()}}
+    with pytest.raises(HeadMismatch, match="norm_before_fc"):
+        check_as_vllm_reads(info, facts, own_run=True)
+    head = _spec_head()
+    info = {"head_config": head, "vllm_view": _view(head), "vocab": {"d2t": [0] * 500, "t2d": None}}
+    with pytest.raises(HeadMismatch, match="all zero"):
+        check_as_vllm_reads(info, facts, own_run=False)
+    info = {"head_config": head, "vllm_view": {"error": "vLLM not importable here"}, "vocab": None}
+    warnings = check_as_vllm_reads(info, facts, own_run=True)
+    assert any("vLLM not importable" in w for w in warnings) and any("d2t/t2d" in w for w in warnings)
