@@ -99,7 +99,7 @@ class _Remote:
     def __init__(self, host: HostConfig, labels: dict | None = None, key: str | None = None):
         self.host, self.dry_run, self.labels, self.key, self.calls = host, False, labels, key, []
 
-    def run(self, argv, *, check=True, timeout=None, stdin=None, mutates=True, **_):
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
         self.calls.append((argv, stdin))
         if "image" in argv and "inspect" in argv:
             return _Res(json.dumps([{"Config": {"Labels": self.labels}}])) if self.labels is not None \

@@ -13,10 +13,12 @@ Standard library only (urllib): the driver side (``demo``, tests, benchmarks) im
 from __future__ import annotations
 
 import json
+import shlex
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +47,90 @@ def api_key_from_args(args: list[str]) -> str | None:
     return None
 
 
+#: Programs that run a command string given with ``-c`` (POSIX sh and its relatives).
+SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
+
+
+@dataclass(frozen=True)
+class ShellForm:
+    """A container whose server runs through ``SHELL -c STRING`` (:func:`shell_form`).
+
+    Attributes:
+        shell: the shell's words up to and including its options (``["bash", "-c"]``, ``["/bin/sh", "-lc"]``).
+        script: the command string the shell runs.
+        rest: the words after the string: ``$0`` first, then the positional parameters ``$1``...
+        forwards_args: the string passes its positional parameters on (``"$@"``) and a ``$0`` word is there, so
+            flags appended to the container's command reach the server.
+    """
+
+    shell: list[str]
+    script: str
+    rest: list[str]
+    forwards_args: bool
+
+    def words(self) -> list[str]:
+        """The server's command line as the shell would run it, where it can be read without running anything:
+        the string split as sh does for plain words (:func:`shlex.split`), followed by the forwarded parameters;
+        ``[]`` when the string does not split (unbalanced quotes)."""
+        try:
+            words = shlex.split(self.script)
+        except ValueError:
+            return []
+        return words + (self.rest[1:] if self.forwards_args else [])
+
+
+def shell_form(config: dict[str, Any]) -> ShellForm | None:
+    """Whether a container's ``Config`` (``docker inspect``) runs its server through a shell's ``-c`` string.
+
+    The container runs ``Entrypoint + Cmd`` (Docker's exec form). It is in shell form when that starts (after an
+    optional ``env``/``/usr/bin/env`` and its ``NAME=VALUE`` words) with a shell of :data:`SHELLS` whose options
+    (``-c``, ``-lc``, ``-e -c``...) include ``c``: the shell then runs the first word after its options as a script
+    and gives the words after it to the script as ``$0``, ``$1``... (POSIX ``sh -c``), so flags appended to the
+    command (``release --arg``, ``--speculative-config``) never reach the server unless the script forwards
+    ``"$@"``. A Dockerfile's shell-form ``CMD``/``ENTRYPOINT`` is ``["/bin/sh", "-c", "..."]``: the same case.
+
+    Returns:
+        :class:`ShellForm`, or None for an exec-form command.
+    """
+    words = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
+    i = 0
+    if words and words[0].rsplit("/", 1)[-1] == "env":
+        i = 1
+        while i < len(words) and ("=" in words[i] or words[i].startswith("-")):
+            i += 1
+    if i >= len(words) or words[i].rsplit("/", 1)[-1] not in SHELLS:
+        return None
+    start, i = i, i + 1
+    if words[start].rsplit("/", 1)[-1] == "busybox":  # busybox sh -c ...
+        if i >= len(words) or words[i] not in ("sh", "ash"):
+            return None
+        i += 1
+    has_c = False
+    while i < len(words) and words[i].startswith("-") and words[i] not in ("-", "--"):
+        has_c = has_c or (not words[i].startswith("--") and "c" in words[i][1:])
+        i += 1
+    if i < len(words) and words[i] == "--":
+        i += 1
+    if not has_c or i >= len(words):
+        return None
+    script, rest = words[i], words[i + 1:]
+    forwards = any(p in script for p in ('"$@"', "$@", "${@}")) and len(rest) >= 1
+    return ShellForm(words[start:i], script, rest, forwards)
+
+
+def server_words(config: dict[str, Any]) -> list[str]:
+    """The words of a container's server command line: ``Entrypoint + Cmd``, or for a shell-form container
+    (:func:`shell_form`) the words of its ``-c`` string (:meth:`ShellForm.words`)."""
+    sf = shell_form(config)
+    return sf.words() if sf is not None else [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
+
+
 def api_key_from_inspect(inspect: dict[str, Any]) -> str | None:
     """The API key a serving container requires, from its own ``docker inspect`` configuration: ``--api-key`` in
-    its entrypoint + command (wins, as in vLLM), else ``VLLM_API_KEY`` in its environment; None when it needs none."""
+    its entrypoint + command (wins, as in vLLM; inside the ``-c`` string of a shell-form container too,
+    :func:`server_words`), else ``VLLM_API_KEY`` in its environment; None when it needs none."""
     cfg = inspect.get("Config") or {}
-    key = api_key_from_args([*(cfg.get("Entrypoint") or []), *(cfg.get("Cmd") or [])])
+    key = api_key_from_args(server_words(cfg))
     if key:
         return key
     for e in cfg.get("Env") or []:

@@ -16,6 +16,7 @@ from typing import Any
 from eagle3ops.commands.docker import docker
 from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig, ServingConfig
+from eagle3ops.health import shell_form
 
 ROLE_LABEL = "io.eagle3ops.role"
 RELEASE_LABEL = "io.eagle3ops.release"
@@ -185,6 +186,42 @@ def set_args(cmd: list[str], args: list[str]) -> list[str]:
     return out + list(args)
 
 
+class ShellFormCommand(ValueError):
+    """Server flags cannot be set on a serving container whose server runs through a shell's ``-c`` string; the
+    message names the container, the flags and the fix (:func:`shell_form_problem`)."""
+
+
+def shell_form_problem(record: dict[str, Any], args: list[str]) -> str | None:
+    """Why the flags ``args`` cannot be given to the container of ``record`` (:func:`container_record`, or a whole
+    ``docker inspect``), or None when they can.
+
+    A container started as ``bash -c "vllm serve ..."`` (or ``sh -c``, or an Entrypoint of a shell with ``-c``:
+    :func:`eagle3ops.health.shell_form`) hands words appended to its command to the shell as ``$0``, ``$1``...:
+    ``release --arg`` and speculate's ``--speculative-config`` would be recorded as a release and never reach vLLM.
+    A script that forwards its parameters (``exec vllm serve ... "$@"`` with a ``$0`` word after it) takes them.
+    Nothing is rewritten: whether a shell string is one plain command cannot be proved without running it.
+    """
+    sf = shell_form(record.get("Config") or {})
+    if not args or sf is None or sf.forwards_args:
+        return None
+    name = (record.get("Name") or "").lstrip("/") or "the serving container"
+    labels = (record.get("Config") or {}).get("Labels") or {}
+    flags = " ".join(a for a in args if a.startswith("--")) or " ".join(args)
+    script = sf.script if len(sf.script) <= 160 else sf.script[:157] + "..."
+    if labels.get(COMPOSE_SERVICE_LABEL):
+        where = (f"in the Compose file of project {labels.get(COMPOSE_PROJECT_LABEL)}, service "
+                 f"{labels[COMPOSE_SERVICE_LABEL]}: write `command:` (and `entrypoint:`) as a YAML list in exec form, "
+                 f"e.g. `command: [\"vllm\", \"serve\", \"/model\", \"--port\", \"8000\"]`, then `docker compose up -d`")
+    else:
+        where = ("recreate the container in exec form: `docker run ... IMAGE vllm serve /model --port 8000` (or "
+                 "`--entrypoint vllm IMAGE serve ...`), not `--entrypoint bash IMAGE -c \"vllm serve ...\"`")
+    return (f"serving container {name} runs its server through a shell ({' '.join(sf.shell)} {script!r}): the flags "
+            f"{flags} would be appended after the shell string, where the shell takes them as $0, $1... and vLLM "
+            f"never sees them, so the release would not change serving. Fix: {where}; or make the string forward "
+            f"its arguments (`exec vllm serve ... \"$@\"` followed by a `$0` word such as `--`), then run this "
+            f"again")
+
+
 def apply_change(record: dict[str, Any], *, args: list[str] | None = None, env: dict[str, str] | None = None,
                  binds: list[str] | None = None, image: str | None = None,
                  image_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -201,7 +238,14 @@ def apply_change(record: dict[str, Any], *, args: list[str] | None = None, env: 
 
     Returns:
         A new record (``ImageId`` None when the image changes: the engine resolves ``image`` at creation).
+
+    Raises:
+        ShellFormCommand: ``args`` for a container whose server runs through a shell's ``-c`` string
+            (:func:`shell_form_problem`): refused before anything is stopped.
     """
+    problem = shell_form_problem(record, list(args or []))
+    if problem:
+        raise ShellFormCommand(problem)
     rec = json.loads(json.dumps(record))
     cfg, hcfg = rec["Config"], rec["HostConfig"]
     if image:

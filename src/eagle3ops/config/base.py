@@ -50,7 +50,8 @@ def format_validation_error(path: Path | str, exc: ValidationError, *, what: str
     """
     lines = [f"{path}: invalid {what}"]
     for err in exc.errors():
-        key = ".".join(str(p) for p in (*prefix, *err["loc"])) or "(top level)"
+        # pydantic marks an error in a mapping's key (not its value) with a trailing "[key]": the key is named already
+        key = ".".join(str(p) for p in (*prefix, *err["loc"]) if p != "[key]") or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             lines.append(f"  - unknown key `{key}`: remove it or fix its spelling (keys: {docs_hint(section)})")

@@ -13,7 +13,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel
 
@@ -59,6 +59,8 @@ def _type_name(ann: Any) -> str:
     origin, args = typing.get_origin(ann), typing.get_args(ann)
     if ann is type(None):
         return "null"
+    if origin is Annotated:  # a validated value (config/enginevalues.py): documented by its base type
+        return _type_name(args[0])
     if origin is Literal:
         return " | ".join(f"`{a}`" for a in args)
     if origin in (Union, types.UnionType):

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from eagle3ops.config.base import ConfigError, StrictModel, read_yaml, require_mapping, validate
+from eagle3ops.config.enginevalues import Bind, ContainerName, EnvName, EnvValue, container_name, host_path
 
 DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
 SECTION = "inventory"
@@ -68,7 +69,7 @@ class ServingConfig(StrictModel):
                     "health gate and say so; release, rollback and speculate refuse it). Write `serving: none` or "
                     "`serving: {kind: none}`, with no other serving keys.",
     )
-    container: str = Field("vllm-serving", description="Name of the serving container on the host (kind container).")
+    container: ContainerName = Field("vllm-serving", description="Name of the serving container on the host (kind container).")
     compose_project: str | None = Field(
         None, description="Compose project name (kind compose), as `docker compose -p` / `name:` sets it."
     )
@@ -86,8 +87,8 @@ class ServingConfig(StrictModel):
     args: list[str] = Field(
         default_factory=list, description="Arguments passed to the image's entrypoint (`vllm serve` args)."
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Environment of the serving container.")
-    volumes: list[str] = Field(
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="Environment of the serving container.")
+    volumes: list[Bind] = Field(
         default_factory=list, description="Bind mounts `HOST_PATH:CONTAINER_PATH[:ro]` for the serving container."
     )
     port: int = Field(8000, ge=1, le=65535, description="TCP port the server listens on (host network).")
@@ -113,7 +114,7 @@ class ServingConfig(StrictModel):
     def _absolute_key_file(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
             raise ValueError(f"must be an absolute path on the host, got {value!r}")
-        return value
+        return value if value is None else host_path(value)  # mounted into the supervisor at the same path
     gate_concurrency: list[int] = Field(
         default_factory=lambda: [1, 8], min_length=1,
         description="Concurrency levels at which `eagle3ops speculate` measures both releases; the first is the "
@@ -195,6 +196,11 @@ class ServingConfig(StrictModel):
         if self.kind == "compose" and not all(compose):
             raise ValueError("kind `compose` needs `compose_project` and `compose_service` (the Compose project "
                              "and service names of the serving container)")
+        if self.kind == "compose":  # the name Compose gives the service's first container must be one Docker takes
+            try:
+                container_name(f"{self.compose_project}-{self.compose_service}-1")
+            except ValueError as exc:
+                raise ValueError(f"`compose_project`/`compose_service`: {exc}") from None
         if self.process_match is not None and self.kind != "process":
             raise ValueError("`process_match` is set but `kind` is not `process`: set `kind: process` or remove it")
         if self.unit is not None and self.kind != "systemd":
@@ -238,7 +244,7 @@ class HostConfig(StrictModel):
     pipeline_image: str | None = Field(
         None, description="Pipeline image to run stages with; default: the image `eagle3ops image build` made."
     )
-    stage_env: dict[str, str] = Field(
+    stage_env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Extra environment for stage containers, e.g. NCCL_PROTO, NCCL_ALGO."
     )
     maintenance_budget_s: float = Field(
@@ -294,7 +300,14 @@ class HostConfig(StrictModel):
     def _absolute(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError(f"must be an absolute path on the host, got {value!r}")
-        return value.rstrip("/") or "/"
+        return host_path(value.rstrip("/") or "/")  # each is bind-mounted into stage or supervisor containers
+
+    @field_validator("docker_host")
+    @classmethod
+    def _socket(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith("unix://"):
+            host_path(value.removeprefix("unix://"))  # the socket is bind-mounted into the supervisor
+        return value
 
 
 class Inventory(StrictModel):

@@ -324,6 +324,45 @@ def parse_header(header: str, *, where: str, expected_pin: Pin | None = None) ->
     )
 
 
+def check_line_endings(text: str, path: Path | str) -> None:
+    """Refuse a patch file whose lines do not all end in LF alone.
+
+    A patch saved with CRLF line endings (an editor or ``git config core.autocrlf`` on Windows), with a lone CR
+    inside a line, or with LF and CRLF lines mixed is refused before it is parsed: GNU patch, ``unidiff`` and the
+    DEP-3 header parser each read ``\\r`` differently (GNU patch strips CRs from a whole CRLF patch but keeps them in
+    a mixed one; ``str.splitlines`` splits at a lone CR), so such a hunk would land differently, or not at all,
+    depending on the tool. The patched upstream Python files use LF only.
+
+    Raises:
+        SeriesError: naming ``path:LINE`` (1-based) of the first such line and which ending it is (``CRLF``,
+            ``lone CR``, or ``mixed``: the first LF-only line and the first CRLF line), with the fix.
+    """
+    if "\r" not in text:
+        return
+    first_lf = first_crlf = None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # after the last LF
+    for lineno, line in enumerate(lines, start=1):
+        body = line.removesuffix("\r")
+        if "\r" in body:
+            raise SeriesError(
+                f"{path}:{lineno}: a lone CR (carriage return, \\r) inside the line, at character "
+                f"{body.index(chr(13)) + 1}",
+                fix="save the patch with LF line endings only and no CR characters (e.g. `dos2unix FILE`, or "
+                "regenerate it with eagle3ops patch refresh)")
+        if line.endswith("\r"):
+            first_crlf = first_crlf or lineno
+        else:
+            first_lf = first_lf or lineno
+    fix = ("convert the patch to LF line endings (e.g. `dos2unix FILE`, or `git config core.autocrlf false` and "
+           "check it out again) or regenerate it with eagle3ops patch refresh")
+    if first_lf is not None and first_crlf is not None:
+        raise SeriesError(f"{path}:{first_crlf}: mixed line endings: line {first_crlf} ends in CRLF, line {first_lf} "
+                          f"in LF", fix=fix)
+    raise SeriesError(f"{path}:{first_crlf}: CRLF line endings (Windows style) from line {first_crlf} on", fix=fix)
+
+
 def load_patch(path: Path, *, expected_pin: Pin | None = None, name: str | None = None) -> Patch:
     """Read and parse one patch file (header + diff). Raises :class:`SeriesError` naming the file."""
     try:
@@ -334,6 +373,7 @@ def load_patch(path: Path, *, expected_pin: Pin | None = None, name: str | None 
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SeriesError(f"{path}: not UTF-8 ({e})", fix="save the patch as UTF-8")
+    check_line_endings(text, path)
     header_text, diff_text = split_header(text, where=str(path))
     header = parse_header(header_text, where=str(path), expected_pin=expected_pin)
     return Patch(

@@ -29,7 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MARK", "ROW_MARK", "inspect", "measure", "parse_answer", "regenerate", "safetensors_shapes"]
+__all__ = ["MARK", "ROW_MARK", "inspect", "measure", "parse_answer", "regenerate", "safetensors_shapes",
+           "safetensors_vector", "vllm_view"]
 
 MARK = "E3OPS-ANSWER "
 ROW_MARK = "E3OPS-ROW "
@@ -47,6 +48,76 @@ def safetensors_shapes(path: Path) -> dict[str, list[int]]:
             raise ValueError(f"{path}: not a safetensors file (header length {n})")
         header = json.loads(f.read(n))
     return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+#: safetensors dtype names -> numpy dtype strings, for the integer and bool tensors read here (d2t, t2d).
+_ST_DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def safetensors_vector(path: Path, name: str) -> list[int] | None:
+    """The values of the integer or bool tensor ``name`` of a safetensors file, flattened (None when absent);
+    read with numpy from the file's byte range (format: u64 LE header length, JSON header, data), no torch.
+
+    Raises:
+        ValueError: a dtype other than integers or bool (``d2t``/``t2d`` never are).
+    """
+    import numpy as np
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        meta = header.get(name)
+        if meta is None:
+            return None
+        if meta["dtype"] not in _ST_DTYPES:
+            raise ValueError(f"{path}: tensor {name} has dtype {meta['dtype']}, expected an integer or bool tensor")
+        start, end = meta["data_offsets"]
+        f.seek(8 + n + start)
+        return np.frombuffer(f.read(end - start), dtype=_ST_DTYPES[meta["dtype"]]).astype("int64").tolist()
+
+
+def vllm_view(head: Path) -> dict[str, Any]:
+    """How vLLM's own config loader reads the head at ``head`` (in the pipeline image, which has vLLM 0.16).
+
+    ``config``: the draft's ``hf_config`` as vLLM builds it (``vllm.transformers_utils.config.get_config``: for a
+    speculators-format head its ``SpeculatorsConfig`` and the eagle3 algo updater, else transformers' config class),
+    as a dict; ``read_keys``: the config keys vLLM's EAGLE-3 draft code reads (attribute reads on a config in the
+    source of ``vllm.model_executor.models.llama_eagle3`` and ``.llama``, found by pattern in vLLM's installed
+    source, not a list kept here) plus the keys of ``LlamaConfig`` and the speculators format's structure;
+    ``vllm_version``. ``{"error": ...}`` when vLLM is not importable or its loader fails.
+    """
+    import inspect as pyinspect
+    import re
+
+    try:
+        import vllm
+        from vllm.model_executor.models import llama, llama_eagle3
+        from vllm.transformers_utils.config import get_config
+    except Exception as exc:  # noqa: BLE001 - no vLLM in this image: the driver says the check did not run
+        return {"error": f"vLLM not importable here: {type(exc).__name__}: {exc}"}
+    try:
+        cfg = get_config(str(head), trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - the loader's own refusal is the answer
+        return {"error": f"vLLM {vllm.__version__} cannot load the head's config: {type(exc).__name__}: {exc}"}
+    src = pyinspect.getsource(llama_eagle3) + pyinspect.getsource(llama)
+    keys = set(re.findall(r"config\.(\w+)", src)) | set(re.findall(r"getattr\(\s*(?:self\.)?config,\s*[\"'](\w+)", src))
+    keys |= set(re.findall(r"[\"'](\w+)[\"']\s+in\s+eagle_config", src))
+    try:
+        from transformers import LlamaConfig
+
+        keys |= set(LlamaConfig().to_dict())
+    except Exception:  # noqa: BLE001
+        pass
+    try:  # the speculators-format adapter: the keys its eagle3 updater takes from config.json
+        from vllm.transformers_utils.configs.speculators import algos
+
+        keys |= set(re.findall(r"\.get\(\s*[\"'](\w+)", pyinspect.getsource(algos)))
+        keys |= set(re.findall(r"config_dict\[\s*[\"'](\w+)", pyinspect.getsource(algos)))
+    except Exception:  # noqa: BLE001
+        pass
+    keys |= {"speculators_model_type", "speculators_config", "speculators_version", "transformer_layer_config"}
+    return {"config": json.loads(json.dumps(cfg.to_dict(), default=str)), "read_keys": sorted(keys),
+            "vllm_version": vllm.__version__}
 
 
 def _training_texts(run: Path) -> tuple[list[str], list[str]]:
@@ -89,6 +160,10 @@ def inspect(req: dict[str, Any], head: Path = Path("/head"), target: Path = Path
     out: dict[str, Any] = {"head_config": json.loads((head / "config.json").read_text()), "shapes": shapes,
                            "target_config": json.loads((target / "config.json").read_text()),
                            "head_files": sorted(p.name for p in head.iterdir() if p.is_file())}
+    files = sorted(head.glob("*.safetensors"))
+    out["vocab"] = {k: next((v for v in (safetensors_vector(f, k) for f in files) if v is not None), None)
+                    for k in ("d2t", "t2d")}
+    out["vllm_view"] = vllm_view(head)
     manifest = run / "train" / "manifest.json"
     out["train_manifest"] = json.loads(manifest.read_text()) if manifest.is_file() else None
     out["pipeline_yaml"] = (run / "pipeline.yaml").read_text() if (run / "pipeline.yaml").is_file() else None

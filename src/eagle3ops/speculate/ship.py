@@ -54,7 +54,8 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.decide import MIN_PASSES, Decision, decide
-from eagle3ops.speculate.headcheck import HeadMismatch, check_head, offline_acceptance
+from eagle3ops.speculate.headcheck import (HeadMismatch, check_head, check_vllm_reading, check_vocab_values,
+                                           offline_acceptance)
 from eagle3ops.speculate.metrics import SpecCounters, SpecDelta
 from eagle3ops.speculate.onhost import parse_answer
 from eagle3ops.speculate.replay import LevelResult
@@ -109,6 +110,34 @@ def offline_estimate_for(opts: SpeculateOptions, info: dict[str, Any]) -> float 
     (:func:`~eagle3ops.speculate.headcheck.offline_acceptance`) for the run's own head; None for a head passed with
     ``head`` (trained elsewhere: the run's manifest describes another head)."""
     return None if opts.head else offline_acceptance(info.get("train_manifest"))
+
+
+def check_as_vllm_reads(info: dict[str, Any], facts: Any, *, own_run: bool) -> list[str]:
+    """The head as vLLM 0.16 reads it (issue 26, kind 5), from the inspect answer: its config through vLLM's own
+    loader in the pipeline image (:func:`.headcheck.check_vllm_reading`; the run's train manifest says which aux
+    layers it was trained on when the head is the run's own) and the values of ``d2t``/``t2d``
+    (:func:`.headcheck.check_vocab_values`). Runs before any restart, in ``--dry-run`` too.
+
+    Returns:
+        warnings for checks that could not run (an image without vLLM, or older than this check).
+
+    Raises:
+        HeadMismatch: naming the head's key and what vLLM 0.16 would do instead.
+    """
+    warnings: list[str] = []
+    view = info.get("vllm_view")
+    if view and not view.get("error"):
+        check_vllm_reading(info["head_config"], view, target_layers=facts.target_layers,
+                           train_manifest=info.get("train_manifest") if own_run else None)
+    else:
+        warnings.append("the head's config was not read through vLLM's own loader (" + (
+            (view or {}).get("error") or "the pipeline image predates this check: rebuild it") + ")")
+    vocab = info.get("vocab")
+    if vocab and vocab.get("d2t") is not None:
+        check_vocab_values(vocab["d2t"], vocab.get("t2d"), target_vocab=facts.target_vocab_size)
+    elif vocab is None:
+        warnings.append("d2t/t2d values not checked (the pipeline image predates this check: rebuild it)")
+    return warnings
 
 
 def gate_prompts(n: int) -> list[pr.Prompt]:
@@ -282,10 +311,11 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                              "--head DIR") from None
     try:
         facts = check_head(info["head_config"], info["shapes"], info["target_config"])
+        read_as = check_as_vllm_reads(info, facts, own_run=not opts.head)
     except HeadMismatch as e:
         raise SpeculateError(f"{h.name}: {e}") from None
     offline = offline_estimate_for(opts, info)
-    warnings = list(facts.warnings)
+    warnings = list(facts.warnings) + read_as
     if opts.head:
         warnings.append(f"{opts.head}: a head from elsewhere has no offline acceptance estimate here: floor not "
                         "checked before release")

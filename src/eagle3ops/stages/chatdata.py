@@ -83,11 +83,35 @@ def resolve_dataset(spec: str, run_dir: Path) -> Path:
     return path
 
 
+def decode_line(raw: bytes, path: Path | str, lineno: int, offset: int) -> str:
+    """One line of a text data file (JSONL, ...) as UTF-8, or a :class:`ChatDataError` saying where it is not.
+
+    Args:
+        raw: the line's bytes; ``lineno``: its 1-based number; ``offset``: the file offset of its first byte.
+
+    Raises:
+        ChatDataError: ``FILE:LINE: not UTF-8: byte 0xNN at byte B of the line (file offset O)`` and the fix; never a
+            bare :class:`UnicodeDecodeError` (which names neither file nor line).
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = " ".join(f"0x{b:02x}" for b in raw[exc.start:exc.end])
+        raise ChatDataError(
+            f"{path}:{lineno}: not UTF-8: byte {bad} at byte {exc.start} of the line (file offset "
+            f"{offset + exc.start}; {exc.reason}); fix: convert the file to UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8`), "
+            f"or remove that row"
+        ) from None
+
+
 def _read_rows(path: Path) -> Iterator[tuple[int, Any]]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        with open(path, "rb") as f:
+            offset = 0
+            for lineno, raw in enumerate(f, 1):
+                line = decode_line(raw, path, lineno, offset)
+                offset += len(raw)
                 if not line.strip():
                     continue
                 try:

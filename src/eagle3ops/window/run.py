@@ -11,6 +11,7 @@ from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config.plan import Plan, ReleaseChange
 from eagle3ops.remote import Remote, render
@@ -134,6 +135,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
                            need_serving=kind in st.WINDOWS or driver_kind(r.host).records_before_release,
                            disk=disk, probe=probe, memory=memory)
+        if change is not None and change.args and pf.serving_container:  # container and compose kinds
+            check_release_flags(r, pf, change.args)
         if decision is not None:
             for name, detail in decision.lines():
                 pf.add(name, True, detail)
@@ -184,6 +187,23 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
                                        **(result.get("stages") or {})}}
     return finish_window(r, window_id, result, command=command)
+
+
+def check_release_flags(r: Remote, pf: Preflight, args: list[str]) -> None:
+    """Before the stop (and in ``--dry-run``): can the live serving container take the server flags ``args`` of a
+    release (``release --arg``, speculate's ``--speculative-config``)? A container whose server runs through a
+    shell's ``-c`` string cannot (:func:`eagle3ops.commands.serving.shell_form_problem`): the check fails naming the
+    container and the fix. Read-only; a container that cannot be inspected is left to the supervisor, which
+    refuses the same release before it stops anything."""
+    out = r.run(dk.inspect_container(r.host, pf.serving_container or ""), check=False)
+    if not out.ok:
+        return
+    try:
+        inspect = json.loads(out.stdout)[0]
+    except (ValueError, IndexError):
+        return
+    problem = sv.shell_form_problem(inspect, args)
+    pf.add("serving command", problem is None, problem or "exec form: the release's flags reach the server")
 
 
 def _decide(r: Remote, kind: str, run: str, pipeline_text: str | None,
