@@ -7,11 +7,11 @@ built from a ``standin: true`` patch profile (e.g. the CPU stand-in serving imag
 ``eagle3ops/serving:sandbox-cpu-standin``, greedy only). They are recognised by their labels (``io.eagle3ops.standin`` on an image of a stand-in profile,
 ``io.eagle3ops.stand-in-for`` on a stand-in base and every image built on it: labels are inherited,
 ``io.eagle3ops.stand-in`` on the test base; written by :mod:`eagle3ops.images.tags` and
-:mod:`eagle3ops.images.bases`) and, where the labels cannot be read (an image the host does not hold yet), by
+:mod:`eagle3ops_dev.bases`) and, where the labels cannot be read (an image the host does not hold yet), by
 reference: one of the stand-in repositories above, or ``standin`` / ``stand-in`` in the reference.
 
 A host is a sandbox when its ``docker_host`` is a sandbox engine's socket,
-``unix:///var/lib/eagle3ops-sandbox/<name>/docker.sock`` (the test ``eagle3ops.sandbox.name_of`` applies to the
+``unix:///var/lib/eagle3ops-sandbox/<name>/docker.sock`` (the test ``eagle3ops_dev.sandbox.name_of`` applies to the
 inventory's ``sandbox`` entry). Stand-in images are refused by name on every other host, at ``release --image`` and
 ``speculate`` as at build (issue 24).
 """
@@ -29,7 +29,7 @@ __all__ = ["SANDBOX_STATE_ROOT", "STANDIN_LABELS", "STANDIN_REPOSITORIES", "is_s
 SANDBOX_STATE_ROOT = "/var/lib/eagle3ops-sandbox"
 #: Labels that mark a stand-in image (see the module doc).
 STANDIN_LABELS = ("io.eagle3ops.standin", "io.eagle3ops.stand-in-for", "io.eagle3ops.stand-in")
-#: Repositories of the stand-in bases (``eagle3ops.images.bases``: LOCAL_BASE_TAG, UPSTREAM_BASE_TAG, STANDIN_REPO).
+#: Repositories of the stand-in bases (``eagle3ops_dev.bases``: LOCAL_BASE_TAG, UPSTREAM_BASE_TAG, STANDIN_REPO).
 STANDIN_REPOSITORIES = ("eagle3ops/vllm-openai-local", "eagle3ops/vllm-openai-upstream-standin",
                         "eagle3ops/standin-vllm-base")
 
