@@ -45,6 +45,7 @@ from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
+from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.speculate.decide import Decision, decide
 from eagle3ops.speculate.headcheck import HeadMismatch, check_head, offline_acceptance
 from eagle3ops.speculate.metrics import SpecCounters, SpecDelta
@@ -53,8 +54,6 @@ from eagle3ops.speculate.replay import LevelResult
 
 __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "gate_prompts", "measure_on_host", "speculate"]
 
-#: Share of HumanEval's ids in the gate split (by id; :func:`eagle3ops.speculate.prompts.split_by_id`).
-GATE_FRACTION = 0.25
 #: Bound on the inspect helper (pipeline image start + reading headers and chats), seconds.
 INSPECT_TIMEOUT_S = 300.0
 
