@@ -13,13 +13,13 @@ definition), build args and env defaults (jinja2 templates). That folder of YAML
   builder) and the serving image's patches;
 - :mod:`~eagle3ops.images.facts`: what a base holds (:func:`base_facts`) and the checks plan it implies;
 - :mod:`~eagle3ops.images.inspect`: ``image ls``, layer search, human sizes;
-- :mod:`~eagle3ops.images.engine`: the docker SDK client of the build engine, whether it holds an image.
+- :mod:`~eagle3ops.images.engine`: the build engine's docker SDK client, whether it holds an image.
 
-Dependencies run one way: engine ← tags ← inspect ← facts; buildkit; build (all of them). The stand-in bases (the debootstrap
-minbase, the ``local`` and ``upstream`` stand-ins for ``vllm/vllm-openai``, the test stand-in base) are development
-harness: :mod:`eagle3ops_dev.bases` (``python -m eagle3ops_dev base``); only their tag :data:`LOCAL_BASE_TAG` is here.
-Command lines come from :mod:`eagle3ops.commands.images`. Callers import from this package
-(``from eagle3ops import images``; ``images.build_image(...)``); the names below are its API.
+Dependencies run one way: engine ← tags ← inspect ← facts; buildkit; build (all of them). The stand-in bases (the
+debootstrap minbase, the ``local`` and ``upstream`` stand-ins for ``vllm/vllm-openai``, the test stand-in base) are
+development harness: :mod:`eagle3ops_dev.bases` (``python -m eagle3ops_dev base``); only their tag
+:data:`LOCAL_BASE_TAG` is here. Command lines come from :mod:`eagle3ops.commands.images`. Callers import from this
+package (``from eagle3ops import images``; ``images.build_image(...)``); the names below are its API.
 """
 
 from __future__ import annotations
