@@ -8,8 +8,8 @@ models (:mod:`eagle3ops.patches.fixtures`, the seam to the harness's :mod:`eagle
 ``eagle3ops patch verify`` runs them (``PROBES``).
 
 What the probes share (the engine cache, the reference forward, the error statistic and its tolerances,
-:class:`ProbeFailed`, :data:`LAST_RUN`) is :mod:`eagle3ops.patches.probekit`, re-exported here; the probe modules
-import it, never this registry, so the registry imports each of them without an import circle.
+:class:`ProbeFailed`, :data:`LAST_RUN`) is :mod:`eagle3ops.patches.probekit`, re-exported here; each probe module
+takes it from there, never from this registry, so the registry imports every one of them without an import circle.
 """
 
 from __future__ import annotations
