@@ -17,11 +17,17 @@ Checks 2 and 3 cover both packages; the harness's argv builders (``provision``, 
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
+import time
+import tomllib
 import zipfile
 from pathlib import Path
+
+import grimp
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src/eagle3ops"
@@ -54,28 +60,201 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess:
                           env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"})
 
 
-def test_import_contracts_hold():
-    cp = _lint_imports(REPO)
-    assert cp.returncode == 0, cp.stdout[-4000:] + cp.stderr[-2000:]
-    assert "BROKEN" not in cp.stdout and "Contracts:" in cp.stdout
-    assert "the product never imports the development harness" in " ".join(cp.stdout.split())
+def _contract_names(root: Path = REPO) -> list[str]:
+    """The names of the import contracts declared in ``root``'s pyproject.toml, in order."""
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    return [c["name"] for c in config["tool"]["importlinter"]["contracts"]]
 
 
-HARNESS_CONTRACT = "the product never imports the development harness"
+def _verdicts(stdout: str, names: list[str]) -> dict[str, str]:
+    """``{contract name: "KEPT" | "BROKEN"}`` from lint-imports' summary (its lines wrap at 80 columns, so the text
+    is compared with whitespace collapsed). Raises AssertionError when a contract has no verdict."""
+    out = " ".join(stdout.split())
+    verdicts = {}
+    for name in names:
+        found = [v for v in ("KEPT", "BROKEN") if f"{name} {v}" in out]
+        assert len(found) == 1, f"no verdict for contract {name!r} in:\n{stdout[-3000:]}"
+        verdicts[name] = found[0]
+    return verdicts
 
 
-def test_the_harness_contract_fails_when_a_product_module_imports_the_harness(tmp_path):
-    """A copy of the tree whose product module ``eagle3ops.health`` imports the sandbox: lint-imports fails and
-    names that contract and that import (so the passing run above is a real check, not an empty graph)."""
+def _lint_copy_with_import(tmp_path: Path, module: str, line: str) -> tuple[subprocess.CompletedProcess, str]:
+    """lint-imports over a copy of this checkout (pyproject.toml and src/) in which ``module`` (a path under src/;
+    created when missing) ends with ``line``; returns the run and its stdout with whitespace collapsed."""
     shutil.copy2(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     shutil.copytree(REPO / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    health = tmp_path / "src/eagle3ops/health.py"
-    health.write_text(health.read_text() + "\n\nfrom eagle3ops_dev import sandbox  # noqa: E402,F401\n")
+    path = tmp_path / "src" / module
+    path.write_text((path.read_text() if path.exists() else "") + f"\n\n{line}  # noqa: E402,F401\n")
     cp = _lint_imports(tmp_path)
-    out = " ".join(cp.stdout.split())
+    return cp, " ".join(cp.stdout.split())
+
+
+def test_import_contracts_hold():
+    """Every contract of pyproject.toml is checked and kept; lint-imports stays fast (the whole run, the product
+    and the harness graphs built from scratch: ~0.2 s here) so that it costs the suite nothing."""
+    t0 = time.monotonic()
+    cp = _lint_imports(REPO)
+    took = time.monotonic() - t0
+    assert cp.returncode == 0, cp.stdout[-4000:] + cp.stderr[-2000:]
+    names = _contract_names()
+    assert set(_verdicts(cp.stdout, names).values()) == {"KEPT"}
+    assert f"Contracts: {len(names)} kept, 0 broken." in cp.stdout
+    assert {LAYERS_CONTRACT, INDEPENDENCE_CONTRACT, PROTECTED_CONTRACT, HARNESS_CONTRACT, SSH_CONTRACT} <= set(names)
+    assert took < 30, f"lint-imports took {took:.1f} s"
+
+
+HARNESS_CONTRACT = ("the product never imports the development harness (eagle3ops_dev: sandbox, demo, stand-in "
+                    "bases, tiny models)")
+LAYERS_CONTRACT = next(n for n in _contract_names() if n.startswith("layers:"))
+INDEPENDENCE_CONTRACT = ("independent sides: the host-side supervisor, the in-image stages and the driver's executor "
+                         "never import one another")
+PROTECTED_CONTRACT = ("the driver never imports the host-side supervisor (only the plan schema, in configuration): "
+                      "nothing outside supervisor/ imports it")
+SSH_CONTRACT = "the in-image stages and the host-side supervisor use no SSH library"
+
+
+@pytest.mark.parametrize(("module", "line", "broken", "said"), [
+    # a product module imports the harness (one at the top: the sandbox's own imports go down the layers)
+    ("eagle3ops/console.py", "from eagle3ops_dev import sandbox", {HARNESS_CONTRACT},
+     "eagle3ops.console -> eagle3ops_dev.sandbox"),
+    # a lower layer imports a higher one (health sits below the CLI and orchestration)
+    ("eagle3ops/health.py", "from eagle3ops import report", {LAYERS_CONTRACT},
+     "eagle3ops.health is not allowed to import eagle3ops.report: - eagle3ops.health -> eagle3ops.report"),
+    # a new module under eagle3ops/ that no layer names (the contract is exhaustive)
+    ("eagle3ops/newthing.py", "X = 1", {LAYERS_CONTRACT},
+     "The following modules are not listed as layers: - eagle3ops.newthing"),
+    # an in-image stage imports the driver's executor: layers allow it (the executor sits lower), independence
+    # does not (and the executor's SSH library comes with it)
+    ("eagle3ops/stages/manifest.py", "from eagle3ops import remote", {INDEPENDENCE_CONTRACT, SSH_CONTRACT},
+     "eagle3ops.stages is not allowed to import eagle3ops.remote: - eagle3ops.stages.manifest -> eagle3ops.remote"),
+    # a driver module imports the supervisor: allowed by the layers (the supervisor sits lower), not by protection
+    ("eagle3ops/window/planner.py", "from eagle3ops.supervisor import journal", {PROTECTED_CONTRACT},
+     "Illegal imports of protected package eagle3ops.supervisor: - eagle3ops.window.planner -> "
+     "eagle3ops.supervisor.journal"),
+], ids=["harness", "layers", "layers-exhaustive", "independence", "protected"])
+def test_each_kind_of_import_contract_fails_on_an_offending_import(tmp_path, module, line, broken, said):
+    """A copy of the tree with one offending import: lint-imports fails, exactly the contracts named break, and the
+    report names the import (so the passing run above is a real check, not an empty graph)."""
+    cp, out = _lint_copy_with_import(tmp_path, module, line)
     assert cp.returncode != 0, out[-3000:]
-    assert f"{HARNESS_CONTRACT}" in out and "BROKEN" in out, out[-3000:]
-    assert "eagle3ops.health -> eagle3ops_dev.sandbox" in out, out[-3000:]
+    verdicts = _verdicts(cp.stdout, _contract_names(tmp_path))
+    assert {n for n, v in verdicts.items() if v == "BROKEN"} == broken, verdicts
+    assert said in out, out[-3000:]
+
+
+# --- no import circles ------------------------------------------------------------------------------------------
+
+
+def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """One circle per group of modules that import one another (a strongly connected component of the module-level
+    import graph, Tarjan's algorithm, iterative): the shortest path from the group's first module back to itself,
+    as ``[a, b, ..., a]``. Empty when the graph has no circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    group.append(m)
+                    if m == node:
+                        break
+                if len(group) > 1 or node in graph.find_modules_directly_imported_by(node):
+                    groups.append(sorted(group))
+    return [_shortest_circle(graph, group) for group in groups]
+
+
+def _shortest_circle(graph: grimp.ImportGraph, group: list[str]) -> list[str]:
+    """The shortest import path from ``group[0]`` back to itself inside ``group`` (breadth first)."""
+    members, start = set(group), group[0]
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for m in frontier:
+            for nxt in sorted(graph.find_modules_directly_imported_by(m) & members):
+                if nxt == start:
+                    path = [m]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if len(path) > 1 else [start, start]
+                if nxt not in previous:
+                    previous[nxt] = m
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no circle through {start} inside {group}")
+
+
+def _describe(graph: grimp.ImportGraph, circle: list[str]) -> str:
+    """``a -> b (l.12) -> ... -> a (l.3)``: each step with the line numbers of its imports."""
+    steps = [circle[0]]
+    for a, b in zip(circle, circle[1:]):
+        lines = sorted({d["line_number"] for d in graph.get_import_details(importer=a, imported=b)})
+        steps.append(f"{b} (l.{','.join(map(str, lines))})")
+    return " -> ".join(steps)
+
+
+def _module_graph() -> grimp.ImportGraph:
+    """The module-level import graph of the product and the harness (no cache). Imports under ``if TYPE_CHECKING:``
+    are left out: they never run, so they order nothing at import time (the serving kinds name their ``Supervisor``
+    in annotations only)."""
+    return grimp.build_graph("eagle3ops", "eagle3ops_dev", cache_dir=None, exclude_type_checking_imports=True)
+
+
+def test_no_import_circles():
+    """No module imports itself through others, in the product or the harness: a circle means a private helper or
+    a constant sits in the wrong module (move it down to where both sides can import it)."""
+    graph = _module_graph()
+    assert len(graph.modules) > 100
+    circles = import_cycles(graph)
+    assert circles == [], "import circles (move the shared piece to the module both can import):\n" + "\n".join(
+        _describe(graph, c) for c in circles)
+
+
+def test_the_circle_check_sees_a_circle():
+    """The same check on the real graph with one import added from the bottom to the top reports that circle,
+    with its path; and a two-module circle is reported as such."""
+    graph = _module_graph()
+    graph.add_import(importer="eagle3ops.yamlload", imported="eagle3ops.cli", line_number=1,
+                     line_contents="from eagle3ops import cli")
+    circles = import_cycles(graph)
+    assert len(circles) == 1, circles
+    circle = circles[0]
+    assert circle[0] == circle[-1] and {"eagle3ops.yamlload", "eagle3ops.cli"} <= set(circle), circle
+    for a, b in zip(circle, circle[1:]):
+        assert b in graph.find_modules_directly_imported_by(a), (a, b)
+    said = _describe(graph, circle)
+    assert re.fullmatch(r"eagle3ops\.cli -> .* -> eagle3ops\.yamlload \(l\.\d+\) -> eagle3ops\.cli \(l\.1\)",
+                        said), said
+    small = _module_graph()
+    small.add_import(importer="eagle3ops.health", imported="eagle3ops.cpuattn")
+    small.add_import(importer="eagle3ops.cpuattn", imported="eagle3ops.health")
+    assert import_cycles(small) == [["eagle3ops.cpuattn", "eagle3ops.health", "eagle3ops.cpuattn"]]
 
 
 def _argv_displays(path: Path) -> list[tuple[int, str]]:

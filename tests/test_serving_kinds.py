@@ -309,7 +309,8 @@ def test_config_docs_document_systemd_with_an_example():
 
 def test_systemd_driver_side_refuses_releases_and_previews_systemctl(tmp_path):
     from eagle3ops.remote import render
-    from eagle3ops.window.common import WindowError, require_serving
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.kinds import require_serving
     from eagle3ops.window.planner import build_plan, supervisor_commands
 
     h = _inv(tmp_path, "    serving: {kind: systemd, unit: vllm.service, served_model_name: m}\n")

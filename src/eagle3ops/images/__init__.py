@@ -12,13 +12,14 @@ definition), build args and env defaults (jinja2 templates). That folder of YAML
 - :mod:`~eagle3ops.images.build`: :func:`build_image` (context, checks plan, labels, BuildKit or the SDK's legacy
   builder) and the serving image's patches;
 - :mod:`~eagle3ops.images.facts`: what a base holds (:func:`base_facts`) and the checks plan it implies;
-- :mod:`~eagle3ops.images.inspect`: the docker SDK client, ``image ls``, layer search, human sizes.
+- :mod:`~eagle3ops.images.inspect`: ``image ls``, layer search, human sizes;
+- :mod:`~eagle3ops.images.engine`: the build engine's docker SDK client, whether it holds an image.
 
-Dependencies run one way: tags ← inspect ← facts; buildkit; build (all of them). The stand-in bases (the debootstrap
-minbase, the ``local`` and ``upstream`` stand-ins for ``vllm/vllm-openai``, the test stand-in base) are development
-harness: :mod:`eagle3ops_dev.bases` (``python -m eagle3ops_dev base``); only their tag :data:`LOCAL_BASE_TAG` is here.
-Command lines come from :mod:`eagle3ops.commands.images`. Callers import from this package
-(``from eagle3ops import images``; ``images.build_image(...)``); the names below are its API.
+Dependencies run one way: engine ← tags ← inspect ← facts; buildkit; build (all of them). The stand-in bases (the
+debootstrap minbase, the ``local`` and ``upstream`` stand-ins for ``vllm/vllm-openai``, the test stand-in base) are
+development harness: :mod:`eagle3ops_dev.bases` (``python -m eagle3ops_dev base``); only their tag
+:data:`LOCAL_BASE_TAG` is here. Command lines come from :mod:`eagle3ops.commands.images`. Callers import from this
+package (``from eagle3ops import images``; ``images.build_image(...)``); the names below are its API.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from eagle3ops.images.buildkit import (
     default_ca_bundle,
 )
 from eagle3ops.images.facts import FACTS_CACHE, base_facts, checks_plan
-from eagle3ops.images.inspect import ImageInfo, Runner, docker_client, find_in_layers, human_size, list_images
+from eagle3ops.images.engine import docker_client
+from eagle3ops.images.inspect import ImageInfo, Runner, find_in_layers, human_size, list_images
 from eagle3ops.images.tags import (
     LABEL_PREFIX,
     OCI,

@@ -23,7 +23,7 @@ from eagle3ops.config.images import (
 )
 from eagle3ops.images.buildkit import BuildFailed, buildkit_build
 from eagle3ops.images.facts import checks_plan
-from eagle3ops.images.inspect import docker_client
+from eagle3ops.images.engine import docker_client
 from eagle3ops.images.tags import _extra_args, _short, _tag, content_inputs, image_labels, probe_key_salt, render
 
 #: The local CPU base's tag (stand-in for ``vllm/vllm-openai:v0.16.0``, built by the development harness:

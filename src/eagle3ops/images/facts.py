@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.config.images import REPO_ROOT, ImageError
-from eagle3ops.images.inspect import docker_client
+from eagle3ops.images.engine import docker_client
 from eagle3ops.images.tags import _sha256
 
 #: where :func:`base_facts` keeps what it measured, per base image id and check-base.py

@@ -1,6 +1,6 @@
-"""The docker engine as the image code sees it: the SDK client, whether an image is present, ``image ls``
-(:func:`list_images`, local engine or a host's through a runner), searching an image's layers
-(:func:`find_in_layers`), and sizes for people (:func:`human_size`)."""
+"""The images on an engine as the image code sees them: ``image ls`` (:func:`list_images`, local engine or a host's
+through a runner), searching an image's layers (:func:`find_in_layers`), and sizes for people (:func:`human_size`).
+The SDK client is :mod:`~eagle3ops.images.engine`'s."""
 
 from __future__ import annotations
 
@@ -12,26 +12,8 @@ from typing import Any
 
 from eagle3ops import executor
 from eagle3ops.config.images import ImageError
+from eagle3ops.images.engine import docker_client
 from eagle3ops.images.tags import LABEL_PREFIX, OCI
-
-def docker_client() -> Any:
-    """A docker SDK client from the environment (``DOCKER_HOST`` etc.). Raises ImageError when the engine is down."""
-    try:
-        client = executor.engine()
-        client.ping()
-    except Exception as exc:  # docker.errors.DockerException and connection errors
-        raise ImageError(f"cannot reach the docker engine ({exc}); is dockerd running / DOCKER_HOST right?") from None
-    return client
-
-
-def _image_present(client: Any, ref: str) -> bool:
-    import docker.errors
-
-    try:
-        client.images.get(ref)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
 
 
 @dataclass

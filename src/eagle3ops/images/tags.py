@@ -139,7 +139,7 @@ def base_identity(defn: ImageDef, base_image: str | None = None, client: Any = N
     ref = base_image or defn.base.image
     if ref == defn.base.image and defn.base.digest:
         return {"image": ref, "digest": defn.base.digest}
-    from eagle3ops.images.inspect import docker_client  # the engine only here: inspect imports this module
+    from eagle3ops.images.engine import docker_client  # the engine only here
 
     client = client or docker_client()
     import docker.errors

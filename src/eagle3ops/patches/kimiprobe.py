@@ -1,6 +1,6 @@
 """Behavioural probe of the speculators series' Kimi-K2.5 patches (``X-Eagle3ops-Probe: kimi-k25-targets``).
 
-Runs on the shared probe engines of :mod:`eagle3ops.patches.probes` (engine kind ``kimi-k25``: the tiny
+Runs on the shared probe engines of :mod:`eagle3ops.patches.probekit` (engine kind ``kimi-k25``: the tiny
 Kimi-K2.5-class target of :mod:`eagle3ops_dev.tinykimi`), with its tolerances and error statistics.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from eagle3ops.patches.probes import (
+from eagle3ops.patches.probekit import (
     DEEPSEEK_LAYERS,
     LAST_RUN,
     MOE_TOLERANCE,

@@ -1,53 +1,49 @@
-"""Behavioural probes for the patch series (``X-Eagle3ops-Probe`` names -> callables): speculators' here, the vLLM
-series' greedy EAGLE-3 identity probes in :mod:`eagle3ops.patches.specprobes` (registered below).
-
-Why this module is long: the speculators probes share one engine cache (a CPU engine takes 8-30 s to start), one
-transformers reference forward and one error statistic; the probes of other series live in their own modules
-(:mod:`.specprobes`, :mod:`.kimiprobe`) and reach this cache through the registry below.
+"""Behavioural probes for the patch series (``X-Eagle3ops-Probe`` names -> callables, :data:`PROBES`): speculators'
+here, the vLLM series' greedy EAGLE-3 identity probes in :mod:`eagle3ops.patches.specprobes` and the Kimi-K2.5
+probe in :mod:`eagle3ops.patches.kimiprobe` (registered below).
 
 Each probe exercises the *installed* (patched) speculators against the installed vLLM on tiny, locally built
 models (:mod:`eagle3ops.patches.fixtures`, the seam to the harness's :mod:`eagle3ops_dev.tinymodel`) and raises
 :class:`ProbeFailed` naming the wrong behaviour; it returns None on success. No probe looks at log text.
 ``eagle3ops patch verify`` runs them (``PROBES``).
 
-Probes of one run share vLLM engines (a CPU engine takes ~8-30 s to start, mostly its spawned worker importing
-torch and vLLM): one ``VllmHiddenStatesGenerator`` on the tiny Llama whose tokenizer needs remote code (tokenizer,
-API, device and attribution probes) and one on the tiny DeepSeek-V3 (DeepSeek probe). They live in a module-level
-cache until :func:`shutdown` (registered with :mod:`atexit`; it stops the engines concurrently).
-:func:`prepare` (called by ``eagle3ops patch verify`` with the probes about to run) starts the engines those probes
-need concurrently, so their start-ups overlap; an engine that fails to start there is started again, alone, by
-the first probe that needs it, which then reports the failure.
-
-Hidden-state reference: transformers' fp32 forward of the same checkpoint, the output of decoder layer ``L``
-(forward hook; the residual stream *before* the final norm, which is what speculators captures -- transformers'
-``output_hidden_states[-1]`` is after the norm). The error of one token is the relative L2 error
-``|h - ref| / |ref|``. vLLM runs the bf16 checkpoint in bf16, so tolerances are stated per token quantile
-(FACTS.md: MoE routing flips near-tied experts under bf16 for ~1-2 % of tokens); a misattributed token has a
-relative error near 1, far outside them.
-
-Environment: on vLLM's CPU platform ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB), ``VLLM_SLEEP_WHEN_IDLE``
-to 1 and ``OMP_WAIT_POLICY`` to PASSIVE here (:func:`_quiet_idle_polling`), and the DeepSeek probe sets
-``VLLM_MLA_DISABLE=1`` (vLLM 0.16 has no MLA on CPU). Engines use spawn: call probes from a process whose main
-module is import-safe (``python -m eagle3ops patch verify``, pytest).
+What the probes share (the engine cache, the reference forward, the error statistic and its tolerances,
+:class:`ProbeFailed`, :data:`LAST_RUN`) is :mod:`eagle3ops.patches.probekit`, re-exported here; each probe module
+takes it from there, never from this registry, so the registry imports every one of them without an import circle.
 """
 
 from __future__ import annotations
 
-import atexit
-import inspect
-import logging
-import os
-import shutil
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eagle3ops.patches.probekit import (
+    DEEPSEEK_LAYERS,
+    DENSE_TOLERANCE,
+    LAST_RUN,
+    LLAMA_LAYERS,
+    MOE_DENSE_LAYER_TOLERANCE,
+    MOE_TOLERANCE,
+    ErrorStats,
+    ProbeFailed,
+    Tolerance,
+    _check_results_basic,
+    _engine,
+    _Engine,
+    _is_cpu_platform,
+    _random_sequences,
+    finish,
+    hidden_state_errors,
+    prepare,
+    reference_layer_states,
+    shutdown,
+)
+
 __all__ = [
     "DENSE_TOLERANCE",
+    "LAST_RUN",
     "MOE_DENSE_LAYER_TOLERANCE",
     "MOE_TOLERANCE",
     "PROBES",
@@ -61,398 +57,8 @@ __all__ = [
     "shutdown",
 ]
 
-LLAMA_LAYERS = (0, 2, 3)
-#: Layer 0 of the tiny DeepSeek-V3 is dense (first_k_dense_replace=1): its states carry no MoE routing noise,
-#: so the attention path (MLA expanded, rotary on q_pe) is checked there with a tight tolerance.
-DEEPSEEK_LAYERS = (0, 1, 2, 3)
-#: Tiny-model kinds with MLA attention (DeepSeek-V3 backbone): vLLM's CPU platform needs VLLM_MLA_DISABLE=1.
-MLA_KINDS = frozenset({"deepseek-v3", "kimi-k25"})
-MAX_MODEL_LEN = 512
-#: Per-step token budget of the probe engines, where the generator accepts ``max_num_batched_tokens`` (added by
-#: the attribution patch; speculators 0.4 has it): small, so that prompts are prefilled in chunks cheaply.
-#: Without it the generator's own budget (max(8192, max_model_len)) applies and the attribution probe's batch
-#: (~10k tokens) still exceeds it.
-PROBE_MAX_NUM_BATCHED_TOKENS = 256
 #: speculators' MAX_NUM_SEQS is 32; the attribution probe sends more sequences than that.
 ATTRIBUTION_NUM_SEQS = 40
-
-
-class ProbeFailed(Exception):
-    """A patched behaviour is wrong or absent; the message says which and what was observed."""
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Per-token relative-L2 error limits of captured hidden states against the fp32 reference.
-
-    Attributes:
-        median: limit on the median over all tokens and layers.
-        q99: limit on the 99th percentile (dense models), or None.
-        frac_above: (threshold, max fraction) pairs, threshold 0.01 or 0.05 -- at most that fraction of tokens
-            may exceed the threshold (MoE: near-tied experts flip under bf16 for a few tokens).
-        seq_median: limit on the median of every single sequence and layer (catches one short misattributed
-            sequence that all-token quantiles would hide).
-        max: limit on the largest token error, or None.
-    """
-
-    median: float
-    q99: float | None
-    frac_above: tuple[tuple[float, float], ...]
-    seq_median: float
-    max: float | None = None
-
-
-#: Dense bf16 target (tiny Llama measured: median ~0.006, q99 ~0.008, max ~0.01).
-DENSE_TOLERANCE = Tolerance(median=0.02, q99=0.06, frac_above=(), seq_median=0.05)
-#: MoE bf16 target, all layers (tiny DeepSeek-V3 measured: median ~0.006, 4-6 % of tokens above 0.01, ~1 % above
-#: 0.05). With vLLM's CPU rotary kernel on q_pe (the fault the DeepSeek patch works around) 27 % were above 0.01.
-MOE_TOLERANCE = Tolerance(median=0.02, q99=None, frac_above=((0.01, 0.15), (0.05, 0.03)), seq_median=0.05)
-#: The dense first layer of the tiny DeepSeek-V3 (measured: q99 0.0044, max 0.0050; with the faulty CPU rotary
-#: kernel q99 0.0095, max 0.0146).
-MOE_DENSE_LAYER_TOLERANCE = Tolerance(median=0.01, q99=0.007, frac_above=(), seq_median=0.02, max=0.01)
-
-
-@dataclass
-class ErrorStats:
-    """Summary of per-token relative errors (all sequences, all layers) and the worst sequence median."""
-
-    n_tokens: int
-    median: float
-    q99: float
-    max: float
-    frac_above_001: float
-    frac_above_005: float
-    worst_seq_median: float
-    worst_seq: int
-
-    def check(self, tol: Tolerance, what: str) -> None:
-        """Raise :class:`ProbeFailed` if these statistics exceed ``tol``."""
-        problems = []
-        if self.median > tol.median:
-            problems.append(f"median {self.median:.4g} > {tol.median}")
-        if tol.q99 is not None and self.q99 > tol.q99:
-            problems.append(f"q99 {self.q99:.4g} > {tol.q99}")
-        if tol.max is not None and self.max > tol.max:
-            problems.append(f"max {self.max:.4g} > {tol.max}")
-        for thr, frac in tol.frac_above:
-            observed = {0.01: self.frac_above_001, 0.05: self.frac_above_005}.get(thr)
-            if observed is None:
-                raise ValueError(f"frac_above threshold {thr} must be 0.01 or 0.05")
-            if observed > frac:
-                problems.append(f"{observed:.2%} of tokens above {thr} (limit {frac:.2%})")
-        if self.worst_seq_median > tol.seq_median:
-            problems.append(
-                f"sequence {self.worst_seq} has median error {self.worst_seq_median:.4g} > {tol.seq_median} "
-                "(states belong to another sequence or position)"
-            )
-        if problems:
-            raise ProbeFailed(f"{what}: captured hidden states differ from the reference forward: " + "; ".join(problems))
-
-
-# ----------------------------------------------------------------------------------------------- engines
-
-
-@dataclass
-class _Engine:
-    model_dir: Path
-    generator: Any
-    start_s: float
-
-
-_ENGINES: dict[str, _Engine] = {}
-_TMP: Path | None = None
-
-
-def _tmpdir() -> Path:
-    global _TMP
-    if _TMP is None:
-        _TMP = Path(tempfile.mkdtemp(prefix="eagle3ops-probes-"))
-    return _TMP
-
-
-def _is_cpu_platform() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def _quiet_idle_polling() -> None:
-    """``VLLM_SLEEP_WHEN_IDLE=1`` and ``OMP_WAIT_POLICY=PASSIVE`` unless set (inherited by the engine workers; the
-    probes process takes the OpenMP one when torch is not imported yet).
-
-    vLLM's shared-memory queues otherwise busy-poll (``sched_yield``) while waiting, so an idle engine's worker keeps
-    a core busy: with two probe engines on a 2-core builder the probes were 2-3x slower (verify 70 s vs 26 s under
-    the same load). OpenMP threads otherwise spin between the tiny models' short parallel regions; with three
-    processes' thread pools on 2 cores the probe bodies took 11-13 s instead of 3-5 s at load 5-8. Both only change
-    how threads wait, not what is computed."""
-    os.environ.setdefault("VLLM_SLEEP_WHEN_IDLE", "1")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def _engine(kind: str) -> _Engine:
-    """Build (once) the tiny model ``kind`` and a ``VllmHiddenStatesGenerator`` on it."""
-    if kind in _ENGINES:
-        return _ENGINES[kind]
-    from eagle3ops.patches import fixtures
-
-    model_dir = _tmpdir() / kind
-    if not (model_dir / "config.json").exists():
-        shutil.rmtree(model_dir, ignore_errors=True)
-        fixtures.load().build_target(model_dir, kind, seed=0)
-    if _is_cpu_platform():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        _quiet_idle_polling()
-        if kind in MLA_KINDS:
-            os.environ["VLLM_MLA_DISABLE"] = "1"  # read by the spawned worker (MLA only: no effect on Llama)
-    from speculators.data_generation.vllm_hidden_states_generator import (
-        VllmHiddenStatesGenerator,
-    )
-
-    layers = DEEPSEEK_LAYERS if kind in MLA_KINDS else LLAMA_LAYERS
-    kwargs: dict[str, Any] = {}
-    if "max_num_batched_tokens" in inspect.signature(VllmHiddenStatesGenerator).parameters:
-        kwargs["max_num_batched_tokens"] = PROBE_MAX_NUM_BATCHED_TOKENS
-    t0 = time.monotonic()
-    try:
-        gen = VllmHiddenStatesGenerator(
-            str(model_dir),
-            layer_ids=list(layers),
-            max_model_len=MAX_MODEL_LEN,
-            gpu_memory_utilization=0.5,
-            **kwargs,
-        )
-    except Exception as e:
-        raise ProbeFailed(
-            f"VllmHiddenStatesGenerator({kind} tiny model) could not be constructed on the installed vLLM: "
-            f"{type(e).__name__}: {e}"
-        ) from e
-    eng = _Engine(model_dir, gen, time.monotonic() - t0)
-    with _LOCK:
-        _ENGINES[kind] = eng
-    return eng
-
-
-_LOCK = threading.Lock()
-#: Which engine each probe runs on (probes not listed start none).
-PROBE_ENGINES = {
-    "tokenizer-remote-code": "llama-remote-code",
-    "vllm-0.16-api": "llama-remote-code",
-    "cpu-device": "llama-remote-code",
-    "prefill-attribution": "llama-remote-code",
-    "deepseek-capture": "deepseek-v3",
-    "kimi-k25-targets": "kimi-k25",
-}
-
-
-def prepare(probe_names: Sequence[str]) -> dict[str, float]:
-    """Start the engines that ``probe_names`` need, concurrently (one thread per engine kind).
-
-    The tiny models are built first (sequentially, in this process); then each engine's construction -- most of
-    it in its own spawned worker process -- overlaps the others'. ``VLLM_MLA_DISABLE=1`` is set before any start
-    when the DeepSeek engine is among them, so every engine of a run sees the same environment.
-
-    Returns:
-        ``{kind: seconds}`` of each engine started here. An engine whose start raised is left unstarted (the first
-        probe needing it starts it again and reports the failure); nothing is raised.
-    """
-    kinds = list(dict.fromkeys(PROBE_ENGINES[n] for n in probe_names if n in PROBE_ENGINES))
-    kinds = [k for k in kinds if k not in _ENGINES]
-    if not kinds:
-        return {}
-    if _is_cpu_platform():
-        _quiet_idle_polling()
-        if MLA_KINDS & set(kinds):
-            os.environ["VLLM_MLA_DISABLE"] = "1"
-    from eagle3ops.patches import fixtures
-
-    for kind in kinds:
-        model_dir = _tmpdir() / kind
-        if not (model_dir / "config.json").exists():
-            shutil.rmtree(model_dir, ignore_errors=True)
-            fixtures.load().build_target(model_dir, kind, seed=0)
-    if len(kinds) == 1:
-        try:
-            return {kinds[0]: _engine(kinds[0]).start_s}
-        except Exception:  # noqa: BLE001 - reported by the probe that needs it
-            return {}
-    threads = [threading.Thread(target=_start_quietly, args=(k,), name=f"probe-engine-{k}", daemon=True)
-               for k in kinds]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {k: _ENGINES[k].start_s for k in kinds if k in _ENGINES}
-
-
-def _start_quietly(kind: str) -> None:
-    try:
-        _engine(kind)
-    except Exception:  # noqa: BLE001 - the probe that needs this engine starts it again and reports
-        logging.getLogger(__name__).warning("concurrent start of the %s probe engine failed; retried by its probe",
-                                            kind, exc_info=True)
-
-
-def _stop(eng: _Engine) -> None:
-    try:
-        eng.generator.executor.shutdown()
-    except Exception:
-        logging.getLogger(__name__).debug("executor shutdown failed", exc_info=True)
-
-
-def _kill(eng: _Engine) -> None:
-    ex = eng.generator.executor
-    workers = getattr(ex, "workers", None)
-    if not workers or not all(hasattr(w, "proc") for w in workers):
-        _stop(eng)  # not the vLLM 0.16 MultiprocExecutor layout: the graceful way
-        return
-    ex.shutting_down = True  # its worker monitor then ignores the deaths below (vLLM 0.16 MultiprocExecutor)
-    for w in workers:
-        w.proc.kill()
-    for w in workers:
-        w.proc.join(10)
-    getattr(ex, "shutdown_event", threading.Event()).set()
-
-
-def finish() -> None:
-    """Stop the engines fast, once every probe's outcome is decided (``eagle3ops patch verify`` calls it): their
-    worker processes are killed instead of shut down gracefully (which takes ~3 s each: vLLM tears down its
-    distributed state), then the temporary models are removed. Use :func:`shutdown` when the engines' clean exit
-    matters."""
-    global _TMP
-    engines = list(_ENGINES.values())
-    _ENGINES.clear()
-    for eng in engines:
-        try:
-            _kill(eng)
-        except Exception:
-            logging.getLogger(__name__).debug("engine kill failed", exc_info=True)
-    if _TMP is not None:
-        shutil.rmtree(_TMP, ignore_errors=True)
-        _TMP = None
-
-
-def shutdown() -> None:
-    """Shut down the cached engines (concurrently: each waits up to seconds for its worker to exit) and remove the
-    probes' temporary models."""
-    global _TMP
-    engines = list(_ENGINES.values())
-    threads = [threading.Thread(target=_stop, args=(eng,), daemon=True) for eng in engines[1:]]
-    for t in threads:
-        t.start()
-    if engines:
-        _stop(engines[0])
-    for t in threads:
-        t.join()
-    _ENGINES.clear()
-    if _TMP is not None:
-        shutil.rmtree(_TMP, ignore_errors=True)
-        _TMP = None
-
-
-atexit.register(shutdown)
-
-
-# ----------------------------------------------------------------------------------------------- reference
-
-
-def reference_layer_states(model_dir: Path, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[list[Any]]:
-    """transformers fp32 outputs of decoder ``layers`` for each sequence (one forward per sequence).
-
-    Returns ``refs[i][j]``: tensor ``[len(sequences[i]), hidden]`` = output of decoder layer ``layers[j]``
-    (the residual stream before the final norm, as captured by speculators' worker extension).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.eval()
-    captured: dict[int, Any] = {}
-    hooks = []
-    for layer in layers:
-        def hook(_mod, _inp, out, layer=layer):
-            captured[layer] = (out[0] if isinstance(out, tuple) else out)[0].detach()
-
-        hooks.append(model.model.layers[layer].register_forward_hook(hook))
-    refs = []
-    try:
-        with torch.no_grad():
-            for seq in sequences:
-                captured.clear()
-                model(torch.tensor([list(seq)], dtype=torch.long))
-                refs.append([captured[layer].clone() for layer in layers])
-    finally:
-        for h in hooks:
-            h.remove()
-    return refs
-
-
-def hidden_state_errors(results: Sequence[dict], refs: Sequence[Sequence[Any]]) -> ErrorStats:
-    """Per-token relative L2 errors of ``results[i]["hidden_states"][j]`` against ``refs[i][j]``.
-
-    Raises :class:`ProbeFailed` on a count or shape mismatch (a missing/truncated sequence is a finding).
-    """
-    import torch
-
-    if len(results) != len(refs):
-        raise ProbeFailed(f"generate() returned {len(results)} results for {len(refs)} sequences")
-    errs = []
-    worst, worst_i = 0.0, -1
-    for i, (res, ref_layers) in enumerate(zip(results, refs)):
-        states = res["hidden_states"]
-        if len(states) != len(ref_layers):
-            raise ProbeFailed(f"sequence {i}: {len(states)} layers of hidden states, expected {len(ref_layers)}")
-        for h, ref in zip(states, ref_layers):
-            if tuple(h.shape) != tuple(ref.shape):
-                raise ProbeFailed(
-                    f"sequence {i}: hidden states of shape {tuple(h.shape)}, expected {tuple(ref.shape)} "
-                    "(truncated or another sequence's states)"
-                )
-            e = (h.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
-            errs.append(e)
-            m = float(e.median())
-            if m > worst:
-                worst, worst_i = m, i
-    allerr = torch.cat(errs)
-    return ErrorStats(
-        n_tokens=int(allerr.numel()),
-        median=float(allerr.median()),
-        q99=float(torch.quantile(allerr, 0.99)),
-        max=float(allerr.max()),
-        frac_above_001=float((allerr > 0.01).float().mean()),
-        frac_above_005=float((allerr > 0.05).float().mean()),
-        worst_seq_median=worst,
-        worst_seq=worst_i,
-    )
-
-
-def _random_sequences(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
-    """``n`` random token sequences with lengths in [lo, hi], ids avoiding the 6 special tokens."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
-    return [torch.randint(6, 256, (int(length),), generator=g).tolist() for length in lengths]
-
-
-def _check_results_basic(results: Sequence[dict], sequences: Sequence[Sequence[int]], n_layers: int, what: str) -> None:
-    if len(results) != len(sequences):
-        raise ProbeFailed(f"{what}: generate() returned {len(results)} results for {len(sequences)} sequences")
-    for i, (res, seq) in enumerate(zip(results, sequences)):
-        if res["input_ids"].tolist() != list(seq):
-            raise ProbeFailed(f"{what}: result {i} carries the input_ids of another sequence (results not in input order)")
-        if len(res["hidden_states"]) != n_layers:
-            raise ProbeFailed(f"{what}: result {i} has {len(res['hidden_states'])} layers, expected {n_layers}")
-        for h in res["hidden_states"]:
-            if h.shape[0] != len(seq):
-                raise ProbeFailed(f"{what}: result {i} has states for {h.shape[0]} of its {len(seq)} tokens")
-            if not bool(h.float().isfinite().all()):
-                raise ProbeFailed(f"{what}: result {i} has non-finite hidden states")
-
-
-# ----------------------------------------------------------------------------------------------- probes
-
-#: Figures of the last run of each probe (seconds, error statistics), for reports and tests.
-LAST_RUN: dict[str, dict[str, Any]] = {}
 
 
 def probe_tokenizer_remote_code() -> None:

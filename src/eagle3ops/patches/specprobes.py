@@ -127,7 +127,7 @@ def _cpu_settings(kind: str) -> dict[str, Any]:
     if not current_platform.is_cpu():
         return {}
     from eagle3ops.cpuattn import CPU_BLOCK_SIZE
-    from eagle3ops.patches.probes import _quiet_idle_polling
+    from eagle3ops.patches.probekit import _quiet_idle_polling
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     _quiet_idle_polling()
@@ -300,7 +300,7 @@ def run_greedy_pair(
 
 
 def _check_counters(pair: GreedyPair, what: str) -> None:
-    from eagle3ops.patches.probes import ProbeFailed
+    from eagle3ops.patches.probekit import ProbeFailed
 
     c = pair.counters
     d, t, a, per = c.get("drafts", 0), c.get("draft_tokens", 0), c.get("accepted", 0), c.get("per_pos", [])
@@ -319,7 +319,7 @@ def _check_counters(pair: GreedyPair, what: str) -> None:
 
 
 def _workdir() -> Path:
-    from eagle3ops.patches.probes import _tmpdir
+    from eagle3ops.patches.probekit import _tmpdir
 
     d = _tmpdir() / "spec"
     d.mkdir(parents=True, exist_ok=True)
@@ -327,7 +327,7 @@ def _workdir() -> Path:
 
 
 def _run(kind: str, dtype: str, what: str) -> GreedyPair:
-    from eagle3ops.patches.probes import ProbeFailed
+    from eagle3ops.patches.probekit import ProbeFailed
 
     try:
         return run_greedy_pair(kind, dtype, workdir=_workdir())
@@ -339,9 +339,9 @@ def _run(kind: str, dtype: str, what: str) -> GreedyPair:
 
 
 def _report(name: str, figures: dict[str, Any]) -> None:
-    """Keep the figures of a passed probe in ``probes.LAST_RUN`` and print them as one JSON line on stderr (verify
+    """Keep the figures of a passed probe in ``probekit.LAST_RUN`` and print them as one JSON line on stderr (verify
     prints only pass/fail)."""
-    from eagle3ops.patches.probes import LAST_RUN
+    from eagle3ops.patches.probekit import LAST_RUN
 
     LAST_RUN[name] = figures
     print(f"[{name}] " + json.dumps(figures, default=float), file=sys.stderr, flush=True)
@@ -355,7 +355,7 @@ def identical_divergences(pair: GreedyPair) -> dict[int, int]:
 
 
 def _require_identical(pair: GreedyPair, what: str) -> None:
-    from eagle3ops.patches.probes import ProbeFailed
+    from eagle3ops.patches.probekit import ProbeFailed
 
     bad = identical_divergences(pair)
     if bad:
@@ -396,7 +396,7 @@ def probe_eagle3_greedy_identity_deepseek() -> None:
     """Tiny DeepSeek-V3 target (bfloat16) with a Llama-style EAGLE-3 draft: the target is admitted (model type,
     SupportsEagle3, aux hidden states captured: the draft's ``fc`` needs all three), greedy output identical up
     to each prompt's first near-tie (reported), and the spec-decode counters move."""
-    from eagle3ops.patches.probes import ProbeFailed
+    from eagle3ops.patches.probekit import ProbeFailed
 
     t0 = time.monotonic()
     what = "tiny DeepSeek-V3 (bfloat16) + Llama-style EAGLE-3 draft"

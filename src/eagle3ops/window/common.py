@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
 from eagle3ops.remote import Remote
 
@@ -32,19 +33,6 @@ class SupervisorDead(WindowError):
     """The window's host-side supervisor is not running and left no result; the message gives the recover command."""
 
 
-def require_serving(h: HostConfig, what: str) -> None:
-    """Refuse ``what`` (``release``, ``rollback``, ``speculate``) where the host's serving kind cannot do it
-    (:meth:`eagle3ops.window.kinds.DriverKind.refuse`): ``serving: none`` refuses all three, a plain process
-    ``speculate``, a systemd unit all three.
-
-    Raises:
-        WindowError: the message names the host, the inventory key and the fix.
-    """
-    from eagle3ops.window.kinds import driver_kind  # it imports this module's WindowError
-
-    driver_kind(h).refuse(h, what)
-
-
 def hint(*args: str) -> str:
     """An ``eagle3ops`` command for a message, each argument quoted (``shlex.quote``): a host name or alias pasted
     back into a shell stays one literal word and runs nothing."""
@@ -54,6 +42,17 @@ def hint(*args: str) -> str:
 def new_window_id(kind: str) -> str:
     """``YYYYmmddTHHMMSSZ-<kind>-<6 hex>``: sortable and unique."""
     return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{kind}-{secrets.token_hex(3)}"
+
+
+def host_path(h: HostConfig, path: str, run: str) -> str | None:
+    """The host path of ``path`` as a stage container sees it (relative paths: the run directory
+    ``<data_dir>/runs/<run>/``; absolute ones under the data or model mount); None if it is not mounted."""
+    if not path.startswith("/"):
+        return f"{h.data_dir}/runs/{run}/{path}"
+    for mount, host_dir in ((st.DATA_MOUNT, h.data_dir), (st.MODEL_MOUNT, h.model_path)):
+        if path == mount or path.startswith(mount + "/"):
+            return host_dir + path[len(mount):]
+    return None
 
 
 def paths(host: HostConfig, window_id: str | None = None) -> dict[str, str]:

@@ -27,7 +27,7 @@ def estimate_gpu_memory(r: Remote, *, run: str, pipeline_text: str, stages: list
     import yaml
 
     from eagle3ops.config.pipeline import PipelineConfig
-    from eagle3ops.window.preflight import _host_path
+    from eagle3ops.window.common import host_path
 
     h = r.host
     if not h.gpus or not {"extract", "train"} & set(stages):
@@ -36,7 +36,7 @@ def estimate_gpu_memory(r: Remote, *, run: str, pipeline_text: str, stages: list
         cfg = PipelineConfig.model_validate(yaml.safe_load(pipeline_text) or {})
     except Exception as exc:  # noqa: BLE001 - pydantic or YAML error
         return GpuMemoryPlan(error=f"pipeline config is invalid: {exc}")
-    model_dir = _host_path(h, cfg.target_model, run) or h.model_path
+    model_dir = host_path(h, cfg.target_model, run) or h.model_path
     out = r.run(hc.cat_if_exists(f"{model_dir}/config.json"), check=False)
     try:
         shape = target_shape(json.loads(out.stdout))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from eagle3ops.commands import docker as dk
+from eagle3ops.commands import host as hc
 from eagle3ops.commands import process as pr
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
@@ -65,8 +66,6 @@ class DriverKind:
 
     def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
         """Find live serving (read-only) and add its check to ``pf``: the container (by name or Compose labels)."""
-        from eagle3ops.window.preflight import check_serving_container
-
         check_serving_container(r, pf, need_serving)
 
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
@@ -139,8 +138,6 @@ class ProcessKind(DriverKind):
                 f"{'--image' if change.image else 'binds'}); drop --image/binds, or run serving as a container")
 
     def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
-        from eagle3ops.window.preflight import check_process
-
         check_process(r, pf, need_serving)
 
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
@@ -267,3 +264,69 @@ DRIVER_KINDS: dict[str, type[DriverKind]] = {k.name: k for k in (DriverKind, Com
 def driver_kind(h: HostConfig) -> DriverKind:
     """The driver-side serving kind of host ``h`` (from ``serving.kind``, which the inventory validated)."""
     return DRIVER_KINDS[h.serving.kind]()
+
+
+def require_serving(h: HostConfig, what: str) -> None:
+    """Refuse ``what`` (``release``, ``rollback``, ``speculate``) where the host's serving kind cannot do it
+    (:meth:`DriverKind.refuse`): ``serving: none`` refuses all three, a plain process ``speculate``, a systemd unit
+    all three.
+
+    Raises:
+        WindowError: the message names the host, the inventory key and the fix.
+    """
+    driver_kind(h).refuse(h, what)
+
+
+# --- finding live serving (read-only; preflight calls these through the kinds) ---------------------------------
+
+
+def check_serving_container(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
+    """Kinds ``container`` and ``compose``: find the serving container (:func:`serving_container`), refuse more than
+    one, and when ``need_serving`` check that it runs; sets ``pf.serving_container``. Read-only."""
+    h = r.host
+    names, found = serving_container(r)
+    pf.serving_container = names[0] if names else sv.default_name(h.serving)
+    if len(names) > 1:
+        pf.add("serving container", False, f"{found} matches {len(names)} containers ({', '.join(names)}); "
+                                           f"eagle3ops manages one serving container: scale the service to 1")
+    elif need_serving:
+        s = r.run(dk.inspect_format(h, pf.serving_container, "{{.State.Status}}"),
+                  check=False) if names else None
+        pf.add("serving container", bool(s and s.ok and s.stdout.strip() == "running"),
+               f"{pf.serving_container}: {s.stdout.strip()}" if s and s.ok else f"no container for {found}")
+
+
+def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
+    """Kind ``process``: find the serving process (``pgrep -o -f process_match``) and check that it runs as the SSH
+    user (whose restore agent must read its /proc entries and start it again as the same user); sets
+    ``pf.process_pid``. Read-only."""
+    h = r.host
+    pattern = h.serving.process_match or ""
+    out = r.run(pr.find_process(pattern), check=False)
+    pids = [int(p) for p in out.stdout.split() if p.isdigit()]
+    if not pids:
+        pf.add("serving process", not need_serving, f"no process matches {pattern!r} (hosts.{h.name}.serving."
+                                                   f"process_match): start serving, or fix the pattern")
+        return
+    pf.process_pid = pids[0]
+    status = r.run(hc.cat(f"/proc/{pids[0]}/status"), check=False).stdout
+    uid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:")), "?")
+    me = r.run(pr.my_uid(), check=False).stdout.strip()
+    ok = bool(me) and uid == me
+    pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
+           f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "
+           f"serving process only as its own user; run serving as the SSH user or SSH in as its user")
+
+
+def serving_container(r: Remote) -> tuple[list[str], str]:
+    """Find the host's serving container (read-only).
+
+    Returns:
+        (names found, what was looked for): kind ``container`` looks up its name, kind ``compose`` the
+        container(s) carrying the service's Compose labels. An empty list: no such container (callers then use
+        :func:`eagle3ops.commands.serving.default_name`).
+    """
+    what = driver_kind(r.host).looked_for(r.host)
+    out = r.run(sv.find_container_argv(r.host), check=False)
+    names = [n for n in out.stdout.split() if n] if out.ok else []
+    return names, what

@@ -8,11 +8,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange, StageStep
-from eagle3ops.window.kinds import agent_limit_s, driver_kind  # noqa: F401 - agent_limit_s: re-exported
+from eagle3ops.window.kinds import driver_kind
 
 
 #: Stages whose command takes ``--restart`` (the others redo only what is not done for their inputs).
@@ -118,7 +117,7 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
 
     Raises:
         ValueError: a ``release``/``rollback`` plan for a host with ``serving: none`` (callers refuse earlier, with
-            :func:`eagle3ops.window.common.require_serving`); a release of a process changing ``image`` or
+            :func:`eagle3ops.window.kinds.require_serving`); a release of a process changing ``image`` or
             ``binds`` (a process has neither).
     """
     if not h.serving.managed and kind != "window":

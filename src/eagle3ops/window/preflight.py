@@ -9,15 +9,14 @@ from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
-from eagle3ops.commands import process as pr
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
 from eagle3ops.remote import Remote, RemoteError
-from eagle3ops.window.common import hint
+from eagle3ops.window.common import hint, host_path
 from eagle3ops.window.estimate import GpuMemoryPlan, draft_param_count
 from eagle3ops.window.gpucheck import check_gpus_fit
-from eagle3ops.window.kinds import driver_kind
+from eagle3ops.window.kinds import driver_kind, serving_container
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
 AUX_LAYERS_STORED = 4
@@ -105,16 +104,6 @@ class DiskEstimate:
         return f"stage outputs {parts} ({self.basis})" if parts else self.error
 
 
-def _host_path(h: HostConfig, path: str, run: str) -> str | None:
-    """Host path of a path as a stage container sees it (relative paths: the run directory); None if not mounted."""
-    if not path.startswith("/"):
-        return f"{h.data_dir}/runs/{run}/{path}"
-    for mount, host_dir in ((st.DATA_MOUNT, h.data_dir), (st.MODEL_MOUNT, h.model_path)):
-        if path == mount or path.startswith(mount + "/"):
-            return host_dir + path[len(mount):]
-    return None
-
-
 def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
                   stages: list[str] | None = None) -> DiskEstimate:
     """Estimate the bytes the stages of window ``kind`` will write, from facts read before anything stops
@@ -132,7 +121,7 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
     except Exception as exc:  # noqa: BLE001 - pydantic or YAML error
         est.error = f"pipeline config is invalid: {exc}"
         return est
-    model_dir = _host_path(h, cfg.target_model, run) or h.model_path
+    model_dir = host_path(h, cfg.target_model, run) or h.model_path
     out = r.run(hc.cat_if_exists(f"{model_dir}/config.json"), check=False)
     try:
         dims = target_dims(json.loads(out.stdout))
@@ -161,7 +150,7 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
                 f = resources.files("eagle3ops.data").joinpath(f"chat_{spec.removeprefix('builtin:')}.jsonl")
                 rows += len(f.read_text().splitlines()) if f.is_file() else 0
                 continue
-            hp = _host_path(h, spec, run)
+            hp = host_path(h, spec, run)
             wc = r.run(hc.line_count(hp), check=False) if hp and not spec.endswith(".parquet") else None
             if wc is not None and wc.ok and wc.stdout.split():
                 rows += int(wc.stdout.split()[0])
@@ -367,58 +356,6 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         check_gpus_fit(r, pf, memory=memory, probe_ran=probed)
     driver_kind(h).preflight(r, pf, need_serving)  # the serving kind finds live serving (read-only)
     return pf
-
-
-def check_serving_container(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
-    """Kinds ``container`` and ``compose``: find the serving container (:func:`serving_container`), refuse more than
-    one, and when ``need_serving`` check that it runs; sets ``pf.serving_container``. Read-only."""
-    h = r.host
-    names, found = serving_container(r)
-    pf.serving_container = names[0] if names else sv.default_name(h.serving)
-    if len(names) > 1:
-        pf.add("serving container", False, f"{found} matches {len(names)} containers ({', '.join(names)}); "
-                                           f"eagle3ops manages one serving container: scale the service to 1")
-    elif need_serving:
-        s = r.run(dk.inspect_format(h, pf.serving_container, "{{.State.Status}}"),
-                  check=False) if names else None
-        pf.add("serving container", bool(s and s.ok and s.stdout.strip() == "running"),
-               f"{pf.serving_container}: {s.stdout.strip()}" if s and s.ok else f"no container for {found}")
-
-
-def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
-    """Kind ``process``: find the serving process (``pgrep -o -f process_match``) and check that it runs as the SSH
-    user (whose restore agent must read its /proc entries and start it again as the same user); sets
-    ``pf.process_pid``. Read-only."""
-    h = r.host
-    pattern = h.serving.process_match or ""
-    out = r.run(pr.find_process(pattern), check=False)
-    pids = [int(p) for p in out.stdout.split() if p.isdigit()]
-    if not pids:
-        pf.add("serving process", not need_serving, f"no process matches {pattern!r} (hosts.{h.name}.serving."
-                                                   f"process_match): start serving, or fix the pattern")
-        return
-    pf.process_pid = pids[0]
-    status = r.run(hc.cat(f"/proc/{pids[0]}/status"), check=False).stdout
-    uid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:")), "?")
-    me = r.run(pr.my_uid(), check=False).stdout.strip()
-    ok = bool(me) and uid == me
-    pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
-           f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "
-           f"serving process only as its own user; run serving as the SSH user or SSH in as its user")
-
-
-def serving_container(r: Remote) -> tuple[list[str], str]:
-    """Find the host's serving container (read-only).
-
-    Returns:
-        (names found, what was looked for): kind ``container`` looks up its name, kind ``compose`` the
-        container(s) carrying the service's Compose labels. An empty list: no such container (callers then use
-        :func:`eagle3ops.commands.serving.default_name`).
-    """
-    what = driver_kind(r.host).looked_for(r.host)
-    out = r.run(sv.find_container_argv(r.host), check=False)
-    names = [n for n in out.stdout.split() if n] if out.ok else []
-    return names, what
 
 
 def serving_drift(r: Remote) -> tuple[str | None, list[str]]:

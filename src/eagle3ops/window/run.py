@@ -16,10 +16,10 @@ from eagle3ops.commands import stages as st
 from eagle3ops.config.plan import Plan, ReleaseChange
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
-                                     paths, require_serving)
+                                     paths)
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
 from eagle3ops.window.gpucheck import estimate_gpu_memory
-from eagle3ops.window.kinds import driver_kind
+from eagle3ops.window.kinds import driver_kind, require_serving
 from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
 from eagle3ops.window.preflight import Preflight, estimate_disk, preflight, read_run_state
 from eagle3ops.window.standin import refuse_standin_image
