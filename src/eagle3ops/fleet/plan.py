@@ -266,11 +266,15 @@ def plan_fleet(run: str, hosts: list[FleetHost], samples: int, tokens: int, *, t
     ``shards``: an assignment to keep (a resumed or reassigned run); default: :func:`shard_ranges` over the hosts.
 
     Raises:
-        FleetPlanError: a window over its budget that may not be split or cannot fit (see :func:`_windows_of`), or a
-            shard assigned to a host not in ``hosts``.
+        FleetPlanError: a window over its budget that may not be split or cannot fit (see :func:`_windows_of`), a
+            shard assigned to a host not in ``hosts``, or a host named twice.
     """
     by_name = {h.name: h for h in hosts}
-    shards = shards if shards is not None else shard_ranges(samples, [h.name for h in hosts])
+    if shards is None:
+        try:
+            shards = shard_ranges(samples, [h.name for h in hosts])
+        except ValueError as exc:
+            raise FleetPlanError(str(exc)) from None
     per_sample = tokens / samples if samples else 0.0
     windows: list[Window] = []
     for s in shards:
