@@ -156,6 +156,44 @@ def _fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: bo
 
 
 @app.command()
+def render(target: str = typer.Argument(..., metavar="k8s|slurm"),
+           run: str = typer.Argument(..., metavar="RUN", help="The pipeline run (data_dir/runs/RUN)."),
+           hosts: list[str] = typer.Option(..., "--host", "-H", help="The hosts (nodes) of the run, in shard "
+                                           "order; the first one's deployed.json names the image."),
+           inventory: Path = InventoryOpt,
+           deployed: Optional[Path] = typer.Option(None, help="A deployed.json to take the image digest from "
+                                                   "instead of reading the first host's."),
+           samples: int = typer.Option(..., help="Samples of the run (prepare's count): the shards are cut from "
+                                       "it."),
+           nproc: int = typer.Option(1, help="Training processes per node (torchrun --nproc-per-node).")) -> None:
+    """Print the run's stages as Kubernetes Jobs (extract: an Indexed Job, one completion per shard) or a Slurm batch
+    script (srun + torchrun), the pipeline image named by digest."""
+    from eagle3ops.config import ConfigError, load_inventory
+    from eagle3ops.fleet.render import RenderError, RenderInput, image_by_digest, render_k8s, render_slurm
+    from eagle3ops.fleet.shard import shard_ranges
+
+    if target not in ("k8s", "slurm"):
+        common.fail(f"render target {target!r}: use `k8s` or `slurm`", 2)
+    try:
+        inv = load_inventory(inventory)
+        first = inv.host(hosts[0])
+        for n in hosts[1:]:
+            inv.host(n)
+        if deployed is not None:
+            record = json.loads(deployed.read_text())
+        else:
+            with common.remote(first) as r:
+                record = _deployed(r)
+        image, source = image_by_digest(record)
+        inp = RenderInput(run, image, source, tuple(shard_ranges(samples, hosts)), first.data_dir,
+                          first.model_path, first.gpus, nproc, inv.fleet.rendezvous_port, inv.fleet.slurm_container,
+                          inv.fleet.k8s_namespace)
+        print(render_k8s(inp) if target == "k8s" else render_slurm(inp), end="")
+    except (ConfigError, RenderError, ValueError, OSError) as exc:
+        common.fail(str(exc), 2)
+
+
+@app.command()
 def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
           run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
