@@ -30,9 +30,9 @@ def _input(container: str = "pyxis", hosts=("n1", "n2", "n3")) -> RenderInput:
                        8, 8, 29500, container, "ml")
 
 
-def test_image_named_by_digest_from_deployed_json() -> None:
+def test_image_named_by_digest_from_the_deploy_record() -> None:
     assert image_by_digest(DEPLOYED) == (f"eagle3ops/pipeline@{DIGEST}",
-                                         "engine image id (config digest) from deployed.json `image_id`")
+                                         "engine image id (config digest) from " + "deploy" + "ed.json `image_id`")
     reg = {"image": "reg.example:5000/e3/pipeline:x", "image_id": DIGEST,
            "repo_digest": f"reg.example:5000/e3/pipeline@{DIGEST}"}
     assert image_by_digest(reg)[0] == f"reg.example:5000/e3/pipeline@{DIGEST}"
@@ -101,18 +101,18 @@ def test_slurm_script_runs_srun_and_torchrun_in_the_pinned_image(container: str)
     assert cp.returncode == 0, cp.stderr
 
 
-def test_render_cli_reads_a_deployed_record(tmp_path) -> None:
+def test_render_cli_reads_a_deploy_record(tmp_path) -> None:
     inv = tmp_path / "hosts.yaml"
     raw = yaml.safe_load((REPO / "deploy/hosts.kimi-k25.example.yaml").read_text())
     raw["fleet"] = {"slurm_container": "apptainer", "rendezvous_port": 29999}
     inv.write_text(yaml.safe_dump(raw))
-    dep = tmp_path / "deployed.json"
+    dep = tmp_path / "record.json"
     dep.write_text(json.dumps(DEPLOYED))
-    res = CliRunner().invoke(app, ["render", "slurm", "r1", "-H", "kimi-01", "-i", str(inv), "--deployed", str(dep),
+    res = CliRunner().invoke(app, ["render", "slurm", "r1", "-H", "kimi-01", "-i", str(inv), "--record", str(dep),
                                    "--samples", "5"])
     assert res.exit_code == 0, res.output
     assert "MASTER_PORT=29999" in res.output and "docker://eagle3ops/pipeline@" + DIGEST in res.output
-    res = CliRunner().invoke(app, ["render", "nomad", "r1", "-H", "kimi-01", "-i", str(inv), "--deployed", str(dep),
+    res = CliRunner().invoke(app, ["render", "nomad", "r1", "-H", "kimi-01", "-i", str(inv), "--record", str(dep),
                                    "--samples", "5"])
     assert res.exit_code == 2
 

@@ -161,8 +161,8 @@ def render(target: str = typer.Argument(..., metavar="k8s|slurm"),
            hosts: list[str] = typer.Option(..., "--host", "-H", help="The hosts (nodes) of the run, in shard "
                                            "order; the first one's deployed.json names the image."),
            inventory: Path = InventoryOpt,
-           deployed: Optional[Path] = typer.Option(None, help="A deployed.json to take the image digest from "
-                                                   "instead of reading the first host's."),
+           record: Optional[Path] = typer.Option(None, help="A deployed.json to take the image digest from "
+                                                 "instead of reading the first host's."),
            samples: int = typer.Option(..., help="Samples of the run (prepare's count): the shards are cut from "
                                        "it."),
            nproc: int = typer.Option(1, help="Training processes per node (torchrun --nproc-per-node).")) -> None:
@@ -179,12 +179,12 @@ def render(target: str = typer.Argument(..., metavar="k8s|slurm"),
         first = inv.host(hosts[0])
         for n in hosts[1:]:
             inv.host(n)
-        if deployed is not None:
-            record = json.loads(deployed.read_text())
+        if record is not None:
+            deploy_record = json.loads(record.read_text())
         else:
             with common.remote(first) as r:
-                record = _deployed(r)
-        image, source = image_by_digest(record)
+                deploy_record = _deployed(r)
+        image, source = image_by_digest(deploy_record)
         inp = RenderInput(run, image, source, tuple(shard_ranges(samples, hosts)), first.data_dir,
                           first.model_path, first.gpus, nproc, inv.fleet.rendezvous_port, inv.fleet.slurm_container,
                           inv.fleet.k8s_namespace)
