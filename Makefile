@@ -4,12 +4,14 @@
 #   make test                       the test suite (host tests, then the in-image tests)
 #   make deploy  HOST=gpu-01        build + push the pipeline image, verify, preflight (serving untouched)
 #   make extract HOST=gpu-01        window 1: prepare + extract hidden states
+#   make extract HOSTS=a,b,c DRY=1  the fleet plan over several hosts (contiguous shards, windows, waves)
 #   make train   HOST=gpu-01        window 2: vocab (d2t/t2d) + train the draft head
 #   make rollback HOST=gpu-01       bring back the previous serving release
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 HOST ?= sandbox
 RUN ?= default
+comma := ,
 INVENTORY ?= deploy/hosts.yaml
 PROFILE ?= speculators-0.3.0-vllm-0.16.0
 E3 := .venv/bin/eagle3ops
@@ -43,7 +45,7 @@ deploy: setup
 	$(E3) deploy $(HOST) $(BASE_FLAG) --profile $(PROFILE)
 
 extract: setup
-	$(E3) extract $(HOST) --run $(RUN)
+	$(E3) extract $(if $(HOSTS),$(subst $(comma), ,$(HOSTS)),$(HOST)) --run $(RUN) $(if $(DRY),--dry-run)
 
 train: setup
 	$(E3) train $(HOST) --run $(RUN)

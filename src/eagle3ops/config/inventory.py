@@ -310,11 +310,36 @@ class HostConfig(StrictModel):
         return value
 
 
+class FleetConfig(StrictModel):
+    """How a run over several hosts (`eagle3ops extract HOST...`, `eagle3ops render`) uses them."""
+
+    max_down_per_model: int | None = Field(
+        None, ge=1, description="Most hosts serving one model (`serving.served_model_name`) whose windows may keep "
+        "serving down at once. Default: one fewer than the inventory's hosts serving that model (never all of "
+        "them); a model with a single serving host goes down alone, as in a one-host window.")
+    split_windows: bool = Field(
+        True, description="A window whose estimated downtime (from the host's measured rates) is over its "
+        "`maintenance_budget_s` is split into consecutive windows over smaller sample ranges; `false` refuses the "
+        "plan instead. Either way before anything stops.")
+    rendezvous_port: int = Field(
+        29500, ge=1, le=65535, description="TCP port of torchrun's c10d rendezvous on the first host (multi-node "
+        "training, the cross-node preflight probe, `render slurm`).")
+    probe_timeout_s: float = Field(
+        60.0, gt=0, description="Longest the cross-node preflight probe (one gloo all-reduce) may wait for every "
+        "node to reach the rendezvous, in seconds.")
+    slurm_container: Literal["pyxis", "apptainer"] = Field(
+        "pyxis", description="How `eagle3ops render slurm` runs the pipeline image: `pyxis` (`srun "
+        "--container-image`, enroot) or `apptainer` (`apptainer exec docker://IMAGE@DIGEST`).")
+    k8s_namespace: str = Field("default", description="Namespace of the Jobs `eagle3ops render k8s` writes.")
+
+
 class Inventory(StrictModel):
-    """The whole inventory file: a mapping of host name → :class:`HostConfig`."""
+    """The whole inventory file: a mapping of host name → :class:`HostConfig`, and the fleet settings."""
 
     hosts: dict[str, HostConfig] = Field(..., description="Host name → its settings; the name is what commands "
                                          "take as HOST (`make extract HOST=gpu-01`).")
+    fleet: FleetConfig = Field(default_factory=FleetConfig, description="Runs over several hosts: down-at-once "
+                               "policy, window splitting, rendezvous, scheduler rendering.")
     source: Path | None = Field(None, exclude=True, description="File the inventory was read from.")
 
     def host(self, name: str) -> HostConfig:
@@ -390,10 +415,10 @@ def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
     raw = require_mapping(raw, path, what="inventory", expected="`hosts:`, a mapping of host name → settings")
     if not isinstance(raw.get("hosts"), dict):
         raise ConfigError(f"{path}: expected a `hosts:` mapping of host name → settings (example: deploy/hosts.yaml)")
-    unknown = set(raw) - {"hosts"}
+    unknown = set(raw) - {"hosts", "fleet"}
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; only `hosts:` is allowed "
-                          "(put them under a host, or remove them)")
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; only `hosts:` and `fleet:` are "
+                          "allowed (put them under a host, or remove them)")
     hosts: dict[str, Any] = {}
     for name, entry in raw["hosts"].items():
         if not isinstance(entry, dict):
@@ -401,13 +426,15 @@ def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
         entry = _resolve_paths(_expand_env(entry, f"{path}: hosts.{name}"), path.parent)
         entry.setdefault("name", name)
         hosts[name] = entry
-    inv = validate(Inventory, {"hosts": hosts}, path, what="inventory", section=SECTION)
+    top = {"hosts": hosts, **({"fleet": raw["fleet"]} if raw.get("fleet") is not None else {})}
+    inv = validate(Inventory, top, path, what="inventory", section=SECTION)
     return inv.model_copy(update={"source": path})
 
 
 __all__ = [
     "ConfigError",
     "DEFAULT_INVENTORY",
+    "FleetConfig",
     "HostConfig",
     "Inventory",
     "ServingConfig",

@@ -1,0 +1,142 @@
+"""``eagle3ops render k8s|slurm`` and the cross-node probe's argv and verdict (issue 30), pure: no scheduler, no
+torch."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from eagle3ops.cli import app
+from eagle3ops.commands.fleet import probe_argv
+from eagle3ops.fleet.probe import TAG, parse_probe
+from eagle3ops.fleet.render import RenderError, RenderInput, image_by_digest, render_k8s, render_slurm
+from eagle3ops.fleet.shard import shard_ranges
+
+REPO = Path(__file__).resolve().parents[1]
+DIGEST = "sha256:" + "ab" * 32
+DEPLOYED = {"image": "eagle3ops/pipeline:1a2b3c", "image_id": DIGEST}
+
+
+def _input(container: str = "pyxis", hosts=("n1", "n2", "n3")) -> RenderInput:
+    image, source = image_by_digest(DEPLOYED)
+    return RenderInput("big run", image, source, tuple(shard_ranges(10, list(hosts))), "/srv/data", "/srv/models/k",
+                       8, 8, 29500, container, "ml")
+
+
+def test_image_named_by_digest_from_the_deploy_record() -> None:
+    assert image_by_digest(DEPLOYED) == (f"eagle3ops/pipeline@{DIGEST}",
+                                         "engine image id (config digest) from " + "deploy" + "ed.json `image_id`")
+    reg = {"image": "reg.example:5000/e3/pipeline:x", "image_id": DIGEST,
+           "repo_digest": f"reg.example:5000/e3/pipeline@{DIGEST}"}
+    assert image_by_digest(reg)[0] == f"reg.example:5000/e3/pipeline@{DIGEST}"
+    assert image_by_digest({"image": "reg.example:5000/e3/pipeline:x", "image_id": DIGEST})[0] == \
+        f"reg.example:5000/e3/pipeline@{DIGEST}"
+    with pytest.raises(RenderError, match="eagle3ops deploy HOST"):
+        image_by_digest({"image": "x:y", "image_id": None})
+
+
+def test_k8s_jobs_are_an_indexed_extract_and_a_train_job_by_digest() -> None:
+    docs = list(yaml.safe_load_all(render_k8s(_input())))
+    assert [d["kind"] for d in docs] == ["Job", "Job"] and all(d["apiVersion"] == "batch/v1" for d in docs)
+    ex, tr = docs
+    assert ex["metadata"]["name"] == "eagle3ops-big-run-extract" and ex["metadata"]["namespace"] == "ml"
+    assert ex["spec"]["completionMode"] == "Indexed" and ex["spec"]["completions"] == 3
+    c = ex["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == f"eagle3ops/pipeline@{DIGEST}"
+    assert c["command"] == ["python3", "-m", "eagle3ops", "stage", "extract", "--run-dir", "/data/runs/big run"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert json.loads(env["EAGLE3OPS_SHARD_RANGES"]) == [[0, 4], [4, 7], [7, 10]] and env["EAGLE3OPS_SHARD_COUNT"] == "3"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    vols = {v["name"]: v["hostPath"]["path"] for v in ex["spec"]["template"]["spec"]["volumes"]}
+    assert vols == {"data": "/srv/data", "model": "/srv/models/k"}
+    assert tr["spec"]["template"]["spec"]["containers"][0]["image"] == f"eagle3ops/pipeline@{DIGEST}"
+    _validate_jobs(docs)
+
+
+def _validate_jobs(docs: list[dict]) -> None:
+    """A strict structural check of the batch/v1 Job fields used (stand-in for kubernetes-validate, which is not in
+    the driver lock): every key is one the Job/PodSpec schema defines at that place."""
+    job_spec = {"completionMode", "completions", "parallelism", "backoffLimit", "backoffLimitPerIndex",
+                "maxFailedIndexes", "template"}
+    container = {"name", "image", "imagePullPolicy", "command", "env", "resources", "volumeMounts"}
+    for d in docs:
+        assert set(d) == {"apiVersion", "kind", "metadata", "spec"}
+        assert set(d["spec"]) <= job_spec
+        pod = d["spec"]["template"]["spec"]
+        assert set(pod) == {"restartPolicy", "containers", "volumes"} and pod["restartPolicy"] == "Never"
+        for c in pod["containers"]:
+            assert set(c) <= container and all(isinstance(a, str) for a in c["command"])
+        name = d["metadata"]["name"]
+        assert len(name) <= 63 and name.replace("-", "").isalnum() and name == name.lower()
+
+
+@pytest.mark.parametrize("container", ["pyxis", "apptainer"])
+def test_slurm_script_runs_srun_and_torchrun_in_the_pinned_image(container: str) -> None:
+    text = render_slurm(_input(container))
+    assert text.startswith("#!/bin/bash\n")
+    head = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=3" in head and "#SBATCH --gpus-per-node=8" in head
+    assert "MASTER_PORT=29500" in text and "export EAGLE3OPS_SHARD_RANGES='[[0,4],[4,7],[7,10]]'" in text
+    image = f"eagle3ops/pipeline@{DIGEST}"
+    if container == "pyxis":
+        assert f"--container-image={image}" in text
+    else:
+        assert f"apptainer exec --nv --bind /srv/data:/data,/srv/models/k:/model:ro docker://{image}" in text
+    extract = next(ln for ln in text.splitlines() if "stage extract" in ln)
+    assert extract.endswith(shlex.join(["python3", "-m", "eagle3ops", "stage", "extract", "--run-dir",
+                                        "/data/runs/big run"]))
+    train = next(ln for ln in text.splitlines() if "torch.distributed.run" in ln)
+    assert "--nnodes=3 --nproc-per-node=8 --rdzv-backend=c10d" in train
+    assert '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" -m eagle3ops stage train' in train
+    bash = shutil.which("bash")
+    assert bash, "bash is needed to check the script's syntax"
+    cp = subprocess.run([bash, "-n"], input=text, text=True, capture_output=True)
+    assert cp.returncode == 0, cp.stderr
+
+
+def test_render_cli_reads_a_deploy_record(tmp_path) -> None:
+    inv = tmp_path / "hosts.yaml"
+    raw = yaml.safe_load((REPO / "deploy/hosts.kimi-k25.example.yaml").read_text())
+    raw["fleet"] = {"slurm_container": "apptainer", "rendezvous_port": 29999}
+    inv.write_text(yaml.safe_dump(raw))
+    dep = tmp_path / "record.json"
+    dep.write_text(json.dumps(DEPLOYED))
+    res = CliRunner().invoke(app, ["render", "slurm", "r1", "-H", "kimi-01", "-i", str(inv), "--record", str(dep),
+                                   "--samples", "5"])
+    assert res.exit_code == 0, res.output
+    assert "MASTER_PORT=29999" in res.output and "docker://eagle3ops/pipeline@" + DIGEST in res.output
+    res = CliRunner().invoke(app, ["render", "nomad", "r1", "-H", "kimi-01", "-i", str(inv), "--record", str(dep),
+                                   "--samples", "5"])
+    assert res.exit_code == 2
+
+
+def test_probe_argv_is_a_static_rendezvous_in_the_image() -> None:
+    cmd = probe_argv(f"eagle3ops/pipeline@{DIGEST}", master_addr="10.0.0.1", port=29500, nnodes=3, node_rank=2,
+                     timeout_s=60, docker_host="unix:///run/docker.sock")
+    assert list(cmd) == ["docker", "-H", "unix:///run/docker.sock", "run", "--rm", "--network", "host", "--entrypoint",
+                         "python3", f"eagle3ops/pipeline@{DIGEST}", "-m", "torch.distributed.run", "--nnodes=3",
+                         "--nproc-per-node=1", "--node-rank=2", "--master-addr=10.0.0.1", "--master-port=29500",
+                         "-m", "eagle3ops.fleet.probe", "--timeout-s=60"]
+    with pytest.raises(ValueError, match=r"node rank must be in \[0, 3\)"):
+        probe_argv("i", master_addr="a", port=1, nnodes=3, node_rank=3, timeout_s=1)
+
+
+def test_probe_verdict_names_the_node_that_did_not_join() -> None:
+    ok = {n: (0, "x\n" + TAG + json.dumps({"rank": i, "world": 3, "seen": [0, 1, 2]}))
+          for i, n in enumerate(["a", "b", "c"])}
+    res = parse_probe(["a", "b", "c"], ok)
+    assert res.ok and res.unreachable == () and "every node reached" in res.message()
+    timed_out = dict(ok, c=(1, "probe failed: DistStoreError: Timed out after 60 seconds waiting for clients"),
+                     b=(0, TAG + json.dumps({"rank": 1, "world": 3, "seen": [0, 1]})))
+    res = parse_probe(["a", "b", "c"], timed_out)
+    assert not res.ok and res.unreachable == ("b", "c")
+    assert "b, c cannot reach the rendezvous" in res.message() and "fleet.rendezvous_port" in res.message()
+    assert any("DistStoreError" in d for d in res.detail)
+    assert parse_probe(["a", "b"], {"a": ok["a"]}).unreachable == ("a", "b")  # a saw world 3, b gave nothing
