@@ -460,6 +460,15 @@ def _register_verify() -> None:
 _register_verify()
 
 
+def _register_watch() -> None:
+    from eagle3ops.watch_cli import watch_command
+
+    app.command("watch")(watch_command)
+
+
+_register_watch()
+
+
 def main() -> None:
     """Console-script entry point.
 
@@ -489,7 +498,7 @@ def main() -> None:
 
 #: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
 HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
-                 "verify"}
+                 "verify", "watch"}
 
 
 def _changes_a_host(args: list[str]) -> bool:
