@@ -157,15 +157,44 @@ def _read_pipeline(pipeline: Path) -> str:
 def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             arg: list[str] = typer.Option([], "--arg", help="Server flag to set for this release (repeatable; "
                                                            "replaces the same flag of the live command)."),
-            image: Optional[str] = typer.Option(None, "--image", help="New serving image for this release.")
+            image: Optional[str] = typer.Option(None, "--image", help="New serving image for this release."),
+            gate: bool = typer.Option(False, "--gate", help="Measure the change against the live release (the "
+                                      "speculation gate's prompts, passes and interval) and keep it only if not "
+                                      "slower beyond serving.gate_margin; else roll back."),
+            margin: Optional[float] = typer.Option(None, "--margin", help="With --gate: override "
+                                                   "serving.gate_margin.")
             ) -> None:
     """Roll out a new serving release: the live serving container with only this change (--arg flags, --image),
     every other setting kept; health-gated; rollback on failure. The inventory's serving flags are not applied
-    (`eagle3ops config check HOST` shows how they differ from the live container)."""
+    (`eagle3ops config check HOST` shows how they differ from the live container). With --gate: exit 0 when
+    kept, 3 when measured slower (or undecided) and rolled back."""
     from eagle3ops.config.plan import ReleaseChange
 
     h = common.load_host(inventory, host)
-    _window("release", h, dry_run, change=ReleaseChange(args=list(arg), image=image))
+    change = ReleaseChange(args=list(arg), image=image)
+    if not gate:
+        if margin is not None:
+            common.fail("--margin needs --gate", code=2)
+        _window("release", h, dry_run, change=change)
+        return
+    from eagle3ops.speculate.gated import gated_release
+    from eagle3ops.speculate.ship import SpeculateError
+    from eagle3ops.window.common import WindowError
+
+    with common.remote(h, dry_run) as r:
+        dep = _deployed(r, required=not (dry_run or h.pipeline_image))
+        try:
+            res = gated_release(r, change, pipeline_image=h.pipeline_image or dep["image"],
+                                pipeline_image_id=dep.get("image_id"), command=_command_line(), margin=margin,
+                                echo=lambda m: console.print(m), on_event=print_event)
+        except (SpeculateError, WindowError) as exc:
+            common.fail(str(exc))
+    if dry_run:
+        return
+    console.print(f"[bold]{res['verdict']}[/bold]: {res['reason']}")
+    print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
+    if res["verdict"] != "keep":
+        raise typer.Exit(3)
 
 
 @app.command()
