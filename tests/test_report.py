@@ -81,3 +81,38 @@ def test_report_shows_the_gate_decision_and_its_figures(tmp_path, recorded):
 def test_plan_run_reads_the_stage_run_dir(recorded):
     assert {report.plan_run(w["plan"]) for w in recorded["windows"]} == {recorded["run"]}
     assert report.plan_run({"run": "r1"}) == "r1" and report.plan_run({"stages": []}) is None
+
+
+def test_calibration_across_runs_plots_offline_gate_and_production(tmp_path):
+    """Issue 31: three runs' files as `speculate` (result.json) and `watch` (production.json) write them, with the
+    host's audit log (tests/data/report/calibration/: written for this test in those formats, not from a live run),
+    read through the real local executor by :func:`report.collect`, plotted in run order (each run at its latest
+    speculate entry); a run never watched has no production point."""
+    import shutil
+
+    from eagle3ops.config import HostConfig
+    from eagle3ops.executor import Local
+
+    src = DATA.parent / "calibration"
+    shutil.copytree(src, tmp_path / "host")
+    h = HostConfig(name="sandbox", hostname="127.0.0.1", data_dir=str(tmp_path / "host/data"),
+                   state_dir=str(tmp_path / "host/state"), model_path="/m",
+                   serving={"image": "x", "served_model_name": "m"})
+    r = Local()
+    r.host = h
+    data = report.collect(r, h, "r-2026-12-01")
+    runs = ["r-2026-11-28", "r-2026-11-30", "r-2026-12-01"]
+    assert [row["run"] for row in data["calibration"]] == runs
+    plotted = report.render(data, tmp_path / "out")
+    expected = {}
+    for run in runs:
+        res = json.loads((src / f"data/runs/{run}/speculate/result.json").read_text())
+        expected.setdefault("offline", []).append((run, res["offline_estimate"]))
+        expected.setdefault("gate", []).append((run, res["spec_decode"]["mean_acceptance_length"]))
+        prod = src / f"data/runs/{run}/speculate/production.json"
+        if prod.exists():
+            expected.setdefault("production", []).append((run, json.loads(prod.read_text())["mean_acceptance_length"]))
+    assert plotted["calibration"] == expected and len(expected["production"]) == 2
+    assert (tmp_path / "out/calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (tmp_path / "out/index.html").read_text()
+    assert "Calibration across runs" in html and "r-2026-11-30" in html and "1.71" in html

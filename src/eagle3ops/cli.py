@@ -25,6 +25,7 @@ from eagle3ops.image_cli import app as image_app
 from eagle3ops.lock_cli import app as lock_app
 from eagle3ops.patches.cli import app as patch_app
 from eagle3ops.stages.cli import app as stage_app
+from eagle3ops.watch_cli import watch_command
 
 console = common.console
 app = typer.Typer(no_args_is_help=True, help="Train and ship an EAGLE-3 draft head for a model served with vLLM.")
@@ -33,21 +34,6 @@ app.add_typer(stage_app, name="stage", help="Pipeline stages (run inside the pip
 app.add_typer(image_app, name="image", help="Versioned images: build, ls.")
 app.add_typer(lock_app, name="lock")
 app.add_typer(config_app, name="config")
-
-def _deployed(r, required: bool = True) -> dict[str, Any]:
-    """The host's ``deployed.json`` (image tag and id); a placeholder in dry runs of a never-deployed host."""
-    from eagle3ops.commands import host as hc
-    from eagle3ops.window.common import paths
-
-    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False)
-    if out.stdout.strip():
-        return json.loads(out.stdout)
-    if required:
-        from eagle3ops.window.common import hint
-
-        common.fail(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
-    return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
-
 
 def _command_line() -> str:
     """This invocation as a shell command line (each argument quoted: the lock and the audit log show it, and it
@@ -63,7 +49,7 @@ def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, 
 
     command = _command_line()
     with common.remote(host, dry_run) as r:
-        dep = _deployed(r, required=not (dry_run or host.pipeline_image))
+        dep = common.deployed_record(r, required=not (dry_run or host.pipeline_image))
         try:
             result = run_window(r, kind=kind, image=host.pipeline_image or dep["image"],
                                 expected_image_id=dep.get("image_id"), command=command,
@@ -183,7 +169,7 @@ def render(target: str = typer.Argument(..., metavar="k8s|slurm"),
             deploy_record = json.loads(record.read_text())
         else:
             with common.remote(first) as r:
-                deploy_record = _deployed(r)
+                deploy_record = common.deployed_record(r)
         image, source = image_by_digest(deploy_record)
         inp = RenderInput(run, image, source, tuple(shard_ranges(samples, hosts)), first.data_dir,
                           first.model_path, first.gpus, nproc, inv.fleet.rendezvous_port, inv.fleet.slurm_container,
@@ -223,15 +209,44 @@ def _read_pipeline(pipeline: Path) -> str:
 def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             arg: list[str] = typer.Option([], "--arg", help="Server flag to set for this release (repeatable; "
                                                            "replaces the same flag of the live command)."),
-            image: Optional[str] = typer.Option(None, "--image", help="New serving image for this release.")
+            image: Optional[str] = typer.Option(None, "--image", help="New serving image for this release."),
+            gate: bool = typer.Option(False, "--gate", help="Measure the change against the live release (the "
+                                      "speculation gate's prompts, passes and interval) and keep it only if not "
+                                      "slower beyond serving.gate_margin; else roll back."),
+            margin: Optional[float] = typer.Option(None, "--margin", help="With --gate: override "
+                                                   "serving.gate_margin.")
             ) -> None:
     """Roll out a new serving release: the live serving container with only this change (--arg flags, --image),
     every other setting kept; health-gated; rollback on failure. The inventory's serving flags are not applied
-    (`eagle3ops config check HOST` shows how they differ from the live container)."""
+    (`eagle3ops config check HOST` shows how they differ from the live container). With --gate: exit 0 when
+    kept, 3 when measured slower (or undecided) and rolled back."""
     from eagle3ops.config.plan import ReleaseChange
 
     h = common.load_host(inventory, host)
-    _window("release", h, dry_run, change=ReleaseChange(args=list(arg), image=image))
+    change = ReleaseChange(args=list(arg), image=image)
+    if not gate:
+        if margin is not None:
+            common.fail("--margin needs --gate", code=2)
+        _window("release", h, dry_run, change=change)
+        return
+    from eagle3ops.speculate.gated import gated_release
+    from eagle3ops.speculate.ship import SpeculateError
+    from eagle3ops.window.common import WindowError
+
+    with common.remote(h, dry_run) as r:
+        dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
+        try:
+            res = gated_release(r, change, pipeline_image=h.pipeline_image or dep["image"],
+                                pipeline_image_id=dep.get("image_id"), command=_command_line(), margin=margin,
+                                echo=lambda m: console.print(m), on_event=print_event)
+        except (SpeculateError, WindowError) as exc:
+            common.fail(str(exc))
+    if dry_run:
+        return
+    console.print(f"[bold]{res['verdict']}[/bold]: {res['reason']}")
+    print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
+    if res["verdict"] != "keep":
+        raise typer.Exit(3)
 
 
 @app.command()
@@ -271,7 +286,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
             common.fail(f"--margin: {e}")
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run) as r:
-        dep = _deployed(r, required=not (dry_run or h.pipeline_image))
+        dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
                                 margin=margin, command=_command_line())
@@ -383,7 +398,7 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run) as r:
         wid = _newest_window(r, "recover")
-        deployed = _deployed(r, required=False)["image"]
+        deployed = common.deployed_record(r, required=False)["image"]
         try:
             if not relaunch(r, wid, fallback_image=None if deployed.startswith("<") else deployed):
                 console.print(f"window {wid} already finished with serving running" if h.serving.managed else
@@ -526,6 +541,9 @@ def _register_verify() -> None:
 _register_verify()
 
 
+app.command("watch")(watch_command)
+
+
 def main() -> None:
     """Console-script entry point.
 
@@ -555,7 +573,7 @@ def main() -> None:
 
 #: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
 HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
-                 "verify"}
+                 "verify", "watch"}
 
 
 def _changes_a_host(args: list[str]) -> bool:

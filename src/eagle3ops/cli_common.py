@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -49,3 +49,25 @@ def fail(msg: str, code: int = 1) -> NoReturn:
     """Print ``error: msg`` on stderr and exit with status ``code`` (``typer.Exit``)."""
     console.print(f"[red]error:[/red] {msg}")
     raise typer.Exit(code)
+
+
+def deployed_record(r, required: bool = True) -> dict[str, Any]:
+    """The host's ``deployed.json`` (image tag and id, read over the executor ``r``); a placeholder in dry runs of a
+    never-deployed host.
+
+    Raises:
+        typer.Exit: (through :func:`fail`) nothing is deployed and ``required``; the message names ``deploy``.
+    """
+    import json
+
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window.common import paths
+
+    out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False)
+    if out.stdout.strip():
+        return json.loads(out.stdout)
+    if required:
+        from eagle3ops.window.common import hint
+
+        fail(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
+    return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}

@@ -9,6 +9,9 @@ window's ``plan.json``/``journal.jsonl``/``result.json`` under ``<state_dir>/win
 - ``train.png``: training loss and per-position full accuracy (``full_acc_k``) per step;
 - ``acceptance.png``: acceptance rate per draft position, measured on the host beside the offline estimate;
 - ``throughput.png``: output tokens/s against concurrency, baseline and speculative releases;
+- ``calibration.png`` (issue 31): across every run of the host that went through ``speculate`` (in the audit log's
+  order), the mean acceptance length three ways: the train stage's offline estimate, the gate's measured figure
+  (``speculate/result.json``) and production's, pooled by ``eagle3ops watch`` (``speculate/production.json``);
 - ``index.html``: the tables and the plots.
 
 :func:`render` returns the exact series it plotted (read back from the matplotlib artists), so a test can check
@@ -22,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect", "plan_run", "render"]
+__all__ = ["calibration_rows", "collect", "plan_run", "render"]
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:
@@ -77,7 +80,35 @@ def collect(r: Any, host: Any, run: str) -> dict[str, Any]:
     return {"host": host.name, "run": run, "windows": windows,
             "train_metrics": _json_lines(cat(f"{rdir}/train/metrics.jsonl")),
             "train_manifest": json.loads(manifest) if manifest.strip() else None,
-            "speculate": json.loads(spec) if spec.strip() else None}
+            "speculate": json.loads(spec) if spec.strip() else None,
+            "calibration": calibration_rows(_json_lines(cat(f"{host.state_dir}/audit.jsonl")),
+                                            lambda p: cat(f"{host.data_dir}/runs/{p}"))}
+
+
+def calibration_rows(audit: list[dict[str, Any]], read: Any) -> list[dict[str, Any]]:
+    """One row per run that went through ``speculate``, in the order of its latest ``kind: speculate`` audit entry:
+    ``{"run", "t", "verdict", "offline", "gate", "production"}`` (mean acceptance lengths; None where not recorded).
+    ``read(relative_path)`` returns a file under ``<data_dir>/runs/`` ("" when missing)."""
+    latest: dict[str, str] = {}
+    for e in audit:
+        if e.get("kind") == "speculate" and e.get("run"):
+            latest.pop(e["run"], None)
+            latest[e["run"]] = e.get("t", "")
+    rows = []
+    for run, t in latest.items():
+        def load(name: str) -> dict[str, Any]:
+            text = read(f"{run}/speculate/{name}")
+            try:
+                return json.loads(text) if text.strip() else {}
+            except ValueError:
+                return {}
+
+        res, prod = load("result.json"), load("production.json")
+        rows.append({"run": run, "t": t, "verdict": res.get("verdict"), "offline": res.get("offline_estimate"),
+                     "gate": (res.get("spec_decode") or {}).get("mean_acceptance_length"),
+                     "production": prod.get("mean_acceptance_length"),
+                     "production_intervals": prod.get("intervals")})
+    return rows
 
 
 def _window_label(plan: dict[str, Any]) -> str:
@@ -211,6 +242,25 @@ def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     fig.savefig(out_dir / "throughput.png", dpi=100)
     plt.close(fig)
 
+    # Calibration across runs: offline estimate, gate, production
+    cal = data.get("calibration") or []
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cal)), 3.5))
+    plotted["calibration"] = {}
+    for key, label, marker in (("offline", "offline estimate (train)", "s"), ("gate", "speculation gate", "o"),
+                               ("production", "production (watch)", "^")):
+        pts = [(i, float(row[key])) for i, row in enumerate(cal) if row.get(key) is not None]
+        if pts:
+            (line,) = ax.plot([i for i, _ in pts], [v for _, v in pts], marker=marker, label=label)
+            plotted["calibration"][key] = [(cal[int(i)]["run"], v) for i, v in
+                                           zip(line.get_xdata().tolist(), line.get_ydata().tolist())]
+    ax.set_xticks(range(len(cal)), [row["run"] for row in cal], rotation=30, ha="right")
+    ax.set(title="mean acceptance length across runs", ylabel="tokens per target step")
+    if plotted["calibration"]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "calibration.png", dpi=100)
+    plt.close(fig)
+
     env = Environment(loader=PackageLoader("eagle3ops", "templates"), autoescape=select_autoescape())
     rows = []
     for w in windows:
@@ -223,6 +273,6 @@ def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         run=data.get("run"), host=data.get("host"), generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         version=__version__, windows=rows, train_steps=len(metrics),
         final_loss=metrics[-1]["loss"] if metrics else None, train_manifest=manifest, offline=offline,
-        decision=spec)
+        decision=spec, calibration=cal)
     (out_dir / "index.html").write_text(html)
     return plotted

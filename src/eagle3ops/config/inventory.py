@@ -47,6 +47,43 @@ def check_gate_margin(value: float) -> float:
 SERVING_KINDS = ("container", "compose", "process", "systemd", "none")
 
 
+class WatchPolicy(StrictModel):
+    """`eagle3ops watch HOST`'s policy for the live release (`serving.watch`): what counts as a breach, for how long
+    it must last, and whether a sustained breach rolls the host back to the non-speculative release. Only intervals
+    with traffic count (an interval with no draft round, or no finished request, neither breaches nor clears)."""
+
+    acceptance_floor: float | Literal["break-even"] | None = Field(
+        "break-even", description="Least mean acceptance length (1 + accepted / drafts over one interval, from "
+                                  "vLLM's /metrics) of the live speculative release: a number (at least 1), "
+                                  "`break-even` (the acceptance length at which the gate's measured speed-up for "
+                                  "this release would be x1.00: the gate's mean acceptance length / its throughput "
+                                  "ratio at production concurrency, assuming a speculative step's cost does not "
+                                  "depend on how many tokens it accepts; `serving.acceptance_floor` when no gate "
+                                  "result names this release), or null (acceptance not checked).")
+    sustained_minutes: float = Field(
+        10.0, gt=0, description="A breach is reported (and acted on) only once every interval with traffic has "
+                                "breached for at least this many minutes in a row.")
+    throughput_drop: float | None = Field(
+        None, gt=0, lt=1, description="Fraction (e.g. 0.1) by which the live release's per-request output tokens/s "
+                                      "(Δ `vllm:request_generation_tokens` sum / Δ `vllm:e2e_request_latency_seconds`"
+                                      " sum) may fall below the gate's baseline (the non-speculative release's "
+                                      "output tokens/s at production concurrency / that concurrency) before it is "
+                                      "a breach; null: not checked. Production's request lengths differ from the "
+                                      "gate's: choose a generous fraction.")
+    rollback: bool = Field(
+        False, description="On a sustained breach, roll back to the gate's baseline release (the non-speculative "
+                           "one) through the usual locked, health-gated rollback window; false: report only.")
+    interval_s: float = Field(60.0, ge=1, description="Default seconds between two /metrics scrapes (`--interval`).")
+
+    @field_validator("acceptance_floor")
+    @classmethod
+    def _floor(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, (int, float)) and v < 1.0:
+            raise ValueError(f"acceptance_floor {v}: a mean acceptance length is at least 1 (1 = nothing "
+                             "accepted); use e.g. 1.5, `break-even` or null")
+        return v
+
+
 class ServingConfig(StrictModel):
     """How production serving runs on a host: one vLLM container, described the way ``docker run`` takes it; a vLLM
     process (``kind: process``); or ``kind: none`` (shorthand ``serving: none``) for a host that only trains."""
@@ -162,6 +199,11 @@ class ServingConfig(StrictModel):
         None, description="Serving image of the speculative release (vLLM with the serving patch series, e.g. "
                           "from `eagle3ops image build serving`); pushed when the host lacks it. Default: `image`.",
     )
+
+    watch: WatchPolicy = Field(
+        default_factory=WatchPolicy,
+        description="`eagle3ops watch HOST`: the policy that judges the live release from /metrics over time "
+                    "(see WatchPolicy).")
 
     @field_validator("gate_concurrency")
     @classmethod
@@ -438,5 +480,6 @@ __all__ = [
     "HostConfig",
     "Inventory",
     "ServingConfig",
+    "WatchPolicy",
     "load_inventory",
 ]

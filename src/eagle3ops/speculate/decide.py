@@ -24,6 +24,10 @@ Rule (issue 24, "stated confidence"; pure: figures in, :class:`Decision` out, no
 
 Other concurrency levels are reported beside it (speed-ups shrink as batch size grows) but do not decide.
 
+``release --gate`` (issue 31) uses the same rule for any serving change with ``rule="not_slower"`` and no
+acceptance floor: step 3 is skipped and step 6 compares against ``1 - margin`` (kept unless slower beyond the
+margin).
+
 The interval (:func:`ratio_interval`) is a seeded two-way ("pigeonhole") bootstrap over the passes x prompts
 table of each side: every replicate draws prompt indices with replacement (one draw shared by both sides: the same
 prompts in the same order were sent to both, so the pairing is kept) and, for each side independently, pass indices
@@ -275,8 +279,9 @@ def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult]) -> dict[s
 
 
 def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
-           spec: SpecDelta, *, production_concurrency: int, margin: float, acceptance_floor: float,
-           ttft_ratio_max: float = math.inf, resamples: int = RESAMPLES, seed: int = SEED) -> Decision:
+           spec: SpecDelta, *, production_concurrency: int, margin: float, acceptance_floor: float | None,
+           ttft_ratio_max: float = math.inf, resamples: int = RESAMPLES, seed: int = SEED,
+           rule: Literal["faster", "not_slower"] = "faster") -> Decision:
     """Decide from both releases' passes per concurrency and the speculative side's counter deltas (the module
     doc's rule, in its order).
 
@@ -286,9 +291,13 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         production_concurrency: the deciding level.
         margin: keep needs the interval's lower bound at ``1 + margin`` or more (negative only in tests: the
             figures name it).
-        acceptance_floor: least mean acceptance length.
+        acceptance_floor: least mean acceptance length; None for a change that need not speculate (``release
+            --gate``: step 3 is skipped).
         ttft_ratio_max: most speculative / baseline median time to first token.
         resamples, seed: the bootstrap's.
+        rule: ``faster`` (speculate: keep needs the lower bound at ``1 + margin``) or ``not_slower`` (``release
+            --gate``: any serving change is kept unless slower beyond the margin: the lower bound at
+            ``1 - margin``); the interval, drift and TTFT steps are the same.
 
     Raises:
         ValueError: the production concurrency was not measured on both sides, fewer than :data:`MIN_PASSES`
@@ -303,13 +312,13 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
                          f"{production_concurrency} (baseline {len(b)}, speculative {len(s)})")
     levels = {str(c): _level_figures(baseline[c], speculative[c]) for c in sorted(set(baseline) & set(speculative))}
     acc = spec.mean_acceptance_length
-    need = 1.0 + margin
+    need = 1.0 + margin if rule == "faster" else 1.0 - margin
     tb, ts = _ttft(b), _ttft(s)
     ttft_ratio = ts / tb if tb and ts is not None else None
     drift = baseline_drift(b, margin)
     figures: dict[str, object] = {
         "production_concurrency": production_concurrency, "margin": margin,
-        "margin_is_negative_test_setting": margin < 0, "acceptance_floor": acceptance_floor,
+        "margin_is_negative_test_setting": margin < 0, "acceptance_floor": acceptance_floor, "rule": rule,
         "ttft_ratio_max": ttft_ratio_max if math.isfinite(ttft_ratio_max) else None,
         "ttft_ratio": round(ttft_ratio, 4) if ttft_ratio is not None else None,
         "throughput_ratio": levels[str(production_concurrency)]["throughput_ratio"],
@@ -321,10 +330,10 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
     if skewed:
         return Decision("undecided", f"foreign requests or failed requests during {', '.join(sorted(set(skewed)))}: "
                                      "not deciding on skewed figures; rolled back", **common)
-    if acc is None:
+    if acc is None and acceptance_floor is not None:
         return Decision("rollback", "no draft round ran on the speculative release (speculation not active)",
                         **common)
-    if acc < acceptance_floor:
+    if acc is not None and acceptance_floor is not None and acc < acceptance_floor:
         return Decision("rollback", f"mean acceptance length {acc:.3f} below the floor {acceptance_floor}", **common)
     if ttft_ratio is not None and ttft_ratio > ttft_ratio_max:
         return Decision("rollback", f"median time to first token x{ttft_ratio:.3f} of the baseline's at "
@@ -341,8 +350,8 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
              f"{iv.level:.0%} interval x{iv.low:.3f} to x{iv.high:.3f} ({len(b)} + {len(s)} passes x {iv.prompts} "
              "prompts)")
     if iv.low >= need:
-        return Decision("keep", f"{where}: lower bound clears x{need:.3f}; mean acceptance length {acc:.3f}",
-                        interval=iv, **common)
+        tail = f"; mean acceptance length {acc:.3f}" if acc is not None else ""
+        return Decision("keep", f"{where}: lower bound clears x{need:.3f}{tail}", interval=iv, **common)
     if iv.high < need:
         return Decision("rollback", f"{where}: upper bound below x{need:.3f}", interval=iv, **common)
     deciding = {"figure": f"lower bound of the {iv.level:.0%} throughput-ratio interval", "value": round(iv.low, 4),

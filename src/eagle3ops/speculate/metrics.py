@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["SpecCounters", "SpecDelta", "parse"]
+__all__ = ["ServerSample", "SpecCounters", "SpecDelta", "interval_figures", "parse", "parse_server"]
 
 PREFIX = "vllm:spec_decode_"
 _SUMMED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total")
@@ -117,3 +117,89 @@ class SpecDelta:
         return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
                 "mean_acceptance_length": self.mean_acceptance_length, "acceptance_rate": self.acceptance_rate,
                 "acceptance_per_position": {str(k): round(v, 4) for k, v in self.per_position.items()}}
+
+
+#: Server-wide counters and histogram sums (vLLM 0.16 ``vllm/v1/metrics/loggers.py``) read by ``eagle3ops watch``;
+#: each summed over every label set (engines, ``finished_reason``, model name).
+_SERVER = {"vllm:request_success_total": "requests_finished",
+           "vllm:e2e_request_latency_seconds_sum": "e2e_seconds_sum",
+           "vllm:e2e_request_latency_seconds_count": "e2e_count",
+           "vllm:time_to_first_token_seconds_sum": "ttft_seconds_sum",
+           "vllm:time_to_first_token_seconds_count": "ttft_count",
+           "vllm:request_generation_tokens_sum": "request_generation_tokens_sum"}
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """One scrape for ``eagle3ops watch``: the spec-decode counters (:class:`SpecCounters`, which also carries the
+    running/waiting gauges and ``generation_tokens``) plus finished requests and the latency histograms' sums and
+    counts. A histogram or counter the server does not export reads as None."""
+
+    spec: SpecCounters
+    requests_finished: float | None = None
+    e2e_seconds_sum: float | None = None
+    e2e_count: float | None = None
+    ttft_seconds_sum: float | None = None
+    ttft_count: float | None = None
+    request_generation_tokens_sum: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready (positions as strings), read back by :meth:`from_json`."""
+        d = {k: getattr(self, k) for k in _SERVER.values()}
+        spec = {k: getattr(self.spec, k) for k in SpecCounters.__dataclass_fields__}
+        spec["accepted_per_pos"] = {str(k): v for k, v in self.spec.accepted_per_pos.items()}
+        return {**d, "spec": spec}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ServerSample":
+        """The inverse of :meth:`to_json`."""
+        spec = dict(d["spec"])
+        spec["accepted_per_pos"] = {int(k): float(v) for k, v in spec["accepted_per_pos"].items()}
+        return cls(SpecCounters(**spec), **{k: d.get(k) for k in _SERVER.values()})
+
+
+def parse_server(text: str) -> ServerSample:
+    """Read a :class:`ServerSample` from Prometheus text (a ``GET /metrics`` body).
+
+    Raises:
+        ValueError: the text is not Prometheus exposition format.
+    """
+    found: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in _SERVER:
+                found[_SERVER[s.name]] = found.get(_SERVER[s.name], 0.0) + s.value
+    return ServerSample(parse(text), **found)
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+def interval_figures(before: ServerSample, after: ServerSample, seconds: float) -> dict[str, object]:
+    """What the server did between two scrapes ``seconds`` apart: the spec-decode figures (:meth:`SpecDelta.figures`:
+    mean acceptance length, per-position rates) and throughput — ``output_tokens_per_s`` (Δ generation tokens /
+    seconds), ``requests_per_s``, ``request_output_tokens_per_s`` (per-request speed: Δ request output tokens /
+    Δ end-to-end seconds of the requests that finished), ``ttft_s_mean`` — and the queue (``requests_waiting``,
+    ``requests_running`` at the second scrape). A figure whose inputs are absent or did not move is None.
+
+    Raises:
+        ValueError: a counter went down (the server restarted between the scrapes).
+    """
+    spec = SpecDelta.between(before.spec, after.spec)
+    gen = _diff(before.spec.generation_tokens, after.spec.generation_tokens)
+    done = _diff(before.requests_finished, after.requests_finished)
+    e2e = _diff(before.e2e_seconds_sum, after.e2e_seconds_sum)
+    req_tokens = _diff(before.request_generation_tokens_sum, after.request_generation_tokens_sum)
+    ttft, ttft_n = (_diff(before.ttft_seconds_sum, after.ttft_seconds_sum),
+                    _diff(before.ttft_count, after.ttft_count))
+    if any(x is not None and x < 0 for x in (gen, done, e2e, req_tokens, ttft, ttft_n)):
+        raise ValueError("a counter went down between the scrapes (server restarted?)")
+
+    def rate(num: float | None, den: float | None) -> float | None:
+        return round(num / den, 4) if num is not None and den else None
+
+    return {"seconds": round(seconds, 3), **spec.figures(), "generation_tokens": gen, "requests_finished": done,
+            "output_tokens_per_s": rate(gen, seconds), "requests_per_s": rate(done, seconds),
+            "request_output_tokens_per_s": rate(req_tokens, e2e), "ttft_s_mean": rate(ttft, ttft_n),
+            "requests_waiting": after.spec.requests_waiting, "requests_running": after.spec.requests_running}
