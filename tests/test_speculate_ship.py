@@ -215,7 +215,9 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
                                                          command="test: random head"), echo=lambda *_: None)
             base_release = rb["baseline_release"]  # what its record step found live
             assert rb["verdict"] == "rollback", rb["reason"]
-            assert rb["rollback_window"]["outcome"] == "ok" and rb["live_release"] == rb["rollback_window"]["release"]
+            # the job on the host: one speculate window; its rollback switched back to the baseline release
+            assert rb["outcome"] == "ok" and rb["rollback"] == f"rolled back to release {base_release}"
+            assert rb["live_release"] == base_release and len(rb["restarts_s"]) == 2
             assert rb["spec_decode"]["drafts"] > 0
             assert rb["spec_decode"]["mean_acceptance_length"] < TEST_ACCEPTANCE_FLOOR
             assert demo.serving_healthy(h, completion=True)
@@ -231,6 +233,7 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
             assert kept["margin_is_negative_test_setting"] is True and kept["margin"] == NEGATIVE_TEST_MARGIN
             assert kept["live_release"] == kept["speculative_release"] != kept["baseline_release"]
             assert kept["spec_decode"]["mean_acceptance_length"] >= TEST_ACCEPTANCE_FLOOR
+            assert kept["attempt_dir"] != rb["attempt_dir"] and kept["head_sha256"] != rb["head_sha256"]
             assert demo.serving_healthy(h, completion=True)
             for res in (rb, kept):
                 for c in map(str, s.gate_concurrency):
