@@ -190,13 +190,15 @@ def test_process_serving_needs_a_match_and_no_image(tmp_path):
     assert "`process_match`" in docs("inventory") and "kind: process" in (REPO / "deploy/hosts.yaml").read_text()
 
 
-def test_speculate_refuses_process_serving_before_touching_the_host():
+def test_speculate_refuses_systemd_serving_before_touching_the_host():
+    """A process host is speculated on (tests/test_speculate_job.py); a systemd unit is not (a release would edit
+    the unit)."""
     from eagle3ops.speculate.ship import SpeculateOptions, speculate
 
     h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
-    h = h.model_copy(update={"serving": type(h.serving)(kind="process", process_match="vllm serve",
+    h = h.model_copy(update={"serving": type(h.serving)(kind="systemd", unit="vllm.service",
                                                         served_model_name="m")})
     world = _host_with_serving(h)
-    with pytest.raises(WindowError, match="serves with a process.*speculate is not supported"):
+    with pytest.raises(WindowError, match="systemd unit 'vllm.service'.*speculate is not supported"):
         speculate(StandInRemote(h, world), SpeculateOptions(run="r", pipeline_image=IMAGE, pipeline_image_id=IMAGE_ID))
     assert world.writes == []

@@ -215,7 +215,9 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
                                                          command="test: random head"), echo=lambda *_: None)
             base_release = rb["baseline_release"]  # what its record step found live
             assert rb["verdict"] == "rollback", rb["reason"]
-            assert rb["rollback_window"]["outcome"] == "ok" and rb["live_release"] == rb["rollback_window"]["release"]
+            # the job on the host: one speculate window; its rollback switched back to the baseline release
+            assert rb["outcome"] == "ok" and rb["rollback"] == f"rolled back to release {base_release}"
+            assert rb["live_release"] == base_release and len(rb["restarts_s"]) == 2
             assert rb["spec_decode"]["drafts"] > 0
             assert rb["spec_decode"]["mean_acceptance_length"] < TEST_ACCEPTANCE_FLOOR
             assert demo.serving_healthy(h, completion=True)
@@ -231,6 +233,7 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
             assert kept["margin_is_negative_test_setting"] is True and kept["margin"] == NEGATIVE_TEST_MARGIN
             assert kept["live_release"] == kept["speculative_release"] != kept["baseline_release"]
             assert kept["spec_decode"]["mean_acceptance_length"] >= TEST_ACCEPTANCE_FLOOR
+            assert kept["attempt_dir"] != rb["attempt_dir"] and kept["head_sha256"] != rb["head_sha256"]
             assert demo.serving_healthy(h, completion=True)
             for res in (rb, kept):
                 for c in map(str, s.gate_concurrency):
@@ -258,7 +261,7 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
         assert ship._current_release(r) == base_release and demo.serving_healthy(h, completion=True)
 
 
-# --- the orchestration with fakes: which windows run, in which order, and what is written -----------------------
+# --- the driver with fakes: it plans one speculate job, prints its restarts, and the host does the rest -----------
 
 class _Res:
     def __init__(self, stdout: str = "", ok: bool = True):
@@ -266,17 +269,23 @@ class _Res:
 
 
 class _FakeRemote:
-    """Answers the gate's host commands: the inspect helper (a fitting head), ``releases/current``, image present."""
+    """Answers the gate's host commands: the inspect helper (a fitting head), ``releases/current``, image present,
+    the windows' recorded results (restart times)."""
 
-    def __init__(self, host, current: list[int]):
-        self.host, self.dry_run, self.current, self.written = host, False, current, {}
+    def __init__(self, host, current: list[int], results: str = ""):
+        self.host, self.dry_run, self.echo, self.current, self.written = host, False, None, current, {}
+        self.results, self.calls = results, []
 
     def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+        self.calls.append(list(argv))
         if argv[-1] == "inspect":
             return _Res(onhost.MARK + json.dumps({"head_config": HEAD, "shapes": SHAPES, "target_config": TARGET,
                                                   "train_manifest": {"offline_estimate": {"acceptance_length": 2.0}},
                                                   "pipeline_yaml": "train:\n  ttt_steps: 4\n",
+                                                  "head_sha256": "ab" * 32,
                                                   "disjointness": {"overlap": [], "contained_in_training": []}}))
+        if argv[0] == "find" and argv[1].endswith("/windows"):
+            return _Res(self.results)
         if argv[0] == "find" and argv[1].endswith("/releases/current"):
             return _Res(f"{self.current[-1]}\n")
         if argv[0] == "tee":
@@ -284,67 +293,66 @@ class _FakeRemote:
         return _Res()
 
 
-def _levels(tps: dict[int, float]):
-    """Three passes per level (the decision's least), 4 prompts x 16 tokens each, the passes a little apart."""
-    from eagle3ops.speculate.replay import LevelResult
-
-    def one(c: int, v: float) -> LevelResult:
-        return LevelResult(c, 4, 0, 64, 64 / v, v, 10.0, 12.0, 50.0, 0.0, (16,) * 4,
-                           tuple(16 / v * f for f in (0.9, 1.0, 1.1, 1.0)), (50.0,) * 4)
-
-    return {c: [one(c, v * f) for f in (1.0, 1.01, 0.995)] for c, v in tps.items()}
-
-
-@pytest.mark.parametrize("spec_tps,acc,verdict", [(150.0, 2.5, "keep"), (90.0, 2.5, "rollback"),
-                                                  (150.0, 1.05, "rollback"), (None, None, "error")])
-def test_speculate_rolls_back_to_the_baseline_release_unless_kept(monkeypatch, spec_tps, acc, verdict):
+@pytest.mark.parametrize("verdict", ["keep", "rollback", "error"])
+def test_the_driver_plans_one_speculate_job_and_returns_the_hosts_result(monkeypatch, verdict):
+    """No measurement and no second window on the driver: one ``speculate`` window carrying the job (the
+    speculative change of the host's serving kind, prompts in order, passes, margin), its result read back from the
+    window's result; the restarts and the downtime to expect printed first; a failed job is an error naming it."""
     from eagle3ops.speculate import ship
-    from eagle3ops.speculate.metrics import SpecDelta
-    from eagle3ops.window import common, run as window_run
+    from eagle3ops.window import run as window_run
 
     h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
-    r = _FakeRemote(h, [7])
+    r = _FakeRemote(h, [7], results=json.dumps({"window_id": "w0", "restarts_s": [20.0, 40.0]}))
     windows: list[dict] = []
-    audit: list[dict] = []
-    measured = iter([(_levels({1: 100.0, 4: 200.0}), {}),
-                     None if spec_tps is None else
-                     (_levels({1: spec_tps, 4: 150.0}), {1: SpecDelta(10, 40, (acc - 1) * 10, {0: (acc - 1) * 10}),
-                                                         4: SpecDelta(0, 0, 0, {})})])
-
-    def fake_measure(*a, **k):
-        m = next(measured)
-        if m is None:
-            raise ship.SpeculateError("sandbox: gate measurement failed: not idle")
-        return m
 
     def fake_window(r_, *, kind, **kw):
         windows.append({"kind": kind, **kw})
-        r.current.append(8 if kind == "release" else kw["to_release"])
-        return {"window_id": f"w-{kind}", "outcome": "ok", "release": r.current[-1]}
+        job = kw["speculate"]
+        return {"window_id": "w-spec", "outcome": "ok" if verdict != "error" else "failed", "restarts_s": [30.0],
+                "speculate": {"verdict": verdict, "reason": "why", "attempt_dir": f"{job.results_dir}/w-spec",
+                              "live_release": 8 if verdict == "keep" else 7, "rollback": None}}
 
-    monkeypatch.setattr(ship, "measure_on_host", fake_measure)
     monkeypatch.setattr(window_run, "run_window", fake_window)
-    monkeypatch.setattr(common, "append_audit", lambda r_, e: audit.append(e))
+    monkeypatch.setattr(ship, "measure_on_host", lambda *a, **k: pytest.fail("the driver measured"))
+    said: list[str] = []
     opts = ship.SpeculateOptions(run="r1", pipeline_image="pipe:1", serving_image="serving:patched")
     if verdict == "error":
-        with pytest.raises(ship.SpeculateError, match="rolled back to release 7"):
-            ship.speculate(r, opts, echo=lambda *_: None)
-        assert [w["kind"] for w in windows] == ["release", "rollback"] and windows[1]["to_release"] == 7
+        with pytest.raises(ship.SpeculateError, match="why"):
+            ship.speculate(r, opts, echo=said.append)
         return
-    res = ship.speculate(r, opts, echo=lambda *_: None)
-    rel = windows[0]["change"]  # the live container plus this change only
+    res = ship.speculate(r, opts, echo=said.append)
+    assert [w["kind"] for w in windows] == ["speculate"]
+    job = windows[0]["speculate"]
+    rel = job.change  # the live container plus this change only
     assert rel.image == "serving:patched"
     assert rel.binds == [f"{h.data_dir}/runs/r1/train/final:{sc.HEAD_MOUNT}:ro"]
     assert json.loads(rel.args[rel.args.index("--speculative-config") + 1])["num_speculative_tokens"] == 4
-    assert res["verdict"] == verdict and res["baseline_release"] == 7
-    if verdict == "keep":
-        assert [w["kind"] for w in windows] == ["release"] and res["live_release"] == 8
-    else:
-        assert [w["kind"] for w in windows] == ["release", "rollback"] and windows[1]["to_release"] == 7
-        assert res["live_release"] == 7 and res["rollback_window"]["outcome"] == "ok"
-    stored = json.loads(r.written[f"{h.data_dir}/runs/r1/speculate/result.json"])
-    assert stored["verdict"] == verdict and stored["levels"]["1"]["speculative"] and stored["spec_decode"]
-    assert audit[-1]["verdict"] == verdict and audit[-1]["figures"]["levels"] and audit[-1]["figures"]["spec_decode"]
+    assert job.passes >= 3 and job.levels == list(h.serving.gate_concurrency) and job.head_sha256 == "ab" * 32
+    assert job.results_dir == f"{h.data_dir}/runs/r1/speculate/{'ab' * 8}"
+    assert ["mkdir", "-p", job.results_dir] in r.calls  # made as the SSH user, before the job
+    assert res["verdict"] == verdict and res["window_id"] == "w-spec"
+    assert any("1 if kept, 2 if rolled back" in m and "30 s if kept, 60 s if rolled back" in m for m in said)
+    assert job.figures["restarts"]["expected_downtime_rollback_s"] == 60.0
+
+
+def test_the_dry_run_prints_restarts_and_expected_downtime(monkeypatch):
+    """``--dry-run``: the restarts on both paths and the expected downtime from the host's recorded restarts, then
+    the speculate window's plan; nothing measured."""
+    from eagle3ops.speculate import ship
+    from eagle3ops.window import run as window_run
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    r = _FakeRemote(h, [7], results=json.dumps({"window_id": "w0", "downtime_s": 95.0,
+                                                "stage_seconds": {"extract": 50.0}}))
+    r.dry_run = True
+    kinds: list[str] = []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: kinds.append(kind) or {"outcome": "dry"})
+    said: list[str] = []
+    res = ship.speculate(r, ship.SpeculateOptions(run="r1", pipeline_image="p:1"), echo=said.append)
+    assert kinds == ["speculate"] and res["verdict"] == "dry-run"
+    assert res["restarts"]["restarts_keep"] == 1 and res["restarts"]["restarts_rollback"] == 2
+    assert any(m.startswith("# serving restarts: 1 if kept, 2 if rolled back; expected downtime 45 s if kept, "
+                            "90 s if rolled back") for m in said), said
 
 
 def test_a_head_below_the_offline_floor_is_refused_before_anything_changes(monkeypatch):

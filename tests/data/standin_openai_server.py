@@ -1,14 +1,29 @@
-"""Stand-in for vLLM run as a plain process (serving kind ``process`` tests): a tiny OpenAI-compatible HTTP server.
+"""STAND-IN for vLLM run as a plain process (serving kind ``process`` tests): a tiny OpenAI-compatible HTTP server.
 
 NOT vLLM: the base image's vLLM virtualenv (8.1 GB, /opt/venv) is too large to copy out of the image on this
-machine, so the process-kind sandbox test serves with this stand-in instead. It answers what the health gate asks:
+machine, so the process-kind sandbox tests serve with this stand-in instead. It answers what the health gate asks:
 ``GET /health`` (200), ``GET /v1/models`` (the model given by ``--model``) and ``POST /v1/completions`` (a fixed
-completion). Standard library only; stops on SIGTERM like vLLM does.
+completion), and what the speculation gate measures (``speculate`` job tests):
+
+- ``POST /v1/completions`` with ``stream: true``: ``max_tokens`` chunks of one token each, ``--token-ms``
+  milliseconds apart, then a usage chunk and ``data: [DONE]``, as vLLM streams them;
+- ``GET /metrics``: vLLM 0.16's gauges ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``, the counter
+  ``vllm:generation_tokens_total`` and, when started with ``--speculative-config`` (a "speculative release"), the
+  spec-decode counters ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
+  ``..._num_accepted_tokens_total`` and ``..._num_accepted_tokens_per_pos_total{position}``.
+
+Speculation here is SIMULATED, not measured: a server started with ``--speculative-config`` streams
+``--spec-speedup`` times faster and counts ``--spec-acceptance`` (mean acceptance length) per draft round. Unknown
+arguments (vLLM's own flags such as ``--override-generation-config``) are accepted and ignored. The API key
+(``--api-key``), when given, is required on every request, ``/health`` excepted (as vLLM does). Standard library
+only; stops on SIGTERM like vLLM does.
 """
 
 import argparse
 import json
 import os
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -17,40 +32,109 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--label", default="", help="harmless: only printed (release tests change it)")
-    args = ap.parse_args()
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--token-ms", type=float, default=2.0, help="milliseconds between streamed tokens")
+    ap.add_argument("--speculative-config", default=None, help="JSON: present = a simulated speculative release")
+    ap.add_argument("--spec-speedup", type=float, default=2.0, help="how much faster a speculative release streams")
+    ap.add_argument("--spec-acceptance", type=float, default=2.0, help="simulated mean acceptance length")
+    args, _unknown = ap.parse_known_args()
+    spec = json.loads(args.speculative_config) if args.speculative_config else None
+    k = int((spec or {}).get("num_speculative_tokens", 3))
+    token_s = args.token_ms / 1000.0 / (args.spec_speedup if spec else 1.0)
+    lock = threading.Lock()
+    state = {"running": 0, "tokens": 0.0, "drafts": 0.0, "accepted": 0.0}
 
     class Handler(BaseHTTPRequestHandler):
-        def _send(self, code: int, body: object) -> None:
-            data = json.dumps(body).encode()
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, code: int, body: object, ctype: str = "application/json") -> None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
+        def _authorized(self) -> bool:
+            if args.api_key and self.headers.get("Authorization") != f"Bearer {args.api_key}":
+                self._send(401, {"error": "Unauthorized"})
+                return False
+            return True
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if self.path == "/health":
                 self._send(200, {})
+            elif not self._authorized():
+                return
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": args.model, "object": "model"}]})
+            elif self.path == "/metrics":
+                with lock:
+                    s = dict(state)
+                lines = ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running {float(s['running'])}",
+                         "# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 0.0",
+                         "# TYPE vllm:generation_tokens counter", f"vllm:generation_tokens_total {s['tokens']}"]
+                if spec:
+                    lines += ["# TYPE vllm:spec_decode_num_drafts counter",
+                              f"vllm:spec_decode_num_drafts_total {s['drafts']}",
+                              "# TYPE vllm:spec_decode_num_draft_tokens counter",
+                              f"vllm:spec_decode_num_draft_tokens_total {s['drafts'] * k}",
+                              "# TYPE vllm:spec_decode_num_accepted_tokens counter",
+                              f"vllm:spec_decode_num_accepted_tokens_total {s['accepted']}",
+                              "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+                              f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} {s["accepted"]}']
+                self._send(200, "\n".join(lines) + "\n", "text/plain; version=0.0.4")
             else:
                 self._send(404, {"error": "not found"})
 
         def do_POST(self) -> None:  # noqa: N802
             n = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(n)
-            if self.path == "/v1/completions":
+            raw = self.rfile.read(n)
+            if not self._authorized():
+                return
+            if self.path != "/v1/completions":
+                self._send(404, {"error": "not found"})
+                return
+            body = json.loads(raw or b"{}")
+            if not body.get("stream"):
                 self._send(200, {"object": "text_completion", "model": args.model,
                                  "choices": [{"index": 0, "text": " stand-in", "finish_reason": "length"}],
                                  "stand_in": True, "pid": os.getpid()})
-            else:
-                self._send(404, {"error": "not found"})
+                return
+            tokens = int(body.get("max_tokens") or 16)
+            with lock:
+                state["running"] += 1
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for _ in range(tokens):
+                    time.sleep(token_s)
+                    chunk = {"object": "text_completion", "choices": [{"index": 0, "text": " w"}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                    with lock:
+                        state["tokens"] += 1
+                usage = {"object": "text_completion", "choices": [],
+                         "usage": {"prompt_tokens": 4, "completion_tokens": tokens, "total_tokens": tokens + 4}}
+                self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+                self.wfile.flush()
+                if spec:
+                    drafts = tokens / args.spec_acceptance
+                    with lock:
+                        state["drafts"] += drafts
+                        state["accepted"] += tokens - drafts
+            finally:
+                with lock:
+                    state["running"] -= 1
+            self.close_connection = True
 
         def log_message(self, *a: object) -> None:
             pass
 
-    print(f"stand-in OpenAI server (not vLLM) pid {os.getpid()} on 127.0.0.1:{args.port} label {args.label!r}",
-          flush=True)
+    print(f"stand-in OpenAI server (not vLLM) pid {os.getpid()} on 127.0.0.1:{args.port} label {args.label!r}"
+          f"{' speculative (simulated)' if spec else ''}", flush=True)
     ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 
 

@@ -139,3 +139,11 @@ def parse_file_sizes(output: str, root: str) -> dict[str, int]:
         if path.startswith(prefix) and size.isdigit():
             out[path[len(prefix):]] = int(size)
     return out
+
+
+def window_results(windows_dir: str) -> Read:
+    """Print every window's ``result.json`` under ``windows_dir`` (``<state_dir>/windows``), concatenated (one JSON
+    document after another; :func:`eagle3ops.speculate.restarts.parse_results` splits them). Nothing when there is
+    none (``find`` prints nothing; run with ``check=False``: a missing dir exits 1)."""
+    return Read(["find", windows_dir, "-mindepth", "2", "-maxdepth", "2", "-type", "f", "-name", "result.json",
+                 "-exec", "cat", "{}", "+"])

@@ -178,7 +178,7 @@ def record_process(pid: int, pdir: str) -> Change:
 
 
 def start_agent(host: HostConfig, *, pdir: str, pid: int | str, stop_timeout_s: int, supervisor: str,
-                limit_s: float, script: str = AGENT_SH) -> Change:
+                limit_s: float, script: str = AGENT_SH, stop_wait_s: float = AGENT_STOP_WAIT_S) -> Change:
     """Start the restore agent (:data:`AGENT_SH`) detached on the host (``setsid nohup``, all output to
     ``<pdir>/agent.log``), so that it outlives the SSH session and the driver.
 
@@ -190,11 +190,13 @@ def start_agent(host: HostConfig, *, pdir: str, pid: int | str, stop_timeout_s: 
         limit_s: longest wait (seconds) for the supervisor's restore request before the agent restores anyway.
         script: the agent (default :data:`AGENT_SH`; another serving manager's variant, e.g.
             :data:`eagle3ops.commands.systemd.AGENT_SH`, takes its own handle for ``pid``).
+        stop_wait_s: longest wait (seconds) for the stop request before the agent exits having stopped nothing
+            (default :data:`AGENT_STOP_WAIT_S`; a speculate job measures its baseline first, so it waits longer).
     """
     launcher = ('a=$1; shift; setsid nohup sh -c "$a" eagle3ops-restore-agent "$@" </dev/null '
                 '>>"$1/agent.log" 2>&1 &')
     return Change(["sh", "-c", launcher, "eagle3ops-launch", script, pdir, str(pid), str(stop_timeout_s), supervisor,
-            str(int(limit_s)), str(AGENT_STOP_WAIT_S), str(AGENT_MISSING_GRACE_S), str(GPU_RELEASE_WAIT_S),
+            str(int(limit_s)), str(int(stop_wait_s)), str(AGENT_MISSING_GRACE_S), str(GPU_RELEASE_WAIT_S),
             *docker(host)])
 
 

@@ -42,8 +42,9 @@ def untar_into(path: str) -> Change:
     return Change(["tar", "-x", "-f", "-", "-C", path, "--no-same-owner"])
 
 
-def speculative_args(*, num_speculative_tokens: int, cpu: bool) -> list[str]:
-    """``--speculative-config`` for vLLM 0.16: method ``eagle3``, the mounted head (:data:`HEAD_MOUNT`), ``k``.
+def speculative_args(*, num_speculative_tokens: int, cpu: bool, model: str = HEAD_MOUNT) -> list[str]:
+    """``--speculative-config`` for vLLM 0.16: method ``eagle3``, the head at ``model`` (a container sees it mounted
+    at :data:`HEAD_MOUNT`; a serving process reads it at its host path), ``k``.
 
     On a CPU host (the sandbox's stand-in series, greedy only) also ``disable_padded_drafter_batch: true`` (the EAGLE
     proposer's torch path) and ``--override-generation-config {"temperature": 0.0}``: a request that leaves
@@ -52,7 +53,7 @@ def speculative_args(*, num_speculative_tokens: int, cpu: bool) -> list[str]:
     not subscriptable`` in ``expand_kernel``, then ``EngineDeadError``; measured on the sandbox). A client that asks
     for ``temperature > 0`` still does; the stand-in is never a production image.
     """
-    cfg: dict[str, Any] = {"method": "eagle3", "model": HEAD_MOUNT, "num_speculative_tokens": num_speculative_tokens}
+    cfg: dict[str, Any] = {"method": "eagle3", "model": model, "num_speculative_tokens": num_speculative_tokens}
     if cpu:
         cfg["disable_padded_drafter_batch"] = True
     args = ["--speculative-config", json.dumps(cfg, sort_keys=True)]

@@ -68,11 +68,50 @@ class ReleaseChange(BaseModel):
         return "; ".join(parts) or "no change (the live container recreated as it is)"
 
 
+class SpeculateJob(BaseModel):
+    """A ``speculate`` plan's job, carried out by the host's supervisor under the lock from start to end
+    (:mod:`eagle3ops.supervisor.speculate`): record → baseline measurement → the speculative release (``change``)
+    → its measurement → decision (:func:`eagle3ops.speculate.decide.decide`) → keep, or switch back to the release
+    live before.
+
+    ``head_sha256``: the head's content digest (file names and contents); ``results_dir``: the head's results
+    folder ``<data_dir>/runs/<run>/speculate/<head_sha256[:16]>``, each attempt in its own ``<window_id>/`` inside
+    (no attempt overwrites another);
+    ``latest``: where a copy of the newest result goes (``runs/<run>/speculate/result.json``, what the run report
+    reads), or None. ``prompts`` are sent in this order on every pass; ``levels``: concurrencies, the first one
+    deciding; seconds for the timeouts. ``figures``: what the driver checked before (head check, prompts' source,
+    warnings), copied into the result as they are.
+    """
+
+    run: str
+    head: str
+    head_sha256: str
+    results_dir: str
+    latest: str | None = None
+    change: ReleaseChange
+    prompts: list[str]
+    levels: list[int]
+    max_tokens: int
+    passes: int
+    margin: float
+    acceptance_floor: float
+    ttft_ratio_max: float | None = None
+    request_timeout_s: float = 300.0
+    idle_timeout_s: float = 120.0
+    figures: dict[str, Any] = Field(default_factory=dict)
+
+    def measure_bound_s(self) -> float:
+        """Longest one side's measurement may take (seconds): every pass and level at its request timeout plus
+        its idle wait."""
+        return self.passes * len(self.levels) * (self.request_timeout_s + self.idle_timeout_s + 30.0)
+
+
 class Plan(BaseModel):
     """Everything the supervisor needs, written by the driver as ``windows/<id>/plan.json``.
 
     ``kind``: ``window`` (stop, stages, restore), ``release`` (replace serving with a new release: the live
-    container plus ``change``) or ``rollback`` (replace serving with retained release ``to_release``).
+    container plus ``change``), ``rollback`` (replace serving with retained release ``to_release``) or
+    ``speculate`` (the job in ``speculate``: measure, release, measure, decide, keep or switch back).
 
     ``budget_s`` (seconds) is the longest serving may be down, restore, health gate and rollbacks included, counted
     from the window's start. ``restore_reserve_s`` of it is kept for the restore: stages end by ``budget_s -
@@ -80,7 +119,7 @@ class Plan(BaseModel):
     """
 
     window_id: str
-    kind: Literal["window", "release", "rollback"]
+    kind: Literal["window", "release", "rollback", "speculate"]
     host: str
     user: str
     command: str
@@ -101,6 +140,8 @@ class Plan(BaseModel):
     #: None only when ``serving_kind`` is ``none`` (nothing to gate).
     health: HealthCheck | None
     change: ReleaseChange | None = None
+    #: A ``speculate`` plan's job (None for every other kind).
+    speculate: SpeculateJob | None = None
     to_release: int | None = None
     gpus: int = 0
     restore_reserve_s: float | None = None

@@ -31,6 +31,7 @@ from eagle3ops.config.inventory import check_gate_margin
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.speculate import ship
 from eagle3ops.speculate.decide import MIN_PASSES, Decision, decide
+from eagle3ops.speculate.measure import sum_deltas
 
 __all__ = ["gated_release"]
 
@@ -90,7 +91,7 @@ def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipelin
         try:
             measured, deltas = ship.measure_on_host(r, pipeline_image, texts, levels, s.gate_max_tokens, passes,
                                                     ship._api_key(r))
-            decision = decide(baseline, measured, ship._sum(list(deltas.values())), production_concurrency=levels[0],
+            decision = decide(baseline, measured, sum_deltas(list(deltas.values())), production_concurrency=levels[0],
                               margin=margin, acceptance_floor=None, ttft_ratio_max=s.gate_ttft_ratio_max,
                               rule="not_slower")
         except Exception as exc:

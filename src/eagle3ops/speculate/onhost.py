@@ -29,11 +29,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MARK", "ROW_MARK", "inspect", "measure", "parse_answer", "regenerate", "safetensors_shapes",
+__all__ = ["MARK", "ROW_MARK", "head_sha256", "inspect", "measure", "parse_answer", "regenerate", "safetensors_shapes",
            "safetensors_vector", "vllm_view"]
 
 MARK = "E3OPS-ANSWER "
 ROW_MARK = "E3OPS-ROW "
+
+
+def head_sha256(head: Path) -> str:
+    """A head directory's content digest (hex sha256): over its regular files in name order, each as its name, a NUL
+    byte and the sha256 of its bytes. The same head gives the same digest on the driver and on the host; a speculate
+    attempt's results are kept under it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in sorted(p for p in head.iterdir() if p.is_file()):
+        h = hashlib.sha256()
+        with p.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        digest.update(p.name.encode() + b"\0" + h.digest())
+    return digest.hexdigest()
 
 
 def safetensors_shapes(path: Path) -> dict[str, list[int]]:
@@ -159,7 +175,8 @@ def inspect(req: dict[str, Any], head: Path = Path("/head"), target: Path = Path
         shapes.update(safetensors_shapes(f))
     out: dict[str, Any] = {"head_config": json.loads((head / "config.json").read_text()), "shapes": shapes,
                            "target_config": json.loads((target / "config.json").read_text()),
-                           "head_files": sorted(p.name for p in head.iterdir() if p.is_file())}
+                           "head_files": sorted(p.name for p in head.iterdir() if p.is_file()),
+                           "head_sha256": head_sha256(head)}
     files = sorted(head.glob("*.safetensors"))
     out["vocab"] = {k: next((v for v in (safetensors_vector(f, k) for f in files) if v is not None), None)
                     for k in ("d2t", "t2d")}
@@ -188,45 +205,11 @@ def inspect(req: dict[str, Any], head: Path = Path("/head"), target: Path = Path
 
 
 def measure(req: dict[str, Any]) -> dict[str, Any]:
-    """Answer of ``measure``: ``{"levels": {c: [LevelResult figures, one per pass]}, "counters": {c: [[before,
-    after], one per pass]}}`` where counters are :class:`~eagle3ops.speculate.metrics.SpecCounters` as dicts.
+    """Answer of ``measure``: :func:`eagle3ops.speculate.measure.measure` (the same code the host's supervisor runs
+    in a ``speculate`` job)."""
+    from eagle3ops.speculate.measure import measure as _measure
 
-    Request: ``{"base_url", "model", "prompts" (sent in this order every pass), "levels", "max_tokens", "passes"
-    (default 1), "api_key" (or null: sent on every request and scrape, never in argv), "request_timeout_s",
-    "idle_timeout_s"}``. Passes run one after the other, each going through every level in order (a slow drift of
-    the host then touches every level alike). A level's "before" snapshot is taken after its idle wait, right
-    before its first request (:func:`~eagle3ops.speculate.replay.replay_level`'s ``on_idle``).
-
-    Raises:
-        ReplayError: the server was busy before a level, or every request failed.
-    """
-    from dataclasses import asdict
-
-    import httpx
-
-    from eagle3ops.speculate.metrics import parse
-    from eagle3ops.speculate.replay import replay_level
-
-    base, model, key = req["base_url"], req["model"], req.get("api_key")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    out: dict[str, Any] = {"levels": {str(c): [] for c in req["levels"]},
-                           "counters": {str(c): [] for c in req["levels"]}}
-
-    def scrape() -> dict[str, Any]:
-        d = asdict(parse(httpx.get(f"{base}/metrics", headers=headers, timeout=30).text))
-        d["accepted_per_pos"] = {str(k): v for k, v in d["accepted_per_pos"].items()}
-        return d
-
-    for _ in range(int(req.get("passes", 1))):
-        for c in req["levels"]:
-            before: list[dict[str, Any]] = []
-            res = replay_level(base, model, req["prompts"], int(c), max_tokens=int(req["max_tokens"]), api_key=key,
-                               request_timeout_s=float(req.get("request_timeout_s", 300)),
-                               idle_timeout_s=float(req.get("idle_timeout_s", 120)),
-                               on_idle=lambda: before.append(scrape()))
-            out["levels"][str(c)].append(res.figures())
-            out["counters"][str(c)].append([before[0], scrape()])
-    return out
+    return _measure(req)
 
 
 def regenerate(req: dict[str, Any]) -> dict[str, Any]:

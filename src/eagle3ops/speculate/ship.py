@@ -1,41 +1,36 @@
 """``eagle3ops speculate HOST --run RUN``: ship a draft head as a speculative serving release, kept only when it
-measured faster (issue 18).
+measured faster (issues 18, 24). The driver plans, uploads the head, starts the job and watches; the host's
+supervisor carries the job out under the lock from start to end (:mod:`eagle3ops.supervisor.speculate`), so a
+driver that dies at any point leaves the host to finish (``status``/``recover`` show where it is).
 
-Order (each step bounded; nothing on the host changes before step 3):
+Driver side (nothing on the host changes before the job starts, except a ``--head`` upload into ``data_dir``):
 
-1. **inspect** (read-only, in the pipeline image on the host: :mod:`.onhost`): the head's config and tensor shapes,
-   the served target's ``config.json``, the run's train manifest and pipeline config, the gate prompts'
+1. **inspect** (read-only, in the pipeline image on the host: :mod:`.onhost`): the head's config, tensor shapes and
+   sha256, the served target's ``config.json``, the run's train manifest and pipeline config, the gate prompts'
    disjointness from the run's training chats. :func:`.headcheck.check_head` refuses a misfit head; a train
    manifest whose ``offline_estimate.acceptance_length`` is below ``serving.acceptance_floor`` is refused unless
    ``force``.
-2. **baseline**: :func:`.replay.replay_level` at each ``serving.gate_concurrency`` level, ``serving.gate_passes``
-   passes (at least 3; the prompts in one fixed order every pass, per-prompt figures kept), against the live
-   release with the serving API key taken as the health gate takes it (:func:`.reach.serving_api_key`; sent in
-   the helper's stdin, never argv), run on the host (``docker run --rm --network host <pipeline image>``, serving's port over the host's loopback:
-   no network hop between the load generator and the server on either side).
-3. **speculative release**: the patched serving image (``serving.speculative_image``; pushed with
-   :func:`eagle3ops.deployer.push_image` when the host lacks it), the head bind-mounted read-only at
-   :data:`~eagle3ops.commands.speculate.HEAD_MOUNT`, ``--speculative-config`` (eagle3, ``num_speculative_tokens`` =
-   the run's ``train.ttt_steps``; ``disable_padded_drafter_batch`` on a CPU host), through
-   ``run_window(kind="release")``: health-gated, rolled back by the supervisor when its gate fails.
-4. **speculative measurement**: the same prompts and levels, with vLLM's spec-decode counters as deltas.
-5. :func:`.decide.decide` (a 90 % interval of the throughput ratio; baseline drift; TTFT bound); anything but
-   ``keep`` (or a failed measurement) → ``run_window(kind="rollback",
-   to_release=<the baseline release>)``, health-gated.
+2. **plan**: the :class:`~eagle3ops.config.plan.SpeculateJob` (the speculative release of the host's serving kind:
+   :meth:`eagle3ops.window.kinds.DriverKind.speculative_change`; prompts in a fixed order, levels, passes, margin,
+   floor) and the serving restarts with the downtime to expect from this host's recorded restarts
+   (:func:`plan_restarts`), printed, in ``--dry-run`` too.
+3. ``run_window(kind="speculate")``: lock, preflight, plan, supervisor; watched to its result.
 
-Results: ``<data_dir>/runs/<run>/speculate/result.json`` (``verdict``, ``reason``, ``levels``, ``spec_decode`` and
-the rest of the figures; :mod:`eagle3ops.report` reads it) and one audit line with the same figures. That file and
-the head's upload (``--head``) are written outside a window's lock; they touch only ``<data_dir>``, never serving.
+Host side (the supervisor): record → baseline (``serving.gate_passes`` passes, at least 3) → the speculative
+release (health-gated; a failed gate rolls back) → its measurement (with vLLM's spec-decode counters as deltas) →
+:func:`.decide.decide` (a 90 % interval of the throughput ratio; baseline drift; TTFT bound) → keep, or switch back
+to the release live before. Results: one folder per attempt, ``<data_dir>/runs/<run>/speculate/<sha256[:16]>/
+<window_id>/`` (``result.json``, ``baseline.json``, ``speculative.json``), a copy of the newest at
+``runs/<run>/speculate/result.json`` (:mod:`eagle3ops.report` reads it), and the window's audit line with the
+verdict and figures, all written under the lock.
 
 Refused before anything is read from serving: a negative margin without the test-only switch
 (:func:`eagle3ops.config.inventory.check_gate_margin`), and a stand-in serving image on a host that is not a
-sandbox (:mod:`eagle3ops.window.standin`; the release window checks it again).
+sandbox (:mod:`eagle3ops.window.standin`; the window checks it again).
 """
 
 from __future__ import annotations
 
-import getpass
-import hashlib
 import io
 import json
 import tarfile
@@ -48,17 +43,19 @@ from typing import Any
 import yaml
 
 from eagle3ops.config.inventory import check_gate_margin
-from eagle3ops.config.plan import ReleaseChange
+from eagle3ops.config.plan import ReleaseChange, SpeculateJob
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.prompts import GATE_FRACTION
-from eagle3ops.speculate.decide import MIN_PASSES, Decision, decide
+from eagle3ops.speculate.decide import MIN_PASSES
 from eagle3ops.speculate.headcheck import (HeadMismatch, check_head, check_vllm_reading, check_vocab_values,
                                            offline_acceptance)
-from eagle3ops.speculate.metrics import SpecCounters, SpecDelta
-from eagle3ops.speculate.onhost import parse_answer
+from eagle3ops.speculate.measure import read_measurement
+from eagle3ops.speculate.metrics import SpecDelta
+from eagle3ops.speculate.onhost import head_sha256, parse_answer
+from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_restart_seconds, restart_plan
 from eagle3ops.speculate.replay import LevelResult
 
 __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "gate_prompts", "measure_on_host", "speculate"]
@@ -145,22 +142,21 @@ def gate_prompts(n: int) -> list[pr.Prompt]:
     return gate[:n]
 
 
-def _upload_head(r: Any, head: Path) -> str:
-    """Upload a local head directory (its regular files) to ``<data_dir>/heads/<sha256[:12]>``; returns the path."""
+def _upload_head(r: Any, head: Path) -> tuple[str, str]:
+    """Upload a local head directory (its regular files) to ``<data_dir>/heads/<sha256[:12]>``; returns (the path,
+    the head's sha256: :func:`eagle3ops.speculate.onhost.head_sha256`)."""
     files = sorted(p for p in head.iterdir() if p.is_file())
     if not (head / "config.json").is_file():
         raise SpeculateError(f"{head}: no config.json; pass the head's directory (speculators' saved format)")
-    digest = hashlib.sha256()
-    for p in files:
-        digest.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
-    dest = f"{r.host.data_dir}/heads/{digest.hexdigest()[:12]}"
+    digest = head_sha256(head)
+    dest = f"{r.host.data_dir}/heads/{digest[:12]}"
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for p in files:
             tar.add(p, arcname=p.name)
     r.run(hc.mkdir_p(dest))
     r.run(sc.untar_into(dest), stdin=buf.getvalue(), timeout=600)
-    return dest
+    return dest, digest
 
 
 def measure_on_host(r: Any, image: str, prompts: list[str], levels: list[int], max_tokens: int, passes: int = 1,
@@ -188,27 +184,7 @@ def measure_on_host(r: Any, image: str, prompts: list[str], levels: list[int], m
         ans = parse_answer(res.stdout)
     except ValueError as e:
         raise SpeculateError(f"{r.host.name}: gate measurement failed: {res.stderr[-800:] or e}") from None
-    out: dict[int, list[LevelResult]] = {}
-    deltas: dict[int, SpecDelta] = {}
-    for c, figs in ans["levels"].items():
-        out[int(c)] = [LevelResult(**fig) for fig in figs]
-        per_pass = []
-        for pair in ans["counters"][c]:
-            before, after = (SpecCounters(d["drafts"], d["draft_tokens"], d["accepted"],
-                                          {int(k): v for k, v in d["accepted_per_pos"].items()},
-                                          d["requests_running"]) for d in pair)
-            per_pass.append(SpecDelta.between(before, after))
-        deltas[int(c)] = _sum(per_pass)
-    return out, deltas
-
-
-def _sum(deltas: list[SpecDelta]) -> SpecDelta:
-    pos: dict[int, float] = {}
-    for d in deltas:
-        for k, v in d.accepted_per_pos.items():
-            pos[k] = pos.get(k, 0.0) + v
-    return SpecDelta(sum(d.drafts for d in deltas), sum(d.draft_tokens for d in deltas),
-                     sum(d.accepted for d in deltas), dict(sorted(pos.items())))
+    return read_measurement(ans)
 
 
 def _api_key(r: Any) -> str | None:
@@ -236,21 +212,22 @@ def _ensure_image(r: Any, image: str, echo: Callable[[str], None], push: Callabl
 
 
 def speculative_change(h: Any, head_dir: str, k: int, image: str) -> ReleaseChange:
-    """The speculative release: the live serving container plus ``--speculative-config`` (and on a CPU host the
-    stand-in's settings), the patched serving ``image`` and the head mounted read-only at :data:`sc.HEAD_MOUNT`;
-    everything else of the live container unchanged."""
-    return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0), image=image,
-                         binds=[f"{head_dir}:{sc.HEAD_MOUNT}:ro"])
+    """The speculative release of host ``h``'s serving kind (:meth:`eagle3ops.window.kinds.DriverKind.
+    speculative_change`): a container gets ``--speculative-config``, the patched ``image`` and the head mounted
+    read-only at :data:`sc.HEAD_MOUNT`; a process gets ``--speculative-config`` naming the head's host path."""
+    from eagle3ops.window.kinds import driver_kind
+
+    return driver_kind(h).speculative_change(h, head_dir, k, image)
 
 
-def _dry_release(r: Any, opts: SpeculateOptions, head_dir: str, k: int, image: str, run_window: Any,
-                 on_event: Any) -> dict[str, Any]:
-    """The dry run's release window (printed by ``run_window``); no measurement, no result written."""
-    change = speculative_change(r.host, head_dir, k, image)
-    rel = run_window(r, kind="release", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
-                     command=opts.command, run=opts.run, change=change, on_event=on_event)
-    return {"verdict": "dry-run", "reason": "dry run: nothing measured, nothing changed", "release_plan": rel,
-            "speculative_change": change.model_dump()}
+def plan_restarts(r: Any) -> RestartPlan:
+    """The serving restarts of a speculate job on ``r``'s host and the downtime to expect, from the restarts its
+    windows recorded (:mod:`eagle3ops.speculate.restarts`; read-only, runs in ``--dry-run`` too)."""
+    from eagle3ops.window.common import paths
+
+    out = r.run(hc.window_results(paths(r.host)["windows"]), check=False)
+    return restart_plan(recorded_restart_seconds(parse_results(out.stdout or "")),
+                        bound_s=float(r.host.serving.health_timeout_s))
 
 
 def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = print,
@@ -266,7 +243,6 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
         eagle3ops.window.WindowError: a window failed to run (its own message: lock, preflight, supervisor), or the
             host has ``serving: none`` (refused before anything is done).
     """
-    from eagle3ops.window.common import append_audit
     from eagle3ops.window.kinds import require_serving
     from eagle3ops.window.run import run_window
     from eagle3ops.window.standin import refuse_standin_image
@@ -289,15 +265,19 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     max_tokens = opts.max_tokens or s.gate_max_tokens
     image = opts.serving_image or s.speculative_image or s.image
     gate = gate_prompts(opts.prompts or s.gate_prompts)
-    refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
+    if speculative_change(h, run_dir, 3, image).image:  # a process serves no image
+        refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
 
     # 1. inspect and check (read-only, except a --head upload into data_dir and the results' folder, made here as
     # the SSH user: a bind mount of a missing run dir would make Docker create it as root)
     r.run(hc.mkdir_p(f"{run_dir}/speculate"))
-    head_dir = _upload_head(r, opts.head) if opts.head else f"{run_dir}/train/final"
+    head_dir, digest = _upload_head(r, opts.head) if opts.head else (f"{run_dir}/train/final", None)
+    restarts = plan_restarts(r)
     if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
         echo(f"# dry run: {opts.head} would be uploaded to {head_dir} and checked against {h.model_path}")
-        return _dry_release(r, opts, head_dir, 3, image, run_window, on_event)
+        job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.text for p in gate], margin, floor,
+                   max_tokens, passes, {})
+        return _dry(r, opts, job, restarts, run_window, on_event, echo)
     mount_run = r.run(hc.test_dir(run_dir), check=False).ok
     res = r.run(sc.gate_helper(h, opts.pipeline_image, "inspect", head_dir=head_dir,
                                run_dir=run_dir if mount_run else None),
@@ -329,79 +309,68 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     if disjoint.get("error") or disjoint.get("contained_in_training"):
         raise SpeculateError(f"{h.name}: gate prompts overlap run {opts.run}'s training chats: "
                              f"{disjoint.get('error') or disjoint.get('contained_in_training')}")
+    if digest is None:
+        digest = info.get("head_sha256")
+        if not digest:
+            raise SpeculateError(f"{h.name}: the pipeline image {opts.pipeline_image} does not report the head's "
+                                 "sha256 (it predates speculate's attempt folders): rebuild and deploy it")
     ttt = None
     if info.get("pipeline_yaml"):
         ttt = ((yaml.safe_load(info["pipeline_yaml"]) or {}).get("train") or {}).get("ttt_steps")
     k = int(ttt or 3)
-    prompt_texts = [p.text for p in gate]
-    levels = list(s.gate_concurrency)
+    figures: dict[str, Any] = {"head_source": str(opts.head or "run"), "serving_image": image,
+                               "num_speculative_tokens": k,
+                               "prompts": {"source": "HumanEval gate split", "fraction": GATE_FRACTION,
+                                           "count": len(gate), "max_tokens": max_tokens, "disjointness": disjoint,
+                                           "order": [p.id for p in gate]},
+                               "head_check": facts.__dict__, "offline_estimate": offline, "force": opts.force,
+                               "warnings": warnings, "restarts": restarts.figures()}
+    job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.text for p in gate], margin, floor, max_tokens,
+               passes, figures)
     if r.dry_run:
         echo(f"# dry run: head checked ({facts.__dict__}); would measure {len(gate)} prompts x {max_tokens} tokens "
-             f"at concurrency {levels}, {passes} passes, on both releases:")
-        echo("#   " + " ".join(sc.gate_helper(h, opts.pipeline_image, "measure")))
-        return _dry_release(r, opts, head_dir, k, image, run_window, on_event)
+             f"at concurrency {job.levels}, {passes} passes, on both releases, in the host's supervisor")
+        return _dry(r, opts, job, restarts, run_window, on_event, echo)
 
-    # 2. baseline
-    base_release = _current_release(r)
-    echo(f"baseline: release {base_release}, {len(gate)} prompts x {max_tokens} tokens at concurrency {levels}, "
-         f"{passes} passes")
-    baseline, _ = measure_on_host(r, opts.pipeline_image, prompt_texts, levels, max_tokens, passes,
-                                  _api_key(r))
+    # 2.-6. the host's supervisor carries out the whole job under the lock; this driver only watches it
+    for line in restarts.lines():
+        echo(line)
+    if job.change.image:
+        figures["image_push"] = _ensure_image(r, job.change.image, echo, push)
+    r.run(hc.mkdir_p(job.results_dir))  # as the SSH user (the supervisor writes the attempt folder inside)
+    res = run_window(r, kind="speculate", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
+                     command=opts.command, run=opts.run, speculate=job, on_event=on_event,
+                     message=f"speculate run {opts.run}, head {digest[:16]}")
+    attempt = res.get("speculate")
+    if not attempt:
+        raise SpeculateError(f"{h.name}: the speculate job (window {res.get('window_id')}) ended without a result: "
+                             f"{res.get('outcome')}: {res.get('error')}")
+    if attempt.get("verdict") == "error":
+        raise SpeculateError(f"{h.name}: {attempt.get('reason')}; {attempt.get('rollback') or 'no rollback'} "
+                             f"(window {res.get('window_id')}, outcome {res.get('outcome')}: {res.get('error')})")
+    return {**attempt, "window_id": res.get("window_id"), "outcome": res.get("outcome"),
+            "restarts_s": res.get("restarts_s"), "wall_s": round(time.monotonic() - t0, 1)}
 
-    # 3. the speculative release
-    pushed = _ensure_image(r, image, echo, push)
-    msg = f"speculative release of run {opts.run}"
-    rel = run_window(r, kind="release", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
-                     command=opts.command, run=opts.run, change=speculative_change(h, head_dir, k, image),
-                     on_event=on_event, message=msg)
-    if rel.get("release_before") is not None:
-        # What the release window's record step found live: differs from releases/current when serving was
-        # recreated outside eagle3ops (then recorded as a new release), and is what a rollback must return to.
-        base_release = rel["release_before"]
-    figures: dict[str, Any] = {"run": opts.run, "head": head_dir, "head_source": str(opts.head or "run"),
-                               "serving_image": image, "image_push": pushed, "num_speculative_tokens": k,
-                               "baseline_release": base_release, "prompts": {"source": "HumanEval gate split",
-                               "fraction": GATE_FRACTION, "count": len(gate), "max_tokens": max_tokens,
-                               "disjointness": disjoint, "order": [p.id for p in gate]}, "gate_passes": passes,
-                               "head_check": facts.__dict__, "offline_estimate": offline, "force": opts.force,
-                               "release_window": rel.get("window_id"), "warnings": warnings}
-    rollback_window = None
-    if rel.get("outcome") != "ok":
-        decision = Decision("rollback", f"the speculative release failed its health gate (window "
-                                        f"{rel.get('window_id')}: {rel.get('error')}); the supervisor rolled back",
-                            {"baseline_levels": {str(c): [b.figures() for b in bs] for c, bs in baseline.items()}})
-    else:
-        figures["speculative_release"] = rel.get("release")
-        # 4. measure it; 5. decide. A failed measurement rolls back before the error is raised.
-        try:
-            speculative, deltas = measure_on_host(r, opts.pipeline_image, prompt_texts, levels, max_tokens,
-                                                  passes, _api_key(r))
-            total = _sum(list(deltas.values()))
-            decision = decide(baseline, speculative, total, production_concurrency=levels[0], margin=margin,
-                              acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max)
-            decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
-        except Exception as exc:
-            rb = run_window(r, kind="rollback", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
-                            command=opts.command, run=opts.run, to_release=base_release, on_event=on_event,
-                            message="speculative release could not be measured")
-            raise SpeculateError(f"{h.name}: measuring the speculative release failed ({exc}); rolled back to "
-                                 f"release {rb.get('release')} (outcome {rb.get('outcome')})") from exc
-        if not decision.keep:
-            rb = run_window(r, kind="rollback", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
-                            command=opts.command, run=opts.run, to_release=base_release, on_event=on_event,
-                            message=f"speculation gate: {decision.verdict}")
-            rollback_window = {"window_id": rb.get("window_id"), "outcome": rb.get("outcome"),
-                               "release": rb.get("release")}
-    result = {"host": h.name, "verdict": decision.verdict, "reason": decision.reason, **decision.figures,
-              **figures, "rollback_window": rollback_window, "live_release": _current_release(r),
-              "wall_s": round(time.monotonic() - t0, 1)}
-    r.run(hc.write_file(f"{run_dir}/speculate/result.json"), stdin=json.dumps(result, indent=2) + "\n")
-    append_audit(r, {"user": getpass.getuser(), "host": h.name, "command": opts.command, "kind": "speculate",
-                     "run": opts.run, "verdict": decision.verdict, "reason": decision.reason,
-                     "figures": {k: result.get(k) for k in ("throughput_ratio", "interval", "drift", "passes",
-                                                            "ttft_ratio", "ttft_ratio_max", "deciding",
-                                                            "spec_decode", "levels", "margin",
-                                                            "margin_is_negative_test_setting", "acceptance_floor",
-                                                            "production_concurrency", "live_release",
-                                                            "baseline_release", "speculative_release")}})
-    return result
+
+def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: str, k: int, image: str,
+         prompts: list[str], margin: float, floor: float, max_tokens: int, passes: int,
+         figures: dict[str, Any]) -> SpeculateJob:
+    """The plan's :class:`~eagle3ops.config.plan.SpeculateJob` (pure)."""
+    s = h.serving
+    return SpeculateJob(run=opts.run, head=head_dir, head_sha256=digest,
+                        results_dir=f"{run_dir}/speculate/{digest[:16]}", latest=f"{run_dir}/speculate/result.json",
+                        change=speculative_change(h, head_dir, k, image), prompts=prompts,
+                        levels=list(s.gate_concurrency), max_tokens=max_tokens, passes=passes, margin=margin,
+                        acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max, figures=figures)
+
+
+def _dry(r: Any, opts: SpeculateOptions, job: SpeculateJob, restarts: RestartPlan, run_window: Any,
+         on_event: Any, echo: Callable[[str], None]) -> dict[str, Any]:
+    """The dry run: the restarts and expected downtime, then the speculate window (printed by ``run_window``); no
+    measurement, nothing changed."""
+    for line in restarts.lines():
+        echo(f"# {line}")
+    plan = run_window(r, kind="speculate", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
+                      command=opts.command, run=opts.run, speculate=job, on_event=on_event)
+    return {"verdict": "dry-run", "reason": "dry run: nothing measured, nothing changed", "release_plan": plan,
+            "speculative_change": job.change.model_dump(), "restarts": restarts.figures()}

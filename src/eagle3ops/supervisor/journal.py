@@ -58,6 +58,27 @@ class Journal:
         return self.entries[0]["epoch"] if self.entries else time.time()
 
 
+#: Journal steps that restart serving (each ``start`` to its ``ok`` is one restart, its health gate included).
+RESTART_STEPS = ("restore", "switch", "rollback")
+
+
+def restart_seconds(entries: list[dict[str, Any]]) -> list[float]:
+    """Seconds of each serving restart in a journal (pure): every ``start`` of a :data:`RESTART_STEPS` step to the
+    next ``ok`` of the same step (a restart that failed its gate is not a restart time)."""
+    out: list[float] = []
+    begun: dict[str, float] = {}
+    for e in entries:
+        if e.get("step") not in RESTART_STEPS:
+            continue
+        if e.get("event") == "start":
+            begun[e["step"]] = e["epoch"]
+        elif e.get("event") in ("ok", "error") and e["step"] in begun:
+            t = begun.pop(e["step"])
+            if e["event"] == "ok":
+                out.append(round(e["epoch"] - t, 1))
+    return out
+
+
 def _tail(path: Path, size: int = 65536) -> str:
     """The last ``size`` bytes of a file as text ('' when it cannot be read)."""
     try:

@@ -19,8 +19,9 @@ from typing import Any
 from eagle3ops.config.plan import MIN_GATE_S, NO_SERVING_NOTE, Plan, StageStep
 from eagle3ops.health import GateFailed, read_api_key_file, wait_healthy
 from eagle3ops.supervisor.errors import EngineUnavailable, Interrupted
-from eagle3ops.supervisor.journal import Journal, _now
+from eagle3ops.supervisor.journal import Journal, _now, restart_seconds
 from eagle3ops.supervisor.kinds import for_plan
+from eagle3ops.supervisor.speculate import SpeculateRun
 from eagle3ops.supervisor.releases import Releases
 from eagle3ops.supervisor.stagerun import create_container, run_stage, stage_error, stages_from_journal
 
@@ -31,6 +32,9 @@ __all__ = ["ENGINE_WAIT_S", "ENGINE_WAITS_MAX", "EngineUnavailable", "Interrupte
 ENGINE_WAIT_S = 180.0
 #: Engine outages one supervisor run waits out before it exits for its restart policy (bounds a flapping engine).
 ENGINE_WAITS_MAX = 5
+#: Host jobs with their own step table beside the window's (plan kind → the job; ``run()`` gives
+#: ``(outcome, error, extra)``): ``speculate`` (:mod:`eagle3ops.supervisor.speculate`).
+JOBS = {"speculate": SpeculateRun}
 
 
 class Supervisor:
@@ -216,6 +220,7 @@ class Supervisor:
         """Execute the plan; always restores serving; writes ``result.json``, the audit line, releases the lock."""
         t0 = self.journal.first_epoch()
         outcome, error, stopped_at, restored_at = "ok", "", None, None
+        extra: dict[str, Any] = {}
         try:
             if not self.kind.manages:
                 outcome, error = self._stages_only()
@@ -245,6 +250,8 @@ class Supervisor:
                     if restore_msg != "restored":
                         outcome = "failed" if outcome == "ok" else outcome
                         error = (error + "; " if error else "") + f"serving {restore_msg}"
+            elif self.plan.kind in JOBS:  # its own step table
+                outcome, error, extra = JOBS[self.plan.kind](self).run()
             else:
                 msg = self.replace_serving()
                 if "rolled back" in msg:
@@ -283,13 +290,17 @@ class Supervisor:
             # The release live when the window began, as its record step found it (None before any record).
             "release_before": (self.journal.first("record", "ok") or {}).get("release"),
             "finished": _now(), "warnings": self.warnings(),
+            # Seconds of each serving restart (restore, switch, rollback: start to passed gate); the plans of later
+            # jobs on this host read them (eagle3ops.speculate.restarts).
+            "restarts_s": restart_seconds(self.journal.entries),
+            **{k: v for k, v in extra.items() if k != "audit"},
         }
         audit = self.state_dir / "audit.jsonl"
         with audit.open("a") as f:
             f.write(json.dumps({"t": _now(), "user": self.plan.user, "host": self.plan.host,
                                 "command": self.plan.command, "window": self.plan.window_id,
                                 "outcome": outcome, "error": error, "release": result["release"],
-                                "warnings": result["warnings"]}) + "\n")
+                                "warnings": result["warnings"], **extra.get("audit", {})}) + "\n")
         # The driver appends to the same log as the SSH user (windows that never started): keep it theirs.
         st = self.state_dir.stat()
         try:

@@ -29,8 +29,34 @@ if TYPE_CHECKING:
 
 def agent_limit_s(plan: Plan) -> float:
     """How long (seconds) a ``process``/``systemd`` window's restore agent waits for the supervisor's restore request
-    before it restores on its own: the window's budget plus the graceful stop and 600 s."""
-    return plan.budget_s + plan.stop_timeout_s + 600.0
+    before it restores on its own: the window's budget plus the graceful stop and 600 s; a ``speculate`` plan adds
+    both sides' measurement bound (:meth:`~eagle3ops.config.plan.SpeculateJob.measure_bound_s`)."""
+    measuring = 2 * plan.speculate.measure_bound_s() if plan.speculate is not None else 0.0
+    return plan.budget_s + plan.stop_timeout_s + 600.0 + measuring
+
+
+def agent_stop_wait_s(plan: Plan) -> float:
+    """How long (seconds) the restore agent waits for the stop request: :data:`eagle3ops.commands.process.
+    AGENT_STOP_WAIT_S`, plus a ``speculate`` plan's baseline measurement (it runs before the switch stops serving)."""
+    return pr.AGENT_STOP_WAIT_S + (plan.speculate.measure_bound_s() if plan.speculate is not None else 0.0)
+
+
+def _measure_preview(plan: Plan, side: str) -> list[str]:
+    job = plan.speculate
+    assert job is not None and plan.health is not None
+    return ["# measure", side, f"http://127.0.0.1:{plan.health.port}: {len(job.prompts)} prompts x {job.max_tokens} "
+            f"tokens at concurrency {job.levels}, {job.passes} passes (in the supervisor)"]
+
+
+def _speculate_preview(plan: Plan, release: list[list[str]], back: list[list[str]]) -> list[list[str]]:
+    """A speculate plan's steps around the kind's release commands: baseline, the release, its measurement, the
+    decision, and the switch back when it is not kept."""
+    job = plan.speculate
+    assert job is not None
+    return [_measure_preview(plan, "baseline"), *release, _measure_preview(plan, "speculative"),
+            ["# decide", f"keep when the {job.levels[0]}-concurrency throughput ratio's 90 % interval clears "
+             f"x{1 + job.margin:.3f} and acceptance >= {job.acceptance_floor}; else:"], *back,
+            ["# results", f"{job.results_dir}/{plan.window_id}"]]
 
 
 def _gate(plan: Plan) -> list[str]:
@@ -85,7 +111,7 @@ class DriverKind:
             cmds += _stage_argv(h, plan)
             cmds.append(dk.docker(h, "start", plan.serving_container))
         else:
-            if plan.kind == "release":
+            if plan.kind in ("release", "speculate"):
                 change = plan.change or ReleaseChange()
                 record = {"Name": plan.serving_container, "Config": {
                     "Image": change.image or "<image of the live container>",
@@ -98,7 +124,21 @@ class DriverKind:
             cmds.append(dk.rm(h, plan.serving_container, force=True))
             cmds.append(sv.record_run_argv(h, record))
         cmds.append(_gate(plan))
+        if plan.kind == "speculate":
+            back = {"Name": plan.serving_container, "Config": {"Image": "<image of the release live before>",
+                                                                "Cmd": ["<command of the release live before>"]}}
+            return _speculate_preview(plan, cmds, [dk.rm(h, plan.serving_container, force=True),
+                                                   sv.record_run_argv(h, back), _gate(plan)])
         return cmds
+
+    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str) -> ReleaseChange:
+        """The speculative release: the live container plus ``--speculative-config`` (and on a CPU host the
+        stand-in's settings), the patched serving ``image`` and the head mounted read-only at
+        :data:`eagle3ops.commands.speculate.HEAD_MOUNT`; everything else of the live container unchanged."""
+        from eagle3ops.commands import speculate as sc
+
+        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0), image=image,
+                             binds=[f"{head_dir}:{sc.HEAD_MOUNT}:ro"])
 
     def looked_for(self, h: HostConfig) -> str:
         """What preflight looks for, in words."""
@@ -125,10 +165,17 @@ class ProcessKind(DriverKind):
     records_before_release = True
 
     def refuse(self, h: HostConfig, what: str) -> None:
-        if what not in ("release", "rollback"):
+        if what not in ("release", "rollback", "speculate"):
             raise WindowError(f"host {h.name} serves with a process (`hosts.{h.name}.serving.kind: process`): {what} "
-                              f"is not supported for process serving yet (windows, release and rollback are); run "
-                              f"serving as a container for {what}")
+                              f"is not supported for process serving yet (windows, release, rollback and speculate "
+                              f"are); run serving as a container for {what}")
+
+    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str) -> ReleaseChange:
+        """The live process plus ``--speculative-config`` naming the head at its host path (a process has no
+        image or binds: ``image`` is not used; the process's own vLLM must be the patched one)."""
+        from eagle3ops.commands import speculate as sc
+
+        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, model=head_dir))
 
     def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
         if change is None or not (change.image or change.binds):
@@ -150,7 +197,8 @@ class ProcessKind(DriverKind):
         assert plan.process_dir is not None and plan.process_pid is not None
         r.run(pr.record_process(plan.process_pid, plan.process_dir))
         r.run(pr.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
-                             supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)))
+                             supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
+                             stop_wait_s=agent_stop_wait_s(plan)))
 
     def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
         """The host-side restore agent stops and restores; the supervisor gates."""
@@ -158,15 +206,20 @@ class ProcessKind(DriverKind):
         gate = _gate(plan)
         head = [pr.record_process(plan.process_pid or 0, pdir),
                 pr.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
-                               supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)),
+                               supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
+                               stop_wait_s=agent_stop_wait_s(plan)),
                 pr.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
         if plan.kind == "window":
             return [*head, *_stage_argv(h, plan), pr.restore_preview(pdir, [], ""), gate]
-        if plan.kind == "release":
+        if plan.kind in ("release", "speculate"):
             args = (plan.change or ReleaseChange()).args
             target = ["<recorded command line, with:", *args, ">"] if args else ["<recorded command line>"]
         else:
             target = [f"<command line of release {plan.to_release or 'live before the current one'}>"]
+        if plan.kind == "speculate":
+            return _speculate_preview(plan, [*head, pr.restore_preview(pdir, target, "<its recorded cwd>"), gate],
+                                      [pr.stop_preview(0, plan.stop_timeout_s), pr.restore_preview(pdir, [], ""),
+                                       gate])
         return [*head, pr.restore_preview(pdir, target, "<its recorded cwd>"), gate,
                 ["# if the gate fails: roll back to the recorded process"],
                 pr.stop_preview(0, plan.stop_timeout_s), pr.restore_preview(pdir, [], ""), gate]

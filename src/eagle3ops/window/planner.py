@@ -10,7 +10,7 @@ from typing import Any
 
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
-from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange, StageStep
+from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange, SpeculateJob, StageStep
 from eagle3ops.window.kinds import driver_kind
 
 
@@ -104,14 +104,16 @@ def health_check(h: HostConfig) -> HealthCheck | None:
 def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command: str, run: str = "default",
                stages: list[str] | None = None, change: ReleaseChange | None = None,
                to_release: int | None = None, user: str = "", serving_container: str | None = None,
-               restart: bool = False, process_pid: int | None = None) -> Plan:
+               restart: bool = False, process_pid: int | None = None,
+               speculate: SpeculateJob | None = None) -> Plan:
     """The :class:`~eagle3ops.config.plan.Plan` for a window (pure).
 
     ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
     a new release's container gets the same name, so the next window finds it again. ``change``: a ``release``
     plan's intended change of the live container (default: none, the live container recreated as it is).
     ``stages``: the stages that run (:func:`decide_stages` leaves out the done ones); ``restart``: extract and train
-    get ``--restart`` (their earlier output is redone, not resumed).
+    get ``--restart`` (their earlier output is redone, not resumed). ``speculate``: a ``speculate`` plan's job (its
+    ``change`` becomes the plan's).
     A host with ``serving: none`` gets a plan with ``serving_kind`` ``none``, no serving container and no health
     gate: the supervisor runs only the stages (:data:`eagle3ops.config.plan.NO_SERVING_NOTE`).
 
@@ -123,9 +125,13 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
     if not h.serving.managed and kind != "window":
         raise ValueError(f"host {h.name} has no serving (serving: none): a {kind} plan needs production serving")
     serving = driver_kind(h)
-    refusal = serving.release_refusal(h, change)
+    refusal = serving.release_refusal(h, speculate.change if speculate is not None else change)
     if refusal:
         raise ValueError(refusal)
+    if kind == "speculate":
+        if speculate is None:
+            raise ValueError("a speculate plan needs its job (speculate=SpeculateJob)")
+        change = speculate.change
     if kind == "release" and change is None:
         change = ReleaseChange()
     steps = []
@@ -137,7 +143,7 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
     return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
                 state_dir=h.state_dir, stop_timeout_s=h.serving.stop_timeout_s,
                 stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), change=change,
-                to_release=to_release, gpus=h.gpus, serving_kind=h.serving.kind,
+                to_release=to_release, gpus=h.gpus, speculate=speculate, serving_kind=h.serving.kind,
                 **serving.plan_fields(h, window_id, serving_container, process_pid))
 
 

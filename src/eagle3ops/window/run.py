@@ -13,7 +13,7 @@ from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
-from eagle3ops.config.plan import Plan, ReleaseChange
+from eagle3ops.config.plan import Plan, ReleaseChange, SpeculateJob
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
                                      paths)
@@ -78,11 +78,12 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
 def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | None, command: str,
                run: str = "default", change: ReleaseChange | None = None, to_release: int | None = None,
                need_bytes: int = 0, on_event: Callable[[dict[str, Any]], None] | None = None,
-               message: str = "", pipeline_text: str | None = None, restart: bool = False) -> dict[str, Any]:
+               message: str = "", pipeline_text: str | None = None, restart: bool = False,
+               speculate: SpeculateJob | None = None) -> dict[str, Any]:
     """One maintenance window end to end (driver side).
 
-    ``kind`` is ``extract`` / ``train`` (stages from :data:`eagle3ops.commands.stages.WINDOWS`), ``release`` or
-    ``rollback``. Returns the supervisor's ``result.json`` (``outcome``, ``downtime_s``, ``stage_seconds``...).
+    ``kind`` is ``extract`` / ``train`` (stages from :data:`eagle3ops.commands.stages.WINDOWS`), ``release``,
+    ``rollback`` or ``speculate`` (``speculate``: its job, carried out by the supervisor under the lock). Returns the supervisor's ``result.json`` (``outcome``, ``downtime_s``, ``stage_seconds``...).
     ``change``: a release's intended change of the live serving container (:class:`~eagle3ops.config.plan.ReleaseChange`).
 
     ``pipeline_text``: the run's pipeline config (YAML). It is written to ``<data_dir>/runs/<run>/pipeline.yaml``
@@ -106,6 +107,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         WindowError: also a ``release``/``rollback`` on a host with ``serving: none``, or a release of a stand-in
             image on a host that is not a sandbox (:mod:`eagle3ops.window.standin`); both refused before the lock.
     """
+    if speculate is not None:
+        change = speculate.change
     if kind not in st.WINDOWS:
         require_serving(r.host, kind)
         refusal = driver_kind(r.host).release_refusal(r.host, change)
@@ -153,7 +156,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         plan_kind = "window" if kind in st.WINDOWS else kind
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
                           stages=to_run, change=change, to_release=to_release,
-                          serving_container=pf.serving_container, restart=restart, process_pid=pf.process_pid)
+                          serving_container=pf.serving_container, restart=restart, process_pid=pf.process_pid,
+                          speculate=speculate)
         # under the lock, after preflight: a refused run changes nothing on the host; an identical config stays
         if pipeline_text is not None and pipeline_text != on_host_text:
             upload_pipeline_config(r, run, pipeline_text)

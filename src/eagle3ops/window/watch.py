@@ -11,7 +11,7 @@ from typing import Any
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import stages as st
-from eagle3ops.config.plan import MIN_GATE_S, RECORD_GATE_S
+from eagle3ops.config.plan import MIN_GATE_S, RECORD_GATE_S, SpeculateJob
 from eagle3ops.remote import Remote, RemoteError, render
 from eagle3ops.window.common import SupervisorDead, WindowError, append_audit, hint, paths
 
@@ -37,9 +37,12 @@ def supervisor_state(r: Remote, window_id: str) -> str | None:
 def watch_limit_s(plan: dict[str, Any]) -> float:
     """How long (seconds) a driver watches a window before giving up: the window's budget (whole downtime), the
     record gate, the graceful stop, up to four gates past the budget (restore + three rollbacks,
-    :data:`eagle3ops.config.plan.MIN_GATE_S` each) and :data:`WATCH_MARGIN_S`."""
+    :data:`eagle3ops.config.plan.MIN_GATE_S` each), a speculate job's two measurements and :data:`WATCH_MARGIN_S`."""
+    measuring = 0.0
+    if plan.get("speculate"):  # both sides' measurements (SpeculateJob.measure_bound_s)
+        measuring = 2 * SpeculateJob.model_validate(plan["speculate"]).measure_bound_s()
     return (float(plan.get("budget_s", 7200.0)) + RECORD_GATE_S + float(plan.get("stop_timeout_s", 120))
-            + 4 * MIN_GATE_S + WATCH_MARGIN_S)
+            + 4 * MIN_GATE_S + WATCH_MARGIN_S + measuring)
 
 
 def watch(r: Remote, window_id: str, *, on_event: Callable[[dict[str, Any]], None] | None = None,

@@ -81,6 +81,22 @@ class ServingKind:
         """
         raise self._refuse(f"switch releases ({self.plan.kind})")
 
+    def return_to(self, release: int | None, why: str) -> str:
+        """A ``speculate`` job's rollback: after a :meth:`switch` that passed its gate, bring back ``release`` (the
+        one live before the switch), health-gated; the runner's journal gets ``rollback start``/``ok``.
+
+        Returns:
+            ``"rolled back to release N"``.
+
+        Raises:
+            RuntimeError: neither ``release`` nor a fallback passed the gate (``sup.unhealthy`` set).
+        """
+        raise self._refuse("switch back to an earlier release")
+
+    def finish(self) -> None:
+        """End of a ``speculate`` job, whatever happened (e.g. the process kind tells its restore agent that it is
+        done); nothing for most kinds."""
+
     def api_key(self) -> str | None:
         """The API key the live serving's own configuration requires (``--api-key``/``VLLM_API_KEY``), None when
         it names none (the runner then reads ``health.api_key_file``). Never logged."""

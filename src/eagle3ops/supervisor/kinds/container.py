@@ -263,7 +263,7 @@ class ContainerServing(ServingKind):
         begun = journal.first("switch", "start")
         if begun:  # resumed mid-switch: same target, never a second new release
             target = begun["to_release"]
-        elif self.plan.kind == "release":
+        elif self.plan.kind in ("release", "speculate"):  # speculate: the plan's change is the speculative one
             target = releases.add(self.new_release(), self.plan.window_id,
                                   change=(self.plan.change or ReleaseChange()).describe())
         elif self.plan.to_release is not None:
@@ -300,6 +300,37 @@ class ContainerServing(ServingKind):
         if ok:
             return f"release {target} failed its health gate; rolled back to release {ok['to_release']}"
         return f"release {target} failed its health gate; " + self.rollback_after_failure("resumed", target)
+
+    def return_to(self, release: int | None, why: str) -> str:
+        """Recreate retained release ``release`` (the one live before a speculate job's switch), health-gated;
+        engine outages waited out; when it fails, the earlier live releases are tried
+        (:meth:`rollback_after_failure`). A resumed supervisor whose journal has the rollback done returns it.
+
+        Raises:
+            RuntimeError: no release to return to, or none passed its gate.
+        """
+        sup, journal, releases = self.sup, self.sup.journal, self.sup.releases
+        done = journal.first("rollback", "ok")
+        if done:
+            return f"rolled back to release {done['to_release']}"
+        if release is None:
+            raise RuntimeError("no release was live before the switch: nothing to roll back to")
+        failed = releases.current()
+        journal.log("rollback", "start", to_release=release, failed_release=failed, reason=why[-300:])
+        while True:
+            try:
+                self._remove()
+                self._create_release(releases.get(release))
+                sup.gate_through_signal()
+            except Exception as exc:  # noqa: BLE001 - engine wait, else the earlier live releases
+                if sup.wait_out_engine("rollback", exc):
+                    continue
+                journal.log("rollback", "error", to_release=release, reason=str(exc)[-500:])
+                return self.rollback_after_failure(f"release {release}: {exc}", release, verdict=False)
+            releases.set_current(release)
+            journal.log("rollback", "ok", to_release=release, message=f"ROLLED BACK ({why}): serving release "
+                                                                      f"{release}")
+            return f"rolled back to release {release}"
 
     def new_release(self) -> dict[str, Any]:
         """The record of a new release: the serving container recorded by this window (``serving-inspect.json``)

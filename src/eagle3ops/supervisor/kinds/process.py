@@ -179,7 +179,7 @@ class ProcessServing(ServingKind):
         if live_n is None or self.sup.releases.get(live_n).get("process") != live:
             live_n = self.sup.releases.add_process(live, self.plan.window_id, change="the live process, as recorded")
             self.sup.releases.set_current(live_n)  # it serves now (preflight found it); the switch gates what follows
-        if self.plan.kind == "release":
+        if self.plan.kind in ("release", "speculate"):  # speculate: the plan's change is the speculative one
             change = self.plan.change or ReleaseChange()
             env = [e for e in live["environ"] if e.split("=", 1)[0] not in change.env]
             new = {**live, "argv": sv.set_args(live["argv"], change.args),
@@ -200,6 +200,7 @@ class ProcessServing(ServingKind):
         (pdir / "switch").write_text(self.plan.kind)
         self.sup.journal.log("switch", "start", to_release=target, from_release=live_n, argv=new["argv"])
         self.stop()
+        self._rounds = 1
         try:
             try:
                 self._round(1, "next.")
@@ -225,7 +226,38 @@ class ProcessServing(ServingKind):
             self.sup.journal.log("switch", "ok", to_release=target, pid=self._file("restored"))
             return f"serving release {target}"
         finally:
-            (pdir / "done").write_text(_now())
+            if self.plan.kind != "speculate":  # a speculate job may switch back: it calls finish() at its end
+                self.finish()
+
+    def finish(self) -> None:
+        """Tell the restore agent the switch is over (``done``): it exits, leaving the started process serving."""
+        if self.plan.process_dir is not None and (Path(self.plan.process_dir) / "switch").exists():
+            (Path(self.plan.process_dir) / "done").write_text(_now())
+
+    def return_to(self, release: int | None, why: str) -> str:
+        """A speculate job's rollback after its switch passed: the agent stops the started process and starts the
+        recorded live process again (its next round), health-gated; it is ``release`` (the switch made the live
+        process that release).
+
+        Raises:
+            RuntimeError: the agent did not answer, or the recorded process failed its gate (``unhealthy`` set).
+        """
+        journal = self.sup.journal
+        journal.log("rollback", "start", to_release=release, failed_release=self.sup.releases.current(),
+                    reason=why[-300:])
+        self._rounds = getattr(self, "_rounds", 1) + 1
+        try:
+            self._round(self._rounds, "")
+            self.sup.gate_through_signal()
+        except (GateFailed, RuntimeError) as exc:
+            self.sup.unhealthy = True
+            journal.log("rollback", "error", to_release=release, reason=str(exc)[-500:])
+            raise RuntimeError(f"the rollback to release {release} failed ({exc}); see "
+                               f"{self.plan.process_dir}/serving.log") from None
+        if release is not None:
+            self.sup.releases.set_current(release)
+        journal.log("rollback", "ok", to_release=release, message=f"ROLLED BACK ({why}): serving release {release}")
+        return f"rolled back to release {release}"
 
     def record(self) -> None:
         """Journal the process the driver recorded from /proc (pid, command line, cwd, uid); the record itself is

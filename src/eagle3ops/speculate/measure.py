@@ -1,0 +1,88 @@
+"""The speculation gate's measurement, host side: the same code whether it runs in the gate helper container
+(:mod:`eagle3ops.speculate.onhost` ``measure``) or in the host's supervisor during a ``speculate`` job
+(:mod:`eagle3ops.supervisor.speculate`); and the pure reading of its answer into per-pass figures and spec-decode
+counter deltas.
+
+Only the standard library, httpx and prometheus_client are imported (both in the pipeline image).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from eagle3ops.speculate.metrics import SpecCounters, SpecDelta, parse
+from eagle3ops.speculate.replay import LevelResult, replay_level
+
+__all__ = ["measure", "read_measurement", "sum_deltas"]
+
+
+def measure(req: dict[str, Any]) -> dict[str, Any]:
+    """Replay the request's prompts at each level, ``passes`` times; raw figures and counter snapshots.
+
+    Returns:
+        ``{"levels": {c: [LevelResult figures, one per pass]}, "counters": {c: [[before, after], one per pass]}}``
+        where counters are :class:`~eagle3ops.speculate.metrics.SpecCounters` as dicts.
+
+    Request: ``{"base_url", "model", "prompts" (sent in this order every pass), "levels", "max_tokens", "passes"
+    (default 1), "api_key" (or null: sent on every request and scrape, never in argv), "request_timeout_s",
+    "idle_timeout_s"}``. Passes run one after the other, each going through every level in order (a slow drift of
+    the host then touches every level alike). A level's "before" snapshot is taken after its idle wait, right
+    before its first request (:func:`~eagle3ops.speculate.replay.replay_level`'s ``on_idle``).
+
+    Raises:
+        ReplayError: the server was busy before a level, or every request failed.
+    """
+    import httpx
+
+    base, model, key = req["base_url"], req["model"], req.get("api_key")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    out: dict[str, Any] = {"levels": {str(c): [] for c in req["levels"]},
+                           "counters": {str(c): [] for c in req["levels"]}}
+
+    def scrape() -> dict[str, Any]:
+        d = asdict(parse(httpx.get(f"{base}/metrics", headers=headers, timeout=30).text))
+        d["accepted_per_pos"] = {str(k): v for k, v in d["accepted_per_pos"].items()}
+        return d
+
+    for _ in range(int(req.get("passes", 1))):
+        for c in req["levels"]:
+            before: list[dict[str, Any]] = []
+            res = replay_level(base, model, req["prompts"], int(c), max_tokens=int(req["max_tokens"]), api_key=key,
+                               request_timeout_s=float(req.get("request_timeout_s", 300)),
+                               idle_timeout_s=float(req.get("idle_timeout_s", 120)),
+                               on_idle=lambda: before.append(scrape()))
+            out["levels"][str(c)].append(res.figures())
+            out["counters"][str(c)].append([before[0], scrape()])
+    return out
+
+
+def sum_deltas(deltas: list[SpecDelta]) -> SpecDelta:
+    """The sum of counter deltas (per position too)."""
+    pos: dict[int, float] = {}
+    for d in deltas:
+        for k, v in d.accepted_per_pos.items():
+            pos[k] = pos.get(k, 0.0) + v
+    return SpecDelta(sum(d.drafts for d in deltas), sum(d.draft_tokens for d in deltas),
+                     sum(d.accepted for d in deltas), dict(sorted(pos.items())))
+
+
+def read_measurement(ans: dict[str, Any]) -> tuple[dict[int, list[LevelResult]], dict[int, SpecDelta]]:
+    """A :func:`measure` answer (pure) → (concurrency -> its passes in order, concurrency -> spec-decode counter
+    delta summed over its passes; each pass's delta runs from after its idle wait to after its last request).
+
+    Raises:
+        KeyError, TypeError: not a :func:`measure` answer.
+    """
+    out: dict[int, list[LevelResult]] = {}
+    deltas: dict[int, SpecDelta] = {}
+    for c, figs in ans["levels"].items():
+        out[int(c)] = [LevelResult(**fig) for fig in figs]
+        per_pass = []
+        for pair in ans["counters"][c]:
+            before, after = (SpecCounters(d["drafts"], d["draft_tokens"], d["accepted"],
+                                          {int(k): v for k, v in d["accepted_per_pos"].items()},
+                                          d["requests_running"]) for d in pair)
+            per_pass.append(SpecDelta.between(before, after))
+        deltas[int(c)] = sum_deltas(per_pass)
+    return out, deltas

@@ -1,0 +1,170 @@
+"""The ``speculate`` job on the host: its step table, carried out by the host's supervisor under the lock from
+start to end (issue 24), so that a driver that dies at any point leaves the host to finish.
+
+Steps (each journaled in the window's ``journal.jsonl``; ``status`` shows where the job is, ``recover`` restarts a
+dead supervisor, which resumes from the journal and the attempt folder's files):
+
+1. **record** the live serving (the kind's ``record``: what a rollback returns to);
+2. **baseline**: :func:`eagle3ops.speculate.measure.measure` against live serving over the host's loopback (the
+   same code as the gate helper's), saved as ``baseline.json`` in the attempt folder;
+3. **switch** to the speculative release (the kind's ``switch`` with the plan's change, health-gated; a failed gate
+   is rolled back by the kind and decides ``rollback``);
+4. **measure** the speculative release the same way (``speculative.json``);
+5. **decide** (:func:`eagle3ops.speculate.decide.decide`, pure);
+6. **keep**, or **rollback**: the kind's ``return_to`` the release live before (health-gated, earlier live releases
+   tried when it fails); a failed measurement rolls back too.
+
+The result (``result.json`` in the attempt folder ``runs/<run>/speculate/<sha256[:16]>/<window_id>/``, a copy at
+``runs/<run>/speculate/result.json``) is written here, under the lock, before the window's own ``result.json`` and
+the audit line (which carries the verdict and figures). The measurement and decision steps take only the plan's
+:class:`~eagle3ops.config.plan.SpeculateJob` settings and the live serving: :func:`measure_serving` and
+:func:`decide_figures` measure and decide any release, with or without a head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eagle3ops.config.plan import SpeculateJob
+
+if TYPE_CHECKING:
+    from eagle3ops.supervisor.runner import Supervisor
+
+__all__ = ["SpeculateRun", "decide_figures", "measure_serving"]
+
+
+def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
+    """Measure the live serving as the job says (prompts in order, levels, passes), from this host, with the API
+    key the health gate uses. Returns :func:`eagle3ops.speculate.measure.measure`'s answer.
+
+    Raises:
+        ReplayError: serving not idle before a level, or every request failed.
+    """
+    from eagle3ops.speculate.measure import measure
+
+    assert sup.plan.health is not None
+    return measure({"base_url": f"http://127.0.0.1:{sup.plan.health.port}", "model": sup.plan.health.model,
+                    "prompts": job.prompts, "levels": job.levels, "max_tokens": job.max_tokens,
+                    "passes": job.passes, "api_key": sup._api_key(), "request_timeout_s": job.request_timeout_s,
+                    "idle_timeout_s": job.idle_timeout_s})
+
+
+def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any]) -> Any:
+    """The pure decision (:func:`eagle3ops.speculate.decide.decide`) on two :func:`measure_serving` answers;
+    returns the :class:`~eagle3ops.speculate.decide.Decision` with the per-level counter deltas added."""
+    from eagle3ops.speculate.decide import decide
+    from eagle3ops.speculate.measure import read_measurement, sum_deltas
+
+    base, _ = read_measurement(baseline)
+    spec, deltas = read_measurement(speculative)
+    decision = decide(base, spec, sum_deltas(list(deltas.values())), production_concurrency=job.levels[0],
+                      margin=job.margin, acceptance_floor=job.acceptance_floor,
+                      ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max)
+    decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
+    return decision
+
+
+class SpeculateRun:
+    """One speculate job on ``sup`` (the window's runner: its journal, policy and serving kind)."""
+
+    def __init__(self, sup: "Supervisor"):
+        assert sup.plan.speculate is not None, "a speculate plan carries its job"
+        self.sup, self.job = sup, sup.plan.speculate
+        #: This attempt's folder: the head's results folder (made by the driver as the SSH user), then the window.
+        self.dir = Path(self.job.results_dir) / sup.plan.window_id
+        #: The owner of the head's results folder: files written here are given to them.
+        self._owner = self._stat_owner(Path(self.job.results_dir))
+
+    @staticmethod
+    def _stat_owner(path: Path) -> tuple[int, int] | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return st.st_uid, st.st_gid
+
+    def _write(self, path: Path, data: Any) -> None:
+        """Write JSON atomically, owned like the run's ``speculate/`` folder."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
+        if self._owner:
+            for p in (path, path.parent):
+                try:
+                    os.chown(p, *self._owner)
+                except OSError:
+                    pass
+
+    def _measured(self, step: str, name: str) -> dict[str, Any]:
+        """A measurement step, once: reused from the attempt folder when the journal says it finished."""
+        path = self.dir / name
+        if self.sup.journal.done(step) and path.is_file():
+            return json.loads(path.read_text())
+        self.sup.journal.log(step, "start", passes=self.job.passes, levels=self.job.levels,
+                             prompts=len(self.job.prompts), max_tokens=self.job.max_tokens)
+        ans = measure_serving(self.sup, self.job)
+        self._write(path, ans)
+        tps = {c: [round(f["output_tokens_per_s"], 2) for f in figs] for c, figs in ans["levels"].items()}
+        self.sup.journal.log(step, "ok", output_tokens_per_s=tps, file=str(path))
+        return ans
+
+    def run(self) -> tuple[str, str, dict[str, Any]]:
+        """Carry out the job; returns ``(outcome, error, extra)`` for the window's result, ``extra`` holding
+        ``speculate`` (the attempt's result) and ``audit`` (what the audit line adds)."""
+        sup, journal, kind = self.sup, self.sup.journal, self.sup.kind
+        outcome, error = "ok", ""
+        verdict, reason, figures = "error", "", {}
+        base_release = spec_release = rollback = None
+        try:
+            sup.record()  # nothing changes before this succeeds
+            base_release = sup.releases.current()
+            baseline = self._measured("baseline", "baseline.json")
+            msg = sup.replace_serving()  # the kind's switch (a resumed one keeps its journaled target)
+            switched = journal.first("switch", "start") or {}
+            base_release = switched.get("from_release", base_release)
+            if "rolled back" in msg:
+                verdict, reason = "rollback", f"the speculative release failed its health gate ({msg})"
+                figures = {"baseline_levels": baseline["levels"]}
+            else:
+                spec_release = sup.releases.current()
+                try:
+                    speculative = self._measured("measure", "speculative.json")
+                    decision = decide_figures(self.job, baseline, speculative)
+                    verdict, reason, figures = decision.verdict, decision.reason, decision.figures
+                    journal.log("decide", "ok", verdict=verdict, reason=reason)
+                except Exception as exc:  # noqa: BLE001 - a failed measurement or decision rolls back
+                    verdict, reason = "error", f"measuring the speculative release failed: {type(exc).__name__}: {exc}"
+                    journal.log("decide", "error", reason=reason[-800:])
+                if verdict == "keep":
+                    journal.log("keep", "ok", release=spec_release)
+                else:
+                    rollback = kind.return_to(base_release, f"speculation gate: {verdict}")
+        except Exception as exc:  # noqa: BLE001 - recorded; serving is the kind's to bring back
+            outcome, error = "failed", f"{type(exc).__name__}: {exc}"
+            reason = reason or error
+            journal.log("supervisor", "error", reason=error[-1000:])
+        finally:
+            kind.finish()
+        if verdict == "error" and outcome == "ok":
+            outcome, error = "failed", reason
+        result = {"host": sup.plan.host, "window_id": sup.plan.window_id, "verdict": verdict, "reason": reason,
+                  **figures, **self.job.figures, "run": self.job.run, "head": self.job.head,
+                  "head_sha256": self.job.head_sha256, "attempt_dir": str(self.dir),
+                  "baseline_release": base_release, "speculative_release": spec_release,
+                  "rollback": rollback, "live_release": sup.releases.current() if kind.keeps_release() else None,
+                  "gate_passes": self.job.passes}
+        self._write(self.dir / "result.json", result)
+        if self.job.latest:
+            self._write(Path(self.job.latest), result)
+        audit = {"kind": "speculate", "run": self.job.run, "verdict": verdict, "reason": reason,
+                 "head_sha256": self.job.head_sha256, "attempt_dir": str(self.dir),
+                 "figures": {k: result.get(k) for k in (
+                     "throughput_ratio", "interval", "drift", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
+                     "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
+                     "production_concurrency", "live_release", "baseline_release", "speculative_release")}}
+        return outcome, error, {"speculate": result, "audit": audit}

@@ -1,0 +1,168 @@
+"""The ``speculate`` job carried out by the host's supervisor (issue 24, "one host-side job"), fast: the real
+window runner (:class:`eagle3ops.supervisor.runner.Supervisor`) with a ``speculate`` plan on a ``process`` host of
+the serving-kind conformance suite (``test_serving_kinds.World``: the REAL restore agent), serving the STAND-IN
+OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM: its speculation is simulated, a speculative
+release streams ``--spec-speedup`` times faster and counts ``--spec-acceptance`` on ``/metrics``). The measurement
+(:mod:`eagle3ops.speculate.measure`) and the decision (:mod:`eagle3ops.speculate.decide`) are the real ones.
+
+Also pure: the serving restarts and expected downtime the plan prints (:mod:`eagle3ops.speculate.restarts`), the
+journal's restart times, and the ``--dry-run`` plan of a speculate job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from eagle3ops.commands import process as pr
+from eagle3ops.commands import speculate as sc
+from eagle3ops.config.plan import SpeculateJob
+from eagle3ops.speculate.restarts import parse_results, recorded_restart_seconds, restart_plan
+from eagle3ops.supervisor.journal import restart_seconds
+from test_serving_kinds import MODEL, SERVER, World, _Engine, _up, _wait
+
+KEY = "job-secret-key"
+
+
+class JobWorld(World):
+    """A ``process`` host whose serving is the stand-in server started with ``server_args`` (and an API key on its
+    command line, as vLLM's ``--api-key``)."""
+
+    server_args: list[str] = []
+
+    def _setup_process(self):
+        bindir = self.tmp / "bin"
+        bindir.mkdir()
+        env = self._agent_env(bindir)
+        self.pdir = self.wdir / "process"
+        proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(self.port), "--model", MODEL,
+                                 "--api-key", KEY, *self.server_args],
+                                cwd=self.tmp, env={"PATH": os.environ["PATH"]},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        threading.Thread(target=proc.wait, daemon=True).start()
+        assert _wait(lambda: _up(self.port))
+        subprocess.run(pr.record_process(proc.pid, str(self.pdir)), check=True, capture_output=True)
+        subprocess.run(pr.start_agent(self._host(), pdir=str(self.pdir), pid=proc.pid, stop_timeout_s=5,
+                                      supervisor="sup", limit_s=120), env=env, check=True, timeout=10)
+        self.client = _Engine()
+        self.serving = lambda: _up(self.port)
+        self.extra = {"process_dir": str(self.pdir), "process_pid": proc.pid}
+        self.cleanup.append(self._kill_servers)
+
+    def live_argv(self) -> list[str]:
+        for d in Path("/proc").iterdir():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if d.name.isdigit() and str(self.port).encode() in cmd and str(SERVER).encode() in cmd:
+                return [c.decode() for c in cmd if c]
+        return []
+
+
+def _job(tmp: Path, **kw) -> SpeculateJob:
+    results = tmp / "data/runs/r1/speculate/abcdef0123456789"
+    results.mkdir(parents=True)
+    return SpeculateJob(**{"run": "r1", "head": str(tmp / "head"), "head_sha256": "abcdef0123456789" * 4,
+                           "results_dir": str(results), "latest": str(tmp / "data/runs/r1/speculate/result.json"),
+                           "change": {"args": sc.speculative_args(num_speculative_tokens=3, cpu=True,
+                                                                  model=str(tmp / "head"))},
+                           "prompts": [f"def f{i}():" for i in range(4)], "levels": [1], "max_tokens": 8,
+                           "passes": 3, "margin": 0.05, "acceptance_floor": 1.5, "idle_timeout_s": 20,
+                           "request_timeout_s": 20, "figures": {"head_source": "test"}, **kw})
+
+
+@pytest.fixture
+def job_world(request, tmp_path):
+    JobWorld.server_args = list(getattr(request, "param", []))
+    w = JobWorld(tmp_path, "process")
+    yield w
+    for f in reversed(w.cleanup):
+        f()
+
+
+@pytest.mark.parametrize("job_world,verdict", [(["--token-ms", "12"], "keep"),
+                                               (["--token-ms", "12", "--spec-speedup", "0.6"], "rollback")],
+                         indirect=["job_world"], ids=["keep", "rollback"])
+def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, tmp_path):
+    """record → baseline → switch → measure → decide → keep or switch back, journaled; the attempt folder, the
+    latest copy, the window's result (restart times) and the audit line (verdict and figures) all written; the lock
+    released; serving on the decided release; the keyed server measured with its key."""
+    job = _job(tmp_path)
+    sup = job_world.supervisor("speculate", speculate=job, change=job.change)
+    lock = Path(sup.plan.state_dir) / "lock"
+    lock.mkdir()
+    (lock / "details.json").write_text(json.dumps({"window_id": sup.plan.window_id}))
+    res = sup.run()
+    attempt = res["speculate"]
+    if verdict == "rollback" and attempt["verdict"] == "undecided":  # a noisy baseline on a busy machine: rolled
+        verdict = "undecided"                                          # back all the same
+    assert attempt["verdict"] == verdict, attempt["reason"]
+    assert res["outcome"] == "ok" and res["serving_healthy"] is True and not lock.exists()
+    steps = [s for s, e in job_world.steps() if e == "ok"]
+    assert steps[:4] == ["record", "baseline", "health", "switch"] or steps[:3] == ["record", "baseline", "stop"]
+    assert "measure" in steps and "decide" in steps
+    assert ("keep" in steps) == (verdict == "keep") and ("rollback" in steps) == (verdict != "keep")
+    folder = Path(job.results_dir) / sup.plan.window_id
+    stored = json.loads((folder / "result.json").read_text())
+    assert stored["verdict"] == verdict and stored["head_sha256"] == job.head_sha256 and stored["interval"]
+    assert json.loads(Path(job.latest).read_text())["attempt_dir"] == str(folder)
+    assert len(json.loads((folder / "baseline.json").read_text())["levels"]["1"]) == 3
+    assert stored["spec_decode"]["mean_acceptance_length"] == pytest.approx(2.0, abs=0.05)
+    argv = job_world.live_argv()
+    assert argv and ("--speculative-config" in argv) == (verdict == "keep")
+    assert stored["live_release"] == (stored["speculative_release"] if verdict == "keep"
+                                      else stored["baseline_release"])
+    assert len(res["restarts_s"]) == (1 if verdict == "keep" else 2) and all(s > 0 for s in res["restarts_s"])
+    audit = [json.loads(x) for x in (Path(sup.plan.state_dir) / "audit.jsonl").read_text().splitlines()]
+    assert audit[-1]["kind"] == "speculate" and audit[-1]["verdict"] == verdict
+    assert audit[-1]["figures"]["spec_decode"]["drafts"] > 0 and KEY not in json.dumps(audit)
+    assert KEY not in (folder / "result.json").read_text() + (folder / "baseline.json").read_text()
+
+
+def test_a_second_attempt_of_the_same_head_keeps_the_first(tmp_path):
+    """Attempts are folders under the head's sha256, one per window: a later window never overwrites one."""
+    job = _job(tmp_path)
+    first = Path(job.results_dir) / "20260101T000000Z-speculate-aaaaaa"
+    first.mkdir()
+    (first / "result.json").write_text('{"verdict": "keep"}')
+    from eagle3ops.supervisor.speculate import SpeculateRun
+
+    class Sup:
+        plan = type("P", (), {"speculate": job, "window_id": "20260102T000000Z-speculate-bbbbbb"})()
+
+    run = SpeculateRun(Sup())  # type: ignore[arg-type]
+    assert run.dir.parent == first.parent and run.dir != first
+    run._write(run.dir / "result.json", {"verdict": "rollback"})
+    assert json.loads((first / "result.json").read_text()) == {"verdict": "keep"}
+
+
+# --- pure: restarts and expected downtime ------------------------------------------------------------------------
+
+def test_restart_times_come_from_the_journal_and_the_results():
+    j = [{"step": "restore", "event": "start", "epoch": 10.0}, {"step": "health", "event": "ok", "epoch": 30.0},
+         {"step": "restore", "event": "ok", "epoch": 31.0}, {"step": "switch", "event": "start", "epoch": 40.0},
+         {"step": "switch", "event": "error", "epoch": 45.0}, {"step": "rollback", "event": "start", "epoch": 46},
+         {"step": "rollback", "event": "ok", "epoch": 60.0}]
+    assert restart_seconds(j) == [21.0, 14.0]  # a failed switch is no restart time
+    text = (json.dumps({"window_id": "b", "restarts_s": [30.0, 50.0]}, indent=2) + "\n"
+            + json.dumps({"window_id": "a", "downtime_s": 100.0, "stage_seconds": {"extract": 60.0}}) + "\n{cut")
+    results = parse_results(text)
+    assert [r["window_id"] for r in results] == ["b", "a"]
+    assert recorded_restart_seconds(results) == [40.0, 30.0, 50.0]  # older window first, pre-field figure derived
+
+
+def test_the_plan_prints_restarts_and_expected_downtime():
+    p = restart_plan([40.0, 30.0, 50.0], bound_s=600)
+    assert (p.keep, p.rollback, p.per_restart_s, p.downtime_s(1), p.downtime_s(2)) == (1, 2, 40.0, 40.0, 80.0)
+    line = p.lines()[0]
+    assert "1 if kept, 2 if rolled back" in line and "40 s if kept, 80 s if rolled back" in line
+    assert "3 recorded restarts" in line
+    none = restart_plan([], bound_s=600).lines()[0]
+    assert "no serving restart recorded" in none and "600 s / 1200 s" in none

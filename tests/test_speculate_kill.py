@@ -1,0 +1,157 @@
+"""Issue 24, done-when (2): a ``speculate`` driver killed (SIGKILL) at each of four points of the job — the baseline
+measurement, the speculative restart, the speculative measurement, the decision — leaves the host to finish every
+time: the lock released, the attempt's result and the audit line complete, serving on the decided release.
+
+On the sandbox, with serving of kind ``process`` running the STAND-IN OpenAI server
+(``tests/data/standin_openai_server.py``, NOT vLLM: it starts in a second and simulates speculation, a speculative
+release streaming ``--spec-speedup`` times faster with spec-decode counters on ``/metrics``), so each kill costs
+seconds, not a vLLM start. The driver is the real CLI (``python -m eagle3ops speculate``) in a subprocess; the
+supervisor, the restore agent, the measurement and the decision are the real ones. The one CI test of the job on
+real vLLM is ``tests/test_speculate_ship.py``'s sandbox test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3ops.config import load_inventory
+from eagle3ops.health import wait_healthy
+from eagle3ops.remote import Remote
+from test_speculate_ship import _build_head
+
+REPO = Path(__file__).resolve().parents[1]
+PORT, MODEL = int(os.environ.get("EAGLE3OPS_TEST_KILL_PORT", "18079")), "standin-kill"
+
+#: journal (step, event) at which the driver is killed, the stand-in's speculative speed-up, the verdict expected.
+POINTS = {"baseline": (("baseline", "start"), 2.0, "keep"),
+          "speculative-restart": (("switch", "start"), 2.0, "keep"),
+          "speculative-measurement": (("measure", "start"), 2.0, "keep"),
+          "decision": (("decide", "ok"), 0.5, "rollback")}
+
+
+def _server() -> tuple[int | None, list[str]]:
+    """(pid, argv) of the stand-in server on :data:`PORT` (read from /proc here: the sandbox shares this machine)."""
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if d.name.isdigit() and b"standin_openai_server" in cmd and f"--port\0{PORT}\0".encode() in cmd:
+            return int(d.name), [c.decode() for c in cmd.split(b"\0") if c]
+    return None, []
+
+
+@pytest.fixture(scope="module")
+def kill_head(deployed, tmp_path_factory):
+    h, dep = deployed
+    return _build_head(dep.tag, h.model_path, tmp_path_factory.mktemp("head"), draft_vocab=None, seed=3)
+
+
+@pytest.fixture
+def kill_host(deployed, tmp_path, request):
+    """(inventory path, host): the sandbox with serving of kind process, the stand-in server running as the SSH
+    user with ``--spec-speedup`` of the test's point."""
+    h, dep = deployed
+    speedup = POINTS[request.node.callspec.params["point"]][1]
+    work = Path(h.data_dir).parent / f"kill-{uuid.uuid4().hex[:8]}"
+    pw = pwd.getpwnam(h.user or "e3ops")
+    work.mkdir(mode=0o755)
+    shutil.copy(REPO / "tests/data/standin_openai_server.py", work / "standin_openai_server.py")
+    for p in (work, work / "standin_openai_server.py"):
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+    raw = yaml.safe_load((REPO / "deploy/hosts.yaml").read_text())["hosts"]["sandbox"]
+    raw.update(identity_file=str(h.identity_file), known_hosts=str(h.known_hosts), port=h.port,
+               docker_host=h.docker_host, data_dir=h.data_dir, state_dir=h.state_dir, model_path=h.model_path,
+               pipeline_image=dep.tag,
+               serving={"kind": "process", "process_match": f"standin_openai_server.py --port {PORT}",
+                        "port": PORT, "served_model_name": MODEL, "health_timeout_s": 60, "stop_timeout_s": 10,
+                        "gate_concurrency": [1], "gate_prompts": 4, "gate_max_tokens": 8, "gate_passes": 3,
+                        "acceptance_floor": 1.5})
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(yaml.safe_dump({"hosts": {"sandbox": raw}}))
+    start = (f"cd {work} && setsid nohup /usr/bin/python3 {work}/standin_openai_server.py --port {PORT} --model "
+             f"{MODEL} --token-ms 12 --spec-speedup {speedup} >{work}/first.log 2>&1 </dev/null &")
+    with Remote(h) as r:
+        r.run(["sh", "-c", start])
+    wait_healthy(f"http://127.0.0.1:{PORT}", MODEL, timeout_s=30, interval_s=0.3)
+    try:
+        yield inv, load_inventory(inv).host("sandbox")
+    finally:
+        for _ in range(2):
+            pid, _ = _server()
+            if pid:
+                with Remote(h) as r:
+                    r.run(["kill", str(pid)], check=False)  # the stand-in this fixture (or a release of it) started
+                time.sleep(1)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _newest_speculate(state: Path, since: float) -> Path | None:
+    found = sorted(d for d in (state / "windows").glob("*-speculate-*") if d.stat().st_mtime >= since - 2)
+    return found[-1] if found else None
+
+
+def _entries(journal: Path) -> list[dict]:
+    try:
+        return [json.loads(x) for x in journal.read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+@pytest.mark.sandbox
+@pytest.mark.images
+@pytest.mark.parametrize("point", list(POINTS))
+def test_a_driver_killed_during_the_job_leaves_the_host_to_finish(point, kill_host, kill_head):
+    inv, host = kill_host
+    (step, event), _, verdict = POINTS[point]
+    state = Path(host.state_dir)
+    run_id = f"kill-{uuid.uuid4().hex[:6]}"
+    t0 = time.time()
+    driver = subprocess.Popen([sys.executable, "-m", "eagle3ops", "speculate", "sandbox", "--run", run_id,
+                               "--head", str(kill_head), "--inventory", str(inv)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wdir, deadline = None, time.time() + 240
+        while time.time() < deadline:
+            wdir = wdir or _newest_speculate(state, t0)
+            if wdir and any(e["step"] == step and e["event"] == event for e in _entries(wdir / "journal.jsonl")):
+                break
+            assert driver.poll() is None, f"the driver ended before {step} {event}"
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"no {step} {event} in the job's journal within 240 s")
+        os.kill(driver.pid, signal.SIGKILL)  # the driver dies here; the host goes on
+        driver.wait(10)
+        assert wdir is not None
+        deadline = time.time() + 180
+        while time.time() < deadline and not (wdir / "result.json").exists():
+            time.sleep(0.5)
+        res = json.loads((wdir / "result.json").read_text())
+    finally:
+        if driver.poll() is None:
+            os.kill(driver.pid, signal.SIGKILL)
+    attempt = res["speculate"]
+    assert res["outcome"] == "ok" and res["serving_healthy"] is True, res
+    assert attempt["verdict"] == verdict or (verdict == "rollback" and attempt["verdict"] == "undecided"), attempt
+    assert not (state / "lock").exists(), "the supervisor released the lock"
+    stored = json.loads((Path(attempt["attempt_dir"]) / "result.json").read_text())
+    assert stored["verdict"] == attempt["verdict"] and stored["levels"]["1"]["speculative"]
+    audit = [json.loads(x) for x in (state / "audit.jsonl").read_text().splitlines()]
+    mine = [e for e in audit if e.get("window") == wdir.name]
+    assert mine and mine[-1]["verdict"] == attempt["verdict"] and mine[-1]["figures"]["levels"]
+    _, argv = _server()
+    assert argv and ("--speculative-config" in argv) == (attempt["verdict"] == "keep"), argv
+    wait_healthy(f"http://127.0.0.1:{PORT}", MODEL, timeout_s=10, interval_s=0.3)
+    print(f"{point}: killed at {step} {event}; host finished with {attempt['verdict']} in {time.time() - t0:.1f} s")
