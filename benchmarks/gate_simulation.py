@@ -1,6 +1,6 @@
 """The speculation gate's decision on simulated gates (issue 24, "Done when" (1)): how often it keeps a release
 that is not faster (true ratio 1.00: must keep <= 5 % at margin 0.05) and one that is (true ratio 1.30: must keep
->= 80 %), under 10 % per-pass noise. Runs :func:`eagle3ops.speculate.decide.decide` itself, nothing else.
+>= 80 %), under 10 % per-pass noise. Runs :func:`eagle3ops.gate.decide.decide` itself, nothing else.
 
 Noise model of one simulated gate (per side ``passes`` passes of ``prompts`` prompts x ``tokens`` output tokens at
 concurrency 1; the same prompts, in the same order, on both sides):
@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from eagle3ops.config.inventory import ServingConfig
-from eagle3ops.speculate import decide as dec
-from eagle3ops.speculate.metrics import SpecDelta
-from eagle3ops.speculate.replay import LevelResult
+from eagle3ops.gate import decide as dec
+from eagle3ops.gate.metrics import SpecDelta
+from eagle3ops.gate.replay import LevelResult
 
 REPO = Path(__file__).resolve().parents[1]
 #: The noise model's parameters (see the module doc).

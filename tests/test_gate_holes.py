@@ -31,7 +31,7 @@ from eagle3ops.config.inventory import NEGATIVE_MARGIN_ENV, HostConfig
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.config.standin import is_sandbox, standin_reason
 from eagle3ops.speculate import onhost
-from eagle3ops.speculate.metrics import SpecCounters, SpecDelta
+from eagle3ops.gate.metrics import SpecCounters, SpecDelta
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sekret-key-24"

@@ -3,7 +3,7 @@ gate's own measure and decide functions, kept only when not slower beyond the ma
 
 Fast tests: the measurements are monkeypatched (as tests/test_gate_holes.py and tests/test_speculate_ship.py do),
 the windows stubbed at the module boundary (``eagle3ops.window.run.run_window``), the decision is the real
-:func:`eagle3ops.speculate.decide.decide` (seeded bootstrap) on per-pass, per-prompt figures with noise. On the
+:func:`eagle3ops.gate.decide.decide` (seeded bootstrap) on per-pass, per-prompt figures with noise. On the
 sandbox the same path needs a live release (the lead runs the `Done when` check: a faster flag change kept, a
 slower one rolled back)."""
 
@@ -18,8 +18,8 @@ import eagle3ops.window.run as window_run
 from eagle3ops.config import load_inventory
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.speculate import gated, ship
-from eagle3ops.speculate.metrics import SpecDelta
-from eagle3ops.speculate.replay import LevelResult
+from eagle3ops.gate.metrics import SpecDelta
+from eagle3ops.gate.replay import LevelResult
 
 REPO = Path(__file__).resolve().parents[1]
 #: Per-pass noise of the stand-in measurements (+-2 %), the same for both sides.

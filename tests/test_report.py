@@ -1,7 +1,7 @@
 """The run report (issue 19): rendered from results recorded by a real `make demo` run on the sandbox
 (tests/data/report/demo-run.json: what :func:`eagle3ops.report.collect` read from the host: two windows' plans,
 journals and results, the train stage's metrics and manifest), plus a speculation-gate decision computed by
-:func:`eagle3ops.speculate.decide.decide`. The plotted numbers are checked against the source JSON."""
+:func:`eagle3ops.gate.decide.decide`. The plotted numbers are checked against the source JSON."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from eagle3ops import report
-from eagle3ops.speculate import decide as dec
-from eagle3ops.speculate.metrics import SpecDelta
-from eagle3ops.speculate.replay import LevelResult
+from eagle3ops.gate import decide as dec
+from eagle3ops.gate.metrics import SpecDelta
+from eagle3ops.gate.replay import LevelResult
 
 DATA = Path(__file__).parent / "data/report/demo-run.json"
 

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from eagle3ops.speculate import decide as dec
-from eagle3ops.speculate import metrics, prompts
-from eagle3ops.speculate.replay import LevelResult, replay_level
+from eagle3ops.gate import decide as dec
+from eagle3ops.gate import metrics
+from eagle3ops.speculate import prompts
+from eagle3ops.gate.replay import LevelResult, replay_level
 
 #: Stand-in for a vLLM 0.16 /metrics body with speculation on (counter names from shared/FACTS.md; a `_created`
 #: sample beside each counter, as prometheus_client exports them).

@@ -3,7 +3,7 @@ window runner (:class:`eagle3ops.supervisor.runner.Supervisor`) with a ``specula
 the serving-kind conformance suite (``test_serving_kinds.World``: the REAL restore agent), serving the STAND-IN
 OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM: its speculation is simulated, a speculative
 release streams ``--spec-speedup`` times faster and counts ``--spec-acceptance`` on ``/metrics``). The measurement
-(:mod:`eagle3ops.speculate.measure`) and the decision (:mod:`eagle3ops.speculate.decide`) are the real ones.
+(:mod:`eagle3ops.gate.measure`) and the decision (:mod:`eagle3ops.gate.decide`) are the real ones.
 
 Also pure: the serving restarts and expected downtime the plan prints (:mod:`eagle3ops.speculate.restarts`), the
 journal's restart times, and the ``--dry-run`` plan of a speculate job.
@@ -73,7 +73,7 @@ def _job(tmp: Path, **kw) -> SpeculateJob:
                            "results_dir": str(results), "latest": str(tmp / "data/runs/r1/speculate/result.json"),
                            "change": {"args": sc.speculative_args(num_speculative_tokens=3, cpu=True,
                                                                   model=str(tmp / "head"))},
-                           "prompts": [f"def f{i}():" for i in range(4)], "levels": [1], "max_tokens": 8,
+                           "prompts": [f"def f{i}():" for i in range(4)], "levels": [1], "max_tokens": 16,
                            "passes": 3, "margin": 0.05, "acceptance_floor": 1.5, "idle_timeout_s": 20,
                            "request_timeout_s": 20, "figures": {"head_source": "test"}, **kw})
 
@@ -87,8 +87,10 @@ def job_world(request, tmp_path):
         f()
 
 
-@pytest.mark.parametrize("job_world,verdict", [(["--token-ms", "12"], "keep"),
-                                               (["--token-ms", "12", "--spec-speedup", "0.6"], "rollback")],
+# Per-token times well above a loaded 2-core machine's scheduling jitter (tens of ms), and a clear x3 / x0.5 so the
+# interval is decided either way: this tests the job, not the gate's resolution (tests/test_gate_simulation.py).
+@pytest.mark.parametrize("job_world,verdict", [(["--token-ms", "25", "--spec-speedup", "3"], "keep"),
+                                               (["--token-ms", "25", "--spec-speedup", "0.5"], "rollback")],
                          indirect=["job_world"], ids=["keep", "rollback"])
 def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, tmp_path):
     """record → baseline → switch → measure → decide → keep or switch back, journaled; the attempt folder, the

@@ -71,7 +71,7 @@ class ReleaseChange(BaseModel):
 class SpeculateJob(BaseModel):
     """A ``speculate`` plan's job, carried out by the host's supervisor under the lock from start to end
     (:mod:`eagle3ops.supervisor.speculate`): record → baseline measurement → the speculative release (``change``)
-    → its measurement → decision (:func:`eagle3ops.speculate.decide.decide`) → keep, or switch back to the release
+    → its measurement → decision (:func:`eagle3ops.gate.decide.decide`) → keep, or switch back to the release
     live before.
 
     ``head_sha256``: the head's content digest (file names and contents); ``results_dir``: the head's results

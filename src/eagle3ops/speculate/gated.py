@@ -30,8 +30,8 @@ from eagle3ops.commands import speculate as sc
 from eagle3ops.config.inventory import check_gate_margin
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.speculate import ship
-from eagle3ops.speculate.decide import MIN_PASSES, Decision, decide
-from eagle3ops.speculate.measure import sum_deltas
+from eagle3ops.gate.decide import MIN_PASSES, Decision, decide
+from eagle3ops.gate.measure import sum_deltas
 
 __all__ = ["gated_release"]
 

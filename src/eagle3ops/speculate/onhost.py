@@ -13,7 +13,7 @@ item of the request against the serving port over the host's loopback, ``concurr
 item's row is printed at once on its own line prefixed with :data:`ROW_MARK` (the driver appends it to its resume
 log as it arrives). The API key comes in the request (stdin), never in argv.
 
-``python3 -m eagle3ops.speculate.onhost measure``: :func:`eagle3ops.speculate.replay.replay_level` at each
+``python3 -m eagle3ops.speculate.onhost measure``: :func:`eagle3ops.gate.replay.replay_level` at each
 concurrency, ``passes`` times, against the serving port over the host's loopback, with ``/metrics`` scraped after
 each level's idle wait and after its last request (spec-decode counters as raw values; the driver takes the
 deltas). The API key, when serving needs one, comes in the request (stdin), never in argv.
@@ -205,9 +205,9 @@ def inspect(req: dict[str, Any], head: Path = Path("/head"), target: Path = Path
 
 
 def measure(req: dict[str, Any]) -> dict[str, Any]:
-    """Answer of ``measure``: :func:`eagle3ops.speculate.measure.measure` (the same code the host's supervisor runs
+    """Answer of ``measure``: :func:`eagle3ops.gate.measure.measure` (the same code the host's supervisor runs
     in a ``speculate`` job)."""
-    from eagle3ops.speculate.measure import measure as _measure
+    from eagle3ops.gate.measure import measure as _measure
 
     return _measure(req)
 

@@ -49,14 +49,14 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.prompts import GATE_FRACTION
-from eagle3ops.speculate.decide import MIN_PASSES
+from eagle3ops.gate.decide import MIN_PASSES
 from eagle3ops.speculate.headcheck import (HeadMismatch, check_head, check_vllm_reading, check_vocab_values,
                                            offline_acceptance)
-from eagle3ops.speculate.measure import read_measurement
-from eagle3ops.speculate.metrics import SpecDelta
+from eagle3ops.gate.measure import read_measurement
+from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.speculate.onhost import head_sha256, parse_answer
 from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_restart_seconds, restart_plan
-from eagle3ops.speculate.replay import LevelResult
+from eagle3ops.gate.replay import LevelResult
 
 __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "gate_prompts", "measure_on_host", "speculate"]
 

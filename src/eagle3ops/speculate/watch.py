@@ -3,7 +3,7 @@
 No window, no restart: the driver scrapes ``GET /metrics`` of the host's serving every ``--interval`` seconds for
 ``--duration`` seconds (the endpoint and the API key as ``regenerate`` reaches serving:
 :func:`eagle3ops.speculate.reach.serving_endpoint`, :func:`~eagle3ops.speculate.reach.serving_api_key`) and for
-each interval records, from counter deltas (:func:`eagle3ops.speculate.metrics.interval_figures`), the mean
+each interval records, from counter deltas (:func:`eagle3ops.gate.metrics.interval_figures`), the mean
 acceptance length and the acceptance rate per draft position, output tokens/s, requests/s, per-request output
 tokens/s, mean time to first token and the queue. One JSON line per interval is appended to
 ``<state_dir>/watch/<release>.jsonl`` on the host (through the executor, like every host write).
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from eagle3ops.commands import host as hc
-from eagle3ops.speculate.metrics import ServerSample, interval_figures, parse_server
+from eagle3ops.gate.metrics import ServerSample, interval_figures, parse_server
 
 __all__ = ["EXIT_CODES", "Thresholds", "Tracker", "WatchError", "WatchLocked", "WatchOptions", "gate_result_for",
            "judge", "thresholds", "watch", "watch_lock"]

@@ -5,12 +5,12 @@ Steps (each journaled in the window's ``journal.jsonl``; ``status`` shows where 
 dead supervisor, which resumes from the journal and the attempt folder's files):
 
 1. **record** the live serving (the kind's ``record``: what a rollback returns to);
-2. **baseline**: :func:`eagle3ops.speculate.measure.measure` against live serving over the host's loopback (the
+2. **baseline**: :func:`eagle3ops.gate.measure.measure` against live serving over the host's loopback (the
    same code as the gate helper's), saved as ``baseline.json`` in the attempt folder;
 3. **switch** to the speculative release (the kind's ``switch`` with the plan's change, health-gated; a failed gate
    is rolled back by the kind and decides ``rollback``);
 4. **measure** the speculative release the same way (``speculative.json``);
-5. **decide** (:func:`eagle3ops.speculate.decide.decide`, pure);
+5. **decide** (:func:`eagle3ops.gate.decide.decide`, pure);
 6. **keep**, or **rollback**: the kind's ``return_to`` the release live before (health-gated, earlier live releases
    tried when it fails); a failed measurement rolls back too.
 
@@ -39,12 +39,12 @@ __all__ = ["SpeculateRun", "decide_figures", "measure_serving"]
 
 def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
     """Measure the live serving as the job says (prompts in order, levels, passes), from this host, with the API
-    key the health gate uses. Returns :func:`eagle3ops.speculate.measure.measure`'s answer.
+    key the health gate uses. Returns :func:`eagle3ops.gate.measure.measure`'s answer.
 
     Raises:
         ReplayError: serving not idle before a level, or every request failed.
     """
-    from eagle3ops.speculate.measure import measure
+    from eagle3ops.gate.measure import measure
 
     assert sup.plan.health is not None
     return measure({"base_url": f"http://127.0.0.1:{sup.plan.health.port}", "model": sup.plan.health.model,
@@ -54,10 +54,10 @@ def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
 
 
 def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any]) -> Any:
-    """The pure decision (:func:`eagle3ops.speculate.decide.decide`) on two :func:`measure_serving` answers;
-    returns the :class:`~eagle3ops.speculate.decide.Decision` with the per-level counter deltas added."""
-    from eagle3ops.speculate.decide import decide
-    from eagle3ops.speculate.measure import read_measurement, sum_deltas
+    """The pure decision (:func:`eagle3ops.gate.decide.decide`) on two :func:`measure_serving` answers;
+    returns the :class:`~eagle3ops.gate.decide.Decision` with the per-level counter deltas added."""
+    from eagle3ops.gate.decide import decide
+    from eagle3ops.gate.measure import read_measurement, sum_deltas
 
     base, _ = read_measurement(baseline)
     spec, deltas = read_measurement(speculative)

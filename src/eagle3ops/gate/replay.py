@@ -7,7 +7,7 @@ exactly the same number of tokens for the same prompts. Per request: time to fir
 latency is taken over the whole stream, not per chunk); per level: output tokens/s = Σ output tokens / wall time.
 Per prompt, in the prompts' own (fixed) order whatever the order of completion: output tokens, request seconds
 (sent to last token) and time to first token, which the gate's interval resamples
-(:func:`eagle3ops.speculate.decide.ratio_interval`).
+(:func:`eagle3ops.gate.decide.ratio_interval`).
 
 Foreign traffic: a monitor thread scrapes ``/metrics`` while the level runs; ``vllm:num_requests_running`` above
 the replay's own in-flight count means someone else's requests shared the server, and the level is marked
@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 
 import httpx
 
-from eagle3ops.speculate.metrics import SpecCounters, parse
+from eagle3ops.gate.metrics import SpecCounters, parse
 
 __all__ = ["LevelResult", "ReplayError", "replay_level", "wait_idle"]
 

@@ -4,7 +4,7 @@ Rule (issue 24, "stated confidence"; pure: figures in, :class:`Decision` out, no
 
 1. Every side brings at least :data:`MIN_PASSES` passes at the production concurrency; a pass sends the same
    prompts in the same (fixed) order and keeps each prompt's output tokens, request seconds and time to first token
-   (:class:`~eagle3ops.speculate.replay.LevelResult`). Fewer is a caller's error (``ValueError``).
+   (:class:`~eagle3ops.gate.replay.LevelResult`). Fewer is a caller's error (``ValueError``).
 2. Figures taken while other clients' requests shared the server, or with failed requests, are not decided on:
    ``undecided`` (rolled back like a loss).
 3. No draft round (speculation not active) or a mean acceptance length below ``acceptance_floor`` → ``rollback``.
@@ -56,8 +56,8 @@ from typing import Literal
 
 import numpy as np
 
-from eagle3ops.speculate.metrics import SpecDelta
-from eagle3ops.speculate.replay import LevelResult
+from eagle3ops.gate.metrics import SpecDelta
+from eagle3ops.gate.replay import LevelResult
 
 __all__ = ["LEVEL", "MIN_PASSES", "RESAMPLES", "SEED", "Decision", "Drift", "RatioInterval", "baseline_drift",
            "decide", "pass_table", "pooled", "ratio_interval"]

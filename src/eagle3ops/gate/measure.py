@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from eagle3ops.speculate.metrics import SpecCounters, SpecDelta, parse
-from eagle3ops.speculate.replay import LevelResult, replay_level
+from eagle3ops.gate.metrics import SpecCounters, SpecDelta, parse
+from eagle3ops.gate.replay import LevelResult, replay_level
 
 __all__ = ["measure", "read_measurement", "sum_deltas"]
 
@@ -22,13 +22,13 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
 
     Returns:
         ``{"levels": {c: [LevelResult figures, one per pass]}, "counters": {c: [[before, after], one per pass]}}``
-        where counters are :class:`~eagle3ops.speculate.metrics.SpecCounters` as dicts.
+        where counters are :class:`~eagle3ops.gate.metrics.SpecCounters` as dicts.
 
     Request: ``{"base_url", "model", "prompts" (sent in this order every pass), "levels", "max_tokens", "passes"
     (default 1), "api_key" (or null: sent on every request and scrape, never in argv), "request_timeout_s",
     "idle_timeout_s"}``. Passes run one after the other, each going through every level in order (a slow drift of
     the host then touches every level alike). A level's "before" snapshot is taken after its idle wait, right
-    before its first request (:func:`~eagle3ops.speculate.replay.replay_level`'s ``on_idle``).
+    before its first request (:func:`~eagle3ops.gate.replay.replay_level`'s ``on_idle``).
 
     Raises:
         ReplayError: the server was busy before a level, or every request failed.
