@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
-from eagle3ops.commands import process as pr
+from eagle3ops.commands import process as pc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.commands import systemd as sd
@@ -142,34 +142,34 @@ class ProcessKind(DriverKind):
 
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
                     process_pid: int | None) -> dict[str, Any]:
-        return {"serving_container": "", "process_dir": pr.process_dir(f"{h.state_dir}/windows/{window_id}"),
+        return {"serving_container": "", "process_dir": pc.process_dir(f"{h.state_dir}/windows/{window_id}"),
                 "process_pid": process_pid}
 
     def launch(self, r: "Remote", plan: Plan) -> None:
         """Record the serving process and start the restore agent, before the supervisor that talks with it."""
         assert plan.process_dir is not None and plan.process_pid is not None
-        r.run(pr.record_process(plan.process_pid, plan.process_dir))
-        r.run(pr.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
+        r.run(pc.record_process(plan.process_pid, plan.process_dir))
+        r.run(pc.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
                              supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)))
 
     def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
         """The host-side restore agent stops and restores; the supervisor gates."""
         pdir = plan.process_dir or "?"
         gate = _gate(plan)
-        head = [pr.record_process(plan.process_pid or 0, pdir),
-                pr.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
+        head = [pc.record_process(plan.process_pid or 0, pdir),
+                pc.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
                                supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)),
-                pr.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
+                pc.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
         if plan.kind == "window":
-            return [*head, *_stage_argv(h, plan), pr.restore_preview(pdir, [], ""), gate]
+            return [*head, *_stage_argv(h, plan), pc.restore_preview(pdir, [], ""), gate]
         if plan.kind == "release":
             args = (plan.change or ReleaseChange()).args
             target = ["<recorded command line, with:", *args, ">"] if args else ["<recorded command line>"]
         else:
             target = [f"<command line of release {plan.to_release or 'live before the current one'}>"]
-        return [*head, pr.restore_preview(pdir, target, "<its recorded cwd>"), gate,
+        return [*head, pc.restore_preview(pdir, target, "<its recorded cwd>"), gate,
                 ["# if the gate fails: roll back to the recorded process"],
-                pr.stop_preview(0, plan.stop_timeout_s), pr.restore_preview(pdir, [], ""), gate]
+                pc.stop_preview(0, plan.stop_timeout_s), pc.restore_preview(pdir, [], ""), gate]
 
     def drift_note(self, h: HostConfig) -> str | None:
         return ("serving kind process: windows restore the running process as recorded from /proc, releases change "
@@ -200,7 +200,7 @@ class SystemdKind(DriverKind):
 
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
                     process_pid: int | None) -> dict[str, Any]:
-        return {"serving_container": "", "process_dir": pr.process_dir(f"{h.state_dir}/windows/{window_id}"),
+        return {"serving_container": "", "process_dir": pc.process_dir(f"{h.state_dir}/windows/{window_id}"),
                 "serving_unit": h.serving.unit}
 
     def launch(self, r: "Remote", plan: Plan) -> None:
@@ -302,7 +302,7 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
     ``pf.process_pid``. Read-only."""
     h = r.host
     pattern = h.serving.process_match or ""
-    out = r.run(pr.find_process(pattern), check=False)
+    out = r.run(pc.find_process(pattern), check=False)
     pids = [int(p) for p in out.stdout.split() if p.isdigit()]
     if not pids:
         pf.add("serving process", not need_serving, f"no process matches {pattern!r} (hosts.{h.name}.serving."
@@ -311,7 +311,7 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
     pf.process_pid = pids[0]
     status = r.run(hc.cat(f"/proc/{pids[0]}/status"), check=False).stdout
     uid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:")), "?")
-    me = r.run(pr.my_uid(), check=False).stdout.strip()
+    me = r.run(pc.my_uid(), check=False).stdout.strip()
     ok = bool(me) and uid == me
     pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
            f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "
