@@ -63,7 +63,7 @@ RUN --mount=type=bind,source=src,target=/tmp/e3ctx/src --mount=type=bind,source=
 
 # The behavioural probes' fixtures: the development harness src/eagle3ops_dev (the tiny models the probes build,
 # loaded by name through eagle3ops.patches.fixtures; not in the eagle3ops wheel above). Copied to /opt/eagle3ops/dev
-# and put on the interpreter's path by eagle3ops-dev.pth in its site dir, so the probes here, `eagle3ops verify HOST`
+# and put on the interpreter's path by eagle3ops-dev.pth in its site dir, so the probes here, `eagle3ops probe HOST`
 # on a target host, the demo's target build and tests/image import it. It is part of `src/`, so the content tag and
 # the probe keys' salt cover it. The last command fails the build when the copy is incomplete.
 RUN --mount=type=bind,source=src/eagle3ops_dev,target=/tmp/e3dev \
@@ -75,7 +75,7 @@ RUN --mount=type=bind,source=src/eagle3ops_dev,target=/tmp/e3dev \
     && python3 -c 'import eagle3ops.patches.fixtures as f, eagle3ops_dev.tinykimi as k; f.load(); assert k.PAT_STR'
 
 # The patch series, applied strictly (pins checked, -p1, zero fuzz), then the checks (eagle3ops.imagecheck):
-# BUILD_CHECKS run here, HOST_CHECKS are deferred to the target host (`eagle3ops verify HOST`, run by `deploy`);
+# BUILD_CHECKS run here, HOST_CHECKS are deferred to the target host (`eagle3ops probe HOST`, run by `deploy`);
 # ENGINE_CHECKS (auto, build or host) says where the checks that need an engine go.
 # Checks: pins + apply (`patch apply`), compile (every patched .py byte-compiles), import (every patched module
 # imports; needs torch), manifest (installed files = the apply manifest), probes (each applied patch's behavioural
@@ -90,7 +90,7 @@ RUN --mount=type=bind,source=src/eagle3ops_dev,target=/tmp/e3dev \
 # apply, check or probe fails the build.
 # VERIFY=probes (default, cache used), probes-fresh (every probe runs; passes still stored) or apply-only (fast dev
 # rebuilds: no probes anywhere; labelled so by eagle3ops.images). What ran and what was reused is recorded in the
-# image: <site>/eagle3ops_patches/speculators.verify.json. PROBES_MODULE replaces the probe registry (tests).
+# image: <site>/eagle3ops_patches/speculators.probes.json. PROBES_MODULE replaces the probe registry (tests).
 # VLLM_CACHE_ROOT is a cache mount too: vLLM caches what it learns about a model class (modelinfos, keyed by the
 # sha of the model's source file) and otherwise finds it out in a subprocess that imports vLLM again, one per
 # architecture (~15 s per fresh probe run on 2 busy cores). PROBE_KEY_SALT (passed by
@@ -115,12 +115,12 @@ RUN --mount=type=cache,id=eagle3ops-probe-results,target=/var/cache/eagle3ops/pr
     && python3 -m eagle3ops.imagecheck build --profile "${PROFILE}" --verify "${VERIFY}" \
          --probes-module "${PROBES_MODULE}" --engine-checks "${ENGINE_CHECKS}" \
          --build-checks "${BUILD_CHECKS}" --host-checks "${HOST_CHECKS}" \
-    && verify() { VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_CACHE_ROOT=/var/cache/eagle3ops/vllm \
-         python3 -m eagle3ops patch verify \
+    && probe() { VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_CACHE_ROOT=/var/cache/eagle3ops/vllm \
+         python3 -m eagle3ops patch probe \
          --profile "${PROFILE}" --probes-module "${PROBES_MODULE}" --record \
          --result-cache /var/cache/eagle3ops/probe-results --salt "${PROBE_KEY_SALT}" "$@"; } \
     && if python3 -m eagle3ops.imagecheck wants probes; then \
-         if [ "${VERIFY}" = probes-fresh ]; then verify --fresh; else verify; fi; \
+         if [ "${VERIFY}" = probes-fresh ]; then probe --fresh; else probe; fi; \
        else echo "probes not run at build: $(python3 -m eagle3ops.imagecheck summary)"; fi
 
 WORKDIR /vllm-workspace

@@ -2,7 +2,7 @@
 # `python -m eagle3ops_dev` (sandbox, base, demo: not in the eagle3ops wheel) (see README.md).
 #   make demo                       the whole maintenance cycle on the embedded sandbox host
 #   make test                       the test suite (host tests, then the in-image tests)
-#   make deploy  HOST=gpu-01        build + push the pipeline image, verify, preflight (serving untouched)
+#   make deploy  HOST=gpu-01        build + push the pipeline image, verify its id, preflight (serving untouched)
 #   make extract HOST=gpu-01        window 1: prepare + extract hidden states
 #   make extract HOSTS=a,b,c DRY=1  the fleet plan over several hosts (contiguous shards, windows, waves)
 #   make train   HOST=gpu-01        window 2: vocab (d2t/t2d) + train the draft head

@@ -10,6 +10,14 @@
    never imports it (and a test that the contract fails when a product module does), and the production wheel,
    built here and listed, holds no sandbox, demo, stand-in base builder or tiny model.
 
+5. A two-letter (or any) module alias names one module across ``src/`` and ``tests/`` (``pr`` once meant
+   ``commands.process`` in some files and ``speculate.prompts`` in others).
+6. The words keep their meaning (ARCHITECTURE.md "Conventions"): *check* inspects with no target code running,
+   *probe* runs the patched target code on tiny input against a reference, *verify* compares with a recorded
+   identity, *trial* starts something throwaway only to see that it runs. Mechanically: the CLI commands and the
+   modules named with those words are exactly the listed ones, the old ``verify`` commands are hidden deprecated
+   aliases, and no module named for checking imports one that runs probes.
+
 Checks 2 and 3 cover both packages; the harness's argv builders (``provision``, ``headspecs``) are its own
 ``commands``.
 """
@@ -17,6 +25,7 @@ Checks 2 and 3 cover both packages; the harness's argv builders (``provision``, 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -411,3 +420,170 @@ def test_the_executor_scan_sees_a_remote_and_a_subprocess(tmp_path):
     p.write_text("import subprocess\nfrom eagle3ops import remote\n"
                  "def f(h):\n    r = remote.Remote(h)\n    subprocess.run(['true'])\n    return subprocess.PIPE\n")
     assert _executor_uses(p) == [(4, "Remote"), (5, "subprocess")]
+
+
+# --- 5. one alias, one module --------------------------------------------------------------------------------------
+
+
+def _is_module(dotted: str) -> bool:
+    """Whether ``dotted`` names a module or package, found on disk without importing anything."""
+    top, *rest = dotted.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    if not rest:
+        return True
+    dirs = [Path(d) for d in (spec.submodule_search_locations or [])]
+    for i, part in enumerate(rest):
+        last = i == len(rest) - 1
+        nxt = [d / part for d in dirs if (d / part).is_dir()]
+        if last and (nxt or any((d / f"{part}.py").is_file() or list(d.glob(f"{part}.*.so")) for d in dirs)):
+            return True
+        dirs = nxt
+    return False
+
+
+def _module_aliases(paths: list[Path], root: Path) -> dict[str, dict[str, list[str]]]:
+    """``{alias: {module: ["file:line", ...]}}`` for every ``import a.b as x`` and every ``from a import b as x``
+    where ``a.b`` is a module (aliases of functions or classes are left out), in ``paths``."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, a.asname) for a in node.names if a.asname]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                pairs = [(f"{node.module}.{a.name}", a.asname) for a in node.names
+                         if a.asname and _is_module(f"{node.module}.{a.name}")]
+            else:
+                continue
+            for module, alias in pairs:
+                out.setdefault(alias, {}).setdefault(module, []).append(
+                    f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    return out
+
+
+def _alias_collisions(aliases: dict[str, dict[str, list[str]]]) -> list[str]:
+    return [f"{alias}: " + "; ".join(f"{m} ({', '.join(where[:3])})" for m, where in sorted(mods.items()))
+            for alias, mods in sorted(aliases.items()) if len(mods) > 1]
+
+
+def test_each_module_alias_names_one_module():
+    paths = sorted([*_sources(), *(REPO / "tests").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py")])
+    aliases = _module_aliases(paths, REPO)
+    assert aliases["pc"] == {"eagle3ops.commands.process": aliases["pc"]["eagle3ops.commands.process"]}  # seen
+    bad = _alias_collisions(aliases)
+    assert bad == [], "one alias names two modules; give one of them another alias:\n" + "\n".join(bad)
+
+
+def test_the_alias_scan_sees_a_collision(tmp_path):
+    (tmp_path / "a.py").write_text("from eagle3ops.commands import process as pr\nfrom eagle3ops import cli as c\n")
+    (tmp_path / "b.py").write_text("from eagle3ops.speculate import prompts as pr\n"
+                                   "from eagle3ops.cli import main as c\n")  # a function: not a module alias
+    bad = _alias_collisions(_module_aliases([tmp_path / "a.py", tmp_path / "b.py"], tmp_path))
+    assert bad == ["pr: eagle3ops.commands.process (a.py:1); eagle3ops.speculate.prompts (b.py:1)"]
+
+
+# --- 6. check / probe / verify / trial keep their meaning ------------------------------------------------------------
+
+WORDS = ("verify", "probe", "check", "trial")
+#: the visible CLI commands named with one of WORDS → (module, function) of their callback
+WORD_COMMANDS = {
+    ("probe",): ("eagle3ops.hostprobe", "probe_command"),  # the image's deferred probes on a host
+    ("patch", "probe"): ("eagle3ops.patches.cli", "probe_cmd"),  # verify step (hashes), then the patches' probes
+    ("stage", "probe"): ("eagle3ops.stages.cli", "probe"),  # vLLM's hidden states against a transformers forward
+    ("patch", "check"): ("eagle3ops.patches.cli", "check_cmd"),  # series against pristine wheels: apply, compile
+    ("config", "check"): ("eagle3ops.config_cli", "config_check"),  # configuration files read and validated
+}
+#: hidden old names (users' scripts) → the command they now run
+DEPRECATED = {("verify",): ("probe",), ("patch", "verify"): ("patch", "probe")}
+#: modules named with one of WORDS, by word
+WORD_MODULES = {
+    "verify": set(),
+    "probe": {"eagle3ops.hostprobe", "eagle3ops.commands.hostprobe", "eagle3ops.patches.probes",
+              "eagle3ops.patches.probekit", "eagle3ops.patches.specprobes", "eagle3ops.patches.kimiprobe",
+              "eagle3ops.patches.probecache", "eagle3ops.patches.proberun", "eagle3ops.stages.probe"},
+    "check": {"eagle3ops.imagecheck", "eagle3ops.patches.check", "eagle3ops.patches.diffcheck",
+              "eagle3ops.speculate.headcheck", "eagle3ops.window.gpucheck"},
+    "trial": {"eagle3ops.fleet.trial"},
+}
+#: modules that run probes (start the patched target code); a check module imports none of them
+PROBE_RUNNERS = {"eagle3ops.hostprobe", "eagle3ops.patches.proberun", "eagle3ops.patches.probekit",
+                 "eagle3ops.patches.probes", "eagle3ops.patches.specprobes", "eagle3ops.patches.kimiprobe",
+                 "eagle3ops.stages.probe"}
+
+
+def _cli_commands() -> list[tuple[tuple[str, ...], bool, object]]:
+    """``(path, hidden, callback)`` of every command of ``eagle3ops`` (the callback unwrapped)."""
+    import typer
+
+    from eagle3ops.cli import app
+
+    def walk(c, path):
+        if hasattr(c, "list_commands"):
+            for n in c.list_commands(None):
+                yield from walk(c.get_command(None, n), (*path, n))
+        else:
+            yield path, c.hidden, c.callback
+
+    return list(walk(typer.main.get_command(app), ()))
+
+
+def _word_misuse(commands, modules: list[str], imports: dict[str, set[str]]) -> list[str]:
+    """What breaks the vocabulary: ``commands`` as :func:`_cli_commands` gives them, ``modules`` the dotted names of
+    the product's modules, ``imports`` what each imports directly."""
+    def unwrap(f):
+        while hasattr(f, "__wrapped__"):
+            f = f.__wrapped__
+        return f
+
+    bad = []
+    by_path = {path: (hidden, unwrap(cb)) for path, hidden, cb in commands}
+    for path, (hidden, cb) in sorted(by_path.items()):
+        if not any(w in p for p in path for w in WORDS):
+            continue
+        name = " ".join(path)
+        if path in DEPRECATED:
+            new = by_path.get(DEPRECATED[path])
+            if not hidden or new is None or cb is not new[1]:
+                bad.append(f"`{name}` must be a hidden alias of `{' '.join(DEPRECATED[path])}`")
+        elif hidden or (cb.__module__, cb.__name__) != WORD_COMMANDS.get(path):
+            bad.append(f"`{name}` runs {cb.__module__}.{cb.__name__}: not in WORD_COMMANDS (say what it does, with "
+                       f"the word that means it)")
+    bad += [f"command `{' '.join(p)}` is missing" for p in WORD_COMMANDS if p not in by_path]
+    for word, expected in WORD_MODULES.items():
+        named = {m for m in modules if word in m.rsplit(".", 1)[-1]}
+        bad += [f"module {m} is named '{word}' but is not listed as one" for m in sorted(named - expected)]
+        bad += [f"module {m} is listed as '{word}' but does not exist" for m in sorted(expected - named)]
+    for m in sorted(WORD_MODULES["check"]):
+        bad += [f"{m} (a check) imports {x}, which runs probes" for x in sorted(imports.get(m, set()) & PROBE_RUNNERS)]
+    return bad
+
+
+def test_verify_probe_check_and_trial_each_name_one_thing():
+    graph = _module_graph()
+    modules = sorted(m for m in graph.modules if m.startswith("eagle3ops."))
+    imports = {m: graph.find_modules_directly_imported_by(m) for m in modules}
+    assert _word_misuse(_cli_commands(), modules, imports) == []
+
+
+def test_the_word_check_sees_misuse():
+    commands = _cli_commands()
+
+    def probe_hosts():  # a visible command named verify that runs the host probes
+        return None
+
+    probe_hosts.__module__ = "eagle3ops.hostprobe"
+    bad = _word_misuse([*commands, (("image", "verify"), False, probe_hosts)],
+                       ["eagle3ops.patches.verify", "eagle3ops.imagecheck",
+                        *WORD_MODULES["probe"] - {"eagle3ops.hostprobe"}],
+                       {"eagle3ops.imagecheck": {"eagle3ops.patches.proberun"}})
+    assert "`image verify` runs eagle3ops.hostprobe.probe_hosts: not in WORD_COMMANDS (say what it does, with the " \
+           "word that means it)" in bad
+    assert "module eagle3ops.patches.verify is named 'verify' but is not listed as one" in bad
+    assert "module eagle3ops.hostprobe is listed as 'probe' but does not exist" in bad
+    assert "eagle3ops.imagecheck (a check) imports eagle3ops.patches.proberun, which runs probes" in bad
+    visible_verify = [(p, False if p == ("verify",) else h, cb) for p, h, cb in commands]
+    assert "`verify` must be a hidden alias of `probe`" in _word_misuse(visible_verify, [], {})

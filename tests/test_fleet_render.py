@@ -1,4 +1,4 @@
-"""``eagle3ops render k8s|slurm`` and the cross-node probe's argv and verdict (issue 30), pure: no scheduler, no
+"""``eagle3ops render k8s|slurm`` and the cross-node trial's argv and verdict (issue 30), pure: no scheduler, no
 torch."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import yaml
 from typer.testing import CliRunner
 
 from eagle3ops.cli import app
-from eagle3ops.commands.fleet import probe_argv
-from eagle3ops.fleet.probe import TAG, parse_probe
+from eagle3ops.commands.fleet import trial_argv
+from eagle3ops.fleet.trial import TAG, parse_trial
 from eagle3ops.fleet.render import RenderError, RenderInput, image_by_digest, render_k8s, render_slurm
 from eagle3ops.fleet.shard import shard_ranges
 
@@ -117,26 +117,26 @@ def test_render_cli_reads_a_deploy_record(tmp_path) -> None:
     assert res.exit_code == 2
 
 
-def test_probe_argv_is_a_static_rendezvous_in_the_image() -> None:
-    cmd = probe_argv(f"eagle3ops/pipeline@{DIGEST}", master_addr="10.0.0.1", port=29500, nnodes=3, node_rank=2,
+def test_trial_argv_is_a_static_rendezvous_in_the_image() -> None:
+    cmd = trial_argv(f"eagle3ops/pipeline@{DIGEST}", master_addr="10.0.0.1", port=29500, nnodes=3, node_rank=2,
                      timeout_s=60, docker_host="unix:///run/docker.sock")
     assert list(cmd) == ["docker", "-H", "unix:///run/docker.sock", "run", "--rm", "--network", "host", "--entrypoint",
                          "python3", f"eagle3ops/pipeline@{DIGEST}", "-m", "torch.distributed.run", "--nnodes=3",
                          "--nproc-per-node=1", "--node-rank=2", "--master-addr=10.0.0.1", "--master-port=29500",
-                         "-m", "eagle3ops.fleet.probe", "--timeout-s=60"]
+                         "-m", "eagle3ops.fleet.trial", "--timeout-s=60"]
     with pytest.raises(ValueError, match=r"node rank must be in \[0, 3\)"):
-        probe_argv("i", master_addr="a", port=1, nnodes=3, node_rank=3, timeout_s=1)
+        trial_argv("i", master_addr="a", port=1, nnodes=3, node_rank=3, timeout_s=1)
 
 
-def test_probe_verdict_names_the_node_that_did_not_join() -> None:
+def test_trial_verdict_names_the_node_that_did_not_join() -> None:
     ok = {n: (0, "x\n" + TAG + json.dumps({"rank": i, "world": 3, "seen": [0, 1, 2]}))
           for i, n in enumerate(["a", "b", "c"])}
-    res = parse_probe(["a", "b", "c"], ok)
+    res = parse_trial(["a", "b", "c"], ok)
     assert res.ok and res.unreachable == () and "every node reached" in res.message()
-    timed_out = dict(ok, c=(1, "probe failed: DistStoreError: Timed out after 60 seconds waiting for clients"),
+    timed_out = dict(ok, c=(1, "trial failed: DistStoreError: Timed out after 60 seconds waiting for clients"),
                      b=(0, TAG + json.dumps({"rank": 1, "world": 3, "seen": [0, 1]})))
-    res = parse_probe(["a", "b", "c"], timed_out)
+    res = parse_trial(["a", "b", "c"], timed_out)
     assert not res.ok and res.unreachable == ("b", "c")
     assert "b, c cannot reach the rendezvous" in res.message() and "fleet.rendezvous_port" in res.message()
     assert any("DistStoreError" in d for d in res.detail)
-    assert parse_probe(["a", "b"], {"a": ok["a"]}).unreachable == ("a", "b")  # a saw world 3, b gave nothing
+    assert parse_trial(["a", "b"], {"a": ok["a"]}).unreachable == ("a", "b")  # a saw world 3, b gave nothing

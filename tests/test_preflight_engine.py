@@ -66,7 +66,7 @@ def test_no_docker_command_is_one_line_naming_what_is_missing_and_what_to_use(an
     assert answer[2] in text  # the host's own words
     assert "install Docker Engine" in text and f"hosts.{host.name}.docker_host" in text
     assert "`stage_runtime: venv`, which is not available yet" in text
-    assert len(world.docker_calls) == 1  # only `docker version`: no image, container or probe commands
+    assert len(world.docker_calls) == 1  # only `docker version`: no image, container or trial commands
 
 
 @pytest.mark.parametrize("answer", NO_DAEMON)

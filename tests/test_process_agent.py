@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops.commands import process as pr
+from eagle3ops.commands import process as pc
 from eagle3ops.config import load_inventory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def world(tmp_path):
                             start_new_session=True)
     threading.Thread(target=proc.wait, daemon=True).start()
     pdir = tmp_path / "w" / "process"
-    subprocess.run(pr.record_process(proc.pid, str(pdir)), check=True, capture_output=True)
+    subprocess.run(pc.record_process(proc.pid, str(pdir)), check=True, capture_output=True)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     state = tmp_path / "supervisor-state"
@@ -66,7 +66,7 @@ def world(tmp_path):
     (bindir / "docker").write_text(f"#!/bin/sh\ncat {state}\n")
     (bindir / "docker").chmod(0o755)
     host = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox").model_copy(update={"docker_host": None})
-    argv = pr.start_agent(host, pdir=str(pdir), pid=proc.pid, stop_timeout_s=5, supervisor="sup", limit_s=60)
+    argv = pc.start_agent(host, pdir=str(pdir), pid=proc.pid, stop_timeout_s=5, supervisor="sup", limit_s=60)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
     yield {"pid": proc.pid, "pdir": pdir, "state": state, "argv": argv, "env": env, "marker": secs.encode(),
            "work": work}

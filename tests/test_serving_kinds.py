@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops.commands import process as pr
+from eagle3ops.commands import process as pc
 from eagle3ops.commands import systemd as sd
 from eagle3ops.config import load_inventory
 from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange
@@ -154,8 +154,8 @@ class World:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         threading.Thread(target=proc.wait, daemon=True).start()  # reaped at once: no zombie for the agent's alive()
         assert _wait(lambda: _up(self.port))
-        subprocess.run(pr.record_process(proc.pid, str(self.pdir)), check=True, capture_output=True)
-        subprocess.run(pr.start_agent(self._host(), pdir=str(self.pdir), pid=proc.pid, stop_timeout_s=5,
+        subprocess.run(pc.record_process(proc.pid, str(self.pdir)), check=True, capture_output=True)
+        subprocess.run(pc.start_agent(self._host(), pdir=str(self.pdir), pid=proc.pid, stop_timeout_s=5,
                                       supervisor="sup", limit_s=60), env=env, check=True, timeout=10)
         self.client = _Engine()
         self.serving = lambda: _up(self.port)

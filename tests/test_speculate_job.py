@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3ops.commands import process as pr
+from eagle3ops.commands import process as pc
 from eagle3ops.commands import speculate as sc
 from eagle3ops.config.plan import SpeculateJob
 from eagle3ops.speculate.restarts import parse_results, recorded_restart_seconds, restart_plan
@@ -47,8 +47,8 @@ class JobWorld(World):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         threading.Thread(target=proc.wait, daemon=True).start()
         assert _wait(lambda: _up(self.port))
-        subprocess.run(pr.record_process(proc.pid, str(self.pdir)), check=True, capture_output=True)
-        subprocess.run(pr.start_agent(self._host(), pdir=str(self.pdir), pid=proc.pid, stop_timeout_s=5,
+        subprocess.run(pc.record_process(proc.pid, str(self.pdir)), check=True, capture_output=True)
+        subprocess.run(pc.start_agent(self._host(), pdir=str(self.pdir), pid=proc.pid, stop_timeout_s=5,
                                       supervisor="sup", limit_s=120), env=env, check=True, timeout=10)
         self.client = _Engine()
         self.serving = lambda: _up(self.port)

@@ -126,7 +126,7 @@ def test_rerunning_a_finished_window_stops_nothing_and_writes_nothing_of_the_run
     assert {k: v for k, v in world.files.items() if k.startswith(rdir)} == before
     assert not [w for w in world.writes if rdir in w], world.writes  # pipeline.yaml not rewritten either
     assert not [w for w in world.writes if " stop " in w or "--detach" in w], "serving untouched, no supervisor"
-    assert not world.probes, "no stage will run: no throwaway container either"
+    assert not world.trials, "no stage will run: no throwaway container either"
     assert f"{host.state_dir}/lock" not in world.dirs, "lock released"
     audit = [json.loads(ln) for ln in world.files[f"{host.state_dir}/audit.jsonl"].splitlines()]
     assert audit[-1]["outcome"] == "nothing to do" and "prepare: already done" in audit[-1]["message"]
@@ -154,7 +154,7 @@ def test_partly_done_window_plans_only_the_rest_and_lists_the_skipped(tmp_path):
     assert checks["stage container"].startswith("extract stage's settings work")
 
 
-def test_dry_run_shows_the_decision_and_the_probe(tmp_path, monkeypatch):
+def test_dry_run_shows_the_decision_and_the_trial(tmp_path, monkeypatch):
     host = _host()
     world = _host_with_serving(host)
     _put_run(world, host, finished_run(tmp_path, stages=("prepare",)), "half")
@@ -168,22 +168,22 @@ def test_dry_run_shows_the_decision_and_the_probe(tmp_path, monkeypatch):
     r = StandInRemote(host, world, dry_run=True)
     res = wrun.run_window(r, kind="extract", image=IMAGE, expected_image_id=IMAGE_ID, command="t", run="half",
                           pipeline_text=TINY)
-    probe = [c for c in res["commands"] if " run --rm --name eagle3ops-" in c]
-    assert len(probe) == 1 and "-preflight " in probe[0] and IMAGE in probe[0]
+    trial = [c for c in res["commands"] if " run --rm --name eagle3ops-" in c]
+    assert len(trial) == 1 and "-preflight " in trial[0] and IMAGE in trial[0]
     assert [" ".join(c) for c in res["supervisor_commands"] if "--detach" in c][0].count("stage extract") == 1
-    assert not world.probes, "a dry run prints the throwaway container, it does not start it"
+    assert not world.trials, "a dry run prints the throwaway container, it does not start it"
 
 
 # ---- item 15: the throwaway container is the stage container ------------------------------------------------------
 
 @pytest.mark.parametrize("gpus", [0, 8])
-def test_probe_argv_is_the_stage_argv_but_command_name_and_rm(gpus):
+def test_trial_argv_is_the_stage_argv_but_command_name_and_rm(gpus):
     h = _host().model_copy(update={"gpus": gpus, "stage_runtime": "nvidia", "stage_shm_size": "16g",
                                    "stage_ulimits": {"memlock": -1, "stack": "67108864"},
                                    "stage_env": {"NCCL_PROTO": "Simple"}})
     stage = st.stage_spec(h, image=IMAGE, stage="extract", run="r", window_id="w")
     stage_argv = sv.run_argv(h, stage)
-    probe = st.probe_argv(h, st.probe_spec(h, image=IMAGE, run="r", window_id="w", stage="extract"))
+    trial = st.trial_argv(h, st.trial_spec(h, image=IMAGE, run="r", window_id="w", stage="extract"))
 
     def strip(argv):
         a = list(argv)
@@ -192,12 +192,12 @@ def test_probe_argv_is_the_stage_argv_but_command_name_and_rm(gpus):
         a = [x for x in a if x not in ("--rm", "--detach")]
         return a[:a.index(IMAGE) + 1]  # the command follows the image
 
-    assert strip(probe) == strip(stage_argv)
-    assert "--rm" in probe and "--detach" not in probe and probe[probe.index("--name") + 1] == "eagle3ops-w-preflight"
+    assert strip(trial) == strip(stage_argv)
+    assert "--rm" in trial and "--detach" not in trial and trial[trial.index("--name") + 1] == "eagle3ops-w-preflight"
     for flag in ("--runtime", "--shm-size", "--ulimit", "--env"):
-        assert flag in probe
-    assert ("--gpus" in probe and "--ipc" in probe) == bool(gpus)
-    assert ("torch.cuda.device_count()" in probe[-1]) == bool(gpus) and f">= {gpus}" in probe[-1] or not gpus
+        assert flag in trial
+    assert ("--gpus" in trial and "--ipc" in trial) == bool(gpus)
+    assert ("torch.cuda.device_count()" in trial[-1]) == bool(gpus) and f">= {gpus}" in trial[-1] or not gpus
 
 
 def test_gpu_hosts_default_to_what_nccl_needs():
@@ -209,7 +209,7 @@ def test_gpu_hosts_default_to_what_nccl_needs():
 def test_a_refused_stage_setting_fails_preflight_naming_the_inventory_key(tmp_path):
     host = _host().model_copy(update={"stage_runtime": "nvidia-nope"})
     world = _host_with_serving(host)
-    world.probe_answer = (125, "", "docker: Error response from daemon: unknown or invalid runtime name: "
+    world.trial_answer = (125, "", "docker: Error response from daemon: unknown or invalid runtime name: "
                                    "nvidia-nope.\n")
     world.on_launch = lambda name: (_ for _ in ()).throw(Launched(name))
     with pytest.raises(PreflightFailed) as e:
@@ -222,13 +222,13 @@ def test_a_refused_stage_setting_fails_preflight_naming_the_inventory_key(tmp_pa
     assert any(w.startswith("docker") and " rm --force eagle3ops-" in w for w in world.writes), "removed afterwards"
 
 
-def test_probe_diagnosis_names_the_ulimit_key():
+def test_trial_diagnosis_names_the_ulimit_key():
     h = _host().model_copy(update={"stage_ulimits": {"memlock": "99999999999"}})
     spec = st.stage_spec(h, image=IMAGE, stage="extract", run="r", window_id="w")
-    msg = wpreflight.diagnose_probe(h, spec, 126, "docker: Error response from daemon: failed to create task for "
+    msg = wpreflight.diagnose_trial(h, spec, 126, "docker: Error response from daemon: failed to create task for "
                                     "container: ... setrlimit(RLIMIT_MEMLOCK): operation not permitted: ulimit")
     assert "stage_ulimits" in msg and "exit 126" in msg and "memlock=99999999999:99999999999" in msg
-    msg = wpreflight.diagnose_probe(h, spec, None, "")
+    msg = wpreflight.diagnose_trial(h, spec, None, "")
     assert "timed out" in msg and "memlock=99999999999:99999999999" in msg
 
 
@@ -247,11 +247,11 @@ def test_a_failed_stage_reason_is_what_the_stage_said():
     assert stage_error("loading model\n") == ""
 
 
-def test_probe_diagnosis_blames_the_ulimit_not_the_oci_runtime():
+def test_trial_diagnosis_blames_the_ulimit_not_the_oci_runtime():
     """runc's own words on this machine for memlock=-1 (measured on the sandbox) mention the OCI runtime too."""
     h = _host().model_copy(update={"stage_ulimits": {"memlock": -1}})
     spec = st.stage_spec(h, image=IMAGE, stage="extract", run="r", window_id="w")
-    msg = wpreflight.diagnose_probe(h, spec, 125, (
+    msg = wpreflight.diagnose_trial(h, spec, 125, (
         "docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc create "
         "failed: unable to start container process: error during container init: error setting rlimits for ready "
         "process: error setting rlimit type 8: operation not permitted: unknown"))

@@ -22,7 +22,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.remote import Remote
 from eagle3ops.window.common import PreflightFailed, audit_entries, paths
 from eagle3ops.window.lock import read_lock
-from eagle3ops.window.preflight import Preflight, probe_stage_container
+from eagle3ops.window.preflight import Preflight, trial_stage_container
 from eagle3ops.window.run import run_window
 from test_window_decide import TINY, finished_run
 
@@ -84,15 +84,15 @@ def test_rerunning_a_finished_extract_does_not_stop_serving(live, tmp_path):
     assert demo.serving_healthy(h, timeout=30)
 
 
-def test_the_stage_container_probe_passes_with_the_stages_settings(live):
+def test_the_stage_container_trial_passes_with_the_stages_settings(live):
     h, dep = live
     with Remote(h) as r:
         pf = Preflight()
         t0 = time.monotonic()
-        probe_stage_container(r, pf, image=dep["image"], run="probe", window_id="pytest-probe-ok", stage="prepare")
-        print(f"probe: {time.monotonic() - t0:.1f} s")
+        trial_stage_container(r, pf, image=dep["image"], run="trial", window_id="pytest-trial-ok", stage="prepare")
+        print(f"trial: {time.monotonic() - t0:.1f} s")
         assert pf.ok and "mounts ok" in pf.checks[0][2], pf.checks
-        left = r.run(dk.docker(h, "ps", "-a", "--filter", "name=eagle3ops-pytest-probe-ok", "--format", "{{.Names}}")).stdout
+        left = r.run(dk.docker(h, "ps", "-a", "--filter", "name=eagle3ops-pytest-trial-ok", "--format", "{{.Names}}")).stdout
         assert not left.strip(), "the throwaway container is removed"
 
 
@@ -104,12 +104,12 @@ def test_the_stage_container_probe_passes_with_the_stages_settings(live):
 def test_a_stage_setting_the_engine_refuses_fails_preflight_before_any_stop(live, setting, key, words):
     h, dep = live
     bad = h.model_copy(update=setting)
-    name = f"probe-fail-{uuid.uuid4().hex[:8]}"
+    name = f"trial-fail-{uuid.uuid4().hex[:8]}"
     with Remote(bad) as r:
         before = _started_at(r)
         with pytest.raises(PreflightFailed) as e:
             run_window(r, kind="extract", image=dep["image"], expected_image_id=dep["image_id"],
-                       command=f"pytest probe {name}", run=name, pipeline_text=TINY)
+                       command=f"pytest trial {name}", run=name, pipeline_text=TINY)
         msg = str(e.value)
         assert "stage container" in msg and key in msg and f"hosts.{h.name}" in msg, msg
         assert words in msg, msg

@@ -46,8 +46,8 @@ class StandInHost:
         self.inspects: dict[str, dict] = {}  # name -> its `docker container inspect` object
         self.rm_error = ""  # stderr of a failing `docker rm`
         self.on_launch = None
-        self.probes: list[list[str]] = []  # argv of each throwaway stage container (docker run --rm)
-        self.probe_answer = (0, "mounts ok\n", "")
+        self.trials: list[list[str]] = []  # argv of each throwaway stage container (docker run --rm)
+        self.trial_answer = (0, "mounts ok\n", "")
         self.writes: list[str] = []  # rendered argv of each mutating command
         model = host.model_path
         self._mkdirs(model)
@@ -139,8 +139,8 @@ class StandInHost:
                 return 0, "cid\n", ""
             return 0, self.containers[name] + "\n", ""
         if a[0] == "run" and a[1] == "--rm":  # preflight's throwaway stage container: runs and is gone
-            self.probes.append(a)
-            return self.probe_answer
+            self.trials.append(a)
+            return self.trial_answer
         if a[0] == "run":
             name = a[a.index("--name") + 1]
             self.containers[name] = "running"

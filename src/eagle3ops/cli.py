@@ -29,7 +29,7 @@ from eagle3ops.watch_cli import watch_command
 
 console = common.console
 app = typer.Typer(no_args_is_help=True, help="Train and ship an EAGLE-3 draft head for a model served with vLLM.")
-app.add_typer(patch_app, name="patch", help="Patch series: apply, verify, check, new/refresh, rebase, capture, drift.")
+app.add_typer(patch_app, name="patch", help="Patch series: apply, probe, check, new/refresh, rebase, capture, drift.")
 app.add_typer(stage_app, name="stage", help="Pipeline stages (run inside the pipeline image).")
 app.add_typer(image_app, name="image", help="Versioned images: build, ls.")
 app.add_typer(lock_app, name="lock")
@@ -74,7 +74,8 @@ def version() -> None:
 def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
            profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image."),
            base_image: Optional[str] = typer.Option(None, help="Override BASE_IMAGE (local bases).")) -> None:
-    """Build the pipeline image if needed, push it over SSH, verify its id on the host, preflight. Serving untouched."""
+    """Build the pipeline image if needed, push it over SSH, verify its id on the host, preflight, run the probes the
+    build deferred to the host. Serving untouched."""
     from eagle3ops import deployer
 
     h = common.load_host(inventory, host)
@@ -531,14 +532,18 @@ def _register_push() -> None:
 _register_push()
 
 
-def _register_verify() -> None:
-    from eagle3ops import verifier
+def _register_probe() -> None:
+    from eagle3ops import hostprobe
+    from eagle3ops.patches.cli import deprecated_alias
 
-    app.command("verify", help="Run the deployed image's engine checks on HOST (GPUs there); record and print.")(
-        verifier.verify_command)
+    app.command("probe", help="Run the deployed image's deferred probes on HOST (GPUs there); record and print.")(
+        hostprobe.probe_command)
+    # the old name, kept for users' scripts: hidden, prints a deprecation line, then runs `probe`
+    app.command("verify", hidden=True)(deprecated_alias(hostprobe.probe_command, "eagle3ops verify",
+                                                        "eagle3ops probe"))
 
 
-_register_verify()
+_register_probe()
 
 
 app.command("watch")(watch_command)
@@ -573,7 +578,7 @@ def main() -> None:
 
 #: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
 HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
-                 "verify", "watch"}
+                 "probe", "verify", "watch"}
 
 
 def _changes_a_host(args: list[str]) -> bool:

@@ -1,5 +1,5 @@
 """``eagle3ops deploy HOST``: build the pipeline image if needed, push it over SSH, verify its id, preflight, and run
-the engine checks the build deferred to the host (:func:`eagle3ops.verifier.ensure_verified`).
+the probes the build deferred to the host (:func:`eagle3ops.hostprobe.ensure_probed`).
 
 Serving is not touched. The host records what was deployed in ``<state_dir>/deployed.json`` (image tag and id), which
 the maintenance windows read to know which image to run and which id to expect.
@@ -19,7 +19,7 @@ from eagle3ops import executor
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.config import HostConfig
-from eagle3ops.verifier import VerifyError, VerifyResult, ensure_verified
+from eagle3ops.hostprobe import HostProbeError, HostProbeResult, ensure_probed
 from eagle3ops.window.common import paths
 from eagle3ops.window.preflight import preflight
 
@@ -28,19 +28,21 @@ if TYPE_CHECKING:
 
 
 class DeployError(Exception):
-    """The image could not be built, pushed or verified, or the host failed preflight."""
+    """The image could not be built, pushed or its id verified, the host failed preflight, or the deferred probes
+    failed there."""
 
 
 @dataclass
 class DeployResult:
-    """What a deploy did: ``tag``/``image_id`` deployed, seconds spent building and pushing, push summary."""
+    """What a deploy did: ``tag``/``image_id`` deployed, seconds spent building and pushing, push summary, and the
+    deferred probes' result on the host (``probes``; None when the build ran them all)."""
 
     tag: str
     image_id: str
     build_s: float
     push_s: float
     push_summary: str
-    verify: "VerifyResult | None" = None
+    probes: "HostProbeResult | None" = None
 
 
 def push_image(tag: str, h: HostConfig) -> str:
@@ -77,8 +79,8 @@ def push_image(tag: str, h: HostConfig) -> str:
 
 def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, base_image: str | None = None,
            echo: Callable[[str], None] = print, engine_checks: str = "auto") -> DeployResult:
-    """Build (cached by content tag), push, verify the image id on the host, preflight, run the deferred engine
-    checks, record the deployment.
+    """Build (cached by content tag), push, verify the image id on the host, preflight, run the deferred probes,
+    record the deployment.
 
     The host is reached first (before any build), so an unreachable host fails at once, within the connect bound.
     The build is planned (:func:`eagle3ops.images.plan_build`: base, profile, content tag, build args) before it
@@ -87,22 +89,22 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
     built; else only what it would send), the preflight checks (which run: read-only) and the commands that record
     the deployment.
 
-    The engine checks (each patch's probe on vLLM engines) run at build time when the base can start an engine;
+    The probes (each patch's probe on vLLM engines) run at build time when the base can start an engine;
     otherwise (the real vllm/vllm-openai on a build host without a GPU; ``engine_checks="host"`` forces it) the
     image's label ``io.eagle3ops.verified`` defers them to the host, and they run there in a container of the pushed
-    image with the stage settings (:func:`eagle3ops.verifier.ensure_verified`) unless a pass for this image id is
+    image with the stage settings (:func:`eagle3ops.hostprobe.ensure_probed`) unless a pass for this image id is
     recorded on the host already. ``deployed.json`` is written only after they passed, so no window runs an image
-    whose deferred checks failed.
+    whose deferred probes failed.
 
     Raises:
         eagle3ops.remote.ConnectFailed: the host cannot be reached (nothing was built).
         DeployError: build failure, push failure, id mismatch on the host ("every layer pushed but the image is not
-            there" included), a failed preflight check, or failed deferred engine checks (each failing probe named).
+            there" included), a failed preflight check, or failed deferred probes (each failing probe named).
     """
     from eagle3ops import images
 
-    with executor.for_host(h) as probe:  # reachability first: a dead host must not cost a build
-        probe.connection  # noqa: B018 - opens the connection (raises ConnectFailed)
+    with executor.for_host(h) as reach:  # reachability first: a dead host must not cost a build
+        reach.connection  # noqa: B018 - opens the connection (raises ConnectFailed)
     t0 = time.monotonic()
     try:
         bp = images.plan_build("pipeline", base_image=base_image, profile=profile, engine_checks=engine_checks)
@@ -137,17 +139,17 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
             raise DeployError(f"{h.name}: preflight failed after the push:\n{pf.failures()}")
         echo(f"checks at build / deferred to the host: {built.labels.get('io.eagle3ops.verified')}")
         try:
-            vres = ensure_verified(r, built.tag, built.image_id, built.labels, echo=echo)
-        except VerifyError as exc:
+            pres = ensure_probed(r, built.tag, built.image_id, built.labels, echo=echo)
+        except HostProbeError as exc:
             raise DeployError(f"{exc}") from None
-        if vres is not None and not vres.reused and not dry_run:
-            echo(f"  engine checks on {h.name}: {sum(o['ok'] for o in vres.outcomes)}/{len(vres.outcomes)} probes "
-                 f"passed on {vres.platform} in {vres.seconds:.1f} s (recorded in {vres.record_path})")
+        if pres is not None and not pres.reused and not dry_run:
+            echo(f"  deferred probes on {h.name}: {sum(o['ok'] for o in pres.outcomes)}/{len(pres.outcomes)} "
+                 f"passed on {pres.platform} in {pres.seconds:.1f} s (recorded in {pres.record_path})")
         record = {"image": built.tag, "image_id": built.image_id, "labels": built.labels,
                   "deployed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "by": getpass.getuser()}
         r.run(hc.mkdir_p(h.state_dir))
         r.run(hc.write_file(paths(h)["deployed"]), stdin=json.dumps(record, indent=2))
-    return DeployResult(built.tag, built.image_id, build_s, push_s, push_summary, vres)
+    return DeployResult(built.tag, built.image_id, build_s, push_s, push_summary, pres)
 
 
 #: The image id a dry run shows for an image it did not build.

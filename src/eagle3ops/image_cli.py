@@ -55,7 +55,7 @@ def build(
                                              "labelled io.eagle3ops.verify-mode.")] = "probes",
     engine_checks: Annotated[str, typer.Option(help="pipeline: where the checks that need a vLLM engine (the "
                                                     "probes) run: 'auto' (at build when the base can start an "
-                                                    "engine, else on the host: `eagle3ops verify HOST`), 'build' or "
+                                                    "engine, else on the host: `eagle3ops probe HOST`), 'build' or "
                                                     "'host'; labelled io.eagle3ops.verified.")] = "auto",
 ) -> None:
     """Build an image and tag it <name>:<vllm>-<speculators>-<12 hex> (hash of base, pins, lock, patches, files)."""

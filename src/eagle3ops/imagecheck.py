@@ -1,6 +1,9 @@
-"""Which checks of the patched pipeline image run at build time and which on the target host, and the checks.
+"""Which checks and probes of the patched pipeline image run at build time and which on the target host; the checks.
 
-A pipeline image is checked in two places (Dockerfile, patch step; ``eagle3ops verify HOST``):
+A pipeline image is inspected in two places (Dockerfile, patch step; ``eagle3ops probe HOST``). Five of the steps
+below are checks (nothing of vLLM or speculators runs, ``import`` only imports the patched modules); ``probes`` runs
+the patched code on tiny models and compares its behaviour with a reference (the project's vocabulary, see
+ARCHITECTURE.md "Conventions"). The label and the lists here name all six ``checks`` for short:
 
 ==========  ====================================================================  =============
 check       what                                                                  needs
@@ -24,8 +27,8 @@ and :func:`parse_verified` reads it back. The driver plans before the build (lab
 
 In the image: ``python3 -m eagle3ops.imagecheck build ...`` runs the engine-free checks after ``patch apply`` and
 writes ``/opt/eagle3ops/checks.json`` (the plan, the facts, each check's result); ``wants probes`` tells the
-Dockerfile whether the probes run now; ``host`` runs the engine checks (probes, fresh: no result cache) where the
-container runs and prints one JSON line -- what ``eagle3ops verify HOST`` records.
+Dockerfile whether the probes run now. The deferred probes run on the host from :mod:`eagle3ops.hostprobe`
+(``python3 -m eagle3ops.hostprobe`` in a container of the image, started by ``eagle3ops probe HOST``).
 """
 
 from __future__ import annotations
@@ -45,8 +48,6 @@ ENGINE_CHECKS = ("probes",)
 #: ``engine_checks`` choices: decide from the base's facts, force at build, force to the host
 ENGINE_MODES = ("auto", "build", "host")
 BASE_FACTS = Path(os.environ.get("EAGLE3OPS_BASE_FACTS", "/opt/eagle3ops/base.json"))
-#: prefix of the result line ``host`` prints (vLLM's own log lines share stdout)
-RESULT_PREFIX = "EAGLE3OPS-VERIFY-RESULT"
 CHECKS_RECORD = Path(os.environ.get("EAGLE3OPS_CHECKS_RECORD", "/opt/eagle3ops/checks.json"))
 
 
@@ -198,7 +199,7 @@ def build_cmd(argv: Sequence[str]) -> int:
     if "probes" in build and not facts.get("engine") and args["--probes-module"] == "eagle3ops.patches.probes":
         raise CheckError(f"BUILD_CHECKS asks for the probes at build time, but this base cannot start a vLLM engine "
                          f"({facts.get('reason')}); build with engine checks 'auto' or 'host' (they then run on the "
-                         f"target host: eagle3ops verify HOST)")
+                         f"target host: eagle3ops probe HOST)")
     from eagle3ops.patches.series import find_patches_dir, load_profiles
 
     prof = load_profiles(find_patches_dir(None)).get(args["--profile"])
@@ -224,35 +225,6 @@ def summary(record: dict[str, Any]) -> str:
             f"(engine here: {record['engine'].get('reason')})")
 
 
-def host_cmd(argv: Sequence[str]) -> int:
-    """``host``: run the engine checks (the probes of every applied patch, no result cache) where this container
-    runs; print one line ``EAGLE3OPS-VERIFY-RESULT <json>`` (vLLM logs to stdout too) with ``{"ok", "deferred", "checks", "packages": {pkg: {"files_changed", "outcomes"}},
-    "seconds", "platform"}``. Exit 0 when every probe passed, 1 otherwise."""
-    from eagle3ops.patches.installed import find_dist
-    from eagle3ops.patches.verify import verify_installed
-
-    record = json.loads(CHECKS_RECORD.read_text())
-    t0 = time.monotonic()
-    out: dict[str, Any] = {"ok": True, "deferred": record["host"], "checks": list(ENGINE_CHECKS),
-                           "probes_module": record["probes_module"], "packages": {}}
-    for pkg in record["results"]:
-        dist = find_dist(pkg)
-        changed, outcomes = verify_installed(dist.site_dir, pkg, probes_module=record["probes_module"])
-        out["packages"][pkg] = {"files_changed": changed,
-                                "outcomes": [{"patch": o.patch, "probe": o.probe, "ok": o.ok, "detail": o.detail,
-                                              "seconds": round(o.seconds, 2)} for o in outcomes]}
-        out["ok"] = out["ok"] and not changed and all(o.ok for o in outcomes)
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is not None:  # vLLM's stack is there (not a torch-less test stand-in)
-        from vllm.platforms import current_platform
-
-        out["platform"] = type(current_platform).__name__
-    out["seconds"] = round(time.monotonic() - t0, 1)
-    print(f"{RESULT_PREFIX} {json.dumps(out)}", flush=True)
-    return 0 if out["ok"] else 1
-
-
 def _opts(argv: Sequence[str], names: Sequence[str]) -> dict[str, str]:
     args = dict(zip(argv[::2], argv[1::2]))
     missing = [n for n in names if n not in args]
@@ -262,7 +234,8 @@ def _opts(argv: Sequence[str], names: Sequence[str]) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``build ...``, ``wants CHECK`` (exit 0 when CHECK runs at build), ``summary``, ``host``."""
+    """Entry point: ``build ...``, ``wants CHECK`` (exit 0 when CHECK runs at build), ``summary``. (The deferred
+    probes run from ``python3 -m eagle3ops.hostprobe``, no longer from a ``host`` command here.)"""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print(__doc__)
@@ -276,12 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cmd == "summary":
             print(summary(json.loads(CHECKS_RECORD.read_text())))
             return 0
-        if cmd == "host":
-            return host_cmd(rest)
     except CheckError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    print(f"unknown command {cmd!r} (build, wants, summary, host)", file=sys.stderr)
+    print(f"unknown command {cmd!r} (build, wants, summary; the host's probes: python3 -m eagle3ops.hostprobe)",
+          file=sys.stderr)
     return 2
 
 

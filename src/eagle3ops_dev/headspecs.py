@@ -37,7 +37,7 @@ def _spec(image: str, *, src: str, work: str, user: str, script: str, name: str 
         "network_mode": "none",
         "user": user,
         "working_dir": WORK_MOUNT,
-        "labels": {"io.eagle3ops.role": "headcheck"},
+        "labels": {"io.eagle3ops.role": "trained-head-test"},
     }
 
 

@@ -77,7 +77,7 @@ def _probes_of(series_root: Path) -> list[str]:
 
 #: The probes of the series this pipeline image applies (speculators'). The vLLM serving series' probes
 #: (eagle3-greedy-identity-*) need that series applied to the installed vLLM: they run where it is, through
-#: `eagle3ops patch verify --profile vllm-0.16.0-serving-cpu-standin` on the stand-in base (patches/README.md).
+#: `eagle3ops patch probe --profile vllm-0.16.0-serving-cpu-standin` on the stand-in base (patches/README.md).
 SPECULATORS_PROBES = _probes_of(PATCHES)
 
 
@@ -206,11 +206,11 @@ def test_kimi_probe_fails_without_kimi_patch(tmp_path):
     assert "PROBE-FAILED: kimi-k25-targets" in r.stdout
 
 
-# ----------------------------------------------------------------------------------- engines for verify
+# ----------------------------------------------------------------------------- engines for patch probe
 
 
 def test_prepare_starts_engines_concurrently_and_finish_kills_their_workers():
-    """``eagle3ops patch verify`` calls prepare(names) then finish(): both engines start (concurrently), the probes
+    """``eagle3ops patch probe`` calls prepare(names) then finish(): both engines start (concurrently), the probes
     pass on them, and finish() leaves no worker process alive."""
     probes.shutdown()  # start from no engines (earlier tests share them)
     started = probes.prepare(["prefill-attribution", "deepseek-capture", "no-such-probe"])

@@ -1,8 +1,8 @@
 """Command lines of runs over several nodes (argv only): the stages in the pipeline image, torchrun across nodes,
-and the cross-node preflight probe (:mod:`eagle3ops.fleet.probe`, run in the pipeline image on each node).
+and the cross-node preflight trial (:mod:`eagle3ops.fleet.trial`, run in the pipeline image on each node).
 
 torchrun flags as torch 2.9's ``torch.distributed.run`` takes them: ``--nnodes``, ``--nproc-per-node``,
-``--node-rank``, ``--master-addr``/``--master-port`` (static rendezvous: the node's rank is given, so a probe that
+``--node-rank``, ``--master-addr``/``--master-port`` (static rendezvous: the node's rank is given, so a trial that
 times out names the nodes that never joined) or ``--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID``
 (elastic: ranks assigned on arrival).
 """
@@ -30,10 +30,10 @@ def torchrun_c10d(nnodes: int, nproc: int, rdzv_id: str) -> list[str]:
             "--rdzv-backend=c10d", f"--rdzv-id={rdzv_id}"]
 
 
-def probe_argv(image: str, *, master_addr: str, port: int, nnodes: int, node_rank: int, timeout_s: float,
+def trial_argv(image: str, *, master_addr: str, port: int, nnodes: int, node_rank: int, timeout_s: float,
                docker_host: str | None = None) -> Read:
-    """The cross-node probe on one node: ``docker run --rm --network host IMAGE`` + torchrun (static rendezvous at
-    ``master_addr:port``, one process, this node's rank) + ``-m eagle3ops.fleet.probe --timeout-s T``. Reads only
+    """The cross-node trial on one node: ``docker run --rm --network host IMAGE`` + torchrun (static rendezvous at
+    ``master_addr:port``, one process, this node's rank) + ``-m eagle3ops.fleet.trial --timeout-s T``. Reads only
     (a throwaway container; nothing on the host changes).
 
     Raises:
@@ -42,9 +42,9 @@ def probe_argv(image: str, *, master_addr: str, port: int, nnodes: int, node_ran
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"node rank must be in [0, {nnodes}), got {node_rank}")
     if timeout_s <= 0:
-        raise ValueError(f"probe timeout must be above 0 seconds, got {timeout_s}")
+        raise ValueError(f"trial timeout must be above 0 seconds, got {timeout_s}")
     docker = ["docker", *(["-H", docker_host] if docker_host else []), "run", "--rm", "--network", "host",
               "--entrypoint", PYTHON, image]
     return Read([*docker, "-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1",
                  f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}",
-                 "-m", "eagle3ops.fleet.probe", f"--timeout-s={timeout_s:g}"])
+                 "-m", "eagle3ops.fleet.trial", f"--timeout-s={timeout_s:g}"])

@@ -49,7 +49,7 @@ def stage_spec(host: HostConfig, *, image: str, stage: str, run: str, window_id:
     host network, gets the inventory's ``stage_env`` exactly, all GPUs when the host has any, and the inventory's
     ``stage_runtime``, ``stage_ipc``, ``stage_shm_size`` and :func:`ulimits` (defaults on GPU hosts: what NCCL needs
     for multi-GPU, ``ipc=host`` and unlimited memlock). Preflight runs a throwaway container from this same spec
-    (:func:`probe_spec`) before serving stops.
+    (:func:`trial_spec`) before serving stops.
     """
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.update(host.stage_env)
@@ -78,10 +78,10 @@ def stage_spec(host: HostConfig, *, image: str, stage: str, run: str, window_id:
 
 #: Seconds preflight's throwaway stage container may take (engine start, image, ``import torch``) before it counts as
 #: failed; it is removed afterwards either way.
-PROBE_TIMEOUT_S = 120
+TRIAL_TIMEOUT_S = 120
 
 
-def probe_command(gpus: int) -> list[str]:
+def trial_command(gpus: int) -> list[str]:
     """Arguments to ``python3`` in preflight's throwaway stage container: the mounts are there, and on GPU hosts
     ``torch.cuda.device_count()`` sees at least ``gpus`` devices (exit 3 otherwise); GPU hosts also print the CUDA
     architectures the image's torch was built for (``cuda archs sm_90 sm_100 ...``, from
@@ -97,18 +97,18 @@ def probe_command(gpus: int) -> list[str]:
     return ["-c", code]
 
 
-def probe_spec(host: HostConfig, *, image: str, run: str, window_id: str, stage: str) -> dict[str, Any]:
+def trial_spec(host: HostConfig, *, image: str, run: str, window_id: str, stage: str) -> dict[str, Any]:
     """The spec of preflight's throwaway container: :func:`stage_spec` of ``stage`` exactly (image, device request,
-    runtime, ipc, shm, ulimits, env, mounts, network, labels), with its own name and :func:`probe_command` as
+    runtime, ipc, shm, ulimits, env, mounts, network, labels), with its own name and :func:`trial_command` as
     command."""
     spec = stage_spec(host, image=image, stage=stage, run=run, window_id=window_id)
     spec["name"] = f"eagle3ops-{window_id}-preflight"
-    spec["command"] = probe_command(host.gpus)
+    spec["command"] = trial_command(host.gpus)
     return spec
 
 
-def probe_argv(host: HostConfig, spec: dict[str, Any]) -> Change:
-    """``docker run --rm`` argv of preflight's throwaway container (:func:`probe_spec`): the argv the stage
+def trial_argv(host: HostConfig, spec: dict[str, Any]) -> Change:
+    """``docker run --rm`` argv of preflight's throwaway container (:func:`trial_spec`): the argv the stage
     container's spec gives (:func:`eagle3ops.commands.serving.run_argv`, the one builder for both), attached and
     removed on exit instead of detached."""
     return Change(run_argv(host, spec, remove=True))

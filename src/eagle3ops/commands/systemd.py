@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from eagle3ops.commands import process as pr
+from eagle3ops.commands import process as pc
 from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig
 
@@ -29,7 +29,7 @@ SHOW_PROPERTIES = ("ExecStart", "Environment", "ActiveState")
 
 #: The systemd variant of the restore agent: the process agent's functions, the hooks redefined for a unit (its
 #: ``pid`` argument is the unit's name), then the process agent's main loop.
-AGENT_SH = pr.AGENT_FUNCS_SH + r"""
+AGENT_SH = pc.AGENT_FUNCS_SH + r"""
 term() { systemctl stop "$1" >> "$d/serving.log" 2>&1 || log "systemctl stop $1 failed (exit $?)"; }
 kill9() { systemctl kill --signal=SIGKILL "$1" >> "$d/serving.log" 2>&1; }
 alive() { systemctl is-active --quiet "$1"; }
@@ -39,7 +39,7 @@ start_from() {  # $1: ignored (a unit has no release records), $2: the file that
   new=$pid
   put "$2" "$pid"
 }
-""" + pr.AGENT_MAIN_SH
+""" + pc.AGENT_MAIN_SH
 
 
 def show_argv(unit: str) -> list[str]:
@@ -82,7 +82,7 @@ def start_agent(host: HostConfig, *, pdir: str, unit: str, stop_timeout_s: int, 
                 limit_s: float) -> list[str]:
     """Start the systemd variant of the restore agent (:data:`AGENT_SH`) detached on the host, managing ``unit``;
     the arguments are :func:`eagle3ops.commands.process.start_agent`'s, with the unit in place of the pid."""
-    return pr.start_agent(host, pdir=pdir, pid=unit, stop_timeout_s=stop_timeout_s, supervisor=supervisor,
+    return pc.start_agent(host, pdir=pdir, pid=unit, stop_timeout_s=stop_timeout_s, supervisor=supervisor,
                           limit_s=limit_s, script=AGENT_SH)
 
 

@@ -365,9 +365,9 @@ class FleetConfig(StrictModel):
         "plan instead. Either way before anything stops.")
     rendezvous_port: int = Field(
         29500, ge=1, le=65535, description="TCP port of torchrun's c10d rendezvous on the first host (multi-node "
-        "training, the cross-node preflight probe, `render slurm`).")
-    probe_timeout_s: float = Field(
-        60.0, gt=0, description="Longest the cross-node preflight probe (one gloo all-reduce) may wait for every "
+        "training, the cross-node preflight trial, `render slurm`).")
+    trial_timeout_s: float = Field(
+        60.0, gt=0, description="Longest the cross-node preflight trial (one gloo all-reduce) may wait for every "
         "node to reach the rendezvous, in seconds.")
     slurm_container: Literal["pyxis", "apptainer"] = Field(
         "pyxis", description="How `eagle3ops render slurm` runs the pipeline image: `pyxis` (`srun "

@@ -8,14 +8,15 @@ plus the gauges ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` an
 ``SpecDecodingLogging`` reports it: ``1 + Δaccepted / Δdrafts`` (each draft round yields the accepted tokens plus one
 token from the target); per-position acceptance rate ``Δaccepted_pos[k] / Δdrafts``.
 
-Parsing uses ``prometheus_client.parser`` (the Prometheus project's own parser).
+Parsing uses ``prometheus_client.parser`` (the Prometheus project's own parser), imported when a body is parsed, not
+with the module: the CLI (``eagle3ops --help``, run at image build on bases without it) reaches this module through
+``watch``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = ["ServerSample", "SpecCounters", "SpecDelta", "interval_figures", "parse", "parse_server"]
 
@@ -57,6 +58,8 @@ def parse(text: str) -> SpecCounters:
     totals = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
     per_pos: dict[int, float] = {}
     summed: dict[str, float] = {}
+    from prometheus_client.parser import text_string_to_metric_families  # lazy: `eagle3ops --help` needs none
+
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name in _SUMMED:
@@ -165,6 +168,8 @@ def parse_server(text: str) -> ServerSample:
         ValueError: the text is not Prometheus exposition format.
     """
     found: dict[str, float] = {}
+    from prometheus_client.parser import text_string_to_metric_families  # lazy: `eagle3ops --help` needs none
+
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name in _SERVER:

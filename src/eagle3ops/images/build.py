@@ -220,7 +220,7 @@ def build_image(
         no_cache: rebuild every layer (pip's cache mount still serves downloaded wheels).
         engine_checks: pipeline only: where the checks that need a vLLM engine (the probes) run: ``auto`` (at build
             time when the base can start an engine -- :func:`base_facts`, vLLM's platform is not unspecified --
-            else deferred to the target host: ``eagle3ops verify HOST``, run by ``deploy``), ``build`` or ``host``.
+            else deferred to the target host: ``eagle3ops probe HOST``, run by ``deploy``), ``build`` or ``host``.
             Labelled ``io.eagle3ops.verified`` (``build:...;host:...``).
         plan: the :class:`BuildPlan` from :func:`plan_build` to build (then ``name``, ``base_image``, ``profile``,
             ``verify``, ``probes_module`` and ``engine_checks`` are ignored); default: planned here.
@@ -230,7 +230,7 @@ def build_image(
 
     Raises:
         ImageError / BuildFailed: bad definition, missing base, or a failing build step (pin check, patch apply,
-        patch verify): the message carries the step's output.
+        patch probe): the message carries the step's output.
     """
     if plan is None:
         plan = plan_build(name, base_image, profile, root=root, verify=verify, probes_module=probes_module,

@@ -284,9 +284,11 @@ def image_labels(defn: ImageDef, inputs: dict[str, Any], tag: str, root: Path = 
     """OCI + eagle3ops labels. ``io.eagle3ops.patches`` is JSON ``{patch path: sha256}`` (series files omitted);
     ``io.eagle3ops.pins`` JSON of the pins; no ``created`` (it would make identical builds differ).
 
-    Pipeline images: ``io.eagle3ops.verified`` says which checks ran at build time and which are deferred to the
-    host (``build:pins,apply,compile,import,manifest;host:probes``, from ``checks``: :func:`checks_plan`;
-    :func:`eagle3ops.imagecheck.parse_verified` reads it), ``io.eagle3ops.verify-mode`` the ``VERIFY`` mode."""
+    Pipeline images: ``io.eagle3ops.verified`` says which checks and probes ran at build time and which are deferred
+    to the host (``build:pins,apply,compile,import,manifest;host:probes``, from ``checks``: :func:`checks_plan`;
+    :func:`eagle3ops.imagecheck.parse_verified` reads it), ``io.eagle3ops.verify-mode`` the ``VERIFY`` mode. The
+    label keeps its old name although "verify" now means only comparing with a recorded identity (ARCHITECTURE.md
+    "Conventions"): deployed hosts and built images carry and read it, and its values name each check and probe."""
     patches = {k: v for k, v in inputs["patches"].items() if not k.endswith("/series")}
     origins = patch_origins(inputs["patches"], root)
     labels = {

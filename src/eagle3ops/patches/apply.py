@@ -48,6 +48,9 @@ from eagle3ops.patches.series import Patch, Pin, Series
 from eagle3ops.patches.states import diff_sha256, judge_tree
 
 MANIFEST_DIR = "eagle3ops_patches"
+#: ``<MANIFEST_DIR>/<package><PROBE_RECORD_SUFFIX>``: what ``eagle3ops patch probe --record`` ran and reused (the
+#: image build writes it; named ``<package>.verify.json`` before the rename)
+PROBE_RECORD_SUFFIX = ".probes.json"
 MANIFEST_SCHEMA = 1
 
 

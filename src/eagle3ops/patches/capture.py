@@ -251,7 +251,7 @@ def capture_patch(
     wheel: Path,
     *,
     source: str,
-    probe: str = "unverified-capture",
+    probe: str = "unprobed-capture",
     requires: list[Pin] | None = None,
     description: str | None = None,
 ) -> str:

@@ -20,7 +20,7 @@ from eagle3ops.patches.errors import PatchToolError
 
 app = typer.Typer(
     no_args_is_help=True,
-    help="Checked-in, pinned, strictly applied and behaviourally verified patch series (quilt/dpkg rules).",
+    help="Checked-in, pinned, strictly applied and behaviourally probed patch series (quilt/dpkg rules).",
 )
 
 PatchesDir = Annotated[Optional[Path], typer.Option("--patches-dir", help="patches/ dir (default: $EAGLE3OPS_PATCHES_DIR or found upwards)")]
@@ -127,25 +127,26 @@ def manifest_cmd(
     typer.echo(json.dumps(read_manifest(dist.site_dir, package), indent=2))
 
 
-@app.command("verify")
+@app.command("probe")
 @handled
-def verify_cmd(
+def probe_cmd(
     patches_dir: PatchesDir = None,
     profile: ProfileOpt = None,
     site_dir: SiteDir = None,
-    package: Annotated[list[str], typer.Option(help="package(s) to verify (default: those of the profile, or speculators)")] = [],  # noqa: B006
+    package: Annotated[list[str], typer.Option(help="package(s) to probe (default: those of the profile, or speculators)")] = [],  # noqa: B006
     patch: Annotated[list[str], typer.Option(help="only these patches")] = [],  # noqa: B006
     probes_module: Annotated[str, typer.Option(help="module whose PROBES registry is used (tests inject a failing one)")] = "eagle3ops.patches.probes",
     result_cache: Annotated[Optional[Path], typer.Option("--result-cache", help="content-addressed cache of passed probe results: a probe whose inputs (probe code, patched files, installed packages, platform, --salt) are byte-identical to a stored pass is reused, not run")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="with --result-cache: run every probe (passes are still stored)")] = False,
     salt: Annotated[str, typer.Option("--salt", help="extra result-cache key material (image builds pass the base image digest/id)")] = "",
-    record: Annotated[bool, typer.Option("--record", help="write <site>/eagle3ops_patches/<package>.verify.json (what ran, what was reused, keys)")] = False,
+    record: Annotated[bool, typer.Option("--record", help="write <site>/eagle3ops_patches/<package>.probes.json (what ran, what was reused, keys)")] = False,
 ) -> None:
-    """Run the behavioural probe of every applied patch (from the manifest apply wrote); fail on any failed or
-    unknown probe, or on a patched file edited since apply. With --result-cache, passes whose content key matches
-    are reused (see eagle3ops.patches.probecache)."""
+    """Verify every patched file against the manifest apply wrote (sha256), then run the behavioural probe of every
+    applied patch; fail on a file edited since apply, or on any failed or unknown probe. With --result-cache, passes
+    whose content key matches are reused (see eagle3ops.patches.probecache)."""
+    from eagle3ops.patches.apply import MANIFEST_DIR, PROBE_RECORD_SUFFIX, read_manifest
     from eagle3ops.patches.installed import find_dist
-    from eagle3ops.patches.verify import LAST_TIMINGS, verify_installed
+    from eagle3ops.patches.proberun import LAST_TIMINGS, probe_installed
 
     pkgs = list(package)
     if not pkgs:
@@ -157,11 +158,14 @@ def verify_cmd(
     for pkg in pkgs:
         dist = find_dist(pkg, site_dir)
         t0 = time.monotonic()
-        changed, outcomes = verify_installed(dist.site_dir, pkg, probes_module=probes_module, only=patch or None,
-                                             result_cache=result_cache, fresh=fresh, salt=salt)
+        changed, outcomes = probe_installed(dist.site_dir, pkg, probes_module=probes_module, only=patch or None,
+                                            result_cache=result_cache, fresh=fresh, salt=salt)
         for f in changed:
-            typer.echo(f"FAIL file {f}: changed since eagle3ops patch apply (sha256 differs from the manifest)")
+            typer.echo(f"FAIL verify {f}: changed since eagle3ops patch apply (sha256 differs from the manifest)")
             bad += 1
+        if not changed:
+            n_files = len(read_manifest(dist.site_dir, pkg).get("files_sha256", {}))
+            typer.echo(f"ok   verify: {n_files} patched file(s) match the apply manifest (sha256)")
         for o in outcomes:
             if o.ok and o.reused:
                 typer.echo(f"ok   {o.patch}: probe {o.probe} passed (reused: identical inputs {o.detail}; "
@@ -182,13 +186,27 @@ def verify_cmd(
                    "phases_s": {k: round(v, 3) for k, v in LAST_TIMINGS.items()},
                    "outcomes": [{"patch": o.patch, "probe": o.probe, "ok": o.ok, "reused": o.reused, "key": o.key,
                                  "seconds": round(o.seconds, 3), "detail": o.detail} for o in outcomes]}
-            from eagle3ops.patches.apply import MANIFEST_DIR
-
-            out = dist.site_dir / MANIFEST_DIR / f"{pkg}.verify.json"
+            out = dist.site_dir / MANIFEST_DIR / f"{pkg}{PROBE_RECORD_SUFFIX}"
             out.write_text(json.dumps(rec, indent=2) + "\n")
     if bad:
-        _err(f"error: {bad} verification failure(s)")
+        _err(f"error: {bad} failure(s): changed file(s) or failed probe(s)")
         raise typer.Exit(6)
+
+
+def deprecated_alias(fn, old: str, new: str):
+    """``fn`` under its old command name (kept for users' scripts, registered hidden): the same options; prints
+    ``<old> is deprecated: use <new>`` on stderr, then runs ``fn``."""
+
+    @functools.wraps(fn)
+    def alias(*a, **kw):
+        _err(f"warning: `{old}` is deprecated: it is now `{new}` (same options)")
+        return fn(*a, **kw)
+
+    alias.__doc__ = f"Deprecated name of `{new}`."
+    return alias
+
+
+app.command("verify", hidden=True)(deprecated_alias(probe_cmd, "eagle3ops patch verify", "eagle3ops patch probe"))
 
 
 @app.command("check")
@@ -335,7 +353,7 @@ def capture_cmd(
     package: Annotated[str, typer.Option("--package", help="distribution to compare with its wheel")] = "speculators",
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="patch file to write (default: stdout)")] = None,
     site_dir: Annotated[Optional[str], typer.Option("--site-dir", help="site dir inside the container (default: located)")] = None,
-    probe: Annotated[str, typer.Option(help="X-Eagle3ops-Probe for the captured patch")] = "unverified-capture",
+    probe: Annotated[str, typer.Option(help="X-Eagle3ops-Probe for the captured patch")] = "unprobed-capture",
     docker_host: Annotated[Optional[str], typer.Option(help="docker -H endpoint on that host")] = None,
     patches_dir: PatchesDir = None,
     cache_dir: CacheDir = None,

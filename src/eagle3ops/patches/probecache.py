@@ -1,4 +1,4 @@
-"""Content-addressed cache of passed probe results (``eagle3ops patch verify --result-cache DIR``).
+"""Content-addressed cache of passed probe results (``eagle3ops patch probe --result-cache DIR``).
 
 A probe's pass is reused only when everything it could have read is byte-identical to the run that passed. The
 key of probe ``P`` is the sha256 of a canonical JSON record (:func:`probe_key_inputs`) of:
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.patches.apply import MANIFEST_DIR
+from eagle3ops.patches.apply import MANIFEST_DIR, PROBE_RECORD_SUFFIX
 from eagle3ops.patches.wheels import sha256_file
 
 __all__ = ["ENV_PREFIXES", "ProbeResultCache", "code_digest", "environment_fingerprint", "patched_trees",
@@ -182,7 +182,7 @@ def patched_trees(site_dir: Path) -> dict[str, str]:
 
     out: dict[str, str] = {}
     for m in sorted((site_dir / MANIFEST_DIR).glob("*.json")):
-        if m.name.endswith(".verify.json"):
+        if m.name.endswith((PROBE_RECORD_SUFFIX, ".verify.json")):  # the probe run's own record (old name too)
             continue
         pkg = m.stem
         dist = find_dist(pkg, site_dir)
@@ -193,7 +193,7 @@ def patched_trees(site_dir: Path) -> dict[str, str]:
 def probe_key_inputs(probe: str, probes_module: str, *, trees: dict[str, str], environment: dict[str, Any],
                      probes_code: str, salt: str = "") -> dict[str, Any]:
     """The JSON record hashed into a probe's cache key (see the module doc). All arguments are digests or
-    JSON-able values computed once per verify run."""
+    JSON-able values computed once per probe run."""
     return {
         "schema": SCHEMA,
         "probe": probe,

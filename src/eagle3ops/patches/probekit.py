@@ -12,7 +12,7 @@ torch and vLLM): one ``VllmHiddenStatesGenerator`` on the tiny Llama whose token
 API, device and attribution probes), one on the tiny DeepSeek-V3 (DeepSeek probe) and one on the tiny Kimi-K2.5
 (Kimi probe), built through :mod:`eagle3ops.patches.fixtures`. They live in a module-level cache until
 :func:`shutdown` (registered with :mod:`atexit`; it stops the engines concurrently). :func:`prepare` (called by
-``eagle3ops patch verify`` with the probes about to run) starts the engines those probes need concurrently, so
+``eagle3ops patch probe`` with the probes about to run) starts the engines those probes need concurrently, so
 their start-ups overlap; an engine that fails to start there is started again, alone, by the first probe that
 needs it, which then reports the failure.
 
@@ -26,7 +26,7 @@ relative error near 1, far outside them.
 Environment: on vLLM's CPU platform ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB), ``VLLM_SLEEP_WHEN_IDLE``
 to 1 and ``OMP_WAIT_POLICY`` to PASSIVE here (:func:`_quiet_idle_polling`), and the MLA engines set
 ``VLLM_MLA_DISABLE=1`` (vLLM 0.16 has no MLA on CPU). Engines use spawn: call probes from a process whose main
-module is import-safe (``python -m eagle3ops patch verify``, pytest).
+module is import-safe (``python -m eagle3ops patch probe``, pytest).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def _quiet_idle_polling() -> None:
     probes process takes the OpenMP one when torch is not imported yet).
 
     vLLM's shared-memory queues otherwise busy-poll (``sched_yield``) while waiting, so an idle engine's worker keeps
-    a core busy: with two probe engines on a 2-core builder the probes were 2-3x slower (verify 70 s vs 26 s under
+    a core busy: with two probe engines on a 2-core builder the probes were 2-3x slower (patch probe 70 s vs 26 s under
     the same load). OpenMP threads otherwise spin between the tiny models' short parallel regions; with three
     processes' thread pools on 2 cores the probe bodies took 11-13 s instead of 3-5 s at load 5-8. Both only change
     how threads wait, not what is computed."""
@@ -311,7 +311,7 @@ def _kill(eng: _Engine) -> None:
 
 
 def finish() -> None:
-    """Stop the engines fast, once every probe's outcome is decided (``eagle3ops patch verify`` calls it): their
+    """Stop the engines fast, once every probe's outcome is decided (``eagle3ops patch probe`` calls it): their
     worker processes are killed instead of shut down gracefully (which takes ~3 s each: vLLM tears down its
     distributed state), then the temporary models are removed. Use :func:`shutdown` when the engines' clean exit
     matters."""

@@ -5,7 +5,7 @@ probe in :mod:`eagle3ops.patches.kimiprobe` (registered below).
 Each probe exercises the *installed* (patched) speculators against the installed vLLM on tiny, locally built
 models (:mod:`eagle3ops.patches.fixtures`, the seam to the harness's :mod:`eagle3ops_dev.tinymodel`) and raises
 :class:`ProbeFailed` naming the wrong behaviour; it returns None on success. No probe looks at log text.
-``eagle3ops patch verify`` runs them (``PROBES``).
+``eagle3ops patch probe`` runs them (``PROBES``).
 
 What the probes share (the engine cache, the reference forward, the error statistic and its tolerances,
 :class:`ProbeFailed`, :data:`LAST_RUN`) is :mod:`eagle3ops.patches.probekit`, re-exported here; each probe module

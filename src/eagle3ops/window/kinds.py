@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
-from eagle3ops.commands import process as pr
+from eagle3ops.commands import process as pc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.commands import systemd as sd
@@ -38,7 +38,7 @@ def agent_limit_s(plan: Plan) -> float:
 def agent_stop_wait_s(plan: Plan) -> float:
     """How long (seconds) the restore agent waits for the stop request: :data:`eagle3ops.commands.process.
     AGENT_STOP_WAIT_S`, plus a ``speculate`` plan's baseline measurement (it runs before the switch stops serving)."""
-    return pr.AGENT_STOP_WAIT_S + (plan.speculate.measure_bound_s() if plan.speculate is not None else 0.0)
+    return pc.AGENT_STOP_WAIT_S + (plan.speculate.measure_bound_s() if plan.speculate is not None else 0.0)
 
 
 def _measure_preview(plan: Plan, side: str) -> list[str]:
@@ -189,14 +189,14 @@ class ProcessKind(DriverKind):
 
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
                     process_pid: int | None) -> dict[str, Any]:
-        return {"serving_container": "", "process_dir": pr.process_dir(f"{h.state_dir}/windows/{window_id}"),
+        return {"serving_container": "", "process_dir": pc.process_dir(f"{h.state_dir}/windows/{window_id}"),
                 "process_pid": process_pid}
 
     def launch(self, r: "Remote", plan: Plan) -> None:
         """Record the serving process and start the restore agent, before the supervisor that talks with it."""
         assert plan.process_dir is not None and plan.process_pid is not None
-        r.run(pr.record_process(plan.process_pid, plan.process_dir))
-        r.run(pr.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
+        r.run(pc.record_process(plan.process_pid, plan.process_dir))
+        r.run(pc.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
                              supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
                              stop_wait_s=agent_stop_wait_s(plan)))
 
@@ -204,25 +204,25 @@ class ProcessKind(DriverKind):
         """The host-side restore agent stops and restores; the supervisor gates."""
         pdir = plan.process_dir or "?"
         gate = _gate(plan)
-        head = [pr.record_process(plan.process_pid or 0, pdir),
-                pr.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
+        head = [pc.record_process(plan.process_pid or 0, pdir),
+                pc.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
                                supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
                                stop_wait_s=agent_stop_wait_s(plan)),
-                pr.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
+                pc.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
         if plan.kind == "window":
-            return [*head, *_stage_argv(h, plan), pr.restore_preview(pdir, [], ""), gate]
+            return [*head, *_stage_argv(h, plan), pc.restore_preview(pdir, [], ""), gate]
         if plan.kind in ("release", "speculate"):
             args = (plan.change or ReleaseChange()).args
             target = ["<recorded command line, with:", *args, ">"] if args else ["<recorded command line>"]
         else:
             target = [f"<command line of release {plan.to_release or 'live before the current one'}>"]
         if plan.kind == "speculate":
-            return _speculate_preview(plan, [*head, pr.restore_preview(pdir, target, "<its recorded cwd>"), gate],
-                                      [pr.stop_preview(0, plan.stop_timeout_s), pr.restore_preview(pdir, [], ""),
+            return _speculate_preview(plan, [*head, pc.restore_preview(pdir, target, "<its recorded cwd>"), gate],
+                                      [pc.stop_preview(0, plan.stop_timeout_s), pc.restore_preview(pdir, [], ""),
                                        gate])
-        return [*head, pr.restore_preview(pdir, target, "<its recorded cwd>"), gate,
+        return [*head, pc.restore_preview(pdir, target, "<its recorded cwd>"), gate,
                 ["# if the gate fails: roll back to the recorded process"],
-                pr.stop_preview(0, plan.stop_timeout_s), pr.restore_preview(pdir, [], ""), gate]
+                pc.stop_preview(0, plan.stop_timeout_s), pc.restore_preview(pdir, [], ""), gate]
 
     def drift_note(self, h: HostConfig) -> str | None:
         return ("serving kind process: windows restore the running process as recorded from /proc, releases change "
@@ -253,7 +253,7 @@ class SystemdKind(DriverKind):
 
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
                     process_pid: int | None) -> dict[str, Any]:
-        return {"serving_container": "", "process_dir": pr.process_dir(f"{h.state_dir}/windows/{window_id}"),
+        return {"serving_container": "", "process_dir": pc.process_dir(f"{h.state_dir}/windows/{window_id}"),
                 "serving_unit": h.serving.unit}
 
     def launch(self, r: "Remote", plan: Plan) -> None:
@@ -355,7 +355,7 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
     ``pf.process_pid``. Read-only."""
     h = r.host
     pattern = h.serving.process_match or ""
-    out = r.run(pr.find_process(pattern), check=False)
+    out = r.run(pc.find_process(pattern), check=False)
     pids = [int(p) for p in out.stdout.split() if p.isdigit()]
     if not pids:
         pf.add("serving process", not need_serving, f"no process matches {pattern!r} (hosts.{h.name}.serving."
@@ -364,7 +364,7 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
     pf.process_pid = pids[0]
     status = r.run(hc.cat(f"/proc/{pids[0]}/status"), check=False).stdout
     uid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:")), "?")
-    me = r.run(pr.my_uid(), check=False).stdout.strip()
+    me = r.run(pc.my_uid(), check=False).stdout.strip()
     ok = bool(me) and uid == me
     pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
            f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "

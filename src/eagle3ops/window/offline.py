@@ -55,7 +55,7 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
 
     Returns:
         ``{"window_id", "outcome": "dry-run", "offline": True, "assumed": [[fact, value]], "stages",
-        "probe_command", "supervisor_commands", "serving_command"}``: argv lists as the online dry run returns them.
+        "trial_command", "supervisor_commands", "serving_command"}``: argv lists as the online dry run returns them.
 
     Raises:
         WindowError: ``kind`` is not a stage window (release/rollback read the live container: no offline plan).
@@ -74,7 +74,7 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
     plan = build_plan(h, kind="window", window_id=window_id, image=image, command=command, run=run,
                       stages=[s for s, _ in decision.run], serving_container=sv.default_name(h.serving),
                       restart=restart)
-    probe = st.probe_argv(h, st.probe_spec(h, image=image, run=run, window_id=window_id, stage=stages[0]))
+    trial = st.trial_argv(h, st.trial_spec(h, image=image, run=run, window_id=window_id, stage=stages[0]))
     on_host = supervisor_commands(h, plan)
     serving = sv.run_argv(h, sv.container_spec(h, release=0))
     if echo:
@@ -84,12 +84,12 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
         for name, why in decision.lines():
             echo(f"#   {name}: {why}")
         echo("# preflight would start a throwaway container with the first stage's settings:")
-        echo(render(probe))
+        echo(render(trial))
         echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
         for argv in on_host:
             echo(render(argv))
         echo("# the live serving container as the inventory describes it (what the stop/start above acts on):")
         echo("#   " + render(serving))
     return {"window_id": window_id, "outcome": "dry-run", "offline": True, "assumed": [list(f) for f in facts],
-            "stages": [s.name for s in plan.stages], "probe_command": probe, "supervisor_commands": on_host,
+            "stages": [s.name for s in plan.stages], "trial_command": trial, "supervisor_commands": on_host,
             "serving_command": serving}

@@ -187,7 +187,7 @@ class Preflight:
     process_pid: int | None = None
     #: What the throwaway stage container printed when it passed (its ``cuda archs`` line: the image's CUDA
     #: architectures, see :func:`check_gpus_fit`); empty when it did not run.
-    probe_output: str = ""
+    trial_output: str = ""
 
     def add(self, name: str, ok: bool, detail: str) -> None:
         """Record one check."""
@@ -226,7 +226,7 @@ def read_run_state(r: Remote, run: str) -> tuple[str | None, dict[str, str | Non
 
 #: What a failed throwaway stage container's output says → the stage setting at fault and its inventory key under
 #: ``hosts.<name>`` (first match wins; the engine's own words, e.g. runc's "error setting rlimit type 8").
-PROBE_SETTINGS: list[tuple[str, str, str]] = [
+TRIAL_SETTINGS: list[tuple[str, str, str]] = [
     (r"rlimit|ulimit", "ulimits", "stage_ulimits"),
     (r"runtime name|unknown runtime|runtime .*not found", "runtime", "stage_runtime"),
     (r"device driver|nvidia-container|libnvidia|cdi|gpu|cuda devices", "gpus", "gpus (or stage_runtime)"),
@@ -244,13 +244,13 @@ def _settings(spec: dict[str, Any]) -> dict[str, str]:
             "mounts": ", ".join(spec.get("volumes") or [])}
 
 
-def diagnose_probe(h: HostConfig, spec: dict[str, Any], exited: int | None, output: str) -> str:
+def diagnose_trial(h: HostConfig, spec: dict[str, Any], exited: int | None, output: str) -> str:
     """The message of a failed throwaway stage container (pure): the engine's or the container's own words, the
-    stage setting they point at (:data:`PROBE_SETTINGS`) with its value and the inventory key that sets it, else
+    stage setting they point at (:data:`TRIAL_SETTINGS`) with its value and the inventory key that sets it, else
     every setting with its key."""
     settings = _settings(spec)
     low = output.lower()
-    hit = next(((name, key) for pattern, name, key in PROBE_SETTINGS if re.search(pattern, low)), None)
+    hit = next(((name, key) for pattern, name, key in TRIAL_SETTINGS if re.search(pattern, low)), None)
     if hit:
         what = f"the stages' {hit[0]} ({settings[hit[0]]}): inventory key hosts.{h.name}.{hit[1]}"
     else:
@@ -261,33 +261,33 @@ def diagnose_probe(h: HostConfig, spec: dict[str, Any], exited: int | None, outp
             f"({'timed out' if exited is None else f'exit {exited}'}): {tail}. Fix {what}; serving was not touched")
 
 
-def probe_stage_container(r: Remote, pf: Preflight, *, image: str, run: str, window_id: str, stage: str) -> None:
+def trial_stage_container(r: Remote, pf: Preflight, *, image: str, run: str, window_id: str, stage: str) -> None:
     """Preflight's GPU/container check: start a throwaway container from the stage's own spec
-    (:func:`eagle3ops.commands.stages.probe_spec`: device request, runtime, ipc, shm, ulimits, env, mounts) and the
-    pipeline image, running :func:`eagle3ops.commands.stages.probe_command`, bounded by
-    :data:`eagle3ops.commands.stages.PROBE_TIMEOUT_S` seconds and removed afterwards (``--rm``, then ``rm -f``).
+    (:func:`eagle3ops.commands.stages.trial_spec`: device request, runtime, ipc, shm, ulimits, env, mounts) and the
+    pipeline image, running :func:`eagle3ops.commands.stages.trial_command`, bounded by
+    :data:`eagle3ops.commands.stages.TRIAL_TIMEOUT_S` seconds and removed afterwards (``--rm``, then ``rm -f``).
     Adds the ``stage container`` check to ``pf``. In a dry run it is printed, not run."""
-    spec = st.probe_spec(r.host, image=image, run=run, window_id=window_id, stage=stage)
+    spec = st.trial_spec(r.host, image=image, run=run, window_id=window_id, stage=stage)
     try:
-        res = r.run(st.probe_argv(r.host, spec), check=False, timeout=st.PROBE_TIMEOUT_S)
+        res = r.run(st.trial_argv(r.host, spec), check=False, timeout=st.TRIAL_TIMEOUT_S)
         ok, exited, output = res.ok, res.exited, (res.stderr + "\n" + res.stdout)
     except RemoteError as exc:  # timed out
-        ok, exited, output = False, None, f"no answer within {st.PROBE_TIMEOUT_S}s: {exc}"
+        ok, exited, output = False, None, f"no answer within {st.TRIAL_TIMEOUT_S}s: {exc}"
     finally:
         r.run(dk.rm(r.host, spec["name"], force=True), check=False)
     if r.dry_run:
         pf.add("stage container", True, f"would run {spec['name']} with the {stage} stage's settings")
         return
     pf.add("stage container", ok, f"{stage} stage's settings work: {' '.join(output.split())[-120:]}" if ok
-           else diagnose_probe(r.host, spec, exited, output))
-    pf.probe_output = output if ok else ""
+           else diagnose_trial(r.host, spec, exited, output))
+    pf.trial_output = output if ok else ""
 
 
 def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
               need_serving: bool = True, disk: DiskEstimate | None = None,
-              probe: tuple[str, str, str] | None = None, memory: GpuMemoryPlan | None = None) -> Preflight:
+              trial: tuple[str, str, str] | None = None, memory: GpuMemoryPlan | None = None) -> Preflight:
     """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container; and, with
-    ``probe``, a throwaway container with a stage's own settings (:func:`probe_stage_container`).
+    ``trial``, a throwaway container with a stage's own settings (:func:`trial_stage_container`).
 
     Args:
         image: pipeline image reference that must be present on the host.
@@ -295,8 +295,8 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         need_bytes: further bytes the run will write into ``data_dir`` (on top of ``disk`` and ``min_free_gib``).
         disk: the stages' estimated output (:func:`estimate_disk`); an estimate that could not be made fails the
             ``free space`` check with its reason.
-        probe: ``(run, window_id, stage)``: start the throwaway container of that stage
-            (:func:`probe_stage_container`), once every check before it passed and ``data_dir`` exists; GPU hosts
+        trial: ``(run, window_id, stage)``: start the throwaway container of that stage
+            (:func:`trial_stage_container`), once every check before it passed and ``data_dir`` exists; GPU hosts
             without it fall back to ``nvidia-smi -L`` on the host.
         memory: the GPU stages' memory estimates (:func:`estimate_gpu_memory`), checked with the architectures
             against what the GPUs report (:func:`check_gpus_fit`).
@@ -338,22 +338,22 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("free space", False, df.stderr.strip()[-200:])
     # The GPUs as the stages see them: a container with their settings. Only once the engine, image, model path
     # and data dir are known good: a bind mount of a missing directory would make the engine create it (as root).
-    probed = False
-    if probe is not None and pf.ok and has_data_dir:
-        run, window_id, stage = probe
-        probe_stage_container(r, pf, image=image, run=run, window_id=window_id, stage=stage)
-        probed = not r.dry_run
-    elif probe is not None and pf.ok:
+    trial_ran = False
+    if trial is not None and pf.ok and has_data_dir:
+        run, window_id, stage = trial
+        trial_stage_container(r, pf, image=image, run=run, window_id=window_id, stage=stage)
+        trial_ran = not r.dry_run
+    elif trial is not None and pf.ok:
         pf.add("stage container", True, f"not started: {h.data_dir} does not exist yet (created at launch; a bind "
                                         f"mount would make the engine create it as root)")
-    if h.gpus and not probed:  # the host's own view of its GPUs, where no stage container told
+    if h.gpus and not trial_ran:  # the host's own view of its GPUs, where no stage container told
         g = r.run(hc.gpu_list(), check=False)
         n = len([ln for ln in g.stdout.splitlines() if ln.startswith("GPU ")])
         pf.add("gpus", g.ok and n >= h.gpus, f"{n} visible, inventory says {h.gpus}")
     elif not h.gpus:
         pf.add("gpus", True, "none (CPU host)")
     if h.gpus:
-        check_gpus_fit(r, pf, memory=memory, probe_ran=probed)
+        check_gpus_fit(r, pf, memory=memory, trial_ran=trial_ran)
     driver_kind(h).preflight(r, pf, need_serving)  # the serving kind finds live serving (read-only)
     return pf
 

@@ -96,7 +96,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     result's ``stages``); when every stage is done the window is a no-op: serving is not stopped, nothing of the run
     is written, and the result has ``outcome: "nothing to do"`` and a ``message`` naming each stage's reason.
     ``restart``: extract/train are redone (their ``--restart``). Preflight also starts a throwaway container with the
-    first stage's own settings (:func:`eagle3ops.window.preflight.probe_stage_container`).
+    first stage's own settings (:func:`eagle3ops.window.preflight.trial_stage_container`).
 
     Raises:
         LockHeld: another run holds the lock (nothing done).
@@ -134,10 +134,10 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                 if pipeline_text is not None and kind in st.WINDOWS else None
             memory = estimate_gpu_memory(r, run=run, pipeline_text=pipeline_text, stages=to_run) \
                 if pipeline_text is not None and kind in st.WINDOWS else None
-            probe = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
+            trial = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
             pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
                            need_serving=kind in st.WINDOWS or driver_kind(r.host).records_before_release,
-                           disk=disk, probe=probe, memory=memory)
+                           disk=disk, trial=trial, memory=memory)
         if change is not None and change.args and pf.serving_container:  # container and compose kinds
             check_release_flags(r, pf, change.args)
         if decision is not None:

@@ -1,6 +1,6 @@
-"""``eagle3ops verify HOST`` as data: the engine-check container's ``docker run`` argv and the record paths.
+"""``eagle3ops probe HOST`` as data: the host-probe container's ``docker run`` argv and the record paths.
 
-Pure builders (no I/O); :mod:`eagle3ops.verifier` runs them through :class:`eagle3ops.remote.Remote`.
+Pure builders (no I/O); :mod:`eagle3ops.hostprobe` runs them through :class:`eagle3ops.remote.Remote`.
 """
 
 from __future__ import annotations
@@ -13,25 +13,32 @@ from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig
 
 
-def verify_dir(host: HostConfig) -> str:
-    """Where verify results live on the host: ``<state_dir>/verify``."""
+def probes_dir(host: HostConfig) -> str:
+    """Where host-probe results live on the host: ``<state_dir>/probes``."""
+    return f"{host.state_dir}/probes"
+
+
+def legacy_dir(host: HostConfig) -> str:
+    """Where versions before the rename (``eagle3ops verify HOST``) recorded them: ``<state_dir>/verify``; read,
+    never written, so that a host deployed by an older version keeps its recorded pass."""
     return f"{host.state_dir}/verify"
 
 
-def result_path(host: HostConfig, image_id: str) -> str:
-    """The recorded result for one image id: ``<state_dir>/verify/<id hex>.json`` (``sha256:`` stripped)."""
-    return f"{verify_dir(host)}/{image_id.split(':', 1)[-1]}.json"
+def result_path(host: HostConfig, image_id: str, *, legacy: bool = False) -> str:
+    """The recorded result for one image id: ``<state_dir>/probes/<id hex>.json`` (``sha256:`` stripped); with
+    ``legacy`` the same name under :func:`legacy_dir`."""
+    return f"{legacy_dir(host) if legacy else probes_dir(host)}/{image_id.split(':', 1)[-1]}.json"
 
 
 def container_name(image_id: str) -> str:
-    """Name of the engine-check container of an image (one at a time per image on a host)."""
-    return f"eagle3ops-verify-{image_id.split(':', 1)[-1][:12]}"
+    """Name of the host-probe container of an image (one at a time per image on a host)."""
+    return f"eagle3ops-probe-{image_id.split(':', 1)[-1][:12]}"
 
 
 def run_options(spec: dict[str, Any]) -> list[str]:
     """``docker run`` options equal to a stage container spec's settings (:func:`stage_spec`): environment, network,
     GPUs (``device_requests`` → ``--gpus all``), IPC mode and ulimits. Volumes, name and labels are not taken: the
-    engine checks read nothing from the host."""
+    probes read nothing from the host."""
     out: list[str] = []
     for k, v in sorted(spec.get("environment", {}).items()):
         out += ["--env", f"{k}={v}"]
@@ -75,23 +82,22 @@ def parse_gpu_memory(output: str) -> list[tuple[int, int, int]]:
 
 def pick_gpu(rows: list[tuple[int, int, int]], fraction: float = PROBE_GPU_FRACTION) -> int | None:
     """The GPU (nvidia-smi index, PCI bus order) with the most free memory, if at least ``fraction`` of its total
-    plus 5 % headroom is free; else None (production serving holds the GPUs: run the checks while it is stopped)."""
+    plus 5 % headroom is free; else None (production serving holds the GPUs: run the probes while it is stopped)."""
     best = max(rows, key=lambda r: r[2] - r[1], default=None)
     if best is None or (best[2] - best[1]) < (fraction + 0.05) * best[2]:
         return None
     return best[0]
 
 
-def engine_check_argv(host: HostConfig, *, image: str, image_id: str, gpu: int | None = None) -> Change:
-    """``docker run --rm`` of the pipeline image that runs its engine checks (``python3 -m eagle3ops.imagecheck
-    host``: every applied patch's probe, on vLLM engines) with the stage containers' settings of this host: all
+def probe_argv(host: HostConfig, *, image: str, image_id: str, gpu: int | None = None) -> Change:
+    """``docker run --rm`` of the pipeline image that runs its deferred probes (``python3 -m eagle3ops.hostprobe``:
+    every applied patch's probe, on vLLM engines) with the stage containers' settings of this host: all
     GPUs, host IPC and unlimited memlock on a GPU host, the inventory's ``stage_env``, host network. ``image`` is
-    pinned by id (``image_id``), so the checks run on exactly the deployed image. ``gpu`` (an nvidia-smi index,
+    pinned by id (``image_id``), so the probes run on exactly the deployed image. ``gpu`` (an nvidia-smi index,
     :func:`pick_gpu`) is made the engines' device with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (nvidia-smi's order) and
     ``CUDA_VISIBLE_DEVICES``."""
-    spec = stage_spec(host, image=image, stage="verify", run="verify", window_id="verify")
+    spec = stage_spec(host, image=image, stage="probe", run="probe", window_id="probe")
     pick = ["--env", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "--env", f"CUDA_VISIBLE_DEVICES={gpu}"] if gpu is not None else []
     return Change(docker(host, "run", "--rm", "--name", container_name(image_id),
-                  "--label", "io.eagle3ops.role=verify", "--label", f"io.eagle3ops.image={image}",
-                  *run_options(spec), *pick, "--entrypoint", "python3", image_id, "-m", "eagle3ops.imagecheck",
-                  "host"))
+                  "--label", "io.eagle3ops.role=probe", "--label", f"io.eagle3ops.image={image}",
+                  *run_options(spec), *pick, "--entrypoint", "python3", image_id, "-m", "eagle3ops.hostprobe"))

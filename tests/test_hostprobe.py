@@ -1,12 +1,14 @@
-"""Where the pipeline image's checks run (build vs host), the ``verify`` command as data, and the real thing:
+"""Where the pipeline image's checks and probes run (build vs host), the ``probe HOST`` command as data, and the real
+thing:
 
-* fast: :func:`eagle3ops.imagecheck.plan` / labels, the ``docker run`` argv of the engine checks (GPU and CPU hosts);
+* fast: :func:`eagle3ops.imagecheck.plan` / labels, the ``docker run`` argv of the host probes (GPU and CPU hosts), the
+  record read from the old ``<state_dir>/verify/`` dir, the deprecated ``verify`` aliases;
 * slow (minutes, real docker engine, no sandbox): the UPSTREAM-LAYOUT stand-in base (CUDA vLLM 0.16.0 + torch 2.9.1
   with ``uv pip install --system``) imports vLLM but cannot start an engine; the pipeline image builds on it with
-  the engine checks deferred and labelled so; the interpreter is discovered;
-* sandbox: ``deploy`` of an image whose engine checks are deferred runs them on the sandbox (a CPU host: the image
+  the probes deferred and labelled so; the interpreter is discovered;
+* sandbox: ``deploy`` of an image whose probes are deferred runs them on the sandbox (a CPU host: the image
   is built on the CPU local base with ``engine_checks="host"``), records the result, reuses it on the next deploy;
-  ``eagle3ops verify sandbox`` runs them again and prints the record.
+  ``eagle3ops probe sandbox`` runs them again and prints the record.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from eagle3ops import imagecheck
-from eagle3ops.commands import verify as vc
+from eagle3ops.commands import hostprobe as hp
 from eagle3ops.config import HostConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +55,7 @@ def test_verified_label_round_trip() -> None:
         imagecheck.parse_verified("build:apply;host:warp-drive")
 
 
-# --- the verify command as data -----------------------------------------------------------------------------------
+# --- the probe command as data ------------------------------------------------------------------------------------
 
 
 def _host(**kw) -> HostConfig:
@@ -65,41 +67,42 @@ def _host(**kw) -> HostConfig:
     return HostConfig.model_validate(base)
 
 
-def test_engine_check_argv_uses_the_stage_container_settings() -> None:
+def test_host_probe_argv_uses_the_stage_container_settings() -> None:
     image_id = "sha256:" + "ab" * 32
-    argv = vc.engine_check_argv(_host(), image="eagle3ops/pipeline:0.16.0-0.3.0-0123456789ab", image_id=image_id)
-    assert argv[:4] == ["docker", "run", "--rm", "--name"] and argv[4] == "eagle3ops-verify-abababababab"
+    argv = hp.probe_argv(_host(), image="eagle3ops/pipeline:0.16.0-0.3.0-0123456789ab", image_id=image_id)
+    assert argv[:4] == ["docker", "run", "--rm", "--name"] and argv[4] == "eagle3ops-probe-abababababab"
     # all GPUs, host IPC, unlimited memlock, host network, the inventory's stage_env: as the stage containers
     for opt in (["--gpus", "all"], ["--ipc", "host"], ["--ulimit", "memlock=-1:-1"], ["--network", "host"],
                 ["--env", "HF_HOME=/data/hf"], ["--env", "HF_HUB_OFFLINE=1"]):
         assert any(argv[i:i + 2] == opt for i in range(len(argv))), opt
     # pinned by id; the entrypoint is the image's python3 (the interpreter with vLLM, see check-base.py)
-    assert argv[-6:] == ["--entrypoint", "python3", image_id, "-m", "eagle3ops.imagecheck", "host"]
-    assert vc.result_path(_host(), image_id) == f"/srv/e3/state/verify/{'ab' * 32}.json"
+    assert argv[-5:] == ["--entrypoint", "python3", image_id, "-m", "eagle3ops.hostprobe"]
+    assert hp.result_path(_host(), image_id) == f"/srv/e3/state/probes/{'ab' * 32}.json"
+    assert hp.result_path(_host(), image_id, legacy=True) == f"/srv/e3/state/verify/{'ab' * 32}.json"
 
 
-def test_engine_check_argv_on_a_cpu_host_has_no_gpu_options() -> None:
-    argv = vc.engine_check_argv(_host(gpus=0, docker_host="unix:///run/d.sock"), image="p:t", image_id="sha256:" + "c" * 64)
+def test_host_probe_argv_on_a_cpu_host_has_no_gpu_options() -> None:
+    argv = hp.probe_argv(_host(gpus=0, docker_host="unix:///run/d.sock"), image="p:t", image_id="sha256:" + "c" * 64)
     assert argv[:3] == ["docker", "-H", "unix:///run/d.sock"]
     assert "--gpus" not in argv and "--ipc" not in argv and "--ulimit" not in argv
 
 
-def test_verify_dry_run_prints_the_commands(tmp_path: Path) -> None:
-    from eagle3ops import verifier
+def test_probe_dry_run_prints_the_commands(tmp_path: Path) -> None:
+    from eagle3ops import hostprobe
     from eagle3ops.remote import Remote
 
     printed: list[str] = []
     with Remote(_host(gpus=0), dry_run=True, echo=printed.append) as r:  # (a GPU host: nvidia-smi runs)
-        res = verifier.verify(r, image="p:t", image_id="sha256:" + "d" * 64, echo=lambda *_: None)
+        res = hostprobe.probe_host(r, image="p:t", image_id="sha256:" + "d" * 64, echo=lambda *_: None)
     assert res.ok and res.outcomes == []
-    assert any(c.startswith("docker run --rm --name eagle3ops-verify-dddddddddddd") for c in printed)
+    assert any(c.startswith("docker run --rm --name eagle3ops-probe-dddddddddddd") for c in printed)
 
 
 # --- the upstream-layout base (real docker engine; no sandbox) ----------------------------------------------------
 
 
 @pytest.mark.slow
-def test_pipeline_on_the_upstream_layout_base_defers_the_engine_checks() -> None:
+def test_pipeline_on_the_upstream_layout_base_defers_the_probes() -> None:
     """The UPSTREAM-LAYOUT stand-in (CUDA vllm 0.16.0 + torch 2.9.1, ``uv pip install --system`` into the system
     python3, ``vllm serve``) imports vLLM but cannot start an engine here, like a real build host without a GPU; the
     pipeline image builds on it: apply + every engine-free check at build, the probes deferred to the host, and
@@ -138,7 +141,7 @@ def test_pipeline_on_the_upstream_layout_base_defers_the_engine_checks() -> None
               "print(json.dumps([sys.executable, shutil.which('python3'), site, r['build'], r['host'], "
               "sorted(r['results']['speculators']), "
               "os.path.exists(site + '/eagle3ops_patches/speculators.json'), "
-              "os.path.exists(site + '/eagle3ops_patches/speculators.verify.json')]))")
+              "os.path.exists(site + '/eagle3ops_patches/speculators.probes.json')]))")
     out = json.loads(client.containers.run(built.tag, ["-c", script], entrypoint=["python3"], network_mode="none",
                                            remove=True).decode().strip().splitlines()[-1])
     assert out == ["/usr/bin/python3", "/opt/eagle3ops/bin/python3", "/usr/local/lib/python3.11/dist-packages",
@@ -146,16 +149,16 @@ def test_pipeline_on_the_upstream_layout_base_defers_the_engine_checks() -> None
                    ["apply", "compile", "import", "manifest", "pins"], True, False]
 
 
-# --- verify on the sandbox ------------------------------------------------------------------------------------------
+# --- probe on the sandbox -------------------------------------------------------------------------------------------
 
 
 @pytest.mark.sandbox
 @pytest.mark.slow
-def test_deploy_runs_the_deferred_engine_checks_on_the_sandbox(sandbox_host, built_images) -> None:
-    """An image whose engine checks are deferred (built on the CPU local base with ``engine_checks="host"``: the
+def test_deploy_runs_the_deferred_probes_on_the_sandbox(sandbox_host, built_images) -> None:
+    """An image whose probes are deferred (built on the CPU local base with ``engine_checks="host"``: the
     sandbox is a CPU host) is deployed: ``deploy`` runs the probes on the sandbox in a container of the pushed image
-    with the stage settings, records the result under <state_dir>/verify/, and a second deploy reuses the recorded
-    pass; ``eagle3ops verify sandbox`` runs them again and prints the record. What was deployed before is put back
+    with the stage settings, records the result under <state_dir>/probes/, and a second deploy reuses the recorded
+    pass; ``eagle3ops probe sandbox`` runs them again and prints the record. What was deployed before is put back
     (other tests' windows use it)."""
     import subprocess
     import sys
@@ -170,12 +173,13 @@ def test_deploy_runs_the_deferred_engine_checks_on_the_sandbox(sandbox_host, bui
     with Remote(h) as r:
         before = r.run(hc.cat_if_exists(paths(h)["deployed"]), check=False).stdout
         # Another test may have deployed this very image already (its record would be reused): start without one.
-        r.run(hc.rm_rf(vc.verify_dir(h)))
+        r.run(hc.rm_rf(hp.probes_dir(h)))
+        r.run(hc.rm_rf(hp.legacy_dir(h)))
     try:
         dep = deployer.deploy(h, base_image=base, engine_checks="host", echo=lambda *_: None)
         labels = images.docker_client().images.get(dep.tag).labels
         assert labels["io.eagle3ops.verified"] == "build:pins,apply,compile,import,manifest;host:probes"
-        v = dep.verify
+        v = dep.probes
         assert v is not None and v.ok and not v.reused and v.deferred == ["probes"], v
         assert v.platform == "CpuPlatform" and v.outcomes and all(o["ok"] for o in v.outcomes)
         from eagle3ops.patches.series import read_series_file
@@ -183,11 +187,11 @@ def test_deploy_runs_the_deferred_engine_checks_on_the_sandbox(sandbox_host, bui
         series = read_series_file(REPO / "patches/speculators/0.3.0/series")
         assert [o["patch"] for o in v.outcomes] == series
         with Remote(h) as r:
-            rec = json.loads(r.run(hc.cat(vc.result_path(h, dep.image_id))).stdout)
+            rec = json.loads(r.run(hc.cat(hp.result_path(h, dep.image_id))).stdout)
             assert (rec["ok"], rec["image_id"], rec["deferred"]) == (True, dep.image_id, ["probes"])
         again = deployer.deploy(h, base_image=base, engine_checks="host", echo=lambda *_: None)
-        assert again.image_id == dep.image_id and again.verify is not None and again.verify.reused
-        cli = subprocess.run([sys.executable, "-m", "eagle3ops", "verify", h.name, "--inventory",
+        assert again.image_id == dep.image_id and again.probes is not None and again.probes.reused
+        cli = subprocess.run([sys.executable, "-m", "eagle3ops", "probe", h.name, "--inventory",
                               str(REPO / "deploy/hosts.yaml"), "--json"], capture_output=True, text=True,
                              cwd=REPO, timeout=1800)
         assert cli.returncode == 0, cli.stderr[-3000:]
@@ -237,11 +241,67 @@ def test_a_build_by_hand_decides_the_plan_inside_the_build(tmp_path: Path) -> No
 
 
 def test_gpu_choice_for_the_probe_engines() -> None:
-    rows = vc.parse_gpu_memory("0, 72000, 81559\n1, 1200, 81559\n2, 30000, 81559\n")
-    assert vc.pick_gpu(rows) == 1
-    assert vc.pick_gpu(vc.parse_gpu_memory("0, 72000, 81559\n1, 70000, 81559\n")) is None  # serving holds them
-    argv = vc.engine_check_argv(_host(), image="p:t", image_id="sha256:" + "e" * 64, gpu=1)
+    rows = hp.parse_gpu_memory("0, 72000, 81559\n1, 1200, 81559\n2, 30000, 81559\n")
+    assert hp.pick_gpu(rows) == 1
+    assert hp.pick_gpu(hp.parse_gpu_memory("0, 72000, 81559\n1, 70000, 81559\n")) is None  # serving holds them
+    argv = hp.probe_argv(_host(), image="p:t", image_id="sha256:" + "e" * 64, gpu=1)
     assert ["--env", "CUDA_VISIBLE_DEVICES=1"] == argv[argv.index("CUDA_VISIBLE_DEVICES=1") - 1:][:2]
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in argv
     with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
-        vc.parse_gpu_memory("0, 1\n")
+        hp.parse_gpu_memory("0, 1\n")
+
+
+class _RecordsOnly:
+    """STAND-IN for :class:`eagle3ops.remote.Remote` that answers only ``cat`` of the files it holds (empty output
+    for any other file, as ``cat_if_exists`` gives for a missing one): enough for
+    :func:`eagle3ops.hostprobe.recorded`, which reads and decides."""
+
+    def __init__(self, host: HostConfig, files: dict[str, str]) -> None:
+        self.host, self.files, self.dry_run, self.cmds = host, files, False, []
+
+    def run(self, cmd, check: bool = True, **_):
+        from types import SimpleNamespace
+
+        from eagle3ops.commands.quote import render
+
+        text = render(list(cmd))
+        self.cmds.append(text)
+        hit = next((v for k, v in self.files.items() if k in text), "")
+        return SimpleNamespace(ok=True, stdout=hit, stderr="", exited=0)
+
+
+def test_a_pass_recorded_by_an_older_version_under_verify_is_read() -> None:
+    """Hosts deployed before the rename hold their pass in <state_dir>/verify/: ``recorded`` finds it there (and
+    says where), a record in <state_dir>/probes/ wins, and none at all is None."""
+    from eagle3ops import hostprobe
+
+    h, image_id = _host(), "sha256:" + "f" * 64
+    old, new = hp.result_path(h, image_id, legacy=True), hp.result_path(h, image_id)
+    r = _RecordsOnly(h, {old: json.dumps({"ok": True, "at": "then"})})
+    assert hostprobe.recorded(r, image_id) == {"ok": True, "at": "then", "record_path": old}
+    assert new in r.cmds[0] and old in r.cmds[1]  # the new place is read first
+    both = _RecordsOnly(h, {new: json.dumps({"ok": False}), old: json.dumps({"ok": True})})
+    assert hostprobe.recorded(both, image_id) == {"ok": False, "record_path": new}
+    assert hostprobe.recorded(_RecordsOnly(h, {}), image_id) is None
+
+
+def test_the_old_verify_commands_are_hidden_aliases_that_say_so(tmp_path: Path) -> None:
+    """``eagle3ops verify HOST`` and ``eagle3ops patch verify`` still run ``probe`` with the same options (users'
+    scripts), after one deprecation line on stderr; neither is listed in --help."""
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "eagle3ops", *args], capture_output=True, text=True, cwd=REPO,
+                              timeout=120)
+
+    top = cli("verify", "nohost", "--inventory", str(tmp_path / "absent.yaml"))
+    assert "`eagle3ops verify` is deprecated: it is now `eagle3ops probe`" in top.stderr, top.stderr
+    assert top.returncode == 2 and "absent.yaml" in top.stderr  # then `probe` ran: the inventory error
+    sub = cli("patch", "verify", "--site-dir", str(tmp_path), "--package", "speculators")
+    assert "`eagle3ops patch verify` is deprecated: it is now `eagle3ops patch probe`" in sub.stderr, sub.stderr
+    assert sub.returncode != 0 and "error:" in sub.stderr  # then `patch probe` ran: nothing installed there
+    import re
+
+    for helps in (cli("--help").stdout, cli("patch", "--help").stdout):  # rich's command table: "│ NAME  help"
+        assert re.search(r"│ probe\s", helps) and not re.search(r"│ verify\s", helps), helps

@@ -1,8 +1,13 @@
-"""``eagle3ops patch verify``: run the behavioural probe of every applied patch.
+"""``eagle3ops patch probe``: verify the applied files, then run the behavioural probe of every applied patch.
 
-The patches to verify come from the manifest ``apply`` wrote (``<site>/eagle3ops_patches/<package>.json``), so
-verify needs neither the patch files nor the repository. First each touched file's sha256 is compared with the one
-recorded at apply time (a file edited since is reported), then each patch's probe is looked up in the probe
+(Named for its job: a *probe* runs the patched code on tiny input and compares its behaviour with a reference; the
+module was ``patches/verify.py`` and the command ``patch verify`` before the words got one meaning each, see
+ARCHITECTURE.md "Conventions".)
+
+The patches to probe come from the manifest ``apply`` wrote (``<site>/eagle3ops_patches/<package>.json``), so
+this needs neither the patch files nor the repository. First the verify step (:func:`verify_files`): each touched
+file's sha256 is compared with the one recorded at apply time (a file edited since is reported); then each patch's
+probe is looked up in the probe
 registry ``eagle3ops.patches.probes.PROBES`` (imported lazily: probes import torch/vLLM inside their body) and
 called. A probe passes by returning None; it fails by raising ``ProbeFailed`` (or any other exception, reported with
 its type). Nothing is judged from log text.
@@ -31,7 +36,7 @@ from eagle3ops.patches.apply import file_sha256, read_manifest
 from eagle3ops.patches.errors import ProbeError
 
 DEFAULT_PROBES_MODULE = "eagle3ops.patches.probes"
-#: Phases of the last :func:`verify_installed` call, seconds: ``keys`` (hashing the cache inputs), ``prepare``
+#: Phases of the last :func:`probe_installed` call, seconds: ``keys`` (hashing the cache inputs), ``prepare``
 #: (the registry's prepare hook: engine starts), ``probes`` (probe bodies), ``shutdown`` (the registry's shutdown).
 LAST_TIMINGS: dict[str, float] = {}
 
@@ -67,7 +72,7 @@ def load_probes(module: str = DEFAULT_PROBES_MODULE) -> Mapping[str, Callable[[]
     try:
         mod = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - any import failure means probes cannot run here
-        raise ProbeError(f"cannot import probe registry {module}: {type(e).__name__}: {e}", fix="run verify where the patched package and its dependencies are installed")
+        raise ProbeError(f"cannot import probe registry {module}: {type(e).__name__}: {e}", fix="run the probes where the patched package and its dependencies are installed")
     probes = getattr(mod, "PROBES", None)
     if not isinstance(probes, Mapping):
         raise ProbeError(f"{module} has no PROBES mapping", fix="define PROBES: dict[str, Callable[[], None]]")
@@ -81,7 +86,20 @@ def _probe_failed_type(module: str) -> type[BaseException] | None:
         return None
 
 
-def verify_installed(
+def verify_files(site_dir: Path, package: str) -> list[str]:
+    """The verify step: each file ``apply`` touched, compared by sha256 with the manifest's record.
+
+    Returns:
+        the files (relative to ``site_dir``) whose bytes differ from the manifest, or that are missing.
+
+    Raises:
+        PatchToolError: no manifest for ``package`` in ``site_dir``.
+    """
+    manifest = read_manifest(site_dir, package)
+    return [f for f, sha in manifest.get("files_sha256", {}).items() if file_sha256(site_dir / f) != sha]
+
+
+def probe_installed(
     site_dir: Path,
     package: str,
     *,
@@ -92,7 +110,8 @@ def verify_installed(
     fresh: bool = False,
     salt: str = "",
 ) -> tuple[list[str], list[ProbeOutcome]]:
-    """Check files against the manifest, then run each applied patch's probe (or reuse a cached pass).
+    """Verify the files against the manifest (:func:`verify_files`), then run each applied patch's probe (or reuse
+    a cached pass).
 
     Args:
         site_dir: site dir of the installed package (holds ``eagle3ops_patches/``).
@@ -114,7 +133,7 @@ def verify_installed(
     if probes is not None and result_cache is not None:
         raise ValueError("result_cache needs the registry from probes_module (its code is part of every key)")
     manifest = read_manifest(site_dir, package)
-    changed = [f for f, sha in manifest.get("files_sha256", {}).items() if file_sha256(site_dir / f) != sha]
+    changed = verify_files(site_dir, package)
     registry = probes if probes is not None else load_probes(probes_module)
     failed_type = _probe_failed_type(probes_module)
     t_start = time.monotonic()
@@ -170,7 +189,7 @@ def verify_installed(
         t0 = time.monotonic()
         try:
             fn()
-        except BaseException as e:  # noqa: BLE001 - any failure of a probe is a failed verification
+        except BaseException as e:  # noqa: BLE001 - any failure of a probe is a failed probe
             if isinstance(e, KeyboardInterrupt):
                 raise
             if failed_type is not None and isinstance(e, failed_type):
