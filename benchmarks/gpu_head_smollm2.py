@@ -59,13 +59,17 @@ DRAFT_VOCAB = 1024 if SMOKE else 32000
 def _datasets_standin() -> None:
     """speculators 0.3.0 ``train/vocab_mapping.py`` does ``from datasets import Dataset`` for a type hint only;
     without ``datasets`` (the device machine) a stand-in module named as such takes its place."""
+    import transformers  # noqa: F401  (before the stand-in: transformers probes `datasets` with find_spec)
+
     try:
         import datasets  # noqa: F401
     except ImportError:
+        import importlib.machinery
         import types
 
         mod = types.ModuleType("datasets")
         mod.Dataset = object  # stand-in: only a type annotation in the code path used here
+        mod.__spec__ = importlib.machinery.ModuleSpec("datasets", None)
         mod.__doc__ = "stand-in for `datasets` (benchmarks/gpu_head_smollm2.py): type hints only"
         sys.modules["datasets"] = mod
 
