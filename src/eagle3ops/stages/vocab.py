@@ -12,6 +12,10 @@ Conventions (speculators 0.3.0 ``train/vocab_mapping.py`` and vLLM 0.16 ``model_
   mask (ties broken by lower id), topped up with the lowest unused ids when the data has fewer distinct tokens,
   and sorted — speculators' ``build_vocab_mappings_from_distribution``, which is used as is.
 
+With ``vocab.coverage_target`` the size is chosen by measured coverage (:func:`choose_draft_size`): the smallest
+multiple of :data:`SIZE_STEP` whose most frequent ids cover that fraction of the assistant tokens, at most
+``draft_vocab_size``; the manifest records the coverage curve (:func:`coverage_curve`) and the choice.
+
 The target vocabulary size is read from the target's config (``trust_remote_code=True``; ``vocab_size`` or
 ``text_config.vocab_size``), never assumed.
 """
@@ -30,7 +34,45 @@ from eagle3ops.stages.manifest import atomic_write_text, check_inputs, file_entr
 from eagle3ops.stages.prepare import read_samples
 from eagle3ops.stages.target import target_text_config
 
-__all__ = ["run_vocab", "target_text_config", "target_vocab_size"]
+__all__ = ["SIZE_STEP", "choose_draft_size", "coverage_curve", "run_vocab", "target_text_config",
+           "target_vocab_size"]
+
+#: Draft vocabulary sizes chosen by coverage are multiples of this (kernel-friendly shapes; a finer choice would not
+#: change the head's cost measurably).
+SIZE_STEP = 256
+#: Sizes at which the manifest records the coverage curve (those above the target vocabulary are left out).
+CURVE_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+def _coverage_at(counts: list[int], total: int, size: int) -> float:
+    return sum(counts[:size]) / total if total else 0.0
+
+
+def coverage_curve(freq: dict[int, int], vocab: int, sizes: tuple[int, ...] = CURVE_SIZES) -> dict[str, float]:
+    """``{size: coverage}``: the fraction of all counted tokens that the ``size`` most frequent ids cover, for each
+    of ``sizes`` below ``vocab`` and ``vocab`` itself (rounded to 6 places; 0.0 when nothing was counted)."""
+    counts = sorted(freq.values(), reverse=True)
+    total = sum(counts)
+    return {str(s): round(_coverage_at(counts, total, s), 6) for s in [*(s for s in sizes if s < vocab), vocab]}
+
+
+def choose_draft_size(freq: dict[int, int], target: float, max_size: int, step: int = SIZE_STEP) -> int:
+    """The smallest multiple of ``step`` whose most frequent ids cover at least ``target`` of the counted tokens,
+    capped at ``max_size`` (which is returned when no smaller size reaches ``target``).
+
+    Raises:
+        ValueError: ``target`` not in (0, 1], or no tokens counted (the prepared data has no assistant tokens).
+    """
+    if not 0 < target <= 1:
+        raise ValueError(f"pipeline.yaml: vocab.coverage_target={target}: must be in (0, 1]")
+    counts = sorted(freq.values(), reverse=True)
+    total = sum(counts)
+    if not total:
+        raise ValueError("vocab.coverage_target: the prepared data has no assistant tokens to measure coverage on")
+    size = step
+    while size < max_size and _coverage_at(counts, total, size) < target:
+        size += step
+    return min(size, max_size)
 
 
 def target_vocab_size(target_model: str) -> int:
@@ -77,6 +119,11 @@ def run_vocab(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[s
             f"prepare/samples.jsonl holds token ids outside the target vocabulary [0, {vocab}) e.g. {bad[:5]}: the "
             "tokenizer and config.json of the target disagree"
         )
+    chosen = None
+    if config.vocab.coverage_target is not None:
+        draft = choose_draft_size(dict(freq), config.vocab.coverage_target, draft)
+        chosen = {"by": "coverage", "coverage_target": config.vocab.coverage_target, "step": SIZE_STEP,
+                  "max": config.vocab.draft_vocab_size, "size": draft}
     d2t, t2d = build_vocab_mappings_from_distribution(dict(freq), draft, vocab)
     # Invariants the draft head and vLLM rely on.
     assert d2t.shape == (draft,) and t2d.shape == (vocab,) and int(t2d.sum()) == draft
@@ -93,6 +140,8 @@ def run_vocab(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[s
         "assistant_tokens": total,
         "coverage": round(covered / total, 6) if total else 0.0,
         "padded_ids": max(0, draft - len(freq)),
+        "coverage_curve": coverage_curve(dict(freq), vocab),
+        "size_choice": chosen or {"by": "config", "size": draft},
         "wall_s": round(time.monotonic() - t0, 3),
         # Linux ru_maxrss is in KiB; the whole process (torch and speculators imports included).
         "peak_memory_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
