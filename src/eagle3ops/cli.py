@@ -250,6 +250,7 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
     """Lock, serving release and the newest window's journal and result."""
     from eagle3ops.commands import host as hc
     from eagle3ops.window.common import paths
+    from eagle3ops.window.live import disagreement, newest_record, read_live
     from eagle3ops.window.lock import read_lock
 
     h = common.load_host(inventory, host)
@@ -259,7 +260,13 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
         cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False)
         console.print(f"serving release: {cur.stdout.strip() or 'none recorded'}" if h.serving.managed else
                       "serving: none (serving: none in the inventory: a host that only trains)")
-        wid = _newest_window(r)
+        live = read_live(r)  # the truth about serving is the live server, not the newest result
+        if live.running is not None:
+            console.print(live.line(), markup=False, soft_wrap=True)
+        wid, record = newest_record(r)
+        note = disagreement(record, wid, live)
+        if note:
+            console.print(note.replace("HOST", host), style="bold red", markup=False, soft_wrap=True)
         if not wid:
             console.print("no window has run on this host")
             return
@@ -309,13 +316,21 @@ def _dry_finish(r, wid: str) -> None:
 
 @app.command()
 def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
-    """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
+    """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving. Serving
+    that is not running while no window holds the lock (stopped outside a window) is started again and waited for
+    (``/health``); where the newest window's record disagrees with the live server, it says so."""
     from eagle3ops.window.common import WindowError
+    from eagle3ops.window.live import recover_stopped
     from eagle3ops.window.run import relaunch
     from eagle3ops.window.watch import finish_window, watch
 
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run) as r:
+        try:
+            if recover_stopped(r, echo=lambda line: console.print(line, markup=False, soft_wrap=True)):
+                return
+        except WindowError as exc:
+            common.fail(str(exc))
         wid = _newest_window(r, "recover")
         deployed = _deployed(r, required=False)["image"]
         try:
