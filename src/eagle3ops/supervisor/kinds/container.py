@@ -357,6 +357,29 @@ class ContainerServing(ServingKind):
 
         return crashed
 
+    def started_again(self) -> str | None:
+        """The serving container runs (or restarts) again while the stages run: stop it again (``stop_timeout_s``),
+        wait for the GPUs on a GPU host, and say what was found (its status, when it started, its restart policy)."""
+        c = self.live_container()
+        if c is None:
+            return None
+        c.reload()
+        if c.status not in ("running", "restarting"):
+            return None
+        state = c.attrs.get("State") or {}
+        policy = ((c.attrs.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "no"
+        found = (f"container {self.plan.serving_container!r} is {c.status} since {state.get('StartedAt', '?')}, "
+                 f"restart policy {policy}")
+        c.stop(timeout=self.plan.stop_timeout_s)
+        if self.plan.gpus and self.plan.stages:
+            try:
+                self.wait_gpus_free(timeout=120.0)
+            except Interrupted:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the stage fails on its own if memory is short
+                self.sup.warn("gpu-release", f"could not check GPU memory: {exc}")
+        return found
+
     def running(self) -> bool:
         c = self.live_container()
         if c is None:
