@@ -6,6 +6,7 @@ and what is missing, and serving is not touched."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -29,7 +30,10 @@ def test_rollback_to_a_release_that_cannot_be_created_is_refused_before_the_stop
     h, dep = deployed
     live = json.loads(_docker(h, "container", "inspect", h.serving.container).stdout)[0]
     rdir = Path(paths(h)["releases"])
-    rdir.mkdir(parents=True, exist_ok=True)
+    owner = Path(h.state_dir).stat()  # the releases dir and files belong to the state dir's owner (the SSH user)
+    if not rdir.exists():
+        rdir.mkdir()
+        os.chown(rdir, owner.st_uid, owner.st_gid)
     n = max([int(p.stem) for p in rdir.glob("[0-9]*.json")] or [0]) + 1
     # A release recorded on this host earlier, whose image was pruned since and whose model dir was moved.
     container = {"Name": h.serving.container, "ImageId": GONE_ID,
@@ -38,6 +42,7 @@ def test_rollback_to_a_release_that_cannot_be_created_is_refused_before_the_stop
     rel = rdir / f"{n:04d}.json"
     rel.write_text(json.dumps({"release": n, "container": container, "created": "2026-01-01T00:00:00Z",
                                "window": "pytest", "change": ""}))
+    os.chown(rel, owner.st_uid, owner.st_gid)
     try:
         with Remote(h) as r:
             with pytest.raises(PreflightFailed) as e:

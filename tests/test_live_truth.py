@@ -8,6 +8,7 @@ release never switches serving when the live container failed its own health gat
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import uuid
@@ -43,18 +44,22 @@ def recorded_ok_window(deployed):
     h, _ = deployed
     wid = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-extract-{uuid.uuid4().hex[:6]}"
     wdir = Path(paths(h, wid)["window"])
+    windows_existed = wdir.parent.exists()
     wdir.mkdir(parents=True)
     (wdir / "journal.jsonl").write_text("")
     (wdir / "result.json").write_text(json.dumps({
         "window_id": wid, "kind": "window", "outcome": "ok", "error": "", "stages": {}, "stage_seconds": {},
         "downtime_s": 1.0, "wall_s": 2.0, "serving_running": True, "serving_healthy": True, "serving": "container",
         "release": None, "warnings": []}))
+    owner = Path(h.state_dir).stat()  # as the supervisor leaves them: owned by the state dir's owner (the SSH user)
+    for p in (wdir.parent, wdir, wdir / "journal.jsonl", wdir / "result.json"):
+        os.chown(p, owner.st_uid, owner.st_gid)
     try:
         yield h, wid
     finally:
         import shutil
 
-        shutil.rmtree(wdir, ignore_errors=True)
+        shutil.rmtree(wdir if windows_existed else wdir.parent, ignore_errors=True)
         if _docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container,
                    check=False).stdout.strip() != "running":
             _docker(h, "start", h.serving.container, check=False)
