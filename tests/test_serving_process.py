@@ -115,12 +115,13 @@ def process_host(deployed, tmp_path, request):
     try:
         yield host, dep, pid, work
     finally:
+        # A server behind the wrapper inherits its ignored SIGTERM (`trap "" TERM` is SIG_IGN across exec): KILL it
         for _ in range(2):
-            left = _pid_of(f"--port\0{PORT}")
-            if left:
+            left = [p for p in (_pid_of(f"--port\0{PORT}"), _wrapper_pid(work)) if p]
+            for p in left:
                 with Remote(h) as r:
-                    r.run(["kill", str(left)], check=False)
-                time.sleep(1)
+                    r.run(["kill", "-KILL" if wrapper else "-TERM", str(p)], check=False)
+            time.sleep(1)
         shutil.rmtree(work, ignore_errors=True)
 
 
