@@ -47,6 +47,22 @@ def _pids_of(marker: bytes) -> list[int]:
     return out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.fixture
 def world(tmp_path):
     """A served stand-in process (``sleep``, reaped at once by a thread so that no zombie stays), its record, a
@@ -65,7 +81,10 @@ def world(tmp_path):
     state.write_text("running")
     (bindir / "docker").write_text(f"#!/bin/sh\ncat {state}\n")
     (bindir / "docker").chmod(0o755)
-    host = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox").model_copy(update={"docker_host": None})
+    base = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    # A port nothing listens on: never the sandbox's serving port (the agent checks that port after the stop)
+    host = base.model_copy(update={"docker_host": None,
+                                   "serving": base.serving.model_copy(update={"port": _free_port()})})
     argv = pc.start_agent(host, pdir=str(pdir), pid=proc.pid, stop_timeout_s=5, supervisor="sup", limit_s=60)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
     yield {"pid": proc.pid, "pdir": pdir, "state": state, "argv": argv, "env": env, "marker": secs.encode(),
@@ -125,3 +144,75 @@ def test_agent_switch_restores_the_recorded_process_when_the_started_one_exits_a
     after = [(Path(f"/proc/{new[0]}") / f).read_bytes() for f in ("cmdline", "environ")]
     assert after == before
     assert "is not running: restoring the recorded process" in (pdir / "agent.log").read_text()
+
+
+@pytest.fixture
+def wrapped(tmp_path):
+    """Serving behind a wrapper that does not forward SIGTERM (a conda-run or shell wrapper): ``sh -c 'trap "" TERM;
+    python3 standin_openai_server.py ...'``, the stand-in server (NOT vLLM) its child. Recorded like ``world``; the
+    inventory's serving port is the server's port."""
+    port = _free_port()
+    mark = f"e3wrap{os.getpid()}x{port}"
+    server = REPO / "tests/data/standin_openai_server.py"
+    script = f'trap "" TERM; python3 {server} --port {port} --model tiny --label {mark}; echo wrapper-end'
+    proc = subprocess.Popen(["sh", "-c", script], cwd=tmp_path, env={"PATH": os.environ["PATH"]},
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    threading.Thread(target=proc.wait, daemon=True).start()
+    assert _wait(lambda: _listening(port), 30), "the stand-in server did not start"
+    pdir = tmp_path / "w" / "process"
+    subprocess.run(pc.record_process(proc.pid, str(pdir)), check=True, capture_output=True)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    state = tmp_path / "supervisor-state"
+    state.write_text("running")
+    (bindir / "docker").write_text(f"#!/bin/sh\ncat {state}\n")
+    (bindir / "docker").chmod(0o755)
+    base = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    host = base.model_copy(update={"docker_host": None,
+                                   "serving": base.serving.model_copy(update={"port": port})})
+    argv = pc.start_agent(host, pdir=str(pdir), pid=proc.pid, stop_timeout_s=2, supervisor="sup", limit_s=60)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    yield {"pid": proc.pid, "pdir": pdir, "state": state, "argv": argv, "env": env, "port": port,
+           "marker": mark.encode(), "server": server}
+    for pid in _pids_of(mark.encode()):
+        os.kill(pid, 9)
+
+
+def test_agent_stops_the_whole_tree_behind_a_wrapper_that_ignores_sigterm(wrapped):
+    """Issue 26 kind 4: the oldest matching process is a wrapper that ignores SIGTERM; its child, the real server,
+    must not survive the stop (it would keep the port and the GPUs, and answer the restore's gate)."""
+    w, pdir = wrapped, wrapped["pdir"]
+    server_pids = [p for p in _pids_of(w["marker"]) if p != w["pid"]]
+    assert server_pids, "the server runs as the wrapper's child"
+    subprocess.run(w["argv"], env=w["env"], check=True, timeout=10)
+    (pdir / "stop-requested").write_text("now")
+    assert _wait(lambda: (pdir / "stopped").exists(), 30), (pdir / "agent.log").read_text()
+    assert not [p for p in server_pids if _alive(p)], "the wrapper's child (the real server) survived the stop"
+    assert not _alive(w["pid"]) and not _listening(w["port"]), "the port must be closed before the stages"
+    w["state"].write_text("exited")  # the supervisor died: the agent restores the wrapper and its server
+    assert _wait(lambda: (pdir / "restored").exists()), (pdir / "agent.log").read_text()
+    assert _wait(lambda: _listening(w["port"]), 30), (pdir / "serving.log").read_text()
+
+
+def test_the_restore_gate_counts_only_the_process_the_restore_started(wrapped):
+    """Issue 26 kind 4: after the stop, another server takes serving's port (an outside restarter). The process the
+    restore starts cannot bind and exits: the agent reports both (``port-held``, ``exited``) so the supervisor's gate
+    fails at once instead of passing on the other server (nothing is killed by port: it may be anything)."""
+    w, pdir = wrapped, wrapped["pdir"]
+    subprocess.run(w["argv"], env=w["env"], check=True, timeout=10)
+    (pdir / "stop-requested").write_text("now")
+    assert _wait(lambda: (pdir / "stopped").exists(), 30), (pdir / "agent.log").read_text()
+    other = subprocess.Popen(["python3", str(w["server"]), "--port", str(w["port"]), "--model", "tiny", "--label",
+                              w["marker"].decode() + "-other"], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait(lambda: _listening(w["port"]), 30)
+        (pdir / "restore-requested").write_text("")
+        assert _wait(lambda: (pdir / "restored").exists()), (pdir / "agent.log").read_text()
+        assert (pdir / "port-held").exists() and str(other.pid) in (pdir / "port-held").read_text(), \
+            "the gate must know another server holds the port: " + (pdir / "agent.log").read_text()
+        assert _wait(lambda: (pdir / "exited").exists(), 30), (pdir / "agent.log").read_text()
+        assert other.poll() is None, "the other server is never killed by port"
+    finally:
+        other.kill()
+        other.wait()

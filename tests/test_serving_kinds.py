@@ -142,7 +142,10 @@ class World:
         return {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
 
     def _host(self):
-        return load_inventory(REPO / "deploy/hosts.yaml").host("sandbox").model_copy(update={"docker_host": None})
+        """The sandbox inventory's host with this world's serving port (the agent checks that port after the stop;
+        never the sandbox's own serving port)."""
+        h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+        return h.model_copy(update={"docker_host": None, "serving": h.serving.model_copy(update={"port": self.port})})
 
     def _setup_process(self):
         bindir = self.tmp / "bin"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
 import time
@@ -32,7 +33,7 @@ from eagle3ops.window.planner import build_plan, supervisor_commands
 from eagle3ops.window.run import run_window
 
 REPO = Path(__file__).resolve().parents[1]
-SANDBOX_ROOT = Path("/var/lib/eagle3ops-sandbox/sandbox")
+SANDBOX_ROOT = Path(f"/var/lib/eagle3ops-sandbox/{os.environ.get('EAGLE3OPS_SANDBOX') or 'sandbox'}")
 PORT, MODEL = 18077, "standin-tiny"
 #: An extract window on a fresh run whose dataset file is missing: its prepare stage runs for real and fails at once,
 #: the cheapest real stage run between the stop and the restore (a train window on a fresh run is refused before
@@ -62,15 +63,32 @@ def _pid_of(marker: str) -> int | None:
     return min(found)[1] if found else None
 
 
+def _wrapper_pid(work: Path) -> int | None:
+    """The shell wrapper (``sh -c '... standin_openai_server.py ...'``) started in ``work``."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+                if cmd.startswith(b"sh\0-c\0") and str(work).encode() in cmd:
+                    return int(d.name)
+            except OSError:
+                continue
+    return None
+
+
 def _wait_up(timeout: float = 30) -> None:
     """The stand-in server answers the health gate's probe (:func:`eagle3ops.health.wait_healthy`)."""
     wait_healthy(f"http://127.0.0.1:{PORT}", MODEL, timeout_s=timeout, interval_s=0.3)
 
 
 @pytest.fixture
-def process_host(deployed, tmp_path):
-    """(host with serving kind process, DeployResult, pid, its workdir): the stand-in server running as e3ops."""
+def process_host(deployed, tmp_path, request):
+    """(host with serving kind process, DeployResult, pid, its workdir): the stand-in server running as e3ops;
+    ``pid`` the oldest process matching ``process_match``. Parametrized indirectly with ``"wrapper"``: the server runs
+    behind a shell wrapper that ignores SIGTERM (``sh -c 'trap "" TERM; python3 ...'``, as a conda-run or shell
+    wrapper), which is then the oldest match."""
     h, dep = deployed
+    wrapper = getattr(request, "param", None) == "wrapper"
     work = SANDBOX_ROOT / f"proc-{uuid.uuid4().hex[:8]}"
     pw = pwd.getpwnam(h.user or "e3ops")
     work.mkdir(mode=0o755)
@@ -85,22 +103,25 @@ def process_host(deployed, tmp_path):
     inv = tmp_path / "hosts.yaml"
     inv.write_text(yaml.safe_dump({"hosts": {"sandbox": raw}}))
     host = load_inventory(inv).host("sandbox")
-    start = (f"cd {work} && E3_STANDIN_MARK={work.name} setsid nohup /usr/bin/python3 {work}/standin_openai_server.py "
-             f"--port {PORT} --model {MODEL} >{work}/first.log 2>&1 </dev/null &")
+    server = f"/usr/bin/python3 {work}/standin_openai_server.py --port {PORT} --model {MODEL}"
+    if wrapper:
+        server = "sh -c " + shlex.quote(f'trap "" TERM; {server}; echo wrapper-end')
+    start = f"cd {work} && E3_STANDIN_MARK={work.name} setsid nohup {server} >{work}/first.log 2>&1 </dev/null &"
     with Remote(h) as r:
         r.run(["sh", "-c", start])
     _wait_up()
-    pid = _pid_of(f"--port\0{PORT}")
+    pid = _wrapper_pid(work) if wrapper else _pid_of(f"--port\0{PORT}")
     assert pid
     try:
         yield host, dep, pid, work
     finally:
+        # A server behind the wrapper inherits its ignored SIGTERM (`trap "" TERM` is SIG_IGN across exec): KILL it
         for _ in range(2):
-            left = _pid_of(f"--port\0{PORT}")
-            if left:
+            left = [p for p in (_pid_of(f"--port\0{PORT}"), _wrapper_pid(work)) if p]
+            for p in left:
                 with Remote(h) as r:
-                    r.run(["kill", str(left)], check=False)
-                time.sleep(1)
+                    r.run(["kill", "-KILL" if wrapper else "-TERM", str(p)], check=False)
+            time.sleep(1)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -140,6 +161,31 @@ def test_window_stops_and_restores_a_serving_process_as_recorded(process_host):
     assert "restored: pid" in (pdir / "agent.log").read_text()
     _wait_up(5)
     print(f"process window: wall {wall:.1f} s, downtime {res['downtime_s']} s")
+
+
+@pytest.mark.sandbox
+@pytest.mark.images
+@pytest.mark.parametrize("process_host", ["wrapper"], indirect=True)
+def test_window_stops_the_whole_tree_behind_a_wrapper_and_gates_the_restored_server(process_host):
+    """Issue 26 kind 4 (conda #10351, vllm #13836): the oldest matching process is a wrapper that ignores SIGTERM.
+    The window must stop the server under it too (else it keeps the port and the GPUs, the restored one cannot bind,
+    and the survivor answers the restore's gate), and serving afterwards is the server the restore started."""
+    host, dep, wrapper, work = process_host
+    server = _pid_of(f"--port\0{PORT}")
+    assert server and server != wrapper
+    with Remote(host) as r:
+        res = run_window(r, kind="extract", image=dep.tag, expected_image_id=dep.image_id,
+                         command="pytest process wrapper", run=f"proc-{uuid.uuid4().hex[:8]}", pipeline_text=TINY)
+    pdir = Path(host.state_dir) / "windows" / res["window_id"] / "process"
+    log = (pdir / "agent.log").read_text()
+    assert not Path(f"/proc/{server}").exists(), f"the wrapper's server {server} survived the stop: {log}"
+    assert res["serving_healthy"] is True, res
+    restored = int((pdir / "restored").read_text())
+    now = _pid_of(f"--port\0{PORT}")
+    assert now and now != server, log
+    ppid = int(Path(f"/proc/{now}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert now == restored or ppid == restored, f"serving is pid {now}, not the restored process {restored}: {log}"
+    _wait_up(5)
 
 
 @pytest.mark.sandbox

@@ -258,7 +258,7 @@ def test_a_changed_upstream_setting_is_caught_two_stages_down(tmp_path):
 
 def test_section_written_twice_is_refused_naming_file_line_and_key(tmp_path, capsys):
     """`prepare:` twice in pipeline.yaml: the last one would win silently; it is an error naming file, line, key,
-    both when a stage loads it and when the driver validates it before the window (cli._read_pipeline)."""
+    both when a stage loads it and when the driver validates it before the window (cli_common.read_pipeline)."""
     text = "target_model: /m\nprepare: {max_seq_len: 64}\nextract: {tensor_parallel_size: 1}\nprepare: {max_seq_len: 128}\n"
     run = _write(tmp_path / "run", text)
     with pytest.raises(PipelineConfigError) as exc:
@@ -270,9 +270,9 @@ def test_section_written_twice_is_refused_naming_file_line_and_key(tmp_path, cap
 
     import typer
 
-    from eagle3ops import cli
+    from eagle3ops import cli_common
 
     with pytest.raises(typer.Exit):
-        cli._read_pipeline(run / "pipeline.yaml")
+        cli_common.read_pipeline(run / "pipeline.yaml")
     out = " ".join(capsys.readouterr().err.split())
     assert "invalid pipeline config" in out and "duplicate key 'prepare'" in out

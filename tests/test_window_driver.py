@@ -110,6 +110,11 @@ class StandInHost:
             self.dirs = {d for d in self.dirs if d != path and not d.startswith(path + "/")}
             self.files = {f: v for f, v in self.files.items() if not f.startswith(path + "/")}
             return 0, "", ""
+        if cmd == "ls":  # the names in a directory (e.g. preflight's look at the retained releases)
+            root = a[-1].rstrip("/") + "/"
+            names = sorted({p[len(root):].split("/")[0] for p in [*self.files, *self.dirs] if p.startswith(root)})
+            return (0, "".join(f"{n}\n" for n in names), "") if names or a[-1] in self.dirs else \
+                (2, "", f"ls: cannot access '{a[-1]}': No such file or directory")
         if cmd == "df":
             return 0, ("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
                        f"/dev/x 99999999 1 {self.free_bytes // 1024} 1% /\n"), ""

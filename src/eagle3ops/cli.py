@@ -26,6 +26,7 @@ from eagle3ops.lock_cli import app as lock_app
 from eagle3ops.patches.cli import app as patch_app
 from eagle3ops.stages.cli import app as stage_app
 from eagle3ops.watch_cli import watch_command
+from eagle3ops import fleet_cli
 
 console = common.console
 app = typer.Typer(no_args_is_help=True, help="Train and ship an EAGLE-3 draft head for a model served with vLLM.")
@@ -115,69 +116,10 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
     Several hosts: the fleet plan (contiguous shards, windows with estimated downtime, the down-at-once policy of
     the inventory's `fleet:`), printed with --dry-run."""
     if len(hosts) > 1:
-        _fleet_extract(hosts, inventory, dry_run, offline, run, pipeline)
+        fleet_cli.fleet_extract(hosts, inventory, dry_run, offline, run, pipeline)
         return
     h = common.load_host(inventory, hosts[0])
-    _stage_window("extract", h, dry_run, offline, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
-
-
-def _fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: bool, run: str, pipeline: Path) -> None:
-    """``extract`` over several hosts: print the fleet plan (reads only) or refuse to run it (see
-    :mod:`eagle3ops.fleet.driver`)."""
-    from eagle3ops.config import ConfigError, load_inventory
-    from eagle3ops.config.pipeline import parse_pipeline_config
-    from eagle3ops.fleet import driver
-    from eagle3ops.fleet.plan import FleetPlanError, render
-
-    if not dry_run:
-        common.fail(driver.refuse_execution())
-    try:
-        inv = load_inventory(inventory)
-        cfg = parse_pipeline_config(_read_pipeline(pipeline), pipeline)
-        plan = driver.plan_hosts(inv, hosts, run, cfg,
-                                 reader=None if offline else (lambda h: common.remote(h, dry_run=True)))
-    except (ConfigError, FleetPlanError) as exc:
-        common.fail(str(exc), 2)
-    print(render(plan))
-    print(json.dumps(plan.as_dict(), indent=2))
-
-
-@app.command()
-def render(target: str = typer.Argument(..., metavar="k8s|slurm"),
-           run: str = typer.Argument(..., metavar="RUN", help="The pipeline run (data_dir/runs/RUN)."),
-           hosts: list[str] = typer.Option(..., "--host", "-H", help="The hosts (nodes) of the run, in shard "
-                                           "order; the first one's deployed.json names the image."),
-           inventory: Path = InventoryOpt,
-           record: Optional[Path] = typer.Option(None, help="A deployed.json to take the image digest from "
-                                                 "instead of reading the first host's."),
-           samples: int = typer.Option(..., help="Samples of the run (prepare's count): the shards are cut from "
-                                       "it."),
-           nproc: int = typer.Option(1, help="Training processes per node (torchrun --nproc-per-node).")) -> None:
-    """Print the run's stages as Kubernetes Jobs (extract: an Indexed Job, one completion per shard) or a Slurm batch
-    script (srun + torchrun), the pipeline image named by digest."""
-    from eagle3ops.config import ConfigError, load_inventory
-    from eagle3ops.fleet.render import RenderError, RenderInput, image_by_digest, render_k8s, render_slurm
-    from eagle3ops.fleet.shard import shard_ranges
-
-    if target not in ("k8s", "slurm"):
-        common.fail(f"render target {target!r}: use `k8s` or `slurm`", 2)
-    try:
-        inv = load_inventory(inventory)
-        first = inv.host(hosts[0])
-        for n in hosts[1:]:
-            inv.host(n)
-        if record is not None:
-            deploy_record = json.loads(record.read_text())
-        else:
-            with common.remote(first) as r:
-                deploy_record = common.deployed_record(r)
-        image, source = image_by_digest(deploy_record)
-        inp = RenderInput(run, image, source, tuple(shard_ranges(samples, hosts)), first.data_dir,
-                          first.model_path, first.gpus, nproc, inv.fleet.rendezvous_port, inv.fleet.slurm_container,
-                          inv.fleet.k8s_namespace)
-        print(render_k8s(inp) if target == "k8s" else render_slurm(inp), end="")
-    except (ConfigError, RenderError, ValueError, OSError) as exc:
-        common.fail(str(exc), 2)
+    _stage_window("extract", h, dry_run, offline, run=run, pipeline_text=common.read_pipeline(pipeline), restart=restart)
 
 
 @app.command()
@@ -188,22 +130,7 @@ def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
     """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
     h = common.load_host(inventory, host)
-    _stage_window("train", h, dry_run, offline, run=run, pipeline_text=_read_pipeline(pipeline), restart=restart)
-
-
-def _read_pipeline(pipeline: Path) -> str:
-    """The pipeline config's text, validated here; the window writes it to the host under the lock, after
-    preflight (never before: a run refused by the lock must not change a running window's input)."""
-    if not pipeline.is_file():
-        common.fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
-    text = pipeline.read_text()
-    from eagle3ops.config.pipeline import PipelineConfigError, parse_pipeline_config
-
-    try:
-        parse_pipeline_config(text, pipeline)
-    except PipelineConfigError as exc:
-        common.fail(f"invalid pipeline config: {exc}")
-    return text
+    _stage_window("train", h, dry_run, offline, run=run, pipeline_text=common.read_pipeline(pipeline), restart=restart)
 
 
 @app.command()
@@ -332,6 +259,7 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
     """Lock, serving release and the newest window's journal and result."""
     from eagle3ops.commands import host as hc
     from eagle3ops.window.common import paths
+    from eagle3ops.window.live import disagreement, newest_record, read_live
     from eagle3ops.window.lock import read_lock
 
     h = common.load_host(inventory, host)
@@ -341,7 +269,13 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
         cur = r.run(hc.cat_if_exists(f"{paths(h)['releases']}/current"), check=False)
         console.print(f"serving release: {cur.stdout.strip() or 'none recorded'}" if h.serving.managed else
                       "serving: none (serving: none in the inventory: a host that only trains)")
-        wid = _newest_window(r)
+        live = read_live(r)  # the truth about serving is the live server, not the newest result
+        if live.running is not None:
+            console.print(live.line(), markup=False, soft_wrap=True)
+        wid, record = newest_record(r)
+        note = disagreement(record, wid, live)
+        if note:
+            console.print(note.replace("HOST", host), style="bold red", markup=False, soft_wrap=True)
         if not wid:
             console.print("no window has run on this host")
             return
@@ -391,13 +325,21 @@ def _dry_finish(r, wid: str) -> None:
 
 @app.command()
 def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
-    """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving."""
+    """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving. Serving
+    that is not running while no window holds the lock (stopped outside a window) is started again and waited for
+    (``/health``); where the newest window's record disagrees with the live server, it says so."""
     from eagle3ops.window.common import WindowError
+    from eagle3ops.window.live import recover_stopped
     from eagle3ops.window.run import relaunch
     from eagle3ops.window.watch import finish_window, watch
 
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run) as r:
+        try:
+            if recover_stopped(r, echo=lambda line: console.print(line, markup=False, soft_wrap=True)):
+                return
+        except WindowError as exc:
+            common.fail(str(exc))
         wid = _newest_window(r, "recover")
         deployed = common.deployed_record(r, required=False)["image"]
         try:
@@ -547,6 +489,7 @@ _register_probe()
 
 
 app.command("watch")(watch_command)
+app.command("render")(fleet_cli.render)
 
 
 def main() -> None:

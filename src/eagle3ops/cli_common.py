@@ -71,3 +71,22 @@ def deployed_record(r, required: bool = True) -> dict[str, Any]:
 
         fail(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} first")
     return {"image": r.host.pipeline_image or "<pipeline image from `eagle3ops deploy`>", "image_id": None}
+
+
+def read_pipeline(pipeline: Path) -> str:
+    """The pipeline config's text, validated here; the window writes it to the host under the lock, after
+    preflight (never before: a run refused by the lock must not change a running window's input).
+
+    Raises:
+        typer.Exit: (through :func:`fail`) the file is missing or invalid; the message names it.
+    """
+    if not pipeline.is_file():
+        fail(f"{pipeline}: pipeline config not found (pass --pipeline FILE)")
+    text = pipeline.read_text()
+    from eagle3ops.config.pipeline import PipelineConfigError, parse_pipeline_config
+
+    try:
+        parse_pipeline_config(text, pipeline)
+    except PipelineConfigError as exc:
+        fail(f"invalid pipeline config: {exc}")
+    return text

@@ -37,6 +37,12 @@ def container_status(host: HostConfig, name: str) -> Read:
     return Read(docker(host, "container", "inspect", "--format", "{{.State.Status}}", name))
 
 
+def start(host: HostConfig, name: str) -> Change:
+    """``docker start NAME``: start an existing, stopped container as it is configured (``recover`` of serving
+    stopped outside a window)."""
+    return Change(docker(host, "start", name))
+
+
 def inspect_format(host: HostConfig, name: str, fmt: str, *, kind: str = "") -> Read:
     """``docker [KIND] inspect --format FMT NAME``: one Go template over an object's inspect JSON; exits non-zero
     when it does not exist.

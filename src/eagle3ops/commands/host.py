@@ -24,6 +24,13 @@ def append_file(path: str) -> Change:
     return Change(["tee", "-a", path])
 
 
+def http_status(url: str, timeout_s: int = 5) -> Read:
+    """``curl -s -o /dev/null -w %{http_code} --max-time T URL``: the HTTP status of one GET, printed (``000`` when
+    nothing answered; exit 127 when the host has no ``curl``). Read-only: ``status``/``recover`` ask serving's
+    ``/health`` on the host's loopback with it."""
+    return Read(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", str(timeout_s), url])
+
+
 def cat(path: str) -> Read:
     """Print a file."""
     return Read(["cat", path])
@@ -43,6 +50,11 @@ def tail_from(path: str, line: int) -> Read:
 def line_count(path: str) -> Read:
     """``wc -l``: number of lines of a file (first field of stdout)."""
     return Read(["wc", "-l", "--", path])
+
+
+def exists(path: str) -> Read:
+    """``test -e PATH``: exits 0 when the path exists (a file, a directory, a socket...)."""
+    return Read(["test", "-e", path])
 
 
 def test_dir(path: str) -> Read:

@@ -7,12 +7,19 @@ the restore on the host itself. It talks with the supervisor through files in th
 
 - the driver records the running process: ``cmdline.nul`` and ``environ.nul`` (``/proc/<pid>/cmdline`` and
   ``environ`` byte for byte), ``cwd`` and ``uid`` (from ``/proc/<pid>/cwd`` and ``status``), ``pid``;
-- the supervisor writes ``stop-requested``; the agent sends SIGTERM, waits up to ``stop_timeout_s`` for the process
-  to exit (then SIGKILL), waits (bounded, 300 s) for the GPUs to be released where ``nvidia-smi`` exists, and writes
-  ``stopped``;
+- the supervisor writes ``stop-requested``; the agent takes the process's whole tree (its children and theirs:
+  vLLM's engine core and workers; its session when it leads one), taken before any signal because a wrapper that
+  does not forward SIGTERM (a shell or ``conda run``) leaves its children re-parented once killed; it sends SIGTERM
+  to every one, waits up to ``stop_timeout_s`` (then SIGKILL to each still alive), waits up to 10 s for serving's port
+  (``serving.port``) to close, waits (bounded, 300 s) for the GPUs to be released where ``nvidia-smi`` exists, and
+  writes ``stopped``; a port still listened on is reported in ``port-held`` (never killed by port: it may be
+  anything) and the supervisor then runs no stage;
 - the supervisor writes ``restore-requested`` after the stages; the agent starts the recorded command line detached
   (``setsid nohup``, ``env -i`` with the recorded environment, in the recorded working directory, its output
-  appended to ``serving.log``) and writes ``restored``; the supervisor health-gates it.
+  appended to ``serving.log``) and writes ``restored`` (and ``port-held`` when another server listens on the port
+  before the start); the supervisor health-gates it, counting only the process the restore started: the agent
+  writes ``exited`` when that process ends before the supervisor writes ``done`` (the gate then fails at once), and
+  a ``port-held`` fails the gate.
 
 Releases and rollbacks (``switch`` present in the process dir) go on in rounds ``k = 2, 3, ...`` after the first
 start: the supervisor writes ``next.cmdline.nul``, ``next.environ.nul`` and ``next.cwd`` (the process to start) and
@@ -44,8 +51,8 @@ GPU_RELEASE_WAIT_S = 300
 #: ``alive`` and ``start_from`` are the hooks another serving manager redefines between the two (e.g.
 #: :data:`eagle3ops.commands.systemd.AGENT_SH`: a unit stopped and started with ``systemctl``).
 AGENT_FUNCS_SH = r"""
-d=$1 pid=$2 stop_s=$3 sup=$4 limit=$5 stop_wait=$6 missing_grace=$7 gpu_wait=$8
-shift 8
+d=$1 pid=$2 stop_s=$3 sup=$4 limit=$5 stop_wait=$6 missing_grace=$7 gpu_wait=$8 port=$9
+shift 9
 log() { printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >> "$d/agent.log"; }
 now() { date +%s; }
 term() { kill -TERM "$1" 2>/dev/null; }
@@ -57,12 +64,40 @@ sup_state() {
   case "$out" in *"No such"*|*"no such"*) echo missing ;; running|restarting|created|paused) echo "$out" ;;
     exited|dead|removing) echo gone ;; *) echo unknown ;; esac
 }
+kids() { for c in $(pgrep -P "$1" 2>/dev/null); do echo "$c"; kids "$c"; done; }
+tree() {  # $1 and every process under it: its children and theirs (vLLM's engine and workers), its session if it
+  # leads one. Taken before any signal: what a killed wrapper leaves behind is re-parented and no longer under it.
+  echo "$1"; kids "$1"
+  [ "$(ps -o sid= -p "$1" 2>/dev/null | tr -d ' ')" = "$1" ] && pgrep -s "$1" 2>/dev/null
+}
+any_alive() { for p in "$@"; do alive "$p" && return 0; done; return 1; }
+listen_inodes() {  # socket inodes listening on serving's port (IPv4 and IPv6)
+  [ -n "$port" ] && [ "$port" != 0 ] || return 0
+  awk -v h=":$(printf '%04X' "$port")" '$4 == "0A" && substr($2, length($2) - 4) == h { print $10 }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+listening() { [ -n "$(listen_inodes)" ]; }
+port_pids() {  # the processes (visible to this user) holding a socket listening on serving's port
+  for i in $(listen_inodes); do
+    for f in /proc/[0-9]*/fd/*; do [ "$(readlink "$f" 2>/dev/null)" = "socket:[$i]" ] && echo "${f#/proc/}"; done
+  done | cut -d/ -f1 | sort -u | tr '\n' ' '
+}
 stop_pid() {  # $1: pid, $2: the file that reports the stop
-  log "stopping pid $1 (SIGTERM, up to ${stop_s}s)"
+  pids=$(tree "$1" | sort -u | tr '\n' ' ')
+  log "stopping pid $1 and the processes under it ($pids) (SIGTERM, up to ${stop_s}s)"
   t1=$(now)
-  term "$1"
-  while alive "$1" && [ $(( $(now) - t1 )) -lt "$stop_s" ]; do sleep 1; done
-  if alive "$1"; then log "pid $1 still runs after ${stop_s}s: SIGKILL"; kill9 "$1"; sleep 1; fi
+  for p in $pids; do term "$p"; done
+  while any_alive $pids && [ $(( $(now) - t1 )) -lt "$stop_s" ]; do sleep 1; done
+  for p in $pids; do if alive "$p"; then log "pid $p still runs after ${stop_s}s: SIGKILL"; kill9 "$p"; fi; done
+  sleep 1
+  t4=$(now)
+  while listening && [ $(( $(now) - t4 )) -lt 10 ]; do sleep 1; done
+  # Whatever still listens on serving's port is not in the tree stopped above: it is never killed by port (it may
+  # be anything); the supervisor refuses to run stages while it is there.
+  if listening; then
+    put port-held "port $port is still listened on after the stop (pids: $(port_pids))"
+    log "$(cat "$d/port-held")"
+  fi
   if command -v nvidia-smi >/dev/null 2>&1; then
     t2=$(now)
     while [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] \
@@ -116,8 +151,21 @@ while [ "$k" -le 20 ]; do
   if [ "$k" = 1 ] && alive "$pid"; then
     log "pid $pid runs again: not restoring"; put restored "$pid"; exit 0
   fi
+  if listening; then
+    put port-held "port $port is listened on before the restore starts serving (pids: $(port_pids)): another server"
+    log "$(cat "$d/port-held")"
+  else rm -f "$d/port-held"; fi
   start_from "$from" "restored$s"
-  [ -e "$d/switch" ] || exit 0
+  if [ ! -e "$d/switch" ]; then  # a window: report the started process's exit until the supervisor's gate is done
+    t3=$(now)
+    while [ ! -e "$d/done" ]; do
+      if ! alive "$new"; then put exited "$new"; log "pid $new exited before the gate was done"; exit 0; fi
+      [ "$(sup_state "$@")" = gone ] && { log "supervisor $sup ended: pid $new serves"; exit 0; }
+      [ $(( $(now) - t3 )) -ge "$limit" ] && exit 0
+      sleep 1
+    done
+    log "done: pid $new serves"; exit 0
+  fi
   k=$((k + 1)) auto= t3=$(now) missing_since= reported=
   while [ ! -e "$d/stop-requested.$k" ]; do
     if [ -e "$d/done" ]; then log "done: pid $new serves"; exit 0; fi
@@ -142,7 +190,7 @@ log "too many switches: exiting"
 
 #: The restore agent (POSIX sh). Arguments: process dir, pid, stop timeout (s), supervisor container, wait limit for
 #: the restore request (s), wait limit for the stop request (s), missing-supervisor grace (s), GPU release wait (s),
-#: then the docker command words (``docker`` or ``docker -H URL``) it asks about the supervisor with.
+#: serving's port (``serving.port``; 0: not checked), then the docker command words (``docker`` or ``docker -H URL``) it asks about the supervisor with.
 AGENT_SH = AGENT_FUNCS_SH + AGENT_MAIN_SH
 
 
@@ -184,10 +232,12 @@ def start_agent(host: HostConfig, *, pdir: str, pid: int | str, stop_timeout_s: 
 
     Args:
         pdir: the window's process dir (:func:`process_dir`), already holding the record.
-        pid: the serving process to stop.
+        pid: the serving process to stop (with every process under it).
         stop_timeout_s: SIGTERM → SIGKILL grace, seconds.
         supervisor: the window's supervisor container (its end means: restore now).
         limit_s: longest wait (seconds) for the supervisor's restore request before the agent restores anyway.
+
+    Serving's port, checked closed after the stop and free before the restore, is ``host.serving.port``.
         script: the agent (default :data:`AGENT_SH`; another serving manager's variant, e.g.
             :data:`eagle3ops.commands.systemd.AGENT_SH`, takes its own handle for ``pid``).
         stop_wait_s: longest wait (seconds) for the stop request before the agent exits having stopped nothing
@@ -197,7 +247,7 @@ def start_agent(host: HostConfig, *, pdir: str, pid: int | str, stop_timeout_s: 
                 '>>"$1/agent.log" 2>&1 &')
     return Change(["sh", "-c", launcher, "eagle3ops-launch", script, pdir, str(pid), str(stop_timeout_s), supervisor,
             str(int(limit_s)), str(int(stop_wait_s)), str(AGENT_MISSING_GRACE_S), str(GPU_RELEASE_WAIT_S),
-            *docker(host)])
+            str(host.serving.port), *docker(host)])
 
 
 def stop_preview(pid: int, stop_timeout_s: int) -> list[str]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.commands.serving import RELEASE_LABEL
+from eagle3ops.config.fallbacks import fallbacks_from
 from eagle3ops.supervisor.journal import _now
 
 
@@ -169,13 +170,6 @@ class Releases:
     def fallbacks(self, failed: int | None) -> list[int]:
         """Rollback candidates after release ``failed`` did not pass its gate: previously live releases, most
         recently live first, each once, excluding ``failed``, releases no longer retained and releases whose
-        newest history entry says they failed a gate."""
-        out: list[int] = []
-        kept = set(self.numbers())
-        newest: dict[int, dict[str, Any]] = {}
-        for e in self._entries():
-            newest[e["release"]] = e
-        for n in reversed(self.history()):
-            if n != failed and n in kept and n not in out and not newest[n].get("failed"):
-                out.append(n)
-        return out
+        newest history entry says they failed a gate (:func:`eagle3ops.config.fallbacks.fallbacks_from`, the rule
+        the driver's preflight checks the same candidates with)."""
+        return fallbacks_from(self._entries(), set(self.numbers()), failed)

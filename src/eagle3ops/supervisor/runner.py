@@ -18,14 +18,15 @@ from typing import Any
 
 from eagle3ops.config.plan import MIN_GATE_S, NO_SERVING_NOTE, Plan, StageStep
 from eagle3ops.health import GateFailed, read_api_key_file, wait_healthy
-from eagle3ops.supervisor.errors import EngineUnavailable, Interrupted
+from eagle3ops.supervisor.errors import EngineUnavailable, Interrupted, ServingRestarted
 from eagle3ops.supervisor.journal import Journal, _now, restart_seconds
 from eagle3ops.supervisor.kinds import for_plan
 from eagle3ops.supervisor.speculate import SpeculateRun
 from eagle3ops.supervisor.releases import Releases
 from eagle3ops.supervisor.stagerun import create_container, run_stage, stage_error, stages_from_journal
 
-__all__ = ["ENGINE_WAIT_S", "ENGINE_WAITS_MAX", "EngineUnavailable", "Interrupted", "Supervisor", "stage_error"]
+__all__ = ["ENGINE_WAIT_S", "ENGINE_WAITS_MAX", "GUARD_POLL_S", "GUARD_RESTARTS_MAX", "EngineUnavailable",
+           "Interrupted", "ServingRestarted", "Supervisor", "stage_error"]
 
 #: Seconds the supervisor waits for an unreachable Docker engine (e.g. a daemon restart) before it gives up and
 #: exits for its restart policy; such errors are never a verdict on a release.
@@ -35,6 +36,11 @@ ENGINE_WAITS_MAX = 5
 #: Host jobs with their own step table beside the window's (plan kind → the job; ``run()`` gives
 #: ``(outcome, error, extra)``): ``speculate`` (:mod:`eagle3ops.supervisor.speculate`).
 JOBS = {"speculate": SpeculateRun}
+#: Times serving may be found started again during one window's stages (and stopped again) before the stages are
+#: stopped and serving restored (an outside restarter that keeps fighting the window).
+GUARD_RESTARTS_MAX = 3
+#: Seconds between two checks, while a stage runs, that serving is still stopped.
+GUARD_POLL_S = 5.0
 
 
 class Supervisor:
@@ -60,6 +66,8 @@ class Supervisor:
         self.stop_requested = False
         self.engine_poll_s = 2.0
         self.engine_waits = 0
+        #: Seconds between two checks during a stage that serving is still stopped (:meth:`guard_stopped`).
+        self.guard_poll_s = GUARD_POLL_S
         #: The serving kind of the plan (:class:`eagle3ops.supervisor.kinds.ServingKind`), chosen once.
         self.kind = for_plan(self)
 
@@ -156,6 +164,35 @@ class Supervisor:
                 self.journal.log(step, "info", message="Docker engine is back; retrying")
                 return True
         raise EngineUnavailable(f"the Docker engine did not answer within {self.engine_wait_s:.0f}s ({exc})")
+
+    def guard_stopped(self, step: str) -> None:
+        """While stage ``step`` runs: serving must still be stopped (the kind's ``started_again``). Serving found
+        running again is stopped again and a warning says so (it goes into the result); found more than
+        :data:`GUARD_RESTARTS_MAX` times in this window, the stages are stopped.
+
+        Raises:
+            ServingRestarted: serving kept being started; the stage runner removes the stage container and the
+                window restores serving.
+        """
+        try:
+            found = self.kind.started_again()
+        except Interrupted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an engine outage is the stage wait's to handle; else said, go on
+            if self._engine_up():
+                self.warn("serving-guard", f"could not check that serving is still stopped: "
+                                           f"{type(exc).__name__}: {exc}")
+            return
+        if not found:
+            return
+        n = len([e for e in self.journal.entries if e["step"] == "serving-guard" and e.get("event") == "warn"]) + 1
+        if n > GUARD_RESTARTS_MAX:
+            raise ServingRestarted(
+                f"serving kept being started during the stages ({n} times; last: {found}) by something outside this "
+                f"window (a restart policy, a cron or systemd job, an operator): stages stopped, serving restored; "
+                f"disable that restarter during windows (e.g. `--restart unless-stopped` on the serving container)")
+        self.warn("serving-guard", f"serving was started again during stage {step} ({found}) by something outside "
+                                   f"this window; stopped it again ({n} of at most {GUARD_RESTARTS_MAX})")
 
     def gate_timeout(self) -> float:
         """Seconds the next health gate may wait: ``health.timeout_s``, cut to what is left of the budget; once the

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from eagle3ops.config.plan import StageStep
-from eagle3ops.supervisor.errors import Interrupted
+from eagle3ops.supervisor.errors import Interrupted, ServingRestarted
 from eagle3ops.supervisor.journal import _tail
 
 if TYPE_CHECKING:
@@ -60,11 +60,22 @@ def create_container(client: Any, spec: dict[str, Any], image_id: str | None = N
     return client.containers.run(detach=True, **kw)
 
 
+#: Engine outages after which a stage the engine ended is still run again in the same window.
+ENGINE_RERUNS_MAX = 2
+
+
 def run_stage(sup: "Supervisor", step: StageStep) -> bool:
-    """Run one stage container to completion within its timeout and the window budget.
+    """Run one stage container to completion within its timeout and the window budget, checking while it runs
+    that serving is still stopped (:meth:`Supervisor.guard_stopped`). A Docker engine restart is waited out
+    (bounded): a stage container that outlived it is waited for further, one that did not is run again in the same
+    window (at most :data:`ENGINE_RERUNS_MAX` engine outages), serving not stopped a second time.
 
     Returns:
         True when the stage exited 0.
+
+    Raises:
+        Interrupted: SIGTERM/SIGINT. ServingRestarted: serving kept being started (the stage container is
+        stopped and removed first). EngineUnavailable: the engine did not come back in time.
     """
     import docker.errors
 
@@ -90,7 +101,7 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
     container = create_container(sup.client, step.spec)
     log_path = sup.wdir / f"{step.name}.log"
     exit_code: int | None = None
-    reason = ""
+    reason, ended = "", ""
     try:
         with log_path.open("ab") as log:
             # Stream logs while waiting; the stream ends when the container exits.
@@ -121,16 +132,15 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
             th = threading.Thread(target=pump, daemon=True)
             th.start()
             try:
-                res = container.wait(timeout=limit)
-                exit_code = int(res.get("StatusCode", -1))
-            except Interrupted:
-                raise
-            except Exception:  # requests ReadTimeout / ConnectionError
+                exit_code = _wait_guarded(sup, step.name, container, t0 + limit)
+            except EngineEndedStage as exc:
+                ended, reason = str(exc), "ended by a Docker engine restart"
+            if exit_code is None and not ended:
                 reason = "budget exceeded" if budget_left <= step.timeout_s else f"timed out after {limit:.0f}s"
                 container.stop(timeout=10)
             th.join(timeout=10)
-    except Interrupted:
-        reason = "supervisor interrupted"
+    except (Interrupted, ServingRestarted) as exc:
+        reason = "supervisor interrupted" if isinstance(exc, Interrupted) else "stopped: serving kept being started"
         try:
             container.stop(timeout=10)
         except Exception:  # noqa: BLE001 - the engine may be going down (daemon restart)
@@ -153,7 +163,52 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
             why += f": {said}" if said else ""
             sup.journal.log(step.name, "error", seconds=round(dt, 1), reason=why)
             sup.stage_outcomes[step.name] = f"failed ({why})"
+    if ended and sup.engine_waits <= ENGINE_RERUNS_MAX:
+        sup.warn(step.name, f"{ended}; running the stage again in this window (its outputs resume), serving not "
+                            f"stopped a second time")
+        return run_stage(sup, step)
     return exit_code == 0
+
+
+def _wait_guarded(sup: "Supervisor", step: str, container: Any, deadline: float) -> int | None:
+    """Wait for the stage container to exit, by ``deadline`` (epoch seconds), checking every ``sup.guard_poll_s``
+    seconds that serving is still stopped (:meth:`Supervisor.guard_stopped`). Returns the exit code, or None when
+    the deadline passed or the engine stopped answering (the caller stops the stage; a restarted supervisor resumes
+    the window from its journal).
+
+    Raises:
+        Interrupted: SIGTERM/SIGINT. ServingRestarted: serving kept being started (from the guard).
+    """
+    while True:
+        sup.guard_stopped(step)
+        left = deadline - time.time()
+        if left <= 0:
+            return None
+        try:
+            code = int(container.wait(timeout=max(1.0, min(sup.guard_poll_s, left))).get("StatusCode", -1))
+        except Interrupted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - requests ReadTimeout / ConnectionError: a poll, or the engine
+            if sup._engine_up():
+                continue
+            sup.wait_out_engine(step, exc)  # bounded; raises EngineUnavailable (the restart policy resumes)
+            try:  # the engine is back: a stage container that outlived it (live-restore) is waited for further
+                container.reload()
+                if container.status in ("running", "restarting"):
+                    continue
+            except Exception:  # noqa: BLE001 - removed with the engine's restart
+                pass
+            raise EngineEndedStage(f"a Docker engine restart ended the stage container {container.name}") from exc
+        try:  # serving started again during the last poll: said (and stopped again); the stage itself is done
+            sup.guard_stopped(step)
+        except ServingRestarted as exc:
+            sup.warn("serving-guard", str(exc))
+        return code
+
+
+class EngineEndedStage(Exception):
+    """The stage container did not outlive a Docker engine restart: the stage is run again in the same window
+    (its outputs resume), serving not stopped a second time (:func:`run_stage`)."""
 
 
 def stages_from_journal(sup: "Supervisor") -> tuple[str, str]:

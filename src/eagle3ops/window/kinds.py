@@ -144,6 +144,29 @@ class DriverKind:
         """What preflight looks for, in words."""
         return f"container {h.serving.container!r}"
 
+    def live_state(self, r: "Remote") -> tuple[str, bool | None]:
+        """The live server as the host has it now (read-only): ``(words, running)``; ``running`` is None for a host
+        without serving. Containers: the container's own ``State.Status`` (``missing`` when it does not exist)."""
+        names, found = serving_container(r)
+        if not names:
+            return f"no container for {found}", False
+        s = r.run(dk.container_status(r.host, names[0]), check=False)
+        state = s.stdout.strip() if s.ok else "missing"
+        return f"container {names[0]!r} is {state}", state == "running"
+
+    def start_stopped(self, r: "Remote") -> tuple[str, list[Any]]:
+        """``recover`` of serving stopped outside a window: ``(what is started, the commands)``.
+
+        Raises:
+            WindowError: serving cannot be started as it is (no container); the message names the fix.
+        """
+        names, found = serving_container(r)
+        if not names:
+            raise WindowError(f"{r.host.name}: no container for {found} to start: recreate the current release with "
+                              f"`eagle3ops rollback {r.host.name} --to N` (N: `eagle3ops status {r.host.name}`'s "
+                              f"serving release), or start serving by hand")
+        return repr(names[0]), [dk.start(r.host, names[0])]
+
     def drift_note(self, h: HostConfig) -> str | None:
         """``config check HOST``: why there is no live container to compare (None: compare it)."""
         return None
@@ -224,6 +247,16 @@ class ProcessKind(DriverKind):
                 ["# if the gate fails: roll back to the recorded process"],
                 pc.stop_preview(0, plan.stop_timeout_s), pc.restore_preview(pdir, [], ""), gate]
 
+    def live_state(self, r: "Remote") -> tuple[str, bool | None]:
+        pattern = r.host.serving.process_match or ""
+        pids = [p for p in r.run(pc.find_process(pattern), check=False).stdout.split() if p.isdigit()]
+        return (f"process {pids[0]} matches {pattern!r}", True) if pids else (f"no process matches {pattern!r}", False)
+
+    def start_stopped(self, r: "Remote") -> tuple[str, list[Any]]:
+        raise WindowError(f"{r.host.name}: serving (a process, `hosts.{r.host.name}.serving.kind: process`) is not "
+                          f"running and no window recorded it to restore: start it again the way you started it "
+                          f"(eagle3ops restores a process only within a window that recorded it)")
+
     def drift_note(self, h: HostConfig) -> str | None:
         return ("serving kind process: windows restore the running process as recorded from /proc, releases change "
                 "its flags (`release --arg`); there is no container to compare")
@@ -276,6 +309,16 @@ class SystemdKind(DriverKind):
     def looked_for(self, h: HostConfig) -> str:
         return f"systemd unit {h.serving.unit!r}"
 
+    def live_state(self, r: "Remote") -> tuple[str, bool | None]:
+        unit = r.host.serving.unit or ""
+        out = r.run(sd.is_active(unit), check=False)
+        state = out.stdout.strip() or "?"
+        return f"unit {unit!r} is {state}", state == "active"
+
+    def start_stopped(self, r: "Remote") -> tuple[str, list[Any]]:
+        unit = r.host.serving.unit or ""
+        return f"unit {unit!r}", [sd.start_argv(unit)]
+
     def drift_note(self, h: HostConfig) -> str | None:
         return (f"serving kind systemd: windows stop and start unit {h.serving.unit!r} as systemd has it; there is "
                 f"no container to compare")
@@ -304,6 +347,12 @@ class NoServingKind(DriverKind):
 
     def looked_for(self, h: HostConfig) -> str:
         return "no serving (serving: none)"
+
+    def live_state(self, r: "Remote") -> tuple[str, bool | None]:
+        return "no serving (serving: none)", None
+
+    def start_stopped(self, r: "Remote") -> tuple[str, list[Any]]:
+        return "nothing", []
 
     def drift_note(self, h: HostConfig) -> str | None:
         return "serving: none (a host that only trains): no serving container to compare"

@@ -358,6 +358,49 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
     return pf
 
 
+def check_fallbacks(r: Remote, pf: Preflight, *, kind: str, to_release: int | None = None) -> None:
+    """Before the stop (and in ``--dry-run``): every retained release a plan of ``kind`` (``window``, ``release``,
+    ``rollback``) may create (:func:`eagle3ops.config.fallbacks.candidates`: the rollback target, the previously live
+    releases a failed gate falls back to) must be creatable on this host: its image present under the recorded id
+    (``docker image inspect ID``: the id this host's image store uses; a reference re-tagged to another image does
+    not count, a release never changes image silently) and every bind's host path present. A missing one fails the
+    check naming the release, what it is for, what is missing and the fix. Read-only."""
+    from eagle3ops.config import fallbacks as fb
+
+    h = r.host
+    rdir = f"{h.state_dir}/releases"
+    listing = r.run(hc.ls(rdir), check=False)
+    if not listing.ok:
+        return  # no release recorded yet: the first window records the live container
+    kept = {int(n[:-5]) for n in listing.stdout.split() if n.endswith(".json") and n[:-5].isdigit()}
+    cur = r.run(hc.cat_if_exists(f"{rdir}/current"), check=False).stdout.strip()
+    current = int(cur) if cur.isdigit() else None
+    history = fb.history_entries(r.run(hc.cat_if_exists(f"{rdir}/history.jsonl"), check=False).stdout)
+    if not history and current is not None:  # older state: the history is the numbering up to the current one
+        history = [{"release": n} for n in sorted(kept) if n <= current]
+    problems, checked = [], []
+    for n, why in fb.candidates(kind, current, history, kept, to_release):
+        text = r.run(hc.cat_if_exists(f"{rdir}/{n:04d}.json"), check=False).stdout
+        if not text.strip():
+            problems.append(f"release {n} ({why}) is not retained ({rdir}/{n:04d}.json): name a retained one")
+            continue
+        image_id, ref, binds = fb.needs(json.loads(text))
+        missing = []
+        if image_id and not r.run(dk.image_id(h, image_id), check=False).ok:
+            missing.append(f"image {ref} (id {image_id[:19]}) is not in this host's image store: push it "
+                           f"(`eagle3ops push {ref} {h.name}`)")
+        missing += [f"bind source {p} does not exist on the host: restore it" for p in binds
+                    if not r.run(hc.exists(p), check=False).ok]
+        checked.append(n)
+        if missing:
+            problems.append(f"release {n} ({why}) cannot be created on this host: " + "; ".join(missing))
+    if problems:
+        pf.add("fallback releases", False, " | ".join(problems) + " (or remove that release file from "
+                                                                  f"{rdir} if it is no longer wanted)")
+    elif checked:
+        pf.add("fallback releases", True, f"creatable: {', '.join(map(str, checked))}")
+
+
 def serving_drift(r: Remote) -> tuple[str | None, list[str]]:
     """How the inventory's serving flags differ from the host's live serving container (read-only).
 

@@ -21,7 +21,7 @@ from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read
 from eagle3ops.window.gpucheck import estimate_gpu_memory
 from eagle3ops.window.kinds import driver_kind, require_serving
 from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
-from eagle3ops.window.preflight import Preflight, estimate_disk, preflight, read_run_state
+from eagle3ops.window.preflight import Preflight, check_fallbacks, estimate_disk, preflight, read_run_state
 from eagle3ops.window.standin import refuse_standin_image
 from eagle3ops.window.watch import finish_window, watch
 
@@ -140,6 +140,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                            disk=disk, trial=trial, memory=memory)
         if change is not None and change.args and pf.serving_container:  # container and compose kinds
             check_release_flags(r, pf, change.args)
+        if pf.serving_container and not (decision is not None and decision.nothing_to_do):
+            check_fallbacks(r, pf, kind="window" if kind in st.WINDOWS else kind, to_release=to_release)
         if decision is not None:
             for name, detail in decision.lines():
                 pf.add(name, True, detail)

@@ -111,6 +111,12 @@ class ServingKind:
         """Whether serving runs now, for the result (None: no serving to run)."""
         return None
 
+    def started_again(self) -> str | None:
+        """During the stages (serving stopped by this window): when serving runs again, stop it again and say what
+        was found, in words; None when it is still stopped, or when this kind cannot see it from the supervisor
+        (a process or unit: the host-side agent stopped it)."""
+        return None
+
     def keeps_release(self) -> bool:
         """Whether the result names a retained release (``result.json`` ``release``) for this plan."""
         return False

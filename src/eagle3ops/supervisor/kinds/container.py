@@ -89,7 +89,7 @@ class ContainerServing(ServingKind):
             raise RuntimeError(f"serving container {name!r} does not exist on the host")
         inspect = c.attrs
         write_private(sup.wdir / "serving-inspect.json", json.dumps(inspect, indent=2))
-        recorded = None
+        recorded, live_failed = None, None
         current = sup.releases.current()
         label = ((inspect.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
         # The live container is the current release when it carries its label, or an earlier window adopted it.
@@ -113,10 +113,11 @@ class ContainerServing(ServingKind):
                     sup.gate_through_signal(RECORD_GATE_S)
                     sup.releases.set_current(recorded)
                 except GateFailed as exc:
+                    live_failed = str(exc)[-300:]
                     sup.warn("record", f"serving container {name!r} did not pass the health gate ({exc}): recorded "
                                        f"as release {recorded} but not as a live release")
         sup.journal.log("record", "ok", release=sup.releases.current(), recorded=recorded,
-                        image_id=inspect.get("Image"))
+                        image_id=inspect.get("Image"), **({"live_failed": live_failed} if live_failed else {}))
 
     def stop(self) -> None:
         """Stop serving gracefully (``stop_timeout_s``, then SIGKILL) and wait for the GPUs to be released."""
@@ -264,6 +265,7 @@ class ContainerServing(ServingKind):
         if begun:  # resumed mid-switch: same target, never a second new release
             target = begun["to_release"]
         elif self.plan.kind in ("release", "speculate"):  # speculate: the plan's change is the speculative one
+            self._refuse_release_of_failed_live()
             target = releases.add(self.new_release(), self.plan.window_id,
                                   change=(self.plan.change or ReleaseChange()).describe())
         elif self.plan.to_release is not None:
@@ -332,6 +334,25 @@ class ContainerServing(ServingKind):
                                                                       f"{release}")
             return f"rolled back to release {release}"
 
+    def _refuse_release_of_failed_live(self) -> None:
+        """A release is a change of the live container: when the record step found that container running but failing
+        its own health gate, the release is refused before anything is removed (switching would replace serving
+        whose fault nobody has looked at, and leave no known-good release to fall back to). A live container that is
+        not running (e.g. ``created``, never started) is not judged: a release may replace it.
+
+        Raises:
+            RuntimeError: the live container failed at the record step; the message names it and the fix.
+        """
+        rec = self.sup.journal.first("record", "ok") or {}
+        why = rec.get("live_failed")
+        if why:
+            h = self.plan.host
+            raise RuntimeError(
+                f"live serving container {self.plan.serving_container!r} failed its own health gate before the "
+                f"switch ({why}); release not switched, serving left as it was: fix live serving first (`eagle3ops "
+                f"status {h}`, its logs; `eagle3ops rollback {h} --to N` brings back a retained release), then "
+                f"release again")
+
     def new_release(self) -> dict[str, Any]:
         """The record of a new release: the serving container recorded by this window (``serving-inspect.json``)
         plus the plan's intended change, nothing else (:func:`eagle3ops.commands.serving.apply_change`)."""
@@ -366,6 +387,29 @@ class ContainerServing(ServingKind):
             return None
 
         return crashed
+
+    def started_again(self) -> str | None:
+        """The serving container runs (or restarts) again while the stages run: stop it again (``stop_timeout_s``),
+        wait for the GPUs on a GPU host, and say what was found (its status, when it started, its restart policy)."""
+        c = self.live_container()
+        if c is None:
+            return None
+        c.reload()
+        if c.status not in ("running", "restarting"):
+            return None
+        state = c.attrs.get("State") or {}
+        policy = ((c.attrs.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "no"
+        found = (f"container {self.plan.serving_container!r} is {c.status} since {state.get('StartedAt', '?')}, "
+                 f"restart policy {policy}")
+        c.stop(timeout=self.plan.stop_timeout_s)
+        if self.plan.gpus and self.plan.stages:
+            try:
+                self.wait_gpus_free(timeout=120.0)
+            except Interrupted:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the stage fails on its own if memory is short
+                self.sup.warn("gpu-release", f"could not check GPU memory: {exc}")
+        return found
 
     def running(self) -> bool:
         c = self.live_container()

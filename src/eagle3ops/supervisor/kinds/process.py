@@ -70,6 +70,10 @@ class ProcessServing(ServingKind):
         if not self._await_file("stopped", self.plan.stop_timeout_s + 300 + 60):
             raise RuntimeError(f"the restore agent did not report the serving process (pid {self.plan.process_pid}) "
                                f"stopped; see {self.plan.process_dir}/agent.log")
+        held = self._file("port-held")
+        if held:  # a survivor of serving (not in its process tree, not this user's) still serves: no stage may run
+            raise RuntimeError(f"serving did not stop: {held}; stages not started (see {self.plan.process_dir}/"
+                               f"agent.log; stop what holds the port, or fix `serving.port` in the inventory)")
         self.sup.journal.log("stop", "ok", pid=self.plan.process_pid, seconds=self._file("stopped"))
 
     def restore(self) -> str:
@@ -87,12 +91,19 @@ class ProcessServing(ServingKind):
             raise RuntimeError(f"serving process not restored: no answer from the restore agent "
                                f"({self.plan.process_dir}/agent.log)")
         try:
+            held = self._file("port-held")
+            if held:  # the gate would be answered by that server, not by the process this restore started
+                raise GateFailed(f"{held}; the restored process cannot serve there (its exit is reported in "
+                                 f"{self.plan.process_dir}/agent.log)")
             self.sup.gate_through_signal()
         except GateFailed as exc:
             self.sup.unhealthy = True
             self.sup.journal.log("restore", "error", reason=str(exc)[-500:], verdict=True)
             raise RuntimeError(f"restored serving process failed its health gate ({exc}); its output: "
                                f"{self.plan.process_dir}/serving.log") from None
+        # The gate counted only the process this restore started (the agent reports its exit: crash_check); now
+        # the agent may stop watching it.
+        (Path(self.plan.process_dir) / "done").write_text(_now())
         self.sup.journal.log("restore", "ok", pid=self._file("restored"),
                          log=f"{self.plan.process_dir}/serving.log")
         return "restored"
