@@ -39,6 +39,16 @@ class Releases:
     def __init__(self, state_dir: Path):
         self.dir = state_dir / "releases"
         self.dir.mkdir(parents=True, exist_ok=True)
+        # the supervisor runs as root in its container: the directory (and so, through write_private, every release
+        # file) belongs to the state dir's owner, the SSH user, whose preflight reads the releases before a stop
+        own, st = self.dir.stat(), state_dir.stat()
+        if (own.st_uid, own.st_gid) != (st.st_uid, st.st_gid):
+            try:
+                os.chown(self.dir, st.st_uid, st.st_gid)
+                for f in self.dir.iterdir():
+                    os.chown(f, st.st_uid, st.st_gid)
+            except OSError:
+                pass
         self.history_file = self.dir / "history.jsonl"
 
     def numbers(self) -> list[int]:

@@ -378,11 +378,11 @@ def check_fallbacks(r: Remote, pf: Preflight, *, kind: str, to_release: int | No
     history = fb.history_entries(r.run(hc.cat_if_exists(f"{rdir}/history.jsonl"), check=False).stdout)
     if not history and current is not None:  # older state: the history is the numbering up to the current one
         history = [{"release": n} for n in sorted(kept) if n <= current]
-    problems, checked = [], []
+    problems, checked, unread = [], [], []
     for n, why in fb.candidates(kind, current, history, kept, to_release):
         text = r.run(hc.cat_if_exists(f"{rdir}/{n:04d}.json"), check=False).stdout
-        if not text.strip():
-            problems.append(f"release {n} ({why}) is not retained ({rdir}/{n:04d}.json): name a retained one")
+        if not text.strip():  # listed but unreadable by the SSH user (a file an older supervisor wrote as root)
+            unread.append(n)
             continue
         image_id, ref, binds = fb.needs(json.loads(text))
         missing = []
@@ -397,8 +397,12 @@ def check_fallbacks(r: Remote, pf: Preflight, *, kind: str, to_release: int | No
     if problems:
         pf.add("fallback releases", False, " | ".join(problems) + " (or remove that release file from "
                                                                   f"{rdir} if it is no longer wanted)")
-    elif checked:
-        pf.add("fallback releases", True, f"creatable: {', '.join(map(str, checked))}")
+    elif checked or unread:
+        note = f"creatable: {', '.join(map(str, checked))}" if checked else "none readable here"
+        if unread:
+            note += (f"; release(s) {', '.join(map(str, unread))} not readable by the SSH user: the supervisor checks "
+                     f"them when it rolls back (the next window makes their files the state dir owner's)")
+        pf.add("fallback releases", True, note)
 
 
 def serving_drift(r: Remote) -> tuple[str | None, list[str]]:
