@@ -246,7 +246,8 @@ def test_release_rollback_and_failed_release_of_a_serving_process(process_host):
     assert live[0] == before[0] and live[1:] == before[1:]
     assert Releases(state).current() == first
 
-    res, live = window("release", change=ReleaseChange(args=["--no-such-flag"]))
+    # a flag value the server refuses at start (the stand-in ignores unknown flags, as vLLM-shaped argv reach it)
+    res, live = window("release", change=ReleaseChange(args=["--token-ms", "not-a-number"]))
     assert res["outcome"] == "failed" and "rolled back to release" in res["error"], res
     assert res["serving_healthy"] is True and res["serving_running"] is True, res
     assert live[0] == before[0], "the recorded process is back"
@@ -254,7 +255,7 @@ def test_release_rollback_and_failed_release_of_a_serving_process(process_host):
     assert rel.current() == first == res["release"]
     assert max(rel.numbers()) not in rel.history(), "the failed release never became live"
     pdir = state / "windows" / res["window_id"] / "process"
-    assert (pdir / "exited").exists() and "unrecognized arguments" in (pdir / "serving.log").read_text()
+    assert (pdir / "exited").exists() and "invalid float value" in (pdir / "serving.log").read_text()
 
     res, live = window("rollback", to_release=v2)  # a named release comes back, as it was recorded
     assert res["outcome"] == "ok" and res["release"] == v2, res
@@ -414,7 +415,8 @@ def test_window_and_failed_release_restore_a_real_vllm_process(vllm_process_host
     pdir = state / "windows" / res["window_id"] / "process"
     assert "restored: pid" in (pdir / "agent.log").read_text()
 
-    res, live = window("release", change=ReleaseChange(args=["--no-such-flag"]))
+    # a flag value the server refuses at start (the stand-in ignores unknown flags, as vLLM-shaped argv reach it)
+    res, live = window("release", change=ReleaseChange(args=["--token-ms", "not-a-number"]))
     assert res["outcome"] == "failed" and "rolled back to release" in res["error"], res
     assert res["serving_healthy"] is True and res["serving_running"] is True, res
     assert live == before, "the recorded vLLM process is back as it was"
