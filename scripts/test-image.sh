@@ -14,5 +14,5 @@ exec docker run --rm --network host \
   -v "$PWD/tests:/e3/tests:ro" -v "$PWD/patches:/e3/patches:ro" -v "$PWD/deploy:/e3/deploy:ro" -v "$PWD/.cache/test-wheels:/wheels:ro" -w /e3 \
   --entrypoint bash "$tag" -c \
   'python3 -m pip install -q --no-index --no-deps --target /tmp/pt /wheels/*.whl \
-   && PYTHONPATH=/tmp/pt python3 -m pytest -p no:cacheprovider -p pytest_timeout --timeout=600 --timeout-method=signal \
+   && PYTHONPATH=/tmp/pt python3 -m pytest -p no:cacheprovider --timeout=600 --timeout-method=signal \
      --durations=10 -ra "$@" tests/image' test-image "$@"
