@@ -110,8 +110,6 @@ def _entries(journal: Path) -> list[dict]:
         return []
 
 
-@pytest.mark.sandbox
-@pytest.mark.images
 #: The points this suite runs. Killed at "speculative-restart" the job ended "keep" while the live stand-in process
 #: found on the port had no --speculative-config, and at "decision" (0.5x speculative speed) the verdict was "keep"
 #: at x1.77-1.89: both failed on the sandbox in the first run of these tests (issue 24 stays open on them), so they
@@ -119,6 +117,8 @@ def _entries(journal: Path) -> list[dict]:
 RUN_POINTS = ["baseline", "speculative-measurement"]
 
 
+@pytest.mark.sandbox
+@pytest.mark.images
 @pytest.mark.parametrize("point", RUN_POINTS)
 def test_a_driver_killed_during_the_job_leaves_the_host_to_finish(point, kill_host, kill_head):
     inv, host = kill_host
