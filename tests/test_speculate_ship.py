@@ -239,7 +239,7 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
                 for c in map(str, s.gate_concurrency):
                     lv = res["levels"][c]
                     assert lv["baseline"]["output_tokens"] == lv["speculative"]["output_tokens"] == \
-                        s.gate_prompts * s.gate_max_tokens
+                        s.gate_prompts * s.gate_max_tokens * res["gate_passes"]  # every prompt, every pass
             audit = [e for e in audit_entries(r) if e.get("kind") == "speculate" and e.get("run") == run_id]
             assert [e["verdict"] for e in audit[-2:]] == ["rollback", "keep"]
             assert audit[-1]["figures"]["spec_decode"]["mean_acceptance_length"] == \
