@@ -77,7 +77,7 @@ demo: setup
 # Images first (tests/prebuild.py: cached by content, seconds when warm), so no cold build counts against a test's
 # 600 s limit; the ten slowest tests are printed at the end of each suite.
 test: setup prebuild
-	$(PY) -m pytest -ra --durations=10 tests --ignore=tests/image
+	$(PY) -m pytest -ra --durations=10 -n 2 --dist loadgroup tests --ignore=tests/image
 	$(MAKE) test-image
 
 prebuild: setup

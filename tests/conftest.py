@@ -2,6 +2,12 @@
 
 Each fixture builds or starts what is missing and reuses what is already there, so a second run is fast. They are
 the same functions ``make demo`` uses (:mod:`eagle3ops_dev.demo`).
+
+The host suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, Makefile ``test``): every test that
+reaches the inventory's sandbox host (one sshd, one engine, one serving port, one lock) is put in the xdist group
+``sandbox`` by :func:`pytest_collection_modifyitems`, so those run on one worker, one after another, while the other
+worker takes the rest. A module that brings up a sandbox of its own names its group in ``XDIST_GROUP`` (its
+module-scoped fixtures then run on one worker only).
 """
 
 from __future__ import annotations
@@ -12,6 +18,27 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "deploy/hosts.yaml"
+#: Fixtures that reach the inventory's sandbox host (directly or through the fixtures they use).
+SANDBOX_FIXTURES = frozenset({"sandbox_host", "deployed", "speculative_image"})
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group a collected test runs in: ``sandbox`` when it uses a :data:`SANDBOX_FIXTURES` fixture (the
+    closure of its fixtures) or is marked ``sandbox`` without a group of its own; else its module's
+    ``XDIST_GROUP``; else none (any worker)."""
+    if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "sandbox"
+    own = getattr(item.module, "XDIST_GROUP", None) if hasattr(item, "module") else None
+    if own:
+        return own
+    return "sandbox" if item.get_closest_marker("sandbox") else None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = xdist_group_of(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -82,3 +109,48 @@ def speculative_image(built_images, sandbox_host):
                                ca_bundle=images.default_ca_bundle(), quiet=True,
                                extra_tags=[sandbox_host.serving.speculative_image])
     return built
+
+
+@pytest.fixture(scope="session")
+def standin_deployed(deployed):
+    """(host, DeployResult): the sandbox with a second production serving container whose server is the STAND-IN
+    OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM: it starts in about a second and answers what
+    the health gate asks), in the local vLLM base image with ``--entrypoint python3``, on its own port
+    (``EAGLE3OPS_TEST_STANDIN_SERVING_PORT``, default 18010), container name and state dir (its own lock, releases and
+    audit), beside the real vLLM serving of :func:`deployed`.
+
+    For the window tests whose subject is the window (stages, faults, the lock, the supervisor, the restore agent):
+    each window's stop and restore of serving then costs seconds, not a vLLM start. Windows against real vLLM are
+    the ``deployed`` tests (a release vLLM refuses, a restore that cannot load its model, the speculation gate)."""
+    import os
+    import shutil
+    import subprocess
+
+    from eagle3ops import executor
+    from eagle3ops.commands import docker as dk
+    from eagle3ops.commands import serving as sv
+    from eagle3ops.health import wait_healthy
+    from eagle3ops_dev import demo
+
+    h, dep = deployed
+    port = int(os.environ.get("EAGLE3OPS_TEST_STANDIN_SERVING_PORT", "18010"))
+    root = Path(h.state_dir).parent
+    state, app = root / "state-standin", root / "standin-serving"
+    for d in (state, app):
+        d.mkdir(exist_ok=True)
+    shutil.copy(REPO / "tests/data/standin_openai_server.py", app / "standin_openai_server.py")
+    subprocess.run(["chown", "-R", "e3ops:e3ops", str(state), str(app)], check=True)
+    sh = h.model_copy(update={"name": "sandbox-standin", "state_dir": str(state), "serving": h.serving.model_copy(
+        update={"container": "standin-serving", "port": port, "health_timeout_s": 60,
+                "args": ["--port", str(port), "--model", h.serving.served_model_name],
+                "volumes": [*h.serving.volumes, f"{app}:/standin:ro"], "speculative_image": None})})
+    spec = {**sv.container_spec(sh, release=1), "entrypoint": ["python3", "/standin/standin_openai_server.py"]}
+    with executor.for_host(sh) as r:
+        if r.run(dk.inspect_format(sh, "standin-serving", "{{.State.Status}}"), check=False).stdout.strip():
+            r.run(dk.rm(sh, "standin-serving", force=True))
+        r.run(sv.run_argv(sh, spec))
+    wait_healthy(f"http://127.0.0.1:{port}", h.serving.served_model_name, timeout_s=60, interval_s=0.3)
+    assert demo.serving_healthy(sh, completion=True), "the stand-in serving container does not complete"
+    yield sh, dep
+    with executor.for_host(sh) as r:
+        r.run(dk.rm(sh, "standin-serving", force=True), check=False)

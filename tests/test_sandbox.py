@@ -16,6 +16,8 @@ from eagle3ops_dev import sandbox
 from eagle3ops.remote import HostUnreachable, Remote
 
 pytestmark = pytest.mark.sandbox
+#: xdist group (tests/conftest.py): this module's own sandbox (pytest-sbx) is brought up by one worker, its tests run there in turn.
+XDIST_GROUP = "pytest-sbx"
 
 NAME, PORT = "pytest-sbx", 2231
 

@@ -415,8 +415,8 @@ def test_window_and_failed_release_restore_a_real_vllm_process(vllm_process_host
     pdir = state / "windows" / res["window_id"] / "process"
     assert "restored: pid" in (pdir / "agent.log").read_text()
 
-    # a flag value the server refuses at start (the stand-in ignores unknown flags, as vLLM-shaped argv reach it)
-    res, live = window("release", change=ReleaseChange(args=["--token-ms", "not-a-number"]))
+    # a flag vLLM rejects at start (its argument parser exits: "unrecognized arguments")
+    res, live = window("release", change=ReleaseChange(args=["--no-such-flag"]))
     assert res["outcome"] == "failed" and "rolled back to release" in res["error"], res
     assert res["serving_healthy"] is True and res["serving_running"] is True, res
     assert live == before, "the recorded vLLM process is back as it was"

@@ -41,16 +41,24 @@ POINTS = {"baseline": (("baseline", "start"), 2.0, "keep"),
           "decision": (("decide", "ok"), 0.5, "rollback")}
 
 
-def _server() -> tuple[int | None, list[str]]:
-    """(pid, argv) of the stand-in server on :data:`PORT` (read from /proc here: the sandbox shares this machine)."""
+def _servers() -> list[tuple[int, list[str]]]:
+    """(pid, argv) of every stand-in server on :data:`PORT` (read from /proc here: the sandbox shares this machine)."""
+    found = []
     for d in Path("/proc").iterdir():
         try:
             cmd = (d / "cmdline").read_bytes()
         except OSError:
             continue
         if d.name.isdigit() and b"standin_openai_server" in cmd and f"--port\0{PORT}\0".encode() in cmd:
-            return int(d.name), [c.decode() for c in cmd.split(b"\0") if c]
-    return None, []
+            found.append((int(d.name), [c.decode() for c in cmd.split(b"\0") if c]))
+    return found
+
+
+def _server() -> tuple[int | None, list[str]]:
+    """(pid, argv) of the one stand-in server on :data:`PORT`; fails when more than one runs."""
+    found = _servers()
+    assert len(found) <= 1, f"more than one stand-in server on port {PORT}: {found}"
+    return found[0] if found else (None, [])
 
 
 @pytest.fixture(scope="module")
@@ -83,19 +91,28 @@ def kill_host(deployed, tmp_path, request):
     inv.write_text(yaml.safe_dump({"hosts": {"sandbox": raw}}))
     start = (f"cd {work} && setsid nohup /usr/bin/python3 {work}/standin_openai_server.py --port {PORT} --model "
              f"{MODEL} --token-ms 12 --spec-speedup {speedup} >{work}/first.log 2>&1 </dev/null &")
+    _stop_servers(h)  # a server left by an earlier test would answer for this one (its speed-up, its argv)
     with Remote(h) as r:
         r.run(["sh", "-c", start])
     wait_healthy(f"http://127.0.0.1:{PORT}", MODEL, timeout_s=30, interval_s=0.3)
+    servers = _servers()
+    assert len(servers) == 1 and f"--spec-speedup\0{speedup}\0" in "\0".join(servers[0][1]) + "\0", servers
     try:
         yield inv, load_inventory(inv).host("sandbox")
     finally:
-        for _ in range(2):
-            pid, _ = _server()
-            if pid:
-                with Remote(h) as r:
-                    r.run(["kill", str(pid)], check=False)  # the stand-in this fixture (or a release of it) started
-                time.sleep(1)
+        _stop_servers(h)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _stop_servers(h, timeout_s: float = 30) -> None:
+    """SIGTERM every stand-in server on :data:`PORT` (as the SSH user that started them) until none is left, bounded:
+    each test starts from no server on the port."""
+    deadline = time.time() + timeout_s
+    while (pids := [pid for pid, _ in _servers()]) and time.time() < deadline:
+        with Remote(h) as r:
+            r.run(["kill", *map(str, pids)], check=False)
+        time.sleep(0.5)
+    assert not _servers(), f"stand-in servers on port {PORT} still run after {timeout_s:.0f} s: {_servers()}"
 
 
 def _newest_speculate(state: Path, since: float) -> Path | None:
@@ -159,6 +176,8 @@ def test_a_driver_killed_during_the_job_leaves_the_host_to_finish(point, kill_ho
     mine = [e for e in audit if e.get("window") == wdir.name]
     assert mine and mine[-1]["verdict"] == attempt["verdict"] and mine[-1]["figures"]["levels"]
     _, argv = _server()
-    assert argv and ("--speculative-config" in argv) == (attempt["verdict"] == "keep"), argv
+    agent = wdir / "process" / "agent.log"
+    assert argv and ("--speculative-config" in argv) == (attempt["verdict"] == "keep"), (
+        argv, agent.read_text() if agent.exists() else "no agent.log", _entries(wdir / "journal.jsonl")[-8:])
     wait_healthy(f"http://127.0.0.1:{PORT}", MODEL, timeout_s=10, interval_s=0.3)
     print(f"{point}: killed at {step} {event}; host finished with {attempt['verdict']} in {time.time() - t0:.1f} s")

@@ -232,7 +232,19 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def _ensure_user() -> tuple[int, int]:
-    """Create group and user ``e3ops`` (shell /bin/bash, home /home/e3ops) if missing; returns (uid, gid)."""
+    """Create group and user ``e3ops`` (shell /bin/bash, home /home/e3ops) if missing; returns (uid, gid).
+
+    Sandboxes share the user: ``SANDBOX_BASE/.user.lock`` (flock) keeps two ``up`` calls at once (two checkouts,
+    two test workers) from racing ``useradd``/``usermod`` on ``/etc/passwd``."""
+    import fcntl
+
+    SANDBOX_BASE.mkdir(parents=True, exist_ok=True)
+    with open(SANDBOX_BASE / ".user.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_user_locked()
+
+
+def _ensure_user_locked() -> tuple[int, int]:
     try:
         grp.getgrnam(GROUP)
     except KeyError:
