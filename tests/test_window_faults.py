@@ -1,4 +1,9 @@
-"""Fault suite of a maintenance window on the sandbox: real sshd, real dockerd, real vLLM serving.
+"""Fault suite of a maintenance window on the sandbox: real sshd, real dockerd, real stages.
+
+Serving: real vLLM (``deployed``) where the fault is about serving itself (a restore that fails its gate and rolls
+back, the engine restarted under it, a driver or supervisor killed, the lock and preflight refusals); the STAND-IN
+serving container (``standin_deployed``: the stand-in OpenAI server, not vLLM, starting in a second) where the
+fault is in the stages or the connection, so those windows' stop and restore cost seconds, not a vLLM start.
 
 Every test ends with production serving running and healthy, checks the audit entry and the lock, and says what
 happened through the result/exception. Stages are the real pipeline stages made to fail in realistic ways.
@@ -91,8 +96,8 @@ def _wait_for_event(h, before: set[str], step: str, event: str = "start", timeou
     raise AssertionError(f"no {step} {event} within {timeout}s")
 
 
-def test_stage_exits_nonzero_keeps_finished_outputs(deployed):
-    h, dep = deployed
+def test_stage_exits_nonzero_keeps_finished_outputs(standin_deployed):
+    h, dep = standin_deployed
     # extract asks for more tensor-parallel ranks than this CPU host has: a real failure of the extract stage,
     # after prepare finished.
     run = _unique("fault-exit")
@@ -104,8 +109,8 @@ def test_stage_exits_nonzero_keeps_finished_outputs(deployed):
     _assert_serving_back(h, res["window_id"], "failed")
 
 
-def test_stage_hangs_past_timeout(deployed):
-    h, dep = deployed
+def test_stage_hangs_past_timeout(standin_deployed):
+    h, dep = standin_deployed
     slow = h.model_copy(update={"stage_timeout_s": 1.0})
     res = _window(slow, dep, "extract", _unique("fault-hang"))
     assert res["outcome"] == "failed"
@@ -114,8 +119,8 @@ def test_stage_hangs_past_timeout(deployed):
     _assert_serving_back(h, res["window_id"], "failed")
 
 
-def test_budget_exceeded_stops_stage_and_restores(deployed):
-    h, dep = deployed
+def test_budget_exceeded_stops_stage_and_restores(standin_deployed):
+    h, dep = standin_deployed
     tight = h.model_copy(update={"maintenance_budget_s": 1.0})
     res = _window(tight, dep, "extract", _unique("fault-budget"))
     assert res["outcome"] == "failed" and "budget" in res["stages"]["prepare"]
@@ -218,8 +223,8 @@ def test_supervisor_killed_then_recover(deployed):
     _assert_serving_back(h, wid, "ok")
 
 
-def test_ssh_connection_cut_mid_stage(deployed):
-    h, dep = deployed
+def test_ssh_connection_cut_mid_stage(standin_deployed):
+    h, dep = standin_deployed
     box: dict = {}
 
     def drive():
@@ -286,8 +291,8 @@ def test_docker_daemon_restarted_mid_run(deployed):
     _assert_serving_back(h, wid, res["outcome"])
 
 
-def test_data_dir_fills_up_during_stage(deployed):
-    h, dep = deployed
+def test_data_dir_fills_up_during_stage(standin_deployed):
+    h, dep = standin_deployed
     small = "/var/lib/eagle3ops-sandbox/sandbox/smalldata"
     os.makedirs(small, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", small], check=True)
