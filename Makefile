@@ -1,7 +1,7 @@
 # eagle3ops make targets: each a thin call of the `eagle3ops` CLI, or of the development harness's
 # `python -m eagle3ops_dev` (sandbox, base, demo: not in the eagle3ops wheel) (see README.md).
 #   make demo                       the whole maintenance cycle on the embedded sandbox host
-#   make test                       the test suite (host tests, then the in-image tests)
+#   make test                       the test suite (host tests and, beside them, the in-image tests)
 #   make deploy  HOST=gpu-01        build + push the pipeline image, verify its id, preflight (serving untouched)
 #   make extract HOST=gpu-01        window 1: prepare + extract hidden states
 #   make extract HOSTS=a,b,c DRY=1  the fleet plan over several hosts (contiguous shards, windows, waves)
@@ -75,10 +75,10 @@ demo: setup
 
 # Host tests need the sandbox and the images; the fixtures in tests/conftest.py build/start what is missing.
 # Images first (tests/prebuild.py: cached by content, seconds when warm), so no cold build counts against a test's
-# 600 s limit; the ten slowest tests are printed at the end of each suite.
+# 600 s limit; then scripts/test.sh runs the in-image suite in the background beside the host suite (two xdist
+# workers); the ten slowest tests are printed at the end of each suite.
 test: setup prebuild
-	$(PY) -m pytest -ra --durations=10 -n 2 --dist loadgroup tests --ignore=tests/image
-	$(MAKE) test-image
+	bash scripts/test.sh "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
 
 prebuild: setup
 	$(PY) tests/prebuild.py

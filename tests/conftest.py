@@ -123,9 +123,9 @@ def standin_deployed(deployed):
     each window's stop and restore of serving then costs seconds, not a vLLM start. Windows against real vLLM are
     the ``deployed`` tests (a release vLLM refuses, a restore that cannot load its model, the speculation gate)."""
     import os
-    import shutil
     import subprocess
 
+    import standin_serving
     from eagle3ops import executor
     from eagle3ops.commands import docker as dk
     from eagle3ops.commands import serving as sv
@@ -134,17 +134,14 @@ def standin_deployed(deployed):
 
     h, dep = deployed
     port = int(os.environ.get("EAGLE3OPS_TEST_STANDIN_SERVING_PORT", "18010"))
-    root = Path(h.state_dir).parent
-    state, app = root / "state-standin", root / "standin-serving"
-    for d in (state, app):
-        d.mkdir(exist_ok=True)
-    shutil.copy(REPO / "tests/data/standin_openai_server.py", app / "standin_openai_server.py")
-    subprocess.run(["chown", "-R", "e3ops:e3ops", str(state), str(app)], check=True)
+    state = Path(h.state_dir).parent / "state-standin"
+    state.mkdir(exist_ok=True)
+    subprocess.run(["chown", "-R", "e3ops:e3ops", str(state)], check=True)
     sh = h.model_copy(update={"name": "sandbox-standin", "state_dir": str(state), "serving": h.serving.model_copy(
         update={"container": "standin-serving", "port": port, "health_timeout_s": 60,
-                "args": ["--port", str(port), "--model", h.serving.served_model_name],
-                "volumes": [*h.serving.volumes, f"{app}:/standin:ro"], "speculative_image": None})})
-    spec = {**sv.container_spec(sh, release=1), "entrypoint": ["python3", "/standin/standin_openai_server.py"]}
+                "args": standin_serving.args(port, h.serving.served_model_name),
+                "volumes": [*h.serving.volumes, standin_serving.script_volume(h)], "speculative_image": None})})
+    spec = {**sv.container_spec(sh, release=1), "entrypoint": standin_serving.ENTRYPOINT}
     with executor.for_host(sh) as r:
         if r.run(dk.inspect_format(sh, "standin-serving", "{{.State.Status}}"), check=False).stdout.strip():
             r.run(dk.rm(sh, "standin-serving", force=True))

@@ -1,6 +1,7 @@
-"""Issue 14 items 6 and 5 on the sandbox's real Docker engine and real vLLM.
+"""Issue 14 items 6 and 5 on the sandbox's real Docker engine.
 
-Serving is started by hand with a long ``docker run`` flag list like a real 8-GPU vLLM deployment's (ipc host,
+Serving (the STAND-IN OpenAI server in the local vLLM base image, :mod:`standin_serving`: the subject here is the
+container's configuration and the gate's key, not vLLM; it requires ``--api-key`` as vLLM does) is started by hand with a long ``docker run`` flag list like a real 8-GPU vLLM deployment's (ipc host,
 shm size, finite memlock/stack/nofile ulimits within this machine's limits, a tmpfs mount, a device, cap-add,
 security-opt, init, log options, user, workdir, stop signal/timeout, a healthcheck, pids limit, group-add, env,
 binds, restart policy) and with ``--api-key``: the health gate must send the key it finds in the container's own
@@ -19,6 +20,8 @@ import time
 import uuid
 
 import pytest
+
+import standin_serving
 
 from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange
 from eagle3ops import health as gate
@@ -55,7 +58,6 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 def _run_argv(h) -> list[str]:
     s = h.serving
-    args = [a if a != str(s.port) else str(PORT) for a in s.args]
     return [
         "run", "--detach", "--name", NAME, "--network", "host", "--restart", "always",
         "--ipc", "host", "--shm-size", "1g",
@@ -72,8 +74,9 @@ def _run_argv(h) -> list[str]:
         "--env", "NCCL_IB_HCA=mlx5", "--env", "NCCL_SOCKET_IFNAME=lo", "--env", "NCCL_DEBUG=WARN",
         "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--env", "OMP_NUM_THREADS=2",
         "--label", "team=inference",
-        "--volume", f"{h.model_path}:/models/tiny-llama:ro",
-        s.image, *args, "--api-key", KEY,
+        "--volume", f"{h.model_path}:/models/tiny-llama:ro", "--volume", standin_serving.script_volume(h),
+        "--entrypoint", standin_serving.ENTRYPOINT[0],
+        s.image, *standin_serving.ENTRYPOINT[1:], *standin_serving.args(PORT, s.served_model_name), "--api-key", KEY,
     ]
 
 

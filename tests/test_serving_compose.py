@@ -1,5 +1,6 @@
 """Serving managed by Docker Compose (kind ``compose``) on the sandbox: real Compose (v1, Debian's docker-compose),
-real sshd, real dockerd, real vLLM serving the tiny model.
+real sshd, real dockerd; the service's server is the STAND-IN OpenAI server (:mod:`standin_serving`, NOT vLLM: the
+subject is Compose's service container, found, stopped, restored and recreated by eagle3ops).
 
 A second serving service (port 18001) is brought up by ``docker-compose`` on the sandbox's engine; eagle3ops finds it
 by its Compose labels, runs an extract window around it (stop → stages → restore, health-gated) and a release that
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+import standin_serving
+
 from eagle3ops_dev import demo
 from eagle3ops.remote import Remote
 from eagle3ops.config.plan import ReleaseChange
@@ -32,9 +35,10 @@ extract: {batch_size: 8}
 
 def _compose_file(h, path: Path) -> Path:
     s = h.serving
-    args = [a if a != str(s.port) else str(PORT) for a in s.args]
-    svc = {"image": s.image, "command": args, "environment": dict(s.env), "volumes": list(s.volumes),
-           "network_mode": "host", "restart": "unless-stopped"}
+    svc = {"image": s.image, "entrypoint": standin_serving.ENTRYPOINT,
+           "command": standin_serving.args(PORT, s.served_model_name), "environment": dict(s.env),
+           "volumes": [*s.volumes, standin_serving.script_volume(h)], "network_mode": "host",
+           "restart": "unless-stopped"}
     path.write_text(json.dumps({"version": "2.4", "services": {SERVICE: svc}}, indent=2))  # JSON is YAML
     return path
 
@@ -53,7 +57,7 @@ def compose_host(deployed, tmp_path):
     subprocess.run(["chown", "-R", "e3ops:e3ops", str(state)], check=True)
     ch = h.model_copy(update={"name": "sandbox-compose", "state_dir": str(state), "serving": h.serving.model_copy(
         update={"kind": "compose", "compose_project": PROJECT, "compose_service": SERVICE, "port": PORT,
-                "args": [a if a != str(h.serving.port) else str(PORT) for a in h.serving.args]})})
+                "args": standin_serving.args(PORT, h.serving.served_model_name)})})
     cf = _compose_file(h, tmp_path / "compose.yaml")
     up = _compose(ch, cf, "up", "-d")
     assert up.returncode == 0, up.stderr

@@ -22,6 +22,8 @@ only; stops on SIGTERM like vLLM does.
 import argparse
 import json
 import os
+import signal
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -135,6 +137,9 @@ def main() -> None:
 
     print(f"stand-in OpenAI server (not vLLM) pid {os.getpid()} on 127.0.0.1:{args.port} label {args.label!r}"
           f"{' speculative (simulated)' if spec else ''}", flush=True)
+    # SIGTERM ends the server at once, as vLLM's handler does; without a handler a server that is a container's PID 1
+    # would ignore it (the kernel drops default-action signals to PID 1) and `docker stop` would wait its timeout.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 
 

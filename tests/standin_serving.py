@@ -1,0 +1,33 @@
+"""The STAND-IN OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM) as a serving container's server.
+
+Sandbox tests whose subject is the window, the container's configuration or a serving manager (Compose), not vLLM,
+run it in the local vLLM base image with ``--entrypoint python3`` (the image's own Python; the server is standard
+library only), the script bind-mounted read-only from the sandbox's root: a start takes about a second instead of a
+vLLM start (40-100 s on this machine), and it answers what the health gate asks (``/health``, ``/v1/models``,
+``/v1/completions``, ``--api-key`` required when given; unknown vLLM flags are accepted and ignored).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: The container's entrypoint: the image's python3 running the mounted stand-in server.
+ENTRYPOINT = ["python3", "/standin/standin_openai_server.py"]
+
+
+def script_volume(h) -> str:
+    """Copy the stand-in server into ``<sandbox root>/standin-serving/`` (owned by the SSH user) and return the
+    ``HOST:CONTAINER:ro`` bind that puts it at ``/standin`` in the container."""
+    app = Path(h.state_dir).parent / "standin-serving"
+    app.mkdir(exist_ok=True)
+    shutil.copy(REPO / "tests/data/standin_openai_server.py", app / "standin_openai_server.py")
+    subprocess.run(["chown", "-R", "e3ops:e3ops", str(app)], check=True)
+    return f"{app}:/standin:ro"
+
+
+def args(port: int, model: str) -> list[str]:
+    """The stand-in's arguments for ``port`` and the served ``model`` name."""
+    return ["--port", str(port), "--model", model]
