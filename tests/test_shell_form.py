@@ -115,6 +115,7 @@ def test_sandbox_release_of_shell_form_serving_is_refused_and_serving_untouched(
     import uuid
 
     import docker
+    import standin_serving
 
     from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange
     from eagle3ops.supervisor.releases import Releases
@@ -126,13 +127,14 @@ def test_sandbox_release_of_shell_form_serving_is_refused_and_serving_untouched(
         return subprocess.run(["docker", "-H", h.docker_host, *args], capture_output=True, text=True, timeout=300,
                               check=check)
 
-    image_cfg = json.loads(dk("image", "inspect", h.serving.image).stdout)[0]["Config"]
-    args = [a if a != str(h.serving.port) else str(PORT) for a in h.serving.args]
-    script = "exec " + shlex.join([*(image_cfg.get("Entrypoint") or []), *args, "--api-key", "sk-shellform"])
+    # The server: the STAND-IN OpenAI server (standin_serving; the subject is the shell form, not vLLM).
+    script = "exec " + shlex.join([*standin_serving.ENTRYPOINT, *standin_serving.args(PORT, h.serving.served_model_name),
+                                   "--api-key", "sk-shellform"])
     env = [f"--env={k}={v}" for k, v in h.serving.env.items()]
     dk("rm", "--force", NAME, check=False)
     dk("run", "--detach", "--name", NAME, "--network", "host", *env,
-       *[f"--volume={v}" for v in h.serving.volumes], "--entrypoint", "/bin/sh", h.serving.image, "-c", script)
+       *[f"--volume={v}" for v in [*h.serving.volumes, standin_serving.script_volume(h)]], "--entrypoint", "/bin/sh",
+       h.serving.image, "-c", script)
     try:
         before = json.loads(dk("container", "inspect", NAME).stdout)[0]
         assert health.api_key_from_inspect(before) == "sk-shellform"
