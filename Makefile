@@ -75,8 +75,8 @@ demo: setup
 
 # Host tests need the sandbox and the images; the fixtures in tests/conftest.py build/start what is missing.
 # Images first (tests/prebuild.py: cached by content, seconds when warm), so no cold build counts against a test's
-# 600 s limit; then scripts/test.sh runs the in-image suite in the background beside the host suite (two xdist
-# workers); the ten slowest tests are printed at the end of each suite.
+# 600 s limit; then scripts/test.sh runs the host suite's two parts (the sandbox's tests; the rest) and the in-image
+# suite side by side; the ten slowest tests are printed at the end of each.
 test: setup prebuild
 	bash scripts/test.sh "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
 

@@ -42,7 +42,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Dependencies from the hash-pinned lock (requirements/driver.lock, made from requirements/driver.in), then
 # eagle3ops itself editable with no dependency resolution and no build isolation (its build backend is in the lock).
-if ! .venv/bin/python -c 'import eagle3ops, eagle3ops_dev, fabric, docker, typer, pytest, pytest_timeout, xdist' 2>/dev/null \
+if ! .venv/bin/python -c 'import eagle3ops, eagle3ops_dev, fabric, docker, typer, pytest, pytest_timeout' 2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ] || [ requirements/driver.lock -nt .venv/.installed ]; then
   log "installing eagle3ops and its driver dependencies into .venv (requirements/driver.lock)"
   if [ -z "${PIP_CERT:-}" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then

@@ -3,11 +3,12 @@
 Each fixture builds or starts what is missing and reuses what is already there, so a second run is fast. They are
 the same functions ``make demo`` uses (:mod:`eagle3ops_dev.demo`).
 
-The host suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, Makefile ``test``): every test that
-reaches the inventory's sandbox host (one sshd, one engine, one serving port, one lock) is put in the xdist group
-``sandbox`` by :func:`pytest_collection_modifyitems`, so those run on one worker, one after another, while the other
-worker takes the rest. A module that brings up a sandbox of its own names its group in ``XDIST_GROUP`` (its
-module-scoped fixtures then run on one worker only).
+The host suite runs as two pytest processes side by side (``scripts/test.sh``, README's test command): ``--part
+sandbox`` runs every test that reaches the inventory's sandbox host (one sshd, one engine, one serving port, one
+lock), one after another; ``--part rest`` runs all the others (pure tests, the local build engine, and the modules
+that bring up sandboxes of their own, each module whole). Which part a test is in: :func:`part_of`. Without
+``--part`` every test runs, as before. (pytest-xdist's ``loadgroup`` would do this, but xdist 3.8 writes the group
+into ``item._nodeid``, which pytest 9 no longer reads: the groups were silently ignored.)
 """
 
 from __future__ import annotations
@@ -20,25 +21,33 @@ REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "deploy/hosts.yaml"
 #: Fixtures that reach the inventory's sandbox host (directly or through the fixtures they use).
 SANDBOX_FIXTURES = frozenset({"sandbox_host", "deployed", "speculative_image"})
+PARTS = ("sandbox", "rest")
 
 
-def xdist_group_of(item: pytest.Item) -> str | None:
-    """The xdist group a collected test runs in: ``sandbox`` when it uses a :data:`SANDBOX_FIXTURES` fixture (the
-    closure of its fixtures) or is marked ``sandbox`` without a group of its own; else its module's
-    ``XDIST_GROUP``; else none (any worker)."""
+def part_of(item: pytest.Item) -> str:
+    """``sandbox`` for a test that uses a :data:`SANDBOX_FIXTURES` fixture (the closure of its fixtures) or is marked
+    ``sandbox`` and brings up no sandbox of its own (its module's ``OWN_SANDBOX``); ``rest`` otherwise."""
     if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
         return "sandbox"
-    own = getattr(item.module, "XDIST_GROUP", None) if hasattr(item, "module") else None
-    if own:
-        return own
-    return "sandbox" if item.get_closest_marker("sandbox") else None
+    if getattr(getattr(item, "module", None), "OWN_SANDBOX", None):
+        return "rest"
+    return "sandbox" if item.get_closest_marker("sandbox") else "rest"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--part", choices=PARTS, default=None,
+                     help="run only this part of the host suite (scripts/test.sh runs both side by side)")
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = xdist_group_of(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+    part = config.getoption("--part")
+    if part is None:
+        return
+    keep = [i for i in items if part_of(i) == part]
+    dropped = [i for i in items if part_of(i) != part]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -288,12 +288,14 @@ def test_a_pass_recorded_by_an_older_version_under_verify_is_read() -> None:
 def test_the_old_verify_commands_are_hidden_aliases_that_say_so(tmp_path: Path) -> None:
     """``eagle3ops verify HOST`` and ``eagle3ops patch verify`` still run ``probe`` with the same options (users'
     scripts), after one deprecation line on stderr; neither is listed in --help."""
+    import os
     import subprocess
     import sys
 
     def cli(*args: str) -> subprocess.CompletedProcess:
+        # wide enough that the error's path is not wrapped (rich wraps at 80 columns without a terminal)
         return subprocess.run([sys.executable, "-m", "eagle3ops", *args], capture_output=True, text=True, cwd=REPO,
-                              timeout=120)
+                              timeout=120, env={**os.environ, "COLUMNS": "400"})
 
     top = cli("verify", "nohost", "--inventory", str(tmp_path / "absent.yaml"))
     assert "`eagle3ops verify` is deprecated: it is now `eagle3ops probe`" in top.stderr, top.stderr

@@ -16,8 +16,9 @@ from eagle3ops_dev import sandbox
 from eagle3ops.remote import HostUnreachable, Remote
 
 pytestmark = pytest.mark.sandbox
-#: xdist group (tests/conftest.py): this module's own sandbox (pytest-sbx) is brought up by one worker, its tests run there in turn.
-XDIST_GROUP = "pytest-sbx"
+#: This module brings up a sandbox of its own (pytest-sbx): its tests run in the host suite's "rest" part
+#: (tests/conftest.py), the module whole in one process.
+OWN_SANDBOX = "pytest-sbx"
 
 NAME, PORT = "pytest-sbx", 2231
 

@@ -16,8 +16,9 @@ from eagle3ops_dev import sandbox
 from eagle3ops.remote import Remote
 
 pytestmark = pytest.mark.sandbox
-#: xdist group (tests/conftest.py): this module's own sandbox (pytest-ctrd) is brought up by one worker, its tests run there in turn.
-XDIST_GROUP = "pytest-ctrd"
+#: This module brings up a sandbox of its own (pytest-ctrd): its tests run in the host suite's "rest" part
+#: (tests/conftest.py), the module whole in one process.
+OWN_SANDBOX = "pytest-ctrd"
 
 NAME, PORT = "pytest-ctrd", 2234
 

@@ -33,8 +33,9 @@ from eagle3ops.remote import Remote
 from eagle3ops.transfer import PushOptions
 
 pytestmark = pytest.mark.sandbox
-#: xdist group (tests/conftest.py): this module's own sandbox (pytest-push) is brought up by one worker, its tests run there in turn.
-XDIST_GROUP = "pytest-push"
+#: This module brings up a sandbox of its own (pytest-push): its tests run in the host suite's "rest" part
+#: (tests/conftest.py), the module whole in one process.
+OWN_SANDBOX = "pytest-push"
 
 
 def _docker(*args: str, host: str | None = None, check: bool = True) -> subprocess.CompletedProcess:

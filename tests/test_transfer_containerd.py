@@ -29,8 +29,9 @@ from eagle3ops.transfer.errors import TransferError
 from eagle3ops.transfer.sources import StoreLayerSource, open_source
 
 pytestmark = pytest.mark.sandbox
-#: xdist group (tests/conftest.py): this module's own sandbox (pytest-ctrd2) is brought up by one worker, its tests run there in turn.
-XDIST_GROUP = "pytest-ctrd2"
+#: This module brings up a sandbox of its own (pytest-ctrd2): its tests run in the host suite's "rest" part
+#: (tests/conftest.py), the module whole in one process.
+OWN_SANDBOX = "pytest-ctrd2"
 
 NAME, PORT = "pytest-ctrd2", 2235
 

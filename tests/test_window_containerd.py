@@ -2,12 +2,11 @@
 
 The sandbox ``pytest-ctrd2`` (SSH 2235, serving port 18035; Docker 26.1 + containerd 1.7) is the inventory's
 ``sandbox`` entry with ``EAGLE3OPS_SANDBOX*`` pointing at it, so the window runs through exactly the code a real
-host gets. Production serving needs the local vLLM base (9.0 GB) on it: pushed once (measured 153 s, 4.6 GB on
-the wire with zstd, 18.1 GB of sandbox disk: the containerd store keeps the layer blobs beside the unpacked
-snapshots); the sandbox keeps it between runs. On this store an image id is a manifest digest, so the window's
-expected pipeline image id is the push's ``host_id``, not the build engine's config digest. Measured on 2 shared
-cores: fixture 117 s with the base already there (pipeline push, tiny model, serving start), release window 73 s,
-rollback 89 s (load ~8); cold (pipeline image build, base push, load 16-21): fixture 752 s, windows 161 s + 105 s.
+host gets. The pipeline image is pushed (cold: ~150 s, ~4.6 GB on the wire with zstd, ~18 GB of sandbox disk: the
+containerd store keeps the layer blobs beside the unpacked snapshots; the sandbox is purged after the module) and
+production serving is the STAND-IN OpenAI server (:mod:`standin_serving`, not vLLM) in that image. On this store an image id is a manifest digest, so the window's
+expected pipeline image id is the push's ``host_id``, not the build engine's config digest. Before the
+stand-in (vLLM serving, the base pushed too), cold under CI load, the fixture took 220-752 s and the windows 127-266 s.
 """
 
 from __future__ import annotations
@@ -17,8 +16,9 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.images, pytest.mark.slow]
-#: xdist group (tests/conftest.py): this module's own sandbox (pytest-ctrd2) is brought up by one worker, its tests run there in turn.
-XDIST_GROUP = "pytest-ctrd2"
+#: This module brings up a sandbox of its own (pytest-ctrd2): its tests run in the host suite's "rest" part
+#: (tests/conftest.py), the module whole in one process.
+OWN_SANDBOX = "pytest-ctrd2"
 
 REPO = Path(__file__).resolve().parents[1]
 NAME, PORT, SERVING_PORT = "pytest-ctrd2", 2235, 18035
@@ -27,7 +27,11 @@ NAME, PORT, SERVING_PORT = "pytest-ctrd2", 2235, 18035
 @pytest.fixture(scope="module")
 def ctrd_serving(built_images):
     """(host, pipeline tag, pipeline id on the host) with production serving healthy on the containerd sandbox."""
-    from eagle3ops import transfer
+    import standin_serving
+    from eagle3ops import executor, transfer
+    from eagle3ops.commands import docker as dk
+    from eagle3ops.commands import serving as sv
+    from eagle3ops.health import wait_healthy
     from eagle3ops_dev import demo, sandbox
     from eagle3ops.config import load_inventory
 
@@ -38,20 +42,25 @@ def ctrd_serving(built_images):
         mp.setenv("EAGLE3OPS_SANDBOX_SERVING_PORT", str(SERVING_PORT))
         h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     sandbox.up(NAME, PORT, engine="containerd")
-    for ref in (h.serving.image, built.tag):
-        r = transfer.push(ref, h)
-        assert r.ok and r.store == "containerd", r.reason
+    r = transfer.push(built.tag, h)
+    assert r.ok and r.store == "containerd", r.reason
     demo.build_tiny_model(built.tag, h.model_path, "llama")
-    demo.start_serving(h)
+    # Serving: the STAND-IN OpenAI server (standin_serving, NOT vLLM) in the pipeline image, which holds the base's
+    # layers and a python3: the subject is the window on this image store, and no second 9 GB image is pushed.
+    h = h.model_copy(update={"serving": h.serving.model_copy(update={
+        "image": built.tag, "args": standin_serving.args(SERVING_PORT, h.serving.served_model_name),
+        "volumes": [*h.serving.volumes, standin_serving.script_volume(h)], "health_timeout_s": 120})})
+    spec = {**sv.container_spec(h, release=1), "entrypoint": standin_serving.ENTRYPOINT}
+    with executor.for_host(h) as rr:
+        rr.run(dk.rm(h, h.serving.container, force=True), check=False)
+        rr.run(sv.run_argv(h, spec))
+    wait_healthy(f"http://127.0.0.1:{SERVING_PORT}", h.serving.served_model_name, timeout_s=120, interval_s=0.5)
     yield h, built.tag, r.host_id
     # The containerd store keeps the layer blobs beside the unpacked snapshots: the 9 GB base takes ~18 GB here.
     # Purge, so that a CI machine's disk is not kept full by a sandbox nobody uses between runs.
     sandbox.down(NAME, purge=True)
 
 
-# The limit covers the module fixture: cold (the 9 GB base and the pipeline image pushed into a purged sandbox, as
-# after every run: `sandbox.down(purge=True)` gives its 18 GB back) it took 752 s on the loaded machine, 117 s warm.
-@pytest.mark.timeout(1500)
 def test_release_window_then_rollback(ctrd_serving):
     from eagle3ops_dev import demo
     from eagle3ops.remote import Remote

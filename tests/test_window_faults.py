@@ -238,7 +238,7 @@ def test_ssh_connection_cut_mid_stage(standin_deployed):
     th.start()
     _wait_for_event(h, before, "prepare", "start")
     # Cut every SSH session of this sandbox's sshd (the driver's included): its per-connection processes, the
-    # children of its listener (other sandboxes on this machine, used by tests on the other xdist worker, keep theirs).
+    # children of its listener (other sandboxes on this machine, used by the host suite's other part at the same time, keep theirs).
     master = Path("/var/lib/eagle3ops-sandbox", os.environ.get("EAGLE3OPS_SANDBOX", "sandbox"), "ssh/sshd.pid")
 
     def children(pids: list[str]) -> list[str]:

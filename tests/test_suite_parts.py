@@ -1,0 +1,44 @@
+"""The host suite's two parts (tests/conftest.py, run side by side by scripts/test.sh): every test is in exactly one,
+the sandbox's tests in ``sandbox``, and ``--part`` runs only its own. (The first side-by-side run used pytest-xdist's
+``loadgroup``, which pytest 9 silently ignores: the sandbox's tests ran in both workers at once and 21 failed on each
+other's lock and on engines the other worker's module teardown had stopped.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import part_of
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.sandbox
+def test_a_sandbox_marked_test_is_in_the_sandbox_part(request):
+    assert part_of(request.node) == "sandbox"
+
+
+def test_a_plain_test_is_in_the_rest_part(request):
+    assert part_of(request.node) == "rest"
+
+
+def test_the_parts_split_the_suite_and_put_the_sandbox_fixtures_users_in_sandbox():
+    """Collect the host suite three times (whole, ``--part sandbox``, ``--part rest``): the parts are disjoint, cover
+    it, every module that brings up a sandbox of its own is whole in ``rest``, and a test using ``deployed`` is in
+    ``sandbox``."""
+    def ids(*extra: str) -> set[str]:
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests", "--ignore=tests/image", *extra], cwd=REPO, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return {line for line in out.stdout.splitlines() if "::" in line}
+
+    whole, sandbox, rest = ids(), ids("--part", "sandbox"), ids("--part", "rest")
+    assert sandbox and rest and not (sandbox & rest) and sandbox | rest == whole
+    assert any(i.startswith("tests/test_window_faults.py::") for i in sandbox)
+    for own in ("test_transfer.py", "test_transfer_containerd.py", "test_window_containerd.py", "test_sandbox.py"):
+        assert not any(i.startswith(f"tests/{own}::") for i in sandbox), own
+    assert any(i.startswith("tests/test_transfer_containerd.py::") for i in rest)
