@@ -3,8 +3,8 @@
 Each fixture builds or starts what is missing and reuses what is already there, so a second run is fast. They are
 the same functions ``make demo`` uses (:mod:`eagle3ops_dev.demo`).
 
-The host suite runs as two pytest processes side by side (``scripts/test.sh``, README's test command): ``--part
-sandbox`` runs every test that reaches the inventory's sandbox host (one sshd, one engine, one serving port, one
+The host suite can run as two pytest processes side by side (``make test-parallel``, ``scripts/test.sh``; README's
+``make test`` runs it in one process): ``--part sandbox`` runs every test that reaches the inventory's sandbox host (one sshd, one engine, one serving port, one
 lock), one after another; ``--part rest`` runs all the others (pure tests, the local build engine, and the modules
 that bring up sandboxes of their own, each module whole). Which part a test is in: :func:`part_of`. Without
 ``--part`` every test runs, as before. (pytest-xdist's ``loadgroup`` would do this, but xdist 3.8 writes the group
@@ -43,8 +43,9 @@ def pytest_collection_modifyitems(config, items):
     part = config.getoption("--part")
     if part is None:
         return
-    keep = [i for i in items if part_of(i) == part]
-    dropped = [i for i in items if part_of(i) != part]
+    keep, dropped = [], []
+    for item in items:
+        (keep if part_of(item) == part else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = keep
@@ -137,8 +138,6 @@ def standin_deployed(deployed):
     import standin_serving
     from eagle3ops import executor
     from eagle3ops.commands import docker as dk
-    from eagle3ops.commands import serving as sv
-    from eagle3ops.health import wait_healthy
     from eagle3ops_dev import demo
 
     h, dep = deployed
@@ -150,12 +149,7 @@ def standin_deployed(deployed):
         update={"container": "standin-serving", "port": port, "health_timeout_s": 60,
                 "args": standin_serving.args(port, h.serving.served_model_name),
                 "volumes": [*h.serving.volumes, standin_serving.script_volume(h)], "speculative_image": None})})
-    spec = {**sv.container_spec(sh, release=1), "entrypoint": standin_serving.ENTRYPOINT}
-    with executor.for_host(sh) as r:
-        if r.run(dk.inspect_format(sh, "standin-serving", "{{.State.Status}}"), check=False).stdout.strip():
-            r.run(dk.rm(sh, "standin-serving", force=True))
-        r.run(sv.run_argv(sh, spec))
-    wait_healthy(f"http://127.0.0.1:{port}", h.serving.served_model_name, timeout_s=60, interval_s=0.3)
+    standin_serving.start_container(sh, timeout_s=60)
     assert demo.serving_healthy(sh, completion=True), "the stand-in serving container does not complete"
     yield sh, dep
     with executor.for_host(sh) as r:

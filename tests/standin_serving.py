@@ -31,3 +31,24 @@ def script_volume(h) -> str:
 def args(port: int, model: str) -> list[str]:
     """The stand-in's arguments for ``port`` and the served ``model`` name."""
     return ["--port", str(port), "--model", model]
+
+
+def start_container(h, timeout_s: float = 120) -> None:
+    """(Re)create ``h.serving.container`` on the host's engine from the inventory's spec (``h.serving``: image,
+    :func:`args`, volumes with :func:`script_volume`) with :data:`ENTRYPOINT`, and wait (bounded) until it answers
+    the health gate's probe on ``h.serving.port``.
+
+    Raises:
+        eagle3ops.health.GateFailed: not healthy within ``timeout_s`` seconds.
+    """
+    from eagle3ops import executor
+    from eagle3ops.commands import docker as dk
+    from eagle3ops.commands import serving as sv
+    from eagle3ops.health import wait_healthy
+
+    spec = {**sv.container_spec(h, release=1), "entrypoint": ENTRYPOINT}
+    with executor.for_host(h) as r:
+        r.run(dk.rm(h, h.serving.container, force=True), check=False)
+        r.run(sv.run_argv(h, spec))
+    wait_healthy(f"http://127.0.0.1:{h.serving.port}", h.serving.served_model_name, timeout_s=timeout_s,
+                 interval_s=0.3)

@@ -28,10 +28,7 @@ NAME, PORT, SERVING_PORT = "pytest-ctrd2", 2235, 18035
 def ctrd_serving(built_images):
     """(host, pipeline tag, pipeline id on the host) with production serving healthy on the containerd sandbox."""
     import standin_serving
-    from eagle3ops import executor, transfer
-    from eagle3ops.commands import docker as dk
-    from eagle3ops.commands import serving as sv
-    from eagle3ops.health import wait_healthy
+    from eagle3ops import transfer
     from eagle3ops_dev import demo, sandbox
     from eagle3ops.config import load_inventory
 
@@ -50,11 +47,7 @@ def ctrd_serving(built_images):
     h = h.model_copy(update={"serving": h.serving.model_copy(update={
         "image": built.tag, "args": standin_serving.args(SERVING_PORT, h.serving.served_model_name),
         "volumes": [*h.serving.volumes, standin_serving.script_volume(h)], "health_timeout_s": 120})})
-    spec = {**sv.container_spec(h, release=1), "entrypoint": standin_serving.ENTRYPOINT}
-    with executor.for_host(h) as rr:
-        rr.run(dk.rm(h, h.serving.container, force=True), check=False)
-        rr.run(sv.run_argv(h, spec))
-    wait_healthy(f"http://127.0.0.1:{SERVING_PORT}", h.serving.served_model_name, timeout_s=120, interval_s=0.5)
+    standin_serving.start_container(h)
     yield h, built.tag, r.host_id
     # The containerd store keeps the layer blobs beside the unpacked snapshots: the 9 GB base takes ~18 GB here.
     # Purge, so that a CI machine's disk is not kept full by a sandbox nobody uses between runs.
