@@ -20,7 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "deploy/hosts.yaml"
 #: Fixtures that reach the inventory's sandbox host (directly or through the fixtures they use).
-SANDBOX_FIXTURES = frozenset({"sandbox_host", "deployed", "speculative_image"})
+SANDBOX_FIXTURES = frozenset({"sandbox_host", "deployed", "speculative_image", "standin_deployed",
+                              "standin_inventory"})
 PARTS = ("sandbox", "rest")
 
 
@@ -133,6 +134,7 @@ def standin_deployed(deployed):
     each window's stop and restore of serving then costs seconds, not a vLLM start. Windows against real vLLM are
     the ``deployed`` tests (a release vLLM refuses, a restore that cannot load its model, the speculation gate)."""
     import os
+    import shutil
     import subprocess
 
     import standin_serving
@@ -144,13 +146,35 @@ def standin_deployed(deployed):
     port = int(os.environ.get("EAGLE3OPS_TEST_STANDIN_SERVING_PORT", "18010"))
     state = Path(h.state_dir).parent / "state-standin"
     state.mkdir(exist_ok=True)
+    # the deployed pipeline image's record, so the CLI's windows on this host find it (``eagle3ops extract``)
+    shutil.copy(Path(h.state_dir) / "deployed.json", state / "deployed.json")
     subprocess.run(["chown", "-R", "e3ops:e3ops", str(state)], check=True)
+    # the model's mount in the container: the stand-in exits at start without its config.json (a lost model)
+    model_mount = next(v.split(":")[1] for v in h.serving.volumes if v.split(":")[0] == h.model_path)
     sh = h.model_copy(update={"name": "sandbox-standin", "state_dir": str(state), "serving": h.serving.model_copy(
         update={"container": "standin-serving", "port": port, "health_timeout_s": 60,
-                "args": standin_serving.args(port, h.serving.served_model_name),
+                "args": standin_serving.args(port, h.serving.served_model_name, f"{model_mount}/config.json"),
                 "volumes": [*h.serving.volumes, standin_serving.script_volume(h)], "speculative_image": None})})
     standin_serving.start_container(sh, timeout_s=60)
     assert demo.serving_healthy(sh, completion=True), "the stand-in serving container does not complete"
     yield sh, dep
     with executor.for_host(sh) as r:
         r.run(dk.rm(sh, "standin-serving", force=True), check=False)
+
+
+@pytest.fixture(scope="session")
+def standin_inventory(standin_deployed, tmp_path_factory) -> Path:
+    """An inventory file holding the :func:`standin_deployed` host as ``sandbox-standin`` (every key as loaded,
+    paths absolute), for tests that drive it through the ``eagle3ops`` CLI (``EAGLE3OPS_INVENTORY``)."""
+    import yaml
+
+    from eagle3ops.config import load_inventory
+
+    sh, _ = standin_deployed
+    host = sh.model_dump(mode="json", exclude_unset=True)
+    host.pop("name")
+    path = tmp_path_factory.mktemp("standin-inventory") / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"hosts": {sh.name: host}}, sort_keys=False))
+    loaded = load_inventory(path).host(sh.name)
+    assert loaded.serving.args == sh.serving.args and loaded.state_dir == sh.state_dir, "inventory round trip"
+    return path

@@ -28,9 +28,10 @@ def script_volume(h) -> str:
     return f"{app}:/standin:ro"
 
 
-def args(port: int, model: str) -> list[str]:
-    """The stand-in's arguments for ``port`` and the served ``model`` name."""
-    return ["--port", str(port), "--model", model]
+def args(port: int, model: str, require_file: str | None = None) -> list[str]:
+    """The stand-in's arguments for ``port`` and the served ``model`` name; ``require_file``: a path in the
+    container (the mounted model's ``config.json``) without which the server exits 1 at start, as vLLM does."""
+    return ["--port", str(port), "--model", model, *(["--require-file", require_file] if require_file else [])]
 
 
 def start_container(h, timeout_s: float = 120) -> None:

@@ -2,11 +2,13 @@
 
 The sandbox ``pytest-ctrd2`` (SSH 2235, serving port 18035; Docker 26.1 + containerd 1.7) is the inventory's
 ``sandbox`` entry with ``EAGLE3OPS_SANDBOX*`` pointing at it, so the window runs through exactly the code a real
-host gets. The pipeline image is pushed (cold: ~150 s, ~4.6 GB on the wire with zstd, ~18 GB of sandbox disk: the
-containerd store keeps the layer blobs beside the unpacked snapshots; the sandbox is purged after the module) and
-production serving is the STAND-IN OpenAI server (:mod:`standin_serving`, not vLLM) in that image. On this store an image id is a manifest digest, so the window's
-expected pipeline image id is the push's ``host_id``, not the build engine's config digest. Before the
-stand-in (vLLM serving, the base pushed too), cold under CI load, the fixture took 220-752 s and the windows 127-266 s.
+host gets. The image pushed there is the TEST STAND-IN pipeline image (:mod:`standin_images`: the pipeline
+definition on the torch-less stand-in base, ~0.5 GB; its supervisor runs the release and rollback windows, which run
+no stage) and production serving is the STAND-IN OpenAI server (:mod:`standin_serving`, not vLLM) in that image. On
+this store an image id is a manifest digest, so the window's expected pipeline image id is the push's ``host_id``,
+not the build engine's config digest. With the real 9.5 GB pipeline image pushed (cold: ~150 s, ~18 GB of sandbox
+disk) the fixture took 220-226 s; before the stand-in serving (vLLM, the base pushed too) 220-752 s. The sandbox is
+purged after the module.
 """
 
 from __future__ import annotations
@@ -25,31 +27,36 @@ NAME, PORT, SERVING_PORT = "pytest-ctrd2", 2235, 18035
 
 
 @pytest.fixture(scope="module")
-def ctrd_serving(built_images):
+def ctrd_serving(built_images, tmp_path_factory):
     """(host, pipeline tag, pipeline id on the host) with production serving healthy on the containerd sandbox."""
     import standin_serving
     from eagle3ops import transfer
     from eagle3ops_dev import demo, sandbox
     from eagle3ops.config import load_inventory
 
+    import standin_images
+    from eagle3ops import images
+
     base, built = built_images
+    small = standin_images.standin_pipeline_image(tmp_path_factory.mktemp("standin-pipeline") / "repo",
+                                                  images.default_ca_bundle())
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EAGLE3OPS_SANDBOX", NAME)
         mp.setenv("EAGLE3OPS_SANDBOX_SSH_PORT", str(PORT))
         mp.setenv("EAGLE3OPS_SANDBOX_SERVING_PORT", str(SERVING_PORT))
         h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     sandbox.up(NAME, PORT, engine="containerd")
-    r = transfer.push(built.tag, h)
+    r = transfer.push(small.tag, h)
     assert r.ok and r.store == "containerd", r.reason
+    # the model directory preflight checks (built by the real pipeline image on the local engine: no push)
     demo.build_tiny_model(built.tag, h.model_path, "llama")
-    # Serving: the STAND-IN OpenAI server (standin_serving, NOT vLLM) in the pipeline image, which holds the base's
-    # layers and a python3: the subject is the window on this image store, and no second 9 GB image is pushed.
+    # Serving: the STAND-IN OpenAI server (standin_serving, NOT vLLM) in the stand-in pipeline image (its python3):
+    # the subject is the window on this image store.
     h = h.model_copy(update={"serving": h.serving.model_copy(update={
-        "image": built.tag, "args": standin_serving.args(SERVING_PORT, h.serving.served_model_name),
+        "image": small.tag, "args": standin_serving.args(SERVING_PORT, h.serving.served_model_name),
         "volumes": [*h.serving.volumes, standin_serving.script_volume(h)], "health_timeout_s": 120})})
     standin_serving.start_container(h)
-    yield h, built.tag, r.host_id
-    # The containerd store keeps the layer blobs beside the unpacked snapshots: the 9 GB base takes ~18 GB here.
+    yield h, small.tag, r.host_id
     # Purge, so that a CI machine's disk is not kept full by a sandbox nobody uses between runs.
     sandbox.down(NAME, purge=True)
 

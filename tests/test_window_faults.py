@@ -1,9 +1,10 @@
 """Fault suite of a maintenance window on the sandbox: real sshd, real dockerd, real stages.
 
-Serving: real vLLM (``deployed``) where the fault is about serving itself (a restore that fails its gate and rolls
-back, the engine restarted under it, a driver or supervisor killed, the lock and preflight refusals); the STAND-IN
-serving container (``standin_deployed``: the stand-in OpenAI server, not vLLM, starting in a second) where the
-fault is in the stages or the connection, so those windows' stop and restore cost seconds, not a vLLM start.
+Serving: the STAND-IN serving container (``standin_deployed``: the stand-in OpenAI server, not vLLM, starting in a
+second) wherever the fault is in the window itself (stages, the connection, a driver or supervisor killed, a restore
+that fails its gate and rolls back), so those windows' stop and restore cost seconds, not a vLLM start; real vLLM
+(``deployed``) for the engine restarted under a window and the refusals that must not touch serving (lock,
+preflight). The window's own vLLM paths run in ``test_speculate_ship`` and ``test_serving_process``.
 
 Every test ends with production serving running and healthy, checks the audit entry and the lock, and says what
 happened through the result/exception. Stages are the real pipeline stages made to fail in realistic ways.
@@ -40,6 +41,11 @@ extract: {batch_size: 8}
 vocab: {draft_vocab_size: 512}
 train: {steps: 2, checkpoint_every: 1, batch_max_tokens: 512}
 """
+#: The same run with the extract stage's transformers engine (no vLLM engine start: seconds, not ~30 s on 2 cores),
+#: for the faults whose subject is the window around the stages, not the extraction (which runs with vLLM in
+#: ``test_docker_daemon_restarted_mid_run`` here and in the in-image suite).
+TINY_HF = TINY.replace("extract: {batch_size: 8}", "extract: {batch_size: 8, engine: transformers}")
+assert TINY_HF != TINY
 
 
 def _unique(run: str) -> str:
@@ -160,13 +166,13 @@ def test_preflight_failure_stops_nothing(deployed):
         assert audit_entries(r)[-1]["outcome"] == "not started"
 
 
-def test_driver_killed_mid_stage(deployed, tmp_path):
-    h, dep = deployed
+def test_driver_killed_mid_stage(standin_deployed, standin_inventory, tmp_path):
+    h, dep = standin_deployed
     pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(TINY)
-    env = {**os.environ, "EAGLE3OPS_INVENTORY": str(REPO / "deploy/hosts.yaml")}
+    pipeline.write_text(TINY_HF)
+    env = {**os.environ, "EAGLE3OPS_INVENTORY": str(standin_inventory)}
     before = _windows(h)
-    proc = subprocess.Popen([str(REPO / ".venv/bin/eagle3ops"), "extract", "sandbox", "--run", _unique("fault-kill"),
+    proc = subprocess.Popen([str(REPO / ".venv/bin/eagle3ops"), "extract", h.name, "--run", _unique("fault-kill"),
                              "--pipeline", str(pipeline)], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -176,7 +182,7 @@ def test_driver_killed_mid_stage(deployed, tmp_path):
     finally:
         proc.kill()
     # The host finishes the window on its own; a new driver attaches from anywhere.
-    out = subprocess.run([str(REPO / ".venv/bin/eagle3ops"), "attach", "sandbox"], env=env, cwd=REPO,
+    out = subprocess.run([str(REPO / ".venv/bin/eagle3ops"), "attach", h.name], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     with Remote(h) as r:
@@ -185,15 +191,15 @@ def test_driver_killed_mid_stage(deployed, tmp_path):
     _assert_serving_back(h, wid, "ok")
 
 
-def test_supervisor_killed_then_recover(deployed):
+def test_supervisor_killed_then_recover(standin_deployed, standin_inventory):
     # The supervisor container itself dies mid-stage (killed: its restart policy does not bring back a container
     # that was killed by hand). `eagle3ops recover` restarts it; it resumes from the journal and restores serving.
-    h, dep = deployed
+    h, dep = standin_deployed
     box: dict = {}
 
     def drive():
         try:
-            box["res"] = _window(h, dep, "extract", _unique("fault-recover"))
+            box["res"] = _window(h, dep, "extract", _unique("fault-recover"), TINY_HF)
         except Exception as exc:  # noqa: BLE001 - the driver may give up or time out; recover finishes the window
             box["exc"] = exc
 
@@ -209,9 +215,9 @@ def test_supervisor_killed_then_recover(deployed):
     th.join(timeout=120)
     assert not th.is_alive(), "the driver kept watching a dead supervisor"
     assert isinstance(box.get("exc"), SupervisorDead), box
-    assert "eagle3ops recover sandbox" in str(box["exc"])
-    env = {**os.environ, "EAGLE3OPS_INVENTORY": str(REPO / "deploy/hosts.yaml")}
-    out = subprocess.run([str(REPO / ".venv/bin/eagle3ops"), "recover", "sandbox"], env=env, cwd=REPO,
+    assert f"eagle3ops recover {h.name}" in str(box["exc"])
+    env = {**os.environ, "EAGLE3OPS_INVENTORY": str(standin_inventory)}
+    out = subprocess.run([str(REPO / ".venv/bin/eagle3ops"), "recover", h.name], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     with Remote(h) as r:
@@ -229,7 +235,7 @@ def test_ssh_connection_cut_mid_stage(standin_deployed):
 
     def drive():
         try:
-            box["res"] = _window(h, dep, "extract", _unique("fault-ssh"))
+            box["res"] = _window(h, dep, "extract", _unique("fault-ssh"), TINY_HF)
         except Exception as exc:  # noqa: BLE001 - reported below
             box["exc"] = exc
 
@@ -302,7 +308,7 @@ def test_data_dir_fills_up_during_stage(standin_deployed):
         # No disk estimate here (it would refuse this run at preflight, see the test below): the fault under test
         # is a filesystem that fills up while a stage writes.
         res = _window(tiny_disk, dep, "extract", _unique("fault-disk"),
-                      TINY.replace("max_samples: 8", "max_samples: 64"), estimate=False)
+                      TINY_HF.replace("max_samples: 8", "max_samples: 64"), estimate=False)
         assert res["outcome"] == "failed", res
         assert any(o.startswith("failed") for o in res["stages"].values())
         log = Path(h.state_dir, "windows", res["window_id"])
@@ -317,19 +323,21 @@ def test_data_dir_fills_up_during_stage(standin_deployed):
         subprocess.run(["umount", "-l", small], check=False)
 
 
-def test_restore_fails_health_gate_then_rollback(deployed):
-    h, dep = deployed
-    # Live release L (rolled out first); then a broken release B (vLLM rejects its flag: it fails its gate and never
-    # goes live); then release C serving a copy of the model. The copy is lost during the next window, so the
+def test_restore_fails_health_gate_then_rollback(standin_deployed):
+    h, dep = standin_deployed
+    # Live release L (rolled out first); then a broken release B (the server rejects its flag: it fails its gate and
+    # never goes live); then release C serving a copy of the model. The copy is lost during the next window, so the
     # restored server cannot start: the supervisor must roll back to the previously *live* release L (not B, the
-    # numerically previous one) and say so.
+    # numerically previous one) and say so. The server is the stand-in (it exits at start on a bad flag value or a
+    # missing model config.json, as vLLM does); a release real vLLM refuses: tests/test_serving_process.py.
+    model_mount = next(v.split(":")[1] for v in h.serving.volumes if v.split(":")[0] == h.model_path)
     copy = Path(h.data_dir, "models/tiny-llama-copy")
     subprocess.run(["rm", "-rf", str(copy)], check=True)
     subprocess.run(["cp", "-a", h.model_path, str(copy)], check=True)
     # Releases are the live container plus a change: "good" binds the original model (whatever earlier runs left
     # live may itself bind a model copy that this test replaces), "copy" binds the copy instead.
     good_change = ReleaseChange(binds=list(h.serving.volumes))
-    copy_change = ReleaseChange(binds=[f"{copy}:/models/tiny-llama:ro"])
+    copy_change = ReleaseChange(binds=[f"{copy}:{model_mount}:ro"])
     with Remote(h) as r:
         # A known-good live release first: whatever earlier runs left live on this host may itself depend on a
         # model copy that this test replaces.
@@ -338,7 +346,7 @@ def test_restore_fails_health_gate_then_rollback(deployed):
         assert good["outcome"] == "ok", good
         live = good["release"]
         bad = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
-                         command="pytest release broken", change=ReleaseChange(args=["--no-such-flag"]))
+                         command="pytest release broken", change=ReleaseChange(args=["--token-ms", "not-a-number"]))
         assert bad["outcome"] == "failed" and f"rolled back to release {live}" in bad["error"], bad
         broken = int(re.search(r"release (\d+) failed its health gate", bad["error"]).group(1))
         rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
@@ -348,7 +356,7 @@ def test_restore_fails_health_gate_then_rollback(deployed):
     box: dict = {}
 
     def drive():
-        box["res"] = _window(h, dep, "extract", _unique("fault-gate"))
+        box["res"] = _window(h, dep, "extract", _unique("fault-gate"), TINY_HF)
 
     before = _windows(h)
     th = threading.Thread(target=drive)

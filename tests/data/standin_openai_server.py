@@ -14,7 +14,9 @@ completion), and what the speculation gate measures (``speculate`` job tests):
 
 Speculation here is SIMULATED, not measured: a server started with ``--speculative-config`` streams
 ``--spec-speedup`` times faster and counts ``--spec-acceptance`` (mean acceptance length) per draft round. Unknown
-arguments (vLLM's own flags such as ``--override-generation-config``) are accepted and ignored. The API key
+arguments (vLLM's own flags such as ``--override-generation-config``) are accepted and ignored. With
+``--require-file PATH`` (the served model's ``config.json``) it exits 1 at start when PATH is missing, as vLLM
+fails when its model directory is gone. The API key
 (``--api-key``), when given, is required on every request, ``/health`` excepted (as vLLM does). Standard library
 only; stops on SIGTERM like vLLM does.
 """
@@ -39,7 +41,13 @@ def main() -> None:
     ap.add_argument("--speculative-config", default=None, help="JSON: present = a simulated speculative release")
     ap.add_argument("--spec-speedup", type=float, default=2.0, help="how much faster a speculative release streams")
     ap.add_argument("--spec-acceptance", type=float, default=2.0, help="simulated mean acceptance length")
+    ap.add_argument("--require-file", default=None,
+                    help="exit 1 at start when this file is missing (as vLLM does when its model cannot be loaded)")
     args, _unknown = ap.parse_known_args()
+    if args.require_file and not os.path.isfile(args.require_file):
+        print(f"stand-in OpenAI server: {args.require_file} not found: cannot load the model", file=sys.stderr,
+              flush=True)
+        sys.exit(1)
     spec = json.loads(args.speculative_config) if args.speculative_config else None
     k = int((spec or {}).get("num_speculative_tokens", 3))
     token_s = args.token_ms / 1000.0 / (args.spec_speedup if spec else 1.0)
