@@ -29,7 +29,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-parallel test-host test-image \
-        patch-check bench-rebuild bench-push bench-extract bench-probe-smollm2 clean-sandbox
+        patch-check bench-rebuild bench-push bench-extract bench-probe-smollm2 bench-kimi-head clean-sandbox
 
 setup:
 	bash scripts/setup.sh
@@ -108,6 +108,11 @@ bench-extract: image
 	  -v "$$PWD/benchmarks:/e3/benchmarks" -w /e3 --entrypoint python3 \
 	  "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)" \
 	  benchmarks/extract.py --json benchmarks/extract-cpu-tiny-llama.json
+
+# The tiny Kimi-K2.5-class target served by vLLM CPU without and with a head trained by the stages (greedy identity,
+# spec-decode counters, acceptance): benchmarks/kimi_trained_head.py (was tests/test_kimi_serving.py, issue 23).
+bench-kimi-head: image
+	$(PY) benchmarks/kimi_trained_head.py --json benchmarks/kimi-trained-head-cpu.json
 
 clean-sandbox: setup
 	$(E3DEV) sandbox down

@@ -10,7 +10,9 @@ Images (all built on this machine's build engine; none is pulled from a registry
   base (CUDA vLLM in the system python3, cannot start an engine here), the torch-less test stand-in bases (venv and
   system layouts) and the debootstrap minbase;
 - the pipeline image on the local base (the sandbox's stages and the in-image suite run in it);
-- the CPU stand-in serving image (patched vLLM), tagged as the sandbox inventory's ``speculative_image``.
+- the CPU stand-in serving image (patched vLLM), tagged as the sandbox inventory's ``speculative_image``;
+- the pipeline image with its probes deferred to the host, and the pipeline image on the upstream-layout base (the
+  host-probe tests' builds); the test stand-in pipeline image (:mod:`standin_images`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _standin_pipeline(ca) -> str:
+    """The test stand-in pipeline image (:mod:`standin_images`; the containerd window test pushes it)."""
+    import tempfile
+
+    import standin_images
+
+    with tempfile.TemporaryDirectory(prefix="e3-standin-pipeline-") as tmp:
+        return standin_images.standin_pipeline_image(Path(tmp) / "repo", ca).tag
 
 
 def main() -> int:
@@ -41,6 +53,14 @@ def main() -> int:
         ("test stand-in base (venv)", lambda: bases.build_standin_base(ca_bundle=ca)),
         ("test stand-in base (system)", lambda: bases.build_standin_base(ca_bundle=ca, layout="system")),
         ("upstream-layout base", lambda: bases.build_upstream_base(ca_bundle=ca, quiet=True)),
+        # what tests/test_hostprobe.py builds: the pipeline image whose probes are deferred to the host (on the CPU
+        # local base: ``engine_checks="host"``), and the pipeline image on the upstream-layout base
+        ("pipeline image, probes deferred to the host", lambda: images.build_image(
+            ca_bundle=ca, quiet=True, plan=images.plan_build("pipeline", base_image=images.LOCAL_BASE_TAG,
+                                                             engine_checks="host")).tag),
+        ("pipeline image on the upstream-layout base", lambda: images.build_image(
+            "pipeline", bases.UPSTREAM_BASE_TAG, None, ca, quiet=True).tag),
+        ("test stand-in pipeline image", lambda: _standin_pipeline(ca)),
     ]
     for name, build in steps:
         t0 = time.monotonic()

@@ -375,17 +375,15 @@ def _wait_vllm(timeout: float) -> None:
 
 @pytest.mark.sandbox
 @pytest.mark.images
-def test_window_and_failed_release_restore_a_real_vllm_process(vllm_process_host):
+def test_window_restores_a_real_vllm_process(vllm_process_host):
     """REAL: vLLM 0.16.0 (the local base image's /opt/venv, mounted read-only from the build engine's layers, run by
     the host's python3.11), the tiny Llama, the restore agent, the supervisor and its health gate (a completion).
     NOT real: the host is the sandbox (vLLM on CPU, no GPUs), the model a 2 MB random Llama.
 
-    One window whose stage fails at once (stop, stage, restore), then a release with a flag vLLM rejects (it exits
-    at once) that the supervisor rolls back to the recorded process: both times the process back has the same
-    command line, environment, working directory and user, and passes the gate."""
-    from eagle3ops.config.plan import ReleaseChange
-    from eagle3ops.supervisor.releases import Releases
-
+    One window whose stage fails at once (stop, stage, restore): the process back has the same command line,
+    environment, working directory and user, and passes the gate. A release the server rejects, rolled back to the
+    recorded process, runs with the stand-in (:func:`test_release_rollback_and_failed_release_of_a_serving_process`);
+    here on real vLLM it cost a third vLLM start of every CI run (issue 23)."""
     host, dep, pid, work = vllm_process_host
     state = work / "state"
     state.mkdir(mode=0o755)
@@ -415,13 +413,4 @@ def test_window_and_failed_release_restore_a_real_vllm_process(vllm_process_host
     pdir = state / "windows" / res["window_id"] / "process"
     assert "restored: pid" in (pdir / "agent.log").read_text()
 
-    # a flag vLLM rejects at start (its argument parser exits: "unrecognized arguments")
-    res, live = window("release", change=ReleaseChange(args=["--no-such-flag"]))
-    assert res["outcome"] == "failed" and "rolled back to release" in res["error"], res
-    assert res["serving_healthy"] is True and res["serving_running"] is True, res
-    assert live == before, "the recorded vLLM process is back as it was"
-    rel = Releases(state)
-    assert rel.current() == res["release"] and max(rel.numbers()) not in rel.history()
-    pdir = state / "windows" / res["window_id"] / "process"
-    assert (pdir / "exited").exists() and "no-such-flag" in (pdir / "serving.log").read_text()
     print(f"real vLLM process windows: {times}")

@@ -184,13 +184,17 @@ def _greedy_token_ids(h, prompts: list[str], max_tokens: int) -> list[int]:
 
 @pytest.mark.sandbox
 @pytest.mark.slow
-def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_random_one(
-        deployed, speculative_image, tmp_path, monkeypatch):
-    """Both branches on the sandbox's real vLLM: a random head over the whole vocabulary is rolled back (its
-    measured acceptance is below the floor); a head whose draft vocabulary is the target's own frequent greedy
-    token is accepted often enough and is kept at :data:`NEGATIVE_TEST_MARGIN` (floor for both:
-    :data:`TEST_ACCEPTANCE_FLOOR`). Serving ends healthy on the right
-    release each time; the audit entry carries the figures; the test leaves the baseline release live."""
+def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed, speculative_image, tmp_path,
+                                                                       monkeypatch):
+    """The speculate job on the sandbox's real vLLM (one speculative release, one rollback): a head whose draft
+    vocabulary is the target's own frequent greedy token is accepted often enough (floor
+    :data:`TEST_ACCEPTANCE_FLOOR`, measured from vLLM's own spec-decode counters) and is kept at
+    :data:`NEGATIVE_TEST_MARGIN`; serving ends healthy on the speculative release; the audit entry and the stored
+    result carry the figures; the test then puts the baseline release back (a real rollback window).
+
+    The rollback verdict (acceptance below the floor, or too slow) is the same job's other branch: it runs with the
+    stand-in server in ``tests/test_speculate_job.py`` and ``tests/test_speculate_kill.py``; on real vLLM it cost
+    two more vLLM starts (~2 min) of every CI run (issue 23)."""
     from collections import Counter
 
     from eagle3ops_dev import demo
@@ -203,24 +207,11 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
     s = h.serving
     gate = [p.text for p in ship.gate_prompts(s.gate_prompts)]
     common = Counter(_greedy_token_ids(h, gate, s.gate_max_tokens)).most_common(1)
-    random_head = _build_head(dep.tag, h.model_path, tmp_path / "random", draft_vocab=None, seed=1)
     keep_head = _build_head(dep.tag, h.model_path, tmp_path / "keep", draft_vocab=[common[0][0]], seed=2)
     run_id = f"spec-{tmp_path.name[-8:]}"
     with Remote(h) as r:
         base_release = ship._current_release(r)  # stale when serving was recreated outside a window: see below
         try:
-            rb = ship.speculate(r, ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag,
-                                                         pipeline_image_id=dep.image_id, head=random_head,
-                                                         acceptance_floor=TEST_ACCEPTANCE_FLOOR,
-                                                         command="test: random head"), echo=lambda *_: None)
-            base_release = rb["baseline_release"]  # what its record step found live
-            assert rb["verdict"] == "rollback", rb["reason"]
-            # the job on the host: one speculate window; its rollback switched back to the baseline release
-            assert rb["outcome"] == "ok" and rb["rollback"] == f"rolled back to release {base_release}"
-            assert rb["live_release"] == base_release and len(rb["restarts_s"]) == 2
-            assert rb["spec_decode"]["drafts"] > 0
-            assert rb["spec_decode"]["mean_acceptance_length"] < TEST_ACCEPTANCE_FLOOR
-            assert demo.serving_healthy(h, completion=True)
             # the test-only switch: without it a negative margin is refused (test_negative_margin_is_refused...)
             monkeypatch.setenv(NEGATIVE_MARGIN_ENV, "1")
             kept = ship.speculate(r, ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag,
@@ -229,30 +220,31 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_and_rolls_back_a_rand
                                                            acceptance_floor=TEST_ACCEPTANCE_FLOOR,
                                                            command="test: keep"),
                                   echo=lambda *_: None)
+            base_release = kept["baseline_release"]  # what its record step found live
             assert kept["verdict"] == "keep", kept["reason"]
+            assert kept["outcome"] == "ok" and len(kept["restarts_s"]) == 1
             assert kept["margin_is_negative_test_setting"] is True and kept["margin"] == NEGATIVE_TEST_MARGIN
             assert kept["live_release"] == kept["speculative_release"] != kept["baseline_release"]
-            assert kept["spec_decode"]["mean_acceptance_length"] >= TEST_ACCEPTANCE_FLOOR
-            assert kept["attempt_dir"] != rb["attempt_dir"] and kept["head_sha256"] != rb["head_sha256"]
+            sd = kept["spec_decode"]
+            assert sd["drafts"] > 0 and sd["mean_acceptance_length"] >= TEST_ACCEPTANCE_FLOOR
             assert demo.serving_healthy(h, completion=True)
-            for res in (rb, kept):
-                for c in map(str, s.gate_concurrency):
-                    lv = res["levels"][c]
-                    assert lv["baseline"]["output_tokens"] == lv["speculative"]["output_tokens"] == \
-                        s.gate_prompts * s.gate_max_tokens * res["gate_passes"]  # every prompt, every pass
+            for c in map(str, s.gate_concurrency):
+                lv = kept["levels"][c]
+                assert lv["baseline"]["output_tokens"] == lv["speculative"]["output_tokens"] == \
+                    s.gate_prompts * s.gate_max_tokens * kept["gate_passes"]  # every prompt, every pass
             audit = [e for e in audit_entries(r) if e.get("kind") == "speculate" and e.get("run") == run_id]
-            assert [e["verdict"] for e in audit[-2:]] == ["rollback", "keep"]
-            assert audit[-1]["figures"]["spec_decode"]["mean_acceptance_length"] == \
-                kept["spec_decode"]["mean_acceptance_length"] and audit[-1]["figures"]["levels"]
+            assert [e["verdict"] for e in audit[-1:]] == ["keep"]
+            assert audit[-1]["figures"]["spec_decode"]["mean_acceptance_length"] == sd["mean_acceptance_length"] \
+                and audit[-1]["figures"]["levels"]
             from eagle3ops.commands import host as hc
             stored = json.loads(r.run(hc.cat(f"{h.data_dir}/runs/{run_id}/speculate/result.json")).stdout)
             assert stored["verdict"] == "keep" and stored["levels"] and stored["spec_decode"]
-            print(json.dumps({k: {"verdict": v["verdict"], "throughput_ratio": v["throughput_ratio"],
-                                  "acceptance": v["spec_decode"]["mean_acceptance_length"],
-                                  "levels": {c: (lv["baseline"]["output_tokens_per_s"],
-                                                 lv["speculative"]["output_tokens_per_s"])
-                                             for c, lv in v["levels"].items()}}
-                              for k, v in (("random", rb), ("keep", kept))}))
+            assert stored["head_sha256"] == kept["head_sha256"]
+            print(json.dumps({"verdict": kept["verdict"], "throughput_ratio": kept["throughput_ratio"],
+                              "acceptance": sd["mean_acceptance_length"],
+                              "levels": {c: (lv["baseline"]["output_tokens_per_s"],
+                                             lv["speculative"]["output_tokens_per_s"])
+                                         for c, lv in kept["levels"].items()}}))
         finally:  # the baseline release goes back live for the other tests
             if ship._current_release(r) != base_release:
                 back = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,

@@ -1,4 +1,4 @@
-"""Local containers of the trained-head serving test (tests/test_kimi_serving.py), as docker SDK specs
+"""Local containers of the trained-head serving run (benchmarks/kimi_trained_head.py), as docker SDK specs
 (``containers.run`` kwargs). Development harness: the tiny targets it builds come from :mod:`eagle3ops_dev.tinymodel`.
 
 The check trains a head with eagle3ops's own stages in a pipeline image, then serves the target with and without
