@@ -38,10 +38,11 @@ class Recorder:
     """Replaces ``cli_common.remote``: keeps every Remote the CLI makes, so a test can read its history and
     changes."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, inventory: Path = INVENTORY):
         from eagle3ops import cli_common
 
         self.made: list = []
+        self.inventory = inventory
         real = cli_common.remote
 
         def make(host, dry_run=False):
@@ -56,7 +57,7 @@ class Recorder:
         from eagle3ops import cli
 
         self.made.clear()
-        res = CliRunner().invoke(cli.app, [*args, "--inventory", str(INVENTORY)])
+        res = CliRunner().invoke(cli.app, [*args, "--inventory", str(self.inventory)])
         assert res.exit_code == 0, f"{args}: exit {res.exit_code}\n{res.output}\n{res.exception!r}"
         assert len(self.made) == 1, self.made
         return res, self.made[0]
@@ -72,9 +73,11 @@ def _current_release(r) -> int | None:
     return int(out) if out else None
 
 
-def test_dry_run_plan_is_what_runs(deployed, monkeypatch):
-    """Needs production serving and a deployed pipeline image that the build engine holds: the ``deployed``
-    fixture (on a fresh machine nothing else guarantees either before this module runs)."""
+def test_dry_run_plan_is_what_runs(standin_deployed, standin_inventory, monkeypatch):
+    """Needs production serving and a deployed pipeline image that the build engine holds: the sandbox with the
+    STAND-IN serving container (``standin_deployed``: the stand-in OpenAI server, not vLLM; the subject here is the
+    plan, and the release window's restart then costs a second, not a vLLM start), driven through the CLI with its
+    inventory (``standin_inventory``)."""
     from eagle3ops import transfer
     from eagle3ops.commands import docker as dk
     from eagle3ops.commands import host as hc
@@ -83,7 +86,7 @@ def test_dry_run_plan_is_what_runs(deployed, monkeypatch):
     from eagle3ops.window.common import new_window_id, paths
     from eagle3ops.window.lock import acquire_lock, read_lock, release_lock
 
-    h, _ = deployed
+    h, _ = standin_deployed
     with Remote(h) as r0:
         assert read_lock(r0) is None, "the sandbox's deploy lock is held: another window runs (run under flock)"
         live_before = _current_release(r0)
@@ -104,7 +107,7 @@ def test_dry_run_plan_is_what_runs(deployed, monkeypatch):
     # (reads are not compared here: release_lock reads the details file the dry run did not write)
 
     # 2. `lock release --force` of a lock held by a window that never started (young: not yet stale)
-    rec = Recorder(monkeypatch)
+    rec = Recorder(monkeypatch, standin_inventory)
     with Remote(h) as r:
         acquire_lock(r, wid, "test_dryrun_matches_run (stale)", "left for lock release")
     try:
@@ -146,7 +149,7 @@ def test_dry_run_plan_is_what_runs(deployed, monkeypatch):
 
     # 4. a release (a real window: serving stopped, recreated, health-gated). No intended change, so serving ends as
     # it was found: the live container recreated as it is (one window: a flag change would need a second window,
-    # a rollback, to restore it, and each window restarts vLLM: ~100 s on a loaded 2-core machine).
+    # a rollback, to restore it).
     _, dry = rec.invoke("release", h.name, "--dry-run")
     _, real = rec.invoke("release", h.name)
     _same_window_start(dry, real, take)
@@ -172,7 +175,7 @@ def test_dry_run_plan_is_what_runs(deployed, monkeypatch):
     monkeypatch.setattr(build_mod, "_sdk_build", refuse)
     bp = images.plan_build("pipeline", base_image=images.LOCAL_BASE_TAG)
     res = CliRunner().invoke(cli.app, ["deploy", h.name, "--dry-run", "--base-image", images.LOCAL_BASE_TAG,
-                                       "--inventory", str(INVENTORY)])
+                                       "--inventory", str(standin_inventory)])
     assert res.exit_code == 0, res.output
     out = res.stdout.splitlines()
     assert bp.lines()[0] in out and f"#   --build-arg BASE_IMAGE={images.LOCAL_BASE_TAG}" in out, res.stdout
