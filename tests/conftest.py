@@ -131,8 +131,9 @@ def standin_deployed(deployed):
     audit), beside the real vLLM serving of :func:`deployed`.
 
     For the window tests whose subject is the window (stages, faults, the lock, the supervisor, the restore agent):
-    each window's stop and restore of serving then costs seconds, not a vLLM start. Windows against real vLLM are
-    the ``deployed`` tests (a release vLLM refuses, a restore that cannot load its model, the speculation gate)."""
+    each window's stop and restore of serving then costs seconds, not a vLLM start. It exits at start on a bad flag
+    value or without the mounted model's ``config.json``, as vLLM does. Windows against real vLLM are the ``deployed``
+    tests (the engine restarted under a window, the speculation gate, the deferred probes)."""
     import os
     import shutil
     import subprocess
@@ -150,10 +151,10 @@ def standin_deployed(deployed):
     shutil.copy(Path(h.state_dir) / "deployed.json", state / "deployed.json")
     subprocess.run(["chown", "-R", "e3ops:e3ops", str(state)], check=True)
     # the model's mount in the container: the stand-in exits at start without its config.json (a lost model)
-    model_mount = next(v.split(":")[1] for v in h.serving.volumes if v.split(":")[0] == h.model_path)
     sh = h.model_copy(update={"name": "sandbox-standin", "state_dir": str(state), "serving": h.serving.model_copy(
         update={"container": "standin-serving", "port": port, "health_timeout_s": 60,
-                "args": standin_serving.args(port, h.serving.served_model_name, f"{model_mount}/config.json"),
+                "args": standin_serving.args(port, h.serving.served_model_name,
+                                             f"{standin_serving.model_mount(h)}/config.json"),
                 "volumes": [*h.serving.volumes, standin_serving.script_volume(h)], "speculative_image": None})})
     standin_serving.start_container(sh, timeout_s=60)
     assert demo.serving_healthy(sh, completion=True), "the stand-in serving container does not complete"

@@ -28,6 +28,15 @@ def script_volume(h) -> str:
     return f"{app}:/standin:ro"
 
 
+def model_mount(h) -> str:
+    """The container path at which ``h.serving.volumes`` mounts the host's model (``h.model_path``).
+
+    Raises:
+        StopIteration: no volume binds ``h.model_path``.
+    """
+    return next(v.split(":")[1] for v in h.serving.volumes if v.split(":")[0] == h.model_path)
+
+
 def args(port: int, model: str, require_file: str | None = None) -> list[str]:
     """The stand-in's arguments for ``port`` and the served ``model`` name; ``require_file``: a path in the
     container (the mounted model's ``config.json``) without which the server exits 1 at start, as vLLM does."""

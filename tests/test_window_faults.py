@@ -330,7 +330,9 @@ def test_restore_fails_health_gate_then_rollback(standin_deployed):
     # restored server cannot start: the supervisor must roll back to the previously *live* release L (not B, the
     # numerically previous one) and say so. The server is the stand-in (it exits at start on a bad flag value or a
     # missing model config.json, as vLLM does); a release real vLLM refuses: tests/test_serving_process.py.
-    model_mount = next(v.split(":")[1] for v in h.serving.volumes if v.split(":")[0] == h.model_path)
+    import standin_serving
+
+    model_mount = standin_serving.model_mount(h)
     copy = Path(h.data_dir, "models/tiny-llama-copy")
     subprocess.run(["rm", "-rf", str(copy)], check=True)
     subprocess.run(["cp", "-a", h.model_path, str(copy)], check=True)
