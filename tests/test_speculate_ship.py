@@ -151,6 +151,11 @@ NEGATIVE_TEST_MARGIN = -0.9
 #: that token: a measured mean acceptance length a little above 1 (about 1.2 expected for 4 prompts x 16 tokens).
 #: A random head over the whole vocabulary stays at about 1.0. The floor between them, named for the test:
 TEST_ACCEPTANCE_FLOOR = 1.1
+#: The gate's time-to-first-token rule (``serving.gate_ttft_ratio_max``, 1.5 by default) on 2 shared CPU cores: the
+#: speculative release's first token pays the draft's prefill too, and the default decided a CI run by noise (the
+#: keep head rolled back at x1.531, stop 34). The keep branch is tested at this ratio, named for the test;
+#: the rule itself (rollback above the ratio, keep below) is tested in tests/test_speculate.py.
+TEST_TTFT_RATIO_MAX = 4.0
 
 
 def _build_head(tag: str, target_dir: str, out: Path, *, draft_vocab: list[int] | None, seed: int) -> Path:
@@ -204,6 +209,7 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
     from eagle3ops.window.run import run_window
 
     h, dep = deployed
+    h = h.model_copy(update={"serving": h.serving.model_copy(update={"gate_ttft_ratio_max": TEST_TTFT_RATIO_MAX})})
     s = h.serving
     gate = [p.text for p in ship.gate_prompts(s.gate_prompts)]
     common = Counter(_greedy_token_ids(h, gate, s.gate_max_tokens)).most_common(1)
