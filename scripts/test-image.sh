@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Run tests/image inside a container of the pipeline image (its Python has torch, vLLM 0.16, patched speculators
 # and eagle3ops). pytest (+ pytest-timeout: 600 s a test, as on the host) comes from hash-pinned wheels installed into a
-# throwaway dir, not into the image; the ten slowest tests are printed at the end.
+# throwaway dir, not into the image; the ten slowest tests are printed at the end. The image's Python environment is
+# read into the page cache first (python -m eagle3ops_dev warm).
 # Usage: scripts/test-image.sh IMAGE_TAG [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tag=$1; shift
 mkdir -p .cache/test-wheels
 .venv/bin/pip download -q --no-deps --require-hashes -r requirements/image-test.txt -d .cache/test-wheels
+# The image's /opt/venv into the page cache first (eagle3ops_dev.pagecache: cold vLLM/torch starts here are
+# disk-bound, and the host suite before this one filled the cache with the sandbox engine's copy of the layers).
+.venv/bin/python -m eagle3ops_dev warm "$tag"
 exec docker run --rm --network host \
   -e HF_HUB_OFFLINE=1 -e TRANSFORMERS_OFFLINE=1 -e VLLM_CPU_KVCACHE_SPACE=1 -e PYTHONDONTWRITEBYTECODE=1 \
   -e PYTHONUNBUFFERED=1 \

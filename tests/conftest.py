@@ -3,7 +3,7 @@
 Each fixture builds or starts what is missing and reuses what is already there, so a second run is fast. They are
 the same functions ``make demo`` uses (:mod:`eagle3ops_dev.demo`).
 
-The host suite can run as two pytest processes side by side (``make test-parallel``, ``scripts/test.sh``; README's
+The host suite can run as two pytest processes side by side (``make test``, ``scripts/test.sh``; README's
 ``make test`` runs it in one process): ``--part sandbox`` runs every test that reaches the inventory's sandbox host (one sshd, one engine, one serving port, one
 lock), one after another; ``--part rest`` runs all the others (pure tests, the local build engine, and the modules
 that bring up sandboxes of their own, each module whole). Which part a test is in: :func:`part_of`. Without
@@ -83,11 +83,15 @@ def sandbox_host():
 def built_images():
     """(local base tag, BuiltImage of the pipeline image) — built if missing (the base takes minutes once)."""
     from eagle3ops import images
-    from eagle3ops_dev import bases
+    from eagle3ops_dev import bases, pagecache
 
     ca = images.default_ca_bundle()
     base = bases.build_local_base(ca_bundle=ca, quiet=True)
     built = images.build_image("pipeline", base_image=base, ca_bundle=ca, quiet=True)
+    # The build engine's copy into the page cache: the tiny target and the tests' heads are built in containers of
+    # the pipeline image here (torch imports; cold starts are disk-bound: eagle3ops_dev.pagecache).
+    n, dt = pagecache.warm(built.tag)
+    print(f"[built_images] page cache: read {n / 1e9:.2f} GB of the pipeline image on the build engine in {dt:.0f} s")
     return base, built
 
 
@@ -98,10 +102,14 @@ def deployed(sandbox_host, built_images):
     Returns (host, DeployResult).
     """
     from eagle3ops import deployer
-    from eagle3ops_dev import demo
+    from eagle3ops_dev import demo, pagecache
 
     base, built = built_images
     deployer.push_image(sandbox_host.serving.image, sandbox_host)
+    # The sandbox engine's copy of the base layers into the page cache before vLLM starts from them (cold vLLM
+    # starts here are disk-bound: eagle3ops_dev.pagecache); the pipeline image shares these layers.
+    n, dt = pagecache.warm(sandbox_host.serving.image, sandbox_host.docker_host)
+    print(f"[deployed] page cache: read {n / 1e9:.2f} GB of the serving image on the sandbox engine in {dt:.0f} s")
     # The tests' target: the random 4-layer tiny Llama (the demo serves the trained one; switching restarts serving)
     replaced = demo.build_tiny_model(built.tag, sandbox_host.model_path, "llama")
     demo.start_serving(sandbox_host, restart=replaced)

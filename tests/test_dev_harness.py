@@ -74,3 +74,23 @@ def test_the_tiny_kimis_remote_code_is_real_python_read_byte_for_byte():
     assert f"\nPAT_STR = {tinykimi.PAT_STR!r}\n" in tinykimi.remote_source("tokenization_kimi.py")
     with pytest.raises(ValueError, match="not a remote-code file"):
         tinykimi.remote_source("modeling_kimi.py")
+
+
+# --- the page-cache warm-up before a suite's containers start (eagle3ops_dev.pagecache) -------------------------
+
+@pytest.mark.images
+def test_warm_reads_every_byte_of_the_paths_and_names_a_missing_image():
+    """``warm`` reads the whole tree (its byte count is what ``find`` sizes inside the same image: a reader that
+    skipped files would count less), and a missing image is an error naming it."""
+    import subprocess
+
+    from eagle3ops_dev import bases, pagecache
+
+    bases.build_minbase()
+    n, _ = pagecache.warm(bases.MINBASE_TAG, paths=("/usr/bin", "/usr/lib/python3.11/email"))
+    sizes = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "find", bases.MINBASE_TAG,
+                            "/usr/bin", "/usr/lib/python3.11/email", "-xdev", "-type", "f", "-printf", "%s\\n"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert n == sum(map(int, sizes)) > 1_000_000
+    with pytest.raises(pagecache.WarmError, match="eagle3ops/no-such-image:0"):
+        pagecache.warm("eagle3ops/no-such-image:0")

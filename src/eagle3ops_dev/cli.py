@@ -1,7 +1,8 @@
 """``python -m eagle3ops_dev``: the development harness's command line (never part of the ``eagle3ops`` CLI).
 
 Commands: ``demo`` (the whole maintenance cycle on the embedded sandbox host), ``sandbox up|down|status`` (that
-host), ``base`` (a stand-in for ``vllm/vllm-openai:v0.16.0`` on the debootstrap minbase). The product CLI
+host), ``base`` (a stand-in for ``vllm/vllm-openai:v0.16.0`` on the debootstrap minbase), ``warm`` (an image's
+Python environment read into the page cache before a test suite starts its containers). The product CLI
 (``eagle3ops``) offers none of them: it cannot import this package (import contract in pyproject.toml).
 """
 
@@ -61,6 +62,25 @@ def base(
         Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1)
     typer.echo(out)
+
+
+@app.command()
+def warm(image: Annotated[str, typer.Argument(help="Image whose files to read (on the engine of $DOCKER_HOST).")],
+         path: Annotated[Optional[list[str]], typer.Option(
+             "--path", help="Path inside the image to read (repeatable; default /opt/venv).")] = None) -> None:
+    """Read an image's Python environment into the page cache (eagle3ops_dev.pagecache: cold vLLM starts here are
+    disk-bound)."""
+    import os
+
+    from eagle3ops_dev import pagecache
+
+    paths = tuple(path) if path else pagecache.DEFAULT_PATHS
+    try:
+        n, dt = pagecache.warm(image, os.environ.get("DOCKER_HOST"), paths)
+    except pagecache.WarmError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"[warm] read {n / 1e9:.2f} GB of {', '.join(paths)} in {image} in {dt:.0f} s")
 
 
 def main() -> None:
