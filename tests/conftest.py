@@ -90,8 +90,7 @@ def built_images():
     built = images.build_image("pipeline", base_image=base, ca_bundle=ca, quiet=True)
     # The build engine's copy into the page cache: the tiny target and the tests' heads are built in containers of
     # the pipeline image here (torch imports; cold starts are disk-bound: eagle3ops_dev.pagecache).
-    n, dt = pagecache.warm(built.tag)
-    print(f"[built_images] page cache: read {n / 1e9:.2f} GB of the pipeline image on the build engine in {dt:.0f} s")
+    pagecache.warm_quietly(built.tag, label="built_images")
     return base, built
 
 
@@ -108,8 +107,7 @@ def deployed(sandbox_host, built_images):
     deployer.push_image(sandbox_host.serving.image, sandbox_host)
     # The sandbox engine's copy of the base layers into the page cache before vLLM starts from them (cold vLLM
     # starts here are disk-bound: eagle3ops_dev.pagecache); the pipeline image shares these layers.
-    n, dt = pagecache.warm(sandbox_host.serving.image, sandbox_host.docker_host)
-    print(f"[deployed] page cache: read {n / 1e9:.2f} GB of the serving image on the sandbox engine in {dt:.0f} s")
+    pagecache.warm_quietly(sandbox_host.serving.image, sandbox_host.docker_host, label="deployed")
     # The tests' target: the random 4-layer tiny Llama (the demo serves the trained one; switching restarts serving)
     replaced = demo.build_tiny_model(built.tag, sandbox_host.model_path, "llama")
     demo.start_serving(sandbox_host, restart=replaced)

@@ -56,6 +56,7 @@ LOCAL_TOOLS: dict[str, tuple[set[str], str]] = {
     "eagle3ops_dev/sandbox/engines.py": ({"apt-get", "apt-cache", "dpkg"},
                                          "the sandbox engine's Debian packages, unpacked here"),
     "eagle3ops/images/tags.py": ({"git"}, "this checkout's revision for the image label (local git)"),
+    "eagle3ops_dev/pagecache.py": ({"docker"}, "the page-cache warm-up container on this machine's engines"),
 }
 #: Where argv may be built (relative to src/): the product's commands/ and the harness's own argv builders.
 COMMAND_MODULES = ("eagle3ops/commands/", "eagle3ops_dev/provision.py", "eagle3ops_dev/headspecs.py")

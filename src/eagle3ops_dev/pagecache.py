@@ -33,11 +33,13 @@ class WarmError(RuntimeError):
     """The warm-up container failed (image missing, engine unreachable, a path absent from the image)."""
 
 
-def warm_argv(image: str, paths: tuple[str, ...] = DEFAULT_PATHS, readers: int = READERS) -> list[str]:
+def warm_argv(image: str, paths: tuple[str, ...] = DEFAULT_PATHS, readers: int = READERS,
+              name: str | None = None) -> list[str]:
     """The ``docker run`` argv that reads ``paths`` of ``image`` (its layers on the engine that runs it) and prints
-    the bytes read. No network, removed when done; the image's entrypoint is replaced by ``sh``."""
-    return ["docker", "run", "--rm", "--network", "none", "-e", f"E3_READERS={int(readers)}",
-            "--entrypoint", "sh", image, "-c", _SCRIPT, "warm", *paths]
+    the bytes read. No network, removed when done, named ``name`` when given (so a timed-out run can be removed);
+    the image's entrypoint is replaced by ``sh``."""
+    return ["docker", "run", "--rm", "--network", "none", *(["--name", name] if name else []),
+            "-e", f"E3_READERS={int(readers)}", "--entrypoint", "sh", image, "-c", _SCRIPT, "warm", *paths]
 
 
 def warm(image: str, docker_host: str | None = None, paths: tuple[str, ...] = DEFAULT_PATHS,
@@ -49,17 +51,39 @@ def warm(image: str, docker_host: str | None = None, paths: tuple[str, ...] = DE
         (bytes read, seconds taken).
 
     Raises:
-        WarmError: the container failed (its stderr is in the message) or read nothing.
-        subprocess.TimeoutExpired: it took longer than ``timeout`` seconds.
+        WarmError: the container failed (its stderr is in the message), read nothing, or ran past ``timeout``
+            seconds (it is then removed: a disk busy with other work can make the warm-up slower than it saves).
     """
+    import uuid
+
     env = dict(os.environ)
     if docker_host:
         env["DOCKER_HOST"] = docker_host
+    name = f"e3-warm-{uuid.uuid4().hex[:10]}"
     t0 = time.monotonic()
-    p = subprocess.run(warm_argv(image, paths, readers), capture_output=True, text=True, env=env, timeout=timeout)
+    try:
+        p = subprocess.run(warm_argv(image, paths, readers, name), capture_output=True, text=True, env=env,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, env=env, timeout=60)
+        raise WarmError(f"warming {', '.join(paths)} of {image} on {docker_host or 'the default engine'} took more "
+                        f"than {timeout:.0f} s (the disk is busy): stopped") from None
     dt = time.monotonic() - t0
     out = p.stdout.strip().splitlines()
     if p.returncode != 0 or not out or not out[-1].isdigit() or int(out[-1]) == 0:
         raise WarmError(f"warming {', '.join(paths)} of {image} on {docker_host or 'the default engine'} failed "
                         f"(exit {p.returncode}): {p.stderr.strip()[-600:] or p.stdout.strip()[-600:]}")
     return int(out[-1]), dt
+
+
+def warm_quietly(image: str, docker_host: str | None = None, *, label: str,
+                 timeout: float = TIMEOUT_S) -> None:
+    """:func:`warm`, printing what it read (``[label] ...``), or why it could not: the warm-up only saves time, so
+    a failure is printed and never raised (the containers then start from a cold cache, slower)."""
+    try:
+        n, dt = warm(image, docker_host, timeout=timeout)
+    except WarmError as exc:
+        print(f"[{label}] page cache not warmed: {exc}", flush=True)
+        return
+    print(f"[{label}] page cache: read {n / 1e9:.2f} GB of {image} on {docker_host or 'the build engine'} "
+          f"in {dt:.0f} s", flush=True)
