@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# README's test command (`make test`, after setup and prebuild): two streams side by side on this machine, each to
+# `make test-parallel` (after setup and prebuild): two streams side by side on this machine, each to
 # its end whatever the other does:
 #   - stream 1: the host suite's sandbox part (`--part sandbox`: every test that reaches the sandbox host, one at a
 #     time; its output is printed as it runs);
 #   - stream 2: the host suite's other part (`--part rest`: pure tests, the build engine, modules with sandboxes of
 #     their own), then the in-image suite (scripts/test-image.sh); output in .cache/test-rest.log and
 #     .cache/test-image.log, printed after.
-# Why side by side: measured here (2 cores), the serial host suite left the CPUs 54 % idle (one test at a time waits
-# on SSH round trips, containers and polls), and its first 10 minutes waited on the disk (cold page cache: the
-# fixtures now read the images' Python environments first, eagle3ops_dev.pagecache).
+# Why it was tried: the serial host suite leaves the CPUs 54 % idle (one test at a time waits on SSH round trips,
+# containers and polls). Measured here (2 cores, 2026-12-02) the two streams wait on the same disk instead: the
+# rest part took 28 min instead of ~10, a fixture's image read passed its bound and a connect-time bound failed, so
+# README's `make test` stays serial.
 # tests/conftest.py says which test is in which part. The exit status is non-zero when any run failed.
 # Usage: scripts/test.sh PIPELINE_IMAGE_TAG [pytest args for both host parts...]
 set -uo pipefail

@@ -3,8 +3,8 @@
 Each fixture builds or starts what is missing and reuses what is already there, so a second run is fast. They are
 the same functions ``make demo`` uses (:mod:`eagle3ops_dev.demo`).
 
-The host suite runs as two pytest processes side by side (README's ``make test``, ``scripts/test.sh``; ``make
-test-serial`` runs it in one process): ``--part sandbox`` runs every test that reaches the inventory's sandbox host (one sshd, one engine, one serving port, one
+The host suite can run as two pytest processes side by side (``make test-parallel``, ``scripts/test.sh``; README's
+``make test`` runs it in one process): ``--part sandbox`` runs every test that reaches the inventory's sandbox host (one sshd, one engine, one serving port, one
 lock), one after another; ``--part rest`` runs all the others (pure tests, the local build engine, and the modules
 that bring up sandboxes of their own, each module whole). Which part a test is in: :func:`part_of`. Without
 ``--part`` every test runs, as before. (pytest-xdist's ``loadgroup`` would do this, but xdist 3.8 writes the group

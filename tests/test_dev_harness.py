@@ -79,18 +79,21 @@ def test_the_tiny_kimis_remote_code_is_real_python_read_byte_for_byte():
 # --- the page-cache warm-up before a suite's containers start (eagle3ops_dev.pagecache) -------------------------
 
 @pytest.mark.images
-def test_warm_reads_every_byte_of_the_paths_and_names_a_missing_image():
-    """``warm`` reads the whole tree (its byte count is what ``find`` sizes inside the same image: a reader that
-    skipped files would count less), and a missing image is an error naming it."""
+def test_warm_reads_every_byte_of_the_large_files_and_names_a_missing_image():
+    """``warm`` reads the whole of every file over its size floor (its byte count is what ``find`` sizes inside the
+    same image: a reader that skipped files or stopped early would count less; with a floor of 0, every file), and
+    a missing image is an error naming it."""
     import subprocess
 
     from eagle3ops_dev import bases, pagecache
 
     bases.build_minbase()
-    n, _ = pagecache.warm(bases.MINBASE_TAG, paths=("/usr/bin", "/usr/lib/python3.11/email"))
-    sizes = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "find", bases.MINBASE_TAG,
-                            "/usr/bin", "/usr/lib/python3.11/email", "-xdev", "-type", "f", "-printf", "%s\\n"],
-                           capture_output=True, text=True, check=True).stdout.split()
-    assert n == sum(map(int, sizes)) > 1_000_000
+    paths = ("/usr/bin", "/usr/lib/python3.11/email")
+    for min_kib in (0, 256):
+        n, _ = pagecache.warm(bases.MINBASE_TAG, paths=paths, min_kib=min_kib)
+        sizes = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "find",
+                                bases.MINBASE_TAG, *paths, "-xdev", "-type", "f", "-size", f"+{min_kib}k",
+                                "-printf", "%s\\n"], capture_output=True, text=True, check=True).stdout.split()
+        assert n == sum(map(int, sizes)) > 1_000_000, min_kib
     with pytest.raises(pagecache.WarmError, match="eagle3ops/no-such-image:0"):
         pagecache.warm("eagle3ops/no-such-image:0")

@@ -1,8 +1,8 @@
 """``python -m eagle3ops_dev``: the development harness's command line (never part of the ``eagle3ops`` CLI).
 
 Commands: ``demo`` (the whole maintenance cycle on the embedded sandbox host), ``sandbox up|down|status`` (that
-host), ``base`` (a stand-in for ``vllm/vllm-openai:v0.16.0`` on the debootstrap minbase), ``warm`` (an image's
-Python environment read into the page cache before a test suite starts its containers). The product CLI
+host), ``base`` (a stand-in for ``vllm/vllm-openai:v0.16.0`` on the debootstrap minbase), ``warm`` (the large files of an
+image's Python environment read before a test suite starts its containers). The product CLI
 (``eagle3ops``) offers none of them: it cannot import this package (import contract in pyproject.toml).
 """
 
@@ -68,7 +68,7 @@ def base(
 def warm(image: Annotated[str, typer.Argument(help="Image whose files to read (on the engine of $DOCKER_HOST).")],
          path: Annotated[Optional[list[str]], typer.Option(
              "--path", help="Path inside the image to read (repeatable; default /opt/venv).")] = None) -> None:
-    """Read an image's Python environment into the page cache (eagle3ops_dev.pagecache: cold vLLM starts here are
+    """Read the large files of an image's Python environment (eagle3ops_dev.pagecache: cold vLLM starts here are
     disk-bound)."""
     import os
 
