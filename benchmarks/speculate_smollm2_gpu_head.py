@@ -34,6 +34,10 @@ sharded, shard 2 split in two parts. This script:
 Stand-ins: the serving image of the speculative release (``serving.speculative_image``,
 ``eagle3ops/serving:sandbox-cpu-standin``) and the local base image, both named in the JSON.
 
+Not measured yet: the first run (2026-12-02, ``--levels 1``) stopped in step 2 when the 9.0 GB base image's load
+into the fresh sandbox engine filled the machine's disk (see :data:`LOAD_SPACE_FACTOR`; :func:`check_disk` now
+refuses before the push).
+
 Usage (``make bench-speculate-gpu-head [LEVELS=1]``)::
 
     python benchmarks/speculate_smollm2_gpu_head.py [--levels 1] [--prompts 64]
@@ -254,6 +258,37 @@ def derived_inventory(src: Path, levels: list[int], dest: Path) -> Path:
     return dest
 
 
+#: Free space a fresh sandbox engine needs to load an image, in multiples of the image's size: Docker 20.10's classic
+#: store extracts the whole ``docker save`` archive to a temporary folder before it registers the layers (measured
+#: 2026-12-02: the 9.0 GB base into an empty sandbox engine passed 13 GB on disk and ran out of space with 19 GB free).
+LOAD_SPACE_FACTOR = 2.0
+
+
+def check_disk(h: Any, image: str) -> dict[str, Any]:
+    """Refuse to push ``image`` into the sandbox's engine when the sandbox's disk lacks room to load it
+    (:data:`LOAD_SPACE_FACTOR` x its size + 2 GiB, when the engine does not hold it yet): a full disk fails every
+    other user of the machine too.
+
+    Raises:
+        SystemExit: not enough free space; the message gives both figures.
+    """
+    import docker
+
+    size = int(docker.from_env().images.get(image).attrs["Size"])
+    try:
+        docker.DockerClient(base_url=h.docker_host).images.get(image)
+        held = True
+    except docker.errors.ImageNotFound:
+        held = False
+    free = shutil.disk_usage(Path(h.data_dir)).free
+    need = 0 if held else int(LOAD_SPACE_FACTOR * size) + (2 << 30)
+    if free < need:
+        raise SystemExit(f"{h.name}: {free / 2**30:.1f} GiB free under {h.data_dir}, loading {image} "
+                         f"({size / 2**30:.1f} GiB) into the sandbox's empty engine needs about {need / 2**30:.1f} GiB "
+                         "(docker load extracts the archive before registering its layers); free disk space first")
+    return {"image": image, "bytes": size, "held": held, "free_bytes": free, "needed_bytes": need}
+
+
 def provision(h: Any, echo: Any) -> dict[str, Any]:
     """The demo's steps 1-4 and its speculative image (:mod:`eagle3ops_dev.demo`): sandbox up, base and pipeline
     images, SmolLM2 served, deploy, the stand-in serving image tagged ``serving.speculative_image``. Returns the
@@ -274,6 +309,7 @@ def provision(h: Any, echo: Any) -> dict[str, Any]:
     out.update(base_image=base, pipeline_image=built.tag, speculative_image=h.serving.speculative_image or spec.tag,
                speculative_image_built=spec.tag)
     t = time.monotonic()
+    out["disk"] = check_disk(h, h.serving.image)
     echo(deployer.push_image(h.serving.image, h))
     replaced = demo.build_tiny_model(built.tag, h.model_path, demo.DEMO_TARGET)
     out["serving_start_s"] = round(demo.start_serving(h, restart=replaced), 1)
@@ -453,6 +489,7 @@ def main() -> int:
         print(f"head: {len(head['files'])} files, joined {list(head['joined'])} (sha256 checked) in {work / 'head'}")
         prov = provision(h, echo=print)
         timing.update({k: v for k, v in prov.items() if k.endswith("_s")})
+        timing["disk"] = prov["disk"]
         t = time.monotonic()
         chosen = held_out_rows(prov["pipeline_image"], a.prompts + EXTRA_CANDIDATES, work)
         rows, prompts = render_prompts(h, chosen, a.prompts, h.serving.gate_max_tokens)
