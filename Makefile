@@ -29,7 +29,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-parallel test-image \
-        patch-check bench-rebuild bench-push bench-extract bench-probe-smollm2 bench-kimi-head clean-sandbox
+        patch-check bench-rebuild bench-push bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head clean-sandbox
 
 setup:
 	bash scripts/setup.sh
@@ -126,3 +126,12 @@ bench-probe-smollm2: image
 	  -v "$(SMOLLM2_DIR):/model:ro" -v "$$PWD/benchmarks:/e3/benchmarks" -w /e3 --entrypoint python3 \
 	  "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)" \
 	  benchmarks/probe_smollm2.py --model /model --json benchmarks/probe-smollm2-cpu.json
+
+# The EAGLE-3 head trained on an H200 for SmolLM2 (benchmarks/gpu_head_smollm2.py, not committed: HEAD_SRC) shipped
+# with `eagle3ops speculate --head --prompts-file` on held-out ShareGPT prompts on the sandbox serving SmolLM2
+# (provisioned as `make demo` does); LEVELS=1 measures concurrency 1 only. Writes
+# benchmarks/speculate-smollm2-gpu-head.json.
+HEAD_SRC ?= /work/.device/3/head
+bench-speculate-gpu-head: setup
+	$(PY) benchmarks/speculate_smollm2_gpu_head.py --head-src $(HEAD_SRC) --inventory $(DEMO_INVENTORY) \
+	  $(if $(LEVELS),--levels $(LEVELS))

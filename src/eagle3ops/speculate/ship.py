@@ -13,7 +13,8 @@ Driver side (nothing on the host changes before the job starts, except a ``--hea
 2. **plan**: the :class:`~eagle3ops.config.plan.SpeculateJob` (the speculative release of the host's serving kind:
    :meth:`eagle3ops.window.kinds.DriverKind.speculative_change`; prompts in a fixed order, levels, passes, margin,
    floor) and the serving restarts with the downtime to expect from this host's recorded restarts
-   (:func:`plan_restarts`), printed, in ``--dry-run`` too.
+   (:func:`plan_restarts`), printed, in ``--dry-run`` too. The prompts: HumanEval's gate split, or every prompt of
+   ``--prompts-file`` (:func:`select_gate`; e.g. held-out chat turns rendered with the served chat template).
 3. ``run_window(kind="speculate")``: lock, preflight, plan, supervisor; watched to its result.
 
 Host side (the supervisor): record → baseline (``serving.gate_passes`` passes, at least 3) → the speculative
@@ -58,7 +59,8 @@ from eagle3ops.speculate.onhost import head_sha256, parse_answer
 from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_restart_seconds, restart_plan
 from eagle3ops.gate.replay import LevelResult
 
-__all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "gate_prompts", "measure_on_host", "speculate"]
+__all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "gate_prompts", "measure_on_host", "select_gate",
+           "speculate"]
 
 #: Bound on the inspect helper (pipeline image start + reading headers and chats), seconds.
 INSPECT_TIMEOUT_S = 300.0
@@ -84,6 +86,9 @@ class SpeculateOptions:
         acceptance_floor: overrides ``serving.acceptance_floor`` (both the offline-estimate check and the gate).
         max_tokens, prompts, passes: override ``serving.gate_max_tokens`` / ``serving.gate_prompts`` /
             ``serving.gate_passes``.
+        prompts_file: a JSONL file of prompts (:func:`eagle3ops.speculate.prompts.from_jsonl`) replayed instead of
+            HumanEval's gate split: all of them, in file order (``prompts`` / ``serving.gate_prompts`` then do not
+            apply).
         command: the command line, for the audit log.
     """
 
@@ -98,6 +103,7 @@ class SpeculateOptions:
     max_tokens: int | None = None
     prompts: int | None = None
     passes: int | None = None
+    prompts_file: Path | None = None
     command: str = "eagle3ops speculate"
 
 
@@ -140,6 +146,31 @@ def gate_prompts(n: int) -> list[pr.Prompt]:
     """The first ``n`` HumanEval prompts (file order) of the gate split."""
     _, gate = pr.split_by_id(pr.humaneval(), GATE_FRACTION)
     return gate[:n]
+
+
+def select_gate(opts: SpeculateOptions, count: int) -> tuple[list[pr.Prompt], dict[str, Any]]:
+    """The prompts the gate replays and the record of where they came from (the result's ``prompts`` figures):
+    every prompt of ``opts.prompts_file`` in file order, with the file's path and sha256, else the first ``count``
+    of HumanEval's gate split (:func:`gate_prompts`). Pure apart from reading the file; runs before anything is
+    read from the host.
+
+    Raises:
+        SpeculateError: the prompts file is unusable (the message names the file and line and the fix), or
+            HumanEval's data is missing.
+    """
+    if opts.prompts_file is None:
+        try:
+            return gate_prompts(count), {"source": "HumanEval gate split", "fraction": GATE_FRACTION}
+        except pr.GatePromptsError as e:
+            raise SpeculateError(str(e)) from None
+    try:
+        prompts = pr.from_jsonl(opts.prompts_file)
+    except pr.GatePromptsError as e:
+        raise SpeculateError(f"--prompts-file: {e}") from None
+    import hashlib
+
+    return prompts, {"source": "prompts file", "file": str(opts.prompts_file),
+                     "file_sha256": hashlib.sha256(opts.prompts_file.read_bytes()).hexdigest()}
 
 
 def _upload_head(r: Any, head: Path) -> tuple[str, str]:
@@ -264,7 +295,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     floor = s.acceptance_floor if opts.acceptance_floor is None else opts.acceptance_floor
     max_tokens = opts.max_tokens or s.gate_max_tokens
     image = opts.serving_image or s.speculative_image or s.image
-    gate = gate_prompts(opts.prompts or s.gate_prompts)
+    gate, source = select_gate(opts, opts.prompts or s.gate_prompts)
     if speculative_change(h, run_dir, 3, image).image:  # a process serves no image
         refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
 
@@ -320,9 +351,8 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     k = int(ttt or 3)
     figures: dict[str, Any] = {"head_source": str(opts.head or "run"), "serving_image": image,
                                "num_speculative_tokens": k,
-                               "prompts": {"source": "HumanEval gate split", "fraction": GATE_FRACTION,
-                                           "count": len(gate), "max_tokens": max_tokens, "disjointness": disjoint,
-                                           "order": [p.id for p in gate]},
+                               "prompts": {**source, "count": len(gate), "max_tokens": max_tokens,
+                                           "disjointness": disjoint, "order": [p.id for p in gate]},
                                "head_check": facts.__dict__, "offline_estimate": offline, "force": opts.force,
                                "warnings": warnings, "restarts": restarts.figures()}
     job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.text for p in gate], margin, floor, max_tokens,

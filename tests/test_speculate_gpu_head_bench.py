@@ -1,0 +1,89 @@
+"""benchmarks/speculate_smollm2_gpu_head.py's pure parts (issue 27): the head reassembled from its split shard with
+the recorded sha256 checked, and its figures (per-level throughput intervals by the gate's own method, the issue's
+"Done when" checks with their shortfalls) from a gate result made by the gate's real decision on synthetic passes.
+No host, no image, no head from the device machine (a tiny one is written here)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3ops.gate import decide as dec
+from eagle3ops.gate.metrics import SpecDelta
+from eagle3ops.gate.replay import LevelResult
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("speculate_smollm2_gpu_head",
+                                                  REPO / "benchmarks" / "speculate_smollm2_gpu_head.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _head(tmp_path: Path) -> tuple[Path, dict]:
+    src = tmp_path / "src"
+    src.mkdir()
+    whole = bytes(range(256)) * 40
+    (src / "config.json").write_text("{}")
+    (src / "model-00001-of-00002.safetensors").write_bytes(b"one")
+    (src / "model-00002-of-00002.safetensors.part1").write_bytes(whole[:4000])
+    (src / "model-00002-of-00002.safetensors.part2").write_bytes(whole[4000:])
+    (src / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 10243}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                           "b": "model-00002-of-00002.safetensors"}}))
+    r2 = {"head": {"files": ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"],
+                   "bytes": 10243, "split": {"model-00002-of-00002.safetensors": {
+                       "parts": ["model-00002-of-00002.safetensors.part1", "model-00002-of-00002.safetensors.part2"],
+                       "sha256": hashlib.sha256(whole).hexdigest(), "bytes": len(whole)}}}}
+    return src, r2
+
+
+def test_the_head_is_joined_and_checked_against_the_recorded_sha256(tmp_path: Path) -> None:
+    b = _bench()
+    src, r2 = _head(tmp_path)
+    rec = b.assemble_head(src, tmp_path / "head", r2)
+    joined = tmp_path / "head" / "model-00002-of-00002.safetensors"
+    assert joined.read_bytes() == bytes(range(256)) * 40 and rec["sha256_checked"] == [joined.name]
+    assert sorted(p.name for p in (tmp_path / "head").iterdir()) == sorted(rec["files"])
+    assert not any(".part" in n for n in rec["files"])
+    (src / "model-00002-of-00002.safetensors.part2").write_bytes(b"damaged")
+    with pytest.raises(SystemExit, match="a part is damaged"):
+        b.assemble_head(src, tmp_path / "again", r2)
+
+
+def _passes(c: int, tps: float, n: int = 3) -> list[LevelResult]:
+    out = []
+    for j in range(n):
+        v = tps * (1.0, 1.004, 0.996)[j]
+        out.append(LevelResult(c, 8, 0, 512, 512 / v, v, 20.0, 30.0, 100.0, 0, (64,) * 8,
+                               tuple(64 / v * (0.8 + 0.05 * i) for i in range(8)), (100.0,) * 8))
+    return out
+
+
+def test_figures_give_each_levels_interval_and_the_done_when_shortfalls() -> None:
+    b = _bench()
+    base, spec = {1: _passes(1, 20.0), 4: _passes(4, 50.0)}, {1: _passes(1, 30.0), 4: _passes(4, 55.0)}
+    d = dec.decide(base, spec, SpecDelta(100, 300, 140, {0: 70, 1: 45, 2: 25}), production_concurrency=1,
+                   margin=0.05, acceptance_floor=1.3)
+    result = {"verdict": d.verdict, "reason": d.reason, **d.figures, "prompts": {"source": "prompts file",
+                                                                                 "count": 8, "max_tokens": 64}}
+    r2 = json.loads((REPO / "benchmarks" / "gpu-head-smollm2-h200-r2.json").read_text())
+    fig = b.figures(result, r2, head=None, prompts=None, levels={"measured": [1, 4]}, timing={}, target=None,
+                    gate_wall_s=None)
+    assert fig["verdict"] == "keep" and fig["acceptance_length"] == pytest.approx(2.4)
+    assert fig["per_level"]["1"]["interval"]["low"] == fig["interval_at_production"]["low"] > 1.4
+    assert fig["per_level"]["4"]["interval"]["low"] < fig["per_level"]["4"]["throughput_ratio"] \
+        < fig["per_level"]["4"]["interval"]["high"]
+    done = fig["done_when"]
+    assert done["acceptance_length"]["holds"] is False and done["acceptance_length"]["short_by"] == pytest.approx(0.1)
+    assert done["kept"]["holds"] and done["interval_low_at_1"]["holds"] and done["prompts"]["holds"] is False
+    assert fig["served_minus_offline"] == pytest.approx(2.4 - 2.803669, abs=1e-4)
+    assert done["offline_within_0.3"]["holds"] is False
+    assert fig["served_minus_offline_per_position"]["0"] == pytest.approx(0.7 - 0.759811, abs=1e-4)
