@@ -42,14 +42,18 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Dependencies from the hash-pinned lock (requirements/driver.lock, made from requirements/driver.in), then
 # eagle3ops itself editable with no dependency resolution and no build isolation (its build backend is in the lock).
+# --no-deps for the lock too: it is uv's complete closure, and pip's resolver in --require-hashes mode refuses a
+# package required with an extra whenever a newer release than the pin exists (pip #9644; it broke the local base's
+# build on a fresh machine). `pip check` proves the closure complete for eagle3ops' own requirements.
 if ! .venv/bin/python -c 'import eagle3ops, eagle3ops_dev, fabric, docker, typer, pytest, pytest_timeout' 2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ] || [ requirements/driver.lock -nt .venv/.installed ]; then
   log "installing eagle3ops and its driver dependencies into .venv (requirements/driver.lock)"
   if [ -z "${PIP_CERT:-}" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt  # the system CA bundle (a TLS-intercepting proxy's CA)
   fi
-  .venv/bin/pip install -q --require-hashes -r requirements/driver.lock
+  .venv/bin/pip install -q --require-hashes --no-deps -r requirements/driver.lock
   .venv/bin/pip install -q --no-deps --no-build-isolation -e .
+  .venv/bin/pip check
   touch .venv/.installed
 fi
 # The development harness (src/eagle3ops_dev: sandbox host, demo, stand-in bases, tiny models; `python -m
