@@ -1,7 +1,7 @@
 # eagle3ops make targets: each a thin call of the `eagle3ops` CLI, or of the development harness's
 # `python -m eagle3ops_dev` (sandbox, base, demo: not in the eagle3ops wheel) (see README.md).
 #   make demo                       the whole maintenance cycle on the embedded sandbox host
-#   make test                       the test suite (host tests, then the in-image tests)
+#   make test                       the test suite (the host and the in-image suites side by side)
 #   make deploy  HOST=gpu-01        build + push the pipeline image, verify its id, preflight (serving untouched)
 #   make extract HOST=gpu-01        window 1: prepare + extract hidden states
 #   make extract HOSTS=a,b,c DRY=1  the fleet plan over several hosts (contiguous shards, windows, waves)
@@ -28,7 +28,7 @@ endif
 BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
-.PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-parallel test-image \
+.PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
         patch-check bench-rebuild bench-push bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head clean-sandbox
 
 setup:
@@ -75,23 +75,23 @@ demo: setup
 
 # Host tests need the sandbox and the images; the fixtures in tests/conftest.py build/start what is missing.
 # Images first (tests/prebuild.py: cached by content, seconds when warm), so no cold build counts against a test's
-# 600 s limit; then the host suite, then the in-image suite; the ten slowest tests are printed at the end of each.
+# 600 s limit; then the host suite and the in-image suite side by side (scripts/test.sh: the serial host suite
+# leaves the CPUs half idle); the ten slowest tests of each are printed at the end.
+PIPELINE_TAG = $$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)
 test: setup prebuild
+	bash scripts/test.sh "$(PIPELINE_TAG)"
+
+# The same two suites one after the other (the host suite, then the in-image suite).
+test-serial: setup prebuild
 	$(PY) -m pytest -ra --durations=10 tests --ignore=tests/image
 	$(MAKE) test-image
-
-# Two streams side by side (scripts/test.sh): the host suite's sandbox part, and its other part followed by the
-# in-image suite. Measured on this machine (2 cores, 2026-12-02) it took longer than `make test` and a connect-time
-# bound failed under the load (README, "The test suite and CI"): `make test` stays serial.
-test-parallel: setup prebuild
-	bash scripts/test.sh "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
 
 prebuild: setup
 	$(PY) tests/prebuild.py
 
 # Tests that need torch / vLLM / speculators run inside the built pipeline image (its /opt/venv).
 test-image: image
-	bash scripts/test-image.sh "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
+	bash scripts/test-image.sh "$(PIPELINE_TAG)"
 
 patch-check: setup
 	$(E3) patch check
