@@ -1,4 +1,4 @@
-"""The host suite's two parts (tests/conftest.py, run side by side by scripts/test.sh): every test is in exactly one,
+"""The host suite's two parts (tests/conftest.py, ``pytest --part sandbox|rest``): every test is in exactly one,
 the sandbox's tests in ``sandbox``, and ``--part`` runs only its own. (The first side-by-side run used pytest-xdist's
 ``loadgroup``, which pytest 9 silently ignores: the sandbox's tests ran in both workers at once and 21 failed on each
 other's lock and on engines the other worker's module teardown had stopped.)"""

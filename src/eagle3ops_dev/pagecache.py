@@ -7,8 +7,9 @@ vLLM + its OpenAI server took **160 s cold**; reading the 348 files of ``/opt/ve
 parallel readers took 98 s, and the same import after it **10 s**. Small files (49k, 0.55 GB) are left to the
 imports. Every Docker engine keeps its own copy of the layers (the build engine, the sandbox's engine), so each copy
 is read where it is used: the session fixtures that build the pipeline image and start the sandbox's serving
-(``tests/conftest.py``) and ``scripts/test-image.sh`` before the in-image suite. Two suites side by side warming at
-once made both slower (``make test-parallel``): ``make test`` runs them one after the other.
+(``tests/conftest.py``) and ``scripts/test-image.sh`` before the in-image suite. On a cold disk two streams warming
+at once made both slower (the host suite's two parts side by side, 2026-12-02); ``make test`` runs the host suite
+beside the in-image suite, whose read of the build engine's copy comes first and takes seconds when warm.
 
 Not part of the eagle3ops wheel: production hosts keep their libraries warm by serving.
 """
