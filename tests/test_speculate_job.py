@@ -74,8 +74,15 @@ def _job(tmp: Path, **kw) -> SpeculateJob:
                            "change": {"args": sc.speculative_args(num_speculative_tokens=3, cpu=True,
                                                                   model=str(tmp / "head"))},
                            "prompts": [f"def f{i}():" for i in range(4)], "levels": [1], "max_tokens": 16,
-                           "passes": 3, "margin": 0.05, "acceptance_floor": 1.5, "idle_timeout_s": 20,
+                           "passes": 3, "margin": JOB_MARGIN, "acceptance_floor": 1.5, "idle_timeout_s": 20,
                            "request_timeout_s": 20, "figures": {"head_source": "test"}, **kw})
+
+
+#: The gate margin of this test's job: wide (drift limit 15 %), because this tests the job, not the gate's
+#: resolution. With 0.05 (drift limit 2.5 %) the side-by-side CI run (stop 36: the in-image suite on the same 2
+#: cores) left a stand-in's x2 "keep" undecided: its baseline drifted +5.8 % to +7.0 % across three passes as the
+#: other suite's load changed. x3 and x0.5 are far outside 1.3 either way.
+JOB_MARGIN = 0.3
 
 
 @pytest.fixture

@@ -41,6 +41,14 @@ POINTS = {"baseline": (("baseline", "start"), 2.0, "keep"),
           "decision": (("decide", "ok"), 0.5, "rollback")}
 
 
+#: The gate margin of the killed jobs: wide (drift limit 15 %), because this tests the kill, not the gate's
+#: resolution. With the default 0.05 (drift limit 2.5 %) stop 36's CI (the in-image suite running beside this one
+#: on the same 2 cores) left the x2 "speculative-restart" point undecided: "the baseline drifted ... (90 % interval
+#: +5.8 % to +7.0 %), beyond half the margin (2.5 %)". The x2 points (measured x1.72-1.89) stay above 1.3 and the
+#: x0.5 point below it.
+KILL_MARGIN = 0.3
+
+
 def _servers() -> list[tuple[int, list[str]]]:
     """(pid, argv) of every stand-in server on :data:`PORT` (read from /proc here: the sandbox shares this machine)."""
     found = []
@@ -86,7 +94,7 @@ def kill_host(deployed, tmp_path, request):
                serving={"kind": "process", "process_match": f"standin_openai_server.py --port {PORT}",
                         "port": PORT, "served_model_name": MODEL, "health_timeout_s": 60, "stop_timeout_s": 10,
                         "gate_concurrency": [1], "gate_prompts": 4, "gate_max_tokens": 8, "gate_passes": 3,
-                        "acceptance_floor": 1.5})
+                        "acceptance_floor": 1.5, "gate_margin": KILL_MARGIN})
     inv = tmp_path / "hosts.yaml"
     inv.write_text(yaml.safe_dump({"hosts": {"sandbox": raw}}))
     start = (f"cd {work} && setsid nohup /usr/bin/python3 {work}/standin_openai_server.py --port {PORT} --model "
