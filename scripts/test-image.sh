@@ -3,10 +3,6 @@
 # and eagle3ops). pytest (+ pytest-timeout: 600 s a test, as on the host) comes from hash-pinned wheels installed into a
 # throwaway dir, not into the image; the ten slowest tests are printed at the end. The image's Python environment is
 # read into the page cache first (python -m eagle3ops_dev warm).
-# With E3_TEST_IMAGE_LOW_PRIORITY=1 (scripts/test.sh sets it: this suite then runs beside the host suite) the
-# container runs in its own CPU cgroup of low weight (cgroup v1 cpu.shares 64 against 1024 for each host task and for
-# the engines' docker group), so it takes the CPU time the host suite leaves idle rather than slowing the host suite,
-# which is the longer of the two. Where that cgroup cannot be made (cgroup v2, not root) it runs at normal weight.
 # Usage: scripts/test-image.sh IMAGE_TAG [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,17 +12,7 @@ mkdir -p .cache/test-wheels
 # The image's /opt/venv into the page cache first (eagle3ops_dev.pagecache: cold vLLM/torch starts here are
 # disk-bound, and the host suite before this one filled the cache with the sandbox engine's copy of the layers).
 .venv/bin/python -m eagle3ops_dev warm "$tag" || echo "[test-image] page cache not warmed: the suite starts from a cold cache"
-cgroup=()
-cg=/sys/fs/cgroup/cpu/eagle3ops-test-image
-if [ "${E3_TEST_IMAGE_LOW_PRIORITY:-0}" = 1 ]; then
-  if [ -f /sys/fs/cgroup/cpu/cpu.shares ] && mkdir -p "$cg" 2>/dev/null && echo 64 > "$cg/cpu.shares" 2>/dev/null; then
-    cgroup=(--cgroup-parent=/eagle3ops-test-image)
-    echo "[test-image] low CPU weight: cgroup $cg (cpu.shares $(cat "$cg/cpu.shares"))"
-  else
-    echo "[test-image] no low-weight CPU cgroup here (cgroup v2 or not root): normal weight"
-  fi
-fi
-exec docker run --rm --network host "${cgroup[@]}" \
+exec docker run --rm --network host \
   -e HF_HUB_OFFLINE=1 -e TRANSFORMERS_OFFLINE=1 -e VLLM_CPU_KVCACHE_SPACE=1 -e PYTHONDONTWRITEBYTECODE=1 \
   -e PYTHONUNBUFFERED=1 \
   -v "$PWD/tests:/e3/tests:ro" -v "$PWD/patches:/e3/patches:ro" -v "$PWD/deploy:/e3/deploy:ro" -v "$PWD/.cache/test-wheels:/wheels:ro" -w /e3 \

@@ -9,9 +9,6 @@
 # the two suites share nothing but the build engine's image store (read-only here) and the CPUs. Measured warm
 # (README): .ci/run 33:59 serial, 28:25 side by side. Not measured on a cold disk, where the host suite's two parts
 # side by side had been slower (both streams waiting on the same first reads).
-# The in-image suite runs at low CPU weight (scripts/test-image.sh, E3_TEST_IMAGE_LOW_PRIORITY): the host suite is the
-# longer one (stop 36's CI: 1,572 s against 604 s) and was slowed by the other's load (warm: 24:31 alone, 25:28-27:46
-# beside it); the in-image suite fills the CPU time the host suite leaves idle.
 # The exit status is non-zero when either suite failed; both suites' ten slowest tests are printed.
 # `make test-serial` runs the same two suites one after the other.
 # Usage: scripts/test.sh PIPELINE_IMAGE_TAG [pytest args for the host suite...]
@@ -22,7 +19,7 @@ mkdir -p .cache
 t0=$(date +%s)
 (
   s=$(date +%s)
-  E3_TEST_IMAGE_LOW_PRIORITY=1 bash scripts/test-image.sh "$tag" > .cache/test-image.log 2>&1
+  bash scripts/test-image.sh "$tag" > .cache/test-image.log 2>&1
   irc=$?
   echo "in-image suite: exit $irc ($(( $(date +%s) - s )) s)" >> .cache/test-image.log
   exit "$irc"
