@@ -383,6 +383,7 @@ class Remote:
         kwargs: dict = {"hide": True, "warn": True, "timeout": timeout, "in_stream": stdin, "encoding": "utf-8"}
         if stream is not None:
             kwargs["out_stream"] = _CallbackStream(stream)  # invoke un-hides stdout when out_stream is given
+        started = time.monotonic()
         for attempt in (1, 2):
             conn = self._connect()
             try:
@@ -412,8 +413,12 @@ class Remote:
                 raise ConnectionLost(f"{self.host.name}: connection lost while running `{cmd}` (no exit status; "
                                       f"it may or may not have finished on the host)")
             if check:
+                # invoke's timer closed the channel, but on a loaded machine the result can come back before its
+                # timeout flag is read (no CommandTimedOut; seen in CI on 2026-12-02): past the timeout, it timed out
+                timed_out = timeout is not None and time.monotonic() - started >= timeout
                 raise RemoteCommandError(self.host.name, argv, None, r.stdout, r.stderr,
-                                         why="ended without an exit status (killed by a signal?)")
+                                         why=(f"timed out after {timeout}s" if timed_out
+                                              else "ended without an exit status (killed by a signal?)"))
         result = Result(list(argv), exited, r.stdout, r.stderr)
         if check and not result.ok:
             raise RemoteCommandError(self.host.name, argv, exited, r.stdout, r.stderr)
