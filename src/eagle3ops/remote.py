@@ -383,9 +383,9 @@ class Remote:
         kwargs: dict = {"hide": True, "warn": True, "timeout": timeout, "in_stream": stdin, "encoding": "utf-8"}
         if stream is not None:
             kwargs["out_stream"] = _CallbackStream(stream)  # invoke un-hides stdout when out_stream is given
-        started = time.monotonic()
         for attempt in (1, 2):
             conn = self._connect()
+            started = time.monotonic()  # this attempt's command: its timeout runs from here
             try:
                 r = conn.run(cmd, **kwargs)
                 break
