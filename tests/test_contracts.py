@@ -588,3 +588,46 @@ def test_the_word_check_sees_misuse():
     assert "eagle3ops.imagecheck (a check) imports eagle3ops.patches.proberun, which runs probes" in bad
     visible_verify = [(p, False if p == ("verify",) else h, cb) for p, h, cb in commands]
     assert "`verify` must be a hidden alias of `probe`" in _word_misuse(visible_verify, [], {})
+
+
+# --- 7. serving kinds are objects ----------------------------------------------------------------------------------
+
+#: Modules that are serving-kind objects (they may name their own kind).
+KIND_MODULES = ("eagle3ops/supervisor/kinds/", "eagle3ops/window/kinds.py")
+
+
+def _kind_comparisons(path: Path) -> list[tuple[int, str]]:
+    """(line, kind) of each comparison in ``path`` of a name or attribute ending in ``kind`` with a serving kind's
+    name (a constant of SERVING_KINDS, alone or in a tuple, list or set display)."""
+    from eagle3ops.config.inventory import SERVING_KINDS
+
+    def names_kind(e: ast.expr) -> bool:
+        n = e.id if isinstance(e, ast.Name) else e.attr if isinstance(e, ast.Attribute) else ""
+        return n.endswith("kind")
+
+    def kinds(e: ast.expr) -> list[str]:
+        elts = e.elts if isinstance(e, (ast.Tuple, ast.List, ast.Set)) else [e]
+        return [x.value for x in elts if isinstance(x, ast.Constant) and x.value in SERVING_KINDS]
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(names_kind(s) for s in sides):
+                found += [(node.lineno, k) for s in sides for k in kinds(s)]
+    return found
+
+
+def test_no_serving_kind_is_compared_outside_the_kind_objects():
+    offenders = [f"{p.relative_to(SRC.parent).as_posix()}:{line}: {kind}"
+                 for p in sorted(SRC.rglob("*.py")) if not p.relative_to(SRC.parent).as_posix().startswith(KIND_MODULES)
+                 for line, kind in _kind_comparisons(p)]
+    assert offenders == [], ("move these into the kind objects (config.inventory.KIND_KEYS, supervisor.kinds, "
+                             "window.kinds):\n" + "\n".join(offenders))
+
+
+def test_the_kind_scan_sees_a_comparison(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text('def f(s, plan):\n    if s.kind == "compose":\n        return plan.serving_kind in ("process", "x")\n'
+                 '    return s.window_kind == "window"\n')
+    assert _kind_comparisons(p) == [(2, "compose"), (3, "process")]

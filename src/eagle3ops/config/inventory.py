@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -217,43 +219,88 @@ class ServingConfig(StrictModel):
     def managed(self) -> bool:
         """True when the host has production serving that windows stop, restore and health-gate (kind not
         ``none``)."""
-        return self.kind != "none"
+        return KIND_KEYS[self.kind].managed
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "ServingConfig":
-        if self.kind == "none":
-            extra = sorted(self.model_fields_set - {"kind"})
+        KIND_KEYS[self.kind].validate(self)
+        return self
+
+
+def _compose_name(s: ServingConfig) -> None:
+    """The name Compose gives the service's first container must be one Docker takes."""
+    try:
+        container_name(f"{s.compose_project}-{s.compose_service}-1")
+    except ValueError as exc:
+        raise ValueError(f"`compose_project`/`compose_service`: {exc}") from None
+
+
+def _unit_name(s: ServingConfig) -> None:
+    """``unit`` must be a systemd unit name (``systemctl`` takes it as one argument)."""
+    if not re.fullmatch(r"[A-Za-z0-9:_.@-]+", s.unit or ""):
+        raise ValueError(f"`unit` {s.unit!r} is not a systemd unit name (letters, digits and `:_.@-`, e.g. "
+                         f"`vllm.service`)")
+
+
+#: Serving keys that belong to one kind only (key → the kind that takes it).
+KIND_ONLY_KEYS = {"compose_project": "compose", "compose_service": "compose", "process_match": "process",
+                  "unit": "systemd"}
+
+
+@dataclass(frozen=True)
+class KindKeys:
+    """What one serving kind asks of the `serving:` keys: the keys it needs, whether windows manage it, and any
+    check of its own. The configuration's view of a kind (the supervisor's and the driver's are
+    :mod:`eagle3ops.supervisor.kinds` and :mod:`eagle3ops.window.kinds`)."""
+
+    #: The ``serving.kind`` value.
+    name: str
+    #: Keys that must be set (not None) for this kind.
+    needs: tuple[str, ...] = ()
+    #: False: a host without production serving (no other serving key is allowed).
+    managed: bool = True
+    #: A check of its own on the validated keys; raises ValueError with the fix.
+    extra: Callable[[ServingConfig], None] | None = None
+
+    def validate(self, s: ServingConfig) -> None:
+        """Check ``s`` against this kind.
+
+        Raises:
+            ValueError: a needed key missing, another kind's key set, or the kind's own check failing; the message
+                names the key and the fix (pydantic wraps it with the file and ``hosts.NAME.serving``).
+        """
+        if not self.managed:
+            extra = sorted(s.model_fields_set - {"kind"})
             if extra:
-                raise ValueError(f"`kind: none` (a host without production serving) takes no other serving keys, "
-                                 f"got {extra}: remove them, or set the kind of the host's serving")
-            return self
-        needed = {"process": ("served_model_name", "process_match"),
-                  "systemd": ("served_model_name", "unit")}.get(self.kind, ("image", "served_model_name"))
-        missing = [k for k in needed if getattr(self, k) is None]
+                raise ValueError(f"`kind: {self.name}` (a host without production serving) takes no other serving "
+                                 f"keys, got {extra}: remove them, or set the kind of the host's serving")
+            return
+        missing = [k for k in self.needs if getattr(s, k) is None]
         if missing:
-            raise ValueError(f"kind `{self.kind}` needs {' and '.join(f'`{k}`' for k in missing)} (add "
+            raise ValueError(f"kind `{self.name}` needs {' and '.join(f'`{k}`' for k in missing)} (add "
                              f"{'them' if len(missing) > 1 else 'it'}; or `serving: none` for a host that only "
                              f"trains)")
-        compose = (self.compose_project, self.compose_service)
-        if self.kind == "compose" and not all(compose):
-            raise ValueError("kind `compose` needs `compose_project` and `compose_service` (the Compose project "
-                             "and service names of the serving container)")
-        if self.kind == "compose":  # the name Compose gives the service's first container must be one Docker takes
-            try:
-                container_name(f"{self.compose_project}-{self.compose_service}-1")
-            except ValueError as exc:
-                raise ValueError(f"`compose_project`/`compose_service`: {exc}") from None
-        if self.process_match is not None and self.kind != "process":
-            raise ValueError("`process_match` is set but `kind` is not `process`: set `kind: process` or remove it")
-        if self.unit is not None and self.kind != "systemd":
-            raise ValueError("`unit` is set but `kind` is not `systemd`: set `kind: systemd` or remove it")
-        if self.unit is not None and not re.fullmatch(r"[A-Za-z0-9:_.@-]+", self.unit):
-            raise ValueError(f"`unit` {self.unit!r} is not a systemd unit name (letters, digits and `:_.@-`, e.g. "
-                             f"`vllm.service`)")
-        if self.kind in ("container", "process", "systemd") and any(compose):
-            raise ValueError(f"`compose_project`/`compose_service` are set but `kind` is `{self.kind}`: set "
-                             "`kind: compose` or remove them")
-        return self
+        foreign = sorted(k for k, kind in KIND_ONLY_KEYS.items() if kind != self.name and getattr(s, k) is not None)
+        if foreign:
+            owner = KIND_ONLY_KEYS[foreign[0]]
+            foreign = [k for k in foreign if KIND_ONLY_KEYS[k] == owner]
+            keys = "/".join(f"`{k}`" for k in foreign)
+            raise ValueError(f"{keys} {'are' if len(foreign) > 1 else 'is'} set but `kind` is not `{owner}` (it is "
+                             f"`{self.name}`): set `kind: {owner}` or remove {'them' if len(foreign) > 1 else 'it'}")
+        if self.extra is not None:
+            self.extra(s)
+
+
+#: Every serving kind's configuration rules, by ``serving.kind`` (one entry per kind; a new kind adds one).
+KIND_KEYS: dict[str, KindKeys] = {k.name: k for k in (
+    KindKeys("container", needs=("image", "served_model_name")),
+    KindKeys("compose", needs=("image", "served_model_name", "compose_project", "compose_service"),
+             extra=_compose_name),
+    KindKeys("process", needs=("served_model_name", "process_match")),
+    KindKeys("systemd", needs=("served_model_name", "unit"), extra=_unit_name),
+    KindKeys("none", managed=False),
+)}
+assert set(KIND_KEYS) == set(SERVING_KINDS)
 
 
 class HostConfig(StrictModel):
