@@ -75,8 +75,8 @@ demo: setup
 
 # Host tests need the sandbox and the images; the fixtures in tests/conftest.py build/start what is missing.
 # Images first (tests/prebuild.py: cached by content, seconds when warm), so no cold build counts against a test's
-# 600 s limit; then the host suite and the in-image suite side by side (scripts/test.sh: the serial host suite
-# leaves the CPUs half idle); the ten slowest tests of each are printed at the end.
+# 600 s limit; then the host suite's two parts (pytest --part sandbox|rest) and the in-image suite side by side
+# (scripts/test.sh: one test at a time leaves the CPUs half idle); the ten slowest tests of each are printed.
 PIPELINE_TAG = $$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)
 test: setup prebuild
 	bash scripts/test.sh "$(PIPELINE_TAG)"

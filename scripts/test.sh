@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# README's `make test` (after setup and prebuild): the two suites side by side on this machine, each to its end
-# whatever the other does:
-#   - stream 1: the host suite (real sshd + dockerd sandbox, one test at a time); its output is printed as it runs;
-#   - stream 2: the in-image suite (scripts/test-image.sh: tests/image in a container of the pipeline image, on the
-#     build engine); its output goes to .cache/test-image.log and is printed after stream 1 ends.
-# Why side by side: the serial host suite leaves the CPUs idle half the time (measured 2026-12-02 on a warm disk,
-# vmstat every 10 s: 53 % idle, 1 % iowait: one test at a time waits on SSH round trips, containers and polls), and
-# the two suites share nothing but the build engine's image store (read-only here) and the CPUs. Measured warm
-# (README): .ci/run 33:59 serial, 28:25 side by side. Not measured on a cold disk, where the host suite's two parts
-# side by side had been slower (both streams waiting on the same first reads).
-# The exit status is non-zero when either suite failed; both suites' ten slowest tests are printed.
-# `make test-serial` runs the same two suites one after the other.
-# Usage: scripts/test.sh PIPELINE_IMAGE_TAG [pytest args for the host suite...]
+# README's `make test` (after setup and prebuild): three streams side by side on this machine, each to its end
+# whatever the others do:
+#   - stream 1: the host suite's sandbox part (`pytest --part sandbox`: the tests that reach the inventory's sandbox
+#     host, one at a time: one sshd, one engine, one serving port, one lock); its output is printed as it runs;
+#   - stream 2: the host suite's rest part (`pytest --part rest`: pure tests and the modules that bring up sandboxes of
+#     their own); its output goes to .cache/test-rest.log and is printed after stream 1 ends;
+#   - stream 3: the in-image suite (scripts/test-image.sh: tests/image in a container of the pipeline image, on the
+#     build engine); its output goes to .cache/test-image.log and is printed after stream 2's.
+# Why side by side: one test at a time leaves the CPUs idle much of the time (it waits on SSH round trips, containers
+# and polls: 53 % idle serially, 42 % idle with two streams, vmstat every 10 s on a warm disk), and the streams share
+# nothing but the build engine's image store (read-only here) and the CPUs. The two host parts side by side were
+# slower on a cold disk (both waiting on the same first reads); `make prebuild` reads every image first now.
+# The exit status is non-zero when any stream failed; each stream's ten slowest tests are printed.
+# `make test-serial` runs the whole host suite and then the in-image suite, one after the other.
+# Usage: scripts/test.sh PIPELINE_IMAGE_TAG [pytest args for both host parts...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tag=$1; shift
@@ -25,11 +27,24 @@ t0=$(date +%s)
   exit "$irc"
 ) &
 image_pid=$!
-.venv/bin/python -m pytest -ra --durations=10 "$@" tests --ignore=tests/image
-host_rc=$?
-t_host=$(( $(date +%s) - t0 ))
+(
+  s=$(date +%s)
+  .venv/bin/python -m pytest -ra --durations=10 --part rest "$@" tests --ignore=tests/image > .cache/test-rest.log 2>&1
+  rrc=$?
+  echo "host suite, rest part: exit $rrc ($(( $(date +%s) - s )) s)" >> .cache/test-rest.log
+  exit "$rrc"
+) &
+rest_pid=$!
+.venv/bin/python -m pytest -ra --durations=10 --part sandbox "$@" tests --ignore=tests/image
+sandbox_rc=$?
+t_sandbox=$(( $(date +%s) - t0 ))
+wait "$rest_pid"; rest_rc=$?
+t_rest=$(( $(date +%s) - t0 ))
 wait "$image_pid"; image_rc=$?
+echo "==================== host suite, rest part (pytest --part rest) ===================="
+cat .cache/test-rest.log
 echo "==================== in-image suite (scripts/test-image.sh $tag) ===================="
 cat .cache/test-image.log
-echo "host suite: exit $host_rc ($t_host s); in-image suite: exit $image_rc; both took $(( $(date +%s) - t0 )) s"
-[ "$host_rc" = 0 ] && [ "$image_rc" = 0 ]
+echo "host suite: sandbox part exit $sandbox_rc ($t_sandbox s), rest part exit $rest_rc (ended at $t_rest s);" \
+     "in-image suite: exit $image_rc; all took $(( $(date +%s) - t0 )) s"
+[ "$sandbox_rc" = 0 ] && [ "$rest_rc" = 0 ] && [ "$image_rc" = 0 ]

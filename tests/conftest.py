@@ -3,13 +3,13 @@
 Each fixture builds or starts what is missing and reuses what is already there, so a second run is fast. They are
 the same functions ``make demo`` uses (:mod:`eagle3ops_dev.demo`).
 
-The host suite can be run in two parts by hand (``pytest --part sandbox|rest``): ``--part sandbox`` runs every test
-that reaches the inventory's sandbox host (one sshd, one engine, one serving port, one lock), one after another;
-``--part rest`` runs all the others (pure tests, the local build engine, and the modules that bring up sandboxes of
-their own, each module whole). Which part a test is in: :func:`part_of`. Without ``--part`` every test runs (README's
-``make test``: the whole host suite in one process, beside the in-image suite, ``scripts/test.sh``). The two parts
-side by side were measured slower on a cold disk (README); pytest-xdist's ``loadgroup`` would do the split, but xdist
-3.8 writes the group into ``item._nodeid``, which pytest 9 no longer reads: the groups were silently ignored.
+The host suite runs in two parts (``pytest --part sandbox|rest``): ``--part sandbox`` runs every test that reaches
+the inventory's sandbox host (one sshd, one engine, one serving port, one lock), one after another; ``--part rest``
+runs all the others (pure tests, the local build engine, and the modules that bring up sandboxes of their own, each
+module whole). Which part a test is in: :func:`part_of`. README's ``make test`` runs the two parts and the in-image
+suite side by side (``scripts/test.sh``); without ``--part`` every test runs in one process (``make test-serial``).
+pytest-xdist's ``loadgroup`` would do the split, but xdist 3.8 writes the group into ``item._nodeid``, which pytest 9
+no longer reads: the groups were silently ignored.
 """
 
 from __future__ import annotations

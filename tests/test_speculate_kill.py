@@ -34,11 +34,12 @@ from test_speculate_ship import _build_head
 REPO = Path(__file__).resolve().parents[1]
 PORT, MODEL = int(os.environ.get("EAGLE3OPS_TEST_KILL_PORT", "18079")), "standin-kill"
 
-#: journal (step, event) at which the driver is killed, the stand-in's speculative speed-up, the verdict expected.
-POINTS = {"baseline": (("baseline", "start"), 2.0, "keep"),
-          "speculative-restart": (("switch", "start"), 2.0, "keep"),
-          "speculative-measurement": (("measure", "start"), 2.0, "keep"),
-          "decision": (("decide", "ok"), 0.5, "rollback")}
+#: journal (step, event) at which the driver is killed, the stand-in's speculative speed-up, the output tokens per
+#: gate request, the verdict expected.
+POINTS = {"baseline": (("baseline", "start"), 10.0, 32, "keep"),
+          "speculative-restart": (("switch", "start"), 10.0, 32, "keep"),
+          "speculative-measurement": (("measure", "start"), 10.0, 32, "keep"),
+          "decision": (("decide", "ok"), 0.5, 8, "rollback")}
 
 
 #: The gate margin of the killed jobs: wide (drift limit 15 %), because this tests the kill, not the gate's
@@ -46,7 +47,14 @@ POINTS = {"baseline": (("baseline", "start"), 2.0, "keep"),
 #: on the same 2 cores) left the x2 "speculative-restart" point undecided: "the baseline drifted ... (90 % interval
 #: +5.8 % to +7.0 %), beyond half the margin (2.5 %)". The x2 points (measured x1.72-1.89) stay above 1.3 and the
 #: x0.5 point below it.
+#: The stand-in streams a token every :data:`TOKEN_MS` ms (x10 faster on the keep points, 32 tokens a request):
+#: with x2, 12 ms and 8 tokens a pass of 4 requests took 0.2-0.4 s, and with the host suite's two parts and the
+#: in-image suite side by side (the CPUs 0-5 % idle) one speculative pass stalled a second outside its requests
+#: (wall 1.97 s, requests 0.95 s): the "baseline" point ended undecided twice (lower bound x1.221, then x0.342 at
+#: x3 and 25 ms). Now a baseline pass takes 3.2 s and a speculative one 0.3 s, so a 1 s stall leaves that pass at
+#: x2.4 and the widened bootstrap's worst case near x2, above x1.3.
 KILL_MARGIN = 0.3
+TOKEN_MS = 25
 
 
 def _servers() -> list[tuple[int, list[str]]]:
@@ -80,7 +88,7 @@ def kill_host(deployed, tmp_path, request):
     """(inventory path, host): the sandbox with serving of kind process, the stand-in server running as the SSH
     user with ``--spec-speedup`` of the test's point."""
     h, dep = deployed
-    speedup = POINTS[request.node.callspec.params["point"]][1]
+    _, speedup, max_tokens, _ = POINTS[request.node.callspec.params["point"]]
     work = Path(h.data_dir).parent / f"kill-{uuid.uuid4().hex[:8]}"
     pw = pwd.getpwnam(h.user or "e3ops")
     work.mkdir(mode=0o755)
@@ -93,12 +101,12 @@ def kill_host(deployed, tmp_path, request):
                pipeline_image=dep.tag,
                serving={"kind": "process", "process_match": f"standin_openai_server.py --port {PORT}",
                         "port": PORT, "served_model_name": MODEL, "health_timeout_s": 60, "stop_timeout_s": 10,
-                        "gate_concurrency": [1], "gate_prompts": 4, "gate_max_tokens": 8, "gate_passes": 3,
+                        "gate_concurrency": [1], "gate_prompts": 4, "gate_max_tokens": max_tokens, "gate_passes": 3,
                         "acceptance_floor": 1.5, "gate_margin": KILL_MARGIN})
     inv = tmp_path / "hosts.yaml"
     inv.write_text(yaml.safe_dump({"hosts": {"sandbox": raw}}))
     start = (f"cd {work} && setsid nohup /usr/bin/python3 {work}/standin_openai_server.py --port {PORT} --model "
-             f"{MODEL} --token-ms 12 --spec-speedup {speedup} >{work}/first.log 2>&1 </dev/null &")
+             f"{MODEL} --token-ms {TOKEN_MS} --spec-speedup {speedup} >{work}/first.log 2>&1 </dev/null &")
     _stop_servers(h)  # a server left by an earlier test would answer for this one (its speed-up, its argv)
     with Remote(h) as r:
         r.run(["sh", "-c", start])
@@ -155,7 +163,7 @@ RUN_POINTS = list(POINTS)
 @pytest.mark.parametrize("point", RUN_POINTS)
 def test_a_driver_killed_during_the_job_leaves_the_host_to_finish(point, kill_host, kill_head):
     inv, host = kill_host
-    (step, event), _, verdict = POINTS[point]
+    (step, event), _, _, verdict = POINTS[point]
     state = Path(host.state_dir)
     run_id = f"kill-{uuid.uuid4().hex[:6]}"
     t0, before = time.time(), _speculate_windows(state)

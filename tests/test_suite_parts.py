@@ -5,6 +5,7 @@ other's lock and on engines the other worker's module teardown had stopped.)"""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,16 @@ def test_the_parts_split_the_suite_and_put_the_sandbox_fixtures_users_in_sandbox
     for own in ("test_transfer.py", "test_transfer_containerd.py", "test_window_containerd.py", "test_sandbox.py"):
         assert not any(i.startswith(f"tests/{own}::") for i in sandbox), own
     assert any(i.startswith("tests/test_transfer_containerd.py::") for i in rest)
+
+
+def test_make_test_runs_both_parts_and_the_in_image_suite():
+    """``scripts/test.sh`` (README's ``make test``) starts one pytest per part, with the same host-suite arguments,
+    and the in-image suite: dropping a part from it would leave that part's tests out of CI while the others pass."""
+    text = (REPO / "scripts/test.sh").read_text()
+    runs = re.findall(r"^\s*\.venv/bin/python -m pytest (.*)$", text, flags=re.M)
+    parts = sorted(re.search(r"--part (\w+)", r).group(1) for r in runs if "--part" in r)
+    assert parts == ["rest", "sandbox"], runs
+    assert all(r.endswith('"$@" tests --ignore=tests/image') or '"$@" tests --ignore=tests/image >' in r
+               for r in runs), runs
+    assert re.search(r"^\s*bash scripts/test-image.sh \"\$tag\"", text, flags=re.M)
+    assert re.search(r'\[ "\$sandbox_rc" = 0 \] && \[ "\$rest_rc" = 0 \] && \[ "\$image_rc" = 0 \]', text)
