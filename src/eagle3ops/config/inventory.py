@@ -255,7 +255,7 @@ class KindKeys:
 
     #: The ``serving.kind`` value.
     name: str
-    #: Keys that must be set (not None) for this kind.
+    #: Keys that must be set (not None, not empty) for this kind.
     needs: tuple[str, ...] = ()
     #: False: a host without production serving (no other serving key is allowed).
     managed: bool = True
@@ -275,7 +275,7 @@ class KindKeys:
                 raise ValueError(f"`kind: {self.name}` (a host without production serving) takes no other serving "
                                  f"keys, got {extra}: remove them, or set the kind of the host's serving")
             return
-        missing = [k for k in self.needs if getattr(s, k) is None]
+        missing = [k for k in self.needs if getattr(s, k) in (None, "")]
         if missing:
             raise ValueError(f"kind `{self.name}` needs {' and '.join(f'`{k}`' for k in missing)} (add "
                              f"{'them' if len(missing) > 1 else 'it'}; or `serving: none` for a host that only "
