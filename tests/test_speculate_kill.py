@@ -45,8 +45,7 @@ POINTS = {"baseline": (("baseline", "start"), 10.0, 32, "keep"),
 #: The gate margin of the killed jobs: wide (drift limit 15 %), because this tests the kill, not the gate's
 #: resolution. With the default 0.05 (drift limit 2.5 %) stop 36's CI (the in-image suite running beside this one
 #: on the same 2 cores) left the x2 "speculative-restart" point undecided: "the baseline drifted ... (90 % interval
-#: +5.8 % to +7.0 %), beyond half the margin (2.5 %)". The x2 points (measured x1.72-1.89) stay above 1.3 and the
-#: x0.5 point below it.
+#: +5.8 % to +7.0 %), beyond half the margin (2.5 %)".
 #: The stand-in streams a token every :data:`TOKEN_MS` ms (x10 faster on the keep points, 32 tokens a request):
 #: with x2, 12 ms and 8 tokens a pass of 4 requests took 0.2-0.4 s, and with the host suite's two parts and the
 #: in-image suite side by side (the CPUs 0-5 % idle) one speculative pass stalled a second outside its requests
