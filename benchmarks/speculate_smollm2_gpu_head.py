@@ -282,14 +282,20 @@ def check_disk(h: Any, image: str) -> dict[str, Any]:
     return {"image": image, "bytes": size, "held": held, "free_bytes": free, "needed_bytes": need}
 
 
+#: The sandbox's hold (:mod:`eagle3ops_dev.sandbox.hold`), open until the script exits.
+_HELD: list[Any] = []
+
+
 def provision(h: Any, echo: Any) -> dict[str, Any]:
     """The demo's steps 1-4 and its speculative image (:mod:`eagle3ops_dev.demo`): sandbox up, base and pipeline
     images, SmolLM2 served, deploy, the stand-in serving image tagged ``serving.speculative_image``. Returns the
     seconds of each and the image tags."""
     from eagle3ops import deployer, images
     from eagle3ops_dev import bases, demo, sandbox
+    from eagle3ops_dev.sandbox.hold import hold
 
     t, out = time.monotonic(), {}
+    _HELD.append(hold(sandbox.name_of(h.docker_host or "")))  # the sandbox is this run's until it exits
     sandbox.up_for(h)
     out["sandbox_up_s"] = round(time.monotonic() - t, 1)
     t = time.monotonic()

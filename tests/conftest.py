@@ -43,14 +43,31 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     part = config.getoption("--part")
-    if part is None:
-        return
-    keep, dropped = [], []
-    for item in items:
-        (keep if part_of(item) == part else dropped).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-    items[:] = keep
+    if part is not None:
+        keep, dropped = [], []
+        for item in items:
+            (keep if part_of(item) == part else dropped).append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+    if not config.option.collectonly and any(part_of(item) == "sandbox" for item in items):
+        _hold_sandbox(config)
+
+
+def _hold_sandbox(config) -> None:
+    """Take the inventory's sandbox for this run (:func:`eagle3ops_dev.sandbox.hold.hold`: an exclusive flock,
+    waited for at most 30 min, saying who holds it), kept until the process exits: a second run on this machine
+    (another checkout's ``make test``, a CI clone) waits instead of taking the first one's deploy lock. Taken here,
+    at collection, not in a fixture: pytest-timeout's 600 s would count the wait against the first test."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops_dev.sandbox import name_of
+    from eagle3ops_dev.sandbox.hold import hold
+
+    h = load_inventory(INVENTORY).host("sandbox")
+    config.stash[_HOLD] = hold(name_of(h.docker_host or ""))
+
+
+_HOLD = pytest.StashKey()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -323,6 +323,7 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
     manifests and the gate's record stay in the run's directory on the host."""
     from eagle3ops import deployer, executor, images
     from eagle3ops_dev import bases, sandbox
+    from eagle3ops_dev.sandbox.hold import hold
     from eagle3ops.window.run import run_window
 
     t_start = time.monotonic()
@@ -330,6 +331,7 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
     h = load_inventory(inventory).host(SANDBOX)
 
     t = _step("1. sandbox host: sshd on 127.0.0.1 + its own Docker engine")
+    held = hold(sandbox.name_of(h.docker_host or ""))  # noqa: F841  (the sandbox is this run's until it exits)
     info = sandbox.up_for(h)
     figures.append(("sandbox up", f"{time.monotonic() - t:.1f} s (engine {info.docker_version})"))
 
