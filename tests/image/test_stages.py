@@ -550,6 +550,45 @@ def test_train_manifest_carries_the_offline_estimate_from_held_out_samples(tmp_p
     assert held_out_indices(n, 0.0, 0) == set() and len(held_out_indices(n, 0.99, 0)) < n
 
 
+def test_an_outside_heads_estimate_on_the_runs_held_out_hidden_states(tmp_path, trained_base, models):
+    """Issue 26 kind 6: ``speculate --head`` estimates a head from elsewhere before any restart, on the hidden states
+    the host has from the run: the run's own head, shipped as an outside head travels (no ``embed_tokens``: vLLM
+    takes the target's; its verifier path from another machine), gets the train manifest's estimate on the same
+    held-out samples (bf16 weights vs the fp32 ones the manifest measured); a token bound takes fewer samples; a
+    head trained on other aux layers than the run extracted is not estimated on them, and the reason names both."""
+    from safetensors.torch import load_file, save_file
+
+    from eagle3ops.stages.estimate import estimate_head
+
+    run = _copy(trained_base, tmp_path / "run")
+    run_train(run, cfg_of(run), log=QUIET)
+    manifest = json.loads((run / "train/manifest.json").read_text())["offline_estimate"]
+    head = tmp_path / "head"
+    head.mkdir()
+    sd = load_file(run / "train/final/model.safetensors")
+    save_file({k: v for k, v in sd.items() if not k.startswith("embed_tokens")}, head / "model.safetensors")
+    conf = json.loads((run / "train/final/config.json").read_text())
+    conf["speculators_config"]["verifier"]["name_or_path"] = "/elsewhere/target"
+    (head / "config.json").write_text(json.dumps(conf))
+
+    est = estimate_head(head, run, models["llama"], max_tokens=10**6)
+    assert est["held_out_samples"] == manifest["held_out_samples"], est
+    assert est["held_out_tokens"] == manifest["held_out_tokens"], est
+    assert est["acceptance_length"] == pytest.approx(manifest["acceptance_length"], abs=0.05), (est, manifest)
+    assert sorted(est["per_position"]) == sorted(manifest["per_position"])
+    assert "held-out" in est["source"] and est["missing_from_head"] == ["embed_tokens.weight"], est
+
+    small = estimate_head(head, run, models["llama"], max_tokens=1)
+    assert small["held_out_samples"] == 1 and small["held_out_tokens"] < est["held_out_tokens"] or \
+        est["held_out_samples"] == 1, small
+
+    conf["eagle_aux_hidden_state_layer_ids"] = [1, 2, 4]
+    (head / "config.json").write_text(json.dumps(conf))
+    off = estimate_head(head, run, models["llama"], max_tokens=10**6)
+    assert "eagle_aux_hidden_state_layer_ids" in off["unavailable"] and "[1, 2, 4]" in off["unavailable"] \
+        and "[1, 2, 3]" in off["unavailable"], off
+
+
 def test_train_final_checkpoint_format(tmp_path, trained_base):
     run = _copy(trained_base, tmp_path / "run")
     run_train(run, cfg_of(run), log=QUIET)
