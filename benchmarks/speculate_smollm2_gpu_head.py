@@ -24,7 +24,7 @@ sharded, shard 2 split in two parts. This script:
 4. **gate**: ``eagle3ops speculate sandbox --run RUN --head DIR --prompts-file FILE`` (the CLI, as a user runs it);
    with ``--levels`` the inventory is copied with ``serving.gate_concurrency`` replaced (recorded; the inventory's
    own levels are recorded too);
-5. **figures**: reads ``runs/RUN/speculate/result.json`` from the host and writes ``--json`` (default
+5. **figures**: reads the newest attempt's ``result.json`` from the host (:func:`read_result`) and writes ``--json`` (default
    ``benchmarks/speculate-smollm2-gpu-head.json``): verdict, reason, acceptance length and per-position acceptance
    from vLLM's spec-decode counters (per level too), the throughput ratio and its 90 % interval at each concurrency
    (:func:`eagle3ops.gate.decide.ratio_interval` on the gate's own passes; the deciding one is the gate's), TTFT
@@ -321,15 +321,21 @@ def provision(h: Any, echo: Any) -> dict[str, Any]:
 
 
 def read_result(h: Any) -> dict[str, Any]:
-    """The run's newest gate result (``<data_dir>/runs/RUN/speculate/result.json``) read over the host's
-    executor."""
+    """The run's newest gate result, read over the host's executor: the newest ``speculate`` audit entry of run
+    RUN names its attempt folder (``<data_dir>/runs/RUN/speculate/<head sha256[:16]>/<window>/``), whose
+    ``result.json`` is read (a head from elsewhere keeps its results in its own folder, issue 26 kind 6)."""
     from eagle3ops import executor
     from eagle3ops.commands import host as hc
+    from eagle3ops.window.common import audit_entries
 
     with executor.for_host(h) as r:
-        out = r.run(hc.cat_if_exists(f"{h.data_dir}/runs/{RUN}/speculate/result.json"), check=False)
+        hits = [e for e in audit_entries(r) if e.get("kind") == "speculate" and e.get("run") == RUN
+                and e.get("attempt_dir")]
+        if not hits:
+            raise SystemExit(f"{h.name}: run {RUN} has no speculate attempt in the host's audit log")
+        out = r.run(hc.cat_if_exists(f"{hits[-1]['attempt_dir']}/result.json"), check=False)
     if not out.stdout.strip():
-        raise SystemExit(f"{h.name}: run {RUN} has no speculate/result.json")
+        raise SystemExit(f"{h.name}: {hits[-1]['attempt_dir']}/result.json is missing")
     return json.loads(out.stdout)
 
 
@@ -498,8 +504,10 @@ def main() -> int:
         pfile = work / "held-out-sharegpt.jsonl"
         pfile.write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"prompts: {len(rows)} held-out ShareGPT turns, {prompts['prompt_tokens_total']} prompt tokens -> {pfile}")
+        # --force: run RUN has no hidden states on the sandbox for the host to estimate the head on before the
+        # restart (issue 26 kind 6); its offline estimate is the training's, recorded in the head's JSON.
         argv = [str(REPO / ".venv/bin/eagle3ops"), "speculate", HOST, "--run", RUN, "--head", str(work / "head"),
-                "--prompts-file", str(pfile), "--inventory", str(inv)]
+                "--force", "--prompts-file", str(pfile), "--inventory", str(inv)]
         log = work / "speculate.log"
         print(f"gate: {' '.join(argv[1:])} (output: {log})", flush=True)
         t = time.monotonic()

@@ -167,7 +167,7 @@ def test_a_driver_killed_during_the_job_leaves_the_host_to_finish(point, kill_ho
     run_id = f"kill-{uuid.uuid4().hex[:6]}"
     t0, before = time.time(), _speculate_windows(state)
     driver = subprocess.Popen([sys.executable, "-m", "eagle3ops", "speculate", "sandbox", "--run", run_id,
-                               "--head", str(kill_head), "--inventory", str(inv)],
+                               "--head", str(kill_head), "--force", "--inventory", str(inv)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wdir, deadline = None, time.time() + 240

@@ -300,3 +300,19 @@ def test_the_policy_is_validated_naming_the_key():
         validate(Inventory, bad, Path("hosts.yaml"), what="inventory", section="inventory")
     msg = str(ei.value)
     assert "watch.acceptance_floor" in msg and "rollbak" in msg
+
+
+def test_the_gate_result_is_read_from_the_attempt_the_audit_names(tmp_path):
+    """A head from elsewhere keeps its result in its own folder (issue 26 kind 6), not in the run's
+    ``speculate/result.json``: the watch reads the attempt folder the audit entry names."""
+    h = _host(tmp_path, 1)
+    attempt = Path(h.data_dir) / "runs/r1/speculate/0123456789abcdef/w-outside"
+    attempt.mkdir(parents=True)
+    outside = {**GATE, "throughput_ratio": 1.1, "head_sha256": "0123456789abcdef" * 4}
+    (attempt / "result.json").write_text(json.dumps(outside))
+    with open(Path(h.state_dir) / "audit.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "speculate", "run": "r1", "verdict": "keep", "attempt_dir": str(attempt),
+                            "figures": {"speculative_release": 3, "baseline_release": 2}}) + "\n")
+    r = LocalHost(h)
+    assert w.gate_result_for(r, 3) == outside
+    assert w.gate_result_for(r, 2) == GATE  # an entry without attempt_dir: the run's own result.json

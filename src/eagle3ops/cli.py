@@ -195,7 +195,8 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
               image: Optional[str] = typer.Option(None, "--image", help="Patched serving image (default: "
                                                   "serving.speculative_image)."),
               force: bool = typer.Option(False, "--force", help="Accept a head whose offline acceptance "
-                                         "estimate is below serving.acceptance_floor."),
+                                         "estimate is below serving.acceptance_floor, or a --head that the host "
+                                         "cannot estimate (no hidden states of the run)."),
               margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin (0 or "
                                                      "more; negative only in tests, with "
                                                      "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1)."),

@@ -78,7 +78,8 @@ class SpeculateJob(BaseModel):
     folder ``<data_dir>/runs/<run>/speculate/<head_sha256[:16]>``, each attempt in its own ``<window_id>/`` inside
     (no attempt overwrites another);
     ``latest``: where a copy of the newest result goes (``runs/<run>/speculate/result.json``, what the run report
-    reads), or None. ``prompts`` are sent in this order on every pass; ``levels``: concurrencies, the first one
+    reads, for the run's own head; ``<results_dir>/result.json`` for a head from elsewhere, so that it never
+    overwrites the run's own), or None. ``prompts`` are sent in this order on every pass; ``levels``: concurrencies, the first one
     deciding; seconds for the timeouts. ``figures``: what the driver checked before (head check, prompts' source,
     warnings), copied into the result as they are.
     """

@@ -18,7 +18,10 @@ concurrency, ``passes`` times, against the serving port over the host's loopback
 each level's idle wait and after its last request (spec-decode counters as raw values; the driver takes the
 deltas). The API key, when serving needs one, comes in the request (stdin), never in argv.
 
-Only the standard library, httpx, prometheus_client and PyYAML are imported (all in the pipeline image).
+Only the standard library, httpx, prometheus_client and PyYAML are imported at module level (all in the pipeline
+image); ``inspect`` also reads the head's config through vLLM's loader, and with ``"estimate"`` in its request (a
+head from elsewhere: ``speculate --head``) estimates the head's acceptance on the run's held-out hidden states
+(:mod:`eagle3ops.stages.estimate`: torch and speculators), answered as ``estimate``.
 """
 
 from __future__ import annotations
@@ -165,9 +168,26 @@ def _training_texts(run: Path) -> tuple[list[str], list[str]]:
     return texts, read
 
 
+def _estimate(spec: dict[str, Any], head: Path, target: Path, run: Path) -> dict[str, Any]:
+    """The offline estimate of a head from elsewhere on the run's hidden states
+    (:func:`eagle3ops.stages.estimate.estimate_head`; torch and speculators imported only here), or
+    ``{"unavailable": reason}``, never an exception: the driver refuses the head unless forced, naming it."""
+    name = str(spec.get("run") or run.name)
+    if not run.is_dir():
+        return {"unavailable": f"run {name} has no directory on this host, so no hidden states"}
+    try:
+        from eagle3ops.stages.estimate import DEFAULT_MAX_TOKENS, estimate_head
+
+        return estimate_head(head, run, target, max_tokens=int(spec.get("max_tokens") or DEFAULT_MAX_TOKENS),
+                             name=name)
+    except Exception as exc:  # noqa: BLE001 - the answer carries the reason; the driver decides
+        return {"unavailable": f"the estimate failed on the host: {type(exc).__name__}: {str(exc)[-400:]}"}
+
+
 def inspect(req: dict[str, Any], head: Path = Path("/head"), target: Path = Path("/target"),
             run: Path = Path("/run")) -> dict[str, Any]:
-    """Answer of ``inspect`` (see the module doc); ``req["gate"]``: ``[{"id", "text"}]``."""
+    """Answer of ``inspect`` (see the module doc); ``req["gate"]``: ``[{"id", "text"}]``; ``req["estimate"]``
+    (optional): ``{"run": NAME, "max_tokens": N}``, answered as ``estimate`` (:func:`_estimate`)."""
     from eagle3ops.speculate.prompts import GatePromptsError, Prompt, disjointness, prompt_sha256
 
     shapes: dict[str, list[int]] = {}
@@ -181,6 +201,8 @@ def inspect(req: dict[str, Any], head: Path = Path("/head"), target: Path = Path
     out["vocab"] = {k: next((v for v in (safetensors_vector(f, k) for f in files) if v is not None), None)
                     for k in ("d2t", "t2d")}
     out["vllm_view"] = vllm_view(head)
+    if req.get("estimate") is not None:
+        out["estimate"] = _estimate(req["estimate"], head, target, run)
     manifest = run / "train" / "manifest.json"
     out["train_manifest"] = json.loads(manifest.read_text()) if manifest.is_file() else None
     out["pipeline_yaml"] = (run / "pipeline.yaml").read_text() if (run / "pipeline.yaml").is_file() else None

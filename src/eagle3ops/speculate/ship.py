@@ -22,8 +22,13 @@ release (health-gated; a failed gate rolls back) → its measurement (with vLLM'
 :func:`.decide.decide` (a 90 % interval of the throughput ratio; baseline drift; TTFT bound) → keep, or switch back
 to the release live before. Results: one folder per attempt, ``<data_dir>/runs/<run>/speculate/<sha256[:16]>/
 <window_id>/`` (``result.json``, ``baseline.json``, ``speculative.json``), a copy of the newest at
-``runs/<run>/speculate/result.json`` (:mod:`eagle3ops.report` reads it), and the window's audit line with the
-verdict and figures, all written under the lock.
+``runs/<run>/speculate/result.json`` for the run's own head (:mod:`eagle3ops.report` reads it) or at
+``runs/<run>/speculate/<sha256[:16]>/result.json`` for a head from elsewhere (never over the run's own), and the
+window's audit line with the verdict and figures, all written under the lock.
+
+A head from elsewhere (``--head``) is estimated before any restart on the run's held-out hidden states on the host
+(:mod:`eagle3ops.stages.estimate`, in the inspect helper) and refused below ``serving.acceptance_floor``, or when
+it cannot be estimated there, unless ``force`` (:func:`check_offline_floor`; issue 26 kind 6).
 
 Refused before anything is read from serving: a negative margin without the test-only switch
 (:func:`eagle3ops.config.inventory.check_gate_margin`), and a stand-in serving image on a host that is not a
@@ -64,6 +69,8 @@ __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "gate_prompts"
 
 #: Bound on the inspect helper (pipeline image start + reading headers and chats), seconds.
 INSPECT_TIMEOUT_S = 300.0
+#: Held-out tokens the host's estimate of a head from elsewhere reads (:mod:`eagle3ops.stages.estimate`).
+ESTIMATE_MAX_TOKENS = 8192
 
 
 class SpeculateError(RuntimeError):
@@ -109,9 +116,56 @@ class SpeculateOptions:
 
 def offline_estimate_for(opts: SpeculateOptions, info: dict[str, Any]) -> float | None:
     """The offline acceptance estimate that applies to the head being shipped: the run's train manifest's
-    (:func:`~eagle3ops.speculate.headcheck.offline_acceptance`) for the run's own head; None for a head passed with
-    ``head`` (trained elsewhere: the run's manifest describes another head)."""
-    return None if opts.head else offline_acceptance(info.get("train_manifest"))
+    (:func:`~eagle3ops.speculate.headcheck.offline_acceptance`) for the run's own head; for a head passed with
+    ``head`` (trained elsewhere: the run's manifest describes another head) the host's estimate of it on the run's
+    held-out hidden states (the inspect answer's ``estimate``, :mod:`eagle3ops.stages.estimate`), None when the
+    host could not make one."""
+    if opts.head:
+        value = (info.get("estimate") or {}).get("acceptance_length")
+        return None if value is None else float(value)
+    return offline_acceptance(info.get("train_manifest"))
+
+
+def check_offline_floor(h: Any, opts: SpeculateOptions, info: dict[str, Any], floor: float) -> tuple[float | None,
+                                                                                                      list[str]]:
+    """The offline estimate against ``serving.acceptance_floor``, before any restart (issues 19, 26 kind 6).
+
+    Returns:
+        (the estimate or None, warnings): a run's own head without an estimate in its manifest is a warning; a
+        head from elsewhere that the host could not estimate is one only with ``force``.
+
+    Raises:
+        SpeculateError: the estimate is below ``floor`` (without ``force``), naming the estimate, where it was
+            measured, the floor and the fix; or a head from elsewhere could not be estimated (without ``force``),
+            naming why and how to give the host hidden states to estimate it on.
+    """
+    offline = offline_estimate_for(opts, info)
+    if opts.head:
+        est = info.get("estimate") or {}
+        if offline is None:
+            why = est.get("unavailable") or ("the pipeline image answered no estimate (it predates this check: "
+                                             "rebuild and deploy it)")
+            if not opts.force:
+                raise SpeculateError(
+                    f"{h.name}: {opts.head}: a head from elsewhere is estimated before any restart, and this one "
+                    f"could not be: {why}. Give the host hidden states of this target to estimate it on "
+                    f"(`eagle3ops extract {h.name} --run {opts.run}`, with aux layers the head was trained on), "
+                    "or pass --force to measure it anyway (two serving restarts if it is rolled back)")
+            return None, [f"{opts.head}: not estimated before the release ({why}); measured anyway (--force)"]
+        if offline < floor and not opts.force:
+            raise SpeculateError(
+                f"{h.name}: {opts.head}: offline acceptance estimate {offline:.3f} on {est.get('source')} "
+                f"({est.get('held_out_samples')} samples, {est.get('held_out_tokens')} tokens; per position "
+                f"{est.get('per_position')}) is below the floor {floor} (serving.acceptance_floor); ship another "
+                "head, or pass --force to measure it anyway")
+        return offline, []
+    if offline is None:
+        return None, ["the train manifest has no offline acceptance estimate: floor not checked before release"]
+    if offline < floor and not opts.force:
+        raise SpeculateError(f"{h.name}: run {opts.run}: offline acceptance estimate {offline:.3f} is below the "
+                             f"floor {floor} (serving.acceptance_floor); train longer, or pass --force "
+                             "to measure it anyway")
+    return offline, []
 
 
 def check_as_vllm_reads(info: dict[str, Any], facts: Any, *, own_run: bool) -> list[str]:
@@ -265,7 +319,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
               on_event: Callable[[dict[str, Any]], None] | None = None,
               push: Callable[[str, Any], str] | None = None) -> dict[str, Any]:
     """Ship a head behind the keep-or-rollback gate (see the module doc); returns the result written to
-    ``<data_dir>/runs/<run>/speculate/result.json``.
+    ``<data_dir>/runs/<run>/speculate/result.json`` (a head from elsewhere: its own folder's ``result.json``).
 
     Raises:
         SpeculateError: refused before anything changed (misfit head, low offline estimate without ``force``, gate
@@ -312,7 +366,9 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     mount_run = r.run(hc.test_dir(run_dir), check=False).ok
     res = r.run(sc.gate_helper(h, opts.pipeline_image, "inspect", head_dir=head_dir,
                                run_dir=run_dir if mount_run else None),
-                stdin=json.dumps({"gate": [{"id": p.id, "text": p.text} for p in gate]}), check=False,
+                stdin=json.dumps({"gate": [{"id": p.id, "text": p.text} for p in gate],
+                                  **({"estimate": {"run": opts.run, "max_tokens": ESTIMATE_MAX_TOKENS}}
+                                     if opts.head else {})}), check=False,
                 timeout=INSPECT_TIMEOUT_S)
     try:
         info = parse_answer(res.stdout)
@@ -325,17 +381,8 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
         read_as = check_as_vllm_reads(info, facts, own_run=not opts.head)
     except HeadMismatch as e:
         raise SpeculateError(f"{h.name}: {e}") from None
-    offline = offline_estimate_for(opts, info)
-    warnings = list(facts.warnings) + read_as
-    if opts.head:
-        warnings.append(f"{opts.head}: a head from elsewhere has no offline acceptance estimate here: floor not "
-                        "checked before release")
-    elif offline is None:
-        warnings.append("the train manifest has no offline acceptance estimate: floor not checked before release")
-    elif offline < floor and not opts.force:
-        raise SpeculateError(f"{h.name}: run {opts.run}: offline acceptance estimate {offline:.3f} is below the "
-                             f"floor {floor} (serving.acceptance_floor); train longer, or pass --force "
-                             "to measure it anyway")
+    offline, floor_warnings = check_offline_floor(h, opts, info, floor)
+    warnings = list(facts.warnings) + read_as + floor_warnings
     disjoint = info.get("disjointness") or {}
     if disjoint.get("error") or disjoint.get("contained_in_training"):
         raise SpeculateError(f"{h.name}: gate prompts overlap run {opts.run}'s training chats: "
@@ -353,7 +400,10 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                                "num_speculative_tokens": k,
                                "prompts": {**source, "count": len(gate), "max_tokens": max_tokens,
                                            "disjointness": disjoint, "order": [p.id for p in gate]},
-                               "head_check": facts.__dict__, "offline_estimate": offline, "force": opts.force,
+                               "head_check": facts.__dict__, "offline_estimate": offline,
+                               "offline_estimate_record": (info.get("estimate") if opts.head else
+                                                           (info.get("train_manifest") or {}).get("offline_estimate")),
+                               "force": opts.force,
                                "warnings": warnings, "restarts": restarts.figures()}
     job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.text for p in gate], margin, floor, max_tokens,
                passes, figures)
@@ -387,8 +437,11 @@ def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: st
          figures: dict[str, Any]) -> SpeculateJob:
     """The plan's :class:`~eagle3ops.config.plan.SpeculateJob` (pure)."""
     s = h.serving
-    return SpeculateJob(run=opts.run, head=head_dir, head_sha256=digest,
-                        results_dir=f"{run_dir}/speculate/{digest[:16]}", latest=f"{run_dir}/speculate/result.json",
+    results = f"{run_dir}/speculate/{digest[:16]}"
+    # A head from elsewhere keeps its newest result in its own folder: the run's speculate/result.json (what the
+    # run's report reads) stays the run's own head's.
+    latest = f"{results}/result.json" if opts.head else f"{run_dir}/speculate/result.json"
+    return SpeculateJob(run=opts.run, head=head_dir, head_sha256=digest, results_dir=results, latest=latest,
                         change=speculative_change(h, head_dir, k, image), prompts=prompts,
                         levels=list(s.gate_concurrency), max_tokens=max_tokens, passes=passes, margin=margin,
                         acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max, figures=figures)

@@ -169,7 +169,8 @@ def _current_release(r: Any) -> int | None:
 
 def gate_result_for(r: Any, release: int | None) -> dict[str, Any] | None:
     """The ``speculate`` result that made ``release`` live: the newest audit entry ``kind: speculate`` whose
-    ``speculative_release`` is ``release``, its ``runs/<run>/speculate/result.json`` read (None when none)."""
+    ``speculative_release`` is ``release``, its attempt folder's ``result.json`` read (``attempt_dir``; entries
+    older than attempt folders: ``runs/<run>/speculate/result.json``); None when none."""
     from eagle3ops.window.common import audit_entries
 
     if release is None:
@@ -178,8 +179,9 @@ def gate_result_for(r: Any, release: int | None) -> dict[str, Any] | None:
             and (e.get("figures") or {}).get("speculative_release") == release]
     if not hits:
         return None
-    text = r.run(hc.cat_if_exists(f"{r.host.data_dir}/runs/{hits[-1]['run']}/speculate/result.json"),
-                 check=False).stdout
+    where = (f"{hits[-1]['attempt_dir']}/result.json" if hits[-1].get("attempt_dir")
+             else f"{r.host.data_dir}/runs/{hits[-1]['run']}/speculate/result.json")
+    text = r.run(hc.cat_if_exists(where), check=False).stdout
     try:
         return json.loads(text) if text.strip() else None
     except ValueError:
