@@ -159,6 +159,46 @@ def _with_template(tmp_path: Path, model: Path, template: str) -> Path:
     return out
 
 
+def test_prepare_renders_with_the_chat_template_serving_uses(tmp_path, models):
+    """Issue 26 kind 2: ``prepare.chat_template`` as the extract window resolves it when serving runs with
+    ``--chat-template`` (a file in the run directory, its sha256 and where it came from) renders the data with that
+    template, not the tokenizer's own, and the manifest records which (sha256, source); the tokenizer's own
+    otherwise; a missing file or one with another sha256 is refused naming the key."""
+    import hashlib
+
+    from eagle3ops.stages.prepare import SAMPLES
+
+    template = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}<<assistant>>{% endif %}")
+    sha = hashlib.sha256(template.encode()).hexdigest()
+    spec = {"file": "served-chat-template.jinja", "sha256": sha, "origin": "container 'vllm': --chat-template /t.j"}
+    run = make_run(tmp_path / "served", models["llama"], prepare={"chat_template": spec})
+    (run / "served-chat-template.jinja").write_text(template)
+    run_prepare(run, cfg_of(run), log=QUIET)
+    tok = load_tokenizer(str(models["llama"]))
+    first = json.loads((run / "prepare" / SAMPLES).read_text().splitlines()[0])
+    assert "<<assistant>>" in tok.decode(first["input_ids"])
+    m = json.loads((run / "prepare/manifest.json").read_text())["tokenizer"]
+    assert m["chat_template_sha256"] == sha and "served-chat-template.jinja" in m["chat_template_source"] \
+        and spec["origin"] in m["chat_template_source"], m
+
+    own = make_run(tmp_path / "own", models["llama"])
+    run_prepare(own, cfg_of(own), log=QUIET)
+    mo = json.loads((own / "prepare/manifest.json").read_text())["tokenizer"]
+    assert mo["chat_template_sha256"] == hashlib.sha256(tok.chat_template.encode()).hexdigest() != sha
+    assert mo["chat_template_source"].startswith("tokenizer"), mo
+    assert "<<assistant>>" not in tok.decode(json.loads((own / "prepare" / SAMPLES).read_text().splitlines()[0])[
+        "input_ids"])
+
+    gone = make_run(tmp_path / "gone", models["llama"], prepare={"chat_template": spec})
+    with pytest.raises(ValueError, match=r"prepare\.chat_template.*served-chat-template\.jinja"):
+        run_prepare(gone, cfg_of(gone), log=QUIET)
+    other = make_run(tmp_path / "other", models["llama"], prepare={"chat_template": spec})
+    (other / "served-chat-template.jinja").write_text(template + " ")
+    with pytest.raises(ValueError, match=r"prepare\.chat_template.*sha256"):
+        run_prepare(other, cfg_of(other), log=QUIET)
+
+
 def test_prepare_refuses_or_skips_a_template_without_the_prefix_property(tmp_path, models):
     # Earlier assistant turns are rendered as a placeholder (as templates that strip past reasoning do).
     model = _with_template(tmp_path, models["llama"], (
