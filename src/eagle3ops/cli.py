@@ -197,6 +197,9 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
               force: bool = typer.Option(False, "--force", help="Accept a head whose offline acceptance "
                                          "estimate is below serving.acceptance_floor, or a --head that the host "
                                          "cannot estimate (no hidden states of the run)."),
+              allow_template_mismatch: bool = typer.Option(
+                  False, "--allow-template-mismatch", help="Ship a head whose run's data was rendered with another "
+                  "chat template than the live release's (serving's --chat-template, or the tokenizer's own)."),
               margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin (0 or "
                                                      "more; negative only in tests, with "
                                                      "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1)."),
@@ -228,6 +231,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
+                                allow_template_mismatch=allow_template_mismatch,
                                 margin=margin, prompts_file=prompts_file, command=_command_line())
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)

@@ -31,6 +31,11 @@ def inspect_container(host: HostConfig, name: str) -> Read:
     return Read(docker(host, "container", "inspect", name))
 
 
+def exec_cat(host: HostConfig, name: str, path: str) -> Read:
+    """``docker exec NAME cat -- PATH``: a file as a running container sees it (serving's ``--chat-template``)."""
+    return Read(docker(host, "exec", name, "cat", "--", path))
+
+
 def container_status(host: HostConfig, name: str) -> Read:
     """Print a container's state (``created``, ``running``, ``restarting``, ``exited``, ``dead``...); exits
     non-zero with ``No such object`` on stderr when it does not exist."""

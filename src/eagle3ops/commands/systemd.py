@@ -51,6 +51,11 @@ def show_argv(unit: str) -> list[str]:
     return [*argv, unit]
 
 
+def main_pid(unit: str) -> Read:
+    """``systemctl show -p MainPID --value UNIT``: the pid of the unit's main process (``0`` when it runs none)."""
+    return Read(["systemctl", "show", "-p", "MainPID", "--value", unit])
+
+
 def is_active(unit: str) -> Read:
     """``systemctl is-active UNIT``: prints ``active`` (exit 0) when the unit runs (read-only)."""
     return Read(["systemctl", "is-active", unit])

@@ -35,6 +35,21 @@ class PipelineConfigError(ConfigError):
     """``pipeline.yaml`` is missing, unreadable or invalid; the message names the file, the key and the fix."""
 
 
+class ChatTemplateFile(StrictModel):
+    """A chat template file for stage ``prepare`` (``prepare.chat_template``): what the extract window writes when
+    serving runs with ``--chat-template`` (issue 26 kind 2), or a template of your own."""
+
+    file: str = Field(..., description="The Jinja template's file; a relative path is taken from the run directory.")
+    sha256: str | None = Field(None, description="Its sha256 (hex): the stage refuses a file with another one.")
+    origin: str | None = Field(None, description="Where it came from, recorded in the prepare manifest (the window "
+                                                 "writes `container 'NAME': --chat-template PATH`).")
+
+
+#: ``prepare.chat_template`` values that mean the tokenizer's own template (left out of the section digest, so a
+#: run prepared before the key existed stays done).
+TOKENIZER_TEMPLATES = ("auto", "tokenizer")
+
+
 class PrepareConfig(StrictModel):
     """Stage ``prepare``: chat files → token ids + loss masks over assistant turns."""
 
@@ -63,6 +78,18 @@ class PrepareConfig(StrictModel):
     )
     max_seq_len: int = Field(
         2048, ge=16, description="Token ids per sample after the chat template; longer ones are cut."
+    )
+    chat_template: Literal["auto", "tokenizer"] | ChatTemplateFile = Field(
+        "auto",
+        description=(
+            "The chat template the data is rendered with: `auto` = the one serving uses (the extract window reads "
+            "the live server's `--chat-template` on the host before it stops serving, writes its text to "
+            "`served-chat-template.jinja` in the run directory and records it here as a file with its sha256; "
+            "no `--chat-template`: the tokenizer's own, as vLLM's default), `tokenizer` = the tokenizer's own "
+            "always, or `{file: PATH, sha256: HEX}` a template file of your own. The prepare manifest records the "
+            "template's sha256 and source; `speculate` refuses a head whose data was rendered with another "
+            "template than the live release's unless `--allow-template-mismatch`."
+        ),
     )
     max_samples: int | None = Field(None, ge=1, description="Keep at most this many conversations (after shuffling).")
     shuffle: bool = Field(True, description="Shuffle the conversations with `seed` before `max_samples` is applied.")
@@ -226,6 +253,8 @@ class PipelineConfig(StrictModel):
         the inputs were made with the settings now in force.
         """
         data = self.model_dump(mode="json")
+        if data["prepare"].get("chat_template") in TOKENIZER_TEMPLATES:
+            del data["prepare"]["chat_template"]  # the tokenizer's own: as before the key existed
         picked = {name: data[name] for name in sections}
         return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()
 

@@ -184,10 +184,28 @@ def _estimate(spec: dict[str, Any], head: Path, target: Path, run: Path) -> dict
         return {"unavailable": f"the estimate failed on the host: {type(exc).__name__}: {str(exc)[-400:]}"}
 
 
+def _tokenizer_template_sha256(target: Path) -> str | None:
+    """sha256 of the target tokenizer's own chat template, as stage prepare records it (the template vLLM renders
+    with when serving has no ``--chat-template``); None when it cannot be loaded (transformers imported here)."""
+    import hashlib
+
+    try:
+        from transformers import AutoTokenizer
+
+        t = AutoTokenizer.from_pretrained(str(target), trust_remote_code=True).chat_template
+    except Exception:  # noqa: BLE001 - the driver says the check could not run
+        return None
+    if t is None:
+        return None
+    return hashlib.sha256((t if isinstance(t, str) else json.dumps(t)).encode()).hexdigest()
+
+
 def inspect(req: dict[str, Any], head: Path = Path("/head"), target: Path = Path("/target"),
             run: Path = Path("/run")) -> dict[str, Any]:
     """Answer of ``inspect`` (see the module doc); ``req["gate"]``: ``[{"id", "text"}]``; ``req["estimate"]``
-    (optional): ``{"run": NAME, "max_tokens": N}``, answered as ``estimate`` (:func:`_estimate`)."""
+    (optional): ``{"run": NAME, "max_tokens": N}``, answered as ``estimate`` (:func:`_estimate`). Also the run's
+    prepare manifest's ``tokenizer`` record (``prepare_template``: the template its data was rendered with) and the
+    target tokenizer's own template's sha256 (``tokenizer_template_sha256``)."""
     from eagle3ops.speculate.prompts import GatePromptsError, Prompt, disjointness, prompt_sha256
 
     shapes: dict[str, list[int]] = {}
@@ -203,6 +221,9 @@ def inspect(req: dict[str, Any], head: Path = Path("/head"), target: Path = Path
     out["vllm_view"] = vllm_view(head)
     if req.get("estimate") is not None:
         out["estimate"] = _estimate(req["estimate"], head, target, run)
+    prepared = run / "prepare" / "manifest.json"
+    out["prepare_template"] = (json.loads(prepared.read_text()).get("tokenizer") if prepared.is_file() else None)
+    out["tokenizer_template_sha256"] = _tokenizer_template_sha256(target)
     manifest = run / "train" / "manifest.json"
     out["train_manifest"] = json.loads(manifest.read_text()) if manifest.is_file() else None
     out["pipeline_yaml"] = (run / "pipeline.yaml").read_text() if (run / "pipeline.yaml").is_file() else None

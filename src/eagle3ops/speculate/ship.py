@@ -62,6 +62,7 @@ from eagle3ops.gate.measure import read_measurement
 from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.speculate.onhost import head_sha256, parse_answer
 from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_restart_seconds, restart_plan
+from eagle3ops.window.served_template import ServedTemplateError, read_served_template
 from eagle3ops.gate.replay import LevelResult
 
 __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "gate_prompts", "measure_on_host", "select_gate",
@@ -87,7 +88,10 @@ class SpeculateOptions:
         pipeline_image, pipeline_image_id: the deployed pipeline image (runs the host-side gate and the windows).
         head: a local head directory (trained elsewhere): uploaded to ``<data_dir>/heads/<sha256[:12]>/``.
         serving_image: overrides ``serving.speculative_image``.
-        force: accept a head whose offline acceptance estimate is below the floor.
+        force: accept a head whose offline acceptance estimate is below the floor (or, from elsewhere, that the
+            host could not estimate).
+        allow_template_mismatch: ship a head whose run's data was rendered with another chat template than the
+            live release's (:func:`check_template`).
         margin: overrides ``serving.gate_margin``; negative only with the test-only switch
             ``EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1`` (tests name one to exercise the keep branch).
         acceptance_floor: overrides ``serving.acceptance_floor`` (both the offline-estimate check and the gate).
@@ -111,6 +115,7 @@ class SpeculateOptions:
     prompts: int | None = None
     passes: int | None = None
     prompts_file: Path | None = None
+    allow_template_mismatch: bool = False
     command: str = "eagle3ops speculate"
 
 
@@ -124,6 +129,41 @@ def offline_estimate_for(opts: SpeculateOptions, info: dict[str, Any]) -> float 
         value = (info.get("estimate") or {}).get("acceptance_length")
         return None if value is None else float(value)
     return offline_acceptance(info.get("train_manifest"))
+
+
+def check_template(h: Any, opts: "SpeculateOptions", info: dict[str, Any], served: Any) -> list[str]:
+    """The run's training data against the live release's chat template (issue 26 kind 2), before any restart:
+    the prepare manifest's ``chat_template_sha256`` (the inspect answer's ``prepare_template``) against serving's
+    ``--chat-template`` (``served``: :func:`eagle3ops.window.served_template.read_served_template`) or, without one,
+    the target tokenizer's own (``tokenizer_template_sha256``).
+
+    Returns:
+        warnings for a check that could not run (a head from elsewhere: its training template is unknown here; no
+        prepare manifest; a tokenizer that did not load), or for a mismatch allowed by ``allow_template_mismatch``.
+
+    Raises:
+        SpeculateError: the templates differ (without ``allow_template_mismatch``), naming both sha256, where each
+            comes from, and the fixes.
+    """
+    if opts.head:
+        return [f"{opts.head}: a head from elsewhere: the chat template it was trained with is unknown here (not "
+                "compared with the live release's)"]
+    data = info.get("prepare_template") or {}
+    data_sha = data.get("chat_template_sha256")
+    live_sha = served.sha256 if served is not None else info.get("tokenizer_template_sha256")
+    live_from = served.origin if served is not None else "no --chat-template: the target tokenizer's own"
+    if not data_sha or not live_sha:
+        return [f"chat template not compared: {'the run has no prepare manifest with it' if not data_sha else 'the target tokenizer did not load on the host'}"]
+    if data_sha == live_sha:
+        return []
+    what = (f"run {opts.run}'s training data was rendered with chat template {data_sha[:16]}... "
+            f"({data.get('chat_template_source') or 'source not recorded'}), the live release renders with "
+            f"{live_sha[:16]}... ({live_from})")
+    if opts.allow_template_mismatch:
+        return [f"{what}; shipped anyway (--allow-template-mismatch)"]
+    raise SpeculateError(f"{h.name}: {what}: the head would meet another text than it was trained on. Rerun the "
+                         f"extract window (`prepare.chat_template: auto`, the default, renders the data with the "
+                         f"template serving uses), or pass --allow-template-mismatch")
 
 
 def check_offline_floor(h: Any, opts: SpeculateOptions, info: dict[str, Any], floor: float) -> tuple[float | None,
@@ -382,7 +422,12 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     except HeadMismatch as e:
         raise SpeculateError(f"{h.name}: {e}") from None
     offline, floor_warnings = check_offline_floor(h, opts, info, floor)
-    warnings = list(facts.warnings) + read_as + floor_warnings
+    try:
+        served = read_served_template(r)
+    except ServedTemplateError as e:
+        raise SpeculateError(str(e)) from None
+    template_warnings = check_template(h, opts, info, served)
+    warnings = list(facts.warnings) + read_as + floor_warnings + template_warnings
     disjoint = info.get("disjointness") or {}
     if disjoint.get("error") or disjoint.get("contained_in_training"):
         raise SpeculateError(f"{h.name}: gate prompts overlap run {opts.run}'s training chats: "

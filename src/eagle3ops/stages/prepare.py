@@ -338,6 +338,36 @@ def generation_manifests(paths: list[Path]) -> dict[str, Any]:
     return out
 
 
+def use_chat_template(tok: Any, run_dir: Path, config: PipelineConfig) -> tuple[str, str]:
+    """Set the tokenizer's chat template to the one ``prepare.chat_template`` names (issue 26 kind 2) and return
+    (its text, its source in words): a file (relative to ``run_dir``; its ``sha256`` checked when given), else the
+    tokenizer's own (``auto`` that no window resolved, or ``tokenizer``).
+
+    Raises:
+        ValueError: the file is missing or has another sha256; the message names ``prepare.chat_template``, the
+            file and the fix.
+    """
+    import hashlib
+
+    spec = config.prepare.chat_template
+    if isinstance(spec, str):
+        own = tok.chat_template if isinstance(tok.chat_template, str) else json.dumps(tok.chat_template)
+        return own, ("tokenizer's own" if spec == "tokenizer" else
+                     "tokenizer's own (prepare.chat_template: auto; serving's --chat-template, when it has one, is "
+                     "resolved by the extract window)")
+    path = Path(spec.file) if Path(spec.file).is_absolute() else Path(run_dir) / spec.file
+    if not path.is_file():
+        raise ValueError(f"prepare.chat_template: {path} is missing: rerun the extract window (it writes the "
+                         "template serving uses there), or set `prepare.chat_template: tokenizer` in pipeline.yaml")
+    text = path.read_text(encoding="utf-8")
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if spec.sha256 and digest != spec.sha256:
+        raise ValueError(f"prepare.chat_template: {path} has sha256 {digest}, the config says {spec.sha256}: the "
+                         "file changed since it was recorded; rerun the extract window, or fix `sha256`")
+    tok.chat_template = text
+    return text, f"file {spec.file}" + (f" ({spec.origin})" if spec.origin else "")
+
+
 def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[str, Any]:
     """Run stage ``prepare`` for ``run_dir``; returns the manifest's figures.
 
@@ -368,6 +398,8 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
         + (f"; max_samples {pc.max_samples}" if len(convs) < with_assistant else "") + ")")
 
     tok = load_tokenizer(config.target_model)
+    template, template_source = use_chat_template(tok, run_dir, config)
+    log(f"prepare: chat template: {template_source}")
     workers = prepare_workers(len(convs))
     encoded = _encode_all(tok, convs, workers)
     rows: list[str] = []
@@ -444,7 +476,6 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
     _warn_fields(log, fields, examples, config.target_model)
     samples = out_dir / SAMPLES
     atomic_write_text(samples, "\n".join(rows) + "\n")
-    template = tok.chat_template if isinstance(tok.chat_template, str) else json.dumps(tok.chat_template)
     figures = {
         "samples": len(rows),
         "tokens": tokens,
@@ -466,6 +497,7 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
             "class": type(tok).__name__,
             "is_fast": bool(getattr(tok, "is_fast", False)),
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+            "chat_template_source": template_source,
         },
         "read": read.as_manifest(),
         "datasets": {str(p): sha256_file(p) for p in paths},

@@ -4,13 +4,16 @@ chosen once from the host's ``serving.kind`` (:func:`driver_kind`).
 Each class says which commands it refuses (:meth:`DriverKind.refuse`), what a release may change, how preflight
 finds live serving, which plan fields it fills, what runs on the host before the supervisor (the ``process`` and
 ``systemd`` kinds' restore agent), what ``--dry-run`` shows the supervisor doing, and what ``config check`` says.
-The host side of each kind is :mod:`eagle3ops.supervisor.kinds` (the driver never imports it: the plan's
+Each also reads the live server's command line and files as it sees them (:meth:`DriverKind.served_argv`: serving's
+``--chat-template``, :mod:`eagle3ops.window.served_template`). The host side of each kind is
+:mod:`eagle3ops.supervisor.kinds` (the driver never imports it: the plan's
 ``serving_kind`` is the only thing the two share). Nothing else on the driver side looks at the kind's name.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+from typing import TYPE_CHECKING, Any, Callable
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
@@ -171,6 +174,28 @@ class DriverKind:
         """``config check HOST``: why there is no live container to compare (None: compare it)."""
         return None
 
+    def served_argv(self, r: "Remote") -> tuple[list[str], Callable[[str], str | None], str] | None:
+        """The live server's command line, a reader of a file as the server sees it (its text, or None when it
+        cannot be read), and where it runs in words; None when no serving is found. Read-only. Containers: the
+        serving container's ``Entrypoint`` + ``Cmd``; files through ``docker exec NAME cat``."""
+        names, _ = serving_container(r)
+        if not names:
+            return None
+        out = r.run(dk.inspect_container(r.host, names[0]), check=False)
+        try:
+            cfg = (json.loads(out.stdout)[0].get("Config") or {}) if out.ok else None
+        except (ValueError, IndexError, AttributeError):
+            cfg = None
+        if cfg is None:
+            return None
+        name = names[0]
+
+        def read(path: str) -> str | None:
+            res = r.run(dk.exec_cat(r.host, name, path), check=False)
+            return res.stdout if res.ok else None
+
+        return [*(cfg.get("Entrypoint") or []), *(cfg.get("Cmd") or [])], read, f"container {name!r}"
+
 
 class ComposeKind(DriverKind):
     """The container of a Compose service, found by its Compose labels."""
@@ -261,6 +286,12 @@ class ProcessKind(DriverKind):
         return ("serving kind process: windows restore the running process as recorded from /proc, releases change "
                 "its flags (`release --arg`); there is no container to compare")
 
+    def served_argv(self, r: "Remote") -> tuple[list[str], Callable[[str], str | None], str] | None:
+        """The serving process's ``/proc/PID/cmdline``; a relative file path is read from its ``cwd``."""
+        pids = [int(p) for p in r.run(pc.find_process(r.host.serving.process_match or ""),
+                                      check=False).stdout.split() if p.isdigit()]
+        return proc_argv(r, pids[0], f"process {pids[0]}") if pids else None
+
 
 class SystemdKind(DriverKind):
     """A systemd unit: recorded with ``systemctl show``, stopped and started by the restore agent's systemd variant
@@ -323,6 +354,12 @@ class SystemdKind(DriverKind):
         return (f"serving kind systemd: windows stop and start unit {h.serving.unit!r} as systemd has it; there is "
                 f"no container to compare")
 
+    def served_argv(self, r: "Remote") -> tuple[list[str], Callable[[str], str | None], str] | None:
+        """The unit's main process (``systemctl show -p MainPID``), read as a process is."""
+        unit = r.host.serving.unit or ""
+        pid = r.run(sd.main_pid(unit), check=False).stdout.strip()
+        return proc_argv(r, int(pid), f"unit {unit!r} (pid {pid})") if pid.isdigit() and pid != "0" else None
+
 
 class NoServingKind(DriverKind):
     """A host that only trains (``serving: none``): no serving to find, stop, restore or gate."""
@@ -356,6 +393,9 @@ class NoServingKind(DriverKind):
 
     def drift_note(self, h: HostConfig) -> str | None:
         return "serving: none (a host that only trains): no serving container to compare"
+
+    def served_argv(self, r: "Remote") -> tuple[list[str], Callable[[str], str | None], str] | None:
+        return None
 
 
 #: ``serving.kind`` → its driver-side class.
@@ -418,6 +458,20 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
     pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
            f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "
            f"serving process only as its own user; run serving as the SSH user or SSH in as its user")
+
+
+def proc_argv(r: "Remote", pid: int, where: str) -> tuple[list[str], Callable[[str], str | None], str] | None:
+    """A host process's command line (``/proc/PID/cmdline``, NUL-separated) and a reader of files as it sees them
+    (a relative path from ``/proc/PID/cwd``); None when its cmdline cannot be read. Read-only."""
+    out = r.run(hc.cat(f"/proc/{pid}/cmdline"), check=False)
+    if not out.ok:
+        return None
+
+    def read(path: str) -> str | None:
+        res = r.run(hc.cat(path if path.startswith("/") else f"/proc/{pid}/cwd/{path}"), check=False)
+        return res.stdout if res.ok else None
+
+    return [a for a in out.stdout.split("\0") if a], read, where
 
 
 def serving_container(r: Remote) -> tuple[list[str], str]:

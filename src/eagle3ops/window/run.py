@@ -6,6 +6,7 @@ import getpass
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -22,6 +23,8 @@ from eagle3ops.window.gpucheck import estimate_gpu_memory
 from eagle3ops.window.kinds import driver_kind, require_serving
 from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
 from eagle3ops.window.preflight import Preflight, check_fallbacks, estimate_disk, preflight, read_run_state
+from eagle3ops.window.served_template import SERVED_FILE, ServedTemplate, ServedTemplateError, read_served_template, \
+    resolve_config
 from eagle3ops.window.standin import refuse_standin_image
 from eagle3ops.window.watch import finish_window, watch
 
@@ -121,9 +124,10 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     if r.dry_run and read_lock(r):
         raise LockHeld(describe_lock(r))
     acquire_lock(r, window_id, command, message)
-    decision, on_host_text = None, None
+    decision, on_host_text, template = None, None, None
     try:
         if kind in st.WINDOWS:
+            pipeline_text, template = resolve_chat_template(r, pipeline_text)
             on_host_text, decision = _decide(r, kind, run, pipeline_text, restart)
         to_run = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
             else st.WINDOWS.get(kind)
@@ -142,6 +146,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             check_release_flags(r, pf, change.args)
         if pf.serving_container and not (decision is not None and decision.nothing_to_do):
             check_fallbacks(r, pf, kind="window" if kind in st.WINDOWS else kind, to_release=to_release)
+        if template is not None:
+            pf.add("chat template", template.error is None, template.error or template.detail)
         if decision is not None:
             for name, detail in decision.lines():
                 pf.add(name, True, detail)
@@ -161,6 +167,10 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                           serving_container=pf.serving_container, restart=restart, process_pid=pf.process_pid,
                           speculate=speculate)
         # under the lock, after preflight: a refused run changes nothing on the host; an identical config stays
+        if template is not None and template.served is not None and "prepare" in (to_run or []):
+            rdir = f"{r.host.data_dir}/runs/{run}"
+            r.run(hc.mkdir_p(rdir))
+            r.run(hc.write_file(f"{rdir}/{SERVED_FILE}"), stdin=template.served.text)
         if pipeline_text is not None and pipeline_text != on_host_text:
             upload_pipeline_config(r, run, pipeline_text)
         launch(r, plan, image)
@@ -193,6 +203,43 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
                                        **(result.get("stages") or {})}}
     return finish_window(r, window_id, result, command=command)
+
+
+@dataclass
+class TemplateResolution:
+    """How a stage window resolved ``prepare.chat_template`` (:func:`resolve_chat_template`): the template serving
+    uses (``served``; None: the tokenizer's own, or the config's own choice), the preflight line, or the error that
+    fails preflight."""
+
+    served: ServedTemplate | None = None
+    detail: str = ""
+    error: str | None = None
+
+
+def resolve_chat_template(r: Remote, text: str | None) -> tuple[str | None, TemplateResolution | None]:
+    """Before a stage window stops serving (read-only): ``prepare.chat_template: auto`` (the default) resolved to
+    the template the live server uses (issue 26 kind 2, :mod:`eagle3ops.window.served_template`); returns (the
+    config text the window writes and decides with, the resolution; None when there is no config text or it is not
+    valid YAML, which the disk estimate reports). A setting other than ``auto`` is kept as written."""
+    import yaml
+
+    if text is None:
+        return None, None
+    try:
+        data = yaml.safe_load(text) or {}
+        spec = (data.get("prepare") or {}).get("chat_template", "auto") if isinstance(data, dict) else "auto"
+    except yaml.YAMLError:
+        return text, None
+    if spec != "auto":
+        return text, TemplateResolution(detail=f"prepare.chat_template as configured ({spec})")
+    try:
+        served = read_served_template(r)
+    except ServedTemplateError as e:
+        return text, TemplateResolution(error=str(e))
+    detail = (f"{served.origin} (sha256 {served.sha256[:16]}...): the data is rendered with it ({SERVED_FILE} "
+              "in the run directory)" if served else
+              "serving has no --chat-template: the data is rendered with the tokenizer's own, as serving renders")
+    return resolve_config(text, served), TemplateResolution(served=served, detail=detail)
 
 
 def check_release_flags(r: Remote, pf: Preflight, args: list[str]) -> None:
