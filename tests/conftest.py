@@ -41,6 +41,7 @@ def pytest_addoption(parser):
                      help="run only this part of the host suite (by hand; make test runs the whole suite)")
 
 
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: a run of pure tests never waits for the sandbox
 def pytest_collection_modifyitems(config, items):
     part = config.getoption("--part")
     if part is not None:

@@ -386,14 +386,18 @@ def add_code_line(patch: Path, line: str) -> None:
 
 
 def in_image_probe_record(tag: str) -> dict:
-    """The ``speculators.probes.json`` record the build's probe step wrote into the image."""
-    import docker
+    """The ``speculators.probes.json`` record the build's probe step wrote into the image.
+
+    Read through ``docker run``'s attached stdout, not the SDK's ``containers.run`` (which reads the container's log
+    after it exits): on the 2-core CI machine with three test streams that log once came back empty (stop 37's
+    rehearsal, ``JSONDecodeError`` on ``''``)."""
+    import subprocess
 
     script = ("import json, pathlib, sysconfig; print(json.dumps(json.loads((pathlib.Path(sysconfig.get_paths()"
               "['purelib']) / 'eagle3ops_patches/speculators.probes.json').read_text())))")
-    out = docker.from_env().containers.run(tag, ["-c", script], entrypoint=["python3"], network_mode="host",
-                                           remove=True)
-    return json.loads(out.decode())
+    out = subprocess.run(["docker", "run", "--rm", "--network", "host", "--entrypoint", "python3", tag, "-c", script],
+                         capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(out.stdout)
 
 
 def test_standin_build_labels_and_tag(tmp_path: Path, standin_base: str, ca: Path | None) -> None:
