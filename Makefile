@@ -127,11 +127,12 @@ bench-probe-smollm2: image
 	  "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)" \
 	  benchmarks/probe_smollm2.py --model /model --json benchmarks/probe-smollm2-cpu.json
 
-# The EAGLE-3 head trained on an H200 for SmolLM2 (benchmarks/gpu_head_smollm2.py, not committed: HEAD_SRC) shipped
+# The EAGLE-3 head trained on an H200 for SmolLM2 (benchmarks/gpu_head_smollm2.py; ROUND=r3, the default, is the
+# head committed under benchmarks/heads/, ROUND=r2 needs HEAD_SRC: not committed) shipped
 # with `eagle3ops speculate --head --prompts-file` on held-out ShareGPT prompts on the sandbox serving SmolLM2
 # (provisioned as `make demo` does); LEVELS=1 measures concurrency 1 only. Writes
 # benchmarks/speculate-smollm2-gpu-head.json.
-HEAD_SRC ?= /work/.device/3/head
+ROUND ?= r3
 bench-speculate-gpu-head: setup
-	$(PY) benchmarks/speculate_smollm2_gpu_head.py --head-src $(HEAD_SRC) --inventory $(DEMO_INVENTORY) \
-	  $(if $(LEVELS),--levels $(LEVELS))
+	$(PY) benchmarks/speculate_smollm2_gpu_head.py --round $(ROUND) $(if $(HEAD_SRC),--head-src $(HEAD_SRC)) \
+	  --inventory $(DEMO_INVENTORY) $(if $(LEVELS),--levels $(LEVELS))

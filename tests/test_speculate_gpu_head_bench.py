@@ -87,3 +87,23 @@ def test_figures_give_each_levels_interval_and_the_done_when_shortfalls() -> Non
     assert fig["served_minus_offline"] == pytest.approx(2.4 - 2.803669, abs=1e-4)
     assert done["offline_within_0.3"]["holds"] is False
     assert fig["served_minus_offline_per_position"]["0"] == pytest.approx(0.7 - 0.759811, abs=1e-4)
+
+
+def test_the_committed_round_3_head_matches_its_provenance_and_record(tmp_path: Path) -> None:
+    """The head committed under ``benchmarks/heads/`` (issue 27, round 3): every file's sha256 and size as its
+    ``provenance.json`` records them, its shards those of the round's JSON, at most 20 MB in all, no
+    ``embed_tokens`` (vLLM takes the target's); ``assemble_head`` takes it as the benchmark's default."""
+    b = _bench()
+    record, src = b.ROUNDS["r3"]
+    prov = json.loads((src / "provenance.json").read_text())
+    for name, rec in prov["files"].items():
+        assert hashlib.sha256((src / name).read_bytes()).hexdigest() == rec["sha256"], name
+        assert (src / name).stat().st_size == rec["bytes"], name
+    assert sum(p.stat().st_size for p in src.iterdir()) <= 20 * 10**6
+    r3 = json.loads(record.read_text())
+    got = b.assemble_head(src, tmp_path / "head", r3)
+    assert sorted(n for n in got["files"] if n.endswith(".safetensors")) == sorted(r3["head"]["files"])
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    assert not any(k.startswith("embed_tokens") for k in index["weight_map"])
+    cfg = json.loads((src / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 8192 and cfg["eagle_aux_hidden_state_layer_ids"] == [3, 16, 28]
