@@ -246,3 +246,34 @@ def test_onhost_measure_sends_the_key_and_snapshots_counters_after_the_idle_wait
     delta = SpecDelta.between(*(SpecCounters(d["drafts"], d["draft_tokens"], d["accepted"], {},
                                              d["requests_running"]) for d in (before, after)))
     assert delta.drafts == 6  # the replay's own 3 x 2 rounds, none of the foreign request's
+
+
+def test_warmup_prompts_are_sent_first_and_never_measured():
+    """``serving.gate_warmup_prompts``: a freshly started server's first requests are slower (the sandbox's
+    SmolLM2: first baseline pass 22.1 tokens/s, then 30.0 and 29.7), so the first N prompts go once to each level
+    before the passes; neither their figures nor their spec-decode counters are in any pass."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _StandInVllm)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    posts = []
+    orig = _StandInVllm.do_POST
+
+    def counting(self):
+        posts.append(time.monotonic())
+        orig(self)
+
+    _StandInVllm.do_POST = counting
+    try:
+        _StandInVllm.busy_until = 0.0
+        ans = onhost.measure({"base_url": f"http://127.0.0.1:{srv.server_address[1]}", "model": "m",
+                              "prompts": ["a", "b", "c"], "levels": [1, 2], "max_tokens": 4, "passes": 1,
+                              "api_key": KEY, "idle_timeout_s": 20, "warmup_prompts": 2})
+    finally:
+        _StandInVllm.do_POST = orig
+        srv.shutdown()
+    assert len(posts) == 2 * 2 + 3 * 2  # two warm-up prompts at each of two levels, then the pass at each
+    assert ans["warmup"]["prompts"] == 2 and set(ans["warmup"]["output_tokens_per_s"]) == {"1", "2"}
+    for c in ("1", "2"):
+        (level,) = ans["levels"][c]
+        assert level["requests"] == 3
+        (before, after), = ans["counters"][c]
+        assert after["drafts"] - before["drafts"] == 6  # the pass's 3 x 2 rounds only

@@ -333,6 +333,7 @@ def test_the_driver_plans_one_speculate_job_and_returns_the_hosts_result(monkeyp
     assert rel.binds == [f"{h.data_dir}/runs/r1/train/final:{sc.HEAD_MOUNT}:ro"]
     assert json.loads(rel.args[rel.args.index("--speculative-config") + 1])["num_speculative_tokens"] == 4
     assert job.passes >= 3 and job.levels == list(h.serving.gate_concurrency) and job.head_sha256 == "ab" * 32
+    assert job.warmup_prompts == min(h.serving.gate_warmup_prompts, len(job.prompts)) > 0
     assert job.results_dir == f"{h.data_dir}/runs/r1/speculate/{'ab' * 8}"
     assert ["mkdir", "-p", job.results_dir] in r.calls  # made as the SSH user, before the job
     assert res["verdict"] == verdict and res["window_id"] == "w-spec"

@@ -170,6 +170,12 @@ class ServingConfig(StrictModel):
                              "pass); the throughput interval resamples passes and prompts, so more passes narrow it. "
                              "At least 3.",
     )
+    gate_warmup_prompts: int = Field(
+        4, ge=0, description="Prompts (the gate's first ones) sent at each gate concurrency before each release's "
+                             "measured passes and not measured: a freshly started vLLM serves its first requests "
+                             "slower (on the sandbox's CPU SmolLM2 the first baseline pass of 64 prompts ran at 22.1 "
+                             "output tokens/s, the next two at 30.0 and 29.7). 0 = none.",
+    )
     gate_ttft_ratio_max: float = Field(
         1.5, gt=0, description="Most median time to first token of the speculative release over the baseline's at "
                                "production concurrency; above it the gate rolls back whatever the throughput.",

@@ -99,12 +99,15 @@ class SpeculateJob(BaseModel):
     ttft_ratio_max: float | None = None
     request_timeout_s: float = 300.0
     idle_timeout_s: float = 120.0
+    #: Prompts sent at each level before a side's measured passes, not measured (``serving.gate_warmup_prompts``).
+    warmup_prompts: int = 0
     figures: dict[str, Any] = Field(default_factory=dict)
 
     def measure_bound_s(self) -> float:
-        """Longest one side's measurement may take (seconds): every pass and level at its request timeout plus
-        its idle wait."""
-        return self.passes * len(self.levels) * (self.request_timeout_s + self.idle_timeout_s + 30.0)
+        """Longest one side's measurement may take (seconds): every pass and level (and the warm-up) at its request
+        timeout plus its idle wait."""
+        rounds = self.passes + (1 if self.warmup_prompts else 0)
+        return rounds * len(self.levels) * (self.request_timeout_s + self.idle_timeout_s + 30.0)
 
 
 class Plan(BaseModel):

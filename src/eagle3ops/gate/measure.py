@@ -26,7 +26,10 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
 
     Request: ``{"base_url", "model", "prompts" (sent in this order every pass), "levels", "max_tokens", "passes"
     (default 1), "api_key" (or null: sent on every request and scrape, never in argv), "request_timeout_s",
-    "idle_timeout_s"}``. Passes run one after the other, each going through every level in order (a slow drift of
+    "idle_timeout_s", "warmup_prompts" (default 0)}``. With ``warmup_prompts`` N > 0, the first N prompts are sent
+    once at each level before the passes and not measured (a freshly started server's first requests are slower;
+    their spec-decode counters fall before the first pass's "before" snapshot); the answer's ``warmup`` says what was
+    sent and how fast. Passes run one after the other, each going through every level in order (a slow drift of
     the host then touches every level alike). A level's "before" snapshot is taken after its idle wait, right
     before its first request (:func:`~eagle3ops.gate.replay.replay_level`'s ``on_idle``).
 
@@ -45,6 +48,14 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
         d["accepted_per_pos"] = {str(k): v for k, v in d["accepted_per_pos"].items()}
         return d
 
+    warm = req["prompts"][: int(req.get("warmup_prompts") or 0)]
+    if warm:
+        out["warmup"] = {"prompts": len(warm), "output_tokens_per_s": {}}
+        for c in req["levels"]:
+            res = replay_level(base, model, warm, int(c), max_tokens=int(req["max_tokens"]), api_key=key,
+                               request_timeout_s=float(req.get("request_timeout_s", 300)),
+                               idle_timeout_s=float(req.get("idle_timeout_s", 120)))
+            out["warmup"]["output_tokens_per_s"][str(c)] = res.figures().get("output_tokens_per_s")
     for _ in range(int(req.get("passes", 1))):
         for c in req["levels"]:
             before: list[dict[str, Any]] = []

@@ -489,7 +489,8 @@ def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: st
     return SpeculateJob(run=opts.run, head=head_dir, head_sha256=digest, results_dir=results, latest=latest,
                         change=speculative_change(h, head_dir, k, image), prompts=prompts,
                         levels=list(s.gate_concurrency), max_tokens=max_tokens, passes=passes, margin=margin,
-                        acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max, figures=figures)
+                        acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max,
+                        warmup_prompts=min(s.gate_warmup_prompts, len(prompts)), figures=figures)
 
 
 def _dry(r: Any, opts: SpeculateOptions, job: SpeculateJob, restarts: RestartPlan, run_window: Any,

@@ -50,7 +50,7 @@ def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
     return measure({"base_url": f"http://127.0.0.1:{sup.plan.health.port}", "model": sup.plan.health.model,
                     "prompts": job.prompts, "levels": job.levels, "max_tokens": job.max_tokens,
                     "passes": job.passes, "api_key": sup._api_key(), "request_timeout_s": job.request_timeout_s,
-                    "idle_timeout_s": job.idle_timeout_s})
+                    "idle_timeout_s": job.idle_timeout_s, "warmup_prompts": job.warmup_prompts})
 
 
 def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any]) -> Any:
