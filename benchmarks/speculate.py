@@ -71,6 +71,8 @@ def main() -> int:
     ap.add_argument("--head", type=Path, help="a local head directory (default: the run's train/final)")
     ap.add_argument("--margin", type=float, help="override serving.gate_margin (negative: keep-branch tests only)")
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--control", action="store_true", help="measure a control release as the baseline (the "
+                    "speculative image without --speculative-config): needed when it differs from the live image")
     ap.add_argument("--prompts", type=int, help="override serving.gate_prompts")
     ap.add_argument("--max-tokens", type=int, help="override serving.gate_max_tokens")
     ap.add_argument("--read", action="store_true", help="read the run's recorded result; change nothing")
@@ -97,7 +99,7 @@ def main() -> int:
             result = ship.speculate(r, ship.SpeculateOptions(
                 run=a.run, pipeline_image=h.pipeline_image or dep["image"], pipeline_image_id=dep.get("image_id"),
                 head=a.head, force=a.force, margin=a.margin, prompts=a.prompts, max_tokens=a.max_tokens,
-                command="benchmarks/speculate.py"),
+                control=a.control, command="benchmarks/speculate.py"),
                 echo=lambda m: print(m, file=sys.stderr))
     fig = summarize(result)
     path = a.json or REPO / "benchmarks" / f"speculate-{a.host}-{a.run}.json"

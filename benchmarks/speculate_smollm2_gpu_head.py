@@ -522,8 +522,10 @@ def main() -> int:
         print(f"prompts: {len(rows)} held-out ShareGPT turns, {prompts['prompt_tokens_total']} prompt tokens -> {pfile}")
         # --force: run RUN has no hidden states on the sandbox for the host to estimate the head on before the
         # restart (issue 26 kind 6); its offline estimate is the training's, recorded in the head's JSON.
+        # --control: production serves the local base, the speculative release the stand-in serving image: the
+        # baseline measured is that image without --speculative-config (like for like, issue 24).
         argv = [str(REPO / ".venv/bin/eagle3ops"), "speculate", HOST, "--run", RUN, "--head", str(work / "head"),
-                "--force", "--prompts-file", str(pfile), "--inventory", str(inv)]
+                "--force", "--control", "--prompts-file", str(pfile), "--inventory", str(inv)]
         log = work / "speculate.log"
         print(f"gate: {' '.join(argv[1:])} (output: {log})", flush=True)
         t = time.monotonic()

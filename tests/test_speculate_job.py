@@ -124,6 +124,11 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     assert json.loads(Path(job.latest).read_text())["attempt_dir"] == str(folder)
     assert len(json.loads((folder / "baseline.json").read_text())["levels"]["1"]) == 3
     assert stored["spec_decode"]["mean_acceptance_length"] == pytest.approx(2.0, abs=0.05)
+    # like for like (issue 24): what each measured release ran, the API key on its command line redacted
+    rel = stored["measured_releases"]
+    assert rel["baseline"]["image"] is None and rel["speculative"]["image"] is None  # a process: no image
+    assert "--speculative-config" in rel["speculative"]["argv"] and "--speculative-config" not in rel["baseline"]["argv"]
+    assert "--api-key" in rel["baseline"]["argv"] and KEY not in json.dumps(rel) and stored["control"] is False
     argv = job_world.live_argv()
     assert argv and ("--speculative-config" in argv) == (verdict == "keep")
     assert stored["live_release"] == (stored["speculative_release"] if verdict == "keep"

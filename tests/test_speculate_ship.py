@@ -191,7 +191,9 @@ def _greedy_token_ids(h, prompts: list[str], max_tokens: int) -> list[int]:
 @pytest.mark.slow
 def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed, speculative_image, tmp_path,
                                                                        monkeypatch):
-    """The speculate job on the sandbox's real vLLM (one speculative release, one rollback): a head whose draft
+    """The speculate job on the sandbox's real vLLM (a control release, the speculative release, one rollback), like
+    for like (``--control``: the live serving runs the local base, the speculative release the stand-in serving
+    image, so the baseline measured is that image without --speculative-config): a head whose draft
     vocabulary is the target's own frequent greedy token is accepted often enough (floor
     :data:`TEST_ACCEPTANCE_FLOOR`, measured from vLLM's own spec-decode counters) and is kept at
     :data:`NEGATIVE_TEST_MARGIN`; serving ends healthy on the speculative release; the audit entry and the stored
@@ -226,11 +228,20 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
                                                            pipeline_image_id=dep.image_id, head=keep_head,
                                                            margin=NEGATIVE_TEST_MARGIN,
                                                            acceptance_floor=TEST_ACCEPTANCE_FLOOR,
-                                                           force=True, command="test: keep"),
+                                                           force=True, control=True, command="test: keep"),
                                   echo=lambda *_: None)
             base_release = kept["baseline_release"]  # what its record step found live
             assert kept["verdict"] == "keep", kept["reason"]
-            assert kept["outcome"] == "ok" and len(kept["restarts_s"]) == 1
+            # like for like (issue 24): the baseline measured is the control release (the speculative image without
+            # --speculative-config), then the speculative release: two restarts on the keep path
+            assert kept["outcome"] == "ok" and len(kept["restarts_s"]) == 2
+            base_id, spec_id = kept["measured_releases"]["baseline"], kept["measured_releases"]["speculative"]
+            assert base_id["image_id"] == spec_id["image_id"] and base_id["image"] == s.speculative_image
+            assert "--speculative-config" in spec_id["argv"] and "--speculative-config" not in base_id["argv"]
+            assert base_id["vllm_version"] == spec_id["vllm_version"] and base_id["vllm_version"].startswith("0.16")
+            assert base_id["labels"] and base_id["labels"] == spec_id["labels"]  # the profile's patch labels
+            assert kept["control"] is True and kept["control_release"] not in (None, kept["live_release"],
+                                                                               base_release)
             assert kept["margin_is_negative_test_setting"] is True and kept["margin"] == NEGATIVE_TEST_MARGIN
             assert kept["live_release"] == kept["speculative_release"] != kept["baseline_release"]
             sd = kept["spec_decode"]

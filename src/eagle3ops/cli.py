@@ -200,6 +200,10 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
               allow_template_mismatch: bool = typer.Option(
                   False, "--allow-template-mismatch", help="Ship a head whose run's data was rendered with another "
                   "chat template than the live release's (serving's --chat-template, or the tokenizer's own)."),
+              control: bool = typer.Option(
+                  False, "--control", help="Measure a control release (the speculative image without "
+                  "--speculative-config, every other flag equal) as the baseline: needed when the speculative "
+                  "image differs from the live one (like for like); one more serving restart."),
               margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin (0 or "
                                                      "more; negative only in tests, with "
                                                      "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1)."),
@@ -231,7 +235,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
-                                allow_template_mismatch=allow_template_mismatch,
+                                allow_template_mismatch=allow_template_mismatch, control=control,
                                 margin=margin, prompts_file=prompts_file, command=_command_line())
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
@@ -256,6 +260,11 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                       f"{res['drift']['high']}, limit ±{res['drift']['limit']})")
     console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
                   f"{sd.get('acceptance_per_position')}; live release {res.get('live_release')}")
+    from eagle3ops.gate.like import ReleaseIdentity
+
+    for side, rel in (res.get("measured_releases") or {}).items():
+        what = "control release" if side == "baseline" and res.get("control") else side
+        console.print(f"  {side} measured: {what}, {ReleaseIdentity.from_dict(rel).describe()}")
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
 
 

@@ -420,11 +420,13 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
                                       ca_bundle=ca, extra_tags=[h.serving.speculative_image] if
                                       h.serving.speculative_image else ())
         with executor.for_host(h) as r:
-            # --force: whatever the head's offline estimate, the demo shows the gate's measured decision
+            # --force: whatever the head's offline estimate, the demo shows the gate's measured decision;
+            # --control: production serves the local base, the speculative release the stand-in serving image, so
+            # the baseline measured is that image without --speculative-config (like for like, issue 24)
             sp = ship.speculate(r, ship.SpeculateOptions(
-                run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True,
+                run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True, control=True,
                 serving_image=h.serving.speculative_image or spec_img.tag,
-                command=f"eagle3ops speculate {SANDBOX} --run {run} --force (demo)"), echo=console.print,
+                command=f"eagle3ops speculate {SANDBOX} --run {run} --force --control (demo)"), echo=console.print,
                 on_event=print_event)
         sd = sp.get("spec_decode") or {}
         figures.append(("speculation gate", f"{sp['verdict']}: {sp['reason']}"))

@@ -101,6 +101,11 @@ class SpeculateJob(BaseModel):
     idle_timeout_s: float = 120.0
     #: Prompts sent at each level before a side's measured passes, not measured (``serving.gate_warmup_prompts``).
     warmup_prompts: int = 0
+    #: The control release (``speculate --control``; issue 24, like for like): the live serving plus this change
+    #: (the speculative image, the speculative change's flags but ``--speculative-config``), switched to and
+    #: measured as the baseline before the speculative release; never made the live release. None: the live
+    #: release is the baseline (refused by the driver, and undecided on the host, when its image differs).
+    control: ReleaseChange | None = None
     figures: dict[str, Any] = Field(default_factory=dict)
 
     def measure_bound_s(self) -> float:

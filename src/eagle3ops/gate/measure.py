@@ -21,8 +21,9 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
     """Replay the request's prompts at each level, ``passes`` times; raw figures and counter snapshots.
 
     Returns:
-        ``{"levels": {c: [LevelResult figures, one per pass]}, "counters": {c: [[before, after], one per pass]}}``
-        where counters are :class:`~eagle3ops.gate.metrics.SpecCounters` as dicts.
+        ``{"levels": {c: [LevelResult figures, one per pass]}, "counters": {c: [[before, after], one per pass]},
+        "server": {"version": GET /version's, or None}}`` where counters are
+        :class:`~eagle3ops.gate.metrics.SpecCounters` as dicts.
 
     Request: ``{"base_url", "model", "prompts" (sent in this order every pass), "levels", "max_tokens", "passes"
     (default 1), "api_key" (or null: sent on every request and scrape, never in argv), "request_timeout_s",
@@ -48,6 +49,11 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
         d["accepted_per_pos"] = {str(k): v for k, v in d["accepted_per_pos"].items()}
         return d
 
+    try:  # vLLM's GET /version: the like-for-like record (issue 24); a server without it answers None
+        v = httpx.get(f"{base}/version", headers=headers, timeout=30)
+        out["server"] = {"version": v.json().get("version") if v.status_code == 200 else None}
+    except (httpx.HTTPError, ValueError, AttributeError):
+        out["server"] = {"version": None}
     warm = req["prompts"][: int(req.get("warmup_prompts") or 0)]
     if warm:
         out["warmup"] = {"prompts": len(warm), "output_tokens_per_s": {}}

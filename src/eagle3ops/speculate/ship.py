@@ -30,6 +30,11 @@ A head from elsewhere (``--head``) is estimated before any restart on the run's 
 (:mod:`eagle3ops.stages.estimate`, in the inspect helper) and refused below ``serving.acceptance_floor``, or when
 it cannot be estimated there, unless ``force`` (:func:`check_offline_floor`; issue 26 kind 6).
 
+Like for like (issue 24): a speculative image other than the live one is refused before anything changes, naming
+both, unless ``control`` (``--control``): the job then measures a control release, the speculative image without
+``--speculative-config``, as its baseline (:func:`check_like_for_like`; the host checks the measured releases'
+identities again, :mod:`eagle3ops.gate.like`).
+
 Refused before anything is read from serving: a negative margin without the test-only switch
 (:func:`eagle3ops.config.inventory.check_gate_margin`), and a stand-in serving image on a host that is not a
 sandbox (:mod:`eagle3ops.window.standin`; the window checks it again).
@@ -56,6 +61,7 @@ from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.gate.decide import MIN_PASSES
+from eagle3ops.gate.like import control_change
 from eagle3ops.speculate.headcheck import (HeadMismatch, check_head, check_vllm_reading, check_vocab_values,
                                            offline_acceptance)
 from eagle3ops.gate.measure import read_measurement
@@ -65,8 +71,8 @@ from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_re
 from eagle3ops.window.served_template import ServedTemplateError, read_served_template
 from eagle3ops.gate.replay import LevelResult
 
-__all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "gate_prompts", "measure_on_host", "select_gate",
-           "speculate"]
+__all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "check_like_for_like", "gate_prompts",
+           "measure_on_host", "select_gate", "speculate"]
 
 #: Bound on the inspect helper (pipeline image start + reading headers and chats), seconds.
 INSPECT_TIMEOUT_S = 300.0
@@ -92,6 +98,9 @@ class SpeculateOptions:
             host could not estimate).
         allow_template_mismatch: ship a head whose run's data was rendered with another chat template than the
             live release's (:func:`check_template`).
+        control: measure a control release (the speculative image without ``--speculative-config``, every other
+            flag equal) as the baseline, one more serving restart; needed when the speculative image differs from
+            the live one (:func:`check_like_for_like`).
         margin: overrides ``serving.gate_margin``; negative only with the test-only switch
             ``EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1`` (tests name one to exercise the keep branch).
         acceptance_floor: overrides ``serving.acceptance_floor`` (both the offline-estimate check and the gate).
@@ -116,6 +125,7 @@ class SpeculateOptions:
     passes: int | None = None
     prompts_file: Path | None = None
     allow_template_mismatch: bool = False
+    control: bool = False
     command: str = "eagle3ops speculate"
 
 
@@ -164,6 +174,57 @@ def check_template(h: Any, opts: "SpeculateOptions", info: dict[str, Any], serve
     raise SpeculateError(f"{h.name}: {what}: the head would meet another text than it was trained on. Rerun the "
                          f"extract window (`prepare.chat_template: auto`, the default, renders the data with the "
                          f"template serving uses), or pass --allow-template-mismatch")
+
+
+def check_like_for_like(h: Any, live: tuple[str | None, str | None], speculative: tuple[str, str | None],
+                        control: bool) -> dict[str, Any]:
+    """The speculative release's image against the live one's, before anything changes (issue 24, like for like;
+    the host checks the measured releases again: :func:`eagle3ops.gate.like.unlike`).
+
+    Args:
+        live, speculative: ``(image reference, image id or None)`` of the live serving container and of the
+            speculative image on the host (None id: not on the host yet; then references are compared).
+        control: ``--control`` was given.
+
+    Returns:
+        the figures for the result: ``{"live_image", "speculative_image", "like_for_like", "control"}``
+        (``like_for_like`` None when the live container was not found: the host's check then decides).
+
+    Raises:
+        SpeculateError: the images differ and ``control`` is False, naming both and the two fixes; or
+            ``control`` is given for images that are the same (nothing to control for).
+    """
+    (live_ref, live_id), (spec_ref, spec_id) = live, speculative
+    if live_ref is None and live_id is None:  # no serving container found: the job's record step will say so,
+        return {"live_image": None, "speculative_image": {"image": spec_ref, "image_id": spec_id},  # and the host
+                "like_for_like": None, "control": control}                         # compares what it measured
+    same = live_id == spec_id if live_id and spec_id else live_ref == spec_ref
+    figures = {"live_image": {"image": live_ref, "image_id": live_id},
+               "speculative_image": {"image": spec_ref, "image_id": spec_id}, "like_for_like": same,
+               "control": control}
+    if not same and not control:
+        raise SpeculateError(
+            f"{h.name}: live serving runs {live_ref} (image {live_id or 'id unknown'}), the speculative release "
+            f"would run {spec_ref} (image {spec_id or 'not on the host yet'}): a ratio across unlike images mixes "
+            f"the image's own speed with speculation's. Pass --control to measure {spec_ref} without "
+            f"--speculative-config (every other flag equal) as the baseline (one more serving restart), or serve "
+            f"the baseline on it first (`eagle3ops release {h.name} --image {spec_ref}`) and speculate again")
+    if same and control:
+        raise SpeculateError(f"{h.name}: --control: the speculative release runs the live image ({live_ref}): the "
+                             "live release is the like-for-like baseline already; drop --control")
+    return figures
+
+
+def _live_image(r: Any) -> tuple[str | None, str | None]:
+    """``(image reference, image id)`` of the host's serving container (read-only); ``(None, None)`` without one."""
+    from eagle3ops.window.kinds import serving_container
+
+    names, _ = serving_container(r)
+    if not names:
+        return None, None
+    out = r.run(dk.inspect_format(r.host, names[0], "{{.Config.Image}} {{.Image}}", kind="container"), check=False)
+    parts = out.stdout.split() if out.ok else []
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, None)
 
 
 def check_offline_floor(h: Any, opts: SpeculateOptions, info: dict[str, Any], floor: float) -> tuple[float | None,
@@ -345,14 +406,16 @@ def speculative_change(h: Any, head_dir: str, k: int, image: str) -> ReleaseChan
     return driver_kind(h).speculative_change(h, head_dir, k, image)
 
 
-def plan_restarts(r: Any) -> RestartPlan:
+def plan_restarts(r: Any, control: bool = False) -> RestartPlan:
     """The serving restarts of a speculate job on ``r``'s host and the downtime to expect, from the restarts its
-    windows recorded (:mod:`eagle3ops.speculate.restarts`; read-only, runs in ``--dry-run`` too)."""
+    windows recorded (:mod:`eagle3ops.speculate.restarts`; read-only, runs in ``--dry-run`` too). ``control``: the
+    job switches to a control release first (one more restart on both paths)."""
     from eagle3ops.window.common import paths
 
     out = r.run(hc.window_results(paths(r.host)["windows"]), check=False)
+    extra = 1 if control else 0
     return restart_plan(recorded_restart_seconds(parse_results(out.stdout or "")),
-                        bound_s=float(r.host.serving.health_timeout_s))
+                        bound_s=float(r.host.serving.health_timeout_s), keep=1 + extra, rollback=2 + extra)
 
 
 def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = print,
@@ -390,14 +453,22 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     max_tokens = opts.max_tokens or s.gate_max_tokens
     image = opts.serving_image or s.speculative_image or s.image
     gate, source = select_gate(opts, opts.prompts or s.gate_prompts)
+    like: dict[str, Any] = {"like_for_like": True, "control": False}
     if speculative_change(h, run_dir, 3, image).image:  # a process serves no image
         refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
+        spec_id = r.run(dk.image_id(h, image), check=False)
+        like = check_like_for_like(h, _live_image(r), (image, (spec_id.stdout.strip() or None) if spec_id.ok else None),
+                                   opts.control)
+    elif opts.control:
+        raise SpeculateError(f"{h.name}: --control: this host serves with a {h.serving.kind} (no image): its "
+                             "speculative release differs from the live one by --speculative-config only, like for "
+                             "like already; drop --control")
 
     # 1. inspect and check (read-only, except a --head upload into data_dir and the results' folder, made here as
     # the SSH user: a bind mount of a missing run dir would make Docker create it as root)
     r.run(hc.mkdir_p(f"{run_dir}/speculate"))
     head_dir, digest = _upload_head(r, opts.head) if opts.head else (f"{run_dir}/train/final", None)
-    restarts = plan_restarts(r)
+    restarts = plan_restarts(r, control=opts.control)
     if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
         echo(f"# dry run: {opts.head} would be uploaded to {head_dir} and checked against {h.model_path}")
         job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.text for p in gate], margin, floor,
@@ -449,12 +520,14 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                                "offline_estimate_record": (info.get("estimate") if opts.head else
                                                            (info.get("train_manifest") or {}).get("offline_estimate")),
                                "force": opts.force,
-                               "warnings": warnings, "restarts": restarts.figures()}
+                               "warnings": warnings, "restarts": restarts.figures(), "like": like}
     job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.text for p in gate], margin, floor, max_tokens,
                passes, figures)
     if r.dry_run:
         echo(f"# dry run: head checked ({facts.__dict__}); would measure {len(gate)} prompts x {max_tokens} tokens "
-             f"at concurrency {job.levels}, {passes} passes, on both releases, in the host's supervisor")
+             f"at concurrency {job.levels}, {passes} passes, on both releases, in the host's supervisor"
+             + (f"; the baseline is a control release ({image} without --speculative-config)" if job.control
+                else ""))
         return _dry(r, opts, job, restarts, run_window, on_event, echo)
 
     # 2.-6. the host's supervisor carries out the whole job under the lock; this driver only watches it
@@ -486,8 +559,11 @@ def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: st
     # A head from elsewhere keeps its newest result in its own folder: the run's speculate/result.json (what the
     # run's report reads) stays the run's own head's.
     latest = f"{results}/result.json" if opts.head else f"{run_dir}/speculate/result.json"
+    change = speculative_change(h, head_dir, k, image)
+    control = (ReleaseChange(image=change.image, args=control_change(change.args))
+               if opts.control and change.image else None)
     return SpeculateJob(run=opts.run, head=head_dir, head_sha256=digest, results_dir=results, latest=latest,
-                        change=speculative_change(h, head_dir, k, image), prompts=prompts,
+                        change=change, control=control, prompts=prompts,
                         levels=list(s.gate_concurrency), max_tokens=max_tokens, passes=passes, margin=margin,
                         acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max,
                         warmup_prompts=min(s.gate_warmup_prompts, len(prompts)), figures=figures)

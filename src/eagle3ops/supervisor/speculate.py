@@ -5,12 +5,18 @@ Steps (each journaled in the window's ``journal.jsonl``; ``status`` shows where 
 dead supervisor, which resumes from the journal and the attempt folder's files):
 
 1. **record** the live serving (the kind's ``record``: what a rollback returns to);
+1b. with ``control`` (``speculate --control``): **control**, the switch to the control release (the live serving
+   on the speculative image, the speculative change's flags but ``--speculative-config``), health-gated, never made
+   the live release; it is the baseline measured next (like for like: :mod:`eagle3ops.gate.like`);
 2. **baseline**: :func:`eagle3ops.gate.measure.measure` against live serving over the host's loopback (the
-   same code as the gate helper's), saved as ``baseline.json`` in the attempt folder;
+   same code as the gate helper's), saved as ``baseline.json`` in the attempt folder with the measured release's
+   identity (image, id, labels, argv, vLLM's ``/version``);
 3. **switch** to the speculative release (the kind's ``switch`` with the plan's change, health-gated; a failed gate
    is rolled back by the kind and decides ``rollback``);
 4. **measure** the speculative release the same way (``speculative.json``);
-5. **decide** (:func:`eagle3ops.gate.decide.decide`, pure);
+5. **decide** (:func:`eagle3ops.gate.decide.decide`, pure); releases that are not like for like
+   (:func:`eagle3ops.gate.like.unlike`: another image or vLLM version, other flags) are ``undecided``, with the
+   figure that would have decided;
 6. **keep**, or **rollback**: the kind's ``return_to`` the release live before (health-gated, earlier live releases
    tried when it fails); a failed measurement rolls back too.
 
@@ -30,11 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3ops.config.plan import SpeculateJob
+from eagle3ops.gate.like import ReleaseIdentity, flag_names, unlike
 
 if TYPE_CHECKING:
     from eagle3ops.supervisor.runner import Supervisor
 
-__all__ = ["SpeculateRun", "decide_figures", "measure_serving"]
+__all__ = ["SpeculateRun", "decide_figures", "decide_measured", "measure_serving"]
 
 
 def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
@@ -66,6 +73,32 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
                       ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max)
     decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
     return decision
+
+
+def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any]
+                    ) -> tuple[str, str, dict[str, Any]]:
+    """``(verdict, reason, figures)`` from two measurements (pure): :func:`decide_figures`, except that releases
+    which are not like for like (:func:`eagle3ops.gate.like.unlike` on the measurements' ``release`` identities,
+    the speculative change's flags set aside) are ``undecided``, the verdict they would have had kept in
+    ``figures["would_have_been"]``. The driver refuses unlike images before the job
+    (:func:`eagle3ops.speculate.ship.check_like_for_like`); this is the host's own check of what it measured.
+
+    Raises:
+        ValueError: from :func:`eagle3ops.gate.decide.decide` (a level or passes missing).
+    """
+    why = unlike(ReleaseIdentity.from_dict(baseline.get("release")),
+                 ReleaseIdentity.from_dict(speculative.get("release")), change_flags=flag_names(job.change.args))
+    decision = decide_figures(job, baseline, speculative)
+    verdict, reason, figures = decision.verdict, decision.reason, dict(decision.figures)
+    if why:
+        figures["would_have_been"] = {"verdict": verdict, "reason": reason}
+        verdict, reason = "undecided", (f"unlike releases measured ({why}): the ratio mixes the image's own speed "
+                                        "with speculation's; speculate again with --control")
+    return verdict, reason, figures
+
+
+class _Decided(Exception):
+    """The job ends early with ``(verdict, reason)``, serving already where the verdict leaves it."""
 
 
 class SpeculateRun:
@@ -101,17 +134,35 @@ class SpeculateRun:
                     pass
 
     def _measured(self, step: str, name: str) -> dict[str, Any]:
-        """A measurement step, once: reused from the attempt folder when the journal says it finished."""
+        """A measurement step, once: reused from the attempt folder when the journal says it finished. The answer
+        carries the measured release's identity (``release``: :meth:`ServingKind.identity` + ``/version``), read
+        right after the measurement, while that release still serves."""
         path = self.dir / name
         if self.sup.journal.done(step) and path.is_file():
             return json.loads(path.read_text())
         self.sup.journal.log(step, "start", passes=self.job.passes, levels=self.job.levels,
                              prompts=len(self.job.prompts), max_tokens=self.job.max_tokens)
         ans = measure_serving(self.sup, self.job)
+        ans["release"] = ReleaseIdentity.from_dict({**self.sup.kind.identity(),
+                                                    "vllm_version": (ans.get("server") or {}).get("version")}
+                                                   ).figures()
         self._write(path, ans)
         tps = {c: [round(f["output_tokens_per_s"], 2) for f in figs] for c, figs in ans["levels"].items()}
         self.sup.journal.log(step, "ok", output_tokens_per_s=tps, file=str(path))
         return ans
+
+    def _identities(self) -> dict[str, Any]:
+        """``{"baseline": identity, "speculative": identity}`` of the releases measured (from the attempt folder's
+        measurement files; a side not measured is absent)."""
+        out = {}
+        for side, name in (("baseline", "baseline.json"), ("speculative", "speculative.json")):
+            try:
+                rel = json.loads((self.dir / name).read_text()).get("release")
+            except (OSError, ValueError):
+                continue
+            if rel is not None:
+                out[side] = rel
+        return out
 
     def run(self) -> tuple[str, str, dict[str, Any]]:
         """Carry out the job; returns ``(outcome, error, extra)`` for the window's result, ``extra`` holding
@@ -120,11 +171,20 @@ class SpeculateRun:
         outcome, error = "ok", ""
         verdict, reason, figures = "error", "", {}
         base_release = spec_release = rollback = None
+        control_live = False
         try:
             sup.record()  # nothing changes before this succeeds
             base_release = sup.releases.current()
+            if self.job.control is not None:  # like for like: the speculative image without speculation first
+                msg = kind.switch(step="control", change=self.job.control, live=False)
+                if "rolled back" in msg:
+                    raise _Decided("rollback", f"the control release (the speculative image without "
+                                               f"--speculative-config) failed its health gate ({msg}); nothing "
+                                               "measured, the speculative release never started")
+                control_live = True
             baseline = self._measured("baseline", "baseline.json")
             msg = sup.replace_serving()  # the kind's switch (a resumed one keeps its journaled target)
+            control_live = False  # the switch replaced it (or its failed gate rolled back to the live release)
             switched = journal.first("switch", "start") or {}
             base_release = switched.get("from_release", base_release)
             if "rolled back" in msg:
@@ -134,8 +194,7 @@ class SpeculateRun:
                 spec_release = sup.releases.current()
                 try:
                     speculative = self._measured("measure", "speculative.json")
-                    decision = decide_figures(self.job, baseline, speculative)
-                    verdict, reason, figures = decision.verdict, decision.reason, decision.figures
+                    verdict, reason, figures = decide_measured(self.job, baseline, speculative)
                     journal.log("decide", "ok", verdict=verdict, reason=reason)
                 except Exception as exc:  # noqa: BLE001 - a failed measurement or decision rolls back
                     verdict, reason = "error", f"measuring the speculative release failed: {type(exc).__name__}: {exc}"
@@ -144,10 +203,18 @@ class SpeculateRun:
                     journal.log("keep", "ok", release=spec_release)
                 else:
                     rollback = kind.return_to(base_release, f"speculation gate: {verdict}")
+        except _Decided as d:
+            verdict, reason = d.args
+            journal.log("decide", "ok", verdict=verdict, reason=reason)
         except Exception as exc:  # noqa: BLE001 - recorded; serving is the kind's to bring back
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
             reason = reason or error
             journal.log("supervisor", "error", reason=error[-1000:])
+            if control_live:  # the control release serves: production goes back to the release live before
+                try:
+                    rollback = kind.return_to(base_release, f"speculate failed during the control release: {error}")
+                except Exception as back:  # noqa: BLE001 - recorded; the kind set unhealthy
+                    error += f"; returning to release {base_release} failed too: {back}"
         finally:
             kind.finish()
         if verdict == "error" and outcome == "ok":
@@ -157,7 +224,9 @@ class SpeculateRun:
                   "head_sha256": self.job.head_sha256, "attempt_dir": str(self.dir),
                   "baseline_release": base_release, "speculative_release": spec_release,
                   "rollback": rollback, "live_release": sup.releases.current() if kind.keeps_release() else None,
-                  "gate_passes": self.job.passes}
+                  "gate_passes": self.job.passes, "control": self.job.control is not None,
+                  "control_release": (journal.first("control", "ok") or {}).get("to_release"),
+                  "measured_releases": self._identities()}
         self._write(self.dir / "result.json", result)
         if self.job.latest:
             self._write(Path(self.job.latest), result)
@@ -166,5 +235,6 @@ class SpeculateRun:
                  "figures": {k: result.get(k) for k in (
                      "throughput_ratio", "interval", "drift", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
                      "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
-                     "production_concurrency", "live_release", "baseline_release", "speculative_release")}}
+                     "production_concurrency", "live_release", "baseline_release", "speculative_release",
+                     "control", "control_release", "measured_releases")}}
         return outcome, error, {"speculate": result, "audit": audit}

@@ -69,9 +69,11 @@ class ServingKind:
         """
         raise self._refuse("restore serving")
 
-    def switch(self) -> str:
+    def switch(self, step: str = "switch", change: Any | None = None, live: bool = True) -> str:
         """A ``release``/``rollback`` plan: replace live serving with the target release, health-gated, rolling back
-        on a failed gate (the runner ran :meth:`record` first).
+        on a failed gate (the runner ran :meth:`record` first). ``step``/``change``/``live``: a speculate job's
+        control release (its own journal step, the recorded serving plus ``change``, never made the live release);
+        kinds without images need none and refuse it.
 
         Returns:
             ``"serving release N"`` or ``"release N failed its health gate; rolled back to release M"``.
@@ -124,3 +126,9 @@ class ServingKind:
     def live_container(self) -> Any | None:
         """The serving container (docker SDK object) for kinds that serve with one, else None."""
         return None
+
+    def identity(self) -> dict[str, Any]:
+        """What the live release runs, for the gate's like-for-like record (:class:`eagle3ops.gate.like.
+        ReleaseIdentity` fields but ``vllm_version``, which the measurement reads from ``/version``): ``image``,
+        ``image_id``, ``labels`` (the image's ``io.eagle3ops.*``), ``argv``. ``{}`` when this kind cannot tell."""
+        return {}

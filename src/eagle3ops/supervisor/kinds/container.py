@@ -247,10 +247,15 @@ class ContainerServing(ServingKind):
         sup.unhealthy = True
         raise RuntimeError(f"serving failed its health gate ({why}); rollback failed too: " + "; ".join(errors))
 
-    def switch(self) -> str:
+    def switch(self, step: str = "switch", change: ReleaseChange | None = None, live: bool = True) -> str:
         """Swap the serving container for the target release, health-gated. A ``rollback`` plan without
         ``to_release`` targets the release that was live before the current one (:meth:`Releases.fallbacks`); a
         resumed supervisor keeps the target its journal names and never adds a second new release.
+
+        ``step``, ``change``, ``live``: a speculate job's control release (issue 24, like for like) switches under
+        its own journal step with its own change (the recorded container plus ``change``), and with
+        ``live=False``: it passes its gate but never becomes the current release or enters the history, so every
+        rollback still targets the release live before the job.
 
         Raises:
             RuntimeError: the target is not retained, there is no earlier live release, or neither the target nor
@@ -258,16 +263,17 @@ class ContainerServing(ServingKind):
             FileNotFoundError: ``to_release`` names a release that is not retained.
         """
         sup, journal, releases = self.sup, self.sup.journal, self.sup.releases
-        done = journal.first("switch", "ok")
+        done = journal.first(step, "ok")
         if done:  # a resumed supervisor: the switch already happened
             return f"serving release {done['to_release']}"
-        begun = journal.first("switch", "start")
+        begun = journal.first(step, "start")
         if begun:  # resumed mid-switch: same target, never a second new release
             target = begun["to_release"]
-        elif self.plan.kind in ("release", "speculate"):  # speculate: the plan's change is the speculative one
+        elif change is not None or self.plan.kind in ("release", "speculate"):  # speculate: the plan's change is the speculative one
             self._refuse_release_of_failed_live()
-            target = releases.add(self.new_release(), self.plan.window_id,
-                                  change=(self.plan.change or ReleaseChange()).describe())
+            want = change or self.plan.change or ReleaseChange()
+            target = releases.add(self.new_release(want), self.plan.window_id,
+                                  change=("control release: " if not live else "") + want.describe())
         elif self.plan.to_release is not None:
             target = self.plan.to_release
             releases.get(target)  # raises when not retained
@@ -278,24 +284,25 @@ class ContainerServing(ServingKind):
                                    f"({releases.current()}) is retained; name one with --to")
             target = earlier[0]
         rel = releases.get(target)
-        if journal.first("switch", "error") is None:
+        if journal.first(step, "error") is None:
             if not begun:
-                journal.log("switch", "start", to_release=target)
+                journal.log(step, "start", to_release=target)
             while True:
                 try:
                     self._remove()
                     self._create_release(rel)
                     sup.gate_through_signal()
                 except Exception as exc:  # noqa: BLE001
-                    if sup.wait_out_engine("switch", exc):
+                    if sup.wait_out_engine(step, exc):
                         continue  # engine back: the same switch again
-                    journal.log("switch", "error", reason=str(exc)[-500:], verdict=isinstance(exc, GateFailed))
+                    journal.log(step, "error", reason=str(exc)[-500:], verdict=isinstance(exc, GateFailed))
                     what = "failed its health gate" if isinstance(exc, GateFailed) else "could not be started"
                     return f"release {target} {what}; " + self.rollback_after_failure(
                         str(exc), target, verdict=isinstance(exc, GateFailed))
                 break
-            releases.set_current(target)
-            journal.log("switch", "ok", to_release=target)
+            if live:
+                releases.set_current(target)
+            journal.log(step, "ok", to_release=target, **({} if live else {"live": False}))
             return f"serving release {target}"
         # resumed after the switch failed: finish the rollback
         ok = journal.first("rollback", "ok")
@@ -353,11 +360,12 @@ class ContainerServing(ServingKind):
                 f"status {h}`, its logs; `eagle3ops rollback {h} --to N` brings back a retained release), then "
                 f"release again")
 
-    def new_release(self) -> dict[str, Any]:
+    def new_release(self, change: ReleaseChange | None = None) -> dict[str, Any]:
         """The record of a new release: the serving container recorded by this window (``serving-inspect.json``)
-        plus the plan's intended change, nothing else (:func:`eagle3ops.commands.serving.apply_change`)."""
+        plus ``change`` (default: the plan's intended change), nothing else
+        (:func:`eagle3ops.commands.serving.apply_change`)."""
         inspect = json.loads((self.sup.wdir / "serving-inspect.json").read_text())
-        change = self.plan.change or ReleaseChange()
+        change = change or self.plan.change or ReleaseChange()
         defaults = None
         if change.image:  # the old image's own defaults give way to the new image's
             defaults = self.sup.client.images.get(inspect["Image"]).attrs.get("Config") or {}
@@ -365,6 +373,24 @@ class ContainerServing(ServingKind):
                                image=change.image, image_defaults=defaults)
 
     # what the gate and the result ask
+    def identity(self) -> dict[str, Any]:
+        """The live container's image reference and id, its image's ``io.eagle3ops.*`` labels and its whole argv
+        (``Entrypoint`` + ``Cmd``); ``{}`` when no serving container exists."""
+        from eagle3ops.gate.like import LABEL_PREFIX
+
+        c = self.live_container()
+        if c is None:
+            return {}
+        cfg = c.attrs.get("Config") or {}
+        image_id = c.attrs.get("Image")
+        try:
+            labels = (self.sup.client.images.get(image_id).attrs.get("Config") or {}).get("Labels") or {}
+        except Exception:  # noqa: BLE001 - an image the engine cannot show: its labels are unknown
+            labels = {}
+        return {"image": cfg.get("Image"), "image_id": image_id,
+                "labels": {k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX)},
+                "argv": list(cfg.get("Entrypoint") or []) + list(cfg.get("Cmd") or [])}
+
     def api_key(self) -> str | None:
         c = self.live_container()
         return api_key_from_inspect(c.attrs) if c is not None else None

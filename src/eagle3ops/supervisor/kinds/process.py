@@ -117,6 +117,19 @@ class ProcessServing(ServingKind):
         return {"argv": words("cmdline.nul"), "environ": words("environ.nul"), "cwd": self._file("cwd"),
                 "uid": self._file("uid")}
 
+    def identity(self) -> dict[str, Any]:
+        """No image; the argv of the release live now (the retained release's process, else the recorded one)."""
+        n = self.sup.releases.current()
+        try:
+            proc = self.sup.releases.get(n).get("process") if n is not None else None
+        except (FileNotFoundError, ValueError):
+            proc = None
+        try:
+            argv = (proc or self._live())["argv"]
+        except OSError:
+            return {}
+        return {"image": None, "image_id": None, "labels": {}, "argv": list(argv)}
+
     def _write_record(self, prefix: str, process: dict[str, Any]) -> None:
         """Write ``process`` (a release record's ``process``) as ``<prefix>cmdline.nul``, ``<prefix>environ.nul`` and
         ``<prefix>cwd`` in the process dir, readable by the SSH user only (the environment may hold secrets)."""
@@ -164,7 +177,7 @@ class ProcessServing(ServingKind):
                     f"{_tail(pdir / 'serving.log', 800)}")
         return None
 
-    def switch(self) -> str:
+    def switch(self, step: str = "switch", change: Any | None = None, live: bool = True) -> str:
         """``release``/``rollback`` of a host serving with a process (kind ``process``): the live process (recorded
         by the driver) is a retained release; the agent stops it and starts the target (a release: the live process
         with the plan's change; a rollback: release ``to_release`` or the one live before the current one), the
@@ -179,6 +192,9 @@ class ProcessServing(ServingKind):
             RuntimeError: no target (nothing live before), a resumed supervisor, or neither the target nor the
                 recorded process passed the gate (``unhealthy`` set).
         """
+        if step != "switch" or change is not None:
+            raise self._refuse("switch to a control release (a process serves no image: its releases differ by "
+                               "flags only, like for like already)")
         assert self.plan.process_dir is not None
         pdir = Path(self.plan.process_dir)
         if self.sup.journal.first("switch", "start") is not None:

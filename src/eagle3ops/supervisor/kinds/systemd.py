@@ -10,6 +10,8 @@ NOT run against a real systemd: its tests use a named stand-in of ``systemctl`` 
 
 from __future__ import annotations
 
+from typing import Any
+
 from eagle3ops.commands import systemd as sd
 from eagle3ops.health import api_key_from_inspect
 from eagle3ops.supervisor.kinds.process import ProcessServing
@@ -33,7 +35,7 @@ class SystemdServing(ProcessServing):
         u = self._unit()
         return api_key_from_inspect({"Config": {"Cmd": u["argv"], "Env": u["environ"]}})
 
-    def switch(self) -> str:
+    def switch(self, step: str = "switch", change: Any | None = None, live: bool = True) -> str:
         """Refused: a release of a unit would edit its unit file (not supported; the driver refuses first).
 
         Raises:
