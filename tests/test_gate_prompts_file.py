@@ -26,7 +26,7 @@ def test_a_prompts_file_is_read_in_order_with_its_ids_or_line_numbers(tmp_path: 
     f = _write(tmp_path, [json.dumps({"id": "sharegpt/12003", "prompt": chat}), "",
                           json.dumps({"prompt": "def add(a, b):\n"})])
     got = pr.from_jsonl(f)
-    assert got == [pr.Prompt("sharegpt/12003", chat), pr.Prompt("gate.jsonl:3", "def add(a, b):\n")]
+    assert got == [pr.Prompt("sharegpt/12003", chat, "gate"), pr.Prompt("gate.jsonl:3", "def add(a, b):\n", "gate")]
 
 
 @pytest.mark.parametrize(("line", "needle"), [

@@ -142,3 +142,63 @@ def test_the_host_never_decides_across_unlike_measured_releases(tmp_path):
         job, _measurement(10.0, _id(image="local:v0.16.0", image_id="sha256:" + "b" * 64)), spec)
     assert verdict == "undecided" and "unlike releases measured" in reason and "local:v0.16.0" in reason
     assert figures["would_have_been"]["verdict"] == "keep" and "--control" in reason
+
+
+# --- prompt sets: one table per set, cut from the same passes ------------------------------------------------------
+
+def _lr(tokens: list[int], secs: list[float], c: int = 1):
+    from eagle3ops.gate.replay import LevelResult
+
+    wall = sum(x for x in secs if x is not None)
+    return LevelResult(concurrency=c, requests=len(tokens), errors=0, output_tokens=sum(tokens), wall_s=wall,
+                       output_tokens_per_s=sum(tokens) / wall, itl_ms_median=None, itl_ms_p90=None,
+                       ttft_ms_median=10.0, foreign_requests=0, prompt_tokens=tokens, prompt_seconds=secs,
+                       prompt_ttft_ms=[10.0] * len(tokens))
+
+
+def test_each_prompt_set_gets_its_own_table_from_the_same_passes():
+    from eagle3ops.gate.decide import set_tables, subset_pass
+
+    # chat prompts (0, 1) speed up x2 under speculation, code prompts (2, 3) x1: the whole is in between
+    base = {1: [_lr([16, 16, 16, 16], [1.0, 1.0, 1.0, 1.0]) for _ in range(3)]}
+    spec = {1: [_lr([16, 16, 16, 16], [0.5, 0.5, 1.0, 1.0]) for _ in range(3)]}
+    cut = subset_pass(base[1][0], [2, 3])
+    assert (cut.output_tokens, cut.wall_s, list(cut.prompt_tokens)) == (32, 2.0, [16, 16])
+    t = set_tables(base, spec, {"chat": [0, 1], "code": [2, 3]}, production_concurrency=1)
+    assert t["chat"]["prompts"] == 2 and t["chat"]["levels"]["1"]["throughput_ratio"] == 2.0
+    assert t["code"]["levels"]["1"]["throughput_ratio"] == 1.0
+    assert t["chat"]["levels"]["1"]["interval"]["low"] == pytest.approx(2.0)
+    bad = {1: [_lr([16, 16], [1.0, None]) for _ in range(3)]}  # a failed request: the set says why
+    assert "error" in set_tables(bad, bad, {"x": [0, 1]}, production_concurrency=1)["x"]
+
+
+def test_a_prompts_file_names_its_set_and_humaneval_joins_as_code(tmp_path):
+    from eagle3ops.speculate import prompts as pr
+
+    f = tmp_path / "chat.jsonl"
+    f.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"prompt": "yo", "set": "support"}) + "\n")
+    got = pr.from_jsonl(f)
+    assert [p.set for p in got] == ["chat", "support"]
+    opts = ship.SpeculateOptions(run="r", pipeline_image="p", prompts_file=f, with_humaneval=True)
+    prompts, source = ship.select_gate(opts, 3)
+    assert [p.set for p in prompts] == ["chat", "support", "code", "code", "code"]
+    assert ship.prompt_sets(prompts) == {"chat": [0], "support": [1], "code": [2, 3, 4]}
+    assert source["source"] == "prompts file + HumanEval gate split" and source["humaneval_prompts"] == 3
+    clash = tmp_path / "code.jsonl"
+    clash.write_text(json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(ship.SpeculateError, match='set "code"'):
+        ship.select_gate(ship.SpeculateOptions(run="r", pipeline_image="p", prompts_file=clash,
+                                               with_humaneval=True), 3)
+    bad = tmp_path / "b.jsonl"
+    bad.write_text(json.dumps({"prompt": "x", "set": ""}) + "\n")
+    with pytest.raises(pr.GatePromptsError, match=r"b.jsonl:1: `set` must be a non-empty string"):
+        pr.from_jsonl(bad)
+
+
+def test_the_host_reports_the_sets_beside_the_decision(tmp_path):
+    job = SpeculateJob(run="r", head="/h", head_sha256="0" * 64, results_dir=str(tmp_path), prompts=["a"] * 4,
+                       change={"args": SPEC_ARGS}, levels=[1], max_tokens=16, passes=3, margin=0.05,
+                       acceptance_floor=1.3, prompt_sets={"chat": [0, 1], "code": [2, 3]})
+    verdict, _, figures = decide_measured(job, _measurement(10.0, _id()), _measurement(30.0, _id(argv=ARGV + SPEC_ARGS)))
+    assert verdict == "keep" and set(figures["sets"]) == {"chat", "code"}
+    assert figures["sets"]["code"]["levels"]["1"]["throughput_ratio"] == pytest.approx(3.0)

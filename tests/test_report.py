@@ -66,7 +66,14 @@ def test_report_shows_the_gate_decision_and_its_figures(tmp_path, recorded):
             4: passes(LevelResult(4, 8, 0, 512, 4.2, 121.9, 33.0, 38.0, 160.0, 0))}
     d = dec.decide(base, spec, SpecDelta(100, 300, 120, {0: 70, 1: 35, 2: 15}), production_concurrency=1,
                    margin=0.1, acceptance_floor=1.5)
-    recorded["speculate"] = {"verdict": d.verdict, "reason": d.reason, **d.figures}
+    recorded["speculate"] = {"verdict": d.verdict, "reason": d.reason, **d.figures,
+                             "sets": dec.set_tables(base, spec, {"chat": [0, 1, 2, 3], "code": [4, 5, 6, 7]},
+                                                    production_concurrency=1),
+                             "control": True, "measured_releases": {
+                                 "baseline": {"image": "serving:patched", "image_id": "sha256:" + "c" * 64,
+                                              "vllm_version": "0.16.0"},
+                                 "speculative": {"image": "serving:patched", "image_id": "sha256:" + "c" * 64,
+                                                 "vllm_version": "0.16.0"}}}
     recorded["train_manifest"]["offline_estimate"] = {"acceptance_length": 2.1,
                                                       "per_position": {"0": 0.8, "1": 0.5, "2": 0.3}}
     plotted = report.render(recorded, tmp_path)
@@ -76,6 +83,10 @@ def test_report_shows_the_gate_decision_and_its_figures(tmp_path, recorded):
     assert plotted["acceptance_offline"] == pytest.approx({0: 0.8, 1: 0.5, 2: 0.3})
     html = (tmp_path / "index.html").read_text()
     assert "keep" in html and d.reason in html and "2.1" in html
+    # the interval, one row per prompt set and level, and what each measured release ran (issue 24)
+    assert f"x{d.figures['interval']['low']} to x{d.figures['interval']['high']}" in html
+    assert html.count("<tr><td>chat</td>") == 2 and html.count("<tr><td>code</td>") == 2
+    assert "control release" in html and "sha256:cccccccccccc" in html and "0.16.0" in html
 
 
 def test_plan_run_reads_the_stage_run_dir(recorded):

@@ -200,6 +200,9 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
               allow_template_mismatch: bool = typer.Option(
                   False, "--allow-template-mismatch", help="Ship a head whose run's data was rendered with another "
                   "chat template than the live release's (serving's --chat-template, or the tokenizer's own)."),
+              with_humaneval: bool = typer.Option(
+                  False, "--with-humaneval", help="With --prompts-file: also replay HumanEval's gate split "
+                  "(serving.gate_prompts of them) as the prompt set \"code\"; one table per set."),
               control: bool = typer.Option(
                   False, "--control", help="Measure a control release (the speculative image without "
                   "--speculative-config, every other flag equal) as the baseline: needed when the speculative "
@@ -225,6 +228,10 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
             check_gate_margin(margin)
         except ValueError as e:
             common.fail(f"--margin: {e}")
+    if with_humaneval and prompts_file is None:
+        common.fail("--with-humaneval adds HumanEval's gate split beside a --prompts-file set; without "
+                    "--prompts-file HumanEval's gate split is the gate's prompts already: drop --with-humaneval",
+                    code=2)
     if prompts_file is not None:  # checked before the inventory is read or the host reached
         try:
             select_gate(SpeculateOptions(run=run, pipeline_image="", prompts_file=prompts_file), 0)
@@ -236,6 +243,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
                                 allow_template_mismatch=allow_template_mismatch, control=control,
+                                with_humaneval=with_humaneval,
                                 margin=margin, prompts_file=prompts_file, command=_command_line())
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
@@ -260,6 +268,16 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                       f"{res['drift']['high']}, limit ±{res['drift']['limit']})")
     console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
                   f"{sd.get('acceptance_per_position')}; live release {res.get('live_release')}")
+    for name, table in (res.get("sets") or {}).items():
+        if "error" in table:
+            console.print(f"  set {name} ({table['prompts']} prompts): {table['error']}")
+            continue
+        for c, row in table["levels"].items():
+            iv = row.get("interval")
+            console.print(f"  set {name} ({table['prompts']} prompts), concurrency {c}: baseline "
+                          f"{row['baseline_tokens_per_s']} tok/s, speculative {row['speculative_tokens_per_s']} tok/s "
+                          f"(x{row['throughput_ratio']}" + (f", 90 % interval x{iv['low']} to x{iv['high']}" if iv
+                                                           else "") + f"), TTFT x{row['ttft_ratio']}")
     from eagle3ops.gate.like import ReleaseIdentity
 
     for side, rel in (res.get("measured_releases") or {}).items():

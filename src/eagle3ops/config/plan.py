@@ -106,6 +106,9 @@ class SpeculateJob(BaseModel):
     #: measured as the baseline before the speculative release; never made the live release. None: the live
     #: release is the baseline (refused by the driver, and undecided on the host, when its image differs).
     control: ReleaseChange | None = None
+    #: Prompt sets: name -> indices into ``prompts`` (e.g. ``chat``, ``code``); one table per set in the result,
+    #: cut from the same passes (:func:`eagle3ops.gate.decide.set_tables`); the decision is the whole set's.
+    prompt_sets: dict[str, list[int]] = Field(default_factory=dict)
     figures: dict[str, Any] = Field(default_factory=dict)
 
     def measure_bound_s(self) -> float:

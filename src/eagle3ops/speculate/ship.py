@@ -98,6 +98,8 @@ class SpeculateOptions:
             host could not estimate).
         allow_template_mismatch: ship a head whose run's data was rendered with another chat template than the
             live release's (:func:`check_template`).
+        with_humaneval: with ``prompts_file``, also replay HumanEval's gate split (``prompts`` of them) as the
+            prompt set ``code`` after the file's prompts; the result has one table per set.
         control: measure a control release (the speculative image without ``--speculative-config``, every other
             flag equal) as the baseline, one more serving restart; needed when the speculative image differs from
             the live one (:func:`check_like_for_like`).
@@ -126,6 +128,7 @@ class SpeculateOptions:
     prompts_file: Path | None = None
     allow_template_mismatch: bool = False
     control: bool = False
+    with_humaneval: bool = False
     command: str = "eagle3ops speculate"
 
 
@@ -305,8 +308,9 @@ def gate_prompts(n: int) -> list[pr.Prompt]:
 
 def select_gate(opts: SpeculateOptions, count: int) -> tuple[list[pr.Prompt], dict[str, Any]]:
     """The prompts the gate replays and the record of where they came from (the result's ``prompts`` figures):
-    every prompt of ``opts.prompts_file`` in file order, with the file's path and sha256, else the first ``count``
-    of HumanEval's gate split (:func:`gate_prompts`). Pure apart from reading the file; runs before anything is
+    every prompt of ``opts.prompts_file`` in file order, with the file's path and sha256 (then, with
+    ``opts.with_humaneval``, the first ``count`` of HumanEval's gate split as set ``code``), else the first
+    ``count`` of HumanEval's gate split (:func:`gate_prompts`). Pure apart from reading the file; runs before anything is
     read from the host.
 
     Raises:
@@ -324,8 +328,29 @@ def select_gate(opts: SpeculateOptions, count: int) -> tuple[list[pr.Prompt], di
         raise SpeculateError(f"--prompts-file: {e}") from None
     import hashlib
 
-    return prompts, {"source": "prompts file", "file": str(opts.prompts_file),
-                     "file_sha256": hashlib.sha256(opts.prompts_file.read_bytes()).hexdigest()}
+    source = {"source": "prompts file", "file": str(opts.prompts_file),
+              "file_sha256": hashlib.sha256(opts.prompts_file.read_bytes()).hexdigest()}
+    if opts.with_humaneval:
+        if any(p.set == "code" for p in prompts):
+            raise SpeculateError(f"--prompts-file {opts.prompts_file}: its prompts are in set \"code\", the name "
+                                 "--with-humaneval gives HumanEval's gate split; name the file's set otherwise "
+                                 "(a `set` field, or the file's stem)")
+        try:
+            code = gate_prompts(count)
+        except pr.GatePromptsError as e:
+            raise SpeculateError(str(e)) from None
+        prompts = prompts + code
+        source = {**source, "source": "prompts file + HumanEval gate split", "fraction": GATE_FRACTION,
+                  "humaneval_prompts": len(code)}
+    return prompts, source
+
+
+def prompt_sets(prompts: list[pr.Prompt]) -> dict[str, list[int]]:
+    """Set name -> indices of its prompts in the gate's fixed order (first appearance order of the names)."""
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        out.setdefault(p.set, []).append(i)
+    return out
 
 
 def _upload_head(r: Any, head: Path) -> tuple[str, str]:
@@ -472,7 +497,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
         echo(f"# dry run: {opts.head} would be uploaded to {head_dir} and checked against {h.model_path}")
         job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.text for p in gate], margin, floor,
-                   max_tokens, passes, {})
+                   max_tokens, passes, {}, prompt_sets(gate))
         return _dry(r, opts, job, restarts, run_window, on_event, echo)
     mount_run = r.run(hc.test_dir(run_dir), check=False).ok
     res = r.run(sc.gate_helper(h, opts.pipeline_image, "inspect", head_dir=head_dir,
@@ -515,14 +540,15 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     figures: dict[str, Any] = {"head_source": str(opts.head or "run"), "serving_image": image,
                                "num_speculative_tokens": k,
                                "prompts": {**source, "count": len(gate), "max_tokens": max_tokens,
-                                           "disjointness": disjoint, "order": [p.id for p in gate]},
+                                           "disjointness": disjoint, "order": [p.id for p in gate],
+                                           "sets": {n: len(ix) for n, ix in prompt_sets(gate).items()}},
                                "head_check": facts.__dict__, "offline_estimate": offline,
                                "offline_estimate_record": (info.get("estimate") if opts.head else
                                                            (info.get("train_manifest") or {}).get("offline_estimate")),
                                "force": opts.force,
                                "warnings": warnings, "restarts": restarts.figures(), "like": like}
     job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.text for p in gate], margin, floor, max_tokens,
-               passes, figures)
+               passes, figures, prompt_sets(gate))
     if r.dry_run:
         echo(f"# dry run: head checked ({facts.__dict__}); would measure {len(gate)} prompts x {max_tokens} tokens "
              f"at concurrency {job.levels}, {passes} passes, on both releases, in the host's supervisor"
@@ -552,7 +578,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
 
 def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: str, k: int, image: str,
          prompts: list[str], margin: float, floor: float, max_tokens: int, passes: int,
-         figures: dict[str, Any]) -> SpeculateJob:
+         figures: dict[str, Any], sets: dict[str, list[int]] | None = None) -> SpeculateJob:
     """The plan's :class:`~eagle3ops.config.plan.SpeculateJob` (pure)."""
     s = h.serving
     results = f"{run_dir}/speculate/{digest[:16]}"
@@ -566,7 +592,8 @@ def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: st
                         change=change, control=control, prompts=prompts,
                         levels=list(s.gate_concurrency), max_tokens=max_tokens, passes=passes, margin=margin,
                         acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max,
-                        warmup_prompts=min(s.gate_warmup_prompts, len(prompts)), figures=figures)
+                        warmup_prompts=min(s.gate_warmup_prompts, len(prompts)), prompt_sets=sets or {},
+                        figures=figures)
 
 
 def _dry(r: Any, opts: SpeculateOptions, job: SpeculateJob, restarts: RestartPlan, run_window: Any,

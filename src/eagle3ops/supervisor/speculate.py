@@ -77,7 +77,8 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
 
 def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any]
                     ) -> tuple[str, str, dict[str, Any]]:
-    """``(verdict, reason, figures)`` from two measurements (pure): :func:`decide_figures`, except that releases
+    """``(verdict, reason, figures)`` from two measurements (pure): :func:`decide_figures` with one table per
+    prompt set (``figures["sets"]``, :func:`eagle3ops.gate.decide.set_tables`, when the job names sets), except that releases
     which are not like for like (:func:`eagle3ops.gate.like.unlike` on the measurements' ``release`` identities,
     the speculative change's flags set aside) are ``undecided``, the verdict they would have had kept in
     ``figures["would_have_been"]``. The driver refuses unlike images before the job
@@ -90,6 +91,12 @@ def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: di
                  ReleaseIdentity.from_dict(speculative.get("release")), change_flags=flag_names(job.change.args))
     decision = decide_figures(job, baseline, speculative)
     verdict, reason, figures = decision.verdict, decision.reason, dict(decision.figures)
+    if job.prompt_sets:
+        from eagle3ops.gate.decide import set_tables
+        from eagle3ops.gate.measure import read_measurement
+
+        figures["sets"] = set_tables(read_measurement(baseline)[0], read_measurement(speculative)[0],
+                                     job.prompt_sets, production_concurrency=job.levels[0])
     if why:
         figures["would_have_been"] = {"verdict": verdict, "reason": reason}
         verdict, reason = "undecided", (f"unlike releases measured ({why}): the ratio mixes the image's own speed "
@@ -236,5 +243,5 @@ class SpeculateRun:
                      "throughput_ratio", "interval", "drift", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
                      "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
                      "production_concurrency", "live_release", "baseline_release", "speculative_release",
-                     "control", "control_release", "measured_releases")}}
+                     "control", "control_release", "measured_releases", "sets")}}
         return outcome, error, {"speculate": result, "audit": audit}
