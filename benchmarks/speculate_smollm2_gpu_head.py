@@ -172,80 +172,6 @@ def held_out_rows(image: str, n: int, work: Path) -> dict[str, Any]:
     return json.loads((out / "held_out.json").read_text())
 
 
-def _template_text(model_path: str, user: str) -> str | None:
-    """``user`` as one user turn rendered by the chat template in the served model's ``tokenizer_config.json``
-    (or ``chat_template.jinja``) with jinja2, as transformers renders it (``trim_blocks``, ``lstrip_blocks``,
-    ``add_generation_prompt``); None when the model directory has no template."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    d = Path(model_path)
-    cfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
-    tpl = cfg.get("chat_template") or ((d / "chat_template.jinja").read_text()
-                                       if (d / "chat_template.jinja").is_file() else None)
-    if not tpl:
-        return None
-
-    def tok(v: Any) -> str:
-        return (v.get("content", "") if isinstance(v, dict) else v) or ""
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(tpl).render(messages=[{"role": "user", "content": user}], add_generation_prompt=True,
-                                       bos_token=tok(cfg.get("bos_token")), eos_token=tok(cfg.get("eos_token")))
-
-
-def render_prompts(h: Any, sel: dict[str, Any], n: int, max_tokens: int) -> tuple[list[dict], dict[str, Any]]:
-    """Each selected user turn rendered as one user message by the live server's chat template (``/tokenize``
-    with ``messages``, ``add_generation_prompt``; the text from ``/detokenize``, else the model directory's template
-    rendered here: :func:`_template_text`), kept when ``/tokenize`` of the text gives the same ids and prompt +
-    ``max_tokens`` fits ``max_model_len``; the first ``n`` kept.
-
-    Returns:
-        (JSONL rows ``{"id", "prompt"}``, the record: counts, token figures, refused ids and why).
-    """
-    import httpx
-
-    base, model = f"http://127.0.0.1:{h.serving.port}", h.serving.served_model_name
-    kept, refused, tokens, how = [], [], [], {"detokenize": 0, "detokenize without the BOS": 0, "template": 0}
-    with httpx.Client(timeout=60) as c:
-        for row in sel["rows"]:
-            if len(kept) >= n:
-                break
-            t = c.post(f"{base}/tokenize", json={"model": model, "add_generation_prompt": True,
-                                                  "messages": [{"role": "user", "content": row["user"]}]})
-            t.raise_for_status()
-            ids, limit = t.json()["tokens"], t.json().get("max_model_len")
-            text = c.post(f"{base}/detokenize", json={"model": model, "tokens": ids}).json()["prompt"]
-            again = c.post(f"{base}/tokenize", json={"model": model, "prompt": text}).json()["tokens"]
-            way = "detokenize"
-            if again != ids and len(ids) > 1 and again == [ids[0], *ids]:
-                # the rendered text starts with the BOS token's own text (SmolLM2's <|im_start|> is its BOS), and
-                # /tokenize, like /v1/completions, adds a BOS: the text without the first token gives the chat ids
-                text = c.post(f"{base}/detokenize", json={"model": model, "tokens": ids[1:]}).json()["prompt"]
-                again = c.post(f"{base}/tokenize", json={"model": model, "prompt": text}).json()["tokens"]
-                way = "detokenize without the BOS"
-            if again != ids and (alt := _template_text(h.model_path, row["user"])) is not None:
-                text, way = alt, "template"
-                again = c.post(f"{base}/tokenize", json={"model": model, "prompt": text}).json()["tokens"]
-            if again != ids:
-                refused.append({"id": row["id"], "why": "text does not tokenize back to the chat ids"})
-            elif limit and len(ids) + max_tokens > limit:
-                refused.append({"id": row["id"], "why": f"{len(ids)} + {max_tokens} tokens > {limit}"})
-            else:
-                kept.append({"id": row["id"], "prompt": text})
-                tokens.append(len(ids))
-                how[way] += 1
-    rec = {"source": f"ShareGPT V3 held out (record index >= {sel['held_out_from']}), {sel['package']}",
-           "file": sel["file"], "file_sha256": sel["file_sha256"], "records_read": sel["records_read"],
-           "rule": f"first user turn (cut at {sel['user_chars']} chars) under {sel['prompt_chars']} chars, file "
-                   "order; one user turn rendered by the served chat template (vLLM /tokenize messages + "
-                   "add_generation_prompt, /detokenize), its token ids checked by /tokenize of the text",
-           "count": len(kept), "refused": refused, "text_from": how, "prompt_tokens_total": sum(tokens),
-           "prompt_tokens_min": min(tokens, default=0), "prompt_tokens_max": max(tokens, default=0),
-           "prompt_tokens_mean": round(sum(tokens) / len(tokens), 1) if tokens else 0,
-           "indices": [int(k["id"].rsplit("/", 1)[1]) for k in kept]}
-    return kept, rec
-
-
 # ---------------------------------------------------------------- 2. the sandbox, 4. the gate
 
 
@@ -513,7 +439,10 @@ def main() -> int:
         timing["disk"] = prov["disk"]
         t = time.monotonic()
         chosen = held_out_rows(prov["pipeline_image"], a.prompts + EXTRA_CANDIDATES, work)
+        from eagle3ops_dev.chatset import render_prompts
+
         rows, prompts = render_prompts(h, chosen, a.prompts, h.serving.gate_max_tokens)
+        prompts["indices"] = [int(i.rsplit("/", 1)[1]) for i in prompts["ids"]]
         timing["prompts_s"] = round(time.monotonic() - t, 1)
         if len(rows) < a.prompts:
             raise SystemExit(f"only {len(rows)} held-out prompts usable of {a.prompts}: {prompts['refused'][:5]}")

@@ -507,7 +507,7 @@ WORD_MODULES = {
               "eagle3ops.patches.probekit", "eagle3ops.patches.specprobes", "eagle3ops.patches.kimiprobe",
               "eagle3ops.patches.probecache", "eagle3ops.patches.proberun", "eagle3ops.stages.probe"},
     "check": {"eagle3ops.imagecheck", "eagle3ops.patches.check", "eagle3ops.patches.diffcheck",
-              "eagle3ops.speculate.headcheck", "eagle3ops.window.gpucheck"},
+              "eagle3ops.speculate.headcheck", "eagle3ops.speculate.prechecks", "eagle3ops.window.gpucheck"},
     "trial": {"eagle3ops.fleet.trial"},
 }
 #: modules that run probes (start the patched target code); a check module imports none of them

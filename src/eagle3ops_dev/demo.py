@@ -273,10 +273,46 @@ def regenerate_training_data(h: HostConfig, run: str, pipeline_text: str, *, con
     return yaml.safe_dump(cfg, sort_keys=False), man
 
 
-#: What the gate measures here, and what the issue asks that the speculate command does not offer yet.
-GATE_SETS_NOTE = ("code: HumanEval gate split (the demo's set); chat: the held-out ShareGPT split is recorded in "
-                  "the regenerate manifest, not replayed by the demo (`speculate --prompts-file` replays such a set: "
-                  "benchmarks/speculate_smollm2_gpu_head.py; one set per gate run)")
+#: Held-out ShareGPT conversations the gate replays as its ``chat`` set (their first user turn, rendered by the
+#: served chat template: :mod:`eagle3ops_dev.chatset`), beside HumanEval's gate split as ``code``
+#: (``serving.gate_prompts`` of them): sized for the 2-core machine's time, not for the outcome.
+DEMO_CHAT_PROMPTS = 4
+
+
+def held_out_chat_set(h: HostConfig, out: Path, n: int = DEMO_CHAT_PROMPTS) -> dict[str, Any]:
+    """Write the gate's ``chat`` set to ``out`` (JSONL for ``speculate --prompts-file``): the first user turn of the
+    first ``n`` held-out ShareGPT V3 conversations (the salted-hash split of :func:`sharegpt_items`, never
+    regenerated or trained on) under :data:`DEMO_PROMPT_CHARS` characters, rendered by the live server's chat template
+    (:func:`eagle3ops_dev.chatset.render_prompts`; the sandbox's serving port is on this machine's loopback).
+
+    Returns:
+        the record (source, rule, counts, ids, refused ones and why).
+
+    Raises:
+        DemoError: fewer than ``n`` held-out turns could be rendered.
+    """
+    from eagle3ops.speculate import regenerate as rg
+    from eagle3ops_dev.chatset import render_prompts
+
+    items, _ = rg.items_from_dataset([DEMO_DATASET], truncated="keep-complete", max_turns=DEMO_MAX_TURNS)
+    _, held, _ = rg.split_held_out(items, DEMO_HELD_OUT)
+    rows = []
+    for it in held:
+        users = [c for r, c in it.turns if r == "user"]
+        if users and len(users[0]) <= DEMO_PROMPT_CHARS:
+            rows.append({"id": it.id, "user": users[0]})
+        if len(rows) >= 4 * n:
+            break
+    kept, rec = render_prompts(h, {"rows": rows, "source": f"{DEMO_DATASET}, held out by salted hash "
+                                                           f"({DEMO_HELD_OUT:.0%})",
+                                   "rule": f"first user turn of held-out conversations (file order) of at most "
+                                           f"{DEMO_PROMPT_CHARS} chars, rendered by the served chat template"},
+                               n, h.serving.gate_max_tokens)
+    if len(kept) < n:
+        raise DemoError(f"gate chat set: only {len(kept)} of {n} held-out turns rendered: {rec['refused'][:3]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(k) + "\n" for k in kept))
+    return rec
 
 
 def cpu_model() -> str:
@@ -419,14 +455,20 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
         spec_img = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin",
                                       ca_bundle=ca, extra_tags=[h.serving.speculative_image] if
                                       h.serving.speculative_image else ())
+        chat_file = Path("reports") / f"{SANDBOX}-{run}" / "gate-chat.jsonl"
+        chat = held_out_chat_set(h, chat_file)
+        figures.append(("gate prompt sets", f"chat: {chat['count']} held-out ShareGPT turns "
+                                            f"({chat['prompt_tokens_mean']} prompt tokens on average); code: "
+                                            f"{h.serving.gate_prompts} HumanEval gate-split prompts"))
         with executor.for_host(h) as r:
             # --force: whatever the head's offline estimate, the demo shows the gate's measured decision;
             # --control: production serves the local base, the speculative release the stand-in serving image, so
             # the baseline measured is that image without --speculative-config (like for like, issue 24)
             sp = ship.speculate(r, ship.SpeculateOptions(
                 run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True, control=True,
-                serving_image=h.serving.speculative_image or spec_img.tag,
-                command=f"eagle3ops speculate {SANDBOX} --run {run} --force --control (demo)"), echo=console.print,
+                serving_image=h.serving.speculative_image or spec_img.tag, prompts_file=chat_file,
+                with_humaneval=True, command=f"eagle3ops speculate {SANDBOX} --run {run} --force --control "
+                                             f"--prompts-file {chat_file} --with-humaneval (demo)"), echo=console.print,
                 on_event=print_event)
         sd = sp.get("spec_decode") or {}
         figures.append(("speculation gate", f"{sp['verdict']}: {sp['reason']}"))
@@ -437,7 +479,19 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
         figures.append(("  acceptance length", f"{sd.get('mean_acceptance_length')} (per position "
                                                f"{sd.get('acceptance_per_position')})"))
         figures.append(("  live release", str(sp.get("live_release"))))
-        figures.append(("  gate prompt sets", GATE_SETS_NOTE))
+        iv = sp.get("interval") or {}
+        if iv:
+            figures.append(("  90 % interval", f"x{iv.get('low')} to x{iv.get('high')} (point x{iv.get('point')}, "
+                                               f"{iv.get('baseline_passes')} + {iv.get('speculative_passes')} passes x "
+                                               f"{iv.get('prompts')} prompts)"))
+        for name, t in (sp.get("sets") or {}).items():
+            for c, row in (t.get("levels") or {}).items():
+                siv = row.get("interval")
+                figures.append((f"  set {name}, concurrency {c}",
+                                f"x{row.get('throughput_ratio')}" + (f" (x{siv['low']} to x{siv['high']})" if siv
+                                                                     else "") + f", TTFT x{row.get('ttft_ratio')}"))
+        figures.append(("  gate wall time", f"{sp.get('wall_s')} s ({len(sp.get('restarts_s') or [])} serving "
+                                            "restarts)"))
 
     if ok:
         t = _step("8. the run's report (HTML + plots)")

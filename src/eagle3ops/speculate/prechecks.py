@@ -1,0 +1,238 @@
+"""The checks of a ``speculate`` before any serving restart (issues 19, 24, 26): the invocation's options and
+error, and each check of the head, its data and the releases against what the host serves: the offline estimate
+against the floor, the chat template the data was rendered with, the head as vLLM 0.16 reads it, and like for like
+(the speculative image against the live one). Pure apart from :func:`_live_image`'s read of the serving container.
+:mod:`eagle3ops.speculate.ship` runs them in order and re-exports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.speculate.headcheck import check_vllm_reading, check_vocab_values, offline_acceptance
+
+__all__ = ["SpeculateError", "SpeculateOptions", "check_as_vllm_reads", "check_like_for_like", "check_offline_floor",
+           "check_template", "offline_estimate_for"]
+
+
+class SpeculateError(RuntimeError):
+    """The head was refused before anything changed, or the gate could not run; the message says why and the fix."""
+
+
+@dataclass(frozen=True)
+class SpeculateOptions:
+    """One ``speculate`` invocation.
+
+    Attributes:
+        run: the pipeline run (results go to ``<data_dir>/runs/<run>/speculate/``; its head is
+            ``train/final`` unless ``head`` is given).
+        pipeline_image, pipeline_image_id: the deployed pipeline image (runs the host-side gate and the windows).
+        head: a local head directory (trained elsewhere): uploaded to ``<data_dir>/heads/<sha256[:12]>/``.
+        serving_image: overrides ``serving.speculative_image``.
+        force: accept a head whose offline acceptance estimate is below the floor (or, from elsewhere, that the
+            host could not estimate).
+        allow_template_mismatch: ship a head whose run's data was rendered with another chat template than the
+            live release's (:func:`check_template`).
+        with_humaneval: with ``prompts_file``, also replay HumanEval's gate split (``prompts`` of them) as the
+            prompt set ``code`` after the file's prompts; the result has one table per set.
+        control: measure a control release (the speculative image without ``--speculative-config``, every other
+            flag equal) as the baseline, one more serving restart; needed when the speculative image differs from
+            the live one (:func:`check_like_for_like`).
+        margin: overrides ``serving.gate_margin``; negative only with the test-only switch
+            ``EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1`` (tests name one to exercise the keep branch).
+        acceptance_floor: overrides ``serving.acceptance_floor`` (both the offline-estimate check and the gate).
+        max_tokens, prompts, passes: override ``serving.gate_max_tokens`` / ``serving.gate_prompts`` /
+            ``serving.gate_passes``.
+        prompts_file: a JSONL file of prompts (:func:`eagle3ops.speculate.prompts.from_jsonl`) replayed instead of
+            HumanEval's gate split: all of them, in file order (``prompts`` / ``serving.gate_prompts`` then do not
+            apply).
+        command: the command line, for the audit log.
+    """
+
+    run: str
+    pipeline_image: str
+    pipeline_image_id: str | None = None
+    head: Path | None = None
+    serving_image: str | None = None
+    force: bool = False
+    margin: float | None = None
+    acceptance_floor: float | None = None
+    max_tokens: int | None = None
+    prompts: int | None = None
+    passes: int | None = None
+    prompts_file: Path | None = None
+    allow_template_mismatch: bool = False
+    control: bool = False
+    with_humaneval: bool = False
+    command: str = "eagle3ops speculate"
+
+
+def offline_estimate_for(opts: SpeculateOptions, info: dict[str, Any]) -> float | None:
+    """The offline acceptance estimate that applies to the head being shipped: the run's train manifest's
+    (:func:`~eagle3ops.speculate.headcheck.offline_acceptance`) for the run's own head; for a head passed with
+    ``head`` (trained elsewhere: the run's manifest describes another head) the host's estimate of it on the run's
+    held-out hidden states (the inspect answer's ``estimate``, :mod:`eagle3ops.stages.estimate`), None when the
+    host could not make one."""
+    if opts.head:
+        value = (info.get("estimate") or {}).get("acceptance_length")
+        return None if value is None else float(value)
+    return offline_acceptance(info.get("train_manifest"))
+
+
+def check_template(h: Any, opts: "SpeculateOptions", info: dict[str, Any], served: Any) -> list[str]:
+    """The run's training data against the live release's chat template (issue 26 kind 2), before any restart:
+    the prepare manifest's ``chat_template_sha256`` (the inspect answer's ``prepare_template``) against serving's
+    ``--chat-template`` (``served``: :func:`eagle3ops.window.served_template.read_served_template`) or, without one,
+    the target tokenizer's own (``tokenizer_template_sha256``).
+
+    Returns:
+        warnings for a check that could not run (a head from elsewhere: its training template is unknown here; no
+        prepare manifest; a tokenizer that did not load), or for a mismatch allowed by ``allow_template_mismatch``.
+
+    Raises:
+        SpeculateError: the templates differ (without ``allow_template_mismatch``), naming both sha256, where each
+            comes from, and the fixes.
+    """
+    if opts.head:
+        return [f"{opts.head}: a head from elsewhere: the chat template it was trained with is unknown here (not "
+                "compared with the live release's)"]
+    data = info.get("prepare_template") or {}
+    data_sha = data.get("chat_template_sha256")
+    live_sha = served.sha256 if served is not None else info.get("tokenizer_template_sha256")
+    live_from = served.origin if served is not None else "no --chat-template: the target tokenizer's own"
+    if not data_sha or not live_sha:
+        return [f"chat template not compared: {'the run has no prepare manifest with it' if not data_sha else 'the target tokenizer did not load on the host'}"]
+    if data_sha == live_sha:
+        return []
+    what = (f"run {opts.run}'s training data was rendered with chat template {data_sha[:16]}... "
+            f"({data.get('chat_template_source') or 'source not recorded'}), the live release renders with "
+            f"{live_sha[:16]}... ({live_from})")
+    if opts.allow_template_mismatch:
+        return [f"{what}; shipped anyway (--allow-template-mismatch)"]
+    raise SpeculateError(f"{h.name}: {what}: the head would meet another text than it was trained on. Rerun the "
+                         f"extract window (`prepare.chat_template: auto`, the default, renders the data with the "
+                         f"template serving uses), or pass --allow-template-mismatch")
+
+
+def check_like_for_like(h: Any, live: tuple[str | None, str | None], speculative: tuple[str, str | None],
+                        control: bool) -> dict[str, Any]:
+    """The speculative release's image against the live one's, before anything changes (issue 24, like for like;
+    the host checks the measured releases again: :func:`eagle3ops.gate.like.unlike`).
+
+    Args:
+        live, speculative: ``(image reference, image id or None)`` of the live serving container and of the
+            speculative image on the host (None id: not on the host yet; then references are compared).
+        control: ``--control`` was given.
+
+    Returns:
+        the figures for the result: ``{"live_image", "speculative_image", "like_for_like", "control"}``
+        (``like_for_like`` None when the live container was not found: the host's check then decides).
+
+    Raises:
+        SpeculateError: the images differ and ``control`` is False, naming both and the two fixes; or
+            ``control`` is given for images that are the same (nothing to control for).
+    """
+    (live_ref, live_id), (spec_ref, spec_id) = live, speculative
+    if live_ref is None and live_id is None:  # no serving container found: the job's record step will say so,
+        return {"live_image": None, "speculative_image": {"image": spec_ref, "image_id": spec_id},  # and the host
+                "like_for_like": None, "control": control}                         # compares what it measured
+    same = live_id == spec_id if live_id and spec_id else live_ref == spec_ref
+    figures = {"live_image": {"image": live_ref, "image_id": live_id},
+               "speculative_image": {"image": spec_ref, "image_id": spec_id}, "like_for_like": same,
+               "control": control}
+    if not same and not control:
+        raise SpeculateError(
+            f"{h.name}: live serving runs {live_ref} (image {live_id or 'id unknown'}), the speculative release "
+            f"would run {spec_ref} (image {spec_id or 'not on the host yet'}): a ratio across unlike images mixes "
+            f"the image's own speed with speculation's. Pass --control to measure {spec_ref} without "
+            f"--speculative-config (every other flag equal) as the baseline (one more serving restart), or serve "
+            f"the baseline on it first (`eagle3ops release {h.name} --image {spec_ref}`) and speculate again")
+    if same and control:
+        raise SpeculateError(f"{h.name}: --control: the speculative release runs the live image ({live_ref}): the "
+                             "live release is the like-for-like baseline already; drop --control")
+    return figures
+
+
+def _live_image(r: Any) -> tuple[str | None, str | None]:
+    """``(image reference, image id)`` of the host's serving container (read-only); ``(None, None)`` without one."""
+    from eagle3ops.window.kinds import serving_container
+
+    names, _ = serving_container(r)
+    if not names:
+        return None, None
+    out = r.run(dk.inspect_format(r.host, names[0], "{{.Config.Image}} {{.Image}}", kind="container"), check=False)
+    parts = out.stdout.split() if out.ok else []
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, None)
+
+
+def check_offline_floor(h: Any, opts: SpeculateOptions, info: dict[str, Any], floor: float) -> tuple[float | None,
+                                                                                                      list[str]]:
+    """The offline estimate against ``serving.acceptance_floor``, before any restart (issues 19, 26 kind 6).
+
+    Returns:
+        (the estimate or None, warnings): a run's own head without an estimate in its manifest is a warning; a
+        head from elsewhere that the host could not estimate is one only with ``force``.
+
+    Raises:
+        SpeculateError: the estimate is below ``floor`` (without ``force``), naming the estimate, where it was
+            measured, the floor and the fix; or a head from elsewhere could not be estimated (without ``force``),
+            naming why and how to give the host hidden states to estimate it on.
+    """
+    offline = offline_estimate_for(opts, info)
+    if opts.head:
+        est = info.get("estimate") or {}
+        if offline is None:
+            why = est.get("unavailable") or ("the pipeline image answered no estimate (it predates this check: "
+                                             "rebuild and deploy it)")
+            if not opts.force:
+                raise SpeculateError(
+                    f"{h.name}: {opts.head}: a head from elsewhere is estimated before any restart, and this one "
+                    f"could not be: {why}. Give the host hidden states of this target to estimate it on "
+                    f"(`eagle3ops extract {h.name} --run {opts.run}`, with aux layers the head was trained on), "
+                    "or pass --force to measure it anyway (two serving restarts if it is rolled back)")
+            return None, [f"{opts.head}: not estimated before the release ({why}); measured anyway (--force)"]
+        if offline < floor and not opts.force:
+            raise SpeculateError(
+                f"{h.name}: {opts.head}: offline acceptance estimate {offline:.3f} on {est.get('source')} "
+                f"({est.get('held_out_samples')} samples, {est.get('held_out_tokens')} tokens; per position "
+                f"{est.get('per_position')}) is below the floor {floor} (serving.acceptance_floor); ship another "
+                "head, or pass --force to measure it anyway")
+        return offline, []
+    if offline is None:
+        return None, ["the train manifest has no offline acceptance estimate: floor not checked before release"]
+    if offline < floor and not opts.force:
+        raise SpeculateError(f"{h.name}: run {opts.run}: offline acceptance estimate {offline:.3f} is below the "
+                             f"floor {floor} (serving.acceptance_floor); train longer, or pass --force "
+                             "to measure it anyway")
+    return offline, []
+
+
+def check_as_vllm_reads(info: dict[str, Any], facts: Any, *, own_run: bool) -> list[str]:
+    """The head as vLLM 0.16 reads it (issue 26, kind 5), from the inspect answer: its config through vLLM's own
+    loader in the pipeline image (:func:`.headcheck.check_vllm_reading`; the run's train manifest says which aux
+    layers it was trained on when the head is the run's own) and the values of ``d2t``/``t2d``
+    (:func:`.headcheck.check_vocab_values`). Runs before any restart, in ``--dry-run`` too.
+
+    Returns:
+        warnings for checks that could not run (an image without vLLM, or older than this check).
+
+    Raises:
+        HeadMismatch: naming the head's key and what vLLM 0.16 would do instead.
+    """
+    warnings: list[str] = []
+    view = info.get("vllm_view")
+    if view and not view.get("error"):
+        check_vllm_reading(info["head_config"], view, target_layers=facts.target_layers,
+                           train_manifest=info.get("train_manifest") if own_run else None)
+    else:
+        warnings.append("the head's config was not read through vLLM's own loader (" + (
+            (view or {}).get("error") or "the pipeline image predates this check: rebuild it") + ")")
+    vocab = info.get("vocab")
+    if vocab and vocab.get("d2t") is not None:
+        check_vocab_values(vocab["d2t"], vocab.get("t2d"), target_vocab=facts.target_vocab_size)
+    elif vocab is None:
+        warnings.append("d2t/t2d values not checked (the pipeline image predates this check: rebuild it)")
+    return warnings
