@@ -180,3 +180,89 @@ def test_the_plan_prints_restarts_and_expected_downtime():
     assert "3 recorded restarts" in line
     none = restart_plan([], bound_s=600).lines()[0]
     assert "no serving restart recorded" in none and "600 s / 1200 s" in none
+
+
+def _client(port: int, drained: Path, stop: threading.Event, sent: list[float]) -> None:
+    """A production client: a short completion after another, except while ``drained`` exists (the stand-in load
+    balancer's state: the drain hook creates it, the undrain hook removes it); ``sent`` gets each request's time."""
+    import time
+
+    import httpx
+
+    while not stop.is_set():
+        if drained.exists():
+            time.sleep(0.05)
+            continue
+        sent.append(time.time())
+        try:  # streamed, as vLLM clients do (the stand-in counts streamed requests as running, as vLLM does)
+            with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", timeout=10,
+                              headers={"Authorization": f"Bearer {KEY}"},
+                              json={"model": MODEL, "prompt": "hello", "max_tokens": 8, "stream": True}) as r:
+                for _ in r.iter_lines():
+                    pass
+        except httpx.HTTPError:
+            time.sleep(0.1)  # serving restarting
+
+
+@pytest.mark.parametrize("job_world", [["--token-ms", "25", "--spec-speedup", "3"]], indirect=True, ids=["x3"])
+def test_a_drain_hook_keeps_production_clients_off_the_measured_releases(job_world, tmp_path):
+    """Issue 24 (traffic): a client sending requests throughout the job does not reach the measured releases when
+    ``serving.drain_hook`` takes it off (a STAND-IN load balancer: a file the client polls; the hooks are real argv
+    run by the supervisor), so the figures stay decidable (no foreign requests); ``undrain_hook`` brings it back
+    after the decision; a failing drain ends the job before any restart."""
+    drained = tmp_path / "lb-drained"
+    stop, sent = threading.Event(), []
+    client = threading.Thread(target=_client, args=(job_world.port, drained, stop, sent), daemon=True)
+    client.start()
+    try:
+        for _ in range(100):  # production traffic flows before the job starts
+            if len(sent) >= 2:
+                break
+            threading.Event().wait(0.1)
+        job = _job(tmp_path, drain_hook=["touch", str(drained)], undrain_hook=["rm", "-f", str(drained)])
+        sup = job_world.supervisor("speculate", speculate=job, change=job.change)
+        res = sup.run()
+        attempt = res["speculate"]
+        assert attempt["verdict"] == "keep", attempt["reason"]  # decidable: no foreign request was measured
+        assert all(p["foreign_requests"] == 0 for lv in attempt["levels"].values()
+                   for side in ("baseline", "speculative") for p in lv[side]["passes"])
+        ev = [(e["step"], e["event"], e["epoch"]) for e in sup.journal.entries]
+        t = {f"{s} {e}": at for s, e, at in ev}
+        assert t["record ok"] <= t["drain ok"] <= t["baseline start"] and t["keep ok"] <= t["undrain ok"]
+        # the client was served before the drain and after the undrain, never in between
+        assert any(x < t["drain start"] for x in sent)
+        assert not [x for x in sent if t["drain ok"] < x < t["undrain start"]]
+        deadline = t["undrain ok"] + 10
+        while not any(x > t["undrain ok"] for x in sent) and time_now() < deadline:
+            threading.Event().wait(0.1)
+        assert any(x > t["undrain ok"] for x in sent) and not drained.exists()
+        assert attempt["drain"]["undrain_error"] is None
+    finally:
+        stop.set()
+        client.join(15)
+
+
+def time_now() -> float:
+    import time
+
+    return time.time()
+
+
+def test_a_failing_drain_hook_ends_the_job_before_any_restart(tmp_path):
+    JobWorld.server_args = ["--token-ms", "5"]
+    w = JobWorld(tmp_path, "process")
+    try:
+        undrained = tmp_path / "undrained"
+        job = _job(tmp_path, drain_hook=["sh", "-c", "echo lb says no >&2; exit 3"],
+                   undrain_hook=["touch", str(undrained)])
+        sup = w.supervisor("speculate", speculate=job, change=job.change)
+        res = sup.run()
+        attempt = res["speculate"]
+        assert attempt["verdict"] == "error" and "drain hook sh exited 3: lb says no" in attempt["reason"]
+        assert res["outcome"] == "failed" and undrained.exists()  # undrain ran all the same
+        steps = [s for s, e in w.steps() if e == "ok"]
+        assert "switch" not in steps and "baseline" not in steps and w.serving()
+        assert "--speculative-config" not in w.live_argv()
+    finally:
+        for f in reversed(w.cleanup):
+            f()

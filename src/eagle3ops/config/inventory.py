@@ -176,6 +176,21 @@ class ServingConfig(StrictModel):
                              "slower (on the sandbox's CPU SmolLM2 the first baseline pass of 64 prompts ran at 22.1 "
                              "output tokens/s, the next two at 30.0 and 29.7). 0 = none.",
     )
+    drain_hook: list[str] | None = Field(
+        None, description="Argv run before a speculate job measures anything, to take clients off this server (e.g. "
+                          "`[curl, -fsS, -X, POST, http://lb.internal/hosts/gpu-01/drain]`), so that the gate's "
+                          "figures carry no production request: as Kamal's hooks, but run by the host's supervisor "
+                          "(in its container: the pipeline image, host network), so it outlives the driver. A hook "
+                          "that fails or passes `serving.hook_timeout_s` stops the job before any restart. Holds no "
+                          "secret (argv is logged).",
+    )
+    undrain_hook: list[str] | None = Field(
+        None, description="Argv run when a speculate job that ran `drain_hook` ends, whatever happened, after serving "
+                          "is on the decided release (e.g. the load balancer's undrain call); its failure is "
+                          "recorded in the result and the audit line.",
+    )
+    hook_timeout_s: float = Field(60.0, gt=0, description="Longest `drain_hook` / `undrain_hook` may run, in "
+                                                          "seconds; it is killed then.")
     gate_ttft_ratio_max: float = Field(
         1.5, gt=0, description="Most median time to first token of the speculative release over the baseline's at "
                                "production concurrency; above it the gate rolls back whatever the throughput.",

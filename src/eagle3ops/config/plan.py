@@ -106,6 +106,11 @@ class SpeculateJob(BaseModel):
     #: measured as the baseline before the speculative release; never made the live release. None: the live
     #: release is the baseline (refused by the driver, and undecided on the host, when its image differs).
     control: ReleaseChange | None = None
+    #: ``serving.drain_hook`` / ``undrain_hook`` (argv run by the supervisor before the first measurement and at the
+    #: end, whatever happened) and their bound in seconds; None: no hook.
+    drain_hook: list[str] | None = None
+    undrain_hook: list[str] | None = None
+    hook_timeout_s: float = 60.0
     #: Prompt sets: name -> indices into ``prompts`` (e.g. ``chat``, ``code``); one table per set in the result,
     #: cut from the same passes (:func:`eagle3ops.gate.decide.set_tables`); the decision is the whole set's.
     prompt_sets: dict[str, list[int]] = Field(default_factory=dict)

@@ -4,7 +4,9 @@ start to end (issue 24), so that a driver that dies at any point leaves the host
 Steps (each journaled in the window's ``journal.jsonl``; ``status`` shows where the job is, ``recover`` restarts a
 dead supervisor, which resumes from the journal and the attempt folder's files):
 
-1. **record** the live serving (the kind's ``record``: what a rollback returns to);
+1. **record** the live serving (the kind's ``record``: what a rollback returns to); then **drain**, the inventory's
+   ``serving.drain_hook`` (clients off this server; bounded; its failure ends the job before any restart), whose
+   ``undrain_hook`` runs at the end whatever happened;
 1b. with ``control`` (``speculate --control``): **control**, the switch to the control release (the live serving
    on the speculative image, the speculative change's flags but ``--speculative-config``), health-gated, never made
    the live release; it is the baseline measured next (like for like: :mod:`eagle3ops.gate.like`);
@@ -158,6 +160,30 @@ class SpeculateRun:
         self.sup.journal.log(step, "ok", output_tokens_per_s=tps, file=str(path))
         return ans
 
+    def _hook(self, step: str, argv: list[str]) -> str | None:
+        """Run ``argv`` (a drain or undrain hook) once, bounded by the job's ``hook_timeout_s``; journaled under
+        ``step``. Returns None when it exited 0 (or the journal says it did), else why, in one line."""
+        import subprocess
+
+        journal = self.sup.journal
+        if journal.done(step):
+            return None
+        journal.log(step, "start", argv=argv)
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=self.job.hook_timeout_s,
+                                 stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            why = f"{step} hook {argv[0]} ran past {self.job.hook_timeout_s:g} s (serving.hook_timeout_s) and was killed"
+        except OSError as e:
+            why = f"{step} hook {argv[0]} could not start: {e}"
+        else:
+            if res.returncode == 0:
+                journal.log(step, "ok", rc=0)
+                return None
+            why = f"{step} hook {argv[0]} exited {res.returncode}: {(res.stderr or res.stdout).strip()[-300:]}"
+        journal.log(step, "error", reason=why)
+        return why
+
     def _identities(self) -> dict[str, Any]:
         """``{"baseline": identity, "speculative": identity}`` of the releases measured (from the attempt folder's
         measurement files; a side not measured is absent)."""
@@ -179,9 +205,15 @@ class SpeculateRun:
         verdict, reason, figures = "error", "", {}
         base_release = spec_release = rollback = None
         control_live = False
+        drained, undrain_error = False, None
         try:
             sup.record()  # nothing changes before this succeeds
             base_release = sup.releases.current()
+            if self.job.drain_hook:  # clients off this server before anything is measured or restarted
+                why = self._hook("drain", self.job.drain_hook)
+                drained = True  # a failed drain may have half-drained: undrain runs all the same
+                if why:
+                    raise _Decided("error", f"{why}: nothing measured or restarted (serving.drain_hook)")
             if self.job.control is not None:  # like for like: the speculative image without speculation first
                 msg = kind.switch(step="control", change=self.job.control, live=False)
                 if "rolled back" in msg:
@@ -224,6 +256,11 @@ class SpeculateRun:
                     error += f"; returning to release {base_release} failed too: {back}"
         finally:
             kind.finish()
+            if drained and self.job.undrain_hook:  # serving is on the decided release (or left as it was)
+                undrain_error = self._hook("undrain", self.job.undrain_hook)
+                if undrain_error:
+                    sup.warn("undrain", f"{undrain_error}: clients may still be off this server; undrain it by "
+                                        "hand (serving.undrain_hook)")
         if verdict == "error" and outcome == "ok":
             outcome, error = "failed", reason
         result = {"host": sup.plan.host, "window_id": sup.plan.window_id, "verdict": verdict, "reason": reason,
@@ -233,7 +270,9 @@ class SpeculateRun:
                   "rollback": rollback, "live_release": sup.releases.current() if kind.keeps_release() else None,
                   "gate_passes": self.job.passes, "control": self.job.control is not None,
                   "control_release": (journal.first("control", "ok") or {}).get("to_release"),
-                  "measured_releases": self._identities()}
+                  "measured_releases": self._identities(),
+                  "drain": ({"drain_hook": self.job.drain_hook, "undrain_hook": self.job.undrain_hook,
+                             "undrain_error": undrain_error} if self.job.drain_hook else None)}
         self._write(self.dir / "result.json", result)
         if self.job.latest:
             self._write(Path(self.job.latest), result)
@@ -243,5 +282,5 @@ class SpeculateRun:
                      "throughput_ratio", "interval", "drift", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
                      "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
                      "production_concurrency", "live_release", "baseline_release", "speculative_release",
-                     "control", "control_release", "measured_releases", "sets")}}
+                     "control", "control_release", "measured_releases", "sets", "drain")}}
         return outcome, error, {"speculate": result, "audit": audit}
