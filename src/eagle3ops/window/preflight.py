@@ -285,7 +285,8 @@ def trial_stage_container(r: Remote, pf: Preflight, *, image: str, run: str, win
 
 def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
               need_serving: bool = True, disk: DiskEstimate | None = None,
-              trial: tuple[str, str, str] | None = None, memory: GpuMemoryPlan | None = None) -> Preflight:
+              trial: tuple[str, str, str] | None = None, memory: GpuMemoryPlan | None = None,
+              engine: tuple[int, str, str] | None = None) -> Preflight:
     """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container; and, with
     ``trial``, a throwaway container with a stage's own settings (:func:`trial_stage_container`).
 
@@ -302,11 +303,11 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
             against what the GPUs report (:func:`check_gpus_fit`).
 
     A host whose container engine is missing or does not answer fails at once, with one line saying so
-    (:func:`engine_status`): every later check would only repeat it.
+    (:func:`engine_status`): every later check would only repeat it. ``engine``: ``docker version``'s
+    ``(exit status, stdout, stderr)`` when the caller asked already (:func:`ask_engine`), else asked here.
     """
     h, pf = r.host, Preflight()
-    v = r.run(dk.version(h), check=False)
-    pf.add("docker engine", *engine_status(h, v.exited, v.stdout, v.stderr))
+    pf.add("docker engine", *engine_status(h, *(engine or ask_engine(r))))
     if not pf.ok:
         return pf
     got = r.run(dk.image_id(h, image), check=False)
@@ -430,6 +431,13 @@ _NO_DAEMON = ("cannot connect to the docker daemon", "failed to connect to the d
 #: Where eagle3ops stands on hosts without a container engine: said in the refusal, not pretended otherwise.
 NO_ENGINE_ALTERNATIVE = ("a host without a container engine (e.g. a rented GPU container reached over SSH) needs "
                          "`stage_runtime: venv`, which is not available yet (issue 28)")
+
+
+def ask_engine(r: Remote) -> tuple[int, str, str]:
+    """``docker version --format {{.Server.Version}}`` on the host (read-only): ``(exit status, stdout, stderr)``,
+    what :func:`engine_status` judges."""
+    v = r.run(dk.version(r.host), check=False)
+    return v.exited, v.stdout, v.stderr
 
 
 def engine_status(h: HostConfig, exited: int, stdout: str, stderr: str) -> tuple[bool, str]:

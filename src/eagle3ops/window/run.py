@@ -22,7 +22,8 @@ from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read
 from eagle3ops.window.gpucheck import estimate_gpu_memory
 from eagle3ops.window.kinds import driver_kind, require_serving
 from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
-from eagle3ops.window.preflight import Preflight, check_fallbacks, estimate_disk, preflight, read_run_state
+from eagle3ops.window.preflight import (Preflight, ask_engine, check_fallbacks, engine_status, estimate_disk,
+                                        preflight, read_run_state)
 from eagle3ops.window.served_template import SERVED_FILE, ServedTemplate, ServedTemplateError, read_served_template, \
     resolve_config
 from eagle3ops.window.standin import refuse_standin_image
@@ -124,11 +125,15 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     if r.dry_run and read_lock(r):
         raise LockHeld(describe_lock(r))
     acquire_lock(r, window_id, command, message)
-    decision, on_host_text, template = None, None, None
+    decision, on_host_text, template, engine = None, None, None, None
     try:
         if kind in st.WINDOWS:
-            pipeline_text, template = resolve_chat_template(r, pipeline_text)
-            on_host_text, decision = _decide(r, kind, run, pipeline_text, restart)
+            # the engine first: a host without one fails preflight in one line, before the served template or the
+            # run's state is read from it (issue 28: no engine, no surprise)
+            engine = ask_engine(r)
+            if engine_status(r.host, *engine)[0]:
+                pipeline_text, template = resolve_chat_template(r, pipeline_text)
+                on_host_text, decision = _decide(r, kind, run, pipeline_text, restart)
         to_run = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
             else st.WINDOWS.get(kind)
         if decision is not None and decision.nothing_to_do:  # nothing will run: no host check matters
@@ -141,7 +146,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             trial = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
             pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
                            need_serving=kind in st.WINDOWS or driver_kind(r.host).records_before_release,
-                           disk=disk, trial=trial, memory=memory)
+                           disk=disk, trial=trial, memory=memory, engine=engine)
         if change is not None and change.args and pf.serving_container:  # container and compose kinds
             check_release_flags(r, pf, change.args)
         if pf.serving_container and not (decision is not None and decision.nothing_to_do):
