@@ -169,6 +169,8 @@ def test_restart_times_come_from_the_journal_and_the_results():
          {"step": "switch", "event": "error", "epoch": 45.0}, {"step": "rollback", "event": "start", "epoch": 46},
          {"step": "rollback", "event": "ok", "epoch": 60.0}]
     assert restart_seconds(j) == [21.0, 14.0]  # a failed switch is no restart time
+    control = [{"step": "control", "event": "start", "epoch": 0.0}, {"step": "control", "event": "ok", "epoch": 30.0}]
+    assert restart_seconds(control + j) == [30.0, 21.0, 14.0]  # a speculate job's control release is one
     text = (json.dumps({"window_id": "b", "restarts_s": [30.0, 50.0]}, indent=2) + "\n"
             + json.dumps({"window_id": "a", "downtime_s": 100.0, "stage_seconds": {"extract": 60.0}}) + "\n{cut")
     results = parse_results(text)

@@ -58,8 +58,9 @@ class Journal:
         return self.entries[0]["epoch"] if self.entries else time.time()
 
 
-#: Journal steps that restart serving (each ``start`` to its ``ok`` is one restart, its health gate included).
-RESTART_STEPS = ("restore", "switch", "rollback")
+#: Journal steps that restart serving (each ``start`` to its ``ok`` is one restart, its health gate included;
+#: ``control``: a speculate job's switch to its control release).
+RESTART_STEPS = ("restore", "control", "switch", "rollback")
 
 
 def restart_seconds(entries: list[dict[str, Any]]) -> list[float]:
