@@ -202,3 +202,15 @@ def test_the_host_reports_the_sets_beside_the_decision(tmp_path):
     verdict, _, figures = decide_measured(job, _measurement(10.0, _id()), _measurement(30.0, _id(argv=ARGV + SPEC_ARGS)))
     assert verdict == "keep" and set(figures["sets"]) == {"chat", "code"}
     assert figures["sets"]["code"]["levels"]["1"]["throughput_ratio"] == pytest.approx(3.0)
+
+
+def test_a_rollback_for_acceptance_still_reports_the_interval(tmp_path):
+    """Issue 24 (5): the demo's gate prints the interval whatever rule decides (its first run rolled back for
+    acceptance, and its result had no interval)."""
+    job = SpeculateJob(run="r", head="/h", head_sha256="0" * 64, results_dir=str(tmp_path), prompts=["a"] * 4,
+                       change={"args": SPEC_ARGS}, levels=[1], max_tokens=16, passes=3, margin=0.05,
+                       acceptance_floor=3.5)  # the counters below give 3.0: below this floor
+    verdict, reason, figures = decide_measured(job, _measurement(10.0, _id()),
+                                               _measurement(30.0, _id(argv=ARGV + SPEC_ARGS)))
+    assert verdict == "rollback" and "below the floor 3.5" in reason
+    assert figures["interval"]["point"] == pytest.approx(3.0) and figures["interval"]["low"] > 2.5

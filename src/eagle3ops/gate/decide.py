@@ -137,8 +137,8 @@ class Decision:
     """``verdict``: ``keep``, ``rollback`` or ``undecided`` (rolled back); ``reason`` in one line; ``figures`` for
     the audit log and the run's results (JSON-ready: every field below is in it too).
 
-    ``interval``: the throughput ratio and its interval at the production concurrency (None when the rule stopped
-    before it); ``drift``: the baseline's drift; ``ttft_ratio``: speculative / baseline median time to first token;
+    ``interval``: the throughput ratio and its interval at the production concurrency when the interval decided
+    (None when an earlier rule did; ``figures["interval"]`` has it whenever the passes could be resampled); ``drift``: the baseline's drift; ``ttft_ratio``: speculative / baseline median time to first token;
     ``deciding``: for an ``undecided`` straddle, the figure that would have decided (``{"figure", "value",
     "needs"}``)."""
 
@@ -324,6 +324,14 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         "throughput_ratio": levels[str(production_concurrency)]["throughput_ratio"],
         "passes": {"baseline": len(b), "speculative": len(s)}, "drift": drift.figures(),
         "spec_decode": spec.figures(), "levels": levels}
+    # The interval is computed (and reported) whatever rule decides, so that a rollback for acceptance, TTFT or
+    # drift still shows how fast the speculative release was; only step 6 decides on it.
+    try:
+        iv = ratio_interval(b, s, resamples=resamples, seed=seed)
+        figures["interval"] = iv.figures()
+    except ValueError as e:  # failed requests (no per-prompt seconds): step 2 decides, nothing to resample
+        iv = None
+        figures["interval_unavailable"] = str(e)
     common = {"figures": figures, "drift": drift, "ttft_ratio": ttft_ratio}
     skewed = [f"{side} at {c}" for side, res in (("baseline", baseline), ("speculative", speculative))
               for c, rs in res.items() for r in rs if r.foreign_requests > 0 or r.errors]
@@ -344,8 +352,8 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
                                      f"(90 % interval {drift.low:+.1%} to {drift.high:+.1%}), beyond half the "
                                      f"margin ({drift.limit:.1%}): the host's speed changed while the gate "
                                      "measured; rolled back", **common)
-    iv = ratio_interval(b, s, resamples=resamples, seed=seed)
-    figures["interval"] = iv.figures()
+    if iv is None:
+        iv = ratio_interval(b, s, resamples=resamples, seed=seed)  # raises the ValueError it raised above
     where = (f"output tokens/s x{iv.point:.3f} of the baseline at concurrency {production_concurrency}, "
              f"{iv.level:.0%} interval x{iv.low:.3f} to x{iv.high:.3f} ({len(b)} + {len(s)} passes x {iv.prompts} "
              "prompts)")
