@@ -109,6 +109,13 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     released; serving on the decided release; the keyed server measured with its key."""
     job = _job(tmp_path)
     sup = job_world.supervisor("speculate", speculate=job, change=job.change)
+    # an older window's release of another process is the state dir's current one (as on the sandbox, where each
+    # kill test serves its own server): the baseline's identity must be the process this window recorded
+    from eagle3ops.supervisor.releases import Releases
+
+    old = Releases(Path(sup.plan.state_dir))
+    old.set_current(old.add_process({"argv": ["/usr/bin/python3", "/elsewhere/old_server.py"], "environ": [],
+                                     "cwd": "/", "uid": "0"}, "older-window"))
     lock = Path(sup.plan.state_dir) / "lock"
     lock.mkdir()
     (lock / "details.json").write_text(json.dumps({"window_id": sup.plan.window_id}))
@@ -133,6 +140,7 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     assert rel["baseline"]["image"] is None and rel["speculative"]["image"] is None  # a process: no image
     assert "--speculative-config" in rel["speculative"]["argv"] and "--speculative-config" not in rel["baseline"]["argv"]
     assert "--api-key" in rel["baseline"]["argv"] and KEY not in json.dumps(rel) and stored["control"] is False
+    assert "/elsewhere/old_server.py" not in json.dumps(rel) and str(SERVER) in rel["baseline"]["argv"]
     argv = job_world.live_argv()
     assert argv and ("--speculative-config" in argv) == (verdict == "keep")
     assert stored["live_release"] == (stored["speculative_release"] if verdict == "keep"

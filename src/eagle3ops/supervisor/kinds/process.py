@@ -118,12 +118,16 @@ class ProcessServing(ServingKind):
                 "uid": self._file("uid")}
 
     def identity(self) -> dict[str, Any]:
-        """No image; the argv of the release live now (the retained release's process, else the recorded one)."""
-        n = self.sup.releases.current()
-        try:
-            proc = self.sup.releases.get(n).get("process") if n is not None else None
-        except (FileNotFoundError, ValueError):
-            proc = None
+        """No image; the argv of the process serving now: after this window's switch the release it switched to,
+        before it the process this window recorded (the state dir's current release may be an older window's
+        record of another process until the switch adopts the live one)."""
+        proc = None
+        done = self.sup.journal.first("switch", "ok")
+        if done is not None:
+            try:
+                proc = self.sup.releases.get(int(done["to_release"])).get("process")
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                proc = None
         try:
             argv = (proc or self._live())["argv"]
         except OSError:
