@@ -269,7 +269,8 @@ class ContainerServing(ServingKind):
         begun = journal.first(step, "start")
         if begun:  # resumed mid-switch: same target, never a second new release
             target = begun["to_release"]
-        elif change is not None or self.plan.kind in ("release", "speculate"):  # speculate: the plan's change is the speculative one
+        elif change is not None or self.plan.kind in ("release", "speculate"):
+            # a control release (``change``), a release, or speculate (the plan's change is the speculative one)
             self._refuse_release_of_failed_live()
             want = change or self.plan.change or ReleaseChange()
             target = releases.add(self.new_release(want), self.plan.window_id,
