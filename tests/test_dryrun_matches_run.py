@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from eagle3ops.window.common import current_release
+
 pytestmark = pytest.mark.sandbox
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,16 +65,6 @@ class Recorder:
         return res, self.made[0]
 
 
-def _current_release(r) -> int | None:
-    """The host's current release number; None on a fresh sandbox where no window has recorded one yet (this test
-    must not depend on what earlier tests left behind)."""
-    from eagle3ops.commands import host as hc
-    from eagle3ops.window.common import paths
-
-    out = r.run(hc.cat_if_exists(f"{paths(r.host)['releases']}/current"), check=False).stdout.strip()
-    return int(out) if out else None
-
-
 def test_dry_run_plan_is_what_runs(standin_deployed, standin_inventory, monkeypatch):
     """Needs production serving and a deployed pipeline image that the build engine holds: the sandbox with the
     STAND-IN serving container (``standin_deployed``: the stand-in OpenAI server, not vLLM; the subject here is the
@@ -89,7 +81,7 @@ def test_dry_run_plan_is_what_runs(standin_deployed, standin_inventory, monkeypa
     h, _ = standin_deployed
     with Remote(h) as r0:
         assert read_lock(r0) is None, "the sandbox's deploy lock is held: another window runs (run under flock)"
-        live_before = _current_release(r0)
+        live_before = current_release(r0)
         deployed = json.loads(r0.run(hc.cat(paths(h)["deployed"])).stdout)
 
     # 1. the deploy lock, taken and released (the window driver's own calls)
@@ -155,7 +147,7 @@ def test_dry_run_plan_is_what_runs(standin_deployed, standin_inventory, monkeypa
     _same_window_start(dry, real, take)
     with Remote(h) as r:
         assert read_lock(r) is None
-        assert _current_release(r) != live_before  # the recreated container passed its gate: a new release
+        assert current_release(r) != live_before  # the recreated container passed its gate: a new release
 
     # 5. recover when nothing is to recover (the newest window finished with serving running)
     out_dry, dry = rec.invoke("recover", h.name, "--dry-run")

@@ -159,18 +159,6 @@ def test_a_sandbox_takes_a_stand_in_and_speculate_refuses_one_elsewhere(monkeypa
 
 # --- the API key and the counters' before snapshot ----------------------------------------------------------------
 
-def test_measure_on_host_sends_the_serving_key_in_stdin_never_argv():
-    from eagle3ops.speculate import ship
-
-    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
-    r = _Remote(h, key=KEY)
-    assert ship._api_key(r) == KEY  # as the health gate takes it: the container's own --api-key
-    with pytest.raises(ship.SpeculateError):  # the fake answers nothing; the request is what matters
-        ship.measure_on_host(r, "p:1", ["a"], [1], 4, 3, ship._api_key(r))
-    argv, stdin = r.calls[-1]
-    assert json.loads(stdin)["api_key"] == KEY and json.loads(stdin)["passes"] == 3 and KEY not in " ".join(argv)
-
-
 class _StandInVllm(BaseHTTPRequestHandler):
     """STAND-IN for vLLM's server (see the module doc). Class state: ``busy_until`` (a foreign request runs until
     then, adding draft rounds), ``drafts``, ``tokens``, ``seen_keys``."""

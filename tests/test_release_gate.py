@@ -1,11 +1,12 @@
-"""``eagle3ops release --gate`` (issue 31): a serving change measured against the live release through the speculation
-gate's own measure and decide functions, kept only when not slower beyond the margin.
+"""``eagle3ops release --gate`` (issue 31): a serving change measured against the live release by the same host-side
+job as ``speculate`` (:mod:`eagle3ops.supervisor.speculate`, ``rule="not_slower"``), kept only when not slower beyond
+the margin.
 
-Fast tests: the measurements are monkeypatched (as tests/test_gate_holes.py and tests/test_speculate_ship.py do),
-the windows stubbed at the module boundary (``eagle3ops.window.run.run_window``), the decision is the real
-:func:`eagle3ops.gate.decide.decide` (seeded bootstrap) on per-pass, per-prompt figures with noise. On the
-sandbox the same path needs a live release (the lead runs the `Done when` check: a faster flag change kept, a
-slower one rolled back)."""
+Driver side, fast: the job :func:`eagle3ops.speculate.gated.gated_release` hands the host (the window stubbed at
+the module boundary, ``eagle3ops.window.run.run_window``). Host side: the real window runner
+(:class:`eagle3ops.supervisor.runner.Supervisor`) carries out that job on a ``process`` host serving the STAND-IN
+OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM: ``--token-ms`` sets its speed), with the real
+restore agent, measurement and decision: a faster flag change is kept, a slower one rolled back."""
 
 from __future__ import annotations
 
@@ -18,25 +19,9 @@ import eagle3ops.window.run as window_run
 from eagle3ops.config import load_inventory
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.speculate import gated, ship
-from eagle3ops.gate.metrics import SpecDelta
-from eagle3ops.gate.replay import LevelResult
+from test_speculate_job import JOB_MARGIN, KEY, JobWorld
 
 REPO = Path(__file__).resolve().parents[1]
-#: Per-pass noise of the stand-in measurements (+-2 %), the same for both sides.
-NOISE = (1.0, 1.02, 0.98, 1.01, 0.99)
-
-
-def _passes(c: int, tok_s: float) -> list[LevelResult]:
-    """Five passes of 4 prompts x 16 tokens at ``tok_s`` output tokens/s (per-pass noise :data:`NOISE`, per-prompt
-    spread), as :func:`eagle3ops.speculate.ship.measure_on_host` returns them."""
-    out = []
-    for n in NOISE:
-        rate = tok_s * n
-        secs = tuple(16 / rate * c * f for f in (0.95, 1.05, 1.0, 1.0))
-        wall = 64 / rate
-        out.append(LevelResult(c, 4, 0, 64, wall, round(64 / wall, 3), 20.0, 25.0, 100.0, 0, (16,) * 4, secs,
-                               (100.0,) * 4))
-    return out
 
 
 class _Res:
@@ -45,79 +30,115 @@ class _Res:
 
 
 class _Remote:
-    """Answers ``releases/current`` (3, then what the last stubbed window made live) and nothing else; records every
-    command and what was written."""
+    """Answers every command with nothing (no recorded restart); records every command."""
 
-    def __init__(self):
+    def __init__(self, dry_run: bool = False):
         self.host = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
-        self.dry_run, self.current, self.calls = False, 3, []
+        self.dry_run, self.calls = dry_run, []
 
     def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
         self.calls.append((list(argv), stdin))
-        if any(str(a).endswith("releases/current") for a in argv):
-            return _Res(f"{self.current}\n")
-        return _Res("", ok="inspect" not in argv)
+        return _Res("")
 
 
 @pytest.fixture()
 def gate(monkeypatch):
-    """Run ``gated_release`` with the change measuring ``factor`` x the live release's tokens/s; returns (result,
-    windows run, remote)."""
-    def run(factor: float, **kw):
-        r = _Remote()
-        measured = iter([1.0, factor])
-        windows = []
-
-        def measure(r_, image, prompts, levels, max_tokens, passes, api_key=None, **_):
-            f = next(measured)
-            assert passes == r_.host.serving.gate_passes and len(prompts) == r_.host.serving.gate_prompts
-            return ({c: _passes(c, 50.0 * f / c ** 0.2) for c in levels}, {c: SpecDelta(0, 0, 0, {}) for c in levels})
+    """Run ``gated_release`` with the host's job answering ``attempt``; returns (result, windows run, remote)."""
+    def run(attempt: dict | None = None, dry_run: bool = False, **kw):
+        r, windows, said = _Remote(dry_run), [], []
 
         def stub_window(r_, **w):
             windows.append(w)
-            if w["kind"] == "release":
-                r_.current = 4
-                return {"outcome": "ok", "window_id": "w-release", "release": 4, "release_before": 3}
-            r_.current = w["to_release"]
-            return {"outcome": "ok", "window_id": "w-rollback", "release": w["to_release"]}
+            if r_.dry_run:
+                return {"plan": "printed"}
+            return {"outcome": "ok", "window_id": "w-gate", "restarts_s": [12.0], "speculate": attempt}
 
-        monkeypatch.setattr(ship, "measure_on_host", measure)
         monkeypatch.setattr(window_run, "run_window", stub_window)
-        res = gated.gated_release(r, ReleaseChange(args=["--max-num-seqs", "64"]), pipeline_image="p:1",
-                                  pipeline_image_id="sha256:1", echo=lambda *_: None, **kw)
-        return res, windows, r
+        res = gated.gated_release(r, ReleaseChange(args=["--max-num-seqs", "64"], env={"NCCL_ALGO": "Ring"}),
+                                  pipeline_image="p:1", pipeline_image_id="sha256:1", echo=said.append, **kw)
+        return res, windows, r, said
 
     return run
 
 
-def test_a_faster_change_is_kept(gate):
-    res, windows, r = gate(1.2)
-    assert res["verdict"] == "keep", res["reason"]
-    assert [w["kind"] for w in windows] == ["release"] and windows[0]["change"].args == ["--max-num-seqs", "64"]
-    assert res["rule"] == "not_slower" and res["acceptance_floor"] is None and res["live_release"] == 4
-    assert res["interval"]["low"] >= 1 - res["margin"]
-    written = {argv[-1]: stdin for argv, stdin in r.calls if argv[0] == "tee"}
-    stored = json.loads(written[f"{r.host.state_dir}/gates/w-release.json"])
-    assert stored["verdict"] == "keep" and stored["change"]["args"] == ["--max-num-seqs", "64"]
-    audit = json.loads(next(stdin for argv, stdin in r.calls if argv[:2] == ["tee", "-a"]))
-    assert audit["kind"] == "release-gate" and audit["figures"]["throughput_ratio"] == pytest.approx(1.2, abs=0.01)
+def test_the_gated_release_is_one_host_job_with_the_not_slower_rule(gate):
+    res, windows, r, said = gate({"verdict": "keep", "reason": "not slower", "live_release": 4})
+    assert res["verdict"] == "keep" and res["window_id"] == "w-gate" and res["restarts_s"] == [12.0]
+    assert [w["kind"] for w in windows] == ["speculate"]  # one locked job on the host: no second window
+    job = windows[0]["speculate"]
+    s = r.host.serving
+    assert job.rule == "not_slower" and job.acceptance_floor is None and job.head is None and job.run is None
+    assert job.change.args == ["--max-num-seqs", "64"] and job.margin == s.gate_margin
+    assert job.results_dir == f"{r.host.state_dir}/gates" and job.latest is None
+    assert len(job.prompts) == s.gate_prompts and job.levels == list(s.gate_concurrency)
+    assert job.passes == s.gate_passes and job.prompt_sets == {"code": list(range(s.gate_prompts))}
+    assert job.figures["restarts"]["restarts_keep"] == 1 and job.figures["restarts"]["restarts_rollback"] == 2
+    assert ["mkdir", "-p", job.results_dir] in [argv for argv, _ in r.calls]
+    assert any("serving restarts: 1 if kept, 2 if rolled back" in line for line in said)
 
 
-def test_an_equal_change_is_kept_not_slower_is_enough(gate):
-    # speculate's rule (faster by the margin) would roll this back; release --gate keeps what is not slower
-    res, windows, _ = gate(1.0)
-    assert res["verdict"] == "keep", res["reason"]
-    assert [w["kind"] for w in windows] == ["release"]
+def test_an_error_of_the_job_is_raised_naming_where_serving_is(gate):
+    with pytest.raises(ship.SpeculateError, match="measuring failed; rolled back to release 3"):
+        gate({"verdict": "error", "reason": "measuring failed", "rollback": "rolled back to release 3"})
 
 
-def test_a_slower_change_is_rolled_back_to_the_live_release_before(gate):
-    res, windows, _ = gate(0.8)
-    assert res["verdict"] == "rollback", res["reason"]
-    assert [w["kind"] for w in windows] == ["release", "rollback"] and windows[1]["to_release"] == 3
-    assert res["live_release"] == 3 and res["rollback_window"]["outcome"] == "ok"
-    assert "upper bound below x0.950" in res["reason"]
+def test_the_dry_run_prints_the_restarts_and_the_plan_and_changes_nothing(gate):
+    res, windows, r, said = gate(dry_run=True)
+    assert res["verdict"] == "dry-run" and res["release_plan"] == {"plan": "printed"}
+    assert windows[0]["speculate"].rule == "not_slower"
+    assert not any(argv[0] == "mkdir" for argv, _ in r.calls)
+    assert said[0].startswith("# dry run: would measure the live release and the changed one")
 
 
 def test_a_negative_margin_is_refused_before_anything_runs(gate):
     with pytest.raises(ship.SpeculateError, match="is negative"):
-        gate(1.2, margin=-0.1)
+        gate({}, margin=-0.1)
+
+
+# --- the host's supervisor carries the gated release out ---------------------------------------------------------
+
+@pytest.fixture
+def gate_world(tmp_path):
+    JobWorld.server_args = ["--token-ms", "25"]
+    w = JobWorld(tmp_path, "process")
+    yield w
+    for f in reversed(w.cleanup):
+        f()
+
+
+@pytest.mark.parametrize("token_ms,verdict", [("10", "keep"), ("60", "rollback")], ids=["faster", "slower"])
+def test_the_supervisor_keeps_a_faster_flag_change_and_rolls_back_a_slower_one(gate_world, tmp_path, token_ms,
+                                                                               verdict):
+    """The job :func:`gated.gate_job` builds, cut to 4 prompts x 16 tokens at concurrency 1 (the gate's resolution
+    is tests/test_gate_simulation.py's), on a stand-in server at 25 ms a token: ``--token-ms 10`` (x2.5) is kept,
+    ``--token-ms 60`` (x0.42) rolled back to the release live before; result, audit line and lock as for
+    speculate."""
+    h = gate_world._host()
+    job = gated.gate_job(h, ReleaseChange(args=["--token-ms", token_ms]), margin=JOB_MARGIN, passes=3,
+                         restarts={}).model_copy(update={
+                             "results_dir": str(tmp_path / "state/gates"), "prompts": [f"def f{i}():" for i in range(4)],
+                             "prompt_sets": {"code": [0, 1, 2, 3]}, "levels": [1], "max_tokens": 16,
+                             "warmup_prompts": 2, "idle_timeout_s": 20, "request_timeout_s": 20})
+    sup = gate_world.supervisor("speculate", speculate=job, change=job.change)
+    lock = Path(sup.plan.state_dir) / "lock"
+    lock.mkdir()
+    (lock / "details.json").write_text(json.dumps({"window_id": sup.plan.window_id}))
+    res = sup.run()
+    attempt = res["speculate"]
+    assert attempt["verdict"] == verdict, attempt["reason"]
+    assert attempt["rule"] == "not_slower" and attempt["acceptance_floor"] is None
+    assert res["outcome"] == "ok" and res["serving_healthy"] is True and not lock.exists()
+    folder = Path(job.results_dir) / sup.plan.window_id
+    stored = json.loads((folder / "result.json").read_text())
+    assert stored["change"]["args"] == ["--token-ms", token_ms] and stored["head"] is None
+    low, high = stored["interval"]["low"], stored["interval"]["high"]
+    assert (low >= 1 - JOB_MARGIN) if verdict == "keep" else (high < 1 - JOB_MARGIN), stored["interval"]
+    argv = gate_world.live_argv()
+    assert argv[argv.index("--token-ms") + 1] == (token_ms if verdict == "keep" else "25")
+    assert stored["live_release"] == (stored["speculative_release"] if verdict == "keep"
+                                      else stored["baseline_release"])
+    rel = stored["measured_releases"]
+    assert "--token-ms" in rel["baseline"]["argv"] and KEY not in json.dumps(stored)
+    audit = [json.loads(x) for x in (Path(sup.plan.state_dir) / "audit.jsonl").read_text().splitlines()]
+    assert audit[-1]["kind"] == "release-gate" and audit[-1]["verdict"] == verdict
+    assert audit[-1]["figures"]["rule"] == "not_slower" and audit[-1]["figures"]["change"]["args"][0] == "--token-ms"

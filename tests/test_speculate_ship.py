@@ -17,6 +17,7 @@ from eagle3ops.config import load_inventory
 from eagle3ops.config.inventory import NEGATIVE_MARGIN_ENV
 from eagle3ops.speculate import headcheck as hk
 from eagle3ops.speculate import onhost
+from eagle3ops.window.common import current_release
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = {"architectures": ["LlamaForCausalLM"], "hidden_size": 128, "vocab_size": 2048, "num_hidden_layers": 4}
@@ -220,7 +221,7 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
     # otherwise, tests/test_outside_head.py); the keep path on real vLLM is what this test is for.
     run_id = f"spec-{tmp_path.name[-8:]}"
     with Remote(h) as r:
-        base_release = ship._current_release(r)  # stale when serving was recreated outside a window: see below
+        base_release = current_release(r)  # stale when serving was recreated outside a window: see below
         try:
             # the test-only switch: without it a negative margin is refused (test_negative_margin_is_refused...)
             monkeypatch.setenv(NEGATIVE_MARGIN_ENV, "1")
@@ -270,11 +271,11 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
                                              lv["speculative"]["output_tokens_per_s"])
                                          for c, lv in kept["levels"].items()}}))
         finally:  # the baseline release goes back live for the other tests
-            if ship._current_release(r) != base_release:
+            if current_release(r) != base_release:
                 back = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,
                                   command="test: back to the baseline release", to_release=base_release)
                 assert back["outcome"] == "ok"
-        assert ship._current_release(r) == base_release and demo.serving_healthy(h, completion=True)
+        assert current_release(r) == base_release and demo.serving_healthy(h, completion=True)
 
 
 # --- the driver with fakes: it plans one speculate job, prints its restarts, and the host does the rest -----------
@@ -329,7 +330,6 @@ def test_the_driver_plans_one_speculate_job_and_returns_the_hosts_result(monkeyp
                               "live_release": 8 if verdict == "keep" else 7, "rollback": None}}
 
     monkeypatch.setattr(window_run, "run_window", fake_window)
-    monkeypatch.setattr(ship, "measure_on_host", lambda *a, **k: pytest.fail("the driver measured"))
     said: list[str] = []
     opts = ship.SpeculateOptions(run="r1", pipeline_image="pipe:1", serving_image="serving:patched")
     if verdict == "error":
@@ -390,6 +390,5 @@ def test_a_head_below_the_offline_floor_is_refused_before_anything_changes(monke
 
     r.run = low
     monkeypatch.setattr(window_run, "run_window", lambda *a, **k: pytest.fail("a window ran"))
-    monkeypatch.setattr(ship, "measure_on_host", lambda *a, **k: pytest.fail("measured"))
     with pytest.raises(ship.SpeculateError, match="offline acceptance estimate 1.100 is below the floor.*--force"):
         ship.speculate(r, ship.SpeculateOptions(run="r1", pipeline_image="p"), echo=lambda *_: None)

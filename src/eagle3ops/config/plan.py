@@ -74,9 +74,13 @@ class SpeculateJob(BaseModel):
     → its measurement → decision (:func:`eagle3ops.gate.decide.decide`) → keep, or switch back to the release
     live before.
 
+    ``rule``: ``faster`` (``speculate``: keep needs the interval's lower bound at ``1 + margin`` and acceptance at
+    ``acceptance_floor``) or ``not_slower`` (``release --gate``, issue 31: any serving change, kept unless slower
+    beyond the margin; no head, no floor, and the change may be unlike the live release: that is what is measured).
+
     ``head_sha256``: the head's content digest (file names and contents); ``results_dir``: the head's results
-    folder ``<data_dir>/runs/<run>/speculate/<head_sha256[:16]>``, each attempt in its own ``<window_id>/`` inside
-    (no attempt overwrites another);
+    folder ``<data_dir>/runs/<run>/speculate/<head_sha256[:16]>`` (a gated release's: ``<state_dir>/gates``), each
+    attempt in its own ``<window_id>/`` inside (no attempt overwrites another);
     ``latest``: where a copy of the newest result goes (``runs/<run>/speculate/result.json``, what the run report
     reads, for the run's own head; ``<results_dir>/result.json`` for a head from elsewhere, so that it never
     overwrites the run's own), or None. ``prompts`` are sent in this order on every pass; ``levels``: concurrencies, the first one
@@ -84,10 +88,12 @@ class SpeculateJob(BaseModel):
     warnings), copied into the result as they are.
     """
 
-    run: str
-    head: str
-    head_sha256: str
+    #: The run and head shipped (``speculate``); None for a gated release (``rule: not_slower``), which has none.
+    run: str | None = None
+    head: str | None = None
+    head_sha256: str | None = None
     results_dir: str
+    rule: Literal["faster", "not_slower"] = "faster"
     latest: str | None = None
     change: ReleaseChange
     prompts: list[str]
@@ -95,7 +101,8 @@ class SpeculateJob(BaseModel):
     max_tokens: int
     passes: int
     margin: float
-    acceptance_floor: float
+    #: Least mean acceptance length to keep; None: not checked (``rule: not_slower``, a change that need not speculate).
+    acceptance_floor: float | None
     ttft_ratio_max: float | None = None
     request_timeout_s: float = 300.0
     idle_timeout_s: float = 120.0

@@ -65,15 +65,12 @@ from eagle3ops.speculate.headcheck import HeadMismatch, check_head
 from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _live_image, check_as_vllm_reads,
                                            check_like_for_like, check_offline_floor, check_template,
                                            offline_estimate_for)
-from eagle3ops.gate.measure import read_measurement
-from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.speculate.onhost import head_sha256, parse_answer
 from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_restart_seconds, restart_plan
 from eagle3ops.window.served_template import ServedTemplateError, read_served_template
-from eagle3ops.gate.replay import LevelResult
 
 __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "check_as_vllm_reads", "check_like_for_like",
-           "check_offline_floor", "check_template", "gate_prompts", "measure_on_host", "offline_estimate_for",
+           "check_offline_floor", "check_template", "gate_prompts", "offline_estimate_for",
            "prompt_sets", "select_gate", "speculate"]
 
 #: Bound on the inspect helper (pipeline image start + reading headers and chats), seconds.
@@ -150,51 +147,6 @@ def _upload_head(r: Any, head: Path) -> tuple[str, str]:
     r.run(hc.mkdir_p(dest))
     r.run(sc.untar_into(dest), stdin=buf.getvalue(), timeout=600)
     return dest, digest
-
-
-def measure_on_host(r: Any, image: str, prompts: list[str], levels: list[int], max_tokens: int, passes: int = 1,
-                    api_key: str | None = None, request_timeout_s: float = 300.0
-                    ) -> tuple[dict[int, list[LevelResult]], dict[int, SpecDelta]]:
-    """Replay ``prompts`` (in this order, every pass) at each concurrency in ``levels``, ``passes`` times, against
-    the host's serving port, from the host (:func:`eagle3ops.speculate.onhost.measure`). ``api_key`` goes in the
-    helper's stdin (never argv).
-
-    Returns:
-        (concurrency -> its passes in order, concurrency -> spec-decode counter delta summed over its passes; each
-        pass's delta runs from after its idle wait to after its last request).
-
-    Raises:
-        SpeculateError: the helper failed (server busy before a level, requests failing, timeout); bounded by
-            ``120 + passes * len(levels) * (request_timeout_s + 150)`` seconds.
-    """
-    s = r.host.serving
-    req = {"base_url": f"http://127.0.0.1:{s.port}", "model": s.served_model_name, "prompts": prompts,
-           "levels": levels, "max_tokens": max_tokens, "passes": passes, "api_key": api_key,
-           "request_timeout_s": request_timeout_s, "idle_timeout_s": 120}
-    res = r.run(sc.gate_helper(r.host, image, "measure"), stdin=json.dumps(req), check=False,
-                timeout=120 + passes * len(levels) * (request_timeout_s + 150))
-    try:
-        ans = parse_answer(res.stdout)
-    except ValueError as e:
-        raise SpeculateError(f"{r.host.name}: gate measurement failed: {res.stderr[-800:] or e}") from None
-    return read_measurement(ans)
-
-
-def _api_key(r: Any) -> str | None:
-    """Serving's API key, taken as the health gate takes it (:func:`eagle3ops.speculate.reach.serving_api_key`)."""
-    from eagle3ops.speculate.reach import RegenerateError, serving_api_key
-
-    try:
-        return serving_api_key(r)
-    except RegenerateError as e:
-        raise SpeculateError(str(e)) from None
-
-
-def _current_release(r: Any) -> int | None:
-    from eagle3ops.window.common import paths
-
-    out = r.run(hc.cat_if_exists(f"{paths(r.host)['releases']}/current"), check=False)
-    return int(out.stdout.strip()) if out.stdout.strip().isdigit() else None
 
 
 def _ensure_image(r: Any, image: str, echo: Callable[[str], None], push: Callable[[str, Any], str]) -> str:

@@ -160,13 +160,6 @@ def _state_paths(h: Any, release: int | None) -> dict[str, str]:
             "record": f"{d}/{release if release is not None else 'unrecorded'}.jsonl"}
 
 
-def _current_release(r: Any) -> int | None:
-    from eagle3ops.window.common import paths
-
-    out = r.run(hc.cat_if_exists(f"{paths(r.host)['releases']}/current"), check=False).stdout.strip()
-    return int(out) if out.isdigit() else None
-
-
 def gate_result_for(r: Any, release: int | None) -> dict[str, Any] | None:
     """The ``speculate`` result that made ``release`` live: the newest audit entry ``kind: speculate`` whose
     ``speculative_release`` is ``release``, its attempt folder's ``result.json`` read (``attempt_dir``; entries
@@ -328,7 +321,9 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
         except WindowError as exc:
             raise WatchError(f"{exc} (serving.watch.rollback is on)") from None
     interval = opts.interval_s or policy.interval_s
-    release = _current_release(r)
+    from eagle3ops.window.common import current_release
+
+    release = current_release(r)
     gate = gate_result_for(r, release)
     th = thresholds(policy, h.serving, gate)
     echo(f"{h.name}: release {release}; acceptance floor {th.acceptance_floor} ({th.floor_source}); per-request "

@@ -22,6 +22,10 @@ dead supervisor, which resumes from the journal and the attempt folder's files):
 6. **keep**, or **rollback**: the kind's ``return_to`` the release live before (health-gated, earlier live releases
    tried when it fails); a failed measurement rolls back too.
 
+``release --gate`` (:mod:`eagle3ops.speculate.gated`) is the same job with ``rule="not_slower"``: no head, no
+acceptance floor, no like-for-like check (its change is what is measured), results under ``<state_dir>/gates/``, audit
+kind ``release-gate``.
+
 The result (``result.json`` in the attempt folder ``runs/<run>/speculate/<sha256[:16]>/<window_id>/``, a copy at
 ``runs/<run>/speculate/result.json``) is written here, under the lock, before the window's own ``result.json`` and
 the audit line (which carries the verdict and figures). The measurement and decision steps take only the plan's
@@ -72,7 +76,7 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
     spec, deltas = read_measurement(speculative)
     decision = decide(base, spec, sum_deltas(list(deltas.values())), production_concurrency=job.levels[0],
                       margin=job.margin, acceptance_floor=job.acceptance_floor,
-                      ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max)
+                      ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max, rule=job.rule)
     decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
     return decision
 
@@ -84,13 +88,16 @@ def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: di
     which are not like for like (:func:`eagle3ops.gate.like.unlike` on the measurements' ``release`` identities,
     the speculative change's flags set aside) are ``undecided``, the verdict they would have had kept in
     ``figures["would_have_been"]``. The driver refuses unlike images before the job
-    (:func:`eagle3ops.speculate.ship.check_like_for_like`); this is the host's own check of what it measured.
+    (:func:`eagle3ops.speculate.ship.check_like_for_like`); this is the host's own check of what it measured. A
+    gated release (``rule: not_slower``) is not checked: its change (another image, a vLLM upgrade, NCCL settings)
+    is what is measured; both identities stay in the result.
 
     Raises:
         ValueError: from :func:`eagle3ops.gate.decide.decide` (a level or passes missing).
     """
-    why = unlike(ReleaseIdentity.from_dict(baseline.get("release")),
-                 ReleaseIdentity.from_dict(speculative.get("release")), change_flags=flag_names(job.change.args))
+    why = None if job.rule == "not_slower" else unlike(
+        ReleaseIdentity.from_dict(baseline.get("release")), ReleaseIdentity.from_dict(speculative.get("release")),
+        change_flags=flag_names(job.change.args))
     decision = decide_figures(job, baseline, speculative)
     verdict, reason, figures = decision.verdict, decision.reason, dict(decision.figures)
     if job.prompt_sets:
@@ -273,14 +280,17 @@ class SpeculateRun:
                   "measured_releases": self._identities(),
                   "drain": ({"drain_hook": self.job.drain_hook, "undrain_hook": self.job.undrain_hook,
                              "undrain_error": undrain_error} if self.job.drain_hook else None)}
+        if self.job.rule == "not_slower":  # a gated release: what changed, environment values left out (secrets)
+            result["change"] = {**self.job.change.model_dump(exclude={"env"}), "env": sorted(self.job.change.env)}
         self._write(self.dir / "result.json", result)
         if self.job.latest:
             self._write(Path(self.job.latest), result)
-        audit = {"kind": "speculate", "run": self.job.run, "verdict": verdict, "reason": reason,
-                 "head_sha256": self.job.head_sha256, "attempt_dir": str(self.dir),
+        audit = {"kind": "speculate" if self.job.rule == "faster" else "release-gate", "run": self.job.run,
+                 "verdict": verdict, "reason": reason, "head_sha256": self.job.head_sha256,
+                 "attempt_dir": str(self.dir),
                  "figures": {k: result.get(k) for k in (
                      "throughput_ratio", "interval", "drift", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
                      "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
                      "production_concurrency", "live_release", "baseline_release", "speculative_release",
-                     "control", "control_release", "measured_releases", "sets", "drain")}}
+                     "control", "control_release", "measured_releases", "sets", "drain", "rule", "change")}}
         return outcome, error, {"speculate": result, "audit": audit}

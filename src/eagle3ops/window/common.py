@@ -66,6 +66,12 @@ def paths(host: HostConfig, window_id: str | None = None) -> dict[str, str]:
     return p
 
 
+def current_release(r: Remote) -> int | None:
+    """The host's current serving release (``<state_dir>/releases/current``), None when none is recorded."""
+    out = r.run(hc.cat_if_exists(f"{paths(r.host)['releases']}/current"), check=False).stdout.strip()
+    return int(out) if out.isdigit() else None
+
+
 def latest_window(r: Remote) -> str | None:
     """Id of the newest window on the host (ids sort by time)."""
     out = r.run(hc.ls(paths(r.host)["windows"]), check=False)

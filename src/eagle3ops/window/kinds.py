@@ -56,9 +56,12 @@ def _speculate_preview(plan: Plan, release: list[list[str]], back: list[list[str
     decision, and the switch back when it is not kept."""
     job = plan.speculate
     assert job is not None
-    return [_measure_preview(plan, "baseline"), *release, _measure_preview(plan, "speculative"),
+    rule = (f"x{1 + job.margin:.3f} and acceptance >= {job.acceptance_floor}" if job.rule == "faster"
+            else f"x{1 - job.margin:.3f} (not slower beyond the margin)")
+    return [_measure_preview(plan, "baseline"), *release,
+            _measure_preview(plan, "speculative" if job.rule == "faster" else "changed"),
             ["# decide", f"keep when the {job.levels[0]}-concurrency throughput ratio's 90 % interval clears "
-             f"x{1 + job.margin:.3f} and acceptance >= {job.acceptance_floor}; else:"], *back,
+             f"{rule}; else:"], *back,
             ["# results", f"{job.results_dir}/{plan.window_id}"]]
 
 
