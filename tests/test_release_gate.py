@@ -106,12 +106,12 @@ def gate_world(tmp_path):
         f()
 
 
-@pytest.mark.parametrize("token_ms,verdict", [("10", "keep"), ("60", "rollback")], ids=["faster", "slower"])
+@pytest.mark.parametrize("token_ms,verdict", [("10", "keep"), ("45", "rollback")], ids=["faster", "slower"])
 def test_the_supervisor_keeps_a_faster_flag_change_and_rolls_back_a_slower_one(gate_world, tmp_path, token_ms,
                                                                                verdict):
     """The job :func:`gated.gate_job` builds, cut to 4 prompts x 16 tokens at concurrency 1 (the gate's resolution
     is tests/test_gate_simulation.py's), on a stand-in server at 25 ms a token: ``--token-ms 10`` (x2.5) is kept,
-    ``--token-ms 60`` (x0.42) rolled back to the release live before; result, audit line and lock as for
+    ``--token-ms 45`` (x0.56) rolled back to the release live before; result, audit line and lock as for
     speculate."""
     h = gate_world._host()
     job = gated.gate_job(h, ReleaseChange(args=["--token-ms", token_ms]), margin=JOB_MARGIN, passes=3,

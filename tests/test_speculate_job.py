@@ -280,3 +280,63 @@ def test_a_failing_drain_hook_ends_the_job_before_any_restart(tmp_path):
     finally:
         for f in reversed(w.cleanup):
             f()
+
+
+# --- several candidates in one job (issue 31) ---------------------------------------------------------------------
+
+def _candidate(name: str, speedup: str, ngram: bool = False) -> dict:
+    """A candidate whose simulated speed-up is set by the STAND-IN server's ``--spec-speedup`` (vLLM has no such
+    flag: it stands for what the method and k would do to throughput)."""
+    args = (sc.ngram_args(num_speculative_tokens=3, cpu=True) if ngram
+            else sc.speculative_args(num_speculative_tokens=int(name[-1]), cpu=True, model="/head"))
+    return {"name": name, "change": {"args": [*args, "--spec-speedup", speedup]}}
+
+
+@pytest.mark.parametrize("job_world,speedups,winner", [
+    (["--token-ms", "25"], {"eagle3-k2": "1.5", "eagle3-k3": "3", "ngram-k3": "1"}, "eagle3-k3"),
+    (["--token-ms", "25"], {"eagle3-k3": "1", "ngram-k3": "0.9"}, None)],
+    indirect=["job_world"], ids=["best-of-three", "none-clears"])
+def test_the_job_measures_every_candidate_and_confirms_the_best(job_world, speedups, winner, tmp_path):
+    """Each candidate switched to (never the live release) and measured against one baseline at the corrected level
+    (1 - 0.10 / m), the best that clears the rule switched to again and measured afresh (the confirmation decides);
+    when none clears, serving goes back to the recorded process. On a ``process`` host: each switch is the restore
+    agent's next round."""
+    from eagle3ops.gate.decide import candidate_level
+
+    cands = [_candidate(n, x, ngram=n.startswith("ngram")) for n, x in speedups.items()]
+    job = _job(tmp_path, candidates=cands, change=cands[0]["change"])
+    sup = job_world.supervisor("speculate", speculate=job, change=job.change)
+    res = sup.run()
+    attempt = res["speculate"]
+    rows = {r["name"]: r for r in attempt["candidates"]["rows"]}
+    assert list(rows) == list(speedups) and attempt["candidates"]["level"] == pytest.approx(candidate_level(len(cands)))
+    assert all(r["interval"]["level"] == pytest.approx(candidate_level(len(cands))) for r in rows.values())
+    assert attempt["candidates"]["winner"] == winner and res["serving_healthy"] is True
+    folder = Path(job.results_dir) / sup.plan.window_id
+    assert all((folder / f"candidate-{n}.json").is_file() for n in speedups)
+    argv = job_world.live_argv()
+    steps = [s for s, e in job_world.steps() if e == "ok"]
+    assert [s for s in steps if s.startswith("candidate-")] == [f"candidate-{n}" for n in speedups]
+    if winner:
+        assert attempt["verdict"] == "keep", attempt["reason"]
+        assert attempt["reason"].startswith(f"candidate {winner}, confirmed afresh")
+        assert argv[argv.index("--spec-speedup") + 1] == speedups[winner]
+        assert (folder / "speculative.json").is_file() and attempt["interval"]["level"] == pytest.approx(0.9)
+        assert len(res["restarts_s"]) == len(cands) + 1  # each candidate, then the winner again
+    else:
+        assert attempt["verdict"] == "rollback" and "no candidate cleared the gate" in attempt["reason"]
+        assert "--spec-speedup" not in argv and "--speculative-config" not in argv
+        assert not (folder / "speculative.json").exists()
+        assert len(res["restarts_s"]) == len(cands) + 1  # each candidate, then back to the recorded process
+    audit = json.loads((Path(sup.plan.state_dir) / "audit.jsonl").read_text().splitlines()[-1])
+    assert audit["figures"]["candidates"]["winner"] == winner
+
+
+def test_the_candidate_with_the_highest_lower_bound_is_chosen():
+    from eagle3ops.supervisor.speculate import choose_candidate
+
+    rows = [{"name": "a", "verdict": "keep", "interval": {"low": 1.10}, "throughput_ratio": 1.5},
+            {"name": "b", "verdict": "keep", "interval": {"low": 1.20}, "throughput_ratio": 1.3},
+            {"name": "c", "verdict": "undecided", "interval": {"low": 1.40}, "throughput_ratio": 2.0}]
+    assert choose_candidate(rows)["name"] == "b"  # c is not kept at the corrected level, whatever its point
+    assert choose_candidate([rows[2]]) is None and choose_candidate([]) is None

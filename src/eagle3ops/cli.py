@@ -210,6 +210,12 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
               margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin (0 or "
                                                      "more; negative only in tests, with "
                                                      "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1)."),
+              method: str = typer.Option("eagle3", "--method", help="Speculation methods to measure, comma-separated:"
+                                         " eagle3 (the run's head), ngram (vLLM's prompt lookup: no head). With "
+                                         "several methods or --k values, every candidate is measured against one "
+                                         "baseline at a corrected level and the best is confirmed afresh."),
+              k: str = typer.Option("", "--k", help="Speculative lengths to measure, comma-separated (default: the "
+                                    "head's ttt_steps)."),
               prompts_file: Optional[Path] = typer.Option(
                   None, "--prompts-file", help="Replay these prompts instead of HumanEval's gate split: a JSONL "
                   "file, one {\"prompt\": TEXT, \"id\": ID (optional)} a line, all of them in file order (not "
@@ -228,6 +234,11 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
             check_gate_margin(margin)
         except ValueError as e:
             common.fail(f"--margin: {e}")
+    methods = [m.strip() for m in method.split(",") if m.strip()]
+    try:
+        ks = [int(x) for x in k.split(",") if x.strip()]
+    except ValueError:
+        common.fail(f"--k {k!r}: comma-separated integers, e.g. --k 2,3", code=2)
     if with_humaneval and prompts_file is None:
         common.fail("--with-humaneval adds HumanEval's gate split beside a --prompts-file set; without "
                     "--prompts-file HumanEval's gate split is the gate's prompts already: drop --with-humaneval",
@@ -243,7 +254,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
                                 allow_template_mismatch=allow_template_mismatch, control=control,
-                                with_humaneval=with_humaneval,
+                                with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),
                                 margin=margin, prompts_file=prompts_file, command=_command_line())
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
@@ -278,6 +289,14 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                           f"{row['baseline_tokens_per_s']} tok/s, speculative {row['speculative_tokens_per_s']} tok/s "
                           f"(x{row['throughput_ratio']}" + (f", 90 % interval x{iv['low']} to x{iv['high']}" if iv
                                                            else "") + f"), TTFT x{row['ttft_ratio']}")
+    cands = res.get("candidates") or {}
+    for row in cands.get("rows", []):
+        iv = row.get("interval") or {}
+        acc = (row.get("spec_decode") or {}).get("mean_acceptance_length")
+        console.print(f"  candidate {row['name']}{' (chosen)' if row['name'] == cands.get('winner') else ''}: "
+                      f"{row['verdict']}, x{row.get('throughput_ratio')}"
+                      + (f", {iv['level']:.1%} interval x{iv['low']} to x{iv['high']}" if iv else "")
+                      + (f", acceptance {acc:.3f}" if acc else "") + f" ({row['reason']})")
     from eagle3ops.gate.like import ReleaseIdentity
 
     for side, rel in (res.get("measured_releases") or {}).items():

@@ -42,6 +42,27 @@ def untar_into(path: str) -> Change:
     return Change(["tar", "-x", "-f", "-", "-C", path, "--no-same-owner"])
 
 
+#: Speculation methods a ``speculate`` job can measure as candidates (``--method``): ``eagle3`` (the run's head)
+#: and ``ngram`` (vLLM's prompt-lookup proposer: no head).
+METHODS = ("eagle3", "ngram")
+#: vLLM 0.16's n-gram proposer's match window (``prompt_lookup_min``..``prompt_lookup_max`` tokens of the context
+#: searched for the last n-gram); vLLM's own defaults when only ``prompt_lookup_max`` is given are min = max.
+NGRAM_LOOKUP = (2, 4)
+
+
+def ngram_args(*, num_speculative_tokens: int, cpu: bool) -> list[str]:
+    """``--speculative-config`` for vLLM 0.16's n-gram (prompt lookup) proposer: no head, ``k`` proposed tokens,
+    the lookup window :data:`NGRAM_LOOKUP`. On a CPU host also ``--override-generation-config {"temperature": 0.0}``
+    (vLLM 0.16's rejection sampler for sampled requests is a Triton kernel: see :func:`speculative_args`)."""
+    lo, hi = NGRAM_LOOKUP
+    cfg = {"method": "ngram", "num_speculative_tokens": num_speculative_tokens, "prompt_lookup_min": lo,
+           "prompt_lookup_max": hi}
+    args = ["--speculative-config", json.dumps(cfg, sort_keys=True)]
+    if cpu:
+        args += ["--override-generation-config", json.dumps({"temperature": 0.0})]
+    return args
+
+
 def speculative_args(*, num_speculative_tokens: int, cpu: bool, model: str = HEAD_MOUNT) -> list[str]:
     """``--speculative-config`` for vLLM 0.16: method ``eagle3``, the head at ``model`` (a container sees it mounted
     at :data:`HEAD_MOUNT`; a serving process reads it at its host path), ``k``.

@@ -68,6 +68,14 @@ class ReleaseChange(BaseModel):
         return "; ".join(parts) or "no change (the live container recreated as it is)"
 
 
+class Candidate(BaseModel):
+    """One speculative release among several a ``speculate`` job chooses from (issue 31): ``name`` (e.g.
+    ``eagle3-k3``, ``ngram-k4``; journal steps and files are named after it) and its change of the live serving."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    change: ReleaseChange
+
+
 class SpeculateJob(BaseModel):
     """A ``speculate`` plan's job, carried out by the host's supervisor under the lock from start to end
     (:mod:`eagle3ops.supervisor.speculate`): record → baseline measurement → the speculative release (``change``)
@@ -121,6 +129,12 @@ class SpeculateJob(BaseModel):
     #: Prompt sets: name -> indices into ``prompts`` (e.g. ``chat``, ``code``); one table per set in the result,
     #: cut from the same passes (:func:`eagle3ops.gate.decide.set_tables`); the decision is the whole set's.
     prompt_sets: dict[str, list[int]] = Field(default_factory=dict)
+    #: Several speculative releases to choose from (``speculate --method ... --k ...``, issue 31); empty: the one
+    #: ``change``. Each is switched to (never made the live release) and measured against the one baseline, and
+    #: decided at the corrected level (:func:`eagle3ops.gate.decide.candidate_level`); the best that clears the rule
+    #: is switched to again as the speculative release and measured afresh (the confirmation), which decides at
+    #: the usual level; ``change`` is then the winner's.
+    candidates: list[Candidate] = Field(default_factory=list)
     figures: dict[str, Any] = Field(default_factory=dict)
 
     def measure_bound_s(self) -> float:
@@ -128,6 +142,10 @@ class SpeculateJob(BaseModel):
         timeout plus its idle wait."""
         rounds = self.passes + (1 if self.warmup_prompts else 0)
         return rounds * len(self.levels) * (self.request_timeout_s + self.idle_timeout_s + 30.0)
+
+    def measurements(self) -> int:
+        """Measured sides of the job: the baseline and the speculative release, plus each candidate's."""
+        return 2 + len(self.candidates)
 
 
 class Plan(BaseModel):

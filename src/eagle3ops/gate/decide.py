@@ -60,7 +60,7 @@ from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.gate.replay import LevelResult
 
 __all__ = ["LEVEL", "MIN_PASSES", "RESAMPLES", "SEED", "Decision", "Drift", "RatioInterval", "baseline_drift",
-           "decide", "pass_table", "pooled", "ratio_interval", "set_tables", "subset_pass"]
+           "candidate_level", "decide", "pass_table", "pooled", "ratio_interval", "set_tables", "subset_pass"]
 
 #: Least passes per side at the production concurrency.
 MIN_PASSES = 3
@@ -281,7 +281,7 @@ def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult]) -> dict[s
 def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
            spec: SpecDelta, *, production_concurrency: int, margin: float, acceptance_floor: float | None,
            ttft_ratio_max: float = math.inf, resamples: int = RESAMPLES, seed: int = SEED,
-           rule: Literal["faster", "not_slower"] = "faster") -> Decision:
+           rule: Literal["faster", "not_slower"] = "faster", level: float = LEVEL) -> Decision:
     """Decide from both releases' passes per concurrency and the speculative side's counter deltas (the module
     doc's rule, in its order).
 
@@ -298,6 +298,8 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         rule: ``faster`` (speculate: keep needs the lower bound at ``1 + margin``) or ``not_slower`` (``release
             --gate``: any serving change is kept unless slower beyond the margin: the lower bound at
             ``1 - margin``); the interval, drift and TTFT steps are the same.
+        level: the throughput interval's confidence level (:data:`LEVEL`; a job choosing among ``m`` candidates
+            decides each at ``1 - (1 - LEVEL) / m``: :func:`candidate_level`).
 
     Raises:
         ValueError: the production concurrency was not measured on both sides, fewer than :data:`MIN_PASSES`
@@ -327,7 +329,7 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
     # The interval is computed (and reported) whatever rule decides, so that a rollback for acceptance, TTFT or
     # drift still shows how fast the speculative release was; only step 6 decides on it.
     try:
-        iv = ratio_interval(b, s, resamples=resamples, seed=seed)
+        iv = ratio_interval(b, s, level=level, resamples=resamples, seed=seed)
         figures["interval"] = iv.figures()
     except ValueError as e:  # failed requests (no per-prompt seconds): step 2 decides, nothing to resample
         iv = None
@@ -353,7 +355,7 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
                                      f"margin ({drift.limit:.1%}): the host's speed changed while the gate "
                                      "measured; rolled back", **common)
     if iv is None:
-        iv = ratio_interval(b, s, resamples=resamples, seed=seed)  # raises the ValueError it raised above
+        iv = ratio_interval(b, s, level=level, resamples=resamples, seed=seed)  # raises the ValueError of above
     where = (f"output tokens/s x{iv.point:.3f} of the baseline at concurrency {production_concurrency}, "
              f"{iv.level:.0%} interval x{iv.low:.3f} to x{iv.high:.3f} ({len(b)} + {len(s)} passes x {iv.prompts} "
              "prompts)")
@@ -368,6 +370,20 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
     return Decision("undecided", f"{where} straddles x{need:.3f}: the lower bound x{iv.low:.3f} would have to reach "
                                  f"x{need:.3f} to keep; more passes (serving.gate_passes) narrow it; rolled back",
                     interval=iv, deciding=deciding, **common)
+
+
+def candidate_level(candidates: int, level: float = LEVEL) -> float:
+    """The interval level each of ``candidates`` releases measured against one baseline is decided at, so that the
+    chance that *any* of them clears the bar by luck stays at most ``1 - level`` (Bonferroni's correction: the error
+    ``1 - level`` shared equally, ``1 - (1 - level) / m``; C. E. Bonferroni (1936), "Teoria statistica delle classi e
+    calcolo delle probabilità"; conservative, valid whatever the candidates' dependence). One candidate: ``level``.
+
+    Raises:
+        ValueError: ``candidates`` below 1.
+    """
+    if candidates < 1:
+        raise ValueError(f"{candidates} candidates: at least one")
+    return 1.0 - (1.0 - level) / candidates
 
 
 def subset_pass(p: LevelResult, idx: Sequence[int]) -> LevelResult:

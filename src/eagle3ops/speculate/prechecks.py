@@ -67,6 +67,11 @@ class SpeculateOptions:
     allow_template_mismatch: bool = False
     control: bool = False
     with_humaneval: bool = False
+    #: Speculation methods to measure (``--method``; :data:`eagle3ops.commands.speculate.METHODS`) and speculative
+    #: lengths (``--k``; empty: the head's ``ttt_steps``): one candidate each (method x k); with more than one the
+    #: host's job measures every candidate and confirms the best (issue 31).
+    methods: tuple[str, ...] = ("eagle3",)
+    ks: tuple[int, ...] = ()
     command: str = "eagle3ops speculate"
 
 

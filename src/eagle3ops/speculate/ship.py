@@ -53,7 +53,7 @@ from typing import Any
 import yaml
 
 from eagle3ops.config.inventory import check_gate_margin
-from eagle3ops.config.plan import ReleaseChange, SpeculateJob
+from eagle3ops.config.plan import Candidate, ReleaseChange, SpeculateJob
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import speculate as sc
@@ -165,14 +165,15 @@ def speculative_change(h: Any, head_dir: str, k: int, image: str) -> ReleaseChan
     return driver_kind(h).speculative_change(h, head_dir, k, image)
 
 
-def plan_restarts(r: Any, control: bool = False) -> RestartPlan:
+def plan_restarts(r: Any, control: bool = False, candidates: int = 0) -> RestartPlan:
     """The serving restarts of a speculate job on ``r``'s host and the downtime to expect, from the restarts its
     windows recorded (:mod:`eagle3ops.speculate.restarts`; read-only, runs in ``--dry-run`` too). ``control``: the
-    job switches to a control release first (one more restart on both paths)."""
+    job switches to a control release first (one more restart on both paths); ``candidates``: several candidates,
+    each one switched to before the winner's confirmation (one more restart each, on both paths)."""
     from eagle3ops.window.common import paths
 
     out = r.run(hc.window_results(paths(r.host)["windows"]), check=False)
-    extra = 1 if control else 0
+    extra = (1 if control else 0) + (candidates if candidates > 1 else 0)
     return restart_plan(recorded_restart_seconds(parse_results(out.stdout or "")),
                         bound_s=float(r.host.serving.health_timeout_s), keep=1 + extra, rollback=2 + extra)
 
@@ -195,6 +196,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     from eagle3ops.window.standin import refuse_standin_image
 
     require_serving(r.host, "speculate")  # before anything is read or written on the host
+    n_candidates = len(opts.methods) * max(1, len(opts.ks))
     try:
         margin_override = None if opts.margin is None else check_gate_margin(opts.margin)
     except ValueError as e:
@@ -227,7 +229,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     # the SSH user: a bind mount of a missing run dir would make Docker create it as root)
     r.run(hc.mkdir_p(f"{run_dir}/speculate"))
     head_dir, digest = _upload_head(r, opts.head) if opts.head else (f"{run_dir}/train/final", None)
-    restarts = plan_restarts(r, control=opts.control)
+    restarts = plan_restarts(r, control=opts.control, candidates=n_candidates)
     if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
         echo(f"# dry run: {opts.head} would be uploaded to {head_dir} and checked against {h.model_path}")
         job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.text for p in gate], margin, floor,
@@ -310,20 +312,48 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
             "restarts_s": res.get("restarts_s"), "wall_s": round(time.monotonic() - t0, 1)}
 
 
+def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image: str) -> list[Candidate]:
+    """The speculative releases a job measures (pure): one per method of ``opts.methods`` and speculative length
+    of ``opts.ks`` (default the head's ``k``), named ``<method>-k<k>``, each the host's serving kind's change
+    (:meth:`eagle3ops.window.kinds.DriverKind.speculative_change` / ``ngram_change``).
+
+    Raises:
+        SpeculateError: an unknown method, a ``k`` below 1 or above 8, or a name given twice.
+    """
+    from eagle3ops.window.kinds import driver_kind
+
+    kind = driver_kind(h)
+    bad = [m for m in opts.methods if m not in sc.METHODS]
+    if bad or not opts.methods:
+        raise SpeculateError(f"{h.name}: --method {', '.join(bad) or '(none)'}: one of {', '.join(sc.METHODS)}")
+    ks = list(opts.ks) or [k]
+    if any(not 1 <= x <= 8 for x in ks):
+        raise SpeculateError(f"{h.name}: --k {','.join(map(str, ks))}: each speculative length from 1 to 8")
+    out = [Candidate(name=f"{m}-k{x}", change=(speculative_change(h, head_dir, x, image) if m == "eagle3"
+                                               else kind.ngram_change(h, x, image)))
+           for m in opts.methods for x in ks]
+    names = [c.name for c in out]
+    if len(set(names)) != len(names):
+        raise SpeculateError(f"{h.name}: --method/--k name a candidate twice ({', '.join(names)})")
+    return out
+
+
 def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: str, k: int, image: str,
          prompts: list[str], margin: float, floor: float, max_tokens: int, passes: int,
          figures: dict[str, Any], sets: dict[str, list[int]] | None = None) -> SpeculateJob:
-    """The plan's :class:`~eagle3ops.config.plan.SpeculateJob` (pure)."""
+    """The plan's :class:`~eagle3ops.config.plan.SpeculateJob` (pure): one speculative release, or with several
+    candidates (:func:`candidates_for`) all of them, ``change`` the first's until the host confirms the best."""
     s = h.serving
     results = f"{run_dir}/speculate/{digest[:16]}"
     # A head from elsewhere keeps its newest result in its own folder: the run's speculate/result.json (what the
     # run's report reads) stays the run's own head's.
     latest = f"{results}/result.json" if opts.head else f"{run_dir}/speculate/result.json"
-    change = speculative_change(h, head_dir, k, image)
+    cands = candidates_for(h, opts, head_dir, k, image)
+    change = cands[0].change
     control = (ReleaseChange(image=change.image, args=control_change(change.args))
                if opts.control and change.image else None)
     return SpeculateJob(run=opts.run, head=head_dir, head_sha256=digest, results_dir=results, latest=latest,
-                        change=change, control=control, prompts=prompts,
+                        change=change, control=control, prompts=prompts, candidates=cands if len(cands) > 1 else [],
                         levels=list(s.gate_concurrency), max_tokens=max_tokens, passes=passes, margin=margin,
                         acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max,
                         warmup_prompts=min(s.gate_warmup_prompts, len(prompts)), prompt_sets=sets or {},

@@ -59,8 +59,15 @@ class Journal:
 
 
 #: Journal steps that restart serving (each ``start`` to its ``ok`` is one restart, its health gate included;
-#: ``control``: a speculate job's switch to its control release).
+#: ``control``: a speculate job's switch to its control release; ``candidate-<name>``: to one of its candidates).
 RESTART_STEPS = ("restore", "control", "switch", "rollback")
+#: Prefix of a speculate job's candidate switch steps (:data:`RESTART_STEPS` too).
+CANDIDATE_STEP = "candidate-"
+
+
+def is_restart_step(step: str) -> bool:
+    """Whether journal step ``step`` restarts serving (:data:`RESTART_STEPS`, or a candidate's switch)."""
+    return step in RESTART_STEPS or step.startswith(CANDIDATE_STEP)
 
 
 def restart_seconds(entries: list[dict[str, Any]]) -> list[float]:
@@ -69,7 +76,7 @@ def restart_seconds(entries: list[dict[str, Any]]) -> list[float]:
     out: list[float] = []
     begun: dict[str, float] = {}
     for e in entries:
-        if e.get("step") not in RESTART_STEPS:
+        if not is_restart_step(str(e.get("step", ""))):
             continue
         if e.get("event") == "start":
             begun[e["step"]] = e["epoch"]

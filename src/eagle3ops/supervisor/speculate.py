@@ -13,8 +13,13 @@ dead supervisor, which resumes from the journal and the attempt folder's files):
 2. **baseline**: :func:`eagle3ops.gate.measure.measure` against live serving over the host's loopback (the
    same code as the gate helper's), saved as ``baseline.json`` in the attempt folder with the measured release's
    identity (image, id, labels, argv, vLLM's ``/version``);
-3. **switch** to the speculative release (the kind's ``switch`` with the plan's change, health-gated; a failed gate
-   is rolled back by the kind and decides ``rollback``);
+2b. with ``candidates`` (``speculate --method ... --k ...``, issue 31): each candidate in turn, **candidate-<name>**
+   (the kind's ``switch`` with its change, never made the live release) and **measure-<name>**
+   (``candidate-<name>.json``), decided against the baseline at the corrected level
+   (:func:`eagle3ops.gate.decide.candidate_level`); the best kept (:func:`choose_candidate`) is the speculative
+   release of step 3, measured afresh in step 4 (the confirmation); none kept: ``return_to`` and ``rollback``;
+3. **switch** to the speculative release (the kind's ``switch`` with the plan's change, or the chosen candidate's,
+   health-gated; a failed gate is rolled back by the kind and decides ``rollback``);
 4. **measure** the speculative release the same way (``speculative.json``);
 5. **decide** (:func:`eagle3ops.gate.decide.decide`, pure); releases that are not like for like
    (:func:`eagle3ops.gate.like.unlike`: another image or vLLM version, other flags) are ``undecided``, with the
@@ -41,13 +46,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eagle3ops.config.plan import SpeculateJob
+from eagle3ops.config.plan import Candidate, ReleaseChange, SpeculateJob
 from eagle3ops.gate.like import ReleaseIdentity, flag_names, unlike
 
 if TYPE_CHECKING:
     from eagle3ops.supervisor.runner import Supervisor
 
-__all__ = ["SpeculateRun", "decide_figures", "decide_measured", "measure_serving"]
+__all__ = ["SpeculateRun", "choose_candidate", "decide_figures", "decide_measured", "measure_serving"]
 
 
 def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
@@ -66,22 +71,26 @@ def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
                     "idle_timeout_s": job.idle_timeout_s, "warmup_prompts": job.warmup_prompts})
 
 
-def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any]) -> Any:
-    """The pure decision (:func:`eagle3ops.gate.decide.decide`) on two :func:`measure_serving` answers;
-    returns the :class:`~eagle3ops.gate.decide.Decision` with the per-level counter deltas added."""
-    from eagle3ops.gate.decide import decide
+def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any],
+                   level: float | None = None) -> Any:
+    """The pure decision (:func:`eagle3ops.gate.decide.decide`) on two :func:`measure_serving` answers, its
+    interval at ``level`` (default :data:`eagle3ops.gate.decide.LEVEL`); returns the
+    :class:`~eagle3ops.gate.decide.Decision` with the per-level counter deltas added."""
+    from eagle3ops.gate.decide import LEVEL, decide
     from eagle3ops.gate.measure import read_measurement, sum_deltas
 
     base, _ = read_measurement(baseline)
     spec, deltas = read_measurement(speculative)
     decision = decide(base, spec, sum_deltas(list(deltas.values())), production_concurrency=job.levels[0],
                       margin=job.margin, acceptance_floor=job.acceptance_floor,
-                      ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max, rule=job.rule)
+                      ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max, rule=job.rule,
+                      level=LEVEL if level is None else level)
     decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
     return decision
 
 
-def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any]
+def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any],
+                    change: ReleaseChange | None = None, level: float | None = None
                     ) -> tuple[str, str, dict[str, Any]]:
     """``(verdict, reason, figures)`` from two measurements (pure): :func:`decide_figures` with one table per
     prompt set (``figures["sets"]``, :func:`eagle3ops.gate.decide.set_tables`, when the job names sets), except that releases
@@ -90,15 +99,16 @@ def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: di
     ``figures["would_have_been"]``. The driver refuses unlike images before the job
     (:func:`eagle3ops.speculate.ship.check_like_for_like`); this is the host's own check of what it measured. A
     gated release (``rule: not_slower``) is not checked: its change (another image, a vLLM upgrade, NCCL settings)
-    is what is measured; both identities stay in the result.
+    is what is measured; both identities stay in the result. ``change``: the measured release's change (a
+    candidate's; default the job's); ``level``: the interval's (a candidate's corrected level).
 
     Raises:
         ValueError: from :func:`eagle3ops.gate.decide.decide` (a level or passes missing).
     """
     why = None if job.rule == "not_slower" else unlike(
         ReleaseIdentity.from_dict(baseline.get("release")), ReleaseIdentity.from_dict(speculative.get("release")),
-        change_flags=flag_names(job.change.args))
-    decision = decide_figures(job, baseline, speculative)
+        change_flags=flag_names((change or job.change).args))
+    decision = decide_figures(job, baseline, speculative, level)
     verdict, reason, figures = decision.verdict, decision.reason, dict(decision.figures)
     if job.prompt_sets:
         from eagle3ops.gate.decide import set_tables
@@ -111,6 +121,16 @@ def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: di
         verdict, reason = "undecided", (f"unlike releases measured ({why}): the ratio mixes the image's own speed "
                                         "with speculation's; speculate again with --control")
     return verdict, reason, figures
+
+
+def choose_candidate(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The candidate to confirm (pure): among ``rows`` (one per candidate: ``verdict``, ``interval`` at the
+    corrected level, ``throughput_ratio``) those whose verdict is ``keep``, the one with the highest lower bound (then
+    the highest point ratio, then the first); None when none is ``keep``."""
+    kept = [r for r in rows if r.get("verdict") == "keep" and r.get("interval")]
+    if not kept:
+        return None
+    return max(kept, key=lambda r: (r["interval"]["low"], r.get("throughput_ratio") or 0.0, -rows.index(r)))
 
 
 class _Decided(Exception):
@@ -204,6 +224,45 @@ class SpeculateRun:
                 out[side] = rel
         return out
 
+    def _candidates(self, baseline: dict[str, Any]) -> tuple[Candidate | None, bool, dict[str, Any]]:
+        """Switch to each candidate in turn (journal step ``candidate-<name>``, never the live release), measure it
+        (``candidate-<name>.json``) and decide it against ``baseline`` at the corrected level
+        (:func:`eagle3ops.gate.decide.candidate_level`); a candidate that fails its health gate or its measurement
+        is out (the kind's failed gate already went back to the live release). Resumes from the journal and the
+        attempt folder like every step.
+
+        Returns:
+            (the candidate to confirm, or None; whether a candidate serves now; the figures: ``level``, one row per
+            candidate with its verdict, reason, ratio, interval and acceptance, ``winner``).
+        """
+        from eagle3ops.gate.decide import candidate_level
+
+        journal, kind = self.sup.journal, self.sup.kind
+        level = candidate_level(len(self.job.candidates))
+        rows: list[dict[str, Any]] = []
+        on_candidate = False
+        for cand in self.job.candidates:
+            step = f"candidate-{cand.name}"
+            row: dict[str, Any] = {"name": cand.name, "args": cand.change.args, "image": cand.change.image}
+            msg = kind.switch(step=step, change=cand.change, live=False)
+            on_candidate = "rolled back" not in msg
+            if not on_candidate:
+                row.update(verdict="rollback", reason=f"failed its health gate ({msg})")
+            else:
+                try:
+                    ans = self._measured(f"measure-{cand.name}", f"{step}.json")
+                    verdict, reason, fig = decide_measured(self.job, baseline, ans, cand.change, level)
+                    row.update(verdict=verdict, reason=reason, throughput_ratio=fig.get("throughput_ratio"),
+                               interval=fig.get("interval"), ttft_ratio=fig.get("ttft_ratio"),
+                               spec_decode=fig.get("spec_decode"), sets=fig.get("sets"))
+                except Exception as exc:  # noqa: BLE001 - this candidate is out; the others still count
+                    row.update(verdict="error", reason=f"measuring failed: {type(exc).__name__}: {exc}")
+            journal.log(f"decide-{cand.name}", "ok", verdict=row["verdict"], reason=str(row["reason"])[-500:])
+            rows.append(row)
+        best = choose_candidate(rows)
+        winner = next((c for c in self.job.candidates if best and c.name == best["name"]), None)
+        return winner, on_candidate, {"level": level, "rows": rows, "winner": winner.name if winner else None}
+
     def run(self) -> tuple[str, str, dict[str, Any]]:
         """Carry out the job; returns ``(outcome, error, extra)`` for the window's result, ``extra`` holding
         ``speculate`` (the attempt's result) and ``audit`` (what the audit line adds)."""
@@ -211,7 +270,9 @@ class SpeculateRun:
         outcome, error = "ok", ""
         verdict, reason, figures = "error", "", {}
         base_release = spec_release = rollback = None
-        control_live = False
+        #: Serving runs a release that is not the live one (the control release, a candidate): an error returns.
+        transient = False
+        cand_figures: dict[str, Any] = {}
         drained, undrain_error = False, None
         try:
             sup.record()  # nothing changes before this succeeds
@@ -227,10 +288,24 @@ class SpeculateRun:
                     raise _Decided("rollback", f"the control release (the speculative image without "
                                                f"--speculative-config) failed its health gate ({msg}); nothing "
                                                "measured, the speculative release never started")
-                control_live = True
+                transient = True
             baseline = self._measured("baseline", "baseline.json")
-            msg = sup.replace_serving()  # the kind's switch (a resumed one keeps its journaled target)
-            control_live = False  # the switch replaced it (or its failed gate rolled back to the live release)
+            change = None
+            if self.job.candidates:  # several speculative releases: measure each, confirm the best (issue 31)
+                winner, on_candidate, cand_figures = self._candidates(baseline)
+                transient = transient or on_candidate
+                if winner is None:
+                    if transient:  # a candidate (or the control release) serves: back to the release live before
+                        rollback = kind.return_to(base_release, "no candidate cleared the gate")
+                        transient = False
+                    figures = {"candidates": cand_figures}
+                    raise _Decided("rollback", f"no candidate cleared the gate at the corrected "
+                                               f"{cand_figures['level']:.1%} level: " + "; ".join(
+                                                   f"{r['name']}: {r['verdict']}" for r in cand_figures["rows"]))
+                change = winner.change
+            # the kind's switch (a resumed one keeps its journaled target); a chosen candidate switched to again
+            msg = sup.replace_serving() if change is None else kind.switch(change=change)
+            transient = False  # the switch replaced it (or its failed gate rolled back to the live release)
             switched = journal.first("switch", "start") or {}
             base_release = switched.get("from_release", base_release)
             if "rolled back" in msg:
@@ -240,7 +315,10 @@ class SpeculateRun:
                 spec_release = sup.releases.current()
                 try:
                     speculative = self._measured("measure", "speculative.json")
-                    verdict, reason, figures = decide_measured(self.job, baseline, speculative)
+                    verdict, reason, figures = decide_measured(self.job, baseline, speculative, change)
+                    if self.job.candidates:
+                        figures["candidates"] = cand_figures
+                        reason = f"candidate {cand_figures['winner']}, confirmed afresh: {reason}"
                     journal.log("decide", "ok", verdict=verdict, reason=reason)
                 except Exception as exc:  # noqa: BLE001 - a failed measurement or decision rolls back
                     verdict, reason = "error", f"measuring the speculative release failed: {type(exc).__name__}: {exc}"
@@ -256,9 +334,10 @@ class SpeculateRun:
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
             reason = reason or error
             journal.log("supervisor", "error", reason=error[-1000:])
-            if control_live:  # the control release serves: production goes back to the release live before
+            if transient:  # the control release or a candidate serves: back to the release live before
                 try:
-                    rollback = kind.return_to(base_release, f"speculate failed during the control release: {error}")
+                    rollback = kind.return_to(base_release, f"speculate failed while the control release or a "
+                                                            f"candidate served: {error}")
                 except Exception as back:  # noqa: BLE001 - recorded; the kind set unhealthy
                     error += f"; returning to release {base_release} failed too: {back}"
         finally:
@@ -292,5 +371,6 @@ class SpeculateRun:
                      "throughput_ratio", "interval", "drift", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
                      "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
                      "production_concurrency", "live_release", "baseline_release", "speculative_release",
-                     "control", "control_release", "measured_releases", "sets", "drain", "rule", "change")}}
+                     "control", "control_release", "measured_releases", "sets", "drain", "rule", "change",
+                     "candidates")}}
         return outcome, error, {"speculate": result, "audit": audit}

@@ -34,7 +34,8 @@ def agent_limit_s(plan: Plan) -> float:
     """How long (seconds) a ``process``/``systemd`` window's restore agent waits for the supervisor's restore request
     before it restores on its own: the window's budget plus the graceful stop and 600 s; a ``speculate`` plan adds
     both sides' measurement bound (:meth:`~eagle3ops.config.plan.SpeculateJob.measure_bound_s`)."""
-    measuring = 2 * plan.speculate.measure_bound_s() if plan.speculate is not None else 0.0
+    job = plan.speculate
+    measuring = job.measurements() * job.measure_bound_s() if job is not None else 0.0
     return plan.budget_s + plan.stop_timeout_s + 600.0 + measuring
 
 
@@ -146,6 +147,13 @@ class DriverKind:
         return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0), image=image,
                              binds=[f"{head_dir}:{sc.HEAD_MOUNT}:ro"])
 
+    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
+        """vLLM's n-gram proposer as a speculative release: the live container plus its ``--speculative-config``
+        on the patched serving ``image``; no head (issue 31's candidates)."""
+        from eagle3ops.commands import speculate as sc
+
+        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0), image=image)
+
     def looked_for(self, h: HostConfig) -> str:
         """What preflight looks for, in words."""
         return f"container {h.serving.container!r}"
@@ -227,6 +235,12 @@ class ProcessKind(DriverKind):
         from eagle3ops.commands import speculate as sc
 
         return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, model=head_dir))
+
+    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
+        """The live process plus the n-gram proposer's ``--speculative-config`` (no head, no image)."""
+        from eagle3ops.commands import speculate as sc
+
+        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0))
 
     def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
         if change is None or not (change.image or change.binds):

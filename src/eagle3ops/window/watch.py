@@ -37,10 +37,12 @@ def supervisor_state(r: Remote, window_id: str) -> str | None:
 def watch_limit_s(plan: dict[str, Any]) -> float:
     """How long (seconds) a driver watches a window before giving up: the window's budget (whole downtime), the
     record gate, the graceful stop, up to four gates past the budget (restore + three rollbacks,
-    :data:`eagle3ops.config.plan.MIN_GATE_S` each), a speculate job's two measurements and :data:`WATCH_MARGIN_S`."""
+    :data:`eagle3ops.config.plan.MIN_GATE_S` each), a speculate job's measurements (both sides and each candidate's,
+    with a gate per candidate's switch) and :data:`WATCH_MARGIN_S`."""
     measuring = 0.0
-    if plan.get("speculate"):  # both sides' measurements (SpeculateJob.measure_bound_s)
-        measuring = 2 * SpeculateJob.model_validate(plan["speculate"]).measure_bound_s()
+    if plan.get("speculate"):  # SpeculateJob.measure_bound_s per measured side
+        job = SpeculateJob.model_validate(plan["speculate"])
+        measuring = job.measurements() * job.measure_bound_s() + len(job.candidates) * MIN_GATE_S
     return (float(plan.get("budget_s", 7200.0)) + RECORD_GATE_S + float(plan.get("stop_timeout_s", 120))
             + 4 * MIN_GATE_S + WATCH_MARGIN_S + measuring)
 

@@ -189,33 +189,41 @@ class ProcessServing(ServingKind):
         (gated too). The agent's own fallback (:mod:`eagle3ops.commands.process`) starts the recorded process when
         this supervisor dies.
 
+        ``step``, ``change``, ``live``: a speculate job's candidate (issue 31): the recorded process plus ``change``,
+        under its own journal step, never made the current release when ``live`` is False; each further switch of
+        the job is the agent's next round (the process it started last stopped, the next record started). A control
+        release (step ``control``) is refused: a process serves no image, its releases differ by flags only.
+
         Returns:
             ``"serving release N"`` or ``"release N failed its health gate; rolled back to release M"``.
 
         Raises:
-            RuntimeError: no target (nothing live before), a resumed supervisor, or neither the target nor the
-                recorded process passed the gate (``unhealthy`` set).
+            RuntimeError: no target (nothing live before), a control release, a resumed supervisor, or neither the
+                target nor the recorded process passed the gate (``unhealthy`` set).
         """
-        if step != "switch" or change is not None:
+        if step == "control":
             raise self._refuse("switch to a control release (a process serves no image: its releases differ by "
                                "flags only, like for like already)")
         assert self.plan.process_dir is not None
         pdir = Path(self.plan.process_dir)
-        if self.sup.journal.first("switch", "start") is not None:
+        journal = self.sup.journal
+        if journal.first(step, "start") is not None:
             self.sup.unhealthy = True
             raise RuntimeError("resumed after a process switch had begun: the restore agent restores the recorded "
                                "process once this supervisor ends; check serving and run `eagle3ops recover`")
-        live = self._live()
+        recorded = self._live()
         live_n = self.sup.releases.current()
-        if live_n is None or self.sup.releases.get(live_n).get("process") != live:
-            live_n = self.sup.releases.add_process(live, self.plan.window_id, change="the live process, as recorded")
+        if live_n is None or self.sup.releases.get(live_n).get("process") != recorded:
+            live_n = self.sup.releases.add_process(recorded, self.plan.window_id,
+                                                   change="the live process, as recorded")
             self.sup.releases.set_current(live_n)  # it serves now (preflight found it); the switch gates what follows
-        if self.plan.kind in ("release", "speculate"):  # speculate: the plan's change is the speculative one
-            change = self.plan.change or ReleaseChange()
-            env = [e for e in live["environ"] if e.split("=", 1)[0] not in change.env]
-            new = {**live, "argv": sv.set_args(live["argv"], change.args),
+        if change is not None or self.plan.kind in ("release", "speculate"):  # speculate: the plan's change
+            change = change or self.plan.change or ReleaseChange()
+            env = [e for e in recorded["environ"] if e.split("=", 1)[0] not in change.env]
+            new = {**recorded, "argv": sv.set_args(recorded["argv"], change.args),
                    "environ": env + [f"{k}={v}" for k, v in change.env.items()]}
-            target = self.sup.releases.add_process(new, self.plan.window_id, change=change.describe())
+            target = self.sup.releases.add_process(new, self.plan.window_id,
+                                                   change=("candidate: " if not live else "") + change.describe())
         else:
             target = self.plan.to_release
             if target is None:
@@ -227,34 +235,39 @@ class ProcessServing(ServingKind):
             new = self.sup.releases.get(target).get("process")
             if not new:
                 raise RuntimeError(f"release {target} is not a process release (this host serves with a process)")
-        self._write_record("next.", new)
-        (pdir / "switch").write_text(self.plan.kind)
-        self.sup.journal.log("switch", "start", to_release=target, from_release=live_n, argv=new["argv"])
-        self.stop()
-        self._rounds = 1
+        self._write_record("next.", new)  # read by the agent at this round's start only: the next one may rewrite it
+        first = getattr(self, "_rounds", 0) == 0
+        if first:
+            (pdir / "switch").write_text(self.plan.kind)
+        journal.log(step, "start", to_release=target, from_release=live_n, argv=new["argv"])
+        self._rounds = getattr(self, "_rounds", 0) + 1
         try:
             try:
-                self._round(1, "next.")
+                if first:
+                    self.stop()
+                self._round(self._rounds, "next.")
                 self.sup.gate_through_signal()
             except (GateFailed, RuntimeError) as exc:
-                self.sup.journal.log("switch", "error", to_release=target, reason=str(exc)[-500:],
-                                 verdict=isinstance(exc, GateFailed))
-                self.sup.journal.log("rollback", "start", to_release=live_n, failed_release=target)
+                journal.log(step, "error", to_release=target, reason=str(exc)[-500:],
+                            verdict=isinstance(exc, GateFailed))
+                journal.log("rollback", "start", to_release=live_n, failed_release=target)
+                self._rounds += 1
                 try:
-                    self._round(2, "")
+                    self._round(self._rounds, "")
                     self.sup.gate_through_signal()
                 except (GateFailed, RuntimeError) as exc2:
                     self.sup.unhealthy = True
-                    self.sup.journal.log("rollback", "error", to_release=live_n, reason=str(exc2)[-500:])
+                    journal.log("rollback", "error", to_release=live_n, reason=str(exc2)[-500:])
                     raise RuntimeError(f"release {target} failed ({exc}); the rollback to release {live_n} failed "
                                        f"too ({exc2}); see {pdir}/serving.log") from None
                 self.sup.releases.set_current(live_n)
-                self.sup.journal.log("rollback", "ok", to_release=live_n, message=f"ROLLED BACK: release {target} failed "
-                                                                              f"its health gate; serving release "
-                                                                              f"{live_n}")
+                journal.log("rollback", "ok", to_release=live_n, message=f"ROLLED BACK: release {target} failed "
+                                                                         f"its health gate; serving release {live_n}")
                 return f"release {target} failed its health gate; rolled back to release {live_n}"
-            self.sup.releases.set_current(target)
-            self.sup.journal.log("switch", "ok", to_release=target, pid=self._file("restored"))
+            if live:
+                self.sup.releases.set_current(target)
+            journal.log(step, "ok", to_release=target, pid=self._file("restored" + self._suffix),
+                        **({} if live else {"live": False}))
             return f"serving release {target}"
         finally:
             if self.plan.kind != "speculate":  # a speculate job may switch back: it calls finish() at its end
