@@ -59,7 +59,10 @@ def _speculate_preview(plan: Plan, release: list[list[str]], back: list[list[str
     assert job is not None
     rule = (f"x{1 + job.margin:.3f} and acceptance >= {job.acceptance_floor}" if job.rule == "faster"
             else f"x{1 - job.margin:.3f} (not slower beyond the margin)")
-    return [_measure_preview(plan, "baseline"), *release,
+    cands = ([["# candidates", ", ".join(c.name for c in job.candidates), "each switched to (never live) and "
+               f"measured; the best kept at the corrected level (x{len(job.candidates)} candidates) is the release "
+               "below, measured afresh"]] if job.candidates else [])
+    return [_measure_preview(plan, "baseline"), *cands, *release,
             _measure_preview(plan, "speculative" if job.rule == "faster" else "changed"),
             ["# decide", f"keep when the {job.levels[0]}-concurrency throughput ratio's 90 % interval clears "
              f"{rule}; else:"], *back,
