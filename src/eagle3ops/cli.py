@@ -277,8 +277,10 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     if res.get("drift"):
         console.print(f"  baseline drift {res['drift']['change']} (interval {res['drift']['low']} to "
                       f"{res['drift']['high']}, limit ±{res['drift']['limit']})")
-    console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
-                  f"{sd.get('acceptance_per_position')}; live release {res.get('live_release')}")
+    if sd:  # absent when no speculative release was measured as a whole (e.g. no candidate cleared the gate)
+        console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
+                      f"{sd.get('acceptance_per_position')}")
+    console.print(f"  live release {res.get('live_release')}")
     for name, table in (res.get("sets") or {}).items():
         if "error" in table:
             console.print(f"  set {name} ({table['prompts']} prompts): {table['error']}")
