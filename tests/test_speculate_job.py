@@ -340,3 +340,58 @@ def test_the_candidate_with_the_highest_lower_bound_is_chosen():
             {"name": "c", "verdict": "undecided", "interval": {"low": 1.40}, "throughput_ratio": 2.0}]
     assert choose_candidate(rows)["name"] == "b"  # c is not kept at the corrected level, whatever its point
     assert choose_candidate([rows[2]]) is None and choose_candidate([]) is None
+
+
+def _fake_answer(tok_s: float, accepted: float) -> dict:
+    """A :func:`eagle3ops.gate.measure.measure` answer: 3 passes of 4 prompts x 16 tokens at concurrency 1 at
+    ``tok_s`` (+-1 % per pass), the spec-decode counters moving by ``accepted`` over 10 drafts of 3 tokens."""
+    from dataclasses import asdict
+
+    from eagle3ops.gate.replay import LevelResult
+
+    levels, counters = [], []
+    for i, n in enumerate((1.0, 1.01, 0.99)):
+        wall = 64 / (tok_s * n)
+        levels.append(asdict(LevelResult(1, 4, 0, 64, wall, round(64 / wall, 3), 20.0, 25.0, 100.0, 0, (16,) * 4,
+                                         (wall / 4,) * 4, (100.0,) * 4)))
+        zero = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "accepted_per_pos": {}, "requests_running": 0}
+        counters.append([zero, {"drafts": 10.0, "draft_tokens": 30.0, "accepted": accepted,
+                                "accepted_per_pos": {"0": accepted}, "requests_running": 0}])
+    return {"levels": {"1": levels}, "counters": {"1": counters}, "server": {"version": "0.16.0"}}
+
+
+def test_a_candidate_that_fails_its_gate_does_not_stop_the_return_to_the_live_release(tmp_path, monkeypatch):
+    """Container serving (the STAND-IN Docker client and health gate of tests/test_supervisor_resume.py; the
+    measurement replaced by figures that depend on the serving image): candidate ``a`` fails its health gate (the
+    kind rolls it back), ``b`` passes it and is measured slower; no candidate clears the gate, so the job must
+    recreate the release live before, although the journal already holds ``a``'s rollback."""
+    import eagle3ops.supervisor.speculate as supspec
+    from eagle3ops.config.plan import Plan, HealthCheck
+    from eagle3ops.health import GateFailed
+    from eagle3ops.supervisor.runner import Supervisor
+    from test_supervisor_resume import StandInClient
+
+    def fake_gate(self, timeout_s=None):
+        c = self._serving()
+        if c is None or c.status != "running" or c.spec["image"] == "cand-a:1":
+            raise GateFailed(f"gate failed for {c and c.spec['image']}")
+        self.journal.log("health", "ok")
+
+    monkeypatch.setattr(Supervisor, "gate", fake_gate)
+    speeds = {"vllm:1": 50.0, "cand-b:1": 30.0}
+    monkeypatch.setattr(supspec, "measure_serving", lambda sup, job: _fake_answer(
+        speeds[sup.client.serving.spec["image"]], 5.0))
+    cands = [{"name": "a", "change": {"image": "cand-a:1", "args": ["--speculative-config", "{}"]}},
+             {"name": "b", "change": {"image": "cand-b:1", "args": ["--speculative-config", "{}"]}}]
+    job = _job(tmp_path, candidates=cands, change=cands[0]["change"], levels=[1], acceptance_floor=1.0)
+    plan = Plan(window_id="w1", kind="speculate", host="h", user="u", command="c", state_dir=str(tmp_path / "state"),
+                serving_container="vllm", health=HealthCheck(port=1, model="m", timeout_s=1), speculate=job,
+                change=job.change)
+    (tmp_path / "w1").mkdir()
+    client = StandInClient("vllm:1")
+    res = Supervisor(plan, client, tmp_path / "w1").run()
+    attempt = res["speculate"]
+    rows = {r["name"]: r["verdict"] for r in attempt["candidates"]["rows"]}
+    assert rows == {"a": "rollback", "b": "undecided"} and attempt["verdict"] == "rollback", attempt["reason"]
+    assert client.serving.spec["image"] == "vllm:1" and client.serving.status == "running"
+    assert attempt["live_release"] == attempt["baseline_release"]

@@ -30,6 +30,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.config.inventory import check_gate_margin
 from eagle3ops.config.plan import ReleaseChange, SpeculateJob
 from eagle3ops.gate.decide import MIN_PASSES
+from eagle3ops.gate.like import redacted_argv
 from eagle3ops.speculate import ship
 
 __all__ = ["gate_job", "gated_release"]
@@ -54,7 +55,8 @@ def gate_job(h: Any, change: ReleaseChange, *, margin: float, passes: int, resta
         raise ship.SpeculateError(str(e)) from None
     figures = {"prompts": {"source": "HumanEval gate split", "fraction": pr.GATE_FRACTION, "count": len(gate),
                            "max_tokens": s.gate_max_tokens, "order": [p.id for p in gate]},
-               "restarts": restarts, "change_described": change.describe()}
+               "restarts": restarts,
+               "change_described": change.model_copy(update={"args": redacted_argv(change.args)}).describe()}
     return SpeculateJob(results_dir=f"{paths(h)['state']}/gates", latest=None, rule="not_slower", change=change,
                         prompts=[p.text for p in gate], levels=list(s.gate_concurrency), max_tokens=s.gate_max_tokens,
                         passes=passes, margin=margin, acceptance_floor=None, ttft_ratio_max=s.gate_ttft_ratio_max,

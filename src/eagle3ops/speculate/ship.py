@@ -312,13 +312,19 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
             "restarts_s": res.get("restarts_s"), "wall_s": round(time.monotonic() - t0, 1)}
 
 
+#: Most candidates one speculate job measures: each costs a serving restart and a measurement, and on a ``process``
+#: host each switch (and each failed gate's rollback) is one of the restore agent's at most 20 rounds.
+MAX_CANDIDATES = 6
+
+
 def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image: str) -> list[Candidate]:
     """The speculative releases a job measures (pure): one per method of ``opts.methods`` and speculative length
     of ``opts.ks`` (default the head's ``k``), named ``<method>-k<k>``, each the host's serving kind's change
     (:meth:`eagle3ops.window.kinds.DriverKind.speculative_change` / ``ngram_change``).
 
     Raises:
-        SpeculateError: an unknown method, a ``k`` below 1 or above 8, or a name given twice.
+        SpeculateError: an unknown method, a ``k`` below 1 or above 8, a name given twice, or more than
+            :data:`MAX_CANDIDATES` candidates.
     """
     from eagle3ops.window.kinds import driver_kind
 
@@ -333,6 +339,9 @@ def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image:
                                                else kind.ngram_change(h, x, image)))
            for m in opts.methods for x in ks]
     names = [c.name for c in out]
+    if len(out) > MAX_CANDIDATES:
+        raise SpeculateError(f"{h.name}: --method/--k give {len(out)} candidates ({', '.join(names)}); at most "
+                             f"{MAX_CANDIDATES} in one job (each is a serving restart and a measurement)")
     if len(set(names)) != len(names):
         raise SpeculateError(f"{h.name}: --method/--k name a candidate twice ({', '.join(names)})")
     return out

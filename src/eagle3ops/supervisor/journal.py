@@ -48,6 +48,11 @@ class Journal:
         """The oldest entry of ``step`` with ``event``, or None."""
         return next((e for e in self.entries if e["step"] == step and e["event"] == event), None)
 
+    def first_after(self, entry: dict[str, Any] | None, step: str, event: str) -> dict[str, Any] | None:
+        """The oldest entry of ``step`` with ``event`` written after ``entry`` (None: after nothing, i.e. any)."""
+        start = next((i for i, e in enumerate(self.entries) if e is entry), -1) + 1 if entry is not None else 0
+        return next((e for e in self.entries[start:] if e["step"] == step and e["event"] == event), None)
+
     def done(self, step: str) -> bool:
         """True when ``step``'s newest entry is a successful end (``event == "ok"``)."""
         e = self.last(step)

@@ -237,13 +237,24 @@ class SpeculateRun:
         """
         from eagle3ops.gate.decide import candidate_level
 
+        from eagle3ops.gate.like import redacted_argv
+        from eagle3ops.supervisor.errors import Interrupted
+
         journal, kind = self.sup.journal, self.sup.kind
         level = candidate_level(len(self.job.candidates))
         rows: list[dict[str, Any]] = []
         on_candidate = False
         for cand in self.job.candidates:
             step = f"candidate-{cand.name}"
-            row: dict[str, Any] = {"name": cand.name, "args": cand.change.args, "image": cand.change.image}
+            decided = journal.first(f"decide-{cand.name}", "ok")
+            if decided is not None and decided.get("row"):  # a resumed supervisor: never measured again (what
+                rows.append(decided["row"])                # serves now may be a later candidate)
+                on_candidate = journal.done(step)
+                continue
+            if self.sup.stop_requested:
+                raise Interrupted("stop requested between two candidates")
+            row: dict[str, Any] = {"name": cand.name, "args": redacted_argv(cand.change.args),
+                                   "image": cand.change.image}
             msg = kind.switch(step=step, change=cand.change, live=False)
             on_candidate = "rolled back" not in msg
             if not on_candidate:
@@ -255,9 +266,12 @@ class SpeculateRun:
                     row.update(verdict=verdict, reason=reason, throughput_ratio=fig.get("throughput_ratio"),
                                interval=fig.get("interval"), ttft_ratio=fig.get("ttft_ratio"),
                                spec_decode=fig.get("spec_decode"), sets=fig.get("sets"))
+                except Interrupted:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - this candidate is out; the others still count
                     row.update(verdict="error", reason=f"measuring failed: {type(exc).__name__}: {exc}")
-            journal.log(f"decide-{cand.name}", "ok", verdict=row["verdict"], reason=str(row["reason"])[-500:])
+            journal.log(f"decide-{cand.name}", "ok", verdict=row["verdict"], reason=str(row["reason"])[-500:],
+                        row=row)
             rows.append(row)
         best = choose_candidate(rows)
         winner = next((c for c in self.job.candidates if best and c.name == best["name"]), None)
@@ -274,6 +288,7 @@ class SpeculateRun:
         transient = False
         cand_figures: dict[str, Any] = {}
         drained, undrain_error = False, None
+        returning = False  # the return to the release live before was tried (never twice)
         try:
             sup.record()  # nothing changes before this succeeds
             base_release = sup.releases.current()
@@ -292,10 +307,14 @@ class SpeculateRun:
             baseline = self._measured("baseline", "baseline.json")
             change = None
             if self.job.candidates:  # several speculative releases: measure each, confirm the best (issue 31)
+                was_transient, transient = transient, True  # from the first switch on, a candidate may serve
                 winner, on_candidate, cand_figures = self._candidates(baseline)
-                transient = transient or on_candidate
+                transient = was_transient or on_candidate
+                first = journal.first(f"candidate-{self.job.candidates[0].name}", "start") or {}
+                base_release = first.get("from_release", base_release)  # a process host adopts its live process
                 if winner is None:
                     if transient:  # a candidate (or the control release) serves: back to the release live before
+                        returning = True
                         rollback = kind.return_to(base_release, "no candidate cleared the gate")
                         transient = False
                     figures = {"candidates": cand_figures}
@@ -334,14 +353,17 @@ class SpeculateRun:
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
             reason = reason or error
             journal.log("supervisor", "error", reason=error[-1000:])
-            if transient:  # the control release or a candidate serves: back to the release live before
+            if transient and not returning:  # the control release or a candidate serves: back to the release
+                returning = True                    # live before
                 try:
                     rollback = kind.return_to(base_release, f"speculate failed while the control release or a "
                                                             f"candidate served: {error}")
+                    transient = False
                 except Exception as back:  # noqa: BLE001 - recorded; the kind set unhealthy
                     error += f"; returning to release {base_release} failed too: {back}"
         finally:
-            kind.finish()
+            if not transient:  # else no finish: a process host's restore agent restores the recorded process
+                kind.finish()  # once this supervisor ends
             if drained and self.job.undrain_hook:  # serving is on the decided release (or left as it was)
                 undrain_error = self._hook("undrain", self.job.undrain_hook)
                 if undrain_error:
@@ -359,8 +381,11 @@ class SpeculateRun:
                   "measured_releases": self._identities(),
                   "drain": ({"drain_hook": self.job.drain_hook, "undrain_hook": self.job.undrain_hook,
                              "undrain_error": undrain_error} if self.job.drain_hook else None)}
-        if self.job.rule == "not_slower":  # a gated release: what changed, environment values left out (secrets)
-            result["change"] = {**self.job.change.model_dump(exclude={"env"}), "env": sorted(self.job.change.env)}
+        if self.job.rule == "not_slower":  # a gated release: what changed, environment values and keys left out
+            from eagle3ops.gate.like import redacted_argv
+
+            result["change"] = {**self.job.change.model_dump(exclude={"env"}), "env": sorted(self.job.change.env),
+                                "args": redacted_argv(self.job.change.args)}
         self._write(self.dir / "result.json", result)
         if self.job.latest:
             self._write(Path(self.job.latest), result)

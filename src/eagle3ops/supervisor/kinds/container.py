@@ -274,7 +274,7 @@ class ContainerServing(ServingKind):
             self._refuse_release_of_failed_live()
             want = change or self.plan.change or ReleaseChange()
             target = releases.add(self.new_release(want), self.plan.window_id,
-                                  change=("control release: " if not live else "") + want.describe())
+                                  change=(f"{step} (never live): " if not live else "") + want.describe())
         elif self.plan.to_release is not None:
             target = self.plan.to_release
             releases.get(target)  # raises when not retained
@@ -305,8 +305,8 @@ class ContainerServing(ServingKind):
                 releases.set_current(target)
             journal.log(step, "ok", to_release=target, **({} if live else {"live": False}))
             return f"serving release {target}"
-        # resumed after the switch failed: finish the rollback
-        ok = journal.first("rollback", "ok")
+        # resumed after the switch failed: finish the rollback (this switch's: a rollback after its error)
+        ok = journal.first_after(journal.first(step, "error"), "rollback", "ok")
         if ok:
             return f"release {target} failed its health gate; rolled back to release {ok['to_release']}"
         return f"release {target} failed its health gate; " + self.rollback_after_failure("resumed", target)
@@ -314,19 +314,20 @@ class ContainerServing(ServingKind):
     def return_to(self, release: int | None, why: str) -> str:
         """Recreate retained release ``release`` (the one live before a speculate job's switch), health-gated;
         engine outages waited out; when it fails, the earlier live releases are tried
-        (:meth:`rollback_after_failure`). A resumed supervisor whose journal has the rollback done returns it.
+        (:meth:`rollback_after_failure`). A resumed supervisor whose journal has this return done returns it (its
+        journal entries carry ``returning``: a candidate's rollback after a failed gate earlier in the job is another).
 
         Raises:
             RuntimeError: no release to return to, or none passed its gate.
         """
         sup, journal, releases = self.sup, self.sup.journal, self.sup.releases
-        done = journal.first("rollback", "ok")
-        if done:
-            return f"rolled back to release {done['to_release']}"
+        mine = [e for e in journal.entries if e["step"] == "rollback" and e.get("returning")]
+        if mine and mine[-1]["event"] == "ok":
+            return f"rolled back to release {mine[-1]['to_release']}"
         if release is None:
             raise RuntimeError("no release was live before the switch: nothing to roll back to")
         failed = releases.current()
-        journal.log("rollback", "start", to_release=release, failed_release=failed, reason=why[-300:])
+        journal.log("rollback", "start", to_release=release, failed_release=failed, reason=why[-300:], returning=True)
         while True:
             try:
                 self._remove()
@@ -335,11 +336,11 @@ class ContainerServing(ServingKind):
             except Exception as exc:  # noqa: BLE001 - engine wait, else the earlier live releases
                 if sup.wait_out_engine("rollback", exc):
                     continue
-                journal.log("rollback", "error", to_release=release, reason=str(exc)[-500:])
+                journal.log("rollback", "error", to_release=release, reason=str(exc)[-500:], returning=True)
                 return self.rollback_after_failure(f"release {release}: {exc}", release, verdict=False)
             releases.set_current(release)
             journal.log("rollback", "ok", to_release=release, message=f"ROLLED BACK ({why}): serving release "
-                                                                      f"{release}")
+                                                                      f"{release}", returning=True)
             return f"rolled back to release {release}"
 
     def _refuse_release_of_failed_live(self) -> None:

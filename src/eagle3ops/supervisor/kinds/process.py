@@ -121,8 +121,11 @@ class ProcessServing(ServingKind):
         """No image; the argv of the process serving now: after this window's switch the release it switched to,
         before it the process this window recorded (the state dir's current release may be an older window's
         record of another process until the switch adopts the live one)."""
-        proc = None
-        done = self.sup.journal.first("switch", "ok")
+        from eagle3ops.supervisor.journal import is_restart_step
+
+        proc = None  # the newest switch, candidate or rollback this window made: what serves now
+        done = next((e for e in reversed(self.sup.journal.entries) if e.get("event") == "ok"
+                     and is_restart_step(str(e.get("step", ""))) and e.get("to_release") is not None), None)
         if done is not None:
             try:
                 proc = self.sup.releases.get(int(done["to_release"])).get("process")
@@ -240,11 +243,11 @@ class ProcessServing(ServingKind):
         if first:
             (pdir / "switch").write_text(self.plan.kind)
         journal.log(step, "start", to_release=target, from_release=live_n, argv=new["argv"])
+        if first:  # round 1 begins with the agent's stop; a failed stop is no round to roll back from
+            self.stop()
         self._rounds = getattr(self, "_rounds", 0) + 1
         try:
             try:
-                if first:
-                    self.stop()
                 self._round(self._rounds, "next.")
                 self.sup.gate_through_signal()
             except (GateFailed, RuntimeError) as exc:
