@@ -34,15 +34,21 @@ def supervisor_state(r: Remote, window_id: str) -> str | None:
     return "missing" if "no such" in (out.stderr + out.stdout).lower() else None
 
 
+#: Gates a failed candidate's switch may add: the serving kind tries up to this many earlier live releases.
+CANDIDATE_FALLBACK_GATES = 3
+
+
 def watch_limit_s(plan: dict[str, Any]) -> float:
     """How long (seconds) a driver watches a window before giving up: the window's budget (whole downtime), the
     record gate, the graceful stop, up to four gates past the budget (restore + three rollbacks,
     :data:`eagle3ops.config.plan.MIN_GATE_S` each), a speculate job's measurements (both sides and each candidate's,
-    with a gate per candidate's switch) and :data:`WATCH_MARGIN_S`."""
+    and per candidate its graceful stop, its gate and up to :data:`CANDIDATE_FALLBACK_GATES` fallback gates when it
+    fails) and :data:`WATCH_MARGIN_S`."""
     measuring = 0.0
     if plan.get("speculate"):  # SpeculateJob.measure_bound_s per measured side
         job = SpeculateJob.model_validate(plan["speculate"])
-        measuring = job.measurements() * job.measure_bound_s() + len(job.candidates) * MIN_GATE_S
+        per_switch = float(plan.get("stop_timeout_s", 120)) + (1 + CANDIDATE_FALLBACK_GATES) * MIN_GATE_S
+        measuring = job.measurements() * job.measure_bound_s() + len(job.candidates) * per_switch
     return (float(plan.get("budget_s", 7200.0)) + RECORD_GATE_S + float(plan.get("stop_timeout_s", 120))
             + 4 * MIN_GATE_S + WATCH_MARGIN_S + measuring)
 
