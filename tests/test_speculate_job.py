@@ -395,3 +395,21 @@ def test_a_candidate_that_fails_its_gate_does_not_stop_the_return_to_the_live_re
     assert rows == {"a": "rollback", "b": "undecided"} and attempt["verdict"] == "rollback", attempt["reason"]
     assert client.serving.spec["image"] == "vllm:1" and client.serving.status == "running"
     assert attempt["live_release"] == attempt["baseline_release"]
+
+
+@pytest.mark.parametrize("methods,ks,error", [
+    (("foo",), (), "--method foo: name one or more of eagle3, ngram"),
+    ((), (), "--method (none)"),
+    (("eagle3",), (0,), "--k 0: each speculative length from 1 to 8"),
+    (("eagle3",), (9,), "--k 9"),
+    (("eagle3",), (2, 2), "a value given twice"),
+    (("eagle3", "ngram"), (1, 2, 3, 4), "8 candidates; at most 6"),
+], ids=["unknown", "none", "k0", "k9", "twice", "too-many"])
+def test_methods_and_lengths_are_refused_before_the_host_is_read(methods, ks, error):
+    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_candidate_options
+
+    opts = SpeculateOptions(run="r1", pipeline_image="p", methods=methods, ks=ks)
+    with pytest.raises(SpeculateError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        check_candidate_options("h", opts)
+    assert check_candidate_options("h", SpeculateOptions(run="r1", pipeline_image="p", methods=("eagle3", "ngram"),
+                                                         ks=(2, 3))) == 4

@@ -196,7 +196,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     from eagle3ops.window.standin import refuse_standin_image
 
     require_serving(r.host, "speculate")  # before anything is read or written on the host
-    n_candidates = len(opts.methods) * max(1, len(opts.ks))
+    n_candidates = check_candidate_options(r.host.name, opts)  # before anything is read from the host
     try:
         margin_override = None if opts.margin is None else check_gate_margin(opts.margin)
     except ValueError as e:
@@ -317,34 +317,45 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
 MAX_CANDIDATES = 6
 
 
+def check_candidate_options(name: str, opts: SpeculateOptions) -> int:
+    """``--method``/``--k`` checked before anything is read from host ``name`` (pure); returns how many candidates
+    they give (``--k`` empty counts as the head's one ``k``).
+
+    Raises:
+        SpeculateError: an unknown method or none, a ``k`` below 1 or above 8, a method or ``k`` given twice, or
+            more than :data:`MAX_CANDIDATES` candidates; the message names the option and the fix.
+    """
+    bad = [m for m in opts.methods if m not in sc.METHODS]
+    if bad or not opts.methods:
+        raise SpeculateError(f"{name}: --method {','.join(bad) or '(none)'}: name one or more of "
+                             f"{', '.join(sc.METHODS)}, comma-separated (e.g. --method eagle3,ngram)")
+    if any(not 1 <= x <= 8 for x in opts.ks):
+        raise SpeculateError(f"{name}: --k {','.join(map(str, opts.ks))}: each speculative length from 1 to 8")
+    if len(set(opts.methods)) != len(opts.methods) or len(set(opts.ks)) != len(opts.ks):
+        raise SpeculateError(f"{name}: --method {','.join(opts.methods)} --k {','.join(map(str, opts.ks))}: a "
+                             "value given twice; name each once")
+    n = len(opts.methods) * max(1, len(opts.ks))
+    if n > MAX_CANDIDATES:
+        raise SpeculateError(f"{name}: --method/--k give {n} candidates; at most {MAX_CANDIDATES} in one job (each "
+                             "is a serving restart and a measurement): measure fewer methods or lengths")
+    return n
+
+
 def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image: str) -> list[Candidate]:
     """The speculative releases a job measures (pure): one per method of ``opts.methods`` and speculative length
     of ``opts.ks`` (default the head's ``k``), named ``<method>-k<k>``, each the host's serving kind's change
     (:meth:`eagle3ops.window.kinds.DriverKind.speculative_change` / ``ngram_change``).
 
     Raises:
-        SpeculateError: an unknown method, a ``k`` below 1 or above 8, a name given twice, or more than
-            :data:`MAX_CANDIDATES` candidates.
+        SpeculateError: from :func:`check_candidate_options`.
     """
     from eagle3ops.window.kinds import driver_kind
 
+    check_candidate_options(h.name, opts)
     kind = driver_kind(h)
-    bad = [m for m in opts.methods if m not in sc.METHODS]
-    if bad or not opts.methods:
-        raise SpeculateError(f"{h.name}: --method {', '.join(bad) or '(none)'}: one of {', '.join(sc.METHODS)}")
-    ks = list(opts.ks) or [k]
-    if any(not 1 <= x <= 8 for x in ks):
-        raise SpeculateError(f"{h.name}: --k {','.join(map(str, ks))}: each speculative length from 1 to 8")
-    out = [Candidate(name=f"{m}-k{x}", change=(speculative_change(h, head_dir, x, image) if m == "eagle3"
-                                               else kind.ngram_change(h, x, image)))
-           for m in opts.methods for x in ks]
-    names = [c.name for c in out]
-    if len(out) > MAX_CANDIDATES:
-        raise SpeculateError(f"{h.name}: --method/--k give {len(out)} candidates ({', '.join(names)}); at most "
-                             f"{MAX_CANDIDATES} in one job (each is a serving restart and a measurement)")
-    if len(set(names)) != len(names):
-        raise SpeculateError(f"{h.name}: --method/--k name a candidate twice ({', '.join(names)})")
-    return out
+    return [Candidate(name=f"{m}-k{x}", change=(speculative_change(h, head_dir, x, image) if m == "eagle3"
+                                                else kind.ngram_change(h, x, image)))
+            for m in opts.methods for x in (list(opts.ks) or [k])]
 
 
 def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: str, k: int, image: str,
