@@ -77,7 +77,11 @@ def test_speculate_refuses_a_negative_margin_from_the_cli_and_the_api(monkeypatc
     monkeypatch.setattr(cli_common, "remote", lambda *a, **k: pytest.fail("connected"))
     r = CliRunner().invoke(app, ["speculate", "sandbox", "--run", "r1", "--margin", "-0.1",
                                  "--inventory", str(REPO / "deploy/hosts.yaml")])
-    assert r.exit_code == 1 and "--margin" in r.output and "is negative" in r.output
+    assert r.exit_code == 2 and "--margin" in r.output and "is negative" in r.output  # a usage error, as --k abc
+    for argv in (["speculate", "sandbox", "--run", "r1", "--k", "9"], ["speculate", "sandbox", "--run", "r1",
+                 "--method", "foo"], ["release", "sandbox", "--gate", "--margin", "nan"]):
+        r = CliRunner().invoke(app, [*argv, "--inventory", str(REPO / "deploy/hosts.yaml")])
+        assert r.exit_code == 2 and "error" in r.output, (argv, r.output)  # refused before connecting
     h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     fake = _Remote(h)
     with pytest.raises(ship.SpeculateError, match="is negative"):
@@ -265,3 +269,13 @@ def test_warmup_prompts_are_sent_first_and_never_measured():
         assert level["requests"] == 3
         (before, after), = ans["counters"][c]
         assert after["drafts"] - before["drafts"] == 6  # the pass's 3 x 2 rounds only
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1.0, 5.0])
+def test_a_margin_that_would_keep_anything_is_refused(value):
+    """release --gate keeps what is not slower than ``1 - margin``: a margin of 1 or more, infinite or NaN keeps
+    every change (helper-2 found `--margin nan` accepted)."""
+    from eagle3ops.config.inventory import check_gate_margin
+
+    with pytest.raises(ValueError, match="must be a number from 0 to below 1"):
+        check_gate_margin(value)

@@ -402,9 +402,10 @@ def test_a_candidate_that_fails_its_gate_does_not_stop_the_return_to_the_live_re
     ((), (), "--method (none)"),
     (("eagle3",), (0,), "--k 0: each speculative length from 1 to 8"),
     (("eagle3",), (9,), "--k 9"),
-    (("eagle3",), (2, 2), "a value given twice"),
+    (("eagle3",), (2, 2), "2 given twice"),
+    (("ngram",), (3,), "to gate n-gram alone, with no head: `eagle3ops release HOST --gate"),
     (("eagle3", "ngram"), (1, 2, 3, 4), "8 candidates; at most 6"),
-], ids=["unknown", "none", "k0", "k9", "twice", "too-many"])
+], ids=["unknown", "none", "k0", "k9", "twice", "ngram-alone", "too-many"])
 def test_methods_and_lengths_are_refused_before_the_host_is_read(methods, ks, error):
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_candidate_options
 

@@ -157,6 +157,13 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
             common.fail("--margin needs --gate", code=2)
         _window("release", h, dry_run, change=change)
         return
+    if margin is not None:  # before the host is reached
+        from eagle3ops.config.inventory import check_gate_margin
+
+        try:
+            check_gate_margin(margin)
+        except ValueError as e:
+            common.fail(f"--margin: {e}", code=2)
     from eagle3ops.speculate.gated import gated_release
     from eagle3ops.speculate.ship import SpeculateError
     from eagle3ops.window.common import WindowError
@@ -211,11 +218,12 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                                                      "more; negative only in tests, with "
                                                      "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1)."),
               method: str = typer.Option("eagle3", "--method", help="Speculation methods to measure, comma-separated:"
-                                         " eagle3 (the run's head), ngram (vLLM's prompt lookup: no head). With "
-                                         "several methods or --k values, every candidate is measured against one "
-                                         "baseline at a corrected level and the best is confirmed afresh."),
-              k: str = typer.Option("", "--k", help="Speculative lengths to measure, comma-separated (default: the "
-                                    "head's ttt_steps)."),
+                                         " eagle3 (the run's head; always included), ngram (vLLM's prompt lookup, "
+                                         "beside it). With several methods or --k values (at most 6 candidates), "
+                                         "every candidate is measured against one baseline at a corrected level and "
+                                         "the best is confirmed afresh."),
+              k: str = typer.Option("", "--k", help="Speculative lengths to measure, comma-separated, each 1 to 8 "
+                                    "(default: the head's ttt_steps)."),
               prompts_file: Optional[Path] = typer.Option(
                   None, "--prompts-file", help="Replay these prompts instead of HumanEval's gate split: a JSONL "
                   "file, one {\"prompt\": TEXT, \"id\": ID (optional)} a line, all of them in file order (not "
@@ -223,7 +231,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                   "chat template first."),
               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
-    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, select_gate
+    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_candidate_options, select_gate
     from eagle3ops.speculate.ship import speculate as run_speculate
     from eagle3ops.window.common import WindowError
 
@@ -233,12 +241,17 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         try:
             check_gate_margin(margin)
         except ValueError as e:
-            common.fail(f"--margin: {e}")
+            common.fail(f"--margin: {e}", code=2)
     methods = [m.strip() for m in method.split(",") if m.strip()]
     try:
         ks = [int(x) for x in k.split(",") if x.strip()]
     except ValueError:
         common.fail(f"--k {k!r}: comma-separated integers, e.g. --k 2,3", code=2)
+    try:  # before the inventory is read or the host reached
+        check_candidate_options(host, SpeculateOptions(run=run, pipeline_image="", methods=tuple(methods),
+                                                       ks=tuple(ks)))
+    except SpeculateError as e:
+        common.fail(str(e), code=2)
     if with_humaneval and prompts_file is None:
         common.fail("--with-humaneval adds HumanEval's gate split beside a --prompts-file set; without "
                     "--prompts-file HumanEval's gate split is the gate's prompts already: drop --with-humaneval",
@@ -262,48 +275,9 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
             common.fail(str(exc))
     if dry_run:
         return
-    sd = res.get("spec_decode") or {}
-    console.print(f"[bold]{res['verdict']}[/bold]: {res['reason']}")
-    for c, lv in (res.get("levels") or {}).items():
-        console.print(f"  concurrency {c}: baseline {lv['baseline']['output_tokens_per_s']} tok/s, speculative "
-                      f"{(lv.get('speculative') or {}).get('output_tokens_per_s')} tok/s "
-                      f"(x{lv.get('throughput_ratio')}); passes (tok/s): baseline "
-                      f"{[p['output_tokens_per_s'] for p in lv['baseline'].get('passes', [])]}, speculative "
-                      f"{[p['output_tokens_per_s'] for p in (lv.get('speculative') or {}).get('passes', [])]}")
-    if res.get("interval"):
-        iv = res["interval"]
-        console.print(f"  {iv['level']:.0%} interval of the ratio x{iv['low']} to x{iv['high']} (point x{iv['point']},"
-                      f" {iv['baseline_passes']} + {iv['speculative_passes']} passes x {iv['prompts']} prompts)")
-    if res.get("drift"):
-        console.print(f"  baseline drift {res['drift']['change']} (interval {res['drift']['low']} to "
-                      f"{res['drift']['high']}, limit ±{res['drift']['limit']})")
-    if sd:  # absent when no speculative release was measured as a whole (e.g. no candidate cleared the gate)
-        console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
-                      f"{sd.get('acceptance_per_position')}")
-    console.print(f"  live release {res.get('live_release')}")
-    for name, table in (res.get("sets") or {}).items():
-        if "error" in table:
-            console.print(f"  set {name} ({table['prompts']} prompts): {table['error']}")
-            continue
-        for c, row in table["levels"].items():
-            iv = row.get("interval")
-            console.print(f"  set {name} ({table['prompts']} prompts), concurrency {c}: baseline "
-                          f"{row['baseline_tokens_per_s']} tok/s, speculative {row['speculative_tokens_per_s']} tok/s "
-                          f"(x{row['throughput_ratio']}" + (f", 90 % interval x{iv['low']} to x{iv['high']}" if iv
-                                                           else "") + f"), TTFT x{row['ttft_ratio']}")
-    cands = res.get("candidates") or {}
-    for row in cands.get("rows", []):
-        iv = row.get("interval") or {}
-        acc = (row.get("spec_decode") or {}).get("mean_acceptance_length")
-        console.print(f"  candidate {row['name']}{' (chosen)' if row['name'] == cands.get('winner') else ''}: "
-                      f"{row['verdict']}, x{row.get('throughput_ratio')}"
-                      + (f", {iv['level']:.1%} interval x{iv['low']} to x{iv['high']}" if iv else "")
-                      + (f", acceptance {acc:.3f}" if acc else "") + f" ({row['reason']})")
-    from eagle3ops.gate.like import ReleaseIdentity
+    from eagle3ops.console import speculate_result
 
-    for side, rel in (res.get("measured_releases") or {}).items():
-        what = "control release" if side == "baseline" and res.get("control") else side
-        console.print(f"  {side} measured: {what}, {ReleaseIdentity.from_dict(rel).describe()}")
+    speculate_result(console, res)
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["err", "print_event", "summary"]
+__all__ = ["err", "print_event", "speculate_result", "summary"]
 
 #: Events and errors go to stderr (stdout stays for machine-readable output such as JSON).
 err = Console(stderr=True)
@@ -52,3 +52,50 @@ def summary(result: dict[str, Any]) -> None:
     for w in result.get("warnings") or []:
         t.add_row("warning", w)
     Console().print(t)
+
+
+def speculate_result(console: Console, res: dict[str, Any]) -> None:
+    """A speculate job's result (``speculate``'s answer: verdict, per-level figures, interval, drift, acceptance,
+    per-set tables, one row per candidate, what each measured release ran) as lines on ``console``."""
+    from eagle3ops.gate.like import ReleaseIdentity
+
+    sd = res.get("spec_decode") or {}
+    console.print(f"[bold]{res['verdict']}[/bold]: {res['reason']}")
+    for c, lv in (res.get("levels") or {}).items():
+        console.print(f"  concurrency {c}: baseline {lv['baseline']['output_tokens_per_s']} tok/s, speculative "
+                      f"{(lv.get('speculative') or {}).get('output_tokens_per_s')} tok/s "
+                      f"(x{lv.get('throughput_ratio')}); passes (tok/s): baseline "
+                      f"{[p['output_tokens_per_s'] for p in lv['baseline'].get('passes', [])]}, speculative "
+                      f"{[p['output_tokens_per_s'] for p in (lv.get('speculative') or {}).get('passes', [])]}")
+    if res.get("interval"):
+        iv = res["interval"]
+        console.print(f"  {iv['level']:.0%} interval of the ratio x{iv['low']} to x{iv['high']} (point x{iv['point']},"
+                      f" {iv['baseline_passes']} + {iv['speculative_passes']} passes x {iv['prompts']} prompts)")
+    if res.get("drift"):
+        console.print(f"  baseline drift {res['drift']['change']} (interval {res['drift']['low']} to "
+                      f"{res['drift']['high']}, limit ±{res['drift']['limit']})")
+    if sd:  # absent when no speculative release was measured as a whole (e.g. no candidate cleared the gate)
+        console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
+                      f"{sd.get('acceptance_per_position')}")
+    console.print(f"  live release {res.get('live_release')}")
+    for name, table in (res.get("sets") or {}).items():
+        if "error" in table:
+            console.print(f"  set {name} ({table['prompts']} prompts): {table['error']}")
+            continue
+        for c, row in table["levels"].items():
+            iv = row.get("interval")
+            console.print(f"  set {name} ({table['prompts']} prompts), concurrency {c}: baseline "
+                          f"{row['baseline_tokens_per_s']} tok/s, speculative {row['speculative_tokens_per_s']} tok/s "
+                          f"(x{row['throughput_ratio']}" + (f", 90 % interval x{iv['low']} to x{iv['high']}" if iv
+                                                           else "") + f"), TTFT x{row['ttft_ratio']}")
+    cands = res.get("candidates") or {}
+    for row in cands.get("rows", []):
+        iv = row.get("interval") or {}
+        acc = (row.get("spec_decode") or {}).get("mean_acceptance_length")
+        console.print(f"  candidate {row['name']}{' (chosen)' if row['name'] == cands.get('winner') else ''}: "
+                      f"{row['verdict']}, x{row.get('throughput_ratio')}"
+                      + (f", {iv['level']:.1%} interval x{iv['low']} to x{iv['high']}" if iv else "")
+                      + (f", acceptance {acc:.3f}" if acc else "") + f" ({row['reason']})")
+    for side, rel in (res.get("measured_releases") or {}).items():
+        what = "control release" if side == "baseline" and res.get("control") else side
+        console.print(f"  {side} measured: {what}, {ReleaseIdentity.from_dict(rel).describe()}")

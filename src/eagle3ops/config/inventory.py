@@ -7,6 +7,7 @@ errors. ``eagle3ops config docs inventory`` prints this documentation from the m
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -29,13 +30,17 @@ NEGATIVE_MARGIN_ENV = "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN"
 
 
 def check_gate_margin(value: float) -> float:
-    """``value`` when it is a usable gate margin: 0 or more, or negative (above -1) only while the test-only
-    switch :data:`NEGATIVE_MARGIN_ENV` is ``1``.
+    """``value`` when it is a usable gate margin: a finite number from 0 to below 1, or negative (above -1) only while
+    the test-only switch :data:`NEGATIVE_MARGIN_ENV` is ``1``.
 
     Raises:
-        ValueError: a negative margin without the switch (a gate that keeps a release slower than the baseline), or
-            -1 or less; the message says the fix.
+        ValueError: not a finite number or 1 or more (``release --gate`` keeps what is not slower than ``1 - margin``:
+            such a gate keeps anything), a negative margin without the switch (a gate that keeps a release slower
+            than the baseline), or -1 or less; the message says the fix.
     """
+    if not math.isfinite(value) or value >= 1.0:
+        raise ValueError(f"gate margin {value} must be a number from 0 to below 1 (e.g. 0.05: keep only what is "
+                         f"measured 5 % faster, or for release --gate not more than 5 % slower)")
     if value <= -1.0:
         raise ValueError(f"gate margin {value} must be above -1 (0 or more outside tests)")
     if value < 0 and os.environ.get(NEGATIVE_MARGIN_ENV) != "1":
@@ -98,7 +103,8 @@ class ServingConfig(StrictModel):
                     "command line, environment, working directory and user are recorded from /proc, it is stopped "
                     "with SIGTERM and restored detached by a restore agent on the host, logging to the window's "
                     "state dir; it must run as the SSH user; windows, release (server flags and environment only) and "
-                    "rollback, each gated with a rollback to the recorded process; speculate refuses it), `systemd` (a "
+                    "rollback, each gated with a rollback to the recorded process, and speculate (its releases differ by "
+                    "flags only)), `systemd` (a "
                     "systemd unit named by `unit`, e.g. `vllm.service`: its ExecStart and Environment are recorded "
                     "with `systemctl show`, it is stopped and started with `systemctl stop|start` by the same "
                     "restore agent on the host, as the SSH user, who must be allowed to; windows only: release, "

@@ -236,6 +236,11 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                    max_tokens, passes, {}, prompt_sets(gate))
         return _dry(r, opts, job, restarts, run_window, on_event, echo)
     mount_run = r.run(hc.test_dir(run_dir), check=False).ok
+    if not r.run(hc.exists(f"{head_dir}/config.json"), check=False).ok:  # before docker would create the bind source
+        what = (f"run {opts.run} has no trained head ({head_dir}/config.json is missing)" if mount_run
+                else f"run {opts.run} does not exist on {h.name} ({run_dir} is missing)")
+        raise SpeculateError(f"{h.name}: {what}: train it first (`eagle3ops train {h.name} --run {opts.run}`), or "
+                             "ship a head trained elsewhere with --head DIR")
     res = r.run(sc.gate_helper(h, opts.pipeline_image, "inspect", head_dir=head_dir,
                                run_dir=run_dir if mount_run else None),
                 stdin=json.dumps({"gate": [{"id": p.id, "text": p.text} for p in gate],
@@ -331,9 +336,15 @@ def check_candidate_options(name: str, opts: SpeculateOptions) -> int:
                              f"{', '.join(sc.METHODS)}, comma-separated (e.g. --method eagle3,ngram)")
     if any(not 1 <= x <= 8 for x in opts.ks):
         raise SpeculateError(f"{name}: --k {','.join(map(str, opts.ks))}: each speculative length from 1 to 8")
-    if len(set(opts.methods)) != len(opts.methods) or len(set(opts.ks)) != len(opts.ks):
-        raise SpeculateError(f"{name}: --method {','.join(opts.methods)} --k {','.join(map(str, opts.ks))}: a "
-                             "value given twice; name each once")
+    twice = sorted({str(v) for vs in (opts.methods, opts.ks) for v in vs if list(vs).count(v) > 1})
+    if twice:
+        raise SpeculateError(f"{name}: --method/--k: {', '.join(twice)} given twice; name each once")
+    if "eagle3" not in opts.methods:
+        raise SpeculateError(f"{name}: --method {','.join(opts.methods)}: speculate ships the run's EAGLE-3 head and "
+                             "measures other methods beside it (e.g. --method eagle3,ngram); to gate n-gram alone, "
+                             "with no head: `eagle3ops release HOST --gate --image SPECULATIVE_IMAGE --arg "
+                             "--speculative-config --arg '{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
+                             "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}'`")
     n = len(opts.methods) * max(1, len(opts.ks))
     if n > MAX_CANDIDATES:
         raise SpeculateError(f"{name}: --method/--k give {n} candidates; at most {MAX_CANDIDATES} in one job (each "

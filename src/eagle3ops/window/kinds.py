@@ -62,7 +62,9 @@ def _speculate_preview(plan: Plan, release: list[list[str]], back: list[list[str
     cands = ([["# candidates", ", ".join(c.name for c in job.candidates), "each switched to (never live) and "
                f"measured; the best kept at the corrected level (x{len(job.candidates)} candidates) is the release "
                "below, measured afresh"]] if job.candidates else [])
-    return [_measure_preview(plan, "baseline"), *cands, *release,
+    control = ([["# control", f"the live serving on {job.control.image} without --speculative-config, health-gated, "
+                 "never live: the baseline measured next (one more restart)"]] if job.control else [])
+    return [*control, _measure_preview(plan, "baseline"), *cands, *release,
             _measure_preview(plan, "speculative" if job.rule == "faster" else "changed"),
             ["# decide", f"keep when the {job.levels[0]}-concurrency throughput ratio's 90 % interval clears "
              f"{rule}; else:"], *back,
