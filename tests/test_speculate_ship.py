@@ -225,12 +225,17 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
         try:
             # the test-only switch: without it a negative margin is refused (test_negative_margin_is_refused...)
             monkeypatch.setenv(NEGATIVE_MARGIN_ENV, "1")
-            kept = ship.speculate(r, ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag,
-                                                           pipeline_image_id=dep.image_id, head=keep_head,
-                                                           margin=NEGATIVE_TEST_MARGIN,
-                                                           acceptance_floor=TEST_ACCEPTANCE_FLOOR,
-                                                           force=True, control=True, command="test: keep"),
-                                  echo=lambda *_: None)
+            opts = ship.SpeculateOptions(run=run_id, pipeline_image=dep.tag, pipeline_image_id=dep.image_id,
+                                         head=keep_head, margin=NEGATIVE_TEST_MARGIN,
+                                         acceptance_floor=TEST_ACCEPTANCE_FLOOR, force=True, control=True,
+                                         command="test: keep")
+            kept = ship.speculate(r, opts, echo=lambda *_: None)
+            if kept["verdict"] == "undecided" and "drifted" in kept["reason"]:
+                # The drift rule doing its job under CI's load, not this test's subject (the keep path on real
+                # vLLM): three suites share two cores, and stop 37's third CI run had this baseline's first pass
+                # 2.7 times slower than its last (+168 %, the in-image suite's Kimi test beside it). The job
+                # rolled back cleanly; one more attempt (a new attempt folder), whose verdict must be keep.
+                kept = ship.speculate(r, opts, echo=lambda *_: None)
             base_release = kept["baseline_release"]  # what its record step found live
             assert kept["verdict"] == "keep", kept["reason"]
             # like for like (issue 24): the baseline measured is the control release (the speculative image without
