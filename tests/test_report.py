@@ -127,3 +127,27 @@ def test_calibration_across_runs_plots_offline_gate_and_production(tmp_path):
     assert (tmp_path / "out/calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (tmp_path / "out/index.html").read_text()
     assert "Calibration across runs" in html and "r-2026-11-30" in html and "1.71" in html
+
+
+def test_calibration_has_one_point_per_head_read_from_its_attempt_folder():
+    """Two heads shipped on one run (the run's own and one from elsewhere, issue 26 kind 6) are two points, each
+    read from the attempt folder its latest audit entry names (``result.json`` and the ``production.json`` that
+    ``watch`` writes beside it); a re-run of the same head replaces its point; the offline estimate may be a
+    record (``{"acceptance_length": ...}``)."""
+    files = {
+        "/d/runs/r1/speculate/aaaaaaaa11111111/w1/result.json": {"verdict": "keep", "offline_estimate": 2.1,
+                                                                 "spec_decode": {"mean_acceptance_length": 1.9}},
+        "/d/runs/r1/speculate/aaaaaaaa11111111/w3/result.json": {"verdict": "keep", "offline_estimate": 2.1,
+                                                                 "spec_decode": {"mean_acceptance_length": 1.8}},
+        "/d/runs/r1/speculate/aaaaaaaa11111111/w3/production.json": {"mean_acceptance_length": 1.6, "intervals": 5},
+        "/d/runs/r1/speculate/bbbbbbbb22222222/w2/result.json": {
+            "verdict": "rollback", "offline_estimate": {"acceptance_length": 1.4},
+            "spec_decode": {"mean_acceptance_length": 1.2}},
+    }
+    audit = [{"kind": "speculate", "run": "r1", "t": t, "head_sha256": f"{sha}{n}" + "0" * 48,
+              "attempt_dir": f"/d/runs/r1/speculate/{sha}{n}/{w}"}
+             for t, sha, n, w in (("1", "aaaaaaaa", "11111111", "w1"), ("2", "bbbbbbbb", "22222222", "w2"),
+                                  ("3", "aaaaaaaa", "11111111", "w3"))]
+    rows = report.calibration_rows(audit, lambda p: json.dumps(files[p]) if p in files else "", "/d/runs")
+    assert [(r["label"], r["offline"], r["gate"], r["production"]) for r in rows] == [
+        ("r1:bbbbbbbb", 1.4, 1.2, None), ("r1:aaaaaaaa", 2.1, 1.8, 1.6)]

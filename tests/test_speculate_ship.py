@@ -198,7 +198,9 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
     vocabulary is the target's own frequent greedy token is accepted often enough (floor
     :data:`TEST_ACCEPTANCE_FLOOR`, measured from vLLM's own spec-decode counters) and is kept at
     :data:`NEGATIVE_TEST_MARGIN`; serving ends healthy on the speculative release; the audit entry and the stored
-    result carry the figures; the test then puts the baseline release back (a real rollback window).
+    result carry the figures; then ``eagle3ops watch`` over that live speculative release sees a forced drop
+    (traffic the head cannot predict) and rolls the host back to the baseline release, health-gated
+    (:func:`_watch_rolls_back_on_a_forced_drop`, issue 31); were it not to, the test puts the baseline back itself.
 
     The rollback verdict (acceptance below the floor, or too slow) is the same job's other branch: it runs with the
     stand-in server in ``tests/test_speculate_job.py`` and ``tests/test_speculate_kill.py``; on real vLLM it cost
@@ -220,6 +222,9 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
     # force: the run has no hidden states on the host to estimate this head on (issue 26 kind 6 refuses it
     # otherwise, tests/test_outside_head.py); the keep path on real vLLM is what this test is for.
     run_id = f"spec-{tmp_path.name[-8:]}"
+    # traffic this head cannot predict, for the watch step below: prompts whose greedy continuation never holds
+    # the head's one draft token (read while the baseline serves; greedy speculation emits the same tokens)
+    unpredictable = _prompts_without(h, common[0][0], s.gate_max_tokens)
     with Remote(h) as r:
         base_release = current_release(r)  # stale when serving was recreated outside a window: see below
         try:
@@ -275,12 +280,88 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
                               "levels": {c: (lv["baseline"]["output_tokens_per_s"],
                                              lv["speculative"]["output_tokens_per_s"])
                                          for c, lv in kept["levels"].items()}}))
+            _watch_rolls_back_on_a_forced_drop(r, h, dep, kept, unpredictable)
         finally:  # the baseline release goes back live for the other tests
             if current_release(r) != base_release:
                 back = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,
                                   command="test: back to the baseline release", to_release=base_release)
                 assert back["outcome"] == "ok"
         assert current_release(r) == base_release and demo.serving_healthy(h, completion=True)
+
+
+def _prompts_without(h, token: int, max_tokens: int, want: int = 4) -> list[str]:
+    """Up to ``want`` prompts of random numbers (seeded) whose greedy continuation (``max_tokens``) never holds
+    ``token``: on them a head that only ever proposes ``token`` is never accepted (acceptance length 1.0)."""
+    import random
+
+    rng, out = random.Random(0), []
+    for _ in range(24):
+        p = " ".join(str(rng.randrange(10**6)) for _ in range(24))
+        if token not in _greedy_token_ids(h, [p], max_tokens):
+            out.append(p)
+        if len(out) == want:
+            break
+    assert out, f"no random-number prompt avoids token {token}: the forced drop cannot be driven"
+    return out
+
+
+def _watch_rolls_back_on_a_forced_drop(r, h, dep, kept: dict, prompts: list[str]) -> None:
+    """``eagle3ops watch`` over the live speculative release just kept (issue 31): while traffic the head cannot
+    predict runs (``prompts``: acceptance 1.0), the watch with ``rollback: true``, a floor of
+    :data:`TEST_ACCEPTANCE_FLOOR` and a breach sustained for one 15 s interval, rolls the host back to the gate's
+    baseline release through the locked, health-gated rollback window; the per-interval record, the audit entry's
+    figures and the production figure (calibration) are on the host."""
+    import threading
+
+    import httpx
+
+    from eagle3ops.commands import host as hc
+    from eagle3ops.speculate import watch as w
+    from eagle3ops.window.common import audit_entries
+    from eagle3ops_dev import demo
+
+    s = h.serving
+    hw = h.model_copy(update={"serving": s.model_copy(update={"watch": s.watch.model_copy(update={
+        "acceptance_floor": TEST_ACCEPTANCE_FLOOR, "sustained_minutes": 0.25, "rollback": True})})})
+    stop = threading.Event()
+
+    def traffic() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                httpx.post(f"http://127.0.0.1:{s.port}/v1/completions", timeout=60, json={
+                    "model": s.served_model_name, "prompt": prompts[i % len(prompts)], "temperature": 0,
+                    "max_tokens": s.gate_max_tokens})
+            except httpx.HTTPError:
+                stop.wait(1)
+            i += 1
+
+    t = threading.Thread(target=traffic, daemon=True)
+    t.start()
+    said: list[str] = []
+    try:
+        r.host = hw
+        out = w.watch(r, w.WatchOptions(duration_s=180, interval_s=15, pipeline_image=dep.tag,
+                                        pipeline_image_id=dep.image_id, command="test: watch"), echo=said.append)
+    finally:
+        stop.set()
+        t.join(timeout=90)
+        r.host = h
+    assert out["exit_code"] == w.EXIT_ROLLED_BACK, (out, said)
+    assert out["thresholds"]["acceptance_floor"] == TEST_ACCEPTANCE_FLOOR
+    assert out["breaches"] and out["breaches"][0]["conditions"] == ["acceptance"]
+    assert out["breaches"][0]["interval"]["mean_acceptance_length"] < TEST_ACCEPTANCE_FLOOR
+    assert out["rollback"]["outcome"] == "ok" and out["rollback"]["release"] == kept["baseline_release"]
+    assert current_release(r) == kept["baseline_release"] and demo.serving_healthy(h, completion=True)
+    entry = [e for e in audit_entries(r) if e.get("kind") == "watch"][-1]
+    assert entry["rollback"]["outcome"] == "ok" and entry["release"] == kept["speculative_release"]
+    assert entry["figures"]["mean_acceptance_length"] < TEST_ACCEPTANCE_FLOOR and entry["figures"]["drafts"] > 0
+    lines = r.run(hc.cat(f"{h.state_dir}/watch/{kept['speculative_release']}.jsonl")).stdout.splitlines()
+    assert lines and all("acceptance_per_position" in json.loads(x) for x in lines)
+    prod = out["production"]
+    assert prod and prod["release"] == kept["speculative_release"] and prod["mean_acceptance_length"] < 1.1
+    print(json.dumps({"watch": {"intervals": out["intervals"], "breach": out["breaches"][0]["reason"],
+                                "rollback": out["rollback"], "production": prod}}))
 
 
 # --- the driver with fakes: it plans one speculate job, prints its restarts, and the host does the rest -----------

@@ -38,10 +38,25 @@ app.add_typer(config_app, name="config")
 
 def _command_line() -> str:
     """This invocation as a shell command line (each argument quoted: the lock and the audit log show it, and it
-    may be pasted back into a shell)."""
+    may be pasted back into a shell), with API keys and `--env` values shown as `***`."""
     import shlex
 
-    return shlex.join(["eagle3ops", *sys.argv[1:]])
+    from eagle3ops.gate.like import redacted_argv
+
+    # API keys (also given through --arg) and --env values (they may be secrets) never reach the lock or the audit
+    words, pending = [], None  # pending: the next value word is hidden ("env": its value part)
+    for a in sys.argv[1:]:
+        if pending == "env" and "=" in a:
+            a, pending = a.split("=", 1)[0] + "=***", None
+        elif pending == "key" and a != "--arg":
+            a, pending = "***", None
+        elif a.startswith("--env="):
+            a = "--env=" + a[6:].split("=", 1)[0] + "=***"
+        else:
+            a = redacted_argv([a])[0]  # --api-key=K, or a key inside one word holding a command line
+        pending = {"--env": "env", "--api-key": "key"}.get(a, pending if a == "--arg" else None)
+        words.append(a)
+    return shlex.join(["eagle3ops", *words])
 
 
 def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
@@ -138,6 +153,8 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
             arg: list[str] = typer.Option([], "--arg", help="Server flag to set for this release (repeatable; "
                                                            "replaces the same flag of the live command)."),
             image: Optional[str] = typer.Option(None, "--image", help="New serving image for this release."),
+            env: list[str] = typer.Option([], "--env", help="NAME=VALUE to set in serving's environment for this "
+                                          "release (repeatable), e.g. NCCL_ALGO=Ring; values are not logged."),
             gate: bool = typer.Option(False, "--gate", help="Measure the change against the live release (the "
                                       "speculation gate's prompts, passes and interval) and keep it only if not "
                                       "slower beyond serving.gate_margin; else roll back."),
@@ -151,7 +168,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     from eagle3ops.config.plan import ReleaseChange
 
     h = common.load_host(inventory, host)
-    change = ReleaseChange(args=list(arg), image=image)
+    change = ReleaseChange(args=list(arg), image=image, env=common.env_pairs(env, "--env"))
     if not gate:
         if margin is not None:
             common.fail("--margin needs --gate", code=2)

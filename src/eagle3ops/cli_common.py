@@ -51,6 +51,29 @@ def fail(msg: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def env_pairs(pairs: list[str], option: str) -> dict[str, str]:
+    """``NAME=VALUE`` words of a repeatable option as a dict, each checked as the inventory checks an environment
+    entry (:func:`eagle3ops.config.enginevalues.env_name`, :func:`~eagle3ops.config.enginevalues.env_value`).
+
+    Raises:
+        typer.Exit: (status 2, through :func:`fail`) a word without ``=``, or a bad name or value; the message
+            names the option and the fix (the value itself is not shown: it may be a secret).
+    """
+    from eagle3ops.config.enginevalues import env_name, env_value
+
+    out: dict[str, str] = {}
+    for p in pairs:
+        name, eq, value = p.partition("=")
+        try:
+            if not eq:
+                raise ValueError("not NAME=VALUE")
+            out[env_name(name)] = env_value(value)
+        except ValueError as e:
+            fail(f"{option} {name}{'=...' if eq else ''}: {e} (write {option} NAME=VALUE, e.g. {option} "
+                 "NCCL_ALGO=Ring)", code=2)
+    return out
+
+
 def deployed_record(r, required: bool = True) -> dict[str, Any]:
     """The host's ``deployed.json`` (image tag and id, read over the executor ``r``); a placeholder in dry runs of a
     never-deployed host.

@@ -81,30 +81,41 @@ def collect(r: Any, host: Any, run: str) -> dict[str, Any]:
             "train_metrics": _json_lines(cat(f"{rdir}/train/metrics.jsonl")),
             "train_manifest": json.loads(manifest) if manifest.strip() else None,
             "speculate": json.loads(spec) if spec.strip() else None,
-            "calibration": calibration_rows(_json_lines(cat(f"{host.state_dir}/audit.jsonl")),
-                                            lambda p: cat(f"{host.data_dir}/runs/{p}"))}
+            "calibration": calibration_rows(_json_lines(cat(f"{host.state_dir}/audit.jsonl")), cat,
+                                            f"{host.data_dir}/runs")}
 
 
-def calibration_rows(audit: list[dict[str, Any]], read: Any) -> list[dict[str, Any]]:
-    """One row per run that went through ``speculate``, in the order of its latest ``kind: speculate`` audit entry:
-    ``{"run", "t", "verdict", "offline", "gate", "production"}`` (mean acceptance lengths; None where not recorded).
-    ``read(relative_path)`` returns a file under ``<data_dir>/runs/`` ("" when missing)."""
-    latest: dict[str, str] = {}
+def calibration_rows(audit: list[dict[str, Any]], read: Any, runs_dir: str) -> list[dict[str, Any]]:
+    """One row per head shipped through ``speculate`` (a run and its head, or a head from elsewhere on that run), in
+    the order of its latest ``kind: speculate`` audit entry: ``{"run", "label", "t", "verdict", "offline", "gate",
+    "production", "production_intervals"}`` (mean acceptance lengths; None where not recorded). ``label`` is
+    ``RUN:HEAD8`` (the first 8 hex digits of the head's sha256) when the entry names the head. The figures come
+    from the entry's attempt folder (``result.json``; ``production.json``, written there by ``watch``); entries
+    older than attempt folders: ``<runs_dir>/<run>/speculate/``. ``read(path)`` returns a host file's text ("" when
+    missing)."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
     for e in audit:
         if e.get("kind") == "speculate" and e.get("run"):
-            latest.pop(e["run"], None)
-            latest[e["run"]] = e.get("t", "")
+            key = (e["run"], e.get("head_sha256") or "")
+            latest.pop(key, None)
+            latest[key] = e
     rows = []
-    for run, t in latest.items():
-        def load(name: str) -> dict[str, Any]:
-            text = read(f"{run}/speculate/{name}")
+    for (run, sha), e in latest.items():
+        where = e.get("attempt_dir") or f"{runs_dir}/{run}/speculate"
+
+        def load(name: str, folder: str) -> dict[str, Any]:
+            text = read(f"{folder}/{name}")
             try:
                 return json.loads(text) if text.strip() else {}
             except ValueError:
                 return {}
 
-        res, prod = load("result.json"), load("production.json")
-        rows.append({"run": run, "t": t, "verdict": res.get("verdict"), "offline": res.get("offline_estimate"),
+        res = load("result.json", where)
+        prod, offline = load("production.json", where), res.get("offline_estimate")
+        if isinstance(offline, dict):  # {"acceptance_length", "per_position", ...}
+            offline = offline.get("acceptance_length")
+        rows.append({"run": run, "label": f"{run}:{sha[:8]}" if sha else run, "t": e.get("t", ""),
+                     "verdict": res.get("verdict", e.get("verdict")), "offline": offline,
                      "gate": (res.get("spec_decode") or {}).get("mean_acceptance_length"),
                      "production": prod.get("mean_acceptance_length"),
                      "production_intervals": prod.get("intervals")})
@@ -251,9 +262,9 @@ def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         pts = [(i, float(row[key])) for i, row in enumerate(cal) if row.get(key) is not None]
         if pts:
             (line,) = ax.plot([i for i, _ in pts], [v for _, v in pts], marker=marker, label=label)
-            plotted["calibration"][key] = [(cal[int(i)]["run"], v) for i, v in
+            plotted["calibration"][key] = [(cal[int(i)]["label"], v) for i, v in
                                            zip(line.get_xdata().tolist(), line.get_ydata().tolist())]
-    ax.set_xticks(range(len(cal)), [row["run"] for row in cal], rotation=30, ha="right")
+    ax.set_xticks(range(len(cal)), [row["label"] for row in cal], rotation=30, ha="right")
     ax.set(title="mean acceptance length across runs", ylabel="tokens per target step")
     if plotted["calibration"]:
         ax.legend(fontsize=8)

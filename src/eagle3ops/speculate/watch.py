@@ -22,9 +22,9 @@ the release's running totals, so a run started by cron or a systemd timer contin
 (unless the release changed, the server restarted, or the state is older than ``max(3 x interval, 900 s)``).
 **One at a time**: an exclusive ``flock`` on ``watch-<host>.lock`` beside the driver's local audit log
 (:func:`eagle3ops.window.common.local_audit_path`); a second instance exits at once with :data:`EXIT_LOCKED`.
-**Calibration**: the release's pooled production acceptance goes to ``<data_dir>/runs/<run>/speculate/
-production.json`` when a gate result names the release (``eagle3ops report`` plots it beside the offline estimate
-and the gate's figure).
+**Calibration**: the release's pooled production acceptance goes to ``production.json`` in the folder of the gate
+result that made the release (its attempt folder; ``<data_dir>/runs/<run>/speculate/`` for older results), where
+``eagle3ops report`` reads it to plot it beside the offline estimate and the gate's figure.
 
 Exit codes (:data:`EXIT_CODES`): 0 watched, no sustained breach; 1 error; 2 usage; 3 sustained breach reported
 (rollback off); 4 breach, rolled back health-gated; 5 breach, rollback failed; 75 another watch of this host runs.
@@ -398,7 +398,8 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
     else:  # the release is gone: the next watch starts afresh on the new one
         save({})
     out["production"] = production_figure(release, th.run, totals)
-    if out["production"] and th.run:
-        r.run(hc.write_file(f"{h.data_dir}/runs/{th.run}/speculate/production.json"),
-              stdin=json.dumps(out["production"], indent=2) + "\n")
+    where = (gate or {}).get("attempt_dir") or (f"{h.data_dir}/runs/{th.run}/speculate" if th.run else None)
+    if out["production"] and where:  # beside the gate's result.json: `eagle3ops report` reads both there
+        r.run(hc.write_file(f"{where}/production.json"), stdin=json.dumps(out["production"], indent=2) + "\n")
+        out["production"]["file"] = f"{where}/production.json"
     return out
