@@ -117,7 +117,7 @@ def main() -> int:
     out = {"what": "benchmarks/release_gate.py: `eagle3ops release --gate` on the host's real vLLM (issue 31): a "
                    f"slower flag change ({FLAG} {a.slow}) rolled back, the fix ({FLAG} {a.fast}) measured against "
                    "that slow release and kept",
-           "host": a.host, "inventory": str(a.inventory.resolve().relative_to(REPO)), "cpu": _cpu(),
+           "host": a.host, "inventory": str(a.inventory), "cpu": _cpu(),
            "cores": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
            "original_release": original, "release_at_end": end, "steps": steps,
            "all_as_expected": all(ok) and end == original, "wall_s": round(time.monotonic() - t0, 1),

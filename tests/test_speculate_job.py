@@ -414,3 +414,45 @@ def test_methods_and_lengths_are_refused_before_the_host_is_read(methods, ks, er
         check_candidate_options("h", opts)
     assert check_candidate_options("h", SpeculateOptions(run="r1", pipeline_image="p", methods=("eagle3", "ngram"),
                                                          ks=(2, 3))) == 4
+
+
+def test_draft_tp_candidates_are_eagle3_only_and_one_or_the_targets_tp():
+    """``--draft-tp 1,8`` (issue 31: on a PCIe host like the seeds' the draft's TP matters most): one EAGLE-3
+    candidate per draft TP, each ``--speculative-config`` carrying ``draft_tensor_parallel_size``; n-gram has no
+    draft model, so it stays one candidate per k; a TP other than 1 or the target's (from serving.args) is refused
+    naming both, and the count bound covers the product."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, candidates_for, check_candidate_options
+
+    h = load_inventory(Path(__file__).resolve().parents[1] / "deploy/hosts.yaml").host("sandbox")
+    h8 = h.model_copy(update={"serving": h.serving.model_copy(update={"args": [*h.serving.args,
+                                                                              "--tensor-parallel-size", "8"]})})
+    opts = SpeculateOptions(run="r1", pipeline_image="p", methods=("eagle3", "ngram"), ks=(3,), draft_tps=(1, 8))
+    assert check_candidate_options("h", opts) == 3
+    cands = candidates_for(h8, opts, "/heads/x", 3, "img")
+    assert [c.name for c in cands] == ["eagle3-k3-dtp1", "eagle3-k3-dtp8", "ngram-k3"]
+    cfgs = [json.loads(c.change.args[c.change.args.index("--speculative-config") + 1]) for c in cands]
+    assert [c.get("draft_tensor_parallel_size") for c in cfgs] == [1, 8, None]
+    assert cfgs[2]["method"] == "ngram" and cfgs[0]["num_speculative_tokens"] == 3
+    with pytest.raises(SpeculateError, match=r"--draft-tp 4: .* 1 or the target's \(8, from hosts.sandbox."):
+        candidates_for(h8, SpeculateOptions(run="r1", pipeline_image="p", draft_tps=(1, 4)), "/heads/x", 3, "img")
+    with pytest.raises(SpeculateError, match="--draft-tp 8: .* target's \\(1"):
+        candidates_for(h, SpeculateOptions(run="r1", pipeline_image="p", draft_tps=(8,)), "/heads/x", 3, "img")
+    with pytest.raises(SpeculateError, match="8 candidates; at most 6"):
+        check_candidate_options("h", SpeculateOptions(run="r1", pipeline_image="p", ks=(1, 2, 3, 4),
+                                                      draft_tps=(1, 8)))
+    assert [c.name for c in candidates_for(h, SpeculateOptions(run="r1", pipeline_image="p"), "/x", 2, "i")] == \
+        ["eagle3-k2"]
+
+
+def test_the_speculate_command_refuses_bad_lists_before_the_host(tmp_path):
+    """``--k 2,`` and ``--draft-tp x`` are usage errors (exit 2) naming the option, before the inventory is read."""
+    from typer.testing import CliRunner
+
+    from eagle3ops import cli
+
+    for words, option in ((["--k", "2,"], "--k"), (["--draft-tp", "x"], "--draft-tp"),
+                          (["--draft-tp", "0"], "--draft-tp")):
+        res = CliRunner().invoke(cli.app, ["speculate", "h", "--run", "r", *words, "--inventory",
+                                           str(tmp_path / "missing.yaml")])
+        assert res.exit_code == 2 and option in res.output, res.output

@@ -241,6 +241,9 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                                          "the best is confirmed afresh."),
               k: str = typer.Option("", "--k", help="Speculative lengths to measure, comma-separated, each 1 to 8 "
                                     "(default: the head's ttt_steps)."),
+              draft_tp: str = typer.Option("", "--draft-tp", help="The EAGLE-3 draft's tensor parallelism to "
+                                           "measure, comma-separated: 1 or the target's TP, e.g. 1,8 (default: the "
+                                           "target's)."),
               prompts_file: Optional[Path] = typer.Option(
                   None, "--prompts-file", help="Replay these prompts instead of HumanEval's gate split: a JSONL "
                   "file, one {\"prompt\": TEXT, \"id\": ID (optional)} a line, all of them in file order (not "
@@ -260,13 +263,10 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         except ValueError as e:
             common.fail(f"--margin: {e}", code=2)
     methods = [m.strip() for m in method.split(",") if m.strip()]
-    try:
-        ks = [int(x) for x in k.split(",") if x.strip()]
-    except ValueError:
-        common.fail(f"--k {k!r}: comma-separated integers, e.g. --k 2,3", code=2)
+    ks, tps = common.int_list(k, "--k", "2,3"), common.int_list(draft_tp, "--draft-tp", "1,8")
     try:  # before the inventory is read or the host reached
         check_candidate_options(host, SpeculateOptions(run=run, pipeline_image="", methods=tuple(methods),
-                                                       ks=tuple(ks)))
+                                                       ks=tuple(ks), draft_tps=tuple(tps)))
     except SpeculateError as e:
         common.fail(str(e), code=2)
     if with_humaneval and prompts_file is None:
@@ -285,6 +285,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                                 pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
                                 allow_template_mismatch=allow_template_mismatch, control=control,
                                 with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),
+                                draft_tps=tuple(tps),
                                 margin=margin, prompts_file=prompts_file, command=_command_line())
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)

@@ -51,6 +51,18 @@ def fail(msg: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def int_list(text: str, option: str, example: str) -> list[int]:
+    """A comma-separated list of integers (``--k 2,3``); a usage error (exit 2) naming ``option`` otherwise, also
+    for an empty item (``2,``)."""
+    words = [x.strip() for x in text.split(",")] if text.strip() else []
+    try:
+        if any(not w for w in words):
+            raise ValueError
+        return [int(w) for w in words]
+    except ValueError:
+        fail(f"{option} {text!r}: comma-separated integers, e.g. {option} {example}", code=2)
+
+
 def env_pairs(pairs: list[str], option: str) -> dict[str, str]:
     """``NAME=VALUE`` words of a repeatable option as a dict, each checked as the inventory checks an environment
     entry (:func:`eagle3ops.config.enginevalues.env_name`, :func:`~eagle3ops.config.enginevalues.env_value`).

@@ -63,9 +63,11 @@ def ngram_args(*, num_speculative_tokens: int, cpu: bool) -> list[str]:
     return args
 
 
-def speculative_args(*, num_speculative_tokens: int, cpu: bool, model: str = HEAD_MOUNT) -> list[str]:
+def speculative_args(*, num_speculative_tokens: int, cpu: bool, model: str = HEAD_MOUNT,
+                     draft_tp: int | None = None) -> list[str]:
     """``--speculative-config`` for vLLM 0.16: method ``eagle3``, the head at ``model`` (a container sees it mounted
-    at :data:`HEAD_MOUNT`; a serving process reads it at its host path), ``k``.
+    at :data:`HEAD_MOUNT`; a serving process reads it at its host path), ``k``; with ``draft_tp`` also
+    ``draft_tensor_parallel_size`` (vLLM 0.16 takes 1 or the target's TP; default: the target's).
 
     On a CPU host (the sandbox's stand-in series, greedy only) also ``disable_padded_drafter_batch: true`` (the EAGLE
     proposer's torch path) and ``--override-generation-config {"temperature": 0.0}``: a request that leaves
@@ -75,6 +77,8 @@ def speculative_args(*, num_speculative_tokens: int, cpu: bool, model: str = HEA
     for ``temperature > 0`` still does; the stand-in is never a production image.
     """
     cfg: dict[str, Any] = {"method": "eagle3", "model": model, "num_speculative_tokens": num_speculative_tokens}
+    if draft_tp is not None:
+        cfg["draft_tensor_parallel_size"] = draft_tp
     if cpu:
         cfg["disable_padded_drafter_batch"] = True
     args = ["--speculative-config", json.dumps(cfg, sort_keys=True)]

@@ -72,6 +72,9 @@ class SpeculateOptions:
     #: host's job measures every candidate and confirms the best (issue 31).
     methods: tuple[str, ...] = ("eagle3",)
     ks: tuple[int, ...] = ()
+    #: The EAGLE-3 draft's tensor parallelism to measure (``--draft-tp``; empty: the target's, vLLM's default):
+    #: one EAGLE-3 candidate each; vLLM 0.16 takes 1 or the target's TP (on a PCIe host the choice matters most).
+    draft_tps: tuple[int, ...] = ()
     command: str = "eagle3ops speculate"
 
 

@@ -156,13 +156,13 @@ def _ensure_image(r: Any, image: str, echo: Callable[[str], None], push: Callabl
     return push(image, r.host)
 
 
-def speculative_change(h: Any, head_dir: str, k: int, image: str) -> ReleaseChange:
+def speculative_change(h: Any, head_dir: str, k: int, image: str, draft_tp: int | None = None) -> ReleaseChange:
     """The speculative release of host ``h``'s serving kind (:meth:`eagle3ops.window.kinds.DriverKind.
     speculative_change`): a container gets ``--speculative-config``, the patched ``image`` and the head mounted
     read-only at :data:`sc.HEAD_MOUNT`; a process gets ``--speculative-config`` naming the head's host path."""
     from eagle3ops.window.kinds import driver_kind
 
-    return driver_kind(h).speculative_change(h, head_dir, k, image)
+    return driver_kind(h).speculative_change(h, head_dir, k, image, draft_tp)
 
 
 def plan_restarts(r: Any, control: bool = False, candidates: int = 0) -> RestartPlan:
@@ -323,12 +323,14 @@ MAX_CANDIDATES = 6
 
 
 def check_candidate_options(name: str, opts: SpeculateOptions) -> int:
-    """``--method``/``--k`` checked before anything is read from host ``name`` (pure); returns how many candidates
-    they give (``--k`` empty counts as the head's one ``k``).
+    """``--method``/``--k``/``--draft-tp`` checked before anything is read from host ``name`` (pure); returns how
+    many candidates they give (``--k`` empty counts as the head's one ``k``; ``--draft-tp`` multiplies the EAGLE-3
+    candidates only: n-gram has no draft model).
 
     Raises:
-        SpeculateError: an unknown method or none, a ``k`` below 1 or above 8, a method or ``k`` given twice, or
-            more than :data:`MAX_CANDIDATES` candidates; the message names the option and the fix.
+        SpeculateError: an unknown method or none, a ``k`` below 1 or above 8, a draft TP below 1, a method, ``k``
+            or draft TP given twice, or more than :data:`MAX_CANDIDATES` candidates; the message names the option
+            and the fix.
     """
     bad = [m for m in opts.methods if m not in sc.METHODS]
     if bad or not opts.methods:
@@ -336,37 +338,67 @@ def check_candidate_options(name: str, opts: SpeculateOptions) -> int:
                              f"{', '.join(sc.METHODS)}, comma-separated (e.g. --method eagle3,ngram)")
     if any(not 1 <= x <= 8 for x in opts.ks):
         raise SpeculateError(f"{name}: --k {','.join(map(str, opts.ks))}: each speculative length from 1 to 8")
-    twice = sorted({str(v) for vs in (opts.methods, opts.ks) for v in vs if list(vs).count(v) > 1})
+    if any(t < 1 for t in opts.draft_tps):
+        raise SpeculateError(f"{name}: --draft-tp {','.join(map(str, opts.draft_tps))}: each draft tensor "
+                             "parallelism at least 1 (vLLM 0.16 takes 1 or the target's TP)")
+    twice = sorted({str(v) for vs in (opts.methods, opts.ks, opts.draft_tps) for v in vs if list(vs).count(v) > 1})
     if twice:
-        raise SpeculateError(f"{name}: --method/--k: {', '.join(twice)} given twice; name each once")
+        raise SpeculateError(f"{name}: --method/--k/--draft-tp: {', '.join(twice)} given twice; name each once")
     if "eagle3" not in opts.methods:
         raise SpeculateError(f"{name}: --method {','.join(opts.methods)}: speculate ships the run's EAGLE-3 head and "
                              "measures other methods beside it (e.g. --method eagle3,ngram); to gate n-gram alone, "
                              "with no head: `eagle3ops release HOST --gate --image SPECULATIVE_IMAGE --arg "
                              "--speculative-config --arg '{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
                              "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}'`")
-    n = len(opts.methods) * max(1, len(opts.ks))
+    n = (len(opts.methods) - 1 + max(1, len(opts.draft_tps))) * max(1, len(opts.ks))
     if n > MAX_CANDIDATES:
-        raise SpeculateError(f"{name}: --method/--k give {n} candidates; at most {MAX_CANDIDATES} in one job (each "
-                             "is a serving restart and a measurement): measure fewer methods or lengths")
+        raise SpeculateError(f"{name}: --method/--k/--draft-tp give {n} candidates; at most {MAX_CANDIDATES} in one "
+                             "job (each is a serving restart and a measurement): measure fewer methods, lengths or "
+                             "draft TPs")
     return n
 
 
+def target_tp(h: Any) -> int:
+    """The target's tensor parallelism as host ``h``'s serving flags give it (``--tensor-parallel-size N``, ``-tp
+    N`` or ``--tensor-parallel-size=N``; vLLM's default 1)."""
+    args = list(h.serving.args or [])
+    for i, a in enumerate(args):
+        if a.startswith("--tensor-parallel-size="):
+            return int(a.split("=", 1)[1])
+        if a in ("--tensor-parallel-size", "-tp") and i + 1 < len(args):
+            return int(args[i + 1])
+    return 1
+
+
 def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image: str) -> list[Candidate]:
-    """The speculative releases a job measures (pure): one per method of ``opts.methods`` and speculative length
-    of ``opts.ks`` (default the head's ``k``), named ``<method>-k<k>``, each the host's serving kind's change
+    """The speculative releases a job measures (pure): per speculative length of ``opts.ks`` (default the head's
+    ``k``), one EAGLE-3 release per draft TP of ``opts.draft_tps`` (named ``eagle3-k<k>-dtp<t>``; none given: the
+    target's, named ``eagle3-k<k>``) and one per other method (``ngram-k<k>``), each the host's serving kind's change
     (:meth:`eagle3ops.window.kinds.DriverKind.speculative_change` / ``ngram_change``).
 
     Raises:
-        SpeculateError: from :func:`check_candidate_options`.
+        SpeculateError: from :func:`check_candidate_options`; a draft TP other than 1 or the target's TP
+            (:func:`target_tp`: vLLM 0.16 refuses others), naming ``--draft-tp`` and ``serving.args``.
     """
     from eagle3ops.window.kinds import driver_kind
 
     check_candidate_options(h.name, opts)
+    tp = target_tp(h)
+    bad = [t for t in opts.draft_tps if t not in (1, tp)]
+    if bad:
+        raise SpeculateError(f"{h.name}: --draft-tp {','.join(map(str, bad))}: vLLM 0.16 runs the draft with TP 1 "
+                             f"or the target's ({tp}, from hosts.{h.name}.serving.args); choose from 1,{tp}")
     kind = driver_kind(h)
-    return [Candidate(name=f"{m}-k{x}", change=(speculative_change(h, head_dir, x, image) if m == "eagle3"
-                                                else kind.ngram_change(h, x, image)))
-            for m in opts.methods for x in (list(opts.ks) or [k])]
+    out = []
+    for m in opts.methods:
+        for x in list(opts.ks) or [k]:
+            if m != "eagle3":
+                out.append(Candidate(name=f"{m}-k{x}", change=kind.ngram_change(h, x, image)))
+                continue
+            for t in list(opts.draft_tps) or [None]:
+                out.append(Candidate(name=f"eagle3-k{x}" + (f"-dtp{t}" if t is not None else ""),
+                                     change=speculative_change(h, head_dir, x, image, t)))
+    return out
 
 
 def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: str, k: int, image: str,

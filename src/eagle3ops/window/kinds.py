@@ -143,14 +143,16 @@ class DriverKind:
                                                    sv.record_run_argv(h, back), _gate(plan)])
         return cmds
 
-    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str) -> ReleaseChange:
-        """The speculative release: the live container plus ``--speculative-config`` (and on a CPU host the
-        stand-in's settings), the patched serving ``image`` and the head mounted read-only at
-        :data:`eagle3ops.commands.speculate.HEAD_MOUNT`; everything else of the live container unchanged."""
+    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
+                           draft_tp: int | None = None) -> ReleaseChange:
+        """The speculative release: the live container plus ``--speculative-config`` (``draft_tp``: the draft's
+        tensor parallelism; and on a CPU host the stand-in's settings), the patched serving ``image`` and the head
+        mounted read-only at :data:`eagle3ops.commands.speculate.HEAD_MOUNT`; everything else of the live container
+        unchanged."""
         from eagle3ops.commands import speculate as sc
 
-        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0), image=image,
-                             binds=[f"{head_dir}:{sc.HEAD_MOUNT}:ro"])
+        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, draft_tp=draft_tp),
+                             image=image, binds=[f"{head_dir}:{sc.HEAD_MOUNT}:ro"])
 
     def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
         """vLLM's n-gram proposer as a speculative release: the live container plus its ``--speculative-config``
@@ -234,12 +236,14 @@ class ProcessKind(DriverKind):
                               f"is not supported for process serving yet (windows, release, rollback and speculate "
                               f"are); run serving as a container for {what}")
 
-    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str) -> ReleaseChange:
+    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
+                           draft_tp: int | None = None) -> ReleaseChange:
         """The live process plus ``--speculative-config`` naming the head at its host path (a process has no
         image or binds: ``image`` is not used; the process's own vLLM must be the patched one)."""
         from eagle3ops.commands import speculate as sc
 
-        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, model=head_dir))
+        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, model=head_dir,
+                                                      draft_tp=draft_tp))
 
     def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
         """The live process plus the n-gram proposer's ``--speculative-config`` (no head, no image)."""
