@@ -3,14 +3,20 @@
 Runs the user's commands, through the CLI, in this order, and records each one's exit status, verdict and figures
 (the gate's result file on the host, read from the newest ``kind: release-gate`` audit entry's attempt folder):
 
-1. ``eagle3ops release HOST --gate --arg=FLAG --arg=SLOW``: the live release against the same container with a
-   prefill token budget of ``SLOW`` tokens per scheduler step (``--max-num-batched-tokens``; vLLM's default is
-   thousands): every prompt's prefill then takes many steps, so the change is slower -> expected: rolled back,
-   exit 3, the original release live.
+1. ``eagle3ops release HOST --gate --arg=FLAG --arg=SLOW``: the live release against the same container with
+   ``--max-num-seqs 1`` (the default ``FLAG``/``SLOW``): one request at a time, so at the production concurrency
+   (``--production-concurrency``, default 4: the gate's deciding level, the first of ``serving.gate_concurrency``)
+   requests queue and the change is slower -> expected: rolled back, exit 3, the original release live.
 2. ``eagle3ops release HOST --arg=FLAG --arg=SLOW`` (no gate: how such a setting reaches production today).
-3. ``eagle3ops release HOST --gate --arg=FLAG --arg=FAST``: the fix, measured against that slow live release ->
-   expected: kept, exit 0.
+3. ``eagle3ops release HOST --gate --arg=FLAG --arg=FAST``: the fix (``--max-num-seqs 64``), measured against that
+   slow live release -> expected: kept, exit 0.
 4. ``eagle3ops rollback HOST --to ORIGINAL``: the host as found.
+
+The inventory is used as given except the deciding level: a copy with ``--production-concurrency`` first in
+``serving.gate_concurrency`` is written beside it for the run (and removed after). Measured first with
+``--max-num-batched-tokens 16`` at production concurrency 1 on the tiny Llama: not slower at all (x1.110, interval
+x0.820 to x1.670: undecided, rolled back for that), since the tiny target's prefill is a few milliseconds whatever
+the chunking; hence the default flag.
 
 Prints each step and writes ``--json`` (default ``benchmarks/release-gate-<host>.json``): per gated step the
 verdict, reason, throughput ratio at production concurrency with its 90 % interval, per-level tokens/s, TTFT ratio,
@@ -34,7 +40,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FLAG = "--max-num-batched-tokens"
 
 
 def _cpu() -> str:
@@ -79,16 +84,34 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("host")
     ap.add_argument("-i", "--inventory", type=Path, default=REPO / "deploy/hosts.yaml")
-    ap.add_argument("--slow", type=int, default=16, help=f"the slow {FLAG} value (tokens per step)")
-    ap.add_argument("--fast", type=int, default=2048, help=f"the fix's {FLAG} value")
+    ap.add_argument("--flag", default="--max-num-seqs", help="the server flag changed")
+    ap.add_argument("--slow", type=int, default=1, help="its slow value")
+    ap.add_argument("--fast", type=int, default=64, help="the fix's value")
+    ap.add_argument("--production-concurrency", type=int, default=4)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
+    import yaml
+
+    doc = yaml.safe_load(a.inventory.read_text())
+    levels = doc["hosts"][a.host]["serving"].get("gate_concurrency") or [1]
+    doc["hosts"][a.host]["serving"]["gate_concurrency"] = [a.production_concurrency] + [
+        c for c in levels if c != a.production_concurrency]
+    inventory = a.inventory.with_name(f".release-gate-{a.host}.yaml")  # beside it: relative paths stay right
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        return _run(a, inventory, doc["hosts"][a.host]["serving"]["gate_concurrency"])
+    finally:
+        inventory.unlink()
+
+
+def _run(a: argparse.Namespace, inventory: Path, levels: list[int]) -> int:
     from eagle3ops.config import load_inventory
     from eagle3ops.remote import Remote
     from eagle3ops.window.common import audit_entries, current_release
 
-    h = load_inventory(a.inventory).host(a.host)
+    FLAG = a.flag
+    h = load_inventory(inventory).host(a.host)
     t0 = time.monotonic()
     steps = []
     with Remote(h) as r:
@@ -96,7 +119,7 @@ def main() -> int:
 
         def step(name: str, words: list[str], expect_exit: int, gated: bool) -> None:
             before = len(audit_entries(r))
-            rc, wall, tail = _cli(a.inventory, *words, timeout=1800)
+            rc, wall, tail = _cli(inventory, *words, timeout=1800)
             st = {"step": name, "command": "eagle3ops " + " ".join(words), "exit": rc, "expected_exit": expect_exit,
                   "wall_s": wall, "live_release_after": current_release(r)}
             if gated:
@@ -117,7 +140,7 @@ def main() -> int:
     out = {"what": "benchmarks/release_gate.py: `eagle3ops release --gate` on the host's real vLLM (issue 31): a "
                    f"slower flag change ({FLAG} {a.slow}) rolled back, the fix ({FLAG} {a.fast}) measured against "
                    "that slow release and kept",
-           "host": a.host, "inventory": str(a.inventory), "cpu": _cpu(),
+           "host": a.host, "inventory": f"{a.inventory} with serving.gate_concurrency {levels}", "cpu": _cpu(),
            "cores": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
            "original_release": original, "release_at_end": end, "steps": steps,
            "all_as_expected": all(ok) and end == original, "wall_s": round(time.monotonic() - t0, 1),
