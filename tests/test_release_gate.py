@@ -54,8 +54,9 @@ def gate(monkeypatch):
             return {"outcome": "ok", "window_id": "w-gate", "restarts_s": [12.0], "speculate": attempt}
 
         monkeypatch.setattr(window_run, "run_window", stub_window)
-        res = gated.gated_release(r, ReleaseChange(args=["--max-num-seqs", "64"], env={"NCCL_ALGO": "Ring"}),
-                                  pipeline_image="p:1", pipeline_image_id="sha256:1", echo=said.append, **kw)
+        change = kw.pop("change", ReleaseChange(args=["--max-num-seqs", "64"], env={"NCCL_ALGO": "Ring"}))
+        res = gated.gated_release(r, change, pipeline_image="p:1", pipeline_image_id="sha256:1", echo=said.append,
+                                  **kw)
         return res, windows, r, said
 
     return run
@@ -75,6 +76,15 @@ def test_the_gated_release_is_one_host_job_with_the_not_slower_rule(gate):
     assert job.figures["restarts"]["restarts_keep"] == 1 and job.figures["restarts"]["restarts_rollback"] == 2
     assert ["mkdir", "-p", job.results_dir] in [argv for argv, _ in r.calls]
     assert any("serving restarts: 1 if kept, 2 if rolled back" in line for line in said)
+
+
+def test_a_gate_with_no_change_says_it_is_an_a_a_check(gate):
+    """``release --gate`` with no --arg/--env/--image measures the live spec against a copy of itself: said before
+    the job runs (a change that measured even is not mistaken for it); a real change gets no such note."""
+    _, _, _, said = gate({"verdict": "keep", "reason": "not slower", "live_release": 4}, change=ReleaseChange())
+    assert said[0].startswith("note: no change given") and "A/A check" in said[0] and "sandbox" in said[0]
+    _, _, _, said = gate({"verdict": "keep", "reason": "not slower", "live_release": 4})
+    assert not any("no change given" in line for line in said)
 
 
 def test_an_error_of_the_job_is_raised_naming_where_serving_is(gate):

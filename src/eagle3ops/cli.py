@@ -161,8 +161,8 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
             margin: Optional[float] = typer.Option(None, "--margin", help="With --gate: override "
                                                    "serving.gate_margin.")
             ) -> None:
-    """Roll out a new serving release: the live serving container with only this change (--arg flags, --image),
-    every other setting kept; health-gated; rollback on failure. The inventory's serving flags are not applied
+    """Roll out a new serving release: the live serving (container or process) with only this change (--arg
+    flags, --env, --image), every other setting kept; health-gated; rollback on failure. The inventory's serving flags are not applied
     (`eagle3ops config check HOST` shows how they differ from the live container). With --gate: exit 0 when
     kept, 3 when measured slower (or undecided) and rolled back."""
     from eagle3ops.config.plan import ReleaseChange

@@ -97,6 +97,12 @@ def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipelin
     passes = passes or h.serving.gate_passes
     if passes < MIN_PASSES:
         raise ship.SpeculateError(f"{h.name}: {passes} gate passes: the decision needs at least {MIN_PASSES}")
+    if not (change.args or change.env or change.binds or change.image):
+        # nothing to change: the job releases a copy of the live spec and measures it against the original, which
+        # says how much this host's measurement moves on its own; said before anything runs so it is not mistaken
+        # for a change that measured even
+        echo(f"note: no change given (--arg/--env/--image): this measures the live release against an identical "
+             f"one (an A/A check of the gate's noise on {h.name}); kept or not, serving runs the same spec")
     t0 = time.monotonic()
     restarts = ship.plan_restarts(r)
     job = gate_job(h, change, margin=margin, passes=passes, restarts=restarts.figures())

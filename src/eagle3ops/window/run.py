@@ -120,7 +120,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise WindowError(refusal)
         if change is not None and change.image:
             refuse_standin_image(r, change.image, f"{kind} --image")
-    window_id = new_window_id(kind)
+    # a gated release (``release --gate``: the speculate job under the not-slower rule) is named for what it is
+    window_id = new_window_id("release-gate" if speculate is not None and speculate.rule == "not_slower" else kind)
     t0 = time.monotonic()
     if r.dry_run and read_lock(r):
         raise LockHeld(describe_lock(r))
