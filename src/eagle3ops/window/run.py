@@ -14,6 +14,7 @@ from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
+from eagle3ops.commands import venv as vc
 from eagle3ops.config.plan import Plan, ReleaseChange, SpeculateJob
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
@@ -39,7 +40,10 @@ def launch(r: Remote, plan: Plan, image: str) -> None:
     r.run(hc.mkdir_p(p["window"]))
     r.run(hc.write_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
     driver_kind(r.host).launch(r, plan)  # e.g. a restore agent, before the supervisor that talks with it
-    r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
+    if r.host.uses_venv:  # a detached process of the pipeline environment (no engine on this host)
+        r.run(vc.supervisor_argv(r.host, image=image, window_dir=p["window"], plan_path=p["plan"]))
+    else:
+        r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
 
 
 
@@ -131,8 +135,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         if kind in st.WINDOWS:
             # the engine first: a host without one fails preflight in one line, before the served template or the
             # run's state is read from it (issue 28: no engine, no surprise)
-            engine = ask_engine(r)
-            if engine_status(r.host, *engine)[0]:
+            engine = None if r.host.uses_venv else ask_engine(r)  # a venv host has no engine by configuration
+            if engine is None or engine_status(r.host, *engine)[0]:
                 pipeline_text, template = resolve_chat_template(r, pipeline_text)
                 on_host_text, decision = _decide(r, kind, run, pipeline_text, restart)
         to_run = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
@@ -196,7 +200,9 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             note = driver_kind(r.host).dry_run_note
             if note:
                 r.echo(f"# {r.host.name}: {note}")
-            r.echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
+            r.echo("# then, on the host, the supervisor (a detached process of the pipeline environment) runs:"
+                   if plan.runtime == "venv" else
+                   "# then, on the host, the supervisor (docker SDK) does the equivalent of:")
             for argv in on_host:
                 r.echo("#   " + render(argv))
         if not pf.ok:
