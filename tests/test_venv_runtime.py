@@ -121,7 +121,7 @@ def test_a_host_without_engine_and_without_venv_runtime_is_refused_in_one_line_n
     h = venv_host(stage_runtime=None, venv_python=None)
     ok, line = wpreflight.engine_status(h, 127, "", "bash: line 1: docker: command not found")
     assert not ok and "\n" not in line
-    assert "`stage_runtime: venv` with `venv_python:" in line and "running its windows is not done yet" in line
+    assert "`stage_runtime: venv` with `venv_python:" in line and "--env-tarball PATH" in line and "not done yet" in line
 
 
 def test_dry_run_plan_of_a_venv_extract_window_runs_stages_as_processes():
@@ -137,7 +137,8 @@ def test_dry_run_plan_of_a_venv_extract_window_runs_stages_as_processes():
     assert f"/srv/e3/state/env/{ENV_HEX}/bin/python" in launch and "setsid nohup" in launch
     assert "supervisor.pid" in launch and "docker" not in launch
     on_host = res["supervisor_commands"]
-    assert [c[c.index("stage") + 1] for c in on_host if "stage" in c] == ["prepare", "extract"]
+    prog = f"/srv/e3/state/env/{ENV_HEX}/bin/eagle3ops-stage"
+    assert [c[c.index(prog) + 1] for c in on_host if prog in c] == ["prepare", "extract"]
     prep = next(c for c in on_host if "prepare" in c)
     assert prep[:2] == ["cd", "/srv/e3/data/runs/r1"]
     assert "NCCL_PROTO=LL" in prep and f"{vc.MOUNTS_ENV}=/data=/srv/e3/data:/model=/srv/models/target" in prep

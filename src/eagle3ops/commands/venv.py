@@ -7,9 +7,10 @@ tarball it was unpacked from, with ``ENV_MARKER`` (``eagle3ops-env.json``: its d
 ``deployed.json`` names it as ``image: venv:<digest>`` and ``image_id: sha256:<digest>``, so windows carry it where
 container hosts carry the pipeline image. The user's own venvs are never used or changed.
 
-Stages see no mounts: the container paths ``/data`` and ``/model`` of a pipeline config are mapped to the host's
-``data_dir`` and ``model_path`` through ``EAGLE3OPS_MOUNTS`` (``/data=<data_dir>:/model=<model_path>``), which
-the stage CLI applies to the config's paths (:mod:`eagle3ops.stages.cli`).
+Stages see no mounts: the container paths ``/data`` and ``/model`` of a pipeline config have no meaning on such a
+host. The stages get ``EAGLE3OPS_MOUNTS`` (``/data=<data_dir>:/model=<model_path>``) naming the host directories;
+NOT DONE (issue 28): the real stage CLI does not apply it yet (the tests' stand-in stages only record it), so real
+stages on a venv host need a pipeline config whose paths are the host's own.
 
 The supervisor runs detached (``setsid nohup``, stdin from ``/dev/null``, output appended to the window's
 ``supervisor.log``) so it survives the SSH session and the driver; its pid is in the window's ``supervisor.pid``.
@@ -59,6 +60,17 @@ def env_python(host: HostConfig, image: str) -> str:
     return f"{env_dir(host, image)}/bin/python"
 
 
+#: The pipeline environment's stage program (``bin/eagle3ops-stage STAGE --run-dir DIR``): in an environment built
+#: from the pipeline's lock it runs ``python -m eagle3ops stage``; the stand-in environment of the tests
+#: (``eagle3ops_dev.standin_env``) provides stand-in stages under the same name.
+STAGE_PROGRAM = "eagle3ops-stage"
+
+
+def stage_program(host: HostConfig, image: str) -> str:
+    """``<env_dir>/bin/eagle3ops-stage`` (:data:`STAGE_PROGRAM`)."""
+    return f"{env_dir(host, image)}/bin/{STAGE_PROGRAM}"
+
+
 def python_version(host: HostConfig) -> Read:
     """``<venv_python> -c ...``: the host Python's version (``3.12.3``), or the shell's error when it is missing."""
     return Read([host.venv_python or "python3", "-c",
@@ -81,17 +93,16 @@ def mounts_value(host: HostConfig) -> str:
 
 def stage_spec(host: HostConfig, *, image: str, stage: str, run: str, window_id: str) -> dict[str, Any]:
     """A stage as a process (the venv runtime's counterpart of :func:`eagle3ops.commands.stages.stage_spec`,
-    JSON-serialisable): ``name``, ``runtime: venv``, ``argv`` (the environment's python running
-    ``-m eagle3ops stage STAGE --run-dir <data_dir>/runs/<run>``), ``environment`` (offline switches, the inventory's
+    JSON-serialisable): ``name``, ``runtime: venv``, ``image`` (the environment), ``argv`` (the environment's
+    :data:`STAGE_PROGRAM` ``STAGE --run-dir <data_dir>/runs/<run>``), ``environment`` (offline switches, the inventory's
     ``stage_env`` exactly, :data:`MOUNTS_ENV`), ``cwd`` (the run directory). All of the host's GPUs are visible, as
     to a stage container."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
            MOUNTS_ENV: mounts_value(host)}
     env.update(host.stage_env)
     rdir = f"{host.data_dir}/runs/{run}"
-    return {"name": f"eagle3ops-{window_id}-{stage}", "runtime": "venv",
-            "argv": [env_python(host, image), "-m", "eagle3ops", "stage", stage, "--run-dir", rdir],
-            "environment": env, "cwd": rdir}
+    return {"name": f"eagle3ops-{window_id}-{stage}", "runtime": "venv", "image": image,
+            "argv": [stage_program(host, image), stage, "--run-dir", rdir], "environment": env, "cwd": rdir}
 
 
 def stage_preview(spec: dict[str, Any]) -> list[str]:
@@ -147,3 +158,35 @@ def stop_supervisor(window_dir: str) -> Change:
     while :data:`STATE_SH` says it runs."""
     return Change(["sh", "-c", 'st=$(sh -c "$1" x "$2"); [ "$st" = running ] && kill -TERM "$(cat "$2")" || true',
                    "eagle3ops-stop", STATE_SH, pid_file(window_dir)])
+
+
+#: Receive a pipeline environment tarball on stdin (POSIX sh): kept as ``<hex>.part`` until its sha256 equals the
+#: digest it is delivered as (else removed, exit 3), unpacked into ``<hex>.tmp`` (exit 4 on a bad archive), its
+#: interpreter run once (exit 5 when ``bin/python`` does not start: the venv was built against another Python path
+#: than ``venv_python``), the marker written, then renamed to ``<hex>``: a directory ``<hex>`` is always whole and
+#: verified.
+RECEIVE_SH = r"""
+root=$1 hex=$2 marker=$3
+mkdir -p "$root" && cd "$root" || exit 1
+rm -rf "$hex.part" "$hex.tmp"
+cat > "$hex.part" || { rm -f "$hex.part"; exit 1; }
+got=$(sha256sum "$hex.part" | cut -d' ' -f1)
+if [ "$got" != "$hex" ]; then
+  rm -f "$hex.part"; echo "digest mismatch: received sha256 $got, expected $hex" >&2; exit 3
+fi
+mkdir "$hex.tmp" && tar -xzf "$hex.part" -C "$hex.tmp" --no-same-owner 2>&1 >/dev/null \
+  || { rm -rf "$hex.tmp" "$hex.part"; echo "not a gzip tar archive" >&2; exit 4; }
+rm -f "$hex.part"
+if ! out=$("$hex.tmp/bin/python" -c 'import sys; print(sys.version.split()[0])' 2>&1); then
+  rm -rf "$hex.tmp"; echo "bin/python does not start: $out" >&2; exit 5
+fi
+printf '{"digest": "sha256:%s", "python": "%s"}\n' "$hex" "$out" > "$hex.tmp/$marker"
+rm -rf "$hex" && mv "$hex.tmp" "$hex" && echo "$root/$hex"
+"""
+
+
+def receive_env(host: HostConfig, image: str) -> Change:
+    """Receive the pipeline environment ``image`` (``venv:sha256:<hex>``) as a gzip tarball on stdin into
+    ``<state_dir>/env/<hex>`` (:data:`RECEIVE_SH`: verified by digest before anything is unpacked; prints the
+    directory). Exit 3: digest mismatch; 4: not a gzip tar; 5: its ``bin/python`` does not start."""
+    return Change(["sh", "-c", RECEIVE_SH, "eagle3ops-receive-env", env_root(host), digest_hex(image), ENV_MARKER])

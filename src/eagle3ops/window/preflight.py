@@ -438,10 +438,11 @@ _NO_DAEMON = ("cannot connect to the docker daemon", "failed to connect to the d
               "running", "error during connect")
 #: What a host without a container engine can use instead: said in the refusal (only hosts not configured for the
 #: venv runtime are asked for an engine at all).
-NO_ENGINE_ALTERNATIVE = ("a host without a container engine (e.g. a rented GPU container reached over SSH) is meant "
-                         "for `stage_runtime: venv` with `venv_python: <the host's python3, e.g. "
-                         "/usr/bin/python3.12>` and serving kind `process`, `systemd` or `none`; its preflight and "
-                         "--dry-run plan exist, running its windows is not done yet (issue 28)")
+NO_ENGINE_ALTERNATIVE = ("a host without a container engine (e.g. a rented GPU container reached over SSH) can run "
+                         "windows as processes: set `stage_runtime: venv` with `venv_python: <the host's python3, "
+                         "e.g. /usr/bin/python3.12>` and serving kind `process`, `systemd` or `none`, then `eagle3ops "
+                         "deploy HOST --env-tarball PATH` (building that pipeline environment from the pipeline's "
+                         "lock is not done yet, issue 28)")
 
 
 def check_venv(r: Remote, pf: Preflight, *, image: str, expected_image_id: str | None) -> None:

@@ -77,6 +77,9 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
         raise WindowError(f"window {window_id} has no stages and no deployed image to run its supervisor with")
     if res.strip():
         r.run(hc.mv(p["result"], f"{p['result']}.{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"))
+    if h.uses_venv:  # a detached process again (the pid file is rewritten)
+        r.run(vc.supervisor_argv(h, image=image, window_dir=p["window"], plan_path=p["plan"]))
+        return True
     r.run(dk.rm(h, st.supervisor_name(window_id), force=True), check=False)
     r.run(st.supervisor_argv(h, image=image, window_id=window_id, plan_path=p["plan"]))
     return True
@@ -314,6 +317,8 @@ def _started(r: Remote, window_id: str) -> bool | None:
     """Whether the window's supervisor container exists (the window runs on the host and owns the lock); None when
     the host cannot be asked (the lock then stays; stale detection reports it later)."""
     try:
+        if r.host.uses_venv:  # the launcher writes the pid file as it starts the process
+            return r.run(vc.supervisor_state(paths(r.host, window_id)["window"]), check=False).ok
         return r.run(dk.inspect_format(r.host, st.supervisor_name(window_id), "{{.Id}}"),
                      check=False).ok
     except Exception:  # noqa: BLE001 - host unreachable
