@@ -181,3 +181,39 @@ def test_killing_the_driver_mid_window_leaves_the_host_to_finish(venv_env, tmp_p
         assert res["outcome"] == "ok" and res["stages"] == {"prepare": "ok", "extract": "ok"}, res
         assert read_lock(r) is None
     wait_healthy(f"http://127.0.0.1:{PORT}", MODEL, timeout_s=30, interval_s=0.5)
+
+
+def _live_argv(work: Path) -> list[bytes]:
+    pids = _server_pids(work)
+    assert len(pids) == 1, pids
+    return Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")[:-1]
+
+
+def test_release_rollback_and_failed_release_of_process_serving_on_a_venv_host(venv_env):
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.supervisor.releases import Releases
+
+    h, tgz, image, work = venv_env
+    before = _live_argv(work)
+
+    def window(kind: str, **kw):
+        with Remote(h) as r:
+            deliver_env(r, tgz, image=image)
+            res = run_window(r, kind=kind, image=image, expected_image_id=image.removeprefix("venv:"),
+                             command=f"test {kind}", **kw)
+            assert read_lock(r) is None, res
+            assert not any(c.startswith("docker") for c in r.history)
+        wait_healthy(f"http://127.0.0.1:{PORT}", MODEL, timeout_s=10, interval_s=0.3)
+        return res, _live_argv(work)
+
+    res, live = window("release", change=ReleaseChange(args=["--label", "v2"]))
+    assert res["outcome"] == "ok" and res["serving_healthy"] is True, res
+    assert live == before + [b"--label", b"v2"]
+    state = Path(h.state_dir)  # the sandbox shares this machine: read its releases directly
+    first, v2 = Releases(state).history()[-2:]
+    res, live = window("rollback")
+    assert res["outcome"] == "ok" and res["release"] == first and live == before, res
+    res, live = window("release", change=ReleaseChange(args=["--token-ms", "not-a-number"]))
+    assert res["outcome"] == "failed" and "rolled back to release" in res["error"], res
+    assert res["serving_healthy"] is True and live == before
+    assert Releases(state).current() == first
