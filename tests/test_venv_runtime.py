@@ -141,7 +141,8 @@ def test_dry_run_plan_of_a_venv_extract_window_runs_stages_as_processes():
     assert [c[c.index(prog) + 1] for c in on_host if prog in c] == ["prepare", "extract"]
     prep = next(c for c in on_host if "prepare" in c)
     assert prep[:2] == ["cd", "/srv/e3/data/runs/r1"]
-    assert "NCCL_PROTO=LL" in prep and f"{vc.MOUNTS_ENV}=/data=/srv/e3/data:/model=/srv/models/target" in prep
+    assert "NCCL_PROTO=LL" in prep
+    assert f'{vc.MOUNTS_ENV}={{"/data": "/srv/e3/data", "/model": "/srv/models/target"}}' in prep
     assert any("detached process of the pipeline environment" in ln for ln in lines)
 
 
@@ -194,3 +195,17 @@ def test_env_paths_need_a_digest():
     assert vc.env_python(h, ENV_IMAGE) == f"/srv/e3/state/env/{ENV_HEX}/bin/python"
     with pytest.raises(ValueError, match="does not name a pipeline environment"):
         vc.env_dir(h, "eagle3ops/pipeline:t")
+
+
+def test_mounts_map_container_paths_to_the_host_and_keep_the_written_digests():
+    from eagle3ops.config.pipeline import apply_mounts, parse_pipeline_config
+
+    cfg = parse_pipeline_config("target_model: /model\nprepare: {datasets: [builtin:sharegpt, /data/x.jsonl, "
+                                "rel.jsonl, /elsewhere/y.jsonl], chat_template: {file: /data/t.jinja}}\n", "p.yaml")
+    mapped = apply_mounts(cfg, json.loads(vc.mounts_value(venv_host())))
+    assert mapped.target_model == "/srv/models/target"
+    assert mapped.prepare.datasets == ["builtin:sharegpt", "/srv/e3/data/x.jsonl", "rel.jsonl", "/elsewhere/y.jsonl"]
+    assert mapped.prepare.chat_template.file == "/srv/e3/data/t.jinja"
+    for sections in (("target_model", "prepare"), ("target_model", "extract"), ("target_model", "seed", "train")):
+        assert mapped.section_digest(*sections) == cfg.section_digest(*sections)
+    assert apply_mounts(cfg, {"/data": "/d"}).target_model == "/model"  # not under a mapped path: kept

@@ -131,6 +131,7 @@ def test_extract_and_train_windows_run_as_processes_with_serving_restored_and_a_
         seen = json.loads(r.run(hc.cat(f"{h.data_dir}/runs/r1/extract/standin.json")).stdout)
         assert seen["env"]["NCCL_PROTO"] == "LL" and seen["env"]["NCCL_ALGO"] == "Ring"
         assert seen["cwd"] == f"{h.data_dir}/runs/r1" and seen["python"].startswith(f"{h.state_dir}/env/")
+        assert seen["target_model"] == h.model_path  # /model mapped to the host's model_path (EAGLE3OPS_MOUNTS)
         assert read_lock(r) is None
         again = run_window(r, kind="extract", image=image, expected_image_id=image.removeprefix("venv:"),
                            command="test extract again", run="r1", pipeline_text=TINY)

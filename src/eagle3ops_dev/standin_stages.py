@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
 
     stage, run_dir, restart = args[0], Path(args[2]), "--restart" in args[3:]
     config = load_pipeline_config(run_dir)
+    if os.environ.get("EAGLE3OPS_MOUNTS"):  # as the real stage CLI does on a venv host
+        from eagle3ops.config.pipeline import apply_mounts
+
+        config = apply_mounts(config, json.loads(os.environ["EAGLE3OPS_MOUNTS"]))
     if not restart and finished(run_dir, stage, config) is not None:
         print(f"{stage}: already done for these inputs (stand-in stage); nothing to do", flush=True)
         return 0
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = stage_dir(run_dir, stage)
     out.mkdir(parents=True, exist_ok=True)
-    seen = {"stage": stage, "pid": os.getpid(), "cwd": os.getcwd(), "python": sys.executable,
+    seen = {"stage": stage, "pid": os.getpid(), "target_model": config.target_model, "cwd": os.getcwd(), "python": sys.executable,
             "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "EAGLE3OPS_", "HF_"))}}
     (out / "standin.json").write_text(json.dumps(seen, indent=2, sort_keys=True) + "\n")
     write_manifest(run_dir, stage, config, {"standin.json": file_entry(out / "standin.json")}, standin=True)

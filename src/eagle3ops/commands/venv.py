@@ -7,10 +7,10 @@ tarball it was unpacked from, with ``ENV_MARKER`` (``eagle3ops-env.json``: its d
 ``deployed.json`` names it as ``image: venv:<digest>`` and ``image_id: sha256:<digest>``, so windows carry it where
 container hosts carry the pipeline image. The user's own venvs are never used or changed.
 
-Stages see no mounts: the container paths ``/data`` and ``/model`` of a pipeline config have no meaning on such a
-host. The stages get ``EAGLE3OPS_MOUNTS`` (``/data=<data_dir>:/model=<model_path>``) naming the host directories;
-NOT DONE (issue 28): the real stage CLI does not apply it yet (the tests' stand-in stages only record it), so real
-stages on a venv host need a pipeline config whose paths are the host's own.
+Stages see no mounts: the container paths ``/data`` and ``/model`` of a pipeline config are mapped to the host's
+``data_dir`` and ``model_path`` through ``EAGLE3OPS_MOUNTS`` (JSON ``{"/data": ..., "/model": ...}``), which the
+stage CLI applies to the config's paths (:func:`eagle3ops.config.pipeline.apply_mounts`; digests stay the written
+config's).
 
 The supervisor runs detached (``setsid nohup``, stdin from ``/dev/null``, output appended to the window's
 ``supervisor.log``) so it survives the SSH session and the driver; its pid is in the window's ``supervisor.pid``.
@@ -85,10 +85,13 @@ def read_marker(host: HostConfig, image: str) -> Read:
 
 
 def mounts_value(host: HostConfig) -> str:
-    """``/data=<data_dir>:/model=<model_path>``: the value of :data:`MOUNTS_ENV` for the host's stages."""
+    """``{"/data": "<data_dir>", "/model": "<model_path>"}`` (JSON): the value of :data:`MOUNTS_ENV` for the host's
+    stages."""
+    import json
+
     from eagle3ops.commands.stages import DATA_MOUNT, MODEL_MOUNT
 
-    return f"{DATA_MOUNT}={host.data_dir}:{MODEL_MOUNT}={host.model_path}"
+    return json.dumps({DATA_MOUNT: host.data_dir, MODEL_MOUNT: host.model_path}, sort_keys=True)
 
 
 def stage_spec(host: HostConfig, *, image: str, stage: str, run: str, window_id: str) -> dict[str, Any]:
