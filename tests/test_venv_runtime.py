@@ -209,3 +209,17 @@ def test_mounts_map_container_paths_to_the_host_and_keep_the_written_digests():
     for sections in (("target_model", "prepare"), ("target_model", "extract"), ("target_model", "seed", "train")):
         assert mapped.section_digest(*sections) == cfg.section_digest(*sections)
     assert apply_mounts(cfg, {"/data": "/d"}).target_model == "/model"  # not under a mapped path: kept
+
+
+def test_offline_dry_run_of_a_venv_host_plans_processes_without_ssh():
+    from eagle3ops.window.offline import offline_dry_run
+
+    h = venv_host(serving={"kind": "process", "process_match": "vllm serve", "port": 8000, "served_model_name": "m"})
+    lines: list[str] = []
+    res = offline_dry_run(h, kind="train", run="r1", pipeline_text=TINY, command="t", echo=lines.append)
+    assert res["trial_command"] is None and res["stages"] == ["vocab", "train"]
+    text = "\n".join(lines)
+    assert "pipeline environment: venv:<sha256 from the host's deployed.json>" in text
+    prog = "/srv/e3/state/env/<sha256 from the host's deployed.json>/bin/eagle3ops-stage"
+    assert [c[c.index(prog) + 1] for c in res["supervisor_commands"] if prog in c] == ["vocab", "train"]
+    assert "docker run" not in text and "throwaway container" not in text

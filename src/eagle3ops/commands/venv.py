@@ -50,8 +50,15 @@ def digest_hex(image: str) -> str:
     return hexd
 
 
+#: The environment of an offline plan (``--dry-run --offline``): its digest is on the host, which is not asked.
+UNKNOWN_ENV = "venv:<sha256 from the host's deployed.json>"
+
+
 def env_dir(host: HostConfig, image: str) -> str:
-    """The directory of the pipeline environment ``image`` (:func:`digest_hex`) on the host."""
+    """The directory of the pipeline environment ``image`` (:func:`digest_hex`; :data:`UNKNOWN_ENV` in an offline
+    plan) on the host."""
+    if image == UNKNOWN_ENV:
+        return f"{env_root(host)}/{UNKNOWN_ENV.removeprefix(IMAGE_PREFIX)}"
     return f"{env_root(host)}/{digest_hex(image)}"
 
 
