@@ -88,6 +88,9 @@ class VenvHost(StandInHost):
             return 0, self.marker, ""
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-launch":
             return 0, "", ""
+        if a[0] == "env":  # preflight's throwaway stage process
+            self.trials.append(a)
+            return self.trial_answer
         return super().__call__(argv, stdin)
 
 
@@ -101,7 +104,20 @@ def test_preflight_of_a_venv_host_asks_no_engine_and_checks_python_and_environme
     assert world.docker_calls == []
     assert checks["venv runtime"] == (True, "/usr/bin/python3.12: Python 3.12.3 (no container engine needed)")
     assert checks["pipeline environment"][1].startswith(f"/srv/e3/state/env/{ENV_HEX} (sha256:")
-    assert "runs the stages as processes" in checks["stage container"][1]
+    assert checks["stage process"] == (True, "the stages' environment works: mounts ok")
+    trial = world.trials[0]
+    assert trial[trial.index(f"/srv/e3/state/env/{ENV_HEX}/bin/python") + 1] == "-c" and "NCCL_PROTO=LL" in trial
+    assert "'/srv/e3/data'" in trial[-1] and "'/srv/models/target'" in trial[-1]
+
+
+def test_a_failing_stage_process_fails_preflight_naming_the_keys():
+    h = venv_host()
+    world = VenvHost(h)
+    world.trial_answer = (1, "", "ModuleNotFoundError: No module named 'torch'")
+    pf = wpreflight.preflight(StandInRemote(h, world), image=ENV_IMAGE, expected_image_id=ENV_ID,
+                              trial=("r1", "w1", "prepare"))
+    assert not pf.ok and "throwaway stage process of the pipeline environment failed (exit 1)" in pf.failures()
+    assert "No module named 'torch'" in pf.failures() and "hosts.pod.stage_env" in pf.failures()
 
 
 @pytest.mark.parametrize("marker,python,expect", [

@@ -124,6 +124,8 @@ def test_extract_and_train_windows_run_as_processes_with_serving_restored_and_a_
                          command="test extract", run="r1", pipeline_text=TINY, on_event=events.append)
         assert res["outcome"] == "ok", res
         assert res["stages"] == {"prepare": "ok", "extract": "ok"}
+        checks = {e["check"]: e["event"] for e in events if e.get("step") == "preflight"}
+        assert checks["venv runtime"] == checks["pipeline environment"] == checks["stage process"] == "ok", checks
         assert res["serving_running"] and res["serving_healthy"] and res["downtime_s"] is not None
         assert not any(c.startswith("docker") for c in r.history), [c for c in r.history if "docker" in c]
         after = _server_pids(work)

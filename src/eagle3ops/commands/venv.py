@@ -115,6 +115,19 @@ def stage_spec(host: HostConfig, *, image: str, stage: str, run: str, window_id:
             "argv": [stage_program(host, image), stage, "--run-dir", rdir], "environment": env, "cwd": rdir}
 
 
+def trial_argv(host: HostConfig, *, image: str, run: str) -> Change:
+    """Preflight's throwaway stage process on a venv host (the counterpart of the stage container trial): the
+    pipeline environment's python with a stage's environment (:func:`stage_spec`'s) running
+    :func:`eagle3ops.commands.stages.trial_command` on the host's ``data_dir`` and ``model_path``; on GPU hosts it
+    prints the environment's torch CUDA architectures. Bounded by the caller
+    (:data:`eagle3ops.commands.stages.TRIAL_TIMEOUT_S`)."""
+    from eagle3ops.commands.stages import trial_command
+
+    spec = stage_spec(host, image=image, stage="trial", run=run, window_id="preflight")
+    env = [f"{k}={v}" for k, v in sorted(spec["environment"].items())]
+    return Change(["env", *env, env_python(host, image), *trial_command(host.gpus, host.data_dir, host.model_path)])
+
+
 def stage_preview(spec: dict[str, Any]) -> list[str]:
     """What the supervisor runs for a venv stage, as one argv (``--dry-run``): ``cd`` and ``env`` with the stage's
     environment, then its argv (output to ``<stage>.log`` in the window directory)."""

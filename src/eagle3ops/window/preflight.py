@@ -283,6 +283,31 @@ def trial_stage_container(r: Remote, pf: Preflight, *, image: str, run: str, win
     pf.trial_output = output if ok else ""
 
 
+def trial_stage_process(r: Remote, pf: Preflight, *, image: str, run: str) -> bool:
+    """A venv host's throwaway stage process (:func:`eagle3ops.commands.venv.trial_argv`: the pipeline
+    environment's python with the stages' environment; on GPU hosts its torch's device count and CUDA
+    architectures), bounded by :data:`eagle3ops.commands.stages.TRIAL_TIMEOUT_S` seconds. Adds the ``stage
+    process`` check; returns whether it ran (not in a dry run, where it is printed)."""
+    from eagle3ops.commands import venv as vc
+
+    h = r.host
+    try:
+        res = r.run(vc.trial_argv(h, image=image, run=run), check=False, timeout=st.TRIAL_TIMEOUT_S)
+        ok, exited, output = res.ok, res.exited, (res.stderr + "\n" + res.stdout)
+    except RemoteError as exc:  # timed out
+        ok, exited, output = False, None, f"no answer within {st.TRIAL_TIMEOUT_S}s: {exc}"
+    if r.dry_run:
+        pf.add("stage process", True, "would run the pipeline environment's python with the stages' environment")
+        return False
+    tail = " ".join(output.split())[-300:] or "no output"
+    pf.add("stage process", ok, f"the stages' environment works: {tail[-120:]}" if ok else
+           f"a throwaway stage process of the pipeline environment failed "
+           f"({'timed out' if exited is None else f'exit {exited}'}): {tail}. Fix hosts.{h.name}.stage_env / gpus / "
+           f"data_dir / model_path, or redeploy the environment; serving was not touched")
+    pf.trial_output = output if ok else ""
+    return True
+
+
 def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
               need_serving: bool = True, disk: DiskEstimate | None = None,
               trial: tuple[str, str, str] | None = None, memory: GpuMemoryPlan | None = None,
@@ -345,9 +370,8 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
     # The GPUs as the stages see them: a container with their settings. Only once the engine, image, model path
     # and data dir are known good: a bind mount of a missing directory would make the engine create it (as root).
     trial_ran = False
-    if trial is not None and h.uses_venv:
-        pf.add("stage container", True, "none: stage_runtime venv runs the stages as processes of the pipeline "
-                                        "environment (no throwaway stage process is tried yet)")
+    if trial is not None and h.uses_venv and pf.ok:
+        trial_ran = trial_stage_process(r, pf, image=image, run=trial[0])
     elif trial is not None and pf.ok and has_data_dir:
         run, window_id, stage = trial
         trial_stage_container(r, pf, image=image, run=run, window_id=window_id, stage=stage)
