@@ -88,6 +88,8 @@ class VenvHost(StandInHost):
             return 0, self.marker, ""
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-launch":
             return 0, "", ""
+        if a[0] == "pgrep":  # process serving: not running on this stand-in host
+            return 1, "", ""
         if a[0] == "env":  # preflight's throwaway stage process
             self.trials.append(a)
             return self.trial_answer
@@ -239,3 +241,11 @@ def test_offline_dry_run_of_a_venv_host_plans_processes_without_ssh():
     prog = "/srv/e3/state/env/<sha256 from the host's deployed.json>/bin/eagle3ops-stage"
     assert [c[c.index(prog) + 1] for c in res["supervisor_commands"] if prog in c] == ["vocab", "train"]
     assert "docker run" not in text and "throwaway container" not in text
+
+
+def test_dry_run_with_process_serving_not_running_says_preflight_would_fail():
+    h = venv_host(serving={"kind": "process", "process_match": "vllm serve", "port": 8000, "served_model_name": "m"})
+    r = StandInRemote(h, VenvHost(h), dry_run=True)
+    with pytest.raises(PreflightFailed, match="no process matches 'vllm serve'"):
+        wrun.run_window(r, kind="extract", image=ENV_IMAGE, expected_image_id=ENV_ID, command="t", run="r1",
+                        pipeline_text=TINY)

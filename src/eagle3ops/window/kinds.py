@@ -278,7 +278,10 @@ class ProcessKind(DriverKind):
                 "process_pid": process_pid}
 
     def launch(self, r: "Remote", plan: Plan) -> None:
-        """Record the serving process and start the restore agent, before the supervisor that talks with it."""
+        """Record the serving process and start the restore agent, before the supervisor that talks with it. In a
+        dry run whose preflight found no serving process (it fails, saying so) there is nothing to record."""
+        if r.dry_run and plan.process_pid is None:
+            return
         assert plan.process_dir is not None and plan.process_pid is not None
         r.run(pc.record_process(plan.process_pid, plan.process_dir))
         r.run(pc.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
