@@ -249,3 +249,19 @@ def test_dry_run_with_process_serving_not_running_says_preflight_would_fail():
     with pytest.raises(PreflightFailed, match="no process matches 'vllm serve'"):
         wrun.run_window(r, kind="extract", image=ENV_IMAGE, expected_image_id=ENV_ID, command="t", run="r1",
                         pipeline_text=TINY)
+
+
+def test_speculate_and_the_host_relay_are_refused_on_a_venv_host_before_anything_runs():
+    from types import SimpleNamespace
+
+    from eagle3ops.speculate.reach import RegenerateError, host_relay
+    from eagle3ops.speculate.ship import SpeculateError, speculate
+
+    h = venv_host(serving={"kind": "process", "process_match": "vllm serve", "port": 8000, "served_model_name": "m"})
+    world = VenvHost(h)
+    r = StandInRemote(h, world)
+    with pytest.raises(SpeculateError, match="not done yet .issue 28.*nothing was done"):
+        speculate(r, SimpleNamespace())
+    with pytest.raises(RegenerateError, match="--endpoint URL or --ssh-forward"):
+        host_relay(r, ENV_IMAGE, None, None)
+    assert r.history == []

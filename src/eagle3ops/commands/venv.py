@@ -176,13 +176,6 @@ def supervisor_state(window_dir: str) -> Read:
     return Read(state_words(window_dir))
 
 
-def stop_supervisor(window_dir: str) -> Change:
-    """SIGTERM to the window's supervisor (it stops the running stage and restores serving before it exits), only
-    while :data:`STATE_SH` says it runs."""
-    return Change(["sh", "-c", 'st=$(sh -c "$1" x "$2"); [ "$st" = running ] && kill -TERM "$(cat "$2")" || true',
-                   "eagle3ops-stop", STATE_SH, pid_file(window_dir)])
-
-
 #: Receive a pipeline environment tarball on stdin (POSIX sh): kept as ``<hex>.part`` until its sha256 equals the
 #: digest it is delivered as (else removed, exit 3), unpacked into ``<hex>.tmp`` (exit 4 on a bad archive), its
 #: interpreter run once (exit 5 when ``bin/python`` does not start: the venv was built against another Python path
