@@ -381,6 +381,8 @@ SUBPROCESS_USERS = {
     "stages/train.py": "runs in the pipeline image (torchrun workers); the image has no driver executor",
     "supervisor/speculate.py": "the drain/undrain hooks run by the host-side supervisor in its container; the "
                                "supervisor may not import the driver's executor (import-linter layers)",
+    "supervisor/stagerun.py": "a venv host's stage processes (stage_runtime: venv, issue 28), started by the "
+                              "host-side supervisor, which may not import the driver's executor",
     # Not moved to executor.local() yet (issue 23, next step): each is a local tool on the build machine with its
     # own error handling (CalledProcessError text, input bytes, env): images/buildkit.py (client version probes), images/tags.py (git revision), patches/diffgen.py (diff),
     # patches/gnupatch.py (patch), patches/wheels.py (pip download), transfer/compression.py (zstd on a sample).

@@ -65,7 +65,7 @@ def test_no_docker_command_is_one_line_naming_what_is_missing_and_what_to_use(an
     assert f"no container engine on {host.name}: the `docker` command is not installed" in text
     assert answer[2] in text  # the host's own words
     assert "install Docker Engine" in text and f"hosts.{host.name}.docker_host" in text
-    assert "`stage_runtime: venv`, which is not available yet" in text
+    assert "`stage_runtime: venv` with `venv_python:" in text
     assert len(world.docker_calls) == 1  # only `docker version`: no image, container or trial commands
 
 
@@ -80,7 +80,7 @@ def test_engine_socket_not_answering_is_one_line_naming_the_socket(answer):
     endpoint = host.docker_host or "unix:///var/run/docker.sock"
     assert f"no container engine answers on {host.name}: the `docker` command is there but {endpoint} does " \
            f"not answer" in text
-    assert "start the engine" in text and "not available yet" in text
+    assert "start the engine" in text and "`stage_runtime: venv`" in text
 
 
 def test_engine_refusing_the_ssh_user_names_the_docker_group():

@@ -89,14 +89,17 @@ def version() -> None:
 @app.command()
 def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
            profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image."),
-           base_image: Optional[str] = typer.Option(None, help="Override BASE_IMAGE (local bases).")) -> None:
+           base_image: Optional[str] = typer.Option(None, help="Override BASE_IMAGE (local bases)."),
+           env_tarball: Optional[Path] = typer.Option(None, help="`stage_runtime: venv` hosts: the pipeline "
+                                                      "environment tarball to deliver (verified by sha256).")) -> None:
     """Build the pipeline image if needed, push it over SSH, verify its id on the host, preflight, run the probes the
     build deferred to the host. Serving untouched."""
     from eagle3ops import deployer
 
     h = common.load_host(inventory, host)
     try:
-        deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print)
+        deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print,
+                        env_tarball=env_tarball)
     except deployer.DeployError as exc:
         common.fail(str(exc))
 

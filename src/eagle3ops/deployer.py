@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -77,8 +78,38 @@ def push_image(tag: str, h: HostConfig) -> str:
             f"SSH ({res.transport}, {res.compression}), {res.wall_s:.1f} s, image id verified")
 
 
+def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = False,
+               echo: Callable[[str], None] = print) -> DeployResult:
+    """Deploy to a venv host (``stage_runtime: venv``, issue 28): deliver the pipeline environment ``env_tarball``
+    (sent only when its digest is not there yet, verified by sha256 on the host before it is unpacked,
+    :func:`eagle3ops.transfer.envdeliver.deliver_env`) and record it in ``deployed.json``. Serving untouched.
+
+    Raises:
+        DeployError: no ``env_tarball`` (building the real environment from the pipeline's lock is not done yet), or
+            the delivery failed (the host's words).
+    """
+    from eagle3ops.transfer.envdeliver import EnvDeliveryError, deliver_env
+
+    if env_tarball is None:
+        raise DeployError(f"{h.name} has `stage_runtime: venv`: building its pipeline environment from the pipeline's "
+                          f"lock is not done yet (issue 28); deliver a built one with `eagle3ops deploy {h.name} "
+                          f"--env-tarball PATH` (the tests' stand-in: eagle3ops_dev.standin_env)")
+    with executor.for_host(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
+        try:
+            d = deliver_env(r, env_tarball)
+        except EnvDeliveryError as exc:
+            raise DeployError(str(exc)) from None
+    summary = (f"{d.image} → {h.name}:{d.env_dir}: " + (
+        f"{d.sent_bytes / 1e6:.1f} MB {'would be sent' if dry_run else 'sent, sha256 verified on the host'}"
+        if d.sent_bytes else "already there (sha256 marker), nothing sent") + f", {d.seconds:.1f} s")
+    echo(summary)
+    return DeployResult(tag=d.image, image_id=d.image.removeprefix("venv:"), build_s=0.0, push_s=d.seconds,
+                        push_summary=summary)
+
+
 def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, base_image: str | None = None,
-           echo: Callable[[str], None] = print, engine_checks: str = "auto") -> DeployResult:
+           echo: Callable[[str], None] = print, engine_checks: str = "auto",
+           env_tarball: "Path | None" = None) -> DeployResult:
     """Build (cached by content tag), push, verify the image id on the host, preflight, run the deferred probes,
     record the deployment.
 
@@ -103,6 +134,8 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
     """
     from eagle3ops import images
 
+    if h.uses_venv:  # no engine, no image: the pipeline environment instead
+        return deploy_env(h, env_tarball, dry_run=dry_run, echo=echo)
     with executor.for_host(h) as reach:  # reachability first: a dead host must not cost a build
         reach.connection  # noqa: B018 - opens the connection (raises ConnectFailed)
     t0 = time.monotonic()

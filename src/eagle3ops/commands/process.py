@@ -226,7 +226,8 @@ def record_process(pid: int, pdir: str) -> Change:
 
 
 def start_agent(host: HostConfig, *, pdir: str, pid: int | str, stop_timeout_s: int, supervisor: str,
-                limit_s: float, script: str = AGENT_SH, stop_wait_s: float = AGENT_STOP_WAIT_S) -> Change:
+                limit_s: float, script: str = AGENT_SH, stop_wait_s: float = AGENT_STOP_WAIT_S,
+                state_words: list[str] | None = None) -> Change:
     """Start the restore agent (:data:`AGENT_SH`) detached on the host (``setsid nohup``, all output to
     ``<pdir>/agent.log``), so that it outlives the SSH session and the driver.
 
@@ -242,12 +243,15 @@ def start_agent(host: HostConfig, *, pdir: str, pid: int | str, stop_timeout_s: 
             :data:`eagle3ops.commands.systemd.AGENT_SH`, takes its own handle for ``pid``).
         stop_wait_s: longest wait (seconds) for the stop request before the agent exits having stopped nothing
             (default :data:`AGENT_STOP_WAIT_S`; a speculate job measures its baseline first, so it waits longer).
+        state_words: the command words the agent asks about the supervisor with (``WORDS inspect --format
+            {{.State.Status}} NAME``); default ``docker`` for the host's engine. A venv host's supervisor is a
+            process: :func:`eagle3ops.commands.venv.state_words` answers in the same words.
     """
     launcher = ('a=$1; shift; setsid nohup sh -c "$a" eagle3ops-restore-agent "$@" </dev/null '
                 '>>"$1/agent.log" 2>&1 &')
     return Change(["sh", "-c", launcher, "eagle3ops-launch", script, pdir, str(pid), str(stop_timeout_s), supervisor,
             str(int(limit_s)), str(int(stop_wait_s)), str(AGENT_MISSING_GRACE_S), str(GPU_RELEASE_WAIT_S),
-            str(host.serving.port), *docker(host)])
+            str(host.serving.port), *(state_words if state_words is not None else docker(host))])
 
 
 def stop_preview(pid: int, stop_timeout_s: int) -> list[str]:

@@ -81,13 +81,13 @@ def stage_spec(host: HostConfig, *, image: str, stage: str, run: str, window_id:
 TRIAL_TIMEOUT_S = 120
 
 
-def trial_command(gpus: int) -> list[str]:
+def trial_command(gpus: int, data: str = DATA_MOUNT, model: str = MODEL_MOUNT) -> list[str]:
     """Arguments to ``python3`` in preflight's throwaway stage container: the mounts are there, and on GPU hosts
     ``torch.cuda.device_count()`` sees at least ``gpus`` devices (exit 3 otherwise); GPU hosts also print the CUDA
     architectures the image's torch was built for (``cuda archs sm_90 sm_100 ...``, from
     ``torch.cuda.get_arch_list()``), which preflight compares with the GPUs' compute capability."""
-    code = ("import os,sys; ok=os.path.isdir('/data') and os.path.isdir('/model'); "
-            "print('mounts', 'ok' if ok else 'missing: /data or /model'); ")
+    code = (f"import os,sys; ok=os.path.isdir({data!r}) and os.path.isdir({model!r}); "
+            f"print('mounts', 'ok' if ok else {f'missing: {data} or {model}'!r}); ")
     if gpus:
         code += (f"import torch; n=torch.cuda.device_count(); print('cuda devices', n); "
                  f"print('cuda archs', ' '.join(torch.cuda.get_arch_list())); "

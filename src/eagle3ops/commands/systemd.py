@@ -84,11 +84,11 @@ def record_unit(unit: str, pdir: str) -> Change:
 
 
 def start_agent(host: HostConfig, *, pdir: str, unit: str, stop_timeout_s: int, supervisor: str,
-                limit_s: float) -> list[str]:
+                limit_s: float, state_words: list[str] | None = None) -> list[str]:
     """Start the systemd variant of the restore agent (:data:`AGENT_SH`) detached on the host, managing ``unit``;
     the arguments are :func:`eagle3ops.commands.process.start_agent`'s, with the unit in place of the pid."""
     return pc.start_agent(host, pdir=pdir, pid=unit, stop_timeout_s=stop_timeout_s, supervisor=supervisor,
-                          limit_s=limit_s, script=AGENT_SH)
+                          limit_s=limit_s, script=AGENT_SH, state_words=state_words)
 
 
 def _words(text: str) -> list[str]:

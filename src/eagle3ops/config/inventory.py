@@ -288,6 +288,8 @@ class KindKeys:
     managed: bool = True
     #: A check of its own on the validated keys; raises ValueError with the fix.
     extra: Callable[[ServingConfig], None] | None = None
+    #: True: serving is a container, so the host needs an engine (refused with ``stage_runtime: venv``).
+    in_container: bool = False
 
     def validate(self, s: ServingConfig) -> None:
         """Check ``s`` against this kind.
@@ -320,14 +322,18 @@ class KindKeys:
 
 #: Every serving kind's configuration rules, by ``serving.kind`` (one entry per kind; a new kind adds one).
 KIND_KEYS: dict[str, KindKeys] = {k.name: k for k in (
-    KindKeys("container", needs=("image", "served_model_name")),
+    KindKeys("container", needs=("image", "served_model_name"), in_container=True),
     KindKeys("compose", needs=("image", "served_model_name", "compose_project", "compose_service"),
-             extra=_compose_name),
+             extra=_compose_name, in_container=True),
     KindKeys("process", needs=("served_model_name", "process_match")),
     KindKeys("systemd", needs=("served_model_name", "unit"), extra=_unit_name),
     KindKeys("none", managed=False),
 )}
 assert set(KIND_KEYS) == set(SERVING_KINDS)
+
+
+#: ``stage_runtime`` value of a host without a container engine: supervisor and stages run as processes (issue 28).
+VENV_RUNTIME = "venv"
 
 
 class HostConfig(StrictModel):
@@ -372,7 +378,15 @@ class HostConfig(StrictModel):
     stage_runtime: str | None = Field(
         None, description="Docker runtime of stage containers (`docker run --runtime`), e.g. `nvidia` on hosts "
         "whose engine has no CDI/`--gpus` support; default: the engine's default runtime. Preflight starts a "
-        "throwaway container with it before serving stops."
+        "throwaway container with it before serving stops. The value `venv` means no container engine at all "
+        "(issue 28: e.g. a rented GPU container reached over SSH): the supervisor and the stages run as processes "
+        "of the pipeline environment unpacked under `state_dir/env/`, built against `venv_python`; serving must "
+        "then be `process`, `systemd` or `none`."
+    )
+    venv_python: str | None = Field(
+        None, description="With `stage_runtime: venv`: the host's Python interpreter the pipeline environment is "
+        "built against (absolute path, e.g. `/usr/bin/python3.12`); the user's own venvs are never used or changed. "
+        "Required with `stage_runtime: venv`, refused without it."
     )
     stage_ipc: str | None = Field(
         None, description="IPC mode of stage containers (`--ipc`); default `host` on GPU hosts (NCCL), none on CPU "
@@ -389,6 +403,32 @@ class HostConfig(StrictModel):
     )
     stage_timeout_s: float = Field(3600.0, gt=0, description="Longest one stage may run, in seconds.")
     min_free_gib: float = Field(1.0, ge=0, description="Free space required on data_dir beyond stage estimates.")
+
+    @property
+    def uses_venv(self) -> bool:
+        """True for a host without a container engine (``stage_runtime: venv``, :data:`VENV_RUNTIME`)."""
+        return self.stage_runtime == VENV_RUNTIME
+
+    @model_validator(mode="after")
+    def _venv_runtime(self) -> "HostConfig":
+        """``stage_runtime: venv`` needs ``venv_python`` and serving without containers; container-only stage
+        settings are refused with it (they would be silently ignored)."""
+        if not self.uses_venv and self.venv_python is not None:
+            raise ValueError(f"venv_python is set but stage_runtime is {self.stage_runtime!r}: venv_python is used "
+                             f"only with `stage_runtime: venv` (remove it, or set stage_runtime: venv)")
+        if not self.uses_venv:
+            return self
+        if not (self.venv_python or "").startswith("/") or any(c.isspace() for c in self.venv_python or ""):
+            raise ValueError(f"stage_runtime: venv needs venv_python, the host's Python the pipeline environment is "
+                             f"built against, as an absolute path (e.g. /usr/bin/python3.12); got {self.venv_python!r}")
+        if KIND_KEYS[self.serving.kind].in_container:
+            raise ValueError(f"stage_runtime: venv is for hosts without a container engine, but serving.kind is "
+                             f"{self.serving.kind!r} (a container): set serving.kind to `process`, `systemd` or `none`")
+        extra = [k for k in ("stage_ipc", "stage_shm_size", "stage_ulimits", "docker_host") if getattr(self, k)]
+        if extra:
+            raise ValueError(f"{', '.join(extra)}: container settings, not used with stage_runtime: venv (stages run "
+                             f"as processes with the host's own limits and IPC): remove them")
+        return self
 
     @field_validator("stage_ulimits")
     @classmethod

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from eagle3ops.config.base import ConfigError, StrictModel, parse_yaml, read_yaml, require_mapping, validate
 
@@ -231,6 +231,9 @@ class PipelineConfig(StrictModel):
     extract: ExtractConfig = Field(default_factory=ExtractConfig, description="Stage `extract` (window extract).")
     vocab: VocabConfig = Field(default_factory=VocabConfig, description="Stage `vocab` (window train).")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Stage `train` (window train).")
+    #: The config as written, when :func:`apply_mounts` mapped its paths to a venv host's own: the digests are the
+    #: written config's, so the driver (which reads the file as written) and the stages agree on what is done.
+    _written: dict | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _lengths(self) -> PipelineConfig:
@@ -252,7 +255,7 @@ class PipelineConfig(StrictModel):
         Stages record it in their manifest; a later stage compares it with the current file to tell whether
         the inputs were made with the settings now in force.
         """
-        data = self.model_dump(mode="json")
+        data = json.loads(json.dumps(self._written)) if self._written is not None else self.model_dump(mode="json")
         if data["prepare"].get("chat_template") in TOKENIZER_TEMPLATES:
             del data["prepare"]["chat_template"]  # the tokenizer's own: as before the key existed
         picked = {name: data[name] for name in sections}
@@ -290,3 +293,28 @@ def _validate(raw: object, path: Path | str) -> PipelineConfig:
     raw = require_mapping(raw, path, what="pipeline config", expected="`target_model:`, `prepare:`, ...",
                           error=PipelineConfigError)
     return validate(PipelineConfig, raw, path, what="pipeline config", section=SECTION, error=PipelineConfigError)
+
+
+def apply_mounts(config: PipelineConfig, mounts: dict[str, str]) -> PipelineConfig:
+    """The config with its container paths mapped to host directories (a ``stage_runtime: venv`` host, issue 28:
+    stages run as processes, nothing is mounted): ``mounts`` maps a container path (``/data``, ``/model``) to the
+    host's directory; ``target_model``, absolute ``prepare.datasets`` entries and an absolute
+    ``prepare.chat_template.file`` under one of them are rewritten, others kept. Section digests stay the written
+    config's (:attr:`PipelineConfig._written`). Pure."""
+
+    def host(path: str) -> str:
+        for mount, host_dir in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            if path == mount or path.startswith(mount.rstrip("/") + "/"):
+                return host_dir.rstrip("/") + path[len(mount.rstrip("/")):]
+        return path
+
+    prep = config.prepare
+    tpl = prep.chat_template
+    if isinstance(tpl, ChatTemplateFile) and tpl.file.startswith("/"):
+        tpl = tpl.model_copy(update={"file": host(tpl.file)})
+    mapped = config.model_copy(update={
+        "target_model": host(config.target_model),
+        "prepare": prep.model_copy(update={"datasets": [host(d) if d.startswith("/") else d for d in prep.datasets],
+                                           "chat_template": tpl})})
+    mapped._written = config._written if config._written is not None else config.model_dump(mode="json")
+    return mapped

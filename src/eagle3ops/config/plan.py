@@ -187,6 +187,10 @@ class Plan(BaseModel):
     to_release: int | None = None
     gpus: int = 0
     restore_reserve_s: float | None = None
+    #: Where the stages and the supervisor run: ``container`` (the host's engine) or ``venv`` (``stage_runtime:
+    #: venv``, issue 28: processes of the pipeline environment; each stage's spec holds ``argv``, ``environment``,
+    #: ``cwd``, see :func:`eagle3ops.commands.venv.stage_spec`).
+    runtime: Literal["container", "venv"] = "container"
 
     def reserve_s(self) -> float:
         """Seconds of ``budget_s`` reserved for restore + health gate (see :func:`default_restore_reserve_s`)."""

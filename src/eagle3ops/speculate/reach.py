@@ -164,8 +164,13 @@ def host_relay(r: Any, image: str, api_key: str | None, settings: GenSettings) -
     Bounded by ``120 + ceil(items / concurrency) × user turns × request_timeout_s × attempts`` seconds.
 
     Raises (from the source):
-        RegenerateError: the helper failed (its stderr tail), e.g. an image without the ``regenerate`` action.
+        RegenerateError: the helper failed (its stderr tail), e.g. an image without the ``regenerate`` action;
+            raised at once on a ``stage_runtime: venv`` host (no engine to run the helper in: not done yet).
     """
+    if r.host.uses_venv:
+        raise RegenerateError(f"{r.host.name}: `stage_runtime: venv` (no container engine): answering on the host "
+                              f"needs the pipeline image's helper container, not done yet for venv hosts (issue 28); "
+                              f"reach serving from the driver instead (--endpoint URL or --ssh-forward)")
     from eagle3ops.commands import speculate as sc
     from eagle3ops.speculate.onhost import ROW_MARK, parse_answer
 

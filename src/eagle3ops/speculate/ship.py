@@ -196,6 +196,10 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     from eagle3ops.window.standin import refuse_standin_image
 
     require_serving(r.host, "speculate")  # before anything is read or written on the host
+    if r.host.uses_venv:  # its gate helper (inspect, measure) runs in a container of the pipeline image
+        raise SpeculateError(f"{r.host.name}: speculate on a `stage_runtime: venv` host (no container engine) is not "
+                             f"done yet (issue 28): its on-host gate helper runs in a container of the pipeline "
+                             f"image; nothing was done")
     n_candidates = check_candidate_options(r.host.name, opts)  # before anything is read from the host
     try:
         margin_override = None if opts.margin is None else check_gate_margin(opts.margin)

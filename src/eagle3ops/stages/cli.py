@@ -7,6 +7,7 @@ Each command reads ``DIR/pipeline.yaml`` and its inputs' manifests, writes only 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -35,6 +36,12 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
         if not run_dir.is_dir():
             raise PipelineConfigError(f"--run-dir {run_dir}: no such directory")
         config = load_pipeline_config(run_dir)
+        if os.environ.get("EAGLE3OPS_MOUNTS"):  # a venv host (issue 28): container paths → the host's directories
+            import json
+
+            from eagle3ops.config.pipeline import apply_mounts
+
+            config = apply_mounts(config, json.loads(os.environ["EAGLE3OPS_MOUNTS"]))
         if stage in STAGES and not kwargs.get("restart"):
             done = finished(run_dir, stage, config)
             if done is not None:  # a finished stage is never redone (nor its output touched) for the same inputs

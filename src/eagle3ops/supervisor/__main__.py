@@ -1,7 +1,9 @@
-"""``python -m eagle3ops.supervisor PLAN_JSON``: run a window's plan on the host (in the supervisor container)."""
+"""``python -m eagle3ops.supervisor PLAN_JSON``: run a window's plan on the host (in the supervisor container, or on
+a venv host as a detached process that writes its pid to the window's ``supervisor.pid``)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -17,16 +19,22 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m eagle3ops.supervisor PLAN_JSON", file=sys.stderr)
         return 2
-    import docker
-
     plan_path = Path(argv[0])
     plan = Plan.model_validate_json(plan_path.read_text())
     wdir = plan_path.parent
     if (wdir / "result.json").exists():
         print("window already finished; nothing to do", flush=True)
         return 0
+    if plan.runtime == "venv":  # a detached process on a host without an engine: its pid says it runs
+        tmp = wdir / "supervisor.pid.tmp"
+        tmp.write_text(f"{os.getpid()}\n")
+        tmp.replace(wdir / "supervisor.pid")
+        client = None
+    else:
+        import docker
 
-    sup = Supervisor(plan, docker.from_env(timeout=600), wdir)
+        client = docker.from_env(timeout=600)
+    sup = Supervisor(plan, client, wdir)
 
     def _term(signum: int, _frame: Any) -> None:
         # Raise once; later signals are ignored so the restore that follows is not cut short.

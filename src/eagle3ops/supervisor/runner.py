@@ -44,8 +44,9 @@ GUARD_POLL_S = 5.0
 
 
 class Supervisor:
-    """Executes a :class:`Plan` against the host's Docker engine (docker SDK ``DockerClient``); serving through the
-    plan's serving kind (:attr:`kind`)."""
+    """Executes a :class:`Plan` against the host's Docker engine (docker SDK ``DockerClient``; None for a plan of
+    the venv runtime, whose stages are processes: :func:`eagle3ops.supervisor.stagerun.run_stage_process`); serving
+    through the plan's serving kind (:attr:`kind`)."""
 
     def __init__(self, plan: Plan, client: Any, wdir: Path):
         self.plan, self.client, self.wdir = plan, client, wdir
@@ -374,6 +375,8 @@ class Supervisor:
         return "ok", ""
 
     def _engine_up(self) -> bool:
+        if self.client is None:  # the venv runtime: no engine to wait for
+            return True
         try:
             return bool(self.client.ping())
         except Exception:  # noqa: BLE001 - any failure means "not reachable"

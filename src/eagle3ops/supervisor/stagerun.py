@@ -1,4 +1,4 @@
-"""Stage containers of a window on the host: create, run within the stage's limit and the window's budget, stream
+"""Stage containers (or, on a venv host, stage processes: :func:`run_stage_process`) of a window on the host: create, run within the stage's limit and the window's budget, stream
 the output to ``<stage>.log``, journal the outcome with the stage's own reason (:func:`stage_error`).
 
 Used by :class:`eagle3ops.supervisor.runner.Supervisor` (the step table); the serving kinds use
@@ -77,11 +77,13 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
         Interrupted: SIGTERM/SIGINT. ServingRestarted: serving kept being started (the stage container is
         stopped and removed first). EngineUnavailable: the engine did not come back in time.
     """
-    import docker.errors
-
     if sup.journal.done(step.name):
         sup.stage_outcomes[step.name] = "ok (earlier)"
         return True
+    if step.spec.get("runtime") == "venv":
+        return run_stage_process(sup, step)
+    import docker.errors
+
     name = step.spec["name"]
     try:
         sup.client.containers.get(name).remove(force=True)  # left over from an interrupted attempt
@@ -227,3 +229,101 @@ def stages_from_journal(sup: "Supervisor") -> tuple[str, str]:
         if e is not None and "seconds" in e:
             sup.stage_times[step.name] = e["seconds"]
     return outcome, error
+
+
+#: Seconds a stage process gets between SIGTERM and SIGKILL (to its whole process group).
+STAGE_STOP_GRACE_S = 10.0
+
+
+def _stop_group(proc: Any, grace_s: float = STAGE_STOP_GRACE_S) -> None:
+    """SIGTERM to the stage's process group (it leads its own session), SIGKILL after ``grace_s`` seconds."""
+    import os
+    import signal
+    import subprocess
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
+    """The venv runtime's stage (``stage_runtime: venv``, issue 28): ``step.spec`` (from
+    :func:`eagle3ops.commands.venv.stage_spec`: ``argv``, ``environment``, ``cwd``) run as a process in a session of
+    its own, stdout and stderr appended to ``<stage>.log``, within the stage's limit and the window budget, checking
+    every ``sup.guard_poll_s`` seconds that serving is still stopped; journaled as a stage container is (same
+    reasons, :func:`stage_error`). The environment is the supervisor's plus the spec's (the inventory's
+    ``stage_env``). A stage still running at its deadline, on an interrupt or when serving keeps being started is
+    stopped: SIGTERM to its process group, SIGKILL after :data:`STAGE_STOP_GRACE_S` seconds.
+
+    Returns:
+        True when the stage exited 0.
+
+    Raises:
+        Interrupted: SIGTERM/SIGINT. ServingRestarted: serving kept being started.
+    """
+    import os
+    import subprocess
+
+    budget_left = sup.deadline - sup.plan.reserve_s() - time.time()
+    limit = min(step.timeout_s, budget_left)
+    sup.journal.log(step.name, "start", limit_s=round(limit, 1))
+    if limit <= 0:
+        sup.journal.log(step.name, "error", reason=f"maintenance budget exhausted before the stage started "
+                                                    f"({sup.plan.reserve_s():.0f}s of it are reserved for the "
+                                                    f"restore)")
+        sup.stage_outcomes[step.name] = "not run (budget)"
+        return False
+    t0 = time.time()
+    log_path = sup.wdir / f"{step.name}.log"
+    cwd = step.spec.get("cwd") or "/"
+    os.makedirs(cwd, exist_ok=True)
+    exit_code: int | None = None
+    reason = ""
+    with log_path.open("ab") as log:
+        try:
+            proc = subprocess.Popen(step.spec["argv"], cwd=cwd, env={**os.environ, **step.spec.get("environment", {})},
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        except OSError as exc:  # the environment's python is missing or not executable
+            reason = f"could not start {step.spec['argv'][0]}: {exc}"
+            proc = None
+        try:
+            while proc is not None:
+                sup.guard_stopped(step.name)
+                left = t0 + limit - time.time()
+                if left <= 0:
+                    reason = "budget exceeded" if budget_left <= step.timeout_s else f"timed out after {limit:.0f}s"
+                    _stop_group(proc)
+                    break
+                try:
+                    exit_code = proc.wait(timeout=max(0.2, min(sup.guard_poll_s, left)))
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except BaseException:  # Interrupted, ServingRestarted: the stage is stopped, the window restores serving
+            if proc is not None:
+                _stop_group(proc)
+            dt = time.time() - t0
+            sup.stage_times[step.name] = round(dt, 1)
+            sup.journal.log(step.name, "error", seconds=round(dt, 1), reason="supervisor interrupted")
+            sup.stage_outcomes[step.name] = "failed (supervisor interrupted)"
+            raise
+    dt = time.time() - t0
+    sup.stage_times[step.name] = round(dt, 1)
+    if exit_code == 0:
+        sup.journal.log(step.name, "ok", seconds=round(dt, 1))
+        sup.stage_outcomes[step.name] = "ok"
+        return True
+    why = reason or f"exited {exit_code}"
+    said = stage_error(_tail(log_path)) if exit_code is not None else ""
+    why += f": {said}" if said else ""
+    sup.journal.log(step.name, "error", seconds=round(dt, 1), reason=why)
+    sup.stage_outcomes[step.name] = f"failed ({why})"
+    return False

@@ -21,6 +21,7 @@ from eagle3ops.commands import process as pc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.commands import systemd as sd
+from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import NO_SERVING_NOTE, Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
@@ -79,7 +80,17 @@ def _gate(plan: Plan) -> list[str]:
 
 
 def _stage_argv(h: HostConfig, plan: Plan) -> list[list[str]]:
+    if plan.runtime == "venv":  # processes of the pipeline environment
+        return [vc.stage_preview(step.spec) for step in plan.stages]
     return [sv.run_argv(h, {**step.spec, "restart_policy": {}}) for step in plan.stages]
+
+
+def supervisor_words(h: HostConfig, plan: Plan) -> list[str] | None:
+    """How a restore agent asks about the window's supervisor: None (``docker``, a container) or, on a venv host,
+    :func:`eagle3ops.commands.venv.state_words` of the window directory."""
+    if plan.runtime != "venv":
+        return None
+    return vc.state_words(f"{h.state_dir}/windows/{plan.window_id}")
 
 
 class DriverKind:
@@ -267,12 +278,15 @@ class ProcessKind(DriverKind):
                 "process_pid": process_pid}
 
     def launch(self, r: "Remote", plan: Plan) -> None:
-        """Record the serving process and start the restore agent, before the supervisor that talks with it."""
+        """Record the serving process and start the restore agent, before the supervisor that talks with it. In a
+        dry run whose preflight found no serving process (it fails, saying so) there is nothing to record."""
+        if r.dry_run and plan.process_pid is None:
+            return
         assert plan.process_dir is not None and plan.process_pid is not None
         r.run(pc.record_process(plan.process_pid, plan.process_dir))
         r.run(pc.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
                              supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
-                             stop_wait_s=agent_stop_wait_s(plan)))
+                             stop_wait_s=agent_stop_wait_s(plan), state_words=supervisor_words(r.host, plan)))
 
     def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
         """The host-side restore agent stops and restores; the supervisor gates."""
@@ -281,7 +295,7 @@ class ProcessKind(DriverKind):
         head = [pc.record_process(plan.process_pid or 0, pdir),
                 pc.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
                                supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
-                               stop_wait_s=agent_stop_wait_s(plan)),
+                               stop_wait_s=agent_stop_wait_s(plan), state_words=supervisor_words(h, plan)),
                 pc.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
         if plan.kind == "window":
             return [*head, *_stage_argv(h, plan), pc.restore_preview(pdir, [], ""), gate]
@@ -352,7 +366,7 @@ class SystemdKind(DriverKind):
         r.run(sd.record_unit(plan.serving_unit, plan.process_dir))
         r.run(sd.start_agent(r.host, pdir=plan.process_dir, unit=plan.serving_unit,
                              stop_timeout_s=plan.stop_timeout_s, supervisor=st.supervisor_name(plan.window_id),
-                             limit_s=agent_limit_s(plan)))
+                             limit_s=agent_limit_s(plan), state_words=supervisor_words(r.host, plan)))
 
     def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
         """The agent runs ``systemctl stop``, the stages run, the agent runs ``systemctl start``, the supervisor
@@ -360,7 +374,8 @@ class SystemdKind(DriverKind):
         pdir, unit = plan.process_dir or "?", plan.serving_unit or "?"
         return [sd.record_unit(unit, pdir),
                 sd.start_agent(h, pdir=pdir, unit=unit, stop_timeout_s=plan.stop_timeout_s,
-                               supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan)),
+                               supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
+                               state_words=supervisor_words(h, plan)),
                 sd.stop_argv(unit), *_stage_argv(h, plan), sd.start_argv(unit), _gate(plan)]
 
     def looked_for(self, h: HostConfig) -> str:

@@ -69,7 +69,13 @@ def _serving_ok(result: dict[str, Any]) -> bool:
 
 
 def supervisor_alive(r: Remote, window_id: str) -> bool:
-    """True while the window's supervisor container runs (or is being restarted by its restart policy)."""
+    """True while the window's supervisor container runs (or is being restarted by its restart policy); on a venv
+    host, while its detached process runs (:data:`eagle3ops.commands.venv.STATE_SH`)."""
+    if r.host.uses_venv:
+        from eagle3ops.commands import venv as vc
+
+        state = r.run(vc.supervisor_state(paths(r.host, window_id)["window"]), check=False)
+        return state.stdout.strip() == "running"
     out = r.run(dk.inspect_format(r.host, st.supervisor_name(window_id),
                                       "{{.State.Running}} {{.State.Restarting}}"), check=False)
     return out.ok and "true" in out.stdout.split()

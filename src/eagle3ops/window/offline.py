@@ -9,9 +9,11 @@ from typing import Any
 
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
+from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.config.pipeline import PipelineConfig
 from eagle3ops.commands.quote import render
+from eagle3ops.config.inventory import KIND_KEYS
 from eagle3ops.window.common import WindowError, new_window_id
 from eagle3ops.window.planner import StageDecision, build_plan, supervisor_commands
 
@@ -28,6 +30,8 @@ def assumed_facts(h: HostConfig, kind: str, cfg: PipelineConfig) -> list[tuple[s
         ("gpus", f"{h.gpus} (inventory `gpus`; not counted on the host)"),
         ("free space", f"unknown (not read); the window needs min_free_gib {h.min_free_gib:g} GiB plus the stages' "
                        f"output on {h.data_dir}"),
+        ("pipeline environment", f"{vc.UNKNOWN_ENV} under {vc.env_root(h)} (stage_runtime venv; not read)")
+        if h.uses_venv else
         ("pipeline image", f"{h.pipeline_image} (inventory `pipeline_image`; id not verified)" if h.pipeline_image
          else f"{UNKNOWN_IMAGE} (inventory has no `pipeline_image`; not read from the host's deployed.json)"),
         ("model path", f"{h.model_path} (inventory `model_path`; not checked)"),
@@ -66,7 +70,7 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
         raise WindowError(f"--offline plans only the stage windows ({', '.join(st.WINDOWS)}), not {kind}")
     cfg = PipelineConfig.model_validate(yaml.safe_load(pipeline_text) or {})
     window_id = new_window_id(kind)
-    image = h.pipeline_image or UNKNOWN_IMAGE
+    image = vc.UNKNOWN_ENV if h.uses_venv else h.pipeline_image or UNKNOWN_IMAGE
     stages = st.WINDOWS[kind]
     decision = StageDecision(run=[(s, "--restart: redone from scratch" if restart and s in ("extract", "train")
                                    else "assumed not done (offline)") for s in stages])
@@ -74,22 +78,27 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
     plan = build_plan(h, kind="window", window_id=window_id, image=image, command=command, run=run,
                       stages=[s for s, _ in decision.run], serving_container=sv.default_name(h.serving),
                       restart=restart)
-    trial = st.trial_argv(h, st.trial_spec(h, image=image, run=run, window_id=window_id, stage=stages[0]))
+    trial = None if h.uses_venv else st.trial_argv(h, st.trial_spec(h, image=image, run=run, window_id=window_id,
+                                                                       stage=stages[0]))
     on_host = supervisor_commands(h, plan)
-    serving = sv.run_argv(h, sv.container_spec(h, release=0))
+    # a serving container as the inventory describes it (process/systemd serving has none to show)
+    serving = sv.run_argv(h, sv.container_spec(h, release=0)) if KIND_KEYS[h.serving.kind].in_container else None
     if echo:
         echo(f"# offline dry run of the {kind} window on {h.name}: no SSH; facts assumed from the inventory:")
         for name, value in facts:
             echo(f"#   assumed {name}: {value}")
         for name, why in decision.lines():
             echo(f"#   {name}: {why}")
-        echo("# preflight would start a throwaway container with the first stage's settings:")
-        echo(render(trial))
-        echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
+        if trial is not None:
+            echo("# preflight would start a throwaway container with the first stage's settings:")
+            echo(render(trial))
+        echo("# then, on the host, the supervisor (a detached process of the pipeline environment) runs:"
+             if h.uses_venv else "# then, on the host, the supervisor (docker SDK) does the equivalent of:")
         for argv in on_host:
             echo(render(argv))
-        echo("# the live serving container as the inventory describes it (what the stop/start above acts on):")
-        echo("#   " + render(serving))
+        if serving is not None:
+            echo("# the live serving container as the inventory describes it (what the stop/start above acts on):")
+            echo("#   " + render(serving))
     return {"window_id": window_id, "outcome": "dry-run", "offline": True, "assumed": [list(f) for f in facts],
             "stages": [s.name for s in plan.stages], "trial_command": trial, "supervisor_commands": on_host,
             "serving_command": serving}

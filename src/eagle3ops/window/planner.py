@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3ops.commands import stages as st
+from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange, SpeculateJob, StageStep
 from eagle3ops.window.kinds import driver_kind
@@ -136,14 +137,20 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
         change = ReleaseChange()
     steps = []
     for s in stages or []:
-        spec = st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id)
-        if restart and s in RESTARTABLE:
-            spec["command"] = [*spec["command"], "--restart"]
+        if h.uses_venv:  # a process of the pipeline environment
+            spec = vc.stage_spec(h, image=image, stage=s, run=run, window_id=window_id)
+            if restart and s in RESTARTABLE:
+                spec["argv"] = [*spec["argv"], "--restart"]
+        else:
+            spec = st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id)
+            if restart and s in RESTARTABLE:
+                spec["command"] = [*spec["command"], "--restart"]
         steps.append(StageStep(name=s, spec=spec, timeout_s=h.stage_timeout_s))
     return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
                 state_dir=h.state_dir, stop_timeout_s=h.serving.stop_timeout_s,
                 stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), change=change,
                 to_release=to_release, gpus=h.gpus, speculate=speculate, serving_kind=h.serving.kind,
+                runtime="venv" if h.uses_venv else "container",
                 **serving.plan_fields(h, window_id, serving_container, process_pid))
 
 

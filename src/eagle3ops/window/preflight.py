@@ -283,6 +283,31 @@ def trial_stage_container(r: Remote, pf: Preflight, *, image: str, run: str, win
     pf.trial_output = output if ok else ""
 
 
+def trial_stage_process(r: Remote, pf: Preflight, *, image: str, run: str) -> bool:
+    """A venv host's throwaway stage process (:func:`eagle3ops.commands.venv.trial_argv`: the pipeline
+    environment's python with the stages' environment; on GPU hosts its torch's device count and CUDA
+    architectures), bounded by :data:`eagle3ops.commands.stages.TRIAL_TIMEOUT_S` seconds. Adds the ``stage
+    process`` check; returns whether it ran (not in a dry run, where it is printed)."""
+    from eagle3ops.commands import venv as vc
+
+    h = r.host
+    try:
+        res = r.run(vc.trial_argv(h, image=image, run=run), check=False, timeout=st.TRIAL_TIMEOUT_S)
+        ok, exited, output = res.ok, res.exited, (res.stderr + "\n" + res.stdout)
+    except RemoteError as exc:  # timed out
+        ok, exited, output = False, None, f"no answer within {st.TRIAL_TIMEOUT_S}s: {exc}"
+    if r.dry_run:
+        pf.add("stage process", True, "would run the pipeline environment's python with the stages' environment")
+        return False
+    tail = " ".join(output.split())[-300:] or "no output"
+    pf.add("stage process", ok, f"the stages' environment works: {tail[-120:]}" if ok else
+           f"a throwaway stage process of the pipeline environment failed "
+           f"({'timed out' if exited is None else f'exit {exited}'}): {tail}. Fix hosts.{h.name}.stage_env / gpus / "
+           f"data_dir / model_path, or redeploy the environment; serving was not touched")
+    pf.trial_output = output if ok else ""
+    return True
+
+
 def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
               need_serving: bool = True, disk: DiskEstimate | None = None,
               trial: tuple[str, str, str] | None = None, memory: GpuMemoryPlan | None = None,
@@ -307,18 +332,23 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
     ``(exit status, stdout, stderr)`` when the caller asked already (:func:`ask_engine`), else asked here.
     """
     h, pf = r.host, Preflight()
-    pf.add("docker engine", *engine_status(h, *(engine or ask_engine(r))))
-    if not pf.ok:
-        return pf
-    got = r.run(dk.image_id(h, image), check=False)
-    got_id = got.stdout.strip()
-    if not got.ok:
-        pf.add("pipeline image", False, f"{image} is not on the host: run {hint('deploy', h.name)} first")
-    elif expected_image_id and got_id != expected_image_id:
-        pf.add("pipeline image", False, f"{image} on host has id {got_id[:19]}, expected {expected_image_id[:19]}: "
-                                         f"redeploy with {hint('deploy', h.name)}")
+    if h.uses_venv:  # no engine on this host, by configuration: the venv runtime's own checks instead
+        check_venv(r, pf, image=image, expected_image_id=expected_image_id)
+        if not pf.ok:
+            return pf
     else:
-        pf.add("pipeline image", True, got_id[:19])
+        pf.add("docker engine", *engine_status(h, *(engine or ask_engine(r))))
+        if not pf.ok:
+            return pf
+        got = r.run(dk.image_id(h, image), check=False)
+        got_id = got.stdout.strip()
+        if not got.ok:
+            pf.add("pipeline image", False, f"{image} is not on the host: run {hint('deploy', h.name)} first")
+        elif expected_image_id and got_id != expected_image_id:
+            pf.add("pipeline image", False, f"{image} on host has id {got_id[:19]}, expected "
+                                             f"{expected_image_id[:19]}: redeploy with {hint('deploy', h.name)}")
+        else:
+            pf.add("pipeline image", True, got_id[:19])
     m = r.run(hc.test_dir(h.model_path), check=False)
     pf.add("model path", m.ok, h.model_path if m.ok else f"{h.model_path} is not a directory on the host")
     has_data_dir = r.run(hc.test_dir(h.data_dir), check=False).ok
@@ -340,7 +370,9 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
     # The GPUs as the stages see them: a container with their settings. Only once the engine, image, model path
     # and data dir are known good: a bind mount of a missing directory would make the engine create it (as root).
     trial_ran = False
-    if trial is not None and pf.ok and has_data_dir:
+    if trial is not None and h.uses_venv and pf.ok:
+        trial_ran = trial_stage_process(r, pf, image=image, run=trial[0])
+    elif trial is not None and pf.ok and has_data_dir:
         run, window_id, stage = trial
         trial_stage_container(r, pf, image=image, run=run, window_id=window_id, stage=stage)
         trial_ran = not r.dry_run
@@ -428,9 +460,50 @@ _NO_CLI = ("command not found", "not found", "no such file or directory")
 #: What it says when the CLI is there but no engine answers on the socket (Docker 20.10 .. 28 wordings).
 _NO_DAEMON = ("cannot connect to the docker daemon", "failed to connect to the docker api", "is the docker daemon "
               "running", "error during connect")
-#: Where eagle3ops stands on hosts without a container engine: said in the refusal, not pretended otherwise.
-NO_ENGINE_ALTERNATIVE = ("a host without a container engine (e.g. a rented GPU container reached over SSH) needs "
-                         "`stage_runtime: venv`, which is not available yet (issue 28)")
+#: What a host without a container engine can use instead: said in the refusal (only hosts not configured for the
+#: venv runtime are asked for an engine at all).
+NO_ENGINE_ALTERNATIVE = ("a host without a container engine (e.g. a rented GPU container reached over SSH) can run "
+                         "windows as processes: set `stage_runtime: venv` with `venv_python: <the host's python3, "
+                         "e.g. /usr/bin/python3.12>` and serving kind `process`, `systemd` or `none`, then `eagle3ops "
+                         "deploy HOST --env-tarball PATH` (building that pipeline environment from the pipeline's "
+                         "lock is not done yet, issue 28)")
+
+
+def check_venv(r: Remote, pf: Preflight, *, image: str, expected_image_id: str | None) -> None:
+    """Preflight of a ``stage_runtime: venv`` host (read-only), in place of the engine and image checks: the
+    inventory's ``venv_python`` runs (``venv runtime``), and the pipeline environment ``image``
+    (``venv:sha256:<hex>`` from ``deployed.json``) is unpacked under ``<state_dir>/env/<hex>`` with its marker naming
+    the same digest (``pipeline environment``). Each failure names the key or the command that fixes it."""
+    from eagle3ops.commands import venv as vc
+
+    h = r.host
+    v = r.run(vc.python_version(h), check=False)
+    said = " ".join((v.stderr or v.stdout).split())[-160:]
+    pf.add("venv runtime", v.ok and bool(v.stdout.strip()),
+           f"{h.venv_python}: Python {v.stdout.strip()} (no container engine needed)" if v.ok else
+           f"{h.venv_python} does not run on {h.name} ({said or f'exit {v.exited}'}): install that Python there or "
+           f"set hosts.{h.name}.venv_python to the host's python3")
+    if not pf.ok:
+        return
+    try:
+        d = vc.env_dir(h, image)
+    except ValueError as exc:
+        pf.add("pipeline environment", False, f"{exc}: run {hint('deploy', h.name)} first")
+        return
+    text = r.run(vc.read_marker(h, image), check=False).stdout
+    try:
+        got = json.loads(text).get("digest") if text.strip() else None
+    except ValueError:
+        got = None
+    want = expected_image_id or f"sha256:{vc.digest_hex(image)}"
+    if got is None:
+        pf.add("pipeline environment", False, f"no pipeline environment at {d} (or its bin/python or "
+                                              f"{vc.ENV_MARKER} is missing): run {hint('deploy', h.name)}")
+    elif got != want:
+        pf.add("pipeline environment", False, f"{d} says it is {got[:19]}, expected {want[:19]}: redeploy with "
+                                              f"{hint('deploy', h.name)}")
+    else:
+        pf.add("pipeline environment", True, f"{d} ({got[:19]})")
 
 
 def ask_engine(r: Remote) -> tuple[int, str, str]:
@@ -450,8 +523,8 @@ def engine_status(h: HostConfig, exited: int, stdout: str, stderr: str) -> tuple
       "failed to connect to the docker API"): start the engine or point ``docker_host`` at one that runs;
     - the socket refuses the SSH user ("permission denied"): the ``docker`` group, or a rootless engine's socket;
 
-    each with :data:`NO_ENGINE_ALTERNATIVE` (no engine-free runtime exists yet). Other failures keep the
-    engine's own words."""
+    each with :data:`NO_ENGINE_ALTERNATIVE` (the venv runtime). Hosts with ``stage_runtime: venv`` are not asked
+    (:func:`check_venv` instead). Other failures keep the engine's own words."""
     out = " ".join((stderr or "").split()) or " ".join((stdout or "").split())
     if exited == 0:
         return True, (stdout or "").strip()

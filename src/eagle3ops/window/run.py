@@ -14,6 +14,7 @@ from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
+from eagle3ops.commands import venv as vc
 from eagle3ops.config.plan import Plan, ReleaseChange, SpeculateJob
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
@@ -39,7 +40,10 @@ def launch(r: Remote, plan: Plan, image: str) -> None:
     r.run(hc.mkdir_p(p["window"]))
     r.run(hc.write_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
     driver_kind(r.host).launch(r, plan)  # e.g. a restore agent, before the supervisor that talks with it
-    r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
+    if r.host.uses_venv:  # a detached process of the pipeline environment (no engine on this host)
+        r.run(vc.supervisor_argv(r.host, image=image, window_dir=p["window"], plan_path=p["plan"]))
+    else:
+        r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
 
 
 
@@ -73,6 +77,9 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
         raise WindowError(f"window {window_id} has no stages and no deployed image to run its supervisor with")
     if res.strip():
         r.run(hc.mv(p["result"], f"{p['result']}.{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"))
+    if h.uses_venv:  # a detached process again (the pid file is rewritten)
+        r.run(vc.supervisor_argv(h, image=image, window_dir=p["window"], plan_path=p["plan"]))
+        return True
     r.run(dk.rm(h, st.supervisor_name(window_id), force=True), check=False)
     r.run(st.supervisor_argv(h, image=image, window_id=window_id, plan_path=p["plan"]))
     return True
@@ -131,8 +138,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         if kind in st.WINDOWS:
             # the engine first: a host without one fails preflight in one line, before the served template or the
             # run's state is read from it (issue 28: no engine, no surprise)
-            engine = ask_engine(r)
-            if engine_status(r.host, *engine)[0]:
+            engine = None if r.host.uses_venv else ask_engine(r)  # a venv host has no engine by configuration
+            if engine is None or engine_status(r.host, *engine)[0]:
                 pipeline_text, template = resolve_chat_template(r, pipeline_text)
                 on_host_text, decision = _decide(r, kind, run, pipeline_text, restart)
         to_run = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
@@ -196,7 +203,9 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             note = driver_kind(r.host).dry_run_note
             if note:
                 r.echo(f"# {r.host.name}: {note}")
-            r.echo("# then, on the host, the supervisor (docker SDK) does the equivalent of:")
+            r.echo("# then, on the host, the supervisor (a detached process of the pipeline environment) runs:"
+                   if plan.runtime == "venv" else
+                   "# then, on the host, the supervisor (docker SDK) does the equivalent of:")
             for argv in on_host:
                 r.echo("#   " + render(argv))
         if not pf.ok:
@@ -308,6 +317,8 @@ def _started(r: Remote, window_id: str) -> bool | None:
     """Whether the window's supervisor container exists (the window runs on the host and owns the lock); None when
     the host cannot be asked (the lock then stays; stale detection reports it later)."""
     try:
+        if r.host.uses_venv:  # the launcher writes the pid file as it starts the process
+            return r.run(vc.supervisor_state(paths(r.host, window_id)["window"]), check=False).ok
         return r.run(dk.inspect_format(r.host, st.supervisor_name(window_id), "{{.Id}}"),
                      check=False).ok
     except Exception:  # noqa: BLE001 - host unreachable

@@ -27,7 +27,14 @@ WATCH_FALLBACK_S = 24 * 3600.0
 
 def supervisor_state(r: Remote, window_id: str) -> str | None:
     """State of the window's supervisor container: ``running``, ``restarting``, ``exited``, ``created``, ``dead``...,
-    ``missing`` (no such container), or None when it cannot be told (engine or host not answering)."""
+    ``missing`` (no such container), or None when it cannot be told (engine or host not answering). On a venv host
+    the detached supervisor process's: ``running``, ``exited`` or ``missing`` (no pid file yet)."""
+    if r.host.uses_venv:
+        from eagle3ops.commands import venv as vc
+
+        out = r.run(vc.supervisor_state(paths(r.host, window_id)["window"]), check=False)
+        said = out.stdout.strip()
+        return said if said in ("running", "exited") else ("missing" if "no such" in said.lower() else None)
     out = r.run(dk.container_status(r.host, st.supervisor_name(window_id)), check=False)
     if out.ok:
         return out.stdout.strip() or None
@@ -123,7 +130,10 @@ def watch(r: Remote, window_id: str, *, on_event: Callable[[dict[str, Any]], Non
 
 
 def cleanup_supervisor(r: Remote, window_id: str) -> str | None:
-    """Remove the finished supervisor container; returns a warning text (whole, never cut) instead of raising."""
+    """Remove the finished supervisor container; returns a warning text (whole, never cut) instead of raising. A
+    venv host's supervisor is a process that has exited: nothing to remove (its pid file stays as a record)."""
+    if r.host.uses_venv:
+        return None
     res = r.run(dk.rm(r.host, st.supervisor_name(window_id), force=True), check=False)
     name = st.supervisor_name(window_id)
     gone = "no such container" in (res.stderr + res.stdout).lower()  # removed earlier (attach, recover)

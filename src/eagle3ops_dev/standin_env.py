@@ -1,0 +1,125 @@
+"""The stand-in pipeline environment of the venv runtime's tests (issue 28): a SMALL venv tarball, NOT the real
+pipeline environment. It holds this checkout's ``eagle3ops`` (so the supervisor on the host is the product's own),
+the few pure-Python/compiled packages the supervisor and the config need, copied from the driver venv (pydantic,
+pydantic-core, annotated-types, typing-extensions, typing-inspection, PyYAML; same CPython minor version required),
+and stand-in stages (:mod:`eagle3ops_dev.standin_stages`) behind ``bin/eagle3ops-stage``. No torch, vLLM or
+speculators: its stages touch no model.
+
+Built once per machine and content (a key over the interpreter, the sources and the copied packages), cached under
+``.cache/standin-env/`` like images; the tarball is deterministic (sorted entries, mtime 0, uid/gid 0, gzip mtime 0),
+so its sha256 names it (``venv:sha256:<hex>``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+#: The name said wherever this environment appears (logs, test ids): it is a stand-in.
+NAME = "eagle3ops stand-in pipeline environment"
+#: Top-level modules and packages copied from the driver venv (what ``eagle3ops.supervisor`` and the config import).
+DEPS = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection", "yaml")
+#: Seconds ``python -m venv`` may take.
+VENV_TIMEOUT_S = 120
+
+STAGE_SH = '#!/bin/sh\n# stand-in stages (eagle3ops_dev.standin_stages), not the real pipeline\nexec "$(dirname "$0")/python" -m eagle3ops_standin_stages "$@"\n'
+
+
+def _sources() -> list[tuple[str, Path]]:
+    """(path inside site-packages, local path) of everything copied, files only, sorted."""
+    import importlib
+
+    import eagle3ops
+
+    out: list[tuple[str, Path]] = []
+
+    def add_tree(prefix: str, root: Path) -> None:
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                out.append((f"{prefix}/{f.relative_to(root).as_posix()}", f))
+
+    add_tree("eagle3ops", Path(eagle3ops.__file__).parent)
+    for name in DEPS:
+        mod = importlib.import_module(name)
+        p = Path(mod.__file__ or "")
+        if p.name == "__init__.py":
+            add_tree(name, p.parent)
+        else:
+            out.append((p.name, p))
+    out.append(("eagle3ops_standin_stages.py", Path(__file__).with_name("standin_stages.py")))
+    return sorted(out)
+
+
+def cache_dir() -> Path:
+    """Where built tarballs are kept: ``<repo>/.cache/standin-env``."""
+    from eagle3ops_dev.sandbox.host import repo_root
+
+    return repo_root() / ".cache" / "standin-env"
+
+
+def build(python: str = "/usr/bin/python3", cache: Path | None = None) -> tuple[Path, str]:
+    """The stand-in environment's tarball, built against ``python`` (the host's ``venv_python``), from the cache when
+    its key matches. Returns ``(tarball path, "venv:sha256:<hex>")``.
+
+    Raises:
+        RuntimeError: ``python`` is not the driver's CPython minor version (the copied compiled package would not
+            load), or ``python -m venv`` failed (its output).
+    """
+    ver = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
+                         text=True, timeout=30)
+    minor = ver.stdout.strip()
+    if ver.returncode or minor != "%d.%d" % sys.version_info[:2]:
+        raise RuntimeError(f"{NAME}: {python} is Python {minor or '?'} ({ver.stderr.strip()[-200:]}); the copied "
+                           f"packages need {sys.version_info[0]}.{sys.version_info[1]}")
+    srcs = _sources()
+    key = hashlib.sha256(f"{python} {minor}\n{STAGE_SH}".encode())
+    for rel, f in srcs:
+        key.update(rel.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    cache = cache or cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    tgz = cache / f"{key.hexdigest()[:24]}.tar.gz"
+    if not tgz.is_file():
+        with tempfile.TemporaryDirectory(prefix="standin-env-") as tmp:
+            env = Path(tmp) / "env"
+            cp = subprocess.run([python, "-m", "venv", "--without-pip", str(env)], capture_output=True, text=True,
+                                timeout=VENV_TIMEOUT_S)
+            if cp.returncode:
+                raise RuntimeError(f"{NAME}: `{python} -m venv` failed: {(cp.stderr or cp.stdout).strip()[-400:]}")
+            site = env / "lib" / f"python{minor}" / "site-packages"
+            for rel, f in srcs:
+                (site / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, site / rel)
+            (env / "bin" / "eagle3ops-stage").write_text(STAGE_SH)
+            (env / "bin" / "eagle3ops-stage").chmod(0o755)
+            part = tgz.with_suffix(".part")
+            part.write_bytes(_tar_bytes(env))
+            part.replace(tgz)
+    digest = hashlib.sha256(tgz.read_bytes()).hexdigest()
+    return tgz, f"venv:sha256:{digest}"
+
+
+def _tar_bytes(root: Path) -> bytes:
+    """A deterministic gzip tar of ``root``'s contents (sorted, mtime 0, owner 0:0, symlinks kept)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for p in sorted(root.rglob("*")):
+            if "__pycache__" in p.parts:
+                continue
+            info = tar.gettarinfo(str(p), arcname=p.relative_to(root).as_posix())
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if info.isfile():
+                with p.open("rb") as fh:
+                    tar.addfile(info, fh)
+            else:
+                tar.addfile(info)
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
