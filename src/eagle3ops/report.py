@@ -265,7 +265,7 @@ def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             plotted["calibration"][key] = [(cal[int(i)]["label"], v) for i, v in
                                            zip(line.get_xdata().tolist(), line.get_ydata().tolist())]
     ax.set_xticks(range(len(cal)), [row["label"] for row in cal], rotation=30, ha="right")
-    ax.set(title="mean acceptance length per head shipped (run:head digest)", ylabel="tokens per target step")
+    ax.set(title="mean acceptance length per head shipped", xlabel="run:head digest", ylabel="tokens per target step")
     if plotted["calibration"]:
         ax.legend(fontsize=8)
     fig.tight_layout()
