@@ -69,10 +69,20 @@ def _server_pids(port: int) -> list[int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--image", required=True, help="a built pipeline image on the local engine")
+    ap.add_argument("--image", help="a built pipeline image on the local engine (exported, then deploy "
+                    "--env-tarball)")
+    ap.add_argument("--product-deploy", metavar="BASE_IMAGE", help="instead: `eagle3ops deploy` of the venv host "
+                    "without --env-tarball (builds this checkout's pipeline image on BASE_IMAGE when missing, "
+                    "exports it, checks venv_python's version, sends it)")
     ap.add_argument("--json", type=Path, default=REPO / "benchmarks/venv-real-window.json")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
+    if bool(a.image) == bool(a.product_deploy):
+        sys.exit("give --image or --product-deploy BASE_IMAGE")
+    if a.product_deploy:
+        from eagle3ops import images
+
+        a.image = images.content_tag("pipeline", None, a.product_deploy)
     name = os.environ.get("EAGLE3OPS_SANDBOX", "")
     if name in ("", "sandbox", "newcomer"):
         sys.exit("set EAGLE3OPS_SANDBOX (and _SSH_PORT, _SERVING_PORT) to a sandbox of your own")
@@ -103,6 +113,15 @@ def main() -> int:
         with Remote(h) as r:
             for d in (h.data_dir, h.state_dir):
                 r.run(hc.mkdir_p(d))
+        if a.product_deploy:  # the product path: build (when missing), export, version check, send
+            t0 = time.monotonic()
+            first = deployer.deploy(h, base_image=a.product_deploy, echo=print)
+            wall = round(time.monotonic() - t0, 1)
+            t0 = time.monotonic()
+            again = deployer.deploy(h, base_image=a.product_deploy, echo=print)
+            fig["product_deploy"] = {"wall_s": wall, "export_s": first.build_s, "send_verify_unpack_s": first.push_s,
+                                     "summary": first.push_summary, "again_wall_s": round(time.monotonic() - t0, 1),
+                                     "again_summary": again.push_summary}
         demo.build_tiny_model(a.image, h.model_path, "llama")  # the tests' target, built with the pipeline image
         # built as root in a container (model.safetensors 0600): the weights an operator copied onto the host are the
         # SSH user's to read, and the stages run as that user here (not as root in a container)
@@ -124,8 +143,9 @@ def main() -> int:
             hostpy = r.run(["/usr/bin/python3", "-c", "import platform; print(platform.python_version())"]).stdout
         envbuild.check_python(env.python, hostpy.strip(), venv_python=h.venv_python or "", host=h.name,
                               source=a.image)
-        first = deployer.deploy(h, env_tarball=env.path, echo=print)
-        again = deployer.deploy(h, env_tarball=env.path, echo=print)
+        if not a.product_deploy:
+            first = deployer.deploy(h, env_tarball=env.path, echo=print)
+            again = deployer.deploy(h, env_tarball=env.path, echo=print)
         with Remote(h) as r:
             du = r.run(["du", "-sb", f"{h.state_dir}/env/{env.image.removeprefix('venv:sha256:')}"]).stdout
         fig["deploy"] = {"send_verify_unpack_s": first.push_s, "summary": first.push_summary,

@@ -80,9 +80,10 @@ class FakeContainer:
 class FakeEngine:
     """The docker SDK surface :func:`envbuild.export_env` uses."""
 
-    def __init__(self, probe=PROBE, image_id="sha256:" + "ab" * 32):
+    def __init__(self, probe=PROBE, image_id="sha256:" + "ab" * 32, layers=("sha256:l1", "sha256:l2")):
         self.probe, self.started, self.archives, self.removed, self.created = probe, [], [], 0, []
-        self.images = type("I", (), {"get": lambda _s, name: type("Img", (), {"id": image_id})()})()
+        attrs = {"Id": image_id, "RootFS": {"Layers": list(layers)}, "Config": {"Env": ["PATH=/opt/venv/bin"]}}
+        self.images = type("I", (), {"get": lambda _s, name: type("Img", (), {"id": image_id, "attrs": attrs})()})()
         self.containers = type("C", (), {"create": lambda _s, **kw: self._create(kw)})()
 
     def _create(self, kw):
@@ -123,15 +124,20 @@ def test_export_lays_the_venv_out_for_the_host_named_by_its_digest_and_cached_pe
     assert rec == {"image": "eagle3ops/pipeline:t", "image_id": "sha256:" + "ab" * 32, "python": "3.11.2",
                    "venv_python": "/usr/bin/python3.11", "source_prefix": "/opt/venv"}
     assert not list(tmp_path.glob("*.part"))
-    # the same image id for the same venv_python: from the cache, nothing created; another venv_python: exported
-    eng2 = FakeEngine()
+    # the same layers (a rebuild from cache: another image id) for the same venv_python: from the cache, nothing
+    # created; other layers, or another venv_python: exported
+    eng2 = FakeEngine(image_id="sha256:" + "ef" * 32)
     again = envbuild.export_env("eagle3ops/pipeline:other-tag", "/usr/bin/python3.11", cache=tmp_path, client=eng2)
     assert again.cached and again.image == env.image and again.path == env.path and eng2.created == []
     other = envbuild.export_env("eagle3ops/pipeline:t", "/opt/py/bin/python3", cache=tmp_path, client=FakeEngine())
     assert other.image != env.image and not other.cached
+    changed = envbuild.export_env("eagle3ops/pipeline:t", "/usr/bin/python3.11", cache=tmp_path,
+                                  client=FakeEngine(layers=("sha256:l1", "sha256:l3")))
+    assert not changed.cached and changed.path != env.path
     # a truncated tarball is not a cache hit
     env.path.write_bytes(env.path.read_bytes()[:100])
-    assert envbuild.cached("sha256:" + "ab" * 32, "/usr/bin/python3.11", tmp_path) is None
+    content = envbuild.image_content(eng2.images.get("x").attrs)
+    assert envbuild.cached(content, "/usr/bin/python3.11", tmp_path) is None
 
 
 def test_the_relocatable_shebang_runs_the_python_beside_the_script(tmp_path):

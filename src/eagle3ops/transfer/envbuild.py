@@ -15,8 +15,9 @@ System libraries outside the venv (what the image's apt installed) are NOT carri
 same distribution as the image's base, or the libraries the wheels load).
 
 The tarball (gzip level :data:`GZIP_LEVEL`, entries in the image's order, the image's mtimes, owner 0:0, gzip mtime 0)
-is named by its sha256 (``venv:sha256:<hex>``) and cached per image id and ``venv_python`` in :data:`CACHE_DIR`, so
-an image is exported once per machine.
+is named by its sha256 (``venv:sha256:<hex>``) and cached per image content (:func:`image_content`: its layers and
+environment, not its id: a fully cached rebuild gets a new id, as BuildKit stamps the config's creation time) and
+``venv_python`` in :data:`CACHE_DIR`, so an image is exported once per machine.
 """
 
 from __future__ import annotations
@@ -109,15 +110,25 @@ def check_python(env_python: str, host_python: str, *, venv_python: str, host: s
             f"{minor_of(env_python)} on {host} (the wheels are built for {minor_of(env_python)})")
 
 
-def cache_key(image_id: str, venv_python: str) -> str:
-    """24 hex digits naming the export of ``image_id`` for ``venv_python`` (and :data:`FORMAT`)."""
-    return hashlib.sha256(f"{FORMAT}\n{image_id}\n{venv_python}".encode()).hexdigest()[:24]
+def image_content(attrs: dict[str, Any]) -> str:
+    """What an image's venv depends on, from ``docker inspect``'s attributes: its filesystem layers
+    (``RootFS.Layers``) and its environment (``Config.Env``: ``PATH`` decides which ``python3`` runs), as one
+    string; the image id is not used (a rebuild from cache gets a new one)."""
+    cfg = attrs.get("Config") or {}
+    return json.dumps({"layers": (attrs.get("RootFS") or {}).get("Layers") or [attrs.get("Id", "")],
+                       "env": cfg.get("Env") or []}, sort_keys=True)
 
 
-def cached(image_id: str, venv_python: str, cache: Path | None = None) -> EnvTarball | None:
-    """The cached export of ``image_id`` for ``venv_python`` when it is whole (record and tarball of the recorded
-    size), else None."""
-    base = (cache or CACHE_DIR) / cache_key(image_id, venv_python)
+def cache_key(content: str, venv_python: str) -> str:
+    """24 hex digits naming the export of an image of this :func:`image_content` for ``venv_python`` (and
+    :data:`FORMAT`)."""
+    return hashlib.sha256(f"{FORMAT}\n{content}\n{venv_python}".encode()).hexdigest()[:24]
+
+
+def cached(content: str, venv_python: str, cache: Path | None = None) -> EnvTarball | None:
+    """The cached export of an image of this :func:`image_content` for ``venv_python`` when it is whole (record and
+    tarball of the recorded size), else None."""
+    base = (cache or CACHE_DIR) / cache_key(content, venv_python)
     rec, tgz = base.with_suffix(".json"), base.with_suffix(".tar.gz")
     try:
         d = json.loads(rec.read_text())
@@ -298,7 +309,8 @@ def probe_image(client: Any, image: str) -> ImageEnv:
 def export_env(image: str, venv_python: str, *, cache: Path | None = None, client: Any = None,
                echo: Callable[[str], None] = lambda _: None) -> EnvTarball:
     """The pipeline environment of the built pipeline ``image`` (tag or id on the local engine) as a tarball for
-    hosts whose ``venv_python`` is that path, from :data:`CACHE_DIR` when this image id was exported for it before.
+    hosts whose ``venv_python`` is that path, from :data:`CACHE_DIR` when an image of the same content
+    (:func:`image_content`) was exported for it before.
 
     The image's venv is read out of a container created from it (never started, removed afterwards) through the
     engine's archive API, rewritten (module doc) and written with its digest computed on the way; bounded by
@@ -322,13 +334,14 @@ def export_env(image: str, venv_python: str, *, cache: Path | None = None, clien
         raise EnvBuildError(f"{image} is not on the local engine: build it (`eagle3ops image build pipeline`) or "
                             f"name a built pipeline image") from None
     cache = cache or CACHE_DIR
-    if hit := cached(img.id, venv_python, cache):
+    content = image_content(img.attrs)
+    if hit := cached(content, venv_python, cache):
         echo(f"{hit.image} (cached, built from {hit.source} {hit.source_id[:19]})")
         return hit
     t0 = time.monotonic()
     env = probe_image(client, image)
     cache.mkdir(parents=True, exist_ok=True)
-    key = cache_key(img.id, venv_python)
+    key = cache_key(content, venv_python)
     tgz = cache / f"{key}.tar.gz"
     deadline = t0 + EXPORT_TIMEOUT_S
     c = client.containers.create(**vc.export_spec(image))
