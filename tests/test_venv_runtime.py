@@ -139,7 +139,8 @@ def test_a_host_without_engine_and_without_venv_runtime_is_refused_in_one_line_n
     h = venv_host(stage_runtime=None, venv_python=None)
     ok, line = wpreflight.engine_status(h, 127, "", "bash: line 1: docker: command not found")
     assert not ok and "\n" not in line
-    assert "`stage_runtime: venv` with `venv_python:" in line and "--env-tarball PATH" in line and "not done yet" in line
+    assert "`stage_runtime: venv` with `venv_python:" in line and "--env-tarball PATH" in line
+    assert "exports the pipeline image's venv" in line
 
 
 def test_dry_run_plan_of_a_venv_extract_window_runs_stages_as_processes():

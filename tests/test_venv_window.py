@@ -98,8 +98,10 @@ def test_delivery_is_verified_by_digest_and_done_once(venv_env):
     h, tgz, image, _ = venv_env
     from eagle3ops import deployer
 
-    with pytest.raises(deployer.DeployError, match="not done yet .issue 28.; deliver a built one"):
-        deployer.deploy(h)
+    # without --env-tarball deploy exports the pipeline image's venv (GBs: scripts/venv_real_window.py), but first
+    # asks the host's venv_python, before anything is built or sent
+    with pytest.raises(deployer.DeployError, match=r"hosts.venvpod.venv_python \(/nonexistent/python3\) does not run"):
+        deployer.deploy(h.model_copy(update={"venv_python": "/nonexistent/python3"}), echo=lambda _: None)
     with Remote(h) as r:
         first = deliver_env(r, tgz, image=image)
     again = deployer.deploy(h, env_tarball=tgz, echo=lambda _: None)

@@ -91,7 +91,8 @@ def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
            profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image."),
            base_image: Optional[str] = typer.Option(None, help="Override BASE_IMAGE (local bases)."),
            env_tarball: Optional[Path] = typer.Option(None, help="`stage_runtime: venv` hosts: the pipeline "
-                                                      "environment tarball to deliver (verified by sha256).")) -> None:
+                                                      "environment tarball to deliver (verified by sha256); "
+                                                      "default: the pipeline image's venv, exported.")) -> None:
     """Build the pipeline image if needed, push it over SSH, verify its id on the host, preflight, run the probes the
     build deferred to the host. Serving untouched."""
     from eagle3ops import deployer

@@ -79,31 +79,65 @@ def push_image(tag: str, h: HostConfig) -> str:
 
 
 def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = False,
-               echo: Callable[[str], None] = print) -> DeployResult:
-    """Deploy to a venv host (``stage_runtime: venv``, issue 28): deliver the pipeline environment ``env_tarball``
-    (sent only when its digest is not there yet, verified by sha256 on the host before it is unpacked,
+               echo: Callable[[str], None] = print, profile: str | None = None,
+               base_image: str | None = None) -> DeployResult:
+    """Deploy to a venv host (``stage_runtime: venv``, issue 28): deliver the pipeline environment (sent only when
+    its digest is not there yet, verified by sha256 on the host before it is unpacked,
     :func:`eagle3ops.transfer.envdeliver.deliver_env`) and record it in ``deployed.json``. Serving untouched.
 
+    The environment is ``env_tarball``, else the real one exported from the pipeline image (built first when
+    missing, cached by content tag as for container hosts; the export is cached per image id and ``venv_python``:
+    :func:`eagle3ops.transfer.envbuild.export_env`). Before anything is sent the host's ``venv_python`` is asked its
+    version, which must be the image's Python minor version.
+
     Raises:
-        DeployError: no ``env_tarball`` (building the real environment from the pipeline's lock is not done yet), or
-            the delivery failed (the host's words).
+        DeployError: ``venv_python`` does not run on the host, its Python minor version is not the image's (both
+            named), the image build or export failed, or the delivery failed (the host's words).
     """
+    from eagle3ops.commands import venv as vc
+    from eagle3ops.transfer import envbuild
     from eagle3ops.transfer.envdeliver import EnvDeliveryError, deliver_env
 
-    if env_tarball is None:
-        raise DeployError(f"{h.name} has `stage_runtime: venv`: building its pipeline environment from the pipeline's "
-                          f"lock is not done yet (issue 28); deliver a built one with `eagle3ops deploy {h.name} "
-                          f"--env-tarball PATH` (the tests' stand-in: eagle3ops_dev.standin_env)")
+    build_s, image = 0.0, None
     with executor.for_host(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
+        if env_tarball is None:
+            v = r.run(vc.python_version(h), check=False)
+            if not v.ok or not v.stdout.strip():
+                raise DeployError(f"hosts.{h.name}.venv_python ({h.venv_python}) does not run on {h.name}: "
+                                  f"{' '.join((v.stderr or v.stdout).split())[-160:] or f'exit {v.exited}'}; "
+                                  f"install that Python there or point the key at the host's python3")
+            from eagle3ops import images
+
+            try:
+                bp = images.plan_build("pipeline", base_image=base_image, profile=profile)
+                if dry_run:
+                    for line in bp.lines():
+                        print(line)
+                    print(f"# then export its venv as the pipeline environment for {h.venv_python} (Python "
+                          f"{v.stdout.strip()}), cached under {envbuild.CACHE_DIR}, and send it if its sha256 "
+                          f"is not on {h.name}")
+                    return DeployResult(tag="venv:<built>", image_id="", build_s=0.0, push_s=0.0,
+                                        push_summary="dry run: nothing built or sent")
+                built = images.build_image(ca_bundle=images.default_ca_bundle(), plan=bp)
+                t0 = time.monotonic()
+                env = envbuild.export_env(built.tag, h.venv_python or "", echo=echo)
+                envbuild.check_python(env.python, v.stdout.strip(), venv_python=h.venv_python or "", host=h.name,
+                                      source=built.tag)
+            except (images.ImageError, envbuild.EnvBuildError) as exc:
+                raise DeployError(str(exc)) from None
+            build_s = env.build_s if not env.cached else round(time.monotonic() - t0, 1)
+            env_tarball, image = env.path, env.image
+            echo(f"{env.image} from {built.tag}: {env.size / 1e9:.2f} GB, Python {env.python}, "
+                 + ("cached" if env.cached else f"exported in {env.build_s:.0f} s"))
         try:
-            d = deliver_env(r, env_tarball)
+            d = deliver_env(r, env_tarball, image=image)
         except EnvDeliveryError as exc:
             raise DeployError(str(exc)) from None
     summary = (f"{d.image} → {h.name}:{d.env_dir}: " + (
         f"{d.sent_bytes / 1e6:.1f} MB {'would be sent' if dry_run else 'sent, sha256 verified on the host'}"
         if d.sent_bytes else "already there (sha256 marker), nothing sent") + f", {d.seconds:.1f} s")
     echo(summary)
-    return DeployResult(tag=d.image, image_id=d.image.removeprefix("venv:"), build_s=0.0, push_s=d.seconds,
+    return DeployResult(tag=d.image, image_id=d.image.removeprefix("venv:"), build_s=build_s, push_s=d.seconds,
                         push_summary=summary)
 
 
@@ -135,7 +169,7 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
     from eagle3ops import images
 
     if h.uses_venv:  # no engine, no image: the pipeline environment instead
-        return deploy_env(h, env_tarball, dry_run=dry_run, echo=echo)
+        return deploy_env(h, env_tarball, dry_run=dry_run, echo=echo, profile=profile, base_image=base_image)
     with executor.for_host(h) as reach:  # reachability first: a dead host must not cost a build
         reach.connection  # noqa: B018 - opens the connection (raises ConnectFailed)
     t0 = time.monotonic()

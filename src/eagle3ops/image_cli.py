@@ -126,3 +126,37 @@ def ls(
         table.add_row("\n".join(r.tags) or "<none>", r.image_id.split(":")[-1][:12], images.human_size(r.size),
                       r.profile or "-", r.verified or "-", patches)
     Console().print(table)
+
+
+@app.command("env-tarball")
+def env_tarball(
+    image: Annotated[str, typer.Argument(help="A built pipeline image on the local engine (tag or id).")],
+    venv_python: Annotated[str, typer.Option("--venv-python", help="The venv host's interpreter (its inventory "
+                                             "key venv_python, e.g. /usr/bin/python3.12): same Python minor "
+                                             "version as the image's.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also copy the tarball here (default: "
+                                                   "only the cache).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Export the pipeline image's venv as the pipeline environment of venv hosts (`stage_runtime: venv`): a gzip
+    tarball named by its sha256, cached per image id and --venv-python; deliver it with `eagle3ops deploy HOST
+    --env-tarball PATH` (or let deploy export it)."""
+    import shutil
+
+    from eagle3ops.transfer import envbuild
+
+    try:
+        env = envbuild.export_env(image, venv_python, echo=lambda m: typer.echo(m, err=True))
+    except envbuild.EnvBuildError as exc:
+        _fail(exc)
+    path = env.path
+    if output is not None:
+        shutil.copyfile(env.path, output)
+        path = output
+    if json_out:
+        typer.echo(json.dumps({"path": str(path), "image": env.image, "size": env.size, "python": env.python,
+                               "source": env.source, "source_id": env.source_id, "build_s": env.build_s,
+                               "cached": env.cached}))
+    else:
+        typer.echo(f"{env.image}  {path}  {env.size / 1e9:.2f} GB  Python {env.python}  from {env.source}"
+                   + ("  (cached)" if env.cached else f"  {env.build_s:.0f} s"))

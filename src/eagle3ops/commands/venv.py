@@ -179,10 +179,11 @@ def supervisor_state(window_dir: str) -> Read:
 #: Receive a pipeline environment tarball on stdin (POSIX sh): kept as ``<hex>.part`` until its sha256 equals the
 #: digest it is delivered as (else removed, exit 3), unpacked into ``<hex>.tmp`` (exit 4 on a bad archive), its
 #: interpreter run once (exit 5 when ``bin/python`` does not start: the venv was built against another Python path
-#: than ``venv_python``), the marker written, then renamed to ``<hex>``: a directory ``<hex>`` is always whole and
-#: verified.
+#: than ``venv_python``; exit 6 when the environment's :data:`BUILD_RECORD` names another Python minor version than
+#: that interpreter's), the marker written (the host Python's version, and the environment's as ``env_python``),
+#: then renamed to ``<hex>``: a directory ``<hex>`` is always whole and verified.
 RECEIVE_SH = r"""
-root=$1 hex=$2 marker=$3
+root=$1 hex=$2 marker=$3 build=${4:-}
 mkdir -p "$root" && cd "$root" || exit 1
 rm -rf "$hex.part" "$hex.tmp"
 cat > "$hex.part" || { rm -f "$hex.part"; exit 1; }
@@ -196,7 +197,15 @@ rm -f "$hex.part"
 if ! out=$("$hex.tmp/bin/python" -c 'import sys; print(sys.version.split()[0])' 2>&1); then
   rm -rf "$hex.tmp"; echo "bin/python does not start: $out" >&2; exit 5
 fi
-printf '{"digest": "sha256:%s", "python": "%s"}\n' "$hex" "$out" > "$hex.tmp/$marker"
+want=
+if [ -n "$build" ] && [ -f "$hex.tmp/$build" ]; then
+  want=$(sed -n 's/.*"python": *"\([0-9]*\.[0-9]*\).*/\1/p' "$hex.tmp/$build" | head -n 1)
+  if [ -n "$want" ] && [ "$want" != "${out%.*}" ]; then
+    rm -rf "$hex.tmp"; echo "Python mismatch: the environment is Python $want, its bin/python is Python $out" >&2
+    exit 6
+  fi
+fi
+printf '{"digest": "sha256:%s", "python": "%s", "env_python": "%s"}\n' "$hex" "$out" "$want" > "$hex.tmp/$marker"
 rm -rf "$hex" && mv "$hex.tmp" "$hex" && echo "$root/$hex"
 """
 
@@ -204,5 +213,52 @@ rm -rf "$hex" && mv "$hex.tmp" "$hex" && echo "$root/$hex"
 def receive_env(host: HostConfig, image: str) -> Change:
     """Receive the pipeline environment ``image`` (``venv:sha256:<hex>``) as a gzip tarball on stdin into
     ``<state_dir>/env/<hex>`` (:data:`RECEIVE_SH`: verified by digest before anything is unpacked; prints the
-    directory). Exit 3: digest mismatch; 4: not a gzip tar; 5: its ``bin/python`` does not start."""
-    return Change(["sh", "-c", RECEIVE_SH, "eagle3ops-receive-env", env_root(host), digest_hex(image), ENV_MARKER])
+    directory). Exit 3: digest mismatch; 4: not a gzip tar; 5: its ``bin/python`` does not start; 6: its
+    :data:`BUILD_RECORD` names another Python minor version than the host's ``venv_python``."""
+    return Change(["sh", "-c", RECEIVE_SH, "eagle3ops-receive-env", env_root(host), digest_hex(image), ENV_MARKER,
+                   BUILD_RECORD])
+
+
+# --- the real pipeline environment, exported from a built pipeline image (``eagle3ops.transfer.envbuild``) ---
+
+#: The file inside a pipeline environment built from an image that says what it was built from (JSON: ``image``,
+#: ``image_id``, ``python`` (the image's ``X.Y.Z``), ``venv_python``, ``source_prefix``). The stand-in has none.
+BUILD_RECORD = "eagle3ops-env-build.json"
+
+#: What the pipeline image's interpreter says about itself (run in a throwaway container, no network): its venv
+#: (``sys.prefix``), base prefix, version, ``site-packages`` and the ``sys.path`` directories that live outside both
+#: prefixes (e.g. ``/opt/eagle3ops/dev`` named by a ``.pth`` file), as one JSON line.
+IMAGE_PROBE_PY = r"""
+import json, os, site, sys
+pre, base = sys.prefix, sys.base_prefix
+sp = [p for p in site.getsitepackages() if p.startswith(pre + "/")]
+extra = [p for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p) and not p.startswith(pre + "/")
+         and not p.startswith(base + "/")]
+print(json.dumps({"prefix": pre, "base_prefix": base, "version": ".".join(map(str, sys.version_info[:3])),
+                  "site_packages": sp[0] if sp else "", "extra_paths": extra}))
+"""
+
+
+def image_probe_spec(image: str) -> dict[str, Any]:
+    """The throwaway container (docker SDK ``containers.create`` kwargs) that runs :data:`IMAGE_PROBE_PY` with the
+    image's ``python3`` (what stage containers run), without network. Bounded and removed by the caller."""
+    return {"image": image, "entrypoint": ["python3", "-c", IMAGE_PROBE_PY], "network_disabled": True,
+            "labels": {"io.eagle3ops.role": "env-export"}}
+
+
+def export_spec(image: str) -> dict[str, Any]:
+    """A container of ``image`` that is created, never started, to read its venv out (``get_archive``)."""
+    return {"image": image, "entrypoint": ["true"], "network_disabled": True,
+            "labels": {"io.eagle3ops.role": "env-export"}}
+
+
+#: ``bin/eagle3ops-stage`` of an environment built from the pipeline image: what a stage container runs
+#: (:func:`eagle3ops.commands.stages.stage_spec`: ``python3 -m eagle3ops stage STAGE --run-dir DIR``), with the
+#: environment's own interpreter, wherever the environment was unpacked.
+REAL_STAGE_SH = ('#!/bin/sh\n# the pipeline stages, as in the stage containers: python -m eagle3ops stage\n'
+                 'exec "$(dirname -- "$0")/python" -m eagle3ops stage "$@"\n')
+
+#: The first lines that replace a console script's ``#!<image venv>/bin/python`` (the image's venv path does not
+#: exist on the host, and the environment's own path is known only once unpacked): ``sh`` re-executes the script
+#: with the ``python`` beside it; Python reads the second and third lines as a string expression.
+RELOCATABLE_SHEBANG = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \"$@\"\n' '''\n"

@@ -46,7 +46,8 @@ def deliver_env(r: Remote, tarball: Path, *, image: str | None = None) -> Delive
 
     Raises:
         EnvDeliveryError: the host is not a venv host, the file's digest differs from ``image``, or the host refused
-            the archive (digest mismatch in transit, not a gzip tar, its ``bin/python`` does not start there).
+            the archive (digest mismatch in transit, not a gzip tar, its ``bin/python`` does not start there, its
+            build record names another Python minor version than ``venv_python``'s).
     """
     h, t0 = r.host, time.monotonic()
     if not h.uses_venv:
@@ -65,7 +66,8 @@ def deliver_env(r: Remote, tarball: Path, *, image: str | None = None) -> Delive
             except RemoteError as exc:
                 raise EnvDeliveryError(f"{h.name}: the pipeline environment {got[:24]}... was refused: {exc} "
                                        f"(exit 3: damaged in transit, retry; 5: build it against "
-                                       f"hosts.{h.name}.venv_python)") from exc
+                                       f"hosts.{h.name}.venv_python; 6: point hosts.{h.name}.venv_python at a "
+                                       f"Python of the environment's minor version)") from exc
         sent = tarball.stat().st_size
     record = {"image": got, "image_id": got.removeprefix(vc.IMAGE_PREFIX), "runtime": "venv",
               "env_dir": vc.env_dir(h, got)}

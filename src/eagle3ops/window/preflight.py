@@ -465,8 +465,8 @@ _NO_DAEMON = ("cannot connect to the docker daemon", "failed to connect to the d
 NO_ENGINE_ALTERNATIVE = ("a host without a container engine (e.g. a rented GPU container reached over SSH) can run "
                          "windows as processes: set `stage_runtime: venv` with `venv_python: <the host's python3, "
                          "e.g. /usr/bin/python3.12>` and serving kind `process`, `systemd` or `none`, then `eagle3ops "
-                         "deploy HOST --env-tarball PATH` (building that pipeline environment from the pipeline's "
-                         "lock is not done yet, issue 28)")
+                         "deploy HOST` (it exports the pipeline image's venv as the host's pipeline environment; "
+                         "`--env-tarball PATH` delivers a built one)")
 
 
 def check_venv(r: Remote, pf: Preflight, *, image: str, expected_image_id: str | None) -> None:
@@ -502,6 +502,10 @@ def check_venv(r: Remote, pf: Preflight, *, image: str, expected_image_id: str |
     elif got != want:
         pf.add("pipeline environment", False, f"{d} says it is {got[:19]}, expected {want[:19]}: redeploy with "
                                               f"{hint('deploy', h.name)}")
+    elif (envpy := json.loads(text).get("env_python")) and envpy != ".".join(v.stdout.strip().split(".")[:2]):
+        pf.add("pipeline environment", False, f"{d} is a Python {envpy} environment but {h.venv_python} is Python "
+                                              f"{v.stdout.strip()}: point hosts.{h.name}.venv_python at a Python "
+                                              f"{envpy} and redeploy with {hint('deploy', h.name)}")
     else:
         pf.add("pipeline environment", True, f"{d} ({got[:19]})")
 
