@@ -54,19 +54,6 @@ train: {steps: 4, checkpoint_every: 2, batch_max_tokens: 512}
 """
 
 
-def _server_pids(port: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"standin_openai_server" in cmd and f"--port\0{port}".encode() in cmd:
-                out.append(int(d.name))
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--image", help="a built pipeline image on the local engine (exported, then deploy "
@@ -87,6 +74,7 @@ def main() -> int:
     if name in ("", "sandbox", "newcomer"):
         sys.exit("set EAGLE3OPS_SANDBOX (and _SSH_PORT, _SERVING_PORT) to a sandbox of your own")
     from eagle3ops_dev import demo, sandbox
+    from eagle3ops_dev.standin_env import standin_server_pids
 
     sh = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     inf = sandbox.up_for(sh)
@@ -154,7 +142,7 @@ def main() -> int:
 
         fig["windows"] = []
         for kind, cmd in (("extract", "extract"), ("extract", "extract again (rerun)"), ("train", "train")):
-            before = _server_pids(port)
+            before = standin_server_pids(port)
             t0 = time.monotonic()
             with Remote(h) as r:
                 res = run_window(r, kind=kind, image=env.image, expected_image_id=env.image.removeprefix("venv:"),
@@ -163,7 +151,7 @@ def main() -> int:
                 docker_used = [c for c in r.history if c.startswith("docker")]
             w = {"window": cmd, "outcome": res.get("outcome"), "stages": res.get("stages"),
                  "downtime_s": res.get("downtime_s"), "wall_s": round(time.monotonic() - t0, 1),
-                 "serving_healthy": res.get("serving_healthy"), "serving_stopped": _server_pids(port) != before,
+                 "serving_healthy": res.get("serving_healthy"), "serving_stopped": standin_server_pids(port) != before,
                  "docker_commands_on_host": len(docker_used), "error": res.get("error")}
             fig["windows"].append(w)
             print(json.dumps(w))
@@ -182,7 +170,7 @@ def main() -> int:
         fig["train_outputs"] = ls.split()
         wait_healthy(f"http://127.0.0.1:{port}", MODEL, timeout_s=30, interval_s=0.5)
     finally:
-        for p in _server_pids(port):
+        for p in standin_server_pids(port):
             try:
                 os.kill(p, 15)
             except OSError:

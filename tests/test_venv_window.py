@@ -27,6 +27,7 @@ from eagle3ops.transfer.envdeliver import deliver_env
 from eagle3ops.window.common import audit_entries
 from eagle3ops.window.lock import read_lock
 from eagle3ops.window.run import run_window
+from eagle3ops_dev.standin_env import standin_server_pids
 
 REPO = Path(__file__).resolve().parents[1]
 NAME = os.environ.get("EAGLE3OPS_SANDBOX") or "sandbox"
@@ -38,20 +39,6 @@ prepare: {datasets: [builtin:sharegpt], max_seq_len: 256, max_samples: 8}
 """
 
 pytestmark = [pytest.mark.sandbox]
-
-
-def _server_pids(work: Path) -> list[int]:
-    """The stand-in server processes started in ``work`` (read from /proc: the sandbox shares this machine)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"standin_openai_server" in cmd and f"--port\0{PORT}".encode() in cmd:
-                out.append(int(d.name))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +75,7 @@ def venv_env(sandbox_host, tmp_path_factory):
     try:
         yield h, tgz, image, work
     finally:
-        for p in _server_pids(work):
+        for p in standin_server_pids(PORT):
             with Remote(h) as r:
                 r.run(["kill", "-TERM", str(p)], check=False)
         shutil.rmtree(work, ignore_errors=True)
@@ -121,7 +108,7 @@ def test_extract_and_train_windows_run_as_processes_with_serving_restored_and_a_
     events: list[dict] = []
     with Remote(h) as r:
         deliver_env(r, tgz, image=image)
-        before = _server_pids(work)
+        before = standin_server_pids(PORT)
         res = run_window(r, kind="extract", image=image, expected_image_id=image.removeprefix("venv:"),
                          command="test extract", run="r1", pipeline_text=TINY, on_event=events.append)
         assert res["outcome"] == "ok", res
@@ -130,7 +117,7 @@ def test_extract_and_train_windows_run_as_processes_with_serving_restored_and_a_
         assert checks["venv runtime"] == checks["pipeline environment"] == checks["stage process"] == "ok", checks
         assert res["serving_running"] and res["serving_healthy"] and res["downtime_s"] is not None
         assert not any(c.startswith("docker") for c in r.history), [c for c in r.history if "docker" in c]
-        after = _server_pids(work)
+        after = standin_server_pids(PORT)
         assert after and set(after).isdisjoint(before)  # stopped, then restored as a new process
         seen = json.loads(r.run(hc.cat(f"{h.data_dir}/runs/r1/extract/standin.json")).stdout)
         assert seen["env"]["NCCL_PROTO"] == "LL" and seen["env"]["NCCL_ALGO"] == "Ring"
@@ -140,7 +127,7 @@ def test_extract_and_train_windows_run_as_processes_with_serving_restored_and_a_
         again = run_window(r, kind="extract", image=image, expected_image_id=image.removeprefix("venv:"),
                            command="test extract again", run="r1", pipeline_text=TINY)
         assert again["outcome"] == "nothing to do", again
-        assert _server_pids(work) == after  # not stopped
+        assert standin_server_pids(PORT) == after  # not stopped
         train = run_window(r, kind="train", image=image, expected_image_id=image.removeprefix("venv:"),
                            command="test train", run="r1", pipeline_text=TINY)
         assert train["outcome"] == "ok" and train["stages"] == {"vocab": "ok", "train": "ok"}, train
@@ -189,7 +176,7 @@ def test_killing_the_driver_mid_window_leaves_the_host_to_finish(venv_env, tmp_p
 
 
 def _live_argv(work: Path) -> list[bytes]:
-    pids = _server_pids(work)
+    pids = standin_server_pids(PORT)
     assert len(pids) == 1, pids
     return Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")[:-1]
 

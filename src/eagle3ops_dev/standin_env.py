@@ -123,3 +123,19 @@ def _tar_bytes(root: Path) -> bytes:
     with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz:
         gz.write(raw.getvalue())
     return out.getvalue()
+
+
+def standin_server_pids(port: int) -> list[int]:
+    """The pids of the stand-in OpenAI server processes (``tests/data/standin_openai_server.py``) listening on
+    ``port``, read from ``/proc`` (the sandbox host shares this machine): how the venv tests and
+    ``scripts/venv_real_window.py`` see whether a window stopped and restored the serving process."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"standin_openai_server" in cmd and f"--port\0{port}".encode() in cmd:
+                out.append(int(d.name))
+    return out

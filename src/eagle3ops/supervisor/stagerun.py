@@ -90,14 +90,8 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
     except docker.errors.NotFound:
         pass
     # The restore's share of the budget is reserved: stages end by deadline - reserve.
-    budget_left = sup.deadline - sup.plan.reserve_s() - time.time()
-    limit = min(step.timeout_s, budget_left)
-    sup.journal.log(step.name, "start", limit_s=round(limit, 1))
-    if limit <= 0:
-        sup.journal.log(step.name, "error", reason=f"maintenance budget exhausted before the stage started "
-                                                    f"({sup.plan.reserve_s():.0f}s of it are reserved for the "
-                                                    f"restore)")
-        sup.stage_outcomes[step.name] = "not run (budget)"
+    limit = _start_within_budget(sup, step)
+    if limit is None:
         return False
     t0 = time.time()
     container = create_container(sup.client, step.spec)
@@ -138,7 +132,7 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
             except EngineEndedStage as exc:
                 ended, reason = str(exc), "ended by a Docker engine restart"
             if exit_code is None and not ended:
-                reason = "budget exceeded" if budget_left <= step.timeout_s else f"timed out after {limit:.0f}s"
+                reason = _over_reason(step, limit)
                 container.stop(timeout=10)
             th.join(timeout=10)
     except (Interrupted, ServingRestarted) as exc:
@@ -271,14 +265,8 @@ def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
     import os
     import subprocess
 
-    budget_left = sup.deadline - sup.plan.reserve_s() - time.time()
-    limit = min(step.timeout_s, budget_left)
-    sup.journal.log(step.name, "start", limit_s=round(limit, 1))
-    if limit <= 0:
-        sup.journal.log(step.name, "error", reason=f"maintenance budget exhausted before the stage started "
-                                                    f"({sup.plan.reserve_s():.0f}s of it are reserved for the "
-                                                    f"restore)")
-        sup.stage_outcomes[step.name] = "not run (budget)"
+    limit = _start_within_budget(sup, step)
+    if limit is None:
         return False
     t0 = time.time()
     log_path = sup.wdir / f"{step.name}.log"
@@ -299,7 +287,7 @@ def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
                 sup.guard_stopped(step.name)
                 left = t0 + limit - time.time()
                 if left <= 0:
-                    reason = "budget exceeded" if budget_left <= step.timeout_s else f"timed out after {limit:.0f}s"
+                    reason = _over_reason(step, limit)
                     _stop_group(proc)
                     break
                 try:
@@ -327,3 +315,24 @@ def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
     sup.journal.log(step.name, "error", seconds=round(dt, 1), reason=why)
     sup.stage_outcomes[step.name] = f"failed ({why})"
     return False
+
+
+def _start_within_budget(sup: Any, step: Any) -> float | None:
+    """Journal the stage's start with its limit in seconds: the stage's own ``timeout_s`` or what is left of the
+    maintenance budget once the restore's share (``plan.reserve_s()``) is reserved, whichever is less. None (the
+    stage journaled as an error and recorded ``not run (budget)``) when nothing is left."""
+    limit = min(step.timeout_s, sup.deadline - sup.plan.reserve_s() - time.time())
+    sup.journal.log(step.name, "start", limit_s=round(limit, 1))
+    if limit <= 0:
+        sup.journal.log(step.name, "error", reason=f"maintenance budget exhausted before the stage started "
+                                                    f"({sup.plan.reserve_s():.0f}s of it are reserved for the "
+                                                    f"restore)")
+        sup.stage_outcomes[step.name] = "not run (budget)"
+        return None
+    return limit
+
+
+def _over_reason(step: Any, limit: float) -> str:
+    """Why a stage still running at its limit (seconds, from :func:`_start_within_budget`) was stopped: the
+    maintenance budget when that was the tighter bound, else the stage's own timeout."""
+    return "budget exceeded" if limit < step.timeout_s else f"timed out after {limit:.0f}s"
