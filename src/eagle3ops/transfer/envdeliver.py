@@ -4,7 +4,6 @@ digest on the host (:data:`eagle3ops.commands.venv.RECEIVE_SH`), then recorded i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from pathlib import Path
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import venv as vc
 from eagle3ops.remote import Remote, RemoteError
+from eagle3ops.stages.manifest import sha256_file
 from eagle3ops.window.common import paths
 
 
@@ -31,12 +31,8 @@ class Delivery:
 
 
 def file_digest(path: Path) -> str:
-    """``venv:sha256:<hex>`` of a tarball (read in 1 MiB chunks)."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return f"{vc.IMAGE_PREFIX}sha256:{h.hexdigest()}"
+    """``venv:sha256:<hex>`` of a tarball (:func:`eagle3ops.stages.manifest.sha256_file`)."""
+    return f"{vc.IMAGE_PREFIX}sha256:{sha256_file(path)}"
 
 
 def deliver_env(r: Remote, tarball: Path, *, image: str | None = None) -> Delivery:
