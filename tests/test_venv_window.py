@@ -1,5 +1,6 @@
 """Issue 28 end to end: windows on a host without a container engine (``stage_runtime: venv``) over the sandbox's
-real SSH. The host side uses no Docker: the inventory entry has no ``docker_host``, the supervisor is a detached
+real SSH, on a sandbox of this module's own with no Docker engine at all (``pytest-venv``, SSH 2236, engine ``none``):
+the inventory entry has no ``docker_host``, the supervisor is a detached
 process of the delivered pipeline environment, the stages are processes. The environment is the STAND-IN pipeline
 environment (:mod:`eagle3ops_dev.standin_env`: this checkout's eagle3ops + stand-in stages, no torch/vLLM; ~4 MB,
 built once per machine and cached), and production serving is the STAND-IN OpenAI server of
@@ -30,25 +31,28 @@ from eagle3ops.window.run import run_window
 from eagle3ops_dev.standin_env import standin_server_pids
 
 REPO = Path(__file__).resolve().parents[1]
-NAME = os.environ.get("EAGLE3OPS_SANDBOX") or "sandbox"
+NAME, SSH_PORT, PORT = "pytest-venv", 2236, 18036
 SANDBOX_ROOT = Path(f"/var/lib/eagle3ops-sandbox/{NAME}")
-PORT = int(os.environ.get("EAGLE3OPS_SANDBOX_SERVING_PORT") or 18000) + 91
 MODEL = "standin-venv"
 TINY = """target_model: /model
 prepare: {datasets: [builtin:sharegpt], max_seq_len: 256, max_samples: 8}
 """
 
 pytestmark = [pytest.mark.sandbox]
+#: This module brings up a sandbox of its own (sshd only, no engine): its tests run in the host suite's "rest" part.
+OWN_SANDBOX = NAME
 
 
 @pytest.fixture(scope="module")
-def venv_env(sandbox_host, tmp_path_factory):
-    """(venv host config, pipeline environment image, serving workdir): the sandbox reached as a venv host with its
-    own data/state dirs, the stand-in environment delivered, the stand-in server serving as e3ops."""
+def venv_env(tmp_path_factory):
+    """(venv host config, pipeline environment image, serving workdir): the module's engine-less sandbox reached as
+    a venv host with its own data/state dirs, the stand-in environment delivered, the stand-in server serving as
+    e3ops."""
     from eagle3ops.config import HostConfig
     from eagle3ops_dev import sandbox, standin_env
 
-    inf = sandbox.up_for(sandbox_host)
+    inf = sandbox.up(NAME, SSH_PORT, engine="none")
+    assert not inf.docker_host and not (inf.root / "docker.sock").exists()  # no engine on this host
     base = f"{inf.data_dir}/venvhost-{uuid.uuid4().hex[:6]}"
     work = SANDBOX_ROOT / f"venvproc-{uuid.uuid4().hex[:6]}"
     pw = pwd.getpwnam(inf.user)
@@ -79,6 +83,7 @@ def venv_env(sandbox_host, tmp_path_factory):
             with Remote(h) as r:
                 r.run(["kill", "-TERM", str(p)], check=False)
         shutil.rmtree(work, ignore_errors=True)
+        sandbox.down(NAME)
 
 
 def test_delivery_is_verified_by_digest_and_done_once(venv_env):

@@ -63,7 +63,9 @@ APT_PACKAGES = {"sshd": "openssh-server", "dockerd": "docker.io", "docker": "doc
 START_TIMEOUT_S = 180.0
 
 
-ENGINES = ("classic", "containerd")
+#: ``none``: sshd only, no Docker engine at all (a host like the seeds': a GPU container reached over SSH, vLLM in a
+#: venv; the ``stage_runtime: venv`` tests).
+ENGINES = ("classic", "containerd", "none")
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ class SandboxInfo:
         user: login user.
         hostname: address sshd listens on (127.0.0.1, or an address inside ``netns``).
         netns: network namespace sshd runs in (benchmarks: a veth link with a rate limit); None = this one.
-        engine: ``classic`` (Docker 20.10, overlay2 image store) or ``containerd`` (Docker 26.1, containerd store).
+        engine: ``classic`` (Docker 20.10, overlay2 image store), ``containerd`` (Docker 26.1, containerd store) or
+            ``none`` (no engine: ``docker_host`` is empty).
         docker_version: server version the sandbox engine reported on the last verification.
         started: which daemons this call (re)started (empty when everything already ran).
     """
@@ -147,7 +150,8 @@ def info(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1",
     root = _root(name)
     cdir = client_dir(name)
     return SandboxInfo(
-        name=name, ssh_port=ssh_port, root=root, docker_host=f"unix://{root / 'docker.sock'}",
+        name=name, ssh_port=ssh_port, root=root,
+        docker_host="" if engine == "none" else f"unix://{root / 'docker.sock'}",
         data_dir=root / "data", state_dir=root / "state", identity_file=cdir / "id_ed25519",
         known_hosts=cdir / "known_hosts", user=USER, hostname=listen, netns=netns, engine=engine,
     )
@@ -417,8 +421,8 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
     """Bring the sandbox host up (idempotent): create what is missing, start what is dead, verify what runs.
 
     Creates user/group ``e3ops``, the host key (first time only), the client user key and known_hosts, the
-    directories, then (re)starts dockerd and sshd as needed. Finally logs in over real SSH with strict host-key
-    checking and runs ``docker -H <sock> version`` as ``e3ops``.
+    directories, then (re)starts dockerd (none for ``engine="none"``) and sshd as needed. Finally logs in over real
+    SSH with strict host-key checking and runs ``docker -H <sock> version`` as ``e3ops`` (with no engine: a login).
 
     Args:
         name: sandbox name (state under ``/var/lib/eagle3ops-sandbox/<name>/``).
@@ -426,8 +430,8 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
         listen: address sshd listens on; only 127.0.0.1 or an address of a network namespace the caller created
             (``netns``, e.g. the benchmark's rate-limited veth link).
         netns: run sshd inside this network namespace (dockerd stays in this one; its socket is a file).
-        engine: ``classic`` or ``containerd`` (:data:`ENGINES`; see the module docs). A sandbox keeps the engine
-            it was made with (recorded in ``<root>/engine``).
+        engine: ``classic``, ``containerd`` or ``none`` (:data:`ENGINES`; see the module docs). A sandbox keeps
+            the engine it was made with (recorded in ``<root>/engine``).
 
     Returns:
         :class:`SandboxInfo` with ``started`` naming the daemons this call started.
@@ -488,13 +492,14 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
 
     started: list[str] = []
     sock = root / "docker.sock"
-    if _pid_alive(root / "docker.pid") is None or _docker_ok(sock) is None:
-        _stop_pid(root / "docker.pid")
-        _start_dockerd(inf, progs["dockerd"], engine)
-        started.append("dockerd")
-    # dockerd --group sets the socket's group; make sure (an older daemon may have been started without it).
-    os.chown(sock, 0, gid)
-    os.chmod(sock, 0o660)
+    if engine != "none":
+        if _pid_alive(root / "docker.pid") is None or _docker_ok(sock) is None:
+            _stop_pid(root / "docker.pid")
+            _start_dockerd(inf, progs["dockerd"], engine)
+            started.append("dockerd")
+        # dockerd --group sets the socket's group; make sure (an older daemon may have been started without it).
+        os.chown(sock, 0, gid)
+        os.chmod(sock, 0o660)
     sshd_pid = _pid_alive(ssh / "sshd.pid")
     if sshd_pid is not None and (config_changed or not _port_open(ssh_port, listen)):
         _stop_pid(ssh / "sshd.pid")
@@ -502,14 +507,16 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
     if sshd_pid is None:
         _start_sshd(inf, progs["sshd"])
         started.append("sshd")
-    # Verify over real SSH, as e3ops, with strict host-key checking.
-    cp = subprocess.run(_ssh_argv(inf, ["docker", "-H", inf.docker_host, "version", "--format",
-                                        "{{.Server.Version}}"]),
-                        capture_output=True, text=True, timeout=60)
+    # Verify over real SSH, as e3ops, with strict host-key checking (with no engine: the login alone).
+    check = (["sh", "-c", "echo none"] if engine == "none"
+             else ["docker", "-H", inf.docker_host, "version", "--format", "{{.Server.Version}}"])
+    cp = subprocess.run(_ssh_argv(inf, check), capture_output=True, text=True, timeout=60)
     if cp.returncode != 0 or not cp.stdout.strip():
-        raise SandboxError(f"sandbox {name}: SSH login as {USER} + `docker version` failed (exit {cp.returncode}): "
+        raise SandboxError(f"sandbox {name}: SSH login as {USER} + `{shlex.join(check)}` failed "
+                           f"(exit {cp.returncode}): "
                            f"{cp.stderr.strip()[-800:]}; see {root / 'sshd.log'} and {root / 'dockerd.log'}")
-    return SandboxInfo(**{**asdict(inf), "docker_version": cp.stdout.strip(), "started": tuple(started)})
+    version = "" if engine == "none" else cp.stdout.strip()
+    return SandboxInfo(**{**asdict(inf), "docker_version": version, "started": tuple(started)})
 
 
 def down(name: str = "sandbox", purge: bool = False) -> list[str]:
