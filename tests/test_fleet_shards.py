@@ -94,7 +94,8 @@ def test_merge_run_reads_each_windows_manifest_and_binds_the_train_hosts_prepare
     merged = merge_run(plan, read, {"a": "/d", "b": "/d"}, "b")
     import hashlib
 
-    assert merged["inputs"]["prepare"] == hashlib.sha256((hosts["b"] / "prepare/manifest.json").read_bytes()).hexdigest()
+    prep_sha = hashlib.sha256((hosts["b"] / "prepare/manifest.json").read_bytes()).hexdigest()
+    assert merged["inputs"]["prepare"] == prep_sha
     assert merged["fleet"]["train_host"] == "b" and merged["samples"] == 11
     (hosts["b"] / f"extract/shards/{plan.shards[1].start}-{plan.shards[1].end}.json").unlink()
     with pytest.raises(MergeError, match="no extract manifest"):

@@ -1,5 +1,5 @@
-"""``eagle3ops extract HOST HOST...`` (the fleet plan, then its windows) and ``eagle3ops render k8s|slurm RUN``: the commands over several
-hosts (issues 29, 30), registered on the main typer app by :mod:`eagle3ops.cli`."""
+"""``eagle3ops extract HOST HOST...`` (the fleet plan, then its windows) and ``eagle3ops render k8s|slurm RUN``: the
+commands over several hosts (issues 29, 30), registered on the main typer app by :mod:`eagle3ops.cli`."""
 
 from __future__ import annotations
 
