@@ -122,6 +122,9 @@ def test_fleet_extract_merges_to_the_one_host_manifest_resumes_a_failed_shard_an
     # the rerun resumes: finished shards are no-op windows (serving not stopped again), fleet2 writes only the rest
     again = _cli(*args, "-i", str(plain))
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    # the plan printed before any stop estimates fleet0's window from the rates its first window measured
+    line = next(x for x in again.stdout.splitlines() if "window on fleet0" in x)
+    assert "est. downtime" in line, line
     assert standin_server_pids(PORT) == pids_after
     merged = json.loads(merged_path.read_text())
     assert merged["sample_files"] == whole["sample_files"]  # same sample ids, same token counts...

@@ -58,7 +58,8 @@ def _extract(run_dir: Path, config: Any, shard: tuple[int, int] | None, restart:
     (out / "hidden").mkdir(parents=True, exist_ok=True)
     fail_after = os.environ.get("EAGLE3OPS_STANDIN_FAIL_AFTER")
     per_sample = float(os.environ.get("EAGLE3OPS_STANDIN_SAMPLE_S") or 0)
-    files, sample_files, written = {}, [], 0
+    files, sample_files, written, written_tokens = {}, [], 0, 0
+    t0 = time.monotonic()
     for s in rows:
         rel = f"hidden/data_{int(s['i']):06d}.standin.json"
         text = json.dumps({"standin": True, "input_ids": s["input_ids"], "loss_mask": s["loss_mask"]}) + "\n"
@@ -70,13 +71,17 @@ def _extract(run_dir: Path, config: Any, shard: tuple[int, int] | None, restart:
             time.sleep(per_sample)
             atomic_write_text(out / rel, text)
             written += 1
+            written_tokens += len(s["input_ids"])
         files[rel] = file_entry(out / rel)
         sample_files.append({"i": int(s["i"]), "file": rel, "tokens": len(s["input_ids"])})
     tokens = sum(r["tokens"] for r in sample_files)
+    gen_s = time.monotonic() - t0  # the stand-in's "generation": writing its files (the planner's measured rate)
     return {"files": files, "sample_files": sample_files, "samples": len(rows), "tokens": tokens,
             "dtype": "standin", "engine": "standin", "hidden_size": None, "num_layers": None, "aux_layer_ids": None,
             "layer_ids": None, "hidden_bytes_per_token": 0, "hidden_bytes": 0, "layer_convention": "standin",
-            "file_bytes": sum(f["bytes"] for f in files.values()), "samples_this_run": written}
+            "file_bytes": sum(f["bytes"] for f in files.values()), "samples_this_run": written,
+            "generate_s": round(gen_s, 3),
+            "generate_tokens_per_s": round(written_tokens / gen_s, 1) if written and gen_s > 0 else None}
 
 
 def main(argv: list[str] | None = None) -> int:
