@@ -26,7 +26,7 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
     from eagle3ops.fleet import driver
     from eagle3ops.fleet.execute import merge_run, run_plan
     from eagle3ops.fleet.merge import MergeError
-    from eagle3ops.fleet.plan import FleetPlanError, Window, render
+    from eagle3ops.fleet.plan import FleetPlanError, render
 
     if offline and not dry_run:
         common.fail("--offline needs --dry-run: a real fleet run must read the hosts (add --dry-run, or drop "
@@ -44,7 +44,7 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
             print(f"no host has prepared run {run}: prepare runs first on {prep.name}"
                   + ("" if not prep.serving.managed else " (a window of its own: its serving stops)"), flush=True)
             run_one = driver.window_runner(inv, run=run, pipeline_text=text, command=command, on_event=_event)
-            res = run_one(Window(prep.name, -1, 0, 1, 0, 0, None, 0, None, None, None), kind="prepare")
+            res = run_one(driver.prepare_window(prep), kind="prepare")
             if res.get("outcome") not in ("ok", "nothing to do"):
                 common.fail(f"{prep.name}: the prepare window ended {res.get('outcome')}: {res.get('error')}")
             plan = driver.plan_hosts(inv, hosts, run, cfg, reader=reader, dead=dead_set)

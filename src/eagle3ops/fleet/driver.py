@@ -94,6 +94,13 @@ def prepare_host(inv: Inventory, names: list[str], dead: set[str]) -> HostConfig
     return next((h for h in live if not h.serving.managed), live[0])
 
 
+def prepare_window(host: HostConfig) -> Window:
+    """The prepare pass as a window of the plan's type (no samples of its own; run with ``kind="prepare"`` by the
+    function :func:`window_runner` returns)."""
+    return Window(host.name, -1, 0, 1, 0, 0, host.serving.served_model_name if host.serving.managed else None, 0.0,
+                  None, None, None)
+
+
 def train_host(plan: FleetPlan, dead: set[str]) -> str:
     """The host the merged manifest is checked against (where training would run): the live host of the lowest
     rank."""
@@ -115,6 +122,7 @@ def window_runner(inv: Inventory, *, run: str, pipeline_text: str, command: str,
     from eagle3ops.window.run import run_window
 
     def run_one(w: Window, kind: str = "extract") -> dict[str, Any]:
+        """One window on ``w.host``: ``extract`` with the window's shard, or the ``prepare`` pass."""
         h = inv.host(w.host)
         with (connect or executor.for_host)(h) as r:
             image, image_id = deployed_image(r)

@@ -11,6 +11,7 @@ Order (:func:`run_plan`):
   one window per wave, :func:`eagle3ops.fleet.plan.schedule`), and the next wave starts only when every window of
   this one has ended. The plan put at most ``max_down_per_model`` windows of one model in a wave, so no more hosts
   serving a model are down at once;
+- a window of no samples (more hosts than samples) is not run: nothing to extract, nothing stopped;
 - a wave with a failed window ends the serving part: later waves are not started (a host that failed its window
   may still be restoring or unhealthy, and taking more hosts down would leave fewer serving); the hosts without
   serving finish their shards. A rerun resumes: finished shards are no-op windows that stop nothing, a failed
@@ -101,7 +102,7 @@ def run_plan(plan: FleetPlan, run_one: Callable[[Window], dict[str, Any]],
         if on_window:
             on_window(o)
 
-    free = [w for w in plan.windows if w.serving is None]
+    free = [w for w in plan.windows if w.serving is None and w.samples]
     per_host: dict[str, list[Window]] = {}
     for w in free:
         per_host.setdefault(w.host, []).append(w)
@@ -120,7 +121,7 @@ def run_plan(plan: FleetPlan, run_one: Callable[[Window], dict[str, Any]],
     not_started: list[Window] = []
     failed = False
     for wave in plan.waves():
-        serving = [w for w in wave if w.serving is not None]
+        serving = [w for w in wave if w.serving is not None and w.samples]
         if failed:
             not_started += serving
             continue
