@@ -93,7 +93,7 @@ def _read(h, path: str) -> str:
         return r.run(hc.cat(path)).stdout
 
 
-def test_fleet_extract_merges_to_the_one_host_manifest_resumes_a_failed_shard_and_moves_a_dead_hosts(fleet_env):
+def test_fleet_extract_merges_to_the_one_host_manifest_resumes_a_killed_shard_and_moves_a_dead_hosts(fleet_env):
     hosts, inventory, pipeline, tmp, nodes = fleet_env
     assert "rate 100Mbit" in nodes[1].link.qdisc()
     plain = inventory("plain")
@@ -103,14 +103,23 @@ def test_fleet_extract_merges_to_the_one_host_manifest_resumes_a_failed_shard_an
     whole = json.loads(_read(hosts["fleet1"], f"{hosts['fleet1'].data_dir}/runs/one/extract/manifest.json"))
     assert whole["samples"] == 11
 
-    # the fleet run, fleet2's shard failing after one new sample
+    # the fleet run; fleet2's stage process is killed (SIGKILL) once it has written a sample of its shard
     pids_before = standin_server_pids(PORT)
     merged_path = tmp / "merged.json"
     args = ["extract", "fleet0", "fleet1", "fleet2", "--pipeline", str(pipeline), "--run", "fl",
             "--merged", str(merged_path)]
-    failed = _cli(*args, "-i", str(inventory("failing", fleet2={"EAGLE3OPS_STANDIN_FAIL_AFTER": "1"})))
-    out = failed.stdout + failed.stderr
-    assert failed.returncode == 1, out[-3000:]
+    hidden2 = Path(f"{hosts['fleet2'].data_dir}/runs/fl/extract/hidden")  # the sandbox's disk is this machine's
+    slow = inventory("slow", fleet2={"EAGLE3OPS_STANDIN_SAMPLE_S": "0.5"})
+    driver = subprocess.Popen([sys.executable, "-m", "eagle3ops", *args, "-i", str(slow)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        killed = _kill_stage_once(hosts["fleet2"].data_dir, hidden2, timeout_s=90)
+        out = driver.communicate(timeout=CLI_TIMEOUT_S)[0]
+    finally:
+        driver.kill()
+    assert killed, "fleet2's extract stage never started writing"
+    written_before = len(list(hidden2.iterdir()))
+    assert driver.returncode == 1, out[-3000:]
     assert "prepare runs first on fleet1" in out and "rerun the same command to resume" in " ".join(out.split())
     assert not merged_path.exists()
     pids_after = standin_server_pids(PORT)
@@ -134,7 +143,8 @@ def test_fleet_extract_merges_to_the_one_host_manifest_resumes_a_failed_shard_an
     s2 = shards["fleet2"]
     m2 = json.loads(_read(hosts["fleet2"], f"{hosts['fleet2'].data_dir}/runs/fl/extract/shards/"
                                            f"{s2['start']}-{s2['end']}.json"))
-    assert m2["samples_this_run"] == s2["samples"] - 1  # one sample was written before the failure
+    assert 0 < written_before < s2["samples"]
+    assert m2["samples_this_run"] == s2["samples"] - written_before  # what the killed stage wrote is not redone
     assert merged["fleet"]["train_host"] == "fleet0"
 
     # fleet2 marked dead: its shard moves to fleet1 (no serving) and is extracted there; fleet2 is never reached
@@ -148,6 +158,24 @@ def test_fleet_extract_merges_to_the_one_host_manifest_resumes_a_failed_shard_an
     assert {s["host"] for s in md["fleet"]["shards"]} == {"fleet0", "fleet1"}
     assert len(_audit(hosts["fleet2"])) == audit2
     assert standin_server_pids(PORT) == pids_after and _healthy(hosts["fleet0"])
+
+
+def _kill_stage_once(data_dir: str, hidden: Path, *, timeout_s: float) -> bool:
+    """SIGKILL the stand-in extract stage process of the host whose data dir is ``data_dir`` once it has written a
+    file into ``hidden``; False when that did not happen within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if hidden.is_dir() and any(hidden.iterdir()):
+            for d in Path("/proc").iterdir():
+                try:
+                    cmd = (d / "cmdline").read_bytes() if d.name.isdigit() else b""
+                except OSError:
+                    continue
+                if b"eagle3ops_standin_stages" in cmd and b"--shard" in cmd and data_dir.encode() in cmd:
+                    os.kill(int(d.name), signal.SIGKILL)
+                    return True
+        time.sleep(0.1)
+    return False
 
 
 def _audit(h) -> list[dict]:
