@@ -12,6 +12,11 @@ host with the STAND-IN pipeline environment (stand-in stages: no hidden states) 
 stand-in extract takes ``--sample-s`` seconds per sample, so each window keeps serving down for a few seconds. The
 real CLI runs as a subprocess. Everything this script creates is removed at the end (``--keep`` keeps it).
 
+Measured 2026-12-05 on the 2-core machine (shared with a CI run; load ~0.4-3), 12 samples, 0.5 s a sample
+(benchmarks/fleet-waves.json): limit 1 → waves fleet0:0, fleet1:1, fleet2:2; the four audit intervals (the prepare
+window on fleet0, then the three extract windows: 6.9-7.2 s of downtime each) never overlap, at most 1 host down at
+once, 40.9 s wall. Limit 2 → fleet0 and fleet1 in wave 0, their intervals overlap (2 down at once), 31.5 s wall.
+
 Usage (root): python benchmarks/fleet_waves.py [--limits 1,2] [--samples 12] [--sample-s 0.5]
               [--json benchmarks/fleet-waves.json]
 """

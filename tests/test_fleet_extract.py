@@ -147,11 +147,26 @@ def test_fleet_extract_merges_to_the_one_host_manifest_resumes_a_killed_shard_an
     assert m2["samples_this_run"] == s2["samples"] - written_before  # what the killed stage wrote is not redone
     assert merged["fleet"]["train_host"] == "fleet0"
 
-    # fleet2 marked dead: its shard moves to fleet1 (no serving) and is extracted there; fleet2 is never reached
+    # fleet2 marked dead: its shard moves to fleet1 (no serving) and is extracted there; fleet2 is never reached.
+    # The driver is killed mid-window; the window goes on on fleet1, and the rerun waits for it, then merges.
     audit2 = len(_audit(hosts["fleet2"]))
     dead_path = tmp / "merged-dead.json"
-    moved = _cli(*args[:-1], str(dead_path), "-i", str(plain), "--dead", "fleet2")
+    dead_args = [*args[:-1], str(dead_path), "--dead", "fleet2"]
+    slow1 = inventory("slow1", fleet1={"EAGLE3OPS_STANDIN_SAMPLE_S": "3"})
+    first = Path(f"{hosts['fleet1'].data_dir}/runs/fl/extract/hidden/data_{s2['start']:06d}.standin.json")
+    killed_driver = subprocess.Popen([sys.executable, "-m", "eagle3ops", *dead_args, "-i", str(slow1)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 90
+        while not first.exists():
+            assert time.monotonic() < deadline and killed_driver.poll() is None, "the moved shard never started"
+            time.sleep(0.1)
+    finally:
+        killed_driver.kill()
+        killed_driver.wait(timeout=30)
+    moved = _cli(*dead_args, "-i", str(plain))
     assert moved.returncode == 0, (moved.stdout + moved.stderr)[-3000:]
+    assert "[fleet1] lock wait  waiting for window" in moved.stdout, moved.stdout[-3000:]
     assert f"shard 2 [{s2['start']}, {s2['end']}) moved to fleet1" in moved.stdout
     md = json.loads(dead_path.read_text())
     assert md["sample_files"] == whole["sample_files"] and md["files"] == whole["files"]

@@ -14,6 +14,7 @@ prepared sample count, read before anything stops (reads only; ``offline``: no S
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -115,10 +116,17 @@ def window_runner(inv: Inventory, *, run: str, pipeline_text: str, command: str,
     names (or the inventory's ``pipeline_image``). ``on_event(host, event)`` hears the window's events;
     ``connect(host)``: the executor (default :func:`eagle3ops.executor.for_host`).
 
-    The returned function raises what ``run_window`` raises (``LockHeld``, ``PreflightFailed``, ``WindowError``...)
-    and :class:`FleetPlanError` when the host has no deployed pipeline image.
+    A host whose lock is held by a window whose supervisor still runs (an earlier fleet run's driver was killed
+    mid-window; the window goes on on the host) is waited for, polling every :data:`LOCK_POLL_S`, at most the
+    host's ``maintenance_budget_s`` + :data:`LOCK_WAIT_MARGIN_S`, then its window runs (a no-op when that window
+    finished the shard, else it resumes it).
+
+    The returned function raises what ``run_window`` raises (``LockHeld`` — held by no running supervisor, or past
+    the wait —, ``PreflightFailed``, ``WindowError``...) and :class:`FleetPlanError` when the host has no deployed
+    pipeline image.
     """
     from eagle3ops import executor
+    from eagle3ops.window.common import LockHeld
     from eagle3ops.window.run import run_window
 
     def run_one(w: Window, kind: str = "extract") -> dict[str, Any]:
@@ -127,11 +135,49 @@ def window_runner(inv: Inventory, *, run: str, pipeline_text: str, command: str,
         with (connect or executor.for_host)(h) as r:
             image, image_id = deployed_image(r)
             ev = (lambda e: on_event(h.name, e)) if on_event else None
-            return run_window(r, kind=kind, image=image, expected_image_id=image_id, command=command, run=run,
-                              pipeline_text=pipeline_text, restart=restart and kind == "extract", on_event=ev,
-                              shard=(w.start, w.end) if kind == "extract" else None)
+
+            def once() -> dict[str, Any]:
+                return run_window(r, kind=kind, image=image, expected_image_id=image_id, command=command, run=run,
+                                  pipeline_text=pipeline_text, restart=restart and kind == "extract", on_event=ev,
+                                  shard=(w.start, w.end) if kind == "extract" else None)
+
+            try:
+                return once()
+            except LockHeld:
+                if not wait_for_running_window(r, h.maintenance_budget_s + LOCK_WAIT_MARGIN_S, ev):
+                    raise
+            return once()
 
     return run_one
+
+
+#: Seconds between looks at a host's lock while a running window holds it.
+LOCK_POLL_S = 2.0
+#: Seconds beyond the host's maintenance budget a fleet window waits for a running window to end.
+LOCK_WAIT_MARGIN_S = 300.0
+
+
+def wait_for_running_window(r: Any, limit_s: float, on_event: Callable[[dict[str, Any]], None] | None) -> bool:
+    """When the host's lock is held by a window whose supervisor runs, wait (bounded by ``limit_s`` seconds) until
+    the lock is free. Returns True when it became free, False when the lock is held by no running supervisor (a
+    stale or unhealthy lock: not waited for) or the wait ran out."""
+    from eagle3ops.window.lock import read_lock, supervisor_alive
+
+    lock = read_lock(r)
+    wid = (lock or {}).get("window_id")
+    if not lock:
+        return True
+    if not wid or not supervisor_alive(r, wid):
+        return False
+    if on_event:
+        on_event({"step": "lock", "event": "wait", "detail": f"waiting for window {wid} to end: it still runs on "
+                                                               f"the host (`{lock.get('command', '?')}`)"})
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(LOCK_POLL_S)
+        if read_lock(r) is None:
+            return True
+    return False
 
 
 def deployed_image(r: Any) -> tuple[str, str | None]:
