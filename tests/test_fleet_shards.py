@@ -155,3 +155,35 @@ def test_run_plan_stops_starting_waves_after_a_failed_one_and_says_which_did_not
     bad = [o for o in res.outcomes if not o.ok]
     assert [o.window.host for o in bad] == ["s1"] and "preflight failed" in bad[0].as_dict()["error"]
     assert {o.window.host for o in res.outcomes} == {"s0", "s1", "free"}
+
+
+def test_measured_rates_come_from_a_venv_hosts_shard_window() -> None:
+    """The planner's rates (:func:`eagle3ops.fleet.gather.measured_rates`) from a fleet window of a venv host: the run
+    from its argv's ``--run-dir <data_dir>/runs/<run>``, the figures from its ``--shard`` manifest."""
+    from types import SimpleNamespace
+
+    from eagle3ops.fleet.gather import measured_rates
+
+    host = SimpleNamespace(state_dir="/s", data_dir="/d")
+    files = {
+        "/s/windows/20261205T000000Z-extract-abc/result.json": {"outcome": "ok", "stage_seconds": {"prepare": 1.0,
+                                                                "extract": 9.0}, "downtime_s": 14.0},
+        "/s/windows/20261205T000000Z-extract-abc/plan.json": {"stages": [{"spec": {"argv": [
+            "/s/env/x/bin/eagle3ops-stage", "extract", "--run-dir", "/d/runs/big", "--shard", "4:8"]}}]},
+        "/d/runs/big/extract/shards/4-8.json": {"generate_s": 8.0, "generate_tokens_per_s": 50.0},
+    }
+
+    class Reader:
+        def __init__(self):
+            self.host = host
+
+        def run(self, argv, check=True):
+            path = argv[1]  # cat_if_exists: find PATH -maxdepth 0 ... -exec cat
+            if argv[0] == "ls":
+                return SimpleNamespace(ok=True, stdout="20261205T000000Z-extract-abc\n20261205T000001Z-train-d\n")
+            text = json.dumps(files[path]) if path in files else ""
+            return SimpleNamespace(ok=bool(text), stdout=text)
+
+    rates = measured_rates(Reader())
+    assert rates is not None and rates.tokens_per_s == 50.0
+    assert rates.fixed_s == 14.0 - 8.0 and rates.stage_fixed_s == 10.0 - 8.0
