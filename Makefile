@@ -5,6 +5,7 @@
 #   make deploy  HOST=gpu-01        build + push the pipeline image, verify its id, preflight (serving untouched)
 #   make extract HOST=gpu-01        window 1: prepare + extract hidden states
 #   make extract HOSTS=a,b,c DRY=1  the fleet plan over several hosts (contiguous shards, windows, waves)
+#   make extract HOSTS=a,b,c        run it: shards wave by wave, manifests merged (DEAD=b: b's shard moves)
 #   make train   HOST=gpu-01        window 2: vocab (d2t/t2d) + train the draft head
 #   make rollback HOST=gpu-01       bring back the previous serving release
 SHELL := /bin/bash
@@ -47,7 +48,8 @@ deploy: setup
 	$(E3) deploy $(HOST) $(BASE_FLAG) --profile $(PROFILE)
 
 extract: setup
-	$(E3) extract $(if $(HOSTS),$(subst $(comma), ,$(HOSTS)),$(HOST)) --run $(RUN) $(if $(DRY),--dry-run)
+	$(E3) extract $(if $(HOSTS),$(subst $(comma), ,$(HOSTS)),$(HOST)) --run $(RUN) $(if $(DRY),--dry-run) \
+	  $(foreach d,$(subst $(comma), ,$(DEAD)),--dead $(d))
 
 train: setup
 	$(E3) train $(HOST) --run $(RUN)

@@ -57,6 +57,8 @@ LOCAL_TOOLS: dict[str, tuple[set[str], str]] = {
                                          "the sandbox engine's Debian packages, unpacked here"),
     "eagle3ops/images/tags.py": ({"git"}, "this checkout's revision for the image label (local git)"),
     "eagle3ops_dev/pagecache.py": ({"docker"}, "the page-cache warm-up container on this machine's engines"),
+    "eagle3ops_dev/fleet.py": ({"ip", "tc"}, "the fleet fixture's namespaces and rate-limited links on this "
+                               "machine (it is the network)"),
 }
 #: Where argv may be built (relative to src/): the product's commands/ and the harness's own argv builders.
 COMMAND_MODULES = ("eagle3ops/commands/", "eagle3ops_dev/provision.py", "eagle3ops_dev/headspecs.py")

@@ -1,5 +1,6 @@
 """``eagle3ops extract HOST HOST...`` through the real CLI (typer's runner), offline: the fleet plan is printed
-before anything stops, no host is reached; a real run over several hosts is refused by name. One host keeps today's
+before anything stops, no host is reached; a dead host's shard moves. The real run over several hosts:
+tests/test_fleet_extract.py. One host keeps today's
 path (tests/test_config_kimi.py runs it)."""
 
 from __future__ import annotations
@@ -61,11 +62,28 @@ def test_offline_fleet_dry_run_prints_shards_and_waves(fleet_files):
     assert plan["tokens_exact"] is False and plan["max_down_per_model"] == {"kimi-k2.5": 1}
 
 
-def test_fleet_extract_without_dry_run_is_refused(fleet_files):
+def test_fleet_run_offline_is_refused_and_dead_hosts_are_checked(fleet_files):
     inv, pf = fleet_files
-    res = CliRunner().invoke(app, ["extract", "kimi-01", "rent-01", "-i", str(inv), "--pipeline", str(pf)])
-    assert res.exit_code == 1
-    assert "shard-aware extract stage" in " ".join(res.output.split())
+    res = CliRunner().invoke(app, ["extract", "kimi-01", "rent-01", "-i", str(inv), "--pipeline", str(pf),
+                                   "--offline"])
+    assert res.exit_code == 2 and "--offline needs --dry-run" in " ".join(res.output.split())
+    res = CliRunner().invoke(app, ["extract", "kimi-01", "rent-01", "-i", str(inv), "--pipeline", str(pf),
+                                   "--dry-run", "--offline", "--dead", "kimi-02"])
+    assert res.exit_code == 2 and "--dead kimi-02: not among this run's hosts" in " ".join(res.output.split())
+    res = CliRunner().invoke(app, ["extract", "kimi-01", "--dead", "kimi-01", "-i", str(inv), "--pipeline", str(pf)])
+    assert res.exit_code == 2 and "for a run over several hosts" in " ".join(res.output.split())
+
+
+def test_offline_dry_run_with_a_dead_host_moves_its_shard_to_the_host_without_serving(fleet_files):
+    inv, pf = fleet_files
+    res = CliRunner().invoke(app, ["extract", "kimi-01", "kimi-02", "rent-01", "-i", str(inv), "--pipeline", str(pf),
+                                   "--run", "big", "--dry-run", "--offline", "--dead", "kimi-02"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output[res.output.index("\n{") + 1:])
+    assert [(s["rank"], s["host"], s["start"], s["end"]) for s in plan["shards"]] == [
+        (0, "kimi-01", 0, 334), (1, "rent-01", 334, 667), (2, "rent-01", 667, 1000)]
+    assert "kimi-02" not in {w["host"] for w in plan["windows"]}
+    assert "shard 1 [334, 667) moved to rent-01" in plan["notes"]
 
 
 def test_unknown_host_and_repeated_host_are_refused(fleet_files):

@@ -129,14 +129,20 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
             inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
             pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-            restart: bool = RestartOpt, offline: bool = OfflineOpt) -> None:
+            restart: bool = RestartOpt, offline: bool = OfflineOpt,
+            dead: list[str] = typer.Option([], "--dead", help="Several hosts: a lost host (repeatable); its shard "
+                                           "moves to another."),
+            merged: Optional[Path] = typer.Option(None, help="Several hosts: the merged manifest's file.")) -> None:
     """Maintenance window 1: stop serving, run prepare + extract, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes).
-    Several hosts: the fleet plan (contiguous shards, windows with estimated downtime, the down-at-once policy of
-    the inventory's `fleet:`), printed with --dry-run."""
+    Several hosts: the fleet plan printed, then run wave by wave (`fleet:` policy), each window extracting its shard;
+    the shard manifests merged and checked. A rerun resumes (finished shards are not redone)."""
     if len(hosts) > 1:
-        fleet_cli.fleet_extract(hosts, inventory, dry_run, offline, run, pipeline)
+        fleet_cli.fleet_extract(hosts, inventory, dry_run, offline, run, pipeline, dead=dead, restart=restart,
+                                merged_out=merged)
         return
+    if dead or merged:
+        common.fail("--dead and --merged are for a run over several hosts (name them all)", 2)
     h = common.load_host(inventory, hosts[0])
     _stage_window("extract", h, dry_run, offline, run=run, pipeline_text=common.read_pipeline(pipeline), restart=restart)
 

@@ -1,5 +1,5 @@
-"""``eagle3ops extract HOST HOST...`` (the fleet plan) and ``eagle3ops render k8s|slurm RUN``: the commands over several
-hosts (issues 29, 30), registered on the main typer app by :mod:`eagle3ops.cli`."""
+"""``eagle3ops extract HOST HOST...`` (the fleet plan, then its windows) and ``eagle3ops render k8s|slurm RUN``: the
+commands over several hosts (issues 29, 30), registered on the main typer app by :mod:`eagle3ops.cli`."""
 
 from __future__ import annotations
 
@@ -13,25 +13,93 @@ from eagle3ops import cli_common as common
 from eagle3ops.cli_common import InventoryOpt
 
 
-def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: bool, run: str, pipeline: Path) -> None:
-    """``extract`` over several hosts: print the fleet plan (reads only) or refuse to run it (see
-    :mod:`eagle3ops.fleet.driver`)."""
+def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: bool, run: str, pipeline: Path, *,
+                  dead: list[str] | None = None, restart: bool = False, merged_out: Path | None = None) -> None:
+    """``extract`` over several hosts: the fleet plan (reads only), printed; then, unless ``dry_run``, carried out
+    (:mod:`eagle3ops.fleet.execute`: waves, per-host windows with their shards), the shard manifests merged and
+    checked, the merged manifest written to ``merged_out`` (default ``fleet-<run>-extract-manifest.json``). Exit 1
+    when a window failed or the merge does not check (the message names the shard and the rerun)."""
+    import sys
+
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.config.pipeline import parse_pipeline_config
     from eagle3ops.fleet import driver
+    from eagle3ops.fleet.execute import merge_run, run_plan
+    from eagle3ops.fleet.merge import MergeError
     from eagle3ops.fleet.plan import FleetPlanError, render
 
-    if not dry_run:
-        common.fail(driver.refuse_execution())
+    if offline and not dry_run:
+        common.fail("--offline needs --dry-run: a real fleet run must read the hosts (add --dry-run, or drop "
+                    "--offline)", 2)
+    dead_set = set(dead or ())
+    text = common.read_pipeline(pipeline)
+    reader = None if offline else (lambda h: common.remote(h, dry_run=True) if dry_run else _reader(h))
+    command = "eagle3ops " + " ".join(sys.argv[1:])
     try:
         inv = load_inventory(inventory)
-        cfg = parse_pipeline_config(common.read_pipeline(pipeline), pipeline)
-        plan = driver.plan_hosts(inv, hosts, run, cfg,
-                                 reader=None if offline else (lambda h: common.remote(h, dry_run=True)))
+        cfg = parse_pipeline_config(text, pipeline)
+        plan = driver.plan_hosts(inv, hosts, run, cfg, reader=reader, dead=dead_set)
+        if not dry_run and not plan.tokens_exact:
+            prep = driver.prepare_host(inv, hosts, dead_set)
+            print(f"no host has prepared run {run}: prepare runs first on {prep.name}"
+                  + ("" if not prep.serving.managed else " (a window of its own: its serving stops)"), flush=True)
+            run_one = driver.window_runner(inv, run=run, pipeline_text=text, command=command, on_event=_event)
+            res = run_one(driver.prepare_window(prep), kind="prepare")
+            if res.get("outcome") not in ("ok", "nothing to do"):
+                common.fail(f"{prep.name}: the prepare window ended {res.get('outcome')}: {res.get('error')}")
+            plan = driver.plan_hosts(inv, hosts, run, cfg, reader=reader, dead=dead_set)
     except (ConfigError, FleetPlanError) as exc:
         common.fail(str(exc), 2)
     print(render(plan))
-    print(json.dumps(plan.as_dict(), indent=2))
+    print(json.dumps(plan.as_dict(), indent=2), flush=True)
+    if dry_run:
+        return
+    run_one = driver.window_runner(inv, run=run, pipeline_text=text, command=command, restart=restart,
+                                   on_event=_event)
+    result = run_plan(plan, run_one, on_window=lambda o: print(f"[{o.window.host}] window for samples "
+                                                                 f"[{o.window.start}, {o.window.end}): "
+                                                                 f"{json.dumps(o.as_dict())}", flush=True))
+    summary = {"run": run, "ok": result.ok, "windows": [o.as_dict() for o in result.outcomes],
+               "not_started": [w.as_dict() for w in result.not_started]}
+    if not result.ok:
+        print(json.dumps(summary, indent=2))
+        common.fail(f"fleet extract of run {run}: {sum(not o.ok for o in result.outcomes)} window(s) failed, "
+                    f"{len(result.not_started)} not started; rerun the same command to resume (finished shards "
+                    f"are not redone), or add --dead HOST to move a lost host's shard to another")
+    try:
+        merged = merge_run(plan, lambda host, path: _read(inv.host(host), path),
+                           {n: inv.host(n).data_dir for n in hosts}, driver.train_host(plan, dead_set))
+    except MergeError as exc:
+        common.fail(f"fleet extract of run {run}: the merged manifest does not check: {exc}")
+    out = merged_out or Path(f"fleet-{run}-extract-manifest.json")
+    out.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    summary["merged"] = {"path": str(out), "samples": merged["samples"], "tokens": merged["tokens"],
+                         "train_host": merged["fleet"]["train_host"]}
+    print(json.dumps(summary, indent=2))
+
+
+def _reader(h):
+    """A read-only executor for planning a real run (no echo)."""
+    from eagle3ops import executor
+
+    return executor.for_host(h)
+
+
+def _read(h, path: str) -> str | None:
+    """A file's text on host ``h`` (None when absent)."""
+    from eagle3ops import executor
+    from eagle3ops.commands import host as hc
+
+    with executor.for_host(h) as r:
+        out = r.run(hc.cat_if_exists(path), check=False)
+    return out.stdout if out.ok and out.stdout.strip() else None
+
+
+def _event(host: str, ev: dict) -> None:
+    """One window event, one line, prefixed with its host (windows of several hosts interleave)."""
+    detail = ev.get("detail") or ev.get("message") or ev.get("error") or ""
+    print(f"[{host}] {ev.get('step', '')} {ev.get('event', '')} {ev.get('check', '')} {str(detail)[:200]}".rstrip(),
+          flush=True)
 
 
 def render(target: str = typer.Argument(..., metavar="k8s|slurm"),

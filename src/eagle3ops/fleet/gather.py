@@ -2,7 +2,8 @@
 
 - :func:`measured_rates`: the newest finished extract window of the host (``<state_dir>/windows/<id>/result.json``,
   ids sorting by time; ``-extract-`` in the id), its ``plan.json`` for the run it extracted (a stage spec's command's
-  ``--run-dir /data/runs/<run>``), and that run's ``extract/manifest.json`` → :func:`eagle3ops.fleet.plan.rates_from`.
+  ``--run-dir /data/runs/<run>``), and that run's ``extract/manifest.json`` (a fleet shard's window, ``--shard S:E``:
+  ``extract/shards/S-E.json``) → :func:`eagle3ops.fleet.plan.rates_from`.
 - :func:`prepared_counts`: the run's prepare manifest on a host (samples and tokens) when prepare has run there.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 from eagle3ops.commands import host as hc
 from eagle3ops.commands.stages import DATA_MOUNT
 from eagle3ops.fleet.plan import HostRates, rates_from
+from eagle3ops.stages.shards import manifest_rel, parse_shard
 
 #: How many of the newest extract windows are looked at for a measurement.
 LOOKBACK = 10
@@ -28,15 +30,32 @@ def _json(r: Any, path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _run_of(plan: dict[str, Any]) -> str | None:
-    """The run an extract window's plan extracted: the argument after ``--run-dir`` in a stage command."""
-    prefix = f"{DATA_MOUNT}/runs/"
+def _run_of(plan: dict[str, Any], data_dir: str = DATA_MOUNT) -> str | None:
+    """The run an extract window's plan extracted: the argument after ``--run-dir`` in a stage command (a container's
+    ``/data/runs/<run>``, or a venv host's ``<data_dir>/runs/<run>`` in its argv)."""
+    prefixes = (f"{DATA_MOUNT}/runs/", f"{data_dir.rstrip('/')}/runs/")
     for stage in plan.get("stages") or []:
         spec = stage.get("spec") if isinstance(stage, dict) else None
-        cmd = (spec or {}).get("command") or []
+        cmd = (spec or {}).get("command") or (spec or {}).get("argv") or []
         for a, b in zip(cmd, cmd[1:]):
-            if a == "--run-dir" and isinstance(b, str) and b.startswith(prefix):
-                return b[len(prefix):]
+            for prefix in prefixes:
+                if a == "--run-dir" and isinstance(b, str) and b.startswith(prefix):
+                    return b[len(prefix):]
+    return None
+
+
+def _shard_of(plan: dict[str, Any]) -> tuple[int, int] | None:
+    """The shard a fleet window's plan extracted: the argument after ``--shard`` in a stage command (argv of a venv
+    host, command of a container)."""
+    for stage in plan.get("stages") or []:
+        spec = stage.get("spec") if isinstance(stage, dict) else None
+        cmd = (spec or {}).get("command") or (spec or {}).get("argv") or []
+        for a, b in zip(cmd, cmd[1:]):
+            if a == "--shard" and isinstance(b, str):
+                try:
+                    return parse_shard(b)
+                except ValueError:
+                    return None
     return None
 
 
@@ -48,10 +67,12 @@ def measured_rates(r: Any) -> HostRates | None:
     for wid in names[:LOOKBACK]:
         result = _json(r, f"{state}/windows/{wid}/result.json")
         plan = _json(r, f"{state}/windows/{wid}/plan.json")
-        run = _run_of(plan) if plan else None
+        run = _run_of(plan, r.host.data_dir) if plan else None
         if not result or not run:
             continue
-        manifest = _json(r, f"{r.host.data_dir}/runs/{run}/extract/manifest.json")
+        shard = _shard_of(plan) if plan else None
+        rel = manifest_rel(*shard) if shard else "manifest.json"
+        manifest = _json(r, f"{r.host.data_dir}/runs/{run}/extract/{rel}")
         rates = rates_from(wid, result, manifest or {})
         if rates is not None:
             return rates

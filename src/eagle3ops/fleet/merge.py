@@ -8,6 +8,11 @@ agree on everything that must be equal and cover their ranges exactly, and retur
 as a one-host run's (same ``sample_files`` and ``files`` for the same samples: the files are named by global index),
 plus ``fleet.shards``: each shard's host, range, counts and the sha256 of its manifest. :func:`check_merged` is the
 check before training: the merged manifest covers every prepared sample, with the prepare manifest's token total.
+
+Shards of a fleet run (``--shard``, :mod:`eagle3ops.stages.shards`) each prepared on their own host: their prepare
+manifests differ by ``created``, so such shards are compared on ``prepare_files`` (the content digests of the prepared
+samples) instead of ``inputs``; :func:`check_merged` then checks those digests against the training host's prepare
+manifest, and :func:`bind_inputs` names that manifest in the merged one's ``inputs`` (what training checks).
 """
 
 from __future__ import annotations
@@ -65,9 +70,11 @@ def merge_manifests(shards: list[Shard], texts: dict[int, str]) -> dict[str, Any
             raise MergeError(f"{where}: extract manifest is not JSON ({exc}); {fix}") from None
         if m.get("stage") != "extract" or m.get("status") != "complete":
             raise MergeError(f"{where}: not a complete extract manifest; {fix}")
+        shared = [k for k in SHARED if k != "inputs" or "prepare_files" not in m] + (
+            ["prepare_files"] if "prepare_files" in m else [])
         if not merged:
-            merged = {k: m.get(k) for k in SHARED}
-        for k in SHARED:
+            merged = {k: m.get(k) for k in shared}
+        for k in shared:
             if m.get(k) != merged[k]:
                 raise MergeError(f"{where}: `{k}` is {m.get(k)!r}, shard {ordered[0].rank}'s is {merged[k]!r}: the "
                                  f"shards were extracted from other inputs or settings; {fix} with the run's "
@@ -110,7 +117,13 @@ def check_merged(merged: dict[str, Any], prepare_manifest_text: str) -> None:
     prep = json.loads(prepare_manifest_text)
     sha = hashlib.sha256(prepare_manifest_text.encode()).hexdigest()
     got = (merged.get("inputs") or {}).get("prepare")
-    if got != sha:
+    if "prepare_files" in merged:  # shards prepared on several hosts: compared by the samples' content
+        if merged["prepare_files"] != prep.get("files"):
+            raise MergeError(f"merged extract manifest was made from prepared samples {merged['prepare_files']}, "
+                             f"this host's prepare manifest lists {prep.get('files')}: the hosts prepared other "
+                             f"samples (another dataset, chat template or tokenizer); make their inputs equal and "
+                             f"rerun the fleet extract with --restart")
+    elif got != sha:
         raise MergeError(f"merged extract manifest was made from prepare manifest {got}, the run's is {sha}: the "
                          f"shards extracted other samples; rerun the fleet extract with --restart")
     ids = [int(r["i"]) for r in merged.get("sample_files", [])]
@@ -122,3 +135,9 @@ def check_merged(merged: dict[str, Any], prepare_manifest_text: str) -> None:
         raise MergeError(f"merged extract manifest has {merged.get('tokens')} tokens, prepare has "
                          f"{prep.get('tokens')}: a shard extracted other token ids; rerun the fleet extract with "
                          f"--restart")
+
+
+def bind_inputs(merged: dict[str, Any], prepare_manifest_text: str) -> dict[str, Any]:
+    """The merged manifest with ``inputs.prepare`` naming ``prepare_manifest_text`` (the sha256 of the training host's
+    prepare manifest, as a one-host extract manifest names its own), after :func:`check_merged` passed for it."""
+    return {**merged, "inputs": {"prepare": hashlib.sha256(prepare_manifest_text.encode()).hexdigest()}}

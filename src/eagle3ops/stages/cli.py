@@ -42,7 +42,16 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
             from eagle3ops.config.pipeline import apply_mounts
 
             config = apply_mounts(config, json.loads(os.environ["EAGLE3OPS_MOUNTS"]))
-        if stage in STAGES and not kwargs.get("restart"):
+        if kwargs.get("shard") is not None:  # a fleet shard: its own manifest says whether it is done
+            from eagle3ops.stages.shards import finished_shard, manifest_path
+
+            shard = kwargs["shard"]
+            done = None if kwargs.get("restart") else finished_shard(run_dir, config, shard)  # type: ignore[arg-type]
+            if done is not None:
+                _log(f"extract: shard already done for these inputs ({manifest_path(run_dir, shard)}, "  # type: ignore[arg-type]
+                     f"{done.get('created', '?')}); nothing to do (--restart to redo it)")
+                return
+        elif stage in STAGES and not kwargs.get("restart"):
             done = finished(run_dir, stage, config)
             if done is not None:  # a finished stage is never redone (nor its output touched) for the same inputs
                 _log(f"{stage}: already done for these inputs ({stage_dir(run_dir, stage) / MANIFEST}, "
@@ -92,9 +101,18 @@ def prepare(run_dir: RunDir) -> None:
 def extract(
     run_dir: RunDir,
     restart: Annotated[bool, typer.Option(help="Delete earlier extract output instead of resuming it.")] = False,
+    shard: Annotated[str | None, typer.Option(help="START:END: only samples [START, END) (a fleet run's shard); "
+                                              "its manifest is extract/shards/START-END.json.")] = None,
 ) -> None:
     """Hidden states of the target (3 aux layers + last layer) with speculators' VllmHiddenStatesGenerator."""
-    _run("extract", run_dir, restart=restart)
+    from eagle3ops.stages.shards import parse_shard
+
+    try:
+        rng = parse_shard(shard) if shard is not None else None
+    except ValueError as exc:
+        print(f"error: stage extract: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from exc
+    _run("extract", run_dir, restart=restart, shard=rng)
 
 
 @app.command()

@@ -44,6 +44,7 @@ from eagle3ops.stages.manifest import (
     stage_dir,
     write_manifest,
 )
+from eagle3ops.stages import shards
 from eagle3ops.stages.prepare import read_samples
 from eagle3ops.stages.vocab import target_text_config
 
@@ -203,12 +204,17 @@ def _read_progress(out: Path) -> dict[int, dict[str, Any]]:
 
 
 def run_extract(
-    run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False, engine: Any = None
+    run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False, engine: Any = None,
+    shard: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Run stage ``extract``; returns the manifest's figures.
 
     ``engine`` (an object with ``generate(list[list[int]])`` like speculators' generator) replaces the one
     ``extract.engine`` names; the benchmark passes its own.
+
+    ``shard``: only samples ``[start, end)`` (a fleet run's window, :mod:`eagle3ops.stages.shards`): the same files
+    in the same ``extract/`` directory, the manifest at ``extract/shards/<start>-<end>.json``; ``restart`` then redoes
+    only the shard's samples (other shards' files on this host stay).
 
     Raises:
         StageInputError: prepare/ missing or inconsistent, or earlier extract output made from other inputs.
@@ -220,7 +226,7 @@ def run_extract(
     layer_ids = [*aux, n_layers - 1]
     # --restart over a finished extract builds the new one beside it; the finished one is replaced only once the
     # new one is complete (promote, below).
-    out = output_dir(run_dir, "extract", restart=restart)
+    out = stage_dir(run_dir, "extract") if shard is not None else output_dir(run_dir, "extract", restart=restart)
     state = {
         "prepare_manifest_sha256": sha256_file(stage_dir(run_dir, "prepare") / MANIFEST),
         "config_digest": config.section_digest("target_model", "extract"),
@@ -239,13 +245,19 @@ def run_extract(
     # Only now, with inputs and earlier output checked, does this run change anything on disk: a refused rerun
     # leaves a finished extract (and its manifest) as it was.
     (out / HIDDEN_DIR).mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # a manifest only describes a finished, complete stage
+    if shard is None:
+        (out / MANIFEST).unlink(missing_ok=True)  # a manifest only describes a finished, complete stage
+    else:
+        shards.manifest_path(run_dir, shard).unlink(missing_ok=True)
     atomic_write_text(state_path, json.dumps(state, indent=2) + "\n")
 
-    samples = read_samples(run_dir)
+    samples = shards.select(read_samples(run_dir), shard)
     done = _read_progress(out)
+    if shard is not None and restart:
+        done = {i: rec for i, rec in done.items() if not shard[0] <= i < shard[1]}
     todo = [s for s in samples if s["i"] not in done]
-    log(f"extract: {len(samples)} samples, {len(done)} already written, {len(todo)} to do; layers {layer_ids}")
+    what = "" if shard is None else f" of shard [{shard[0]}, {shard[1]})"
+    log(f"extract: {len(samples)} samples{what}, {len(done)} already written, {len(todo)} to do; layers {layer_ids}")
     gen_s = 0.0
     gen_tokens = 0
     if todo:
@@ -316,9 +328,12 @@ def run_extract(
     }
     figures["samples"] = len(recs)
     files = {r["file"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in recs}
-    promote(run_dir, "extract", out)
-    write_manifest(run_dir, "extract", config, files, **{k: v for k, v in figures.items() if k != "samples_index"},
-                   sample_files=figures["samples_index"])
+    rest = {k: v for k, v in figures.items() if k != "samples_index"}
+    if shard is not None:
+        shards.write_shard_manifest(run_dir, config, shard, files, **rest, sample_files=figures["samples_index"])
+    else:
+        promote(run_dir, "extract", out)
+        write_manifest(run_dir, "extract", config, files, **rest, sample_files=figures["samples_index"])
     log(f"extract: {len(recs)} samples, {tokens} tokens, {figures['hidden_bytes']} bytes of hidden states "
         f"in {figures['wall_s']} s")
     return figures

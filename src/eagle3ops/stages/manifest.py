@@ -89,12 +89,14 @@ def rerun_hint(run_dir: Path, stage: str) -> str:
 
 
 def write_manifest(
-    run_dir: Path, stage: str, config: PipelineConfig, files: dict[str, dict[str, Any]], **extra: Any
+    run_dir: Path, stage: str, config: PipelineConfig, files: dict[str, dict[str, Any]], *, name: str = MANIFEST,
+    **extra: Any
 ) -> Path:
     """Write ``<run_dir>/<stage>/manifest.json`` (atomically) and return its path.
 
     ``files`` maps paths relative to the stage directory to ``file_entry`` dicts; ``extra`` holds the
-    stage-specific figures. Input digests are taken from the input manifests now on disk.
+    stage-specific figures. Input digests are taken from the input manifests now on disk. ``name``: another path
+    relative to the stage directory (an extract shard's manifest, :mod:`eagle3ops.stages.shards`).
     """
     inputs = {s: sha256_file(stage_dir(run_dir, s) / MANIFEST) for s in STAGE_INPUTS[stage]}
     data = {
@@ -107,7 +109,7 @@ def write_manifest(
         "files": files,
         **extra,
     }
-    path = stage_dir(run_dir, stage) / MANIFEST
+    path = stage_dir(run_dir, stage) / name
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
 

@@ -338,7 +338,11 @@ class Supervisor:
             f.write(json.dumps({"t": _now(), "user": self.plan.user, "host": self.plan.host,
                                 "command": self.plan.command, "window": self.plan.window_id,
                                 "outcome": outcome, "error": error, "release": result["release"],
-                                "warnings": result["warnings"], **extra.get("audit", {})}) + "\n")
+                                "warnings": result["warnings"],
+                                # serving's stop → restore interval (epoch seconds; None without a stop): a fleet
+                                # run's down-at-once bound is checked from these lines (issue 29)
+                                "stopped_at": stopped_at, "restored_at": restored_at,
+                                "downtime_s": result["downtime_s"], **extra.get("audit", {})}) + "\n")
         # The driver appends to the same log as the SSH user (windows that never started): keep it theirs.
         st = self.state_dir.stat()
         try:

@@ -106,14 +106,15 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
                stages: list[str] | None = None, change: ReleaseChange | None = None,
                to_release: int | None = None, user: str = "", serving_container: str | None = None,
                restart: bool = False, process_pid: int | None = None,
-               speculate: SpeculateJob | None = None) -> Plan:
+               speculate: SpeculateJob | None = None, shard: tuple[int, int] | None = None) -> Plan:
     """The :class:`~eagle3ops.config.plan.Plan` for a window (pure).
 
     ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
     a new release's container gets the same name, so the next window finds it again. ``change``: a ``release``
     plan's intended change of the live container (default: none, the live container recreated as it is).
     ``stages``: the stages that run (:func:`decide_stages` leaves out the done ones); ``restart``: extract and train
-    get ``--restart`` (their earlier output is redone, not resumed). ``speculate``: a ``speculate`` plan's job (its
+    get ``--restart`` (their earlier output is redone, not resumed). ``shard``: the extract stage takes only samples
+    ``[start, end)`` (``--shard``, a fleet run's window). ``speculate``: a ``speculate`` plan's job (its
     ``change`` becomes the plan's).
     A host with ``serving: none`` gets a plan with ``serving_kind`` ``none``, no serving container and no health
     gate: the supervisor runs only the stages (:data:`eagle3ops.config.plan.NO_SERVING_NOTE`).
@@ -137,14 +138,15 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
         change = ReleaseChange()
     steps = []
     for s in stages or []:
+        extra = ["--restart"] if restart and s in RESTARTABLE else []
+        if shard is not None and s == "extract":
+            extra += st.shard_args(*shard)
         if h.uses_venv:  # a process of the pipeline environment
             spec = vc.stage_spec(h, image=image, stage=s, run=run, window_id=window_id)
-            if restart and s in RESTARTABLE:
-                spec["argv"] = [*spec["argv"], "--restart"]
+            spec["argv"] = [*spec["argv"], *extra]
         else:
             spec = st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id)
-            if restart and s in RESTARTABLE:
-                spec["command"] = [*spec["command"], "--restart"]
+            spec["command"] = [*spec["command"], *extra]
         steps.append(StageStep(name=s, spec=spec, timeout_s=h.stage_timeout_s))
     return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
                 state_dir=h.state_dir, stop_timeout_s=h.serving.stop_timeout_s,

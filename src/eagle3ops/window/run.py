@@ -90,7 +90,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                run: str = "default", change: ReleaseChange | None = None, to_release: int | None = None,
                need_bytes: int = 0, on_event: Callable[[dict[str, Any]], None] | None = None,
                message: str = "", pipeline_text: str | None = None, restart: bool = False,
-               speculate: SpeculateJob | None = None) -> dict[str, Any]:
+               speculate: SpeculateJob | None = None, shard: tuple[int, int] | None = None) -> dict[str, Any]:
     """One maintenance window end to end (driver side).
 
     ``kind`` is ``extract`` / ``train`` (stages from :data:`eagle3ops.commands.stages.WINDOWS`), ``release``,
@@ -108,6 +108,9 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     is written, and the result has ``outcome: "nothing to do"`` and a ``message`` naming each stage's reason.
     ``restart``: extract/train are redone (their ``--restart``). Preflight also starts a throwaway container with the
     first stage's own settings (:func:`eagle3ops.window.preflight.trial_stage_container`).
+
+    ``shard``: an extract window of a fleet run (:mod:`eagle3ops.fleet.execute`): its extract stage takes only
+    samples ``[start, end)`` and is done when that shard's manifest (``extract/shards/<start>-<end>.json``) is.
 
     Raises:
         LockHeld: another run holds the lock (nothing done).
@@ -141,7 +144,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             engine = None if r.host.uses_venv else ask_engine(r)  # a venv host has no engine by configuration
             if engine is None or engine_status(r.host, *engine)[0]:
                 pipeline_text, template = resolve_chat_template(r, pipeline_text)
-                on_host_text, decision = _decide(r, kind, run, pipeline_text, restart)
+                on_host_text, decision = _decide(r, kind, run, pipeline_text, restart, shard)
         to_run = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
             else st.WINDOWS.get(kind)
         if decision is not None and decision.nothing_to_do:  # nothing will run: no host check matters
@@ -178,7 +181,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
                           stages=to_run, change=change, to_release=to_release,
                           serving_container=pf.serving_container, restart=restart, process_pid=pf.process_pid,
-                          speculate=speculate)
+                          speculate=speculate, shard=shard)
         # under the lock, after preflight: a refused run changes nothing on the host; an identical config stays
         if template is not None and template.served is not None and "prepare" in (to_run or []):
             rdir = f"{r.host.data_dir}/runs/{run}"
@@ -274,15 +277,23 @@ def check_release_flags(r: Remote, pf: Preflight, args: list[str]) -> None:
     pf.add("serving command", problem is None, problem or "exec form: the release's flags reach the server")
 
 
-def _decide(r: Remote, kind: str, run: str, pipeline_text: str | None,
-            restart: bool) -> tuple[str | None, StageDecision | None]:
+def _decide(r: Remote, kind: str, run: str, pipeline_text: str | None, restart: bool,
+            shard: tuple[int, int] | None = None) -> tuple[str | None, StageDecision | None]:
     """(the host's ``runs/<run>/pipeline.yaml`` text, :func:`decide_stages` for the window) read-only; the decision
-    is None when no valid pipeline config is known (preflight's disk estimate names that error)."""
+    is None when no valid pipeline config is known (preflight's disk estimate names that error). For a ``shard``,
+    extract is judged by the shard's own manifest."""
     import yaml
 
     from eagle3ops.config.pipeline import PipelineConfig
+    from eagle3ops.stages.shards import manifest_rel
 
     on_host, manifests, sizes = read_run_state(r, run)
+    if shard is not None:
+        out = r.run(hc.cat_if_exists(f"{r.host.data_dir}/runs/{run}/extract/{manifest_rel(*shard)}"), check=False)
+        manifests = {**manifests, "extract": out.stdout if out.ok and out.stdout else None}
+        if manifests["extract"] and not sizes:
+            sizes = hc.parse_file_sizes(r.run(hc.file_sizes(f"{r.host.data_dir}/runs/{run}"), check=False).stdout,
+                                        f"{r.host.data_dir}/runs/{run}")
     text = pipeline_text if pipeline_text is not None else on_host
     if text is None:
         return on_host, None
