@@ -484,11 +484,9 @@ class FleetConfig(StrictModel):
         60.0, gt=0, description="Longest the cross-node preflight trial (one gloo all-reduce) may wait for every "
         "node to reach the rendezvous, in seconds.")
     slurm_container: Literal["pyxis", "apptainer", "docker"] = Field(
-        "pyxis", description="How `eagle3ops render slurm` runs the pipeline image: `pyxis` (`srun "
-        "--container-image`, enroot), `apptainer` (`apptainer exec docker://IMAGE@DIGEST`) or `docker` (`docker run` "
-        "on each node's own engine, for sites that run Docker under Slurm: the image by its id, as `eagle3ops "
-        "deploy` loaded it; Slurm's cgroups do not confine the container). pyxis and Apptainer pull from a "
-        "registry: they need the registry's manifest digest in deployed.json (`repo_digest`).")
+        "pyxis", description="How `render slurm` runs the pipeline image: `pyxis` (`srun --container-image`, "
+        "enroot), `apptainer` (`apptainer exec docker://IMAGE@DIGEST`; both pull by deployed.json's `repo_digest`) "
+        "or `docker` (`docker run` of the image id on each node's engine; Slurm's cgroups do not confine it).")
     k8s_namespace: str = Field("default", description="Namespace of the Jobs `eagle3ops render k8s` writes.")
 
 

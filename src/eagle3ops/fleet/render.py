@@ -26,7 +26,7 @@ from pathlib import Path
 import jinja2
 
 from eagle3ops.commands import fleet as fc
-from eagle3ops.commands import slurm as sc
+from eagle3ops.commands import slurm as slc
 from eagle3ops.commands.quote import render as shjoin
 from eagle3ops.fleet.shard import Shard
 
@@ -106,22 +106,24 @@ def _common(inp: RenderInput) -> dict[str, object]:
 
 
 def render_k8s(inp: RenderInput) -> str:
-    """The Jobs as one multi-document YAML text."""
+    """The Jobs as one multi-document YAML text (a warning comment when the record has only the engine's image id:
+    the kubelet pulls by a registry's manifest digest)."""
     return _env().get_template("k8s-jobs.yaml.j2").render(
-        **_common(inp), namespace=inp.namespace, train_command=fc.stage_argv("train", inp.run))
+        **_common(inp), namespace=inp.namespace, train_command=fc.stage_argv("train", inp.run),
+        registry_needed=inp.digest_source == FROM_IMAGE_ID)
 
 
 def render_slurm(inp: RenderInput) -> str:
     """The batch script (bash): the stages in the pinned image through the runtime ``inp.container`` names."""
-    if inp.container not in sc.RUNTIMES:
-        raise RenderError(f"fleet.slurm_container {inp.container!r}: use one of {', '.join(sc.RUNTIMES)}")
+    if inp.container not in slc.RUNTIMES:
+        raise RenderError(f"fleet.slurm_container {inp.container!r}: use one of {', '.join(slc.RUNTIMES)}")
     common = _common(inp)
     stage = fc.stage_argv("train", inp.run)
     by_id = inp.digest_source == FROM_IMAGE_ID
     # Docker runs what the node's engine holds: an engine image id is named as such (sha256:<hex>).
     image = inp.image.rsplit("@", 1)[1] if inp.container == "docker" and by_id else inp.image
     try:
-        run = sc.in_image(inp.container, image, [(inp.data_dir, "/data", False), (inp.model_path, "/model", True)],
+        run = slc.in_image(inp.container, image, [(inp.data_dir, "/data", False), (inp.model_path, "/model", True)],
                           gpus=inp.gpus, job=str(common["name"]))
     except ValueError as exc:
         raise RenderError(str(exc)) from exc
