@@ -18,6 +18,10 @@ command -v curl >/dev/null || need_pkgs+=(curl)
 # Compose v1 (Debian's docker-compose): the tests bring up a Compose-managed serving service with it.
 command -v docker-compose >/dev/null || need_pkgs+=(docker-compose)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need_pkgs+=(ca-certificates)
+# Slurm and munge (Debian's slurm-wlm: slurmctld, slurmd, the clients): tests/test_fleet_slurm.py runs `render slurm`'s
+# batch script as a job on a one-node cluster of its own (eagle3ops_dev.slurmlocal); no service is enabled or used.
+{ command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ]; } || need_pkgs+=(slurm-wlm)
+{ command -v munged >/dev/null || [ -x /usr/sbin/munged ]; } || need_pkgs+=(munge)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

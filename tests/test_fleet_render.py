@@ -58,23 +58,55 @@ def test_k8s_jobs_are_an_indexed_extract_and_a_train_job_by_digest() -> None:
     assert vols == {"data": "/srv/data", "model": "/srv/models/k"}
     assert tr["spec"]["template"]["spec"]["containers"][0]["image"] == f"eagle3ops/pipeline@{DIGEST}"
     _validate_jobs(docs)
+    assert "WARNING: the kubelet pulls" in render_k8s(_input())  # an engine image id is not a registry's digest
+    reg = {"image": "reg.example:5000/e3/pipeline:x", "image_id": DIGEST,
+           "repo_digest": f"reg.example:5000/e3/pipeline@{DIGEST}"}
+    text = render_k8s(RenderInput(**{**_input().__dict__, **dict(zip(("image", "digest_source"),
+                                                                       image_by_digest(reg)))}))
+    assert "WARNING" not in text and f"image: \"reg.example:5000/e3/pipeline@{DIGEST}\"" in text
+    _validate_jobs(list(yaml.safe_load_all(text)))
+
+
+#: The Kubernetes version the Jobs are validated against (kubernetes-validate's bundled OpenAPI schemas, strict: no
+#: field the schema does not define). 1.33: the first with Indexed Jobs' per-index backoff (``backoffLimitPerIndex``,
+#: ``maxFailedIndexes``) generally available.
+K8S_VERSION = "1.33.0"
 
 
 def _validate_jobs(docs: list[dict]) -> None:
-    """A strict structural check of the batch/v1 Job fields used (stand-in for kubernetes-validate, which is not in
-    the driver lock): every key is one the Job/PodSpec schema defines at that place."""
-    job_spec = {"completionMode", "completions", "parallelism", "backoffLimit", "backoffLimitPerIndex",
-                "maxFailedIndexes", "template"}
-    container = {"name", "image", "imagePullPolicy", "command", "env", "resources", "volumeMounts"}
+    """Each document against Kubernetes' own schema for its kind (kubernetes-validate, strict, :data:`K8S_VERSION`),
+    and the Job names against what the API server adds to the schema: a DNS-1123 label of at most 63 characters
+    (the name becomes the pods' ``batch.kubernetes.io/job-name`` label)."""
+    import kubernetes_validate
+
     for d in docs:
-        assert set(d) == {"apiVersion", "kind", "metadata", "spec"}
-        assert set(d["spec"]) <= job_spec
-        pod = d["spec"]["template"]["spec"]
-        assert set(pod) == {"restartPolicy", "containers", "volumes"} and pod["restartPolicy"] == "Never"
-        for c in pod["containers"]:
-            assert set(c) <= container and all(isinstance(a, str) for a in c["command"])
+        try:
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{d['kind']} {d['metadata']['name']}: {'.'.join(map(str, exc.path))}: "
+                                 f"{exc.message}") from exc
         name = d["metadata"]["name"]
         assert len(name) <= 63 and name.replace("-", "").isalnum() and name == name.lower()
+
+
+def test_the_k8s_validator_is_strict_and_pinned() -> None:
+    """The validator refuses what the API server would: a misspelled field, a wrong type (so a passing check means
+    something)."""
+    docs = list(yaml.safe_load_all(render_k8s(_input())))
+    bad = json.loads(json.dumps(docs[0]))
+    bad["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(AssertionError, match="imagePullPolicyy"):
+        _validate_jobs([bad])
+    bad = json.loads(json.dumps(docs[1]))
+    bad["spec"]["completions"] = "one"
+    with pytest.raises(AssertionError, match="completions"):
+        _validate_jobs([bad])
+
+
+def test_k8s_jobs_without_gpus_ask_for_none() -> None:
+    docs = list(yaml.safe_load_all(render_k8s(RenderInput(**{**_input().__dict__, "gpus": 0}))))
+    _validate_jobs(docs)
+    assert all("resources" not in d["spec"]["template"]["spec"]["containers"][0] for d in docs)
 
 
 @pytest.mark.parametrize("container", ["pyxis", "apptainer"])
@@ -140,3 +172,29 @@ def test_trial_verdict_names_the_node_that_did_not_join() -> None:
     assert "b, c cannot reach the rendezvous" in res.message() and "fleet.rendezvous_port" in res.message()
     assert any("DistStoreError" in d for d in res.detail)
     assert parse_trial(["a", "b"], {"a": ok["a"]}).unreachable == ("a", "b")  # a saw world 3, b gave nothing
+
+
+def _in_image(text: str) -> list[str]:
+    line = next(ln for ln in text.splitlines() if ln.startswith("IN_IMAGE=("))
+    return shlex.split(line[len("IN_IMAGE=("):-1])
+
+
+def test_slurm_runtimes_name_the_image_by_digest_as_each_one_finds_it() -> None:
+    """pyxis/enroot take a registry as ``REGISTRY#`` (else Docker Hub); Docker runs an engine image id as
+    ``sha256:<hex>`` (``repository@<image id>`` would be looked up in a registry) or a registry's manifest digest;
+    a runtime outside the three is refused naming the inventory key."""
+    reg = {"image": "reg.example:5000/e3/pipeline:x", "image_id": DIGEST,
+           "repo_digest": f"reg.example:5000/e3/pipeline@{DIGEST}"}
+    image, source = image_by_digest(reg)
+    by_repo = {**_input().__dict__, "image": image, "digest_source": source}
+    pyxis = render_slurm(RenderInput(**{**by_repo, "container": "pyxis"}))
+    assert f"--container-image=reg.example:5000#e3/pipeline@{DIGEST}" in pyxis and "WARNING" not in pyxis
+    docker = render_slurm(RenderInput(**{**by_repo, "container": "docker"}))
+    assert _in_image(docker)[-1] == f"reg.example:5000/e3/pipeline@{DIGEST}"
+    by_id = render_slurm(_input("docker"))
+    argv = _in_image(by_id)
+    assert argv[-1] == DIGEST and "WARNING" not in by_id
+    assert argv[:9] == ["docker", "run", "--rm", "--network", "host", "--pid", "host", "--ipc", "host"]
+    assert "io.eagle3ops.job=eagle3ops-big-run" in argv and ["--gpus", "all"] == argv[argv.index("--gpus"):][:2]
+    with pytest.raises(RenderError, match="fleet.slurm_container 'podman'"):
+        render_slurm(_input("podman"))

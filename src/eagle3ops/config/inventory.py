@@ -483,9 +483,10 @@ class FleetConfig(StrictModel):
     trial_timeout_s: float = Field(
         60.0, gt=0, description="Longest the cross-node preflight trial (one gloo all-reduce) may wait for every "
         "node to reach the rendezvous, in seconds.")
-    slurm_container: Literal["pyxis", "apptainer"] = Field(
-        "pyxis", description="How `eagle3ops render slurm` runs the pipeline image: `pyxis` (`srun "
-        "--container-image`, enroot) or `apptainer` (`apptainer exec docker://IMAGE@DIGEST`).")
+    slurm_container: Literal["pyxis", "apptainer", "docker"] = Field(
+        "pyxis", description="How `render slurm` runs the pipeline image: `pyxis` (`srun --container-image`, "
+        "enroot), `apptainer` (`apptainer exec docker://IMAGE@DIGEST`; both pull by deployed.json's `repo_digest`) "
+        "or `docker` (`docker run` of the image id on each node's engine; Slurm's cgroups do not confine it).")
     k8s_namespace: str = Field("default", description="Namespace of the Jobs `eagle3ops render k8s` writes.")
 
 

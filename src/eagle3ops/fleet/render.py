@@ -4,8 +4,11 @@
 - **k8s**: two ``batch/v1`` Jobs: extract as an Indexed Job (``completionMode: Indexed``, one completion per shard,
   ``JOB_COMPLETION_INDEX`` = shard rank), train as one pod; ``hostPath`` volumes for ``data_dir`` and ``model_path``.
 - **slurm**: one batch script: ``srun`` per stage, train through torchrun with the c10d rendezvous on the first node
-  (``fleet.rendezvous_port``); the image through pyxis (``srun --container-image``) or Apptainer (``apptainer exec
-  docker://...``), as the inventory's ``fleet.slurm_container`` says.
+  (``fleet.rendezvous_port``); the image through pyxis (``srun --container-image``), Apptainer (``apptainer exec
+  docker://...``) or Docker (``docker run`` on the node's engine), as the inventory's ``fleet.slurm_container``
+  says (each runtime's argv: :mod:`eagle3ops.commands.slurm`). Docker names an engine image id as ``sha256:<hex>``
+  (Docker resolves ``repository@digest`` only through a registry's manifest digest); pyxis and Apptainer pull from
+  a registry, and the script says so in a warning comment when the record has only the engine's image id.
 
 The image is named by digest: ``<repository>@<digest>`` from the host's ``deployed.json`` (``repo_digest`` when the
 record has one, else ``image_id``, the engine's image id: the config digest on Docker's classic store; the comment
@@ -23,11 +26,17 @@ from pathlib import Path
 import jinja2
 
 from eagle3ops.commands import fleet as fc
+from eagle3ops.commands import slurm as slc
 from eagle3ops.commands.quote import render as shjoin
 from eagle3ops.fleet.shard import Shard
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+#: Where :func:`image_by_digest` found the digest (its second value; the rendered file's first comment says it).
+FROM_REPO_DIGEST = "registry manifest digest from deployed.json `repo_digest`"
+FROM_IMAGE_ID = "engine image id (config digest) from deployed.json `image_id`"
 
 
 class RenderError(ValueError):
@@ -41,8 +50,7 @@ def image_by_digest(deployed: dict[str, object]) -> tuple[str, str]:
         RenderError: no ``image`` or no digest in the record (deploy first, or a record from an older version).
     """
     image = str(deployed.get("image") or "")
-    for key, what in (("repo_digest", "registry manifest digest from deployed.json `repo_digest`"),
-                      ("image_id", "engine image id (config digest) from deployed.json `image_id`")):
+    for key, what in (("repo_digest", FROM_REPO_DIGEST), ("image_id", FROM_IMAGE_ID)):
         value = deployed.get(key)
         if isinstance(value, str) and "@" in value and key == "repo_digest":
             return value, what
@@ -98,18 +106,29 @@ def _common(inp: RenderInput) -> dict[str, object]:
 
 
 def render_k8s(inp: RenderInput) -> str:
-    """The Jobs as one multi-document YAML text."""
+    """The Jobs as one multi-document YAML text (a warning comment when the record has only the engine's image id:
+    the kubelet pulls by a registry's manifest digest)."""
     return _env().get_template("k8s-jobs.yaml.j2").render(
-        **_common(inp), namespace=inp.namespace, train_command=fc.stage_argv("train", inp.run))
+        **_common(inp), namespace=inp.namespace, train_command=fc.stage_argv("train", inp.run),
+        registry_needed=inp.digest_source == FROM_IMAGE_ID)
 
 
 def render_slurm(inp: RenderInput) -> str:
-    """The batch script (bash)."""
-    if inp.container not in ("pyxis", "apptainer"):
-        raise RenderError(f"fleet.slurm_container {inp.container!r}: use `pyxis` or `apptainer`")
+    """The batch script (bash): the stages in the pinned image through the runtime ``inp.container`` names."""
+    if inp.container not in slc.RUNTIMES:
+        raise RenderError(f"fleet.slurm_container {inp.container!r}: use one of {', '.join(slc.RUNTIMES)}")
     common = _common(inp)
     stage = fc.stage_argv("train", inp.run)
+    by_id = inp.digest_source == FROM_IMAGE_ID
+    # Docker runs what the node's engine holds: an engine image id is named as such (sha256:<hex>).
+    image = inp.image.rsplit("@", 1)[1] if inp.container == "docker" and by_id else inp.image
+    try:
+        run = slc.in_image(inp.container, image, [(inp.data_dir, "/data", False), (inp.model_path, "/model", True)],
+                          gpus=inp.gpus, job=str(common["name"]))
+    except ValueError as exc:
+        raise RenderError(str(exc)) from exc
     return _env().get_template("slurm.sh.j2").render(
-        **common, nodes=len(inp.shards), port=inp.port, container=inp.container,
-        mounts=f"{inp.data_dir}:/data,{inp.model_path}:/model:ro",
-        torchrun=fc.torchrun_c10d(len(inp.shards), inp.nproc, f"eagle3ops-{inp.run}"), train_args=stage[1:])
+        **common, nodes=len(inp.shards), port=inp.port, container=inp.container, runtime_image=image,
+        registry_needed=by_id and inp.container != "docker", srun_options=list(run.srun_options),
+        prefix=list(run.prefix),
+        torchrun=fc.torchrun_c10d(len(inp.shards), inp.nproc, str(common["name"])), train_args=stage[1:])
