@@ -134,9 +134,8 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
                                            "moves to another."),
             merged: Optional[Path] = typer.Option(None, help="Several hosts: the merged manifest's file.")) -> None:
     """Maintenance window 1: stop serving, run prepare + extract, restore serving (health-gated). Stages done for
-    these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes).
-    Several hosts: the fleet plan printed, then run wave by wave (`fleet:` policy), each window extracting its shard;
-    the shard manifests merged and checked. A rerun resumes (finished shards are not redone)."""
+    these inputs are skipped, decided before the stop (--restart redoes). Several hosts: the fleet plan printed, then
+    run wave by wave (`fleet:` policy), each window its shard; shard manifests merged. A rerun resumes."""
     if len(hosts) > 1:
         fleet_cli.fleet_extract(hosts, inventory, dry_run, offline, run, pipeline, dead=dead, restart=restart,
                                 merged_out=merged)
@@ -151,11 +150,14 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
 def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
           run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-          restart: bool = RestartOpt, offline: bool = OfflineOpt) -> None:
+          restart: bool = RestartOpt, offline: bool = OfflineOpt,
+          from_fleet: Optional[Path] = typer.Option(None, "--from-fleet", metavar="MERGED", help="A fleet run's "
+                                                    "merged manifest: its hidden states copied here first.")) -> None:
     """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
-    h = common.load_host(inventory, host)
-    _stage_window("train", h, dry_run, offline, run=run, pipeline_text=common.read_pipeline(pipeline), restart=restart)
+    h, kw = common.load_host(inventory, host), {"run": run, "pipeline_text": common.read_pipeline(pipeline)}
+    window = lambda: _stage_window("train", h, dry_run, offline, restart=restart, **kw)  # noqa: E731
+    fleet_cli.fleet_train(host, inventory, dry_run, run, from_fleet, window) if from_fleet else window()
 
 
 @app.command()
@@ -568,16 +570,14 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
-        # eagle3ops.remote (Fabric, paramiko) is imported only by commands that reach a host; the pipeline image,
-        # which runs `python3 -m eagle3ops` for its stages, has neither. No RemoteError without that module.
+        # eagle3ops.remote is imported only by commands that reach a host (the pipeline image has no Fabric)
         remote = sys.modules.get("eagle3ops.remote")
         if remote is not None and isinstance(exc, remote.RemoteError):
             print(f"error: {exc}", file=sys.stderr)
             if isinstance(exc, remote.HostUnreachable) and _changes_a_host(sys.argv[1:]):
                 from eagle3ops.window.common import append_local_audit
 
-                warn = append_local_audit(str(exc).partition(": ")[0], _command_line(), "host not reached",
-                                          str(exc))
+                warn = append_local_audit(str(exc).partition(": ")[0], _command_line(), "host not reached", str(exc))
                 if warn:
                     print(f"warning: {warn}", file=sys.stderr)
             sys.exit(1)

@@ -1,9 +1,14 @@
-"""``eagle3ops extract HOST HOST...`` (the fleet plan, then its windows) and ``eagle3ops render k8s|slurm RUN``: the
-commands over several hosts (issues 29, 30), registered on the main typer app by :mod:`eagle3ops.cli`."""
+"""``eagle3ops extract HOST HOST...`` (the fleet plan, then its windows), ``eagle3ops train HOST --from-fleet MERGED``
+(the shards' hidden states copied to the training host, verified, then the train window) and ``eagle3ops render
+k8s|slurm RUN``: the commands over several hosts (issues 29, 30), registered on the main typer app by
+:mod:`eagle3ops.cli`."""
 
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
@@ -11,6 +16,8 @@ import typer
 
 from eagle3ops import cli_common as common
 from eagle3ops.cli_common import InventoryOpt
+from eagle3ops.commands.host import cat_if_exists as hc_cat
+from eagle3ops.commands.host import write_file as hc_write
 
 
 def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: bool, run: str, pipeline: Path, *,
@@ -19,8 +26,6 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
     (:mod:`eagle3ops.fleet.execute`: waves, per-host windows with their shards), the shard manifests merged and
     checked, the merged manifest written to ``merged_out`` (default ``fleet-<run>-extract-manifest.json``). Exit 1
     when a window failed or the merge does not check (the message names the shard and the rerun)."""
-    import sys
-
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.config.pipeline import parse_pipeline_config
     from eagle3ops.fleet import driver
@@ -76,6 +81,126 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
     summary["merged"] = {"path": str(out), "samples": merged["samples"], "tokens": merged["tokens"],
                          "train_host": merged["fleet"]["train_host"]}
     print(json.dumps(summary, indent=2))
+
+
+def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file: Path,
+                train_window: Callable[[], None]) -> None:
+    """``train HOST --from-fleet MERGED``: the hidden-state files of a fleet run that live on other hosts copied to
+    ``host``'s run dir, then the train window. In order: the training host's files read and hashed (reads only) → the
+    plan printed (:func:`eagle3ops.fleet.hidden.plan_move`: per source host the bytes and the seconds from the link;
+    then the window) — ``dry_run`` stops here — → under ``host``'s lock: arrivals of an interrupted copy verified and
+    placed, each source host's files streamed (:mod:`eagle3ops.transfer.hidden`), verified by sha256 on arrival and
+    placed, the rates recorded (``extract/fleet-copy.json``), the merged manifest checked against ``host``'s prepare
+    manifest (:func:`eagle3ops.fleet.merge.check_merged`) and written as ``extract/manifest.json`` → lock released →
+    ``train_window()`` (vocab + train on the union). Exit 1 naming the file and the fix when a shard file is missing
+    or arrives corrupted (what arrived whole stays placed); 2 for a manifest or plan that does not hold."""
+    from eagle3ops.config import ConfigError, load_inventory
+    from eagle3ops.fleet import hidden
+    from eagle3ops.fleet.merge import MergeError, bind_inputs, check_merged
+    from eagle3ops.transfer import hidden as move
+    from eagle3ops.window.common import LockHeld, WindowError
+    from eagle3ops.window.lock import acquire_lock, release_lock
+
+    try:
+        inv = load_inventory(inventory)
+        h = inv.host(host)
+        merged = json.loads(merged_file.read_text())
+        for name in {str(s["host"]) for s in (merged.get("fleet") or {}).get("shards") or []}:
+            inv.host(name)
+    except (ConfigError, OSError, ValueError) as exc:
+        common.fail(f"train --from-fleet {merged_file}: {exc}", 2)
+    d = move.extract_dir(h, run)
+    with _reader(h) as r:
+        placed, arrived = move.read_digests(r, run)
+        rec = _json_or_empty(r, f"{d}/{COPY_RECORD}")
+    rates = {}
+    for name in {str(s["host"]) for s in merged["fleet"]["shards"]}:
+        got = ((rec.get("sources") or {}).get(name) or {}).get("bytes_per_s")
+        if got:
+            rates[name] = (float(got), f"measured by the copy of {rec.get('at', '?')}")
+        elif inv.fleet.link_mb_per_s:
+            rates[name] = (inv.fleet.link_mb_per_s * 1e6, "fleet.link_mb_per_s")
+    expected_all = {}
+    try:
+        expected_all = {f.rel: f.sha256 for fs in hidden.files_by_host(merged).values() for f in fs}
+        good_arrived = {k: v for k, v in arrived.items() if expected_all.get(k) == v}
+        plan = hidden.plan_move(merged, run, host, {**placed, **good_arrived}, rates)
+    except (hidden.HiddenPlanError, KeyError, TypeError, ValueError) as exc:
+        common.fail(f"train --from-fleet {merged_file}: {exc}", 1 if isinstance(exc, hidden.HiddenPlanError) else 2)
+    print(hidden.render(plan))
+    print(json.dumps(plan.as_dict(), indent=2), flush=True)
+    print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", flush=True)
+    if dry_run:
+        return
+    wid = f"fleetcopy-{int(time.time())}"
+    with common.remote(h) as r:
+        try:
+            acquire_lock(r, wid, "eagle3ops " + " ".join(sys.argv[1:]), "hidden states copied for training")
+        except (LockHeld, WindowError) as exc:
+            common.fail(str(exc))
+        try:
+            bad = _copy_all(r, inv, run, plan, arrived, expected_all, rec)
+            if bad:
+                common.fail(f"{host}: {len(bad)} file(s) arrived with another sha256 than {merged_file} lists and "
+                            f"were removed: {', '.join(f'extract/{b} (from {src})' for b, src in bad[:5])}; the "
+                            f"source file is damaged: delete it on its host and rerun the fleet extract (its shard "
+                            f"re-extracts it), then rerun this command (the {len(expected_all) - len(bad)} verified "
+                            f"file(s) stay and are not sent again)")
+            prep = r.run(hc_cat(f"{h.data_dir}/runs/{run}/prepare/manifest.json"), check=False).stdout
+            if not prep.strip():
+                common.fail(f"{host} holds no prepare manifest for run {run}: run its prepare first (`eagle3ops "
+                            f"extract {host} --run {run}` or the fleet extract with it)")
+            try:
+                check_merged(merged, prep)
+            except MergeError as exc:
+                common.fail(f"{host}: {exc}")
+            r.run(hc_write(f"{d}/manifest.json"), stdin=json.dumps(bind_inputs(merged, prep), indent=2,
+                                                                   sort_keys=True) + "\n")
+        finally:
+            release_lock(r, wid)
+    print(f"{host}: every file of run {run}'s {len(expected_all)} samples verified in place; merged manifest "
+          f"written to {d}/manifest.json", flush=True)
+    train_window()
+
+
+#: The training host's record of its hidden-state copies (per source host: bytes, seconds, rate), in ``extract/``.
+COPY_RECORD = "fleet-copy.json"
+
+
+def _copy_all(r, inv, run, plan, arrived, expected_all, rec) -> list[tuple[str, str]]:
+    """The copies of ``plan`` to ``r.host`` (lock held): earlier arrivals settled first, then each source host's
+    files; the rates recorded. Returns the ``(file, source host)`` pairs that arrived corrupted (removed)."""
+    from eagle3ops.transfer import hidden as move
+
+    move.settle(r, run, expected_all, arrived)
+    bad, sources = [], dict(rec.get("sources") or {})
+    for m in plan.moves:
+        if not m.files:
+            continue
+        try:
+            c = move.copy_files(inv.host(m.host), r, run, [f.rel for f in m.files], expected_all)
+        except move.HiddenCopyError as exc:
+            common.fail(str(exc))
+        print(f"from {m.host}: {len(c.good)} file(s) verified and placed, {c.sent} bytes in {c.seconds} s"
+              + (f" ({c.bytes_per_s / 1e6:.1f} MB/s)" if c.bytes_per_s else ""), flush=True)
+        bad += [(b, m.host) for b in c.bad]
+        if c.bytes_per_s:
+            sources[m.host] = {"bytes": c.sent, "seconds": c.seconds, "bytes_per_s": round(c.bytes_per_s)}
+    if sources != (rec.get("sources") or {}):
+        r.run(hc_write(f"{move.extract_dir(r.host, run)}/{COPY_RECORD}"),
+              stdin=json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sources": sources},
+                               indent=2) + "\n")
+    return bad
+
+
+def _json_or_empty(r, path: str) -> dict:
+    """A JSON object file on ``r.host`` ({} when absent or unreadable)."""
+    text = r.run(hc_cat(path), check=False).stdout
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _reader(h):

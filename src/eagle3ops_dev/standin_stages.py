@@ -11,7 +11,10 @@ own. Copied into the stand-in environment as the top-level module ``eagle3ops_st
 ``prepare.max_samples`` (default 8) rows of stand-in token ids, a pure function of ``seed`` and ``i`` (so every host
 prepares the same samples). ``extract`` honours ``--shard`` like the real stage (:mod:`eagle3ops.stages.shards`): one
 stand-in "hidden states" file per sample, ``extract/hidden/data_NNNNNN.standin.json`` (the sample's token ids and
-loss mask as JSON: not hidden states), skipping files already written (resume), and the shard's manifest.
+loss mask as JSON: not hidden states), skipping files already written (resume), and the shard's manifest. ``train``
+checks its inputs as the real stage does (files' sha256 included) and reads every sample file the extract manifest
+lists, as the real train does (a fleet run's merged manifest: the union of the shards), recording them under
+``train`` in ``train/standin.json`` (``read``: ``{i, file, tokens}`` each; ``fleet_shards``).
 
 Knobs (environment, for tests): ``EAGLE3OPS_STANDIN_SLEEP_S`` (seconds each stage sleeps first, e.g. to kill the
 driver mid-window), ``EAGLE3OPS_STANDIN_FAIL`` (a stage name that fails with an ``error:`` line, exit 2),
@@ -84,6 +87,25 @@ def _extract(run_dir: Path, config: Any, shard: tuple[int, int] | None, restart:
             "generate_tokens_per_s": round(written_tokens / gen_s, 1) if written and gen_s > 0 else None}
 
 
+def _train(run_dir: Path) -> dict[str, Any]:
+    """What the stand-in train read: every sample file the extract manifest lists (a merged fleet run's union, or a
+    one-host run's), checked against the manifest's sha256 (:func:`eagle3ops.stages.manifest.check_inputs`) and its
+    token count, as the real train reads them (``sample_files`` of ``extract/manifest.json``)."""
+    from eagle3ops.stages.manifest import stage_dir
+
+    ext = json.loads((stage_dir(run_dir, "extract") / "manifest.json").read_text())
+    read = []
+    for rec in ext["sample_files"]:
+        data = json.loads((stage_dir(run_dir, "extract") / rec["file"]).read_text())
+        if len(data["input_ids"]) != int(rec["tokens"]):
+            print(f"error: train: {rec['file']} holds {len(data['input_ids'])} tokens, the extract manifest says "
+                  f"{rec['tokens']}; rerun extract (stand-in stage)", flush=True)
+            raise SystemExit(2)
+        read.append({"i": int(rec["i"]), "file": rec["file"], "tokens": len(data["input_ids"])})
+    return {"read": read, "read_tokens": sum(r["tokens"] for r in read),
+            "fleet_shards": (ext.get("fleet") or {}).get("shards")}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; exit 0 done, 2 usage or configured failure."""
     args = sys.argv[1:] if argv is None else argv
@@ -117,6 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     seen = {"stage": stage, "pid": os.getpid(), "target_model": config.target_model, "cwd": os.getcwd(),
             "python": sys.executable, "shard": list(shard) if shard else None,
             "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "EAGLE3OPS_", "HF_"))}}
+    if stage == "train":  # its inputs checked as the real stage checks them, the files' sha256 too
+        from eagle3ops.stages.manifest import StageInputError, check_inputs
+
+        try:
+            check_inputs(run_dir, "train", config, hash_files=True)
+        except StageInputError as exc:
+            print(f"error: {exc}", flush=True)
+            return 2
+        seen["train"] = _train(run_dir)
     (out / "standin.json").write_text(json.dumps(seen, indent=2, sort_keys=True) + "\n")
     if stage == "prepare":
         figures = _prepare(run_dir, config)

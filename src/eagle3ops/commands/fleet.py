@@ -10,7 +10,7 @@ times out names the nodes that never joined) or ``--rdzv-backend c10d --rdzv-end
 from __future__ import annotations
 
 from eagle3ops.commands.stages import run_dir
-from eagle3ops.commands.types import Read
+from eagle3ops.commands.types import Change, Read
 
 #: The interpreter of the pipeline image (vLLM's image: deadsnakes Python 3.12 as the system ``python3``).
 PYTHON = "python3"
@@ -48,3 +48,52 @@ def trial_argv(image: str, *, master_addr: str, port: int, nnodes: int, node_ran
     return Read([*docker, "-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1",
                  f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}",
                  "-m", "eagle3ops.fleet.trial", f"--timeout-s={timeout_s:g}"])
+
+
+# --- hidden states moved to the training host (``train HOST --from-fleet``: :mod:`eagle3ops.transfer.hidden`) ---
+
+#: Where files arriving on the training host land (inside the run's ``extract/``) until their sha256 is checked.
+INCOMING = ".incoming"
+
+
+def hidden_digests(extract_dir: str) -> Read:
+    """``sha256sum`` of every file under ``<extract_dir>/hidden`` and ``<extract_dir>/.incoming``, one
+    ``<hex>  <path>`` line each (``find`` exits 1 naming a folder that is absent: run with ``check=False``)."""
+    return Read(["find", f"{extract_dir}/hidden", f"{extract_dir}/{INCOMING}", "-type", "f", "-exec", "sha256sum",
+                 "{}", "+"])
+
+
+def send_files(extract_dir: str) -> Read:
+    """``tar -c`` to stdout of the files named on stdin (one path per line, relative to ``extract_dir``): the sending
+    end of a hidden-state copy. Reads only."""
+    return Read(["tar", "-cf", "-", "-C", extract_dir, "--verbatim-files-from", "-T", "-"])
+
+
+#: The receiving end: a tar stream on stdin unpacked into the incoming folder (created first).
+RECEIVE_FILES_SH = 'mkdir -p "$1" && exec tar -xf - -C "$1" --no-same-owner'
+
+
+def receive_files(incoming_dir: str) -> Change:
+    """Unpack the tar stream on stdin into ``incoming_dir`` (:data:`RECEIVE_FILES_SH`); nothing is trusted until its
+    sha256 is checked (:func:`hidden_digests`) and it is moved into place (:func:`promote_files`)."""
+    return Change(["sh", "-c", RECEIVE_FILES_SH, "eagle3ops-receive-hidden", incoming_dir])
+
+
+#: Move each file named on stdin (relative paths, one a line) from ``$1`` to ``$2``, making its folder; exit 1 at the
+#: first that fails.
+PROMOTE_FILES_SH = ('while IFS= read -r f; do [ -n "$f" ] || continue; mkdir -p "$2/$(dirname "$f")" && '
+                    'mv -f "$1/$f" "$2/$f" || exit 1; done')
+
+
+def promote_files(incoming_dir: str, extract_dir: str) -> Change:
+    """Move the verified files named on stdin from ``incoming_dir`` into ``extract_dir`` (same relative paths)."""
+    return Change(["sh", "-c", PROMOTE_FILES_SH, "eagle3ops-promote-hidden", incoming_dir, extract_dir])
+
+
+#: Remove each file named on stdin (relative to ``$1``).
+REMOVE_FILES_SH = 'cd "$1" || exit 0; while IFS= read -r f; do [ -n "$f" ] && rm -f -- "$f"; done; exit 0'
+
+
+def remove_files(root: str) -> Change:
+    """Remove the files named on stdin (relative to ``root``): arrivals whose sha256 is not the manifest's."""
+    return Change(["sh", "-c", REMOVE_FILES_SH, "eagle3ops-remove-hidden", root])

@@ -488,6 +488,9 @@ class FleetConfig(StrictModel):
         "enroot), `apptainer` (`apptainer exec docker://IMAGE@DIGEST`; both pull by deployed.json's `repo_digest`) "
         "or `docker` (`docker run` of the image id on each node's engine; Slurm's cgroups do not confine it).")
     k8s_namespace: str = Field("default", description="Namespace of the Jobs `eagle3ops render k8s` writes.")
+    link_mb_per_s: float | None = Field(
+        None, gt=0, description="Rate between hosts in MB/s that `train HOST --from-fleet` plans a hidden-state copy "
+        "with when no earlier copy from that host measured one (default: 12.5, i.e. 100 Mbit/s, said as assumed).")
 
 
 class Inventory(StrictModel):
