@@ -181,11 +181,12 @@ def _copy_all(r, inv, run, plan, arrived, expected_all, rec) -> list[tuple[str, 
             c = move.copy_files(inv.host(m.host), r, run, [f.rel for f in m.files], expected_all)
         except move.HiddenCopyError as exc:
             common.fail(str(exc))
-        print(f"from {m.host}: {len(c.good)} file(s) verified and placed, {c.sent} bytes in {c.seconds} s"
-              + (f" ({c.bytes_per_s / 1e6:.1f} MB/s)" if c.bytes_per_s else ""), flush=True)
+        print(f"from {m.host}: {len(c.good)} file(s) verified and placed, {c.sent} bytes in {c.seconds} s (stream "
+              f"{c.stream_s} s" + (f", {c.bytes_per_s / 1e6:.1f} MB/s)" if c.bytes_per_s else ")"), flush=True)
         bad += [(b, m.host) for b in c.bad]
         if c.bytes_per_s:
-            sources[m.host] = {"bytes": c.sent, "seconds": c.seconds, "bytes_per_s": round(c.bytes_per_s)}
+            sources[m.host] = {"bytes": c.sent, "seconds": c.seconds, "stream_s": c.stream_s,
+                               "bytes_per_s": round(c.bytes_per_s)}
     if sources != (rec.get("sources") or {}):
         r.run(hc_write(f"{move.extract_dir(r.host, run)}/{COPY_RECORD}"),
               stdin=json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sources": sources},

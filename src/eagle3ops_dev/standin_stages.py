@@ -19,7 +19,8 @@ lists, as the real train does (a fleet run's merged manifest: the union of the s
 Knobs (environment, for tests): ``EAGLE3OPS_STANDIN_SLEEP_S`` (seconds each stage sleeps first, e.g. to kill the
 driver mid-window), ``EAGLE3OPS_STANDIN_FAIL`` (a stage name that fails with an ``error:`` line, exit 2),
 ``EAGLE3OPS_STANDIN_FAIL_AFTER`` (extract fails, exit 2, after writing this many new sample files: a shard
-interrupted part-way), ``EAGLE3OPS_STANDIN_SAMPLE_S`` (seconds extract takes per sample written).
+interrupted part-way), ``EAGLE3OPS_STANDIN_SAMPLE_S`` (seconds extract takes per sample written),
+``EAGLE3OPS_STANDIN_PAD_BYTES`` (filler bytes in each extract file, so a copy of them measures a link).
 """
 
 from __future__ import annotations
@@ -61,11 +62,13 @@ def _extract(run_dir: Path, config: Any, shard: tuple[int, int] | None, restart:
     (out / "hidden").mkdir(parents=True, exist_ok=True)
     fail_after = os.environ.get("EAGLE3OPS_STANDIN_FAIL_AFTER")
     per_sample = float(os.environ.get("EAGLE3OPS_STANDIN_SAMPLE_S") or 0)
+    pad = int(os.environ.get("EAGLE3OPS_STANDIN_PAD_BYTES") or 0)
     files, sample_files, written, written_tokens = {}, [], 0, 0
     t0 = time.monotonic()
     for s in rows:
         rel = f"hidden/data_{int(s['i']):06d}.standin.json"
-        text = json.dumps({"standin": True, "input_ids": s["input_ids"], "loss_mask": s["loss_mask"]}) + "\n"
+        text = json.dumps({"standin": True, "input_ids": s["input_ids"], "loss_mask": s["loss_mask"],
+                           **({"pad": "x" * pad} if pad else {})}) + "\n"
         if restart or not (out / rel).is_file() or (out / rel).read_text() != text:
             if fail_after is not None and written >= int(fail_after):
                 print(f"error: extract: failing after {written} new samples as EAGLE3OPS_STANDIN_FAIL_AFTER asks "

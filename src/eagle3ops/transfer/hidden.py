@@ -37,19 +37,21 @@ class HiddenCopyError(Exception):
 
 @dataclass
 class Copied:
-    """What one source host's copy did: bytes streamed, seconds, files verified and moved into place (``good``),
-    files that arrived with another sha256 (``bad``, removed)."""
+    """What one source host's copy did: bytes streamed, seconds in all (SSH start, digests and moves included),
+    ``stream_s`` (first byte to the unpacking's end), files verified and moved into place (``good``), files that
+    arrived with another sha256 (``bad``, removed)."""
 
     host: str
     sent: int = 0
     seconds: float = 0.0
+    stream_s: float = 0.0
     good: list[str] = field(default_factory=list)
     bad: list[str] = field(default_factory=list)
 
     @property
     def bytes_per_s(self) -> float | None:
-        """The measured rate (None for too small a copy to say)."""
-        return self.sent / self.seconds if self.sent >= 1 << 16 and self.seconds > 0 else None
+        """The link's measured rate, bytes over ``stream_s`` (None for too small a copy to say: under 1 MiB)."""
+        return self.sent / self.stream_s if self.sent >= 1 << 20 and self.stream_s > 0 else None
 
 
 def extract_dir(host: Any, run: str) -> str:
@@ -128,12 +130,15 @@ def copy_files(src: Any, r: Any, run: str, files: list[str], expected: dict[str,
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write("".join(f + "\n" for f in files).encode())
         proc.stdin.close()
+        first = None
         while chunk := proc.stdout.read(CHUNK):
             moved[0] = time.monotonic()
+            first = first or moved[0]
             sink.write(chunk)
         rc_src = proc.wait(timeout=30)
         err_src = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
         rc, _o, err = sink.finish(FINISH_S)
+        out.stream_s = round(time.monotonic() - first, 3) if first else 0.0
         if rc_src != 0 or rc != 0:
             err_text = (f"{src.name} `tar -c` exit {rc_src}: {err_src[-300:]}" if rc_src != 0 else
                         f"{r.host.name} unpacking exit {rc}: {err[-300:]}")
