@@ -477,20 +477,17 @@ class FleetConfig(StrictModel):
         True, description="A window whose estimated downtime (from the host's measured rates) is over its "
         "`maintenance_budget_s` is split into consecutive windows over smaller sample ranges; `false` refuses the "
         "plan instead. Either way before anything stops.")
-    rendezvous_port: int = Field(
-        29500, ge=1, le=65535, description="TCP port of torchrun's c10d rendezvous on the first host (multi-node "
-        "training, the cross-node preflight trial, `render slurm`).")
-    trial_timeout_s: float = Field(
-        60.0, gt=0, description="Longest the cross-node preflight trial (one gloo all-reduce) may wait for every "
-        "node to reach the rendezvous, in seconds.")
+    rendezvous_port: int = Field(29500, ge=1, le=65535, description="TCP port of torchrun's c10d rendezvous on the "
+                                 "first host (multi-node training, the cross-node preflight trial, `render slurm`).")
+    trial_timeout_s: float = Field(60.0, gt=0, description="Longest the cross-node preflight trial (one gloo "
+                                   "all-reduce) may wait for every node to reach the rendezvous, in seconds.")
     slurm_container: Literal["pyxis", "apptainer", "docker"] = Field(
         "pyxis", description="How `render slurm` runs the pipeline image: `pyxis` (`srun --container-image`, "
         "enroot), `apptainer` (`apptainer exec docker://IMAGE@DIGEST`; both pull by deployed.json's `repo_digest`) "
         "or `docker` (`docker run` of the image id on each node's engine; Slurm's cgroups do not confine it).")
     k8s_namespace: str = Field("default", description="Namespace of the Jobs `eagle3ops render k8s` writes.")
-    link_mb_per_s: float | None = Field(
-        None, gt=0, description="Rate between hosts in MB/s that `train HOST --from-fleet` plans a hidden-state copy "
-        "with when no earlier copy from that host measured one (default: 12.5, i.e. 100 Mbit/s, said as assumed).")
+    link_mb_per_s: float | None = Field(None, gt=0, description="MB/s `train HOST --from-fleet` plans a copy with when "
+                                        "none from that host was measured (unset: 12.5, i.e. 100 Mbit/s, assumed).")
 
 
 class Inventory(StrictModel):
