@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3ops.fleet.hidden import DEFAULT_LINK_BYTES_PER_S, HiddenPlanError, files_by_host, plan_move, render
+from eagle3ops.fleet.hidden import (DEFAULT_LINK_BYTES_PER_S, HiddenPlanError, check_space, files_by_host, plan_move,
+                                    render)
 from eagle3ops.transfer.hidden import parse_digests
 
 
@@ -101,3 +102,13 @@ def test_digests_parse_into_placed_and_arrived_relative_to_extract():
     placed, arrived = parse_digests(out, "/d/runs/r/extract", ".incoming")
     assert placed == {"hidden/data_000000.pt": "a" * 64}
     assert arrived == {"hidden/data_000003.pt": "b" * 64}
+
+
+def test_a_copy_larger_than_the_training_hosts_free_disk_is_refused_before_anything_is_written():
+    m = _merged()
+    plan = plan_move(m, "r", "a", _present(m, lambda rel: rel < "hidden/data_000002"))
+    check_space(plan, plan.bytes, "/data")  # exactly fits
+    check_space(plan, None, "/data")  # unknown: not refused
+    with pytest.raises(HiddenPlanError, match=rf"a: /data has {plan.bytes - 1} bytes free, the copy needs "
+                                              rf"{plan.bytes}.*hosts.a.data_dir"):
+        check_space(plan, plan.bytes - 1, "/data")

@@ -167,6 +167,8 @@ def test_train_from_fleet_moves_verifies_resumes_and_trains_on_the_union(fleet_e
     again, again_s = _cli(*train)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert "total: 0 bytes" in again.stdout and "verified and placed" not in again.stdout
+    line = next(x for x in again.stdout.splitlines() if "from fleetT2:" in x)
+    assert "0 file(s), 0 bytes to send" in line and "measured by the copy" in line, line  # the rate it measured
     assert "nothing to do" in again.stdout + again.stderr
     print(json.dumps({"extract_s": ext_s, "train_from_fleet_s": ok_s, "rerun_s": again_s,
                       "moved_bytes_total": sum(moves[s]["bytes"] for s in moves),

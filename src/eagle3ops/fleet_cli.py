@@ -17,6 +17,8 @@ import typer
 from eagle3ops import cli_common as common
 from eagle3ops.cli_common import InventoryOpt
 from eagle3ops.commands.host import cat_if_exists as hc_cat
+from eagle3ops.commands.host import free_bytes as hc_free
+from eagle3ops.commands.host import parse_df_free_bytes as hc_parse_free
 from eagle3ops.commands.host import write_file as hc_write
 
 
@@ -92,7 +94,8 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     placed, each source host's files streamed (:mod:`eagle3ops.transfer.hidden`), verified by sha256 on arrival and
     placed, the rates recorded (``extract/fleet-copy.json``), the merged manifest checked against ``host``'s prepare
     manifest (:func:`eagle3ops.fleet.merge.check_merged`) and written as ``extract/manifest.json`` → lock released →
-    ``train_window()`` (vocab + train on the union). Exit 1 naming the file and the fix when a shard file is missing
+    ``train_window()`` (vocab + train on the union). Exit 1 when the bytes to copy exceed ``host``'s free disk (before
+anything is written), or naming the file and the fix when a shard file is missing
     or arrives corrupted (what arrived whole stays placed); 2 for a manifest or plan that does not hold."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import hidden
@@ -113,6 +116,8 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     with _reader(h) as r:
         placed, arrived = move.read_digests(r, run)
         rec = _json_or_empty(r, f"{d}/{COPY_RECORD}")
+        df = r.run(hc_free(h.data_dir), check=False)
+        free = hc_parse_free(df.stdout) if df.ok else None
     rates = {}
     for name in {str(s["host"]) for s in merged["fleet"]["shards"]}:
         got = ((rec.get("sources") or {}).get(name) or {}).get("bytes_per_s")
@@ -130,6 +135,10 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     print(hidden.render(plan))
     print(json.dumps(plan.as_dict(), indent=2), flush=True)
     print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", flush=True)
+    try:
+        hidden.check_space(plan, free, h.data_dir)
+    except hidden.HiddenPlanError as exc:
+        common.fail(str(exc))
     if dry_run:
         return
     wid = f"fleetcopy-{int(time.time())}"

@@ -177,6 +177,19 @@ def plan_move(merged: dict[str, Any], run: str, train_host: str, present: dict[s
     return MovePlan(run, train_host, len(own), sorted(moves, key=lambda m: m.host), replace, expected)
 
 
+def check_space(plan: MovePlan, free_bytes: int | None, data_dir: str) -> None:
+    """Refuse a copy larger than the training host's free disk (``free_bytes`` of the filesystem of ``data_dir``;
+    None: unknown, not refused).
+
+    Raises:
+        HiddenPlanError: the bytes to copy exceed ``free_bytes`` (names both, the inventory key and the fixes).
+    """
+    if free_bytes is not None and plan.bytes > free_bytes:
+        raise HiddenPlanError(f"{plan.train_host}: {data_dir} has {free_bytes} bytes free, the copy needs "
+                              f"{plan.bytes}: free space there (or point hosts.{plan.train_host}.data_dir at a larger "
+                              f"disk), or train on another host")
+
+
 def render(plan: MovePlan) -> str:
     """The plan as lines for the terminal: one per source host, then the total."""
     lines = [f"hidden states of run {plan.run} to {plan.train_host} (its own shard: {plan.own_files} file(s), "
