@@ -94,3 +94,15 @@ def test_unknown_host_and_repeated_host_are_refused(fleet_files):
     res = CliRunner().invoke(app, ["extract", "kimi-01", "kimi-01", "-i", str(inv), "--pipeline", str(pf),
                                    "--dry-run", "--offline"])
     assert res.exit_code == 2 and "kimi-01 named more than once" in " ".join(res.output.split())
+
+
+def test_train_from_fleet_refuses_offline_and_a_manifest_naming_an_unknown_host(fleet_files, tmp_path):
+    inv, pf = fleet_files
+    merged = tmp_path / "merged.json"
+    merged.write_text(json.dumps({"fleet": {"shards": [{"rank": 0, "host": "gone-07", "start": 0, "end": 1}]}}))
+    res = CliRunner().invoke(app, ["train", "kimi-01", "-i", str(inv), "--pipeline", str(pf), "--from-fleet",
+                                   str(merged), "--dry-run", "--offline"])
+    assert res.exit_code == 2 and "--offline does not go with --from-fleet" in res.output
+    res = CliRunner().invoke(app, ["train", "kimi-01", "-i", str(inv), "--pipeline", str(pf), "--from-fleet",
+                                   str(merged), "--dry-run"])
+    assert res.exit_code == 2 and "gone-07" in res.output, res.output  # refused before any host is reached

@@ -157,7 +157,7 @@ def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
     h, kw = common.load_host(inventory, host), {"run": run, "pipeline_text": common.read_pipeline(pipeline)}
     window = lambda: _stage_window("train", h, dry_run, offline, restart=restart, **kw)  # noqa: E731
-    fleet_cli.fleet_train(host, inventory, dry_run, run, from_fleet, window) if from_fleet else window()
+    fleet_cli.fleet_train(host, inventory, dry_run, run, from_fleet, window, offline) if from_fleet else window()
 
 
 @app.command()

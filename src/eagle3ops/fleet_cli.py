@@ -86,17 +86,17 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
 
 
 def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file: Path,
-                train_window: Callable[[], None]) -> None:
+                train_window: Callable[[], None], offline: bool = False) -> None:
     """``train HOST --from-fleet MERGED``: the hidden-state files of a fleet run that live on other hosts copied to
-    ``host``'s run dir, then the train window. In order: the training host's files read and hashed (reads only) → the
-    plan printed (:func:`eagle3ops.fleet.hidden.plan_move`: per source host the bytes and the seconds from the link;
-    then the window) — ``dry_run`` stops here — → under ``host``'s lock: arrivals of an interrupted copy verified and
-    placed, each source host's files streamed (:mod:`eagle3ops.transfer.hidden`), verified by sha256 on arrival and
-    placed, the rates recorded (``extract/fleet-copy.json``), the merged manifest checked against ``host``'s prepare
-    manifest (:func:`eagle3ops.fleet.merge.check_merged`) and written as ``extract/manifest.json`` → lock released →
-    ``train_window()`` (vocab + train on the union). Exit 1 when the bytes to copy exceed ``host``'s free disk (before
-anything is written), or naming the file and the fix when a shard file is missing
-    or arrives corrupted (what arrived whole stays placed); 2 for a manifest or plan that does not hold."""
+    ``host``'s run dir, then the train window. In order: the training host's files read and hashed (reads only) →
+    the plan printed (:func:`eagle3ops.fleet.hidden.plan_move`: per source host the bytes and the seconds from the
+    link; then the window) — ``dry_run`` stops here — → under ``host``'s lock: arrivals of an interrupted copy
+    verified and placed, each source host's files streamed (:mod:`eagle3ops.transfer.hidden`), verified by sha256 on
+    arrival and placed, the rates recorded (``extract/fleet-copy.json``), the merged manifest checked against
+    ``host``'s prepare manifest (:func:`eagle3ops.fleet.merge.check_merged`) and written as ``extract/manifest.json``
+    → lock released → ``train_window()`` (vocab + train on the union). Exit 1 when the bytes to copy exceed
+    ``host``'s free disk (before anything is written), or naming the file and the fix when a shard file is missing
+    or arrives corrupted (what arrived whole stays placed); 2 for a manifest that does not hold or ``offline``."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import hidden
     from eagle3ops.fleet.merge import MergeError, bind_inputs, check_merged
@@ -104,6 +104,9 @@ anything is written), or naming the file and the fix when a shard file is missin
     from eagle3ops.window.common import LockHeld, WindowError
     from eagle3ops.window.lock import acquire_lock, release_lock
 
+    if offline:
+        common.fail("--offline does not go with --from-fleet: the copy plan reads what the training host holds (drop "
+                    "--offline; --dry-run alone prints the plan and changes nothing)", 2)
     try:
         inv = load_inventory(inventory)
         h = inv.host(host)

@@ -56,11 +56,12 @@ def trial_argv(image: str, *, master_addr: str, port: int, nnodes: int, node_ran
 INCOMING = ".incoming"
 
 
-def hidden_digests(extract_dir: str) -> Read:
-    """``sha256sum`` of every file under ``<extract_dir>/hidden`` and ``<extract_dir>/.incoming``, one
-    ``<hex>  <path>`` line each (``find`` exits 1 naming a folder that is absent: run with ``check=False``)."""
-    return Read(["find", f"{extract_dir}/hidden", f"{extract_dir}/{INCOMING}", "-type", "f", "-exec", "sha256sum",
-                 "{}", "+"])
+def hidden_digests(extract_dir: str, *, incoming_only: bool = False) -> Read:
+    """``sha256sum`` of every file under ``<extract_dir>/hidden`` and ``<extract_dir>/.incoming`` (only the latter
+    with ``incoming_only``: the arrivals of a copy), one ``<hex>  <path>`` line each (``find`` exits 1 naming a folder
+    that is absent: run with ``check=False``)."""
+    roots = ([] if incoming_only else [f"{extract_dir}/hidden"]) + [f"{extract_dir}/{INCOMING}"]
+    return Read(["find", *roots, "-type", "f", "-exec", "sha256sum", "{}", "+"])
 
 
 def send_files(extract_dir: str) -> Read:

@@ -59,11 +59,12 @@ def extract_dir(host: Any, run: str) -> str:
     return f"{host.data_dir}/runs/{run}/extract"
 
 
-def read_digests(r: Any, run: str) -> tuple[dict[str, str], dict[str, str]]:
+def read_digests(r: Any, run: str, *, incoming_only: bool = False) -> tuple[dict[str, str], dict[str, str]]:
     """``({rel: sha256} in place, {rel: sha256} in .incoming)`` of the run's hidden-state files on ``r.host`` (reads
-    only, :func:`eagle3ops.commands.fleet.hidden_digests`; both empty when nothing is there)."""
+    only, :func:`eagle3ops.commands.fleet.hidden_digests`; both empty when nothing is there; ``incoming_only``: the
+    first one left empty, those files not read)."""
     d = extract_dir(r.host, run)
-    return parse_digests(r.run(fc.hidden_digests(d), check=False).stdout, d, fc.INCOMING)
+    return parse_digests(r.run(fc.hidden_digests(d, incoming_only=incoming_only), check=False).stdout, d, fc.INCOMING)
 
 
 def parse_digests(output: str, extract_dir: str, incoming: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -152,7 +153,7 @@ def copy_files(src: Any, r: Any, run: str, files: list[str], expected: dict[str,
             proc.wait()
         shutil.rmtree(cfg.parent, ignore_errors=True)
     out.sent, out.seconds = sink.sent, round(time.monotonic() - t0, 3)
-    _placed, arrived = read_digests(r, run)
+    _placed, arrived = read_digests(r, run, incoming_only=True)
     out.good, out.bad = settle(r, run, expected, arrived)
     missing = [f for f in files if f not in out.good and f not in out.bad]
     if err_text or missing:
