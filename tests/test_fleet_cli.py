@@ -106,3 +106,7 @@ def test_train_from_fleet_refuses_offline_and_a_manifest_naming_an_unknown_host(
     res = CliRunner().invoke(app, ["train", "kimi-01", "-i", str(inv), "--pipeline", str(pf), "--from-fleet",
                                    str(merged), "--dry-run"])
     assert res.exit_code == 2 and "gone-07" in res.output, res.output  # refused before any host is reached
+    merged.write_text(json.dumps({"samples": 3}))  # not a merged fleet manifest: refused by name, no traceback
+    res = CliRunner().invoke(app, ["train", "kimi-01", "-i", str(inv), "--pipeline", str(pf), "--from-fleet",
+                                   str(merged), "--dry-run"], catch_exceptions=False)
+    assert res.exit_code == 2 and "no `fleet.shards`" in res.output, res.output

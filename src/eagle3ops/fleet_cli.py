@@ -113,7 +113,8 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
         merged = json.loads(merged_file.read_text())
         for name in {str(s["host"]) for s in (merged.get("fleet") or {}).get("shards") or []}:
             inv.host(name)
-    except (ConfigError, OSError, ValueError) as exc:
+        by_host = hidden.files_by_host(merged)  # the manifest judged before any host is reached
+    except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
         common.fail(f"train --from-fleet {merged_file}: {exc}", 2)
     d = move.extract_dir(h, run)
     with _reader(h) as r:
@@ -122,15 +123,14 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
         df = r.run(hc_free(h.data_dir), check=False)
         free = hc_parse_free(df.stdout) if df.ok else None
     rates = {}
-    for name in {str(s["host"]) for s in merged["fleet"]["shards"]}:
+    for name in {str(s["host"]) for s in (merged.get("fleet") or {}).get("shards") or []}:
         got = ((rec.get("sources") or {}).get(name) or {}).get("bytes_per_s")
         if got:
             rates[name] = (float(got), f"measured by the copy of {rec.get('at', '?')}")
         elif inv.fleet.link_mb_per_s:
             rates[name] = (inv.fleet.link_mb_per_s * 1e6, "fleet.link_mb_per_s")
-    expected_all = {}
+    expected_all = {f.rel: f.sha256 for fs in by_host.values() for f in fs}
     try:
-        expected_all = {f.rel: f.sha256 for fs in hidden.files_by_host(merged).values() for f in fs}
         good_arrived = {k: v for k, v in arrived.items() if expected_all.get(k) == v}
         plan = hidden.plan_move(merged, run, host, {**placed, **good_arrived}, rates)
     except (hidden.HiddenPlanError, KeyError, TypeError, ValueError) as exc:
