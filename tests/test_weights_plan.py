@@ -66,6 +66,8 @@ def test_plan_same_copy_replace_resume_and_estimate():
     assert plan.send_bytes == 1160 and plan.estimate_s == pytest.approx(11.6) and plan.extra == ["extra.bin"]
     text = render(plan)
     assert "to send: 1.2 KB (1160 bytes), about 11.6 s at 0 Mbit/s" in text
+    slow = plan_copy("s", "d", "/m", "/n", src, dst_files, {"same": A, "differs": A}, {"partial": 400}, 100.0, 0.5)
+    assert slow.estimate_s == pytest.approx(11.6 + 5 * 0.5)  # five files move, "same" does not
     assert "resume   partial (600 B; 400 of 1000 bytes there)" in text
     assert not [line for line in text.splitlines() if line.strip().startswith("same")]  # nothing moves: not listed
     assert "kept on d (not in s's manifest): extra.bin" in text

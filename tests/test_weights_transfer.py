@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import random
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import weights as wc
 from eagle3ops.remote import Remote
 from eagle3ops.speculate.onhost import head_sha256
+from eagle3ops.transfer.weights import PER_FILE_S
 from eagle3ops.transfer.weightsplan import parse_hashes, parse_manifest
 from eagle3ops.window.common import audit_entries
 from eagle3ops.window.run import start_weights_record
@@ -70,8 +72,11 @@ def rent(tmp_path_factory):
         src = hosts["rent0"]
         with Remote(src) as r:
             r.run(hc.mkdir_p(f"{src.model_path}/tokenizer"))
-            for name, data in FILES.items():
-                r.run(hc.write_file(f"{src.model_path}/{name}"), stdin=data)
+        pw = pwd.getpwnam(nodes[0].info.user)  # written here (the sandbox's data dir is a folder of this machine)
+        for name, data in FILES.items():
+            f = Path(f"{src.model_path}/{name}")
+            f.write_bytes(data)
+            os.chown(f, pw.pw_uid, pw.pw_gid)
         with Remote(hosts["rent1"]) as r:
             r.run(hc.rm_rf(hosts["rent1"].model_path))  # a rented host: no weights yet
         inv = tmp / "hosts.yaml"
@@ -122,7 +127,7 @@ def test_weights_copied_verified_rechecked_resumed_and_corruption_refused(rent):
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
     plan = next(p for p in _json_lines(dry.stdout) if "steps" in p)
     assert plan["send_bytes"] == total and {s["action"] for s in plan["steps"]} == {"copy"}
-    assert plan["estimate_s"] == pytest.approx(total / 12.5e6, abs=0.1)
+    assert plan["estimate_s"] == pytest.approx(total / 12.5e6 + len(FILES) * PER_FILE_S, abs=0.1)
     assert f"to send: {total / 1e6:.1f} MB" in dry.stdout
     assert not Path(dst.model_path).exists()  # a dry run copies nothing
 

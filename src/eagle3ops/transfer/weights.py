@@ -28,6 +28,9 @@ from eagle3ops.transfer.weightsplan import (FileEntry, WeightsPlan, WeightsPlanE
 
 #: Hashing rate assumed for the bound on a host's sha256 pass (bytes/s), and the bound's floor (s).
 HASH_BPS, HASH_FLOOR_S = 100e6, 300.0
+#: Seconds the plan's estimate adds per file that moves: its two OpenSSH connections (source, destination) and the
+#: sha256 on arrival; ~0.5 s a file measured on the sandbox test's 2-core machine (tests/test_weights_transfer.py).
+PER_FILE_S = 0.5
 
 
 class WeightsError(TransferError):
@@ -97,7 +100,7 @@ def plan_weights(src_r: Any, dst_r: Any, rate_bps: float) -> tuple[WeightsPlan, 
         raise WeightsError(f"{d.name}: --from names the same host; name another inventory host that holds the weights")
     src, rehashed, had = read_source(src_r, s.model_path)
     files, hashes, parts = read_dest(dst_r, d.model_path, src)
-    plan = plan_copy(s.name, d.name, s.model_path, d.model_path, src, files, hashes, parts, rate_bps)
+    plan = plan_copy(s.name, d.name, s.model_path, d.model_path, src, files, hashes, parts, rate_bps, PER_FILE_S)
     return plan, {"rehashed": rehashed, "had_manifest": had}
 
 
@@ -223,7 +226,7 @@ def head_plan(src_r: Any, dst_r: Any, run: str, rate_bps: float) -> tuple[Weight
     dest_dir = f"{d.data_dir}/heads/{digest[:12]}"
     dfiles, hashes, parts = read_dest_dir(dst_r, dest_dir, src)
     plan = plan_copy(s.name, d.name, f"{s.data_dir}/runs/{run}/train/final", dest_dir, src, dfiles, hashes, parts,
-                     rate_bps)
+                     rate_bps, PER_FILE_S)
     return plan, digest
 
 

@@ -142,6 +142,7 @@ class WeightsPlan:
     steps: list[Step]
     extra: list[str] = field(default_factory=list)
     rate_bps: float = 125e6
+    per_file_s: float = 0.0
 
     @property
     def send_bytes(self) -> int:
@@ -150,25 +151,29 @@ class WeightsPlan:
 
     @property
     def estimate_s(self) -> float:
-        """Seconds the copy takes at ``rate_bps`` (the link only; hashing on arrival adds a little)."""
-        return self.send_bytes / self.rate_bps if self.rate_bps > 0 else 0.0
+        """Seconds the copy takes: its bytes at ``rate_bps`` plus ``per_file_s`` for each file that moves (two SSH
+        connections and the sha256 on arrival)."""
+        moving = sum(1 for s in self.steps if s.send)
+        return (self.send_bytes / self.rate_bps if self.rate_bps > 0 else 0.0) + moving * self.per_file_s
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as JSON-able data."""
         return {"source": self.source, "dest": self.dest, "source_dir": self.source_dir, "dest_dir": self.dest_dir,
                 "send_bytes": self.send_bytes, "estimate_s": round(self.estimate_s, 1), "rate_bps": self.rate_bps,
+                "per_file_s": self.per_file_s,
                 "steps": [s.__dict__ for s in self.steps], "extra": self.extra}
 
 
 def plan_copy(source: str, dest: str, source_dir: str, dest_dir: str, src: dict[str, FileEntry],
               dst_files: dict[str, tuple[int, int]], dst_hashes: dict[str, str], dst_parts: dict[str, int],
-              rate_bps: float) -> WeightsPlan:
+              rate_bps: float, per_file_s: float = 0.0) -> WeightsPlan:
     """What to send so the destination's dir holds the source manifest's files (pure).
 
     Args:
         src: the source's manifest (re-verified). dst_files: the destination's files (bytes, mtime).
         dst_hashes: sha256 of destination files whose size matches (from its own manifest or hashed there).
-        dst_parts: partial files on the destination (path → bytes held). rate_bps: link rate for the estimate.
+        dst_parts: partial files on the destination (path → bytes held). rate_bps: link rate for the estimate
+            (bytes/s); per_file_s: seconds added per file that moves.
     """
     steps = []
     for p, e in sorted(src.items(), key=lambda kv: kv[0].encode()):
@@ -183,7 +188,8 @@ def plan_copy(source: str, dest: str, source_dir: str, dest_dir: str, src: dict[
             steps.append(Step(p, "replace", e.size, e.sha256, 0, why))
         else:
             steps.append(Step(p, "copy", e.size, e.sha256, 0, "missing"))
-    return WeightsPlan(source, dest, source_dir, dest_dir, steps, sorted(set(dst_files) - set(src)), rate_bps)
+    return WeightsPlan(source, dest, source_dir, dest_dir, steps, sorted(set(dst_files) - set(src)), rate_bps,
+                       per_file_s)
 
 
 def human_bytes(n: float) -> str:
@@ -203,8 +209,8 @@ def render(plan: WeightsPlan) -> str:
     lines = [f"weights {plan.source}:{plan.source_dir} -> {plan.dest}:{plan.dest_dir} (through the driver over SSH)",
              f"  {len(plan.steps)} files: " + ", ".join(f"{n} {a}" for a, n in sorted(counts.items())),
              f"  to send: {human_bytes(plan.send_bytes)} ({plan.send_bytes} bytes), about {plan.estimate_s:.1f} s at "
-             f"{plan.rate_bps * 8 / 1e6:.0f} Mbit/s; each file's sha256 checked on {plan.dest} before it is renamed "
-             "into place"]
+             f"{plan.rate_bps * 8 / 1e6:.0f} Mbit/s + {plan.per_file_s:g} s a file; each file's sha256 checked on "
+             f"{plan.dest} before it is renamed into place"]
     for s in plan.steps:
         if s.action != "same":
             lines.append(f"  {s.action:8} {s.path} ({human_bytes(s.send)}{'; ' + s.why if s.why else ''})")
