@@ -115,3 +115,30 @@ def test_host_scripts_are_typed_argv_and_work_locally(tmp_path: Path):
     cp = subprocess.run(list(wc.receive_file(str(dest), "x.bin", len(data), sha, 0)), input=data[:10],
                         capture_output=True)
     assert cp.returncode == 3 and (dest / "x.bin.part").stat().st_size == 10
+
+
+class _DfHost:
+    """A stand-in executor answering ``df -Pk`` for existing folders only (``/n`` is missing, ``/`` holds ``free``
+    KiB)."""
+
+    def __init__(self, free_kib: int):
+        self.free_kib, self.asked = free_kib, []
+
+    def run(self, argv, check=True):
+        from types import SimpleNamespace
+
+        self.asked.append(argv[-1])
+        if argv[-1].startswith("/n"):
+            return SimpleNamespace(ok=False, stdout="")
+        return SimpleNamespace(ok=True, stdout=f"Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                                               f"/dev/x 100 1 {self.free_kib} 1% /\n")
+
+
+def test_room_on_the_destination_is_checked_before_anything_is_copied():
+    from eagle3ops.transfer.weights import WeightsError, check_room
+
+    plan = plan_copy("s", "d", "/m", "/n/model", _m(a=(10_000, 1, A)), {}, {}, {}, 1e6)
+    ok = _DfHost(free_kib=100)
+    assert check_room(ok, plan) == 102_400 and ok.asked == ["/n/model", "/n", "/"]
+    with pytest.raises(WeightsError, match=r"d: / has 9216 bytes free, the copy sends 10000: free space"):
+        check_room(_DfHost(free_kib=9), plan)

@@ -30,7 +30,7 @@ def weights(host: str = typer.Argument(..., metavar="HOST", help="The host that 
     verified by sha256 on HOST before it is renamed into place. The plan (bytes, time) is printed first; --dry-run
     prints only it. HOST's lock is held during the copy; serving on HOST is not stopped or restarted."""
     from eagle3ops.config import ConfigError, load_inventory
-    from eagle3ops.transfer.weights import WeightsError, copy_steps, plan_weights, record_dest_manifest
+    from eagle3ops.transfer.weights import WeightsError, check_room, copy_steps, plan_weights, record_dest_manifest
     from eagle3ops.transfer.weightsplan import WeightsPlanError, render
     from eagle3ops.window.common import LockHeld, WindowError, append_audit, new_window_id
     from eagle3ops.window.lock import acquire_lock, read_lock, release_lock, describe_lock
@@ -45,6 +45,7 @@ def weights(host: str = typer.Argument(..., metavar="HOST", help="The host that 
     with common.remote(src_h, dry_run) as sr, common.remote(dst_h, dry_run) as dr:
         try:
             plan, facts = plan_weights(sr, dr, link_mbit * 1e6 / 8)
+            free = check_room(dr, plan)
         except (WeightsError, WeightsPlanError) as exc:
             common.fail(str(exc))
         if facts["rehashed"]:
@@ -52,7 +53,7 @@ def weights(host: str = typer.Argument(..., metavar="HOST", help="The host that 
                   + ("again (size or mtime changed since the manifest)" if facts["had_manifest"] else
                      "(no weights manifest was recorded; it is now)"))
         print(render(plan))
-        print(json.dumps(plan.as_dict()), flush=True)
+        print(json.dumps({**plan.as_dict(), "dest_free_bytes": free}), flush=True)
         if dry_run:
             if read_lock(dr):
                 print(f"note: {describe_lock(dr)}")
@@ -92,7 +93,7 @@ def head_for(inventory: Path, r: Any, head: Path | None, *, link_mbit: float = D
     arrival) and returns an :class:`eagle3ops.transfer.weights.InstalledHead`; in a dry run the fetch is printed,
     not made. Exits 1 naming the host, run and file when the head is missing or refused."""
     from eagle3ops.config import ConfigError, load_inventory
-    from eagle3ops.transfer.weights import InstalledHead, WeightsError, copy_steps, head_plan
+    from eagle3ops.transfer.weights import InstalledHead, WeightsError, check_room, copy_steps, head_plan
     from eagle3ops.transfer.weightsplan import render
 
     m = HEAD_REF.match(str(head)) if head is not None and not head.exists() else None
@@ -106,6 +107,7 @@ def head_for(inventory: Path, r: Any, head: Path | None, *, link_mbit: float = D
         try:
             plan, digest = head_plan(sr, r, m["run"], link_mbit * 1e6 / 8)
             print(render(plan), flush=True)
+            check_room(r, plan)
             if not r.dry_run and plan.send_bytes:
                 copy_steps(plan, src_h, r.host)
         except WeightsError as exc:

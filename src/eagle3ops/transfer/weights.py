@@ -104,6 +104,32 @@ def plan_weights(src_r: Any, dst_r: Any, rate_bps: float) -> tuple[WeightsPlan, 
     return plan, {"rehashed": rehashed, "had_manifest": had}
 
 
+def check_room(r: Any, plan: WeightsPlan) -> int | None:
+    """Free bytes on the filesystem that will hold ``plan.dest_dir`` on ``r``'s host (its nearest existing folder),
+    None when ``df`` could not tell.
+
+    Raises:
+        WeightsError: fewer free bytes than the copy sends (a replaced file is written whole beside the old one before
+            it is renamed over it); the message names the host, the folder and both sizes.
+    """
+    from eagle3ops.commands.host import parse_df_free_bytes
+
+    path, free = plan.dest_dir, None
+    while path:
+        out = r.run(hc.free_bytes(path), check=False)
+        if out.ok:
+            try:
+                free = parse_df_free_bytes(out.stdout)
+            except ValueError:
+                return None
+            break
+        path = "" if os.path.dirname(path) == path else os.path.dirname(path)
+    if free is not None and free < plan.send_bytes:
+        raise WeightsError(f"{plan.dest}: {path} has {free} bytes free, the copy sends {plan.send_bytes}: free space "
+                           f"there (or point hosts.{plan.dest}.model_path / data_dir at a larger disk); nothing copied")
+    return free
+
+
 def _pump(src_host: Any, src_path: str, offset: int, sink: SshStream, stall_s: float) -> int:
     """Stream ``src_path`` from ``offset`` on the source host into ``sink``; returns the bytes moved.
 
