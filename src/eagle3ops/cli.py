@@ -586,7 +586,7 @@ def main() -> None:
 
 #: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
 HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
-                 "probe", "verify", "watch"}
+                 "probe", "verify", "watch", "weights"}
 
 
 def _changes_a_host(args: list[str]) -> bool:
