@@ -129,6 +129,11 @@ def test_extract_and_train_windows_run_as_processes_with_serving_restored_and_a_
         assert seen["cwd"] == f"{h.data_dir}/runs/r1" and seen["python"].startswith(f"{h.state_dir}/env/")
         assert seen["target_model"] == h.model_path  # /model mapped to the host's model_path (EAGLE3OPS_MOUNTS)
         assert read_lock(r) is None
+        mpath, deadline = f"{h.state_dir}/weights/manifest.txt", time.monotonic() + 30  # issue 29: the serving
+        while not r.run(hc.exists(mpath), check=False).ok:  # host's first window records its weights manifest
+            assert time.monotonic() < deadline, f"{mpath} was not recorded within 30 s of the first window"
+            time.sleep(0.2)
+        assert r.run(hc.cat(mpath)).stdout.splitlines()[-1].endswith(" config.json")
         again = run_window(r, kind="extract", image=image, expected_image_id=image.removeprefix("venv:"),
                            command="test extract again", run="r1", pipeline_text=TINY)
         assert again["outcome"] == "nothing to do", again
@@ -138,6 +143,7 @@ def test_extract_and_train_windows_run_as_processes_with_serving_restored_and_a_
         assert train["outcome"] == "ok" and train["stages"] == {"vocab": "ok", "train": "ok"}, train
         outcomes = [e["outcome"] for e in audit_entries(r)]
     assert outcomes[-3:] == ["ok", "nothing to do", "ok"]
+    assert sum("e3-weights-record" in c for c in r.history) == 1  # recorded once, not by the later windows
     wait_healthy(f"http://127.0.0.1:{PORT}", MODEL, timeout_s=30, interval_s=0.5)
 
 

@@ -26,7 +26,7 @@ from eagle3ops.lock_cli import app as lock_app
 from eagle3ops.patches.cli import app as patch_app
 from eagle3ops.stages.cli import app as stage_app
 from eagle3ops.watch_cli import watch_command
-from eagle3ops import fleet_cli
+from eagle3ops import fleet_cli, weights_cli
 
 console = common.console
 app = typer.Typer(no_args_is_help=True, help="Train and ship an EAGLE-3 draft head for a model served with vLLM.")
@@ -227,7 +227,7 @@ def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOp
 def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipeline run (its head: train/final; "
                                                                        "results: runs/<run>/speculate/)."),
               head: Optional[Path] = typer.Option(None, "--head", help="A local head directory trained elsewhere "
-                                                  "(speculators format); uploaded to <data_dir>/heads/."),
+                                                  "(uploaded), or HOST:RUN: that run's head on HOST, fetched."),
               image: Optional[str] = typer.Option(None, "--image", help="Patched serving image (default: "
                                                   "serving.speculative_image)."),
               force: bool = typer.Option(False, "--force", help="Accept a head whose offline acceptance "
@@ -266,7 +266,6 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_candidate_options, select_gate
     from eagle3ops.speculate.ship import speculate as run_speculate
     from eagle3ops.window.common import WindowError
-
     from eagle3ops.config.inventory import check_gate_margin
 
     if margin is not None:
@@ -294,9 +293,9 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     with common.remote(h, dry_run) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
-                                pipeline_image_id=dep.get("image_id"), head=head, serving_image=image, force=force,
-                                allow_template_mismatch=allow_template_mismatch, control=control,
-                                with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),
+                                pipeline_image_id=dep.get("image_id"), head=weights_cli.head_for(inventory, r, head),
+                                serving_image=image, force=force, allow_template_mismatch=allow_template_mismatch,
+                                control=control, with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),
                                 draft_tps=tuple(tps),
                                 margin=margin, prompts_file=prompts_file, command=_command_line())
         try:
@@ -557,6 +556,7 @@ _register_probe()
 
 app.command("watch")(watch_command)
 app.command("render")(fleet_cli.render)
+app.command("weights")(weights_cli.weights)
 
 
 def main() -> None:
@@ -586,7 +586,7 @@ def main() -> None:
 
 #: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
 HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
-                 "probe", "verify", "watch"}
+                 "probe", "verify", "watch", "weights"}
 
 
 def _changes_a_host(args: list[str]) -> bool:

@@ -68,6 +68,7 @@ from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _li
 from eagle3ops.speculate.onhost import head_sha256, parse_answer
 from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_restart_seconds, restart_plan
 from eagle3ops.window.served_template import ServedTemplateError, read_served_template
+from eagle3ops.transfer.weights import InstalledHead
 
 __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "check_as_vllm_reads", "check_like_for_like",
            "check_offline_floor", "check_template", "gate_prompts", "offline_estimate_for",
@@ -132,9 +133,12 @@ def prompt_sets(prompts: list[pr.Prompt]) -> dict[str, list[int]]:
     return out
 
 
-def _upload_head(r: Any, head: Path) -> tuple[str, str]:
+def _upload_head(r: Any, head: Path | InstalledHead) -> tuple[str, str]:
     """Upload a local head directory (its regular files) to ``<data_dir>/heads/<sha256[:12]>``; returns (the path,
-    the head's sha256: :func:`eagle3ops.speculate.onhost.head_sha256`)."""
+    the head's sha256: :func:`eagle3ops.speculate.onhost.head_sha256`). A head already installed from another host
+    (``--head HOST:RUN``, :class:`eagle3ops.transfer.weights.InstalledHead`) is not uploaded again."""
+    if isinstance(head, InstalledHead):
+        return head.dir, head.digest
     files = sorted(p for p in head.iterdir() if p.is_file())
     if not (head / "config.json").is_file():
         raise SpeculateError(f"{head}: no config.json; pass the head's directory (speculators' saved format)")

@@ -15,6 +15,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.commands import venv as vc
+from eagle3ops.commands import weights as wc
 from eagle3ops.config.plan import Plan, ReleaseChange, SpeculateJob
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
@@ -200,6 +201,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command,
                              "window": window_id, "outcome": "not started", "error": str(exc)[-500:]})
         raise
+    if r.host.serving.managed:  # the serving host's first window records its weights manifest (detached; issue 29)
+        start_weights_record(r)
     if r.dry_run:
         on_host = supervisor_commands(r.host, plan)
         if r.echo:
@@ -221,6 +224,25 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
                                        **(result.get("stages") or {})}}
     return finish_window(r, window_id, result, command=command)
+
+
+def start_weights_record(r: Remote) -> bool:
+    """Start recording the host's weights manifest (:mod:`eagle3ops.commands.weights`: names, sizes, mtimes, sha256
+    of ``model_path``'s files), detached, when it has none and ``model_path`` is a directory: a window calls it once
+    its supervisor runs, so the serving host's first window records it without waiting for the hashing (``eagle3ops
+    weights`` re-verifies it by size and mtime). Returns whether it was started; a failure here is not the window's
+    (False)."""
+    h = r.host
+    mpath = wc.manifest_path(h.state_dir)
+    try:
+        # its folder exists once a recording started (or `weights` wrote the manifest): started once, never twice
+        if r.run(hc.test_dir(mpath.rsplit("/", 1)[0]), check=False).ok or \
+                not r.run(hc.test_dir(h.model_path), check=False).ok:
+            return False
+        r.run(wc.record_detached(h.model_path, mpath, mpath.rsplit("/", 1)[0] + "/record.log"))
+        return True
+    except Exception:  # noqa: BLE001 - the window runs already; `eagle3ops weights` records a missing manifest
+        return False
 
 
 @dataclass
