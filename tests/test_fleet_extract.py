@@ -152,7 +152,11 @@ def test_fleet_extract_merges_to_the_one_host_manifest_resumes_a_killed_shard_an
     audit2 = len(_audit(hosts["fleet2"]))
     dead_path = tmp / "merged-dead.json"
     dead_args = [*args[:-1], str(dead_path), "--dead", "fleet2"]
-    slow1 = inventory("slow1", fleet1={"EAGLE3OPS_STANDIN_SAMPLE_S": "3"})
+    # fleet1's stand-in extract holds after its first sample while the hold file exists: the window is still running
+    # when the rerun reaches fleet1's lock, however slow this machine is (the hold is removed once the rerun waits)
+    hold = Path(f"{hosts['fleet1'].data_dir}/standin-hold")  # the sandbox's disk is this machine's
+    hold.write_text("held by the test\n")
+    slow1 = inventory("slow1", fleet1={"EAGLE3OPS_STANDIN_HOLD": str(hold)})
     first = Path(f"{hosts['fleet1'].data_dir}/runs/fl/extract/hidden/data_{s2['start']:06d}.standin.json")
     killed_driver = subprocess.Popen([sys.executable, "-m", "eagle3ops", *dead_args, "-i", str(slow1)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
@@ -164,10 +168,24 @@ def test_fleet_extract_merges_to_the_one_host_manifest_resumes_a_killed_shard_an
     finally:
         killed_driver.kill()
         killed_driver.wait(timeout=30)
-    moved = _cli(*dead_args, "-i", str(plain))
-    assert moved.returncode == 0, (moved.stdout + moved.stderr)[-3000:]
-    assert "[fleet1] lock wait  waiting for window" in moved.stdout, moved.stdout[-3000:]
-    assert f"shard 2 [{s2['start']}, {s2['end']}) moved to fleet1" in moved.stdout
+    moved_log = tmp / "moved.log"
+    with moved_log.open("w") as log:
+        rerun = subprocess.Popen([sys.executable, "-m", "eagle3ops", *dead_args, "-i", str(plain)], stdout=log,
+                                 stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            deadline = time.monotonic() + CLI_TIMEOUT_S
+            while "[fleet1] lock wait" not in moved_log.read_text():
+                assert rerun.poll() is None and time.monotonic() < deadline, moved_log.read_text()[-3000:]
+                time.sleep(0.2)
+            hold.unlink()  # the held window finishes; the rerun, waiting on its lock, goes on
+            rerun.wait(timeout=CLI_TIMEOUT_S)
+        finally:
+            rerun.kill()
+            hold.unlink(missing_ok=True)
+    out = moved_log.read_text()
+    assert rerun.returncode == 0, out[-3000:]
+    assert "[fleet1] lock wait  waiting for window" in out, out[-3000:]
+    assert f"shard 2 [{s2['start']}, {s2['end']}) moved to fleet1" in out
     md = json.loads(dead_path.read_text())
     assert md["sample_files"] == whole["sample_files"] and md["files"] == whole["files"]
     assert {s["host"] for s in md["fleet"]["shards"]} == {"fleet0", "fleet1"}

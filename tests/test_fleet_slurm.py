@@ -46,7 +46,7 @@ def slurm(tmp_path_factory):
     """The local one-node cluster (2 CPUs), stopped after the module."""
     cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"), cpus=2)
     try:
-        yield cluster.start(timeout_s=30)
+        yield cluster.start(timeout_s=120)  # bounded; generous on a loaded 2-core CI machine
     finally:
         cluster.stop()
 
@@ -91,7 +91,7 @@ def test_rendered_slurm_script_trains_as_a_two_task_job_in_the_pinned_image(slur
     script.write_text(text)
 
     try:
-        res = slurm.sbatch(script, nodes=1, ntasks_per_node=2, chdir=tmp_path, timeout_s=240)
+        res = slurm.sbatch(script, nodes=1, ntasks_per_node=2, chdir=tmp_path, timeout_s=480)
     finally:  # a cancelled job's `docker run` leaves its container: found by the job's label
         for c in docker.from_env().containers.list(all=True, filters={"label": f"{JOB_LABEL}=eagle3ops-{RUN}"}):
             c.remove(force=True)

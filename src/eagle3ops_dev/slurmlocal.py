@@ -205,7 +205,10 @@ class LocalSlurm:
         state = ""
         while time.monotonic() < deadline:
             self._check_alive()
-            cp = subprocess.run(sinfo_state_argv(), env=self.env, capture_output=True, text=True, timeout=10)
+            try:  # a loaded machine's slurmctld may answer late: asked again, within the deadline
+                cp = subprocess.run(sinfo_state_argv(), env=self.env, capture_output=True, text=True, timeout=10)
+            except subprocess.TimeoutExpired:
+                continue
             state = cp.stdout.strip()
             if state == "idle":
                 return self
@@ -230,8 +233,11 @@ class LocalSlurm:
         job = cp.stdout.strip().split(";")[0]
         record = ""
         while time.monotonic() - t0 < timeout_s:
-            record = subprocess.run(job_state_argv(job), env=self.env, capture_output=True, text=True,
-                                    timeout=10).stdout
+            try:  # as in start(): a late answer is asked again, within the deadline
+                record = subprocess.run(job_state_argv(job), env=self.env, capture_output=True, text=True,
+                                        timeout=10).stdout
+            except subprocess.TimeoutExpired:
+                continue
             fields = dict(f.split("=", 1) for f in record.split() if "=" in f)
             if fields.get("JobState") in TERMINAL:
                 rc = int(fields.get("ExitCode", "1:0").split(":")[0])

@@ -20,7 +20,10 @@ Knobs (environment, for tests): ``EAGLE3OPS_STANDIN_SLEEP_S`` (seconds each stag
 driver mid-window), ``EAGLE3OPS_STANDIN_FAIL`` (a stage name that fails with an ``error:`` line, exit 2),
 ``EAGLE3OPS_STANDIN_FAIL_AFTER`` (extract fails, exit 2, after writing this many new sample files: a shard
 interrupted part-way), ``EAGLE3OPS_STANDIN_SAMPLE_S`` (seconds extract takes per sample written),
-``EAGLE3OPS_STANDIN_PAD_BYTES`` (filler bytes in each extract file, so a copy of them measures a link).
+``EAGLE3OPS_STANDIN_PAD_BYTES`` (filler bytes in each extract file, so a copy of them measures a link),
+``EAGLE3OPS_STANDIN_HOLD`` (a file's path: after each sample written, extract waits while that file exists, at most
+``EAGLE3OPS_STANDIN_HOLD_MAX_S``, default 300 s, then fails with an ``error:`` line: a window kept running until the
+test has seen what it waits for, whatever the machine's load).
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def _extract(run_dir: Path, config: Any, shard: tuple[int, int] | None, restart:
     fail_after = os.environ.get("EAGLE3OPS_STANDIN_FAIL_AFTER")
     per_sample = float(os.environ.get("EAGLE3OPS_STANDIN_SAMPLE_S") or 0)
     pad = int(os.environ.get("EAGLE3OPS_STANDIN_PAD_BYTES") or 0)
+    hold = os.environ.get("EAGLE3OPS_STANDIN_HOLD")
+    hold_max_s = float(os.environ.get("EAGLE3OPS_STANDIN_HOLD_MAX_S") or 300)
     files, sample_files, written, written_tokens = {}, [], 0, 0
     t0 = time.monotonic()
     for s in rows:
@@ -78,6 +83,13 @@ def _extract(run_dir: Path, config: Any, shard: tuple[int, int] | None, restart:
             atomic_write_text(out / rel, text)
             written += 1
             written_tokens += len(s["input_ids"])
+            held = time.monotonic()
+            while hold and os.path.exists(hold):
+                if time.monotonic() - held > hold_max_s:
+                    print(f"error: extract: {hold} still exists after {hold_max_s:.0f} s "
+                          f"(EAGLE3OPS_STANDIN_HOLD; stand-in stage)", flush=True)
+                    raise SystemExit(2)
+                time.sleep(0.1)
         files[rel] = file_entry(out / rel)
         sample_files.append({"i": int(s["i"]), "file": rel, "tokens": len(s["input_ids"])})
     tokens = sum(r["tokens"] for r in sample_files)
