@@ -30,7 +30,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
-        patch-check bench-rebuild bench-push bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head clean-sandbox
+        patch-check bench-rebuild bench-push bench-train-nodes bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head clean-sandbox
 
 setup:
 	bash scripts/setup.sh
@@ -102,7 +102,12 @@ bench-rebuild: base
 	$(PY) benchmarks/rebuild --base-image $(LOCAL_BASE) --profile $(PROFILE)
 
 bench-push: setup
-	$(PY) benchmarks/push.py
+	$(PY) benchmarks/push.py --repeat 3 --json benchmarks/push-medians.json
+
+# Multi-node training over three netns sandbox hosts (issue 30): the real pipeline environment exported from the
+# pipeline image, the tiny Llama target, a reach-probe refusal, a node killed and resumed, a one-node reference.
+bench-train-nodes: image
+	$(PY) benchmarks/fleet_train_nodes.py --image "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
 
 # The extract benchmark needs torch, vLLM and the patched speculators: it runs inside the pipeline image.
 bench-extract: image

@@ -147,14 +147,30 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
 
 
 @app.command()
-def train(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+def train(hosts: list[str] = typer.Argument(..., metavar="HOST [HOST...]"), inventory: Path = InventoryOpt,
+          dry_run: bool = DryRunOpt,
           run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
           restart: bool = RestartOpt, offline: bool = OfflineOpt,
           from_fleet: Optional[Path] = typer.Option(None, "--from-fleet", metavar="MERGED", help="A fleet run's "
-                                                    "merged manifest: its hidden states copied here first.")) -> None:
+                                                    "merged manifest: with one HOST its hidden states are copied "
+                                                    "there first; with several, each host trains its own shard "
+                                                    "(multi-node).")) -> None:
     """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated). Stages done for
-    these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes)."""
+    these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes).
+    Several HOSTs with --from-fleet: one training run over those nodes (torchrun, static rendezvous on the first
+    shard's host), after a cross-node trial that names any node that cannot reach the rendezvous."""
+    if len(hosts) > 1:
+        if from_fleet is None:
+            common.fail("several hosts train together only on a fleet run's shards: pass --from-fleet MERGED (the "
+                        "merged manifest of `eagle3ops extract HOST HOST... --merged MERGED`)", 2)
+        if offline:
+            common.fail("--offline does not go with a multi-node train: its plan reads every node (drop --offline; "
+                        "--dry-run alone prints the plan and changes nothing)", 2)
+        fleet_cli.train_nodes(hosts, inventory, dry_run, run, from_fleet, common.read_pipeline(pipeline), restart,
+                              _command_line())
+        return
+    host = hosts[0]
     h, kw = common.load_host(inventory, host), {"run": run, "pipeline_text": common.read_pipeline(pipeline)}
     window = lambda: _stage_window("train", h, dry_run, offline, restart=restart, **kw)  # noqa: E731
     fleet_cli.fleet_train(host, inventory, dry_run, run, from_fleet, window, offline) if from_fleet else window()

@@ -20,6 +20,10 @@ from eagle3ops.commands.host import cat_if_exists as hc_cat
 from eagle3ops.commands.host import free_bytes as hc_free
 from eagle3ops.commands.host import parse_df_free_bytes as hc_parse_free
 from eagle3ops.commands.host import write_file as hc_write
+from eagle3ops.commands.fleet import trial_argv as fc_trial
+from eagle3ops.commands.fleet import trial_argv_venv as fc_trial_venv
+from eagle3ops.commands.fleet import reach_argv as fc_reach
+from eagle3ops.commands.fleet import reach_listen_argv as fc_listen
 
 
 def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: bool, run: str, pipeline: Path, *,
@@ -173,6 +177,233 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     print(f"{host}: every file of run {run}'s {len(expected_all)} samples verified in place; merged manifest "
           f"written to {d}/manifest.json", flush=True)
     train_window()
+
+
+def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merged_file: Path, pipeline_text: str,
+                restart: bool, command: str) -> None:
+    """``train A B C --run RUN --from-fleet MERGED``: one training run over several nodes, each training the shard its
+    own host extracted (:mod:`eagle3ops.fleet.nodes`, :mod:`eagle3ops.stages.trainplan`). In order, reads only until
+    the trial passed:
+
+    1. the plan (:func:`eagle3ops.fleet.nodes.plan_nodes`: hosts in shard order, node 0's rendezvous), printed;
+       each node's deployed pipeline, prepare manifest and shard manifest read; node 0's train judged as a window
+       would judge it (done for these inputs: nothing to do anywhere, nothing stops) — ``dry_run`` stops here;
+    2. the reach probe (every node connects to node 0's rendezvous port while node 0 listens there, bounded by
+       :data:`REACH_TIMEOUT_S`), then the cross-node trial (:mod:`eagle3ops.fleet.trial`: one gloo all-reduce) on
+       every node at once, bounded by ``fleet.trial_timeout_s``: a node that cannot reach the rendezvous is named,
+       exit 1, nothing stopped;
+    3. under each node's lock, the merged manifest checked against its prepare manifest and written as its
+       ``extract/manifest.json`` (its own shard's files verified in place by the stage);
+    4. one train window per node (vocab + train with ``--nodes/--node-rank/--rendezvous``), all at once, each with
+       its own lock, preflight, stop and restore of that host's serving.
+
+    A failed run names the node that failed first (its process killed or its own error) and the nodes that stopped
+    because a peer left (:func:`eagle3ops.fleet.nodes.blame`, from each failed node's ``train.log``); every node's
+    serving is restored by its own window; rerunning the same command resumes from node 0's last checkpoint on every
+    node. Exit 2 for a manifest or host list that does not fit, 1 for a failed trial or window."""
+    import threading
+
+    from eagle3ops import executor
+    from eagle3ops.config import ConfigError, load_inventory
+    from eagle3ops.fleet import nodes as fn
+    from eagle3ops.fleet import trial as ft
+    from eagle3ops.fleet.driver import deployed_image
+    from eagle3ops.fleet.merge import MergeError, bind_inputs, check_merged
+    from eagle3ops.stages.shards import manifest_rel
+    from eagle3ops.window.common import LockHeld, WindowError
+    from eagle3ops.window.lock import acquire_lock, release_lock
+    from eagle3ops.window.run import _decide, run_window
+
+    try:
+        inv = load_inventory(inventory)
+        hs = {n: inv.host(n) for n in hosts}
+        merged = json.loads(merged_file.read_text())
+        probe = fn.plan_nodes(run, merged, hosts, rendezvous_host="-", port=inv.fleet.rendezvous_port)
+        plan = fn.plan_nodes(run, merged, hosts, rendezvous_host=inv.fleet.rendezvous_host
+                             or hs[probe.nodes[0]].hostname, port=inv.fleet.rendezvous_port)
+    except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
+        common.fail(f"train {' '.join(hosts)} --from-fleet {merged_file}: {exc}", 2)
+    for line in plan.lines():
+        print(line, flush=True)
+    images: dict[str, tuple[str, str | None]] = {}
+    for n, name in enumerate(plan.nodes):
+        h = hs[name]
+        with executor.for_host(h) as r:
+            images[name] = deployed_image(r)
+            a, b = plan.shards[n]
+            shard = r.run(hc_cat(f"{h.data_dir}/runs/{run}/extract/{manifest_rel(a, b)}"), check=False).stdout
+            if not shard.strip():
+                common.fail(f"{name} holds no finished shard [{a}, {b}) of run {run} (extract/{manifest_rel(a, b)}): "
+                            f"rerun the fleet extract (`eagle3ops extract {' '.join(plan.nodes)} --run {run}`)")
+            prep = r.run(hc_cat(f"{h.data_dir}/runs/{run}/prepare/manifest.json"), check=False).stdout
+            try:
+                check_merged(merged, prep)
+            except MergeError as exc:
+                common.fail(f"{name}: {exc}")
+            if n == 0:
+                _text, decision = _decide(r, "train", run, pipeline_text, restart)
+                if decision is not None and decision.nothing_to_do:
+                    print(f"{name} (node 0) has trained run {run} for these inputs: nothing to do on any node "
+                          f"(--restart redoes it)", flush=True)
+                    return
+    if dry_run:
+        return
+
+    # the reach probe (every node connects to node 0's rendezvous port), then the gloo trial; before any stop
+    reach_s = min(REACH_TIMEOUT_S, inv.fleet.trial_timeout_s)
+    count0, _rank0, rdzv0 = plan.node_args(plan.nodes[0])
+    addr0, _, port0 = rdzv0.rpartition(":")
+    listened: dict[str, tuple[int, str]] = {}
+    reached: dict[str, tuple[int, str]] = {}
+
+    def listen() -> None:
+        h = hs[plan.nodes[0]]
+        argv = fc_listen(h, images[h.name][0], port=int(port0), seconds=reach_s + REACH_LISTEN_EXTRA_S,
+                         expect=len(plan.nodes))
+        try:
+            with executor.for_host(h) as r:
+                res = r.run(argv, check=False, timeout=reach_s + REACH_LISTEN_EXTRA_S + 2 * TRIAL_MARGIN_S)
+            listened[h.name] = (res.exited, (res.stdout or "") + (res.stderr or ""))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            listened[h.name] = (-1, f"{type(exc).__name__}: {exc}")
+
+    def reach(name: str) -> None:
+        h = hs[name]
+        try:
+            with executor.for_host(h) as r:
+                res = r.run(fc_reach(h, images[name][0], addr=addr0, port=int(port0), timeout_s=reach_s),
+                            check=False, timeout=reach_s + 2 * TRIAL_MARGIN_S)
+            reached[name] = (res.exited, (res.stdout or "") + (res.stderr or ""))
+        except Exception as exc:  # noqa: BLE001 - the node's verdict: named below
+            reached[name] = (-1, f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=listen)] + [threading.Thread(target=reach, args=(n,)) for n in plan.nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rv = ft.parse_reach(list(plan.nodes), reached)
+    lrc, lout = listened.get(plan.nodes[0], (-1, "no result"))
+    if lrc != 0:
+        common.fail(f"multi-node train of run {run} refused before any serving stopped: {plan.nodes[0]} could not "
+                    f"listen on the rendezvous port {port0}: {lout.strip()[-300:]} (free the port or set "
+                    f"fleet.rendezvous_port)")
+    for line in rv.detail:
+        print(f"  {line}", flush=True)
+    if not rv.ok:
+        common.fail(f"multi-node train of run {run} refused before any serving stopped: {', '.join(rv.unreachable)} "
+                    f"cannot reach the rendezvous {rdzv0} on {plan.nodes[0]}; check that node's route to "
+                    f"{addr0} (fleet.rendezvous_host) and that TCP port {port0} (fleet.rendezvous_port) is open")
+
+    # the cross-node trial, every node at once, before any serving stops
+    outputs: dict[str, tuple[int, str]] = {}
+
+    def trial(name: str) -> None:
+        h = hs[name]
+        count, rank, rdzv = plan.node_args(name)
+        addr, _, port = rdzv.rpartition(":")
+        try:
+            if h.uses_venv:
+                argv = fc_trial_venv(h, images[name][0], master_addr=addr, port=int(port), nnodes=count,
+                                     node_rank=rank, timeout_s=inv.fleet.trial_timeout_s)
+            else:
+                argv = fc_trial(images[name][0], master_addr=addr, port=int(port), nnodes=count, node_rank=rank,
+                                timeout_s=inv.fleet.trial_timeout_s, docker_host=h.docker_host)
+            with executor.for_host(h) as r:
+                res = r.run(argv, check=False, timeout=inv.fleet.trial_timeout_s + 2 * TRIAL_MARGIN_S)
+            outputs[name] = (res.exited, (res.stdout or "") + (res.stderr or ""))
+        except Exception as exc:  # noqa: BLE001 - the node's verdict: named below
+            outputs[name] = (-1, f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=trial, args=(n,)) for n in plan.nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    verdict = ft.parse_trial(list(plan.nodes), outputs)
+    print(verdict.message(), flush=True)
+    for line in verdict.detail:
+        print(f"  {line}", flush=True)
+    if not verdict.ok:
+        common.fail(f"multi-node train of run {run} refused before any serving stopped: {verdict.message()}")
+
+    # the merged manifest on every node, under its lock
+    for name in plan.nodes:
+        h = hs[name]
+        wid = f"nodes-{int(time.time())}"
+        with common.remote(h) as r:
+            try:
+                acquire_lock(r, wid, command, "merged manifest written for a multi-node train")
+            except (LockHeld, WindowError) as exc:
+                common.fail(str(exc))
+            try:
+                prep = r.run(hc_cat(f"{h.data_dir}/runs/{run}/prepare/manifest.json"), check=False).stdout
+                want = json.dumps(bind_inputs(merged, prep), indent=2, sort_keys=True) + "\n"
+                path = f"{h.data_dir}/runs/{run}/extract/manifest.json"
+                if r.run(hc_cat(path), check=False).stdout != want:
+                    r.run(hc_write(path), stdin=want)
+            finally:
+                release_lock(r, wid)
+
+    # one train window per node, all at once
+    results: dict[str, dict] = {}
+    errors: dict[str, str] = {}
+
+    def window(name: str) -> None:
+        h = hs[name]
+        try:
+            with executor.for_host(h) as r:
+                res = run_window(r, kind="train", image=images[name][0], expected_image_id=images[name][1],
+                                 command=command, run=run, pipeline_text=pipeline_text, restart=restart,
+                                 on_event=lambda e: _event(name, e), nodes=plan.node_args(name))
+            results[name] = res
+            if res.get("outcome") not in ("ok", "nothing to do"):
+                errors[name] = str(res.get("error") or res.get("outcome"))
+                log = r_log(h, res.get("window_id"))
+                errors[name] += "\n" + log
+        except Exception as exc:  # noqa: BLE001 - named per node below
+            errors[name] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=window, args=(n,)) for n in plan.nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    summary = {"run": run, "nodes": list(plan.nodes), "rendezvous": plan.rendezvous,
+               "windows": {n: {k: results.get(n, {}).get(k) for k in ("outcome", "window_id", "downtime_s",
+                                                                      "serving_healthy")} for n in plan.nodes}}
+    if not errors:
+        print(json.dumps(summary, indent=2), flush=True)
+        print(f"multi-node train of run {run} done: the draft head is on {plan.nodes[0]} "
+              f"({hs[plan.nodes[0]].data_dir}/runs/{run}/train/final)", flush=True)
+        return
+    failed, followed = fn.blame(list(plan.nodes), errors)
+    summary["failed"], summary["followed"] = failed, followed
+    print(json.dumps(summary, indent=2), flush=True)
+    for n in failed:
+        print(f"{n}: {errors[n].splitlines()[0][:300]}", flush=True)
+    common.fail(f"multi-node train of run {run}: node {', '.join(failed)} failed first"
+                + (f"; {', '.join(followed)} stopped because a peer left" if followed else "")
+                + f"; every node's serving was restored by its window. Rerun the same command: training resumes from "
+                  f"{plan.nodes[0]}'s last checkpoint on every node")
+
+
+#: Seconds the driver waits for a trial beyond its own timeout and grace (SSH, start).
+TRIAL_MARGIN_S = 30
+#: Longest a node's reach probe tries to connect to the rendezvous port (capped by ``fleet.trial_timeout_s``).
+REACH_TIMEOUT_S = 15.0
+#: Seconds the listening end stays up beyond the reach timeout (the other nodes' SSH sessions start meanwhile).
+REACH_LISTEN_EXTRA_S = 10.0
+
+
+def r_log(h, window_id: str | None, lines: int = 200) -> str:
+    """The last ``lines`` lines of the train stage's log of window ``window_id`` on ``h`` ('' when unreadable)."""
+    from eagle3ops.window.common import paths
+
+    if not window_id:
+        return ""
+    text = _read(h, f"{paths(h, window_id)['window']}/train.log") or ""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 #: The training host's record of its hidden-state copies (per source host: bytes, seconds, rate), in ``extract/``.

@@ -95,20 +95,36 @@ class Node:
     info: sandbox.SandboxInfo
 
 
+def route_rule(ns_prefix: str) -> list[str]:
+    """The iptables rule (without ``-I``/``-D FORWARD``) that lets the namespaces of ``ns_prefix`` reach each other
+    through this one (Docker sets the FORWARD policy to DROP)."""
+    wild = f"{ns_prefix}h"[:14] + "+"
+    return ["-i", wild, "-o", wild, "-j", "ACCEPT"]
+
+
 def up(n: int, *, prefix: str, ns_prefix: str, subnet: int, ssh_port: int, rate: str = "100mbit",
-       engine: str = "none") -> list[Node]:
+       engine: str = "none", routed: bool = False) -> list[Node]:
     """Bring up ``n`` nodes (module doc): links first, then each sandbox's sshd inside its namespace, each verified
-    over real SSH with strict host-key checking.
+    over real SSH with strict host-key checking. ``routed``: the nodes also reach each other (each namespace's
+    default route via its veth peer here, IPv4 forwarding on, an iptables FORWARD rule between the links), as the
+    nodes of a multi-node training run must (issue 30); each packet between two nodes crosses both rate limits.
 
     Raises:
         SandboxError: a link or a sandbox could not be set up (what is up stays: call :func:`down`).
     """
     nodes = []
+    if routed:
+        run_checked(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"], timeout=NET_TIMEOUT_S)
+        run_checked(["iptables", "-D", "FORWARD", *route_rule(ns_prefix)], timeout=NET_TIMEOUT_S, check=False)
+        run_checked(["iptables", "-I", "FORWARD", *route_rule(ns_prefix)], timeout=NET_TIMEOUT_S)
     for k in range(n):
         link = Link.of(k, ns_prefix, subnet, rate)
         name = f"{prefix}{k}"
         sandbox.down(name)  # an sshd of an earlier run lives in the namespace about to be replaced
         link.up()
+        if routed:
+            run_checked(["ip", "netns", "exec", link.ns, "ip", "route", "add", "default", "via", link.here_addr],
+                        timeout=NET_TIMEOUT_S)
         nodes.append(Node(name, link, sandbox.up(name, ssh_port + k, listen=link.addr, netns=link.ns,
                                                  engine=engine)))
     return nodes
@@ -120,6 +136,7 @@ def down(n: int, *, prefix: str, ns_prefix: str, subnet: int, purge: bool = True
     for k in range(n):
         sandbox.down(f"{prefix}{k}", purge=purge)
         Link.of(k, ns_prefix, subnet, "1mbit").down()
+    run_checked(["iptables", "-D", "FORWARD", *route_rule(ns_prefix)], timeout=NET_TIMEOUT_S, check=False)
 
 
 def venv_host(node: Node, name: str, base: str, *, serving: dict[str, Any] | str = "none",

@@ -86,10 +86,13 @@ def test_prepare_masks_cover_exactly_the_assistant_replies(tmp_path, models, kin
     assert figures["tokenizer"]["is_fast"] is (kind == "llama")  # the remote-code tokenizer is a slow one
     assert figures["samples"] == 42 and figures["truncated"] == 0
     suffix = _eot_suffix(tok)
+    from eagle3ops.stages.chatdata import resolve_dataset
+
     by_source = {}
-    for path in {s.split(":")[0] for s in [r["source"] for r in read_samples(run)]}:
-        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-            by_source[f"{path}:{n}"] = json.loads(line)
+    for spec in {r["source"].rpartition(":")[0] for r in read_samples(run)}:  # the dataset as pipeline.yaml names it
+        assert spec.startswith("builtin:"), spec  # not the path this host resolved it to
+        for n, line in enumerate(resolve_dataset(spec, run).read_text().splitlines(), 1):
+            by_source[f"{spec}:{n}"] = json.loads(line)
     for row in read_samples(run):
         raw = by_source[row["source"]]
         turns = raw.get("messages") or [{"role": t["from"], "content": t["value"]} for t in raw["conversations"]]
@@ -213,7 +216,9 @@ def test_prepare_refuses_or_skips_a_template_without_the_prefix_property(tmp_pat
     figures = run_prepare(run, cfg_of(run), log=QUIET)
     from eagle3ops.stages.chatdata import load_conversations, resolve_dataset
 
-    convs = load_conversations([resolve_dataset(d, run) for d in ("builtin:sharegpt", "builtin:messages")])
+    specs = ("builtin:sharegpt", "builtin:messages")
+    convs = [{**c, "source": f"{d}:{c['source'].rpartition(':')[2]}"}  # samples.jsonl names rows by the spec
+             for d in specs for c in load_conversations([resolve_dataset(d, run)])]
     replies = [sum(m["role"] == "assistant" for m in c["messages"]) for c in convs]
     assert sum(1 for n in replies if n > 1) >= 5
     # Per turn: every conversation stays, its last reply is trained, only the earlier (rewritten) ones are not.

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from eagle3ops.config.pipeline import load_pipeline_config  # noqa: E402
 from eagle3ops.stages.extract import run_extract  # noqa: E402
 from eagle3ops.stages.prepare import run_prepare  # noqa: E402
-from eagle3ops.stages.train import NPROC_ENV, resolve_nproc, run_train  # noqa: E402
+from eagle3ops.stages.train import NPROC_ENV, held_out_indices, resolve_nproc, run_train  # noqa: E402
 from eagle3ops.stages.vocab import run_vocab  # noqa: E402
 from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
 
@@ -118,3 +118,139 @@ def test_one_process_checkpoint_resumes_in_two_gloo_processes(tmp_path, base, mo
     steps = [json.loads(x) for x in (run / "train/metrics.jsonl").read_text().splitlines()]
     assert sum(s["tokens"] for s in steps[2:]) > 1.4 * sum(s["tokens"] for s in steps[:2])
     _assert_resumed_from(run, tampered)
+
+
+# --- several nodes (issue 30): three node processes on this machine's loopback, each with its own run dir holding only
+# its own shard's hidden states, as three fleet hosts hold them after a fleet extract.
+
+def _as_fleet(run: Path, n_shards: int, keep: int | None) -> list[tuple[int, int]]:
+    """Rewrite ``run``'s extract manifest as a fleet run's merged one (``fleet.shards``: ``n_shards`` contiguous
+    ranges) and, unless ``keep`` is None, delete the hidden-state files of every shard but ``keep`` (a node's own)."""
+    man_path = run / "extract/manifest.json"
+    man = json.loads(man_path.read_text())
+    n = len(man["sample_files"])
+    cuts = [round(k * n / n_shards) for k in range(n_shards + 1)]
+    ranges = list(zip(cuts[:-1], cuts[1:]))
+    man["fleet"] = {"shards": [{"rank": k, "host": f"node{k}", "start": a, "end": b} for k, (a, b) in enumerate(ranges)]}
+    man_path.write_text(json.dumps(man))
+    if keep is not None:
+        a, b = ranges[keep]
+        for s in man["sample_files"]:
+            if not a <= s["i"] < b:
+                (run / "extract" / s["file"]).unlink()
+    return ranges
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _nodes(runs: list[Path], *extra: str, kill_node: int | None = None, kill_after_s: float = 0) -> list[int]:
+    """``stage train --nodes N --node-rank k --rendezvous 127.0.0.1:PORT`` for every run dir at once (one process
+    each, gloo on loopback); ``kill_node``: SIGKILL that node's process group after ``kill_after_s``. Returns the
+    exit statuses (bounded: 300 s)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    port = _free_port()
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", NPROC_ENV: "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "eagle3ops.stages", "train", "--run-dir", str(r), "--nodes",
+                               str(len(runs)), "--node-rank", str(k), "--rendezvous", f"127.0.0.1:{port}", *extra],
+                              env=env, start_new_session=True) for k, r in enumerate(runs)]
+    if kill_node is not None:
+        time.sleep(kill_after_s)
+        os.killpg(procs[kill_node].pid, signal.SIGKILL)
+    rcs = []
+    for p in procs:
+        try:
+            rcs.append(p.wait(timeout=300))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            rcs.append(p.wait())
+    return rcs
+
+
+def _steps(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "train/metrics.jsonl").read_text().splitlines()]
+
+
+def test_three_nodes_train_their_own_shards_as_one_node_of_three_processes(tmp_path, base, monkeypatch):
+    """Done-when (1) of issue 30 on one machine: three nodes (each only its shard's files) see the same samples at
+    every step as one node with three processes, every training sample once per epoch, the same losses; then a
+    three-node run stopped at a checkpoint resumes in one process on the union (Done-when (2)'s second half)."""
+    steps = 8
+    for name in ("one", "n0", "n1", "n2"):
+        r = Path(shutil.copytree(base, tmp_path / name))
+        cfg = json.loads((r / "pipeline.yaml").read_text())
+        cfg["train"]["steps"] = steps
+        (r / "pipeline.yaml").write_text(json.dumps(cfg))
+    one = tmp_path / "one"
+    ranges = _as_fleet(one, 3, None)
+    nodes = [tmp_path / f"n{k}" for k in range(3)]
+    for k, r in enumerate(nodes):
+        _as_fleet(r, 3, k)
+    monkeypatch.setenv(NPROC_ENV, "3")
+    ref = run_train(one, load_pipeline_config(one), log=QUIET)
+    assert ref["world_size"] == 3
+    assert _nodes(nodes) == [0, 0, 0]
+    got = json.loads((nodes[0] / "train/manifest.json").read_text())
+    assert got["world_size"] == 3 and got["steps"] == steps
+    assert not (nodes[1] / "train/manifest.json").exists()  # node 0 writes the outputs
+    a, b = _steps(one), _steps(nodes[0])
+    assert [s["samples"] for s in a] == [s["samples"] for s in b]
+    for s in b:  # rank k trains only shard k's samples
+        for k, ids in enumerate(s["samples"]):
+            assert ids is None or all(ranges[k][0] <= i < ranges[k][1] for i in ids)
+    assert abs(b[-1]["loss"] - a[-1]["loss"]) <= 0.02 * a[-1]["loss"]
+    cfg = load_pipeline_config(one)
+    n = len(json.loads((one / "extract/manifest.json").read_text())["sample_files"])
+    train_ids = set(range(n)) - held_out_indices(n, cfg.train.held_out_fraction, cfg.seed)
+    first = [i for s in b if s["epoch"] == 0 for ids in s["samples"] if ids for i in ids]
+    assert max(s["epoch"] for s in b) >= 1  # a whole first epoch ran
+    assert sorted(first) == sorted(train_ids)  # every training sample exactly once in it
+    assert got["offline_estimate"]["held_out_samples"] == ref["offline_estimate"]["held_out_samples"]
+    assert abs(got["offline_estimate"]["acceptance_length"] - ref["offline_estimate"]["acceptance_length"]) < 0.02
+
+    # stopped three-node run -> resumed by one process holding every file (the union, as train --from-fleet gathers)
+    for r in nodes:
+        shutil.rmtree(r / "train")
+    assert _nodes(nodes, "--stop-after", "4") == [0, 0, 0]
+    assert json.loads((_ckpt(nodes[0], 4) / "state.json").read_text())["world_size"] == 3
+    union = Path(shutil.copytree(one, tmp_path / "union"))
+    shutil.rmtree(union / "train")
+    shutil.copytree(nodes[0] / "train", union / "train")
+    monkeypatch.setenv(NPROC_ENV, "1")
+    fig = run_train(union, load_pipeline_config(union), log=QUIET)
+    assert fig["resumed_from_step"] == 4 and fig["steps"] == steps and fig["world_size"] == 1
+    assert all(math.isfinite(s["loss"]) for s in _steps(union))
+
+
+@pytest.mark.parametrize("n,replicas", [(41, 1), (41, 3), (300, 4)])
+def test_the_plan_packs_as_speculators_sampler_and_keeps_what_it_drops(n, replicas):
+    """trainplan.pack_epoch reproduces MultipackDistributedBatchSamplerV2's batches for every replica; the samples
+    V2 drops at the epoch's end (fewer than the replicas) form one more step instead."""
+    import random
+
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+    from eagle3ops.stages.trainplan import pack_epoch
+
+    rnd = random.Random(n)
+    lengths = [rnd.randint(8, 700) for _ in range(n)]  # some past batch_max_tokens: V2 clips them as here
+    for epoch in (0, 1):
+        ours = pack_epoch(lengths, 512, replicas, seed=5, epoch=epoch)
+        for r in range(replicas):
+            v2 = MultipackDistributedBatchSamplerV2(batch_max_length=512, lengths=lengths, num_replicas=replicas,
+                                                    rank=r, seed=5)
+            v2.set_epoch(epoch)
+            theirs = [[int(i) for i in b] for b in v2]
+            assert [step[r] for step in ours[: len(theirs)]] == theirs
+        dropped = n - sum(len(b) for step in ours[: len(theirs)] for b in step)
+        assert dropped < replicas and len(ours) == len(theirs) + (1 if dropped else 0)

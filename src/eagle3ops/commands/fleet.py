@@ -9,8 +9,13 @@ times out names the nodes that never joined) or ``--rdzv-backend c10d --rdzv-end
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from eagle3ops.commands.stages import run_dir
 from eagle3ops.commands.types import Change, Read
+
+if TYPE_CHECKING:
+    from eagle3ops.config import HostConfig
 
 #: The interpreter of the pipeline image (vLLM's image: deadsnakes Python 3.12 as the system ``python3``).
 PYTHON = "python3"
@@ -46,6 +51,62 @@ def trial_argv(image: str, *, master_addr: str, port: int, nnodes: int, node_ran
     docker = ["docker", *(["-H", docker_host] if docker_host else []), "run", "--rm", "--network", "host",
               "--entrypoint", PYTHON, image]
     return Read([*docker, "-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1",
+                 f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}",
+                 "-m", "eagle3ops.fleet.trial", f"--timeout-s={timeout_s:g}"])
+
+
+#: Seconds a trial process may outlive its own ``--timeout-s`` (torchrun's start and teardown) before ``timeout``
+#: kills it: every wait of the trial is bounded.
+TRIAL_GRACE_S = 30
+
+
+def trial_program(host: "HostConfig", image: str) -> list[str]:
+    """``python -m eagle3ops.fleet.trial`` in the host's pipeline: the environment's python with the stages'
+    environment on a venv host, ``docker run --rm --network host`` of the pipeline image otherwise."""
+    from eagle3ops.commands import venv as vc
+
+    if host.uses_venv:
+        spec = vc.stage_spec(host, image=image, stage="trial", run="trial", window_id="preflight")
+        env = [f"{k}={v}" for k, v in sorted(spec["environment"].items())]
+        return ["env", *env, vc.env_python(host, image), "-m", "eagle3ops.fleet.trial"]
+    return ["docker", *(["-H", host.docker_host] if host.docker_host else []), "run", "--rm", "--network", "host",
+            "--entrypoint", PYTHON, image, "-m", "eagle3ops.fleet.trial"]
+
+
+def reach_listen_argv(host: "HostConfig", image: str, *, port: int, seconds: float, expect: int) -> Read:
+    """The reach probe's listening end on the first node (:func:`eagle3ops.fleet.trial.listen`: until ``expect``
+    nodes connected or ``seconds`` passed), bounded by ``timeout``. Reads only (a socket open meanwhile)."""
+    return Read(["timeout", "-s", "KILL", f"{seconds + TRIAL_GRACE_S:g}", *trial_program(host, image),
+                 f"--timeout-s={seconds:g}", f"--listen={int(port)}", f"--expect={int(expect)}"])
+
+
+def reach_argv(host: "HostConfig", image: str, *, addr: str, port: int, timeout_s: float) -> Read:
+    """The reach probe on one node: one TCP connect to ``addr:port`` (:func:`eagle3ops.fleet.trial.reach`), bounded
+    by ``timeout``. Reads only."""
+    return Read(["timeout", "-s", "KILL", f"{timeout_s + TRIAL_GRACE_S:g}", *trial_program(host, image),
+                 f"--timeout-s={timeout_s:g}", f"--reach={addr}:{int(port)}"])
+
+
+def trial_argv_venv(host: "HostConfig", image: str, *, master_addr: str, port: int, nnodes: int, node_rank: int,
+                    timeout_s: float) -> Read:
+    """The cross-node trial on a venv host (``stage_runtime: venv``): the pipeline environment's python with the
+    stages' environment (offline switches, the inventory's ``stage_env`` — e.g. ``GLOO_SOCKET_IFNAME``) running
+    torchrun (static rendezvous, one process, this node's rank) + ``-m eagle3ops.fleet.trial``, under coreutils
+    ``timeout`` (``timeout_s`` + :data:`TRIAL_GRACE_S`, then SIGKILL). Reads only.
+
+    Raises:
+        ValueError: ``node_rank`` outside ``[0, nnodes)`` or a timeout not above 0.
+    """
+    from eagle3ops.commands import venv as vc
+
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node rank must be in [0, {nnodes}), got {node_rank}")
+    if timeout_s <= 0:
+        raise ValueError(f"trial timeout must be above 0 seconds, got {timeout_s}")
+    spec = vc.stage_spec(host, image=image, stage="trial", run="trial", window_id="preflight")
+    env = [f"{k}={v}" for k, v in sorted(spec["environment"].items())]
+    return Read(["timeout", "-s", "KILL", f"{timeout_s + TRIAL_GRACE_S:g}", "env", *env, vc.env_python(host, image),
+                 "-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1",
                  f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}",
                  "-m", "eagle3ops.fleet.trial", f"--timeout-s={timeout_s:g}"])
 

@@ -25,6 +25,12 @@ def shard_args(start: int, end: int) -> list[str]:
     return ["--shard", f"{int(start)}:{int(end)}"]
 
 
+def node_args(count: int, rank: int, rendezvous: str) -> list[str]:
+    """The train stage's arguments for one node of a multi-node run (issue 30): ``--nodes N --node-rank R
+    --rendezvous HOST:PORT`` (:class:`eagle3ops.stages.train.Nodes`)."""
+    return ["--nodes", str(int(count)), "--node-rank", str(int(rank)), "--rendezvous", rendezvous]
+
+
 def run_dir(run: str) -> str:
     """The pipeline run directory inside stage containers."""
     return f"{DATA_MOUNT}/runs/{run}"

@@ -479,6 +479,9 @@ class FleetConfig(StrictModel):
         "plan instead. Either way before anything stops.")
     rendezvous_port: int = Field(29500, ge=1, le=65535, description="TCP port of torchrun's c10d rendezvous on the "
                                  "first host (multi-node training, the cross-node preflight trial, `render slurm`).")
+    rendezvous_host: str | None = Field(None, description="Address of the first node as the other nodes reach it "
+                                        "(multi-node `train HOST HOST...` and its preflight trial; torchrun's "
+                                        "--master-addr). Default: that host's inventory `hostname`.")
     trial_timeout_s: float = Field(60.0, gt=0, description="Longest the cross-node preflight trial (one gloo "
                                    "all-reduce) may wait for every node to reach the rendezvous, in seconds.")
     slurm_container: Literal["pyxis", "apptainer", "docker"] = Field(

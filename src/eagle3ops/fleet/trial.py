@@ -1,4 +1,7 @@
-"""The cross-node preflight trial: one bounded gloo all-reduce across the nodes, before any serving stops.
+"""The cross-node preflight trial: one bounded gloo all-reduce across the nodes, before any serving stops; and the
+reach probe before it (a plain TCP connect from every node to the first node's rendezvous port, which names the
+nodes that cannot reach it: when one node cannot, torchrun's static rendezvous leaves every node waiting, so the
+all-reduce alone cannot tell which).
 
 In the pipeline image, on every node, under torchrun (static rendezvous; :func:`eagle3ops.commands.fleet.trial_argv`):
 ``python3 -m eagle3ops.fleet.trial --timeout-s T``. Each rank joins the process group (``gloo``, ``timeout=T``),
@@ -61,16 +64,106 @@ def parse_trial(nodes: list[str], outputs: dict[str, tuple[int, str]]) -> TrialR
     return TrialResult(not bad, tuple(bad), tuple(detail))
 
 
+#: The prefix of the reach probe's one result line.
+REACH_TAG = "REACH "
+
+
+def listen(port: int, seconds: float, expect: int | None = None) -> int:
+    """The reach probe's listening end on the first node: accept connections on ``port`` for ``seconds`` (or until
+    ``expect`` were accepted), each closed once its client closed it (so the port is left without TIME_WAIT for
+    the rendezvous that binds it next), then print ``REACH {"listened": true, "accepted": n}``; exit 1 when the port
+    cannot be bound (in use: the rendezvous port must be free before training)."""
+    import socket
+    import time
+
+    try:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("", port))
+        srv.listen(64)
+    except OSError as exc:
+        print(REACH_TAG + json.dumps({"listened": False, "error": f"port {port}: {exc}"}), flush=True)
+        return 1
+    srv.settimeout(0.2)
+    n, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline and (expect is None or n < expect):
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            continue
+        try:
+            conn.settimeout(5.0)
+            conn.recv(1)  # b"" once the client closed: it takes the TIME_WAIT
+        except OSError:
+            pass
+        conn.close()
+        n += 1
+    srv.close()
+    print(REACH_TAG + json.dumps({"listened": True, "accepted": n}), flush=True)
+    return 0
+
+
+def reach(addr: str, port: int, timeout_s: float) -> int:
+    """The reach probe on every node: a TCP connect to ``addr:port``, tried until one succeeds or ``timeout_s`` pass
+    (the listener may start later); prints
+    ``REACH {"ok": bool, "error": ...}``; exit 0 when it connected."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:  # refused while the listener starts: tried again until the deadline
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, min(2.0, left))).close()
+            break
+        except OSError as exc:
+            if time.monotonic() + 0.3 >= deadline:
+                print(REACH_TAG + json.dumps({"ok": False, "error": f"{addr}:{port}: {exc}"}), flush=True)
+                return 1
+            time.sleep(0.3)
+    print(REACH_TAG + json.dumps({"ok": True}), flush=True)
+    return 0
+
+
+def parse_reach(nodes: list[str], outputs: dict[str, tuple[int, str]]) -> TrialResult:
+    """The reach probe's verdict (pure): nodes whose connect to the rendezvous failed, by name."""
+    bad, detail = [], []
+    for name in nodes:
+        rc, out = outputs.get(name, (None, ""))
+        lines = [ln[len(REACH_TAG):] for ln in out.splitlines() if ln.startswith(REACH_TAG)]
+        try:
+            rec = json.loads(lines[-1]) if lines else {}
+        except json.JSONDecodeError:
+            rec = {}
+        if rc == 0 and rec.get("ok") is True:
+            detail.append(f"{name}: reached the rendezvous port")
+        else:
+            bad.append(name)
+            why = rec.get("error") or (out.strip().splitlines()[-1][:200] if out.strip() else f"exit {rc}")
+            detail.append(f"{name}: cannot connect ({why})")
+    return TrialResult(not bad, tuple(bad), tuple(detail))
+
+
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - runs in the pipeline image (torch)
-    """Join, all-reduce, print the ``TRIAL`` line; exit 0, or 1 when the group could not be formed in time."""
+    """Join, all-reduce, print the ``TRIAL`` line; exit 0, or 1 when the group could not be formed in time. With
+    ``--listen PORT --seconds S`` / ``--reach HOST:PORT``: the reach probe's two ends (:func:`listen`,
+    :func:`reach`; no torch)."""
+    ap = argparse.ArgumentParser(prog="python -m eagle3ops.fleet.trial")
+    ap.add_argument("--timeout-s", type=float, required=True)
+    ap.add_argument("--listen", type=int, help="accept connections on this port for --timeout-s seconds")
+    ap.add_argument("--expect", type=int, help="with --listen: stop once this many connections were accepted")
+    ap.add_argument("--reach", metavar="HOST:PORT", help="connect once to HOST:PORT within --timeout-s")
+    args = ap.parse_args(argv)
+    if args.listen is not None:
+        return listen(args.listen, args.timeout_s, args.expect)
+    if args.reach is not None:
+        host, _, port = args.reach.rpartition(":")
+        return reach(host, int(port), args.timeout_s)
+
     import datetime
 
     import torch
     import torch.distributed as dist
-
-    ap = argparse.ArgumentParser(prog="python -m eagle3ops.fleet.trial")
-    ap.add_argument("--timeout-s", type=float, required=True)
-    args = ap.parse_args(argv)
     try:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
         rank, world = dist.get_rank(), dist.get_world_size()

@@ -31,6 +31,7 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
     from eagle3ops.stages.chatdata import ChatDataError
     from eagle3ops.stages.manifest import MANIFEST, STAGES, StageInputError, finished, stage_dir
     from eagle3ops.stages.prepare import UnmaskableConversation
+    from eagle3ops.stages.trainplan import TrainPlanError
 
     try:
         if not run_dir.is_dir():
@@ -77,7 +78,7 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
             from eagle3ops.stages.probe import run_probe
 
             run_probe(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
-    except (PipelineConfigError, StageInputError, ChatDataError, UnmaskableConversation) as exc:
+    except (PipelineConfigError, StageInputError, ChatDataError, UnmaskableConversation, TrainPlanError) as exc:
         print(f"error: stage {stage}: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from exc
     except Exception as exc:
@@ -128,13 +129,29 @@ def train(
     stop_after: Annotated[
         int | None, typer.Option(min=1, help="Stop after this many steps with a checkpoint (a rerun resumes).")
     ] = None,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes of a multi-node run (each runs this command with its "
+                                       "own --node-rank).")] = 1,
+    node_rank: Annotated[int, typer.Option(min=0, help="This node's rank (0 = the node that writes the outputs "
+                                           "and holds the rendezvous).")] = 0,
+    rendezvous: Annotated[str | None, typer.Option(help="HOST:PORT of node 0's rendezvous (torchrun "
+                                                   "--master-addr/--master-port); needed with --nodes > 1.")] = None,
 ) -> None:
     """Train the EAGLE-3 draft head (speculators); resumable checkpoints and a vLLM-loadable final one.
 
     Processes: ``train.nproc`` / ``$EAGLE3OPS_TRAIN_NPROC`` (default one per GPU); more than one runs under
-    torchrun with FSDP2 (NCCL on GPUs, gloo on CPU).
+    torchrun with FSDP2 (NCCL on GPUs, gloo on CPU). ``--nodes N --node-rank R --rendezvous HOST:PORT``: this
+    node's share of an N-node run (torchrun's static rendezvous on node 0).
     """
-    _run("train", run_dir, restart=restart, stop_after=stop_after)
+    from eagle3ops.stages.train import Nodes
+
+    spec = None
+    if nodes > 1 or rendezvous is not None:
+        try:
+            spec = Nodes(nodes, node_rank, rendezvous or "")
+        except ValueError as exc:
+            print(f"error: stage train: {exc}", file=sys.stderr, flush=True)
+            raise typer.Exit(2) from exc
+    _run("train", run_dir, restart=restart, stop_after=stop_after, nodes=spec)
 
 
 @app.command()

@@ -21,7 +21,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from eagle3ops import __version__
 from eagle3ops.config.pipeline import PipelineConfig
@@ -138,14 +138,16 @@ def read_manifest(run_dir: Path, stage: str, *, for_stage: str) -> dict[str, Any
 
 
 def check_inputs(
-    run_dir: Path, for_stage: str, config: PipelineConfig, *, hash_files: bool = False
+    run_dir: Path, for_stage: str, config: PipelineConfig, *, hash_files: bool = False,
+    wanted: Callable[[str, str], bool] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Check every input manifest of ``for_stage`` and return them by stage name.
 
     Checks, per input stage: the manifest exists and is complete; its ``config_digest`` equals the digest of
     the current ``pipeline.yaml`` sections it depends on; its own inputs are the manifests now on disk (so
     extract and vocab were made from the same prepare output); each listed file exists with the listed size,
-    and with the listed sha256 when ``hash_files`` is true.
+    and with the listed sha256 when ``hash_files`` is true. ``wanted(stage, rel)``, when given, limits the file
+    checks to the files it accepts (a node of a multi-node train holds only its own shards' hidden states).
 
     Raises:
         StageInputError: naming the file, what is wrong and the stage to rerun.
@@ -183,6 +185,8 @@ def check_inputs(
                     f"{upstream_path} now describes; rerun stage `{stage}`: {hint}"
                 )
         for rel, entry in (data.get("files") or {}).items():
+            if wanted is not None and not wanted(stage, rel):
+                continue
             f = stage_dir(run_dir, stage) / rel
             if not f.is_file():
                 raise StageInputError(

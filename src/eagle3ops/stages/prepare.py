@@ -3,8 +3,9 @@
 Output, in ``<run_dir>/prepare/``:
 
 - ``samples.jsonl``: one object per kept conversation, in the order extraction will use:
-  ``{"i": index, "source": "file:row", "input_ids": [int], "loss_mask": [0|1]}`` (same length, at most
-  ``prepare.max_seq_len``);
+  ``{"i": index, "source": "DATASET:row", "input_ids": [int], "loss_mask": [0|1]}`` (same length, at most
+  ``prepare.max_seq_len``; ``DATASET`` as ``prepare.datasets`` names it — ``builtin:sharegpt``, a path as written
+  — not the path this host resolved it to, so the same inputs give the same bytes on every host of a fleet);
 - ``manifest.json``: counts (conversations, assistant turns trained and not trained, by reason; message fields
   the chat template does not render), what was read (``read``: rows, turns per role as written in the files and
   the role each maps to, conversations that open with an assistant turn, files cut off mid-record whose complete
@@ -381,6 +382,14 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
     out_dir.mkdir(parents=True, exist_ok=True)
     pc = config.prepare
     paths = [resolve_dataset(spec, run_dir) for spec in pc.datasets]
+    # samples.jsonl names each row by the dataset as pipeline.yaml names it, not by where this host keeps the file:
+    # shards prepared on several hosts (issue 29's fleet) must write the same bytes to compare equal
+    labels = {str(p): spec for p, spec in zip(paths, pc.datasets)}
+
+    def portable(source: str) -> str:
+        path, _, row = source.rpartition(":")
+        return f"{labels.get(path, path)}:{row}"
+
     read = ReadStats()
     convs = load_conversations(paths, pc.truncated, read)
     for path, cut in read.truncated.items():
@@ -466,7 +475,7 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
                 no_trained += 1
             continue
         rows.append(
-            json.dumps({"i": len(rows), "source": source, "input_ids": ids, "loss_mask": mask},
+            json.dumps({"i": len(rows), "source": portable(source), "input_ids": ids, "loss_mask": mask},
                        separators=(",", ":"))
         )
         tokens += len(ids)

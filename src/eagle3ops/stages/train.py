@@ -19,7 +19,8 @@ What is speculators' and what is changed here
 :mod:`eagle3ops.stages.draft`; this module runs the training loop, its checkpoints and its processes.)
 Used as is from speculators 0.3.0: ``Eagle3DraftModel`` / ``Eagle3SpeculatorConfig`` (model, TTT loss and
 accuracy metrics), ``Eagle3SampleFileDataset`` + ``standardize_data_v1`` + ``shift_batch`` + ``create_collate_fn``
-(data), ``MultipackDistributedBatchSamplerV2`` (packing), AdamW + linear warmup/decay + grad-norm clip 1.0
+(data), ``MultipackDistributedBatchSamplerV2``'s packing (reproduced for every rank at once by
+:mod:`eagle3ops.stages.trainplan`, which also keeps the samples V2 drops at an epoch's end), AdamW + linear warmup/decay + grad-norm clip 1.0
 (``train/trainer.py``). Changed, each for a reason:
 
 - **Teacher logits use the target's final norm.** The extracted last layer is the *pre-norm* residual stream
@@ -48,15 +49,28 @@ draft head (same seed), loads the checkpoint's full state dict if resuming, then
 ``fully_shard`` to every decoder layer and to the whole model, as speculators' ``apply_fully_sharded`` does --
 but without its bf16 ``MixedPrecisionPolicy`` (parameters and reductions stay fp32, as on one process, so 1-
 and N-process runs train the same numbers) and without its meta-device re-init (the weights are loaded before
-sharding). Each rank gets its own packed batches from ``MultipackDistributedBatchSamplerV2`` (``num_replicas``
-= world size, every rank the same number of batches); gradients are averaged over ranks by FSDP's
+sharding). Each rank gets its own packed batches from :mod:`eagle3ops.stages.trainplan` (V2's packing with ``num_replicas``
+= the ranks of its unit; a rank whose unit has no batch left runs a zero-weight step); gradients are averaged over ranks by FSDP's
 reduce-scatter. Loss and metrics are averaged over ranks before they are logged; only rank 0 writes files.
 
 Checkpoints are world-size independent: rank 0 writes full (unsharded) state dicts gathered with
 ``torch.distributed.checkpoint.state_dict`` (``get_model_state_dict`` / ``get_optimizer_state_dict`` with
 ``full_state_dict=True``; optimizer state keyed by parameter name), so a checkpoint written by N processes
 resumes in 1 and vice versa. The step count, LR schedule and RNG state carry over; the batch order after a
-resume follows the new world size's sampler.
+resume follows the new world size's sampler. Rank 0 reads the checkpoint and broadcasts it (model tensors with
+``broadcast``, optimizer and scheduler state with ``broadcast_object_list``), so only rank 0's node needs it.
+
+Several nodes (issue 30)
+------------------------
+``stage train --nodes N --node-rank R --rendezvous HOST:PORT`` launches this node's share of an N-node run:
+torchrun with ``--nnodes N --node-rank R --master-addr HOST --master-port PORT`` (torchrun's static rendezvous: node
+R's processes are ranks ``R * nproc ...``, so rank 0 — the one that writes checkpoints, the final head and the
+manifest — is always on node 0, the first host). Which samples each rank trains on is
+:mod:`eagle3ops.stages.trainplan`'s plan: on a fleet run's merged extract manifest whose shards divide the world
+size, node ``n`` trains shard ``n`` and holds only that shard's hidden states (the file checks skip the others);
+the global batch of a step is the union of the ranks' batches, and every training sample is seen once per epoch.
+``metrics.jsonl`` records every step's sample ids per rank (``samples``). Gloo picks its interface from
+``GLOO_SOCKET_IFNAME`` (the inventory's ``stage_env``) or the node's hostname.
 """
 
 from __future__ import annotations
@@ -82,15 +96,41 @@ from eagle3ops.stages.draft import (
     standardize_with_norm,
     target_final_norm,
 )
+from eagle3ops.stages import trainplan
 from eagle3ops.stages.manifest import (
+    StageInputError,
     atomic_write_text,
     check_inputs,
     file_entry,
     output_dir,
     promote,
+    read_manifest,
     stage_dir,
     write_manifest,
 )
+
+
+class Nodes:
+    """This node's place in a multi-node train: ``count`` nodes, this one ``rank`` (0 = the first host, which
+    writes the outputs), the rendezvous ``host:port`` on node 0 (torchrun's ``--master-addr``/``--master-port``).
+
+    Raises:
+        ValueError: ``count < 1``, ``rank`` outside ``[0, count)``, or a rendezvous that is not ``HOST:PORT``
+            with a port in 1..65535.
+    """
+
+    def __init__(self, count: int, rank: int, rendezvous: str) -> None:
+        host, _, port = rendezvous.rpartition(":")
+        if count < 1 or not 0 <= rank < count:
+            raise ValueError(f"--node-rank {rank} must lie in [0, --nodes {count})")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"--rendezvous {rendezvous!r}: write HOST:PORT (node 0's address and a free TCP port)")
+        self.count, self.rank, self.host, self.port = count, rank, host, int(port)
+
+    def torchrun_flags(self) -> list[str]:
+        """torch.distributed.run's flags for this node (static rendezvous)."""
+        return [f"--nnodes={self.count}", f"--node-rank={self.rank}", f"--master-addr={self.host}",
+                f"--master-port={self.port}"]
 
 def _latest_checkpoint(ckpt_root: Path) -> Path | None:
     done = sorted(p.parent for p in ckpt_root.glob("step_*/state.json"))
@@ -131,11 +171,17 @@ OUT_ENV = "EAGLE3OPS_TRAIN_OUT"
 
 
 def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any, out: Path,
-                     restart: bool = False) -> dict[str, Any]:
-    """Run this stage in ``nproc`` processes under torchrun (localhost rendezvous), writing into ``out``
-    (:data:`OUT_ENV`); returns rank 0's figures. ``restart`` is passed on so the ranks redo a finished train (the
-    stage command skips one otherwise); ``out`` was emptied by the launching process."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                     restart: bool = False, nodes: Nodes | None = None) -> dict[str, Any]:
+    """Run this stage in ``nproc`` processes under torchrun (localhost rendezvous, or this node's share of a
+    multi-node run), writing into ``out`` (:data:`OUT_ENV`); returns rank 0's figures (on a node other than node 0:
+    ``{"node_rank", "nodes", "nproc"}``). ``restart`` is passed on so the ranks redo a finished train (the stage
+    command skips one otherwise); ``out`` was emptied by the launching process.
+
+    Raises:
+        RuntimeError: torchrun exited non-zero (the ranks' log says why).
+    """
+    where = nodes.torchrun_flags() if nodes else ["--standalone"]
+    argv = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
             "-m", "eagle3ops.stages", "train", "--run-dir", str(run_dir)]
     if stop_after is not None:
         argv += ["--stop-after", str(stop_after)]
@@ -145,7 +191,11 @@ def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any
     env = {**os.environ, OUT_ENV: str(out)}
     rc = subprocess.run(argv, check=False, env=env).returncode  # noqa: S603 - argv list, our own interpreter
     if rc != 0:
-        raise RuntimeError(f"train: torchrun with {nproc} processes exited with status {rc} (see the ranks' log above)")
+        node = f" on node {nodes.rank} of {nodes.count}" if nodes else ""
+        raise RuntimeError(f"train: torchrun with {nproc} processes{node} exited with status {rc} (see the ranks' "
+                           f"log above)")
+    if nodes is not None and nodes.rank != 0:  # node 0 holds the checkpoints and the outputs
+        return {"node_rank": nodes.rank, "nodes": nodes.count, "nproc": nproc}
     # Stopped early: ``out`` holds checkpoints and no manifest (a complete run promoted it to train/ with one).
     if stop_after is not None and out.is_dir() and not (out / "manifest.json").is_file():
         return {"stopped_at": json.loads((_latest_checkpoint(out / "checkpoints")
@@ -168,14 +218,18 @@ def held_out_indices(n: int, fraction: float, seed: int) -> set[int]:
     return held
 
 
-def offline_estimate(model: Any, held_dataset: Any, collate: Any, device: str, tc: Any) -> dict[str, Any] | None:
+def offline_estimate(model: Any, held_dataset: Any, collate: Any, device: str, tc: Any, *,
+                     plan: list[int | None] | None = None, world: int = 1, dummy: Any = None,
+                     held_total: int | None = None) -> dict[str, Any] | None:
     """Simulated acceptance length of the draft head on the held-out samples (never trained on): teacher-forced
     (the draft sees the target's own hidden states at every position), so an optimistic estimate.
 
     ``full_acc_k`` from speculators' ``Eagle3DraftModel.forward`` is the fraction of positions whose draft tokens
     0..k are all correct; the expected tokens per target forward under greedy verification is then
     ``1 + Σ_k full_acc_k`` (k < ``train.ttt_steps``), the EAGLE papers' acceptance length τ. Averaged over held-out
-    batches weighted by tokens. Every rank runs the same batches (a sharded forward needs all ranks).
+    samples weighted by tokens. With several ranks each evaluates its share (``plan``: positions in
+    ``held_dataset``, None for a zero-weight forward on ``dummy`` — a sharded forward needs every rank) and the sums
+    are all-reduced (:func:`eagle3ops.stages.trainplan.held_out_plan`).
 
     Returns:
         ``{"acceptance_length", "per_position": {"k": full_acc_k}, "held_out_samples", "held_out_tokens", "kind"}``,
@@ -183,24 +237,34 @@ def offline_estimate(model: Any, held_dataset: Any, collate: Any, device: str, t
     """
     import torch
 
-    if len(held_dataset) == 0:
+    if plan is None:
+        plan = list(range(len(held_dataset)))
+    total = len(held_dataset) if held_total is None else held_total
+    if total == 0:
         return None
-    sums: dict[int, float] = {}
-    tokens = 0
+    sums = torch.zeros(tc.ttt_steps + 1, dtype=torch.float64)
     model.eval()
     with torch.no_grad():
-        for i in range(len(held_dataset)):
-            batch = collate([held_dataset[i]])
+        for i in plan:
+            batch = collate([held_dataset[i] if i is not None else dummy])
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             _d, _loss, metrics = model(**batch, ttt_steps=tc.ttt_steps, ttt_step_loss_decay=tc.ttt_step_loss_decay)
-            n = int(batch["lengths"].sum())
-            tokens += n
+            n = int(batch["lengths"].sum()) if i is not None else 0
+            sums[-1] += n
             for k in range(tc.ttt_steps):
-                sums[k] = sums.get(k, 0.0) + float(metrics[f"full_acc_{k}"]) * n
+                sums[k] += float(metrics[f"full_acc_{k}"]) * n
     model.train()
+    if world > 1:
+        import torch.distributed as dist
+
+        red = sums.to(device)
+        dist.all_reduce(red)
+        sums = red.cpu()
+    tokens = int(sums[-1])
+    sums = {k: float(sums[k]) for k in range(tc.ttt_steps)}
     per_pos = {str(k): round(v / tokens, 6) for k, v in sums.items()} if tokens else {}
     return {"acceptance_length": round(1.0 + sum(per_pos.values()), 6), "per_position": per_pos,
-            "held_out_samples": len(held_dataset), "held_out_tokens": tokens,
+            "held_out_samples": total, "held_out_tokens": tokens,
             "kind": "teacher-forced on held-out samples: an optimistic estimate of vLLM's mean acceptance length"}
 
 
@@ -212,31 +276,60 @@ def _peak_memory_bytes(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
+def _node_files(run_dir: Path, world: int, node_ranks: range) -> Any:
+    """``wanted(stage, rel)`` for :func:`check_inputs`: on a node of a run whose plan gives it only some units
+    (:mod:`eagle3ops.stages.trainplan`), the extract files of the other units' samples are not checked (they live on
+    other nodes); None when this node needs every file (or the manifest cannot be read: check_inputs says why)."""
+    try:
+        ext = read_manifest(run_dir, "extract", for_stage="train")
+        lay = trainplan.layout(trainplan.shards_of(ext), len(ext.get("sample_files") or []), world)
+    except (StageInputError, trainplan.TrainPlanError, ValueError):
+        return None
+    if len(lay.units) == 1:
+        return None
+    units = [lay.units[lay.unit_of(r)[0]] for r in node_ranks]
+    every = {s["file"] for s in ext["sample_files"]}
+    mine = {s["file"] for n, s in enumerate(ext["sample_files"])
+            if any(a <= int(s.get("i", n)) < b for a, b in units)}
+    return lambda stage, rel: stage != "extract" or rel not in every or rel in mine
+
+
 def run_train(
-    run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False, stop_after: int | None = None
+    run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False, stop_after: int | None = None,
+    nodes: Nodes | None = None,
 ) -> dict[str, Any]:
-    """Run stage ``train``; returns the manifest's figures.
+    """Run stage ``train``; returns the manifest's figures (on a node other than node 0 of a multi-node run:
+    ``{"node_rank", "nodes", "nproc"}``).
 
     ``stop_after`` ends this run after that many steps with a checkpoint and no final output or manifest (an
-    interrupted run, as a time-boxed window leaves it); the next call resumes from there.
+    interrupted run, as a time-boxed window leaves it); the next call resumes from there. ``nodes``: this node's
+    share of a multi-node run (module doc).
 
     Raises:
-        StageInputError: extract/ or vocab/ missing or inconsistent (with each other or pipeline.yaml).
-        ValueError: the loss is not finite.
+        StageInputError: extract/ or vocab/ missing or inconsistent (with each other or pipeline.yaml), or a file
+            this node trains on missing.
+        ValueError: the loss is not finite; the extract manifest's shards are not contiguous.
+        RuntimeError: torchrun failed on this node.
     """
     t_start = time.monotonic()
     tc = config.train
-    inputs = check_inputs(run_dir, "train", config)  # before the heavy imports: refusals stay fast and torch-free
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if "LOCAL_RANK" not in os.environ:  # not under torchrun: pick the launch
         nproc = resolve_nproc(config)
+        count = nodes.count if nodes else 1
+        first = nodes.rank * nproc if nodes else 0
+        wanted = _node_files(run_dir, count * nproc, range(first, first + nproc)) if count * nproc > 1 else None
+        inputs = check_inputs(run_dir, "train", config, wanted=wanted)  # before the heavy imports: fast refusals
         # --restart over a finished train builds the new output beside it; promoted (by rank 0) once complete.
         out = output_dir(run_dir, "train", restart=restart)
-        if nproc > 1:
-            return _launch_torchrun(run_dir, nproc, stop_after, log, out, restart)
+        if nproc > 1 or count > 1:
+            return _launch_torchrun(run_dir, nproc, stop_after, log, out, restart, nodes)
         world = 1
     else:  # a torchrun rank: where the launching process said (its own run: the run's train/)
         out = Path(os.environ.get(OUT_ENV) or stage_dir(run_dir, "train"))
+        first = int(os.environ.get("RANK", "0")) - int(os.environ["LOCAL_RANK"])
+        node_ranks = range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+        inputs = check_inputs(run_dir, "train", config, wanted=_node_files(run_dir, world, node_ranks))
 
     import numpy as np
     import torch
@@ -250,7 +343,6 @@ def run_train(
     )
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn
-    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
     from speculators.train.noise_transforms import AddUniformNoise
     from transformers import get_linear_schedule_with_warmup
 
@@ -291,38 +383,64 @@ def run_train(
     model = Eagle3DraftModel(draft_cfg, t2d=t2d, d2t=d2t)
 
     ext_dir = stage_dir(run_dir, "extract")
-    held = held_out_indices(len(ext["sample_files"]), tc.held_out_fraction, config.seed)
-    train_samples = [s for i, s in enumerate(ext["sample_files"]) if i not in held]
-    files = [str(ext_dir / s["file"]) for s in train_samples]
+    sample_files = ext["sample_files"]
+    ids = [int(s.get("i", n)) for n, s in enumerate(sample_files)]
+    by_id = {i: s for i, s in zip(ids, sample_files)}
+    held_pos = held_out_indices(len(sample_files), tc.held_out_fraction, config.seed)
+    held = sorted(ids[n] for n in held_pos)
+    lay = trainplan.layout(trainplan.shards_of(ext), len(sample_files), world)
+    my_unit, _replica = lay.unit_of(rank)
+    lo, hi = lay.units[my_unit]
+    # tokens - 1: shift_batch drops one position
+    held_set = set(held)
+    units = trainplan.unit_samples(lay, [(i, by_id[i]["tokens"] - 1) for i in ids if i not in held_set])
+    mine = [i for i, _t in units[my_unit]]  # this rank's unit: the only files it reads
+    if not mine:
+        raise trainplan.TrainPlanError(f"extract/manifest.json: samples [{lo}, {hi}) of rank {rank} hold no sample "
+                                       f"to train on; extract more samples or use fewer nodes")
+    pos = {i: n for n, i in enumerate(mine)}
     norm_w, eps = target_final_norm(config.target_model)
     transform = AddUniformNoise(std=tc.noise_std) if tc.noise_std > 0 else None
     dataset = Eagle3SampleFileDataset(
         max_len=tc.batch_max_tokens,
-        file_list=files,
+        file_list=[str(ext_dir / by_id[i]["file"]) for i in mine],
         transform=transform,
         standardize_fn=standardize_with_norm(norm_w, eps),
     )
-    held_dataset = Eagle3SampleFileDataset(
+    held_plan = trainplan.held_out_plan(lay, held)
+    my_held = [row[rank] for row in held_plan]
+    held_ids = [i for i in my_held if i is not None]
+    held_dataset: Any = Eagle3SampleFileDataset(  # speculators' dataset cannot be empty
         max_len=tc.batch_max_tokens,
-        file_list=[str(ext_dir / ext["sample_files"][i]["file"]) for i in sorted(held)],
+        file_list=[str(ext_dir / by_id[i]["file"]) for i in held_ids],
         standardize_fn=standardize_with_norm(norm_w, eps),
-    )
-    lengths = [s["tokens"] - 1 for s in train_samples]  # shift_batch drops one position
-    sampler = MultipackDistributedBatchSamplerV2(
-        batch_max_length=tc.batch_max_tokens, lengths=lengths, num_replicas=world, rank=rank, seed=config.seed
-    )
+    ) if held_ids else []
+    held_pos_of = {i: n for n, i in enumerate(held_ids)}
     collate = create_collate_fn(tc.batch_max_tokens)
 
     step = 0
-    prev = _latest_checkpoint(ckpt_root)
+    prev = _latest_checkpoint(ckpt_root) if rank == 0 else None
     state: dict[str, Any] = {}
+    osd: Any = None
+    sched_sd: Any = None
     if prev is not None:  # full state dict into the unsharded model, before fully_shard
         state = json.loads((prev / "state.json").read_text())
         sd = load_file(str(prev / "model.safetensors"), device="cpu")
         missing, unexpected = model.load_state_dict(sd, strict=False)
         if unexpected or set(missing) - {"verifier_lm_head.weight"}:
             raise ValueError(f"{prev}: checkpoint does not fit the draft head (missing {missing}, extra {unexpected})")
+        osd = torch.load(prev / "optimizer.pt", map_location="cpu", weights_only=True)
+        sched_sd = torch.load(prev / "scheduler.pt", weights_only=True)
     model.to(device)
+    if world > 1:  # rank 0's checkpoint (only rank 0's node has one) to every rank
+        box = [{"state": state, "prev": str(prev) if prev else None, "osd": osd, "sched": sched_sd}]
+        dist.broadcast_object_list(box, src=0)
+        state, osd, sched_sd = box[0]["state"], box[0]["osd"], box[0]["sched"]
+        prev = Path(box[0]["prev"]) if box[0]["prev"] else None
+        if prev is not None:
+            with torch.no_grad():
+                for t in model.state_dict().values():
+                    dist.broadcast(t, src=0)
     if world > 1:
         from torch.distributed.fsdp import fully_shard
 
@@ -334,27 +452,25 @@ def run_train(
     # Full (unsharded, name-keyed) state dicts: the same files for any world size. cpu_offload needs a group.
     sd_opts = StateDictOptions(full_state_dict=True, cpu_offload=world > 1)
     if prev is not None:
-        osd = torch.load(prev / "optimizer.pt", map_location="cpu", weights_only=True)
         set_optimizer_state_dict(model, opt, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True))
-        sched.load_state_dict(torch.load(prev / "scheduler.pt", weights_only=True))
+        sched.load_state_dict(sched_sd)
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         step = int(state["step"])
         log(f"train: resuming from {prev} at step {step} ({world} process{'es' if world > 1 else ''})")
     metrics_path = out / "metrics.jsonl"
     if step == 0 and is_main:
         metrics_path.unlink(missing_ok=True)
+    elif is_main and metrics_path.is_file():  # a run killed after its last checkpoint logged steps it will redo
+        kept = [ln for ln in metrics_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        atomic_write_text(metrics_path, "".join(ln + "\n" for ln in kept))
 
-    # Batches of epoch e come from the sampler seeded with seed + e: the position of step s is reproducible.
+    # Epoch e's plan is packed with seed + e (trainplan): the position of step s is reproducible.
     def batches_from(start: int):
         epoch, seen = 0, 0
         while True:
-            sampler.set_epoch(epoch)
-            epoch_batches = list(iter(sampler))
-            if not epoch_batches:
-                raise ValueError("extract/ holds no sample to train on")
-            for b in epoch_batches:
+            for row in trainplan.epoch_plan(lay, units, tc.batch_max_tokens, config.seed, epoch):
                 if seen >= start:
-                    yield epoch, [int(i) for i in b]
+                    yield epoch, row
                 seen += 1
             epoch += 1
 
@@ -395,21 +511,29 @@ def run_train(
     with open(metrics_path if is_main else os.devnull, "a", encoding="utf-8") as mf:
         gen = batches_from(step)
         while step < tc.steps:
-            epoch, idx = next(gen)
+            epoch, row = next(gen)
+            idx = row[rank]
+            active = idx is not None  # else a zero-weight step: this rank's unit has no batch left this epoch
             t_step = time.monotonic()
-            batch = collate([dataset[i] for i in idx])
+            batch = collate([dataset[pos[i]] for i in idx] if active else [dataset[0]])
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             _draft, loss, metrics = model(
                 **batch, ttt_steps=tc.ttt_steps, ttt_step_loss_decay=tc.ttt_step_loss_decay
             )
-            n_tok = int(batch["lengths"].sum())
-            if world > 1:  # mean loss/metrics over ranks (same on every rank, so all stop alike), summed tokens
+            n_tok = int(batch["lengths"].sum()) if active else 0
+            if not active:
+                loss = loss * 0.0
+            if world > 1:  # mean loss/metrics over the ranks that trained (same on every rank), summed tokens
                 names = sorted(metrics)
-                v = torch.stack([loss.detach().float(), *[torch.as_tensor(metrics[k]).float().to(loss.device)
-                                                         for k in names], torch.tensor(float(n_tok), device=loss.device)])
+                a = 1.0 if active else 0.0
+                v = torch.stack([loss.detach().float() * a,
+                                 *[torch.as_tensor(metrics[k]).float().to(loss.device) * a for k in names],
+                                 torch.tensor(float(n_tok), device=loss.device),
+                                 torch.tensor(a, device=loss.device)])
                 dist.all_reduce(v)
-                metrics = {k: v[i + 1] / world for i, k in enumerate(names)}
-                mean_loss, n_tok = v[0] / world, int(v[-1])
+                n_active = max(float(v[-1]), 1.0)
+                metrics = {k: v[i + 1] / n_active for i, k in enumerate(names)}
+                mean_loss, n_tok = v[0] / n_active, int(v[-2])
             else:
                 mean_loss = loss
             if not torch.isfinite(mean_loss):
@@ -423,7 +547,7 @@ def run_train(
             last = {k: round(float(v), 6) for k, v in metrics.items()}  # float() waits for the device
             step_s = time.monotonic() - t_step
             mf.write(json.dumps({"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "step_s": round(step_s, 5),
-                                 "tokens": n_tok, **last}) + "\n")
+                                 "tokens": n_tok, **last, "samples": row}) + "\n")
             mf.flush()
             if step % 10 == 0 or step == tc.steps:
                 log(f"train: step {step}/{tc.steps} loss {last['loss']:.4f} full_acc_0 {last.get('full_acc_0', 0):.3f}")
@@ -439,7 +563,9 @@ def run_train(
     loop_s = time.monotonic() - t_loop
     ran = step - first_step
 
-    offline = offline_estimate(model, held_dataset, collate, device, tc)
+    offline = offline_estimate(model, held_dataset, collate, device, tc,
+                               plan=[held_pos_of[i] if i is not None else None for i in my_held],
+                               world=world, dummy=dataset[0], held_total=len(held))
     sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in full_model_sd().items()}
     peak = _peak_memory_bytes(device)
     peaks = [peak]

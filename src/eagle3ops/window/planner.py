@@ -106,7 +106,8 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
                stages: list[str] | None = None, change: ReleaseChange | None = None,
                to_release: int | None = None, user: str = "", serving_container: str | None = None,
                restart: bool = False, process_pid: int | None = None,
-               speculate: SpeculateJob | None = None, shard: tuple[int, int] | None = None) -> Plan:
+               speculate: SpeculateJob | None = None, shard: tuple[int, int] | None = None,
+               nodes: tuple[int, int, str] | None = None) -> Plan:
     """The :class:`~eagle3ops.config.plan.Plan` for a window (pure).
 
     ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
@@ -114,7 +115,8 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
     plan's intended change of the live container (default: none, the live container recreated as it is).
     ``stages``: the stages that run (:func:`decide_stages` leaves out the done ones); ``restart``: extract and train
     get ``--restart`` (their earlier output is redone, not resumed). ``shard``: the extract stage takes only samples
-    ``[start, end)`` (``--shard``, a fleet run's window). ``speculate``: a ``speculate`` plan's job (its
+    ``[start, end)`` (``--shard``, a fleet run's window). ``nodes``: ``(count, rank, "HOST:PORT")``, the train stage
+    of one node of a multi-node run (``--nodes/--node-rank/--rendezvous``). ``speculate``: a ``speculate`` plan's job (its
     ``change`` becomes the plan's).
     A host with ``serving: none`` gets a plan with ``serving_kind`` ``none``, no serving container and no health
     gate: the supervisor runs only the stages (:data:`eagle3ops.config.plan.NO_SERVING_NOTE`).
@@ -141,6 +143,8 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
         extra = ["--restart"] if restart and s in RESTARTABLE else []
         if shard is not None and s == "extract":
             extra += st.shard_args(*shard)
+        if nodes is not None and s == "train":
+            extra += st.node_args(*nodes)
         if h.uses_venv:  # a process of the pipeline environment
             spec = vc.stage_spec(h, image=image, stage=s, run=run, window_id=window_id)
             spec["argv"] = [*spec["argv"], *extra]

@@ -91,7 +91,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                run: str = "default", change: ReleaseChange | None = None, to_release: int | None = None,
                need_bytes: int = 0, on_event: Callable[[dict[str, Any]], None] | None = None,
                message: str = "", pipeline_text: str | None = None, restart: bool = False,
-               speculate: SpeculateJob | None = None, shard: tuple[int, int] | None = None) -> dict[str, Any]:
+               speculate: SpeculateJob | None = None, shard: tuple[int, int] | None = None,
+               nodes: tuple[int, int, str] | None = None) -> dict[str, Any]:
     """One maintenance window end to end (driver side).
 
     ``kind`` is ``extract`` / ``train`` (stages from :data:`eagle3ops.commands.stages.WINDOWS`), ``release``,
@@ -112,6 +113,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
 
     ``shard``: an extract window of a fleet run (:mod:`eagle3ops.fleet.execute`): its extract stage takes only
     samples ``[start, end)`` and is done when that shard's manifest (``extract/shards/<start>-<end>.json``) is.
+    ``nodes``: ``(count, rank, "HOST:PORT")``, a train window that is one node of a multi-node run
+    (:mod:`eagle3ops.fleet.nodes`): its train stage gets ``--nodes/--node-rank/--rendezvous``.
 
     Raises:
         LockHeld: another run holds the lock (nothing done).
@@ -182,7 +185,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
                           stages=to_run, change=change, to_release=to_release,
                           serving_container=pf.serving_container, restart=restart, process_pid=pf.process_pid,
-                          speculate=speculate, shard=shard)
+                          speculate=speculate, shard=shard, nodes=nodes)
         # under the lock, after preflight: a refused run changes nothing on the host; an identical config stays
         if template is not None and template.served is not None and "prepare" in (to_run or []):
             rdir = f"{r.host.data_dir}/runs/{run}"

@@ -1,0 +1,103 @@
+"""Multi-node training planned (issue 30), pure: the node order from a fleet run's merged manifest, the refusals, the
+train stage's node arguments and the cross-node trial's command on a venv host, and which node failed first."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3ops.commands import fleet as fc
+from eagle3ops.commands import stages as st
+from eagle3ops.config import HostConfig
+from eagle3ops.fleet import nodes as fn
+
+MERGED = {"fleet": {"shards": [{"rank": 0, "host": "b", "start": 0, "end": 10},
+                               {"rank": 1, "host": "a", "start": 10, "end": 25},
+                               {"rank": 2, "host": "c", "start": 25, "end": 30}]}}
+
+
+def test_nodes_follow_the_shards_and_node0_holds_the_rendezvous():
+    plan = fn.plan_nodes("r1", MERGED, ["a", "b", "c"], rendezvous_host="10.0.0.2", port=29511)
+    assert plan.nodes == ("b", "a", "c") and plan.shards == ((0, 10), (10, 25), (25, 30))
+    assert plan.node_args("c") == (3, 2, "10.0.0.2:29511")
+    text = "\n".join(plan.lines())
+    assert "node 0: b  samples [0, 10)" in text and "rank 0" in text and "before any serving stops" in text
+    assert st.node_args(*plan.node_args("a")) == ["--nodes", "3", "--node-rank", "1", "--rendezvous",
+                                                 "10.0.0.2:29511"]
+
+
+@pytest.mark.parametrize("hosts,words", [
+    (["a", "b"], "would not be trained: name every host"),
+    (["a", "b", "c", "d"], "d hold(s) no shard"),
+    (["a", "a", "c"], "named twice"),
+])
+def test_hosts_that_do_not_match_the_shards_are_refused_by_name(hosts, words):
+    with pytest.raises(fn.NodePlanError) as exc:
+        fn.plan_nodes("r1", MERGED, hosts, rendezvous_host="x", port=1)
+    assert words in str(exc.value)
+
+
+def test_a_one_host_extract_or_a_host_with_two_shards_is_refused():
+    with pytest.raises(fn.NodePlanError, match="no fleet.shards"):
+        fn.plan_nodes("r1", {"samples": 3}, ["a", "b"], rendezvous_host="x", port=1)
+    two = {"fleet": {"shards": [{"host": "a", "start": 0, "end": 5}, {"host": "a", "start": 5, "end": 9},
+                                {"host": "b", "start": 9, "end": 12}]}}
+    with pytest.raises(fn.NodePlanError, match="more than one shard"):
+        fn.plan_nodes("r1", two, ["a", "b"], rendezvous_host="x", port=1)
+
+
+def test_the_killed_node_is_named_and_its_peers_followed():
+    errors = {
+        "n0": "exited 1: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.1.2.2]:4000",
+        "n1": "",
+        "n2": "exited 1: RuntimeError: train: torchrun ...\n  exitcode  : -9 (pid: 77)\n  traceback : Signal 9 (SIGKILL)",
+    }
+    assert fn.blame(["n0", "n1", "n2"], errors) == (["n2"], ["n0"])
+    own = {"n0": "exited 2: extract/hidden/x.pt is missing", "n1": "Connection reset by peer", "n2": ""}
+    assert fn.blame(["n0", "n1", "n2"], own) == (["n0"], ["n1"])
+    only_peers = {"n0": "Connection closed by peer", "n1": "recvBytes failed", "n2": ""}
+    assert fn.blame(["n0", "n1", "n2"], only_peers) == (["n0", "n1"], [])
+    assert fn.blame(["n0"], {"n0": ""}) == ([], [])
+
+
+def test_the_trial_on_a_venv_host_is_bounded_and_carries_the_stage_env():
+    h = HostConfig(name="v", hostname="10.0.0.3", data_dir="/d", state_dir="/s", model_path="/m",
+                   stage_runtime="venv", venv_python="/usr/bin/python3", stage_env={"GLOO_SOCKET_IFNAME": "eth1"},
+                   serving="none")
+    image = "venv:sha256:" + "ab" * 32
+    argv = fc.trial_argv_venv(h, image, master_addr="10.0.0.2", port=29500, nnodes=3, node_rank=1, timeout_s=20)
+    assert argv[:4] == ["timeout", "-s", "KILL", "50"] and "GLOO_SOCKET_IFNAME=eth1" in argv
+    assert f"/s/env/{'ab' * 32}/bin/python" in argv
+    assert argv[argv.index("torch.distributed.run"):] == [
+        "torch.distributed.run", "--nnodes=3", "--nproc-per-node=1", "--node-rank=1", "--master-addr=10.0.0.2",
+        "--master-port=29500", "-m", "eagle3ops.fleet.trial", "--timeout-s=20"]
+    with pytest.raises(ValueError, match="node rank"):
+        fc.trial_argv_venv(h, image, master_addr="x", port=1, nnodes=2, node_rank=2, timeout_s=5)
+
+
+def test_the_reach_probe_connects_on_loopback_and_names_who_cannot(capsys):
+    import socket
+    import threading
+    import time
+
+    from eagle3ops.fleet import trial as ft
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = threading.Thread(target=ft.listen, args=(port, 30.0, 1))  # ends once the one connection came
+    t.start()
+    t0 = time.monotonic()
+    assert ft.reach("127.0.0.1", port, 5.0) == 0  # tried again while the listener starts
+    t.join(timeout=10)
+    assert not t.is_alive() and time.monotonic() - t0 < 10
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed again: nothing listens there
+    assert ft.reach("127.0.0.1", dead, 0.6) == 1
+    out = capsys.readouterr().out.splitlines()
+    ok_line = next(x for x in out if x.startswith(ft.REACH_TAG) and '"ok": true' in x)
+    bad_line = next(x for x in out if x.startswith(ft.REACH_TAG) and '"ok": false' in x)
+    assert '"accepted": 1' in "\n".join(out)
+    verdict = ft.parse_reach(["n0", "n1", "n2"], {"n0": (0, ok_line), "n1": (1, bad_line), "n2": (137, "")})
+    assert not verdict.ok and verdict.unreachable == ("n1", "n2")
+    assert "refused" in verdict.detail[1].lower() and "exit 137" in verdict.detail[2]
