@@ -96,7 +96,7 @@ def _steps(path: Path) -> list[dict]:
 def _container_train(image: str, run: Path, model: str, nproc: int) -> tuple[int, str, float]:
     """``stage train`` in a pipeline-image container on this machine (``nproc`` gloo processes on loopback)."""
     t0 = time.monotonic()
-    out = subprocess.run(["docker", "run", "--rm", "--network", "none", "-e", f"EAGLE3OPS_TRAIN_NPROC={nproc}",
+    out = subprocess.run(["docker", "run", "--rm", "--network", "host", "-e", f"EAGLE3OPS_TRAIN_NPROC={nproc}",
                           "-e", "HF_HUB_OFFLINE=1", "-e", "TRANSFORMERS_OFFLINE=1", "-e", "GLOO_SOCKET_IFNAME=lo",
                           "-v", f"{run}:/e3run", "-v", f"{model}:/model:ro", "--entrypoint", "python3", image,
                           "-m", "eagle3ops", "stage", "train", "--run-dir", "/e3run"],
