@@ -36,27 +36,7 @@ app.add_typer(image_app, name="image", help="Versioned images: build, ls.")
 app.add_typer(lock_app, name="lock")
 app.add_typer(config_app, name="config")
 
-def _command_line() -> str:
-    """This invocation as a shell command line (each argument quoted: the lock and the audit log show it, and it
-    may be pasted back into a shell), with API keys and `--env` values shown as `***`."""
-    import shlex
-
-    from eagle3ops.gate.like import redacted_argv
-
-    # API keys (also given through --arg) and --env values (they may be secrets) never reach the lock or the audit
-    words, pending = [], None  # pending: the next value word is hidden ("env": its value part)
-    for a in sys.argv[1:]:
-        if pending == "env" and "=" in a:
-            a, pending = a.split("=", 1)[0] + "=***", None
-        elif pending == "key" and a != "--arg":
-            a, pending = "***", None
-        elif a.startswith("--env="):
-            a = "--env=" + a[6:].split("=", 1)[0] + "=***"
-        else:
-            a = redacted_argv([a])[0]  # --api-key=K, or a key inside one word holding a command line
-        pending = {"--env": "env", "--api-key": "key"}.get(a, pending if a == "--arg" else None)
-        words.append(a)
-    return shlex.join(["eagle3ops", *words])
+_command_line = common.command_line  # this invocation, quoted and redacted (the lock and audit show it)
 
 
 def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
@@ -153,23 +133,14 @@ def train(hosts: list[str] = typer.Argument(..., metavar="HOST [HOST...]"), inve
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
           restart: bool = RestartOpt, offline: bool = OfflineOpt,
           from_fleet: Optional[Path] = typer.Option(None, "--from-fleet", metavar="MERGED", help="A fleet run's "
-                                                    "merged manifest: with one HOST its hidden states are copied "
-                                                    "there first; with several, each host trains its own shard "
-                                                    "(multi-node).")) -> None:
+                                                    "merged manifest: one HOST gets its hidden states first; several "
+                                                    "train their own shards together (multi-node).")) -> None:
     """Maintenance window 2: stop serving, run vocab + train, restore serving (health-gated). Stages done for
     these inputs are skipped, decided before the stop; when all are, serving is not stopped (--restart redoes).
-    Several HOSTs with --from-fleet: one training run over those nodes (torchrun, static rendezvous on the first
-    shard's host), after a cross-node trial that names any node that cannot reach the rendezvous."""
+    Several HOSTs: one multi-node run over a fleet run's shards (`fleet_cli.train_nodes`)."""
     if len(hosts) > 1:
-        if from_fleet is None:
-            common.fail("several hosts train together only on a fleet run's shards: pass --from-fleet MERGED (the "
-                        "merged manifest of `eagle3ops extract HOST HOST... --merged MERGED`)", 2)
-        if offline:
-            common.fail("--offline does not go with a multi-node train: its plan reads every node (drop --offline; "
-                        "--dry-run alone prints the plan and changes nothing)", 2)
-        fleet_cli.train_nodes(hosts, inventory, dry_run, run, from_fleet, common.read_pipeline(pipeline), restart,
-                              _command_line())
-        return
+        return fleet_cli.train_nodes(hosts, inventory, dry_run, run, from_fleet, pipeline, restart, _command_line(),
+                                     offline)
     host = hosts[0]
     h, kw = common.load_host(inventory, host), {"run": run, "pipeline_text": common.read_pipeline(pipeline)}
     window = lambda: _stage_window("train", h, dry_run, offline, restart=restart, **kw)  # noqa: E731

@@ -125,3 +125,27 @@ def read_pipeline(pipeline: Path) -> str:
     except PipelineConfigError as exc:
         fail(f"invalid pipeline config: {exc}")
     return text
+
+
+def command_line() -> str:
+    """This invocation as a shell command line (each argument quoted: the lock and the audit log show it, and it
+    may be pasted back into a shell), with API keys and `--env` values shown as `***`."""
+    import shlex
+    import sys
+
+    from eagle3ops.gate.like import redacted_argv
+
+    # API keys (also given through --arg) and --env values (they may be secrets) never reach the lock or the audit
+    words, pending = [], None  # pending: the next value word is hidden ("env": its value part)
+    for a in sys.argv[1:]:
+        if pending == "env" and "=" in a:
+            a, pending = a.split("=", 1)[0] + "=***", None
+        elif pending == "key" and a != "--arg":
+            a, pending = "***", None
+        elif a.startswith("--env="):
+            a = "--env=" + a[6:].split("=", 1)[0] + "=***"
+        else:
+            a = redacted_argv([a])[0]  # --api-key=K, or a key inside one word holding a command line
+        pending = {"--env": "env", "--api-key": "key"}.get(a, pending if a == "--arg" else None)
+        words.append(a)
+    return shlex.join(["eagle3ops", *words])

@@ -179,8 +179,8 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     train_window()
 
 
-def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merged_file: Path, pipeline_text: str,
-                restart: bool, command: str) -> None:
+def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merged_file: Path | None,
+                pipeline: Path, restart: bool, command: str, offline: bool = False) -> None:
     """``train A B C --run RUN --from-fleet MERGED``: one training run over several nodes, each training the shard its
     own host extracted (:mod:`eagle3ops.fleet.nodes`, :mod:`eagle3ops.stages.trainplan`). In order, reads only until
     the trial passed:
@@ -200,9 +200,17 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     A failed run names the node that failed first (its process killed or its own error) and the nodes that stopped
     because a peer left (:func:`eagle3ops.fleet.nodes.blame`, from each failed node's ``train.log``); every node's
     serving is restored by its own window; rerunning the same command resumes from node 0's last checkpoint on every
-    node. Exit 2 for a manifest or host list that does not fit, 1 for a failed trial or window."""
+    node. Exit 2 for a manifest or host list that does not fit (or no ``merged_file``, or ``offline``), 1 for a failed
+    trial or window."""
     import threading
 
+    if merged_file is None:
+        common.fail("several hosts train together only on a fleet run's shards: pass --from-fleet MERGED (the "
+                    "merged manifest of `eagle3ops extract HOST HOST... --merged MERGED`)", 2)
+    if offline:
+        common.fail("--offline does not go with a multi-node train: its plan reads every node (drop --offline; "
+                    "--dry-run alone prints the plan and changes nothing)", 2)
+    pipeline_text = common.read_pipeline(pipeline)
     from eagle3ops import executor
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import nodes as fn

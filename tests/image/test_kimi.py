@@ -128,8 +128,8 @@ def test_kimi_prepare_masks_the_replies_with_the_slow_tokenizer(tmp_path, kimi):
     tok = load_tokenizer(str(kimi))
     from eagle3ops.stages.chatdata import load_conversations, resolve_dataset
 
-    convs = {c["source"]: c["messages"] for c in load_conversations(
-        [resolve_dataset(d, run) for d in ("builtin:sharegpt", "builtin:messages")])}
+    convs = {f"{d}:{c['source'].rpartition(':')[2]}": c["messages"]  # samples.jsonl names rows by the spec
+             for d in ("builtin:sharegpt", "builtin:messages") for c in load_conversations([resolve_dataset(d, run)])}
     for row in read_samples(run):
         replies = [m["content"] for m in convs[row["source"]] if m["role"] == "assistant"]
         spans = _runs(row["loss_mask"])

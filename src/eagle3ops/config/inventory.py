@@ -479,18 +479,15 @@ class FleetConfig(StrictModel):
         "plan instead. Either way before anything stops.")
     rendezvous_port: int = Field(29500, ge=1, le=65535, description="TCP port of torchrun's c10d rendezvous on the "
                                  "first host (multi-node training, the cross-node preflight trial, `render slurm`).")
-    rendezvous_host: str | None = Field(None, description="Address of the first node as the other nodes reach it "
-                                        "(multi-node `train HOST HOST...` and its preflight trial; torchrun's "
-                                        "--master-addr). Default: that host's inventory `hostname`.")
-    trial_timeout_s: float = Field(60.0, gt=0, description="Longest the cross-node preflight trial (one gloo "
-                                   "all-reduce) may wait for every node to reach the rendezvous, in seconds.")
+    rendezvous_host: str | None = Field(None, description="Address of the first node as the others reach it (multi-"
+                                        "node `train HOST HOST...`; torchrun's --master-addr). Default: its `hostname`.")
+    trial_timeout_s: float = Field(60.0, gt=0, description="Seconds the cross-node trial (one gloo all-reduce) waits.")
     slurm_container: Literal["pyxis", "apptainer", "docker"] = Field(
         "pyxis", description="How `render slurm` runs the pipeline image: `pyxis` (`srun --container-image`, "
         "enroot), `apptainer` (`apptainer exec docker://IMAGE@DIGEST`; both pull by deployed.json's `repo_digest`) "
         "or `docker` (`docker run` of the image id on each node's engine; Slurm's cgroups do not confine it).")
     k8s_namespace: str = Field("default", description="Namespace of the Jobs `eagle3ops render k8s` writes.")
-    link_mb_per_s: float | None = Field(None, gt=0, description="MB/s `train HOST --from-fleet` plans a copy with when "
-                                        "none from that host was measured (unset: 12.5, i.e. 100 Mbit/s, assumed).")
+    link_mb_per_s: float | None = Field(None, gt=0, description="Link MB/s of unmeasured `--from-fleet` copies (12.5).")
 
 
 class Inventory(StrictModel):

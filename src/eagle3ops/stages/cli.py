@@ -142,7 +142,7 @@ def train(
     torchrun with FSDP2 (NCCL on GPUs, gloo on CPU). ``--nodes N --node-rank R --rendezvous HOST:PORT``: this
     node's share of an N-node run (torchrun's static rendezvous on node 0).
     """
-    from eagle3ops.stages.train import Nodes
+    from eagle3ops.stages.trainplan import Nodes
 
     spec = None
     if nodes > 1 or rendezvous is not None:

@@ -20,8 +20,8 @@ What is speculators' and what is changed here
 Used as is from speculators 0.3.0: ``Eagle3DraftModel`` / ``Eagle3SpeculatorConfig`` (model, TTT loss and
 accuracy metrics), ``Eagle3SampleFileDataset`` + ``standardize_data_v1`` + ``shift_batch`` + ``create_collate_fn``
 (data), ``MultipackDistributedBatchSamplerV2``'s packing (reproduced for every rank at once by
-:mod:`eagle3ops.stages.trainplan`, which also keeps the samples V2 drops at an epoch's end), AdamW + linear warmup/decay + grad-norm clip 1.0
-(``train/trainer.py``). Changed, each for a reason:
+:mod:`eagle3ops.stages.trainplan`, which also keeps the samples V2 drops at an epoch's end), AdamW + linear
+warmup/decay + grad-norm clip 1.0 (``train/trainer.py``). Changed, each for a reason:
 
 - **Teacher logits use the target's final norm.** The extracted last layer is the *pre-norm* residual stream
   (speculators' capture stores ``hidden + residual`` before ``model.norm``), but 0.3.0 feeds it straight to the
@@ -49,8 +49,9 @@ draft head (same seed), loads the checkpoint's full state dict if resuming, then
 ``fully_shard`` to every decoder layer and to the whole model, as speculators' ``apply_fully_sharded`` does --
 but without its bf16 ``MixedPrecisionPolicy`` (parameters and reductions stay fp32, as on one process, so 1-
 and N-process runs train the same numbers) and without its meta-device re-init (the weights are loaded before
-sharding). Each rank gets its own packed batches from :mod:`eagle3ops.stages.trainplan` (V2's packing with ``num_replicas``
-= the ranks of its unit; a rank whose unit has no batch left runs a zero-weight step); gradients are averaged over ranks by FSDP's
+sharding). Each rank gets its own packed batches from :mod:`eagle3ops.stages.trainplan` (V2's packing with
+``num_replicas`` = the ranks of its unit; a rank whose unit has no batch left runs a zero-weight step); gradients are
+averaged over ranks by FSDP's
 reduce-scatter. Loss and metrics are averaged over ranks before they are logged; only rank 0 writes files.
 
 Checkpoints are world-size independent: rank 0 writes full (unsharded) state dicts gathered with
@@ -98,39 +99,15 @@ from eagle3ops.stages.draft import (
 )
 from eagle3ops.stages import trainplan
 from eagle3ops.stages.manifest import (
-    StageInputError,
     atomic_write_text,
     check_inputs,
     file_entry,
     output_dir,
     promote,
-    read_manifest,
     stage_dir,
     write_manifest,
 )
 
-
-class Nodes:
-    """This node's place in a multi-node train: ``count`` nodes, this one ``rank`` (0 = the first host, which
-    writes the outputs), the rendezvous ``host:port`` on node 0 (torchrun's ``--master-addr``/``--master-port``).
-
-    Raises:
-        ValueError: ``count < 1``, ``rank`` outside ``[0, count)``, or a rendezvous that is not ``HOST:PORT``
-            with a port in 1..65535.
-    """
-
-    def __init__(self, count: int, rank: int, rendezvous: str) -> None:
-        host, _, port = rendezvous.rpartition(":")
-        if count < 1 or not 0 <= rank < count:
-            raise ValueError(f"--node-rank {rank} must lie in [0, --nodes {count})")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"--rendezvous {rendezvous!r}: write HOST:PORT (node 0's address and a free TCP port)")
-        self.count, self.rank, self.host, self.port = count, rank, host, int(port)
-
-    def torchrun_flags(self) -> list[str]:
-        """torch.distributed.run's flags for this node (static rendezvous)."""
-        return [f"--nnodes={self.count}", f"--node-rank={self.rank}", f"--master-addr={self.host}",
-                f"--master-port={self.port}"]
 
 def _latest_checkpoint(ckpt_root: Path) -> Path | None:
     done = sorted(p.parent for p in ckpt_root.glob("step_*/state.json"))
@@ -171,7 +148,7 @@ OUT_ENV = "EAGLE3OPS_TRAIN_OUT"
 
 
 def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any, out: Path,
-                     restart: bool = False, nodes: Nodes | None = None) -> dict[str, Any]:
+                     restart: bool = False, nodes: trainplan.Nodes | None = None) -> dict[str, Any]:
     """Run this stage in ``nproc`` processes under torchrun (localhost rendezvous, or this node's share of a
     multi-node run), writing into ``out`` (:data:`OUT_ENV`); returns rank 0's figures (on a node other than node 0:
     ``{"node_rank", "nodes", "nproc"}``). ``restart`` is passed on so the ranks redo a finished train (the stage
@@ -276,27 +253,9 @@ def _peak_memory_bytes(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
-def _node_files(run_dir: Path, world: int, node_ranks: range) -> Any:
-    """``wanted(stage, rel)`` for :func:`check_inputs`: on a node of a run whose plan gives it only some units
-    (:mod:`eagle3ops.stages.trainplan`), the extract files of the other units' samples are not checked (they live on
-    other nodes); None when this node needs every file (or the manifest cannot be read: check_inputs says why)."""
-    try:
-        ext = read_manifest(run_dir, "extract", for_stage="train")
-        lay = trainplan.layout(trainplan.shards_of(ext), len(ext.get("sample_files") or []), world)
-    except (StageInputError, trainplan.TrainPlanError, ValueError):
-        return None
-    if len(lay.units) == 1:
-        return None
-    units = [lay.units[lay.unit_of(r)[0]] for r in node_ranks]
-    every = {s["file"] for s in ext["sample_files"]}
-    mine = {s["file"] for n, s in enumerate(ext["sample_files"])
-            if any(a <= int(s.get("i", n)) < b for a, b in units)}
-    return lambda stage, rel: stage != "extract" or rel not in every or rel in mine
-
-
 def run_train(
     run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False, stop_after: int | None = None,
-    nodes: Nodes | None = None,
+    nodes: trainplan.Nodes | None = None,
 ) -> dict[str, Any]:
     """Run stage ``train``; returns the manifest's figures (on a node other than node 0 of a multi-node run:
     ``{"node_rank", "nodes", "nproc"}``).
@@ -315,11 +274,14 @@ def run_train(
     tc = config.train
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if "LOCAL_RANK" not in os.environ:  # not under torchrun: pick the launch
-        nproc = resolve_nproc(config)
         count = nodes.count if nodes else 1
-        first = nodes.rank * nproc if nodes else 0
-        wanted = _node_files(run_dir, count * nproc, range(first, first + nproc)) if count * nproc > 1 else None
-        inputs = check_inputs(run_dir, "train", config, wanted=wanted)  # before the heavy imports: fast refusals
+        if count == 1:  # this node holds every file: checked before the heavy imports, so refusals stay fast
+            inputs = check_inputs(run_dir, "train", config)
+        nproc = resolve_nproc(config)
+        if count > 1:  # a node of several: only its own shard's files (trainplan)
+            first = nodes.rank * nproc
+            inputs = check_inputs(run_dir, "train", config,
+                                  wanted=trainplan.node_files(run_dir, count * nproc, range(first, first + nproc)))
         # --restart over a finished train builds the new output beside it; promoted (by rank 0) once complete.
         out = output_dir(run_dir, "train", restart=restart)
         if nproc > 1 or count > 1:
@@ -329,7 +291,7 @@ def run_train(
         out = Path(os.environ.get(OUT_ENV) or stage_dir(run_dir, "train"))
         first = int(os.environ.get("RANK", "0")) - int(os.environ["LOCAL_RANK"])
         node_ranks = range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
-        inputs = check_inputs(run_dir, "train", config, wanted=_node_files(run_dir, world, node_ranks))
+        inputs = check_inputs(run_dir, "train", config, wanted=trainplan.node_files(run_dir, world, node_ranks))
 
     import numpy as np
     import torch

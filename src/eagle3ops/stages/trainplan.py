@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,48 @@ def layout(shards: Sequence[tuple[int, int]], n_samples: int, world: int) -> Lay
     if len(units) > 1 and world % len(units) == 0:
         return Layout(tuple(units), world // len(units), world)
     return Layout(((0, n_samples),), world, world)
+
+
+class Nodes:
+    """This node's place in a multi-node train: ``count`` nodes, this one ``rank`` (0 = the first host, which
+    writes the outputs), the rendezvous ``host:port`` on node 0 (torchrun's ``--master-addr``/``--master-port``).
+
+    Raises:
+        ValueError: ``count < 1``, ``rank`` outside ``[0, count)``, or a rendezvous that is not ``HOST:PORT``
+            with a port in 1..65535.
+    """
+
+    def __init__(self, count: int, rank: int, rendezvous: str) -> None:
+        host, _, port = rendezvous.rpartition(":")
+        if count < 1 or not 0 <= rank < count:
+            raise ValueError(f"--node-rank {rank} must lie in [0, --nodes {count})")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"--rendezvous {rendezvous!r}: write HOST:PORT (node 0's address and a free TCP port)")
+        self.count, self.rank, self.host, self.port = count, rank, host, int(port)
+
+    def torchrun_flags(self) -> list[str]:
+        """torch.distributed.run's flags for this node (static rendezvous)."""
+        return [f"--nnodes={self.count}", f"--node-rank={self.rank}", f"--master-addr={self.host}",
+                f"--master-port={self.port}"]
+
+def node_files(run_dir: Path, world: int, node_ranks: range) -> Any:
+    """``wanted(stage, rel)`` for :func:`check_inputs`: on a node of a run whose plan gives it only some units
+    (module doc), the extract files of the other units' samples are not checked (they live on
+    other nodes); None when this node needs every file (or the manifest cannot be read: check_inputs says why)."""
+    from eagle3ops.stages.manifest import StageInputError, read_manifest
+
+    try:
+        ext = read_manifest(run_dir, "extract", for_stage="train")
+        lay = layout(shards_of(ext), len(ext.get("sample_files") or []), world)
+    except (StageInputError, TrainPlanError, ValueError):
+        return None
+    if len(lay.units) == 1:
+        return None
+    units = [lay.units[lay.unit_of(r)[0]] for r in node_ranks]
+    every = {s["file"] for s in ext["sample_files"]}
+    mine = {s["file"] for n, s in enumerate(ext["sample_files"])
+            if any(a <= int(s.get("i", n)) < b for a, b in units)}
+    return lambda stage, rel: stage != "extract" or rel not in every or rel in mine
 
 
 def _lpt(lengths: np.ndarray, max_len: int, replicas: int) -> list[list[int]] | None:
