@@ -288,6 +288,9 @@ def main() -> int:
                           f"({fmt(four['bytes'])}, per host {four['per_host_s']}) | ratio {four['s'] / one['s']:.2f} "
                           f"(target <= 1.5) | 4 hosts, links unlimited {free['s']:.1f}s: floor {floor:.1f}s, "
                           f"ratio to floor {four['s'] / floor:.2f} (target <= 1.1)", flush=True)
+                if a.json:  # what is measured so far, in case a later run does not end
+                    a.json.write_text(json.dumps({**report, "partial": f"after run {rep} of {a.repeat}"}, indent=1,
+                                                 default=str) + "\n")
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731 - the median of an odd count
             if report.get("P2-100mbit-runs"):
                 runs = report["P2-100mbit-runs"]
