@@ -44,15 +44,25 @@ def trial_argv(image: str, *, master_addr: str, port: int, nnodes: int, node_ran
     Raises:
         ValueError: ``node_rank`` outside ``[0, nnodes)`` or a timeout not above 0.
     """
+    docker = ["docker", *(["-H", docker_host] if docker_host else []), "run", "--rm", "--network", "host",
+              "--entrypoint", PYTHON, image]
+    return Read([*docker, *_torchrun_trial(master_addr, port, nnodes, node_rank, timeout_s)])
+
+
+def _torchrun_trial(master_addr: str, port: int, nnodes: int, node_rank: int, timeout_s: float) -> list[str]:
+    """``-m torch.distributed.run`` (static rendezvous, one process, this node's rank) ``-m eagle3ops.fleet.trial
+    --timeout-s T``: what follows the interpreter in both runtimes' trial.
+
+    Raises:
+        ValueError: ``node_rank`` outside ``[0, nnodes)`` or a timeout not above 0.
+    """
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"node rank must be in [0, {nnodes}), got {node_rank}")
     if timeout_s <= 0:
         raise ValueError(f"trial timeout must be above 0 seconds, got {timeout_s}")
-    docker = ["docker", *(["-H", docker_host] if docker_host else []), "run", "--rm", "--network", "host",
-              "--entrypoint", PYTHON, image]
-    return Read([*docker, "-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1",
-                 f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}",
-                 "-m", "eagle3ops.fleet.trial", f"--timeout-s={timeout_s:g}"])
+    return ["-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1", f"--node-rank={node_rank}",
+            f"--master-addr={master_addr}", f"--master-port={port}", "-m", "eagle3ops.fleet.trial",
+            f"--timeout-s={timeout_s:g}"]
 
 
 #: Seconds a trial process may outlive its own ``--timeout-s`` (torchrun's start and teardown) before ``timeout``
@@ -60,17 +70,22 @@ def trial_argv(image: str, *, master_addr: str, port: int, nnodes: int, node_ran
 TRIAL_GRACE_S = 30
 
 
-def trial_program(host: "HostConfig", image: str) -> list[str]:
-    """``python -m eagle3ops.fleet.trial`` in the host's pipeline: the environment's python with the stages'
-    environment on a venv host, ``docker run --rm --network host`` of the pipeline image otherwise."""
+def _python(host: "HostConfig", image: str) -> list[str]:
+    """The host's pipeline interpreter: the environment's python with the stages' environment (offline switches, the
+    inventory's ``stage_env`` — e.g. ``GLOO_SOCKET_IFNAME``) on a venv host, ``docker run --rm --network host`` of
+    the pipeline image otherwise."""
     from eagle3ops.commands import venv as vc
 
     if host.uses_venv:
         spec = vc.stage_spec(host, image=image, stage="trial", run="trial", window_id="preflight")
-        env = [f"{k}={v}" for k, v in sorted(spec["environment"].items())]
-        return ["env", *env, vc.env_python(host, image), "-m", "eagle3ops.fleet.trial"]
+        return ["env", *[f"{k}={v}" for k, v in sorted(spec["environment"].items())], vc.env_python(host, image)]
     return ["docker", *(["-H", host.docker_host] if host.docker_host else []), "run", "--rm", "--network", "host",
-            "--entrypoint", PYTHON, image, "-m", "eagle3ops.fleet.trial"]
+            "--entrypoint", PYTHON, image]
+
+
+def trial_program(host: "HostConfig", image: str) -> list[str]:
+    """``python -m eagle3ops.fleet.trial`` in the host's pipeline (:func:`_python`)."""
+    return [*_python(host, image), "-m", "eagle3ops.fleet.trial"]
 
 
 def reach_listen_argv(host: "HostConfig", image: str, *, port: int, seconds: float, expect: int) -> Read:
@@ -97,18 +112,8 @@ def trial_argv_venv(host: "HostConfig", image: str, *, master_addr: str, port: i
     Raises:
         ValueError: ``node_rank`` outside ``[0, nnodes)`` or a timeout not above 0.
     """
-    from eagle3ops.commands import venv as vc
-
-    if not 0 <= node_rank < nnodes:
-        raise ValueError(f"node rank must be in [0, {nnodes}), got {node_rank}")
-    if timeout_s <= 0:
-        raise ValueError(f"trial timeout must be above 0 seconds, got {timeout_s}")
-    spec = vc.stage_spec(host, image=image, stage="trial", run="trial", window_id="preflight")
-    env = [f"{k}={v}" for k, v in sorted(spec["environment"].items())]
-    return Read(["timeout", "-s", "KILL", f"{timeout_s + TRIAL_GRACE_S:g}", "env", *env, vc.env_python(host, image),
-                 "-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1",
-                 f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={port}",
-                 "-m", "eagle3ops.fleet.trial", f"--timeout-s={timeout_s:g}"])
+    return Read(["timeout", "-s", "KILL", f"{timeout_s + TRIAL_GRACE_S:g}", *_python(host, image),
+                 *_torchrun_trial(master_addr, port, nnodes, node_rank, timeout_s)])
 
 
 # --- hidden states moved to the training host (``train HOST --from-fleet``: :mod:`eagle3ops.transfer.hidden`) ---
