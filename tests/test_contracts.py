@@ -381,6 +381,8 @@ REMOTE_MAKERS = {"executor.py": "the one factory of executors (for_host)"}
 SUBPROCESS_USERS = {
     "executor.py": "the local executor itself",
     "stages/train.py": "runs in the pipeline image (torchrun workers); the image has no driver executor",
+    "stages/chunked.py": "runs in the pipeline image (each pass's extract and train stage as a process of its own, "
+                         "so the target's engine and the trainer never hold the GPU together)",
     "supervisor/speculate.py": "the drain/undrain hooks run by the host-side supervisor in its container; the "
                                "supervisor may not import the driver's executor (import-linter layers)",
     "supervisor/stagerun.py": "a venv host's stage processes (stage_runtime: venv, issue 28), started by the "

@@ -220,6 +220,37 @@ class TrainConfig(StrictModel):
         return value
 
 
+class ChunksConfig(StrictModel):
+    """Extraction and training in chunks (stage ``chunked``, window train), for runs whose hidden states do not fit
+    the data dir at once (issue 29). Example: ``chunks: {count: auto, budget_fraction: 0.8}``."""
+
+    count: int | Literal["off", "auto"] = Field(
+        "off",
+        description=(
+            "`off`: extract every sample (window extract), then train (window train). `auto`: the fewest contiguous "
+            "chunks whose hidden states fit the budget below; N: N chunks of about equal bytes. With chunks, window "
+            "extract only prepares, and window train runs vocab and then stage `chunked`: per epoch and chunk, "
+            "extract the chunk, train on it, delete its hidden states (held-out samples are kept for the offline "
+            "estimate). Each epoch extracts every chunk again: the extraction cost is multiplied by the epochs."
+        ),
+    )
+    budget_fraction: float = Field(
+        0.8, gt=0, le=1,
+        description="`auto`: the share of the data dir's free space (when stage `chunked` starts, plus the hidden "
+                    "states this run already holds) that hidden states may take at once; the rest is left for "
+                    "checkpoints and the final head.",
+    )
+    budget_bytes: int | None = Field(
+        None, ge=1, description="`auto`: the hidden-state bytes on disk at once, instead of `budget_fraction`.")
+
+    @field_validator("count")
+    @classmethod
+    def _count(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be >= 1, `auto` or `off`, got {value}")
+        return value
+
+
 class PipelineConfig(StrictModel):
     """``<run_dir>/pipeline.yaml``: everything the four stages of one run need."""
 
@@ -231,6 +262,8 @@ class PipelineConfig(StrictModel):
     extract: ExtractConfig = Field(default_factory=ExtractConfig, description="Stage `extract` (window extract).")
     vocab: VocabConfig = Field(default_factory=VocabConfig, description="Stage `vocab` (window train).")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Stage `train` (window train).")
+    chunks: ChunksConfig = Field(default_factory=ChunksConfig,
+                                 description="Extract and train in chunks when the hidden states do not fit.")
     #: The config as written, when :func:`apply_mounts` mapped its paths to a venv host's own: the digests are the
     #: written config's, so the driver (which reads the file as written) and the stages agree on what is done.
     _written: dict | None = PrivateAttr(default=None)

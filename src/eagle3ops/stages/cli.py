@@ -1,4 +1,4 @@
-"""``eagle3ops stage <prepare|extract|vocab|train|probe> --run-dir DIR``: the in-container pipeline stages.
+"""``eagle3ops stage <prepare|extract|vocab|train|chunked|probe> --run-dir DIR``: the in-container pipeline stages.
 
 Each command reads ``DIR/pipeline.yaml`` and its inputs' manifests, writes only ``DIR/<stage>/`` and ends with
 ``DIR/<stage>/manifest.json``. Exit status: 0 done, 2 config or input error (message names file and fix),
@@ -31,6 +31,7 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
     from eagle3ops.stages.chatdata import ChatDataError
     from eagle3ops.stages.manifest import MANIFEST, STAGES, StageInputError, finished, stage_dir
     from eagle3ops.stages.prepare import UnmaskableConversation
+    from eagle3ops.stages.chunkplan import ChunkPlanError
     from eagle3ops.stages.trainplan import TrainPlanError
 
     try:
@@ -74,11 +75,16 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
             from eagle3ops.stages.train import run_train
 
             run_train(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
+        elif stage == "chunked":
+            from eagle3ops.stages.chunked import run_chunked
+
+            run_chunked(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
         elif stage == "probe":
             from eagle3ops.stages.probe import run_probe
 
             run_probe(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
-    except (PipelineConfigError, StageInputError, ChatDataError, UnmaskableConversation, TrainPlanError) as exc:
+    except (PipelineConfigError, StageInputError, ChatDataError, UnmaskableConversation, TrainPlanError,
+            ChunkPlanError) as exc:
         print(f"error: stage {stage}: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from exc
     except Exception as exc:
@@ -152,6 +158,18 @@ def train(
             print(f"error: stage train: {exc}", file=sys.stderr, flush=True)
             raise typer.Exit(2) from exc
     _run("train", run_dir, restart=restart, stop_after=stop_after, nodes=spec)
+
+
+@app.command()
+def chunked(
+    run_dir: RunDir,
+    restart: Annotated[bool, typer.Option(help="Plan again and train from scratch (the recorded plan is kept "
+                                          "otherwise).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (chunks, passes, disk) and stop.")] = False,
+) -> None:
+    """Extract and train chunk by chunk when the hidden states do not fit (pipeline.yaml `chunks`): per epoch and
+    chunk, extract it, train its steps, delete its hidden states."""
+    _run("chunked", run_dir, restart=restart, dry_run=dry_run)
 
 
 @app.command()

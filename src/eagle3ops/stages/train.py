@@ -98,6 +98,7 @@ from eagle3ops.stages.draft import (
     target_final_norm,
 )
 from eagle3ops.stages import trainplan
+from eagle3ops.stages.trainplan import held_out_indices  # noqa: F401 - moved there (pure); imported from here too
 from eagle3ops.stages.manifest import (
     atomic_write_text,
     check_inputs,
@@ -178,21 +179,6 @@ def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any
         return {"stopped_at": json.loads((_latest_checkpoint(out / "checkpoints")
                                           / "state.json").read_text())["step"]}
     return json.loads((stage_dir(run_dir, "train") / "manifest.json").read_text())
-
-
-def held_out_indices(n: int, fraction: float, seed: int) -> set[int]:
-    """Sample indices held out of training: those whose ``sha256(f"{seed}:{i}")`` falls in the first ``fraction`` of
-    the range (stable for a run, independent of world size); at least one when ``fraction > 0`` and ``n >= 2``,
-    never all."""
-    if fraction <= 0 or n < 2:
-        return set()
-    keys = {i: int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:8], "big") for i in range(n)}
-    held = {i for i, k in keys.items() if k < fraction * 2**64}
-    if not held:
-        held = {min(keys, key=keys.__getitem__)}
-    if len(held) == n:
-        held.discard(max(keys, key=keys.__getitem__))
-    return held
 
 
 def offline_estimate(model: Any, held_dataset: Any, collate: Any, device: str, tc: Any, *,
@@ -357,6 +343,11 @@ def run_train(
     held_set = set(held)
     units = trainplan.unit_samples(lay, [(i, by_id[i]["tokens"] - 1) for i in ids if i not in held_set])
     mine = [i for i, _t in units[my_unit]]  # this rank's unit: the only files it reads
+    chunked = ext.get("chunked") or {}  # a pass of stage chunked: only the current chunk's files are there
+    chunks = [tuple(c) for c in chunked.get("chunks") or []]
+    if chunks:
+        ca, cb = chunked["current"]
+        mine = [i for i in mine if ca <= i < cb]
     if not mine:
         raise trainplan.TrainPlanError(f"extract/manifest.json: samples [{lo}, {hi}) of rank {rank} hold no sample "
                                        f"to train on; extract more samples or use fewer nodes")
@@ -369,15 +360,6 @@ def run_train(
         transform=transform,
         standardize_fn=standardize_with_norm(norm_w, eps),
     )
-    held_plan = trainplan.held_out_plan(lay, held)
-    my_held = [row[rank] for row in held_plan]
-    held_ids = [i for i in my_held if i is not None]
-    held_dataset: Any = Eagle3SampleFileDataset(  # speculators' dataset cannot be empty
-        max_len=tc.batch_max_tokens,
-        file_list=[str(ext_dir / by_id[i]["file"]) for i in held_ids],
-        standardize_fn=standardize_with_norm(norm_w, eps),
-    ) if held_ids else []
-    held_pos_of = {i: n for n, i in enumerate(held_ids)}
     collate = create_collate_fn(tc.batch_max_tokens)
 
     step = 0
@@ -430,7 +412,8 @@ def run_train(
     def batches_from(start: int):
         epoch, seen = 0, 0
         while True:
-            for row in trainplan.epoch_plan(lay, units, tc.batch_max_tokens, config.seed, epoch):
+            for row in (trainplan.chunked_epoch_plan(lay, units, tc.batch_max_tokens, config.seed, epoch, chunks)
+                        if chunks else trainplan.epoch_plan(lay, units, tc.batch_max_tokens, config.seed, epoch)):
                 if seen >= start:
                     yield epoch, row
                 seen += 1
@@ -525,6 +508,19 @@ def run_train(
     loop_s = time.monotonic() - t_loop
     ran = step - first_step
 
+    def held_out() -> tuple[Any, list[int | None], dict[int, int]]:  # at the end: a chunked run's are all there now
+        held_plan = trainplan.held_out_plan(lay, held)
+        my_held = [row[rank] for row in held_plan]
+        held_ids = [i for i in my_held if i is not None]
+        held_dataset: Any = Eagle3SampleFileDataset(  # speculators' dataset cannot be empty
+            max_len=tc.batch_max_tokens,
+            file_list=[str(ext_dir / by_id[i]["file"]) for i in held_ids],
+            standardize_fn=standardize_with_norm(norm_w, eps),
+        ) if held_ids else []
+        held_pos_of = {i: n for n, i in enumerate(held_ids)}
+        return held_dataset, my_held, held_pos_of
+
+    held_dataset, my_held, held_pos_of = held_out()
     offline = offline_estimate(model, held_dataset, collate, device, tc,
                                plan=[held_pos_of[i] if i is not None else None for i in my_held],
                                world=world, dummy=dataset[0], held_total=len(held))

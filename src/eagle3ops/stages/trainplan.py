@@ -28,6 +28,7 @@ its replicas, ``None`` where a rank has fewer than the most any rank has.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -239,6 +240,25 @@ def epoch_plan(lay: Layout, unit_samples: Sequence[Sequence[tuple[int, int]]], m
     return plan
 
 
+def chunked_epoch_plan(lay: Layout, unit_samples: Sequence[Sequence[tuple[int, int]]], max_len: int, seed: int,
+                       epoch: int, chunks: Sequence[tuple[int, int]]) -> list[list[list[int] | None]]:
+    """:func:`epoch_plan` of a chunked run (:mod:`eagle3ops.stages.chunkplan`): chunk by chunk (``[start, end)``
+    global sample ranges, in order), each chunk's samples packed as their own epoch (same ``seed + epoch``), so a
+    step never needs a sample of another chunk; chunks without a training sample add no step.
+
+    Raises:
+        TrainPlanError: no chunk has a sample to train on.
+    """
+    plan: list[list[list[int] | None]] = []
+    for a, b in chunks:
+        sub = [[(i, t) for i, t in samples if a <= i < b] for samples in unit_samples]
+        if any(sub):
+            plan.extend(epoch_plan(lay, sub, max_len, seed, epoch))
+    if not plan:
+        raise TrainPlanError("extract/ holds no sample to train on (every sample is held out or none was extracted)")
+    return plan
+
+
 def held_out_plan(lay: Layout, held: Sequence[int]) -> list[list[int | None]]:
     """The offline estimate's samples per rank: ``plan[k][rank]`` the k-th held-out sample id a rank evaluates, or
     None (it runs a zero-weight forward). Each unit's held-out ids (sorted) go round-robin over its replicas."""
@@ -254,3 +274,18 @@ def held_out_plan(lay: Layout, held: Sequence[int]) -> list[list[int | None]]:
 def unit_samples(lay: Layout, samples: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     """The training samples ``(global id, trained length)`` split by unit (ids in ``[start, end)``)."""
     return [[(i, t) for i, t in samples if start <= i < end] for start, end in lay.units]
+
+
+def held_out_indices(n: int, fraction: float, seed: int) -> set[int]:
+    """Sample indices held out of training: those whose ``sha256(f"{seed}:{i}")`` falls in the first ``fraction`` of
+    the range (stable for a run, independent of world size); at least one when ``fraction > 0`` and ``n >= 2``,
+    never all."""
+    if fraction <= 0 or n < 2:
+        return set()
+    keys = {i: int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:8], "big") for i in range(n)}
+    held = {i for i, k in keys.items() if k < fraction * 2**64}
+    if not held:
+        held = {min(keys, key=keys.__getitem__)}
+    if len(held) == n:
+        held.discard(max(keys, key=keys.__getitem__))
+    return held

@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3ops.stages.chunkplan import draft_param_count  # noqa: F401 - one formula (chunkplan's)
+
 GIB = 2**30
 MIB = 2**20
 
@@ -51,17 +53,6 @@ RUNTIME_OVERHEAD_BYTES = 2 * GIB
 #: (8). Frozen parameters (embeddings, verifier lm_head) are fp32 weights only (4).
 TRAIN_BYTES_PER_PARAM = 16
 FROZEN_TRAIN_BYTES_PER_PARAM = 4
-
-
-def draft_param_count(dims: dict[str, int], *, num_layers: int, draft_vocab_size: int) -> tuple[int, int]:
-    """Upper bounds of an EAGLE-3 draft head's parameters as ``(trainable, frozen)``: trainable are the fused aux
-    projection (3H·H), per decoder layer attention over 2H inputs (≤ 8H²) and the MLP (3·H·I), and the draft
-    lm_head (H·draft_vocab); frozen are the target's embeddings and verifier lm_head (2·V·H).
-
-    ``dims``: ``hidden_size``, ``intermediate_size``, ``vocab_size`` of the target
-    (:func:`eagle3ops.window.preflight.target_dims`)."""
-    h, i, v = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
-    return 3 * h * h + num_layers * (8 * h * h + 3 * h * i) + h * draft_vocab_size, 2 * v * h
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,11 @@ from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
 from eagle3ops.remote import Remote, RemoteError
+from eagle3ops.stages.chunkplan import (  # noqa: F401 - the checkpoint formula lives beside the chunk plan
+    CHECKPOINT_BYTES_PER_PARAM,
+    FROZEN_BYTES_PER_PARAM,
+    train_output_bytes,
+)
 from eagle3ops.window.common import hint, host_path
 from eagle3ops.window.estimate import GpuMemoryPlan, draft_param_count
 from eagle3ops.window.gpucheck import check_gpus_fit
@@ -36,10 +41,6 @@ def hidden_state_bytes(tokens: int, hidden_size: int) -> int:
 #: Bytes per token of ``prepare/samples.jsonl`` (ids and loss mask as JSON text) and of the int64 ``input_ids`` +
 #: ``loss_mask`` stored beside each sample's hidden states: generous bounds.
 PREPARED_BYTES_PER_TOKEN = 16
-#: Bytes per trainable draft-head parameter in one resumable checkpoint: fp32 weights (4) + AdamW's two fp32
-#: moments (8). Frozen parameters (embeddings, verifier lm_head) are saved as fp32 weights only (4).
-CHECKPOINT_BYTES_PER_PARAM = 12
-FROZEN_BYTES_PER_PARAM = 4
 
 
 def target_dims(model_config: dict[str, Any]) -> dict[str, int]:
@@ -78,10 +79,7 @@ def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) 
     if stage == "vocab":
         return 8 * (cfg.vocab.draft_vocab_size + dims["vocab_size"])
     if stage == "train":
-        trainable, frozen = draft_param_count(dims, num_layers=cfg.train.num_layers,
-                                              draft_vocab_size=cfg.vocab.draft_vocab_size)
-        ckpt = trainable * CHECKPOINT_BYTES_PER_PARAM + frozen * FROZEN_BYTES_PER_PARAM
-        return ckpt * (cfg.train.keep_checkpoints + 1) + (trainable + frozen) * BF16_BYTES
+        return train_output_bytes(dims, cfg)
     raise ValueError(f"unknown stage {stage!r}")
 
 

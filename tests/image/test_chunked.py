@@ -1,0 +1,88 @@
+"""Stage ``chunked`` (issue 29) through the CLI, in the pipeline image, on the tiny Llama target: a run whose hidden
+states are about twice the budget is extracted and trained chunk by chunk over two epochs; the sample files on disk
+never exceed the budget, every training step reads only its pass's chunk, every training sample is trained once an
+epoch, and the head, the train manifest and the offline estimate come out as in a one-chunk run's shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from eagle3ops.config.pipeline import load_pipeline_config  # noqa: E402
+from eagle3ops.stages import chunkplan  # noqa: E402
+from eagle3ops.stages.chunked import make_plan  # noqa: E402
+from eagle3ops.stages.prepare import run_prepare  # noqa: E402
+from eagle3ops.stages.vocab import run_vocab  # noqa: E402
+from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
+
+QUIET = lambda *_a, **_k: None  # noqa: E731
+
+
+def _stage(run: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eagle3ops", "stage", *args, "--run-dir", str(run)],
+                          capture_output=True, text=True, timeout=540, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_a_run_twice_the_budget_trains_in_chunks_within_the_budget(tmp_path: Path) -> None:
+    model = build_tiny_model(tmp_path / "model", kind="llama")
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = {"target_model": str(model), "prepare": {"max_seq_len": 256, "max_samples": 16},
+           "extract": {"engine": "transformers", "aux_layer_ids": [0, 1, 2]}, "vocab": {"draft_vocab_size": 256},
+           "train": {"steps": 1, "checkpoint_every": 100, "batch_max_tokens": 384, "held_out_fraction": 0.15},
+           "chunks": {"count": "auto", "budget_bytes": 1}}
+    (run / "pipeline.yaml").write_text(json.dumps(cfg))
+    c = load_pipeline_config(run)
+    run_prepare(run, c, log=QUIET)
+    run_vocab(run, c, log=QUIET)
+    # the budget: half of every sample file's bytes; the steps: two epochs of the plan
+    tokens = [len(json.loads(x)["input_ids"]) for x in (run / "prepare/samples.jsonl").read_text().splitlines()]
+    total = sum(chunkplan.sample_bytes(t, 128) for t in tokens)
+    cfg["chunks"]["budget_bytes"] = total // 2
+    (run / "pipeline.yaml").write_text(json.dumps(cfg))
+    one = make_plan(run, load_pipeline_config(run))
+    cfg["train"]["steps"] = 2 * one.steps_per_epoch
+    (run / "pipeline.yaml").write_text(json.dumps(cfg))
+
+    dry = _stage(run, "chunked", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "chunked run:" in dry.stdout and "pass epoch 1 chunk 0" in dry.stdout
+    assert not (run / "chunks").exists() and not (run / "extract").exists()  # the dry run wrote nothing
+
+    r = _stage(run, "chunked")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    plan = chunkplan.from_json(json.loads((run / "chunks/plan.json").read_text()))
+    assert len(plan.chunks) >= 2 and plan.peak_bytes <= total // 2 < plan.total_bytes
+    passes = [json.loads(x) for x in (run / "chunks/passes.jsonl").read_text().splitlines()]
+    assert [(p["epoch"], p["chunk"]) for p in passes] == [(x.epoch, x.chunk) for x in plan.passes]
+    assert max(p["sample_bytes_on_disk"] for p in passes) <= total // 2  # measured after each pass's extract
+    man = json.loads((run / "train/manifest.json").read_text())
+    assert man["steps"] == cfg["train"]["steps"] and (run / "train/final/model.safetensors").is_file()
+    est = man["offline_estimate"]
+    assert est["held_out_samples"] == len(plan.held) and est["acceptance_length"] >= 1.0
+    # each step inside its pass's chunk; every training sample once an epoch
+    steps = [json.loads(x) for x in (run / "train/metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(1, cfg["train"]["steps"] + 1))
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    for x in plan.passes:
+        for s in steps[x.step_start: x.step_end]:
+            ids = [i for b in s["samples"] if b for i in b]
+            assert all(x.start <= i < x.end for i in ids), (x, s["samples"])
+            seen[x.epoch] += ids
+    train_ids = sorted(set(range(len(tokens))) - set(plan.held))
+    assert sorted(seen[0]) == train_ids and sorted(seen[1]) == train_ids
+    # what is left on disk: the held-out samples and the last chunk's
+    left = {int(p.stem.split("_")[1]) for p in (run / "extract/hidden").glob("data_*.pt")}
+    a, b = plan.chunks[-1]
+    assert left == set(plan.held) | set(range(a, b))
+    # a rerun is a no-op
+    again = _stage(run, "chunked")
+    assert again.returncode == 0 and "resuming the recorded plan" in again.stdout
+    assert len((run / "chunks/passes.jsonl").read_text().splitlines()) == len(passes)
