@@ -74,3 +74,48 @@ def test_the_plan_is_printed_and_read_back_as_recorded() -> None:
     assert f"{len(p.chunks)} chunk(s)" in text and "pass epoch 0 chunk 0" in text and "(test)" in text
     q = chunkplan.from_json(p.to_json())
     assert q == p and chunkplan.digest(q) == chunkplan.digest(p)
+
+
+def test_a_chunked_run_has_windows_of_its_own_and_is_done_when_its_train_is(tmp_path) -> None:
+    """Window extract only prepares and window train runs vocab + chunked; chunked is judged by train's manifest,
+    and preflight's disk estimate counts what a chunked window needs at least, far below the whole extract."""
+    from eagle3ops.commands import stages as st
+    from eagle3ops.stages.manifest import MANIFEST, STAGES, file_entry, stage_dir, write_manifest
+    from eagle3ops.window import planner as wplanner
+    from eagle3ops.window import preflight as wpreflight
+
+    text = "target_model: /model\nchunks: {count: auto}\ntrain: {steps: 4}\n"
+    cfg = PipelineConfig.model_validate(__import__("yaml").safe_load(text))
+    assert st.window_stages("extract", cfg) == ["prepare"] and st.window_stages("train", cfg) == ["vocab", "chunked"]
+    assert st.window_stages("train", _config(4, count="off")) == ["vocab", "train"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "pipeline.yaml").write_text(text)
+
+    def state() -> tuple[dict, dict]:
+        m = {s: (stage_dir(run, s) / MANIFEST).read_text() if (stage_dir(run, s) / MANIFEST).is_file() else None
+             for s in STAGES}
+        return m, {str(p.relative_to(run)): p.stat().st_size for p in run.rglob("*") if p.is_file()}
+
+    for stage in ("prepare", "vocab"):
+        d = stage_dir(run, stage)
+        d.mkdir()
+        (d / "out.bin").write_bytes(b"x" * 10)
+        write_manifest(run, stage, cfg, {"out.bin": file_entry(d / "out.bin")}, tokens=100)
+    d = wplanner.decide_stages(st.window_stages("train", cfg), cfg, *state())
+    assert [s for s, _ in d.skip] == ["vocab"] and [s for s, _ in d.run] == ["chunked"] and not d.refuse
+    for stage in ("extract", "train"):  # the last pass's view of extract/ and the head
+        dd = stage_dir(run, stage)
+        dd.mkdir()
+        (dd / "out.bin").write_bytes(b"y" * 10)
+        write_manifest(run, stage, cfg, {"out.bin": file_entry(dd / "out.bin")}, tokens=100)
+    d = wplanner.decide_stages(st.window_stages("train", cfg), cfg, *state())
+    assert d.nothing_to_do and "train: already done" in dict(d.skip)["chunked"]
+    (stage_dir(run, "train") / "out.bin").write_bytes(b"z")  # the head's file changed: not done
+    d = wplanner.decide_stages(st.window_stages("train", cfg), cfg, *state())
+    assert [s for s, _ in d.run] == ["chunked"] and "train/out.bin" in dict(d.run)["chunked"]
+    dims = {"hidden_size": 7168, "intermediate_size": 18432, "vocab_size": 163840}
+    tokens = 10_000_000
+    least = wpreflight.stage_output_bytes("chunked", cfg, dims, tokens)
+    whole = wpreflight.stage_output_bytes("extract", cfg, dims, tokens)
+    assert wpreflight.stage_output_bytes("train", cfg, dims, 0) < least < whole / 2

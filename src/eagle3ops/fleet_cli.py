@@ -49,6 +49,10 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
     try:
         inv = load_inventory(inventory)
         cfg = parse_pipeline_config(text, pipeline)
+        if cfg.chunks.count != "off":
+            raise FleetPlanError(f"{pipeline}: chunks.count is {cfg.chunks.count}: a chunked run extracts and trains "
+                                 f"on one host (window train); over several hosts, set chunks.count off (each "
+                                 f"host's shard is its own bounded share)")
         plan = driver.plan_hosts(inv, hosts, run, cfg, reader=reader, dead=dead_set)
         if not dry_run and not plan.tokens_exact:
             prep = driver.prepare_host(inv, hosts, dead_set)

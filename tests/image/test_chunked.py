@@ -1,7 +1,8 @@
-"""Stage ``chunked`` (issue 29) through the CLI, in the pipeline image, on the tiny Llama target: a run whose hidden
+"""Bounded disk (issue 29). Stage ``chunked`` through the CLI, in the pipeline image, on the tiny Llama target: a run whose hidden
 states are about twice the budget is extracted and trained chunk by chunk over two epochs; the sample files on disk
 never exceed the budget, every training step reads only its pass's chunk, every training sample is trained once an
-epoch, and the head, the train manifest and the offline estimate come out as in a one-chunk run's shape."""
+epoch, and the head, the train manifest and the offline estimate come out as in a one-chunk run's shape. And
+``extract.hidden_dtype: float8_e4m3fn``: about half the bytes, read back within fp8's error, trained on."""
 
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ def _stage(run: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=540, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def test_a_run_twice_the_budget_trains_in_chunks_within_the_budget(tmp_path: Path) -> None:
-    model = build_tiny_model(tmp_path / "model", kind="llama")
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", kind="llama")
+
+
+def test_a_run_twice_the_budget_trains_in_chunks_within_the_budget(tmp_path: Path, model: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     cfg = {"target_model": str(model), "prepare": {"max_seq_len": 256, "max_samples": 16},
@@ -86,3 +91,38 @@ def test_a_run_twice_the_budget_trains_in_chunks_within_the_budget(tmp_path: Pat
     again = _stage(run, "chunked")
     assert again.returncode == 0 and "resuming the recorded plan" in again.stdout
     assert len((run / "chunks/passes.jsonl").read_text().splitlines()) == len(passes)
+
+
+def test_fp8_hidden_states_take_about_half_the_bytes_and_read_back_within_fp8_error(tmp_path: Path, model: Path):
+    import torch
+
+    from eagle3ops.stages.draft import dequantize
+    from eagle3ops.stages.extract import run_extract
+    from eagle3ops.stages.train import run_train
+
+    runs = {}
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        run = tmp_path / dtype
+        run.mkdir()
+        (run / "pipeline.yaml").write_text(json.dumps({
+            "target_model": str(model), "prepare": {"max_seq_len": 256, "max_samples": 6},
+            "extract": {"engine": "transformers", "aux_layer_ids": [0, 1, 2], "hidden_dtype": dtype},
+            "vocab": {"draft_vocab_size": 256}, "train": {"steps": 2, "batch_max_tokens": 384}}))
+        c = load_pipeline_config(run)
+        run_prepare(run, c, log=QUIET)
+        run_vocab(run, c, log=QUIET)
+        runs[dtype] = run_extract(run, c, log=QUIET)
+    a, b = runs["bfloat16"], runs["float8_e4m3fn"]
+    assert b["dtype"] == "float8_e4m3fn" and b["tokens"] == a["tokens"]
+    assert 0.45 < b["file_bytes"] / a["file_bytes"] < 0.62, (a["file_bytes"], b["file_bytes"])
+    assert b["hidden_bytes"] == a["tokens"] * 4 * (128 + 4)
+    f = "hidden/data_000000.pt"
+    ref = torch.load(tmp_path / "bfloat16/extract" / f, weights_only=True)
+    q = torch.load(tmp_path / "float8_e4m3fn/extract" / f, weights_only=True)
+    assert q["hidden_states"][0].dtype == torch.float8_e4m3fn and len(q["hidden_scales"]) == 4
+    back = dequantize(q)
+    for h, r in zip(back["hidden_states"], ref["hidden_states"]):
+        err = (h.float() - r.float()).norm() / r.float().norm()
+        assert h.dtype == torch.bfloat16 and float(err) < 0.05  # e4m3: 3 mantissa bits, ~2-4 % per value
+    fig = run_train(tmp_path / "float8_e4m3fn", load_pipeline_config(tmp_path / "float8_e4m3fn"), log=QUIET)
+    assert fig["steps"] == 2 and fig["final_metrics"]["loss"] == fig["final_metrics"]["loss"]  # finite, trained

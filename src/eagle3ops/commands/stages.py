@@ -19,6 +19,22 @@ WINDOWS: dict[str, list[str]] = {"extract": ["prepare", "extract"], "train": ["v
                                  "prepare": ["prepare"]}
 
 
+#: The windows of a chunked run (pipeline ``chunks.count`` set): window extract only prepares; window train runs vocab
+#: and stage ``chunked`` (extract + train chunk by chunk, :mod:`eagle3ops.stages.chunked`).
+CHUNKED_WINDOWS: dict[str, list[str]] = {"extract": ["prepare"], "train": ["vocab", "chunked"], "prepare": ["prepare"]}
+
+
+def window_stages(kind: str, config: Any = None) -> list[str]:
+    """The stages of window ``kind`` for the run's pipeline ``config`` (:data:`WINDOWS`, or :data:`CHUNKED_WINDOWS`
+    when ``config.chunks.count`` is not ``off``).
+
+    Raises:
+        KeyError: ``kind`` is not a stage window.
+    """
+    chunked = config is not None and getattr(getattr(config, "chunks", None), "count", "off") != "off"
+    return list((CHUNKED_WINDOWS if chunked else WINDOWS)[kind])
+
+
 def shard_args(start: int, end: int) -> list[str]:
     """The extract stage's arguments for one fleet shard, samples ``[start, end)``: ``--shard START:END``
     (:mod:`eagle3ops.stages.shards`)."""

@@ -67,9 +67,11 @@ class ChunkPlanError(ValueError):
     """No chunk plan fits (the message names the key to change)."""
 
 
-def sample_bytes(tokens: int, hidden_size: int, layers: int = 4) -> int:
-    """Disk bytes of one extracted sample file of ``tokens`` tokens (module doc)."""
-    return tokens * (layers * hidden_size * 2 + ID_BYTES_PER_TOKEN) + FILE_OVERHEAD
+def sample_bytes(tokens: int, hidden_size: int, layers: int = 4, dtype: str = "bfloat16") -> int:
+    """Disk bytes of one extracted sample file of ``tokens`` tokens (module doc); ``dtype`` ``float8_e4m3fn``: one
+    byte a value and a 4-byte scale a token and layer."""
+    per = hidden_size + 4 if dtype == "float8_e4m3fn" else hidden_size * 2
+    return tokens * (layers * per + ID_BYTES_PER_TOKEN) + FILE_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ def plan(tokens: Sequence[int], *, hidden_size: int, config: Any, budget_bytes: 
     """
     tc, n = config.train, len(tokens)
     held = trainplan.held_out_indices(n, tc.held_out_fraction, config.seed)
-    sizes = [sample_bytes(int(t), hidden_size) for t in tokens]
+    sizes = [sample_bytes(int(t), hidden_size, dtype=config.extract.hidden_dtype) for t in tokens]
     count = config.chunks.count
     chunks = cut(sizes, held, count=count if isinstance(count, int) else None,
                  budget=None if isinstance(count, int) else budget_bytes)

@@ -121,14 +121,26 @@ def target_final_norm(target_model: str) -> tuple[Any, float]:
     return weight.float(), float(getattr(t, "rms_norm_eps", 1e-6))
 
 
+def dequantize(data: dict[str, Any]) -> dict[str, Any]:
+    """A sample file's dict with fp8 ``hidden_states`` (``extract.hidden_dtype: float8_e4m3fn``: ``hidden_scales``
+    present) read back as bf16 ``q * scale``; a bf16 sample unchanged."""
+    scales = data.get("hidden_scales")
+    if scales is None:
+        return data
+    import torch
+
+    states = [(q.float() * s).to(torch.bfloat16) for q, s in zip(data["hidden_states"], scales, strict=True)]
+    return {k: v for k, v in data.items() if k != "hidden_scales"} | {"hidden_states": states}
+
+
 def standardize_with_norm(norm_weight: Any, eps: float):
     """speculators' ``standardize_data_v1`` + the target's final RMSNorm on the last layer (see
-    :mod:`eagle3ops.stages.train`'s module doc)."""
+    :mod:`eagle3ops.stages.train`'s module doc); fp8 samples are read back first (:func:`dequantize`)."""
     import torch
     from speculators.train.data import standardize_data_v1
 
     def fn(data: dict[str, Any]) -> dict[str, Any]:
-        out = standardize_data_v1(data)
+        out = standardize_data_v1(dequantize(data))
         h = out["verifier_last_hidden_states"].float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
         out["verifier_last_hidden_states"] = h

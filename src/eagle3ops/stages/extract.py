@@ -166,25 +166,49 @@ def make_vllm_generator(
     )
 
 
-def _save_sample(path: Path, ids: list[int], mask: list[int], hidden: list[Any]) -> None:
+#: The largest finite float8_e4m3fn value (OCP FP8; ``torch.finfo(torch.float8_e4m3fn).max``): a row's scale is
+#: ``max |row| / E4M3_MAX``.
+E4M3_MAX = 448.0
+
+
+def to_fp8(h: Any) -> tuple[Any, Any]:
+    """``h`` ``[T, H]`` → ``(q, scale)``: ``q`` float8_e4m3fn ``[T, H]``, ``scale`` fp32 ``[T, 1]`` (one per token:
+    ``max |row| / 448``, at least 1e-12); ``q * scale`` reads it back (:func:`eagle3ops.stages.draft.dequantize`)."""
     import torch
 
-    states = []
+    x = h.float()
+    scale = (x.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp_min(1e-12)
+    return (x / scale).to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
+
+
+def _save_sample(path: Path, ids: list[int], mask: list[int], hidden: list[Any], dtype: str = "bfloat16") -> None:
+    """One sample file in speculators' v1 layout (``input_ids``, ``hidden_states`` list, ``loss_mask``); with
+    ``dtype`` ``float8_e4m3fn`` the states are fp8 and ``hidden_scales`` holds one fp32 scale per token and layer."""
+    import torch
+
+    states, scales = [], []
     for h in hidden:
+        if dtype == "float8_e4m3fn":
+            q, sc = to_fp8(h)
+            states.append(q)
+            scales.append(sc)
+            continue
         h = h.to(torch.bfloat16).contiguous()
         if h.untyped_storage().nbytes() != h.numel() * BYTES_PER_VALUE:
             h = h.clone()  # never save a view of a larger buffer
         states.append(h)
+    data = {"input_ids": torch.tensor(ids, dtype=torch.long), "hidden_states": states,
+            "loss_mask": torch.tensor(mask, dtype=torch.long)}
+    if scales:
+        data["hidden_scales"] = scales
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(
-        {
-            "input_ids": torch.tensor(ids, dtype=torch.long),
-            "hidden_states": states,
-            "loss_mask": torch.tensor(mask, dtype=torch.long),
-        },
-        tmp,
-    )
+    torch.save(data, tmp)
     os.replace(tmp, path)
+
+
+def value_bytes(hidden_size: int, dtype: str) -> int:
+    """Stored bytes of one token's state in one layer: ``2 H`` (bf16) or ``H + 4`` (fp8 + its fp32 scale)."""
+    return hidden_size + 4 if dtype == "float8_e4m3fn" else hidden_size * BYTES_PER_VALUE
 
 
 def _read_progress(out: Path) -> dict[int, dict[str, Any]]:
@@ -288,7 +312,7 @@ def run_extract(
                             f"{[tuple(h.shape) for h in hs]}"
                         )
                     rel = f"{HIDDEN_DIR}/data_{s['i']:06d}.pt"
-                    _save_sample(out / rel, ids, s["loss_mask"], hs)
+                    _save_sample(out / rel, ids, s["loss_mask"], hs, config.extract.hidden_dtype)
                     rec = {"i": s["i"], "file": rel, "tokens": len(ids), "bytes": (out / rel).stat().st_size,
                            "sha256": sha256_file(out / rel)}
                     prog.write(json.dumps(rec) + "\n")
@@ -304,7 +328,7 @@ def run_extract(
     figures = {
         "samples": len(recs),
         "tokens": tokens,
-        "dtype": "bfloat16",
+        "dtype": config.extract.hidden_dtype,
         "hidden_size": hidden_size,
         "num_layers": n_layers,
         "aux_layer_ids": aux,
@@ -313,10 +337,12 @@ def run_extract(
         "tensors_per_sample": {
             "input_ids": "long [T]",
             "loss_mask": "long [T]",
-            "hidden_states": f"{len(layer_ids)} x bfloat16 [T, {hidden_size}] (3 aux layers + last layer)",
+            "hidden_states": f"{len(layer_ids)} x {config.extract.hidden_dtype} [T, {hidden_size}] (3 aux layers + last "
+                             f"layer)" + (", hidden_scales: 4 x float32 [T, 1]"
+                                          if config.extract.hidden_dtype == "float8_e4m3fn" else ""),
         },
-        "hidden_bytes_per_token": len(layer_ids) * hidden_size * BYTES_PER_VALUE,
-        "hidden_bytes": tokens * len(layer_ids) * hidden_size * BYTES_PER_VALUE,
+        "hidden_bytes_per_token": len(layer_ids) * value_bytes(hidden_size, config.extract.hidden_dtype),
+        "hidden_bytes": tokens * len(layer_ids) * value_bytes(hidden_size, config.extract.hidden_dtype),
         "file_bytes": sum(r["bytes"] for r in recs),
         "engine": "transformers" if config.extract.engine == "transformers" else "vllm",
         "tensor_parallel_size": resolve_tp(config) if config.extract.engine == "vllm" else 1,

@@ -35,12 +35,15 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "extract": ("target_model", "extract"),
     "vocab": ("target_model", "vocab"),
     "train": ("target_model", "seed", "train"),
+    # stage chunked writes no manifest of its own: it is done when train is (done_status)
+    "chunked": ("target_model", "seed", "train"),
 }
 STAGE_INPUTS: dict[str, tuple[str, ...]] = {
     "prepare": (),
     "extract": ("prepare",),
     "vocab": ("prepare",),
     "train": ("extract", "vocab"),
+    "chunked": ("prepare", "vocab"),
 }
 
 
@@ -222,6 +225,8 @@ def done_status(stage: str, config: PipelineConfig, manifests: dict[str, str | N
         the current config sections, and each made from the input manifests now on disk (byte for byte, by
         sha256); else ``(False, why not)``.
     """
+    if stage == "chunked":  # a chunked run is done when its train is (stage chunked's last pass writes train/)
+        return done_status("train", config, manifests)
     for s in [*_ancestors(stage), stage]:
         text = manifests.get(s)
         if text is None:

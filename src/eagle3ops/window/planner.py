@@ -16,7 +16,7 @@ from eagle3ops.window.kinds import driver_kind
 
 
 #: Stages whose command takes ``--restart`` (the others redo only what is not done for their inputs).
-RESTARTABLE = ("extract", "train")
+RESTARTABLE = ("extract", "train", "chunked")
 
 
 @dataclass
@@ -86,10 +86,11 @@ def decide_stages(stages: list[str], config: Any, manifests: dict[str, str | Non
             continue
         ok, why = done_status(s, config, manifests)
         if ok:
-            listed = (json.loads(manifests[s] or "{}").get("files") or {})
-            bad = [rel for rel, e in listed.items() if sizes.get(f"{s}/{rel}") != e.get("bytes")]
+            m = "train" if s == "chunked" else s  # chunked's output is train's
+            listed = (json.loads(manifests[m] or "{}").get("files") or {})
+            bad = [rel for rel, e in listed.items() if sizes.get(f"{m}/{rel}") != e.get("bytes")]
             if bad:
-                ok, why = False, f"{s}: {len(bad)} listed file(s) missing or of another size (e.g. {s}/{bad[0]})"
+                ok, why = False, f"{m}: {len(bad)} listed file(s) missing or of another size (e.g. {m}/{bad[0]})"
         (d.skip if ok else d.run).append((s, why))
     return d
 

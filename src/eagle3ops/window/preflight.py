@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,13 +30,15 @@ BF16_BYTES = 2
 
 
 
-def hidden_state_bytes(tokens: int, hidden_size: int) -> int:
-    """Disk bytes of extracted hidden states: tokens × 4 aux layers × hidden_size × 2 (bf16).
+def hidden_state_bytes(tokens: int, hidden_size: int, dtype: str = "bfloat16") -> int:
+    """Disk bytes of extracted hidden states: tokens × 4 aux layers × hidden_size × 2 (bf16), or × (hidden_size + 4)
+    for ``extract.hidden_dtype: float8_e4m3fn`` (one byte a value + one fp32 scale a token and layer).
 
     Source: speculators stores, per token, the 3 aux layers' hidden states concatenated plus the last layer's,
     each ``hidden_size`` values, in the target's dtype (bf16 = 2 bytes).
     """
-    return tokens * AUX_LAYERS_STORED * hidden_size * BF16_BYTES
+    per = hidden_size + 4 if dtype == "float8_e4m3fn" else hidden_size * BF16_BYTES
+    return tokens * AUX_LAYERS_STORED * per
 
 
 #: Bytes per token of ``prepare/samples.jsonl`` (ids and loss mask as JSON text) and of the int64 ``input_ids`` +
@@ -75,11 +78,16 @@ def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) 
     if stage == "prepare":
         return tokens * PREPARED_BYTES_PER_TOKEN
     if stage == "extract":
-        return hidden_state_bytes(tokens, dims["hidden_size"]) + tokens * PREPARED_BYTES_PER_TOKEN
+        return hidden_state_bytes(tokens, dims["hidden_size"], cfg.extract.hidden_dtype) + tokens * PREPARED_BYTES_PER_TOKEN
     if stage == "vocab":
         return 8 * (cfg.vocab.draft_vocab_size + dims["vocab_size"])
     if stage == "train":
         return train_output_bytes(dims, cfg)
+    if stage == "chunked":  # the least it needs: train's outputs, the held-out samples, one sample (stages/chunked)
+        held = math.ceil(tokens * cfg.train.held_out_fraction)
+        return (train_output_bytes(dims, cfg) + hidden_state_bytes(held + cfg.prepare.max_seq_len, dims["hidden_size"],
+                                                                   cfg.extract.hidden_dtype)
+                + tokens * PREPARED_BYTES_PER_TOKEN)
     raise ValueError(f"unknown stage {stage!r}")
 
 
@@ -128,8 +136,8 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
                      f"the hidden size the disk estimate needs (target_model: {cfg.target_model})")
         return est
     rdir = f"{h.data_dir}/runs/{run}"
-    stages = st.WINDOWS[kind] if stages is None else stages
-    if not {"prepare", "extract"} & set(stages):  # train window: outputs do not scale with tokens
+    stages = st.window_stages(kind, cfg) if stages is None else stages
+    if not {"prepare", "extract", "chunked"} & set(stages):  # train window: outputs do not scale with tokens
         est.basis = f"draft head of {cfg.train.num_layers} layer(s), hidden size {dims['hidden_size']}"
         est.by_stage = {s: stage_output_bytes(s, cfg, dims, 0) for s in stages}
         return est
@@ -170,6 +178,11 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
                      f"4 layers × 2 bytes per value")
     for stage in stages:
         est.by_stage[stage] = stage_output_bytes(stage, cfg, dims, tokens)
+    if "chunked" in stages:
+        est.basis += (f"; chunked run: {hidden_state_bytes(tokens, dims['hidden_size'], cfg.extract.hidden_dtype) / 2**20:.1f} MiB of hidden "
+                      f"states in all, extracted and trained chunk by chunk in at most chunks.budget_fraction "
+                      f"{cfg.chunks.budget_fraction:g} of the free space (the least it needs is counted here; "
+                      f"`stage chunked --dry-run` prints the chunks and passes)")
     return est
 
 

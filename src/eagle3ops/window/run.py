@@ -326,7 +326,7 @@ def _decide(r: Remote, kind: str, run: str, pipeline_text: str | None, restart: 
         cfg = PipelineConfig.model_validate(yaml.safe_load(text) or {})
     except Exception:  # noqa: BLE001 - pydantic or YAML error: reported by the disk estimate
         return on_host, None
-    return on_host, decide_stages(st.WINDOWS[kind], cfg, manifests, sizes, restart=restart,
+    return on_host, decide_stages(st.window_stages(kind, cfg), cfg, manifests, sizes, restart=restart,
                                   rerun_hint=hint("extract", r.host.name, "--run", run))
 
 
