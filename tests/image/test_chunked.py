@@ -1,7 +1,7 @@
-"""Bounded disk (issue 29). Stage ``chunked`` through the CLI, in the pipeline image, on the tiny Llama target: a run whose hidden
-states are about twice the budget is extracted and trained chunk by chunk over two epochs; the sample files on disk
-never exceed the budget, every training step reads only its pass's chunk, every training sample is trained once an
-epoch, and the head, the train manifest and the offline estimate come out as in a one-chunk run's shape. And
+"""Bounded disk (issue 29), in the pipeline image, on the tiny Llama target. Stage ``chunked`` through the CLI: a run
+whose hidden states are about twice the budget is extracted and trained chunk by chunk over two epochs; the sample
+files on disk never exceed the budget, every training step reads only its pass's chunk, every training sample is
+trained once an epoch, and the head, the train manifest and the offline estimate come out as in a one-chunk run. And
 ``extract.hidden_dtype: float8_e4m3fn``: about half the bytes, read back within fp8's error, trained on."""
 
 from __future__ import annotations

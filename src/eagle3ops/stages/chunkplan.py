@@ -125,7 +125,8 @@ class ChunkPlan:
         out = [f"chunked run: {len(self.chunks)} chunk(s), {self.steps} steps = {self.epochs:.2f} epoch(s) of "
                f"{self.steps_per_epoch} steps, {len(self.passes)} pass(es) (each extracts its chunk)",
                f"  hidden states {self.total_bytes / g:.1f} MiB in all; at most {self.peak_bytes / g:.1f} MiB at once "
-               f"(held-out {self.held_bytes / g:.1f} MiB kept + largest chunk {max(self.chunk_bytes, default=0) / g:.1f}"
+               f"(held-out {self.held_bytes / g:.1f} MiB kept + largest chunk "
+               f"{max(self.chunk_bytes, default=0) / g:.1f}"
                f" MiB) within the budget {self.budget_bytes / g:.1f} MiB ({self.basis})"]
         for c, ((a, b), nb) in enumerate(zip(self.chunks, self.chunk_bytes)):
             out.append(f"  chunk {c}: samples [{a}, {b}), {nb / g:.1f} MiB of training samples")

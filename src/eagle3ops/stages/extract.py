@@ -281,7 +281,8 @@ def run_extract(
         done = {i: rec for i, rec in done.items() if not shard[0] <= i < shard[1]}
     todo = [s for s in samples if s["i"] not in done]
     what = "" if shard is None else f" of shard [{shard[0]}, {shard[1]})"
-    log(f"extract: {len(samples)} samples{what}, {len(done)} already written, {len(todo)} to do; layers {layer_ids}")
+    log(f"extract: {len(samples)} samples{what}, {len(samples) - len(todo)} already written, {len(todo)} to do; "
+        f"layers {layer_ids}")
     gen_s = 0.0
     gen_tokens = 0
     if todo:
@@ -320,7 +321,7 @@ def run_extract(
                     os.fsync(prog.fileno())
                     done[s["i"]] = rec
                     gen_tokens += len(ids)
-                log(f"extract: {len(done)}/{len(samples)} samples written")
+                log(f"extract: {sum(1 for x in samples if x['i'] in done)}/{len(samples)} samples written")
         if hasattr(engine, "executor"):
             del engine  # shut vLLM's workers down before the manifest is written
     recs = [done[s["i"]] for s in samples]
@@ -337,8 +338,8 @@ def run_extract(
         "tensors_per_sample": {
             "input_ids": "long [T]",
             "loss_mask": "long [T]",
-            "hidden_states": f"{len(layer_ids)} x {config.extract.hidden_dtype} [T, {hidden_size}] (3 aux layers + last "
-                             f"layer)" + (", hidden_scales: 4 x float32 [T, 1]"
+            "hidden_states": f"{len(layer_ids)} x {config.extract.hidden_dtype} [T, {hidden_size}] (3 aux layers "
+                             f"+ last layer)" + (", hidden_scales: 4 x float32 [T, 1]"
                                           if config.extract.hidden_dtype == "float8_e4m3fn" else ""),
         },
         "hidden_bytes_per_token": len(layer_ids) * value_bytes(hidden_size, config.extract.hidden_dtype),

@@ -78,7 +78,8 @@ def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) 
     if stage == "prepare":
         return tokens * PREPARED_BYTES_PER_TOKEN
     if stage == "extract":
-        return hidden_state_bytes(tokens, dims["hidden_size"], cfg.extract.hidden_dtype) + tokens * PREPARED_BYTES_PER_TOKEN
+        return (hidden_state_bytes(tokens, dims["hidden_size"], cfg.extract.hidden_dtype)
+                + tokens * PREPARED_BYTES_PER_TOKEN)
     if stage == "vocab":
         return 8 * (cfg.vocab.draft_vocab_size + dims["vocab_size"])
     if stage == "train":
@@ -179,7 +180,8 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
     for stage in stages:
         est.by_stage[stage] = stage_output_bytes(stage, cfg, dims, tokens)
     if "chunked" in stages:
-        est.basis += (f"; chunked run: {hidden_state_bytes(tokens, dims['hidden_size'], cfg.extract.hidden_dtype) / 2**20:.1f} MiB of hidden "
+        total = hidden_state_bytes(tokens, dims["hidden_size"], cfg.extract.hidden_dtype)
+        est.basis += (f"; chunked run: {total / 2**20:.1f} MiB of hidden "
                       f"states in all, extracted and trained chunk by chunk in at most chunks.budget_fraction "
                       f"{cfg.chunks.budget_fraction:g} of the free space (the least it needs is counted here; "
                       f"`stage chunked --dry-run` prints the chunks and passes)")
