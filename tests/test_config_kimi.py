@@ -141,3 +141,25 @@ def test_offline_without_dry_run_is_refused(tmp_path, no_network):
     res = CliRunner().invoke(app, ["train", "kimi-01", "-i", str(inv), "--pipeline", str(PIPELINE), "--offline"])
     assert res.exit_code == 2
     assert "--offline needs --dry-run" in res.output
+
+
+def test_offline_dry_run_of_a_chunked_kimi_run_plans_prepare_then_vocab_and_chunked(tmp_path, no_network):
+    """issue 29: with `chunks.count: auto` window extract only prepares, and window train runs vocab and stage
+    chunked (extract + train chunk by chunk) with the same stage container settings."""
+    inv = _unreachable_inventory(tmp_path)
+    cfg = yaml.safe_load(PIPELINE.read_text())
+    cfg["chunks"] = {"count": "auto"}
+    chunked = tmp_path / "pipeline.chunked.yaml"
+    chunked.write_text(yaml.safe_dump(cfg))
+    got = {}
+    for kind in ("extract", "train"):
+        res = CliRunner().invoke(app, [kind, "kimi-01", "-i", str(inv), "--pipeline", str(chunked), "--run", "kimi",
+                                       "--dry-run", "--offline"])
+        assert res.exit_code == 0, res.output
+        lines = res.output.splitlines()
+        got[kind] = [ln.split(" -m eagle3ops stage ")[1].split()[0] for ln in lines
+                     if ln.startswith("docker run --detach --name eagle3ops-")]
+        if kind == "train":
+            assert any("stage chunked extracts and trains chunk by chunk" in ln for ln in lines)
+            assert any(ln.endswith("chunked --run-dir /data/runs/kimi") and "--gpus all" in ln for ln in lines)
+    assert got == {"extract": ["prepare"], "train": ["vocab", "chunked"]}

@@ -42,7 +42,11 @@ def assumed_facts(h: HostConfig, kind: str, cfg: PipelineConfig) -> list[tuple[s
         ("train processes", f"auto: one per GPU, {h.gpus} assumed" if nproc == "auto"
          else f"{nproc} (pipeline train.nproc)"),
     ]
-    if kind == "train":
+    if kind == "train" and cfg.chunks.count != "off":
+        facts.append(("stage inputs", "prepare assumed done (not read); a chunked run (chunks.count "
+                                      f"{cfg.chunks.count}): stage chunked extracts and trains chunk by chunk, its "
+                                      "plan printed when it starts (`stage chunked --dry-run` on the host)"))
+    elif kind == "train":
         facts.append(("stage inputs", "extract assumed done for these inputs (not read)"))
     return facts
 
@@ -71,8 +75,8 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
     cfg = PipelineConfig.model_validate(yaml.safe_load(pipeline_text) or {})
     window_id = new_window_id(kind)
     image = vc.UNKNOWN_ENV if h.uses_venv else h.pipeline_image or UNKNOWN_IMAGE
-    stages = st.WINDOWS[kind]
-    decision = StageDecision(run=[(s, "--restart: redone from scratch" if restart and s in ("extract", "train")
+    stages = st.window_stages(kind, cfg)
+    decision = StageDecision(run=[(s, "--restart: redone from scratch" if restart and s in ("extract", "train", "chunked")
                                    else "assumed not done (offline)") for s in stages])
     facts = assumed_facts(h, kind, cfg)
     plan = build_plan(h, kind="window", window_id=window_id, image=image, command=command, run=run,
