@@ -91,6 +91,11 @@ def test_a_run_twice_the_budget_trains_in_chunks_within_the_budget(tmp_path: Pat
     again = _stage(run, "chunked")
     assert again.returncode == 0 and "resuming the recorded plan" in again.stdout
     assert len((run / "chunks/passes.jsonl").read_text().splitlines()) == len(passes)
+    # stage train alone cannot redo a chunked run (its first step needs a deleted chunk): refused, the head kept
+    head = (run / "train/final/model.safetensors").read_bytes()
+    bad = _stage(run, "train", "--restart")
+    assert bad.returncode == 2 and "outside the current chunk" in bad.stderr, bad.stderr[-2000:]
+    assert (run / "train/final/model.safetensors").read_bytes() == head
 
 
 def test_fp8_hidden_states_take_about_half_the_bytes_and_read_back_within_fp8_error(tmp_path: Path, model: Path):

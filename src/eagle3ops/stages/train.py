@@ -460,6 +460,9 @@ def run_train(
             idx = row[rank]
             active = idx is not None  # else a zero-weight step: this rank's unit has no batch left this epoch
             t_step = time.monotonic()
+            if active and chunks and any(i not in pos for i in idx):  # only stage chunked's passes stop in time
+                raise trainplan.TrainPlanError(f"step {step + 1} trains samples outside the current chunk "
+                                               f"[{ca}, {cb}); run stage chunked, which stops each pass in time")
             batch = collate([dataset[pos[i]] for i in idx] if active else [dataset[0]])
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             _draft, loss, metrics = model(
