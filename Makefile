@@ -30,7 +30,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
-        patch-check bench-rebuild bench-push bench-train-nodes bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head clean-sandbox
+        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head clean-sandbox
 
 setup:
 	bash scripts/setup.sh
@@ -108,6 +108,14 @@ bench-push: setup
 # pipeline image, the tiny Llama target, a reach-probe refusal, a node killed and resumed, a one-node reference.
 bench-train-nodes: image
 	$(PY) benchmarks/fleet_train_nodes.py --image "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
+
+# Bounded disk (issue 29): a chunked run twice the data dir's free space (tmpfs) against one chunk, and the colocated
+# online lever against extract + train on SmolLM2; both in containers of the pipeline image, this checkout's src mounted.
+bench-chunked: image
+	$(PY) benchmarks/chunked_disk.py --json benchmarks/chunked-disk-cpu.json
+
+bench-online: image
+	$(PY) benchmarks/online_lever.py --json benchmarks/online-lever-cpu.json
 
 # The extract benchmark needs torch, vLLM and the patched speculators: it runs inside the pipeline image.
 bench-extract: image

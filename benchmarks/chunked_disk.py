@@ -27,7 +27,6 @@ Usage: ``python benchmarks/chunked_disk.py [--conversations 500]``; writes ``--j
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -37,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from inimage import epoch_steps, first_conversations, run_container
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -56,22 +57,6 @@ def _stage(run: Path, *args: str) -> float:
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-m", "eagle3ops", "stage", *args, "--run-dir", str(run)], check=True)
     return round(time.monotonic() - t0, 1)
-
-
-def _two_epochs(run: Path, chunks: list[tuple[int, int]] | None) -> int:
-    from eagle3ops.config.pipeline import load_pipeline_config
-    from eagle3ops.stages import trainplan
-    from eagle3ops.stages.prepare import read_samples
-
-    c = load_pipeline_config(run)
-    tokens = [len(s["input_ids"]) for s in read_samples(run)]
-    held = trainplan.held_out_indices(len(tokens), c.train.held_out_fraction, c.seed)
-    lay = trainplan.layout([], len(tokens), 1)
-    units = trainplan.unit_samples(lay, [(i, t - 1) for i, t in enumerate(tokens) if i not in held])
-    if chunks:
-        return sum(len(trainplan.chunked_epoch_plan(lay, units, c.train.batch_max_tokens, c.seed, e, chunks))
-                   for e in (0, 1))
-    return sum(len(trainplan.epoch_plan(lay, units, c.train.batch_max_tokens, c.seed, e)) for e in (0, 1))
 
 
 def _set_steps(run: Path, steps: int, **extra: Any) -> None:
@@ -94,7 +79,7 @@ def inner_one(a: argparse.Namespace) -> None:
     res: dict[str, Any] = {"stage_s": {}}
     for s in ("prepare", "vocab", "extract"):
         res["stage_s"][s] = _stage(run, s)
-    steps = _two_epochs(run, None)
+    steps = epoch_steps(run, 2)
     _set_steps(run, steps)
     res["stage_s"]["train"] = _stage(run, "train")
     ext = json.loads((run / "extract/manifest.json").read_text())
@@ -121,7 +106,7 @@ def inner_chunked(a: argparse.Namespace) -> None:
     st = os.statvfs(lim)
     size, free0 = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
     plan = make_plan(run, load_pipeline_config(run))
-    steps = _two_epochs(run, [tuple(c) for c in plan.chunks])
+    steps = epoch_steps(run, 2, [tuple(c) for c in plan.chunks])
     _set_steps(run, steps, chunks={"count": "auto"})
     samples: list[tuple[float, int]] = []
     stop = threading.Event()
@@ -158,23 +143,10 @@ def inner_chunked(a: argparse.Namespace) -> None:
 
 
 def _container(image: str, work: Path, phase: str, a: argparse.Namespace, tmpfs: int | None = None) -> None:
-    import docker
-
     argv = ["python3", "/bench/chunked_disk.py", "--inner", phase, "--conversations", str(a.conversations),
             "--max-seq-len", str(a.max_seq_len), "--batch-tokens", str(a.batch_tokens), "--lr", str(a.lr)]
-    kw: dict[str, Any] = {"tmpfs": {"/lim": f"size={tmpfs}"}} if tmpfs else {}
-    c = docker.from_env().containers.run(
-        image, entrypoint=argv, network_mode="none", detach=True, **kw,
-        volumes={str(BENCH): {"bind": "/bench", "mode": "ro"}, str(work): {"bind": "/w", "mode": "rw"},
-                 str(REPO / "src"): {"bind": "/e3/src", "mode": "ro"}},
-        environment={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                     "PYTHONPATH": "/e3/src", "PYTHONDONTWRITEBYTECODE": "1"})
-    try:
-        for chunk in c.logs(stream=True, follow=True):
-            sys.stdout.write(chunk.decode(errors="replace"))
-        rc = c.wait(timeout=60)["StatusCode"]
-    finally:
-        c.remove(force=True)
+    vols = {str(BENCH): {"bind": "/bench", "mode": "ro"}, str(work): {"bind": "/w", "mode": "rw"}}
+    rc = run_container(image, argv, vols, src=True, tmpfs={"/lim": f"size={tmpfs}"} if tmpfs else None)
     if rc != 0:
         raise SystemExit(f"phase {phase} in {image} failed (exit {rc}); its output is above")
 
@@ -208,12 +180,7 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    n = 0
-    with gzip.open(a.regen, "rt", encoding="utf-8") as src, open(work / "regen.jsonl", "w", encoding="utf-8") as dst:
-        for line in src:
-            if line.strip() and n < a.conversations:
-                dst.write(line)
-                n += 1
+    n = first_conversations(a.regen, work / "regen.jsonl", a.conversations)
     _container(image, work, "one", a)
     one = json.loads((work / "one.json").read_text())
     size = one["prepare_vocab_bytes"] + 64 * 1024 + one["hidden_file_bytes"] // 2

@@ -32,13 +32,14 @@ pipeline image (``make image`` or ``make test`` builds it) and docker.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from inimage import first_conversations, run_container
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -190,8 +191,6 @@ def main() -> None:
     if a.inner:
         inner(a)
         return
-    import docker
-
     sys.path.insert(0, str(REPO / "src"))
     sys.path.insert(0, str(BENCH))
     from served_acceptance_by_length import machine, pipeline_image, target_dir
@@ -206,13 +205,7 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    opener = gzip.open if a.regen.suffix == ".gz" else open
-    n = 0
-    with opener(a.regen, "rt", encoding="utf-8") as src, open(work / "regen.jsonl", "w", encoding="utf-8") as dst:
-        for line in src:
-            if line.strip() and n < a.conversations:
-                dst.write(line)
-                n += 1
+    n = first_conversations(a.regen, work / "regen.jsonl", a.conversations)
     vols = {str(BENCH): {"bind": "/bench", "mode": "ro"}, str(work): {"bind": "/w", "mode": "rw"},
             str(target): {"bind": "/target", "mode": "ro"}}
     argv = ["python3", "/bench/hidden_fp8.py", "--inner", "--conversations", str(a.conversations),
@@ -221,15 +214,7 @@ def main() -> None:
     if a.head:
         vols[str(a.head.resolve())] = {"bind": "/head", "mode": "ro"}
         argv += ["--head", "/head"]
-    c = docker.from_env().containers.run(image, entrypoint=argv, volumes=vols, network_mode="none", detach=True,
-                                         environment={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                                      "PYTHONUNBUFFERED": "1"})
-    try:
-        for chunk in c.logs(stream=True, follow=True):
-            sys.stdout.write(chunk.decode(errors="replace"))
-        rc = c.wait(timeout=60)["StatusCode"]
-    finally:
-        c.remove(force=True)
+    rc = run_container(image, argv, vols)
     if rc != 0 or not (work / "inner.json").is_file():
         raise SystemExit(f"the measurement in {image} failed (exit {rc}); its output is above")
     res = json.loads((work / "inner.json").read_text())

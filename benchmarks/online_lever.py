@@ -25,7 +25,6 @@ Usage: ``python benchmarks/online_lever.py [--conversations 120] [--epochs 2]``;
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shutil
 import subprocess
@@ -33,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from inimage import epoch_steps, first_conversations, run_container
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -89,19 +90,6 @@ def _online_dataset_class(run: Path, target: str) -> type:
     return Online
 
 
-def _epochs_steps(run: Path, epochs: int) -> int:
-    from eagle3ops.config.pipeline import load_pipeline_config
-    from eagle3ops.stages import trainplan
-    from eagle3ops.stages.prepare import read_samples
-
-    c = load_pipeline_config(run)
-    tokens = [len(s["input_ids"]) for s in read_samples(run)]
-    held = trainplan.held_out_indices(len(tokens), c.train.held_out_fraction, c.seed)
-    lay = trainplan.layout([], len(tokens), 1)
-    units = trainplan.unit_samples(lay, [(i, t - 1) for i, t in enumerate(tokens) if i not in held])
-    return sum(len(trainplan.epoch_plan(lay, units, c.train.batch_max_tokens, c.seed, e)) for e in range(epochs))
-
-
 def _set_steps(run: Path, steps: int) -> None:
     cfg = json.loads((run / "pipeline.yaml").read_text())
     cfg["train"]["steps"] = steps
@@ -128,7 +116,7 @@ def inner(a: argparse.Namespace) -> None:
     run_prepare(off, c, log=lambda *_: None)
     run_vocab(off, c, log=lambda *_: None)
     res["prepare_vocab_s"] = round(time.monotonic() - t0, 1)
-    steps = _epochs_steps(off, a.epochs)
+    steps = epoch_steps(off, a.epochs)
     _set_steps(off, steps)
     c = load_pipeline_config(off)
     t0 = time.monotonic()
@@ -189,8 +177,6 @@ def main() -> None:
     if a.inner:
         inner(a)
         return
-    import docker
-
     sys.path.insert(0, str(BENCH))
     from served_acceptance_by_length import machine, pipeline_image, target_dir
 
@@ -201,26 +187,12 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    n = 0
-    with gzip.open(a.regen, "rt", encoding="utf-8") as src, open(work / "regen.jsonl", "w", encoding="utf-8") as dst:
-        for line in src:
-            if line.strip() and n < a.conversations:
-                dst.write(line)
-                n += 1
+    n = first_conversations(a.regen, work / "regen.jsonl", a.conversations)
     argv = ["python3", "/bench/online_lever.py", "--inner", "--conversations", str(a.conversations),
             "--max-seq-len", str(a.max_seq_len), "--epochs", str(a.epochs)]
-    c = docker.from_env().containers.run(
-        image, entrypoint=argv, network_mode="none", detach=True,
-        volumes={str(BENCH): {"bind": "/bench", "mode": "ro"}, str(work): {"bind": "/w", "mode": "rw"},
-                 str(target): {"bind": "/target", "mode": "ro"}, str(REPO / "src"): {"bind": "/e3/src", "mode": "ro"}},
-        environment={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                     "PYTHONPATH": "/e3/src", "PYTHONDONTWRITEBYTECODE": "1"})
-    try:
-        for chunk in c.logs(stream=True, follow=True):
-            sys.stdout.write(chunk.decode(errors="replace"))
-        rc = c.wait(timeout=60)["StatusCode"]
-    finally:
-        c.remove(force=True)
+    vols = {str(BENCH): {"bind": "/bench", "mode": "ro"}, str(work): {"bind": "/w", "mode": "rw"},
+            str(target): {"bind": "/target", "mode": "ro"}}
+    rc = run_container(image, argv, vols, src=True)
     if rc != 0 or not (work / "inner.json").is_file():
         raise SystemExit(f"the measurement in {image} failed (exit {rc}); its output is above")
     res = json.loads((work / "inner.json").read_text())
