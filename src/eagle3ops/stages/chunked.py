@@ -89,15 +89,16 @@ def make_plan(run_dir: Path, config: PipelineConfig, world: int | None = None) -
 
 
 def _stage(run_dir: Path, *args: str) -> None:
-    """``python -m eagle3ops stage ARGS --run-dir RUN_DIR`` in a subprocess (this interpreter, this environment).
+    """``python -m eagle3ops.stages ARGS --run-dir RUN_DIR`` (the stage sub-app alone, as torchrun's ranks run it)
+    in a subprocess of this interpreter and environment.
 
     Raises:
         RuntimeError: it exited non-zero (its output is in this stage's log).
     """
-    argv = [sys.executable, "-m", "eagle3ops", "stage", *args, "--run-dir", str(run_dir)]
+    argv = [sys.executable, "-m", "eagle3ops.stages", *args, "--run-dir", str(run_dir)]
     rc = subprocess.run(argv, check=False).returncode  # noqa: S603 - argv list, our own interpreter
     if rc != 0:
-        raise RuntimeError(f"chunked: `{' '.join(argv[3:])}` exited with status {rc} (its output is above)")
+        raise RuntimeError(f"chunked: `stage {' '.join(argv[3:])}` exited with status {rc} (its output is above)")
 
 
 def _checkpoint_step(run_dir: Path) -> int:
