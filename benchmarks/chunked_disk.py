@@ -55,7 +55,7 @@ def _pipeline(model: str, data: str, a: argparse.Namespace) -> dict[str, Any]:
 
 def _stage(run: Path, *args: str) -> float:
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "eagle3ops", "stage", *args, "--run-dir", str(run)], check=True)
+    subprocess.run([sys.executable, "-m", "eagle3ops.stages", *args, "--run-dir", str(run)], check=True)
     return round(time.monotonic() - t0, 1)
 
 
