@@ -70,6 +70,8 @@ def test_a_run_twice_the_budget_trains_in_chunks_within_the_budget(tmp_path: Pat
     assert max(p["sample_bytes_on_disk"] for p in passes) <= total // 2  # measured after each pass's extract
     man = json.loads((run / "train/manifest.json").read_text())
     assert man["steps"] == cfg["train"]["steps"] and (run / "train/final/model.safetensors").is_file()
+    # readable by the host's SSH user, who sizes them before a window and copies them (safetensors writes 0600)
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in (run / "train/final").iterdir())
     est = man["offline_estimate"]
     assert est["held_out_samples"] == len(plan.held) and est["acceptance_length"] >= 1.0
     # each step inside its pass's chunk; every training sample once an epoch

@@ -545,6 +545,8 @@ def run_train(
     conf = json.loads(conf_path.read_text())
     conf["dtype"] = "bfloat16"
     atomic_write_text(conf_path, json.dumps(conf, indent=2, sort_keys=True) + "\n")
+    for p in final.iterdir():  # safetensors writes 0600; the SSH user sizes and copies the head (--head A:RUN)
+        p.chmod(0o644)
     final_files = {f"final/{p.name}": file_entry(p) for p in sorted(final.iterdir()) if p.is_file()}
     with open(metrics_path, encoding="utf-8") as mf:
         history = [json.loads(line) for line in mf if line.strip()]
