@@ -104,6 +104,76 @@ def _container_train(image: str, run: Path, model: str, nproc: int) -> tuple[int
     return out.returncode, (out.stdout + out.stderr)[-3000:], round(time.monotonic() - t0, 1)
 
 
+COMPARE = """
+import json, sys, torch
+from pathlib import Path
+from eagle3ops.patches.probekit import ProbeFailed, hidden_state_errors
+from eagle3ops.stages.probe import _tolerances
+pairs = json.loads(sys.argv[1])
+results, refs, ids_equal = [], [], True
+for fleet_file, ref_file in pairs:
+    a, b = torch.load(fleet_file, weights_only=True), torch.load(ref_file, weights_only=True)
+    ids_equal = ids_equal and torch.equal(a["input_ids"], b["input_ids"])
+    results.append({"hidden_states": a["hidden_states"]})
+    refs.append([h.float() for h in b["hidden_states"]])
+st = hidden_state_errors(results, refs)
+dense, _moe = _tolerances()
+try:
+    st.check(dense, "fleet extract against the one-host extract")
+    within = True
+except ProbeFailed:
+    within = False
+print(json.dumps({"token_ids_equal": ids_equal, "median": st.median, "q99": st.q99, "max": st.max,
+                  "worst_seq_median": st.worst_seq_median, "tokens": st.n_tokens, "within_probe_tolerance": within}))
+"""
+
+
+def _one_host_compare(image: str, hosts: dict, model: Path, merged: Path, tmp: Path) -> dict:
+    """Issue 29 Done-when (1): the one-host extract of the same prepared samples (stage extract, no shard, in a
+    pipeline-image container on this machine) against the fleet's merged manifest: sample ids, token ids (each
+    sample's ``input_ids``), file sha256; where a file differs, the stage probe's per-token errors and its dense
+    tolerance (:func:`eagle3ops.stages.probe._tolerances`), computed in the container."""
+    m = json.loads(merged.read_text())
+    src = Path(hosts["n0"].data_dir) / "runs" / RUN
+    ref = tmp / "ref"
+    ref.mkdir()
+    shutil.copy(src / "pipeline.yaml", ref / "pipeline.yaml")
+    shutil.copytree(src / "prepare", ref / "prepare")
+    t0 = time.monotonic()
+    out = subprocess.run(["docker", "run", "--rm", "--network", "none", "-e", "HF_HUB_OFFLINE=1", "-e",
+                          "TRANSFORMERS_OFFLINE=1", "-v", f"{ref}:/e3run", "-v", f"{model}:/model:ro",
+                          "--entrypoint", "python3", image, "-m", "eagle3ops", "stage", "extract", "--run-dir",
+                          "/e3run"], capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    res: dict = {"rc": out.returncode, "wall_s": round(time.monotonic() - t0, 1)}
+    if out.returncode != 0:
+        res["error"] = (out.stdout + out.stderr)[-2000:]
+        return res
+    rm = json.loads((ref / "extract/manifest.json").read_text())
+    res["sample_ids_equal"] = [s["i"] for s in rm["sample_files"]] == [s["i"] for s in m["sample_files"]]
+    res["samples"], res["tokens"] = rm["samples"], rm["tokens"]
+    res["tokens_equal"] = rm["tokens"] == m["tokens"] and [s["tokens"] for s in rm["sample_files"]] == [
+        s["tokens"] for s in m["sample_files"]]
+    owner = {}
+    for sh in m["fleet"]["shards"]:
+        for i in range(sh["start"], sh["end"]):
+            owner[i] = sh["host"]
+    same = [rel for rel, e in rm["files"].items() if m["files"].get(rel, {}).get("sha256") == e["sha256"]]
+    res["files_sha256_equal"] = f"{len(same)} of {len(rm['files'])}"
+    cmp_dir = tmp / "cmp"
+    cmp_dir.mkdir()
+    pairs = []
+    for s in rm["sample_files"]:  # every sample's states compared (equal files give zero error)
+        host_file = Path(hosts[owner[s["i"]]].data_dir) / "runs" / RUN / "extract" / s["file"]
+        shutil.copy(host_file, cmp_dir / f"fleet_{s['i']:06d}.pt")
+        pairs.append([f"/cmp/fleet_{s['i']:06d}.pt", f"/e3run/extract/{s['file']}"])
+    out = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{ref}:/e3run:ro", "-v",
+                          f"{cmp_dir}:/cmp:ro", "--entrypoint", "python3", image, "-c", COMPARE, json.dumps(pairs)],
+                         capture_output=True, text=True, timeout=600)
+    res["states"] = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {
+        "error": (out.stdout + out.stderr)[-2000:]}
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--image", required=True, help="a built pipeline image (its venv is exported)")
@@ -112,7 +182,12 @@ def main() -> int:
                     "node 0")
     ap.add_argument("--json", type=Path, default=REPO / "benchmarks/fleet-train-nodes.json")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--extract-only", action="store_true",
+                    help="issue 29 (1): step 1 only, then the one-host extract compared with the merged manifest "
+                         "(writes --json, default benchmarks/fleet-extract-vs-one-host.json)")
     a = ap.parse_args()
+    if a.extract_only and a.json == REPO / "benchmarks/fleet-train-nodes.json":
+        a.json = REPO / "benchmarks/fleet-extract-vs-one-host.json"
     from eagle3ops_dev import demo, fleet
     from eagle3ops_dev.standin_env import standin_server_pids
 
@@ -187,6 +262,17 @@ def main() -> int:
         m = json.loads(merged.read_text())
         fig["fleet_extract"].update(samples=m["samples"], tokens=m["tokens"],
                                     shards=[{k: s[k] for k in ("host", "start", "end")} for s in m["fleet"]["shards"]])
+        if a.extract_only:
+            fig["what"] = ("issue 29 (1): extraction over three netns sandbox hosts (n0 serving the STAND-IN server, "
+                           "n1 and n2 serving: none) against a one-host extract of the same prepared samples; real "
+                           "pipeline environment and stages, tiny Llama target")
+            fig["one_host"] = _one_host_compare(a.image, hosts, model, merged, tmp)
+            print(json.dumps(fig["one_host"], indent=2))
+            oh = fig["one_host"]
+            ok = bool(oh.get("sample_ids_equal") and oh.get("tokens_equal")
+                      and (oh.get("states") or {}).get("token_ids_equal")
+                      and (oh.get("states") or {}).get("within_probe_tolerance"))
+            return 0 if ok else 1
         train = ["train", "n0", "n1", "n2", *common, "--from-fleet", str(merged)]
 
         # 2. node 2 cannot reach node 0: refused by name, nothing stopped
