@@ -163,3 +163,16 @@ def test_offline_dry_run_of_a_chunked_kimi_run_plans_prepare_then_vocab_and_chun
             assert any("stage chunked extracts and trains chunk by chunk" in ln for ln in lines)
             assert any(ln.endswith("chunked --run-dir /data/runs/kimi") and "--gpus all" in ln for ln in lines)
     assert got == {"extract": ["prepare"], "train": ["vocab", "chunked"]}
+
+
+def test_the_chunk_plan_before_the_stop_is_a_throwaway_stage_container_without_gpus(tmp_path):
+    """issue 29: window train of a chunked run prints stage chunked's plan (``--dry-run``) from a throwaway container
+    with the stage's own mounts and environment but no GPU request (serving still holds them), removed on exit."""
+    from eagle3ops.commands.stages import chunk_plan_argv
+
+    h = load_inventory(_unreachable_inventory(tmp_path)).host("kimi-01")
+    argv = list(chunk_plan_argv(h, image="img:1", run="kimi", window_id="w1").argv)
+    assert argv[:3] == ["docker", "run", "--rm"] and "--detach" not in argv and "--gpus" not in argv
+    assert argv[argv.index("--name") + 1] == "eagle3ops-w1-chunkplan"
+    assert argv[-4:] == ["chunked", "--run-dir", "/data/runs/kimi", "--dry-run"]
+    assert f"{h.data_dir}:/data" in argv

@@ -144,6 +144,17 @@ def trial_argv(host: HostConfig, spec: dict[str, Any]) -> Change:
     return Change(run_argv(host, spec, remove=True))
 
 
+def chunk_plan_argv(host: HostConfig, *, image: str, run: str, window_id: str) -> Change:
+    """``docker run --rm`` argv of a throwaway container that prints stage ``chunked``'s plan without running it
+    (``--dry-run``: reads the run's prepare/, the target's config and the free space; writes nothing): the chunked
+    stage's own container spec without its GPU request, attached and removed on exit."""
+    spec = stage_spec(host, image=image, stage="chunked", run=run, window_id=window_id)
+    spec["name"] = f"eagle3ops-{window_id}-chunkplan"
+    spec["command"] = [*spec["command"], "--dry-run"]
+    spec["device_requests"] = []
+    return Change(run_argv(host, spec, remove=True))
+
+
 def supervisor_name(window_id: str) -> str:
     """Container name of a window's supervisor."""
     return f"eagle3ops-supervisor-{window_id}"

@@ -128,6 +128,14 @@ def trial_argv(host: HostConfig, *, image: str, run: str) -> Change:
     return Change(["env", *env, env_python(host, image), *trial_command(host.gpus, host.data_dir, host.model_path)])
 
 
+def chunk_plan_argv(host: HostConfig, *, image: str, run: str, window_id: str) -> Change:
+    """Stage ``chunked``'s plan printed without running it (``--dry-run``) by a process of the pipeline environment
+    with the stage's environment (the counterpart of :func:`eagle3ops.commands.stages.chunk_plan_argv`)."""
+    spec = stage_spec(host, image=image, stage="chunked", run=run, window_id=window_id)
+    env = [f"{k}={v}" for k, v in sorted(spec["environment"].items())]
+    return Change(["env", *env, *spec["argv"], "--dry-run"])
+
+
 def stage_preview(spec: dict[str, Any]) -> list[str]:
     """What the supervisor runs for a venv stage, as one argv (``--dry-run``): ``cd`` and ``env`` with the stage's
     environment, then its argv (output to ``<stage>.log`` in the window directory)."""

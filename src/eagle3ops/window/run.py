@@ -17,7 +17,7 @@ from eagle3ops.commands import stages as st
 from eagle3ops.commands import venv as vc
 from eagle3ops.commands import weights as wc
 from eagle3ops.config.plan import Plan, ReleaseChange, SpeculateJob
-from eagle3ops.remote import Remote, render
+from eagle3ops.remote import Remote, RemoteError, render
 from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, append_audit, hint, new_window_id,
                                      paths)
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
@@ -193,6 +193,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             r.run(hc.write_file(f"{rdir}/{SERVED_FILE}"), stdin=template.served.text)
         if pipeline_text is not None and pipeline_text != on_host_text:
             upload_pipeline_config(r, run, pipeline_text)
+        if to_run and "chunked" in to_run:  # the chunked run's plan, printed (and fitting) before serving stops
+            chunk_plan(r, image=image, run=run, window_id=window_id, on_event=on_event)
         launch(r, plan, image)
     except BaseException as exc:
         started = None if r.dry_run else _started(r, window_id)
@@ -227,6 +229,40 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
                                        **(result.get("stages") or {})}}
     return finish_window(r, window_id, result, command=command)
+
+
+def chunk_plan(r: Remote, *, image: str, run: str, window_id: str,
+               on_event: Callable[[dict[str, Any]], None] | None = None) -> list[str]:
+    """Stage ``chunked``'s plan made on the host by a throwaway stage container (or pipeline-environment process)
+    with ``--dry-run`` (:func:`eagle3ops.commands.stages.chunk_plan_argv`), after preflight and the pipeline config's
+    upload, before serving stops, bounded by :data:`eagle3ops.commands.stages.TRIAL_TIMEOUT_S`. Each plan line becomes
+    a ``preflight`` event (check ``chunk plan``); returns the lines. In a dry run the command is printed, not run.
+
+    Raises:
+        PreflightFailed: the plan could not be made (no chunking fits the disk budget, inputs missing, or no answer
+            in time): the window stops here, nothing stopped (the message ends with the stage's own words).
+    """
+    h = r.host
+    argv = (vc.chunk_plan_argv(h, image=image, run=run, window_id=window_id) if h.uses_venv
+            else st.chunk_plan_argv(h, image=image, run=run, window_id=window_id))
+    try:
+        res = r.run(argv, check=False, timeout=st.TRIAL_TIMEOUT_S)
+    except RemoteError as exc:  # timed out
+        raise PreflightFailed(f"{h.name}: the chunked run's plan was not made within {st.TRIAL_TIMEOUT_S} s ({exc}); "
+                              f"nothing was stopped") from exc
+    finally:
+        if not h.uses_venv:
+            r.run(dk.rm(h, f"eagle3ops-{window_id}-chunkplan", force=True), check=False)
+    if r.dry_run:
+        return []
+    lines = [ln.rstrip() for ln in res.stdout.splitlines() if ln.startswith(("chunked run:", "  "))]
+    for ln in lines:
+        if on_event:
+            on_event({"step": "preflight", "event": "ok", "check": "chunk plan", "detail": ln.strip()})
+    if not res.ok:
+        said = " ".join((res.stderr + " " + res.stdout).split())[-600:]
+        raise PreflightFailed(f"{h.name}: stage chunked cannot plan run {run}, nothing was stopped: {said}")
+    return lines
 
 
 def start_weights_record(r: Remote) -> bool:
