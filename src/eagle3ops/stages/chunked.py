@@ -183,7 +183,7 @@ def run_chunked(run_dir: Path, config: PipelineConfig, log: Any = print, restart
     if config.chunks.count == "off":
         raise StageInputError("stage chunked: pipeline.yaml has chunks.count off; set `chunks: {count: auto}` (or a "
                               "number of chunks), or run stages extract and train")
-    for need in ("prepare", "vocab"):
+    for need in ("prepare",) if dry_run else ("prepare", "vocab"):  # window train plans before its vocab runs
         if not (stage_dir(run_dir, need) / MANIFEST).is_file():
             raise StageInputError(f"stage chunked: {stage_dir(run_dir, need) / MANIFEST} is missing; run stage "
                                   f"`{need}` first")
