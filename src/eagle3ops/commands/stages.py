@@ -31,7 +31,7 @@ def window_stages(kind: str, config: Any = None) -> list[str]:
     Raises:
         KeyError: ``kind`` is not a stage window.
     """
-    chunked = config is not None and getattr(getattr(config, "chunks", None), "count", "off") != "off"
+    chunked = config is not None and config.chunks.count != "off"
     return list((CHUNKED_WINDOWS if chunked else WINDOWS)[kind])
 
 

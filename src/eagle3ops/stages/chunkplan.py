@@ -67,11 +67,15 @@ class ChunkPlanError(ValueError):
     """No chunk plan fits (the message names the key to change)."""
 
 
+def value_bytes(hidden_size: int, dtype: str = "bfloat16") -> int:
+    """Stored bytes of one token's state in one layer: ``2 H`` (bf16) or ``H + 4`` (``float8_e4m3fn``: one byte a
+    value and its token's fp32 scale); the one formula of extract's figures, preflight's estimate and the plan."""
+    return hidden_size + 4 if dtype == "float8_e4m3fn" else hidden_size * 2
+
+
 def sample_bytes(tokens: int, hidden_size: int, layers: int = 4, dtype: str = "bfloat16") -> int:
-    """Disk bytes of one extracted sample file of ``tokens`` tokens (module doc); ``dtype`` ``float8_e4m3fn``: one
-    byte a value and a 4-byte scale a token and layer."""
-    per = hidden_size + 4 if dtype == "float8_e4m3fn" else hidden_size * 2
-    return tokens * (layers * per + ID_BYTES_PER_TOKEN) + FILE_OVERHEAD
+    """Disk bytes of one extracted sample file of ``tokens`` tokens (module doc; :func:`value_bytes` a value)."""
+    return tokens * (layers * value_bytes(hidden_size, dtype) + ID_BYTES_PER_TOKEN) + FILE_OVERHEAD
 
 
 @dataclass(frozen=True)

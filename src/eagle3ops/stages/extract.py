@@ -45,6 +45,7 @@ from eagle3ops.stages.manifest import (
     write_manifest,
 )
 from eagle3ops.stages import shards
+from eagle3ops.stages.chunkplan import value_bytes
 from eagle3ops.stages.prepare import read_samples
 from eagle3ops.stages.vocab import target_text_config
 
@@ -204,11 +205,6 @@ def _save_sample(path: Path, ids: list[int], mask: list[int], hidden: list[Any],
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(data, tmp)
     os.replace(tmp, path)
-
-
-def value_bytes(hidden_size: int, dtype: str) -> int:
-    """Stored bytes of one token's state in one layer: ``2 H`` (bf16) or ``H + 4`` (fp8 + its fp32 scale)."""
-    return hidden_size + 4 if dtype == "float8_e4m3fn" else hidden_size * BYTES_PER_VALUE
 
 
 def _read_progress(out: Path) -> dict[int, dict[str, Any]]:

@@ -14,11 +14,7 @@ from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
 from eagle3ops.remote import Remote, RemoteError
-from eagle3ops.stages.chunkplan import (  # noqa: F401 - the checkpoint formula lives beside the chunk plan
-    CHECKPOINT_BYTES_PER_PARAM,
-    FROZEN_BYTES_PER_PARAM,
-    train_output_bytes,
-)
+from eagle3ops.stages.chunkplan import train_output_bytes, value_bytes
 from eagle3ops.window.common import hint, host_path
 from eagle3ops.window.estimate import GpuMemoryPlan, draft_param_count
 from eagle3ops.window.gpucheck import check_gpus_fit
@@ -37,8 +33,7 @@ def hidden_state_bytes(tokens: int, hidden_size: int, dtype: str = "bfloat16") -
     Source: speculators stores, per token, the 3 aux layers' hidden states concatenated plus the last layer's,
     each ``hidden_size`` values, in the target's dtype (bf16 = 2 bytes).
     """
-    per = hidden_size + 4 if dtype == "float8_e4m3fn" else hidden_size * BF16_BYTES
-    return tokens * AUX_LAYERS_STORED * per
+    return tokens * AUX_LAYERS_STORED * value_bytes(hidden_size, dtype)
 
 
 #: Bytes per token of ``prepare/samples.jsonl`` (ids and loss mask as JSON text) and of the int64 ``input_ids`` +
@@ -72,7 +67,7 @@ def stage_output_bytes(stage: str, cfg: Any, dims: dict[str, int], tokens: int) 
 
     ``extract``: tokens × 4·H·2 bytes of hidden states (:func:`hidden_state_bytes`) + ids/masks; ``train``:
     ``keep_checkpoints + 1`` resumable checkpoints (the newest is written before the oldest is deleted) of
-    :data:`CHECKPOINT_BYTES_PER_PARAM` per trainable and :data:`FROZEN_BYTES_PER_PARAM` per frozen parameter, plus
+    :data:`eagle3ops.stages.chunkplan.CHECKPOINT_BYTES_PER_PARAM` per trainable and ``FROZEN_BYTES_PER_PARAM`` per frozen parameter, plus
     the bf16 final head.
     """
     if stage == "prepare":
