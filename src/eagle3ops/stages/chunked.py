@@ -19,7 +19,8 @@ engine and the trainer never hold the GPU together):
 
 A rerun resumes: passes whose last step the newest checkpoint has reached are skipped, and the plan recorded by
 the first run is kept (the chunks must not move under a half-trained head); ``--restart`` plans again and trains from
-scratch. ``chunks/passes.jsonl`` holds one line per finished pass (seconds of extraction and training, bytes on disk).
+scratch, with a finished head set aside in ``<run_dir>/.train.before-restart`` until the new one is complete.
+``chunks/passes.jsonl`` holds one line per finished pass (seconds of extraction and training, bytes on disk).
 """
 
 from __future__ import annotations
@@ -198,7 +199,11 @@ def run_chunked(run_dir: Path, config: PipelineConfig, log: Any = print, restart
         log(line)
     if dry_run:
         return {"plan": p.to_json(), "passes_run": 0}
+    kept = run_dir / ".train.before-restart"  # a finished head is set aside, deleted only once the new one is done
     if restart:
+        if (stage_dir(run_dir, "train") / MANIFEST).is_file():
+            shutil.rmtree(kept, ignore_errors=True)
+            os.replace(stage_dir(run_dir, "train"), kept)
         shutil.rmtree(stage_dir(run_dir, "train"), ignore_errors=True)
         (cdir / "passes.jsonl").unlink(missing_ok=True)
     cdir.mkdir(parents=True, exist_ok=True)
@@ -229,6 +234,7 @@ def run_chunked(run_dir: Path, config: PipelineConfig, log: Any = print, restart
                                 "extract_s": round(extract_s, 2), "train_s": round(train_s, 2),
                                 "sample_bytes_on_disk": on_disk}) + "\n")
     train = json.loads((stage_dir(run_dir, "train") / MANIFEST).read_text())
+    shutil.rmtree(kept, ignore_errors=True)
     log(f"chunked: {ran} pass(es) this run, {p.steps} steps; head in {stage_dir(run_dir, 'train') / 'final'} "
         f"({time.monotonic() - t0:.1f} s)")
     return {"plan": p.to_json(), "passes_run": ran,
