@@ -100,6 +100,21 @@ less the 24 s load, stopped generation 392 short of the issue's 5,000; 1,602,094
 covering 0.999; offline acceptance 2.599 (0.704 / 0.512 / 0.382) on 222 held-out samples (85,479 tokens); last
 training window 0.837 / 0.724 / 0.647; 1,244 device seconds of 1,800.
 
+Round 5 (``gen`` + ``train2 --tag r5 --steps 2400``, benchmarks/gpu-head-smollm2-h100-r5.json; the head, 32.2 MB,
+not committed, in ``.whl/heads/smollm2-r5`` after ``finish``): round 4 overfitted (~10 epochs), so more conversations
+and fewer epochs. ``prep ... --conversations 12000 --split 20000000,41000000`` (all 7,514 records below
+``HELD_OUT_FROM`` that open with a user turn); calls 1-2 as round 4; call 3: part 3 + prompts, ``gen /tmp/e3s/parts
+--budget-s 540 --conversations 12000 --no-overrun`` alone; call 4: ``train2 --tag r5 --steps 2400 --later-s 600
+--budget-s $((583 - SECONDS))``; call 5: ``train2 --tag r5 --steps 2400 --finish --budget-s $((565 - SECONDS))``;
+here: ``finish ... --tag r5 --dest benchmarks/gpu-head-smollm2-h100-r5.json --r1
+benchmarks/gpu-head-smollm2-h100-r4.json --head-from $DEVICE_DIR/head --head-dir .whl/heads/smollm2-r5``.
+
+Round 5 measured (2026-12-06, one H100 80GB): 6,421 conversations (first turns; 2,349,525 new tokens in 437 s,
+5,373 tok/s; the budget stopped it at 6,421 of 7,505 first turns), 2,973,481 prepared tokens; 2,400 steps (6.4
+epochs, 19.0 M tokens seen); draft vocabulary 18,944 ids covering 0.999; offline acceptance 2.648 (0.722 / 0.528 /
+0.398) on 304 held-out samples (146,439 tokens); last training window 0.825 / 0.705 / 0.621 (still above held-out:
+more conversations remain the lever); 1,518 device seconds of 1,800.
+
 Why this module is long: it holds every step of one benchmark that runs on two machines (here and the lent GPU),
 round 1 kept as it ran so its figures stay reproducible beside round 2; split, the steps would share their
 constants and paths through imports of a benchmark script.
@@ -914,6 +929,9 @@ ROUND_WHAT = {
           "session: SmolLM2-135M-Instruct regenerates ShareGPT V3 conversations (round 3's were lost with its "
           "machine) and the head is trained with the draft vocabulary chosen by coverage 0.999 alone (no 20 MB "
           "cap: the head is not committed) for a fixed number of steps, as round 2 (issue 27)",
+    "r5": "benchmarks/gpu_head_smollm2.py gen + train2 --tag r5 --steps N (round 5) on one lent GPU, one device "
+          "session: as round 4 with about twice the conversations (a longer generation budget over the first "
+          "12,000 ShareGPT V3 records) and fewer epochs over them (issue 27)",
 }
 
 

@@ -40,10 +40,19 @@ Not measured yet: the first run (2026-12-02, ``--levels 1``) stopped in step 2 w
 into the fresh sandbox engine filled the machine's disk (see :data:`LOAD_SPACE_FACTOR`; :func:`check_disk` now
 refuses before the push).
 
+Round 5 (2026-12-06, ``--round r5 --levels 1 --max-tokens 128``; the head as the device returned it, shard 2 in two
+parts joined and checked here; ``--head-src DIR`` when it is elsewhere), then ``--add-whole-answers
+benchmarks/served-acceptance-by-length-cpu-r5.json`` (:func:`add_whole_answers`), written to
+``benchmarks/speculate-smollm2-gpu-head-r5.json``: **keep**, x1.330 (90 % interval x1.237 to x1.431) at concurrency
+1, TTFT x1.406, acceptance 1.871 over the gate's 128 tokens and 2.514 over whole answers (max_tokens 512), offline
+2.648; 64 prompts, 3 passes a side, like for like (``--control``), this 2-core Intel Xeon (AMX), 46 min.
+
 Usage (``make bench-speculate-gpu-head [LEVELS=1]``)::
 
     python benchmarks/speculate_smollm2_gpu_head.py [--levels 1] [--prompts 64]
     python benchmarks/speculate_smollm2_gpu_head.py --read     # figures from the run's recorded result only
+    python benchmarks/speculate_smollm2_gpu_head.py --round r5 --levels 1 --max-tokens 128 --json J
+    python benchmarks/speculate_smollm2_gpu_head.py --round r5 --json J --add-whole-answers BY_LENGTH_JSON
 """
 
 from __future__ import annotations
@@ -68,7 +77,9 @@ R2_JSON = BENCH / "gpu-head-smollm2-h200-r2.json"
 #: The heads this script can ship: the round's figures JSON (``benchmarks/gpu_head_smollm2.py``) and where the head
 #: is by default. Round 3's head (19.7 MB, draft vocabulary capped at 8,192) is committed; round 2's was not.
 ROUNDS = {"r2": (R2_JSON, HEAD_SRC),
-          "r3": (BENCH / "gpu-head-smollm2-h200-r3.json", BENCH / "heads" / "smollm2-135m-instruct-eagle3")}
+          "r3": (BENCH / "gpu-head-smollm2-h200-r3.json", BENCH / "heads" / "smollm2-135m-instruct-eagle3"),
+          # round 5 (31.6 MB, not committed): the device's head/ folder as it came back (shard 2 in two parts)
+          "r5": (BENCH / "gpu-head-smollm2-h100-r5.json", Path("/work/.device/5/head"))}
 OUT_JSON = BENCH / "speculate-smollm2-gpu-head.json"
 INVENTORY = REPO / "deploy" / "sandbox-smollm2.yaml"
 HOST = "sandbox"
@@ -175,9 +186,10 @@ def held_out_rows(image: str, n: int, work: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- 2. the sandbox, 4. the gate
 
 
-def derived_inventory(src: Path, levels: list[int], dest: Path) -> Path:
-    """A copy of the inventory ``src`` with ``hosts.sandbox.serving.gate_concurrency`` set to ``levels`` and its
-    relative file paths made absolute (so it works from ``dest``); ``${...}`` references kept."""
+def derived_inventory(src: Path, levels: list[int], dest: Path, max_tokens: int | None = None) -> Path:
+    """A copy of the inventory ``src`` with ``hosts.sandbox.serving.gate_concurrency`` set to ``levels`` (and
+    ``gate_max_tokens`` to ``max_tokens`` when given) and its relative file paths made absolute (so it works from
+    ``dest``); ``${...}`` references kept."""
     import yaml
 
     raw = yaml.safe_load(src.read_text())
@@ -186,6 +198,8 @@ def derived_inventory(src: Path, levels: list[int], dest: Path) -> Path:
         if isinstance(entry.get(key), str) and not entry[key].startswith(("/", "~")):
             entry[key] = str(src.parent.resolve() / entry[key])
     entry["serving"]["gate_concurrency"] = levels
+    if max_tokens is not None:
+        entry["serving"]["gate_max_tokens"] = max_tokens
     dest.write_text(yaml.safe_dump(raw, sort_keys=False))
     return dest
 
@@ -312,6 +326,13 @@ def level_intervals(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def what_text(record_name: str, device: str | None) -> str:
+    """The JSON's ``what``: the round's figures file and the GPU it was trained on (its generation record)."""
+    return (f"benchmarks/speculate_smollm2_gpu_head.py: the EAGLE-3 head trained on one {device or 'H200'} "
+            f"({record_name}) served on the sandbox through `eagle3ops speculate --head --prompts-file` on held-out "
+            "ShareGPT V3 prompts (issue 27)")
+
+
 def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] | None, prompts: dict[str, Any] | None,
             levels: dict[str, Any], timing: dict[str, Any], target: dict[str, Any] | None,
             gate_wall_s: float | None, record: Path = R2_JSON) -> dict[str, Any]:
@@ -343,9 +364,7 @@ def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] 
                                "holds": diff is not None and abs(diff) <= DONE["offline_gap_max"]},
     }
     return {
-        "what": "benchmarks/speculate_smollm2_gpu_head.py: the EAGLE-3 head trained on one H200 "
-                f"({record.name}) served on the sandbox through `eagle3ops speculate --head "
-                "--prompts-file` on held-out ShareGPT V3 prompts (issue 27)",
+        "what": what_text(record.name, (r2.get("generation") or {}).get("device")),
         "verdict": result.get("verdict"), "reason": result.get("reason"),
         "acceptance_length": acc, "acceptance_per_position": sd.get("acceptance_per_position"),
         "spec_decode": sd, "num_speculative_tokens": result.get("num_speculative_tokens"),
@@ -391,6 +410,59 @@ def _target_record(h: Any) -> dict[str, Any] | None:
                     "bf16 checkpoint); the head was trained on the same dequantized weights"}
 
 
+def add_whole_answers(fig: dict[str, Any], bylen: dict[str, Any], bylen_name: str,
+                      head_files: dict[str, str], device: str | None = None) -> dict[str, Any]:
+    """``fig`` (this script's JSON) with the same head's served acceptance over whole answers added (pure): the
+    longest ``max_tokens`` run of ``benchmarks/served_acceptance_by_length.py`` (``bylen``, its JSON read from
+    ``bylen_name``), whose head files' sha256 (``head_files``: name -> sha256 of the folder it served) must be the
+    gate's. The gate replays every prompt to exactly ``gate_max_tokens`` tokens (``ignore_eos``), the first, hardest
+    part of an answer; the issue's served figure and its comparison with the offline estimate (averaged over whole
+    regenerated answers of up to 512 tokens) are read over whole answers: ``done_when`` gets
+    ``acceptance_length_whole_answers`` and ``offline_within_0.3_whole_answers``; the gate's own entries stay.
+    ``device``: the GPU the round was trained on (rewrites ``what``, whose first runs said H200 for every round).
+
+    Raises:
+        SystemExit: the by-length run served another head (a safetensors file's sha256 differs or is missing).
+    """
+    gate_files = {k: v["sha256"] for k, v in (fig.get("head") or {}).get("files", {}).items()
+                  if k.endswith(".safetensors")}
+    differ = sorted(k for k, v in gate_files.items() if head_files.get(k) != v)
+    if not gate_files or differ:
+        raise SystemExit(f"{bylen_name}: served another head than the gate's ({differ or 'no head files recorded'})")
+    run = max(bylen["runs"], key=lambda r: r["max_tokens"])
+    acc = run["mean_acceptance_length"]
+    offline = fig["offline_estimate"]["acceptance_length"]
+    diff = round(acc - offline, 4)
+    out = dict(fig)
+    if device:
+        out["what"] = what_text(fig["offline_estimate"]["file"], device)
+    out["served_whole_answers"] = {
+        "file": bylen_name, "max_tokens": run["max_tokens"], "acceptance_length": acc,
+        "per_position": run["per_position"], "mean_completion_tokens": run["mean_completion_tokens"],
+        "finish_reasons": run["finish_reasons"], "concurrency": bylen["concurrency"], "prompts": bylen["prompts"],
+        "by_max_tokens": {str(r["max_tokens"]): r["mean_acceptance_length"] for r in bylen["runs"]},
+        "segments": {sg["tokens"]: sg["mean_acceptance_length"] for sg in bylen.get("segments", [])},
+        "head_sha256_checked": sorted(gate_files), "machine": bylen.get("machine"),
+        "served_minus_offline": diff,
+        "note": "the same head (safetensors sha256 equal to the gate's), vLLM 0.16 CPU in the CPU stand-in serving "
+                "image, greedy /v1/chat/completions, answers end at EOS or max_tokens; the same held-out selection "
+                "rule as the gate's prompts (the gate drops those whose text does not tokenize back and takes the "
+                "next ones)"}
+    done = dict(fig["done_when"])
+    need = DONE["acceptance_length_min"]
+    done["acceptance_length_whole_answers"] = {
+        "value": acc, "needs": f">= {need} (served over whole answers, max_tokens {run['max_tokens']})",
+        "holds": acc >= need, "short_by": round(need - acc, 4) if acc < need else 0.0}
+    done["offline_within_0.3_whole_answers"] = {
+        "value": diff, "needs": f"|served - offline| <= {DONE['offline_gap_max']} at a like answer length",
+        "holds": abs(diff) <= DONE["offline_gap_max"],
+        "gate_span_explained_by": f"{bylen_name}: acceptance by answer span "
+                                  f"{out['served_whole_answers']['segments']} and by max_tokens "
+                                  f"{out['served_whole_answers']['by_max_tokens']}"}
+    out["done_when"] = done
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd")
@@ -402,11 +474,27 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=PROMPTS)
     ap.add_argument("--levels", help="comma-separated gate concurrencies replacing the inventory's (e.g. 1)")
     ap.add_argument("--inventory", type=Path, default=INVENTORY)
+    ap.add_argument("--max-tokens", type=int, help="gate_max_tokens replacing the inventory's (its default is 128; "
+                                                   "the sandbox inventory's 32 keeps the demo short)")
     ap.add_argument("--read", action="store_true", help="only read the run's recorded result and write the JSON")
     ap.add_argument("--json", type=Path, default=OUT_JSON)
+    ap.add_argument("--add-whole-answers", type=Path, metavar="BY_LENGTH_JSON",
+                    help="only add the same head's served acceptance over whole answers "
+                         "(benchmarks/served_acceptance_by_length.py's JSON) to --json (see add_whole_answers)")
+    ap.add_argument("--whole-answers-head", type=Path, help="with --add-whole-answers: the head folder it served")
     a = ap.parse_args()
     if a.cmd == "select":
         select_in_container(a.n, a.out)
+        return 0
+    if a.add_whole_answers:
+        bylen = json.loads(a.add_whole_answers.read_text())
+        hdir = a.whole_answers_head or (REPO / bylen["head"])
+        files = {p.name: sha256_file(p) for p in sorted(hdir.glob("*.safetensors"))}
+        rec = json.loads(ROUNDS[a.round][0].read_text())
+        fig = add_whole_answers(json.loads(a.json.read_text()), bylen, a.add_whole_answers.name, files,
+                                (rec.get("generation") or {}).get("device"))
+        a.json.write_text(json.dumps(fig, indent=1) + "\n")
+        print(f"done when: {json.dumps({k: v['holds'] for k, v in fig['done_when'].items()})}")
         return 0
 
     from eagle3ops.config import load_inventory
@@ -420,12 +508,15 @@ def main() -> int:
     own_levels = list(h0.serving.gate_concurrency)
     levels = [int(x) for x in a.levels.split(",")] if a.levels else own_levels
     work = Path(tempfile.mkdtemp(prefix="e3-gpuhead-"))
-    inv = derived_inventory(a.inventory, levels, work / "inventory.yaml") if a.levels else a.inventory
+    derived = a.levels or a.max_tokens
+    inv = derived_inventory(a.inventory, levels, work / "inventory.yaml", a.max_tokens) if derived else a.inventory
     h = load_inventory(inv).host(HOST)
     level_rec = {"inventory": str(a.inventory.relative_to(REPO) if a.inventory.is_relative_to(REPO) else a.inventory),
                  "inventory_levels": own_levels, "measured": levels,
                  "note": "" if levels == own_levels else f"--levels {a.levels}: the inventory's other levels were "
                                                          "not measured (the run's wall time on the 2-core machine)"}
+    if a.max_tokens:
+        level_rec["gate_max_tokens"] = {"inventory": h0.serving.gate_max_tokens, "measured": a.max_tokens}
     timing: dict[str, Any] = {}
     head = prompts = None
     gate_wall = None
