@@ -930,7 +930,7 @@ ROUND_WHAT = {
           "machine) and the head is trained with the draft vocabulary chosen by coverage 0.999 alone (no 20 MB "
           "cap: the head is not committed) for a fixed number of steps, as round 2 (issue 27)",
     "r5": "benchmarks/gpu_head_smollm2.py gen + train2 --tag r5 --steps N (round 5) on one lent GPU, one device "
-          "session: as round 4 with about twice the conversations (a longer generation budget over the first "
+          "session: as round 4 with about 1.4x the conversations (a longer generation budget over the first "
           "12,000 ShareGPT V3 records) and fewer epochs over them (issue 27)",
 }
 

@@ -78,7 +78,7 @@ R2_JSON = BENCH / "gpu-head-smollm2-h200-r2.json"
 #: is by default. Round 3's head (19.7 MB, draft vocabulary capped at 8,192) is committed; round 2's was not.
 ROUNDS = {"r2": (R2_JSON, HEAD_SRC),
           "r3": (BENCH / "gpu-head-smollm2-h200-r3.json", BENCH / "heads" / "smollm2-135m-instruct-eagle3"),
-          # round 5 (31.6 MB, not committed): the device's head/ folder as it came back (shard 2 in two parts)
+          # round 5 (32.2 MB, not committed): the device's head/ folder as it came back (shard 2 in two parts)
           "r5": (BENCH / "gpu-head-smollm2-h100-r5.json", Path("/work/.device/5/head"))}
 OUT_JSON = BENCH / "speculate-smollm2-gpu-head.json"
 INVENTORY = REPO / "deploy" / "sandbox-smollm2.yaml"

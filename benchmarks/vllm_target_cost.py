@@ -33,7 +33,9 @@ each (``ignore_eos``), concurrency 1 only. Rows:
 the baseline as vLLM 0.16 runs it (async scheduling on), the baseline with ``async_scheduling=False`` (what
 the speculative arm gets on CPU: vLLM turns async scheduling off with ``disable_padded_drafter_batch``, which the CPU
 stand-in needs for the EAGLE proposer's torch path), and speculation at each ``--ks``. ``break_even_acceptance``
-per k = speculative step ms / baseline step ms (async on). Usage (the same container as above)::
+per k = speculative step ms / baseline step ms (async on; below 1 when the speculative step came out cheaper than
+that baseline's in the run: any head then wins) and ``break_even_vs_no_async`` against the no-async baseline (the
+scheduler the speculative arm runs with). Usage (the same container as above)::
 
     ... -v TARGET:/t:ro -v HEAD:/h:ro -v SHAREGPT_JSON:/s.json:ro ... vllm_target_cost.py --work /w --real /t /h \\
       --real-sharegpt /s.json --real-n 12 --real-names "SmolLM2-135M-Instruct ..." "round 5 head ..." --ks 1 3 \\
@@ -157,6 +159,7 @@ def real(a: argparse.Namespace) -> int:
             r["first_token_ms_median"] / rows["baseline"]["first_token_ms_median"], 3)
         if r["acceptance_length"]:
             r["break_even_acceptance"] = r["step_ratio_to_baseline"]
+            r["break_even_vs_no_async"] = round(r["step_ms"] / rows["baseline_no_async_scheduling"]["step_ms"], 3)
             r["tokens_per_s_ratio"] = round(r["tokens_per_s"] / rows["baseline"]["tokens_per_s"], 3)
     out = {"benchmark": "vllm_target_cost --real", "target": target, "head": head,
            "target_is": a.real_names[0] if a.real_names else None, "head_is": a.real_names[1] if a.real_names else None,
@@ -194,8 +197,9 @@ def _real_prompts(a: argparse.Namespace) -> list[str]:
 def _prompt_record(a: argparse.Namespace) -> dict:
     if not a.real_sharegpt:
         return {"count": 1, "text": REAL_PROMPT}
-    return {"count": a.real_n, "source": "ShareGPT V3 held out (record index >= 12000), first user turn < 1500 chars",
-            "indices": [i for i, _u in _held_out(a.real_sharegpt, a.real_n)]}
+    indices = [i for i, _u in _held_out(a.real_sharegpt, a.real_n)]
+    return {"count": len(indices), "source": "ShareGPT V3 held out (record index >= 12000), first user turn < 1500 "
+                                             "chars", "indices": indices}
 
 
 def _machine() -> str:

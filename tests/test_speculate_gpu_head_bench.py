@@ -111,27 +111,35 @@ def test_the_committed_round_3_head_matches_its_provenance_and_record(tmp_path: 
 
 def test_whole_answer_acceptance_is_added_only_for_the_gates_own_head() -> None:
     """``--add-whole-answers``: the by-length benchmark's longest run (the same head, sha256 checked) becomes the
-    issue's served-over-whole-answers figure beside the gate's own (the gate's entries are kept); a by-length run of
-    another head is refused by name."""
+    issue's served-over-whole-answers figure beside the gate's own (the gate's entries are kept, the input is not
+    changed); a by-length run of another head, or a gate record without head files, is refused by name."""
     b = _bench()
     fig = {"head": {"files": {"config.json": {"sha256": "c"}, "model.safetensors": {"sha256": "aa"}}},
            "offline_estimate": {"acceptance_length": 2.65, "file": "gpu-head-smollm2-h100-r5.json"},
            "what": "old", "done_when": {"acceptance_length": {"value": 1.87, "holds": False}}}
-    bylen = {"concurrency": 8, "prompts": {"n": 64}, "machine": "m",
-             "runs": [{"max_tokens": 64, "mean_acceptance_length": 1.76, "per_position": {},
-                       "mean_completion_tokens": 56, "finish_reasons": {}},
-                      {"max_tokens": 512, "mean_acceptance_length": 2.51, "per_position": {"0": 0.67},
-                       "mean_completion_tokens": 338.5, "finish_reasons": {"length": 34, "stop": 30}}],
+    bylen = {"concurrency": 8, "prompts": {"n": 64}, "machine": "m",  # the longest run first: picked by max_tokens
+             "runs": [{"max_tokens": 512, "mean_acceptance_length": 2.51, "per_position": {"0": 0.67},
+                       "mean_completion_tokens": 338.5, "finish_reasons": {"length": 34, "stop": 30}},
+                      {"max_tokens": 64, "mean_acceptance_length": 1.76, "per_position": {},
+                       "mean_completion_tokens": 56, "finish_reasons": {}}],
              "segments": [{"tokens": "65-512", "mean_acceptance_length": 2.9}]}
     out = b.add_whole_answers(fig, bylen, "by-length.json", {"model.safetensors": "aa"}, "NVIDIA H100 80GB HBM3")
     w, done = out["served_whole_answers"], out["done_when"]
-    assert w["max_tokens"] == 512 and w["acceptance_length"] == 2.51 and w["by_max_tokens"] == {"64": 1.76, "512": 2.51}
+    assert w["max_tokens"] == 512 and w["acceptance_length"] == 2.51 and w["by_max_tokens"] == {"512": 2.51, "64": 1.76}
+    assert w["segments"] == {"65-512": 2.9} and w["served_minus_offline"] == pytest.approx(-0.14)
     assert done["acceptance_length_whole_answers"]["holds"] and done["acceptance_length"]["holds"] is False
     assert done["offline_within_0.3_whole_answers"]["value"] == pytest.approx(-0.14)
-    assert "H100" in out["what"] and fig["what"] == "old"  # pure: the input is not changed
-    bylen["runs"][1]["mean_acceptance_length"] = 2.2
+    assert "H100" in out["what"] and fig["what"] == "old"
+    assert "acceptance_length_whole_answers" not in fig["done_when"] and "served_whole_answers" not in fig
+    bylen["runs"][0]["mean_acceptance_length"] = 2.5  # the bound itself holds
+    edge = b.add_whole_answers(fig, bylen, "by-length.json", {"model.safetensors": "aa"})
+    assert edge["done_when"]["acceptance_length_whole_answers"]["holds"] and edge["what"] == "old"
+    bylen["runs"][0]["mean_acceptance_length"] = 2.2
     low = b.add_whole_answers(fig, bylen, "by-length.json", {"model.safetensors": "aa"})
     assert low["done_when"]["acceptance_length_whole_answers"]["short_by"] == pytest.approx(0.3)
     assert low["done_when"]["offline_within_0.3_whole_answers"]["holds"] is False
-    with pytest.raises(SystemExit, match="by-length.json: served another head"):
-        b.add_whole_answers(fig, bylen, "by-length.json", {"model.safetensors": "bb"})
+    for files in ({"model.safetensors": "bb"}, {}):
+        with pytest.raises(SystemExit, match="by-length.json: served another head"):
+            b.add_whole_answers(fig, bylen, "by-length.json", files)
+    with pytest.raises(SystemExit, match="no head files recorded"):
+        b.add_whole_answers({**fig, "head": None}, bylen, "by-length.json", {"model.safetensors": "aa"})
