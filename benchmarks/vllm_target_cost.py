@@ -85,6 +85,17 @@ def build(work: Path, layers: int, hidden: int) -> tuple[Path, Path]:
     return t, d
 
 
+def spec_counters(llm) -> tuple[float, float]:
+    """vLLM's spec-decode counters so far: (drafts, accepted tokens), summed over ``llm.get_metrics()``."""
+    drafts = accepted = 0.0
+    for m in llm.get_metrics():
+        if m.name == "vllm:spec_decode_num_drafts":
+            drafts += m.value
+        elif m.name == "vllm:spec_decode_num_accepted_tokens":
+            accepted += m.value
+    return drafts, accepted
+
+
 REAL_TOKENS = 128
 REAL_PROMPT = "Explain how a hash table works and give a short Python example."
 
@@ -108,21 +119,12 @@ def measure_real(target: Path, head: Path | None, k: int, async_sched: bool, pro
     sp = SamplingParams(temperature=0.0, max_tokens=REAL_TOKENS, ignore_eos=True)
     llm.generate(texts[:1], SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
 
-    def counters() -> tuple[float, float]:
-        d = a = 0.0
-        for m in llm.get_metrics():
-            if m.name == "vllm:spec_decode_num_drafts":
-                d += m.value
-            elif m.name == "vllm:spec_decode_num_accepted_tokens":
-                a += m.value
-        return d, a
-
-    d0, a0 = counters()
+    d0, a0 = spec_counters(llm)
     n, t0 = 0, time.perf_counter()
     for t in texts:
         n += len(llm.generate([t], sp, use_tqdm=False)[0].outputs[0].token_ids)
     dt = time.perf_counter() - t0
-    d1, a1 = counters()
+    d1, a1 = spec_counters(llm)
     tau = 1 + (a1 - a0) / (d1 - d0) if d1 > d0 else None
     first = []  # prefill + first token: one output token per request (prefix caching off for these: new text)
     for i, t in enumerate(texts):
@@ -228,12 +230,7 @@ def measure(target: Path, head: Path | None) -> dict:
         res = llm.generate([PROMPT] * c, sp, use_tqdm=False)
         dt = time.perf_counter() - t0
         out["tokens_per_s"][str(c)] = round(sum(len(r.outputs[0].token_ids) for r in res) / dt, 2)
-    drafts = accepted = 0.0
-    for m in llm.get_metrics():
-        if m.name == "vllm:spec_decode_num_drafts":
-            drafts += m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens":
-            accepted += m.value
+    drafts, accepted = spec_counters(llm)
     out["acceptance_length"] = round(1 + accepted / drafts, 4) if drafts else None
     return out
 
