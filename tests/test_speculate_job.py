@@ -313,16 +313,23 @@ def test_the_job_measures_every_candidate_and_confirms_the_best(job_world, speed
     assert all(r["interval"]["level"] == pytest.approx(candidate_level(len(cands))) for r in rows.values())
     from eagle3ops.supervisor.speculate import choose_candidate
 
-    # The job picks by the rule from what it measured; a stall on a loaded CI machine can only widen an interval (CI
-    # stop 38: the x3 candidate's passes 94, 24 and 87 tok/s, undecided x0.51 to x2.80, so the x1.5 one won), never
-    # keep a candidate at or below x1: the expected winner is required unless its own measurement was undecided.
+    # The job picks by the rule from what it measured; a stall on a loaded CI machine can only widen an interval,
+    # never keep a candidate at or below x1. A widened interval can leave the expected winner undecided (CI stop 38:
+    # the x3 candidate's passes 94, 24 and 87 tok/s, x0.51 to x2.80, so the x1.5 one won) or kept with a lower bound
+    # below another kept candidate's (CI stop 43: passes 86, 61 and 91 tok/s against 36, its lower bound under the
+    # x1.5 one's x1.395, so the rule chose that one): then the job's winner must be the rule's choice and faster
+    # than x1 by construction, never a candidate at x1 or none at all.
     chosen = choose_candidate(list(rows.values()))
     assert attempt["candidates"]["winner"] == (chosen["name"] if chosen else None) and res["serving_healthy"] is True
     assert all(rows[n]["verdict"] != "keep" for n, x in speedups.items() if float(x) <= 1.0)
-    if winner and rows[winner]["verdict"] == "undecided":
-        print(f"noise: the x{speedups[winner]} candidate {winner} measured undecided ({rows[winner]['reason']});"
-              f" the job chose {attempt['candidates']['winner']} by the rule")
-        winner = attempt["candidates"]["winner"]
+    if winner and attempt["candidates"]["winner"] != winner:
+        got = attempt["candidates"]["winner"]
+        print(f"noise: the x{speedups[winner]} candidate {winner} measured {rows[winner]['verdict']} "
+              f"({rows[winner]['reason']}); the job chose {got} by the rule")
+        widened = rows[winner]["verdict"] == "undecided" or (
+            got is not None and rows[winner]["interval"]["low"] <= rows[got]["interval"]["low"])
+        assert widened and (got is None or float(speedups[got]) > 1.0)
+        winner = got
     assert attempt["candidates"]["winner"] == winner
     folder = Path(job.results_dir) / sup.plan.window_id
     assert all((folder / f"candidate-{n}.json").is_file() for n in speedups)
