@@ -1,4 +1,5 @@
-"""Issue 24, done-when (2): a ``speculate`` driver killed (SIGKILL) at each of four points of the job — the baseline
+"""Issue 24, done-when (2): a ``speculate`` driver killed (SIGKILL) at each of four points of the job (CI runs two:
+:data:`RUN_POINTS`) — the baseline
 measurement, the speculative restart, the speculative measurement, the decision — leaves the host to finish every
 time: the lock released, the attempt's result and the audit line complete, serving on the decided release.
 
@@ -148,13 +149,20 @@ def _entries(journal: Path) -> list[dict]:
         return []
 
 
-#: The points this suite runs: all four. In the first runs, killed at "speculative-restart" the job ended "keep"
+#: The points CI runs: two of the four, ``E3_TEST_KILL_POINTS=all`` runs all four (``make test`` by hand, when the
+#: job's steps change). The host-side job does not know where its driver died (the supervisor is detached before the
+#: record step), so the points differ only in what the host is doing at the kill: a measurement ("baseline",
+#: "speculative-measurement": the same replay), a restart ("speculative-restart") or the end ("decision", the
+#: rollback branch). CI keeps the restart and the decision, whose verdicts differ (keep, rollback); the two
+#: measurement points cost ~45 s each of the sandbox part, the critical path of ``make test`` (CI stop 43: 1,598 s).
+#: In the first runs, killed at "speculative-restart" the job ended "keep"
 #: while the stand-in found on the port had no --speculative-config, and at "decision" (0.5x speculative speed) the
 #: verdict was "keep" at x1.72-1.89: the test took the newest speculate window whose folder was at most 2 s older
 #: than its start, i.e. the previous point's finished window (its journal already past the kill point, its result
 #: "keep"), killed its own driver at once and read that result. It now takes only a window made after its start; the
 #: fixture also starts each point with no stand-in server on the port.
-RUN_POINTS = list(POINTS)
+RUN_POINTS = (list(POINTS) if os.environ.get("E3_TEST_KILL_POINTS") == "all"
+              else ["speculative-restart", "decision"])
 
 
 @pytest.mark.sandbox

@@ -267,8 +267,11 @@ def _stage(stage: str, run: Path, *args: str, timeout: int = 1200) -> subprocess
 @pytest.mark.slow
 def test_kimi_every_stage_and_the_probe_with_vllm(tmp_path, kimi):
     """prepare -> extract (vLLM 0.16 CPU, vision off, capture through `language_model`) -> vocab (163,840 ->
-    32,000) -> train -> probe, through the stage CLI. Extracted states are compared per token with the reference
-    engine (MoE tolerance stated per quantile, FACTS.md); the probe must pass."""
+    32,000) -> train -> probe, through the stage CLI, with Kimi's remote-code tokenizer. Extracted states are compared
+    per token with the reference engine (MoE tolerance stated per quantile, FACTS.md); the probe must pass; then
+    prepare's settings changed make the later stages' inputs stale, and train refuses through the CLI (this was
+    tests/image/test_stages.py's four-stage CLI test on a tiny remote-code Llama, folded in here: that test ran the
+    same four stages through the same CLI again, ~60 s of every CI run)."""
     run = make_run(tmp_path / "run", kimi, prepare={"max_samples": 16, "max_seq_len": 256},
                    extract={"engine": "vllm", "aux_layer_ids": [0, 1, 2]})
     for stage in ("prepare", "extract", "vocab", "train"):
@@ -301,6 +304,16 @@ def test_kimi_every_stage_and_the_probe_with_vllm(tmp_path, kimi):
           f"train loss {tr['first_loss']:.3f} -> {tr['final_metrics']['loss']:.3f}; stage wall s: "
           + ", ".join(f"{s} {json.loads((run / s / 'manifest.json').read_text())['wall_s']}"
                       for s in ("prepare", "extract", "vocab", "train")))
+    # prepare's settings changed after the fact: the later stages' inputs are now stale and train refuses through
+    # the CLI (exit 2, naming the manifest and the rerun), touching nothing
+    cfg = json.loads((run / "pipeline.yaml").read_text())
+    cfg["prepare"]["max_seq_len"] = 128
+    (run / "pipeline.yaml").write_text(json.dumps(cfg))
+    before = (run / "train/manifest.json").read_bytes()
+    r = _stage("train", run, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "prepare" in r.stderr and "manifest.json" in r.stderr and "rerun" in r.stderr
+    assert (run / "train/manifest.json").read_bytes() == before
 
 
 VLLM_LOAD_ALL = r"""
