@@ -41,7 +41,7 @@ image_pid=$!
 # changes. E3_TEST_REST_CPU_SHARES: its weight (root-level tasks and the /docker group weigh 1024 each).
 rest_cg=""
 if [ -f /sys/fs/cgroup/cpu/cpu.shares ] && mkdir -p /sys/fs/cgroup/cpu/eagle3ops-test-rest 2>/dev/null \
-   && echo "${E3_TEST_REST_CPU_SHARES:-256}" > /sys/fs/cgroup/cpu/eagle3ops-test-rest/cpu.shares 2>/dev/null; then
+   && echo "${E3_TEST_REST_CPU_SHARES:-384}" > /sys/fs/cgroup/cpu/eagle3ops-test-rest/cpu.shares 2>/dev/null; then
   rest_cg=/sys/fs/cgroup/cpu/eagle3ops-test-rest
 fi
 (

@@ -339,11 +339,14 @@ def test_the_job_measures_every_candidate_and_confirms_the_best(job_world, speed
     if winner:
         assert attempt["reason"].startswith(f"candidate {winner}, confirmed afresh")
         assert (folder / "speculative.json").is_file() and attempt["interval"]["level"] == pytest.approx(0.9)
-        assert len(res["restarts_s"]) == len(cands) + 1  # each candidate, then the winner again
         if attempt["verdict"] == "undecided":  # the confirmation widened by a stall, as above: rolled back
+            # (CI run of 2026-12-06: the x3 confirmation's passes 97, 98 and 30 tok/s, x0.564 to x2.928)
             print(f"noise: the confirmation of {winner} measured undecided ({attempt['reason']})")
             assert "--spec-speedup" not in argv and "--speculative-config" not in argv
+            # each candidate, the winner again, then back to the recorded process
+            assert len(res["restarts_s"]) == len(cands) + 2
         else:
+            assert len(res["restarts_s"]) == len(cands) + 1  # each candidate, then the winner again
             assert attempt["verdict"] == "keep", attempt["reason"]
             assert argv[argv.index("--spec-speedup") + 1] == speedups[winner]
     else:
