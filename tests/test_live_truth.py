@@ -1,8 +1,10 @@
-"""Issue 26 kind 8 on the sandbox (real sshd, real dockerd, real vLLM): the truth about serving is the live server.
+"""Issue 26 kind 8 on the sandbox (real sshd, real dockerd): the truth about serving is the live server.
 
 ``status`` and ``recover`` read the live serving container and its ``/health`` on the host and say when the newest
-window's record disagrees; ``recover`` starts serving that was stopped outside a window and health-gates it; a
-release never switches serving when the live container failed its own health gate at the record step.
+window's record disagrees; ``recover`` starts serving that was stopped outside a window and health-gates it (on the
+STAND-IN serving container of ``standin_deployed``, NOT vLLM: the subject is the live container and the record, and
+a recover of the real vLLM container cost a vLLM start of every CI run); a release never switches serving when the
+live container failed its own health gate at the record step.
 """
 
 from __future__ import annotations
@@ -33,15 +35,16 @@ def _docker(h, *args, check=True):
                           check=check)
 
 
-def _cli(*args):
-    r = CliRunner().invoke(app, [*args, "--inventory", str(INVENTORY)])
+def _cli(*args, inventory: Path = INVENTORY):
+    r = CliRunner().invoke(app, [*args, "--inventory", str(inventory)])
     return r.exit_code, r.output
 
 
 @pytest.fixture
-def recorded_ok_window(deployed):
-    """The newest window of the host: one that finished ok with serving running (its record), removed after."""
-    h, _ = deployed
+def recorded_ok_window(standin_deployed):
+    """The newest window of the stand-in serving host: one that finished ok with serving running (its record),
+    removed after."""
+    h, _ = standin_deployed
     wid = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-extract-{uuid.uuid4().hex[:6]}"
     wdir = Path(paths(h, wid)["window"])
     windows_existed = wdir.parent.exists()
@@ -63,26 +66,29 @@ def recorded_ok_window(deployed):
         if _docker(h, "inspect", "--format", "{{.State.Status}}", h.serving.container,
                    check=False).stdout.strip() != "running":
             _docker(h, "start", h.serving.container, check=False)
-            demo.start_serving(h)
+            import standin_serving
+
+            if not demo.serving_healthy(h, timeout=30):
+                standin_serving.start_container(h, timeout_s=60)
 
 
-def test_status_and_recover_read_the_live_container(recorded_ok_window):
+def test_status_and_recover_read_the_live_container(recorded_ok_window, standin_inventory):
     h, wid = recorded_ok_window
     assert demo.serving_healthy(h, timeout=10)
     _docker(h, "stop", "--time", "30", h.serving.container)  # stopped outside any window (an operator)
 
-    code, out = _cli("status", h.name)
+    code, out = _cli("status", h.name, inventory=standin_inventory)
     assert code == 0, out
     assert f"live serving: container {h.serving.container!r} is exited" in out, out
     assert "DISAGREES" in out and wid in out, out
 
-    code, out = _cli("recover", h.name)
+    code, out = _cli("recover", h.name, inventory=standin_inventory)
     assert code == 0, out
     assert "DISAGREES" in out and f"starting {h.serving.container!r}" in out, out
     assert "serving is running and healthy" in out, out
     assert demo.serving_healthy(h, timeout=10, completion=True)
 
-    code, out = _cli("status", h.name)
+    code, out = _cli("status", h.name, inventory=standin_inventory)
     assert code == 0 and "is running, /health 200" in out and "DISAGREES" not in out, out
 
 

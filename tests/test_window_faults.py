@@ -104,10 +104,12 @@ def _wait_for_event(h, before: set[str], step: str, event: str = "start", timeou
 
 def test_stage_exits_nonzero_keeps_finished_outputs(standin_deployed):
     h, dep = standin_deployed
-    # extract asks for more tensor-parallel ranks than this CPU host has: a real failure of the extract stage,
-    # after prepare finished.
+    # extract asks for a layer the 4-layer target does not have: a real failure of the extract stage (its own
+    # check of extract.aux_layer_ids against the target's config), after prepare finished. (It was 4 tensor-parallel
+    # ranks on this CPU host: vLLM started 4 workers before failing, ~50 s of CPU in every CI run.)
     run = _unique("fault-exit")
-    res = _window(h, dep, "extract", run, TINY.replace("batch_size: 8", "batch_size: 8, tensor_parallel_size: 4"))
+    res = _window(h, dep, "extract", run, TINY_HF.replace("engine: transformers",
+                                                          "engine: transformers, aux_layer_ids: [0, 1, 9]"))
     assert res["outcome"] == "failed" and "stage extract" in res["error"]
     assert res["stages"]["prepare"] == "ok" and res["stages"]["extract"].startswith("failed (exited")
     assert res["serving_running"] is True
