@@ -12,8 +12,8 @@ mkdir -p .cache/test-wheels
 # The image's /opt/venv into the page cache first (eagle3ops_dev.pagecache: cold vLLM/torch starts here are
 # disk-bound, and the host suite before this one filled the cache with the sandbox engine's copy of the layers).
 .venv/bin/python -m eagle3ops_dev warm "$tag" || echo "[test-image] page cache not warmed: the suite starts from a cold cache"
-# --cpu-shares 128: when this container and the sandbox engine's containers (vLLM serving for the sandbox part, the
-# critical path of `make test`) want the CPUs at once, they get 8/9 (both engines put their containers under the
+# --cpu-shares 128: when this container and the sandbox engine's containers (vLLM serving for the sandbox part, of
+# `make test`'s three streams the one with the least slack) want the CPUs at once, they get 8/9 (both engines put their containers under the
 # /docker cgroup, cgroup v1, 1024 shares each by default); alone, this suite still gets both cores.
 exec docker run --rm --network host --cpu-shares "${E3_TEST_IMAGE_CPU_SHARES:-128}" \
   -e HF_HUB_OFFLINE=1 -e TRANSFORMERS_OFFLINE=1 -e VLLM_CPU_KVCACHE_SPACE=1 -e PYTHONDONTWRITEBYTECODE=1 \

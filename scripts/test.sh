@@ -22,7 +22,8 @@ t0=$(date +%s)
 # The in-image suite starts once the sandbox part's first set-up (the `deployed` fixture: a 9 GB base pushed into
 # the sandbox engine and read into the page cache, vLLM started) is over, or after at most 420 s: both that set-up
 # and the in-image suite's own page-cache warm-up read ~10 GB from disk, and together they slowed the set-up from
-# 41-108 s to 222 s. The in-image suite has the slack (955 s of a 1,520 s sandbox part).
+# 41-108 s to 222 s. The in-image suite had the slack then (955 s of a 1,520 s sandbox part; 2026-12-06, fresh
+# clones: 961 s and 1,237 s beside sandbox parts of 1,041 s and 1,216 s).
 export E3_TEST_DEPLOYED_MARK="$PWD/.cache/sandbox-deployed"
 rm -f "$E3_TEST_DEPLOYED_MARK"
 (
@@ -36,8 +37,10 @@ rm -f "$E3_TEST_DEPLOYED_MARK"
 ) &
 image_pid=$!
 # The rest part runs in a cpu cgroup of lower weight (cgroup v1's cpu controller, when there and writable; its own
-# sandboxes' sshd and processes inherit it): when it and the sandbox part (the critical path) both want the CPUs, the
-# sandbox part's processes get them first; alone, the rest part still gets both cores. Without cgroup v1 nothing
+# sandboxes' sshd and processes inherit it): when it and the sandbox part both want the CPUs, the sandbox part's
+# processes get them first; alone, the rest part still gets both cores. The weight balances the two (2026-12-06,
+# fresh clones: at 256 the rest part ended last, 1,183 s against the sandbox part's 1,041 s; at 384, 1,293 s against
+# 1,216 s, a slower run of the whole machine; at 512, before work was removed, the sandbox part ended last). Without cgroup v1 nothing
 # changes. E3_TEST_REST_CPU_SHARES: its weight (root-level tasks and the /docker group weigh 1024 each).
 rest_cg=""
 if [ -f /sys/fs/cgroup/cpu/cpu.shares ] && mkdir -p /sys/fs/cgroup/cpu/eagle3ops-test-rest 2>/dev/null \

@@ -68,7 +68,12 @@ def recorded_ok_window(standin_deployed):
             _docker(h, "start", h.serving.container, check=False)
             import standin_serving
 
-            if not demo.serving_healthy(h, timeout=30):
+            from eagle3ops.health import GateFailed, wait_healthy
+
+            try:
+                wait_healthy(f"http://127.0.0.1:{h.serving.port}", h.serving.served_model_name, timeout_s=30,
+                             interval_s=0.3)
+            except GateFailed:  # not back from `docker start`: made again from the inventory's spec
                 standin_serving.start_container(h, timeout_s=60)
 
 

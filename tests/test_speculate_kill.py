@@ -154,7 +154,8 @@ def _entries(journal: Path) -> list[dict]:
 #: record step), so the points differ only in what the host is doing at the kill: a measurement ("baseline",
 #: "speculative-measurement": the same replay), a restart ("speculative-restart") or the end ("decision", the
 #: rollback branch). CI keeps the restart and the decision, whose verdicts differ (keep, rollback); the two
-#: measurement points cost ~45 s each of the sandbox part, the critical path of ``make test`` (CI stop 43: 1,598 s).
+#: measurement points cost ~45 s each of the sandbox part, then the critical path of ``make test`` (CI stop 43:
+#: 1,598 s, sandbox part 1,532 s). Unset (README's ``make test``, CI), two points run.
 #: In the first runs, killed at "speculative-restart" the job ended "keep"
 #: while the stand-in found on the port had no --speculative-config, and at "decision" (0.5x speculative speed) the
 #: verdict was "keep" at x1.72-1.89: the test took the newest speculate window whose folder was at most 2 s older

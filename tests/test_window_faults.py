@@ -106,12 +106,15 @@ def test_stage_exits_nonzero_keeps_finished_outputs(standin_deployed):
     h, dep = standin_deployed
     # extract asks for a layer the 4-layer target does not have: a real failure of the extract stage (its own
     # check of extract.aux_layer_ids against the target's config), after prepare finished. (It was 4 tensor-parallel
-    # ranks on this CPU host: vLLM started 4 workers before failing, ~50 s of CPU in every CI run.)
+    # ranks on this CPU host: vLLM started 4 workers before failing, ~50 s of CPU in every CI run.) The stage says
+    # why on an `error:` line (exit 2), which the window carries (it ran with a boxed rich traceback and said only
+    # "exited 1" before this test looked at the reason).
     run = _unique("fault-exit")
     res = _window(h, dep, "extract", run, TINY_HF.replace("engine: transformers",
                                                           "engine: transformers, aux_layer_ids: [0, 1, 9]"))
     assert res["outcome"] == "failed" and "stage extract" in res["error"]
     assert res["stages"]["prepare"] == "ok" and res["stages"]["extract"].startswith("failed (exited")
+    assert "aux_layer_ids" in res["stages"]["extract"], res["stages"]["extract"]  # failed for this reason
     assert res["serving_running"] is True
     assert Path(h.data_dir, f"runs/{run}/prepare/manifest.json").is_file(), "finished stage output kept"
     _assert_serving_back(h, res["window_id"], "failed")

@@ -14,7 +14,10 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, help="Run one in-container EAGLE-3 pipeline stage on a run directory.")
+# Plain Python tracebacks (not rich's boxed, 80-column-wrapped ones): the stage's log is read by the window's
+# supervisor (eagle3ops.supervisor.stagerun.stage_error), which takes a crash's reason from the traceback's last line.
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Run one in-container EAGLE-3 pipeline stage on a run directory.")
 
 RunDir = Annotated[
     Path,

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.config.pipeline import PipelineConfig
+from eagle3ops.config.pipeline import PipelineConfig, PipelineConfigError
 from eagle3ops.stages.manifest import (
     MANIFEST,
     StageInputError,
@@ -61,8 +61,9 @@ def resolve_layer_ids(config: PipelineConfig) -> tuple[list[int], int, int]:
     repeats a layer.
 
     Raises:
-        ValueError: an id is out of range, the default is degenerate for a shallow target (then the message
-            asks for ``extract.aux_layer_ids``), or the ids are not increasing and below the last layer.
+        LayerIdsError: (a PipelineConfigError and a ValueError) an id is out of range, the default is degenerate
+            for a shallow target (then the message asks for ``extract.aux_layer_ids`` with a valid example), the ids
+            are not increasing and below the last layer, or the target has under 4 layers.
     """
     t = target_text_config(config.target_model)
     n = int(t.num_hidden_layers)
@@ -77,12 +78,22 @@ def resolve_layer_ids(config: PipelineConfig) -> tuple[list[int], int, int]:
             aux = [n - 4, n - 3, n - 2]
             source = f"the three layers before the last (speculators' default is degenerate for L = {n})"
     if not (len(aux) == 3 and all(0 <= a < n - 1 for a in aux) and aux == sorted(set(aux))):
-        raise ValueError(
+        if n < 4:
+            raise LayerIdsError(
+                f"{source} = {aux}: the target ({config.target_model}) has {n} layers; EAGLE-3 captures 3 aux layers "
+                f"below the last, so it needs a target of at least 4 layers")
+        # a valid example: speculators' default where it is one, else the three layers before the last
+        example = [2, n // 2, n - 3] if n >= 7 else [n - 4, n - 3, n - 2]
+        raise LayerIdsError(
             f"{source} = {aux}: need 3 distinct increasing layer ids in [0, {n - 2}] (layer {n - 1} is the last "
-            f"layer, captured anyway); set `extract.aux_layer_ids` in pipeline.yaml, e.g. "
-            f"[{max(0, n // 4)}, {n // 2}, {max(n // 2 + 1, n - 3)}]"
+            f"layer, captured anyway); set `extract.aux_layer_ids` in pipeline.yaml, e.g. {example}"
         )
     return list(aux), n, int(t.hidden_size)
+
+
+class LayerIdsError(PipelineConfigError, ValueError):
+    """``extract.aux_layer_ids`` (or speculators' default) does not fit the target's layer count: a configuration
+    error (the stage CLI prints it as ``error: stage ...`` and exits 2); a ValueError for callers that catch one."""
 
 
 class TransformersEngine:
