@@ -38,6 +38,7 @@ from fabric import Config, Connection
 from fabric.runners import Remote as _FabricRunner
 from invoke.exceptions import CommandTimedOut, ThreadException, UnexpectedExit
 
+from eagle3ops.commands.host import login_shell, quiet_shell_probe
 from eagle3ops.commands.quote import render  # noqa: F401 - the one quoting function, used here
 from eagle3ops.commands.types import Change, Read, is_read
 from eagle3ops.config import HostConfig
@@ -61,6 +62,16 @@ CONNECT_TIMEOUT_S = 20
 CHANNEL_OPEN_TIMEOUT_S = 60
 #: Bytes per write of a command's standard input.
 STDIN_CHUNK = 256 * 1024
+#: Seconds for the first-contact probe (``true``) that proves the host's shell prints nothing.
+QUIET_PROBE_TIMEOUT_S = 30
+
+#: Start-up files each login shell reads for a non-interactive SSH command (bash(1) INVOCATION: bash started by
+#: sshd reads ~/.bashrc even when not interactive; zsh(1) STARTUP/SHUTDOWN FILES: ~/.zshenv always), most likely
+#: first; /etc files last.
+_STARTUP_FILES = {
+    "bash": ("~/.bashrc", "/etc/bash.bashrc"),
+    "zsh": ("~/.zshenv", "/etc/zsh/zshenv"),
+}
 
 
 class RemoteError(Exception):
@@ -79,6 +90,12 @@ class ConnectFailed(HostUnreachable):
     """The connection could not be made at all: nothing ran on the host. Raised within the connect bound (TCP
     connect, then SSH banner, then authentication, each at most ``connect_timeout`` seconds per hop); retrying at
     once does not help (wrong address, no sshd or a silent port, refused key, untrusted host key)."""
+
+
+class ShellNotQuiet(ConnectFailed):
+    """The host's shell prints on non-interactive SSH commands (a banner or ``conda activate`` in ``~/.bashrc``):
+    every command's output, and every byte stream, would arrive with that text in front. Raised at first contact,
+    before any command of the caller's runs; a :class:`ConnectFailed`, so nothing retries it."""
 
 
 class ConnectionLost(HostUnreachable):
@@ -307,8 +324,51 @@ class Remote:
             for c in reversed(hops):
                 c.client.close()
             raise
+        self._check_quiet_shell(conn)
         self._conn = conn
         return conn
+
+    def _check_quiet_shell(self, conn: Connection) -> None:
+        """Prove the host's shell prints nothing for a non-interactive command (``true``).
+
+        eagle3ops reads command output as data (JSON, container names, sizes) and sends bytes (weights, heads,
+        images) through commands' standard streams: text a start-up file prints before every command would be read
+        as data or land at the front of a file. Only standard output counts: a start-up file's warnings on standard
+        error (a locale warning, say) corrupt nothing and are common.
+
+        Raises:
+            ShellNotQuiet: ``true`` printed on standard output; the message gives the byte count, the first
+                bytes, the start-up files the login shell reads and the fix. The connection is closed.
+        """
+        def run(argv: Sequence[str]) -> str:
+            r = conn.run(render(argv), hide=True, warn=True, timeout=QUIET_PROBE_TIMEOUT_S,
+                         in_stream=io.BytesIO(b""), encoding="utf-8")
+            return r.stdout
+
+        try:
+            noise = run(quiet_shell_probe())
+            if not noise:
+                return
+            shell = run(login_shell())
+            shell = shell[len(noise):] if shell.startswith(noise) else shell
+        except (paramiko.SSHException, OSError, EOFError, ThreadException, CommandTimedOut) as exc:
+            for c in [conn, *reversed(_gateway_chain(conn))]:
+                c.client.close()
+            raise ConnectFailed(f"{self.host.name}: the first command on {conn.user}@{conn.host}:{conn.port} "
+                                f"(`true`) did not complete: {type(exc).__name__}: {exc}") from None
+        for c in [conn, *reversed(_gateway_chain(conn))]:
+            c.client.close()
+        name = Path(shell.strip()).name or "the login shell"
+        files = _STARTUP_FILES.get(name, ("~/.profile", "the login shell's start-up files"))
+        nbytes = len(noise.encode("utf-8"))
+        port = "" if conn.port == 22 else f"-p {conn.port} "
+        head = noise if len(noise) <= 80 else noise[:80] + "..."
+        raise ShellNotQuiet(
+            f"{self.host.name}: the shell of {conn.user}@{conn.host} prints {nbytes} bytes before every "
+            f"non-interactive command (`true` printed {head!r}); command output and byte streams (weights, heads, "
+            f"images) would arrive with them in front. Likely {' or '.join(files)} ({name}): make it print only in "
+            f"interactive shells, e.g. put `[[ $- == *i* ]] || return` before the lines that print (conda "
+            f"activate, echo, fortune), then run `ssh {port}{conn.user}@{conn.host} true | wc -c` until it says 0")
 
     @property
     def connection(self) -> Connection:

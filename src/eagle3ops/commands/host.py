@@ -31,6 +31,18 @@ def http_status(url: str, timeout_s: int = 5) -> Read:
     return Read(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", str(timeout_s), url])
 
 
+def quiet_shell_probe() -> Read:
+    """``true``: prints nothing on a host whose login shell is quiet for non-interactive SSH commands; whatever it
+    prints is what the shell's start-up files print before every command (:meth:`eagle3ops.remote.Remote`'s first
+    contact)."""
+    return Read(["true"])
+
+
+def login_shell() -> Read:
+    """``printenv SHELL``: the SSH user's login shell (which start-up files it reads for SSH commands)."""
+    return Read(["printenv", "SHELL"])
+
+
 def cat(path: str) -> Read:
     """Print a file."""
     return Read(["cat", path])
