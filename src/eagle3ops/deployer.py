@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,11 +93,14 @@ def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = Fal
 
     Raises:
         DeployError: ``venv_python`` does not run on the host, its Python minor version is not the image's (both
-            named), the image build or export failed, or the delivery failed (the host's words).
+            named), the environment's compiled files are for another CPU architecture than the host's ``uname -m``
+            (:mod:`eagle3ops.window.arch`; checked before anything is sent), the image build or export failed, or the
+            delivery failed (the host's words).
     """
     from eagle3ops.commands import venv as vc
     from eagle3ops.transfer import envbuild
     from eagle3ops.transfer.envdeliver import EnvDeliveryError, deliver_env
+    from eagle3ops.window.arch import refuse_foreign_env
 
     build_s, image = 0.0, None
     with executor.for_host(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
@@ -129,6 +133,13 @@ def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = Fal
             env_tarball, image = env.path, env.image
             echo(f"{env.image} from {built.tag}: {env.size / 1e9:.2f} GB, Python {env.python}, "
                  + ("cached" if env.cached else f"exported in {env.build_s:.0f} s"))
+        try:
+            foreign = refuse_foreign_env(r, env_tarball, "deploy --env-tarball" if image is None else "deploy")
+        except (OSError, tarfile.TarError) as exc:
+            raise DeployError(f"{env_tarball}: cannot be read as a gzip tar ({exc}): pass the file "
+                              f"`eagle3ops image env-tarball` wrote") from None
+        if foreign:
+            raise DeployError(foreign)
         try:
             d = deliver_env(r, env_tarball, image=image)
         except EnvDeliveryError as exc:

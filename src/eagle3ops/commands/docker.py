@@ -21,6 +21,12 @@ def version(host: HostConfig) -> Read:
     return Read(docker(host, "version", "--format", "{{.Server.Version}}"))
 
 
+def info_format(host: HostConfig, fmt: str) -> Read:
+    """``docker info --format FMT``: one Go template over the engine's info (``{{.Architecture}}``: the engine's
+    machine as ``uname -m`` names it)."""
+    return Read(docker(host, "info", "--format", fmt))
+
+
 def image_id(host: HostConfig, image: str) -> Read:
     """Print the image id (``sha256:<config digest>``) of ``image``; exits non-zero when absent."""
     return Read(docker(host, "image", "inspect", "--format", "{{.Id}}", image))

@@ -197,6 +197,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     """
     from eagle3ops.window.kinds import require_serving
     from eagle3ops.window.run import run_window
+    from eagle3ops.window.arch import refuse_foreign_image
     from eagle3ops.window.standin import refuse_standin_image
 
     require_serving(r.host, "speculate")  # before anything is read or written on the host
@@ -225,6 +226,9 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     like: dict[str, Any] = {"like_for_like": True, "control": False}
     if speculative_change(h, run_dir, 3, image).image:  # a process serves no image
         refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
+        foreign = refuse_foreign_image(r, image, "speculate")  # an image the host lacks: the push refuses it
+        if foreign:
+            raise SpeculateError(foreign)
         spec_id = r.run(dk.image_id(h, image), check=False)
         like = check_like_for_like(h, _live_image(r), (image, (spec_id.stdout.strip() or None) if spec_id.ok else None),
                                    opts.control)

@@ -28,6 +28,7 @@ from eagle3ops.window.preflight import (Preflight, ask_engine, check_fallbacks, 
                                         preflight, read_run_state)
 from eagle3ops.window.served_template import SERVED_FILE, ServedTemplate, ServedTemplateError, read_served_template, \
     resolve_config
+from eagle3ops.window.arch import refuse_foreign_image
 from eagle3ops.window.standin import refuse_standin_image
 from eagle3ops.window.watch import finish_window, watch
 
@@ -134,6 +135,9 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise WindowError(refusal)
         if change is not None and change.image:
             refuse_standin_image(r, change.image, f"{kind} --image")
+            foreign = refuse_foreign_image(r, change.image, f"{kind} --image")
+            if foreign:
+                raise WindowError(foreign)
     # a gated release (``release --gate``: the speculate job under the not-slower rule) is named for what it is
     window_id = new_window_id("release-gate" if speculate is not None and speculate.rule == "not_slower" else kind)
     t0 = time.monotonic()
