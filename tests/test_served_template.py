@@ -140,7 +140,6 @@ def test_speculate_refuses_data_rendered_with_another_template_than_the_live_rel
     assert windows == ["speculate", "speculate"]
 
 
-@pytest.mark.xfail(strict=True, reason="the offline dry run does not say which chat template prepare will use")
 @pytest.mark.parametrize("flag,prepare,expect", [
     (["--chat-template", "/models/tool-chat.jinja"], "", "serving's --chat-template /models/tool-chat.jinja"),
     ([], "", "the tokenizer's own"),

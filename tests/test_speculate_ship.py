@@ -505,7 +505,6 @@ def _head_dir(path: Path, config: dict, shapes: dict) -> Path:
     return path
 
 
-@pytest.mark.xfail(strict=True, reason="the dry run of --head DIR says the head would be checked and checks nothing")
 @pytest.mark.parametrize("fits", [True, False])
 def test_the_dry_run_of_a_head_from_elsewhere_runs_the_head_check(monkeypatch, tmp_path, fits):
     """``speculate --head DIR --dry-run``: the head is not uploaded, but its check is local and read-only (its
