@@ -455,7 +455,6 @@ class _LeftSupervisors(StandInHost):
         return super()._docker(a)
 
 
-@pytest.mark.xfail(strict=True, reason="a killed driver's exited supervisor container stays behind over reruns")
 def test_a_new_window_removes_exited_supervisors_of_finished_windows(host, monkeypatch):
     """A driver killed mid-window never removes its supervisor container (the host finishes the window; the
     container stays ``Exited``). The next window, under the lock and before its own supervisor starts, removes the

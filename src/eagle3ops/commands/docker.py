@@ -74,6 +74,16 @@ def logs(host: HostConfig, name: str, *, follow: bool = False, tail: int | None 
     return Read(docker(host, *args, name))
 
 
+def containers_by_label(host: HostConfig, label: str, states: tuple[str, ...], fmt: str) -> Read:
+    """``docker ps -a --filter label=LABEL --filter status=S... --format FMT``: one line per container carrying
+    ``label`` (``key=value``) in one of ``states`` (the Docker CLI ORs filters of one key: ``exited``, ``dead``...),
+    formatted by the Go template ``fmt``."""
+    filters = ["--filter", f"label={label}"]
+    for s in states:
+        filters += ["--filter", f"status={s}"]
+    return Read(docker(host, "ps", "-a", *filters, "--format", fmt))
+
+
 def rm(host: HostConfig, name: str, *, force: bool = False) -> Change:
     """Remove a container."""
     return Change(docker(host, "rm", *(["--force"] if force else []), name))
