@@ -36,7 +36,7 @@ def offline_chat_template(h: HostConfig, cfg: PipelineConfig) -> str:
     if tpl != "auto":
         return f"the tokenizer's own (pipeline prepare.chat_template: {tpl})"
     kind = h.serving.kind
-    if kind == "none":
+    if not h.serving.managed:
         return "the tokenizer's own (prepare.chat_template: auto, and the host serves nothing to match)"
     if not KIND_KEYS[kind].in_container:
         return (f"not known offline: prepare.chat_template: auto takes the live {kind} server's {FLAG} (read on "
