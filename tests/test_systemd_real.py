@@ -139,7 +139,6 @@ def _unit_procs(name: str) -> list[str]:
     return [ln for ln in out.splitlines() if ln.startswith("sleep 1000") or ln.startswith("sleep 2000")]
 
 
-@pytest.mark.xfail(strict=True, reason="KillMode=process: the stop leaves the unit's other processes")
 def test_agent_stop_ends_the_units_control_group_and_restore_starts_it(systemd_host):
     inv, name = systemd_host
     h = _host(inv)
@@ -163,7 +162,6 @@ def test_agent_stop_ends_the_units_control_group_and_restore_starts_it(systemd_h
         r.run(["touch", f"{pdir}/done"])
 
 
-@pytest.mark.xfail(strict=True, reason="no KillMode advice; the agent dies with a session logind kills")
 def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(systemd_host):
     from eagle3ops.window.kinds import SystemdKind
     from eagle3ops.window.preflight import Preflight
