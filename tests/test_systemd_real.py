@@ -13,7 +13,7 @@ What it shows (each against systemd itself, not a stand-in of ``systemctl``):
 The container: ``--cap-add SYS_ADMIN`` (systemd mounts its own file systems; ``--privileged`` fails on this machine),
 tmpfs on /run and /run/lock, the host's cgroup file system with ``--cgroupns host`` (systemd keeps to its container's
 subtree, ``/docker/<id>/...``), host networking with sshd on a free loopback port. Its image is built on the
-debootstrap minbase (tests/prebuild.py) with Debian's packages; the serving unit runs ``sleep`` processes, a stand-in
+debootstrap minbase with Debian's packages (tests/systemd_image.py); the serving unit runs ``sleep`` processes, a stand-in
 for vLLM (no model is served: the subject is how the unit's processes are stopped and started).
 """
 
@@ -32,14 +32,8 @@ from eagle3ops.commands import systemd as sd
 from eagle3ops.config import load_inventory
 from eagle3ops.remote import Remote
 
-IMAGE = "eagle3ops-test/systemd-host:bookworm"
-DOCKERFILE = """FROM eagle3ops/debian-minbase:bookworm
-RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \\
-      systemd systemd-sysv dbus libpam-systemd openssh-server procps >/dev/null && apt-get clean \\
-    && rm -rf /var/lib/apt/lists/*
-STOPSIGNAL SIGRTMIN+3
-CMD ["/lib/systemd/systemd"]
-"""
+import systemd_image
+
 UNIT = "vllm-standin.service"
 # The main process and a child of it, as vLLM's API server and its EngineCore; KillMode=process: `systemctl stop`
 # ends the main process only.
@@ -65,14 +59,14 @@ def _sh(*argv: str, check: bool = True, timeout: float = 120, **kw) -> subproces
 @pytest.fixture(scope="module")
 def systemd_host(tmp_path_factory):
     """The inventory file of a host whose serving is systemd unit ``vllm-standin.service``, on a real systemd."""
-    _sh("docker", "build", "--network", "host", "-q", "-t", IMAGE, "-", input=DOCKERFILE, timeout=900)
+    image = systemd_image.build()  # built by tests/prebuild.py: seconds here
     name = f"e3-systemd-{uuid.uuid4().hex[:8]}"
     port = _free_port()
     d = tmp_path_factory.mktemp("systemd-host")
     _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "id"))
     _sh("docker", "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
         "--tmpfs", "/run", "--tmpfs", "/run/lock", "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-        "--cgroupns", "host", IMAGE)
+        "--cgroupns", "host", image)
     try:
         state = ""
         for _ in range(60):  # bounded: 30 s for systemd to boot
