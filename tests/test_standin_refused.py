@@ -22,10 +22,8 @@ from typer.testing import CliRunner
 
 from eagle3ops import executor
 from eagle3ops.config import HostConfig, load_inventory
-from eagle3ops.config.standin import is_sandbox
+from eagle3ops.config.standin import is_sandbox, standin_refusal
 
-#: removed by the change that marks and refuses stand-ins
-pytestmark = pytest.mark.xfail(strict=True, reason="stand-ins are not refused at deploy/push yet")
 
 REPO = Path(__file__).resolve().parents[1]
 WIDE = {"COLUMNS": "400"}  # rich wraps error lines at the terminal width: keep each on one line
@@ -112,7 +110,7 @@ def test_deploy_refuses_the_pipeline_image_on_the_local_stand_in_base_before_bui
     msg = str(exc.value)
     assert msg.startswith("gpu-01: deploy refused: ") and bp.tag in msg, msg
     assert f"built on {images.LOCAL_BASE_TAG}" in msg and "io.eagle3ops.stand-in-for" in msg, msg
-    assert "vllm/vllm-openai:v0.16.0" in msg and "without --base-image" in msg, msg
+    assert "vllm/vllm-openai:v0.16.0" in msg and "`eagle3ops deploy gpu-01` without --base-image" in msg, msg
     # --dry-run shows the same refusal (exit 1), nothing planned past it
     inv = _inventory(tmp_path, h)
     res = CliRunner().invoke(cli.app, ["deploy", "gpu-01", "--dry-run", "--base-image", images.LOCAL_BASE_TAG,
@@ -133,7 +131,8 @@ def test_deploy_refuses_the_stand_in_environment_on_a_venv_host_that_is_not_a_sa
 
     msg = str(exc.value)
     assert msg.startswith("pod: deploy --env-tarball refused: ") and image in msg and str(tgz) in msg, msg
-    assert f"{STANDIN_ENV_MARKER}" in msg and standin_env.NAME in msg and "without --env-tarball" in msg, msg
+    assert STANDIN_ENV_MARKER in msg and standin_env.NAME in msg, msg
+    assert "`eagle3ops deploy pod` without --env-tarball" in msg, msg
     res = CliRunner().invoke(cli.app, ["deploy", "pod", "--dry-run", "--env-tarball", str(tgz),
                                        "--inventory", str(_inventory(tmp_path, h))], env=WIDE)
     assert res.exit_code == 1 and "pod: deploy --env-tarball refused: " in res.output, res.output
@@ -155,3 +154,7 @@ def test_push_refuses_an_image_whose_label_marks_it_a_stand_in_whatever_its_name
             res.output
     finally:
         client.images.remove(neutral)
+    # a pipeline image (its own label says so) is told to be built on the real base; a sandbox takes either
+    pipeline = {"io.eagle3ops.image": "eagle3ops/pipeline", "io.eagle3ops.stand-in-for": "vllm/vllm-openai:v0.16.0"}
+    assert "`eagle3ops deploy gpu-01` without --base-image" in standin_refusal(_production(), "p:1", pipeline, "push")
+    assert standin_refusal(_sandbox(), "p:1", pipeline, "push") is None

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -216,7 +217,8 @@ def test_deploy_of_a_venv_host_refuses_a_python_mismatch_before_sending(monkeypa
     env = envbuild.EnvTarball(path=tmp_path / "x.tar.gz", image="venv:sha256:" + "0" * 64, size=1, python="3.11.2",
                               source=built.tag, source_id=built.image_id, venv_python=h.venv_python, build_s=1.0)
     monkeypatch.setattr(deployer.executor, "for_host", R)
-    monkeypatch.setattr(images, "plan_build", lambda *a, **k: object())
+    plan = SimpleNamespace(name="pipeline", base="vllm/vllm-openai:v0.16.0", base_labels={}, tag=built.tag, labels={})
+    monkeypatch.setattr(images, "plan_build", lambda *a, **k: plan)
     monkeypatch.setattr(images, "build_image", lambda *a, **k: built)
     monkeypatch.setattr(envbuild, "export_env", lambda *a, **k: env)
     monkeypatch.setattr(envdeliver, "deliver_env", lambda *a, **k: pytest.fail("sent despite the mismatch"))
@@ -243,7 +245,6 @@ def test_preflight_refuses_an_environment_of_another_python_than_venv_python():
     assert "hosts." in detail and ".venv_python" in detail
 
 
-@pytest.mark.xfail(strict=True, reason="stand-in environments are not marked yet")
 def test_an_environment_exported_from_a_stand_in_image_carries_the_marker_first(tmp_path):
     from eagle3ops.config.standin import STANDIN_ENV_MARKER
     from eagle3ops.transfer.envdeliver import env_marker
