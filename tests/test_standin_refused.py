@@ -117,6 +117,7 @@ def test_deploy_refuses_the_pipeline_image_on_the_local_stand_in_base_before_bui
                                        "--inventory", str(inv)], env=WIDE)
     assert res.exit_code == 1 and "gpu-01: deploy refused: " in res.output and bp.tag in res.output, res.output
     assert "# push" not in res.output
+    deployer.refuse_standin_build(_sandbox(), bp, "deploy")  # the sandbox takes it (the suite's and the demo's deploy)
 
 
 def test_deploy_refuses_the_stand_in_environment_on_a_venv_host_that_is_not_a_sandbox(tmp_path, no_host):
@@ -136,6 +137,10 @@ def test_deploy_refuses_the_stand_in_environment_on_a_venv_host_that_is_not_a_sa
     res = CliRunner().invoke(cli.app, ["deploy", "pod", "--dry-run", "--env-tarball", str(tgz),
                                        "--inventory", str(_inventory(tmp_path, h))], env=WIDE)
     assert res.exit_code == 1 and "pod: deploy --env-tarball refused: " in res.output, res.output
+    from eagle3ops.transfer.envdeliver import refuse_standin_env
+
+    # a venv host of a sandbox takes it (the venv and fleet tests' hosts)
+    refuse_standin_env(_venv_host("/var/lib/eagle3ops-sandbox/fleet0/data/f"), tgz, image, "deploy --env-tarball")
 
 
 def test_push_refuses_an_image_whose_label_marks_it_a_stand_in_whatever_its_name(tmp_path, no_host):
