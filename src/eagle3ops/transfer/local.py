@@ -11,8 +11,8 @@ import json
 import os
 import shlex
 import subprocess
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from eagle3ops import executor
 from eagle3ops.commands import transfer as tc
@@ -56,6 +56,7 @@ class LocalImage:
         diff_ids: layer digests (uncompressed tars), base first.
         repo_tags: tags to give the image on the host (the ref when it is a tag).
         size: image size in bytes as the engine reports it.
+        labels: the image's labels (``Config.Labels``, inherited ones included): what marks a stand-in.
     """
 
     ref: str
@@ -63,6 +64,7 @@ class LocalImage:
     diff_ids: tuple[str, ...]
     repo_tags: tuple[str, ...]
     size: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def chain_ids(self) -> list[str]:
@@ -142,7 +144,7 @@ def inspect_local(ref: str, docker_host: str | None = None) -> LocalImage:
     else:
         tags = (ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest",)
     return LocalImage(ref=ref, id=data["Id"], diff_ids=tuple(data["RootFS"].get("Layers") or ()), repo_tags=tags,
-                      size=int(data.get("Size") or 0))
+                      size=int(data.get("Size") or 0), labels=dict((data.get("Config") or {}).get("Labels") or {}))
 
 
 
