@@ -12,7 +12,8 @@ Images (all built on this machine's build engine; none is pulled from a registry
 - the pipeline image on the local base (the sandbox's stages and the in-image suite run in it);
 - the CPU stand-in serving image (patched vLLM), tagged as the sandbox inventory's ``speculative_image``;
 - the pipeline image with its probes deferred to the host, and the pipeline image on the upstream-layout base (the
-  host-probe tests' builds); the test stand-in pipeline image (:mod:`standin_images`).
+  host-probe tests' builds); the test stand-in pipeline image (:mod:`standin_images`); the real-systemd test host
+  (:mod:`systemd_image`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> int:
     from eagle3ops.config import load_inventory
     from eagle3ops_dev import bases
 
+    import systemd_image
+
     ca = images.default_ca_bundle()
     sandbox = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     t_all = time.monotonic()
@@ -61,6 +64,7 @@ def main() -> int:
         ("pipeline image on the upstream-layout base", lambda: images.build_image(
             "pipeline", bases.UPSTREAM_BASE_TAG, None, ca, quiet=True).tag),
         ("test stand-in pipeline image", lambda: _standin_pipeline(ca)),
+        ("real-systemd test host", lambda: systemd_image.build()),
     ]
     for name, build in steps:
         t0 = time.monotonic()

@@ -149,12 +149,16 @@ def test_deploy_env_tarball_of_another_architecture_is_refused_before_sending(mo
     """``deploy --env-tarball`` to a venv host: the tarball's compiled files are for another machine than the host's
     ``uname -m`` (run for real, here): refused naming the file, both architectures and the fix; nothing sent."""
     from eagle3ops import deployer
-    from eagle3ops.transfer import envdeliver
 
     h = HostConfig(name="pod", hostname="127.0.0.1", data_dir=str(tmp_path / "d"), state_dir=str(tmp_path / "s"),
                    model_path="/m", stage_runtime="venv", venv_python="/usr/bin/python3", serving="none")
-    monkeypatch.setattr(deployer.executor, "for_host", lambda host, **kw: _LocalHost(host))
-    monkeypatch.setattr(envdeliver, "deliver_env", lambda *a, **k: pytest.fail("sent despite the architecture"))
+    class _OnlyMachine(_LocalHost):  # `uname -m` runs here for real; anything else would ask or send
+        def run(self, argv, **kw):
+            if list(argv) != ["uname", "-m"]:
+                pytest.fail(f"{list(argv)} ran before the architecture was refused")
+            return super().run(argv, **kw)
+
+    monkeypatch.setattr(deployer.executor, "for_host", lambda host, **kw: _OnlyMachine(host))
     tarball = _standin_env(tmp_path / "env.tar.gz")
     with pytest.raises(deployer.DeployError) as exc:
         deployer.deploy_env(h, tarball, echo=lambda _: None)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -216,7 +217,8 @@ def test_deploy_of_a_venv_host_refuses_a_python_mismatch_before_sending(monkeypa
     env = envbuild.EnvTarball(path=tmp_path / "x.tar.gz", image="venv:sha256:" + "0" * 64, size=1, python="3.11.2",
                               source=built.tag, source_id=built.image_id, venv_python=h.venv_python, build_s=1.0)
     monkeypatch.setattr(deployer.executor, "for_host", R)
-    monkeypatch.setattr(images, "plan_build", lambda *a, **k: object())
+    plan = SimpleNamespace(name="pipeline", base="vllm/vllm-openai:v0.16.0", base_labels={}, tag=built.tag, labels={})
+    monkeypatch.setattr(images, "plan_build", lambda *a, **k: plan)
     monkeypatch.setattr(images, "build_image", lambda *a, **k: built)
     monkeypatch.setattr(envbuild, "export_env", lambda *a, **k: env)
     monkeypatch.setattr(envdeliver, "deliver_env", lambda *a, **k: pytest.fail("sent despite the mismatch"))
@@ -241,3 +243,19 @@ def test_preflight_refuses_an_environment_of_another_python_than_venv_python():
     detail = checks["pipeline environment"][1]
     assert f"/env/{ENV_HEX} is a Python 3.11 environment but /usr/bin/python3.12 is Python 3.12.3" in detail
     assert "hosts." in detail and ".venv_python" in detail
+
+
+def test_an_environment_exported_from_a_stand_in_image_carries_the_marker_first(tmp_path):
+    from eagle3ops.config.standin import STANDIN_ENV_MARKER
+    from eagle3ops.transfer.envdeliver import env_marker
+
+    eng = FakeEngine()
+    eng.images.get("x").attrs["Config"]["Labels"] = {"io.eagle3ops.stand-in-for": "vllm/vllm-openai:v0.16.0"}
+    env = envbuild.export_env("eagle3ops/pipeline:t", "/usr/bin/python3.11", cache=tmp_path, client=eng)
+    with tarfile.open(env.path) as t:
+        assert t.getnames()[0] == STANDIN_ENV_MARKER  # read from the tarball's head, not after GBs of venv
+    mark = env_marker(env.path)
+    assert mark["image"] == "eagle3ops/pipeline:t" and "io.eagle3ops.stand-in-for" in mark["why"], mark
+    real = envbuild.export_env("eagle3ops/pipeline:t", "/usr/bin/python3.11", cache=tmp_path / "real",
+                               client=FakeEngine())
+    assert env_marker(real.path) is None and STANDIN_ENV_MARKER not in _entries(real.path)

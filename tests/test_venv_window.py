@@ -94,7 +94,14 @@ def test_delivery_is_verified_by_digest_and_done_once(venv_env):
     # asks the host's venv_python, before anything is built or sent
     with pytest.raises(deployer.DeployError, match=r"hosts.venvpod.venv_python \(/nonexistent/python3\) does not run"):
         deployer.deploy(h.model_copy(update={"venv_python": "/nonexistent/python3"}), echo=lambda _: None)
+    # the same sshd as an entry that is not a sandbox (its state outside the sandbox root): the stand-in environment
+    # is refused by name before the host is asked anything, and nothing was created there
+    prod = h.model_copy(update={"name": "gpu-pod", "state_dir": f"/tmp/e3-not-a-sandbox-{uuid.uuid4().hex[:6]}"})
+    with pytest.raises(deployer.DeployError, match=r"gpu-pod: deploy --env-tarball refused: .* is a stand-in "
+                                                   r"pipeline environment \(it holds eagle3ops-standin.json"):
+        deployer.deploy(prod, env_tarball=tgz, echo=lambda _: None)
     with Remote(h) as r:
+        assert not r.run(hc.test_dir(prod.state_dir), check=False).ok
         first = deliver_env(r, tgz, image=image)
     again = deployer.deploy(h, env_tarball=tgz, echo=lambda _: None)
     assert "nothing sent" in again.push_summary and again.image_id == image.removeprefix("venv:")

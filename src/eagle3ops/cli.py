@@ -74,7 +74,8 @@ def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
                                                       "environment tarball to deliver (verified by sha256); "
                                                       "default: the pipeline image's venv, exported.")) -> None:
     """Build the pipeline image if needed, push it over SSH, verify its id on the host, preflight, run the probes the
-    build deferred to the host. Serving untouched."""
+    build deferred to the host. Serving untouched. A stand-in (an image built on a stand-in base, a stand-in
+    environment) is refused on a host that is not a sandbox, before anything is built or sent."""
     from eagle3ops import deployer
 
     h = common.load_host(inventory, host)

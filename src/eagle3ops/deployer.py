@@ -1,6 +1,10 @@
 """``eagle3ops deploy HOST``: build the pipeline image if needed, push it over SSH, verify its id, preflight, and run
 the probes the build deferred to the host (:func:`eagle3ops.hostprobe.ensure_probed`).
 
+A pipeline image or environment that is a stand-in (built on a stand-in base, or the test environment: the marks of
+:mod:`eagle3ops.config.standin`) is refused on a host that is not a sandbox, from the build plan, before anything is
+built, sent or changed (:func:`refuse_standin_build`; ``--dry-run`` shows the same refusal).
+
 Serving is not touched. The host records what was deployed in ``<state_dir>/deployed.json`` (image tag and id), which
 the maintenance windows read to know which image to run and which id to expect.
 """
@@ -9,7 +13,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from eagle3ops import executor
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.config import HostConfig
+from eagle3ops.config.standin import PIPELINE_FIX, SERVING_FIX, refusal, standin_reason
 from eagle3ops.hostprobe import HostProbeError, HostProbeResult, ensure_probed
 from eagle3ops.window.common import paths
 from eagle3ops.window.preflight import preflight
@@ -79,6 +83,22 @@ def push_image(tag: str, h: HostConfig) -> str:
             f"SSH ({res.transport}, {res.compression}), {res.wall_s:.1f} s, image id verified")
 
 
+def refuse_standin_build(h: HostConfig, bp: BuildPlan, what: str) -> None:
+    """Raise when the image ``bp`` plans is a stand-in and ``h`` is not a sandbox (the one rule,
+    :func:`eagle3ops.config.standin.refusal`): built on a stand-in base (its labels on the build engine, which the
+    image inherits, or its name), or of a stand-in profile. Decided from the plan: nothing is built, read on the host
+    or sent.
+
+    Raises:
+        DeployError: the message names the image, its base and the mark, and the fix (build on the real base).
+    """
+    why = standin_reason(bp.base, bp.base_labels)
+    why = f"built on {bp.base}: {why}" if why else standin_reason(bp.tag, bp.labels)
+    msg = refusal(h, what, bp.tag, "stand-in image", why, PIPELINE_FIX if bp.name == "pipeline" else SERVING_FIX)
+    if msg:
+        raise DeployError(msg)
+
+
 def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = False,
                echo: Callable[[str], None] = print, profile: str | None = None,
                base_image: str | None = None) -> DeployResult:
@@ -92,15 +112,16 @@ def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = Fal
     version, which must be the image's Python minor version.
 
     Raises:
-        DeployError: ``venv_python`` does not run on the host, its Python minor version is not the image's (both
-            named), the environment's compiled files are for another CPU architecture than the host's ``uname -m``
-            (:mod:`eagle3ops.window.arch`; checked before anything is sent), the image build or export failed, or the
-            delivery failed (the host's words).
+        DeployError: the environment is a stand-in (the pipeline image planned on a stand-in base, or
+            ``env_tarball``'s marker) and ``h`` is not a sandbox (nothing built, exported or sent), ``venv_python``
+            does not run on the host, its Python minor version is not the image's (both named), the environment's
+            compiled files are for another CPU architecture than the host's ``uname -m`` (:mod:`eagle3ops.window.arch`;
+            checked before anything is sent), the image build or export failed, or the delivery failed (the host's
+            words).
     """
     from eagle3ops.commands import venv as vc
     from eagle3ops.transfer import envbuild
     from eagle3ops.transfer.envdeliver import EnvDeliveryError, deliver_env
-    from eagle3ops.window.arch import refuse_foreign_env
 
     build_s, image = 0.0, None
     with executor.for_host(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
@@ -114,6 +135,7 @@ def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = Fal
 
             try:
                 bp = images.plan_build("pipeline", base_image=base_image, profile=profile)
+                refuse_standin_build(h, bp, "deploy")  # before the build and the export
                 if dry_run:
                     for line in bp.lines():
                         print(line)
@@ -134,14 +156,8 @@ def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = Fal
             echo(f"{env.image} from {built.tag}: {env.size / 1e9:.2f} GB, Python {env.python}, "
                  + ("cached" if env.cached else f"exported in {env.build_s:.0f} s"))
         try:
-            foreign = refuse_foreign_env(r, env_tarball, "deploy --env-tarball" if image is None else "deploy")
-        except (OSError, tarfile.TarError) as exc:
-            raise DeployError(f"{env_tarball}: cannot be read as a gzip tar ({exc}): pass the file "
-                              f"`eagle3ops image env-tarball` wrote") from None
-        if foreign:
-            raise DeployError(foreign)
-        try:
-            d = deliver_env(r, env_tarball, image=image)
+            d = deliver_env(r, env_tarball, image=image,
+                            what="deploy" if image is not None else "deploy --env-tarball")
         except EnvDeliveryError as exc:
             raise DeployError(str(exc)) from None
     summary = (f"{d.image} → {h.name}:{d.env_dir}: " + (
@@ -174,7 +190,8 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
 
     Raises:
         eagle3ops.remote.ConnectFailed: the host cannot be reached (nothing was built).
-        DeployError: build failure, push failure, id mismatch on the host ("every layer pushed but the image is not
+        DeployError: a stand-in image planned for a host that is not a sandbox (:func:`refuse_standin_build`;
+            nothing built or sent), build failure, push failure, id mismatch on the host ("every layer pushed but the image is not
             there" included), a failed preflight check, or failed deferred probes (each failing probe named).
     """
     from eagle3ops import images
@@ -186,6 +203,7 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
     t0 = time.monotonic()
     try:
         bp = images.plan_build("pipeline", base_image=base_image, profile=profile, engine_checks=engine_checks)
+        refuse_standin_build(h, bp, "deploy")  # before anything is built or sent
         if dry_run:
             for line in bp.lines():
                 print(line)
@@ -236,13 +254,13 @@ UNBUILT_ID = "<image id after the build>"
 
 def _planned_image(bp: BuildPlan) -> BuiltImage:
     """The image a build plan names: the engine's image when its tag exists already, else a placeholder (id
-    :data:`UNBUILT_ID`, size 0) carrying the plan's labels."""
+    :data:`UNBUILT_ID`, size 0) carrying the labels it will have (its base's and the plan's)."""
     from eagle3ops.images import BuiltImage, docker_client
 
     if bp.exists:
         img = docker_client().images.get(bp.tag)
         return BuiltImage(bp.tag, img.id, int(img.attrs.get("Size", 0)), 0.0, dict(img.labels))
-    return BuiltImage(bp.tag, UNBUILT_ID, 0, 0.0, dict(bp.labels))
+    return BuiltImage(bp.tag, UNBUILT_ID, 0, 0.0, dict(bp.image_labels))
 
 
 def _dry_push(bp: BuildPlan, h: HostConfig) -> str:

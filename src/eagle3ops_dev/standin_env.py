@@ -7,7 +7,9 @@ speculators: its stages touch no model.
 
 Built once per machine and content (a key over the interpreter, the sources and the copied packages), cached under
 ``.cache/standin-env/`` like images; the tarball is deterministic (sorted entries, mtime 0, uid/gid 0, gzip mtime 0),
-so its sha256 names it (``venv:sha256:<hex>``).
+so its sha256 names it (``venv:sha256:<hex>``). Its first entry is the stand-in marker
+(:data:`eagle3ops.config.standin.STANDIN_ENV_MARKER`, :data:`MARKER`): ``deploy --env-tarball`` refuses it on a host
+that is not a sandbox.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -28,6 +31,10 @@ NAME = "eagle3ops stand-in pipeline environment"
 DEPS = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection", "yaml")
 #: Seconds ``python -m venv`` may take.
 VENV_TIMEOUT_S = 120
+
+#: The stand-in marker's content (:data:`eagle3ops.config.standin.STANDIN_ENV_MARKER`, the tarball's first entry).
+MARKER = {"what": NAME, "why": "its stages (eagle3ops_dev.standin_stages) write manifests without touching a model; "
+                               "no torch, vLLM or speculators"}
 
 STAGE_SH = '#!/bin/sh\n# stand-in stages (eagle3ops_dev.standin_stages), not the real pipeline\nexec "$(dirname "$0")/python" -m eagle3ops_standin_stages "$@"\n'
 
@@ -78,8 +85,11 @@ def build(python: str = "/usr/bin/python3", cache: Path | None = None) -> tuple[
     if ver.returncode or minor != "%d.%d" % sys.version_info[:2]:
         raise RuntimeError(f"{NAME}: {python} is Python {minor or '?'} ({ver.stderr.strip()[-200:]}); the copied "
                            f"packages need {sys.version_info[0]}.{sys.version_info[1]}")
+    from eagle3ops.config.standin import STANDIN_ENV_MARKER
+
     srcs = _sources()
-    key = hashlib.sha256(f"{python} {minor}\n{STAGE_SH}".encode())
+    marker = json.dumps(MARKER, indent=2, sort_keys=True) + "\n"
+    key = hashlib.sha256(f"{python} {minor}\n{STAGE_SH}\n{STANDIN_ENV_MARKER}\n{marker}".encode())
     for rel, f in srcs:
         key.update(rel.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
     cache = cache or cache_dir()
@@ -98,18 +108,21 @@ def build(python: str = "/usr/bin/python3", cache: Path | None = None) -> tuple[
                 shutil.copyfile(f, site / rel)
             (env / "bin" / "eagle3ops-stage").write_text(STAGE_SH)
             (env / "bin" / "eagle3ops-stage").chmod(0o755)
+            (env / STANDIN_ENV_MARKER).write_text(marker)
             part = tgz.with_suffix(".part")
-            part.write_bytes(_tar_bytes(env))
+            part.write_bytes(_tar_bytes(env, first=STANDIN_ENV_MARKER))
             part.replace(tgz)
     digest = hashlib.sha256(tgz.read_bytes()).hexdigest()
     return tgz, f"venv:sha256:{digest}"
 
 
-def _tar_bytes(root: Path) -> bytes:
-    """A deterministic gzip tar of ``root``'s contents (sorted, mtime 0, owner 0:0, symlinks kept)."""
+def _tar_bytes(root: Path, first: str | None = None) -> bytes:
+    """A deterministic gzip tar of ``root``'s contents (sorted, mtime 0, owner 0:0, symlinks kept); the file
+    ``first`` (relative to ``root``) leads, so a reader of the head finds it."""
     raw = io.BytesIO()
+    lead = [root / first] if first else []
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for p in sorted(root.rglob("*")):
+        for p in lead + sorted(q for q in root.rglob("*") if q not in lead):
             if "__pycache__" in p.parts:
                 continue
             info = tar.gettarinfo(str(p), arcname=p.relative_to(root).as_posix())

@@ -227,9 +227,11 @@ def record_process(pid: int, pdir: str) -> Change:
 
 def start_agent(host: HostConfig, *, pdir: str, pid: int | str, stop_timeout_s: int, supervisor: str,
                 limit_s: float, script: str = AGENT_SH, stop_wait_s: float = AGENT_STOP_WAIT_S,
-                state_words: list[str] | None = None) -> Change:
-    """Start the restore agent (:data:`AGENT_SH`) detached on the host (``setsid nohup``, all output to
-    ``<pdir>/agent.log``), so that it outlives the SSH session and the driver.
+                state_words: list[str] | None = None, detach: str = "setsid") -> Change:
+    """Start the restore agent (:data:`AGENT_SH`) detached on the host (all output to ``<pdir>/agent.log``), so that
+    it outlives the SSH session and the driver: ``setsid nohup``, or with ``detach="user-service"`` a transient user
+    service (``systemd-run --user --collect``, unit ``eagle3ops-restore-agent-<window>``), which survives a session
+    that systemd-logind ends with its processes (:mod:`eagle3ops.commands.logind`).
 
     Args:
         pdir: the window's process dir (:func:`process_dir`), already holding the record.
@@ -241,17 +243,30 @@ def start_agent(host: HostConfig, *, pdir: str, pid: int | str, stop_timeout_s: 
     Serving's port, checked closed after the stop and free before the restore, is ``host.serving.port``.
         script: the agent (default :data:`AGENT_SH`; another serving manager's variant, e.g.
             :data:`eagle3ops.commands.systemd.AGENT_SH`, takes its own handle for ``pid``).
+        detach: ``setsid`` or ``user-service`` (:func:`eagle3ops.commands.logind.detach_mode`).
         stop_wait_s: longest wait (seconds) for the stop request before the agent exits having stopped nothing
             (default :data:`AGENT_STOP_WAIT_S`; a speculate job measures its baseline first, so it waits longer).
         state_words: the command words the agent asks about the supervisor with (``WORDS inspect --format
             {{.State.Status}} NAME``); default ``docker`` for the host's engine. A venv host's supervisor is a
             process: :func:`eagle3ops.commands.venv.state_words` answers in the same words.
     """
+    args = [pdir, str(pid), str(stop_timeout_s), supervisor, str(int(limit_s)), str(int(stop_wait_s)),
+            str(AGENT_MISSING_GRACE_S), str(GPU_RELEASE_WAIT_S), str(host.serving.port),
+            *(state_words if state_words is not None else docker(host))]
+    if detach == "user-service":
+        unit = "eagle3ops-restore-agent-" + supervisor.removeprefix("eagle3ops-supervisor-")
+        log = f"{pdir}/agent.log"
+        # systemd expands $VAR and $$ in a unit's command line (systemd.service(5), "Command lines"), and
+        # systemd-run's command is one: every $ is doubled so the words reach sh as they are (measured on
+        # systemd 252: `$$` arrived as `$`; % specifiers are not expanded there).
+        words = [w.replace("$", "$$") for w in ["sh", "-c", script, "eagle3ops-restore-agent", *args]]
+        return Change(["systemd-run", "--user", "--collect", "--quiet", "--unit", unit,
+                       "-p", f"StandardOutput=append:{log}", "-p", f"StandardError=append:{log}", *words])
+    if detach != "setsid":
+        raise ValueError(f"detach must be 'setsid' or 'user-service', not {detach!r}")
     launcher = ('a=$1; shift; setsid nohup sh -c "$a" eagle3ops-restore-agent "$@" </dev/null '
                 '>>"$1/agent.log" 2>&1 &')
-    return Change(["sh", "-c", launcher, "eagle3ops-launch", script, pdir, str(pid), str(stop_timeout_s), supervisor,
-            str(int(limit_s)), str(int(stop_wait_s)), str(AGENT_MISSING_GRACE_S), str(GPU_RELEASE_WAIT_S),
-            str(host.serving.port), *(state_words if state_words is not None else docker(host))])
+    return Change(["sh", "-c", launcher, "eagle3ops-launch", script, *args])
 
 
 def stop_preview(pid: int, stop_timeout_s: int) -> list[str]:

@@ -10,9 +10,15 @@ the process agent's own. The unit is recorded by the driver with ``systemctl sho
 ActiveState UNIT`` into ``unit.show`` (:func:`record_unit`, parsed by :func:`parse_show`); the unit file itself is
 never edited, so a restore is the unit as systemd has it.
 
-The SSH user must be allowed to ``systemctl stop|start`` the unit (root, or a polkit/sudo rule). Not run against a
-real systemd here (no systemd runs as PID 1 on the development machine): the tests use a named stand-in of
-``systemctl``'s argv and output (``tests/test_serving_kinds.py``).
+The stop ends the unit's whole control group: with ``KillMode=process`` (or ``mixed``/``none``) ``systemctl stop``
+ends the main process only, and vLLM's EngineCore and workers would stay holding the GPUs; what is left in the
+group after the stop gets SIGTERM, then SIGKILL after the stop timeout (``systemctl kill --kill-who=all``).
+Preflight advises ``KillMode=control-group``. Where systemd-logind ends an SSH session's processes
+(``KillUserProcesses=yes``), the agent runs as a user service (:mod:`eagle3ops.commands.logind`).
+
+The SSH user must be allowed to ``systemctl stop|start`` the unit (root, or a polkit/sudo rule). Met for real in
+``tests/test_systemd_real.py`` (systemd 252 as PID 1 of a container, over SSH: the stop, the group sweep, the
+restore, logind); ``tests/test_serving_kinds.py`` checks the driver's side with a named stand-in of ``systemctl``.
 """
 
 from __future__ import annotations
@@ -30,8 +36,30 @@ SHOW_PROPERTIES = ("ExecStart", "Environment", "ActiveState")
 #: The systemd variant of the restore agent: the process agent's functions, the hooks redefined for a unit (its
 #: ``pid`` argument is the unit's name), then the process agent's main loop.
 AGENT_SH = pc.AGENT_FUNCS_SH + r"""
-term() { systemctl stop "$1" >> "$d/serving.log" 2>&1 || log "systemctl stop $1 failed (exit $?)"; }
-kill9() { systemctl kill --signal=SIGKILL "$1" >> "$d/serving.log" 2>&1; }
+cg_pids() {  # the processes left in the unit's control group (cgroup v2, or v1's name=systemd hierarchy)
+  cg=$(systemctl show -p ControlGroup --value "$1" 2>/dev/null)
+  [ -n "$cg" ] || return 0
+  for f in "/sys/fs/cgroup$cg/cgroup.procs" "/sys/fs/cgroup/unified$cg/cgroup.procs" \
+           "/sys/fs/cgroup/systemd$cg/cgroup.procs"; do
+    [ -r "$f" ] && { tr '\n' ' ' < "$f"; return 0; }
+  done
+}
+term() {
+  systemctl stop "$1" >> "$d/serving.log" 2>&1 || log "systemctl stop $1 failed (exit $?)"
+  # KillMode=process|mixed|none: the stop ends the main process only; vLLM's EngineCore and workers stay in the
+  # unit's control group holding the GPUs. The whole group goes: SIGTERM, up to the stop timeout, then SIGKILL.
+  left=$(cg_pids "$1")
+  [ -n "$left" ] || return 0
+  log "processes left in $1's control group after systemctl stop (KillMode $(systemctl show -p KillMode --value "$1")): $left; SIGTERM to the group"
+  systemctl kill --kill-who=all --signal=SIGTERM "$1" >> "$d/serving.log" 2>&1
+  t5=$(now)
+  while [ -n "$(cg_pids "$1")" ] && [ $(( $(now) - t5 )) -lt "$stop_s" ]; do sleep 1; done
+  if [ -n "$(cg_pids "$1")" ]; then
+    log "still in $1's control group after ${stop_s}s: $(cg_pids "$1"); SIGKILL"
+    systemctl kill --kill-who=all --signal=SIGKILL "$1" >> "$d/serving.log" 2>&1
+  fi
+}
+kill9() { systemctl kill --kill-who=all --signal=SIGKILL "$1" >> "$d/serving.log" 2>&1; }
 alive() { systemctl is-active --quiet "$1"; }
 start_from() {  # $1: ignored (a unit has no release records), $2: the file that reports the start
   if systemctl start "$pid" >> "$d/serving.log" 2>&1; then log "restored: systemctl start $pid"
@@ -84,11 +112,16 @@ def record_unit(unit: str, pdir: str) -> Change:
 
 
 def start_agent(host: HostConfig, *, pdir: str, unit: str, stop_timeout_s: int, supervisor: str,
-                limit_s: float, state_words: list[str] | None = None) -> list[str]:
+                limit_s: float, state_words: list[str] | None = None, detach: str = "setsid") -> list[str]:
     """Start the systemd variant of the restore agent (:data:`AGENT_SH`) detached on the host, managing ``unit``;
     the arguments are :func:`eagle3ops.commands.process.start_agent`'s, with the unit in place of the pid."""
     return pc.start_agent(host, pdir=pdir, pid=unit, stop_timeout_s=stop_timeout_s, supervisor=supervisor,
-                          limit_s=limit_s, script=AGENT_SH, state_words=state_words)
+                          limit_s=limit_s, script=AGENT_SH, state_words=state_words, detach=detach)
+
+
+def kill_mode(unit: str) -> Read:
+    """``systemctl show -p KillMode --value UNIT``: how ``systemctl stop`` ends the unit's processes (read-only)."""
+    return Read(["systemctl", "show", "-p", "KillMode", "--value", unit])
 
 
 def _words(text: str) -> list[str]:

@@ -176,6 +176,10 @@ class Plan(BaseModel):
     process_dir: str | None = None
     process_pid: int | None = None
     serving_unit: str | None = None
+    #: Kinds ``process`` and ``systemd``: how the restore agent is detached from the driver's SSH session
+    #: (:data:`eagle3ops.commands.logind.DETACH_MODES`; ``user-service`` where systemd-logind ends a session's
+    #: processes when it closes).
+    agent_detach: Literal["setsid", "user-service"] = "setsid"
     stop_timeout_s: int = 120
     stages: list[StageStep] = Field(default_factory=list)
     budget_s: float = 7200.0

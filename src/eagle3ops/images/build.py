@@ -112,6 +112,8 @@ class BuildPlan:
         tag: the content tag the image gets; build_args: every ``--build-arg``; labels: every label.
         dockerfile: the definition's Dockerfile (``.j2``: rendered, built by the SDK's legacy builder; else BuildKit).
         exists: whether the build engine already holds ``tag`` (a build then reuses every cached step).
+        base_labels: the base's labels on the build engine (empty when it is not there): the built image inherits
+            them (a stand-in base's ``io.eagle3ops.stand-in-for`` included), see :attr:`image_labels`.
     """
 
     name: str
@@ -127,6 +129,13 @@ class BuildPlan:
     spec: ProfileSpec = field(repr=False, compare=False)
     inputs: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
     variables: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    base_labels: dict[str, str] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def image_labels(self) -> dict[str, str]:
+        """The labels the built image will carry: the base's, then the build's own over them (an image's config
+        inherits its base's labels; a ``LABEL`` of the same key replaces it)."""
+        return {**self.base_labels, **self.labels}
 
     def lines(self) -> list[str]:
         """The plan as text lines (base, profile, tag, builder, build args)."""
@@ -184,10 +193,14 @@ def plan_build(
         exists = True
     except Exception:  # noqa: BLE001 - docker.errors.ImageNotFound (docker is imported lazily)
         exists = False
+    try:
+        base_labels = dict(client.images.get(variables["base"]["image"]).labels or {})
+    except Exception:  # noqa: BLE001 - not on the engine (a digest-pinned base pulled at build time): none known
+        base_labels = {}
     return BuildPlan(name=name, profile=pname, base=variables["base"]["image"],
                      base_id=str(inputs["base"].get("id") or ""), tag=tag, build_args=build_args, labels=labels,
                      dockerfile=defn.dockerfile, exists=exists, defn=defn, spec=spec, inputs=inputs,
-                     variables=variables)
+                     variables=variables, base_labels=base_labels)
 
 
 def build_image(

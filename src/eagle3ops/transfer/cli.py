@@ -71,7 +71,8 @@ def push_command(
     """Push IMAGE to each HOST over SSH: only missing layers, verified by image id, in parallel.
 
     A host that cannot be reached fails alone, once, within the connect bound: one ``error: HOST: cause`` line on
-    stderr (exit status 1), the others go on."""
+    stderr (exit status 1), the others go on. A stand-in image (its labels say so) fails the same way on each host
+    that is not a sandbox, before it is contacted."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, TransferSpeedColumn
 

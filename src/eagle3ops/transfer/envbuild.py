@@ -9,7 +9,11 @@ runs from wherever it is unpacked on the host with the host's ``venv_python``:
 - ``bin/eagle3ops-stage`` runs ``python -m eagle3ops stage`` as the stage containers do;
 - directories the image puts on ``sys.path`` from outside its venv (a ``.pth`` naming ``/opt/eagle3ops/dev``) are
   carried under ``extra/`` and the ``.pth`` lines made relative to ``site-packages``;
-- :data:`eagle3ops.commands.venv.BUILD_RECORD` says the image, its id, its Python and ``venv_python``.
+- :data:`eagle3ops.commands.venv.BUILD_RECORD` says the image, its id, its Python and ``venv_python``;
+- an image that is a stand-in (its labels: :func:`eagle3ops.config.standin.standin_reason`, e.g. the pipeline image on
+  the local stand-in base, which inherits ``io.eagle3ops.stand-in-for``) gives an environment whose first entry is
+  the stand-in marker :data:`eagle3ops.config.standin.STANDIN_ENV_MARKER` (:func:`standin_marker`), so
+  ``deploy --env-tarball`` refuses it on a host that is not a sandbox, wherever the tarball travelled.
 
 System libraries outside the venv (what the image's apt installed) are NOT carried: the host must have them (the
 same distribution as the image's base, or the libraries the wheels load).
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
 from eagle3ops.commands import venv as vc
+from eagle3ops.config.standin import STANDIN_ENV_MARKER, standin_reason
 
 #: Where exported environments are cached: ``$XDG_CACHE_HOME/eagle3ops/env-tarballs`` (``~/.cache/...``), or
 #: ``$EAGLE3OPS_ENV_CACHE``.
@@ -50,8 +55,8 @@ EXPORT_TIMEOUT_S = 3600
 API_TIMEOUT_S = 300
 #: Console scripts larger than this (bytes) are copied as they are (binaries, not scripts).
 SCRIPT_MAX = 1 << 20
-#: Bumped when the rewrite changes: part of the cache key.
-FORMAT = 1
+#: Bumped when the rewrite changes: part of the cache key (2: the stand-in marker).
+FORMAT = 2
 
 
 class EnvBuildError(Exception):
@@ -352,7 +357,12 @@ def export_env(image: str, venv_python: str, *, cache: Path | None = None, clien
         record = {"image": image, "image_id": img.id, "python": env.version, "venv_python": venv_python,
                   "source_prefix": env.prefix}
 
+        marker = standin_marker(image, (img.attrs.get("Config") or {}).get("Labels"))
+
         def entries() -> Iterator[tuple[tarfile.TarInfo, bytes | BinaryIO | None]]:
+            if marker is not None:  # first: read from the tarball's head without decompressing the venv
+                yield from _file_entries([(STANDIN_ENV_MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n",
+                                           0o644)])
             with tarfile.open(fileobj=_StreamReader(stream, deadline, image), mode="r|") as tin:  # type: ignore[arg-type]
                 yield from rewrite_entries(_members(tin, top), env=env, venv_python=venv_python, extra_rel=extra_rel)
             for src, rel in extra_rel.items():
@@ -374,11 +384,26 @@ def export_env(image: str, venv_python: str, *, cache: Path | None = None, clien
     return out
 
 
+def standin_marker(image: str, labels: dict[str, str] | None) -> dict[str, str] | None:
+    """The stand-in marker's content for an environment exported from ``image`` (labels ``labels``): ``what``,
+    ``why`` (:func:`eagle3ops.config.standin.standin_reason`) and ``image``; None when the image is no stand-in."""
+    why = standin_reason(image, labels)
+    if why is None:
+        return None
+    return {"what": f"a pipeline environment exported from {image}", "why": f"{image} is a stand-in image ({why})",
+            "image": image}
+
+
 def fixed_entries(record: dict[str, Any]) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
     """The files every exported environment gets: ``bin/eagle3ops-stage`` (:data:`eagle3ops.commands.venv
     .REAL_STAGE_SH`) and :data:`eagle3ops.commands.venv.BUILD_RECORD` (``record`` as JSON)."""
-    for name, text, mode in (("bin/" + vc.STAGE_PROGRAM, vc.REAL_STAGE_SH, 0o755),
-                             (vc.BUILD_RECORD, json.dumps(record, indent=2, sort_keys=True) + "\n", 0o644)):
+    yield from _file_entries([("bin/" + vc.STAGE_PROGRAM, vc.REAL_STAGE_SH, 0o755),
+                              (vc.BUILD_RECORD, json.dumps(record, indent=2, sort_keys=True) + "\n", 0o644)])
+
+
+def _file_entries(files: list[tuple[str, str, int]]) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
+    """Tar entries of ``(name, text, mode)`` files, mtime 0."""
+    for name, text, mode in files:
         data = text.encode()
         info = tarfile.TarInfo(name)
         info.size, info.mode, info.mtime = len(data), mode, 0

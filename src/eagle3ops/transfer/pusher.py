@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import transfer as tc
+from eagle3ops.config.standin import standin_refusal
 from eagle3ops.transfer.archive import ArchivePart, archive_segments, archive_size
 from eagle3ops.transfer.compression import Compression, Encoders, compress_small, measure_link
 from eagle3ops.transfer.errors import TransferError, TransientTransferError, VerifyFailed
@@ -422,6 +423,9 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
         on_progress: called with :class:`Progress` events (from the pushing thread).
         stream_hook: called with each stream as it opens (tests use it to break streams).
 
+    A stand-in image (:func:`eagle3ops.config.standin.standin_refusal`: its labels, inherited ones included, or its
+    name) fails on a host that is not a sandbox, naming the mark and the fix, before the host is contacted.
+
     Returns:
         :class:`PushResult` (``status`` ``ok``/``present``/``tagged``/``failed``).
     """
@@ -434,6 +438,10 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
     t0 = time.monotonic()
     img = inspect_local(image) if isinstance(image, str) else image
     result = PushResult(host=host.name, image_id=img.id, layers_total=len(img.diff_ids))
+    refused = standin_refusal(host, img.ref, img.labels, "push")  # its labels on the build engine: before any contact
+    if refused:
+        result.reason, result.wall_s = refused, time.monotonic() - t0
+        return result
     own = encoders is None
     if encoders is None:
         encoders = Encoders(source or open_source(img, prefer=opts.source))

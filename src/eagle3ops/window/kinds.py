@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import logind as lg
 from eagle3ops.commands import process as pc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
@@ -271,6 +272,7 @@ class ProcessKind(DriverKind):
 
     def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
         check_process(r, pf, need_serving)
+        check_session_kill(r, pf)
 
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
                     process_pid: int | None) -> dict[str, Any]:
@@ -286,7 +288,8 @@ class ProcessKind(DriverKind):
         r.run(pc.record_process(plan.process_pid, plan.process_dir))
         r.run(pc.start_agent(r.host, pdir=plan.process_dir, pid=plan.process_pid, stop_timeout_s=plan.stop_timeout_s,
                              supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
-                             stop_wait_s=agent_stop_wait_s(plan), state_words=supervisor_words(r.host, plan)))
+                             stop_wait_s=agent_stop_wait_s(plan), state_words=supervisor_words(r.host, plan),
+                             detach=plan.agent_detach))
 
     def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
         """The host-side restore agent stops and restores; the supervisor gates."""
@@ -295,7 +298,8 @@ class ProcessKind(DriverKind):
         head = [pc.record_process(plan.process_pid or 0, pdir),
                 pc.start_agent(h, pdir=pdir, pid=plan.process_pid or 0, stop_timeout_s=plan.stop_timeout_s,
                                supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
-                               stop_wait_s=agent_stop_wait_s(plan), state_words=supervisor_words(h, plan)),
+                               stop_wait_s=agent_stop_wait_s(plan), state_words=supervisor_words(h, plan),
+                               detach=plan.agent_detach),
                 pc.stop_preview(plan.process_pid or 0, plan.stop_timeout_s)]
         if plan.kind == "window":
             return [*head, *_stage_argv(h, plan), pc.restore_preview(pdir, [], ""), gate]
@@ -335,7 +339,8 @@ class ProcessKind(DriverKind):
 
 class SystemdKind(DriverKind):
     """A systemd unit: recorded with ``systemctl show``, stopped and started by the restore agent's systemd variant
-    (:mod:`eagle3ops.commands.systemd`). Windows only. Not run against a real systemd (a stand-in in the tests)."""
+    (:mod:`eagle3ops.commands.systemd`). Windows only. The agent's stop, group sweep and restore and this preflight
+    are tested against a real systemd (``tests/test_systemd_real.py``); a whole window is not (no engine there)."""
 
     name = "systemd"
     records_before_release = True
@@ -354,6 +359,14 @@ class SystemdKind(DriverKind):
         pf.add("serving unit", ok, f"{unit}: {state}" if ok else
                f"{unit} is {state!r}, not active (hosts.{r.host.name}.serving.unit): start it (`systemctl start "
                f"{unit}`), or fix the unit name")
+        mode = r.run(sd.kill_mode(unit), check=False).stdout.strip()
+        if mode and mode != "control-group":
+            # not a failure: the agent ends what the stop leaves in the unit's control group itself
+            pf.add("serving unit KillMode", True,
+                   f"{unit} has KillMode={mode}: `systemctl stop` ends its main process only, and vLLM's engine "
+                   f"and workers would keep the GPUs; the window ends the rest of the unit's control group after "
+                   f"the stop. Advised: KillMode=control-group (systemd's default; `systemctl edit {unit}`)")
+        check_session_kill(r, pf)
 
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
                     process_pid: int | None) -> dict[str, Any]:
@@ -366,7 +379,8 @@ class SystemdKind(DriverKind):
         r.run(sd.record_unit(plan.serving_unit, plan.process_dir))
         r.run(sd.start_agent(r.host, pdir=plan.process_dir, unit=plan.serving_unit,
                              stop_timeout_s=plan.stop_timeout_s, supervisor=st.supervisor_name(plan.window_id),
-                             limit_s=agent_limit_s(plan), state_words=supervisor_words(r.host, plan)))
+                             limit_s=agent_limit_s(plan), state_words=supervisor_words(r.host, plan),
+                             detach=plan.agent_detach))
 
     def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
         """The agent runs ``systemctl stop``, the stages run, the agent runs ``systemctl start``, the supervisor
@@ -375,7 +389,7 @@ class SystemdKind(DriverKind):
         return [sd.record_unit(unit, pdir),
                 sd.start_agent(h, pdir=pdir, unit=unit, stop_timeout_s=plan.stop_timeout_s,
                                supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
-                               state_words=supervisor_words(h, plan)),
+                               state_words=supervisor_words(h, plan), detach=plan.agent_detach),
                 sd.stop_argv(unit), *_stage_argv(h, plan), sd.start_argv(unit), _gate(plan)]
 
     def looked_for(self, h: HostConfig) -> str:
@@ -499,6 +513,21 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
     pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
            f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "
            f"serving process only as its own user; run serving as the SSH user or SSH in as its user")
+
+
+def check_session_kill(r: Remote, pf: Preflight) -> None:
+    """Kinds ``process``/``systemd``: will the restore agent outlive the driver's SSH session? Reads systemd-logind's
+    settings for the SSH user (:func:`eagle3ops.commands.logind.facts`, read-only) and sets ``pf.agent_detach``
+    (:func:`eagle3ops.commands.logind.detach_mode`); a check fails when logind would end the agent with the session
+    and no user service can hold it (the message names the fix)."""
+    sk = lg.parse(r.run(lg.facts(), check=False).stdout)
+    mode, refusal = lg.detach_mode(sk)
+    pf.agent_detach = mode
+    if refusal:
+        pf.add("restore agent", False, refusal)
+    elif mode == "user-service":
+        pf.add("restore agent", True, f"logind ends {sk.user}'s session processes at logout (KillUserProcesses): the "
+                                      f"agent runs as a user service (systemd-run --user; {sk.user} lingers)")
 
 
 def proc_argv(r: "Remote", pid: int, where: str) -> tuple[list[str], Callable[[str], str | None], str] | None:

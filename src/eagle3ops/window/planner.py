@@ -108,7 +108,7 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
                to_release: int | None = None, user: str = "", serving_container: str | None = None,
                restart: bool = False, process_pid: int | None = None,
                speculate: SpeculateJob | None = None, shard: tuple[int, int] | None = None,
-               nodes: tuple[int, int, str] | None = None) -> Plan:
+               nodes: tuple[int, int, str] | None = None, agent_detach: str = "setsid") -> Plan:
     """The :class:`~eagle3ops.config.plan.Plan` for a window (pure).
 
     ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
@@ -118,7 +118,8 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
     get ``--restart`` (their earlier output is redone, not resumed). ``shard``: the extract stage takes only samples
     ``[start, end)`` (``--shard``, a fleet run's window). ``nodes``: ``(count, rank, "HOST:PORT")``, the train stage
     of one node of a multi-node run (``--nodes/--node-rank/--rendezvous``). ``speculate``: a ``speculate`` plan's job (its
-    ``change`` becomes the plan's).
+    ``change`` becomes the plan's). ``agent_detach``: how a process/systemd host's restore agent is detached
+    (preflight's finding, :func:`eagle3ops.commands.logind.detach_mode`).
     A host with ``serving: none`` gets a plan with ``serving_kind`` ``none``, no serving container and no health
     gate: the supervisor runs only the stages (:data:`eagle3ops.config.plan.NO_SERVING_NOTE`).
 
@@ -157,7 +158,7 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
                 state_dir=h.state_dir, stop_timeout_s=h.serving.stop_timeout_s,
                 stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), change=change,
                 to_release=to_release, gpus=h.gpus, speculate=speculate, serving_kind=h.serving.kind,
-                runtime="venv" if h.uses_venv else "container",
+                runtime="venv" if h.uses_venv else "container", agent_detach=agent_detach,
                 **serving.plan_fields(h, window_id, serving_container, process_pid))
 
 

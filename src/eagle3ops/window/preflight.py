@@ -196,6 +196,8 @@ class Preflight:
     #: What the throwaway stage container printed when it passed (its ``cuda archs`` line: the image's CUDA
     #: architectures, see :func:`check_gpus_fit`); empty when it did not run.
     trial_output: str = ""
+    #: Kinds ``process``/``systemd``: how the restore agent is detached (:func:`eagle3ops.window.kinds.check_session_kill`).
+    agent_detach: str = "setsid"
 
     def add(self, name: str, ok: bool, detail: str) -> None:
         """Record one check."""

@@ -1,0 +1,197 @@
+"""Serving of kind ``systemd`` against a REAL systemd: systemd 252 as PID 1 of a container (Debian bookworm's
+systemd, sshd with pam_systemd, systemd-logind), reached over SSH by the real executor.
+
+What it shows (each against systemd itself, not a stand-in of ``systemctl``):
+- the restore agent's stop ends the unit's whole control group: a unit with ``KillMode=process`` whose main process
+  has a child (as vLLM's API server has its EngineCore and workers) leaves no process behind, and the agent's restore
+  starts the unit again;
+- preflight advises ``KillMode=control-group`` for such a unit;
+- with logind's ``KillUserProcesses=yes`` applying to the SSH user, preflight detaches the agent as a user service
+  (the user lingers) and the agent outlives the SSH session; without linger the window is refused before anything
+  stops, naming ``loginctl enable-linger``.
+
+The container: ``--cap-add SYS_ADMIN`` (systemd mounts its own file systems; ``--privileged`` fails on this machine),
+tmpfs on /run and /run/lock, the host's cgroup file system with ``--cgroupns host`` (systemd keeps to its container's
+subtree, ``/docker/<id>/...``), host networking with sshd on a free loopback port. Its image is built on the
+debootstrap minbase with Debian's packages (tests/systemd_image.py); the serving unit runs ``sleep`` processes, a stand-in
+for vLLM (no model is served: the subject is how the unit's processes are stopped and started).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from eagle3ops.commands import process as pc
+from eagle3ops.commands import systemd as sd
+from eagle3ops.config import load_inventory
+from eagle3ops.remote import Remote
+
+import systemd_image
+
+UNIT = "vllm-standin.service"
+# The main process and a child of it, as vLLM's API server and its EngineCore; KillMode=process: `systemctl stop`
+# ends the main process only.
+UNIT_FILE = """[Service]
+ExecStart=/bin/bash -c 'sleep 10001 & exec sleep 20001'
+KillMode=process
+"""
+#: The agent asks about "the supervisor" with these words: always running (the test plays the supervisor's part
+#: through the agent's request files).
+RUNNING = ["sh", "-c", "echo running", "eagle3ops-test-supervisor"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sh(*argv: str, check: bool = True, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="module")
+def systemd_host(tmp_path_factory):
+    """The inventory file of a host whose serving is systemd unit ``vllm-standin.service``, on a real systemd."""
+    image = systemd_image.build()  # built by tests/prebuild.py: seconds here
+    name = f"e3-systemd-{uuid.uuid4().hex[:8]}"
+    port = _free_port()
+    d = tmp_path_factory.mktemp("systemd-host")
+    _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "id"))
+    _sh("docker", "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
+        "--tmpfs", "/run", "--tmpfs", "/run/lock", "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        "--cgroupns", "host", image)
+    try:
+        state = ""
+        for _ in range(60):  # bounded: 30 s for systemd to boot
+            state = _sh("docker", "exec", name, "systemctl", "is-system-running", check=False).stdout.strip()
+            if state in ("running", "degraded"):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"systemd did not boot in the container (is-system-running: {state!r}): "
+                        f"{_sh('docker', 'logs', name, check=False).stdout[-2000:]}")
+        setup = f"""set -e
+mkdir -p /root/.ssh && chmod 700 /root/.ssh && cat > /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys
+printf 'Port {port}\\nListenAddress 127.0.0.1\\n' > /etc/ssh/sshd_config.d/e3.conf
+mkdir -p /etc/systemd/logind.conf.d
+printf '[Login]\\nKillUserProcesses=yes\\nKillExcludeUsers=nobody\\n' > /etc/systemd/logind.conf.d/e3.conf
+systemctl restart systemd-logind ssh
+"""
+        _sh("docker", "exec", "-i", name, "bash", "-c", setup, input=(d / "id.pub").read_text())
+        _sh("docker", "exec", "-i", name, "sh", "-c", f"cat > /etc/systemd/system/{UNIT}", input=UNIT_FILE)
+        _sh("docker", "exec", name, "systemctl", "daemon-reload")
+        _sh("docker", "exec", name, "systemctl", "start", UNIT)
+        pub = _sh("docker", "exec", name, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()
+        (d / "known_hosts").write_text(f"[127.0.0.1]:{port} {pub[0]} {pub[1]}\n")
+        inv = d / "hosts.yaml"
+        inv.write_text(f"""hosts:
+  sysd:
+    hostname: 127.0.0.1
+    port: {port}
+    user: root
+    identity_file: {d / 'id'}
+    known_hosts: {d / 'known_hosts'}
+    data_dir: /var/lib/e3/data
+    state_dir: /var/lib/e3/state
+    model_path: /var/lib/e3/data/model
+    serving:
+      kind: systemd
+      unit: {UNIT}
+      port: 8000
+      served_model_name: standin
+      stop_timeout_s: 5
+""")
+        yield inv, name
+    finally:
+        _sh("docker", "rm", "-f", name, check=False)
+
+
+def _host(inv: Path):
+    return load_inventory(inv).host("sysd")
+
+
+def _wait_file(r: Remote, path: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = r.run(["cat", path], check=False)
+        if out.ok:
+            return out.stdout
+        time.sleep(0.5)
+    log = r.run(["sh", "-c", f"cat {path.rsplit('/', 1)[0]}/agent.log"], check=False).stdout
+    raise AssertionError(f"{path} did not appear within {timeout}s; agent.log:\n{log}")
+
+
+def _unit_procs(name: str) -> list[str]:
+    out = _sh("docker", "exec", name, "ps", "-eo", "args", check=False).stdout
+    return [ln for ln in out.splitlines() if ln.startswith("sleep 1000") or ln.startswith("sleep 2000")]
+
+
+def test_agent_stop_ends_the_units_control_group_and_restore_starts_it(systemd_host):
+    inv, name = systemd_host
+    h = _host(inv)
+    assert len(_unit_procs(name)) == 2  # main process and its child
+    pdir = f"/var/lib/e3/state/windows/t-{uuid.uuid4().hex[:6]}/process"
+    with Remote(h) as r:
+        r.run(["mkdir", "-p", pdir])  # this session stays open while the agent works: detached as by default
+        r.run(sd.start_agent(h, pdir=pdir, unit=UNIT, stop_timeout_s=5, supervisor="eagle3ops-supervisor-t1",
+                             limit_s=60, state_words=RUNNING))
+        _wait_file(r, f"{pdir}/agent.pid")
+        r.run(["touch", f"{pdir}/stop-requested"])
+        _wait_file(r, f"{pdir}/stopped")
+        left = _unit_procs(name)
+        log = r.run(["cat", f"{pdir}/agent.log"]).stdout
+        assert left == [], f"left after the agent's stop: {left}; agent.log:\n{log}"
+        assert "processes left in vllm-standin.service's control group" in log and "KillMode process" in log, log
+        r.run(["touch", f"{pdir}/restore-requested"])
+        _wait_file(r, f"{pdir}/restored")
+        time.sleep(1)
+        assert len(_unit_procs(name)) == 2 and r.run(sd.is_active(UNIT)).stdout.strip() == "active"
+        r.run(["touch", f"{pdir}/done"])
+
+
+def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(systemd_host):
+    from eagle3ops.window.kinds import SystemdKind
+    from eagle3ops.window.preflight import Preflight
+
+    inv, name = systemd_host
+    h = _host(inv)
+    with Remote(h) as r:
+        r.run(["loginctl", "disable-linger", "root"])
+        pf = Preflight()
+        SystemdKind().preflight(r, pf, True)
+        checks = {n: (ok, d) for n, ok, d in pf.checks}
+        assert checks["serving unit"][0], checks
+        assert checks["serving unit KillMode"][0] and "KillMode=control-group" in checks["serving unit KillMode"][1]
+        ok, detail = checks["restore agent"]
+        assert not ok and "loginctl enable-linger root" in detail and "KillUserProcesses=yes" in detail, detail
+        r.run(["loginctl", "enable-linger", "root"])
+        pf = Preflight()
+        SystemdKind().preflight(r, pf, True)
+        assert pf.ok and pf.agent_detach == "user-service", pf.checks
+        pdir = f"/var/lib/e3/state/windows/t-{uuid.uuid4().hex[:6]}/process"
+        r.run(["mkdir", "-p", pdir])
+        r.run(pc.start_agent(h, pdir=pdir, pid=UNIT, stop_timeout_s=5, supervisor="eagle3ops-supervisor-t2",
+                             limit_s=60, stop_wait_s=60, script=sd.AGENT_SH, state_words=RUNNING,
+                             detach=pf.agent_detach))
+        pid = _wait_file(r, f"{pdir}/agent.pid").strip()
+    # The SSH session is closed: logind stops its scope. The agent, a user service, runs on.
+    time.sleep(6)
+    with Remote(h) as r:
+        assert r.run(["kill", "-0", pid], check=False).ok, r.run(["cat", f"{pdir}/agent.log"]).stdout
+        r.run(["kill", pid])
+        # The same agent detached as before (setsid nohup) dies with the session: what the user service prevents.
+        pdir2 = pdir + "-setsid"
+        r.run(["mkdir", "-p", pdir2])
+        r.run(pc.start_agent(h, pdir=pdir2, pid=UNIT, stop_timeout_s=5, supervisor="eagle3ops-supervisor-t3",
+                             limit_s=60, stop_wait_s=60, script=sd.AGENT_SH, state_words=RUNNING, detach="setsid"))
+        pid2 = _wait_file(r, f"{pdir2}/agent.pid").strip()
+    time.sleep(6)
+    with Remote(h) as r:
+        assert not r.run(["kill", "-0", pid2], check=False).ok, "KillUserProcesses did not end the setsid agent"
