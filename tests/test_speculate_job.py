@@ -25,14 +25,16 @@ from eagle3ops.commands import speculate as sc
 from eagle3ops.config.plan import SpeculateJob
 from eagle3ops.speculate.restarts import parse_results, recorded_restart_seconds, restart_plan
 from eagle3ops.supervisor.journal import restart_seconds
+from secretscan import planted_args, planted_env
 from test_serving_kinds import MODEL, SERVER, World, _Engine, _up, _wait
 
-KEY = "job-secret-key"
+KEY = planted_args()[1]  # serving's key, planted with the other secrets of secretscan
 
 
 class JobWorld(World):
     """A ``process`` host whose serving is the stand-in server started with ``server_args`` (and an API key on its
-    command line, as vLLM's ``--api-key``)."""
+    command line, as vLLM's ``--api-key``, beside the other planted secrets: ``--hf-token`` and an environment with
+    ``VLLM_API_KEY``, ``HF_TOKEN`` and a name only the inventory lists)."""
 
     server_args: list[str] = []
 
@@ -42,8 +44,8 @@ class JobWorld(World):
         env = self._agent_env(bindir)
         self.pdir = self.wdir / "process"
         proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(self.port), "--model", MODEL,
-                                 "--api-key", KEY, *self.server_args],
-                                cwd=self.tmp, env={"PATH": os.environ["PATH"]},
+                                 *planted_args(), *self.server_args],
+                                cwd=self.tmp, env={"PATH": os.environ["PATH"], **planted_env()},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         threading.Thread(target=proc.wait, daemon=True).start()
         assert _wait(lambda: _up(self.port))
