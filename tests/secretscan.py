@@ -59,7 +59,8 @@ def release_record(p: Path) -> bool:
     allowed to hold serving's secrets (README, "Secrets"): a retained release (``<state_dir>/releases/NNNN.json``), a
     window's record of the serving container (``windows/<id>/serving-inspect.json``) and of the serving process or
     unit (``windows/<id>/process/{,next.,...}cmdline.nul``, ``environ.nul``, ``unit.show``)."""
-    return (p.parent.name == "releases" and p.suffix == ".json") or p.name == "serving-inspect.json" or \
+    return (p.parent.name == "releases" and p.suffix == ".json" and p.stem.isdigit()) or \
+        p.name == "serving-inspect.json" or \
         (p.parent.name == "process" and p.name.endswith(("cmdline.nul", "environ.nul", "unit.show")))
 
 

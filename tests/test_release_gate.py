@@ -117,7 +117,6 @@ def gate_world(tmp_path):
         f()
 
 
-@pytest.mark.xfail(strict=True, reason="one redaction rule: journals and results show --hf-token and env secrets")
 @pytest.mark.parametrize("token_ms,verdict", [("10", "keep"), ("80", "rollback")], ids=["faster", "slower"])
 def test_the_supervisor_keeps_a_faster_flag_change_and_rolls_back_a_slower_one(gate_world, tmp_path, token_ms,
                                                                                verdict, capfd):

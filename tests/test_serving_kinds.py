@@ -295,7 +295,6 @@ def test_switch_release(world):
                                                               for e in rel["environ"])
 
 
-@pytest.mark.xfail(strict=True, reason="one redaction rule: journals, results and the supervisor's log show secrets")
 @pytest.mark.parametrize("kind", ["container", "process", "systemd"])
 def test_no_secret_is_written_by_a_window_a_release_or_a_rollback(kind, tmp_path, gate, monkeypatch, capfd):  # noqa: F811
     """Secrets planted in serving's command line (``--api-key K``, ``--api-key=K``, ``--hf-token``) and

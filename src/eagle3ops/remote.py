@@ -38,6 +38,7 @@ from fabric import Config, Connection
 from fabric.runners import Remote as _FabricRunner
 from invoke.exceptions import CommandTimedOut, ThreadException, UnexpectedExit
 
+from eagle3ops import redact
 from eagle3ops.commands.quote import render  # noqa: F401 - the one quoting function, used here
 from eagle3ops.commands.types import Change, Read, is_read
 from eagle3ops.config import HostConfig
@@ -93,7 +94,8 @@ class RemoteCommandError(RemoteError):
         self.host, self.argv, self.exited, self.stdout, self.stderr = host, list(argv), exited, stdout, stderr
         tail = "\n".join((stderr or stdout).strip().splitlines()[-8:])
         what = why or f"exited {exited}"
-        super().__init__(f"{host}: `{render(argv)}` {what}" + (f"\n{tail}" if tail else ""))
+        # the message is printed and may be logged: the command line and its output with their secrets masked
+        super().__init__(redact.text(f"{host}: `{render(argv)}` {what}" + (f"\n{tail}" if tail else "")))
 
 
 class _SessionOpenFailed(Exception):
