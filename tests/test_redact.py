@@ -107,3 +107,56 @@ def test_no_second_copy_of_the_rule_is_left():
 
     assert not hasattr(sv, "_redact_args") and not hasattr(like, "_KEY_IN_STRING")
     assert not hasattr(like, "redacted_argv")
+
+
+class _Files:
+    """A STAND-IN host reader for the driver's writers and readers: files from a dict (``find ... cat`` / ``ls``),
+    every written stdin kept in ``wrote``."""
+
+    def __init__(self, host, files: dict[str, str]):
+        self.host, self.files, self.wrote = host, files, []
+
+    def run(self, argv, *, check=True, stdin=None, **_):
+        class Res:
+            ok, stderr = True, ""
+        res = Res()
+        if argv[0] == "find":
+            res.stdout = self.files.get(argv[1], "")
+        elif argv[0] == "ls":
+            root = argv[-1].rstrip("/") + "/"
+            res.stdout = "".join(sorted({p[len(root):].split("/")[0] + "\n" for p in self.files if p.startswith(root)}))
+        else:
+            self.wrote.append(stdin or "")
+            res.stdout = ""
+        return res
+
+
+def test_the_dry_run_echo_remote_errors_audit_lines_and_the_report_are_masked(capsys):
+    """The driver's other outputs: ``--dry-run``'s echo of each command, a failed remote command's message, the
+    audit lines the driver appends, and the run report's data (its HTML and plots are drawn from it), which reads
+    the host's plans: those hold a release's and the stages' environment as given."""
+    from eagle3ops import cli_common, report
+    from eagle3ops.commands.quote import render
+    from eagle3ops.config import load_inventory
+    from eagle3ops.remote import RemoteCommandError
+    from eagle3ops.window.common import append_audit
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    h = h.model_copy(update={"secret_env": ["ORG_TOKEN"]})
+    cmd = ["docker", "run", "-e", f"ORG_TOKEN={K}", "-e", f"HF_TOKEN={K}", "img", "sh", "-c",
+           f"vllm serve /m --api-key {K}", "--hf-token", K]
+    cli_common.remote(h, dry_run=True).echo(render(cmd))
+    out = capsys.readouterr().out
+    assert K not in out and "ORG_TOKEN=***" in out and "docker run" in out
+    err = str(RemoteCommandError(h, cmd, 1, f"--api-key\n{K}\n", ""))  # the process record prints one word a line
+    assert K not in err and "exited 1" in err
+    files = {f"{h.state_dir}/windows/w1/plan.json": json.dumps(
+                 {"window_id": "w1", "kind": "release", "run": "default", "change": {"args": ["--api-key", K], "env": {"ORG_TOKEN": K}},
+                  "stages": [{"spec": {"environment": {"HF_TOKEN": K}}}]}),
+             f"{h.state_dir}/windows/w1/journal.jsonl": json.dumps({"step": "x", "event": "ok", "epoch": 1.0,
+                                                                    "reason": f"--hf-token={K}"}) + "\n"}
+    r = _Files(h, files)
+    data = report.collect(r, h, "default")
+    assert data["windows"] and K not in json.dumps(data)
+    append_audit(r, {"command": "eagle3ops release sandbox", "error": f"exit 1: env ORG_TOKEN={K} vllm serve"})
+    assert r.wrote and K not in "".join(r.wrote)

@@ -90,12 +90,16 @@ class ConnectionLost(HostUnreachable):
 class RemoteCommandError(RemoteError):
     """A remote command exited non-zero (or timed out); the message names host, command and stderr tail."""
 
-    def __init__(self, host: str, argv: Sequence[str], exited: int | None, stdout: str, stderr: str, why: str = ""):
+    def __init__(self, host: "str | HostConfig", argv: Sequence[str], exited: int | None, stdout: str, stderr: str,
+                 why: str = ""):
+        """``host``: its name, or its inventory entry (its ``secret_env`` names are then masked too)."""
+        names = getattr(host, "secret_env", ())
+        host = getattr(host, "name", host)
         self.host, self.argv, self.exited, self.stdout, self.stderr = host, list(argv), exited, stdout, stderr
         tail = "\n".join((stderr or stdout).strip().splitlines()[-8:])
         what = why or f"exited {exited}"
         # the message is printed and may be logged: the command line and its output with their secrets masked
-        super().__init__(redact.text(f"{host}: `{render(argv)}` {what}" + (f"\n{tail}" if tail else "")))
+        super().__init__(redact.text(f"{host}: `{render(argv)}` {what}" + (f"\n{tail}" if tail else ""), names))
 
 
 class _SessionOpenFailed(Exception):
@@ -399,7 +403,7 @@ class Remote:
                                           f"reconnecting: {exc}") from None
             except CommandTimedOut as exc:
                 res = exc.result
-                raise RemoteCommandError(self.host.name, argv, None, res.stdout, res.stderr,
+                raise RemoteCommandError(self.host, argv, None, res.stdout, res.stderr,
                                          why=f"timed out after {timeout}s") from None
             except UnexpectedExit as exc:  # only without warn=True; kept for safety
                 r = exc.result
@@ -418,12 +422,12 @@ class Remote:
                 # invoke's timer closed the channel, but on a loaded machine the result can come back before its
                 # timeout flag is read (no CommandTimedOut; seen in CI on 2026-12-02): past the timeout, it timed out
                 timed_out = timeout is not None and time.monotonic() - started >= timeout
-                raise RemoteCommandError(self.host.name, argv, None, r.stdout, r.stderr,
+                raise RemoteCommandError(self.host, argv, None, r.stdout, r.stderr,
                                          why=(f"timed out after {timeout}s" if timed_out
                                               else "ended without an exit status (killed by a signal?)"))
         result = Result(list(argv), exited, r.stdout, r.stderr)
         if check and not result.ok:
-            raise RemoteCommandError(self.host.name, argv, exited, r.stdout, r.stderr)
+            raise RemoteCommandError(self.host, argv, exited, r.stdout, r.stderr)
         return result
 
     def record_stream(self, argv: Change, note: str = "") -> str:
@@ -467,7 +471,7 @@ class Remote:
             if r.ok:
                 return r
             if time.monotonic() >= deadline:
-                raise RemoteCommandError(self.host.name, argv, r.exited, r.stdout, r.stderr,
+                raise RemoteCommandError(self.host, argv, r.exited, r.stdout, r.stderr,
                                          why=f"did not succeed within {timeout:.0f}s")
             time.sleep(interval)
 
