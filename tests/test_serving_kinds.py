@@ -329,6 +329,7 @@ def test_no_secret_is_written_by_a_window_a_release_or_a_rollback(kind, tmp_path
     found = scan([tmp_path / d for d in ("state", "w1", "w2", "w3")], allowed=allowed)
     assert found == {}, found
     assert records and [private(p) for p in records] == [None] * len(records)
+    assert [private(p) for p in tmp_path.glob("w1/process/serving.log")] in ([], [None])  # serving's own output
     out = capfd.readouterr()
     assert leaks(out.out + out.err) == [], "the supervisor's log (stdout/stderr) shows a secret"
 

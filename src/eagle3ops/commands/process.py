@@ -53,6 +53,7 @@ GPU_RELEASE_WAIT_S = 300
 AGENT_FUNCS_SH = r"""
 d=$1 pid=$2 stop_s=$3 sup=$4 limit=$5 stop_wait=$6 missing_grace=$7 gpu_wait=$8 port=$9
 shift 9
+(umask 077 && : >> "$d/serving.log")  # private: serving may print its own flags (a key); its umask is left as is
 log() { printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >> "$d/agent.log"; }
 now() { date +%s; }
 term() { kill -TERM "$1" 2>/dev/null; }
