@@ -160,3 +160,9 @@ def test_the_dry_run_echo_remote_errors_audit_lines_and_the_report_are_masked(ca
     assert data["windows"] and K not in json.dumps(data)
     append_audit(r, {"command": "eagle3ops release sandbox", "error": f"exit 1: env ORG_TOKEN={K} vllm serve"})
     assert r.wrote and K not in "".join(r.wrote)
+    from eagle3ops import console  # what `attach`/`status` print of a journal or result another version wrote
+
+    console.print_event({"t": "2026-01-01T00:00:00", "step": "record", "event": "ok", "argv": ["--api-key", K]})
+    console.summary({"window_id": "w1", "kind": "window", "outcome": "failed", "error": f"--hf-token={K}"})
+    seen = capsys.readouterr()
+    assert K not in seen.out + seen.err and "record" in seen.err
