@@ -166,3 +166,22 @@ def test_the_dry_run_echo_remote_errors_audit_lines_and_the_report_are_masked(ca
     console.summary({"window_id": "w1", "kind": "window", "outcome": "failed", "error": f"--hf-token={K}"})
     seen = capsys.readouterr()
     assert K not in seen.out + seen.err and "record" in seen.err
+
+
+def test_the_offline_dry_run_prints_stage_and_serving_commands_masked():
+    """``--dry-run --offline`` prints every stage's ``docker run`` (with ``stage_env``) and the serving container as
+    the inventory describes it (with ``serving.env`` and ``serving.args``): secrets masked, the rest as it is."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.window.offline import offline_dry_run
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    s = h.serving.model_copy(update={"env": {**h.serving.env, "VLLM_API_KEY": K},
+                                     "args": [*h.serving.args, "--hf-token", K]})
+    h = h.model_copy(update={"serving": s, "secret_env": ["ORG_TOKEN"],
+                             "stage_env": {**h.stage_env, "HF_TOKEN": K, "ORG_TOKEN": K}})
+    lines: list[str] = []
+    offline_dry_run(h, kind="extract", run="r", pipeline_text=(REPO / "deploy/pipeline.yaml").read_text(),
+                    command="eagle3ops extract sandbox", echo=lines.append)
+    text = "\n".join(lines)
+    assert K not in text and "--env HF_TOKEN=***" in text and "--env ORG_TOKEN=***" in text
+    assert "OMP_NUM_THREADS=2" in text  # what is not a secret is shown as it is
