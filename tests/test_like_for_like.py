@@ -13,7 +13,7 @@ import pytest
 from eagle3ops.commands import speculate as sc
 from eagle3ops.config import load_inventory
 from eagle3ops.config.plan import SpeculateJob
-from eagle3ops.gate.like import ReleaseIdentity, control_change, redacted_argv, unlike, without_flags
+from eagle3ops.gate.like import ReleaseIdentity, control_change, unlike, without_flags
 from eagle3ops.speculate import ship
 from eagle3ops.supervisor.speculate import decide_measured
 from test_speculate_ship import REPO, _FakeRemote, _Res

@@ -22,6 +22,7 @@ import uuid
 import pytest
 
 import standin_serving
+from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, release_record, scan
 
 from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange
 from eagle3ops import health as gate
@@ -31,7 +32,7 @@ from eagle3ops.supervisor.runner import Supervisor
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 PORT = 18007
 NAME = "e3-fidelity-serving"
-KEY = "sk-fidelity-" + uuid.uuid4().hex[:12]
+KEY = planted_args()[1]  # given as --api-key K and --api-key=K, beside --hf-token and secret env (secretscan)
 RELEASE_LABEL = "io.eagle3ops.release"
 
 
@@ -73,10 +74,11 @@ def _run_argv(h) -> list[str]:
         "--pids-limit", "4096", "--oom-score-adj", "100", "--cpu-shares", "512",
         "--env", "NCCL_IB_HCA=mlx5", "--env", "NCCL_SOCKET_IFNAME=lo", "--env", "NCCL_DEBUG=WARN",
         "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--env", "OMP_NUM_THREADS=2",
+        *[w for k, v in planted_env().items() for w in ("--env", f"{k}={v}")],
         "--label", "team=inference",
         "--volume", f"{h.model_path}:/models/tiny-llama:ro", "--volume", standin_serving.script_volume(h),
         "--entrypoint", standin_serving.ENTRYPOINT[0],
-        s.image, *standin_serving.ENTRYPOINT[1:], *standin_serving.args(PORT, s.served_model_name), "--api-key", KEY,
+        s.image, *standin_serving.ENTRYPOINT[1:], *standin_serving.args(PORT, s.served_model_name), *planted_args(),
     ]
 
 
@@ -100,11 +102,12 @@ def _plan(h, tmp_path, kind, **kw):
     wdir.mkdir(parents=True)
     plan = Plan(window_id=wid, kind=kind, host=h.name, user="pytest", command=f"pytest {kind}",
                 state_dir=str(tmp_path / "state"), serving_container=NAME, stop_timeout_s=30, budget_s=1800,
-                health=HealthCheck(port=PORT, model=h.serving.served_model_name, timeout_s=900), **kw)
+                health=HealthCheck(port=PORT, model=h.serving.served_model_name, timeout_s=900),
+                secret_env=[ORG_NAME], **kw)
     return plan, wdir
 
 
-def test_release_and_rollback_keep_every_setting_and_gate_with_the_api_key(hand_started, tmp_path):
+def test_release_and_rollback_keep_every_setting_and_gate_with_the_api_key(hand_started, tmp_path, capfd):
     import docker
 
     h = hand_started
@@ -134,8 +137,12 @@ def test_release_and_rollback_keep_every_setting_and_gate_with_the_api_key(hand_
     assert diff == [f"Config.Labels.{RELEASE_LABEL}: None -> '1'"], diff
     assert Releases(tmp_path / "state").history() == [1, 2, 1]
 
-    # The key went nowhere it must not: journals, results, the audit log, labels.
-    for f in (wdir / "journal.jsonl", wdir / "result.json", wdir2 / "journal.jsonl", wdir2 / "result.json",
-              tmp_path / "state" / "audit.jsonl"):
-        assert KEY not in f.read_text(), f
-    assert KEY not in json.dumps(back["Config"]["Labels"])
+    # The secrets went nowhere they must not: no file of the state dir but the 0600 release records (the rolled-back
+    # container above kept its key and environment from them), no label, not the supervisor's log.
+    assert planted_args()[-2:] == back["Config"]["Cmd"][-2:] and KEY in back["Config"]["Cmd"]
+    assert all(f"{k}={v}" in back["Config"]["Env"] for k, v in planted_env().items())
+    found = scan([tmp_path / "state"], allowed=release_record)
+    assert found == {}, found
+    records = [p for p in (tmp_path / "state").rglob("*") if p.is_file() and release_record(p)]
+    assert len(records) >= 4 and [private(p) for p in records] == [None] * len(records), records
+    assert leaks(json.dumps(back["Config"]["Labels"])) == [] and leaks("".join(capfd.readouterr())) == []

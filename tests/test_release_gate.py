@@ -19,6 +19,7 @@ import eagle3ops.window.run as window_run
 from eagle3ops.config import load_inventory
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.speculate import gated, ship
+from secretscan import leaks, release_record, scan
 from test_speculate_job import JOB_MARGIN, KEY, JobWorld
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +119,7 @@ def gate_world(tmp_path):
 
 @pytest.mark.parametrize("token_ms,verdict", [("10", "keep"), ("80", "rollback")], ids=["faster", "slower"])
 def test_the_supervisor_keeps_a_faster_flag_change_and_rolls_back_a_slower_one(gate_world, tmp_path, token_ms,
-                                                                               verdict):
+                                                                               verdict, capfd):
     """The job :func:`gated.gate_job` builds, cut to 4 prompts x 16 tokens at concurrency 1 (the gate's resolution
     is tests/test_gate_simulation.py's), on a stand-in server at 25 ms a token: ``--token-ms 10`` (x2.5) is kept,
     ``--token-ms 80`` (x0.31) rolled back to the release live before (at 45 ms, x0.56, a loaded CI machine measured
@@ -155,6 +156,11 @@ def test_the_supervisor_keeps_a_faster_flag_change_and_rolls_back_a_slower_one(g
     audit = [json.loads(x) for x in (Path(sup.plan.state_dir) / "audit.jsonl").read_text().splitlines()]
     assert audit[-1]["kind"] == "release-gate" and audit[-1]["verdict"] == verdict
     assert audit[-1]["figures"]["rule"] == "not_slower" and audit[-1]["figures"]["change"]["args"][0] == "--token-ms"
+    # serving's planted secrets (secretscan): in no file of the gate but the release records, nor in its log
+    found = scan([tmp_path], allowed=lambda p: release_record(p) or p.name == "serving.log"
+                 or p.parent.name == "bin" or p.name == "supervisor-state")
+    assert found == {}, found
+    assert leaks("".join(capfd.readouterr())) == []
 
 
 # --- `release --env`: NCCL settings and other environment changes, values never logged --------------------------

@@ -34,11 +34,15 @@ from eagle3ops.config import load_inventory
 from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange
 from eagle3ops.supervisor.kinds import KINDS
 from eagle3ops.supervisor.runner import Supervisor
+from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, release_record, scan
 from test_supervisor_resume import StandInClient, gate  # noqa: F401 - gate: the stand-in health gate fixture
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER = REPO / "tests/data/standin_openai_server.py"
-MODEL, KEY = "standin-kinds", "kinds-secret-key"
+#: Serving's key: planted (``--api-key K --api-key=K``) beside the other secrets of :mod:`secretscan` in every kind's
+#: command line and environment.
+MODEL = "standin-kinds"
+KEY = planted_args()[1]
 KINDS_UNDER_TEST = ["container", "compose", "process", "systemd", "none"]
 
 #: STAND-IN of ``systemctl`` (not systemd): one unit, its state in ``$SYSTEMCTL_STANDIN/state``, its argv appended to
@@ -120,7 +124,8 @@ class World:
     # container / compose: the stand-in Docker client
     def _setup_container(self):
         self.client = StandInClient("vllm:1")
-        self.client.serving.attrs["Config"]["Env"] = [f"VLLM_API_KEY={KEY}"]
+        self.client.serving.attrs["Config"]["Env"] = [f"{k}={v}" for k, v in planted_env().items()]
+        self.client.serving.attrs["Config"]["Cmd"] = ["/m", "--port", "8000", *planted_args()]
         if self.kind == "compose":
             self.client.serving.attrs["Config"]["Labels"].update({"com.docker.compose.project": "p",
                                                                   "com.docker.compose.service": "vllm"})
@@ -152,8 +157,9 @@ class World:
         bindir.mkdir()
         env = self._agent_env(bindir)
         self.pdir = self.wdir / "process"
-        proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(self.port), "--model", MODEL],
-                                cwd=self.tmp, env={"PATH": os.environ["PATH"], "VLLM_API_KEY": KEY},
+        proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(self.port), "--model", MODEL,
+                                 *planted_args()],
+                                cwd=self.tmp, env={"PATH": os.environ["PATH"], **planted_env()},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         threading.Thread(target=proc.wait, daemon=True).start()  # reaped at once: no zombie for the agent's alive()
         assert _wait(lambda: _up(self.port))
@@ -174,8 +180,9 @@ class World:
         (bindir / "systemctl").write_text(SYSTEMCTL_STANDIN)
         (bindir / "systemctl").chmod(0o755)
         (standin / "exec").write_text("\n".join([sys.executable, str(SERVER), "--port", str(self.port),
-                                                 "--model", MODEL]) + "\n")
-        (standin / "env").write_text(f"VLLM_API_KEY={KEY} PATH={os.environ['PATH']}")
+                                                 "--model", MODEL, *planted_args()]) + "\n")
+        (standin / "env").write_text(" ".join(f"{k}={v}" for k, v in planted_env().items())
+                                     + f" PATH={os.environ['PATH']}")
         env["SYSTEMCTL_STANDIN"] = str(standin)
         self.standin, self.pdir = standin, self.wdir / "process"
         subprocess.run(["sh", "-c", f'PATH="{bindir}:$PATH" systemctl start vllm.service'], env=env, check=True)
@@ -196,9 +203,15 @@ class World:
             except OSError:
                 pass
 
-    def supervisor(self, plan_kind: str = "window", **kw) -> Supervisor:
-        plan = _plan(self.tmp, self.kind, plan_kind, port=self.port, **self.extra, **kw)
-        return Supervisor(plan, self.client, self.wdir)
+    def supervisor(self, plan_kind: str = "window", wdir: Path | None = None, **kw) -> Supervisor:
+        """The runner of a ``plan_kind`` plan in window folder ``wdir`` (default ``w1``), with the inventory's
+        secret names (``secret_env``) as the planner passes them."""
+        wdir = wdir or self.wdir
+        wdir.mkdir(exist_ok=True)
+        plan = _plan(self.tmp, self.kind, plan_kind, port=self.port, secret_env=[ORG_NAME], **self.extra, **kw)
+        if wdir != self.wdir:
+            plan = plan.model_copy(update={"window_id": wdir.name})
+        return Supervisor(plan, self.client, wdir)
 
     def steps(self) -> list[tuple[str, str]]:
         return [(e["step"], e["event"]) for e in map(json.loads, (self.wdir / "journal.jsonl").read_text().splitlines())]
@@ -278,7 +291,47 @@ def test_switch_release(world):
     assert world.serving()
     if world.kind == "process":
         rel = sup.releases.get(n)["process"]
-        assert rel["argv"][-2:] == ["--label", "two"] and any(e == f"VLLM_API_KEY={KEY}" for e in rel["environ"])
+        assert rel["argv"][-2:] == ["--label", "two"] and any(e == f"{ORG_NAME}={planted_env()[ORG_NAME]}"
+                                                              for e in rel["environ"])
+
+
+@pytest.mark.parametrize("kind", ["container", "process", "systemd"])
+def test_no_secret_is_written_by_a_window_a_release_or_a_rollback(kind, tmp_path, gate, monkeypatch, capfd):  # noqa: F811
+    """Secrets planted in serving's command line (``--api-key K``, ``--api-key=K``, ``--hf-token``) and
+    environment (``VLLM_API_KEY``, ``HF_TOKEN``, a name only the inventory lists) of each kind: a window, then (where
+    the kind keeps releases) a release and a rollback to the release before it. No file the supervisor writes holds
+    a secret and neither does its log (stdout), except the release records (mode 0600, this user's) that
+    ``rollback`` recreates serving from; the container rolled back keeps its key."""
+    if kind != "container":
+        monkeypatch.undo()  # the real health gate for the kinds that serve for real
+    w = World(tmp_path, kind)
+    try:
+        assert w.supervisor().run()["outcome"] == "ok"
+        if kind != "systemd":  # systemd releases are refused (test_switch_release)
+            change = ReleaseChange(args=["--label", "two"] if kind == "process" else [])
+            assert w.supervisor("release", wdir=tmp_path / "w2", change=change).run()["outcome"] == "ok"
+            assert w.supervisor("rollback", wdir=tmp_path / "w3").run()["outcome"] == "ok"
+            assert w.serving()
+        if kind == "container":  # recreated from its record: the key it needs is back
+            cfg = w.client.serving.attrs["Config"]
+            assert KEY in cfg["Cmd"] and f"VLLM_API_KEY={planted_env()['VLLM_API_KEY']}" in cfg["Env"], cfg
+    finally:
+        for f in reversed(w.cleanup):
+            f()
+    records: list[Path] = []
+
+    def allowed(p: Path) -> bool:
+        if release_record(p):
+            records.append(p)
+        return release_record(p) or p.name == "serving.log"  # serving's own output
+
+    # what eagle3ops writes (the stand-in systemctl's files beside them are the unit's configuration)
+    found = scan([tmp_path / d for d in ("state", "w1", "w2", "w3")], allowed=allowed)
+    assert found == {}, found
+    assert records and [private(p) for p in records] == [None] * len(records)
+    assert [private(p) for p in tmp_path.glob("w1/process/serving.log")] in ([], [None])  # serving's own output
+    out = capfd.readouterr()
+    assert leaks(out.out + out.err) == [], "the supervisor's log (stdout/stderr) shows a secret"
 
 
 # --- the systemd kind's inventory entry, docs, driver side and parser (pure) ---------------------------------------

@@ -25,14 +25,16 @@ from eagle3ops.commands import speculate as sc
 from eagle3ops.config.plan import SpeculateJob
 from eagle3ops.speculate.restarts import parse_results, recorded_restart_seconds, restart_plan
 from eagle3ops.supervisor.journal import restart_seconds
+from secretscan import leaks, planted_args, planted_env, release_record, scan
 from test_serving_kinds import MODEL, SERVER, World, _Engine, _up, _wait
 
-KEY = "job-secret-key"
+KEY = planted_args()[1]  # serving's key, planted with the other secrets of secretscan
 
 
 class JobWorld(World):
     """A ``process`` host whose serving is the stand-in server started with ``server_args`` (and an API key on its
-    command line, as vLLM's ``--api-key``)."""
+    command line, as vLLM's ``--api-key``, beside the other planted secrets: ``--hf-token`` and an environment with
+    ``VLLM_API_KEY``, ``HF_TOKEN`` and a name only the inventory lists)."""
 
     server_args: list[str] = []
 
@@ -42,8 +44,8 @@ class JobWorld(World):
         env = self._agent_env(bindir)
         self.pdir = self.wdir / "process"
         proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(self.port), "--model", MODEL,
-                                 "--api-key", KEY, *self.server_args],
-                                cwd=self.tmp, env={"PATH": os.environ["PATH"]},
+                                 *planted_args(), *self.server_args],
+                                cwd=self.tmp, env={"PATH": os.environ["PATH"], **planted_env()},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         threading.Thread(target=proc.wait, daemon=True).start()
         assert _wait(lambda: _up(self.port))
@@ -103,7 +105,7 @@ def job_world(request, tmp_path):
 @pytest.mark.parametrize("job_world,verdict", [(["--token-ms", "25", "--spec-speedup", "3"], "keep"),
                                                (["--token-ms", "25", "--spec-speedup", "0.5"], "rollback")],
                          indirect=["job_world"], ids=["keep", "rollback"])
-def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, tmp_path):
+def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, tmp_path, capfd):
     """record → baseline → switch → measure → decide → keep or switch back, journaled; the attempt folder, the
     latest copy, the window's result (restart times) and the audit line (verdict and figures) all written; the lock
     released; serving on the decided release; the keyed server measured with its key."""
@@ -150,6 +152,12 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     assert audit[-1]["kind"] == "speculate" and audit[-1]["verdict"] == verdict
     assert audit[-1]["figures"]["spec_decode"]["drafts"] > 0 and KEY not in json.dumps(audit)
     assert KEY not in (folder / "result.json").read_text() + (folder / "baseline.json").read_text()
+    # serving's planted secrets (secretscan): in no file of the state dir or of the run's data (the attempt folder)
+    # but the release records, nor in the supervisor's log
+    found = scan([tmp_path], allowed=lambda p: release_record(p) or p.name == "serving.log"
+                 or p.parent.name == "bin" or p.name == "supervisor-state")
+    assert found == {}, found
+    assert leaks("".join(capfd.readouterr())) == []
 
 
 def test_a_second_attempt_of_the_same_head_keeps_the_first(tmp_path):

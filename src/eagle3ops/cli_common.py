@@ -38,10 +38,10 @@ def load_host(inventory: Path, name: str) -> HostConfig:
 
 def remote(host: HostConfig, dry_run: bool = False):
     """The SSH executor to ``host`` (:func:`eagle3ops.executor.for_host`: not yet connected; use it as a context
-    manager); a dry run echoes every command it would run to stdout."""
-    from eagle3ops import executor
+    manager); a dry run echoes every command it would run to stdout, its secrets masked (:mod:`eagle3ops.redact`)."""
+    from eagle3ops import executor, redact
 
-    echo = (lambda cmd: print(cmd)) if dry_run else None
+    echo = (lambda cmd: print(redact.text(cmd, host.secret_env))) if dry_run else None
     return executor.for_host(host, dry_run=dry_run, echo=echo)
 
 
@@ -129,23 +129,26 @@ def read_pipeline(pipeline: Path) -> str:
 
 def command_line() -> str:
     """This invocation as a shell command line (each argument quoted: the lock and the audit log show it, and it
-    may be pasted back into a shell), with API keys and `--env` values shown as `***`."""
+    may be pasted back into a shell), with every secret (:mod:`eagle3ops.redact`) and every `--env` value shown as
+    `***`."""
     import shlex
     import sys
 
-    from eagle3ops.gate.like import redacted_argv
+    from eagle3ops import redact
 
-    # API keys (also given through --arg) and --env values (they may be secrets) never reach the lock or the audit
+    # Secrets (also given through --arg: `--arg --api-key --arg K`) and every --env value (any may be a secret)
+    # never reach the lock or the audit; the rest is the one redaction rule's.
     words, pending = [], None  # pending: the next value word is hidden ("env": its value part)
     for a in sys.argv[1:]:
         if pending == "env" and "=" in a:
-            a, pending = a.split("=", 1)[0] + "=***", None
+            a, pending = a.split("=", 1)[0] + "=" + redact.MASK, None
         elif pending == "key" and a != "--arg":
-            a, pending = "***", None
+            a, pending = redact.MASK, None
         elif a.startswith("--env="):
-            a = "--env=" + a[6:].split("=", 1)[0] + "=***"
+            a = "--env=" + a[6:].split("=", 1)[0] + "=" + redact.MASK
         else:
-            a = redacted_argv([a])[0]  # --api-key=K, or a key inside one word holding a command line
-        pending = {"--env": "env", "--api-key": "key"}.get(a, pending if a == "--arg" else None)
+            a = redact.text(a)  # --api-key=K, NAME=K, or a key inside one word holding a command line
+        pending = "env" if a == "--env" else "key" if redact.is_secret_flag(a) else (
+            pending if a == "--arg" else None)
         words.append(a)
     return shlex.join(["eagle3ops", *words])

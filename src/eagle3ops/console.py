@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from eagle3ops import redact
+
 __all__ = ["err", "print_event", "speculate_result", "summary"]
 
 #: Events and errors go to stderr (stdout stays for machine-readable output such as JSON).
@@ -18,7 +20,9 @@ err = Console(stderr=True)
 
 def print_event(ev: dict[str, Any]) -> None:
     """One journal event of a window (``{"t", "step", "event", ...}``) as a coloured line: time, step, event,
-    the remaining fields as ``key=value``."""
+    the remaining fields as ``key=value``; secrets masked (:func:`eagle3ops.redact.value`: a journal written by an
+    older version may hold them)."""
+    ev = redact.value(ev)
     step, event = ev.get("step"), ev.get("event")
     color = {"ok": "green", "error": "red", "warn": "yellow", "start": "cyan", "done": "bold"}.get(event, "white")
     extra = {k: v for k, v in ev.items() if k not in ("t", "epoch", "step", "event")}
@@ -28,7 +32,8 @@ def print_event(ev: dict[str, Any]) -> None:
 
 def summary(result: dict[str, Any]) -> None:
     """A window's ``result.json`` as a table: outcome, message (a no-op window's reasons), error, each stage
-    (seconds), downtime, wall time, serving state, release, every warning (whole)."""
+    (seconds), downtime, wall time, serving state, release, every warning (whole); secrets masked."""
+    result = redact.value(result)
     t = Table(title=f"window {result.get('window_id')} ({result.get('kind')})")
     t.add_column("what")
     t.add_column("value")

@@ -38,6 +38,7 @@ from fabric import Config, Connection
 from fabric.runners import Remote as _FabricRunner
 from invoke.exceptions import CommandTimedOut, ThreadException, UnexpectedExit
 
+from eagle3ops import redact
 from eagle3ops.commands.host import login_shell, quiet_shell_probe
 from eagle3ops.commands.quote import render  # noqa: F401 - the one quoting function, used here
 from eagle3ops.commands.types import Change, Read, is_read
@@ -106,11 +107,16 @@ class ConnectionLost(HostUnreachable):
 class RemoteCommandError(RemoteError):
     """A remote command exited non-zero (or timed out); the message names host, command and stderr tail."""
 
-    def __init__(self, host: str, argv: Sequence[str], exited: int | None, stdout: str, stderr: str, why: str = ""):
+    def __init__(self, host: "str | HostConfig", argv: Sequence[str], exited: int | None, stdout: str, stderr: str,
+                 why: str = ""):
+        """``host``: its name, or its inventory entry (its ``secret_env`` names are then masked too)."""
+        names = getattr(host, "secret_env", ())
+        host = getattr(host, "name", host)
         self.host, self.argv, self.exited, self.stdout, self.stderr = host, list(argv), exited, stdout, stderr
         tail = "\n".join((stderr or stdout).strip().splitlines()[-8:])
         what = why or f"exited {exited}"
-        super().__init__(f"{host}: `{render(argv)}` {what}" + (f"\n{tail}" if tail else ""))
+        # the message is printed and may be logged: the command line and its output with their secrets masked
+        super().__init__(redact.text(f"{host}: `{render(argv)}` {what}" + (f"\n{tail}" if tail else ""), names))
 
 
 class _SessionOpenFailed(Exception):
@@ -362,7 +368,7 @@ class Remote:
         files = _STARTUP_FILES.get(name, ("~/.profile", "the login shell's start-up files"))
         nbytes = len(noise.encode("utf-8"))
         port = "" if conn.port == 22 else f"-p {conn.port} "
-        head = noise if len(noise) <= 80 else noise[:80] + "..."
+        head = redact.text(noise if len(noise) <= 80 else noise[:80] + "...", self.host.secret_env)
         raise ShellNotQuiet(
             f"{self.host.name}: the shell of {conn.user}@{conn.host} prints {nbytes} bytes before every "
             f"non-interactive command (`true` printed {head!r}); command output and byte streams (weights, heads, "
@@ -457,7 +463,7 @@ class Remote:
                                           f"reconnecting: {exc}") from None
             except CommandTimedOut as exc:
                 res = exc.result
-                raise RemoteCommandError(self.host.name, argv, None, res.stdout, res.stderr,
+                raise RemoteCommandError(self.host, argv, None, res.stdout, res.stderr,
                                          why=f"timed out after {timeout}s") from None
             except UnexpectedExit as exc:  # only without warn=True; kept for safety
                 r = exc.result
@@ -476,12 +482,12 @@ class Remote:
                 # invoke's timer closed the channel, but on a loaded machine the result can come back before its
                 # timeout flag is read (no CommandTimedOut; seen in CI on 2026-12-02): past the timeout, it timed out
                 timed_out = timeout is not None and time.monotonic() - started >= timeout
-                raise RemoteCommandError(self.host.name, argv, None, r.stdout, r.stderr,
+                raise RemoteCommandError(self.host, argv, None, r.stdout, r.stderr,
                                          why=(f"timed out after {timeout}s" if timed_out
                                               else "ended without an exit status (killed by a signal?)"))
         result = Result(list(argv), exited, r.stdout, r.stderr)
         if check and not result.ok:
-            raise RemoteCommandError(self.host.name, argv, exited, r.stdout, r.stderr)
+            raise RemoteCommandError(self.host, argv, exited, r.stdout, r.stderr)
         return result
 
     def record_stream(self, argv: Change, note: str = "") -> str:
@@ -525,7 +531,7 @@ class Remote:
             if r.ok:
                 return r
             if time.monotonic() >= deadline:
-                raise RemoteCommandError(self.host.name, argv, r.exited, r.stdout, r.stderr,
+                raise RemoteCommandError(self.host, argv, r.exited, r.stdout, r.stderr,
                                          why=f"did not succeed within {timeout:.0f}s")
             time.sleep(interval)
 

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3ops import redact
+
 __all__ = ["calibration_rows", "collect", "plan_run", "render"]
 
 
@@ -77,12 +79,13 @@ def collect(r: Any, host: Any, run: str) -> dict[str, Any]:
     rdir = f"{host.data_dir}/runs/{run}"
     manifest = cat(f"{rdir}/train/manifest.json")
     spec = cat(f"{rdir}/speculate/result.json")
-    return {"host": host.name, "run": run, "windows": windows,
-            "train_metrics": _json_lines(cat(f"{rdir}/train/metrics.jsonl")),
-            "train_manifest": json.loads(manifest) if manifest.strip() else None,
-            "speculate": json.loads(spec) if spec.strip() else None,
-            "calibration": calibration_rows(_json_lines(cat(f"{host.state_dir}/audit.jsonl")), cat,
-                                            f"{host.data_dir}/runs")}
+    # the plans hold the stages' and the change's environment as given: masked here, so no page or plot shows it
+    return redact.value({"host": host.name, "run": run, "windows": windows,
+                         "train_metrics": _json_lines(cat(f"{rdir}/train/metrics.jsonl")),
+                         "train_manifest": json.loads(manifest) if manifest.strip() else None,
+                         "speculate": json.loads(spec) if spec.strip() else None,
+                         "calibration": calibration_rows(_json_lines(cat(f"{host.state_dir}/audit.jsonl")), cat,
+                                                         f"{host.data_dir}/runs")}, host.secret_env)
 
 
 def calibration_rows(audit: list[dict[str, Any]], read: Any, runs_dir: str) -> list[dict[str, Any]]:

@@ -19,6 +19,13 @@ def write_file(path: str) -> Change:
     return Change(["tee", path])
 
 
+def write_private_file(path: str) -> Change:
+    """Write standard input to ``path`` readable by the SSH user only (``tee`` under ``umask 077``: a new file is
+    mode 0600; the caller discards stdout): for files that must keep a secret, e.g. a plan whose release change or
+    stage environment carries a token."""
+    return Change(["sh", "-c", 'umask 077 && exec tee "$1"', "eagle3ops-write", path])
+
+
 def append_file(path: str) -> Change:
     """Append standard input to ``path``."""
     return Change(["tee", "-a", path])

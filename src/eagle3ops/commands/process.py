@@ -53,6 +53,7 @@ GPU_RELEASE_WAIT_S = 300
 AGENT_FUNCS_SH = r"""
 d=$1 pid=$2 stop_s=$3 sup=$4 limit=$5 stop_wait=$6 missing_grace=$7 gpu_wait=$8 port=$9
 shift 9
+(umask 077 && : >> "$d/serving.log")  # private: serving may print its own flags (a key); its umask is left as is
 log() { printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >> "$d/agent.log"; }
 now() { date +%s; }
 term() { kill -TERM "$1" 2>/dev/null; }
@@ -212,8 +213,8 @@ def my_uid() -> Read:
 
 _RECORD_SH = r"""
 pid=$1 d=$2
-mkdir -p "$d" && cat "/proc/$pid/cmdline" > "$d/cmdline.nul" && cat "/proc/$pid/environ" > "$d/environ.nul" \
-  && readlink "/proc/$pid/cwd" > "$d/cwd" && awk '/^Uid:/ {print $2}' "/proc/$pid/status" > "$d/uid" \
+umask 077 && mkdir -p "$d" && cat "/proc/$pid/cmdline" > "$d/cmdline.nul" \
+  && cat "/proc/$pid/environ" > "$d/environ.nul" && readlink "/proc/$pid/cwd" > "$d/cwd" && awk '/^Uid:/ {print $2}' "/proc/$pid/status" > "$d/uid" \
   && echo "$pid" > "$d/pid" && tr '\0' '\n' < "$d/cmdline.nul"
 """
 
@@ -221,7 +222,9 @@ mkdir -p "$d" && cat "/proc/$pid/cmdline" > "$d/cmdline.nul" && cat "/proc/$pid/
 def record_process(pid: int, pdir: str) -> Change:
     """Record the running serving process ``pid`` into ``pdir`` (read as the SSH user, who must own the process):
     ``cmdline.nul`` and ``environ.nul`` byte for byte from ``/proc/<pid>/``, ``cwd``, ``uid`` (real uid from
-    ``/proc/<pid>/status``) and ``pid``. Prints the command line, one argument per line."""
+    ``/proc/<pid>/status``) and ``pid``, readable by the SSH user only (``umask 077``: the command line and the
+    environment may hold secrets). Prints the command line, one argument per line (masked by whoever shows it:
+    :mod:`eagle3ops.redact`)."""
     return Change(["sh", "-c", _RECORD_SH, "eagle3ops-record", str(pid), pdir])
 
 

@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from eagle3ops import redact
 from eagle3ops.commands.docker import docker
 from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig, ServingConfig
@@ -325,7 +326,8 @@ def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:
         out.append(f"image: inventory {s.image!r}, live {cfg.get('Image')!r}")
     cmd = list(cfg.get("Cmd") or [])
     if cmd != list(s.args):
-        out.append(f"args: inventory {_redact_args(list(s.args))}, live {_redact_args(cmd)}")
+        out.append(f"args: inventory {redact.argv(s.args, host.secret_env)}, "
+                   f"live {redact.argv(cmd, host.secret_env)}")
     live_env = dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
     for k, v in sorted(s.env.items()):
         if k not in live_env:
@@ -343,15 +345,6 @@ def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:
     want_gpu = not (host.gpus == 0 or s.gpus in ("none", 0))
     if want_gpu != bool(hcfg.get("DeviceRequests")):
         out.append(f"gpus: inventory {s.gpus!r}, live {'GPU request' if hcfg.get('DeviceRequests') else 'no GPUs'}")
-    return out
-
-
-def _redact_args(args: list[str]) -> list[str]:
-    """``args`` with the value of ``--api-key`` replaced by ``***``."""
-    out, hide = [], False
-    for a in args:
-        out.append("***" if hide else ("--api-key=***" if a.startswith("--api-key=") else a))
-        hide = a == "--api-key"
     return out
 
 

@@ -20,6 +20,8 @@ Rules (each mirrors what the engine, or the kernel's ``execve``, does with the v
 - environment names: not empty, no ``=`` and no NUL (``NAME=VALUE`` is split at the first ``=``); values: no NUL
   (``execve`` cuts the string there) and no newline or CR (an env file, ``/proc/PID/environ`` readers and entrypoint
   scripts that ``export`` them take one variable per line);
+- ``secret_env`` names: shell names (letters, digits, ``_``), so that ``NAME=VALUE`` is found inside a shell
+  command line too (:mod:`eagle3ops.redact`);
 - container names (``serving.container``, and the ``<compose_project>-<compose_service>-1`` name a Compose service's
   container gets): Docker's pattern, at least two characters.
 """
@@ -134,8 +136,24 @@ def container_name(value: str) -> str:
 HostPath = Annotated[str, AfterValidator(host_path)]
 Bind = Annotated[str, AfterValidator(bind)]
 EnvName = Annotated[str, AfterValidator(env_name)]
+
+
+def secret_env_name(value: str) -> str:
+    """Check the name of an environment variable listed as holding a secret (inventory ``secret_env``): a shell
+    name, so that ``NAME=VALUE`` is found inside a shell command line too (:mod:`eagle3ops.redact`).
+
+    Raises:
+        ValueError: not letters, digits and ``_``, or starting with a digit.
+    """
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError(f"{value!r} is not an environment variable name (letters, digits and `_`, not starting "
+                         f"with a digit), e.g. `secret_env: [ORG_SERVING_TOKEN]`: fix or remove it")
+    return value
+
+
+SecretEnvName = Annotated[str, AfterValidator(secret_env_name)]
 EnvValue = Annotated[str, AfterValidator(env_value)]
 ContainerName = Annotated[str, AfterValidator(container_name)]
 
-__all__ = ["Bind", "ContainerName", "EnvName", "EnvValue", "HostPath", "bind", "container_name", "env_name",
-           "env_value", "host_path"]
+__all__ = ["Bind", "ContainerName", "EnvName", "EnvValue", "HostPath", "SecretEnvName", "bind", "container_name",
+           "env_name", "env_value", "host_path", "secret_env_name"]

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from eagle3ops.config.base import ConfigError, StrictModel, read_yaml, require_mapping, validate
-from eagle3ops.config.enginevalues import Bind, ContainerName, EnvName, EnvValue, container_name, host_path
+from eagle3ops.config.enginevalues import Bind, ContainerName, EnvName, EnvValue, SecretEnvName, container_name, host_path
 
 DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
 SECTION = "inventory"
@@ -369,6 +369,9 @@ class HostConfig(StrictModel):
     stage_env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Extra environment for stage containers, e.g. NCCL_PROTO, NCCL_ALGO."
     )
+    secret_env: list[SecretEnvName] = Field(default_factory=list, description="Names of environment variables "
+        "holding secrets beyond `VLLM_API_KEY`, `HF_TOKEN`, `HUGGING_FACE_HUB_TOKEN` (and `--api-key`, `--hf-token`), "
+        "e.g. `[ORG_SERVING_TOKEN]`: `***` in every journal, result, audit, log, report, config check and dry run.")
     maintenance_budget_s: float = Field(
         7200.0, gt=0, description="Longest a window may keep serving down, in seconds: stages, restore, health gate "
         "and rollbacks together. The restore's share, min(serving.health_timeout_s, budget / 2), is reserved: stages "
@@ -509,11 +512,8 @@ class Inventory(StrictModel):
             return self.hosts[name]
         except KeyError:
             known = ", ".join(sorted(self.hosts)) or "(none)"
-            raise ConfigError(
-                f"{self.source or 'inventory'}: no host {name!r}. Known hosts: {known}. "
-                f"Add it under `hosts:` or pass HOST=<one of them>."
-            ) from None
-
+            raise ConfigError(f"{self.source or 'inventory'}: no host {name!r}. Known hosts: {known}. "
+                              f"Add it under `hosts:` or pass HOST=<one of them>.") from None
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

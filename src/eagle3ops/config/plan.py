@@ -195,6 +195,9 @@ class Plan(BaseModel):
     #: venv``, issue 28: processes of the pipeline environment; each stage's spec holds ``argv``, ``environment``,
     #: ``cwd``, see :func:`eagle3ops.commands.venv.stage_spec`).
     runtime: Literal["container", "venv"] = "container"
+    #: The inventory's ``secret_env``: environment names whose values the supervisor masks in everything it writes
+    #: and prints (:mod:`eagle3ops.redact`), beside the built-in ones.
+    secret_env: list[str] = Field(default_factory=list)
 
     def reserve_s(self) -> float:
         """Seconds of ``budget_s`` reserved for restore + health gate (see :func:`default_restore_reserve_s`)."""

@@ -7,18 +7,19 @@ identity is recorded (:class:`ReleaseIdentity`: image reference and id, the imag
 (:func:`unlike`) unless the baseline is a **control release**: the speculative image without
 ``--speculative-config``, every other flag equal (:func:`control_change`), measured in the same job.
 
-Pure: no I/O.
+Pure: no I/O. Imports nothing of eagle3ops but the redaction rule (:mod:`eagle3ops.redact`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["LABEL_PREFIX", "SPECULATIVE_FLAG", "ReleaseIdentity", "control_change", "flag_names", "redacted_argv",
-           "unlike", "without_flags"]
+from eagle3ops import redact
+
+__all__ = ["LABEL_PREFIX", "SPECULATIVE_FLAG", "ReleaseIdentity", "control_change", "flag_names", "unlike",
+           "without_flags"]
 
 #: Image labels kept in an identity: the profile, patch series and stand-in marks eagle3ops writes
 #: (:mod:`eagle3ops.images.tags`).
@@ -54,9 +55,9 @@ class ReleaseIdentity:
                    argv=[str(a) for a in d.get("argv") or []], vllm_version=d.get("vllm_version"))
 
     def figures(self) -> dict[str, Any]:
-        """JSON-ready, for the result and the audit line; the argv with API keys redacted
-        (:func:`redacted_argv`)."""
-        return {**asdict(self), "argv": redacted_argv(self.argv)}
+        """JSON-ready, for the result and the audit line; the argv with its secrets masked
+        (:func:`eagle3ops.redact.argv`)."""
+        return {**asdict(self), "argv": redact.argv(self.argv)}
 
     def describe(self) -> str:
         """``IMAGE (id sha256:0123456789ab, vLLM 0.16.0)`` in one line."""
@@ -64,24 +65,6 @@ class ReleaseIdentity:
         bits = [f"id {self.image_id[:19]}" if self.image_id else "id unknown"] if self.image else []
         bits.append(f"vLLM {self.vllm_version or 'version unknown'}")
         return f"{what} ({', '.join(bits)})"
-
-
-_KEY_IN_STRING = re.compile(r"(--api-key(?:=|\s+))(\S+)")
-
-
-def redacted_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` with every API key replaced by ``***``: the value after ``--api-key``, ``--api-key=VALUE``, and the
-    same inside one argument holding a shell command line (``sh -c "vllm serve ... --api-key K"``)."""
-    out, hide = [], False
-    for a in argv:
-        if hide:
-            out.append("***")
-        elif a.startswith("--api-key="):
-            out.append("--api-key=***")
-        else:
-            out.append(_KEY_IN_STRING.sub(lambda m: m.group(1) + "***", a) if " " in a else a)
-        hide = a == "--api-key"
-    return out
 
 
 def flag_names(args: Iterable[str]) -> set[str]:

@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from eagle3ops import redact
 from eagle3ops.commands import host as hc
 from eagle3ops.config.inventory import check_gate_margin
 from eagle3ops.config.plan import ReleaseChange, SpeculateJob
 from eagle3ops.gate.decide import MIN_PASSES
-from eagle3ops.gate.like import redacted_argv
 from eagle3ops.speculate import ship
 
 __all__ = ["gate_job", "gated_release"]
@@ -56,7 +56,7 @@ def gate_job(h: Any, change: ReleaseChange, *, margin: float, passes: int, resta
     figures = {"prompts": {"source": "HumanEval gate split", "fraction": pr.GATE_FRACTION, "count": len(gate),
                            "max_tokens": s.gate_max_tokens, "order": [p.id for p in gate]},
                "restarts": restarts,
-               "change_described": change.model_copy(update={"args": redacted_argv(change.args)}).describe()}
+               "change_described": change.model_copy(update={"args": redact.argv(change.args, h.secret_env)}).describe()}
     return SpeculateJob(results_dir=f"{paths(h)['state']}/gates", latest=None, rule="not_slower", change=change,
                         prompts=[p.text for p in gate], levels=list(s.gate_concurrency), max_tokens=s.gate_max_tokens,
                         passes=passes, margin=margin, acceptance_floor=None, ttft_ratio_max=s.gate_ttft_ratio_max,

@@ -7,12 +7,12 @@ sleeps or the driver is killed, stages finish (or hit the budget) and serving is
 Files, all under ``<state_dir>`` on the host::
 
     lock/details.json             the deploy lock (released here at the end)
-    windows/<id>/plan.json        what to do (written by the driver; :class:`eagle3ops.config.plan.Plan`)
-    windows/<id>/journal.jsonl    one JSON object per step event: {"t", "step", "event", ...}
+    windows/<id>/plan.json        what to do (written by the driver, mode 0600; :class:`eagle3ops.config.plan.Plan`)
+    windows/<id>/journal.jsonl    one JSON object per step event: {"t", "step", "event", ...}, secrets masked
     windows/<id>/<stage>.log      each stage container's output
-    windows/<id>/serving-inspect.json   the serving container's full ``docker inspect`` before it was stopped
+    windows/<id>/serving-inspect.json   the serving container's full ``docker inspect`` before it was stopped (0600)
     windows/<id>/result.json      the outcome (written last)
-    releases/NNNN.json            retained serving releases (spec + image id); ``current`` names the live one
+    releases/NNNN.json            retained serving releases (spec + image id, 0600); ``current`` names the live one
     audit.jsonl                   who, when, what, outcome — one line per window
 
 Restarted after an interruption (Docker daemon restart, ``recover``), it reads the journal and goes on: finished

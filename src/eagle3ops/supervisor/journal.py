@@ -9,16 +9,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from eagle3ops import redact
+
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class Journal:
-    """Append-only JSON-lines journal of a window (``journal.jsonl``); safe to reopen after a restart."""
+    """Append-only JSON-lines journal of a window (``journal.jsonl``); safe to reopen after a restart.
 
-    def __init__(self, path: Path):
+    Every entry is written (and printed: the supervisor's log) with its secrets masked by the one redaction rule
+    (:func:`eagle3ops.redact.value`, with ``secret_env``: the inventory's names), and kept so in :attr:`entries`."""
+
+    def __init__(self, path: Path, secret_env: list[str] | tuple[str, ...] = ()):
         self.path = path
+        self.secret_env = tuple(secret_env)
         self.entries: list[dict[str, Any]] = []
         if path.exists():
             for line in path.read_text().splitlines():
@@ -28,8 +34,9 @@ class Journal:
                     pass  # a line cut by a crash
 
     def log(self, step: str, event: str, **data: Any) -> None:
-        """Append ``{"t", "mono", "step", "event", **data}`` and fsync."""
-        entry = {"t": _now(), "epoch": time.time(), "step": step, "event": event, **data}
+        """Append ``{"t", "epoch", "step", "event", **data}`` (secrets masked) and fsync."""
+        entry = {"t": _now(), "epoch": time.time(), "step": step, "event": event,
+                 **redact.value(data, self.secret_env)}
         self.entries.append(entry)
         with self.path.open("a") as f:
             f.write(json.dumps(entry) + "\n")

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3ops import redact
 from eagle3ops.config.plan import MIN_GATE_S, NO_SERVING_NOTE, Plan, StageStep
 from eagle3ops.health import GateFailed, read_api_key_file, wait_healthy
 from eagle3ops.supervisor.errors import EngineUnavailable, Interrupted, ServingRestarted
@@ -50,7 +51,7 @@ class Supervisor:
 
     def __init__(self, plan: Plan, client: Any, wdir: Path):
         self.plan, self.client, self.wdir = plan, client, wdir
-        self.journal = Journal(wdir / "journal.jsonl")
+        self.journal = Journal(wdir / "journal.jsonl", plan.secret_env)
         self.state_dir = Path(plan.state_dir)
         self.releases = Releases(self.state_dir)
         #: End of the budget (epoch seconds): the whole downtime, restore and gates included, ends by then.
@@ -333,16 +334,18 @@ class Supervisor:
             "restarts_s": restart_seconds(self.journal.entries),
             **{k: v for k, v in extra.items() if k != "audit"},
         }
+        result = redact.value(result, self.plan.secret_env)
         audit = self.state_dir / "audit.jsonl"
         with audit.open("a") as f:
-            f.write(json.dumps({"t": _now(), "user": self.plan.user, "host": self.plan.host,
+            f.write(json.dumps(redact.value({"t": _now(), "user": self.plan.user, "host": self.plan.host,
                                 "command": self.plan.command, "window": self.plan.window_id,
                                 "outcome": outcome, "error": error, "release": result["release"],
                                 "warnings": result["warnings"],
                                 # serving's stop → restore interval (epoch seconds; None without a stop): a fleet
                                 # run's down-at-once bound is checked from these lines (issue 29)
                                 "stopped_at": stopped_at, "restored_at": restored_at,
-                                "downtime_s": result["downtime_s"], **extra.get("audit", {})}) + "\n")
+                                "downtime_s": result["downtime_s"], **extra.get("audit", {})},
+                                            self.plan.secret_env)) + "\n")
         # The driver appends to the same log as the SSH user (windows that never started): keep it theirs.
         st = self.state_dir.stat()
         try:

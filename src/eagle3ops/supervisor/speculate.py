@@ -46,6 +46,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle3ops import redact
 from eagle3ops.config.plan import Candidate, ReleaseChange, SpeculateJob
 from eagle3ops.gate.like import ReleaseIdentity, flag_names, unlike
 
@@ -157,10 +158,11 @@ class SpeculateRun:
         return st.st_uid, st.st_gid
 
     def _write(self, path: Path, data: Any) -> None:
-        """Write JSON atomically, owned like the run's ``speculate/`` folder."""
+        """Write JSON atomically, owned like the run's ``speculate/`` folder, its secrets masked
+        (:func:`eagle3ops.redact.value`)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.write_text(json.dumps(redact.value(data, self.sup.plan.secret_env), indent=2) + "\n")
         tmp.replace(path)
         if self._owner:
             for p in (path, path.parent):
@@ -237,7 +239,6 @@ class SpeculateRun:
         """
         from eagle3ops.gate.decide import candidate_level
 
-        from eagle3ops.gate.like import redacted_argv
         from eagle3ops.supervisor.errors import Interrupted
 
         journal, kind = self.sup.journal, self.sup.kind
@@ -253,7 +254,7 @@ class SpeculateRun:
                 continue
             if self.sup.stop_requested:
                 raise Interrupted("stop requested between two candidates")
-            row: dict[str, Any] = {"name": cand.name, "args": redacted_argv(cand.change.args),
+            row: dict[str, Any] = {"name": cand.name, "args": redact.argv(cand.change.args, self.sup.plan.secret_env),
                                    "image": cand.change.image}
             msg = kind.switch(step=step, change=cand.change, live=False)
             on_candidate = "rolled back" not in msg
@@ -382,10 +383,8 @@ class SpeculateRun:
                   "drain": ({"drain_hook": self.job.drain_hook, "undrain_hook": self.job.undrain_hook,
                              "undrain_error": undrain_error} if self.job.drain_hook else None)}
         if self.job.rule == "not_slower":  # a gated release: what changed, environment values and keys left out
-            from eagle3ops.gate.like import redacted_argv
-
             result["change"] = {**self.job.change.model_dump(exclude={"env"}), "env": sorted(self.job.change.env),
-                                "args": redacted_argv(self.job.change.args)}
+                                "args": redact.argv(self.job.change.args, self.sup.plan.secret_env)}
         self._write(self.dir / "result.json", result)
         if self.job.latest:
             self._write(Path(self.job.latest), result)

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from eagle3ops import redact
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import stages as st
 from eagle3ops.config import HostConfig
@@ -86,8 +87,9 @@ def audit_entries(r: Remote) -> list[dict[str, Any]]:
 
 
 def append_audit(r: Remote, entry: dict[str, Any]) -> None:
-    """Append one audit line from the driver (for windows that never reached the supervisor)."""
-    entry = {"t": datetime.now(timezone.utc).isoformat(timespec="seconds"), **entry}
+    """Append one audit line from the driver (for windows that never reached the supervisor), its secrets masked
+    (:func:`eagle3ops.redact.value`)."""
+    entry = redact.value({"t": datetime.now(timezone.utc).isoformat(timespec="seconds"), **entry}, r.host.secret_env)
     r.run(hc.mkdir_p(r.host.state_dir))
     r.run(hc.append_file(paths(r.host)["audit"]), stdin=json.dumps(entry) + "\n")
 
@@ -111,7 +113,7 @@ def append_local_audit(host: str, command: str, outcome: str, error: str) -> str
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
+            f.write(json.dumps(redact.value(entry)) + "\n")
     except OSError as exc:
         return f"could not write the local audit log {path}: {exc}"
     return None

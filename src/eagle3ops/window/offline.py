@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from eagle3ops import redact
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.commands import venv as vc
@@ -93,7 +94,8 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
         kind: ``extract`` or ``train`` (:data:`eagle3ops.commands.stages.WINDOWS`).
         pipeline_text: the run's pipeline config (YAML), already validated by the caller.
         restart: extract/train get ``--restart``.
-        echo: where each printed line goes (None: print nothing).
+        echo: where each printed line goes, its secrets masked (:func:`eagle3ops.redact.text`; None: print
+            nothing).
 
     Returns:
         ``{"window_id", "outcome": "dry-run", "offline": True, "assumed": [[fact, value]], "stages",
@@ -104,6 +106,9 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
     """
     import yaml
 
+    if echo is not None:
+        show = echo
+        echo = lambda line: show(redact.text(line, h.secret_env))  # noqa: E731 - the same printer, masked
     if kind not in st.WINDOWS:
         raise WindowError(f"--offline plans only the stage windows ({', '.join(st.WINDOWS)}), not {kind}")
     cfg = PipelineConfig.model_validate(yaml.safe_load(pipeline_text) or {})

@@ -159,6 +159,7 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
                 stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), change=change,
                 to_release=to_release, gpus=h.gpus, speculate=speculate, serving_kind=h.serving.kind,
                 runtime="venv" if h.uses_venv else "container", agent_detach=agent_detach,
+                secret_env=list(h.secret_env),
                 **serving.plan_fields(h, window_id, serving_container, process_pid))
 
 

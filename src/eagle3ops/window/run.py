@@ -40,7 +40,8 @@ def launch(r: Remote, plan: Plan, image: str) -> None:
     p = paths(r.host, plan.window_id)
     r.run(hc.mkdir_p(r.host.data_dir))
     r.run(hc.mkdir_p(p["window"]))
-    r.run(hc.write_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
+    # the supervisor needs the change's and the stages' environment values as given (they may be secrets): private
+    r.run(hc.write_private_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
     driver_kind(r.host).launch(r, plan)  # e.g. a restore agent, before the supervisor that talks with it
     if r.host.uses_venv:  # a detached process of the pipeline environment (no engine on this host)
         r.run(vc.supervisor_argv(r.host, image=image, window_dir=p["window"], plan_path=p["plan"]))
