@@ -63,6 +63,7 @@ probability of the one-sided two-sample t test, written as an integral so that o
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -114,9 +115,10 @@ def _t_cdf(t: float, df: int) -> float:
     return 0.5 + a / 2  # A(t|ν) = P(|T| <= t) for t >= 0, odd in t
 
 
+@functools.lru_cache(maxsize=512)
 def t_quantile(p: float, df: int) -> float:
     """The ``p`` quantile of Student's t with integer ``df`` degrees of freedom (bisection on :func:`_t_cdf`, to
-    1e-9). Raises ``ValueError`` for ``p`` outside (0, 1) or ``df`` below 1."""
+    1e-9; cached: a gate asks for the same few). Raises ``ValueError`` for ``p`` outside (0, 1) or ``df`` below 1."""
     if not 0.0 < p < 1.0 or df < 1:
         raise ValueError(f"t quantile needs 0 < p < 1 and df >= 1 (got p {p}, df {df})")
     if p < 0.5:
