@@ -156,6 +156,8 @@ def test_a_straddling_interval_is_undecided_and_names_the_figure_that_would_have
     up[1] = _level(1, 95)[1]
     u = dec.decide(base, {1: up}, _spec(2.2), production_concurrency=1, margin=0.05, acceptance_floor=1.5)
     assert u.verdict == "undecided" and u.deciding["leans"] == "keep" and "leans keep" in u.reason
+    # the passes ran in two blocks with a restart between: the result says the shift between them was not measured
+    assert d.figures["design"]["block_shift_measured"] is False and "not seen" in d.figures["design"]["risk"]
 
 
 def test_baseline_drift_beyond_half_the_margin_is_undecided_and_reported():

@@ -76,6 +76,8 @@ def speculate_result(console: Console, res: dict[str, Any]) -> None:
         dr = res["drift"]
         console.print(f"  baseline drift: {dr['not_made']}" if dr.get("not_made") else
                       f"  baseline drift {dr['change']} (interval {dr['low']} to {dr['high']}, limit ±{dr['limit']})")
+    if (res.get("design") or {}).get("block_shift_measured") is False:
+        console.print(f"  not measured: {res['design']['risk']}")
     if res.get("power"):
         pwr = res["power"]
         console.print(f"  planned power {pwr['power']:.0%} at x{pwr['true_ratio']} ({pwr['passes']} passes, pass CV "

@@ -89,6 +89,14 @@ LEVEL = 0.90
 POWER_RATIO, POWER_TARGET = 1.30, 0.80
 #: Pass CV (coefficient of variation of a pass's output tokens/s) assumed where a host has recorded no gate.
 DEFAULT_PASS_CV = 0.10
+#: The passes' design, as the result states it: the gate measures the baseline's passes in one block and the
+#: speculative release's in another, a serving restart between them, so a shift of the host's speed between the
+#: blocks is not measured (no interval over passes can see it); the result says so rather than claim it.
+BLOCK_DESIGN = {"design": "two blocks: baseline x n, restart, speculative x n", "block_shift_measured": False,
+                "risk": "a change of the host's speed between the two blocks moves the ratio and is not seen by the "
+                        "interval; under a 3 % (sd) shift between blocks the lower bound exceeds the true ratio in "
+                        "far more than 5 % of simulated gates (benchmarks/gate-simulation.json, scenario "
+                        "'block shift sd 3% (cv 3%)')"}
 #: The interval's method, as the result names it (with what it assumes).
 METHOD = ("Student two-sample t on log pass tokens/s (pooled variance, n_b + n_s - 2 df); assumes independent "
           "passes of equal spread on both sides, no shift between the baseline's and the speculative release's "
@@ -455,7 +463,7 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         "ttft_ratio_max": ttft_ratio_max if math.isfinite(ttft_ratio_max) else None,
         "ttft_ratio": round(ttft_ratio, 4) if ttft_ratio is not None else None,
         "throughput_ratio": levels[str(production_concurrency)]["throughput_ratio"],
-        "passes": {"baseline": len(b), "speculative": len(s)}, "drift": drift.figures(),
+        "passes": {"baseline": len(b), "speculative": len(s)}, "drift": drift.figures(), "design": BLOCK_DESIGN,
         "spec_decode": spec.figures(), "levels": levels}
     # The interval is computed (and reported) whatever rule decides, so that a rollback for acceptance, TTFT or
     # drift still shows how fast the speculative release was; only step 6 decides on it.
