@@ -221,7 +221,7 @@ class Decision:
     the audit log and the run's results (JSON-ready: every field below is in it too).
 
     ``interval``: the throughput ratio and its interval at the production concurrency when the interval decided
-    (None when an earlier rule did; ``figures["interval"]`` has it whenever the passes could be resampled); ``drift``: the baseline's drift; ``ttft_ratio``: speculative / baseline median time to first token;
+    (None when an earlier rule did; ``figures["interval"]`` has it whenever the passes had per-prompt figures); ``drift``: the baseline's drift; ``ttft_ratio``: speculative / baseline median time to first token;
     ``deciding``: for an ``undecided`` straddle, the figure that would have decided (``{"figure", "value",
     "needs"}``)."""
 
@@ -253,7 +253,7 @@ def pass_table(passes: Sequence[LevelResult]) -> tuple[np.ndarray, np.ndarray]:
                          f"prompts in the same order (prompt counts {sorted(n)})")
     tokens = np.array([[float(t) for t in p.prompt_tokens] for p in passes])
     if any(s is None for p in passes for s in p.prompt_seconds):
-        raise ValueError("a pass has a failed request (no per-prompt seconds): not resampled")
+        raise ValueError("a pass has a failed request (no per-prompt seconds): no interval")
     secs = np.array([[float(s) for s in p.prompt_seconds] for p in passes])  # type: ignore[arg-type]
     walls = np.array([p.wall_s for p in passes])
     return tokens, secs * (walls / secs.sum(axis=1))[:, None]
@@ -470,7 +470,7 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
     try:
         iv = ratio_interval(b, s, level=level)
         figures["interval"] = iv.figures()
-    except ValueError as e:  # failed requests (no per-prompt seconds): step 2 decides, nothing to resample
+    except ValueError as e:  # failed requests (no per-prompt seconds): step 2 decides, no interval
         iv = None
         figures["interval_unavailable"] = str(e)
     common = {"figures": figures, "drift": drift, "ttft_ratio": ttft_ratio}
