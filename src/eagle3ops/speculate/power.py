@@ -10,6 +10,10 @@ log output tokens/s over the newest :data:`NEWEST` gates, ``sqrt(exp(s²) - 1)``
 the plan names the passes per side that would reach it and the job is refused unless the operator chose the low
 power (``--accept-low-power`` or ``serving.gate_accept_low_power``): a gate that would most likely roll back a good
 head is not worth its restarts.
+
+The figure is the interval's alone: from :data:`eagle3ops.gate.decide.MIN_DRIFT_PASSES` passes the drift check
+also leaves up to 5 % of drift-free gates undecided, so the gate's keep rate at x1.30 is a few points lower
+(``benchmarks/gate-simulation.json`` gives both, the simulated keep rate beside this analytic one).
 """
 
 from __future__ import annotations
