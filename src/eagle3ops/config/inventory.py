@@ -3,6 +3,9 @@
 Every key has a type, a default (where one is safe) and a one-line doc (the ``description``); unknown keys are
 errors. ``eagle3ops config docs inventory`` prints this documentation from the models themselves (Kamal's
 ``configuration/docs`` idea); the example is ``deploy/hosts.yaml``.
+
+Why this module is long: it is the inventory's schema, one field per key with the description that ``config docs``
+prints; splitting it would scatter one section's keys (``serving`` alone has the gate's) across modules.
 """
 
 from __future__ import annotations
