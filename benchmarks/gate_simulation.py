@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
            "requirement": {"covered_scenarios_lower_bound_above_truth_at_most": bound,
                            "covered_scenarios_keep_at_threshold_at_most": bound},
            "requirement_met": ok, "results": rows, "wall_s": round(time.monotonic() - t0, 1),
-           "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}
+           "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+           "numpy": np.__version__}
     args.json.write_text(json.dumps(out, indent=2) + "\n")
     print(f"requirement met: {ok}; wrote {args.json}")
     return 0

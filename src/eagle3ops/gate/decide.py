@@ -75,8 +75,8 @@ import numpy as np
 from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.gate.replay import LevelResult
 
-__all__ = ["DRIFT_LEVEL", "LEVEL", "MIN_DRIFT_PASSES", "MIN_PASSES", "POWER_RATIO", "POWER_TARGET", "DEFAULT_PASS_CV", "Decision",
-           "Drift", "RatioInterval", "baseline_drift", "candidate_level", "decide", "pass_cv", "passes_for_power",
+__all__ = ["DRIFT_LEVEL", "LEVEL", "MIN_DRIFT_PASSES", "MIN_PASSES", "POWER_RATIO", "POWER_TARGET",
+           "DEFAULT_PASS_CV", "Decision", "Drift", "RatioInterval", "baseline_drift", "candidate_level", "decide", "pass_cv", "passes_for_power",
            "passes_to_decide", "pass_table", "pooled", "power", "ratio_interval", "set_tables", "subset_pass",
            "t_quantile"]
 
@@ -427,7 +427,8 @@ def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult]) -> dict[s
 
 def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
            spec: SpecDelta, *, production_concurrency: int, margin: float, acceptance_floor: float | None,
-           ttft_ratio_max: float = math.inf, rule: Literal["faster", "not_slower"] = "faster", level: float = LEVEL) -> Decision:
+           ttft_ratio_max: float = math.inf, rule: Literal["faster", "not_slower"] = "faster",
+           level: float = LEVEL) -> Decision:
     """Decide from both releases' passes per concurrency and the speculative side's counter deltas (the module
     doc's rule, in its order).
 
@@ -496,8 +497,8 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
                                     "(serving.gate_ttft_ratio_max)", **common)
     if drift.exceeded:
         return Decision("undecided", f"the baseline drifted {drift.change:+.1%} from its first to its last pass "
-                                     f"({DRIFT_LEVEL:.0%} interval {drift.low:+.1%} to {drift.high:+.1%}), beyond half the "
-                                     f"margin ({drift.limit:.1%}): the host's speed changed while the gate "
+                                     f"({DRIFT_LEVEL:.0%} interval {drift.low:+.1%} to {drift.high:+.1%}), beyond "
+                                     f"half the margin ({drift.limit:.1%}): the host's speed changed while the gate "
                                      "measured; rolled back", **common)
     if iv is None:
         iv = ratio_interval(b, s, level=level)  # raises the ValueError of above

@@ -15,8 +15,9 @@ Driver side (nothing on the host changes before the job starts, except a ``--hea
    floor) and the serving restarts with the downtime to expect from this host's recorded restarts
    (:func:`plan_restarts`), printed, in ``--dry-run`` too, after the gate's power at x1.30 for the configured passes
    at this host's recorded pass CV (:mod:`.power`): below 80 % the job is refused before anything is written on the
-   host, naming the passes needed, unless ``--accept-low-power`` (``serving.gate_accept_low_power``). The prompts: HumanEval's gate split, or every prompt of
-   ``--prompts-file`` (:func:`select_gate`; e.g. held-out chat turns rendered with the served chat template).
+   host, naming the passes needed, unless ``--accept-low-power`` (``serving.gate_accept_low_power``). The prompts:
+   HumanEval's gate split, or every prompt of ``--prompts-file`` (:func:`select_gate`; e.g. held-out chat turns
+   rendered with the served chat template).
 3. ``run_window(kind="speculate")``: lock, preflight, plan, supervisor; watched to its result.
 
 Host side (the supervisor): record → baseline (``serving.gate_passes`` passes, at least 3) → the speculative
