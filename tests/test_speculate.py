@@ -4,6 +4,7 @@ disjoint from training, load replay against real vLLM serving on the sandbox, an
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 
@@ -138,8 +139,25 @@ def test_a_straddling_interval_is_undecided_and_names_the_figure_that_would_have
     assert d.verdict == "undecided" and not d.keep
     assert d.interval is not None and d.interval.low < 1.05 <= d.interval.high
     assert d.deciding == {"figure": "lower bound of the 90% throughput-ratio interval",
-                          "value": round(d.interval.low, 4), "needs": 1.05}
+                          "value": round(d.interval.low, 4), "needs": 1.05, "leans": "rollback",
+                          "center": round(d.interval.center, 4), "passes_to_decide": d.deciding["passes_to_decide"]}
     assert d.figures["deciding"] == d.deciding and "would have to reach x1.050" in d.reason
+    # inconclusive says which side the evidence leaned and what would decide it
+    assert d.interval.center < 1.05 and "leans rollback" in d.reason and "rolled back" in d.reason
+    more = d.deciding["passes_to_decide"]
+    assert more is not None and more > 3 and f"--passes {more}" in d.reason
+    # the figure is what it claims: at ``more`` passes the same centre and spread give an interval below 1.05,
+    # at one pass fewer they still straddle it
+    sp = d.interval.se_log / (2 / 3) ** 0.5
+    upper = lambda n: math.log(d.interval.center) + dec.t_quantile(0.95, 2 * n - 2) * sp * (2 / n) ** 0.5
+    assert upper(more) < math.log(1.05) <= upper(more - 1)
+    # a straddle centred above the bar leans keep
+    up = _level(1, 112)
+    up[1] = _level(1, 95)[1]
+    u = dec.decide(base, {1: up}, _spec(2.2), production_concurrency=1, margin=0.05, acceptance_floor=1.5)
+    assert u.verdict == "undecided" and u.deciding["leans"] == "keep" and "leans keep" in u.reason
+    # the passes ran in two blocks with a restart between: the result says the shift between them was not measured
+    assert d.figures["design"]["block_shift_measured"] is False and "not seen" in d.figures["design"]["risk"]
 
 
 def test_baseline_drift_beyond_half_the_margin_is_undecided_and_reported():
@@ -151,8 +169,11 @@ def test_baseline_drift_beyond_half_the_margin_is_undecided_and_reported():
     assert d.verdict == "undecided" and "drifted +12.5%" in d.reason
     assert d.drift is not None and d.drift.exceeded and d.figures["drift"]["passes_tokens_per_s"][0] == 100.0
     # scatter without a trend is not drift: the interval of a noisy trend reaches inside ±margin/2
-    noisy = [_level(1, v)[0] for v in (100.0, 112.0, 101.0)]
+    noisy = [_level(1, v)[0] for v in (100.0, 112.0, 101.0, 113.0)]
     assert not dec.baseline_drift(noisy, 0.05).exceeded
+    # three passes: a trend with one degree of freedom cannot see drift; the check is not made, and says so
+    three = dec.baseline_drift([_level(1, v)[0] for v in (100.0, 104.0, 108.2)], 0.05)
+    assert not three.made and not three.exceeded and "not made" in three.figures()["not_made"]
 
 
 def test_a_slow_first_token_rolls_back_whatever_the_throughput():
@@ -165,17 +186,40 @@ def test_a_slow_first_token_rolls_back_whatever_the_throughput():
     assert ok.keep
 
 
-def test_the_interval_is_seeded_and_resamples_passes_not_only_prompts():
+def test_the_interval_is_a_t_interval_on_log_pass_rates_and_names_its_method():
     base, spec = _level(1, 100), _level(1, 130)
     a = dec.ratio_interval(base, spec)
-    assert a == dec.ratio_interval(base, spec)  # same figures, same seed: the same interval
-    # per-pass noise shared by every prompt of a pass widens the interval (a prompt-only bootstrap would not see it)
+    assert a == dec.ratio_interval(base, spec)  # nothing random: the same figures give the same interval
+    # by hand: Student's pooled two-sample t on the passes' log tokens/s, 3 + 3 passes -> 4 df, t(0.95; 4) = 2.132
+    x = [math.log(p.output_tokens / p.wall_s) for p in base]
+    y = [math.log(p.output_tokens / p.wall_s) for p in spec]
+    var = lambda v: sum((e - sum(v) / len(v)) ** 2 for e in v) / (len(v) - 1)
+    se = math.sqrt((var(x) + var(y)) / 2 * (2 / 3))
+    d = sum(y) / 3 - sum(x) / 3
+    assert a.df == 4 and a.se_log == pytest.approx(se)
+    assert (a.low, a.high) == pytest.approx((math.exp(d - 2.132 * se), math.exp(d + 2.132 * se)), rel=1e-4)
+    assert a.figures()["method"].startswith("Student two-sample t on log pass tokens/s")
+    assert a.pass_cv_baseline == pytest.approx(math.sqrt(math.expm1(var(x))))
+    # per-pass noise shared by every prompt of a pass widens the interval
     wide = [_level(1, v)[0] for v in (90.0, 100.0, 110.0)]
     assert dec.ratio_interval(wide, spec).high - dec.ratio_interval(wide, spec).low > 2 * (a.high - a.low)
     with pytest.raises(ValueError, match="same prompts"):
         short = [dataclasses.replace(p, prompt_tokens=p.prompt_tokens[:5], prompt_seconds=p.prompt_seconds[:5])
                  for p in spec]
         dec.ratio_interval(base, short)
+
+
+def test_t_quantiles_and_power_match_the_tables():
+    # Student's t table (two-sided 90 % and 95 %)
+    for df, t95, t975 in ((1, 6.314, 12.706), (2, 2.920, 4.303), (4, 2.132, 2.776), (8, 1.860, 2.306),
+                          (30, 1.697, 2.042)):
+        assert dec.t_quantile(0.95, df) == pytest.approx(t95, abs=1e-3)
+        assert dec.t_quantile(0.975, df) == pytest.approx(t975, abs=1e-3)
+    # power at x1.30, margin 0.05, 10 % pass CV: rises with the passes and crosses 80 % at 4
+    pw = [dec.power(n, 0.10, 0.05) for n in (3, 4, 5)]
+    assert pw[0] < 0.80 <= pw[1] < pw[2] and dec.passes_for_power(0.10, 0.05) == 4
+    assert dec.power(3, 0.007, 0.05) == pytest.approx(1.0) and dec.power(3, 0.10, 0.30) < 0.5
+    assert dec.passes_for_power(0.10, 0.40) is None  # a bar above the speed-up: no number of passes
 
 
 @pytest.mark.sandbox

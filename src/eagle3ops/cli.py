@@ -244,6 +244,12 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
               draft_tp: str = typer.Option("", "--draft-tp", help="The EAGLE-3 draft's tensor parallelism to "
                                            "measure, comma-separated: 1 or the target's TP, e.g. 1,8 (default: the "
                                            "target's)."),
+              passes: Optional[int] = typer.Option(None, "--passes", min=3, help="Passes per release at each gate "
+                                                   "concurrency (override serving.gate_passes; at least 3)."),
+              accept_low_power: bool = typer.Option(
+                  False, "--accept-low-power", help="Measure even when the gate's planned power (its chance to keep "
+                  "a release truly x1.30 faster, at this host's recorded pass CV) is below 80 %; without it such a "
+                  "gate is refused before any restart."),
               prompts_file: Optional[Path] = typer.Option(
                   None, "--prompts-file", help="Replay these prompts instead of HumanEval's gate split: a JSONL "
                   "file, one {\"prompt\": TEXT, \"id\": ID (optional)} a line, all of them in file order (not "
@@ -285,7 +291,8 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                                 serving_image=image, force=force, allow_template_mismatch=allow_template_mismatch,
                                 control=control, with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),
                                 draft_tps=tuple(tps),
-                                margin=margin, prompts_file=prompts_file, command=_command_line())
+                                margin=margin, passes=passes, accept_low_power=accept_low_power,
+                                prompts_file=prompts_file, command=_command_line())
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:

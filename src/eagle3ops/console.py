@@ -75,10 +75,19 @@ def speculate_result(console: Console, res: dict[str, Any]) -> None:
     if res.get("interval"):
         iv = res["interval"]
         console.print(f"  {iv['level']:.0%} interval of the ratio x{iv['low']} to x{iv['high']} (point x{iv['point']},"
-                      f" {iv['baseline_passes']} + {iv['speculative_passes']} passes x {iv['prompts']} prompts)")
+                      f" {iv['baseline_passes']} + {iv['speculative_passes']} passes x {iv['prompts']} prompts; "
+                      f"{iv.get('method', 'bootstrap')})")
     if res.get("drift"):
-        console.print(f"  baseline drift {res['drift']['change']} (interval {res['drift']['low']} to "
-                      f"{res['drift']['high']}, limit ±{res['drift']['limit']})")
+        dr = res["drift"]
+        console.print(f"  baseline drift: {dr['not_made']}" if dr.get("not_made") else
+                      f"  baseline drift {dr['change']} (interval {dr['low']} to {dr['high']}, limit ±{dr['limit']})")
+    if (res.get("design") or {}).get("block_shift_measured") is False:
+        console.print(f"  not measured: {res['design']['risk']}")
+    if res.get("power"):
+        pwr = res["power"]
+        console.print(f"  planned power {pwr['power']:.0%} at x{pwr['true_ratio']} ({pwr['passes']} passes, pass CV "
+                      f"{pwr['pass_cv']:.1%}" + (", accepted below the target)" if pwr.get("accepted_low_power")
+                                                 else ")"))
     if sd:  # absent when no speculative release was measured as a whole (e.g. no candidate cleared the gate)
         console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
                       f"{sd.get('acceptance_per_position')}")

@@ -488,6 +488,12 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
             figures.append(("  90 % interval", f"x{iv.get('low')} to x{iv.get('high')} (point x{iv.get('point')}, "
                                                f"{iv.get('baseline_passes')} + {iv.get('speculative_passes')} passes x "
                                                f"{iv.get('prompts')} prompts)"))
+        pw = sp.get("power") or {}
+        if pw:  # planned before any restart; the demo's 3 passes are accepted below the target (its inventory)
+            figures.append(("  planned gate power", f"{pw.get('power')} at x{pw.get('true_ratio')} with "
+                                                    f"{pw.get('passes')} passes, pass CV {pw.get('pass_cv')} (target "
+                                                    f"{pw.get('target')}; low power accepted: "
+                                                    f"{pw.get('accepted_low_power')})"))
         for name, t in (sp.get("sets") or {}).items():
             for c, row in (t.get("levels") or {}).items():
                 siv = row.get("interval")

@@ -3,6 +3,9 @@
 Every key has a type, a default (where one is safe) and a one-line doc (the ``description``); unknown keys are
 errors. ``eagle3ops config docs inventory`` prints this documentation from the models themselves (Kamal's
 ``configuration/docs`` idea); the example is ``deploy/hosts.yaml``.
+
+Why this module is long: it is the inventory's schema, one field per key with the description that ``config docs``
+prints; splitting it would scatter one section's keys (``serving`` alone has the gate's) across modules.
 """
 
 from __future__ import annotations
@@ -173,8 +176,15 @@ class ServingConfig(StrictModel):
     )
     gate_passes: int = Field(
         5, ge=3, description="Passes per release at each gate concurrency (the same prompts in the same order each "
-                             "pass); the throughput interval resamples passes and prompts, so more passes narrow it. "
-                             "At least 3.",
+                             "pass); the throughput interval is a t interval over the passes' log tokens/s, so more "
+                             "passes narrow it. At least 3. `speculate` prints the gate's power (its chance to keep "
+                             "a release truly x1.30 faster) for this many passes at the host's recorded pass CV and "
+                             "refuses below 80 % unless gate_accept_low_power.",
+    )
+    gate_accept_low_power: bool = Field(
+        False, description="Let `speculate` measure when the gate's planned power at x1.30 is below 80 % (else it "
+                           "refuses before any restart, naming the passes needed; `--accept-low-power` does the same "
+                           "for one run). For a demonstration host sized for time, not for the outcome.",
     )
     gate_warmup_prompts: int = Field(
         4, ge=0, description="Prompts (the gate's first ones) sent at each gate concurrency before each release's "

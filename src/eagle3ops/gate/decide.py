@@ -11,16 +11,20 @@ Rule (issue 24, "stated confidence"; pure: figures in, :class:`Decision` out, no
 4. The speculative release's median time to first token over the baseline's above ``ttft_ratio_max`` →
    ``rollback`` (speculation that delays the first token is not shipped for throughput).
 5. **Baseline drift**: the baseline's output tokens/s across its passes, as a first-to-last relative change from
-   a least-squares line through the passes' log tokens/s, with its 90 % t interval (n - 2 degrees of freedom). A
+   a least-squares line through the passes' log tokens/s, with its 95 % t interval (n - 2 degrees of freedom;
+   :data:`DRIFT_LEVEL`: two-sided, so a drift-free gate is flagged in at most 5 % of gates, 2.5 % each way). A
    drift whose whole interval lies beyond half the margin (the host got confidently faster or slower while the
    gate measured) is reported and makes the run ``undecided``. The interval, not the point estimate, is compared:
    under the 10 % per-pass noise of ``benchmarks/gate_simulation.py`` a point-estimate rule leaves most drift-free
-   gates undecided (the benchmark's JSON gives the share), and with three passes the trend has one degree of
-   freedom.
+   gates undecided (the benchmark's JSON gives the share). The check is made only with at least
+   :data:`MIN_DRIFT_PASSES` baseline passes: with three the trend has one degree of freedom, its interval is too wide
+   to see real drift and still flags drift-free gates, so at three passes the result says the check was not made.
 6. **Throughput ratio with a 90 % interval** (speculative / baseline output tokens/s at the production
    concurrency; :func:`ratio_interval`): lower bound at least ``1 + margin`` → ``keep``; upper bound below it →
    ``rollback``; an interval that straddles it → ``undecided`` (rolled back), the result naming the figure that
-   would have decided (the lower bound, against ``1 + margin``).
+   would have decided (the lower bound, against ``1 + margin``), the side the evidence leaned (the point estimate
+   above or below ``1 + margin``) and the passes per side that would decide it were the point and the pass spread
+   what they measured (:func:`passes_to_decide`).
 
 Other concurrency levels are reported beside it (speed-ups shrink as batch size grows) but do not decide.
 
@@ -28,27 +32,39 @@ Other concurrency levels are reported beside it (speed-ups shrink as batch size 
 acceptance floor: step 3 is skipped and step 6 compares against ``1 - margin`` (kept unless slower beyond the
 margin).
 
-The interval (:func:`ratio_interval`) is a seeded two-way ("pigeonhole") bootstrap over the passes x prompts
-table of each side: every replicate draws prompt indices with replacement (one draw shared by both sides: the same
-prompts in the same order were sent to both, so the pairing is kept) and, for each side independently, pass indices
-with replacement; a side's replicate tokens/s is Σ tokens / Σ seconds over the drawn (pass, prompt) cells, a
-prompt's seconds being its share of its pass's wall time (request seconds scaled so that a pass's shares sum to its
-wall time: with every cell drawn once, a replicate's figure is the measured pass-pooled tokens/s). The 90 % interval
-is the 5th and 95th percentiles of the replicates' ratios (the percentile interval). Sources: A. B. Owen (2007),
-"The pigeonhole bootstrap", Annals of Applied Statistics 1(2):386-411 (resampling rows and columns of a crossed
-table independently; mildly conservative) and P. McCullagh (2000), "Resampling and exchangeable arrays",
-Bernoulli 6(2):285-301 (no bootstrap of a crossed table is exactly right; resampling only one index is too narrow,
-which is why passes are resampled and not just prompts: per-pass noise shared by every prompt of a pass is
-invisible to a prompt-only bootstrap). With a handful of passes the plain bootstrap of the pass means is narrow by
-``(n-1)/n`` in variance (T. C. Hesterberg (2015), "What teachers should know about the bootstrap", The American
-Statistician 69(4):371-386, "narrowness bias"); each side's per-pass log tokens/s deviations from their mean are
-therefore widened by ``sqrt(n/(n-1))`` before resampling (the pass-level analogue of Davison & Hinkley (1997),
-Bootstrap Methods and their Application, §2.3's variance-corrected residuals). The seed is fixed
-(:data:`SEED`) and recorded: the interval is reproducible from the result's per-prompt figures.
+The interval (:func:`ratio_interval`) is Student's two-sample t interval on the passes' log output tokens/s
+(each pass's Σ tokens / wall seconds): with ``x`` the baseline's ``n_b`` log pass rates and ``y`` the speculative
+release's ``n_s``, the log ratio is ``mean(y) - mean(x)`` with standard error ``s_p * sqrt(1/n_b + 1/n_s)``
+(``s_p²`` the pooled within-side variance, ``n_b + n_s - 2`` degrees of freedom), and the ``level`` interval is
+``exp(mean(y) - mean(x) ± t((1+level)/2; n_b+n_s-2) * se)``. Sources: Student (1908), "The probable error of a
+mean", Biometrika 6(1):1-25, and the pooled-variance two-sample t of the NIST/SEMATECH e-Handbook of Statistical
+Methods, §7.3.1 ("Do two processes have the same mean?"), applied on the log scale (log-normal pass speeds: a
+ratio of speeds is a difference of logs).
+Why this and not a bootstrap: the pass, not the prompt, is the unit of independent noise (a host busier or quieter
+for a whole pass moves every prompt of it together; the same prompts in the same order on both sides cancel the
+prompts' own variation in the ratio), so the interval rests on a handful of passes per side, where a bootstrap has
+only 10 distinct pass multisets per side at 3 passes and a percentile interval undercovers (its lower bound above
+the truth 7.7 % of simulated gates at 3 passes against 5 % nominal; T. C. Hesterberg (2015), "What teachers should
+know about the bootstrap", The American Statistician 69(4):371-386, on its narrowness with small samples). The t
+interval is exact under independent log-normal pass noise of equal spread on both sides: its lower bound exceeds
+the true ratio in ``(1 - level) / 2`` of gates at any number of passes (``benchmarks/gate_simulation.py`` measures it
+with this function). What it assumes, said in the result's ``method``: passes independent (no shift between the
+baseline's block of passes and the speculative release's block: the two blocks are separated by a restart; a shift
+there moves the ratio and no interval over passes sees it) and the same pass-to-pass spread on both sides (the
+result reports each side's pass CV; with equal passes per side the pooled standard error equals Welch's). Nothing
+is random: the same figures give the same interval.
+
+**Power** (:func:`power`): the chance that the interval's lower bound clears ``1 + margin`` when the true ratio is
+x1.30, for ``n`` passes per side at a pass CV ``cv`` (the host's recorded one), computed from the same t interval:
+``P(d - t * s_p * k >= log(1 + margin))`` with ``d ~ N(log 1.30, σ² k²)``, ``s_p² ~ σ² χ²_ν / ν`` independent
+(``σ² = log(1 + cv²)``, ``k = sqrt(2/n)``, ``ν = 2n - 2``), integrated over ``χ²_ν`` numerically (the noncentral t
+probability of the one-sided two-sample t test, written as an integral so that only the standard library's
+``erf`` and ``lgamma`` are needed). The plan prints it before any restart.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -59,21 +75,75 @@ import numpy as np
 from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.gate.replay import LevelResult
 
-__all__ = ["LEVEL", "MIN_PASSES", "RESAMPLES", "SEED", "Decision", "Drift", "RatioInterval", "baseline_drift",
-           "candidate_level", "decide", "pass_table", "pooled", "ratio_interval", "set_tables", "subset_pass"]
+__all__ = ["DRIFT_LEVEL", "LEVEL", "MIN_DRIFT_PASSES", "MIN_PASSES", "POWER_RATIO", "POWER_TARGET",
+           "DEFAULT_PASS_CV", "Decision", "Drift", "RatioInterval", "baseline_drift", "candidate_level", "decide", "pass_cv", "passes_for_power",
+           "passes_to_decide", "pass_table", "pooled", "power", "ratio_interval", "set_tables", "subset_pass",
+           "t_quantile"]
 
 #: Least passes per side at the production concurrency.
 MIN_PASSES = 3
-#: Confidence level of the throughput interval and of the drift interval.
+#: Least baseline passes for the drift check (its trend has ``n - 2`` degrees of freedom).
+MIN_DRIFT_PASSES = 4
+#: Confidence level of the throughput interval.
 LEVEL = 0.90
-#: Bootstrap replicates of the throughput interval.
-RESAMPLES = 2000
-#: The bootstrap's seed (fixed: the same figures give the same interval).
-SEED = 24
-#: Student t quantiles t(0.95; df) for df = 1..30 (two-sided 90 %), from the standard table; df > 30 takes df 30's
-#: (slightly wider than the normal's 1.645: conservative).
-_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
-        1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697)
+#: Confidence level of the drift interval: the check flags a gate when the whole interval lies beyond half the
+#: margin on either side, so a drift-free gate is flagged at most ``1 - DRIFT_LEVEL`` of the time (at 0.90 it was
+#: up to 10 %: 7-8 % of drift-free simulated gates at 5 passes and 10-16 % pass CV, each an undecided good head).
+DRIFT_LEVEL = 0.95
+#: The speed-up the plan's power is computed at, and the power it asks for.
+POWER_RATIO, POWER_TARGET = 1.30, 0.80
+#: Pass CV (coefficient of variation of a pass's output tokens/s) assumed where a host has recorded no gate.
+DEFAULT_PASS_CV = 0.10
+#: The passes' design, as the result states it: the gate measures the baseline's passes in one block and the
+#: speculative release's in another, a serving restart between them, so a shift of the host's speed between the
+#: blocks is not measured (no interval over passes can see it); the result says so rather than claim it.
+BLOCK_DESIGN = {"design": "two blocks: baseline x n, restart, speculative x n", "block_shift_measured": False,
+                "risk": "a change of the host's speed between the two blocks moves the ratio and is not seen by the "
+                        "interval; under a 3 % (sd) shift between blocks the lower bound exceeds the true ratio in "
+                        "far more than 5 % of simulated gates (benchmarks/gate-simulation.json, scenario "
+                        "'block shift sd 3% (cv 3%)')"}
+#: The interval's method, as the result names it (with what it assumes).
+METHOD = ("Student two-sample t on log pass tokens/s (pooled variance, n_b + n_s - 2 df); assumes independent "
+          "passes of equal spread on both sides, no shift between the baseline's and the speculative release's "
+          "blocks of passes")
+
+
+def _t_cdf(t: float, df: int) -> float:
+    """Student t CDF at ``t`` for integer ``df`` >= 1, exact (M. Abramowitz & I. A. Stegun (1964), Handbook of
+    Mathematical Functions, 26.7.3 (odd df) and 26.7.4 (even df): finite series in ``θ = atan(t / sqrt(df))``)."""
+    th = math.atan(t / math.sqrt(df))
+    c, sn = math.cos(th), math.sin(th)
+    if df % 2:  # A(t|ν) = 2/π (θ + sinθ (cosθ + 2/3 cos³θ + ... + (2·4···(ν-3))/(1·3···(ν-2)) cos^(ν-2)θ))
+        term, acc = c, (c if df > 1 else 0.0)
+        for k in range(3, df - 1, 2):
+            term *= c * c * (k - 1) / k
+            acc += term
+        a = 2 / math.pi * (th + sn * acc)
+    else:  # A(t|ν) = sinθ (1 + 1/2 cos²θ + ... + (1·3···(ν-3))/(2·4···(ν-2)) cos^(ν-2)θ)
+        term, acc = 1.0, 1.0
+        for k in range(2, df - 1, 2):
+            term *= c * c * (k - 1) / k
+            acc += term
+        a = sn * acc
+    return 0.5 + a / 2  # A(t|ν) = P(|T| <= t) for t >= 0, odd in t
+
+
+@functools.lru_cache(maxsize=512)
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with integer ``df`` degrees of freedom (bisection on :func:`_t_cdf`, to
+    1e-9; cached: a gate asks for the same few). Raises ``ValueError`` for ``p`` outside (0, 1) or ``df`` below 1."""
+    if not 0.0 < p < 1.0 or df < 1:
+        raise ValueError(f"t quantile needs 0 < p < 1 and df >= 1 (got p {p}, df {df})")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while _t_cdf(hi, df) < p:
+        hi *= 2.0
+    while hi - lo > 1e-9 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
 
 Verdict = Literal["keep", "rollback", "undecided"]
 
@@ -83,25 +153,33 @@ class RatioInterval:
     """The throughput ratio (speculative / baseline output tokens/s) at one concurrency and its interval.
 
     ``point``: pass-pooled tokens/s ratio (Σ tokens / Σ wall over every pass of each side); ``low``/``high``: the
-    ``level`` bootstrap percentile interval (:func:`ratio_interval`); ``resamples``/``seed``: the bootstrap's;
-    ``baseline_passes``/``speculative_passes``/``prompts``: the table's shape."""
+    ``level`` t interval (:func:`ratio_interval`; centred on ``center``, the ratio of the sides' geometric-mean
+    pass rates); ``df``: its degrees of freedom; ``se_log``: its standard error on the log scale;
+    ``pass_cv_baseline``/``pass_cv_speculative``: each side's pass-to-pass coefficient of variation
+    (``sqrt(exp(s²) - 1)`` of its log pass rates); ``baseline_passes``/``speculative_passes``/``prompts``: the
+    table's shape; ``method``: :data:`METHOD`."""
 
     point: float
     low: float
     high: float
     level: float
-    resamples: int
-    seed: int
+    center: float
+    df: int
+    se_log: float
+    pass_cv_baseline: float
+    pass_cv_speculative: float
     baseline_passes: int
     speculative_passes: int
     prompts: int
-    method: str = "two-way (passes x prompts) percentile bootstrap, pass deviations widened by sqrt(n/(n-1))"
+    method: str = METHOD
 
     def figures(self) -> dict[str, object]:
-        """JSON-ready dict (ratios rounded to 4 places)."""
+        """JSON-ready dict (ratios rounded to 4 places, the standard error and CVs to 5)."""
         d = asdict(self)
-        for k in ("point", "low", "high"):
+        for k in ("point", "low", "high", "center"):
             d[k] = round(d[k], 4)
+        for k in ("se_log", "pass_cv_baseline", "pass_cv_speculative"):
+            d[k] = round(d[k], 5)
         return d
 
 
@@ -110,26 +188,36 @@ class Drift:
     """The baseline's change across its passes (issue 24: drift above half the margin makes the run undecided).
 
     ``change``: relative first-to-last change of output tokens/s on a least-squares line through the passes' log
-    tokens/s (``exp(slope * (n-1)) - 1``; +0.03 = 3 % faster by the last pass); ``low``/``high``: its 90 % t
+    tokens/s (``exp(slope * (n-1)) - 1``; +0.03 = 3 % faster by the last pass); ``low``/``high``: its 95 % t
     interval (n - 2 degrees of freedom; infinite for fewer than three passes); ``limit``: half the margin;
-    ``passes``: every baseline pass's tokens/s, in order."""
+    ``passes``: every baseline pass's tokens/s, in order; ``made``: False with fewer than
+    :data:`MIN_DRIFT_PASSES` passes (the check is not made: its trend would have one degree of freedom, too few to
+    see drift; ``exceeded`` is then False and the figures say why)."""
 
     change: float
     low: float
     high: float
     limit: float
     passes: tuple[float, ...]
+    made: bool = True
 
     @property
     def exceeded(self) -> bool:
-        """True when the whole interval lies beyond ``±limit`` (the drift is confidently above half the margin)."""
-        return self.low > self.limit or self.high < -self.limit
+        """True when the check was made and the whole interval lies beyond ``±limit`` (the drift is confidently
+        above half the margin)."""
+        return self.made and (self.low > self.limit or self.high < -self.limit)
 
     def figures(self) -> dict[str, object]:
         """JSON-ready dict."""
         r = (lambda x: round(x, 4) if math.isfinite(x) else None)
-        return {"change": r(self.change), "low": r(self.low), "high": r(self.high), "limit": round(self.limit, 4),
-                "exceeded": self.exceeded, "passes_tokens_per_s": [round(x, 3) for x in self.passes]}
+        out: dict[str, object] = {
+            "change": r(self.change), "low": r(self.low), "high": r(self.high), "limit": round(self.limit, 4),
+            "exceeded": self.exceeded, "made": self.made, "passes_tokens_per_s": [round(x, 3) for x in self.passes]}
+        if not self.made:
+            out["not_made"] = (f"{len(self.passes)} baseline passes: the drift check needs {MIN_DRIFT_PASSES} (a "
+                               f"trend through {len(self.passes)} passes has {max(len(self.passes) - 2, 0)} degree(s) "
+                               "of freedom, too few to see drift); not made")
+        return out
 
 
 @dataclass(frozen=True)
@@ -138,7 +226,7 @@ class Decision:
     the audit log and the run's results (JSON-ready: every field below is in it too).
 
     ``interval``: the throughput ratio and its interval at the production concurrency when the interval decided
-    (None when an earlier rule did; ``figures["interval"]`` has it whenever the passes could be resampled); ``drift``: the baseline's drift; ``ttft_ratio``: speculative / baseline median time to first token;
+    (None when an earlier rule did; ``figures["interval"]`` has it whenever the passes had per-prompt figures); ``drift``: the baseline's drift; ``ttft_ratio``: speculative / baseline median time to first token;
     ``deciding``: for an ``undecided`` straddle, the figure that would have decided (``{"figure", "value",
     "needs"}``)."""
 
@@ -170,7 +258,7 @@ def pass_table(passes: Sequence[LevelResult]) -> tuple[np.ndarray, np.ndarray]:
                          f"prompts in the same order (prompt counts {sorted(n)})")
     tokens = np.array([[float(t) for t in p.prompt_tokens] for p in passes])
     if any(s is None for p in passes for s in p.prompt_seconds):
-        raise ValueError("a pass has a failed request (no per-prompt seconds): not resampled")
+        raise ValueError("a pass has a failed request (no per-prompt seconds): no interval")
     secs = np.array([[float(s) for s in p.prompt_seconds] for p in passes])  # type: ignore[arg-type]
     walls = np.array([p.wall_s for p in passes])
     return tokens, secs * (walls / secs.sum(axis=1))[:, None]
@@ -182,77 +270,136 @@ def pooled(passes: Sequence[LevelResult]) -> float:
     return sum(p.output_tokens for p in passes) / wall if wall > 0 else 0.0
 
 
-def _widen(tokens: np.ndarray, secs: np.ndarray) -> np.ndarray:
-    """Seconds with each pass's log tokens/s deviation from the side's mean widened by sqrt(n/(n-1))."""
-    n = tokens.shape[0]
-    if n < 2:
-        return secs
-    logs = np.log(tokens.sum(axis=1) / secs.sum(axis=1))
-    wide = logs.mean() + (logs - logs.mean()) * math.sqrt(n / (n - 1))
-    return secs * np.exp(logs - wide)[:, None]
+def _log_rates(passes: Sequence[LevelResult]) -> np.ndarray:
+    """Each pass's log output tokens/s (Σ tokens / wall seconds), ``(passes,)``."""
+    return np.log(np.array([p.output_tokens / p.wall_s if p.wall_s > 0 else 0.0 for p in passes]))
 
 
-def ratio_interval(baseline: Sequence[LevelResult], speculative: Sequence[LevelResult], *, level: float = LEVEL,
-                   resamples: int = RESAMPLES, seed: int = SEED) -> RatioInterval:
-    """The throughput ratio speculative / baseline and its ``level`` interval (the module doc's bootstrap).
+def pass_cv(log_rates: Sequence[float]) -> float:
+    """Pass-to-pass coefficient of variation of a side from its passes' log tokens/s (``sqrt(exp(s²) - 1)``, ``s``
+    their sample standard deviation; the log-normal's CV); 0.0 for fewer than two passes."""
+    x = np.asarray(log_rates, dtype=float)
+    return math.sqrt(math.expm1(float(x.var(ddof=1)))) if x.size >= 2 else 0.0
 
-    Shapes: every pass of both sides carries the same number of prompts (one fixed order); per side any number of
-    passes. Cost: O(resamples x passes x prompts).
+
+def ratio_interval(baseline: Sequence[LevelResult], speculative: Sequence[LevelResult], *,
+                   level: float = LEVEL) -> RatioInterval:
+    """The throughput ratio speculative / baseline and its ``level`` t interval (the module doc's interval).
+
+    Shapes: every pass of both sides carries the same number of prompts (one fixed order: checked, the ratio is
+    only like for like then); per side at least two passes (``n_b + n_s - 2 >= 1`` degrees of freedom and a spread
+    on each side). Cost: O(passes x prompts).
 
     Raises:
-        ValueError: per-prompt figures missing or mismatched (:func:`pass_table`), or the two sides' prompt counts
-            differ.
+        ValueError: per-prompt figures missing or mismatched (:func:`pass_table`), the two sides' prompt counts
+            differ, fewer than two passes on a side, or a pass with no tokens or no time.
     """
-    bt, bs = pass_table(baseline)
-    st, ss = pass_table(speculative)
+    bt, _ = pass_table(baseline)
+    st, _ = pass_table(speculative)
     if bt.shape[1] != st.shape[1]:
         raise ValueError(f"baseline passes carry {bt.shape[1]} prompts, speculative {st.shape[1]}: the same "
                          "prompts must be sent to both sides")
-    bs_w, ss_w = _widen(bt, bs), _widen(st, ss)
-    rng = np.random.default_rng(seed)
-    n_prompts = bt.shape[1]
-    # multiplicities: how often each prompt / pass is drawn in a replicate (indices drawn with replacement, counted);
-    # Σ over drawn cells = u @ X @ w for pass counts u and prompt counts w
-    def counts(n: int) -> np.ndarray:
-        idx = rng.integers(0, n, (resamples, n)) + n * np.arange(resamples)[:, None]
-        return np.bincount(idx.ravel(), minlength=resamples * n).reshape(resamples, n).astype(float)
-
-    w = counts(n_prompts)
-    ub, us = counts(bt.shape[0]), counts(st.shape[0])
-
-    def rate(u: np.ndarray, tok: np.ndarray, sec: np.ndarray) -> np.ndarray:
-        return ((u @ tok) * w).sum(axis=1) / ((u @ sec) * w).sum(axis=1)
-
-    ratios = rate(us, st, ss_w) / rate(ub, bt, bs_w)
-    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    nb, ns = len(baseline), len(speculative)
+    if min(nb, ns) < 2:
+        raise ValueError(f"the t interval needs at least two passes per side (baseline {nb}, speculative {ns})")
+    if any(p.wall_s <= 0 or p.output_tokens <= 0 for p in (*baseline, *speculative)):
+        raise ValueError("a pass has no output tokens or no wall time: no rate to compare")
+    x, y = _log_rates(baseline), _log_rates(speculative)
+    df = nb + ns - 2
+    sp2 = (float(x.var(ddof=1)) * (nb - 1) + float(y.var(ddof=1)) * (ns - 1)) / df
+    se = math.sqrt(sp2 * (1 / nb + 1 / ns))
+    d = float(y.mean() - x.mean())
+    half = t_quantile((1 + level) / 2, df) * se
     b = pooled(baseline)
     point = pooled(speculative) / b if b else 0.0
-    return RatioInterval(float(point), float(low), float(high), level, resamples, seed, bt.shape[0], st.shape[0],
-                         n_prompts)
+    return RatioInterval(float(point), math.exp(d - half), math.exp(d + half), level, math.exp(d), df, se,
+                         pass_cv(x), pass_cv(y), nb, ns, int(bt.shape[1]))
+
+
+def _phi(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def power(passes: int, cv: float, margin: float, *, true_ratio: float = POWER_RATIO, level: float = LEVEL,
+          speculative_passes: int | None = None) -> float:
+    """Chance that the gate keeps a release whose true speed-up is ``true_ratio``: that the ``level`` interval's
+    lower bound (:func:`ratio_interval`) reaches ``1 + margin``, with ``passes`` baseline passes
+    (``speculative_passes``, default the same, on the other side) at pass CV ``cv`` (a fraction: 0.10 = 10 %).
+    The module doc's integral, over ``χ²_ν`` on 4,000 points (accurate to about 1e-4). ``cv`` 0: 1.0 when the
+    ratio clears the bar, else 0.0.
+
+    Raises:
+        ValueError: fewer than two passes on a side, or a negative ``cv``.
+    """
+    ns = passes if speculative_passes is None else speculative_passes
+    if min(passes, ns) < 2 or cv < 0:
+        raise ValueError(f"power needs at least two passes per side and a CV of 0 or more (passes {passes}/{ns}, "
+                         f"cv {cv})")
+    gap = math.log(true_ratio) - math.log1p(margin)
+    if cv == 0:
+        return 1.0 if gap > 0 else 0.0
+    nu = passes + ns - 2
+    sd = math.sqrt(math.log1p(cv * cv)) * math.sqrt(1 / passes + 1 / ns)  # sd of the log-ratio estimate
+    t = t_quantile((1 + level) / 2, nu)
+    top = nu + 12.0 * math.sqrt(2.0 * nu) + 40.0  # χ²_ν's mass beyond is below 1e-8
+    m = 4000
+    h = top / m
+    logc = -(nu / 2) * math.log(2.0) - math.lgamma(nu / 2)
+    acc = 0.0
+    for i in range(1, m + 1):  # the density is 0 at x = 0 for ν >= 2 (and integrable for ν = 1: midpoints)
+        xv = (i - 0.5) * h
+        dens = math.exp(logc + (nu / 2 - 1) * math.log(xv) - xv / 2)
+        acc += dens * _phi((gap - t * sd * math.sqrt(xv / nu)) / sd)
+    return min(1.0, max(0.0, acc * h))
+
+
+def passes_for_power(cv: float, margin: float, *, target: float = POWER_TARGET, true_ratio: float = POWER_RATIO,
+                     level: float = LEVEL, most: int = 50) -> int | None:
+    """The fewest passes per side (at least :data:`MIN_PASSES`) whose :func:`power` reaches ``target``; None when
+    even ``most`` do not (a margin at or above the speed-up, or a host too noisy for a gate)."""
+    for n in range(MIN_PASSES, most + 1):
+        if power(n, cv, margin, true_ratio=true_ratio, level=level) >= target:
+            return n
+    return None
+
+
+def passes_to_decide(iv: RatioInterval, need: float, *, most: int = 50) -> int | None:
+    """For a straddling interval: the fewest passes per side with which an interval around the same centre, at the
+    same pooled pass spread, would no longer straddle ``need`` (the lower bound above it when the centre is above,
+    the upper bound below it when below); None when ``most`` would not do (the centre within a hair of ``need``).
+    A planning figure, not a promise: the next gate measures a new centre and spread."""
+    gap = abs(math.log(iv.center) - math.log(need))
+    sp = iv.se_log / math.sqrt(1 / iv.baseline_passes + 1 / iv.speculative_passes)
+    for n in range(max(iv.baseline_passes, iv.speculative_passes, MIN_PASSES), most + 1):
+        if t_quantile((1 + iv.level) / 2, 2 * n - 2) * sp * math.sqrt(2 / n) < gap:
+            return n
+    return None
 
 
 def baseline_drift(passes: Sequence[LevelResult], margin: float) -> Drift:
-    """The baseline's first-to-last drift across ``passes`` (in order) and its 90 % t interval; see :class:`Drift`.
+    """The baseline's first-to-last drift across ``passes`` (in order) and its :data:`DRIFT_LEVEL` t interval; see
+    :class:`Drift`.
 
     A least-squares line through ``log(tokens/s)`` of each pass against its index; ``change = exp(slope*(n-1)) - 1``
-    and the interval the same transform of ``slope ± t(0.95; n-2) * se(slope)``. ``limit = |margin| / 2``."""
+    and the interval the same transform of ``slope ± t((1+DRIFT_LEVEL)/2; n-2) * se(slope)``. ``limit = |margin| / 2``.
+    Fewer than :data:`MIN_DRIFT_PASSES` passes: the figures with ``made`` False (see :class:`Drift`)."""
     rates = [p.output_tokens_per_s for p in passes]
     n = len(rates)
     limit = abs(margin) / 2
     if n < 2 or min(rates) <= 0:
-        return Drift(0.0, -math.inf, math.inf, limit, tuple(rates))
+        return Drift(0.0, -math.inf, math.inf, limit, tuple(rates), False)
     x = np.arange(n, dtype=float)
     y = np.log(np.array(rates))
     sxx = float(((x - x.mean()) ** 2).sum())
     slope = float(((x - x.mean()) * (y - y.mean())).sum() / sxx)
     if n < 3:
-        return Drift(math.expm1(slope * (n - 1)), -math.inf, math.inf, limit, tuple(rates))
+        return Drift(math.expm1(slope * (n - 1)), -math.inf, math.inf, limit, tuple(rates), n >= MIN_DRIFT_PASSES)
     resid = y - (y.mean() + slope * (x - x.mean()))
     se = math.sqrt(float((resid ** 2).sum()) / (n - 2) / sxx)
-    t = _T95[min(n - 2, len(_T95)) - 1]
+    t = t_quantile((1 + DRIFT_LEVEL) / 2, n - 2)
     span = n - 1
     return Drift(math.expm1(slope * span), math.expm1((slope - t * se) * span), math.expm1((slope + t * se) * span),
-                 limit, tuple(rates))
+                 limit, tuple(rates), n >= MIN_DRIFT_PASSES)
 
 
 def _ttft(passes: Sequence[LevelResult]) -> float | None:
@@ -280,8 +427,8 @@ def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult]) -> dict[s
 
 def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
            spec: SpecDelta, *, production_concurrency: int, margin: float, acceptance_floor: float | None,
-           ttft_ratio_max: float = math.inf, resamples: int = RESAMPLES, seed: int = SEED,
-           rule: Literal["faster", "not_slower"] = "faster", level: float = LEVEL) -> Decision:
+           ttft_ratio_max: float = math.inf, rule: Literal["faster", "not_slower"] = "faster",
+           level: float = LEVEL) -> Decision:
     """Decide from both releases' passes per concurrency and the speculative side's counter deltas (the module
     doc's rule, in its order).
 
@@ -294,7 +441,6 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         acceptance_floor: least mean acceptance length; None for a change that need not speculate (``release
             --gate``: step 3 is skipped).
         ttft_ratio_max: most speculative / baseline median time to first token.
-        resamples, seed: the bootstrap's.
         rule: ``faster`` (speculate: keep needs the lower bound at ``1 + margin``) or ``not_slower`` (``release
             --gate``: any serving change is kept unless slower beyond the margin: the lower bound at
             ``1 - margin``); the interval, drift and TTFT steps are the same.
@@ -324,14 +470,14 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         "ttft_ratio_max": ttft_ratio_max if math.isfinite(ttft_ratio_max) else None,
         "ttft_ratio": round(ttft_ratio, 4) if ttft_ratio is not None else None,
         "throughput_ratio": levels[str(production_concurrency)]["throughput_ratio"],
-        "passes": {"baseline": len(b), "speculative": len(s)}, "drift": drift.figures(),
+        "passes": {"baseline": len(b), "speculative": len(s)}, "drift": drift.figures(), "design": BLOCK_DESIGN,
         "spec_decode": spec.figures(), "levels": levels}
     # The interval is computed (and reported) whatever rule decides, so that a rollback for acceptance, TTFT or
     # drift still shows how fast the speculative release was; only step 6 decides on it.
     try:
-        iv = ratio_interval(b, s, level=level, resamples=resamples, seed=seed)
+        iv = ratio_interval(b, s, level=level)
         figures["interval"] = iv.figures()
-    except ValueError as e:  # failed requests (no per-prompt seconds): step 2 decides, nothing to resample
+    except ValueError as e:  # failed requests (no per-prompt seconds): step 2 decides, no interval
         iv = None
         figures["interval_unavailable"] = str(e)
     common = {"figures": figures, "drift": drift, "ttft_ratio": ttft_ratio}
@@ -351,11 +497,11 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
                                     "(serving.gate_ttft_ratio_max)", **common)
     if drift.exceeded:
         return Decision("undecided", f"the baseline drifted {drift.change:+.1%} from its first to its last pass "
-                                     f"(90 % interval {drift.low:+.1%} to {drift.high:+.1%}), beyond half the "
-                                     f"margin ({drift.limit:.1%}): the host's speed changed while the gate "
+                                     f"({DRIFT_LEVEL:.0%} interval {drift.low:+.1%} to {drift.high:+.1%}), beyond "
+                                     f"half the margin ({drift.limit:.1%}): the host's speed changed while the gate "
                                      "measured; rolled back", **common)
     if iv is None:
-        iv = ratio_interval(b, s, level=level, resamples=resamples, seed=seed)  # raises the ValueError of above
+        iv = ratio_interval(b, s, level=level)  # raises the ValueError of above
     where = (f"output tokens/s x{iv.point:.3f} of the baseline at concurrency {production_concurrency}, "
              f"{iv.level:.0%} interval x{iv.low:.3f} to x{iv.high:.3f} ({len(b)} + {len(s)} passes x {iv.prompts} "
              "prompts)")
@@ -364,11 +510,18 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         return Decision("keep", f"{where}: lower bound clears x{need:.3f}{tail}", interval=iv, **common)
     if iv.high < need:
         return Decision("rollback", f"{where}: upper bound below x{need:.3f}", interval=iv, **common)
+    leans = "keep" if iv.center >= need else "rollback"
+    more = passes_to_decide(iv, need)
     deciding = {"figure": f"lower bound of the {iv.level:.0%} throughput-ratio interval", "value": round(iv.low, 4),
-                "needs": round(need, 4)}
+                "needs": round(need, 4), "leans": leans, "center": round(iv.center, 4),
+                "passes_to_decide": more}
     figures["deciding"] = deciding
+    lean = (f"the evidence leans {leans} (centre x{iv.center:.3f} {'above' if leans == 'keep' else 'below'} "
+            f"x{need:.3f})")
+    would = (f"about {more} passes per side at this spread would decide it (--passes {more})" if more is not None
+             else "the centre is too close to the bar for any practical number of passes to decide it")
     return Decision("undecided", f"{where} straddles x{need:.3f}: the lower bound x{iv.low:.3f} would have to reach "
-                                 f"x{need:.3f} to keep; more passes (serving.gate_passes) narrow it; rolled back",
+                                 f"x{need:.3f} to keep; {lean}; {would}; rolled back to the release live before",
                     interval=iv, deciding=deciding, **common)
 
 
@@ -410,8 +563,7 @@ def subset_pass(p: LevelResult, idx: Sequence[int]) -> LevelResult:
 
 
 def set_tables(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
-               sets: Mapping[str, Sequence[int]], *, production_concurrency: int, resamples: int = RESAMPLES,
-               seed: int = SEED) -> dict[str, object]:
+               sets: Mapping[str, Sequence[int]], *, production_concurrency: int) -> dict[str, object]:
     """One table per prompt set (issue 24: e.g. ``chat`` = held-out chat turns, ``code`` = HumanEval's gate split),
     from the same passes the decision used: each set's prompts (``sets``: name -> indices into the prompts' fixed
     order) cut out of every pass with :func:`subset_pass`. Per level: each side's pass-pooled output tokens/s, the
@@ -438,7 +590,7 @@ def set_tables(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mappi
                     "throughput_ratio": round(st / bt, 4) if bt else None,
                     "ttft_ratio": round(ts / tb, 4) if tb and ts is not None else None}
                 if c == production_concurrency and min(len(b), len(s)) >= 2:
-                    row["interval"] = ratio_interval(b, s, resamples=resamples, seed=seed).figures()
+                    row["interval"] = ratio_interval(b, s).figures()
                 levels[str(c)] = row
             out[name] = {"prompts": len(idx), "levels": levels}
         except ValueError as e:

@@ -6,8 +6,8 @@ exactly the same number of tokens for the same prompts. Per request: time to fir
 ``(t_last - t_first) / (n_tokens - 1)`` (a streamed chunk may carry several tokens under speculation, so the
 latency is taken over the whole stream, not per chunk); per level: output tokens/s = Σ output tokens / wall time.
 Per prompt, in the prompts' own (fixed) order whatever the order of completion: output tokens, request seconds
-(sent to last token) and time to first token, which the gate's interval resamples
-(:func:`eagle3ops.gate.decide.ratio_interval`).
+(sent to last token) and time to first token: the gate checks that both sides sent the same prompts and cuts prompt
+sets out of the passes (:func:`eagle3ops.gate.decide.ratio_interval`, :func:`eagle3ops.gate.decide.set_tables`).
 
 Foreign traffic: a monitor thread scrapes ``/metrics`` while the level runs; ``vllm:num_requests_running`` above
 the replay's own in-flight count means someone else's requests shared the server, and the level is marked

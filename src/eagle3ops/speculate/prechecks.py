@@ -46,6 +46,8 @@ class SpeculateOptions:
         acceptance_floor: overrides ``serving.acceptance_floor`` (both the offline-estimate check and the gate).
         max_tokens, prompts, passes: override ``serving.gate_max_tokens`` / ``serving.gate_prompts`` /
             ``serving.gate_passes``.
+        accept_low_power: measure even when the gate's power at x1.30 is below 80 % (:mod:`.power`); also
+            ``serving.gate_accept_low_power``.
         prompts_file: a JSONL file of prompts (:func:`eagle3ops.speculate.prompts.from_jsonl`) replayed instead of
             HumanEval's gate split: all of them, in file order (``prompts`` / ``serving.gate_prompts`` then do not
             apply).
@@ -63,6 +65,7 @@ class SpeculateOptions:
     max_tokens: int | None = None
     prompts: int | None = None
     passes: int | None = None
+    accept_low_power: bool = False
     prompts_file: Path | None = None
     allow_template_mismatch: bool = False
     control: bool = False

@@ -13,8 +13,11 @@ Driver side (nothing on the host changes before the job starts, except a ``--hea
 2. **plan**: the :class:`~eagle3ops.config.plan.SpeculateJob` (the speculative release of the host's serving kind:
    :meth:`eagle3ops.window.kinds.DriverKind.speculative_change`; prompts in a fixed order, levels, passes, margin,
    floor) and the serving restarts with the downtime to expect from this host's recorded restarts
-   (:func:`plan_restarts`), printed, in ``--dry-run`` too. The prompts: HumanEval's gate split, or every prompt of
-   ``--prompts-file`` (:func:`select_gate`; e.g. held-out chat turns rendered with the served chat template).
+   (:func:`plan_restarts`), printed, in ``--dry-run`` too, after the gate's power at x1.30 for the configured passes
+   at this host's recorded pass CV (:mod:`.power`): below 80 % the job is refused before anything is written on the
+   host, naming the passes needed, unless ``--accept-low-power`` (``serving.gate_accept_low_power``). The prompts:
+   HumanEval's gate split, or every prompt of ``--prompts-file`` (:func:`select_gate`; e.g. held-out chat turns
+   rendered with the served chat template).
 3. ``run_window(kind="speculate")``: lock, preflight, plan, supervisor; watched to its result.
 
 Host side (the supervisor): record → baseline (``serving.gate_passes`` passes, at least 3) → the speculative
@@ -66,6 +69,7 @@ from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _li
                                            check_like_for_like, check_offline_floor, check_template,
                                            offline_estimate_for)
 from eagle3ops.speculate.onhost import head_sha256, parse_answer, safetensors_shapes
+from eagle3ops.speculate.power import power_plan
 from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_restart_seconds, restart_plan
 from eagle3ops.window.served_template import ServedTemplateError, read_served_template
 from eagle3ops.transfer.weights import InstalledHead
@@ -204,16 +208,23 @@ def speculative_change(h: Any, head_dir: str, k: int, image: str, draft_tp: int 
     return driver_kind(h).speculative_change(h, head_dir, k, image, draft_tp)
 
 
-def plan_restarts(r: Any, control: bool = False, candidates: int = 0) -> RestartPlan:
-    """The serving restarts of a speculate job on ``r``'s host and the downtime to expect, from the restarts its
-    windows recorded (:mod:`eagle3ops.speculate.restarts`; read-only, runs in ``--dry-run`` too). ``control``: the
-    job switches to a control release first (one more restart on both paths); ``candidates``: several candidates,
-    each one switched to before the winner's confirmation (one more restart each, on both paths)."""
+def window_results(r: Any) -> list[dict[str, Any]]:
+    """Every window result recorded on ``r``'s host (read-only; runs in ``--dry-run`` too)."""
     from eagle3ops.window.common import paths
 
     out = r.run(hc.window_results(paths(r.host)["windows"]), check=False)
+    return parse_results(out.stdout or "")
+
+
+def plan_restarts(r: Any, control: bool = False, candidates: int = 0,
+                  results: list[dict[str, Any]] | None = None) -> RestartPlan:
+    """The serving restarts of a speculate job on ``r``'s host and the downtime to expect, from the restarts its
+    windows recorded (:mod:`eagle3ops.speculate.restarts`; read-only, runs in ``--dry-run`` too). ``control``: the
+    job switches to a control release first (one more restart on both paths); ``candidates``: several candidates,
+    each one switched to before the winner's confirmation (one more restart each, on both paths); ``results``: the
+    host's window results when already read (:func:`window_results`)."""
     extra = (1 if control else 0) + (candidates if candidates > 1 else 0)
-    return restart_plan(recorded_restart_seconds(parse_results(out.stdout or "")),
+    return restart_plan(recorded_restart_seconds(window_results(r) if results is None else results),
                         bound_s=float(r.host.serving.health_timeout_s), keep=1 + extra, rollback=2 + extra)
 
 
@@ -252,6 +263,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     run_dir = f"{h.data_dir}/runs/{opts.run}"
     margin = s.gate_margin if margin_override is None else margin_override
     passes = opts.passes or s.gate_passes
+    accept_low_power = opts.accept_low_power or s.gate_accept_low_power
     if passes < MIN_PASSES:
         raise SpeculateError(f"{h.name}: {passes} gate passes: the decision needs at least {MIN_PASSES} per side")
     floor = s.acceptance_floor if opts.acceptance_floor is None else opts.acceptance_floor
@@ -272,11 +284,20 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                              "speculative release differs from the live one by --speculative-config only, like for "
                              "like already; drop --control")
 
+    # the plan's restarts and the gate's power, from this host's recorded windows (read-only); a gate too weak to
+    # keep a good head is refused here, before anything is written on the host
+    recorded = window_results(r)
+    restarts = plan_restarts(r, control=opts.control, candidates=n_candidates, results=recorded)
+    power = power_plan(recorded, passes=passes, margin=margin, accepted=accept_low_power, candidates=n_candidates)
+    for line in power.lines():
+        echo(f"# {line}" if r.dry_run else line)
+    if (refused := power.refusal(h.name)) is not None:
+        raise SpeculateError(refused)
+
     # 1. inspect and check (read-only, except a --head upload into data_dir and the results' folder, made here as
     # the SSH user: a bind mount of a missing run dir would make Docker create it as root)
     r.run(hc.mkdir_p(f"{run_dir}/speculate"))
     head_dir, digest = _upload_head(r, opts.head) if opts.head else (f"{run_dir}/train/final", None)
-    restarts = plan_restarts(r, control=opts.control, candidates=n_candidates)
     if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
         if isinstance(opts.head, InstalledHead):  # on the host, not fetched yet in a dry run: nothing to read
             echo(f"# dry run: {opts.head.dir} would be fetched and checked against {h.model_path}")
@@ -342,7 +363,8 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                                "offline_estimate_record": (info.get("estimate") if opts.head else
                                                            (info.get("train_manifest") or {}).get("offline_estimate")),
                                "force": opts.force,
-                               "warnings": warnings, "restarts": restarts.figures(), "like": like}
+                               "warnings": warnings, "restarts": restarts.figures(), "power": power.figures(),
+                               "like": like}
     job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.text for p in gate], margin, floor, max_tokens,
                passes, figures, prompt_sets(gate))
     if r.dry_run:

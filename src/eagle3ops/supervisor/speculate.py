@@ -392,7 +392,7 @@ class SpeculateRun:
                  "verdict": verdict, "reason": reason, "head_sha256": self.job.head_sha256,
                  "attempt_dir": str(self.dir),
                  "figures": {k: result.get(k) for k in (
-                     "throughput_ratio", "interval", "drift", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
+                     "throughput_ratio", "interval", "drift", "design", "power", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
                      "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
                      "production_concurrency", "live_release", "baseline_release", "speculative_release",
                      "control", "control_release", "measured_releases", "sets", "drain", "rule", "change",
