@@ -187,3 +187,24 @@ def test_measured_rates_come_from_a_venv_hosts_shard_window() -> None:
     rates = measured_rates(Reader())
     assert rates is not None and rates.tokens_per_s == 50.0
     assert rates.fixed_s == 14.0 - 8.0 and rates.stage_fixed_s == 10.0 - 8.0
+
+
+@pytest.mark.xfail(strict=True, reason="the stage does not read the scheduler's shard yet")
+def test_a_scheduler_tasks_shard_is_read_from_its_environment_like_shard() -> None:
+    """``render``'s variables (the ranges, their count, the task's index) give the range ``--shard`` would: one
+    resolution for both; a bad or disagreeing value is refused naming the variable."""
+    from eagle3ops.stages.shards import resolve_shard
+
+    env = {"EAGLE3OPS_SHARD_RANGES": "[[0,4],[4,7],[7,10]]", "EAGLE3OPS_SHARD_COUNT": "3",
+           "EAGLE3OPS_SHARD_INDEX": "1"}
+    assert resolve_shard(None, env) == (4, 7) == resolve_shard("4:7", env) == resolve_shard("4:7", {})
+    assert resolve_shard(None, {}) is None
+    for bad, match in ((dict(env, EAGLE3OPS_SHARD_INDEX="3"), "EAGLE3OPS_SHARD_INDEX 3: .* 0..2"),
+                       ({k: v for k, v in env.items() if k != "EAGLE3OPS_SHARD_INDEX"}, "EAGLE3OPS_SHARD_INDEX"),
+                       (dict(env, EAGLE3OPS_SHARD_COUNT="2"), "EAGLE3OPS_SHARD_COUNT 2 .* 3 ranges"),
+                       (dict(env, EAGLE3OPS_SHARD_RANGES="[[0,4],[5,7]]"), "contiguous"),
+                       (dict(env, EAGLE3OPS_SHARD_RANGES="0:4"), "EAGLE3OPS_SHARD_RANGES.*JSON")):
+        with pytest.raises(ValueError, match=match):
+            resolve_shard(None, bad)
+    with pytest.raises(ValueError, match="--shard 0:4 .* EAGLE3OPS_SHARD_INDEX 1 .* 4:7"):
+        resolve_shard("0:4", env)
