@@ -27,7 +27,7 @@ DEPLOYED = {"image": "eagle3ops/pipeline:1a2b3c", "image_id": DIGEST}
 def _input(container: str = "pyxis", hosts=("n1", "n2", "n3")) -> RenderInput:
     image, source = image_by_digest(DEPLOYED)
     return RenderInput("big run", image, source, tuple(shard_ranges(10, list(hosts))), "/srv/data", "/srv/models/k",
-                       8, 8, 29500, container, "ml")
+                       8, 8, 29500, container, "ml", cpus=32, shm="16Gi", claim="e3-data", model_claim="e3-models")
 
 
 def test_image_named_by_digest_from_the_deploy_record() -> None:
@@ -51,11 +51,12 @@ def test_k8s_jobs_are_an_indexed_extract_and_a_train_job_by_digest() -> None:
     c = ex["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == f"eagle3ops/pipeline@{DIGEST}"
     assert c["command"] == ["python3", "-m", "eagle3ops", "stage", "extract", "--run-dir", "/data/runs/big run"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert json.loads(env["EAGLE3OPS_SHARD_RANGES"]) == [[0, 4], [4, 7], [7, 10]] and env["EAGLE3OPS_SHARD_COUNT"] == "3"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
-    vols = {v["name"]: v["hostPath"]["path"] for v in ex["spec"]["template"]["spec"]["volumes"]}
-    assert vols == {"data": "/srv/data", "model": "/srv/models/k"}
+    vols = {v["name"]: v for v in ex["spec"]["template"]["spec"]["volumes"]}
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == "e3-data"
+    assert vols["model"]["persistentVolumeClaim"]["claimName"] == "e3-models"
     assert tr["spec"]["template"]["spec"]["containers"][0]["image"] == f"eagle3ops/pipeline@{DIGEST}"
     _validate_jobs(docs)
     assert "WARNING: the kubelet pulls" in render_k8s(_input())  # an engine image id is not a registry's digest
@@ -106,7 +107,8 @@ def test_the_k8s_validator_is_strict_and_pinned() -> None:
 def test_k8s_jobs_without_gpus_ask_for_none() -> None:
     docs = list(yaml.safe_load_all(render_k8s(RenderInput(**{**_input().__dict__, "gpus": 0}))))
     _validate_jobs(docs)
-    assert all("resources" not in d["spec"]["template"]["spec"]["containers"][0] for d in docs)
+    assert all("nvidia.com/gpu" not in d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+               for d in docs)
 
 
 @pytest.mark.parametrize("container", ["pyxis", "apptainer"])
@@ -144,6 +146,23 @@ def test_render_cli_reads_a_deploy_record(tmp_path) -> None:
                                    "--samples", "5"])
     assert res.exit_code == 0, res.output
     assert "MASTER_PORT=29999" in res.output and "docker://eagle3ops/pipeline@" + DIGEST in res.output
+    assert "#SBATCH --cpus-per-task=128" in res.output  # the inventory's cpus of kimi-01
+    k8s = ["render", "k8s", "r1", "-H", "kimi-01", "-i", str(inv), "--record", str(dep), "--samples", "5"]
+    res = CliRunner().invoke(app, k8s)
+    assert res.exit_code == 2 and "stage_shm_size" in res.output  # a pod's 64 MiB default is not taken
+    raw["hosts"]["kimi-01"]["stage_shm_size"] = "32g"
+    inv.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, k8s)
+    assert res.exit_code == 2 and "hostPath" in res.output
+    res = CliRunner().invoke(app, [*k8s, "--claim", "e3-data"])
+    assert res.exit_code == 2 and "fleet.k8s_model_claim" in res.output  # the model lies outside data_dir
+    raw["fleet"]["k8s_model_claim"] = "kimi-weights"
+    inv.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, [*k8s, "--claim", "e3-data"])
+    assert res.exit_code == 0, res.output
+    shm = next(v for v in list(yaml.safe_load_all(res.output))[0]["spec"]["template"]["spec"]["volumes"]
+               if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
     res = CliRunner().invoke(app, ["render", "nomad", "r1", "-H", "kimi-01", "-i", str(inv), "--record", str(dep),
                                    "--samples", "5"])
     assert res.exit_code == 2
@@ -205,8 +224,8 @@ def test_slurm_runtimes_name_the_image_by_digest_as_each_one_finds_it() -> None:
 def _running(container: str = "pyxis", **over) -> RenderInput:
     """The 3-shard run with what a running render needs from the inventory: 32 CPUs a task, a 16 GiB ``/dev/shm``,
     the claim ``e3-data`` holding ``data_dir`` (the model inside it), 2 training nodes."""
-    base = {**_input(container).__dict__, "cpus": 32, "shm": "16Gi", "claim": "e3-data", "train_nodes": 2,
-            "model_path": "/srv/data/models/k", "stage_timeout_s": 7200.0}
+    base = {**_input(container).__dict__, "model_claim": None, "train_nodes": 2, "model_path": "/srv/data/models/k",
+            "stage_timeout_s": 7200.0}
     return RenderInput(**{**base, **over})
 
 
@@ -214,7 +233,7 @@ def _pod(job: dict) -> dict:
     return job["spec"]["template"]["spec"]
 
 
-@pytest.mark.xfail(strict=True, reason="renders do not run yet: no shard index, shm, CPUs or claim")
+
 def test_k8s_jobs_carry_the_shard_index_shm_cpus_and_a_claim() -> None:
     text = render_k8s(_running())
     docs = list(yaml.safe_load_all(text))
@@ -254,7 +273,7 @@ def test_k8s_jobs_carry_the_shard_index_shm_cpus_and_a_claim() -> None:
     assert "kubectl wait -n ml --for=condition=complete job/eagle3ops-big-run-extract --timeout=7200s" in text
 
 
-@pytest.mark.xfail(strict=True, reason="renders do not run yet: hostPath volumes are rendered across nodes")
+
 def test_k8s_refuses_host_paths_and_a_model_outside_the_claim() -> None:
     with pytest.raises(RenderError, match="hostPath.*fleet.k8s_claim"):
         render_k8s(_running(claim=None))
@@ -266,7 +285,7 @@ def test_k8s_refuses_host_paths_and_a_model_outside_the_claim() -> None:
     assert "subPath" not in _pod(docs[0])["containers"][0]["volumeMounts"][1]
 
 
-@pytest.mark.xfail(strict=True, reason="renders do not run yet: one job, no array, no dependencies, no CPUs")
+
 @pytest.mark.parametrize("container", ["pyxis", "docker"])
 def test_slurm_submits_an_extract_array_then_merge_and_vocab_then_train(container: str) -> None:
     text = render_slurm(_running(container))

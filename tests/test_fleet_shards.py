@@ -1,6 +1,6 @@
 """Issue 29, no host: the shard-aware extract stage's contract (``--shard START:END``, the shard manifest), run through
 the STAND-IN stages of the venv tests (:mod:`eagle3ops_dev.standin_stages`, which share the product's
-:mod:`eagle3ops.stages.shards`), merged by :mod:`eagle3ops.fleet.merge`; and :func:`eagle3ops.fleet.execute.run_plan`'s
+:mod:`eagle3ops.stages.shards`), merged by :mod:`eagle3ops.stages.merge`; and :func:`eagle3ops.fleet.execute.run_plan`'s
 order and bounds with a recording ``run_one`` (no host, real threads)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from eagle3ops.config.inventory import FleetConfig
 from eagle3ops.fleet.execute import merge_run, run_plan
-from eagle3ops.fleet.merge import MergeError, check_merged, merge_manifests
+from eagle3ops.stages.merge import MergeError, check_merged, merge_manifests
 from eagle3ops.fleet.plan import FleetHost, plan_fleet
 from eagle3ops.fleet.shard import shard_ranges
 from eagle3ops.stages.shards import parse_shard, select
@@ -189,7 +189,6 @@ def test_measured_rates_come_from_a_venv_hosts_shard_window() -> None:
     assert rates.fixed_s == 14.0 - 8.0 and rates.stage_fixed_s == 10.0 - 8.0
 
 
-@pytest.mark.xfail(strict=True, reason="the stage does not read the scheduler's shard yet")
 def test_a_scheduler_tasks_shard_is_read_from_its_environment_like_shard() -> None:
     """``render``'s variables (the ranges, their count, the task's index) give the range ``--shard`` would: one
     resolution for both; a bad or disagreeing value is refused naming the variable."""
