@@ -207,3 +207,39 @@ def test_a_scheduler_tasks_shard_is_read_from_its_environment_like_shard() -> No
             resolve_shard(None, bad)
     with pytest.raises(ValueError, match="--shard 0:4 .* EAGLE3OPS_SHARD_INDEX 1 .* 4:7"):
         resolve_shard("0:4", env)
+
+
+def test_stage_merge_joins_a_shared_run_dirs_shards_and_refuses_an_unfinished_one(tmp_path):
+    """A scheduler's run: every task's shard in one run directory; ``stage merge`` (the real stage command, the
+    ranges from render's variables) refuses while a shard is unfinished, then writes the one-host manifest, and
+    leaves an equal one untouched (a train made from it stays current)."""
+    from typer.testing import CliRunner
+
+    from eagle3ops.config.pipeline import load_pipeline_config
+    from eagle3ops.stages.cli import app as stage_app
+    from eagle3ops.stages.manifest import finished
+
+    one = _run_dir(tmp_path, "onehost")
+    assert _stage(one, "extract") == 0
+    whole = json.loads((one / "extract/manifest.json").read_text())
+    run = _run_dir(tmp_path, "shared")
+    shards = shard_ranges(11, ["t0", "t1", "t2"])
+    env = {"EAGLE3OPS_SHARD_RANGES": json.dumps([[s.start, s.end] for s in shards]), "EAGLE3OPS_SHARD_COUNT": "3"}
+    for s in shards[:2]:
+        assert _stage(run, "extract", "--shard", f"{s.start}:{s.end}") == 0
+    merge = ["merge", "--run-dir", str(run)]
+    res = CliRunner().invoke(stage_app, merge, env=env)
+    assert res.exit_code == 2 and "task(s) 2 ([8, 11)" in res.output and "rerun those extract tasks" in res.output
+    assert not (run / "extract/manifest.json").exists()
+    assert _stage(run, "extract", "--shard", f"{shards[2].start}:{shards[2].end}") == 0
+    res = CliRunner().invoke(stage_app, merge, env=env)
+    assert res.exit_code == 0 and "merge: 3 shards, 11 samples" in res.output, res.output
+    merged = json.loads((run / "extract/manifest.json").read_text())
+    assert merged["sample_files"] == whole["sample_files"] and merged["files"] == whole["files"]
+    assert finished(run, "extract", load_pipeline_config(run)) is not None  # what train checks: a finished extract
+    before = (run / "extract/manifest.json").stat().st_mtime_ns
+    res = CliRunner().invoke(stage_app, merge, env=env)
+    assert res.exit_code == 0 and "already holds" in res.output
+    assert (run / "extract/manifest.json").stat().st_mtime_ns == before
+    res = CliRunner().invoke(stage_app, merge, env={})
+    assert res.exit_code == 2 and "EAGLE3OPS_SHARD_RANGES is not set" in res.output

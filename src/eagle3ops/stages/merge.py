@@ -166,7 +166,7 @@ def merge_into_run(run_dir: Path, config: Any, ranges: list[tuple[int, int]], lo
     if missing:
         names = ", ".join(f"{s.rank} ([{s.start}, {s.end}): {manifest_path(run_dir, (s.start, s.end))})"
                           for s in missing)
-        raise StageInputError(f"stage merge: the extract of task(s) {names} has not finished for these inputs; "
+        raise StageInputError(f"the extract of task(s) {names} has not finished for these inputs; "
                               f"rerun those extract tasks (they resume), then merge")
     texts = {s.rank: manifest_path(run_dir, (s.start, s.end)).read_text() for s in shards if s.samples}
     prep = (stage_dir(run_dir, "prepare") / MANIFEST).read_text()
@@ -174,7 +174,7 @@ def merge_into_run(run_dir: Path, config: Any, ranges: list[tuple[int, int]], lo
         merged = merge_manifests(shards, texts)
         check_merged(merged, prep)
     except MergeError as exc:
-        raise StageInputError(f"stage merge: {exc}") from exc
+        raise StageInputError(str(exc)) from exc
     merged = bind_inputs(merged, prep)
     text = json.dumps(merged, indent=2, sort_keys=True) + "\n"
     path = stage_dir(run_dir, "extract") / MANIFEST
