@@ -287,13 +287,13 @@ def test_k8s_refuses_host_paths_and_a_model_outside_the_claim() -> None:
 
 
 @pytest.mark.parametrize("container", ["pyxis", "docker"])
-def test_slurm_submits_an_extract_array_then_merge_and_vocab_then_train(container: str) -> None:
+def test_slurm_submits_an_extract_array_and_vocab_then_merge_and_train(container: str) -> None:
     text = render_slurm(_running(container))
     cp = subprocess.run([shutil.which("bash") or "bash", "-n"], input=text, text=True, capture_output=True)
     assert cp.returncode == 0, cp.stderr
     subs = [ln for ln in text.splitlines() if "$(sbatch " in ln]
     assert [ln.split("=", 1)[0] for ln in subs] == ["EXTRACT", "VOCAB", "TRAIN"]
-    assert "--dependency=afterok:${EXTRACT}" in subs[1] and "--kill-on-invalid-dep=yes" in subs[1]
+    assert "--dependency" not in subs[1]  # vocab reads only prepare's samples: beside extract
     assert "--dependency=afterok:${EXTRACT}:${VOCAB}" in subs[2] and "--kill-on-invalid-dep=yes" in subs[2]
     extract, vocab, train = text.split("$(sbatch ")[1:]
     assert "#SBATCH --array=0-2" in extract and "#SBATCH --cpus-per-task=32" in extract
@@ -301,10 +301,11 @@ def test_slurm_submits_an_extract_array_then_merge_and_vocab_then_train(containe
     assert "export EAGLE3OPS_SHARD_INDEX=$SLURM_ARRAY_TASK_ID" in extract
     assert "export EAGLE3OPS_SHARD_RANGES='[[0,4],[4,7],[7,10]]'" in extract
     # srun (22.05+) does not inherit sbatch's --cpus-per-task: each step asks again
-    assert all("--cpus-per-task=32" in ln for part in (extract, vocab, train)
-               for ln in part.splitlines() if ln.startswith("srun "))
-    assert "stage extract" in extract and "stage merge" in vocab and "stage vocab" in vocab
-    assert vocab.index("stage merge") < vocab.index("stage vocab")
+    steps = [ln for part in (extract, vocab, train) for ln in part.splitlines() if ln.startswith("srun ")]
+    assert len(steps) == 4 and all("--cpus-per-task=32" in ln for ln in steps)
+    assert "stage extract" in extract and "stage vocab" in vocab and "gpu" not in vocab.lower()
+    assert "stage merge" in train and train.index("stage merge") < train.index("torch.distributed.run")
+    assert "export EAGLE3OPS_SHARD_RANGES='[[0,4],[4,7],[7,10]]'" in train  # what merge merges
     assert "#SBATCH --nodes=2" in train and "--nnodes=2 --nproc-per-node=8" in train
     if container == "docker":  # the task's shard index passes into the container by name
         assert ["-e", "EAGLE3OPS_SHARD_INDEX"] == _in_image(extract)[_in_image(extract).index("EAGLE3OPS_SHARD_INDEX") - 1:][:2]

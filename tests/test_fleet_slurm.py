@@ -1,6 +1,6 @@
 """``eagle3ops render slurm``'s submit script runs as written on a real local Slurm (Debian's slurmctld + slurmd 22.05
-with munge; :mod:`eagle3ops_dev.slurmlocal`): two extract tasks each extract their own shard, merge + vocab run after
-both, train after those, and the merged shards equal a one-host extract of the same samples.
+with munge; :mod:`eagle3ops_dev.slurmlocal`): two extract tasks each extract their own shard, vocab beside them, train
+after all (merging the shards first), and the merged shards equal a one-host extract of the same samples.
 
 What runs: the script exactly as rendered, with the ``docker`` runtime (``fleet.slurm_container: docker``): each step
 runs ``docker run`` of the pipeline image, named by its image id, on this machine's build engine. pyxis/enroot and
@@ -9,10 +9,10 @@ are checked by rendering only (``tests/test_fleet_render.py`` and the last asser
 
 The run: the tiny target (``eagle3ops_dev.tinymodel``: a random 4-layer Llama) and stage prepare (16 samples) made
 before the jobs, in one container (what a site does before it submits; prepare's count cuts the shards). The
-cluster's one node (2 CPUs) takes the extract array's two tasks (1 CPU each) at once; each extracts its 8 samples
-with the transformers engine on CPU (the cheapest real engine), into the one run directory (a host directory mounted as
-``/data``, the shared filesystem). Then merge + vocab, then train: torchrun on the one node with 2 processes (gloo on
-CPU, a 2-process FSDP2 job) for 3 steps. The reference: a one-host extract of a copy of the prepared samples, after
+cluster's one node (3 CPUs as configured) takes the extract array's two tasks and vocab (1 CPU each) at once; each
+extract task extracts its 8 samples with the transformers engine on CPU (the cheapest real engine), into the one run
+directory (a host directory mounted as ``/data``, the shared filesystem). Then the train job: stage merge, then
+torchrun on the one node with 2 processes (gloo on CPU, a 2-process FSDP2 job) for 3 steps. The reference: a one-host extract of a copy of the prepared samples, after
 the jobs, in one container that also compares the two runs' files tensor by tensor (``torch.equal``, as the image
 suite's shards-vs-one-host check does).
 """
@@ -62,8 +62,9 @@ print("COMPARE " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    """The local one-node cluster (2 CPUs), stopped after the module."""
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"), cpus=2)
+    """The local one-node cluster (3 CPUs as configured: the two extract tasks and vocab at once), stopped after the
+    module."""
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"), cpus=3)
     try:
         yield cluster.start(timeout_s=120)  # bounded; generous on a loaded 2-core CI machine
     finally:
@@ -136,10 +137,11 @@ def test_rendered_slurm_jobs_extract_a_shard_per_task_merge_to_the_one_host_run_
                                                                                      f"{extract}_{k}.out"]).groups()
                     for k in (0, 1))
     assert shards == [("0", "8"), ("8", "16")], tail
-    ends = max(time.strptime(r["EndTime"], "%Y-%m-%dT%H:%M:%S") for r in tasks)
     (v,) = slurm.records(vocab)
-    assert v["JobState"] == "COMPLETED" and time.strptime(v["StartTime"], "%Y-%m-%dT%H:%M:%S") >= ends
-    assert "merge: 2 shards, 16 samples" in logs[f"eagle3ops-{RUN}-vocab-{vocab}.out"]
+    (t,) = slurm.records(train)
+    ends = max(time.strptime(r["EndTime"], "%Y-%m-%dT%H:%M:%S") for r in [*tasks, v])
+    assert v["JobState"] == "COMPLETED" and time.strptime(t["StartTime"], "%Y-%m-%dT%H:%M:%S") >= ends  # afterok
+    assert "merge: 2 shards, 16 samples" in logs[f"eagle3ops-{RUN}-train-{train}.out"]
     run = data / "runs" / RUN
     for a, b in (("0", "8"), ("8", "16")):
         assert json.loads((run / f"extract/shards/{a}-{b}.json").read_text())["shard"] == {"start": int(a),
@@ -167,8 +169,10 @@ def test_rendered_slurm_jobs_extract_a_shard_per_task_merge_to_the_one_host_run_
     assert manifest["world_size"] == 2 and manifest["distributed"] == "FSDP2 fully_shard, gloo"
     assert manifest["inputs"]["extract"]  # trained on the merged manifest
     assert (train_dir / "final/model.safetensors").is_file()
-    print(f"model+prepare {t_prep:.1f} s; jobs {extract}/{vocab}/{train}: {res.seconds:.1f} s; one-host extract + "
-          f"compare {t_ref:.1f} s")
+    spans = [(f"{r['JobName'].rsplit('-', 1)[1]}{'_' + r['ArrayTaskId'] if 'ArrayTaskId' in r else ''}",
+              r["StartTime"][11:], r["EndTime"][11:]) for j in (extract, vocab, train) for r in slurm.records(j)]
+    print(f"model+prepare {t_prep:.1f} s; jobs {extract}/{vocab}/{train}: {res.seconds:.1f} s "
+          f"({', '.join(f'{n} {a}-{b}' for n, a, b in spans)}); one-host extract + compare {t_ref:.1f} s")
 
     # pyxis and Apptainer, by rendering only (neither runs here): the same image by digest, as each names it.
     for runtime, expect in (("pyxis", f"--container-image={image}"), ("apptainer", f"docker://{image}")):

@@ -9,7 +9,8 @@ KILL after a bound). Clients (``sbatch``, ``sinfo``, the job's own ``srun``/``sc
 through ``SLURM_CONF`` in :attr:`LocalSlurm.env`.
 
 Used by ``tests/test_fleet_slurm.py`` (``eagle3ops render slurm``'s submit script run as written: an extract array of
-two tasks, merge + vocab, train).
+two tasks and vocab, then merge + train). The node's CPUs are the configured count (``SlurmdParameters=
+config_overrides``), so a test may declare more than the machine has.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def slurm_conf(d: Path, *, node: str, cpus: int, ctld_port: int, slurmd_port: in
         "MpiDefault=none",
         "ReturnToService=2",
         "SlurmdTimeout=60",
+        # the node's CPUs as configured, not as counted (a test's job may ask more than the machine's cores)
+        "SlurmdParameters=config_overrides",
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
         "PartitionName=e3 Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         "",

@@ -17,10 +17,10 @@ into the shards): each task extracts its own shard, ``stage merge`` writes the s
   host's ``stage_shm_size`` (the container runtime's default is 64 MiB: too small for NCCL and vLLM's workers); CPU
   requests and limits are the host's ``cpus``.
 - **slurm**: a submit script for the login node: three ``sbatch`` jobs (their scripts on stdin): extract as a job
-  array (``--array=0-N-1``, one node each; ``EAGLE3OPS_SHARD_INDEX=$SLURM_ARRAY_TASK_ID``), merge + vocab with
-  ``--dependency=afterok`` on every array task, train (torchrun with the c10d rendezvous on the first node,
-  ``fleet.rendezvous_port``) after both; ``--kill-on-invalid-dep=yes``, so a failed extract cancels what waits on
-  it. Every job and step asks ``--cpus-per-task`` = the host's ``cpus`` (srun does not inherit sbatch's since Slurm
+  array (``--array=0-N-1``, one node each; ``EAGLE3OPS_SHARD_INDEX=$SLURM_ARRAY_TASK_ID``), vocab beside it (it
+  reads only prepare's samples), train with ``--dependency=afterok`` on every array task and on vocab: ``stage
+  merge`` once, then torchrun with the c10d rendezvous on the first node (``fleet.rendezvous_port``);
+  ``--kill-on-invalid-dep=yes``, so a failed extract or vocab cancels the train that waits on it. Every job and step asks ``--cpus-per-task`` = the host's ``cpus`` (srun does not inherit sbatch's since Slurm
   22.05). The image through pyxis (``srun --container-image``), Apptainer (``apptainer exec docker://...``) or Docker
   (``docker run`` on the node's engine), as the inventory's ``fleet.slurm_container`` says (each runtime's argv:
   :mod:`eagle3ops.commands.slurm`; all three share the host's ``/dev/shm``). Docker names an engine image id as
