@@ -308,4 +308,5 @@ def test_slurm_submits_an_extract_array_and_vocab_then_merge_and_train(container
     assert "export EAGLE3OPS_SHARD_RANGES='[[0,4],[4,7],[7,10]]'" in train  # what merge merges
     assert "#SBATCH --nodes=2" in train and "--nnodes=2 --nproc-per-node=8" in train
     if container == "docker":  # the task's shard index passes into the container by name
-        assert ["-e", "EAGLE3OPS_SHARD_INDEX"] == _in_image(extract)[_in_image(extract).index("EAGLE3OPS_SHARD_INDEX") - 1:][:2]
+        argv = _in_image(extract)
+        assert argv[argv.index("EAGLE3OPS_SHARD_INDEX") - 1] == "-e"

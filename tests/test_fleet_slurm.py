@@ -8,13 +8,14 @@ Apptainer cannot run here: neither is packaged in Debian bookworm (nor is ``sing
 are checked by rendering only (``tests/test_fleet_render.py`` and the last assertions below).
 
 The run: the tiny target (``eagle3ops_dev.tinymodel``: a random 4-layer Llama) and stage prepare (16 samples) made
-before the jobs, in one container (what a site does before it submits; prepare's count cuts the shards). The
-cluster's one node (3 CPUs as configured) takes the extract array's two tasks and vocab (1 CPU each) at once; each
-extract task extracts its 8 samples with the transformers engine on CPU (the cheapest real engine), into the one run
-directory (a host directory mounted as ``/data``, the shared filesystem). Then the train job: stage merge, then
-torchrun on the one node with 2 processes (gloo on CPU, a 2-process FSDP2 job) for 3 steps. The reference: a one-host extract of a copy of the prepared samples, in the
-container that prepared them; the merge is compared with it as the fleet's check does (sample ids, token counts, every
-file's sha256: ``torch.save`` of equal tensors under the same file name writes the same bytes).
+before the jobs, in one container (what a site does before it submits; prepare's count cuts the shards). The cluster's
+one node (3 CPUs as configured) takes the extract array's two tasks and vocab (1 CPU each) at once; each extract task
+extracts its 8 samples with the transformers engine on CPU (the cheapest real engine), into the one run directory (a
+host directory mounted as ``/data``, the shared filesystem). Then the train job: stage merge, then torchrun on the one
+node with 2 processes (gloo on CPU, a 2-process FSDP2 job) for 3 steps. The reference: a one-host extract of a copy of
+the prepared samples, in the container that prepared them; the merge is compared with it as the fleet's check does
+(sample ids, token counts, every file's sha256: ``torch.save`` of equal tensors under the same file name writes the
+same bytes).
 """
 
 from __future__ import annotations

@@ -493,8 +493,8 @@ def render(target: str = typer.Argument(..., metavar="k8s|slurm"),
            samples: int = typer.Option(..., help="Samples of the run (prepare's count): the shards are cut from "
                                        "it."),
            nproc: int = typer.Option(1, help="Training processes per node (torchrun --nproc-per-node)."),
-           train_nodes: int = typer.Option(0, min=0, help="Nodes of the training job (torchrun --nnodes); 0 = one "
-                                           "per host."),
+           train_nodes: int = typer.Option(0, min=0, help="slurm: nodes of the training job (torchrun --nnodes); 0 = "
+                                           "one per host."),
            claim: Optional[str] = typer.Option(None, help="k8s: the PersistentVolumeClaim holding data_dir "
                                                "(default: the inventory's fleet.k8s_claim).")) -> None:
     """Print the run's stages as Kubernetes Jobs (extract: an Indexed Job, one completion per shard; train after

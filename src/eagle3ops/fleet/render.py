@@ -3,7 +3,8 @@
 
 Both run what ``eagle3ops extract HOST...`` runs, from a prepared run (``stage prepare`` done; its sample count cut
 into the shards): each task extracts its own shard, ``stage merge`` writes the shards' manifests as the run's
-``extract/manifest.json`` (refusing any shard not finished), ``stage vocab``, then train after both.
+``extract/manifest.json`` (refusing any shard not finished), ``stage vocab``, and train only after extract and
+vocab.
 
 - **k8s**: two ``batch/v1`` Jobs. Extract: an Indexed Job (``completionMode: Indexed``), one completion per shard;
   each pod's ``EAGLE3OPS_SHARD_INDEX`` is its completion index (the ``batch.kubernetes.io/job-completion-index``
@@ -20,13 +21,14 @@ into the shards): each task extracts its own shard, ``stage merge`` writes the s
   array (``--array=0-N-1``, one node each; ``EAGLE3OPS_SHARD_INDEX=$SLURM_ARRAY_TASK_ID``), vocab beside it (it
   reads only prepare's samples), train with ``--dependency=afterok`` on every array task and on vocab: ``stage
   merge`` once, then torchrun with the c10d rendezvous on the first node (``fleet.rendezvous_port``);
-  ``--kill-on-invalid-dep=yes``, so a failed extract or vocab cancels the train that waits on it. Every job and step asks ``--cpus-per-task`` = the host's ``cpus`` (srun does not inherit sbatch's since Slurm
-  22.05). The image through pyxis (``srun --container-image``), Apptainer (``apptainer exec docker://...``) or Docker
-  (``docker run`` on the node's engine), as the inventory's ``fleet.slurm_container`` says (each runtime's argv:
+  ``--kill-on-invalid-dep=yes``, so a failed extract or vocab cancels the train that waits on it. Every job and
+  step asks ``--cpus-per-task`` = the host's ``cpus`` (srun does not inherit sbatch's since Slurm 22.05). The image
+  through pyxis (``srun --container-image``), Apptainer (``apptainer exec docker://...``) or Docker (``docker run`` on
+  the node's engine), as the inventory's ``fleet.slurm_container`` says (each runtime's argv:
   :mod:`eagle3ops.commands.slurm`; all three share the host's ``/dev/shm``). Docker names an engine image id as
   ``sha256:<hex>`` (Docker resolves ``repository@digest`` only through a registry's manifest digest); pyxis and
-  Apptainer pull from a registry, and the script says so in a warning comment when the record has only the
-  engine's image id.
+  Apptainer pull from a registry, and the script says so in a warning comment when the record has only the engine's
+  image id.
 
 The image is named by digest: ``<repository>@<digest>`` from the host's ``deployed.json`` (``repo_digest`` when the
 record has one, else ``image_id``, the engine's image id: the config digest on Docker's classic store; the comment
@@ -88,8 +90,8 @@ class RenderInput:
     nodes, GPUs per node, training processes per node, the rendezvous port, the Slurm container runtime and the
     Kubernetes namespace; then CPUs per task (each task has its node: vLLM's and torchrun's workers share them),
     the ``/dev/shm`` size as a Kubernetes quantity (:func:`shm_quantity`), the PersistentVolumeClaims of the data
-    and of the model (None: the model lies in the data claim, below ``data_dir``), training nodes (0: one per
-    shard) and the longest a stage may run, in seconds (the extract Job's deadline and the documented wait)."""
+    and of the model (None: the model lies in the data claim, below ``data_dir``), training nodes (Slurm; 0: one
+    per shard) and the longest a stage may run, in seconds (the extract Job's deadline and the documented wait)."""
 
     run: str
     image: str

@@ -1,4 +1,5 @@
-"""``eagle3ops stage <prepare|extract|merge|vocab|train|chunked|probe> --run-dir DIR``: the in-container pipeline stages.
+"""``eagle3ops stage <prepare|extract|merge|vocab|train|chunked|probe> --run-dir DIR``: the in-container pipeline
+stages.
 
 Each command reads ``DIR/pipeline.yaml`` and its inputs' manifests, writes only ``DIR/<stage>/`` and ends with
 ``DIR/<stage>/manifest.json``. Exit status: 0 done, 2 config or input error (message names file and fix),

@@ -12,15 +12,16 @@ these helpers. Pure apart from reading/writing the run directory; stdlib only.
 
 A scheduler's task (``eagle3ops render slurm|k8s``) names its shard through the environment instead of ``--shard``:
 ``EAGLE3OPS_SHARD_RANGES`` (JSON ``[[start, end], ...]``, every task's range, contiguous from 0),
-``EAGLE3OPS_SHARD_COUNT`` (their number) and ``EAGLE3OPS_SHARD_INDEX`` (this task's: Slurm's
-``SLURM_ARRAY_TASK_ID``, Kubernetes' job completion index). :func:`resolve_shard` turns either form into the same
-``(start, end)``, which the stage then runs exactly as a fleet window's ``--shard``. After every task,
-:func:`eagle3ops.stages.merge.merge_into_run` (``stage merge``) writes the shards' manifests as the run's one ``extract/manifest.json``
-the input the train stage reads.
+``EAGLE3OPS_SHARD_COUNT`` (their number) and ``EAGLE3OPS_SHARD_INDEX`` (this task's: Slurm's ``SLURM_ARRAY_TASK_ID``,
+Kubernetes' job completion index). :func:`resolve_shard` turns either form into the same ``(start, end)``, which the
+stage then runs exactly as a fleet window's ``--shard``. After every task,
+:func:`eagle3ops.stages.merge.merge_into_run` (``stage merge``) writes the shards' manifests as the run's one
+``extract/manifest.json``, the input the train stage reads.
 
-Tasks of one run directory on a shared filesystem append to one ``progress.jsonl`` (one ``write`` a line, ``O_APPEND``);
-where the filesystem does not make appends atomic (NFS) a line may be lost or torn: it is skipped on resume and that
-sample extracted again. Each shard's manifest lists its own samples from its own records, so the result is unaffected.
+Tasks of one run directory on a shared filesystem append to one ``progress.jsonl`` (one ``write`` a line,
+``O_APPEND``); where the filesystem does not make appends atomic (NFS) a line may be lost or torn: it is skipped on
+resume and that sample extracted again. Each shard's manifest lists its own samples from its own records, so the
+result is unaffected.
 """
 
 from __future__ import annotations
