@@ -8,7 +8,7 @@ import json
 import pytest
 
 from eagle3ops.config.inventory import FleetConfig, HostConfig
-from eagle3ops.fleet.merge import MergeError, check_merged, merge_manifests
+from eagle3ops.stages.merge import MergeError, check_merged, merge_manifests
 from eagle3ops.fleet.plan import FleetHost, FleetPlanError, HostRates, model_limits, plan_fleet, rates_from, reassign
 from eagle3ops.fleet.shard import Shard, shard_range, shard_ranges
 

@@ -27,7 +27,7 @@ DEPLOYED = {"image": "eagle3ops/pipeline:1a2b3c", "image_id": DIGEST}
 def _input(container: str = "pyxis", hosts=("n1", "n2", "n3")) -> RenderInput:
     image, source = image_by_digest(DEPLOYED)
     return RenderInput("big run", image, source, tuple(shard_ranges(10, list(hosts))), "/srv/data", "/srv/models/k",
-                       8, 8, 29500, container, "ml")
+                       8, 8, 29500, container, "ml", cpus=32, shm="16Gi", claim="e3-data", model_claim="e3-models")
 
 
 def test_image_named_by_digest_from_the_deploy_record() -> None:
@@ -51,11 +51,12 @@ def test_k8s_jobs_are_an_indexed_extract_and_a_train_job_by_digest() -> None:
     c = ex["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == f"eagle3ops/pipeline@{DIGEST}"
     assert c["command"] == ["python3", "-m", "eagle3ops", "stage", "extract", "--run-dir", "/data/runs/big run"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert json.loads(env["EAGLE3OPS_SHARD_RANGES"]) == [[0, 4], [4, 7], [7, 10]] and env["EAGLE3OPS_SHARD_COUNT"] == "3"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
-    vols = {v["name"]: v["hostPath"]["path"] for v in ex["spec"]["template"]["spec"]["volumes"]}
-    assert vols == {"data": "/srv/data", "model": "/srv/models/k"}
+    vols = {v["name"]: v for v in ex["spec"]["template"]["spec"]["volumes"]}
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == "e3-data"
+    assert vols["model"]["persistentVolumeClaim"]["claimName"] == "e3-models"
     assert tr["spec"]["template"]["spec"]["containers"][0]["image"] == f"eagle3ops/pipeline@{DIGEST}"
     _validate_jobs(docs)
     assert "WARNING: the kubelet pulls" in render_k8s(_input())  # an engine image id is not a registry's digest
@@ -106,7 +107,8 @@ def test_the_k8s_validator_is_strict_and_pinned() -> None:
 def test_k8s_jobs_without_gpus_ask_for_none() -> None:
     docs = list(yaml.safe_load_all(render_k8s(RenderInput(**{**_input().__dict__, "gpus": 0}))))
     _validate_jobs(docs)
-    assert all("resources" not in d["spec"]["template"]["spec"]["containers"][0] for d in docs)
+    assert all("nvidia.com/gpu" not in d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+               for d in docs)
 
 
 @pytest.mark.parametrize("container", ["pyxis", "apptainer"])
@@ -144,6 +146,23 @@ def test_render_cli_reads_a_deploy_record(tmp_path) -> None:
                                    "--samples", "5"])
     assert res.exit_code == 0, res.output
     assert "MASTER_PORT=29999" in res.output and "docker://eagle3ops/pipeline@" + DIGEST in res.output
+    assert "#SBATCH --cpus-per-task=128" in res.output  # the inventory's cpus of kimi-01
+    k8s = ["render", "k8s", "r1", "-H", "kimi-01", "-i", str(inv), "--record", str(dep), "--samples", "5"]
+    res = CliRunner().invoke(app, k8s)
+    assert res.exit_code == 2 and "stage_shm_size" in res.output  # a pod's 64 MiB default is not taken
+    raw["hosts"]["kimi-01"]["stage_shm_size"] = "32g"
+    inv.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, k8s)
+    assert res.exit_code == 2 and "hostPath" in res.output
+    res = CliRunner().invoke(app, [*k8s, "--claim", "e3-data"])
+    assert res.exit_code == 2 and "fleet.k8s_model_claim" in res.output  # the model lies outside data_dir
+    raw["fleet"]["k8s_model_claim"] = "kimi-weights"
+    inv.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, [*k8s, "--claim", "e3-data"])
+    assert res.exit_code == 0, res.output
+    shm = next(v for v in list(yaml.safe_load_all(res.output))[0]["spec"]["template"]["spec"]["volumes"]
+               if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
     res = CliRunner().invoke(app, ["render", "nomad", "r1", "-H", "kimi-01", "-i", str(inv), "--record", str(dep),
                                    "--samples", "5"])
     assert res.exit_code == 2
@@ -198,3 +217,96 @@ def test_slurm_runtimes_name_the_image_by_digest_as_each_one_finds_it() -> None:
     assert "io.eagle3ops.job=eagle3ops-big-run" in argv and ["--gpus", "all"] == argv[argv.index("--gpus"):][:2]
     with pytest.raises(RenderError, match="fleet.slurm_container 'podman'"):
         render_slurm(_input("podman"))
+
+
+# --- renders that run: a shard per task, a vocab step, train after both, CPUs, /dev/shm and a shared claim ---------
+
+def _running(container: str = "pyxis", **over) -> RenderInput:
+    """The 3-shard run with what a running render needs from the inventory: 32 CPUs a task, a 16 GiB ``/dev/shm``,
+    the claim ``e3-data`` holding ``data_dir`` (the model inside it), 2 training nodes."""
+    base = {**_input(container).__dict__, "model_claim": None, "train_nodes": 2, "model_path": "/srv/data/models/k",
+            "stage_timeout_s": 7200.0}
+    return RenderInput(**{**base, **over})
+
+
+def _pod(job: dict) -> dict:
+    return job["spec"]["template"]["spec"]
+
+
+
+def test_k8s_jobs_carry_the_shard_index_shm_cpus_and_a_claim() -> None:
+    text = render_k8s(_running())
+    docs = list(yaml.safe_load_all(text))
+    _validate_jobs(docs)
+    ex, tr = docs
+    assert ex["spec"]["completionMode"] == "Indexed" and ex["spec"]["completions"] == 3
+    assert ex["spec"]["activeDeadlineSeconds"] == 7200
+    c = _pod(ex)["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    # each pod's shard: its completion index, read by the stage with the ranges (the same path as --shard)
+    assert env["EAGLE3OPS_SHARD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert json.loads(env["EAGLE3OPS_SHARD_RANGES"]["value"]) == [[0, 4], [4, 7], [7, 10]]
+    assert env["EAGLE3OPS_SHARD_COUNT"]["value"] == "3"
+    for pod in (_pod(ex), _pod(tr)):
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert not any("hostPath" in v for v in vols.values())  # per-node paths: never across nodes
+        assert vols["data"]["persistentVolumeClaim"] == {"claimName": "e3-data"}
+        assert vols["model"]["persistentVolumeClaim"] == {"claimName": "e3-data", "readOnly": True}
+        assert vols["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+        for k in [*pod.get("initContainers", []), *pod["containers"]]:
+            mounts = {m["name"]: m for m in k["volumeMounts"]}
+            assert mounts["shm"]["mountPath"] == "/dev/shm" and mounts["data"]["mountPath"] == "/data"
+            assert mounts["model"] == {"name": "model", "mountPath": "/model", "subPath": "models/k",
+                                       "readOnly": True}
+            assert k["resources"]["requests"]["cpu"] == 32 and k["resources"]["limits"]["cpu"] == 32
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    # train after extract: merge (refuses unfinished shards) and vocab run first, as init containers, in order
+    inits = _pod(tr)["initContainers"]
+    assert [i["name"] for i in inits] == ["merge", "vocab"]
+    assert inits[0]["command"][3:5] == ["stage", "merge"] and inits[1]["command"][3:5] == ["stage", "vocab"]
+    assert {e["name"]: e["value"] for e in inits[0]["env"]}["EAGLE3OPS_SHARD_RANGES"] == "[[0,4],[4,7],[7,10]]"
+    assert _pod(tr)["containers"][0]["command"][3:5] == ["stage", "train"]
+    assert "nvidia.com/gpu" not in inits[0]["resources"]["limits"]  # GPUs only where they are used
+    # the documented order: extract applied, waited for (bounded), then train
+    assert "kubectl apply -f FILE -l io.eagle3ops/stage=extract" in text
+    assert "kubectl wait -n ml --for=condition=complete job/eagle3ops-big-run-extract --timeout=7200s" in text
+
+
+
+def test_k8s_refuses_host_paths_and_a_model_outside_the_claim() -> None:
+    with pytest.raises(RenderError, match="hostPath.*fleet.k8s_claim"):
+        render_k8s(_running(claim=None))
+    with pytest.raises(RenderError, match="model_path /srv/models/k.*fleet.k8s_model_claim"):
+        render_k8s(_running(model_path="/srv/models/k"))
+    docs = list(yaml.safe_load_all(render_k8s(_running(model_path="/srv/models/k", model_claim="e3-models"))))
+    vols = {v["name"]: v for v in _pod(docs[0])["volumes"]}
+    assert vols["model"]["persistentVolumeClaim"] == {"claimName": "e3-models", "readOnly": True}
+    assert "subPath" not in _pod(docs[0])["containers"][0]["volumeMounts"][1]
+
+
+
+@pytest.mark.parametrize("container", ["pyxis", "docker"])
+def test_slurm_submits_an_extract_array_and_vocab_then_merge_and_train(container: str) -> None:
+    text = render_slurm(_running(container))
+    cp = subprocess.run([shutil.which("bash") or "bash", "-n"], input=text, text=True, capture_output=True)
+    assert cp.returncode == 0, cp.stderr
+    subs = [ln for ln in text.splitlines() if "$(sbatch " in ln]
+    assert [ln.split("=", 1)[0] for ln in subs] == ["EXTRACT", "VOCAB", "TRAIN"]
+    assert "--dependency" not in subs[1]  # vocab reads only prepare's samples: beside extract
+    assert "--dependency=afterok:${EXTRACT}:${VOCAB}" in subs[2] and "--kill-on-invalid-dep=yes" in subs[2]
+    extract, vocab, train = text.split("$(sbatch ")[1:]
+    assert "#SBATCH --array=0-2" in extract and "#SBATCH --cpus-per-task=32" in extract
+    assert "#SBATCH --nodes=1" in extract and "#SBATCH --gpus-per-node=8" in extract
+    assert "export EAGLE3OPS_SHARD_INDEX=$SLURM_ARRAY_TASK_ID" in extract
+    assert "export EAGLE3OPS_SHARD_RANGES='[[0,4],[4,7],[7,10]]'" in extract
+    # srun (22.05+) does not inherit sbatch's --cpus-per-task: each step asks again
+    steps = [ln for part in (extract, vocab, train) for ln in part.splitlines() if ln.startswith("srun ")]
+    assert len(steps) == 4 and all("--cpus-per-task=32" in ln for ln in steps)
+    assert "stage extract" in extract and "stage vocab" in vocab and "gpu" not in vocab.lower()
+    assert "stage merge" in train and train.index("stage merge") < train.index("torch.distributed.run")
+    assert "export EAGLE3OPS_SHARD_RANGES='[[0,4],[4,7],[7,10]]'" in train  # what merge merges
+    assert "#SBATCH --nodes=2" in train and "--nnodes=2 --nproc-per-node=8" in train
+    if container == "docker":  # the task's shard index passes into the container by name
+        argv = _in_image(extract)
+        assert argv[argv.index("EAGLE3OPS_SHARD_INDEX") - 1] == "-e"

@@ -1,6 +1,6 @@
 """Issue 29, no host: the shard-aware extract stage's contract (``--shard START:END``, the shard manifest), run through
 the STAND-IN stages of the venv tests (:mod:`eagle3ops_dev.standin_stages`, which share the product's
-:mod:`eagle3ops.stages.shards`), merged by :mod:`eagle3ops.fleet.merge`; and :func:`eagle3ops.fleet.execute.run_plan`'s
+:mod:`eagle3ops.stages.shards`), merged by :mod:`eagle3ops.stages.merge`; and :func:`eagle3ops.fleet.execute.run_plan`'s
 order and bounds with a recording ``run_one`` (no host, real threads)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from eagle3ops.config.inventory import FleetConfig
 from eagle3ops.fleet.execute import merge_run, run_plan
-from eagle3ops.fleet.merge import MergeError, check_merged, merge_manifests
+from eagle3ops.stages.merge import MergeError, check_merged, merge_manifests
 from eagle3ops.fleet.plan import FleetHost, plan_fleet
 from eagle3ops.fleet.shard import shard_ranges
 from eagle3ops.stages.shards import parse_shard, select
@@ -187,3 +187,59 @@ def test_measured_rates_come_from_a_venv_hosts_shard_window() -> None:
     rates = measured_rates(Reader())
     assert rates is not None and rates.tokens_per_s == 50.0
     assert rates.fixed_s == 14.0 - 8.0 and rates.stage_fixed_s == 10.0 - 8.0
+
+
+def test_a_scheduler_tasks_shard_is_read_from_its_environment_like_shard() -> None:
+    """``render``'s variables (the ranges, their count, the task's index) give the range ``--shard`` would: one
+    resolution for both; a bad or disagreeing value is refused naming the variable."""
+    from eagle3ops.stages.shards import resolve_shard
+
+    env = {"EAGLE3OPS_SHARD_RANGES": "[[0,4],[4,7],[7,10]]", "EAGLE3OPS_SHARD_COUNT": "3",
+           "EAGLE3OPS_SHARD_INDEX": "1"}
+    assert resolve_shard(None, env) == (4, 7) == resolve_shard("4:7", env) == resolve_shard("4:7", {})
+    assert resolve_shard(None, {}) is None
+    for bad, match in ((dict(env, EAGLE3OPS_SHARD_INDEX="3"), "EAGLE3OPS_SHARD_INDEX 3: .* 0..2"),
+                       ({k: v for k, v in env.items() if k != "EAGLE3OPS_SHARD_INDEX"}, "EAGLE3OPS_SHARD_INDEX"),
+                       (dict(env, EAGLE3OPS_SHARD_COUNT="2"), "EAGLE3OPS_SHARD_COUNT 2 .* 3 ranges"),
+                       (dict(env, EAGLE3OPS_SHARD_RANGES="[[0,4],[5,7]]"), "contiguous"),
+                       (dict(env, EAGLE3OPS_SHARD_RANGES="0:4"), "EAGLE3OPS_SHARD_RANGES.*JSON")):
+        with pytest.raises(ValueError, match=match):
+            resolve_shard(None, bad)
+    with pytest.raises(ValueError, match="--shard 0:4 .* EAGLE3OPS_SHARD_INDEX 1 .* 4:7"):
+        resolve_shard("0:4", env)
+
+
+def test_stage_merge_joins_a_shared_run_dirs_shards_and_refuses_an_unfinished_one(tmp_path):
+    """A scheduler's run: every task's shard in one run directory; ``stage merge`` (the real stage command, the
+    ranges from render's variables) refuses while a shard is unfinished, then writes the one-host manifest, and
+    leaves an equal one untouched (a train made from it stays current)."""
+    from typer.testing import CliRunner
+
+    from eagle3ops.config.pipeline import load_pipeline_config
+    from eagle3ops.stages.cli import app as stage_app
+    from eagle3ops.stages.manifest import finished
+
+    one = _run_dir(tmp_path, "onehost")
+    assert _stage(one, "extract") == 0
+    whole = json.loads((one / "extract/manifest.json").read_text())
+    run = _run_dir(tmp_path, "shared")
+    shards = shard_ranges(11, ["t0", "t1", "t2"])
+    env = {"EAGLE3OPS_SHARD_RANGES": json.dumps([[s.start, s.end] for s in shards]), "EAGLE3OPS_SHARD_COUNT": "3"}
+    for s in shards[:2]:
+        assert _stage(run, "extract", "--shard", f"{s.start}:{s.end}") == 0
+    merge = ["merge", "--run-dir", str(run)]
+    res = CliRunner().invoke(stage_app, merge, env=env)
+    assert res.exit_code == 2 and "task(s) 2 ([8, 11)" in res.output and "rerun those extract tasks" in res.output
+    assert not (run / "extract/manifest.json").exists()
+    assert _stage(run, "extract", "--shard", f"{shards[2].start}:{shards[2].end}") == 0
+    res = CliRunner().invoke(stage_app, merge, env=env)
+    assert res.exit_code == 0 and "merge: 3 shards, 11 samples" in res.output, res.output
+    merged = json.loads((run / "extract/manifest.json").read_text())
+    assert merged["sample_files"] == whole["sample_files"] and merged["files"] == whole["files"]
+    assert finished(run, "extract", load_pipeline_config(run)) is not None  # what train checks: a finished extract
+    before = (run / "extract/manifest.json").stat().st_mtime_ns
+    res = CliRunner().invoke(stage_app, merge, env=env)
+    assert res.exit_code == 0 and "already holds" in res.output
+    assert (run / "extract/manifest.json").stat().st_mtime_ns == before
+    res = CliRunner().invoke(stage_app, merge, env={})
+    assert res.exit_code == 2 and "EAGLE3OPS_SHARD_RANGES is not set" in res.output

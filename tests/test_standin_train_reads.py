@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from eagle3ops.fleet.merge import bind_inputs, check_merged, merge_manifests
+from eagle3ops.stages.merge import bind_inputs, check_merged, merge_manifests
 from eagle3ops.fleet.shard import Shard
 from eagle3ops_dev import standin_stages
 

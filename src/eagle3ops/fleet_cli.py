@@ -36,7 +36,7 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
     from eagle3ops.config.pipeline import parse_pipeline_config
     from eagle3ops.fleet import driver
     from eagle3ops.fleet.execute import merge_run, run_plan
-    from eagle3ops.fleet.merge import MergeError
+    from eagle3ops.stages.merge import MergeError
     from eagle3ops.fleet.plan import FleetPlanError, render
 
     if offline and not dry_run:
@@ -101,13 +101,13 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     link; then the window) — ``dry_run`` stops here — → under ``host``'s lock: arrivals of an interrupted copy
     verified and placed, each source host's files streamed (:mod:`eagle3ops.transfer.hidden`), verified by sha256 on
     arrival and placed, the rates recorded (``extract/fleet-copy.json``), the merged manifest checked against
-    ``host``'s prepare manifest (:func:`eagle3ops.fleet.merge.check_merged`) and written as ``extract/manifest.json``
+    ``host``'s prepare manifest (:func:`eagle3ops.stages.merge.check_merged`) and written as ``extract/manifest.json``
     → lock released → ``train_window()`` (vocab + train on the union). Exit 1 when the bytes to copy exceed
     ``host``'s free disk (before anything is written), or naming the file and the fix when a shard file is missing
     or arrives corrupted (what arrived whole stays placed); 2 for a manifest that does not hold or ``offline``."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import hidden
-    from eagle3ops.fleet.merge import MergeError, bind_inputs, check_merged
+    from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
     from eagle3ops.transfer import hidden as move
     from eagle3ops.window.common import LockHeld, WindowError
     from eagle3ops.window.lock import acquire_lock, release_lock
@@ -220,7 +220,7 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     from eagle3ops.fleet import nodes as fn
     from eagle3ops.fleet import trial as ft
     from eagle3ops.fleet.driver import deployed_image
-    from eagle3ops.fleet.merge import MergeError, bind_inputs, check_merged
+    from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
     from eagle3ops.stages.shards import manifest_rel
     from eagle3ops.window.common import LockHeld, WindowError
     from eagle3ops.window.lock import acquire_lock, release_lock
@@ -492,11 +492,18 @@ def render(target: str = typer.Argument(..., metavar="k8s|slurm"),
                                                  "instead of reading the first host's."),
            samples: int = typer.Option(..., help="Samples of the run (prepare's count): the shards are cut from "
                                        "it."),
-           nproc: int = typer.Option(1, help="Training processes per node (torchrun --nproc-per-node).")) -> None:
-    """Print the run's stages as Kubernetes Jobs (extract: an Indexed Job, one completion per shard) or a Slurm batch
-    script (srun + torchrun), the pipeline image named by digest."""
+           nproc: int = typer.Option(1, help="Training processes per node (torchrun --nproc-per-node)."),
+           train_nodes: int = typer.Option(0, min=0, help="slurm: nodes of the training job (torchrun --nnodes); 0 = "
+                                           "one per host."),
+           claim: Optional[str] = typer.Option(None, help="k8s: the PersistentVolumeClaim holding data_dir "
+                                               "(default: the inventory's fleet.k8s_claim).")) -> None:
+    """Print the run's stages as Kubernetes Jobs (extract: an Indexed Job, one completion per shard; train after
+    merge and vocab) or a Slurm submit script (an extract array, merge + vocab, train, ordered by afterok), the
+    pipeline image named by digest; CPUs, /dev/shm and the claim from the inventory. Prepare the run first: its
+    sample count is --samples."""
     from eagle3ops.config import ConfigError, load_inventory
-    from eagle3ops.fleet.render import RenderError, RenderInput, image_by_digest, render_k8s, render_slurm
+    from eagle3ops.fleet.render import (RenderError, RenderInput, image_by_digest, render_k8s, render_slurm,
+                                        shm_bytes, shm_quantity)
     from eagle3ops.fleet.shard import shard_ranges
 
     if target not in ("k8s", "slurm"):
@@ -512,9 +519,23 @@ def render(target: str = typer.Argument(..., metavar="k8s|slurm"),
             with common.remote(first) as r:
                 deploy_record = common.deployed_record(r)
         image, source = image_by_digest(deploy_record)
+        nodes = [inv.host(n) for n in hosts]
+        unsized = [h.name for h in nodes if h.cpus is None]
+        if unsized:  # a task must not be left one core: each task has its node, vLLM's and torchrun's workers on it
+            raise RenderError(f"hosts {', '.join(unsized)}: no `cpus` in {inventory}: set each host's cpus (the "
+                              f"cores a task on it may use, e.g. cpus: 64)")
+        unshm = [h.name for h in nodes if h.stage_shm_size is None]
+        if target == "k8s" and unshm:
+            raise RenderError(f"hosts {', '.join(unshm)}: no `stage_shm_size` in {inventory}: a pod's /dev/shm is "
+                              f"64 MiB otherwise, too small for NCCL and vLLM's workers; set it, e.g. 16g")
+        # the smallest host's /dev/shm and CPUs fit a task on any of them
+        shm = min((h.stage_shm_size for h in nodes if h.stage_shm_size), default=None, key=shm_bytes)
         inp = RenderInput(run, image, source, tuple(shard_ranges(samples, hosts)), first.data_dir,
                           first.model_path, first.gpus, nproc, inv.fleet.rendezvous_port, inv.fleet.slurm_container,
-                          inv.fleet.k8s_namespace)
+                          inv.fleet.k8s_namespace, cpus=min(int(h.cpus or 0) for h in nodes),
+                          shm=shm_quantity(shm) if shm else None, claim=claim or inv.fleet.k8s_claim,
+                          model_claim=inv.fleet.k8s_model_claim, train_nodes=train_nodes,
+                          stage_timeout_s=min(h.stage_timeout_s for h in nodes))
         print(render_k8s(inp) if target == "k8s" else render_slurm(inp), end="")
     except (ConfigError, RenderError, ValueError, OSError) as exc:
         common.fail(str(exc), 2)

@@ -8,7 +8,9 @@ directory given; every wait is bounded; :meth:`LocalSlurm.stop` ends exactly the
 KILL after a bound). Clients (``sbatch``, ``sinfo``, the job's own ``srun``/``scontrol``) find the cluster
 through ``SLURM_CONF`` in :attr:`LocalSlurm.env`.
 
-Used by ``tests/test_fleet_slurm.py`` (``eagle3ops render slurm`` run as a 2-task job).
+Used by ``tests/test_fleet_slurm.py`` (``eagle3ops render slurm``'s submit script run as written: an extract array of
+two tasks and vocab, then merge + train). The node's CPUs are the configured count (``SlurmdParameters=
+config_overrides``), so a test may declare more than the machine has.
 """
 
 from __future__ import annotations
@@ -116,6 +118,8 @@ def slurm_conf(d: Path, *, node: str, cpus: int, ctld_port: int, slurmd_port: in
         "MpiDefault=none",
         "ReturnToService=2",
         "SlurmdTimeout=60",
+        # the node's CPUs as configured, not as counted (a test's job may ask more than the machine's cores)
+        "SlurmdParameters=config_overrides",
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
         "PartitionName=e3 Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         "",
@@ -217,9 +221,7 @@ class LocalSlurm:
                          f"{self.root / 'slurmctld.log'} and {self.root / 'slurmd.log'}")
 
     def sbatch(self, script: Path, *, nodes: int, ntasks_per_node: int, chdir: Path, timeout_s: float) -> JobResult:
-        """Submit ``script`` and wait for its end, at most ``timeout_s`` (then the job is cancelled), polling its
-        state every 0.5 s (``sbatch --wait``'s own poll backs off to tens of seconds: measured, a job of 11 s took
-        42 s to be reported).
+        """Submit ``script`` and wait for its end, at most ``timeout_s`` (:meth:`wait`).
 
         Raises:
             SlurmError: the submission failed, or the job did not end in time (cancelled; its output file is in
@@ -230,7 +232,23 @@ class LocalSlurm:
                             env=self.env, capture_output=True, text=True, timeout=30)
         if cp.returncode != 0:
             raise SlurmError(f"sbatch {script} failed ({cp.returncode}): {cp.stderr.strip()}")
-        job = cp.stdout.strip().split(";")[0]
+        return self.wait(cp.stdout.strip().split(";")[0], timeout_s=timeout_s, since=t0, where=chdir)
+
+    def records(self, job: str) -> list[dict[str, str]]:
+        """``scontrol show job -o JOB``'s records as fields (one per array task for an array job; kept by
+        slurmctld for ``MinJobAge``, 300 s, after the job ends)."""
+        out = subprocess.run(job_state_argv(job), env=self.env, capture_output=True, text=True, timeout=10).stdout
+        return [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in out.splitlines() if line.strip()]
+
+    def wait(self, job: str, *, timeout_s: float, since: float | None = None, where: Path | None = None) -> JobResult:
+        """Wait for ``job``'s end, at most ``timeout_s`` from ``since`` (``time.monotonic()``; default now), then
+        cancel it; poll its state every 0.5 s (``sbatch --wait``'s own poll backs off to tens of seconds: measured,
+        a job of 11 s took 42 s to be reported).
+
+        Raises:
+            SlurmError: the job did not end in time (cancelled; its output is in ``where``).
+        """
+        t0 = time.monotonic() if since is None else since
         record = ""
         while time.monotonic() - t0 < timeout_s:
             try:  # as in start(): a late answer is asked again, within the deadline
@@ -244,8 +262,8 @@ class LocalSlurm:
                 return JobResult(job, rc, time.monotonic() - t0, fields["JobState"])
             time.sleep(0.5)
         subprocess.run(scancel_argv(job), env=self.env, capture_output=True, timeout=10)
-        raise SlurmError(f"job {job} of {script} still running after {timeout_s:.0f} s ({record.strip()[:200]}): "
-                         f"cancelled; see its output in {chdir} and {self.root / 'slurmd.log'}")
+        raise SlurmError(f"job {job} still running after {timeout_s:.0f} s ({record.strip()[:200]}): cancelled; see "
+                         f"its output in {where or 'its working directory'} and {self.root / 'slurmd.log'}")
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """End the started daemons, newest first: TERM, then KILL whatever is left after ``timeout_s``."""

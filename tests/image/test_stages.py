@@ -450,7 +450,7 @@ def test_extract_shards_on_three_run_dirs_merge_to_the_one_host_run(tmp_path, mo
     """Issue 29: ``--shard`` ranges extracted in three run directories (three hosts' data dirs) give, merged, the
     same samples, token ids and hidden states as one whole run; a shard rerun is a no-op, a shard past the prepared
     samples is refused."""
-    from eagle3ops.fleet.merge import check_merged, merge_manifests
+    from eagle3ops.stages.merge import check_merged, merge_manifests
     from eagle3ops.fleet.shard import shard_ranges
     from eagle3ops.stages.shards import finished_shard, manifest_path
 

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 RUNTIMES = ("pyxis", "apptainer", "docker")
 
 #: Variables a ``docker`` task passes into its container by name (``-e NAME``: the value is the task's): the shard
-#: plan, Slurm's task identity and the rendezvous address.
-TASK_ENV = ("EAGLE3OPS_SHARD_COUNT", "EAGLE3OPS_SHARD_RANGES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS",
-            "SLURM_NODEID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")
+#: plan and the task's shard index, Slurm's task identity and the rendezvous address.
+TASK_ENV = ("EAGLE3OPS_SHARD_COUNT", "EAGLE3OPS_SHARD_RANGES", "EAGLE3OPS_SHARD_INDEX", "SLURM_JOB_ID",
+            "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODEID",
+            "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")
 
 
 def enroot_reference(image: str) -> str:

@@ -22,6 +22,7 @@ from pydantic import Field, field_validator, model_validator
 
 from eagle3ops.config.base import ConfigError, StrictModel, read_yaml, require_mapping, validate
 from eagle3ops.config.enginevalues import Bind, ContainerName, EnvName, EnvValue, SecretEnvName, container_name, host_path
+from eagle3ops.config.fleet import FleetConfig
 
 DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
 SECTION = "inventory"
@@ -366,6 +367,8 @@ class HostConfig(StrictModel):
         None, description="Docker endpoint on the host, e.g. `unix:///run/user/1000/docker.sock`; default socket."
     )
     gpus: int = Field(0, ge=0, description="GPUs on the host; 0 = CPU only (the sandbox).")
+    cpus: int | None = Field(None, ge=1, description="CPU cores a scheduler task on the host may use (`render slurm`'s "
+                             "--cpus-per-task, `render k8s`'s cpu requests and limits); required by `render`.")
     data_dir: str = Field(..., description="Directory on the host for models, datasets and run outputs.")
     state_dir: str = Field(
         ..., description="Directory on the host for eagle3ops state: lock, journal, releases, audit log."
@@ -477,30 +480,6 @@ class HostConfig(StrictModel):
         if value is not None and value.startswith("unix://"):
             host_path(value.removeprefix("unix://"))  # the socket is bind-mounted into the supervisor
         return value
-
-
-class FleetConfig(StrictModel):
-    """How a run over several hosts (`eagle3ops extract HOST...`, `eagle3ops render`) uses them."""
-
-    max_down_per_model: int | None = Field(
-        None, ge=1, description="Most hosts serving one model (`serving.served_model_name`) whose windows may keep "
-        "serving down at once. Default: one fewer than the inventory's hosts serving that model (never all of "
-        "them); a model with a single serving host goes down alone, as in a one-host window.")
-    split_windows: bool = Field(
-        True, description="A window whose estimated downtime (from the host's measured rates) is over its "
-        "`maintenance_budget_s` is split into consecutive windows over smaller sample ranges; `false` refuses the "
-        "plan instead. Either way before anything stops.")
-    rendezvous_port: int = Field(29500, ge=1, le=65535, description="TCP port of torchrun's c10d rendezvous on the "
-                                 "first host (multi-node training, the cross-node preflight trial, `render slurm`).")
-    rendezvous_host: str | None = Field(None, description="Address of the first node as the others reach it (multi-"
-                                        "node `train HOST HOST...`; torchrun's --master-addr). Default: its `hostname`.")
-    trial_timeout_s: float = Field(60.0, gt=0, description="Seconds the cross-node trial (one gloo all-reduce) waits.")
-    slurm_container: Literal["pyxis", "apptainer", "docker"] = Field(
-        "pyxis", description="How `render slurm` runs the pipeline image: `pyxis` (`srun --container-image`, "
-        "enroot), `apptainer` (`apptainer exec docker://IMAGE@DIGEST`; both pull by deployed.json's `repo_digest`) "
-        "or `docker` (`docker run` of the image id on each node's engine; Slurm's cgroups do not confine it).")
-    k8s_namespace: str = Field("default", description="Namespace of the Jobs `eagle3ops render k8s` writes.")
-    link_mb_per_s: float | None = Field(None, gt=0, description="Link MB/s of unmeasured `--from-fleet` copies (12.5).")
 
 
 class Inventory(StrictModel):

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3ops.fleet.merge import MergeError, bind_inputs, check_merged, merge_manifests
+from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged, merge_manifests
 from eagle3ops.fleet.plan import FleetPlan, Window
 from eagle3ops.fleet.shard import Shard
 from eagle3ops.stages.shards import manifest_rel
@@ -150,8 +150,8 @@ def merge_run(plan: FleetPlan, read_text: Callable[[str, str], str | None], data
     ``read_text(host, path)``), checked against ``train_host``'s prepare manifest and naming it as its input.
 
     Raises:
-        MergeError: a shard manifest missing or inconsistent (:func:`eagle3ops.fleet.merge.merge_manifests`), or the
-            merge not covering the prepared samples of ``train_host`` (:func:`eagle3ops.fleet.merge.check_merged`).
+        MergeError: a shard manifest missing or inconsistent (:func:`eagle3ops.stages.merge.merge_manifests`), or the
+            merge not covering the prepared samples of ``train_host`` (:func:`eagle3ops.stages.merge.check_merged`).
     """
     windows = sorted(plan.windows, key=lambda w: w.start)
     parts = [Shard(i, w.host, w.start, w.end) for i, w in enumerate(windows)]

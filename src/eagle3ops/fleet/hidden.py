@@ -1,7 +1,7 @@
 """Which hidden-state files move to the training host of a fleet run, from where, and how long that takes (pure):
 the plan of ``eagle3ops train HOST --from-fleet MERGED`` (issue 29).
 
-A merged extract manifest (:func:`eagle3ops.fleet.merge.merge_manifests`) lists every sample's file (``sample_files``:
+A merged extract manifest (:func:`eagle3ops.stages.merge.merge_manifests`) lists every sample's file (``sample_files``:
 ``{i, file, tokens}``; ``files``: ``{file: {bytes, sha256}}``) and where each shard was extracted (``fleet.shards``:
 ``{rank, host, start, end}``). :func:`files_by_host` says which files live on which host; :func:`plan_move` compares
 them with what the training host already holds (``present``: ``{file: sha256}`` read there) and returns a

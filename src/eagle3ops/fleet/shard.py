@@ -15,27 +15,9 @@ plan, so the same command gives the same shards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from eagle3ops.stages.shards import Shard
 
-
-@dataclass(frozen=True)
-class Shard:
-    """Samples ``[start, end)`` of ``prepare/samples.jsonl`` (global indices ``i``), extracted by ``host``; ``rank`` is
-    the host's position on the command line."""
-
-    rank: int
-    host: str
-    start: int
-    end: int
-
-    @property
-    def samples(self) -> int:
-        """Number of samples in the shard (``end - start``; 0 when the fleet has more hosts than samples)."""
-        return self.end - self.start
-
-    def as_dict(self) -> dict[str, object]:
-        """The shard as recorded in the fleet plan (JSON)."""
-        return {"rank": self.rank, "host": self.host, "start": self.start, "end": self.end}
+__all__ = ["Shard", "shard_range", "shard_ranges", "split_range"]
 
 
 def shard_range(n: int, world_size: int, rank: int) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""``eagle3ops stage <prepare|extract|vocab|train|chunked|probe> --run-dir DIR``: the in-container pipeline stages.
+"""``eagle3ops stage <prepare|extract|merge|vocab|train|chunked|probe> --run-dir DIR``: the in-container pipeline
+stages.
 
 Each command reads ``DIR/pipeline.yaml`` and its inputs' manifests, writes only ``DIR/<stage>/`` and ends with
 ``DIR/<stage>/manifest.json``. Exit status: 0 done, 2 config or input error (message names file and fix),
@@ -70,6 +71,10 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
             from eagle3ops.stages.extract import run_extract
 
             run_extract(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
+        elif stage == "merge":
+            from eagle3ops.stages.merge import merge_into_run
+
+            merge_into_run(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
         elif stage == "vocab":
             from eagle3ops.stages.vocab import run_vocab
 
@@ -112,17 +117,36 @@ def extract(
     run_dir: RunDir,
     restart: Annotated[bool, typer.Option(help="Delete earlier extract output instead of resuming it.")] = False,
     shard: Annotated[str | None, typer.Option(help="START:END: only samples [START, END) (a fleet run's shard); "
-                                              "its manifest is extract/shards/START-END.json.")] = None,
+                                              "its manifest is extract/shards/START-END.json. A scheduler's task "
+                                              "gives it as EAGLE3OPS_SHARD_RANGES/_COUNT/_INDEX instead (eagle3ops "
+                                              "render).")] = None,
 ) -> None:
     """Hidden states of the target (3 aux layers + last layer) with speculators' VllmHiddenStatesGenerator."""
-    from eagle3ops.stages.shards import parse_shard
+    from eagle3ops.stages.shards import resolve_shard
 
-    try:
-        rng = parse_shard(shard) if shard is not None else None
+    try:  # --shard or the scheduler task's variables: one range, one code path from here on
+        rng = resolve_shard(shard, os.environ)
     except ValueError as exc:
         print(f"error: stage extract: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from exc
     _run("extract", run_dir, restart=restart, shard=rng)
+
+
+@app.command()
+def merge(run_dir: RunDir) -> None:
+    """The shards of a scheduler's run (EAGLE3OPS_SHARD_RANGES/_COUNT, as `eagle3ops render` sets them) merged into
+    extract/manifest.json, checked against prepare's samples: what train reads. Refuses shards not finished."""
+    from eagle3ops.stages.shards import ranges_from_env
+
+    try:
+        ranges = ranges_from_env(os.environ)
+        if ranges is None:
+            raise ValueError("EAGLE3OPS_SHARD_RANGES is not set: stage merge merges the shards `eagle3ops render` "
+                             "names in it (with EAGLE3OPS_SHARD_COUNT)")
+    except ValueError as exc:
+        print(f"error: stage merge: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from exc
+    _run("merge", run_dir, ranges=ranges)
 
 
 @app.command()

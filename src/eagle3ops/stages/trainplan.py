@@ -3,7 +3,7 @@
 Every rank computes the whole plan — all ranks' batches for an epoch — from the extract manifest alone, so the
 ranks agree on the step count without talking, and a test can compare runs of different layouts without training.
 
-**Units.** A fleet run's merged extract manifest (:func:`eagle3ops.fleet.merge.merge_manifests`) records its
+**Units.** A fleet run's merged extract manifest (:func:`eagle3ops.stages.merge.merge_manifests`) records its
 shards (``fleet.shards``: contiguous ``[start, end)`` sample ranges, each extracted on one host). With ``world``
 ranks and ``S`` shards where ``world % S == 0``, shard ``s`` (by start) is a *unit* trained by the ``world // S``
 ranks ``s * world // S ...``: under a multi-node launch node ``n`` runs exactly those ranks, so each rank reads

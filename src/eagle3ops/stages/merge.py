@@ -1,4 +1,5 @@
-"""Per-host extract manifests → one run manifest, and the check made before training trusts it (pure).
+"""Per-host extract manifests → one run manifest, and the check made before training trusts it (pure, but for
+:func:`merge_into_run`, ``stage merge``, which reads and writes one run directory).
 
 Each shard of a fleet run (:mod:`eagle3ops.fleet.shard`) ends with its host's ``extract/manifest.json`` (the stage's
 own, :mod:`eagle3ops.stages.extract`): ``sample_files`` (``{i, file, tokens}`` per sample, ``i`` the global index of
@@ -13,15 +14,21 @@ Shards of a fleet run (``--shard``, :mod:`eagle3ops.stages.shards`) each prepare
 manifests differ by ``created``, so such shards are compared on ``prepare_files`` (the content digests of the prepared
 samples) instead of ``inputs``; :func:`check_merged` then checks those digests against the training host's prepare
 manifest, and :func:`bind_inputs` names that manifest in the merged one's ``inputs`` (what training checks).
+
+A scheduler's run (``eagle3ops render slurm|k8s``) has every task's shard in one run directory on a shared filesystem;
+``stage merge`` (:func:`merge_into_run`) merges them the same way into that directory's ``extract/manifest.json``.
+Here with the in-image stages (below the fleet), so the stage and the fleet's driver share one merge.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
-from eagle3ops.fleet.shard import Shard
+from eagle3ops.stages.manifest import MANIFEST, StageInputError, atomic_write_text, stage_dir
+from eagle3ops.stages.shards import Shard, finished_shard, manifest_path
 
 #: Fields every shard's manifest must share with the others (the same target, settings, inputs and layout).
 SHARED = ("config_digest", "inputs", "dtype", "hidden_size", "num_layers", "aux_layer_ids", "layer_ids",
@@ -141,3 +148,39 @@ def bind_inputs(merged: dict[str, Any], prepare_manifest_text: str) -> dict[str,
     """The merged manifest with ``inputs.prepare`` naming ``prepare_manifest_text`` (the sha256 of the training host's
     prepare manifest, as a one-host extract manifest names its own), after :func:`check_merged` passed for it."""
     return {**merged, "inputs": {"prepare": hashlib.sha256(prepare_manifest_text.encode()).hexdigest()}}
+
+
+def merge_into_run(run_dir: Path, config: Any, ranges: list[tuple[int, int]], log: Any = print) -> dict[str, Any]:
+    """``stage merge``: every range's shard manifest (each finished for the run's current inputs) merged into the
+    run's ``extract/manifest.json`` (:func:`merge_manifests`), checked against the run's
+    prepare manifest (``check_merged``) and naming it as its input (``bind_inputs``): the train stage then reads the
+    run as a one-host extract. The text is deterministic (no time in it); an equal manifest already on disk is left
+    untouched, so a train made from it stays current. Returns the merged manifest.
+
+    Raises:
+        StageInputError: a shard not finished (names its ranges and the fix: rerun those tasks), or the merge
+            refused by :func:`merge_manifests` or :func:`check_merged` (their message).
+    """
+    shards = [Shard(k, f"task {k}", a, b) for k, (a, b) in enumerate(ranges)]
+    missing = [s for s in shards if s.samples and finished_shard(run_dir, config, (s.start, s.end)) is None]
+    if missing:
+        names = ", ".join(f"{s.rank} ([{s.start}, {s.end}): {manifest_path(run_dir, (s.start, s.end))})"
+                          for s in missing)
+        raise StageInputError(f"the extract of task(s) {names} has not finished for these inputs; "
+                              f"rerun those extract tasks (they resume), then merge")
+    texts = {s.rank: manifest_path(run_dir, (s.start, s.end)).read_text() for s in shards if s.samples}
+    prep = (stage_dir(run_dir, "prepare") / MANIFEST).read_text()
+    try:
+        merged = merge_manifests(shards, texts)
+        check_merged(merged, prep)
+    except MergeError as exc:
+        raise StageInputError(str(exc)) from exc
+    merged = bind_inputs(merged, prep)
+    text = json.dumps(merged, indent=2, sort_keys=True) + "\n"
+    path = stage_dir(run_dir, "extract") / MANIFEST
+    if path.is_file() and path.read_text() == text:
+        log(f"merge: {path} already holds these {len(shards)} shards ({merged['samples']} samples)")
+    else:
+        atomic_write_text(path, text)
+        log(f"merge: {len(shards)} shards, {merged['samples']} samples, {merged['tokens']} tokens -> {path}")
+    return merged
