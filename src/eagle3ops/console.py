@@ -18,8 +18,11 @@ err = Console(stderr=True)
 
 def print_event(ev: dict[str, Any]) -> None:
     """One journal event of a window (``{"t", "step", "event", ...}``) as a coloured line: time, step, event,
-    the remaining fields as ``key=value``."""
+    the remaining fields as ``key=value``; event ``say`` prints its ``message`` alone."""
     step, event = ev.get("step"), ev.get("event")
+    if event == "say":  # a sentence the driver says before anything stops (``rollback``'s target and why)
+        err.print(f"[bold]{ev.get('message', '')}[/bold]")
+        return
     color = {"ok": "green", "error": "red", "warn": "yellow", "start": "cyan", "done": "bold"}.get(event, "white")
     extra = {k: v for k, v in ev.items() if k not in ("t", "epoch", "step", "event")}
     err.print(f"[{color}]{ev.get('t', '')[11:19]} {step:<12} {event:<6}[/{color}] "
