@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["err", "print_event", "speculate_result", "summary"]
@@ -21,7 +22,7 @@ def print_event(ev: dict[str, Any]) -> None:
     the remaining fields as ``key=value``; event ``say`` prints its ``message`` alone."""
     step, event = ev.get("step"), ev.get("event")
     if event == "say":  # a sentence the driver says before anything stops (``rollback``'s target and why)
-        err.print(f"[bold]{ev.get('message', '')}[/bold]")
+        err.print(f"[bold]{escape(str(ev.get('message', '')))}[/bold]", soft_wrap=True)  # one line: scripts read it
         return
     color = {"ok": "green", "error": "red", "warn": "yellow", "start": "cyan", "done": "bold"}.get(event, "white")
     extra = {k: v for k, v in ev.items() if k not in ("t", "epoch", "step", "event")}

@@ -151,8 +151,8 @@ def candidates(kind: str, current: int | None, entries: list[dict[str, Any]], ke
 
     - a window (``extract``/``train``: kind ``window``) restarts the live container; if that fails its gate it
       rolls back to up to :data:`ROLLBACK_TRIES` previously live releases (``fallbacks_from(current)``);
-    - ``rollback`` creates its target (``to_release``, else the release live before the current one), then falls
-      back like a failed release;
+    - ``rollback`` creates its target (:func:`rollback_target`: ``to_release``, else the release production kept
+      live before the current one), then falls back like a failed release;
     - ``release`` creates the live container plus the change (checked by preflight's own image and flag checks),
       then falls back to the releases live before it (the current one first).
     """
