@@ -11,8 +11,8 @@ Each run, in order, through the CLI (the user's commands):
    attempt folder) gives the verdict, the passes, the throughput ratio at the deciding level and its interval;
 2. ``eagle3ops rollback HOST --dry-run``: the release a plain rollback would bring back, as the CLI names it before
    anything stops (a gate's changed release, kept or rejected, must not be the target after a rejection);
-3. when the change was kept: ``eagle3ops rollback HOST --to ORIGINAL``, so that every run measures the same
-   release against the same no-op change (the restore is recorded, not measured).
+3. when the change was kept: ``eagle3ops rollback HOST --to ORIGINAL`` (the first gate's baseline release), so that
+   every run measures the same release against the same no-op change (the restore is recorded, not measured).
 
 The target is the gate's design: its two-sided 90 % interval excludes 1.0 in about 1 run in 10 when nothing
 changed (5 % each side). The JSON (``--json``, default ``benchmarks/gate-aa-smollm2.json``) holds every run's
@@ -118,6 +118,7 @@ def one_run(i: int, h: Any, inventory: Path, noop: str, original: int | None) ->
     if not run["kept"] and run.get("changed_release") is not None:  # the rejected change is never the target
         run["rollback_default"]["skips_the_rejected_change"] = run["rollback_default"]["target"] != run[
             "changed_release"]
+    original = original if original is not None else run.get("baseline_release")
     if run["kept"] and original is not None:  # the next run measures the same release again
         rrc, rwall, rtail = rg._cli(inventory, "rollback", h.name, "--to", str(original), timeout=1800)
         run["restore"] = {"command": f"eagle3ops rollback {h.name} --to {original}", "exit": rrc, "wall_s": rwall,
@@ -137,18 +138,18 @@ def main() -> int:
     if a.runs < 1:
         ap.error("--runs must be at least 1")
 
-    from eagle3ops import executor
     from eagle3ops.config import load_inventory
-    from eagle3ops.window.common import current_release
 
     h = load_inventory(a.inventory).host(a.host)
     t0 = time.monotonic()
     prov = {} if a.no_provision else provision(h)
-    with executor.for_host(h) as r:
-        original = current_release(r)
+    # what the first gate measured as live (its record step may adopt a container this state dir never recorded:
+    # the tests' inventory shares it), restored after every keep
+    original: int | None = None
     runs = []
     for i in range(1, a.runs + 1):
         run = one_run(i, h, a.inventory, a.noop, original)
+        original = original if original is not None else run.get("baseline_release")
         runs.append(run)
         print(json.dumps({k: run.get(k) for k in ("run", "exit", "verdict", "passes", "throughput_ratio", "interval",
                                                   "interval_excludes_1", "rollback_default", "wall_s")}), flush=True)
