@@ -140,8 +140,8 @@ def rollback_target(entries: list[dict[str, Any]], kept: set[int], current: int 
     if current is not None and newest.get(current, (KEPT,))[0] != KEPT:
         over += f"; release {current}, serving now, is {describe(entries, current)}"
     if target is None:
-        return None, (f"no release that production kept live before release {current} is retained{over}; "
-                      "name one with --to N")
+        return None, (f"no release that was live before release {current} and kept by production is "
+                      f"retained{over}; name one with --to N")
     return target, f"the release production kept live before release {current}{over}"
 
 

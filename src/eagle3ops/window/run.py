@@ -142,12 +142,15 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     acquire_lock(r, window_id, command, message)
     decision, on_host_text, template, engine = None, None, None, None
     try:
-        rollback_to: tuple[int | None, str] | None = None
         if kind == "rollback":  # the target named first, before any check or stop (dry run too)
-            rollback_to = rollback_plan(r, to_release)
-            if on_event and rollback_to[0] is not None:
-                on_event({"step": "rollback", "event": "say",
-                          "message": f"rolling back to release {rollback_to[0]} ({rollback_to[1]})"})
+            target, why = rollback_plan(r, to_release)
+            if on_event:
+                on_event({"step": "rollback", "event": "say", "message": f"rolling back to release {target} ({why})"
+                          if target is not None else f"rollback: {why}"})
+            # the plan names the release printed: the supervisor brings back that one (a process host's supervisor
+            # records an unrecorded live process first, which would move its own default); with none, the
+            # supervisor refuses before it stops anything
+            to_release = target if target is not None else to_release
         if kind in st.WINDOWS:
             # the engine first: a host without one fails preflight in one line, before the served template or the
             # run's state is read from it (issue 28: no engine, no surprise)
@@ -172,8 +175,6 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             check_release_flags(r, pf, change.args)
         if pf.serving_container and not (decision is not None and decision.nothing_to_do):
             check_fallbacks(r, pf, kind="window" if kind in st.WINDOWS else kind, to_release=to_release)
-        if rollback_to is not None and rollback_to[0] is None:
-            pf.add("rollback target", False, rollback_to[1])
         if template is not None:
             pf.add("chat template", template.error is None, template.error or template.detail)
         if decision is not None:
