@@ -46,8 +46,8 @@ import release_gate as rg  # noqa: E402  (the CPU line, the CLI runner and the g
 
 #: The most runs in ten whose interval may exclude 1.0 (the gate's two-sided 90 % interval: 1 in 10 by design).
 TARGET_PER_10 = 1
-#: What the CLI says first on ``rollback`` (:func:`eagle3ops.window.run.run_window`).
-TARGET_LINE = re.compile(r"rolling back to release (\d+) \((.*)\)")
+#: What the CLI says first on ``rollback`` (:func:`eagle3ops.window.run.run_window`): the target and why, or why none.
+TARGET_LINE = re.compile(r"^(?:rolling back to release (\d+) \((.*)\)|rollback: (.*))$", re.M)
 
 #: The sandbox's hold, open until the script exits.
 _HELD: list[Any] = []
@@ -111,9 +111,12 @@ def one_run(i: int, h: Any, inventory: Path, noop: str, original: int | None) ->
                    result_file=fig.get("result_file"))
     if rc not in (0, 3) or "error" in fig:
         run["output_tail"] = tail
-    drc, _, dtail = rg._cli(inventory, "rollback", h.name, "--dry-run", timeout=600)
+    dry = subprocess.run([str(REPO / ".venv/bin/eagle3ops"), "rollback", h.name, "--dry-run", "--inventory",
+                          str(inventory)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    drc, dtail = dry.returncode, dry.stderr  # the line is the first on stderr (the plan's commands are on stdout)
     m = TARGET_LINE.search(dtail)
-    run["rollback_default"] = {"exit": drc, "target": int(m.group(1)) if m else None, "why": m.group(2) if m else None,
+    run["rollback_default"] = {"exit": drc, "target": int(m.group(1)) if m and m.group(1) else None,
+                               "why": (m.group(2) or m.group(3)) if m else None,
                                **({} if m else {"output_tail": dtail[-600:]})}
     if not run["kept"] and run.get("changed_release") is not None:  # the rejected change is never the target
         run["rollback_default"]["skips_the_rejected_change"] = run["rollback_default"]["target"] != run[
