@@ -169,7 +169,11 @@ def main() -> int:
            "gate_settings": {"passes": s.gate_passes, "prompts": s.gate_prompts, "max_tokens": s.gate_max_tokens,
                              "warmup_prompts": s.gate_warmup_prompts, "concurrency": s.gate_concurrency,
                              "deciding_level": (s.gate_concurrency or [1])[0], "margin": s.gate_margin,
-                             "rule": "not_slower: kept unless the 90 % interval's upper bound is below 1 - margin",
+                             "ttft_ratio_max": s.gate_ttft_ratio_max,
+                             "rule": "not_slower: kept when the 90 % interval's lower bound reaches 1 - margin, "
+                                     "rolled back when its upper bound is below it, else undecided (rolled back); "
+                                     "rolled back too when the median time to first token exceeds ttft_ratio_max "
+                                     "x the baseline's",
                              "interval": "two-sided 90 %: excludes 1.0 in 1 run in 10 when nothing changed"},
            "noop_change": a.noop, "original_release": original, "provision": prov,
            "runs": runs, "runs_count": len(runs), "runs_with_interval": len(decided),
