@@ -30,7 +30,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
-        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head clean-sandbox
+        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head bench-gate-aa clean-sandbox
 
 setup:
 	bash scripts/setup.sh
@@ -100,6 +100,13 @@ patch-check: setup
 
 bench-rebuild: base
 	$(PY) benchmarks/rebuild --base-image $(LOCAL_BASE) --profile $(PROFILE)
+
+# An A/A benchmark of `release --gate` (a no-op flag, gated RUNS times at deploy/sandbox-smollm2.yaml's settings on
+# real SmolLM2): how often the gate's interval excludes 1.0 and how often the no-op change is kept. Holds the sandbox
+# ~3-4 minutes a run.
+RUNS ?= 10
+bench-gate-aa: setup
+	$(PY) benchmarks/gate_aa.py --runs $(RUNS) --json benchmarks/gate-aa-smollm2.json
 
 bench-push: setup
 	$(PY) benchmarks/push.py --repeat 3 --json benchmarks/push-medians.json

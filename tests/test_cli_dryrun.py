@@ -53,6 +53,20 @@ def dry_env(sandbox_host, tmp_path):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _seed_releases(state: Path, history: list[dict], current: int) -> None:
+    """Release records as the supervisor writes them (process records: nothing to check in the image store), owned
+    by the SSH user."""
+    rdir = state / "releases"
+    rdir.mkdir()
+    for n in sorted({e["release"] for e in history}):
+        (rdir / f"{n:04d}.json").write_text(json.dumps({"release": n, "process": {"argv": ["vllm", "serve"]}}))
+    (rdir / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in history))
+    (rdir / "current").write_text(f"{current}\n")
+    pw = pwd.getpwnam("e3ops")
+    for p in (rdir, *rdir.iterdir()):
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+
+
 def _tree(d: Path) -> list[tuple]:
     """Every path under ``d`` (and ``d`` itself) with mode, size and mtime: any write shows up."""
     out = []
@@ -78,10 +92,13 @@ def _mounts(docker_host: str, cid: str) -> str:
     ["extract", "sandbox"],
     ["train", "sandbox"],
     ["release", "sandbox", "--arg", "--max-num-seqs=4"],
-    ["rollback", "sandbox", "--to", "1"],
+    ["rollback", "sandbox"],
 ], ids=["extract", "train", "release", "rollback"])
 def test_dry_run_prints_the_plan_and_changes_nothing(dry_env, args):
     inv, state, data, docker_host = dry_env
+    if args[0] == "rollback":  # release 3 was live only while a gate measured it, and rejected: never the target
+        _seed_releases(state, [{"release": 1}, {"release": 2}, {"release": 3, "measured": True},
+                               {"release": 3, "gate": "rollback", "why": "x0.81"}, {"release": 2}], current=2)
     before_state, before_data = _tree(state), _tree(data)
     before_ctr = _containers(docker_host)
     cp = subprocess.run([str(CLI), *args, "--inventory", str(inv), "--dry-run"], cwd=REPO, capture_output=True,
@@ -92,6 +109,11 @@ def test_dry_run_prints_the_plan_and_changes_nothing(dry_env, args):
     assert "preflight would fail" in cp.stderr and "is not on the host" in cp.stderr, cp.stderr
     lines = cp.stdout.splitlines()
     assert "# then, on the host, the supervisor (docker SDK) does the equivalent of:" in lines
+    if args[0] == "rollback":  # the target and why, named before any check (and so before any stop)
+        err = cp.stderr.splitlines()
+        said = ("rolling back to release 1 (the release production kept live before release 2; passed over: 3 "
+                "(rejected by a gate (rollback: x0.81)))")
+        assert said in err and err.index(said) < min(i for i, ln in enumerate(err) if "preflight" in ln), cp.stderr
 
     def index(pattern: str) -> int:
         hits = [i for i, ln in enumerate(lines) if re.fullmatch(pattern, ln)]

@@ -151,6 +151,15 @@ def test_the_supervisor_keeps_a_faster_flag_change_and_rolls_back_a_slower_one(g
     assert argv[argv.index("--token-ms") + 1] == (token_ms if verdict == "keep" else "25")
     assert stored["live_release"] == (stored["speculative_release"] if verdict == "keep"
                                       else stored["baseline_release"])
+    # a plain rollback afterwards never brings back the rejected change (it was live only while measured)
+    from eagle3ops.supervisor.releases import Releases
+
+    rels = Releases(Path(sup.plan.state_dir))
+    target, why = rels.rollback_target(rels.current())
+    if verdict == "keep":
+        assert target == stored["baseline_release"], why
+    else:
+        assert target is None and f"passed over: {stored['speculative_release']} (rejected by a gate" in why, why
     rel = stored["measured_releases"]
     assert "--token-ms" in rel["baseline"]["argv"] and KEY not in json.dumps(stored)
     audit = [json.loads(x) for x in (Path(sup.plan.state_dir) / "audit.jsonl").read_text().splitlines()]

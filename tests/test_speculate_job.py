@@ -116,8 +116,9 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     from eagle3ops.supervisor.releases import Releases
 
     old = Releases(Path(sup.plan.state_dir))
-    old.set_current(old.add_process({"argv": ["/usr/bin/python3", "/elsewhere/old_server.py"], "environ": [],
-                                     "cwd": "/", "uid": "0"}, "older-window"))
+    old_n = old.add_process({"argv": ["/usr/bin/python3", "/elsewhere/old_server.py"], "environ": [], "cwd": "/",
+                             "uid": "0"}, "older-window")
+    old.set_current(old_n)
     lock = Path(sup.plan.state_dir) / "lock"
     lock.mkdir()
     (lock / "details.json").write_text(json.dumps({"window_id": sup.plan.window_id}))
@@ -148,6 +149,13 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     assert stored["live_release"] == (stored["speculative_release"] if verdict == "keep"
                                       else stored["baseline_release"])
     assert len(res["restarts_s"]) == (1 if verdict == "keep" else 2) and all(s > 0 for s in res["restarts_s"])
+    # a plain rollback afterwards: after a keep, the release live before it; after a rollback (or undecided), the
+    # release production kept before the recorded one: the speculative release, measured only, is passed over
+    target, why = old.rollback_target(old.current())
+    if verdict == "keep":
+        assert target == stored["baseline_release"], why
+    else:
+        assert target == old_n and f"passed over: {stored['speculative_release']} (" in why, why
     audit = [json.loads(x) for x in (Path(sup.plan.state_dir) / "audit.jsonl").read_text().splitlines()]
     assert audit[-1]["kind"] == "speculate" and audit[-1]["verdict"] == verdict
     assert audit[-1]["figures"]["spec_decode"]["drafts"] > 0 and KEY not in json.dumps(audit)
@@ -369,6 +377,16 @@ def test_the_job_measures_every_candidate_and_confirms_the_best(job_world, speed
         assert len(res["restarts_s"]) == len(cands) + 1  # each candidate, then back to the recorded process
     audit = json.loads((Path(sup.plan.state_dir) / "audit.jsonl").read_text().splitlines()[-1])
     assert audit["figures"]["candidates"]["winner"] == winner
+    # candidates never become live; the confirmed one counts only when kept: a plain rollback afterwards returns to
+    # the release live before the job when it was kept, and else finds nothing production kept before that one
+    from eagle3ops.supervisor.releases import Releases
+
+    rels = Releases(Path(sup.plan.state_dir))
+    target, why = rels.rollback_target(rels.current())
+    if attempt["verdict"] == "keep":
+        assert target == attempt["baseline_release"] and target != attempt["speculative_release"], why
+    else:
+        assert target is None and why.endswith("name one with --to N"), why
 
 
 def test_the_candidate_with_the_highest_lower_bound_is_chosen():

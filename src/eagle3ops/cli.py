@@ -204,9 +204,12 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
 @app.command()
 def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
              to: Optional[int] = typer.Option(
-                 None, "--to", help="Release number (default: the release that was live before the current one).")
+                 None, "--to", help="Release number: any retained release, one a gate rejected included (named as "
+                                    "such). Default: the release production kept live before the current one.")
              ) -> None:
-    """Bring back a retained serving release (default: the one live before the current one), health-gated."""
+    """Bring back a retained serving release, health-gated. Default: the release production kept live before the
+    current one, passing over releases a gate rejected or that were live only while a gate measured them; the
+    target and why are printed before anything stops."""
     h = common.load_host(inventory, host)
     _window("rollback", h, dry_run, to_release=to)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from eagle3ops import redact
@@ -20,10 +21,13 @@ err = Console(stderr=True)
 
 def print_event(ev: dict[str, Any]) -> None:
     """One journal event of a window (``{"t", "step", "event", ...}``) as a coloured line: time, step, event,
-    the remaining fields as ``key=value``; secrets masked (:func:`eagle3ops.redact.value`: a journal written by an
-    older version may hold them)."""
+    the remaining fields as ``key=value``; event ``say`` prints its ``message`` alone; secrets masked
+    (:func:`eagle3ops.redact.value`: a journal written by an older version may hold them)."""
     ev = redact.value(ev)
     step, event = ev.get("step"), ev.get("event")
+    if event == "say":  # a sentence the driver says before anything stops (``rollback``'s target and why)
+        err.print(f"[bold]{escape(str(ev.get('message', '')))}[/bold]", soft_wrap=True)  # one line: scripts read it
+        return
     color = {"ok": "green", "error": "red", "warn": "yellow", "start": "cyan", "done": "bold"}.get(event, "white")
     extra = {k: v for k, v in ev.items() if k not in ("t", "epoch", "step", "event")}
     err.print(f"[{color}]{ev.get('t', '')[11:19]} {step:<12} {event:<6}[/{color}] "

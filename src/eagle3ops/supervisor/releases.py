@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.commands.serving import RELEASE_LABEL
-from eagle3ops.config.fallbacks import fallbacks_from
+from eagle3ops.config.fallbacks import fallbacks_from, is_live_entry, rollback_target
 from eagle3ops.supervisor.journal import _now
 
 
@@ -31,9 +31,11 @@ class Releases:
     """Retained serving releases under ``<state_dir>/releases``; pruning never removes one listed here.
 
     Files: ``NNNN.json`` per release (the whole container configuration), ``current`` (the live release) and
-    ``history.jsonl`` (one line per release that became live, oldest first). A release that failed its health gate
-    never becomes live, so it never enters the history: rollback targets come from the history, not from the
-    numbering, and a broken newer-numbered release is never picked by an automatic rollback.
+    ``history.jsonl`` (one line per release that became live, oldest first, plus failure marks and gates' verdicts:
+    :func:`eagle3ops.config.fallbacks.dispositions`). A release that failed its health gate never becomes live, so
+    it never enters the history: rollback targets come from the history, not from the numbering, and a broken
+    newer-numbered release is never picked by an automatic rollback; nor is one that a gate rejected or that was
+    live only while a gate measured it.
     """
 
     def __init__(self, state_dir: Path):
@@ -101,9 +103,12 @@ class Releases:
         write_private(self.dir / f"{n:04d}.json", json.dumps(rec, indent=2))
         return n
 
-    def set_current(self, n: int) -> None:
-        """Mark release ``n`` as live (it passed its health gate, or it was already serving) and log it."""
-        self._append({"release": n, "t": _now()})
+    def set_current(self, n: int, measured: bool = False) -> None:
+        """Mark release ``n`` as live (it passed its health gate, or it was already serving) and log it.
+
+        ``measured``: n serves only so that a gate measures it (a speculate job's or ``release --gate``'s switch);
+        until :meth:`mark_gate` records a ``keep`` verdict, no rollback picks it."""
+        self._append({"release": n, "t": _now(), **({"measured": True} if measured else {})})
         tmp = self.dir / "current.tmp"
         tmp.write_text(f"{n}\n")
         tmp.replace(self.dir / "current")  # atomic: a crash leaves the old or the new number, never half
@@ -135,11 +140,18 @@ class Releases:
         """
         self._append({"release": n, "t": _now(), "failed": why})
 
+    def mark_gate(self, n: int, verdict: str, why: str) -> None:
+        """Record a gate's verdict on release ``n``, which it measured while live (:meth:`set_current` with
+        ``measured``): ``keep`` makes it kept; ``rollback`` (rejected) and any other verdict keep every later
+        rollback from picking it (:func:`eagle3ops.config.fallbacks.dispositions`). Written where the gate decides,
+        before the return to the release live before."""
+        self._append({"release": n, "t": _now(), "gate": verdict, "why": why[-300:]})
+
     def is_marked_failed(self, n: int) -> bool:
-        """True when release ``n``'s newest history entry says it failed a health gate."""
+        """True when release ``n``'s newest history entry (a gate's verdict aside) says it failed a health gate."""
         newest = None
         for e in self._entries():
-            if e["release"] == n:
+            if e["release"] == n and "gate" not in e:
                 newest = e
         return bool(newest and newest.get("failed"))
 
@@ -175,7 +187,7 @@ class Releases:
         Hosts whose state predates the history file get one reconstructed from the numbering: every retained
         release up to the current one. Lines cut by a crash are skipped.
         """
-        return [e["release"] for e in self._entries() if not e.get("failed")]
+        return [e["release"] for e in self._entries() if is_live_entry(e)]
 
     def fallbacks(self, failed: int | None) -> list[int]:
         """Rollback candidates after release ``failed`` did not pass its gate: previously live releases, most
@@ -183,3 +195,8 @@ class Releases:
         newest history entry says they failed a gate (:func:`eagle3ops.config.fallbacks.fallbacks_from`, the rule
         the driver's preflight checks the same candidates with)."""
         return fallbacks_from(self._entries(), set(self.numbers()), failed)
+
+    def rollback_target(self, current: int | None) -> tuple[int | None, str]:
+        """A plain ``rollback``'s target and why (:func:`eagle3ops.config.fallbacks.rollback_target`, the rule the
+        driver printed before the stop): the release production kept live before ``current``."""
+        return rollback_target(self._entries(), set(self.numbers()), current)

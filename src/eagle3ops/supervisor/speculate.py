@@ -25,7 +25,9 @@ dead supervisor, which resumes from the journal and the attempt folder's files):
    (:func:`eagle3ops.gate.like.unlike`: another image or vLLM version, other flags) are ``undecided``, with the
    figure that would have decided;
 6. **keep**, or **rollback**: the kind's ``return_to`` the release live before (health-gated, earlier live releases
-   tried when it fails); a failed measurement rolls back too.
+   tried when it fails); a failed measurement rolls back too. The verdict is written to the release history first
+   (:meth:`~eagle3ops.supervisor.releases.Releases.mark_gate`): the speculative release became live only as
+   measured, and a later ``rollback`` passes over it unless the gate kept it.
 
 ``release --gate`` (:mod:`eagle3ops.speculate.gated`) is the same job with ``rule="not_slower"``: no head, no
 acceptance floor, no like-for-like check (its change is what is measured), results under ``<state_dir>/gates/``, audit
@@ -343,6 +345,8 @@ class SpeculateRun:
                 except Exception as exc:  # noqa: BLE001 - a failed measurement or decision rolls back
                     verdict, reason = "error", f"measuring the speculative release failed: {type(exc).__name__}: {exc}"
                     journal.log("decide", "error", reason=reason[-800:])
+                if spec_release is not None and kind.keeps_release():  # before the return: a rollback after
+                    sup.releases.mark_gate(spec_release, verdict, reason)    # it never brings back what failed
                 if verdict == "keep":
                     journal.log("keep", "ok", release=spec_release)
                 else:

@@ -401,6 +401,42 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
     return pf
 
 
+def read_releases(r: Remote) -> tuple[set[int], int | None, list[dict[str, Any]]] | None:
+    """The host's release records (read-only): ``(retained release numbers, the current one or None, the history
+    entries oldest first)``; None when no release was recorded yet. Hosts whose state predates the history file get
+    the numbering up to the current one (as :meth:`eagle3ops.supervisor.releases.Releases.history` does)."""
+    from eagle3ops.config import fallbacks as fb
+
+    rdir = f"{r.host.state_dir}/releases"
+    listing = r.run(hc.ls(rdir), check=False)
+    if not listing.ok:
+        return None
+    kept = {int(n[:-5]) for n in listing.stdout.split() if n.endswith(".json") and n[:-5].isdigit()}
+    cur = r.run(hc.cat_if_exists(f"{rdir}/current"), check=False).stdout.strip()
+    current = int(cur) if cur.isdigit() else None
+    history = fb.history_entries(r.run(hc.cat_if_exists(f"{rdir}/history.jsonl"), check=False).stdout)
+    if not history and current is not None:  # older state: the history is the numbering up to the current one
+        history = [{"release": n} for n in sorted(kept) if n <= current]
+    return kept, current, history
+
+
+def rollback_plan(r: Remote, to_release: int | None) -> tuple[int | None, str]:
+    """What ``rollback`` will bring back and why (:func:`eagle3ops.config.fallbacks.rollback_target` over the host's
+    release records, the rule the supervisor switches by), read before anything stops; ``(None, why)`` when there
+    is no target (no release recorded, or none kept before the current one), ``why`` naming the fix."""
+    from eagle3ops.config import fallbacks as fb
+
+    state = read_releases(r)
+    if state is None:
+        return None, (f"no release is recorded under {r.host.state_dir}/releases: a window or release records the "
+                      "live serving first")
+    kept, current, history = state
+    target, why = fb.rollback_target(history, kept, current, to_release)
+    if target is not None and target not in kept:
+        return None, f"release {target} is not retained (retained: {', '.join(map(str, sorted(kept))) or 'none'})"
+    return target, why
+
+
 def check_fallbacks(r: Remote, pf: Preflight, *, kind: str, to_release: int | None = None) -> None:
     """Before the stop (and in ``--dry-run``): every retained release a plan of ``kind`` (``window``, ``release``,
     ``rollback``) may create (:func:`eagle3ops.config.fallbacks.candidates`: the rollback target, the previously live
@@ -412,15 +448,10 @@ def check_fallbacks(r: Remote, pf: Preflight, *, kind: str, to_release: int | No
 
     h = r.host
     rdir = f"{h.state_dir}/releases"
-    listing = r.run(hc.ls(rdir), check=False)
-    if not listing.ok:
+    state = read_releases(r)
+    if state is None:
         return  # no release recorded yet: the first window records the live container
-    kept = {int(n[:-5]) for n in listing.stdout.split() if n.endswith(".json") and n[:-5].isdigit()}
-    cur = r.run(hc.cat_if_exists(f"{rdir}/current"), check=False).stdout.strip()
-    current = int(cur) if cur.isdigit() else None
-    history = fb.history_entries(r.run(hc.cat_if_exists(f"{rdir}/history.jsonl"), check=False).stdout)
-    if not history and current is not None:  # older state: the history is the numbering up to the current one
-        history = [{"release": n} for n in sorted(kept) if n <= current]
+    kept, current, history = state
     problems, checked, unread = [], [], []
     for n, why in fb.candidates(kind, current, history, kept, to_release):
         text = r.run(hc.cat_if_exists(f"{rdir}/{n:04d}.json"), check=False).stdout

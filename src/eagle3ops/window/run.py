@@ -25,7 +25,7 @@ from eagle3ops.window.gpucheck import estimate_gpu_memory
 from eagle3ops.window.kinds import driver_kind, require_serving
 from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
 from eagle3ops.window.preflight import (Preflight, ask_engine, check_fallbacks, engine_status, estimate_disk,
-                                        preflight, read_run_state)
+                                        preflight, read_run_state, rollback_plan)
 from eagle3ops.window.served_template import SERVED_FILE, ServedTemplate, ServedTemplateError, read_served_template, \
     resolve_config
 from eagle3ops.window.arch import refuse_foreign_image
@@ -151,6 +151,15 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     acquire_lock(r, window_id, command, message)
     decision, on_host_text, template, engine = None, None, None, None
     try:
+        if kind == "rollback":  # the target named first, before any check or stop (dry run too)
+            target, why = rollback_plan(r, to_release)
+            if on_event:
+                on_event({"step": "rollback", "event": "say", "message": f"rolling back to release {target} ({why})"
+                          if target is not None else f"rollback: {why}"})
+            # the plan names the release printed: the supervisor brings back that one (a process host's supervisor
+            # records an unrecorded live process first, which would move its own default); with none, the
+            # supervisor refuses before it stops anything
+            to_release = target if target is not None else to_release
         if kind in st.WINDOWS:
             # the engine first: a host without one fails preflight in one line, before the served template or the
             # run's state is read from it (issue 28: no engine, no surprise)

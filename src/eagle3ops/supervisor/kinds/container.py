@@ -249,7 +249,8 @@ class ContainerServing(ServingKind):
 
     def switch(self, step: str = "switch", change: ReleaseChange | None = None, live: bool = True) -> str:
         """Swap the serving container for the target release, health-gated. A ``rollback`` plan without
-        ``to_release`` targets the release that was live before the current one (:meth:`Releases.fallbacks`); a
+        ``to_release`` targets the release production kept live before the current one
+        (:meth:`Releases.rollback_target`: releases a gate rejected or only measured are passed over); a
         resumed supervisor keeps the target its journal names and never adds a second new release.
 
         ``step``, ``change``, ``live``: a speculate job's control release (issue 24, like for like) switches under
@@ -279,11 +280,9 @@ class ContainerServing(ServingKind):
             target = self.plan.to_release
             releases.get(target)  # raises when not retained
         else:
-            earlier = releases.fallbacks(releases.current())
-            if not earlier:
-                raise RuntimeError(f"no release that was live before the current one "
-                                   f"({releases.current()}) is retained; name one with --to")
-            target = earlier[0]
+            target, why = releases.rollback_target(releases.current())
+            if target is None:
+                raise RuntimeError(why)
         rel = releases.get(target)
         if journal.first(step, "error") is None:
             if not begun:
@@ -301,8 +300,8 @@ class ContainerServing(ServingKind):
                     return f"release {target} {what}; " + self.rollback_after_failure(
                         str(exc), target, verdict=isinstance(exc, GateFailed))
                 break
-            if live:
-                releases.set_current(target)
+            if live:  # a speculate job's switch (release --gate's too) is live only while its gate measures it
+                releases.set_current(target, measured=self.plan.kind == "speculate")
             journal.log(step, "ok", to_release=target, **({} if live else {"live": False}))
             return f"serving release {target}"
         # resumed after the switch failed: finish the rollback (this switch's: a rollback after its error)

@@ -230,11 +230,9 @@ class ProcessServing(ServingKind):
         else:
             target = self.plan.to_release
             if target is None:
-                earlier = self.sup.releases.fallbacks(live_n)
-                if not earlier:
-                    raise RuntimeError(f"no release that was live before the current one ({live_n}) is retained; "
-                                       f"name one with --to")
-                target = earlier[0]
+                target, why = self.sup.releases.rollback_target(live_n)
+                if target is None:
+                    raise RuntimeError(why)
             new = self.sup.releases.get(target).get("process")
             if not new:
                 raise RuntimeError(f"release {target} is not a process release (this host serves with a process)")
@@ -267,8 +265,8 @@ class ProcessServing(ServingKind):
                 journal.log("rollback", "ok", to_release=live_n, message=f"ROLLED BACK: release {target} failed "
                                                                          f"its health gate; serving release {live_n}")
                 return f"release {target} failed its health gate; rolled back to release {live_n}"
-            if live:
-                self.sup.releases.set_current(target)
+            if live:  # a speculate job's switch (release --gate's too) is live only while its gate measures it
+                self.sup.releases.set_current(target, measured=self.plan.kind == "speculate")
             journal.log(step, "ok", to_release=target, pid=self._file("restored" + self._suffix),
                         **({} if live else {"live": False}))
             return f"serving release {target}"
