@@ -36,7 +36,6 @@ def _items(n: int = 60) -> list[rg.Item]:
     return DUPLICATES + [_item(f"x:{i}", f"question number {i}") for i in range(n)]
 
 
-@pytest.mark.xfail(strict=True, reason="splits are keyed by id: a copy of a trained user turn can be held out")
 def test_duplicated_user_turns_under_other_ids_and_positions_fall_on_one_side():
     items = _items()
     group_of = {"a:0": 1, "b:7": 1, "c:3": 1, "d:9": 1, "g:2": 1, "e:1": 2, "f:4": 2}
@@ -51,3 +50,45 @@ def test_duplicated_user_turns_under_other_ids_and_positions_fall_on_one_side():
         assert content["groups"] == len(items) - 5
         assert content["groups_with_duplicates"] == 2 and content["conversations_in_duplicate_groups"] == 7
         assert content["duplicate_conversations"] == 5
+
+
+def _groups_of(items: list[rg.Item]) -> list[list[int]]:
+    pos = {i.id: n for n, i in enumerate(items)}
+    return [[pos[x] for x in ("a:0", "b:7", "c:3", "d:9", "g:2")], [pos["e:1"], pos["f:4"]]]
+
+
+def test_train_holds_samples_out_by_the_content_keys_prepare_writes():
+    """Stage train's held-out samples (the offline estimate's) group by the keys each prepared sample carries; a
+    run prepared before samples carried keys stays split by index, as it was trained."""
+    from eagle3ops.stages import contentsplit as cs
+    from eagle3ops.stages import trainplan
+
+    items = _items()
+    content = [[cs.content_key(c) for r, c in i.turns if r == "user"] for i in items]
+    n = len(items)
+    for seed in range(12):
+        held = trainplan.held_out_indices(n, 0.3, seed, content)
+        assert 0 < len(held) < n
+        for group in _groups_of(items):
+            assert len({i in held for i in group}) == 1, (seed, group, sorted(held))
+    samples = [{"i": k, "content": c} for k, c in enumerate(content)]
+    assert trainplan.held_out_of(samples, 0.3, 5) == trainplan.held_out_indices(n, 0.3, 5, content)
+    del samples[3]["content"]
+    assert trainplan.held_out_of(samples, 0.3, 5) == trainplan.held_out_indices(n, 0.3, 5)
+    # at least one group held, never every group; a single group is never held out (nothing left to train)
+    assert trainplan.held_out_indices(n, 1e-9, 0, content) and trainplan.held_out_indices(n, 0.0, 0, content) == set()
+    assert len(trainplan.held_out_indices(n, 0.999, 0, content)) < n
+    assert trainplan.held_out_indices(3, 0.5, 0, [["k"], ["k"], ["k"]]) == set()
+
+
+def test_groups_are_transitive_and_named_by_their_smallest_key():
+    from eagle3ops.stages import contentsplit as cs
+
+    assert cs.normalize("  Ｈi \n\tTHERE ") == "hi there" and cs.content_key("Hi there") == cs.content_key("hi  there")
+    g = cs.content_groups([["x", "y"], ["z"], ["y", "z"], [], ["w"]], ["A", "B", "C", "D", "E"], keyed=True)
+    assert g.canonical == ("x", "x", "x", "id:D", "w")
+    rec = g.record()
+    assert (rec["groups"], rec["duplicate_conversations"], rec["largest_group"]) == (3, 2, 3)
+    assert rec["examples"] == [["A", "B", "C"]]
+    with pytest.raises(ValueError, match="fraction"):
+        cs.held_out_groups(g, 1.0, "s")

@@ -307,7 +307,7 @@ def held_out_chat_set(h: HostConfig, out: Path, n: int = DEMO_CHAT_PROMPTS) -> d
             rows.append({"id": it.id, "user": users[0]})
         if len(rows) >= 4 * n:
             break
-    kept, rec = render_prompts(h, {"rows": rows, "source": f"{DEMO_DATASET}, held out by salted hash "
+    kept, rec = render_prompts(h, {"rows": rows, "source": f"{DEMO_DATASET}, held out by content group, salted hash "
                                                            f"({DEMO_HELD_OUT:.0%})",
                                    "rule": f"first user turn of held-out conversations (file order) of at most "
                                            f"{DEMO_PROMPT_CHARS} chars, rendered by the served chat template"},
