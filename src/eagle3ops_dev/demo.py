@@ -32,8 +32,8 @@ SANDBOX = "sandbox"
 #: The demo's inventory: the sandbox host serving SmolLM2-135M-Instruct (deploy/hosts.yaml: the tests' tiny target).
 DEMO_INVENTORY = Path("deploy/sandbox-smollm2.yaml")
 #: The demo's training data: ShareGPT V3 from its package (``builtin:sharegpt-v3``; the file is cut off mid-record,
-#: so ``keep-complete``), DEMO_HELD_OUT of the conversations held out by a salted hash of their id (disjoint by prompt
-#: hash from the rest: the chat gate set), then the first DEMO_CONVERSATIONS of the rest whose system + user text
+#: so ``keep-complete``), DEMO_HELD_OUT of the conversations held out by content (conversations sharing a normalized
+#: user turn stay on one side: :func:`eagle3ops.speculate.regenerate.split_held_out`; the chat gate set), then the first DEMO_CONVERSATIONS of the rest whose system + user text
 #: (up to DEMO_MAX_TURNS answers) is at most DEMO_PROMPT_CHARS characters (so each conversation fits the served
 #: 2048-token context with its answers; the selection is recorded in the regenerate manifest). Each assistant turn
 #: is answered in turn by the live target (greedy, at most the inventory's regenerate_max_tokens = 96 tokens),
