@@ -220,7 +220,8 @@ def split_held_out(items: Sequence[Item], fraction: float, salt: str = "eagle3op
     if not train or not held:
         raise pr.GatePromptsError(f"held-out split of {len(items)} conversations ({len(groups.members())} groups by "
                                   f"content) at {fraction} left a side empty")
-    held_p = [pr.Prompt(i.id, "\n".join(c for r, c in i.turns if r == "user")) for i in held]
+    users = [(i.id, [c for r, c in i.turns if r == "user"]) for i in held]
+    held_p = [pr.Prompt(f"{id_}#{k}", c) for id_, turns in users for k, c in enumerate(turns)]  # each turn: ID#k
     record = pr.disjointness(held_p, [c for i in train for r, c in i.turns if r == "user"])
     return train, held, {"held_out_fraction": fraction, "salt": salt, "split": "by content group",
                          "held_out_ids": [i.id for i in held], "content": groups.record(), "disjointness": record}
