@@ -92,3 +92,12 @@ def test_groups_are_transitive_and_named_by_their_smallest_key():
     assert rec["examples"] == [["A", "B", "C"]]
     with pytest.raises(ValueError, match="fraction"):
         cs.held_out_groups(g, 1.0, "s")
+
+
+def test_the_train_manifest_says_how_its_held_out_samples_were_split():
+    from eagle3ops.stages import trainplan
+
+    keyed = [{"content": ["a"]}, {"content": ["a", "b"]}, {"content": ["c"]}]
+    rec = trainplan.held_out_split(keyed)
+    assert rec["by"] == "content" and (rec["groups"], rec["duplicate_conversations"]) == (2, 1)
+    assert trainplan.held_out_split([*keyed, {}])["by"] == "index"

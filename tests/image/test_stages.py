@@ -631,6 +631,8 @@ def test_train_manifest_carries_the_offline_estimate_from_held_out_samples(tmp_p
     held = held_out_of(samples, cfg_of(run).train.held_out_fraction, cfg_of(run).seed)
     assert held == held_out_indices(n, cfg_of(run).train.held_out_fraction, cfg_of(run).seed,
                                     [s["content"] for s in samples])  # held out by content
+    split = json.loads((run / "train/manifest.json").read_text())["held_out_split"]
+    assert split["by"] == "content" and split["held_out_samples"] == len(held) and split["conversations"] == n
     assert est["held_out_samples"] == len(held) >= 1 and est["held_out_tokens"] > 0
     per = {int(k): v for k, v in est["per_position"].items()}
     assert sorted(per) == list(range(cfg_of(run).train.ttt_steps)) and all(0 <= v <= 1 for v in per.values())

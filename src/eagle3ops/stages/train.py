@@ -575,6 +575,7 @@ def run_train(
         "eagle_aux_hidden_state_layer_ids": [j + 1 for j in aux],
         "draft_vocab_size": int(d2t.shape[0]),
         "offline_estimate": offline,
+        "held_out_split": {**trainplan.held_out_split(sample_files), "held_out_samples": len(held)},
         "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "vllm_speculative_config": {
             "method": "eagle3",

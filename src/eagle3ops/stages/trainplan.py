@@ -319,6 +319,20 @@ def sample_content(samples: Sequence[dict[str, Any]]) -> list[list[str]] | None:
     return None if any(not isinstance(c, list) for c in out) else out  # type: ignore[return-value]
 
 
+def held_out_split(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How :func:`held_out_of` splits ``samples``, for the train manifest: ``{"by": "content", groups and duplicate
+    counts}`` (:meth:`eagle3ops.stages.contentsplit.ContentGroups.record`, without examples) or ``{"by": "index",
+    "why"}`` for samples prepared before they carried content keys."""
+    from eagle3ops.stages import contentsplit as cs
+
+    content = sample_content(samples)
+    if content is None:
+        return {"by": "index", "why": "the prepared samples carry no content keys (prepared by an older eagle3ops): "
+                                      "rerun prepare to hold samples out by content"}
+    rec = cs.content_groups(content, keyed=True).record()
+    return {"by": "content", **{k: v for k, v in rec.items() if k != "examples"}}
+
+
 def held_out_of(samples: Sequence[dict[str, Any]], fraction: float, seed: int) -> set[int]:
     """:func:`held_out_indices` of ``samples`` (prepare's rows or the extract manifest's ``sample_files``, by
     position), by content where every sample carries its keys."""
