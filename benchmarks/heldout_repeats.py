@@ -16,6 +16,9 @@ NFKC, casefold, whitespace collapsed), at two levels:
   match records its record's first-turn length and rank by characters among the pool's 7,514);
 - ``any_turn``: equal to any user turn of a pool record (what a multi-turn regeneration would train on).
 
+``selected_now`` counts the same for the first 64 records the benchmarks select now
+(``gpu_head_smollm2.held_out_by_content``): none should repeat.
+
 Writes ``--json`` (default ``benchmarks/heldout-repeats-r5.json``); README quotes its counts. Usage::
 
     .venv/bin/python benchmarks/heldout_repeats.py [--json PATH]
@@ -92,7 +95,9 @@ def measure(path: Path, gate_indices: list[int], whole_n: int) -> dict:
             if len(whole) >= whole_n:
                 break
     held, by_content = g.held_out_by_content(path)
-    return {"gate": report(gate_indices, "the gate's 64 prompts (speculate-smollm2-gpu-head-r5.json, 1.871 at 128 "
+    now = [idx for idx, _r, users in held if len(users[0]) < PROMPT_CHARS][:whole_n]
+    return {"selected_now": report(now, "the same rule, held out by content (what the benchmarks select now)"),
+            "gate": report(gate_indices, "the gate's 64 prompts (speculate-smollm2-gpu-head-r5.json, 1.871 at 128 "
                                          "tokens)"),
             "whole_answers": report(whole, "the whole-answer prompts (served-acceptance-by-length-cpu-r5.json, "
                                            "2.514 at max_tokens 512)"),
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
            "file": path.name, "file_sha256": sha,
            **measure(path, gate["prompts"]["indices"], whole["prompts"]["n"])}
     a.json.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
-    for k in ("gate", "whole_answers"):
+    for k in ("gate", "whole_answers", "selected_now"):
         r = out[k]
         print(f"{k}: {r['repeat_a_trained_first_turn']} of {r['prompts']} repeat a trained first turn, "
               f"{r['repeat_any_trained_user_turn']} any trained user turn")
