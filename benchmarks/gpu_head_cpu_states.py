@@ -68,7 +68,14 @@ def main() -> int:
     h = load_inventory(INVENTORY).host("sandbox")
     held = hold(sandbox.name_of(h.docker_host or ""))  # noqa: F841  (the sandbox is this run's until it exits)
     items, left_out = rg.items_from_dataset(["builtin:sharegpt-v3"], truncated="keep-complete", max_turns=1)
-    chosen = [i for i in items if int(i.id.rsplit(":", 1)[1]) - 1 >= HELD_OUT_FROM  # id: <file name>:<row from 1>
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_head_smollm2 as g
+
+    from eagle3ops.stages.chatdata import resolve_dataset
+
+    # held out by content: records from HELD_OUT_FROM on that share no user turn with the training pool
+    held = {idx for idx, _r, _u in g.held_out_by_content(resolve_dataset("builtin:sharegpt-v3", REPO))[0]}
+    chosen = [i for i in items if int(i.id.rsplit(":", 1)[1]) - 1 in held  # id: <file name>:<row from 1>
               and sum(len(c) for r, c in i.turns if r != "assistant") <= PROMPT_CHARS][: a.conversations]
     run = time.strftime("gpuhead-cpu-%Y%m%dT%H%M%S")
     plan = rg.plan(chosen, rg.settings_for(h), REPO / "regenerated" / f"sandbox-{run}", time_budget_s=900)

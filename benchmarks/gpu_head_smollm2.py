@@ -207,6 +207,28 @@ def _user_turns(rec: dict) -> list[str] | None:
     return users or None
 
 
+def held_out_by_content(path: Path) -> tuple[list[tuple[int, dict, list[str]]], dict]:
+    """The held-out side of ShareGPT V3, by content: records from ``HELD_OUT_FROM`` on that open with a user turn
+    and share no user turn (normalized: :mod:`eagle3ops.stages.contentsplit`; at any position, directly or through
+    other records) with a record below it that opens with a user turn (the pool the heads train on), as
+    ``(index, record, user turns)`` in file order, and the record of what was left out. ShareGPT V3 repeats first
+    turns under other ids ("hi", "Give me 50 examples ..."): an index split alone held such copies out."""
+    from eagle3ops.stages.contentsplit import content_groups
+
+    rows = [(idx, rec, users) for idx, rec in enumerate(_sharegpt_records(path))
+            if (users := _user_turns(rec)) is not None]
+    groups = content_groups([u for _i, _r, u in rows], [str(i) for i, _r, _u in rows])
+    trained = {c for (i, _r, _u), c in zip(rows, groups.canonical) if i < HELD_OUT_FROM}
+    held, repeating = [], []
+    for (i, rec, users), c in zip(rows, groups.canonical):
+        if i >= HELD_OUT_FROM:
+            (repeating if c in trained else held).append((i, rec, users))
+    return held, {"rule": f"records >= {HELD_OUT_FROM} opening with a user turn, minus those sharing a normalized "
+                          f"user turn with a record < {HELD_OUT_FROM} (held out by content)",
+                  "held_out_records": len(held), "left_out_repeating_trained": len(repeating),
+                  "left_out_first": [i for i, _r, _u in repeating[:10]], "content": groups.record()}
+
+
 def prep(gguf: Path, sharegpt: Path, dest: Path, conversations: int,
          part_bytes: tuple[int, ...] = PART_BYTES) -> None:
     """``part_bytes``: the sizes of all parts but the last (the rest); round 1/2: three parts (38 + 40 MB + the
@@ -230,9 +252,12 @@ def prep(gguf: Path, sharegpt: Path, dest: Path, conversations: int,
         if idx < HELD_OUT_FROM and len(train) < conversations:
             train.append({"id": rec.get("id", str(idx)), "index": idx, "users": users})
             users_total += len(users)
-        elif idx >= HELD_OUT_FROM and len(agree) < AGREE_PROMPTS and len(users[0]) < 1500:
+        if len(train) >= conversations or idx >= HELD_OUT_FROM:
+            break
+    for idx, rec, users in held_out_by_content(sharegpt)[0]:  # never a copy of a trained user turn
+        if len(users[0]) < 1500:
             agree.append({"id": rec.get("id", str(idx)), "index": idx, "users": users[:1]})
-        if len(train) >= conversations and len(agree) >= AGREE_PROMPTS:
+        if len(agree) >= AGREE_PROMPTS:
             break
     with gzip.open(last / "prompts.jsonl.gz", "wt", encoding="utf-8") as f:
         for row in train:

@@ -55,8 +55,9 @@ def epoch_steps(run: Path, epochs: int, chunks: list[tuple[int, int]] | None = N
     from eagle3ops.stages.prepare import read_samples
 
     c = load_pipeline_config(run)
-    tokens = [len(s["input_ids"]) for s in read_samples(run)]
-    held = trainplan.held_out_indices(len(tokens), c.train.held_out_fraction, c.seed)
+    samples = read_samples(run)
+    tokens = [len(s["input_ids"]) for s in samples]
+    held = trainplan.held_out_of(samples, c.train.held_out_fraction, c.seed)
     lay = trainplan.layout([], len(tokens), 1)
     units = trainplan.unit_samples(lay, [(i, t - 1) for i, t in enumerate(tokens) if i not in held])
     if chunks:

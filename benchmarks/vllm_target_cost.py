@@ -177,15 +177,15 @@ def real(a: argparse.Namespace) -> int:
 
 
 def _held_out(path: Path, n: int) -> list[tuple[int, str]]:
-    """The first ``n`` held-out ShareGPT V3 records (index >= ``HELD_OUT_FROM``) whose first user turn is under
+    """The first ``n`` held-out ShareGPT V3 records (index >= ``HELD_OUT_FROM``, held out by content:
+    ``gpu_head_smollm2.held_out_by_content``) whose first user turn is under
     1,500 characters, as ``(index, first user turn)`` (``benchmarks/speculate_smollm2_gpu_head.py``'s rule)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import gpu_head_smollm2 as g
 
     rows = []
-    for idx, rec in enumerate(g._sharegpt_records(path)):
-        users = g._user_turns(rec) if idx >= g.HELD_OUT_FROM else None
-        if users and len(users[0]) < 1500:
+    for idx, _rec, users in g.held_out_by_content(path)[0]:  # never a copy of a trained user turn
+        if len(users[0]) < 1500:
             rows.append((idx, users[0]))
             if len(rows) >= n:
                 break

@@ -269,3 +269,21 @@ def test_the_stage_cli_no_longer_exits_2_on_a_conversation_opened_by_the_assista
     assert result.exit_code == 0, result.output
     manifest = json.loads((run / "prepare" / "manifest.json").read_text())
     assert manifest["samples"] == 1 and manifest["turns"]["not_trained"]["no_prompt_before"] == 1
+
+
+def test_samples_carry_their_user_turns_content_keys_and_the_manifest_counts_duplicates(tmp_path, monkeypatch):
+    """Held out by content: each sample names its user turns by content key (what train groups by), and the
+    manifest counts conversations that repeat another's user turn under another id or at another position."""
+    from eagle3ops.stages.contentsplit import content_key
+
+    def conv(*users: str) -> dict[str, Any]:
+        return {"messages": [m for u in users for m in ({"role": "user", "content": u},
+                                                          {"role": "assistant", "content": "ok"})]}
+
+    rows = [conv("Hi"), conv("what is 2+2?"), conv("tell me more", " hi "), conv("Tell me more"), conv("other")]
+    figures, samples, _ = _prepare(tmp_path, monkeypatch, PLAIN_TEMPLATE, rows)
+    assert [s["content"] for s in samples][:2] == [[content_key("hi")], [content_key("What is 2+2?")]]
+    cg = figures["content_groups"]
+    assert (cg["conversations"], cg["groups"], cg["groups_with_duplicates"]) == (5, 3, 1)
+    assert cg["duplicate_conversations"] == 2 and cg["largest_group"] == 3
+    assert json.loads((tmp_path / "run/prepare/manifest.json").read_text())["content_groups"] == cg

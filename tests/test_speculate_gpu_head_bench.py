@@ -143,3 +143,49 @@ def test_whole_answer_acceptance_is_added_only_for_the_gates_own_head() -> None:
             b.add_whole_answers(fig, bylen, "by-length.json", files)
     with pytest.raises(SystemExit, match="no head files recorded"):
         b.add_whole_answers({**fig, "head": None}, bylen, "by-length.json", {"model.safetensors": "aa"})
+
+
+def test_the_repeat_count_goes_beside_both_acceptance_figures_and_only_for_the_gates_prompts() -> None:
+    """``--add-repeats``: ``benchmarks/heldout_repeats.py``'s counts of prompts repeating a trained user turn go into
+    ``held_out_repeats``, and the gate's own acceptance (at its measured ``max_tokens``) sits beside the whole-answer
+    figure; counts made on other prompts are refused by name (the input is not changed)."""
+    b = _bench()
+    fig = {"acceptance_length": 1.87132, "prompts": {"indices": [12000, 12005, 12009]},
+           "levels": {"gate_max_tokens": {"inventory": 32, "measured": 128}},
+           "served_whole_answers": {"acceptance_length": 2.51},
+           "done_when": {"acceptance_length": {"value": 1.87}, "acceptance_length_whole_answers": {"value": 2.51}}}
+    rep = {"gate": {"prompts": 3, "first_index": 12000, "last_index": 12009, "repeat_a_trained_first_turn": 2,
+                    "repeat_any_trained_user_turn": 2, "repeating": [{"index": 12005}, {"index": 12009}]},
+           "whole_answers": {"prompts": 3, "repeat_a_trained_first_turn": 1, "repeat_any_trained_user_turn": 1,
+                             "repeating": [{"index": 12005}]}}
+    out = b.add_repeats(fig, rep, "rep.json")
+    assert out["held_out_repeats"]["gate"]["indices"] == [12005, 12009]
+    own = out["served_whole_answers"]["gate_own"]
+    assert own == {"acceptance_length": 1.8713, "max_tokens": 128, "prompts": 3, "prompts_repeating_trained": 2}
+    assert out["done_when"]["acceptance_length_whole_answers"]["gate_own"] == own
+    assert out["done_when"]["acceptance_length"]["prompts_repeating_trained"] == 2
+    assert "gate_own" not in fig["done_when"]["acceptance_length_whole_answers"]  # the input is not changed
+    rep["gate"]["repeating"].append({"index": 12001})
+    with pytest.raises(SystemExit, match="rep.json: counted on other prompts"):
+        b.add_repeats(fig, rep, "rep.json")
+
+
+def test_the_benchmarks_held_out_records_share_no_user_turn_with_the_training_pool(tmp_path, monkeypatch) -> None:
+    """``gpu_head_smollm2.held_out_by_content``: a record past ``HELD_OUT_FROM`` that repeats (after normalization,
+    at any position, or through another held-out record) a user turn of a record before it is left out and counted."""
+    spec = importlib.util.spec_from_file_location("gpu_head_smollm2", REPO / "benchmarks" / "gpu_head_smollm2.py")
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    monkeypatch.setattr(g, "HELD_OUT_FROM", 2)
+
+    def rec(*users: str) -> dict:
+        return {"id": users[0], "conversations": [t for u in users for t in ({"from": "human", "value": u},
+                                                                             {"from": "gpt", "value": "a"})]}
+
+    rows = [rec("hi"), rec("q", "Give me 50 examples"),  # the training pool
+            rec("HI "), rec("new one"), rec("other", "give me 50  examples"), rec("fresh", "Other"), rec("last")]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(rows) + "\n")
+    held, record = g.held_out_by_content(path)
+    assert [i for i, _r, _u in held] == [3, 6]  # 2 repeats "hi", 4 a later turn, 5 through 4
+    assert record["left_out_repeating_trained"] == 3 and record["left_out_first"] == [2, 4, 5]

@@ -431,8 +431,9 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
                max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1,
                                                        help="Answer at most N assistant turns per conversation."),
                held_out: Optional[float] = typer.Option(None, "--held-out", help="Hold this fraction of the "
-                                                        "--dataset conversations out (by a salted hash of the id; "
-                                                        "disjoint by prompt hash from the rest; recorded)."),
+                                                        "--dataset conversations out, by content: conversations "
+                                                        "sharing any user turn (NFKC, casefold, whitespace collapsed)"
+                                                        " stay on one side; groups and duplicates recorded)."),
                time_budget: Optional[float] = typer.Option(None, "--time-budget", min=0, help="Start no "
                                                            "conversation after this many seconds (a rerun goes on)."),
                reasoning: Optional[str] = typer.Option(None, "--reasoning", help="strip | keep the reasoning a "

@@ -32,8 +32,8 @@ SANDBOX = "sandbox"
 #: The demo's inventory: the sandbox host serving SmolLM2-135M-Instruct (deploy/hosts.yaml: the tests' tiny target).
 DEMO_INVENTORY = Path("deploy/sandbox-smollm2.yaml")
 #: The demo's training data: ShareGPT V3 from its package (``builtin:sharegpt-v3``; the file is cut off mid-record,
-#: so ``keep-complete``), DEMO_HELD_OUT of the conversations held out by a salted hash of their id (disjoint by prompt
-#: hash from the rest: the chat gate set), then the first DEMO_CONVERSATIONS of the rest whose system + user text
+#: so ``keep-complete``), DEMO_HELD_OUT of the conversations held out by content (conversations sharing a normalized
+#: user turn stay on one side: :func:`eagle3ops.speculate.regenerate.split_held_out`; the chat gate set), then the first DEMO_CONVERSATIONS of the rest whose system + user text
 #: (up to DEMO_MAX_TURNS answers) is at most DEMO_PROMPT_CHARS characters (so each conversation fits the served
 #: 2048-token context with its answers; the selection is recorded in the regenerate manifest). Each assistant turn
 #: is answered in turn by the live target (greedy, at most the inventory's regenerate_max_tokens = 96 tokens),
@@ -307,7 +307,7 @@ def held_out_chat_set(h: HostConfig, out: Path, n: int = DEMO_CHAT_PROMPTS) -> d
             rows.append({"id": it.id, "user": users[0]})
         if len(rows) >= 4 * n:
             break
-    kept, rec = render_prompts(h, {"rows": rows, "source": f"{DEMO_DATASET}, held out by salted hash "
+    kept, rec = render_prompts(h, {"rows": rows, "source": f"{DEMO_DATASET}, held out by content group, salted hash "
                                                            f"({DEMO_HELD_OUT:.0%})",
                                    "rule": f"first user turn of held-out conversations (file order) of at most "
                                            f"{DEMO_PROMPT_CHARS} chars, rendered by the served chat template"},

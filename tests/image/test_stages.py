@@ -619,13 +619,20 @@ def test_train_manifest_carries_the_offline_estimate_from_held_out_samples(tmp_p
     """Issue 19: the train manifest holds a teacher-forced acceptance-length estimate measured on samples the head
     never trained on: 1 + the sum of full_acc_k over positions, each a rate in [0, 1]."""
     from eagle3ops.stages.train import held_out_indices
+    from eagle3ops.stages.trainplan import held_out_of
 
     run = _copy(trained_base, tmp_path / "run")
     fig = run_train(run, cfg_of(run), log=QUIET)
     est = json.loads((run / "train/manifest.json").read_text())["offline_estimate"]
     assert est == fig["offline_estimate"] and "optimistic" in est["kind"]
-    n = len(json.loads((run / "extract/manifest.json").read_text())["sample_files"])
-    held = held_out_indices(n, cfg_of(run).train.held_out_fraction, cfg_of(run).seed)
+    samples = json.loads((run / "extract/manifest.json").read_text())["sample_files"]
+    n = len(samples)
+    assert all(isinstance(s["content"], list) for s in samples)  # prepare's content keys reach train
+    held = held_out_of(samples, cfg_of(run).train.held_out_fraction, cfg_of(run).seed)
+    assert held == held_out_indices(n, cfg_of(run).train.held_out_fraction, cfg_of(run).seed,
+                                    [s["content"] for s in samples])  # held out by content
+    split = json.loads((run / "train/manifest.json").read_text())["held_out_split"]
+    assert split["by"] == "content" and split["held_out_samples"] == len(held) and split["conversations"] == n
     assert est["held_out_samples"] == len(held) >= 1 and est["held_out_tokens"] > 0
     per = {int(k): v for k, v in est["per_position"].items()}
     assert sorted(per) == list(range(cfg_of(run).train.ttt_steps)) and all(0 <= v <= 1 for v in per.values())

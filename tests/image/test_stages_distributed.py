@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 from eagle3ops.config.pipeline import load_pipeline_config  # noqa: E402
 from eagle3ops.stages.extract import run_extract  # noqa: E402
 from eagle3ops.stages.prepare import run_prepare  # noqa: E402
-from eagle3ops.stages.train import NPROC_ENV, held_out_indices, resolve_nproc, run_train  # noqa: E402
+from eagle3ops.stages.train import NPROC_ENV, resolve_nproc, run_train  # noqa: E402
+from eagle3ops.stages.trainplan import held_out_of  # noqa: E402
 from eagle3ops.stages.vocab import run_vocab  # noqa: E402
 from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
 
@@ -210,8 +211,8 @@ def test_three_nodes_train_their_own_shards_as_one_node_of_three_processes(tmp_p
             assert ids is None or all(ranges[k][0] <= i < ranges[k][1] for i in ids)
     assert abs(b[-1]["loss"] - a[-1]["loss"]) <= 0.02 * a[-1]["loss"]
     cfg = load_pipeline_config(one)
-    n = len(json.loads((one / "extract/manifest.json").read_text())["sample_files"])
-    train_ids = set(range(n)) - held_out_indices(n, cfg.train.held_out_fraction, cfg.seed)
+    samples = json.loads((one / "extract/manifest.json").read_text())["sample_files"]
+    train_ids = set(range(len(samples))) - held_out_of(samples, cfg.train.held_out_fraction, cfg.seed)
     first = [i for s in b if s["epoch"] == 0 for ids in s["samples"] if ids for i in ids]
     assert max(s["epoch"] for s in b) >= 1  # a whole first epoch ran
     assert sorted(first) == sorted(train_ids)  # every training sample exactly once in it

@@ -208,9 +208,11 @@ class TrainConfig(StrictModel):
     noise_std: float = Field(0.0, ge=0, description="Uniform noise added to aux hidden states (0 = none).")
     held_out_fraction: float = Field(
         0.1, ge=0, lt=1,
-        description="Samples held out of training (by a salted hash of the sample index) for the offline estimate "
-        "of acceptance length at the end of the stage; 0 = none (then no estimate). At least one sample is held "
-        "out when the fraction is > 0 and there are two or more.",
+        description="Samples held out of training for the offline estimate of acceptance length at the end of the "
+        "stage, by content: samples sharing any user turn (NFKC, casefold, whitespace collapsed) are one group, held "
+        "out or trained together by a salted hash of the group (runs prepared before samples carried their content "
+        "keys: by the sample index); 0 = none (then no estimate). At least one group is held out when the fraction "
+        "is > 0 and there are two or more.",
     )
     nproc: int | Literal["auto"] = Field(
         "auto",

@@ -199,29 +199,32 @@ def items_from_dataset(paths: Sequence[Path | str], *, truncated: str = "error",
 
 def split_held_out(items: Sequence[Item], fraction: float, salt: str = "eagle3ops-heldout"
                    ) -> tuple[list[Item], list[Item], dict[str, Any]]:
-    """``(train, held_out, record)``: items split by a salted hash of their id
-    (:func:`eagle3ops.speculate.prompts.split_by_id`, stable whatever the order), and the disjointness record of
-    the held-out prompts (each item's user turns) against every prompt text of the train side (checked by the
-    sha256 of whitespace-normalised text: a held-out prompt that also occurs in a trained conversation is moved
-    to the train side and counted in ``moved_to_train``, so the held-out split is disjoint by hash).
+    """``(train, held_out, record)``, held out by content: conversations sharing any normalized user turn (at any
+    position, under any id) are one group, which falls on one side by a salted hash of its canonical key
+    (:mod:`eagle3ops.stages.contentsplit`; stable whatever the order), so no held-out prompt equals a trained user
+    turn. Both sides keep the items' order. The record: ``held_out_fraction``, ``salt``, ``held_out_ids``,
+    ``content`` (groups and duplicates counted) and ``disjointness`` (:func:`eagle3ops.speculate.prompts.disjointness`).
 
     Raises:
         eagle3ops.speculate.prompts.GatePromptsError: ``fraction`` not in (0, 1) or a side left empty.
     """
     from eagle3ops.speculate import prompts as pr
+    from eagle3ops.stages import contentsplit as cs
 
-    by_id = {i.id: i for i in items}
-    text = {i.id: "\n".join(c for r, c in i.turns if r == "user") for i in items}
-    train_p, held_p = pr.split_by_id([pr.Prompt(i.id, text[i.id]) for i in items], fraction, salt)
-    trained = {pr.prompt_sha256(c) for p in train_p for r, c in by_id[p.id].turns if r == "user"}
-    moved = [p for p in held_p if any(pr.prompt_sha256(c) in trained for r, c in by_id[p.id].turns if r == "user")]
-    held_p = [p for p in held_p if p not in moved]
-    train_ids = {p.id for p in train_p} | {p.id for p in moved}
-    train = [i for i in items if i.id in train_ids]
-    held = [by_id[p.id] for p in held_p]
+    if not 0.0 < fraction < 1.0:
+        raise pr.GatePromptsError(f"held-out fraction {fraction}: must be between 0 and 1")
+    groups = cs.content_groups([[c for r, c in i.turns if r == "user"] for i in items], [i.id for i in items])
+    held_at = cs.held_out_groups(groups, fraction, salt)
+    train = [i for n, i in enumerate(items) if n not in held_at]
+    held = [i for n, i in enumerate(items) if n in held_at]
+    if not train or not held:
+        raise pr.GatePromptsError(f"held-out split of {len(items)} conversations ({len(groups.members())} groups by "
+                                  f"content) at {fraction} left a side empty")
+    users = [(i.id, [c for r, c in i.turns if r == "user"]) for i in held]
+    held_p = [pr.Prompt(f"{id_}#{k}", c) for id_, turns in users for k, c in enumerate(turns)]  # each turn: ID#k
     record = pr.disjointness(held_p, [c for i in train for r, c in i.turns if r == "user"])
-    return train, held, {"held_out_fraction": fraction, "salt": salt, "held_out_ids": [i.id for i in held],
-                         "moved_to_train": len(moved), "disjointness": record}
+    return train, held, {"held_out_fraction": fraction, "salt": salt, "split": "by content group",
+                         "held_out_ids": [i.id for i in held], "content": groups.record(), "disjointness": record}
 
 
 def prompt_set_sha256(items: Sequence[Item]) -> str:

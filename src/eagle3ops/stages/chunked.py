@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.config.pipeline import PipelineConfig
-from eagle3ops.stages import chunkplan
+from eagle3ops.stages import chunkplan, trainplan
 from eagle3ops.stages.manifest import MANIFEST, StageInputError, atomic_write_text, check_inputs, stage_dir
 
 #: The stage's folder in the run directory.
@@ -82,11 +82,12 @@ def make_plan(run_dir: Path, config: PipelineConfig, world: int | None = None) -
     from eagle3ops.stages.train import resolve_nproc
 
     check_inputs(run_dir, "vocab", config)  # prepare/ as vocab/ needs it (train checks vocab/ itself)
-    tokens = [len(s["input_ids"]) for s in read_samples(run_dir)]
+    samples = read_samples(run_dir)
+    tokens = [len(s["input_ids"]) for s in samples]
     _aux, _n, hidden = resolve_layer_ids(config)
     b, basis = budget(run_dir, config)
     return chunkplan.plan(tokens, hidden_size=hidden, config=config, budget_bytes=b, basis=basis,
-                          world=world or resolve_nproc(config))
+                          world=world or resolve_nproc(config), content=trainplan.sample_content(samples))
 
 
 def _stage(run_dir: Path, *args: str) -> None:
@@ -155,13 +156,16 @@ def write_view(run_dir: Path, config: PipelineConfig, p: chunkplan.ChunkPlan, ch
         rel = f"{HIDDEN_DIR}/data_{i:06d}.pt"
         if rel in recs and (ext / rel).is_file() and (ext / rel).stat().st_size == recs[rel]["bytes"]:
             files[rel] = recs[rel]
-    tokens = [len(s["input_ids"]) for s in read_samples(run_dir)]
+    samples = read_samples(run_dir)
+    tokens = [len(s["input_ids"]) for s in samples]
     skip = {"stage", "status", "created", "eagle3ops_version", "config_digest", "inputs", "files", "shard",
             "prepare_files", "sample_files", "samples", "tokens", "hidden_bytes", "file_bytes", "samples_this_run"}
     figures = {k: v for k, v in shard.items() if k not in skip}
     return write_manifest(
         run_dir, "extract", config, files, **figures, samples=len(tokens), tokens=sum(tokens),
-        sample_files=[{"i": i, "file": f"{HIDDEN_DIR}/data_{i:06d}.pt", "tokens": t} for i, t in enumerate(tokens)],
+        sample_files=[{"i": i, "file": f"{HIDDEN_DIR}/data_{i:06d}.pt", "tokens": t,
+                       **({"content": s["content"]} if "content" in s else {})}
+                      for i, (t, s) in enumerate(zip(tokens, samples))],
         chunked={"chunks": [list(c) for c in p.chunks], "current": list(chunk), "plan": chunkplan.digest(p),
                  "kind": "a pass of stage chunked: `files` lists what is on disk now, `sample_files` every sample"})
 

@@ -192,7 +192,7 @@ def cut(sizes: Sequence[int], held: set[int], *, budget: int | None = None,
 
 
 def plan(tokens: Sequence[int], *, hidden_size: int, config: Any, budget_bytes: int, basis: str = "",
-         world: int = 1) -> ChunkPlan:
+         world: int = 1, content: Sequence[Sequence[str]] | None = None) -> ChunkPlan:
     """The plan of a chunked run (module doc).
 
     Args:
@@ -202,12 +202,14 @@ def plan(tokens: Sequence[int], *, hidden_size: int, config: Any, budget_bytes: 
         budget_bytes: sample-file bytes that may be on disk at once (``chunks.count: auto``).
         basis: how the budget was found (printed).
         world: training processes (one unit: every rank trains every chunk).
+        content: per sample, its user turns' content keys (prepare's ``content``): the held-out samples are
+            then chosen by content (:func:`eagle3ops.stages.trainplan.held_out_indices`); None: by index.
 
     Raises:
         ChunkPlanError: nothing to train on, or no chunking fits the budget.
     """
     tc, n = config.train, len(tokens)
-    held = trainplan.held_out_indices(n, tc.held_out_fraction, config.seed)
+    held = trainplan.held_out_indices(n, tc.held_out_fraction, config.seed, content)
     sizes = [sample_bytes(int(t), hidden_size, dtype=config.extract.hidden_dtype) for t in tokens]
     count = config.chunks.count
     chunks = cut(sizes, held, count=count if isinstance(count, int) else None,

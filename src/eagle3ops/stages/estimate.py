@@ -68,10 +68,10 @@ def estimate_head(head: Path, run: Path, target: Path, *, max_tokens: int = DEFA
         return {"unavailable": f"run {name}'s extract/manifest.json lists no sample files"}
 
     from eagle3ops.config.pipeline import load_pipeline_config
-    from eagle3ops.stages.train import held_out_indices
+    from eagle3ops.stages.trainplan import held_out_of
 
     cfg = load_pipeline_config(run)
-    held = sorted(held_out_indices(len(samples), cfg.train.held_out_fraction, cfg.seed))
+    held = sorted(held_out_of(samples, cfg.train.held_out_fraction, cfg.seed))
     source = f"run {name}'s held-out hidden states"
     if not held:
         held, source = list(range(len(samples))), f"run {name}'s hidden states (none held out: all samples)"

@@ -357,7 +357,10 @@ def run_extract(
         "samples_this_run": len(todo),
         "generate_s": round(gen_s, 3),
         "generate_tokens_per_s": round(gen_tokens / gen_s, 1) if gen_s > 0 else None,
-        "samples_index": [{"i": r["i"], "file": r["file"], "tokens": r["tokens"]} for r in recs],
+        # each sample's user-turn content keys travel with it: train holds samples out by content
+        "samples_index": [{"i": r["i"], "file": r["file"], "tokens": r["tokens"],
+                           **({"content": s["content"]} if "content" in s else {})}
+                          for r, s in zip(recs, samples)],
         "wall_s": round(time.monotonic() - t0, 3),
     }
     figures["samples"] = len(recs)

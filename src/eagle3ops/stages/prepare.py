@@ -3,13 +3,17 @@
 Output, in ``<run_dir>/prepare/``:
 
 - ``samples.jsonl``: one object per kept conversation, in the order extraction will use:
-  ``{"i": index, "source": "DATASET:row", "input_ids": [int], "loss_mask": [0|1]}`` (same length, at most
-  ``prepare.max_seq_len``; ``DATASET`` as ``prepare.datasets`` names it — ``builtin:sharegpt``, a path as written
-  — not the path this host resolved it to, so the same inputs give the same bytes on every host of a fleet);
+  ``{"i": index, "source": "DATASET:row", "input_ids": [int], "loss_mask": [0|1], "content": [key]}`` (ids and
+  mask of the same length, at most ``prepare.max_seq_len``; ``DATASET`` as ``prepare.datasets`` names it —
+  ``builtin:sharegpt``, a path as written — not the path this host resolved it to, so the same inputs give the same
+  bytes on every host of a fleet; ``content``: the content key of each user turn,
+  :func:`eagle3ops.stages.contentsplit.content_key`, by which train holds samples out);
 - ``manifest.json``: counts (conversations, assistant turns trained and not trained, by reason; message fields
   the chat template does not render), what was read (``read``: rows, turns per role as written in the files and
   the role each maps to, conversations that open with an assistant turn, files cut off mid-record whose complete
-  records were kept under ``prepare.truncated: keep-complete``), tokens, the tokenizer's class and chat template digest, the input files'
+  records were kept under ``prepare.truncated: keep-complete``), ``content_groups`` (the kept samples grouped by
+  shared user turns: groups, groups with duplicates, duplicate conversations, examples;
+  :meth:`eagle3ops.stages.contentsplit.ContentGroups.record`), tokens, the tokenizer's class and chat template digest, the input files'
   sha256, and under ``generation`` (dataset path → its manifest) the generation manifest of each dataset that has
   one beside it (``<stem>.manifest.json``: written by ``eagle3ops regenerate``, which answered the prompts with the
   target; its settings, endpoint, vLLM version, prompt set sha256 and disjointness record).
@@ -71,6 +75,7 @@ from typing import Any
 
 from eagle3ops.config.pipeline import PipelineConfig
 from eagle3ops.stages.chatdata import ReadStats, load_conversations, resolve_dataset
+from eagle3ops.stages.contentsplit import content_groups, content_key
 from eagle3ops.stages.manifest import atomic_write_text, file_entry, sha256_file, stage_dir, write_manifest
 
 SAMPLES = "samples.jsonl"
@@ -418,6 +423,8 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
     fields: dict[str, Counter[str]] = {"kept": Counter(), "not_rendered": Counter(), "not_passed": Counter()}
     examples: dict[str, str] = {}
     truncated = no_trained = empty = merges = tokens = trained = assistant_turns = trained_turns = 0
+    kept_content: list[list[str]] = []
+    kept_sources: list[str] = []
     for conv in convs:
         source, messages = conv["source"], conv["messages"]
         assistant_turns += sum(m["role"] == "assistant" for m in messages)
@@ -474,10 +481,16 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
             else:
                 no_trained += 1
             continue
+        # the user turns' content keys: train holds samples out by content (no held-out sample repeats a
+        # trained user turn, whatever its id or position)
+        content = [content_key(m["content"]) for m in messages
+                   if m["role"] == "user" and isinstance(m.get("content"), str)]
         rows.append(
-            json.dumps({"i": len(rows), "source": portable(source), "input_ids": ids, "loss_mask": mask},
-                       separators=(",", ":"))
+            json.dumps({"i": len(rows), "source": portable(source), "input_ids": ids, "loss_mask": mask,
+                        "content": content}, separators=(",", ":"))
         )
+        kept_content.append(content)
+        kept_sources.append(portable(source))
         tokens += len(ids)
         trained += sum(mask)
     if not rows:
@@ -509,6 +522,7 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
             "chat_template_source": template_source,
         },
         "read": read.as_manifest(),
+        "content_groups": content_groups(kept_content, kept_sources, keyed=True).record(),
         "datasets": {str(p): sha256_file(p) for p in paths},
         "generation": generation_manifests(paths),
         "workers": workers,

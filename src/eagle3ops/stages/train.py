@@ -334,7 +334,7 @@ def run_train(
     sample_files = ext["sample_files"]
     ids = [int(s.get("i", n)) for n, s in enumerate(sample_files)]
     by_id = {i: s for i, s in zip(ids, sample_files)}
-    held_pos = held_out_indices(len(sample_files), tc.held_out_fraction, config.seed)
+    held_pos = trainplan.held_out_of(sample_files, tc.held_out_fraction, config.seed)  # by content when keyed
     held = sorted(ids[n] for n in held_pos)
     lay = trainplan.layout(trainplan.shards_of(ext), len(sample_files), world)
     my_unit, _replica = lay.unit_of(rank)
@@ -575,6 +575,7 @@ def run_train(
         "eagle_aux_hidden_state_layer_ids": [j + 1 for j in aux],
         "draft_vocab_size": int(d2t.shape[0]),
         "offline_estimate": offline,
+        "held_out_split": {**trainplan.held_out_split(sample_files), "held_out_samples": len(held)},
         "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "vllm_speculative_config": {
             "method": "eagle3",

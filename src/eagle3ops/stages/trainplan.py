@@ -276,10 +276,30 @@ def unit_samples(lay: Layout, samples: Sequence[tuple[int, int]]) -> list[list[t
     return [[(i, t) for i, t in samples if start <= i < end] for start, end in lay.units]
 
 
-def held_out_indices(n: int, fraction: float, seed: int) -> set[int]:
-    """Sample indices held out of training: those whose ``sha256(f"{seed}:{i}")`` falls in the first ``fraction`` of
-    the range (stable for a run, independent of world size); at least one when ``fraction > 0`` and ``n >= 2``,
-    never all."""
+def held_out_indices(n: int, fraction: float, seed: int, content: Sequence[Sequence[str]] | None = None
+                     ) -> set[int]:
+    """Sample indices held out of training (the offline estimate's samples), stable for a run and independent of
+    world size.
+
+    With ``content`` (per sample, the content keys of its user turns: the ``content`` field stage prepare writes,
+    :func:`sample_content`) the split is **by content**: samples sharing any normalized user turn are one group
+    (:func:`eagle3ops.stages.contentsplit.content_groups`) and a group is held out when ``sha256(f"{seed}:" +
+    its canonical key)`` falls in the first ``fraction`` of the range, so no held-out sample repeats a trained user
+    turn; at least one group when ``fraction > 0`` and there are 2 or more groups, never all. Without it (a run
+    prepared before samples carried their keys) a sample ``i`` is held out when ``sha256(f"{seed}:{i}")`` falls
+    there: at least one when ``fraction > 0`` and ``n >= 2``, never all.
+
+    Raises:
+        ValueError: ``content`` is not ``n`` long.
+    """
+    if content is not None:
+        from eagle3ops.stages import contentsplit as cs
+
+        if len(content) != n:
+            raise ValueError(f"held_out_indices: {n} samples but content keys for {len(content)}")
+        if fraction <= 0:
+            return set()
+        return cs.held_out_groups(cs.content_groups(content, keyed=True), fraction, f"{seed}:", at_least_one=True)
     if fraction <= 0 or n < 2:
         return set()
     keys = {i: int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:8], "big") for i in range(n)}
@@ -289,3 +309,31 @@ def held_out_indices(n: int, fraction: float, seed: int) -> set[int]:
     if len(held) == n:
         held.discard(max(keys, key=keys.__getitem__))
     return held
+
+
+def sample_content(samples: Sequence[dict[str, Any]]) -> list[list[str]] | None:
+    """Per sample, its user turns' content keys (the ``content`` field of prepare's rows and of the extract
+    manifest's ``sample_files``), or None when any sample lacks them (a run prepared before they were written:
+    its held-out split stays by index, as it was trained)."""
+    out = [s.get("content") for s in samples]
+    return None if any(not isinstance(c, list) for c in out) else out  # type: ignore[return-value]
+
+
+def held_out_split(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How :func:`held_out_of` splits ``samples``, for the train manifest: ``{"by": "content", groups and duplicate
+    counts}`` (:meth:`eagle3ops.stages.contentsplit.ContentGroups.record`, without examples) or ``{"by": "index",
+    "why"}`` for samples prepared before they carried content keys."""
+    from eagle3ops.stages import contentsplit as cs
+
+    content = sample_content(samples)
+    if content is None:
+        return {"by": "index", "why": "the prepared samples carry no content keys (prepared by an older eagle3ops): "
+                                      "rerun prepare to hold samples out by content"}
+    rec = cs.content_groups(content, keyed=True).record()
+    return {"by": "content", **{k: v for k, v in rec.items() if k != "examples"}}
+
+
+def held_out_of(samples: Sequence[dict[str, Any]], fraction: float, seed: int) -> set[int]:
+    """:func:`held_out_indices` of ``samples`` (prepare's rows or the extract manifest's ``sample_files``, by
+    position), by content where every sample carries its keys."""
+    return held_out_indices(len(samples), fraction, seed, sample_content(samples))
