@@ -45,7 +45,6 @@ def _body(row: dict) -> dict:
     return {k: v for k, v in row.items() if k not in ("id", "set")}
 
 
-@pytest.mark.xfail(strict=True, reason="prompt sets carry only `prompt` strings: a chat body is refused")
 def test_a_prompts_file_carries_chat_bodies_with_tools_and_response_format(tmp_path):
     f = tmp_path / "mixed.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in ({"id": "p-1", "prompt": "def f():"}, TOOL_ROW, JSON_ROW,
@@ -89,8 +88,6 @@ def standin(tmp_path):
         proc.wait(timeout=10)
 
 
-@pytest.mark.xfail(strict=True, reason="the replay sends every prompt to /v1/completions; no endpoint, TTFT p90 "
-                                       "or prefix-cache record")
 def test_the_replay_sends_chat_bodies_to_chat_completions_and_records_what_it_measured(standin):
     from eagle3ops.gate.measure import measure, read_measurement
 
@@ -156,8 +153,6 @@ def _passes(tps: float, ttft: float, failed: int | None = None) -> list[LevelRes
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="failed speculative requests are 'undecided' without naming them; a TTFT "
-                                       "breach is left out of a reason an earlier rule wrote")
 def test_the_reason_names_a_ttft_breach_and_failed_speculative_requests_roll_back():
     from eagle3ops.supervisor.speculate import decide_measured
 

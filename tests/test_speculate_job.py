@@ -152,8 +152,6 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     assert KEY not in (folder / "result.json").read_text() + (folder / "baseline.json").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="prompt sets carry no chat bodies and the replay sends /v1/completions only, "
-                                       "so a release that crashes on grammar traffic is never caught by the gate")
 @pytest.mark.parametrize("job_world", [["--token-ms", "5", "--spec-crash-on-grammar"]], indirect=True,
                          ids=["crash"])
 def test_a_speculative_release_that_crashes_on_grammar_traffic_is_rolled_back_with_its_reason(job_world,
