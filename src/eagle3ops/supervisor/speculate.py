@@ -63,7 +63,9 @@ def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
     key the health gate uses. Returns :func:`eagle3ops.gate.measure.measure`'s answer.
 
     Raises:
-        ReplayError: serving not idle before a level, or every request failed.
+        ReplayError: serving not idle before a level.
+        ReleaseFailed: every request of a level failed, or serving stopped answering (:func:`eagle3ops.gate.
+            measure.measure`).
     """
     from eagle3ops.gate.measure import measure
 
