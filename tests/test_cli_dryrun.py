@@ -123,8 +123,10 @@ def test_dry_run_prints_the_plan_and_changes_nothing(dry_env, args):
     s = re.escape(str(state))
     lock = index(rf"mkdir {s}/lock")
     details = index(rf"tee {s}/lock/details\.json")
-    plan = index(rf"tee {s}/windows/(\d{{8}}T\d{{6}}Z-{args[0]}-[0-9a-f]{{6}})/plan\.json")
-    wid = re.fullmatch(rf"tee {s}/windows/(.+)/plan\.json", lines[plan]).group(1)
+    # plan.json may hold serving's secrets (a release's --arg/--env): written 0600 (umask 077, then tee)
+    private = re.escape("""sh -c 'umask 077 && exec tee "$1"' eagle3ops-write """)
+    plan = index(rf"{private}{s}/windows/(\d{{8}}T\d{{6}}Z-{args[0]}-[0-9a-f]{{6}})/plan\.json")
+    wid = re.fullmatch(rf"{private}{s}/windows/(.+)/plan\.json", lines[plan]).group(1)
     sup = index(rf"docker -H {re.escape(docker_host)} run --detach --name eagle3ops-supervisor-{wid} .*"
                 rf" --volume {s}:{s} .* --entrypoint python3 {re.escape(FAKE_IMAGE)} -m eagle3ops\.supervisor "
                 rf"{s}/windows/{wid}/plan\.json")

@@ -224,8 +224,9 @@ def test_t_quantiles_and_power_match_the_tables():
 
 @pytest.mark.sandbox
 def test_replay_measures_real_vllm_serving_and_sees_foreign_requests(deployed):
-    """Against the sandbox's real vLLM server: exact token counts (ignore_eos), then a level during which another
-    client sends requests is marked as shared."""
+    """Against the sandbox's real vLLM server: exact token counts (ignore_eos), chat bodies (one with
+    ``response_format``) through ``/v1/chat/completions``, then a level during which another client sends requests is
+    marked as shared."""
     import httpx
 
     h, _ = deployed
@@ -236,6 +237,15 @@ def test_replay_measures_real_vllm_serving_and_sees_foreign_requests(deployed):
     for r in (r1, r2):
         assert r.errors == 0 and r.output_tokens == 4 * 8 and r.output_tokens_per_s > 0
         assert r.itl_ms_median is not None and r.ttft_ms_median is not None and r.foreign_requests == 0
+        assert r.ttft_ms_p90 is not None and r.failures == ()
+    # chat bodies through vLLM's own /v1/chat/completions (its chat template; xgrammar for response_format): the
+    # replay reads vLLM's chat stream (delta content, usage, [DONE]); ignore_eos only on the unconstrained body
+    chat = [{"messages": [{"role": "user", "content": "Say hi."}]},
+            {"messages": [{"role": "user", "content": "Reply in JSON."}], "response_format": {"type": "json_object"}}]
+    rc = replay_level(base, h.serving.served_model_name, chat, 1, max_tokens=8)
+    assert rc.errors == 0, rc.failures
+    assert rc.prompt_tokens[0] == 8 and 0 < rc.prompt_tokens[1] <= 8
+    assert all(t is not None for t in rc.prompt_ttft_ms) and rc.ttft_ms_p90 is not None
     stop = threading.Event()
 
     def other_client() -> None:

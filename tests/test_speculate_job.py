@@ -168,6 +168,32 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     assert leaks("".join(capfd.readouterr())) == []
 
 
+@pytest.mark.parametrize("job_world", [["--token-ms", "5", "--spec-crash-on-grammar"]], indirect=True,
+                         ids=["crash"])
+def test_a_speculative_release_that_crashes_on_grammar_traffic_is_rolled_back_with_its_reason(job_world,
+                                                                                               tmp_path):
+    """The gate replays a chat body with ``response_format`` through ``/v1/chat/completions``; the stand-in's
+    speculative release dies on it (as vLLM's engine does with EAGLE-3 and a grammar backend), the baseline
+    answers it: the job rolls back, its reason naming the endpoint and the failure, serving back on the baseline."""
+    chat = {"messages": [{"role": "user", "content": "Reply in JSON."}], "response_format": {"type": "json_object"}}
+    job = _job(tmp_path, prompts=["def f0():", "def f1():", chat], max_tokens=8, warmup_prompts=0,
+               idle_timeout_s=10)
+    sup = job_world.supervisor("speculate", speculate=job, change=job.change)
+    res = sup.run()
+    attempt = res["speculate"]
+    assert attempt["verdict"] == "rollback", attempt["reason"]
+    assert "speculative release" in attempt["reason"] and "/v1/chat/completions" in attempt["reason"]
+    assert res["outcome"] == "ok" and res["serving_healthy"] is True
+    argv = job_world.live_argv()
+    assert argv and "--speculative-config" not in argv  # back on the baseline
+    assert attempt["live_release"] == attempt["baseline_release"]
+    assert attempt["traffic"]["endpoints"] == {"/v1/completions": 2, "/v1/chat/completions": 1}
+    steps = [s for s, e in job_world.steps() if e == "ok"]
+    assert "baseline" in steps and "rollback" in steps and "keep" not in steps
+    audit = json.loads((Path(sup.plan.state_dir) / "audit.jsonl").read_text().splitlines()[-1])
+    assert audit["verdict"] == "rollback" and "/v1/chat/completions" in audit["reason"]
+
+
 def test_a_second_attempt_of_the_same_head_keeps_the_first(tmp_path):
     """Attempts are folders under the head's sha256, one per window: a later window never overwrites one."""
     job = _job(tmp_path)

@@ -257,7 +257,9 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                   None, "--prompts-file", help="Replay these prompts instead of HumanEval's gate split: a JSONL "
                   "file, one {\"prompt\": TEXT, \"id\": ID (optional)} a line, all of them in file order (not "
                   "serving.gate_prompts). TEXT goes to /v1/completions as is: render chat turns with the served "
-                  "chat template first."),
+                  "chat template first. A line may instead be a chat body, {\"messages\": [...]} with e.g. "
+                  "\"tools\" or \"response_format\", sent to /v1/chat/completions as given (greedy, the gate's "
+                  "max_tokens)."),
               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_candidate_options, select_gate

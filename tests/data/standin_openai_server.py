@@ -7,10 +7,23 @@ completion), and what the speculation gate measures (``speculate`` job tests):
 
 - ``POST /v1/completions`` with ``stream: true``: ``max_tokens`` chunks of one token each, ``--token-ms``
   milliseconds apart, then a usage chunk and ``data: [DONE]``, as vLLM streams them;
-- ``GET /metrics``: vLLM 0.16's gauges ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``, the counter
-  ``vllm:generation_tokens_total`` and, when started with ``--speculative-config`` (a "speculative release"), the
-  spec-decode counters ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
-  ``..._num_accepted_tokens_total`` and ``..._num_accepted_tokens_per_pos_total{position}``.
+- ``POST /v1/chat/completions`` with ``stream: true``: the same, the text in ``choices[0].delta.content`` (the
+  first chunk carries ``role``); a body with ``response_format`` of type ``json_object``/``json_schema`` streams a
+  JSON object (``{"a": "w...w"}``, one piece a token) ending with ``finish_reason: stop``, and a body with ``tools``
+  streams one call of the first tool (``delta.tool_calls``, its JSON arguments in pieces) ending with
+  ``finish_reason: tool_calls``, as vLLM's grammar backends and tool parsers stream them;
+- ``GET /metrics``: vLLM 0.16's gauges ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``, the counters
+  ``vllm:generation_tokens_total``, ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total``
+  (prompt tokens; SIMULATED: a request body seen before counts every prompt token as a hit, a new one none) and,
+  when started with ``--speculative-config`` (a "speculative release"), the spec-decode counters
+  ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` and
+  ``..._num_accepted_tokens_per_pos_total{position}``.
+
+``--spec-crash-on-grammar``: a speculative release dies (the process exits 1 at once, mid-stream) on the first
+chat request carrying ``response_format`` or ``tools``, as vLLM's engine does when EAGLE-3's draft tokens meet a
+grammar backend's bitmask (vllm-project/vllm issues 27969 and 51660: the engine core dies and the API server with
+it). ``--request-log PATH``: every POST's path and JSON body is appended to PATH (one JSON object a line) for
+tests to read what was sent.
 
 Speculation here is SIMULATED, not measured: a server started with ``--speculative-config`` streams
 ``--spec-speedup`` times faster and counts ``--spec-acceptance`` (mean acceptance length) per draft round. Unknown
@@ -41,6 +54,9 @@ def main() -> None:
     ap.add_argument("--speculative-config", default=None, help="JSON: present = a simulated speculative release")
     ap.add_argument("--spec-speedup", type=float, default=2.0, help="how much faster a speculative release streams")
     ap.add_argument("--spec-acceptance", type=float, default=2.0, help="simulated mean acceptance length")
+    ap.add_argument("--spec-crash-on-grammar", action="store_true",
+                    help="a speculative release exits 1 on a chat request with response_format or tools")
+    ap.add_argument("--request-log", default=None, help="append every POST's path and body to this JSONL file")
     ap.add_argument("--require-file", default=None,
                     help="exit 1 at start when this file is missing (as vLLM does when its model cannot be loaded)")
     args, _unknown = ap.parse_known_args()
@@ -52,7 +68,24 @@ def main() -> None:
     k = int((spec or {}).get("num_speculative_tokens", 3))
     token_s = args.token_ms / 1000.0 / (args.spec_speedup if spec else 1.0)
     lock = threading.Lock()
-    state = {"running": 0, "tokens": 0.0, "drafts": 0.0, "accepted": 0.0}
+    state = {"running": 0, "tokens": 0.0, "drafts": 0.0, "accepted": 0.0, "pc_queries": 0.0, "pc_hits": 0.0}
+    seen: set[str] = set()  # request bodies served before (the simulated prefix cache)
+
+    def pieces(body: dict, chat: bool, n: int) -> tuple[list[dict], str]:
+        """The ``n`` streamed deltas of one request and its finish reason."""
+        if not chat:
+            return [{"text": " w"}] * n, "length"
+        rf = body.get("response_format") or {}
+        if body.get("tools"):
+            name = ((body["tools"][0] or {}).get("function") or {}).get("name", "tool")
+            args = ['{"q": "'] + ["w"] * max(n - 3, 0) + ['"}']
+            first = {"tool_calls": [{"index": 0, "id": "call-0", "type": "function",
+                                     "function": {"name": name, "arguments": ""}}]}
+            return [first] + [{"tool_calls": [{"index": 0, "function": {"arguments": a}}]} for a in args], \
+                "tool_calls"
+        if rf.get("type") in ("json_object", "json_schema"):
+            return [{"content": c} for c in ['{"a": "'] + ["w"] * max(n - 2, 0) + ['"}']], "stop"
+        return [{"content": " w"}] * n, "length"
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -83,7 +116,10 @@ def main() -> None:
                     s = dict(state)
                 lines = ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running {float(s['running'])}",
                          "# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 0.0",
-                         "# TYPE vllm:generation_tokens counter", f"vllm:generation_tokens_total {s['tokens']}"]
+                         "# TYPE vllm:generation_tokens counter", f"vllm:generation_tokens_total {s['tokens']}",
+                         "# TYPE vllm:prefix_cache_queries counter",
+                         f"vllm:prefix_cache_queries_total {s['pc_queries']}",
+                         "# TYPE vllm:prefix_cache_hits counter", f"vllm:prefix_cache_hits_total {s['pc_hits']}"]
                 if spec:
                     lines += ["# TYPE vllm:spec_decode_num_drafts counter",
                               f"vllm:spec_decode_num_drafts_total {s['drafts']}",
@@ -102,32 +138,55 @@ def main() -> None:
             raw = self.rfile.read(n)
             if not self._authorized():
                 return
-            if self.path != "/v1/completions":
+            if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 self._send(404, {"error": "not found"})
                 return
             body = json.loads(raw or b"{}")
+            if args.request_log:
+                with lock, open(args.request_log, "a") as f:
+                    f.write(json.dumps({"path": self.path, "body": body}) + "\n")
+            chat = self.path == "/v1/chat/completions"
+            obj = "chat.completion.chunk" if chat else "text_completion"
             if not body.get("stream"):
-                self._send(200, {"object": "text_completion", "model": args.model,
-                                 "choices": [{"index": 0, "text": " stand-in", "finish_reason": "length"}],
+                choice = ({"index": 0, "message": {"role": "assistant", "content": " stand-in"},
+                           "finish_reason": "length"} if chat else
+                          {"index": 0, "text": " stand-in", "finish_reason": "length"})
+                self._send(200, {"object": obj.removesuffix(".chunk"), "model": args.model, "choices": [choice],
                                  "stand_in": True, "pid": os.getpid()})
                 return
-            tokens = int(body.get("max_tokens") or 16)
+            crash = bool(spec and args.spec_crash_on_grammar and chat
+                         and (body.get("response_format") or body.get("tools")))
+            deltas, finish = pieces(body, chat, int(body.get("max_tokens") or 16))
+            key = json.dumps(body.get("messages") if chat else body.get("prompt"), sort_keys=True)
+            prompt_tokens = max(len(key) // 4, 1)
             with lock:
                 state["running"] += 1
+                state["pc_queries"] += prompt_tokens
+                state["pc_hits"] += prompt_tokens if key in seen else 0
+                seen.add(key)
             try:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
-                for _ in range(tokens):
+                for i, d in enumerate(deltas):
                     time.sleep(token_s)
-                    chunk = {"object": "text_completion", "choices": [{"index": 0, "text": " w"}]}
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    if crash:  # the engine core dies on the grammar's first bitmask: the server goes with it
+                        print("stand-in OpenAI server: speculative release crashed on a grammar request "
+                              "(simulated)", file=sys.stderr, flush=True)
+                        os._exit(1)
+                    delta = {**d, "role": "assistant"} if chat and i == 0 else d
+                    last = i == len(deltas) - 1
+                    choice = ({"index": 0, "delta": delta, "finish_reason": finish if last else None} if chat
+                              else {"index": 0, **delta, "finish_reason": finish if last else None})
+                    self.wfile.write(f"data: {json.dumps({'object': obj, 'choices': [choice]})}\n\n".encode())
                     self.wfile.flush()
                     with lock:
                         state["tokens"] += 1
-                usage = {"object": "text_completion", "choices": [],
-                         "usage": {"prompt_tokens": 4, "completion_tokens": tokens, "total_tokens": tokens + 4}}
+                tokens = len(deltas)
+                usage = {"object": obj, "choices": [],
+                         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+                                   "total_tokens": tokens + prompt_tokens}}
                 self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
                 self.wfile.flush()
                 if spec:

@@ -91,8 +91,9 @@ class SpeculateJob(BaseModel):
     attempt in its own ``<window_id>/`` inside (no attempt overwrites another);
     ``latest``: where a copy of the newest result goes (``runs/<run>/speculate/result.json``, what the run report
     reads, for the run's own head; ``<results_dir>/result.json`` for a head from elsewhere, so that it never
-    overwrites the run's own), or None. ``prompts`` are sent in this order on every pass; ``levels``: concurrencies, the first one
-    deciding; seconds for the timeouts. ``figures``: what the driver checked before (head check, prompts' source,
+    overwrites the run's own), or None. ``prompts`` are sent in this order on every pass (a string to
+    ``/v1/completions``, a chat body to ``/v1/chat/completions``: :func:`eagle3ops.gate.replay.request_body`);
+    ``levels``: concurrencies, the first one deciding; seconds for the timeouts. ``figures``: what the driver checked before (head check, prompts' source,
     warnings), copied into the result as they are.
     """
 
@@ -104,7 +105,7 @@ class SpeculateJob(BaseModel):
     rule: Literal["faster", "not_slower"] = "faster"
     latest: str | None = None
     change: ReleaseChange
-    prompts: list[str]
+    prompts: list[str | dict[str, Any]]
     levels: list[int]
     max_tokens: int
     passes: int

@@ -12,9 +12,9 @@ from dataclasses import asdict
 from typing import Any
 
 from eagle3ops.gate.metrics import SpecCounters, SpecDelta, parse
-from eagle3ops.gate.replay import LevelResult, replay_level
+from eagle3ops.gate.replay import LevelResult, ReleaseFailed, endpoints, replay_level, summary
 
-__all__ = ["measure", "read_measurement", "sum_deltas"]
+__all__ = ["measure", "prefix_cache", "read_measurement", "sum_deltas"]
 
 
 def measure(req: dict[str, Any]) -> dict[str, Any]:
@@ -22,27 +22,33 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
 
     Returns:
         ``{"levels": {c: [LevelResult figures, one per pass]}, "counters": {c: [[before, after], one per pass]},
-        "server": {"version": GET /version's, or None}}`` where counters are
-        :class:`~eagle3ops.gate.metrics.SpecCounters` as dicts.
+        "server": {"version": GET /version's, or None}, "traffic": {"endpoints": {path: prompts sent there},
+        "base_url"}}`` where counters are :class:`~eagle3ops.gate.metrics.SpecCounters` as dicts (the prefix-cache
+        counters with them: :func:`prefix_cache`).
 
-    Request: ``{"base_url", "model", "prompts" (sent in this order every pass), "levels", "max_tokens", "passes"
+    Request: ``{"base_url", "model", "prompts" (sent in this order every pass: strings and chat bodies,
+    :func:`~eagle3ops.gate.replay.request_body`), "levels", "max_tokens", "passes"
     (default 1), "api_key" (or null: sent on every request and scrape, never in argv), "request_timeout_s",
     "idle_timeout_s", "warmup_prompts" (default 0)}``. With ``warmup_prompts`` N > 0, the first N prompts are sent
     once at each level before the passes and not measured (a freshly started server's first requests are slower;
     their spec-decode counters fall before the first pass's "before" snapshot); the answer's ``warmup`` says what was
-    sent and how fast. Passes run one after the other, each going through every level in order (a slow drift of
-    the host then touches every level alike). A level's "before" snapshot is taken after its idle wait, right
+    sent and how fast, and ``warmup["failures"]`` (concurrency -> ``[prompt index, why]``) any request that
+    failed. Passes run one after the other, each going through every level in order (a slow drift of the host then
+    touches every level alike). A level's "before" snapshot is taken after its idle wait, right
     before its first request (:func:`~eagle3ops.gate.replay.replay_level`'s ``on_idle``).
 
     Raises:
-        ReplayError: the server was busy before a level, or every request failed.
+        ReplayError: the server was busy before a level.
+        ReleaseFailed: every request of a level failed, or the server stopped answering (``/metrics`` unreachable
+            after a level whose requests failed, or for a whole idle wait): the release failed the gate's traffic.
     """
     import httpx
 
     base, model, key = req["base_url"], req["model"], req.get("api_key")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     out: dict[str, Any] = {"levels": {str(c): [] for c in req["levels"]},
-                           "counters": {str(c): [] for c in req["levels"]}}
+                           "counters": {str(c): [] for c in req["levels"]},
+                           "traffic": {"endpoints": endpoints(req["prompts"]), "base_url": base}}
 
     def scrape() -> dict[str, Any]:
         d = asdict(parse(httpx.get(f"{base}/metrics", headers=headers, timeout=30).text))
@@ -62,6 +68,14 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
                                request_timeout_s=float(req.get("request_timeout_s", 300)),
                                idle_timeout_s=float(req.get("idle_timeout_s", 120)))
             out["warmup"]["output_tokens_per_s"][str(c)] = res.figures().get("output_tokens_per_s")
+            if res.errors:  # failed requests are the release's, measured or not
+                out["warmup"].setdefault("failures", {})[str(c)] = [list(f) for f in res.failures]
+                try:
+                    scrape()
+                except (httpx.HTTPError, ValueError) as e:
+                    raise ReleaseFailed(f"{res.errors} of {res.requests} warm-up requests failed at concurrency {c} "
+                                        f"({summary(res.failures)}) and the server no longer answers /metrics "
+                                        f"({type(e).__name__}: {e}): it went down", res.failures, int(c)) from None
     for _ in range(int(req.get("passes", 1))):
         for c in req["levels"]:
             before: list[dict[str, Any]] = []
@@ -70,7 +84,36 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
                                idle_timeout_s=float(req.get("idle_timeout_s", 120)),
                                on_idle=lambda: before.append(scrape()))
             out["levels"][str(c)].append(res.figures())
-            out["counters"][str(c)].append([before[0], scrape()])
+            try:
+                after = scrape()
+            except (httpx.HTTPError, ValueError) as e:
+                if not res.errors:
+                    raise
+                raise ReleaseFailed(f"{res.errors} of {res.requests} requests failed at concurrency {c} "
+                                    f"({summary(res.failures)}) and the server no longer answers /metrics "
+                                    f"({type(e).__name__}: {e}): it went down", res.failures, int(c)) from None
+            out["counters"][str(c)].append([before[0], after])
+    return out
+
+
+def prefix_cache(ans: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Per level of a :func:`measure` answer (pure): vLLM's prefix-cache ``queries`` and ``hits`` (prompt tokens)
+    summed over the level's passes (each pass from after its idle wait to after its last request) and ``hit_rate``
+    = hits / queries; every figure None when the server exports no prefix-cache counters (or a measurement from
+    before they were read)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for c, pairs in ans.get("counters", {}).items():
+        q = h = 0.0
+        known = bool(pairs)
+        for before, after in pairs:
+            vals = [d.get(k) for d in (before, after) for k in ("prefix_cache_queries", "prefix_cache_hits")]
+            if any(v is None for v in vals):
+                known = False
+                break
+            q += vals[2] - vals[0]
+            h += vals[3] - vals[1]
+        out[c] = ({"queries": q, "hits": h, "hit_rate": round(h / q, 4) if q > 0 else None} if known
+                  else {"queries": None, "hits": None, "hit_rate": None})
     return out
 
 

@@ -3,8 +3,9 @@
 vLLM 0.16 exports (Prometheus text format; a ``_created`` series sits beside each counter and is ignored here):
 ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
 ``vllm:spec_decode_num_accepted_tokens_total`` and ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position=k}``,
-plus the gauges ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` and the counter
-``vllm:generation_tokens_total`` (vLLM 0.16 ``vllm/v1/metrics/loggers.py``; shared/FACTS.md). Mean acceptance length, as vLLM's own
+plus the gauges ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` and the counters
+``vllm:generation_tokens_total``, ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (prompt
+tokens looked up in / found in the prefix cache; vLLM 0.16 ``vllm/v1/metrics/loggers.py``; shared/FACTS.md). Mean acceptance length, as vLLM's own
 ``SpecDecodingLogging`` reports it: ``1 + Δaccepted / Δdrafts`` (each draft round yields the accepted tokens plus one
 token from the target); per-position acceptance rate ``Δaccepted_pos[k] / Δdrafts``.
 
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 __all__ = ["ServerSample", "SpecCounters", "SpecDelta", "interval_figures", "parse", "parse_server"]
 
 PREFIX = "vllm:spec_decode_"
-_SUMMED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total")
+_SUMMED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
+           "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ class SpecCounters:
         requests_waiting: ``vllm:num_requests_waiting`` (gauge; summed over engines), None when absent.
         generation_tokens: ``vllm:generation_tokens_total`` (counter; summed), None when absent. Two scrapes with
             the same value mean no request produced a token in between: the server is idle, not between requests.
+        prefix_cache_queries: ``vllm:prefix_cache_queries_total`` (prompt tokens looked up in the prefix cache;
+            counter, summed), None when absent.
+        prefix_cache_hits: ``vllm:prefix_cache_hits_total`` (prompt tokens found there; counter, summed), None when
+            absent.
     """
 
     drafts: float = 0.0
@@ -46,6 +52,8 @@ class SpecCounters:
     requests_running: float | None = None
     requests_waiting: float | None = None
     generation_tokens: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
 
 
 def parse(text: str) -> SpecCounters:
@@ -74,7 +82,8 @@ def parse(text: str) -> SpecCounters:
                 totals[key] += s.value
     return SpecCounters(totals["num_drafts"], totals["num_draft_tokens"], totals["num_accepted_tokens"], per_pos,
                         summed.get("vllm:num_requests_running"), summed.get("vllm:num_requests_waiting"),
-                        summed.get("vllm:generation_tokens_total"))
+                        summed.get("vllm:generation_tokens_total"), summed.get("vllm:prefix_cache_queries_total"),
+                        summed.get("vllm:prefix_cache_hits_total"))
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,27 @@
 """Replay a fixed prompt set at a given concurrency against an OpenAI-compatible server (vLLM), measuring it.
 
-Each level sends every prompt once through ``/v1/completions`` with ``stream: true``, greedy (``temperature 0``),
-``max_tokens`` fixed and ``ignore_eos: true`` (a vLLM sampling extension), so both sides of a comparison generate
-exactly the same number of tokens for the same prompts. Per request: time to first token and inter-token latency
+Each level sends every prompt once (:func:`request_body`): a plain prompt through ``/v1/completions`` with
+``stream: true``, greedy (``temperature 0``), ``max_tokens`` fixed and ``ignore_eos: true`` (a vLLM sampling
+extension), so both sides of a comparison generate exactly the same number of tokens for the same prompts; a chat
+body (``messages`` with e.g. ``tools`` or ``response_format``, as production clients send them) through
+``/v1/chat/completions`` as given, the same settings on top, except ``ignore_eos`` on a body with ``tools`` or
+``response_format``: there the grammar backend or the tool parser decides where the answer ends, as in production
+(forcing generation past the end of a grammar's language is traffic no client sends). Greedy decoding makes both
+sides' answers the same up to numerics, so their lengths match too. Per request: time to first token (the first
+chunk carrying text, content, reasoning or a tool-call piece) and inter-token latency
 ``(t_last - t_first) / (n_tokens - 1)`` (a streamed chunk may carry several tokens under speculation, so the
-latency is taken over the whole stream, not per chunk); per level: output tokens/s = Σ output tokens / wall time.
+latency is taken over the whole stream, not per chunk); per level: output tokens/s = Σ output tokens / wall time,
+ITL and TTFT median and p90 (the nearest-rank value at 90 % of the sorted figures, rank rounded down).
 Per prompt, in the prompts' own (fixed) order whatever the order of completion: output tokens, request seconds
 (sent to last token) and time to first token: the gate checks that both sides sent the same prompts and cuts prompt
 sets out of the passes (:func:`eagle3ops.gate.decide.ratio_interval`, :func:`eagle3ops.gate.decide.set_tables`).
+
+A request fails (:class:`RequestFailed`; the level's ``errors`` and ``failures`` name it) on a non-2xx answer, an
+error event in the stream (vLLM streams ``data: {"error": {...}}`` when generation fails), a stream that ends before
+``data: [DONE]`` (the server closed it: it died), a transport error or timeout, or a grammar failure: a
+``response_format`` ``json_object``/``json_schema`` answer, or a tool call's arguments, that is not JSON although
+the answer ended on its own (``finish_reason`` other than ``length``). Every request failing, or the server no longer
+answering, raises :class:`ReleaseFailed`.
 
 Foreign traffic: a monitor thread scrapes ``/metrics`` while the level runs; ``vllm:num_requests_running`` above
 the replay's own in-flight count means someone else's requests shared the server, and the level is marked
@@ -23,19 +37,81 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
+from typing import Any
 
 import httpx
 
 from eagle3ops.gate.metrics import SpecCounters, parse
 
-__all__ = ["LevelResult", "ReplayError", "replay_level", "wait_idle"]
+__all__ = ["CHAT", "COMPLETIONS", "LevelResult", "ReleaseFailed", "ReplayError", "RequestFailed", "endpoints",
+           "percentile", "replay_level", "request_body", "summary", "wait_idle"]
+
+#: The endpoints the replay sends to: plain prompts, chat bodies.
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 
 
 class ReplayError(RuntimeError):
     """The server could not be measured (not idle in time, requests failing); the message says which."""
+
+
+class ReleaseFailed(ReplayError):
+    """The measured release failed the gate's traffic: every request of a level failed, or the server stopped
+    answering (``/metrics`` unreachable after a level whose requests failed, or throughout an idle wait). The
+    message names the endpoint and the failures; ``failures`` holds ``(prompt index, why)`` of the level at
+    ``concurrency`` (None: not known)."""
+
+    def __init__(self, message: str, failures: Sequence[tuple[int, str]] = (), concurrency: int | None = None):
+        super().__init__(message)
+        self.failures = list(failures)
+        self.concurrency = concurrency
+
+
+class RequestFailed(Exception):
+    """One request failed; the message says how, naming the endpoint (see the module doc)."""
+
+
+def request_body(model: str, prompt: str | Mapping[str, Any], max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """``(endpoint path, JSON body)`` of one gate request (see the module doc).
+
+    A string goes to :data:`COMPLETIONS` with ``model``, ``max_tokens``, ``temperature 0``, ``ignore_eos``,
+    ``stream`` and ``stream_options.include_usage`` (the gate's settings, unchanged since the gate's first
+    benchmarks). A mapping is a chat body sent to :data:`CHAT` as given, with ``model``, ``max_tokens`` (a given
+    ``max_completion_tokens`` dropped: vLLM would take it over ``max_tokens``), ``temperature 0``, ``stream`` and
+    ``stream_options`` set on top, and ``ignore_eos`` only when it has neither ``tools`` nor ``response_format``.
+    """
+    if isinstance(prompt, str):
+        return COMPLETIONS, {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {k: v for k, v in prompt.items() if k != "max_completion_tokens"}
+    body.update(model=model, max_tokens=max_tokens, temperature=0.0, stream=True,
+                stream_options={"include_usage": True})
+    if not _constrained(prompt):
+        body["ignore_eos"] = True
+    return CHAT, body
+
+
+def _constrained(prompt: Mapping[str, Any]) -> bool:
+    """A chat body whose answer's end a tool parser or grammar backend decides."""
+    return bool(prompt.get("tools")) or prompt.get("response_format") is not None
+
+
+def endpoints(prompts: Sequence[str | Mapping[str, Any]]) -> dict[str, int]:
+    """Endpoint path -> how many of ``prompts`` go to it (those with at least one)."""
+    out: dict[str, int] = {}
+    for p in prompts:
+        path = COMPLETIONS if isinstance(p, str) else CHAT
+        out[path] = out.get(path, 0) + 1
+    return out
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The nearest-rank value at ``q`` (0..1) of ``values`` (rank ``int(q * (n - 1))`` of the sorted values, the
+    replay's ITL p90 rule); None when empty."""
+    v = sorted(values)
+    return v[int(q * (len(v) - 1))] if v else None
 
 
 @dataclass(frozen=True)
@@ -57,6 +133,10 @@ class LevelResult:
     prompt_tokens: tuple[int, ...] | list[int] = ()
     prompt_seconds: tuple[float | None, ...] | list[float | None] = ()
     prompt_ttft_ms: tuple[float | None, ...] | list[float | None] = ()
+    #: time to first token p90 (ms; :func:`percentile`), None when no request produced a token
+    ttft_ms_p90: float | None = None
+    #: the failed requests: (prompt index, why), in the prompts' order
+    failures: tuple[tuple[int, str], ...] | list = ()
 
     def figures(self) -> dict[str, object]:
         """JSON-ready dict (per-prompt figures as lists)."""
@@ -75,14 +155,17 @@ def wait_idle(base_url: str, timeout_s: float = 120.0, api_key: str | None = Non
     gauge alone reads 0 in the gap between another client's back-to-back requests.
 
     Raises:
-        ReplayError: still busy (someone else's traffic) or unreachable at the deadline.
+        ReplayError: still busy (someone else's traffic) at the deadline, or answering with errors.
+        ReleaseFailed: no scrape got through at all (the server is down).
     """
     deadline = time.monotonic() + timeout_s
     last = "no answer"
+    answered = False
     prev: SpecCounters | None = None
     while time.monotonic() < deadline:
         try:
             r = httpx.get(f"{base_url}/metrics", headers=_headers(api_key), timeout=10)
+            answered = True
             now = parse(r.text)
             busy = (now.requests_running or 0.0) + (now.requests_waiting or 0.0)
             if busy:
@@ -96,32 +179,82 @@ def wait_idle(base_url: str, timeout_s: float = 120.0, api_key: str | None = Non
         except httpx.HTTPError as e:
             last, prev = f"{type(e).__name__}: {e}", None
         time.sleep(settle_s)
+    if not answered:
+        raise ReleaseFailed(f"{base_url} did not answer /metrics for {timeout_s:.0f} s ({last}): the server is down")
     raise ReplayError(f"{base_url} not idle within {timeout_s:.0f} s ({last}): not measuring on a shared server")
 
 
-def _one(client: httpx.Client, base_url: str, model: str, prompt: str, max_tokens: int, inflight: list[int],
-         lock: threading.Lock) -> tuple[int, float | None, float | None, float]:
-    """Send one streamed completion; returns (output tokens, ttft s, itl s, request s)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+def _check_json(what: str, text: str, path: str) -> None:
+    try:
+        json.loads(text)
+    except ValueError:
+        raise RequestFailed(f"grammar failure on {path}: {what} is not JSON although the answer ended on its own "
+                            f"({text[:80]!r})") from None
+
+
+def _one(client: httpx.Client, base_url: str, model: str, prompt: str | Mapping[str, Any], max_tokens: int,
+         inflight: list[int], lock: threading.Lock) -> tuple[int, float | None, float | None, float]:
+    """Send one streamed request (:func:`request_body`); returns (output tokens, ttft s, itl s, request s).
+
+    Raises:
+        RequestFailed: the module doc's failures, naming the endpoint.
+    """
+    path, body = request_body(model, prompt, max_tokens)
+    chat = path == CHAT
     with lock:
         inflight[0] += 1
     try:
         t0 = time.monotonic()
         first = last = None
         tokens = 0
-        with client.stream("POST", f"{base_url}/v1/completions", json=body) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                ev = json.loads(line[6:])
-                if ev.get("choices") and ev["choices"][0].get("text"):
-                    now = time.monotonic()
-                    first = first or now
-                    last = now
-                if ev.get("usage"):
-                    tokens = int(ev["usage"]["completion_tokens"])
+        done, finish = False, None
+        content: list[str] = []
+        calls: dict[int, list[str]] = {}
+        try:
+            with client.stream("POST", f"{base_url}{path}", json=body) as r:
+                if not r.is_success:
+                    r.read()
+                    raise RequestFailed(f"HTTP {r.status_code} from {path}: {r.text.strip()[:200]}")
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                        continue
+                    if not line.startswith("data: "):
+                        continue
+                    ev = json.loads(line[6:])
+                    if ev.get("error"):
+                        err = ev["error"]
+                        raise RequestFailed(f"stream error from {path}: "
+                                            f"{(err.get('message') if isinstance(err, dict) else err)}"[:300])
+                    choice = (ev.get("choices") or [{}])[0]
+                    if chat:
+                        delta = choice.get("delta") or {}
+                        got = any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
+                        content.append(delta.get("content") or "")
+                        for tc in delta.get("tool_calls") or []:
+                            calls.setdefault(int(tc.get("index", 0)), []).append(
+                                (tc.get("function") or {}).get("arguments") or "")
+                    else:
+                        got = bool(choice.get("text"))
+                    finish = choice.get("finish_reason") or finish
+                    if got:
+                        now = time.monotonic()
+                        first = first or now
+                        last = now
+                    if ev.get("usage"):
+                        tokens = int(ev["usage"]["completion_tokens"])
+        except httpx.HTTPError as e:
+            raise RequestFailed(f"{type(e).__name__} from {path}: {e}"[:300]) from None
+        except ValueError as e:  # a data line that is not JSON
+            raise RequestFailed(f"unreadable stream from {path}: {e}"[:300]) from None
+        if not done:
+            raise RequestFailed(f"the stream from {path} ended before data: [DONE] (the server closed it)")
+        if chat and finish not in (None, "length"):
+            rf = (prompt.get("response_format") or {}) if isinstance(prompt, Mapping) else {}
+            if rf.get("type") in ("json_object", "json_schema") and not calls:
+                _check_json("the response_format answer", "".join(content), path)
+            for i, parts in sorted(calls.items()):
+                _check_json(f"tool call {i}'s arguments", "".join(parts), path)
         ttft = (first - t0) if first else None
         itl = (last - first) / (tokens - 1) if first and last and tokens > 1 else None
         return tokens, ttft, itl, (last or time.monotonic()) - t0
@@ -130,17 +263,20 @@ def _one(client: httpx.Client, base_url: str, model: str, prompt: str, max_token
             inflight[0] -= 1
 
 
-def replay_level(base_url: str, model: str, prompts: Sequence[str], concurrency: int, *, max_tokens: int = 64,
+def replay_level(base_url: str, model: str, prompts: Sequence[str | Mapping[str, Any]], concurrency: int, *,
+                 max_tokens: int = 64,
                  api_key: str | None = None, request_timeout_s: float = 300.0, idle_timeout_s: float = 120.0,
                  on_idle: Callable[[], object] | None = None) -> LevelResult:
     """Send every prompt once with ``concurrency`` requests in flight; measure (see the module doc).
 
-    ``api_key``: sent as ``Authorization: Bearer`` on every request, ``/metrics`` scrapes included. ``on_idle``:
-    called once the server is idle, right before the first request (the gate takes its "before" counter snapshot
-    there: after the idle wait, so a foreign request finishing during the wait is not counted).
+    ``prompts``: strings (plain prompts) and chat bodies, :func:`request_body`. ``api_key``: sent as
+    ``Authorization: Bearer`` on every request, ``/metrics`` scrapes included. ``on_idle``: called once the server is
+    idle, right before the first request (the gate takes its "before" counter snapshot there: after the idle wait,
+    so a foreign request finishing during the wait is not counted).
 
     Raises:
-        ReplayError: the server is not idle before the level, or every request failed.
+        ReplayError: the server is not idle before the level.
+        ReleaseFailed: every request failed, or the server did not answer the idle wait at all.
     """
     wait_idle(base_url, idle_timeout_s, api_key)
     lock = threading.Lock()
@@ -163,10 +299,11 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str], concurrency:
 
     results: list[tuple[int, float | None, float | None, float] | None] = []
     errors = 0
+    failures: list[tuple[int, str]] = []
     mon = threading.Thread(target=monitor, daemon=True)
     local = threading.local()
 
-    def work(prompt: str) -> tuple[int, float | None, float | None, float]:
+    def work(prompt: str | Mapping[str, Any]) -> tuple[int, float | None, float | None, float]:
         if not hasattr(local, "client"):
             local.client = httpx.Client(headers=_headers(api_key), timeout=request_timeout_s)
         return _one(local.client, base_url, model, prompt, max_tokens, inflight, lock)
@@ -177,21 +314,24 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str], concurrency:
     mon.start()
     try:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            for fut in [pool.submit(work, p) for p in prompts]:
+            for i, fut in enumerate([pool.submit(work, p) for p in prompts]):
                 try:
                     results.append(fut.result())
-                except (httpx.HTTPError, ValueError, KeyError):
+                except (RequestFailed, httpx.HTTPError, ValueError, KeyError) as e:
                     results.append(None)
                     errors += 1
+                    failures.append((i, str(e) if isinstance(e, RequestFailed) else f"{type(e).__name__}: {e}"))
     finally:
         stop.set()
         mon.join(timeout=15)
     wall = time.monotonic() - t0
     done = [x for x in results if x is not None]
     if not done:
-        raise ReplayError(f"all {len(prompts)} requests to {base_url} failed")
+        raise ReleaseFailed(f"all {len(prompts)} requests to {base_url} failed: {summary(failures)}", failures,
+                            concurrency)
     itls = sorted(x[2] * 1000 for x in done if x[2] is not None)
     ttfts = [x[1] * 1000 for x in done if x[1] is not None]
+    p90 = percentile(ttfts, 0.9)
     out = sum(x[0] for x in done)
     return LevelResult(concurrency, len(prompts), errors, out, round(wall, 3), round(out / wall, 3),
                        round(statistics.median(itls), 3) if itls else None,
@@ -199,4 +339,16 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str], concurrency:
                        round(statistics.median(ttfts), 3) if ttfts else None, foreign[0],
                        tuple(x[0] if x else 0 for x in results),
                        tuple(round(x[3], 6) if x else None for x in results),
-                       tuple(round(x[1] * 1000, 3) if x and x[1] is not None else None for x in results))
+                       tuple(round(x[1] * 1000, 3) if x and x[1] is not None else None for x in results),
+                       round(p90, 3) if p90 is not None else None, tuple(failures))
+
+
+def summary(failures: Sequence[tuple[int, str] | Sequence[Any]], most: int = 3) -> str:
+    """One line naming up to ``most`` distinct failures (``why (prompt i, j)``) and how many more."""
+    by: dict[str, list[int]] = {}
+    for i, why in failures:
+        by.setdefault(str(why), []).append(int(i))
+    parts = [f"{why} (prompt {', '.join(map(str, ix[:5]))}{' ...' if len(ix) > 5 else ''})"
+             for why, ix in list(by.items())[:most]]
+    more = len(by) - most
+    return "; ".join(parts) + (f"; {more} other failure(s)" if more > 0 else "")

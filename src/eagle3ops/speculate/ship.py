@@ -243,6 +243,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     """
     from eagle3ops.window.kinds import require_serving
     from eagle3ops.window.run import run_window
+    from eagle3ops.gate.replay import endpoints
     from eagle3ops.window.arch import refuse_foreign_image
     from eagle3ops.window.standin import refuse_standin_image
 
@@ -308,7 +309,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                  f"{facts.target_vocab_size} (draft {facts.draft_vocab_size}), aux layers {facts.aux_layer_ids} of "
                  f"{facts.target_layers}" + "".join(f"; {w}" for w in facts.warnings)
                  + "; the real run also checks the head as vLLM reads it and its offline estimate, on the host")
-        job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.text for p in gate], margin, floor,
+        job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.request for p in gate], margin, floor,
                    max_tokens, passes, {}, prompt_sets(gate))
         return _dry(r, opts, job, restarts, run_window, on_event, echo)
     mount_run = r.run(hc.test_dir(run_dir), check=False).ok
@@ -357,6 +358,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     figures: dict[str, Any] = {"head_source": str(opts.head or "run"), "serving_image": image,
                                "num_speculative_tokens": k,
                                "prompts": {**source, "count": len(gate), "max_tokens": max_tokens,
+                                           "endpoints": endpoints([p.request for p in gate]),
                                            "disjointness": disjoint, "order": [p.id for p in gate],
                                            "sets": {n: len(ix) for n, ix in prompt_sets(gate).items()}},
                                "head_check": facts.__dict__, "offline_estimate": offline,
@@ -365,7 +367,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                                "force": opts.force,
                                "warnings": warnings, "restarts": restarts.figures(), "power": power.figures(),
                                "like": like}
-    job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.text for p in gate], margin, floor, max_tokens,
+    job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.request for p in gate], margin, floor, max_tokens,
                passes, figures, prompt_sets(gate))
     if r.dry_run:
         echo(f"# dry run: head checked ({facts.__dict__}); would measure {len(gate)} prompts x {max_tokens} tokens "

@@ -25,7 +25,9 @@ dead supervisor, which resumes from the journal and the attempt folder's files):
    (:func:`eagle3ops.gate.like.unlike`: another image or vLLM version, other flags) are ``undecided``, with the
    figure that would have decided;
 6. **keep**, or **rollback**: the kind's ``return_to`` the release live before (health-gated, earlier live releases
-   tried when it fails); a failed measurement rolls back too. The verdict is written to the release history first
+   tried when it fails); a failed measurement rolls back too, and a speculative release that fails the gate's
+   traffic (a request failed, the server died: :class:`eagle3ops.gate.replay.ReleaseFailed`) is a ``rollback``
+   whose reason names the endpoint and the failures. The verdict is written to the release history first
    (:meth:`~eagle3ops.supervisor.releases.Releases.mark_gate`): the speculative release became live only as
    measured, and a later ``rollback`` passes over it unless the gate kept it.
 
@@ -55,7 +57,8 @@ from eagle3ops.gate.like import ReleaseIdentity, flag_names, unlike
 if TYPE_CHECKING:
     from eagle3ops.supervisor.runner import Supervisor
 
-__all__ = ["SpeculateRun", "choose_candidate", "decide_figures", "decide_measured", "measure_serving"]
+__all__ = ["SpeculateRun", "choose_candidate", "decide_figures", "decide_measured", "failed_requests",
+           "measure_serving"]
 
 
 def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
@@ -63,7 +66,9 @@ def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
     key the health gate uses. Returns :func:`eagle3ops.gate.measure.measure`'s answer.
 
     Raises:
-        ReplayError: serving not idle before a level, or every request failed.
+        ReplayError: serving not idle before a level.
+        ReleaseFailed: every request of a level failed, or serving stopped answering (:func:`eagle3ops.gate.
+            measure.measure`).
     """
     from eagle3ops.gate.measure import measure
 
@@ -78,9 +83,15 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
                    level: float | None = None) -> Any:
     """The pure decision (:func:`eagle3ops.gate.decide.decide`) on two :func:`measure_serving` answers, its
     interval at ``level`` (default :data:`eagle3ops.gate.decide.LEVEL`); returns the
-    :class:`~eagle3ops.gate.decide.Decision` with the per-level counter deltas added."""
+    :class:`~eagle3ops.gate.decide.Decision` with added figures: the per-level counter deltas
+    (``spec_decode_per_level``), each side's TTFT p90 and failed requests per level (``levels[c][side]
+    ["ttft_ms_p90"]``, pooled over the passes like the median beside it; ``["failures"]``), the TTFT p90 ratio at
+    the production concurrency (``ttft_ratio_p90``), vLLM's prefix-cache queries, hits and hit rate per side and
+    level (``prefix_cache``, :func:`eagle3ops.gate.measure.prefix_cache`) and the endpoints the prompts went to
+    (``traffic``)."""
     from eagle3ops.gate.decide import LEVEL, decide
-    from eagle3ops.gate.measure import read_measurement, sum_deltas
+    from eagle3ops.gate.measure import prefix_cache, read_measurement, sum_deltas
+    from eagle3ops.gate.replay import percentile
 
     base, _ = read_measurement(baseline)
     spec, deltas = read_measurement(speculative)
@@ -89,7 +100,50 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
                       ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max, rule=job.rule,
                       level=LEVEL if level is None else level)
     decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
+
+    def p90(passes: list[Any]) -> float | None:
+        v = percentile([float(t) for p in passes for t in p.prompt_ttft_ms if t is not None], 0.9)
+        return round(v, 3) if v is not None else None
+
+    levels = decision.figures.get("levels") or {}
+    for c, row in levels.items():
+        for side, res in (("baseline", base), ("speculative", spec)):
+            if isinstance(row.get(side), dict) and int(c) in res:
+                row[side]["ttft_ms_p90"] = p90(res[int(c)])
+                row[side]["failures"] = [{"pass": j, "prompt": int(i), "error": str(why)}
+                                         for j, p in enumerate(res[int(c)]) for i, why in p.failures]
+    c0 = job.levels[0]
+    bp, sp = (p90(res[c0]) if c0 in res else None for res in (base, spec))
+    decision.figures["ttft_ratio_p90"] = round(sp / bp, 4) if bp and sp is not None else None
+    decision.figures["prefix_cache"] = {"baseline": prefix_cache(baseline), "speculative": prefix_cache(speculative)}
+    decision.figures["traffic"] = speculative.get("traffic") or baseline.get("traffic")
     return decision
+
+
+def failed_requests(ans: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """The failed requests of a :func:`measure_serving` answer (pure), warm-up included, and how many requests it
+    sent: ``([{"concurrency", "pass" (index, or "warm-up"), "prompt" (index in the gate's order), "error"}], n)``."""
+    out: list[dict[str, Any]] = []
+    sent = 0
+    for c, fails in ((ans.get("warmup") or {}).get("failures") or {}).items():
+        out += [{"concurrency": int(c), "pass": "warm-up", "prompt": int(i), "error": str(why)} for i, why in fails]
+    if ans.get("warmup"):
+        sent += int(ans["warmup"].get("prompts") or 0) * len(ans.get("levels") or {})
+    for c, passes in (ans.get("levels") or {}).items():
+        for j, fig in enumerate(passes):
+            sent += int(fig.get("requests") or 0)
+            out += [{"concurrency": int(c), "pass": j, "prompt": int(i), "error": str(why)}
+                    for i, why in fig.get("failures") or []]
+    return out, sent
+
+
+def _failures_line(failed: list[dict[str, Any]]) -> str:
+    from eagle3ops.gate.replay import summary
+
+    by_level: dict[int, list[tuple[int, str]]] = {}
+    for f in failed:
+        by_level.setdefault(f["concurrency"], []).append((f["prompt"], f["error"]))
+    return "; ".join(f"at concurrency {c}: {summary(fs)}" for c, fs in sorted(by_level.items()))
 
 
 def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any],
@@ -104,6 +158,13 @@ def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: di
     gated release (``rule: not_slower``) is not checked: its change (another image, a vLLM upgrade, NCCL settings)
     is what is measured; both identities stay in the result. ``change``: the measured release's change (a
     candidate's; default the job's); ``level``: the interval's (a candidate's corrected level).
+
+    A request that failed on the speculative release (:func:`failed_requests`: a non-2xx answer, a stream error, a
+    stream cut short, a grammar failure) makes it ``rollback`` whatever else was measured, the reason naming the
+    failures and ``figures["failed_requests"]`` listing both sides'; the verdict it would have had is kept in
+    ``figures["would_have_been"]``. A time to first token above ``ttft_ratio_max`` is named in the reason whichever
+    rule decided (an earlier rule, e.g. the acceptance floor, may have decided before the TTFT rule), with the p90
+    ratio beside the median's, and recorded as ``figures["ttft_breach"]``.
 
     Raises:
         ValueError: from :func:`eagle3ops.gate.decide.decide` (a level or passes missing).
@@ -123,6 +184,26 @@ def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: di
         figures["would_have_been"] = {"verdict": verdict, "reason": reason}
         verdict, reason = "undecided", (f"unlike releases measured ({why}): the ratio mixes the image's own speed "
                                         "with speculation's; speculate again with --control")
+    failed, sent = failed_requests(speculative)
+    if failed:  # a release that fails requests is not shipped, however fast the others went
+        base_failed, _ = failed_requests(baseline)
+        figures["failed_requests"] = {"speculative": failed, "baseline": base_failed}
+        figures.setdefault("would_have_been", {"verdict": verdict, "reason": reason})
+        verdict = "rollback"
+        reason = (f"{len(failed)} of {sent} requests failed on the speculative release ({_failures_line(failed)}); "
+                  + ("the baseline served every one" if not base_failed else
+                     f"the baseline failed {len(base_failed)} ({_failures_line(base_failed)})"))
+    ratio, most = figures.get("ttft_ratio"), job.ttft_ratio_max
+    if ratio is not None and most is not None and ratio > most:
+        p90 = figures.get("ttft_ratio_p90")
+        tail = f" (p90 x{p90:.3f})" if p90 is not None else ""
+        figures["ttft_breach"] = {"ttft_ratio": ratio, "ttft_ratio_p90": p90, "ttft_ratio_max": most,
+                                  "concurrency": job.levels[0]}
+        if "time to first token" in reason:
+            reason += tail.replace("(p90", "(time to first token p90")
+        else:
+            reason += (f"; also: median time to first token x{ratio:.3f} of the baseline's{tail} at concurrency "
+                       f"{job.levels[0]}, above x{most:g} (serving.gate_ttft_ratio_max)")
     return verdict, reason, figures
 
 
@@ -241,6 +322,7 @@ class SpeculateRun:
         """
         from eagle3ops.gate.decide import candidate_level
 
+        from eagle3ops.gate.replay import ReleaseFailed
         from eagle3ops.supervisor.errors import Interrupted
 
         journal, kind = self.sup.journal, self.sup.kind
@@ -271,6 +353,8 @@ class SpeculateRun:
                                spec_decode=fig.get("spec_decode"), sets=fig.get("sets"))
                 except Interrupted:
                     raise
+                except ReleaseFailed as exc:
+                    row.update(verdict="rollback", reason=f"failed the gate's traffic: {exc}")
                 except Exception as exc:  # noqa: BLE001 - this candidate is out; the others still count
                     row.update(verdict="error", reason=f"measuring failed: {type(exc).__name__}: {exc}")
             journal.log(f"decide-{cand.name}", "ok", verdict=row["verdict"], reason=str(row["reason"])[-500:],
@@ -335,12 +419,22 @@ class SpeculateRun:
                 figures = {"baseline_levels": baseline["levels"]}
             else:
                 spec_release = sup.releases.current()
+                from eagle3ops.gate.replay import ReleaseFailed
+
                 try:
                     speculative = self._measured("measure", "speculative.json")
                     verdict, reason, figures = decide_measured(self.job, baseline, speculative, change)
                     if self.job.candidates:
                         figures["candidates"] = cand_figures
                         reason = f"candidate {cand_figures['winner']}, confirmed afresh: {reason}"
+                    journal.log("decide", "ok", verdict=verdict, reason=reason)
+                except ReleaseFailed as exc:  # it crashed or failed every request: a rollback, the failure named
+                    verdict, reason = "rollback", f"the speculative release failed the gate's traffic: {exc}"
+                    failed = [{"concurrency": exc.concurrency, "pass": None, "prompt": int(i), "error": str(why)}
+                              for i, why in exc.failures]
+                    figures = {"baseline_levels": baseline["levels"], "traffic": baseline.get("traffic"),
+                               "failed_requests": {"speculative": failed, "baseline": failed_requests(baseline)[0]}}
+                    journal.log("measure", "error", reason=reason[-800:])
                     journal.log("decide", "ok", verdict=verdict, reason=reason)
                 except Exception as exc:  # noqa: BLE001 - a failed measurement or decision rolls back
                     verdict, reason = "error", f"measuring the speculative release failed: {type(exc).__name__}: {exc}"
@@ -400,5 +494,5 @@ class SpeculateRun:
                      "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
                      "production_concurrency", "live_release", "baseline_release", "speculative_release",
                      "control", "control_release", "measured_releases", "sets", "drain", "rule", "change",
-                     "candidates")}}
+                     "candidates", "ttft_ratio_p90", "ttft_breach", "traffic", "prefix_cache", "failed_requests")}}
         return outcome, error, {"speculate": result, "audit": audit}
