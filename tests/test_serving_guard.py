@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import requests
 
 from eagle3ops.supervisor.runner import GUARD_RESTARTS_MAX, Supervisor
@@ -27,8 +26,6 @@ def _restarter(client, polls: int):
     return on_wait
 
 
-@pytest.mark.xfail(strict=True, reason="serving started from outside is stopped with its graceful timeout, and the "
-                                       "result is a plain ok")
 def test_serving_started_again_during_a_stage_is_stopped_again(tmp_path, gate, capsys):
     from eagle3ops.console import summary
 

@@ -97,8 +97,6 @@ def _supervisor(plan, h, wdir):
     return sup
 
 
-@pytest.mark.xfail(strict=True, reason="serving started from outside is stopped with its graceful timeout: a "
-                                       "starting server runs beside the stage for that long")
 def test_serving_started_again_during_a_stage_is_stopped_again_and_said(standin_serving, tmp_path):
     h, name = standin_serving
     # a graceful timeout long enough to tell a wait on it from a kill (the window's own stop is answered at once)
