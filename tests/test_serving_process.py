@@ -193,7 +193,6 @@ def test_window_stops_the_whole_tree_behind_a_wrapper_and_gates_the_restored_ser
     _wait_up(5)
 
 
-@pytest.mark.xfail(strict=True, reason="a recorded process whose command cannot be replayed is accepted")
 def test_a_recorded_process_that_cannot_be_replayed_is_refused_by_its_record():
     """Pure: what preflight reads (the recorded pid's command line, the listeners on serving's port with their
     ancestry) judged; the sandbox test below reads them from a real process tree."""
@@ -216,8 +215,6 @@ def test_a_recorded_process_that_cannot_be_replayed_is_refused_by_its_record():
 @pytest.mark.sandbox
 @pytest.mark.images
 @pytest.mark.parametrize("process_host", ["detached"], indirect=True)
-@pytest.mark.xfail(strict=True, reason="a recorded shell that left its server in the background is accepted: the "
-                                       "stop misses the server and the restore replays a command nothing tracks")
 def test_a_recorded_command_that_leaves_its_server_in_the_background_is_refused_before_the_stop(process_host):
     """The oldest matching process is a shell that started the server in the background and let it go: the agent's
     stop would take the shell's tree (not the server), and the restore would replay the shell, whose new server
