@@ -143,8 +143,6 @@ def test_venv_preflight_refusals_name_the_fix(marker, python, expect):
 TORCH_SO = f"/srv/e3/state/env/{ENV_HEX}/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so"
 
 
-@pytest.mark.xfail(strict=True, reason="a pipeline environment on a noexec mount, or missing a system library its "
-                                       "wheels load, passes preflight")
 @pytest.mark.parametrize("answer,expect", [
     ("mount rw,nosuid,nodev,noexec,relatime\n", ["is on a mount with noexec (rw,nosuid,nodev,noexec,relatime)",
                                                    "hosts.pod.state_dir", "eagle3ops deploy pod"]),
