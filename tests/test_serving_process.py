@@ -196,7 +196,7 @@ def test_window_stops_the_whole_tree_behind_a_wrapper_and_gates_the_restored_ser
 def test_a_recorded_process_that_cannot_be_replayed_is_refused_by_its_record():
     """Pure: what preflight reads (the recorded pid's command line, the listeners on serving's port with their
     ancestry) judged; the sandbox test below reads them from a real process tree."""
-    from eagle3ops.window.kinds import replay_refusal
+    from eagle3ops.window.hostfacts import replay_refusal
 
     # a shell whose script ends by putting the server in the background: its replay exits at once
     why = replay_refusal("gpu1", 4242, ["bash", "-c", "cd /srv && vllm serve m --port 8000 &"], 8000, {})

@@ -250,7 +250,6 @@ def test_pipeline_config_is_written_after_preflight_under_the_lock(host):
     assert lock < cfg < sup
 
 
-@pytest.mark.xfail(strict=True, reason="stage containers run without serving's NCCL/CUDA environment")
 def test_stages_inherit_the_nccl_and_cuda_environment_of_live_serving(host):
     """Plan level (no GPU here): serving was started with NCCL settings its host needs (NCCL_P2P_DISABLE=1: PCIe
     P2P hangs on RTX PRO 6000 hosts); the stages of a window inherit serving's NCCL_*/CUDA_* environment as the

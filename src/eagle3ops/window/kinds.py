@@ -26,6 +26,7 @@ from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import NO_SERVING_NOTE, Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
+from eagle3ops.window.hostfacts import inherited_env, replay_refusal
 
 if TYPE_CHECKING:
     from eagle3ops.remote import Remote
@@ -491,6 +492,22 @@ def check_serving_container(r: Remote, pf: Preflight, need_serving: bool = True)
                   check=False) if names else None
         pf.add("serving container", bool(s and s.ok and s.stdout.strip() == "running"),
                f"{pf.serving_container}: {s.stdout.strip()}" if s and s.ok else f"no container for {found}")
+    if names and len(names) == 1:
+        e = r.run(dk.inspect_format(h, pf.serving_container, "{{json .Config.Env}}"), check=False)
+        try:
+            pairs = json.loads(e.stdout) if e.ok else []
+        except ValueError:
+            pairs = []
+        _inherit(pf, pairs if isinstance(pairs, list) else [], f"serving container {pf.serving_container}", h.name)
+
+
+def _inherit(pf: Preflight, pairs: list[str], source: str, host: str) -> None:
+    """Set ``pf.serving_env`` from serving's environment ``pairs`` and say what the stages inherit (``--dry-run``
+    shows it with the checks)."""
+    pf.serving_env = inherited_env(pairs)
+    if pf.serving_env:
+        pf.add("stage environment", True, "stages inherit from " + source + ": " + " ".join(
+            f"{k}={v}" for k, v in sorted(pf.serving_env.items())) + f" (hosts.{host}.stage_env overrides)")
 
 
 def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
@@ -513,6 +530,9 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
     pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
            f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "
            f"serving process only as its own user; run serving as the SSH user or SSH in as its user")
+    if ok:
+        env = r.run(hc.cat(f"/proc/{pids[0]}/environ"), check=False).stdout
+        _inherit(pf, [a for a in env.split("\0") if a], f"serving process {pids[0]}", h.name)
     if ok:  # can the restore replay what the record will hold?
         argv = [a for a in r.run(hc.cat(f"/proc/{pids[0]}/cmdline"), check=False).stdout.split("\0") if a]
         chains = [[int(w) for w in ln.split() if w.isdigit()]
@@ -520,55 +540,6 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
         why = replay_refusal(h.name, pids[0], argv, h.serving.port, {c[0]: c for c in chains if c})
         if why:
             pf.add("serving process record", False, why)
-
-
-#: Shells whose ``-c`` script :func:`replay_refusal` reads.
-SHELLS = ("sh", "bash", "dash", "zsh", "ksh", "ash")
-
-
-def replay_refusal(host: str, pid: int, argv: list[str], port: int, listeners: dict[int, list[int]]) -> str | None:
-    """Why the serving process ``pid`` cannot be recorded for a replay, else None (pure; :func:`check_process`
-    reads the facts). The restore agent replays the recorded command line and tracks the process it starts; the
-    stop takes the recorded pid's tree. Both hold only when the server stays under the recorded process, so:
-
-    - a shell (:data:`SHELLS`) run with ``-c`` whose script ends with ``&`` is refused: it puts the last command in
-      the background and exits, so its replay exits at once (the health gate then fails) while the server it left
-      answers on the port, tracked by nothing;
-    - the processes listening on serving's ``port`` must be ``pid`` or under it: a listener whose ancestry misses
-      ``pid`` was left in the background (``nohup ... &``, a subshell, a daemonizing launcher), and the stop would
-      miss it while the restore starts another. This is the robust check (it judges the process tree itself, not
-      how a command line reads); the script check covers the case it cannot see (nothing listens yet). No listener
-      seen: not judged by it.
-
-    Args:
-        host: the inventory's host name (for the key the message names).
-        pid: the oldest process matching ``serving.process_match``.
-        argv: its ``/proc/PID/cmdline``, split at NULs.
-        port: ``serving.port``.
-        listeners: listening pid → its ancestry ``[pid, parent, ..., 1]`` (:func:`eagle3ops.commands.process.
-            port_listeners`).
-    """
-    key = f"hosts.{host}.serving.process_match"
-    fix = (f"run serving in the foreground under the process {key} matches (no trailing `&`; in a script, `exec "
-           f"vllm serve ...`), started detached from outside it (`setsid nohup ... &`), or set {key} to match the "
-           f"server itself")
-    if argv and argv[0].rsplit("/", 1)[-1] in SHELLS:
-        opts = [a for a in argv[1:] if a.startswith("-") and not a.startswith("--")]
-        script = next((a for a in argv[1:] if not a.startswith("-")), "") if any("c" in o for o in opts) else ""
-        if script.rstrip().endswith("&") and not script.rstrip().endswith("&&"):
-            return (f"pid {pid} is a shell whose script ends with `&` ({' '.join(argv)[:200]!r}): it puts the server "
-                    f"in the background and exits, so the restore's replay of it would exit at once and leave a "
-                    f"server that nothing tracks; {fix}")
-    outside = [c for c in listeners.values() if pid not in c]
-    if listeners and len(outside) == len(listeners):
-        c = outside[0]
-        return (f"pid {pid} ({' '.join(argv)[:160]!r}), the oldest process matching {key}, is not the server: pid "
-                f"{c[0]} listens on port {port} and is not under pid {pid} (its parents: "
-                f"{' '.join(map(str, c[1:])) or 'none'}): the server was left in the background (`nohup ... &`, a "
-                f"shell ending with `&`, a daemonizing launcher). The stop would take pid {pid}'s processes without "
-                f"the server, and the restore would replay pid {pid}'s command line, starting a server nothing "
-                f"tracks; {fix}")
-    return None
 
 
 def check_session_kill(r: Remote, pf: Preflight) -> None:

@@ -18,6 +18,7 @@ from eagle3ops.stages.chunkplan import train_output_bytes, value_bytes
 from eagle3ops.window.common import hint, host_path
 from eagle3ops.window.estimate import GpuMemoryPlan, draft_param_count
 from eagle3ops.window.gpucheck import check_gpus_fit
+from eagle3ops.window.hostfacts import env_load_problems
 from eagle3ops.window.kinds import driver_kind, serving_container
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
@@ -198,6 +199,9 @@ class Preflight:
     trial_output: str = ""
     #: Kinds ``process``/``systemd``: how the restore agent is detached (:func:`eagle3ops.window.kinds.check_session_kill`).
     agent_detach: str = "setsid"
+    #: The NCCL/CUDA environment live serving runs with, which the stages inherit
+    #: (:func:`eagle3ops.window.kinds.inherited_env`); empty when none was read.
+    serving_env: dict[str, str] = field(default_factory=dict)
 
     def add(self, name: str, ok: bool, detail: str) -> None:
         """Record one check."""
@@ -520,41 +524,6 @@ def check_venv(r: Remote, pf: Preflight, *, image: str, expected_image_id: str |
         pf.add("pipeline environment", True, f"{d} ({got[:19]})")
         for why in env_load_problems(h, d, r.run(vc.env_health(h, image), check=False).stdout):
             pf.add("pipeline environment libraries", False, why)
-
-
-#: Libraries of the NVIDIA driver, not of the environment's wheels: a CPU host has none, a GPU host's driver
-#: provides them (the GPU checks judge the driver); ``ldd`` not finding them is not the environment's fault.
-DRIVER_LIBS = ("libcuda.so", "libnvidia-ml.so", "libnvidia-")
-
-
-def env_load_problems(h: HostConfig, d: str, out: str) -> list[str]:
-    """Why the pipeline environment ``d`` cannot load its compiled wheels, from :func:`eagle3ops.commands.venv.
-    env_health`'s output (pure): a ``noexec`` mount (the kernel refuses to map its ``.so`` files executable, so
-    ``import torch`` fails in every stage: "failed to map segment from shared object"), or system libraries that
-    ``ldd`` does not find for torch's/vLLM's shared objects (the wheels expect them from the host, e.g.
-    ``libgomp.so.1``, ``libnuma.so.1``); :data:`DRIVER_LIBS` are not counted. Each line names the cause and the
-    fix; empty when neither is seen (nothing to judge where ``findmnt``/``ldd`` are missing)."""
-    problems: list[str] = []
-    opts = next((ln[6:].strip() for ln in out.splitlines() if ln.startswith("mount ")), "")
-    if "noexec" in opts.split(","):
-        problems.append(f"the pipeline environment {d} is on a mount with noexec ({opts}): its compiled libraries "
-                        f"(torch, vllm) cannot be loaded there, so every stage would fail at import; set "
-                        f"hosts.{h.name}.state_dir to a filesystem mounted without noexec (or remount it) and "
-                        f"redeploy with {hint('deploy', h.name)}")
-    missing: dict[str, str] = {}
-    for ln in out.splitlines():
-        if not ln.startswith("missing ") or ": " not in ln:
-            continue
-        path, rest = ln[8:].split(": ", 1)
-        lib = rest.split("=>")[0].strip()
-        if lib and not lib.startswith(DRIVER_LIBS):
-            missing.setdefault(lib, path.split("site-packages/", 1)[-1])
-    if missing:
-        libs = ", ".join(f"{lib} (needed by {by})" for lib, by in list(missing.items())[:6])
-        problems.append(f"the pipeline environment {d} lacks system libraries the wheels load: {libs}: install them "
-                        f"on {h.name} (the distribution's packages that provide them, e.g. libgomp1, libnuma1), then "
-                        f"run the window again; nothing was stopped")
-    return problems
 
 
 def ask_engine(r: Remote) -> tuple[int, str, str]:
