@@ -65,9 +65,10 @@ def replay_refusal(host: str, pid: int, argv: list[str], port: int, listeners: d
 #: Environment of live serving that the stages inherit: NCCL's and CUDA's settings (and PyTorch's for NCCL), which
 #: hosts need for collectives to work at all (e.g. ``NCCL_P2P_DISABLE=1`` where PCIe P2P hangs, as on RTX PRO 6000
 #: hosts) and which serving was started with. ``CUDA_VISIBLE_DEVICES`` is not inherited: the stages get the host's
-#: GPUs (``hosts.<name>.gpus``) whatever subset serving used.
+#: GPUs (``hosts.<name>.gpus``) whatever subset serving used; nor are the names a CUDA base image sets to describe
+#: itself (``CUDA_VERSION``, ``CUDA_HOME``, ...): the pipeline image has its own.
 INHERITED_ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_NCCL_")
-NOT_INHERITED = ("CUDA_VISIBLE_DEVICES",)
+NOT_INHERITED = ("CUDA_VISIBLE_DEVICES", "CUDA_VERSION", "CUDA_HOME", "CUDA_PATH", "CUDA_PKG_VERSION")
 
 
 def inherited_env(pairs: list[str]) -> dict[str, str]:
