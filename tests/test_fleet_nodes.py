@@ -103,7 +103,6 @@ def test_the_reach_probe_connects_on_loopback_and_names_who_cannot(capsys):
     assert "refused" in verdict.detail[1].lower() and "exit 137" in verdict.detail[2]
 
 
-@pytest.mark.xfail(strict=True, reason="a multi-node plan does not name the NCCL/gloo socket interface")
 def test_the_socket_interface_is_named_in_the_plan_and_required_where_hosts_have_several():
     """Plan level (no second host with GPUs here): each node's stage_env and its interfaces (``/sys/class/net``) are
     given; NCCL and gloo pick an interface on their own where none is named, and on a host with several they may
