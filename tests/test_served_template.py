@@ -138,3 +138,28 @@ def test_speculate_refuses_data_rendered_with_another_template_than_the_live_rel
     same = _remote(prepare_sha="bb" * 32, tokenizer_sha="bb" * 32)
     ship.speculate(same, ship.SpeculateOptions(run="r1", pipeline_image="p"), echo=lambda *_: None)
     assert windows == ["speculate", "speculate"]
+
+
+@pytest.mark.parametrize("flag,prepare,expect", [
+    (["--chat-template", "/models/tool-chat.jinja"], "", "serving's --chat-template /models/tool-chat.jinja"),
+    ([], "", "the tokenizer's own"),
+    (["--chat-template", "/models/tool-chat.jinja"], "  chat_template: tokenizer\n",
+     "the tokenizer's own (pipeline prepare.chat_template: tokenizer)"),
+])
+def test_offline_dry_run_names_the_chat_template_prepare_will_use(flag, prepare, expect):
+    """``extract --dry-run --offline`` cannot read the live server, so it says which chat template prepare will use
+    and where that comes from: ``prepare.chat_template`` when it names one, else (``auto``) the inventory's serving
+    flags, labelled as assumed (online, the live server's command line is read before serving stops)."""
+    from eagle3ops.window.offline import offline_dry_run
+
+    inv = load_inventory(REPO / "deploy/hosts.yaml")
+    h = inv.host("sandbox")
+    h = h.model_copy(update={"serving": h.serving.model_copy(update={"args": [*h.serving.args, *flag]})})
+    text = "target_model: /model\nprepare:\n  datasets: [builtin:sharegpt]\n" + prepare
+    lines: list[str] = []
+    res = offline_dry_run(h, kind="extract", run="r1", pipeline_text=text, command="t", echo=lines.append)
+    facts = dict(res["assumed"])
+    assert expect in facts.get("chat template", ""), facts
+    if not prepare:
+        assert "hosts.sandbox.serving.args" in facts["chat template"], facts
+    assert any(ln.startswith("#   assumed chat template: ") for ln in lines), lines

@@ -486,3 +486,58 @@ def test_a_head_below_the_offline_floor_is_refused_before_anything_changes(monke
     monkeypatch.setattr(window_run, "run_window", lambda *a, **k: pytest.fail("a window ran"))
     with pytest.raises(ship.SpeculateError, match="offline acceptance estimate 1.100 is below the floor.*--force"):
         ship.speculate(r, ship.SpeculateOptions(run="r1", pipeline_image="p"), echo=lambda *_: None)
+
+
+def _head_dir(path: Path, config: dict, shapes: dict) -> Path:
+    """A head directory as speculators saves one: ``config.json`` and a safetensors file whose header lists
+    ``shapes`` (the tensors' bytes are zeros; the check reads only the header)."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    header, off = {}, 0
+    for name, shape in shapes.items():
+        n = 4
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    blob = json.dumps(header).encode()
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob + b"\0" * off)
+    return path
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_the_dry_run_of_a_head_from_elsewhere_runs_the_head_check(monkeypatch, tmp_path, fits):
+    """``speculate --head DIR --dry-run``: the head is not uploaded, but its check is local and read-only (its
+    ``config.json`` and safetensors headers here, the target's ``config.json`` read on the host), so the dry run
+    runs it and prints the verdict; a misfit head fails the dry run naming the field, as the real run would."""
+    from eagle3ops.speculate import ship
+    from eagle3ops.window import run as window_run
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+
+    class _TargetRemote(_FakeRemote):
+        def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+            if list(argv) == ["cat", f"{h.model_path}/config.json"]:
+                self.calls.append(list(argv))
+                return _Res(json.dumps(TARGET))
+            return super().run(argv, check=check, timeout=timeout, stdin=stdin)
+
+    r = _TargetRemote(h, [7])
+    r.dry_run = True
+    kinds: list[str] = []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: kinds.append(kind) or {"outcome": "dry"})
+    head = _head_dir(tmp_path / "head", HEAD if fits else _with(HEAD, "transformer_layer_config.hidden_size", 256),
+                     SHAPES)
+    said: list[str] = []
+    opts = ship.SpeculateOptions(run="r1", pipeline_image="p:1", head=head)
+    if fits:
+        res = ship.speculate(r, opts, echo=said.append)
+        assert res["verdict"] == "dry-run" and kinds == ["speculate"]
+        line = next((m for m in said if "head check" in m), "")
+        assert "head check passed" in line and "hidden size 128" in line and "aux layers [1, 2, 3]" in line, said
+        assert ["cat", f"{h.model_path}/config.json"] in r.calls
+    else:
+        with pytest.raises(ship.SpeculateError) as exc:
+            ship.speculate(r, opts, echo=said.append)
+        assert "dry run" in str(exc.value) and "`hidden_size`: 256" in str(exc.value) and "fix:" in str(exc.value)
+        assert not kinds, "the window was planned for a head that does not fit"

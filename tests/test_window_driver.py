@@ -122,6 +122,8 @@ class StandInHost:
             path = a[-1]
             return (0, f"{len(self.files[path].splitlines())} {path}\n", "") if path in self.files else \
                 (1, "", f"wc: {path}: No such file")
+        if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-logind":  # process/systemd preflight: a host without logind
+            return 0, "user=e3ops\nlogind=absent\n", ""
         raise AssertionError(f"unexpected command {a}")
 
     def _docker(self, a):
@@ -450,3 +452,62 @@ def test_release_plan_carries_only_the_intended_change(host, monkeypatch):
     assert plans and plans[0]["kind"] == "release", plans
     assert plans[0]["change"] == {"args": ["--max-num-seqs", "8"], "env": {}, "binds": [], "image": None}
     assert "new_spec" not in plans[0] and plans[0]["serving_container"] == host.serving.container
+
+
+class _LeftSupervisors(StandInHost):
+    """The stand-in host with supervisor containers of earlier windows: ``docker ps -a`` filtered by the supervisor
+    label and a state answers ``NAME<TAB>WINDOW`` lines as the Docker CLI's ``--format`` does; ``test -e`` sees
+    files too (a window's ``result.json``)."""
+
+    def __init__(self, host, **kw):
+        super().__init__(host, **kw)
+        self.ps_calls: list[list[str]] = []
+
+    def __call__(self, argv, stdin):
+        a = list(argv)
+        if a[:2] == ["test", "-e"]:
+            return (0 if a[2] in self.files or a[2] in self.dirs else 1), "", ""
+        return super().__call__(argv, stdin)
+
+    def _docker(self, a):
+        if a[:2] == ["ps", "-a"]:
+            self.ps_calls.append(a)
+            filters = [a[i + 1] for i, x in enumerate(a) if x == "--filter"]
+            states = {f.split("=", 1)[1] for f in filters if f.startswith("status=")}
+            assert "label=io.eagle3ops.role=supervisor" in filters, filters
+            rows = [f"{n}\t{n.removeprefix('eagle3ops-supervisor-')}\n" for n, s in self.containers.items()
+                    if n.startswith("eagle3ops-supervisor-") and s in states]
+            return 0, "".join(rows), ""
+        return super()._docker(a)
+
+
+def test_a_new_window_removes_exited_supervisors_of_finished_windows(host, monkeypatch):
+    """A driver killed mid-window never removes its supervisor container (the host finishes the window; the
+    container stays ``Exited``). The next window, under the lock and before its own supervisor starts, removes the
+    exited supervisors of earlier windows that have a result, and keeps those of windows without one (``recover``
+    restarts them and reads their logs)."""
+    world = _LeftSupervisors(host)
+    world.containers[host.serving.container] = "running"
+    world._mkdirs(host.data_dir)
+    world._mkdirs(host.state_dir)
+    world.files[f"{host.state_dir}/deployed.json"] = json.dumps({"image": IMAGE, "image_id": IMAGE_ID})
+    done, lost, live = "20261201T000000Z-extract-aaaaaa", "20261202T000000Z-extract-bbbbbb", "20261203T000000Z-x"
+    for wid, state in ((done, "exited"), (lost, "exited"), (live, "running")):
+        world.containers[f"eagle3ops-supervisor-{wid}"] = state
+    world.files[wcommon.paths(host, done)["result"]] = json.dumps({"outcome": "ok", "serving_healthy": True})
+    seen: dict = {}
+
+    def launched(name):
+        seen["containers"] = dict(world.containers)
+        seen["writes"] = list(world.writes)
+        raise Launched(name)
+
+    world.on_launch = launched
+    _cli(monkeypatch, world, "release", "sandbox", "--arg", "--max-num-seqs", "--arg", "8")
+    assert seen, "the window did not launch"
+    assert f"eagle3ops-supervisor-{done}" not in seen["containers"], "the finished window's supervisor stayed"
+    assert seen["containers"][f"eagle3ops-supervisor-{lost}"] == "exited", "a window without a result lost its own"
+    assert seen["containers"][f"eagle3ops-supervisor-{live}"] == "running"
+    rm = next(i for i, w in enumerate(seen["writes"]) if w.endswith(f"rm eagle3ops-supervisor-{done}"))
+    lock = next(i for i, w in enumerate(seen["writes"]) if "/lock" in w)
+    assert lock < rm, seen["writes"]  # under the lock

@@ -177,16 +177,31 @@ def test_driver_killed_mid_stage(standin_deployed, standin_inventory, tmp_path):
     pipeline.write_text(TINY_HF)
     env = {**os.environ, "EAGLE3OPS_INVENTORY": str(standin_inventory)}
     before = _windows(h)
-    proc = subprocess.Popen([str(REPO / ".venv/bin/eagle3ops"), "extract", h.name, "--run", _unique("fault-kill"),
-                             "--pipeline", str(pipeline)], env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = [str(REPO / ".venv/bin/eagle3ops"), "extract", h.name, "--run", _unique("fault-kill"), "--pipeline",
+            str(pipeline)]
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wid = _wait_for_event(h, before, "prepare", "start")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
         proc.kill()
-    # The host finishes the window on its own; a new driver attaches from anywhere.
+    # The host finishes the window on its own; its supervisor container stays (the killed driver never removed it)
+    # until a later window of this host removes it under the lock: here a rerun, which finds nothing to do.
+    from eagle3ops.commands import stages as st
+
+    sup, deadline = st.supervisor_name(wid), time.time() + 900
+    with Remote(h) as r:
+        while not r.run(["test", "-e", paths(h, wid)["result"]], check=False).ok:
+            assert time.time() < deadline, f"window {wid} wrote no result within 900 s"
+            time.sleep(1)
+        assert r.run(dk.container_status(h, sup)).stdout.strip() == "exited"
+    rerun = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    with Remote(h) as r:
+        left = r.run(dk.container_status(h, sup), check=False)
+    assert not left.ok and "no such" in left.stderr.lower(), (left.stdout, left.stderr)
+    # A new driver attaches from anywhere.
     out = subprocess.run([str(REPO / ".venv/bin/eagle3ops"), "attach", h.name], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]

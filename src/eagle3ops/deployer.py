@@ -114,7 +114,10 @@ def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = Fal
     Raises:
         DeployError: the environment is a stand-in (the pipeline image planned on a stand-in base, or
             ``env_tarball``'s marker) and ``h`` is not a sandbox (nothing built, exported or sent), ``venv_python``
-            does not run on the host, its Python minor version is not the image's (both named), the image build or export failed, or the delivery failed (the host's words).
+            does not run on the host, its Python minor version is not the image's (both named), the environment's
+            compiled files are for another CPU architecture than the host's ``uname -m`` (:mod:`eagle3ops.window.arch`;
+            checked before anything is sent), the image build or export failed, or the delivery failed (the host's
+            words).
     """
     from eagle3ops.commands import venv as vc
     from eagle3ops.transfer import envbuild

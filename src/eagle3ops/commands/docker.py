@@ -21,6 +21,12 @@ def version(host: HostConfig) -> Read:
     return Read(docker(host, "version", "--format", "{{.Server.Version}}"))
 
 
+def info_format(host: HostConfig, fmt: str) -> Read:
+    """``docker info --format FMT``: one Go template over the engine's info (``{{.Architecture}}``: the engine's
+    machine as ``uname -m`` names it)."""
+    return Read(docker(host, "info", "--format", fmt))
+
+
 def image_id(host: HostConfig, image: str) -> Read:
     """Print the image id (``sha256:<config digest>``) of ``image``; exits non-zero when absent."""
     return Read(docker(host, "image", "inspect", "--format", "{{.Id}}", image))
@@ -66,6 +72,16 @@ def logs(host: HostConfig, name: str, *, follow: bool = False, tail: int | None 
     if tail is not None:
         args += ["--tail", str(tail)]
     return Read(docker(host, *args, name))
+
+
+def containers_by_label(host: HostConfig, label: str, states: tuple[str, ...], fmt: str) -> Read:
+    """``docker ps -a --filter label=LABEL --filter status=S... --format FMT``: one line per container carrying
+    ``label`` (``key=value``) in one of ``states`` (the Docker CLI ORs filters of one key: ``exited``, ``dead``...),
+    formatted by the Go template ``fmt``."""
+    filters = ["--filter", f"label={label}"]
+    for s in states:
+        filters += ["--filter", f"status={s}"]
+    return Read(docker(host, "ps", "-a", *filters, "--format", fmt))
 
 
 def rm(host: HostConfig, name: str, *, force: bool = False) -> Change:

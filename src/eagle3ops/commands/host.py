@@ -125,6 +125,11 @@ def cpuinfo() -> Read:
     return Read(["cat", "/proc/cpuinfo"])
 
 
+def machine() -> Read:
+    """``uname -m``: the host's CPU architecture as the kernel names it (``x86_64``, ``aarch64``)."""
+    return Read(["uname", "-m"])
+
+
 def whoami() -> Read:
     """The SSH login user (for lock and audit entries)."""
     return Read(["id", "-un"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3ops.commands.docker import docker, socket_path
+from eagle3ops.commands.docker import containers_by_label, docker, socket_path
 from eagle3ops.commands.serving import run_argv
-from eagle3ops.commands.types import Change
+from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig
 
 #: Where the host's data_dir appears inside stage containers.
@@ -155,6 +155,18 @@ def chunk_plan_argv(host: HostConfig, *, image: str, run: str, window_id: str) -
     return Change(run_argv(host, spec, remove=True))
 
 
+#: The labels every supervisor container carries (:func:`supervisor_argv`): its role, and the window it runs.
+SUPERVISOR_ROLE_LABEL = "io.eagle3ops.role=supervisor"
+WINDOW_LABEL = "io.eagle3ops.window"
+
+
+def left_supervisors(host: HostConfig) -> Read:
+    """The supervisor containers that ended (``exited``, ``dead``) on the host's engine, one ``NAME<TAB>WINDOW``
+    line each (the window from its :data:`WINDOW_LABEL` label)."""
+    return containers_by_label(host, SUPERVISOR_ROLE_LABEL, ("exited", "dead"),
+                             '{{.Names}}\t{{.Label "%s"}}' % WINDOW_LABEL)
+
+
 def supervisor_name(window_id: str) -> str:
     """Container name of a window's supervisor."""
     return f"eagle3ops-supervisor-{window_id}"
@@ -180,7 +192,7 @@ def supervisor_argv(host: HostConfig, *, image: str, window_id: str, plan_path: 
         "--restart", "on-failure:5",
         # On `docker stop` the supervisor stops the running stage (up to 10 s) and restores serving before it exits.
         "--stop-timeout", str(int(SUPERVISOR_STOP_TIMEOUT_S)),
-        "--label", "io.eagle3ops.role=supervisor", "--label", f"io.eagle3ops.window={window_id}",
+        "--label", SUPERVISOR_ROLE_LABEL, "--label", f"{WINDOW_LABEL}={window_id}",
         "--volume", f"{sock}:/var/run/docker.sock",
         "--volume", f"{host.state_dir}:{host.state_dir}",
         "--volume", f"{host.data_dir}:{host.data_dir}",

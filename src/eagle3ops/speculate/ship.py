@@ -61,11 +61,11 @@ from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.gate.decide import MIN_PASSES
 from eagle3ops.gate.like import control_change
-from eagle3ops.speculate.headcheck import HeadMismatch, check_head
+from eagle3ops.speculate.headcheck import HeadFacts, HeadMismatch, check_head
 from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _live_image, check_as_vllm_reads,
                                            check_like_for_like, check_offline_floor, check_template,
                                            offline_estimate_for)
-from eagle3ops.speculate.onhost import head_sha256, parse_answer
+from eagle3ops.speculate.onhost import head_sha256, parse_answer, safetensors_shapes
 from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_restart_seconds, restart_plan
 from eagle3ops.window.served_template import ServedTemplateError, read_served_template
 from eagle3ops.transfer.weights import InstalledHead
@@ -153,6 +153,41 @@ def _upload_head(r: Any, head: Path | InstalledHead) -> tuple[str, str]:
     return dest, digest
 
 
+def dry_run_head_check(r: Any, head: Path) -> HeadFacts:
+    """The head check of ``speculate --head DIR --dry-run`` (:func:`eagle3ops.speculate.headcheck.check_head`), run
+    where the dry run can without changing anything: the head's ``config.json`` and safetensors headers read here,
+    the target's ``config.json`` read on the host (``cat``, a read). The checks that need the pipeline image (vLLM's
+    reading of the head, d2t/t2d values, the offline estimate) stay with the real run's inspect helper.
+
+    Raises:
+        SpeculateError: the head directory has no ``config.json`` or an unreadable safetensors file, the target's
+            config cannot be read (``model_path`` named), or the head does not fit (the field and the fix, from
+            :class:`~eagle3ops.speculate.headcheck.HeadMismatch`).
+    """
+    h = r.host
+    try:
+        head_config = json.loads((head / "config.json").read_text())
+        shapes: dict[str, list[int]] = {}
+        for f in sorted(head.glob("*.safetensors")):
+            shapes.update(safetensors_shapes(f))
+    except (OSError, ValueError) as exc:
+        raise SpeculateError(f"{head}: cannot read the head ({exc}); pass the head's directory (speculators' saved "
+                             "format: config.json and *.safetensors)") from None
+    out = r.run(hc.cat(f"{h.model_path}/config.json"), check=False)
+    try:
+        target = json.loads(out.stdout) if out.ok else None
+    except ValueError:
+        target = None
+    if not isinstance(target, dict):
+        raise SpeculateError(f"{h.name}: dry run: the target's {h.model_path}/config.json cannot be read "
+                             f"({(out.stderr or '').strip()[-200:] or 'not JSON'}): check hosts.{h.name}.model_path")
+    try:
+        return check_head(head_config, shapes, target)
+    except HeadMismatch as e:
+        raise SpeculateError(f"{h.name}: dry run: the head check fails, a real run would refuse {head} before "
+                             f"anything changes: {e}") from None
+
+
 def _ensure_image(r: Any, image: str, echo: Callable[[str], None], push: Callable[[str, Any], str]) -> str:
     if r.run(dk.image_id(r.host, image), check=False).ok:
         return "present"
@@ -197,6 +232,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     """
     from eagle3ops.window.kinds import require_serving
     from eagle3ops.window.run import run_window
+    from eagle3ops.window.arch import refuse_foreign_image
     from eagle3ops.window.standin import refuse_standin_image
 
     require_serving(r.host, "speculate")  # before anything is read or written on the host
@@ -225,6 +261,9 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     like: dict[str, Any] = {"like_for_like": True, "control": False}
     if speculative_change(h, run_dir, 3, image).image:  # a process serves no image
         refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
+        foreign = refuse_foreign_image(r, image, "speculate")  # an image the host lacks: the push refuses it
+        if foreign:
+            raise SpeculateError(foreign)
         spec_id = r.run(dk.image_id(h, image), check=False)
         like = check_like_for_like(h, _live_image(r), (image, (spec_id.stdout.strip() or None) if spec_id.ok else None),
                                    opts.control)
@@ -239,7 +278,15 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     head_dir, digest = _upload_head(r, opts.head) if opts.head else (f"{run_dir}/train/final", None)
     restarts = plan_restarts(r, control=opts.control, candidates=n_candidates)
     if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
-        echo(f"# dry run: {opts.head} would be uploaded to {head_dir} and checked against {h.model_path}")
+        if isinstance(opts.head, InstalledHead):  # on the host, not fetched yet in a dry run: nothing to read
+            echo(f"# dry run: {opts.head.dir} would be fetched and checked against {h.model_path}")
+        else:
+            facts = dry_run_head_check(r, opts.head)
+            echo(f"# dry run: {opts.head} would be uploaded to {head_dir}; head check passed against "
+                 f"{h.model_path}/config.json (read on {h.name}): hidden size {facts.hidden_size}, vocab "
+                 f"{facts.target_vocab_size} (draft {facts.draft_vocab_size}), aux layers {facts.aux_layer_ids} of "
+                 f"{facts.target_layers}" + "".join(f"; {w}" for w in facts.warnings)
+                 + "; the real run also checks the head as vLLM reads it and its offline estimate, on the host")
         job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.text for p in gate], margin, floor,
                    max_tokens, passes, {}, prompt_sets(gate))
         return _dry(r, opts, job, restarts, run_window, on_event, echo)

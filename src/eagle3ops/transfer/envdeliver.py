@@ -20,6 +20,7 @@ from eagle3ops.config import HostConfig
 from eagle3ops.config.standin import ENV_FIX, STANDIN_ENV_MARKER, env_standin_reason, refusal
 from eagle3ops.remote import Remote, RemoteError
 from eagle3ops.stages.manifest import sha256_file
+from eagle3ops.window.arch import refuse_foreign_env
 from eagle3ops.window.common import paths
 
 
@@ -95,7 +96,8 @@ def deliver_env(r: Remote, tarball: Path, *, image: str | None = None,
 
     Raises:
         EnvDeliveryError: the host is not a venv host, the file's digest differs from ``image``, the environment is
-            a stand-in and the host not a sandbox, or the host refused the archive (digest mismatch in transit, not
+            a stand-in and the host not a sandbox, its compiled files are for another CPU architecture than the host's
+            ``uname -m`` (:mod:`eagle3ops.window.arch`; nothing sent), or the host refused the archive (digest mismatch in transit, not
             a gzip tar, its ``bin/python`` does not start there, its build record names another Python minor
             version than ``venv_python``'s).
     """
@@ -105,6 +107,13 @@ def deliver_env(r: Remote, tarball: Path, *, image: str | None = None,
                                f"(`eagle3ops deploy {h.name}`)")
     got = file_digest(tarball)
     refuse_standin_env(h, tarball, got, what)
+    try:  # its compiled files against the host's machine (`uname -m`), before anything is sent
+        foreign = refuse_foreign_env(r, tarball, what)
+    except (OSError, tarfile.TarError) as exc:
+        raise EnvDeliveryError(f"{tarball}: cannot be read as a gzip tar ({exc}): pass the file "
+                               f"`eagle3ops image env-tarball` wrote") from None
+    if foreign:
+        raise EnvDeliveryError(foreign)
     if image is not None and image != got:
         raise EnvDeliveryError(f"{tarball}: its sha256 is {got}, not {image}: rebuild the environment")
     marker = r.run(vc.read_marker(h, got), check=False).stdout

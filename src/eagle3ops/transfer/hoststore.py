@@ -25,6 +25,8 @@ class HostStore:
         image_ids: ids of the images on the host (config digests on the classic store, manifest digests on the
             containerd store).
         scaffolds: scaffold image id → the image id it was made for (left by interrupted pushes).
+        arch: the engine's machine (``docker info``'s ``Architecture``, ``uname -m``'s words: ``x86_64``);
+            ``""`` when the engine does not say.
     """
 
     kind: str
@@ -33,6 +35,7 @@ class HostStore:
     chain_ids: frozenset[str]
     image_ids: frozenset[str]
     scaffolds: dict[str, str] = field(default_factory=dict)
+    arch: str = ""
 
 
 def inspect_host(remote) -> HostStore:
@@ -72,7 +75,8 @@ def inspect_host(remote) -> HostStore:
         if target:
             scaffolds[iid] = target
     return HostStore(kind=kind, driver=str(info.get("Driver")), server_version=str(info.get("ServerVersion")),
-                     chain_ids=frozenset(chains), image_ids=frozenset(ids), scaffolds=scaffolds)
+                     chain_ids=frozenset(chains), image_ids=frozenset(ids), scaffolds=scaffolds,
+                     arch=str(info.get("Architecture") or ""))
 
 
 def host_has_zstd(remote) -> bool:

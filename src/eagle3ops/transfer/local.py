@@ -56,6 +56,7 @@ class LocalImage:
         diff_ids: layer digests (uncompressed tars), base first.
         repo_tags: tags to give the image on the host (the ref when it is a tag).
         size: image size in bytes as the engine reports it.
+        arch: the architecture its config names (``amd64``, ``arm64``; ``""``: not said).
         labels: the image's labels (``Config.Labels``, inherited ones included): what marks a stand-in.
     """
 
@@ -64,6 +65,7 @@ class LocalImage:
     diff_ids: tuple[str, ...]
     repo_tags: tuple[str, ...]
     size: int = 0
+    arch: str = ""
     labels: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     @property
@@ -144,7 +146,8 @@ def inspect_local(ref: str, docker_host: str | None = None) -> LocalImage:
     else:
         tags = (ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest",)
     return LocalImage(ref=ref, id=data["Id"], diff_ids=tuple(data["RootFS"].get("Layers") or ()), repo_tags=tags,
-                      size=int(data.get("Size") or 0), labels=dict((data.get("Config") or {}).get("Labels") or {}))
+                      size=int(data.get("Size") or 0), arch=str(data.get("Architecture") or ""),
+                      labels=dict((data.get("Config") or {}).get("Labels") or {}))
 
 
 

@@ -23,6 +23,7 @@ from eagle3ops.transfer.errors import TransferError
 from eagle3ops.transfer.hoststore import HostStore, host_has_zstd, inspect_host
 from eagle3ops.transfer.limits import CHUNK_BYTES, COMPRESS_MIN_BYTES, STALL_S
 from eagle3ops.transfer.sources import LayerSource
+from eagle3ops.window.arch import arch_refusal
 
 
 @dataclass
@@ -225,9 +226,14 @@ def plan_push(host, source: LayerSource, facts: HostFacts, opts: PushOptions) ->
 
     Raises:
         TransferError: ``--containerd refuse`` on a containerd host; ``--compression zstd`` on a host without
-            ``zstd``.
+            ``zstd``; an image built for another CPU architecture than the host engine's
+            (:func:`eagle3ops.window.arch.arch_refusal`).
     """
     store = facts.store
+    refusal = arch_refusal(what="push", subject=source.image.ref, subject_arch=source.image.arch, host=host.name,
+                           host_arch=store.arch, source="its engine's `docker info`")
+    if refusal:
+        raise TransferError(refusal)
     img = source.image
     expect, id_kind = expected_host_id(source, store)
     held = tuple(sorted(i for i, target in store.scaffolds.items() if target == img.id))

@@ -11,14 +11,46 @@ from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
-from eagle3ops.config.pipeline import PipelineConfig
+from eagle3ops.config.pipeline import ChatTemplateFile, PipelineConfig
 from eagle3ops.commands.quote import render
 from eagle3ops.config.inventory import KIND_KEYS
 from eagle3ops.window.common import WindowError, new_window_id
+from eagle3ops.window.served_template import FLAG, SERVED_FILE, chat_template_flag
 from eagle3ops.window.planner import StageDecision, build_plan, supervisor_commands
 
 #: The image placeholder when the inventory names no ``pipeline_image`` (online, ``deployed.json`` on the host tells).
 UNKNOWN_IMAGE = "<pipeline image from `eagle3ops deploy`>"
+
+
+def offline_chat_template(h: HostConfig, cfg: PipelineConfig) -> str:
+    """Which chat template stage prepare will render the data with, and where that comes from, as an offline dry run
+    can tell it (pure): ``prepare.chat_template`` when it names a file or ``tokenizer``; for ``auto`` (the default)
+    serving's ``--chat-template`` as the inventory's ``serving.args`` give it (online, the extract window reads the
+    live server's command line instead: :func:`eagle3ops.window.served_template.read_served_template`), the
+    tokenizer's own when they have none (vLLM's default) or the host serves nothing."""
+    tpl = cfg.prepare.chat_template
+    if isinstance(tpl, ChatTemplateFile):
+        return (f"{tpl.file} (pipeline prepare.chat_template.file"
+                + (f", sha256 {tpl.sha256[:12]}..." if tpl.sha256 else "") + "; a relative path is taken from the "
+                "run directory)")
+    if tpl != "auto":
+        return f"the tokenizer's own (pipeline prepare.chat_template: {tpl})"
+    kind = h.serving.kind
+    if not h.serving.managed:
+        return "the tokenizer's own (prepare.chat_template: auto, and the host serves nothing to match)"
+    if not KIND_KEYS[kind].in_container:
+        return (f"not known offline: prepare.chat_template: auto takes the live {kind} server's {FLAG} (read on "
+                "the host before serving stops), else the tokenizer's own; set prepare.chat_template to fix it")
+    online = ("online, the live server's command line is read on the host before serving stops and decides "
+              f"({SERVED_FILE} written into the run directory when it has {FLAG})")
+    value = chat_template_flag(list(h.serving.args))
+    if value is None:
+        return (f"the tokenizer's own (prepare.chat_template: auto; assumed from the inventory: "
+                f"hosts.{h.name}.serving.args have no {FLAG}; {online})")
+    shown = (f"{FLAG} (inline, {len(value)} characters)" if any(c in value for c in "{}\n")
+             else f"{FLAG} {value}")
+    return (f"serving's {shown} (prepare.chat_template: auto; assumed from the inventory's "
+            f"hosts.{h.name}.serving.args; {online})")
 
 
 def assumed_facts(h: HostConfig, kind: str, cfg: PipelineConfig) -> list[tuple[str, str]]:
@@ -42,6 +74,8 @@ def assumed_facts(h: HostConfig, kind: str, cfg: PipelineConfig) -> list[tuple[s
         ("train processes", f"auto: one per GPU, {h.gpus} assumed" if nproc == "auto"
          else f"{nproc} (pipeline train.nproc)"),
     ]
+    if "prepare" in st.window_stages(kind, cfg):
+        facts.append(("chat template", offline_chat_template(h, cfg)))
     if kind == "train" and cfg.chunks.count != "off":
         facts.append(("stage inputs", "prepare assumed done (not read); a chunked run (chunks.count "
                                       f"{cfg.chunks.count}): stage chunked extracts and trains chunk by chunk, its "

@@ -28,8 +28,9 @@ from eagle3ops.window.preflight import (Preflight, ask_engine, check_fallbacks, 
                                         preflight, read_run_state)
 from eagle3ops.window.served_template import SERVED_FILE, ServedTemplate, ServedTemplateError, read_served_template, \
     resolve_config
+from eagle3ops.window.arch import refuse_foreign_image
 from eagle3ops.window.standin import refuse_standin_image
-from eagle3ops.window.watch import finish_window, watch
+from eagle3ops.window.watch import finish_window, remove_left_supervisors, watch
 
 
 def launch(r: Remote, plan: Plan, image: str) -> None:
@@ -111,6 +112,10 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     ``restart``: extract/train are redone (their ``--restart``). Preflight also starts a throwaway container with the
     first stage's own settings (:func:`eagle3ops.window.preflight.trial_stage_container`).
 
+    Under the lock, once preflight passed (a window with nothing to do included), the exited supervisor containers
+    of earlier windows that have a result are removed (:func:`eagle3ops.window.watch.remove_left_supervisors`: a
+    killed driver never removed its own).
+
     ``shard``: an extract window of a fleet run (:mod:`eagle3ops.fleet.execute`): its extract stage takes only
     samples ``[start, end)`` and is done when that shard's manifest (``extract/shards/<start>-<end>.json``) is.
     ``nodes``: ``(count, rank, "HOST:PORT")``, a train window that is one node of a multi-node run
@@ -134,6 +139,9 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise WindowError(refusal)
         if change is not None and change.image:
             refuse_standin_image(r, change.image, f"{kind} --image")
+            foreign = refuse_foreign_image(r, change.image, f"{kind} --image")
+            if foreign:
+                raise WindowError(foreign)
     # a gated release (``release --gate``: the speculate job under the not-slower rule) is named for what it is
     window_id = new_window_id("release-gate" if speculate is not None and speculate.rule == "not_slower" else kind)
     t0 = time.monotonic()
@@ -178,6 +186,10 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                 on_event({"step": "preflight", "event": "ok" if ok else "error", "check": name, "detail": detail})
         if not pf.ok and not r.dry_run:
             raise PreflightFailed(f"{r.host.name}: preflight failed, nothing was stopped:\n{pf.failures()}")
+        # under the lock, after preflight (a rerun with nothing to do included): what killed drivers left behind
+        for warning in remove_left_supervisors(r, window_id):
+            if on_event:
+                on_event({"step": "driver", "event": "warn", "reason": warning})
         if decision is not None and decision.nothing_to_do and pf.ok:
             return {**_nothing_to_do(r, window_id, kind, command, decision, restart_hint=hint(
                 kind, r.host.name, "--run", run, "--restart")), "wall_s": round(time.monotonic() - t0, 1)}

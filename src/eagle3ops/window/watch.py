@@ -142,6 +142,43 @@ def cleanup_supervisor(r: Remote, window_id: str) -> str | None:
                                 f"`{render(dk.rm(r.host, name, force=True))}`")
 
 
+def remove_left_supervisors(r: Remote, window_id: str) -> list[str]:
+    """Remove the supervisor containers that earlier windows left on the host's engine (a driver killed before it
+    removed its own: the host finished the window, the container stays ``Exited``), called by a new window under the
+    lock, before its own supervisor starts. Only a container that ended (``exited``, ``dead``) of a window that has a
+    ``result.json`` in this host's state dir goes: a window without a result may still need ``recover``, which
+    restarts its supervisor and reads its logs; a window of another state dir on the same engine is not ours to
+    judge. Never raises: what could not be removed becomes a warning (returned, whole), with the command that removes
+    it. A venv host's supervisors are processes: nothing to remove.
+
+    Returns:
+        the warnings (empty when every such container was removed or none was there).
+    """
+    if r.host.uses_venv:
+        return []
+    try:
+        out = r.run(st.left_supervisors(r.host), check=False)
+    except (RemoteError, OSError) as exc:
+        return [f"cleanup: could not list the supervisor containers of earlier windows: {exc}"]
+    warnings = []
+    for line in (out.stdout or "").splitlines() if out.ok else []:
+        name, _, wid = line.strip().partition("\t")
+        if not wid or wid == window_id or name != st.supervisor_name(wid):
+            continue
+        try:
+            if not r.run(hc.exists(paths(r.host, wid)["result"]), check=False).ok:
+                continue  # no result: recover may need this container (its restart, its logs)
+            res = r.run(dk.rm(r.host, name), check=False)
+        except (RemoteError, OSError) as exc:
+            warnings.append(f"cleanup: could not remove supervisor container {name} of finished window {wid}: {exc}")
+            continue
+        if not res.ok and "no such container" not in (res.stderr + res.stdout).lower():
+            warnings.append(f"cleanup: could not remove supervisor container {name} of finished window {wid}: "
+                            f"{(res.stderr or res.stdout).strip()}; remove it with "
+                            f"`{render(dk.rm(r.host, name, force=True))}`")
+    return warnings
+
+
 def finish_window(r: Remote, window_id: str, result: dict[str, Any], *, command: str = "") -> dict[str, Any]:
     """After a window's result: remove its supervisor container and record every driver-side warning, whole, in
     the window's ``result.json`` (rewritten atomically) and in an audit entry of the window. Returns the result
