@@ -101,3 +101,25 @@ def test_the_reach_probe_connects_on_loopback_and_names_who_cannot(capsys):
     verdict = ft.parse_reach(["n0", "n1", "n2"], {"n0": (0, ok_line), "n1": (1, bad_line), "n2": (137, "")})
     assert not verdict.ok and verdict.unreachable == ("n1", "n2")
     assert "refused" in verdict.detail[1].lower() and "exit 137" in verdict.detail[2]
+
+
+def test_the_socket_interface_is_named_in_the_plan_and_required_where_hosts_have_several():
+    """Plan level (no second host with GPUs here): each node's stage_env and its interfaces (``/sys/class/net``) are
+    given; NCCL and gloo pick an interface on their own where none is named, and on a host with several they may
+    pick one the peers cannot reach (the run then hangs in its first collective)."""
+    plan = fn.plan_nodes("r1", MERGED, ["a", "b", "c"], rendezvous_host="10.0.0.2", port=29511)
+    ifaces = {"a": ["lo", "eth0", "ib0", "docker0"], "b": ["lo", "eth0"], "c": ["lo", "eth0", "veth12ab"]}
+    with pytest.raises(fn.NodePlanError) as exc:
+        fn.socket_interfaces(plan, {"a": {}, "b": {}, "c": {}}, ifaces)
+    msg = str(exc.value)
+    assert "a has several network interfaces (eth0, ib0)" in msg and "hosts.a.stage_env.NCCL_SOCKET_IFNAME" in msg
+    assert "GLOO_SOCKET_IFNAME" in msg, msg
+    envs = {n: {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"} for n in "abc"}
+    lines = fn.socket_interfaces(plan, envs, ifaces)
+    assert any("node 1: a  NCCL_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0" in ln for ln in lines), lines
+    # one interface each (the virtual ones of the engine not counted): nothing to choose, said so
+    one = {"a": ["lo", "eth0", "docker0"], "b": ["lo", "eth0"], "c": ["eth0"]}
+    assert any("not set" in ln and "one interface" in ln for ln in fn.socket_interfaces(plan, {}, one))
+    # named, but not on that host
+    with pytest.raises(fn.NodePlanError, match=r"hosts.c.stage_env.NCCL_SOCKET_IFNAME is ib0, not an interface of c"):
+        fn.socket_interfaces(plan, {**envs, "c": {"NCCL_SOCKET_IFNAME": "ib0"}}, ifaces)

@@ -26,14 +26,23 @@ def _restarter(client, polls: int):
     return on_wait
 
 
-def test_serving_started_again_during_a_stage_is_stopped_again(tmp_path, gate):
+def test_serving_started_again_during_a_stage_is_stopped_again(tmp_path, gate, capsys):
+    from eagle3ops.console import summary
+
     plan, wdir = _plan(tmp_path)
     client = StandInClient()
     client.on_wait = _restarter(client, 1)
     res = Supervisor(plan, client, wdir).run()
     said = [w for w in res["warnings"] if w.startswith("serving-guard:")]
-    assert len(said) == 1 and "started again during stage" in said[0] and "stopped it again" in said[0], res
+    assert len(said) == 1 and "started again during stage" in said[0] and "killed it" in said[0], res
     assert res["outcome"] == "ok" and client.serving.status == "running", res
+    # the window's own stop is graceful; serving started from outside once the window stopped it is killed at once
+    # (a starting vLLM does not act on SIGTERM: a graceful stop would let it run beside the stage for its timeout)
+    assert client.stop_timeouts == [("vllm", plan.stop_timeout_s), ("vllm", 0)], client.stop_timeouts
+    # the result names the outside restart: not a plain ok
+    assert res["outside_restarts"] == 1 and "started from outside 1 time" in res["outcome_note"], res
+    summary(res)
+    assert "ok (serving was started from outside 1 time" in " ".join(capsys.readouterr().out.split())
 
 
 def test_serving_that_keeps_being_started_stops_the_stages(tmp_path, gate):

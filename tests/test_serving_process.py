@@ -86,9 +86,12 @@ def process_host(deployed, tmp_path, request):
     """(host with serving kind process, DeployResult, pid, its workdir): the stand-in server running as e3ops;
     ``pid`` the oldest process matching ``process_match``. Parametrized indirectly with ``"wrapper"``: the server runs
     behind a shell wrapper that ignores SIGTERM (``sh -c 'trap "" TERM; python3 ...'``, as a conda-run or shell
-    wrapper), which is then the oldest match."""
+    wrapper), which is then the oldest match; with ``"detached"``: a shell that puts the server in the background
+    and leaves it (``sh -c '(python3 ... &); while ...'``, as ``nohup ... &`` or a daemonizing launcher does): the
+    shell is the oldest match, the server is re-parented away from it."""
     h, dep = deployed
     wrapper = getattr(request, "param", None) == "wrapper"
+    detached = getattr(request, "param", None) == "detached"
     work = SANDBOX_ROOT / f"proc-{uuid.uuid4().hex[:8]}"
     pw = pwd.getpwnam(h.user or "e3ops")
     work.mkdir(mode=0o755)
@@ -106,11 +109,13 @@ def process_host(deployed, tmp_path, request):
     server = f"/usr/bin/python3 {work}/standin_openai_server.py --port {PORT} --model {MODEL}"
     if wrapper:
         server = "sh -c " + shlex.quote(f'trap "" TERM; {server}; echo wrapper-end')
+    if detached:
+        server = "sh -c " + shlex.quote(f'({server} &); while :; do sleep 1; done')
     start = f"cd {work} && E3_STANDIN_MARK={work.name} setsid nohup {server} >{work}/first.log 2>&1 </dev/null &"
     with Remote(h) as r:
         r.run(["sh", "-c", start])
     _wait_up()
-    pid = _wrapper_pid(work) if wrapper else _pid_of(f"--port\0{PORT}")
+    pid = _wrapper_pid(work) if wrapper or detached else _pid_of(f"--port\0{PORT}")
     assert pid
     try:
         yield host, dep, pid, work
@@ -186,6 +191,49 @@ def test_window_stops_the_whole_tree_behind_a_wrapper_and_gates_the_restored_ser
     ppid = int(Path(f"/proc/{now}/stat").read_text().rsplit(")", 1)[1].split()[1])
     assert now == restored or ppid == restored, f"serving is pid {now}, not the restored process {restored}: {log}"
     _wait_up(5)
+
+
+def test_a_recorded_process_that_cannot_be_replayed_is_refused_by_its_record():
+    """Pure: what preflight reads (the recorded pid's command line, the listeners on serving's port with their
+    ancestry) judged; the sandbox test below reads them from a real process tree."""
+    from eagle3ops.window.hostfacts import replay_refusal
+
+    # a shell whose script ends by putting the server in the background: its replay exits at once
+    why = replay_refusal("gpu1", 4242, ["bash", "-c", "cd /srv && vllm serve m --port 8000 &"], 8000, {})
+    assert why and "pid 4242" in why and "ends with `&`" in why and "hosts.gpu1.serving.process_match" in why, why
+    assert replay_refusal("gpu1", 4242, ["/bin/sh", "-c", "vllm serve m &  \n"], 8000, {}), "trailing blanks"
+    # the server listening on the port is not under the recorded pid (it was left in the background)
+    why = replay_refusal("gpu1", 4242, ["/usr/bin/python3", "launch.py"], 8000, {4300: [4300, 1]})
+    assert why and "pid 4300 listens on port 8000" in why and "foreground" in why, why
+    # replayable: the server itself, a wrapper that waits for it, a shell that runs it in the foreground
+    assert replay_refusal("gpu1", 4300, ["vllm", "serve", "m"], 8000, {4300: [4300, 1]}) is None
+    assert replay_refusal("gpu1", 4242, ["bash", "-c", "vllm serve m & wait"], 8000, {4300: [4300, 4242, 1]}) is None
+    assert replay_refusal("gpu1", 4242, ["sh", "-c", "a && vllm serve m 2>&1"], 8000, {4300: [4300, 4242, 1]}) is None
+    assert replay_refusal("gpu1", 4242, ["vllm", "serve", "m"], 8000, {}) is None, "no listener seen: not judged"
+
+
+@pytest.mark.sandbox
+@pytest.mark.images
+@pytest.mark.parametrize("process_host", ["detached"], indirect=True)
+def test_a_recorded_command_that_leaves_its_server_in_the_background_is_refused_before_the_stop(process_host):
+    """The oldest matching process is a shell that started the server in the background and let it go: the agent's
+    stop would take the shell's tree (not the server), and the restore would replay the shell, whose new server
+    nothing tracks. Refused by preflight (a dry run reads the same facts), before the lock and anything stops."""
+    from eagle3ops.window.common import PreflightFailed
+
+    host, dep, shell, work = process_host
+    server = _pid_of(f"--port\0{PORT}")
+    assert server and server != shell
+    t0 = time.time()
+    with Remote(host, dry_run=True) as r, pytest.raises(PreflightFailed) as failed:
+        run_window(r, kind="extract", image=dep.tag, expected_image_id=dep.image_id, command="pytest detached",
+                   run=f"proc-{uuid.uuid4().hex[:8]}", pipeline_text=TINY)
+    msg = " ".join(str(failed.value).split())
+    assert f"pid {shell}" in msg and f"pid {server} listens on port {PORT}" in msg, msg
+    assert "process_match" in msg and "foreground" in msg, msg
+    assert Path(f"/proc/{server}").exists() and Path(f"/proc/{shell}").exists(), "nothing was stopped"
+    _wait_up(5)
+    print(f"refused in {time.time() - t0:.1f} s")
 
 
 @pytest.mark.sandbox

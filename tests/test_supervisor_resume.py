@@ -30,6 +30,7 @@ class StandInContainer:
                       "State": {"ExitCode": 0}, "RestartCount": 0}
 
     def stop(self, timeout=10):
+        self.client.stop_timeouts.append((self.name, timeout))
         self.status = "exited"
         if self.client.on_stop:
             self.client.on_stop(self)
@@ -114,6 +115,8 @@ class StandInClient:
         labelled it), as on a host where releases are recorded."""
         self.on_stop = self.on_wait = self.on_smi = None
         self.stage_exit, self.stage_runs, self.created = 0, [], []
+        #: (container name, graceful timeout) of each ``stop``, in order
+        self.stop_timeouts: list[tuple[str, int]] = []
         self.containers = StandInContainers(self)
         self.api, self.images = StandInAPI(self), StandInImages()
         labels = {"io.eagle3ops.release": str(release)} if release is not None else {}

@@ -73,6 +73,8 @@ class VenvHost(StandInHost):
     def __init__(self, host, marker=json.dumps({"digest": ENV_ID}), python=(0, "3.12.3\n", "")):
         super().__init__(host)
         self.marker, self.python, self.docker_calls = marker, python, []
+        #: what the host says of the environment's mount and libraries (:func:`eagle3ops.commands.venv.env_health`)
+        self.env_health = (0, "mount rw,relatime\n", "")
         self._mkdirs(host.data_dir)
         self._mkdirs(host.state_dir)
 
@@ -86,6 +88,9 @@ class VenvHost(StandInHost):
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-env":
             assert a[4] == f"{self.host.state_dir}/env/{ENV_HEX}"
             return 0, self.marker, ""
+        if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-env-health":
+            assert a[4] == f"{self.host.state_dir}/env/{ENV_HEX}"
+            return self.env_health
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-launch":
             return 0, "", ""
         if a[0] == "pgrep":  # process serving: not running on this stand-in host
@@ -133,6 +138,31 @@ def test_venv_preflight_refusals_name_the_fix(marker, python, expect):
                               expected_image_id=ENV_ID)
     assert not pf.ok and expect in pf.failures(), pf.failures()
     assert len(pf.checks) <= 2  # ends at the first failure, as the engine check does
+
+
+TORCH_SO = f"/srv/e3/state/env/{ENV_HEX}/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so"
+
+
+@pytest.mark.parametrize("answer,expect", [
+    ("mount rw,nosuid,nodev,noexec,relatime\n", ["is on a mount with noexec (rw,nosuid,nodev,noexec,relatime)",
+                                                   "hosts.pod.state_dir", "eagle3ops deploy pod"]),
+    (f"mount rw,relatime\nmissing {TORCH_SO}: libgomp.so.1 => not found\n",
+     ["lacks system libraries the wheels load: libgomp.so.1 (needed by torch/lib/libtorch_cpu.so)",
+      "install them on pod"]),
+])
+def test_venv_preflight_finds_an_environment_that_cannot_load_its_wheels(answer, expect):
+    """Plan level (no GPU here): what the host says of the environment's mount (``findmnt``) and of its torch/vllm
+    libraries (``ldd``) is faked; the check and its words are the real ones. Found before serving stops."""
+    h = venv_host()
+    world = VenvHost(h)
+    world.env_health = (0, answer, "")
+    pf = wpreflight.preflight(StandInRemote(h, world), image=ENV_IMAGE, expected_image_id=ENV_ID)
+    assert not pf.ok, pf.checks
+    for e in expect:
+        assert e in pf.failures(), pf.failures()
+    # the NVIDIA driver's own libraries are not the environment's to carry (a CPU host has none)
+    world.env_health = (0, f"mount rw\nmissing {TORCH_SO}: libcuda.so.1 => not found\n", "")
+    assert wpreflight.preflight(StandInRemote(h, world), image=ENV_IMAGE, expected_image_id=ENV_ID).ok
 
 
 def test_a_host_without_engine_and_without_venv_runtime_is_refused_in_one_line_naming_the_venv_keys():

@@ -146,6 +146,8 @@ class StandInHost:
                 return 0, f"{str(self.containers[name] == 'running').lower()} false\n", ""
             if fmt == "{{.Id}}":
                 return 0, "cid\n", ""
+            if fmt == "{{json .Config.Env}}":
+                return 0, json.dumps((self.inspects.get(name, {}).get("Config") or {}).get("Env") or []) + "\n", ""
             return 0, self.containers[name] + "\n", ""
         if a[0] == "run" and a[1] == "--rm":  # preflight's throwaway stage container: runs and is gone
             self.trials.append(a)
@@ -250,6 +252,28 @@ def test_pipeline_config_is_written_after_preflight_under_the_lock(host):
     cfg = next(i for i, w in enumerate(writes) if w.endswith("runs/r1/pipeline.yaml"))
     sup = next(i for i, w in enumerate(writes) if "eagle3ops-supervisor-" in w and " run " in w)
     assert lock < cfg < sup
+
+
+def test_stages_inherit_the_nccl_and_cuda_environment_of_live_serving(host):
+    """Plan level (no GPU here): serving was started with NCCL settings its host needs (NCCL_P2P_DISABLE=1: PCIe
+    P2P hangs on RTX PRO 6000 hosts); the stages of a window inherit serving's NCCL_*/CUDA_* environment as the
+    preflight read it from the live container, the inventory's stage_env winning, and --dry-run shows it. The
+    serving container's environment is faked (its ``docker inspect``); the preflight, planner and preview are real."""
+    h = host.model_copy(update={"stage_env": {"NCCL_IB_DISABLE": "0"}})
+    world = _host_with_serving(h)
+    world.inspects[h.serving.container] = {"Config": {"Env": [
+        "NCCL_P2P_DISABLE=1", "NCCL_IB_DISABLE=1", "CUDA_DEVICE_MAX_CONNECTIONS=1", "CUDA_VISIBLE_DEVICES=0,1",
+        "CUDA_VERSION=12.9.1", "HF_TOKEN=hf_not_inherited", "PATH=/usr/bin"]}}
+    r, events = StandInRemote(h, world, dry_run=True), []
+    res = wrun.run_window(r, kind="extract", image=IMAGE, expected_image_id=IMAGE_ID, command="t", run="r1",
+                          pipeline_text=TINY, on_event=events.append)
+    said = [e["detail"] for e in events if e.get("check") == "stage environment"]
+    assert said and "NCCL_P2P_DISABLE=1" in said[0] and "serving container" in said[0], events
+    stage = next(c for c in res["supervisor_commands"] if "eagle3ops-" in " ".join(c) and "stage" in c)
+    env = {stage[i + 1].split("=", 1)[0]: stage[i + 1].split("=", 1)[1] for i, a in enumerate(stage) if a == "--env"}
+    assert env["NCCL_P2P_DISABLE"] == "1" and env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1", stage
+    assert env["NCCL_IB_DISABLE"] == "0", "the inventory's stage_env wins"
+    assert not {"CUDA_VISIBLE_DEVICES", "CUDA_VERSION", "HF_TOKEN", "PATH"} & set(env), env
 
 
 # ---- item 3 ------------------------------------------------------------------------------------------------------

@@ -35,13 +35,14 @@ def print_event(ev: dict[str, Any]) -> None:
 
 
 def summary(result: dict[str, Any]) -> None:
-    """A window's ``result.json`` as a table: outcome, message (a no-op window's reasons), error, each stage
-    (seconds), downtime, wall time, serving state, release, every warning (whole); secrets masked."""
+    """A window's ``result.json`` as a table: outcome (with its ``outcome_note``), message (a no-op window's reasons),
+    error, each stage (seconds), downtime, wall time, serving state, release, every warning (whole); secrets masked."""
     result = redact.value(result)
     t = Table(title=f"window {result.get('window_id')} ({result.get('kind')})")
     t.add_column("what")
     t.add_column("value")
-    t.add_row("outcome", str(result.get("outcome")))
+    note = result.get("outcome_note")  # e.g. serving started from outside during the stages: not a plain ok
+    t.add_row("outcome", f"{result.get('outcome')} ({note})" if note else str(result.get("outcome")))
     if result.get("message"):  # a window that had nothing to do says why (each stage's reason)
         t.add_row("message", str(result["message"]))
     if result.get("error"):

@@ -18,6 +18,7 @@ from eagle3ops import cli_common as common
 from eagle3ops.cli_common import InventoryOpt
 from eagle3ops.commands.host import cat_if_exists as hc_cat
 from eagle3ops.commands.host import free_bytes as hc_free
+from eagle3ops.commands.host import ls as hc_ls
 from eagle3ops.commands.host import parse_df_free_bytes as hc_parse_free
 from eagle3ops.commands.host import write_file as hc_write
 from eagle3ops.commands.fleet import trial_argv as fc_trial
@@ -238,10 +239,14 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     for line in plan.lines():
         print(line, flush=True)
     images: dict[str, tuple[str, str | None]] = {}
+    ifaces: dict[str, list[str]] = {}
     for n, name in enumerate(plan.nodes):
         h = hs[name]
         with executor.for_host(h) as r:
             images[name] = deployed_image(r)
+            net = r.run(hc_ls("/sys/class/net"), check=False)
+            if net.ok:
+                ifaces[name] = net.stdout.split()
             a, b = plan.shards[n]
             shard = r.run(hc_cat(f"{h.data_dir}/runs/{run}/extract/{manifest_rel(a, b)}"), check=False).stdout
             if not shard.strip():
@@ -258,6 +263,11 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
                     print(f"{name} (node 0) has trained run {run} for these inputs: nothing to do on any node "
                           f"(--restart redoes it)", flush=True)
                     return
+    try:  # each node's NCCL/gloo interface, named where a host has several: before any serving stops
+        for line in fn.socket_interfaces(plan, {n: dict(hs[n].stage_env) for n in plan.nodes}, ifaces):
+            print(line, flush=True)
+    except fn.NodePlanError as exc:
+        common.fail(f"multi-node train of run {run} refused before any serving stopped: {exc}", 2)
     if dry_run:
         return
 

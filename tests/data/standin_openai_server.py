@@ -59,6 +59,9 @@ def main() -> None:
     ap.add_argument("--request-log", default=None, help="append every POST's path and body to this JSONL file")
     ap.add_argument("--require-file", default=None,
                     help="exit 1 at start when this file is missing (as vLLM does when its model cannot be loaded)")
+    ap.add_argument("--restart-dir", default=None,
+                    help="a start that finds DIR/started (a restart) does not act on SIGTERM for 60 s, as a vLLM "
+                         "still loading its weights did not when a window stopped it again")
     args, _unknown = ap.parse_known_args()
     if args.require_file and not os.path.isfile(args.require_file):
         print(f"stand-in OpenAI server: {args.require_file} not found: cannot load the model", file=sys.stderr,
@@ -206,7 +209,21 @@ def main() -> None:
           f"{' speculative (simulated)' if spec else ''}", flush=True)
     # SIGTERM ends the server at once, as vLLM's handler does; without a handler a server that is a container's PID 1
     # would ignore it (the kernel drops default-action signals to PID 1) and `docker stop` would wait its timeout.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    deaf_until = 0.0
+    if args.restart_dir:
+        marker = os.path.join(args.restart_dir, "started")
+        if os.path.exists(marker):
+            deaf_until = time.time() + 60
+        else:
+            open(marker, "w").close()
+
+    def on_term(*_: object) -> None:
+        if time.time() < deaf_until:
+            print("stand-in OpenAI server: SIGTERM while starting: not acted on", flush=True)
+            return
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
     ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 
 

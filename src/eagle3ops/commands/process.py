@@ -206,6 +206,30 @@ def find_process(pattern: str) -> Read:
     return Read(["pgrep", "-o", "-f", pattern])
 
 
+_LISTENERS_SH = r"""
+port=$1
+for i in $(awk -v h=":$(printf '%04X' "$port")" '$4 == "0A" && substr($2, length($2) - 4) == h { print $10 }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null); do
+  find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\[$i\]" 2>/dev/null
+done | cut -d/ -f3 | sort -u | while read -r p; do
+  chain=$p q=$p n=0
+  while [ "$q" -gt 1 ] && [ "$n" -lt 64 ]; do
+    q=$(awk '/^PPid:/ {print $2}' "/proc/$q/status" 2>/dev/null)
+    [ -n "$q" ] || break
+    chain="$chain $q" n=$((n + 1))
+  done
+  echo "$chain"
+done
+"""
+
+
+def port_listeners(port: int) -> Read:
+    """The processes (visible to the SSH user) listening on TCP ``port`` (IPv4 and IPv6, from ``/proc/net/tcp*``
+    and each process's ``fd`` links, as the restore agent finds them), one line each: the pid, then its parent,
+    grandparent, ... up to pid 1. Prints nothing when none is seen."""
+    return Read(["sh", "-c", _LISTENERS_SH, "eagle3ops-listeners", str(port)])
+
+
 def my_uid() -> Read:
     """``id -u``: the SSH user's uid."""
     return Read(["id", "-u"])

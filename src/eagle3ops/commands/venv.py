@@ -91,6 +91,24 @@ def read_marker(host: HostConfig, image: str) -> Read:
                  ENV_MARKER])
 
 
+_ENV_HEALTH_SH = r"""
+d=$1
+echo "mount $(findmnt -no OPTIONS --target "$d" 2>/dev/null | head -n 1)"
+find "$d" \( -path '*/site-packages/torch/lib/*.so*' -o -path '*/site-packages/vllm/*.so' \) -type f 2>/dev/null \
+  | head -n 300 | while read -r f; do
+    ldd "$f" 2>/dev/null | grep 'not found' | sed "s|^[[:space:]]*|missing $f: |"
+  done | sort -u | head -n 40
+"""
+
+
+def env_health(host: HostConfig, image: str) -> Read:
+    """Can the pipeline environment ``image`` load its compiled wheels on this host (read-only)? Prints ``mount
+    <options>`` (``findmnt -no OPTIONS --target <env_dir>``; empty where ``findmnt`` is missing), then one ``missing
+    <file>: <lib> => not found`` line per library that ``ldd`` cannot resolve for torch's (``torch/lib/*.so*``) and
+    vLLM's (``vllm/**/*.so``) shared objects (at most 40)."""
+    return Read(["sh", "-c", _ENV_HEALTH_SH, "eagle3ops-env-health", env_dir(host, image)])
+
+
 def mounts_value(host: HostConfig) -> str:
     """``{"/data": "<data_dir>", "/model": "<model_path>"}`` (JSON): the value of :data:`MOUNTS_ENV` for the host's
     stages."""

@@ -9,7 +9,7 @@ the host of the ``n``-th shard by start, so under torchrun's static rendezvous r
 the final head and the train manifest; a rerun resumes from node 0's last checkpoint on every node (rank 0 reads it
 and broadcasts it).
 
-:func:`plan_nodes` makes the plan; :func:`blame` turns the nodes' window results into the node that failed first,
+:func:`plan_nodes` makes the plan, :func:`socket_interfaces` names each node's NCCL/gloo interface; :func:`blame` turns the nodes' window results into the node that failed first,
 by name, and the nodes that stopped because a peer left.
 """
 
@@ -86,6 +86,67 @@ def plan_nodes(run: str, merged: dict[str, Any], hosts: list[str], *, rendezvous
                             f"fleet extract with one shard per host, or gather with `train HOST --from-fleet M`")
     order = sorted(hosts, key=lambda h: by_host[h][0][0])
     return NodePlan(run, tuple(order), tuple(by_host[h][0] for h in order), f"{rendezvous_host}:{port}")
+
+
+#: Interfaces that never carry traffic between hosts: loopback and the virtual ones of container engines, bridges,
+#: VMs and overlay networks, and ``ifb`` devices of traffic shaping (not counted when a host's interfaces are judged).
+VIRTUAL_IFACE = re.compile(r"^(lo|docker\d*|veth.*|br-.*|virbr.*|cni.*|flannel.*|cali.*|tunl?\d*|vxlan.*|kube.*|ifb\d*)$")
+#: The settings that name the socket interface of NCCL (its bootstrap and TCP transport) and of gloo (torch's CPU
+#: collectives and the trial's all-reduce).
+SOCKET_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def _names_one_of(value: str, ifaces: list[str]) -> bool:
+    """Whether an ``*_SOCKET_IFNAME`` value selects one of ``ifaces``: NCCL's syntax (comma-separated prefixes,
+    ``=`` for exact names, ``^`` for an exclusion list, which is not judged); gloo's exact names are prefixes too."""
+    if value.startswith("^"):
+        return True
+    exact = value.startswith("=")
+    want = [w for w in value.lstrip("=").split(",") if w]
+    return any((i == w) if exact else i.startswith(w) for w in want for i in ifaces)
+
+
+def socket_interfaces(plan: NodePlan, envs: dict[str, dict[str, str]], interfaces: dict[str, list[str]]) -> list[str]:
+    """The socket interface each node's NCCL and gloo use, as lines of the printed plan (pure).
+
+    Without ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` each picks an interface on its own (NCCL: the first not
+    ``docker``/``lo``; gloo: the one the hostname resolves to), and on a host with several interfaces it may pick one
+    the peers cannot reach: the first collective then hangs until its timeout.
+
+    Args:
+        envs: each node's stage environment (``hosts.<name>.stage_env``).
+        interfaces: each node's interface names (``/sys/class/net``); a node missing here was not read.
+
+    Raises:
+        NodePlanError: a multi-node plan where a host with several interfaces (:data:`VIRTUAL_IFACE` not counted)
+            names none, or a named interface that host does not have; the message names the host, the key and the
+            fix.
+    """
+    lines, problems = [f"socket interface of NCCL and gloo ({', '.join(SOCKET_ENV)}):"], []
+    for n, name in enumerate(plan.nodes):
+        env, seen = envs.get(name) or {}, interfaces.get(name)
+        real = [i for i in seen or [] if not VIRTUAL_IFACE.match(i)]
+        named = {k: env[k] for k in SOCKET_ENV if env.get(k)}
+        for k, v in named.items():
+            if seen is not None and not _names_one_of(v, seen):
+                problems.append(f"hosts.{name}.stage_env.{k} is {v}, not an interface of {name} (it has "
+                                f"{', '.join(real) or 'none but loopback'}): name the interface the other nodes "
+                                f"reach {name} on")
+        if named:
+            lines.append(f"  node {n}: {name}  " + " ".join(f"{k}={v}" for k, v in named.items()))
+        elif seen is None:
+            lines.append(f"  node {n}: {name}  socket interface not set; its interfaces were not read")
+        elif len(real) > 1 and len(plan.nodes) > 1:
+            problems.append(f"{name} has several network interfaces ({', '.join(real)}) and names none for NCCL and "
+                            f"gloo: set hosts.{name}.stage_env.NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the one "
+                            f"the other nodes reach {name} on (e.g. {real[0]}), else each picks its own and the first "
+                            f"collective may hang")
+        else:
+            lines.append(f"  node {n}: {name}  socket interface not set: {name} has one interface "
+                         f"({real[0] if real else 'none but loopback'}), NCCL and gloo use it")
+    if problems:
+        raise NodePlanError("; ".join(problems))
+    return lines
 
 
 #: Words in a failed node's output that say a peer left (gloo/NCCL lost the connection), not that this node failed.

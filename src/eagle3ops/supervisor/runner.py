@@ -169,8 +169,9 @@ class Supervisor:
 
     def guard_stopped(self, step: str) -> None:
         """While stage ``step`` runs: serving must still be stopped (the kind's ``started_again``). Serving found
-        running again is stopped again and a warning says so (it goes into the result); found more than
-        :data:`GUARD_RESTARTS_MAX` times in this window, the stages are stopped.
+        running again is killed (no graceful timeout: this window stopped it already) and a warning says so; the
+        result counts these outside restarts (``outside_restarts``, ``outcome_note``: :meth:`outside_restarts`).
+        Found more than :data:`GUARD_RESTARTS_MAX` times in this window, the stages are stopped.
 
         Raises:
             ServingRestarted: serving kept being started; the stage runner removes the stage container and the
@@ -187,14 +188,21 @@ class Supervisor:
             return
         if not found:
             return
-        n = len([e for e in self.journal.entries if e["step"] == "serving-guard" and e.get("event") == "warn"]) + 1
+        n = self.outside_restarts() + 1
         if n > GUARD_RESTARTS_MAX:
             raise ServingRestarted(
                 f"serving kept being started during the stages ({n} times; last: {found}) by something outside this "
                 f"window (a restart policy, a cron or systemd job, an operator): stages stopped, serving restored; "
                 f"disable that restarter during windows (e.g. `--restart unless-stopped` on the serving container)")
-        self.warn("serving-guard", f"serving was started again during stage {step} ({found}) by something outside "
-                                   f"this window; stopped it again ({n} of at most {GUARD_RESTARTS_MAX})")
+        self.journal.log("serving-guard", "warn", found=found, message=(
+            f"serving was started again during stage {step} ({found}) by something outside this window; killed it "
+            f"(no graceful stop: this window had stopped it) ({n} of at most {GUARD_RESTARTS_MAX})"))
+
+    def outside_restarts(self) -> int:
+        """Times serving was found started again from outside during this window's stages (all attempts) and
+        killed again by :meth:`guard_stopped`."""
+        return len([e for e in self.journal.entries if e["step"] == "serving-guard" and e.get("event") == "warn"
+                    and "found" in e])
 
     def gate_timeout(self) -> float:
         """Seconds the next health gate may wait: ``health.timeout_s``, cut to what is left of the budget; once the
@@ -316,8 +324,16 @@ class Supervisor:
                 f"SERVING IS NOT {'HEALTHY' if running else 'RUNNING'} on {self.plan.host}: the lock stays held; "
                 f"`eagle3ops recover {shlex.quote(self.plan.host)}` retries the restore")
             outcome = "failed"
+        outside = self.outside_restarts()
         result = {
             "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
+            # serving started from outside during the stages (and killed again): the stages shared the host with it
+            # for a poll each time, so the outcome is not a plain ok; `outcome` itself keeps its values (the fleet
+            # and the CLI's exit status read it), the note says what else happened
+            "outside_restarts": outside,
+            **({"outcome_note": f"serving was started from outside {outside} time{'s' if outside > 1 else ''} "
+                                f"during the stages (a restart policy, a cron or systemd job, an operator) and "
+                                f"killed again each time; disable that restarter during windows"} if outside else {}),
             "stages": self.stage_outcomes, "stage_seconds": self.stage_times,
             "downtime_s": round((restored_at or time.time()) - stopped_at, 1) if stopped_at else None,
             "wall_s": round(time.time() - t0, 1), "serving_running": running,
@@ -340,6 +356,7 @@ class Supervisor:
             f.write(json.dumps(redact.value({"t": _now(), "user": self.plan.user, "host": self.plan.host,
                                 "command": self.plan.command, "window": self.plan.window_id,
                                 "outcome": outcome, "error": error, "release": result["release"],
+                                "outside_restarts": outside,
                                 "warnings": result["warnings"],
                                 # serving's stop → restore interval (epoch seconds; None without a stop): a fleet
                                 # run's down-at-once bound is checked from these lines (issue 29)

@@ -26,6 +26,7 @@ from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import NO_SERVING_NOTE, Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
+from eagle3ops.window.hostfacts import inherited_env, replay_refusal
 
 if TYPE_CHECKING:
     from eagle3ops.remote import Remote
@@ -491,6 +492,22 @@ def check_serving_container(r: Remote, pf: Preflight, need_serving: bool = True)
                   check=False) if names else None
         pf.add("serving container", bool(s and s.ok and s.stdout.strip() == "running"),
                f"{pf.serving_container}: {s.stdout.strip()}" if s and s.ok else f"no container for {found}")
+    if names and len(names) == 1:
+        e = r.run(dk.inspect_format(h, pf.serving_container, "{{json .Config.Env}}"), check=False)
+        try:
+            pairs = json.loads(e.stdout) if e.ok else []
+        except ValueError:
+            pairs = []
+        _inherit(pf, pairs if isinstance(pairs, list) else [], f"serving container {pf.serving_container}", h.name)
+
+
+def _inherit(pf: Preflight, pairs: list[str], source: str, host: str) -> None:
+    """Set ``pf.serving_env`` from serving's environment ``pairs`` and say what the stages inherit (``--dry-run``
+    shows it with the checks)."""
+    pf.serving_env = inherited_env(pairs)
+    if pf.serving_env:
+        pf.add("stage environment", True, "stages inherit from " + source + ": " + " ".join(
+            f"{k}={v}" for k, v in sorted(pf.serving_env.items())) + f" (hosts.{host}.stage_env overrides)")
 
 
 def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
@@ -513,6 +530,16 @@ def check_process(r: Remote, pf: Preflight, need_serving: bool = True) -> None:
     pf.add("serving process", ok, f"pid {pids[0]} (uid {uid})" if ok else
            f"pid {pids[0]} runs as uid {uid}, the SSH user is uid {me or '?'}: eagle3ops records and restores a "
            f"serving process only as its own user; run serving as the SSH user or SSH in as its user")
+    if ok:
+        env = r.run(hc.cat(f"/proc/{pids[0]}/environ"), check=False).stdout
+        _inherit(pf, [a for a in env.split("\0") if a], f"serving process {pids[0]}", h.name)
+    if ok:  # can the restore replay what the record will hold?
+        argv = [a for a in r.run(hc.cat(f"/proc/{pids[0]}/cmdline"), check=False).stdout.split("\0") if a]
+        chains = [[int(w) for w in ln.split() if w.isdigit()]
+                  for ln in r.run(pc.port_listeners(h.serving.port), check=False).stdout.splitlines()]
+        why = replay_refusal(h.name, pids[0], argv, h.serving.port, {c[0]: c for c in chains if c})
+        if why:
+            pf.add("serving process record", False, why)
 
 
 def check_session_kill(r: Remote, pf: Preflight) -> None:

@@ -108,7 +108,8 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
                to_release: int | None = None, user: str = "", serving_container: str | None = None,
                restart: bool = False, process_pid: int | None = None,
                speculate: SpeculateJob | None = None, shard: tuple[int, int] | None = None,
-               nodes: tuple[int, int, str] | None = None, agent_detach: str = "setsid") -> Plan:
+               nodes: tuple[int, int, str] | None = None, agent_detach: str = "setsid",
+               serving_env: dict[str, str] | None = None) -> Plan:
     """The :class:`~eagle3ops.config.plan.Plan` for a window (pure).
 
     ``serving_container``: the container name found on the host (default: :func:`sv.default_name`);
@@ -119,7 +120,9 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
     ``[start, end)`` (``--shard``, a fleet run's window). ``nodes``: ``(count, rank, "HOST:PORT")``, the train stage
     of one node of a multi-node run (``--nodes/--node-rank/--rendezvous``). ``speculate``: a ``speculate`` plan's job (its
     ``change`` becomes the plan's). ``agent_detach``: how a process/systemd host's restore agent is detached
-    (preflight's finding, :func:`eagle3ops.commands.logind.detach_mode`).
+    (preflight's finding, :func:`eagle3ops.commands.logind.detach_mode`). ``serving_env``: the NCCL/CUDA
+    environment of live serving (:func:`eagle3ops.window.kinds.inherited_env`), which every stage gets under the
+    inventory's ``stage_env`` (that wins).
     A host with ``serving: none`` gets a plan with ``serving_kind`` ``none``, no serving container and no health
     gate: the supervisor runs only the stages (:data:`eagle3ops.config.plan.NO_SERVING_NOTE`).
 
@@ -153,6 +156,9 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
         else:
             spec = st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id)
             spec["command"] = [*spec["command"], *extra]
+        if serving_env:  # serving's NCCL/CUDA settings, the inventory's stage_env winning
+            spec["environment"] = {**{k: v for k, v in serving_env.items() if k not in h.stage_env},
+                                   **spec["environment"]}
         steps.append(StageStep(name=s, spec=spec, timeout_s=h.stage_timeout_s))
     return Plan(window_id=window_id, kind=kind, host=h.name, user=user or getpass.getuser(), command=command,
                 state_dir=h.state_dir, stop_timeout_s=h.serving.stop_timeout_s,

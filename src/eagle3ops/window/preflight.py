@@ -18,6 +18,7 @@ from eagle3ops.stages.chunkplan import train_output_bytes, value_bytes
 from eagle3ops.window.common import hint, host_path
 from eagle3ops.window.estimate import GpuMemoryPlan, draft_param_count
 from eagle3ops.window.gpucheck import check_gpus_fit
+from eagle3ops.window.hostfacts import env_load_problems
 from eagle3ops.window.kinds import driver_kind, serving_container
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
@@ -198,6 +199,9 @@ class Preflight:
     trial_output: str = ""
     #: Kinds ``process``/``systemd``: how the restore agent is detached (:func:`eagle3ops.window.kinds.check_session_kill`).
     agent_detach: str = "setsid"
+    #: The NCCL/CUDA environment live serving runs with, which the stages inherit
+    #: (:func:`eagle3ops.window.kinds.inherited_env`); empty when none was read.
+    serving_env: dict[str, str] = field(default_factory=dict)
 
     def add(self, name: str, ok: bool, detail: str) -> None:
         """Record one check."""
@@ -549,6 +553,8 @@ def check_venv(r: Remote, pf: Preflight, *, image: str, expected_image_id: str |
                                               f"{envpy} and redeploy with {hint('deploy', h.name)}")
     else:
         pf.add("pipeline environment", True, f"{d} ({got[:19]})")
+        for why in env_load_problems(h, d, r.run(vc.env_health(h, image), check=False).stdout):
+            pf.add("pipeline environment libraries", False, why)
 
 
 def ask_engine(r: Remote) -> tuple[int, str, str]:

@@ -207,7 +207,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
                           stages=to_run, change=change, to_release=to_release,
                           serving_container=pf.serving_container, restart=restart, process_pid=pf.process_pid,
-                          speculate=speculate, shard=shard, nodes=nodes, agent_detach=pf.agent_detach)
+                          speculate=speculate, shard=shard, nodes=nodes, agent_detach=pf.agent_detach,
+                          serving_env=pf.serving_env)
         # under the lock, after preflight: a refused run changes nothing on the host; an identical config stays
         if template is not None and template.served is not None and "prepare" in (to_run or []):
             rdir = f"{r.host.data_dir}/runs/{run}"

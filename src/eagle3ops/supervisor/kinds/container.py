@@ -416,8 +416,15 @@ class ContainerServing(ServingKind):
         return crashed
 
     def started_again(self) -> str | None:
-        """The serving container runs (or restarts) again while the stages run: stop it again (``stop_timeout_s``),
-        wait for the GPUs on a GPU host, and say what was found (its status, when it started, its restart policy)."""
+        """The serving container runs (or restarts) again while the stages run: kill it (a stop with no grace: the
+        stop signal, then SIGKILL at once), wait for the GPUs on a GPU host, and say what was found (its status, when
+        it started, its restart policy, how long the kill took).
+
+        No graceful timeout: the window already stopped this serving gracefully; what runs now was started by
+        something outside the window and is, in the field, a vLLM still loading its weights, which does not act on
+        SIGTERM, so a graceful stop let it run beside the stage for the whole ``stop_timeout_s`` at every restart.
+        A ``stop`` with timeout 0 rather than a ``kill``: Docker counts only a stop as a manual one, and a killed
+        container's restart policy (``always``, ``unless-stopped``, ``on-failure``) would start it again at once."""
         c = self.live_container()
         if c is None:
             return None
@@ -428,7 +435,9 @@ class ContainerServing(ServingKind):
         policy = ((c.attrs.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "no"
         found = (f"container {self.plan.serving_container!r} is {c.status} since {state.get('StartedAt', '?')}, "
                  f"restart policy {policy}")
-        c.stop(timeout=self.plan.stop_timeout_s)
+        t0 = time.monotonic()
+        c.stop(timeout=0)
+        found += f"; killed in {time.monotonic() - t0:.1f} s"
         if self.plan.gpus and self.plan.stages:
             try:
                 self.wait_gpus_free(timeout=120.0)
