@@ -242,8 +242,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                                          "beside it). With several methods or --k values (at most 6 candidates), "
                                          "every candidate is measured against one baseline at a corrected level and "
                                          "the best is confirmed afresh."),
-              k: str = typer.Option("", "--k", help="Speculative lengths to measure, comma-separated, each 1 to 8 "
-                                    "(default: the head's ttt_steps)."),
+              k: str = typer.Option("", "--k", help="Speculative lengths, comma-separated, 1-8 (default: ttt_steps)."),
               draft_tp: str = typer.Option("", "--draft-tp", help="The EAGLE-3 draft's tensor parallelism to "
                                            "measure, comma-separated: 1 or the target's TP, e.g. 1,8 (default: the "
                                            "target's)."),
