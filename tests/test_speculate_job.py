@@ -203,7 +203,7 @@ def test_a_second_attempt_of_the_same_head_keeps_the_first(tmp_path):
     from eagle3ops.supervisor.speculate import SpeculateRun
 
     class Sup:
-        plan = type("P", (), {"speculate": job, "window_id": "20260102T000000Z-speculate-bbbbbb"})()
+        plan = type("P", (), {"speculate": job, "window_id": "20260102T000000Z-speculate-bbbbbb", "secret_env": []})()
 
     run = SpeculateRun(Sup())  # type: ignore[arg-type]
     assert run.dir.parent == first.parent and run.dir != first
