@@ -109,3 +109,6 @@ def test_releases_record_the_gates_disposition(tmp_path):
     rel.set_current(2)
     assert rel.history() == [1, 2, 3, 2] and not rel.is_marked_failed(3)
     assert rel.rollback_target(2)[0] == 1 and rel.fallbacks(2) == [1]
+    # a long reason keeps its head (the verdict and its figures), cut at the end
+    rel.mark_gate(3, "undecided", "output tokens/s x0.788 to x1.204 " + "x" * 400)
+    assert rel.rollback_target(2)[1].count("(undecided: output tokens/s x0.788 to x1.204 ") == 1

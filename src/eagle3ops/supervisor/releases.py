@@ -145,7 +145,8 @@ class Releases:
         ``measured``): ``keep`` makes it kept; ``rollback`` (rejected) and any other verdict keep every later
         rollback from picking it (:func:`eagle3ops.config.fallbacks.dispositions`). Written where the gate decides,
         before the return to the release live before."""
-        self._append({"release": n, "t": _now(), "gate": verdict, "why": why[-300:]})
+        # the reason's head names the verdict and its figures: kept whole up to 300 characters, then cut at the end
+        self._append({"release": n, "t": _now(), "gate": verdict, "why": why if len(why) <= 300 else why[:297] + "..."})
 
     def is_marked_failed(self, n: int) -> bool:
         """True when release ``n``'s newest history entry (a gate's verdict aside) says it failed a health gate."""
