@@ -359,7 +359,7 @@ class Supervisor:
                                 "outside_restarts": outside,
                                 "warnings": result["warnings"],
                                 # serving's stop → restore interval (epoch seconds; None without a stop): a fleet
-                                # run's down-at-once bound is checked from these lines (issue 29)
+                                # run's down-at-once bound is checked from these lines
                                 "stopped_at": stopped_at, "restored_at": restored_at,
                                 "downtime_s": result["downtime_s"], **extra.get("audit", {})},
                                             self.plan.secret_env)) + "\n")

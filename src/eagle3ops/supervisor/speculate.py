@@ -1,5 +1,5 @@
 """The ``speculate`` job on the host: its step table, carried out by the host's supervisor under the lock from
-start to end (issue 24), so that a driver that dies at any point leaves the host to finish.
+start to end, so that a driver that dies at any point leaves the host to finish.
 
 Steps (each journaled in the window's ``journal.jsonl``; ``status`` shows where the job is, ``recover`` restarts a
 dead supervisor, which resumes from the journal and the attempt folder's files):
@@ -393,7 +393,7 @@ class SpeculateRun:
                 transient = True
             baseline = self._measured("baseline", "baseline.json")
             change = None
-            if self.job.candidates:  # several speculative releases: measure each, confirm the best (issue 31)
+            if self.job.candidates:  # several speculative releases: measure each, confirm the best
                 was_transient, transient = transient, True  # from the first switch on, a candidate may serve
                 winner, on_candidate, cand_figures = self._candidates(baseline)
                 transient = was_transient or on_candidate

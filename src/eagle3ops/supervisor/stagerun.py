@@ -248,7 +248,7 @@ def _stop_group(proc: Any, grace_s: float = STAGE_STOP_GRACE_S) -> None:
 
 
 def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
-    """The venv runtime's stage (``stage_runtime: venv``, issue 28): ``step.spec`` (from
+    """The venv runtime's stage (``stage_runtime: venv``): ``step.spec`` (from
     :func:`eagle3ops.commands.venv.stage_spec`: ``argv``, ``environment``, ``cwd``) run as a process in a session of
     its own, stdout and stderr appended to ``<stage>.log``, within the stage's limit and the window budget, checking
     every ``sup.guard_poll_s`` seconds that serving is still stopped; journaled as a stage container is (same

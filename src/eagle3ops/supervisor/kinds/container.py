@@ -253,7 +253,7 @@ class ContainerServing(ServingKind):
         (:meth:`Releases.rollback_target`: releases a gate rejected or only measured are passed over); a
         resumed supervisor keeps the target its journal names and never adds a second new release.
 
-        ``step``, ``change``, ``live``: a speculate job's control release (issue 24, like for like) switches under
+        ``step``, ``change``, ``live``: a speculate job's control release (like for like) switches under
         its own journal step with its own change (the recorded container plus ``change``), and with
         ``live=False``: it passes its gate but never becomes the current release or enters the history, so every
         rollback still targets the release live before the job.

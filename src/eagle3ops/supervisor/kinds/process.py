@@ -192,7 +192,7 @@ class ProcessServing(ServingKind):
         (gated too). The agent's own fallback (:mod:`eagle3ops.commands.process`) starts the recorded process when
         this supervisor dies.
 
-        ``step``, ``change``, ``live``: a speculate job's candidate (issue 31): the recorded process plus ``change``,
+        ``step``, ``change``, ``live``: a speculate job's candidate: the recorded process plus ``change``,
         under its own journal step, never made the current release when ``live`` is False; each further switch of
         the job is the agent's next round (the process it started last stopped, the next record started). A control
         release (step ``control``) is refused: a process serves no image, its releases differ by flags only.
