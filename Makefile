@@ -111,12 +111,12 @@ bench-gate-aa: setup
 bench-push: setup
 	$(PY) benchmarks/push.py --repeat 3 --json benchmarks/push-medians.json
 
-# Multi-node training over three netns sandbox hosts (issue 30): the real pipeline environment exported from the
+# Multi-node training over three netns sandbox hosts: the real pipeline environment exported from the
 # pipeline image, the tiny Llama target, a reach-probe refusal, a node killed and resumed, a one-node reference.
 bench-train-nodes: image
 	$(PY) benchmarks/fleet_train_nodes.py --image "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
 
-# Bounded disk (issue 29): a chunked run twice the data dir's free space (tmpfs) against one chunk, and the colocated
+# Bounded disk: a chunked run twice the data dir's free space (tmpfs) against one chunk, and the colocated
 # online lever against extract + train on SmolLM2; both in containers of the pipeline image, this checkout's src mounted.
 bench-chunked: image
 	$(PY) benchmarks/chunked_disk.py --json benchmarks/chunked-disk-cpu.json
@@ -132,7 +132,7 @@ bench-extract: image
 	  benchmarks/extract.py --json benchmarks/extract-cpu-tiny-llama.json
 
 # The tiny Kimi-K2.5-class target served by vLLM CPU without and with a head trained by the stages (greedy identity,
-# spec-decode counters, acceptance): benchmarks/kimi_trained_head.py (was tests/test_kimi_serving.py, issue 23).
+# spec-decode counters, acceptance): benchmarks/kimi_trained_head.py (was tests/test_kimi_serving.py).
 bench-kimi-head: image
 	$(PY) benchmarks/kimi_trained_head.py --json benchmarks/kimi-trained-head-cpu.json
 

@@ -1,4 +1,4 @@
-"""Calibration across heads (issue 31): offline estimate, speculation gate and watched production, per head shipped.
+"""Calibration across heads: offline estimate, speculation gate and watched production, per head shipped.
 
 For each head (the run's own, or a head directory trained elsewhere, estimated on the run's held-out hidden states
 on the host: ``speculate --head``), in order:
@@ -165,7 +165,7 @@ def main() -> int:
     png = REPO / "benchmarks" / f"calibration-{a.host}.png"
     shutil.copy(out_dir / "calibration.png", png)
     res = {"what": "benchmarks/calibration.py: per head shipped, the offline estimate, the speculation gate's and "
-                   "the watched production's mean acceptance length (issue 31)",
+                   "the watched production's mean acceptance length",
            "host": a.host, "inventory": str(a.inventory), "run": a.run,
            "test_setting": f"margin {MARGIN}, acceptance floor 1.0, TTFT bound x{TTFT_RATIO_MAX} (named, to put each head "
                            "live on CPU)",

@@ -1,6 +1,6 @@
-"""A run whose hidden states are twice the data dir's free space, trained in chunks for two epochs (issue 29, Done-when
-3): the data dir's used bytes sampled every second stay within its size, and the chunked head's offline estimate is
-compared with a one-chunk run's on the same held-out samples.
+"""A run whose hidden states are twice the data dir's free space, trained in chunks for two epochs
+(bounded disk): the data dir's used bytes sampled every second stay within its size, and the chunked head's offline
+estimate is compared with a one-chunk run's on the same held-out samples.
 
 Two containers of the pipeline image (the product's stages; this checkout's ``src`` mounted over the installed
 package, the commit recorded):
@@ -17,7 +17,8 @@ package, the commit recorded):
 
 Target: the tests' tiny random Llama (``eagle3ops_dev.tinymodel``, hidden 128) — a STAND-IN: SmolLM2-135M's draft
 checkpoints (190 MB each, measured) and its CPU training (2.2 s a 1,024-token step) would need ~1.5 GB of hidden
-states and ~1 h here for the same ratio. Data: the first ``--conversations`` of issue 27's ``regen.jsonl.gz``
+states and ~1 h here for the same ratio. Data: the first ``--conversations`` of
+``regen.jsonl.gz`` (from ``benchmarks/gpu_head_smollm2.py``)
 (ShareGPT V3 first turns answered by SmolLM2 on the GPU).
 
 Usage: ``python benchmarks/chunked_disk.py [--conversations 500]``; writes ``--json`` (default
@@ -251,7 +252,7 @@ def main() -> None:
                             text=True).stdout.strip()
     _result(a, one, ch, target="STAND-IN: the tests' tiny random Llama (eagle3ops_dev.tinymodel, hidden 128, 4 layers)",
             data={"file": str(a.regen), "conversations": n,
-                  "generated_by": "ShareGPT V3 first turns answered by SmolLM2 on the GPU (issue 27)"},
+                  "generated_by": "ShareGPT V3 first turns answered by SmolLM2 on the GPU"},
             pipeline_image=image, src=f"this checkout mounted over the image's package (HEAD {commit})",
             machine=machine(), wall_s=round(time.monotonic() - t_start, 1))
 

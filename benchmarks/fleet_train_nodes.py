@@ -1,4 +1,4 @@
-"""Issue 30, measured (NOT a CI test: it needs the real pipeline environment, GBs): one training run over three
+"""Multi-node training, measured (NOT a CI test: it needs the real pipeline environment, GBs): one training run over three
 sandbox hosts, each in its own network namespace behind a 100 mbit veth link (``tc tbf``), routed to each other
 (:func:`eagle3ops_dev.fleet.up` with ``routed=True``), through the product's commands as a user runs them:
 
@@ -19,7 +19,7 @@ Prints the figures and writes them as JSON (``--json``, default ``benchmarks/fle
 
 The pipeline environment is the REAL one exported from ``--image`` (:func:`eagle3ops.transfer.envbuild.export_env`),
 delivered to n0 by the product (``deploy --env-tarball``: sent over the link, sha256 verified, unpacked) with the
-links raised to 10 gbit for the delivery only (issue 28 measured delivery); n1 and n2 share n0's unpacked
+links raised to 10 gbit for the delivery only (delivery has its own benchmark); n1 and n2 share n0's unpacked
 environment through a symlink and a copy of its ``deployed.json`` (a STAND-IN for two more 4.9 GB deliveries: the
 three sandboxes share this machine's disk). Serving on n0 is the STAND-IN OpenAI server. Usage::
 
@@ -129,7 +129,7 @@ print(json.dumps({"token_ids_equal": ids_equal, "median": st.median, "q99": st.q
 
 
 def _one_host_compare(image: str, hosts: dict, model: Path, merged: Path, tmp: Path) -> dict:
-    """Issue 29 Done-when (1): the one-host extract of the same prepared samples (stage extract, no shard, in a
+    """The one-host extract of the same prepared samples (stage extract, no shard, in a
     pipeline-image container on this machine) against the fleet's merged manifest: sample ids, token ids (each
     sample's ``input_ids``), file sha256; where a file differs, the stage probe's per-token errors and its dense
     tolerance (:func:`eagle3ops.stages.probe._tolerances`), computed in the container."""
@@ -183,7 +183,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=REPO / "benchmarks/fleet-train-nodes.json")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--extract-only", action="store_true",
-                    help="issue 29 (1): step 1 only, then the one-host extract compared with the merged manifest "
+                    help="step 1 only, then the one-host extract compared with the merged manifest "
                          "(writes --json, default benchmarks/fleet-extract-vs-one-host.json)")
     a = ap.parse_args()
     if a.extract_only and a.json == REPO / "benchmarks/fleet-train-nodes.json":
@@ -191,7 +191,7 @@ def main() -> int:
     from eagle3ops_dev import demo, fleet
     from eagle3ops_dev.standin_env import standin_server_pids
 
-    fig: dict = {"what": "issue 30: multi-node training over three netns sandbox hosts (gloo, torchrun static "
+    fig: dict = {"what": "multi-node training over three netns sandbox hosts (gloo, torchrun static "
                          "rendezvous), real pipeline environment and stages, tiny Llama target",
                  "image": a.image, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "stand_ins": ["tiny random Llama target (tests' tinymodel)", "STAND-IN OpenAI server as n0's "
@@ -263,7 +263,7 @@ def main() -> int:
         fig["fleet_extract"].update(samples=m["samples"], tokens=m["tokens"],
                                     shards=[{k: s[k] for k in ("host", "start", "end")} for s in m["fleet"]["shards"]])
         if a.extract_only:
-            fig["what"] = ("issue 29 (1): extraction over three netns sandbox hosts (n0 serving the STAND-IN server, "
+            fig["what"] = ("extraction over three netns sandbox hosts (n0 serving the STAND-IN server, "
                            "n1 and n2 serving: none) against a one-host extract of the same prepared samples; real "
                            "pipeline environment and stages, tiny Llama target")
             fig["one_host"] = _one_host_compare(a.image, hosts, model, merged, tmp)

@@ -1,4 +1,4 @@
-"""Issue 29, Done-when (2): a fleet extract over three SERVING hosts with a down-at-once limit, checked from the hosts'
+"""A fleet extract over three SERVING hosts with a down-at-once limit, checked from the hosts'
 audit logs: each window's audit line carries serving's ``stopped_at``/``restored_at`` (the supervisor's), and with
 ``fleet.max_down_per_model: 1`` no two stop→restore intervals may overlap. The same run with limit 2 is the control
 (the check sees overlaps when they are allowed: two hosts down at once). With no host of ``serving: none`` and no

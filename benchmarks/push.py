@@ -1,4 +1,4 @@
-"""Benchmark of ``eagle3ops push`` against the baseline ``docker save IMAGE | ssh HOST docker load`` (issue 8).
+"""Benchmark of ``eagle3ops push`` against the baseline ``docker save IMAGE | ssh HOST docker load``.
 
 Cases (each on sandbox hosts this script creates: own sshd + own dockerd, removed at the end):
   P1  patch-only update: the host holds version N of a ≥1 GiB image; push N+1 that differs only in its top layer.
@@ -16,7 +16,7 @@ The image (built locally, no registry): FROM scratch + a layer of CUDA libraries
 
 Usage (root): python benchmarks/push.py [--cases P1,P2,P2wan,P5] [--repeat 3] [--json FILE] [--keep]
 
-``--repeat N`` runs P2wan and P5 N times in this invocation and reports the medians (issue 30's Done-when: 3). P5
+``--repeat N`` runs P2wan and P5 N times in this invocation and reports the medians (3 for the recorded figures). P5
 also measures the run's floor: the same 4-host push with the links unlimited (what this machine's CPU and disk
 allow: one compression, then 4 x ssh + zstd -d + docker load on the same cores), and the one-host push over its
 link; the fan-out cannot beat the slower of the two, and its ratio to that floor is printed beside the ratio to one
@@ -202,7 +202,7 @@ def main() -> int:
     ap.add_argument("--cases", default="P1,P2,P2wan,P5")
     ap.add_argument("--keep", action="store_true", help="keep images and sandboxes")
     ap.add_argument("--repeat", type=int, default=1, help="runs of P2wan and P5 in this invocation; the medians are "
-                    "reported (issue 30: 3)")
+                    "reported (3 for the recorded figures)")
     ap.add_argument("--json", type=Path, help="also write the report here (written by this script only)")
     a = ap.parse_args()
     cases = set(a.cases.split(","))

@@ -1,4 +1,4 @@
-"""``eagle3ops release --gate`` on a host (issue 31): a slower serving flag change rolled back, a faster one kept.
+"""``eagle3ops release --gate`` on a host: a slower serving flag change rolled back, a faster one kept.
 
 Runs the user's commands, through the CLI, in this order, and records each one's exit status, verdict and figures
 (the gate's result file on the host, read from the newest ``kind: release-gate`` audit entry's attempt folder):
@@ -137,7 +137,7 @@ def _run(a: argparse.Namespace, inventory: Path, levels: list[int]) -> int:
         step("back to the original release", ["rollback", a.host, "--to", str(original)], 0, False)
         end = current_release(r)
     ok = [s["exit"] == s["expected_exit"] for s in steps]
-    out = {"what": "benchmarks/release_gate.py: `eagle3ops release --gate` on the host's real vLLM (issue 31): a "
+    out = {"what": "benchmarks/release_gate.py: `eagle3ops release --gate` on the host's real vLLM: a "
                    f"slower flag change ({FLAG} {a.slow}) rolled back, the fix ({FLAG} {a.fast}) measured against "
                    "that slow release and kept",
            "host": a.host, "inventory": f"{a.inventory} with serving.gate_concurrency {levels}", "cpu": _cpu(),

@@ -1,4 +1,4 @@
-"""Issue 18 experiment: can a sandbox-sized target let speculation win on CPU?
+"""An experiment: can a sandbox-sized target let speculation win on CPU?
 
 The sandbox's tiny Llama target (:mod:`eagle3ops_dev.tinymodel`, kind ``llama``: hidden 128, 4 layers, vocab 2048) has
 RANDOM weights: its next-token distribution is nearly flat, so a head distilled from it learns almost nothing (the

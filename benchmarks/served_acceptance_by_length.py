@@ -1,5 +1,5 @@
 """Served acceptance length against answer length: one head, the same held-out chat prompts, several ``max_tokens``
-(issue 27: why the H200 head's offline estimate, 2.214 on the GPU's regenerated answers, stands so far above what the
+(why the H200 head's offline estimate, 2.214 on the GPU's regenerated answers, stands so far above what the
 sandbox's gate served, 1.454-1.534 on 32-64-token answers).
 
 The offline estimate averages over every assistant token of answers that ran up to 512 tokens (round 3: 5,948

@@ -1,4 +1,4 @@
-"""The H200-trained EAGLE-3 head for SmolLM2-135M-Instruct served on the sandbox through the gate (issue 27).
+"""The H200-trained EAGLE-3 head for SmolLM2-135M-Instruct served on the sandbox through the gate.
 
 The head: ``--round r3`` (the default) is round 3 of ``benchmarks/gpu_head_smollm2.py``
 (``benchmarks/gpu-head-smollm2-h200-r3.json``: offline acceptance length 2.214 on held-out samples, draft
@@ -32,7 +32,7 @@ machine sharded, shard 2 split in two parts, and was lost with that machine). Th
    from vLLM's spec-decode counters (per level too), the throughput ratio and its 90 % interval at each concurrency
    (:func:`eagle3ops.gate.decide.ratio_interval` on the gate's own passes; the deciding one is the gate's), TTFT
    ratio, the offline estimate and the served - offline difference, prompt count and tokens, wall times, the
-   machine's CPU, the target's provenance and the issue's "Done when" checks with the shortfall of each.
+   machine's CPU, the target's provenance and the serving targets' checks (``done_when``) with the shortfall of each.
 
 Stand-ins: the serving image of the speculative release (``serving.speculative_image``,
 ``eagle3ops/serving:sandbox-cpu-standin``) and the local base image, both named in the JSON.
@@ -92,7 +92,7 @@ PROMPTS = 64
 PROMPT_CHARS = 1500  # first user turn under this many characters (round 1's agreement-prompt rule)
 EXTRA_CANDIDATES = 48  # held-out records read beyond --prompts, for those the round trip or the context refuses
 GATE_TIMEOUT_S = 3300.0
-#: The issue's "Done when" for serving (issue 27).
+#: The serving targets the head is measured against (``done_when`` in the JSON).
 DONE = {"acceptance_length_min": 2.5, "interval_low_min": 1.05, "offline_gap_max": 0.3, "prompts_min": 64}
 
 
@@ -279,7 +279,7 @@ def provision(h: Any, echo: Any) -> dict[str, Any]:
 def read_result(h: Any) -> dict[str, Any]:
     """The run's newest gate result, read over the host's executor: the newest ``speculate`` audit entry of run
     RUN names its attempt folder (``<data_dir>/runs/RUN/speculate/<head sha256[:16]>/<window>/``), whose
-    ``result.json`` is read (a head from elsewhere keeps its results in its own folder, issue 26 kind 6)."""
+    ``result.json`` is read (a head from elsewhere keeps its results in its own folder)."""
     from eagle3ops import executor
     from eagle3ops.commands import host as hc
     from eagle3ops.window.common import audit_entries
@@ -333,7 +333,7 @@ def what_text(record_name: str, device: str | None) -> str:
     """The JSON's ``what``: the round's figures file and the GPU it was trained on (its generation record)."""
     return (f"benchmarks/speculate_smollm2_gpu_head.py: the EAGLE-3 head trained on one {device or 'H200'} "
             f"({record_name}) served on the sandbox through `eagle3ops speculate --head --prompts-file` on held-out "
-            "ShareGPT V3 prompts (issue 27)")
+            "ShareGPT V3 prompts")
 
 
 def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] | None, prompts: dict[str, Any] | None,
@@ -419,7 +419,7 @@ def add_whole_answers(fig: dict[str, Any], bylen: dict[str, Any], bylen_name: st
     longest ``max_tokens`` run of ``benchmarks/served_acceptance_by_length.py`` (``bylen``, its JSON read from
     ``bylen_name``), whose head files' sha256 (``head_files``: name -> sha256 of the folder it served) must be the
     gate's. The gate replays every prompt to exactly ``gate_max_tokens`` tokens (``ignore_eos``), the first, hardest
-    part of an answer; the issue's served figure and its comparison with the offline estimate (averaged over whole
+    part of an answer; the served acceptance target and its comparison with the offline estimate (averaged over whole
     regenerated answers of up to 512 tokens) are read over whole answers: ``done_when`` gets
     ``acceptance_length_whole_answers`` and ``offline_within_0.3_whole_answers``; the gate's own entries stay.
     ``device``: the GPU the round was trained on (rewrites ``what``, whose first runs said H200 for every round).
@@ -595,9 +595,9 @@ def main() -> int:
         pfile.write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"prompts: {len(rows)} held-out ShareGPT turns, {prompts['prompt_tokens_total']} prompt tokens -> {pfile}")
         # --force: run RUN has no hidden states on the sandbox for the host to estimate the head on before the
-        # restart (issue 26 kind 6); its offline estimate is the training's, recorded in the head's JSON.
+        # restart; its offline estimate is the training's, recorded in the head's JSON.
         # --control: production serves the local base, the speculative release the stand-in serving image: the
-        # baseline measured is that image without --speculative-config (like for like, issue 24).
+        # baseline measured is that image without --speculative-config (like for like).
         argv = [str(REPO / ".venv/bin/eagle3ops"), "speculate", HOST, "--run", RUN, "--head", str(work / "head"),
                 "--force", "--control", "--prompts-file", str(pfile), "--inventory", str(inv)]
         log = work / "speculate.log"

@@ -1,6 +1,6 @@
 """The train stage on 1 and 2 GPUs (torchrun, FSDP2) and an NCCL all-reduce under an inventory's NCCL settings.
 
-Issue 7's measurement, on a lent 2-GPU machine (2 x H200). vLLM does not travel there, so the hidden states come
+Measured on a lent 2-GPU machine (2 x H200). vLLM does not travel there, so the hidden states come
 from the extract stage's ``transformers`` reference engine (a transformers forward of the same random target,
 hooks on the same layers), as in ``benchmarks/extract_train_gpu.py``; the training is the stage's own code,
 launched the way the pipeline launches it: ``python -m eagle3ops stage train --run-dir RUN``, which relaunches

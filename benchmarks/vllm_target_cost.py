@@ -1,4 +1,4 @@
-"""What one target step and one speculative step cost in vLLM 0.16 CPU, by target shape (issue 18: sizing the
+"""What one target step and one speculative step cost in vLLM 0.16 CPU, by target shape (sizing the
 sandbox target so that one target forward costs several draft forwards).
 
 For each ``LAYERSxHIDDEN`` shape: a Llama target with random weights (the tiny Llama's tokenizer and vocabulary
@@ -24,7 +24,7 @@ Run inside the CPU stand-in serving image (its vLLM carries the greedy EAGLE-3 C
 
 Measured: ``benchmarks/vllm-target-cost-cpu.json`` (see ``benchmarks/README-sandbox-target.md``).
 
-``--real TARGET HEAD`` (issue 27: what one speculative step of the real target costs on the CPU stand-in, i.e. whether
+``--real TARGET HEAD`` (what one speculative step of the real target costs on the CPU stand-in, i.e. whether
 the gate's 1.05 is reachable there): instead of the random shapes, the real target (SmolLM2-135M-Instruct as the
 sandbox serves it, bf16) and a trained head, each prompt rendered by the target's chat template (``--real-sharegpt
 FILE --real-n N``: the first N held-out ShareGPT V3 records, index >= 12,000, whose first user turn is under 1,500

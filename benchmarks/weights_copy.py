@@ -1,4 +1,4 @@
-"""Issue 29, the rented-host lifecycle: ``eagle3ops weights B --from A`` at a size where the link, not the per-file
+"""The rented-host lifecycle: ``eagle3ops weights B --from A`` at a size where the link, not the per-file
 SSH set-up, decides: two engine-less sandbox hosts of the fleet fixture (:mod:`eagle3ops_dev.fleet`: ``bench-rent0``
 /``bench-rent1``, namespaces ``e3rbench<k>`` at 10.225.<k>.2 behind veth links limited by ``tc tbf``, SSH 2264+k).
 Host A holds ``--files`` random files of ``--mib`` MiB each (a stand-in target: the copy never reads them as a

@@ -68,7 +68,7 @@ echo "==================== host suite, rest part (pytest --part rest) ==========
 cat .cache/test-rest.log
 echo "==================== in-image suite (scripts/test-image.sh $tag) ===================="
 cat .cache/test-image.log
-# The disk each sandbox engine uses (issue 29: data-root of each named sandbox, which outlives the run) and the build
+# The disk each sandbox engine uses (data-root of each named sandbox, which outlives the run) and the build
 # engine's store, so a CI log shows what the suites left on this machine.
 echo "==================== disk: sandbox engines (du -s, MiB) and the build engine (docker system df) ===================="
 timeout 120 du -s -B1M /var/lib/eagle3ops-sandbox/*/ 2>/dev/null || echo "(no sandbox data-root under /var/lib/eagle3ops-sandbox)"

@@ -1,4 +1,4 @@
-"""Issue 28, measured (NOT a CI test: the environment is GBs): a REAL extract window then a train window on a
+"""The venv runtime, measured (NOT a CI test: the environment is GBs): a REAL extract window then a train window on a
 sandbox host reached as a venv host (``stage_runtime: venv``, no container engine used on the host side), with the
 REAL pipeline environment exported from the built pipeline image (:func:`eagle3ops.transfer.envbuild.export_env`),
 real stages (``python -m eagle3ops stage``: vLLM's CPU build extracting from the tests' tiny Llama target, then
@@ -88,7 +88,7 @@ def main() -> int:
                    stage_timeout_s=1800, min_free_gib=2,
                    serving={"kind": "process", "process_match": f"standin_openai_server.py --port {port}",
                             "port": port, "served_model_name": MODEL, "health_timeout_s": 60, "stop_timeout_s": 10})
-    fig: dict = {"what": "issue 28: real pipeline environment, real stages, venv runtime, sandbox over SSH",
+    fig: dict = {"what": "real pipeline environment, real stages, venv runtime, sandbox over SSH",
                  "sandbox": name, "image": a.image, "pipeline": PIPELINE, "venv_python": h.venv_python,
                  "serving": "STAND-IN OpenAI server as a process (not vLLM)", "started": time.strftime(
                      "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

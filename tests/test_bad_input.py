@@ -1,4 +1,4 @@
-"""Issue 26, kind 9: bad input gets a clear error naming the file (line, byte) or the key the user must change.
+"""Bad input gets a clear error naming the file (line, byte) or the key the user must change.
 
 - patch files with CRLF, lone CR or mixed line endings are refused by file and line, saying which ending;
 - chat data files with bytes that are not UTF-8 are refused by file, line and byte offset, without a traceback;

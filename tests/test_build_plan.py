@@ -1,4 +1,4 @@
-"""The build is planned before it runs (issue 14 item 7: `deploy --dry-run` built the image): :func:`plan_build`
+"""The build is planned before it runs (`deploy --dry-run` once built the image): :func:`plan_build`
 decides base, profile, content tag and build args without building, and :func:`build_image` builds exactly that
 plan. Uses the local build engine read-only (the local base must be there, as for every image test)."""
 

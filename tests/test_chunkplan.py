@@ -1,4 +1,4 @@
-"""The chunked run's plan (issue 29; pure, no host): chunks within the disk budget, every training sample once per
+"""The chunked run's plan (pure, no host): chunks within the disk budget, every training sample once per
 epoch, passes that cover the steps in order, and the refusals that name the key to change."""
 
 from __future__ import annotations

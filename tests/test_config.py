@@ -92,7 +92,7 @@ def test_compose_serving_needs_project_and_service(tmp_path):
 def test_compose_keys_with_container_kind_and_systemd_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="kind: compose"):
         load_inventory(_write(tmp_path, BASE + "      compose_service: vllm\n"))
-    # systemd is a kind now (issue 23): it needs the unit it manages, named in the error
+    # systemd is a kind now: it needs the unit it manages, named in the error
     with pytest.raises(ConfigError, match=r"hosts\.h1\.serving.*kind `systemd` needs `unit`"):
         load_inventory(_write(tmp_path, BASE + "      kind: systemd\n"))
 

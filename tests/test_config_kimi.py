@@ -1,4 +1,4 @@
-"""The inventory and pipeline examples for a real 8-GPU Kimi-K2.5 host (issue 17): `config check` accepts them, and
+"""The inventory and pipeline examples for a real 8-GPU Kimi-K2.5 host: `config check` accepts them, and
 the commands built from them (stage containers, the serving container) carry the GPU flags and environment exactly."""
 
 from pathlib import Path
@@ -144,7 +144,7 @@ def test_offline_without_dry_run_is_refused(tmp_path, no_network):
 
 
 def test_offline_dry_run_of_a_chunked_kimi_run_plans_prepare_then_vocab_and_chunked(tmp_path, no_network):
-    """issue 29: with `chunks.count: auto` window extract only prepares, and window train runs vocab and stage
+    """With `chunks.count: auto` window extract only prepares, and window train runs vocab and stage
     chunked (extract + train chunk by chunk) with the same stage container settings."""
     inv = _unreachable_inventory(tmp_path)
     cfg = yaml.safe_load(PIPELINE.read_text())
@@ -166,7 +166,7 @@ def test_offline_dry_run_of_a_chunked_kimi_run_plans_prepare_then_vocab_and_chun
 
 
 def test_the_chunk_plan_before_the_stop_is_a_throwaway_stage_container_without_gpus(tmp_path):
-    """issue 29: window train of a chunked run prints stage chunked's plan (``--dry-run``) from a throwaway container
+    """Window train of a chunked run prints stage chunked's plan (``--dry-run``) from a throwaway container
     with the stage's own mounts and environment but no GPU request (serving still holds them), removed on exit."""
     from eagle3ops.commands.stages import chunk_plan_argv
 

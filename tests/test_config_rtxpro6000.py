@@ -1,4 +1,4 @@
-"""The seeds' host as an inventory example (issue 28): 8 x RTX PRO 6000 Blackwell on PCIe, vLLM 0.16 + speculators
+"""The seeds' host as an inventory example: 8 x RTX PRO 6000 Blackwell on PCIe, vLLM 0.16 + speculators
 in one virtualenv served as a plain process, the seeds' NCCL environment. Checked offline: `config check` accepts
 it, and the stage containers built from it carry exactly that environment (no `NCCL_P2P_LEVEL: NVL`, which would
 switch peer-to-peer off on a host without NVLink)."""

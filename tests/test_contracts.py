@@ -4,9 +4,9 @@
 2. No module outside ``src/eagle3ops/commands/`` builds the argv of anything run on a host or through a Docker
    engine: an AST scan for list displays whose first element names a program. The exceptions are local tools that
    never reach a host or an engine of a host, each with its reason.
-3. No module over 600 lines without a paragraph of its module docstring that starts "Why this module is long"
-   (issue 13): split along the module's seams, or say why it is one module.
-4. The development harness (``src/eagle3ops_dev``) stays out of the product (issue 23): a contract that the product
+3. No module over 600 lines without a paragraph of its module docstring that starts "Why this module is long":
+   split along the module's seams, or say why it is one module.
+4. The development harness (``src/eagle3ops_dev``) stays out of the product: a contract that the product
    never imports it (and a test that the contract fails when a product module does), and the production wheel,
    built here and listed, holds no sandbox, demo, stand-in base builder or tiny model.
 
@@ -302,7 +302,7 @@ def test_the_scan_sees_an_argv_display(tmp_path):
     assert _argv_displays(p) == [(2, "docker")]
 
 
-#: A module longer than this says at its top why it is one module (issue 13).
+#: A module longer than this says at its top why it is one module.
 LONG_MODULE_LINES = 600
 LONG_REASON = "Why this module is long"
 
@@ -373,7 +373,7 @@ def test_the_production_wheel_holds_no_harness(tmp_path):
     assert entry and "eagle3ops_dev" not in zipfile.ZipFile(wheels[0]).read(entry[0]).decode()
 
 
-# --- executors are made in one place (issue 23) ------------------------------------------------------------------
+# --- executors are made in one place ------------------------------------------------------------------
 #: modules (relative to src/eagle3ops) that may construct the SSH executor ``Remote(...)``, and why.
 REMOTE_MAKERS = {"executor.py": "the one factory of executors (for_host)"}
 #: modules of the product (the harness in src/eagle3ops_dev runs its own daemons and is not scanned) that may start a local process themselves (``subprocess.run/Popen/...``), and why; every other module
@@ -385,9 +385,9 @@ SUBPROCESS_USERS = {
                          "so the target's engine and the trainer never hold the GPU together)",
     "supervisor/speculate.py": "the drain/undrain hooks run by the host-side supervisor in its container; the "
                                "supervisor may not import the driver's executor (import-linter layers)",
-    "supervisor/stagerun.py": "a venv host's stage processes (stage_runtime: venv, issue 28), started by the "
+    "supervisor/stagerun.py": "a venv host's stage processes (stage_runtime: venv), started by the "
                               "host-side supervisor, which may not import the driver's executor",
-    # Not moved to executor.local() yet (issue 23, next step): each is a local tool on the build machine with its
+    # Not moved to executor.local() yet (next step): each is a local tool on the build machine with its
     # own error handling (CalledProcessError text, input bytes, env): images/buildkit.py (client version probes), images/tags.py (git revision), patches/diffgen.py (diff),
     # patches/gnupatch.py (patch), patches/wheels.py (pip download), transfer/compression.py (zstd on a sample).
     "images/buildkit.py": "not moved yet", "images/tags.py": "not moved yet",

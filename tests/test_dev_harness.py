@@ -1,4 +1,4 @@
-"""The development harness beside the product (issue 23): the probes' one seam to it
+"""The development harness beside the product: the probes' one seam to it
 (:mod:`eagle3ops.patches.fixtures`), the probe cache key covering it, and the tiny Kimi's remote code as real files.
 Pure: no torch, no engine."""
 

@@ -1,4 +1,4 @@
-"""``--dry-run`` prints what then runs (issue 13 item 1, issue 14 item 7), on the sandbox's real sshd and engine.
+"""``--dry-run`` prints what then runs, on the sandbox's real sshd and engine.
 
 For each host-changing command, the dry run's plan (the executor's ``changes``: the host-changing commands it
 printed and did not run, and its ``history``: every command, reads included) is compared with what the executor then
@@ -189,7 +189,7 @@ def real_wid(r) -> str:
 def _same_window_start(dry, real, take: list[str]) -> None:
     """A window's dry-run plan equals the real run's commands up to and including the supervisor's start (after it
     the real run watches and finishes the window: reads, then removing the finished supervisor)."""
-    # The weights manifest's recording (issue 29: the serving host's first window starts it detached once the
+    # The weights manifest's recording (the serving host's first window starts it detached once the
     # supervisor runs) is planned and run beside the window; it is compared on its own.
     rec = "e3-weights-record"
     d, r = _norm(dry.changes), _norm(real.changes)

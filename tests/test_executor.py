@@ -1,4 +1,4 @@
-"""Commands are typed (issue 23): a dry run runs each ``Read`` and only records each ``Change``; no call site says
+"""Commands are typed: a dry run runs each ``Read`` and only records each ``Change``; no call site says
 which is which. Real parts: the local executor runs real programs; the SSH executor's dry run needs no host for a
 change (it is never sent)."""
 

@@ -1,4 +1,4 @@
-"""Issue 26 kind 10, the pure parts: which retained releases a plan may create, and what each needs on the host (the
+"""The pure parts: which retained releases a plan may create, and what each needs on the host (the
 sandbox test is tests/test_fallback_creatable.py)."""
 
 from __future__ import annotations

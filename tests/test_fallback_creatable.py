@@ -1,4 +1,4 @@
-"""Issue 26 kind 10 on the sandbox (real sshd, real dockerd, real vLLM): every release a window may restore or roll
+"""Fallback releases on the sandbox (real sshd, real dockerd, real vLLM): every release a window may restore or roll
 back to is checked creatable on this host before serving stops (its image present under the id this host's image
 store uses, its binds' host paths present); a window whose fallback cannot be created is refused naming the release
 and what is missing, and serving is not touched."""

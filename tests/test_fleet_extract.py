@@ -1,4 +1,4 @@
-"""Issue 29 end to end: ``eagle3ops extract fleet0 fleet1 fleet2`` over three sandbox hosts, each in a network
+"""End to end: ``eagle3ops extract fleet0 fleet1 fleet2`` over three sandbox hosts, each in a network
 namespace of its own with its own address behind a veth link limited to 100 mbit (``tc tbf``): the fleet fixture
 :mod:`eagle3ops_dev.fleet` (sandboxes ``pytest-fleet0..2``, SSH 2240-2242, namespaces ``e3fleet0..2``, 10.229.k.0/24).
 All three are venv hosts (no engine) with the STAND-IN pipeline environment (:mod:`eagle3ops_dev.standin_env`: the

@@ -1,4 +1,4 @@
-"""Multi-node training planned (issue 30), pure: the node order from a fleet run's merged manifest, the refusals, the
+"""Multi-node training planned, pure: the node order from a fleet run's merged manifest, the refusals, the
 train stage's node arguments and the cross-node trial's command on a venv host, and which node failed first."""
 
 from __future__ import annotations

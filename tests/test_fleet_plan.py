@@ -1,4 +1,4 @@
-"""The fleet planner (issue 29), pure: sharding, the down-at-once policy, the merge, the budget split/refusal."""
+"""The fleet planner, pure: sharding, the down-at-once policy, the merge, the budget split/refusal."""
 
 from __future__ import annotations
 

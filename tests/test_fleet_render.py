@@ -1,4 +1,4 @@
-"""``eagle3ops render k8s|slurm`` and the cross-node trial's argv and verdict (issue 30), pure: no scheduler, no
+"""``eagle3ops render k8s|slurm`` and the cross-node trial's argv and verdict, pure: no scheduler, no
 torch."""
 
 from __future__ import annotations

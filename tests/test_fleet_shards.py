@@ -1,4 +1,4 @@
-"""Issue 29, no host: the shard-aware extract stage's contract (``--shard START:END``, the shard manifest), run through
+"""No host: the shard-aware extract stage's contract (``--shard START:END``, the shard manifest), run through
 the STAND-IN stages of the venv tests (:mod:`eagle3ops_dev.standin_stages`, which share the product's
 :mod:`eagle3ops.stages.shards`), merged by :mod:`eagle3ops.stages.merge`; and :func:`eagle3ops.fleet.execute.run_plan`'s
 order and bounds with a recording ``run_one`` (no host, real threads)."""

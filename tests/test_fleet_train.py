@@ -1,4 +1,4 @@
-"""Issue 29 end to end: a fleet run's hidden states moved to the training host and trained on there:
+"""End to end: a fleet run's hidden states moved to the training host and trained on there:
 ``eagle3ops extract fleetT0 fleetT1 fleetT2 --merged M`` then ``eagle3ops train fleetT0 --from-fleet M`` over three
 sandbox hosts, each in a network namespace of its own behind a veth link limited to 100 mbit (``tc tbf``): the fleet
 fixture :mod:`eagle3ops_dev.fleet` (sandboxes ``pytest-fleetT0..2``, SSH 2270-2272, namespaces ``e3fleetT0..2``,

@@ -1,6 +1,6 @@
 """The one health gate (:mod:`eagle3ops.health`) against a local stand-in of an OpenAI-compatible server.
 
-Issue 14 item 5: a server started with ``--api-key`` (or ``VLLM_API_KEY``) answers 401 without it; the gate sends
+A server started with ``--api-key`` (or ``VLLM_API_KEY``) answers 401 without it; the gate sends
 the key it finds in the serving container's own configuration, or in the secret file the inventory names, and the
 key appears in no journal entry or error. The real-vLLM check is ``test_release_fidelity.py``.
 """

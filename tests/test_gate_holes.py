@@ -1,4 +1,4 @@
-"""Issue 24's holes in the speculation gate, closed (fast, no sandbox):
+"""Holes in the speculation gate, closed (fast, no sandbox):
 
 - a negative ``gate_margin`` is refused by inventory validation (``eagle3ops config check``), by the CLI's
   ``speculate --margin`` and by :func:`eagle3ops.speculate.ship.speculate`, unless the test-only switch

@@ -1,4 +1,4 @@
-"""Issue 28, memory and architecture preflight, with the numbers of the seeds' host: Kimi-K2.5 at TP 8 on 8 x RTX PRO
+"""Memory and architecture preflight, with the numbers of the seeds' host: Kimi-K2.5 at TP 8 on 8 x RTX PRO
 6000 Blackwell. The estimate is pure arithmetic (``window/estimate.py``); the preflight checks run against the
 stand-in host of ``test_window_driver.py``, whose nvidia-smi and throwaway stage container answer with stand-ins.
 

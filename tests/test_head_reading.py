@@ -1,4 +1,4 @@
-"""Issue 26, kind 5: heads that vLLM 0.16 reads differently from how they were trained, refused before any restart.
+"""Heads that vLLM 0.16 reads differently from how they were trained, refused before any restart.
 
 The comparison is pure (``speculate.headcheck.check_vllm_reading`` and ``check_vocab_values``); its input about vLLM
 is what vLLM 0.16's own config loader made of the head in the pipeline image (``speculate.onhost.vllm_view``):

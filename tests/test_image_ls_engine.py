@@ -1,4 +1,4 @@
-"""``image ls HOST`` asks the engine the inventory names (issue 14, item 8): pure, no host or engine needed."""
+"""``image ls HOST`` asks the engine the inventory names: pure, no host or engine needed."""
 
 from __future__ import annotations
 

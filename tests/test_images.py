@@ -273,7 +273,7 @@ def test_probe_result_cache_reuses_only_byte_identical_inputs(tmp_path: Path) ->
     assert rec_b["outcomes"][0]["reused"] and rec_b["outcomes"][0]["key"] == rec["outcomes"][0]["key"]
 
     # A hunk whose header no longer names where it lands is refused at apply, before anything is applied and
-    # before any probe (issue 15 item 4), naming patch, file and hunk.
+    # before any probe, naming patch, file and hunk.
     r, _ = build("b2", "# eagle3ops: first", summary="offsets")
     assert r.returncode == 5 and "0001-gen.patch" in r.stdout + r.stderr and "offset" in r.stdout + r.stderr, \
         r.stdout + r.stderr

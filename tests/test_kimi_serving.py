@@ -2,7 +2,7 @@
 
 The run itself (the tiny Kimi-K2.5-class target served without and with a head trained by eagle3ops's stages,
 greedy-identical, spec-decode counters; 160 s) left the test suite for ``benchmarks/kimi_trained_head.py``
-(``make bench-kimi-head``, issue 23); see its docstring for what still covers its parts in CI.
+(``make bench-kimi-head``); see its docstring for what still covers its parts in CI.
 """
 
 from __future__ import annotations

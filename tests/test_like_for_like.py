@@ -1,4 +1,4 @@
-"""Issue 24, like for like: every measured release's identity (image, id, labels, argv, vLLM's ``/version``) is
+"""Like for like: every measured release's identity (image, id, labels, argv, vLLM's ``/version``) is
 recorded, a speculative image unlike the live one is refused by the driver naming both unless ``--control``, and
 the host's decision is ``undecided`` for unlike measurements (pure, with the driver's stand-in remote of
 ``test_speculate_ship``). The control path on real vLLM (a control release measured, then the speculative one) is
@@ -205,7 +205,7 @@ def test_the_host_reports_the_sets_beside_the_decision(tmp_path):
 
 
 def test_a_rollback_for_acceptance_still_reports_the_interval(tmp_path):
-    """Issue 24 (5): the demo's gate prints the interval whatever rule decides (its first run rolled back for
+    """The demo's gate prints the interval whatever rule decides (its first run rolled back for
     acceptance, and its result had no interval)."""
     job = SpeculateJob(run="r", head="/h", head_sha256="0" * 64, results_dir=str(tmp_path), prompts=["a"] * 4,
                        change={"args": SPEC_ARGS}, levels=[1], max_tokens=16, passes=3, margin=0.05,

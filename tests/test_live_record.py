@@ -1,4 +1,4 @@
-"""Issue 26 kind 8, the pure parts: where a window's record and the live server disagree (the sandbox test is
+"""The pure parts: where a window's record and the live server disagree (the sandbox test is
 tests/test_live_truth.py)."""
 
 from __future__ import annotations

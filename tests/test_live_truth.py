@@ -1,4 +1,4 @@
-"""Issue 26 kind 8 on the sandbox (real sshd, real dockerd): the truth about serving is the live server.
+"""On the sandbox (real sshd, real dockerd): the truth about serving is the live server.
 
 ``status`` and ``recover`` read the live serving container and its ``/health`` on the host and say when the newest
 window's record disagrees; ``recover`` starts serving that was stopped outside a window and health-gates it (on the

@@ -1,4 +1,4 @@
-"""Issue 26, kind 6: an outside head (``speculate --head``) is estimated before any restart, on hidden states the
+"""An outside head (``speculate --head``) is estimated before any restart, on hidden states the
 host already has from the run (its held-out samples), and refused below ``serving.acceptance_floor`` unless
 ``--force``; a head that cannot be estimated there is refused unless forced, naming why and the fix; the results
 of a head from elsewhere are kept in its own folder, never written over the run's own ``speculate/result.json``.

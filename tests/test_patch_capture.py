@@ -190,7 +190,7 @@ def test_drift_attributes_known_partial_and_unknown(tmp_path: Path, container: s
 
 @pytest.mark.sandbox
 def test_capture_round_trip_over_ssh_on_sandbox_host(tmp_path: Path, rootfs_tar: Path, sandbox_host) -> None:
-    """The issue's round trip on the sandbox host: a ``sed -i`` run through SSH (``Remote``) inside a container of
+    """The capture round trip on the sandbox host: a ``sed -i`` run through SSH (``Remote``) inside a container of
     the sandbox's own docker engine becomes, via ``capture sandbox`` (SSH, host keys checked), a patch that applied
     to the pristine wheel reproduces the edited file byte for byte."""
     from eagle3ops.remote import Remote

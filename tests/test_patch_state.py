@@ -1,4 +1,4 @@
-"""Issue 15 items 2-4 with the real speculators wheels (pinned sha256) and real GNU patch/diff:
+"""The patch workflow's state with the real speculators wheels (pinned sha256) and real GNU patch/diff:
 
 * ``patch apply`` is idempotent: the applied state is judged for the series as a whole (file hashes against the
   wheel's RECORD and the manifest's recorded post-apply state), not per patch by a reverse dry run;
@@ -32,7 +32,7 @@ def _without_manifest(d: dict[str, bytes]) -> dict[str, bytes]:
     return {k: v for k, v in d.items() if k != MANIFEST}
 
 
-# --- item 2: apply twice ------------------------------------------------------------------------------------------
+# --- apply twice --------------------------------------------------------------------------------------------------
 
 
 def test_real_030_series_applied_twice_is_a_no_op(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_mixed_states_are_refused(tmp_path: Path) -> None:
     assert "partly applied" in r.stderr and f"still pristine: {LOGU}" in r.stderr and GEN in r.stderr
 
 
-# --- item 4: exact landing ----------------------------------------------------------------------------------------
+# --- exact landing ------------------------------------------------------------------------------------------------
 
 
 def _block_edit(t: str) -> str:
@@ -168,7 +168,7 @@ def test_hunk_at_an_offset_is_refused_naming_patch_file_and_hunk(tmp_path: Path)
     assert "FAIL 0002-info.patch: patch 0002-info.patch does not apply" in c.stdout and "offset +2 instead" in c.stdout
 
 
-# --- item 3: refresh carries every change or refuses it -----------------------------------------------------------
+# --- refresh carries every change or refuses it -------------------------------------------------------------------
 
 
 @pytest.fixture()
@@ -185,7 +185,7 @@ def _refresh(d: Path):
 
 
 def test_refresh_refuses_a_mode_change_by_name_and_carries_a_new_empty_file(tmp_path: Path, scratch: Path) -> None:
-    """The issue's case: an empty new __init__.py and a chmod +x in work/. refresh exited 0 and the patch held
+    """An empty new __init__.py and a chmod +x in work/. refresh exited 0 and the patch held
     neither. Now the chmod is refused by name (exit 4, nothing written); once undone, the empty file is carried
     (a 'new file mode 100644' stanza) and applying the series to a pristine wheel creates it - twice is a no-op."""
     work = scratch / "work"

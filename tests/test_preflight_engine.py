@@ -1,4 +1,4 @@
-"""Issue 28, "no engine, no surprise": preflight recognises a host without a container engine (the `docker` command
+"""No engine, no surprise: preflight recognises a host without a container engine (the `docker` command
 missing, or the engine's socket not answering) and refuses in one line that says what is missing and what the host
 can use instead — before the lock's window stops anything. Against the stand-in host of ``test_window_driver.py``
 (what the host answers is faked; the preflight, window and CLI code are the real ones)."""

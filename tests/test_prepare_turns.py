@@ -1,4 +1,4 @@
-"""Host tests of stage ``prepare``'s per-turn decisions and tool messages (issue 15, items 5 and 6).
+"""Host tests of stage ``prepare``'s per-turn decisions and tool messages.
 
 The target's tokenizer is replaced by :class:`CharTokenizer`: it renders chat templates the way transformers does
 (jinja2 sandbox, ``trim_blocks``/``lstrip_blocks``, its ``tojson`` and ``raise_exception``) and gives each
@@ -133,7 +133,7 @@ def _turns_add_up(figures: dict[str, Any]) -> bool:
     return t["assistant"] == t["trained"] + sum(t["not_trained"].values())
 
 
-# ------------------------------------------------------------------------------------ item 5: tool messages
+# -------------------------------------------------------------------------------------------- tool messages
 
 
 def test_tool_call_turn_is_rendered_and_trained_and_the_tool_result_is_context(tmp_path, monkeypatch):
@@ -175,7 +175,7 @@ def test_an_empty_reply_is_not_trained_even_without_tool_fields(tmp_path, monkey
     assert _spans(row) == ["a2</s>\n"] and figures["turns"]["not_trained"]["empty_reply"] == 1
 
 
-# ------------------------------------------------------------------------------ item 6: decisions per turn
+# -------------------------------------------------------------------------------------- decisions per turn
 
 
 @pytest.mark.parametrize("on_unmaskable", ["error", "skip"])
@@ -252,7 +252,7 @@ def test_a_reply_cut_off_by_max_seq_len_is_counted_as_truncated(tmp_path, monkey
 
 
 def test_the_stage_cli_no_longer_exits_2_on_a_conversation_opened_by_the_assistant(tmp_path, monkeypatch):
-    """The issue's case through `python -m eagle3ops stage prepare` (exit 2 on main)."""
+    """A conversation opened by the assistant through `python -m eagle3ops stage prepare` (it exited 2)."""
     from typer.testing import CliRunner
 
     from eagle3ops.stages.cli import app

@@ -179,7 +179,7 @@ def wrapped(tmp_path):
 
 
 def test_agent_stops_the_whole_tree_behind_a_wrapper_that_ignores_sigterm(wrapped):
-    """Issue 26 kind 4: the oldest matching process is a wrapper that ignores SIGTERM; its child, the real server,
+    """The oldest matching process is a wrapper that ignores SIGTERM; its child, the real server,
     must not survive the stop (it would keep the port and the GPUs, and answer the restore's gate)."""
     w, pdir = wrapped, wrapped["pdir"]
     server_pids = [p for p in _pids_of(w["marker"]) if p != w["pid"]]
@@ -195,7 +195,7 @@ def test_agent_stops_the_whole_tree_behind_a_wrapper_that_ignores_sigterm(wrappe
 
 
 def test_the_restore_gate_counts_only_the_process_the_restore_started(wrapped):
-    """Issue 26 kind 4: after the stop, another server takes serving's port (an outside restarter). The process the
+    """After the stop, another server takes serving's port (an outside restarter). The process the
     restore starts cannot bind and exits: the agent reports both (``port-held``, ``exited``) so the supervisor's gate
     fails at once instead of passing on the other server (nothing is killed by port: it may be anything)."""
     w, pdir = wrapped, wrapped["pdir"]

@@ -1,4 +1,4 @@
-"""``push`` is planned before it runs (issue 23): read-only host facts → a pure :class:`PushPlan` (which layers the
+"""``push`` is planned before it runs: read-only host facts → a pure :class:`PushPlan` (which layers the
 host lacks, in which parts, compression, tags, scaffolds) → execution; ``push --dry-run`` prints the plan and
 carries it out on a dry executor (reads run, changes recorded). No host is contacted here: the facts are given,
 and the layer source is an in-memory stand-in for the build engine's layer store."""

@@ -1,4 +1,4 @@
-"""`regenerate` multi-turn (issue 25): the live target answers every assistant turn of a conversation in turn, given
+"""`regenerate` multi-turn: the live target answers every assistant turn of a conversation in turn, given
 the conversation so far with its own earlier answers; bounded by count, tokens, turns and time; held-out splits
 disjoint by hash from what is trained. The server is :class:`test_regenerate.StandInServer` (``httpx.MockTransport``,
 a stand-in for vLLM's chat endpoint); ShareGPT V3 is the real packaged file.

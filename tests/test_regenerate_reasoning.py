@@ -1,4 +1,4 @@
-"""Issue 26 kind 1: `regenerate` against a server with a reasoning parser (SpecForge #544/PR #564, vllm #39103).
+"""`regenerate` against a server with a reasoning parser (SpecForge #544/PR #564, vllm #39103).
 
 vLLM started with ``--reasoning-parser`` answers a chat request with the thinking in ``reasoning`` (older releases:
 ``reasoning_content``) and the reply in ``content``, which is ``null`` when ``max_tokens`` ran out inside the

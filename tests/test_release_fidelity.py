@@ -1,4 +1,5 @@
-"""Issue 14 items 6 and 5 on the sandbox's real Docker engine.
+"""A release keeps the live container's configuration, and the gate sends serving's API key, on the sandbox's
+real Docker engine.
 
 Serving (the STAND-IN OpenAI server in the local vLLM base image, :mod:`standin_serving`: the subject here is the
 container's configuration and the gate's key, not vLLM; it requires ``--api-key`` as vLLM does) is started by hand with a long ``docker run`` flag list like a real 8-GPU vLLM deployment's (ipc host,

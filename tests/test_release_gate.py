@@ -1,4 +1,4 @@
-"""``eagle3ops release --gate`` (issue 31): a serving change measured against the live release by the same host-side
+"""``eagle3ops release --gate``: a serving change measured against the live release by the same host-side
 job as ``speculate`` (:mod:`eagle3ops.supervisor.speculate`, ``rule="not_slower"``), kept only when not slower beyond
 the margin.
 
@@ -175,7 +175,7 @@ def test_the_supervisor_keeps_a_faster_flag_change_and_rolls_back_a_slower_one(g
 # --- `release --env`: NCCL settings and other environment changes, values never logged --------------------------
 
 def test_release_env_is_checked_before_the_host_and_its_values_stay_out_of_the_command_line(monkeypatch):
-    """``--env NAME=VALUE`` (issue 31: "NCCL settings") becomes the change's environment; a word without ``=`` is a
+    """``--env NAME=VALUE`` ("NCCL settings") becomes the change's environment; a word without ``=`` is a
     usage error (exit 2) naming ``--env`` and the fix before any host is reached; the command line that goes to the
     lock and the audit log shows the names, never the values (nor an ``--api-key`` given as a flag)."""
     import sys

@@ -1,4 +1,4 @@
-"""Issue 14 item 6 (pure part): a release is the live container plus the intended change.
+"""The pure part: a release is the live container plus the intended change.
 
 The record keeps every ``Config``/``HostConfig`` field of ``docker inspect``; the Engine API create request made
 from it carries them all; a change touches only what it names; the supervisor recreates serving from it (stand-in

@@ -1,4 +1,4 @@
-"""The run report (issue 19): rendered from results recorded by a real `make demo` run on the sandbox
+"""The run report: rendered from results recorded by a real `make demo` run on the sandbox
 (tests/data/report/demo-run.json: what :func:`eagle3ops.report.collect` read from the host: two windows' plans,
 journals and results, the train stage's metrics and manifest), plus a speculation-gate decision computed by
 :func:`eagle3ops.gate.decide.decide`. The plotted numbers are checked against the source JSON."""
@@ -54,7 +54,7 @@ def test_report_plots_exactly_the_recorded_numbers(tmp_path, recorded):
 
 
 def test_report_shows_the_gate_decision_and_its_figures(tmp_path, recorded):
-    # issue 24: the decision takes three passes per side with per-prompt figures (identical passes here, so the
+    # The decision takes three passes per side with per-prompt figures (identical passes here, so the
     # pooled tokens/s are the single pass's)
     def passes(lv: LevelResult) -> list[LevelResult]:
         return [dataclasses.replace(lv, prompt_tokens=(64,) * 8, prompt_seconds=(1.0,) * 8,
@@ -83,7 +83,7 @@ def test_report_shows_the_gate_decision_and_its_figures(tmp_path, recorded):
     assert plotted["acceptance_offline"] == pytest.approx({0: 0.8, 1: 0.5, 2: 0.3})
     html = (tmp_path / "index.html").read_text()
     assert "keep" in html and d.reason in html and "2.1" in html
-    # the interval, one row per prompt set and level, and what each measured release ran (issue 24)
+    # the interval, one row per prompt set and level, and what each measured release ran
     assert f"x{d.figures['interval']['low']} to x{d.figures['interval']['high']}" in html
     assert html.count("<tr><td>chat</td>") == 2 and html.count("<tr><td>code</td>") == 2
     assert "control release" in html and "sha256:cccccccccccc" in html and "0.16.0" in html
@@ -95,7 +95,7 @@ def test_plan_run_reads_the_stage_run_dir(recorded):
 
 
 def test_calibration_across_runs_plots_offline_gate_and_production(tmp_path):
-    """Issue 31: three runs' files as `speculate` (result.json) and `watch` (production.json) write them, with the
+    """Three runs' files as `speculate` (result.json) and `watch` (production.json) write them, with the
     host's audit log (tests/data/report/calibration/: written for this test in those formats, not from a live run),
     read through the real local executor by :func:`report.collect`, plotted in run order (each run at its latest
     speculate entry); a run never watched has no production point."""
@@ -130,7 +130,7 @@ def test_calibration_across_runs_plots_offline_gate_and_production(tmp_path):
 
 
 def test_calibration_has_one_point_per_head_read_from_its_attempt_folder():
-    """Two heads shipped on one run (the run's own and one from elsewhere, issue 26 kind 6) are two points, each
+    """Two heads shipped on one run (the run's own and one from elsewhere) are two points, each
     read from the attempt folder its latest audit entry names (``result.json`` and the ``production.json`` that
     ``watch`` writes beside it); a re-run of the same head replaces its point; the offline estimate may be a
     record (``{"acceptance_length": ...}``)."""

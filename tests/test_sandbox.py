@@ -101,7 +101,7 @@ def test_only_e3ops_may_log_in(sbx):
 
 
 def test_a_second_checkout_does_not_lock_the_first_out(sbx, tmp_path: Path, monkeypatch):
-    """Issue 14 item 16: ``sandbox up`` from a second clone (its own client dir and key) adds its key to the
+    """``sandbox up`` from a second clone (its own client dir and key) adds its key to the
     sandbox; the first clone's key still logs in afterwards."""
     monkeypatch.setenv("EAGLE3OPS_SANDBOX_CLIENT_DIR", str(tmp_path / "second-clone"))
     second = sandbox.up(NAME, PORT)

@@ -1,4 +1,4 @@
-"""Issue 26, kind 2: training data rendered with the chat template serving uses (SpecForge #296).
+"""Training data rendered with the chat template serving uses (SpecForge #296).
 
 Serving may run with ``--chat-template FILE`` (or the template inline); prepare rendered with the tokenizer's own
 template anyway. Now ``prepare.chat_template: auto`` (the default) is resolved by the extract window before the stop

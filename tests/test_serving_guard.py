@@ -1,4 +1,4 @@
-"""Issue 26 kind 3, fast: the supervisor's guard during stages (serving started again is stopped again and said;
+"""The supervisor's guard during stages, fast (serving started again is stopped again and said;
 serving that keeps being started stops the stages) with the stand-in Docker client of test_supervisor_resume (the
 sandbox test is tests/test_serving_stays_stopped.py)."""
 

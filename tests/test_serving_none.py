@@ -1,4 +1,4 @@
-"""``serving: none``: hosts that only train (issue 12). The inventory accepts it (shorthand and mapping) and refuses
+"""``serving: none``: hosts that only train. The inventory accepts it (shorthand and mapping) and refuses
 serving keys beside it; a window's plan (pure) has no serving container and no gate, its dry-run and preflight say
 the stop, restore and health gate are skipped; the supervisor (stand-in Docker client) runs only the stages and
 leaves every container alone; release, rollback and speculate refuse the host naming it and the inventory key.

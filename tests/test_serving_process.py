@@ -1,4 +1,4 @@
-"""Serving kind ``process`` (issue 12): vLLM run as a plain process on the host, stopped and restored by the
+"""Serving kind ``process``: vLLM run as a plain process on the host, stopped and restored by the
 host-side restore agent, health-gated by the supervisor; releases (changed flags) and rollbacks of it.
 
 The first two sandbox tests serve a STAND-IN (``tests/data/standin_openai_server.py``, a tiny OpenAI-compatible
@@ -172,7 +172,7 @@ def test_window_stops_and_restores_a_serving_process_as_recorded(process_host):
 @pytest.mark.images
 @pytest.mark.parametrize("process_host", ["wrapper"], indirect=True)
 def test_window_stops_the_whole_tree_behind_a_wrapper_and_gates_the_restored_server(process_host):
-    """Issue 26 kind 4 (conda #10351, vllm #13836): the oldest matching process is a wrapper that ignores SIGTERM.
+    """A wrapper in front of serving (conda #10351, vllm #13836): the oldest matching process ignores SIGTERM.
     The window must stop the server under it too (else it keeps the port and the GPUs, the restored one cannot bind,
     and the survivor answers the restore's gate), and serving afterwards is the server the restore started."""
     host, dep, wrapper, work = process_host
@@ -431,7 +431,7 @@ def test_window_restores_a_real_vllm_process(vllm_process_host):
     One window whose stage fails at once (stop, stage, restore): the process back has the same command line,
     environment, working directory and user, and passes the gate. A release the server rejects, rolled back to the
     recorded process, runs with the stand-in (:func:`test_release_rollback_and_failed_release_of_a_serving_process`);
-    here on real vLLM it cost a third vLLM start of every CI run (issue 23)."""
+    here on real vLLM it cost a third vLLM start of every CI run."""
     host, dep, pid, work = vllm_process_host
     state = work / "state"
     state.mkdir(mode=0o755)

@@ -1,4 +1,4 @@
-"""Issue 26 kind 3 on the sandbox's real Docker engine (moby #13275): serving that does not stay stopped.
+"""On the sandbox's real Docker engine (moby #13275): serving that does not stay stopped.
 
 An outside restarter (a cron or systemd job, a restart policy, an operator) starts serving again while a stage runs.
 The supervisor must notice during the stage, stop serving again, and say so in the result; serving started again

@@ -1,4 +1,4 @@
-"""Issue 26, kind 7: serving started through a shell (``bash -c "vllm serve ..."``, ``sh -c``, an Entrypoint of a
+"""Serving started through a shell (``bash -c "vllm serve ..."``, ``sh -c``, an Entrypoint of a
 shell with ``-c``) takes no flag appended after the shell string: ``release --arg`` and speculate's
 ``--speculative-config`` would be recorded as a release and never reach vLLM. Such a container is refused by name,
 with the fix, from its recorded configuration (``docker inspect``-shaped dicts here); the health gate still finds

@@ -63,7 +63,7 @@ def test_target_kind_reads_the_provenance_record(tmp_path):
         demo.build_tiny_model("img", str(tmp_path / "m"), "llama-trained")  # the deepened stand-in left the demo
 
 
-def test_the_demo_inventory_serves_smollm2_as_the_issue_says_and_hosts_yaml_keeps_the_tiny_target():
+def test_the_demo_inventory_serves_smollm2_with_its_cpu_flags_and_hosts_yaml_keeps_the_tiny_target():
     h = load_inventory(REPO / demo.DEMO_INVENTORY).host("sandbox")
     tests = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     assert h.model_path.endswith("/models/smollm2-135m-instruct") and h.model_path != tests.model_path

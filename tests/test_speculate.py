@@ -1,4 +1,4 @@
-"""The speculation gate's parts (issue 18): vLLM's spec-decode counters as deltas, HumanEval prompts split and kept
+"""The speculation gate's parts: vLLM's spec-decode counters as deltas, HumanEval prompts split and kept
 disjoint from training, load replay against real vLLM serving on the sandbox, and the keep-or-rollback rule."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _spec(acc: float) -> metrics.SpecDelta:
 
 
 def test_keep_only_when_faster_at_production_concurrency_and_acceptance_above_the_floor():
-    # issue 24 changed the rule: three passes per side with per-prompt figures; the reason names the interval
+    # the rule: three passes per side with per-prompt figures; the reason names the interval
     base = {1: _level(1, 100), 8: _level(8, 400)}
     keep = dec.decide(base, {1: _level(1, 130), 8: _level(8, 380)}, _spec(2.2), production_concurrency=1,
                       margin=0.1, acceptance_floor=1.5)

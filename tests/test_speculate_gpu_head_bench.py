@@ -1,6 +1,6 @@
-"""benchmarks/speculate_smollm2_gpu_head.py's pure parts (issue 27): the head reassembled from its split shard with
-the recorded sha256 checked, and its figures (per-level throughput intervals by the gate's own method, the issue's
-"Done when" checks with their shortfalls) from a gate result made by the gate's real decision on synthetic passes.
+"""benchmarks/speculate_smollm2_gpu_head.py's pure parts: the head reassembled from its split shard with
+the recorded sha256 checked, and its figures (per-level throughput intervals by the gate's own method, the serving
+targets' checks with their shortfalls) from a gate result made by the gate's real decision on synthetic passes.
 No host, no image, no head from the device machine (a tiny one is written here)."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_figures_give_each_levels_interval_and_the_done_when_shortfalls() -> Non
 
 
 def test_the_committed_round_3_head_matches_its_provenance_and_record(tmp_path: Path) -> None:
-    """The head committed under ``benchmarks/heads/`` (issue 27, round 3): every file's sha256 and size as its
+    """The head committed under ``benchmarks/heads/`` (round 3): every file's sha256 and size as its
     ``provenance.json`` records them, its shards those of the round's JSON, at most 20 MB in all, no
     ``embed_tokens`` (vLLM takes the target's); ``assemble_head`` takes it as the benchmark's default."""
     b = _bench()

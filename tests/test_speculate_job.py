@@ -1,4 +1,4 @@
-"""The ``speculate`` job carried out by the host's supervisor (issue 24, "one host-side job"), fast: the real
+"""The ``speculate`` job carried out by the host's supervisor ("one host-side job"), fast: the real
 window runner (:class:`eagle3ops.supervisor.runner.Supervisor`) with a ``speculate`` plan on a ``process`` host of
 the serving-kind conformance suite (``test_serving_kinds.World``: the REAL restore agent), serving the STAND-IN
 OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM: its speculation is simulated, a speculative
@@ -138,7 +138,7 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     assert json.loads(Path(job.latest).read_text())["attempt_dir"] == str(folder)
     assert len(json.loads((folder / "baseline.json").read_text())["levels"]["1"]) == 3
     assert stored["spec_decode"]["mean_acceptance_length"] == pytest.approx(2.0, abs=0.05)
-    # like for like (issue 24): what each measured release ran, the API key on its command line redacted
+    # like for like: what each measured release ran, the API key on its command line redacted
     rel = stored["measured_releases"]
     assert rel["baseline"]["image"] is None and rel["speculative"]["image"] is None  # a process: no image
     assert "--speculative-config" in rel["speculative"]["argv"] and "--speculative-config" not in rel["baseline"]["argv"]
@@ -262,7 +262,7 @@ def _client(port: int, drained: Path, stop: threading.Event, sent: list[float]) 
 
 @pytest.mark.parametrize("job_world", [["--token-ms", "25", "--spec-speedup", "3"]], indirect=True, ids=["x3"])
 def test_a_drain_hook_keeps_production_clients_off_the_measured_releases(job_world, tmp_path):
-    """Issue 24 (traffic): a client sending requests throughout the job does not reach the measured releases when
+    """A client sending requests throughout the job does not reach the measured releases when
     ``serving.drain_hook`` takes it off (a STAND-IN load balancer: a file the client polls; the hooks are real argv
     run by the supervisor), so the figures stay decidable (no foreign requests); ``undrain_hook`` brings it back
     after the decision; a failing drain ends the job before any restart."""
@@ -324,7 +324,7 @@ def test_a_failing_drain_hook_ends_the_job_before_any_restart(tmp_path):
             f()
 
 
-# --- several candidates in one job (issue 31) ---------------------------------------------------------------------
+# --- several candidates in one job ---------------------------------------------------------------------
 
 def _candidate(name: str, speedup: str, ngram: bool = False) -> dict:
     """A candidate whose simulated speed-up is set by the STAND-IN server's ``--spec-speedup`` (vLLM has no such
@@ -500,7 +500,7 @@ def test_methods_and_lengths_are_refused_before_the_host_is_read(methods, ks, er
 
 
 def test_draft_tp_candidates_are_eagle3_only_and_one_or_the_targets_tp():
-    """``--draft-tp 1,8`` (issue 31: on a PCIe host like the seeds' the draft's TP matters most): one EAGLE-3
+    """``--draft-tp 1,8`` (on a PCIe host like the seeds' the draft's TP matters most): one EAGLE-3
     candidate per draft TP, each ``--speculative-config`` carrying ``draft_tensor_parallel_size``; n-gram has no
     draft model, so it stays one candidate per k; a TP other than 1 or the target's (from serving.args) is refused
     naming both, and the count bound covers the product."""

@@ -1,4 +1,4 @@
-"""Issue 24, done-when (2): a ``speculate`` driver killed (SIGKILL) at each of four points of the job (CI runs two:
+"""A ``speculate`` driver killed (SIGKILL) at each of four points of the job (CI runs two:
 :data:`RUN_POINTS`) — the baseline
 measurement, the speculative restart, the speculative measurement, the decision — leaves the host to finish every
 time: the lock released, the attempt's result and the audit line complete, serving on the decided release.

@@ -200,11 +200,11 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
     :data:`NEGATIVE_TEST_MARGIN`; serving ends healthy on the speculative release; the audit entry and the stored
     result carry the figures; then ``eagle3ops watch`` over that live speculative release sees a forced drop
     (traffic the head cannot predict) and rolls the host back to the baseline release, health-gated
-    (:func:`_watch_rolls_back_on_a_forced_drop`, issue 31); were it not to, the test puts the baseline back itself.
+    (:func:`_watch_rolls_back_on_a_forced_drop`); were it not to, the test puts the baseline back itself.
 
     The rollback verdict (acceptance below the floor, or too slow) is the same job's other branch: it runs with the
     stand-in server in ``tests/test_speculate_job.py`` and ``tests/test_speculate_kill.py``; on real vLLM it cost
-    two more vLLM starts (~2 min) of every CI run (issue 23)."""
+    two more vLLM starts (~2 min) of every CI run."""
     from collections import Counter
 
     from eagle3ops_dev import demo
@@ -219,8 +219,8 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
     gate = [p.text for p in ship.gate_prompts(s.gate_prompts)]
     common = Counter(_greedy_token_ids(h, gate, s.gate_max_tokens)).most_common(1)
     keep_head = _build_head(dep.tag, h.model_path, tmp_path / "keep", draft_vocab=[common[0][0]], seed=2)
-    # force: the run has no hidden states on the host to estimate this head on (issue 26 kind 6 refuses it
-    # otherwise, tests/test_outside_head.py); the keep path on real vLLM is what this test is for.
+    # force: the run has no hidden states on the host to estimate this head on (a head from elsewhere is
+    # refused otherwise, tests/test_outside_head.py); the keep path on real vLLM is what this test is for.
     run_id = f"spec-{tmp_path.name[-8:]}"
     # traffic this head cannot predict, for the watch step below: prompts whose greedy continuation never holds
     # the head's one draft token (read while the baseline serves; greedy speculation emits the same tokens)
@@ -243,7 +243,7 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
                 kept = ship.speculate(r, opts, echo=lambda *_: None)
             base_release = kept["baseline_release"]  # what its record step found live
             assert kept["verdict"] == "keep", kept["reason"]
-            # like for like (issue 24): the baseline measured is the control release (the speculative image without
+            # like for like: the baseline measured is the control release (the speculative image without
             # --speculative-config), then the speculative release: two restarts on the keep path
             assert kept["outcome"] == "ok" and len(kept["restarts_s"]) == 2
             base_id, spec_id = kept["measured_releases"]["baseline"], kept["measured_releases"]["speculative"]
@@ -271,7 +271,8 @@ def test_speculate_keeps_a_head_at_a_named_negative_margin_on_real_vllm(deployed
             stored = json.loads(r.run(hc.cat(f"{h.data_dir}/runs/{run_id}/speculate/"
                                              f"{kept['head_sha256'][:16]}/result.json")).stdout)
             run_own = r.run(hc.cat_if_exists(f"{h.data_dir}/runs/{run_id}/speculate/result.json"), check=False)
-            # (the sandbox outlives CI runs: a copy there may be an older run's, written before issue 26 kind 6)
+            # (the sandbox outlives CI runs: a copy there may be an older run's, written
+            # before outside heads kept their own folder)
             assert not run_own.stdout.strip() or json.loads(run_own.stdout)["attempt_dir"] != kept["attempt_dir"]
             assert stored["verdict"] == "keep" and stored["levels"] and stored["spec_decode"]
             assert stored["head_sha256"] == kept["head_sha256"]
@@ -314,7 +315,7 @@ def _prompts_without(h, token: int, max_tokens: int, want: int = 4) -> list[str]
 
 
 def _watch_rolls_back_on_a_forced_drop(r, h, dep, kept: dict, prompts: list[str]) -> None:
-    """``eagle3ops watch`` over the live speculative release just kept (issue 31): while traffic the head cannot
+    """``eagle3ops watch`` over the live speculative release just kept: while traffic the head cannot
     predict runs (``prompts``: acceptance 1.0), the watch with ``rollback: true``, a floor of
     :data:`TEST_ACCEPTANCE_FLOOR` and a breach sustained for one 15 s interval, rolls the host back to the gate's
     baseline release through the locked, health-gated rollback window; the per-interval record, the audit entry's

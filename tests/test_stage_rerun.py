@@ -1,4 +1,4 @@
-"""Issue 14 item 9 (stage side): a finished stage is a no-op for the same inputs, its output never touched; the
+"""Stage side: a finished stage is a no-op for the same inputs, its output never touched; the
 decision is made from manifest texts alone, so the driver can make it before a window stops serving."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_rerunning_a_finished_stage_through_the_cli_touches_nothing(run):
 
 
 def test_restart_replaces_a_finished_output_only_once_the_new_one_is_complete(run):
-    """Issue 14 item 9: ``--restart`` over a finished stage builds the new output beside it; until it is promoted,
+    """``--restart`` over a finished stage builds the new output beside it; until it is promoted,
     the finished output (and its manifest) is whole, so a restart that fails leaves it usable."""
     from eagle3ops.stages.manifest import output_dir, promote, restart_dir
 

@@ -86,7 +86,7 @@ TOOL_ROW = {
 
 
 def test_openai_tool_messages_keep_every_field_the_template_can_render():
-    """Issue 15 item 5: tool_calls, tool_call_id, name and reasoning_content reach the template as vLLM passes them."""
+    """A message's tool_calls, tool_call_id, name and reasoning_content reach the template as vLLM passes them."""
     from collections import Counter
 
     from eagle3ops.stages.chatdata import row_tools

@@ -332,7 +332,7 @@ def test_stage_log_survives_a_silent_stretch(tmp_path, gate):
     assert calls[0] is None and all(c is not None for c in calls[1:])
 
 
-# ---- issue 14 ---------------------------------------------------------------------------------------------------
+# ---- window faults ----------------------------------------------------------------------------------------------
 
 class FlakyEngineClient(StandInClient):
     """A stand-in engine that goes away (a daemon restart) when :meth:`go_down` is called and answers again
@@ -381,7 +381,7 @@ def _fast(sup):
 
 
 def test_engine_restart_during_restore_is_waited_out_not_a_verdict(tmp_path, gate):
-    """Issue 14 item 10: a daemon restart makes the restore see "connection refused"; the supervisor waits for the
+    """A daemon restart makes the restore see "connection refused"; the supervisor waits for the
     engine and restores the same release; no failure mark lands in the release history."""
     plan, wdir = _plan(tmp_path)
     client = FlakyEngineClient()
@@ -404,7 +404,7 @@ def test_engine_restart_during_restore_is_waited_out_not_a_verdict(tmp_path, gat
 
 
 def test_engine_down_during_rollback_retries_the_same_release(tmp_path, gate):
-    """Item 10: after a real gate failure of the live release, the engine goes away during the rollback: the
+    """After a real gate failure of the live release, the engine goes away during the rollback: the
     rollback waits for it and brings back the most recently live release, not the next candidate within ms."""
     rel = Releases(tmp_path / "state")
     for n in (1, 2, 3):
@@ -435,7 +435,7 @@ def test_engine_down_during_rollback_retries_the_same_release(tmp_path, gate):
 
 
 def test_a_passed_restore_gate_clears_an_earlier_failure_mark(tmp_path, gate):
-    """Item 10: a release marked failed earlier that passes its restore gate is live again: the next rollback may
+    """A release marked failed earlier that passes its restore gate is live again: the next rollback may
     pick it (main kept skipping it and rolled back to an older release)."""
     rel = Releases(tmp_path / "state")
     for n in (1, 2):
@@ -450,7 +450,7 @@ def test_a_passed_restore_gate_clears_an_earlier_failure_mark(tmp_path, gate):
 
 
 def test_a_created_container_is_not_recorded_as_a_live_release(tmp_path, gate):
-    """Item 11: serving left in state "created" (never started) is retained as a release but never live: a later
+    """Serving left in state "created" (never started) is retained as a release but never live: a later
     rollback does not "succeed" to it."""
     plan, wdir = _plan(tmp_path, kind="release", change=ReleaseChange(image="vllm:new"))
     client = StandInClient()
@@ -468,7 +468,7 @@ def test_a_created_container_is_not_recorded_as_a_live_release(tmp_path, gate):
 
 
 def test_every_warning_is_in_the_result_and_the_audit_entry(tmp_path, gate):
-    """Item 12: a stage container whose removal failed after a successful window is reported, whole, in
+    """A stage container whose removal failed after a successful window is reported, whole, in
     result.json and the audit entry."""
     plan, wdir = _plan(tmp_path)
     client = StandInClient()
@@ -494,7 +494,7 @@ def test_every_warning_is_in_the_result_and_the_audit_entry(tmp_path, gate):
 
 
 def test_stages_leave_the_restore_its_reserved_share_of_the_budget(tmp_path, gate):
-    """Item 4: one budget for the whole downtime: stages end by budget - restore reserve (here 100 - 30 s)."""
+    """One budget for the whole downtime: stages end by budget - restore reserve (here 100 - 30 s)."""
     plan, wdir = _plan(tmp_path, budget_s=100)
     plan = plan.model_copy(update={
         "health": HealthCheck(port=1, model="m", timeout_s=30),
@@ -508,7 +508,7 @@ def test_stages_leave_the_restore_its_reserved_share_of_the_budget(tmp_path, gat
 
 
 def test_restore_gate_waits_only_for_what_is_left_of_the_budget(tmp_path, gate, monkeypatch):
-    """Item 4: the restore's health gate is cut to the rest of the budget, not the full health timeout; once the
+    """The restore's health gate is cut to the rest of the budget, not the full health timeout; once the
     budget is spent a bounded floor still brings serving back, recorded as a warning."""
     import eagle3ops.supervisor.runner as supmod
 

@@ -1,4 +1,4 @@
-"""The multi-node training plan (issue 30), pure: which samples each rank trains at each step
+"""The multi-node training plan, pure: which samples each rank trains at each step
 (:mod:`eagle3ops.stages.trainplan`). Its batches against speculators' own sampler are checked in the in-image suite
 (``tests/image/test_stages_distributed.py``)."""
 

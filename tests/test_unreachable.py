@@ -1,4 +1,4 @@
-"""A host that accepts TCP and never speaks SSH (issue 14, item 13): it fails once, within the connect bound, with
+"""A host that accepts TCP and never speaks SSH: it fails once, within the connect bound, with
 one line naming the host and the cause, and no traceback.
 
 No sandbox needed: a listener on 127.0.0.1 accepts connections and never sends a byte. The connect bound is

@@ -1,4 +1,4 @@
-"""A host that cannot be reached, driven through the real command line in a subprocess (issue 14, items 7 and 13):
+"""A host that cannot be reached, driven through the real command line in a subprocess:
 every command fails once, within the inventory's connect bound, with ONE line on stderr naming the host and the
 cause, no traceback, exit status 1; a host-changing command leaves an entry in the local audit log. Three ways to be dead: a port that accepts TCP and never speaks SSH (a thread
 that accepts and sleeps), a closed port, a name that does not resolve (``.invalid``, RFC 6761).

@@ -1,4 +1,4 @@
-"""Issue 28, the venv runtime (``stage_runtime: venv``): configuration, preflight and the ``--dry-run`` plan of a
+"""The venv runtime (``stage_runtime: venv``): configuration, preflight and the ``--dry-run`` plan of a
 host without a container engine. Pure or against the stand-in host of ``test_window_driver.py`` (what the host
 answers is faked; the config, preflight, planner and window code are the real ones); the pid-file state script runs
 in this machine's ``sh`` against real processes."""
@@ -291,7 +291,7 @@ def test_speculate_and_the_host_relay_are_refused_on_a_venv_host_before_anything
     h = venv_host(serving={"kind": "process", "process_match": "vllm serve", "port": 8000, "served_model_name": "m"})
     world = VenvHost(h)
     r = StandInRemote(h, world)
-    with pytest.raises(SpeculateError, match="not done yet .issue 28.*nothing was done"):
+    with pytest.raises(SpeculateError, match="not done yet: .*nothing was done"):
         speculate(r, SimpleNamespace())
     with pytest.raises(RegenerateError, match="--endpoint URL or --ssh-forward"):
         host_relay(r, ENV_IMAGE, None, None)

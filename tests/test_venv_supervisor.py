@@ -1,4 +1,4 @@
-"""Issue 28: the host-side supervisor without an engine (a plan of the venv runtime, ``serving: none``): stages as
+"""The host-side supervisor without an engine (a plan of the venv runtime, ``serving: none``): stages as
 processes on this machine (no SSH, no Docker client at all): outcomes, the stage's own ``error:`` line, the stage
 limit stopping the whole process group, the environment and cwd, resume of a finished stage, the pid file."""
 

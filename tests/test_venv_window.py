@@ -1,4 +1,4 @@
-"""Issue 28 end to end: windows on a host without a container engine (``stage_runtime: venv``) over the sandbox's
+"""End to end: windows on a host without a container engine (``stage_runtime: venv``) over the sandbox's
 real SSH, on a sandbox of this module's own with no Docker engine at all (``pytest-venv``, SSH 2236, engine ``none``):
 the inventory entry has no ``docker_host``, the supervisor is a detached
 process of the delivered pipeline environment, the stages are processes. The environment is the STAND-IN pipeline
@@ -136,7 +136,7 @@ def test_extract_and_train_windows_run_as_processes_with_serving_restored_and_a_
         assert seen["cwd"] == f"{h.data_dir}/runs/r1" and seen["python"].startswith(f"{h.state_dir}/env/")
         assert seen["target_model"] == h.model_path  # /model mapped to the host's model_path (EAGLE3OPS_MOUNTS)
         assert read_lock(r) is None
-        mpath, deadline = f"{h.state_dir}/weights/manifest.txt", time.monotonic() + 30  # issue 29: the serving
+        mpath, deadline = f"{h.state_dir}/weights/manifest.txt", time.monotonic() + 30  # the serving
         while not r.run(hc.exists(mpath), check=False).ok:  # host's first window records its weights manifest
             assert time.monotonic() < deadline, f"{mpath} was not recorded within 30 s of the first window"
             time.sleep(0.2)

@@ -1,4 +1,4 @@
-"""``eagle3ops watch`` (issue 31): the live release judged from ``/metrics`` over time.
+"""``eagle3ops watch``: the live release judged from ``/metrics`` over time.
 
 The fast tests run the real watch loop — real HTTP, vLLM-format Prometheus text parsed by ``prometheus_client``,
 records and state written through the real local executor with the same host commands an SSH host gets — against a
@@ -303,7 +303,7 @@ def test_the_policy_is_validated_naming_the_key():
 
 
 def test_the_gate_result_is_read_from_the_attempt_the_audit_names(tmp_path):
-    """A head from elsewhere keeps its result in its own folder (issue 26 kind 6), not in the run's
+    """A head from elsewhere keeps its result in its own folder, not in the run's
     ``speculate/result.json``: the watch reads the attempt folder the audit entry names."""
     h = _host(tmp_path, 1)
     attempt = Path(h.data_dir) / "runs/r1/speculate/0123456789abcdef/w-outside"

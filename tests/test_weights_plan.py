@@ -1,4 +1,4 @@
-"""Issue 29, the rented-host lifecycle, pure parts: the weights manifest (parse/render), the cheap re-verification
+"""The rented-host lifecycle, pure parts: the weights manifest (parse/render), the cheap re-verification
 by size and mtime, the copy plan (same / copy / replace / resume), its estimate, the head digest, the host scripts'
 argv. No host; the sandbox test is ``tests/test_weights_transfer.py``."""
 

@@ -1,4 +1,4 @@
-"""Issue 29, the rented-host lifecycle, over real SSH: two engine-less sandbox hosts (:mod:`eagle3ops_dev.fleet`:
+"""The rented-host lifecycle, over real SSH: two engine-less sandbox hosts (:mod:`eagle3ops_dev.fleet`:
 sandboxes ``pytest-rent0``/``pytest-rent1``, SSH 2260-2261, namespaces ``e3rent0``/``e3rent1``, 10.226.k.0/24,
 veth links limited to 100 mbit by ``tc tbf``), host keys checked.
 

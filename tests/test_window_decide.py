@@ -1,4 +1,4 @@
-"""Issue 14 items 9 and 15, driver side, against the stand-in host of ``test_window_driver.py``: what a window will
+"""Driver side, against the stand-in host of ``test_window_driver.py``: what a window will
 do is decided before serving stops (a finished run is a no-op: nothing stopped, nothing of the run rewritten), and
 preflight's GPU/container check is a throwaway container with the stage container's own settings."""
 
@@ -49,7 +49,7 @@ def cfg_of(text: str) -> PipelineConfig:
     return PipelineConfig.model_validate(yaml.safe_load(text))
 
 
-# ---- item 9: the decision (pure) ---------------------------------------------------------------------------------
+# ---- the decision (pure) -----------------------------------------------------------------------------------------
 
 def test_a_finished_window_has_nothing_to_do(tmp_path):
     manifests, sizes = state(finished_run(tmp_path))
@@ -101,7 +101,7 @@ def _host():
     return load_inventory(Path(__file__).resolve().parents[1] / "deploy/hosts.yaml").host("sandbox")
 
 
-# ---- item 9: the window, on the stand-in host ----------------------------------------------------------------------
+# ---- the window, on the stand-in host ------------------------------------------------------------------------------
 
 def _put_run(world, host, run_dir: Path, name: str) -> str:
     rdir = f"{host.data_dir}/runs/{name}"
@@ -174,7 +174,7 @@ def test_dry_run_shows_the_decision_and_the_trial(tmp_path, monkeypatch):
     assert not world.trials, "a dry run prints the throwaway container, it does not start it"
 
 
-# ---- item 15: the throwaway container is the stage container ------------------------------------------------------
+# ---- the throwaway container is the stage container ---------------------------------------------------------------
 
 @pytest.mark.parametrize("gpus", [0, 8])
 def test_trial_argv_is_the_stage_argv_but_command_name_and_rm(gpus):
@@ -232,7 +232,7 @@ def test_trial_diagnosis_names_the_ulimit_key():
     assert "timed out" in msg and "memlock=99999999999:99999999999" in msg
 
 
-# ---- item 9: the summary carries each stage's reason --------------------------------------------------------------
+# ---- the summary carries each stage's reason ----------------------------------------------------------------------
 
 def test_a_failed_stage_reason_is_what_the_stage_said():
     from eagle3ops.supervisor.runner import stage_error

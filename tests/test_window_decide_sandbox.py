@@ -1,4 +1,4 @@
-"""Issue 14 items 9 and 15 on the sandbox (real sshd, dockerd, vLLM serving): re-running a finished window does not
+"""On the sandbox (real sshd, dockerd, vLLM serving): re-running a finished window does not
 stop serving and leaves the finished run byte-identical; a stage setting the engine cannot honour fails preflight in
 a throwaway container before any stop.
 
@@ -98,7 +98,7 @@ def test_the_stage_container_trial_passes_with_the_stages_settings(live):
 
 @pytest.mark.parametrize("setting,key,words", [
     ({"stage_runtime": "runtime-that-does-not-exist"}, "hosts.sandbox.stage_runtime", "runtime-that-does-not-exist"),
-    # memlock=-1 is refused on this machine (issue 14 item 6): the default of GPU hosts, given explicitly here
+    # memlock=-1 is refused on this machine: the default of GPU hosts, given explicitly here
     ({"stage_ulimits": {"memlock": -1}}, "hosts.sandbox.stage_ulimits", "memlock=-1:-1"),
 ])
 def test_a_stage_setting_the_engine_refuses_fails_preflight_before_any_stop(live, setting, key, words):

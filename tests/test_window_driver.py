@@ -1,4 +1,4 @@
-"""Driver side of a window (issue 14 items 1, 2, 3, 12, 14) against a stand-in host: a small in-memory host that
+"""Driver side of a window against a stand-in host: a small in-memory host that
 answers the argv lists :mod:`eagle3ops.window` sends (files, ``mkdir``, ``df``, ``docker``) the way a POSIX host and
 the Docker CLI do. No SSH, no engine: the real-host versions of these paths are in ``test_window_faults.py``.
 """
@@ -214,10 +214,10 @@ def _cli(monkeypatch, world, *args):
     return CliRunner().invoke(cli.app, [*args, "--inventory", str(REPO / "deploy/hosts.yaml")])
 
 
-# ---- item 1 ------------------------------------------------------------------------------------------------------
+# ---- the lock and the order of writes ----------------------------------------------------------------------------
 
 def test_refused_run_does_not_touch_a_running_windows_pipeline_config(host, monkeypatch, tmp_path):
-    """Item 1: `extract` while another window holds the lock refuses and leaves that run's pipeline.yaml alone
+    """`extract` while another window holds the lock refuses and leaves that run's pipeline.yaml alone
     (main uploaded it before taking the lock)."""
     world = _host_with_serving(host)
     run_cfg = f"{host.data_dir}/runs/default/pipeline.yaml"
@@ -236,7 +236,7 @@ def test_refused_run_does_not_touch_a_running_windows_pipeline_config(host, monk
 
 
 def test_pipeline_config_is_written_after_preflight_under_the_lock(host):
-    """Item 1: the order of writes of a window: lock, then (after preflight) the pipeline config, plan, supervisor."""
+    """The order of writes of a window: lock, then (after preflight) the pipeline config, plan, supervisor."""
     world = _host_with_serving(host)
 
     def launched(name):
@@ -276,10 +276,10 @@ def test_stages_inherit_the_nccl_and_cuda_environment_of_live_serving(host):
     assert not {"CUDA_VISIBLE_DEVICES", "CUDA_VERSION", "HF_TOKEN", "PATH"} & set(env), env
 
 
-# ---- item 3 ------------------------------------------------------------------------------------------------------
+# ---- the disk the stages will need -------------------------------------------------------------------------------
 
 def test_preflight_refuses_hidden_states_that_cannot_fit(host, monkeypatch, tmp_path):
-    """Item 3: a 50 MB data dir and ~75 MB of hidden states: preflight fails before anything stops (main said
+    """A 50 MB data dir and ~75 MB of hidden states: preflight fails before anything stops (main said
     "need 0.0 GiB", stopped serving and extract died later)."""
     # 2,300 rows, at most 600 kept, × 2,048 tokens × 4 layers × 8 hidden × 2 bytes ≈ 75 MiB of hidden states
     world = _host_with_serving(host, free_bytes=50 * 10**6, hidden_size=8)
@@ -298,7 +298,7 @@ def test_preflight_refuses_hidden_states_that_cannot_fit(host, monkeypatch, tmp_
 
 
 def test_stage_output_estimates():
-    """Item 3: hidden states are tokens × 4·H·2 bytes; train keeps keep_checkpoints + 1 checkpoints."""
+    """Hidden states are tokens × 4·H·2 bytes; train keeps keep_checkpoints + 1 checkpoints."""
     from eagle3ops.config.pipeline import PipelineConfig
 
     cfg = PipelineConfig.model_validate({"target_model": "/model", "train": {"keep_checkpoints": 2}})
@@ -312,17 +312,17 @@ def test_stage_output_estimates():
 
 
 def test_estimate_uses_the_prepare_manifest_when_present(host):
-    """Item 3: once prepare ran, its exact token count is the basis."""
+    """Once prepare ran, its exact token count is the basis."""
     world = _host_with_serving(host, hidden_size=16)
     world.files[f"{host.data_dir}/runs/r/prepare/manifest.json"] = json.dumps({"tokens": 12345})
     est = wpreflight.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=TINY)
     assert est.by_stage["extract"] == 12345 * 4 * 16 * 2 + 12345 * 16 and "12345 prepared tokens" in est.basis
 
 
-# ---- item 14 -----------------------------------------------------------------------------------------------------
+# ---- a state dir the SSH user cannot write -----------------------------------------------------------------------
 
 def test_unwritable_state_dir_names_the_real_cause(host):
-    """Item 14: mkdir of the lock fails with Permission denied: say so and how to fix it (main: "held by None ...
+    """``mkdir`` of the lock fails with Permission denied: say so and how to fix it (main: "held by None ...
     looks stale ... lock release --force")."""
     world = _host_with_serving(host)
     world.readonly.add(host.state_dir)
@@ -334,10 +334,10 @@ def test_unwritable_state_dir_names_the_real_cause(host):
     assert "None" not in msg and "--force" not in msg, msg
 
 
-# ---- item 2 ------------------------------------------------------------------------------------------------------
+# ---- a supervisor that died --------------------------------------------------------------------------------------
 
 def test_watch_reports_a_dead_supervisor_with_the_recover_command(host, monkeypatch):
-    """Item 2: the supervisor container was killed (exited, no result): the watch ends within its grace period and
+    """The supervisor container was killed (exited, no result): the watch ends within its grace period and
     says how to recover, the host name quoted (main waited forever)."""
     evil = host.model_copy(update={"name": "gpu-01;touch /tmp/x"})
     world = _host_with_serving(evil)
@@ -366,7 +366,7 @@ def test_watch_reports_a_dead_supervisor_with_the_recover_command(host, monkeypa
 
 
 def test_watch_waits_through_a_supervisor_restart(host):
-    """Item 2: "restarting" (its restart policy after an engine restart) or an engine that cannot answer is not
+    """A container "restarting" (its restart policy after an engine restart) or an engine that cannot answer is not
     death; the result that appears later is returned."""
     world = _host_with_serving(host)
     wid = "20990101T000000Z-extract-abcdef"
@@ -387,14 +387,14 @@ def test_watch_waits_through_a_supervisor_restart(host):
 
 
 def test_watch_is_bounded_by_default(host):
-    """Item 2: the default watch limit follows the window's own budget (not forever)."""
+    """The default watch limit follows the window's own budget (not forever)."""
     assert wwatch.watch_limit_s({"budget_s": 3600, "stop_timeout_s": 30}) < 3600 + 3000
 
 
-# ---- item 12 (driver side) ---------------------------------------------------------------------------------------
+# ---- a supervisor container that cannot be removed (driver side) -------------------------------------------------
 
 def test_cleanup_warning_is_recorded_whole_in_result_and_audit(host):
-    """Item 12: the supervisor container cannot be removed after a good window: the warning, whole (main cut it to
+    """The supervisor container cannot be removed after a good window: the warning, whole (main cut it to
     200 characters, mid-id, and printed it only on the console), is in result.json and in an audit entry."""
     world = _host_with_serving(host)
     wid = "20990101T000000Z-extract-abcdef"
@@ -417,7 +417,7 @@ def test_cleanup_warning_is_recorded_whole_in_result_and_audit(host):
 
 
 def test_config_check_host_shows_how_the_inventory_differs_from_live_serving(host, monkeypatch):
-    """Item 6: the inventory's serving flags apply only where no live container exists; `config check HOST` says
+    """The inventory's serving flags apply only where no live container exists; `config check HOST` says
     how they differ from the live one (an env value that may be a secret is named, never shown)."""
     world = _host_with_serving(host)
     s = host.serving
@@ -441,7 +441,7 @@ def test_config_check_host_shows_how_the_inventory_differs_from_live_serving(hos
 
 
 def test_release_plan_carries_only_the_intended_change(host, monkeypatch):
-    """Item 6: `release --arg` puts the change in the plan, not the inventory's idea of serving."""
+    """`release --arg` puts the change in the plan, not the inventory's idea of serving."""
     world = _host_with_serving(host)
     plans = []
 

@@ -231,7 +231,7 @@ def test_supervisor_killed_then_recover(standin_deployed, standin_inventory):
 
     with Remote(h) as r:
         r.run(dk.docker(h, "kill", st.supervisor_name(wid)))
-    # Issue 14 item 2: the driver does not wait forever: it reports the dead supervisor and the recover command.
+    # The driver does not wait forever: it reports the dead supervisor and the recover command.
     th.join(timeout=120)
     assert not th.is_alive(), "the driver kept watching a dead supervisor"
     assert isinstance(box.get("exc"), SupervisorDead), box
@@ -311,7 +311,7 @@ def test_docker_daemon_restarted_mid_run(deployed):
     res = box["res"]
     assert res["window_id"] == wid
     assert res["serving_running"] is True
-    # Issue 14 item 10: an engine restart is not a verdict on the live release.
+    # An engine restart is not a verdict on the live release.
     marks_after = history.read_text().count('"failed"') if history.exists() else 0
     assert marks_after == marks_before, history.read_text()[-2000:]
     _assert_serving_back(h, wid, res["outcome"])
@@ -393,7 +393,7 @@ def test_restore_fails_health_gate_then_rollback(standin_deployed):
 
 
 def test_preflight_refuses_a_run_whose_outputs_cannot_fit(deployed):
-    """Issue 14 item 3: the stages' estimated output (prepared tokens × 4·H·2 bytes of hidden states) does not fit
+    """The stages' estimated output (prepared tokens × 4·H·2 bytes of hidden states) does not fit
     the free space: preflight refuses, serving is never stopped."""
     h, dep = deployed
     before = _serving_started_at(h)
@@ -414,7 +414,7 @@ def test_preflight_refuses_a_run_whose_outputs_cannot_fit(deployed):
 
 
 def test_lock_held_leaves_the_running_windows_pipeline_config(deployed):
-    """Issue 14 item 1: a run refused by the lock does not rewrite the running window's pipeline.yaml."""
+    """A run refused by the lock does not rewrite the running window's pipeline.yaml."""
     h, dep = deployed
     run = _unique("fault-lockcfg")
     cfg = Path(h.data_dir, "runs", run, "pipeline.yaml")
@@ -434,7 +434,7 @@ def test_lock_held_leaves_the_running_windows_pipeline_config(deployed):
 
 
 def test_unwritable_state_dir_names_the_real_cause(deployed):
-    """Issue 14 item 14: the SSH user cannot write the state dir: the error is the host's own ("Permission denied")
+    """The SSH user cannot write the state dir: the error is the host's own ("Permission denied")
     with the fix, not a stale lock "held by None"."""
     h, dep = deployed
     ro = "/var/lib/eagle3ops-sandbox/sandbox/state-readonly"

@@ -102,7 +102,7 @@ def refuse_standin_build(h: HostConfig, bp: BuildPlan, what: str) -> None:
 def deploy_env(h: HostConfig, env_tarball: "Path | None", *, dry_run: bool = False,
                echo: Callable[[str], None] = print, profile: str | None = None,
                base_image: str | None = None) -> DeployResult:
-    """Deploy to a venv host (``stage_runtime: venv``, issue 28): deliver the pipeline environment (sent only when
+    """Deploy to a venv host (``stage_runtime: venv``): deliver the pipeline environment (sent only when
     its digest is not there yet, verified by sha256 on the host before it is unpacked,
     :func:`eagle3ops.transfer.envdeliver.deliver_env`) and record it in ``deployed.json``. Serving untouched.
 

@@ -1,6 +1,6 @@
 """``eagle3ops extract HOST HOST...`` (the fleet plan, then its windows), ``eagle3ops train HOST --from-fleet MERGED``
 (the shards' hidden states copied to the training host, verified, then the train window) and ``eagle3ops render
-k8s|slurm RUN``: the commands over several hosts (issues 29, 30), registered on the main typer app by
+k8s|slurm RUN``: the commands over several hosts, registered on the main typer app by
 :mod:`eagle3ops.cli`."""
 
 from __future__ import annotations

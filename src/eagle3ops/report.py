@@ -9,7 +9,7 @@ window's ``plan.json``/``journal.jsonl``/``result.json`` under ``<state_dir>/win
 - ``train.png``: training loss and per-position full accuracy (``full_acc_k``) per step;
 - ``acceptance.png``: acceptance rate per draft position, measured on the host beside the offline estimate;
 - ``throughput.png``: output tokens/s against concurrency, baseline and speculative releases;
-- ``calibration.png`` (issue 31): across every run of the host that went through ``speculate`` (in the audit log's
+- ``calibration.png``: across every run of the host that went through ``speculate`` (in the audit log's
   order), the mean acceptance length three ways: the train stage's offline estimate, the gate's measured figure
   (``speculate/result.json``) and production's, pooled by ``eagle3ops watch`` (``speculate/production.json``);
 - ``index.html``: the tables and the plots.

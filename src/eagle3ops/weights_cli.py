@@ -1,5 +1,5 @@
 """``eagle3ops weights HOST --from OTHER [--dry-run]`` (the target's weights from another inventory host) and the
-``--head HOST:RUN`` form of ``speculate`` (a head trained on another host, fetched and installed here): issue 29's
+``--head HOST:RUN`` form of ``speculate`` (a head trained on another host, fetched and installed here): the
 rented-host lifecycle, registered on the main typer app by :mod:`eagle3ops.cli`."""
 
 from __future__ import annotations

@@ -467,7 +467,7 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
         with executor.for_host(h) as r:
             # --force: whatever the head's offline estimate, the demo shows the gate's measured decision;
             # --control: production serves the local base, the speculative release the stand-in serving image, so
-            # the baseline measured is that image without --speculative-config (like for like, issue 24)
+            # the baseline measured is that image without --speculative-config (like for like)
             sp = ship.speculate(r, ship.SpeculateOptions(
                 run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True, control=True,
                 serving_image=h.serving.speculative_image or spec_img.tag, prompts_file=chat_file,

@@ -1,7 +1,7 @@
-"""The fleet fixture (issues 29 and 30): several named sandbox hosts, each in a network namespace of its own with its
+"""The fleet fixture: several named sandbox hosts, each in a network namespace of its own with its
 own address, reached over a veth link rate-limited with ``tc tbf`` (both directions), as rented hosts reached over a
 network are. Every host is a real OpenSSH server (:func:`eagle3ops_dev.sandbox.up` with ``listen=``/``netns=``),
-checked by host key; with ``engine="none"`` it has no Docker engine (a venv host, issue 28).
+checked by host key; with ``engine="none"`` it has no Docker engine (a venv host).
 
 Layout of node ``k`` (``prefix``/``ns_prefix``/``subnet``/``ssh_port`` per caller; the fleet extract test uses
 ``pytest-fleet<k>``, ``e3fleet<k>``, ``10.229.<k>.0/24``, SSH port ``2240 + k``):
@@ -107,7 +107,7 @@ def up(n: int, *, prefix: str, ns_prefix: str, subnet: int, ssh_port: int, rate:
     """Bring up ``n`` nodes (module doc): links first, then each sandbox's sshd inside its namespace, each verified
     over real SSH with strict host-key checking. ``routed``: the nodes also reach each other (each namespace's
     default route via its veth peer here, IPv4 forwarding on, an iptables FORWARD rule between the links), as the
-    nodes of a multi-node training run must (issue 30); each packet between two nodes crosses both rate limits.
+    nodes of a multi-node training run must; each packet between two nodes crosses both rate limits.
 
     Raises:
         SandboxError: a link or a sandbox could not be set up (what is up stays: call :func:`down`).

@@ -1,4 +1,4 @@
-"""The stand-in pipeline environment of the venv runtime's tests (issue 28): a SMALL venv tarball, NOT the real
+"""The stand-in pipeline environment of the venv runtime's tests: a SMALL venv tarball, NOT the real
 pipeline environment. It holds this checkout's ``eagle3ops`` (so the supervisor on the host is the product's own),
 the few pure-Python/compiled packages the supervisor and the config need, copied from the driver venv (pydantic,
 pydantic-core, annotated-types, typing-extensions, typing-inspection, PyYAML; same CPython minor version required),

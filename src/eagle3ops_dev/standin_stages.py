@@ -1,6 +1,6 @@
 """Stand-in pipeline stages of the stand-in pipeline environment (:mod:`eagle3ops_dev.standin_env`): NOT the real
 stages. ``eagle3ops-stage STAGE --run-dir DIR [--restart] [--shard START:END]`` as the real stage program is called
-(issue 28's venv runtime), with no torch, transformers or model: it loads ``DIR/pipeline.yaml`` with the product's
+(the venv runtime), with no torch, transformers or model: it loads ``DIR/pipeline.yaml`` with the product's
 loader, skips a stage finished for these inputs (the product's :func:`eagle3ops.stages.manifest.finished`, or
 :func:`eagle3ops.stages.shards.finished_shard` for a shard), and otherwise writes ``DIR/<stage>/standin.json`` (what
 the stage saw: its environment's ``NCCL_*`` and ``EAGLE3OPS_*`` values, cwd, pid) and a real manifest

@@ -21,7 +21,7 @@ completion), and what the speculation gate measures (``speculate`` job tests):
 
 ``--spec-crash-on-grammar``: a speculative release dies (the process exits 1 at once, mid-stream) on the first
 chat request carrying ``response_format`` or ``tools``, as vLLM's engine does when EAGLE-3's draft tokens meet a
-grammar backend's bitmask (vllm-project/vllm issues 27969 and 51660: the engine core dies and the API server with
+grammar backend's bitmask (vllm #27969 and #51660: the engine core dies and the API server with
 it). ``--request-log PATH``: every POST's path and JSON body is appended to PATH (one JSON object a line) for
 tests to read what was sent.
 

@@ -1,4 +1,4 @@
-"""Bounded disk (issue 29), in the pipeline image, on the tiny Llama target. Stage ``chunked`` through the CLI: a run
+"""Bounded disk, in the pipeline image, on the tiny Llama target. Stage ``chunked`` through the CLI: a run
 whose hidden states are over its budget is extracted and trained in two chunks; the sample
 files on disk never exceed the budget, every training step reads only its pass's chunk, every training sample is
 trained once in the epoch, and the head, the train manifest and the offline estimate come out as in a one-chunk run. And

@@ -1,4 +1,4 @@
-"""Issue 17: a tiny Kimi-K2.5-class target (``tinymodel`` kind ``kimi-k25``) through every pipeline stage.
+"""A tiny Kimi-K2.5-class target (``tinymodel`` kind ``kimi-k25``) through every pipeline stage.
 
 Runs inside the pipeline image (vLLM 0.16 CPU, patched speculators, tiktoken). The target is built locally
 (:mod:`eagle3ops_dev.tinykimi`): ``KimiK25ForConditionalGeneration`` with a remote-code config, a DeepSeek-V3 text

@@ -54,8 +54,8 @@ def test_probe_command_passes_on_the_tiny_llama_with_chunked_prefill_and_two_cal
 
 
 def test_probe_fails_with_a_clear_message_on_states_of_the_wrong_position(run, monkeypatch):
-    """An engine whose states are one token late (the #279 class: states attributed to the wrong position) fails
-    the probe: exit 1, a message naming the limits crossed, and a report saying so."""
+    """An engine whose states are one token late (the class of speculators #279: states attributed to the wrong
+    position) fails the probe: exit 1, a message naming the limits crossed, and a report saying so."""
 
     class Shifted(TransformersEngine):
         def generate(self, token_ids):

@@ -163,7 +163,7 @@ def _with_template(tmp_path: Path, model: Path, template: str) -> Path:
 
 
 def test_prepare_renders_with_the_chat_template_serving_uses(tmp_path, models):
-    """Issue 26 kind 2: ``prepare.chat_template`` as the extract window resolves it when serving runs with
+    """``prepare.chat_template`` as the extract window resolves it when serving runs with
     ``--chat-template`` (a file in the run directory, its sha256 and where it came from) renders the data with that
     template, not the tokenizer's own, and the manifest records which (sha256, source); the tokenizer's own
     otherwise; a missing file or one with another sha256 is refused naming the key."""
@@ -280,7 +280,7 @@ def _prepare_rows(tmp_path: Path, model: Path, rows: list[dict], **prepare) -> t
 
 @pytest.mark.parametrize("kind", ["llama", "llama-remote-code"])
 def test_prepare_trains_the_tool_call_turn_as_the_template_renders_it(tmp_path, models, kind):
-    """Issue 15 item 5: the tool call stays in the training text and its turn is trained; the tool result is not."""
+    """The tool call stays in the training text and its turn is trained; the tool result is not."""
     model = _with_template(tmp_path, models[kind], TOOL_TEMPLATE)
     tok = load_tokenizer(str(model))
     figures, (row,) = _prepare_rows(tmp_path, model, [TOOL_ROW], max_seq_len=2048)
@@ -329,7 +329,7 @@ def test_prepare_reads_tool_rows_from_parquet_as_from_jsonl(tmp_path, models):
 
 
 def test_prepare_reports_tool_fields_the_template_drops_and_does_not_train_the_emptied_turn(tmp_path, models):
-    """Issue 15 item 5, with the tiny target's own template (role and content only)."""
+    """With the tiny target's own template (role and content only)."""
     tok = load_tokenizer(str(models["llama"]))
     figures, (row,) = _prepare_rows(tmp_path, models["llama"], [TOOL_ROW])
     assert _decoded_spans(tok, row) == ["It is 18 C and sunny in Paris.<|eos|>\n"]
@@ -340,7 +340,7 @@ def test_prepare_reports_tool_fields_the_template_drops_and_does_not_train_the_e
 
 @pytest.mark.parametrize("kind", ["llama", "llama-remote-code"])
 def test_prepare_keeps_the_replies_after_an_opening_assistant_turn(tmp_path, models, kind):
-    """Issue 15 item 6: a ShareGPT conversation opened by the assistant no longer stops the stage or is dropped."""
+    """A ShareGPT conversation opened by the assistant no longer stops the stage or is dropped."""
     rows = [{"conversations": [{"from": "gpt", "value": "Hello! How can I help?"},
                                {"from": "human", "value": "Name one prime."}, {"from": "gpt", "value": "Seven."},
                                {"from": "human", "value": "And another?"}, {"from": "gpt", "value": "Eleven."}]}]
@@ -447,7 +447,7 @@ def test_extract_writes_4_layers_bf16_per_token_and_resumes(tmp_path, models):
 
 
 def test_extract_shards_on_three_run_dirs_merge_to_the_one_host_run(tmp_path, models):
-    """Issue 29: ``--shard`` ranges extracted in three run directories (three hosts' data dirs) give, merged, the
+    """``--shard`` ranges extracted in three run directories (three hosts' data dirs) give, merged, the
     same samples, token ids and hidden states as one whole run; a shard rerun is a no-op, a shard past the prepared
     samples is refused."""
     from eagle3ops.stages.merge import check_merged, merge_manifests
@@ -616,7 +616,7 @@ def test_dense_attention_equals_speculators_flex_attention(trained_base):
 
 
 def test_train_manifest_carries_the_offline_estimate_from_held_out_samples(tmp_path, trained_base):
-    """Issue 19: the train manifest holds a teacher-forced acceptance-length estimate measured on samples the head
+    """The train manifest holds a teacher-forced acceptance-length estimate measured on samples the head
     never trained on: 1 + the sum of full_acc_k over positions, each a rate in [0, 1]."""
     from eagle3ops.stages.train import held_out_indices
     from eagle3ops.stages.trainplan import held_out_of
@@ -643,7 +643,7 @@ def test_train_manifest_carries_the_offline_estimate_from_held_out_samples(tmp_p
 
 
 def test_an_outside_heads_estimate_on_the_runs_held_out_hidden_states(tmp_path, models):
-    """Issue 26 kind 6: ``speculate --head`` estimates a head from elsewhere before any restart, on the hidden states
+    """``speculate --head`` estimates a head from elsewhere before any restart, on the hidden states
     the host has from the run: the run's own head, shipped as an outside head travels (no ``embed_tokens``: vLLM
     takes the target's; its verifier path from another machine), gets the train manifest's estimate on the same
     held-out samples (bf16 weights vs the fp32 ones the manifest measured); the same head with its lm_head rows

@@ -121,7 +121,7 @@ def test_one_process_checkpoint_resumes_in_two_gloo_processes(tmp_path, base, mo
     _assert_resumed_from(run, tampered)
 
 
-# --- several nodes (issue 30): three node processes on this machine's loopback, each with its own run dir holding only
+# --- several nodes: three node processes on this machine's loopback, each with its own run dir holding only
 # its own shard's hidden states, as three fleet hosts hold them after a fleet extract.
 
 def _as_fleet(run: Path, n_shards: int, keep: int | None) -> list[tuple[int, int]]:
@@ -183,9 +183,9 @@ def _steps(run: Path) -> list[dict]:
 
 
 def test_three_nodes_train_their_own_shards_as_one_node_of_three_processes(tmp_path, base, monkeypatch):
-    """Done-when (1) of issue 30 on one machine: three nodes (each only its shard's files) see the same samples at
+    """Multi-node training on one machine: three nodes (each only its shard's files) see the same samples at
     every step as one node with three processes, every training sample once per epoch, the same losses; then a
-    three-node run stopped at a checkpoint resumes in one process on the union (Done-when (2)'s second half)."""
+    three-node run stopped at a checkpoint resumes in one process on the union (a lost node does not lose the run)."""
     steps = 8
     for name in ("one", "n0", "n1", "n2"):
         r = Path(shutil.copytree(base, tmp_path / name))

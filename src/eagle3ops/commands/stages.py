@@ -42,7 +42,7 @@ def shard_args(start: int, end: int) -> list[str]:
 
 
 def node_args(count: int, rank: int, rendezvous: str) -> list[str]:
-    """The train stage's arguments for one node of a multi-node run (issue 30): ``--nodes N --node-rank R
+    """The train stage's arguments for one node of a multi-node run: ``--nodes N --node-rank R
     --rendezvous HOST:PORT`` (:class:`eagle3ops.stages.train.Nodes`)."""
     return ["--nodes", str(int(count)), "--node-rank", str(int(rank)), "--rendezvous", rendezvous]
 

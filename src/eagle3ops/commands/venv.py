@@ -1,4 +1,4 @@
-"""The venv runtime (``stage_runtime: venv``, issue 28) as argv lists: hosts without a container engine, where the
+"""The venv runtime (``stage_runtime: venv``) as argv lists: hosts without a container engine, where the
 supervisor and the stages run as processes of the pipeline environment.
 
 The pipeline environment is a directory ``<state_dir>/env/<digest>/`` (a Python venv built against the inventory's

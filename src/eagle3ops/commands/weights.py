@@ -1,4 +1,4 @@
-"""The weights transfer's host commands (issue 29, the rented-host lifecycle), as argv lists (pure, no I/O).
+"""The weights transfer's host commands (the rented-host lifecycle), as argv lists (pure, no I/O).
 
 A host's weights manifest (``<state_dir>/weights/manifest.txt``) is one line per regular file of ``model_path``:
 ``<sha256> <bytes> <mtime seconds> <relative path>``, names in C order, after a header line

@@ -1,4 +1,4 @@
-"""Inventory values the container engine cannot represent, refused when the inventory is loaded (issue 26, kind 9).
+"""Inventory values the container engine cannot represent, refused when the inventory is loaded.
 
 eagle3ops hands inventory values to Docker in forms the engine parses: bind mounts as ``HOST:CONTAINER[:OPTS]``
 (``docker run --volume``, the Engine API's ``HostConfig.Binds``: split at ``:``), environment variables as

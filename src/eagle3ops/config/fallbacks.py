@@ -1,5 +1,5 @@
-"""Which retained releases a window may restore or roll back to, and what each needs on the host to be created
-(issue 26 kind 10). Pure: the supervisor's :class:`eagle3ops.supervisor.releases.Releases` picks rollback targets with
+"""Which retained releases a window may restore or roll back to, and what each needs on the host to be created.
+Pure: the supervisor's :class:`eagle3ops.supervisor.releases.Releases` picks rollback targets with
 :func:`fallbacks_from`, and the driver's preflight (:func:`eagle3ops.window.preflight.check_fallbacks`) checks the
 same candidates before serving stops, so the two cannot disagree.
 

@@ -343,7 +343,7 @@ KIND_KEYS: dict[str, KindKeys] = {k.name: k for k in (
 assert set(KIND_KEYS) == set(SERVING_KINDS)
 
 
-#: ``stage_runtime`` value of a host without a container engine: supervisor and stages run as processes (issue 28).
+#: ``stage_runtime`` value of a host without a container engine: supervisor and stages run as processes.
 VENV_RUNTIME = "venv"
 
 
@@ -395,7 +395,7 @@ class HostConfig(StrictModel):
         None, description="Docker runtime of stage containers (`docker run --runtime`), e.g. `nvidia` on hosts "
         "whose engine has no CDI/`--gpus` support; default: the engine's default runtime. Preflight starts a "
         "throwaway container with it before serving stops. The value `venv` means no container engine at all "
-        "(issue 28: e.g. a rented GPU container reached over SSH): the supervisor and the stages run as processes "
+        "(e.g. a rented GPU container reached over SSH): the supervisor and the stages run as processes "
         "of the pipeline environment unpacked under `state_dir/env/`, built against `venv_python`; serving must "
         "then be `process`, `systemd` or `none`."
     )

@@ -37,7 +37,7 @@ class PipelineConfigError(ConfigError):
 
 class ChatTemplateFile(StrictModel):
     """A chat template file for stage ``prepare`` (``prepare.chat_template``): what the extract window writes when
-    serving runs with ``--chat-template`` (issue 26 kind 2), or a template of your own."""
+    serving runs with ``--chat-template``, or a template of your own."""
 
     file: str = Field(..., description="The Jinja template's file; a relative path is taken from the run directory.")
     sha256: str | None = Field(None, description="Its sha256 (hex): the stage refuses a file with another one.")
@@ -233,7 +233,7 @@ class TrainConfig(StrictModel):
 
 class ChunksConfig(StrictModel):
     """Extraction and training in chunks (stage ``chunked``, window train), for runs whose hidden states do not fit
-    the data dir at once (issue 29). Example: ``chunks: {count: auto, budget_fraction: 0.8}``."""
+    the data dir at once. Example: ``chunks: {count: auto, budget_fraction: 0.8}``."""
 
     count: int | Literal["off", "auto"] = Field(
         "off",
@@ -340,7 +340,7 @@ def _validate(raw: object, path: Path | str) -> PipelineConfig:
 
 
 def apply_mounts(config: PipelineConfig, mounts: dict[str, str]) -> PipelineConfig:
-    """The config with its container paths mapped to host directories (a ``stage_runtime: venv`` host, issue 28:
+    """The config with its container paths mapped to host directories (a ``stage_runtime: venv`` host:
     stages run as processes, nothing is mounted): ``mounts`` maps a container path (``/data``, ``/model``) to the
     host's directory; ``target_model``, absolute ``prepare.datasets`` entries and an absolute
     ``prepare.chat_template.file`` under one of them are rewritten, others kept. Section digests stay the written

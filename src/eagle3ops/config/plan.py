@@ -69,7 +69,7 @@ class ReleaseChange(BaseModel):
 
 
 class Candidate(BaseModel):
-    """One speculative release among several a ``speculate`` job chooses from (issue 31): ``name`` (e.g.
+    """One speculative release among several a ``speculate`` job chooses from: ``name`` (e.g.
     ``eagle3-k3``, ``ngram-k4``; journal steps and files are named after it) and its change of the live serving."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -83,7 +83,7 @@ class SpeculateJob(BaseModel):
     live before.
 
     ``rule``: ``faster`` (``speculate``: keep needs the interval's lower bound at ``1 + margin`` and acceptance at
-    ``acceptance_floor``) or ``not_slower`` (``release --gate``, issue 31: any serving change, kept unless slower
+    ``acceptance_floor``) or ``not_slower`` (``release --gate``: any serving change, kept unless slower
     beyond the margin; no head, no floor, and the change may be unlike the live release: that is what is measured).
 
     ``head_sha256``: the head's content digest (file names and contents); ``results_dir``: the head's results
@@ -117,7 +117,7 @@ class SpeculateJob(BaseModel):
     idle_timeout_s: float = 120.0
     #: Prompts sent at each level before a side's measured passes, not measured (``serving.gate_warmup_prompts``).
     warmup_prompts: int = 0
-    #: The control release (``speculate --control``; issue 24, like for like): the live serving plus this change
+    #: The control release (``speculate --control``, like for like): the live serving plus this change
     #: (the speculative image, the speculative change's flags but ``--speculative-config``), switched to and
     #: measured as the baseline before the speculative release; never made the live release. None: the live
     #: release is the baseline (refused by the driver, and undecided on the host, when its image differs).
@@ -130,7 +130,7 @@ class SpeculateJob(BaseModel):
     #: Prompt sets: name -> indices into ``prompts`` (e.g. ``chat``, ``code``); one table per set in the result,
     #: cut from the same passes (:func:`eagle3ops.gate.decide.set_tables`); the decision is the whole set's.
     prompt_sets: dict[str, list[int]] = Field(default_factory=dict)
-    #: Several speculative releases to choose from (``speculate --method ... --k ...``, issue 31); empty: the one
+    #: Several speculative releases to choose from (``speculate --method ... --k ...``); empty: the one
     #: ``change``. Each is switched to (never made the live release) and measured against the one baseline, and
     #: decided at the corrected level (:func:`eagle3ops.gate.decide.candidate_level`); the best that clears the rule
     #: is switched to again as the speculative release and measured afresh (the confirmation), which decides at
@@ -193,7 +193,7 @@ class Plan(BaseModel):
     gpus: int = 0
     restore_reserve_s: float | None = None
     #: Where the stages and the supervisor run: ``container`` (the host's engine) or ``venv`` (``stage_runtime:
-    #: venv``, issue 28: processes of the pipeline environment; each stage's spec holds ``argv``, ``environment``,
+    #: venv``: processes of the pipeline environment; each stage's spec holds ``argv``, ``environment``,
     #: ``cwd``, see :func:`eagle3ops.commands.venv.stage_spec`).
     runtime: Literal["container", "venv"] = "container"
     #: The inventory's ``secret_env``: environment names whose values the supervisor masks in everything it writes

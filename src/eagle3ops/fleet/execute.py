@@ -1,4 +1,4 @@
-"""Carrying out a fleet plan (issue 29): the plan's windows in its waves, never more serving hosts down at once than
+"""Carrying out a fleet plan: the plan's windows in its waves, never more serving hosts down at once than
 the plan's waves allow, then the per-shard manifests merged and checked. No I/O of its own: each window is run by
 the caller's ``run_one`` (the single-host window machinery, :func:`eagle3ops.fleet.driver.window_runner`), each
 manifest read by ``read_text``; so the order and the bounds are tested without hosts.

@@ -1,5 +1,5 @@
 """Which hidden-state files move to the training host of a fleet run, from where, and how long that takes (pure):
-the plan of ``eagle3ops train HOST --from-fleet MERGED`` (issue 29).
+the plan of ``eagle3ops train HOST --from-fleet MERGED``.
 
 A merged extract manifest (:func:`eagle3ops.stages.merge.merge_manifests`) lists every sample's file (``sample_files``:
 ``{i, file, tokens}``; ``files``: ``{file: {bytes, sha256}}``) and where each shard was extracted (``fleet.shards``:

@@ -1,5 +1,4 @@
-"""Multi-node training over a fleet run's hosts, planned (pure): ``eagle3ops train A B C --run RUN --from-fleet M``
-(issue 30).
+"""Multi-node training over a fleet run's hosts, planned (pure): ``eagle3ops train A B C --run RUN --from-fleet M``.
 
 Each host given holds one shard of the fleet extract (``fleet.shards`` of the merged manifest ``M``); node ``n`` is
 the host of the ``n``-th shard by start, so under torchrun's static rendezvous rank ``n`` (one process per node; ``n

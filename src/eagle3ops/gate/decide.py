@@ -1,6 +1,6 @@
 """Keep or roll back a speculative release, from figures measured on the host with the same prompts on both sides.
 
-Rule (issue 24, "stated confidence"; pure: figures in, :class:`Decision` out, nothing read or written):
+Rule ("stated confidence"; pure: figures in, :class:`Decision` out, nothing read or written):
 
 1. Every side brings at least :data:`MIN_PASSES` passes at the production concurrency; a pass sends the same
    prompts in the same (fixed) order and keeps each prompt's output tokens, request seconds and time to first token
@@ -28,7 +28,7 @@ Rule (issue 24, "stated confidence"; pure: figures in, :class:`Decision` out, no
 
 Other concurrency levels are reported beside it (speed-ups shrink as batch size grows) but do not decide.
 
-``release --gate`` (issue 31) uses the same rule for any serving change with ``rule="not_slower"`` and no
+``release --gate`` uses the same rule for any serving change with ``rule="not_slower"`` and no
 acceptance floor: step 3 is skipped and step 6 compares against ``1 - margin`` (kept unless slower beyond the
 margin).
 
@@ -185,7 +185,7 @@ class RatioInterval:
 
 @dataclass(frozen=True)
 class Drift:
-    """The baseline's change across its passes (issue 24: drift above half the margin makes the run undecided).
+    """The baseline's change across its passes (drift above half the margin makes the run undecided).
 
     ``change``: relative first-to-last change of output tokens/s on a least-squares line through the passes' log
     tokens/s (``exp(slope * (n-1)) - 1``; +0.03 = 3 % faster by the last pass); ``low``/``high``: its 95 % t
@@ -564,7 +564,7 @@ def subset_pass(p: LevelResult, idx: Sequence[int]) -> LevelResult:
 
 def set_tables(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
                sets: Mapping[str, Sequence[int]], *, production_concurrency: int) -> dict[str, object]:
-    """One table per prompt set (issue 24: e.g. ``chat`` = held-out chat turns, ``code`` = HumanEval's gate split),
+    """One table per prompt set (e.g. ``chat`` = held-out chat turns, ``code`` = HumanEval's gate split),
     from the same passes the decision used: each set's prompts (``sets``: name -> indices into the prompts' fixed
     order) cut out of every pass with :func:`subset_pass`. Per level: each side's pass-pooled output tokens/s, the
     ratio, the median TTFT ratio; at the production concurrency also the 90 % interval of the ratio

@@ -1,4 +1,4 @@
-"""Like for like (issue 24): what each release the gate measured runs, and whether two of them may be compared.
+"""Like for like: what each release the gate measured runs, and whether two of them may be compared.
 
 vLLM builds differ in speed on their own (vllm #33497, #40551): a throughput ratio between a baseline on one image
 and a speculative release on another mixes the image's own speed with speculation's. So every measured release's

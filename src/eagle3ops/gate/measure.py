@@ -55,7 +55,7 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
         d["accepted_per_pos"] = {str(k): v for k, v in d["accepted_per_pos"].items()}
         return d
 
-    try:  # vLLM's GET /version: the like-for-like record (issue 24); a server without it answers None
+    try:  # vLLM's GET /version: the like-for-like record; a server without it answers None
         v = httpx.get(f"{base}/version", headers=headers, timeout=30)
         out["server"] = {"version": v.json().get("version") if v.status_code == 200 else None}
     except (httpx.HTTPError, ValueError, AttributeError):

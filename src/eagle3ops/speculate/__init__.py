@@ -1,4 +1,4 @@
-"""Ship the head: a speculative serving release kept only when measured faster (issue 18).
+"""Ship the head: a speculative serving release kept only when measured faster.
 
 One job per module: :mod:`.metrics` (vLLM's spec-decode counters as deltas), :mod:`.prompts` (the gate's prompt
 sets, disjoint from training), :mod:`.replay` (fixed prompts at a concurrency against an OpenAI-compatible

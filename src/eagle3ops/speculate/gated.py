@@ -1,6 +1,5 @@
 """``eagle3ops release HOST --gate``: any serving change (flags, NCCL settings, a vLLM upgrade, a new image) measured
-against the live release through the speculation gate, and kept only when it is not slower beyond the margin
-(issue 31).
+against the live release through the speculation gate, and kept only when it is not slower beyond the margin.
 
 The same host-side job as ``speculate`` (:class:`eagle3ops.config.plan.SpeculateJob`, carried out by the host's
 supervisor under the lock from start to end: :mod:`eagle3ops.supervisor.speculate`), with ``rule="not_slower"``:

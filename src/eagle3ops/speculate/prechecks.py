@@ -1,4 +1,4 @@
-"""The checks of a ``speculate`` before any serving restart (issues 19, 24, 26): the invocation's options and
+"""The checks of a ``speculate`` before any serving restart: the invocation's options and
 error, and each check of the head, its data and the releases against what the host serves: the offline estimate
 against the floor, the chat template the data was rendered with, the head as vLLM 0.16 reads it, and like for like
 (the speculative image against the live one). Pure apart from :func:`_live_image`'s read of the serving container.
@@ -72,7 +72,7 @@ class SpeculateOptions:
     with_humaneval: bool = False
     #: Speculation methods to measure (``--method``; :data:`eagle3ops.commands.speculate.METHODS`) and speculative
     #: lengths (``--k``; empty: the head's ``ttt_steps``): one candidate each (method x k); with more than one the
-    #: host's job measures every candidate and confirms the best (issue 31).
+    #: host's job measures every candidate and confirms the best.
     methods: tuple[str, ...] = ("eagle3",)
     ks: tuple[int, ...] = ()
     #: The EAGLE-3 draft's tensor parallelism to measure (``--draft-tp``; empty: the target's, vLLM's default):
@@ -94,7 +94,7 @@ def offline_estimate_for(opts: SpeculateOptions, info: dict[str, Any]) -> float 
 
 
 def check_template(h: Any, opts: "SpeculateOptions", info: dict[str, Any], served: Any) -> list[str]:
-    """The run's training data against the live release's chat template (issue 26 kind 2), before any restart:
+    """The run's training data against the live release's chat template, before any restart:
     the prepare manifest's ``chat_template_sha256`` (the inspect answer's ``prepare_template``) against serving's
     ``--chat-template`` (``served``: :func:`eagle3ops.window.served_template.read_served_template`) or, without one,
     the target tokenizer's own (``tokenizer_template_sha256``).
@@ -130,7 +130,7 @@ def check_template(h: Any, opts: "SpeculateOptions", info: dict[str, Any], serve
 
 def check_like_for_like(h: Any, live: tuple[str | None, str | None], speculative: tuple[str, str | None],
                         control: bool) -> dict[str, Any]:
-    """The speculative release's image against the live one's, before anything changes (issue 24, like for like;
+    """The speculative release's image against the live one's, before anything changes (like for like;
     the host checks the measured releases again: :func:`eagle3ops.gate.like.unlike`).
 
     Args:
@@ -181,7 +181,7 @@ def _live_image(r: Any) -> tuple[str | None, str | None]:
 
 def check_offline_floor(h: Any, opts: SpeculateOptions, info: dict[str, Any], floor: float) -> tuple[float | None,
                                                                                                       list[str]]:
-    """The offline estimate against ``serving.acceptance_floor``, before any restart (issues 19, 26 kind 6).
+    """The offline estimate against ``serving.acceptance_floor``, before any restart.
 
     Returns:
         (the estimate or None, warnings): a run's own head without an estimate in its manifest is a warning; a
@@ -222,7 +222,7 @@ def check_offline_floor(h: Any, opts: SpeculateOptions, info: dict[str, Any], fl
 
 
 def check_as_vllm_reads(info: dict[str, Any], facts: Any, *, own_run: bool) -> list[str]:
-    """The head as vLLM 0.16 reads it (issue 26, kind 5), from the inspect answer: its config through vLLM's own
+    """The head as vLLM 0.16 reads it, from the inspect answer: its config through vLLM's own
     loader in the pipeline image (:func:`.headcheck.check_vllm_reading`; the run's train manifest says which aux
     layers it was trained on when the head is the run's own) and the values of ``d2t``/``t2d``
     (:func:`.headcheck.check_vocab_values`). Runs before any restart, in ``--dry-run`` too.

@@ -169,7 +169,7 @@ def host_relay(r: Any, image: str, api_key: str | None, settings: GenSettings) -
     """
     if r.host.uses_venv:
         raise RegenerateError(f"{r.host.name}: `stage_runtime: venv` (no container engine): answering on the host "
-                              f"needs the pipeline image's helper container, not done yet for venv hosts (issue 28); "
+                              f"needs the pipeline image's helper container, not done yet for venv hosts; "
                               f"reach serving from the driver instead (--endpoint URL or --ssh-forward)")
     from eagle3ops.commands import speculate as sc
     from eagle3ops.speculate.onhost import ROW_MARK, parse_answer

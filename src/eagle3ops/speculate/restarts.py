@@ -1,5 +1,5 @@
 """How many serving restarts a ``speculate`` job makes and the downtime to expect, from this host's recorded restore
-times (pure; the plan and ``--dry-run`` print it, issue 24).
+times (pure; the plan and ``--dry-run`` print it).
 
 Every serving restart of a job (a window's restore, a release's switch, a rollback) is recorded by the supervisor
 in the window's ``result.json`` as ``restarts_s`` (seconds from the restart's start to its passed health gate, one

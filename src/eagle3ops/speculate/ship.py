@@ -1,5 +1,5 @@
 """``eagle3ops speculate HOST --run RUN``: ship a draft head as a speculative serving release, kept only when it
-measured faster (issues 18, 24). The driver plans, uploads the head, starts the job and watches; the host's
+measured faster. The driver plans, uploads the head, starts the job and watches; the host's
 supervisor carries the job out under the lock from start to end (:mod:`eagle3ops.supervisor.speculate`), so a
 driver that dies at any point leaves the host to finish (``status``/``recover`` show where it is).
 
@@ -31,9 +31,9 @@ window's audit line with the verdict and figures, all written under the lock.
 
 A head from elsewhere (``--head``) is estimated before any restart on the run's held-out hidden states on the host
 (:mod:`eagle3ops.stages.estimate`, in the inspect helper) and refused below ``serving.acceptance_floor``, or when
-it cannot be estimated there, unless ``force`` (:func:`check_offline_floor`; issue 26 kind 6).
+it cannot be estimated there, unless ``force`` (:func:`check_offline_floor`).
 
-Like for like (issue 24): a speculative image other than the live one is refused before anything changes, naming
+Like for like: a speculative image other than the live one is refused before anything changes, naming
 both, unless ``control`` (``--control``): the job then measures a control release, the speculative image without
 ``--speculative-config``, as its baseline (:func:`check_like_for_like`; the host checks the measured releases'
 identities again, :mod:`eagle3ops.gate.like`).
@@ -250,7 +250,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     require_serving(r.host, "speculate")  # before anything is read or written on the host
     if r.host.uses_venv:  # its gate helper (inspect, measure) runs in a container of the pipeline image
         raise SpeculateError(f"{r.host.name}: speculate on a `stage_runtime: venv` host (no container engine) is not "
-                             f"done yet (issue 28): its on-host gate helper runs in a container of the pipeline "
+                             f"done yet: its on-host gate helper runs in a container of the pipeline "
                              f"image; nothing was done")
     n_candidates = check_candidate_options(r.host.name, opts)  # before anything is read from the host
     try:

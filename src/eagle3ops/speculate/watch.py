@@ -1,4 +1,4 @@
-"""``eagle3ops watch HOST``: judge the live serving release from vLLM's ``/metrics`` over time (issue 31).
+"""``eagle3ops watch HOST``: judge the live serving release from vLLM's ``/metrics`` over time.
 
 No window, no restart: the driver scrapes ``GET /metrics`` of the host's serving every ``--interval`` seconds for
 ``--duration`` seconds (the endpoint and the API key as ``regenerate`` reaches serving:

@@ -1,4 +1,4 @@
-"""Stage ``chunked``: extraction and training chunk by chunk, for a run whose hidden states do not fit (issue 29).
+"""Stage ``chunked``: extraction and training chunk by chunk, for a run whose hidden states do not fit.
 
 Window train runs it instead of stage ``train`` when the pipeline config sets ``chunks.count`` (``auto`` or N); it
 needs ``prepare/`` and ``vocab/``. It plans (:mod:`eagle3ops.stages.chunkplan`: chunks cut from the prepared

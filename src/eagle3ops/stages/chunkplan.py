@@ -1,4 +1,4 @@
-"""The plan of a chunked run: which samples each chunk holds, and which training steps each pass runs (pure; issue 29).
+"""The plan of a chunked run: which samples each chunk holds, and which training steps each pass runs (pure).
 
 A run whose hidden states do not fit the data dir at once is extracted and trained in **chunks**: contiguous
 ``[start, end)`` ranges of the prepared samples. Stage ``chunked`` (:mod:`eagle3ops.stages.chunked`) carries the

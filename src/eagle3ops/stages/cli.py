@@ -42,7 +42,7 @@ def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
         if not run_dir.is_dir():
             raise PipelineConfigError(f"--run-dir {run_dir}: no such directory")
         config = load_pipeline_config(run_dir)
-        if os.environ.get("EAGLE3OPS_MOUNTS"):  # a venv host (issue 28): container paths → the host's directories
+        if os.environ.get("EAGLE3OPS_MOUNTS"):  # a venv host: container paths → the host's directories
             import json
 
             from eagle3ops.config.pipeline import apply_mounts

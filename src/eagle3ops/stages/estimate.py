@@ -1,4 +1,4 @@
-"""The offline acceptance estimate of a draft head trained elsewhere, on a run's hidden states (issue 26, kind 6).
+"""The offline acceptance estimate of a draft head trained elsewhere, on a run's hidden states.
 
 ``speculate --head DIR`` ships a head that no train stage here measured; without an estimate, learning that it
 accepts nothing costs two serving restarts (sglang #27829). Before any restart the host's inspect helper

@@ -345,7 +345,7 @@ def generation_manifests(paths: list[Path]) -> dict[str, Any]:
 
 
 def use_chat_template(tok: Any, run_dir: Path, config: PipelineConfig) -> tuple[str, str]:
-    """Set the tokenizer's chat template to the one ``prepare.chat_template`` names (issue 26 kind 2) and return
+    """Set the tokenizer's chat template to the one ``prepare.chat_template`` names and return
     (its text, its source in words): a file (relative to ``run_dir``; its ``sha256`` checked when given), else the
     tokenizer's own (``auto`` that no window resolved, or ``tokenizer``).
 
@@ -388,7 +388,7 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
     pc = config.prepare
     paths = [resolve_dataset(spec, run_dir) for spec in pc.datasets]
     # samples.jsonl names each row by the dataset as pipeline.yaml names it, not by where this host keeps the file:
-    # shards prepared on several hosts (issue 29's fleet) must write the same bytes to compare equal
+    # shards prepared on several hosts (a fleet run's extraction) must write the same bytes to compare equal
     labels = {str(p): spec for p, spec in zip(paths, pc.datasets)}
 
     def portable(source: str) -> str:

@@ -4,7 +4,7 @@ Runs the extract stage's engine (speculators' patched ``VllmHiddenStatesGenerato
 :func:`eagle3ops.stages.extract.make_vllm_generator` with the run's layers, max_model_len and tensor parallel
 size) on a small batch and compares every captured token with the extract stage's reference engine
 (:class:`eagle3ops.stages.extract.TransformersEngine`: transformers forward, hooks on the same decoder layers,
-in the dtype vLLM returned). The batch is built to hit the faults of upstream speculators issue #279's class
+in the dtype vLLM returned). The batch is built to hit the faults of upstream speculators #279's class
 (states attributed to the wrong sequence or position):
 
 - more sequences in one ``generate()`` call than speculators' scheduler admits at once (``MAX_NUM_SEQS`` = 32);

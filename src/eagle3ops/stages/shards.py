@@ -1,4 +1,4 @@
-"""One shard of the extract stage (issue 29): samples ``[start, end)`` of ``prepare/samples.jsonl`` (global indices),
+"""One shard of the extract stage: samples ``[start, end)`` of ``prepare/samples.jsonl`` (global indices),
 what the fleet's windows pass as ``eagle3ops stage extract --run-dir DIR --shard START:END``.
 
 A shard writes its hidden-state files into the run's usual ``extract/`` directory (named by global index, so a shard

@@ -61,7 +61,7 @@ resumes in 1 and vice versa. The step count, LR schedule and RNG state carry ove
 resume follows the new world size's sampler. Rank 0 reads the checkpoint and broadcasts it (model tensors with
 ``broadcast``, optimizer and scheduler state with ``broadcast_object_list``), so only rank 0's node needs it.
 
-Several nodes (issue 30)
+Several nodes
 ------------------------
 ``stage train --nodes N --node-rank R --rendezvous HOST:PORT`` launches this node's share of an N-node run:
 torchrun with ``--nnodes N --node-rank R --master-addr HOST --master-port PORT`` (torchrun's static rendezvous: node

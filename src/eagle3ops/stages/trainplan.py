@@ -1,4 +1,4 @@
-"""Which samples each training rank takes at each step, for one node or several (pure: numpy, no torch; issue 30).
+"""Which samples each training rank takes at each step, for one node or several (pure: numpy, no torch).
 
 Every rank computes the whole plan — all ranks' batches for an epoch — from the extract manifest alone, so the
 ranks agree on the step count without talking, and a test can compare runs of different layouts without training.

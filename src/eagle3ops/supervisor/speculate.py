@@ -13,7 +13,7 @@ dead supervisor, which resumes from the journal and the attempt folder's files):
 2. **baseline**: :func:`eagle3ops.gate.measure.measure` against live serving over the host's loopback (the
    same code as the gate helper's), saved as ``baseline.json`` in the attempt folder with the measured release's
    identity (image, id, labels, argv, vLLM's ``/version``);
-2b. with ``candidates`` (``speculate --method ... --k ...``, issue 31): each candidate in turn, **candidate-<name>**
+2b. with ``candidates`` (``speculate --method ... --k ...``): each candidate in turn, **candidate-<name>**
    (the kind's ``switch`` with its change, never made the live release) and **measure-<name>**
    (``candidate-<name>.json``), decided against the baseline at the corrected level
    (:func:`eagle3ops.gate.decide.candidate_level`); the best kept (:func:`choose_candidate`) is the speculative

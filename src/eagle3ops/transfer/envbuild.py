@@ -1,4 +1,4 @@
-"""The real pipeline environment as a tarball (``stage_runtime: venv``, issue 28), exported from a built pipeline
+"""The real pipeline environment as a tarball (``stage_runtime: venv``), exported from a built pipeline
 image: the image's venv (its hash-locked wheels with the patch series applied strictly and verified by the build's
 probes, and eagle3ops itself) is read out of a container that is created, never started, and rewritten so that it
 runs from wherever it is unpacked on the host with the host's ``venv_python``:

@@ -1,4 +1,4 @@
-"""Delivery of a pipeline environment tarball to a venv host (``stage_runtime: venv``, issue 28), verified by its
+"""Delivery of a pipeline environment tarball to a venv host (``stage_runtime: venv``), verified by its
 digest on the host (:data:`eagle3ops.commands.venv.RECEIVE_SH`), then recorded in ``deployed.json`` as
 ``image: venv:sha256:<hex>`` and ``image_id: sha256:<hex>``: what windows on that host run with. A stand-in
 environment (its marker :data:`eagle3ops.config.standin.STANDIN_ENV_MARKER` at the tarball's head: :func:`env_marker`)

@@ -1,4 +1,4 @@
-"""Hidden-state files of a fleet run copied from the host that extracted them to the training host (issue 29), over
+"""Hidden-state files of a fleet run copied from the host that extracted them to the training host, over
 the bulk path: the sending host's ``tar -c`` read through an OpenSSH stream (:func:`eagle3ops.commands.ssh.openssh`,
 the generated strict-host-key config of :mod:`eagle3ops.transfer.sshconfig`) and written into an
 :class:`eagle3ops.transfer.streams.SshStream` to the training host, which unpacks into ``extract/.incoming/``. Every

@@ -1,4 +1,4 @@
-"""Weights and heads from one inventory host to another (issue 29, the rented-host lifecycle): facts read from both
+"""Weights and heads from one inventory host to another (the rented-host lifecycle): facts read from both
 hosts, the pure plan (:mod:`eagle3ops.transfer.weightsplan`), then each file streamed through the driver —
 OpenSSH reading the source (``tail -c +N``) into OpenSSH to the destination (:class:`eagle3ops.transfer.streams.SshStream`) —
 appended to a ``.part`` file there, verified by sha256 on the receiving host and renamed into place. Never from a

@@ -1,4 +1,4 @@
-"""The weights transfer's plan (issue 29; pure): manifests, the cheap re-verification by size and mtime, what a
+"""The weights transfer's plan (pure): manifests, the cheap re-verification by size and mtime, what a
 destination lacks, the bytes to send and the time they take at a link rate. The host side is
 :mod:`eagle3ops.commands.weights`; the copy is :mod:`eagle3ops.transfer.weights`."""
 

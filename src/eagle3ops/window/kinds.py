@@ -169,7 +169,7 @@ class DriverKind:
 
     def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
         """vLLM's n-gram proposer as a speculative release: the live container plus its ``--speculative-config``
-        on the patched serving ``image``; no head (issue 31's candidates)."""
+        on the patched serving ``image``; no head (one of the candidates ``speculate --method`` chooses from)."""
         from eagle3ops.commands import speculate as sc
 
         return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0), image=image)

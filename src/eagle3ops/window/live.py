@@ -1,4 +1,4 @@
-"""The truth about serving is the live server (issue 26 kind 8): what ``status`` and ``recover`` read on the host.
+"""The truth about serving is the live server: what ``status`` and ``recover`` read on the host.
 
 The newest window's ``result.json`` is a record of what was true when that window ended; serving may have been
 stopped, crashed or restarted since (an operator, a restart policy). :func:`read_live` reads the live server through

@@ -162,7 +162,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             to_release = target if target is not None else to_release
         if kind in st.WINDOWS:
             # the engine first: a host without one fails preflight in one line, before the served template or the
-            # run's state is read from it (issue 28: no engine, no surprise)
+            # run's state is read from it (no engine, no surprise)
             engine = None if r.host.uses_venv else ask_engine(r)  # a venv host has no engine by configuration
             if engine is None or engine_status(r.host, *engine)[0]:
                 pipeline_text, template = resolve_chat_template(r, pipeline_text)
@@ -229,7 +229,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command,
                              "window": window_id, "outcome": "not started", "error": str(exc)[-500:]})
         raise
-    if r.host.serving.managed:  # the serving host's first window records its weights manifest (detached; issue 29)
+    if r.host.serving.managed:  # the serving host's first window records its weights manifest (detached)
         start_weights_record(r)
     if r.dry_run:
         on_host = supervisor_commands(r.host, plan)
@@ -320,7 +320,7 @@ class TemplateResolution:
 
 def resolve_chat_template(r: Remote, text: str | None) -> tuple[str | None, TemplateResolution | None]:
     """Before a stage window stops serving (read-only): ``prepare.chat_template: auto`` (the default) resolved to
-    the template the live server uses (issue 26 kind 2, :mod:`eagle3ops.window.served_template`); returns (the
+    the template the live server uses (:mod:`eagle3ops.window.served_template`); returns (the
     config text the window writes and decides with, the resolution; None when there is no config text or it is not
     valid YAML, which the disk estimate reports). A setting other than ``auto`` is kept as written."""
     import yaml

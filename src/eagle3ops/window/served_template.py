@@ -1,4 +1,4 @@
-"""The chat template serving uses, read on the host (issue 26, kind 2; SpecForge #296).
+"""The chat template serving uses, read on the host (SpecForge #296).
 
 vLLM renders chat requests with ``--chat-template`` when the server was started with one (a file path, or the
 template itself in one line), else with the tokenizer's own template. A draft head is trained on data rendered with

@@ -1,4 +1,4 @@
-"""Refuse a stand-in serving image on a host that is not a sandbox, before anything changes (issue 24).
+"""Refuse a stand-in serving image on a host that is not a sandbox, before anything changes.
 
 The rule and the names are :mod:`eagle3ops.config.standin`'s; this module reads the image's labels from the host's
 engine (read-only; an image the host does not hold yet is judged by its reference).
