@@ -62,7 +62,7 @@ resume follows the new world size's sampler. Rank 0 reads the checkpoint and bro
 ``broadcast``, optimizer and scheduler state with ``broadcast_object_list``), so only rank 0's node needs it.
 
 Several nodes
-------------------------
+-------------
 ``stage train --nodes N --node-rank R --rendezvous HOST:PORT`` launches this node's share of an N-node run:
 torchrun with ``--nnodes N --node-rank R --master-addr HOST --master-port PORT`` (torchrun's static rendezvous: node
 R's processes are ranks ``R * nproc ...``, so rank 0 — the one that writes checkpoints, the final head and the
