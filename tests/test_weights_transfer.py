@@ -240,3 +240,37 @@ def test_head_from_another_host_fetched_verified_installed_and_a_bad_file_refuse
     cap = capsys.readouterr()
     err = " ".join((cap.out + cap.err).split())
     assert "model.safetensors was refused: its sha256 on arrival differs" in err
+
+
+def test_cycle_dry_run_plans_from_what_the_hosts_hold_and_writes_nothing(rent, tmp_path):
+    """``cycle rent0 --work rent1 --dry-run --json``: the plan's weights step is ``weights --dry-run``'s own copy
+    plan (bytes, seconds), production's restarts come from its (absent) records, bounded by its health gate, and
+    nothing is written on production (no journal, no lock). rent0 is made production here by an inventory that gives
+    it a ``process`` serving (the dry run reads; nothing serves)."""
+    hosts, inv, _ = rent
+    prod = hosts["rent0"].model_copy(update={"serving": hosts["rent0"].serving.model_validate(
+        {"kind": "process", "process_match": "standin_openai_server.py --port 18999", "port": 18999,
+         "served_model_name": "tiny", "health_timeout_s": 90})})
+    inv2 = tmp_path / "hosts.yaml"
+    inv2.write_text(fleet.inventory_yaml([prod, hosts["rent1"]]))
+    pipe = tmp_path / "pipeline.yaml"
+    pipe.write_text("target_model: /model\nprepare:\n  datasets: [regenerated/dataset.jsonl]\n  max_samples: 40\n"
+                    "  max_seq_len: 64\n")
+    wants = [r for r in _json_lines(_cli("weights", "rent1", "--from", "rent0", "-i", str(inv2), "--dry-run").stdout)
+             if "send_bytes" in r][0]
+    cli = _cli("cycle", "rent0", "--work", "rent1", "--run", "cyc", "--pipeline", str(pipe), "-i", str(inv2),
+               "--dry-run", "--json")
+    assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
+    plan = json.loads(cli.stdout[cli.stdout.index("{\n"):])
+    steps = {s["key"]: s for s in plan["steps"]}
+    assert steps["weights:rent1"]["send_bytes"] == wants["send_bytes"]
+    assert steps["weights:rent1"]["expected_s"] == (0.0 if wants["send_bytes"] == 0 else wants["estimate_s"])
+    assert steps["train"]["hosts"] == ["rent1"] and steps["acceptance"]["hosts"] == ["rent1"]
+    assert plan["production_serving"]["restart_bound_s"] == 90.0
+    assert [k for k, s in steps.items() if s["production_restarts_keep"]] == ["speculate"]
+    with Remote(prod) as r:
+        assert not r.run(hc.exists(f"{prod.state_dir}/cycles"), check=False).ok
+    # a work host that serves is refused before any host is read, naming the key
+    bad = _cli("cycle", "rent1", "--work", "rent0", "--run", "cyc", "--pipeline", str(pipe), "-i", str(inv2),
+               "--dry-run")
+    assert bad.returncode == 2 and "`hosts.rent1.serving` is none" in " ".join(bad.stderr.split())
