@@ -269,3 +269,29 @@ def test_head_below_the_acceptance_floor_ends_the_cycle_with_production_never_re
             assert res["outcome"] == "done" and rec.ran()[-2:] == ["speculate", "report"]
             done = [e for e in j.entries() if e["step"] == "acceptance" and e["event"] == "done"][0]
             assert done["mean_acceptance_length"] == pytest.approx(2.2, abs=0.05) and done["failed_requests"] == 0
+
+
+def test_roles_and_the_pipeline_are_checked_before_any_host_is_read(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from eagle3ops.cli import app
+
+    inv = tmp_path / "hosts.yaml"  # unreachable addresses: a check that read a host would fail otherwise
+    inv.write_text("hosts:\n" + "".join(
+        f"  {n}:\n    hostname: 192.0.2.{i}\n    data_dir: /d\n    state_dir: /s\n    model_path: /m\n    serving: "
+        + ("none\n" if n != "prod" else "{image: vllm/vllm-openai:v0.16.0, served_model_name: m}\n")
+        for i, n in enumerate(("prod", "w1"), 1)))
+    pipe = tmp_path / "pipeline.yaml"
+    pipe.write_text("target_model: /model\nprepare:\n  datasets: [builtin:sharegpt]\n")
+
+    def cycle(*args: str):
+        return CliRunner().invoke(app, ["cycle", *args, "--run", "r", "--pipeline", str(pipe), "-i", str(inv),
+                                        "--dry-run"], env={"COLUMNS": "300"})
+
+    res = cycle("w1", "--work", "prod")
+    assert res.exit_code == 2 and "`hosts.w1.serving` is none" in " ".join(res.output.split())
+    res = cycle("prod", "--work", "prod")
+    assert res.exit_code == 2 and "`hosts.prod.serving` runs a server" in " ".join(res.output.split())
+    res = cycle("prod", "--work", "w1")
+    assert res.exit_code == 2 and "`prepare.datasets` does not name regenerated/dataset.jsonl" in " ".join(
+        res.output.split())

@@ -101,7 +101,7 @@ def _argv_runner() -> Callable[[Any], dict[str, Any]]:
                     pass
         rc = proc.wait()
         if rc != 0:
-            raise StepFailed(f"`{' '.join(step.argv[1:4])} ...` exited {rc}", step.hosts)
+            raise StepFailed(f"`eagle3ops {' '.join(step.argv[3:5])} ...` exited {rc}", step.hosts)
         return {"rc": rc, **({k: last[k] for k in ("verdict", "live_release") if k in last})}
 
     return run
@@ -169,13 +169,13 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
         return
 
     def dataset_step(step: Any) -> dict[str, Any]:
-        from eagle3ops.speculate import reach
+        from contextlib import ExitStack
 
-        out = Path("regenerated") / f"{prod.name}-{run}"
-        for name in step.hosts:
-            with common.remote(inv.host(name)) as wr:
-                reach.upload(wr, run, out)
-        return {"hosts": list(step.hosts)}
+        from eagle3ops.speculate.cycle import copy_dataset
+
+        with ExitStack() as stack:
+            pr = stack.enter_context(common.remote(prod))
+            return copy_dataset(pr, [stack.enter_context(common.remote(inv.host(n))) for n in step.hosts], run)
 
     def acceptance_step(step: Any) -> dict[str, Any]:
         raise StepFailed(f"served acceptance on {step.hosts[0]} is not built yet: vLLM there with production's argv "

@@ -42,8 +42,8 @@ from eagle3ops.fleet.plan import FleetPlan
 from eagle3ops.speculate.restarts import RestartPlan
 
 __all__ = ["CycleEnded", "CycleError", "CycleFacts", "CycleJournal", "CycleLocked", "CycleOptions", "CyclePlan",
-           "CycleStep", "StepFailed", "WorkFacts", "acceptance_verdict", "cycle_dir", "measure_served", "plan_cycle",
-           "run_cycle"]
+           "CycleStep", "StepFailed", "WorkFacts", "acceptance_verdict", "copy_dataset", "cycle_dir", "measure_served",
+           "plan_cycle", "run_cycle"]
 
 #: The dataset regenerate writes, as ``prepare.datasets`` names it (relative to the run directory).
 REGENERATED = "regenerated/dataset.jsonl"
@@ -361,6 +361,50 @@ def measure_served(base_url: str, model: str, prompts: Sequence[str | Mapping[st
         raise CycleEnded(f"served mean acceptance length {verdict['mean_acceptance_length']:.2f} on {where} is below "
                          f"the floor {floor:g}: the head is not shipped and production is not restarted", verdict)
     return verdict
+
+
+def copy_dataset(src_r: Any, dst_rs: Sequence[Any], run: str) -> dict[str, Any]:
+    """The regenerated dataset and its manifest from production's run dir (where ``regenerate`` uploaded them: the
+    copy does not depend on the driver that regenerated) to each work host's, through this machine; the dataset's
+    sha256 checked against the manifest's ``dataset_sha256`` before it is sent and on each work host after.
+
+    Returns ``{"dataset_sha256", "bytes", "hosts"}``.
+
+    Raises:
+        StepFailed: production holds no regenerated dataset for ``run``, or one that differs from its manifest
+            (rerun regenerate), or a work host's copy differs after the write (rerun the cycle).
+    """
+    import hashlib
+    import tempfile
+
+    from eagle3ops.commands import weights as wc
+    from eagle3ops.speculate import reach
+    from eagle3ops.speculate.regenerate import DATASET, MANIFEST
+    from eagle3ops.transfer.weightsplan import parse_hashes
+
+    src = reach.host_paths(src_r, run)
+    data = src_r.run(hc.cat_if_exists(src["dataset"]), check=False).stdout or ""
+    man_text = src_r.run(hc.cat_if_exists(src["manifest"]), check=False).stdout or ""
+    try:
+        want = json.loads(man_text)["dataset_sha256"]
+    except (ValueError, KeyError, TypeError):
+        raise StepFailed(f"{src_r.host.name}: no regenerated dataset manifest at {src['manifest']} (or one without "
+                         f"dataset_sha256): the regenerate step did not finish; rerun the cycle", (src_r.host.name,))
+    body = data.encode("utf-8")
+    if hashlib.sha256(body).hexdigest() != want:
+        raise StepFailed(f"{src_r.host.name}:{src['dataset']} differs from its manifest's dataset_sha256: rerun "
+                         f"`eagle3ops regenerate {src_r.host.name} --run {run}` (answered conversations are kept)",
+                         (src_r.host.name,))
+    with tempfile.TemporaryDirectory(prefix="eagle3ops-cycle-") as d:
+        Path(d, DATASET).write_bytes(body)
+        Path(d, MANIFEST).write_text(man_text, encoding="utf-8")
+        for r in dst_rs:
+            dst = reach.upload(r, run, Path(d))
+            got = parse_hashes(r.run(wc.hash_files(dst["dir"], [DATASET]), check=False).stdout or "").get(DATASET)
+            if got != want:
+                raise StepFailed(f"{r.host.name}:{dst['dataset']}: sha256 {got} after the copy, not {want}; rerun the "
+                                 f"cycle", (r.host.name,))
+    return {"dataset_sha256": want, "bytes": len(body), "hosts": [r.host.name for r in dst_rs]}
 
 
 def cycle_dir(state_dir: str, run: str) -> str:
