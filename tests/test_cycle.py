@@ -27,6 +27,7 @@ from eagle3ops import executor
 from eagle3ops.fleet.plan import FleetHost, HostRates, plan_fleet
 from eagle3ops.config.inventory import FleetConfig
 from eagle3ops.speculate import cycle as cy
+from eagle3ops.speculate import cyclerun as cr
 from eagle3ops.speculate.restarts import restart_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,6 +84,25 @@ def test_plan_is_a_pure_value_from_the_recorded_facts() -> None:
     assert "bounded by the health gate's 600 s" in "\n".join(bare.lines())
 
 
+def test_regenerate_and_train_are_timed_by_what_the_hosts_recorded() -> None:
+    old = {"created": "2026-01-01T00:00:00Z", "answered_now": 10, "wall_s": 100.0, "settings": {"concurrency": 4}}
+    new = {"created": "2026-02-01T00:00:00Z", "answered_now": 20, "wall_s": 40.0, "settings": {"concurrency": 4}}
+    none_now = {"created": "2026-03-01T00:00:00Z", "answered_now": 0, "wall_s": 1.0}  # a rerun that answered nothing
+    trained = {"run": "old", "window_id": "w", "median_step_s": 0.5, "steps_this_run": 20, "wall_s": 30.0}
+    f = _facts()
+    timed = cy.CycleFacts(f.production, f.work, f.restarts, 1.3, f.extract, regenerate_todo=30,
+                          regenerate_recorded=(old, none_now, new), train_steps=100, train_recorded=trained)
+    plan = cy.plan_cycle(timed, _opts())
+    # the newest regenerate that answered some: 40 s / 20 conversations; 30 to send
+    assert plan.step("regenerate").expected_s == pytest.approx(30 * 2.0)
+    assert "30 conversations at 2.0 s each" in plan.step("regenerate").note
+    # 100 steps at the recorded median 0.5 s, plus that run's 30 - 20 x 0.5 = 20 s outside the steps
+    assert plan.step("train").expected_s == pytest.approx(20.0 + 100 * 0.5)
+    assert "assumed: the same batch size" in plan.step("train").note
+    assert cy.regenerate_estimate(0, ()) == (0.0, "every conversation answered already (resume log)")
+    assert cy.regenerate_estimate(5, (none_now,))[0] is None and cy.train_estimate(100, None)[0] is None
+
+
 def test_plan_leaves_a_dead_work_host_out_and_refuses_bad_roles() -> None:
     plan = cy.plan_cycle(_facts(dead=("w1",)), _opts())
     assert "weights:w1" not in [s.key for s in plan.steps]
@@ -132,35 +152,35 @@ def test_killed_driver_rerun_resumes_without_repeating_finished_steps(tmp_path: 
         pid = os.fork()
         if pid == 0:  # the driver, killed at step k
             try:
-                j = cy.CycleJournal(executor.local(), str(d / "cycle"))
+                j = cr.CycleJournal(executor.local(), str(d / "cycle"))
                 j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
-                cy.run_cycle(plan, j, _runners(rec), echo=lambda m: None)
+                cr.run_cycle(plan, j, _runners(rec), echo=lambda m: None)
             finally:
                 os._exit(3)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         assert rec.ran() == keys[:i + 1]
-        j = cy.CycleJournal(executor.local(), str(d / "cycle"))
+        j = cr.CycleJournal(executor.local(), str(d / "cycle"))
         assert j.read_holder()["pid"] == pid  # the dead driver's lock is still there
         taken = j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
         assert taken and f"pid {pid}" in taken and "that process is gone" in taken
         rec2 = _Recorder(d / "ran2.txt")
-        res = cy.run_cycle(plan, j, _runners(rec2), echo=lambda m: None)
+        res = cr.run_cycle(plan, j, _runners(rec2), echo=lambda m: None)
         assert rec2.ran() == keys[i:], f"killed at {k}"  # the killed step again, nothing finished before it
         assert res["outcome"] == "done" and [s for s, v in res["steps"].items() if v == "skipped"] == keys[:i]
         j.release()
         # a third run has nothing left to do
         rec3 = _Recorder(d / "ran3.txt")
-        assert set(cy.run_cycle(plan, j, _runners(rec3), echo=lambda m: None)["steps"].values()) == {"skipped"}
+        assert set(cr.run_cycle(plan, j, _runners(rec3), echo=lambda m: None)["steps"].values()) == {"skipped"}
         assert rec3.ran() == []
 
 
 def test_a_live_drivers_lock_is_refused(tmp_path: Path) -> None:
-    j = cy.CycleJournal(executor.local(), str(tmp_path / "cycle"))
+    j = cr.CycleJournal(executor.local(), str(tmp_path / "cycle"))
     assert j.acquire("eagle3ops cycle prod --work w1 --run r1") is None
     with pytest.raises(cy.CycleLocked, match=f"pid {os.getpid()}.*--take-over"):
-        cy.CycleJournal(executor.local(), str(tmp_path / "cycle")).acquire("again")
-    assert "--take-over" in cy.CycleJournal(executor.local(), str(tmp_path / "cycle")).acquire("x", take_over=True)
+        cr.CycleJournal(executor.local(), str(tmp_path / "cycle")).acquire("again")
+    assert "--take-over" in cr.CycleJournal(executor.local(), str(tmp_path / "cycle")).acquire("x", take_over=True)
 
 
 def _closed_port() -> int:
@@ -187,12 +207,12 @@ def test_dead_work_host_is_named_and_the_rerun_leaves_it_out(tmp_path: Path) -> 
 """)
     alive = cycle_cli._alive(load_inventory(inv_file))
     plan = cy.plan_cycle(_facts(), _opts())
-    j = cy.CycleJournal(executor.local(), str(tmp_path / "cycle"))
+    j = cr.CycleJournal(executor.local(), str(tmp_path / "cycle"))
     j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
     rec = _Recorder(tmp_path / "ran.txt", fail_at="weights:w2")
     t0 = time.monotonic()
     with pytest.raises(cy.CycleError) as err:
-        cy.run_cycle(plan, j, _runners(rec), alive=lambda h: h == "w1" or alive(h), echo=lambda m: None)
+        cr.run_cycle(plan, j, _runners(rec), alive=lambda h: h == "w1" or alive(h), echo=lambda m: None)
     assert time.monotonic() - t0 < 60
     msg = str(err.value)
     assert "w2 did not answer (work host)" in msg and "--dead w2" in msg and "not repeated" in msg
@@ -201,7 +221,7 @@ def test_dead_work_host_is_named_and_the_rerun_leaves_it_out(tmp_path: Path) -> 
     # the rerun with --dead w2: what finished is skipped, w2 is in no step, its shard goes to w1
     plan2 = cy.plan_cycle(_facts(dead=("w2",)), _opts())
     rec2 = _Recorder(tmp_path / "ran2.txt")
-    res = cy.run_cycle(plan2, j, _runners(rec2), echo=lambda m: None)
+    res = cr.run_cycle(plan2, j, _runners(rec2), echo=lambda m: None)
     assert rec2.ran() == ["extract", "train", "acceptance", "speculate", "report"]
     assert res["steps"]["weights:w1"] == "skipped" and "weights:w2" not in res["steps"]
 
@@ -245,16 +265,16 @@ def test_head_below_the_acceptance_floor_ends_the_cycle_with_production_never_re
         def run(step: cy.CycleStep) -> dict:
             with (tmp_path / f"ran-{url.rsplit(':', 1)[1]}.txt").open("a") as f:
                 f.write(step.key + "\n")
-            return cy.measure_served(url, "tiny", prompts, plan.acceptance_floor, where=step.hosts[0],
+            return cr.measure_served(url, "tiny", prompts, plan.acceptance_floor, where=step.hosts[0],
                                      max_tokens=16)
         return run
 
     for acceptance, ends in ((1.1, True), (2.2, False)):
         url = standin_server(acceptance)
         rec = _Recorder(tmp_path / f"ran-{acceptance}.txt")
-        j = cy.CycleJournal(executor.local(), str(tmp_path / f"cycle-{acceptance}"))
+        j = cr.CycleJournal(executor.local(), str(tmp_path / f"cycle-{acceptance}"))
         j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
-        res = cy.run_cycle(plan, j, {**_runners(rec), "acceptance": served(url)}, echo=lambda m: None)
+        res = cr.run_cycle(plan, j, {**_runners(rec), "acceptance": served(url)}, echo=lambda m: None)
         if ends:
             # production's only restarting step (speculate) never ran, nor anything after the acceptance
             assert res["outcome"] == "ended" and res["production_restarts"] == 0 and res["step"] == "acceptance"
@@ -263,7 +283,7 @@ def test_head_below_the_acceptance_floor_ends_the_cycle_with_production_never_re
             assert end["event"] == "ended" and "below the floor 1.3" in end["reason"]
             assert end["mean_acceptance_length"] == pytest.approx(1.1, abs=0.05) and end["passed"] is False
             # a rerun does not measure again nor reach production
-            again = cy.run_cycle(plan, j, _runners(rec), echo=lambda m: None)
+            again = cr.run_cycle(plan, j, _runners(rec), echo=lambda m: None)
             assert again["outcome"] == "ended" and rec.ran()[-1] == "train"
         else:  # a head above the floor goes on to production's speed gate
             assert res["outcome"] == "done" and rec.ran()[-2:] == ["speculate", "report"]

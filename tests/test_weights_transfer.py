@@ -321,5 +321,6 @@ def test_cycle_steps_journaled_on_production_over_ssh_and_a_rerun_skips_them(ren
     assert again.returncode == 1
     for step in ("regenerate", "dataset", "weights:rent1"):
         assert f"[cycle] {step}: done in an earlier run" in again.stdout
+    assert "every conversation answered already (resume log)" in again.stdout  # the plan reads regenerate's own
     assert [e["step"] for e in journal() if e["event"] == "start"] == [
         "regenerate", "dataset", "weights:rent1", "extract", "extract"]

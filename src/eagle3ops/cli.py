@@ -460,22 +460,13 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
     from eagle3ops.speculate import reach
     from eagle3ops.speculate import regenerate as rg
     from eagle3ops.speculate.prompts import GatePromptsError
+    from eagle3ops.speculate.regensource import select_items
     from eagle3ops.stages.chatdata import ChatDataError
 
     h = common.load_host(inventory, host)
-    extra: dict[str, Any] = {}
     try:
-        if dataset:
-            if truncated not in ("error", "keep-complete"):
-                raise rg.RegenerateError(f"--truncated {truncated}: must be error or keep-complete")
-            items, left_out = rg.items_from_dataset(dataset, truncated=truncated, max_turns=max_turns)
-            extra = {"prompt_source": [str(p) for p in dataset], "left_out": left_out}
-            if held_out is not None:
-                items, _held, extra["held_out"] = rg.split_held_out(items, held_out)
-            items = items[:limit] if limit else items
-        else:
-            he = rg.humaneval_train(limit)
-            items, extra = he.items, he.record
+        items, extra = select_items(dataset, truncated=truncated, max_turns=max_turns, held_out=held_out,
+                                       limit=limit)
         settings = rg.settings_for(h, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                    concurrency=concurrency)
         p = rg.plan(items, settings, out or Path("regenerated") / f"{host}-{run}", reasoning=reasoning,

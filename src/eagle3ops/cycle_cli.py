@@ -1,5 +1,6 @@
 """``eagle3ops cycle PRODUCTION --work W [--work W2...] --run RUN``: one cycle across roles, production touched last
-and least (:mod:`eagle3ops.speculate.cycle`), registered on the main typer app by :mod:`eagle3ops.cli`.
+and least (:mod:`eagle3ops.speculate.cycle`, :mod:`eagle3ops.speculate.cyclerun`), registered on the main typer app
+by :mod:`eagle3ops.cli`.
 
 Facts (reads only: production's recorded restarts and acceptance floor, each work host's weights copy plan, the
 work hosts' measured extract rates) → checks (work hosts have ``serving: none``; the pipeline trains on the
@@ -23,20 +24,41 @@ from eagle3ops.cli_common import DryRunOpt, InventoryOpt
 from eagle3ops.weights_cli import DEFAULT_LINK_MBIT
 
 
-def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], run: str, cfg: Any, link_mbit: float) -> Any:
+def _regenerate_todo(prod: Any, opts: Any) -> int:
+    """How many conversations regenerate will send: its own item selection and plan (the local resume log's answered
+    ones left out); exits 2 naming the dataset when it cannot be read."""
+    from eagle3ops.speculate import regenerate as rg
+    from eagle3ops.speculate.cycle import regen_out
+    from eagle3ops.speculate.prompts import GatePromptsError
+    from eagle3ops.speculate.regensource import select_items
+    from eagle3ops.stages.chatdata import ChatDataError
+
+    try:
+        items, _ = select_items(opts.datasets, truncated=opts.truncated, held_out=opts.held_out, limit=opts.limit)
+        return len(rg.plan(items, rg.settings_for(prod), regen_out(prod.name, opts.run)).todo)
+    except (rg.RegenerateError, ChatDataError, GatePromptsError) as exc:
+        common.fail(str(exc), 2)
+
+
+def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opts: Any) -> Any:
     """The plan's facts, read with dry-run executors (nothing on any host is changed before the lock)."""
-    from eagle3ops.fleet import driver
+    from eagle3ops.commands import cycle as cyc
+    from eagle3ops.fleet import driver, gather
     from eagle3ops.fleet.plan import FleetPlanError
     from eagle3ops.remote import RemoteError
     from eagle3ops.speculate.cycle import CycleFacts, WorkFacts
+    from eagle3ops.speculate.restarts import parse_results
     from eagle3ops.speculate.ship import plan_restarts
     from eagle3ops.transfer.weights import WeightsError, plan_weights
     from eagle3ops.transfer.weightsplan import WeightsPlanError
 
+    run, link_mbit = opts.run, opts.link_mbit
+    todo = _regenerate_todo(prod, opts)
     reader = lambda h: common.remote(h, dry_run=True)  # noqa: E731 - reads only
     work_facts = []
     with reader(prod) as pr:
         restarts = plan_restarts(pr)
+        regenerated = parse_results(pr.run(cyc.regenerated_manifests(prod.data_dir), check=False).stdout or "")
         for w in works:
             if w.name in dead:
                 work_facts.append(WorkFacts(w.name))
@@ -56,8 +78,11 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], run: str, cfg
         extract = driver.plan_hosts(inv, [w.name for w in works], run, cfg, reader=reader, dead=set(dead))
     except FleetPlanError as exc:
         note = f"no extract estimate: {exc}"
+    with reader(next(w for w in works if w.name not in dead)) as tr:
+        trained = gather.recorded_train(tr)
     return CycleFacts(prod.name, tuple(work_facts), restarts, float(prod.serving.acceptance_floor), extract, note,
-                      tuple(dead), float(prod.serving.health_timeout_s))
+                      tuple(dead), float(prod.serving.health_timeout_s), todo, tuple(regenerated), cfg.train.steps,
+                      trained)
 
 
 def _checks(prod: Any, works: list[Any], pipeline: Path) -> Any:
@@ -130,6 +155,7 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
                                              "answers (repeatable; default HumanEval's train split)."),
           held_out: Optional[float] = typer.Option(None, "--held-out", help="As regenerate's --held-out."),
           limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N conversations."),
+          truncated: str = typer.Option("error", "--truncated", help="As regenerate's --truncated."),
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config (its prepare.datasets "
                                         "names regenerated/dataset.jsonl)."),
           link_mbit: float = typer.Option(DEFAULT_LINK_MBIT, "--link-mbit", help="Link rate the weights estimate "
@@ -148,8 +174,8 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
     (below the floor: the cycle ends, production never restarted), then the head to production and the speed gate
     (production's only restarts). Journaled under a lock on production: a rerun skips finished steps."""
     from eagle3ops.config import ConfigError, load_inventory
-    from eagle3ops.speculate.cycle import (CycleError, CycleJournal, CycleOptions, StepFailed, cycle_dir, plan_cycle,
-                                           run_cycle)
+    from eagle3ops.speculate.cycle import CycleError, CycleOptions, StepFailed, plan_cycle
+    from eagle3ops.speculate.cyclerun import CycleJournal, cycle_dir, run_cycle
 
     if link_mbit <= 0:
         common.fail(f"--link-mbit {link_mbit}: give the link's rate in Mbit/s (a positive number)", 2)
@@ -159,9 +185,12 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
     except ConfigError as exc:
         common.fail(str(exc), 2)
     cfg = _checks(prod, works, pipeline)
-    opts = CycleOptions(run, inventory, pipeline, tuple(dataset), held_out, limit, link_mbit, prompts_file, merged)
+    opts = CycleOptions(run, inventory, pipeline, tuple(dataset), held_out, limit, link_mbit, prompts_file, merged,
+                        truncated)
+    if not set(dead) < {w.name for w in works}:
+        common.fail(f"--dead {', '.join(dead)}: name work hosts (given with --work), not all of them", 2)
     try:
-        plan = plan_cycle(_facts(inv, prod, works, list(dead), run, cfg, link_mbit), opts)
+        plan = plan_cycle(_facts(inv, prod, works, list(dead), cfg, opts), opts)
     except CycleError as exc:
         common.fail(str(exc), 2)
     print(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()), flush=True)
@@ -171,7 +200,7 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
     def dataset_step(step: Any) -> dict[str, Any]:
         from contextlib import ExitStack
 
-        from eagle3ops.speculate.cycle import copy_dataset
+        from eagle3ops.speculate.cyclerun import copy_dataset
 
         with ExitStack() as stack:
             pr = stack.enter_context(common.remote(prod))

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from eagle3ops.commands.types import Change
+from eagle3ops.commands.types import Change, Read
 
-__all__ = ["eagle3ops", "extract", "regenerate", "report", "speculate", "train", "weights"]
+__all__ = ["eagle3ops", "extract", "regenerate", "regenerated_manifests", "report", "speculate", "train", "weights"]
 
 
 def eagle3ops(words: Sequence[str], inventory: Path | str, python: str | None = None) -> Change:
@@ -24,9 +24,11 @@ def eagle3ops(words: Sequence[str], inventory: Path | str, python: str | None = 
 
 
 def regenerate(production: str, run: str, inventory: Path | str, datasets: Sequence[Path | str], *,
-               held_out: float | None = None, limit: int | None = None, out: Path | str | None = None) -> Change:
-    """``regenerate PRODUCTION --run RUN --dataset D...`` (answers on production's live serving; no restart)."""
-    words = ["regenerate", production, "--run", run]
+               held_out: float | None = None, limit: int | None = None, out: Path | str | None = None,
+               truncated: str = "error") -> Change:
+    """``regenerate PRODUCTION --run RUN --dataset D... --truncated T`` (answers on production's live serving; no
+    restart)."""
+    words = ["regenerate", production, "--run", run, "--truncated", truncated]
     for d in datasets:
         words += ["--dataset", str(d)]
     if held_out is not None:
@@ -77,3 +79,10 @@ def speculate(production: str, run: str, head_host: str, inventory: Path | str,
 def report(production: str, run: str, inventory: Path | str) -> Change:
     """``report PRODUCTION --run RUN`` (reads only; written locally)."""
     return eagle3ops(["report", production, "--run", run], inventory)
+
+
+def regenerated_manifests(data_dir: str) -> Read:
+    """Every run's ``regenerated/dataset.manifest.json`` under ``<data_dir>/runs``, concatenated (the regenerate
+    rates this host recorded; parsed by :func:`eagle3ops.speculate.restarts.parse_results`)."""
+    return Read(["find", f"{data_dir}/runs", "-mindepth", "3", "-maxdepth", "3", "-type", "f", "-path",
+                 "*/regenerated/dataset.manifest.json", "-exec", "cat", "{}", "+"])
