@@ -282,11 +282,13 @@ def test_head_below_the_acceptance_floor_ends_the_cycle_with_production_never_re
             end = j.entries()[-1]
             assert end["event"] == "ended" and "below the floor 1.3" in end["reason"]
             assert end["mean_acceptance_length"] == pytest.approx(1.1, abs=0.05) and end["passed"] is False
+            assert res["figures"]["acceptance"]["passed"] is False and res["figures"]["train"] == {"ran": "train"}
             # a rerun does not measure again nor reach production
             again = cr.run_cycle(plan, j, _runners(rec), echo=lambda m: None)
             assert again["outcome"] == "ended" and rec.ran()[-1] == "train"
         else:  # a head above the floor goes on to production's speed gate
             assert res["outcome"] == "done" and rec.ran()[-2:] == ["speculate", "report"]
+            assert res["figures"]["acceptance"]["mean_acceptance_length"] == pytest.approx(2.2, abs=0.05)
             done = [e for e in j.entries() if e["step"] == "acceptance" and e["event"] == "done"][0]
             assert done["mean_acceptance_length"] == pytest.approx(2.2, abs=0.05) and done["failed_requests"] == 0
 

@@ -227,4 +227,7 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
             journal.release()
             common.fail(str(exc))
         journal.release()
-    print(json.dumps({"run": run, **res, "production_serving": plan.production_figures()}))
+    acc = res["figures"].get("acceptance") or {}
+    print(json.dumps({"run": run, **res, "production_serving": plan.production_figures(),
+                      "work_host_acceptance": acc.get("mean_acceptance_length"),
+                      "verdict": (res["figures"].get("speculate") or {}).get("verdict")}))

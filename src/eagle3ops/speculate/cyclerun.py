@@ -239,8 +239,9 @@ def run_cycle(plan: CyclePlan, journal: CycleJournal, runners: Mapping[str, Runn
     finished shards and stages are kept). ``runners[step.kind](step)`` does a step and returns figures for the
     journal.
 
-    Returns ``{"outcome": "done"|"ended", "steps": {key: "done"|"skipped"|"ended"}, ...}``; ``ended`` (a head below
-    the acceptance floor) carries ``reason`` and ``production_restarts: 0`` — no later step runs.
+    Returns ``{"outcome": "done"|"ended", "steps": {key: "done"|"skipped"|"ended"}, "figures": {key: the figures
+    its runner returned, this run's or the journal's}, ...}``; ``ended`` (a head below the acceptance floor) carries
+    ``reason`` and ``production_restarts: 0`` — no later step runs.
 
     Raises:
         CycleError: a step failed; journaled ``failed`` with the hosts of the step that do not answer
@@ -248,15 +249,16 @@ def run_cycle(plan: CyclePlan, journal: CycleJournal, runners: Mapping[str, Runn
     """
     done = journal.finished()
     steps: dict[str, str] = {}
+    figs: dict[str, dict[str, Any]] = {}
     for s in plan.steps:
         prior = done.get(s.key)
         if prior and prior.get("event") == "ended":
             echo(f"{s.key}: the cycle ended here in an earlier run ({prior.get('reason')}); nothing more to do")
             return {"outcome": "ended", "step": s.key, "reason": prior.get("reason"), "steps": steps,
-                    "production_restarts": 0}
+                    "figures": {**figs, s.key: _figures(prior)}, "production_restarts": 0}
         if prior:
             echo(f"{s.key}: done in an earlier run ({prior.get('t')}), skipped")
-            steps[s.key] = "skipped"
+            steps[s.key], figs[s.key] = "skipped", _figures(prior)
             continue
         echo(f"{s.key} on {', '.join(s.hosts)}")
         journal.record(s.key, "start", hosts=list(s.hosts))
@@ -265,8 +267,8 @@ def run_cycle(plan: CyclePlan, journal: CycleJournal, runners: Mapping[str, Runn
         except CycleEnded as end:
             journal.record(s.key, "ended", reason=end.reason, **end.figures)
             steps[s.key] = "ended"
-            return {"outcome": "ended", "step": s.key, "reason": end.reason, "figures": end.figures,
-                    "steps": steps, "production_restarts": 0}
+            return {"outcome": "ended", "step": s.key, "reason": end.reason, "steps": steps,
+                    "figures": {**figs, s.key: end.figures}, "production_restarts": 0}
         except Exception as exc:
             dead = [h for h in s.hosts if not alive(h)]
             journal.record(s.key, "failed", error=str(exc), dead_hosts=dead)
@@ -280,5 +282,10 @@ def run_cycle(plan: CyclePlan, journal: CycleJournal, runners: Mapping[str, Runn
             raise CycleError(f"step {s.key} on {', '.join(s.hosts)} failed: {exc}; rerun the same command to "
                              f"resume (finished steps are not repeated)") from exc
         journal.record(s.key, "done", **figures)
-        steps[s.key] = "done"
-    return {"outcome": "done", "steps": steps}
+        steps[s.key], figs[s.key] = "done", figures
+    return {"outcome": "done", "steps": steps, "figures": figs}
+
+
+def _figures(event: Mapping[str, Any]) -> dict[str, Any]:
+    """A journal event's figures (without its time, step and event)."""
+    return {k: v for k, v in event.items() if k not in ("t", "step", "event")}
