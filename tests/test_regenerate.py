@@ -16,6 +16,7 @@ import pytest
 from eagle3ops.speculate import reach
 from eagle3ops.speculate import regenerate as rg
 from eagle3ops.speculate.prompts import Prompt
+from eagle3ops.speculate.regensource import humaneval_train
 
 PROMPTS = [Prompt(f"P/{i}", f"def f{i}(x):\n    \"\"\"return x + {i}\"\"\"\n") for i in range(5)]
 
@@ -181,13 +182,13 @@ def test_prepare_trains_on_the_answers_and_carries_the_generation_manifest(tmp_p
 def test_humaneval_training_prompts_are_the_complement_of_the_gate_split():
     from eagle3ops.speculate.ship import gate_prompts
 
-    he = rg.humaneval_train(None)
+    he = humaneval_train(None)
     gate = {p.id for p in gate_prompts(1000)}
     train = {i.id for i in he.items}
     assert train and gate and not train & gate and len(train | gate) == 164
     assert he.record["disjointness"]["overlap"] == [] and he.record["disjointness"]["gate_prompts"] == len(gate)
     assert he.record["train_ids"] == [i.id for i in he.items]
-    assert len(rg.humaneval_train(4).items) == 4
+    assert len(humaneval_train(4).items) == 4
 
 
 def test_the_api_key_comes_from_the_serving_container_and_never_from_argv():
@@ -220,7 +221,7 @@ def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_
 
     h, _dep = deployed
     run = "test-regenerate"
-    he = rg.humaneval_train(4)
+    he = humaneval_train(4)
     settings = rg.settings_for(h, max_tokens=16, concurrency=2)
     mans = {}
     with Remote(h) as r:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from eagle3ops.speculate import prompts as pr
-from eagle3ops.speculate.regenerate import write_humaneval_train_corpus
+from eagle3ops.speculate.regensource import write_humaneval_train_corpus
 from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops_dev.tinytrained import TrainedTargetError, load_corpus
 

@@ -240,3 +240,87 @@ def test_head_from_another_host_fetched_verified_installed_and_a_bad_file_refuse
     cap = capsys.readouterr()
     err = " ".join((cap.out + cap.err).split())
     assert "model.safetensors was refused: its sha256 on arrival differs" in err
+
+
+def test_cycle_dry_run_plans_from_what_the_hosts_hold_and_writes_nothing(rent, tmp_path):
+    """``cycle rent0 --work rent1 --dry-run --json``: the plan's weights step is ``weights --dry-run``'s own copy
+    plan (bytes, seconds), production's restarts come from its (absent) records, bounded by its health gate, and
+    nothing is written on production (no journal, no lock). rent0 is made production here by an inventory that gives
+    it a ``process`` serving (the dry run reads; nothing serves)."""
+    hosts, inv, _ = rent
+    prod = hosts["rent0"].model_copy(update={"serving": hosts["rent0"].serving.model_validate(
+        {"kind": "process", "process_match": "standin_openai_server.py --port 18999", "port": 18999,
+         "served_model_name": "tiny", "health_timeout_s": 90})})
+    inv2 = tmp_path / "hosts.yaml"
+    inv2.write_text(fleet.inventory_yaml([prod, hosts["rent1"]]))
+    pipe = tmp_path / "pipeline.yaml"
+    pipe.write_text("target_model: /model\nprepare:\n  datasets: [regenerated/dataset.jsonl]\n  max_samples: 40\n"
+                    "  max_seq_len: 64\n")
+    wants = [r for r in _json_lines(_cli("weights", "rent1", "--from", "rent0", "-i", str(inv2), "--dry-run").stdout)
+             if "send_bytes" in r][0]
+    cli = _cli("cycle", "rent0", "--work", "rent1", "--run", "cyc", "--pipeline", str(pipe), "-i", str(inv2),
+               "--dry-run", "--json")
+    assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
+    plan = json.loads(cli.stdout[cli.stdout.index("{\n"):])
+    steps = {s["key"]: s for s in plan["steps"]}
+    assert steps["weights:rent1"]["send_bytes"] == wants["send_bytes"]
+    assert steps["weights:rent1"]["expected_s"] == (0.0 if wants["send_bytes"] == 0 else wants["estimate_s"])
+    assert steps["train"]["hosts"] == ["rent1"] and steps["acceptance"]["hosts"] == ["rent1"]
+    assert plan["production_serving"]["restart_bound_s"] == 90.0
+    assert [k for k, s in steps.items() if s["production_restarts_keep"]] == ["speculate"]
+    with Remote(prod) as r:
+        assert not r.run(hc.exists(f"{prod.state_dir}/cycles"), check=False).ok
+
+
+def test_cycle_steps_journaled_on_production_over_ssh_and_a_rerun_skips_them(rent, tmp_path):
+    """``cycle rent0 --work rent1`` for real, up to the first step these hosts cannot do: regenerate answers on
+    rent0's serving (the STAND-IN OpenAI server, NOT vLLM, as a ``process`` serving), the dataset is copied to rent1
+    (sha256 checked), the weights are copied or found there, and extract fails (rent1 has no pipeline environment).
+    The journal and lock are on rent0; the lock is given back; a rerun skips the three finished steps."""
+    hosts, _, nodes = rent
+    port = 18998
+    prod = hosts["rent0"].model_copy(update={"serving": hosts["rent0"].serving.model_validate(
+        {"kind": "process", "process_match": f"standin_openai_server.py --port {port}", "port": port,
+         "served_model_name": "tiny", "health_timeout_s": 90})})
+    fleet.start_standin_server(prod, nodes[0], REPO / "tests/data/standin_openai_server.py", port=port, model="tiny",
+                               extra=["--bind", "0.0.0.0"])  # answers the driver at the node's address
+    inv2 = tmp_path / "hosts.yaml"
+    inv2.write_text(fleet.inventory_yaml([prod, hosts["rent1"]]))
+    pipe = tmp_path / "pipeline.yaml"
+    pipe.write_text("target_model: /model\nprepare:\n  datasets: [regenerated/dataset.jsonl]\n  max_samples: 4\n")
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"question {i}"},
+                                                                      {"role": "assistant", "content": "a"}]}) + "\n"
+                             for i in range(3)))
+    argv = [sys.executable, "-m", "eagle3ops", "cycle", "rent0", "--work", "rent1", "--run", "cyc", "--dataset",
+            str(chats), "--pipeline", str(pipe), "-i", str(inv2)]
+
+    def journal() -> list[dict]:
+        with Remote(prod) as r:
+            out = r.run(hc.cat_if_exists(f"{prod.state_dir}/cycles/cyc/journal.jsonl"), check=False).stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, cwd=tmp_path)
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
+    err = " ".join(first.stderr.split())
+    assert "step extract on rent1 failed" in err, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "finished steps are not repeated" in err
+    events = [(e["step"], e["event"]) for e in journal()]
+    assert events == [("regenerate", "start"), ("regenerate", "done"), ("dataset", "start"), ("dataset", "done"),
+                      ("weights:rent1", "start"), ("weights:rent1", "done"), ("extract", "start"),
+                      ("extract", "failed")]
+    copied = [e for e in journal() if e["step"] == "dataset" and e["event"] == "done"][0]
+    rows = (tmp_path / "regenerated/rent0-cyc/dataset.jsonl").read_bytes()
+    assert copied["dataset_sha256"] == hashlib.sha256(rows).hexdigest() and rows.count(b"\n") == 3
+    assert _hashes(hosts["rent1"], f"{hosts['rent1'].data_dir}/runs/cyc/regenerated", ["dataset.jsonl"]) == {
+        "dataset.jsonl": copied["dataset_sha256"]}
+    with Remote(prod) as r:
+        assert not r.run(hc.exists(f"{prod.state_dir}/cycles/cyc/lock"), check=False).ok  # given back
+
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, cwd=tmp_path)
+    assert again.returncode == 1
+    for step in ("regenerate", "dataset", "weights:rent1"):
+        assert f"[cycle] {step}: done in an earlier run" in again.stdout
+    assert "every conversation answered already (resume log)" in again.stdout  # the plan reads regenerate's own
+    assert [e["step"] for e in journal() if e["event"] == "start"] == [
+        "regenerate", "dataset", "weights:rent1", "extract", "extract"]

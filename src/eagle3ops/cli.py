@@ -20,13 +20,13 @@ from eagle3ops import cli_common as common
 from eagle3ops.cli_common import DryRunOpt, InventoryOpt
 from eagle3ops.config import HostConfig
 from eagle3ops.config_cli import app as config_app
-from eagle3ops.console import print_event, summary
+from eagle3ops.console import print_event, speculate_result, summary
 from eagle3ops.image_cli import app as image_app
 from eagle3ops.lock_cli import app as lock_app
 from eagle3ops.patches.cli import app as patch_app
 from eagle3ops.stages.cli import app as stage_app
 from eagle3ops.watch_cli import watch_command
-from eagle3ops import fleet_cli, weights_cli
+from eagle3ops import cycle_cli, fleet_cli, weights_cli
 
 console = common.console
 app = typer.Typer(no_args_is_help=True, help="Train and ship an EAGLE-3 draft head for a model served with vLLM.")
@@ -303,8 +303,6 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
             common.fail(str(exc))
     if dry_run:
         return
-    from eagle3ops.console import speculate_result
-
     speculate_result(console, res)
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
 
@@ -462,22 +460,13 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
     from eagle3ops.speculate import reach
     from eagle3ops.speculate import regenerate as rg
     from eagle3ops.speculate.prompts import GatePromptsError
+    from eagle3ops.speculate.regensource import select_items
     from eagle3ops.stages.chatdata import ChatDataError
 
     h = common.load_host(inventory, host)
-    extra: dict[str, Any] = {}
     try:
-        if dataset:
-            if truncated not in ("error", "keep-complete"):
-                raise rg.RegenerateError(f"--truncated {truncated}: must be error or keep-complete")
-            items, left_out = rg.items_from_dataset(dataset, truncated=truncated, max_turns=max_turns)
-            extra = {"prompt_source": [str(p) for p in dataset], "left_out": left_out}
-            if held_out is not None:
-                items, _held, extra["held_out"] = rg.split_held_out(items, held_out)
-            items = items[:limit] if limit else items
-        else:
-            he = rg.humaneval_train(limit)
-            items, extra = he.items, he.record
+        items, extra = select_items(dataset, truncated=truncated, max_turns=max_turns, held_out=held_out,
+                                       limit=limit)
         settings = rg.settings_for(h, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                    concurrency=concurrency)
         p = rg.plan(items, settings, out or Path("regenerated") / f"{host}-{run}", reasoning=reasoning,
@@ -557,6 +546,7 @@ _register_probe()
 app.command("watch")(watch_command)
 app.command("render")(fleet_cli.render)
 app.command("weights")(weights_cli.weights)
+app.command("cycle")(cycle_cli.cycle)
 
 
 def main() -> None:
@@ -586,7 +576,7 @@ def main() -> None:
 
 #: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
 HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
-                 "probe", "verify", "watch", "weights"}
+                 "probe", "verify", "watch", "weights", "cycle"}
 
 
 def _changes_a_host(args: list[str]) -> bool:

@@ -25,7 +25,7 @@ import pwd
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from eagle3ops_dev import provision, sandbox
 from eagle3ops_dev.sandbox.proc import run_checked
@@ -178,10 +178,11 @@ def make_dirs(h: Any) -> None:
               stdin=json.dumps({"hidden_size": 64, "intermediate_size": 256, "vocab_size": 512}))
 
 
-def start_standin_server(h: Any, node: Node, script: Path, *, port: int, model: str) -> Path:
+def start_standin_server(h: Any, node: Node, script: Path, *, port: int, model: str, extra: Sequence[str] = ()
+                         ) -> Path:
     """Start the STAND-IN OpenAI server ``script`` on ``node`` as its serving process (over SSH, so it runs inside the
-    node's namespace, detached in its own session, in a work dir of the sandbox owned by its user); returns the work
-    dir. The host's dirs are made first (:func:`make_dirs`).
+    node's namespace, detached in its own session, in a work dir of the sandbox owned by its user), ``extra``
+    appended to its arguments; returns the work dir. The host's dirs are made first (:func:`make_dirs`).
 
     Raises:
         RemoteError: a command on the host failed.
@@ -198,5 +199,5 @@ def start_standin_server(h: Any, node: Node, script: Path, *, port: int, model: 
     make_dirs(h)
     with for_host(h) as r:
         r.run(provision.detached(["/usr/bin/python3", str(work / script.name), "--port", str(port), "--model",
-                                  model], cwd=str(work), log=str(work / "first.log")))
+                                  model, *extra], cwd=str(work), log=str(work / "first.log")))
     return work

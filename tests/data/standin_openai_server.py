@@ -48,6 +48,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--bind", default="127.0.0.1", help="address to listen on (0.0.0.0: reachable from outside, as "
+                    "production serving may be)")
     ap.add_argument("--label", default="", help="harmless: only printed (release tests change it)")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--token-ms", type=float, default=2.0, help="milliseconds between streamed tokens")
@@ -224,7 +226,7 @@ def main() -> None:
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
+    ThreadingHTTPServer((args.bind, args.port), Handler).serve_forever()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
   ``--run-dir /data/runs/<run>``), and that run's ``extract/manifest.json`` (a fleet shard's window, ``--shard S:E``:
   ``extract/shards/S-E.json``) → :func:`eagle3ops.fleet.plan.rates_from`.
 - :func:`prepared_counts`: the run's prepare manifest on a host (samples and tokens) when prepare has run there.
+- :func:`recorded_train`: the newest train window's run and its ``train/manifest.json`` step figures (the cycle's
+  train estimate).
 """
 
 from __future__ import annotations
@@ -85,3 +87,19 @@ def prepared_counts(r: Any, run: str) -> tuple[int, int] | None:
     if not m or m.get("stage") != "prepare" or "samples" not in m or "tokens" not in m:
         return None
     return int(m["samples"]), int(m["tokens"])
+
+
+def recorded_train(r: Any) -> dict[str, Any] | None:
+    """The step figures of the host's newest train window whose run's train manifest has them: ``{"window_id",
+    "run", "median_step_s", "steps_this_run", "wall_s"}`` (seconds), or None (never trained here)."""
+    state = r.host.state_dir
+    names = sorted((n for n in r.run(hc.ls(f"{state}/windows"), check=False).stdout.split() if "-train-" in n),
+                   reverse=True)
+    for wid in names[:LOOKBACK]:
+        plan = _json(r, f"{state}/windows/{wid}/plan.json")
+        run = _run_of(plan, r.host.data_dir) if plan else None
+        m = _json(r, f"{r.host.data_dir}/runs/{run}/train/manifest.json") if run else None
+        fig = {k: (m or {}).get(k) for k in ("median_step_s", "steps_this_run", "wall_s")}
+        if all(isinstance(v, (int, float)) and v > 0 for v in fig.values()):
+            return {"window_id": wid, "run": run, **fig}
+    return None

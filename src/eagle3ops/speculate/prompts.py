@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: Share of HumanEval's ids in the gate split (by id, :func:`split_by_id`); the rest is the train split that
-#: ``regenerate`` may answer (:func:`eagle3ops.speculate.regenerate.humaneval_train`).
+#: ``regenerate`` may answer (:func:`eagle3ops.speculate.regensource.humaneval_train`).
 GATE_FRACTION = 0.25
 
 

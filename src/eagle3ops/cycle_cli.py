@@ -1,0 +1,233 @@
+"""``eagle3ops cycle PRODUCTION --work W [--work W2...] --run RUN``: one cycle across roles, production touched last
+and least (:mod:`eagle3ops.speculate.cycle`, :mod:`eagle3ops.speculate.cyclerun`), registered on the main typer app
+by :mod:`eagle3ops.cli`.
+
+Facts (reads only: production's recorded restarts and acceptance floor, each work host's weights copy plan, the
+work hosts' measured extract rates) → checks (work hosts have ``serving: none``; the pipeline trains on the
+regenerated dataset) → the plan printed (``--dry-run`` stops there; ``--json`` prints it as JSON) → under the
+cycle's lock on production, the steps, each journaled; every step an existing command does is that command, run as
+a child process (:mod:`eagle3ops.commands.cycle`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from eagle3ops import cli_common as common
+from eagle3ops.cli_common import DryRunOpt, InventoryOpt
+from eagle3ops.weights_cli import DEFAULT_LINK_MBIT
+
+
+def _regenerate_todo(prod: Any, opts: Any) -> int:
+    """How many conversations regenerate will send: its own item selection and plan (the local resume log's answered
+    ones left out); exits 2 naming the dataset when it cannot be read."""
+    from eagle3ops.speculate import regenerate as rg
+    from eagle3ops.speculate.cycle import regen_out
+    from eagle3ops.speculate.prompts import GatePromptsError
+    from eagle3ops.speculate.regensource import select_items
+    from eagle3ops.stages.chatdata import ChatDataError
+
+    try:
+        items, _ = select_items(opts.datasets, truncated=opts.truncated, held_out=opts.held_out, limit=opts.limit)
+        return len(rg.plan(items, rg.settings_for(prod), regen_out(prod.name, opts.run)).todo)
+    except (rg.RegenerateError, ChatDataError, GatePromptsError) as exc:
+        common.fail(str(exc), 2)
+
+
+def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opts: Any) -> Any:
+    """The plan's facts, read with dry-run executors (nothing on any host is changed before the lock)."""
+    from eagle3ops.commands import cycle as cyc
+    from eagle3ops.fleet import driver, gather
+    from eagle3ops.fleet.plan import FleetPlanError
+    from eagle3ops.remote import RemoteError
+    from eagle3ops.speculate.cycle import CycleFacts, WorkFacts
+    from eagle3ops.speculate.restarts import parse_results
+    from eagle3ops.speculate.ship import plan_restarts
+    from eagle3ops.transfer.weights import WeightsError, plan_weights
+    from eagle3ops.transfer.weightsplan import WeightsPlanError
+
+    run, link_mbit = opts.run, opts.link_mbit
+    todo = _regenerate_todo(prod, opts)
+    reader = lambda h: common.remote(h, dry_run=True)  # noqa: E731 - reads only
+    work_facts = []
+    with reader(prod) as pr:
+        restarts = plan_restarts(pr)
+        regenerated = parse_results(pr.run(cyc.regenerated_manifests(prod.data_dir), check=False).stdout or "")
+        for w in works:
+            if w.name in dead:
+                work_facts.append(WorkFacts(w.name))
+                continue
+            try:
+                with reader(w) as wr:
+                    plan, _ = plan_weights(pr, wr, link_mbit * 1e6 / 8)
+                work_facts.append(WorkFacts(w.name, plan.send_bytes, sum(1 for s in plan.steps if s.send),
+                                            plan.estimate_s))
+            except RemoteError as exc:
+                common.fail(f"work host {w.name} did not answer ({exc}): rerun with --dead {w.name} to leave it out "
+                            f"(its shard moves to another work host), or once it is back")
+            except (WeightsError, WeightsPlanError) as exc:
+                common.fail(f"weights for work host {w.name}: {exc}")
+    extract, note = None, None
+    try:
+        extract = driver.plan_hosts(inv, [w.name for w in works], run, cfg, reader=reader, dead=set(dead))
+    except FleetPlanError as exc:
+        note = f"no extract estimate: {exc}"
+    with reader(next(w for w in works if w.name not in dead)) as tr:
+        trained = gather.recorded_train(tr)
+    return CycleFacts(prod.name, tuple(work_facts), restarts, float(prod.serving.acceptance_floor), extract, note,
+                      tuple(dead), float(prod.serving.health_timeout_s), todo, tuple(regenerated), cfg.train.steps,
+                      trained)
+
+
+def _checks(prod: Any, works: list[Any], pipeline: Path) -> Any:
+    """The pipeline config parsed, after the checks that need no host; exits 2 naming the key and the fix."""
+    from eagle3ops.config.pipeline import PipelineConfigError, parse_pipeline_config
+    from eagle3ops.speculate.cycle import REGENERATED
+
+    if not prod.serving.managed:
+        common.fail(f"{prod.name}: `hosts.{prod.name}.serving` is none: production is the host that serves the "
+                    f"target (name it first; work hosts go after --work)", 2)
+    for w in works:
+        if w.serving.managed:
+            common.fail(f"work host {w.name}: `hosts.{w.name}.serving` runs a server, so its extract and train "
+                        f"windows would stop it; a work host has `serving: none` (set it, or name another host)", 2)
+    try:
+        cfg = parse_pipeline_config(common.read_pipeline(pipeline), pipeline)
+    except PipelineConfigError as exc:
+        common.fail(str(exc), 2)
+    if REGENERATED not in cfg.prepare.datasets:
+        common.fail(f"{pipeline}: `prepare.datasets` does not name {REGENERATED}: the cycle trains on production's "
+                    f"own answers; add it to prepare.datasets", 2)
+    return cfg
+
+
+def _argv_runner() -> Callable[[Any], dict[str, Any]]:
+    """Runs a step's command as a child process, its output passed through; the figures are its last JSON line."""
+    from eagle3ops import executor
+    from eagle3ops.commands.types import Change
+    from eagle3ops.speculate.cycle import StepFailed
+
+    def run(step: Any) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+        proc = executor.local().popen(Change(list(step.argv)), stdout=subprocess.PIPE, text=True, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            if line.startswith("{"):
+                try:
+                    last = json.loads(line)
+                except ValueError:
+                    pass
+        rc = proc.wait()
+        if rc != 0:
+            raise StepFailed(f"`eagle3ops {' '.join(step.argv[3:5])} ...` exited {rc}", step.hosts)
+        return {"rc": rc, **({k: last[k] for k in ("verdict", "live_release") if k in last})}
+
+    return run
+
+
+def _alive(inv: Any) -> Callable[[str], bool]:
+    """Whether an inventory host answers over SSH (a short read)."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.remote import RemoteError
+
+    def alive(name: str) -> bool:
+        try:
+            with common.remote(inv.host(name)) as r:
+                return r.run(hc.quiet_shell_probe(), check=False, timeout=30).ok
+        except (RemoteError, OSError):
+            return False
+
+    return alive
+
+
+def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The host serving the target."),
+          work: list[str] = typer.Option(..., "--work", help="A work host (`serving: none`) that copies the weights, "
+                                         "extracts and trains (repeatable: the extract is sharded over them)."),
+          run: str = typer.Option(..., "--run", help="Pipeline run name (data_dir/runs/NAME on every host)."),
+          dataset: list[Path] = typer.Option([], "--dataset", help="Conversations whose user turns production "
+                                             "answers (repeatable; default HumanEval's train split)."),
+          held_out: Optional[float] = typer.Option(None, "--held-out", help="As regenerate's --held-out."),
+          limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N conversations."),
+          truncated: str = typer.Option("error", "--truncated", help="As regenerate's --truncated."),
+          pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config (its prepare.datasets "
+                                        "names regenerated/dataset.jsonl)."),
+          link_mbit: float = typer.Option(DEFAULT_LINK_MBIT, "--link-mbit", help="Link rate the weights estimate "
+                                          "assumes, Mbit/s."),
+          prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="The gate's chat set (speculate "
+                                                      "--prompts-file; HumanEval's gate split beside it)."),
+          merged: Optional[Path] = typer.Option(None, "--merged", help="Several work hosts: the merged manifest."),
+          dead: list[str] = typer.Option([], "--dead", help="A work host that is gone (repeatable): left out, its "
+                                         "shard moved to another."),
+          take_over: bool = typer.Option(False, "--take-over", help="Take the cycle's lock from a driver on another "
+                                         "machine known to be dead."),
+          as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+          inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+    """One training cycle with production touched last and least: regenerate on production's live serving, weights
+    to the work hosts, extract and train there (no window anywhere), the head's acceptance served on a work host
+    (below the floor: the cycle ends, production never restarted), then the head to production and the speed gate
+    (production's only restarts). Journaled under a lock on production: a rerun skips finished steps."""
+    from eagle3ops.config import ConfigError, load_inventory
+    from eagle3ops.speculate.cycle import CycleError, CycleOptions, StepFailed, plan_cycle
+    from eagle3ops.speculate.cyclerun import CycleJournal, cycle_dir, run_cycle
+
+    if link_mbit <= 0:
+        common.fail(f"--link-mbit {link_mbit}: give the link's rate in Mbit/s (a positive number)", 2)
+    try:
+        inv = load_inventory(inventory)
+        prod, works = inv.host(production), [inv.host(w) for w in dict.fromkeys(work)]
+    except ConfigError as exc:
+        common.fail(str(exc), 2)
+    cfg = _checks(prod, works, pipeline)
+    opts = CycleOptions(run, inventory, pipeline, tuple(dataset), held_out, limit, link_mbit, prompts_file, merged,
+                        truncated)
+    if not set(dead) < {w.name for w in works}:
+        common.fail(f"--dead {', '.join(dead)}: name work hosts (given with --work), not all of them", 2)
+    try:
+        plan = plan_cycle(_facts(inv, prod, works, list(dead), cfg, opts), opts)
+    except CycleError as exc:
+        common.fail(str(exc), 2)
+    print(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()), flush=True)
+    if dry_run:
+        return
+
+    def dataset_step(step: Any) -> dict[str, Any]:
+        from contextlib import ExitStack
+
+        from eagle3ops.speculate.cyclerun import copy_dataset
+
+        with ExitStack() as stack:
+            pr = stack.enter_context(common.remote(prod))
+            return copy_dataset(pr, [stack.enter_context(common.remote(inv.host(n))) for n in step.hosts], run)
+
+    def acceptance_step(step: Any) -> dict[str, Any]:
+        raise StepFailed(f"served acceptance on {step.hosts[0]} is not built yet: vLLM there with production's argv "
+                         f"+ --speculative-config; finished steps stay journaled", step.hosts)
+
+    argv = _argv_runner()
+    runners = {"regenerate": argv, "weights": argv, "extract": argv, "train": argv, "speculate": argv,
+               "report": argv, "dataset": dataset_step, "acceptance": acceptance_step}
+    with common.remote(prod) as pr:
+        journal = CycleJournal(pr, cycle_dir(prod.state_dir, run), prod.secret_env)
+        try:
+            taken = journal.acquire(common.command_line(), take_over=take_over)
+        except CycleError as exc:
+            common.fail(str(exc))
+        if taken:
+            print(taken, flush=True)
+        try:
+            res = run_cycle(plan, journal, runners, alive=_alive(inv), echo=lambda m: print(f"[cycle] {m}", flush=True))
+        except CycleError as exc:
+            journal.release()
+            common.fail(str(exc))
+        journal.release()
+    acc = res["figures"].get("acceptance") or {}
+    print(json.dumps({"run": run, **res, "production_serving": plan.production_figures(),
+                      "work_host_acceptance": acc.get("mean_acceptance_length"),
+                      "verdict": (res["figures"].get("speculate") or {}).get("verdict")}))

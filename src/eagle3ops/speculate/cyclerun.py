@@ -1,0 +1,291 @@
+"""Carrying out a cycle's plan (:mod:`eagle3ops.speculate.cycle`): its journal and lock on production, the steps in
+order, and the cycle's own steps (the regenerated dataset to the work hosts, the head's served acceptance).
+
+- :class:`CycleJournal`: ``<production state_dir>/cycles/<run>/``: ``journal.jsonl`` (one line per step event) under
+  a lock directory (``mkdir`` is atomic) holding who drives the cycle; a driver that died leaves the lock, which a
+  rerun from the same machine takes over once the recorded process is gone.
+- :func:`run_cycle`: the steps in order, each journaled ``start`` then ``done`` (or ``failed``, naming a work host
+  that does not answer, or ``ended``: the head was refused and nothing is left to do); a rerun skips the steps
+  journaled ``done``.
+- :func:`measure_served` / :func:`acceptance_verdict`: the served acceptance from two ``/metrics`` scrapes (vLLM's
+  definition, through :mod:`eagle3ops.gate.metrics`) around the speed gate's own client, against the floor.
+- :func:`copy_dataset`: production's regenerated dataset to the work hosts, its sha256 checked.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from eagle3ops import redact
+from eagle3ops.commands import host as hc
+from eagle3ops.speculate.cycle import CycleEnded, CycleError, CycleLocked, CyclePlan, CycleStep, StepFailed
+
+__all__ = ["CycleJournal", "acceptance_verdict", "copy_dataset", "cycle_dir", "measure_served", "run_cycle"]
+
+
+def acceptance_verdict(before: str, after: str, floor: float) -> dict[str, Any]:
+    """The served acceptance of a head from two ``/metrics`` bodies (Prometheus text of vLLM 0.16, before and after
+    the gate's prompts were replayed) against ``floor`` (mean acceptance length, vLLM's ``1 + Δaccepted /
+    Δdrafts``: :class:`eagle3ops.gate.metrics.SpecDelta`).
+
+    Returns the delta's figures plus ``floor`` and ``passed`` (bool).
+
+    Raises:
+        CycleError: no draft round between the scrapes (the server did not speculate: nothing measured), or a
+            counter went down (the server restarted between them).
+    """
+    from eagle3ops.gate.metrics import SpecDelta, parse
+
+    try:
+        delta = SpecDelta.between(parse(before), parse(after))
+    except ValueError as exc:
+        raise CycleError(f"served acceptance: {exc}; run the cycle again to measure afresh") from None
+    mal = delta.mean_acceptance_length
+    if mal is None:
+        raise CycleError("served acceptance: no draft round between the two /metrics scrapes (is "
+                         "--speculative-config in the server's argv?); nothing was measured")
+    return {**delta.figures(), "floor": floor, "passed": mal >= floor}
+
+
+def measure_served(base_url: str, model: str, prompts: Sequence[str | Mapping[str, Any]], floor: float, *,
+                   where: str, max_tokens: int = 128, api_key: str | None = None, concurrency: int = 1
+                   ) -> dict[str, Any]:
+    """The served acceptance of a head on a work host: the prompts replayed once at ``concurrency``
+    (:func:`eagle3ops.gate.replay.replay_level`, the speed gate's own client), ``/metrics`` scraped right before
+    the first request (after the idle wait) and after the last, judged by :func:`acceptance_verdict`.
+
+    Returns the verdict's figures (plus ``where``, the requests and failed ones) when at or above ``floor``.
+
+    Raises:
+        CycleEnded: below ``floor``: the cycle ends, production is never reached.
+        CycleError: nothing measured (see :func:`acceptance_verdict`).
+        eagle3ops.gate.replay.ReplayError: the server busy with other traffic, or every request failed.
+    """
+    import httpx
+
+    from eagle3ops.gate.replay import replay_level
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    scrape = lambda: httpx.get(f"{base_url}/metrics", headers=headers, timeout=10).text  # noqa: E731
+    before: list[str] = []
+    level = replay_level(base_url, model, prompts, concurrency, max_tokens=max_tokens, api_key=api_key,
+                         on_idle=lambda: before.append(scrape()))
+    verdict = {**acceptance_verdict(before[0], scrape(), floor), "where": where, "requests": level.requests,
+               "failed_requests": level.errors}
+    if not verdict["passed"]:
+        raise CycleEnded(f"served mean acceptance length {verdict['mean_acceptance_length']:.2f} on {where} is below "
+                         f"the floor {floor:g}: the head is not shipped and production is not restarted", verdict)
+    return verdict
+
+
+def copy_dataset(src_r: Any, dst_rs: Sequence[Any], run: str) -> dict[str, Any]:
+    """The regenerated dataset and its manifest from production's run dir (where ``regenerate`` uploaded them: the
+    copy does not depend on the driver that regenerated) to each work host's, through this machine; the dataset's
+    sha256 checked against the manifest's ``dataset_sha256`` before it is sent and on each work host after.
+
+    Returns ``{"dataset_sha256", "bytes", "hosts"}``.
+
+    Raises:
+        StepFailed: production holds no regenerated dataset for ``run``, or one that differs from its manifest
+            (rerun regenerate), or a work host's copy differs after the write (rerun the cycle).
+    """
+    import hashlib
+    import tempfile
+
+    from eagle3ops.commands import weights as wc
+    from eagle3ops.speculate import reach
+    from eagle3ops.speculate.regenerate import DATASET, MANIFEST
+    from eagle3ops.transfer.weightsplan import parse_hashes
+
+    src = reach.host_paths(src_r, run)
+    data = src_r.run(hc.cat_if_exists(src["dataset"]), check=False).stdout or ""
+    man_text = src_r.run(hc.cat_if_exists(src["manifest"]), check=False).stdout or ""
+    try:
+        want = json.loads(man_text)["dataset_sha256"]
+    except (ValueError, KeyError, TypeError):
+        raise StepFailed(f"{src_r.host.name}: no regenerated dataset manifest at {src['manifest']} (or one without "
+                         f"dataset_sha256): the regenerate step did not finish; rerun the cycle", (src_r.host.name,))
+    body = data.encode("utf-8")
+    if hashlib.sha256(body).hexdigest() != want:
+        raise StepFailed(f"{src_r.host.name}:{src['dataset']} differs from its manifest's dataset_sha256: rerun "
+                         f"`eagle3ops regenerate {src_r.host.name} --run {run}` (answered conversations are kept)",
+                         (src_r.host.name,))
+    with tempfile.TemporaryDirectory(prefix="eagle3ops-cycle-") as d:
+        Path(d, DATASET).write_bytes(body)
+        Path(d, MANIFEST).write_text(man_text, encoding="utf-8")
+        for r in dst_rs:
+            dst = reach.upload(r, run, Path(d))
+            got = parse_hashes(r.run(wc.hash_files(dst["dir"], [DATASET]), check=False).stdout or "").get(DATASET)
+            if got != want:
+                raise StepFailed(f"{r.host.name}:{dst['dataset']}: sha256 {got} after the copy, not {want}; rerun the "
+                                 f"cycle", (r.host.name,))
+    return {"dataset_sha256": want, "bytes": len(body), "hosts": [r.host.name for r in dst_rs]}
+
+
+def cycle_dir(state_dir: str, run: str) -> str:
+    """``<state_dir>/cycles/<run>``: the cycle's journal, plan and lock on production."""
+    return f"{state_dir}/cycles/{run}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class CycleJournal:
+    """The cycle's journal and lock in ``directory`` on production, through the executor ``r`` (anything with
+    ``run(argv, check=, stdin=)``: the host's SSH executor; tests: this machine's).
+
+    ``journal.jsonl``: ``{"t", "step", "event": "start"|"done"|"failed"|"ended", ...}`` per line, appended;
+    ``lock/holder.json``: ``{"machine", "pid", "user", "since", "command"}``.
+    """
+
+    def __init__(self, r: Any, directory: str, secret_env: Sequence[str] = ()):
+        self.r, self.dir, self.secret_env = r, directory, tuple(secret_env)
+        self.journal, self.lock_dir = f"{directory}/journal.jsonl", f"{directory}/lock"
+        self.holder = f"{directory}/lock/holder.json"
+
+    def acquire(self, command: str, *, take_over: bool = False) -> str | None:
+        """Take the cycle's lock (atomic ``mkdir``). A lock left by a driver of this machine whose process is gone,
+        or any lock with ``take_over``, is taken over; returns a line saying so (None: the lock was free).
+
+        Raises:
+            CycleLocked: held by a live driver here, or by another machine (the message names holder and command,
+                and ``--take-over`` once that driver is known dead).
+        """
+        self.r.run(hc.mkdir_p(self.dir))
+        if self.r.run(hc.mkdir_atomic(self.lock_dir), check=False).ok:
+            taken = None
+        else:
+            held = self.read_holder()
+            mine = held.get("machine") == socket.gethostname() and isinstance(held.get("pid"), int)
+            if not take_over and not (mine and not _pid_alive(held["pid"])):
+                raise CycleLocked(f"the cycle of {self.dir} is driven by {held.get('user', '?')}@"
+                                  f"{held.get('machine', '?')} (pid {held.get('pid', '?')}) since "
+                                  f"{held.get('since', '?')}: `{held.get('command', '?')}`; wait for it, or when "
+                                  f"that driver is dead, rerun with --take-over")
+            taken = (f"took over the cycle's lock from {held.get('user', '?')}@{held.get('machine', '?')} pid "
+                     f"{held.get('pid', '?')} (since {held.get('since', '?')}): "
+                     + ("--take-over" if take_over else "that process is gone"))
+        holder = {"machine": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "since": _now(),
+                  "command": redact.text(command, self.secret_env)}
+        self.r.run(hc.write_file(self.holder), stdin=json.dumps(holder))
+        return taken
+
+    def read_holder(self) -> dict[str, Any]:
+        """The lock's holder (``{}``: none recorded)."""
+        out = self.r.run(hc.cat_if_exists(self.holder), check=False).stdout or ""
+        try:
+            return json.loads(out) if out.strip() else {}
+        except ValueError:
+            return {"raw": out}
+
+    def release(self) -> None:
+        """Give the lock back."""
+        self.r.run(hc.rm_rf(self.lock_dir))
+
+    def record(self, step: str, event: str, **fields: Any) -> None:
+        """Append one event (its secrets masked: :func:`eagle3ops.redact.value`)."""
+        entry = redact.value({"t": _now(), "step": step, "event": event, **fields}, self.secret_env)
+        self.r.run(hc.append_file(self.journal), stdin=json.dumps(entry) + "\n")
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every event, in order (a last line cut by a crash is left out)."""
+        out = self.r.run(hc.cat_if_exists(self.journal), check=False).stdout or ""
+        rows = []
+        for line in out.splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+        return rows
+
+    def finished(self) -> dict[str, dict[str, Any]]:
+        """Step key -> its last ``done`` or ``ended`` event (a later ``start`` of that step voids it)."""
+        out: dict[str, dict[str, Any]] = {}
+        for e in self.entries():
+            if e.get("event") in ("done", "ended"):
+                out[e["step"]] = e
+            elif e.get("event") == "start":
+                out.pop(e.get("step"), None)
+        return out
+
+
+Runner = Callable[[CycleStep], Mapping[str, Any] | None]
+
+
+def run_cycle(plan: CyclePlan, journal: CycleJournal, runners: Mapping[str, Runner], *,
+              alive: Callable[[str], bool] = lambda host: True, echo: Callable[[str], None] = print
+              ) -> dict[str, Any]:
+    """Carry out ``plan`` step by step, each journaled; the caller holds the journal's lock.
+
+    A step journaled ``done`` by an earlier run is skipped (said so); a step journaled ``start`` without ``done``
+    (its driver was killed) runs again: every step's command resumes on its own (answered prompts, verified files,
+    finished shards and stages are kept). ``runners[step.kind](step)`` does a step and returns figures for the
+    journal.
+
+    Returns ``{"outcome": "done"|"ended", "steps": {key: "done"|"skipped"|"ended"}, "figures": {key: the figures
+    its runner returned, this run's or the journal's}, ...}``; ``ended`` (a head below the acceptance floor) carries
+    ``reason`` and ``production_restarts: 0`` — no later step runs.
+
+    Raises:
+        CycleError: a step failed; journaled ``failed`` with the hosts of the step that do not answer
+            (``alive(host)`` false) named as ``dead_hosts``; the message names them and the rerun.
+    """
+    done = journal.finished()
+    steps: dict[str, str] = {}
+    figs: dict[str, dict[str, Any]] = {}
+    for s in plan.steps:
+        prior = done.get(s.key)
+        if prior and prior.get("event") == "ended":
+            echo(f"{s.key}: the cycle ended here in an earlier run ({prior.get('reason')}); nothing more to do")
+            return {"outcome": "ended", "step": s.key, "reason": prior.get("reason"), "steps": steps,
+                    "figures": {**figs, s.key: _figures(prior)}, "production_restarts": 0}
+        if prior:
+            echo(f"{s.key}: done in an earlier run ({prior.get('t')}), skipped")
+            steps[s.key], figs[s.key] = "skipped", _figures(prior)
+            continue
+        echo(f"{s.key} on {', '.join(s.hosts)}")
+        journal.record(s.key, "start", hosts=list(s.hosts))
+        try:
+            figures = dict(runners[s.kind](s) or {})
+        except CycleEnded as end:
+            journal.record(s.key, "ended", reason=end.reason, **end.figures)
+            steps[s.key] = "ended"
+            return {"outcome": "ended", "step": s.key, "reason": end.reason, "steps": steps,
+                    "figures": {**figs, s.key: end.figures}, "production_restarts": 0}
+        except Exception as exc:
+            dead = [h for h in s.hosts if not alive(h)]
+            journal.record(s.key, "failed", error=str(exc), dead_hosts=dead)
+            if dead:
+                work_dead = [h for h in dead if h != plan.production]
+                fix = (f"rerun with --dead {' --dead '.join(work_dead)} to move its work to the other work hosts, "
+                       f"or rerun as it is once it is back" if work_dead else "rerun once it answers again")
+                raise CycleError(f"step {s.key}: host(s) {', '.join(dead)} did not answer"
+                                 + (" (production)" if plan.production in dead else " (work host)")
+                                 + f": {fix}; finished steps are not repeated. The step's error: {exc}") from exc
+            raise CycleError(f"step {s.key} on {', '.join(s.hosts)} failed: {exc}; rerun the same command to "
+                             f"resume (finished steps are not repeated)") from exc
+        journal.record(s.key, "done", **figures)
+        steps[s.key], figs[s.key] = "done", figures
+    return {"outcome": "done", "steps": steps, "figures": figs}
+
+
+def _figures(event: Mapping[str, Any]) -> dict[str, Any]:
+    """A journal event's figures (without its time, step and event)."""
+    return {k: v for k, v in event.items() if k not in ("t", "step", "event")}

@@ -1,0 +1,319 @@
+"""``eagle3ops cycle``: the plan (pure), the journal's resume after a killed driver, a dead work host named, and a head
+below the acceptance floor on the work host ending the cycle before production is reached.
+
+STAND-INS (named): the step runners of ``test_killed_driver_*``, ``test_dead_work_host_*`` and ``test_head_below_*``
+are STAND-IN runners that record which step ran instead of running the step's command (the commands are the existing
+``regenerate``/``weights``/``extract``/``train``/``speculate``/``report``, each tested on its own); the head's served
+acceptance is measured against the STAND-IN OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM: its
+speculation is simulated with ``--spec-acceptance``) through the speed gate's real client and ``/metrics`` parser.
+The journal and its lock are real files written through this machine's executor (the same argv as on a host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eagle3ops import executor
+from eagle3ops.fleet.plan import FleetHost, HostRates, plan_fleet
+from eagle3ops.config.inventory import FleetConfig
+from eagle3ops.speculate import cycle as cy
+from eagle3ops.speculate import cyclerun as cr
+from eagle3ops.speculate.restarts import restart_plan
+
+REPO = Path(__file__).resolve().parents[1]
+RATES = HostRates(tokens_per_s=100.0, fixed_s=30.0, stage_fixed_s=20.0, window_id="w")
+
+
+def _opts() -> cy.CycleOptions:
+    return cy.CycleOptions(run="r1", inventory=Path("inv.yaml"), pipeline=Path("pipe.yaml"),
+                           datasets=(Path("chats.jsonl"),), link_mbit=800.0)
+
+
+def _facts(dead: tuple[str, ...] = (), recorded=(40.0, 50.0, 70.0)) -> cy.CycleFacts:
+    hosts = [FleetHost("w1", None, 3600.0, 0.0, RATES), FleetHost("w2", None, 3600.0, 0.0, RATES)]
+    ex = plan_fleet("r1", hosts, 100, 10_000, tokens_exact=True, limits={}, policy=FleetConfig())
+    work = (cy.WorkFacts("w1", 0, 0, 0.0), cy.WorkFacts("w2", 2_000_000_000, 3, 20.5))
+    return cy.CycleFacts("prod", work, restart_plan(list(recorded), bound_s=600.0), 1.3, ex, None, dead, 600.0)
+
+
+def test_plan_is_a_pure_value_from_the_recorded_facts() -> None:
+    plan = cy.plan_cycle(_facts(), _opts())
+    keys = [s.key for s in plan.steps]
+    assert keys == ["regenerate", "dataset", "weights:w1", "weights:w2", "extract", "train", "acceptance",
+                    "speculate", "report"]
+    assert cy.plan_cycle(_facts(), _opts()) == plan  # same facts, same plan
+    # weights: present on w1 (skipped, no bytes), the copy plan's bytes and seconds on w2
+    w1, w2 = plan.step("weights:w1"), plan.step("weights:w2")
+    assert (w1.send_bytes, w1.expected_s) == (0, 0.0) and "skipped" in w1.note
+    assert (w2.send_bytes, w2.expected_s) == (2_000_000_000, 20.5)
+    assert list(w2.argv[3:]) == ["weights", "w2", "--from", "prod", "--link-mbit", "800.0", "--inventory", "inv.yaml"]
+    # extract: two shards of 50 samples / 5,000 tokens at once on the two work hosts: 20 s + 5,000 / 100 tok/s
+    assert plan.step("extract").expected_s == pytest.approx(20.0 + 5_000 / 100.0)
+    assert plan.step("extract").hosts == ("w1", "w2") and "--merged" in plan.step("extract").argv
+    assert plan.step("train").hosts == ("w1",) and "--from-fleet" in plan.step("train").argv
+    assert plan.step("acceptance").hosts == ("w1",) and plan.step("acceptance").argv is None
+    # production: only the speed gate restarts it; median of the recorded restarts (50 s)
+    assert {s.key: s.restarts for s in plan.steps if any(s.restarts)} == {"speculate": (1, 2)}
+    spec = plan.step("speculate")
+    assert list(spec.argv[3:10]) == ["speculate", "prod", "--run", "r1", "--head", "w1:r1", "--inventory"]
+    fig = plan.production_figures()
+    assert (fig["expected_downtime_keep_s"], fig["expected_downtime_rollback_s"]) == (50.0, 100.0)
+    assert (fig["restarts_below_floor"], fig["expected_downtime_below_floor_s"]) == (0, 0.0)
+    doc = json.loads(json.dumps(plan.as_dict()))
+    assert doc["steps"][3]["send_bytes"] == 2_000_000_000 and doc["steps"][3]["command"].startswith(sys.executable)
+    assert doc["steps_without_estimate"] == ["regenerate", "dataset", "train", "acceptance", "speculate", "report"]
+    assert (doc["steps"][7]["production_downtime_keep_s"], doc["steps"][7]["production_downtime_rollback_s"]) == (
+        50.0, 100.0)
+    text = "\n".join(plan.lines())
+    assert "2.0 GB to move" in text and "expected downtime 50 s if kept, 100 s if rolled back" in text
+    assert "production restarts 1 (kept) / 2 (rolled back), ~50 s / ~100 s down" in text
+    assert text.count("production not restarted") == len(keys) - 1
+    # nothing recorded on production: each restart bounded by its health gate, said so
+    bare = cy.plan_cycle(_facts(recorded=()), _opts())
+    assert bare.production_figures()["expected_downtime_keep_s"] is None
+    assert "bounded by the health gate's 600 s" in "\n".join(bare.lines())
+
+
+def test_regenerate_and_train_are_timed_by_what_the_hosts_recorded() -> None:
+    old = {"created": "2026-01-01T00:00:00Z", "answered_now": 10, "wall_s": 100.0, "settings": {"concurrency": 4}}
+    new = {"created": "2026-02-01T00:00:00Z", "answered_now": 20, "wall_s": 40.0, "settings": {"concurrency": 4}}
+    none_now = {"created": "2026-03-01T00:00:00Z", "answered_now": 0, "wall_s": 1.0}  # a rerun that answered nothing
+    trained = {"run": "old", "window_id": "w", "median_step_s": 0.5, "steps_this_run": 20, "wall_s": 30.0}
+    f = _facts()
+    timed = cy.CycleFacts(f.production, f.work, f.restarts, 1.3, f.extract, regenerate_todo=30,
+                          regenerate_recorded=(old, none_now, new), train_steps=100, train_recorded=trained)
+    plan = cy.plan_cycle(timed, _opts())
+    # the newest regenerate that answered some: 40 s / 20 conversations; 30 to send
+    assert plan.step("regenerate").expected_s == pytest.approx(30 * 2.0)
+    assert "30 conversations at 2.0 s each" in plan.step("regenerate").note
+    # 100 steps at the recorded median 0.5 s, plus that run's 30 - 20 x 0.5 = 20 s outside the steps
+    assert plan.step("train").expected_s == pytest.approx(20.0 + 100 * 0.5)
+    assert "assumed: the same batch size" in plan.step("train").note
+    assert cy.regenerate_estimate(0, ()) == (0.0, "every conversation answered already (resume log)")
+    assert cy.regenerate_estimate(5, (none_now,))[0] is None and cy.train_estimate(100, None)[0] is None
+
+
+def test_plan_leaves_a_dead_work_host_out_and_refuses_bad_roles() -> None:
+    plan = cy.plan_cycle(_facts(dead=("w1",)), _opts())
+    assert "weights:w1" not in [s.key for s in plan.steps]
+    assert plan.train_host == "w2" and plan.step("speculate").argv[8] == "w2:r1"
+    ex = list(plan.step("extract").argv)
+    assert ex[ex.index("--dead") + 1] == "w1"
+    with pytest.raises(cy.CycleError, match="--dead w9: not among the work hosts"):
+        cy.plan_cycle(_facts(dead=("w9",)), _opts())
+    with pytest.raises(cy.CycleError, match="every work host is named dead"):
+        cy.plan_cycle(_facts(dead=("w1", "w2")), _opts())
+    f = _facts()
+    with pytest.raises(cy.CycleError, match="w1 is production and also named with --work"):
+        cy.plan_cycle(cy.CycleFacts("w1", f.work, f.restarts, 1.3), _opts())
+
+
+class _Recorder:
+    """STAND-IN step runners: record the step's key in a file (one line each) instead of running its command."""
+
+    def __init__(self, path: Path, kill_at: str | None = None, fail_at: str | None = None):
+        self.path, self.kill_at, self.fail_at = path, kill_at, fail_at
+
+    def __call__(self, step: cy.CycleStep) -> dict:
+        with self.path.open("a") as f:
+            f.write(step.key + "\n")
+        if step.key == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # the driver killed mid-step
+        if step.key == self.fail_at:
+            raise cy.StepFailed(f"`weights {step.hosts[0]}` exited 1", step.hosts)
+        return {"ran": step.key}
+
+    def ran(self) -> list[str]:
+        return self.path.read_text().split() if self.path.exists() else []
+
+
+def _runners(rec) -> dict:
+    return {k: rec for k in ("regenerate", "dataset", "weights", "extract", "train", "acceptance", "speculate",
+                             "report")}
+
+
+def test_killed_driver_rerun_resumes_without_repeating_finished_steps(tmp_path: Path) -> None:
+    plan = cy.plan_cycle(_facts(), _opts())
+    keys = [s.key for s in plan.steps]
+    for i, k in enumerate(keys):
+        d = tmp_path / f"kill-{i}"
+        rec = _Recorder(d / "ran.txt", kill_at=k)
+        d.mkdir()
+        pid = os.fork()
+        if pid == 0:  # the driver, killed at step k
+            try:
+                j = cr.CycleJournal(executor.local(), str(d / "cycle"))
+                j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+                cr.run_cycle(plan, j, _runners(rec), echo=lambda m: None)
+            finally:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        assert rec.ran() == keys[:i + 1]
+        j = cr.CycleJournal(executor.local(), str(d / "cycle"))
+        assert j.read_holder()["pid"] == pid  # the dead driver's lock is still there
+        taken = j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+        assert taken and f"pid {pid}" in taken and "that process is gone" in taken
+        rec2 = _Recorder(d / "ran2.txt")
+        res = cr.run_cycle(plan, j, _runners(rec2), echo=lambda m: None)
+        assert rec2.ran() == keys[i:], f"killed at {k}"  # the killed step again, nothing finished before it
+        assert res["outcome"] == "done" and [s for s, v in res["steps"].items() if v == "skipped"] == keys[:i]
+        j.release()
+        # a third run has nothing left to do
+        rec3 = _Recorder(d / "ran3.txt")
+        assert set(cr.run_cycle(plan, j, _runners(rec3), echo=lambda m: None)["steps"].values()) == {"skipped"}
+        assert rec3.ran() == []
+
+
+def test_a_live_drivers_lock_is_refused(tmp_path: Path) -> None:
+    j = cr.CycleJournal(executor.local(), str(tmp_path / "cycle"))
+    assert j.acquire("eagle3ops cycle prod --work w1 --run r1") is None
+    with pytest.raises(cy.CycleLocked, match=f"pid {os.getpid()}.*--take-over"):
+        cr.CycleJournal(executor.local(), str(tmp_path / "cycle")).acquire("again")
+    assert "--take-over" in cr.CycleJournal(executor.local(), str(tmp_path / "cycle")).acquire("x", take_over=True)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dead_work_host_is_named_and_the_rerun_leaves_it_out(tmp_path: Path) -> None:
+    from eagle3ops import cycle_cli
+    from eagle3ops.config import load_inventory
+
+    # w2 is an inventory host on a port nobody listens on: the real SSH check finds it dead
+    inv_file = tmp_path / "hosts.yaml"
+    inv_file.write_text(f"""hosts:
+  w2:
+    hostname: 127.0.0.1
+    port: {_closed_port()}
+    user: nobody
+    data_dir: {tmp_path}/data
+    state_dir: {tmp_path}/state
+    model_path: {tmp_path}/model
+    serving: none
+""")
+    alive = cycle_cli._alive(load_inventory(inv_file))
+    plan = cy.plan_cycle(_facts(), _opts())
+    j = cr.CycleJournal(executor.local(), str(tmp_path / "cycle"))
+    j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+    rec = _Recorder(tmp_path / "ran.txt", fail_at="weights:w2")
+    t0 = time.monotonic()
+    with pytest.raises(cy.CycleError) as err:
+        cr.run_cycle(plan, j, _runners(rec), alive=lambda h: h == "w1" or alive(h), echo=lambda m: None)
+    assert time.monotonic() - t0 < 60
+    msg = str(err.value)
+    assert "w2 did not answer (work host)" in msg and "--dead w2" in msg and "not repeated" in msg
+    failed = [e for e in j.entries() if e["event"] == "failed"]
+    assert [(e["step"], e["dead_hosts"]) for e in failed] == [("weights:w2", ["w2"])]
+    # the rerun with --dead w2: what finished is skipped, w2 is in no step, its shard goes to w1
+    plan2 = cy.plan_cycle(_facts(dead=("w2",)), _opts())
+    rec2 = _Recorder(tmp_path / "ran2.txt")
+    res = cr.run_cycle(plan2, j, _runners(rec2), echo=lambda m: None)
+    assert rec2.ran() == ["extract", "train", "acceptance", "speculate", "report"]
+    assert res["steps"]["weights:w1"] == "skipped" and "weights:w2" not in res["steps"]
+
+
+@pytest.fixture
+def standin_server(tmp_path: Path):
+    """Start the STAND-IN OpenAI server as a head served on a work host (``--speculative-config``), simulating the
+    mean acceptance length given; yields a function ``start(acceptance) -> base_url``."""
+    procs = []
+
+    def start(acceptance: float) -> str:
+        port = _closed_port()
+        p = subprocess.Popen([sys.executable, str(REPO / "tests/data/standin_openai_server.py"), "--port", str(port),
+                              "--model", "tiny", "--token-ms", "0.5", "--speculative-config",
+                              json.dumps({"method": "eagle3", "num_speculative_tokens": 3}),
+                              "--spec-acceptance", str(acceptance)], stdout=subprocess.DEVNULL)
+        procs.append(p)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError("the stand-in server did not start in 30 s")
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def test_head_below_the_acceptance_floor_ends_the_cycle_with_production_never_restarted(tmp_path, standin_server):
+    from eagle3ops.speculate.ship import gate_prompts
+
+    plan = cy.plan_cycle(_facts(), _opts())
+    prompts = [p.text for p in gate_prompts(4)]
+
+    def served(url: str):
+        def run(step: cy.CycleStep) -> dict:
+            with (tmp_path / f"ran-{url.rsplit(':', 1)[1]}.txt").open("a") as f:
+                f.write(step.key + "\n")
+            return cr.measure_served(url, "tiny", prompts, plan.acceptance_floor, where=step.hosts[0],
+                                     max_tokens=16)
+        return run
+
+    for acceptance, ends in ((1.1, True), (2.2, False)):
+        url = standin_server(acceptance)
+        rec = _Recorder(tmp_path / f"ran-{acceptance}.txt")
+        j = cr.CycleJournal(executor.local(), str(tmp_path / f"cycle-{acceptance}"))
+        j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+        res = cr.run_cycle(plan, j, {**_runners(rec), "acceptance": served(url)}, echo=lambda m: None)
+        if ends:
+            # production's only restarting step (speculate) never ran, nor anything after the acceptance
+            assert res["outcome"] == "ended" and res["production_restarts"] == 0 and res["step"] == "acceptance"
+            assert rec.ran() == ["regenerate", "dataset", "weights:w1", "weights:w2", "extract", "train"]
+            end = j.entries()[-1]
+            assert end["event"] == "ended" and "below the floor 1.3" in end["reason"]
+            assert end["mean_acceptance_length"] == pytest.approx(1.1, abs=0.05) and end["passed"] is False
+            assert res["figures"]["acceptance"]["passed"] is False and res["figures"]["train"] == {"ran": "train"}
+            # a rerun does not measure again nor reach production
+            again = cr.run_cycle(plan, j, _runners(rec), echo=lambda m: None)
+            assert again["outcome"] == "ended" and rec.ran()[-1] == "train"
+        else:  # a head above the floor goes on to production's speed gate
+            assert res["outcome"] == "done" and rec.ran()[-2:] == ["speculate", "report"]
+            assert res["figures"]["acceptance"]["mean_acceptance_length"] == pytest.approx(2.2, abs=0.05)
+            done = [e for e in j.entries() if e["step"] == "acceptance" and e["event"] == "done"][0]
+            assert done["mean_acceptance_length"] == pytest.approx(2.2, abs=0.05) and done["failed_requests"] == 0
+
+
+def test_roles_and_the_pipeline_are_checked_before_any_host_is_read(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from eagle3ops.cli import app
+
+    inv = tmp_path / "hosts.yaml"  # unreachable addresses: a check that read a host would fail otherwise
+    inv.write_text("hosts:\n" + "".join(
+        f"  {n}:\n    hostname: 192.0.2.{i}\n    data_dir: /d\n    state_dir: /s\n    model_path: /m\n    serving: "
+        + ("none\n" if n != "prod" else "{image: vllm/vllm-openai:v0.16.0, served_model_name: m}\n")
+        for i, n in enumerate(("prod", "w1"), 1)))
+    pipe = tmp_path / "pipeline.yaml"
+    pipe.write_text("target_model: /model\nprepare:\n  datasets: [builtin:sharegpt]\n")
+
+    def cycle(*args: str):
+        return CliRunner().invoke(app, ["cycle", *args, "--run", "r", "--pipeline", str(pipe), "-i", str(inv),
+                                        "--dry-run"], env={"COLUMNS": "300"})
+
+    res = cycle("w1", "--work", "prod")
+    assert res.exit_code == 2 and "`hosts.w1.serving` is none" in " ".join(res.output.split())
+    res = cycle("prod", "--work", "prod")
+    assert res.exit_code == 2 and "`hosts.prod.serving` runs a server" in " ".join(res.output.split())
+    res = cycle("prod", "--work", "w1")
+    assert res.exit_code == 2 and "`prepare.datasets` does not name regenerated/dataset.jsonl" in " ".join(
+        res.output.split())
