@@ -53,26 +53,16 @@ RUN --mount=type=secret,id=ca --mount=type=cache,target=/root/.cache/pip \
     && python3 -c "import importlib.metadata as m; v = m.version('speculators'); assert v == '${SPECULATORS_VERSION}', v; print('speculators', v)"
 
 # eagle3ops itself (no network: --no-deps, build backend from the base's setuptools). The source is bind-mounted and
-# built in a temp dir removed in the same step, so no copy of it stays in a layer.
+# built in a temp dir removed in the same step, so no copy of it stays in a layer. The probes' tiny models are part
+# of it (eagle3ops.fixtures, the tiny Kimi's remote-code files as package data: the last command fails the build
+# when they are missing); the development harness src/eagle3ops_dev is not in the build context at all.
 RUN --mount=type=bind,source=src,target=/tmp/e3ctx/src --mount=type=bind,source=pyproject.toml,target=/tmp/e3ctx/pyproject.toml \
     d=$(mktemp -d) && cp -r /tmp/e3ctx/src /tmp/e3ctx/pyproject.toml "$d"/ \
     && echo "eagle3ops: see the project repository's README.md" > "$d/README.md" \
     && python3 -m pip install --no-deps --no-build-isolation --no-cache-dir "$d" \
     && rm -rf "$d" \
-    && python3 -m eagle3ops --help > /dev/null
-
-# The behavioural probes' fixtures: the development harness src/eagle3ops_dev (the tiny models the probes build,
-# loaded by name through eagle3ops.patches.fixtures; not in the eagle3ops wheel above). Copied to /opt/eagle3ops/dev
-# and put on the interpreter's path by eagle3ops-dev.pth in its site dir, so the probes here, `eagle3ops probe HOST`
-# on a target host, the demo's target build and tests/image import it. It is part of `src/`, so the content tag and
-# the probe keys' salt cover it. The last command fails the build when the copy is incomplete.
-RUN --mount=type=bind,source=src/eagle3ops_dev,target=/tmp/e3dev \
-    rm -rf /opt/eagle3ops/dev && mkdir -p /opt/eagle3ops/dev \
-    && cp -r /tmp/e3dev /opt/eagle3ops/dev/eagle3ops_dev \
-    && find /opt/eagle3ops/dev -name __pycache__ -prune -exec rm -rf {} + \
-    && site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
-    && echo /opt/eagle3ops/dev > "$site/eagle3ops-dev.pth" \
-    && python3 -c 'import eagle3ops.patches.fixtures as f, eagle3ops_dev.tinykimi as k; f.load(); assert k.PAT_STR'
+    && python3 -m eagle3ops --help > /dev/null \
+    && python3 -c 'import eagle3ops.patches.fixtures as f, eagle3ops.fixtures.tinykimi as k; f.load(); assert k.PAT_STR'
 
 # The patch series, applied strictly (pins checked, -p1, zero fuzz), then the checks (eagle3ops.imagecheck):
 # BUILD_CHECKS run here, HOST_CHECKS are deferred to the target host (`eagle3ops probe HOST`, run by `deploy`);

@@ -15,7 +15,7 @@ package, the commit recorded):
    second. Then both heads' teacher-forced estimate on run 1's held-out hidden states
    (:func:`eagle3ops.stages.estimate.estimate_head`; the held-out ids are the same in both runs).
 
-Target: the tests' tiny random Llama (``eagle3ops_dev.tinymodel``, hidden 128) — a STAND-IN: SmolLM2-135M's draft
+Target: the tests' tiny random Llama (``eagle3ops.fixtures.tinymodel``, hidden 128) — a STAND-IN: SmolLM2-135M's draft
 checkpoints (190 MB each, measured) and its CPU training (2.2 s a 1,024-token step) would need ~1.5 GB of hidden
 states and ~1 h here for the same ratio. Data: the first ``--conversations`` of
 ``regen.jsonl.gz`` (from ``benchmarks/gpu_head_smollm2.py``)
@@ -71,7 +71,7 @@ def inner_one(a: argparse.Namespace) -> None:
     w = Path(a.work)
     model = Path(a.target) if a.target else w / "model"
     if not model.exists():
-        from eagle3ops_dev.tinymodel import build_tiny_model
+        from eagle3ops.fixtures.tinymodel import build_tiny_model
 
         build_tiny_model(model, kind="llama")
     run = w / "one"
@@ -250,7 +250,7 @@ def main() -> None:
     ch = json.loads((work / "chunked.json").read_text())
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    _result(a, one, ch, target="STAND-IN: the tests' tiny random Llama (eagle3ops_dev.tinymodel, hidden 128, 4 layers)",
+    _result(a, one, ch, target="STAND-IN: the tests' tiny random Llama (eagle3ops.fixtures.tinymodel, hidden 128, 4 layers)",
             data={"file": str(a.regen), "conversations": n,
                   "generated_by": "ShareGPT V3 first turns answered by SmolLM2 on the GPU"},
             pipeline_image=image, src=f"this checkout mounted over the image's package (HEAD {commit})",

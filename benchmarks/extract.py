@@ -109,7 +109,7 @@ def main() -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     model = a.model
     if model is None:
-        from eagle3ops_dev.tinymodel import build_tiny_model
+        from eagle3ops.fixtures.tinymodel import build_tiny_model
 
         model = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="e3tiny-")) / "llama", kind="llama"))
     inputs = prepared_inputs(model, a.max_seq_len, a.repeat)

@@ -12,7 +12,7 @@ Across two images on the local engine (docker SDK; container specs from :mod:`ea
 checkout's ``src`` is mounted over the images' copy):
 
 1. the pipeline image builds the tiny ``kimi-k25`` target (random weights); the serving image generates the target's
-   own greedy replies to stand-in user messages (:func:`eagle3ops_dev.tinykimi.synthetic_chat_rows`): the training
+   own greedy replies to stand-in user messages (:func:`eagle3ops.fixtures.tinykimi.synthetic_chat_rows`): the training
    conversations (a random target's replies share few tokens with any real text);
 2. the pipeline image runs prepare -> extract (transformers engine) -> vocab -> train on them;
 3. the serving image (``vllm-0.16.0-serving-cpu-standin``: the vLLM series plus the sandbox's CPU STAND-IN series)
@@ -101,7 +101,7 @@ def run(work: Path, pipe: str, serving: str) -> dict:
         Failed: a container exited non-zero (its log tail in the message) or a check failed.
     """
     from eagle3ops_dev import headspecs
-    from eagle3ops_dev.tinykimi import synthetic_chat_rows
+    from eagle3ops.fixtures.tinykimi import synthetic_chat_rows
 
     t_all = time.monotonic()
     (work / "run").mkdir(parents=True)

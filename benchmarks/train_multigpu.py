@@ -96,7 +96,7 @@ def prep(dirpath: Path) -> None:
     from eagle3ops.config.pipeline import load_pipeline_config
     from eagle3ops.stages.prepare import run_prepare
     from eagle3ops.stages.vocab import run_vocab
-    from eagle3ops_dev.tinymodel import build_shaped_llama_config, build_tiny_model
+    from eagle3ops.fixtures.tinymodel import build_shaped_llama_config, build_tiny_model
 
     shutil.rmtree(dirpath, ignore_errors=True)
     shutil.rmtree("/tmp/e3mg/tiny", ignore_errors=True)

@@ -3,7 +3,7 @@ sandbox target so that one target forward costs several draft forwards).
 
 For each ``LAYERSxHIDDEN`` shape: a Llama target with random weights (the tiny Llama's tokenizer and vocabulary
 2048, head size 32, GQA 2:1, intermediate 2 x hidden, bf16) and a random one-layer EAGLE-3 head for it
-(:func:`eagle3ops_dev.tinydraft.build_tiny_eagle3_draft`, draft vocabulary 1024, aux layers ``(1, L // 2, L - 1)``).
+(:func:`eagle3ops.fixtures.tinydraft.build_tiny_eagle3_draft`, draft vocabulary 1024, aux layers ``(1, L // 2, L - 1)``).
 Each configuration runs in its own process with ``vllm.LLM`` (``--enforce-eager``, block size 16, as the sandbox
 serves), greedy, ``ignore_eos``, 64 output tokens per request, one warm-up request, then one request (concurrency 1)
 and four at once (concurrency 4). Printed and written as JSON: output tokens/s without and with speculation (k = 3),
@@ -67,8 +67,8 @@ def build(work: Path, layers: int, hidden: int) -> tuple[Path, Path]:
     import torch
     from transformers import AutoConfig, LlamaForCausalLM
 
-    from eagle3ops_dev.tinydraft import build_tiny_eagle3_draft
-    from eagle3ops_dev.tinymodel import build_shaped_llama_config, build_tiny_model
+    from eagle3ops.fixtures.tinydraft import build_tiny_eagle3_draft
+    from eagle3ops.fixtures.tinymodel import build_shaped_llama_config, build_tiny_model
 
     if not (work / "tiny" / "config.json").exists():
         build_tiny_model(work / "tiny", "llama")

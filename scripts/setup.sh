@@ -60,7 +60,7 @@ if ! .venv/bin/python -c 'import eagle3ops, eagle3ops_dev, fabric, docker, typer
   .venv/bin/pip check
   touch .venv/.installed
 fi
-# The development harness (src/eagle3ops_dev: sandbox host, demo, stand-in bases, tiny models; `python -m
+# The development harness (src/eagle3ops_dev: sandbox host, demo, stand-in bases, trained target; `python -m
 # eagle3ops_dev`) is not part of the eagle3ops distribution (pyproject.toml packages only eagle3ops): this checkout's
 # src goes on the venv's path through a .pth file of its own, whatever layout the editable install chose.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -7,8 +7,10 @@
 3. No module over 600 lines without a paragraph of its module docstring that starts "Why this module is long":
    split along the module's seams, or say why it is one module.
 4. The development harness (``src/eagle3ops_dev``) stays out of the product: a contract that the product
-   never imports it (and a test that the contract fails when a product module does), and the production wheel,
-   built here and listed, holds no sandbox, demo, stand-in base builder or tiny model.
+   never imports it (and a test that the contract fails when a product module does), an AST scan that no product
+   module imports it by name either nor names it in a message, and the production wheel, built here and listed,
+   holds no sandbox, demo, stand-in base builder or trained sandbox target (the tiny models the probes build are
+   product: ``eagle3ops.fixtures``). The in-image suite checks that the pipeline image cannot import the harness.
 
 5. A two-letter (or any) module alias names one module across ``src/`` and ``tests/`` (``pr`` once meant
    ``commands.process`` in some files and ``speculate.prompts`` in others).
@@ -37,6 +39,8 @@ from pathlib import Path
 
 import grimp
 import pytest
+
+from eagle3ops.fixtures import tinykimi
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src/eagle3ops"
@@ -116,7 +120,7 @@ def test_import_contracts_hold():
 
 
 HARNESS_CONTRACT = ("the product never imports the development harness (eagle3ops_dev: sandbox, demo, stand-in "
-                    "bases, tiny models)")
+                    "bases, trained sandbox target)")
 LAYERS_CONTRACT = next(n for n in _contract_names() if n.startswith("layers:"))
 INDEPENDENCE_CONTRACT = ("independent sides: the host-side supervisor, the in-image stages and the driver's executor "
                          "never import one another")
@@ -342,8 +346,8 @@ def test_the_long_module_check_sees_a_missing_reason(tmp_path):
 # --- the production wheel ---------------------------------------------------------------------------------------
 
 #: Names that must not be in the production wheel: the harness package and what it holds.
-HARNESS_NAMES = ("eagle3ops_dev", "sandbox", "demo", "tinymodel", "tinykimi", "tinytrained", "tinydraft", "smollm2",
-                 "bases.py", "provision.py", "headspecs.py", "remote_code")
+HARNESS_NAMES = ("eagle3ops_dev", "sandbox", "demo", "tinytrained", "smollm2", "bases.py", "provision.py",
+                 "headspecs.py", "standin_env", "standin_stages", "chatset", "pagecache", "slurmlocal")
 
 
 def test_the_production_wheel_holds_no_harness(tmp_path):
@@ -363,7 +367,10 @@ def test_the_production_wheel_holds_no_harness(tmp_path):
     assert len(wheels) == 1, list(out.iterdir())
     names = zipfile.ZipFile(wheels[0]).namelist()
     for must in ("eagle3ops/cli.py", "eagle3ops/patches/probes.py", "eagle3ops/patches/fixtures.py",
-                 "eagle3ops/images/build.py", "eagle3ops/templates/report.html.j2"):
+                 "eagle3ops/images/build.py", "eagle3ops/templates/report.html.j2",
+                 # the probes' tiny models, with the tiny Kimi's remote-code files (package data)
+                 "eagle3ops/fixtures/__init__.py", "eagle3ops/fixtures/tinymodel.py", "eagle3ops/fixtures/tinydraft.py",
+                 *(f"eagle3ops/fixtures/remote_code/{f}" for f in tinykimi.REMOTE_CODE_FILES)):
         assert must in names, f"{must} missing from the wheel"
     tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert tops == {"eagle3ops"}, f"the wheel holds top-level packages besides eagle3ops: {tops}"
@@ -371,6 +378,46 @@ def test_the_production_wheel_holds_no_harness(tmp_path):
     assert harness == [], f"the production wheel ships development harness files: {harness}"
     entry = [n for n in names if n.endswith("entry_points.txt")]
     assert entry and "eagle3ops_dev" not in zipfile.ZipFile(wheels[0]).read(entry[0]).decode()
+
+
+def _harness_references(path: Path) -> list[tuple[int, str]]:
+    """(line, what) of each place in ``path`` that reaches or names the development harness ``eagle3ops_dev``:
+    an ``import``/``from`` of it, and any string constant naming it (a module name handed to ``importlib`` or
+    ``__import__``, a message, a command line) -- docstrings excepted, which may say how the harness relates."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if a.name.split(".")[0] == "eagle3ops_dev"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "eagle3ops_dev":
+            found.append((node.lineno, f"from {node.module} import"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "eagle3ops_dev" in node.value \
+                and id(node) not in docstrings:
+            found.append((node.lineno, f"string {node.value[:60]!r}"))
+    return found
+
+
+def test_no_product_module_imports_or_names_the_harness():
+    """The product never reaches the harness, not even by name (import-linter sees only static imports), and no
+    product message sends a user to it: a user has the eagle3ops command and the make targets, not the harness."""
+    offenders = [f"{path.relative_to(SRC.parent).as_posix()}:{line}: {what}" for path in sorted(SRC.rglob("*.py"))
+                 for line, what in _harness_references(path)]
+    assert offenders == [], ("the product reaches or names the development harness; move what it needs into "
+                             "eagle3ops (e.g. eagle3ops.fixtures) and point users at a make target:\n"
+                             + "\n".join(offenders))
+
+
+def test_the_harness_scan_sees_imports_names_and_messages_but_not_docstrings(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text('"""Relates to eagle3ops_dev.demo."""\nimport importlib\nimport eagle3ops_dev.sandbox as sb\n'
+                 'from eagle3ops_dev import demo\n\n\ndef f():\n    """Uses eagle3ops_dev."""\n'
+                 '    importlib.import_module("eagle3ops_dev.fixtures")\n'
+                 '    raise RuntimeError(f"run `python -m eagle3ops_dev base` ({1})")\n')
+    assert [(line, what.split()[0]) for line, what in _harness_references(p)] == [
+        (3, "import"), (4, "from"), (9, "string"), (10, "string")]
 
 
 # --- executors are made in one place ------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The development harness beside the product: the probes' one seam to it
-(:mod:`eagle3ops.patches.fixtures`), the probe cache key covering it, and the tiny Kimi's remote code as real files.
-Pure: no torch, no engine."""
+"""The probes' tiny-model fixtures (:mod:`eagle3ops.fixtures`, product) and the development harness beside them: the
+probes' one seam (:mod:`eagle3ops.patches.fixtures`), the probe cache key covering the fixtures, the tiny Kimi's
+remote code as real files, and the harness's page-cache warm-up. Pure apart from the last: no torch, no engine."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from eagle3ops.patches import fixtures, probecache
-from eagle3ops_dev import tinykimi
+from eagle3ops.fixtures import tinykimi
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_the_seam_loads_the_harness_fixtures_by_name(monkeypatch):
+def test_the_seam_loads_the_products_fixtures_by_name(monkeypatch):
     monkeypatch.delenv(fixtures.ENV, raising=False)
     mod = fixtures.load()
-    assert mod.__name__ == fixtures.DEFAULT_MODULE == "eagle3ops_dev.fixtures"
+    assert mod.__name__ == fixtures.DEFAULT_MODULE == "eagle3ops.fixtures"
     assert isinstance(mod, fixtures.ProbeFixtures)
 
 
@@ -41,7 +41,8 @@ def test_the_environment_names_another_fixtures_module(tmp_path, monkeypatch):
 
 
 def test_a_missing_or_incomplete_fixtures_module_is_refused_with_the_fix(tmp_path, monkeypatch):
-    with pytest.raises(fixtures.FixturesMissing, match=r"no_such_fixtures.*/opt/eagle3ops/dev.*scripts/setup.sh"):
+    with pytest.raises(fixtures.FixturesMissing,
+                       match=r"no_such_fixtures.*eagle3ops.fixtures is part of the eagle3ops package.*PROBE_FIXTURES"):
         fixtures.load("no_such_fixtures")
     name = _fake_fixtures(tmp_path, monkeypatch, "def build_target(out_dir, kind, seed=0):\n    return out_dir\n")
     with pytest.raises(fixtures.FixturesMissing, match="lacks build_draft"):
@@ -66,7 +67,7 @@ def test_the_probe_code_digest_covers_the_fixtures(tmp_path, monkeypatch):
 
 def test_the_tiny_kimis_remote_code_is_real_python_read_byte_for_byte():
     for name in tinykimi.REMOTE_CODE_FILES:
-        path = REPO / "src/eagle3ops_dev/remote_code" / name
+        path = REPO / "src/eagle3ops/fixtures/remote_code" / name
         text = path.read_text(encoding="utf-8")
         ast.parse(text, filename=str(path))
         assert tinykimi.remote_source(name) == text

@@ -7,7 +7,7 @@ runs ``docker run`` of the pipeline image, named by its image id, on this machin
 Apptainer cannot run here: neither is packaged in Debian bookworm (nor is ``singularity-container``), so their lines
 are checked by rendering only (``tests/test_fleet_render.py`` and the last assertions below).
 
-The run: the tiny target (``eagle3ops_dev.tinymodel``: a random 4-layer Llama) and stage prepare (16 samples) made
+The run: the tiny target (``eagle3ops.fixtures.tinymodel``: a random 4-layer Llama) and stage prepare (16 samples) made
 before the jobs, in one container (what a site does before it submits; prepare's count cuts the shards). The cluster's
 one node (3 CPUs as configured) takes the extract array's two tasks and vocab (1 CPU each) at once; each extract task
 extracts its 8 samples with the transformers engine on CPU (the cheapest real engine), into the one run directory (a

@@ -98,6 +98,9 @@ def test_files_outside_the_inputs_do_not_change_the_tag(root: Path) -> None:
     (root / "tests/test_x.py").write_text("x = 1\n")
     (root / "src/eagle3ops/__pycache__").mkdir(exist_ok=True)
     (root / "src/eagle3ops/__pycache__/junk.pyc").write_bytes(b"\0")
+    # the development harness is no input of the pipeline image (its build context holds src/eagle3ops only)
+    harness = root / "src/eagle3ops_dev/demo.py"
+    harness.write_text(harness.read_text() + "\n# x\n")
     assert images.content_tag("pipeline", base_id=BASE_ID, root=root) == before
 
 
@@ -344,7 +347,7 @@ def test_probe_key_salt_covers_the_layers_below_the_patch_step(root: Path) -> No
     p.write_text(p.read_text().replace("\n+", "\n+# changed code\n+", 1))
     assert salt() == s0 == salt("probes-fresh")
     assert salt(base_id={**BASE_ID, "id": "sha256:" + "cd" * 32}) != s0
-    for rel in ("src/eagle3ops_dev/tinymodel.py", "requirements/pipeline-speculators-0.3.0.lock", "Dockerfile"):
+    for rel in ("src/eagle3ops/fixtures/tinymodel.py", "requirements/pipeline-speculators-0.3.0.lock", "Dockerfile"):
         f = root / rel
         before = f.read_text()
         f.write_text(before + "\n# x\n")

@@ -25,7 +25,7 @@ def test_headspecs_mount_the_checkout_and_run_as_the_caller():
         assert spec["environment"]["PYTHONPATH"] == "/e3/src" and spec["entrypoint"] == ["sh", "-c"]
         json.dumps(spec)
     script = t["command"][0]
-    assert script.startswith("set -e; test -f '/e3/work/k 25/config.json' || python3 -m eagle3ops_dev.tinymodel ")
+    assert script.startswith("set -e; test -f '/e3/work/k 25/config.json' || python3 -m eagle3ops.fixtures.tinymodel ")
     assert [s for s in headspecs.HEAD_STAGES if f"eagle3ops stage {s} --run-dir /e3/work/run" in script] == \
         list(headspecs.HEAD_STAGES)
     assert "--target '/e3/work/k 25'" in g["command"][0] and "--draft /e3/work/run/train/final" in g["command"][0]

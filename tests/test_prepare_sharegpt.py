@@ -21,7 +21,7 @@ from eagle3ops.stages import chatdata
 from eagle3ops.stages import prepare as prepare_stage
 from eagle3ops.stages.chatdata import ChatDataError, ReadStats, iter_rows, load_conversations, resolve_dataset
 from eagle3ops.stages.prepare import read_samples, run_prepare
-from eagle3ops_dev.tinymodel import CHAT_TEMPLATE as PLAIN_TEMPLATE
+from eagle3ops.fixtures.tinymodel import CHAT_TEMPLATE as PLAIN_TEMPLATE
 
 PACKAGED_BYTES = 125_509_632
 COMPLETE = 17_671

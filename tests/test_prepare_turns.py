@@ -19,7 +19,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from eagle3ops.config.pipeline import load_pipeline_config
 from eagle3ops.stages import prepare as prepare_stage
 from eagle3ops.stages.prepare import UnmaskableConversation, read_samples, run_prepare
-from eagle3ops_dev.tinymodel import CHAT_TEMPLATE as PLAIN_TEMPLATE  # role + content only: drops tool fields
+from eagle3ops.fixtures.tinymodel import CHAT_TEMPLATE as PLAIN_TEMPLATE  # role + content only: drops tool fields
 
 #: A template that renders tools, tool calls, tool results (with the tool's name) and reasoning (the shape of
 #: Qwen2.5/Hermes templates); like them it does not render `tool_call_id`.

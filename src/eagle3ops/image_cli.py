@@ -1,5 +1,5 @@
 """``eagle3ops image``: build pipeline/serving images with content tags, list images (the stand-in bases are
-built by the development harness: ``python -m eagle3ops_dev base``).
+built by the development harness: ``make base``).
 
 Heavy work lives in :mod:`eagle3ops.images`; docker is imported lazily there.
 """

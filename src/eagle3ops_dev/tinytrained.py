@@ -1,6 +1,6 @@
 """A *trained* sandbox target whose forward costs several draft forwards: the stand-in that lets speculation win on CPU.
 
-Why: the sandbox's tiny Llama (:mod:`eagle3ops_dev.tinymodel`, kind ``llama``: 4 layers x hidden 128) has random
+Why: the sandbox's tiny Llama (:mod:`eagle3ops.fixtures.tinymodel`, kind ``llama``: 4 layers x hidden 128) has random
 weights, so its next-token distribution is flat and no draft head can predict it (the demo measured acceptance
 length 1.000), and one of its forwards costs about what a one-layer draft forward costs, so speculation could not
 win even with a perfect head. ``benchmarks/README-sandbox-target.md`` measured both: 77 s of training on real text
@@ -9,7 +9,7 @@ acceptance length speculation needs to break even.
 
 What this builds (``python -m eagle3ops_dev.tinytrained OUT --corpus CORPUS.jsonl [--layers 24]``):
 
-1. **The core**: the tiny Llama of :func:`eagle3ops_dev.tinymodel.build_tiny_model` (same config, tokenizer and seed),
+1. **The core**: the tiny Llama of :func:`eagle3ops.fixtures.tinymodel.build_tiny_model` (same config, tokenizer and seed),
    trained on a corpus of chat turns (``{"prompt": ..., "completion": ...}`` per line, rendered with the model's chat
    template as one user turn and one assistant turn), AdamW, warmup + cosine, random windows of the concatenated
    token stream (:func:`train_core`). The demo passes HumanEval's *train* split (prompt + canonical solution; the
@@ -178,7 +178,7 @@ def build_trained_llama(out_dir: str | Path, corpus: str | Path, *, layers: int 
                         seed: int = 0, max_seconds: float = 1800.0, log=print) -> Path:
     """Build the trained, deepened sandbox target into ``out_dir`` (see the module doc) and return that path.
 
-    Writes what :func:`eagle3ops_dev.tinymodel.build_tiny_model` writes for kind ``llama`` (bf16 weights, fast
+    Writes what :func:`eagle3ops.fixtures.tinymodel.build_tiny_model` writes for kind ``llama`` (bf16 weights, fast
     tokenizer with chat template, generation config) with ``layers`` decoder layers, plus :data:`RECORD`: the corpus's
     sha256 and row count, the training figures of :func:`train_core`, the core positions, and
     ``"stand_in": true``.
@@ -190,7 +190,7 @@ def build_trained_llama(out_dir: str | Path, corpus: str | Path, *, layers: int 
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from eagle3ops_dev.tinymodel import build_tiny_model
+    from eagle3ops.fixtures.tinymodel import build_tiny_model
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):

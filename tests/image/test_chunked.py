@@ -21,7 +21,7 @@ from eagle3ops.stages import chunkplan  # noqa: E402
 from eagle3ops.stages.chunked import make_plan  # noqa: E402
 from eagle3ops.stages.prepare import run_prepare  # noqa: E402
 from eagle3ops.stages.vocab import run_vocab  # noqa: E402
-from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
+from eagle3ops.fixtures.tinymodel import build_tiny_model  # noqa: E402
 
 QUIET = lambda *_a, **_k: None  # noqa: E731
 

@@ -17,7 +17,7 @@ import torch
 
 from eagle3ops import cpuattn
 from eagle3ops.config import load_inventory
-from eagle3ops_dev.tinymodel import KINDS, build_tiny_model
+from eagle3ops.fixtures.tinymodel import KINDS, build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 

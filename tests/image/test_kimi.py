@@ -1,7 +1,7 @@
 """A tiny Kimi-K2.5-class target (``tinymodel`` kind ``kimi-k25``) through every pipeline stage.
 
 Runs inside the pipeline image (vLLM 0.16 CPU, patched speculators, tiktoken). The target is built locally
-(:mod:`eagle3ops_dev.tinykimi`): ``KimiK25ForConditionalGeneration`` with a remote-code config, a DeepSeek-V3 text
+(:mod:`eagle3ops.fixtures.tinykimi`): ``KimiK25ForConditionalGeneration`` with a remote-code config, a DeepSeek-V3 text
 backbone under ``language_model.`` with Kimi's 163,840-token vocabulary, a one-block vision tower, and a slow
 tiktoken-backed remote-code tokenizer. The ``slow`` test starts vLLM twice (extract, probe): a few minutes on
 2 cores. Figures (prepare tokens/s, vocab time and memory, probe errors, train loss) are printed (``-s``).
@@ -27,7 +27,7 @@ from eagle3ops.stages.prepare import load_tokenizer, read_samples, run_prepare  
 from eagle3ops.stages.target import BACKBONE_TENSORS, load_backbone_tensors, target_text_config  # noqa: E402
 from eagle3ops.stages.train import run_train  # noqa: E402
 from eagle3ops.stages.vocab import run_vocab  # noqa: E402
-from eagle3ops_dev.tinykimi import (  # noqa: E402
+from eagle3ops.fixtures.tinykimi import (  # noqa: E402
     IM_END_ID,
     KIMI_VOCAB_SIZE,
     MEDIA_PAD_ID,
@@ -36,7 +36,7 @@ from eagle3ops_dev.tinykimi import (  # noqa: E402
     synthetic_chat_rows,
     vision_weight_shapes,
 )
-from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
+from eagle3ops.fixtures.tinymodel import build_tiny_model  # noqa: E402
 
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
 QUIET = lambda *_a, **_k: None  # noqa: E731

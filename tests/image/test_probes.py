@@ -1,7 +1,7 @@
 """The speculators series' behavioural probes, run against the installed (patched) speculators and vLLM.
 
 Runs inside the pipeline image (or, for development, /opt/e3/venv-ml with a patched speculators first on
-PYTHONPATH). Every probe starts from tiny models built locally by :mod:`eagle3ops_dev.tinymodel`; the probes share
+PYTHONPATH). Every probe starts from tiny models built locally by :mod:`eagle3ops.fixtures.tinymodel`; the probes share
 two vLLM engines (tiny Llama with a remote-code tokenizer, tiny DeepSeek-V3) for the module.
 
 The negative tests take the installed speculators, reverse-apply patches of the checked-in series with
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from eagle3ops.patches import probekit, probes
-from eagle3ops_dev.tinymodel import build_tiny_model
+from eagle3ops.fixtures.tinymodel import build_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -113,6 +113,23 @@ def test_tiny_model_kinds(tmp_path):
     assert ds.model_type == "deepseek_v3" and ds.qk_nope_head_dim + ds.qk_rope_head_dim == 64
     with pytest.raises(FileExistsError):
         build_tiny_model(tmp_path / "ds", kind="deepseek-v3")
+
+
+
+def test_the_image_carries_the_probes_fixtures_and_not_the_harness():
+    """The image's own interpreter (``python3 -I``: no PYTHONPATH -- this suite mounts the harness there for the
+    trained sandbox target's test --, no working directory on the path) loads the probes' fixtures from the installed
+    eagle3ops, remote-code package data included, and cannot import the development harness ``eagle3ops_dev``."""
+    code = ("import importlib.util as u, eagle3ops.fixtures.tinykimi as k, eagle3ops.patches.fixtures as s; "
+            "print(s.load().__file__); print(len(k.PAT_STR) > 0); print(u.find_spec('eagle3ops_dev'))")
+    cp = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    fixtures_file, pat_str, harness = cp.stdout.split()
+    assert fixtures_file.endswith("-packages/eagle3ops/fixtures/__init__.py"), fixtures_file  # installed, no checkout
+    assert (pat_str, harness) == ("True", "None")
+    cp = subprocess.run([sys.executable, "-I", "-c", "import eagle3ops_dev"], capture_output=True, text=True,
+                        timeout=120, cwd="/")
+    assert cp.returncode != 0 and "No module named 'eagle3ops_dev'" in cp.stderr, (cp.returncode, cp.stderr[-2000:])
 
 
 # ----------------------------------------------------------------------------------- probes catch the faults

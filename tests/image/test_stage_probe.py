@@ -21,7 +21,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from eagle3ops.stages.cli import app  # noqa: E402
 from eagle3ops.stages.extract import TransformersEngine  # noqa: E402
-from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
+from eagle3ops.fixtures.tinymodel import build_tiny_model  # noqa: E402
 
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
 

@@ -31,7 +31,7 @@ from eagle3ops.stages.prepare import (  # noqa: E402
 )
 from eagle3ops.stages.train import run_train  # noqa: E402
 from eagle3ops.stages.vocab import run_vocab  # noqa: E402
-from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
+from eagle3ops.fixtures.tinymodel import build_tiny_model  # noqa: E402
 
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
 QUIET = lambda *_a, **_k: None  # noqa: E731

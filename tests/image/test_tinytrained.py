@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
+from eagle3ops.fixtures.tinymodel import build_tiny_model  # noqa: E402
 from eagle3ops_dev.tinytrained import RECORD, build_trained_llama, deepen  # noqa: E402
 
 #: A stand-in corpus (a few lines of code as chat turns): enough tokens for the training mechanics, nothing more.

@@ -23,7 +23,7 @@ from eagle3ops.stages.manifest import restart_dir  # noqa: E402
 from eagle3ops.stages.prepare import run_prepare  # noqa: E402
 from eagle3ops.stages.train import NPROC_ENV, run_train  # noqa: E402
 from eagle3ops.stages.vocab import run_vocab  # noqa: E402
-from eagle3ops_dev.tinymodel import build_tiny_model  # noqa: E402
+from eagle3ops.fixtures.tinymodel import build_tiny_model  # noqa: E402
 
 QUIET = lambda *_a, **_k: None  # noqa: E731
 

@@ -17,7 +17,7 @@ definition), build args and env defaults (jinja2 templates). That folder of YAML
 
 Dependencies run one way: engine ← tags ← inspect ← facts; buildkit; build (all of them). The stand-in bases (the
 debootstrap minbase, the ``local`` and ``upstream`` stand-ins for ``vllm/vllm-openai``, the test stand-in base) are
-development harness: :mod:`eagle3ops_dev.bases` (``python -m eagle3ops_dev base``); only their tag
+development harness, built by ``make base`` in a checkout of eagle3ops; only their tag
 :data:`LOCAL_BASE_TAG` is here. Command lines come from :mod:`eagle3ops.commands.images`. Callers import from this
 package (``from eagle3ops import images``; ``images.build_image(...)``); the names below are its API.
 """

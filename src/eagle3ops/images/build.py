@@ -27,7 +27,7 @@ from eagle3ops.images.engine import docker_client
 from eagle3ops.images.tags import _extra_args, _short, _tag, content_inputs, image_labels, probe_key_salt, render
 
 #: The local CPU base's tag (stand-in for ``vllm/vllm-openai:v0.16.0``, built by the development harness:
-#: ``python -m eagle3ops_dev base``): the only base a profile with a stand-in series may build on.
+#: ``make base``): the only base a profile with a stand-in series may build on.
 LOCAL_BASE_TAG = "eagle3ops/vllm-openai-local:v0.16.0"
 
 

@@ -39,7 +39,7 @@ def base_facts(base_image: str, *, vllm_version: str = "0.16.0", client: Any = N
         img = client.images.get(base_image)
     except docker.errors.ImageNotFound:
         raise ImageError(f"base image {base_image} is not on the docker engine; load it, pass --base-image, or build "
-                         f"a stand-in with `python -m eagle3ops_dev base`") from None
+                         f"a stand-in with `make base` in a checkout of eagle3ops") from None
     script = (root / "images/pipeline/check-base.py").read_text()
     key = _sha256(f"{img.id}\0{vllm_version}\0{script}".encode())
     cache = (cache_dir or FACTS_CACHE) / f"{key}.json"

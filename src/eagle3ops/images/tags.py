@@ -149,7 +149,7 @@ def base_identity(defn: ImageDef, base_image: str | None = None, client: Any = N
     except docker.errors.ImageNotFound:
         raise ImageError(
             f"base image {ref} is not on the docker engine and has no digest in images/{_short(defn)}.yaml; "
-            f"load it, pass --base-image, or build the local stand-in with `python -m eagle3ops_dev base`"
+            f"load it, pass --base-image, or build the local stand-in with `make base` in a checkout of eagle3ops"
         ) from None
     digests = img.attrs.get("RepoDigests") or []
     if digests:

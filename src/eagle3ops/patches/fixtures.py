@@ -1,15 +1,12 @@
-"""The behavioural probes' model fixtures: the one seam between the product's probes and the development harness.
+"""The behavioural probes' model fixtures: the seam between the probes and the tiny models they build.
 
 The probes (:mod:`.probes`, :mod:`.specprobes`, :mod:`.kimiprobe`) run the installed, patched code on tiny,
-locally built models: random targets of several architectures and random EAGLE-3 heads. Their builders are
-development harness (:mod:`eagle3ops_dev.tinymodel`, :mod:`eagle3ops_dev.tinydraft`), which the product never
-imports (import contract). The probes reach them only through this module, which loads an implementation of
-:class:`ProbeFixtures` *by name* with :mod:`importlib`: :data:`DEFAULT_MODULE`, or the module named by the
-environment variable :data:`ENV` (a test or another harness may supply its own).
-
-Where the default implementation is importable: the driver venv (``scripts/setup.sh``'s ``eagle3ops-dev.pth``),
-the pipeline image (the Dockerfile copies ``src/eagle3ops_dev`` to ``/opt/eagle3ops/dev`` and puts it on the
-interpreter's path), and containers that mount this checkout's ``src`` first on ``PYTHONPATH``.
+locally built models: random targets of several architectures and random EAGLE-3 heads. Their builders are the
+product package :mod:`eagle3ops.fixtures` (:mod:`eagle3ops.fixtures.tinymodel`, :mod:`eagle3ops.fixtures.tinydraft`),
+shipped in the eagle3ops wheel and therefore in the pipeline image, where the probes run at build time and on a
+target host (``eagle3ops probe HOST``). The probes reach them only through this module, which loads an
+implementation of :class:`ProbeFixtures` *by name* with :mod:`importlib`: :data:`DEFAULT_MODULE`, or the module
+named by the environment variable :data:`ENV` (a test may supply its own).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from typing import Protocol, runtime_checkable
 __all__ = ["DEFAULT_MODULE", "ENV", "FixturesMissing", "ProbeFixtures", "load", "module_name"]
 
 #: The implementation loaded unless :data:`ENV` names another module.
-DEFAULT_MODULE = "eagle3ops_dev.fixtures"
+DEFAULT_MODULE = "eagle3ops.fixtures"
 #: Environment variable naming the implementation module (``package.module``).
 ENV = "EAGLE3OPS_PROBE_FIXTURES"
 
@@ -68,9 +65,9 @@ def load(module: str | None = None) -> ProbeFixtures:
     except ModuleNotFoundError as exc:
         raise FixturesMissing(
             f"probe fixtures module {name!r} cannot be imported ({exc}); the probes build their tiny models with it. "
-            f"The pipeline image carries {DEFAULT_MODULE} under /opt/eagle3ops/dev (Dockerfile); in a checkout run "
-            f"`bash scripts/setup.sh` (eagle3ops-dev.pth) or put its src/ on PYTHONPATH; or set {ENV} to a module "
-            f"that provides build_target and build_draft") from exc
+            f"{DEFAULT_MODULE} is part of the eagle3ops package (installed in the pipeline image; in a checkout run "
+            f"`make setup`); unset {ENV} to use it, or set it to a module that provides build_target and "
+            f"build_draft") from exc
     missing = [f for f in ("build_target", "build_draft") if not callable(getattr(mod, f, None))]
     if missing:
         raise FixturesMissing(f"probe fixtures module {name!r} lacks {', '.join(missing)} (see "

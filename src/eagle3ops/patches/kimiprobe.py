@@ -1,7 +1,7 @@
 """Behavioural probe of the speculators series' Kimi-K2.5 patches (``X-Eagle3ops-Probe: kimi-k25-targets``).
 
 Runs on the shared probe engines of :mod:`eagle3ops.patches.probekit` (engine kind ``kimi-k25``: the tiny
-Kimi-K2.5-class target of :mod:`eagle3ops_dev.tinykimi`), with its tolerances and error statistics.
+Kimi-K2.5-class target of :mod:`eagle3ops.fixtures.tinykimi`), with its tolerances and error statistics.
 """
 
 from __future__ import annotations

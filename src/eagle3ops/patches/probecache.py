@@ -5,8 +5,9 @@ key of probe ``P`` is the sha256 of a canonical JSON record (:func:`probe_key_in
 
 * the probe's name and the probe registry's module name;
 * **the probe code**: sha256 of every source file of the registry's top-level package (all of ``eagle3ops`` for
-  ``eagle3ops.patches.probes``) and of the probes' fixtures package (:mod:`eagle3ops.patches.fixtures`: all of
-  ``eagle3ops_dev``, the tiny-model builders the probes use);
+  ``eagle3ops.patches.probes``) and of the probes' fixtures package (:mod:`eagle3ops.patches.fixtures`: the
+  top-level package of the module it loads, ``eagle3ops`` itself for the default :mod:`eagle3ops.fixtures`, the
+  tiny-model builders the probes use);
 * **the patched code**: for every package with an eagle3ops patch manifest in the site dir (speculators today),
   the sha256 of every file of its installed, patched tree (``__pycache__``/``*.pyc`` excepted) -- the files the
   patches produced, not the patch files: a DEP-3 header edit or a refresh that only moves line offsets leaves them
@@ -94,8 +95,8 @@ def tree_digest(root: Path, names: tuple[str, ...] | list[str]) -> str:
 def code_digest(module: str) -> str:
     """sha256 over the source files of ``module``'s top-level package (all of ``eagle3ops`` for
     ``eagle3ops.patches.probes``; the module file alone for a top-level module) and of the probes' fixtures
-    package (:func:`eagle3ops.patches.fixtures.module_name`'s top-level package, ``eagle3ops_dev`` by default: the
-    tiny models the probes build; a ``missing`` marker when it cannot be found).
+    package (:func:`eagle3ops.patches.fixtures.module_name`'s top-level package, ``eagle3ops`` for the default
+    :mod:`eagle3ops.fixtures`: the tiny models the probes build; a ``missing`` marker when it cannot be found).
 
     Raises:
         ModuleNotFoundError: ``module`` cannot be found on ``sys.path``.

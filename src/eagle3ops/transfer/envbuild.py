@@ -7,7 +7,7 @@ runs from wherever it is unpacked on the host with the host's ``venv_python``:
   ``home`` its directory; the host's Python must be the image's minor version (:func:`check_python`);
 - console scripts start with :data:`eagle3ops.commands.venv.RELOCATABLE_SHEBANG` instead of the image's venv path;
 - ``bin/eagle3ops-stage`` runs ``python -m eagle3ops stage`` as the stage containers do;
-- directories the image puts on ``sys.path`` from outside its venv (a ``.pth`` naming ``/opt/eagle3ops/dev``) are
+- directories the image puts on ``sys.path`` from outside its venv (a ``.pth`` naming a directory such as ``/opt/x``) are
   carried under ``extra/`` and the ``.pth`` lines made relative to ``site-packages``;
 - :data:`eagle3ops.commands.venv.BUILD_RECORD` says the image, its id, its Python and ``venv_python``;
 - an image that is a stand-in (its labels: :func:`eagle3ops.config.standin.standin_reason`, e.g. the pipeline image on
