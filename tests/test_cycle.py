@@ -452,6 +452,7 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
         with pytest.raises(cy.CycleEnded) as end:
             cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=2.5, max_tokens=16)
         assert end.value.figures["passed"] is False and end.value.figures["port"] == port + 1
+        assert end.value.figures["stopped"].startswith("stopped: session")
         assert not _answers(port + 1) and server.poll() is None  # stopped; production never touched
         sid = Path(work.state_dir, "cycles/r1/serve/sid").read_text().strip()
         assert subprocess.run(["pgrep", "-s", sid], capture_output=True).returncode == 1  # nothing left

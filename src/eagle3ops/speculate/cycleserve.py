@@ -362,6 +362,7 @@ def serve_and_measure(pr: Any, wr: Any, *, run: str, k: int, prompts: Sequence[A
     echo(f"serving the head on {work.name}:{port} as production's {src.source} (+ --speculative-config)")
     wr.run(hc.rm_rf(d))
     wr.run(hc.mkdir_p(d))
+    ended: CycleEnded | None = None
     try:
         if ws.form == "process":
             wr.run(cyc.write_private(f"{d}/cmdline.nul"), stdin=_nul(ws.argv))
@@ -383,11 +384,12 @@ def serve_and_measure(pr: Any, wr: Any, *, run: str, k: int, prompts: Sequence[A
             verdict = measure_served(url, model, prompts, floor, where=work.name, max_tokens=max_tokens,
                                      api_key=key)
         except CycleEnded as end:
-            end.figures.update(figs)
-            raise
+            ended = end
     finally:
-        stopped = _stop(wr, ws, d)
-    figs["stopped"] = stopped
+        figs["stopped"] = _stop(wr, ws, d)
+    if ended is not None:  # below the floor: journaled with the server's figures, stopped first
+        ended.figures.update(figs)
+        raise ended
     return {**verdict, **figs}
 
 
