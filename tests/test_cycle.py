@@ -6,6 +6,9 @@ are STAND-IN runners that record which step ran instead of running the step's co
 ``regenerate``/``weights``/``extract``/``train``/``speculate``/``report``, each tested on its own); the head's served
 acceptance is measured against the STAND-IN OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM: its
 speculation is simulated with ``--spec-acceptance``) through the speed gate's real client and ``/metrics`` parser.
+The acceptance step end to end (``test_served_acceptance_*``) replays that STAND-IN server, serving as production's
+``process``, on a "work host" that is this machine (its real argv run through this machine's executor); the
+stand-in head is a ``config.json`` only (the stand-in server does not read it).
 The journal and its lock are real files written through this machine's executor (the same argv as on a host).
 """
 
@@ -421,7 +424,8 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
     """The acceptance step end to end on this machine: production is the STAND-IN OpenAI server (NOT vLLM; its
     speculation simulated, acceptance 2.0 by default) serving as a ``process``; the step reads it from /proc, starts
     its command line remapped with ``--speculative-config`` on a free port (production's is taken here), measures,
-    and stops it; production's process is never restarted; a floor above the head ends the cycle, stopped too."""
+    and stops it; production's process is never restarted; a floor above the head ends the cycle, stopped too; a
+    server that exits fails the step at once with its log; no head is refused before anything starts."""
     from eagle3ops.speculate import cycleserve as cserve
     from eagle3ops.speculate.ship import gate_prompts
 
@@ -456,6 +460,13 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
         assert not _answers(port + 1) and server.poll() is None  # stopped; production never touched
         sid = Path(work.state_dir, "cycles/r1/serve/sid").read_text().strip()
         assert subprocess.run(["pgrep", "-s", sid], capture_output=True).returncode == 1  # nothing left
+        # the work host lacks the target (the weights step did not put it there): the server exits, the step fails
+        # at once with its log, not after the health timeout
+        Path(work.model_path, "config.json").unlink()
+        t0 = time.monotonic()
+        with pytest.raises(cy.StepFailed, match="exited: .*not found: cannot load the model"):
+            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16)
+        assert time.monotonic() - t0 < 20 and not _answers(port + 1)
         # no head on the work host: refused before anything starts
         (head / "config.json").unlink()
         with pytest.raises(cy.StepFailed, match="no trained head"):

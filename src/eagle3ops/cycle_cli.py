@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from eagle3ops import cli_common as common
+from eagle3ops import redact
 from eagle3ops.cli_common import DryRunOpt, InventoryOpt
 from eagle3ops.weights_cli import DEFAULT_LINK_MBIT
 
@@ -261,6 +262,7 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
     beside = acceptance_beside(res["figures"])
     if beside["line"] and res["steps"].get("report") != "done":  # the report step said it already
         print(f"[cycle] {beside['line']}", flush=True)
-    print(json.dumps({"run": run, **res, "production_serving": plan.production_figures(),
-                      "work_host_acceptance": beside["work_host"], "production_acceptance": beside["production"],
-                      "verdict": beside["verdict"]}))
+    print(json.dumps(redact.value({"run": run, **res, "production_serving": plan.production_figures(),
+                                   "work_host_acceptance": beside["work_host"],
+                                   "production_acceptance": beside["production"], "verdict": beside["verdict"]},
+                                  prod.secret_env)))

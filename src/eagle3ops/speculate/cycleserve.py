@@ -376,10 +376,10 @@ def serve_and_measure(pr: Any, wr: Any, *, run: str, k: int, prompts: Sequence[A
             wr.run(cyc.serve_container(work, ws.spec, f"{d}/env"))
         try:
             health.wait_healthy(url, model, timeout_s=float(prod.serving.health_timeout_s), api_key=key,
-                                interval_s=1.0, crashed=lambda: _crashed(wr, ws, d))
+                                interval_s=1.0, crashed=lambda: _crashed(wr, ws, d, key))
         except health.GateFailed as exc:
             raise StepFailed(f"{work.name}: the head served there did not become healthy: {exc}; its log: "
-                             f"{_log(wr, ws, d)[-1500:]}", (work.name,)) from None
+                             f"{_log(wr, ws, d, key)[-1500:]}", (work.name,)) from None
         try:
             verdict = measure_served(url, model, prompts, floor, where=work.name, max_tokens=max_tokens,
                                      api_key=key)
@@ -397,20 +397,24 @@ def _nul(words: Sequence[str]) -> bytes:
     return b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words)
 
 
-def _crashed(wr: Any, ws: WorkServing, d: str) -> str | None:
+def _crashed(wr: Any, ws: WorkServing, d: str, key: str | None) -> str | None:
     """Why the server is gone (its log's tail), or None while it runs."""
     if ws.form == "process":
         gone = not wr.run(cyc.session_alive(d), check=False).ok
     else:
         st = wr.run(dk.container_status(wr.host, ws.name), check=False)
         gone = not st.ok or st.stdout.strip() in ("exited", "dead")
-    return f"the server on {wr.host.name} exited: {_log(wr, ws, d)[-1500:]}" if gone else None
+    return f"the server on {wr.host.name} exited: {_log(wr, ws, d, key)[-1500:]}" if gone else None
 
 
-def _log(wr: Any, ws: WorkServing, d: str) -> str:
+def _log(wr: Any, ws: WorkServing, d: str, key: str | None) -> str:
+    """The server's log's tail, the API key masked (vLLM prints its non-default arguments, the key among them)."""
+    from eagle3ops import redact
+
     out = wr.run(cyc.log_tail(f"{d}/serving.log") if ws.form == "process" else dk.logs(wr.host, ws.name, tail=40),
                  check=False)
-    return ((out.stdout or "") + (out.stderr or "")).strip()
+    text = redact.text(((out.stdout or "") + (out.stderr or "")).strip(), wr.host.secret_env)
+    return text.replace(key, "***") if key else text
 
 
 def _stop(wr: Any, ws: WorkServing, d: str) -> str:
