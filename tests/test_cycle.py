@@ -382,6 +382,14 @@ def test_work_host_container_is_productions_record_with_the_speculative_change(t
     assert ws2.spec["ports"] == {"8000/tcp": [("", 8005)]} and "8000" in ws2.spec["command"]
     pub = list(cyc.serve_container(work, ws2.spec, "/e"))
     assert pub[pub.index("--publish") + 1] == "8005:8000/tcp"
+    # a speculative image: what production's live image put into the container gives way to the new image's own
+    # defaults, as the speculate job's supervisor recreates it
+    old_image = {"Entrypoint": ["vllm", "serve"], "Env": ["PATH=/usr/bin"], "Labels": {}}
+    ws3 = cserve.plan_work_serving(prod, work, src, run="r1", k=3, port=8001, image="patched:1", image_id="sha256:b",
+                                   image_defaults=old_image)
+    assert ws3.spec["entrypoint"] is None and ws3.spec["image"] == "sha256:b"
+    assert "PATH=/usr/bin" not in ws3.environ and "HF_HOME=/hf" in ws3.environ and ws3.image == "patched:1"
+    assert ws3.spec["command"][-2:] == spec["command"][-2:]
     bridge["HostConfig"]["PortBindings"] = {}
     with pytest.raises(cy.StepFailed, match="publishes no port 8000"):
         cserve.plan_work_serving(prod, work, cserve.ProductionServing("container", bridge, "x"), run="r1", k=3, port=8005)

@@ -137,7 +137,8 @@ def secrets_to_env(cmd: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def plan_work_serving(prod: Any, work: Any, src: ProductionServing, *, run: str, k: int, port: int,
-                      image: str | None = None, image_id: str | None = None) -> WorkServing:
+                      image: str | None = None, image_id: str | None = None,
+                      image_defaults: dict[str, Any] | None = None) -> WorkServing:
     """The work host's measuring server from production's record (pure).
 
     The speculative change is production's serving kind's (:meth:`~eagle3ops.window.kinds.DriverKind.
@@ -147,7 +148,10 @@ def plan_work_serving(prod: Any, work: Any, src: ProductionServing, *, run: str,
     process) or the published port remapped; every bind (and bind mount) source and every command-line path under
     production's ``model_path``/``data_dir``/``state_dir`` remapped (:func:`remap`); the container created from
     ``image_id`` (``image`` when None), restart policy none, named ``eagle3ops-cycle-<run>``, labelled
-    :data:`ROLE`; secrets of the command line moved to the environment (:func:`secrets_to_env`).
+    :data:`ROLE`; secrets of the command line moved to the environment (:func:`secrets_to_env`). With
+    ``image_defaults`` (the ``Config`` of production's live image) the image change is made as the speculate job's
+    supervisor makes it (:func:`eagle3ops.commands.serving.apply_change`: what the old image put into the container
+    gives way to ``image``'s own defaults).
 
     Raises:
         StepFailed: a serving kind other than container or process; a bridge network without a published port
@@ -189,7 +193,8 @@ def plan_work_serving(prod: Any, work: Any, src: ProductionServing, *, run: str,
                              f"serving's port or use the host network", (prod.name,))
         ports = {cport: [("", port)]}
     try:
-        rec = apply_change(src.record, args=port_args + list(change.args))
+        rec = apply_change(src.record, args=port_args + list(change.args),
+                           image=image if image_defaults is not None else None, image_defaults=image_defaults)
     except ShellFormCommand as exc:
         raise StepFailed(str(exc), (prod.name,)) from None
     cfg, hcfg = rec["Config"], rec["HostConfig"]
@@ -341,7 +346,7 @@ def serve_and_measure(pr: Any, wr: Any, *, run: str, k: int, prompts: Sequence[A
         raise StepFailed(f"{work.name}: no trained head at {head} (config.json missing): the train step did not "
                          f"finish there; rerun the cycle", (work.name,))
     src = production_serving(pr)
-    image = image_id = None
+    image = image_id = defaults = None
     how = None
     if src.form == "container":
         if work.uses_venv:
@@ -352,9 +357,16 @@ def serve_and_measure(pr: Any, wr: Any, *, run: str, k: int, prompts: Sequence[A
             from eagle3ops.deployer import push_image as push
         image = prod.serving.speculative_image or prod.serving.image
         image_id, how = same_image(pr, wr, image, push, echo)
+        live = src.record.get("ImageId") or (src.record.get("Config") or {}).get("Image") or ""
+        got = pr.run(dk.inspect_format(prod, live, "{{json .Config}}", kind="image"), check=False)
+        try:  # production's live image's defaults (as the supervisor reads them); unreadable: the record's kept
+            defaults = json.loads(got.stdout) if got.ok else None
+        except ValueError:
+            defaults = None
     port = choose_port(cyc.parse_listening(wr.run(cyc.listening_ports(), check=False).stdout or ""),
                        prod.serving.port)
-    ws = plan_work_serving(prod, work, src, run=run, k=k, port=port, image=image, image_id=image_id)
+    ws = plan_work_serving(prod, work, src, run=run, k=k, port=port, image=image, image_id=image_id,
+                           image_defaults=defaults)
     d = f"{work.state_dir}/cycles/{run}/serve"
     model, url = prod.serving.served_model_name, f"http://{work.hostname}:{port}"
     key = _api_key(src, pr)
