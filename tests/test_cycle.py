@@ -6,6 +6,9 @@ are STAND-IN runners that record which step ran instead of running the step's co
 ``regenerate``/``weights``/``extract``/``train``/``speculate``/``report``, each tested on its own); the head's served
 acceptance is measured against the STAND-IN OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM: its
 speculation is simulated with ``--spec-acceptance``) through the speed gate's real client and ``/metrics`` parser.
+The acceptance step end to end (``test_served_acceptance_*``) replays that STAND-IN server, serving as production's
+``process``, on a "work host" that is this machine (its real argv run through this machine's executor); the
+stand-in head is a ``config.json`` only (the stand-in server does not read it).
 The journal and its lock are real files written through this machine's executor (the same argv as on a host).
 """
 
@@ -317,3 +320,182 @@ def test_roles_and_the_pipeline_are_checked_before_any_host_is_read(tmp_path: Pa
     res = cycle("prod", "--work", "w1")
     assert res.exit_code == 2 and "`prepare.datasets` does not name regenerated/dataset.jsonl" in " ".join(
         res.output.split())
+
+
+# ---- the head's served acceptance on a work host -------------------------------------------------------------------
+
+def _hosts(tmp_path: Path, serving: str):
+    """(production, work) from an inventory file: production serving as ``serving`` (YAML flow), the work host
+    ``serving: none``; distinct model/data/state roots, so every remapped path shows."""
+    from eagle3ops.config import load_inventory
+
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("hosts:\n" + "".join(
+        f"  {n}:\n    hostname: 127.0.0.1\n    gpus: {g}\n    data_dir: {tmp_path}/{n}/data\n"
+        f"    state_dir: {tmp_path}/{n}/state\n    model_path: {tmp_path}/{n}/model\n    serving: {s}\n"
+        for n, g, s in (("prod", 8, serving), ("w1", 8, "none"))))
+    i = load_inventory(inv)
+    return i.host("prod"), i.host("w1")
+
+
+def test_work_host_container_is_productions_record_with_the_speculative_change(tmp_path: Path) -> None:
+    from eagle3ops.commands import cycle as cyc
+    from eagle3ops.commands import speculate as sc
+    from eagle3ops.speculate import cycleserve as cserve
+    from eagle3ops.window.kinds import driver_kind
+
+    prod, work = _hosts(tmp_path, "{image: 'vllm/vllm-openai:v0.16.0', served_model_name: kimi, port: 8000}")
+    record = {"Name": "vllm", "ImageId": "sha256:" + "a" * 64, "Networks": {},
+              "Config": {"Image": "vllm/vllm-openai:v0.16.0", "Entrypoint": ["vllm", "serve"],
+                         "Cmd": ["/model", "--served-model-name", "kimi", "--port", "8000", "--api-key", "s3cret",
+                                 "-tp", "8"], "Env": ["PATH=/usr/bin", "HF_HOME=/hf"],
+                         "Labels": {"io.eagle3ops.role": "serving", "io.eagle3ops.release": "4"}},
+              "HostConfig": {"NetworkMode": "host", "Binds": [f"{prod.model_path}:/model:ro", "/srv/hf:/hf"],
+                             "RestartPolicy": {"Name": "unless-stopped"}, "ShmSize": 17179869184, "IpcMode": "host",
+                             "DeviceRequests": [{"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}]}}
+    src = cserve.ProductionServing("container", record, "release 4")
+    ws = cserve.plan_work_serving(prod, work, src, run="r1", k=3, port=8001, image="vllm/vllm-openai:v0.16.0",
+                              image_id="sha256:" + "a" * 64)
+    head = f"{work.data_dir}/runs/r1/train/final"
+    want = driver_kind(prod).speculative_change(prod, head, 3, "vllm/vllm-openai:v0.16.0")  # speculate's own
+    spec = ws.spec
+    assert spec["image"] == "sha256:" + "a" * 64 and spec["network_mode"] == "host"  # the same image id
+    assert spec["volumes"] == [f"{work.model_path}:/model:ro", "/srv/hf:/hf", f"{head}:{sc.HEAD_MOUNT}:ro"]
+    assert ws.remapped == (f"{prod.model_path} -> {work.model_path} (bind of /model)",)
+    cmd = spec["command"]
+    assert cmd[:3] == ["/model", "--served-model-name", "kimi"] and "-tp" in cmd
+    assert cmd[cmd.index("--port") + 1] == "8001" and cmd.count("--port") == 1
+    spec_cfg = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert cmd[-2:] == list(want.args)  # exactly the speculate job's change, appended last
+    assert spec_cfg == {"method": "eagle3", "model": sc.HEAD_MOUNT, "num_speculative_tokens": 3}
+    assert "s3cret" not in cmd and "VLLM_API_KEY=s3cret" in ws.environ  # the key moved to the env file
+    assert spec["labels"] == {"io.eagle3ops.role": cserve.ROLE} and "restart_policy" not in spec
+    argv = list(cyc.serve_container(work, spec, "/x/env"))
+    assert "s3cret" not in " ".join(argv) and argv[argv.index("--env-file") + 1] == "/x/env"
+    assert argv[argv.index("--entrypoint") + 1] == "vllm" and argv[argv.index("--gpus") + 1] == "all"
+    assert argv[argv.index("--ipc") + 1] == "host" and argv[argv.index("--name") + 1] == "eagle3ops-cycle-r1"
+    assert argv[argv.index("sha256:" + "a" * 64) + 1:][:2] == ["serve", "/model"]
+    # a bridge network: production's published port is remapped to the chosen one
+    bridge = json.loads(json.dumps(record))
+    bridge["HostConfig"].update(NetworkMode="bridge", PortBindings={"8000/tcp": [{"HostIp": "", "HostPort": "8000"}]})
+    ws2 = cserve.plan_work_serving(prod, work, cserve.ProductionServing("container", bridge, "x"), run="r1", k=3, port=8005)
+    assert ws2.spec["ports"] == {"8000/tcp": [("", 8005)]} and "8000" in ws2.spec["command"]
+    pub = list(cyc.serve_container(work, ws2.spec, "/e"))
+    assert pub[pub.index("--publish") + 1] == "8005:8000/tcp"
+    # a speculative image: what production's live image put into the container gives way to the new image's own
+    # defaults, as the speculate job's supervisor recreates it
+    old_image = {"Entrypoint": ["vllm", "serve"], "Env": ["PATH=/usr/bin"], "Labels": {}}
+    ws3 = cserve.plan_work_serving(prod, work, src, run="r1", k=3, port=8001, image="patched:1", image_id="sha256:b",
+                                   image_defaults=old_image)
+    assert ws3.spec["entrypoint"] is None and ws3.spec["image"] == "sha256:b"
+    assert "PATH=/usr/bin" not in ws3.environ and "HF_HOME=/hf" in ws3.environ and ws3.image == "patched:1"
+    assert ws3.spec["command"][-2:] == spec["command"][-2:]
+    bridge["HostConfig"]["PortBindings"] = {}
+    with pytest.raises(cy.StepFailed, match="publishes no port 8000"):
+        cserve.plan_work_serving(prod, work, cserve.ProductionServing("container", bridge, "x"), run="r1", k=3, port=8005)
+
+
+def test_work_host_process_is_productions_command_line_remapped(tmp_path: Path) -> None:
+    from eagle3ops.commands import cycle as cyc
+    from eagle3ops.speculate import cycleserve as cserve
+
+    prod, work = _hosts(tmp_path, "{kind: process, process_match: 'vllm serve', served_model_name: m, port: 8000}")
+    rec = {"argv": ["/opt/venv/bin/vllm", "serve", prod.model_path, "--port", "8000",
+                    f"--chat-template={prod.data_dir}/t.jinja"], "environ": ["A=1", "HF_TOKEN=x"],
+           "cwd": prod.data_dir}
+    ws = cserve.plan_work_serving(prod, work, cserve.ProductionServing("process", rec, "live process 9"), run="r1", k=2,
+                              port=8002)
+    head = f"{work.data_dir}/runs/r1/train/final"
+    assert ws.argv[:3] == ("/opt/venv/bin/vllm", "serve", work.model_path)
+    assert f"--chat-template={work.data_dir}/t.jinja" in ws.argv and ws.cwd == work.data_dir
+    assert ws.argv[ws.argv.index("--port") + 1] == "8002" and ws.argv.count("--port") == 1
+    assert json.loads(ws.argv[ws.argv.index("--speculative-config") + 1])["model"] == head  # the head's path
+    assert ws.environ == ("A=1", "HF_TOKEN=x") and ws.image is None and len(ws.remapped) == 3
+    assert cserve.choose_port({8000, 8001}, 8000) == 8002 and cserve.choose_port(set(), 8000) == 8000
+    assert cyc.parse_listening("0100007F:1F40\n00000000000000000000000000000000:1F41\n") == {8000, 8001}
+    assert cserve.secrets_to_env(["a", "--api-key=k", "--hf-token", "t", "b"]) == (
+        ["a", "b"], {"VLLM_API_KEY": "k", "HF_TOKEN": "t"})
+    assert cserve.remap("/m2/x", [("/m", "/w")]) == "/m2/x" and cserve.remap("/m/x", [("/m", "/w"), ("/m/x", "/v")]) == "/v"
+
+
+class _On:
+    """This machine's executor as a host's (``.host``): the real argv of the step run here."""
+
+    def __init__(self, host):
+        self.host, self._x = host, executor.local()
+
+    def run(self, argv, **kw):
+        return self._x.run(argv, **kw)
+
+
+def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_nothing(tmp_path: Path) -> None:
+    """The acceptance step end to end on this machine: production is the STAND-IN OpenAI server (NOT vLLM; its
+    speculation simulated, acceptance 2.0 by default) serving as a ``process``; the step reads it from /proc, starts
+    its command line remapped with ``--speculative-config`` on a free port (production's is taken here), measures,
+    and stops it; production's process is never restarted; a floor above the head ends the cycle, stopped too; a
+    server that exits fails the step at once with its log; no head is refused before anything starts."""
+    from eagle3ops.speculate import cycleserve as cserve
+    from eagle3ops.speculate.ship import gate_prompts
+
+    port = _closed_port()
+    prod, work = _hosts(tmp_path, f"{{kind: process, process_match: 'standin_openai_server.py --port {port}', "
+                                  f"served_model_name: tiny, port: {port}, health_timeout_s: 30}}")
+    for h in (prod, work):
+        Path(h.model_path).mkdir(parents=True)
+        Path(h.model_path, "config.json").write_text("{}")
+    head = Path(cserve.head_dir(work, "r1"))
+    head.mkdir(parents=True)
+    (head / "config.json").write_text("{}")
+    server = subprocess.Popen([sys.executable, str(REPO / "tests/data/standin_openai_server.py"), "--port", str(port),
+                               "--model", "tiny", "--token-ms", "0.5", "--require-file",
+                               f"{prod.model_path}/config.json"], stdout=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _answers(port):
+            time.sleep(0.1)
+        prompts = [p.request for p in gate_prompts(4)]
+        seen: list[str] = []
+        figs = cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16,
+                                    echo=seen.append)
+        assert figs["source"].startswith("live process") and figs["port"] == port + 1  # production's port is taken
+        assert figs["mean_acceptance_length"] == pytest.approx(2.0, abs=0.05) and figs["failed_requests"] == 0
+        assert f"{work.model_path}/config.json" in figs["command"] and "--speculative-config" in figs["command"]
+        assert figs["stopped"].startswith("stopped: session") and not _answers(port + 1)
+        with pytest.raises(cy.CycleEnded) as end:
+            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=2.5, max_tokens=16)
+        assert end.value.figures["passed"] is False and end.value.figures["port"] == port + 1
+        assert end.value.figures["stopped"].startswith("stopped: session")
+        assert not _answers(port + 1) and server.poll() is None  # stopped; production never touched
+        sid = Path(work.state_dir, "cycles/r1/serve/sid").read_text().strip()
+        assert subprocess.run(["pgrep", "-s", sid], capture_output=True).returncode == 1  # nothing left
+        # the work host lacks the target (the weights step did not put it there): the server exits, the step fails
+        # at once with its log, not after the health timeout
+        Path(work.model_path, "config.json").unlink()
+        t0 = time.monotonic()
+        with pytest.raises(cy.StepFailed, match="exited: .*not found: cannot load the model"):
+            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16)
+        assert time.monotonic() - t0 < 20 and not _answers(port + 1)
+        # no head on the work host: refused before anything starts
+        (head / "config.json").unlink()
+        with pytest.raises(cy.StepFailed, match="no trained head"):
+            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_acceptance_beside_shows_productions_only_after_a_keep() -> None:
+    acc = {"mean_acceptance_length": 2.1, "where": "w1"}
+    kept = cr.acceptance_beside({"acceptance": acc, "speculate": {"verdict": "keep", "mean_acceptance_length": 2.3}})
+    assert kept["line"] == "mean acceptance length: 2.10 on work host w1, 2.30 on production (kept; +0.20)"
+    assert (kept["work_host"], kept["production"]) == (2.1, 2.3)
+    back = cr.acceptance_beside({"acceptance": acc, "speculate": {"verdict": "rollback", "mean_acceptance_length": 2}})
+    assert back["production"] is None and "verdict rollback, nothing kept" in back["line"]
+    assert cr.acceptance_beside({})["line"] is None

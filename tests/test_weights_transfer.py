@@ -30,6 +30,7 @@ import pytest
 import typer
 
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import process as pc
 from eagle3ops.commands import weights as wc
 from eagle3ops.remote import Remote
 from eagle3ops.speculate.onhost import head_sha256
@@ -272,18 +273,28 @@ def test_cycle_dry_run_plans_from_what_the_hosts_hold_and_writes_nothing(rent, t
         assert not r.run(hc.exists(f"{prod.state_dir}/cycles"), check=False).ok
 
 
-def test_cycle_steps_journaled_on_production_over_ssh_and_a_rerun_skips_them(rent, tmp_path):
+def test_cycle_steps_journaled_on_production_over_ssh_and_a_rerun_skips_them(rent, tmp_path, request):
     """``cycle rent0 --work rent1`` for real, up to the first step these hosts cannot do: regenerate answers on
     rent0's serving (the STAND-IN OpenAI server, NOT vLLM, as a ``process`` serving), the dataset is copied to rent1
     (sha256 checked), the weights are copied or found there, and extract fails (rent1 has no pipeline environment).
     The journal and lock are on rent0; the lock is given back; a rerun skips the three finished steps."""
     hosts, _, nodes = rent
     port = 18998
+    # matched by this run's own model path: the nodes share this machine's process table
+    match = f"standin_openai_server.py --port {port} .*--require-file {hosts['rent0'].model_path}/"
     prod = hosts["rent0"].model_copy(update={"serving": hosts["rent0"].serving.model_validate(
-        {"kind": "process", "process_match": f"standin_openai_server.py --port {port}", "port": port,
-         "served_model_name": "tiny", "health_timeout_s": 90})})
+        {"kind": "process", "process_match": match, "port": port, "served_model_name": "tiny",
+         "health_timeout_s": 90})})
     fleet.start_standin_server(prod, nodes[0], REPO / "tests/data/standin_openai_server.py", port=port, model="tiny",
-                               extra=["--bind", "0.0.0.0"])  # answers the driver at the node's address
+                               extra=["--bind", "0.0.0.0",  # answers the driver at the node's address
+                                      "--require-file", f"{prod.model_path}/config.json"])  # exits without it
+
+    def stop_production() -> None:
+        with Remote(prod) as r:
+            for p in r.run(pc.find_process(match), check=False).stdout.split():
+                r.run(["kill", p], check=False)
+
+    request.addfinalizer(stop_production)
     inv2 = tmp_path / "hosts.yaml"
     inv2.write_text(fleet.inventory_yaml([prod, hosts["rent1"]]))
     pipe = tmp_path / "pipeline.yaml"
@@ -324,3 +335,35 @@ def test_cycle_steps_journaled_on_production_over_ssh_and_a_rerun_skips_them(ren
     assert "every conversation answered already (resume log)" in again.stdout  # the plan reads regenerate's own
     assert [e["step"] for e in journal() if e["event"] == "start"] == [
         "regenerate", "dataset", "weights:rent1", "extract", "extract"]
+
+    # the served acceptance for real on rent1: extract and train journaled done by a STAND-IN (these hosts have no
+    # pipeline environment) and a STAND-IN head (a config.json) in rent1's run dir; production's floor above the
+    # stand-in server's simulated 2.0 ends the cycle there, production's process never restarted
+    from eagle3ops.commands import cycle as cyc
+    from eagle3ops.speculate.cyclerun import CycleJournal
+
+    work = hosts["rent1"]
+    with Remote(prod) as r:
+        pid = r.run(pc.find_process(match)).stdout.split()
+        j = CycleJournal(r, f"{prod.state_dir}/cycles/cyc")
+        for step in ("extract", "train"):
+            j.record(step, "done", stand_in=True)
+    with Remote(work) as r:
+        r.run(hc.mkdir_p(f"{work.data_dir}/runs/cyc/train/final"))
+        r.run(hc.write_file(f"{work.data_dir}/runs/cyc/train/final/config.json"), stdin="{}")
+    high = prod.model_copy(update={"serving": prod.serving.model_copy(update={"acceptance_floor": 2.5})})
+    inv2.write_text(fleet.inventory_yaml([high, work]))
+    third = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, cwd=tmp_path)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    end = journal()[-1]
+    assert (end["step"], end["event"]) == ("acceptance", "ended") and end["passed"] is False, end
+    assert end["mean_acceptance_length"] == pytest.approx(2.0, abs=0.05) and end["source"].startswith("live process")
+    assert f"{work.model_path}/config.json" in end["command"] and "--speculative-config" in end["command"]
+    assert end["url"] == f"http://{work.hostname}:{port}" and end["stopped"].startswith("stopped: session")
+    assert json.loads(third.stdout.splitlines()[-1])["production_restarts"] == 0
+    with Remote(work) as r:  # nothing left on the work host
+        assert r.run(pc.port_listeners(port)).stdout.strip() == ""
+        sid = r.run(hc.cat(f"{work.state_dir}/cycles/cyc/serve/sid")).stdout.strip()
+        assert not r.run(cyc.session_alive(f"{work.state_dir}/cycles/cyc/serve"), check=False).ok and sid
+    with Remote(prod) as r:  # production's serving process is the one started before the cycle
+        assert r.run(pc.find_process(match)).stdout.split() == pid

@@ -304,7 +304,8 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     if dry_run:
         return
     speculate_result(console, res)
-    print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
+    print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release"),
+                      "mean_acceptance_length": (res.get("spec_decode") or {}).get("mean_acceptance_length")}))
 
 
 def _newest_window(r, required: str = "") -> str | None:

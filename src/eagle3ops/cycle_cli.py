@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from eagle3ops import cli_common as common
+from eagle3ops import redact
 from eagle3ops.cli_common import DryRunOpt, InventoryOpt
 from eagle3ops.weights_cli import DEFAULT_LINK_MBIT
 
@@ -127,9 +128,23 @@ def _argv_runner() -> Callable[[Any], dict[str, Any]]:
         rc = proc.wait()
         if rc != 0:
             raise StepFailed(f"`eagle3ops {' '.join(step.argv[3:5])} ...` exited {rc}", step.hosts)
-        return {"rc": rc, **({k: last[k] for k in ("verdict", "live_release") if k in last})}
+        return {"rc": rc, **({k: last[k] for k in ("verdict", "live_release", "mean_acceptance_length")
+                              if k in last})}
 
     return run
+
+
+def _gate_requests(prod: Any, prompts_file: Optional[Path]) -> list[Any]:
+    """The speed gate's prompts, as speculate replays them: the chat set of ``--prompts-file`` (when given), then
+    HumanEval's gate split (``serving.gate_prompts`` of them); exits 2 naming the file when it cannot be read."""
+    from eagle3ops.speculate import prompts as pr
+    from eagle3ops.speculate.ship import gate_prompts
+
+    try:
+        chat = pr.from_jsonl(prompts_file) if prompts_file is not None else []
+        return [p.request for p in [*chat, *gate_prompts(prod.serving.gate_prompts)]]
+    except pr.GatePromptsError as exc:
+        common.fail(f"--prompts-file: {exc}", 2)
 
 
 def _alive(inv: Any) -> Callable[[str], bool]:
@@ -174,7 +189,7 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
     (below the floor: the cycle ends, production never restarted), then the head to production and the speed gate
     (production's only restarts). Journaled under a lock on production: a rerun skips finished steps."""
     from eagle3ops.config import ConfigError, load_inventory
-    from eagle3ops.speculate.cycle import CycleError, CycleOptions, StepFailed, plan_cycle
+    from eagle3ops.speculate.cycle import CycleError, CycleOptions, plan_cycle
     from eagle3ops.speculate.cyclerun import CycleJournal, cycle_dir, run_cycle
 
     if link_mbit <= 0:
@@ -189,6 +204,7 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
                         truncated)
     if not set(dead) < {w.name for w in works}:
         common.fail(f"--dead {', '.join(dead)}: name work hosts (given with --work), not all of them", 2)
+    gate_requests = _gate_requests(prod, prompts_file)  # a bad file named now, not after hours of training
     try:
         plan = plan_cycle(_facts(inv, prod, works, list(dead), cfg, opts), opts)
     except CycleError as exc:
@@ -207,12 +223,26 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
             return copy_dataset(pr, [stack.enter_context(common.remote(inv.host(n))) for n in step.hosts], run)
 
     def acceptance_step(step: Any) -> dict[str, Any]:
-        raise StepFailed(f"served acceptance on {step.hosts[0]} is not built yet: vLLM there with production's argv "
-                         f"+ --speculative-config; finished steps stay journaled", step.hosts)
+        from eagle3ops.speculate.cycleserve import serve_and_measure
+
+        with common.remote(prod) as pr, common.remote(inv.host(step.hosts[0])) as wr:
+            return serve_and_measure(pr, wr, run=run, k=cfg.train.ttt_steps, prompts=gate_requests,
+                                     floor=plan.acceptance_floor, max_tokens=prod.serving.gate_max_tokens,
+                                     echo=lambda m: print(f"[cycle] {m}", flush=True))
+
+    def report_step(step: Any) -> dict[str, Any]:
+        """The run's report, then production's acceptance beside the work host's (from the journal's figures)."""
+        from eagle3ops.speculate.cyclerun import acceptance_beside
+
+        out = argv(step)
+        beside = acceptance_beside(journal.finished())
+        if beside["line"]:
+            print(f"[cycle] {beside['line']}", flush=True)
+        return {**out, "acceptance_work_host": beside["work_host"], "acceptance_production": beside["production"]}
 
     argv = _argv_runner()
     runners = {"regenerate": argv, "weights": argv, "extract": argv, "train": argv, "speculate": argv,
-               "report": argv, "dataset": dataset_step, "acceptance": acceptance_step}
+               "report": report_step, "dataset": dataset_step, "acceptance": acceptance_step}
     with common.remote(prod) as pr:
         journal = CycleJournal(pr, cycle_dir(prod.state_dir, run), prod.secret_env)
         try:
@@ -227,7 +257,12 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
             journal.release()
             common.fail(str(exc))
         journal.release()
-    acc = res["figures"].get("acceptance") or {}
-    print(json.dumps({"run": run, **res, "production_serving": plan.production_figures(),
-                      "work_host_acceptance": acc.get("mean_acceptance_length"),
-                      "verdict": (res["figures"].get("speculate") or {}).get("verdict")}))
+    from eagle3ops.speculate.cyclerun import acceptance_beside
+
+    beside = acceptance_beside(res["figures"])
+    if beside["line"] and res["steps"].get("report") != "done":  # the report step said it already
+        print(f"[cycle] {beside['line']}", flush=True)
+    print(json.dumps(redact.value({"run": run, **res, "production_serving": plan.production_figures(),
+                                   "work_host_acceptance": beside["work_host"],
+                                   "production_acceptance": beside["production"], "verdict": beside["verdict"]},
+                                  prod.secret_env)))

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from eagle3ops.commands.types import Change, Read
 
-__all__ = ["eagle3ops", "extract", "regenerate", "regenerated_manifests", "report", "speculate", "train", "weights"]
+__all__ = ["eagle3ops", "extract", "listening_ports", "log_tail", "parse_listening", "proc_cwd", "regenerate",
+           "regenerated_manifests", "report", "serve_container", "session_alive", "speculate", "start_process",
+           "stop_session", "train", "weights", "write_private"]
 
 
 def eagle3ops(words: Sequence[str], inventory: Path | str, python: str | None = None) -> Change:
@@ -86,3 +88,88 @@ def regenerated_manifests(data_dir: str) -> Read:
     rates this host recorded; parsed by :func:`eagle3ops.speculate.restarts.parse_results`)."""
     return Read(["find", f"{data_dir}/runs", "-mindepth", "3", "-maxdepth", "3", "-type", "f", "-path",
                  "*/regenerated/dataset.manifest.json", "-exec", "cat", "{}", "+"])
+
+
+# ---- the head served on a work host (the cycle's acceptance step) -------------------------------------------------
+
+def listening_ports() -> Read:
+    """The TCP ports listened on (IPv4 and IPv6, ``/proc/net/tcp*``, state ``0A``), one ``ADDR:PORT`` (hex) per line
+    (:func:`parse_listening`)."""
+    return Read(["awk", '$4 == "0A" { print $2 }', "/proc/net/tcp", "/proc/net/tcp6"])
+
+
+def parse_listening(out: str) -> set[int]:
+    """The port numbers of :func:`listening_ports`' output."""
+    ports = set()
+    for line in out.split():
+        try:
+            ports.add(int(line.rsplit(":", 1)[1], 16))
+        except (IndexError, ValueError):
+            continue
+    return ports
+
+
+#: Starts ``cmdline.nul`` in ``cwd`` with exactly ``environ.nul`` (the restore agent's way: ``env -i`` from NUL
+#: files, so no value reaches an argv), detached in a session of its own whose id (the launcher's pid: a background
+#: job of a non-interactive sh is no group leader, so ``setsid`` execs in place) goes to ``sid``.
+_START_SH = r"""
+d=$1
+cd "$(cat "$d/cwd")" 2>/dev/null || cd /
+cat "$d/environ.nul" "$d/cmdline.nul" | setsid nohup xargs -0 -x env -i >> "$d/serving.log" 2>&1 &
+echo $! > "$d/sid"
+"""
+
+
+def start_process(d: str) -> Change:
+    """Start the process recorded in the private directory ``d`` (``cmdline.nul``, ``environ.nul``, ``cwd``),
+    detached in a new session; its session id is written to ``d/sid``, its output appended to ``d/serving.log``."""
+    return Change(["sh", "-c", _START_SH, "eagle3ops-cycle-serve", d])
+
+
+_STOP_SH = r"""
+d=$1 t=$2
+sid=$(cat "$d/sid" 2>/dev/null) || { echo "stopped: nothing started"; exit 0; }
+pkill -TERM -s "$sid" 2>/dev/null
+i=0
+while pgrep -s "$sid" >/dev/null 2>&1 && [ "$i" -lt "$t" ]; do sleep 1; i=$((i + 1)); done
+if pgrep -s "$sid" >/dev/null 2>&1; then pkill -KILL -s "$sid" 2>/dev/null; sleep 1; fi
+left=$(pgrep -s "$sid" | tr '
+' ' ')
+[ -z "$left" ] && echo "stopped: session $sid" || { echo "still running in session $sid: $left"; exit 1; }
+"""
+
+
+def stop_session(d: str, timeout_s: int) -> Change:
+    """Stop every process of the session started by :func:`start_process` (its id in ``d/sid``: only what the cycle
+    started, never by name): SIGTERM, up to ``timeout_s`` seconds, then SIGKILL. Prints ``stopped: ...``; exits 1
+    naming the pids still running after that."""
+    return Change(["sh", "-c", _STOP_SH, "eagle3ops-cycle-stop", d, str(int(timeout_s))])
+
+
+def session_alive(d: str) -> Read:
+    """Exits 0 while a process of the session in ``d/sid`` runs."""
+    return Read(["sh", "-c", 'pgrep -s "$(cat "$1/sid")" >/dev/null', "eagle3ops-cycle-alive", d])
+
+
+def write_private(path: str) -> Change:
+    """Write standard input to ``path``, readable by the SSH user only (``umask 077``), echoing nothing back (the
+    served acceptance's environment and command line may hold a key)."""
+    return Change(["sh", "-c", 'umask 077 && cat > "$1"', "eagle3ops-write", path])
+
+
+def proc_cwd(pid: int) -> Read:
+    """``readlink /proc/PID/cwd``: a process's working directory."""
+    return Read(["readlink", f"/proc/{int(pid)}/cwd"])
+
+
+def log_tail(path: str, nbytes: int = 3000) -> Read:
+    """The last ``nbytes`` of ``path`` (a server's log)."""
+    return Read(["tail", "-c", str(int(nbytes)), path])
+
+
+def serve_container(host: Any, spec: dict[str, Any], env_file: str) -> Change:
+    """``docker run --detach`` of the work host's serving ``spec`` (:func:`eagle3ops.commands.serving.run_argv`),
+    its environment from ``env_file`` (a private file on the host: values never reach argv)."""
+    from eagle3ops.commands.serving import run_argv
+
+    return run_argv(host, spec, env_file=env_file)

@@ -93,15 +93,23 @@ def container_spec(host: HostConfig, *, release: int) -> dict[str, Any]:
     return spec
 
 
-def run_argv(host: HostConfig, spec: dict[str, Any], *, remove: bool = False) -> Change:
+def run_argv(host: HostConfig, spec: dict[str, Any], *, remove: bool = False, env_file: str | None = None
+             ) -> Change:
     """``docker run -d`` argv equivalent to ``spec`` (see :func:`container_spec`; stage containers:
     :func:`eagle3ops.commands.stages.stage_spec`). ``remove``: ``docker run --rm`` instead (attached, removed on
-    exit: preflight's throwaway stage container)."""
+    exit: preflight's throwaway stage container). ``env_file``: ``--env-file`` (a file on the host: its values never
+    reach argv); ``spec``'s ``user`` and ``working_dir``: ``--user``, ``--workdir``."""
     argv = ["run", "--rm" if remove else "--detach", "--name", spec["name"],
             "--network", spec.get("network_mode", "host")]
     rp = spec.get("restart_policy") or {}
     if rp.get("Name"):
         argv += ["--restart", rp["Name"]]
+    if env_file:
+        argv += ["--env-file", env_file]
+    if spec.get("user"):
+        argv += ["--user", spec["user"]]
+    if spec.get("working_dir"):
+        argv += ["--workdir", spec["working_dir"]]
     for k, v in (spec.get("environment") or {}).items():
         argv += ["--env", f"{k}={v}"]
     for vol in spec.get("volumes") or []:

@@ -26,7 +26,8 @@ from eagle3ops import redact
 from eagle3ops.commands import host as hc
 from eagle3ops.speculate.cycle import CycleEnded, CycleError, CycleLocked, CyclePlan, CycleStep, StepFailed
 
-__all__ = ["CycleJournal", "acceptance_verdict", "copy_dataset", "cycle_dir", "measure_served", "run_cycle"]
+__all__ = ["CycleJournal", "acceptance_beside", "acceptance_verdict", "copy_dataset", "cycle_dir", "measure_served",
+           "run_cycle"]
 
 
 def acceptance_verdict(before: str, after: str, floor: float) -> dict[str, Any]:
@@ -82,6 +83,26 @@ def measure_served(base_url: str, model: str, prompts: Sequence[str | Mapping[st
         raise CycleEnded(f"served mean acceptance length {verdict['mean_acceptance_length']:.2f} on {where} is below "
                          f"the floor {floor:g}: the head is not shipped and production is not restarted", verdict)
     return verdict
+
+
+def acceptance_beside(figures: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The head's mean acceptance length on the work host (the ``acceptance`` step's) beside production's (the
+    speed gate's measurement of the kept release: the ``speculate`` step's ``mean_acceptance_length``), from a
+    cycle's step figures (this run's or the journal's).
+
+    Returns ``{"work_host", "production", "verdict", "line"}``: ``line`` (None until the acceptance was measured)
+    says both, production's only after a keep (a head rolled back or not shipped has no production figure)."""
+    acc, spec = figures.get("acceptance") or {}, figures.get("speculate") or {}
+    work, verdict = acc.get("mean_acceptance_length"), spec.get("verdict")
+    prod = spec.get("mean_acceptance_length") if verdict == "keep" else None
+    line = None
+    if isinstance(work, (int, float)):
+        line = f"mean acceptance length: {work:.2f} on work host {acc.get('where', '?')}"
+        if isinstance(prod, (int, float)):
+            line += f", {prod:.2f} on production (kept; {prod - work:+.2f})"
+        elif verdict:
+            line += f"; production: speed gate verdict {verdict}, nothing kept to compare"
+    return {"work_host": work, "production": prod, "verdict": verdict, "line": line}
 
 
 def copy_dataset(src_r: Any, dst_rs: Sequence[Any], run: str) -> dict[str, Any]:

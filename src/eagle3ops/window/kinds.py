@@ -103,6 +103,9 @@ class DriverKind:
     records_before_release = False
     #: Said by ``--dry-run`` before the supervisor's commands (None: nothing to say).
     dry_run_note: str | None = None
+    #: The form of this kind's release record, which the cycle's served acceptance replays on a work host
+    #: (``container``: the container's configuration; ``process``: its command line; None: not replayed).
+    record_form: str | None = "container"
 
     def refuse(self, h: HostConfig, what: str) -> None:
         """Refuse ``what`` (``release``, ``rollback``, ``speculate``) on this kind of serving before the lock.
@@ -241,6 +244,7 @@ class ProcessKind(DriverKind):
     """A plain process: found with ``pgrep``, recorded from /proc and handed to the host-side restore agent."""
 
     name = "process"
+    record_form = "process"
     records_before_release = True
 
     def refuse(self, h: HostConfig, what: str) -> None:
@@ -344,6 +348,7 @@ class SystemdKind(DriverKind):
     are tested against a real systemd (``tests/test_systemd_real.py``); a whole window is not (no engine there)."""
 
     name = "systemd"
+    record_form = None
     records_before_release = True
 
     def refuse(self, h: HostConfig, what: str) -> None:
@@ -421,6 +426,7 @@ class NoServingKind(DriverKind):
     """A host that only trains (``serving: none``): no serving to find, stop, restore or gate."""
 
     name = "none"
+    record_form = None
     dry_run_note = NO_SERVING_NOTE
 
     def refuse(self, h: HostConfig, what: str) -> None:
