@@ -159,8 +159,11 @@ class RecordingRemote(Remote):
 
 
 def _docker_verb(argv: Sequence[str]) -> str:
-    """The Docker CLI's subcommand of ``argv`` (``docker [-H ENDPOINT] VERB ...``), or "" for another program."""
+    """The Docker CLI's subcommand of ``argv`` (``[timeout -s SIG N] docker [-H ENDPOINT] VERB ...``), or "" for
+    another program."""
     a = list(argv)
+    if a[:1] == ["timeout"]:  # a bounded command: `timeout -s KILL N COMMAND...`
+        a = a[4:] if a[1:2] == ["-s"] else a[2:]
     if not a or a[0] != "docker":
         return ""
     a = a[3:] if len(a) > 2 and a[1] == "-H" else a[1:]
@@ -176,7 +179,8 @@ def pre_lock_changes(calls: list[Call]) -> list[str]:
         if c.kind == "lock" and c.argv[1] != "-p":
             locked.add(c.host)
         elif c.kind in ("change", "launch") and c.host not in locked:
-            out.append(f"{c.host}: {c.cmd}")
+            cmd = " ".join(c.cmd.split())  # a script's lines on one line, its head and tail kept
+            out.append(f"{c.host}: {cmd if len(cmd) <= 240 else cmd[:100] + ' ... ' + cmd[-130:]}")
     return out
 
 
