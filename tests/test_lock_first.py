@@ -188,12 +188,9 @@ def _two_host_facts(argv, stdin):
 
 
 MULTI = [
-    pytest.param(["weights", "other", "--from", "sandbox"], id="weights-from",
-                 marks=pytest.mark.xfail(strict=True, reason="the source's weights manifest is written without its "
-                                                              "lock")),
+    pytest.param(["weights", "other", "--from", "sandbox"], id="weights-from"),
     pytest.param(["speculate", "other", "--run", "r1", "--accept-low-power", "--head", "sandbox:r1"],
-                 id="speculate-head-host-run",
-                 marks=pytest.mark.xfail(strict=True, reason="the head is fetched onto the host before its lock")),
+                 id="speculate-head-host-run"),
 ]
 
 
@@ -213,7 +210,6 @@ def test_no_host_change_precedes_the_lock_over_two_hosts(monkeypatch, tmp_path, 
     assert not early, "changes before the lock:\n" + "\n".join(early)
 
 
-@pytest.mark.xfail(strict=True, reason="the head is fetched onto the host before its lock")
 def test_a_head_from_another_host_is_fetched_under_the_lock_and_a_failed_fetch_releases_it(monkeypatch, tmp_path):
     """``speculate B --head A:RUN``: the fetch is planned before the lock (reads of both hosts) and made after it, on
     B; a fetch that fails (here the stand-in stream ends the flow) leaves B's lock released."""
@@ -249,7 +245,6 @@ def _nodes_facts(argv, stdin):
     return _facts(argv, stdin)
 
 
-@pytest.mark.xfail(strict=True, reason="the reach probe and the trial start containers before the nodes' locks")
 def test_a_multi_node_train_takes_every_nodes_lock_before_its_first_container(monkeypatch, tmp_path):
     """``train A B --from-fleet MERGED``: the reach probe and the cross-node trial start containers on every node;
     each node's lock comes first."""

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -187,8 +187,7 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
 def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merged_file: Path | None,
                 pipeline: Path, restart: bool, command: str, offline: bool = False) -> None:
     """``train A B C --run RUN --from-fleet MERGED``: one training run over several nodes, each training the shard its
-    own host extracted (:mod:`eagle3ops.fleet.nodes`, :mod:`eagle3ops.stages.trainplan`). In order, reads only until
-    the trial passed:
+    own host extracted (:mod:`eagle3ops.fleet.nodes`, :mod:`eagle3ops.stages.trainplan`). In order:
 
     1. the plan (:func:`eagle3ops.fleet.nodes.plan_nodes`: hosts in shard order, node 0's rendezvous), printed;
        each node's deployed pipeline, prepare manifest and shard manifest read; node 0's train judged as a window
@@ -197,10 +196,13 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
        :data:`REACH_TIMEOUT_S`), then the cross-node trial (:mod:`eagle3ops.fleet.trial`: one gloo all-reduce) on
        every node at once, bounded by ``fleet.trial_timeout_s``: a node that cannot reach the rendezvous is named,
        exit 1, nothing stopped;
-    3. under each node's lock, the merged manifest checked against its prepare manifest and written as its
-       ``extract/manifest.json`` (its own shard's files verified in place by the stage);
+    3. the merged manifest checked against each node's prepare manifest and written as its ``extract/manifest.json``
+       (its own shard's files verified in place by the stage);
     4. one train window per node (vocab + train with ``--nodes/--node-rank/--rendezvous``), all at once, each with
-       its own lock, preflight, stop and restore of that host's serving.
+       its own preflight, stop and restore of that host's serving.
+
+    Every node's lock is taken after step 1, before the reach probe starts a container there, and is held into
+    that node's train window (its window id); a failure before the windows gives every lock taken back.
 
     A failed run names the node that failed first (its process killed or its own error) and the nodes that stopped
     because a peer left (:func:`eagle3ops.fleet.nodes.blame`, from each failed node's ``train.log``); every node's
@@ -219,11 +221,10 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     from eagle3ops import executor
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import nodes as fn
-    from eagle3ops.fleet import trial as ft
     from eagle3ops.fleet.driver import deployed_image
-    from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
+    from eagle3ops.stages.merge import MergeError, check_merged
     from eagle3ops.stages.shards import manifest_rel
-    from eagle3ops.window.common import LockHeld, WindowError
+    from eagle3ops.window.common import LockHeld, WindowError, new_window_id
     from eagle3ops.window.lock import acquire_lock, release_lock
     from eagle3ops.window.run import _decide, run_window
 
@@ -270,6 +271,78 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {exc}", 2)
     if dry_run:
         return
+
+    # every node's lock before the first container starts there (the reach probe), held into its train window
+    wids = {n: new_window_id("train") for n in plan.nodes}
+    taken: list[str] = []
+    try:
+        for name in plan.nodes:
+            with common.remote(hs[name]) as r:
+                try:
+                    acquire_lock(r, wids[name], command, "multi-node train: reach probe, trial, merged manifest")
+                except (LockHeld, WindowError) as exc:
+                    common.fail(str(exc))
+            taken.append(name)
+        _nodes_under_locks(plan, hs, images, inv, run, merged)
+    except BaseException:
+        for name in taken:  # nothing of a window started: each lock taken here is given back
+            with common.remote(hs[name]) as r:
+                release_lock(r, wids[name])
+        raise
+
+    # one train window per node, all at once, each under the lock taken above (its window id)
+    results: dict[str, dict] = {}
+    errors: dict[str, str] = {}
+
+    def window(name: str) -> None:
+        h = hs[name]
+        try:
+            with executor.for_host(h) as r:
+                res = run_window(r, kind="train", image=images[name][0], expected_image_id=images[name][1],
+                                 command=command, run=run, pipeline_text=pipeline_text, restart=restart,
+                                 on_event=lambda e: _event(name, e), nodes=plan.node_args(name), held=wids[name])
+            results[name] = res
+            if res.get("outcome") not in ("ok", "nothing to do"):
+                errors[name] = str(res.get("error") or res.get("outcome"))
+                log = r_log(h, res.get("window_id"))
+                errors[name] += "\n" + log
+        except Exception as exc:  # noqa: BLE001 - named per node below
+            errors[name] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=window, args=(n,)) for n in plan.nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    summary = {"run": run, "nodes": list(plan.nodes), "rendezvous": plan.rendezvous,
+               "windows": {n: {k: results.get(n, {}).get(k) for k in ("outcome", "window_id", "downtime_s",
+                                                                      "serving_healthy")} for n in plan.nodes}}
+    if not errors:
+        print(json.dumps(summary, indent=2), flush=True)
+        print(f"multi-node train of run {run} done: the draft head is on {plan.nodes[0]} "
+              f"({hs[plan.nodes[0]].data_dir}/runs/{run}/train/final)", flush=True)
+        return
+    failed, followed = fn.blame(list(plan.nodes), errors)
+    summary["failed"], summary["followed"] = failed, followed
+    print(json.dumps(summary, indent=2), flush=True)
+    for n in failed:
+        print(f"{n}: {errors[n].splitlines()[0][:300]}", flush=True)
+    common.fail(f"multi-node train of run {run}: node {', '.join(failed)} failed first"
+                + (f"; {', '.join(followed)} stopped because a peer left" if followed else "")
+                + f"; every node's serving was restored by its window. Rerun the same command: training resumes from "
+                  f"{plan.nodes[0]}'s last checkpoint on every node")
+
+
+def _nodes_under_locks(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str, str | None]], inv: Any,
+                       run: str, merged: dict[str, Any]) -> None:
+    """Steps 2 and 3 of :func:`train_nodes`, while the caller holds every node's lock: the reach probe, the
+    cross-node trial, the merged manifest written on every node. Exits 1 (``common.fail``) naming the node that
+    cannot listen, reach or pass the trial, before any serving stopped."""
+    import threading
+
+    from eagle3ops import executor
+    from eagle3ops.fleet import trial as ft
+    from eagle3ops.stages.merge import bind_inputs
 
     # the reach probe (every node connects to node 0's rendezvous port), then the gloo trial; before any stop
     reach_s = min(REACH_TIMEOUT_S, inv.fleet.trial_timeout_s)
@@ -349,65 +422,15 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     if not verdict.ok:
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {verdict.message()}")
 
-    # the merged manifest on every node, under its lock
+    # the merged manifest on every node (under its lock, taken by the caller)
     for name in plan.nodes:
         h = hs[name]
-        wid = f"nodes-{int(time.time())}"
         with common.remote(h) as r:
-            try:
-                acquire_lock(r, wid, command, "merged manifest written for a multi-node train")
-            except (LockHeld, WindowError) as exc:
-                common.fail(str(exc))
-            try:
-                prep = r.run(hc_cat(f"{h.data_dir}/runs/{run}/prepare/manifest.json"), check=False).stdout
-                want = json.dumps(bind_inputs(merged, prep), indent=2, sort_keys=True) + "\n"
-                path = f"{h.data_dir}/runs/{run}/extract/manifest.json"
-                if r.run(hc_cat(path), check=False).stdout != want:
-                    r.run(hc_write(path), stdin=want)
-            finally:
-                release_lock(r, wid)
-
-    # one train window per node, all at once
-    results: dict[str, dict] = {}
-    errors: dict[str, str] = {}
-
-    def window(name: str) -> None:
-        h = hs[name]
-        try:
-            with executor.for_host(h) as r:
-                res = run_window(r, kind="train", image=images[name][0], expected_image_id=images[name][1],
-                                 command=command, run=run, pipeline_text=pipeline_text, restart=restart,
-                                 on_event=lambda e: _event(name, e), nodes=plan.node_args(name))
-            results[name] = res
-            if res.get("outcome") not in ("ok", "nothing to do"):
-                errors[name] = str(res.get("error") or res.get("outcome"))
-                log = r_log(h, res.get("window_id"))
-                errors[name] += "\n" + log
-        except Exception as exc:  # noqa: BLE001 - named per node below
-            errors[name] = f"{type(exc).__name__}: {exc}"
-
-    threads = [threading.Thread(target=window, args=(n,)) for n in plan.nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    summary = {"run": run, "nodes": list(plan.nodes), "rendezvous": plan.rendezvous,
-               "windows": {n: {k: results.get(n, {}).get(k) for k in ("outcome", "window_id", "downtime_s",
-                                                                      "serving_healthy")} for n in plan.nodes}}
-    if not errors:
-        print(json.dumps(summary, indent=2), flush=True)
-        print(f"multi-node train of run {run} done: the draft head is on {plan.nodes[0]} "
-              f"({hs[plan.nodes[0]].data_dir}/runs/{run}/train/final)", flush=True)
-        return
-    failed, followed = fn.blame(list(plan.nodes), errors)
-    summary["failed"], summary["followed"] = failed, followed
-    print(json.dumps(summary, indent=2), flush=True)
-    for n in failed:
-        print(f"{n}: {errors[n].splitlines()[0][:300]}", flush=True)
-    common.fail(f"multi-node train of run {run}: node {', '.join(failed)} failed first"
-                + (f"; {', '.join(followed)} stopped because a peer left" if followed else "")
-                + f"; every node's serving was restored by its window. Rerun the same command: training resumes from "
-                  f"{plan.nodes[0]}'s last checkpoint on every node")
+            prep = r.run(hc_cat(f"{h.data_dir}/runs/{run}/prepare/manifest.json"), check=False).stdout
+            want = json.dumps(bind_inputs(merged, prep), indent=2, sort_keys=True) + "\n"
+            path = f"{h.data_dir}/runs/{run}/extract/manifest.json"
+            if r.run(hc_cat(path), check=False).stdout != want:
+                r.run(hc_write(path), stdin=want)
 
 
 #: Seconds the driver waits for a trial beyond its own timeout and grace (SSH, start).
