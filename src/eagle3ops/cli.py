@@ -1,7 +1,8 @@
 """The ``eagle3ops`` command line (typer): thin commands that load the inventory and call the orchestration layer.
 
 Every command that changes a host takes ``--dry-run``, which prints the remote commands in order and runs none of
-them (read-only checks still run, so the plan shows real answers).
+them (read-only checks still run, so the plan shows real answers); with ``--json`` (the window commands and
+``weights``) the plan is printed as one JSON document instead (:func:`eagle3ops.cli_common.print_plan`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rich.table import Table
 
 from eagle3ops import __version__
 from eagle3ops import cli_common as common
-from eagle3ops.cli_common import DryRunOpt, InventoryOpt
+from eagle3ops.cli_common import DryRunOpt, InventoryOpt, JsonOpt
 from eagle3ops.config import HostConfig
 from eagle3ops.config_cli import app as config_app
 from eagle3ops.console import print_event, summary
@@ -39,12 +40,12 @@ app.add_typer(config_app, name="config")
 _command_line = common.command_line  # this invocation, quoted and redacted (the lock and audit show it)
 
 
-def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
+def _window(kind: str, host: HostConfig, dry_run: bool, json_out: bool = False, **kw: Any) -> dict[str, Any]:
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.run import run_window
 
     command = _command_line()
-    with common.remote(host, dry_run) as r:
+    with common.remote(host, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or host.pipeline_image))
         try:
             result = run_window(r, kind=kind, image=host.pipeline_image or dep["image"],
@@ -53,6 +54,7 @@ def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, 
         except WindowError as exc:
             common.fail(str(exc))
     if dry_run:
+        common.print_plan(result, host, json_out)
         return result
     summary(result)
     if result.get("outcome") not in ("ok", "nothing to do"):
@@ -92,10 +94,10 @@ OfflineOpt = typer.Option(False, "--offline", help="With --dry-run: no SSH at al
                           "container, stages done) are assumed from the inventory and labelled so in the plan.")
 
 
-def _stage_window(kind: str, h: HostConfig, dry_run: bool, offline: bool, **kw: Any) -> None:
+def _stage_window(kind: str, h: HostConfig, dry_run: bool, offline: bool, json_out: bool = False, **kw: Any) -> None:
     """An extract/train window, or its offline plan (``--dry-run --offline``: :mod:`eagle3ops.window.offline`)."""
     if not offline:
-        _window(kind, h, dry_run, **kw)
+        _window(kind, h, dry_run, json_out, **kw)
         return
     if not dry_run:
         common.fail("--offline needs --dry-run: a real window must read the host (add --dry-run, or drop --offline)", 2)
@@ -110,7 +112,7 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
             inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
             pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-            restart: bool = RestartOpt, offline: bool = OfflineOpt,
+            restart: bool = RestartOpt, offline: bool = OfflineOpt, json_out: bool = JsonOpt,
             dead: list[str] = typer.Option([], "--dead", help="Several hosts: a lost host (repeatable); its shard "
                                            "moves to another."),
             merged: Optional[Path] = typer.Option(None, help="Several hosts: the merged manifest's file.")) -> None:
@@ -124,7 +126,8 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
     if dead or merged:
         common.fail("--dead and --merged are for a run over several hosts (name them all)", 2)
     h = common.load_host(inventory, hosts[0])
-    _stage_window("extract", h, dry_run, offline, run=run, pipeline_text=common.read_pipeline(pipeline), restart=restart)
+    _stage_window("extract", h, dry_run, offline, json_out, run=run, pipeline_text=common.read_pipeline(pipeline),
+                  restart=restart)
 
 
 @app.command()
@@ -132,7 +135,7 @@ def train(hosts: list[str] = typer.Argument(..., metavar="HOST [HOST...]"), inve
           dry_run: bool = DryRunOpt,
           run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-          restart: bool = RestartOpt, offline: bool = OfflineOpt,
+          restart: bool = RestartOpt, offline: bool = OfflineOpt, json_out: bool = JsonOpt,
           from_fleet: Optional[Path] = typer.Option(None, "--from-fleet", metavar="MERGED", help="A fleet run's "
                                                     "merged manifest: one HOST gets its hidden states first; several "
                                                     "train their own shards together (multi-node).")) -> None:
@@ -144,12 +147,12 @@ def train(hosts: list[str] = typer.Argument(..., metavar="HOST [HOST...]"), inve
                                      offline)
     host = hosts[0]
     h, kw = common.load_host(inventory, host), {"run": run, "pipeline_text": common.read_pipeline(pipeline)}
-    window = lambda: _stage_window("train", h, dry_run, offline, restart=restart, **kw)  # noqa: E731
+    window = lambda: _stage_window("train", h, dry_run, offline, json_out, restart=restart, **kw)  # noqa: E731
     fleet_cli.fleet_train(host, inventory, dry_run, run, from_fleet, window, offline) if from_fleet else window()
 
 
 @app.command()
-def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
             arg: list[str] = typer.Option([], "--arg", help="Server flag to set for this release (repeatable; "
                                                            "replaces the same flag of the live command)."),
             image: Optional[str] = typer.Option(None, "--image", help="New serving image for this release."),
@@ -172,7 +175,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     if not gate:
         if margin is not None:
             common.fail("--margin needs --gate", code=2)
-        _window("release", h, dry_run, change=change)
+        _window("release", h, dry_run, json_out, change=change)
         return
     if margin is not None:  # before the host is reached
         from eagle3ops.config.inventory import check_gate_margin
@@ -185,7 +188,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     from eagle3ops.speculate.ship import SpeculateError
     from eagle3ops.window.common import WindowError
 
-    with common.remote(h, dry_run) as r:
+    with common.remote(h, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         try:
             res = gated_release(r, change, pipeline_image=h.pipeline_image or dep["image"],
@@ -194,7 +197,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
         except (SpeculateError, WindowError) as exc:
             common.fail(str(exc))
     if dry_run:
-        return
+        return common.print_plan(res, h, json_out)
     console.print(f"[bold]{res['verdict']}[/bold]: {res['reason']}")
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
     if res["verdict"] != "keep":
@@ -202,7 +205,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
 
 
 @app.command()
-def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
              to: Optional[int] = typer.Option(
                  None, "--to", help="Release number: any retained release, one a gate rejected included (named as "
                                     "such). Default: the release production kept live before the current one.")
@@ -211,7 +214,7 @@ def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOp
     current one, passing over releases a gate rejected or that were live only while a gate measured them; the
     target and why are printed before anything stops."""
     h = common.load_host(inventory, host)
-    _window("rollback", h, dry_run, to_release=to)
+    _window("rollback", h, dry_run, json_out, to_release=to)
 
 
 @app.command()
@@ -259,7 +262,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                   "chat template first. A line may instead be a chat body, {\"messages\": [...]} with e.g. "
                   "\"tools\" or \"response_format\", sent to /v1/chat/completions as given (greedy, the gate's "
                   "max_tokens)."),
-              inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+              inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_candidate_options, select_gate
     from eagle3ops.speculate.ship import speculate as run_speculate
@@ -288,7 +291,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         except SpeculateError as e:
             common.fail(str(e), code=2)
     h = common.load_host(inventory, host)
-    with common.remote(h, dry_run) as r:
+    with common.remote(h, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                 pipeline_image_id=dep.get("image_id"), head=weights_cli.head_for(inventory, r, head, defer=True),
@@ -302,7 +305,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         except (SpeculateError, WindowError) as exc:
             common.fail(str(exc))
     if dry_run:
-        return
+        return common.print_plan(res, h, json_out)
     from eagle3ops.console import speculate_result
 
     speculate_result(console, res)
@@ -574,7 +577,7 @@ def main() -> None:
         remote = sys.modules.get("eagle3ops.remote")
         if remote is not None and isinstance(exc, remote.RemoteError):
             print(f"error: {exc}", file=sys.stderr)
-            if isinstance(exc, remote.HostUnreachable) and _changes_a_host(sys.argv[1:]):
+            if isinstance(exc, remote.HostUnreachable) and common.changes_a_host(sys.argv[1:]):
                 from eagle3ops.window.common import append_local_audit
 
                 warn = append_local_audit(str(exc).partition(": ")[0], _command_line(), "host not reached", str(exc))
@@ -582,18 +585,6 @@ def main() -> None:
                     print(f"warning: {warn}", file=sys.stderr)
             sys.exit(1)
         raise
-
-
-#: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
-HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
-                 "probe", "verify", "watch", "weights"}
-
-
-def _changes_a_host(args: list[str]) -> bool:
-    """Whether the command line ``args`` (without the program name) is a host-changing command (not a dry run)."""
-    words = [a for a in args if not a.startswith("-")]
-    return "--dry-run" not in args and bool(words) and (
-        words[0] in HOST_CHANGING or words[:2] == ["lock", "release"])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Any
 import typer
 
 from eagle3ops import cli_common as common
-from eagle3ops.cli_common import DryRunOpt, InventoryOpt
+from eagle3ops.cli_common import DryRunOpt, InventoryOpt, JsonOpt
 
 #: ``--link-mbit``'s default: the rate the plan's time estimate assumes (Mbit/s).
 DEFAULT_LINK_MBIT = 1000.0
@@ -24,7 +24,7 @@ def weights(host: str = typer.Argument(..., metavar="HOST", help="The host that 
             source: str = typer.Option(..., "--from", help="The inventory host that holds them (its model_path)."),
             link_mbit: float = typer.Option(DEFAULT_LINK_MBIT, "--link-mbit", help="Link rate the plan's time "
                                             "estimate assumes, Mbit/s."),
-            inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+            inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Copy the target's weights from another inventory host: files missing or differing (by the source's weights
     manifest: names, sizes, sha256) are streamed through this machine over SSH, a partial file resumed, each
     verified by sha256 on HOST before it is renamed into place. The plan (bytes, time) is printed first; --dry-run
@@ -42,22 +42,24 @@ def weights(host: str = typer.Argument(..., metavar="HOST", help="The host that 
         dst_h, src_h = inv.host(host), inv.host(source)
     except ConfigError as exc:
         common.fail(str(exc), 2)
-    with common.remote(src_h, dry_run) as sr, common.remote(dst_h, dry_run) as dr:
+    with common.remote(src_h, dry_run, json_out) as sr, common.remote(dst_h, dry_run, json_out) as dr:
         try:
             plan, facts = plan_weights(sr, dr, link_mbit * 1e6 / 8)
             free = check_room(dr, plan)
         except (WeightsError, WeightsPlanError) as exc:
             common.fail(str(exc))
+        text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
         if facts["rehashed"]:
             print(f"{src_h.name}: {len(facts['rehashed'])} file(s) hashed "
                   + ("again (size or mtime changed since the manifest)" if facts["had_manifest"] else
-                     "(no weights manifest was recorded; it is now)"))
-        print(render(plan))
-        print(json.dumps({**plan.as_dict(), "dest_free_bytes": free}), flush=True)
+                     "(no weights manifest was recorded; it is now)"), file=text)
+        print(render(plan), file=text)
+        if not json_out:
+            print(json.dumps({**plan.as_dict(), "dest_free_bytes": free}), flush=True)
         if dry_run:
             if read_lock(dr):
-                print(f"note: {describe_lock(dr)}")
-            return
+                print(f"note: {describe_lock(dr)}", file=text)
+            return common.print_plan({**plan.as_dict(), "dest_free_bytes": free}, dst_h, json_out)
         if facts["source_stale"]:
             _record_source(sr, facts["source_entries"])
         if not plan.send_bytes:

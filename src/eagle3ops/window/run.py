@@ -284,7 +284,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise PreflightFailed(f"{r.host.name}: preflight would fail, so a real run would stop before anything "
                                   f"is stopped:\n{pf.failures()}")
         return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history),
-                "supervisor_commands": on_host, "serving": plan.serving_kind}
+                "changes": list(r.changes), "supervisor_commands": on_host, "serving": plan.serving_kind,
+                "plan": plan.model_dump(mode="json")}
     result = watch(r, window_id, on_event=on_event)
     if decision is not None and decision.skip:  # skipped stages and why, before the ones that ran
         result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
@@ -439,7 +440,8 @@ def _nothing_to_do(r: Remote, window_id: str, kind: str, command: str, decision:
     if r.dry_run:
         if r.echo:
             r.echo(f"# {message}; serving would not be stopped")
-        return {**result, "outcome": "dry-run", "commands": list(r.history), "supervisor_commands": []}
+        return {**result, "outcome": "dry-run", "commands": list(r.history), "changes": list(r.changes),
+                "supervisor_commands": []}
     release_lock(r, window_id)
     append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command, "window": window_id,
                      "outcome": "nothing to do", "error": "", "message": message})
