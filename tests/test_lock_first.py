@@ -182,6 +182,10 @@ def _two_host_facts(argv, stdin):
         return 0, json.dumps({"files": {"final/config.json": {"bytes": 10, "sha256": HEAD_FILE_SHA}}}), ""
     if argv[0] == "find" and "-printf" in argv and argv[1].endswith("tiny-llama"):  # the weights on either host
         return 0, "4 1700000000.0 config.json\n", ""
+    if argv[0] == "find" and argv[1].endswith("/runs/r1/extract/hidden"):  # the training host's own shard's file
+        return 0, f"{'01' * 32}  {argv[1]}/0.pt\n", ""
+    if argv[0] == "df":  # 50 GB free
+        return 0, "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/x 99999999 1 50000000 1% /\n", ""
     if argv[:2] == ["sh", "-c"] and "e3-weights-hash" in argv:  # sha256 of named files
         return 0, "".join(f"{'ef' * 32} {p}\n" for p in argv[argv.index("e3-weights-hash") + 2:]), ""
     return _facts(argv, stdin)
@@ -191,7 +195,18 @@ MULTI = [
     pytest.param(["weights", "other", "--from", "sandbox"], id="weights-from"),
     pytest.param(["speculate", "other", "--run", "r1", "--accept-low-power", "--head", "sandbox:r1"],
                  id="speculate-head-host-run"),
+    pytest.param(["extract", "sandbox", "other", "--run", "r1", "--pipeline", "{pipeline}"], id="fleet-extract"),
+    pytest.param(["train", "sandbox", "--run", "r1", "--from-fleet", "{merged}", "--pipeline", "{pipeline}"],
+                 id="train-from-fleet"),
 ]
+
+#: A fleet run's merged manifest whose second sample's hidden states are on ``other`` (``train --from-fleet`` copies
+#: them to the training host).
+FLEET_MERGED = {"fleet": {"shards": [{"rank": 0, "host": "sandbox", "start": 0, "end": 1},
+                                     {"rank": 1, "host": "other", "start": 1, "end": 2}]},
+                "sample_files": [{"i": 0, "file": "hidden/0.pt"}, {"i": 1, "file": "hidden/1.pt"}],
+                "files": {"hidden/0.pt": {"bytes": 4, "sha256": "01" * 32},
+                          "hidden/1.pt": {"bytes": 4, "sha256": "02" * 32}}}
 
 
 @pytest.mark.parametrize("args", MULTI)
@@ -202,10 +217,17 @@ def test_no_host_change_precedes_the_lock_over_two_hosts(monkeypatch, tmp_path, 
     rec = RecordingHost(facts=_two_host_facts)
     monkeypatch.setattr(executor, "for_host", rec.for_host)
     _streams(monkeypatch, rec)
+    (tmp_path / "p.yaml").write_text("target_model: /model\nprepare: {datasets: [builtin:sharegpt], max_seq_len: 256, "
+                                     "max_samples: 8}\n")
+    (tmp_path / "merged.json").write_text(json.dumps(FLEET_MERGED))
+    args = [a.replace("{pipeline}", str(tmp_path / "p.yaml")).replace("{merged}", str(tmp_path / "merged.json"))
+            for a in args]
     out = CliRunner().invoke(cli.app, [*args, "--inventory", str(_two_hosts(tmp_path))])
     assert isinstance(out.exception, (LockReached, _StreamReached)) or out.exit_code == 0, \
         (out.output, [c.cmd for c in rec.calls])
-    assert {c.host for c in rec.calls} == {"sandbox", "other"}, [c.cmd for c in rec.calls]  # both reached
+    # both reached before the lock (train --from-fleet: only the training host; the sources stream under its lock)
+    assert {c.host for c in rec.calls} == ({"sandbox"} if "--from-fleet" in args else {"sandbox", "other"}), \
+        [c.cmd for c in rec.calls]
     early = pre_lock_changes(rec.calls)
     assert not early, "changes before the lock:\n" + "\n".join(early)
 
