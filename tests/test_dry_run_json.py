@@ -69,16 +69,42 @@ def test_the_dry_run_prints_its_plan_as_json_and_changes_nothing(monkeypatch, tm
     assert sent and sent[0].kind == "lock", [c.cmd for c in sent]  # the plan's first change is the lock
 
 
-def test_weights_dry_run_json_is_the_copy_plan(monkeypatch, tmp_path):
-    from eagle3ops import cli, executor
+#: Commands over two hosts (the repository's sandbox and ``other``, its copy): (command line, a check of the JSON).
+MULTI = [
+    (["weights", "other", "--from", "sandbox"],
+     lambda d: d["source"] == "sandbox" and d["dest"] == "other" and [s["path"] for s in d["steps"]] == ["config.json"]),
+    (["extract", "sandbox", "other", "--run", "r1", "--pipeline", "{pipeline}"],
+     lambda d: d["run"] == "r1" and {w["host"] for w in d["windows"]} == {"sandbox", "other"}),
+    (["train", "sandbox", "--run", "r1", "--from-fleet", "{merged}", "--pipeline", "{pipeline}"],
+     lambda d: d["train_host"] == "sandbox" and d["bytes"] == 4),
+    (["train", "sandbox", "other", "--run", "r1", "--from-fleet", "{nodes}", "--pipeline", "{pipeline}"],
+     lambda d: [n["host"] for n in d["nodes"]] == ["sandbox", "other"] and d["nodes"][1]["node_args"][:2] == [2, 1]),
+]
 
-    rec = RecordingHost(facts=_two_host_facts, stop_at_lock=False)
+
+@pytest.mark.parametrize("args,check", MULTI, ids=[" ".join(a[:3]) for a, _ in MULTI])
+def test_commands_over_two_hosts_print_their_plan_as_json(monkeypatch, tmp_path, args, check):
+    from eagle3ops import cli, executor
+    from test_lock_first import FLEET_MERGED, MERGED, _nodes_facts
+
+    def facts(argv, stdin):
+        return _nodes_facts(argv, stdin) if "/prepare/" in " ".join(argv) or "/shards/" in " ".join(argv) \
+            else _two_host_facts(argv, stdin)
+
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
     monkeypatch.setattr(executor, "for_host", rec.for_host)
-    out = CliRunner().invoke(cli.app, ["weights", "other", "--from", "sandbox", "--dry-run", "--json",
-                                       "--inventory", str(_two_hosts(tmp_path))])
-    assert out.exit_code == 0, out.output
+    files = {"pipeline": ("p.yaml", "target_model: /model\nprepare: {datasets: [builtin:sharegpt], max_seq_len: 256, "
+                                    "max_samples: 8}\n"),
+             "merged": ("merged.json", json.dumps(FLEET_MERGED)), "nodes": ("nodes.json", json.dumps(MERGED))}
+    words = list(args)
+    for key, (name, text) in files.items():
+        (tmp_path / name).write_text(text)
+        words = [w.replace("{" + key + "}", str(tmp_path / name)) for w in words]
+    out = CliRunner().invoke(cli.app, [*words, "--dry-run", "--json", "--inventory", str(_two_hosts(tmp_path))])
+    assert out.exit_code == 0, (out.output, out.exception)
     doc = json.loads(out.stdout)
-    assert doc["source"] == "sandbox" and doc["dest"] == "other" and [s["path"] for s in doc["steps"]] == ["config.json"]
+    assert check(doc), json.dumps(doc)[:3000]
+    assert not [c for c in rec.calls if c.kind != "read"]  # planned over both hosts: nothing changed or recorded
 
 
 def test_json_without_dry_run_is_refused_before_any_host_is_reached(monkeypatch):

@@ -121,7 +121,7 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
     run wave by wave (`fleet:` policy), each window its shard; shard manifests merged. A rerun resumes."""
     if len(hosts) > 1:
         fleet_cli.fleet_extract(hosts, inventory, dry_run, offline, run, pipeline, dead=dead, restart=restart,
-                                merged_out=merged)
+                                merged_out=merged, json_out=json_out)
         return
     if dead or merged:
         common.fail("--dead and --merged are for a run over several hosts (name them all)", 2)
@@ -144,11 +144,12 @@ def train(hosts: list[str] = typer.Argument(..., metavar="HOST [HOST...]"), inve
     Several HOSTs: one multi-node run over a fleet run's shards (`fleet_cli.train_nodes`)."""
     if len(hosts) > 1:
         return fleet_cli.train_nodes(hosts, inventory, dry_run, run, from_fleet, pipeline, restart, _command_line(),
-                                     offline)
+                                     offline, json_out)
     host = hosts[0]
     h, kw = common.load_host(inventory, host), {"run": run, "pipeline_text": common.read_pipeline(pipeline)}
     window = lambda: _stage_window("train", h, dry_run, offline, json_out, restart=restart, **kw)  # noqa: E731
-    fleet_cli.fleet_train(host, inventory, dry_run, run, from_fleet, window, offline) if from_fleet else window()
+    fleet_cli.fleet_train(host, inventory, dry_run, run, from_fleet, window, offline, json_out) if from_fleet \
+        else window()
 
 
 @app.command()

@@ -28,11 +28,13 @@ from eagle3ops.commands.fleet import reach_listen_argv as fc_listen
 
 
 def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: bool, run: str, pipeline: Path, *,
-                  dead: list[str] | None = None, restart: bool = False, merged_out: Path | None = None) -> None:
+                  dead: list[str] | None = None, restart: bool = False, merged_out: Path | None = None,
+                  json_out: bool = False) -> None:
     """``extract`` over several hosts: the fleet plan (reads only), printed; then, unless ``dry_run``, carried out
     (:mod:`eagle3ops.fleet.execute`: waves, per-host windows with their shards), the shard manifests merged and
     checked, the merged manifest written to ``merged_out`` (default ``fleet-<run>-extract-manifest.json``). Exit 1
-    when a window failed or the merge does not check (the message names the shard and the rerun)."""
+    when a window failed or the merge does not check (the message names the shard and the rerun). ``json_out``
+    (with ``dry_run``): stdout holds the plan's JSON alone, the rest goes to stderr."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.config.pipeline import parse_pipeline_config
     from eagle3ops.fleet import driver
@@ -43,9 +45,11 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
     if offline and not dry_run:
         common.fail("--offline needs --dry-run: a real fleet run must read the hosts (add --dry-run, or drop "
                     "--offline)", 2)
+    if json_out and not dry_run:
+        common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
     dead_set = set(dead or ())
     text = common.read_pipeline(pipeline)
-    reader = None if offline else (lambda h: common.remote(h, dry_run=True) if dry_run else _reader(h))
+    reader = None if offline else (lambda h: common.remote(h, True, json_out) if dry_run else _reader(h))
     command = "eagle3ops " + " ".join(sys.argv[1:])
     try:
         inv = load_inventory(inventory)
@@ -66,7 +70,7 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
             plan = driver.plan_hosts(inv, hosts, run, cfg, reader=reader, dead=dead_set)
     except (ConfigError, FleetPlanError) as exc:
         common.fail(str(exc), 2)
-    print(render(plan))
+    print(render(plan), file=sys.stderr if json_out else sys.stdout)
     print(json.dumps(plan.as_dict(), indent=2), flush=True)
     if dry_run:
         return
@@ -95,7 +99,7 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
 
 
 def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file: Path,
-                train_window: Callable[[], None], offline: bool = False) -> None:
+                train_window: Callable[[], None], offline: bool = False, json_out: bool = False) -> None:
     """``train HOST --from-fleet MERGED``: the hidden-state files of a fleet run that live on other hosts copied to
     ``host``'s run dir, then the train window. In order: the training host's files read and hashed (reads only) →
     the plan printed (:func:`eagle3ops.fleet.hidden.plan_move`: per source host the bytes and the seconds from the
@@ -105,7 +109,8 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     ``host``'s prepare manifest (:func:`eagle3ops.stages.merge.check_merged`) and written as ``extract/manifest.json``
     → lock released → ``train_window()`` (vocab + train on the union). Exit 1 when the bytes to copy exceed
     ``host``'s free disk (before anything is written), or naming the file and the fix when a shard file is missing
-    or arrives corrupted (what arrived whole stays placed); 2 for a manifest that does not hold or ``offline``."""
+    or arrives corrupted (what arrived whole stays placed); 2 for a manifest that does not hold or ``offline``.
+    ``json_out`` (with ``dry_run``): stdout holds the copy plan's JSON alone, the rest goes to stderr."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import hidden
     from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
@@ -116,6 +121,8 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     if offline:
         common.fail("--offline does not go with --from-fleet: the copy plan reads what the training host holds (drop "
                     "--offline; --dry-run alone prints the plan and changes nothing)", 2)
+    if json_out and not dry_run:
+        common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
     try:
         inv = load_inventory(inventory)
         h = inv.host(host)
@@ -144,9 +151,11 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
         plan = hidden.plan_move(merged, run, host, {**placed, **good_arrived}, rates)
     except (hidden.HiddenPlanError, KeyError, TypeError, ValueError) as exc:
         common.fail(f"train --from-fleet {merged_file}: {exc}", 1 if isinstance(exc, hidden.HiddenPlanError) else 2)
-    print(hidden.render(plan))
+    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
+    print(hidden.render(plan), file=text)
     print(json.dumps(plan.as_dict(), indent=2), flush=True)
-    print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", flush=True)
+    print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", file=text,
+          flush=True)
     try:
         hidden.check_space(plan, free, h.data_dir)
     except hidden.HiddenPlanError as exc:
@@ -185,7 +194,7 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
 
 
 def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merged_file: Path | None,
-                pipeline: Path, restart: bool, command: str, offline: bool = False) -> None:
+                pipeline: Path, restart: bool, command: str, offline: bool = False, json_out: bool = False) -> None:
     """``train A B C --run RUN --from-fleet MERGED``: one training run over several nodes, each training the shard its
     own host extracted (:mod:`eagle3ops.fleet.nodes`, :mod:`eagle3ops.stages.trainplan`). In order:
 
@@ -208,7 +217,7 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     because a peer left (:func:`eagle3ops.fleet.nodes.blame`, from each failed node's ``train.log``); every node's
     serving is restored by its own window; rerunning the same command resumes from node 0's last checkpoint on every
     node. Exit 2 for a manifest or host list that does not fit (or no ``merged_file``, or ``offline``), 1 for a failed
-    trial or window."""
+    trial or window. ``json_out`` (with ``dry_run``): the plan as one JSON document on stdout, the rest on stderr."""
     import threading
 
     if merged_file is None:
@@ -217,6 +226,9 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     if offline:
         common.fail("--offline does not go with a multi-node train: its plan reads every node (drop --offline; "
                     "--dry-run alone prints the plan and changes nothing)", 2)
+    if json_out and not dry_run:
+        common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
+    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
     pipeline_text = common.read_pipeline(pipeline)
     from eagle3ops import executor
     from eagle3ops.config import ConfigError, load_inventory
@@ -238,7 +250,7 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
         common.fail(f"train {' '.join(hosts)} --from-fleet {merged_file}: {exc}", 2)
     for line in plan.lines():
-        print(line, flush=True)
+        print(line, file=text, flush=True)
     images: dict[str, tuple[str, str | None]] = {}
     ifaces: dict[str, list[str]] = {}
     for n, name in enumerate(plan.nodes):
@@ -262,14 +274,18 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
                 _text, decision = _decide(r, "train", run, pipeline_text, restart)
                 if decision is not None and decision.nothing_to_do:
                     print(f"{name} (node 0) has trained run {run} for these inputs: nothing to do on any node "
-                          f"(--restart redoes it)", flush=True)
+                          f"(--restart redoes it)", file=text, flush=True)
                     return
     try:  # each node's NCCL/gloo interface, named where a host has several: before any serving stops
         for line in fn.socket_interfaces(plan, {n: dict(hs[n].stage_env) for n in plan.nodes}, ifaces):
-            print(line, flush=True)
+            print(line, file=text, flush=True)
     except fn.NodePlanError as exc:
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {exc}", 2)
     if dry_run:
+        if json_out:
+            print(json.dumps({"run": run, "rendezvous": plan.rendezvous, "images": images,
+                              "nodes": [{"host": n, "node_args": list(plan.node_args(n)), "shard": list(sh)}
+                                        for n, sh in zip(plan.nodes, plan.shards)]}, indent=2), flush=True)
         return
 
     # every node's lock before the first container starts there (the reach probe), held into its train window
