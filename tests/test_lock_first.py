@@ -283,3 +283,29 @@ def test_a_multi_node_train_takes_every_nodes_lock_before_its_first_container(mo
     assert any(c.kind == "lock" for c in rec.calls) or any(c.kind == "launch" for c in rec.calls), out.output
     early = pre_lock_changes(rec.calls)
     assert not early, "changes before the lock:\n" + "\n".join(early)
+
+
+def test_a_window_refused_under_a_lock_its_caller_took_releases_it(monkeypatch):
+    """``run_window(held=...)``: the release refusals run again under the caller's lock, and a refusal there (a
+    process host asked for a new image) releases it, as any failure before the supervisor starts does."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.run import run_window, under_lock
+
+    h = load_inventory(INVENTORY).host("sandbox")
+    h = h.model_copy(update={"serving": type(h.serving)(kind="process", process_match="vllm serve",
+                                                        served_model_name="m", port=8000)})
+    facts = _stateful(_facts)
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    r = rec.for_host(h)
+    with under_lock(r, "20990101T000000Z-release-abcdef", "t"):
+        pass  # the caller's own writes
+    taken = len(rec.calls)
+    with pytest.raises(WindowError, match="serves with a process"):
+        run_window(r, kind="release", image=IMAGE, expected_image_id=None, command="t",
+                   change=ReleaseChange(image="other:1"), held="20990101T000000Z-release-abcdef")
+    after = [c.cmd for c in rec.calls[taken:]]
+    assert any(c.startswith("rm -rf -- ") and c.endswith("/state/lock") for c in after), after
+    audit = facts.files[next(p for p in facts.files if p.endswith("audit.jsonl"))]
+    assert json.loads(audit.splitlines()[-1])["outcome"] == "not started"

@@ -191,7 +191,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     """
     if speculate is not None:
         change = speculate.change
-    if kind not in st.WINDOWS:
+    if kind not in st.WINDOWS and held is None:  # refused before the lock (a caller holding one: under it, below)
         refuse_release(r, kind, change)
     t0 = time.monotonic()
     # a gated release (``release --gate``: the speculate job under the not-slower rule) is named for what it is
@@ -199,6 +199,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                                       else kind)
     decision, on_host_text, template, engine = None, None, None, None
     with under_lock(r, window_id, command, message, take=held is None):
+        if kind not in st.WINDOWS and held is not None:  # a refusal releases the caller's lock
+            refuse_release(r, kind, change)
         if kind == "rollback":  # the target named first, before any check or stop (dry run too)
             target, why = rollback_plan(r, to_release)
             if on_event:
