@@ -107,6 +107,28 @@ def test_commands_over_two_hosts_print_their_plan_as_json(monkeypatch, tmp_path,
     assert not [c for c in rec.calls if c.kind != "read"]  # planned over both hosts: nothing changed or recorded
 
 
+def test_lock_release_dry_run_json_names_the_lock_and_its_removal(monkeypatch):
+    from eagle3ops import cli, executor
+
+    details = {"window_id": "20990101T000000Z-extract-abcdef", "holder": "alice@laptop", "since": "2099-01-01"}
+
+    def facts(argv, stdin):
+        if argv[0] == "find" and argv[1].endswith("/lock/details.json"):
+            return 0, json.dumps(details), ""
+        if "{{.State.Running}} {{.State.Restarting}}" in argv:  # its supervisor is gone: a stale lock
+            return 1, "", "Error: No such object"
+        return None
+
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, ["lock", "release", "sandbox", "--dry-run", "--json", "--inventory",
+                                       str(REPO / "deploy/hosts.yaml")])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["lock"]["holder"] == "alice@laptop" and len(doc["changes"]) == 1
+    assert doc["changes"][0].startswith("rm -rf -- ") and doc["changes"][0].endswith("/state/lock")
+
+
 def test_json_without_dry_run_is_refused_before_any_host_is_reached(monkeypatch):
     from eagle3ops import cli, executor
 
