@@ -129,6 +129,31 @@ def test_lock_release_dry_run_json_names_the_lock_and_its_removal(monkeypatch):
     assert doc["changes"][0].startswith("rm -rf -- ") and doc["changes"][0].endswith("/state/lock")
 
 
+@pytest.mark.parametrize("command", ["attach", "recover"])
+def test_following_a_finished_window_dry_run_json_lists_what_would_finish_it(monkeypatch, command):
+    from eagle3ops import cli, executor
+    from eagle3ops.config import load_inventory
+
+    host = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    world = _host_with_serving(host)
+    wid = "20990101T000000Z-extract-abcdef"
+    world._mkdirs(f"{host.state_dir}/windows/{wid}")
+    world.files[f"{host.state_dir}/windows/{wid}/result.json"] = json.dumps(
+        {"window_id": wid, "outcome": "ok", "serving_running": True, "serving_healthy": True})
+    def facts(argv, stdin):  # recover reads the live server's /health: up
+        return (0, "200", "") if argv[0] == "curl" else world(argv, stdin)
+
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, [command, "sandbox", "--dry-run", "--json", "--inventory",
+                                       str(REPO / "deploy/hosts.yaml")])
+    assert out.exit_code == 0, (out.output, out.exception)
+    doc = json.loads(out.stdout)
+    assert doc["window_id"] == wid and doc["finished"] is True, doc
+    assert doc["changes"] == [c.cmd for c in rec.calls if c.kind != "read"] and world.writes == []
+    assert [c.split()[-3:] for c in doc["changes"]] == [["rm", "--force", f"eagle3ops-supervisor-{wid}"]]
+
+
 def test_json_without_dry_run_is_refused_before_any_host_is_reached(monkeypatch):
     from eagle3ops import cli, executor
 

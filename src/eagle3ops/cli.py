@@ -361,39 +361,41 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
 
 
 @app.command()
-def attach(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def attach(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Follow the newest window's journal until it finishes, then print its summary (and remove its finished
     supervisor container: the only change attach makes on the host, which ``--dry-run`` prints)."""
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.watch import finish_window, watch
 
-    with common.remote(common.load_host(inventory, host), dry_run) as r:
+    with common.remote(common.load_host(inventory, host), dry_run, json_out) as r:
         wid = _newest_window(r, "attach to")
         try:
             if dry_run:
-                _dry_finish(r, wid)
-                return
+                return _dry_finish(r, wid, json_out)
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="attach")
         except WindowError as exc:
             common.fail(str(exc))
     summary(result)
 
 
-def _dry_finish(r, wid: str) -> None:
+def _dry_finish(r, wid: str, json_out: bool = False) -> None:
     """Dry run of following window ``wid`` to its end: its result if it has one (read), then the commands that
-    finish it (:func:`eagle3ops.window.watch.finish_window`, printed by the dry-run executor, not run)."""
+    finish it (:func:`eagle3ops.window.watch.finish_window`, printed by the dry-run executor, not run); with
+    ``json_out``, then the window and those changes as one JSON document."""
     from eagle3ops.commands import host as hc
     from eagle3ops.window.common import paths
     from eagle3ops.window.watch import finish_window
 
     done = r.run(hc.cat_if_exists(paths(r.host, wid)["result"]), check=False).stdout.strip()
     if not done:
-        print(f"# window {wid} has no result yet: a real run follows its journal until result.json appears, then:")
+        print(f"# window {wid} has no result yet: a real run follows its journal until result.json appears, then:",
+              file=sys.stderr if json_out else sys.stdout)
     finish_window(r, wid, json.loads(done) if done else {}, command="dry-run")
+    common.print_plan({"window_id": wid, "finished": bool(done), "changes": list(r.changes)}, r.host, json_out)
 
 
 @app.command()
-def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving. Serving
     that is not running while no window holds the lock (stopped outside a window) is started again and waited for
     (``/health``); where the newest window's record disagrees with the live server, it says so."""
@@ -403,10 +405,10 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     from eagle3ops.window.watch import finish_window, watch
 
     h = common.load_host(inventory, host)
-    with common.remote(h, dry_run) as r:
+    with common.remote(h, dry_run, json_out) as r:
         try:
             if recover_stopped(r, echo=lambda line: console.print(line, markup=False, soft_wrap=True)):
-                return
+                return common.print_plan({"serving_started": True, "changes": list(r.changes)}, h, json_out)
         except WindowError as exc:
             common.fail(str(exc))
         wid = _newest_window(r, "recover")
@@ -416,8 +418,7 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
                 console.print(f"window {wid} already finished with serving running" if h.serving.managed else
                               f"window {wid} already finished (the host has no serving)")
             if dry_run:
-                _dry_finish(r, wid)
-                return
+                return _dry_finish(r, wid, json_out)
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="recover")
         except WindowError as exc:
             common.fail(str(exc))
