@@ -19,7 +19,8 @@ inspect helper included, is made under the host's lock, taken once they passed a
    host, naming the passes needed, unless ``--accept-low-power`` (``serving.gate_accept_low_power``). The prompts:
    HumanEval's gate split, or every prompt of ``--prompts-file`` (:func:`select_gate`; e.g. held-out chat turns
    rendered with the served chat template).
-3. ``run_window(kind="speculate")``: lock, preflight, plan, supervisor; watched to its result.
+3. ``run_window(kind="speculate", held=...)``: preflight, plan, supervisor, under the lock taken before step 1's
+   writes; watched to its result. A refusal before the supervisor starts releases the lock.
 
 Host side (the supervisor): record → baseline (``serving.gate_passes`` passes, at least 3) → the speculative
 release (health-gated; a failed gate rolls back) → its measurement (with vLLM's spec-decode counters as deltas) →
