@@ -45,8 +45,8 @@ class LockReached(Exception):
 
 @dataclass
 class Call:
-    """One command as the host received it: ``kind`` (``read`` / ``launch`` / ``change`` / ``lock``), the rendered command,
-    its argv and the bytes sent to its standard input."""
+    """One command as the host received it: ``kind`` (``read`` / ``launch`` / ``change`` / ``lock``), the rendered
+    command, its argv and the bytes sent to its standard input."""
 
     host: str
     kind: str

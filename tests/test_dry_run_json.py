@@ -72,7 +72,8 @@ def test_the_dry_run_prints_its_plan_as_json_and_changes_nothing(monkeypatch, tm
 #: Commands over two hosts (the repository's sandbox and ``other``, its copy): (command line, a check of the JSON).
 MULTI = [
     (["weights", "other", "--from", "sandbox"],
-     lambda d: d["source"] == "sandbox" and d["dest"] == "other" and [s["path"] for s in d["steps"]] == ["config.json"]),
+     lambda d: d["source"] == "sandbox" and d["dest"] == "other"
+     and [s["path"] for s in d["steps"]] == ["config.json"]),
     (["extract", "sandbox", "other", "--run", "r1", "--pipeline", "{pipeline}"],
      lambda d: d["run"] == "r1" and {w["host"] for w in d["windows"]} == {"sandbox", "other"}),
     (["train", "sandbox", "--run", "r1", "--from-fleet", "{merged}", "--pipeline", "{pipeline}"],

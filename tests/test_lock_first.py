@@ -246,7 +246,8 @@ def test_a_head_from_another_host_is_fetched_under_the_lock_and_a_failed_fetch_r
     calls = rec.of("other")
     lock = next(i for i, c in enumerate(calls) if c.kind == "lock" and c.argv[1] != "-p")
     fetch = next(i for i, c in enumerate(calls) if "e3-weights-receive" in c.argv)
-    released = next(i for i, c in enumerate(calls) if c.argv[:3] == ["rm", "-rf", "--"] and c.argv[-1].endswith("/lock"))
+    released = next(i for i, c in enumerate(calls)
+                    if c.argv[:3] == ["rm", "-rf", "--"] and c.argv[-1].endswith("/lock"))
     assert lock < fetch < released and not pre_lock_changes(rec.calls)
     assert not [c for c in rec.of("sandbox") if c.kind != "read"]  # the source is only read
 

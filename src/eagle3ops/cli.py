@@ -295,7 +295,8 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     with common.remote(h, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
-                                pipeline_image_id=dep.get("image_id"), head=weights_cli.head_for(inventory, r, head, defer=True),
+                                pipeline_image_id=dep.get("image_id"),
+                                head=weights_cli.head_for(inventory, r, head, defer=True),  # fetched under the lock
                                 serving_image=image, force=force, allow_template_mismatch=allow_template_mismatch,
                                 control=control, with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),
                                 draft_tps=tuple(tps),
