@@ -47,8 +47,8 @@ class Recorder:
         self.inventory = inventory
         real = cli_common.remote
 
-        def make(host, dry_run=False):
-            r = real(host, dry_run)
+        def make(host, dry_run=False, json_out=False):
+            r = real(host, dry_run, json_out)
             self.made.append(r)
             return r
 

@@ -171,11 +171,14 @@ class StandInRemote:
 
     def __init__(self, host, world, dry_run=False):
         self.host, self.world, self.dry_run, self.echo, self.history = host, world, dry_run, None, []
+        self.changes: list[str] = []  # as Remote's: the rendered commands that are not a Read
 
     def run(self, argv, *, check=True, timeout=None, stdin=None, stream=None):
         cmd = render(argv)
         self.history.append(cmd)
         changes = not is_read(argv)  # as Remote: the command's type decides
+        if changes:
+            self.changes.append(cmd)
         if self.dry_run and changes:  # a dry run prints what changes the host, runs only what reads
             return Result(list(argv), 0)
         if changes:
@@ -210,7 +213,8 @@ def _cli(monkeypatch, world, *args):
     """Run the real CLI with its Remote replaced by the stand-in host."""
     from eagle3ops import cli, cli_common
 
-    monkeypatch.setattr(cli_common, "remote", lambda h, dry_run=False: StandInRemote(h, world, dry_run))
+    monkeypatch.setattr(cli_common, "remote",
+                        lambda h, dry_run=False, json_out=False: StandInRemote(h, world, dry_run))
     return CliRunner().invoke(cli.app, [*args, "--inventory", str(REPO / "deploy/hosts.yaml")])
 
 

@@ -1,7 +1,8 @@
 """The ``eagle3ops`` command line (typer): thin commands that load the inventory and call the orchestration layer.
 
 Every command that changes a host takes ``--dry-run``, which prints the remote commands in order and runs none of
-them (read-only checks still run, so the plan shows real answers).
+them (read-only checks still run, so the plan shows real answers); with ``--json`` (the window commands and
+``weights``) the plan is printed as one JSON document instead (:func:`eagle3ops.cli_common.print_plan`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rich.table import Table
 
 from eagle3ops import __version__
 from eagle3ops import cli_common as common
-from eagle3ops.cli_common import DryRunOpt, InventoryOpt
+from eagle3ops.cli_common import DryRunOpt, InventoryOpt, JsonOpt
 from eagle3ops.config import HostConfig
 from eagle3ops.config_cli import app as config_app
 from eagle3ops.console import print_event, speculate_result, summary
@@ -39,12 +40,12 @@ app.add_typer(config_app, name="config")
 _command_line = common.command_line  # this invocation, quoted and redacted (the lock and audit show it)
 
 
-def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, Any]:
+def _window(kind: str, host: HostConfig, dry_run: bool, json_out: bool = False, **kw: Any) -> dict[str, Any]:
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.run import run_window
 
     command = _command_line()
-    with common.remote(host, dry_run) as r:
+    with common.remote(host, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or host.pipeline_image))
         try:
             result = run_window(r, kind=kind, image=host.pipeline_image or dep["image"],
@@ -53,6 +54,7 @@ def _window(kind: str, host: HostConfig, dry_run: bool, **kw: Any) -> dict[str, 
         except WindowError as exc:
             common.fail(str(exc))
     if dry_run:
+        common.print_plan(result, host, json_out)
         return result
     summary(result)
     if result.get("outcome") not in ("ok", "nothing to do"):
@@ -92,10 +94,10 @@ OfflineOpt = typer.Option(False, "--offline", help="With --dry-run: no SSH at al
                           "container, stages done) are assumed from the inventory and labelled so in the plan.")
 
 
-def _stage_window(kind: str, h: HostConfig, dry_run: bool, offline: bool, **kw: Any) -> None:
+def _stage_window(kind: str, h: HostConfig, dry_run: bool, offline: bool, json_out: bool = False, **kw: Any) -> None:
     """An extract/train window, or its offline plan (``--dry-run --offline``: :mod:`eagle3ops.window.offline`)."""
     if not offline:
-        _window(kind, h, dry_run, **kw)
+        _window(kind, h, dry_run, json_out, **kw)
         return
     if not dry_run:
         common.fail("--offline needs --dry-run: a real window must read the host (add --dry-run, or drop --offline)", 2)
@@ -110,7 +112,7 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
             inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
             pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-            restart: bool = RestartOpt, offline: bool = OfflineOpt,
+            restart: bool = RestartOpt, offline: bool = OfflineOpt, json_out: bool = JsonOpt,
             dead: list[str] = typer.Option([], "--dead", help="Several hosts: a lost host (repeatable); its shard "
                                            "moves to another."),
             merged: Optional[Path] = typer.Option(None, help="Several hosts: the merged manifest's file.")) -> None:
@@ -119,12 +121,13 @@ def extract(hosts: list[str] = typer.Argument(..., metavar="HOST...", help="One 
     run wave by wave (`fleet:` policy), each window its shard; shard manifests merged. A rerun resumes."""
     if len(hosts) > 1:
         fleet_cli.fleet_extract(hosts, inventory, dry_run, offline, run, pipeline, dead=dead, restart=restart,
-                                merged_out=merged)
+                                merged_out=merged, json_out=json_out)
         return
     if dead or merged:
         common.fail("--dead and --merged are for a run over several hosts (name them all)", 2)
     h = common.load_host(inventory, hosts[0])
-    _stage_window("extract", h, dry_run, offline, run=run, pipeline_text=common.read_pipeline(pipeline), restart=restart)
+    _stage_window("extract", h, dry_run, offline, json_out, run=run, pipeline_text=common.read_pipeline(pipeline),
+                  restart=restart)
 
 
 @app.command()
@@ -132,7 +135,7 @@ def train(hosts: list[str] = typer.Argument(..., metavar="HOST [HOST...]"), inve
           dry_run: bool = DryRunOpt,
           run: str = typer.Option("default", help="Pipeline run name (data_dir/runs/NAME)."),
           pipeline: Path = typer.Option(Path("deploy/pipeline.yaml"), help="Pipeline config to run with."),
-          restart: bool = RestartOpt, offline: bool = OfflineOpt,
+          restart: bool = RestartOpt, offline: bool = OfflineOpt, json_out: bool = JsonOpt,
           from_fleet: Optional[Path] = typer.Option(None, "--from-fleet", metavar="MERGED", help="A fleet run's "
                                                     "merged manifest: one HOST gets its hidden states first; several "
                                                     "train their own shards together (multi-node).")) -> None:
@@ -141,15 +144,16 @@ def train(hosts: list[str] = typer.Argument(..., metavar="HOST [HOST...]"), inve
     Several HOSTs: one multi-node run over a fleet run's shards (`fleet_cli.train_nodes`)."""
     if len(hosts) > 1:
         return fleet_cli.train_nodes(hosts, inventory, dry_run, run, from_fleet, pipeline, restart, _command_line(),
-                                     offline)
+                                     offline, json_out)
     host = hosts[0]
     h, kw = common.load_host(inventory, host), {"run": run, "pipeline_text": common.read_pipeline(pipeline)}
-    window = lambda: _stage_window("train", h, dry_run, offline, restart=restart, **kw)  # noqa: E731
-    fleet_cli.fleet_train(host, inventory, dry_run, run, from_fleet, window, offline) if from_fleet else window()
+    window = lambda: _stage_window("train", h, dry_run, offline, json_out, restart=restart, **kw)  # noqa: E731
+    fleet_cli.fleet_train(host, inventory, dry_run, run, from_fleet, window, offline, json_out) if from_fleet \
+        else window()
 
 
 @app.command()
-def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
             arg: list[str] = typer.Option([], "--arg", help="Server flag to set for this release (repeatable; "
                                                            "replaces the same flag of the live command)."),
             image: Optional[str] = typer.Option(None, "--image", help="New serving image for this release."),
@@ -172,7 +176,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     if not gate:
         if margin is not None:
             common.fail("--margin needs --gate", code=2)
-        _window("release", h, dry_run, change=change)
+        _window("release", h, dry_run, json_out, change=change)
         return
     if margin is not None:  # before the host is reached
         from eagle3ops.config.inventory import check_gate_margin
@@ -185,7 +189,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     from eagle3ops.speculate.ship import SpeculateError
     from eagle3ops.window.common import WindowError
 
-    with common.remote(h, dry_run) as r:
+    with common.remote(h, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         try:
             res = gated_release(r, change, pipeline_image=h.pipeline_image or dep["image"],
@@ -194,7 +198,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
         except (SpeculateError, WindowError) as exc:
             common.fail(str(exc))
     if dry_run:
-        return
+        return common.print_plan(res, h, json_out)
     console.print(f"[bold]{res['verdict']}[/bold]: {res['reason']}")
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
     if res["verdict"] != "keep":
@@ -202,7 +206,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
 
 
 @app.command()
-def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
              to: Optional[int] = typer.Option(
                  None, "--to", help="Release number: any retained release, one a gate rejected included (named as "
                                     "such). Default: the release production kept live before the current one.")
@@ -211,7 +215,7 @@ def rollback(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOp
     current one, passing over releases a gate rejected or that were live only while a gate measured them; the
     target and why are printed before anything stops."""
     h = common.load_host(inventory, host)
-    _window("rollback", h, dry_run, to_release=to)
+    _window("rollback", h, dry_run, json_out, to_release=to)
 
 
 @app.command()
@@ -259,7 +263,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                   "chat template first. A line may instead be a chat body, {\"messages\": [...]} with e.g. "
                   "\"tools\" or \"response_format\", sent to /v1/chat/completions as given (greedy, the gate's "
                   "max_tokens)."),
-              inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+              inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_candidate_options, select_gate
     from eagle3ops.speculate.ship import speculate as run_speculate
@@ -288,10 +292,11 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         except SpeculateError as e:
             common.fail(str(e), code=2)
     h = common.load_host(inventory, host)
-    with common.remote(h, dry_run) as r:
+    with common.remote(h, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
-                                pipeline_image_id=dep.get("image_id"), head=weights_cli.head_for(inventory, r, head),
+                                pipeline_image_id=dep.get("image_id"),
+                                head=weights_cli.head_for(inventory, r, head, defer=True),  # fetched under the lock
                                 serving_image=image, force=force, allow_template_mismatch=allow_template_mismatch,
                                 control=control, with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),
                                 draft_tps=tuple(tps),
@@ -302,7 +307,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         except (SpeculateError, WindowError) as exc:
             common.fail(str(exc))
     if dry_run:
-        return
+        return common.print_plan(res, h, json_out)
     speculate_result(console, res)
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release"),
                       "mean_acceptance_length": (res.get("spec_decode") or {}).get("mean_acceptance_length")}))
@@ -356,39 +361,41 @@ def status(host: str, inventory: Path = InventoryOpt) -> None:
 
 
 @app.command()
-def attach(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def attach(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Follow the newest window's journal until it finishes, then print its summary (and remove its finished
     supervisor container: the only change attach makes on the host, which ``--dry-run`` prints)."""
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.watch import finish_window, watch
 
-    with common.remote(common.load_host(inventory, host), dry_run) as r:
+    with common.remote(common.load_host(inventory, host), dry_run, json_out) as r:
         wid = _newest_window(r, "attach to")
         try:
             if dry_run:
-                _dry_finish(r, wid)
-                return
+                return _dry_finish(r, wid, json_out)
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="attach")
         except WindowError as exc:
             common.fail(str(exc))
     summary(result)
 
 
-def _dry_finish(r, wid: str) -> None:
+def _dry_finish(r, wid: str, json_out: bool = False) -> None:
     """Dry run of following window ``wid`` to its end: its result if it has one (read), then the commands that
-    finish it (:func:`eagle3ops.window.watch.finish_window`, printed by the dry-run executor, not run)."""
+    finish it (:func:`eagle3ops.window.watch.finish_window`, printed by the dry-run executor, not run); with
+    ``json_out``, then the window and those changes as one JSON document."""
     from eagle3ops.commands import host as hc
     from eagle3ops.window.common import paths
     from eagle3ops.window.watch import finish_window
 
     done = r.run(hc.cat_if_exists(paths(r.host, wid)["result"]), check=False).stdout.strip()
     if not done:
-        print(f"# window {wid} has no result yet: a real run follows its journal until result.json appears, then:")
+        print(f"# window {wid} has no result yet: a real run follows its journal until result.json appears, then:",
+              file=sys.stderr if json_out else sys.stdout)
     finish_window(r, wid, json.loads(done) if done else {}, command="dry-run")
+    common.print_plan({"window_id": wid, "finished": bool(done), "changes": list(r.changes)}, r.host, json_out)
 
 
 @app.command()
-def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Finish an interrupted window: restart its supervisor, which skips done stages and restores serving. Serving
     that is not running while no window holds the lock (stopped outside a window) is started again and waited for
     (``/health``); where the newest window's record disagrees with the live server, it says so."""
@@ -398,10 +405,10 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     from eagle3ops.window.watch import finish_window, watch
 
     h = common.load_host(inventory, host)
-    with common.remote(h, dry_run) as r:
+    with common.remote(h, dry_run, json_out) as r:
         try:
             if recover_stopped(r, echo=lambda line: console.print(line, markup=False, soft_wrap=True)):
-                return
+                return common.print_plan({"serving_started": True, "changes": list(r.changes)}, h, json_out)
         except WindowError as exc:
             common.fail(str(exc))
         wid = _newest_window(r, "recover")
@@ -411,8 +418,7 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
                 console.print(f"window {wid} already finished with serving running" if h.serving.managed else
                               f"window {wid} already finished (the host has no serving)")
             if dry_run:
-                _dry_finish(r, wid)
-                return
+                return _dry_finish(r, wid, json_out)
             result = finish_window(r, wid, watch(r, wid, on_event=print_event), command="recover")
         except WindowError as exc:
             common.fail(str(exc))
@@ -565,7 +571,7 @@ def main() -> None:
         remote = sys.modules.get("eagle3ops.remote")
         if remote is not None and isinstance(exc, remote.RemoteError):
             print(f"error: {exc}", file=sys.stderr)
-            if isinstance(exc, remote.HostUnreachable) and _changes_a_host(sys.argv[1:]):
+            if isinstance(exc, remote.HostUnreachable) and common.changes_a_host(sys.argv[1:]):
                 from eagle3ops.window.common import append_local_audit
 
                 warn = append_local_audit(str(exc).partition(": ")[0], _command_line(), "host not reached", str(exc))
@@ -573,18 +579,6 @@ def main() -> None:
                     print(f"warning: {warn}", file=sys.stderr)
             sys.exit(1)
         raise
-
-
-#: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
-HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
-                 "probe", "verify", "watch", "weights", "cycle"}
-
-
-def _changes_a_host(args: list[str]) -> bool:
-    """Whether the command line ``args`` (without the program name) is a host-changing command (not a dry run)."""
-    words = [a for a in args if not a.startswith("-")]
-    return "--dry-run" not in args and bool(words) and (
-        words[0] in HOST_CHANGING or words[:2] == ["lock", "release"])
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ that replaces one (``monkeypatch.setattr(cli_common, "remote", ...)``) replaces 
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -16,7 +18,8 @@ from rich.console import Console
 
 from eagle3ops.config import ConfigError, HostConfig, load_inventory
 
-__all__ = ["DryRunOpt", "InventoryOpt", "console", "fail", "load_host", "remote"]
+__all__ = ["DryRunOpt", "HOST_CHANGING", "InventoryOpt", "JsonOpt", "changes_a_host", "console", "fail", "load_host",
+           "print_plan", "remote"]
 
 console = Console(stderr=True)
 
@@ -24,6 +27,19 @@ InventoryOpt = typer.Option(
     Path(os.environ.get("EAGLE3OPS_INVENTORY", "deploy/hosts.yaml")), "--inventory", "-i",
     help="Inventory file (env EAGLE3OPS_INVENTORY).")
 DryRunOpt = typer.Option(False, "--dry-run", help="Print every remote command in order; execute none.")
+JsonOpt = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON document on stdout (the "
+                       "commands go to stderr).")
+
+#: Commands that change a host (or would have): a run that never reached its host is recorded in the local audit log.
+HOST_CHANGING = {"deploy", "extract", "train", "release", "rollback", "speculate", "recover", "attach", "push",
+                 "probe", "verify", "watch", "weights", "cycle"}
+
+
+def changes_a_host(args: list[str]) -> bool:
+    """Whether the command line ``args`` (without the program name) is a host-changing command (not a dry run)."""
+    words = [a for a in args if not a.startswith("-")]
+    return "--dry-run" not in args and bool(words) and (
+        words[0] in HOST_CHANGING or words[:2] == ["lock", "release"])
 
 
 def load_host(inventory: Path, name: str) -> HostConfig:
@@ -36,13 +52,28 @@ def load_host(inventory: Path, name: str) -> HostConfig:
         raise typer.Exit(2) from None
 
 
-def remote(host: HostConfig, dry_run: bool = False):
+def remote(host: HostConfig, dry_run: bool = False, json_out: bool = False):
     """The SSH executor to ``host`` (:func:`eagle3ops.executor.for_host`: not yet connected; use it as a context
-    manager); a dry run echoes every command it would run to stdout, its secrets masked (:mod:`eagle3ops.redact`)."""
+    manager); a dry run echoes every command it would run to stdout (``json_out``: to stderr, stdout keeping the plan
+    for :func:`print_plan`), its secrets masked (:mod:`eagle3ops.redact`). ``json_out`` without ``dry_run`` is a
+    usage error (exit 2): a real run's result is printed by the command itself."""
     from eagle3ops import executor, redact
 
-    echo = (lambda cmd: print(redact.text(cmd, host.secret_env))) if dry_run else None
+    if json_out and not dry_run:
+        fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
+    out = sys.stderr if json_out else sys.stdout
+    echo = (lambda cmd: print(redact.text(cmd, host.secret_env), file=out)) if dry_run else None
     return executor.for_host(host, dry_run=dry_run, echo=echo)
+
+
+def print_plan(plan: dict[str, Any], host: HostConfig, json_out: bool) -> None:
+    """``--dry-run --json``: the dry run's plan (a JSON-ready value: a window's plan and commands, a copy's steps)
+    printed on stdout as one JSON document, its secrets masked (:func:`eagle3ops.redact.value`, with the host's
+    ``secret_env``); nothing without ``json_out``."""
+    from eagle3ops import redact
+
+    if json_out:
+        print(json.dumps(redact.value(plan, host.secret_env), indent=2, sort_keys=True, default=str), flush=True)
 
 
 def fail(msg: str, code: int = 1) -> NoReturn:

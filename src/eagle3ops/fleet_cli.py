@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -28,11 +28,13 @@ from eagle3ops.commands.fleet import reach_listen_argv as fc_listen
 
 
 def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: bool, run: str, pipeline: Path, *,
-                  dead: list[str] | None = None, restart: bool = False, merged_out: Path | None = None) -> None:
+                  dead: list[str] | None = None, restart: bool = False, merged_out: Path | None = None,
+                  json_out: bool = False) -> None:
     """``extract`` over several hosts: the fleet plan (reads only), printed; then, unless ``dry_run``, carried out
     (:mod:`eagle3ops.fleet.execute`: waves, per-host windows with their shards), the shard manifests merged and
     checked, the merged manifest written to ``merged_out`` (default ``fleet-<run>-extract-manifest.json``). Exit 1
-    when a window failed or the merge does not check (the message names the shard and the rerun)."""
+    when a window failed or the merge does not check (the message names the shard and the rerun). ``json_out``
+    (with ``dry_run``): stdout holds the plan's JSON alone, the rest goes to stderr."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.config.pipeline import parse_pipeline_config
     from eagle3ops.fleet import driver
@@ -43,9 +45,11 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
     if offline and not dry_run:
         common.fail("--offline needs --dry-run: a real fleet run must read the hosts (add --dry-run, or drop "
                     "--offline)", 2)
+    if json_out and not dry_run:
+        common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
     dead_set = set(dead or ())
     text = common.read_pipeline(pipeline)
-    reader = None if offline else (lambda h: common.remote(h, dry_run=True) if dry_run else _reader(h))
+    reader = None if offline else (lambda h: common.remote(h, True, json_out) if dry_run else _reader(h))
     command = "eagle3ops " + " ".join(sys.argv[1:])
     try:
         inv = load_inventory(inventory)
@@ -66,7 +70,7 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
             plan = driver.plan_hosts(inv, hosts, run, cfg, reader=reader, dead=dead_set)
     except (ConfigError, FleetPlanError) as exc:
         common.fail(str(exc), 2)
-    print(render(plan))
+    print(render(plan), file=sys.stderr if json_out else sys.stdout)
     print(json.dumps(plan.as_dict(), indent=2), flush=True)
     if dry_run:
         return
@@ -95,7 +99,7 @@ def fleet_extract(hosts: list[str], inventory: Path, dry_run: bool, offline: boo
 
 
 def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file: Path,
-                train_window: Callable[[], None], offline: bool = False) -> None:
+                train_window: Callable[[], None], offline: bool = False, json_out: bool = False) -> None:
     """``train HOST --from-fleet MERGED``: the hidden-state files of a fleet run that live on other hosts copied to
     ``host``'s run dir, then the train window. In order: the training host's files read and hashed (reads only) →
     the plan printed (:func:`eagle3ops.fleet.hidden.plan_move`: per source host the bytes and the seconds from the
@@ -105,7 +109,8 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     ``host``'s prepare manifest (:func:`eagle3ops.stages.merge.check_merged`) and written as ``extract/manifest.json``
     → lock released → ``train_window()`` (vocab + train on the union). Exit 1 when the bytes to copy exceed
     ``host``'s free disk (before anything is written), or naming the file and the fix when a shard file is missing
-    or arrives corrupted (what arrived whole stays placed); 2 for a manifest that does not hold or ``offline``."""
+    or arrives corrupted (what arrived whole stays placed); 2 for a manifest that does not hold or ``offline``.
+    ``json_out`` (with ``dry_run``): stdout holds the copy plan's JSON alone, the rest goes to stderr."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import hidden
     from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
@@ -116,6 +121,8 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     if offline:
         common.fail("--offline does not go with --from-fleet: the copy plan reads what the training host holds (drop "
                     "--offline; --dry-run alone prints the plan and changes nothing)", 2)
+    if json_out and not dry_run:
+        common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
     try:
         inv = load_inventory(inventory)
         h = inv.host(host)
@@ -144,9 +151,11 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
         plan = hidden.plan_move(merged, run, host, {**placed, **good_arrived}, rates)
     except (hidden.HiddenPlanError, KeyError, TypeError, ValueError) as exc:
         common.fail(f"train --from-fleet {merged_file}: {exc}", 1 if isinstance(exc, hidden.HiddenPlanError) else 2)
-    print(hidden.render(plan))
+    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
+    print(hidden.render(plan), file=text)
     print(json.dumps(plan.as_dict(), indent=2), flush=True)
-    print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", flush=True)
+    print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", file=text,
+          flush=True)
     try:
         hidden.check_space(plan, free, h.data_dir)
     except hidden.HiddenPlanError as exc:
@@ -185,10 +194,9 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
 
 
 def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merged_file: Path | None,
-                pipeline: Path, restart: bool, command: str, offline: bool = False) -> None:
+                pipeline: Path, restart: bool, command: str, offline: bool = False, json_out: bool = False) -> None:
     """``train A B C --run RUN --from-fleet MERGED``: one training run over several nodes, each training the shard its
-    own host extracted (:mod:`eagle3ops.fleet.nodes`, :mod:`eagle3ops.stages.trainplan`). In order, reads only until
-    the trial passed:
+    own host extracted (:mod:`eagle3ops.fleet.nodes`, :mod:`eagle3ops.stages.trainplan`). In order:
 
     1. the plan (:func:`eagle3ops.fleet.nodes.plan_nodes`: hosts in shard order, node 0's rendezvous), printed;
        each node's deployed pipeline, prepare manifest and shard manifest read; node 0's train judged as a window
@@ -197,16 +205,19 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
        :data:`REACH_TIMEOUT_S`), then the cross-node trial (:mod:`eagle3ops.fleet.trial`: one gloo all-reduce) on
        every node at once, bounded by ``fleet.trial_timeout_s``: a node that cannot reach the rendezvous is named,
        exit 1, nothing stopped;
-    3. under each node's lock, the merged manifest checked against its prepare manifest and written as its
-       ``extract/manifest.json`` (its own shard's files verified in place by the stage);
+    3. the merged manifest checked against each node's prepare manifest and written as its ``extract/manifest.json``
+       (its own shard's files verified in place by the stage);
     4. one train window per node (vocab + train with ``--nodes/--node-rank/--rendezvous``), all at once, each with
-       its own lock, preflight, stop and restore of that host's serving.
+       its own preflight, stop and restore of that host's serving.
+
+    Every node's lock is taken after step 1, before the reach probe starts a container there, and is held into
+    that node's train window (its window id); a failure before the windows gives every lock taken back.
 
     A failed run names the node that failed first (its process killed or its own error) and the nodes that stopped
     because a peer left (:func:`eagle3ops.fleet.nodes.blame`, from each failed node's ``train.log``); every node's
     serving is restored by its own window; rerunning the same command resumes from node 0's last checkpoint on every
     node. Exit 2 for a manifest or host list that does not fit (or no ``merged_file``, or ``offline``), 1 for a failed
-    trial or window."""
+    trial or window. ``json_out`` (with ``dry_run``): the plan as one JSON document on stdout, the rest on stderr."""
     import threading
 
     if merged_file is None:
@@ -215,15 +226,17 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     if offline:
         common.fail("--offline does not go with a multi-node train: its plan reads every node (drop --offline; "
                     "--dry-run alone prints the plan and changes nothing)", 2)
+    if json_out and not dry_run:
+        common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
+    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
     pipeline_text = common.read_pipeline(pipeline)
     from eagle3ops import executor
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import nodes as fn
-    from eagle3ops.fleet import trial as ft
     from eagle3ops.fleet.driver import deployed_image
-    from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
+    from eagle3ops.stages.merge import MergeError, check_merged
     from eagle3ops.stages.shards import manifest_rel
-    from eagle3ops.window.common import LockHeld, WindowError
+    from eagle3ops.window.common import LockHeld, WindowError, new_window_id
     from eagle3ops.window.lock import acquire_lock, release_lock
     from eagle3ops.window.run import _decide, run_window
 
@@ -237,7 +250,7 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
         common.fail(f"train {' '.join(hosts)} --from-fleet {merged_file}: {exc}", 2)
     for line in plan.lines():
-        print(line, flush=True)
+        print(line, file=text, flush=True)
     images: dict[str, tuple[str, str | None]] = {}
     ifaces: dict[str, list[str]] = {}
     for n, name in enumerate(plan.nodes):
@@ -261,15 +274,91 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
                 _text, decision = _decide(r, "train", run, pipeline_text, restart)
                 if decision is not None and decision.nothing_to_do:
                     print(f"{name} (node 0) has trained run {run} for these inputs: nothing to do on any node "
-                          f"(--restart redoes it)", flush=True)
+                          f"(--restart redoes it)", file=text, flush=True)
                     return
     try:  # each node's NCCL/gloo interface, named where a host has several: before any serving stops
         for line in fn.socket_interfaces(plan, {n: dict(hs[n].stage_env) for n in plan.nodes}, ifaces):
-            print(line, flush=True)
+            print(line, file=text, flush=True)
     except fn.NodePlanError as exc:
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {exc}", 2)
     if dry_run:
+        if json_out:
+            print(json.dumps({"run": run, "rendezvous": plan.rendezvous, "images": images,
+                              "nodes": [{"host": n, "node_args": list(plan.node_args(n)), "shard": list(sh)}
+                                        for n, sh in zip(plan.nodes, plan.shards)]}, indent=2), flush=True)
         return
+
+    # every node's lock before the first container starts there (the reach probe), held into its train window
+    wids = {n: new_window_id("train") for n in plan.nodes}
+    taken: list[str] = []
+    try:
+        for name in plan.nodes:
+            with common.remote(hs[name]) as r:
+                try:
+                    acquire_lock(r, wids[name], command, "multi-node train: reach probe, trial, merged manifest")
+                except (LockHeld, WindowError) as exc:
+                    common.fail(str(exc))
+            taken.append(name)
+        _nodes_under_locks(plan, hs, images, inv, run, merged)
+    except BaseException:
+        for name in taken:  # nothing of a window started: each lock taken here is given back
+            with common.remote(hs[name]) as r:
+                release_lock(r, wids[name])
+        raise
+
+    # one train window per node, all at once, each under the lock taken above (its window id)
+    results: dict[str, dict] = {}
+    errors: dict[str, str] = {}
+
+    def window(name: str) -> None:
+        h = hs[name]
+        try:
+            with executor.for_host(h) as r:
+                res = run_window(r, kind="train", image=images[name][0], expected_image_id=images[name][1],
+                                 command=command, run=run, pipeline_text=pipeline_text, restart=restart,
+                                 on_event=lambda e: _event(name, e), nodes=plan.node_args(name), held=wids[name])
+            results[name] = res
+            if res.get("outcome") not in ("ok", "nothing to do"):
+                errors[name] = str(res.get("error") or res.get("outcome"))
+                log = r_log(h, res.get("window_id"))
+                errors[name] += "\n" + log
+        except Exception as exc:  # noqa: BLE001 - named per node below
+            errors[name] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=window, args=(n,)) for n in plan.nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    summary = {"run": run, "nodes": list(plan.nodes), "rendezvous": plan.rendezvous,
+               "windows": {n: {k: results.get(n, {}).get(k) for k in ("outcome", "window_id", "downtime_s",
+                                                                      "serving_healthy")} for n in plan.nodes}}
+    if not errors:
+        print(json.dumps(summary, indent=2), flush=True)
+        print(f"multi-node train of run {run} done: the draft head is on {plan.nodes[0]} "
+              f"({hs[plan.nodes[0]].data_dir}/runs/{run}/train/final)", flush=True)
+        return
+    failed, followed = fn.blame(list(plan.nodes), errors)
+    summary["failed"], summary["followed"] = failed, followed
+    print(json.dumps(summary, indent=2), flush=True)
+    for n in failed:
+        print(f"{n}: {errors[n].splitlines()[0][:300]}", flush=True)
+    common.fail(f"multi-node train of run {run}: node {', '.join(failed)} failed first"
+                + (f"; {', '.join(followed)} stopped because a peer left" if followed else "")
+                + f"; every node's serving was restored by its window. Rerun the same command: training resumes from "
+                  f"{plan.nodes[0]}'s last checkpoint on every node")
+
+
+def _nodes_under_locks(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str, str | None]], inv: Any,
+                       run: str, merged: dict[str, Any]) -> None:
+    """Steps 2 and 3 of :func:`train_nodes`, while the caller holds every node's lock: the reach probe, the
+    cross-node trial, the merged manifest written on every node. Exits 1 (``common.fail``) naming the node that
+    cannot listen, reach or pass the trial, before any serving stopped."""
+    import threading
+
+    from eagle3ops import executor
+    from eagle3ops.fleet import trial as ft
+    from eagle3ops.stages.merge import bind_inputs
 
     # the reach probe (every node connects to node 0's rendezvous port), then the gloo trial; before any stop
     reach_s = min(REACH_TIMEOUT_S, inv.fleet.trial_timeout_s)
@@ -349,65 +438,15 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     if not verdict.ok:
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {verdict.message()}")
 
-    # the merged manifest on every node, under its lock
+    # the merged manifest on every node (under its lock, taken by the caller)
     for name in plan.nodes:
         h = hs[name]
-        wid = f"nodes-{int(time.time())}"
         with common.remote(h) as r:
-            try:
-                acquire_lock(r, wid, command, "merged manifest written for a multi-node train")
-            except (LockHeld, WindowError) as exc:
-                common.fail(str(exc))
-            try:
-                prep = r.run(hc_cat(f"{h.data_dir}/runs/{run}/prepare/manifest.json"), check=False).stdout
-                want = json.dumps(bind_inputs(merged, prep), indent=2, sort_keys=True) + "\n"
-                path = f"{h.data_dir}/runs/{run}/extract/manifest.json"
-                if r.run(hc_cat(path), check=False).stdout != want:
-                    r.run(hc_write(path), stdin=want)
-            finally:
-                release_lock(r, wid)
-
-    # one train window per node, all at once
-    results: dict[str, dict] = {}
-    errors: dict[str, str] = {}
-
-    def window(name: str) -> None:
-        h = hs[name]
-        try:
-            with executor.for_host(h) as r:
-                res = run_window(r, kind="train", image=images[name][0], expected_image_id=images[name][1],
-                                 command=command, run=run, pipeline_text=pipeline_text, restart=restart,
-                                 on_event=lambda e: _event(name, e), nodes=plan.node_args(name))
-            results[name] = res
-            if res.get("outcome") not in ("ok", "nothing to do"):
-                errors[name] = str(res.get("error") or res.get("outcome"))
-                log = r_log(h, res.get("window_id"))
-                errors[name] += "\n" + log
-        except Exception as exc:  # noqa: BLE001 - named per node below
-            errors[name] = f"{type(exc).__name__}: {exc}"
-
-    threads = [threading.Thread(target=window, args=(n,)) for n in plan.nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    summary = {"run": run, "nodes": list(plan.nodes), "rendezvous": plan.rendezvous,
-               "windows": {n: {k: results.get(n, {}).get(k) for k in ("outcome", "window_id", "downtime_s",
-                                                                      "serving_healthy")} for n in plan.nodes}}
-    if not errors:
-        print(json.dumps(summary, indent=2), flush=True)
-        print(f"multi-node train of run {run} done: the draft head is on {plan.nodes[0]} "
-              f"({hs[plan.nodes[0]].data_dir}/runs/{run}/train/final)", flush=True)
-        return
-    failed, followed = fn.blame(list(plan.nodes), errors)
-    summary["failed"], summary["followed"] = failed, followed
-    print(json.dumps(summary, indent=2), flush=True)
-    for n in failed:
-        print(f"{n}: {errors[n].splitlines()[0][:300]}", flush=True)
-    common.fail(f"multi-node train of run {run}: node {', '.join(failed)} failed first"
-                + (f"; {', '.join(followed)} stopped because a peer left" if followed else "")
-                + f"; every node's serving was restored by its window. Rerun the same command: training resumes from "
-                  f"{plan.nodes[0]}'s last checkpoint on every node")
+            prep = r.run(hc_cat(f"{h.data_dir}/runs/{run}/prepare/manifest.json"), check=False).stdout
+            want = json.dumps(bind_inputs(merged, prep), indent=2, sort_keys=True) + "\n"
+            path = f"{h.data_dir}/runs/{run}/extract/manifest.json"
+            if r.run(hc_cat(path), check=False).stdout != want:
+                r.run(hc_write(path), stdin=want)
 
 
 #: Seconds the driver waits for a trial beyond its own timeout and grace (SSH, start).

@@ -13,7 +13,7 @@ from typing import Any
 import typer
 
 from eagle3ops import cli_common as common
-from eagle3ops.cli_common import DryRunOpt, InventoryOpt
+from eagle3ops.cli_common import DryRunOpt, InventoryOpt, JsonOpt
 
 #: ``--link-mbit``'s default: the rate the plan's time estimate assumes (Mbit/s).
 DEFAULT_LINK_MBIT = 1000.0
@@ -24,7 +24,7 @@ def weights(host: str = typer.Argument(..., metavar="HOST", help="The host that 
             source: str = typer.Option(..., "--from", help="The inventory host that holds them (its model_path)."),
             link_mbit: float = typer.Option(DEFAULT_LINK_MBIT, "--link-mbit", help="Link rate the plan's time "
                                             "estimate assumes, Mbit/s."),
-            inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+            inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Copy the target's weights from another inventory host: files missing or differing (by the source's weights
     manifest: names, sizes, sha256) are streamed through this machine over SSH, a partial file resumed, each
     verified by sha256 on HOST before it is renamed into place. The plan (bytes, time) is printed first; --dry-run
@@ -42,22 +42,26 @@ def weights(host: str = typer.Argument(..., metavar="HOST", help="The host that 
         dst_h, src_h = inv.host(host), inv.host(source)
     except ConfigError as exc:
         common.fail(str(exc), 2)
-    with common.remote(src_h, dry_run) as sr, common.remote(dst_h, dry_run) as dr:
+    with common.remote(src_h, dry_run, json_out) as sr, common.remote(dst_h, dry_run, json_out) as dr:
         try:
             plan, facts = plan_weights(sr, dr, link_mbit * 1e6 / 8)
             free = check_room(dr, plan)
         except (WeightsError, WeightsPlanError) as exc:
             common.fail(str(exc))
+        text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
         if facts["rehashed"]:
             print(f"{src_h.name}: {len(facts['rehashed'])} file(s) hashed "
                   + ("again (size or mtime changed since the manifest)" if facts["had_manifest"] else
-                     "(no weights manifest was recorded; it is now)"))
-        print(render(plan))
-        print(json.dumps({**plan.as_dict(), "dest_free_bytes": free}), flush=True)
+                     "(no weights manifest was recorded; it is now)"), file=text)
+        print(render(plan), file=text)
+        if not json_out:
+            print(json.dumps({**plan.as_dict(), "dest_free_bytes": free}), flush=True)
         if dry_run:
             if read_lock(dr):
-                print(f"note: {describe_lock(dr)}")
-            return
+                print(f"note: {describe_lock(dr)}", file=text)
+            return common.print_plan({**plan.as_dict(), "dest_free_bytes": free}, dst_h, json_out)
+        if facts["source_stale"]:
+            _record_source(sr, facts["source_entries"])
         if not plan.send_bytes:
             print(f"{dst_h.name}: the weights are there already (every file's sha256 matches {src_h.name}'s)")
             return
@@ -83,15 +87,39 @@ def weights(host: str = typer.Argument(..., metavar="HOST", help="The host that 
                       "estimate_s": round(plan.estimate_s, 1)}))
 
 
+def _record_source(sr: Any, entries: dict[str, Any]) -> None:
+    """The source's refreshed weights manifest written back under the source's own lock, taken for that write only;
+    a source whose lock is held (a window runs there) keeps its old manifest (a note says so): the copy needs only
+    the entries read now, and the next ``weights --from`` hashes the same files again."""
+    from eagle3ops.transfer.weights import record_source_manifest
+    from eagle3ops.window.common import LockHeld, WindowError, new_window_id
+    from eagle3ops.window.lock import acquire_lock, release_lock
+
+    wid = new_window_id("weights-manifest")
+    try:
+        acquire_lock(sr, wid, "eagle3ops " + " ".join(sys.argv[1:]), "weights manifest recorded")
+    except LockHeld as exc:
+        print(f"note: {sr.host.name}'s weights manifest is not written back now: {exc}", flush=True)
+        return
+    except WindowError as exc:
+        common.fail(str(exc))
+    try:
+        record_source_manifest(sr, entries)
+    finally:
+        release_lock(sr, wid)
+
+
 HEAD_REF = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9_.-]*):(?P<run>[A-Za-z0-9_.-]+)$")
 
 
-def head_for(inventory: Path, r: Any, head: Path | None, *, link_mbit: float = DEFAULT_LINK_MBIT) -> Any:
+def head_for(inventory: Path, r: Any, head: Path | None, *, link_mbit: float = DEFAULT_LINK_MBIT,
+             defer: bool = False) -> Any:
     """``speculate``'s ``--head``: a local directory is returned as it is (uploaded by the speculate job);
     ``HOST:RUN`` naming an inventory host (and no local path) fetches that run's final head from HOST into this
     host's ``<data_dir>/heads/<sha256[:12]>`` (each file verified by its sha256 from the run's train manifest on
     arrival) and returns an :class:`eagle3ops.transfer.weights.InstalledHead`; in a dry run the fetch is printed,
-    not made. Exits 1 naming the host, run and file when the head is missing or refused."""
+    not made. ``defer``: plan and check the fetch (reads only) but leave it to the caller, under this host's lock
+    (the head's ``pending``). Exits 1 naming the host, run and file when the head is missing or refused."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.transfer.weights import InstalledHead, WeightsError, check_room, copy_steps, head_plan
     from eagle3ops.transfer.weightsplan import render
@@ -108,10 +136,13 @@ def head_for(inventory: Path, r: Any, head: Path | None, *, link_mbit: float = D
             plan, digest = head_plan(sr, r, m["run"], link_mbit * 1e6 / 8)
             print(render(plan), flush=True)
             check_room(r, plan)
-            if not r.dry_run and plan.send_bytes:
+            if not r.dry_run and plan.send_bytes and not defer:
                 copy_steps(plan, src_h, r.host)
         except WeightsError as exc:
             common.fail(f"--head {head}: {exc}")
+    later = defer and not r.dry_run and bool(plan.send_bytes)
     print(f"head {digest[:16]} of run {m['run']} on {src_h.name} "
-          + ("would be installed" if r.dry_run else "installed") + f" at {r.host.name}:{plan.dest_dir}", flush=True)
-    return InstalledHead(str(head), plan.dest_dir, digest)
+          + ("would be installed" if r.dry_run else "to be installed under the lock" if later else "installed")
+          + f" at {r.host.name}:{plan.dest_dir}", flush=True)
+    return InstalledHead(str(head), plan.dest_dir, digest,
+                         pending=(lambda: copy_steps(plan, src_h, r.host)) if later else None)

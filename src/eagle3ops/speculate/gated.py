@@ -84,8 +84,9 @@ def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipelin
         eagle3ops.window.WindowError: the host's serving kind refuses a release, a stand-in image on a host that is
             not a sandbox, or a window failed to run (lock, preflight, supervisor).
     """
+    from eagle3ops.window.common import new_window_id
     from eagle3ops.window.kinds import require_serving
-    from eagle3ops.window.run import run_window
+    from eagle3ops.window.run import refuse_release, run_window, under_lock
 
     h = r.host
     require_serving(h, "release")
@@ -119,8 +120,11 @@ def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipelin
     echo(f"gated release ({change.describe()}): {head}")
     for line in restarts.lines():
         echo(line)
-    r.run(hc.mkdir_p(job.results_dir))  # as the SSH user (the supervisor writes the attempt folder inside)
-    res = run_window(r, message=f"gated release: {change.describe()}", **window)
+    refuse_release(r, "release", change)  # before the lock: a release the host would refuse takes no lock
+    window_id = new_window_id("release-gate")
+    with under_lock(r, window_id, command, f"gated release: {change.describe()}"):
+        r.run(hc.mkdir_p(job.results_dir))  # as the SSH user (the supervisor writes the attempt folder inside)
+    res = run_window(r, held=window_id, **window)
     attempt = res.get("speculate")
     if not attempt:
         raise ship.SpeculateError(f"{h.name}: the gated release (window {res.get('window_id')}) ended without a "

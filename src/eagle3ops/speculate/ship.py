@@ -3,7 +3,8 @@ measured faster. The driver plans, uploads the head, starts the job and watches;
 supervisor carries the job out under the lock from start to end (:mod:`eagle3ops.supervisor.speculate`), so a
 driver that dies at any point leaves the host to finish (``status``/``recover`` show where it is).
 
-Driver side (nothing on the host changes before the job starts, except a ``--head`` upload into ``data_dir``):
+Driver side (reads and pure checks first; every change on the host, a ``--head`` upload into ``data_dir`` and the
+inspect helper included, is made under the host's lock, taken once they passed and held by the window after):
 
 1. **inspect** (read-only, in the pipeline image on the host: :mod:`.onhost`): the head's config, tensor shapes and
    sha256, the served target's ``config.json``, the run's train manifest and pipeline config, the gate prompts'
@@ -18,7 +19,8 @@ Driver side (nothing on the host changes before the job starts, except a ``--hea
    host, naming the passes needed, unless ``--accept-low-power`` (``serving.gate_accept_low_power``). The prompts:
    HumanEval's gate split, or every prompt of ``--prompts-file`` (:func:`select_gate`; e.g. held-out chat turns
    rendered with the served chat template).
-3. ``run_window(kind="speculate")``: lock, preflight, plan, supervisor; watched to its result.
+3. ``run_window(kind="speculate", held=...)``: preflight, plan, supervisor, under the lock taken before step 1's
+   writes; watched to its result. A refusal before the supervisor starts releases the lock.
 
 Host side (the supervisor): record → baseline (``serving.gate_passes`` passes, at least 3) → the speculative
 release (health-gated; a failed gate rolls back) → its measurement (with vLLM's spec-decode counters as deltas) →
@@ -140,8 +142,20 @@ def prompt_sets(prompts: list[pr.Prompt]) -> dict[str, list[int]]:
 def _upload_head(r: Any, head: Path | InstalledHead) -> tuple[str, str]:
     """Upload a local head directory (its regular files) to ``<data_dir>/heads/<sha256[:12]>``; returns (the path,
     the head's sha256: :func:`eagle3ops.speculate.onhost.head_sha256`). A head already installed from another host
-    (``--head HOST:RUN``, :class:`eagle3ops.transfer.weights.InstalledHead`) is not uploaded again."""
+    (``--head HOST:RUN``, :class:`eagle3ops.transfer.weights.InstalledHead`) is not uploaded again; one whose fetch
+    was left to the lock's holder (``pending``) is fetched now (not in a dry run).
+
+    Raises:
+        SpeculateError: the head directory has no ``config.json``, or the fetch from the other host failed (a file
+            refused on arrival, a stream cut; the message names ``--head`` and says to rerun)."""
     if isinstance(head, InstalledHead):
+        if head.pending is not None and not r.dry_run:
+            from eagle3ops.transfer.weights import WeightsError
+
+            try:
+                head.pending()
+            except WeightsError as e:
+                raise SpeculateError(f"--head {head}: {e}") from None
         return head.dir, head.digest
     files = sorted(p for p in head.iterdir() if p.is_file())
     if not (head / "config.json").is_file():
@@ -242,8 +256,8 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
             host has ``serving: none`` (refused before anything is done).
     """
     from eagle3ops.window.kinds import require_serving
-    from eagle3ops.window.run import run_window
-    from eagle3ops.gate.replay import endpoints
+    from eagle3ops.window.common import new_window_id
+    from eagle3ops.window.run import run_window, under_lock
     from eagle3ops.window.arch import refuse_foreign_image
     from eagle3ops.window.standin import refuse_standin_image
 
@@ -295,6 +309,52 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     if (refused := power.refusal(h.name)) is not None:
         raise SpeculateError(refused)
 
+    # every write and launch from here on is made under the host's lock, taken after the reads and pure checks
+    # above (the head's upload, the inspect helper, the results' folder, the image push); a refusal before the
+    # window's supervisor starts releases it
+    window_id = new_window_id("speculate")
+    message = f"speculate run {opts.run}" + (f", head {opts.head}" if opts.head else "")
+    with under_lock(r, window_id, opts.command, message):
+        job = _inspect_and_plan(r, opts, run_dir=run_dir, image=image, gate=gate, source=source, margin=margin,
+                                floor=floor, max_tokens=max_tokens, passes=passes, restarts=restarts, power=power,
+                                like=like, echo=echo)
+        if not r.dry_run:
+            # 2.-6. the host's supervisor carries out the whole job under the lock; this driver only watches it
+            for line in restarts.lines():
+                echo(line)
+            if job.change.image:
+                job.figures["image_push"] = _ensure_image(r, job.change.image, echo, push)
+            r.run(hc.mkdir_p(job.results_dir))  # as the SSH user (the supervisor writes the attempt folder inside)
+    if r.dry_run:
+        return _dry(r, opts, job, restarts, run_window, on_event, echo, window_id)
+    res = run_window(r, kind="speculate", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
+                     command=opts.command, run=opts.run, speculate=job, on_event=on_event, held=window_id)
+    attempt = res.get("speculate")
+    if not attempt:
+        raise SpeculateError(f"{h.name}: the speculate job (window {res.get('window_id')}) ended without a result: "
+                             f"{res.get('outcome')}: {res.get('error')}")
+    if attempt.get("verdict") == "error":
+        raise SpeculateError(f"{h.name}: {attempt.get('reason')}; {attempt.get('rollback') or 'no rollback'} "
+                             f"(window {res.get('window_id')}, outcome {res.get('outcome')}: {res.get('error')})")
+    return {**attempt, "window_id": res.get("window_id"), "outcome": res.get("outcome"),
+            "restarts_s": res.get("restarts_s"), "wall_s": round(time.monotonic() - t0, 1)}
+
+
+def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: str, gate: list[pr.Prompt],
+                      source: dict[str, Any], margin: float, floor: float, max_tokens: int, passes: int,
+                      restarts: RestartPlan, power: Any, like: dict[str, Any],
+                      echo: Callable[[str], None]) -> SpeculateJob:
+    """Step 1 of :func:`speculate`, under the host's lock: the results' folder and a ``--head`` upload, the inspect
+    helper on the host and the checks of its answer (head fit, as vLLM reads it, offline floor, chat template, gate
+    prompts' disjointness), then the job (pure). In a dry run with ``--head`` the head is checked here, not uploaded
+    (the job carries a placeholder digest); in a dry run the job's summary is echoed.
+
+    Raises:
+        SpeculateError: the run has no trained head, the head or target cannot be read, a check refuses.
+    """
+    from eagle3ops.gate.replay import endpoints
+
+    h = r.host
     # 1. inspect and check (read-only, except a --head upload into data_dir and the results' folder, made here as
     # the SSH user: a bind mount of a missing run dir would make Docker create it as root)
     r.run(hc.mkdir_p(f"{run_dir}/speculate"))
@@ -311,7 +371,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                  + "; the real run also checks the head as vLLM reads it and its offline estimate, on the host")
         job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.request for p in gate], margin, floor,
                    max_tokens, passes, {}, prompt_sets(gate))
-        return _dry(r, opts, job, restarts, run_window, on_event, echo)
+        return job
     mount_run = r.run(hc.test_dir(run_dir), check=False).ok
     if not r.run(hc.exists(f"{head_dir}/config.json"), check=False).ok:  # before docker would create the bind source
         what = (f"run {opts.run} has no trained head ({head_dir}/config.json is missing)" if mount_run
@@ -374,26 +434,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
              f"at concurrency {job.levels}, {passes} passes, on both releases, in the host's supervisor"
              + (f"; the baseline is a control release ({image} without --speculative-config)" if job.control
                 else ""))
-        return _dry(r, opts, job, restarts, run_window, on_event, echo)
-
-    # 2.-6. the host's supervisor carries out the whole job under the lock; this driver only watches it
-    for line in restarts.lines():
-        echo(line)
-    if job.change.image:
-        figures["image_push"] = _ensure_image(r, job.change.image, echo, push)
-    r.run(hc.mkdir_p(job.results_dir))  # as the SSH user (the supervisor writes the attempt folder inside)
-    res = run_window(r, kind="speculate", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
-                     command=opts.command, run=opts.run, speculate=job, on_event=on_event,
-                     message=f"speculate run {opts.run}, head {digest[:16]}")
-    attempt = res.get("speculate")
-    if not attempt:
-        raise SpeculateError(f"{h.name}: the speculate job (window {res.get('window_id')}) ended without a result: "
-                             f"{res.get('outcome')}: {res.get('error')}")
-    if attempt.get("verdict") == "error":
-        raise SpeculateError(f"{h.name}: {attempt.get('reason')}; {attempt.get('rollback') or 'no rollback'} "
-                             f"(window {res.get('window_id')}, outcome {res.get('outcome')}: {res.get('error')})")
-    return {**attempt, "window_id": res.get("window_id"), "outcome": res.get("outcome"),
-            "restarts_s": res.get("restarts_s"), "wall_s": round(time.monotonic() - t0, 1)}
+    return job
 
 
 #: Most candidates one speculate job measures: each costs a serving restart and a measurement, and on a ``process``
@@ -504,12 +545,12 @@ def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: st
 
 
 def _dry(r: Any, opts: SpeculateOptions, job: SpeculateJob, restarts: RestartPlan, run_window: Any,
-         on_event: Any, echo: Callable[[str], None]) -> dict[str, Any]:
-    """The dry run: the restarts and expected downtime, then the speculate window (printed by ``run_window``); no
-    measurement, nothing changed."""
+         on_event: Any, echo: Callable[[str], None], window_id: str) -> dict[str, Any]:
+    """The dry run: the restarts and expected downtime, then the speculate window (printed by ``run_window``, under
+    the lock of ``window_id`` the dry run recorded); no measurement, nothing changed."""
     for line in restarts.lines():
         echo(f"# {line}")
     plan = run_window(r, kind="speculate", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
-                      command=opts.command, run=opts.run, speculate=job, on_event=on_event)
+                      command=opts.command, run=opts.run, speculate=job, on_event=on_event, held=window_id)
     return {"verdict": "dry-run", "reason": "dry run: nothing measured, nothing changed", "release_plan": plan,
             "speculative_change": job.change.model_dump(), "restarts": restarts.figures()}

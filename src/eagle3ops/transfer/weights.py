@@ -12,7 +12,7 @@ import select
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3ops import executor
@@ -43,8 +43,8 @@ def _hash_bound(n: int) -> float:
 
 def read_source(r: Any, model_dir: str) -> tuple[dict[str, FileEntry], list[str], bool]:
     """The source's weights manifest, re-verified: (entries, files hashed again now, whether a manifest was recorded
-    before). Files whose size and mtime match the record keep its sha256; the others are hashed on the host. The
-    refreshed manifest is written back (a change: not in a dry run).
+    before). Files whose size and mtime match the record keep its sha256; the others are hashed on the host. Reads
+    only: the refreshed manifest is written back by :func:`record_source_manifest`, under the source's lock.
 
     Raises:
         WeightsError: the source has no file under ``model_dir``, or its manifest is unreadable.
@@ -65,11 +65,15 @@ def read_source(r: Any, model_dir: str) -> tuple[dict[str, FileEntry], list[str]
     if todo:
         n = sum(listing[p][0] for p in todo)
         hashes = parse_hashes(r.run(wc.hash_files(model_dir, todo), timeout=_hash_bound(n)).stdout)
-    entries = refresh(recorded, listing, hashes)
-    if todo or not text.strip():
-        r.run(hc.mkdir_p(os.path.dirname(mpath)))
-        r.run(hc.write_file(mpath), stdin=render_manifest(entries))
-    return entries, todo, bool(text.strip())
+    return refresh(recorded, listing, hashes), todo, bool(text.strip())
+
+
+def record_source_manifest(r: Any, entries: dict[str, FileEntry]) -> None:
+    """Write a source's refreshed weights manifest (:func:`read_source`'s entries) to its ``state_dir``: a change,
+    made by the caller while it holds that host's lock."""
+    mpath = wc.manifest_path(r.host.state_dir)
+    r.run(hc.mkdir_p(os.path.dirname(mpath)))
+    r.run(hc.write_file(mpath), stdin=render_manifest(entries))
 
 
 def read_dest(r: Any, model_dir: str, src: dict[str, FileEntry]) -> tuple[dict[str, tuple[int, int]], dict[str, str],
@@ -93,15 +97,17 @@ def read_dest(r: Any, model_dir: str, src: dict[str, FileEntry]) -> tuple[dict[s
 
 
 def plan_weights(src_r: Any, dst_r: Any, rate_bps: float) -> tuple[WeightsPlan, dict[str, Any]]:
-    """The plan of copying ``src_r``'s ``model_path`` into ``dst_r``'s (reads both hosts; writes only the source's
-    refreshed manifest, not in a dry run) and facts for the printout (``rehashed``, ``had_manifest``)."""
+    """The plan of copying ``src_r``'s ``model_path`` into ``dst_r``'s (reads both hosts only) and facts for the
+    printout (``rehashed``, ``had_manifest``) and for the source's manifest (``source_entries``; ``source_stale``:
+    it is to be written back, :func:`record_source_manifest`)."""
     s, d = src_r.host, dst_r.host
     if s.name == d.name:
         raise WeightsError(f"{d.name}: --from names the same host; name another inventory host that holds the weights")
     src, rehashed, had = read_source(src_r, s.model_path)
     files, hashes, parts = read_dest(dst_r, d.model_path, src)
     plan = plan_copy(s.name, d.name, s.model_path, d.model_path, src, files, hashes, parts, rate_bps, PER_FILE_S)
-    return plan, {"rehashed": rehashed, "had_manifest": had}
+    return plan, {"rehashed": rehashed, "had_manifest": had, "source_entries": src,
+                  "source_stale": bool(rehashed) or not had}
 
 
 def check_room(r: Any, plan: WeightsPlan) -> int | None:
@@ -219,11 +225,14 @@ def record_dest_manifest(r: Any, plan: WeightsPlan) -> None:
 @dataclass(frozen=True)
 class InstalledHead:
     """A head fetched from another host (``--head A:RUN``) and installed on this one: its directory there and its
-    content digest (:func:`eagle3ops.speculate.onhost.head_sha256`)."""
+    content digest (:func:`eagle3ops.speculate.onhost.head_sha256`). ``pending``: the fetch still to make (planned,
+    checked for room, not sent), called by the command that holds this host's lock (speculate's head upload);
+    None when the head is installed already. It raises :class:`WeightsError` as :func:`copy_steps` does."""
 
     label: str
     dir: str
     digest: str
+    pending: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return self.label

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -89,12 +90,66 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
 
 
 
+def refuse_release(r: Remote, kind: str, change: ReleaseChange | None) -> None:
+    """The refusals of a ``release``/``rollback``/``speculate`` window that need no lock (reads only): a host with
+    ``serving: none``, a change the serving kind cannot make, a stand-in image on a host that is not a sandbox, an
+    image built for another CPU architecture.
+
+    Raises:
+        WindowError: the refusal, naming the host and the fix.
+    """
+    require_serving(r.host, kind)
+    refusal = driver_kind(r.host).release_refusal(r.host, change)
+    if refusal:
+        raise WindowError(refusal)
+    if change is not None and change.image:
+        refuse_standin_image(r, change.image, f"{kind} --image")
+        foreign = refuse_foreign_image(r, change.image, f"{kind} --image")
+        if foreign:
+            raise WindowError(foreign)
+
+
+@contextlib.contextmanager
+def under_lock(r: Remote, window_id: str, command: str, message: str = "", *, take: bool = True) -> Iterator[None]:
+    """Hold the host's deploy lock for window ``window_id`` over the ``with`` block: every write and launch of a
+    window goes inside it (ARCHITECTURE.md: facts → checks → plan → lock → writes → launch).
+
+    On leaving normally the lock stays: the window's supervisor releases it when it ends (or the block released it
+    itself, a window with nothing to do). When the block raises before the supervisor started, the lock is released
+    (one ``rm``) and an audit line says ``not started``; after the supervisor started, the error becomes a
+    :class:`WindowError` naming ``attach`` (the window goes on there and owns the lock); when the host cannot be
+    asked whether it started, the lock stays (``status`` reports it stale later). A dry run records the lock's
+    commands without running them (a lock held by someone else is reported first). ``take=False``: the caller took
+    the lock for ``window_id`` already (and left its own block); only the clean-up after a failure applies.
+
+    Raises:
+        LockHeld: another run holds the lock (nothing done).
+        WindowError: the lock could not be taken, or the block failed after the window's supervisor started.
+    """
+    if take:
+        if r.dry_run and read_lock(r):
+            raise LockHeld(describe_lock(r))
+        acquire_lock(r, window_id, command, message)
+    try:
+        yield
+    except BaseException as exc:
+        started = None if r.dry_run else _started(r, window_id)
+        if started:
+            raise WindowError(f"{r.host.name}: the driver failed after window {window_id} started on the host "
+                              f"({exc}); it goes on there: {hint('attach', r.host.name)}") from exc
+        if started is False:
+            release_lock(r, window_id)
+            append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command,
+                             "window": window_id, "outcome": "not started", "error": str(exc)[-500:]})
+        raise
+
+
 def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | None, command: str,
                run: str = "default", change: ReleaseChange | None = None, to_release: int | None = None,
                need_bytes: int = 0, on_event: Callable[[dict[str, Any]], None] | None = None,
                message: str = "", pipeline_text: str | None = None, restart: bool = False,
                speculate: SpeculateJob | None = None, shard: tuple[int, int] | None = None,
-               nodes: tuple[int, int, str] | None = None) -> dict[str, Any]:
+               nodes: tuple[int, int, str] | None = None, held: str | None = None) -> dict[str, Any]:
     """One maintenance window end to end (driver side).
 
     ``kind`` is ``extract`` / ``train`` (stages from :data:`eagle3ops.commands.stages.WINDOWS`), ``release``,
@@ -121,6 +176,9 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     samples ``[start, end)`` and is done when that shard's manifest (``extract/shards/<start>-<end>.json``) is.
     ``nodes``: ``(count, rank, "HOST:PORT")``, a train window that is one node of a multi-node run
     (:mod:`eagle3ops.fleet.nodes`): its train stage gets ``--nodes/--node-rank/--rendezvous``.
+    ``held``: the window id of a lock the caller took already (its own :func:`under_lock`, around the writes it makes
+    for this window before: speculate's head upload, say); the window runs under it, and releases it when it fails
+    before its supervisor started, as it does its own.
 
     Raises:
         LockHeld: another run holds the lock (nothing done).
@@ -133,24 +191,16 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     """
     if speculate is not None:
         change = speculate.change
-    if kind not in st.WINDOWS:
-        require_serving(r.host, kind)
-        refusal = driver_kind(r.host).release_refusal(r.host, change)
-        if refusal:
-            raise WindowError(refusal)
-        if change is not None and change.image:
-            refuse_standin_image(r, change.image, f"{kind} --image")
-            foreign = refuse_foreign_image(r, change.image, f"{kind} --image")
-            if foreign:
-                raise WindowError(foreign)
-    # a gated release (``release --gate``: the speculate job under the not-slower rule) is named for what it is
-    window_id = new_window_id("release-gate" if speculate is not None and speculate.rule == "not_slower" else kind)
+    if kind not in st.WINDOWS and held is None:  # refused before the lock (a caller holding one: under it, below)
+        refuse_release(r, kind, change)
     t0 = time.monotonic()
-    if r.dry_run and read_lock(r):
-        raise LockHeld(describe_lock(r))
-    acquire_lock(r, window_id, command, message)
+    # a gated release (``release --gate``: the speculate job under the not-slower rule) is named for what it is
+    window_id = held or new_window_id("release-gate" if speculate is not None and speculate.rule == "not_slower"
+                                      else kind)
     decision, on_host_text, template, engine = None, None, None, None
-    try:
+    with under_lock(r, window_id, command, message, take=held is None):
+        if kind not in st.WINDOWS and held is not None:  # a refusal releases the caller's lock
+            refuse_release(r, kind, change)
         if kind == "rollback":  # the target named first, before any check or stop (dry run too)
             target, why = rollback_plan(r, to_release)
             if on_event:
@@ -219,16 +269,6 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         if to_run and "chunked" in to_run:  # the chunked run's plan, printed (and fitting) before serving stops
             chunk_plan(r, image=image, run=run, window_id=window_id, on_event=on_event)
         launch(r, plan, image)
-    except BaseException as exc:
-        started = None if r.dry_run else _started(r, window_id)
-        if started:
-            raise WindowError(f"{r.host.name}: the driver failed after window {window_id} started on the host "
-                              f"({exc}); it goes on there: {hint('attach', r.host.name)}") from exc
-        if started is False:
-            release_lock(r, window_id)
-            append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command,
-                             "window": window_id, "outcome": "not started", "error": str(exc)[-500:]})
-        raise
     if r.host.serving.managed:  # the serving host's first window records its weights manifest (detached)
         start_weights_record(r)
     if r.dry_run:
@@ -246,7 +286,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             raise PreflightFailed(f"{r.host.name}: preflight would fail, so a real run would stop before anything "
                                   f"is stopped:\n{pf.failures()}")
         return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history),
-                "supervisor_commands": on_host, "serving": plan.serving_kind}
+                "changes": list(r.changes), "supervisor_commands": on_host, "serving": plan.serving_kind,
+                "plan": plan.model_dump(mode="json")}
     result = watch(r, window_id, on_event=on_event)
     if decision is not None and decision.skip:  # skipped stages and why, before the ones that ran
         result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
@@ -401,7 +442,8 @@ def _nothing_to_do(r: Remote, window_id: str, kind: str, command: str, decision:
     if r.dry_run:
         if r.echo:
             r.echo(f"# {message}; serving would not be stopped")
-        return {**result, "outcome": "dry-run", "commands": list(r.history), "supervisor_commands": []}
+        return {**result, "outcome": "dry-run", "commands": list(r.history), "changes": list(r.changes),
+                "supervisor_commands": []}
     release_lock(r, window_id)
     append_audit(r, {"user": getpass.getuser(), "host": r.host.name, "command": command, "window": window_id,
                      "outcome": "nothing to do", "error": "", "message": message})
@@ -414,8 +456,8 @@ def _started(r: Remote, window_id: str) -> bool | None:
     try:
         if r.host.uses_venv:  # the launcher writes the pid file as it starts the process
             return r.run(vc.supervisor_state(paths(r.host, window_id)["window"]), check=False).ok
-        return r.run(dk.inspect_format(r.host, st.supervisor_name(window_id), "{{.Id}}"),
-                     check=False).ok
+        out = r.run(dk.inspect_format(r.host, st.supervisor_name(window_id), "{{.Id}}"), check=False)
+        return out.ok and bool(out.stdout.strip())  # a container that exists has an id
     except Exception:  # noqa: BLE001 - host unreachable
         return None
 

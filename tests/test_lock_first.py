@@ -1,0 +1,312 @@
+"""Every host-changing command takes the host's lock before its first change (ARCHITECTURE.md: facts → checks →
+plan → lock → writes → launch).
+
+Each command runs through the real CLI against a recording host (:mod:`recording_host`: the product's ``Remote``
+over a stand-in transport that records every command with its kind and answers reads from a small table of facts).
+The flow ends at the lock (``LockReached``); the test fails naming every change a host received before it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle3ops.speculate import onhost
+from recording_host import LockReached, RecordingHost, pre_lock_changes
+
+REPO = Path(__file__).resolve().parents[1]
+INVENTORY = REPO / "deploy/hosts.yaml"
+IMAGE, IMAGE_ID = "eagle3ops/pipeline:t", "sha256:" + "a" * 64
+#: A speculative serving image the host does not hold: speculate pushes it.
+ABSENT = "eagle3ops/serving:absent"
+TARGET = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 512,
+          "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4}
+HEAD = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": 512,
+        "transformer_layer_config": {"hidden_size": 64, "vocab_size": 512, "num_hidden_layers": 1,
+                                     "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 256},
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}
+
+
+def _facts(argv: list[str], stdin: bytes):
+    """The reads a command asks before its lock, answered as a healthy host with a deployed pipeline image."""
+    last = argv[1] if argv[0] == "find" else argv[-1]  # a cat_if_exists names its file first
+    if last.endswith("deployed.json"):
+        return 0, json.dumps({"image": IMAGE, "image_id": IMAGE_ID}), ""
+    if last == "inspect" and "eagle3ops.speculate.onhost" in argv:  # speculate's gate helper
+        return 0, onhost.MARK + json.dumps({"head_config": HEAD, "shapes": {}, "target_config": TARGET,
+                                            "train_manifest": {"offline_estimate": {"acceptance_length": 2.0}},
+                                            "head_sha256": "ab" * 32,
+                                            "disjointness": {"overlap": [], "contained_in_training": []}}), ""
+    if ABSENT in argv and "inspect" in argv:  # not on the host: the push sends it
+        return 1, "", f"Error: No such image: {ABSENT}"
+    return None
+
+
+def _push(rec: RecordingHost):
+    """Stand-in for :func:`eagle3ops.deployer.push_image` (the push itself is tested in test_transfer*.py): the
+    ``docker load`` it ends with, recorded on the host through the product's ``record_stream``."""
+    from eagle3ops import executor
+    from eagle3ops.commands import transfer as tc
+
+    def push(image, host, **_):
+        with executor.for_host(host) as r:
+            r.record_stream(tc.load(host))
+        return "pushed"
+    return push
+
+
+def _run(monkeypatch, rec: RecordingHost, *args: str):
+    from eagle3ops import cli, deployer, executor
+
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    monkeypatch.setattr(deployer, "push_image", _push(rec))
+    return CliRunner().invoke(cli.app, [*args, "--inventory", str(INVENTORY)])
+
+
+COMMANDS = [
+    pytest.param(["extract", "sandbox"], id="extract"),
+    pytest.param(["train", "sandbox"], id="train"),
+    pytest.param(["release", "sandbox", "--arg", "--max-num-seqs", "--arg", "8"], id="release"),
+    pytest.param(["rollback", "sandbox"], id="rollback"),
+    pytest.param(["release", "sandbox", "--gate", "--arg", "--max-num-seqs", "--arg", "8"], id="release-gate"),
+    pytest.param(["speculate", "sandbox", "--run", "r1", "--accept-low-power"], id="speculate"),
+    pytest.param(["speculate", "sandbox", "--run", "r1", "--accept-low-power", "--force", "--head", "{head}"],
+                 id="speculate-head-dir"),
+    pytest.param(["speculate", "sandbox", "--run", "r1", "--accept-low-power", "--image", ABSENT], id="speculate-push"),
+]
+
+
+@pytest.mark.parametrize("args", COMMANDS)
+def test_no_host_change_precedes_the_lock(monkeypatch, tmp_path, args):
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps(HEAD))
+    rec = RecordingHost(facts=_facts)
+    out = _run(monkeypatch, rec, *[a.replace("{head}", str(head)) for a in args])
+    assert isinstance(out.exception, LockReached), (out.output, [c.cmd for c in rec.calls])
+    early = pre_lock_changes(rec.calls)
+    assert not early, "changes before the lock:\n" + "\n".join(early)
+
+
+def _stateful(base):
+    """Facts that keep what the command wrote (``tee``/``tee -a``) and answer it back (``cat``, ``find -exec cat``),
+    the lock's details included, so that releasing the lock (``release_lock`` reads who holds it) is followed."""
+    files: dict[str, str] = {}
+
+    def facts(argv, stdin):
+        if argv[0] == "tee":
+            files[argv[-1]] = (files.get(argv[-1], "") if argv[1] == "-a" else "") + stdin.decode()
+            return 0, "", ""
+        path = argv[1] if argv[0] == "find" else argv[-1]
+        if argv[0] in ("cat", "find") and path.endswith(("details.json", "audit.jsonl")):
+            return (0, files[path], "") if path in files else (1, "", f"{path}: No such file")
+        if "{{.Id}}" in argv and any(a.startswith("eagle3ops-supervisor-") for a in argv):
+            return 1, "", "Error: No such object"  # no supervisor started
+        return base(argv, stdin)
+
+    facts.files = files
+    return facts
+
+
+def test_speculate_releases_its_lock_when_a_check_after_it_refuses(monkeypatch):
+    """The inspect helper runs under the lock now; when its answer refuses the head (here a hidden size that does not
+    fit the target), the lock is released and the audit says ``not started``; the order is lock → the results'
+    folder → the helper → the release, and nothing of the window (plan, supervisor) was written."""
+
+    def misfit(argv, stdin):
+        if argv[-1] == "inspect" and "eagle3ops.speculate.onhost" in argv:
+            code, out, err = _facts(argv, stdin)
+            ans = onhost.parse_answer(out)
+            ans["head_config"]["transformer_layer_config"]["hidden_size"] = 32
+            return code, onhost.MARK + json.dumps(ans), err
+        return _facts(argv, stdin)
+
+    facts = _stateful(misfit)
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    out = _run(monkeypatch, rec, "speculate", "sandbox", "--run", "r1", "--accept-low-power")
+    assert out.exit_code == 1 and "hidden" in out.output, out.output
+    cmds = [c.cmd for c in rec.calls]
+    kinds = [c.kind for c in rec.calls]
+    lock = kinds.index("lock", kinds.index("lock") + 1)  # the atomic mkdir, after the state dir's mkdir -p
+    helper = next(i for i, c in enumerate(rec.calls) if c.kind == "launch")
+    released = next(i for i, c in enumerate(cmds) if c.startswith("rm -rf -- ") and c.endswith("/state/lock"))
+    assert lock < cmds.index(next(c for c in cmds if c.endswith("/runs/r1/speculate"))) < helper < released
+    assert not pre_lock_changes(rec.calls)
+    assert not any("plan.json" in c or "eagle3ops-supervisor-" in c and " run " in c for c in cmds)
+    audit = [json.loads(x) for x in facts.files[next(p for p in facts.files if p.endswith("audit.jsonl"))].splitlines()]
+    assert audit[-1]["outcome"] == "not started" and "hidden" in audit[-1]["error"]
+
+
+# --- commands over two hosts ----------------------------------------------------------------------------------------
+
+class _StreamReached(Exception):
+    """A bulk stream (OpenSSH, outside ``Remote``) was about to start: recorded, and the flow ends here."""
+
+
+def _two_hosts(tmp_path: Path) -> Path:
+    """The repository's inventory with a second host ``other`` (the sandbox's entry under another name)."""
+    import yaml
+
+    data = yaml.safe_load(INVENTORY.read_text())
+    data["hosts"]["other"] = dict(data["hosts"]["sandbox"])
+    for key in ("identity_file", "known_hosts"):  # relative to the inventory's folder
+        data["hosts"]["sandbox"][key] = data["hosts"]["other"][key] = str(
+            (INVENTORY.parent / data["hosts"]["sandbox"][key]).resolve())
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(yaml.safe_dump(data))
+    return inv
+
+
+def _streams(monkeypatch, rec: RecordingHost) -> None:
+    """Stand-in for :class:`eagle3ops.transfer.streams.SshStream` where the weights' copy makes one: the receiving
+    command is recorded as a change on its host (the stream is the transfer), then the flow ends."""
+    from eagle3ops.transfer import weights as tw
+    from recording_host import Call, render
+
+    def stream(host, argv, **_):
+        rec.calls.append(Call(host.name, "change", render(argv), list(argv)))
+        raise _StreamReached(host.name)
+
+    monkeypatch.setattr(tw, "SshStream", stream)
+
+
+HEAD_FILE_SHA = "cd" * 32
+
+
+def _two_host_facts(argv, stdin):
+    last = argv[1] if argv[0] == "find" else argv[-1]
+    if last.endswith("/runs/r1/train/manifest.json"):  # the run's train manifest on the host that trained it
+        return 0, json.dumps({"files": {"final/config.json": {"bytes": 10, "sha256": HEAD_FILE_SHA}}}), ""
+    if argv[0] == "find" and "-printf" in argv and argv[1].endswith("tiny-llama"):  # the weights on either host
+        return 0, "4 1700000000.0 config.json\n", ""
+    if argv[0] == "find" and argv[1].endswith("/runs/r1/extract/hidden"):  # the training host's own shard's file
+        return 0, f"{'01' * 32}  {argv[1]}/0.pt\n", ""
+    if argv[0] == "df":  # 50 GB free
+        return 0, "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/x 99999999 1 50000000 1% /\n", ""
+    if argv[:2] == ["sh", "-c"] and "e3-weights-hash" in argv:  # sha256 of named files
+        return 0, "".join(f"{'ef' * 32} {p}\n" for p in argv[argv.index("e3-weights-hash") + 2:]), ""
+    return _facts(argv, stdin)
+
+
+MULTI = [
+    pytest.param(["weights", "other", "--from", "sandbox"], id="weights-from"),
+    pytest.param(["speculate", "other", "--run", "r1", "--accept-low-power", "--head", "sandbox:r1"],
+                 id="speculate-head-host-run"),
+    pytest.param(["extract", "sandbox", "other", "--run", "r1", "--pipeline", "{pipeline}"], id="fleet-extract"),
+    pytest.param(["train", "sandbox", "--run", "r1", "--from-fleet", "{merged}", "--pipeline", "{pipeline}"],
+                 id="train-from-fleet"),
+]
+
+#: A fleet run's merged manifest whose second sample's hidden states are on ``other`` (``train --from-fleet`` copies
+#: them to the training host).
+FLEET_MERGED = {"fleet": {"shards": [{"rank": 0, "host": "sandbox", "start": 0, "end": 1},
+                                     {"rank": 1, "host": "other", "start": 1, "end": 2}]},
+                "sample_files": [{"i": 0, "file": "hidden/0.pt"}, {"i": 1, "file": "hidden/1.pt"}],
+                "files": {"hidden/0.pt": {"bytes": 4, "sha256": "01" * 32},
+                          "hidden/1.pt": {"bytes": 4, "sha256": "02" * 32}}}
+
+
+@pytest.mark.parametrize("args", MULTI)
+def test_no_host_change_precedes_the_lock_over_two_hosts(monkeypatch, tmp_path, args):
+    """Commands that read one host and change another: no host gets a change before its own lock."""
+    from eagle3ops import cli, executor
+
+    rec = RecordingHost(facts=_two_host_facts)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    _streams(monkeypatch, rec)
+    (tmp_path / "p.yaml").write_text("target_model: /model\nprepare: {datasets: [builtin:sharegpt], max_seq_len: 256, "
+                                     "max_samples: 8}\n")
+    (tmp_path / "merged.json").write_text(json.dumps(FLEET_MERGED))
+    args = [a.replace("{pipeline}", str(tmp_path / "p.yaml")).replace("{merged}", str(tmp_path / "merged.json"))
+            for a in args]
+    out = CliRunner().invoke(cli.app, [*args, "--inventory", str(_two_hosts(tmp_path))])
+    assert isinstance(out.exception, (LockReached, _StreamReached)) or out.exit_code == 0, \
+        (out.output, [c.cmd for c in rec.calls])
+    # both reached before the lock (train --from-fleet: only the training host; the sources stream under its lock)
+    assert {c.host for c in rec.calls} == ({"sandbox"} if "--from-fleet" in args else {"sandbox", "other"}), \
+        [c.cmd for c in rec.calls]
+    early = pre_lock_changes(rec.calls)
+    assert not early, "changes before the lock:\n" + "\n".join(early)
+
+
+def test_a_head_from_another_host_is_fetched_under_the_lock_and_a_failed_fetch_releases_it(monkeypatch, tmp_path):
+    """``speculate B --head A:RUN``: the fetch is planned before the lock (reads of both hosts) and made after it, on
+    B; a fetch that fails (here the stand-in stream ends the flow) leaves B's lock released."""
+    from eagle3ops import cli, executor
+
+    rec = RecordingHost(facts=_stateful(_two_host_facts), stop_at_lock=False)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    _streams(monkeypatch, rec)
+    out = CliRunner().invoke(cli.app, ["speculate", "other", "--run", "r1", "--accept-low-power", "--head",
+                                       "sandbox:r1", "--inventory", str(_two_hosts(tmp_path))])
+    assert isinstance(out.exception, _StreamReached), (out.output, [c.cmd for c in rec.calls])
+    calls = rec.of("other")
+    lock = next(i for i, c in enumerate(calls) if c.kind == "lock" and c.argv[1] != "-p")
+    fetch = next(i for i, c in enumerate(calls) if "e3-weights-receive" in c.argv)
+    released = next(i for i, c in enumerate(calls)
+                    if c.argv[:3] == ["rm", "-rf", "--"] and c.argv[-1].endswith("/lock"))
+    assert lock < fetch < released and not pre_lock_changes(rec.calls)
+    assert not [c for c in rec.of("sandbox") if c.kind != "read"]  # the source is only read
+
+
+PREP = json.dumps({"samples": 2, "tokens": 10, "files": {"samples.jsonl": "ab" * 32}})
+MERGED = {"fleet": {"shards": [{"rank": 0, "host": "sandbox", "start": 0, "end": 1},
+                               {"rank": 1, "host": "other", "start": 1, "end": 2}]},
+          "prepare_files": {"samples.jsonl": "ab" * 32}, "sample_files": [{"i": 0}, {"i": 1}], "tokens": 10}
+
+
+def _nodes_facts(argv, stdin):
+    """Two nodes that extracted their shards of run r1 and prepared the same samples."""
+    last = argv[1] if argv[0] == "find" else argv[-1]
+    if last.endswith("/runs/r1/prepare/manifest.json"):
+        return 0, PREP, ""
+    if "/runs/r1/extract/shards/" in last:
+        return 0, json.dumps({"stage": "extract"}), ""
+    return _facts(argv, stdin)
+
+
+def test_a_multi_node_train_takes_every_nodes_lock_before_its_first_container(monkeypatch, tmp_path):
+    """``train A B --from-fleet MERGED``: the reach probe and the cross-node trial start containers on every node;
+    each node's lock comes first."""
+    from eagle3ops import cli, executor
+
+    merged, pipeline = tmp_path / "merged.json", tmp_path / "pipeline.yaml"
+    merged.write_text(json.dumps(MERGED))
+    pipeline.write_text("target_model: /model\nprepare: {datasets: [builtin:sharegpt], max_seq_len: 256}\n")
+    rec = RecordingHost(facts=_nodes_facts)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, ["train", "sandbox", "other", "--run", "r1", "--from-fleet", str(merged),
+                                       "--pipeline", str(pipeline), "--inventory", str(_two_hosts(tmp_path))])
+    assert {c.host for c in rec.calls} == {"sandbox", "other"}, (out.output, [c.cmd for c in rec.calls])
+    assert any(c.kind == "lock" for c in rec.calls) or any(c.kind == "launch" for c in rec.calls), out.output
+    early = pre_lock_changes(rec.calls)
+    assert not early, "changes before the lock:\n" + "\n".join(early)
+
+
+def test_a_window_refused_under_a_lock_its_caller_took_releases_it(monkeypatch):
+    """``run_window(held=...)``: the release refusals run again under the caller's lock, and a refusal there (a
+    process host asked for a new image) releases it, as any failure before the supervisor starts does."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.run import run_window, under_lock
+
+    h = load_inventory(INVENTORY).host("sandbox")
+    h = h.model_copy(update={"serving": type(h.serving)(kind="process", process_match="vllm serve",
+                                                        served_model_name="m", port=8000)})
+    facts = _stateful(_facts)
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    r = rec.for_host(h)
+    with under_lock(r, "20990101T000000Z-release-abcdef", "t"):
+        pass  # the caller's own writes
+    taken = len(rec.calls)
+    with pytest.raises(WindowError, match="serves with a process"):
+        run_window(r, kind="release", image=IMAGE, expected_image_id=None, command="t",
+                   change=ReleaseChange(image="other:1"), held="20990101T000000Z-release-abcdef")
+    after = [c.cmd for c in rec.calls[taken:]]
+    assert any(c.startswith("rm -rf -- ") and c.endswith("/state/lock") for c in after), after
+    audit = facts.files[next(p for p in facts.files if p.endswith("audit.jsonl"))]
+    assert json.loads(audit.splitlines()[-1])["outcome"] == "not started"
