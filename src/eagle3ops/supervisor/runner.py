@@ -26,8 +26,8 @@ from eagle3ops.supervisor.speculate import SpeculateRun
 from eagle3ops.supervisor.releases import Releases
 from eagle3ops.supervisor.stagerun import create_container, run_stage, stage_error, stages_from_journal
 
-__all__ = ["ENGINE_WAIT_S", "ENGINE_WAITS_MAX", "GUARD_POLL_S", "GUARD_RESTARTS_MAX", "EngineUnavailable", "socket_accepts",
-           "Interrupted", "ServingRestarted", "Supervisor", "stage_error"]
+__all__ = ["ENGINE_WAIT_S", "ENGINE_WAITS_MAX", "GUARD_POLL_S", "GUARD_RESTARTS_MAX", "EngineUnavailable",
+           "Interrupted", "ServingRestarted", "Supervisor", "socket_accepts", "stage_error"]
 
 #: Seconds the supervisor waits for an unreachable Docker engine (e.g. a daemon restart) before it gives up and
 #: exits for its restart policy; such errors are never a verdict on a release.
