@@ -434,6 +434,77 @@ def test_engine_down_during_rollback_retries_the_same_release(tmp_path, gate):
     assert [e["release"] for e in _history_lines(tmp_path) if e.get("failed")] == [3]
 
 
+def _daemon_restart_mid_stage(client, sup_box, stage="stage-prepare"):
+    """An ``on_wait`` hook: while ``stage`` runs, the daemon restarts as ``systemctl restart docker`` does it: its API
+    goes away first, then it stops its containers, the supervisor's with SIGTERM (:class:`Interrupted`, as the
+    signal handler raises it). The stage container is stopped by the daemon, not removed: while the engine is down
+    neither ``stop`` nor ``remove`` reaches it."""
+    def through_engine(method):
+        def call(*a, **kw):
+            client._check()
+            return method(*a, **kw)
+        return call
+
+    def on_wait():
+        if client.stage_runs.count(stage) != 1:
+            return
+        c = client.containers.by_name[stage]
+        c.status = "exited"
+        c.stop, c.remove = through_engine(c.stop), through_engine(c.remove)
+        client.go_down(3600)
+        sup_box[0].stop_requested = True
+        raise Interrupted("supervisor received signal 15")
+
+    return on_wait
+
+
+def test_engine_restart_mid_stage_resumes_the_stage_in_the_same_window(tmp_path, gate):
+    """A Docker daemon restart during a stage: the supervisor exits for its restart policy without beginning the
+    restore (nothing can be restored while the engine is down); resumed once the engine is back, it removes the stage
+    container the restart left, runs that stage again and the rest, restores serving once, and the result names the
+    outage and how long it lasted."""
+    plan, wdir = _plan(tmp_path)
+    client, box = FlakyEngineClient(), []
+    client.on_wait = _daemon_restart_mid_stage(client, box)
+    box.append(_fast(Supervisor(plan, client, wdir)))
+    with pytest.raises(SystemExit) as exited:
+        box[0].run()
+    assert exited.value.code == 75
+    assert ("restore", "start") not in _steps(wdir), "no restore can begin while the engine is down"
+    assert client.containers.by_name["stage-prepare"].status == "exited"
+    client.up_at = 0.0  # the daemon is back and restarts the supervisor (restart policy on-failure)
+    res = _fast(Supervisor(plan, client, wdir)).run()
+    assert res["outcome"] == "ok" and res["stages"] == {"prepare": "ok", "extract": "ok"}, res
+    assert client.stage_runs.count("stage-prepare") == 2 and client.stage_runs.count("stage-extract") == 1
+    assert not [n for n in client.containers.by_name if n.startswith("stage-")], "no stage container is left"
+    assert _steps(wdir).count(("restore", "start")) == 1 and res["serving_healthy"] is True
+    [outage] = res["engine_outages"]
+    assert outage["step"] == "prepare" and outage["seconds"] >= 0, outage
+    assert "Docker engine" in res["outcome_note"] and "prepare" in res["outcome_note"], res
+    audit = [json.loads(x) for x in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
+    assert audit[-1]["engine_outages"] == res["engine_outages"]
+
+
+def test_engine_back_after_the_budget_ends_the_window_restored_and_named(tmp_path, gate):
+    """The bounded side: the engine comes back once the maintenance budget is spent: no stage is run again, the
+    stage container the restart left is removed, serving is restored and the result names the outage."""
+    plan, wdir = _plan(tmp_path, budget_s=30)
+    client, box = FlakyEngineClient(), []
+    client.on_wait = _daemon_restart_mid_stage(client, box)
+    box.append(_fast(Supervisor(plan, client, wdir)))
+    with pytest.raises(SystemExit):
+        box[0].run()
+    client.up_at = 0.0
+    late = _fast(Supervisor(plan, client, wdir))
+    late.deadline = 0.0  # the engine came back after the budget ended
+    res = late.run()
+    assert res["outcome"] == "failed" and res["stages"] == {"prepare": "not run (budget)"}, res
+    assert client.stage_runs.count("stage-prepare") == 1
+    assert not [n for n in client.containers.by_name if n.startswith("stage-")], "no stage container is left"
+    assert res["serving_healthy"] is True and client.serving.status == "running"
+    assert [o["step"] for o in res["engine_outages"]] == ["prepare"] and "Docker engine" in res["outcome_note"]
+
+
 def test_a_passed_restore_gate_clears_an_earlier_failure_mark(tmp_path, gate):
     """A release marked failed earlier that passes its restore gate is live again: the next rollback may
     pick it (main kept skipping it and rolled back to an older release)."""
@@ -527,7 +598,7 @@ def test_restore_gate_waits_only_for_what_is_left_of_the_budget(tmp_path, gate, 
     assert any("budget" in w for w in res2["warnings"]), res2
 
 
-def test_a_stop_request_while_the_engine_is_down_exits_at_once():
+def test_a_stop_request_while_the_engine_is_down_exits_at_once(tmp_path):
     """A daemon restart stops its containers (SIGTERM) and the new daemon loads containers only once they exit: a
     supervisor that then waited for the engine (up to 180 s) held the restart up that long. It exits at once
     (EngineUnavailable -> exit 75) and its restart policy resumes the window."""
@@ -535,10 +606,35 @@ def test_a_stop_request_while_the_engine_is_down_exits_at_once():
 
     from eagle3ops.supervisor.runner import EngineUnavailable, Supervisor
 
+    from eagle3ops.supervisor.journal import Journal
+
     sup = Supervisor.__new__(Supervisor)
     sup.stop_requested, sup.engine_waits, sup.engine_wait_s, sup.engine_poll_s = True, 0, 180.0, 1.0
+    sup.journal = Journal(tmp_path / "journal.jsonl")
     sup._engine_up = lambda: False  # type: ignore[method-assign]
     t0 = _time.monotonic()
     with pytest.raises(EngineUnavailable, match="stop requested while the Docker engine is down"):
         sup._wait_out_engine("restore", ConnectionError("refused"))
     assert _time.monotonic() - t0 < 1.0
+    # the outage is journaled before the exit: the restarted supervisor names its length in the result
+    assert [(e["step"], e["event"], e["during"]) for e in sup.journal.entries] == [("engine", "down", "restore")]
+
+
+def test_an_engine_whose_listener_closed_is_down_though_its_ping_passes(tmp_path):
+    """A restarting dockerd closes its listener first and serves the connections already open until it exits: the
+    supervisor's pooled ping then still passed while every new request was refused, and the daemon's restart became
+    a failed restore with rollbacks. The engine is up only while its socket (a real unix socket here) accepts."""
+    import socket
+
+    from eagle3ops.supervisor.runner import Supervisor
+
+    plan, wdir = _plan(tmp_path)
+    sup = Supervisor(plan, StandInClient(), wdir)  # its ping always passes
+    path = str(tmp_path / "docker.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    sup.engine_socket = path
+    assert sup._engine_up() is True
+    listener.close()
+    assert sup._engine_up() is False, "a closed listener is an engine going down, whatever the ping says"

@@ -36,7 +36,8 @@ def print_event(ev: dict[str, Any]) -> None:
 
 def summary(result: dict[str, Any]) -> None:
     """A window's ``result.json`` as a table: outcome (with its ``outcome_note``), message (a no-op window's reasons),
-    error, each stage (seconds), downtime, wall time, serving state, release, every warning (whole); secrets masked."""
+    error, each stage (seconds), downtime, each Docker engine outage (the step it ended, seconds), wall time, serving
+    state, release, every warning (whole); secrets masked."""
     result = redact.value(result)
     t = Table(title=f"window {result.get('window_id')} ({result.get('kind')})")
     t.add_column("what")
@@ -52,6 +53,9 @@ def summary(result: dict[str, Any]) -> None:
         t.add_row(f"stage {name}", f"{outcome}" + (f" ({secs:.1f} s)" if secs is not None else ""))
     if result.get("downtime_s") is not None:
         t.add_row("serving downtime", f"{result['downtime_s']:.1f} s")
+    for o in result.get("engine_outages") or []:  # the Docker engine went away (a daemon restart) and came back
+        secs = o.get("seconds")
+        t.add_row("engine outage", f"during {o.get('step')}: " + ("not back" if secs is None else f"{secs:.1f} s"))
     t.add_row("wall time", f"{result.get('wall_s')} s")
     if result.get("serving") == "none":
         t.add_row("serving", str(result.get("serving_note") or "none (serving: none): not stopped, restored or gated"))

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
         client = docker.from_env(timeout=600)
     sup = Supervisor(plan, client, wdir)
+    if client is not None:  # the engine's socket, as docker.from_env reads DOCKER_HOST: Supervisor._engine_up
+        endpoint = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        sup.engine_socket = endpoint.removeprefix("unix://") if endpoint.startswith("unix://") else None
 
     def _term(signum: int, _frame: Any) -> None:
         # Raise once; later signals are ignored so the restore that follows is not cut short.

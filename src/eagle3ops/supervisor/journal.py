@@ -99,6 +99,31 @@ def restart_seconds(entries: list[dict[str, Any]]) -> list[float]:
     return out
 
 
+#: Journal step of the Docker engine's outages: ``down`` (``during``: the step it ended or held up) and ``back``.
+ENGINE_STEP = "engine"
+
+
+def engine_outages(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Docker engine's outages in a journal (pure), in order: each ``engine``/``down`` entry to the next
+    ``engine``/``back`` as ``{"step": the window step it ended or held up, "down_at": ISO time, "seconds": length
+    (None while no ``back`` follows)}``. A supervisor that waited the engine out journals both; one the restarting
+    daemon stopped journals ``down`` and its restarted self ``back``, so ``seconds`` spans the daemon's restart."""
+    out: list[dict[str, Any]] = []
+    down: dict[str, Any] | None = None
+    for e in entries:
+        if e.get("step") != ENGINE_STEP:
+            continue
+        if e.get("event") == "down" and down is None:
+            down = e
+        elif e.get("event") == "back" and down is not None:
+            out.append({"step": down.get("during"), "down_at": down.get("t"),
+                        "seconds": round(e["epoch"] - down["epoch"], 1)})
+            down = None
+    if down is not None:
+        out.append({"step": down.get("during"), "down_at": down.get("t"), "seconds": None})
+    return out
+
+
 def _tail(path: Path, size: int = 65536) -> str:
     """The last ``size`` bytes of a file as text ('' when it cannot be read)."""
     try:

@@ -20,14 +20,14 @@ from eagle3ops import redact
 from eagle3ops.config.plan import MIN_GATE_S, NO_SERVING_NOTE, Plan, StageStep
 from eagle3ops.health import GateFailed, read_api_key_file, wait_healthy
 from eagle3ops.supervisor.errors import EngineUnavailable, Interrupted, ServingRestarted
-from eagle3ops.supervisor.journal import Journal, _now, restart_seconds
+from eagle3ops.supervisor.journal import ENGINE_STEP, Journal, _now, engine_outages, restart_seconds
 from eagle3ops.supervisor.kinds import for_plan
 from eagle3ops.supervisor.speculate import SpeculateRun
 from eagle3ops.supervisor.releases import Releases
 from eagle3ops.supervisor.stagerun import create_container, run_stage, stage_error, stages_from_journal
 
 __all__ = ["ENGINE_WAIT_S", "ENGINE_WAITS_MAX", "GUARD_POLL_S", "GUARD_RESTARTS_MAX", "EngineUnavailable",
-           "Interrupted", "ServingRestarted", "Supervisor", "stage_error"]
+           "Interrupted", "ServingRestarted", "Supervisor", "socket_accepts", "stage_error"]
 
 #: Seconds the supervisor waits for an unreachable Docker engine (e.g. a daemon restart) before it gives up and
 #: exits for its restart policy; such errors are never a verdict on a release.
@@ -42,6 +42,25 @@ JOBS = {"speculate": SpeculateRun}
 GUARD_RESTARTS_MAX = 3
 #: Seconds between two checks, while a stage runs, that serving is still stopped.
 GUARD_POLL_S = 5.0
+
+
+def socket_accepts(path: str, timeout_s: float = 2.0) -> bool:
+    """Whether a unix socket at ``path`` accepts a new connection within ``timeout_s`` seconds (False: refused,
+    missing, or no answer)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _secs(seconds: float | None) -> str:
+    """An outage's length for the result's note: ``12.3s``, or unknown while no ``back`` is journaled."""
+    return "for an unknown time (not back when the result was written)" if seconds is None else f"{seconds:.1f}s"
 
 
 class Supervisor:
@@ -68,6 +87,9 @@ class Supervisor:
         self.stop_requested = False
         self.engine_poll_s = 2.0
         self.engine_waits = 0
+        #: The engine's unix socket as this process reaches it (``__main__`` sets it from ``DOCKER_HOST``, as
+        #: ``docker.from_env`` reads it); None: the ping alone says whether the engine is up (:meth:`_engine_up`).
+        self.engine_socket: str | None = None
         #: Seconds between two checks during a stage that serving is still stopped (:meth:`guard_stopped`).
         self.guard_poll_s = GUARD_POLL_S
         #: The serving kind of the plan (:class:`eagle3ops.supervisor.kinds.ServingKind`), chosen once.
@@ -151,6 +173,7 @@ class Supervisor:
         """
         if self._engine_up():
             return False
+        self.engine_down(step, exc)
         if self.stop_requested:
             raise EngineUnavailable(f"stop requested while the Docker engine is down (a daemon restart): exiting "
                                     f"at once ({exc})")
@@ -163,9 +186,29 @@ class Supervisor:
         while time.time() < deadline:
             time.sleep(self.engine_poll_s)
             if self._engine_up():
+                self.engine_back()
                 self.journal.log(step, "info", message="Docker engine is back; retrying")
                 return True
         raise EngineUnavailable(f"the Docker engine did not answer within {self.engine_wait_s:.0f}s ({exc})")
+
+    def engine_down(self, step: str, exc: BaseException) -> None:
+        """Journal that the Docker engine stopped answering during window step ``step`` (``engine``/``down``), once
+        per outage: the result's ``engine_outages`` (:func:`eagle3ops.supervisor.journal.engine_outages`) and its
+        note are read from these entries, across the supervisor's restarts."""
+        last = self.journal.last(ENGINE_STEP)
+        if last is None or last["event"] != "down":
+            self.journal.log(ENGINE_STEP, "down", during=step, reason=f"{type(exc).__name__}: {exc}"[-300:])
+
+    def engine_back(self) -> None:
+        """Journal that the engine answers again (``engine``/``back``, with the outage's seconds) when an outage is
+        open: called when a wait sees it back, and at the start of a supervisor its restart policy started again
+        after the daemon restart stopped it."""
+        last = self.journal.last(ENGINE_STEP)
+        if last is not None and last["event"] == "down":
+            secs = round(time.time() - last["epoch"], 1)
+            self.journal.log(ENGINE_STEP, "back", during=last.get("during"), seconds=secs, message=(
+                f"the Docker engine answers again after {secs:.1f}s (down during {last.get('during')}); "
+                f"the window goes on where it was"))
 
     def guard_stopped(self, step: str) -> None:
         """While stage ``step`` runs: serving must still be stopped (the kind's ``started_again``). Serving found
@@ -268,35 +311,41 @@ class Supervisor:
         t0 = self.journal.first_epoch()
         outcome, error, stopped_at, restored_at = "ok", "", None, None
         extra: dict[str, Any] = {}
+        if self._engine_up():  # started again by the restart policy after a daemon restart stopped it
+            self.engine_back()
         try:
             if not self.kind.manages:
                 outcome, error = self._stages_only()
             elif self.plan.kind == "window":
                 self.record()  # nothing is stopped before this succeeds
+                leaving = False  # for the engine: no restore can begin while it is down
                 try:
                     if self.journal.first("restore", "start") is None:
-                        self.stop_serving()
-                        for step in self.plan.stages:
-                            if not self.run_stage(step):
-                                outcome, error = "failed", f"stage {step.name}: {self.stage_outcomes[step.name]}"
-                                break
+                        outcome, error = self._stop_and_run_stages()
                     else:  # resumed once serving was already being restored: never run stages beside it
                         outcome, error = stages_from_journal(self)
                         self.warn("supervisor", "resumed after the restore had begun; stages are not run again")
                 except Interrupted as exc:
                     outcome, error = "interrupted", str(exc)
+                except EngineUnavailable as exc:
+                    leaving = not self._engine_up()
+                    if leaving:  # its restart policy starts it again once the engine is back: the window resumes
+                        raise
+                    outcome, error = "failed", f"{type(exc).__name__}: {exc}"
+                    self.journal.log("supervisor", "error", reason=error[-1000:])
                 except Exception as exc:  # noqa: BLE001 - whatever broke, serving is restored below
                     outcome, error = "failed", f"{type(exc).__name__}: {exc}"
                     self.journal.log("supervisor", "error", reason=error[-1000:])
                 finally:
-                    # Downtime counts from the moment the stop began (serving refuses requests from then on).
-                    stopped = self.journal.first("stop", "start")
-                    stopped_at = stopped["epoch"] if stopped else None
-                    restore_msg = self.restore()
-                    restored_at = time.time()
-                    if restore_msg != "restored":
-                        outcome = "failed" if outcome == "ok" else outcome
-                        error = (error + "; " if error else "") + f"serving {restore_msg}"
+                    if not leaving:
+                        # Downtime counts from the moment the stop began (serving refuses requests from then on).
+                        stopped = self.journal.first("stop", "start")
+                        stopped_at = stopped["epoch"] if stopped else None
+                        restore_msg = self.restore()
+                        restored_at = time.time()
+                        if restore_msg != "restored":
+                            outcome = "failed" if outcome == "ok" else outcome
+                            error = (error + "; " if error else "") + f"serving {restore_msg}"
             elif self.plan.kind in JOBS:  # its own step table
                 outcome, error, extra = JOBS[self.plan.kind](self).run()
             else:
@@ -316,6 +365,8 @@ class Supervisor:
             self.journal.log("supervisor", "error", reason="Docker engine unavailable; exiting so that the restart "
                                                            "policy resumes this window when the engine is back")
             raise SystemExit(75)
+        if self.plan.kind == "window":
+            self._remove_left_stages()
         no_serving = not self.kind.manages
         running = self.kind.running()
         serving_ok = no_serving or (bool(running) and not self.unhealthy)
@@ -325,15 +376,21 @@ class Supervisor:
                 f"`eagle3ops recover {shlex.quote(self.plan.host)}` retries the restore")
             outcome = "failed"
         outside = self.outside_restarts()
+        outages = engine_outages(self.journal.entries)
+        notes = [f"serving was started from outside {outside} time{'s' if outside > 1 else ''} during the stages (a "
+                 f"restart policy, a cron or systemd job, an operator) and killed again each time; disable that "
+                 f"restarter during windows"] if outside else []
+        notes += [f"the Docker engine was down {_secs(o['seconds'])} during {o['step']} (a daemon restart or crash; "
+                  f"not a verdict on any release) and the window waited it out" for o in outages]
         result = {
             "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
             # serving started from outside during the stages (and killed again): the stages shared the host with it
             # for a poll each time, so the outcome is not a plain ok; `outcome` itself keeps its values (the fleet
             # and the CLI's exit status read it), the note says what else happened
-            "outside_restarts": outside,
-            **({"outcome_note": f"serving was started from outside {outside} time{'s' if outside > 1 else ''} "
-                                f"during the stages (a restart policy, a cron or systemd job, an operator) and "
-                                f"killed again each time; disable that restarter during windows"} if outside else {}),
+            # the engine's outages during the window (the step each ended or held up, how long): a stage one ended
+            # ran again in the window, so `stages` alone does not say the window lost time to the engine
+            "outside_restarts": outside, "engine_outages": outages,
+            **({"outcome_note": "; ".join(notes)} if notes else {}),
             "stages": self.stage_outcomes, "stage_seconds": self.stage_times,
             "downtime_s": round((restored_at or time.time()) - stopped_at, 1) if stopped_at else None,
             "wall_s": round(time.time() - t0, 1), "serving_running": running,
@@ -356,7 +413,7 @@ class Supervisor:
             f.write(json.dumps(redact.value({"t": _now(), "user": self.plan.user, "host": self.plan.host,
                                 "command": self.plan.command, "window": self.plan.window_id,
                                 "outcome": outcome, "error": error, "release": result["release"],
-                                "outside_restarts": outside,
+                                "outside_restarts": outside, "engine_outages": outages,
                                 "warnings": result["warnings"],
                                 # serving's stop → restore interval (epoch seconds; None without a stop): a fleet
                                 # run's down-at-once bound is checked from these lines
@@ -377,6 +434,60 @@ class Supervisor:
         tmp.write_text(json.dumps(result, indent=2))
         tmp.replace(self.wdir / "result.json")
         return result
+
+    def _stop_and_run_stages(self) -> tuple[str, str]:
+        """A window's stop and stages through Docker engine outages: when a step fails because the engine stopped
+        answering, the outage is waited out (:meth:`wait_out_engine`, bounded) and the steps go on from the journal
+        in this window: finished stages are skipped, the one the outage ended is run again (its container, left by
+        the engine's restart, removed first: :func:`eagle3ops.supervisor.stagerun.run_stage`), serving is not
+        stopped a second time, and the budget still bounds every stage.
+
+        Returns:
+            (outcome, error) of the stages.
+
+        Raises:
+            EngineUnavailable: the engine did not come back within ``engine_wait_s``, went away too often, or the
+                restarting daemon is stopping this supervisor (SIGTERM while it is down): the caller exits without
+                beginning the restore (nothing can be restored while the engine is down) and the restart policy
+                starts this supervisor again once the engine is back, which resumes the window here.
+            Interrupted: SIGTERM/SIGINT while the engine answers (an operator's stop): serving is restored.
+        """
+        while True:
+            step_name = "stop"
+            try:
+                self.stop_serving()
+                for step in self.plan.stages:
+                    step_name = step.name
+                    if not self.run_stage(step):
+                        return "failed", f"stage {step.name}: {self.stage_outcomes[step.name]}"
+                return "ok", ""
+            except Exception as exc:  # Interrupted included: a daemon restart stops this supervisor with SIGTERM
+                if self._engine_up() or not self.wait_out_engine(step_name, exc):
+                    raise
+
+    def _remove_left_stages(self) -> None:
+        """Remove this window's stage containers that are still on the engine (an engine restart ended a stage
+        whose container it then kept as exited; a resumed supervisor that ran no stage again found it): nothing
+        of a window stays behind once it has a result. A container that cannot be removed is a warning naming the
+        command that removes it."""
+        if self.client is None or not self._engine_up():
+            return
+        import docker.errors
+
+        for step in self.plan.stages:
+            name = step.spec.get("name")
+            if not name or step.spec.get("runtime") == "venv":
+                continue
+            try:
+                self.client.containers.get(name).remove(force=True)
+            except docker.errors.NotFound:
+                continue
+            except Exception as exc:  # noqa: BLE001 - cleanup only, reported as a warning (once per container)
+                if not any(f"could not remove stage container {name}:" in w for w in self.warnings()):
+                    self.warn(step.name, f"could not remove stage container {name}: {type(exc).__name__}: {exc}; "
+                                         f"remove it by hand: docker rm --force {name}")
+                continue
+            self.journal.log(step.name, "info", message=f"removed stage container {name}, left by an earlier attempt")
 
     def _stages_only(self) -> tuple[str, str]:
         """A window on a host without production serving (``serving: none``): journal that the stop, restore and
@@ -399,12 +510,19 @@ class Supervisor:
         return "ok", ""
 
     def _engine_up(self) -> bool:
+        """Whether the Docker engine answers: its ping passes and, when :attr:`engine_socket` is known, its socket
+        accepts a new connection. A restarting daemon closes its listener first and keeps serving the connections
+        already open until it exits (Docker 20.10's API server closes only its listeners on shutdown; seen here:
+        pings over the client's pooled connection passed while every new request was refused), so a ping alone
+        would call a daemon that is going down "up" and turn its restart into a failed restore."""
         if self.client is None:  # the venv runtime: no engine to wait for
             return True
         try:
-            return bool(self.client.ping())
+            if not self.client.ping():
+                return False
         except Exception:  # noqa: BLE001 - any failure means "not reachable"
             return False
+        return self.engine_socket is None or socket_accepts(self.engine_socket)
 
     def _release_lock(self) -> None:
         lock = self.state_dir / "lock"

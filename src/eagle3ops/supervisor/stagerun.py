@@ -68,7 +68,8 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
     """Run one stage container to completion within its timeout and the window budget, checking while it runs
     that serving is still stopped (:meth:`Supervisor.guard_stopped`). A Docker engine restart is waited out
     (bounded): a stage container that outlived it is waited for further, one that did not is run again in the same
-    window (at most :data:`ENGINE_RERUNS_MAX` engine outages), serving not stopped a second time.
+    window (at most :data:`ENGINE_RERUNS_MAX` engine outages), serving not stopped a second time. A container of
+    this stage left by an earlier attempt (an engine restart keeps it as exited) is removed before the stage starts.
 
     Returns:
         True when the stage exited 0.
@@ -137,6 +138,8 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
             th.join(timeout=10)
     except (Interrupted, ServingRestarted) as exc:
         reason = "supervisor interrupted" if isinstance(exc, Interrupted) else "stopped: serving kept being started"
+        if isinstance(exc, Interrupted) and not sup._engine_up():  # the restarting daemon stops the supervisor
+            reason = "ended by a Docker engine restart"
         try:
             container.stop(timeout=10)
         except Exception:  # noqa: BLE001 - the engine may be going down (daemon restart)
@@ -148,8 +151,12 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
         try:  # its output is in <stage>.log; the exit code goes into the journal below
             container.remove(force=True)
         except Exception as exc:  # noqa: BLE001 - cleanup only, reported as a warning
-            sup.warn(step.name, f"could not remove stage container {name}: {type(exc).__name__}: {exc}; "
-                                 f"remove it by hand: docker rm --force {name}")
+            if sup._engine_up():
+                sup.warn(step.name, f"could not remove stage container {name}: {type(exc).__name__}: {exc}; "
+                                     f"remove it by hand: docker rm --force {name}")
+            else:  # the stage's next attempt, or the window's end (Supervisor._remove_left_stages), removes it
+                sup.journal.log(step.name, "info", message=f"stage container {name} left while the Docker engine "
+                                                            f"is down; removed once it is back")
         if exit_code == 0:
             sup.journal.log(step.name, "ok", seconds=round(dt, 1))
             sup.stage_outcomes[step.name] = "ok"
