@@ -310,3 +310,58 @@ def test_a_window_refused_under_a_lock_its_caller_took_releases_it(monkeypatch):
     assert any(c.startswith("rm -rf -- ") and c.endswith("/state/lock") for c in after), after
     audit = facts.files[next(p for p in facts.files if p.endswith("audit.jsonl"))]
     assert json.loads(audit.splitlines()[-1])["outcome"] == "not started"
+
+
+# --- the cycle: production's cycle lock first, the acceptance server on a work host under that host's lock ----------
+
+def _cycle_inventory(tmp_path: Path) -> Path:
+    """The repository's inventory with a work host ``w1`` (the sandbox's entry, ``serving: none``, its own roots)."""
+    import yaml
+
+    data = yaml.safe_load(INVENTORY.read_text())
+    sb = data["hosts"]["sandbox"]
+    for key in ("identity_file", "known_hosts"):  # relative to the inventory's folder
+        sb[key] = str((INVENTORY.parent / sb[key]).resolve())
+    data["hosts"]["w1"] = {**sb, "serving": "none", "data_dir": "/w1/data", "state_dir": "/w1/state",
+                           "model_path": "/w1/models/tiny-llama"}
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(yaml.safe_dump(data))
+    return inv
+
+
+def _cycle_args(tmp_path: Path) -> list[str]:
+    pipe = tmp_path / "pipeline.yaml"
+    pipe.write_text("target_model: /model\nprepare: {datasets: [regenerated/dataset.jsonl], max_seq_len: 256}\n")
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "hello"}]}) + "\n")
+    return ["cycle", "sandbox", "--work", "w1", "--run", "r1", "--pipeline", str(pipe), "--dataset", str(chats),
+            "--inventory", str(_cycle_inventory(tmp_path))]
+
+
+def _upto_cycle_lock(calls: list) -> tuple[int, list[str]]:
+    """The index of the cycle's lock (its atomic ``mkdir``) on production, and every change or launch any host
+    received before it."""
+    at = next((i for i, c in enumerate(calls) if c.kind == "lock" and c.argv[1] != "-p" and "/cycles/" in c.cmd),
+              None)
+    assert at is not None, [c.cmd for c in calls]
+    return at, [f"{c.host}: {c.cmd}" for c in calls[:at] if c.kind in ("change", "launch")]
+
+
+def test_no_host_change_precedes_the_cycles_lock(monkeypatch, tmp_path):
+    """``cycle PROD --work W``: its facts (production's restarts and regenerated manifests, the weights plan of both
+    hosts, the work host's extract rates and trained runs) are read with dry-run executors; nothing on production or
+    on the work host is changed (no write, no container) before the cycle's lock on production."""
+    from eagle3ops import cli, executor
+
+    rec = RecordingHost(facts=_two_host_facts)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, _cycle_args(tmp_path), env={"COLUMNS": "300"})
+    assert isinstance(out.exception, LockReached), (out.output, [c.cmd for c in rec.calls])
+    at, early = _upto_cycle_lock(rec.calls)
+    assert rec.calls[at].host == "sandbox" and rec.calls[at].cmd.endswith("/cycles/r1/lock")
+    assert {c.host for c in rec.calls[:at]} == {"sandbox", "w1"}  # both hosts' facts were read
+    facts = rec.calls[:at - 1]  # before the lock's folder (mkdir -p) and the lock
+    assert facts and all(c.kind == "read" and c.dry_run for c in facts), \
+        [f"{c.host}: {c.cmd} ({c.kind}, dry run {c.dry_run})" for c in facts if not (c.kind == "read" and c.dry_run)]
+    assert not early, "changes before the cycle's lock:\n" + "\n".join(early)
