@@ -209,5 +209,5 @@ def stdin_of(calls: list[Call], suffix: str) -> bytes:
     return hits[-1].stdin if hits else b""
 
 
-__all__ = ["Call", "LockReached", "RecordingHost", "RecordingRemote", "is_cycle_lock", "lock_commands", "pre_lock_changes",
-           "stdin_of"]
+__all__ = ["Call", "LockReached", "RecordingHost", "RecordingRemote", "is_cycle_lock", "lock_commands",
+           "pre_lock_changes", "stdin_of"]
