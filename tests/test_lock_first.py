@@ -4,6 +4,8 @@ plan → lock → writes → launch).
 Each command runs through the real CLI against a recording host (:mod:`recording_host`: the product's ``Remote``
 over a stand-in transport that records every command with its kind and answers reads from a small table of facts).
 The flow ends at the lock (``LockReached``); the test fails naming every change a host received before it.
+``cycle`` is followed past its lock on production too: its acceptance step's changes on the work host must sit
+inside that host's own deploy lock (the child commands of its other steps are STAND-INS there: recorded, not run).
 """
 
 from __future__ import annotations
@@ -375,15 +377,18 @@ RECORD = {"Name": "vllm-serving", "ImageId": IMAGE_ID, "Networks": {},
           "HostConfig": {"NetworkMode": "host", "RestartPolicy": {"Name": "unless-stopped"},
                          "Binds": ["/var/lib/x/data/models/tiny-llama:/models/tiny-llama:ro"]}}
 #: The steps an earlier run of the cycle finished (journaled ``done``): this run starts at the acceptance.
-DONE_BEFORE = ("regenerate", "dataset", "weights:w1", "extract", "train")
+DONE_BEFORE = ("regenerate", "weights:w1", "extract", "train")
+#: Production's regenerated dataset of run r1 and its manifest (the cycle's ``dataset`` step copies both to w1).
+DATASET = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n"
 
 
 def _cycle_run(monkeypatch, tmp_path, w1_lock_free: bool = True):
-    """``cycle sandbox --work w1 --run r1`` carried out against recording hosts from the acceptance step on (the
-    journal answers the earlier steps done). STAND-INS: the child steps' runner (records the step, runs nothing:
-    each child command's own lock order is tested above), the health wait and the replay (:func:`measure_served`:
-    a verdict of 2.0), the image push (its ``docker load`` recorded on w1). Returns (result, recorder, files)."""
-    from eagle3ops import cli, cycle_cli, executor, health
+    """``cycle sandbox --work w1 --run r1`` carried out against recording hosts from the dataset step on (the journal
+    answers regenerate, weights, extract and train done; the dataset step and the acceptance step run). STAND-INS:
+    the child steps' runner (records the step, runs nothing: each child command's own lock order is tested above),
+    the health wait and the replay (:func:`measure_served`: a verdict of 2.0), the image push (its ``docker load``
+    recorded on w1). Returns (result, recorder, files)."""
+    from eagle3ops import cli, cycle_cli, deployer, executor, health
     from eagle3ops.config import load_inventory
     from eagle3ops.speculate import cyclerun
     from recording_host import Call
@@ -391,8 +396,11 @@ def _cycle_run(monkeypatch, tmp_path, w1_lock_free: bool = True):
     args = _cycle_args(tmp_path)
     inv = load_inventory(Path(args[args.index("--inventory") + 1]))
     journal = f"{inv.host('sandbox').state_dir}/cycles/r1/journal.jsonl"
+    regen = f"{inv.host('sandbox').data_dir}/runs/r1/regenerated"
     files = {journal: "".join(json.dumps({"t": "2026-01-01T00:00:00+00:00", "step": k, "event": "done"}) + "\n"
-                              for k in DONE_BEFORE)}
+                              for k in DONE_BEFORE),
+             f"{regen}/dataset.jsonl": DATASET,
+             f"{regen}/dataset.manifest.json": json.dumps({"dataset_sha256": _sha(DATASET)})}
     w1_lock = f"{inv.host('w1').state_dir}/lock"
     rec = RecordingHost(stop_at_lock=False)
 
@@ -403,6 +411,9 @@ def _cycle_run(monkeypatch, tmp_path, w1_lock_free: bool = True):
         path = argv[1] if argv[0] == "find" else argv[-1]
         if argv[0] == "find" and path in files:
             return 0, files[path], ""
+        if argv[:2] == ["sh", "-c"] and "e3-weights-hash" in argv and argv[-1] == "dataset.jsonl":  # as copied
+            d = argv[argv.index("e3-weights-hash") + 1]
+            return 0, f"{_sha(files.get(f'{d}/dataset.jsonl', ''))} dataset.jsonl\n", ""
         if argv == ["mkdir", w1_lock] and not w1_lock_free:  # an extract window holds w1
             return 1, "", f"mkdir: cannot create directory '{w1_lock}': File exists"
         if argv[:2] == ["test", "-d"] and argv[-1] == w1_lock:
@@ -424,7 +435,7 @@ def _cycle_run(monkeypatch, tmp_path, w1_lock_free: bool = True):
 
     rec.facts = facts
     monkeypatch.setattr(executor, "for_host", rec.for_host)
-    monkeypatch.setattr(__import__("eagle3ops.deployer").deployer, "push_image", _push(rec))
+    monkeypatch.setattr(deployer, "push_image", _push(rec))
 
     def step(s):  # STAND-IN: the child command recorded, not run
         rec.calls.append(Call(s.hosts[0], "step", " ".join(s.argv), list(s.argv)))
@@ -435,6 +446,12 @@ def _cycle_run(monkeypatch, tmp_path, w1_lock_free: bool = True):
     monkeypatch.setattr(cyclerun, "measure_served", lambda url, model, prompts, floor, **k: {
         "mean_acceptance_length": 2.0, "floor": floor, "passed": True, "where": k["where"]})
     return CliRunner().invoke(cli.app, args, env={"COLUMNS": "300"}), rec, files
+
+
+def _sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _at(calls, pred, what: str) -> int:
@@ -454,7 +471,11 @@ def test_the_cycles_acceptance_changes_its_work_host_only_under_both_locks(monke
     at, early = _upto_cycle_lock(calls)
     assert not early, "changes before the cycle's lock:\n" + "\n".join(early)
     w1 = [(i, c) for i, c in enumerate(calls) if c.host == "w1"]
-    changes = [i for i, c in w1 if c.kind in ("change", "launch")]
+    # the dataset step's copy: after the cycle's lock; it writes the cycle's own run dir only (no GPU, no port), so
+    # it takes no host lock (a window of another run there does not hold it up)
+    copied = [i for i, c in w1 if c.kind == "change" and "/w1/data/runs/r1/regenerated" in c.cmd]
+    assert len(copied) == 3 and at < min(copied) and files["/w1/data/runs/r1/regenerated/dataset.jsonl"] == DATASET
+    changes = [i for i, c in w1 if c.kind in ("change", "launch") and i not in copied]
     load = _at(calls, lambda c: c.host == "w1" and "load" in c.argv, "image push")
     env = _at(calls, lambda c: c.host == "w1" and c.cmd.endswith("/cycles/r1/serve/env"), "private env file")
     run = _at(calls, lambda c: c.host == "w1" and c.kind == "launch", "server start")
@@ -463,7 +484,8 @@ def test_the_cycles_acceptance_changes_its_work_host_only_under_both_locks(monke
     released = max(i for i, c in w1 if c.argv[:3] == ["rm", "-rf", "--"] and c.argv[-1].endswith("/w1/state/lock"))
     assert at < lock < min(changes) and {load, env, run} <= set(changes), [calls[i].cmd for i in changes]
     assert lock < load < env < run < removed < released == max(changes)  # nothing of the step outside w1's lock
-    assert not pre_lock_changes(calls), pre_lock_changes(calls)
+    rest = [c for i, c in enumerate(calls) if i not in copied]
+    assert not pre_lock_changes(rest), pre_lock_changes(rest)
     assert "acceptance" in files[next(p for p in files if p.endswith("details.json") and "/w1/" in p)]
     speculate = _at(calls, lambda c: c.kind == "step" and " speculate " in f" {c.cmd} ", "speculate step")
     assert released < speculate  # w1 is free again before production's speculate (its child locks both)
@@ -474,11 +496,11 @@ def test_the_cycles_acceptance_changes_its_work_host_only_under_both_locks(monke
 
 def test_a_work_host_locked_by_another_window_fails_the_acceptance_step_before_any_change(monkeypatch, tmp_path):
     """w1 locked by an extract window: the acceptance step fails naming that window's holder and command; nothing is
-    pushed, written or started on w1; the cycle's lock on production is released and the step journaled failed (a
-    rerun resumes there)."""
+    pushed, written or started on w1 (the dataset step's copy into the run's own dir aside); the cycle's lock on
+    production is released and the step journaled failed (a rerun resumes there)."""
     out, rec, files = _cycle_run(monkeypatch, tmp_path, w1_lock_free=False)
     assert out.exit_code == 1 and "ops@elsewhere" in out.output and "eagle3ops extract w1" in out.output, out.output
-    assert not [c.cmd for c in rec.of("w1") if c.kind in ("change", "launch")]
+    assert not [c.cmd for c in rec.of("w1") if c.kind in ("change", "launch") and "/runs/r1/regenerated" not in c.cmd]
     assert rec.calls[-1].host == "sandbox" and rec.calls[-1].cmd.endswith("/cycles/r1/lock")  # released, last
     ev = [json.loads(x) for x in files[next(p for p in files if p.endswith("journal.jsonl"))].splitlines()]
     assert (ev[-1]["step"], ev[-1]["event"]) == ("acceptance", "failed")
