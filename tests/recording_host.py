@@ -8,7 +8,9 @@ Kinds, from the command's own type (:mod:`eagle3ops.commands.types`), as ``Remot
 * ``read``: a :class:`~eagle3ops.commands.types.Read` (facts: ``cat``, ``docker image inspect``, ``df`` ...);
 * ``lock``: the deploy lock's acquisition, ``mkdir <state_dir>/lock`` (:func:`eagle3ops.commands.host.mkdir_atomic`
   as :func:`eagle3ops.window.lock.acquire_lock` sends it), and the ``mkdir -p <state_dir>`` that
-  :func:`~eagle3ops.window.lock.acquire_lock` sends just before it (the lock's parent: it cannot come later);
+  :func:`~eagle3ops.window.lock.acquire_lock` sends just before it (the lock's parent: it cannot come later); and
+  likewise the cycle's lock on production, ``mkdir <state_dir>/cycles/<run>/lock`` after the ``mkdir -p`` of its
+  folder (:meth:`eagle3ops.speculate.cyclerun.CycleJournal.acquire`);
 * ``launch``: a container started, whatever the command's type says: ``docker run``/``create``/``start``. Helpers
   that only answer questions (speculate's ``inspect``, the fleet's reach probe and trial) are typed ``Read`` so that a
   dry run shows their real answers, but starting one is a host change all the same;
@@ -46,13 +48,15 @@ class LockReached(Exception):
 @dataclass
 class Call:
     """One command as the host received it: ``kind`` (``read`` / ``launch`` / ``change`` / ``lock``), the rendered
-    command, its argv and the bytes sent to its standard input."""
+    command, its argv, the bytes sent to its standard input and whether a dry-run executor sent it (a dry run
+    records a change without sending it)."""
 
     host: str
     kind: str
     cmd: str
     argv: list[str]
     stdin: bytes = b""
+    dry_run: bool = False
 
 
 @dataclass
@@ -131,7 +135,7 @@ class RecordingRemote(Remote):
     def _kind(self, argv: Sequence[str]) -> str:
         state, lock = lock_commands(self.host)
         cmd = render(argv)
-        if cmd == lock or (cmd == state and not is_read(argv)):
+        if cmd == lock or (cmd == state and not is_read(argv)) or is_cycle_lock(self.host, argv):
             return "lock"
         if _docker_verb(argv) in ("run", "create", "start"):
             return "launch"
@@ -140,22 +144,37 @@ class RecordingRemote(Remote):
     def run(self, argv: Sequence[str], **kwargs: Any):
         self._kinds[render(argv)] = self._kind(argv)
         if self.dry_run and not is_read(argv):  # recorded by Remote, not sent: record it here too
-            self.recorder.calls.append(Call(self.host.name, self._kind(argv), render(argv), list(argv)))
+            self.recorder.calls.append(Call(self.host.name, self._kind(argv), render(argv), list(argv),
+                                            dry_run=True))
         return super().run(argv, **kwargs)
 
     def record_stream(self, argv, note: str = "") -> str:
         cmd = super().record_stream(argv, note)
-        self.recorder.calls.append(Call(self.host.name, "change", cmd, list(argv)))
+        self.recorder.calls.append(Call(self.host.name, "change", cmd, list(argv), dry_run=self.dry_run))
         return cmd
 
     def answer(self, cmd: str, stdin: bytes) -> Answer:
         argv = shlex.split(cmd)
         kind = self._kinds.get(cmd, "change")
-        self.recorder.calls.append(Call(self.host.name, kind, cmd, argv, stdin))
+        self.recorder.calls.append(Call(self.host.name, kind, cmd, argv, stdin, self.dry_run))
         got = self.recorder.facts(argv, stdin) if self.recorder.facts else None
         if kind == "lock" and argv[1] != "-p" and self.recorder.stop_at_lock:
             raise LockReached(f"{self.host.name}: {cmd}")
         return got if got is not None else (0, "", "")
+
+
+def is_cycle_lock(host: Any, argv: Sequence[str]) -> bool:
+    """Whether ``argv`` takes the cycle's lock on ``host``: ``mkdir <state_dir>/cycles/<run>/lock``, or the
+    ``mkdir -p <state_dir>/cycles/<run>`` just before it (the lock's folder), as
+    :meth:`eagle3ops.speculate.cyclerun.CycleJournal.acquire` sends them."""
+    a = list(argv)
+    prefix = f"{host.state_dir}/cycles/"
+    if a[:2] == ["mkdir", "-p"] and len(a) == 3:
+        rest = a[2][len(prefix):] if a[2].startswith(prefix) else ""
+        return bool(rest) and "/" not in rest
+    if a[:1] == ["mkdir"] and len(a) == 2 and a[1].startswith(prefix) and a[1].endswith("/lock"):
+        return "/" not in a[1][len(prefix):-len("/lock")]
+    return False
 
 
 def _docker_verb(argv: Sequence[str]) -> str:
@@ -190,4 +209,5 @@ def stdin_of(calls: list[Call], suffix: str) -> bytes:
     return hits[-1].stdin if hits else b""
 
 
-__all__ = ["Call", "LockReached", "RecordingHost", "RecordingRemote", "lock_commands", "pre_lock_changes", "stdin_of"]
+__all__ = ["Call", "LockReached", "RecordingHost", "RecordingRemote", "is_cycle_lock", "lock_commands",
+           "pre_lock_changes", "stdin_of"]

@@ -421,6 +421,8 @@ def test_work_host_process_is_productions_command_line_remapped(tmp_path: Path) 
 class _On:
     """This machine's executor as a host's (``.host``): the real argv of the step run here."""
 
+    dry_run = False
+
     def __init__(self, host):
         self.host, self._x = host, executor.local()
 
@@ -454,18 +456,20 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
         while time.monotonic() < deadline and not _answers(port):
             time.sleep(0.1)
         prompts = [p.request for p in gate_prompts(4)]
-        seen: list[str] = []
+        lock, held = Path(work.state_dir, "lock"), []
         figs = cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16,
-                                    echo=seen.append)
+                                    echo=lambda m: held.append(lock.is_dir()))
         assert figs["source"].startswith("live process") and figs["port"] == port + 1  # production's port is taken
         assert figs["mean_acceptance_length"] == pytest.approx(2.0, abs=0.05) and figs["failed_requests"] == 0
         assert f"{work.model_path}/config.json" in figs["command"] and "--speculative-config" in figs["command"]
         assert figs["stopped"].startswith("stopped: session") and not _answers(port + 1)
+        assert held and all(held) and not lock.exists()  # the work host's deploy lock: held for the step only
         with pytest.raises(cy.CycleEnded) as end:
             cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=2.5, max_tokens=16)
         assert end.value.figures["passed"] is False and end.value.figures["port"] == port + 1
         assert end.value.figures["stopped"].startswith("stopped: session")
         assert not _answers(port + 1) and server.poll() is None  # stopped; production never touched
+        assert not lock.exists()  # released after a head below the floor too
         sid = Path(work.state_dir, "cycles/r1/serve/sid").read_text().strip()
         assert subprocess.run(["pgrep", "-s", sid], capture_output=True).returncode == 1  # nothing left
         # the work host lacks the target (the weights step did not put it there): the server exits, the step fails
@@ -475,6 +479,7 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
         with pytest.raises(cy.StepFailed, match="exited: .*not found: cannot load the model"):
             cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16)
         assert time.monotonic() - t0 < 20 and not _answers(port + 1)
+        assert not lock.exists()  # and after a server that exited
         # no head on the work host: refused before anything starts
         (head / "config.json").unlink()
         with pytest.raises(cy.StepFailed, match="no trained head"):

@@ -4,6 +4,8 @@ plan → lock → writes → launch).
 Each command runs through the real CLI against a recording host (:mod:`recording_host`: the product's ``Remote``
 over a stand-in transport that records every command with its kind and answers reads from a small table of facts).
 The flow ends at the lock (``LockReached``); the test fails naming every change a host received before it.
+``cycle`` is followed past its lock on production too: its acceptance step's changes on the work host must sit
+inside that host's own deploy lock (the child commands of its other steps are STAND-INS there: recorded, not run).
 """
 
 from __future__ import annotations
@@ -310,3 +312,195 @@ def test_a_window_refused_under_a_lock_its_caller_took_releases_it(monkeypatch):
     assert any(c.startswith("rm -rf -- ") and c.endswith("/state/lock") for c in after), after
     audit = facts.files[next(p for p in facts.files if p.endswith("audit.jsonl"))]
     assert json.loads(audit.splitlines()[-1])["outcome"] == "not started"
+
+
+# --- the cycle: production's cycle lock first, the acceptance server on a work host under that host's lock ----------
+
+def _cycle_inventory(tmp_path: Path) -> Path:
+    """The repository's inventory with a work host ``w1`` (the sandbox's entry, ``serving: none``, its own roots)."""
+    import yaml
+
+    data = yaml.safe_load(INVENTORY.read_text())
+    sb = data["hosts"]["sandbox"]
+    for key in ("identity_file", "known_hosts"):  # relative to the inventory's folder
+        sb[key] = str((INVENTORY.parent / sb[key]).resolve())
+    data["hosts"]["w1"] = {**sb, "serving": "none", "data_dir": "/w1/data", "state_dir": "/w1/state",
+                           "model_path": "/w1/models/tiny-llama", "docker_host": "unix:///w1/docker.sock"}
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(yaml.safe_dump(data))
+    return inv
+
+
+def _cycle_args(tmp_path: Path) -> list[str]:
+    pipe = tmp_path / "pipeline.yaml"
+    pipe.write_text("target_model: /model\nprepare: {datasets: [regenerated/dataset.jsonl], max_seq_len: 256}\n")
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "hello"}]}) + "\n")
+    return ["cycle", "sandbox", "--work", "w1", "--run", "r1", "--pipeline", str(pipe), "--dataset", str(chats),
+            "--inventory", str(_cycle_inventory(tmp_path))]
+
+
+def _upto_cycle_lock(calls: list) -> tuple[int, list[str]]:
+    """The index of the cycle's lock (its atomic ``mkdir``) on production, and every change or launch any host
+    received before it."""
+    at = next((i for i, c in enumerate(calls) if c.kind == "lock" and c.argv[1] != "-p" and "/cycles/" in c.cmd),
+              None)
+    assert at is not None, [c.cmd for c in calls]
+    return at, [f"{c.host}: {c.cmd}" for c in calls[:at] if c.kind in ("change", "launch")]
+
+
+def test_no_host_change_precedes_the_cycles_lock(monkeypatch, tmp_path):
+    """``cycle PROD --work W``: its facts (production's restarts and regenerated manifests, the weights plan of both
+    hosts, the work host's extract rates and trained runs) are read with dry-run executors; nothing on production or
+    on the work host is changed (no write, no container) before the cycle's lock on production."""
+    from eagle3ops import cli, executor
+
+    rec = RecordingHost(facts=_two_host_facts)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, _cycle_args(tmp_path), env={"COLUMNS": "300"})
+    assert isinstance(out.exception, LockReached), (out.output, [c.cmd for c in rec.calls])
+    at, early = _upto_cycle_lock(rec.calls)
+    assert rec.calls[at].host == "sandbox" and rec.calls[at].cmd.endswith("/cycles/r1/lock")
+    assert {c.host for c in rec.calls[:at]} == {"sandbox", "w1"}  # both hosts' facts were read
+    facts = rec.calls[:at - 1]  # before the lock's folder (mkdir -p) and the lock
+    assert facts and all(c.kind == "read" and c.dry_run for c in facts), \
+        [f"{c.host}: {c.cmd} ({c.kind}, dry run {c.dry_run})" for c in facts if not (c.kind == "read" and c.dry_run)]
+    assert not early, "changes before the cycle's lock:\n" + "\n".join(early)
+
+
+#: Production's serving as its release 3 recorded it (the container form the acceptance step replays on w1).
+RECORD = {"Name": "vllm-serving", "ImageId": IMAGE_ID, "Networks": {},
+          "Config": {"Image": "eagle3ops/vllm-openai-local:v0.16.0", "Entrypoint": ["vllm", "serve"],
+                     "Cmd": ["/models/tiny-llama", "--served-model-name", "tiny-llama", "--port", "18000"],
+                     "Env": ["PATH=/usr/bin"], "Labels": {"io.eagle3ops.role": "serving"}},
+          "HostConfig": {"NetworkMode": "host", "RestartPolicy": {"Name": "unless-stopped"},
+                         "Binds": ["/var/lib/x/data/models/tiny-llama:/models/tiny-llama:ro"]}}
+#: The steps an earlier run of the cycle finished (journaled ``done``): this run starts at the acceptance.
+DONE_BEFORE = ("regenerate", "weights:w1", "extract", "train")
+#: Production's regenerated dataset of run r1 and its manifest (the cycle's ``dataset`` step copies both to w1).
+DATASET = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n"
+
+
+def _cycle_run(monkeypatch, tmp_path, w1_lock_free: bool = True):
+    """``cycle sandbox --work w1 --run r1`` carried out against recording hosts from the dataset step on (the journal
+    answers regenerate, weights, extract and train done; the dataset step and the acceptance step run). STAND-INS:
+    the child steps' runner (records the step, runs nothing: each child command's own lock order is tested above),
+    the health wait and the replay (:func:`measure_served`: a verdict of 2.0), the image push (its ``docker load``
+    recorded on w1). Returns (result, recorder, files)."""
+    from eagle3ops import cli, cycle_cli, deployer, executor, health
+    from eagle3ops.config import load_inventory
+    from eagle3ops.speculate import cyclerun
+    from recording_host import Call
+
+    args = _cycle_args(tmp_path)
+    inv = load_inventory(Path(args[args.index("--inventory") + 1]))
+    journal = f"{inv.host('sandbox').state_dir}/cycles/r1/journal.jsonl"
+    regen = f"{inv.host('sandbox').data_dir}/runs/r1/regenerated"
+    files = {journal: "".join(json.dumps({"t": "2026-01-01T00:00:00+00:00", "step": k, "event": "done"}) + "\n"
+                              for k in DONE_BEFORE),
+             f"{regen}/dataset.jsonl": DATASET,
+             f"{regen}/dataset.manifest.json": json.dumps({"dataset_sha256": _sha(DATASET)})}
+    w1_lock = f"{inv.host('w1').state_dir}/lock"
+    rec = RecordingHost(stop_at_lock=False)
+
+    def facts(argv, stdin):
+        if argv[0] == "tee":
+            files[argv[-1]] = (files.get(argv[-1], "") if argv[1] == "-a" else "") + stdin.decode()
+            return 0, "", ""
+        path = argv[1] if argv[0] == "find" else argv[-1]
+        if argv[0] == "find" and path in files:
+            return 0, files[path], ""
+        if argv[:2] == ["sh", "-c"] and "e3-weights-hash" in argv and argv[-1] == "dataset.jsonl":  # as copied
+            d = argv[argv.index("e3-weights-hash") + 1]
+            return 0, f"{_sha(files.get(f'{d}/dataset.jsonl', ''))} dataset.jsonl\n", ""
+        if argv == ["mkdir", w1_lock] and not w1_lock_free:  # an extract window holds w1
+            return 1, "", f"mkdir: cannot create directory '{w1_lock}': File exists"
+        if argv[:2] == ["test", "-d"] and argv[-1] == w1_lock:
+            return (1, "", "") if w1_lock_free else (0, "", "")
+        if path == f"{w1_lock}/details.json" and not w1_lock_free:
+            return 0, json.dumps({"window_id": "20990101T000000Z-extract-abcdef", "holder": "ops@elsewhere",
+                                  "since": "2099-01-01T00:00:00+00:00", "command": "eagle3ops extract w1"}), ""
+        if path.endswith("/releases/current"):
+            return 0, "3\n", ""
+        if path.endswith("/releases/0003.json"):
+            return 0, json.dumps({"container": RECORD}), ""
+        if "{{.Id}}" in argv and "image" in argv:  # w1 holds the image only once pushed
+            on_w1 = "unix:///w1/docker.sock" in argv
+            pushed = any(c.host == "w1" and "load" in c.argv for c in rec.calls)
+            return (0, IMAGE_ID + "\n", "") if pushed or not on_w1 else (1, "", "Error: No such image")
+        if "{{json .Config}}" in argv:
+            return 1, "", "Error: No such image"  # production's live image's defaults unread: the record's kept
+        return _two_host_facts(argv, stdin)
+
+    rec.facts = facts
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    monkeypatch.setattr(deployer, "push_image", _push(rec))
+
+    def step(s):  # STAND-IN: the child command recorded, not run
+        rec.calls.append(Call(s.hosts[0], "step", " ".join(s.argv), list(s.argv)))
+        return {}
+
+    monkeypatch.setattr(cycle_cli, "_argv_runner", lambda: step)
+    monkeypatch.setattr(health, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(cyclerun, "measure_served", lambda url, model, prompts, floor, **k: {
+        "mean_acceptance_length": 2.0, "floor": floor, "passed": True, "where": k["where"]})
+    return CliRunner().invoke(cli.app, args, env={"COLUMNS": "300"}), rec, files
+
+
+def _sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _at(calls, pred, what: str) -> int:
+    hits = [i for i, c in enumerate(calls) if pred(c)]
+    assert hits, f"no {what} in " + "\n".join(f"{c.host}: {c.cmd}" for c in calls)
+    return hits[0]
+
+
+def test_the_cycles_acceptance_changes_its_work_host_only_under_both_locks(monkeypatch, tmp_path):
+    """The acceptance step's own changes on the work host (the image pushed, the server's folder and private env
+    file written, the server started and removed) come after the cycle's lock on production, and inside the work
+    host's own deploy lock, taken for the step and released after the server is removed: a concurrent ``extract
+    w1`` (or any window there) is refused rather than starting a stage on the GPUs the measuring server holds."""
+    out, rec, files = _cycle_run(monkeypatch, tmp_path)
+    assert out.exit_code == 0, (out.output, [f"{c.host}: {c.cmd}" for c in rec.calls])
+    calls = rec.calls
+    at, early = _upto_cycle_lock(calls)
+    assert not early, "changes before the cycle's lock:\n" + "\n".join(early)
+    w1 = [(i, c) for i, c in enumerate(calls) if c.host == "w1"]
+    # the dataset step's copy: after the cycle's lock; it writes the cycle's own run dir only (no GPU, no port), so
+    # it takes no host lock (a window of another run there does not hold it up)
+    copied = [i for i, c in w1 if c.kind == "change" and "/w1/data/runs/r1/regenerated" in c.cmd]
+    assert len(copied) == 3 and at < min(copied) and files["/w1/data/runs/r1/regenerated/dataset.jsonl"] == DATASET
+    changes = [i for i, c in w1 if c.kind in ("change", "launch") and i not in copied]
+    load = _at(calls, lambda c: c.host == "w1" and "load" in c.argv, "image push")
+    env = _at(calls, lambda c: c.host == "w1" and c.cmd.endswith("/cycles/r1/serve/env"), "private env file")
+    run = _at(calls, lambda c: c.host == "w1" and c.kind == "launch", "server start")
+    removed = max(i for i, c in w1 if "rm" in c.argv and "--force" in c.argv)  # the server removed, last
+    lock = _at(calls, lambda c: c.host == "w1" and c.kind == "lock" and c.argv[1] != "-p", "w1's lock")
+    released = max(i for i, c in w1 if c.argv[:3] == ["rm", "-rf", "--"] and c.argv[-1].endswith("/w1/state/lock"))
+    assert at < lock < min(changes) and {load, env, run} <= set(changes), [calls[i].cmd for i in changes]
+    assert lock < load < env < run < removed < released == max(changes)  # nothing of the step outside w1's lock
+    rest = [c for i, c in enumerate(calls) if i not in copied]
+    assert not pre_lock_changes(rest), pre_lock_changes(rest)
+    assert "acceptance" in files[next(p for p in files if p.endswith("details.json") and "/w1/" in p)]
+    speculate = _at(calls, lambda c: c.kind == "step" and " speculate " in f" {c.cmd} ", "speculate step")
+    assert released < speculate  # w1 is free again before production's speculate (its child locks both)
+    events = [json.loads(x) for x in files[next(p for p in files if p.endswith("journal.jsonl"))].splitlines()]
+    assert any(e["step"] == "acceptance" and e["event"] == "done" and e["mean_acceptance_length"] == 2.0
+               and e["stopped"].startswith("container ") for e in events), events
+
+
+def test_a_work_host_locked_by_another_window_fails_the_acceptance_step_before_any_change(monkeypatch, tmp_path):
+    """w1 locked by an extract window: the acceptance step fails naming that window's holder and command; nothing is
+    pushed, written or started on w1 (the dataset step's copy into the run's own dir aside); the cycle's lock on
+    production is released and the step journaled failed (a rerun resumes there)."""
+    out, rec, files = _cycle_run(monkeypatch, tmp_path, w1_lock_free=False)
+    assert out.exit_code == 1 and "ops@elsewhere" in out.output and "eagle3ops extract w1" in out.output, out.output
+    assert not [c.cmd for c in rec.of("w1") if c.kind in ("change", "launch") and "/runs/r1/regenerated" not in c.cmd]
+    assert rec.calls[-1].host == "sandbox" and rec.calls[-1].cmd.endswith("/cycles/r1/lock")  # released, last
+    ev = [json.loads(x) for x in files[next(p for p in files if p.endswith("journal.jsonl"))].splitlines()]
+    assert (ev[-1]["step"], ev[-1]["event"]) == ("acceptance", "failed")

@@ -228,7 +228,8 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
         with common.remote(prod) as pr, common.remote(inv.host(step.hosts[0])) as wr:
             return serve_and_measure(pr, wr, run=run, k=cfg.train.ttt_steps, prompts=gate_requests,
                                      floor=plan.acceptance_floor, max_tokens=prod.serving.gate_max_tokens,
-                                     echo=lambda m: print(f"[cycle] {m}", flush=True))
+                                     echo=lambda m: print(f"[cycle] {m}", flush=True),
+                                     command=common.command_line())
 
     def report_step(step: Any) -> dict[str, Any]:
         """The run's report, then production's acceptance beside the work host's (from the journal's figures)."""

@@ -324,35 +324,66 @@ def same_image(pr: Any, wr: Any, image: str, push: Callable[[str, Any], str], ec
 
 def serve_and_measure(pr: Any, wr: Any, *, run: str, k: int, prompts: Sequence[Any], floor: float,
                       max_tokens: int, push: Callable[[str, Any], str] | None = None,
-                      echo: Callable[[str], None] = print) -> dict[str, Any]:
+                      echo: Callable[[str], None] = print, command: str | None = None) -> dict[str, Any]:
     """The acceptance step: production's serving (:func:`production_serving`, read through ``pr``) started on the
     work host of ``wr`` with the head of ``run`` (:func:`plan_work_serving`; ``k`` speculative tokens), its health
     waited for (bounded by production's ``serving.health_timeout_s``), ``prompts`` replayed and judged against
     ``floor`` (:func:`eagle3ops.speculate.cyclerun.measure_served`), then the server stopped and removed (always).
 
+    After the reads (the head's presence, production's record), the work host's own deploy lock
+    (:func:`eagle3ops.window.lock.acquire_lock`; ``command``, the driver's command line, recorded in it) is held
+    over every change the step makes there (the image push, the server's folder and files, the server) and
+    released once the server is removed, whatever happened: the measuring server holds the work host's GPUs and a
+    port, and a window started there meanwhile (``extract``/``train`` of another run) would start its stage on
+    the same GPUs; the lock makes such a command refuse, naming the cycle, instead.
+
     Returns the measurement's figures with the server's (:meth:`WorkServing.figures`), ``source`` and ``stopped``.
 
     Raises:
         CycleEnded: below ``floor`` (its figures carry the server's too): production is never reached.
-        StepFailed: no head on the work host, an image that differs from production's, a server that did not become
+        StepFailed: no head on the work host, the work host's lock held by another run (its holder and command
+            named; nothing changed there), an image that differs from production's, a server that did not become
             healthy (its log's tail), or a server that could not be stopped (named, with what still runs).
     """
-    from eagle3ops import health
-    from eagle3ops.speculate.cyclerun import measure_served
+    from eagle3ops.window.common import LockHeld, WindowError, new_window_id
+    from eagle3ops.window.lock import acquire_lock, release_lock
 
-    prod, work = pr.host, wr.host
+    work = wr.host
     head = head_dir(work, run)
     if not wr.run(hc.exists(f"{head}/config.json"), check=False).ok:
         raise StepFailed(f"{work.name}: no trained head at {head} (config.json missing): the train step did not "
                          f"finish there; rerun the cycle", (work.name,))
     src = production_serving(pr)
+    if src.form == "container" and work.uses_venv:
+        raise StepFailed(f"{work.name}: `stage_runtime: venv` (no container engine) but production serves a "
+                         f"container: the head's acceptance runs production's image; give the work host a "
+                         f"Docker engine", (work.name,))
+    wid = new_window_id("cycle-acceptance")
+    try:
+        acquire_lock(wr, wid, command or f"eagle3ops cycle --run {run}",
+                     f"cycle {run}: the head's served acceptance (a server on this host's GPUs)")
+    except (LockHeld, WindowError) as exc:
+        raise StepFailed(f"{exc} The cycle's acceptance step needs {work.name} to itself (its server takes the "
+                         f"host's GPUs): rerun the cycle once that lock is free (finished steps are not repeated)",
+                         (work.name,)) from None
+    try:
+        return _serve_and_measure(pr, wr, src, run=run, k=k, prompts=prompts, floor=floor, max_tokens=max_tokens,
+                                  push=push, echo=echo)
+    finally:
+        release_lock(wr, wid)
+
+
+def _serve_and_measure(pr: Any, wr: Any, src: ProductionServing, *, run: str, k: int, prompts: Sequence[Any],
+                       floor: float, max_tokens: int, push: Callable[[str, Any], str] | None,
+                       echo: Callable[[str], None]) -> dict[str, Any]:
+    """:func:`serve_and_measure` once the work host's lock is held: its changes there, its server stopped always."""
+    from eagle3ops import health
+    from eagle3ops.speculate.cyclerun import measure_served
+
+    prod, work = pr.host, wr.host
     image = image_id = defaults = None
     how = None
     if src.form == "container":
-        if work.uses_venv:
-            raise StepFailed(f"{work.name}: `stage_runtime: venv` (no container engine) but production serves a "
-                             f"container: the head's acceptance runs production's image; give the work host a "
-                             f"Docker engine", (work.name,))
         if push is None:
             from eagle3ops.deployer import push_image as push
         image = prod.serving.speculative_image or prod.serving.image
