@@ -20,7 +20,7 @@ from eagle3ops.commands import serving as sv
 from eagle3ops.config import load_inventory
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.supervisor.runner import Supervisor
-from eagle3ops.window.planner import build_plan
+from eagle3ops.window.planner import build_plan, supervisor_commands
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,6 @@ def _cache_binds(host_config: dict, cache: str) -> list[str]:
     return sorted(b for b in host_config.get("Binds") or [] if b.startswith(cache + "/"))
 
 
-@pytest.mark.xfail(strict=True, reason="a recreated release loses the compile cache")
 def test_release_rollback_and_gate_switches_keep_the_compile_cache(tmp_path, monkeypatch):
     """Every container kind's plan names the cache folder under the host's data_dir, and each container the
     supervisor recreates from it (a release, a rollback, a gate's control and speculative releases) has vLLM's and
@@ -43,6 +42,8 @@ def test_release_rollback_and_gate_switches_keep_the_compile_cache(tmp_path, mon
     for kind in ("release", "rollback"):
         plan = build_plan(h, kind=kind, window_id="w", image="i", command="c")
         assert plan.compile_cache == f"{h.data_dir}/compile-cache", (kind, plan.compile_cache)
+        preview = " ".join(w for argv in supervisor_commands(h, plan) for w in argv)
+        assert f"{plan.compile_cache}/vllm:<VLLM_CACHE_ROOT of the container" in preview, preview
     cache = str(tmp_path / "data" / "compile-cache")
     want = [f"{cache}/torchinductor:/tmp/torchinductor_root", f"{cache}/vllm:/root/.cache/vllm"]
 
@@ -69,7 +70,6 @@ def test_release_rollback_and_gate_switches_keep_the_compile_cache(tmp_path, mon
     assert _cache_binds(control, cache) == _cache_binds(engine.bodies[-1]["HostConfig"], cache) == want
 
 
-@pytest.mark.xfail(strict=True, reason="a recreated release loses the compile cache")
 @pytest.mark.parametrize("where", ["bind", "mount", "env-on-volume"])
 def test_a_cache_production_keeps_itself_is_left_exactly_as_it_is(where):
     """Production that already keeps vLLM's cache on the host (a bind over ``~/.cache``, a volume, or
@@ -91,7 +91,6 @@ def test_a_cache_production_keeps_itself_is_left_exactly_as_it_is(where):
     assert again == out, "a container recreated from one that keeps the cache gets nothing more"
 
 
-@pytest.mark.xfail(strict=True, reason="a recreated release loses the compile cache")
 def test_a_container_of_another_user_is_not_given_a_folder_it_cannot_write():
     """Docker creates a missing bind source as root: a server running as another user could not write into it
     (vLLM would fail its start). Nothing is bound; the note says why and what to mount instead."""
