@@ -98,3 +98,17 @@ def test_a_container_of_another_user_is_not_given_a_folder_it_cannot_write():
     out, notes = sv.keep_compile_cache(rec, "/data/compile-cache")
     assert out == rec
     assert len(notes) == 1 and "1000:1000" in notes[0] and "VLLM_CACHE_ROOT" in notes[0], notes
+
+
+@pytest.mark.parametrize("config, want", [
+    ({"Env": ["VLLM_CACHE_ROOT=~/vc"]}, {"vllm": "/root/vc", "torchinductor": "/tmp/torchinductor_root"}),
+    ({"User": "root", "Env": ["XDG_CACHE_HOME=/x", "TMPDIR=/scratch"]},
+     {"vllm": "/x/vllm", "torchinductor": "/scratch/torchinductor_root"}),
+    ({"User": "1000", "Env": ["HOME=/home/u", "USER=u", "TORCHINDUCTOR_CACHE_DIR=/ind"]},
+     {"vllm": "/home/u/.cache/vllm", "torchinductor": "/ind"}),
+    ({"User": "1000"}, {"vllm": None, "torchinductor": None}),
+])
+def test_the_cache_folders_are_where_vllm_and_torch_put_them_for_the_containers_settings(config, want):
+    """The folders as vLLM (``VLLM_CACHE_ROOT``, ``XDG_CACHE_HOME``, ``~``) and torch (``TORCHINDUCTOR_CACHE_DIR``,
+    ``TMPDIR``, ``getpass.getuser``) derive them; unknown (None) where a non-root user's home or name is not given."""
+    assert sv.compile_cache_paths(config) == want

@@ -313,7 +313,9 @@ def compile_cache_paths(config: dict[str, Any]) -> dict[str, str | None]:
                 "root" if root else (user if user and not user.isdigit() else None))
     defaults = {"vllm": f"{cache_home}/vllm" if cache_home else None,
                 "torchinductor": f"{env.get('TMPDIR') or '/tmp'}/torchinductor_{name}" if name else None}
-    return {key: env.get(var) or defaults[key] for key, var in COMPILE_CACHES}
+    paths = {key: env.get(var) or defaults[key] for key, var in COMPILE_CACHES}
+    # vLLM expands a leading ~ of VLLM_CACHE_ROOT (os.path.expanduser)
+    return {k: (f"{home}{p[1:]}" if home else None) if p and p.startswith("~/") else p for k, p in paths.items()}
 
 
 def keep_compile_cache(record: dict[str, Any], host_dir: str) -> tuple[dict[str, Any], list[str]]:
