@@ -184,6 +184,7 @@ def main() -> int:
                   f"{run['init_engine_s']} s, load {run['load_average_1min_at_start']})", flush=True)
     finally:
         _remove(client)
+    shutil.rmtree(cache, ignore_errors=True)  # its content is counted above; the host keeps no benchmark leftovers
     filled = next(r["cache_after"] for r in runs if r["start"] == "kept-first")
     colds = [r["seconds"] for r in runs if r["start"] == "cold"]
     warms = [r["seconds"] for r in runs if r["start"] == "kept"]

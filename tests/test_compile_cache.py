@@ -112,3 +112,18 @@ def test_the_cache_folders_are_where_vllm_and_torch_put_them_for_the_containers_
     """The folders as vLLM (``VLLM_CACHE_ROOT``, ``XDG_CACHE_HOME``, ``~``) and torch (``TORCHINDUCTOR_CACHE_DIR``,
     ``TMPDIR``, ``getpass.getuser``) derive them; unknown (None) where a non-root user's home or name is not given."""
     assert sv.compile_cache_paths(config) == want
+
+
+def test_config_check_does_not_call_the_cache_binds_drift():
+    """``config check HOST`` after a release: the two binds eagle3ops added are not settings the inventory lacks;
+    any other bind still is."""
+    h = load_inventory(REPO / "deploy" / "hosts.yaml").host("sandbox")
+    released, _ = sv.keep_compile_cache(sv.container_record({
+        "Config": {"Image": h.serving.image, "Cmd": list(h.serving.args), "User": "",
+                   "Env": [f"{k}={v}" for k, v in h.serving.env.items()]},
+        "HostConfig": {"Binds": list(h.serving.volumes)}}), sv.compile_cache_dir(h))
+    assert len(released["HostConfig"]["Binds"]) == len(h.serving.volumes) + 2
+    assert sv.inventory_drift(h, released) == []
+    released["HostConfig"]["Binds"].append("/srv/other:/other")
+    assert sv.inventory_drift(h, released) == ["volume '/srv/other:/other': a bind of the live container, not in "
+                                               "the inventory"]

@@ -398,7 +398,8 @@ def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:
     """How the inventory's serving flags differ from the live serving container (``config check HOST``).
 
     The inventory's ``image``, ``args``, ``env``, ``volumes``, ``shm_size`` and ``gpus`` apply only where no live
-    container exists (provisioning); releases start from the live container. Returns one line per difference
+    container exists (provisioning); releases start from the live container. The compile cache's binds
+    (:func:`keep_compile_cache`, under :func:`compile_cache_dir`) are eagle3ops' own and not reported. Returns one line per difference
     (values of environment variables are not shown: they may be secrets).
     """
     s, cfg, hcfg = host.serving, inspect.get("Config") or {}, inspect.get("HostConfig") or {}
@@ -415,7 +416,9 @@ def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:
             out.append(f"env {k}: set in the inventory, not in the live container")
         elif live_env[k] != v:
             out.append(f"env {k}: the inventory's value differs from the live one")
-    binds = set(hcfg.get("Binds") or [])
+    # the compile cache's binds are eagle3ops' own (keep_compile_cache), not a setting the inventory should carry
+    cache = compile_cache_dir(host) + "/"
+    binds = {b for b in hcfg.get("Binds") or [] if not b.startswith(cache)}
     for v in s.volumes:
         if v not in binds:
             out.append(f"volume {v!r}: in the inventory, not a bind of the live container")
