@@ -127,3 +127,49 @@ def test_config_check_does_not_call_the_cache_binds_drift():
     released["HostConfig"]["Binds"].append("/srv/other:/other")
     assert sv.inventory_drift(h, released) == ["volume '/srv/other:/other': a bind of the live container, not in "
                                                "the inventory"]
+
+
+class _LocalHost:
+    """A STAND-IN for the SSH executor: runs the read-only POSIX commands of the fallback check here (the state dir
+    is a real folder under tmp_path); every ``docker`` command (the image lookup) answers found."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def run(self, argv, check=True, **kw):
+        import subprocess
+        from types import SimpleNamespace
+
+        if list(argv)[0] == "docker":
+            return SimpleNamespace(ok=True, stdout="", stderr="")
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+        return SimpleNamespace(ok=p.returncode == 0, stdout=p.stdout, stderr=p.stderr)
+
+
+def test_a_fallback_whose_cache_folder_was_deleted_is_still_creatable(tmp_path):
+    """Preflight's fallback check needs every bind source of a release on the host, but not the compile cache's: the
+    engine creates it, so deleting the cache to free space must not block a rollback. A missing model dir still
+    does."""
+    from eagle3ops.window import preflight as pfm
+
+    h = load_inventory(REPO / "deploy" / "hosts.yaml").host("sandbox").model_copy(
+        update={"data_dir": str(tmp_path / "data"), "state_dir": str(tmp_path / "state")})
+    model = tmp_path / "model"
+    model.mkdir()
+    rec, _ = sv.keep_compile_cache(sv.container_record(
+        {**ROOT_LIVE, "HostConfig": {**ROOT_LIVE["HostConfig"], "Binds": [f"{model}:/models/m:ro"]}}),
+        sv.compile_cache_dir(h))
+    assert len(rec["HostConfig"]["Binds"]) == 3 and not (tmp_path / "data").exists()
+    rdir = tmp_path / "state" / "releases"
+    rdir.mkdir(parents=True)
+    for n in (1, 2):
+        (rdir / f"{n:04d}.json").write_text(json.dumps({"release": n, "container": rec}))
+    (rdir / "current").write_text("2")
+    pf = pfm.Preflight()
+    pfm.check_fallbacks(_LocalHost(h), pf, kind="rollback")
+    assert pf.checks == [("fallback releases", True, "creatable: 1, 2")], pf.checks
+    model.rmdir()
+    pf = pfm.Preflight()
+    pfm.check_fallbacks(_LocalHost(h), pf, kind="rollback")
+    assert not pf.checks[0][1] and f"bind source {model} does not exist" in pf.checks[0][2], pf.checks
+    assert "compile-cache" not in pf.checks[0][2]
