@@ -30,7 +30,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
-        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head bench-gate-aa clean-sandbox
+        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head bench-gate-aa bench-compile-cache clean-sandbox
 
 setup:
 	bash scripts/setup.sh
@@ -107,6 +107,11 @@ bench-rebuild: base
 RUNS ?= 10
 bench-gate-aa: setup
 	$(PY) benchmarks/gate_aa.py --runs $(RUNS) --json benchmarks/gate-aa-smollm2.json
+
+# Restart time of a recreated serving release with the compile cache kept vs cold (SmolLM2 on the sandbox's CPU vLLM
+# started without --enforce-eager; cold and kept starts alternating). Holds the sandbox ~20-30 minutes.
+bench-compile-cache: setup
+	$(PY) benchmarks/compile_cache.py --repeats 3
 
 bench-push: setup
 	$(PY) benchmarks/push.py --repeat 3 --json benchmarks/push-medians.json

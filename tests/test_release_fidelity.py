@@ -7,7 +7,8 @@ shm size, finite memlock/stack/nofile ulimits within this machine's limits, a tm
 security-opt, init, log options, user, workdir, stop signal/timeout, a healthcheck, pids limit, group-add, env,
 binds, restart policy) and with ``--api-key``: the health gate must send the key it finds in the container's own
 configuration, and a release and a rollback must give back a container equal to the recorded one on every
-``Config``/``HostConfig`` field except the intended change (the ``--max-num-seqs`` flag) and the release label.
+``Config``/``HostConfig`` field except the intended change (the ``--max-num-seqs`` flag), the release label and the
+compile cache's two binds to the plan's folder (created by the engine).
 
 The supervisor runs in this process (the code under test; the sandbox's deployed pipeline image holds an older
 eagle3ops), against the sandbox engine's socket; the gate reaches serving on the loopback the sandbox shares.
@@ -118,21 +119,30 @@ def test_release_and_rollback_keep_every_setting_and_gate_with_the_api_key(hand_
     before = _inspect(h)
     client = docker.DockerClient(base_url=h.docker_host, timeout=600)
 
-    plan, wdir = _plan(h, tmp_path, "release", change=ReleaseChange(args=["--max-num-seqs", "8"]))
+    # The compile cache (user 0:0, no mount of its own) is bound to the plan's folder, which the engine creates.
+    cache = tmp_path / "compile-cache"
+    cache_binds = [f"{cache}/vllm:/root/.cache/vllm", f"{cache}/torchinductor:/tmp/torchinductor_root"]
+    plan, wdir = _plan(h, tmp_path, "release", change=ReleaseChange(args=["--max-num-seqs", "8"]),
+                       compile_cache=str(cache))
     res = Supervisor(plan, client, wdir).run()
     assert res["outcome"] == "ok" and res["serving_healthy"] and res["release"] == 2, res
     released = _inspect(h)
     assert released["Id"] != before["Id"], "the release recreated the container"
+    assert released["HostConfig"]["Binds"] == before["HostConfig"]["Binds"] + cache_binds
+    assert (cache / "vllm").is_dir() and (cache / "torchinductor").is_dir()
+    released["HostConfig"]["Binds"] = before["HostConfig"]["Binds"]
     diff = _diff(before["Config"], released["Config"], "Config.") + _diff(before["HostConfig"],
                                                                          released["HostConfig"], "HostConfig.")
     assert sorted(d.split(":")[0] for d in diff) == ["Config.Cmd", f"Config.Labels.{RELEASE_LABEL}"], diff
     assert released["Config"]["Cmd"][-2:] == ["--max-num-seqs", "8"]
     assert released["Config"]["Cmd"][:-2] == before["Config"]["Cmd"]
 
-    plan, wdir2 = _plan(h, tmp_path, "rollback")
+    plan, wdir2 = _plan(h, tmp_path, "rollback", compile_cache=str(cache))
     res = Supervisor(plan, client, wdir2).run()
     assert res["outcome"] == "ok" and res["serving_healthy"] and res["release"] == 1, res
     back = _inspect(h)
+    assert back["HostConfig"]["Binds"] == before["HostConfig"]["Binds"] + cache_binds, "release 1 keeps it too"
+    back["HostConfig"]["Binds"] = before["HostConfig"]["Binds"]
     diff = _diff(before["Config"], back["Config"], "Config.") + _diff(before["HostConfig"], back["HostConfig"],
                                                                        "HostConfig.")
     assert diff == [f"Config.Labels.{RELEASE_LABEL}: None -> '1'"], diff

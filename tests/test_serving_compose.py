@@ -102,4 +102,9 @@ def test_window_and_release_on_a_compose_service(compose_host):
     cmd = json.loads(subprocess.run(["docker", "inspect", "--format", "{{json .Config.Cmd}}", new], env=env,
                                     capture_output=True, text=True, check=True).stdout)
     assert cmd[-2:] == ["--max-num-seqs", "4"]
+    # The deployed supervisor kept the compile cache on the host: both cache folders bound under data_dir.
+    binds = json.loads(subprocess.run(["docker", "inspect", "--format", "{{json .HostConfig.Binds}}", new], env=env,
+                                      capture_output=True, text=True, check=True).stdout)
+    assert {f"{ch.data_dir}/compile-cache/vllm:/root/.cache/vllm",
+            f"{ch.data_dir}/compile-cache/torchinductor:/tmp/torchinductor_root"} <= set(binds), binds
     assert demo.serving_healthy(ch, timeout=10, completion=True)

@@ -284,6 +284,82 @@ def apply_change(record: dict[str, Any], *, args: list[str] | None = None, env: 
     return rec
 
 
+#: What a start of vLLM 0.16 compiles and keeps for the next start of the same configuration, as ``(folder name under
+#: the host's cache folder, the variable that moves it)``: vLLM's own torch.compile artifacts under ``VLLM_CACHE_ROOT``
+#: (``torch_compile_cache/<hash>``, ``torch_aot_compile/<hash>``; vllm/envs.py, vllm/compilation/backends.py and
+#: decorators.py) and torch inductor's generated and compiled kernels and FX graph cache under
+#: ``TORCHINDUCTOR_CACHE_DIR`` (torch/_inductor/runtime/cache_dir_utils.py; vLLM's CPU platform compiles with the
+#: plain inductor backend, which keeps only this one). vLLM names each entry by a hash of the whole engine
+#: configuration (speculative config included), the traced code and the compiler; inductor by the graph and its
+#: inputs: one folder shared by every release cannot hand one configuration another's artifacts.
+COMPILE_CACHES = (("vllm", "VLLM_CACHE_ROOT"), ("torchinductor", "TORCHINDUCTOR_CACHE_DIR"))
+
+
+def compile_cache_dir(host: HostConfig) -> str:
+    """The host folder that keeps serving's compile cache across recreated containers: ``<data_dir>/compile-cache``
+    (one folder per host: vLLM and inductor key every entry by its configuration, :data:`COMPILE_CACHES`)."""
+    return f"{host.data_dir.rstrip('/')}/compile-cache"
+
+
+def _under(path: str, target: str) -> bool:
+    return path == target or path.startswith(target.rstrip("/") + "/")
+
+
+def compile_cache_paths(config: dict[str, Any]) -> dict[str, str | None]:
+    """Where the server of a container with ``Config`` ``config`` keeps each cache of :data:`COMPILE_CACHES`,
+    inside the container: the variable's value when the container sets it, else the default as vLLM and torch
+    derive it for the container's user (``$XDG_CACHE_HOME/vllm`` or ``$HOME/.cache/vllm``; ``$TMPDIR`` or ``/tmp``,
+    then ``torchinductor_<user>``, the user from ``LOGNAME``/``USER``/``LNAME``/``USERNAME`` as ``getpass.getuser``
+    reads them). None where the default depends on a user other than root whose home or name the configuration
+    does not give."""
+    env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+    user = str(config.get("User") or "").split(":", 1)[0]
+    root = user in ("", "root", "0")
+    home = env.get("HOME") or ("/root" if root else None)
+    cache_home = env.get("XDG_CACHE_HOME") or (f"{home}/.cache" if home else None)
+    name = next((env[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if env.get(k)),
+                "root" if root else (user if user and not user.isdigit() else None))
+    defaults = {"vllm": f"{cache_home}/vllm" if cache_home else None,
+                "torchinductor": f"{env.get('TMPDIR') or '/tmp'}/torchinductor_{name}" if name else None}
+    paths = {key: env.get(var) or defaults[key] for key, var in COMPILE_CACHES}
+    # vLLM expands a leading ~ of VLLM_CACHE_ROOT (os.path.expanduser)
+    return {k: (f"{home}{p[1:]}" if home else None) if p and p.startswith("~/") else p for k, p in paths.items()}
+
+
+def keep_compile_cache(record: dict[str, Any], host_dir: str) -> tuple[dict[str, Any], list[str]]:
+    """``record`` (:func:`container_record`) with each compile cache (:func:`compile_cache_paths`) that lives in the
+    container's writable layer bound to ``<host_dir>/<name>`` on the host, so that the next container recreated
+    from it (a release, a rollback, a gate's switch) starts from what the last one compiled.
+
+    A cache already on a bind or mount of the container (production keeping its own) is left exactly as it is; so
+    is a container whose server runs as a user other than root: Docker creates a missing bind source owned by root,
+    which that server could not write (vLLM fails its start on a cache folder it cannot create). The environment is
+    never changed (vLLM hashes its environment into the cache key).
+
+    Returns:
+        ``(new record, notes)``: a note when a cache is not kept, saying why and what to mount instead (one at most).
+    """
+    rec = json.loads(json.dumps(record))
+    cfg, hcfg = rec.get("Config") or {}, rec.setdefault("HostConfig", {})
+    targets = [(b.split(":")[1] if ":" in b else b) for b in hcfg.get("Binds") or []]
+    targets += [m.get("Target") or "" for m in hcfg.get("Mounts") or []]
+    user = str(cfg.get("User") or "")
+    lost: list[str] = []
+    for (key, var), path in zip(COMPILE_CACHES, compile_cache_paths(cfg).values()):
+        if path and any(t and _under(path, t) for t in targets):
+            continue  # kept on the host by the container's own configuration
+        if user.split(":", 1)[0] not in ("", "root", "0") or not path:
+            lost.append(f"{var} ({path or 'its default folder'})")
+            continue
+        hcfg["Binds"] = [*(hcfg.get("Binds") or []), f"{host_dir.rstrip('/')}/{key}:{path}"]
+    notes = [f"the compile cache is not kept across releases: {', '.join(lost)} is in the container's layer, lost "
+             f"with every container a release, rollback or gate switch recreates, and the server runs as user "
+             f"{user!r}, which could not write a folder Docker creates for it (owned by root); fix: mount a folder "
+             f"that user can write and point both there (e.g. `--volume /srv/vllm-cache:/cache --env "
+             f"VLLM_CACHE_ROOT=/cache/vllm --env TORCHINDUCTOR_CACHE_DIR=/cache/torchinductor`)"] if lost else []
+    return rec, notes
+
+
 def create_request(record: dict[str, Any], *, image: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The Engine API ``POST /containers/create`` body recreating ``record``, and the networks to connect after
     creation (older engines take one network at create time).
@@ -311,13 +387,18 @@ def create_request(record: dict[str, Any], *, image: str | None = None) -> tuple
     return body, nets
 
 
-def record_run_argv(host: HostConfig, record: dict[str, Any]) -> Change:
+def record_run_argv(host: HostConfig, record: dict[str, Any], compile_cache: str | None = None) -> Change:
     """A readable ``docker run`` line for a recreated container (``--dry-run``): name, image and command; the
-    engine gets every other setting of the record from the supervisor, unchanged."""
+    engine gets every other setting of the record from the supervisor, unchanged. ``compile_cache``: the plan's
+    folder, shown as the binds :func:`keep_compile_cache` adds (the container's own cache folders are read on the
+    host)."""
     cfg = record.get("Config") or {}
     ep = list(cfg.get("Entrypoint") or [])
+    cache = [w for key, var in COMPILE_CACHES for w in
+             ("--volume", f"{compile_cache}/{key}:<{var} of the container, unless it keeps its own>")]
     return Change(docker(host, "run", "--detach", "--name", record.get("Name") or "?",
                   "<every other Config/HostConfig setting of the recorded container, unchanged>",
+                  *(cache if compile_cache else []),
                   *(["--entrypoint", ep[0]] if ep else []), cfg.get("Image") or "?", *ep[1:], *(cfg.get("Cmd") or [])))
 
 
@@ -325,7 +406,8 @@ def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:
     """How the inventory's serving flags differ from the live serving container (``config check HOST``).
 
     The inventory's ``image``, ``args``, ``env``, ``volumes``, ``shm_size`` and ``gpus`` apply only where no live
-    container exists (provisioning); releases start from the live container. Returns one line per difference
+    container exists (provisioning); releases start from the live container. The compile cache's binds
+    (:func:`keep_compile_cache`, under :func:`compile_cache_dir`) are eagle3ops' own and not reported. Returns one line per difference
     (values of environment variables are not shown: they may be secrets).
     """
     s, cfg, hcfg = host.serving, inspect.get("Config") or {}, inspect.get("HostConfig") or {}
@@ -342,7 +424,9 @@ def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:
             out.append(f"env {k}: set in the inventory, not in the live container")
         elif live_env[k] != v:
             out.append(f"env {k}: the inventory's value differs from the live one")
-    binds = set(hcfg.get("Binds") or [])
+    # the compile cache's binds are eagle3ops' own (keep_compile_cache), not a setting the inventory should carry
+    cache = compile_cache_dir(host) + "/"
+    binds = {b for b in hcfg.get("Binds") or [] if not b.startswith(cache)}
     for v in s.volumes:
         if v not in binds:
             out.append(f"volume {v!r}: in the inventory, not a bind of the live container")

@@ -177,6 +177,11 @@ class Plan(BaseModel):
     process_dir: str | None = None
     process_pid: int | None = None
     serving_unit: str | None = None
+    #: Kinds ``container`` and ``compose``: the host folder (``<data_dir>/compile-cache``) that keeps serving's
+    #: compile cache across the containers a release, a rollback or a gate's switch recreates
+    #: (:func:`eagle3ops.commands.serving.keep_compile_cache`); None: not kept (another kind, whose server keeps its
+    #: cache on the host's own filesystem, or a plan written before).
+    compile_cache: str | None = None
     #: Kinds ``process`` and ``systemd``: how the restore agent is detached from the driver's SSH session
     #: (:data:`eagle3ops.commands.logind.DETACH_MODES`; ``user-service`` where systemd-logind ends a session's
     #: processes when it closes).

@@ -125,8 +125,10 @@ class DriverKind:
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
                     process_pid: int | None) -> dict[str, Any]:
         """The :class:`~eagle3ops.config.plan.Plan` fields of this kind: the serving container's name (found at
-        preflight, else :func:`eagle3ops.commands.serving.default_name`)."""
-        return {"serving_container": serving_container or sv.default_name(h.serving)}
+        preflight, else :func:`eagle3ops.commands.serving.default_name`) and the host folder that keeps its compile
+        cache across recreated releases (``<data_dir>/compile-cache``)."""
+        return {"serving_container": serving_container or sv.default_name(h.serving),
+                "compile_cache": sv.compile_cache_dir(h)}
 
     def launch(self, r: "Remote", plan: Plan) -> None:
         """Run what must be on the host before the supervisor starts (nothing for a container)."""
@@ -150,13 +152,13 @@ class DriverKind:
                 record = {"Name": plan.serving_container, "Config": {"Image": f"<image of release {which}>",
                                                                       "Cmd": [f"<command of release {which}>"]}}
             cmds.append(dk.rm(h, plan.serving_container, force=True))
-            cmds.append(sv.record_run_argv(h, record))
+            cmds.append(sv.record_run_argv(h, record, plan.compile_cache))
         cmds.append(_gate(plan))
         if plan.kind == "speculate":
             back = {"Name": plan.serving_container, "Config": {"Image": "<image of the release live before>",
                                                                 "Cmd": ["<command of the release live before>"]}}
             return _speculate_preview(plan, cmds, [dk.rm(h, plan.serving_container, force=True),
-                                                   sv.record_run_argv(h, back), _gate(plan)])
+                                                   sv.record_run_argv(h, back, plan.compile_cache), _gate(plan)])
         return cmds
 
     def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,

@@ -446,8 +446,8 @@ def check_fallbacks(r: Remote, pf: Preflight, *, kind: str, to_release: int | No
     ``rollback``) may create (:func:`eagle3ops.config.fallbacks.candidates`: the rollback target, the previously live
     releases a failed gate falls back to) must be creatable on this host: its image present under the recorded id
     (``docker image inspect ID``: the id this host's image store uses; a reference re-tagged to another image does
-    not count, a release never changes image silently) and every bind's host path present. A missing one fails the
-    check naming the release, what it is for, what is missing and the fix. Read-only."""
+    not count, a release never changes image silently) and every bind's host path present (the compile cache's
+    excepted). A missing one fails the check naming the release, its purpose, what is missing and the fix. Read-only."""
     from eagle3ops.config import fallbacks as fb
 
     h = r.host
@@ -467,8 +467,9 @@ def check_fallbacks(r: Remote, pf: Preflight, *, kind: str, to_release: int | No
         if image_id and not r.run(dk.image_id(h, image_id), check=False).ok:
             missing.append(f"image {ref} (id {image_id[:19]}) is not in this host's image store: push it "
                            f"(`eagle3ops push {ref} {h.name}`)")
+        cache = sv.compile_cache_dir(h) + "/"  # keep_compile_cache's folders: the engine creates a missing one
         missing += [f"bind source {p} does not exist on the host: restore it" for p in binds
-                    if not r.run(hc.exists(p), check=False).ok]
+                    if not p.startswith(cache) and not r.run(hc.exists(p), check=False).ok]
         checked.append(n)
         if missing:
             problems.append(f"release {n} ({why}) cannot be created on this host: " + "; ".join(missing))

@@ -44,10 +44,18 @@ class ContainerServing(ServingKind):
         """Create and start the serving container from a record (:func:`eagle3ops.commands.serving.container_record`)
         through the Engine API, every ``Config``/``HostConfig`` field as recorded. The image stays the recorded
         reference while it still resolves to the recorded image id; a re-tagged reference is replaced by the id (a
-        release never changes image silently)."""
+        release never changes image silently). The compile cache the container would keep in its own layer is bound
+        to the plan's ``compile_cache`` folder (:func:`eagle3ops.commands.serving.keep_compile_cache`): every
+        container recreated here (a release, a rollback, a gate's control and speculative releases, a restore)
+        starts from what the last start of the same configuration compiled."""
         import docker.errors
 
         client = self.sup.client
+        if self.plan.compile_cache:
+            record, notes = sv.keep_compile_cache(record, self.plan.compile_cache)
+            for note in notes:
+                if not any(e.get("message") == note for e in self.sup.journal.entries if e["step"] == "compile-cache"):
+                    self.sup.warn("compile-cache", note)
         image = None
         ref, want = record["Config"].get("Image"), record.get("ImageId")
         if want and ref != want:
