@@ -10,7 +10,9 @@ Rule (issue 24, "stated confidence"; pure: figures in, :class:`Decision` out, no
 3. No draft round (speculation not active) or a mean acceptance length below ``acceptance_floor`` → ``rollback``.
 4. The speculative release's median time to first token over the baseline's above ``ttft_ratio_max`` →
    ``rollback`` (speculation that delays the first token is not shipped for throughput).
-5. **Baseline drift**: the baseline's output tokens/s across its passes, as a first-to-last relative change from
+5. **Baseline drift** (``aba``: the change from the baseline's block before the speculative release to its block
+   after, :func:`block_drift`, with the same level and limit; made whenever both blocks ran). ``ab``: the
+   baseline's output tokens/s across its passes, as a first-to-last relative change from
    a least-squares line through the passes' log tokens/s, with its 95 % t interval (n - 2 degrees of freedom;
    :data:`DRIFT_LEVEL`: two-sided, so a drift-free gate is flagged in at most 5 % of gates, 2.5 % each way). A
    drift whose whole interval lies beyond half the margin (the host got confidently faster or slower while the
@@ -20,7 +22,7 @@ Rule (issue 24, "stated confidence"; pure: figures in, :class:`Decision` out, no
    :data:`MIN_DRIFT_PASSES` baseline passes: with three the trend has one degree of freedom, its interval is too wide
    to see real drift and still flags drift-free gates, so at three passes the result says the check was not made.
 6. **Throughput ratio with a 90 % interval** (speculative / baseline output tokens/s at the production
-   concurrency; :func:`ratio_interval`): lower bound at least ``1 + margin`` → ``keep``; upper bound below it →
+   concurrency; :func:`ratio_interval`, over three blocks in the ``aba`` design): lower bound at least ``1 + margin`` → ``keep``; upper bound below it →
    ``rollback``; an interval that straddles it → ``undecided`` (rolled back), the result naming the figure that
    would have decided (the lower bound, against ``1 + margin``), the side the evidence leaned (the point estimate
    above or below ``1 + margin``) and the passes per side that would decide it were the point and the pass spread
@@ -53,6 +55,31 @@ baseline's block of passes and the speculative release's block: the two blocks a
 there moves the ratio and no interval over passes sees it) and the same pass-to-pass spread on both sides (the
 result reports each side's pass CV; with equal passes per side the pooled standard error equals Welch's). Nothing
 is random: the same figures give the same interval.
+
+**The order of the passes** (``design``; :func:`block_passes`, :data:`ABA_DESIGN`, :data:`BLOCK_DESIGN`). The
+passes of a side run in a block between serving restarts, and two things move a whole block: the host's speed
+changing over the gate's minutes (CI logs showed the baseline's three passes drift +5.8 to +7.0 %), and the restart
+itself (the sandbox's A/A, ``benchmarks/gate-aa-smollm2.json``: the restarted release measured slower than the
+long-running one in 9 of 10 runs, median x0.87). The two-block order ``ab`` (the live baseline, restart, the
+speculative release) confounds both with the speed-up. The default ``aba`` order is: restart the baseline, measure
+it (``a`` passes), restart into the speculative release, measure it (``n``), restart back to the baseline, measure
+it again (``a``), and decide on the contrast ``mean(B) - (mean(A) + mean(A')) / 2`` of the blocks' log pass rates.
+A speed drifting linearly in time moves the three blocks by ``-β, 0, +β`` and cancels from the contrast exactly;
+every measured block follows a restart and the same warm-up, so a restarted server's own speed cancels too. This is
+the bracketing used where an instrument drifts (a standard measured before and after each sample), and the
+systematic arrangement balanced against a linear trend of D. R. Cox (1951), "Some systematic experimental
+designs", Biometrika 38(3/4):312-323; that a freshly started process runs at its own level, so that a comparison
+must sample process starts on both sides alike, is the execution-level variation of T. Kalibera & R. Jones (2013),
+"Rigorous benchmarking in reasonable time", ISMM 2013, and of A. Georges, D. Buytaert & L. Eeckhout (2007),
+"Statistically rigorous Java performance evaluation", OOPSLA 2007. Interleaving single passes (A. Abedi & T.
+Brecht (2017), "Conducting repeatable experiments in highly variable cloud computing environments", ICPE 2017)
+would need a restart per pass; ``aba`` needs two more than ``ab`` (3 to reject, serving then already on the
+baseline; 4 to keep). The baseline's ``n`` passes are split between its two blocks, rounded up (``a =
+ceil(n/2)``), so the measured time grows by at most one pass and a warm-up, and the contrast's standard error
+is at most the two-block one's. What ``aba`` still assumes, said in its ``risk``: the shift is linear in time; one
+block alone faster or slower (an independent jolt per block) is neither cancelled nor seen
+(``benchmarks/gate_simulation.py`` shows both). ``ab`` stays for hosts whose restarts are too slow
+(``serving.gate_design: ab``) and for several candidates; its result states the shift it did not measure.
 
 **Power** (:func:`power`): the chance that the interval's lower bound clears ``1 + margin`` when the true ratio is
 x1.30, for ``n`` passes per side at a pass CV ``cv`` (the host's recorded one), computed from the same t interval:

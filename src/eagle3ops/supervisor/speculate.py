@@ -21,6 +21,13 @@ dead supervisor, which resumes from the journal and the attempt folder's files):
 3. **switch** to the speculative release (the kind's ``switch`` with the plan's change, or the chosen candidate's,
    health-gated; a failed gate is rolled back by the kind and decides ``rollback``);
 4. **measure** the speculative release the same way (``speculative.json``);
+4b. with ``design: aba`` (``serving.gate_design``, the default; not with several candidates): the baseline was
+   restarted before step 2 (**restart-baseline**, a never-live copy of the live release; with ``control`` the
+   control release is that restart) and measured with half the passes, rounded up; after step 4 the baseline is
+   restarted again (**rollback** to the release live before, or **control-again**) and measured again
+   (**baseline-after**, ``baseline-after.json``), so that the decision sees every block after a restart and a
+   linear drift cancels (:mod:`eagle3ops.gate.decide`, "The order of the passes"); a kept release is then served
+   again (**keep-switch**, the kind's ``reinstate``), a rejected one needs no further restart;
 5. **decide** (:func:`eagle3ops.gate.decide.decide`, pure); releases that are not like for like
    (:func:`eagle3ops.gate.like.unlike`: another image or vLLM version, other flags) are ``undecided``, with the
    figure that would have decided;
