@@ -78,7 +78,7 @@ def test_a_low_power_gate_is_refused_before_any_restart_and_runs_when_accepted()
     from eagle3ops.speculate import ship
 
     h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
-    h = h.model_copy(update={"serving": h.serving.model_copy(update={"gate_passes": 3})})
+    h = h.model_copy(update={"serving": h.serving.model_copy(update={"gate_passes": 3, "gate_design": "aba"})})
     r = _Remote(h, [])
     out: list[str] = []
     # the three-block design (serving.gate_design's default): 2 + 3 + 2 passes, 74 % at the assumed 10 % CV
