@@ -81,6 +81,10 @@ block alone faster or slower (an independent jolt per block) is neither cancelle
 (``benchmarks/gate_simulation.py`` shows both). ``ab`` stays for hosts whose restarts are too slow
 (``serving.gate_design: ab``) and for several candidates; its result states the shift it did not measure.
 
+Why this module is long: the rule, its interval, the order of the passes the interval is computed over, the drift
+check and the power the plan prints are one argument, each step resting on the one before (the same t, the same
+blocks, the same figures); split, each module would restate the others' assumptions.
+
 **Power** (:func:`power`): the chance that the interval's lower bound clears ``1 + margin`` when the true ratio is
 x1.30, for ``n`` passes per side at a pass CV ``cv`` (the host's recorded one), computed from the same t interval:
 ``P(d - t * s_p * k >= log(1 + margin))`` with ``d ~ N(log 1.30, σ² k²)``, ``s_p² ~ σ² χ²_ν / ν`` independent

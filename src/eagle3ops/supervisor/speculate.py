@@ -337,7 +337,6 @@ class SpeculateRun:
             candidate with its verdict, reason, ratio, interval and acceptance, ``winner``).
         """
         from eagle3ops.gate.decide import candidate_level
-
         from eagle3ops.gate.replay import ReleaseFailed
         from eagle3ops.supervisor.errors import Interrupted
 
