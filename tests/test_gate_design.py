@@ -118,3 +118,19 @@ def test_the_power_is_computed_for_the_design():
     k, df = dec.design_spread(n, "aba")
     sp = iv.se_log / math.sqrt(1 / 3 + 1 / 8 + 1 / 8)
     assert dec.t_quantile(0.95, df) * sp * k < abs(math.log(iv.center / 1.05))
+
+
+def test_the_job_bounds_count_the_three_block_orders_restarts_and_block():
+    from eagle3ops.config.plan import SpeculateJob
+    from eagle3ops.window.watch import watch_limit_s
+
+    base = {"results_dir": "/r", "change": {"args": ["--x"]}, "prompts": ["a"], "levels": [1], "max_tokens": 8,
+            "passes": 3, "margin": 0.05, "acceptance_floor": 1.3}
+    ab, aba = SpeculateJob(**base), SpeculateJob(**base, design="aba")
+    assert ab.design == "ab" and (ab.measurements(), ab.extra_restarts()) == (2, 0)  # a plan without it: ab
+    assert (aba.measurements(), aba.extra_restarts()) == (3, 2)
+    many = SpeculateJob(**base, design="aba", candidates=[{"name": n, "change": {"args": [n]}} for n in ("a", "b")])
+    assert many.extra_restarts() == 0 and many.measurements() == 4  # several candidates: measured ab
+    plan = {"budget_s": 600, "stop_timeout_s": 30}
+    assert watch_limit_s({**plan, "speculate": aba.model_dump()}) > watch_limit_s({**plan, "speculate": ab.model_dump()}
+                                                                                  ) + aba.measure_bound_s()

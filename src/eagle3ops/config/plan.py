@@ -152,8 +152,14 @@ class SpeculateJob(BaseModel):
 
     def measurements(self) -> int:
         """Measured sides of the job: the baseline and the speculative release, plus each candidate's, plus the
-        baseline's second block (``aba``)."""
-        return 2 + len(self.candidates) + (1 if self.design == "aba" else 0)
+        baseline's second block (``aba`` with one speculative release)."""
+        return 2 + len(self.candidates) + self.extra_restarts() // 2
+
+    def extra_restarts(self) -> int:
+        """Serving restarts the ``aba`` order adds to the two-block one's (the baseline restarted before its first
+        block, and the kept release served again after the baseline's second), for the driver's and the restore
+        agent's bounds; 0 for ``ab`` and for several candidates (measured ``ab``)."""
+        return 2 if self.design == "aba" and not self.candidates else 0
 
 
 class Plan(BaseModel):
