@@ -381,7 +381,7 @@ class SpeculateRun:
 
     def _design_figures(self, aba: bool) -> dict[str, Any]:
         """The order the passes ran in, for the result: the design asked for and used, the passes of each block
-        (before, speculative, after), the restarts each block followed, and what the design leaves unmeasured."""
+        (before, speculative, after), what the design cancels and what it leaves unmeasured."""
         from eagle3ops.gate.decide import ABA_DESIGN, BLOCK_DESIGN, block_passes
 
         used = "aba" if aba else "ab"
