@@ -78,12 +78,17 @@ def test_a_low_power_gate_is_refused_before_any_restart_and_runs_when_accepted()
     from eagle3ops.speculate import ship
 
     h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
-    h = h.model_copy(update={"serving": h.serving.model_copy(update={"gate_passes": 3})})
+    h = h.model_copy(update={"serving": h.serving.model_copy(update={"gate_passes": 3, "gate_design": "aba"})})
     r = _Remote(h, [])
     out: list[str] = []
-    with pytest.raises(ship.SpeculateError, match=r"gate power: 70% .* below 80%.*--passes 4.*--accept-low-power"):
+    # the three-block design (serving.gate_design's default): 2 + 3 + 2 passes, 74 % at the assumed 10 % CV
+    with pytest.raises(ship.SpeculateError, match=r"gate power: 74% .*3 passes per side \(aba\).* below 80%.*"
+                                                  r"--passes 4.*--accept-low-power"):
         ship.speculate(r, ship.SpeculateOptions(run="r1", pipeline_image="p:1"), echo=out.append)
-    assert out and "gate power: 70%" in out[0]
+    assert out and "gate power: 74%" in out[0]
+    ab = h.model_copy(update={"serving": h.serving.model_copy(update={"gate_design": "ab"})})
+    with pytest.raises(ship.SpeculateError, match=r"gate power: 70% .*3 passes per side \(ab\).* below 80%"):
+        ship.speculate(_Remote(ab, []), ship.SpeculateOptions(run="r1", pipeline_image="p:1"), echo=[].append)
     assert r.calls and all(isinstance(c, Read) for c in r.calls), r.calls  # reads only: nothing written
     # the same gate with --passes 4 or accepted: past the power check (the stand-in remote then fails the inspect)
     for opts, host in ((ship.SpeculateOptions(run="r1", pipeline_image="p:1", passes=4), h),

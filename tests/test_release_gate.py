@@ -45,8 +45,10 @@ class _Remote:
 @pytest.fixture()
 def gate(monkeypatch):
     """Run ``gated_release`` with the host's job answering ``attempt``; returns (result, windows run, remote)."""
-    def run(attempt: dict | None = None, dry_run: bool = False, **kw):
+    def run(attempt: dict | None = None, dry_run: bool = False, design: str | None = None, **kw):
         r, windows, said = _Remote(dry_run), [], []
+        if design:  # serving.gate_design (the tests' inventory: ab, the sandbox's restarts cost CI time)
+            r.host = r.host.model_copy(update={"serving": r.host.serving.model_copy(update={"gate_design": design})})
 
         def stub_window(r_, **w):
             windows.append(w)
@@ -63,8 +65,9 @@ def gate(monkeypatch):
     return run
 
 
-def test_the_gated_release_is_one_host_job_with_the_not_slower_rule(gate):
-    res, windows, r, said = gate({"verdict": "keep", "reason": "not slower", "live_release": 4})
+@pytest.mark.parametrize("design,keep,back", [("ab", 1, 2), ("aba", 4, 3)])
+def test_the_gated_release_is_one_host_job_with_the_not_slower_rule(gate, design, keep, back):
+    res, windows, r, said = gate({"verdict": "keep", "reason": "not slower", "live_release": 4}, design=design)
     assert res["verdict"] == "keep" and res["window_id"] == "w-gate" and res["restarts_s"] == [12.0]
     assert [w["kind"] for w in windows] == ["speculate"]  # one locked job on the host: no second window
     job = windows[0]["speculate"]
@@ -74,9 +77,14 @@ def test_the_gated_release_is_one_host_job_with_the_not_slower_rule(gate):
     assert job.results_dir == f"{r.host.state_dir}/gates" and job.latest is None
     assert len(job.prompts) == s.gate_prompts and job.levels == list(s.gate_concurrency)
     assert job.passes == s.gate_passes and job.prompt_sets == {"code": list(range(s.gate_prompts))}
-    assert job.figures["restarts"]["restarts_keep"] == 1 and job.figures["restarts"]["restarts_rollback"] == 2
+    assert job.figures["restarts"]["restarts_keep"] == keep and job.figures["restarts"]["restarts_rollback"] == back
+    assert job.design == design and job.figures["restarts"]["design"] == design
     assert ["mkdir", "-p", job.results_dir] in [argv for argv, _ in r.calls]
-    assert any("serving restarts: 1 if kept, 2 if rolled back" in line for line in said)
+    assert any(f"serving restarts: {keep} if kept, {back} if rolled back" in line for line in said)
+    # the order of the passes, printed before the restarts (aba splits the baseline's passes, rounded up)
+    order = next(line for line in said if line.startswith(f"gate design {design}: "))
+    again = f"measure it again x {(s.gate_passes + 1) // 2}"
+    assert (again in order) == (design == "aba") and ("not measured" in order) == (design == "ab"), order
 
 
 def test_a_gate_with_no_change_says_it_is_an_a_a_check(gate):

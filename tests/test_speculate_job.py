@@ -68,6 +68,11 @@ class JobWorld(World):
         return []
 
 
+def stored_design(job: SpeculateJob, sup) -> dict:
+    """The attempt's ``gate_design`` (the order the passes ran in), from its result file."""
+    return json.loads((Path(job.results_dir) / sup.plan.window_id / "result.json").read_text())["gate_design"]
+
+
 def _job(tmp: Path, **kw) -> SpeculateJob:
     results = tmp / "data/runs/r1/speculate/abcdef0123456789"
     results.mkdir(parents=True)
@@ -102,14 +107,19 @@ def job_world(request, tmp_path):
 
 # Per-token times well above a loaded 2-core machine's scheduling jitter (tens of ms), and a clear x3 / x0.5 so the
 # interval is decided either way: this tests the job, not the gate's resolution (tests/test_gate_simulation.py).
-@pytest.mark.parametrize("job_world,verdict", [(["--token-ms", "25", "--spec-speedup", "3"], "keep"),
-                                               (["--token-ms", "25", "--spec-speedup", "0.5"], "rollback")],
-                         indirect=["job_world"], ids=["keep", "rollback"])
-def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, tmp_path, capfd):
+@pytest.mark.parametrize("job_world,verdict,design",
+                         [(["--token-ms", "25", "--spec-speedup", "3"], "keep", "aba"),
+                          (["--token-ms", "25", "--spec-speedup", "0.5"], "rollback", "aba")],
+                         indirect=["job_world"], ids=["keep-aba", "rollback-aba"])
+def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, design, tmp_path, capfd):
     """record → baseline → switch → measure → decide → keep or switch back, journaled; the attempt folder, the
     latest copy, the window's result (restart times) and the audit line (verdict and figures) all written; the lock
-    released; serving on the decided release; the keyed server measured with its key."""
-    job = _job(tmp_path)
+    released; serving on the decided release; the keyed server measured with its key. In the three-block order
+    (the two-block one runs in the sandbox's gate tests, whose inventory sets it) ``aba``: the baseline
+    restarted and measured (2 passes), the speculative release measured (3), the baseline returned to and measured
+    again (2), decided on the three blocks; a rejection stays on the baseline (3 restarts), a keep switches to the
+    speculative release again (4)."""
+    job = _job(tmp_path, design=design)
     sup = job_world.supervisor("speculate", speculate=job, change=job.change)
     # an older window's release of another process is the state dir's current one (as on the sandbox, where each
     # kill test serves its own server): the baseline's identity must be the process this window recorded
@@ -129,14 +139,30 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     assert attempt["verdict"] == verdict, attempt["reason"]
     assert res["outcome"] == "ok" and res["serving_healthy"] is True and not lock.exists()
     steps = [s for s, e in job_world.steps() if e == "ok"]
-    assert steps[:4] == ["record", "baseline", "health", "switch"] or steps[:3] == ["record", "baseline", "stop"]
-    assert "measure" in steps and "decide" in steps
-    assert ("keep" in steps) == (verdict == "keep") and ("rollback" in steps) == (verdict != "keep")
+    assert "measure" in steps and "decide" in steps and ("keep" in steps) == (verdict == "keep")
+    if design == "ab":
+        assert steps[:4] == ["record", "baseline", "health", "switch"] or steps[:3] == ["record", "baseline", "stop"]
+        assert ("rollback" in steps) == (verdict != "keep")
+    else:  # the pass order: each block after its own restart, the decision on all three
+        order = ["record", "restart-baseline", "baseline", "switch", "measure", "rollback", "baseline-after",
+                 "decide"] + (["keep-switch", "keep"] if verdict == "keep" else [])
+        assert [x for x in steps if x in order] == order, steps
+        assert stored_design(job, sup)["used"] == "aba"
     folder = Path(job.results_dir) / sup.plan.window_id
     stored = json.loads((folder / "result.json").read_text())
     assert stored["verdict"] == verdict and stored["head_sha256"] == job.head_sha256 and stored["interval"]
     assert json.loads(Path(job.latest).read_text())["attempt_dir"] == str(folder)
-    assert len(json.loads((folder / "baseline.json").read_text())["levels"]["1"]) == 3
+    before = len(json.loads((folder / "baseline.json").read_text())["levels"]["1"])
+    if design == "ab":
+        assert before == 3 and not (folder / "baseline-after.json").exists()
+        assert stored["design"]["design"] == "ab" and stored["design"]["block_shift_measured"] is False
+    else:
+        assert before == 2 and len(json.loads((folder / "baseline-after.json").read_text())["levels"]["1"]) == 2
+        assert stored["design"]["design"] == "aba" and stored["passes"] == {"baseline": 4, "speculative": 3,
+                                                                            "baseline_after": 2}
+        assert stored["drift"]["kind"] == "blocks" and stored["drift"]["made"] is True
+        assert stored["interval"]["design"] == "aba" and stored["interval"]["df"] == 4
+        assert "baseline_after" in stored["levels"]["1"]
     assert stored["spec_decode"]["mean_acceptance_length"] == pytest.approx(2.0, abs=0.05)
     # like for like: what each measured release ran, the API key on its command line redacted
     rel = stored["measured_releases"]
@@ -148,7 +174,11 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     assert argv and ("--speculative-config" in argv) == (verdict == "keep")
     assert stored["live_release"] == (stored["speculative_release"] if verdict == "keep"
                                       else stored["baseline_release"])
-    assert len(res["restarts_s"]) == (1 if verdict == "keep" else 2) and all(s > 0 for s in res["restarts_s"])
+    restarts = {("ab", "keep"): 1, ("ab", "rollback"): 2, ("aba", "keep"): 4, ("aba", "rollback"): 3}
+    assert len(res["restarts_s"]) == restarts[design, verdict if verdict == "keep" else "rollback"], res["restarts_s"]
+    assert all(s > 0 for s in res["restarts_s"])
+    from eagle3ops.speculate.restarts import restarts_for  # the plan's count is the one the job made
+    assert restarts_for(design)[0 if verdict == "keep" else 1] == len(res["restarts_s"])
     # a plain rollback afterwards: after a keep, the release live before it; after a rollback (or undecided), the
     # release production kept before the recorded one: the speculative release, measured only, is passed over
     target, why = old.rollback_target(old.current())
@@ -462,7 +492,7 @@ def test_a_candidate_that_fails_its_gate_does_not_stop_the_return_to_the_live_re
 
     monkeypatch.setattr(Supervisor, "gate", fake_gate)
     speeds = {"vllm:1": 50.0, "cand-b:1": 30.0}
-    monkeypatch.setattr(supspec, "measure_serving", lambda sup, job: _fake_answer(
+    monkeypatch.setattr(supspec, "measure_serving", lambda sup, job, passes=None: _fake_answer(
         speeds[sup.client.serving.spec["image"]], 5.0))
     cands = [{"name": "a", "change": {"image": "cand-a:1", "args": ["--speculative-config", "{}"]}},
              {"name": "b", "change": {"image": "cand-b:1", "args": ["--speculative-config", "{}"]}}]

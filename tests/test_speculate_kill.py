@@ -6,7 +6,9 @@ time: the lock released, the attempt's result and the audit line complete, servi
 On the sandbox, with serving of kind ``process`` running the STAND-IN OpenAI server
 (``tests/data/standin_openai_server.py``, NOT vLLM: it starts in a second and simulates speculation, a speculative
 release streaming ``--spec-speedup`` times faster with spec-decode counters on ``/metrics``), so each kill costs
-seconds, not a vLLM start. The driver is the real CLI (``python -m eagle3ops speculate``) in a subprocess; the
+seconds, not a vLLM start. The jobs run the default order of passes (``serving.gate_design: aba``): the baseline
+restarted and measured, the speculative release measured, the baseline restarted and measured again, so a kept
+release makes 4 restarts and a rejected one 3. The driver is the real CLI (``python -m eagle3ops speculate``) in a subprocess; the
 supervisor, the restore agent, the measurement and the decision are the real ones. The one CI test of the job on
 real vLLM is ``tests/test_speculate_ship.py``'s sandbox test.
 """
@@ -204,6 +206,8 @@ def test_a_driver_killed_during_the_job_leaves_the_host_to_finish(point, kill_ho
     attempt = res["speculate"]
     assert res["outcome"] == "ok" and res["serving_healthy"] is True, res
     assert attempt["verdict"] == verdict or (verdict == "rollback" and attempt["verdict"] == "undecided"), attempt
+    assert attempt["gate_design"]["used"] == "aba" and attempt["passes"]["baseline_after"] == 2, attempt
+    assert len(res["restarts_s"]) == (4 if attempt["verdict"] == "keep" else 3), res["restarts_s"]
     assert not (state / "lock").exists(), "the supervisor released the lock"
     stored = json.loads((Path(attempt["attempt_dir"]) / "result.json").read_text())
     assert stored["verdict"] == attempt["verdict"] and stored["levels"]["1"]["speculative"]

@@ -182,6 +182,17 @@ class ServingConfig(StrictModel):
                              "a release truly x1.30 faster) for this many passes at the host's recorded pass CV and "
                              "refuses below 80 % unless gate_accept_low_power.",
     )
+    gate_design: Literal["aba", "ab"] = Field(
+        "aba", description="Order of the gate's passes. `aba`: the baseline restarted and measured, the speculative "
+                           "release measured, the baseline restarted and measured again (its passes split between "
+                           "the two blocks, rounded up), so that a drift of the host's speed linear in time and a "
+                           "restarted server's own speed cancel; a rejected release then already serves the "
+                           "baseline, a kept one costs one more restart (3 restarts to reject, 4 to keep; with "
+                           "--control 4 either way). `ab`: the live baseline, then the speculative release (1 restart "
+                           "to keep, 2 to reject): for a host whose restarts are too slow for two more; the result "
+                           "then says the shift between the blocks was not measured. Several candidates (--method / "
+                           "--k) are measured `ab`.",
+    )
     gate_accept_low_power: bool = Field(
         False, description="Let `speculate` measure when the gate's planned power at x1.30 is below 80 % (else it "
                            "refuses before any restart, naming the passes needed; `--accept-low-power` does the same "

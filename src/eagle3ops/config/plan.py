@@ -136,6 +136,12 @@ class SpeculateJob(BaseModel):
     #: is switched to again as the speculative release and measured afresh (the confirmation), which decides at
     #: the usual level; ``change`` is then the winner's.
     candidates: list[Candidate] = Field(default_factory=list)
+    #: The order of the passes (:func:`eagle3ops.gate.decide.block_passes`): ``aba`` (the baseline restarted and
+    #: measured, the speculative release measured, the baseline restarted and measured again: a linear drift and a
+    #: restarted server's own speed cancel) or ``ab`` (the live baseline, then the speculative release: the result
+    #: states the unmeasured block shift). The driver chooses it (``serving.gate_design``); a plan without it is
+    #: ``ab``, the order every earlier plan ran.
+    design: Literal["aba", "ab"] = "ab"
     figures: dict[str, Any] = Field(default_factory=dict)
 
     def measure_bound_s(self) -> float:
@@ -145,8 +151,15 @@ class SpeculateJob(BaseModel):
         return rounds * len(self.levels) * (self.request_timeout_s + self.idle_timeout_s + 30.0)
 
     def measurements(self) -> int:
-        """Measured sides of the job: the baseline and the speculative release, plus each candidate's."""
-        return 2 + len(self.candidates)
+        """Measured sides of the job: the baseline and the speculative release, plus each candidate's, plus the
+        baseline's second block (``aba`` with one speculative release)."""
+        return 2 + len(self.candidates) + self.extra_restarts() // 2
+
+    def extra_restarts(self) -> int:
+        """Serving restarts the ``aba`` order adds to the two-block one's (the baseline restarted before its first
+        block, and the kept release served again after the baseline's second), for the driver's and the restore
+        agent's bounds; 0 for ``ab`` and for several candidates (measured ``ab``)."""
+        return 2 if self.design == "aba" and not self.candidates else 0
 
 
 class Plan(BaseModel):

@@ -10,7 +10,9 @@ Rule ("stated confidence"; pure: figures in, :class:`Decision` out, nothing read
 3. No draft round (speculation not active) or a mean acceptance length below ``acceptance_floor`` → ``rollback``.
 4. The speculative release's median time to first token over the baseline's above ``ttft_ratio_max`` →
    ``rollback`` (speculation that delays the first token is not shipped for throughput).
-5. **Baseline drift**: the baseline's output tokens/s across its passes, as a first-to-last relative change from
+5. **Baseline drift** (``aba``: the change from the baseline's block before the speculative release to its block
+   after, :func:`block_drift`, with the same level and limit; made whenever both blocks ran). ``ab``: the
+   baseline's output tokens/s across its passes, as a first-to-last relative change from
    a least-squares line through the passes' log tokens/s, with its 95 % t interval (n - 2 degrees of freedom;
    :data:`DRIFT_LEVEL`: two-sided, so a drift-free gate is flagged in at most 5 % of gates, 2.5 % each way). A
    drift whose whole interval lies beyond half the margin (the host got confidently faster or slower while the
@@ -20,7 +22,7 @@ Rule ("stated confidence"; pure: figures in, :class:`Decision` out, nothing read
    :data:`MIN_DRIFT_PASSES` baseline passes: with three the trend has one degree of freedom, its interval is too wide
    to see real drift and still flags drift-free gates, so at three passes the result says the check was not made.
 6. **Throughput ratio with a 90 % interval** (speculative / baseline output tokens/s at the production
-   concurrency; :func:`ratio_interval`): lower bound at least ``1 + margin`` → ``keep``; upper bound below it →
+   concurrency; :func:`ratio_interval`, over three blocks in the ``aba`` design): lower bound at least ``1 + margin`` → ``keep``; upper bound below it →
    ``rollback``; an interval that straddles it → ``undecided`` (rolled back), the result naming the figure that
    would have decided (the lower bound, against ``1 + margin``), the side the evidence leaned (the point estimate
    above or below ``1 + margin``) and the passes per side that would decide it were the point and the pass spread
@@ -54,6 +56,35 @@ there moves the ratio and no interval over passes sees it) and the same pass-to-
 result reports each side's pass CV; with equal passes per side the pooled standard error equals Welch's). Nothing
 is random: the same figures give the same interval.
 
+**The order of the passes** (``design``; :func:`block_passes`, :data:`ABA_DESIGN`, :data:`BLOCK_DESIGN`). The
+passes of a side run in a block between serving restarts, and two things move a whole block: the host's speed
+changing over the gate's minutes (CI logs showed the baseline's three passes drift +5.8 to +7.0 %), and the restart
+itself (the sandbox's A/A, ``benchmarks/gate-aa-smollm2.json``: the restarted release measured slower than the
+long-running one in 9 of 10 runs, median x0.87). The two-block order ``ab`` (the live baseline, restart, the
+speculative release) confounds both with the speed-up. The default ``aba`` order is: restart the baseline, measure
+it (``a`` passes), restart into the speculative release, measure it (``n``), restart back to the baseline, measure
+it again (``a``), and decide on the contrast ``mean(B) - (mean(A) + mean(A')) / 2`` of the blocks' log pass rates.
+A speed drifting linearly in time moves the three blocks by ``-β, 0, +β`` and cancels from the contrast exactly;
+every measured block follows a restart and the same warm-up, so a restarted server's own speed cancels too. This is
+the bracketing used where an instrument drifts (a standard measured before and after each sample), and the
+systematic arrangement balanced against a linear trend of D. R. Cox (1951), "Some systematic experimental
+designs", Biometrika 38(3/4):312-323; that a freshly started process runs at its own level, so that a comparison
+must sample process starts on both sides alike, is the execution-level variation of T. Kalibera & R. Jones (2013),
+"Rigorous benchmarking in reasonable time", ISMM 2013, and of A. Georges, D. Buytaert & L. Eeckhout (2007),
+"Statistically rigorous Java performance evaluation", OOPSLA 2007. Interleaving single passes (A. Abedi & T.
+Brecht (2017), "Conducting repeatable experiments in highly variable cloud computing environments", ICPE 2017)
+would need a restart per pass; ``aba`` needs two more than ``ab`` (3 to reject, serving then already on the
+baseline; 4 to keep). The baseline's ``n`` passes are split between its two blocks, rounded up (``a =
+ceil(n/2)``), so the measured time grows by at most one pass and a warm-up, and the contrast's standard error
+is at most the two-block one's. What ``aba`` still assumes, said in its ``risk``: the shift is linear in time; one
+block alone faster or slower (an independent jolt per block) is neither cancelled nor seen
+(``benchmarks/gate_simulation.py`` shows both). ``ab`` stays for hosts whose restarts are too slow
+(``serving.gate_design: ab``) and for several candidates; its result states the shift it did not measure.
+
+Why this module is long: the rule, its interval, the order of the passes the interval is computed over, the drift
+check and the power the plan prints are one argument, each step resting on the one before (the same t, the same
+blocks, the same figures); split, each module would restate the others' assumptions.
+
 **Power** (:func:`power`): the chance that the interval's lower bound clears ``1 + margin`` when the true ratio is
 x1.30, for ``n`` passes per side at a pass CV ``cv`` (the host's recorded one), computed from the same t interval:
 ``P(d - t * s_p * k >= log(1 + margin))`` with ``d ~ N(log 1.30, σ² k²)``, ``s_p² ~ σ² χ²_ν / ν`` independent
@@ -75,8 +106,9 @@ import numpy as np
 from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.gate.replay import LevelResult
 
-__all__ = ["DRIFT_LEVEL", "LEVEL", "MIN_DRIFT_PASSES", "MIN_PASSES", "POWER_RATIO", "POWER_TARGET",
-           "DEFAULT_PASS_CV", "Decision", "Drift", "RatioInterval", "baseline_drift", "candidate_level", "decide", "pass_cv", "passes_for_power",
+__all__ = ["ABA_DESIGN", "BLOCK_DESIGN", "DESIGNS", "DRIFT_LEVEL", "LEVEL", "MIN_DRIFT_PASSES", "MIN_PASSES",
+           "POWER_RATIO", "POWER_TARGET", "DEFAULT_PASS_CV", "Decision", "Drift", "RatioInterval", "baseline_drift",
+           "block_drift", "block_passes", "candidate_level", "decide", "design_spread", "pass_cv", "passes_for_power",
            "passes_to_decide", "pass_table", "pooled", "power", "ratio_interval", "set_tables", "subset_pass",
            "t_quantile"]
 
@@ -94,18 +126,67 @@ DRIFT_LEVEL = 0.95
 POWER_RATIO, POWER_TARGET = 1.30, 0.80
 #: Pass CV (coefficient of variation of a pass's output tokens/s) assumed where a host has recorded no gate.
 DEFAULT_PASS_CV = 0.10
-#: The passes' design, as the result states it: the gate measures the baseline's passes in one block and the
-#: speculative release's in another, a serving restart between them, so a shift of the host's speed between the
-#: blocks is not measured (no interval over passes can see it); the result says so rather than claim it.
-BLOCK_DESIGN = {"design": "two blocks: baseline x n, restart, speculative x n", "block_shift_measured": False,
-                "risk": "a change of the host's speed between the two blocks moves the ratio and is not seen by the "
-                        "interval; under a 3 % (sd) shift between blocks the lower bound exceeds the true ratio in "
-                        "far more than 5 % of simulated gates (benchmarks/gate-simulation.json, scenario "
-                        "'block shift sd 3% (cv 3%)')"}
+#: Designs of the passes (:func:`block_passes`): ``ab``, the baseline's passes in one block and the speculative
+#: release's in another, a serving restart between them; ``aba``, the baseline measured in a block before and a block
+#: after the speculative release's (see :func:`ratio_interval`).
+DESIGNS = ("aba", "ab")
+#: The two-block design, as the result states it: a shift of the host's speed between the blocks, or a restarted
+#: server's own speed, is not measured (no interval over passes can see it); the result says so rather than claim it.
+BLOCK_DESIGN = {"design": "ab", "order": "baseline x n, restart, speculative x n", "block_shift_measured": False,
+                "restart_effect_cancelled": False,
+                "risk": "a change of the host's speed between the two blocks, or a restarted server serving at "
+                        "another speed than the long-running one, moves the ratio and is not seen by the interval; "
+                        "under a 3 % (sd) shift between blocks the lower bound exceeds the true ratio in 10-16 % of "
+                        "simulated gates against 5 % nominal (benchmarks/gate-simulation.json, design 'ab', scenario "
+                        "'block shift sd 3% (cv 3%)'); the sandbox's A/A measured the restarted release slower than "
+                        "the long-running one in 9 of 10 runs (benchmarks/gate-aa-smollm2.json)"}
+#: The three-block design, as the result states it (what it cancels and what it still assumes).
+ABA_DESIGN = {"design": "aba",
+              "order": "restart, baseline x a, restart, speculative x n, restart, baseline x a",
+              "block_shift_measured": True, "restart_effect_cancelled": True,
+              "cancels": "a drift of the host's speed linear in time across the three blocks, and a restarted "
+                         "server's own speed (every measured block follows a restart and the same warm-up)",
+              "risk": "a shift that is not linear in time (one block alone faster or slower) is not cancelled and "
+                      "not seen by the interval: under an independent 3 % (sd) shift of each block the lower bound "
+                      "exceeds the true ratio in 14-19 % of simulated gates (benchmarks/gate-simulation.json, design "
+                      "'aba', scenario 'independent block shifts sd 3% (cv 3%)'); the drift check compares the "
+                      "baseline's two blocks and leaves a gate undecided when they differ beyond half the margin"}
 #: The interval's method, as the result names it (with what it assumes).
 METHOD = ("Student two-sample t on log pass tokens/s (pooled variance, n_b + n_s - 2 df); assumes independent "
           "passes of equal spread on both sides, no shift between the baseline's and the speculative release's "
           "blocks of passes")
+#: The three-block interval's method.
+ABA_METHOD = ("Student t on the contrast mean(speculative) - (mean(baseline before) + mean(baseline after)) / 2 of "
+              "log pass tokens/s (within-block pooled variance, passes - 3 df); assumes independent passes of equal "
+              "spread within blocks and a speed change linear in time across the blocks")
+
+
+def block_passes(passes: int, design: str) -> tuple[int, int, int]:
+    """``(before, speculative, after)``: the passes each block of a gate runs for ``passes`` per side.
+
+    ``ab``: ``(passes, passes, 0)``. ``aba``: the baseline's passes split between the blocks before and after,
+    rounded up (``ceil(passes / 2)`` each): the contrast's variance ``σ² (1/n + 1/(4a) + 1/(4a))`` is then at most
+    the two-block design's ``2σ²/n`` for the same ``n`` (equal for even ``n``; 3 passes: 2 + 3 + 2).
+
+    Raises:
+        ValueError: an unknown design or fewer than one pass.
+    """
+    if design not in DESIGNS or passes < 1:
+        raise ValueError(f"gate design {design!r} with {passes} passes: the design is one of {', '.join(DESIGNS)} "
+                         "and passes at least 1")
+    if design == "ab":
+        return passes, passes, 0
+    a = (passes + 1) // 2
+    return a, passes, a
+
+
+def design_spread(passes: int, design: str) -> tuple[float, int]:
+    """``(k, df)`` of a gate of ``passes`` per side in ``design``: the log ratio's standard error is ``σ k`` (``σ``
+    the pass noise's log sd) and its t has ``df`` degrees of freedom (:func:`ratio_interval`)."""
+    before, n, after = block_passes(passes, design)
+    if design == "ab":
+        return math.sqrt(1 / before + 1 / n), before + n - 2
+    return math.sqrt(1 / n + 1 / (4 * before) + 1 / (4 * after)), before + n + after - 3
 
 
 def _t_cdf(t: float, df: int) -> float:
@@ -157,7 +238,8 @@ class RatioInterval:
     pass rates); ``df``: its degrees of freedom; ``se_log``: its standard error on the log scale;
     ``pass_cv_baseline``/``pass_cv_speculative``: each side's pass-to-pass coefficient of variation
     (``sqrt(exp(s²) - 1)`` of its log pass rates); ``baseline_passes``/``speculative_passes``/``prompts``: the
-    table's shape; ``method``: :data:`METHOD`."""
+    table's shape; ``method``: :data:`METHOD` (``aba``: :data:`ABA_METHOD`); ``after_passes``/``design``: the
+    design's (:func:`block_passes`)."""
 
     point: float
     low: float
@@ -172,6 +254,10 @@ class RatioInterval:
     speculative_passes: int
     prompts: int
     method: str = METHOD
+    #: Passes of the baseline's block after the speculative release's (``aba``; 0: ``ab``); ``baseline_passes``
+    #: counts both baseline blocks.
+    after_passes: int = 0
+    design: str = "ab"
 
     def figures(self) -> dict[str, object]:
         """JSON-ready dict (ratios rounded to 4 places, the standard error and CVs to 5)."""
@@ -200,6 +286,9 @@ class Drift:
     limit: float
     passes: tuple[float, ...]
     made: bool = True
+    #: ``trend`` (a line through one block's passes) or ``blocks`` (the baseline's block after the speculative
+    #: release's against its block before: :func:`block_drift`).
+    kind: str = "trend"
 
     @property
     def exceeded(self) -> bool:
@@ -212,7 +301,11 @@ class Drift:
         r = (lambda x: round(x, 4) if math.isfinite(x) else None)
         out: dict[str, object] = {
             "change": r(self.change), "low": r(self.low), "high": r(self.high), "limit": round(self.limit, 4),
-            "exceeded": self.exceeded, "made": self.made, "passes_tokens_per_s": [round(x, 3) for x in self.passes]}
+            "exceeded": self.exceeded, "made": self.made, "passes_tokens_per_s": [round(x, 3) for x in self.passes],
+            "kind": self.kind}
+        if self.kind == "blocks":
+            out["compares"] = ("the baseline's passes after the speculative release's against its passes before "
+                               "(the change between the two baseline blocks, both restarted the same way)")
         if not self.made:
             out["not_made"] = (f"{len(self.passes)} baseline passes: the drift check needs {MIN_DRIFT_PASSES} (a "
                                f"trend through {len(self.passes)} passes has {max(len(self.passes) - 2, 0)} degree(s) "
@@ -283,37 +376,63 @@ def pass_cv(log_rates: Sequence[float]) -> float:
 
 
 def ratio_interval(baseline: Sequence[LevelResult], speculative: Sequence[LevelResult], *,
-                   level: float = LEVEL) -> RatioInterval:
+                   level: float = LEVEL, after: Sequence[LevelResult] | None = None) -> RatioInterval:
     """The throughput ratio speculative / baseline and its ``level`` t interval (the module doc's interval).
 
-    Shapes: every pass of both sides carries the same number of prompts (one fixed order: checked, the ratio is
-    only like for like then); per side at least two passes (``n_b + n_s - 2 >= 1`` degrees of freedom and a spread
-    on each side). Cost: O(passes x prompts).
+    ``after``: the baseline's passes measured after the speculative release's (the ``aba`` design); then the log
+    ratio is the contrast ``mean(y) - (mean(x_before) + mean(x_after)) / 2`` of the three blocks' log pass rates,
+    its standard error ``s_p * sqrt(1/n_s + 1/(4 n_before) + 1/(4 n_after))`` with ``s_p²`` the variance pooled
+    within the three blocks (``n_before + n_s + n_after - 3`` degrees of freedom): the t interval of a linear
+    contrast of group means (NIST/SEMATECH e-Handbook of Statistical Methods, §7.4.7.4, "Contrasts"; equal weights
+    on the blocks before and after, so a speed change linear in time, which moves the blocks by ``-β, 0, +β``,
+    cancels exactly). ``point`` is the pass-pooled speculative tokens/s over the pass-pooled tokens/s of both
+    baseline blocks.
+
+    Shapes: every pass of every block carries the same number of prompts (one fixed order: checked, the ratio is
+    only like for like then); ``ab``: per side at least two passes; ``aba``: at least one pass a block and one degree
+    of freedom. Cost: O(passes x prompts).
 
     Raises:
-        ValueError: per-prompt figures missing or mismatched (:func:`pass_table`), the two sides' prompt counts
-            differ, fewer than two passes on a side, or a pass with no tokens or no time.
+        ValueError: per-prompt figures missing or mismatched (:func:`pass_table`), the sides' prompt counts
+            differ, too few passes, or a pass with no tokens or no time.
     """
+    after = list(after or [])
     bt, _ = pass_table(baseline)
     st, _ = pass_table(speculative)
-    if bt.shape[1] != st.shape[1]:
-        raise ValueError(f"baseline passes carry {bt.shape[1]} prompts, speculative {st.shape[1]}: the same "
-                         "prompts must be sent to both sides")
-    nb, ns = len(baseline), len(speculative)
-    if min(nb, ns) < 2:
+    counts = {bt.shape[1], st.shape[1]} | ({pass_table(after)[0].shape[1]} if after else set())
+    if len(counts) != 1:
+        raise ValueError(f"baseline passes carry {bt.shape[1]} prompts, speculative {st.shape[1]}"
+                         + (f", baseline after {pass_table(after)[0].shape[1]}" if after else "")
+                         + ": the same prompts must be sent to every block")
+    nb, ns, na = len(baseline), len(speculative), len(after)
+    if not after and min(nb, ns) < 2:
         raise ValueError(f"the t interval needs at least two passes per side (baseline {nb}, speculative {ns})")
-    if any(p.wall_s <= 0 or p.output_tokens <= 0 for p in (*baseline, *speculative)):
+    if after and (min(nb, ns, na) < 1 or nb + ns + na - 3 < 1):
+        raise ValueError(f"the three-block t interval needs a pass in each block and one degree of freedom "
+                         f"(baseline before {nb}, speculative {ns}, baseline after {na})")
+    if any(p.wall_s <= 0 or p.output_tokens <= 0 for p in (*baseline, *speculative, *after)):
         raise ValueError("a pass has no output tokens or no wall time: no rate to compare")
     x, y = _log_rates(baseline), _log_rates(speculative)
-    df = nb + ns - 2
-    sp2 = (float(x.var(ddof=1)) * (nb - 1) + float(y.var(ddof=1)) * (ns - 1)) / df
-    se = math.sqrt(sp2 * (1 / nb + 1 / ns))
-    d = float(y.mean() - x.mean())
+    ss = lambda v: float(((v - v.mean()) ** 2).sum())  # noqa: E731
+    if after:
+        xa = _log_rates(after)
+        df = nb + ns + na - 3
+        sp2 = (ss(x) + ss(y) + ss(xa)) / df
+        se = math.sqrt(sp2 * (1 / ns + 1 / (4 * nb) + 1 / (4 * na)))
+        d = float(y.mean() - (x.mean() + xa.mean()) / 2)
+        cv_b = math.sqrt(math.expm1((ss(x) + ss(xa)) / (nb + na - 2))) if nb + na > 2 else 0.0
+    else:
+        df = nb + ns - 2
+        sp2 = (ss(x) + ss(y)) / df
+        se = math.sqrt(sp2 * (1 / nb + 1 / ns))
+        d = float(y.mean() - x.mean())
+        cv_b = pass_cv(x)
     half = t_quantile((1 + level) / 2, df) * se
-    b = pooled(baseline)
+    b = pooled([*baseline, *after])
     point = pooled(speculative) / b if b else 0.0
     return RatioInterval(float(point), math.exp(d - half), math.exp(d + half), level, math.exp(d), df, se,
-                         pass_cv(x), pass_cv(y), nb, ns, int(bt.shape[1]))
+                         cv_b, pass_cv(y), nb + na, ns, int(bt.shape[1]),
+                         ABA_METHOD if after else METHOD, na, "aba" if after else "ab")
 
 
 def _phi(z: float) -> float:
@@ -321,10 +440,12 @@ def _phi(z: float) -> float:
 
 
 def power(passes: int, cv: float, margin: float, *, true_ratio: float = POWER_RATIO, level: float = LEVEL,
-          speculative_passes: int | None = None) -> float:
+          speculative_passes: int | None = None, design: str = "ab") -> float:
     """Chance that the gate keeps a release whose true speed-up is ``true_ratio``: that the ``level`` interval's
     lower bound (:func:`ratio_interval`) reaches ``1 + margin``, with ``passes`` baseline passes
-    (``speculative_passes``, default the same, on the other side) at pass CV ``cv`` (a fraction: 0.10 = 10 %).
+    (``speculative_passes``, default the same, on the other side) at pass CV ``cv`` (a fraction: 0.10 = 10 %);
+    ``design`` ``aba``: ``passes`` per side split as :func:`block_passes` does, the standard error and degrees of
+    freedom of :func:`design_spread`.
     The module doc's integral, over ``χ²_ν`` on 4,000 points (accurate to about 1e-4). ``cv`` 0: 1.0 when the
     ratio clears the bar, else 0.0.
 
@@ -338,8 +459,11 @@ def power(passes: int, cv: float, margin: float, *, true_ratio: float = POWER_RA
     gap = math.log(true_ratio) - math.log1p(margin)
     if cv == 0:
         return 1.0 if gap > 0 else 0.0
-    nu = passes + ns - 2
-    sd = math.sqrt(math.log1p(cv * cv)) * math.sqrt(1 / passes + 1 / ns)  # sd of the log-ratio estimate
+    if design == "ab":
+        nu, k = passes + ns - 2, math.sqrt(1 / passes + 1 / ns)
+    else:
+        k, nu = design_spread(passes, design)
+    sd = math.sqrt(math.log1p(cv * cv)) * k  # sd of the log-ratio estimate
     t = t_quantile((1 + level) / 2, nu)
     top = nu + 12.0 * math.sqrt(2.0 * nu) + 40.0  # χ²_ν's mass beyond is below 1e-8
     m = 4000
@@ -354,11 +478,11 @@ def power(passes: int, cv: float, margin: float, *, true_ratio: float = POWER_RA
 
 
 def passes_for_power(cv: float, margin: float, *, target: float = POWER_TARGET, true_ratio: float = POWER_RATIO,
-                     level: float = LEVEL, most: int = 50) -> int | None:
+                     level: float = LEVEL, most: int = 50, design: str = "ab") -> int | None:
     """The fewest passes per side (at least :data:`MIN_PASSES`) whose :func:`power` reaches ``target``; None when
     even ``most`` do not (a margin at or above the speed-up, or a host too noisy for a gate)."""
     for n in range(MIN_PASSES, most + 1):
-        if power(n, cv, margin, true_ratio=true_ratio, level=level) >= target:
+        if power(n, cv, margin, true_ratio=true_ratio, level=level, design=design) >= target:
             return n
     return None
 
@@ -369,9 +493,14 @@ def passes_to_decide(iv: RatioInterval, need: float, *, most: int = 50) -> int |
     the upper bound below it when below); None when ``most`` would not do (the centre within a hair of ``need``).
     A planning figure, not a promise: the next gate measures a new centre and spread."""
     gap = abs(math.log(iv.center) - math.log(need))
-    sp = iv.se_log / math.sqrt(1 / iv.baseline_passes + 1 / iv.speculative_passes)
-    for n in range(max(iv.baseline_passes, iv.speculative_passes, MIN_PASSES), most + 1):
-        if t_quantile((1 + iv.level) / 2, 2 * n - 2) * sp * math.sqrt(2 / n) < gap:
+    if iv.design == "aba":
+        before = iv.baseline_passes - iv.after_passes
+        sp = iv.se_log / math.sqrt(1 / iv.speculative_passes + 1 / (4 * before) + 1 / (4 * iv.after_passes))
+    else:
+        sp = iv.se_log / math.sqrt(1 / iv.baseline_passes + 1 / iv.speculative_passes)
+    for n in range(max(iv.speculative_passes, MIN_PASSES), most + 1):
+        k, df = design_spread(n, iv.design)
+        if t_quantile((1 + iv.level) / 2, df) * sp * k < gap:
             return n
     return None
 
@@ -402,6 +531,31 @@ def baseline_drift(passes: Sequence[LevelResult], margin: float) -> Drift:
                  limit, tuple(rates), n >= MIN_DRIFT_PASSES)
 
 
+def block_drift(before: Sequence[LevelResult], after: Sequence[LevelResult], speculative: Sequence[LevelResult],
+                margin: float) -> Drift:
+    """The baseline's change from its block before the speculative release to its block after (the ``aba``
+    design), and its :data:`DRIFT_LEVEL` t interval; see :class:`Drift` (``kind`` ``blocks``).
+
+    ``change = exp(mean(log after) - mean(log before)) - 1``; its standard error ``s_p * sqrt(1/n_before +
+    1/n_after)`` with ``s_p²`` the variance pooled within the three blocks (``speculative`` gives its passes' spread
+    too: ``n_before + n_s + n_after - 3`` degrees of freedom, the interval's own). ``limit = |margin| / 2``. Made
+    whenever each baseline block has a pass and there is a degree of freedom: it sees the shift between the
+    blocks, which is what moves the ratio (a trend within one block of two or three passes it cannot see)."""
+    rates = [p.output_tokens_per_s for p in (*before, *after)]
+    limit = abs(margin) / 2
+    nb, na, ns = len(before), len(after), len(speculative)
+    df = nb + na + ns - 3
+    if min(nb, na) < 1 or df < 1 or min(rates) <= 0 or any(p.wall_s <= 0 or p.output_tokens <= 0
+                                                            for p in speculative):
+        return Drift(0.0, -math.inf, math.inf, limit, tuple(rates), False, "blocks")
+    x, xa, y = _log_rates(before), _log_rates(after), _log_rates(speculative)
+    ss = sum(float(((v - v.mean()) ** 2).sum()) for v in (x, xa, y))
+    se = math.sqrt(ss / df * (1 / nb + 1 / na))
+    d = float(xa.mean() - x.mean())
+    t = t_quantile((1 + DRIFT_LEVEL) / 2, df)
+    return Drift(math.expm1(d), math.expm1(d - t * se), math.expm1(d + t * se), limit, tuple(rates), True, "blocks")
+
+
 def _ttft(passes: Sequence[LevelResult]) -> float | None:
     vals = [float(v) for p in passes for v in p.prompt_ttft_ms if v is not None]
     if not vals:
@@ -409,9 +563,11 @@ def _ttft(passes: Sequence[LevelResult]) -> float | None:
     return float(np.median(vals)) if vals else None
 
 
-def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult]) -> dict[str, object]:
+def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult],
+                   a: Sequence[LevelResult] = ()) -> dict[str, object]:
     """A level's figures for the report: each side pooled over its passes (``LevelResult`` keys; tokens/s pooled)
-    plus every pass."""
+    plus every pass; ``a``: the baseline's block after the speculative release's (``baseline_after``; the ratio
+    then pools both baseline blocks)."""
     def side(ps: Sequence[LevelResult]) -> dict[str, object]:
         first = ps[0].figures()
         slim = {k: v for k, v in first.items() if not k.startswith("prompt_")}
@@ -420,15 +576,15 @@ def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult]) -> dict[s
                 "output_tokens_per_s": round(pooled(ps), 3), "ttft_ms_median": _ttft(ps),
                 "foreign_requests": max(p.foreign_requests for p in ps), "passes": [p.figures() for p in ps]}
 
-    bt = pooled(b)
-    return {"baseline": side(b), "speculative": side(s),
+    bt = pooled([*b, *a])
+    return {"baseline": side(b), "speculative": side(s), **({"baseline_after": side(a)} if a else {}),
             "throughput_ratio": round(pooled(s) / bt, 4) if bt else None}
 
 
 def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
            spec: SpecDelta, *, production_concurrency: int, margin: float, acceptance_floor: float | None,
            ttft_ratio_max: float = math.inf, rule: Literal["faster", "not_slower"] = "faster",
-           level: float = LEVEL) -> Decision:
+           level: float = LEVEL, after: Mapping[int, Sequence[LevelResult]] | None = None) -> Decision:
     """Decide from both releases' passes per concurrency and the speculative side's counter deltas (the module
     doc's rule, in its order).
 
@@ -446,6 +602,10 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
             ``1 - margin``); the interval, drift and TTFT steps are the same.
         level: the throughput interval's confidence level (:data:`LEVEL`; a job choosing among ``m`` candidates
             decides each at ``1 - (1 - LEVEL) / m``: :func:`candidate_level`).
+        after: the ``aba`` design's baseline passes measured after the speculative release's, per concurrency
+            (None: ``ab``). Then the interval is the three-block contrast (:func:`ratio_interval`), the drift check
+            compares the baseline's two blocks (:func:`block_drift`), the TTFT ratio's baseline pools both blocks,
+            and ``figures["design"]`` is :data:`ABA_DESIGN` (else :data:`BLOCK_DESIGN`, its risk stated).
 
     Raises:
         ValueError: the production concurrency was not measured on both sides, fewer than :data:`MIN_PASSES`
@@ -455,27 +615,34 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         raise ValueError(f"production concurrency {production_concurrency} was not measured on both releases "
                          f"(baseline {sorted(baseline)}, speculative {sorted(speculative)})")
     b, s = list(baseline[production_concurrency]), list(speculative[production_concurrency])
-    if min(len(b), len(s)) < MIN_PASSES:
+    after = dict(after or {})
+    if after and production_concurrency not in after:
+        raise ValueError(f"production concurrency {production_concurrency} was not measured on the baseline after "
+                         f"the speculative release (measured: {sorted(after)})")
+    a = list(after.get(production_concurrency) or [])
+    if min(len(b) + len(a), len(s)) < MIN_PASSES:
         raise ValueError(f"the decision needs at least {MIN_PASSES} passes per side at concurrency "
-                         f"{production_concurrency} (baseline {len(b)}, speculative {len(s)})")
-    levels = {str(c): _level_figures(baseline[c], speculative[c]) for c in sorted(set(baseline) & set(speculative))}
+                         f"{production_concurrency} (baseline {len(b) + len(a)}, speculative {len(s)})")
+    levels = {str(c): _level_figures(baseline[c], speculative[c], after.get(c) or ())
+              for c in sorted(set(baseline) & set(speculative))}
     acc = spec.mean_acceptance_length
     need = 1.0 + margin if rule == "faster" else 1.0 - margin
-    tb, ts = _ttft(b), _ttft(s)
+    tb, ts = _ttft([*b, *a]), _ttft(s)
     ttft_ratio = ts / tb if tb and ts is not None else None
-    drift = baseline_drift(b, margin)
+    drift = block_drift(b, a, s, margin) if a else baseline_drift(b, margin)
     figures: dict[str, object] = {
         "production_concurrency": production_concurrency, "margin": margin,
         "margin_is_negative_test_setting": margin < 0, "acceptance_floor": acceptance_floor, "rule": rule,
         "ttft_ratio_max": ttft_ratio_max if math.isfinite(ttft_ratio_max) else None,
         "ttft_ratio": round(ttft_ratio, 4) if ttft_ratio is not None else None,
         "throughput_ratio": levels[str(production_concurrency)]["throughput_ratio"],
-        "passes": {"baseline": len(b), "speculative": len(s)}, "drift": drift.figures(), "design": BLOCK_DESIGN,
+        "passes": {"baseline": len(b) + len(a), "speculative": len(s), **({"baseline_after": len(a)} if a else {})},
+        "drift": drift.figures(), "design": ABA_DESIGN if a else BLOCK_DESIGN,
         "spec_decode": spec.figures(), "levels": levels}
     # The interval is computed (and reported) whatever rule decides, so that a rollback for acceptance, TTFT or
     # drift still shows how fast the speculative release was; only step 6 decides on it.
     try:
-        iv = ratio_interval(b, s, level=level)
+        iv = ratio_interval(b, s, level=level, after=a)
         figures["interval"] = iv.figures()
     except ValueError as e:  # failed requests (no per-prompt seconds): step 2 decides, no interval
         iv = None
@@ -496,15 +663,18 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
                                     f"concurrency {production_concurrency}, at most x{ttft_ratio_max:g} "
                                     "(serving.gate_ttft_ratio_max)", **common)
     if drift.exceeded:
-        return Decision("undecided", f"the baseline drifted {drift.change:+.1%} from its first to its last pass "
+        span = ("from its block before the speculative release to its block after" if drift.kind == "blocks"
+                else "from its first to its last pass")
+        return Decision("undecided", f"the baseline drifted {drift.change:+.1%} {span} "
                                      f"({DRIFT_LEVEL:.0%} interval {drift.low:+.1%} to {drift.high:+.1%}), beyond "
                                      f"half the margin ({drift.limit:.1%}): the host's speed changed while the gate "
                                      "measured; rolled back", **common)
     if iv is None:
-        iv = ratio_interval(b, s, level=level)  # raises the ValueError of above
+        iv = ratio_interval(b, s, level=level, after=a)  # raises the ValueError of above
     where = (f"output tokens/s x{iv.point:.3f} of the baseline at concurrency {production_concurrency}, "
-             f"{iv.level:.0%} interval x{iv.low:.3f} to x{iv.high:.3f} ({len(b)} + {len(s)} passes x {iv.prompts} "
-             "prompts)")
+             f"{iv.level:.0%} interval x{iv.low:.3f} to x{iv.high:.3f} ("
+             + (f"{len(b)} + {len(s)} + {len(a)} passes (baseline, speculative, baseline again)" if a
+                else f"{len(b)} + {len(s)} passes") + f" x {iv.prompts} prompts)")
     if iv.low >= need:
         tail = f"; mean acceptance length {acc:.3f}" if acc is not None else ""
         return Decision("keep", f"{where}: lower bound clears x{need:.3f}{tail}", interval=iv, **common)
@@ -563,13 +733,16 @@ def subset_pass(p: LevelResult, idx: Sequence[int]) -> LevelResult:
 
 
 def set_tables(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
-               sets: Mapping[str, Sequence[int]], *, production_concurrency: int) -> dict[str, object]:
+               sets: Mapping[str, Sequence[int]], *, production_concurrency: int,
+               after: Mapping[int, Sequence[LevelResult]] | None = None) -> dict[str, object]:
     """One table per prompt set (e.g. ``chat`` = held-out chat turns, ``code`` = HumanEval's gate split),
     from the same passes the decision used: each set's prompts (``sets``: name -> indices into the prompts' fixed
     order) cut out of every pass with :func:`subset_pass`. Per level: each side's pass-pooled output tokens/s, the
     ratio, the median TTFT ratio; at the production concurrency also the 90 % interval of the ratio
     (:func:`ratio_interval` on the set's cells). Reported, never decided on: the decision is the whole set's.
-    Acceptance is not split by set (vLLM 0.16's spec-decode counters are server-wide).
+    Acceptance is not split by set (vLLM 0.16's spec-decode counters are server-wide). ``after``: the ``aba``
+    design's baseline block after the speculative release's (its cells pooled into the baseline's tokens/s and the
+    interval's contrast).
 
     Returns:
         ``{name: {"prompts": n, "levels": {"c": {...}}}}``; a set whose figures cannot be cut (a failed request)
@@ -583,14 +756,15 @@ def set_tables(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mappi
             for c in sorted(set(baseline) & set(speculative)):
                 b = [subset_pass(p, idx) for p in baseline[c]]
                 s = [subset_pass(p, idx) for p in speculative[c]]
-                bt, st = pooled(b), pooled(s)
-                tb, ts = _ttft(b), _ttft(s)
+                a = [subset_pass(p, idx) for p in (after or {}).get(c) or ()]
+                bt, st = pooled([*b, *a]), pooled(s)
+                tb, ts = _ttft([*b, *a]), _ttft(s)
                 row: dict[str, object] = {
                     "baseline_tokens_per_s": round(bt, 3), "speculative_tokens_per_s": round(st, 3),
                     "throughput_ratio": round(st / bt, 4) if bt else None,
                     "ttft_ratio": round(ts / tb, 4) if tb and ts is not None else None}
                 if c == production_concurrency and min(len(b), len(s)) >= 2:
-                    row["interval"] = ratio_interval(b, s).figures()
+                    row["interval"] = ratio_interval(b, s, after=a).figures()
                 levels[str(c)] = row
             out[name] = {"prompts": len(idx), "levels": levels}
         except ValueError as e:

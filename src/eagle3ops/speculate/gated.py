@@ -61,7 +61,7 @@ def gate_job(h: Any, change: ReleaseChange, *, margin: float, passes: int, resta
                         passes=passes, margin=margin, acceptance_floor=None, ttft_ratio_max=s.gate_ttft_ratio_max,
                         warmup_prompts=min(s.gate_warmup_prompts, len(gate)), prompt_sets=ship.prompt_sets(gate),
                         drain_hook=s.drain_hook, undrain_hook=s.undrain_hook, hook_timeout_s=s.hook_timeout_s,
-                        figures=figures)
+                        design=s.gate_design, figures=figures)
 
 
 def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipeline_image_id: str | None,
@@ -104,7 +104,7 @@ def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipelin
         echo(f"note: no change given (--arg/--env/--image): this measures the live release against an identical "
              f"one (an A/A check of the gate's noise on {h.name}); kept or not, serving runs the same spec")
     t0 = time.monotonic()
-    restarts = ship.plan_restarts(r)
+    restarts = ship.plan_restarts(r, passes=passes)
     job = gate_job(h, change, margin=margin, passes=passes, restarts=restarts.figures())
     window = dict(kind="speculate", image=pipeline_image, expected_image_id=pipeline_image_id, command=command,
                   speculate=job, on_event=on_event)

@@ -76,6 +76,7 @@ class PowerPlan:
         power: chance of keeping a truly x1.30 faster release.
         needed: the fewest passes per side reaching the target (None: no practical number does).
         accepted: the operator accepted a low power (``--accept-low-power`` / ``serving.gate_accept_low_power``).
+        design: the order of the passes the power is computed for (``aba`` or ``ab``).
     """
 
     passes: int
@@ -86,6 +87,7 @@ class PowerPlan:
     power: float
     needed: int | None
     accepted: bool
+    design: str = "ab"
 
     @property
     def low(self) -> bool:
@@ -97,7 +99,7 @@ class PowerPlan:
         return {"passes": self.passes, "pass_cv": round(self.cv, 4), "pass_cv_recorded_gates": self.recorded_gates,
                 "true_ratio": dec.POWER_RATIO, "margin": self.margin, "level": round(self.level, 4),
                 "power": round(self.power, 4), "target": dec.POWER_TARGET, "passes_needed": self.needed,
-                "low": self.low, "accepted_low_power": self.accepted and self.low}
+                "low": self.low, "accepted_low_power": self.accepted and self.low, "design": self.design}
 
     def lines(self) -> list[str]:
         """What the plan prints."""
@@ -105,7 +107,7 @@ class PowerPlan:
                  f"{'s' if self.recorded_gates != 1 else ''})" if self.recorded_gates
                  else f"an assumed pass CV of {self.cv:.0%} (no gate recorded on this host)")
         line = (f"gate power: {self.power:.0%} chance to keep a release truly x{dec.POWER_RATIO:.2f} faster, "
-                f"with {self.passes} passes per side at {where}, margin {self.margin:g}")
+                f"with {self.passes} passes per side ({self.design}) at {where}, margin {self.margin:g}")
         if not self.low:
             return [line]
         need = (f"{self.needed} passes per side reach {dec.POWER_TARGET:.0%} (--passes {self.needed})"
@@ -124,13 +126,14 @@ class PowerPlan:
 
 
 def power_plan(results: list[dict[str, Any]], *, passes: int, margin: float, accepted: bool,
-               candidates: int = 1) -> PowerPlan:
+               candidates: int = 1, design: str = "ab") -> PowerPlan:
     """The :class:`PowerPlan` of a speculate job from the host's window results (read-only, any order).
     ``candidates``: several candidates are each decided at the Bonferroni level
-    (:func:`eagle3ops.gate.decide.candidate_level`), so their power is lower."""
+    (:func:`eagle3ops.gate.decide.candidate_level`), so their power is lower; ``design``: the order of the passes
+    (``aba``: the baseline's passes split between two blocks, :func:`eagle3ops.gate.decide.design_spread`)."""
     cv, gates = recorded_pass_cv(results)
     cv = dec.DEFAULT_PASS_CV if cv is None else cv
     level = dec.candidate_level(max(candidates, 1))
-    pw = dec.power(passes, cv, margin, level=level)
-    needed = passes if pw >= dec.POWER_TARGET else dec.passes_for_power(cv, margin, level=level)
-    return PowerPlan(passes, cv, gates, margin, level, pw, needed, accepted)
+    pw = dec.power(passes, cv, margin, level=level, design=design)
+    needed = passes if pw >= dec.POWER_TARGET else dec.passes_for_power(cv, margin, level=level, design=design)
+    return PowerPlan(passes, cv, gates, margin, level, pw, needed, accepted, design)

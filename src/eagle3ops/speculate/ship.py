@@ -64,7 +64,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.prompts import GATE_FRACTION
-from eagle3ops.gate.decide import MIN_PASSES
+from eagle3ops.gate.decide import MIN_PASSES, block_passes
 from eagle3ops.gate.like import control_change
 from eagle3ops.speculate.headcheck import HeadFacts, HeadMismatch, check_head
 from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _live_image, check_as_vllm_reads,
@@ -72,7 +72,8 @@ from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _li
                                            offline_estimate_for)
 from eagle3ops.speculate.onhost import head_sha256, parse_answer, safetensors_shapes
 from eagle3ops.speculate.power import power_plan
-from eagle3ops.speculate.restarts import RestartPlan, parse_results, recorded_restart_seconds, restart_plan
+from eagle3ops.speculate.restarts import (RestartPlan, design_for, parse_results, recorded_restart_seconds,
+                                          restart_plan, restarts_for)
 from eagle3ops.window.served_template import ServedTemplateError, read_served_template
 from eagle3ops.transfer.weights import InstalledHead
 
@@ -231,15 +232,19 @@ def window_results(r: Any) -> list[dict[str, Any]]:
 
 
 def plan_restarts(r: Any, control: bool = False, candidates: int = 0,
-                  results: list[dict[str, Any]] | None = None) -> RestartPlan:
+                  results: list[dict[str, Any]] | None = None, passes: int | None = None) -> RestartPlan:
     """The serving restarts of a speculate job on ``r``'s host and the downtime to expect, from the restarts its
-    windows recorded (:mod:`eagle3ops.speculate.restarts`; read-only, runs in ``--dry-run`` too). ``control``: the
-    job switches to a control release first (one more restart on both paths); ``candidates``: several candidates,
-    each one switched to before the winner's confirmation (one more restart each, on both paths); ``results``: the
-    host's window results when already read (:func:`window_results`)."""
-    extra = (1 if control else 0) + (candidates if candidates > 1 else 0)
+    windows recorded (:mod:`eagle3ops.speculate.restarts`; read-only, runs in ``--dry-run`` too), in the design
+    ``serving.gate_design`` asks for (:func:`~eagle3ops.speculate.restarts.design_for`,
+    :func:`~eagle3ops.speculate.restarts.restarts_for`). ``control``: the job switches to a control release
+    first; ``candidates``: several candidates, each one switched to before the winner's confirmation (one more
+    restart each, on both paths); ``results``: the host's window results when already read
+    (:func:`window_results`); ``passes``: per side (default ``serving.gate_passes``), for the printed order."""
+    design = design_for(r.host.serving.gate_design, candidates)
+    keep, rollback = restarts_for(design, control=control, candidates=candidates)
     return restart_plan(recorded_restart_seconds(window_results(r) if results is None else results),
-                        bound_s=float(r.host.serving.health_timeout_s), keep=1 + extra, rollback=2 + extra)
+                        bound_s=float(r.host.serving.health_timeout_s), keep=keep, rollback=rollback, design=design,
+                        block_passes=block_passes(passes or r.host.serving.gate_passes, design))
 
 
 def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = print,
@@ -302,8 +307,9 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     # the plan's restarts and the gate's power, from this host's recorded windows (read-only); a gate too weak to
     # keep a good head is refused here, before anything is written on the host
     recorded = window_results(r)
-    restarts = plan_restarts(r, control=opts.control, candidates=n_candidates, results=recorded)
-    power = power_plan(recorded, passes=passes, margin=margin, accepted=accept_low_power, candidates=n_candidates)
+    restarts = plan_restarts(r, control=opts.control, candidates=n_candidates, results=recorded, passes=passes)
+    power = power_plan(recorded, passes=passes, margin=margin, accepted=accept_low_power, candidates=n_candidates,
+                       design=restarts.design)
     for line in power.lines():
         echo(f"# {line}" if r.dry_run else line)
     if (refused := power.refusal(h.name)) is not None:
@@ -541,7 +547,7 @@ def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: st
                         acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max,
                         warmup_prompts=min(s.gate_warmup_prompts, len(prompts)), prompt_sets=sets or {},
                         drain_hook=s.drain_hook, undrain_hook=s.undrain_hook, hook_timeout_s=s.hook_timeout_s,
-                        figures=figures)
+                        design=design_for(s.gate_design, len(cands)), figures=figures)
 
 
 def _dry(r: Any, opts: SpeculateOptions, job: SpeculateJob, restarts: RestartPlan, run_window: Any,

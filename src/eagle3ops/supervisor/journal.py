@@ -71,8 +71,10 @@ class Journal:
 
 
 #: Journal steps that restart serving (each ``start`` to its ``ok`` is one restart, its health gate included;
-#: ``control``: a speculate job's switch to its control release; ``candidate-<name>``: to one of its candidates).
-RESTART_STEPS = ("restore", "control", "switch", "rollback")
+#: ``control``: a speculate job's switch to its control release; ``candidate-<name>``: to one of its candidates;
+#: the three-block gate's ``restart-baseline`` (the baseline restarted for its first block), ``control-again`` (the
+#: control release for the baseline's second block) and ``keep-switch`` (the kept release served again)).
+RESTART_STEPS = ("restore", "control", "switch", "rollback", "restart-baseline", "control-again", "keep-switch")
 #: Prefix of a speculate job's candidate switch steps (:data:`RESTART_STEPS` too).
 CANDIDATE_STEP = "candidate-"
 

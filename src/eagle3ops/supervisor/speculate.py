@@ -21,6 +21,13 @@ dead supervisor, which resumes from the journal and the attempt folder's files):
 3. **switch** to the speculative release (the kind's ``switch`` with the plan's change, or the chosen candidate's,
    health-gated; a failed gate is rolled back by the kind and decides ``rollback``);
 4. **measure** the speculative release the same way (``speculative.json``);
+4b. with ``design: aba`` (``serving.gate_design``, the default; not with several candidates): the baseline was
+   restarted before step 2 (**restart-baseline**, a never-live copy of the live release; with ``control`` the
+   control release is that restart) and measured with half the passes, rounded up; after step 4 the baseline is
+   restarted again (**rollback** to the release live before, or **control-again**) and measured again
+   (**baseline-after**, ``baseline-after.json``), so that the decision sees every block after a restart and a
+   linear drift cancels (:mod:`eagle3ops.gate.decide`, "The order of the passes"); a kept release is then served
+   again (**keep-switch**, the kind's ``reinstate``), a rejected one needs no further restart;
 5. **decide** (:func:`eagle3ops.gate.decide.decide`, pure); releases that are not like for like
    (:func:`eagle3ops.gate.like.unlike`: another image or vLLM version, other flags) are ``undecided``, with the
    figure that would have decided;
@@ -61,9 +68,10 @@ __all__ = ["SpeculateRun", "choose_candidate", "decide_figures", "decide_measure
            "measure_serving"]
 
 
-def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
+def measure_serving(sup: "Supervisor", job: SpeculateJob, passes: int | None = None) -> dict[str, Any]:
     """Measure the live serving as the job says (prompts in order, levels, passes), from this host, with the API
-    key the health gate uses. Returns :func:`eagle3ops.gate.measure.measure`'s answer.
+    key the health gate uses. ``passes``: this block's (default the job's). Returns
+    :func:`eagle3ops.gate.measure.measure`'s answer.
 
     Raises:
         ReplayError: serving not idle before a level.
@@ -75,13 +83,14 @@ def measure_serving(sup: "Supervisor", job: SpeculateJob) -> dict[str, Any]:
     assert sup.plan.health is not None
     return measure({"base_url": f"http://127.0.0.1:{sup.plan.health.port}", "model": sup.plan.health.model,
                     "prompts": job.prompts, "levels": job.levels, "max_tokens": job.max_tokens,
-                    "passes": job.passes, "api_key": sup._api_key(), "request_timeout_s": job.request_timeout_s,
+                    "passes": passes or job.passes, "api_key": sup._api_key(), "request_timeout_s": job.request_timeout_s,
                     "idle_timeout_s": job.idle_timeout_s, "warmup_prompts": job.warmup_prompts})
 
 
 def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any],
-                   level: float | None = None) -> Any:
-    """The pure decision (:func:`eagle3ops.gate.decide.decide`) on two :func:`measure_serving` answers, its
+                   level: float | None = None, after: dict[str, Any] | None = None) -> Any:
+    """The pure decision (:func:`eagle3ops.gate.decide.decide`) on two :func:`measure_serving` answers (three with
+    ``after``, the ``aba`` design's baseline measured again after the speculative release), its
     interval at ``level`` (default :data:`eagle3ops.gate.decide.LEVEL`); returns the
     :class:`~eagle3ops.gate.decide.Decision` with added figures: the per-level counter deltas
     (``spec_decode_per_level``), each side's TTFT p90 and failed requests per level (``levels[c][side]
@@ -95,10 +104,11 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
 
     base, _ = read_measurement(baseline)
     spec, deltas = read_measurement(speculative)
+    again = read_measurement(after)[0] if after else None
     decision = decide(base, spec, sum_deltas(list(deltas.values())), production_concurrency=job.levels[0],
                       margin=job.margin, acceptance_floor=job.acceptance_floor,
                       ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max, rule=job.rule,
-                      level=LEVEL if level is None else level)
+                      level=LEVEL if level is None else level, after=again)
     decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
 
     def p90(passes: list[Any]) -> float | None:
@@ -113,9 +123,11 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
                 row[side]["failures"] = [{"pass": j, "prompt": int(i), "error": str(why)}
                                          for j, p in enumerate(res[int(c)]) for i, why in p.failures]
     c0 = job.levels[0]
-    bp, sp = (p90(res[c0]) if c0 in res else None for res in (base, spec))
+    bp, sp = (p90(res[c0]) if c0 in res else None for res in (
+        ({c: [*ps, *again.get(c, [])] for c, ps in base.items()} if again else base), spec))
     decision.figures["ttft_ratio_p90"] = round(sp / bp, 4) if bp and sp is not None else None
-    decision.figures["prefix_cache"] = {"baseline": prefix_cache(baseline), "speculative": prefix_cache(speculative)}
+    decision.figures["prefix_cache"] = {"baseline": prefix_cache(baseline), "speculative": prefix_cache(speculative),
+                                        **({"baseline_after": prefix_cache(after)} if after else {})}
     decision.figures["traffic"] = speculative.get("traffic") or baseline.get("traffic")
     return decision
 
@@ -147,8 +159,8 @@ def _failures_line(failed: list[dict[str, Any]]) -> str:
 
 
 def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any],
-                    change: ReleaseChange | None = None, level: float | None = None
-                    ) -> tuple[str, str, dict[str, Any]]:
+                    change: ReleaseChange | None = None, level: float | None = None,
+                    after: dict[str, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
     """``(verdict, reason, figures)`` from two measurements (pure): :func:`decide_figures` with one table per
     prompt set (``figures["sets"]``, :func:`eagle3ops.gate.decide.set_tables`, when the job names sets), except that releases
     which are not like for like (:func:`eagle3ops.gate.like.unlike` on the measurements' ``release`` identities,
@@ -157,7 +169,9 @@ def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: di
     (:func:`eagle3ops.speculate.ship.check_like_for_like`); this is the host's own check of what it measured. A
     gated release (``rule: not_slower``) is not checked: its change (another image, a vLLM upgrade, NCCL settings)
     is what is measured; both identities stay in the result. ``change``: the measured release's change (a
-    candidate's; default the job's); ``level``: the interval's (a candidate's corrected level).
+    candidate's; default the job's); ``level``: the interval's (a candidate's corrected level); ``after``: the
+    ``aba`` design's baseline measured again after the speculative release (:func:`decide_figures`; its failed
+    requests are listed with the baseline's).
 
     A request that failed on the speculative release (:func:`failed_requests`: a non-2xx answer, a stream error, a
     stream cut short, a grammar failure) makes it ``rollback`` whatever else was measured, the reason naming the
@@ -172,21 +186,22 @@ def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: di
     why = None if job.rule == "not_slower" else unlike(
         ReleaseIdentity.from_dict(baseline.get("release")), ReleaseIdentity.from_dict(speculative.get("release")),
         change_flags=flag_names((change or job.change).args))
-    decision = decide_figures(job, baseline, speculative, level)
+    decision = decide_figures(job, baseline, speculative, level, after)
     verdict, reason, figures = decision.verdict, decision.reason, dict(decision.figures)
     if job.prompt_sets:
         from eagle3ops.gate.decide import set_tables
         from eagle3ops.gate.measure import read_measurement
 
         figures["sets"] = set_tables(read_measurement(baseline)[0], read_measurement(speculative)[0],
-                                     job.prompt_sets, production_concurrency=job.levels[0])
+                                     job.prompt_sets, production_concurrency=job.levels[0],
+                                     after=read_measurement(after)[0] if after else None)
     if why:
         figures["would_have_been"] = {"verdict": verdict, "reason": reason}
         verdict, reason = "undecided", (f"unlike releases measured ({why}): the ratio mixes the image's own speed "
                                         "with speculation's; speculate again with --control")
     failed, sent = failed_requests(speculative)
     if failed:  # a release that fails requests is not shipped, however fast the others went
-        base_failed, _ = failed_requests(baseline)
+        base_failed = failed_requests(baseline)[0] + (failed_requests(after)[0] if after else [])
         figures["failed_requests"] = {"speculative": failed, "baseline": base_failed}
         figures.setdefault("would_have_been", {"verdict": verdict, "reason": reason})
         verdict = "rollback"
@@ -254,16 +269,17 @@ class SpeculateRun:
                 except OSError:
                     pass
 
-    def _measured(self, step: str, name: str) -> dict[str, Any]:
+    def _measured(self, step: str, name: str, passes: int | None = None) -> dict[str, Any]:
         """A measurement step, once: reused from the attempt folder when the journal says it finished. The answer
         carries the measured release's identity (``release``: :meth:`ServingKind.identity` + ``/version``), read
-        right after the measurement, while that release still serves."""
+        right after the measurement, while that release still serves. ``passes``: this block's (default the
+        job's)."""
         path = self.dir / name
         if self.sup.journal.done(step) and path.is_file():
             return json.loads(path.read_text())
-        self.sup.journal.log(step, "start", passes=self.job.passes, levels=self.job.levels,
+        self.sup.journal.log(step, "start", passes=passes or self.job.passes, levels=self.job.levels,
                              prompts=len(self.job.prompts), max_tokens=self.job.max_tokens)
-        ans = measure_serving(self.sup, self.job)
+        ans = measure_serving(self.sup, self.job, passes)
         ans["release"] = ReleaseIdentity.from_dict({**self.sup.kind.identity(),
                                                     "vllm_version": (ans.get("server") or {}).get("version")}
                                                    ).figures()
@@ -321,7 +337,6 @@ class SpeculateRun:
             candidate with its verdict, reason, ratio, interval and acceptance, ``winner``).
         """
         from eagle3ops.gate.decide import candidate_level
-
         from eagle3ops.gate.replay import ReleaseFailed
         from eagle3ops.supervisor.errors import Interrupted
 
@@ -364,6 +379,51 @@ class SpeculateRun:
         winner = next((c for c in self.job.candidates if best and c.name == best["name"]), None)
         return winner, on_candidate, {"level": level, "rows": rows, "winner": winner.name if winner else None}
 
+    def _design_figures(self, aba: bool) -> dict[str, Any]:
+        """The order the passes ran in, for the result: the design asked for and used, the passes of each block
+        (before, speculative, after), what the design cancels and what it leaves unmeasured."""
+        from eagle3ops.gate.decide import ABA_DESIGN, BLOCK_DESIGN, block_passes
+
+        used = "aba" if aba else "ab"
+        out: dict[str, Any] = {"requested": self.job.design, "used": used,
+                               "block_passes": list(block_passes(self.job.passes, used)),
+                               **(ABA_DESIGN if aba else BLOCK_DESIGN)}
+        if self.job.design == "aba" and not aba:
+            out["why_ab"] = ("several candidates: each is measured in two blocks against the one baseline (the "
+                             "confirmation too), so the block shift is not measured")
+        return out
+
+    def _second_block(self, base_release: int | None, passes: int) -> dict[str, Any]:
+        """The ``aba`` design's third block: the baseline restarted as its first block was (the control release
+        switched to again, or the release live before returned to) and measured (``baseline-after.json``).
+
+        Sets ``_returned`` to the return's message (None with a control release, whose switch is not a return).
+
+        Raises:
+            _Decided: the restart failed its health gate, or the measurement failed: ``undecided``, serving on the
+                release live before (the kind went back to it).
+        """
+        from eagle3ops.supervisor.errors import Interrupted
+
+        kind = self.sup.kind
+        if self.job.control is not None:
+            back = kind.switch(step="control-again", change=self.job.control, live=False)
+            if "rolled back" in back:  # the kind went back to the live release: no third block
+                self._returned = back
+                raise _Decided("undecided", f"the control release failed its health gate when switched to again for "
+                                            f"the baseline's second block ({back}); not decided on two blocks")
+            self._control_again = True
+        else:
+            self._returned = kind.return_to(base_release, "the gate measures the baseline again after the "
+                                                          "speculative release")
+        try:
+            return self._measured("baseline-after", "baseline-after.json", passes)
+        except Interrupted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the baseline's second block: no decision without it
+            raise _Decided("undecided", f"measuring the baseline again after the speculative release failed "
+                                        f"({type(exc).__name__}: {exc}); not decided on two blocks") from None
+
     def run(self) -> tuple[str, str, dict[str, Any]]:
         """Carry out the job; returns ``(outcome, error, extra)`` for the window's result, ``extra`` holding
         ``speculate`` (the attempt's result) and ``audit`` (what the audit line adds)."""
@@ -376,6 +436,15 @@ class SpeculateRun:
         cand_figures: dict[str, Any] = {}
         drained, undrain_error = False, None
         returning = False  # the return to the release live before was tried (never twice)
+        from eagle3ops.gate.decide import block_passes
+
+        # the three-block order (the baseline before and after the speculative release); candidates are measured
+        # in two blocks each (the result says so)
+        aba = self.job.design == "aba" and not self.job.candidates
+        before_n, _, after_n = block_passes(self.job.passes, "aba" if aba else "ab")
+        returned = None  # aba: the return to the baseline for its second block (serving on it since)
+        self._returned: str | None = None
+        self._control_again = False  # aba with a control release: the control serves the second block
         try:
             sup.record()  # nothing changes before this succeeds
             base_release = sup.releases.current()
@@ -391,7 +460,14 @@ class SpeculateRun:
                                                f"--speculative-config) failed its health gate ({msg}); nothing "
                                                "measured, the speculative release never started")
                 transient = True
-            baseline = self._measured("baseline", "baseline.json")
+            elif aba:  # every measured block follows a restart: a restarted server's own speed cancels
+                msg = kind.switch(step="restart-baseline", change=ReleaseChange(), live=False)
+                if "rolled back" in msg:
+                    raise _Decided("rollback", f"the baseline restarted for the gate's first block failed its "
+                                               f"health gate ({msg}); nothing measured, the speculative release "
+                                               "never started")
+                transient = True
+            baseline = self._measured("baseline", "baseline.json", before_n)
             change = None
             if self.job.candidates:  # several speculative releases: measure each, confirm the best
                 was_transient, transient = transient, True  # from the first switch on, a candidate may serve
@@ -423,11 +499,19 @@ class SpeculateRun:
 
                 try:
                     speculative = self._measured("measure", "speculative.json")
-                    verdict, reason, figures = decide_measured(self.job, baseline, speculative, change)
+                    after = None
+                    if aba:  # the baseline's second block, restarted the same way as its first
+                        after = self._second_block(base_release, after_n)
+                        returned, transient = self._returned, self._control_again
+                    verdict, reason, figures = decide_measured(self.job, baseline, speculative, change,
+                                                               after=after)
                     if self.job.candidates:
                         figures["candidates"] = cand_figures
                         reason = f"candidate {cand_figures['winner']}, confirmed afresh: {reason}"
                     journal.log("decide", "ok", verdict=verdict, reason=reason)
+                except _Decided:
+                    rollback, transient = self._returned, self._control_again
+                    raise
                 except ReleaseFailed as exc:  # it crashed or failed every request: a rollback, the failure named
                     verdict, reason = "rollback", f"the speculative release failed the gate's traffic: {exc}"
                     failed = [{"concurrency": exc.concurrency, "pass": None, "prompt": int(i), "error": str(why)}
@@ -441,13 +525,30 @@ class SpeculateRun:
                     journal.log("decide", "error", reason=reason[-800:])
                 if spec_release is not None and kind.keeps_release():  # before the return: a rollback after
                     sup.releases.mark_gate(spec_release, verdict, reason)    # it never brings back what failed
-                if verdict == "keep":
+                if verdict == "keep" and aba and spec_release is not None:  # the baseline serves: one more restart
+                    back = kind.reinstate(spec_release, f"speculation gate: {verdict}")
+                    transient = False
+                    if "rolled back" in back:
+                        verdict, reason = "rollback", (f"kept by the gate ({reason}), but the speculative release "
+                                                       f"failed its health gate when switched to again ({back})")
+                        rollback = back
+                        sup.releases.mark_gate(spec_release, verdict, reason)
+                    else:
+                        journal.log("keep", "ok", release=spec_release)
+                elif verdict == "keep":
                     journal.log("keep", "ok", release=spec_release)
+                elif returned is not None and self.job.control is None:  # aba: the baseline serves already
+                    rollback = returned
                 else:
                     rollback = kind.return_to(base_release, f"speculation gate: {verdict}")
+                    transient = False
         except _Decided as d:
             verdict, reason = d.args
             journal.log("decide", "ok", verdict=verdict, reason=reason)
+            if transient and not returning:  # aba: the control release serves the baseline's second block
+                returning = True
+                rollback = kind.return_to(base_release, f"speculation gate: {verdict}")
+                transient = False
         except Exception as exc:  # noqa: BLE001 - recorded; serving is the kind's to bring back
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
             reason = reason or error
@@ -475,7 +576,8 @@ class SpeculateRun:
                   "head_sha256": self.job.head_sha256, "attempt_dir": str(self.dir),
                   "baseline_release": base_release, "speculative_release": spec_release,
                   "rollback": rollback, "live_release": sup.releases.current() if kind.keeps_release() else None,
-                  "gate_passes": self.job.passes, "control": self.job.control is not None,
+                  "gate_passes": self.job.passes, "gate_design": self._design_figures(aba),
+                  "control": self.job.control is not None,
                   "control_release": (journal.first("control", "ok") or {}).get("to_release"),
                   "measured_releases": self._identities(),
                   "drain": ({"drain_hook": self.job.drain_hook, "undrain_hook": self.job.undrain_hook,
@@ -490,7 +592,7 @@ class SpeculateRun:
                  "verdict": verdict, "reason": reason, "head_sha256": self.job.head_sha256,
                  "attempt_dir": str(self.dir),
                  "figures": {k: result.get(k) for k in (
-                     "throughput_ratio", "interval", "drift", "design", "power", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
+                     "throughput_ratio", "interval", "drift", "design", "gate_design", "power", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
                      "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
                      "production_concurrency", "live_release", "baseline_release", "speculative_release",
                      "control", "control_release", "measured_releases", "sets", "drain", "rule", "change",

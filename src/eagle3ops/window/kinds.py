@@ -36,10 +36,12 @@ if TYPE_CHECKING:
 def agent_limit_s(plan: Plan) -> float:
     """How long (seconds) a ``process``/``systemd`` window's restore agent waits for the supervisor's restore request
     before it restores on its own: the window's budget plus the graceful stop and 600 s; a ``speculate`` plan adds
-    both sides' measurement bound (:meth:`~eagle3ops.config.plan.SpeculateJob.measure_bound_s`)."""
+    both sides' measurement bound (:meth:`~eagle3ops.config.plan.SpeculateJob.measure_bound_s`), and the graceful
+    stop and 600 s for each restart the ``aba`` order adds."""
     job = plan.speculate
     measuring = job.measurements() * job.measure_bound_s() if job is not None else 0.0
-    return plan.budget_s + plan.stop_timeout_s + 600.0 + measuring
+    extra = job.extra_restarts() * (plan.stop_timeout_s + 600.0) if job is not None else 0.0
+    return plan.budget_s + plan.stop_timeout_s + 600.0 + measuring + extra
 
 
 def agent_stop_wait_s(plan: Plan) -> float:

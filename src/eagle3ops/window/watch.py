@@ -50,12 +50,13 @@ def watch_limit_s(plan: dict[str, Any]) -> float:
     record gate, the graceful stop, up to four gates past the budget (restore + three rollbacks,
     :data:`eagle3ops.config.plan.MIN_GATE_S` each), a speculate job's measurements (both sides and each candidate's,
     and per candidate its graceful stop, its gate and up to :data:`CANDIDATE_FALLBACK_GATES` fallback gates when it
-    fails) and :data:`WATCH_MARGIN_S`."""
+    fails; the same for each restart the ``aba`` order adds) and :data:`WATCH_MARGIN_S`."""
     measuring = 0.0
     if plan.get("speculate"):  # SpeculateJob.measure_bound_s per measured side
         job = SpeculateJob.model_validate(plan["speculate"])
         per_switch = float(plan.get("stop_timeout_s", 120)) + (1 + CANDIDATE_FALLBACK_GATES) * MIN_GATE_S
-        measuring = job.measurements() * job.measure_bound_s() + len(job.candidates) * per_switch
+        measuring = (job.measurements() * job.measure_bound_s()
+                     + (len(job.candidates) + job.extra_restarts()) * per_switch)
     return (float(plan.get("budget_s", 7200.0)) + RECORD_GATE_S + float(plan.get("stop_timeout_s", 120))
             + 4 * MIN_GATE_S + WATCH_MARGIN_S + measuring)
 

@@ -95,6 +95,20 @@ class ServingKind:
         """
         raise self._refuse("switch back to an earlier release")
 
+    def reinstate(self, release: int, why: str, step: str = "keep-switch") -> str:
+        """A ``speculate`` job of the ``aba`` design: after the baseline's second block, serve again ``release``
+        (the speculative release the gate kept, from its retained record), health-gated, made the current release;
+        on a failed gate the release live before comes back (the kind's rollback). Journaled under ``step``;
+        a resumed supervisor whose journal has it done returns it.
+
+        Returns:
+            ``"serving release N"`` or ``"release N failed its health gate; rolled back to release M"``.
+
+        Raises:
+            RuntimeError: neither ``release`` nor a fallback passed the gate (``sup.unhealthy`` set).
+        """
+        raise self._refuse("serve a kept release again")
+
     def finish(self) -> None:
         """End of a ``speculate`` job, whatever happened (e.g. the process kind tells its restore agent that it is
         done); nothing for most kinds."""

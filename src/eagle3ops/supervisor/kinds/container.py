@@ -350,6 +350,39 @@ class ContainerServing(ServingKind):
                                                                       f"{release}", returning=True)
             return f"rolled back to release {release}"
 
+    def reinstate(self, release: int, why: str, step: str = "keep-switch") -> str:
+        """Recreate retained release ``release`` (the speculative release an ``aba`` gate kept, measured before the
+        baseline's second block), health-gated, and make it current; engine outages waited out; a failed gate
+        brings back the release live before (:meth:`rollback_after_failure`). Resumed: the journal's ``step``."""
+        sup, journal, releases = self.sup, self.sup.journal, self.sup.releases
+        done = journal.first(step, "ok")
+        if done:
+            return f"serving release {done['to_release']}"
+        if journal.first(step, "error") is None:
+            if journal.first(step, "start") is None:
+                journal.log(step, "start", to_release=release, reason=why[-300:])
+            while True:
+                try:
+                    self._remove()
+                    self._create_release(releases.get(release))
+                    sup.gate_through_signal()
+                except Exception as exc:  # noqa: BLE001 - engine wait, else back to the release live before
+                    if sup.wait_out_engine(step, exc):
+                        continue
+                    journal.log(step, "error", to_release=release, reason=str(exc)[-500:],
+                                verdict=isinstance(exc, GateFailed))
+                    return f"release {release} failed its health gate; " + self.rollback_after_failure(
+                        str(exc), release, verdict=False)
+                break
+            releases.set_current(release)
+            journal.log(step, "ok", to_release=release)
+            return f"serving release {release}"
+        ok = journal.first_after(journal.first(step, "error"), "rollback", "ok")
+        if ok:
+            return f"release {release} failed its health gate; rolled back to release {ok['to_release']}"
+        return f"release {release} failed its health gate; " + self.rollback_after_failure("resumed", release,
+                                                                                            verdict=False)
+
     def _refuse_release_of_failed_live(self) -> None:
         """A release is a change of the live container: when the record step found that container running but failing
         its own health gate, the release is refused before anything is removed (switching would replace serving

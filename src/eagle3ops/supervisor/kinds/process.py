@@ -304,6 +304,28 @@ class ProcessServing(ServingKind):
         journal.log("rollback", "ok", to_release=release, message=f"ROLLED BACK ({why}): serving release {release}")
         return f"rolled back to release {release}"
 
+    def reinstate(self, release: int, why: str, step: str = "keep-switch") -> str:
+        """An ``aba`` gate kept the speculative release: the agent's next round stops the recorded process (serving
+        the baseline's second block) and starts the speculative one again (the ``next.`` record its switch wrote,
+        unchanged since), health-gated; on a failed gate one more round brings the recorded process back.
+
+        Raises:
+            RuntimeError: the agent did not answer, or the recorded process failed its gate too (``unhealthy``)."""
+        journal = self.sup.journal
+        live_n = self.sup.releases.current()
+        journal.log(step, "start", to_release=release, reason=why[-300:])
+        self._rounds = getattr(self, "_rounds", 1) + 1
+        try:
+            self._round(self._rounds, "next.")
+            self.sup.gate_through_signal()
+        except (GateFailed, RuntimeError) as exc:
+            journal.log(step, "error", to_release=release, reason=str(exc)[-500:])
+            return f"release {release} failed its health gate; " + self.return_to(live_n, f"release {release} "
+                                                                                           f"failed: {exc}")
+        self.sup.releases.set_current(release)
+        journal.log(step, "ok", to_release=release)
+        return f"serving release {release}"
+
     def record(self) -> None:
         """Journal the process the driver recorded from /proc (pid, command line, cwd, uid); the record itself is
         in the process dir."""
