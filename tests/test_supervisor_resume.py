@@ -332,7 +332,6 @@ def test_stage_log_survives_a_silent_stretch(tmp_path, gate):
     assert calls[0] is None and all(c is not None for c in calls[1:])
 
 
-@pytest.mark.xfail(strict=True, reason="stage logs are written as the stage printed them, secrets included")
 def test_a_stage_containers_log_is_written_with_its_secrets_masked(tmp_path, gate):
     """A stage that prints serving's secrets (an engine echoing its arguments and environment: ``--api-key K``,
     ``--api-key=K``, ``--hf-token``, ``VLLM_API_KEY``, ``HF_TOKEN``, the inventory-named ``ORG_TOKEN``), a value cut
