@@ -338,7 +338,7 @@ def _pump(stream: Any, log: redact.LineWriter) -> Any:
         try:
             while chunk := os.read(fd, 1 << 16):
                 log.write(chunk)
-        except OSError:  # the pipe closed under the read
+        except (OSError, ValueError):  # the pipe closed under the read, or the log after the drain's wait
             pass
         finally:
             stream.close()
