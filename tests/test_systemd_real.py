@@ -5,6 +5,9 @@ What it shows (each against systemd itself, not a stand-in of ``systemctl``):
 - the restore agent's stop ends the unit's whole control group: a unit with ``KillMode=process`` whose main process
   has a child (as vLLM's API server has its EngineCore and workers) leaves no process behind, and the agent's restore
   starts the unit again;
+- the unit's secrets (``--api-key K``, ``--api-key=K``, ``--hf-token`` on its command line; ``VLLM_API_KEY``,
+  ``HF_TOKEN`` and an inventory-named variable in its environment) end up in no file of the host's state and data
+  dirs but the unit's record (``unit.show``, mode 0600), and in no output of the CLI's ``status`` / ``config check``;
 - preflight advises ``KillMode=control-group`` for such a unit;
 - with logind's ``KillUserProcesses=yes`` applying to the SSH user, preflight detaches the agent as a user service
   (the user lingers) and the agent outlives the SSH session; without linger the window is refused before anything
