@@ -64,11 +64,13 @@ def release_record(p: Path) -> bool:
         (p.parent.name == "process" and p.name.endswith(("cmdline.nul", "environ.nul", "unit.show")))
 
 
-def private(p: Path) -> str | None:
-    """None when ``p`` is readable by its owner only (mode 0600) and owned by this user; else what is wrong."""
+def private(p: Path, owners: Iterable[int] | None = None) -> str | None:
+    """None when ``p`` is readable by its owner only (mode 0600) and owned by one of ``owners`` (uids; default:
+    this user); else what is wrong."""
     st = p.stat()
+    owners = {os.getuid()} if owners is None else set(owners)
     if stat.S_IMODE(st.st_mode) != 0o600:
         return f"{p}: mode {oct(stat.S_IMODE(st.st_mode))}, not 0600"
-    if st.st_uid != os.getuid():
-        return f"{p}: owner uid {st.st_uid}, not {os.getuid()}"
+    if st.st_uid not in owners:
+        return f"{p}: owner uid {st.st_uid}, not one of {sorted(owners)}"
     return None

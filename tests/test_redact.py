@@ -185,3 +185,24 @@ def test_the_offline_dry_run_prints_stage_and_serving_commands_masked():
     text = "\n".join(lines)
     assert K not in text and "--env HF_TOKEN=***" in text and "--env ORG_TOKEN=***" in text
     assert "OMP_NUM_THREADS=2" in text  # what is not a secret is shown as it is
+
+
+def test_a_stream_is_masked_line_by_line_whatever_its_chunks():
+    """:class:`~eagle3ops.redact.LineWriter` (a stage's output on its way to its log): a secret cut between two
+    chunks is masked once its line ends, a line redrawn with ``\\r`` is passed on at once, an unended last line at
+    ``close``, a line longer than ``hold`` as it stands; bytes that are not UTF-8 are kept."""
+    import io
+
+    from eagle3ops import redact
+
+    out = io.BytesIO()
+    w = redact.LineWriter(out, ["ORG_TOKEN"], hold=64)
+    w.write(b"args: --api-key " + K[:5].encode())
+    assert out.getvalue() == b""  # held until its line ends
+    w.write(K[5:].encode() + b" --port 8000\nORG_TOKEN=" + K.encode() + b" \xff\r 50%")
+    assert out.getvalue() == b"args: --api-key *** --port 8000\nORG_TOKEN=*** \xff\r"
+    w.write(b"|" * 70)  # no line end for longer than hold: passed on
+    assert out.getvalue().endswith(b" 50%" + b"|" * 70)
+    w.write(b" HF_TOKEN=" + K.encode())
+    w.close()
+    assert out.getvalue().endswith(b" HF_TOKEN=***") and K.encode() not in out.getvalue()

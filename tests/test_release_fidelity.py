@@ -1,5 +1,5 @@
-"""A release keeps the live container's configuration, and the gate sends serving's API key, on the sandbox's
-real Docker engine.
+"""A keyed container's release and rollback on the sandbox's real Docker engine: every setting kept but the
+change, the release label and the compile cache's two binds.
 
 Serving (the STAND-IN OpenAI server in the local vLLM base image, :mod:`standin_serving`: the subject here is the
 container's configuration and the gate's key, not vLLM; it requires ``--api-key`` as vLLM does) is started by hand with a long ``docker run`` flag list like a real 8-GPU vLLM deployment's (ipc host,
@@ -10,26 +10,30 @@ configuration, and a release and a rollback must give back a container equal to 
 ``Config``/``HostConfig`` field except the intended change (the ``--max-num-seqs`` flag), the release label and the
 compile cache's two binds to the plan's folder (created by the engine).
 
-The supervisor runs in this process (the code under test; the sandbox's deployed pipeline image holds an older
-eagle3ops), against the sandbox engine's socket; the gate reaches serving on the loopback the sandbox shares.
+Everything runs as a user runs it: the ``eagle3ops`` CLI over SSH, the supervisor in the pipeline image deployed on
+the sandbox (built from this checkout by the ``deployed`` fixture), against the sandbox engine; the gate reaches
+serving on the loopback the sandbox shares. The container also carries every form of secret (:mod:`secretscan`),
+which must end up only in the private release records.
 """
 
 from __future__ import annotations
 
 import json
+import pwd
+import shutil
 import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 import standin_serving
 from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, release_record, scan
 
-from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange
 from eagle3ops import health as gate
 from eagle3ops.supervisor.releases import Releases
-from eagle3ops.supervisor.runner import Supervisor
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 PORT = 18007
@@ -98,34 +102,83 @@ def hand_started(sandbox_host):
         _docker(h, "rm", "--force", NAME, check=False)
 
 
-def _plan(h, tmp_path, kind, **kw):
-    wid = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{kind}-{uuid.uuid4().hex[:6]}"
-    wdir = tmp_path / "state" / "windows" / wid
-    wdir.mkdir(parents=True)
-    plan = Plan(window_id=wid, kind=kind, host=h.name, user="pytest", command=f"pytest {kind}",
-                state_dir=str(tmp_path / "state"), serving_container=NAME, stop_timeout_s=30, budget_s=1800,
-                health=HealthCheck(port=PORT, model=h.serving.served_model_name, timeout_s=900),
-                secret_env=[ORG_NAME], **kw)
-    return plan, wdir
+#: A run of two stages small enough for a CPU (the fault suite's: prepare + extract with the transformers engine).
+TINY_HF = """target_model: /model
+prepare: {datasets: [builtin:sharegpt], max_seq_len: 128, max_samples: 4}
+extract: {batch_size: 4, engine: transformers}
+vocab: {draft_vocab_size: 512}
+train: {steps: 2, checkpoint_every: 1, batch_max_tokens: 512}
+"""
 
 
-def test_release_and_rollback_keep_every_setting_and_gate_with_the_api_key(hand_started, tmp_path, capfd):
-    import docker
+@pytest.fixture
+def keyed_inventory(hand_started, deployed, tmp_path):
+    """An inventory file holding the hand-started keyed container as host ``sandbox-keyed``: its own state and data
+    dirs (empty at start, so that every file in them is this test's), the deployed pipeline image's record, the
+    inventory's own secret name (``secret_env``) and a gate sized for seconds that keeps what is not ten times
+    slower (``--margin 0.9``: ``release --gate`` keeps a change not slower than x0.1 of the live release; the subject
+    is the secrets and the container's settings, not the verdict)."""
+    import yaml
 
     h = hand_started
-    # The server requires its key: a client without it gets 401 (what main's gate did, failing every release).
+    root = Path(h.state_dir).parent
+    state, data = root / "state-keyed", root / "data-keyed"
+    for d in (state, data):
+        subprocess.run(["rm", "-rf", str(d)], check=True)
+        d.mkdir()
+    shutil.copy(Path(h.state_dir) / "deployed.json", state / "deployed.json")
+    subprocess.run(["chown", "-R", f"{h.user}:{h.user}", str(state), str(data)], check=True)
+    kh = h.model_copy(update={"name": "sandbox-keyed", "state_dir": str(state), "data_dir": str(data),
+                              "secret_env": [ORG_NAME], "serving": h.serving.model_copy(update={
+                                  "container": NAME, "port": PORT, "health_timeout_s": 120, "stop_timeout_s": 30,
+                                  "gate_concurrency": [1], "gate_passes": 3, "gate_prompts": 1,
+                                  "gate_max_tokens": 4, "gate_warmup_prompts": 0, "gate_accept_low_power": True,
+                                  "gate_ttft_ratio_max": 100.0, "speculative_image": None})})
+    host = kh.model_dump(mode="json", exclude_unset=True)
+    host.pop("name")
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"hosts": {kh.name: host}}, sort_keys=False))
+    yield path, kh
+
+
+def _keyed(h) -> None:
+    """The server demands its key (a client without it gets 401) and takes it."""
     with pytest.raises(gate.ProbeFailed, match="401"):
         gate.probe(f"http://127.0.0.1:{PORT}", h.serving.served_model_name)
-    before = _inspect(h)
-    client = docker.DockerClient(base_url=h.docker_host, timeout=600)
+    gate.probe(f"http://127.0.0.1:{PORT}", h.serving.served_model_name, api_key=KEY)
 
-    # The compile cache (user 0:0, no mount of its own) is bound to the plan's folder, which the engine creates.
-    cache = tmp_path / "compile-cache"
+
+@pytest.mark.images
+def test_release_and_rollback_keep_every_setting_and_gate_with_the_api_key(keyed_inventory, tmp_path):
+    """Through the CLI over SSH, as a user runs it: a gated release (``release --gate``, measured with the key and
+    kept) and a rollback of the keyed container (every ``Config``/``HostConfig`` field kept but the change and the
+    release label; the rolled-back server demands and takes its key), a stage window (prepare + extract) and the
+    run's report. The secrets planted (``--api-key K``, ``--api-key=K``,
+    ``--hf-token``, ``VLLM_API_KEY``, ``HF_TOKEN``, the inventory-named ``ORG_TOKEN``) are in no file under the
+    host's state and data dirs nor the report's folder but the release records (mode 0600, the SSH user's), in no
+    label and in no output of the CLI (stdout and stderr)."""
+    inv, h = keyed_inventory
+    _keyed(h)  # what main's gate once lacked, failing every release
+    before = _inspect(h)
+    run = f"keyed-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "pipeline.yaml").write_text(TINY_HF)
+    said: list[str] = []
+    took: dict[str, float] = {}
+
+    def cli(*args: str, ok: tuple[int, ...] = (0,)) -> int:
+        t0 = time.monotonic()
+        cp = subprocess.run([sys.executable, "-m", "eagle3ops", *args, "--inventory", str(inv)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=900)
+        took[" ".join(args[:2])] = round(time.monotonic() - t0, 1)
+        said.append(cp.stdout + cp.stderr)
+        assert cp.returncode in ok, f"{args}: exit {cp.returncode}\n{cp.stdout[-3000:]}\n{cp.stderr[-3000:]}"
+        return cp.returncode
+
+    cli("release", h.name, "--gate", "--margin", "0.9", "--arg=--max-num-seqs=8")  # exit 0: kept
+    # The compile cache (user 0:0, no mount of its own) is bound to the host's <data_dir>/compile-cache, which the
+    # engine creates.
+    cache = Path(h.data_dir) / "compile-cache"
     cache_binds = [f"{cache}/vllm:/root/.cache/vllm", f"{cache}/torchinductor:/tmp/torchinductor_root"]
-    plan, wdir = _plan(h, tmp_path, "release", change=ReleaseChange(args=["--max-num-seqs", "8"]),
-                       compile_cache=str(cache))
-    res = Supervisor(plan, client, wdir).run()
-    assert res["outcome"] == "ok" and res["serving_healthy"] and res["release"] == 2, res
     released = _inspect(h)
     assert released["Id"] != before["Id"], "the release recreated the container"
     assert released["HostConfig"]["Binds"] == before["HostConfig"]["Binds"] + cache_binds
@@ -134,26 +187,41 @@ def test_release_and_rollback_keep_every_setting_and_gate_with_the_api_key(hand_
     diff = _diff(before["Config"], released["Config"], "Config.") + _diff(before["HostConfig"],
                                                                          released["HostConfig"], "HostConfig.")
     assert sorted(d.split(":")[0] for d in diff) == ["Config.Cmd", f"Config.Labels.{RELEASE_LABEL}"], diff
-    assert released["Config"]["Cmd"][-2:] == ["--max-num-seqs", "8"]
-    assert released["Config"]["Cmd"][:-2] == before["Config"]["Cmd"]
+    assert released["Config"]["Cmd"] == [*before["Config"]["Cmd"], "--max-num-seqs=8"]
 
-    plan, wdir2 = _plan(h, tmp_path, "rollback", compile_cache=str(cache))
-    res = Supervisor(plan, client, wdir2).run()
-    assert res["outcome"] == "ok" and res["serving_healthy"] and res["release"] == 1, res
+    cli("rollback", h.name)
     back = _inspect(h)
     assert back["HostConfig"]["Binds"] == before["HostConfig"]["Binds"] + cache_binds, "release 1 keeps it too"
     back["HostConfig"]["Binds"] = before["HostConfig"]["Binds"]
     diff = _diff(before["Config"], back["Config"], "Config.") + _diff(before["HostConfig"], back["HostConfig"],
                                                                        "HostConfig.")
     assert diff == [f"Config.Labels.{RELEASE_LABEL}: None -> '1'"], diff
-    assert Releases(tmp_path / "state").history() == [1, 2, 1]
-
-    # The secrets went nowhere they must not: no file of the state dir but the 0600 release records (the rolled-back
-    # container above kept its key and environment from them), no label, not the supervisor's log.
+    live = Releases(Path(h.state_dir)).history()
+    assert live[0] == live[-1] == 1 and 2 in live, live
+    _keyed(h)  # recreated from its records: the key it needs is back, with its environment
     assert planted_args()[-2:] == back["Config"]["Cmd"][-2:] and KEY in back["Config"]["Cmd"]
     assert all(f"{k}={v}" in back["Config"]["Env"] for k, v in planted_env().items())
-    found = scan([tmp_path / "state"], allowed=release_record)
+
+    cli("extract", h.name, "--run", run, "--pipeline", str(tmp_path / "pipeline.yaml"))
+    _keyed(h)  # restored by the window as it was
+    cli("report", h.name, "--run", run, "--out", str(tmp_path / "reports"))
+    print(f"keyed CLI runs (s): {took}")
+    assert any((tmp_path / "reports").rglob("*.html")), "report wrote no page"
+    assert list(Path(h.data_dir).glob(f"runs/{run}/*/*.json")), "the stage window wrote no manifest"
+
+    records: list[Path] = []
+
+    def allowed(p: Path) -> bool:
+        if release_record(p):
+            records.append(p)
+            return True
+        return False
+
+    found = scan([Path(h.state_dir), Path(h.data_dir), tmp_path / "reports"], allowed=allowed)
     assert found == {}, found
-    records = [p for p in (tmp_path / "state").rglob("*") if p.is_file() and release_record(p)]
-    assert len(records) >= 4 and [private(p) for p in records] == [None] * len(records), records
-    assert leaks(json.dumps(back["Config"]["Labels"])) == [] and leaks("".join(capfd.readouterr())) == []
+    assert [p for p in records if p.parent.name == "releases"], records
+    owner = pwd.getpwnam(h.user).pw_uid  # the SSH user: the supervisor's container writes them as that user's
+    assert [private(p, {owner}) for p in records] == [None] * len(records)
+    assert leaks(json.dumps(_inspect(h)["Config"]["Labels"])) == []
+    shown = {i: leaks(out) for i, out in enumerate(said) if leaks(out)}
+    assert shown == {}, f"the CLI's output shows secrets: {shown}"

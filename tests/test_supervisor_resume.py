@@ -332,6 +332,38 @@ def test_stage_log_survives_a_silent_stretch(tmp_path, gate):
     assert calls[0] is None and all(c is not None for c in calls[1:])
 
 
+def test_a_stage_containers_log_is_written_with_its_secrets_masked(tmp_path, gate):
+    """A stage that prints serving's secrets (an engine echoing its arguments and environment: ``--api-key K``,
+    ``--api-key=K``, ``--hf-token``, ``VLLM_API_KEY``, ``HF_TOKEN``, the inventory-named ``ORG_TOKEN``), a value cut
+    between two chunks of the log stream and a last line without its newline: ``<stage>.log`` holds every line,
+    each secret masked by the one redaction rule."""
+    from secretscan import ORG_NAME, leaks, planted_args, planted_env
+
+    plan, wdir = _plan(tmp_path, secret_env=[ORG_NAME])
+    client = StandInClient()
+    line = ("engine args: " + " ".join(planted_args()) + " env: "
+            + " ".join(f"{k}={v}" for k, v in planted_env().items()) + "\n").encode()
+    cut = line.index(planted_args()[1].encode()) + 5
+    chunks = [b"loading\n", line[:cut], line[cut:], b"last words --api-key=" + planted_args()[1].encode()]
+
+    def logs(self, **kw):
+        if not kw.get("stream"):
+            return b""
+        self.status = "exited"
+        return iter(chunks)
+
+    orig = StandInContainer.logs
+    StandInContainer.logs = logs
+    try:
+        assert Supervisor(plan, client, wdir).run_stage(plan.stages[0]) is True
+    finally:
+        StandInContainer.logs = orig
+    text = (wdir / "prepare.log").read_text()
+    assert leaks(text) == [], text
+    assert text.startswith("loading\nengine args: --api-key *** --api-key=*** --hf-token *** env: VLLM_API_KEY=***")
+    assert text.endswith("last words --api-key=***"), text
+
+
 # ---- window faults ----------------------------------------------------------------------------------------------
 
 class FlakyEngineClient(StandInClient):

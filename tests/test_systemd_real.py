@@ -5,6 +5,9 @@ What it shows (each against systemd itself, not a stand-in of ``systemctl``):
 - the restore agent's stop ends the unit's whole control group: a unit with ``KillMode=process`` whose main process
   has a child (as vLLM's API server has its EngineCore and workers) leaves no process behind, and the agent's restore
   starts the unit again;
+- the unit's secrets (``--api-key K``, ``--api-key=K``, ``--hf-token`` on its command line; ``VLLM_API_KEY``,
+  ``HF_TOKEN`` and an inventory-named variable in its environment) end up in no file of the host's state and data
+  dirs but the unit's record (``unit.show``, mode 0600), and in no output of the CLI's ``status`` / ``config check``;
 - preflight advises ``KillMode=control-group`` for such a unit;
 - with logind's ``KillUserProcesses=yes`` applying to the SSH user, preflight detaches the agent as a user service
   (the user lingers) and the agent outlives the SSH session; without linger the window is refused before anything
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -33,12 +37,16 @@ from eagle3ops.config import load_inventory
 from eagle3ops.remote import Remote
 
 import systemd_image
+from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, release_record, scan
 
 UNIT = "vllm-standin.service"
 # The main process and a child of it, as vLLM's API server and its EngineCore; KillMode=process: `systemctl stop`
-# ends the main process only.
-UNIT_FILE = """[Service]
-ExecStart=/bin/bash -c 'sleep 10001 & exec sleep 20001'
+# ends the main process only. The unit carries serving's secrets as a keyed vLLM unit would (secretscan's planted
+# values: `--api-key K`, `--api-key=K` and `--hf-token` on its command line, bash's positional words here;
+# VLLM_API_KEY, HF_TOKEN and the inventory-named ORG_TOKEN in its environment).
+UNIT_FILE = f"""[Service]
+ExecStart=/bin/bash -c 'sleep 10001 & exec sleep 20001' vllm {' '.join(planted_args())}
+{chr(10).join(f'Environment={k}={v}' for k, v in planted_env().items())}
 KillMode=process
 """
 #: The agent asks about "the supervisor" with these words: always running (the test plays the supervisor's part
@@ -100,6 +108,7 @@ systemctl restart systemd-logind ssh
     known_hosts: {d / 'known_hosts'}
     data_dir: /var/lib/e3/data
     state_dir: /var/lib/e3/state
+    secret_env: [{ORG_NAME}]
     model_path: /var/lib/e3/data/model
     serving:
       kind: systemd
@@ -133,13 +142,14 @@ def _unit_procs(name: str) -> list[str]:
     return [ln for ln in out.splitlines() if ln.startswith("sleep 1000") or ln.startswith("sleep 2000")]
 
 
-def test_agent_stop_ends_the_units_control_group_and_restore_starts_it(systemd_host):
+def test_agent_stop_ends_the_units_control_group_and_restore_starts_it(systemd_host, tmp_path):
     inv, name = systemd_host
     h = _host(inv)
     assert len(_unit_procs(name)) == 2  # main process and its child
     pdir = f"/var/lib/e3/state/windows/t-{uuid.uuid4().hex[:6]}/process"
     with Remote(h) as r:
         r.run(["mkdir", "-p", pdir])  # this session stays open while the agent works: detached as by default
+        r.run(sd.record_unit(UNIT, pdir))  # what the driver records before the agent starts (a window's launch)
         r.run(sd.start_agent(h, pdir=pdir, unit=UNIT, stop_timeout_s=5, supervisor="eagle3ops-supervisor-t1",
                              limit_s=60, state_words=RUNNING))
         _wait_file(r, f"{pdir}/agent.pid")
@@ -154,6 +164,39 @@ def test_agent_stop_ends_the_units_control_group_and_restore_starts_it(systemd_h
         time.sleep(1)
         assert len(_unit_procs(name)) == 2 and r.run(sd.is_active(UNIT)).stdout.strip() == "active"
         r.run(["touch", f"{pdir}/done"])
+    _no_secret_on_the_host_or_in_the_drivers_output(inv, name, tmp_path)
+
+
+def _no_secret_on_the_host_or_in_the_drivers_output(inv: Path, name: str, tmp_path: Path) -> None:
+    """The unit's planted secrets (secretscan) are in no file under the host's state and data dirs but the unit's
+    record (``unit.show``: mode 0600, the SSH user's), and in no output of the driver's CLI over SSH about this host
+    (``status``, ``config check``)."""
+    copy = tmp_path / "host"
+    copy.mkdir()
+    tar = subprocess.run(["docker", "exec", name, "tar", "-C", "/var/lib/e3", "-cf", "-", "."], capture_output=True,
+                         check=True, timeout=60).stdout
+    subprocess.run(["tar", "-C", str(copy), "--same-owner", "-xpf", "-"], input=tar, check=True, timeout=60)
+    records: list[Path] = []
+
+    def allowed(p: Path) -> bool:
+        if release_record(p):
+            records.append(p)
+            return True
+        return False
+
+    found = scan([copy / "state", copy / "data"], allowed=allowed)
+    assert found == {}, found
+    assert [p.name for p in records] == ["unit.show"] and private(records[0], {0}) is None, \
+        [(p, private(p, {0})) for p in records]
+    assert leaks(records[0].read_bytes()), "the unit's record lost the secrets a restore needs"
+    said = {}
+    for args in (["status", "sysd"], ["config", "check", "sysd"]):
+        cp = subprocess.run([sys.executable, "-m", "eagle3ops", *args, "--inventory", str(inv)], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
+        said[" ".join(args)] = (cp.returncode, cp.stdout + cp.stderr)
+    assert "vllm-standin.service" in said["config check sysd"][1], said  # it read the unit
+    shown = {cmd: leaks(out) for cmd, (_, out) in said.items() if leaks(out)}
+    assert shown == {}, f"the CLI shows the unit's secrets: {shown}\n{said}"
 
 
 def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(systemd_host):

@@ -22,12 +22,13 @@ def _step(tmp_path: Path, name: str, code: str, timeout_s: float = 30, env: dict
         "cwd": str(tmp_path / "data" / "runs" / "r1")})
 
 
-def _run(tmp_path: Path, *steps: StageStep) -> tuple[dict, Path]:
+def _run(tmp_path: Path, *steps: StageStep, secret_env: list[str] | None = None) -> tuple[dict, Path]:
     (tmp_path / "state").mkdir(exist_ok=True)
     wdir = tmp_path / "state" / "windows" / "w1"
     wdir.mkdir(parents=True, exist_ok=True)
     plan = Plan(window_id="w1", kind="window", host="h", user="u", command="c", state_dir=str(tmp_path / "state"),
-                serving_container="", serving_kind="none", health=None, stages=list(steps), runtime="venv")
+                serving_container="", serving_kind="none", health=None, stages=list(steps), runtime="venv",
+                secret_env=secret_env or [])
     return Supervisor(plan, None, wdir).run(), wdir
 
 
@@ -99,3 +100,22 @@ def test_the_supervisor_entry_point_writes_its_pid_file(tmp_path):
             signal.signal(s, handler)
     assert (wdir / "supervisor.pid").read_text().strip() == str(os.getpid())
     assert json.loads((wdir / "result.json").read_text())["outcome"] == "ok"
+
+
+def test_a_stage_process_log_is_written_with_its_secrets_masked(tmp_path):
+    """A venv stage process that prints serving's secrets (its arguments and environment, as an engine echoing its
+    configuration does) and fails naming one: ``<stage>.log`` holds every line with each secret masked by the one
+    redaction rule (the inventory-named ``ORG_TOKEN`` included), and so does the window's result."""
+    from secretscan import ORG_NAME, leaks, planted_args, planted_env
+
+    words = " ".join(planted_args()) + " " + " ".join(f"{k}={v}" for k, v in planted_env().items())
+    code = (f"import sys; print('engine args:', {words!r}); print('partial --hf-token', {planted_args()[-1]!r}, "
+            f"end='', flush=True); print(file=sys.stderr); print('error: rejected --api-key=' + {planted_args()[1]!r});"
+            " raise SystemExit(3)")
+    step = _step(tmp_path, "prepare", code, env=planted_env())
+    res, wdir = _run(tmp_path, step, secret_env=[ORG_NAME])
+    text = (wdir / "prepare.log").read_text()
+    assert "engine args: --api-key *** --api-key=*** --hf-token *** VLLM_API_KEY=***" in text, text
+    assert leaks(text) == [] and leaks(json.dumps(res)) == [], (text, res)
+    # (the rule masks a flag's value up to the next blank: the outcome's closing parenthesis goes with it)
+    assert res["stages"]["prepare"].startswith("failed (exited 3: rejected --api-key=***"), res

@@ -12,7 +12,7 @@ Secrets are:
   ``NAME=VALUE`` word of an environment list, and ``NAME=VALUE`` inside a shell command line.
 
 Every writer goes through :func:`value` (a whole JSON-ready record: the journal, results, audit lines) or the
-narrower :func:`argv`, :func:`env` and :func:`text`. The records that restore and ``rollback`` recreate serving from
+narrower :func:`argv`, :func:`env` and :func:`text`; a stream of output (a stage's log) through :class:`LineWriter`. The records that restore and ``rollback`` recreate serving from
 must keep serving's secrets: they are written readable by their owner only (mode 0600) instead, and are the only
 files that hold them (README, "Secrets").
 
@@ -23,11 +23,12 @@ configuration all use it.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable, Mapping
-from typing import Any, overload
+from typing import Any, BinaryIO, overload
 
-__all__ = ["MASK", "SECRET_ENV", "SECRET_FIELDS", "SECRET_FLAGS", "argv", "env", "is_secret_env", "is_secret_flag",
-           "text", "value"]
+__all__ = ["MASK", "SECRET_ENV", "SECRET_FIELDS", "SECRET_FLAGS", "LineWriter", "argv", "env", "is_secret_env",
+           "is_secret_flag", "text", "value"]
 
 #: What a secret is replaced with.
 MASK = "***"
@@ -118,3 +119,48 @@ def value(obj: Any, extra: Iterable[str] = ()) -> Any:
             return argv(obj, names)
         return [value(v, names) for v in obj]
     return obj
+
+
+class LineWriter:
+    """A binary stream's bytes written to ``out`` with every secret masked (:func:`text`), line by line: a stage's
+    output on its way to ``<stage>.log``, which arrives in chunks that may cut a line, and a secret, anywhere.
+
+    Each :meth:`write` passes on everything up to its last line end (``\\n``, or ``\\r``: a progress bar redraws its
+    line without a newline) and keeps the rest until the line is complete; a rest longer than ``hold`` bytes (a
+    line that never ends) is passed on as it is, masked. :meth:`close` passes on the last, unended line. Bytes that
+    are not UTF-8 are kept as they are (``surrogateescape``). Thread-safe: a log pump writes while the caller may
+    close.
+
+    Args:
+        out: the binary file written to (flushed after each write).
+        extra: the inventory's ``secret_env`` names (:func:`is_secret_env`).
+        hold: the most bytes of an unended line kept back.
+    """
+
+    def __init__(self, out: BinaryIO, extra: Iterable[str] = (), hold: int = 1 << 16) -> None:
+        self._out, self._names, self._hold = out, _names(extra), hold
+        self._rest = b""
+        self._lock = threading.Lock()
+
+    def _mask(self, b: bytes) -> bytes:
+        return text(b.decode("utf-8", "surrogateescape"), self._names).encode("utf-8", "surrogateescape")
+
+    def write(self, data: bytes) -> None:
+        """Take ``data``: pass on its complete lines (masked), keep the unended rest."""
+        with self._lock:
+            buf = self._rest + data
+            end = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1
+            if len(buf) - end > self._hold:
+                end = len(buf)
+            self._rest = buf[end:]
+            if end:
+                self._out.write(self._mask(buf[:end]))
+                self._out.flush()
+
+    def close(self) -> None:
+        """Pass on the last, unended line (masked). ``out`` itself is left open."""
+        with self._lock:
+            if self._rest:
+                self._out.write(self._mask(self._rest))
+                self._out.flush()
+                self._rest = b""

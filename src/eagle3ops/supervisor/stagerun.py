@@ -1,5 +1,6 @@
 """Stage containers (or, on a venv host, stage processes: :func:`run_stage_process`) of a window on the host: create, run within the stage's limit and the window's budget, stream
-the output to ``<stage>.log``, journal the outcome with the stage's own reason (:func:`stage_error`).
+the output to ``<stage>.log`` with its secrets masked (:class:`eagle3ops.redact.LineWriter`: a stage may print its
+arguments or environment), journal the outcome with the stage's own reason (:func:`stage_error`).
 
 Used by :class:`eagle3ops.supervisor.runner.Supervisor` (the step table); the serving kinds use
 :func:`create_container` for releases recorded as docker SDK specs.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from eagle3ops import redact
 from eagle3ops.config.plan import StageStep
 from eagle3ops.supervisor.errors import Interrupted, ServingRestarted
 from eagle3ops.supervisor.journal import _tail
@@ -100,9 +102,11 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
     exit_code: int | None = None
     reason, ended = "", ""
     try:
-        with log_path.open("ab") as log:
+        with log_path.open("ab") as raw:
             # Stream logs while waiting; the stream ends when the container exits.
             import threading
+
+            log = redact.LineWriter(raw, sup.plan.secret_env)
 
             def pump() -> None:
                 # The client's read timeout (600 s) ends a follow stream when a stage prints nothing for that
@@ -113,7 +117,6 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
                     try:
                         for chunk in container.logs(stream=True, follow=True, since=since):
                             log.write(chunk)
-                            log.flush()
                             since = int(time.time())
                     except Exception:  # noqa: BLE001 - the log pump must never kill the supervisor
                         pass
@@ -136,6 +139,7 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
                 reason = _over_reason(step, limit)
                 container.stop(timeout=10)
             th.join(timeout=10)
+            log.close()
     except (Interrupted, ServingRestarted) as exc:
         reason = "supervisor interrupted" if isinstance(exc, Interrupted) else "stopped: serving kept being started"
         if isinstance(exc, Interrupted) and not sup._engine_up():  # the restarting daemon stops the supervisor
@@ -259,7 +263,8 @@ def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
     :func:`eagle3ops.commands.venv.stage_spec`: ``argv``, ``environment``, ``cwd``) run as a process in a session of
     its own, stdout and stderr appended to ``<stage>.log``, within the stage's limit and the window budget, checking
     every ``sup.guard_poll_s`` seconds that serving is still stopped; journaled as a stage container is (same
-    reasons, :func:`stage_error`). The environment is the supervisor's plus the spec's (the inventory's
+    reasons, :func:`stage_error`). Its output reaches the log through a pipe the supervisor reads, so that its
+    secrets are masked as a stage container's are (:class:`eagle3ops.redact.LineWriter`). The environment is the supervisor's plus the spec's (the inventory's
     ``stage_env``). A stage still running at its deadline, on an interrupt or when serving keeps being started is
     stopped: SIGTERM to its process group, SIGKILL after :data:`STAGE_STOP_GRACE_S` seconds.
 
@@ -281,11 +286,14 @@ def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
     os.makedirs(cwd, exist_ok=True)
     exit_code: int | None = None
     reason = ""
-    with log_path.open("ab") as log:
+    with log_path.open("ab") as raw:
+        log = redact.LineWriter(raw, sup.plan.secret_env)
+        pump = None
         try:
             proc = subprocess.Popen(step.spec["argv"], cwd=cwd, env={**os.environ, **step.spec.get("environment", {})},
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     start_new_session=True)
+            pump = _pump(proc.stdout, log)
         except OSError as exc:  # the environment's python is missing or not executable
             reason = f"could not start {step.spec['argv'][0]}: {exc}"
             proc = None
@@ -305,11 +313,13 @@ def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
         except BaseException:  # Interrupted, ServingRestarted: the stage is stopped, the window restores serving
             if proc is not None:
                 _stop_group(proc)
+            _drain(pump, log)
             dt = time.time() - t0
             sup.stage_times[step.name] = round(dt, 1)
             sup.journal.log(step.name, "error", seconds=round(dt, 1), reason="supervisor interrupted")
             sup.stage_outcomes[step.name] = "failed (supervisor interrupted)"
             raise
+        _drain(pump, log)
     dt = time.time() - t0
     sup.stage_times[step.name] = round(dt, 1)
     if exit_code == 0:
@@ -322,6 +332,35 @@ def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
     sup.journal.log(step.name, "error", seconds=round(dt, 1), reason=why)
     sup.stage_outcomes[step.name] = f"failed ({why})"
     return False
+
+
+def _pump(stream: Any, log: redact.LineWriter) -> Any:
+    """Copy a stage process's output pipe into ``log`` on a thread of its own, until the pipe closes (the stage and
+    every process that inherited its output have exited). Returns the thread."""
+    import os
+    import threading
+
+    def copy() -> None:
+        fd = stream.fileno()
+        try:
+            while chunk := os.read(fd, 1 << 16):
+                log.write(chunk)
+        except (OSError, ValueError):  # the pipe closed under the read, or the log after the drain's wait
+            pass
+        finally:
+            stream.close()
+
+    th = threading.Thread(target=copy, daemon=True)
+    th.start()
+    return th
+
+
+def _drain(pump: Any, log: redact.LineWriter, wait_s: float = 10.0) -> None:
+    """Let the output pump finish for at most ``wait_s`` seconds (a child the stage left running may keep the pipe
+    open: its later output still reaches the log through the pump), then pass on the last, unended line."""
+    if pump is not None:
+        pump.join(timeout=wait_s)
+    log.close()
 
 
 def _start_within_budget(sup: Any, step: Any) -> float | None:
