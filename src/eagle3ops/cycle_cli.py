@@ -188,30 +188,50 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
     to the work hosts, extract and train there (no window anywhere), the head's acceptance served on a work host
     (below the floor: the cycle ends, production never restarted), then the head to production and the speed gate
     (production's only restarts). Journaled under a lock on production: a rerun skips finished steps."""
-    from eagle3ops.config import ConfigError, load_inventory
-    from eagle3ops.speculate.cycle import CycleError, CycleOptions, plan_cycle
-    from eagle3ops.speculate.cyclerun import CycleJournal, cycle_dir, run_cycle
+    from eagle3ops.speculate.cycle import CycleOptions
 
     if link_mbit <= 0:
         common.fail(f"--link-mbit {link_mbit}: give the link's rate in Mbit/s (a positive number)", 2)
-    try:
-        inv = load_inventory(inventory)
-        prod, works = inv.host(production), [inv.host(w) for w in dict.fromkeys(work)]
-    except ConfigError as exc:
-        common.fail(str(exc), 2)
-    cfg = _checks(prod, works, pipeline)
     opts = CycleOptions(run, inventory, pipeline, tuple(dataset), held_out, limit, link_mbit, prompts_file, merged,
                         truncated)
-    if not set(dead) < {w.name for w in works}:
-        common.fail(f"--dead {', '.join(dead)}: name work hosts (given with --work), not all of them", 2)
-    gate_requests = _gate_requests(prod, prompts_file)  # a bad file named now, not after hours of training
-    try:
-        plan = plan_cycle(_facts(inv, prod, works, list(dead), cfg, opts), opts)
-    except CycleError as exc:
-        common.fail(str(exc), 2)
+    inv, prod, cfg, plan, gate_requests = _cycle_plan(production, work, list(dead), opts)
     print(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()), flush=True)
     if dry_run:
         return
+    res = _run_under_lock(inv, prod, run, plan, take_over,
+                          lambda journal: _runners(inv, prod, run, cfg, plan, gate_requests, journal))
+    _print_outcome(prod, run, plan, res)
+
+
+def _cycle_plan(production: str, work: list[str], dead: list[str], opts: Any) -> tuple[Any, Any, Any, Any, list[Any]]:
+    """Facts, checks and the plan, before any host write: the inventory's hosts, the pipeline config checked against
+    them, the gate's chat set read (a bad file named now, not after hours of training) and the cycle planned.
+
+    Returns (inventory, production host, pipeline config, plan, gate requests); bad input exits 2 naming the flag or
+    file (:class:`ConfigError`, :class:`CycleError` turned into ``common.fail``)."""
+    from eagle3ops.config import ConfigError, load_inventory
+    from eagle3ops.speculate.cycle import CycleError, plan_cycle
+
+    try:
+        inv = load_inventory(opts.inventory)
+        prod, works = inv.host(production), [inv.host(w) for w in dict.fromkeys(work)]
+    except ConfigError as exc:
+        common.fail(str(exc), 2)
+    cfg = _checks(prod, works, opts.pipeline)
+    if not set(dead) < {w.name for w in works}:
+        common.fail(f"--dead {', '.join(dead)}: name work hosts (given with --work), not all of them", 2)
+    gate_requests = _gate_requests(prod, opts.prompts_file)
+    try:
+        plan = plan_cycle(_facts(inv, prod, works, dead, cfg, opts), opts)
+    except CycleError as exc:
+        common.fail(str(exc), 2)
+    return inv, prod, cfg, plan, gate_requests
+
+
+def _runners(inv: Any, prod: Any, run: str, cfg: Any, plan: Any, gate_requests: list[Any],
+             journal: Any) -> dict[str, Callable[[Any], dict[str, Any]]]:
+    """What runs each step kind: the pipeline's commands as child processes; the dataset copy, the work host's
+    acceptance and the report (with production's acceptance beside the work host's, from ``journal``) in-process."""
 
     def dataset_step(step: Any) -> dict[str, Any]:
         from contextlib import ExitStack
@@ -242,8 +262,18 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
         return {**out, "acceptance_work_host": beside["work_host"], "acceptance_production": beside["production"]}
 
     argv = _argv_runner()
-    runners = {"regenerate": argv, "weights": argv, "extract": argv, "train": argv, "speculate": argv,
-               "report": report_step, "dataset": dataset_step, "acceptance": acceptance_step}
+    return {"regenerate": argv, "weights": argv, "extract": argv, "train": argv, "speculate": argv,
+            "report": report_step, "dataset": dataset_step, "acceptance": acceptance_step}
+
+
+def _run_under_lock(inv: Any, prod: Any, run: str, plan: Any, take_over: bool,
+                    runners: Callable[[Any], dict[str, Callable[[Any], dict[str, Any]]]]) -> dict[str, Any]:
+    """Execute: take the cycle's lock (its journal on production), run the plan's unfinished steps, release the lock
+    (also when a step fails). ``runners`` builds the step runners from the journal. Returns :func:`run_cycle`'s
+    result; a :class:`CycleError` (lock held elsewhere, a step failed) exits 1 with its message."""
+    from eagle3ops.speculate.cycle import CycleError
+    from eagle3ops.speculate.cyclerun import CycleJournal, cycle_dir, run_cycle
+
     with common.remote(prod) as pr:
         journal = CycleJournal(pr, cycle_dir(prod.state_dir, run), prod.secret_env)
         try:
@@ -253,11 +283,18 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
         if taken:
             print(taken, flush=True)
         try:
-            res = run_cycle(plan, journal, runners, alive=_alive(inv), echo=lambda m: print(f"[cycle] {m}", flush=True))
+            res = run_cycle(plan, journal, runners(journal), alive=_alive(inv),
+                            echo=lambda m: print(f"[cycle] {m}", flush=True))
         except CycleError as exc:
             journal.release()
             common.fail(str(exc))
         journal.release()
+    return res
+
+
+def _print_outcome(prod: Any, run: str, plan: Any, res: dict[str, Any]) -> None:
+    """The cycle's closing JSON line (secrets redacted): the steps, production's serving figures and both
+    acceptance figures with the verdict; the acceptance line too unless the report step already printed it."""
     from eagle3ops.speculate.cyclerun import acceptance_beside
 
     beside = acceptance_beside(res["figures"])
