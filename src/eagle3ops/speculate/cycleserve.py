@@ -165,39 +165,71 @@ def plan_work_serving(prod: Any, work: Any, src: ProductionServing, *, run: str,
     change = driver_kind(on_work).speculative_change(on_work, head, k, image or "", None)
     name = "eagle3ops-cycle-" + re.sub(r"[^a-zA-Z0-9_.-]", "-", run)
     if src.form == "process":
-        rec = src.record
-        argv = [_remap_word(w, pairs) for w in rec["argv"]]
-        cwd = remap(rec.get("cwd") or "/", pairs)
-        moved = [f"{a} -> {b}" for a, b in zip(rec["argv"], argv) if a != b]
-        if cwd != (rec.get("cwd") or "/"):
-            moved.append(f"{rec.get('cwd')} -> {cwd} (working directory)")
-        argv = set_args(argv, [*change.args, "--port", str(port)])
-        return WorkServing(src.form, name, port, head, tuple(argv), tuple(rec.get("environ") or ()), cwd,
-                           remapped=tuple(moved))
+        return _process_serving(src, pairs, change, name=name, port=port, head=head)
     if src.form != "container":
         raise StepFailed(f"{prod.name}: a release record of form {src.form}: the served acceptance on a work host "
                          f"replays a container or a process; serve production as one, or ship with speculate only",
                          (prod.name,))
-    hcfg = src.record.get("HostConfig") or {}
-    mode = hcfg.get("NetworkMode") or "default"
-    ports: dict[str, list[tuple[str, int]]] = {}
-    port_args: list[str] = []
-    if mode == "host":
-        port_args = ["--port", str(port)]
-    else:
-        cport = next((c for c, bs in (hcfg.get("PortBindings") or {}).items()
-                      if any(str((b or {}).get("HostPort")) == str(prod.serving.port) for b in bs or [])), None)
-        if cport is None:
-            raise StepFailed(f"{prod.name}: its serving container (network {mode}) publishes no port "
-                             f"{prod.serving.port} (serving.port): the work host's copy cannot be reached; publish "
-                             f"serving's port or use the host network", (prod.name,))
-        ports = {cport: [("", port)]}
+    mode, ports, port_args = _published_port(prod, src.record.get("HostConfig") or {}, port)
     try:
         rec = apply_change(src.record, args=port_args + list(change.args),
                            image=image if image_defaults is not None else None, image_defaults=image_defaults)
     except ShellFormCommand as exc:
         raise StepFailed(str(exc), (prod.name,)) from None
     cfg, hcfg = rec["Config"], rec["HostConfig"]
+    binds, moved = _remapped_binds(hcfg, pairs, change.binds)
+    mounts, moved_mounts = _remapped_mounts(hcfg, pairs)
+    cmd, env, secret_env = _secrets_in_env(prod, cfg)
+    spec = _container_spec(cfg, hcfg, image=image_id or image or cfg.get("Image"), name=name, cmd=cmd, binds=binds,
+                           mounts=mounts, mode=mode, ports=ports)
+    notes = ["the command line's secrets moved to the environment (" + ", ".join(secret_env) + ")"] \
+        if secret_env else []
+    return WorkServing(src.form, name, port, head, tuple([*(cfg.get("Entrypoint") or []), *cmd]), tuple(env),
+                       image=image or cfg.get("Image"), image_id=image_id, spec=spec,
+                       remapped=tuple(moved + moved_mounts), notes=tuple(notes))
+
+
+def _process_serving(src: ProductionServing, pairs: list[tuple[str, str]], change: Any, *, name: str, port: int,
+                     head: str) -> WorkServing:
+    """The work host's process from production's recorded one: every argv word and the working directory remapped
+    (:func:`remap`), the speculative change's arguments and ``--port port`` set (:func:`set_args`); what moved is
+    listed in ``remapped``."""
+    rec = src.record
+    argv = [_remap_word(w, pairs) for w in rec["argv"]]
+    cwd = remap(rec.get("cwd") or "/", pairs)
+    moved = [f"{a} -> {b}" for a, b in zip(rec["argv"], argv) if a != b]
+    if cwd != (rec.get("cwd") or "/"):
+        moved.append(f"{rec.get('cwd')} -> {cwd} (working directory)")
+    argv = set_args(argv, [*change.args, "--port", str(port)])
+    return WorkServing(src.form, name, port, head, tuple(argv), tuple(rec.get("environ") or ()), cwd,
+                       remapped=tuple(moved))
+
+
+def _published_port(prod: Any, hcfg: dict[str, Any], port: int
+                    ) -> tuple[str, dict[str, list[tuple[str, int]]], list[str]]:
+    """How the work host's container is reached on ``port``: (network mode, docker SDK ``ports``, extra server
+    arguments). The host network gets ``--port port``; a bridge network publishes ``port`` for the container port
+    that production publishes as ``serving.port``.
+
+    Raises:
+        StepFailed: a bridge network with no published port for production's ``serving.port``.
+    """
+    mode = hcfg.get("NetworkMode") or "default"
+    if mode == "host":
+        return mode, {}, ["--port", str(port)]
+    cport = next((c for c, bs in (hcfg.get("PortBindings") or {}).items()
+                  if any(str((b or {}).get("HostPort")) == str(prod.serving.port) for b in bs or [])), None)
+    if cport is None:
+        raise StepFailed(f"{prod.name}: its serving container (network {mode}) publishes no port "
+                         f"{prod.serving.port} (serving.port): the work host's copy cannot be reached; publish "
+                         f"serving's port or use the host network", (prod.name,))
+    return mode, {cport: [("", port)]}, []
+
+
+def _remapped_binds(hcfg: dict[str, Any], pairs: list[tuple[str, str]],
+                    head_binds: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The container's ``Binds`` with each source remapped (:func:`remap`) and the head's binds in place of any at
+    the same container path: (binds, what moved)."""
     moved = []
     binds = []
     for b in hcfg.get("Binds") or []:
@@ -206,8 +238,13 @@ def plan_work_serving(prod: Any, work: Any, src: ProductionServing, *, run: str,
         if new != parts[0]:
             moved.append(f"{parts[0]} -> {new} (bind of {parts[1] if len(parts) > 1 else parts[0]})")
         binds.append(":".join([new, *parts[1:]]))
-    targets = {b.split(":")[1] for b in change.binds}  # the head's bind replaces one at the same path
-    binds = [x for x in binds if len(x.split(":")) < 2 or x.split(":")[1] not in targets] + list(change.binds)
+    targets = {b.split(":")[1] for b in head_binds}  # the head's bind replaces one at the same path
+    return [x for x in binds if len(x.split(":")) < 2 or x.split(":")[1] not in targets] + list(head_binds), moved
+
+
+def _remapped_mounts(hcfg: dict[str, Any], pairs: list[tuple[str, str]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The container's ``Mounts`` with each bind mount's source remapped (:func:`remap`): (mounts, what moved)."""
+    moved = []
     mounts = []
     for m in hcfg.get("Mounts") or []:
         m = dict(m)
@@ -217,6 +254,16 @@ def plan_work_serving(prod: Any, work: Any, src: ProductionServing, *, run: str,
                 moved.append(f"{m['Source']} -> {new} (mount at {m.get('Target')})")
             m["Source"] = new
         mounts.append(m)
+    return mounts, moved
+
+
+def _secrets_in_env(prod: Any, cfg: dict[str, Any]) -> tuple[list[str], list[str], dict[str, str]]:
+    """The container's command without its secrets and its environment carrying them (:func:`secrets_to_env`):
+    (command, ``KEY=value`` environment, the secrets moved).
+
+    Raises:
+        StepFailed: an environment value holds a newline (an env file cannot carry it).
+    """
     cmd, secret_env = secrets_to_env(list(cfg.get("Cmd") or []))
     env = [e for e in cfg.get("Env") or [] if e.split("=", 1)[0] not in secret_env]
     env += [f"{key}={v}" for key, v in secret_env.items()]
@@ -224,19 +271,23 @@ def plan_work_serving(prod: Any, work: Any, src: ProductionServing, *, run: str,
     if bad:
         raise StepFailed(f"{prod.name}: the serving environment's {', '.join(bad)} holds a newline, which an env "
                          f"file cannot carry", (prod.name,))
+    return cmd, env, secret_env
+
+
+def _container_spec(cfg: dict[str, Any], hcfg: dict[str, Any], *, image: str | None, name: str, cmd: list[str],
+                    binds: list[str], mounts: list[dict[str, Any]], mode: str,
+                    ports: dict[str, list[tuple[str, int]]]) -> dict[str, Any]:
+    """The docker SDK ``containers.create`` keywords for the work host's container: production's record's settings
+    (entrypoint, GPUs, shm, IPC, ulimits, runtime, user, working directory) with the remapped binds and mounts,
+    labelled :data:`ROLE`; docker's defaults (private IPC, runc) left unset."""
     runtime = hcfg.get("Runtime")
-    spec = {"image": image_id or image or cfg.get("Image"), "name": name, "entrypoint": cfg.get("Entrypoint") or None,
+    return {"image": image, "name": name, "entrypoint": cfg.get("Entrypoint") or None,
             "command": cmd, "volumes": binds, "mounts": mounts,
             "network_mode": "bridge" if mode == "default" else mode, "labels": {ROLE_LABEL: ROLE},
             "device_requests": hcfg.get("DeviceRequests") or [], "shm_size": hcfg.get("ShmSize"),
             "ipc_mode": hcfg.get("IpcMode") if hcfg.get("IpcMode") not in ("", "private", "shareable") else None,
             "ulimits": hcfg.get("Ulimits") or [], "runtime": runtime if runtime not in (None, "", "runc") else None,
             "ports": ports, "user": cfg.get("User") or None, "working_dir": cfg.get("WorkingDir") or None}
-    notes = ["the command line's secrets moved to the environment (" + ", ".join(secret_env) + ")"] \
-        if secret_env else []
-    return WorkServing(src.form, name, port, head, tuple([*(cfg.get("Entrypoint") or []), *cmd]), tuple(env),
-                       image=image or cfg.get("Image"), image_id=image_id, spec=spec, remapped=tuple(moved),
-                       notes=tuple(notes))
 
 
 def production_serving(pr: Any) -> ProductionServing:
