@@ -354,47 +354,56 @@ def _nodes_under_locks(plan: Any, hs: dict[str, Any], images: dict[str, tuple[st
     """Steps 2 and 3 of :func:`train_nodes`, while the caller holds every node's lock: the reach probe, the
     cross-node trial, the merged manifest written on every node. Exits 1 (``common.fail``) naming the node that
     cannot listen, reach or pass the trial, before any serving stopped."""
+    _reach_probe(plan, hs, images, inv, run)
+    _cross_node_trial(plan, hs, images, inv, run)
+    _write_merged_manifests(plan, hs, run, merged)
+
+
+def _run_at_once(jobs: list[tuple[Any, Callable[[], list[str]], float]]) -> list[tuple[int, str]]:
+    """Each job (host, its argv builder, timeout in seconds) run on its host at the same time, one thread each:
+    (exit status, stdout and stderr) per job in order, (-1, the error) where it could not run (the node's verdict,
+    named by the caller)."""
     import threading
 
     from eagle3ops import executor
-    from eagle3ops.fleet import trial as ft
-    from eagle3ops.stages.merge import bind_inputs
 
-    # the reach probe (every node connects to node 0's rendezvous port), then the gloo trial; before any stop
-    reach_s = min(REACH_TIMEOUT_S, inv.fleet.trial_timeout_s)
-    count0, _rank0, rdzv0 = plan.node_args(plan.nodes[0])
-    addr0, _, port0 = rdzv0.rpartition(":")
-    listened: dict[str, tuple[int, str]] = {}
-    reached: dict[str, tuple[int, str]] = {}
+    got: list[tuple[int, str]] = [(-1, "no result")] * len(jobs)
 
-    def listen() -> None:
-        h = hs[plan.nodes[0]]
-        argv = fc_listen(h, images[h.name][0], port=int(port0), seconds=reach_s + REACH_LISTEN_EXTRA_S,
-                         expect=len(plan.nodes))
+    def one(i: int) -> None:
+        h, argv, timeout = jobs[i]
         try:
             with executor.for_host(h) as r:
-                res = r.run(argv, check=False, timeout=reach_s + REACH_LISTEN_EXTRA_S + 2 * TRIAL_MARGIN_S)
-            listened[h.name] = (res.exited, (res.stdout or "") + (res.stderr or ""))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            listened[h.name] = (-1, f"{type(exc).__name__}: {exc}")
+                res = r.run(argv(), check=False, timeout=timeout)
+            got[i] = (res.exited, (res.stdout or "") + (res.stderr or ""))
+        except Exception as exc:  # noqa: BLE001 - the node's verdict: named by the caller
+            got[i] = (-1, f"{type(exc).__name__}: {exc}")
 
-    def reach(name: str) -> None:
-        h = hs[name]
-        try:
-            with executor.for_host(h) as r:
-                res = r.run(fc_reach(h, images[name][0], addr=addr0, port=int(port0), timeout_s=reach_s),
-                            check=False, timeout=reach_s + 2 * TRIAL_MARGIN_S)
-            reached[name] = (res.exited, (res.stdout or "") + (res.stderr or ""))
-        except Exception as exc:  # noqa: BLE001 - the node's verdict: named below
-            reached[name] = (-1, f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=listen)] + [threading.Thread(target=reach, args=(n,)) for n in plan.nodes]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    rv = ft.parse_reach(list(plan.nodes), reached)
-    lrc, lout = listened.get(plan.nodes[0], (-1, "no result"))
+    return got
+
+
+def _reach_probe(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str, str | None]], inv: Any,
+                 run: str) -> None:
+    """Check, before any serving stops, that node 0 can listen on the rendezvous port and every node can connect
+    to it (all at once, bounded by ``fleet.trial_timeout_s`` capped at :data:`REACH_TIMEOUT_S`); prints each node's
+    line. Exits 1 (``common.fail``) naming node 0's port or the nodes that cannot reach it, and the config key."""
+    from eagle3ops.fleet import trial as ft
+
+    reach_s = min(REACH_TIMEOUT_S, inv.fleet.trial_timeout_s)
+    _count0, _rank0, rdzv0 = plan.node_args(plan.nodes[0])
+    addr0, _, port0 = rdzv0.rpartition(":")
+    h0 = hs[plan.nodes[0]]
+    got = _run_at_once(
+        [(h0, lambda: fc_listen(h0, images[h0.name][0], port=int(port0), seconds=reach_s + REACH_LISTEN_EXTRA_S,
+                                expect=len(plan.nodes)), reach_s + REACH_LISTEN_EXTRA_S + 2 * TRIAL_MARGIN_S)]
+        + [(hs[n], lambda n=n: fc_reach(hs[n], images[n][0], addr=addr0, port=int(port0), timeout_s=reach_s),
+            reach_s + 2 * TRIAL_MARGIN_S) for n in plan.nodes])
+    rv = ft.parse_reach(list(plan.nodes), dict(zip(plan.nodes, got[1:])))
+    lrc, lout = got[0]
     if lrc != 0:
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {plan.nodes[0]} could not "
                     f"listen on the rendezvous port {port0}: {lout.strip()[-300:]} (free the port or set "
@@ -406,39 +415,40 @@ def _nodes_under_locks(plan: Any, hs: dict[str, Any], images: dict[str, tuple[st
                     f"cannot reach the rendezvous {rdzv0} on {plan.nodes[0]}; check that node's route to "
                     f"{addr0} (fleet.rendezvous_host) and that TCP port {port0} (fleet.rendezvous_port) is open")
 
-    # the cross-node trial, every node at once, before any serving stops
-    outputs: dict[str, tuple[int, str]] = {}
 
-    def trial(name: str) -> None:
-        h = hs[name]
-        count, rank, rdzv = plan.node_args(name)
-        addr, _, port = rdzv.rpartition(":")
-        try:
-            if h.uses_venv:
-                argv = fc_trial_venv(h, images[name][0], master_addr=addr, port=int(port), nnodes=count,
-                                     node_rank=rank, timeout_s=inv.fleet.trial_timeout_s)
-            else:
-                argv = fc_trial(images[name][0], master_addr=addr, port=int(port), nnodes=count, node_rank=rank,
-                                timeout_s=inv.fleet.trial_timeout_s, docker_host=h.docker_host)
-            with executor.for_host(h) as r:
-                res = r.run(argv, check=False, timeout=inv.fleet.trial_timeout_s + 2 * TRIAL_MARGIN_S)
-            outputs[name] = (res.exited, (res.stdout or "") + (res.stderr or ""))
-        except Exception as exc:  # noqa: BLE001 - the node's verdict: named below
-            outputs[name] = (-1, f"{type(exc).__name__}: {exc}")
+def _trial_argv(h: Any, image: str, args: tuple[int, int, str], timeout_s: float) -> list[str]:
+    """The cross-node trial's command line for one node (its venv or its image); ``args``: (nodes, rank, addr:port)."""
+    count, rank, (addr, _, port) = args[0], args[1], args[2].rpartition(":")
+    if h.uses_venv:
+        return fc_trial_venv(h, image, master_addr=addr, port=int(port), nnodes=count, node_rank=rank,
+                             timeout_s=timeout_s)
+    return fc_trial(image, master_addr=addr, port=int(port), nnodes=count, node_rank=rank, timeout_s=timeout_s,
+                    docker_host=h.docker_host)
 
-    threads = [threading.Thread(target=trial, args=(n,)) for n in plan.nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    verdict = ft.parse_trial(list(plan.nodes), outputs)
+
+def _cross_node_trial(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str, str | None]], inv: Any,
+                      run: str) -> None:
+    """The cross-node gloo trial on every node at once, before any serving stops, each bounded by
+    ``fleet.trial_timeout_s`` plus :data:`TRIAL_MARGIN_S` twice; prints the verdict. Exits 1 (``common.fail``)
+    with the verdict's message when a node fails it."""
+    from eagle3ops.fleet import trial as ft
+
+    t = inv.fleet.trial_timeout_s
+    got = _run_at_once([(hs[n], lambda n=n: _trial_argv(hs[n], images[n][0], plan.node_args(n), t),
+                         t + 2 * TRIAL_MARGIN_S) for n in plan.nodes])
+    verdict = ft.parse_trial(list(plan.nodes), dict(zip(plan.nodes, got)))
     print(verdict.message(), flush=True)
     for line in verdict.detail:
         print(f"  {line}", flush=True)
     if not verdict.ok:
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {verdict.message()}")
 
-    # the merged manifest on every node (under its lock, taken by the caller)
+
+def _write_merged_manifests(plan: Any, hs: dict[str, Any], run: str, merged: dict[str, Any]) -> None:
+    """The merged extract manifest (``merged`` bound to each node's own prepare manifest) written to every node's
+    ``runs/<run>/extract/manifest.json``, only where it differs; the caller holds every node's lock."""
+    from eagle3ops.stages.merge import bind_inputs
+
     for name in plan.nodes:
         h = hs[name]
         with common.remote(h) as r:
