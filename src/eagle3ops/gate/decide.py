@@ -352,7 +352,7 @@ def pass_table(passes: Sequence[LevelResult]) -> tuple[np.ndarray, np.ndarray]:
     tokens = np.array([[float(t) for t in p.prompt_tokens] for p in passes])
     if any(s is None for p in passes for s in p.prompt_seconds):
         raise ValueError("a pass has a failed request (no per-prompt seconds): no interval")
-    secs = np.array([[float(s) for s in p.prompt_seconds] for p in passes])  # type: ignore[arg-type]
+    secs = np.array([[float(s) for s in p.prompt_seconds] for p in passes])
     walls = np.array([p.wall_s for p in passes])
     return tokens, secs * (walls / secs.sum(axis=1))[:, None]
 
@@ -611,18 +611,9 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         ValueError: the production concurrency was not measured on both sides, fewer than :data:`MIN_PASSES`
             passes on a side there, or per-prompt figures missing there.
     """
-    if production_concurrency not in baseline or production_concurrency not in speculative:
-        raise ValueError(f"production concurrency {production_concurrency} was not measured on both releases "
-                         f"(baseline {sorted(baseline)}, speculative {sorted(speculative)})")
-    b, s = list(baseline[production_concurrency]), list(speculative[production_concurrency])
+    pc = production_concurrency
+    b, s, a = _deciding_passes(baseline, speculative, after, pc)
     after = dict(after or {})
-    if after and production_concurrency not in after:
-        raise ValueError(f"production concurrency {production_concurrency} was not measured on the baseline after "
-                         f"the speculative release (measured: {sorted(after)})")
-    a = list(after.get(production_concurrency) or [])
-    if min(len(b) + len(a), len(s)) < MIN_PASSES:
-        raise ValueError(f"the decision needs at least {MIN_PASSES} passes per side at concurrency "
-                         f"{production_concurrency} (baseline {len(b) + len(a)}, speculative {len(s)})")
     levels = {str(c): _level_figures(baseline[c], speculative[c], after.get(c) or ())
               for c in sorted(set(baseline) & set(speculative))}
     acc = spec.mean_acceptance_length
@@ -631,11 +622,11 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
     ttft_ratio = ts / tb if tb and ts is not None else None
     drift = block_drift(b, a, s, margin) if a else baseline_drift(b, margin)
     figures: dict[str, object] = {
-        "production_concurrency": production_concurrency, "margin": margin,
+        "production_concurrency": pc, "margin": margin,
         "margin_is_negative_test_setting": margin < 0, "acceptance_floor": acceptance_floor, "rule": rule,
         "ttft_ratio_max": ttft_ratio_max if math.isfinite(ttft_ratio_max) else None,
         "ttft_ratio": round(ttft_ratio, 4) if ttft_ratio is not None else None,
-        "throughput_ratio": levels[str(production_concurrency)]["throughput_ratio"],
+        "throughput_ratio": levels[str(pc)]["throughput_ratio"],
         "passes": {"baseline": len(b) + len(a), "speculative": len(s), **({"baseline_after": len(a)} if a else {})},
         "drift": drift.figures(), "design": ABA_DESIGN if a else BLOCK_DESIGN,
         "spec_decode": spec.figures(), "levels": levels}
@@ -648,29 +639,76 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         iv = None
         figures["interval_unavailable"] = str(e)
     common = {"figures": figures, "drift": drift, "ttft_ratio": ttft_ratio}
+    early = _rule_before_interval(baseline, speculative, pc, acc, acceptance_floor, ttft_ratio, ttft_ratio_max,
+                                  drift)
+    if early is not None:
+        return Decision(*early, **common)
+    if iv is None:
+        iv = ratio_interval(b, s, level=level, after=a)  # raises the ValueError of above
+    return _interval_decision(iv, b, s, a, pc, need, acc, figures, common)
+
+
+def _deciding_passes(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
+                     after: Mapping[int, Sequence[LevelResult]] | None, production_concurrency: int
+                     ) -> tuple[list[LevelResult], list[LevelResult], list[LevelResult]]:
+    """The passes at the production concurrency that :func:`decide` decides on: (baseline, speculative, baseline
+    after; empty for the ``ab`` design).
+
+    Raises:
+        ValueError: the production concurrency not measured on both sides (or, with ``after``, on the baseline
+            after), or fewer than :data:`MIN_PASSES` passes on a side there.
+    """
+    if production_concurrency not in baseline or production_concurrency not in speculative:
+        raise ValueError(f"production concurrency {production_concurrency} was not measured on both releases "
+                         f"(baseline {sorted(baseline)}, speculative {sorted(speculative)})")
+    b, s = list(baseline[production_concurrency]), list(speculative[production_concurrency])
+    after = dict(after or {})
+    if after and production_concurrency not in after:
+        raise ValueError(f"production concurrency {production_concurrency} was not measured on the baseline after "
+                         f"the speculative release (measured: {sorted(after)})")
+    a = list(after.get(production_concurrency) or [])
+    if min(len(b) + len(a), len(s)) < MIN_PASSES:
+        raise ValueError(f"the decision needs at least {MIN_PASSES} passes per side at concurrency "
+                         f"{production_concurrency} (baseline {len(b) + len(a)}, speculative {len(s)})")
+    return b, s, a
+
+
+def _rule_before_interval(baseline: Mapping[int, Sequence[LevelResult]],
+                          speculative: Mapping[int, Sequence[LevelResult]], production_concurrency: int,
+                          acc: float | None, acceptance_floor: float | None, ttft_ratio: float | None,
+                          ttft_ratio_max: float, drift: Drift) -> tuple[Verdict, str] | None:
+    """Steps 1 to 5 of the module doc's rule, in order: (verdict, reason) when one decides (skewed passes,
+    no draft round or acceptance below the floor, TTFT ratio above its most, the baseline drifted), else None
+    (the interval decides)."""
     skewed = [f"{side} at {c}" for side, res in (("baseline", baseline), ("speculative", speculative))
               for c, rs in res.items() for r in rs if r.foreign_requests > 0 or r.errors]
     if skewed:
-        return Decision("undecided", f"foreign requests or failed requests during {', '.join(sorted(set(skewed)))}: "
-                                     "not deciding on skewed figures; rolled back", **common)
+        return "undecided", (f"foreign requests or failed requests during {', '.join(sorted(set(skewed)))}: "
+                             "not deciding on skewed figures; rolled back")
     if acc is None and acceptance_floor is not None:
-        return Decision("rollback", "no draft round ran on the speculative release (speculation not active)",
-                        **common)
+        return "rollback", "no draft round ran on the speculative release (speculation not active)"
     if acc is not None and acceptance_floor is not None and acc < acceptance_floor:
-        return Decision("rollback", f"mean acceptance length {acc:.3f} below the floor {acceptance_floor}", **common)
+        return "rollback", f"mean acceptance length {acc:.3f} below the floor {acceptance_floor}"
     if ttft_ratio is not None and ttft_ratio > ttft_ratio_max:
-        return Decision("rollback", f"median time to first token x{ttft_ratio:.3f} of the baseline's at "
-                                    f"concurrency {production_concurrency}, at most x{ttft_ratio_max:g} "
-                                    "(serving.gate_ttft_ratio_max)", **common)
+        return "rollback", (f"median time to first token x{ttft_ratio:.3f} of the baseline's at "
+                            f"concurrency {production_concurrency}, at most x{ttft_ratio_max:g} "
+                            "(serving.gate_ttft_ratio_max)")
     if drift.exceeded:
         span = ("from its block before the speculative release to its block after" if drift.kind == "blocks"
                 else "from its first to its last pass")
-        return Decision("undecided", f"the baseline drifted {drift.change:+.1%} {span} "
-                                     f"({DRIFT_LEVEL:.0%} interval {drift.low:+.1%} to {drift.high:+.1%}), beyond "
-                                     f"half the margin ({drift.limit:.1%}): the host's speed changed while the gate "
-                                     "measured; rolled back", **common)
-    if iv is None:
-        iv = ratio_interval(b, s, level=level, after=a)  # raises the ValueError of above
+        return "undecided", (f"the baseline drifted {drift.change:+.1%} {span} "
+                             f"({DRIFT_LEVEL:.0%} interval {drift.low:+.1%} to {drift.high:+.1%}), beyond "
+                             f"half the margin ({drift.limit:.1%}): the host's speed changed while the gate "
+                             "measured; rolled back")
+    return None
+
+
+def _interval_decision(iv: RatioInterval, b: Sequence[LevelResult], s: Sequence[LevelResult],
+                       a: Sequence[LevelResult], production_concurrency: int, need: float, acc: float | None,
+                       figures: dict[str, object], common: dict[str, object]) -> Decision:
+    """Step 6 of the module doc's rule: keep when the throughput interval's lower bound clears ``need``, roll back
+    when its upper bound is below it, else ``undecided`` with the figure that would decide (``figures["deciding"]``,
+    the passes per side that would: :func:`passes_to_decide`)."""
     where = (f"output tokens/s x{iv.point:.3f} of the baseline at concurrency {production_concurrency}, "
              f"{iv.level:.0%} interval x{iv.low:.3f} to x{iv.high:.3f} ("
              + (f"{len(b)} + {len(s)} + {len(a)} passes (baseline, speculative, baseline again)" if a
