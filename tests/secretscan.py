@@ -64,6 +64,22 @@ def release_record(p: Path) -> bool:
         (p.parent.name == "process" and p.name.endswith(("cmdline.nul", "environ.nul", "unit.show")))
 
 
+def scan_with_records(roots: Iterable[Path], also: Callable[[Path], bool] = lambda p: False,
+                      ) -> tuple[dict[str, list[str]], list[Path]]:
+    """``scan(roots)`` with the release records (``release_record``) allowed, and the records it let through, so
+    the caller checks their mode and owner: ``(found, records)``; ``also`` allows further files (serving's own
+    log), which are not counted as records."""
+    records: list[Path] = []
+
+    def allowed(p: Path) -> bool:
+        if release_record(p):
+            records.append(p)
+            return True
+        return also(p)
+
+    return scan(roots, allowed=allowed), records
+
+
 def private(p: Path, owners: Iterable[int] | None = None) -> str | None:
     """None when ``p`` is readable by its owner only (mode 0600) and owned by one of ``owners`` (uids; default:
     this user); else what is wrong."""

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 import standin_serving
-from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, release_record, scan
+from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, scan_with_records
 
 from eagle3ops import health as gate
 from eagle3ops.supervisor.releases import Releases
@@ -209,15 +209,7 @@ def test_release_and_rollback_keep_every_setting_and_gate_with_the_api_key(keyed
     assert any((tmp_path / "reports").rglob("*.html")), "report wrote no page"
     assert list(Path(h.data_dir).glob(f"runs/{run}/*/*.json")), "the stage window wrote no manifest"
 
-    records: list[Path] = []
-
-    def allowed(p: Path) -> bool:
-        if release_record(p):
-            records.append(p)
-            return True
-        return False
-
-    found = scan([Path(h.state_dir), Path(h.data_dir), tmp_path / "reports"], allowed=allowed)
+    found, records = scan_with_records([Path(h.state_dir), Path(h.data_dir), tmp_path / "reports"])
     assert found == {}, found
     assert [p for p in records if p.parent.name == "releases"], records
     owner = pwd.getpwnam(h.user).pw_uid  # the SSH user: the supervisor's container writes them as that user's

@@ -34,7 +34,7 @@ from eagle3ops.config import load_inventory
 from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange
 from eagle3ops.supervisor.kinds import KINDS
 from eagle3ops.supervisor.runner import Supervisor
-from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, release_record, scan
+from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, scan_with_records
 from test_supervisor_resume import StandInClient, gate  # noqa: F401 - gate: the stand-in health gate fixture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -318,15 +318,10 @@ def test_no_secret_is_written_by_a_window_a_release_or_a_rollback(kind, tmp_path
     finally:
         for f in reversed(w.cleanup):
             f()
-    records: list[Path] = []
-
-    def allowed(p: Path) -> bool:
-        if release_record(p):
-            records.append(p)
-        return release_record(p) or p.name == "serving.log"  # serving's own output
-
-    # what eagle3ops writes (the stand-in systemctl's files beside them are the unit's configuration)
-    found = scan([tmp_path / d for d in ("state", "w1", "w2", "w3")], allowed=allowed)
+    # what eagle3ops writes (the stand-in systemctl's files beside them are the unit's configuration); serving.log:
+    # serving's own output
+    found, records = scan_with_records([tmp_path / d for d in ("state", "w1", "w2", "w3")],
+                                       also=lambda p: p.name == "serving.log")
     assert found == {}, found
     assert records and [private(p) for p in records] == [None] * len(records)
     assert [private(p) for p in tmp_path.glob("w1/process/serving.log")] in ([], [None])  # serving's own output

@@ -37,7 +37,7 @@ from eagle3ops.config import load_inventory
 from eagle3ops.remote import Remote
 
 import systemd_image
-from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, release_record, scan
+from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, scan_with_records
 
 UNIT = "vllm-standin.service"
 # The main process and a child of it, as vLLM's API server and its EngineCore; KillMode=process: `systemctl stop`
@@ -176,15 +176,7 @@ def _no_secret_on_the_host_or_in_the_drivers_output(inv: Path, name: str, tmp_pa
     tar = subprocess.run(["docker", "exec", name, "tar", "-C", "/var/lib/e3", "-cf", "-", "."], capture_output=True,
                          check=True, timeout=60).stdout
     subprocess.run(["tar", "-C", str(copy), "--same-owner", "-xpf", "-"], input=tar, check=True, timeout=60)
-    records: list[Path] = []
-
-    def allowed(p: Path) -> bool:
-        if release_record(p):
-            records.append(p)
-            return True
-        return False
-
-    found = scan([copy / "state", copy / "data"], allowed=allowed)
+    found, records = scan_with_records([copy / "state", copy / "data"])
     assert found == {}, found
     assert [p.name for p in records] == ["unit.show"] and private(records[0], {0}) is None, \
         [(p, private(p, {0})) for p in records]
