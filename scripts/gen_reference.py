@@ -38,23 +38,40 @@ def config_reference() -> str:
             "`eagle3ops config check [SECTION [FILE]]`.\n\n" + docs())
 
 
+def _type_name(p) -> str:
+    """A parameter's type in words, from the annotation typer read (``Optional[Path]`` → ``path``)."""
+    import enum
+    import typing
+    from pathlib import PurePath
+
+    ann = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+    while typing.get_origin(ann) in (list, tuple, typing.Union, __import__("types").UnionType):
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        ann = args[0] if args else None
+    if isinstance(ann, type) and issubclass(ann, enum.Enum):
+        return " | ".join(f"`{m.value}`" for m in ann)
+    if typing.get_origin(ann) is typing.Literal:
+        return " | ".join(f"`{a}`" for a in typing.get_args(ann))
+    names = {bool: "flag", int: "integer", float: "number", str: "text"}
+    if isinstance(ann, type) and issubclass(ann, PurePath):
+        return "path"
+    return names.get(ann, "text")
+
+
 def _param_line(p) -> str:
     """One option or argument as a markdown list item: its flags, type, default or "required", help."""
-    import click
-
-    if isinstance(p, click.Argument):
-        name = f"`{p.human_readable_name}`"
+    if not any(o.startswith("-") for o in p.opts):  # an argument (typer vendors its own click classes)
+        name = f"`{p.metavar or p.name.upper()}`"
     else:
         flags = list(p.opts) + [f"{o}" for o in p.secondary_opts]
         name = ", ".join(f"`{f}`" for f in flags)
-    ptype = getattr(p, "type", None)
-    kind = "flag" if getattr(p, "is_flag", False) else (getattr(ptype, "name", None) or "text")
+    kind = "flag" if getattr(p, "is_flag", False) else _type_name(p)
     if getattr(p, "nargs", 1) == -1 or getattr(p, "multiple", False):
         kind += ", repeatable"
     value = getattr(p, "default", None)
     if getattr(p, "required", False):
         default = "required"
-    elif getattr(p, "is_flag", False) or value is None or value == () or callable(value):
+    elif getattr(p, "is_flag", False) or value in (None, (), [], "") or callable(value):
         default = ""
     else:
         default = f"default `{value}`"
@@ -65,7 +82,6 @@ def _param_line(p) -> str:
 
 def cli_reference() -> str:
     """Markdown reference of every visible command of the ``eagle3ops`` CLI."""
-    import click
     from typer.main import get_command
 
     from eagle3ops.cli import app
@@ -75,8 +91,9 @@ def cli_reference() -> str:
            "Every command also prints this with `--help`. Commands that change a host take `--dry-run` "
            "(the plan, nothing changed).\n"]
 
-    def walk(cmd: click.Command, path: list[str], parent: click.Context | None) -> None:
-        ctx = click.Context(cmd, info_name=path[-1], parent=parent)
+    def walk(cmd, path: list[str], parent) -> None:
+        # typer's own click classes; a fixed width, so the usage lines do not depend on the terminal (COLUMNS)
+        ctx = cmd.context_class(cmd, info_name=path[-1], parent=parent, terminal_width=120, max_content_width=120)
         subs = getattr(cmd, "commands", {})
         if len(path) > 1:
             out.append(f"{'#' * min(len(path), 4)} `{' '.join(path)}`\n")
