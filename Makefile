@@ -8,12 +8,17 @@
 #   make extract HOSTS=a,b,c        run it: shards wave by wave, manifests merged (DEAD=b: b's shard moves)
 #   make train   HOST=gpu-01        window 2: vocab (d2t/t2d) + train the draft head
 #   make rollback HOST=gpu-01       bring back the previous serving release
+#   make docs                       regenerate docs/reference/ (configuration keys and CLI) from the code
+# INVENTORY=FILE (default deploy/hosts.yaml, the sandbox) and PIPELINE=FILE (extract/train; default
+# deploy/pipeline.yaml, sized for the sandbox) point the targets at your own files (docs/howto/first-host.md).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 HOST ?= sandbox
 RUN ?= default
 comma := ,
 INVENTORY ?= deploy/hosts.yaml
+PIPELINE ?=
+PIPELINE_FLAG := $(if $(PIPELINE),--pipeline $(PIPELINE),)
 # The demo serves SmolLM2-135M-Instruct on the sandbox (deploy/hosts.yaml: the tests' tiny stand-in target).
 DEMO_INVENTORY ?= deploy/sandbox-smollm2.yaml
 PROFILE ?= speculators-0.3.0-vllm-0.16.0
@@ -29,7 +34,7 @@ endif
 BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
-.PHONY: setup prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
+.PHONY: setup docs prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
         patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head bench-gate-aa bench-compile-cache clean-sandbox
 
 setup:
@@ -48,11 +53,11 @@ deploy: setup
 	$(E3) deploy $(HOST) $(BASE_FLAG) --profile $(PROFILE)
 
 extract: setup
-	$(E3) extract $(if $(HOSTS),$(subst $(comma), ,$(HOSTS)),$(HOST)) --run $(RUN) $(if $(DRY),--dry-run) \
+	$(E3) extract $(if $(HOSTS),$(subst $(comma), ,$(HOSTS)),$(HOST)) --run $(RUN) $(PIPELINE_FLAG) $(if $(DRY),--dry-run) \
 	  $(foreach d,$(subst $(comma), ,$(DEAD)),--dead $(d))
 
 train: setup
-	$(E3) train $(HOST) --run $(RUN)
+	$(E3) train $(HOST) --run $(RUN) $(PIPELINE_FLAG)
 
 release: setup
 	$(E3) release $(HOST) $(ARGS)
@@ -94,6 +99,10 @@ prebuild: setup
 # Tests that need torch / vLLM / speculators run inside the built pipeline image (its /opt/venv).
 test-image: image
 	bash scripts/test-image.sh "$(PIPELINE_TAG)"
+
+# The generated reference (docs/reference/config.md, cli.md); tests/test_docs_reference.py fails when it is stale.
+docs: setup
+	$(PY) scripts/gen_reference.py
 
 patch-check: setup
 	$(E3) patch check

@@ -56,7 +56,7 @@ def scan(roots: Iterable[Path], allowed: Callable[[Path], bool] = lambda p: Fals
 
 def release_record(p: Path) -> bool:
     """Whether ``p`` is one of the records that restore and ``rollback`` recreate serving from, the only files
-    allowed to hold serving's secrets (README, "Secrets"): a retained release (``<state_dir>/releases/NNNN.json``), a
+    allowed to hold serving's secrets (docs/guarantees.md): a retained release (``<state_dir>/releases/NNNN.json``), a
     window's record of the serving container (``windows/<id>/serving-inspect.json``) and of the serving process or
     unit (``windows/<id>/process/{,next.,...}cmdline.nul``, ``environ.nul``, ``unit.show``)."""
     return (p.parent.name == "releases" and p.suffix == ".json" and p.stem.isdigit()) or \

@@ -14,7 +14,7 @@ Secrets are:
 Every writer goes through :func:`value` (a whole JSON-ready record: the journal, results, audit lines) or the
 narrower :func:`argv`, :func:`env` and :func:`text`; a stream of output (a stage's log) through :class:`LineWriter`. The records that restore and ``rollback`` recreate serving from
 must keep serving's secrets: they are written readable by their owner only (mode 0600) instead, and are the only
-files that hold them (README, "Secrets").
+files that hold them (docs/guarantees.md, the secrets of serving).
 
 Standard library only, and imports nothing of eagle3ops: the host-side supervisor, the health gate and the
 configuration all use it.

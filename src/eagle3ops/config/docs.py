@@ -41,11 +41,13 @@ class Section:
 SECTIONS: dict[str, Section] = {
     s.name: s
     for s in (
-        Section("inventory", "Inventory", "deploy/hosts.yaml (--inventory FILE)", ("deploy/hosts.yaml",), Inventory,
-                load_inventory),
+        Section("inventory", "Inventory",
+                "deploy/hosts.yaml (--inventory FILE; your own hosts: start from deploy/hosts.first-host.example.yaml)",
+                ("deploy/hosts.yaml",), Inventory, load_inventory),
         Section("pipeline", "Pipeline config of a run",
                 "<data_dir>/runs/<run>/pipeline.yaml, uploaded from deploy/pipeline.yaml (--pipeline FILE)",
-                ("deploy/pipeline.yaml",), PipelineConfig, lambda p: parse_pipeline_config(p.read_text(), p)),
+                ("deploy/pipeline.yaml", "deploy/pipeline.first-host.example.yaml"), PipelineConfig,
+                lambda p: parse_pipeline_config(p.read_text(), p)),
         Section("image", "Image definition", "images/<name>.yaml", ("images/pipeline.yaml", "images/serving.yaml"),
                 ImageDef, lambda p: load_def(p.stem, p.parent)),
         Section("profiles", "Patch profile registry", "patches/profiles.yaml", ("patches/profiles.yaml",),

@@ -48,7 +48,7 @@ __all__ = ["EXIT_CODES", "Thresholds", "Tracker", "WatchError", "WatchLocked", "
            "judge", "thresholds", "watch", "watch_lock"]
 
 EXIT_OK, EXIT_ERROR, EXIT_BREACH, EXIT_ROLLED_BACK, EXIT_ROLLBACK_FAILED, EXIT_LOCKED = 0, 1, 3, 4, 5, 75
-#: Exit status -> meaning (``eagle3ops watch --help`` and the README list them).
+#: Exit status -> meaning (``eagle3ops watch --help`` and docs/howto/watch.md list them).
 EXIT_CODES = {EXIT_OK: "watched; no sustained breach", EXIT_ERROR: "error (serving not reached, bad input)",
               2: "usage error", EXIT_BREACH: "sustained breach reported (serving.watch.rollback is false)",
               EXIT_ROLLED_BACK: "sustained breach; rolled back to the baseline release, health-gated",
