@@ -178,3 +178,44 @@ def test_capacity_refuses_over_max_out_counting_a_host_down_by_the_health_check_
         timer.join()
         b.set_state("b", "ready")
     assert 0.7 <= time.monotonic() - t0 < 3 and cap.allowed and cap.out == ()
+
+
+def _group(lb, **balancer):
+    from eagle3ops.config.groups import GroupConfig
+
+    return GroupConfig(hosts=["a", "b"], max_out=1, balancer={"kind": "haproxy", "backend": "vllm",
+                                                              "servers": {"a": "s1", "b": "s2"}, **balancer})
+
+
+def test_open_balancer_from_this_machine_uses_the_socket(lb):
+    from eagle3ops.config import load_inventory
+    from eagle3ops.config.base import ConfigError
+    from eagle3ops.group.haproxy import open_balancer
+
+    inv = load_inventory(REPO / "deploy/hosts.yaml")
+    inv = inv.model_copy(update={"groups": {"pair": _group(lb, socket=str(lb.admin_socket))}})
+    with open_balancer(inv, "pair") as b:
+        assert isinstance(b.runtime, SocketRuntime)
+        assert {h: s.state for h, s in b.states().items()} == {"a": "ready", "b": "ready"}
+    with pytest.raises(ConfigError, match=r"no group 'trio'. Known groups: pair"):
+        with open_balancer(inv, "trio"):
+            pass
+
+
+def test_open_balancer_through_the_balancer_hosts_ssh_connection(lb, sandbox_host):
+    """The balancer host is the sandbox (a real sshd on 127.0.0.1): the host-side client runs there with its
+    python3 and reaches HAProxy's runtime API on TCP."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.group.haproxy import open_balancer
+
+    inv = load_inventory(REPO / "deploy/hosts.yaml")
+    inv = inv.model_copy(update={"groups": {"pair": _group(lb, address=f"127.0.0.1:{lb.stats_tcp}",
+                                                           host="sandbox")}})
+    with open_balancer(inv, "pair") as b:
+        assert isinstance(b.runtime, ShellRuntime) and b.runtime.where == "sandbox"
+        b.set_state("b", "maint")
+        try:
+            assert {h: s.state for h, s in b.states().items()} == {"a": "ready", "b": "maint"}
+        finally:
+            b.set_state("b", "ready")
+        assert b.states()["b"].state == "ready"

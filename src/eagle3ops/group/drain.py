@@ -9,8 +9,9 @@ waits, bounded, for room rather than exceed it.
 sessions to it **and** vLLM's own queue is empty — ``vllm:num_requests_running`` + ``vllm:num_requests_waiting``
 from its ``/metrics`` (vLLM 0.16 gauges, summed over engines) — on every reading for ``quiet_s`` seconds in a row
 (5 s by default: a request that arrived just before the drain flag, or a client's next turn on a kept-alive
-connection, shows up within it). The balancer's count alone is not enough: HAProxy counts a session until its
-response ends, while a client that gave up leaves vLLM generating for a request nobody reads. Past ``timeout_s``
+connection, shows up within it). The balancer's count alone is not enough: a request sent to the host directly,
+not through the balancer, never shows in it, and one whose client went away can still be queued or generating in
+vLLM after the balancer closed its session. Past ``timeout_s``
 the host is undrained (set back to ``ready``), nothing is stopped, and :class:`DrainTimeout` fails the step.
 """
 
