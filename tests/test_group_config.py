@@ -104,7 +104,8 @@ def test_runtime_api_command_lines():
 
 
 #: HAProxy 2.6.12's answers (Debian bookworm), copied from a run: s1 forced to maint, s2 forced to drain, s3 down by
-#: its health check (nothing listens on its port).
+#: its health check (nothing listens on its port); ``show stat`` cut after ``status``, s2 given 2 sessions and 1
+#: queued.
 SERVERS_STATE = """1
 # be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord srv_use_ssl srv_check_port srv_check_addr srv_agent_addr srv_agent_port
 3 vllm 1 s1 127.0.0.1 0 1 1 1 0 15 3 0 14 0 0 0 - 48131 - 0 0 - - 0
@@ -115,7 +116,7 @@ SERVERS_STATE = """1
 STAT = """# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status
 fe,FRONTEND,,,1,1,9984,1,0,0,0,0,1,,,,,OPEN
 vllm,s1,0,0,0,0,,0,0,0,,0,,0,0,0,0,MAINT
-vllm,s2,0,0,2,2,,0,0,0,,0,,0,0,0,0,DRAIN
+vllm,s2,1,1,2,2,,0,0,0,,0,,0,0,0,0,DRAIN
 vllm,s3,0,0,0,0,,0,0,0,,0,,0,0,0,0,DOWN
 vllm,BACKEND,0,0,2,2,999,0,0,0,0,0,,0,0,0,0,DOWN
 """
@@ -124,7 +125,7 @@ vllm,BACKEND,0,0,2,2,999,0,0,0,0,0,,0,0,0,0,DOWN
 def test_haproxy_answers_read_as_states_and_sessions():
     raw = parse_servers_state(SERVERS_STATE, "vllm")
     assert {s: state_word(*v) for s, v in raw.items()} == {"s1": "maint", "s2": "drain", "s3": "down"}
-    assert parse_sessions(STAT, "vllm") == {"s1": 0, "s2": 2, "s3": 0}
+    assert parse_sessions(STAT, "vllm") == {"s1": 0, "s2": 3, "s3": 0}  # s2: 2 open + 1 queued
     assert state_word(2, 0) == "ready" and state_word(1, 0) == "ready" and state_word(3, 0) == "drain"
     assert state_word(0, 8) == "down" and state_word(2, 0x10) == "drain" and state_word(2, 0x02) == "maint"
     with pytest.raises(RuntimeError, match=r"Can't find backend.*fix groups\.\*\.balancer\.backend"):

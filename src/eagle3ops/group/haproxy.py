@@ -12,7 +12,8 @@ maintenance flag (forced ``0x01``, inherited ``0x02``, from configuration ``0x04
 from an unresolved hostname ``0x40``) is ``maint``; else an operational state ``0`` (stopped: the health check
 fails) is ``down``; else a drain flag (forced ``0x08``, inherited ``0x10``) or the operational state ``3`` (stopping,
 e.g. ``http-check disable-on-404``) is ``drain``; else (running, or starting in slowstart) ``ready``. ``sessions`` is
-``show stat``'s ``scur``: the sessions the balancer has open to the server now.
+``show stat``'s ``scur`` + ``qcur``: the sessions the balancer has open to the server now, and those queued for it
+(a server's queue, under its ``maxconn``, is sent to it later, drained or not).
 """
 
 from __future__ import annotations
@@ -139,12 +140,13 @@ def parse_servers_state(text: str, backend: str) -> dict[str, tuple[int, int]]:
 
 
 def parse_sessions(text: str, backend: str) -> dict[str, int]:
-    """``show stat``'s CSV → server name of ``backend`` → current sessions (``scur``)."""
+    """``show stat``'s CSV → server name of ``backend`` → current sessions + sessions queued for it (``scur`` +
+    ``qcur``)."""
     body = text.lstrip().removeprefix("# ")
     out = {}
     for row in csv.DictReader(body.splitlines()):
         if row.get("pxname") == backend and row.get("svname") not in ("FRONTEND", "BACKEND", None):
-            out[row["svname"]] = int(row.get("scur") or 0)
+            out[row["svname"]] = int(row.get("scur") or 0) + int(row.get("qcur") or 0)
     return out
 
 
