@@ -22,6 +22,9 @@ command -v docker-compose >/dev/null || need_pkgs+=(docker-compose)
 # batch script as a job on a one-node cluster of its own (eagle3ops_dev.slurmlocal); no service is enabled or used.
 { command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ]; } || need_pkgs+=(slurm-wlm)
 { command -v munged >/dev/null || [ -x /usr/sbin/munged ]; } || need_pkgs+=(munge)
+# HAProxy (Debian's haproxy): serving groups' tests put the real balancer in front of stand-in servers
+# (eagle3ops_dev.haproxylocal starts its own; the package's service is not used).
+{ command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ]; } || need_pkgs+=(haproxy)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -23,6 +23,7 @@ from pydantic import Field, field_validator, model_validator
 from eagle3ops.config.base import ConfigError, StrictModel, read_yaml, require_mapping, validate
 from eagle3ops.config.enginevalues import Bind, ContainerName, EnvName, EnvValue, SecretEnvName, container_name, host_path
 from eagle3ops.config.fleet import FleetConfig
+from eagle3ops.config.groups import GroupConfig, check_groups
 
 DEFAULT_INVENTORY = Path("deploy/hosts.yaml")
 SECTION = "inventory"
@@ -500,7 +501,16 @@ class Inventory(StrictModel):
                                          "take as HOST (`make extract HOST=gpu-01`).")
     fleet: FleetConfig = Field(default_factory=FleetConfig, description="Runs over several hosts: down-at-once "
                                "policy, window splitting, rendezvous, scheduler rendering.")
+    groups: dict[str, GroupConfig] = Field(default_factory=dict, description="Group name → serving hosts behind one "
+                                           "load balancer, released host by host (docs/serving-groups.md).")
     source: Path | None = Field(None, exclude=True, description="File the inventory was read from.")
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, value: dict[str, GroupConfig], info: Any) -> dict[str, GroupConfig]:
+        if "hosts" in info.data:  # else the hosts' own errors are reported
+            check_groups(value, info.data["hosts"])
+        return value
 
     def host(self, name: str) -> HostConfig:
         """Return the host called ``name``.
@@ -572,10 +582,10 @@ def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
     raw = require_mapping(raw, path, what="inventory", expected="`hosts:`, a mapping of host name → settings")
     if not isinstance(raw.get("hosts"), dict):
         raise ConfigError(f"{path}: expected a `hosts:` mapping of host name → settings (example: deploy/hosts.yaml)")
-    unknown = set(raw) - {"hosts", "fleet"}
+    unknown = set(raw) - {"hosts", "fleet", "groups"}
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; only `hosts:` and `fleet:` are "
-                          "allowed (put them under a host, or remove them)")
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; only `hosts:`, `fleet:` and `groups:` "
+                          "are allowed (put them under a host, or remove them)")
     hosts: dict[str, Any] = {}
     for name, entry in raw["hosts"].items():
         if not isinstance(entry, dict):
@@ -583,7 +593,7 @@ def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
         entry = _resolve_paths(_expand_env(entry, f"{path}: hosts.{name}"), path.parent)
         entry.setdefault("name", name)
         hosts[name] = entry
-    top = {"hosts": hosts, **({"fleet": raw["fleet"]} if raw.get("fleet") is not None else {})}
+    top = {"hosts": hosts, **{k: raw[k] for k in ("fleet", "groups") if raw.get(k) is not None}}
     inv = validate(Inventory, top, path, what="inventory", section=SECTION)
     return inv.model_copy(update={"source": path})
 
@@ -592,6 +602,7 @@ __all__ = [
     "ConfigError",
     "DEFAULT_INVENTORY",
     "FleetConfig",
+    "GroupConfig",
     "HostConfig",
     "Inventory",
     "ServingConfig",
