@@ -27,7 +27,7 @@ from eagle3ops.lock_cli import app as lock_app
 from eagle3ops.patches.cli import app as patch_app
 from eagle3ops.stages.cli import app as stage_app
 from eagle3ops.watch_cli import watch_command
-from eagle3ops import cycle_cli, fleet_cli, weights_cli
+from eagle3ops import cycle_cli, fleet_cli, group_cli, weights_cli
 
 console = common.console
 app = typer.Typer(no_args_is_help=True, help="Train and ship an EAGLE-3 draft head for a model served with vLLM.")
@@ -36,6 +36,7 @@ app.add_typer(stage_app, name="stage", help="Pipeline stages (run inside the pip
 app.add_typer(image_app, name="image", help="Versioned images: build, ls.")
 app.add_typer(lock_app, name="lock")
 app.add_typer(config_app, name="config")
+app.add_typer(group_cli.app, name="group")
 
 _command_line = common.command_line  # this invocation, quoted and redacted (the lock and audit show it)
 

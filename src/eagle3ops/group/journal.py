@@ -1,0 +1,239 @@
+"""A group rollout's journal and the group lock, on the group's first host, and where a rollout stands.
+
+Layout under ``<state_dir>/groups/<group>/`` of the group's first host (through its executor: every write is a host
+write, made only under the lock — control requests excepted, which only append a line):
+
+- ``lock/holder.json``: the driver holding the group lock (machine, pid, user, since, command); a driver of this
+  machine whose process is gone is taken over by a rerun (the cycle's lock rule:
+  :class:`eagle3ops.speculate.cyclerun.CycleJournal`);
+- ``current.json``: ``{"id"}`` of the newest rollout;
+- ``rollouts/<id>/plan.json`` (:class:`~.rollout.RolloutPlan`) and ``journal.jsonl``: one event a line —
+  ``{"t", "step", "event", ...}`` with ``event`` ``start``/``done``/``failed`` for a step, ``interval`` for a bake
+  reading, ``promote``/``abort``/``pause`` for a control request (``step: "control"``), ``run``/``paused``/
+  ``return``/``end`` for the rollout (``step: "rollout"``).
+
+:func:`replay` (pure) reads the events into a :class:`RolloutState`: which steps are done, which hosts are switched,
+which one is out, the reference acceptance, pending requests, and whether the rollout is returning or has ended.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+
+from eagle3ops import redact
+from eagle3ops.commands import host as hc
+from eagle3ops.group.rollout import RolloutPlan
+from eagle3ops.speculate.cyclerun import CycleJournal
+
+__all__ = ["GroupJournal", "GroupLocked", "RolloutState", "group_dir", "new_rollout_id", "replay"]
+
+
+class GroupLocked(RuntimeError):
+    """Another driver holds the group lock; the message names it and what to do."""
+
+
+def group_dir(state_dir: str, group: str) -> str:
+    """``<state_dir>/groups/<group>``: the group's lock and rollouts on its first host."""
+    return f"{state_dir}/groups/{group}"
+
+
+def new_rollout_id(target: str) -> str:
+    """``<UTC time>-<target[:8]>``: sorts by start time and names the release."""
+    return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{target[:8]}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class GroupJournal(CycleJournal):
+    """The group's lock and its rollouts in ``directory`` (:func:`group_dir`) through the executor ``r`` (anything
+    with ``run(argv, check=, stdin=)``: the first host's SSH executor; tests: this machine's). ``record`` and
+    ``entries`` work on the rollout chosen with :meth:`use` (``journal.jsonl`` of ``rollouts/<id>/``)."""
+
+    def __init__(self, r: Any, directory: str, secret_env: Sequence[str] = ()):
+        super().__init__(r, directory, secret_env)
+        self.rollout_id: str | None = None
+
+    def use(self, rollout_id: str) -> None:
+        """Work on rollout ``rollout_id`` from now on."""
+        self.rollout_id = rollout_id
+        self.journal = f"{self.dir}/rollouts/{rollout_id}/journal.jsonl"
+
+    def acquire(self, command: str, *, take_over: bool = False) -> str | None:
+        """Take the group lock (atomic ``mkdir``); returns a line when a dead driver's lock was taken over.
+
+        Raises:
+            GroupLocked: held by a live driver of this machine, or by another machine (without ``take_over``).
+        """
+        self.r.run(hc.mkdir_p(self.dir))
+        if self.r.run(hc.mkdir_atomic(self.lock_dir), check=False).ok:
+            taken = None
+        else:
+            held = self.read_holder()
+            mine = held.get("machine") == socket.gethostname() and isinstance(held.get("pid"), int)
+            if not take_over and not (mine and not _pid_alive(held["pid"])):
+                raise GroupLocked(f"the group lock {self.lock_dir} is held by {held.get('user', '?')}@"
+                                  f"{held.get('machine', '?')} (pid {held.get('pid', '?')}) since "
+                                  f"{held.get('since', '?')}: `{held.get('command', '?')}`; wait for it (its "
+                                  f"progress: `eagle3ops group status`), or when that driver is dead, rerun with "
+                                  f"--take-over")
+            taken = (f"took over the group lock from {held.get('user', '?')}@{held.get('machine', '?')} pid "
+                     f"{held.get('pid', '?')}: " + ("--take-over" if take_over else "that process is gone"))
+        holder = {"machine": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "since": _now(),
+                  "command": redact.text(command, self.secret_env)}
+        self.r.run(hc.write_file(self.holder), stdin=json.dumps(holder))
+        return taken
+
+    def holder_alive(self) -> bool | None:
+        """Whether the lock's driver runs: True/False for a driver of this machine, None for another machine's
+        (not knowable from here), False when the lock is free."""
+        held = self.read_holder()
+        if not held and not self.r.run(hc.test_dir(self.lock_dir), check=False).ok:
+            return False
+        if held.get("machine") == socket.gethostname() and isinstance(held.get("pid"), int):
+            return _pid_alive(held["pid"])
+        return None
+
+    def current(self) -> str | None:
+        """The newest rollout's id (None: the group never rolled)."""
+        out = self.r.run(hc.cat_if_exists(f"{self.dir}/current.json"), check=False).stdout or ""
+        try:
+            return json.loads(out)["id"] if out.strip() else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def begin(self, rollout_id: str, plan: RolloutPlan) -> None:
+        """Write a new rollout's plan and make it the current one (under the lock)."""
+        d = f"{self.dir}/rollouts/{rollout_id}"
+        self.r.run(hc.mkdir_p(d))
+        self.r.run(hc.write_file(f"{d}/plan.json"), stdin=json.dumps(plan.to_json(), indent=2) + "\n")
+        self.r.run(hc.write_file(f"{self.dir}/current.json"), stdin=json.dumps({"id": rollout_id}) + "\n")
+        self.use(rollout_id)
+
+    def plan(self) -> RolloutPlan | None:
+        """The plan of the rollout in use (None: not written)."""
+        out = self.r.run(hc.cat_if_exists(f"{self.dir}/rollouts/{self.rollout_id}/plan.json"), check=False).stdout
+        return RolloutPlan.from_json(json.loads(out)) if (out or "").strip() else None
+
+    def request(self, what: str, **fields: Any) -> None:
+        """Append a control request (``promote``, ``abort`` or ``pause``) to the rollout in use; the driver acts on
+        it at its next check (no lock needed: one appended line)."""
+        self.record("control", what, by=f"{getpass.getuser()}@{socket.gethostname()}", **fields)
+
+
+@dataclass
+class RolloutState:
+    """Where a rollout stands after its journal (:func:`replay`).
+
+    ``done``: step key → its ``done`` figures; ``interrupted``: a step started and neither done nor failed (its driver
+    died); ``switched``: hosts on the target release, in switch order (returned ones removed); ``out``: the host
+    drained and not undrained; ``reference``: the mean acceptance length rolled hosts are held to (None: not yet
+    known or not speculating); ``returning``: the return was started (``return_reason`` why); ``ended``: the
+    ``end`` event's outcome; ``promote``/``abort``/``pause``: requests pending; ``bake_started``: epoch seconds of the
+    bake's start; ``previous``: host → the release it had before its switch; ``failed``: step key → its error;
+    ``return_switched``/``return_out``/``aborted``: what the return started with (the hosts switched, the one out)
+    and whether an abort started it.
+    """
+
+    done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    interrupted: str | None = None
+    switched: list[str] = field(default_factory=list)
+    out: str | None = None
+    reference: float | None = None
+    returning: bool = False
+    return_reason: str | None = None
+    ended: str | None = None
+    end_reason: str | None = None
+    promote: bool = False
+    abort: bool = False
+    pause: bool = False
+    bake_started: float | None = None
+    previous: dict[str, Any] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    return_switched: list[str] = field(default_factory=list)
+    return_out: str | None = None
+    aborted: bool = False
+
+
+def _figures(e: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in e.items() if k not in ("t", "step", "event")}
+
+
+def replay(plan: RolloutPlan, entries: Sequence[Mapping[str, Any]]) -> RolloutState:
+    """Where the rollout of ``plan`` stands after ``entries`` (its journal's events, in order); pure."""
+    st = RolloutState()
+    for e in entries:
+        step, ev = e.get("step"), e.get("event")
+        if step == "control":
+            if ev == "promote":
+                st.promote = True
+            elif ev == "abort":
+                st.abort = True
+            elif ev == "pause":
+                st.pause = True
+            continue
+        if step == "rollout":
+            if ev == "run":
+                st.pause = False  # a rerun continues a paused rollout
+            elif ev == "return":
+                st.returning, st.return_reason, st.aborted = True, e.get("reason"), bool(e.get("aborted"))
+                st.return_switched, st.return_out = list(e.get("switched") or []), e.get("out")
+            elif ev == "end":
+                st.ended, st.end_reason = e.get("outcome"), e.get("reason")
+            continue
+        if not isinstance(step, str):
+            continue
+        host, _, action = step.removeprefix("return:").rpartition(":")
+        if ev == "start":
+            st.done.pop(step, None)
+            st.interrupted = step
+            if action == "bake" and "epoch" in e:
+                st.bake_started = float(e["epoch"])
+        elif ev == "failed":
+            st.interrupted = None
+            st.failed[step] = str(e.get("error"))
+        elif ev == "done":
+            st.interrupted = None
+            st.done[step] = _figures(e)
+            _apply_done(plan, st, step, host, action, e)
+    return st
+
+
+def _apply_done(plan: RolloutPlan, st: RolloutState, step: str, host: str, action: str,
+                e: Mapping[str, Any]) -> None:
+    """One ``done`` event's effect on where the rollout stands."""
+    returning = step.startswith("return:")
+    if action == "drain":
+        st.out = host
+    elif action == "undrain" and st.out == host:
+        st.out = None
+    elif action in ("switch", "gate") and not returning:
+        if action == "switch" or e.get("verdict") == "keep":
+            st.switched.append(host) if host not in st.switched else None
+            st.previous[host] = e.get("previous")
+        if action == "gate" and isinstance(e.get("mean_acceptance_length"), (int, float)):
+            st.reference = float(e["mean_acceptance_length"])
+    elif action == "switch-back" and host in st.switched:
+        st.switched.remove(host)
+    elif action == "bake" and isinstance(e.get("mean_acceptance_length"), (int, float)):
+        st.reference = float(e["mean_acceptance_length"])  # live traffic's figure over the gate's
+    elif action == "acceptance" and st.reference is None and plan.kind != "speculate":
+        mal = e.get("mean_acceptance_length")
+        st.reference = float(mal) if isinstance(mal, (int, float)) else None

@@ -1,0 +1,236 @@
+"""The real step callables of a group rollout (:class:`~eagle3ops.group.execute.StepFns`) over inventory hosts.
+
+Each host is reached through its own executor (``remotes``: host name → an entered SSH executor) and changed only by
+the existing locked, health-gated windows: ``switch`` is a ``release`` window (the change) or a ``rollback`` window
+(to the release the host had before the rollout being rolled back), ``switch_back`` a ``rollback`` window to the
+release before the switch, ``gate`` the ``speculate`` job (:func:`eagle3ops.speculate.ship.speculate`). ``health``
+probes serving as its clients do (:func:`eagle3ops.health.wait_healthy`), ``acceptance`` replays the gate's prompts
+on the drained host and reads the mean acceptance length from ``/metrics`` deltas
+(:func:`eagle3ops.speculate.cyclerun.measure_served`), ``bake_sample`` reads the canary's interval figures
+(:func:`eagle3ops.gate.metrics.interval_figures`). ``drain`` sets the balancer's server to ``drain`` and waits,
+bounded, until the balancer reports no session to it (past the bound: the host is set ready again and the step
+fails); ``undrain`` sets it ``ready``.
+
+Which release each host serves, in the group's terms, is a marker on the host: ``<state_dir>/groups/<group>/
+live.json`` = ``{"target", "label", "release", "previous"}`` written after each switch (``previous``: the marker
+before it, so a return or a group rollback restores it). A host is on a target when its marker names it and the
+host's current release is still the marker's ``release`` (a release made outside the group since is not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from eagle3ops.commands import host as hc
+from eagle3ops.group.balancer import Balancer
+from eagle3ops.group.execute import StepFailed, StepFns
+
+__all__ = ["BALANCERS", "HostSteps", "marker_path", "on_target", "read_marker"]
+
+#: Balancer drivers by the group file's ``balancer.kind``: a function of the group's settings returning a
+#: :class:`~eagle3ops.group.balancer.Balancer`. A driver registers itself here.
+BALANCERS: dict[str, Callable[[Any], Balancer]] = {}
+
+
+def marker_path(state_dir: str, group: str) -> str:
+    """``<state_dir>/groups/<group>/live.json`` on a group host."""
+    return f"{state_dir}/groups/{group}/live.json"
+
+
+def read_marker(r: Any, group: str) -> dict[str, Any]:
+    """The host's group marker (``{}``: none, or unreadable)."""
+    out = r.run(hc.cat_if_exists(marker_path(r.host.state_dir, group)), check=False).stdout or ""
+    try:
+        return json.loads(out) if out.strip() else {}
+    except ValueError:
+        return {}
+
+
+def on_target(marker: Mapping[str, Any], release: int | None, target: str) -> bool:
+    """Whether a host with ``marker`` and current ``release`` serves ``target`` (pure; see the module doc)."""
+    return marker.get("target") == target and marker.get("release") is not None and marker.get("release") == release
+
+
+@dataclass
+class HostSteps:
+    """The step callables of one rollout: ``kind`` (``speculate``/``release``/``rollback``), ``remotes``
+    (entered executors by host name), ``balancer``, ``target``/``label`` (the release key and its words),
+    ``window`` (keyword arguments every window gets: ``command``), ``images`` (host → ``(pipeline image, id)``),
+    ``change`` (a release's :class:`~eagle3ops.config.plan.ReleaseChange`), ``speculate_options`` (host →
+    :class:`~eagle3ops.speculate.prechecks.SpeculateOptions`), ``prompts`` (the acceptance step's requests),
+    ``drain_timeout_s`` (seconds)."""
+
+    group: str
+    kind: str
+    remotes: Mapping[str, Any]
+    balancer: Balancer
+    target: str
+    label: str
+    command: str
+    images: Mapping[str, tuple[str, str | None]]
+    change: Any = None
+    speculate_options: Mapping[str, Any] = field(default_factory=dict)
+    prompts: Sequence[Any] = ()
+    drain_timeout_s: float = 300.0
+    echo: Callable[[str], None] = print
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _urls: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    _last: dict[str, tuple[float, Any]] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Close the serving endpoints opened (SSH forwards)."""
+        self._stack.close()
+
+    def fns(self) -> StepFns:
+        """The :class:`~eagle3ops.group.execute.StepFns` of this rollout."""
+        return StepFns(drain=self.drain, undrain=self.undrain, switch=self.switch, switch_back=self.switch_back,
+                       health=self.health, acceptance=self.acceptance, gate=self.gate, bake_sample=self.bake_sample)
+
+    def _endpoint(self, host: str) -> tuple[str, str | None]:
+        from eagle3ops.speculate.reach import serving_api_key, serving_endpoint
+
+        if host not in self._urls:
+            r = self.remotes[host]
+            key = serving_api_key(r)
+            url, _ = self._stack.enter_context(serving_endpoint(r, key))
+            self._urls[host] = (url, key)
+        return self._urls[host]
+
+    def drain(self, host: str) -> dict[str, Any]:
+        """Drain ``host`` at the balancer and wait (bounded) for its sessions to end; past the bound set it ready
+        again and fail."""
+        self.balancer.set_state(host, "drain")
+        deadline = time.monotonic() + self.drain_timeout_s
+        while True:
+            s = self.balancer.states()[host]
+            if s.sessions == 0:
+                return {"sessions": 0}
+            if time.monotonic() > deadline:
+                self.balancer.set_state(host, "ready")
+                raise StepFailed(f"{host}: {s.sessions} session(s) still open {self.drain_timeout_s:g} s after the "
+                                 f"drain; set ready again, nothing stopped")
+            time.sleep(1.0)
+
+    def undrain(self, host: str) -> dict[str, Any]:
+        """Let the balancer send ``host`` traffic again."""
+        self.balancer.set_state(host, "ready")
+        return {}
+
+    def _window(self, host: str, kind: str, **kw: Any) -> dict[str, Any]:
+        from eagle3ops.window.common import WindowError
+        from eagle3ops.window.run import run_window
+
+        image, image_id = self.images[host]
+        try:
+            res = run_window(self.remotes[host], kind=kind, image=image, expected_image_id=image_id,
+                             command=self.command, message=f"group {self.group}: {self.label}", **kw)
+        except WindowError as exc:
+            raise StepFailed(f"{host}: {kind} window: {exc}") from None
+        if res.get("outcome") not in ("ok", "nothing to do"):
+            raise StepFailed(f"{host}: {kind} window ended {res.get('outcome')}: {res.get('error')}")
+        return res
+
+    def _mark(self, host: str, release: Any, previous: Mapping[str, Any]) -> None:
+        r = self.remotes[host]
+        r.run(hc.mkdir_p(f"{r.host.state_dir}/groups/{self.group}"))
+        r.run(hc.write_file(marker_path(r.host.state_dir, self.group)), stdin=json.dumps(
+            {"target": self.target, "label": self.label, "release": release, "previous": dict(previous)}) + "\n")
+
+    def switch(self, host: str) -> dict[str, Any]:
+        """``host`` to the target release (a ``release`` window, or a ``rollback`` window to the release the
+        marker says came before); the marker written."""
+        from eagle3ops.window.common import current_release
+
+        r = self.remotes[host]
+        marker, before = read_marker(r, self.group), current_release(r)
+        if on_target(marker, before, self.target):  # a rerun after the window finished
+            return {"release": before, "previous": (marker.get("previous") or {}).get("release"), "repeated": True}
+        if self.kind == "release":
+            res = self._window(host, "release", change=self.change)
+        else:
+            res = self._window(host, "rollback", to_release=(marker.get("previous") or {}).get("release"))
+        self._mark(host, res.get("release"), marker)
+        return {"release": res.get("release"), "previous": before}
+
+    def switch_back(self, host: str, previous: Any) -> dict[str, Any]:
+        """``host`` back to release ``previous`` (a ``rollback`` window), its marker to the one before the switch."""
+        r = self.remotes[host]
+        marker = read_marker(r, self.group)
+        res = self._window(host, "rollback", to_release=previous)
+        prior = marker.get("previous") if marker.get("target") == self.target else marker
+        r.run(hc.write_file(marker_path(r.host.state_dir, self.group)), stdin=json.dumps(prior or {}) + "\n")
+        return {"release": res.get("release")}
+
+    def health(self, host: str) -> dict[str, Any]:
+        """Serving of ``host`` answers as a client needs (bounded by its ``serving.health_timeout_s``)."""
+        from eagle3ops import health
+
+        h = self.remotes[host].host
+        url, key = self._endpoint(host)
+        try:
+            health.wait_healthy(url, h.serving.served_model_name, timeout_s=h.serving.health_timeout_s, api_key=key)
+        except health.GateFailed as exc:
+            raise StepFailed(f"{host}: not healthy: {exc}") from None
+        return {}
+
+    def acceptance(self, host: str) -> float | None:
+        """The served mean acceptance length of ``host`` over the gate's prompts (None: no draft round)."""
+        from eagle3ops.speculate.cycle import CycleError
+        from eagle3ops.speculate.cyclerun import measure_served
+
+        h = self.remotes[host].host
+        url, key = self._endpoint(host)
+        try:
+            v = measure_served(url, h.serving.served_model_name, list(self.prompts), 1.0, where=host, api_key=key)
+        except CycleError:
+            return None
+        return float(v["mean_acceptance_length"])
+
+    def gate(self, host: str) -> dict[str, Any]:
+        """The ``speculate`` job on the drained canary; its verdict and the thresholds the bake is judged by."""
+        from dataclasses import asdict
+
+        from eagle3ops.speculate.ship import SpeculateError, speculate
+        from eagle3ops.speculate.watch import gate_result_for, thresholds
+        from eagle3ops.window.common import WindowError, current_release
+
+        r = self.remotes[host]
+        before, marker = current_release(r), read_marker(r, self.group)
+        try:
+            res = speculate(r, self.speculate_options[host], echo=self.echo)
+        except (SpeculateError, WindowError) as exc:
+            raise StepFailed(f"{host}: the gate: {exc}") from None
+        live = res.get("live_release")
+        if res.get("verdict") == "keep":
+            self._mark(host, live, marker)
+        th = thresholds(r.host.serving.watch, r.host.serving, gate_result_for(r, live) or res)
+        return {"verdict": res.get("verdict"), "reason": res.get("reason"), "release": live, "previous": before,
+                "mean_acceptance_length": (res.get("spec_decode") or {}).get("mean_acceptance_length"),
+                "thresholds": asdict(th)}
+
+    def bake_sample(self, host: str) -> dict[str, Any] | None:
+        """The canary's figures since the previous call (None on the first call, or when ``/metrics`` fails)."""
+        import httpx
+
+        from eagle3ops.gate.metrics import interval_figures, parse_server
+        from eagle3ops.speculate.regenerate import auth_headers
+
+        url, key = self._endpoint(host)
+        try:
+            resp = httpx.get(f"{url}/metrics", headers=auth_headers(key), timeout=30)
+            resp.raise_for_status()
+            cur = (time.time(), parse_server(resp.text))
+        except Exception as exc:  # noqa: BLE001 - one missed reading; the bake goes on
+            self.echo(f"{host}: /metrics not read ({type(exc).__name__}: {exc})")
+            return None
+        prev, self._last[host] = self._last.get(host), cur
+        if prev is None:
+            return None
+        try:
+            return interval_figures(prev[1], cur[1], cur[0] - prev[0])
+        except ValueError:  # the server restarted between the readings
+            return None

@@ -1,0 +1,340 @@
+"""``eagle3ops group ...``: release a serving group host by host behind its load balancer (:mod:`eagle3ops.group`),
+registered on the main typer app by :mod:`eagle3ops.cli`.
+
+``rollout GROUP --run RUN`` (a speculative release: canary gated, baked on live traffic, then rolled), ``release
+GROUP --arg/--image/--env`` and ``rollback GROUP`` (the same rolling path, no gate, no bake), ``status GROUP``,
+``promote``/``abort``/``pause GROUP``. Facts (each host's live release and group marker, reads only, through dry-run
+executors) → the plan (pure; ``--dry-run`` prints it, ``--json`` as JSON) → under the group lock on the group's first
+host, the steps, journaled; a rerun of the same command resumes a rollout left unfinished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from eagle3ops import cli_common as common
+from eagle3ops.cli_common import DryRunOpt, InventoryOpt, JsonOpt
+
+app = typer.Typer(no_args_is_help=True, help="Serving groups behind a load balancer: canary, bake, rolling release.")
+console = common.console
+
+GroupsOpt = typer.Option(Path("deploy/groups.yaml"), "--groups", help="The group file (groups: NAME: hosts, max_out, "
+                         "balancer, bake_s).")
+TakeOverOpt = typer.Option(False, "--take-over", help="Take the group lock of a driver known dead on another machine.")
+#: Exit status by outcome (0 done or paused; 3 the release did not stay; 1 a return failed).
+EXITS = {"done": 0, "paused": 0, "refused": 3, "returned": 3, "aborted": 3}
+
+
+def _load(groups: Path, inventory: Path, name: str) -> tuple[Any, list[Any]]:
+    """The group's settings and its hosts' inventory entries (exit 2 naming the file and key when wrong)."""
+    from eagle3ops.config import ConfigError, load_inventory
+    from eagle3ops.group.config import load_group
+
+    try:
+        inv = load_inventory(inventory)
+        g = load_group(groups, name, {h: None for h in inv.hosts})
+        return g, [inv.host(h) for h in g.hosts]
+    except ConfigError as exc:
+        common.fail(str(exc), 2)
+
+
+def _journal(r: Any, first: Any, name: str) -> Any:
+    from eagle3ops.group.journal import GroupJournal, group_dir
+
+    return GroupJournal(r, group_dir(first.state_dir, name), first.secret_env)
+
+
+def _unfinished(j: Any) -> tuple[Any, Any] | None:
+    """The current rollout's plan and state when it has not ended (the journal switched to it), else None."""
+    from eagle3ops.group.journal import replay
+
+    cur = j.current()
+    if cur is None:
+        return None
+    j.use(cur)
+    plan = j.plan()
+    if plan is None:
+        return None
+    st = replay(plan, j.entries())
+    return None if st.ended else (plan, st)
+
+
+def _last_done_target(j: Any) -> str | None:
+    """The target of the group's newest rollout when it ended ``done`` (what a group rollback undoes)."""
+    from eagle3ops.group.journal import replay
+
+    cur = j.current()
+    if cur is None:
+        return None
+    j.use(cur)
+    plan = j.plan()
+    return plan.target if plan and replay(plan, j.entries()).ended == "done" and plan.kind != "rollback" else None
+
+
+def _facts(hosts: list[Any], name: str, target: str, rollback_from: str | None) -> dict[str, bool]:
+    """Whether each host serves the target already (reads only): its marker and current release; for a group
+    rollback, a host not on the release being rolled back counts as on the target."""
+    from eagle3ops.group.steps import on_target, read_marker
+    from eagle3ops.window.common import current_release
+
+    out = {}
+    for h in hosts:
+        with common.remote(h, dry_run=True) as r:
+            marker = read_marker(r, name)
+            out[h.name] = (marker.get("target") != rollback_from if rollback_from
+                           else on_target(marker, current_release(r), target))
+    return out
+
+
+def _print_plan(plan: Any, json_out: bool, resumed: str | None) -> None:
+    doc = {**plan.to_json(), "resumes": resumed}
+    if json_out:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    console.print(f"group {plan.group}: {plan.kind} to {plan.label} (release key {plan.target})"
+                  + (f", resuming rollout {resumed}" if resumed else ""), markup=False)
+    console.print(f"  skipped (on the target): {', '.join(plan.skipped) or 'none'}; canary: {plan.canary or 'none'};"
+                  f" max_out {plan.max_out}", markup=False)
+    for s in plan.steps:
+        console.print(f"  {s.key}", markup=False)
+
+
+def _steps(name: str, g: Any, hosts: list[Any], remotes: dict[str, Any], kind: str, plan: Any, command: str,
+           **kw: Any) -> Any:
+    """The real step callables; exits 1 when the group's balancer kind has no driver here."""
+    from eagle3ops.group.steps import BALANCERS, HostSteps
+
+    make = BALANCERS.get(g.balancer.kind)
+    if make is None:
+        common.fail(f"group {name}: balancer kind `{g.balancer.kind}` has no driver in this eagle3ops (drivers: "
+                    f"{sorted(BALANCERS) or 'none'}); nothing was done")
+    images = {}
+    for h in hosts:
+        dep = common.deployed_record(remotes[h.name])
+        images[h.name] = (h.pipeline_image or dep["image"], dep.get("image_id"))
+    return HostSteps(group=name, kind=kind, remotes=remotes, balancer=make(g), target=plan.target, label=plan.label,
+                     command=command, images=images, echo=lambda m: console.print(m, markup=False), **kw)
+
+
+def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, label: str, dry_run: bool,
+           json_out: bool, take_over: bool, step_kw: Callable[[list[Any]], dict[str, Any]]) -> None:
+    """Facts → plan → (``dry_run``: print) → under the group lock, run or resume the rollout."""
+    from eagle3ops.group.execute import ReturnFailed, run_rollout
+    from eagle3ops.group.journal import GroupLocked, new_rollout_id
+    from eagle3ops.group.rollout import plan_rollout
+
+    g, hosts = _load(groups, inventory, name)
+    with common.remote(hosts[0], dry_run=True) as r0:
+        j = _journal(r0, hosts[0], name)
+        open_ = _unfinished(j)
+        rollback_from = None
+        if kind == "rollback" and open_ is None:
+            from eagle3ops.group.rollout import release_key
+
+            rollback_from = _last_done_target(j)
+            if rollback_from is None:
+                common.fail(f"group {name}: no finished rollout to roll back (`eagle3ops group status {name}`)")
+            target = release_key("rollback", {"from": rollback_from})
+    if open_ is not None and open_[0].target != target:
+        common.fail(f"group {name}: rollout {j.rollout_id} ({open_[0].kind} to {open_[0].label}) is not finished: rerun "
+                    f"its command to continue it, or `eagle3ops group abort {name}` to return its hosts")
+    if open_ is not None:
+        plan, rid = open_[0], j.rollout_id
+    else:
+        plan = plan_rollout(name, g.hosts, g.max_out, kind, target, label, _facts(hosts, name, target, rollback_from),
+                            bake_s=g.bake_s, bake_interval_s=g.bake_interval_s, bake_sustained_s=g.bake_sustained_s,
+                            out_wait_s=g.out_wait_s)
+        rid = None
+    if dry_run:
+        return _print_plan(plan, json_out, rid)
+    if json_out:
+        common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
+    _print_plan(plan, False, rid)
+    if not plan.steps:
+        console.print(f"group {name}: every host is on the target already; nothing to do")
+        return
+    _run(name, g, hosts, plan, rid, kind, take_over, step_kw, run_rollout, ReturnFailed, GroupLocked,
+         new_rollout_id)
+
+
+def _run(name: str, g: Any, hosts: list[Any], plan: Any, rid: str | None, kind: str, take_over: bool,
+         step_kw: Callable[[list[Any]], dict[str, Any]], run_rollout: Any, ReturnFailed: Any, GroupLocked: Any,
+         new_rollout_id: Any) -> None:
+    """Under the group lock: begin (or resume) the rollout and carry it out; exit by its outcome."""
+    with contextlib.ExitStack() as stack:
+        remotes = {h.name: stack.enter_context(common.remote(h)) for h in hosts}
+        j = _journal(remotes[hosts[0].name], hosts[0], name)
+        steps = _steps(name, g, hosts, remotes, kind, plan, common.command_line(), **step_kw(hosts))
+        stack.callback(steps.close)
+        try:
+            taken = j.acquire(common.command_line(), take_over=take_over)
+        except GroupLocked as exc:
+            common.fail(str(exc))
+        if taken:
+            console.print(taken, markup=False)
+        try:
+            if rid is None:
+                j.begin(new_rollout_id(plan.target), plan)
+            else:
+                j.use(rid)
+            res = run_rollout(plan, j, steps.fns(), steps.balancer, echo=lambda m: console.print(m, markup=False))
+        except ReturnFailed as exc:
+            common.fail(str(exc))
+        finally:
+            j.release()
+    console.print(f"group {name}: {res['outcome']}" + (f": {res['reason']}" if res.get("reason") else "")
+                  + (f"; next: {res['next']}" if res.get("next") else ""), markup=False)
+    print(json.dumps({"outcome": res["outcome"], "switched": res.get("switched"), "next": res.get("next")}))
+    raise typer.Exit(EXITS.get(res["outcome"], 1))
+
+
+@app.command("rollout")
+def rollout(group: str, run: str = typer.Option(..., "--run", help="The pipeline run whose head ships (as "
+                                                 "`speculate --run`)."),
+            head: Optional[Path] = typer.Option(None, "--head", help="A local head directory trained elsewhere."),
+            image: Optional[str] = typer.Option(None, "--image", help="Patched serving image (default: "
+                                                "serving.speculative_image)."),
+            control: bool = typer.Option(False, "--control", help="The gate measures a control release (as "
+                                         "`speculate --control`)."),
+            prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="The gate's prompts (as "
+                                                        "`speculate --prompts-file`); also the rolled hosts' "
+                                                        "acceptance check."),
+            groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+            json_out: bool = JsonOpt, take_over: bool = TakeOverOpt) -> None:
+    """A speculative release across the group: the gate on one drained host (the canary) while the others serve;
+    kept, a bake on live traffic judged by `watch`'s rules (a breach returns the canary); then host by host: drain,
+    switch, health, served acceptance within 0.1 of the canary's, undrain. The first failure returns every switched
+    host. Exit 0 done or paused, 3 not kept or returned, 1 error."""
+    from eagle3ops.group.rollout import release_key
+    from eagle3ops.speculate.prechecks import SpeculateOptions
+
+    target = release_key("speculate", {"run": run, "head": str(head) if head else None, "image": image,
+                                       "control": control, "prompts": str(prompts_file) if prompts_file else None})
+
+    def kw(hosts: list[Any]) -> dict[str, Any]:
+        opts = {}
+        for h in hosts:
+            with common.remote(h, dry_run=True) as r:
+                dep = common.deployed_record(r)
+            opts[h.name] = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
+                                            pipeline_image_id=dep.get("image_id"), head=head, serving_image=image,
+                                            control=control, prompts_file=prompts_file,
+                                            command=common.command_line())
+        return {"speculate_options": opts, "prompts": _prompts(hosts[0], prompts_file)}
+
+    _drive(group, groups, inventory, "speculate", target, f"run {run}" + (f" head {head}" if head else ""), dry_run,
+           json_out, take_over, kw)
+
+
+def _prompts(h: Any, prompts_file: Optional[Path]) -> list[Any]:
+    """The acceptance step's requests: the gate's (its chat set when given, else HumanEval's gate split)."""
+    from eagle3ops.speculate import prompts as pr
+    from eagle3ops.speculate.ship import gate_prompts
+
+    rows = pr.from_jsonl(prompts_file) if prompts_file is not None else gate_prompts(h.serving.gate_prompts)
+    return [p.request for p in rows]
+
+
+@app.command("release")
+def release(group: str,
+            arg: list[str] = typer.Option([], "--arg", help="Server flag to set (repeatable; as `release --arg`)."),
+            image: Optional[str] = typer.Option(None, "--image", help="New serving image."),
+            env: list[str] = typer.Option([], "--env", help="NAME=VALUE in serving's environment (repeatable); "
+                                          "values are not logged."),
+            groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+            json_out: bool = JsonOpt, take_over: bool = TakeOverOpt) -> None:
+    """A new serving release across the group, host by host (drain, switch, health, served acceptance, undrain);
+    the first failure returns every switched host. Exit 0 done or paused, 3 returned, 1 error."""
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.group.rollout import release_key
+
+    change = ReleaseChange(args=list(arg), image=image, env=common.env_pairs(env, "--env"))
+    _drive(group, groups, inventory, "release", release_key("release", change.model_dump()), change.describe(),
+           dry_run, json_out, take_over, lambda hosts: {"change": change, "prompts": _prompts(hosts[0], None)})
+
+
+@app.command("rollback")
+def rollback(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+             json_out: bool = JsonOpt, take_over: bool = TakeOverOpt) -> None:
+    """Return the group from its last finished rollout, host by host: each host to the release it had before it.
+    Exit 0 done or paused, 3 returned, 1 error."""
+    _drive(group, groups, inventory, "rollback", "", "the releases before the last rollout", dry_run, json_out,
+           take_over, lambda hosts: {"prompts": _prompts(hosts[0], None)})
+
+
+@app.command("status")
+def status(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, json_out: bool = typer.Option(
+        False, "--json", help="Print the status as one JSON document.")) -> None:
+    """The group's newest rollout: each host's place in it, what comes next, pending requests, the lock's holder."""
+    from eagle3ops.group.journal import replay
+    from eagle3ops.group.status import view
+
+    g, hosts = _load(groups, inventory, group)
+    with common.remote(hosts[0], dry_run=True) as r0:
+        j = _journal(r0, hosts[0], group)
+        cur = j.current()
+        if cur is None:
+            console.print(f"group {group}: no rollout yet")
+            return
+        j.use(cur)
+        plan = j.plan()
+        v = {"rollout": cur, **view(plan, replay(plan, j.entries())), "lock": j.read_holder() or None}
+    if json_out:
+        print(json.dumps(v, indent=2, sort_keys=True))
+        return
+    console.print(f"group {group}: rollout {cur}, {v['kind']} to {v['label']}: {v['state']}"
+                  + (f" ({v['reason']})" if v.get("reason") else ""), markup=False)
+    for h, words in v["hosts"].items():
+        console.print(f"  {h}: {words}", markup=False)
+    console.print(f"  next: {v['next'] or 'nothing'}; requests: {', '.join(v['requests']) or 'none'}; lock: "
+                  f"{(v['lock'] or {}).get('command', 'free')}", markup=False)
+
+
+def _request(group: str, what: str, groups: Path, inventory: Path, dry_run: bool) -> Any:
+    g, hosts = _load(groups, inventory, group)
+    with common.remote(hosts[0], dry_run=dry_run) as r0:
+        j = _journal(r0, hosts[0], group)
+        if _unfinished(j) is None:
+            common.fail(f"group {group}: no unfinished rollout to {what} (`eagle3ops group status {group}`)")
+        j.request(what)
+        alive = j.holder_alive()
+    console.print(f"group {group}: {what} {'would be ' if dry_run else ''}requested for rollout {j.rollout_id}"
+                  + ("; its driver acts on it at its next step" if alive is not False else ""), markup=False)
+    return alive
+
+
+@app.command("promote")
+def promote(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+    """End the canary's bake now and roll the rest (the driver reads it at its next bake reading)."""
+    if _request(group, "promote", groups, inventory, dry_run) is False:
+        console.print("no driver holds the group lock: rerun the rollout's command to continue")
+
+
+@app.command("pause")
+def pause(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+    """Stop the rollout after the host it is on (a rerun of its command continues)."""
+    _request(group, "pause", groups, inventory, dry_run)
+
+
+@app.command("abort")
+def abort(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+          take_over: bool = TakeOverOpt) -> None:
+    """Return every switched host to its previous release; with no driver running, this command returns them."""
+    from eagle3ops.group.execute import ReturnFailed, run_rollout
+    from eagle3ops.group.journal import GroupLocked, new_rollout_id
+
+    alive = _request(group, "abort", groups, inventory, dry_run)
+    if alive is not False and not take_over or dry_run:
+        return
+    g, hosts = _load(groups, inventory, group)
+    with common.remote(hosts[0], dry_run=True) as r0:
+        j = _journal(r0, hosts[0], group)
+        plan, _ = _unfinished(j)
+        rid = j.rollout_id
+    _run(group, g, hosts, plan, rid, plan.kind, take_over, lambda hosts: {}, run_rollout, ReturnFailed, GroupLocked,
+         new_rollout_id)

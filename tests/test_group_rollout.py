@@ -1,0 +1,397 @@
+"""Group rollouts: the pure plan, and the executor against a STAND-IN balancer and STAND-IN step callables.
+
+The journal and the group lock are the real ones (``GroupJournal`` through this machine's executor, files in a temp
+dir). Stand-ins, named: ``StandinBalancer`` (a JSON file of server states recording every ``set_state``: the load
+balancer's runtime view, shared across a forked driver) and ``StandinSteps`` (each step appends ``host:action`` to a
+file and fails, breaches or kills its own driver where a test says).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3ops import executor
+from eagle3ops.group import rollout as ro
+from eagle3ops.group.balancer import ServerState
+from eagle3ops.group.execute import StepFns, run_rollout
+from eagle3ops.group.journal import GroupJournal, GroupLocked, replay
+
+HOSTS = ("a", "b", "c")
+
+
+class StandinBalancer:
+    """STAND-IN for the load balancer: server states in a JSON file; every ``set_state`` recorded with how many
+    hosts were out right after it."""
+
+    def __init__(self, path: Path, hosts=HOSTS):
+        self.path = path
+        if not path.exists():
+            path.write_text(json.dumps({"servers": {h: "ready" for h in hosts}, "log": []}))
+
+    def _load(self) -> dict[str, Any]:
+        return json.loads(self.path.read_text())
+
+    def states(self) -> dict[str, ServerState]:
+        return {h: ServerState(h, s, 0) for h, s in self._load()["servers"].items()}
+
+    def set_state(self, host: str, state: str) -> None:
+        d = self._load()
+        d["servers"][host] = state
+        d["log"].append([host, state, sum(s in ("drain", "maint", "down") for s in d["servers"].values())])
+        self.path.write_text(json.dumps(d))
+
+    def force(self, host: str, state: str) -> None:
+        """The balancer's own view changing (e.g. its health check marks a host down)."""
+        d = self._load()
+        d["servers"][host] = state
+        self.path.write_text(json.dumps(d))
+
+    @property
+    def log(self) -> list[list[Any]]:
+        return self._load()["log"]
+
+
+class StandinSteps:
+    """STAND-IN step callables: each appends ``host:action`` to ``ran.txt``; ``fail`` maps ``host:action`` to an
+    error (once); ``kill`` a ``host:action`` at which the driver process SIGKILLs itself; ``acceptance`` host → figure;
+    ``bake`` a list of interval figures."""
+
+    def __init__(self, d: Path, bal: StandinBalancer, *, fail=(), kill=None, acceptance=None, bake=(),
+                 verdict="keep"):
+        self.ran, self.bal, self.fail, self.kill = d / "ran.txt", bal, set(fail), kill
+        self.acc = acceptance or {}
+        self.bake, self.verdict, self.release = list(bake), verdict, {h: 1 for h in HOSTS}
+
+    def _do(self, host: str, action: str) -> None:
+        with open(self.ran, "a") as f:
+            f.write(f"{host}:{action}\n")
+        if f"{host}:{action}" == self.kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if f"{host}:{action}" in self.fail:
+            self.fail.discard(f"{host}:{action}")  # once: the return's own step succeeds
+            raise RuntimeError(f"stand-in failure of {action} on {host}")
+
+    def fns(self) -> StepFns:
+        def drain(h):
+            self._do(h, "drain"); self.bal.set_state(h, "drain")  # noqa: E702
+
+        def undrain(h):
+            self._do(h, "undrain"); self.bal.set_state(h, "ready")  # noqa: E702
+
+        def switch(h):
+            self._do(h, "switch")
+            return {"release": 2, "previous": 1}
+
+        def switch_back(h, prev):
+            self._do(h, f"switch-back-to-{prev}")
+
+        def gate(h):
+            self._do(h, "gate")
+            return {"verdict": self.verdict, "reason": "stand-in", "release": 2, "previous": 1,
+                    "mean_acceptance_length": 2.5,
+                    "thresholds": {"acceptance_floor": 2.0, "floor_source": "stand-in",
+                                   "request_tokens_per_s_min": 10.0, "baseline_release": 1, "run": "r1"}}
+
+        def bake_sample(h):
+            self._do(h, "bake-sample")
+            return self.bake.pop(0) if self.bake else None
+
+        return StepFns(drain=drain, undrain=undrain, switch=switch, switch_back=switch_back,
+                       health=lambda h: self._do(h, "health"),
+                       acceptance=lambda h: (self._do(h, "acceptance"), self.acc.get(h, 2.5))[1],
+                       gate=gate, bake_sample=bake_sample)
+
+    def lines(self) -> list[str]:
+        return self.ran.read_text().split() if self.ran.exists() else []
+
+
+class Clock:
+    """A clock the bake and the capacity wait advance (no real sleeping)."""
+
+    def __init__(self):
+        self.t = 1_000_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += max(s, 0.001)
+
+
+def _plan(kind="speculate", on=(), max_out=1, bake_s=120.0, hosts=HOSTS) -> ro.RolloutPlan:
+    return ro.plan_rollout("chat", hosts, max_out, kind, "t" * 16, "stand-in release",
+                           {h: h in on for h in hosts}, bake_s=bake_s, bake_interval_s=30, bake_sustained_s=0,
+                           out_wait_s=60)
+
+
+def _journal(d: Path, plan: ro.RolloutPlan, rid="r1") -> GroupJournal:
+    j = GroupJournal(executor.local(), str(d / "groups" / "chat"))
+    j.acquire("eagle3ops group rollout chat")
+    if j.current() != rid:
+        j.begin(rid, plan)
+    else:
+        j.use(rid)
+    return j
+
+
+def _run(d: Path, plan, steps: StandinSteps, bal: StandinBalancer, clock=None) -> dict[str, Any]:
+    clock = clock or Clock()
+    return run_rollout(plan, _journal(d, plan), steps.fns(), bal, echo=lambda m: None, now=clock.now,
+                       sleep=clock.sleep, poll_s=5)
+
+
+# --- the plan (pure) ---
+
+def test_plan_canary_bake_roll_and_skips_hosts_on_target() -> None:
+    p = _plan(on=("a",))
+    assert p.canary == "b" and p.skipped == ("a",)
+    assert [s.key for s in p.steps] == ["b:drain", "b:gate", "b:undrain", "b:bake", "c:drain", "c:switch", "c:health",
+                                        "c:acceptance", "c:undrain"]
+    r = _plan(kind="rollback")
+    assert r.canary is None and r.bake_s == 0 and [s.action for s in r.steps[:5]] == list(ro.ROLL_ACTIONS)
+    assert _plan(on=HOSTS).steps == () and ro.RolloutPlan.from_json(json.loads(json.dumps(p.to_json()))) == p
+    with pytest.raises(ro.PlanError, match="expected one of"):
+        _plan(kind="restart")
+    # the host that is out goes back first, never drained again; a drained host never switched is only undrained
+    assert [s.key for s in ro.return_steps(["a", "b"], "b")] == [
+        "return:b:switch-back", "return:b:health", "return:b:undrain", "return:a:drain", "return:a:switch-back",
+        "return:a:health", "return:a:undrain"]
+    assert [s.key for s in ro.return_steps(["a"], "b")][:2] == ["return:b:undrain", "return:a:drain"]
+
+
+# --- the executor ---
+
+def test_full_rollout_keeps_within_max_out_and_reaches_every_host(tmp_path: Path) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    steps = StandinSteps(tmp_path, bal, bake=[{"drafts": 10, "accepted": 15, "mean_acceptance_length": 2.5,
+                                               "request_output_tokens_per_s": 50.0, "seconds": 30}])
+    res = _run(tmp_path, _plan(), steps, bal)
+    assert res["outcome"] == "done" and res["switched"] == ["a", "b", "c"]
+    assert max(n for _, _, n in bal.log) == 1
+    assert steps.lines()[:4] == ["a:drain", "a:gate", "a:undrain", "a:bake-sample"]
+
+
+def test_failure_on_the_second_host_returns_the_first(tmp_path: Path) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    steps = StandinSteps(tmp_path, bal, fail={"b:health"})
+    res = _run(tmp_path, _plan(kind="release"), steps, bal)
+    assert res["outcome"] == "returned" and "b:health" in res["reason"]
+    assert res["returned"] == ["a", "b"] and res["switched"] == []
+    ran = steps.lines()
+    assert ran[ran.index("b:health") + 1:] == ["b:switch-back-to-1", "b:health", "b:undrain", "a:drain",
+                                               "a:switch-back-to-1", "a:health", "a:undrain"]
+    assert "c:drain" not in ran and {s.state for s in bal.states().values()} == {"ready"}
+    assert max(n for _, _, n in bal.log) == 1
+
+
+def test_served_acceptance_off_the_canarys_returns(tmp_path: Path) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    steps = StandinSteps(tmp_path, bal, acceptance={"b": 2.35},
+                         bake=[{"drafts": 10, "accepted": 15, "mean_acceptance_length": 2.5,
+                                "request_output_tokens_per_s": 50.0, "seconds": 30}])
+    res = _run(tmp_path, _plan(), steps, bal)
+    assert res["outcome"] == "returned" and "not within 0.1 of the reference's 2.500" in res["reason"]
+    assert res["returned"] == ["a", "b"] and steps.lines()[-7:-3] == ["b:switch-back-to-1", "b:health", "b:undrain", "a:drain"]
+
+
+def test_bake_breach_aborts_and_returns_the_canary(tmp_path: Path) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    good = {"drafts": 10, "accepted": 15, "mean_acceptance_length": 2.5, "request_output_tokens_per_s": 50.0,
+            "seconds": 30}
+    bad = {**good, "accepted": 5, "mean_acceptance_length": 1.5}
+    steps = StandinSteps(tmp_path, bal, bake=[good, bad])
+    res = _run(tmp_path, _plan(), steps, bal)
+    assert res["outcome"] == "returned" and "acceptance 1.5 < 2.0" in res["reason"]
+    ran = steps.lines()
+    assert ran[-4:] == ["a:drain", "a:switch-back-to-1", "a:health", "a:undrain"] and "b:drain" not in ran
+    assert bal.states()["a"].state == "ready"
+
+
+def test_gate_refusal_ends_with_the_canary_undrained(tmp_path: Path) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    steps = StandinSteps(tmp_path, bal, verdict="rollback")
+    res = _run(tmp_path, _plan(), steps, bal)
+    assert res["outcome"] == "refused" and steps.lines() == ["a:drain", "a:gate", "a:undrain"]
+
+
+def test_a_host_down_on_its_own_counts_as_out(tmp_path: Path) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    bal.force("c", "down")
+    steps = StandinSteps(tmp_path, bal)
+    clock = Clock()
+    res = _run(tmp_path, _plan(kind="release", hosts=HOSTS), steps, bal, clock)
+    # with c down and max_out 1, a is never drained: the wait is bounded (60 s), then nothing was switched
+    assert res["outcome"] == "returned" and "c (down) out already and max_out is 1" in res["reason"]
+    assert steps.lines() == [] and bal.log == [] and clock.t - 1_000_000.0 >= 60
+    # with max_out 2 the down host and one drained one fit; c itself (down) is drained without waiting
+    bal2 = StandinBalancer(tmp_path / "bal2.json")
+    bal2.force("c", "down")
+    steps2 = StandinSteps(tmp_path / "two", bal2)
+    (tmp_path / "two").mkdir()
+    res2 = _run(tmp_path / "two", _plan(kind="release", max_out=2), steps2, bal2)
+    assert res2["outcome"] == "done" and max(n for _, _, n in bal2.log) == 2
+
+
+def test_pause_stops_after_the_current_host_and_abort_returns(tmp_path: Path) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    plan = _plan(kind="release")
+    steps = StandinSteps(tmp_path, bal)
+    fns = steps.fns()
+    j = _journal(tmp_path, plan)
+
+    def health(h):  # a `group pause` arrives while a is being rolled
+        steps._do(h, "health")
+        if h == "a":
+            _req(j.dir, "pause")
+
+    res = run_rollout(plan, j, StepFns(**{**fns.__dict__, "health": health}), bal, echo=lambda m: None)
+    assert res["outcome"] == "paused" and res["next"] == "b" and steps.lines()[-1] == "a:undrain"
+    _req(j.dir, "abort")
+    res = run_rollout(plan, j, fns, bal, echo=lambda m: None)
+    assert res["outcome"] == "aborted" and res["returned"] == ["a"] and "b:drain" not in steps.lines()
+
+
+def _req(d: str, what: str) -> None:
+    k = GroupJournal(executor.local(), d)
+    k.use("r1")
+    k.request(what)
+
+
+def test_promote_ends_the_bake_early(tmp_path: Path) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    plan = _plan(bake_s=3600)
+    j = _journal(tmp_path, plan)
+    _req(j.dir, "promote")
+    steps = StandinSteps(tmp_path, bal)
+    clock = Clock()
+    res = run_rollout(plan, j, steps.fns(), bal, echo=lambda m: None, now=clock.now, sleep=clock.sleep)
+    assert res["outcome"] == "done" and clock.t - 1_000_000.0 < 60
+    assert replay(plan, j.entries()).done["a:bake"]["promoted"] is True
+
+
+@pytest.mark.parametrize("kill_at", ["b:switch", "b:acceptance", "a:bake-sample"])
+def test_killed_driver_rerun_resumes(tmp_path: Path, kill_at: str) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    plan = _plan(bake_s=60)
+    bake = [{"drafts": 10, "accepted": 15, "mean_acceptance_length": 2.5, "request_output_tokens_per_s": 50.0,
+             "seconds": 30}] * 4
+    pid = os.fork()
+    if pid == 0:  # the driver, killed by itself at kill_at
+        try:
+            _run(tmp_path, plan, StandinSteps(tmp_path, bal, kill=kill_at, bake=bake), bal)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    first = StandinSteps(tmp_path, bal).lines()
+    j = GroupJournal(executor.local(), str(tmp_path / "groups" / "chat"))
+    taken = j.acquire("x")  # the dead driver's lock is taken over...
+    assert taken and f"pid {pid}" in taken and "that process is gone" in taken
+    with pytest.raises(GroupLocked, match="--take-over"):  # ...a live driver's is refused
+        GroupJournal(executor.local(), str(tmp_path / "groups" / "chat")).acquire("y")
+    j.release()
+    (tmp_path / "ran.txt").unlink()
+    res = _run(tmp_path, plan, StandinSteps(tmp_path, bal, bake=bake), bal)
+    again = StandinSteps(tmp_path, bal).lines()
+    assert res["outcome"] == "done" and res["switched"] == ["a", "b", "c"]
+    host, action = kill_at.split(":")
+    # nothing journaled done runs again; the killed step does
+    if action == "bake-sample":
+        assert "a:gate" in first and again[0] == "a:bake-sample" and "a:gate" not in again
+    else:
+        assert again[0] == kill_at and f"{host}:drain" in first and f"{host}:drain" not in again
+        assert "a:gate" not in again
+    assert max(n for _, _, n in bal.log) == 1
+
+
+# --- the command line: facts read and the plan printed; status and requests (no balancer, no window) ---
+
+class LocalHostExecutor:
+    """STAND-IN for the SSH executor of one inventory host: this machine's executor (``executor.local()``) with the
+    host's entry, its state_dir a temp dir (the CLI's reads and the journal's writes are real commands)."""
+
+    def __init__(self, host, dry_run=False, json_out=False):
+        self.host, self._local = host, executor.local(dry_run=dry_run)
+
+    def __getattr__(self, name):
+        return getattr(self._local, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _cli_files(tmp_path: Path) -> tuple[Path, Path]:
+    inv, groups = tmp_path / "hosts.yaml", tmp_path / "groups.yaml"
+    inv.write_text("hosts:\n" + "".join(
+        f"  {h}: {{hostname: 127.0.0.1, state_dir: {tmp_path}/{h}/state, data_dir: {tmp_path}/{h}/data, "
+        f"model_path: /m, serving: {{container: vllm, image: img, served_model_name: m, port: 8000}}}}\n"
+        for h in HOSTS))
+    groups.write_text("groups:\n  chat: {hosts: [a, b, c], max_out: 1, balancer: {kind: standin}}\n")
+    return inv, groups
+
+
+def _words(res) -> str:
+    return " ".join(res.output.split())  # the console wraps long lines
+
+
+def _invoke(monkeypatch, *args):
+    from typer.testing import CliRunner
+
+    from eagle3ops import cli, cli_common
+
+    monkeypatch.setattr(cli_common, "remote", LocalHostExecutor)
+    return CliRunner().invoke(cli.app, list(args))
+
+
+def test_cli_dry_run_plans_from_host_facts_and_status_shows_what_comes_next(tmp_path: Path, monkeypatch) -> None:
+    from eagle3ops.config.plan import ReleaseChange
+
+    inv, groups = _cli_files(tmp_path)
+    key = ro.release_key("release", ReleaseChange(args=["--max-num-seqs", "8"]).model_dump())
+    # a is on the target already: its marker names it and its current release is the marker's
+    (tmp_path / "a/state/releases").mkdir(parents=True)
+    (tmp_path / "a/state/releases/current").write_text("7\n")
+    (tmp_path / "a/state/groups/chat").mkdir(parents=True)
+    (tmp_path / "a/state/groups/chat/live.json").write_text(json.dumps({"target": key, "release": 7}))
+    (tmp_path / "b/state/groups/chat").mkdir(parents=True)  # b's marker names it, but b was released since
+    (tmp_path / "b/state/groups/chat/live.json").write_text(json.dumps({"target": key, "release": 3}))
+    common = ["--inventory", str(inv), "--groups", str(groups)]
+    res = _invoke(monkeypatch, "group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "8", "--dry-run",
+                  "--json", *common)
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert plan["skipped"] == ["a"] and plan["target"] == key and plan["steps"][0]["key"] == "b:drain"
+    assert not (tmp_path / "a/state/groups/chat/current.json").exists()  # a dry run writes nothing
+    # a real run refuses before any write when the balancer kind has no driver here
+    res = _invoke(monkeypatch, "group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "8", *common)
+    assert res.exit_code == 1 and "balancer kind `standin` has no driver" in _words(res)
+    assert not (tmp_path / "a/state/groups/chat/lock").exists()
+    # a half-rolled group (the journal as a killed driver left it): status says where it stands and what is next
+    p = ro.RolloutPlan.from_json({k: v for k, v in plan.items() if k != "resumes"})
+    j = GroupJournal(executor.local(), str(tmp_path / "a/state/groups/chat"))
+    j.begin("r1", p)
+    for k in ("b:drain", "b:switch", "b:health", "b:acceptance", "b:undrain", "c:drain"):
+        j.record(k, "start")
+        j.record(k, "done", **({"release": 4, "previous": 3} if k == "b:switch" else {}))
+    res = _invoke(monkeypatch, "group", "status", "chat", "--json", *common)
+    assert res.exit_code == 0, res.output
+    v = json.loads(res.stdout)
+    assert v["state"] == "running or interrupted" and v["next"] == "c:switch"
+    assert v["hosts"] == {"a": "skipped (on the target already)", "b": "on the target", "c": "out (drained)"}
+    res = _invoke(monkeypatch, "group", "pause", "chat", *common)
+    assert res.exit_code == 0 and "pause requested for rollout r1" in _words(res)
+    assert json.loads(_invoke(monkeypatch, "group", "status", "chat", "--json", *common).stdout)["requests"] == [
+        "pause"]
+    # another target while this rollout is unfinished is refused, naming it
+    res = _invoke(monkeypatch, "group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "16", "--dry-run",
+                  *common)
+    assert res.exit_code == 1 and "rollout r1 (release to args --max-num-seqs 8) is not finished" in _words(res)
