@@ -236,6 +236,14 @@ def test_a_host_down_on_its_own_counts_as_out(tmp_path: Path) -> None:
     (tmp_path / "two").mkdir()
     res2 = _run(tmp_path / "two", _plan(kind="release", max_out=2), steps2, bal2)
     assert res2["outcome"] == "done" and max(n for _, _, n in bal2.log) == 2
+    # a host an operator put in maintenance is never drained (undraining it would end the maintenance)
+    bal3 = StandinBalancer(tmp_path / "bal3.json")
+    bal3.force("b", "maint")
+    (tmp_path / "three").mkdir()
+    steps3 = StandinSteps(tmp_path / "three", bal3)
+    res3 = _run(tmp_path / "three", _plan(kind="release", max_out=2), steps3, bal3)
+    assert res3["outcome"] == "returned" and "b: in maintenance at the balancer" in res3["reason"]
+    assert bal3.states()["b"].state == "maint" and "a:switch-back-to-1" in steps3.lines()
 
 
 def test_pause_stops_after_the_current_host_and_abort_returns(tmp_path: Path) -> None:
@@ -395,3 +403,84 @@ def test_cli_dry_run_plans_from_host_facts_and_status_shows_what_comes_next(tmp_
     res = _invoke(monkeypatch, "group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "16", "--dry-run",
                   *common)
     assert res.exit_code == 1 and "rollout r1 (release to args --max-num-seqs 8) is not finished" in _words(res)
+
+
+def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_path: Path) -> None:
+    """The real step callables' marker logic (``HostSteps.switch``/``switch_back``) on this machine's files; the
+    windows are a STAND-IN (``window``: bumps ``releases/current`` like a release window, or sets it like a
+    rollback window) and the driver's death during the window a ``BaseException``."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.group.steps import HostSteps, on_target, read_marker
+
+    inv, _ = _cli_files(tmp_path)
+    h = load_inventory(inv).host("a")
+    cur = tmp_path / "a/state/releases/current"
+    cur.parent.mkdir(parents=True)
+    cur.write_text("3\n")
+
+    class Killed(BaseException):
+        pass
+
+    def window(host, kind, kill=False, **kw):
+        n = int(kw["to_release"]) if kind == "rollback" else int(cur.read_text()) + 1
+        cur.write_text(f"{n}\n")
+        if kill:
+            raise Killed()
+        return {"outcome": "ok", "release": n}
+
+    r = LocalHostExecutor(h)
+    steps = HostSteps(group="chat", kind="release", remotes={"a": r}, balancer=StandinBalancer(tmp_path / "b.json"),
+                      target="k1", label="stand-in", command="x", images={"a": ("img", None)}, echo=lambda m: None)
+    steps._window = lambda host, kind, **kw: window(host, kind, kill=True, **kw)  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        steps.switch("a")
+    assert read_marker(r, "chat")["pending"] == {"target": "k1", "before": 3}
+    steps._window = lambda host, kind, **kw: window(host, kind, **kw)  # type: ignore[method-assign]
+    out = steps.switch("a")  # the rerun: the window again (release 5), the release to return to still 3
+    assert out == {"release": 5, "previous": 3}
+    m = read_marker(r, "chat")
+    assert on_target(m, 5, "k1") and "pending" not in m and steps.switch("a")["repeated"] is True
+    steps.switch_back("a", 3)
+    assert cur.read_text().strip() == "3" and read_marker(r, "chat") == {}
+
+
+def test_cli_group_rollback_plans_the_hosts_on_the_last_finished_release(tmp_path: Path, monkeypatch) -> None:
+    inv, groups = _cli_files(tmp_path)
+    common = ["--inventory", str(inv), "--groups", str(groups)]
+    res = _invoke(monkeypatch, "group", "rollback", "chat", "--dry-run", *common)
+    assert res.exit_code == 1 and "no finished rollout to roll back" in _words(res)
+    plan = _plan(kind="release")
+    j = GroupJournal(executor.local(), str(tmp_path / "a/state/groups/chat"))
+    j.begin("r1", plan)
+    j.record("rollout", "end", outcome="done")
+    for h, target in (("a", plan.target), ("b", plan.target), ("c", "another")):
+        (tmp_path / f"{h}/state/groups/chat").mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"{h}/state/groups/chat/live.json").write_text(json.dumps({"target": target, "release": 4}))
+    res = _invoke(monkeypatch, "group", "rollback", "chat", "--dry-run", "--json", *common)
+    assert res.exit_code == 0, res.output
+    rb = json.loads(res.stdout)
+    assert rb["kind"] == "rollback" and rb["skipped"] == ["c"] and [s["host"] for s in rb["steps"]][::5] == ["a", "b"]
+    assert rb["target"] == ro.release_key("rollback", {"from": plan.target})
+
+
+def test_a_busy_gate_stops_the_rollout_as_it_is_and_a_rerun_goes_on(tmp_path: Path) -> None:
+    from eagle3ops.group.execute import StepBusy
+
+    bal = StandinBalancer(tmp_path / "bal.json")
+    plan = _plan(bake_s=0)
+    steps = StandinSteps(tmp_path, bal)
+    fns = steps.fns()
+
+    def busy(h):
+        raise StepBusy(f"{h}: its deploy lock is held by a running window")
+
+    with pytest.raises(StepBusy):
+        run_rollout(plan, _journal(tmp_path, plan), StepFns(**{**fns.__dict__, "gate": busy}), bal, echo=lambda m: None)
+    j = GroupJournal(executor.local(), str(tmp_path / "groups" / "chat"))
+    j.use("r1")
+    st = replay(plan, j.entries())
+    assert st.out == "a" and st.interrupted == "a:gate" and not st.returning and st.switched == []
+    j.release()
+    res = _run(tmp_path, plan, steps, bal)
+    assert res["outcome"] == "done" and steps.lines()[:2] == ["a:drain", "a:gate"]
+    assert steps.lines().count("a:drain") == 1  # the canary stayed drained: not drained again

@@ -166,6 +166,8 @@ def _run(name: str, g: Any, hosts: list[Any], plan: Any, rid: str | None, kind: 
          step_kw: Callable[[list[Any]], dict[str, Any]], run_rollout: Any, ReturnFailed: Any, GroupLocked: Any,
          new_rollout_id: Any) -> None:
     """Under the group lock: begin (or resume) the rollout and carry it out; exit by its outcome."""
+    from eagle3ops.group.execute import StepBusy
+
     with contextlib.ExitStack() as stack:
         remotes = {h.name: stack.enter_context(common.remote(h)) for h in hosts}
         j = _journal(remotes[hosts[0].name], hosts[0], name)
@@ -183,7 +185,7 @@ def _run(name: str, g: Any, hosts: list[Any], plan: Any, rid: str | None, kind: 
             else:
                 j.use(rid)
             res = run_rollout(plan, j, steps.fns(), steps.balancer, echo=lambda m: console.print(m, markup=False))
-        except ReturnFailed as exc:
+        except (ReturnFailed, StepBusy) as exc:
             common.fail(str(exc))
         finally:
             j.release()

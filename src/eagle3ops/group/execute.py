@@ -21,7 +21,7 @@ from eagle3ops.group.journal import GroupJournal, RolloutState, replay
 from eagle3ops.group.rollout import RolloutPlan, Step, return_steps, steps_by_host
 from eagle3ops.speculate.watch import Thresholds, Tracker, judge
 
-__all__ = ["OUT_STATES", "ReturnFailed", "StepFailed", "StepFns", "run_return", "run_rollout"]
+__all__ = ["OUT_STATES", "ReturnFailed", "StepBusy", "StepFailed", "StepFns", "run_return", "run_rollout"]
 
 #: Balancer states that count a host as out.
 OUT_STATES = frozenset({"drain", "maint", "down"})
@@ -29,6 +29,11 @@ OUT_STATES = frozenset({"drain", "maint", "down"})
 
 class StepFailed(RuntimeError):
     """A rollout step failed (the message names host and step); the rollout returns every switched host."""
+
+
+class StepBusy(RuntimeError):
+    """A step cannot start yet and nothing was changed (e.g. the window an earlier driver started on the host still
+    runs); the rollout stops where it is, journaled as it was, and a rerun tries the step again."""
 
 
 class ReturnFailed(RuntimeError):
@@ -91,6 +96,9 @@ class _Run:
             if unknown:
                 raise StepFailed(f"the balancer reports no server for host(s) {unknown}: check the group's "
                                  f"balancer settings (its server names must be the inventory host names)")
+            if states[host].state == "maint":  # an operator's maintenance: undraining it later would end it
+                raise StepFailed(f"{host}: in maintenance at the balancer; the rollout does not take a host out of "
+                                 f"maintenance: set it ready (or remove it from the group), then rerun")
             out = sorted(h for h in self.plan.hosts if h != host and states[h].state in OUT_STATES)
             if len(out) + 1 <= self.plan.max_out:
                 return {"out_before": out}
@@ -197,6 +205,7 @@ def run_rollout(plan: RolloutPlan, journal: GroupJournal, fns: StepFns, balancer
 
     Raises:
         ReturnFailed: a return step failed (the hosts still switched are named; ``group abort`` resumes it).
+        StepBusy: a step cannot start yet (nothing changed; a rerun tries it again).
     """
     run = _Run(plan, journal, fns, balancer, echo, now, sleep, poll_s)
     st = run.state()
@@ -227,6 +236,9 @@ def run_rollout(plan: RolloutPlan, journal: GroupJournal, fns: StepFns, balancer
             journal.record(s.key, "start", epoch=started)
             try:
                 figs = _bake(run, s, st, started) if s.action == "bake" else _do(run, s, st)
+            except StepBusy as exc:
+                journal.record(s.key, "busy", error=str(exc))
+                raise
             except _Abort as exc:
                 journal.record(s.key, "failed", error=str(exc))
                 return run_return(run, str(exc), aborted=True)

@@ -8,7 +8,7 @@ write, made only under the lock — control requests excepted, which only append
   :class:`eagle3ops.speculate.cyclerun.CycleJournal`);
 - ``current.json``: ``{"id"}`` of the newest rollout;
 - ``rollouts/<id>/plan.json`` (:class:`~.rollout.RolloutPlan`) and ``journal.jsonl``: one event a line —
-  ``{"t", "step", "event", ...}`` with ``event`` ``start``/``done``/``failed`` for a step, ``interval`` for a bake
+  ``{"t", "step", "event", ...}`` with ``event`` ``start``/``done``/``failed``/``busy`` for a step, ``interval`` for a bake
   reading, ``promote``/``abort``/``pause`` for a control request (``step: "control"``), ``run``/``paused``/
   ``return``/``end`` for the rollout (``step: "rollout"``).
 
@@ -206,6 +206,8 @@ def replay(plan: RolloutPlan, entries: Sequence[Mapping[str, Any]]) -> RolloutSt
             st.interrupted = step
             if action == "bake" and "epoch" in e:
                 st.bake_started = float(e["epoch"])
+        elif ev == "busy":  # nothing was done: the step is still to run
+            st.interrupted = step
         elif ev == "failed":
             st.interrupted = None
             st.failed[step] = str(e.get("error"))
@@ -232,8 +234,9 @@ def _apply_done(plan: RolloutPlan, st: RolloutState, step: str, host: str, actio
             st.reference = float(e["mean_acceptance_length"])
     elif action == "switch-back" and host in st.switched:
         st.switched.remove(host)
-    elif action == "bake" and isinstance(e.get("mean_acceptance_length"), (int, float)):
-        st.reference = float(e["mean_acceptance_length"])  # live traffic's figure over the gate's
+    elif action == "bake" and st.reference is None and isinstance(e.get("mean_acceptance_length"), (int, float)):
+        # the gate's figure is kept when there is one: it was measured over the prompts the acceptance step replays
+        st.reference = float(e["mean_acceptance_length"])
     elif action == "acceptance" and st.reference is None and plan.kind != "speculate":
         mal = e.get("mean_acceptance_length")
         st.reference = float(mal) if isinstance(mal, (int, float)) else None

@@ -8,8 +8,9 @@ Three kinds share one rolling path:
   other host not on the target rolls: drain → switch → health → served acceptance → undrain.
 - ``release`` and ``rollback``: no gate and no bake; every host not on the target rolls the same way.
 
-A rolled host's served acceptance (mean acceptance length) must be within :data:`ACCEPTANCE_TOLERANCE` of the
-reference: the canary's over its bake (else its gate's figure); for ``release``/``rollback`` the first rolled host's.
+A rolled host's served acceptance (mean acceptance length, measured over the gate's prompts on the drained host)
+must be within :data:`ACCEPTANCE_TOLERANCE` of the reference: the canary's gate figure (the same prompts; its bake's
+live-traffic figure only when the gate has none); for ``release``/``rollback`` the first rolled host's.
 The first failure returns every switched host to its previous release (:func:`return_steps`: the host that is out
 first, then the others newest first). Hosts already on the target release are skipped. How many hosts may be out at
 once (``max_out``) is enforced when the plan is carried out (:mod:`.execute`): the balancer's view changes by itself.

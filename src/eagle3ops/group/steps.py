@@ -13,7 +13,8 @@ fails); ``undrain`` sets it ``ready``.
 
 Which release each host serves, in the group's terms, is a marker on the host: ``<state_dir>/groups/<group>/
 live.json`` = ``{"target", "label", "release", "previous"}`` written after each switch (``previous``: the marker
-before it, so a return or a group rollback restores it). A host is on a target when its marker names it and the
+before it, so a return or a group rollback restores it; ``pending``, while a switch's window runs: the target and
+the release before it, so a rerun after a killed driver keeps the right release to return to). A host is on a target when its marker names it and the
 host's current release is still the marker's ``release`` (a release made outside the group since is not).
 """
 
@@ -27,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from eagle3ops.commands import host as hc
 from eagle3ops.group.balancer import Balancer
-from eagle3ops.group.execute import StepFailed, StepFns
+from eagle3ops.group.execute import StepBusy, StepFailed, StepFns
 
 __all__ = ["BALANCERS", "HostSteps", "marker_path", "on_target", "read_marker"]
 
@@ -134,11 +135,14 @@ class HostSteps:
             raise StepFailed(f"{host}: {kind} window ended {res.get('outcome')}: {res.get('error')}")
         return res
 
-    def _mark(self, host: str, release: Any, previous: Mapping[str, Any]) -> None:
+    def _write(self, host: str, marker: Mapping[str, Any]) -> None:
         r = self.remotes[host]
         r.run(hc.mkdir_p(f"{r.host.state_dir}/groups/{self.group}"))
-        r.run(hc.write_file(marker_path(r.host.state_dir, self.group)), stdin=json.dumps(
-            {"target": self.target, "label": self.label, "release": release, "previous": dict(previous)}) + "\n")
+        r.run(hc.write_file(marker_path(r.host.state_dir, self.group)), stdin=json.dumps(dict(marker)) + "\n")
+
+    def _mark(self, host: str, release: Any, previous: Mapping[str, Any]) -> None:
+        prior = {k: v for k, v in previous.items() if k != "pending"}
+        self._write(host, {"target": self.target, "label": self.label, "release": release, "previous": prior})
 
     def switch(self, host: str) -> dict[str, Any]:
         """``host`` to the target release (a ``release`` window, or a ``rollback`` window to the release the
@@ -149,6 +153,11 @@ class HostSteps:
         marker, before = read_marker(r, self.group), current_release(r)
         if on_target(marker, before, self.target):  # a rerun after the window finished
             return {"release": before, "previous": (marker.get("previous") or {}).get("release"), "repeated": True}
+        pending = marker.pop("pending", None) or {}
+        if pending.get("target") == self.target:  # a driver killed during the window: keep the release from before
+            before = pending.get("before")
+        else:
+            self._write(host, {**marker, "pending": {"target": self.target, "before": before}})
         if self.kind == "release":
             res = self._window(host, "release", change=self.change)
         else:
@@ -162,7 +171,7 @@ class HostSteps:
         marker = read_marker(r, self.group)
         res = self._window(host, "rollback", to_release=previous)
         prior = marker.get("previous") if marker.get("target") == self.target else marker
-        r.run(hc.write_file(marker_path(r.host.state_dir, self.group)), stdin=json.dumps(prior or {}) + "\n")
+        self._write(host, {k: v for k, v in (prior or {}).items() if k != "pending"})
         return {"release": res.get("release")}
 
     def health(self, host: str) -> dict[str, Any]:
@@ -198,15 +207,31 @@ class HostSteps:
         from eagle3ops.speculate.watch import gate_result_for, thresholds
         from eagle3ops.window.common import WindowError, current_release
 
+        from eagle3ops.window.lock import lock_is_stale, read_lock
+
         r = self.remotes[host]
         before, marker = current_release(r), read_marker(r, self.group)
-        try:
-            res = speculate(r, self.speculate_options[host], echo=self.echo)
-        except (SpeculateError, WindowError) as exc:
-            raise StepFailed(f"{host}: the gate: {exc}") from None
+        held = read_lock(r)
+        if held and not lock_is_stale(r, held):  # e.g. the gate an earlier, killed driver started still runs
+            raise StepBusy(f"{host}: its deploy lock is held by a running window ({held.get('command', '?')}, window "
+                           f"{held.get('window_id', '?')}): wait for it (`eagle3ops attach {host}`), then rerun; the "
+                           f"canary stays drained, nothing else changed")
+        pending = marker.pop("pending", None) or {}
+        earlier = gate_result_for(r, before) if pending.get("target") == self.target and \
+            pending.get("before") != before else None
+        if earlier and earlier.get("verdict") == "keep":  # the earlier driver's gate kept this release meanwhile
+            res, before = {**earlier, "live_release": before}, pending.get("before")
+        else:
+            self._write(host, {**marker, "pending": {"target": self.target, "before": before}})
+            try:
+                res = speculate(r, self.speculate_options[host], echo=self.echo)
+            except (SpeculateError, WindowError) as exc:
+                raise StepFailed(f"{host}: the gate: {exc}") from None
         live = res.get("live_release")
         if res.get("verdict") == "keep":
             self._mark(host, live, marker)
+        else:
+            self._write(host, marker)
         th = thresholds(r.host.serving.watch, r.host.serving, gate_result_for(r, live) or res)
         return {"verdict": res.get("verdict"), "reason": res.get("reason"), "release": live, "previous": before,
                 "mean_acceptance_length": (res.get("spec_decode") or {}).get("mean_acceptance_length"),
