@@ -484,3 +484,54 @@ def test_a_busy_gate_stops_the_rollout_as_it_is_and_a_rerun_goes_on(tmp_path: Pa
     res = _run(tmp_path, plan, steps, bal)
     assert res["outcome"] == "done" and steps.lines()[:2] == ["a:drain", "a:gate"]
     assert steps.lines().count("a:drain") == 1  # the canary stayed drained: not drained again
+
+
+def test_cli_run_under_the_group_lock_exits_by_outcome_and_a_rerun_resumes(tmp_path: Path, monkeypatch) -> None:
+    """The CLI's run path (lock, journal, exit status) with the STAND-IN balancer and step callables in place of the
+    real ones (``group_cli._steps`` replaced)."""
+    from eagle3ops import group_cli
+
+    inv, groups = _cli_files(tmp_path)
+    common = ["--inventory", str(inv), "--groups", str(groups)]
+    bal = StandinBalancer(tmp_path / "bal.json")
+    made = {}
+
+    class Made:
+        def __init__(self, steps):
+            self.steps, self.balancer = steps, bal
+
+        def fns(self):
+            return self.steps.fns()
+
+        def close(self):
+            pass
+
+    def steps_for(name, g, hosts, remotes, kind, plan, command, **kw):
+        made["steps"] = StandinSteps(tmp_path, bal, kill=made.get("kill"))
+        return Made(made["steps"])
+
+    monkeypatch.setattr(group_cli, "_steps", steps_for)
+    args = ["group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "8", *common]
+    made["kill"] = "b:health"
+    pid = os.fork()
+    if pid == 0:  # the driver, killed at b's health step
+        try:
+            _invoke(monkeypatch, *args)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and (tmp_path / "a/state/groups/chat/lock").is_dir()
+    v = json.loads(_invoke(monkeypatch, "group", "status", "chat", "--json", *common).stdout)
+    assert v["next"] == "b:health" and v["lock"]["pid"] == pid and v["hosts"]["b"] == "out (drained), on the target"
+    made["kill"] = None
+    res = _invoke(monkeypatch, *args)  # the rerun takes the dead driver's lock over and goes on from b:health
+    assert res.exit_code == 0, res.output
+    roll = ["drain", "switch", "health", "acceptance", "undrain"]
+    # the killed driver's steps, then the rerun's: b's health again, nothing journaled done repeated
+    assert "that process is gone" in _words(res) and made["steps"].lines() == [
+        *(f"a:{x}" for x in roll), "b:drain", "b:switch", "b:health", *(f"b:{x}" for x in roll[2:]),
+        *(f"c:{x}" for x in roll)]
+    assert not (tmp_path / "a/state/groups/chat/lock").exists()
+    assert json.loads(_invoke(monkeypatch, "group", "status", "chat", "--json", *common).stdout)["state"] == "done"
+    res = _invoke(monkeypatch, "group", "abort", "chat", *common)
+    assert res.exit_code == 1 and "no unfinished rollout to abort" in _words(res)

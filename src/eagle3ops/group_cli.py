@@ -124,8 +124,6 @@ def _steps(name: str, g: Any, hosts: list[Any], remotes: dict[str, Any], kind: s
 def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, label: str, dry_run: bool,
            json_out: bool, take_over: bool, step_kw: Callable[[list[Any]], dict[str, Any]]) -> None:
     """Facts → plan → (``dry_run``: print) → under the group lock, run or resume the rollout."""
-    from eagle3ops.group.execute import ReturnFailed, run_rollout
-    from eagle3ops.group.journal import GroupLocked, new_rollout_id
     from eagle3ops.group.rollout import plan_rollout
 
     g, hosts = _load(groups, inventory, name)
@@ -140,6 +138,8 @@ def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, lab
             if rollback_from is None:
                 common.fail(f"group {name}: no finished rollout to roll back (`eagle3ops group status {name}`)")
             target = release_key("rollback", {"from": rollback_from})
+    if open_ is not None and kind == "rollback" == open_[0].kind:  # a group rollback left unfinished: continue it
+        target = open_[0].target
     if open_ is not None and open_[0].target != target:
         common.fail(f"group {name}: rollout {j.rollout_id} ({open_[0].kind} to {open_[0].label}) is not finished: rerun "
                     f"its command to continue it, or `eagle3ops group abort {name}` to return its hosts")
@@ -158,15 +158,14 @@ def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, lab
     if not plan.steps:
         console.print(f"group {name}: every host is on the target already; nothing to do")
         return
-    _run(name, g, hosts, plan, rid, kind, take_over, step_kw, run_rollout, ReturnFailed, GroupLocked,
-         new_rollout_id)
+    _run(name, g, hosts, plan, rid, kind, take_over, step_kw)
 
 
 def _run(name: str, g: Any, hosts: list[Any], plan: Any, rid: str | None, kind: str, take_over: bool,
-         step_kw: Callable[[list[Any]], dict[str, Any]], run_rollout: Any, ReturnFailed: Any, GroupLocked: Any,
-         new_rollout_id: Any) -> None:
+         step_kw: Callable[[list[Any]], dict[str, Any]]) -> None:
     """Under the group lock: begin (or resume) the rollout and carry it out; exit by its outcome."""
-    from eagle3ops.group.execute import StepBusy
+    from eagle3ops.group.execute import ReturnFailed, StepBusy, run_rollout
+    from eagle3ops.group.journal import GroupLocked, new_rollout_id
 
     with contextlib.ExitStack() as stack:
         remotes = {h.name: stack.enter_context(common.remote(h)) for h in hosts}
@@ -327,9 +326,6 @@ def pause(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, 
 def abort(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
           take_over: bool = TakeOverOpt) -> None:
     """Return every switched host to its previous release; with no driver running, this command returns them."""
-    from eagle3ops.group.execute import ReturnFailed, run_rollout
-    from eagle3ops.group.journal import GroupLocked, new_rollout_id
-
     alive = _request(group, "abort", groups, inventory, dry_run)
     if alive is not False and not take_over or dry_run:
         return
@@ -338,5 +334,4 @@ def abort(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, 
         j = _journal(r0, hosts[0], group)
         plan, _ = _unfinished(j)
         rid = j.rollout_id
-    _run(group, g, hosts, plan, rid, plan.kind, take_over, lambda hosts: {}, run_rollout, ReturnFailed, GroupLocked,
-         new_rollout_id)
+    _run(group, g, hosts, plan, rid, plan.kind, take_over, lambda hosts: {})
