@@ -59,8 +59,8 @@ class StandinBalancer:
 
 class StandinSteps:
     """STAND-IN step callables: each appends ``host:action`` to ``ran.txt``; ``fail`` maps ``host:action`` to an
-    error (once); ``kill`` a ``host:action`` at which the driver process SIGKILLs itself; ``acceptance`` host → figure;
-    ``bake`` a list of interval figures."""
+    error (once); ``kill`` a ``host:action`` at which the driver process SIGKILLs itself; ``acceptance`` host →
+    figure; ``bake`` a list of interval figures."""
 
     def __init__(self, d: Path, bal: StandinBalancer, *, fail=(), kill=None, acceptance=None, bake=(),
                  verdict="keep"):
@@ -197,7 +197,8 @@ def test_served_acceptance_off_the_canarys_returns(tmp_path: Path) -> None:
                                 "request_output_tokens_per_s": 50.0, "seconds": 30}])
     res = _run(tmp_path, _plan(), steps, bal)
     assert res["outcome"] == "returned" and "not within 0.1 of the reference's 2.500" in res["reason"]
-    assert res["returned"] == ["a", "b"] and steps.lines()[-7:-3] == ["b:switch-back-to-1", "b:health", "b:undrain", "a:drain"]
+    assert res["returned"] == ["a", "b"]
+    assert steps.lines()[-7:-3] == ["b:switch-back-to-1", "b:health", "b:undrain", "a:drain"]
 
 
 def test_bake_breach_aborts_and_returns_the_canary(tmp_path: Path) -> None:

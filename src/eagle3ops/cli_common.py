@@ -39,7 +39,8 @@ def changes_a_host(args: list[str]) -> bool:
     """Whether the command line ``args`` (without the program name) is a host-changing command (not a dry run)."""
     words = [a for a in args if not a.startswith("-")]
     return "--dry-run" not in args and bool(words) and (
-        words[0] in HOST_CHANGING or words[:2] == ["lock", "release"])
+        words[0] in HOST_CHANGING or words[:2] == ["lock", "release"]
+        or (words[0] == "group" and words[1:2] != ["status"]))
 
 
 def load_host(inventory: Path, name: str) -> HostConfig:

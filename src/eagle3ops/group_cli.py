@@ -4,8 +4,8 @@ registered on the main typer app by :mod:`eagle3ops.cli`.
 ``rollout GROUP --run RUN`` (a speculative release: canary gated, baked on live traffic, then rolled), ``release
 GROUP --arg/--image/--env`` and ``rollback GROUP`` (the same rolling path, no gate, no bake), ``status GROUP``,
 ``promote``/``abort``/``pause GROUP``. Facts (each host's live release and group marker, reads only, through dry-run
-executors) → the plan (pure; ``--dry-run`` prints it, ``--json`` as JSON) → under the group lock on the group's first
-host, the steps, journaled; a rerun of the same command resumes a rollout left unfinished.
+executors) → the plan (pure; ``--dry-run`` prints it, ``--json`` as JSON) → under the group lock on the group's
+first host, the steps, journaled; a rerun of the same command resumes a rollout left unfinished.
 """
 
 from __future__ import annotations
@@ -91,12 +91,15 @@ def _facts(hosts: list[Any], name: str, target: str, rollback_from: str | None) 
     return out
 
 
-def _print_plan(plan: Any, json_out: bool, resumed: str | None) -> None:
-    doc = {**plan.to_json(), "resumes": resumed}
+def _print_plan(plan: Any, json_out: bool, resumed: str | None, secret_env: Any = ()) -> None:
+    """The plan on the terminal, or as one JSON document on stdout (``json_out``); its secrets masked."""
+    from eagle3ops import redact
+
+    doc = redact.value({**plan.to_json(), "resumes": resumed}, secret_env)
     if json_out:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return
-    console.print(f"group {plan.group}: {plan.kind} to {plan.label} (release key {plan.target})"
+    console.print(f"group {plan.group}: {plan.kind} to {doc['label']} (release key {plan.target})"
                   + (f", resuming rollout {resumed}" if resumed else ""), markup=False)
     console.print(f"  skipped (on the target): {', '.join(plan.skipped) or 'none'}; canary: {plan.canary or 'none'};"
                   f" max_out {plan.max_out}", markup=False)
@@ -141,8 +144,8 @@ def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, lab
     if open_ is not None and kind == "rollback" == open_[0].kind:  # a group rollback left unfinished: continue it
         target = open_[0].target
     if open_ is not None and open_[0].target != target:
-        common.fail(f"group {name}: rollout {j.rollout_id} ({open_[0].kind} to {open_[0].label}) is not finished: rerun "
-                    f"its command to continue it, or `eagle3ops group abort {name}` to return its hosts")
+        common.fail(f"group {name}: rollout {j.rollout_id} ({open_[0].kind} to {open_[0].label}) is not finished: "
+                    f"rerun its command to continue it, or `eagle3ops group abort {name}` to return its hosts")
     if open_ is not None:
         plan, rid = open_[0], j.rollout_id
     else:
@@ -151,10 +154,10 @@ def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, lab
                             out_wait_s=g.out_wait_s)
         rid = None
     if dry_run:
-        return _print_plan(plan, json_out, rid)
+        return _print_plan(plan, json_out, rid, hosts[0].secret_env)
     if json_out:
         common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
-    _print_plan(plan, False, rid)
+    _print_plan(plan, False, rid, hosts[0].secret_env)
     if not plan.steps:
         console.print(f"group {name}: every host is on the target already; nothing to do")
         return

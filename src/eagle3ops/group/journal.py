@@ -8,8 +8,8 @@ write, made only under the lock — control requests excepted, which only append
   :class:`eagle3ops.speculate.cyclerun.CycleJournal`);
 - ``current.json``: ``{"id"}`` of the newest rollout;
 - ``rollouts/<id>/plan.json`` (:class:`~.rollout.RolloutPlan`) and ``journal.jsonl``: one event a line —
-  ``{"t", "step", "event", ...}`` with ``event`` ``start``/``done``/``failed``/``busy`` for a step, ``interval`` for a bake
-  reading, ``promote``/``abort``/``pause`` for a control request (``step: "control"``), ``run``/``paused``/
+  ``{"t", "step", "event", ...}`` with ``event`` ``start``/``done``/``failed``/``busy`` for a step, ``interval``
+  for a bake reading, ``promote``/``abort``/``pause`` for a control request (``step: "control"``), ``run``/``paused``/
   ``return``/``end`` for the rollout (``step: "rollout"``).
 
 :func:`replay` (pure) reads the events into a :class:`RolloutState`: which steps are done, which hosts are switched,
@@ -120,10 +120,12 @@ class GroupJournal(CycleJournal):
             return None
 
     def begin(self, rollout_id: str, plan: RolloutPlan) -> None:
-        """Write a new rollout's plan and make it the current one (under the lock)."""
+        """Write a new rollout's plan (its secrets masked: a label may quote ``--api-key``) and make it the current
+        one (under the lock)."""
         d = f"{self.dir}/rollouts/{rollout_id}"
         self.r.run(hc.mkdir_p(d))
-        self.r.run(hc.write_file(f"{d}/plan.json"), stdin=json.dumps(plan.to_json(), indent=2) + "\n")
+        self.r.run(hc.write_file(f"{d}/plan.json"),
+                   stdin=json.dumps(redact.value(plan.to_json(), self.secret_env), indent=2) + "\n")
         self.r.run(hc.write_file(f"{self.dir}/current.json"), stdin=json.dumps({"id": rollout_id}) + "\n")
         self.use(rollout_id)
 

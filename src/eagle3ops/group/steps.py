@@ -14,8 +14,9 @@ fails); ``undrain`` sets it ``ready``.
 Which release each host serves, in the group's terms, is a marker on the host: ``<state_dir>/groups/<group>/
 live.json`` = ``{"target", "label", "release", "previous"}`` written after each switch (``previous``: the marker
 before it, so a return or a group rollback restores it; ``pending``, while a switch's window runs: the target and
-the release before it, so a rerun after a killed driver keeps the right release to return to). A host is on a target when its marker names it and the
-host's current release is still the marker's ``release`` (a release made outside the group since is not).
+the release before it, so a rerun after a killed driver keeps the right release to return to). A host is on a
+target when its marker names it and the host's current release is still the marker's ``release`` (a release made
+outside the group since is not).
 """
 
 from __future__ import annotations
