@@ -536,3 +536,23 @@ def test_cli_run_under_the_group_lock_exits_by_outcome_and_a_rerun_resumes(tmp_p
     assert json.loads(_invoke(monkeypatch, "group", "status", "chat", "--json", *common).stdout)["state"] == "done"
     res = _invoke(monkeypatch, "group", "abort", "chat", *common)
     assert res.exit_code == 1 and "no unfinished rollout to abort" in _words(res)
+
+
+@pytest.mark.parametrize("body, said", [
+    ("{hosts: [a, b, a], balancer: {kind: haproxy}}", "key `groups.chat`: hosts ['a'] listed twice"),
+    ("{hosts: [a, b], max_out: 2, balancer: {kind: haproxy}}", "max_out 2 would let every one of the 2 hosts be out"),
+    ("{hosts: [a, b], balancer: {kind: haproxy}, bake: 5}", "unknown key `groups.chat.bake`"),
+    ("{hosts: [a, z], balancer: {kind: haproxy}}", "key `groups.chat.hosts`: ['z'] not in the inventory"),
+])
+def test_group_file_errors_name_the_file_the_key_and_the_fix(tmp_path: Path, body: str, said: str) -> None:
+    from eagle3ops.config import ConfigError
+    from eagle3ops.group.config import load_group
+
+    f = tmp_path / "groups.yaml"
+    f.write_text(f"groups:\n  chat: {body}\n")
+    with pytest.raises(ConfigError) as e:
+        load_group(f, "chat", {"a", "b"})
+    assert str(e.value).startswith(str(f)) and said in str(e.value)
+    ok = tmp_path / "ok.yaml"  # the balancer's own keys pass through to its driver
+    ok.write_text("groups:\n  chat: {hosts: [a, b], balancer: {kind: haproxy, socket: /run/h.sock}}\n")
+    assert load_group(ok, "chat", {"a", "b"}).balancer.model_extra == {"socket": "/run/h.sock"}

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from eagle3ops.config.base import ConfigError, StrictModel, read_yaml, require_mapping, validate
+from eagle3ops.config.base import ConfigError, StrictModel, docs_hint, read_yaml, require_mapping, validate
 
 __all__ = ["BalancerRef", "DEFAULT_GROUPS", "GroupConfig", "load_group"]
 
@@ -77,8 +77,11 @@ def load_group(path: Path | str, name: str, inventory_hosts: Any = None) -> Grou
         raise ConfigError(f"{path}: unknown top-level key(s) {extra}: the file holds only `groups:`")
     if name not in groups:
         raise ConfigError(f"{path}: no group `{name}` (groups: {sorted(groups) or 'none'}): add `groups.{name}`")
-    group = validate(GroupConfig, groups[name], path, what="group file", section="inventory",
-                     prefix=("groups", name))
+    try:
+        group = validate(GroupConfig, groups[name], path, what="group file", section="groups",
+                         prefix=("groups", name))
+    except ConfigError as exc:  # the group file's reference is its page, not a `config docs` section
+        raise ConfigError(str(exc).replace(docs_hint("groups"), "docs/serving-groups-rollout.md")) from None
     if inventory_hosts is not None:
         missing = [h for h in group.hosts if h not in inventory_hosts]
         if missing:
