@@ -21,6 +21,7 @@ from eagle3ops.group import rollout as ro
 from eagle3ops.group.balancer import ServerState
 from eagle3ops.group.execute import StepFns, run_rollout
 from eagle3ops.group.journal import GroupJournal, GroupLocked, replay
+from eagle3ops.group.status import view
 
 HOSTS = ("a", "b", "c")
 
@@ -261,9 +262,16 @@ def test_pause_stops_after_the_current_host_and_abort_returns(tmp_path: Path) ->
 
     res = run_rollout(plan, j, StepFns(**{**fns.__dict__, "health": health}), bal, echo=lambda m: None)
     assert res["outcome"] == "paused" and res["next"] == "b" and steps.lines()[-1] == "a:undrain"
+    v = view(plan, replay(plan, j.entries()))
+    assert v["state"] == "paused before b" and v["next"] == "b:drain" and v["requests"] == []
+    assert v["hosts"] == {"a": "on the target", "b": "to roll", "c": "to roll"}
     _req(j.dir, "abort")
+    assert view(plan, replay(plan, j.entries()))["state"] == "abort requested"
     res = run_rollout(plan, j, fns, bal, echo=lambda m: None)
     assert res["outcome"] == "aborted" and res["returned"] == ["a"] and "b:drain" not in steps.lines()
+    v = view(plan, replay(plan, j.entries()))
+    assert v["state"] == "aborted" and v["next"] is None
+    assert v["hosts"] == {"a": "returned to its previous release", "b": "untouched", "c": "untouched"}
 
 
 def _req(d: str, what: str) -> None:

@@ -23,6 +23,12 @@ from eagle3ops.cli_common import DryRunOpt, InventoryOpt, JsonOpt
 app = typer.Typer(no_args_is_help=True, help="Serving groups behind a load balancer: canary, bake, rolling release.")
 console = common.console
 
+
+def say(text: str) -> None:
+    """One line on the terminal as written: no rich markup, no emoji codes (a step key such as ``return:a:drain``
+    holds one)."""
+    console.print(text, markup=False, emoji=False)
+
 GroupsOpt = typer.Option(Path("deploy/groups.yaml"), "--groups", help="The group file (groups: NAME: hosts, max_out, "
                          "balancer, bake_s).")
 TakeOverOpt = typer.Option(False, "--take-over", help="Take the group lock of a driver known dead on another machine.")
@@ -99,12 +105,12 @@ def _print_plan(plan: Any, json_out: bool, resumed: str | None, secret_env: Any 
     if json_out:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return
-    console.print(f"group {plan.group}: {plan.kind} to {doc['label']} (release key {plan.target})"
-                  + (f", resuming rollout {resumed}" if resumed else ""), markup=False)
-    console.print(f"  skipped (on the target): {', '.join(plan.skipped) or 'none'}; canary: {plan.canary or 'none'};"
-                  f" max_out {plan.max_out}", markup=False)
+    say(f"group {plan.group}: {plan.kind} to {doc['label']} (release key {plan.target})"
+                  + (f", resuming rollout {resumed}" if resumed else ""))
+    say(f"  skipped (on the target): {', '.join(plan.skipped) or 'none'}; canary: {plan.canary or 'none'};"
+                  f" max_out {plan.max_out}")
     for s in plan.steps:
-        console.print(f"  {s.key}", markup=False)
+        say(f"  {s.key}")
 
 
 def _steps(name: str, g: Any, hosts: list[Any], remotes: dict[str, Any], kind: str, plan: Any, command: str,
@@ -121,7 +127,7 @@ def _steps(name: str, g: Any, hosts: list[Any], remotes: dict[str, Any], kind: s
         dep = common.deployed_record(remotes[h.name])
         images[h.name] = (h.pipeline_image or dep["image"], dep.get("image_id"))
     return HostSteps(group=name, kind=kind, remotes=remotes, balancer=make(g), target=plan.target, label=plan.label,
-                     command=command, images=images, echo=lambda m: console.print(m, markup=False), **kw)
+                     command=command, images=images, echo=say, **kw)
 
 
 def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, label: str, dry_run: bool,
@@ -159,7 +165,7 @@ def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, lab
         common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
     _print_plan(plan, False, rid, hosts[0].secret_env)
     if not plan.steps:
-        console.print(f"group {name}: every host is on the target already; nothing to do")
+        say(f"group {name}: every host is on the target already; nothing to do")
         return
     _run(name, g, hosts, plan, rid, kind, take_over, step_kw)
 
@@ -180,19 +186,19 @@ def _run(name: str, g: Any, hosts: list[Any], plan: Any, rid: str | None, kind: 
         except GroupLocked as exc:
             common.fail(str(exc))
         if taken:
-            console.print(taken, markup=False)
+            say(taken)
         try:
             if rid is None:
                 j.begin(new_rollout_id(plan.target), plan)
             else:
                 j.use(rid)
-            res = run_rollout(plan, j, steps.fns(), steps.balancer, echo=lambda m: console.print(m, markup=False))
+            res = run_rollout(plan, j, steps.fns(), steps.balancer, echo=say)
         except (ReturnFailed, StepBusy) as exc:
             common.fail(str(exc))
         finally:
             j.release()
-    console.print(f"group {name}: {res['outcome']}" + (f": {res['reason']}" if res.get("reason") else "")
-                  + (f"; next: {res['next']}" if res.get("next") else ""), markup=False)
+    say(f"group {name}: {res['outcome']}" + (f": {res['reason']}" if res.get("reason") else "")
+                  + (f"; next: {res['next']}" if res.get("next") else ""))
     print(json.dumps({"outcome": res["outcome"], "switched": res.get("switched"), "next": res.get("next")}))
     raise typer.Exit(EXITS.get(res["outcome"], 1))
 
@@ -283,20 +289,23 @@ def status(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt,
         j = _journal(r0, hosts[0], group)
         cur = j.current()
         if cur is None:
-            console.print(f"group {group}: no rollout yet")
+            say(f"group {group}: no rollout yet")
             return
         j.use(cur)
         plan = j.plan()
+        if plan is None:
+            common.fail(f"group {group}: rollout {cur} has no plan.json under {j.dir}/rollouts/{cur}/ (removed by "
+                        f"hand?); its journal alone cannot say what comes next")
         v = {"rollout": cur, **view(plan, replay(plan, j.entries())), "lock": j.read_holder() or None}
     if json_out:
         print(json.dumps(v, indent=2, sort_keys=True))
         return
-    console.print(f"group {group}: rollout {cur}, {v['kind']} to {v['label']}: {v['state']}"
-                  + (f" ({v['reason']})" if v.get("reason") else ""), markup=False)
+    say(f"group {group}: rollout {cur}, {v['kind']} to {v['label']}: {v['state']}"
+                  + (f" ({v['reason']})" if v.get("reason") else ""))
     for h, words in v["hosts"].items():
-        console.print(f"  {h}: {words}", markup=False)
-    console.print(f"  next: {v['next'] or 'nothing'}; requests: {', '.join(v['requests']) or 'none'}; lock: "
-                  f"{(v['lock'] or {}).get('command', 'free')}", markup=False)
+        say(f"  {h}: {words}")
+    say(f"  next: {v['next'] or 'nothing'}; requests: {', '.join(v['requests']) or 'none'}; lock: "
+                  f"{(v['lock'] or {}).get('command', 'free')}")
 
 
 def _request(group: str, what: str, groups: Path, inventory: Path, dry_run: bool) -> Any:
@@ -307,8 +316,8 @@ def _request(group: str, what: str, groups: Path, inventory: Path, dry_run: bool
             common.fail(f"group {group}: no unfinished rollout to {what} (`eagle3ops group status {group}`)")
         j.request(what)
         alive = j.holder_alive()
-    console.print(f"group {group}: {what} {'would be ' if dry_run else ''}requested for rollout {j.rollout_id}"
-                  + ("; its driver acts on it at its next step" if alive is not False else ""), markup=False)
+    say(f"group {group}: {what} {'would be ' if dry_run else ''}requested for rollout {j.rollout_id}"
+                  + ("; its driver acts on it at its next step" if alive is not False else ""))
     return alive
 
 
@@ -316,7 +325,7 @@ def _request(group: str, what: str, groups: Path, inventory: Path, dry_run: bool
 def promote(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """End the canary's bake now and roll the rest (the driver reads it at its next bake reading)."""
     if _request(group, "promote", groups, inventory, dry_run) is False:
-        console.print("no driver holds the group lock: rerun the rollout's command to continue")
+        say("no driver holds the group lock: rerun the rollout's command to continue")
 
 
 @app.command("pause")

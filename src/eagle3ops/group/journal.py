@@ -151,7 +151,7 @@ class RolloutState:
     ``end`` event's outcome; ``promote``/``abort``/``pause``: requests pending; ``bake_started``: epoch seconds of the
     bake's start; ``previous``: host → the release it had before its switch; ``failed``: step key → its error;
     ``return_switched``/``return_out``/``aborted``: what the return started with (the hosts switched, the one out)
-    and whether an abort started it.
+    and whether an abort started it; ``paused_before``: the host a paused rollout stopped before.
     """
 
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -172,6 +172,7 @@ class RolloutState:
     return_switched: list[str] = field(default_factory=list)
     return_out: str | None = None
     aborted: bool = False
+    paused_before: str | None = None
 
 
 def _figures(e: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,7 +194,9 @@ def replay(plan: RolloutPlan, entries: Sequence[Mapping[str, Any]]) -> RolloutSt
             continue
         if step == "rollout":
             if ev == "run":
-                st.pause = False  # a rerun continues a paused rollout
+                st.pause, st.paused_before = False, None  # a rerun continues a paused rollout
+            elif ev == "paused":
+                st.paused_before = e.get("next")
             elif ev == "return":
                 st.returning, st.return_reason, st.aborted = True, e.get("reason"), bool(e.get("aborted"))
                 st.return_switched, st.return_out = list(e.get("switched") or []), e.get("out")

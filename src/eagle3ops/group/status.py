@@ -14,7 +14,8 @@ def view(plan: RolloutPlan, st: RolloutState) -> dict[str, Any]:
     """The rollout of ``plan`` where ``st`` says it stands.
 
     Returns ``{"group", "kind", "label", "target", "state", "hosts": {host: words}, "next", "requests", "failed"}``:
-    ``state`` is the ended outcome, or ``returning``, ``paused``, ``running or interrupted``; ``next`` the step a
+    ``state`` is the ended outcome, or ``returning``, ``abort requested``, ``paused before HOST``, ``running or
+    interrupted``; ``next`` the step a
     rerun starts with (None when ended); a host's words: ``skipped (on the target already)``, ``on the target``,
     ``out (drained)``, ``returned``, ``to roll`` or ``untouched``.
     """
@@ -31,7 +32,8 @@ def view(plan: RolloutPlan, st: RolloutState) -> dict[str, Any]:
         elif h in returned:
             hosts[h] = "returned to its previous release"
         else:
-            hosts[h] = "to roll" if h in rolled else "untouched"
+            rolling = not (st.returning or st.ended)
+            hosts[h] = "to roll" if h in rolled and rolling else "untouched"
     nxt = None
     if not st.ended:
         if st.returning:
@@ -42,8 +44,9 @@ def view(plan: RolloutPlan, st: RolloutState) -> dict[str, Any]:
         else:
             nxt = next((s.key for s in plan.steps if s.key not in st.done), None)
     state = st.ended or ("returning" if st.returning else "abort requested" if st.abort else
-                         "paused" if st.pause else "running or interrupted")
+                         f"paused before {st.paused_before}" if st.paused_before else "running or interrupted")
     return {"group": plan.group, "kind": plan.kind, "label": plan.label, "target": plan.target, "state": state,
             "reason": st.end_reason or st.return_reason, "hosts": hosts, "next": nxt,
-            "requests": [w for w in ("promote", "abort", "pause") if getattr(st, w)],
+            "requests": [w for w in ("promote", "abort", "pause") if getattr(st, w)
+                         and not (w == "pause" and st.paused_before)],  # a pause acted on is no longer pending
             "failed": dict(st.failed), "reference_acceptance": st.reference}
