@@ -222,6 +222,22 @@ def test_gate_refusal_ends_with_the_canary_undrained(tmp_path: Path) -> None:
     assert res["outcome"] == "refused" and steps.lines() == ["a:drain", "a:gate", "a:undrain"]
 
 
+def test_a_driver_killed_after_a_refusing_gate_ends_refused_on_rerun(tmp_path: Path) -> None:
+    bal = StandinBalancer(tmp_path / "bal.json")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _run(tmp_path, _plan(), StandinSteps(tmp_path, bal, verdict="rollback", kill="a:undrain"), bal)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and bal.states()["a"].state == "drain"
+    steps = StandinSteps(tmp_path, bal)
+    res = _run(tmp_path, _plan(), steps, bal)
+    assert res["outcome"] == "refused" and steps.lines()[-1] == "a:undrain" and "a:bake-sample" not in steps.lines()
+    assert bal.states()["a"].state == "ready"
+
+
 def test_a_host_down_on_its_own_counts_as_out(tmp_path: Path) -> None:
     bal = StandinBalancer(tmp_path / "bal.json")
     bal.force("c", "down")

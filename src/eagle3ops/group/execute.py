@@ -214,6 +214,9 @@ def run_rollout(plan: RolloutPlan, journal: GroupJournal, fns: StepFns, balancer
     journal.record("rollout", "run")
     if st.returning or st.abort:
         return run_return(run, st.return_reason or "abort requested")
+    gate = st.done.get(f"{plan.canary}:gate")
+    if gate is not None and gate.get("verdict") != "keep":  # a driver killed right after a gate that did not keep
+        return _refused(run, Step(f"{plan.canary}:gate", plan.canary or "", "gate"), gate)
     for host, steps in steps_by_host(plan):
         if all(s.key in st.done for s in steps):
             continue
