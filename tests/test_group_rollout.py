@@ -580,3 +580,78 @@ def test_group_file_errors_name_the_file_the_key_and_the_fix(tmp_path: Path, bod
     ok = tmp_path / "ok.yaml"  # the balancer's own keys pass through to its driver
     ok.write_text("groups:\n  chat: {hosts: [a, b], balancer: {kind: haproxy, socket: /run/h.sock}}\n")
     assert load_group(ok, "chat", {"a", "b"}).balancer.model_extra == {"socket": "/run/h.sock"}
+
+
+def test_real_health_acceptance_and_bake_readings_against_standin_servers(tmp_path: Path) -> None:
+    """``HostSteps``' health, served acceptance and bake readings over real HTTP against two STAND-IN OpenAI servers
+    (``tests/data/standin_openai_server.py``, NOT vLLM: speculation SIMULATED with ``--spec-acceptance``), one per
+    host; the windows are a STAND-IN (``_window``: a release number written like a release window), the balancer
+    the stand-in above. b serves 1.9 where the canary-like first host serves 2.2: the roll returns both."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from eagle3ops.config import load_inventory
+    from eagle3ops.group.steps import HostSteps
+    from eagle3ops.speculate.ship import gate_prompts
+
+    repo = Path(__file__).resolve().parents[1]
+    ports, procs = {}, []
+    for h, acc in (("a", 2.2), ("b", 1.9)):
+        with __import__("socket").socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports[h] = s.getsockname()[1]
+        procs.append(subprocess.Popen(
+            [sys.executable, str(repo / "tests/data/standin_openai_server.py"), "--port", str(ports[h]), "--model",
+             "tiny", "--token-ms", "0.2", "--speculative-config", json.dumps({"method": "eagle3",
+                                                                               "num_speculative_tokens": 3}),
+             "--spec-acceptance", str(acc)], stdout=subprocess.DEVNULL))
+    try:
+        inv = tmp_path / "hosts.yaml"
+        inv.write_text("hosts:\n" + "".join(
+            f"  {h}: {{hostname: 127.0.0.1, state_dir: {tmp_path}/{h}/state, data_dir: {tmp_path}/{h}/data, "
+            f"model_path: /m, serving: {{kind: process, process_match: 'standin_openai_server.py --port {p}', "
+            f"served_model_name: tiny, port: {p}, health_timeout_s: 30, gate_max_tokens: 16}}}}\n"
+            for h, p in ports.items()))
+        hosts = {h: load_inventory(inv).host(h) for h in ports}
+        for h, p in ports.items():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{p}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            Path(tmp_path, h, "state/releases").mkdir(parents=True)
+            Path(tmp_path, h, "state/releases/current").write_text("1\n")
+        bal = StandinBalancer(tmp_path / "bal.json", hosts=("a", "b"))
+        steps = HostSteps(group="chat", kind="release", remotes={h: LocalHostExecutor(hosts[h]) for h in hosts},
+                          balancer=bal, target="k1", label="stand-in", command="x",
+                          images={h: ("img", None) for h in hosts}, prompts=[p.request for p in gate_prompts(4)],
+                          echo=lambda m: None)
+
+        def window(host, kind, **kw):
+            cur = Path(tmp_path, host, "state/releases/current")
+            n = int(kw["to_release"]) if kind == "rollback" else int(cur.read_text()) + 1
+            cur.write_text(f"{n}\n")
+            return {"outcome": "ok", "release": n}
+
+        steps._window = window  # type: ignore[method-assign]
+        assert steps.bake_sample("a") is None  # the first reading
+        httpx.post(f"http://127.0.0.1:{ports['a']}/v1/completions", timeout=30,  # live traffic (streamed)
+                   json={"model": "tiny", "prompt": "x", "max_tokens": 16, "stream": True})
+        fig = steps.bake_sample("a")
+        assert fig and fig["mean_acceptance_length"] == pytest.approx(2.2, abs=0.3)
+        plan = _plan(kind="release", hosts=("a", "b"))
+        res = _run(tmp_path, plan, type("S", (), {"fns": lambda self: steps.fns()})(), bal)
+        assert res["outcome"] == "returned" and "b: served mean acceptance length 1.9" in res["reason"]
+        assert "within 0.1 of the reference's 2.2" in res["reason"] and res["returned"] == ["a", "b"]
+        assert [Path(tmp_path, h, "state/releases/current").read_text().strip() for h in "ab"] == ["1", "1"]
+        assert {s.state for s in bal.states().values()} == {"ready"}
+    finally:
+        steps.close() if "steps" in locals() else None
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)

@@ -195,7 +195,8 @@ class HostSteps:
         h = self.remotes[host].host
         url, key = self._endpoint(host)
         try:
-            v = measure_served(url, h.serving.served_model_name, list(self.prompts), 1.0, where=host, api_key=key)
+            v = measure_served(url, h.serving.served_model_name, list(self.prompts), 1.0, where=host, api_key=key,
+                               max_tokens=h.serving.gate_max_tokens)  # as the gate measured the canary
         except CycleError:
             return None
         return float(v["mean_acceptance_length"])
