@@ -44,9 +44,14 @@ def _load(groups: Path, inventory: Path, name: str) -> tuple[Any, list[Any]]:
     try:
         inv = load_inventory(inventory)
         g = load_group(groups, name, {h: None for h in inv.hosts})
-        return g, [inv.host(h) for h in g.hosts]
+        hosts = [inv.host(h) for h in g.hosts]
     except ConfigError as exc:
         common.fail(str(exc), 2)
+    unserved = [h.name for h in hosts if not h.serving.managed]
+    if unserved:
+        common.fail(f"{groups}: key `groups.{name}.hosts`: {unserved} have no production serving (`serving: none` in "
+                    f"{inventory}): a group holds serving hosts only; remove them from the group", 2)
+    return g, hosts
 
 
 def _journal(r: Any, first: Any, name: str) -> Any:
