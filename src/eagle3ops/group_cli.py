@@ -29,29 +29,30 @@ def say(text: str) -> None:
     holds one)."""
     console.print(text, markup=False, emoji=False)
 
-GroupsOpt = typer.Option(Path("deploy/groups.yaml"), "--groups", help="The group file (groups: NAME: hosts, max_out, "
-                         "balancer, bake_s).")
 TakeOverOpt = typer.Option(False, "--take-over", help="Take the group lock of a driver known dead on another machine.")
+OutWaitOpt = typer.Option(600.0, "--out-wait", min=0, help="Seconds a drain waits for room under the group's "
+                          "max_out before it fails.")
+DrainTimeoutOpt = typer.Option(600.0, "--drain-timeout", min=1, help="Seconds a host may take to be drained (0 "
+                               "balancer sessions and 0 vLLM requests for 5 s); past it, it is set ready again and "
+                               "the step fails.")
 #: Exit status by outcome (0 done or paused; 3 the release did not stay; 1 a return failed).
 EXITS = {"done": 0, "paused": 0, "refused": 3, "returned": 3, "aborted": 3}
 
 
-def _load(groups: Path, inventory: Path, name: str) -> tuple[Any, list[Any]]:
-    """The group's settings and its hosts' inventory entries (exit 2 naming the file and key when wrong)."""
+def _load(inventory: Path, name: str) -> tuple[Any, Any, list[Any]]:
+    """The inventory, group ``name`` of its ``groups:`` and the group's host entries (exit 2 naming the file and
+    the fix when wrong)."""
     from eagle3ops.config import ConfigError, load_inventory
-    from eagle3ops.group.config import load_group
 
     try:
         inv = load_inventory(inventory)
-        g = load_group(groups, name, {h: None for h in inv.hosts})
-        hosts = [inv.host(h) for h in g.hosts]
     except ConfigError as exc:
         common.fail(str(exc), 2)
-    unserved = [h.name for h in hosts if not h.serving.managed]
-    if unserved:
-        common.fail(f"{groups}: key `groups.{name}.hosts`: {unserved} have no production serving (`serving: none` in "
-                    f"{inventory}): a group holds serving hosts only; remove them from the group", 2)
-    return g, hosts
+    g = inv.groups.get(name)
+    if g is None:
+        common.fail(f"{inventory}: no group {name!r} (groups: {', '.join(sorted(inv.groups)) or 'none'}): add it "
+                    f"under `groups:` (docs/serving-groups.md)", 2)
+    return inv, g, [inv.host(h) for h in g.hosts]
 
 
 def _journal(r: Any, first: Any, name: str) -> Any:
@@ -111,43 +112,41 @@ def _print_plan(plan: Any, json_out: bool, resumed: str | None, secret_env: Any 
         print(json.dumps(doc, indent=2, sort_keys=True))
         return
     say(f"group {plan.group}: {plan.kind} to {doc['label']} (release key {plan.target})"
-                  + (f", resuming rollout {resumed}" if resumed else ""))
-    say(f"  skipped (on the target): {', '.join(plan.skipped) or 'none'}; canary: {plan.canary or 'none'};"
-                  f" max_out {plan.max_out}")
+        + (f", resuming rollout {resumed}" if resumed else ""))
+    say(f"  skipped (on the target): {', '.join(plan.skipped) or 'none'}; canary: {plan.canary or 'none'}; "
+        f"max_out {plan.max_out}")
     for s in plan.steps:
         say(f"  {s.key}")
 
 
-def _steps(name: str, g: Any, hosts: list[Any], remotes: dict[str, Any], kind: str, plan: Any, command: str,
+def _steps(name: str, hosts: list[Any], remotes: dict[str, Any], balancer: Any, plan: Any, command: str,
            **kw: Any) -> Any:
-    """The real step callables; exits 1 when the group's balancer kind has no driver here."""
-    from eagle3ops.group.steps import BALANCERS, HostSteps
+    """The real step callables of ``plan`` (:class:`eagle3ops.group.steps.HostSteps`); reads each host's deployed
+    pipeline image (exit 1 naming ``deploy`` when one has none)."""
+    from eagle3ops.group.steps import HostSteps
 
-    make = BALANCERS.get(g.balancer.kind)
-    if make is None:
-        common.fail(f"group {name}: balancer kind `{g.balancer.kind}` has no driver in this eagle3ops (drivers: "
-                    f"{sorted(BALANCERS) or 'none'}); nothing was done")
     images = {}
     for h in hosts:
         dep = common.deployed_record(remotes[h.name])
         images[h.name] = (h.pipeline_image or dep["image"], dep.get("image_id"))
-    return HostSteps(group=name, kind=kind, remotes=remotes, balancer=make(g), target=plan.target, label=plan.label,
-                     command=command, images=images, echo=say, **kw)
+    return HostSteps(group=name, kind=plan.kind, remotes=remotes, balancer=balancer, target=plan.target,
+                     label=plan.label, command=command, images=images, echo=say, max_out=plan.max_out,
+                     drain_timeout_s=float(plan.options.get("drain_timeout_s", 600.0)), out_wait_s=plan.out_wait_s,
+                     **kw)
 
 
-def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, label: str, dry_run: bool,
+def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timing: dict[str, float], dry_run: bool,
            json_out: bool, take_over: bool, step_kw: Callable[[list[Any]], dict[str, Any]]) -> None:
-    """Facts → plan → (``dry_run``: print) → under the group lock, run or resume the rollout."""
-    from eagle3ops.group.rollout import plan_rollout
+    """Facts → plan → (``dry_run``: print) → under the group lock, run or resume the rollout. ``timing``: the plan's
+    ``bake_s``/``bake_interval_s``/``bake_sustained_s``/``out_wait_s`` and ``drain_timeout_s`` (seconds)."""
+    from eagle3ops.group.rollout import plan_rollout, release_key
 
-    g, hosts = _load(groups, inventory, name)
+    inv, g, hosts = _load(inventory, name)
     with common.remote(hosts[0], dry_run=True) as r0:
         j = _journal(r0, hosts[0], name)
         open_ = _unfinished(j)
         rollback_from = None
         if kind == "rollback" and open_ is None:
-            from eagle3ops.group.rollout import release_key
-
             rollback_from = _last_done_target(j)
             if rollback_from is None:
                 common.fail(f"group {name}: no finished rollout to roll back (`eagle3ops group status {name}`)")
@@ -157,12 +156,14 @@ def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, lab
     if open_ is not None and open_[0].target != target:
         common.fail(f"group {name}: rollout {j.rollout_id} ({open_[0].kind} to {open_[0].label}) is not finished: "
                     f"rerun its command to continue it, or `eagle3ops group abort {name}` to return its hosts")
-    if open_ is not None:
+    if open_ is not None:  # resumed as planned: the journal's plan, its timings included
         plan, rid = open_[0], j.rollout_id
     else:
+        t = dict(timing)
         plan = plan_rollout(name, g.hosts, g.max_out, kind, target, label, _facts(hosts, name, target, rollback_from),
-                            bake_s=g.bake_s, bake_interval_s=g.bake_interval_s, bake_sustained_s=g.bake_sustained_s,
-                            out_wait_s=g.out_wait_s)
+                            bake_s=t.pop("bake_s", 0.0), bake_interval_s=t.pop("bake_interval_s", 60.0),
+                            bake_sustained_s=t.pop("bake_sustained_s", 0.0), out_wait_s=t.pop("out_wait_s", 600.0),
+                            options=t)
         rid = None
     if dry_run:
         return _print_plan(plan, json_out, rid, hosts[0].secret_env)
@@ -172,19 +173,21 @@ def _drive(name: str, groups: Path, inventory: Path, kind: str, target: str, lab
     if not plan.steps:
         say(f"group {name}: every host is on the target already; nothing to do")
         return
-    _run(name, g, hosts, plan, rid, kind, take_over, step_kw)
+    _run(inv, name, hosts, plan, rid, take_over, step_kw)
 
 
-def _run(name: str, g: Any, hosts: list[Any], plan: Any, rid: str | None, kind: str, take_over: bool,
+def _run(inv: Any, name: str, hosts: list[Any], plan: Any, rid: str | None, take_over: bool,
          step_kw: Callable[[list[Any]], dict[str, Any]]) -> None:
     """Under the group lock: begin (or resume) the rollout and carry it out; exit by its outcome."""
     from eagle3ops.group.execute import ReturnFailed, StepBusy, run_rollout
+    from eagle3ops.group.haproxy import open_balancer
     from eagle3ops.group.journal import GroupLocked, new_rollout_id
 
     with contextlib.ExitStack() as stack:
         remotes = {h.name: stack.enter_context(common.remote(h)) for h in hosts}
         j = _journal(remotes[hosts[0].name], hosts[0], name)
-        steps = _steps(name, g, hosts, remotes, kind, plan, common.command_line(), **step_kw(hosts))
+        balancer = stack.enter_context(open_balancer(inv, name))
+        steps = _steps(name, hosts, remotes, balancer, plan, common.command_line(), **step_kw(hosts))
         stack.callback(steps.close)
         try:
             taken = j.acquire(common.command_line(), take_over=take_over)
@@ -203,7 +206,7 @@ def _run(name: str, g: Any, hosts: list[Any], plan: Any, rid: str | None, kind: 
         finally:
             j.release()
     say(f"group {name}: {res['outcome']}" + (f": {res['reason']}" if res.get("reason") else "")
-                  + (f"; next: {res['next']}" if res.get("next") else ""))
+        + (f"; next: {res['next']}" if res.get("next") else ""))
     print(json.dumps({"outcome": res["outcome"], "switched": res.get("switched"), "next": res.get("next")}))
     raise typer.Exit(EXITS.get(res["outcome"], 1))
 
@@ -219,7 +222,15 @@ def rollout(group: str, run: str = typer.Option(..., "--run", help="The pipeline
             prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="The gate's prompts (as "
                                                         "`speculate --prompts-file`); also the rolled hosts' "
                                                         "acceptance check."),
-            groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+            bake: float = typer.Option(600.0, "--bake", min=0, help="Seconds the kept canary serves live traffic "
+                                       "before the roll (`group promote` ends it early)."),
+            bake_interval: float = typer.Option(60.0, "--bake-interval", min=1, help="Seconds between two of the "
+                                                "bake's /metrics readings."),
+            bake_sustained: float = typer.Option(0.0, "--bake-sustained", min=0, help="Seconds a breach of watch's "
+                                                 "rules must last before the bake aborts (0: the first breaching "
+                                                 "reading with traffic)."),
+            out_wait: float = OutWaitOpt, drain_timeout: float = DrainTimeoutOpt,
+            inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             json_out: bool = JsonOpt, take_over: bool = TakeOverOpt) -> None:
     """A speculative release across the group: the gate on one drained host (the canary) while the others serve;
     kept, a bake on live traffic judged by `watch`'s rules (a breach returns the canary); then host by host: drain,
@@ -242,7 +253,9 @@ def rollout(group: str, run: str = typer.Option(..., "--run", help="The pipeline
                                             command=common.command_line())
         return {"speculate_options": opts, "prompts": _prompts(hosts[0], prompts_file)}
 
-    _drive(group, groups, inventory, "speculate", target, f"run {run}" + (f" head {head}" if head else ""), dry_run,
+    timing = {"bake_s": bake, "bake_interval_s": bake_interval, "bake_sustained_s": bake_sustained,
+              "out_wait_s": out_wait, "drain_timeout_s": drain_timeout}
+    _drive(group, inventory, "speculate", target, f"run {run}" + (f" head {head}" if head else ""), timing, dry_run,
            json_out, take_over, kw)
 
 
@@ -261,7 +274,8 @@ def release(group: str,
             image: Optional[str] = typer.Option(None, "--image", help="New serving image."),
             env: list[str] = typer.Option([], "--env", help="NAME=VALUE in serving's environment (repeatable); "
                                           "values are not logged."),
-            groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+            out_wait: float = OutWaitOpt, drain_timeout: float = DrainTimeoutOpt,
+            inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
             json_out: bool = JsonOpt, take_over: bool = TakeOverOpt) -> None:
     """A new serving release across the group, host by host (drain, switch, health, served acceptance, undrain);
     the first failure returns every switched host. Exit 0 done or paused, 3 returned, 1 error."""
@@ -269,27 +283,30 @@ def release(group: str,
     from eagle3ops.group.rollout import release_key
 
     change = ReleaseChange(args=list(arg), image=image, env=common.env_pairs(env, "--env"))
-    _drive(group, groups, inventory, "release", release_key("release", change.model_dump()), change.describe(),
-           dry_run, json_out, take_over, lambda hosts: {"change": change, "prompts": _prompts(hosts[0], None)})
+    _drive(group, inventory, "release", release_key("release", change.model_dump()), change.describe(),
+           {"out_wait_s": out_wait, "drain_timeout_s": drain_timeout}, dry_run, json_out, take_over,
+           lambda hosts: {"change": change, "prompts": _prompts(hosts[0], None)})
 
 
 @app.command("rollback")
-def rollback(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
-             json_out: bool = JsonOpt, take_over: bool = TakeOverOpt) -> None:
+def rollback(group: str, out_wait: float = OutWaitOpt, drain_timeout: float = DrainTimeoutOpt,
+             inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
+             take_over: bool = TakeOverOpt) -> None:
     """Return the group from its last finished rollout, host by host: each host to the release it had before it.
     Exit 0 done or paused, 3 returned, 1 error."""
-    _drive(group, groups, inventory, "rollback", "", "the releases before the last rollout", dry_run, json_out,
-           take_over, lambda hosts: {"prompts": _prompts(hosts[0], None)})
+    _drive(group, inventory, "rollback", "", "the releases before the last rollout",
+           {"out_wait_s": out_wait, "drain_timeout_s": drain_timeout}, dry_run, json_out, take_over,
+           lambda hosts: {"prompts": _prompts(hosts[0], None)})
 
 
 @app.command("status")
-def status(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, json_out: bool = typer.Option(
+def status(group: str, inventory: Path = InventoryOpt, json_out: bool = typer.Option(
         False, "--json", help="Print the status as one JSON document.")) -> None:
     """The group's newest rollout: each host's place in it, what comes next, pending requests, the lock's holder."""
     from eagle3ops.group.journal import replay
     from eagle3ops.group.status import view
 
-    g, hosts = _load(groups, inventory, group)
+    _, _, hosts = _load(inventory, group)
     with common.remote(hosts[0], dry_run=True) as r0:
         j = _journal(r0, hosts[0], group)
         cur = j.current()
@@ -306,15 +323,17 @@ def status(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt,
         print(json.dumps(v, indent=2, sort_keys=True))
         return
     say(f"group {group}: rollout {cur}, {v['kind']} to {v['label']}: {v['state']}"
-                  + (f" ({v['reason']})" if v.get("reason") else ""))
+        + (f" ({v['reason']})" if v.get("reason") else ""))
     for h, words in v["hosts"].items():
         say(f"  {h}: {words}")
     say(f"  next: {v['next'] or 'nothing'}; requests: {', '.join(v['requests']) or 'none'}; lock: "
-                  f"{(v['lock'] or {}).get('command', 'free')}")
+        f"{(v['lock'] or {}).get('command', 'free')}")
 
 
-def _request(group: str, what: str, groups: Path, inventory: Path, dry_run: bool) -> Any:
-    g, hosts = _load(groups, inventory, group)
+def _request(group: str, what: str, inventory: Path, dry_run: bool) -> bool | None:
+    """Append a control request to the group's unfinished rollout; returns whether its driver runs
+    (:meth:`eagle3ops.group.journal.GroupJournal.holder_alive`)."""
+    _, _, hosts = _load(inventory, group)
     with common.remote(hosts[0], dry_run=dry_run) as r0:
         j = _journal(r0, hosts[0], group)
         if _unfinished(j) is None:
@@ -322,33 +341,33 @@ def _request(group: str, what: str, groups: Path, inventory: Path, dry_run: bool
         j.request(what)
         alive = j.holder_alive()
     say(f"group {group}: {what} {'would be ' if dry_run else ''}requested for rollout {j.rollout_id}"
-                  + ("; its driver acts on it at its next step" if alive is not False else ""))
+        + ("; its driver acts on it at its next step" if alive is not False else ""))
     return alive
 
 
 @app.command("promote")
-def promote(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def promote(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """End the canary's bake now and roll the rest (the driver reads it at its next bake reading)."""
-    if _request(group, "promote", groups, inventory, dry_run) is False:
+    if _request(group, "promote", inventory, dry_run) is False:
         say("no driver holds the group lock: rerun the rollout's command to continue")
 
 
 @app.command("pause")
-def pause(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def pause(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
     """Stop the rollout after the host it is on (a rerun of its command continues)."""
-    _request(group, "pause", groups, inventory, dry_run)
+    _request(group, "pause", inventory, dry_run)
 
 
 @app.command("abort")
-def abort(group: str, groups: Path = GroupsOpt, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
-          take_over: bool = TakeOverOpt) -> None:
+def abort(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, take_over: bool = TakeOverOpt
+          ) -> None:
     """Return every switched host to its previous release; with no driver running, this command returns them."""
-    alive = _request(group, "abort", groups, inventory, dry_run)
-    if alive is not False and not take_over or dry_run:
+    alive = _request(group, "abort", inventory, dry_run)
+    if dry_run or (alive is not False and not take_over):  # a running driver returns the hosts itself
         return
-    g, hosts = _load(groups, inventory, group)
+    inv, _, hosts = _load(inventory, group)
     with common.remote(hosts[0], dry_run=True) as r0:
         j = _journal(r0, hosts[0], group)
         plan, _ = _unfinished(j)
         rid = j.rollout_id
-    _run(group, g, hosts, plan, rid, plan.kind, take_over, lambda hosts: {})
+    _run(inv, group, hosts, plan, rid, take_over, lambda hosts: {})

@@ -5,7 +5,7 @@ resumes; a step started and not done runs again, so every step callable must be 
 requests between steps (``abort``: return now; ``pause``: stop before the next host; ``promote``: end the bake), and
 on the first failure returns every switched host (:func:`eagle3ops.group.rollout.return_steps`). Before every drain
 it waits, bounded by the plan's ``out_wait_s``, until draining keeps the hosts out — drained, in maintenance or down,
-as the balancer reports them — within ``max_out``. The bake reads the canary's interval figures and judges them with
+as the balancer reports them — within ``max_out`` (:func:`eagle3ops.group.drain.wait_for_capacity`). The bake reads the canary's interval figures and judges them with
 ``watch``'s rules (:func:`eagle3ops.speculate.watch.judge`, :class:`~eagle3ops.speculate.watch.Tracker`) against the
 thresholds the gate step returned (:func:`eagle3ops.speculate.watch.thresholds`).
 """
@@ -21,10 +21,7 @@ from eagle3ops.group.journal import GroupJournal, RolloutState, replay
 from eagle3ops.group.rollout import RolloutPlan, Step, return_steps, steps_by_host
 from eagle3ops.speculate.watch import Thresholds, Tracker, judge
 
-__all__ = ["OUT_STATES", "ReturnFailed", "StepBusy", "StepFailed", "StepFns", "run_return", "run_rollout"]
-
-#: Balancer states that count a host as out.
-OUT_STATES = frozenset({"drain", "maint", "down"})
+__all__ = ["ReturnFailed", "StepBusy", "StepFailed", "StepFns", "run_return", "run_rollout"]
 
 
 class StepFailed(RuntimeError):
@@ -84,34 +81,26 @@ class _Run:
         return replay(self.plan, self.journal.entries())
 
     def wait_room(self, host: str) -> dict[str, Any]:
-        """Wait (bounded by ``out_wait_s``) until ``host`` may be drained with at most ``max_out`` hosts out.
+        """Wait (bounded by ``out_wait_s``) until ``host`` may be drained with at most ``max_out`` hosts out
+        (:func:`eagle3ops.group.drain.wait_for_capacity`).
 
         Raises:
-            StepFailed: still no room at the bound, or the balancer does not know a host of the group.
+            StepFailed: the balancer does not know a host of the group, or ``host`` is in maintenance.
+            eagle3ops.group.drain.CapacityTimeout: still no room at the bound (nothing changed).
         """
-        deadline, said = self.now() + self.plan.out_wait_s, False
-        while True:
-            states = self.balancer.states()
-            unknown = [h for h in self.plan.hosts if h not in states]
-            if unknown:
-                raise StepFailed(f"the balancer reports no server for host(s) {unknown}: check the group's "
-                                 f"balancer settings (its server names must be the inventory host names)")
-            if states[host].state == "maint":  # an operator's maintenance: undraining it later would end it
-                raise StepFailed(f"{host}: in maintenance at the balancer; the rollout does not take a host out of "
-                                 f"maintenance: set it ready (or remove it from the group), then rerun")
-            out = sorted(h for h in self.plan.hosts if h != host and states[h].state in OUT_STATES)
-            if len(out) + 1 <= self.plan.max_out:
-                return {"out_before": out}
-            left = deadline - self.now()
-            if left <= 0:
-                raise StepFailed(f"{host}: not drained: {', '.join(f'{h} ({states[h].state})' for h in out)} "
-                                 f"out already and max_out is {self.plan.max_out}; waited {self.plan.out_wait_s:g} s "
-                                 f"for one to come back (bring it back, or raise max_out)")
-            if not said:
-                self.echo(f"{host}: waiting for room: {', '.join(out)} out, max_out {self.plan.max_out} (at most "
-                          f"{self.plan.out_wait_s:g} s)")
-                said = True
-            self.sleep(min(self.poll_s, left))
+        from eagle3ops.group.drain import wait_for_capacity
+
+        states = self.balancer.states()
+        unknown = [h for h in self.plan.hosts if h not in states]
+        if unknown:
+            raise StepFailed(f"the balancer reports no server for host(s) {unknown}: check the group's balancer "
+                             f"settings (`groups.{self.plan.group}.balancer.servers` in the inventory)")
+        if states[host].state == "maint":  # an operator's maintenance: undraining it later would end it
+            raise StepFailed(f"{host}: in maintenance at the balancer; the rollout does not take a host out of "
+                             f"maintenance: set it ready (or remove it from the group), then rerun")
+        cap = wait_for_capacity(self.balancer, host, self.plan.max_out, timeout_s=self.plan.out_wait_s,
+                                poll_s=self.poll_s, clock=self.now, sleep=self.sleep, echo=self.echo)
+        return {"out_before": [h for h, _ in cap.out if h != host]}
 
 
 def _check_acceptance(run: _Run, host: str, value: float | None, st: RolloutState) -> dict[str, Any]:

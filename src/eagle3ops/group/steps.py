@@ -7,9 +7,9 @@ release before the switch, ``gate`` the ``speculate`` job (:func:`eagle3ops.spec
 probes serving as its clients do (:func:`eagle3ops.health.wait_healthy`), ``acceptance`` replays the gate's prompts
 on the drained host and reads the mean acceptance length from ``/metrics`` deltas
 (:func:`eagle3ops.speculate.cyclerun.measure_served`), ``bake_sample`` reads the canary's interval figures
-(:func:`eagle3ops.gate.metrics.interval_figures`). ``drain`` sets the balancer's server to ``drain`` and waits,
-bounded, until the balancer reports no session to it (past the bound: the host is set ready again and the step
-fails); ``undrain`` sets it ``ready``.
+(:func:`eagle3ops.gate.metrics.interval_figures`). ``drain``/``undrain`` are :func:`eagle3ops.group.drain.drain`
+(drain that means drained: 0 balancer sessions and 0 vLLM requests for 5 s, bounded, undrained on timeout) and
+:func:`~eagle3ops.group.drain.undrain`.
 
 Which release each host serves, in the group's terms, is a marker on the host: ``<state_dir>/groups/<group>/
 live.json`` = ``{"target", "label", "release", "previous"}`` written after each switch (``previous``: the marker
@@ -31,11 +31,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.group.balancer import Balancer
 from eagle3ops.group.execute import StepBusy, StepFailed, StepFns
 
-__all__ = ["BALANCERS", "HostSteps", "marker_path", "on_target", "read_marker"]
-
-#: Balancer drivers by the group file's ``balancer.kind``: a function of the group's settings returning a
-#: :class:`~eagle3ops.group.balancer.Balancer`. A driver registers itself here.
-BALANCERS: dict[str, Callable[[Any], Balancer]] = {}
+__all__ = ["HostSteps", "marker_path", "on_target", "read_marker"]
 
 
 def marker_path(state_dir: str, group: str) -> str:
@@ -64,7 +60,8 @@ class HostSteps:
     ``window`` (keyword arguments every window gets: ``command``), ``images`` (host → ``(pipeline image, id)``),
     ``change`` (a release's :class:`~eagle3ops.config.plan.ReleaseChange`), ``speculate_options`` (host →
     :class:`~eagle3ops.speculate.prechecks.SpeculateOptions`), ``prompts`` (the acceptance step's requests),
-    ``drain_timeout_s`` (seconds)."""
+    ``max_out``, ``drain_timeout_s``, ``out_wait_s`` and ``quiet_s`` (seconds; None: the drain's own
+    :data:`eagle3ops.group.drain.QUIET_S`) for the drain."""
 
     group: str
     kind: str
@@ -77,7 +74,10 @@ class HostSteps:
     change: Any = None
     speculate_options: Mapping[str, Any] = field(default_factory=dict)
     prompts: Sequence[Any] = ()
-    drain_timeout_s: float = 300.0
+    max_out: int = 1
+    drain_timeout_s: float = 600.0
+    out_wait_s: float = 600.0
+    quiet_s: float | None = None
     echo: Callable[[str], None] = print
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _urls: dict[str, tuple[str, str | None]] = field(default_factory=dict)
@@ -103,23 +103,21 @@ class HostSteps:
         return self._urls[host]
 
     def drain(self, host: str) -> dict[str, Any]:
-        """Drain ``host`` at the balancer and wait (bounded) for its sessions to end; past the bound set it ready
-        again and fail."""
-        self.balancer.set_state(host, "drain")
-        deadline = time.monotonic() + self.drain_timeout_s
-        while True:
-            s = self.balancer.states()[host]
-            if s.sessions == 0:
-                return {"sessions": 0}
-            if time.monotonic() > deadline:
-                self.balancer.set_state(host, "ready")
-                raise StepFailed(f"{host}: {s.sessions} session(s) still open {self.drain_timeout_s:g} s after the "
-                                 f"drain; set ready again, nothing stopped")
-            time.sleep(1.0)
+        """Drain ``host`` so that it is drained (:func:`eagle3ops.group.drain.drain`: 0 balancer sessions and 0 vLLM
+        requests for 5 s, bounded by ``drain_timeout_s``; past it the host is set ready again and the step fails)."""
+        from eagle3ops.group.drain import QUIET_S, drain, metrics_requests
+
+        url, key = self._endpoint(host)
+        d = drain(self.balancer, host, metrics_requests(url, key), max_out=self.max_out,
+                  timeout_s=self.drain_timeout_s, capacity_timeout_s=self.out_wait_s, echo=self.echo,
+                  quiet_s=QUIET_S if self.quiet_s is None else self.quiet_s)
+        return {"drained_s": round(d.seconds, 1)}
 
     def undrain(self, host: str) -> dict[str, Any]:
         """Let the balancer send ``host`` traffic again."""
-        self.balancer.set_state(host, "ready")
+        from eagle3ops.group.drain import undrain
+
+        undrain(self.balancer, host)
         return {}
 
     def _window(self, host: str, kind: str, **kw: Any) -> dict[str, Any]:
