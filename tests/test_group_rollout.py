@@ -556,12 +556,27 @@ def test_cli_run_under_the_group_lock_exits_by_outcome_and_a_rerun_resumes(tmp_p
     assert res.exit_code == 1 and "no unfinished rollout to abort" in _words(res)
 
 
-def test_real_health_acceptance_and_bake_readings_against_standin_servers(tmp_path: Path) -> None:
-    """``HostSteps``' drain (the balancer's sessions and the server's own /metrics queue), health, served acceptance
-    and bake readings over real HTTP against two STAND-IN OpenAI servers
+class RecordingBalancer:
+    """STAND-IN wrapper around the real balancer: passes every call through and records, after each ``set_state``,
+    how many hosts the real HAProxy reports out."""
+
+    def __init__(self, real):
+        self.real, self.log = real, []
+
+    def states(self):
+        return self.real.states()
+
+    def set_state(self, host: str, state: str) -> None:
+        self.real.set_state(host, state)
+        self.log.append([host, state, sum(s.state != "ready" for s in self.real.states().values())])
+
+
+def test_real_haproxy_drain_health_acceptance_and_bake_readings_against_standin_servers(tmp_path: Path) -> None:
+    """``HostSteps``' drain (the REAL HAProxy's sessions through its runtime API, and the server's own /metrics
+    queue), health, served acceptance and bake readings over real HTTP, in front of two STAND-IN OpenAI servers
     (``tests/data/standin_openai_server.py``, NOT vLLM: speculation SIMULATED with ``--spec-acceptance``), one per
-    host; the windows are a STAND-IN (``_window``: a release number written like a release window), the balancer
-    the stand-in above. b serves 1.9 where the canary-like first host serves 2.2: the roll returns both."""
+    host; the windows are a STAND-IN (``_window``: a release number written like a release window). b serves 1.9
+    where the first host serves 2.2: the roll returns both, never more than max_out 1 out."""
     import subprocess
     import sys
     import time
@@ -569,20 +584,19 @@ def test_real_health_acceptance_and_bake_readings_against_standin_servers(tmp_pa
     import httpx
 
     from eagle3ops.config import load_inventory
+    from eagle3ops.group.haproxy import HaproxyBalancer, SocketRuntime
     from eagle3ops.group.steps import HostSteps
     from eagle3ops.speculate.ship import gate_prompts
+    from eagle3ops_dev.haproxylocal import LocalHaproxy, free_port
 
     repo = Path(__file__).resolve().parents[1]
-    ports, procs = {}, []
-    for h, acc in (("a", 2.2), ("b", 1.9)):
-        with __import__("socket").socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports[h] = s.getsockname()[1]
-        procs.append(subprocess.Popen(
-            [sys.executable, str(repo / "tests/data/standin_openai_server.py"), "--port", str(ports[h]), "--model",
-             "tiny", "--token-ms", "0.2", "--speculative-config", json.dumps({"method": "eagle3",
-                                                                               "num_speculative_tokens": 3}),
-             "--spec-acceptance", str(acc)], stdout=subprocess.DEVNULL))
+    ports = {h: free_port() for h in ("a", "b")}
+    procs = [subprocess.Popen(
+        [sys.executable, str(repo / "tests/data/standin_openai_server.py"), "--port", str(ports[h]), "--model",
+         "tiny", "--token-ms", "0.2", "--speculative-config", json.dumps({"method": "eagle3",
+                                                                           "num_speculative_tokens": 3}),
+         "--spec-acceptance", str(acc)], stdout=subprocess.DEVNULL) for h, acc in (("a", 2.2), ("b", 1.9))]
+    steps = None
     try:
         inv = tmp_path / "hosts.yaml"
         inv.write_text("hosts:\n" + "".join(
@@ -601,32 +615,44 @@ def test_real_health_acceptance_and_bake_readings_against_standin_servers(tmp_pa
                     time.sleep(0.1)
             Path(tmp_path, h, "state/releases").mkdir(parents=True)
             Path(tmp_path, h, "state/releases/current").write_text("1\n")
-        bal = StandinBalancer(tmp_path / "bal.json", hosts=("a", "b"))
-        steps = HostSteps(group="chat", kind="release", remotes={h: LocalHostExecutor(hosts[h]) for h in hosts},
-                          balancer=bal, target="k1", label="stand-in", command="x",
-                          images={h: ("img", None) for h in hosts}, prompts=[p.request for p in gate_prompts(4)],
-                          echo=lambda m: None, quiet_s=0.5)  # the drain's quiet span shortened: 3 drains here
+        with LocalHaproxy(tmp_path / "haproxy", {"s1": ports["a"], "s2": ports["b"]}, check_inter_ms=200) as lb:
+            bal = RecordingBalancer(HaproxyBalancer(SocketRuntime(str(lb.admin_socket)), "vllm",
+                                                    {"a": "s1", "b": "s2"}))
+            deadline = time.monotonic() + 10
+            while {s.state for s in bal.states().values()} != {"ready"} and time.monotonic() < deadline:
+                time.sleep(0.05)
+            steps = HostSteps(group="chat", kind="release", remotes={h: LocalHostExecutor(hosts[h]) for h in hosts},
+                              balancer=bal, target="k1", label="stand-in", command="x",
+                              images={h: ("img", None) for h in hosts},
+                              prompts=[p.request for p in gate_prompts(4)], echo=lambda m: None,
+                              quiet_s=0.5)  # the drain's quiet span shortened: 3 drains here
 
-        def window(host, kind, **kw):
-            cur = Path(tmp_path, host, "state/releases/current")
-            n = int(kw["to_release"]) if kind == "rollback" else int(cur.read_text()) + 1
-            cur.write_text(f"{n}\n")
-            return {"outcome": "ok", "release": n}
+            def window(host, kind, **kw):
+                cur = Path(tmp_path, host, "state/releases/current")
+                n = int(kw["to_release"]) if kind == "rollback" else int(cur.read_text()) + 1
+                cur.write_text(f"{n}\n")
+                return {"outcome": "ok", "release": n}
 
-        steps._window = window  # type: ignore[method-assign]
-        assert steps.bake_sample("a") is None  # the first reading
-        httpx.post(f"http://127.0.0.1:{ports['a']}/v1/completions", timeout=30,  # live traffic (streamed)
-                   json={"model": "tiny", "prompt": "x", "max_tokens": 16, "stream": True})
-        fig = steps.bake_sample("a")
-        assert fig and fig["mean_acceptance_length"] == pytest.approx(2.2, abs=0.3)
-        plan = _plan(kind="release", hosts=("a", "b"))
-        res = _run(tmp_path, plan, type("S", (), {"fns": lambda self: steps.fns()})(), bal)
-        assert res["outcome"] == "returned" and "b: served mean acceptance length 1.9" in res["reason"]
-        assert "within 0.1 of the reference's 2.2" in res["reason"] and res["returned"] == ["a", "b"]
-        assert [Path(tmp_path, h, "state/releases/current").read_text().strip() for h in "ab"] == ["1", "1"]
-        assert {s.state for s in bal.states().values()} == {"ready"}
+            steps._window = window  # type: ignore[method-assign]
+            assert steps.bake_sample("a") is None  # the first reading
+            httpx.post(f"http://127.0.0.1:{lb.port}/v1/completions", timeout=30,  # live traffic through HAProxy
+                       json={"model": "tiny", "prompt": "x", "max_tokens": 16, "stream": True})
+            httpx.post(f"http://127.0.0.1:{lb.port}/v1/completions", timeout=30,  # round robin: one reaches a
+                       json={"model": "tiny", "prompt": "x", "max_tokens": 16, "stream": True})
+            fig = steps.bake_sample("a")
+            assert fig and fig["mean_acceptance_length"] == pytest.approx(2.2, abs=0.3)
+            plan = _plan(kind="release", hosts=("a", "b"))
+            res = _run(tmp_path, plan, type("S", (), {"fns": lambda self: steps.fns()})(), bal)
+            assert res["outcome"] == "returned" and "b: served mean acceptance length 1.9" in res["reason"]
+            assert "within 0.1 of the reference's 2.2" in res["reason"] and res["returned"] == ["a", "b"]
+            assert [Path(tmp_path, h, "state/releases/current").read_text().strip() for h in "ab"] == ["1", "1"]
+            assert {s.state for s in bal.states().values()} == {"ready"}
+            assert [(h, st) for h, st, _ in bal.log] == [("a", "drain"), ("a", "ready"), ("b", "drain"),
+                                                         ("b", "ready"), ("a", "drain"), ("a", "ready")]
+            assert max(n for _, _, n in bal.log) == 1
     finally:
-        steps.close() if "steps" in locals() else None
+        if steps is not None:
+            steps.close()
         for p in procs:
             p.terminate()
             p.wait(timeout=10)
