@@ -19,7 +19,7 @@ import pytest
 from eagle3ops import executor
 from eagle3ops.group import rollout as ro
 from eagle3ops.group.balancer import ServerState
-from eagle3ops.group.execute import StepFns, run_rollout
+from eagle3ops.group.execute import StepFailed, StepFns, run_rollout
 from eagle3ops.group.journal import GroupJournal, GroupLocked, replay
 from eagle3ops.group.status import view
 
@@ -656,3 +656,54 @@ def test_real_haproxy_drain_health_acceptance_and_bake_readings_against_standin_
         for p in procs:
             p.terminate()
             p.wait(timeout=10)
+
+
+def test_a_rolled_host_gets_the_release_the_canarys_gate_kept(tmp_path: Path) -> None:
+    """``HostSteps.switch`` of a speculative rollout on a process host: the head given with ``--head`` uploaded to the
+    rolled host (real ``tar`` through this machine's executor), the speculative length the canary's kept gate result
+    names (read from its audit and attempt folder, as a new driver would); the window a STAND-IN capturing the
+    change; no head and no trained run on the host is refused, naming --head."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.speculate.prechecks import SpeculateOptions
+    from eagle3ops.group.steps import HostSteps
+
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("hosts:\n" + "".join(
+        f"  {h}: {{hostname: 127.0.0.1, state_dir: {tmp_path}/{h}/state, data_dir: {tmp_path}/{h}/data, "
+        f"model_path: /m, serving: {{kind: process, process_match: 'vllm serve', served_model_name: m, "
+        f"port: 8000}}}}\n" for h in ("a", "b")))
+    hosts = {h: load_inventory(inv).host(h) for h in ("a", "b")}
+    attempt = tmp_path / "a/data/runs/r1/speculate/0123/w1"
+    attempt.mkdir(parents=True)
+    (attempt / "result.json").write_text(json.dumps({"verdict": "keep", "num_speculative_tokens": 5,
+                                                     "serving_image": "", "live_release": 2}))
+    (tmp_path / "a/state/groups/chat").mkdir(parents=True)
+    (tmp_path / "a/state/groups/chat/live.json").write_text(json.dumps({"target": "k1", "release": 2}))
+    (tmp_path / "a/state/audit.jsonl").write_text(json.dumps({"kind": "speculate", "run": "r1", "attempt_dir": str(
+        attempt), "figures": {"speculative_release": 2}}) + "\n")
+    (tmp_path / "b/state/releases").mkdir(parents=True)
+    (tmp_path / "b/state/releases/current").write_text("7\n")
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text('{"architectures": ["Eagle3Speculator"]}')
+    seen = []
+
+    def steps_with(head_dir):
+        opts = {h: SpeculateOptions(run="r1", pipeline_image="img", head=head_dir) for h in hosts}
+        st = HostSteps(group="chat", kind="speculate", remotes={h: LocalHostExecutor(hosts[h]) for h in hosts},
+                       balancer=StandinBalancer(tmp_path / "b.json", hosts=("a", "b")), target="k1", label="x",
+                       command="x", images={h: ("img", None) for h in hosts}, speculate_options=opts, canary="a",
+                       echo=lambda m: None)
+        st._window = lambda host, kind, **kw: seen.append((host, kind, kw["change"])) or {  # type: ignore
+            "outcome": "ok", "release": 8}
+        return st
+
+    with pytest.raises(StepFailed, match="run r1 has no trained head here.*--head DIR"):
+        steps_with(None).switch("b")
+    assert seen == []
+    out = steps_with(head).switch("b")
+    assert out == {"release": 8, "previous": 7}
+    host, kind, change = seen[0]
+    spec = json.loads(change.args[change.args.index("--speculative-config") + 1])
+    assert (host, kind, spec["num_speculative_tokens"]) == ("b", "release", 5)
+    assert Path(spec["model"]).parent == tmp_path / "b/data/heads" and (Path(spec["model"]) / "config.json").is_file()

@@ -131,12 +131,14 @@ def _steps(name: str, hosts: list[Any], remotes: dict[str, Any], balancer: Any, 
         images[h.name] = (h.pipeline_image or dep["image"], dep.get("image_id"))
     return HostSteps(group=name, kind=plan.kind, remotes=remotes, balancer=balancer, target=plan.target,
                      label=plan.label, command=command, images=images, echo=say, max_out=plan.max_out,
+                     canary=plan.canary,
                      drain_timeout_s=float(plan.options.get("drain_timeout_s", 600.0)), out_wait_s=plan.out_wait_s,
                      **kw)
 
 
-def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timing: dict[str, float], dry_run: bool,
-           json_out: bool, take_over: bool, step_kw: Callable[[list[Any]], dict[str, Any]]) -> None:
+def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timing: dict[str, float],
+           dry_run: bool, json_out: bool, take_over: bool,
+           step_kw: Callable[[list[Any]], dict[str, Any]]) -> None:
     """Facts → plan → (``dry_run``: print) → under the group lock, run or resume the rollout. ``timing``: the plan's
     ``bake_s``/``bake_interval_s``/``bake_sustained_s``/``out_wait_s`` and ``drain_timeout_s`` (seconds)."""
     from eagle3ops.group.rollout import plan_rollout, release_key

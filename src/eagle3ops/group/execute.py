@@ -5,7 +5,8 @@ resumes; a step started and not done runs again, so every step callable must be 
 requests between steps (``abort``: return now; ``pause``: stop before the next host; ``promote``: end the bake), and
 on the first failure returns every switched host (:func:`eagle3ops.group.rollout.return_steps`). Before every drain
 it waits, bounded by the plan's ``out_wait_s``, until draining keeps the hosts out — drained, in maintenance or down,
-as the balancer reports them — within ``max_out`` (:func:`eagle3ops.group.drain.wait_for_capacity`). The bake reads the canary's interval figures and judges them with
+as the balancer reports them — within ``max_out`` (:func:`eagle3ops.group.drain.wait_for_capacity`). The bake
+reads the canary's interval figures and judges them with
 ``watch``'s rules (:func:`eagle3ops.speculate.watch.judge`, :class:`~eagle3ops.speculate.watch.Tracker`) against the
 thresholds the gate step returned (:func:`eagle3ops.speculate.watch.thresholds`).
 """

@@ -1,15 +1,15 @@
 """The real step callables of a group rollout (:class:`~eagle3ops.group.execute.StepFns`) over inventory hosts.
 
 Each host is reached through its own executor (``remotes``: host name → an entered SSH executor) and changed only by
-the existing locked, health-gated windows: ``switch`` is a ``release`` window (the change) or a ``rollback`` window
-(to the release the host had before the rollout being rolled back), ``switch_back`` a ``rollback`` window to the
-release before the switch, ``gate`` the ``speculate`` job (:func:`eagle3ops.speculate.ship.speculate`). ``health``
-probes serving as its clients do (:func:`eagle3ops.health.wait_healthy`), ``acceptance`` replays the gate's prompts
-on the drained host and reads the mean acceptance length from ``/metrics`` deltas
-(:func:`eagle3ops.speculate.cyclerun.measure_served`), ``bake_sample`` reads the canary's interval figures
-(:func:`eagle3ops.gate.metrics.interval_figures`). ``drain``/``undrain`` are :func:`eagle3ops.group.drain.drain`
-(drain that means drained: 0 balancer sessions and 0 vLLM requests for 5 s, bounded, undrained on timeout) and
-:func:`~eagle3ops.group.drain.undrain`.
+the existing locked, health-gated windows: ``switch`` is a ``release`` window (the change; for a speculative release
+the one the canary's gate kept, :meth:`HostSteps.speculative`) or a ``rollback`` window (to the release the host had
+before the rollout being rolled back), ``switch_back`` a ``rollback`` window to the release before the switch,
+``gate`` the ``speculate`` job (:func:`eagle3ops.speculate.ship.speculate`). ``health`` probes serving as its
+clients do (:func:`eagle3ops.health.wait_healthy`), ``acceptance`` replays the gate's prompts on the drained host
+and reads the mean acceptance length from ``/metrics`` deltas (:func:`eagle3ops.speculate.cyclerun.measure_served`),
+``bake_sample`` reads the canary's interval figures (:func:`eagle3ops.gate.metrics.interval_figures`).
+``drain``/``undrain`` are :func:`eagle3ops.group.drain.drain` (drain that means drained: 0 balancer sessions and 0
+vLLM requests for 5 s, bounded, undrained on timeout) and :func:`~eagle3ops.group.drain.undrain`.
 
 Which release each host serves, in the group's terms, is a marker on the host: ``<state_dir>/groups/<group>/
 live.json`` = ``{"target", "label", "release", "previous"}`` written after each switch (``previous``: the marker
@@ -61,7 +61,8 @@ class HostSteps:
     ``change`` (a release's :class:`~eagle3ops.config.plan.ReleaseChange`), ``speculate_options`` (host →
     :class:`~eagle3ops.speculate.prechecks.SpeculateOptions`), ``prompts`` (the acceptance step's requests),
     ``max_out``, ``drain_timeout_s``, ``out_wait_s`` and ``quiet_s`` (seconds; None: the drain's own
-    :data:`eagle3ops.group.drain.QUIET_S`) for the drain."""
+    :data:`eagle3ops.group.drain.QUIET_S`) for the drain; ``canary``: the host whose gate decides a speculative
+    release."""
 
     group: str
     kind: str
@@ -78,10 +79,12 @@ class HostSteps:
     drain_timeout_s: float = 600.0
     out_wait_s: float = 600.0
     quiet_s: float | None = None
+    canary: str | None = None
     echo: Callable[[str], None] = print
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _urls: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     _last: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    _kept: dict[str, Any] | None = None
 
     def close(self) -> None:
         """Close the serving endpoints opened (SSH forwards)."""
@@ -159,10 +162,55 @@ class HostSteps:
             self._write(host, {**marker, "pending": {"target": self.target, "before": before}})
         if self.kind == "release":
             res = self._window(host, "release", change=self.change)
+        elif self.kind == "speculate":
+            res = self._window(host, "release", change=self.speculative(host))
         else:
             res = self._window(host, "rollback", to_release=(marker.get("previous") or {}).get("release"))
         self._mark(host, res.get("release"), marker)
         return {"release": res.get("release"), "previous": before}
+
+    def kept(self) -> dict[str, Any]:
+        """The result of the canary's gate that kept the target release (``num_speculative_tokens``,
+        ``serving_image``, ...): this run's, else read on the canary (its marker's release, its audit's result).
+
+        Raises:
+            StepFailed: no canary, or no kept gate result on it for the target.
+        """
+        from eagle3ops.speculate.watch import gate_result_for
+
+        if self._kept is None and self.canary:
+            r = self.remotes[self.canary]
+            marker = read_marker(r, self.group)
+            res = gate_result_for(r, marker.get("release")) if marker.get("target") == self.target else None
+            self._kept = res if res and res.get("verdict") == "keep" else None
+        if self._kept is None:
+            raise StepFailed(f"no kept gate result of the canary {self.canary} for this release: run the rollout "
+                             f"from its canary (`eagle3ops group status {self.group}`)")
+        return self._kept
+
+    def speculative(self, host: str) -> Any:
+        """The release the canary's gate kept, on ``host``: the same head (``--head DIR`` uploaded there, else the
+        run's own head on ``host``), speculative length and image (pushed when missing):
+        :func:`eagle3ops.speculate.ship.speculative_change`.
+
+        Raises:
+            StepFailed: ``host`` has no head of the run and no ``--head`` was given.
+        """
+        from eagle3ops.speculate.ship import ensure_image, speculative_change, upload_head
+
+        r, opts, kept = self.remotes[host], self.speculate_options[host], self.kept()
+        if opts.head is not None:
+            head_dir, _ = upload_head(r, opts.head)
+        else:
+            head_dir = f"{r.host.data_dir}/runs/{opts.run}/train/final"
+            if not r.run(hc.exists(f"{head_dir}/config.json"), check=False).ok:
+                raise StepFailed(f"{host}: run {opts.run} has no trained head here ({head_dir}/config.json is "
+                                 f"missing): roll a head trained elsewhere with --head DIR (uploaded to each host)")
+        change = speculative_change(r.host, head_dir, int(kept.get("num_speculative_tokens") or 3),
+                                    kept.get("serving_image") or "")
+        if change.image:
+            ensure_image(r, change.image, self.echo)
+        return change
 
     def switch_back(self, host: str, previous: Any) -> dict[str, Any]:
         """``host`` back to release ``previous`` (a ``rollback`` window), its marker to the one before the switch."""
@@ -229,6 +277,7 @@ class HostSteps:
                 raise StepFailed(f"{host}: the gate: {exc}") from None
         live = res.get("live_release")
         if res.get("verdict") == "keep":
+            self._kept = dict(res)
             self._mark(host, live, marker)
         else:
             self._write(host, marker)

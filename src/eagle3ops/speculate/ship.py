@@ -560,3 +560,18 @@ def _dry(r: Any, opts: SpeculateOptions, job: SpeculateJob, restarts: RestartPla
                       command=opts.command, run=opts.run, speculate=job, on_event=on_event, held=window_id)
     return {"verdict": "dry-run", "reason": "dry run: nothing measured, nothing changed", "release_plan": plan,
             "speculative_change": job.change.model_dump(), "restarts": restarts.figures()}
+
+
+def upload_head(r: Any, head: Path | InstalledHead) -> tuple[str, str]:
+    """The head on ``r``'s host, as the speculate job puts it there (:func:`_upload_head`): for a serving group's
+    rolled hosts, which serve the release the canary's gate kept. Returns (its directory there, its sha256)."""
+    return _upload_head(r, head)
+
+
+def ensure_image(r: Any, image: str, echo: Callable[[str], None],
+                 push: Callable[[str, Any], str] | None = None) -> str:
+    """``image`` present on ``r``'s host, pushed when missing (``push``: :func:`eagle3ops.deployer.push_image` when
+    None); returns ``present`` or the push's summary line (:func:`_ensure_image`)."""
+    if push is None:
+        from eagle3ops.deployer import push_image as push
+    return _ensure_image(r, image, echo, push)
