@@ -404,6 +404,12 @@ def test_cli_dry_run_plans_from_host_facts_and_status_shows_what_comes_next(tmp_
     plan = json.loads(res.stdout)
     assert plan["skipped"] == ["a"] and plan["target"] == key and plan["steps"][0]["key"] == "b:drain"
     assert not (tmp_path / "a/state/groups/chat/current.json").exists()  # a dry run writes nothing
+    res = _invoke(monkeypatch, "group", "rollout", "chat", "--run", "r1", "--bake", "120", "--dry-run", "--json",
+                  *common)
+    assert res.exit_code == 0, res.output
+    spec = json.loads(res.stdout)  # a speculative release: a (not on its target) is the canary, gated and baked
+    assert spec["canary"] == "a" and spec["bake_s"] == 120 and spec["options"] == {"drain_timeout_s": 600.0}
+    assert [s["key"] for s in spec["steps"][:5]] == ["a:drain", "a:gate", "a:undrain", "a:bake", "b:drain"]
     # a half-rolled group (the journal as a killed driver left it): status says where it stands and what is next
     p = ro.RolloutPlan.from_json({k: v for k, v in plan.items() if k != "resumes"})
     j = GroupJournal(executor.local(), str(tmp_path / "a/state/groups/chat"))

@@ -224,6 +224,9 @@ def rollout(group: str, run: str = typer.Option(..., "--run", help="The pipeline
             prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="The gate's prompts (as "
                                                         "`speculate --prompts-file`); also the rolled hosts' "
                                                         "acceptance check."),
+            accept_low_power: bool = typer.Option(False, "--accept-low-power", help="The gate measures even when "
+                                                  "its planned power is below 80 % (as `speculate "
+                                                  "--accept-low-power`)."),
             bake: float = typer.Option(600.0, "--bake", min=0, help="Seconds the kept canary serves live traffic "
                                        "before the roll (`group promote` ends it early)."),
             bake_interval: float = typer.Option(60.0, "--bake-interval", min=1, help="Seconds between two of the "
@@ -252,7 +255,7 @@ def rollout(group: str, run: str = typer.Option(..., "--run", help="The pipeline
             opts[h.name] = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                             pipeline_image_id=dep.get("image_id"), head=head, serving_image=image,
                                             control=control, prompts_file=prompts_file,
-                                            command=common.command_line())
+                                            accept_low_power=accept_low_power, command=common.command_line())
         return {"speculate_options": opts, "prompts": _prompts(hosts[0], prompts_file)}
 
     timing = {"bake_s": bake, "bake_interval_s": bake_interval, "bake_sustained_s": bake_sustained,
