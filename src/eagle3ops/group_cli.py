@@ -29,6 +29,7 @@ def say(text: str) -> None:
     holds one)."""
     console.print(text, markup=False, emoji=False)
 
+
 TakeOverOpt = typer.Option(False, "--take-over", help="Take the group lock of a driver known dead on another machine.")
 OutWaitOpt = typer.Option(600.0, "--out-wait", min=0, help="Seconds a drain waits for room under the group's "
                           "max_out before it fails.")
