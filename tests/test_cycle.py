@@ -504,3 +504,124 @@ def test_acceptance_beside_shows_productions_only_after_a_keep() -> None:
     back = cr.acceptance_beside({"acceptance": acc, "speculate": {"verdict": "rollback", "mean_acceptance_length": 2}})
     assert back["production"] is None and "verdict rollback, nothing kept" in back["line"]
     assert cr.acceptance_beside({})["line"] is None
+
+
+# ---- a step's command left running by a killed driver: adopted by the rerun, never started twice ----------------
+
+#: STAND-IN step command (NOT eagle3ops): counts its starts in a file, waits (bounded) for a "go" file, prints the
+#: JSON line a step prints last and exits with the status given.
+_STANDIN_STEP = """
+import json, sys, time, pathlib
+starts, go, rc = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
+with starts.open("a") as f:
+    f.write("start\\n")
+print("working", flush=True)
+deadline = time.monotonic() + 60
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps({"verdict": "keep", "live_release": 7}), flush=True)
+sys.exit(rc)
+"""
+
+
+def _wait_for(cond, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: Path) -> None:
+    """The driver (a forked process) is killed with SIGKILL while the train step's command (a STAND-IN script, run
+    through the real child runner and its shell wrapper) runs: the command goes on, the rerun adopts it (no second
+    start), waits for it and journals its figures; a command that finished while no driver ran is taken as done; one
+    that died with its driver is started again; an adopted command is waited for only up to its bound."""
+    import dataclasses
+
+    from eagle3ops.speculate import cyclechild as cc
+
+    base = cy.plan_cycle(_facts(), _opts())
+    keys = [s.key for s in base.steps]
+
+    def plan_for(d: Path, rc: int = 0) -> cy.CyclePlan:
+        argv = (sys.executable, "-c", _STANDIN_STEP, str(d / "starts"), str(d / "go"), str(rc))
+        return dataclasses.replace(base, steps=tuple(
+            dataclasses.replace(s, argv=argv) if s.key == "train" else s for s in base.steps))
+
+    def runners(j, rec, out: list[str], bound_s=cc.adopt_bound_s):
+        return {**_runners(rec), "train": cc.StepChild(j, tmp_path / "children", echo=out.append, bound_s=bound_s,
+                                                       poll_s=0.05)}
+
+    def killed_driver(d: Path, plan) -> tuple[int, dict]:
+        """Fork a driver, kill it once the train command runs; returns (pid, the journaled child event)."""
+        d.mkdir()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                j = cr.CycleJournal(executor.local(), str(d / "cycle"))
+                j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+                cr.run_cycle(plan, j, runners(j, _Recorder(d / "ran.txt"), []), echo=lambda m: None)
+            finally:
+                os._exit(3)
+        _wait_for(lambda: (d / "starts").exists(), "the train command to start")
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        j = cr.CycleJournal(executor.local(), str(d / "cycle"))
+        child = cc.last_child(j.entries(), "train")
+        assert child is not None and cc.proc_start(child["pid"]) == child["started"]  # still running
+        return pid, child
+
+    def rerun(d: Path, plan, **kw):
+        j = cr.CycleJournal(executor.local(), str(d / "cycle"))
+        taken = j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+        assert taken is None or "that process is gone" in taken
+        rec, out = _Recorder(d / "ran2.txt"), []
+        return cr.run_cycle(plan, j, runners(j, rec, out, **kw), echo=lambda m: None), rec, out, j
+
+    # 1. still running at the rerun: adopted, followed until it exits, not started again
+    d = tmp_path / "running"
+    plan = plan_for(d)
+    _, child = killed_driver(d, plan)
+    go_later = subprocess.Popen([sys.executable, "-c", f"import time, pathlib; time.sleep(1.0); "
+                                     f"pathlib.Path({str(d / 'go')!r}).touch()"])
+    res, rec, out, j = rerun(d, plan)
+    go_later.wait(timeout=10)
+    assert (d / "starts").read_text().split() == ["start"]  # one start in all
+    assert any("adopted, no second copy started" in o and f"pid {child['pid']}" in o for o in out)
+    assert res["outcome"] == "done" and res["figures"]["train"] == {"rc": 0, "adopted_pid": child["pid"],
+                                                                    "verdict": "keep", "live_release": 7}
+    assert rec.ran() == keys[keys.index("acceptance"):]  # the steps after train ran; before it, none again
+    assert [e["event"] for e in j.entries() if e["step"] == "train"] == ["start", "child", "start", "done"]
+    # 2. finished while no driver ran: its result taken, nothing started
+    d = tmp_path / "finished"
+    plan = plan_for(d)
+    _, child = killed_driver(d, plan)
+    (d / "go").touch()
+    _wait_for(lambda: Path(child["rc"]).exists(), "the orphaned command's status")
+    res, rec, out, _ = rerun(d, plan)
+    assert (d / "starts").read_text().split() == ["start"] and res["figures"]["train"]["verdict"] == "keep"
+    assert any("finished with status 0 while no driver ran" in o for o in out)
+    # 3. killed with its driver (no status written): started again, and it resumes
+    d = tmp_path / "died"
+    plan = plan_for(d)
+    _, child = killed_driver(d, plan)
+    os.kill(child["pid"], signal.SIGKILL)
+    _wait_for(lambda: cc.proc_start(child["pid"]) is None, "the command to die")
+    (d / "go").touch()
+    res, rec, out, _ = rerun(d, plan)
+    assert (d / "starts").read_text().split() == ["start", "start"] and res["steps"]["train"] == "done"
+    assert any("died with the driver (no exit status): started again" in o for o in out)
+    # 4. the wait for an adopted command is bounded: it still runs after the bound, the rerun says so and stops
+    d = tmp_path / "bounded"
+    plan = plan_for(d, rc=1)
+    _, child = killed_driver(d, plan)
+    t0 = time.monotonic()
+    with pytest.raises(cy.CycleError, match=f"pid {child['pid']}\\) still runs after 1 s: rerun the cycle to keep"):
+        rerun(d, plan, bound_s=lambda s: 1.0)
+    assert time.monotonic() - t0 < 10 and (d / "starts").read_text().split() == ["start"]
+    cr.CycleJournal(executor.local(), str(d / "cycle")).release()  # as the CLI does when a step fails
+    (d / "go").touch()  # it exits 1 now: the next rerun starts it again, and that one fails as a step does
+    _wait_for(lambda: Path(child["rc"]).exists(), "the status")
+    with pytest.raises(cy.CycleError, match="exited 1"):
+        rerun(d, plan)
+    assert (d / "starts").read_text().split() == ["start", "start"]

@@ -12,7 +12,6 @@ a child process (:mod:`eagle3ops.commands.cycle`).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -108,30 +107,9 @@ def _checks(prod: Any, works: list[Any], pipeline: Path) -> Any:
     return cfg
 
 
-def _argv_runner() -> Callable[[Any], dict[str, Any]]:
-    """Runs a step's command as a child process, its output passed through; the figures are its last JSON line."""
-    from eagle3ops import executor
-    from eagle3ops.commands.types import Change
-    from eagle3ops.speculate.cycle import StepFailed
-
-    def run(step: Any) -> dict[str, Any]:
-        last: dict[str, Any] = {}
-        proc = executor.local().popen(Change(list(step.argv)), stdout=subprocess.PIPE, text=True, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            if line.startswith("{"):
-                try:
-                    last = json.loads(line)
-                except ValueError:
-                    pass
-        rc = proc.wait()
-        if rc != 0:
-            raise StepFailed(f"`eagle3ops {' '.join(step.argv[3:5])} ...` exited {rc}", step.hosts)
-        return {"rc": rc, **({k: last[k] for k in ("verdict", "live_release", "mean_acceptance_length")
-                              if k in last})}
-
-    return run
+def _passthrough(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _gate_requests(prod: Any, prompts_file: Optional[Path]) -> list[Any]:
@@ -231,7 +209,10 @@ def _cycle_plan(production: str, work: list[str], dead: list[str], opts: Any) ->
 def _runners(inv: Any, prod: Any, run: str, cfg: Any, plan: Any, gate_requests: list[Any],
              journal: Any) -> dict[str, Callable[[Any], dict[str, Any]]]:
     """What runs each step kind: the pipeline's commands as child processes; the dataset copy, the work host's
-    acceptance and the report (with production's acceptance beside the work host's, from ``journal``) in-process."""
+    acceptance and the report (with production's acceptance beside the work host's, from ``journal``) in-process.
+    A command left running by a killed driver is adopted, not started twice
+    (:class:`~eagle3ops.speculate.cyclechild.StepChild`; its log and status under ``./cycles/PRODUCTION-RUN/``)."""
+    from eagle3ops.speculate.cyclechild import StepChild
 
     def dataset_step(step: Any) -> dict[str, Any]:
         from contextlib import ExitStack
@@ -261,7 +242,7 @@ def _runners(inv: Any, prod: Any, run: str, cfg: Any, plan: Any, gate_requests: 
             print(f"[cycle] {beside['line']}", flush=True)
         return {**out, "acceptance_work_host": beside["work_host"], "acceptance_production": beside["production"]}
 
-    argv = _argv_runner()
+    argv = StepChild(journal, Path("cycles") / f"{prod.name}-{run}", echo=_passthrough)
     return {"regenerate": argv, "weights": argv, "extract": argv, "train": argv, "speculate": argv,
             "report": report_step, "dataset": dataset_step, "acceptance": acceptance_step}
 

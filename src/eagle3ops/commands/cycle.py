@@ -16,7 +16,7 @@ from eagle3ops.commands.types import Change, Read
 
 __all__ = ["eagle3ops", "extract", "listening_ports", "log_tail", "parse_listening", "proc_cwd", "regenerate",
            "regenerated_manifests", "report", "serve_container", "session_alive", "speculate", "start_process",
-           "stop_session", "train", "weights", "write_private"]
+           "step_child", "stop_session", "train", "weights", "write_private"]
 
 
 def eagle3ops(words: Sequence[str], inventory: Path | str, python: str | None = None) -> Change:
@@ -81,6 +81,23 @@ def speculate(production: str, run: str, head_host: str, inventory: Path | str,
 def report(production: str, run: str, inventory: Path | str) -> Change:
     """``report PRODUCTION --run RUN`` (reads only; written locally)."""
     return eagle3ops(["report", production, "--run", run], inventory)
+
+
+#: Runs ``"$@"`` with its output appended to ``$1`` and its exit status written to ``$2`` (through a ``.part`` file
+#: renamed, so a reader never sees half a status): a step's command that outlives a killed driver leaves both, and
+#: a rerun reads them instead of starting it again.
+_STEP_SH = r"""
+log=$1 rc=$2
+shift 2
+"$@" >> "$log" 2>&1
+echo $? > "$rc.part" && mv "$rc.part" "$rc"
+"""
+
+
+def step_child(argv: Sequence[str], log: Path | str, rc: Path | str) -> Change:
+    """A step's command (``argv``) run so that it outlives its driver: output to ``log``, exit status to ``rc``
+    (:data:`_STEP_SH`). Not a session of its own: the terminal's Ctrl-C still reaches it."""
+    return Change(["sh", "-c", _STEP_SH, "eagle3ops-cycle-step", str(log), str(rc), *argv])
 
 
 def regenerated_manifests(data_dir: str) -> Read:
