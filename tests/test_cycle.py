@@ -538,7 +538,7 @@ def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: P
     that died with its driver is started again; an adopted command is waited for only up to its bound."""
     import dataclasses
 
-    from eagle3ops.speculate import cyclechild as cc
+    from eagle3ops.speculate import cyclechild as cchild
 
     base = cy.plan_cycle(_facts(), _opts())
     keys = [s.key for s in base.steps]
@@ -548,8 +548,8 @@ def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: P
         return dataclasses.replace(base, steps=tuple(
             dataclasses.replace(s, argv=argv) if s.key == "train" else s for s in base.steps))
 
-    def runners(j, rec, out: list[str], bound_s=cc.adopt_bound_s):
-        return {**_runners(rec), "train": cc.StepChild(j, tmp_path / "children", echo=out.append, bound_s=bound_s,
+    def runners(j, rec, out: list[str], bound_s=cchild.adopt_bound_s):
+        return {**_runners(rec), "train": cchild.StepChild(j, tmp_path / "children", echo=out.append, bound_s=bound_s,
                                                        poll_s=0.05)}
 
     def killed_driver(d: Path, plan) -> tuple[int, dict]:
@@ -567,8 +567,8 @@ def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: P
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         j = cr.CycleJournal(executor.local(), str(d / "cycle"))
-        child = cc.last_child(j.entries(), "train")
-        assert child is not None and cc.proc_start(child["pid"]) == child["started"]  # still running
+        child = cchild.last_child(j.entries(), "train")
+        assert child is not None and cchild.proc_start(child["pid"]) == child["started"]  # still running
         return pid, child
 
     def rerun(d: Path, plan, **kw):
@@ -606,7 +606,7 @@ def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: P
     plan = plan_for(d)
     _, child = killed_driver(d, plan)
     os.kill(child["pid"], signal.SIGKILL)
-    _wait_for(lambda: cc.proc_start(child["pid"]) is None, "the command to die")
+    _wait_for(lambda: cchild.proc_start(child["pid"]) is None, "the command to die")
     (d / "go").touch()
     res, rec, out, _ = rerun(d, plan)
     assert (d / "starts").read_text().split() == ["start", "start"] and res["steps"]["train"] == "done"
