@@ -229,6 +229,69 @@ def test_dead_work_host_is_named_and_the_rerun_leaves_it_out(tmp_path: Path) -> 
     assert res["steps"]["weights:w1"] == "skipped" and "weights:w2" not in res["steps"]
 
 
+def test_dead_work_hosts_step_moves_to_another_when_nothing_finished_is_lost(tmp_path: Path) -> None:
+    """A work host that stops answering during regenerate's successors up to extract: its step moves to the live
+    work host within the same run (the plan made again without it, the host journaled dead); STAND-IN runners."""
+    for fail_at in ("dataset", "weights:w2", "extract"):
+        plan = cy.plan_cycle(_facts(), _opts())
+        j = cr.CycleJournal(executor.local(), str(tmp_path / fail_at.replace(":", "-")))
+        j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+        rec, seen, lines = _Recorder(tmp_path / f"ran-{fail_at}.txt", fail_at=fail_at), [], []
+
+        def runner(step: cy.CycleStep) -> dict:
+            seen.append((step.key, step.hosts, tuple(step.argv or ())))
+            return rec(step) if (step.key, step.hosts) != (fail_at, ("w1",)) else {"ran": step.key}
+
+        rec.fail_at = fail_at
+        res = cr.run_cycle(plan, j, {k: runner for k in _runners(rec)}, alive=lambda h: h != "w2",
+                           replan=lambda dead: cy.plan_cycle(_facts(dead=dead), _opts()), echo=lines.append)
+        assert res["outcome"] == "done", fail_at
+        assert res["moved"] == [{"step": fail_at, "dead": ["w2"], "to": ["w1"]}]
+        assert any(f"{fail_at}: work host(s) w2 did not answer: left out, the step moves to w1" in m for m in lines)
+        keys = [k for k, _, _ in seen]
+        assert keys.count(fail_at) == (1 if fail_at == "weights:w2" else 2)  # weights of a dead host: not needed
+        assert all(k == "regenerate" or "w2" not in h for k, h, _ in seen[keys.index(fail_at) + 1:])
+        ex = [a for k, _, a in seen if k == "extract"][-1]
+        assert ex[ex.index("--dead") + 1] == "w2" and res["steps"]["train"] == "done"
+        assert [e["hosts"] for e in j.entries() if e["event"] == "dead"] == [["w2"]]
+        assert cr.journaled_dead(j.entries()) == ["w2"]
+        failed = [e for e in j.entries() if e["event"] == "failed"]
+        assert [(e["step"], e["dead_hosts"], e["moved_to"]) for e in failed] == [(fail_at, ["w2"], ["w1"])]
+        before = keys[:keys.index(fail_at)]
+        assert len(before) == len(set(before))  # nothing before the failed step ran twice
+
+
+def test_dead_work_host_holding_finished_output_waits_for_the_rerun(tmp_path: Path) -> None:
+    """A work host that dies after the extract finished (its hidden states there) or the train host (the head
+    there): the step does not move; the message gives both reruns; with --dead the rerun redoes from the step whose
+    output was lost, on the live host; the only work host dying waits too; STAND-IN runners."""
+    replan = lambda dead: cy.plan_cycle(_facts(dead=dead), _opts())  # noqa: E731
+    for fail_at, gone, redo in (("train", "w2", "extract"), ("acceptance", "w1", "extract")):
+        plan = cy.plan_cycle(_facts(), _opts())
+        j = cr.CycleJournal(executor.local(), str(tmp_path / fail_at))
+        j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+        rec = _Recorder(tmp_path / f"ran-{fail_at}.txt", fail_at=fail_at)
+        with pytest.raises(cy.CycleError) as err:
+            cr.run_cycle(plan, j, _runners(rec), alive=lambda h: h != gone, replan=replan, echo=lambda m: None)
+        msg = str(err.value)
+        assert f"host(s) {gone} did not answer (work host)" in msg and "the finished step extract left hidden " \
+            f"states there, so the step waits for the rerun" in msg and f"--dead {gone} to redo extract" in msg
+        assert not [e for e in j.entries() if e["event"] == "dead"] and "moved_to" not in j.entries()[-1]
+        # the rerun with --dead: the steps up to the lost output skipped, from it on run again on the live host
+        rec2 = _Recorder(tmp_path / f"ran2-{fail_at}.txt")
+        res = cr.run_cycle(replan((gone,)), j, _runners(rec2), echo=lambda m: None)
+        keys = [s.key for s in replan((gone,)).steps]
+        assert rec2.ran() == keys[keys.index(redo):] and res["outcome"] == "done"
+        assert replan((gone,)).train_host != gone
+    # the only work host dies: nowhere to move
+    solo = cy.CycleFacts("prod", (cy.WorkFacts("w1", 0, 0, 0.0),), restart_plan([50.0], bound_s=600.0), 1.3)
+    j = cr.CycleJournal(executor.local(), str(tmp_path / "solo"))
+    j.acquire("eagle3ops cycle prod --work w1 --run r1")
+    with pytest.raises(cy.CycleError, match="no other work host to move to: rerun once it is back"):
+        cr.run_cycle(cy.plan_cycle(solo, _opts()), j, _runners(_Recorder(tmp_path / "s.txt", fail_at="extract")),
+                     alive=lambda h: h != "w1", replan=replan, echo=lambda m: None)
+
+
 @pytest.fixture
 def standin_server(tmp_path: Path):
     """Start the STAND-IN OpenAI server as a head served on a work host (``--speculative-config``), simulating the

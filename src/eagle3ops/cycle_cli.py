@@ -11,6 +11,7 @@ a child process (:mod:`eagle3ops.commands.cycle`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -107,6 +108,15 @@ def _checks(prod: Any, works: list[Any], pipeline: Path) -> Any:
     return cfg
 
 
+def _argv_runner(journal: Any, production: str, run: str) -> Callable[[Any], dict[str, Any]]:
+    """The runner of the steps that are existing commands: each a child process that outlives a killed driver,
+    adopted by the rerun (:class:`~eagle3ops.speculate.cyclechild.StepChild`; its log and exit status under
+    ``./cycles/PRODUCTION-RUN/``), its output passed through."""
+    from eagle3ops.speculate.cyclechild import StepChild
+
+    return StepChild(journal, Path("cycles") / f"{production}-{run}", echo=_passthrough)
+
+
 def _passthrough(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -172,20 +182,22 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
         common.fail(f"--link-mbit {link_mbit}: give the link's rate in Mbit/s (a positive number)", 2)
     opts = CycleOptions(run, inventory, pipeline, tuple(dataset), held_out, limit, link_mbit, prompts_file, merged,
                         truncated)
-    inv, prod, cfg, plan, gate_requests = _cycle_plan(production, work, list(dead), opts)
+    inv, prod, cfg, plan, gate_requests, replan = _cycle_plan(production, work, list(dead), opts)
     print(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()), flush=True)
     if dry_run:
         return
     res = _run_under_lock(inv, prod, run, plan, take_over,
-                          lambda journal: _runners(inv, prod, run, cfg, plan, gate_requests, journal))
+                          lambda journal: _runners(inv, prod, run, cfg, plan, gate_requests, journal), replan)
     _print_outcome(prod, run, plan, res)
 
 
-def _cycle_plan(production: str, work: list[str], dead: list[str], opts: Any) -> tuple[Any, Any, Any, Any, list[Any]]:
+def _cycle_plan(production: str, work: list[str], dead: list[str], opts: Any
+                ) -> tuple[Any, Any, Any, Any, list[Any], Callable[[tuple[str, ...]], Any]]:
     """Facts, checks and the plan, before any host write: the inventory's hosts, the pipeline config checked against
     them, the gate's chat set read (a bad file named now, not after hours of training) and the cycle planned.
 
-    Returns (inventory, production host, pipeline config, plan, gate requests); bad input exits 2 naming the flag or
+    Returns (inventory, production host, pipeline config, plan, gate requests, the plan again with other work hosts
+    dead: how a step moves off a dead host); work hosts the cycle's journal names dead are left out; bad input exits 2 naming the flag or
     file (:class:`ConfigError`, :class:`CycleError` turned into ``common.fail``)."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.speculate.cycle import CycleError, plan_cycle
@@ -199,20 +211,34 @@ def _cycle_plan(production: str, work: list[str], dead: list[str], opts: Any) ->
     if not set(dead) < {w.name for w in works}:
         common.fail(f"--dead {', '.join(dead)}: name work hosts (given with --work), not all of them", 2)
     gate_requests = _gate_requests(prod, opts.prompts_file)
+    dead = _with_journaled_dead(prod, opts.run, [w.name for w in works], dead)
     try:
-        plan = plan_cycle(_facts(inv, prod, works, dead, cfg, opts), opts)
+        facts = _facts(inv, prod, works, dead, cfg, opts)
+        plan = plan_cycle(facts, opts)
     except CycleError as exc:
         common.fail(str(exc), 2)
-    return inv, prod, cfg, plan, gate_requests
+    return inv, prod, cfg, plan, gate_requests, lambda gone: plan_cycle(dataclasses.replace(facts, dead=gone), opts)
+
+
+def _with_journaled_dead(prod: Any, run: str, works: list[str], dead: list[str]) -> list[str]:
+    """``dead`` plus the work hosts an earlier run of this cycle found dead and moved its work off (its journal on
+    production, read only), said so: a rerun does not send work back to a host its shards were moved from."""
+    from eagle3ops.speculate.cyclerun import CycleJournal, cycle_dir, journaled_dead
+
+    with common.remote(prod, dry_run=True) as pr:
+        found = [h for h in journaled_dead(CycleJournal(pr, cycle_dir(prod.state_dir, run)).entries())
+                 if h in works and h not in dead]
+    if found:
+        print(f"[cycle] left out: {', '.join(found)} (an earlier run of this cycle found them dead and moved their "
+              f"work off)", flush=True)
+    return [*dead, *found]
 
 
 def _runners(inv: Any, prod: Any, run: str, cfg: Any, plan: Any, gate_requests: list[Any],
              journal: Any) -> dict[str, Callable[[Any], dict[str, Any]]]:
     """What runs each step kind: the pipeline's commands as child processes; the dataset copy, the work host's
     acceptance and the report (with production's acceptance beside the work host's, from ``journal``) in-process.
-    A command left running by a killed driver is adopted, not started twice
-    (:class:`~eagle3ops.speculate.cyclechild.StepChild`; its log and status under ``./cycles/PRODUCTION-RUN/``)."""
-    from eagle3ops.speculate.cyclechild import StepChild
+    A command left running by a killed driver is adopted, not started twice (:func:`_argv_runner`)."""
 
     def dataset_step(step: Any) -> dict[str, Any]:
         from contextlib import ExitStack
@@ -242,13 +268,14 @@ def _runners(inv: Any, prod: Any, run: str, cfg: Any, plan: Any, gate_requests: 
             print(f"[cycle] {beside['line']}", flush=True)
         return {**out, "acceptance_work_host": beside["work_host"], "acceptance_production": beside["production"]}
 
-    argv = StepChild(journal, Path("cycles") / f"{prod.name}-{run}", echo=_passthrough)
+    argv = _argv_runner(journal, prod.name, run)
     return {"regenerate": argv, "weights": argv, "extract": argv, "train": argv, "speculate": argv,
             "report": report_step, "dataset": dataset_step, "acceptance": acceptance_step}
 
 
 def _run_under_lock(inv: Any, prod: Any, run: str, plan: Any, take_over: bool,
-                    runners: Callable[[Any], dict[str, Callable[[Any], dict[str, Any]]]]) -> dict[str, Any]:
+                    runners: Callable[[Any], dict[str, Callable[[Any], dict[str, Any]]]],
+                    replan: Callable[[tuple[str, ...]], Any] | None = None) -> dict[str, Any]:
     """Execute: take the cycle's lock (its journal on production), run the plan's unfinished steps, release the lock
     (also when a step fails). ``runners`` builds the step runners from the journal. Returns :func:`run_cycle`'s
     result; a :class:`CycleError` (lock held elsewhere, a step failed) exits 1 with its message."""
@@ -264,7 +291,7 @@ def _run_under_lock(inv: Any, prod: Any, run: str, plan: Any, take_over: bool,
         if taken:
             print(taken, flush=True)
         try:
-            res = run_cycle(plan, journal, runners(journal), alive=_alive(inv),
+            res = run_cycle(plan, journal, runners(journal), alive=_alive(inv), replan=replan,
                             echo=lambda m: print(f"[cycle] {m}", flush=True))
         except CycleError as exc:
             journal.release()

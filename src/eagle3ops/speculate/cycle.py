@@ -27,7 +27,7 @@ from eagle3ops.fleet.plan import FleetPlan
 from eagle3ops.speculate.restarts import RestartPlan
 
 __all__ = ["CycleEnded", "CycleError", "CycleFacts", "CycleLocked", "CycleOptions", "CyclePlan", "CycleStep",
-           "StepFailed", "WorkFacts", "plan_cycle", "regen_out", "regenerate_estimate", "train_estimate"]
+           "StepFailed", "WorkFacts", "lost_on", "plan_cycle", "regen_out", "regenerate_estimate", "train_estimate"]
 
 #: The dataset regenerate writes, as ``prepare.datasets`` names it (relative to the run directory).
 REGENERATED = "regenerated/dataset.jsonl"
@@ -125,7 +125,8 @@ class CycleStep:
     runs), ``argv`` (the existing command it runs; None: the cycle's own step), ``send_bytes`` (bytes it moves
     between hosts; None: not known before an earlier step), ``expected_s`` (None: nothing recorded to estimate it
     from), ``restarts`` (production's serving restarts: ``(if kept, if rolled back)``) and ``downtime_s`` (their
-    expected seconds, from production's recorded restarts; None: none recorded), ``note``."""
+    expected seconds, from production's recorded restarts; None: none recorded), ``note``, ``reads`` (other hosts
+    the step reads from: a step that fails is checked against them too, to name a dead one)."""
 
     key: str
     kind: str
@@ -136,6 +137,7 @@ class CycleStep:
     restarts: tuple[int, int] = (0, 0)
     downtime_s: tuple[float | None, float | None] = (0.0, 0.0)
     note: str = ""
+    reads: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (the ``--dry-run --json`` shape)."""
@@ -144,7 +146,7 @@ class CycleStep:
                 "expected_s": None if self.expected_s is None else round(self.expected_s, 1),
                 "production_restarts_keep": self.restarts[0], "production_restarts_rollback": self.restarts[1],
                 "production_downtime_keep_s": self.downtime_s[0], "production_downtime_rollback_s": self.downtime_s[1],
-                "note": self.note}
+                "reads_from": list(self.reads), "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -271,15 +273,15 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
     ex_note = (f"{ex.samples} samples, {'' if ex.tokens_exact else 'at most '}{ex.tokens} tokens over "
                f"{len(ex.shards)} shard(s); no window (serving: none)" if ex else (facts.extract_note or ""))
     steps += [
-        CycleStep("extract", "extract", tuple(names),
+        CycleStep("extract", "extract", tuple(w.name for w in live),
                   tuple(cyc.extract(names, run, opts.pipeline, inv, opts.merged_path, dead=facts.dead)),
                   expected_s=_extract_seconds(ex), note=ex_note),
         CycleStep("train", "train", (train_host,),
                   tuple(cyc.train(train_host, run, opts.pipeline, inv, opts.merged_path if several else None)),
-                  expected_s=train_s,
+                  expected_s=train_s, reads=tuple(w.name for w in live[1:]),
                   note=("vocab + train; hidden states of other work hosts copied there first (not timed); "
                         if several else "vocab + train; no window (serving: none); ") + train_note),
-        CycleStep("acceptance", "acceptance", (train_host,),
+        CycleStep("acceptance", "acceptance", (train_host,), reads=(prod,),
                   note=f"the head served on {train_host} with production's argv + --speculative-config (same image "
                        f"id); mean acceptance length from /metrics deltas against the floor "
                        f"{facts.acceptance_floor:g}; its start bounded by {facts.health_timeout_s:.0f} s"),
@@ -297,6 +299,27 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
         notes += list(ex.notes)
     return CyclePlan(prod, tuple(names), run, tuple(steps), facts.restarts, facts.acceptance_floor,
                      tuple(facts.dead), tuple(notes))
+
+
+#: Step kinds whose output stays on their work hosts: the hidden states of ``extract`` (each host's shards) and the
+#: head of ``train`` (on the train host), until ``speculate`` has fetched the head to production.
+HOLDS_OUTPUT = {"extract": "hidden states", "train": "the trained head"}
+
+
+def lost_on(plan: CyclePlan, finished: Mapping[str, Sequence[str]], dead: Sequence[str]) -> tuple[str, str] | None:
+    """The first finished step (plan order) whose output sat on a ``dead`` work host, and what that output was
+    (:data:`HOLDS_OUTPUT`); None when no finished output is lost (or ``speculate`` finished: the head is on
+    production then). ``finished``: step key -> the hosts its finished run ran on (the journal's).
+
+    A step of a dead host moves to another work host only when this is None (nothing finished is redone); else
+    the cycle waits for the rerun: as it is once the host is back, or with ``--dead`` to redo from this step."""
+    if "speculate" in finished:
+        return None
+    gone = set(dead)
+    for s in plan.steps:
+        if s.kind in HOLDS_OUTPUT and s.key in finished and gone & set(finished[s.key]):
+            return s.key, HOLDS_OUTPUT[s.kind]
+    return None
 
 
 def regenerate_estimate(todo: int | None, manifests: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
