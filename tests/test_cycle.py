@@ -497,7 +497,8 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
     """The acceptance step end to end on this machine: production is the STAND-IN OpenAI server (NOT vLLM; its
     speculation simulated, acceptance 2.0 by default) serving as a ``process``; the step reads it from /proc, starts
     its command line remapped with ``--speculative-config`` on a free port (production's is taken here), measures,
-    and stops it; production's process is never restarted; a floor above the head ends the cycle, stopped too; a
+    and stops it; production's process is never restarted; the server and lock a killed driver left (a STAND-IN
+    ``sleep`` session) are stopped and taken over by the rerun, another run's lock is not; a floor above the head ends the cycle, stopped too; a
     server that exits fails the step at once with its log; no head is refused before anything starts."""
     from eagle3ops.speculate import cycleserve as cserve
     from eagle3ops.speculate.ship import gate_prompts
@@ -527,6 +528,32 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
         assert f"{work.model_path}/config.json" in figs["command"] and "--speculative-config" in figs["command"]
         assert figs["stopped"].startswith("stopped: session") and not _answers(port + 1)
         assert held and all(held) and not lock.exists()  # the work host's deploy lock: held for the step only
+        # a killed driver left its acceptance running (its lock on the work host, its server: a STAND-IN `sleep`
+        # session): the rerun stops that session, takes the lock over and measures afresh
+        from eagle3ops.commands import cycle as cyc
+        from eagle3ops.window.lock import acquire_lock
+
+        d = f"{work.state_dir}/cycles/r1/serve"
+        for name, body in (("cmdline.nul", b"sleep\x00300\x00"), ("environ.nul", b""), ("cwd", b"/")):
+            Path(d, name).write_bytes(body)
+        executor.local().run(cyc.start_process(d))
+        left_sid = Path(d, "sid").read_text().strip()
+        _wait_for(lambda: subprocess.run(["pgrep", "-s", left_sid], capture_output=True).returncode == 0, "sleep")
+        acquire_lock(_On(work), "cycle-acceptance-left", "eagle3ops cycle ...",
+                     "cycle r1: the head's served acceptance (a server on this host's GPUs)")
+        said: list[str] = []
+        figs = cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3,
+                                        max_tokens=16, echo=said.append)
+        assert "left by a killed driver" in said[0] and f"stopped: session {left_sid}" in said[0]
+        assert subprocess.run(["pgrep", "-s", left_sid], capture_output=True).returncode == 1  # gone
+        assert figs["mean_acceptance_length"] == pytest.approx(2.0, abs=0.05) and not lock.exists()
+        # another run's acceptance lock is not this cycle's: refused, named
+        acquire_lock(_On(work), "cycle-acceptance-other", "eagle3ops cycle ...", "cycle r2: the head's ...")
+        with pytest.raises(cy.StepFailed, match="deploy lock held by .*rerun the cycle once that lock is free"):
+            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16)
+        import shutil
+
+        shutil.rmtree(lock)
         with pytest.raises(cy.CycleEnded) as end:
             cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=2.5, max_tokens=16)
         assert end.value.figures["passed"] is False and end.value.figures["port"] == port + 1
