@@ -106,6 +106,53 @@ def test_regenerate_and_train_are_timed_by_what_the_hosts_recorded() -> None:
     assert cy.regenerate_estimate(5, (none_now,))[0] is None and cy.train_estimate(100, None)[0] is None
 
 
+def test_plan_times_every_step_from_recorded_figures_or_says_none_is_recorded() -> None:
+    """Every step of the plan has an expected time from what the hosts recorded (regenerate manifests, weights copy
+    plan, measured extract rates, the train host's train, earlier cycles' journals on production, the train host's
+    heads, production's speculate windows), or says "no recorded figure"."""
+    journals = "\n".join(json.dumps({"t": f"2026-01-01T00:{m:02d}:{sec:02d}+00:00", "step": k, "event": e})
+                         for m, sec, k, e in (
+        (0, 0, "dataset", "start"), (0, 4, "dataset", "done"),  # 4 s
+        (1, 0, "acceptance", "start"), (3, 30, "acceptance", "done"),  # 150 s
+        (4, 0, "report", "start"), (4, 2, "report", "done"),  # 2 s
+        (5, 0, "weights:w9", "start"), (5, 10, "weights:w9", "done"),  # keyed by kind
+        (6, 0, "dataset", "start"), (6, 6, "dataset", "done"),  # 6 s: median 5 s
+        (7, 0, "acceptance", "start"))) + "\n{cut by a cra"  # not finished: left out
+    durations = cy.step_durations(journals + "\n" + json.dumps(
+        {"t": "2026-01-02T00:00:00+00:00", "step": "acceptance", "event": "start"}) + "\n" + json.dumps(
+        {"t": "2026-01-02T00:02:00+00:00", "step": "acceptance", "event": "ended"}))  # ended: measured, 120 s
+    assert durations == {"dataset": [4.0, 6.0], "acceptance": [150.0, 120.0], "report": [2.0], "weights": [10.0]}
+    manifest = {"created": "2026-02-01T00:00:00Z", "answered_now": 20, "wall_s": 40.0, "settings": {}}
+    trained = {"run": "old", "median_step_s": 0.5, "steps_this_run": 20, "wall_s": 30.0}
+    f = _facts()
+    full = cy.CycleFacts(f.production, f.work, f.restarts, 1.3, f.extract, regenerate_todo=30,
+                         regenerate_recorded=(manifest,), train_steps=100, train_recorded=trained,
+                         cycles_recorded=durations, gate_recorded=(300.0, 200.0, 250.0), head_bytes=250_000_000,
+                         link_mbit=800.0)
+    plan = cy.plan_cycle(full, _opts())
+    assert plan.as_dict()["steps_without_estimate"] == []
+    got = {s.key: s.expected_s for s in plan.steps}
+    assert got["dataset"] == 5.0 and got["acceptance"] == 135.0 and got["report"] == 2.0
+    # the speculate step: the head (250 MB at 800 Mbit/s = 2.5 s) and the gate (median of the windows: 250 s)
+    spec = plan.step("speculate")
+    assert [(p, t) for p, t, _ in spec.parts] == [("head transfer", 2.5), ("the gate", 250.0)]
+    assert got["speculate"] == pytest.approx(252.5)
+    text = "\n".join(plan.lines())
+    assert "no recorded figure" not in text and "head transfer: ~2 s; 250.0 MB" in text
+    assert "the gate: ~250 s; median of 3 speculate window(s) recorded on production" in text
+    # nothing recorded: each step says so, none invented
+    bare = cy.plan_cycle(cy.CycleFacts(f.production, (cy.WorkFacts("w1"),), restart_plan([], bound_s=600.0), 1.3),
+                         _opts())
+    none = [s for s in bare.steps if s.expected_s is None]
+    assert [s.key for s in none] == ["regenerate", "dataset", "weights:w1", "extract", "train", "acceptance",
+                                     "speculate", "report"]
+    assert all("no recorded figure" in s.note + " ".join(n for _, _, n in s.parts) for s in none)
+    lines = bare.lines()
+    assert sum("no recorded figure" in line for line in lines if line[:4].strip().rstrip(".").isdigit()) == 8
+    doc = bare.as_dict()["steps"][-2]["parts"]
+    assert [p["expected_s"] for p in doc] == [None, None] and "no recorded figure" in doc[1]["note"]
+
+
 def test_plan_leaves_a_dead_work_host_out_and_refuses_bad_roles() -> None:
     plan = cy.plan_cycle(_facts(dead=("w1",)), _opts())
     assert "weights:w1" not in [s.key for s in plan.steps]

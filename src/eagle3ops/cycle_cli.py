@@ -47,9 +47,9 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
     from eagle3ops.fleet import driver, gather
     from eagle3ops.fleet.plan import FleetPlanError
     from eagle3ops.remote import RemoteError
-    from eagle3ops.speculate.cycle import CycleFacts, WorkFacts
+    from eagle3ops.speculate.cycle import CycleFacts, WorkFacts, step_durations
     from eagle3ops.speculate.restarts import parse_results
-    from eagle3ops.speculate.ship import plan_restarts
+    from eagle3ops.speculate.ship import plan_restarts, window_results
     from eagle3ops.transfer.weights import WeightsError, plan_weights
     from eagle3ops.transfer.weightsplan import WeightsPlanError
 
@@ -58,8 +58,10 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
     reader = lambda h: common.remote(h, dry_run=True)  # noqa: E731 - reads only
     work_facts = []
     with reader(prod) as pr:
-        restarts = plan_restarts(pr)
+        windows = window_results(pr)
+        restarts = plan_restarts(pr, results=windows)
         regenerated = parse_results(pr.run(cyc.regenerated_manifests(prod.data_dir), check=False).stdout or "")
+        cycles = step_durations(pr.run(cyc.cycle_journals(prod.state_dir), check=False).stdout or "")
         for w in works:
             if w.name in dead:
                 work_facts.append(WorkFacts(w.name))
@@ -81,9 +83,13 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
         note = f"no extract estimate: {exc}"
     with reader(next(w for w in works if w.name not in dead)) as tr:
         trained = gather.recorded_train(tr)
+        heads = [int(line.split()[0]) for line in (tr.run(cyc.head_sizes(tr.host.data_dir), check=False).stdout
+                                                   or "").splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    gate = tuple(float(w["wall_s"]) for w in sorted(windows, key=lambda w: str(w.get("window_id", "")))
+                 if w.get("kind") == "speculate" and isinstance(w.get("wall_s"), (int, float)))
     return CycleFacts(prod.name, tuple(work_facts), restarts, float(prod.serving.acceptance_floor), extract, note,
                       tuple(dead), float(prod.serving.health_timeout_s), todo, tuple(regenerated), cfg.train.steps,
-                      trained)
+                      trained, cycles, gate, max(heads) if heads else None, link_mbit)
 
 
 def _checks(prod: Any, works: list[Any], pipeline: Path) -> Any:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from eagle3ops.commands.types import Change, Read
 
 __all__ = ["eagle3ops", "extract", "listening_ports", "log_tail", "parse_listening", "proc_cwd", "regenerate",
-           "regenerated_manifests", "report", "serve_container", "session_alive", "speculate", "start_process",
+           "regenerated_manifests", "report", "serve_container", "session_alive", "speculate", "start_process", "cycle_journals", "head_sizes",
            "step_child", "stop_session", "train", "weights", "write_private"]
 
 
@@ -105,6 +105,19 @@ def regenerated_manifests(data_dir: str) -> Read:
     rates this host recorded; parsed by :func:`eagle3ops.speculate.restarts.parse_results`)."""
     return Read(["find", f"{data_dir}/runs", "-mindepth", "3", "-maxdepth", "3", "-type", "f", "-path",
                  "*/regenerated/dataset.manifest.json", "-exec", "cat", "{}", "+"])
+
+
+def cycle_journals(state_dir: str) -> Read:
+    """Every earlier cycle's ``journal.jsonl`` under ``<state_dir>/cycles``, concatenated (its steps' durations:
+    :func:`eagle3ops.speculate.cycle.step_durations`)."""
+    return Read(["find", f"{state_dir}/cycles", "-mindepth", "2", "-maxdepth", "2", "-type", "f", "-name",
+                 "journal.jsonl", "-exec", "cat", "{}", "+"])
+
+
+def head_sizes(data_dir: str) -> Read:
+    """``du -sb`` of every trained head (``<data_dir>/runs/*/train/final``): ``BYTES<TAB>PATH`` per line."""
+    return Read(["find", f"{data_dir}/runs", "-mindepth", "3", "-maxdepth", "3", "-type", "d", "-path",
+                 "*/train/final", "-exec", "du", "-sb", "{}", "+"])
 
 
 # ---- the head served on a work host (the cycle's acceptance step) -------------------------------------------------

@@ -17,6 +17,8 @@ production's restarts and expected downtime on each path. ``--dry-run`` prints i
 
 from __future__ import annotations
 
+import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -24,10 +26,14 @@ from typing import Any, Mapping, Sequence
 from eagle3ops.commands import cycle as cyc
 from eagle3ops.commands.quote import render
 from eagle3ops.fleet.plan import FleetPlan
-from eagle3ops.speculate.restarts import RestartPlan
+from eagle3ops.speculate.restarts import NEWEST, RestartPlan
 
 __all__ = ["CycleEnded", "CycleError", "CycleFacts", "CycleLocked", "CycleOptions", "CyclePlan", "CycleStep",
-           "StepFailed", "WorkFacts", "lost_on", "plan_cycle", "regen_out", "regenerate_estimate", "train_estimate"]
+           "StepFailed", "WorkFacts", "lost_on", "plan_cycle", "regen_out", "regenerate_estimate", "speculate_parts",
+           "step_durations", "train_estimate"]
+
+#: What the plan says of a step it has no figure for.
+NO_FIGURE = "no recorded figure"
 
 #: The dataset regenerate writes, as ``prepare.datasets`` names it (relative to the run directory).
 REGENERATED = "regenerated/dataset.jsonl"
@@ -102,7 +108,10 @@ class CycleFacts:
     ``regenerate_todo``: conversations regenerate will send (its own plan: answered ones in the resume log left out);
     ``regenerate_recorded``: production's regenerate manifests (:func:`regenerate_estimate`); ``train_steps``: the
     pipeline's ``train.steps``; ``train_recorded``: the train host's newest train figures
-    (:func:`eagle3ops.fleet.gather.recorded_train`).
+    (:func:`eagle3ops.fleet.gather.recorded_train`); ``cycles_recorded``: step kind -> seconds each earlier cycle's
+    step took on this production host (:func:`step_durations` of its journals); ``gate_recorded``: ``wall_s`` of
+    production's recorded ``speculate`` windows (the gate), oldest first; ``head_bytes``: the largest trained head
+    on the train host (``du -sb``; None: none there); ``link_mbit``: the link rate the transfers assume.
     """
 
     production: str
@@ -117,6 +126,10 @@ class CycleFacts:
     regenerate_recorded: tuple[dict[str, Any], ...] = ()
     train_steps: int | None = None
     train_recorded: dict[str, Any] | None = None
+    cycles_recorded: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    gate_recorded: tuple[float, ...] = ()
+    head_bytes: int | None = None
+    link_mbit: float = 1000.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,7 @@ class CycleStep:
     downtime_s: tuple[float | None, float | None] = (0.0, 0.0)
     note: str = ""
     reads: tuple[str, ...] = ()
+    parts: tuple[tuple[str, float | None, str], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (the ``--dry-run --json`` shape)."""
@@ -146,7 +160,9 @@ class CycleStep:
                 "expected_s": None if self.expected_s is None else round(self.expected_s, 1),
                 "production_restarts_keep": self.restarts[0], "production_restarts_rollback": self.restarts[1],
                 "production_downtime_keep_s": self.downtime_s[0], "production_downtime_rollback_s": self.downtime_s[1],
-                "reads_from": list(self.reads), "note": self.note}
+                "reads_from": list(self.reads), "note": self.note,
+                "parts": [{"part": p, "expected_s": None if t is None else round(t, 1), "note": n}
+                          for p, t, n in self.parts]}
 
 
 @dataclass(frozen=True)
@@ -196,12 +212,14 @@ class CyclePlan:
                + (f" (dead, left out: {', '.join(self.dead)})" if self.dead else "")]
         for i, s in enumerate(self.steps, 1):
             size = "" if s.send_bytes is None else f", {_size(s.send_bytes)} to move"
-            took = "no estimate" if s.expected_s is None else f"~{s.expected_s:.0f} s"
+            took = NO_FIGURE if s.expected_s is None else f"~{s.expected_s:.0f} s"
             down = f", production restarts {s.restarts[0]} (kept) / {s.restarts[1]} (rolled back)" \
                 + ("" if s.downtime_s[0] is None else f", ~{s.downtime_s[0]:.0f} s / ~{s.downtime_s[1]:.0f} s down") \
                 if any(s.restarts) else ", production not restarted"
+            bare = lambda n: n.replace(f"{NO_FIGURE} (", "(")  # noqa: E731 - said once, before it
             out.append(f"{i:2d}. {s.key} on {', '.join(s.hosts)}: {took}{size}{down}"
-                       + (f"; {s.note}" if s.note else ""))
+                       + (f"; {bare(s.note) if s.expected_s is None else s.note}" if s.note else ""))
+            out += [f"      {p}: {NO_FIGURE if t is None else f'~{t:.0f} s'}; {bare(n)}" for p, t, n in s.parts]
             if s.argv:
                 out.append(f"      $ {render(s.argv)}")
         out += ["production: " + line for line in self.restarts.lines()]
@@ -253,13 +271,22 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
     train_s, train_note = train_estimate(facts.train_steps, facts.train_recorded)
     train_host = live[0].name
     several = len(names) > 1
+    ds_s, ds_note = recorded_step("dataset", facts.cycles_recorded)
+    acc_s, acc_note = recorded_step("acceptance", facts.cycles_recorded)
+    rep_s, rep_note = recorded_step("report", facts.cycles_recorded)
+    if acc_s is None and facts.restarts.per_restart_s is not None:
+        acc_note += (f"; its server's start there is about one of production's restarts (~"
+                     f"{facts.restarts.per_restart_s:.0f} s, assumed: the same target and GPUs), the replay of the "
+                     f"gate's prompts: {NO_FIGURE}")
+    parts = speculate_parts(facts.head_bytes, facts.link_mbit, facts.gate_recorded)
+    spec_s = None if any(t is None for _, t, _ in parts) else sum(t for _, t, _ in parts if t is not None)
     steps = [
         CycleStep("regenerate", "regenerate", (prod,),
                   tuple(cyc.regenerate(prod, run, inv, opts.datasets, held_out=opts.held_out, limit=opts.limit,
                                       out=regen_out(prod, run), truncated=opts.truncated)),
                   expected_s=regen_s, note=f"on production's live serving (resumable): {regen_note}"),
-        CycleStep("dataset", "dataset", tuple(w.name for w in live),
-                  note=f"{REGENERATED} and its manifest to each work host's run dir"),
+        CycleStep("dataset", "dataset", tuple(w.name for w in live), expected_s=ds_s,
+                  note=f"{REGENERATED} and its manifest to each work host's run dir; {ds_note}"),
     ]
     for w in live:
         present = w.weights_send_bytes == 0
@@ -268,31 +295,37 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
                                send_bytes=w.weights_send_bytes, expected_s=0.0 if present else w.weights_estimate_s,
                                note="present (every file's sha256 matches production's): skipped" if present else
                                f"{w.weights_files} file(s) from {prod}, verified by sha256"
-                               if w.weights_files is not None else "from production, verified by sha256"))
+                               if w.weights_files is not None else f"from production, verified by sha256; "
+                                                                   f"{NO_FIGURE} (the host was not read)"))
     ex = facts.extract
     ex_note = (f"{ex.samples} samples, {'' if ex.tokens_exact else 'at most '}{ex.tokens} tokens over "
                f"{len(ex.shards)} shard(s); no window (serving: none)" if ex else (facts.extract_note or ""))
+    ex_s = _extract_seconds(ex)
+    if ex_s is None:
+        ex_note = "; ".join(n for n in (ex_note, f"{NO_FIGURE} (a work host without a measured extract rate)") if n)
     steps += [
         CycleStep("extract", "extract", tuple(w.name for w in live),
                   tuple(cyc.extract(names, run, opts.pipeline, inv, opts.merged_path, dead=facts.dead)),
-                  expected_s=_extract_seconds(ex), note=ex_note),
+                  expected_s=ex_s, note=ex_note),
         CycleStep("train", "train", (train_host,),
                   tuple(cyc.train(train_host, run, opts.pipeline, inv, opts.merged_path if several else None)),
                   expected_s=train_s, reads=tuple(w.name for w in live[1:]),
                   note=("vocab + train; hidden states of other work hosts copied there first (not timed); "
                         if several else "vocab + train; no window (serving: none); ") + train_note),
         CycleStep("acceptance", "acceptance", (train_host,), reads=(prod,),
+                  expected_s=acc_s,
                   note=f"the head served on {train_host} with production's argv + --speculative-config (same image "
                        f"id); mean acceptance length from /metrics deltas against the floor "
-                       f"{facts.acceptance_floor:g}; its start bounded by {facts.health_timeout_s:.0f} s"),
+                       f"{facts.acceptance_floor:g}; its start bounded by {facts.health_timeout_s:.0f} s; {acc_note}"),
         CycleStep("speculate", "speculate", (prod, train_host),
                   tuple(cyc.speculate(prod, run, train_host, inv, opts.prompts_file)),
                   restarts=(facts.restarts.keep, facts.restarts.rollback),
                   downtime_s=(facts.restarts.downtime_s(facts.restarts.keep),
                               facts.restarts.downtime_s(facts.restarts.rollback)),
-                  note="head fetched from the work host and verified by sha256, then the speed gate (its passes "
-                       "are not estimated)"),
-        CycleStep("report", "report", (prod,), tuple(cyc.report(prod, run, inv)), note="reads only"),
+                  expected_s=spec_s, parts=parts,
+                  note="head fetched from the work host and verified by sha256, then the speed gate"),
+        CycleStep("report", "report", (prod,), tuple(cyc.report(prod, run, inv)), expected_s=rep_s,
+                  note=f"reads only; {rep_note}"),
     ]
     notes = []
     if ex is not None:
@@ -322,18 +355,75 @@ def lost_on(plan: CyclePlan, finished: Mapping[str, Sequence[str]], dead: Sequen
     return None
 
 
+def step_durations(text: str) -> dict[str, list[float]]:
+    """Seconds each finished step took in cycle journals (``journal.jsonl`` lines, several journals concatenated:
+    :func:`eagle3ops.commands.cycle.cycle_journals`): from a step's ``start`` to its next ``done`` or ``ended``,
+    keyed by the step's kind (``weights:W`` -> ``weights``), in the journals' order. Lines that are not JSON (a line
+    cut by a crash) and times that do not parse are left out."""
+    from datetime import datetime
+
+    started: dict[str, datetime] = {}
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        try:
+            e = json.loads(line)
+            key, event, t = str(e["step"]), e["event"], datetime.fromisoformat(str(e["t"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if event == "start":
+            started[key] = t
+        elif event in ("done", "ended") and key in started:
+            out.setdefault(key.split(":", 1)[0], []).append((t - started.pop(key)).total_seconds())
+    return out
+
+
+def recorded_step(kind: str, recorded: Mapping[str, Sequence[float]]) -> tuple[float | None, str]:
+    """Seconds a step of ``kind`` is expected to take: the median of the newest
+    :data:`~eagle3ops.speculate.restarts.NEWEST` earlier cycles' figures on production, and the note saying so;
+    ``(None, "no recorded figure ...")`` when no earlier cycle ran it."""
+    figs = list(recorded.get(kind) or [])[-NEWEST:]
+    if not figs:
+        return None, f"{NO_FIGURE} (no earlier cycle on production ran it)"
+    med = statistics.median(figs)
+    return med, (f"median of {len(figs)} earlier cycle run(s) on production: {med:.0f} s (assumed: the same data, "
+                 f"prompts and hosts)")
+
+
+def speculate_parts(head_bytes: int | None, link_mbit: float, gate_recorded: Sequence[float]
+                    ) -> tuple[tuple[str, float | None, str], ...]:
+    """The ``speculate`` step's parts: ``("head transfer", seconds, note)`` (the train host's largest recorded head,
+    ``head_bytes``, at ``link_mbit`` Mbit/s) and ``("the gate", seconds, note)`` (the median ``wall_s`` of
+    production's newest recorded ``speculate`` windows, restarts included); None where nothing is recorded."""
+    if head_bytes is None:
+        head: tuple[str, float | None, str] = ("head transfer", None, f"{NO_FIGURE} (no trained head on the train "
+                                                                      f"host to size it by)")
+    else:
+        head = ("head transfer", head_bytes / (link_mbit * 1e6 / 8),
+                f"{_size(head_bytes)} (the largest head trained on the train host, assumed: the same draft "
+                f"architecture) at {link_mbit:g} Mbit/s")
+    figs = list(gate_recorded)[-NEWEST:]
+    if not figs:
+        gate: tuple[str, float | None, str] = ("the gate", None, f"{NO_FIGURE} (no speculate window recorded on "
+                                                                 f"production)")
+    else:
+        med = statistics.median(figs)
+        gate = ("the gate", med, f"median of {len(figs)} speculate window(s) recorded on production, restarts "
+                                 f"included (assumed: the same gate settings and prompts)")
+    return head, gate
+
+
 def regenerate_estimate(todo: int | None, manifests: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
     """Seconds for regenerate to answer ``todo`` conversations at the rate of production's newest regenerate that
     answered some (``wall_s / answered_now`` of its manifest, at its recorded concurrency), and the note saying so.
     ``(None, why)`` when ``todo`` is unknown or nothing was recorded."""
     if todo is None:
-        return None, "conversations to answer not known"
+        return None, f"{NO_FIGURE} (conversations to answer not known)"
     if todo == 0:
         return 0.0, "every conversation answered already (resume log)"
     rec = [m for m in manifests if isinstance(m.get("answered_now"), int) and m["answered_now"] > 0
            and isinstance(m.get("wall_s"), (int, float)) and m["wall_s"] > 0]
     if not rec:
-        return None, f"{todo} conversations; no regenerate recorded on production to time them by"
+        return None, f"{todo} conversations; {NO_FIGURE} (no regenerate recorded on production to time them by)"
     m = max(rec, key=lambda x: str(x.get("created", "")))
     per = float(m["wall_s"]) / int(m["answered_now"])
     conc = (m.get("settings") or {}).get("concurrency")
@@ -346,7 +436,7 @@ def train_estimate(steps: int | None, rec: Mapping[str, Any] | None) -> tuple[fl
     the steps (loading, vocab, saving: ``wall_s - steps_this_run x median_step_s``), and the note saying so. Assumes
     the same batch size and target as the recorded run (said so)."""
     if steps is None or rec is None:
-        return None, "no train recorded on the work host to time it by"
+        return None, f"{NO_FIGURE} (no train recorded on the work host to time it by)"
     fixed = max(0.0, float(rec["wall_s"]) - float(rec["steps_this_run"]) * float(rec["median_step_s"]))
     return fixed + steps * float(rec["median_step_s"]), (
         f"{steps} steps at {float(rec['median_step_s']):.2f} s + {fixed:.0f} s outside the steps (run "
