@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -192,37 +193,70 @@ def _runners(rec) -> dict:
                              "report")}
 
 
+#: STAND-IN step command (sh, NOT eagle3ops): appends its step's key to a file, then waits (bounded, 30 s) for a
+#: "go" file and prints the JSON line a step prints last.
+_STANDIN_SH = 'echo "$1" >> "$2"; i=0; while [ ! -e "$3" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; ' \
+              'echo \'{"verdict": "keep"}\''
+
+
 def test_killed_driver_rerun_resumes_without_repeating_finished_steps(tmp_path: Path) -> None:
-    plan = cy.plan_cycle(_facts(), _opts())
-    keys = [s.key for s in plan.steps]
+    """The driver SIGKILLed at each step in turn, then rerun: the steps an existing command does run through the real
+    child runner with a STAND-IN command (``_STANDIN_SH``), the cycle's own steps (dataset, acceptance) through the
+    STAND-IN recorder. Nothing finished runs again; a killed command step is adopted (it ran once in all), a killed
+    in-process step runs again; a third run has nothing to do."""
+    import dataclasses
+    import threading
+
+    from eagle3ops.speculate import cyclechild as cchild
+
+    base = cy.plan_cycle(_facts(), _opts())
+    keys = [s.key for s in base.steps]
+    own = {s.key for s in base.steps if s.argv is None}  # the cycle's own steps, run in-process
+    assert own == {"dataset", "acceptance"}
     for i, k in enumerate(keys):
         d = tmp_path / f"kill-{i}"
-        rec = _Recorder(d / "ran.txt", kill_at=k)
         d.mkdir()
+        ran, go = d / "ran.txt", d / "go"
+        plan = dataclasses.replace(base, steps=tuple(
+            s if s.argv is None else dataclasses.replace(s, argv=("sh", "-c", _STANDIN_SH, "standin", s.key, str(ran),
+                                                                  str(go) if s.key == k else "/"))
+            for s in base.steps))
+
+        def runners(j, rec):
+            return {**_runners(rec), **{kind: cchild.StepChild(j, d / "children", echo=lambda t: None, poll_s=0.02)
+                                        for kind in ("regenerate", "weights", "extract", "train", "speculate",
+                                                     "report")}}
+
         pid = os.fork()
         if pid == 0:  # the driver, killed at step k
             try:
                 j = cr.CycleJournal(executor.local(), str(d / "cycle"))
                 j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
-                cr.run_cycle(plan, j, _runners(rec), echo=lambda m: None)
+                cr.run_cycle(plan, j, runners(j, _Recorder(ran, kill_at=k)), echo=lambda m: None)
             finally:
                 os._exit(3)
+        if k not in own:  # killed while its command runs
+            _wait_for(lambda: ran.exists() and ran.read_text().split()[-1:] == [k], f"{k}'s command")
+            os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        assert rec.ran() == keys[:i + 1]
+        assert ran.read_text().split() == keys[:i + 1]
         j = cr.CycleJournal(executor.local(), str(d / "cycle"))
         assert j.read_holder()["pid"] == pid  # the dead driver's lock is still there
         taken = j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
         assert taken and f"pid {pid}" in taken and "that process is gone" in taken
-        rec2 = _Recorder(d / "ran2.txt")
-        res = cr.run_cycle(plan, j, _runners(rec2), echo=lambda m: None)
-        assert rec2.ran() == keys[i:], f"killed at {k}"  # the killed step again, nothing finished before it
+        threading.Timer(0.3, go.touch).start()  # the killed command finishes while the rerun waits for it
+        res = cr.run_cycle(plan, j, runners(j, _Recorder(ran)), echo=lambda m: None)
+        # every step once; a killed step of the cycle's own runs again, a killed command is adopted
+        assert ran.read_text().split() == keys[:i + 1] + keys[i + 1 if k not in own else i:], f"killed at {k}"
         assert res["outcome"] == "done" and [s for s, v in res["steps"].items() if v == "skipped"] == keys[:i]
+        if k not in own:
+            assert res["figures"][k]["verdict"] == "keep" and "adopted_pid" in res["figures"][k]
         j.release()
         # a third run has nothing left to do
         rec3 = _Recorder(d / "ran3.txt")
-        assert set(cr.run_cycle(plan, j, _runners(rec3), echo=lambda m: None)["steps"].values()) == {"skipped"}
-        assert rec3.ran() == []
+        assert set(cr.run_cycle(plan, j, runners(j, rec3), echo=lambda m: None)["steps"].values()) == {"skipped"}
+        assert rec3.ran() == [] and len(ran.read_text().split()) == len(keys) + (k in own)
 
 
 def test_a_live_drivers_lock_is_refused(tmp_path: Path) -> None:
@@ -576,7 +610,8 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
         assert figs["stopped"].startswith("stopped: session") and not _answers(port + 1)
         assert held and all(held) and not lock.exists()  # the work host's deploy lock: held for the step only
         # a killed driver left its acceptance running (its lock on the work host, its server: a STAND-IN `sleep`
-        # session): the rerun stops that session, takes the lock over and measures afresh
+        # session): the next run stops that session, takes the lock over and measures afresh (here: a floor above
+        # the head, so it ends the cycle)
         from eagle3ops.commands import cycle as cyc
         from eagle3ops.window.lock import acquire_lock
 
@@ -589,26 +624,22 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
         acquire_lock(_On(work), "cycle-acceptance-left", "eagle3ops cycle ...",
                      "cycle r1: the head's served acceptance (a server on this host's GPUs)")
         said: list[str] = []
-        figs = cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3,
-                                        max_tokens=16, echo=said.append)
+        with pytest.raises(cy.CycleEnded) as end:
+            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=2.5, max_tokens=16,
+                                     echo=said.append)
         assert "left by a killed driver" in said[0] and f"stopped: session {left_sid}" in said[0]
         assert subprocess.run(["pgrep", "-s", left_sid], capture_output=True).returncode == 1  # gone
-        assert figs["mean_acceptance_length"] == pytest.approx(2.0, abs=0.05) and not lock.exists()
-        # another run's acceptance lock is not this cycle's: refused, named
-        acquire_lock(_On(work), "cycle-acceptance-other", "eagle3ops cycle ...", "cycle r2: the head's ...")
-        with pytest.raises(cy.StepFailed, match="deploy lock held by .*rerun the cycle once that lock is free"):
-            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16)
-        import shutil
-
-        shutil.rmtree(lock)
-        with pytest.raises(cy.CycleEnded) as end:
-            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=2.5, max_tokens=16)
         assert end.value.figures["passed"] is False and end.value.figures["port"] == port + 1
         assert end.value.figures["stopped"].startswith("stopped: session")
         assert not _answers(port + 1) and server.poll() is None  # stopped; production never touched
         assert not lock.exists()  # released after a head below the floor too
         sid = Path(work.state_dir, "cycles/r1/serve/sid").read_text().strip()
         assert subprocess.run(["pgrep", "-s", sid], capture_output=True).returncode == 1  # nothing left
+        # another run's acceptance lock is not this cycle's: refused, named, before anything starts
+        acquire_lock(_On(work), "cycle-acceptance-other", "eagle3ops cycle ...", "cycle r2: the head's ...")
+        with pytest.raises(cy.StepFailed, match="deploy lock held by .*rerun the cycle once that lock is free"):
+            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16)
+        shutil.rmtree(lock)
         # the work host lacks the target (the weights step did not put it there): the server exits, the step fails
         # at once with its log, not after the health timeout
         Path(work.model_path, "config.json").unlink()
