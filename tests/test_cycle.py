@@ -788,6 +788,10 @@ def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: P
         rerun(d, plan, bound_s=lambda s: 1.0)
     assert time.monotonic() - t0 < 10 and (d / "starts").read_text().split() == ["start"]
     cr.CycleJournal(executor.local(), str(d / "cycle")).release()  # as the CLI does when a step fails
+    with pytest.raises(cy.CycleError, match="still runs after 1 s"):  # journaled failed: still found and waited for
+        rerun(d, plan, bound_s=lambda s: 1.0)
+    assert (d / "starts").read_text().split() == ["start"]
+    cr.CycleJournal(executor.local(), str(d / "cycle")).release()
     (d / "go").touch()  # it exits 1 now: the next rerun starts it again, and that one fails as a step does
     _wait_for(lambda: Path(child["rc"]).exists(), "the status")
     with pytest.raises(cy.CycleError, match="exited 1"):

@@ -6,7 +6,7 @@ and its exit status to a status file, both on the driver's machine, and the chil
 time are journaled (``child`` event) before the driver follows the log. A driver killed mid-step (``kill -9``, a
 closed SSH session to the driver's machine) leaves the child running; it is not killed by a broken pipe, since
 nothing it writes goes to the dead driver. The rerun (:class:`StepChild`) finds the step's last ``child`` event
-without a later ``done``/``failed``/``ended`` and, on the same machine:
+without a later ``done``/``ended`` and, on the same machine:
 
 - the child still runs (the pid is there, not a zombie, with the journaled start time: not a reused pid): it is
   adopted, its log followed until it exits, bounded (:func:`adopt_bound_s`), never a second copy started beside it;
@@ -57,14 +57,16 @@ def proc_start(pid: int) -> str | None:
 
 
 def last_child(entries: Sequence[Mapping[str, Any]], step: str) -> dict[str, Any] | None:
-    """The step's last ``child`` event with no ``done``/``failed``/``ended`` of the step after it (None: none)."""
+    """The step's last ``child`` event with no ``done``/``ended`` of the step after it (None: none). A ``failed``
+    does not end it: a rerun that gave up waiting for an adopted child journals ``failed`` while that child still
+    runs, and the next rerun must find it again (a child that exited non-zero is told by its status file)."""
     found: dict[str, Any] | None = None
     for e in entries:
         if e.get("step") != step:
             continue
         if e.get("event") == "child":
             found = dict(e)
-        elif e.get("event") in ("done", "failed", "ended"):
+        elif e.get("event") in ("done", "ended"):
             found = None
     return found
 
