@@ -338,6 +338,8 @@ def test_dead_work_hosts_step_moves_to_another_when_nothing_finished_is_lost(tmp
         assert cr.journaled_dead(j.entries()) == ["w2"]
         failed = [e for e in j.entries() if e["event"] == "failed"]
         assert [(e["step"], e["dead_hosts"], e["moved_to"]) for e in failed] == [(fail_at, ["w2"], ["w1"])]
+        moved = cy.plan_cycle(_facts(dead=("w2",)), _opts()).step("extract")  # the fleet plan had w2 live
+        assert moved.expected_s is None and "made with w2 live" in moved.note
         before = keys[:keys.index(fail_at)]
         assert len(before) == len(set(before))  # nothing before the failed step ran twice
 

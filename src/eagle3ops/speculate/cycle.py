@@ -17,6 +17,7 @@ production's restarts and expected downtime on each path. ``--dry-run`` prints i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -298,6 +299,11 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
                                if w.weights_files is not None else f"from production, verified by sha256; "
                                                                    f"{NO_FIGURE} (the host was not read)"))
     ex = facts.extract
+    if ex is not None and {w.host for w in ex.windows} & set(facts.dead):
+        # made before a host was found dead (a step moved off it): its shards and seconds no longer hold
+        ex, facts = None, dataclasses.replace(facts, extract_note=f"the extract plan was made with "
+                                              f"{', '.join(sorted({w.host for w in ex.windows} & set(facts.dead)))} "
+                                              f"live; its shards move to the live work hosts")
     ex_note = (f"{ex.samples} samples, {'' if ex.tokens_exact else 'at most '}{ex.tokens} tokens over "
                f"{len(ex.shards)} shard(s); no window (serving: none)" if ex else (facts.extract_note or ""))
     ex_s = _extract_seconds(ex)
