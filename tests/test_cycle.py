@@ -10,6 +10,12 @@ The acceptance step end to end (``test_served_acceptance_*``) replays that STAND
 ``process``, on a "work host" that is this machine (its real argv run through this machine's executor); the
 stand-in head is a ``config.json`` only (the stand-in server does not read it).
 The journal and its lock are real files written through this machine's executor (the same argv as on a host).
+A step's command run through the real child runner (``StepChild``: its shell wrapper, log, status file, adoption)
+is a STAND-IN command in ``test_killed_driver_*`` (``_STANDIN_SH``, an ``sh`` loop) and
+``test_killed_drivers_running_command_*`` (``_STANDIN_STEP``, a Python script), NOT eagle3ops; the server a killed
+driver left on the work host in ``test_served_acceptance_*`` is a STAND-IN ``sleep`` session. A dead work host in
+``test_dead_work_host*`` is a STAND-IN ``alive`` answer (except ``..._is_named_and_the_rerun_leaves_it_out``: a real
+SSH connection refused).
 """
 
 from __future__ import annotations
