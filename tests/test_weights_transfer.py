@@ -269,6 +269,10 @@ def test_cycle_dry_run_plans_from_what_the_hosts_hold_and_writes_nothing(rent, t
     assert steps["train"]["hosts"] == ["rent1"] and steps["acceptance"]["hosts"] == ["rent1"]
     assert plan["production_serving"]["restart_bound_s"] == 90.0
     assert [k for k, s in steps.items() if s["production_restarts_keep"]] == ["speculate"]
+    for s in plan["steps"]:  # timed from what the hosts recorded over SSH, or said to have nothing recorded
+        assert s["expected_s"] is not None or "no recorded figure" in " ".join(
+            [s["note"], *(p["note"] for p in s["parts"])]), s
+    assert [p["part"] for p in steps["speculate"]["parts"]] == ["head transfer", "the gate"]
     with Remote(prod) as r:
         assert not r.run(hc.exists(f"{prod.state_dir}/cycles"), check=False).ok
 
