@@ -586,9 +586,10 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
     """The acceptance step end to end on this machine: production is the STAND-IN OpenAI server (NOT vLLM; its
     speculation simulated, acceptance 2.0 by default) serving as a ``process``; the step reads it from /proc, starts
     its command line remapped with ``--speculative-config`` on a free port (production's is taken here), measures,
-    and stops it; production's process is never restarted; the server and lock a killed driver left (a STAND-IN
-    ``sleep`` session) are stopped and taken over by the rerun, another run's lock is not; a floor above the head ends the cycle, stopped too; a
-    server that exits fails the step at once with its log; no head is refused before anything starts."""
+    and stops it; production's process is never restarted; a floor above the head ends the cycle, stopped too (there,
+    the server and lock a killed driver left, a STAND-IN ``sleep`` session, are stopped and taken over first; another
+    run's lock is not); a server that exits fails the step at once with its log; no head is refused before anything
+    starts."""
     from eagle3ops.speculate import cycleserve as cserve
     from eagle3ops.speculate.ship import gate_prompts
 

@@ -83,8 +83,8 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
         note = f"no extract estimate: {exc}"
     with reader(next(w for w in works if w.name not in dead)) as tr:
         trained = gather.recorded_train(tr)
-        heads = [int(line.split()[0]) for line in (tr.run(cyc.head_sizes(tr.host.data_dir), check=False).stdout
-                                                   or "").splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+        sizes = (tr.run(cyc.head_sizes(tr.host.data_dir), check=False).stdout or "").split("\n")
+        heads = [int(line.split()[0]) for line in sizes if line.split()[:1] and line.split()[0].isdigit()]
     gate = tuple(float(w["wall_s"]) for w in sorted(windows, key=lambda w: str(w.get("window_id", "")))
                  if w.get("kind") == "speculate" and isinstance(w.get("wall_s"), (int, float)))
     return CycleFacts(prod.name, tuple(work_facts), restarts, float(prod.serving.acceptance_floor), extract, note,
@@ -203,8 +203,8 @@ def _cycle_plan(production: str, work: list[str], dead: list[str], opts: Any
     them, the gate's chat set read (a bad file named now, not after hours of training) and the cycle planned.
 
     Returns (inventory, production host, pipeline config, plan, gate requests, the plan again with other work hosts
-    dead: how a step moves off a dead host); work hosts the cycle's journal names dead are left out; bad input exits 2 naming the flag or
-    file (:class:`ConfigError`, :class:`CycleError` turned into ``common.fail``)."""
+    dead: how a step moves off a dead host); work hosts the cycle's journal names dead are left out; bad input exits
+    2 naming the flag or file (:class:`ConfigError`, :class:`CycleError` turned into ``common.fail``)."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.speculate.cycle import CycleError, plan_cycle
 

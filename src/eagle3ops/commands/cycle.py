@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 from eagle3ops.commands.types import Change, Read
 
-__all__ = ["eagle3ops", "extract", "listening_ports", "log_tail", "parse_listening", "proc_cwd", "regenerate",
-           "regenerated_manifests", "report", "serve_container", "session_alive", "speculate", "start_process", "cycle_journals", "head_sizes",
-           "step_child", "stop_session", "train", "weights", "write_private"]
+__all__ = ["cycle_journals", "eagle3ops", "extract", "head_sizes", "listening_ports", "log_tail", "parse_listening",
+           "proc_cwd", "regenerate", "regenerated_manifests", "report", "serve_container", "session_alive", "speculate",
+           "start_process", "step_child", "stop_session", "train", "weights", "write_private"]
 
 
 def eagle3ops(words: Sequence[str], inventory: Path | str, python: str | None = None) -> Change:

@@ -17,7 +17,6 @@ production's restarts and expected downtime on each path. ``--dry-run`` prints i
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -252,11 +251,21 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
     host) → ``weights:W`` per live work host → ``extract`` (all work hosts, sharded; dead ones named) → ``train``
     (the first live work host; with several, after the hidden states are copied there) → ``acceptance`` (the head
     served on the train host; production untouched) → ``speculate`` (head to production, verified, then the speed
-    gate: the only step that restarts production) → ``report``.
+    gate: the only step that restarts production) → ``report``. Each step's expected seconds come from what the
+    hosts recorded, or its note says "no recorded figure".
 
     Raises:
         CycleError: no live work host, production named as a work host, or a dead host that is not a work host.
     """
+    live = _live_work_hosts(facts)
+    ex_step, ex = _extract_step(facts, opts, live)
+    steps = [*_data_steps(facts, opts, live), ex_step, *_head_steps(facts, opts, live)]
+    return CyclePlan(facts.production, tuple(w.name for w in facts.work), opts.run, tuple(steps), facts.restarts,
+                     facts.acceptance_floor, tuple(facts.dead), tuple(ex.notes) if ex is not None else ())
+
+
+def _live_work_hosts(facts: CycleFacts) -> list[WorkFacts]:
+    """The work hosts not named dead, after the roles are checked (see :func:`plan_cycle`'s errors)."""
     names = [w.name for w in facts.work]
     if facts.production in names:
         raise CycleError(f"{facts.production} is production and also named with --work: a work host must be another "
@@ -267,20 +276,14 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
     live = [w for w in facts.work if w.name not in facts.dead]
     if not live:
         raise CycleError("every work host is named dead: name a live one with --work")
+    return live
+
+
+def _data_steps(facts: CycleFacts, opts: CycleOptions, live: list[WorkFacts]) -> list[CycleStep]:
+    """``regenerate``, ``dataset`` and ``weights:W`` per live work host."""
     prod, run, inv = facts.production, opts.run, opts.inventory
     regen_s, regen_note = regenerate_estimate(facts.regenerate_todo, facts.regenerate_recorded)
-    train_s, train_note = train_estimate(facts.train_steps, facts.train_recorded)
-    train_host = live[0].name
-    several = len(names) > 1
     ds_s, ds_note = recorded_step("dataset", facts.cycles_recorded)
-    acc_s, acc_note = recorded_step("acceptance", facts.cycles_recorded)
-    rep_s, rep_note = recorded_step("report", facts.cycles_recorded)
-    if acc_s is None and facts.restarts.per_restart_s is not None:
-        acc_note += (f"; its server's start there is about one of production's restarts (~"
-                     f"{facts.restarts.per_restart_s:.0f} s, assumed: the same target and GPUs), the replay of the "
-                     f"gate's prompts: {NO_FIGURE}")
-    parts = speculate_parts(facts.head_bytes, facts.link_mbit, facts.gate_recorded)
-    spec_s = None if any(t is None for _, t, _ in parts) else sum(t for _, t, _ in parts if t is not None)
     steps = [
         CycleStep("regenerate", "regenerate", (prod,),
                   tuple(cyc.regenerate(prod, run, inv, opts.datasets, held_out=opts.held_out, limit=opts.limit,
@@ -298,46 +301,60 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
                                f"{w.weights_files} file(s) from {prod}, verified by sha256"
                                if w.weights_files is not None else f"from production, verified by sha256; "
                                                                    f"{NO_FIGURE} (the host was not read)"))
-    ex = facts.extract
-    if ex is not None and {w.host for w in ex.windows} & set(facts.dead):
-        # made before a host was found dead (a step moved off it): its shards and seconds no longer hold
-        ex, facts = None, dataclasses.replace(facts, extract_note=f"the extract plan was made with "
-                                              f"{', '.join(sorted({w.host for w in ex.windows} & set(facts.dead)))} "
-                                              f"live; its shards move to the live work hosts")
-    ex_note = (f"{ex.samples} samples, {'' if ex.tokens_exact else 'at most '}{ex.tokens} tokens over "
-               f"{len(ex.shards)} shard(s); no window (serving: none)" if ex else (facts.extract_note or ""))
+    return steps
+
+
+def _extract_step(facts: CycleFacts, opts: CycleOptions, live: list[WorkFacts]) -> tuple[CycleStep, FleetPlan | None]:
+    """``extract`` over every work host (dead ones named) and the fleet plan it was timed by (None: none holds)."""
+    ex, note = facts.extract, facts.extract_note or ""
+    gone = sorted({w.host for w in ex.windows} & set(facts.dead)) if ex is not None else []
+    if gone:  # made before a host was found dead (a step moved off it): its shards and seconds no longer hold
+        ex, note = None, (f"the extract plan was made with {', '.join(gone)} live; its shards move to the live work "
+                          f"hosts")
+    if ex is not None:
+        note = (f"{ex.samples} samples, {'' if ex.tokens_exact else 'at most '}{ex.tokens} tokens over "
+                f"{len(ex.shards)} shard(s); no window (serving: none)")
     ex_s = _extract_seconds(ex)
     if ex_s is None:
-        ex_note = "; ".join(n for n in (ex_note, f"{NO_FIGURE} (a work host without a measured extract rate)") if n)
-    steps += [
-        CycleStep("extract", "extract", tuple(w.name for w in live),
-                  tuple(cyc.extract(names, run, opts.pipeline, inv, opts.merged_path, dead=facts.dead)),
-                  expected_s=ex_s, note=ex_note),
+        note = "; ".join(n for n in (note, f"{NO_FIGURE} (a work host without a measured extract rate)") if n)
+    names = [w.name for w in facts.work]
+    argv = cyc.extract(names, opts.run, opts.pipeline, opts.inventory, opts.merged_path, dead=facts.dead)
+    return CycleStep("extract", "extract", tuple(w.name for w in live), tuple(argv), expected_s=ex_s, note=note), ex
+
+
+def _head_steps(facts: CycleFacts, opts: CycleOptions, live: list[WorkFacts]) -> list[CycleStep]:
+    """``train`` (the first live work host), ``acceptance`` there, ``speculate`` (production's only restarts) and
+    ``report``."""
+    prod, run, inv = facts.production, opts.run, opts.inventory
+    train_host, several = live[0].name, len(facts.work) > 1
+    train_s, train_note = train_estimate(facts.train_steps, facts.train_recorded)
+    acc_s, acc_note = recorded_step("acceptance", facts.cycles_recorded)
+    rep_s, rep_note = recorded_step("report", facts.cycles_recorded)
+    if acc_s is None and facts.restarts.per_restart_s is not None:
+        acc_note += (f"; its server's start there is about one of production's restarts (~"
+                     f"{facts.restarts.per_restart_s:.0f} s, assumed: the same target and GPUs), the replay of the "
+                     f"gate's prompts: {NO_FIGURE}")
+    parts = speculate_parts(facts.head_bytes, facts.link_mbit, facts.gate_recorded)
+    spec_s = None if any(t is None for _, t, _ in parts) else sum(t for _, t, _ in parts if t is not None)
+    rp = facts.restarts
+    return [
         CycleStep("train", "train", (train_host,),
                   tuple(cyc.train(train_host, run, opts.pipeline, inv, opts.merged_path if several else None)),
                   expected_s=train_s, reads=tuple(w.name for w in live[1:]),
                   note=("vocab + train; hidden states of other work hosts copied there first (not timed); "
                         if several else "vocab + train; no window (serving: none); ") + train_note),
-        CycleStep("acceptance", "acceptance", (train_host,), reads=(prod,),
-                  expected_s=acc_s,
+        CycleStep("acceptance", "acceptance", (train_host,), reads=(prod,), expected_s=acc_s,
                   note=f"the head served on {train_host} with production's argv + --speculative-config (same image "
                        f"id); mean acceptance length from /metrics deltas against the floor "
                        f"{facts.acceptance_floor:g}; its start bounded by {facts.health_timeout_s:.0f} s; {acc_note}"),
         CycleStep("speculate", "speculate", (prod, train_host),
                   tuple(cyc.speculate(prod, run, train_host, inv, opts.prompts_file)),
-                  restarts=(facts.restarts.keep, facts.restarts.rollback),
-                  downtime_s=(facts.restarts.downtime_s(facts.restarts.keep),
-                              facts.restarts.downtime_s(facts.restarts.rollback)),
+                  restarts=(rp.keep, rp.rollback), downtime_s=(rp.downtime_s(rp.keep), rp.downtime_s(rp.rollback)),
                   expected_s=spec_s, parts=parts,
                   note="head fetched from the work host and verified by sha256, then the speed gate"),
         CycleStep("report", "report", (prod,), tuple(cyc.report(prod, run, inv)), expected_s=rep_s,
                   note=f"reads only; {rep_note}"),
     ]
-    notes = []
-    if ex is not None:
-        notes += list(ex.notes)
-    return CyclePlan(prod, tuple(names), run, tuple(steps), facts.restarts, facts.acceptance_floor,
-                     tuple(facts.dead), tuple(notes))
 
 
 #: Step kinds whose output stays on their work hosts: the hidden states of ``extract`` (each host's shards) and the
