@@ -20,6 +20,7 @@ SSH connection refused).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -106,9 +107,13 @@ def test_regenerate_and_train_are_timed_by_what_the_hosts_recorded() -> None:
     # the newest regenerate that answered some: 40 s / 20 conversations; 30 to send
     assert plan.step("regenerate").expected_s == pytest.approx(30 * 2.0)
     assert "30 conversations at 2.0 s each" in plan.step("regenerate").note
-    # 100 steps at the recorded median 0.5 s, plus that run's 30 - 20 x 0.5 = 20 s outside the steps
-    assert plan.step("train").expected_s == pytest.approx(20.0 + 100 * 0.5)
-    assert "assumed: the same batch size" in plan.step("train").note
+    # 100 steps at the recorded median 0.5 s, plus that run's 30 - 20 x 0.5 = 20 s outside the steps; the hidden
+    # states' move from w2 has no figure here (no target config read), so the step as a whole has none
+    (_, moved_s, why), (_, fit_s, fit_note) = plan.step("train").parts
+    assert fit_s == pytest.approx(20.0 + 100 * 0.5) and "assumed: the same batch size" in fit_note
+    assert moved_s is None and "the target config was not read" in why and plan.step("train").expected_s is None
+    one = cy.plan_cycle(dataclasses.replace(timed, work=timed.work[:1], extract=None), _opts())  # one work host
+    assert one.step("train").expected_s == pytest.approx(70.0) and "assumed: the same batch" in one.step("train").note
     assert cy.regenerate_estimate(0, ()) == (0.0, "every conversation answered already (resume log)")
     assert cy.regenerate_estimate(5, (none_now,))[0] is None and cy.train_estimate(100, None)[0] is None
 
@@ -135,11 +140,17 @@ def test_plan_times_every_step_from_recorded_figures_or_says_none_is_recorded() 
     full = cy.CycleFacts(f.production, f.work, f.restarts, 1.3, f.extract, regenerate_todo=30,
                          regenerate_recorded=(manifest,), train_steps=100, train_recorded=trained,
                          cycles_recorded=durations, gate_recorded=(300.0, 200.0, 250.0), head_bytes=250_000_000,
-                         link_mbit=800.0)
+                         link_mbit=800.0, hidden_bytes_per_token=4 * 7168 * 2)
     plan = cy.plan_cycle(full, _opts())
     assert plan.as_dict()["steps_without_estimate"] == []
     got = {s.key: s.expected_s for s in plan.steps}
     assert got["dataset"] == 5.0 and got["acceptance"] == 135.0 and got["report"] == 2.0
+    # train on w1: w2's 5,000 tokens of hidden states (57,344 bytes each: Kimi-K2.5's 4 x 7168 x 2) at 800 Mbit/s
+    # moved there first, then 20 s + 100 steps x 0.5 s
+    move, fit = plan.step("train").parts
+    assert move[:2] == ("hidden states to the train host", pytest.approx(5_000 * 57_344 / 1e8))
+    assert "5000 tokens extracted on the other work hosts" in move[2] and fit[:2] == ("vocab + train", 70.0)
+    assert got["train"] == pytest.approx(5_000 * 57_344 / 1e8 + 70.0)
     # the speculate step: the head (250 MB at 800 Mbit/s = 2.5 s) and the gate (median of the windows: 250 s)
     spec = plan.step("speculate")
     assert [(p, t) for p, t, _ in spec.parts] == [("head transfer", 2.5), ("the gate", 250.0)]
@@ -210,7 +221,6 @@ def test_killed_driver_rerun_resumes_without_repeating_finished_steps(tmp_path: 
     child runner with a STAND-IN command (``_STANDIN_SH``), the cycle's own steps (dataset, acceptance) through the
     STAND-IN recorder. Nothing finished runs again; a killed command step is adopted (it ran once in all), a killed
     in-process step runs again; a third run has nothing to do."""
-    import dataclasses
     import threading
 
     from eagle3ops.speculate import cyclechild as cchild
@@ -713,8 +723,6 @@ def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: P
     through the real child runner and its shell wrapper) runs: the command goes on, the rerun adopts it (no second
     start), waits for it and journals its figures; a command that finished while no driver ran is taken as done; one
     that died with its driver is started again; an adopted command is waited for only up to its bound."""
-    import dataclasses
-
     from eagle3ops.speculate import cyclechild as cchild
 
     base = cy.plan_cycle(_facts(), _opts())

@@ -62,6 +62,7 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
         restarts = plan_restarts(pr, results=windows)
         regenerated = parse_results(pr.run(cyc.regenerated_manifests(prod.data_dir), check=False).stdout or "")
         cycles = step_durations(pr.run(cyc.cycle_journals(prod.state_dir), check=False).stdout or "")
+        per_token = _hidden_bytes_per_token(pr, cfg)
         for w in works:
             if w.name in dead:
                 work_facts.append(WorkFacts(w.name))
@@ -89,7 +90,20 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
                  if w.get("kind") == "speculate" and isinstance(w.get("wall_s"), (int, float)))
     return CycleFacts(prod.name, tuple(work_facts), restarts, float(prod.serving.acceptance_floor), extract, note,
                       tuple(dead), float(prod.serving.health_timeout_s), todo, tuple(regenerated), cfg.train.steps,
-                      trained, cycles, gate, max(heads) if heads else None, link_mbit)
+                      trained, cycles, gate, max(heads) if heads else None, link_mbit, per_token)
+
+
+def _hidden_bytes_per_token(pr: Any, cfg: Any) -> int | None:
+    """Disk bytes of one token's hidden states from the target's ``config.json`` on production (reads only; None:
+    unreadable, the plan then says it has no figure)."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window.preflight import hidden_state_bytes, target_dims
+
+    out = pr.run(hc.cat_if_exists(f"{pr.host.model_path}/config.json"), check=False).stdout or ""
+    try:
+        return hidden_state_bytes(1, target_dims(json.loads(out))["hidden_size"], cfg.extract.hidden_dtype)
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _checks(prod: Any, works: list[Any], pipeline: Path) -> Any:

@@ -29,7 +29,7 @@ from eagle3ops.fleet.plan import FleetPlan
 from eagle3ops.speculate.restarts import NEWEST, RestartPlan
 
 __all__ = ["CycleEnded", "CycleError", "CycleFacts", "CycleLocked", "CycleOptions", "CyclePlan", "CycleStep",
-           "StepFailed", "WorkFacts", "lost_on", "plan_cycle", "regen_out", "regenerate_estimate", "speculate_parts",
+           "StepFailed", "WorkFacts", "hidden_move", "lost_on", "plan_cycle", "regen_out", "regenerate_estimate", "speculate_parts",
            "step_durations", "train_estimate"]
 
 #: What the plan says of a step it has no figure for.
@@ -111,7 +111,9 @@ class CycleFacts:
     (:func:`eagle3ops.fleet.gather.recorded_train`); ``cycles_recorded``: step kind -> seconds each earlier cycle's
     step took on this production host (:func:`step_durations` of its journals); ``gate_recorded``: ``wall_s`` of
     production's recorded ``speculate`` windows (the gate), oldest first; ``head_bytes``: the largest trained head
-    on the train host (``du -sb``; None: none there); ``link_mbit``: the link rate the transfers assume.
+    on the train host (``du -sb``; None: none there); ``link_mbit``: the link rate the transfers assume;
+    ``hidden_bytes_per_token``: disk bytes of one token's hidden states, from the target's ``config.json`` on
+    production and ``extract.hidden_dtype`` (:func:`eagle3ops.window.preflight.hidden_state_bytes`; None: unread).
     """
 
     production: str
@@ -130,6 +132,7 @@ class CycleFacts:
     gate_recorded: tuple[float, ...] = ()
     head_bytes: int | None = None
     link_mbit: float = 1000.0
+    hidden_bytes_per_token: int | None = None
 
 
 @dataclass(frozen=True)
@@ -259,7 +262,7 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
     """
     live = _live_work_hosts(facts)
     ex_step, ex = _extract_step(facts, opts, live)
-    steps = [*_data_steps(facts, opts, live), ex_step, *_head_steps(facts, opts, live)]
+    steps = [*_data_steps(facts, opts, live), ex_step, *_head_steps(facts, opts, live, ex)]
     return CyclePlan(facts.production, tuple(w.name for w in facts.work), opts.run, tuple(steps), facts.restarts,
                      facts.acceptance_floor, tuple(facts.dead), tuple(ex.notes) if ex is not None else ())
 
@@ -322,12 +325,18 @@ def _extract_step(facts: CycleFacts, opts: CycleOptions, live: list[WorkFacts]) 
     return CycleStep("extract", "extract", tuple(w.name for w in live), tuple(argv), expected_s=ex_s, note=note), ex
 
 
-def _head_steps(facts: CycleFacts, opts: CycleOptions, live: list[WorkFacts]) -> list[CycleStep]:
-    """``train`` (the first live work host), ``acceptance`` there, ``speculate`` (production's only restarts) and
-    ``report``."""
+def _head_steps(facts: CycleFacts, opts: CycleOptions, live: list[WorkFacts], ex: FleetPlan | None
+                ) -> list[CycleStep]:
+    """``train`` (the first live work host; with several, the hidden states of the others moved there first),
+    ``acceptance`` there, ``speculate`` (production's only restarts) and ``report``."""
     prod, run, inv = facts.production, opts.run, opts.inventory
     train_host, several = live[0].name, len(facts.work) > 1
     train_s, train_note = train_estimate(facts.train_steps, facts.train_recorded)
+    train_parts: tuple[tuple[str, float | None, str], ...] = ()
+    if several:
+        train_parts = (hidden_move(ex, train_host, facts.hidden_bytes_per_token, facts.link_mbit),
+                       ("vocab + train", train_s, train_note))
+        train_s = None if any(t is None for _, t, _ in train_parts) else sum(t or 0.0 for _, t, _ in train_parts)
     acc_s, acc_note = recorded_step("acceptance", facts.cycles_recorded)
     rep_s, rep_note = recorded_step("report", facts.cycles_recorded)
     if acc_s is None and facts.restarts.per_restart_s is not None:
@@ -340,9 +349,9 @@ def _head_steps(facts: CycleFacts, opts: CycleOptions, live: list[WorkFacts]) ->
     return [
         CycleStep("train", "train", (train_host,),
                   tuple(cyc.train(train_host, run, opts.pipeline, inv, opts.merged_path if several else None)),
-                  expected_s=train_s, reads=tuple(w.name for w in live[1:]),
-                  note=("vocab + train; hidden states of other work hosts copied there first (not timed); "
-                        if several else "vocab + train; no window (serving: none); ") + train_note),
+                  expected_s=train_s, reads=tuple(w.name for w in live[1:]), parts=train_parts,
+                  note="hidden states of the other work hosts copied there first, then vocab + train"
+                  if several else f"vocab + train; no window (serving: none); {train_note}"),
         CycleStep("acceptance", "acceptance", (train_host,), reads=(prod,), expected_s=acc_s,
                   note=f"the head served on {train_host} with production's argv + --speculative-config (same image "
                        f"id); mean acceptance length from /metrics deltas against the floor "
@@ -398,6 +407,20 @@ def step_durations(text: str) -> dict[str, list[float]]:
         elif event in ("done", "ended") and key in started:
             out.setdefault(key.split(":", 1)[0], []).append((t - started.pop(key)).total_seconds())
     return out
+
+
+def hidden_move(ex: FleetPlan | None, train_host: str, per_token: int | None, link_mbit: float
+                ) -> tuple[str, float | None, str]:
+    """``("hidden states to the train host", seconds, note)``: the tokens the extract plan gives the other work
+    hosts × ``per_token`` bytes, at ``link_mbit`` Mbit/s (None: no extract plan or no target config read)."""
+    name = "hidden states to the train host"
+    if ex is None or per_token is None:
+        return name, None, f"{NO_FIGURE} ({'no extract plan' if ex is None else 'the target config was not read'})"
+    tokens = int(sum(w.tokens for w in ex.windows if w.host != train_host))
+    nbytes = tokens * per_token
+    return name, nbytes / (link_mbit * 1e6 / 8), (
+        f"{_size(nbytes)}: {'' if ex.tokens_exact else 'at most '}{tokens} tokens extracted on the other work hosts "
+        f"(the extract plan's) x {per_token} bytes a token (the target's config.json) at {link_mbit:g} Mbit/s")
 
 
 def recorded_step(kind: str, recorded: Mapping[str, Sequence[float]]) -> tuple[float | None, str]:
