@@ -10,12 +10,20 @@ The acceptance step end to end (``test_served_acceptance_*``) replays that STAND
 ``process``, on a "work host" that is this machine (its real argv run through this machine's executor); the
 stand-in head is a ``config.json`` only (the stand-in server does not read it).
 The journal and its lock are real files written through this machine's executor (the same argv as on a host).
+A step's command run through the real child runner (``StepChild``: its shell wrapper, log, status file, adoption)
+is a STAND-IN command in ``test_killed_driver_*`` (``_STANDIN_SH``, an ``sh`` loop) and
+``test_killed_drivers_running_command_*`` (``_STANDIN_STEP``, a Python script), NOT eagle3ops; the server a killed
+driver left on the work host in ``test_served_acceptance_*`` is a STAND-IN ``sleep`` session. A dead work host in
+``test_dead_work_host*`` is a STAND-IN ``alive`` answer (except ``..._is_named_and_the_rerun_leaves_it_out``: a real
+SSH connection refused).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -99,11 +107,68 @@ def test_regenerate_and_train_are_timed_by_what_the_hosts_recorded() -> None:
     # the newest regenerate that answered some: 40 s / 20 conversations; 30 to send
     assert plan.step("regenerate").expected_s == pytest.approx(30 * 2.0)
     assert "30 conversations at 2.0 s each" in plan.step("regenerate").note
-    # 100 steps at the recorded median 0.5 s, plus that run's 30 - 20 x 0.5 = 20 s outside the steps
-    assert plan.step("train").expected_s == pytest.approx(20.0 + 100 * 0.5)
-    assert "assumed: the same batch size" in plan.step("train").note
+    # 100 steps at the recorded median 0.5 s, plus that run's 30 - 20 x 0.5 = 20 s outside the steps; the hidden
+    # states' move from w2 has no figure here (no target config read), so the step as a whole has none
+    (_, moved_s, why), (_, fit_s, fit_note) = plan.step("train").parts
+    assert fit_s == pytest.approx(20.0 + 100 * 0.5) and "assumed: the same batch size" in fit_note
+    assert moved_s is None and "the target config was not read" in why and plan.step("train").expected_s is None
+    one = cy.plan_cycle(dataclasses.replace(timed, work=timed.work[:1], extract=None), _opts())  # one work host
+    assert one.step("train").expected_s == pytest.approx(70.0) and "assumed: the same batch" in one.step("train").note
     assert cy.regenerate_estimate(0, ()) == (0.0, "every conversation answered already (resume log)")
     assert cy.regenerate_estimate(5, (none_now,))[0] is None and cy.train_estimate(100, None)[0] is None
+
+
+def test_plan_times_every_step_from_recorded_figures_or_says_none_is_recorded() -> None:
+    """Every step of the plan has an expected time from what the hosts recorded (regenerate manifests, weights copy
+    plan, measured extract rates, the train host's train, earlier cycles' journals on production, the train host's
+    heads, production's speculate windows), or says "no recorded figure"."""
+    journals = "\n".join(json.dumps({"t": f"2026-01-01T00:{m:02d}:{sec:02d}+00:00", "step": k, "event": e})
+                         for m, sec, k, e in (
+        (0, 0, "dataset", "start"), (0, 4, "dataset", "done"),  # 4 s
+        (1, 0, "acceptance", "start"), (3, 30, "acceptance", "done"),  # 150 s
+        (4, 0, "report", "start"), (4, 2, "report", "done"),  # 2 s
+        (5, 0, "weights:w9", "start"), (5, 10, "weights:w9", "done"),  # keyed by kind
+        (6, 0, "dataset", "start"), (6, 6, "dataset", "done"),  # 6 s: median 5 s
+        (7, 0, "acceptance", "start"))) + "\n{cut by a cra"  # not finished: left out
+    durations = cy.step_durations(journals + "\n" + json.dumps(
+        {"t": "2026-01-02T00:00:00+00:00", "step": "acceptance", "event": "start"}) + "\n" + json.dumps(
+        {"t": "2026-01-02T00:02:00+00:00", "step": "acceptance", "event": "ended"}))  # ended: measured, 120 s
+    assert durations == {"dataset": [4.0, 6.0], "acceptance": [150.0, 120.0], "report": [2.0], "weights": [10.0]}
+    manifest = {"created": "2026-02-01T00:00:00Z", "answered_now": 20, "wall_s": 40.0, "settings": {}}
+    trained = {"run": "old", "median_step_s": 0.5, "steps_this_run": 20, "wall_s": 30.0}
+    f = _facts()
+    full = cy.CycleFacts(f.production, f.work, f.restarts, 1.3, f.extract, regenerate_todo=30,
+                         regenerate_recorded=(manifest,), train_steps=100, train_recorded=trained,
+                         cycles_recorded=durations, gate_recorded=(300.0, 200.0, 250.0), head_bytes=250_000_000,
+                         link_mbit=800.0, hidden_bytes_per_token=4 * 7168 * 2)
+    plan = cy.plan_cycle(full, _opts())
+    assert plan.as_dict()["steps_without_estimate"] == []
+    got = {s.key: s.expected_s for s in plan.steps}
+    assert got["dataset"] == 5.0 and got["acceptance"] == 135.0 and got["report"] == 2.0
+    # train on w1: w2's 5,000 tokens of hidden states (57,344 bytes each: Kimi-K2.5's 4 x 7168 x 2) at 800 Mbit/s
+    # moved there first, then 20 s + 100 steps x 0.5 s
+    move, fit = plan.step("train").parts
+    assert move[:2] == ("hidden states to the train host", pytest.approx(5_000 * 57_344 / 1e8))
+    assert "5000 tokens extracted on the other work hosts" in move[2] and fit[:2] == ("vocab + train", 70.0)
+    assert got["train"] == pytest.approx(5_000 * 57_344 / 1e8 + 70.0)
+    # the speculate step: the head (250 MB at 800 Mbit/s = 2.5 s) and the gate (median of the windows: 250 s)
+    spec = plan.step("speculate")
+    assert [(p, t) for p, t, _ in spec.parts] == [("head transfer", 2.5), ("the gate", 250.0)]
+    assert got["speculate"] == pytest.approx(252.5)
+    text = "\n".join(plan.lines())
+    assert "no recorded figure" not in text and "head transfer: ~2 s; 250.0 MB" in text
+    assert "the gate: ~250 s; median of 3 speculate window(s) recorded on production" in text
+    # nothing recorded: each step says so, none invented
+    bare = cy.plan_cycle(cy.CycleFacts(f.production, (cy.WorkFacts("w1"),), restart_plan([], bound_s=600.0), 1.3),
+                         _opts())
+    none = [s for s in bare.steps if s.expected_s is None]
+    assert [s.key for s in none] == ["regenerate", "dataset", "weights:w1", "extract", "train", "acceptance",
+                                     "speculate", "report"]
+    assert all("no recorded figure" in s.note + " ".join(n for _, _, n in s.parts) for s in none)
+    lines = bare.lines()
+    assert sum("no recorded figure" in line for line in lines if line[:4].strip().rstrip(".").isdigit()) == 8
+    doc = bare.as_dict()["steps"][-2]["parts"]
+    assert [p["expected_s"] for p in doc] == [None, None] and "no recorded figure" in doc[1]["note"]
 
 
 def test_plan_leaves_a_dead_work_host_out_and_refuses_bad_roles() -> None:
@@ -145,37 +210,69 @@ def _runners(rec) -> dict:
                              "report")}
 
 
+#: STAND-IN step command (sh, NOT eagle3ops): appends its step's key to a file, then waits (bounded, 30 s) for a
+#: "go" file and prints the JSON line a step prints last.
+_STANDIN_SH = 'echo "$1" >> "$2"; i=0; while [ ! -e "$3" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; ' \
+              'echo \'{"verdict": "keep"}\''
+
+
 def test_killed_driver_rerun_resumes_without_repeating_finished_steps(tmp_path: Path) -> None:
-    plan = cy.plan_cycle(_facts(), _opts())
-    keys = [s.key for s in plan.steps]
+    """The driver SIGKILLed at each step in turn, then rerun: the steps an existing command does run through the real
+    child runner with a STAND-IN command (``_STANDIN_SH``), the cycle's own steps (dataset, acceptance) through the
+    STAND-IN recorder. Nothing finished runs again; a killed command step is adopted (it ran once in all), a killed
+    in-process step runs again; a third run has nothing to do."""
+    import threading
+
+    from eagle3ops.speculate import cyclechild as cchild
+
+    base = cy.plan_cycle(_facts(), _opts())
+    keys = [s.key for s in base.steps]
+    own = {s.key for s in base.steps if s.argv is None}  # the cycle's own steps, run in-process
+    assert own == {"dataset", "acceptance"}
     for i, k in enumerate(keys):
         d = tmp_path / f"kill-{i}"
-        rec = _Recorder(d / "ran.txt", kill_at=k)
         d.mkdir()
+        ran, go = d / "ran.txt", d / "go"
+        plan = dataclasses.replace(base, steps=tuple(
+            s if s.argv is None else dataclasses.replace(s, argv=("sh", "-c", _STANDIN_SH, "standin", s.key, str(ran),
+                                                                  str(go) if s.key == k else "/"))
+            for s in base.steps))
+
+        def runners(j, rec):
+            return {**_runners(rec), **{kind: cchild.StepChild(j, d / "children", echo=lambda t: None, poll_s=0.02)
+                                        for kind in ("regenerate", "weights", "extract", "train", "speculate",
+                                                     "report")}}
+
         pid = os.fork()
         if pid == 0:  # the driver, killed at step k
             try:
                 j = cr.CycleJournal(executor.local(), str(d / "cycle"))
                 j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
-                cr.run_cycle(plan, j, _runners(rec), echo=lambda m: None)
+                cr.run_cycle(plan, j, runners(j, _Recorder(ran, kill_at=k)), echo=lambda m: None)
             finally:
                 os._exit(3)
+        if k not in own:  # killed while its command runs
+            _wait_for(lambda: ran.exists() and ran.read_text().split()[-1:] == [k], f"{k}'s command")
+            os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        assert rec.ran() == keys[:i + 1]
+        assert ran.read_text().split() == keys[:i + 1]
         j = cr.CycleJournal(executor.local(), str(d / "cycle"))
         assert j.read_holder()["pid"] == pid  # the dead driver's lock is still there
         taken = j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
         assert taken and f"pid {pid}" in taken and "that process is gone" in taken
-        rec2 = _Recorder(d / "ran2.txt")
-        res = cr.run_cycle(plan, j, _runners(rec2), echo=lambda m: None)
-        assert rec2.ran() == keys[i:], f"killed at {k}"  # the killed step again, nothing finished before it
+        threading.Timer(0.3, go.touch).start()  # the killed command finishes while the rerun waits for it
+        res = cr.run_cycle(plan, j, runners(j, _Recorder(ran)), echo=lambda m: None)
+        # every step once; a killed step of the cycle's own runs again, a killed command is adopted
+        assert ran.read_text().split() == keys[:i + 1] + keys[i + 1 if k not in own else i:], f"killed at {k}"
         assert res["outcome"] == "done" and [s for s, v in res["steps"].items() if v == "skipped"] == keys[:i]
+        if k not in own:
+            assert res["figures"][k]["verdict"] == "keep" and "adopted_pid" in res["figures"][k]
         j.release()
         # a third run has nothing left to do
         rec3 = _Recorder(d / "ran3.txt")
-        assert set(cr.run_cycle(plan, j, _runners(rec3), echo=lambda m: None)["steps"].values()) == {"skipped"}
-        assert rec3.ran() == []
+        assert set(cr.run_cycle(plan, j, runners(j, rec3), echo=lambda m: None)["steps"].values()) == {"skipped"}
+        assert rec3.ran() == [] and len(ran.read_text().split()) == len(keys) + (k in own)
 
 
 def test_a_live_drivers_lock_is_refused(tmp_path: Path) -> None:
@@ -227,6 +324,71 @@ def test_dead_work_host_is_named_and_the_rerun_leaves_it_out(tmp_path: Path) -> 
     res = cr.run_cycle(plan2, j, _runners(rec2), echo=lambda m: None)
     assert rec2.ran() == ["extract", "train", "acceptance", "speculate", "report"]
     assert res["steps"]["weights:w1"] == "skipped" and "weights:w2" not in res["steps"]
+
+
+def test_dead_work_hosts_step_moves_to_another_when_nothing_finished_is_lost(tmp_path: Path) -> None:
+    """A work host that stops answering during regenerate's successors up to extract: its step moves to the live
+    work host within the same run (the plan made again without it, the host journaled dead); STAND-IN runners."""
+    for fail_at in ("dataset", "weights:w2", "extract"):
+        plan = cy.plan_cycle(_facts(), _opts())
+        j = cr.CycleJournal(executor.local(), str(tmp_path / fail_at.replace(":", "-")))
+        j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+        rec, seen, lines = _Recorder(tmp_path / f"ran-{fail_at}.txt", fail_at=fail_at), [], []
+
+        def runner(step: cy.CycleStep) -> dict:
+            seen.append((step.key, step.hosts, tuple(step.argv or ())))
+            return rec(step) if (step.key, step.hosts) != (fail_at, ("w1",)) else {"ran": step.key}
+
+        rec.fail_at = fail_at
+        res = cr.run_cycle(plan, j, {k: runner for k in _runners(rec)}, alive=lambda h: h != "w2",
+                           replan=lambda dead: cy.plan_cycle(_facts(dead=dead), _opts()), echo=lines.append)
+        assert res["outcome"] == "done", fail_at
+        assert res["moved"] == [{"step": fail_at, "dead": ["w2"], "to": ["w1"]}]
+        assert any(f"{fail_at}: work host(s) w2 did not answer: left out, the step moves to w1" in m for m in lines)
+        keys = [k for k, _, _ in seen]
+        assert keys.count(fail_at) == (1 if fail_at == "weights:w2" else 2)  # weights of a dead host: not needed
+        assert all(k == "regenerate" or "w2" not in h for k, h, _ in seen[keys.index(fail_at) + 1:])
+        ex = [a for k, _, a in seen if k == "extract"][-1]
+        assert ex[ex.index("--dead") + 1] == "w2" and res["steps"]["train"] == "done"
+        assert [e["hosts"] for e in j.entries() if e["event"] == "dead"] == [["w2"]]
+        assert cr.journaled_dead(j.entries()) == ["w2"]
+        failed = [e for e in j.entries() if e["event"] == "failed"]
+        assert [(e["step"], e["dead_hosts"], e["moved_to"]) for e in failed] == [(fail_at, ["w2"], ["w1"])]
+        moved = cy.plan_cycle(_facts(dead=("w2",)), _opts()).step("extract")  # the fleet plan had w2 live
+        assert moved.expected_s is None and "made with w2 live" in moved.note
+        before = keys[:keys.index(fail_at)]
+        assert len(before) == len(set(before))  # nothing before the failed step ran twice
+
+
+def test_dead_work_host_holding_finished_output_waits_for_the_rerun(tmp_path: Path) -> None:
+    """A work host that dies after the extract finished (its hidden states there) or the train host (the head
+    there): the step does not move; the message gives both reruns; with --dead the rerun redoes from the step whose
+    output was lost, on the live host; the only work host dying waits too; STAND-IN runners."""
+    replan = lambda dead: cy.plan_cycle(_facts(dead=dead), _opts())  # noqa: E731
+    for fail_at, gone, redo in (("train", "w2", "extract"), ("acceptance", "w1", "extract")):
+        plan = cy.plan_cycle(_facts(), _opts())
+        j = cr.CycleJournal(executor.local(), str(tmp_path / fail_at))
+        j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+        rec = _Recorder(tmp_path / f"ran-{fail_at}.txt", fail_at=fail_at)
+        with pytest.raises(cy.CycleError) as err:
+            cr.run_cycle(plan, j, _runners(rec), alive=lambda h: h != gone, replan=replan, echo=lambda m: None)
+        msg = str(err.value)
+        assert f"host(s) {gone} did not answer (work host)" in msg and "the finished step extract left hidden " \
+            f"states there, so the step waits for the rerun" in msg and f"--dead {gone} to redo extract" in msg
+        assert not [e for e in j.entries() if e["event"] == "dead"] and "moved_to" not in j.entries()[-1]
+        # the rerun with --dead: the steps up to the lost output skipped, from it on run again on the live host
+        rec2 = _Recorder(tmp_path / f"ran2-{fail_at}.txt")
+        res = cr.run_cycle(replan((gone,)), j, _runners(rec2), echo=lambda m: None)
+        keys = [s.key for s in replan((gone,)).steps]
+        assert rec2.ran() == keys[keys.index(redo):] and res["outcome"] == "done"
+        assert replan((gone,)).train_host != gone
+    # the only work host dies: nowhere to move
+    solo = cy.CycleFacts("prod", (cy.WorkFacts("w1", 0, 0, 0.0),), restart_plan([50.0], bound_s=600.0), 1.3)
+    j = cr.CycleJournal(executor.local(), str(tmp_path / "solo"))
+    j.acquire("eagle3ops cycle prod --work w1 --run r1")
+    with pytest.raises(cy.CycleError, match="no other work host to move to: rerun once it is back"):
+        cr.run_cycle(cy.plan_cycle(solo, _opts()), j, _runners(_Recorder(tmp_path / "s.txt", fail_at="extract")),
+                     alive=lambda h: h != "w1", replan=replan, echo=lambda m: None)
 
 
 @pytest.fixture
@@ -434,8 +596,10 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
     """The acceptance step end to end on this machine: production is the STAND-IN OpenAI server (NOT vLLM; its
     speculation simulated, acceptance 2.0 by default) serving as a ``process``; the step reads it from /proc, starts
     its command line remapped with ``--speculative-config`` on a free port (production's is taken here), measures,
-    and stops it; production's process is never restarted; a floor above the head ends the cycle, stopped too; a
-    server that exits fails the step at once with its log; no head is refused before anything starts."""
+    and stops it; production's process is never restarted; a floor above the head ends the cycle, stopped too (there,
+    the server and lock a killed driver left, a STAND-IN ``sleep`` session, are stopped and taken over first; another
+    run's lock is not); a server that exits fails the step at once with its log; no head is refused before anything
+    starts."""
     from eagle3ops.speculate import cycleserve as cserve
     from eagle3ops.speculate.ship import gate_prompts
 
@@ -464,14 +628,37 @@ def test_served_acceptance_runs_productions_process_on_the_work_host_and_leaves_
         assert f"{work.model_path}/config.json" in figs["command"] and "--speculative-config" in figs["command"]
         assert figs["stopped"].startswith("stopped: session") and not _answers(port + 1)
         assert held and all(held) and not lock.exists()  # the work host's deploy lock: held for the step only
+        # a killed driver left its acceptance running (its lock on the work host, its server: a STAND-IN `sleep`
+        # session): the next run stops that session, takes the lock over and measures afresh (here: a floor above
+        # the head, so it ends the cycle)
+        from eagle3ops.commands import cycle as cyc
+        from eagle3ops.window.lock import acquire_lock
+
+        d = f"{work.state_dir}/cycles/r1/serve"
+        for name, body in (("cmdline.nul", b"sleep\x00300\x00"), ("environ.nul", b""), ("cwd", b"/")):
+            Path(d, name).write_bytes(body)
+        executor.local().run(cyc.start_process(d))
+        left_sid = Path(d, "sid").read_text().strip()
+        _wait_for(lambda: subprocess.run(["pgrep", "-s", left_sid], capture_output=True).returncode == 0, "sleep")
+        acquire_lock(_On(work), "cycle-acceptance-left", "eagle3ops cycle ...",
+                     "cycle r1: the head's served acceptance (a server on this host's GPUs)")
+        said: list[str] = []
         with pytest.raises(cy.CycleEnded) as end:
-            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=2.5, max_tokens=16)
+            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=2.5, max_tokens=16,
+                                     echo=said.append)
+        assert "left by a killed driver" in said[0] and f"stopped: session {left_sid}" in said[0]
+        assert subprocess.run(["pgrep", "-s", left_sid], capture_output=True).returncode == 1  # gone
         assert end.value.figures["passed"] is False and end.value.figures["port"] == port + 1
         assert end.value.figures["stopped"].startswith("stopped: session")
         assert not _answers(port + 1) and server.poll() is None  # stopped; production never touched
         assert not lock.exists()  # released after a head below the floor too
         sid = Path(work.state_dir, "cycles/r1/serve/sid").read_text().strip()
         assert subprocess.run(["pgrep", "-s", sid], capture_output=True).returncode == 1  # nothing left
+        # another run's acceptance lock is not this cycle's: refused, named, before anything starts
+        acquire_lock(_On(work), "cycle-acceptance-other", "eagle3ops cycle ...", "cycle r2: the head's ...")
+        with pytest.raises(cy.StepFailed, match="deploy lock held by .*rerun the cycle once that lock is free"):
+            cserve.serve_and_measure(_On(prod), _On(work), run="r1", k=3, prompts=prompts, floor=1.3, max_tokens=16)
+        shutil.rmtree(lock)
         # the work host lacks the target (the weights step did not put it there): the server exits, the step fails
         # at once with its log, not after the health timeout
         Path(work.model_path, "config.json").unlink()
@@ -504,3 +691,126 @@ def test_acceptance_beside_shows_productions_only_after_a_keep() -> None:
     back = cr.acceptance_beside({"acceptance": acc, "speculate": {"verdict": "rollback", "mean_acceptance_length": 2}})
     assert back["production"] is None and "verdict rollback, nothing kept" in back["line"]
     assert cr.acceptance_beside({})["line"] is None
+
+
+# ---- a step's command left running by a killed driver: adopted by the rerun, never started twice ----------------
+
+#: STAND-IN step command (NOT eagle3ops): counts its starts in a file, waits (bounded) for a "go" file, prints the
+#: JSON line a step prints last and exits with the status given.
+_STANDIN_STEP = """
+import json, sys, time, pathlib
+starts, go, rc = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
+with starts.open("a") as f:
+    f.write("start\\n")
+print("working", flush=True)
+deadline = time.monotonic() + 60
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps({"verdict": "keep", "live_release": 7}), flush=True)
+sys.exit(rc)
+"""
+
+
+def _wait_for(cond, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: Path) -> None:
+    """The driver (a forked process) is killed with SIGKILL while the train step's command (a STAND-IN script, run
+    through the real child runner and its shell wrapper) runs: the command goes on, the rerun adopts it (no second
+    start), waits for it and journals its figures; a command that finished while no driver ran is taken as done; one
+    that died with its driver is started again; an adopted command is waited for only up to its bound."""
+    from eagle3ops.speculate import cyclechild as cchild
+
+    base = cy.plan_cycle(_facts(), _opts())
+    keys = [s.key for s in base.steps]
+
+    def plan_for(d: Path, rc: int = 0) -> cy.CyclePlan:
+        argv = (sys.executable, "-c", _STANDIN_STEP, str(d / "starts"), str(d / "go"), str(rc))
+        return dataclasses.replace(base, steps=tuple(
+            dataclasses.replace(s, argv=argv) if s.key == "train" else s for s in base.steps))
+
+    def runners(j, rec, out: list[str], bound_s=cchild.adopt_bound_s):
+        return {**_runners(rec), "train": cchild.StepChild(j, tmp_path / "children", echo=out.append, bound_s=bound_s,
+                                                       poll_s=0.05)}
+
+    def killed_driver(d: Path, plan) -> tuple[int, dict]:
+        """Fork a driver, kill it once the train command runs; returns (pid, the journaled child event)."""
+        d.mkdir()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                j = cr.CycleJournal(executor.local(), str(d / "cycle"))
+                j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+                cr.run_cycle(plan, j, runners(j, _Recorder(d / "ran.txt"), []), echo=lambda m: None)
+            finally:
+                os._exit(3)
+        _wait_for(lambda: (d / "starts").exists(), "the train command to start")
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        j = cr.CycleJournal(executor.local(), str(d / "cycle"))
+        child = cchild.last_child(j.entries(), "train")
+        assert child is not None and cchild.proc_start(child["pid"]) == child["started"]  # still running
+        return pid, child
+
+    def rerun(d: Path, plan, **kw):
+        j = cr.CycleJournal(executor.local(), str(d / "cycle"))
+        taken = j.acquire("eagle3ops cycle prod --work w1 --work w2 --run r1")
+        assert taken is None or "that process is gone" in taken
+        rec, out = _Recorder(d / "ran2.txt"), []
+        return cr.run_cycle(plan, j, runners(j, rec, out, **kw), echo=lambda m: None), rec, out, j
+
+    # 1. still running at the rerun: adopted, followed until it exits, not started again
+    d = tmp_path / "running"
+    plan = plan_for(d)
+    _, child = killed_driver(d, plan)
+    go_later = subprocess.Popen([sys.executable, "-c", f"import time, pathlib; time.sleep(1.0); "
+                                     f"pathlib.Path({str(d / 'go')!r}).touch()"])
+    res, rec, out, j = rerun(d, plan)
+    go_later.wait(timeout=10)
+    assert (d / "starts").read_text().split() == ["start"]  # one start in all
+    assert any("adopted, no second copy started" in o and f"pid {child['pid']}" in o for o in out)
+    assert res["outcome"] == "done" and res["figures"]["train"] == {"rc": 0, "adopted_pid": child["pid"],
+                                                                    "verdict": "keep", "live_release": 7}
+    assert rec.ran() == keys[keys.index("acceptance"):]  # the steps after train ran; before it, none again
+    assert [e["event"] for e in j.entries() if e["step"] == "train"] == ["start", "child", "start", "done"]
+    # 2. finished while no driver ran: its result taken, nothing started
+    d = tmp_path / "finished"
+    plan = plan_for(d)
+    _, child = killed_driver(d, plan)
+    (d / "go").touch()
+    _wait_for(lambda: Path(child["rc"]).exists(), "the orphaned command's status")
+    res, rec, out, _ = rerun(d, plan)
+    assert (d / "starts").read_text().split() == ["start"] and res["figures"]["train"]["verdict"] == "keep"
+    assert any("finished with status 0 while no driver ran" in o for o in out)
+    # 3. killed with its driver (no status written): started again, and it resumes
+    d = tmp_path / "died"
+    plan = plan_for(d)
+    _, child = killed_driver(d, plan)
+    os.kill(child["pid"], signal.SIGKILL)
+    _wait_for(lambda: cchild.proc_start(child["pid"]) is None, "the command to die")
+    (d / "go").touch()
+    res, rec, out, _ = rerun(d, plan)
+    assert (d / "starts").read_text().split() == ["start", "start"] and res["steps"]["train"] == "done"
+    assert any("died with the driver (no exit status): started again" in o for o in out)
+    # 4. the wait for an adopted command is bounded: it still runs after the bound, the rerun says so and stops
+    d = tmp_path / "bounded"
+    plan = plan_for(d, rc=1)
+    _, child = killed_driver(d, plan)
+    t0 = time.monotonic()
+    with pytest.raises(cy.CycleError, match=f"pid {child['pid']}\\) still runs after 1 s: rerun the cycle to keep"):
+        rerun(d, plan, bound_s=lambda s: 1.0)
+    assert time.monotonic() - t0 < 10 and (d / "starts").read_text().split() == ["start"]
+    cr.CycleJournal(executor.local(), str(d / "cycle")).release()  # as the CLI does when a step fails
+    with pytest.raises(cy.CycleError, match="still runs after 1 s"):  # journaled failed: still found and waited for
+        rerun(d, plan, bound_s=lambda s: 1.0)
+    assert (d / "starts").read_text().split() == ["start"]
+    cr.CycleJournal(executor.local(), str(d / "cycle")).release()
+    (d / "go").touch()  # it exits 1 now: the next rerun starts it again, and that one fails as a step does
+    _wait_for(lambda: Path(child["rc"]).exists(), "the status")
+    with pytest.raises(cy.CycleError, match="exited 1"):
+        rerun(d, plan)
+    assert (d / "starts").read_text().split() == ["start", "start"]

@@ -441,7 +441,7 @@ def _cycle_run(monkeypatch, tmp_path, w1_lock_free: bool = True):
         rec.calls.append(Call(s.hosts[0], "step", " ".join(s.argv), list(s.argv)))
         return {}
 
-    monkeypatch.setattr(cycle_cli, "_argv_runner", lambda: step)
+    monkeypatch.setattr(cycle_cli, "_argv_runner", lambda *a: step)
     monkeypatch.setattr(health, "wait_healthy", lambda *a, **k: None)
     monkeypatch.setattr(cyclerun, "measure_served", lambda url, model, prompts, floor, **k: {
         "mean_acceptance_length": 2.0, "floor": floor, "passed": True, "where": k["where"]})

@@ -269,6 +269,10 @@ def test_cycle_dry_run_plans_from_what_the_hosts_hold_and_writes_nothing(rent, t
     assert steps["train"]["hosts"] == ["rent1"] and steps["acceptance"]["hosts"] == ["rent1"]
     assert plan["production_serving"]["restart_bound_s"] == 90.0
     assert [k for k, s in steps.items() if s["production_restarts_keep"]] == ["speculate"]
+    for s in plan["steps"]:  # timed from what the hosts recorded over SSH, or said to have nothing recorded
+        assert s["expected_s"] is not None or "no recorded figure" in " ".join(
+            [s["note"], *(p["note"] for p in s["parts"])]), s
+    assert [p["part"] for p in steps["speculate"]["parts"]] == ["head transfer", "the gate"]
     with Remote(prod) as r:
         assert not r.run(hc.exists(f"{prod.state_dir}/cycles"), check=False).ok
 
@@ -317,9 +321,13 @@ def test_cycle_steps_journaled_on_production_over_ssh_and_a_rerun_skips_them(ren
     assert "step extract on rent1 failed" in err, first.stdout[-3000:] + first.stderr[-3000:]
     assert "finished steps are not repeated" in err
     events = [(e["step"], e["event"]) for e in journal()]
-    assert events == [("regenerate", "start"), ("regenerate", "done"), ("dataset", "start"), ("dataset", "done"),
-                      ("weights:rent1", "start"), ("weights:rent1", "done"), ("extract", "start"),
-                      ("extract", "failed")]
+    assert events == [("regenerate", "start"), ("regenerate", "child"), ("regenerate", "done"), ("dataset", "start"),
+                      ("dataset", "done"), ("weights:rent1", "start"), ("weights:rent1", "child"),
+                      ("weights:rent1", "done"), ("extract", "start"), ("extract", "child"), ("extract", "failed")]
+    # each command ran as a child of the driver: its log and exit status on the driver's machine, named in the journal
+    ex = [e for e in journal() if e["step"] == "extract" and e["event"] == "child"][0]
+    assert Path(ex["rc"]).read_text().strip() == "1" and "no pipeline image deployed" in Path(ex["log"]).read_text()
+    assert "no pipeline image deployed" in first.stdout  # and passed through
     copied = [e for e in journal() if e["step"] == "dataset" and e["event"] == "done"][0]
     rows = (tmp_path / "regenerated/rent0-cyc/dataset.jsonl").read_bytes()
     assert copied["dataset_sha256"] == hashlib.sha256(rows).hexdigest() and rows.count(b"\n") == 3

@@ -11,8 +11,8 @@ a child process (:mod:`eagle3ops.commands.cycle`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -47,9 +47,9 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
     from eagle3ops.fleet import driver, gather
     from eagle3ops.fleet.plan import FleetPlanError
     from eagle3ops.remote import RemoteError
-    from eagle3ops.speculate.cycle import CycleFacts, WorkFacts
+    from eagle3ops.speculate.cycle import CycleFacts, WorkFacts, step_durations
     from eagle3ops.speculate.restarts import parse_results
-    from eagle3ops.speculate.ship import plan_restarts
+    from eagle3ops.speculate.ship import plan_restarts, window_results
     from eagle3ops.transfer.weights import WeightsError, plan_weights
     from eagle3ops.transfer.weightsplan import WeightsPlanError
 
@@ -58,8 +58,11 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
     reader = lambda h: common.remote(h, dry_run=True)  # noqa: E731 - reads only
     work_facts = []
     with reader(prod) as pr:
-        restarts = plan_restarts(pr)
+        windows = window_results(pr)
+        restarts = plan_restarts(pr, results=windows)
         regenerated = parse_results(pr.run(cyc.regenerated_manifests(prod.data_dir), check=False).stdout or "")
+        cycles = step_durations(pr.run(cyc.cycle_journals(prod.state_dir), check=False).stdout or "")
+        per_token = _hidden_bytes_per_token(pr, cfg)
         for w in works:
             if w.name in dead:
                 work_facts.append(WorkFacts(w.name))
@@ -81,9 +84,26 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
         note = f"no extract estimate: {exc}"
     with reader(next(w for w in works if w.name not in dead)) as tr:
         trained = gather.recorded_train(tr)
+        sizes = (tr.run(cyc.head_sizes(tr.host.data_dir), check=False).stdout or "").split("\n")
+        heads = [int(line.split()[0]) for line in sizes if line.split()[:1] and line.split()[0].isdigit()]
+    gate = tuple(float(w["wall_s"]) for w in sorted(windows, key=lambda w: str(w.get("window_id", "")))
+                 if w.get("kind") == "speculate" and isinstance(w.get("wall_s"), (int, float)))
     return CycleFacts(prod.name, tuple(work_facts), restarts, float(prod.serving.acceptance_floor), extract, note,
                       tuple(dead), float(prod.serving.health_timeout_s), todo, tuple(regenerated), cfg.train.steps,
-                      trained)
+                      trained, cycles, gate, max(heads) if heads else None, link_mbit, per_token)
+
+
+def _hidden_bytes_per_token(pr: Any, cfg: Any) -> int | None:
+    """Disk bytes of one token's hidden states from the target's ``config.json`` on production (reads only; None:
+    unreadable, the plan then says it has no figure)."""
+    from eagle3ops.commands import host as hc
+    from eagle3ops.window.preflight import hidden_state_bytes, target_dims
+
+    out = pr.run(hc.cat_if_exists(f"{pr.host.model_path}/config.json"), check=False).stdout or ""
+    try:
+        return hidden_state_bytes(1, target_dims(json.loads(out))["hidden_size"], cfg.extract.hidden_dtype)
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _checks(prod: Any, works: list[Any], pipeline: Path) -> Any:
@@ -108,30 +128,18 @@ def _checks(prod: Any, works: list[Any], pipeline: Path) -> Any:
     return cfg
 
 
-def _argv_runner() -> Callable[[Any], dict[str, Any]]:
-    """Runs a step's command as a child process, its output passed through; the figures are its last JSON line."""
-    from eagle3ops import executor
-    from eagle3ops.commands.types import Change
-    from eagle3ops.speculate.cycle import StepFailed
+def _argv_runner(journal: Any, production: str, run: str) -> Callable[[Any], dict[str, Any]]:
+    """The runner of the steps that are existing commands: each a child process that outlives a killed driver,
+    adopted by the rerun (:class:`~eagle3ops.speculate.cyclechild.StepChild`; its log and exit status under
+    ``./cycles/PRODUCTION-RUN/``), its output passed through."""
+    from eagle3ops.speculate.cyclechild import StepChild
 
-    def run(step: Any) -> dict[str, Any]:
-        last: dict[str, Any] = {}
-        proc = executor.local().popen(Change(list(step.argv)), stdout=subprocess.PIPE, text=True, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            if line.startswith("{"):
-                try:
-                    last = json.loads(line)
-                except ValueError:
-                    pass
-        rc = proc.wait()
-        if rc != 0:
-            raise StepFailed(f"`eagle3ops {' '.join(step.argv[3:5])} ...` exited {rc}", step.hosts)
-        return {"rc": rc, **({k: last[k] for k in ("verdict", "live_release", "mean_acceptance_length")
-                              if k in last})}
+    return StepChild(journal, Path("cycles") / f"{production}-{run}", echo=_passthrough)
 
-    return run
+
+def _passthrough(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _gate_requests(prod: Any, prompts_file: Optional[Path]) -> list[Any]:
@@ -194,21 +202,23 @@ def cycle(production: str = typer.Argument(..., metavar="PRODUCTION", help="The 
         common.fail(f"--link-mbit {link_mbit}: give the link's rate in Mbit/s (a positive number)", 2)
     opts = CycleOptions(run, inventory, pipeline, tuple(dataset), held_out, limit, link_mbit, prompts_file, merged,
                         truncated)
-    inv, prod, cfg, plan, gate_requests = _cycle_plan(production, work, list(dead), opts)
+    inv, prod, cfg, plan, gate_requests, replan = _cycle_plan(production, work, list(dead), opts)
     print(json.dumps(plan.as_dict(), indent=2) if as_json else "\n".join(plan.lines()), flush=True)
     if dry_run:
         return
     res = _run_under_lock(inv, prod, run, plan, take_over,
-                          lambda journal: _runners(inv, prod, run, cfg, plan, gate_requests, journal))
+                          lambda journal: _runners(inv, prod, run, cfg, plan, gate_requests, journal), replan)
     _print_outcome(prod, run, plan, res)
 
 
-def _cycle_plan(production: str, work: list[str], dead: list[str], opts: Any) -> tuple[Any, Any, Any, Any, list[Any]]:
+def _cycle_plan(production: str, work: list[str], dead: list[str], opts: Any
+                ) -> tuple[Any, Any, Any, Any, list[Any], Callable[[tuple[str, ...]], Any]]:
     """Facts, checks and the plan, before any host write: the inventory's hosts, the pipeline config checked against
     them, the gate's chat set read (a bad file named now, not after hours of training) and the cycle planned.
 
-    Returns (inventory, production host, pipeline config, plan, gate requests); bad input exits 2 naming the flag or
-    file (:class:`ConfigError`, :class:`CycleError` turned into ``common.fail``)."""
+    Returns (inventory, production host, pipeline config, plan, gate requests, the plan again with other work hosts
+    dead: how a step moves off a dead host); work hosts the cycle's journal names dead are left out; bad input exits
+    2 naming the flag or file (:class:`ConfigError`, :class:`CycleError` turned into ``common.fail``)."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.speculate.cycle import CycleError, plan_cycle
 
@@ -221,17 +231,34 @@ def _cycle_plan(production: str, work: list[str], dead: list[str], opts: Any) ->
     if not set(dead) < {w.name for w in works}:
         common.fail(f"--dead {', '.join(dead)}: name work hosts (given with --work), not all of them", 2)
     gate_requests = _gate_requests(prod, opts.prompts_file)
+    dead = _with_journaled_dead(prod, opts.run, [w.name for w in works], dead)
     try:
-        plan = plan_cycle(_facts(inv, prod, works, dead, cfg, opts), opts)
+        facts = _facts(inv, prod, works, dead, cfg, opts)
+        plan = plan_cycle(facts, opts)
     except CycleError as exc:
         common.fail(str(exc), 2)
-    return inv, prod, cfg, plan, gate_requests
+    return inv, prod, cfg, plan, gate_requests, lambda gone: plan_cycle(dataclasses.replace(facts, dead=gone), opts)
+
+
+def _with_journaled_dead(prod: Any, run: str, works: list[str], dead: list[str]) -> list[str]:
+    """``dead`` plus the work hosts an earlier run of this cycle found dead and moved its work off (its journal on
+    production, read only), said so: a rerun does not send work back to a host its shards were moved from."""
+    from eagle3ops.speculate.cyclerun import CycleJournal, cycle_dir, journaled_dead
+
+    with common.remote(prod, dry_run=True) as pr:
+        found = [h for h in journaled_dead(CycleJournal(pr, cycle_dir(prod.state_dir, run)).entries())
+                 if h in works and h not in dead]
+    if found:
+        print(f"[cycle] left out: {', '.join(found)} (an earlier run of this cycle found them dead and moved their "
+              f"work off)", flush=True)
+    return [*dead, *found]
 
 
 def _runners(inv: Any, prod: Any, run: str, cfg: Any, plan: Any, gate_requests: list[Any],
              journal: Any) -> dict[str, Callable[[Any], dict[str, Any]]]:
     """What runs each step kind: the pipeline's commands as child processes; the dataset copy, the work host's
-    acceptance and the report (with production's acceptance beside the work host's, from ``journal``) in-process."""
+    acceptance and the report (with production's acceptance beside the work host's, from ``journal``) in-process.
+    A command left running by a killed driver is adopted, not started twice (:func:`_argv_runner`)."""
 
     def dataset_step(step: Any) -> dict[str, Any]:
         from contextlib import ExitStack
@@ -261,13 +288,14 @@ def _runners(inv: Any, prod: Any, run: str, cfg: Any, plan: Any, gate_requests: 
             print(f"[cycle] {beside['line']}", flush=True)
         return {**out, "acceptance_work_host": beside["work_host"], "acceptance_production": beside["production"]}
 
-    argv = _argv_runner()
+    argv = _argv_runner(journal, prod.name, run)
     return {"regenerate": argv, "weights": argv, "extract": argv, "train": argv, "speculate": argv,
             "report": report_step, "dataset": dataset_step, "acceptance": acceptance_step}
 
 
 def _run_under_lock(inv: Any, prod: Any, run: str, plan: Any, take_over: bool,
-                    runners: Callable[[Any], dict[str, Callable[[Any], dict[str, Any]]]]) -> dict[str, Any]:
+                    runners: Callable[[Any], dict[str, Callable[[Any], dict[str, Any]]]],
+                    replan: Callable[[tuple[str, ...]], Any] | None = None) -> dict[str, Any]:
     """Execute: take the cycle's lock (its journal on production), run the plan's unfinished steps, release the lock
     (also when a step fails). ``runners`` builds the step runners from the journal. Returns :func:`run_cycle`'s
     result; a :class:`CycleError` (lock held elsewhere, a step failed) exits 1 with its message."""
@@ -283,7 +311,7 @@ def _run_under_lock(inv: Any, prod: Any, run: str, plan: Any, take_over: bool,
         if taken:
             print(taken, flush=True)
         try:
-            res = run_cycle(plan, journal, runners(journal), alive=_alive(inv),
+            res = run_cycle(plan, journal, runners(journal), alive=_alive(inv), replan=replan,
                             echo=lambda m: print(f"[cycle] {m}", flush=True))
         except CycleError as exc:
             journal.release()

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 from eagle3ops.commands.types import Change, Read
 
-__all__ = ["eagle3ops", "extract", "listening_ports", "log_tail", "parse_listening", "proc_cwd", "regenerate",
-           "regenerated_manifests", "report", "serve_container", "session_alive", "speculate", "start_process",
-           "stop_session", "train", "weights", "write_private"]
+__all__ = ["cycle_journals", "eagle3ops", "extract", "head_sizes", "listening_ports", "log_tail", "parse_listening",
+           "proc_cwd", "regenerate", "regenerated_manifests", "report", "serve_container", "session_alive", "speculate",
+           "start_process", "step_child", "stop_session", "train", "weights", "write_private"]
 
 
 def eagle3ops(words: Sequence[str], inventory: Path | str, python: str | None = None) -> Change:
@@ -83,11 +83,41 @@ def report(production: str, run: str, inventory: Path | str) -> Change:
     return eagle3ops(["report", production, "--run", run], inventory)
 
 
+#: Runs ``"$@"`` with its output appended to ``$1`` and its exit status written to ``$2`` (through a ``.part`` file
+#: renamed, so a reader never sees half a status): a step's command that outlives a killed driver leaves both, and
+#: a rerun reads them instead of starting it again.
+_STEP_SH = r"""
+log=$1 rc=$2
+shift 2
+"$@" >> "$log" 2>&1
+echo $? > "$rc.part" && mv "$rc.part" "$rc"
+"""
+
+
+def step_child(argv: Sequence[str], log: Path | str, rc: Path | str) -> Change:
+    """A step's command (``argv``) run so that it outlives its driver: output to ``log``, exit status to ``rc``
+    (:data:`_STEP_SH`). Not a session of its own: the terminal's Ctrl-C still reaches it."""
+    return Change(["sh", "-c", _STEP_SH, "eagle3ops-cycle-step", str(log), str(rc), *argv])
+
+
 def regenerated_manifests(data_dir: str) -> Read:
     """Every run's ``regenerated/dataset.manifest.json`` under ``<data_dir>/runs``, concatenated (the regenerate
     rates this host recorded; parsed by :func:`eagle3ops.speculate.restarts.parse_results`)."""
     return Read(["find", f"{data_dir}/runs", "-mindepth", "3", "-maxdepth", "3", "-type", "f", "-path",
                  "*/regenerated/dataset.manifest.json", "-exec", "cat", "{}", "+"])
+
+
+def cycle_journals(state_dir: str) -> Read:
+    """Every earlier cycle's ``journal.jsonl`` under ``<state_dir>/cycles``, concatenated (its steps' durations:
+    :func:`eagle3ops.speculate.cycle.step_durations`)."""
+    return Read(["find", f"{state_dir}/cycles", "-mindepth", "2", "-maxdepth", "2", "-type", "f", "-name",
+                 "journal.jsonl", "-exec", "cat", "{}", "+"])
+
+
+def head_sizes(data_dir: str) -> Read:
+    """``du -sb`` of every trained head (``<data_dir>/runs/*/train/final``): ``BYTES<TAB>PATH`` per line."""
+    return Read(["find", f"{data_dir}/runs", "-mindepth", "3", "-maxdepth", "3", "-type", "d", "-path",
+                 "*/train/final", "-exec", "du", "-sb", "{}", "+"])
 
 
 # ---- the head served on a work host (the cycle's acceptance step) -------------------------------------------------

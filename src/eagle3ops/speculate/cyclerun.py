@@ -24,10 +24,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from eagle3ops import redact
 from eagle3ops.commands import host as hc
-from eagle3ops.speculate.cycle import CycleEnded, CycleError, CycleLocked, CyclePlan, CycleStep, StepFailed
+from eagle3ops.speculate.cycle import CycleEnded, CycleError, CycleLocked, CyclePlan, CycleStep, StepFailed, lost_on
 
-__all__ = ["CycleJournal", "acceptance_beside", "acceptance_verdict", "copy_dataset", "cycle_dir", "measure_served",
-           "run_cycle"]
+__all__ = ["CycleJournal", "acceptance_beside", "acceptance_verdict", "copy_dataset", "cycle_dir", "finished_hosts",
+           "journaled_dead", "measure_served", "run_cycle"]
 
 
 def acceptance_verdict(before: str, after: str, floor: float) -> dict[str, Any]:
@@ -248,36 +248,131 @@ class CycleJournal:
 
 
 Runner = Callable[[CycleStep], Mapping[str, Any] | None]
+#: Makes the plan again with these work hosts dead (the cycle's facts unchanged): how a step moves off a dead host.
+Replan = Callable[[tuple[str, ...]], CyclePlan]
+
+
+def finished_hosts(entries: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Step key -> the hosts of the run that finished it (its last ``start`` before its ``done``), from a journal's
+    events; steps not finished are left out."""
+    started: dict[str, list[str]] = {}
+    out: dict[str, list[str]] = {}
+    for e in entries:
+        key = e.get("step")
+        if e.get("event") == "start":
+            started[key] = list(e.get("hosts") or [])
+            out.pop(key, None)
+        elif e.get("event") == "done":
+            out[key] = started.get(key, [])
+    return out
+
+
+def journaled_dead(entries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The work hosts an earlier run of the cycle found dead and moved its work off (``dead`` events, in order)."""
+    return list(dict.fromkeys(h for e in entries if e.get("event") == "dead" for h in e.get("hosts") or []))
+
+
+class _StepError(Exception):
+    def __init__(self, step: CycleStep, exc: Exception):
+        super().__init__(str(exc))
+        self.step, self.exc = step, exc
 
 
 def run_cycle(plan: CyclePlan, journal: CycleJournal, runners: Mapping[str, Runner], *,
-              alive: Callable[[str], bool] = lambda host: True, echo: Callable[[str], None] = print
-              ) -> dict[str, Any]:
+              alive: Callable[[str], bool] = lambda host: True, echo: Callable[[str], None] = print,
+              replan: Replan | None = None) -> dict[str, Any]:
     """Carry out ``plan`` step by step, each journaled; the caller holds the journal's lock.
 
-    A step journaled ``done`` by an earlier run is skipped (said so); a step journaled ``start`` without ``done``
-    (its driver was killed) runs again: every step's command resumes on its own (answered prompts, verified files,
-    finished shards and stages are kept). ``runners[step.kind](step)`` does a step and returns figures for the
-    journal.
+    A step journaled ``done`` by an earlier run is skipped (said so), unless its output sat on a host the plan
+    names dead (:func:`eagle3ops.speculate.cycle.lost_on`: that step and every later one run again). A step
+    journaled ``start`` without ``done`` (its driver was killed) runs again: every step's command resumes on its
+    own (answered prompts, verified files, finished shards and stages are kept; a command the killed driver left
+    running is adopted: :mod:`eagle3ops.speculate.cyclechild`). ``runners[step.kind](step)`` does a step and returns
+    figures for the journal.
+
+    A step that fails on a work host that does not answer (``alive(host)`` false) **moves**: with ``replan`` given,
+    another live work host left and no finished output on the dead one, the plan is made again without it
+    (``replan(dead)``), the host journaled ``dead`` (a rerun leaves it out too) and the cycle goes on; the loop ends
+    since each move adds a dead host. Otherwise it **waits for the rerun** (raised, naming the host and both reruns).
 
     Returns ``{"outcome": "done"|"ended", "steps": {key: "done"|"skipped"|"ended"}, "figures": {key: the figures
-    its runner returned, this run's or the journal's}, ...}``; ``ended`` (a head below the acceptance floor) carries
-    ``reason`` and ``production_restarts: 0`` — no later step runs.
+    its runner returned, this run's or the journal's}, "moved": [{"step", "dead", "to"}...]}``; ``ended`` (a head
+    below the acceptance floor) carries ``reason`` and ``production_restarts: 0`` — no later step runs.
 
     Raises:
-        CycleError: a step failed; journaled ``failed`` with the hosts of the step that do not answer
-            (``alive(host)`` false) named as ``dead_hosts``; the message names them and the rerun.
+        CycleError: a step failed and did not move; journaled ``failed`` with the hosts of the step that do not
+            answer named as ``dead_hosts``; the message names them and the rerun.
     """
+    moved: list[dict[str, Any]] = []
+    while True:
+        try:
+            return {**_run_plan(plan, journal, runners, echo), "moved": moved}
+        except _StepError as err:
+            s, exc = err.step, err.exc
+            dead = [h for h in dict.fromkeys((*s.hosts, *s.reads)) if not alive(h)]
+            new = [h for h in dead if h != plan.production and h not in plan.dead]
+            why = _why_not_moved(plan, journal, new, dead, replan)
+            if why is None:
+                assert replan is not None
+                moved_plan = replan((*plan.dead, *new))
+                live = [w for w in moved_plan.work if w not in moved_plan.dead]
+                journal.record(s.key, "failed", error=str(exc), dead_hosts=dead, moved_to=live)
+                journal.record("cycle", "dead", hosts=new, during=s.key)
+                echo(f"{s.key}: work host(s) {', '.join(new)} did not answer: left out, the step moves to "
+                     f"{', '.join(live)} (finished steps are not repeated)")
+                moved.append({"step": s.key, "dead": new, "to": live})
+                plan = moved_plan
+                continue
+            journal.record(s.key, "failed", error=str(exc), dead_hosts=dead)
+            if dead:
+                raise CycleError(f"step {s.key}: host(s) {', '.join(dead)} did not answer"
+                                 + (" (production)" if plan.production in dead else " (work host)")
+                                 + f": {why}; finished steps are not repeated. The step's error: {exc}") from exc
+            raise CycleError(f"step {s.key} on {', '.join(s.hosts)} failed: {exc}; rerun the same command to "
+                             f"resume (finished steps are not repeated)") from exc
+
+
+def _why_not_moved(plan: CyclePlan, journal: CycleJournal, new: Sequence[str], dead: Sequence[str],
+                   replan: Replan | None) -> str | None:
+    """Why a step whose ``dead`` hosts (``new``: the work hosts among them not yet named dead) do not answer
+    cannot move to another work host and waits for the rerun (the rerun to give); None: it moves."""
+    if plan.production in dead:
+        return "rerun once it answers again"
+    if not new:
+        return "rerun once it is back"
+    flags = " ".join(f"--dead {h}" for h in new)
+    left = [w for w in plan.work if w not in plan.dead and w not in new]
+    if not left:
+        return f"no other work host to move to: rerun once it is back, or name another one with --work"
+    lost = lost_on(plan, finished_hosts(journal.entries()), new)
+    if lost is not None:
+        return (f"the finished step {lost[0]} left {lost[1]} there, so the step waits for the rerun: rerun as it is "
+                f"once it is back (nothing is redone), or rerun with {flags} to redo {lost[0]} and what follows on "
+                f"{', '.join(left)}")
+    if replan is None:
+        return (f"rerun with {flags} to move its work to the other work hosts, or rerun as it is once it is "
+                f"back")
+    return None
+
+
+def _run_plan(plan: CyclePlan, journal: CycleJournal, runners: Mapping[str, Runner],
+              echo: Callable[[str], None]) -> dict[str, Any]:
+    """The steps of ``plan`` in order (see :func:`run_cycle`); a step's error raised as :class:`_StepError`."""
     done = journal.finished()
+    lost = lost_on(plan, finished_hosts(journal.entries()), plan.dead)
+    redo = {s.key for s in plan.steps[[s.key for s in plan.steps].index(lost[0]):]} if lost else set()
     steps: dict[str, str] = {}
     figs: dict[str, dict[str, Any]] = {}
     for s in plan.steps:
         prior = done.get(s.key)
-        if prior and prior.get("event") == "ended":
+        if prior and prior.get("event") == "ended" and s.key not in redo:
             echo(f"{s.key}: the cycle ended here in an earlier run ({prior.get('reason')}); nothing more to do")
             return {"outcome": "ended", "step": s.key, "reason": prior.get("reason"), "steps": steps,
                     "figures": {**figs, s.key: _figures(prior)}, "production_restarts": 0}
-        if prior:
+        if prior and s.key in redo:
+            echo(f"{s.key}: done in an earlier run, but {lost[1]} of {lost[0]} sat on a host now named dead "
+                 f"({', '.join(plan.dead)}): run again")
+        elif prior:
             echo(f"{s.key}: done in an earlier run ({prior.get('t')}), skipped")
             steps[s.key], figs[s.key] = "skipped", _figures(prior)
             continue
@@ -291,17 +386,7 @@ def run_cycle(plan: CyclePlan, journal: CycleJournal, runners: Mapping[str, Runn
             return {"outcome": "ended", "step": s.key, "reason": end.reason, "steps": steps,
                     "figures": {**figs, s.key: end.figures}, "production_restarts": 0}
         except Exception as exc:
-            dead = [h for h in s.hosts if not alive(h)]
-            journal.record(s.key, "failed", error=str(exc), dead_hosts=dead)
-            if dead:
-                work_dead = [h for h in dead if h != plan.production]
-                fix = (f"rerun with --dead {' --dead '.join(work_dead)} to move its work to the other work hosts, "
-                       f"or rerun as it is once it is back" if work_dead else "rerun once it answers again")
-                raise CycleError(f"step {s.key}: host(s) {', '.join(dead)} did not answer"
-                                 + (" (production)" if plan.production in dead else " (work host)")
-                                 + f": {fix}; finished steps are not repeated. The step's error: {exc}") from exc
-            raise CycleError(f"step {s.key} on {', '.join(s.hosts)} failed: {exc}; rerun the same command to "
-                             f"resume (finished steps are not repeated)") from exc
+            raise _StepError(s, exc) from exc
         journal.record(s.key, "done", **figures)
         steps[s.key], figs[s.key] = "done", figures
     return {"outcome": "done", "steps": steps, "figures": figs}

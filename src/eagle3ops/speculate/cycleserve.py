@@ -30,7 +30,7 @@ from eagle3ops.commands.serving import ROLE_LABEL, ShellFormCommand, apply_chang
 from eagle3ops.speculate.cycle import CycleEnded, StepFailed
 
 __all__ = ["ProductionServing", "WorkServing", "choose_port", "head_dir", "plan_work_serving", "production_serving",
-           "remap", "secrets_to_env", "serve_and_measure"]
+           "remap", "secrets_to_env", "serve_and_measure", "server_name"]
 
 #: The role label of the work host's measuring server (never ``serving``: nothing mistakes it for production).
 ROLE = "cycle-acceptance"
@@ -83,6 +83,11 @@ class WorkServing:
 def head_dir(work: Any, run: str) -> str:
     """The trained head on the work host: ``<data_dir>/runs/<run>/train/final`` (where ``train`` saves it)."""
     return f"{work.data_dir}/runs/{run}/train/final"
+
+
+def server_name(run: str) -> str:
+    """The work host's measuring container's name: ``eagle3ops-cycle-<run>`` (characters Docker refuses: ``-``)."""
+    return "eagle3ops-cycle-" + re.sub(r"[^a-zA-Z0-9_.-]", "-", run)
 
 
 def remap(path: str, pairs: Sequence[tuple[str, str]]) -> str:
@@ -163,7 +168,7 @@ def plan_work_serving(prod: Any, work: Any, src: ProductionServing, *, run: str,
     head = head_dir(work, run)
     on_work = prod.model_copy(update={"gpus": work.gpus})  # the change as it runs on the work host's GPUs
     change = driver_kind(on_work).speculative_change(on_work, head, k, image or "", None)
-    name = "eagle3ops-cycle-" + re.sub(r"[^a-zA-Z0-9_.-]", "-", run)
+    name = server_name(run)
     if src.form == "process":
         return _process_serving(src, pairs, change, name=name, port=port, head=head)
     if src.form != "container":
@@ -410,9 +415,15 @@ def serve_and_measure(pr: Any, wr: Any, *, run: str, k: int, prompts: Sequence[A
                          f"container: the head's acceptance runs production's image; give the work host a "
                          f"Docker engine", (work.name,))
     wid = new_window_id("cycle-acceptance")
+    take = lambda: acquire_lock(wr, wid, command or f"eagle3ops cycle --run {run}",  # noqa: E731
+                                f"cycle {run}: the head's served acceptance (a server on this host's GPUs)")
     try:
-        acquire_lock(wr, wid, command or f"eagle3ops cycle --run {run}",
-                     f"cycle {run}: the head's served acceptance (a server on this host's GPUs)")
+        try:
+            take()
+        except LockHeld:
+            if not _left_by_killed_driver(wr, src, run, echo):
+                raise
+            take()
     except (LockHeld, WindowError) as exc:
         raise StepFailed(f"{exc} The cycle's acceptance step needs {work.name} to itself (its server takes the "
                          f"host's GPUs): rerun the cycle once that lock is free (finished steps are not repeated)",
@@ -422,6 +433,30 @@ def serve_and_measure(pr: Any, wr: Any, *, run: str, k: int, prompts: Sequence[A
                                   push=push, echo=echo)
     finally:
         release_lock(wr, wid)
+
+
+def _left_by_killed_driver(wr: Any, src: ProductionServing, run: str, echo: Callable[[str], None]) -> bool:
+    """When the work host's deploy lock is this cycle's own acceptance (its window id and message: ``cycle RUN:``)
+    left by a killed driver, stop the server that driver started (its session, or its container: only what the
+    cycle started, by the id it recorded) and release that lock; returns whether it did. The cycle's lock on
+    production admits one driver at a time, so an acceptance lock of this run held meanwhile is a dead driver's.
+    The server is not reused: the measurement is made afresh by a server whose command line this driver made.
+
+    Raises:
+        StepFailed: the left server could not be stopped (named, with what still runs).
+    """
+    from eagle3ops.window.lock import read_lock, release_lock
+
+    held = read_lock(wr) or {}
+    if not (str(held.get("window_id", "")).startswith("cycle-acceptance")
+            and str(held.get("message", "")).startswith(f"cycle {run}:")):
+        return False
+    left = WorkServing(src.form, server_name(run), 0, "", (), ())
+    stopped = _stop(wr, left, f"{wr.host.state_dir}/cycles/{run}/serve")
+    release_lock(wr, held.get("window_id"))
+    echo(f"{wr.host.name}: the served acceptance of cycle {run} left by a killed driver (lock since "
+         f"{held.get('since', '?')}): its server {stopped or 'was gone'}; its lock released, measured afresh")
+    return True
 
 
 def _serve_and_measure(pr: Any, wr: Any, src: ProductionServing, *, run: str, k: int, prompts: Sequence[Any],
