@@ -1,5 +1,5 @@
-"""The speculation gate's own decision on simulated gates (``benchmarks/gate_simulation.py``, whose functions this
-test runs; the benchmark runs the full grid, 20,000 gates a cell, and writes ``benchmarks/gate-simulation.json``).
+"""The speculation gate's own decision on simulated gates (``benchmarks/gate-simulation/gate_simulation.py``, whose functions this
+test runs; the benchmark runs the full grid, 20,000 gates a cell, and writes ``benchmarks/gate-simulation/gate-simulation.json``).
 
 Here a small, fast slice: 3,000 gates per cell at 3 passes per side (the fewest the gate allows, where a small-sample
 interval is most likely to undercover), true ratio exactly the keep threshold (1 + margin), under independent
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _simulation():
-    spec = importlib.util.spec_from_file_location("gate_simulation", REPO / "benchmarks" / "gate_simulation.py")
+    spec = importlib.util.spec_from_file_location("gate_simulation", REPO / "benchmarks" / "gate-simulation" / "gate_simulation.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,4 +1,4 @@
-"""benchmarks/speculate_smollm2_gpu_head.py's pure parts: the head reassembled from its split shard with
+"""benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py's pure parts: the head reassembled from its split shard with
 the recorded sha256 checked, and its figures (per-level throughput intervals by the gate's own method, the serving
 targets' checks with their shortfalls) from a gate result made by the gate's real decision on synthetic passes.
 No host, no image, no head from the device machine (a tiny one is written here)."""
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _bench():
     spec = importlib.util.spec_from_file_location("speculate_smollm2_gpu_head",
-                                                  REPO / "benchmarks" / "speculate_smollm2_gpu_head.py")
+                                                  REPO / "benchmarks" / "gpu-head-served" / "speculate_smollm2_gpu_head.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -74,7 +74,7 @@ def test_figures_give_each_levels_interval_and_the_done_when_shortfalls() -> Non
                    margin=0.05, acceptance_floor=1.3)
     result = {"verdict": d.verdict, "reason": d.reason, **d.figures, "prompts": {"source": "prompts file",
                                                                                  "count": 8, "max_tokens": 64}}
-    r2 = json.loads((REPO / "benchmarks" / "gpu-head-smollm2-h200-r2.json").read_text())
+    r2 = json.loads((REPO / "benchmarks" / "gpu-head-smollm2" / "gpu-head-smollm2-h200-r2.json").read_text())
     fig = b.figures(result, r2, head=None, prompts=None, levels={"measured": [1, 4]}, timing={}, target=None,
                     gate_wall_s=None)
     assert fig["verdict"] == "keep" and fig["acceptance_length"] == pytest.approx(2.4)
@@ -90,7 +90,7 @@ def test_figures_give_each_levels_interval_and_the_done_when_shortfalls() -> Non
 
 
 def test_the_committed_round_3_head_matches_its_provenance_and_record(tmp_path: Path) -> None:
-    """The head committed under ``benchmarks/heads/`` (round 3): every file's sha256 and size as its
+    """The head committed under ``benchmarks/gpu-head-smollm2/heads/`` (round 3): every file's sha256 and size as its
     ``provenance.json`` records them, its shards those of the round's JSON, at most 20 MB in all, no
     ``embed_tokens`` (vLLM takes the target's); ``assemble_head`` takes it as the benchmark's default."""
     b = _bench()
@@ -146,7 +146,7 @@ def test_whole_answer_acceptance_is_added_only_for_the_gates_own_head() -> None:
 
 
 def test_the_repeat_count_goes_beside_both_acceptance_figures_and_only_for_the_gates_prompts() -> None:
-    """``--add-repeats``: ``benchmarks/heldout_repeats.py``'s counts of prompts repeating a trained user turn go into
+    """``--add-repeats``: ``benchmarks/heldout-repeats/heldout_repeats.py``'s counts of prompts repeating a trained user turn go into
     ``held_out_repeats``, and the gate's own acceptance (at its measured ``max_tokens``) sits beside the whole-answer
     figure; counts made on other prompts are refused by name (the input is not changed)."""
     b = _bench()
@@ -173,7 +173,7 @@ def test_the_repeat_count_goes_beside_both_acceptance_figures_and_only_for_the_g
 def test_the_benchmarks_held_out_records_share_no_user_turn_with_the_training_pool(tmp_path, monkeypatch) -> None:
     """``gpu_head_smollm2.held_out_by_content``: a record past ``HELD_OUT_FROM`` that repeats (after normalization,
     at any position, or through another held-out record) a user turn of a record before it is left out and counted."""
-    spec = importlib.util.spec_from_file_location("gpu_head_smollm2", REPO / "benchmarks" / "gpu_head_smollm2.py")
+    spec = importlib.util.spec_from_file_location("gpu_head_smollm2", REPO / "benchmarks" / "gpu-head-smollm2" / "gpu_head_smollm2.py")
     g = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(g)
     monkeypatch.setattr(g, "HELD_OUT_FROM", 2)
