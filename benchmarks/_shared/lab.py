@@ -8,9 +8,12 @@ mount it at ``/bench``).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 #: The lab's root, one folder per question (``benchmarks/``; ``/bench`` in a measuring container).
 BENCH = Path(__file__).resolve().parents[1]
@@ -36,18 +39,41 @@ def use(*questions: str) -> None:
             sys.path.insert(0, p)
 
 
-def rel(path: str | os.PathLike[str]) -> str:
-    """``path`` as a result records it: relative to the checkout when inside it, ``~/...`` when under the home
-    folder, ``$TMPDIR/...`` when under the temporary folder; any other path as given (a host's or a container's own
-    path, which the reader needs). Results carry no path of the machine that measured them."""
-    p = Path(path)
-    if not p.is_absolute():
-        return p.as_posix()
-    for base, shown in ((REPO, None), (Path.home(), "~"), (Path(os.environ.get("TMPDIR", "/tmp")), "$TMPDIR"),
-                        (Path("/tmp"), "$TMPDIR")):
-        try:
-            tail = p.resolve().relative_to(base.resolve()) if base == REPO else p.relative_to(base)
-        except ValueError:
-            continue
-        return tail.as_posix() if shown is None else f"{shown}/{tail.as_posix()}".rstrip("/.")
-    return p.as_posix()
+def scrub(text: str) -> str:
+    """``text`` with every path of the measuring machine made portable: this checkout's absolute path → relative
+    (``.`` for the checkout itself), the home folder (``/root``, ``/home/USER``, ``/Users/USER``) → ``~``, the
+    temporary folders (``/tmp``, ``/var/tmp``, ``$TMPDIR``) → ``$TMPDIR``, ``/work`` → ``$WORK``. A host's path (a
+    data dir on the host) and a container's (the side after ``:`` in a bind) are kept: the reader needs them and they
+    do not depend on the machine that measured."""
+    if len(REPO.parts) > 1:  # in a container that mounts benchmarks/ alone, REPO is "/": nothing to strip
+        text = re.sub(re.escape(str(REPO)) + r"(?=[\s\"',;:)]|$)", ".", text.replace(str(REPO) + "/", ""))
+    return _MACHINE.sub(lambda m: _SHOWN[next(k for k, g in enumerate(m.groups()[1:]) if g is not None)], text)
+
+
+#: Where a machine path starts: not inside a word or another path, not the container side of a bind (``HOST:/ctr``);
+#: the groups in :data:`_SHOWN`'s order. ``/work`` holds this lab's checkouts and what came back from device machines.
+_MACHINE = re.compile(r"(?<![\w.\-/:$~])((/tmp/|/var/tmp/" + (
+    "|" + re.escape(os.environ["TMPDIR"].rstrip("/") + "/") if os.environ.get("TMPDIR", "").strip("/") else "")
+    + r")|(/root/|/home/[\w.-]+/|/Users/[\w.-]+/)|(/work/))")
+_SHOWN = ("$TMPDIR/", "~/", "$WORK/")
+
+
+def portable(value: Any) -> Any:
+    """``value`` (a result: dicts, lists, strings, numbers) with :func:`scrub` applied to every string, keys too, and
+    to every path object (written as its string)."""
+    if isinstance(value, os.PathLike):
+        return scrub(os.fspath(value))
+    if isinstance(value, dict):
+        return {portable(k): portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    return scrub(value) if isinstance(value, str) else value
+
+
+def write_result(path: str | os.PathLike[str], result: Any, **dumps: Any) -> Path:
+    """Write a benchmark's result as JSON (``json.dumps(result, **dumps)`` and a newline) with no path of the
+    measuring machine in it (:func:`portable`); returns the path. ``tests/test_lab.py`` scans the committed results
+    for such paths."""
+    path = Path(path)
+    path.write_text(json.dumps(portable(result), **dumps) + "\n")
+    return path

@@ -35,6 +35,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 #: The test-only margin that keeps a slower head live (see the module doc).
@@ -175,7 +177,7 @@ def main() -> int:
            "plot": str(png.relative_to(REPO)), "release_at_start": start_release, "release_at_end": end_release,
            "wall_s": round(time.monotonic() - t0, 1), "t": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = a.json or Path(__file__).resolve().parent / f"calibration-{a.host}.json"
-    path.write_text(json.dumps(res, indent=1) + "\n")
+    write_result(path, res, indent=1)
     for one in heads:
         print(f"{one['head']}: {one['verdict']}; {one['calibration']}")
     print(f"figures written to {path}, plot {png}")

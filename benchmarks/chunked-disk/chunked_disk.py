@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py, inimage.py
 from inimage import epoch_steps, first_conversations, run_container  # noqa: E402
-from lab import BENCH, REPO, use  # noqa: E402
+from lab import BENCH, REPO, use, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -194,7 +194,7 @@ def _result(a: argparse.Namespace, one: dict[str, Any], ch: dict[str, Any], **me
            "hidden_over_free_at_start": round(one["hidden_file_bytes"] / ch["free_at_start"], 3),
            "peak_within_limit": ch["peak_used_bytes"] <= ch["tmpfs_bytes"],
            "estimate_difference": round(abs(e1 - e2), 6)}
-    a.json.write_text(json.dumps(out, indent=1) + "\n")
+    write_result(a.json, out, indent=1)
     print(json.dumps({k: out[k] for k in ("hidden_over_free_at_start", "peak_within_limit", "estimate_difference")}
                      | {"peak_used_bytes": ch["peak_used_bytes"], "tmpfs_bytes": ch["tmpfs_bytes"],
                         "chunks": len(ch["plan"]["chunks"]), "estimates": [e1, e2]}, indent=1))

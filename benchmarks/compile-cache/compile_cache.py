@@ -47,7 +47,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
-from lab import use  # noqa: E402
+from lab import use, write_result  # noqa: E402
 
 use("release-gate")
 
@@ -218,7 +218,7 @@ def main() -> int:
                  "move with that load; cold and kept starts alternate so that both see it"),
     }
     path = args.json or Path(__file__).resolve().parent / f"compile-cache-{h.serving.served_model_name}.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    write_result(path, out, indent=2)
     print(verdict)
     print(f"wrote {path}")
     return 0

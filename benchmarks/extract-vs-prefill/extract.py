@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 
 def prepared_inputs(model: str, max_seq_len: int, repeat: int) -> list[list[int]]:
@@ -140,7 +142,7 @@ def main() -> int:
     print(f"extract : {fig['extract_s']:8.3f} s  {fig['extract_tokens_per_s']:10.1f} tok/s")
     print(f"ratio (extract tok/s / prefill tok/s) = {fig['ratio']:.3f}  (target >= 0.9); per round {fig['rounds']}")
     if a.json:
-        a.json.write_text(json.dumps(fig, indent=1) + "\n")
+        write_result(a.json, fig, indent=1)
     return 0
 
 

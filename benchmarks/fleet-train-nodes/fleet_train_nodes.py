@@ -38,6 +38,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
@@ -387,7 +389,7 @@ def main() -> int:
             shutil.rmtree(tmp, ignore_errors=True)
         fig["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         fig["ok"] = ok
-        a.json.write_text(json.dumps(fig, indent=2) + "\n")
+        write_result(a.json, fig, indent=2)
         print(f"wrote {a.json}")
     return 0 if ok else 1
 

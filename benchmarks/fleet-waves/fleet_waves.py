@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 NET = {"prefix": "bench-fleet", "ns_prefix": "e3fbench", "subnet": 228}
@@ -140,7 +142,7 @@ def main() -> int:
         one = next((r for r in report["runs"] if r["max_down_per_model"] == 1), None)
         report["limit_1_held"] = None if one is None else (one["extract_windows"] == 3 and
                                                           not one["overlapping_pairs"])
-        a.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_result(a.json, report, indent=2)
         print(f"wrote {a.json}: limit_1_held={report['limit_1_held']}")
     finally:
         if not a.keep:

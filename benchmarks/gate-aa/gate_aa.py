@@ -41,7 +41,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
-from lab import use  # noqa: E402
+from lab import use, write_result  # noqa: E402
 
 use("release-gate")
 
@@ -192,7 +192,7 @@ def main() -> int:
         out["design_note"] = (f"the gate's design as it ran does not meet the target here: {excl} of {len(decided)} "
                               "runs' intervals excluded 1.0 with nothing changed; the figure is reported as measured"
                               + ("" if len(decided) >= 10 else f" (only {len(decided)} runs: too few to judge)"))
-    a.json.write_text(json.dumps(out, indent=1) + "\n")
+    write_result(a.json, out, indent=1)
     print(f"interval excluded 1.0 in {excl} of {len(decided)} runs; kept {kept} of {len(runs)}; "
           f"meets the target: {meets}; written to {a.json}")
     return 0

@@ -54,6 +54,9 @@ import platform
 from concurrent.futures import ProcessPoolExecutor
 import time
 from pathlib import Path
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 import numpy as np
 
@@ -234,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
            "requirement_met": ok, "results": rows, "wall_s": round(time.monotonic() - t0, 1),
            "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
            "numpy": np.__version__}
-    args.json.write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.json, out, indent=2)
     print(f"requirement met: {ok}; wrote {args.json}")
     return 0
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
-from lab import BENCH, REPO, use  # noqa: E402
+from lab import BENCH, REPO, use, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 HEAD = BENCH / "gpu-head-smollm2" / "heads" / "smollm2-135m-instruct-eagle3"
@@ -127,7 +127,7 @@ def main() -> int:
         "head": str(HEAD.relative_to(REPO)), "pipeline_image": dep["image"],
         "machine": _cpu(), "wall_s": round(time.monotonic() - t0, 1),
     }
-    a.json.write_text(json.dumps(fig, indent=1) + "\n")
+    write_result(a.json, fig, indent=1)
     print(json.dumps({k: fig[k] for k in ("estimate_on_cpu_states", "served", "offline_on_gpu_states")}, indent=1))
     print(f"figures written to {a.json}")
     return 0

@@ -75,7 +75,7 @@ from typing import Any
 from eagle3ops.patches.wheels import sha256_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
-from lab import BENCH, REPO, use  # noqa: E402
+from lab import BENCH, REPO, use, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 HEADS = BENCH / "gpu-head-smollm2"  # the training benchmark: its rounds' JSON, the committed head
@@ -540,7 +540,7 @@ def main() -> int:
         return 0
     if a.add_repeats:
         fig = add_repeats(json.loads(a.json.read_text()), json.loads(a.add_repeats.read_text()), a.add_repeats.name)
-        a.json.write_text(json.dumps(fig, indent=1) + "\n")
+        write_result(a.json, fig, indent=1)
         print(f"held-out repeats: {json.dumps(fig['held_out_repeats'])}")
         return 0
     if a.add_whole_answers:
@@ -550,7 +550,7 @@ def main() -> int:
         rec = json.loads(ROUNDS[a.round][0].read_text())
         fig = add_whole_answers(json.loads(a.json.read_text()), bylen, a.add_whole_answers.name, files,
                                 (rec.get("generation") or {}).get("device"))
-        a.json.write_text(json.dumps(fig, indent=1) + "\n")
+        write_result(a.json, fig, indent=1)
         print(f"done when: {json.dumps({k: v['holds'] for k, v in fig['done_when'].items()})}")
         return 0
 
@@ -617,7 +617,7 @@ def main() -> int:
     timing["total_s"] = round(time.monotonic() - t_all, 1)
     fig = figures(result, r2, head=head, prompts=prompts, levels=level_rec, timing=timing,
                   target=_target_record(h), gate_wall_s=gate_wall, record=record)
-    a.json.write_text(json.dumps(fig, indent=1) + "\n")
+    write_result(a.json, fig, indent=1)
     print(f"verdict {fig['verdict']}: {fig['reason']}")
     print(f"acceptance length {fig['acceptance_length']} per position {fig['acceptance_per_position']}; offline "
           f"{fig['offline_estimate']['acceptance_length']} (served - offline {fig['served_minus_offline']})")

@@ -1023,7 +1023,10 @@ def finish(got: Path, dest: Path, device_s: dict, r1: Path, tag: str = "r2", hea
         (head_dir / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
         fig["head"]["dir"] = str(head_dir)
         fig["head"]["files_bytes_total"] = prov["bytes_total"]
-    dest.write_text(json.dumps(fig, indent=1) + "\n")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py (here, not on the device)
+    from lab import write_result
+
+    write_result(dest, fig, indent=1)
     print(json.dumps({k: fig[k] for k in ("round1", "previous_round", "offline_acceptance", "device_seconds")
                       if k in fig}, indent=1))
 

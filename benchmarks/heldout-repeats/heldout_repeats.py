@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
-from lab import BENCH, REPO, use  # noqa: E402
+from lab import BENCH, REPO, use, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO / "src"))
 use("gpu-head-smollm2")
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(the training pool)",
            "file": path.name, "file_sha256": sha,
            **measure(path, gate["prompts"]["indices"], whole["prompts"]["n"])}
-    a.json.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    write_result(a.json, out, indent=1, ensure_ascii=False)
     for k in ("gate", "whole_answers", "selected_now"):
         r = out[k]
         print(f"{k}: {r['repeat_a_trained_first_turn']} of {r['prompts']} repeat a trained first turn, "

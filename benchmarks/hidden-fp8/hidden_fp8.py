@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py, inimage.py
 from inimage import first_conversations, run_container  # noqa: E402
-from lab import BENCH, REPO, use  # noqa: E402
+from lab import BENCH, REPO, use, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn value (OCP FP8 spec; torch.finfo(torch.float8_e4m3fn).max)
@@ -230,7 +230,7 @@ def main() -> None:
            "head": str(a.head) if a.head else None, "pipeline_image": image,
            "machine": machine(), **res,
            "wall_s": round(time.monotonic() - t_start, 1)}
-    a.json.write_text(json.dumps(out, indent=1) + "\n")
+    write_result(a.json, out, indent=1)
     print(json.dumps({k: out.get(k) for k in ("storage", "estimate_on_bf16_held_out", "outside_head")}, indent=1))
 
 

@@ -40,6 +40,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = "vllm-0.16.0-serving-cpu-standin"
@@ -190,7 +192,7 @@ def main() -> int:
                    "for Kimi-K2.5) served by vLLM 0.16 CPU without and with a head trained by eagle3ops's stages",
            "machine": {"cpu": _cpu_model(), "cores": os.cpu_count()},
            "images": {"pipeline": pipe, "serving": serving}, **figures}
-    args.json.write_text(json.dumps(out, indent=1) + "\n")
+    write_result(args.json, out, indent=1)
     print(json.dumps(out, indent=1))
     return 0
 

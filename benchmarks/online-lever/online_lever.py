@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py, inimage.py
 from inimage import epoch_steps, first_conversations, run_container  # noqa: E402
-from lab import BENCH, REPO, use  # noqa: E402
+from lab import BENCH, REPO, use, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -210,7 +210,7 @@ def main() -> None:
            "offline_total_s": round(off["extract_s"] + off["train_s"], 1),
            "online_over_offline_time": round(on["train_s"] / (off["extract_s"] + off["train_s"]), 3),
            "wall_s": round(time.monotonic() - t_start, 1)}
-    a.json.write_text(json.dumps(out, indent=1) + "\n")
+    write_result(a.json, out, indent=1)
     print(json.dumps({k: out[k] for k in ("offline_total_s", "online_over_offline_time", "same_head_weights")}
                      | {"estimates": [off["offline_estimate"]["acceptance_length"],
                                       on["offline_estimate"]["acceptance_length"]],

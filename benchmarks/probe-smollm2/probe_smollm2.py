@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 
 def write_chat_samples(model: str, run: Path, conversations: int) -> int:
@@ -86,7 +88,7 @@ def main() -> int:
            "cpu": cpu_model(), "target": target, "chat_tokens_written": tokens, "exit_status": r.returncode,
            "wall_s": round(time.monotonic() - t0, 1), "report": report}
     if a.json:
-        a.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_result(a.json, out, indent=2)
         print(f"wrote {a.json}")
     return r.returncode
 

@@ -47,6 +47,8 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 from eagle3ops import transfer
 from eagle3ops_dev import sandbox
@@ -289,8 +291,8 @@ def main() -> int:
                           f"(target <= 1.5) | 4 hosts, links unlimited {free['s']:.1f}s: floor {floor:.1f}s, "
                           f"ratio to floor {four['s'] / floor:.2f} (target <= 1.1)", flush=True)
                 if a.json:  # what is measured so far, in case a later run does not end
-                    a.json.write_text(json.dumps({**report, "partial": f"after run {rep} of {a.repeat}"}, indent=1,
-                                                 default=str) + "\n")
+                    write_result(a.json, {**report, "partial": f"after run {rep} of {a.repeat}"}, indent=1,
+                                 default=str)
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731 - the median of an odd count
             if report.get("P2-100mbit-runs"):
                 runs = report["P2-100mbit-runs"]
@@ -314,7 +316,7 @@ def main() -> int:
     report["machine"] = {"cpus": __import__("os").cpu_count(), "load_avg_end": __import__("os").getloadavg()}
     print(json.dumps(report, indent=1, default=str))
     if a.json:
-        a.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        write_result(a.json, report, indent=1, default=str)
         print(f"wrote {a.json}")
     return 0
 

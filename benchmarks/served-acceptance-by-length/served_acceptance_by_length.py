@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
-from lab import BENCH, REPO, use  # noqa: E402
+from lab import BENCH, REPO, use, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO / "src"))
 use("gpu-head-served", "gpu-head-smollm2")
@@ -211,7 +211,7 @@ def main() -> int:
            "server_start_s": start_s, "runs": runs, "segments": segments,
            "machine": machine(),
            "wall_s": round(time.monotonic() - t_all, 1), "server_log_tail": logs[-3000:]}
-    a.json.write_text(json.dumps(res, indent=1) + "\n")
+    write_result(a.json, res, indent=1)
     print(json.dumps({k: v for k, v in res.items() if k != "server_log_tail"}, indent=1))
     return 0
 

@@ -33,6 +33,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -103,7 +105,7 @@ def main() -> int:
                 echo=lambda m: print(m, file=sys.stderr))
     fig = summarize(result)
     path = a.json or Path(__file__).resolve().parent / f"speculate-{a.host}-{a.run}.json"
-    path.write_text(json.dumps(fig, indent=1) + "\n")
+    write_result(path, fig, indent=1)
     print(f"verdict {fig['verdict']}: {fig['reason']}")
     print(f"acceptance length {fig['acceptance_length_mean']} (k={fig['num_speculative_tokens']}), per position "
           f"{fig['acceptance_per_position']}; offline estimate {fig['offline_estimate']}")

@@ -31,6 +31,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
@@ -180,7 +182,7 @@ def main() -> int:
             shutil.rmtree(base, ignore_errors=True)
         fig["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(fig, indent=2) + "\n")
+        write_result(a.json, fig, indent=2)
         print(f"wrote {a.json}")
     return 0 if all(w["outcome"] in ("ok", "nothing to do") for w in fig.get("windows", [])) else 1
 

@@ -19,8 +19,8 @@ Run inside the CPU stand-in serving image (its vLLM carries the greedy EAGLE-3 C
 
     docker run --rm --network none -e VLLM_CPU_KVCACHE_SPACE=1 -e OMP_NUM_THREADS=2 -e PYTHONPATH=/src \\
       -e HF_HUB_OFFLINE=1 -e HOME=/tmp -v $PWD/src:/src:ro -v $PWD/benchmarks:/b -v /tmp/vtc:/w \\
-      --entrypoint /opt/venv/bin/python3 eagle3ops/serving:sandbox-cpu-standin /b/vllm_target_cost.py \\
-      --work /w --shapes 4x128 24x128 12x512 --json /b/vllm-target-cost-cpu.json
+      --entrypoint /opt/venv/bin/python3 eagle3ops/serving:sandbox-cpu-standin /b/vllm-target-cost/vllm_target_cost.py \\
+      --work /w --shapes 4x128 24x128 12x512 --json /b/vllm-target-cost/vllm-target-cost-cpu.json
 
 Measured: ``benchmarks/vllm-target-cost/vllm-target-cost-cpu.json`` (see ``benchmarks/sandbox-target/README.md``).
 
@@ -39,7 +39,7 @@ scheduler the speculative arm runs with). Usage (the same container as above)::
 
     ... -v TARGET:/t:ro -v HEAD:/h:ro -v SHAREGPT_JSON:/s.json:ro ... vllm_target_cost.py --work /w --real /t /h \\
       --real-sharegpt /s.json --real-n 12 --real-names "SmolLM2-135M-Instruct ..." "round 5 head ..." --ks 1 3 \\
-      --json /b/vllm-target-cost-smollm2-cpu.json
+      --json /b/vllm-target-cost/vllm-target-cost-smollm2-cpu.json
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def real(a: argparse.Namespace) -> int:
            "concurrency": 1, "prompts": _prompt_record(a), "cpu_count": os.cpu_count(),
            "machine": _machine(), "rows": rows}
     if a.json:
-        a.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_result(a.json, out, indent=2)
         print(f"wrote {a.json}")
     return 0
 
@@ -290,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['c1']['break_even_acceptance']} (c=1), {row['c4']['break_even_acceptance']} (c=4)", flush=True)
         rows.append(row)
     if a.json:
-        a.json.write_text(json.dumps({"benchmark": "vllm_target_cost", "k": K, "output_tokens": OUT_TOKENS,
-                                      "cpu_count": os.cpu_count(), "rows": rows}, indent=2) + "\n")
+        write_result(a.json, {"benchmark": "vllm_target_cost", "k": K, "output_tokens": OUT_TOKENS,
+                              "cpu_count": os.cpu_count(), "rows": rows}, indent=2)
         print(f"wrote {a.json}")
     return 0
 
