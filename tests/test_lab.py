@@ -109,3 +109,13 @@ def test_every_committed_result_parses() -> None:
         except ValueError as e:
             bad.append(f"{rel}: {e}")
     assert bad == []
+
+
+def test_no_test_loads_code_from_the_lab() -> None:
+    """Tests import what they test from the product or the harness (``eagle3ops_dev``), never a benchmark script by
+    path: the lab's scripts do I/O at import and move between folders; their results are data a test may read."""
+    loads = re.compile(r"spec_from_file_location\([^)]*benchmarks|sys\.path\.(?:insert|append)\([^)]*benchmarks")
+    bad = [f"{p.relative_to(REPO)}: {m.group(0)!r}" for p in sorted((REPO / "tests").rglob("*.py"))
+           if p.name != "test_lab.py" for m in loads.finditer(p.read_text())]  # [^)] spans a call's lines too
+    assert bad == [], bad
+    assert loads.search('spec_from_file_location("g",\n    REPO / "benchmarks" / "x.py")')  # the scan sees one

@@ -213,20 +213,17 @@ def held_out_by_content(path: Path) -> tuple[list[tuple[int, dict, list[str]]], 
     other records) with a record below it that opens with a user turn (the pool the heads train on), as
     ``(index, record, user turns)`` in file order, and the record of what was left out. ShareGPT V3 repeats first
     turns under other ids ("hi", "Give me 50 examples ..."): an index split alone held such copies out."""
-    from eagle3ops.stages.contentsplit import content_groups
+    from eagle3ops.stages.contentsplit import held_out_past
 
     rows = [(idx, rec, users) for idx, rec in enumerate(_sharegpt_records(path))
             if (users := _user_turns(rec)) is not None]
-    groups = content_groups([u for _i, _r, u in rows], [str(i) for i, _r, _u in rows])
-    trained = {c for (i, _r, _u), c in zip(rows, groups.canonical) if i < HELD_OUT_FROM}
-    held, repeating = [], []
-    for (i, rec, users), c in zip(rows, groups.canonical):
-        if i >= HELD_OUT_FROM:
-            (repeating if c in trained else held).append((i, rec, users))
-    return held, {"rule": f"records >= {HELD_OUT_FROM} opening with a user turn, minus those sharing a normalized "
-                          f"user turn with a record < {HELD_OUT_FROM} (held out by content)",
-                  "held_out_records": len(held), "left_out_repeating_trained": len(repeating),
-                  "left_out_first": [i for i, _r, _u in repeating[:10]], "content": groups.record()}
+    held_idx, repeating, groups = held_out_past([(i, u) for i, _r, u in rows], HELD_OUT_FROM)
+    by_index = {i: (i, r, u) for i, r, u in rows}
+    return [by_index[i] for i in held_idx], {
+        "rule": f"records >= {HELD_OUT_FROM} opening with a user turn, minus those sharing a normalized "
+                f"user turn with a record < {HELD_OUT_FROM} (held out by content)",
+        "held_out_records": len(held_idx), "left_out_repeating_trained": len(repeating),
+        "left_out_first": repeating[:10], "content": groups.record()}
 
 
 def prep(gguf: Path, sharegpt: Path, dest: Path, conversations: int,
