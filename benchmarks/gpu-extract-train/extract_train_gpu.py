@@ -27,6 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py (the checkout goes to the device)
+from lab import write_result  # noqa: E402
+
 TARGET = Path("/tmp/e3gpu/target")
 SHAPE = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=4,
              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
@@ -97,7 +100,7 @@ def gpu(dirpath: Path, out: Path) -> None:
     shutil.copytree(dirpath / "run", base)
     figures["extract"] = {k: v for k, v in run_extract(base, load_pipeline_config(base)).items()
                           if k != "samples_index"}
-    (out / "figures.json").write_text(json.dumps(figures, indent=1))
+    write_result(out / "figures.json", figures, indent=1)
     for variant, compile_ in (("eager", False),) if smoke else (("eager", False), ("compiled", True)):
         run = work / variant
         shutil.copytree(base, run)
@@ -109,7 +112,7 @@ def gpu(dirpath: Path, out: Path) -> None:
         except subprocess.TimeoutExpired as exc:
             figures[f"train_{variant}"] = {"failed": f"timed out after {TRAIN_TIMEOUT_S} s",
                                            "stdout": str(exc.stdout or "")[-1500:]}
-            (out / "figures.json").write_text(json.dumps(figures, indent=1))
+            write_result(out / "figures.json", figures, indent=1)
             continue
         print(r.stdout[-4000:], r.stderr[-4000:], flush=True)
         if r.returncode == 0:
@@ -121,8 +124,8 @@ def gpu(dirpath: Path, out: Path) -> None:
             shutil.copy(run / "train/metrics.jsonl", out / f"metrics_{variant}.jsonl")
         else:
             figures[f"train_{variant}"] = {"failed": r.stderr[-2000:]}
-        (out / "figures.json").write_text(json.dumps(figures, indent=1))
-    (out / "figures.json").write_text(json.dumps(figures, indent=1))
+        write_result(out / "figures.json", figures, indent=1)
+    write_result(out / "figures.json", figures, indent=1)
     print(json.dumps(figures, indent=1))
 
 

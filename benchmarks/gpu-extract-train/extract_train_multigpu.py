@@ -64,7 +64,7 @@ def main() -> None:
 
     figs: dict = {"gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                   "torch": torch.__version__}
-    save = lambda: (a.out / "figures.json").write_text(json.dumps(figs, indent=1))  # noqa: E731
+    save = lambda: single.write_result(a.out / "figures.json", figs, indent=1)  # noqa: E731
     script = a.out / "allreduce.py"
     script.write_text(ALLREDUCE)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",

@@ -46,6 +46,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py (the checkout goes to the device)
+from lab import write_result  # noqa: E402
+
 SMOKE = bool(os.environ.get("E3MG_SMOKE"))
 TARGET = Path("/tmp/e3mg/target")
 WORK = Path("/tmp/e3mg/runs")
@@ -281,7 +284,7 @@ def train_run(name: str, extra_env: dict[str, str], out: Path, figures: dict, st
     else:
         entry["log_tail"] = text[-3000:]
     figures[name] = entry
-    (out / "figures.json").write_text(json.dumps(figures, indent=1))
+    write_result(out / "figures.json", figures, indent=1)
     return entry
 
 
@@ -294,7 +297,7 @@ def gpu(dirpath: Path, out: Path) -> None:
 
     def save() -> None:
         figures["elapsed_s"] = round(time.monotonic() - T0, 1)
-        (out / "figures.json").write_text(json.dumps(figures, indent=1))
+        write_result(out / "figures.json", figures, indent=1)
 
     if not SMOKE:
         for cmd in (["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],

@@ -3,10 +3,11 @@ the scenarios and one cell of the grid (:func:`run_cell`). ``benchmarks/gate-sim
 the whole grid and writes its JSON; ``tests/test_gate_simulation.py`` runs a small slice. Here, not in the script, so
 that the test imports it like any module.
 
-Grid (the benchmark's): each cell ``--gates`` gates, 20,000 by default; both designs of the passes (:func:`eagle3ops.gate.decide.
-block_passes`): ``ab`` (baseline x n, restart, speculative x n: the live, long-running server measured first) and
-``aba`` (restart, baseline x a, restart, speculative x n, restart, baseline x a, ``a = ceil(n/2)``: every block
-measured after a restart); 3 and 5 passes per side; true ratio 1.05 and 1.30 at margin 0.05. Scenarios:
+Grid (the benchmark's): each cell ``--gates`` gates, 20,000 by default; both designs of the passes
+(:func:`eagle3ops.gate.decide.block_passes`): ``ab`` (baseline x n, restart, speculative x n: the live,
+long-running server measured first) and ``aba`` (restart, baseline x a, restart, speculative x n, restart, baseline
+x a, ``a = ceil(n/2)``: every block measured after a restart); 3 and 5 passes per side; true ratio 1.05 and 1.30 at
+margin 0.05. Scenarios:
 
 - **independent pass noise** at each pass CV the committed gates showed (0.7 %, 3 %, 16 %) and at the 10 % the plan
   assumes where a host has none recorded: every pass has its own log-normal speed factor (a host busier or quieter

@@ -97,7 +97,8 @@ def level_intervals(result: dict[str, Any]) -> dict[str, Any]:
 def what_text(record_name: str, device: str | None) -> str:
     """The JSON's ``what``: the round's figures file and the GPU it was trained on (its generation record)."""
     return (f"benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py: the EAGLE-3 head trained on one "
-            f"{device or 'H200'} ({record_name}) served on the sandbox through `eagle3ops speculate --head --prompts-file` on held-out "
+            f"{device or 'H200'} ({record_name}) served on the sandbox through "
+            "`eagle3ops speculate --head --prompts-file` on held-out "
             "ShareGPT V3 prompts")
 
 
@@ -170,7 +171,8 @@ def add_whole_answers(fig: dict[str, Any], bylen: dict[str, Any], bylen_name: st
                       head_files: dict[str, str], device: str | None = None) -> dict[str, Any]:
     """``fig`` (this script's JSON) with the same head's served acceptance over whole answers added (pure): the
     longest ``max_tokens`` run of ``benchmarks/served-acceptance-by-length/served_acceptance_by_length.py``
-    (``bylen``, its JSON read from ``bylen_name``), whose head files' sha256 (``head_files``: name -> sha256 of the folder it served) must be the
+    (``bylen``, its JSON read from ``bylen_name``), whose head files' sha256 (``head_files``: name -> sha256 of the
+    folder it served) must be the
     gate's. The gate replays every prompt to exactly ``gate_max_tokens`` tokens (``ignore_eos``), the first, hardest
     part of an answer; the served acceptance target and its comparison with the offline estimate (averaged over whole
     regenerated answers of up to 512 tokens) are read over whole answers: ``done_when`` gets
@@ -222,7 +224,8 @@ def add_whole_answers(fig: dict[str, Any], bylen: dict[str, Any], bylen_name: st
 def add_repeats(fig: dict[str, Any], repeats: dict[str, Any], repeats_name: str) -> dict[str, Any]:
     """``fig`` (this script's JSON) with how many of its "held-out" prompts repeat a trained user turn (pure):
     ``repeats`` is ``benchmarks/heldout-repeats/heldout_repeats.py``'s JSON (read from ``repeats_name``), whose gate
-    prompts must be this gate's (same record indices). Adds ``held_out_repeats`` (both prompt sets' counts and the repeating records'
+    prompts must be this gate's (same record indices). Adds ``held_out_repeats`` (both prompt sets' counts and the
+    repeating records'
     indices), puts the gate's own acceptance (at ``gate_max_tokens``) and the repeat count beside the whole-answer
     figure in ``served_whole_answers``, and the counts to ``done_when``'s two acceptance entries.
 
