@@ -108,47 +108,47 @@ patch-check: setup
 	$(E3) patch check
 
 bench-rebuild: base
-	$(PY) benchmarks/rebuild --base-image $(LOCAL_BASE) --profile $(PROFILE)
+	$(PY) benchmarks/patch-rebuild/rebuild.py --base-image $(LOCAL_BASE) --profile $(PROFILE)
 
 # An A/A benchmark of `release --gate` (a no-op flag, gated RUNS times at deploy/sandbox-smollm2.yaml's settings on
 # real SmolLM2): how often the gate's interval excludes 1.0 and how often the no-op change is kept. Holds the sandbox
 # ~3-4 minutes a run.
 RUNS ?= 10
 bench-gate-aa: setup
-	$(PY) benchmarks/gate_aa.py --runs $(RUNS) --json benchmarks/gate-aa-smollm2.json
+	$(PY) benchmarks/gate-aa/gate_aa.py --runs $(RUNS) --json benchmarks/gate-aa/gate-aa-smollm2.json
 
 # Restart time of a recreated serving release with the compile cache kept vs cold (SmolLM2 on the sandbox's CPU vLLM
 # started without --enforce-eager; cold and kept starts alternating). Holds the sandbox ~20-30 minutes.
 bench-compile-cache: setup
-	$(PY) benchmarks/compile_cache.py --repeats 3
+	$(PY) benchmarks/compile-cache/compile_cache.py --repeats 3
 
 bench-push: setup
-	$(PY) benchmarks/push.py --repeat 3 --json benchmarks/push-medians.json
+	$(PY) benchmarks/push-transfer/push.py --repeat 3 --json benchmarks/push-transfer/push-medians.json
 
 # Multi-node training over three netns sandbox hosts: the real pipeline environment exported from the
 # pipeline image, the tiny Llama target, a reach-probe refusal, a node killed and resumed, a one-node reference.
 bench-train-nodes: image
-	$(PY) benchmarks/fleet_train_nodes.py --image "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
+	$(PY) benchmarks/fleet-train-nodes/fleet_train_nodes.py --image "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)"
 
 # Bounded disk: a chunked run twice the data dir's free space (tmpfs) against one chunk, and the colocated
 # online lever against extract + train on SmolLM2; both in containers of the pipeline image, this checkout's src mounted.
 bench-chunked: image
-	$(PY) benchmarks/chunked_disk.py --json benchmarks/chunked-disk-cpu.json
+	$(PY) benchmarks/chunked-disk/chunked_disk.py --json benchmarks/chunked-disk/chunked-disk-cpu.json
 
 bench-online: image
-	$(PY) benchmarks/online_lever.py --json benchmarks/online-lever-cpu.json
+	$(PY) benchmarks/online-lever/online_lever.py --json benchmarks/online-lever/online-lever-cpu.json
 
 # The extract benchmark needs torch, vLLM and the patched speculators: it runs inside the pipeline image.
 bench-extract: image
 	docker run --rm --network host -e VLLM_CPU_KVCACHE_SPACE=2 -e HF_HUB_OFFLINE=1 -e PYTHONUNBUFFERED=1 \
 	  -v "$$PWD/benchmarks:/e3/benchmarks" -w /e3 --entrypoint python3 \
 	  "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)" \
-	  benchmarks/extract.py --json benchmarks/extract-cpu-tiny-llama.json
+	  benchmarks/extract-vs-prefill/extract.py --json benchmarks/extract-vs-prefill/extract-cpu-tiny-llama.json
 
 # The tiny Kimi-K2.5-class target served by vLLM CPU without and with a head trained by the stages (greedy identity,
-# spec-decode counters, acceptance): benchmarks/kimi_trained_head.py (was tests/test_kimi_serving.py).
+# spec-decode counters, acceptance): benchmarks/kimi-trained-head/kimi_trained_head.py (was tests/test_kimi_serving.py).
 bench-kimi-head: image
-	$(PY) benchmarks/kimi_trained_head.py --json benchmarks/kimi-trained-head-cpu.json
+	$(PY) benchmarks/kimi-trained-head/kimi_trained_head.py --json benchmarks/kimi-trained-head/kimi-trained-head-cpu.json
 
 clean-sandbox: setup
 	$(E3DEV) sandbox down
@@ -161,14 +161,14 @@ bench-probe-smollm2: image
 	docker run --rm --network host -e VLLM_CPU_KVCACHE_SPACE=2 -e HF_HUB_OFFLINE=1 -e PYTHONUNBUFFERED=1 \
 	  -v "$(SMOLLM2_DIR):/model:ro" -v "$$PWD/benchmarks:/e3/benchmarks" -w /e3 --entrypoint python3 \
 	  "$$($(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE) --tag-only)" \
-	  benchmarks/probe_smollm2.py --model /model --json benchmarks/probe-smollm2-cpu.json
+	  benchmarks/probe-smollm2/probe_smollm2.py --model /model --json benchmarks/probe-smollm2/probe-smollm2-cpu.json
 
-# The EAGLE-3 head trained on an H200 for SmolLM2 (benchmarks/gpu_head_smollm2.py; ROUND=r3, the default, is the
-# head committed under benchmarks/heads/, ROUND=r2 needs HEAD_SRC: not committed) shipped
+# The EAGLE-3 head trained on an H200 for SmolLM2 (benchmarks/gpu-head-smollm2/gpu_head_smollm2.py; ROUND=r3, the default, is the
+# head committed under benchmarks/gpu-head-smollm2/heads/, ROUND=r2 needs HEAD_SRC: not committed) shipped
 # with `eagle3ops speculate --head --prompts-file` on held-out ShareGPT prompts on the sandbox serving SmolLM2
 # (provisioned as `make demo` does); LEVELS=1 measures concurrency 1 only. Writes
-# benchmarks/speculate-smollm2-gpu-head.json.
+# benchmarks/gpu-head-served/speculate-smollm2-gpu-head.json.
 ROUND ?= r3
 bench-speculate-gpu-head: setup
-	$(PY) benchmarks/speculate_smollm2_gpu_head.py --round $(ROUND) $(if $(HEAD_SRC),--head-src $(HEAD_SRC)) \
+	$(PY) benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round $(ROUND) $(if $(HEAD_SRC),--head-src $(HEAD_SRC)) \
 	  --inventory $(DEMO_INVENTORY) $(if $(LEVELS),--levels $(LEVELS))

@@ -5,7 +5,7 @@ vLLM 0.16 keeps its torch.compile artifacts under ``VLLM_CACHE_ROOT`` (default `
 kernels under ``TORCHINDUCTOR_CACHE_DIR`` (default ``/tmp/torchinductor_<user>``). In a container both are in the
 writable layer, which every release, rollback and gate switch removes with the container: each start compiled
 again. Plan level and the supervisor's recreation with a stand-in Docker engine (``test_release_record``'s), no
-sandbox: the restart time itself is ``benchmarks/compile_cache.py``.
+sandbox: the restart time itself is ``benchmarks/compile-cache/compile_cache.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The speculation gate's own decision on simulated gates (``benchmarks/gate_simulation.py``, whose functions this
-test runs; the benchmark runs the full grid, 20,000 gates a cell, and writes ``benchmarks/gate-simulation.json``).
+"""The speculation gate's own decision on simulated gates (:mod:`eagle3ops_dev.gatesim`, whose cells this test runs;
+``benchmarks/gate-simulation/gate_simulation.py`` runs the full grid, 20,000 gates a cell, and writes
+``benchmarks/gate-simulation/gate-simulation.json``).
 
 Here a small, fast slice: 3,000 gates per cell at 3 passes per side (the fewest the gate allows, where a small-sample
 interval is most likely to undercover), true ratio exactly the keep threshold (1 + margin), under independent
@@ -13,24 +14,13 @@ where the two-block order misses it.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _simulation():
-    spec = importlib.util.spec_from_file_location("gate_simulation", REPO / "benchmarks" / "gate_simulation.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from eagle3ops_dev import gatesim as sim
 
 
 @pytest.mark.parametrize("scenario", ["independent cv 3%", "independent cv 16%"])
 def test_at_the_threshold_the_interval_attains_its_level_and_the_gate_keeps_at_most_its_error(scenario):
-    sim = _simulation()
     row = sim.run_cell(scenario, 3, 1.0 + sim.MARGIN, 3000, seed=7)
     assert row["lower_bound_above_truth_rate"] <= 0.065, row
     assert row["keep_rate"] <= row["lower_bound_above_truth_rate"] + 1e-9, row  # keeping needs low >= the truth
@@ -40,7 +30,6 @@ def test_at_the_threshold_the_interval_attains_its_level_and_the_gate_keeps_at_m
 
 
 def test_simulated_power_at_x130_matches_the_plans_analytic_figure():
-    sim = _simulation()
     row = sim.run_cell("independent cv 10% (assumed default)", 3, 1.30, 3000, seed=8)
     # the requests' jitter adds a little pass spread beyond the scenario's CV: the simulation is a bit lower
     assert row["analytic_keep_rate"] - 0.05 <= row["keep_rate"] <= row["analytic_keep_rate"] + 0.02, row
@@ -48,7 +37,6 @@ def test_simulated_power_at_x130_matches_the_plans_analytic_figure():
 
 
 def test_the_three_block_order_attains_its_level_under_a_block_shift_and_the_restart_effect():
-    sim = _simulation()
     name = next(n for n in sim.SCENARIOS if n.startswith("block shift sd 3% and restart effect"))
     aba = sim.run_cell(name, 3, 1.0 + sim.MARGIN, 3000, seed=9, design="aba")
     assert aba["covered_by_design"] and aba["block_passes"] == [2, 3, 2]

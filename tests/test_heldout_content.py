@@ -101,3 +101,19 @@ def test_the_train_manifest_says_how_its_held_out_samples_were_split():
     rec = trainplan.held_out_split(keyed)
     assert rec["by"] == "content" and (rec["groups"], rec["duplicate_conversations"]) == (2, 1)
     assert trainplan.held_out_split([*keyed, {}])["by"] == "index"
+
+
+def test_past_an_index_boundary_a_row_repeating_the_pool_is_left_out() -> None:
+    """``held_out_past``: a row past the boundary that repeats (after normalization, at any position, or through
+    another row past the boundary) a user turn of a row below it is left out and counted; the rest are held out, in
+    file order (the split the GPU head benchmarks draw their held-out ShareGPT V3 prompts from)."""
+    from eagle3ops.stages.contentsplit import held_out_past
+
+    rows = [(0, ["hi"]), (1, ["q", "Give me 50 examples"]),  # the pool
+            (2, ["HI "]), (3, ["new one"]), (4, ["other", "give me 50  examples"]), (5, ["fresh", "Other"]),
+            (6, ["last"])]
+    held, repeating, groups = held_out_past(rows, 2)
+    assert held == [3, 6] and repeating == [2, 4, 5]  # 2 repeats "hi", 4 a later turn, 5 through 4
+    assert groups.record()["groups"] == 4 and groups.ids[4] == "4"
+    assert held_out_past(rows, 0)[:2] == (list(range(7)), [])  # no pool: every row held out, none repeats it
+    assert held_out_past(rows, 7)[:2] == ([], [])  # nothing past the boundary

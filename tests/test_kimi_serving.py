@@ -1,7 +1,7 @@
 """The container specs of the tiny Kimi target's head run (:mod:`eagle3ops_dev.headspecs`).
 
 The run itself (the tiny Kimi-K2.5-class target served without and with a head trained by eagle3ops's stages,
-greedy-identical, spec-decode counters; 160 s) left the test suite for ``benchmarks/kimi_trained_head.py``
+greedy-identical, spec-decode counters; 160 s) left the test suite for ``benchmarks/kimi-trained-head/kimi_trained_head.py``
 (``make bench-kimi-head``); see its docstring for what still covers its parts in CI.
 """
 

@@ -1,7 +1,7 @@
 """The demo's real target and data, host side (no torch, no sandbox): SmolLM2's provisioning argv and hash checks,
 the demo inventory, the ShareGPT selection the demo regenerates, the draft vocabulary chosen by coverage, and the
 figures read back from the stage manifests. The dequantization itself and the serving run in the demo (`make demo`)
-and in benchmarks/probe_smollm2.py, not here (see docs/tutorial.md)."""
+and in benchmarks/probe-smollm2/probe_smollm2.py, not here (see docs/tutorial.md)."""
 
 from __future__ import annotations
 

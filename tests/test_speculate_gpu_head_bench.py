@@ -1,4 +1,5 @@
-"""benchmarks/speculate_smollm2_gpu_head.py's pure parts: the head reassembled from its split shard with
+"""The GPU head's serving benchmark's pure parts (:mod:`eagle3ops_dev.gpuhead`, used by
+``benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py``): the head reassembled from its split shard with
 the recorded sha256 checked, and its figures (per-level throughput intervals by the gate's own method, the serving
 targets' checks with their shortfalls) from a gate result made by the gate's real decision on synthetic passes.
 No host, no image, no head from the device machine (a tiny one is written here)."""
@@ -6,7 +7,6 @@ No host, no image, no head from the device machine (a tiny one is written here).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,16 +15,12 @@ import pytest
 from eagle3ops.gate import decide as dec
 from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.gate.replay import LevelResult
+from eagle3ops_dev import gpuhead as b
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("speculate_smollm2_gpu_head",
-                                                  REPO / "benchmarks" / "speculate_smollm2_gpu_head.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+#: The round-3 head committed in the lab, and the round's training JSON (its provenance's figures).
+R3_HEAD = REPO / "benchmarks" / "gpu-head-smollm2" / "heads" / "smollm2-135m-instruct-eagle3"
+R3_JSON = REPO / "benchmarks" / "gpu-head-smollm2" / "gpu-head-smollm2-h200-r3.json"
 
 
 def _head(tmp_path: Path) -> tuple[Path, dict]:
@@ -46,7 +42,6 @@ def _head(tmp_path: Path) -> tuple[Path, dict]:
 
 
 def test_the_head_is_joined_and_checked_against_the_recorded_sha256(tmp_path: Path) -> None:
-    b = _bench()
     src, r2 = _head(tmp_path)
     rec = b.assemble_head(src, tmp_path / "head", r2)
     joined = tmp_path / "head" / "model-00002-of-00002.safetensors"
@@ -68,13 +63,12 @@ def _passes(c: int, tps: float, n: int = 3) -> list[LevelResult]:
 
 
 def test_figures_give_each_levels_interval_and_the_done_when_shortfalls() -> None:
-    b = _bench()
     base, spec = {1: _passes(1, 20.0), 4: _passes(4, 50.0)}, {1: _passes(1, 30.0), 4: _passes(4, 55.0)}
     d = dec.decide(base, spec, SpecDelta(100, 300, 140, {0: 70, 1: 45, 2: 25}), production_concurrency=1,
                    margin=0.05, acceptance_floor=1.3)
     result = {"verdict": d.verdict, "reason": d.reason, **d.figures, "prompts": {"source": "prompts file",
                                                                                  "count": 8, "max_tokens": 64}}
-    r2 = json.loads((REPO / "benchmarks" / "gpu-head-smollm2-h200-r2.json").read_text())
+    r2 = json.loads((REPO / "benchmarks" / "gpu-head-smollm2" / "gpu-head-smollm2-h200-r2.json").read_text())
     fig = b.figures(result, r2, head=None, prompts=None, levels={"measured": [1, 4]}, timing={}, target=None,
                     gate_wall_s=None)
     assert fig["verdict"] == "keep" and fig["acceptance_length"] == pytest.approx(2.4)
@@ -90,11 +84,10 @@ def test_figures_give_each_levels_interval_and_the_done_when_shortfalls() -> Non
 
 
 def test_the_committed_round_3_head_matches_its_provenance_and_record(tmp_path: Path) -> None:
-    """The head committed under ``benchmarks/heads/`` (round 3): every file's sha256 and size as its
+    """The head committed under ``benchmarks/gpu-head-smollm2/heads/`` (round 3): every file's sha256 and size as its
     ``provenance.json`` records them, its shards those of the round's JSON, at most 20 MB in all, no
-    ``embed_tokens`` (vLLM takes the target's); ``assemble_head`` takes it as the benchmark's default."""
-    b = _bench()
-    record, src = b.ROUNDS["r3"]
+    ``embed_tokens`` (vLLM takes the target's); ``assemble_head`` takes it."""
+    record, src = R3_JSON, R3_HEAD
     prov = json.loads((src / "provenance.json").read_text())
     for name, rec in prov["files"].items():
         assert hashlib.sha256((src / name).read_bytes()).hexdigest() == rec["sha256"], name
@@ -113,7 +106,6 @@ def test_whole_answer_acceptance_is_added_only_for_the_gates_own_head() -> None:
     """``--add-whole-answers``: the by-length benchmark's longest run (the same head, sha256 checked) becomes the
     issue's served-over-whole-answers figure beside the gate's own (the gate's entries are kept, the input is not
     changed); a by-length run of another head, or a gate record without head files, is refused by name."""
-    b = _bench()
     fig = {"head": {"files": {"config.json": {"sha256": "c"}, "model.safetensors": {"sha256": "aa"}}},
            "offline_estimate": {"acceptance_length": 2.65, "file": "gpu-head-smollm2-h100-r5.json"},
            "what": "old", "done_when": {"acceptance_length": {"value": 1.87, "holds": False}}}
@@ -146,10 +138,9 @@ def test_whole_answer_acceptance_is_added_only_for_the_gates_own_head() -> None:
 
 
 def test_the_repeat_count_goes_beside_both_acceptance_figures_and_only_for_the_gates_prompts() -> None:
-    """``--add-repeats``: ``benchmarks/heldout_repeats.py``'s counts of prompts repeating a trained user turn go into
+    """``--add-repeats``: ``benchmarks/heldout-repeats/heldout_repeats.py``'s counts of prompts repeating a trained user turn go into
     ``held_out_repeats``, and the gate's own acceptance (at its measured ``max_tokens``) sits beside the whole-answer
     figure; counts made on other prompts are refused by name (the input is not changed)."""
-    b = _bench()
     fig = {"acceptance_length": 1.87132, "prompts": {"indices": [12000, 12005, 12009]},
            "levels": {"gate_max_tokens": {"inventory": 32, "measured": 128}},
            "served_whole_answers": {"acceptance_length": 2.51},
@@ -168,24 +159,3 @@ def test_the_repeat_count_goes_beside_both_acceptance_figures_and_only_for_the_g
     rep["gate"]["repeating"].append({"index": 12001})
     with pytest.raises(SystemExit, match="rep.json: counted on other prompts"):
         b.add_repeats(fig, rep, "rep.json")
-
-
-def test_the_benchmarks_held_out_records_share_no_user_turn_with_the_training_pool(tmp_path, monkeypatch) -> None:
-    """``gpu_head_smollm2.held_out_by_content``: a record past ``HELD_OUT_FROM`` that repeats (after normalization,
-    at any position, or through another held-out record) a user turn of a record before it is left out and counted."""
-    spec = importlib.util.spec_from_file_location("gpu_head_smollm2", REPO / "benchmarks" / "gpu_head_smollm2.py")
-    g = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(g)
-    monkeypatch.setattr(g, "HELD_OUT_FROM", 2)
-
-    def rec(*users: str) -> dict:
-        return {"id": users[0], "conversations": [t for u in users for t in ({"from": "human", "value": u},
-                                                                             {"from": "gpt", "value": "a"})]}
-
-    rows = [rec("hi"), rec("q", "Give me 50 examples"),  # the training pool
-            rec("HI "), rec("new one"), rec("other", "give me 50  examples"), rec("fresh", "Other"), rec("last")]
-    path = tmp_path / "sharegpt.json"
-    path.write_text(json.dumps(rows) + "\n")
-    held, record = g.held_out_by_content(path)
-    assert [i for i, _r, _u in held] == [3, 6]  # 2 repeats "hi", 4 a later turn, 5 through 4
-    assert record["left_out_repeating_trained"] == 3 and record["left_out_first"] == [2, 4, 5]

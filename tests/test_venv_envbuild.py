@@ -1,7 +1,7 @@
 """The real pipeline environment exported from a pipeline image (``eagle3ops.transfer.envbuild``), pure:
 a made-up engine (no Docker) serves a tiny venv as the image's, so the layout, the marker/build record, the digest,
 the cache per image id and the Python version refusals are checked in well under a second. The real export (GBs)
-is run by ``scripts/venv_real_window.py``."""
+is run by ``benchmarks/venv-real-window/venv_real_window.py``."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def test_delivery_is_verified_by_digest_and_done_once(venv_env):
     h, tgz, image, _ = venv_env
     from eagle3ops import deployer
 
-    # without --env-tarball deploy exports the pipeline image's venv (GBs: scripts/venv_real_window.py), but first
+    # without --env-tarball deploy exports the pipeline image's venv (GBs: benchmarks/venv-real-window/venv_real_window.py), but first
     # asks the host's venv_python, before anything is built or sent
     with pytest.raises(deployer.DeployError, match=r"hosts.venvpod.venv_python \(/nonexistent/python3\) does not run"):
         deployer.deploy(h.model_copy(update={"venv_python": "/nonexistent/python3"}), echo=lambda _: None)

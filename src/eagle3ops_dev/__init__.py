@@ -16,5 +16,7 @@ them from there. Where it is importable:
 Modules: :mod:`.tinytrained` (the trained, deepened stand-in target); :mod:`.sandbox` (the sandbox host);
 :mod:`.demo`, :mod:`.provision` (the demo and its target's build argv); :mod:`.smollm2` (the demo's real target,
 SmolLM2-135M-Instruct from a hash-pinned wheel; not a stand-in); :mod:`.bases` (the stand-in bases);
-:mod:`.headspecs` (container specs of the trained-head serving test); :mod:`.cli` (``python -m eagle3ops_dev``).
+:mod:`.headspecs` (container specs of the trained-head serving test); :mod:`.gatesim`, :mod:`.gpuhead` (the pure
+parts of the gate simulation and of the GPU head's serving benchmark, imported by the lab and the tests alike);
+:mod:`.cli` (``python -m eagle3ops_dev``).
 """

@@ -1,5 +1,5 @@
 """Chat prompts for the speculation gate, rendered by the live server's own chat template (development harness:
-``make demo`` and ``benchmarks/speculate_smollm2_gpu_head.py``; the sandbox's serving port is on this machine's
+``make demo`` and ``benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py``; the sandbox's serving port is on this machine's
 loopback).
 
 A held-out user turn becomes ``/v1/completions`` text as serving's ``/v1/chat/completions`` would render it: vLLM's

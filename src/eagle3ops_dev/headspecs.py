@@ -1,4 +1,4 @@
-"""Local containers of the trained-head serving run (benchmarks/kimi_trained_head.py), as docker SDK specs
+"""Local containers of the trained-head serving run (benchmarks/kimi-trained-head/kimi_trained_head.py), as docker SDK specs
 (``containers.run`` kwargs). Development harness: the tiny targets it builds come from :mod:`eagle3ops.fixtures.tinymodel`.
 
 The check trains a head with eagle3ops's own stages in a pipeline image, then serves the target with and without

@@ -141,7 +141,7 @@ def _tar_bytes(root: Path, first: str | None = None) -> bytes:
 def standin_server_pids(port: int) -> list[int]:
     """The pids of the stand-in OpenAI server processes (``tests/data/standin_openai_server.py``) listening on
     ``port``, read from ``/proc`` (the sandbox host shares this machine): how the venv tests and
-    ``scripts/venv_real_window.py`` see whether a window stopped and restored the serving process."""
+    ``benchmarks/venv-real-window/venv_real_window.py`` see whether a window stopped and restored the serving process."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():

@@ -3,7 +3,7 @@
 Why: the sandbox's tiny Llama (:mod:`eagle3ops.fixtures.tinymodel`, kind ``llama``: 4 layers x hidden 128) has random
 weights, so its next-token distribution is flat and no draft head can predict it (the demo measured acceptance
 length 1.000), and one of its forwards costs about what a one-layer draft forward costs, so speculation could not
-win even with a perfect head. ``benchmarks/README-sandbox-target.md`` measured both: 77 s of training on real text
+win even with a perfect head. ``benchmarks/sandbox-target/README.md`` measured both: 77 s of training on real text
 makes the tiny target peaked (held-out mean top-1 probability 0.001 -> 0.43), and a deeper target lowers the
 acceptance length speculation needs to break even.
 
@@ -20,8 +20,8 @@ What this builds (``python -m eagle3ops_dev.tinytrained OUT --corpus CORPUS.json
    random attention and MLP inputs whose two output projections (``o_proj``, ``down_proj``) are zero, so it adds
    nothing to the residual stream. The result computes exactly what the core computes (same logits, checked by
    :func:`deepen`'s caller in the tests) at the cost of a ``layers``-deep model: vLLM runs every layer's kernels
-   whatever the weights are. Measured with vLLM 0.16 CPU on this 2-core machine (``benchmarks/vllm_target_cost.py``,
-   ``benchmarks/vllm-target-cost-cpu.json``: greedy, 64 tokens, bf16, one request): a 4 x 128 target steps in 3.0 ms
+   whatever the weights are. Measured with vLLM 0.16 CPU on this 2-core machine (``benchmarks/vllm-target-cost/vllm_target_cost.py``,
+   ``benchmarks/vllm-target-cost/vllm-target-cost-cpu.json``: greedy, 64 tokens, bf16, one request): a 4 x 128 target steps in 3.0 ms
    and 7.2 ms with an EAGLE-3 head (k = 3), so speculation needs an acceptance length of 2.39 to win there; a
    24 x 128 one in 11.8 ms and 16.6 ms: break-even at 1.41.
 

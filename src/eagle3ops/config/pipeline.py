@@ -140,7 +140,7 @@ class ExtractConfig(StrictModel):
         description=(
             "How hidden states are stored. `float8_e4m3fn`: one byte a value and one fp32 scale per token and layer "
             "(max |row| / 448), 4 x (H + 4) bytes a token instead of 4 x H x 2: about half the disk; read back as "
-            "bf16 when training. Measured on SmolLM2-135M (benchmarks/hidden-fp8-cpu.json): 0.506x the bytes, "
+            "bf16 when training. Measured on SmolLM2-135M (benchmarks/hidden-fp8/hidden-fp8-cpu.json): 0.506x the bytes, "
             "round-trip error 0.5-2.2 %, offline estimate 1.304 vs 1.321 (weak CPU heads)."
         ),
     )

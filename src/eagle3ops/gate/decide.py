@@ -17,7 +17,7 @@ Rule ("stated confidence"; pure: figures in, :class:`Decision` out, nothing read
    :data:`DRIFT_LEVEL`: two-sided, so a drift-free gate is flagged in at most 5 % of gates, 2.5 % each way). A
    drift whose whole interval lies beyond half the margin (the host got confidently faster or slower while the
    gate measured) is reported and makes the run ``undecided``. The interval, not the point estimate, is compared:
-   under the 10 % per-pass noise of ``benchmarks/gate_simulation.py`` a point-estimate rule leaves most drift-free
+   under the 10 % per-pass noise of ``benchmarks/gate-simulation/gate_simulation.py`` a point-estimate rule leaves most drift-free
    gates undecided (the benchmark's JSON gives the share). The check is made only with at least
    :data:`MIN_DRIFT_PASSES` baseline passes: with three the trend has one degree of freedom, its interval is too wide
    to see real drift and still flags drift-free gates, so at three passes the result says the check was not made.
@@ -49,7 +49,7 @@ only 10 distinct pass multisets per side at 3 passes and a percentile interval u
 the truth 7.7 % of simulated gates at 3 passes against 5 % nominal; T. C. Hesterberg (2015), "What teachers should
 know about the bootstrap", The American Statistician 69(4):371-386, on its narrowness with small samples). The t
 interval is exact under independent log-normal pass noise of equal spread on both sides: its lower bound exceeds
-the true ratio in ``(1 - level) / 2`` of gates at any number of passes (``benchmarks/gate_simulation.py`` measures it
+the true ratio in ``(1 - level) / 2`` of gates at any number of passes (``benchmarks/gate-simulation/gate_simulation.py`` measures it
 with this function). What it assumes, said in the result's ``method``: passes independent (no shift between the
 baseline's block of passes and the speculative release's block: the two blocks are separated by a restart; a shift
 there moves the ratio and no interval over passes sees it) and the same pass-to-pass spread on both sides (the
@@ -59,7 +59,7 @@ is random: the same figures give the same interval.
 **The order of the passes** (``design``; :func:`block_passes`, :data:`ABA_DESIGN`, :data:`BLOCK_DESIGN`). The
 passes of a side run in a block between serving restarts, and two things move a whole block: the host's speed
 changing over the gate's minutes (CI logs showed the baseline's three passes drift +5.8 to +7.0 %), and the restart
-itself (the sandbox's A/A, ``benchmarks/gate-aa-smollm2.json``: the restarted release measured slower than the
+itself (the sandbox's A/A, ``benchmarks/gate-aa/gate-aa-smollm2.json``: the restarted release measured slower than the
 long-running one in 9 of 10 runs, median x0.87). The two-block order ``ab`` (the live baseline, restart, the
 speculative release) confounds both with the speed-up. The default ``aba`` order is: restart the baseline, measure
 it (``a`` passes), restart into the speculative release, measure it (``n``), restart back to the baseline, measure
@@ -78,7 +78,7 @@ baseline; 4 to keep). The baseline's ``n`` passes are split between its two bloc
 ceil(n/2)``), so the measured time grows by at most one pass and a warm-up, and the contrast's standard error
 is at most the two-block one's. What ``aba`` still assumes, said in its ``risk``: the shift is linear in time; one
 block alone faster or slower (an independent jolt per block) is neither cancelled nor seen
-(``benchmarks/gate_simulation.py`` shows both). ``ab`` stays for hosts whose restarts are too slow
+(``benchmarks/gate-simulation/gate_simulation.py`` shows both). ``ab`` stays for hosts whose restarts are too slow
 (``serving.gate_design: ab``) and for several candidates; its result states the shift it did not measure.
 
 Why this module is long: the rule, its interval, the order of the passes the interval is computed over, the drift
@@ -137,9 +137,9 @@ BLOCK_DESIGN = {"design": "ab", "order": "baseline x n, restart, speculative x n
                 "risk": "a change of the host's speed between the two blocks, or a restarted server serving at "
                         "another speed than the long-running one, moves the ratio and is not seen by the interval; "
                         "under a 3 % (sd) shift between blocks the lower bound exceeds the true ratio in 10-16 % of "
-                        "simulated gates against 5 % nominal (benchmarks/gate-simulation.json, design 'ab', scenario "
+                        "simulated gates against 5 % nominal (benchmarks/gate-simulation/gate-simulation.json, design 'ab', scenario "
                         "'block shift sd 3% (cv 3%)'); the sandbox's A/A measured the restarted release slower than "
-                        "the long-running one in 9 of 10 runs (benchmarks/gate-aa-smollm2.json)"}
+                        "the long-running one in 9 of 10 runs (benchmarks/gate-aa/gate-aa-smollm2.json)"}
 #: The three-block design, as the result states it (what it cancels and what it still assumes).
 ABA_DESIGN = {"design": "aba",
               "order": "restart, baseline x a, restart, speculative x n, restart, baseline x a",
@@ -148,7 +148,7 @@ ABA_DESIGN = {"design": "aba",
                          "server's own speed (every measured block follows a restart and the same warm-up)",
               "risk": "a shift that is not linear in time (one block alone faster or slower) is not cancelled and "
                       "not seen by the interval: under an independent 3 % (sd) shift of each block the lower bound "
-                      "exceeds the true ratio in 14-19 % of simulated gates (benchmarks/gate-simulation.json, design "
+                      "exceeds the true ratio in 14-19 % of simulated gates (benchmarks/gate-simulation/gate-simulation.json, design "
                       "'aba', scenario 'independent block shifts sd 3% (cv 3%)'); the drift check compares the "
                       "baseline's two blocks and leaves a gate undecided when they differ beyond half the margin"}
 #: The interval's method, as the result names it (with what it assumes).

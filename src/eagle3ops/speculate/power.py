@@ -13,7 +13,7 @@ head is not worth its restarts.
 
 The figure is the interval's alone: from :data:`eagle3ops.gate.decide.MIN_DRIFT_PASSES` passes the drift check
 also leaves up to 5 % of drift-free gates undecided, so the gate's keep rate at x1.30 is a few points lower
-(``benchmarks/gate-simulation.json`` gives both, the simulated keep rate beside this analytic one).
+(``benchmarks/gate-simulation/gate-simulation.json`` gives both, the simulated keep rate beside this analytic one).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["KEY_HEX", "NORMALIZATION", "ContentGroups", "content_groups", "content_key", "held_out_groups",
-           "normalize"]
+           "held_out_past", "normalize"]
 
 #: Hex digits of a content key (64 bits: a chance collision among a million turns is ~3e-8).
 KEY_HEX = 16
@@ -147,3 +147,27 @@ def held_out_groups(groups: ContentGroups, fraction: float, salt: str, *, at_lea
     elif at_least_one:
         held = set()
     return {i for c in held for i in members[c]}
+
+
+def held_out_past(rows: Sequence[tuple[int, Sequence[str]]], boundary: int) -> tuple[list[int], list[int],
+                                                                                     ContentGroups]:
+    """Split indexed conversations at an index ``boundary``, by content: the pool is every row below it; a row at or
+    past it is held out unless it shares a normalized user turn with the pool (at any position, directly or through
+    other rows, past the boundary too: the groups of :func:`content_groups`). A data file split by record index
+    (ShareGPT V3's first 12,000 records trained, the rest held out) holds out copies of trained prompts otherwise.
+
+    Args:
+        rows: ``(index, user turns)`` per conversation, in file order; ``index`` names the row (its group id too).
+        boundary: the first index past the pool.
+
+    Returns:
+        ``(held, repeating, groups)``: the indices held out and those left out for repeating the pool, each in the
+        order of ``rows``, and the groups (:meth:`ContentGroups.record` gives the counts).
+    """
+    groups = content_groups([users for _i, users in rows], [str(i) for i, _u in rows])
+    pool = {c for (i, _u), c in zip(rows, groups.canonical) if i < boundary}
+    held, repeating = [], []
+    for (i, _u), c in zip(rows, groups.canonical):
+        if i >= boundary:
+            (repeating if c in pool else held).append(i)
+    return held, repeating, groups

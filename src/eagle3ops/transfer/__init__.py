@@ -45,7 +45,7 @@ load`` after the stream ends gets a deadline proportional to the bytes sent. Bro
 Bulk stream: an OpenSSH ``ssh`` subprocess using the inventory's port, user, identity, ssh_config and known_hosts
 with ``StrictHostKeyChecking yes`` on every hop, ``ProxyJump`` bastions included (a generated ``-F`` config:
 :func:`~eagle3ops.transfer.sshconfig.ssh_client_config`) (measured 125 MB/s vs 76 MB/s for a paramiko channel into ``cat >/dev/null`` on
-this machine; ``benchmarks/push_stream.py`` re-measures); small archives go over the already-open paramiko
+this machine; ``benchmarks/push-transfer/push_stream.py`` re-measures); small archives go over the already-open paramiko
 connection to save the second handshake. Compression (zstd, multi-threaded; gzip when the host has no ``zstd``,
 which ``docker load`` reads natively) is chosen per push by measurement: the link rate (a probe of random bytes) and
 the compressor's rate and ratio on a sample of the data; used only if it cuts the predicted time.
