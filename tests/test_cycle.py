@@ -748,10 +748,11 @@ def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: P
                 cr.run_cycle(plan, j, runners(j, _Recorder(d / "ran.txt"), []), echo=lambda m: None)
             finally:
                 os._exit(3)
-        _wait_for(lambda: (d / "starts").exists(), "the train command to start")
+        j = cr.CycleJournal(executor.local(), str(d / "cycle"))
+        _wait_for(lambda: (d / "starts").exists() and (cchild.last_child(j.entries(), "train") or {}).get("pid"),
+                  "the train command to start and its pid to be journaled")
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        j = cr.CycleJournal(executor.local(), str(d / "cycle"))
         child = cchild.last_child(j.entries(), "train")
         assert child is not None and cchild.proc_start(child["pid"]) == child["started"]  # still running
         return pid, child
@@ -776,7 +777,19 @@ def test_killed_drivers_running_command_is_adopted_not_started_twice(tmp_path: P
     assert res["outcome"] == "done" and res["figures"]["train"] == {"rc": 0, "adopted_pid": child["pid"],
                                                                     "verdict": "keep", "live_release": 7}
     assert rec.ran() == keys[keys.index("acceptance"):]  # the steps after train ran; before it, none again
-    assert [e["event"] for e in j.entries() if e["step"] == "train"] == ["start", "child", "start", "done"]
+    assert [e["event"] for e in j.entries() if e["step"] == "train"] == ["start", "child", "child", "start", "done"]
+    # 1b. killed after the start but before the pid was journaled (the entry before the start is the last): found by
+    # the pid file its shell wrote, adopted, not started again
+    d = tmp_path / "unjournaled"
+    plan = plan_for(d)
+    _, child = killed_driver(d, plan)
+    journal = d / "cycle" / "journal.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(lines[:-1]))  # the pid's entry, as if the driver died before writing it
+    assert cchild.last_child(cr.CycleJournal(executor.local(), str(d / "cycle")).entries(), "train")["pid"] is None
+    (d / "go").touch()
+    res, rec, out, _ = rerun(d, plan)
+    assert (d / "starts").read_text().split() == ["start"] and res["figures"]["train"]["adopted_pid"] == child["pid"]
     # 2. finished while no driver ran: its result taken, nothing started
     d = tmp_path / "finished"
     plan = plan_for(d)

@@ -89,13 +89,15 @@ def report(production: str, run: str, inventory: Path | str) -> Change:
 _STEP_SH = r"""
 log=$1 rc=$2
 shift 2
+echo $$ > "$rc.pid"
 "$@" >> "$log" 2>&1
 echo $? > "$rc.part" && mv "$rc.part" "$rc"
 """
 
 
 def step_child(argv: Sequence[str], log: Path | str, rc: Path | str) -> Change:
-    """A step's command (``argv``) run so that it outlives its driver: output to ``log``, exit status to ``rc``
+    """A step's command (``argv``) run so that it outlives its driver: its shell's pid to ``<rc>.pid`` first (a driver
+    killed before it journaled the pid still leaves it findable), output to ``log``, exit status to ``rc``
     (:data:`_STEP_SH`). Not a session of its own: the terminal's Ctrl-C still reaches it."""
     return Change(["sh", "-c", _STEP_SH, "eagle3ops-cycle-step", str(log), str(rc), *argv])
 

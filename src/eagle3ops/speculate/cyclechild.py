@@ -106,16 +106,19 @@ class StepChild:
     def _adopt(self, step: CycleStep, prior: Mapping[str, Any]) -> dict[str, Any] | None:
         """The result of the child a killed driver left (None: start the step again)."""
         pid, log, rc = prior.get("pid"), Path(str(prior.get("log"))), Path(str(prior.get("rc")))
-        if prior.get("machine") != socket.gethostname() or not isinstance(pid, int):
+        if prior.get("machine") != socket.gethostname():
             self.echo(f"[cycle] {step.key}: its command was started on {prior.get('machine')} (pid {pid}), which "
                       f"cannot be seen from here; started again (it resumes on its own)\n")
             return None
-        if proc_start(pid) == prior.get("started"):
+        started = prior.get("started")
+        if not isinstance(pid, int):  # killed between the start and the pid's journal entry: the child wrote it
+            pid, started = _pid_file(rc)
+        if pid is not None and proc_start(pid) is not None and proc_start(pid) == started:
             bound = self.bound_s(step)
             self.echo(f"[cycle] {step.key}: its command left by the killed driver still runs (pid {pid}, since "
                       f"{prior.get('t')}): adopted, no second copy started; following {log} (at most {bound:.0f} s)"
                       f"\n")
-            self._follow(log, lambda: proc_start(pid) == prior.get("started"), bound, pid, skip=True)
+            self._follow(log, lambda: proc_start(pid) == started, bound, pid, skip=True)
         status = _status(rc)
         if status == 0:
             self.echo(f"[cycle] {step.key}: its command (pid {pid}) finished with status 0 while no driver ran: "
@@ -131,6 +134,10 @@ class StepChild:
         stem = f"{step.key.replace(':', '-')}.{time.strftime('%Y%m%dT%H%M%S')}.{os.getpid()}"
         log, rc = (self.folder / f"{stem}.log").resolve(), (self.folder / f"{stem}.rc").resolve()
         log.touch(mode=0o600)
+        # journaled before the start: a driver killed between the start and the pid's entry leaves the child
+        # findable by its pid file (``<rc>.pid``), never started twice
+        self.journal.record(step.key, "child", machine=socket.gethostname(), pid=None, started=None, log=str(log),
+                            rc=str(rc))
         proc = executor.local().popen(cyc.step_child(step.argv, log, rc),
                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.journal.record(step.key, "child", machine=socket.gethostname(), pid=proc.pid,
@@ -162,6 +169,20 @@ class StepChild:
         chunk = f.read()
         if chunk:
             self.echo(chunk)
+
+
+def _pid_file(rc: Path) -> tuple[int | None, str | None]:
+    """The pid the step's shell wrote to ``<rc>.pid`` (None: no such file) and its start time when that process
+    still runs the step (its command line names ``rc``: a reused pid runs something else; None otherwise)."""
+    try:
+        pid = int(Path(f"{rc}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None, None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return pid, None
+    return pid, (proc_start(pid) if str(rc).encode() in cmdline else None)
 
 
 def _status(rc: Path) -> int | None:
