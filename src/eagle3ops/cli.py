@@ -69,23 +69,26 @@ def version() -> None:
 
 
 @app.command()
-def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
            profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image."),
            base_image: Optional[str] = typer.Option(None, help="Override BASE_IMAGE (local bases)."),
            env_tarball: Optional[Path] = typer.Option(None, help="`stage_runtime: venv` hosts: the pipeline "
                                                       "environment tarball to deliver (verified by sha256); "
                                                       "default: the pipeline image's venv, exported.")) -> None:
-    """Build the pipeline image if needed, push it over SSH, verify its id on the host, preflight, run the probes the
-    build deferred to the host. Serving untouched. A stand-in (an image built on a stand-in base, a stand-in
-    environment) is refused on a host that is not a sandbox, before anything is built or sent."""
+    """Build the pipeline image if needed, then under the host's lock push it over SSH, verify its id on the host,
+    preflight, run the probes the build deferred to the host. Serving untouched. A stand-in (an image built on a
+    stand-in base, a stand-in environment) is refused on a host that is not a sandbox, before anything is built or
+    sent."""
     from eagle3ops import deployer
 
     h = common.load_host(inventory, host)
-    try:
-        deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print,
-                        env_tarball=env_tarball)
-    except deployer.DeployError as exc:
-        common.fail(str(exc))
+    with common.plan_output(dry_run, json_out):  # --json: stdout keeps the plan alone
+        try:
+            res = deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print,
+                                  env_tarball=env_tarball, command=_command_line())
+        except deployer.DeployError as exc:
+            common.fail(str(exc))
+    common.print_plan(res.plan or {}, h, json_out)
 
 
 RestartOpt = typer.Option(False, "--restart", help="Redo extract/train from scratch even when done for these "
