@@ -36,6 +36,8 @@ HEAD = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3
 def _facts(argv: list[str], stdin: bytes):
     """The reads a command asks before its lock, answered as a healthy host with a deployed pipeline image."""
     last = argv[1] if argv[0] == "find" else argv[-1]  # a cat_if_exists names its file first
+    if argv[:2] == ["test", "-d"] and last.endswith("/state/lock"):  # the lock is free
+        return 1, "", ""
     if last.endswith("deployed.json"):
         return 0, json.dumps({"image": IMAGE, "image_id": IMAGE_ID}), ""
     if last == "inspect" and "eagle3ops.speculate.onhost" in argv:  # speculate's gate helper
@@ -393,13 +395,13 @@ def pushed_image(tmp_path_factory) -> str:
 
 def push_facts(argv, stdin):
     """A host's engine that holds no image (its inventory: ``docker info`` of this machine's architecture, no image
-    line): the push loads the whole image."""
+    line): the push loads the whole image; the rest as :func:`_two_host_facts` (50 GB free)."""
     from eagle3ops.commands import transfer as tc
 
     if "eagle3ops-inventory" in argv:
         info = {"Driver": "overlay2", "ServerVersion": "27.0", "Architecture": platform.machine(), "DriverStatus": []}
         return 0, json.dumps(info) + "\n" + tc.INVENTORY_SEPARATOR + "\n", ""
-    return _facts(argv, stdin)
+    return _two_host_facts(argv, stdin)
 
 
 def test_push_takes_each_hosts_lock_before_loading_and_a_held_lock_fails_the_push(monkeypatch, tmp_path,
@@ -428,6 +430,8 @@ def test_push_takes_each_hosts_lock_before_loading_and_a_held_lock_fails_the_pus
             return 1, "", "mkdir: cannot create directory: File exists"
         if argv[:1] == ["find"] and argv[1].endswith("/lock/details.json"):
             return 0, json.dumps(held), ""
+        if argv[:2] == ["test", "-d"] and argv[-1].endswith("/state/lock"):
+            return 0, "", ""
         return push_facts(argv, stdin)
 
     rec = RecordingHost(facts=locked, stop_at_lock=False)

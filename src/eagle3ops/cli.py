@@ -106,7 +106,9 @@ def _stage_window(kind: str, h: HostConfig, dry_run: bool, offline: bool, json_o
         common.fail("--offline needs --dry-run: a real window must read the host (add --dry-run, or drop --offline)", 2)
     from eagle3ops.window.offline import offline_dry_run
 
-    offline_dry_run(h, kind=kind, command="eagle3ops " + " ".join(sys.argv[1:]), **kw)
+    with common.plan_output(dry_run, json_out):  # --json: the printed plan to stderr, its value to stdout
+        plan = offline_dry_run(h, kind=kind, command="eagle3ops " + " ".join(sys.argv[1:]), **kw)
+    common.print_plan(plan, h, json_out)
 
 
 @app.command()
@@ -461,7 +463,7 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
                                                 "port-forward to the host's 127.0.0.1:PORT."),
                out: Optional[Path] = typer.Option(None, "--out", help="Local folder: resume log, dataset, manifest "
                                                   "(default regenerated/<host>-<run>/)."),
-               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Answer the training prompts with the target through LIVE serving (no window, no downtime; resumable).
 
     Writes dataset.jsonl (the target's answers) and dataset.manifest.json locally and uploads both to
@@ -483,12 +485,13 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
                     time_budget_s=time_budget)
     except (rg.RegenerateError, ChatDataError, GatePromptsError) as exc:
         common.fail(str(exc), 2)
-    with common.remote(h, dry_run) as r:
+    with common.remote(h, dry_run, json_out) as r:
         try:
             res = reach.regenerate_for_host(r, run, p, direct=endpoint, ssh_forward=ssh_forward,
                                             extra_manifest=extra, echo=lambda m: console.print(m, markup=False))
         except rg.RegenerateError as exc:
             common.fail(str(exc))
+    common.print_plan(res.get("doc") or {}, h, json_out)
     if not dry_run and res["failed"]:
         common.fail(f"{res['failed']} conversation(s) failed after their attempts (first: {res['errors'][0]}); "
               "rerun the same command to retry them (answered ones are kept)")
