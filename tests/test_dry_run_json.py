@@ -277,3 +277,24 @@ def test_the_offline_dry_run_prints_its_plan_as_json_without_ssh(monkeypatch, tm
     assert out.exit_code == 0, out.output
     doc = json.loads(out.stdout)
     assert doc["offline"] is True and doc["stages"] == ["prepare", "extract"] and doc["supervisor_commands"], doc
+
+
+def test_deploy_of_a_venv_host_dry_run_json_is_the_environments_upload_under_the_lock(monkeypatch, tmp_path):
+    """``deploy POD --env-tarball FILE --dry-run --json`` (a ``stage_runtime: venv`` host): the environment's digest,
+    whether the host holds it (its marker: no), and the upload and record under the lock."""
+    from eagle3ops.config import load_inventory
+    from test_lock_first import _env_tarball, _facts, _venv_inventory
+
+    inv = _venv_inventory(tmp_path)
+    h = load_inventory(inv).host("pod")
+
+    def facts(argv, stdin):
+        return (0, "x86_64\n", "") if argv[:1] == ["uname"] else _facts(argv, stdin)
+
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    doc = _invoke(monkeypatch, rec, ["deploy", "pod", "--env-tarball", str(_env_tarball(tmp_path)),
+                                     "--inventory", str(inv)])
+    assert doc["kind"] == "deploy" and doc["runtime"] == "venv" and doc["env"]["present"] is False, doc
+    assert doc["env"]["image"].startswith("venv:sha256:"), doc
+    _lock_first(doc["changes"], h.state_dir)
+    assert "eagle3ops-receive-env" in doc["changes"][3] and doc["changes"][4] == f"tee {h.state_dir}/deployed.json"
