@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from recording_host import RecordingHost
-from test_lock_first import ABSENT, _push, _two_host_facts, _two_hosts
+from test_lock_first import ABSENT, _push, _two_host_facts, _two_hosts, pushed_image  # noqa: F401 - a fixture
 from test_window_driver import REPO, TINY, _host_with_serving
 
 #: (command line, the JSON path that holds the plan, a check of it); ``{pipeline}`` is a tiny pipeline config.
@@ -161,3 +161,140 @@ def test_json_without_dry_run_is_refused_before_any_host_is_reached(monkeypatch)
     monkeypatch.setattr(executor, "for_host", lambda *a, **k: pytest.fail("a host was reached"))
     out = CliRunner().invoke(cli.app, ["rollback", "sandbox", "--json", "--inventory", str(REPO / "deploy/hosts.yaml")])
     assert out.exit_code == 2 and "--json prints the plan of a dry run" in " ".join(out.output.split())
+
+
+def _invoke(monkeypatch, rec: RecordingHost, args: list[str]):
+    """``args --dry-run --json`` through the CLI against the recording host; its stdout parsed as one document."""
+    from eagle3ops import cli, executor
+
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, [*args, "--dry-run", "--json"])
+    assert out.exit_code == 0, (out.output, out.exception, [c.cmd for c in rec.calls])
+    return json.loads(out.stdout)
+
+
+def _lock_first(changes: list[str], state_dir: str) -> None:
+    """A plan's changes open with the host's lock (its state dir, then the atomic ``mkdir``) and end releasing it."""
+    assert changes[:2] == [f"mkdir -p {state_dir}", f"mkdir {state_dir}/lock"], changes
+    assert changes[-1] == f"rm -rf -- {state_dir}/lock", changes
+
+
+def test_deploy_dry_run_json_is_the_build_push_checks_and_record_under_the_lock(monkeypatch, pushed_image):
+    """``deploy --dry-run --json``: the build plan (a STAND-IN plan naming the small image on the build engine, so
+    that the push is planned from the host's inventory for real), the push's plan, the preflight checks, the record
+    and every change in order, the lock's first and its release last; nothing sent."""
+    from types import SimpleNamespace
+
+    from eagle3ops import images
+    from eagle3ops.config import load_inventory
+    from test_lock_first import push_facts
+
+    plan = SimpleNamespace(name="pipeline", base="eagle3ops/base:t", base_labels={}, tag=pushed_image, labels={},
+                           profile="p", build_args={"BASE_IMAGE": "eagle3ops/base:t"}, exists=True,
+                           lines=lambda: [f"# build pipeline: {pushed_image}"])
+    monkeypatch.setattr(images, "plan_build", lambda *a, **k: plan)
+    rec = RecordingHost(facts=push_facts, stop_at_lock=False)
+    doc = _invoke(monkeypatch, rec, ["deploy", "sandbox", "--inventory", str(REPO / "deploy/hosts.yaml")])
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    assert doc["kind"] == "deploy" and doc["build"]["tag"] == pushed_image and doc["push"]["action"] == "load", doc
+    assert doc["record"]["path"] == f"{h.state_dir}/deployed.json" and doc["preflight"], doc
+    _lock_first(doc["changes"], h.state_dir)
+    load = next(i for i, c in enumerate(doc["changes"]) if c.endswith(" load"))
+    assert load < doc["changes"].index(f"tee {h.state_dir}/deployed.json"), doc["changes"]
+    assert doc["changes"] == [c.cmd for c in rec.calls if c.kind != "read"]  # the plan's changes: those recorded
+
+
+def test_push_dry_run_json_plans_each_host_from_its_facts(monkeypatch, tmp_path, pushed_image):
+    """``push IMAGE A B --dry-run --json``: per host, the plan decided from its image inventory (a load of the whole
+    image: it holds none) and the changes it would make there, under that host's lock."""
+    from test_lock_first import _two_hosts, push_facts
+
+    rec = RecordingHost(facts=push_facts, stop_at_lock=False)
+    doc = _invoke(monkeypatch, rec, ["push", pushed_image, "sandbox", "other", "--inventory", str(_two_hosts(tmp_path))])
+    assert doc["kind"] == "push" and [x["host"] for x in doc["hosts"]] == ["sandbox", "other"], doc
+    for x in doc["hosts"]:
+        assert x["status"] == "dry-run" and x["plan"]["action"] == "load" and x["plan"]["layers_sent"] == 1, x
+        _lock_first(x["changes"], "/var/lib/eagle3ops-sandbox/sandbox/state")
+        assert any(c.endswith(" load") for c in x["changes"]), x["changes"]
+
+
+def test_probe_dry_run_json_is_the_probe_container_under_the_lock(monkeypatch):
+    """``probe --dry-run --json``: the deployed image (read), the probe container's commands, under the lock."""
+    from eagle3ops.config import load_inventory
+    from test_lock_first import IMAGE, IMAGE_ID, _facts
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    rec = RecordingHost(facts=_facts, stop_at_lock=False)
+    doc = _invoke(monkeypatch, rec, ["probe", "sandbox", "--inventory", str(REPO / "deploy/hosts.yaml")])
+    assert doc["kind"] == "probe" and (doc["image"], doc["image_id"]) == (IMAGE, IMAGE_ID), doc
+    _lock_first(doc["changes"], h.state_dir)
+    assert any(" run --rm --name eagle3ops-probe-" in c for c in doc["changes"]), doc["changes"]
+
+
+def test_regenerate_dry_run_json_is_the_plan_and_its_upload(monkeypatch, tmp_path):
+    """``regenerate --dry-run --json``: the conversations to answer, the settings and the upload's commands (the
+    run's own folder: no lock); the serving is not asked."""
+    from eagle3ops.config import load_inventory
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    rec = RecordingHost(stop_at_lock=False)
+    doc = _invoke(monkeypatch, rec, ["regenerate", "sandbox", "--run", "r1", "--limit", "2", "--out",
+                                     str(tmp_path / "out"), "--inventory", str(REPO / "deploy/hosts.yaml")])
+    assert doc["kind"] == "regenerate" and doc["plan"]["conversations"] == 2 and len(doc["plan"]["to_send"]) == 2
+    assert doc["plan"]["settings"]["model"] == h.serving.served_model_name, doc
+    d = f"{h.data_dir}/runs/r1/regenerated"
+    assert doc["changes"] == [f"mkdir -p {d}", f"tee {d}/dataset.jsonl", f"tee {d}/dataset.manifest.json"], doc
+
+
+def test_watch_dry_run_json_is_its_plan_and_scrapes_nothing(monkeypatch):
+    """``watch --dry-run --json``: the release watched, its thresholds, where it records, what a breach does; nothing
+    scraped or written (the endpoint is never asked)."""
+    from eagle3ops.config import load_inventory
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+
+    def facts(argv, stdin):
+        if argv[0] == "find" and argv[1].endswith("/releases/current"):  # the live release: 7
+            return 0, "7\n", ""
+        return None
+
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    doc = _invoke(monkeypatch, rec, ["watch", "sandbox", "--endpoint", "http://127.0.0.1:9/unreachable",
+                                     "--inventory", str(REPO / "deploy/hosts.yaml")])
+    assert doc["kind"] == "watch" and doc["release"] == 7 and doc["records"]["record"].endswith("/watch/7.jsonl")
+    assert doc["on_breach"].startswith("reported") and doc["sustained_minutes"] == h.serving.watch.sustained_minutes
+    assert not [c for c in rec.calls if c.kind != "read"]
+
+
+def test_the_offline_dry_run_prints_its_plan_as_json_without_ssh(monkeypatch, tmp_path):
+    """``extract --dry-run --offline --json``: the window's plan from the inventory alone (no host reached)."""
+    from eagle3ops import cli, executor
+
+    monkeypatch.setattr(executor, "for_host", lambda *a, **k: pytest.fail("a host was reached"))
+    (tmp_path / "p.yaml").write_text(TINY)
+    out = CliRunner().invoke(cli.app, ["extract", "sandbox", "--pipeline", str(tmp_path / "p.yaml"), "--dry-run",
+                                       "--offline", "--json", "--inventory", str(REPO / "deploy/hosts.yaml")])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["offline"] is True and doc["stages"] == ["prepare", "extract"] and doc["supervisor_commands"], doc
+
+
+def test_deploy_of_a_venv_host_dry_run_json_is_the_environments_upload_under_the_lock(monkeypatch, tmp_path):
+    """``deploy POD --env-tarball FILE --dry-run --json`` (a ``stage_runtime: venv`` host): the environment's digest,
+    whether the host holds it (its marker: no), and the upload and record under the lock."""
+    from eagle3ops.config import load_inventory
+    from test_lock_first import _env_tarball, _facts, _venv_inventory
+
+    inv = _venv_inventory(tmp_path)
+    h = load_inventory(inv).host("pod")
+
+    def facts(argv, stdin):
+        return (0, "x86_64\n", "") if argv[:1] == ["uname"] else _facts(argv, stdin)
+
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    doc = _invoke(monkeypatch, rec, ["deploy", "pod", "--env-tarball", str(_env_tarball(tmp_path)),
+                                     "--inventory", str(inv)])
+    assert doc["kind"] == "deploy" and doc["runtime"] == "venv" and doc["env"]["present"] is False, doc
+    assert doc["env"]["image"].startswith("venv:sha256:"), doc
+    _lock_first(doc["changes"], h.state_dir)
+    assert "eagle3ops-receive-env" in doc["changes"][3] and doc["changes"][4] == f"tee {h.state_dir}/deployed.json"

@@ -189,6 +189,9 @@ def test_deploy_runs_the_deferred_probes_on_the_sandbox(sandbox_host, built_imag
         with Remote(h) as r:
             rec = json.loads(r.run(hc.cat(hp.result_path(h, dep.image_id))).stdout)
             assert (rec["ok"], rec["image_id"], rec["deferred"]) == (True, dep.image_id, ["probes"])
+            from eagle3ops.window.lock import read_lock
+
+            assert read_lock(r) is None  # deploy's lock (its push, probes and record) released at its end
         again = deployer.deploy(h, base_image=base, engine_checks="host", echo=lambda *_: None)
         assert again.image_id == dep.image_id and again.probes is not None and again.probes.reused
         # `eagle3ops probe` is the same probe_host as deploy's run above; its --dry-run reads the deployed image

@@ -11,6 +11,7 @@ inside that host's own deploy lock (the child commands of its other steps are ST
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,8 @@ HEAD = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3
 def _facts(argv: list[str], stdin: bytes):
     """The reads a command asks before its lock, answered as a healthy host with a deployed pipeline image."""
     last = argv[1] if argv[0] == "find" else argv[-1]  # a cat_if_exists names its file first
+    if argv[:2] == ["test", "-d"] and last.endswith("/state/lock"):  # the lock is free
+        return 1, "", ""
     if last.endswith("deployed.json"):
         return 0, json.dumps({"image": IMAGE, "image_id": IMAGE_ID}), ""
     if last == "inspect" and "eagle3ops.speculate.onhost" in argv:  # speculate's gate helper
@@ -286,6 +289,158 @@ def test_a_multi_node_train_takes_every_nodes_lock_before_its_first_container(mo
     assert any(c.kind == "lock" for c in rec.calls) or any(c.kind == "launch" for c in rec.calls), out.output
     early = pre_lock_changes(rec.calls)
     assert not early, "changes before the lock:\n" + "\n".join(early)
+
+
+def _deploy_standins(monkeypatch):
+    """STAND-INS for the build of ``deploy`` (tested in test_images*.py and by the sandbox's deploy): the build plan
+    (its tag and labels) and the built image, so that the flow reaches the host with no build engine work."""
+    from types import SimpleNamespace
+
+    from eagle3ops import images
+
+    plan = SimpleNamespace(name="pipeline", base="eagle3ops/base:t", base_labels={}, tag=IMAGE, labels={},
+                           profile="p", build_args={}, exists=True, lines=lambda: [f"# build pipeline: {IMAGE}"])
+    monkeypatch.setattr(images, "plan_build", lambda *a, **k: plan)
+    monkeypatch.setattr(images, "build_image", lambda *a, **k: images.BuiltImage(IMAGE, IMAGE_ID, 1, 0.0, {}))
+
+
+def _venv_inventory(tmp_path: Path) -> Path:
+    """The repository's inventory with a venv host ``pod`` (the sandbox's entry, ``stage_runtime: venv``)."""
+    import yaml
+
+    inv = _two_hosts(tmp_path)
+    data = yaml.safe_load(inv.read_text())
+    pod = {k: v for k, v in data["hosts"]["other"].items() if k in (
+        "hostname", "port", "user", "identity_file", "known_hosts", "data_dir", "state_dir", "model_path")}
+    pod.update(stage_runtime="venv", venv_python="/usr/bin/python3", serving="none")
+    data["hosts"] = {"sandbox": data["hosts"]["sandbox"], "pod": pod}
+    inv.write_text(yaml.safe_dump(data))
+    return inv
+
+
+def _env_tarball(tmp_path: Path) -> Path:
+    """A pipeline environment tarball (one text file: no compiled file for another machine, no stand-in marker)."""
+    import io
+    import tarfile
+
+    tgz = tmp_path / "env.tar.gz"
+    with tarfile.open(tgz, "w:gz") as t:
+        data = b"a pipeline environment\n"
+        info = tarfile.TarInfo("README")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    return tgz
+
+
+@pytest.mark.parametrize("runtime", ["container", "venv"])
+def test_deploy_makes_no_change_before_the_lock_and_releases_it_when_a_step_under_it_fails(monkeypatch, tmp_path,
+                                                                                          runtime):
+    """``deploy``: the reads (reach, the environment's marker and machine) and the build first; the image's push
+    (``docker load``) or the environment's upload come after the host's lock. Followed past the lock (the image id
+    read after the push is not the built one on this host of few facts; an upload the host refuses): the lock is
+    released, last, and no ``deployed.json`` is written."""
+    from eagle3ops import cli, deployer, executor
+
+    _deploy_standins(monkeypatch)
+    facts = _stateful(_facts)
+    if runtime == "venv":
+        args = ["deploy", "pod", "--env-tarball", str(_env_tarball(tmp_path)), "--inventory",
+                str(_venv_inventory(tmp_path))]
+
+        def answer(argv, stdin):
+            if argv[:1] == ["uname"]:
+                return 0, "x86_64\n", ""
+            if "eagle3ops-receive-env" in argv:
+                return 3, "", "sha256 mismatch"
+            return facts(argv, stdin)
+    else:
+        args = ["deploy", "sandbox", "--inventory", str(INVENTORY)]
+        answer = facts
+    for stop in (True, False):
+        rec = RecordingHost(facts=answer, stop_at_lock=stop)
+        monkeypatch.setattr(executor, "for_host", rec.for_host)
+        monkeypatch.setattr(deployer, "push_image", _push(rec))
+        out = CliRunner().invoke(cli.app, args)
+        early = pre_lock_changes(rec.calls)
+        assert not early, "changes before the lock:\n" + "\n".join(early)
+        if stop:
+            assert isinstance(out.exception, LockReached), (out.output, [c.cmd for c in rec.calls])
+            continue
+        changes = [c for c in rec.calls if c.kind != "read"]
+        assert out.exit_code == 1, (out.output, [c.cmd for c in changes])
+        sent = [c for c in changes if c.kind == "change" and c.argv[:3] != ["rm", "-rf", "--"]
+                and not c.cmd.endswith("details.json")]
+        assert sent, [c.cmd for c in changes]  # the push or the upload was made, under the lock
+        assert changes[-1].argv[:3] == ["rm", "-rf", "--"] and changes[-1].argv[-1].endswith("/lock"), \
+            [c.cmd for c in changes]
+        assert not any(c.cmd.endswith("deployed.json") for c in changes), [c.cmd for c in changes]
+
+
+#: A STAND-IN image on the build engine for ``push`` (``FROM scratch`` and one file: nothing in it runs).
+PUSHED = "eagle3ops-test/lock-first:1"
+
+
+@pytest.fixture(scope="module")
+def pushed_image(tmp_path_factory) -> str:
+    """:data:`PUSHED`, built on the build engine (a second, once)."""
+    from eagle3ops import executor
+
+    ctx = tmp_path_factory.mktemp("lock-first-image")
+    (ctx / "hello.txt").write_text("a stand-in layer, pushed under the lock\n")
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /hello.txt\n")
+    here = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    executor.engine(timeout=120).images.build(path=str(ctx), tag=PUSHED, rm=True, platform=f"linux/{here}")
+    return PUSHED
+
+
+def push_facts(argv, stdin):
+    """A host's engine that holds no image (its inventory: ``docker info`` of this machine's architecture, no image
+    line): the push loads the whole image; the rest as :func:`_two_host_facts` (50 GB free)."""
+    from eagle3ops.commands import transfer as tc
+
+    if "eagle3ops-inventory" in argv:
+        info = {"Driver": "overlay2", "ServerVersion": "27.0", "Architecture": platform.machine(), "DriverStatus": []}
+        return 0, json.dumps(info) + "\n" + tc.INVENTORY_SEPARATOR + "\n", ""
+    return _two_host_facts(argv, stdin)
+
+
+def test_push_takes_each_hosts_lock_before_loading_and_a_held_lock_fails_the_push(monkeypatch, tmp_path,
+                                                                                  pushed_image):
+    """``push IMAGE A B``: each host's facts (its image inventory) are read and its plan made before its lock; the
+    ``docker load`` comes after it. A host whose lock a window holds fails, naming that window's holder and
+    command, and receives no change."""
+    from eagle3ops import cli, executor
+
+    inv = _two_hosts(tmp_path)
+    rec = RecordingHost(facts=push_facts)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, ["push", pushed_image, "sandbox", "other", "--attempts", "1",
+                                       "--inventory", str(inv)])
+    assert isinstance(out.exception, LockReached), (out.output, [c.cmd for c in rec.calls])
+    assert not pre_lock_changes(rec.calls), pre_lock_changes(rec.calls)
+    assert {c.host for c in rec.calls if c.kind == "lock" and c.argv[1] != "-p"} == {"sandbox", "other"}
+    for name in ("sandbox", "other"):  # each host's facts first
+        assert "eagle3ops-inventory" in rec.of(name)[0].argv, [c.cmd for c in rec.of(name)]
+
+    held = {"window_id": "20990101T000000Z-extract-abcdef", "holder": "ops@elsewhere", "since": "2099-01-01",
+            "command": "eagle3ops extract other"}
+
+    def locked(argv, stdin):  # `other` is locked by a window
+        if argv[:1] == ["mkdir"] and argv[-1].endswith("/state/lock"):
+            return 1, "", "mkdir: cannot create directory: File exists"
+        if argv[:1] == ["find"] and argv[1].endswith("/lock/details.json"):
+            return 0, json.dumps(held), ""
+        if argv[:2] == ["test", "-d"] and argv[-1].endswith("/state/lock"):
+            return 0, "", ""
+        return push_facts(argv, stdin)
+
+    rec = RecordingHost(facts=locked, stop_at_lock=False)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, ["push", pushed_image, "other", "--attempts", "1", "--inventory", str(inv)])
+    assert out.exit_code == 1, (out.output, [c.cmd for c in rec.calls])
+    text = " ".join(out.output.split())
+    assert "ops@elsewhere" in text and "eagle3ops extract other" in text, text
+    assert not [c.cmd for c in rec.calls if c.kind in ("change", "launch")], [c.cmd for c in rec.calls]
 
 
 def test_a_window_refused_under_a_lock_its_caller_took_releases_it(monkeypatch):

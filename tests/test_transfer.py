@@ -11,10 +11,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tarfile
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -370,9 +372,23 @@ def test_push_cli_table_and_exit_code(sbx, images, tmp_path):
     app = typer.Typer()
     app.command()(push_command)
     _wipe(sbx, images["v2"])
+    # the host's deploy lock held by a window: the load would change the host under it, so the push is refused,
+    # naming the window's holder, and nothing is sent
+    lock = Path(sbx.state_dir) / "lock"
+    lock.mkdir()
+    (lock / "details.json").write_text(json.dumps({
+        "window_id": "20990101T000000Z-extract-abcdef", "holder": "ops@elsewhere", "command": "eagle3ops extract sbx",
+        "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}))
+    try:
+        r = CliRunner().invoke(app, [images["v2"], "sbx", "--inventory", str(inv), "--attempts", "1"])
+    finally:
+        shutil.rmtree(lock)
+    assert r.exit_code == 1 and "ops@elsewhere" in " ".join(r.output.split()), r.output
+    assert _host_id(sbx, images["v2"]) == ""
     r = CliRunner().invoke(app, [images["v2"], "sbx", "--inventory", str(inv)])
     assert r.exit_code == 0, r.output
     assert "sbx" in r.output and "ok" in r.output
+    assert not lock.exists()  # taken for the load, released after it
     r = CliRunner().invoke(app, [images["v2"], "sbx", "broken", "--inventory", str(inv), "--attempts", "1"])
     assert r.exit_code == 1
     assert "present" in r.output and "failed" in r.output, r.output

@@ -221,7 +221,7 @@ def test_deploy_of_a_venv_host_refuses_a_python_mismatch_before_sending(monkeypa
     monkeypatch.setattr(images, "plan_build", lambda *a, **k: plan)
     monkeypatch.setattr(images, "build_image", lambda *a, **k: built)
     monkeypatch.setattr(envbuild, "export_env", lambda *a, **k: env)
-    monkeypatch.setattr(envdeliver, "deliver_env", lambda *a, **k: pytest.fail("sent despite the mismatch"))
+    monkeypatch.setattr(envdeliver, "send_env", lambda *a, **k: pytest.fail("sent despite the mismatch"))
     with pytest.raises(deployer.DeployError) as exc:
         deployer.deploy(h, echo=lambda _: None)
     assert "Python 3.11.2" in str(exc.value) and "Python 3.12.3" in str(exc.value)

@@ -70,23 +70,26 @@ def version() -> None:
 
 
 @app.command()
-def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
+def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
            profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image."),
            base_image: Optional[str] = typer.Option(None, help="Override BASE_IMAGE (local bases)."),
            env_tarball: Optional[Path] = typer.Option(None, help="`stage_runtime: venv` hosts: the pipeline "
                                                       "environment tarball to deliver (verified by sha256); "
                                                       "default: the pipeline image's venv, exported.")) -> None:
-    """Build the pipeline image if needed, push it over SSH, verify its id on the host, preflight, run the probes the
-    build deferred to the host. Serving untouched. A stand-in (an image built on a stand-in base, a stand-in
-    environment) is refused on a host that is not a sandbox, before anything is built or sent."""
+    """Build the pipeline image if needed, then under the host's lock push it over SSH, verify its id on the host,
+    preflight, run the probes the build deferred to the host. Serving untouched. A stand-in (an image built on a
+    stand-in base, a stand-in environment) is refused on a host that is not a sandbox, before anything is built or
+    sent."""
     from eagle3ops import deployer
 
     h = common.load_host(inventory, host)
-    try:
-        deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print,
-                        env_tarball=env_tarball)
-    except deployer.DeployError as exc:
-        common.fail(str(exc))
+    with common.plan_output(dry_run, json_out):  # --json: stdout keeps the plan alone
+        try:
+            res = deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print,
+                                  env_tarball=env_tarball, command=_command_line())
+        except deployer.DeployError as exc:
+            common.fail(str(exc))
+    common.print_plan(res.plan or {}, h, json_out)
 
 
 RestartOpt = typer.Option(False, "--restart", help="Redo extract/train from scratch even when done for these "
@@ -104,7 +107,9 @@ def _stage_window(kind: str, h: HostConfig, dry_run: bool, offline: bool, json_o
         common.fail("--offline needs --dry-run: a real window must read the host (add --dry-run, or drop --offline)", 2)
     from eagle3ops.window.offline import offline_dry_run
 
-    offline_dry_run(h, kind=kind, command="eagle3ops " + " ".join(sys.argv[1:]), **kw)
+    with common.plan_output(dry_run, json_out):  # --json: the printed plan to stderr, its value to stdout
+        plan = offline_dry_run(h, kind=kind, command="eagle3ops " + " ".join(sys.argv[1:]), **kw)
+    common.print_plan(plan, h, json_out)
 
 
 @app.command()
@@ -459,7 +464,7 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
                                                 "port-forward to the host's 127.0.0.1:PORT."),
                out: Optional[Path] = typer.Option(None, "--out", help="Local folder: resume log, dataset, manifest "
                                                   "(default regenerated/<host>-<run>/)."),
-               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Answer the training prompts with the target through LIVE serving (no window, no downtime; resumable).
 
     Writes dataset.jsonl (the target's answers) and dataset.manifest.json locally and uploads both to
@@ -481,12 +486,13 @@ def regenerate(host: str, run: str = typer.Option(..., "--run", help="The pipeli
                     time_budget_s=time_budget)
     except (rg.RegenerateError, ChatDataError, GatePromptsError) as exc:
         common.fail(str(exc), 2)
-    with common.remote(h, dry_run) as r:
+    with common.remote(h, dry_run, json_out) as r:
         try:
             res = reach.regenerate_for_host(r, run, p, direct=endpoint, ssh_forward=ssh_forward,
                                             extra_manifest=extra, echo=lambda m: console.print(m, markup=False))
         except rg.RegenerateError as exc:
             common.fail(str(exc))
+    common.print_plan(res.get("doc") or {}, h, json_out)
     if not dry_run and res["failed"]:
         common.fail(f"{res['failed']} conversation(s) failed after their attempts (first: {res['errors'][0]}); "
               "rerun the same command to retry them (answered ones are kept)")

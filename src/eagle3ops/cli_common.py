@@ -19,7 +19,7 @@ from rich.console import Console
 from eagle3ops.config import ConfigError, HostConfig, load_inventory
 
 __all__ = ["DryRunOpt", "HOST_CHANGING", "InventoryOpt", "JsonOpt", "changes_a_host", "console", "fail", "load_host",
-           "print_plan", "remote"]
+           "plan_output", "print_plan", "remote"]
 
 console = Console(stderr=True)
 
@@ -75,6 +75,17 @@ def print_plan(plan: dict[str, Any], host: HostConfig, json_out: bool) -> None:
 
     if json_out:
         print(json.dumps(redact.value(plan, host.secret_env), indent=2, sort_keys=True, default=str), flush=True)
+
+
+def plan_output(dry_run: bool, json_out: bool):
+    """A context in which a command prints its dry run: with ``json_out`` (``--dry-run --json``) what it prints on
+    stdout goes to stderr, so that stdout holds the plan alone (:func:`print_plan`, after the block); else nothing
+    changes. ``json_out`` without ``dry_run`` is a usage error (exit 2), as in :func:`remote`."""
+    import contextlib
+
+    if json_out and not dry_run:
+        fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
+    return contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext()
 
 
 def fail(msg: str, code: int = 1) -> NoReturn:

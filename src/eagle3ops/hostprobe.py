@@ -211,11 +211,15 @@ def probe_command(
     inventory: Optional[Path] = typer.Option(None, "--inventory", "-i",
                                              help="Inventory file (env EAGLE3OPS_INVENTORY, else deploy/hosts.yaml)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every remote command in order; execute none."),
-    json_out: bool = typer.Option(False, "--json", help="Print the recorded result as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the recorded result as JSON; with --dry-run, the "
+                                  "plan (the commands go to stderr)."),
 ) -> None:
     """Run the deployed pipeline image's deferred probes (each patch's probe, on vLLM engines) on HOST in a container
-    with the stage settings (GPUs on a GPU host); record the result in <state_dir>/probes/ and print it."""
+    with the stage settings (GPUs on a GPU host), under the host's lock; record the result in <state_dir>/probes/
+    and print it."""
+    import contextlib
     import os
+    import shlex
 
     from rich.console import Console
 
@@ -229,14 +233,23 @@ def probe_command(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     from eagle3ops import executor
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.lock import holding_lock
 
+    # --dry-run --json: what a dry run prints goes to stderr; stdout holds the plan alone
+    quiet = contextlib.redirect_stdout(sys.stderr) if dry_run and json_out else contextlib.nullcontext()
     try:
-        with executor.for_host(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
-            res = probe_host(r, echo=console.print)
-    except HostProbeError as exc:
+        with quiet, executor.for_host(h, dry_run=dry_run, echo=(print if dry_run else None)) as r:
+            # the probe container holds GPUs and its record is written: a change, made under the host's lock
+            with holding_lock(r, "probe", shlex.join(["eagle3ops", *sys.argv[1:]]), "deferred probes"):
+                res = probe_host(r, echo=console.print)
+    except (HostProbeError, WindowError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
     if dry_run:
+        if json_out:
+            print(json.dumps({"kind": "probe", "host": h.name, "image": res.image, "image_id": res.image_id,
+                              "changes": list(r.changes)}, indent=2, sort_keys=True), flush=True)
         return
     if json_out:
         print(json.dumps(res.__dict__, indent=2))

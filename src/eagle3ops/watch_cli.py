@@ -20,7 +20,10 @@ def watch_command(host: str, inventory: Path = InventoryOpt, dry_run: bool = Dry
                   interval: Optional[float] = typer.Option(None, "--interval", min=1, help="Seconds between "
                                                            "/metrics scrapes (default serving.watch.interval_s)."),
                   endpoint: Optional[str] = typer.Option(None, "--endpoint", help="URL the driver reaches serving "
-                                                         "at (default: direct, else an SSH forward).")) -> None:
+                                                         "at (default: direct, else an SSH forward)."),
+                  json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the watch's plan "
+                                                "(release, thresholds, records, what a breach does) as one JSON "
+                                                "document; nothing is scraped or written.")) -> None:
     """Watch the live release's /metrics: acceptance per position and throughput per interval, recorded under
     <state_dir>/watch/; a sustained breach of serving.watch is reported, and rolled back when the policy says so."""
     import shlex
@@ -31,13 +34,15 @@ def watch_command(host: str, inventory: Path = InventoryOpt, dry_run: bool = Dry
     h = common.load_host(inventory, host)
     command = shlex.join(["eagle3ops", *sys.argv[1:]])
     try:
-        with wt.watch_lock(h.name), common.remote(h, dry_run) as r:
+        with wt.watch_lock(h.name), common.remote(h, dry_run, json_out) as r:
             dep = common.deployed_record(r, required=False)
             deployed = dep.get("image") if dep.get("image_id") else None  # else a placeholder: not deployed
             opts = wt.WatchOptions(duration_s=duration, interval_s=interval, endpoint=endpoint,
                                    pipeline_image=h.pipeline_image or deployed, pipeline_image_id=dep.get("image_id"),
-                                   command=command)
+                                   command=command, plan_only=json_out)
             out = wt.watch(r, opts, echo=lambda m: common.console.print(m, markup=False))
+            if json_out:
+                return common.print_plan(out, h, json_out)
     except wt.WatchLocked as exc:
         common.console.print(f"[yellow]{exc}[/yellow]")
         raise typer.Exit(wt.EXIT_LOCKED) from None

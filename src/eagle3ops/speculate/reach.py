@@ -246,7 +246,9 @@ def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | No
     the plan and the upload's commands; nothing is sent.
 
     Returns:
-        The manifest (plus ``host_paths``); in a dry run ``{"dry_run": True, "plan": ...}``.
+        The manifest (plus ``host_paths``); in a dry run ``{"dry_run": True, "plan": ..., "doc": ...}``, ``doc``
+        being the plan as one JSON-ready value (``regenerate --dry-run --json``: the plan, the host's paths and
+        the upload's changes).
 
     Raises:
         RegenerateError: serving not reachable, or the API key file unreadable.
@@ -261,7 +263,9 @@ def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | No
         for argv in (hc.mkdir_p(upload_paths["dir"]), hc.write_file(upload_paths["dataset"]),
                      hc.write_file(upload_paths["manifest"])):
             r.run(argv)
-        return {"dry_run": True, "plan": p.describe(), "host_paths": upload_paths}
+        return {"dry_run": True, "plan": p.describe(), "host_paths": upload_paths,
+                "doc": {"kind": "regenerate", "host": r.host.name, "run": run, "plan": p.as_dict(),
+                        "host_paths": upload_paths, "changes": list(r.changes)}}
     key = serving_api_key(r)
     where = f"{r.host.name} port {r.host.serving.port}"
     try:

@@ -279,6 +279,14 @@ class RegeneratePlan:
                 f"concurrency {s.concurrency}, timeout {s.request_timeout_s:g} s, attempts {s.attempts}\n"
                 f"  output: {self.out_dir / DATASET} (resume log {self.out_dir / ANSWERS})")
 
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as a JSON-ready value (``regenerate --dry-run --json``): the counts, the ids still to send,
+        the generation settings, the local output folder, the prompt set's sha256 and what is kept of reasoning."""
+        return {"conversations": len(self.items), "already_answered": len(self.done),
+                "to_send": [i.id for i in self.todo], "settings": asdict(self.settings),
+                "out_dir": str(self.out_dir), "prompt_set_sha256": self.prompt_set_sha256,
+                "reasoning": self.reasoning, "time_budget_s": self.time_budget_s}
+
 
 def plan(items: Sequence[Item], settings: GenSettings, out_dir: Path, reasoning: str | None = None,
          time_budget_s: float | None = None) -> RegeneratePlan:

@@ -76,6 +76,9 @@ class WatchOptions:
     pipeline_image: str | None = None
     pipeline_image_id: str | None = None
     command: str = "eagle3ops watch"
+    #: Return the watch's plan (:func:`watch`'s ``plan``) once the facts are read: nothing scraped or written
+    #: (``watch --dry-run --json``).
+    plan_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -301,7 +304,8 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
           sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """Watch ``r``'s live release for ``opts.duration_s`` (see the module doc). ``now``/``sleep``: the clock (tests
     pass their own). Returns ``{"exit_code", "release", "thresholds", "intervals", "breaches", "rollback",
-    "production"}``.
+    "production"}``; with ``opts.plan_only``, the plan once the facts are read (release, thresholds, interval,
+    duration, the records' paths, what a sustained breach does), nothing scraped or written.
 
     Raises:
         WatchError: serving kind ``none``; rollback on for a kind that cannot roll back; the endpoint not reached
@@ -330,6 +334,12 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
          f"output tokens/s floor {th.request_tokens_per_s_min}; sustained {policy.sustained_minutes} min; rollback "
          f"{'on, to release ' + str(th.baseline_release) if policy.rollback else 'off'}")
     paths = _state_paths(h, release)
+    if opts.plan_only:
+        return {"kind": "watch", "host": h.name, "release": release, "thresholds": asdict(th),
+                "interval_s": interval, "duration_s": opts.duration_s, "sustained_minutes": policy.sustained_minutes,
+                "endpoint": opts.endpoint or "direct, else an SSH forward", "records": paths,
+                "on_breach": (f"rollback to release {th.baseline_release or '(previous live)'}: a locked, "
+                              f"health-gated window" if policy.rollback else "reported (serving.watch.rollback off)")}
     r.run(hc.mkdir_p(paths["dir"]))
     tracker = Tracker(policy.sustained_minutes * 60)
     prev: tuple[float, ServerSample] | None = None

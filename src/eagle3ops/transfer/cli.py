@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import threading
@@ -53,6 +54,22 @@ def result_line(r: PushResult) -> str:
             f"transport={r.transport or '-'} {' '.join((r.reason or r.compression or '').split())}").rstrip()
 
 
+def plan_doc(image: str, results: Iterable[PushResult]) -> dict:
+    """``push --dry-run --json``'s document: per host its status (``dry-run``, or ``failed`` with the reason), the
+    plan decided from its facts (``action`` present | tag | load, store, mode, the id the host must give the image,
+    layers and bytes to send) and every change the push would make there, in order (the lock's first)."""
+    hosts = []
+    for r in results:
+        p = r.push_plan
+        hosts.append({"host": r.host, "status": r.status, "reason": r.reason, "changes": list(r.changes),
+                      "plan": None if p is None else {
+                          "action": p.action, "store": p.store, "mode": p.mode, "expect": p.expect,
+                          "id_kind": p.id_kind, "missing_tags": list(p.missing_tags), "compression": p.compression,
+                          "layers_sent": sum(len(x.include) for x in p.parts), "layer_bytes": p.layer_bytes,
+                          "summary": p.summary()}})
+    return {"kind": "push", "image": image, "hosts": hosts}
+
+
 def push_command(
     image: str = typer.Argument(..., help="Image reference on the build engine (tag or id)."),
     hosts: list[str] = typer.Argument(..., help="Inventory host names."),
@@ -67,12 +84,16 @@ def push_command(
     dry_run: bool = typer.Option(False, "--dry-run", help="Ask each host what it holds (read-only), then print "
                                  "the commands the push would run there (each load with the layers its archive "
                                  "would carry); send and change nothing."),
+    json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan of every host as one JSON "
+                                  "document on stdout (the commands go to stderr)."),
 ) -> None:
     """Push IMAGE to each HOST over SSH: only missing layers, verified by image id, in parallel.
 
     A host that cannot be reached fails alone, once, within the connect bound: one ``error: HOST: cause`` line on
     stderr (exit status 1), the others go on. A stand-in image (its labels say so) fails the same way on each host
-    that is not a sandbox, before it is contacted."""
+    that is not a sandbox, before it is contacted. A host's deploy lock is taken once its facts are read and its plan
+    made, and held while the plan's changes are made (a host that holds the image already takes none): a host whose
+    lock another run holds (a window) fails alone, naming that run."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, TransferSpeedColumn
 
@@ -91,8 +112,11 @@ def push_command(
         if val not in allowed:
             console.print(f"[red]error:[/] {name} {val!r}: use one of {', '.join(allowed)}")
             raise typer.Exit(2)
+    if json_out and not dry_run:
+        console.print("[red]error:[/] --json prints the plan of a dry run: add --dry-run, or drop --json")
+        raise typer.Exit(2)
     opts = PushOptions(compression=compression, transport=transport, attempts=attempts, stall_s=stall_s,
-                       containerd=containerd, dry_run=dry_run)
+                       containerd=containerd, dry_run=dry_run, lock=shlex.join(["eagle3ops", *sys.argv[1:]]))
     # Bars only on a terminal (a log or a pipe gets the table and the error lines, not a bar's last frame).
     with RichProgress(TextColumn("{task.fields[host]:>12}"), TextColumn("{task.description}"), BarColumn(),
                       DownloadColumn(), TransferSpeedColumn(), console=console, transient=False,
@@ -116,12 +140,15 @@ def push_command(
         for r in results:
             bar.update(tasks[r.host], description=r.status)
     if dry_run:
+        text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
         for r in results:
-            print(f"# {r.host}: {r.status}{': ' + r.reason if r.reason else ''}")
+            print(f"# {r.host}: {r.status}{': ' + r.reason if r.reason else ''}", file=text)
             if r.push_plan is not None:  # the plan decided from the host's facts, then its commands as run dry
-                print(r.push_plan.summary())
+                print(r.push_plan.summary(), file=text)
             for line in r.plan:
-                print(line)
+                print(line, file=text)
+        if json_out:
+            print(json.dumps(plan_doc(image, results), indent=2, sort_keys=True), flush=True)
     elif (out := Console()).is_terminal:
         out.print(results_table(image, results))
     else:

@@ -86,22 +86,26 @@ def refuse_standin_env(host: HostConfig, tarball: Path, image: str, what: str) -
         raise EnvDeliveryError(msg)
 
 
-def deliver_env(r: Remote, tarball: Path, *, image: str | None = None,
-                what: str = "deploy --env-tarball") -> Delivery:
-    """Put the pipeline environment ``tarball`` on the venv host of ``r`` unless that digest is there already (its
-    marker read first), verified by sha256 on the host before it is unpacked under ``<state_dir>/env/<hex>``; then
-    write ``deployed.json``. ``image``: the digest the caller computed (checked against the file's). A stand-in
-    environment is refused (:func:`refuse_standin_env`, ``what`` naming the command) before the host is asked
-    anything.
+@dataclass(frozen=True)
+class EnvCheck:
+    """What the host holds of a pipeline environment, read and checked before anything is sent
+    (:func:`check_env`): the tarball, its digest (``venv:sha256:<hex>``) and whether the host has it unpacked."""
+
+    tarball: Path
+    image: str
+    present: bool
+
+
+def check_env(r: Remote, tarball: Path, *, image: str | None = None, what: str = "deploy --env-tarball") -> EnvCheck:
+    """The facts and checks of a delivery (reads only): the host is a venv host, the environment is not a stand-in
+    (:func:`refuse_standin_env`, ``what`` naming the command; before the host is asked anything), its compiled files
+    are for the host's ``uname -m``, its digest is ``image`` when given, and whether the host holds it already (its
+    marker).
 
     Raises:
-        EnvDeliveryError: the host is not a venv host, the file's digest differs from ``image``, the environment is
-            a stand-in and the host not a sandbox, its compiled files are for another CPU architecture than the host's
-            ``uname -m`` (:mod:`eagle3ops.window.arch`; nothing sent), or the host refused the archive (digest mismatch in transit, not
-            a gzip tar, its ``bin/python`` does not start there, its build record names another Python minor
-            version than ``venv_python``'s).
+        EnvDeliveryError: as :func:`deliver_env`, for every refusal made before anything is sent.
     """
-    h, t0 = r.host, time.monotonic()
+    h = r.host
     if not h.uses_venv:
         raise EnvDeliveryError(f"{h.name} has no `stage_runtime: venv`: its pipeline runs from an image "
                                f"(`eagle3ops deploy {h.name}`)")
@@ -118,9 +122,20 @@ def deliver_env(r: Remote, tarball: Path, *, image: str | None = None,
         raise EnvDeliveryError(f"{tarball}: its sha256 is {got}, not {image}: rebuild the environment")
     marker = r.run(vc.read_marker(h, got), check=False).stdout
     present = bool(marker.strip()) and json.loads(marker).get("digest") == got.removeprefix(vc.IMAGE_PREFIX)
+    return EnvCheck(tarball, got, present)
+
+
+def send_env(r: Remote, checked: EnvCheck) -> Delivery:
+    """The changes of a delivery (the caller holds the host's lock): the tarball sent unless ``checked`` found it
+    there, verified by sha256 on the host before it is unpacked, then ``deployed.json`` written.
+
+    Raises:
+        EnvDeliveryError: the host refused the archive (the exit status says why and the message says the fix).
+    """
+    h, t0, got = r.host, time.monotonic(), checked.image
     sent = 0
-    if not present:
-        with tarball.open("rb") as f:
+    if not checked.present:
+        with checked.tarball.open("rb") as f:
             try:
                 r.run(vc.receive_env(h, got), stdin=f)
             except RemoteError as exc:
@@ -128,8 +143,26 @@ def deliver_env(r: Remote, tarball: Path, *, image: str | None = None,
                                        f"(exit 3: damaged in transit, retry; 5: build it against "
                                        f"hosts.{h.name}.venv_python; 6: point hosts.{h.name}.venv_python at a "
                                        f"Python of the environment's minor version)") from exc
-        sent = tarball.stat().st_size
+        sent = checked.tarball.stat().st_size
     record = {"image": got, "image_id": got.removeprefix(vc.IMAGE_PREFIX), "runtime": "venv",
               "env_dir": vc.env_dir(h, got)}
     r.run(hc.write_file(paths(h)["deployed"]), stdin=json.dumps(record, indent=2))
     return Delivery(image=got, env_dir=vc.env_dir(h, got), sent_bytes=sent, seconds=round(time.monotonic() - t0, 1))
+
+
+def deliver_env(r: Remote, tarball: Path, *, image: str | None = None,
+                what: str = "deploy --env-tarball") -> Delivery:
+    """Put the pipeline environment ``tarball`` on the venv host of ``r`` unless that digest is there already (its
+    marker read first), verified by sha256 on the host before it is unpacked under ``<state_dir>/env/<hex>``; then
+    write ``deployed.json``: :func:`check_env`, then :func:`send_env` (``deploy`` takes the host's lock between
+    them). ``image``: the digest the caller computed (checked against the file's). A stand-in environment is refused
+    (:func:`refuse_standin_env`, ``what`` naming the command) before the host is asked anything.
+
+    Raises:
+        EnvDeliveryError: the host is not a venv host, the file's digest differs from ``image``, the environment is
+            a stand-in and the host not a sandbox, its compiled files are for another CPU architecture than the
+            host's ``uname -m`` (:mod:`eagle3ops.window.arch`; nothing sent), or the host refused the archive (digest
+            mismatch in transit, not a gzip tar, its ``bin/python`` does not start there, its build record names
+            another Python minor version than ``venv_python``'s).
+    """
+    return send_env(r, check_env(r, tarball, image=image, what=what))

@@ -46,6 +46,10 @@ class PushOptions:
         dry_run: contact the host read-only (its image inventory, tags), plan the parts, and record every command
             that would change the host in :attr:`PushResult.commands` without running it (status ``dry-run``).
         echo: receives each command (read-only ones too) as it is planned or run, and ``#`` notes (dry runs).
+        lock: the command line to record in the host's deploy lock, taken after the facts are read and the plan is
+            made and held while the plan's changes are made (:func:`eagle3ops.window.lock.holding_lock`; a plan
+            with nothing to change takes none); None: the caller holds the host's lock already (``deploy``,
+            ``speculate``, the cycle's acceptance step), or the host is not one of the inventory's work hosts.
     """
 
     compression: str = "auto"
@@ -58,6 +62,7 @@ class PushOptions:
     load_argv: list[str] | None = None
     dry_run: bool = False
     echo: Callable[[str], None] | None = None
+    lock: str | None = None
 
 
 @dataclass(frozen=True)

@@ -470,7 +470,17 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
         result.store = facts.store.kind
         plan = result.push_plan = plan_push(host, src, facts, opts)  # pure
         result.host_id, result.id_kind = plan.expect, plan.id_kind
-        execute(remote, plan, facts, encoders, opts, result, on_progress, stream_hook)
+        if opts.lock is None or not plan.commands(host):
+            execute(remote, plan, facts, encoders, opts, result, on_progress, stream_hook)
+            return
+        from eagle3ops.window.common import WindowError
+        from eagle3ops.window.lock import holding_lock
+
+        try:
+            with holding_lock(remote, "push", opts.lock, f"push {img.ref}"):
+                execute(remote, plan, facts, encoders, opts, result, on_progress, stream_hook)
+        except WindowError as exc:  # the lock held by another run (a window): not one a retry can pass
+            raise TransferError(str(exc)) from None
 
     try:
         for att in Retrying(stop=stop_after_attempt(max(1, opts.attempts)),

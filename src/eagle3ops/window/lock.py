@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import shlex
 import socket
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -13,7 +15,7 @@ from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import stages as st
 from eagle3ops.remote import Remote, render
-from eagle3ops.window.common import LockHeld, WindowError, hint, paths
+from eagle3ops.window.common import LockHeld, WindowError, hint, new_window_id, paths
 
 
 def acquire_lock(r: Remote, window_id: str, command: str, message: str = "") -> None:
@@ -126,3 +128,29 @@ def release_lock(r: Remote, window_id: str | None = None) -> None:
         if d and d.get("window_id") != window_id:
             return
     r.run(hc.rm_rf(paths(r.host)["lock"]))
+
+
+@contextlib.contextmanager
+def holding_lock(r: Remote, kind: str, command: str, message: str = "") -> Iterator[str]:
+    """Hold the host's deploy lock over a short job the driver carries out itself (no supervisor: a push, a
+    deploy, a probe): taken on entry under a new window id of ``kind`` (yielded), released on leaving, whether the
+    block ended or raised (a release that fails after the block failed leaves the lock, which ``status`` reports
+    stale: the block's error is the one raised). A dry run records the lock's commands without running them, after
+    reporting a lock held by someone else, as :func:`eagle3ops.window.run.under_lock` does: a dry run's changes are
+    the real run's.
+
+    Raises:
+        LockHeld: another run holds the lock (nothing done; the message names its holder and command).
+        WindowError: the lock could not be taken (e.g. ``state_dir`` not writable; the message says how to fix it).
+    """
+    if r.dry_run and read_lock(r):
+        raise LockHeld(describe_lock(r))
+    window_id = new_window_id(kind)
+    acquire_lock(r, window_id, command, message)
+    try:
+        yield window_id
+    except BaseException:
+        with contextlib.suppress(Exception):  # the block's own error is the one to report; a lock left is stale
+            release_lock(r, window_id)
+        raise
+    release_lock(r, window_id)

@@ -12,7 +12,7 @@ from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
 from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
-from eagle3ops.config.pipeline import ChatTemplateFile, PipelineConfig
+from eagle3ops.config.pipeline import ChatTemplateFile, PipelineConfig, parse_pipeline_config
 from eagle3ops.commands.quote import render
 from eagle3ops.config.inventory import KIND_KEYS
 from eagle3ops.window.common import WindowError, new_window_id
@@ -103,15 +103,14 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
 
     Raises:
         WindowError: ``kind`` is not a stage window (release/rollback read the live container: no offline plan).
+        eagle3ops.config.pipeline.PipelineConfigError: ``pipeline_text`` does not hold (the callers validated it).
     """
-    import yaml
-
     if echo is not None:
         show = echo
         echo = lambda line: show(redact.text(line, h.secret_env))  # noqa: E731 - the same printer, masked
     if kind not in st.WINDOWS:
         raise WindowError(f"--offline plans only the stage windows ({', '.join(st.WINDOWS)}), not {kind}")
-    cfg = PipelineConfig.model_validate(yaml.safe_load(pipeline_text) or {})
+    cfg = parse_pipeline_config(pipeline_text, "the pipeline config")  # the strict loader (duplicate keys refused)
     window_id = new_window_id(kind)
     image = vc.UNKNOWN_ENV if h.uses_venv else h.pipeline_image or UNKNOWN_IMAGE
     stages = st.window_stages(kind, cfg)
