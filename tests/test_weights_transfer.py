@@ -321,11 +321,14 @@ def test_cycle_steps_journaled_on_production_over_ssh_and_a_rerun_skips_them(ren
     assert "step extract on rent1 failed" in err, first.stdout[-3000:] + first.stderr[-3000:]
     assert "finished steps are not repeated" in err
     events = [(e["step"], e["event"]) for e in journal()]
-    assert events == [("regenerate", "start"), ("regenerate", "child"), ("regenerate", "done"), ("dataset", "start"),
-                      ("dataset", "done"), ("weights:rent1", "start"), ("weights:rent1", "child"),
-                      ("weights:rent1", "done"), ("extract", "start"), ("extract", "child"), ("extract", "failed")]
+    # a command step's child is journaled twice: before it starts, then with its pid
+    assert events == [("regenerate", "start"), ("regenerate", "child"), ("regenerate", "child"), ("regenerate", "done"),
+                      ("dataset", "start"), ("dataset", "done"), ("weights:rent1", "start"), ("weights:rent1", "child"),
+                      ("weights:rent1", "child"), ("weights:rent1", "done"), ("extract", "start"), ("extract", "child"),
+                      ("extract", "child"), ("extract", "failed")]
     # each command ran as a child of the driver: its log and exit status on the driver's machine, named in the journal
-    ex = [e for e in journal() if e["step"] == "extract" and e["event"] == "child"][0]
+    ex = [e for e in journal() if e["step"] == "extract" and e["event"] == "child"][-1]
+    assert isinstance(ex["pid"], int) and Path(f"{ex['rc']}.pid").read_text().strip() == str(ex["pid"])
     assert Path(ex["rc"]).read_text().strip() == "1" and "no pipeline image deployed" in Path(ex["log"]).read_text()
     assert "no pipeline image deployed" in first.stdout  # and passed through
     copied = [e for e in journal() if e["step"] == "dataset" and e["event"] == "done"][0]
