@@ -686,3 +686,52 @@ def test_the_kind_scan_sees_a_comparison(tmp_path):
     p.write_text('def f(s, plan):\n    if s.kind == "compose":\n        return plan.serving_kind in ("process", "x")\n'
                  '    return s.window_kind == "window"\n')
     assert _kind_comparisons(p) == [(2, "compose"), (3, "process")]
+
+
+# --- 8. the stage runtime is chosen in one module ------------------------------------------------------------------
+
+#: The module that names the stage runtimes and chooses one (for a host, a plan, a stage spec).
+RUNTIME_MODULE = "eagle3ops/commands/runtime.py"
+#: Modules below commands/ that read the setting itself, with the reason (they cannot import the runtime module).
+RUNTIME_READERS = {
+    "eagle3ops/config/inventory.py": "defines `stage_runtime` and validates the settings that go with it",
+    "eagle3ops/config/standin.py": "the sandbox rule: a venv host is a sandbox by its state_dir, having no socket",
+}
+
+
+def _runtime_branches(path: Path) -> list[tuple[int, str]]:
+    """(line, what) of each runtime branch in ``path``: a use of ``uses_venv`` (attribute, or ``getattr`` by name), or
+    a comparison with the runtime name ``"venv"`` or :data:`eagle3ops.config.inventory.VENV_RUNTIME`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr == "uses_venv":
+            found.append((node.lineno, "uses_venv"))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "getattr" and any(
+                isinstance(a, ast.Constant) and a.value == "uses_venv" for a in node.args):
+            found.append((node.lineno, "uses_venv"))
+        elif isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                elts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                for e in elts:
+                    if (isinstance(e, ast.Constant) and e.value == "venv") or \
+                            getattr(e, "id", getattr(e, "attr", "")) == "VENV_RUNTIME":
+                        found.append((node.lineno, "runtime name compared"))
+    return found
+
+
+def test_the_stage_runtime_is_chosen_in_one_module():
+    offenders = [f"{rel}:{line}: {what}" for p in sorted(SRC.rglob("*.py"))
+                 if (rel := p.relative_to(SRC.parent).as_posix()) not in (RUNTIME_MODULE, *RUNTIME_READERS)
+                 for line, what in _runtime_branches(p)]
+    assert offenders == [], (f"ask the host's runtime ({RUNTIME_MODULE}: for_host / for_plan / for_spec, its methods) "
+                             f"instead of branching on it:\n" + "\n".join(offenders))
+    assert _runtime_branches(SRC.parent / RUNTIME_MODULE), "the runtime module no longer chooses: update this test"
+    assert all((SRC.parent / m).exists() for m in RUNTIME_READERS), "a listed module moved"
+
+
+def test_the_runtime_scan_sees_a_branch(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text('def f(h, spec):\n    if h.uses_venv:\n        return 1\n    if spec.get("runtime") == "venv":\n'
+                 '        return 2\n    return getattr(h, "uses_venv", False) or h.stage_runtime in (VENV_RUNTIME,)\n')
+    assert _runtime_branches(p) == [(2, "uses_venv"), (4, "runtime name compared"), (6, "uses_venv"),
+                                    (6, "runtime name compared")]

@@ -55,6 +55,33 @@ def test_venv_runtime_config_is_checked_naming_the_key_and_fix():
                          serving={"kind": "none"}).uses_venv  # a container runtime name, as before
 
 
+def test_one_runtime_is_chosen_per_host_plan_and_stage_spec_and_both_keep_the_protocol():
+    import inspect
+
+    from eagle3ops.commands import runtime as rt
+
+    h, c = venv_host(), venv_host(stage_runtime="nvidia", venv_python=None)  # an OCI runtime name: containers
+    assert rt.for_host(h) is rt.VENV and rt.for_host(c) is rt.CONTAINER
+    members = {n for n, _ in inspect.getmembers(rt.StageRuntime) if not n.startswith("_")} | {"name", "engine",
+                                                                                             "supervisor_note"}
+    for runtime in (rt.CONTAINER, rt.VENV):
+        assert members <= set(dir(runtime)), members - set(dir(runtime))
+        spec = runtime.stage_spec(h if runtime is rt.VENV else c, image=ENV_IMAGE, stage="extract", run="r1",
+                                  window_id="w1", extra=["--restart"])
+        assert rt.for_spec(spec) is runtime  # the supervisor's choice, from the spec the planner wrote
+        assert (spec.get("argv") or spec["command"])[-1] == "--restart"
+    plan = build_plan(h, kind="window", window_id="w1", image=ENV_IMAGE, command="extract", run="r1",
+                      stages=["prepare"], serving_container=None)
+    assert plan.runtime == "venv" and rt.for_plan(plan) is rt.VENV
+    assert rt.named(None) is rt.CONTAINER
+    with pytest.raises(ValueError, match="unknown stage runtime 'podman': expected one of container, venv"):
+        rt.named("podman")
+    # what differs is asked of the runtime: nothing to remove after a venv supervisor, a container's by its name
+    assert rt.VENV.supervisor_rm(h, "w1") is None and rt.VENV.left_supervisors(h) is None
+    assert list(rt.CONTAINER.supervisor_rm(c, "w1"))[-1] == "eagle3ops-supervisor-w1"
+    assert rt.VENV.state_words(h, "w1")[-1] == "/srv/e3/state/windows/w1/supervisor.pid"
+
+
 def test_venv_inventory_through_the_loader_names_the_file_and_key(tmp_path):
     from eagle3ops.config import load_inventory
 

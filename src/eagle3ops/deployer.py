@@ -223,7 +223,9 @@ def deploy(h: HostConfig, *, dry_run: bool = False, profile: str | None = None, 
     """
     from eagle3ops import images
 
-    if h.uses_venv:  # no engine, no image: the pipeline environment instead
+    from eagle3ops.commands import runtime as rt
+
+    if not rt.for_host(h).engine:  # no engine, no image: the pipeline environment instead
         return deploy_env(h, env_tarball, dry_run=dry_run, echo=echo, profile=profile, base_image=base_image,
                           command=command)
     with executor.for_host(h) as reach:  # reachability first: a dead host must not cost a build

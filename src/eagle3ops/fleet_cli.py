@@ -21,8 +21,7 @@ from eagle3ops.commands.host import free_bytes as hc_free
 from eagle3ops.commands.host import ls as hc_ls
 from eagle3ops.commands.host import parse_df_free_bytes as hc_parse_free
 from eagle3ops.commands.host import write_file as hc_write
-from eagle3ops.commands.fleet import trial_argv as fc_trial
-from eagle3ops.commands.fleet import trial_argv_venv as fc_trial_venv
+from eagle3ops.commands.fleet import node_trial_argv as fc_trial
 from eagle3ops.commands.fleet import reach_argv as fc_reach
 from eagle3ops.commands.fleet import reach_listen_argv as fc_listen
 
@@ -419,11 +418,7 @@ def _reach_probe(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str, str
 def _trial_argv(h: Any, image: str, args: tuple[int, int, str], timeout_s: float) -> list[str]:
     """The cross-node trial's command line for one node (its venv or its image); ``args``: (nodes, rank, addr:port)."""
     count, rank, (addr, _, port) = args[0], args[1], args[2].rpartition(":")
-    if h.uses_venv:
-        return fc_trial_venv(h, image, master_addr=addr, port=int(port), nnodes=count, node_rank=rank,
-                             timeout_s=timeout_s)
-    return fc_trial(image, master_addr=addr, port=int(port), nnodes=count, node_rank=rank, timeout_s=timeout_s,
-                    docker_host=h.docker_host)
+    return fc_trial(h, image, master_addr=addr, port=int(port), nnodes=count, node_rank=rank, timeout_s=timeout_s)
 
 
 def _cross_node_trial(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str, str | None]], inv: Any,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from eagle3ops.commands.runtime import for_host
 from eagle3ops.commands.stages import run_dir
 from eagle3ops.commands.types import Change, Read
 
@@ -73,14 +74,8 @@ TRIAL_GRACE_S = 30
 def _python(host: "HostConfig", image: str) -> list[str]:
     """The host's pipeline interpreter: the environment's python with the stages' environment (offline switches, the
     inventory's ``stage_env`` — e.g. ``GLOO_SOCKET_IFNAME``) on a venv host, ``docker run --rm --network host`` of
-    the pipeline image otherwise."""
-    from eagle3ops.commands import venv as vc
-
-    if host.uses_venv:
-        spec = vc.stage_spec(host, image=image, stage="trial", run="trial", window_id="preflight")
-        return ["env", *[f"{k}={v}" for k, v in sorted(spec["environment"].items())], vc.env_python(host, image)]
-    return ["docker", *(["-H", host.docker_host] if host.docker_host else []), "run", "--rm", "--network", "host",
-            "--entrypoint", PYTHON, image]
+    the pipeline image otherwise (the host's runtime's :meth:`~eagle3ops.commands.runtime.StageRuntime.python`)."""
+    return for_host(host).python(host, image)
 
 
 def trial_program(host: "HostConfig", image: str) -> list[str]:
@@ -114,6 +109,22 @@ def trial_argv_venv(host: "HostConfig", image: str, *, master_addr: str, port: i
     """
     return Read(["timeout", "-s", "KILL", f"{timeout_s + TRIAL_GRACE_S:g}", *_python(host, image),
                  *_torchrun_trial(master_addr, port, nnodes, node_rank, timeout_s)])
+
+
+def node_trial_argv(host: "HostConfig", image: str, *, master_addr: str, port: int, nnodes: int, node_rank: int,
+                    timeout_s: float) -> Read:
+    """The cross-node trial on one node in the host's runtime: :func:`trial_argv` (a throwaway container of
+    ``image`` on the host's engine) or, without an engine, :func:`trial_argv_venv` (a process of the pipeline
+    environment, bounded by ``timeout`` on the host).
+
+    Raises:
+        ValueError: ``node_rank`` outside ``[0, nnodes)`` or a timeout not above 0.
+    """
+    if for_host(host).engine:
+        return trial_argv(image, master_addr=master_addr, port=port, nnodes=nnodes, node_rank=node_rank,
+                          timeout_s=timeout_s, docker_host=host.docker_host)
+    return trial_argv_venv(host, image, master_addr=master_addr, port=port, nnodes=nnodes, node_rank=node_rank,
+                           timeout_s=timeout_s)
 
 
 # --- hidden states moved to the training host (``train HOST --from-fleet``: :mod:`eagle3ops.transfer.hidden`) ---

@@ -13,6 +13,8 @@ from eagle3ops.config import HostConfig
 DATA_MOUNT = "/data"
 #: Where the host's target model directory appears (read-only) inside stage containers.
 MODEL_MOUNT = "/model"
+#: The pipeline image an offline plan (``--dry-run --offline``) names when the inventory has no ``pipeline_image``.
+UNKNOWN_IMAGE = "<pipeline image from `eagle3ops deploy`>"
 #: Stages of each maintenance window, in order. ``prepare`` alone: the fleet's first pass when no host has prepared
 #: the run yet (its shards are cut from the prepared count; :mod:`eagle3ops.fleet.execute`).
 WINDOWS: dict[str, list[str]] = {"extract": ["prepare", "extract"], "train": ["vocab", "train"],
@@ -127,12 +129,22 @@ def trial_command(gpus: int, data: str = DATA_MOUNT, model: str = MODEL_MOUNT) -
     return ["-c", code]
 
 
+def trial_name(window_id: str) -> str:
+    """Container name of preflight's throwaway stage container (:func:`trial_spec`)."""
+    return f"eagle3ops-{window_id}-preflight"
+
+
+def chunk_plan_name(window_id: str) -> str:
+    """Container name of the chunked run's throwaway plan container (:func:`chunk_plan_argv`)."""
+    return f"eagle3ops-{window_id}-chunkplan"
+
+
 def trial_spec(host: HostConfig, *, image: str, run: str, window_id: str, stage: str) -> dict[str, Any]:
     """The spec of preflight's throwaway container: :func:`stage_spec` of ``stage`` exactly (image, device request,
     runtime, ipc, shm, ulimits, env, mounts, network, labels), with its own name and :func:`trial_command` as
     command."""
     spec = stage_spec(host, image=image, stage=stage, run=run, window_id=window_id)
-    spec["name"] = f"eagle3ops-{window_id}-preflight"
+    spec["name"] = trial_name(window_id)
     spec["command"] = trial_command(host.gpus)
     return spec
 
@@ -149,7 +161,7 @@ def chunk_plan_argv(host: HostConfig, *, image: str, run: str, window_id: str) -
     (``--dry-run``: reads the run's prepare/, the target's config and the free space; writes nothing): the chunked
     stage's own container spec without its GPU request, attached and removed on exit."""
     spec = stage_spec(host, image=image, stage="chunked", run=run, window_id=window_id)
-    spec["name"] = f"eagle3ops-{window_id}-chunkplan"
+    spec["name"] = chunk_plan_name(window_id)
     spec["command"] = [*spec["command"], "--dry-run"]
     spec["device_requests"] = []
     return Change(run_argv(host, spec, remove=True))

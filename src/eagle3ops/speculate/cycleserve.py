@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 from eagle3ops.commands import cycle as cyc
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import runtime as rt
 from eagle3ops.commands.serving import ROLE_LABEL, ShellFormCommand, apply_change, container_record, set_args
 from eagle3ops.speculate.cycle import CycleEnded, StepFailed
 
@@ -410,7 +411,7 @@ def serve_and_measure(pr: Any, wr: Any, *, run: str, k: int, prompts: Sequence[A
         raise StepFailed(f"{work.name}: no trained head at {head} (config.json missing): the train step did not "
                          f"finish there; rerun the cycle", (work.name,))
     src = production_serving(pr)
-    if src.form == "container" and work.uses_venv:
+    if src.form == "container" and not rt.for_host(work).engine:
         raise StepFailed(f"{work.name}: `stage_runtime: venv` (no container engine) but production serves a "
                          f"container: the head's acceptance runs production's image; give the work host a "
                          f"Docker engine", (work.name,))

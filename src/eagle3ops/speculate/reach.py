@@ -167,7 +167,9 @@ def host_relay(r: Any, image: str, api_key: str | None, settings: GenSettings) -
         RegenerateError: the helper failed (its stderr tail), e.g. an image without the ``regenerate`` action;
             raised at once on a ``stage_runtime: venv`` host (no engine to run the helper in: not done yet).
     """
-    if r.host.uses_venv:
+    from eagle3ops.commands import runtime as rt
+
+    if not rt.for_host(r.host).engine:
         raise RegenerateError(f"{r.host.name}: `stage_runtime: venv` (no container engine): answering on the host "
                               f"needs the pipeline image's helper container, not done yet for venv hosts; "
                               f"reach serving from the driver instead (--endpoint URL or --ssh-forward)")

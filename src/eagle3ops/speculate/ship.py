@@ -60,6 +60,7 @@ import yaml
 from eagle3ops.config.inventory import check_gate_margin
 from eagle3ops.config.plan import Candidate, ReleaseChange, SpeculateJob
 from eagle3ops.commands import docker as dk
+from eagle3ops.commands import runtime as rt
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
@@ -267,7 +268,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     from eagle3ops.window.standin import refuse_standin_image
 
     require_serving(r.host, "speculate")  # before anything is read or written on the host
-    if r.host.uses_venv:  # its gate helper (inspect, measure) runs in a container of the pipeline image
+    if not rt.for_host(r.host).engine:  # its gate helper (inspect, measure) runs in a container of the pipeline image
         raise SpeculateError(f"{r.host.name}: speculate on a `stage_runtime: venv` host (no container engine) is not "
                              f"done yet: its on-host gate helper runs in a container of the pipeline "
                              f"image; nothing was done")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagle3ops.commands import runtime as rt
 from eagle3ops.config.plan import Plan
 from eagle3ops.supervisor.runner import Interrupted, Supervisor
 
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     if (wdir / "result.json").exists():
         print("window already finished; nothing to do", flush=True)
         return 0
-    if plan.runtime == "venv":  # a detached process on a host without an engine: its pid says it runs
+    if not rt.for_plan(plan).engine:  # a detached process on a host without an engine: its pid says it runs
         tmp = wdir / "supervisor.pid.tmp"
         tmp.write_text(f"{os.getpid()}\n")
         tmp.replace(wdir / "supervisor.pid")

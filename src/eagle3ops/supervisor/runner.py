@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops import redact
+from eagle3ops.commands import runtime as rt
 from eagle3ops.config.plan import MIN_GATE_S, NO_SERVING_NOTE, Plan, StageStep
 from eagle3ops.health import GateFailed, read_api_key_file, wait_healthy
 from eagle3ops.supervisor.errors import EngineUnavailable, Interrupted, ServingRestarted
@@ -476,7 +477,7 @@ class Supervisor:
 
         for step in self.plan.stages:
             name = step.spec.get("name")
-            if not name or step.spec.get("runtime") == "venv":
+            if not name or not rt.for_spec(step.spec).engine:  # a process: no container to remove
                 continue
             try:
                 self.client.containers.get(name).remove(force=True)

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from eagle3ops import redact
+from eagle3ops.commands import runtime as rt
 from eagle3ops.config.plan import StageStep
 from eagle3ops.supervisor.errors import Interrupted, ServingRestarted
 from eagle3ops.supervisor.journal import _tail
@@ -83,7 +84,7 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
     if sup.journal.done(step.name):
         sup.stage_outcomes[step.name] = "ok (earlier)"
         return True
-    if step.spec.get("runtime") == "venv":
+    if not rt.for_spec(step.spec).engine:  # a process of the pipeline environment
         return run_stage_process(sup, step)
     import docker.errors
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import runtime as rt
 from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.config.standin import ENV_FIX, STANDIN_ENV_MARKER, env_standin_reason, refusal
@@ -106,7 +107,7 @@ def check_env(r: Remote, tarball: Path, *, image: str | None = None, what: str =
         EnvDeliveryError: as :func:`deliver_env`, for every refusal made before anything is sent.
     """
     h = r.host
-    if not h.uses_venv:
+    if rt.for_host(h).engine:
         raise EnvDeliveryError(f"{h.name} has no `stage_runtime: venv`: its pipeline runs from an image "
                                f"(`eagle3ops deploy {h.name}`)")
     got = file_digest(tarball)

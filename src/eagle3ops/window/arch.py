@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.commands import docker as dk
-from eagle3ops.commands import host as hc
+from eagle3ops.commands import runtime as rt
 
 __all__ = ["arch_refusal", "elf_arch", "host_arch", "host_image_arch", "normalize", "refuse_foreign_env",
            "refuse_foreign_image", "tarball_arch"]
@@ -114,10 +114,8 @@ def host_arch(r: Any) -> tuple[str, str] | None:
     """``(machine, source)`` of the host of ``r``: its engine's ``docker info`` ``Architecture``, or ``uname -m``
     on a venv host (no engine); None when it does not answer (the commands that need the engine fail on their own,
     with their own words)."""
-    if r.host.uses_venv:
-        out, source = r.run(hc.machine(), check=False), "`uname -m`"
-    else:
-        out, source = r.run(dk.info_format(r.host, "{{.Architecture}}"), check=False), "its engine's `docker info`"
+    argv, source = rt.for_host(r.host).machine(r.host)
+    out = r.run(argv, check=False)
     value = (out.stdout or "").strip() if out.ok else ""
     return (value, source) if value else None
 

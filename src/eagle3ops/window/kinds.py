@@ -21,8 +21,8 @@ from eagle3ops.commands import logind as lg
 from eagle3ops.commands import process as pc
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
+from eagle3ops.commands import runtime as rt
 from eagle3ops.commands import systemd as sd
-from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import NO_SERVING_NOTE, Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
@@ -84,17 +84,15 @@ def _gate(plan: Plan) -> list[str]:
 
 
 def _stage_argv(h: HostConfig, plan: Plan) -> list[list[str]]:
-    if plan.runtime == "venv":  # processes of the pipeline environment
-        return [vc.stage_preview(step.spec) for step in plan.stages]
-    return [sv.run_argv(h, {**step.spec, "restart_policy": {}}) for step in plan.stages]
+    runtime = rt.for_plan(plan)
+    return [runtime.stage_preview(h, step.spec) for step in plan.stages]
 
 
 def supervisor_words(h: HostConfig, plan: Plan) -> list[str] | None:
     """How a restore agent asks about the window's supervisor: None (``docker``, a container) or, on a venv host,
-    :func:`eagle3ops.commands.venv.state_words` of the window directory."""
-    if plan.runtime != "venv":
-        return None
-    return vc.state_words(f"{h.state_dir}/windows/{plan.window_id}")
+    :func:`eagle3ops.commands.venv.state_words` of the window directory (the plan's runtime's
+    :meth:`~eagle3ops.commands.runtime.StageRuntime.state_words`)."""
+    return rt.for_plan(plan).state_words(h, plan.window_id)
 
 
 class DriverKind:

@@ -11,9 +11,8 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
-from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
-from eagle3ops.commands import stages as st
+from eagle3ops.commands import runtime as rt
 from eagle3ops.remote import Remote, render
 from eagle3ops.window.common import LockHeld, WindowError, hint, new_window_id, paths
 
@@ -73,14 +72,9 @@ def _serving_ok(result: dict[str, Any]) -> bool:
 def supervisor_alive(r: Remote, window_id: str) -> bool:
     """True while the window's supervisor container runs (or is being restarted by its restart policy); on a venv
     host, while its detached process runs (:data:`eagle3ops.commands.venv.STATE_SH`)."""
-    if r.host.uses_venv:
-        from eagle3ops.commands import venv as vc
-
-        state = r.run(vc.supervisor_state(paths(r.host, window_id)["window"]), check=False)
-        return state.stdout.strip() == "running"
-    out = r.run(dk.inspect_format(r.host, st.supervisor_name(window_id),
-                                      "{{.State.Running}} {{.State.Restarting}}"), check=False)
-    return out.ok and "true" in out.stdout.split()
+    runtime = rt.for_host(r.host)
+    out = r.run(runtime.supervisor_alive(r.host, window_id), check=False)
+    return runtime.alive_from(out.ok, out.stdout)
 
 
 def lock_is_stale(r: Remote, details: dict[str, Any]) -> bool:

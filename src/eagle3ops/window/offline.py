@@ -9,8 +9,8 @@ from typing import Any
 
 from eagle3ops import redact
 from eagle3ops.commands import serving as sv
+from eagle3ops.commands import runtime as rt
 from eagle3ops.commands import stages as st
-from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.config.pipeline import ChatTemplateFile, PipelineConfig, parse_pipeline_config
 from eagle3ops.commands.quote import render
@@ -18,9 +18,6 @@ from eagle3ops.config.inventory import KIND_KEYS
 from eagle3ops.window.common import WindowError, new_window_id
 from eagle3ops.window.served_template import FLAG, SERVED_FILE, chat_template_flag
 from eagle3ops.window.planner import StageDecision, build_plan, supervisor_commands
-
-#: The image placeholder when the inventory names no ``pipeline_image`` (online, ``deployed.json`` on the host tells).
-UNKNOWN_IMAGE = "<pipeline image from `eagle3ops deploy`>"
 
 
 def offline_chat_template(h: HostConfig, cfg: PipelineConfig) -> str:
@@ -63,10 +60,7 @@ def assumed_facts(h: HostConfig, kind: str, cfg: PipelineConfig) -> list[tuple[s
         ("gpus", f"{h.gpus} (inventory `gpus`; not counted on the host)"),
         ("free space", f"unknown (not read); the window needs min_free_gib {h.min_free_gib:g} GiB plus the stages' "
                        f"output on {h.data_dir}"),
-        ("pipeline environment", f"{vc.UNKNOWN_ENV} under {vc.env_root(h)} (stage_runtime venv; not read)")
-        if h.uses_venv else
-        ("pipeline image", f"{h.pipeline_image} (inventory `pipeline_image`; id not verified)" if h.pipeline_image
-         else f"{UNKNOWN_IMAGE} (inventory has no `pipeline_image`; not read from the host's deployed.json)"),
+        rt.for_host(h).offline_fact(h),
         ("model path", f"{h.model_path} (inventory `model_path`; not checked)"),
         ("serving container", f"{sv.default_name(h.serving)} (inventory `serving`; assumed live and running)"),
         ("stages", "none done (the run directory was not read): every stage of the window runs"),
@@ -112,7 +106,8 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
         raise WindowError(f"--offline plans only the stage windows ({', '.join(st.WINDOWS)}), not {kind}")
     cfg = parse_pipeline_config(pipeline_text, "the pipeline config")  # the strict loader (duplicate keys refused)
     window_id = new_window_id(kind)
-    image = vc.UNKNOWN_ENV if h.uses_venv else h.pipeline_image or UNKNOWN_IMAGE
+    runtime = rt.for_host(h)
+    image = runtime.offline_image(h)
     stages = st.window_stages(kind, cfg)
     decision = StageDecision(run=[(s, "--restart: redone from scratch" if restart and s in ("extract", "train", "chunked")
                                    else "assumed not done (offline)") for s in stages])
@@ -120,8 +115,7 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
     plan = build_plan(h, kind="window", window_id=window_id, image=image, command=command, run=run,
                       stages=[s for s, _ in decision.run], serving_container=sv.default_name(h.serving),
                       restart=restart)
-    trial = None if h.uses_venv else st.trial_argv(h, st.trial_spec(h, image=image, run=run, window_id=window_id,
-                                                                       stage=stages[0]))
+    trial = runtime.offline_trial(h, image=image, run=run, window_id=window_id, stage=stages[0])
     on_host = supervisor_commands(h, plan)
     # a serving container as the inventory describes it (process/systemd serving has none to show)
     serving = sv.run_argv(h, sv.container_spec(h, release=0)) if KIND_KEYS[h.serving.kind].in_container else None
@@ -134,8 +128,7 @@ def offline_dry_run(h: HostConfig, *, kind: str, run: str, pipeline_text: str, c
         if trial is not None:
             echo("# preflight would start a throwaway container with the first stage's settings:")
             echo(render(trial))
-        echo("# then, on the host, the supervisor (a detached process of the pipeline environment) runs:"
-             if h.uses_venv else "# then, on the host, the supervisor (docker SDK) does the equivalent of:")
+        echo(runtime.supervisor_note)
         for argv in on_host:
             echo(render(argv))
         if serving is not None:

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3ops.commands import runtime as rt
 from eagle3ops.commands import stages as st
-from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import HealthCheck, Plan, ReleaseChange, SpeculateJob, StageStep
 from eagle3ops.window.kinds import driver_kind
@@ -143,19 +143,14 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
         change = speculate.change
     if kind == "release" and change is None:
         change = ReleaseChange()
-    steps = []
+    steps, runtime = [], rt.for_host(h)
     for s in stages or []:
         extra = ["--restart"] if restart and s in RESTARTABLE else []
         if shard is not None and s == "extract":
             extra += st.shard_args(*shard)
         if nodes is not None and s == "train":
             extra += st.node_args(*nodes)
-        if h.uses_venv:  # a process of the pipeline environment
-            spec = vc.stage_spec(h, image=image, stage=s, run=run, window_id=window_id)
-            spec["argv"] = [*spec["argv"], *extra]
-        else:
-            spec = st.stage_spec(h, image=image, stage=s, run=run, window_id=window_id)
-            spec["command"] = [*spec["command"], *extra]
+        spec = runtime.stage_spec(h, image=image, stage=s, run=run, window_id=window_id, extra=extra)
         if serving_env:  # serving's NCCL/CUDA settings, the inventory's stage_env winning
             spec["environment"] = {**{k: v for k, v in serving_env.items() if k not in h.stage_env},
                                    **spec["environment"]}
@@ -164,7 +159,7 @@ def build_plan(h: HostConfig, *, kind: str, window_id: str, image: str, command:
                 state_dir=h.state_dir, stop_timeout_s=h.serving.stop_timeout_s,
                 stages=steps, budget_s=h.maintenance_budget_s, health=health_check(h), change=change,
                 to_release=to_release, gpus=h.gpus, speculate=speculate, serving_kind=h.serving.kind,
-                runtime="venv" if h.uses_venv else "container", agent_detach=agent_detach,
+                runtime=runtime.name, agent_detach=agent_detach,
                 secret_env=list(h.secret_env),
                 **serving.plan_fields(h, window_id, serving_container, process_pid))
 

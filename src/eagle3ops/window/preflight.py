@@ -10,8 +10,10 @@ from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import runtime as rt
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
+from eagle3ops.commands import venv as vc
 from eagle3ops.config import HostConfig
 from eagle3ops.remote import Remote, RemoteError
 from eagle3ops.stages.chunkplan import train_output_bytes, value_bytes
@@ -302,8 +304,6 @@ def trial_stage_process(r: Remote, pf: Preflight, *, image: str, run: str) -> bo
     environment's python with the stages' environment; on GPU hosts its torch's device count and CUDA
     architectures), bounded by :data:`eagle3ops.commands.stages.TRIAL_TIMEOUT_S` seconds. Adds the ``stage
     process`` check; returns whether it ran (not in a dry run, where it is printed)."""
-    from eagle3ops.commands import venv as vc
-
     h = r.host
     try:
         res = r.run(vc.trial_argv(h, image=image, run=run), check=False, timeout=st.TRIAL_TIMEOUT_S)
@@ -345,8 +345,8 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
     (:func:`engine_status`): every later check would only repeat it. ``engine``: ``docker version``'s
     ``(exit status, stdout, stderr)`` when the caller asked already (:func:`ask_engine`), else asked here.
     """
-    h, pf = r.host, Preflight()
-    if h.uses_venv:  # no engine on this host, by configuration: the venv runtime's own checks instead
+    h, pf, engine_runtime = r.host, Preflight(), rt.for_host(r.host).engine
+    if not engine_runtime:  # no engine on this host, by configuration: the venv runtime's own checks instead
         check_venv(r, pf, image=image, expected_image_id=expected_image_id)
         if not pf.ok:
             return pf
@@ -384,7 +384,7 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
     # The GPUs as the stages see them: a container with their settings. Only once the engine, image, model path
     # and data dir are known good: a bind mount of a missing directory would make the engine create it (as root).
     trial_ran = False
-    if trial is not None and h.uses_venv and pf.ok:
+    if trial is not None and not engine_runtime and pf.ok:
         trial_ran = trial_stage_process(r, pf, image=image, run=trial[0])
     elif trial is not None and pf.ok and has_data_dir:
         run, window_id, stage = trial
@@ -520,8 +520,6 @@ def check_venv(r: Remote, pf: Preflight, *, image: str, expected_image_id: str |
     inventory's ``venv_python`` runs (``venv runtime``), and the pipeline environment ``image``
     (``venv:sha256:<hex>`` from ``deployed.json``) is unpacked under ``<state_dir>/env/<hex>`` with its marker naming
     the same digest (``pipeline environment``). Each failure names the key or the command that fixes it."""
-    from eagle3ops.commands import venv as vc
-
     h = r.host
     v = r.run(vc.python_version(h), check=False)
     said = " ".join((v.stderr or v.stdout).split())[-160:]

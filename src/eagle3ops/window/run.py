@@ -13,9 +13,9 @@ from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import runtime as rt
 from eagle3ops.commands import serving as sv
 from eagle3ops.commands import stages as st
-from eagle3ops.commands import venv as vc
 from eagle3ops.commands import weights as wc
 from eagle3ops.config.plan import Plan, ReleaseChange, SpeculateJob
 from eagle3ops.remote import Remote, RemoteError, render
@@ -44,10 +44,7 @@ def launch(r: Remote, plan: Plan, image: str) -> None:
     # the supervisor needs the change's and the stages' environment values as given (they may be secrets): private
     r.run(hc.write_private_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
     driver_kind(r.host).launch(r, plan)  # e.g. a restore agent, before the supervisor that talks with it
-    if r.host.uses_venv:  # a detached process of the pipeline environment (no engine on this host)
-        r.run(vc.supervisor_argv(r.host, image=image, window_dir=p["window"], plan_path=p["plan"]))
-    else:
-        r.run(st.supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
+    r.run(rt.for_host(r.host).supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
 
 
 
@@ -81,11 +78,10 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
         raise WindowError(f"window {window_id} has no stages and no deployed image to run its supervisor with")
     if res.strip():
         r.run(hc.mv(p["result"], f"{p['result']}.{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"))
-    if h.uses_venv:  # a detached process again (the pid file is rewritten)
-        r.run(vc.supervisor_argv(h, image=image, window_dir=p["window"], plan_path=p["plan"]))
-        return True
-    r.run(dk.rm(h, st.supervisor_name(window_id), force=True), check=False)
-    r.run(st.supervisor_argv(h, image=image, window_id=window_id, plan_path=p["plan"]))
+    runtime = rt.for_host(h)
+    if (remove := runtime.supervisor_rm(h, window_id)) is not None:  # the exited container, by its name
+        r.run(remove, check=False)
+    r.run(runtime.supervisor_argv(h, image=image, window_id=window_id, plan_path=p["plan"]))
     return True
 
 
@@ -213,7 +209,8 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         if kind in st.WINDOWS:
             # the engine first: a host without one fails preflight in one line, before the served template or the
             # run's state is read from it (no engine, no surprise)
-            engine = None if r.host.uses_venv else ask_engine(r)  # a venv host has no engine by configuration
+            # a venv host has no engine by configuration
+            engine = ask_engine(r) if rt.for_host(r.host).engine else None
             if engine is None or engine_status(r.host, *engine)[0]:
                 pipeline_text, template = resolve_chat_template(r, pipeline_text)
                 on_host_text, decision = _decide(r, kind, run, pipeline_text, restart, shard)
@@ -277,9 +274,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
             note = driver_kind(r.host).dry_run_note
             if note:
                 r.echo(f"# {r.host.name}: {note}")
-            r.echo("# then, on the host, the supervisor (a detached process of the pipeline environment) runs:"
-                   if plan.runtime == "venv" else
-                   "# then, on the host, the supervisor (docker SDK) does the equivalent of:")
+            r.echo(rt.for_plan(plan).supervisor_note)
             for argv in on_host:
                 r.echo("#   " + render(argv))
         if not pf.ok:
@@ -306,17 +301,16 @@ def chunk_plan(r: Remote, *, image: str, run: str, window_id: str,
         PreflightFailed: the plan could not be made (no chunking fits the disk budget, inputs missing, or no answer
             in time): the window stops here, nothing stopped (the message ends with the stage's own words).
     """
-    h = r.host
-    argv = (vc.chunk_plan_argv(h, image=image, run=run, window_id=window_id) if h.uses_venv
-            else st.chunk_plan_argv(h, image=image, run=run, window_id=window_id))
+    h, runtime = r.host, rt.for_host(r.host)
+    argv = runtime.chunk_plan_argv(h, image=image, run=run, window_id=window_id)
     try:
         res = r.run(argv, check=False, timeout=st.TRIAL_TIMEOUT_S)
     except RemoteError as exc:  # timed out
         raise PreflightFailed(f"{h.name}: the chunked run's plan was not made within {st.TRIAL_TIMEOUT_S} s ({exc}); "
                               f"nothing was stopped") from exc
     finally:
-        if not h.uses_venv:
-            r.run(dk.rm(h, f"eagle3ops-{window_id}-chunkplan", force=True), check=False)
+        if (remove := runtime.chunk_plan_cleanup(h, window_id)) is not None:
+            r.run(remove, check=False)
     if r.dry_run:
         return []
     lines = [ln.rstrip() for ln in res.stdout.splitlines() if ln.startswith(("chunked run:", "  "))]
@@ -454,10 +448,9 @@ def _started(r: Remote, window_id: str) -> bool | None:
     """Whether the window's supervisor container exists (the window runs on the host and owns the lock); None when
     the host cannot be asked (the lock then stays; stale detection reports it later)."""
     try:
-        if r.host.uses_venv:  # the launcher writes the pid file as it starts the process
-            return r.run(vc.supervisor_state(paths(r.host, window_id)["window"]), check=False).ok
-        out = r.run(dk.inspect_format(r.host, st.supervisor_name(window_id), "{{.Id}}"), check=False)
-        return out.ok and bool(out.stdout.strip())  # a container that exists has an id
+        runtime = rt.for_host(r.host)
+        out = r.run(runtime.supervisor_started(r.host, window_id), check=False)
+        return runtime.started_from(out.ok, out.stdout)
     except Exception:  # noqa: BLE001 - host unreachable
         return None
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import runtime as rt
 from eagle3ops.commands import stages as st
 from eagle3ops.config.plan import MIN_GATE_S, RECORD_GATE_S, SpeculateJob
 from eagle3ops.remote import Remote, RemoteError, render
@@ -29,16 +30,9 @@ def supervisor_state(r: Remote, window_id: str) -> str | None:
     """State of the window's supervisor container: ``running``, ``restarting``, ``exited``, ``created``, ``dead``...,
     ``missing`` (no such container), or None when it cannot be told (engine or host not answering). On a venv host
     the detached supervisor process's: ``running``, ``exited`` or ``missing`` (no pid file yet)."""
-    if r.host.uses_venv:
-        from eagle3ops.commands import venv as vc
-
-        out = r.run(vc.supervisor_state(paths(r.host, window_id)["window"]), check=False)
-        said = out.stdout.strip()
-        return said if said in ("running", "exited") else ("missing" if "no such" in said.lower() else None)
-    out = r.run(dk.container_status(r.host, st.supervisor_name(window_id)), check=False)
-    if out.ok:
-        return out.stdout.strip() or None
-    return "missing" if "no such" in (out.stderr + out.stdout).lower() else None
+    runtime = rt.for_host(r.host)
+    out = r.run(runtime.supervisor_status(r.host, window_id), check=False)
+    return runtime.status_from(out.ok, out.stdout, out.stderr)
 
 
 #: Gates a failed candidate's switch may add: the serving kind tries up to this many earlier live releases.
@@ -133,14 +127,14 @@ def watch(r: Remote, window_id: str, *, on_event: Callable[[dict[str, Any]], Non
 def cleanup_supervisor(r: Remote, window_id: str) -> str | None:
     """Remove the finished supervisor container; returns a warning text (whole, never cut) instead of raising. A
     venv host's supervisor is a process that has exited: nothing to remove (its pid file stays as a record)."""
-    if r.host.uses_venv:
+    remove = rt.for_host(r.host).supervisor_rm(r.host, window_id)
+    if remove is None:
         return None
-    res = r.run(dk.rm(r.host, st.supervisor_name(window_id), force=True), check=False)
+    res = r.run(remove, check=False)
     name = st.supervisor_name(window_id)
     gone = "no such container" in (res.stderr + res.stdout).lower()  # removed earlier (attach, recover)
     return None if res.ok or gone else (f"cleanup: could not remove supervisor container {name}: "
-                                f"{(res.stderr or res.stdout).strip()}; remove it with "
-                                f"`{render(dk.rm(r.host, name, force=True))}`")
+                                f"{(res.stderr or res.stdout).strip()}; remove it with `{render(remove)}`")
 
 
 def remove_left_supervisors(r: Remote, window_id: str) -> list[str]:
@@ -155,10 +149,11 @@ def remove_left_supervisors(r: Remote, window_id: str) -> list[str]:
     Returns:
         the warnings (empty when every such container was removed or none was there).
     """
-    if r.host.uses_venv:
+    listing = rt.for_host(r.host).left_supervisors(r.host)
+    if listing is None:
         return []
     try:
-        out = r.run(st.left_supervisors(r.host), check=False)
+        out = r.run(listing, check=False)
     except (RemoteError, OSError) as exc:
         return [f"cleanup: could not list the supervisor containers of earlier windows: {exc}"]
     warnings = []
