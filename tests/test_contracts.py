@@ -648,7 +648,7 @@ def test_the_word_check_sees_misuse():
 # --- 7. serving kinds are objects ----------------------------------------------------------------------------------
 
 #: Modules that are serving-kind objects (they may name their own kind).
-KIND_MODULES = ("eagle3ops/supervisor/kinds/", "eagle3ops/window/kinds.py")
+KIND_MODULES = ("eagle3ops/supervisor/kinds/", "eagle3ops/window/kinds/")
 
 
 def _kind_comparisons(path: Path) -> list[tuple[int, str]]:
@@ -687,6 +687,51 @@ def test_the_kind_scan_sees_a_comparison(tmp_path):
                  '    return s.window_kind == "window"\n')
     assert _kind_comparisons(p) == [(2, "compose"), (3, "process")]
 
+
+#: The layers where serving kinds live, each a package with one module per kind, and its registry (kind → class).
+KIND_LAYERS = {"eagle3ops/supervisor/kinds/": ("eagle3ops.supervisor.kinds", "KINDS"),
+               "eagle3ops/window/kinds/": ("eagle3ops.window.kinds", "DRIVER_KINDS")}
+#: A kind whose module is another kind's: ``compose`` is the container kind, its container found by Compose labels.
+KIND_FILES = {"compose": "container"}
+
+
+def _kind_layout(root: Path) -> list[str]:
+    """What breaks "one same-named module per serving kind in each kind layer" under ``root`` (a ``src`` folder): a
+    kind of :data:`eagle3ops.config.inventory.SERVING_KINDS` missing from a layer's registry, a kind's class not in
+    its own module (``<layer>/<kind>.py``, :data:`KIND_FILES`), or a module there for no kind."""
+    import importlib
+
+    from eagle3ops.config.inventory import SERVING_KINDS
+
+    problems, want = [], {KIND_FILES.get(k, k) for k in SERVING_KINDS}
+    for layer, (package, registry) in KIND_LAYERS.items():
+        kinds = getattr(importlib.import_module(package), registry)
+        for kind in SERVING_KINDS:
+            file = f"{layer}{KIND_FILES.get(kind, kind)}.py"
+            if kind not in kinds:
+                problems.append(f"{package}.{registry} has no kind {kind!r}")
+            elif not (root / file).is_file():
+                problems.append(f"kind {kind!r} has no {file}")
+            elif kinds[kind].__module__ != file.removesuffix(".py").replace("/", "."):
+                problems.append(f"kind {kind!r} of {layer} is defined in {kinds[kind].__module__}, not {file}")
+        extra = {p.stem for p in (root / layer).glob("*.py")} - want - {"__init__", "base"}
+        problems += [f"{layer}{m}.py is no serving kind's module" for m in sorted(extra)]
+    return problems
+
+
+def test_every_serving_kind_has_its_module_in_each_kind_layer():
+    assert _kind_layout(SRC.parent) == []
+
+
+def test_the_kind_layout_check_sees_a_missing_module(tmp_path):
+    import shutil
+
+    for layer in KIND_LAYERS:
+        shutil.copytree(SRC.parent / layer, tmp_path / layer)
+    (tmp_path / "eagle3ops/window/kinds/systemd.py").unlink()
+    (tmp_path / "eagle3ops/window/kinds/spare.py").write_text("")
+    assert _kind_layout(tmp_path) == ["kind 'systemd' has no eagle3ops/window/kinds/systemd.py",
+                                      "eagle3ops/window/kinds/spare.py is no serving kind's module"]
 
 # --- 8. the stage runtime is chosen in one module ------------------------------------------------------------------
 

@@ -1,0 +1,210 @@
+"""The driver side's serving-kind interface, :class:`DriverKind`, and what several kinds share: the restore agent's
+bounds, the ``--dry-run`` previews (the health gate, the stages, a speculate job), the environment stages inherit
+from live serving, whether the restore agent outlives the SSH session, and a host process's command line."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from eagle3ops.commands import host as hc
+from eagle3ops.commands import logind as lg
+from eagle3ops.commands import process as pc
+from eagle3ops.commands import runtime as rt
+from eagle3ops.config import HostConfig
+from eagle3ops.config.plan import Plan, ReleaseChange
+from eagle3ops.window.hostfacts import inherited_env
+
+if TYPE_CHECKING:
+    from eagle3ops.remote import Remote
+    from eagle3ops.window.preflight import Preflight
+
+
+def agent_limit_s(plan: Plan) -> float:
+    """How long (seconds) a ``process``/``systemd`` window's restore agent waits for the supervisor's restore request
+    before it restores on its own: the window's budget plus the graceful stop and 600 s; a ``speculate`` plan adds
+    both sides' measurement bound (:meth:`~eagle3ops.config.plan.SpeculateJob.measure_bound_s`), and the graceful
+    stop and 600 s for each restart the ``aba`` order adds."""
+    job = plan.speculate
+    measuring = job.measurements() * job.measure_bound_s() if job is not None else 0.0
+    extra = job.extra_restarts() * (plan.stop_timeout_s + 600.0) if job is not None else 0.0
+    return plan.budget_s + plan.stop_timeout_s + 600.0 + measuring + extra
+
+
+def agent_stop_wait_s(plan: Plan) -> float:
+    """How long (seconds) the restore agent waits for the stop request: :data:`eagle3ops.commands.process.
+    AGENT_STOP_WAIT_S`, plus a ``speculate`` plan's baseline measurement (it runs before the switch stops serving)."""
+    return pc.AGENT_STOP_WAIT_S + (plan.speculate.measure_bound_s() if plan.speculate is not None else 0.0)
+
+
+def _measure_preview(plan: Plan, side: str) -> list[str]:
+    job = plan.speculate
+    assert job is not None and plan.health is not None
+    return ["# measure", side, f"http://127.0.0.1:{plan.health.port}: {len(job.prompts)} prompts x {job.max_tokens} "
+            f"tokens at concurrency {job.levels}, {job.passes} passes (in the supervisor)"]
+
+
+def speculate_preview(plan: Plan, release: list[list[str]], back: list[list[str]]) -> list[list[str]]:
+    """A speculate plan's steps around the kind's release commands (``--dry-run``): baseline, the release, its
+    measurement, the decision, and the switch back (``back``) when it is not kept."""
+    job = plan.speculate
+    assert job is not None
+    rule = (f"x{1 + job.margin:.3f} and acceptance >= {job.acceptance_floor}" if job.rule == "faster"
+            else f"x{1 - job.margin:.3f} (not slower beyond the margin)")
+    cands = ([["# candidates", ", ".join(c.name for c in job.candidates), "each switched to (never live) and "
+               f"measured; the best kept at the corrected level (x{len(job.candidates)} candidates) is the release "
+               "below, measured afresh"]] if job.candidates else [])
+    control = ([["# control", f"the live serving on {job.control.image} without --speculative-config, health-gated, "
+                 "never live: the baseline measured next (one more restart)"]] if job.control else [])
+    return [*control, _measure_preview(plan, "baseline"), *cands, *release,
+            _measure_preview(plan, "speculative" if job.rule == "faster" else "changed"),
+            ["# decide", f"keep when the {job.levels[0]}-concurrency throughput ratio's 90 % interval clears "
+             f"{rule}; else:"], *back,
+            ["# results", f"{job.results_dir}/{plan.window_id}"]]
+
+
+def gate_preview(plan: Plan) -> list[str]:
+    """The health gate's requests as one preview line (``--dry-run``): ``/health``, ``/v1/models``, one
+    completion on the plan's port."""
+    assert plan.health is not None  # every plan with serving has a gate
+    port = plan.health.port
+    return ["GET", f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}/v1/models",
+            f"POST http://127.0.0.1:{port}/v1/completions"]
+
+
+def stage_previews(h: HostConfig, plan: Plan) -> list[list[str]]:
+    """What the supervisor runs for each of the plan's stages, one argv each (the plan's runtime's
+    :meth:`~eagle3ops.commands.runtime.StageRuntime.stage_preview`)."""
+    runtime = rt.for_plan(plan)
+    return [runtime.stage_preview(h, step.spec) for step in plan.stages]
+
+
+def supervisor_words(h: HostConfig, plan: Plan) -> list[str] | None:
+    """How a restore agent asks about the window's supervisor: None (``docker``, a container) or, on a venv host,
+    :func:`eagle3ops.commands.venv.state_words` of the window directory (the plan's runtime's
+    :meth:`~eagle3ops.commands.runtime.StageRuntime.state_words`)."""
+    return rt.for_plan(plan).state_words(h, plan.window_id)
+
+
+class DriverKind:
+    """One serving manager as a window's driver sees it: the interface each kind's module implements
+    (:mod:`.container` for ``container`` and ``compose``, :mod:`.process`, :mod:`.systemd`, :mod:`.none`). The
+    defaults here are what a kind does unless it says otherwise: it refuses nothing, limits no release, runs nothing
+    on the host before the supervisor, has nothing to say to ``config check``, and preflight's words for what it
+    looks for name a container."""
+
+    name = ""
+    #: A release/rollback needs live serving found at preflight (the kinds whose driver records it before launch).
+    records_before_release = False
+    #: Said by ``--dry-run`` before the supervisor's commands (None: nothing to say).
+    dry_run_note: str | None = None
+    #: The form of this kind's release record, which the cycle's served acceptance replays on a work host
+    #: (``container``: the container's configuration; ``process``: its command line; None: not replayed).
+    record_form: str | None = None
+
+    def refuse(self, h: HostConfig, what: str) -> None:
+        """Refuse ``what`` (``release``, ``rollback``, ``speculate``) on this kind of serving before the lock.
+
+        Raises:
+            WindowError: the kind cannot do ``what``; the message names the host, the inventory key and the fix.
+        """
+
+    def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
+        """Why a release with ``change`` cannot be made on this kind (None: it can)."""
+        return None
+
+    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+        """Find live serving (read-only) and add its check to ``pf``."""
+        raise NotImplementedError
+
+    def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
+                    process_pid: int | None) -> dict[str, Any]:
+        """The :class:`~eagle3ops.config.plan.Plan` fields of this kind."""
+        raise NotImplementedError
+
+    def launch(self, r: "Remote", plan: Plan) -> None:
+        """Run what must be on the host before the supervisor starts (nothing by default)."""
+
+    def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
+        """What the supervisor will do, as equivalent argv lists (``--dry-run``)."""
+        raise NotImplementedError
+
+    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
+                           draft_tp: int | None = None) -> ReleaseChange:
+        """The speculative release of the live server with the head at ``head_dir`` (``k`` speculative tokens).
+
+        Raises:
+            NotImplementedError: a kind that refuses ``speculate`` (:meth:`refuse`) makes none.
+        """
+        raise NotImplementedError(f"serving kind {self.name} makes no speculative release")
+
+    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
+        """vLLM's n-gram proposer as a speculative release of the live server.
+
+        Raises:
+            NotImplementedError: a kind that refuses ``speculate`` (:meth:`refuse`) makes none.
+        """
+        raise NotImplementedError(f"serving kind {self.name} makes no speculative release")
+
+    def looked_for(self, h: HostConfig) -> str:
+        """What preflight looks for, in words."""
+        return f"container {h.serving.container!r}"
+
+    def live_state(self, r: "Remote") -> tuple[str, bool | None]:
+        """The live server as the host has it now (read-only): ``(words, running)``; ``running`` is None for a host
+        without serving."""
+        raise NotImplementedError
+
+    def start_stopped(self, r: "Remote") -> tuple[str, list[Any]]:
+        """``recover`` of serving stopped outside a window: ``(what is started, the commands)``.
+
+        Raises:
+            WindowError: serving cannot be started as it is; the message names the fix.
+        """
+        raise NotImplementedError
+
+    def drift_note(self, h: HostConfig) -> str | None:
+        """``config check HOST``: why there is no live container to compare (None: compare it)."""
+        return None
+
+    def served_argv(self, r: "Remote") -> tuple[list[str], Callable[[str], str | None], str] | None:
+        """The live server's command line, a reader of a file as the server sees it (its text, or None when it
+        cannot be read), and where it runs in words; None when no serving is found. Read-only."""
+        raise NotImplementedError
+
+
+def add_inherited_env(pf: "Preflight", pairs: list[str], source: str, host: str) -> None:
+    """Set ``pf.serving_env`` from serving's environment ``pairs`` and say what the stages inherit (``--dry-run``
+    shows it with the checks)."""
+    pf.serving_env = inherited_env(pairs)
+    if pf.serving_env:
+        pf.add("stage environment", True, "stages inherit from " + source + ": " + " ".join(
+            f"{k}={v}" for k, v in sorted(pf.serving_env.items())) + f" (hosts.{host}.stage_env overrides)")
+
+
+def check_session_kill(r: "Remote", pf: "Preflight") -> None:
+    """Kinds ``process``/``systemd``: will the restore agent outlive the driver's SSH session? Reads systemd-logind's
+    settings for the SSH user (:func:`eagle3ops.commands.logind.facts`, read-only) and sets ``pf.agent_detach``
+    (:func:`eagle3ops.commands.logind.detach_mode`); a check fails when logind would end the agent with the session
+    and no user service can hold it (the message names the fix)."""
+    sk = lg.parse(r.run(lg.facts(), check=False).stdout)
+    mode, refusal = lg.detach_mode(sk)
+    pf.agent_detach = mode
+    if refusal:
+        pf.add("restore agent", False, refusal)
+    elif mode == "user-service":
+        pf.add("restore agent", True, f"logind ends {sk.user}'s session processes at logout (KillUserProcesses): the "
+                                      f"agent runs as a user service (systemd-run --user; {sk.user} lingers)")
+
+
+def proc_argv(r: "Remote", pid: int, where: str) -> tuple[list[str], Callable[[str], str | None], str] | None:
+    """A host process's command line (``/proc/PID/cmdline``, NUL-separated) and a reader of files as it sees them
+    (a relative path from ``/proc/PID/cwd``); None when its cmdline cannot be read. Read-only."""
+    out = r.run(hc.cat(f"/proc/{pid}/cmdline"), check=False)
+    if not out.ok:
+        return None
+
+    def read(path: str) -> str | None:
+        res = r.run(hc.cat(path if path.startswith("/") else f"/proc/{pid}/cwd/{path}"), check=False)
+        return res.stdout if res.ok else None
+
+    return [a for a in out.stdout.split("\0") if a], read, where

@@ -1,0 +1,99 @@
+"""Serving kind ``systemd`` on the driver side: a systemd unit, recorded with ``systemctl show`` and stopped and
+started by the restore agent's systemd variant (:mod:`eagle3ops.commands.systemd`). Windows only."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from eagle3ops.commands import process as pc
+from eagle3ops.commands import stages as st
+from eagle3ops.commands import systemd as sd
+from eagle3ops.config import HostConfig
+from eagle3ops.config.plan import Plan
+from eagle3ops.window.common import WindowError
+from eagle3ops.window.kinds.base import (DriverKind, agent_limit_s, check_session_kill, gate_preview, proc_argv,
+                                         stage_previews, supervisor_words)
+
+if TYPE_CHECKING:
+    from eagle3ops.remote import Remote
+    from eagle3ops.window.preflight import Preflight
+
+
+class SystemdKind(DriverKind):
+    """A systemd unit: recorded with ``systemctl show``, stopped and started by the restore agent's systemd variant
+    (:mod:`eagle3ops.commands.systemd`). Windows only. The agent's stop, group sweep and restore and this preflight
+    are tested against a real systemd (``tests/test_systemd_real.py``); a whole window is not (no engine there)."""
+
+    name = "systemd"
+    record_form = None
+    records_before_release = True
+
+    def refuse(self, h: HostConfig, what: str) -> None:
+        raise WindowError(f"host {h.name} serves with systemd unit {h.serving.unit!r} (`hosts.{h.name}.serving.kind: "
+                          f"systemd`): {what} is not supported for systemd serving (windows are); change the unit "
+                          f"and restart it yourself, or run serving as a container for {what}")
+
+    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+        """``systemctl is-active UNIT`` must say ``active`` (read-only)."""
+        unit = r.host.serving.unit or ""
+        out = r.run(sd.is_active(unit), check=False)
+        state = out.stdout.strip() or (out.stderr or "").strip()[-200:] or "?"
+        ok = state == "active" or not need_serving
+        pf.add("serving unit", ok, f"{unit}: {state}" if ok else
+               f"{unit} is {state!r}, not active (hosts.{r.host.name}.serving.unit): start it (`systemctl start "
+               f"{unit}`), or fix the unit name")
+        mode = r.run(sd.kill_mode(unit), check=False).stdout.strip()
+        if mode and mode != "control-group":
+            # not a failure: the agent ends what the stop leaves in the unit's control group itself
+            pf.add("serving unit KillMode", True,
+                   f"{unit} has KillMode={mode}: `systemctl stop` ends its main process only, and vLLM's engine "
+                   f"and workers would keep the GPUs; the window ends the rest of the unit's control group after "
+                   f"the stop. Advised: KillMode=control-group (systemd's default; `systemctl edit {unit}`)")
+        check_session_kill(r, pf)
+
+    def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,
+                    process_pid: int | None) -> dict[str, Any]:
+        return {"serving_container": "", "process_dir": pc.process_dir(f"{h.state_dir}/windows/{window_id}"),
+                "serving_unit": h.serving.unit}
+
+    def launch(self, r: "Remote", plan: Plan) -> None:
+        """Record the unit (``unit.show``) and start the systemd restore agent, before the supervisor."""
+        assert plan.process_dir is not None and plan.serving_unit is not None
+        r.run(sd.record_unit(plan.serving_unit, plan.process_dir))
+        r.run(sd.start_agent(r.host, pdir=plan.process_dir, unit=plan.serving_unit,
+                             stop_timeout_s=plan.stop_timeout_s, supervisor=st.supervisor_name(plan.window_id),
+                             limit_s=agent_limit_s(plan), state_words=supervisor_words(r.host, plan),
+                             detach=plan.agent_detach))
+
+    def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
+        """The agent runs ``systemctl stop``, the stages run, the agent runs ``systemctl start``, the supervisor
+        gates."""
+        pdir, unit = plan.process_dir or "?", plan.serving_unit or "?"
+        return [sd.record_unit(unit, pdir),
+                sd.start_agent(h, pdir=pdir, unit=unit, stop_timeout_s=plan.stop_timeout_s,
+                               supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
+                               state_words=supervisor_words(h, plan), detach=plan.agent_detach),
+                sd.stop_argv(unit), *stage_previews(h, plan), sd.start_argv(unit), gate_preview(plan)]
+
+    def looked_for(self, h: HostConfig) -> str:
+        return f"systemd unit {h.serving.unit!r}"
+
+    def live_state(self, r: "Remote") -> tuple[str, bool | None]:
+        unit = r.host.serving.unit or ""
+        out = r.run(sd.is_active(unit), check=False)
+        state = out.stdout.strip() or "?"
+        return f"unit {unit!r} is {state}", state == "active"
+
+    def start_stopped(self, r: "Remote") -> tuple[str, list[Any]]:
+        unit = r.host.serving.unit or ""
+        return f"unit {unit!r}", [sd.start_argv(unit)]
+
+    def drift_note(self, h: HostConfig) -> str | None:
+        return (f"serving kind systemd: windows stop and start unit {h.serving.unit!r} as systemd has it; there is "
+                f"no container to compare")
+
+    def served_argv(self, r: "Remote") -> tuple[list[str], Callable[[str], str | None], str] | None:
+        """The unit's main process (``systemctl show -p MainPID``), read as a process is."""
+        unit = r.host.serving.unit or ""
+        pid = r.run(sd.main_pid(unit), check=False).stdout.strip()
+        return proc_argv(r, int(pid), f"unit {unit!r} (pid {pid})") if pid.isdigit() and pid != "0" else None
