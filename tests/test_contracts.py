@@ -780,3 +780,32 @@ def test_the_runtime_scan_sees_a_branch(tmp_path):
                  '        return 2\n    return getattr(h, "uses_venv", False) or h.stage_runtime in (VENV_RUNTIME,)\n')
     assert _runtime_branches(p) == [(2, "uses_venv"), (4, "runtime name compared"), (6, "uses_venv"),
                                     (6, "runtime name compared")]
+
+
+# --- 9. one serving HTTP client ------------------------------------------------------------------------------------
+
+#: The one module that builds the serving API's key header (``auth_headers``).
+SERVING_CLIENT = "eagle3ops/serving_http.py"
+
+
+def _bearer_headers(path: str | Path) -> list[int]:
+    """Lines of ``path`` whose code (not a docstring or other bare string) spells an ``Authorization``/``Bearer``
+    header."""
+    tree = ast.parse(Path(path).read_text())
+    bare = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and id(n) not in bare and ("Bearer" in n.value or n.value == "Authorization")})
+
+
+def test_the_api_key_header_is_built_in_one_module():
+    offenders = [f"{rel}:{line}" for p in _sources() if (rel := p.relative_to(SRC.parent).as_posix()) != SERVING_CLIENT
+                 for line in _bearer_headers(p)]
+    assert offenders == [], f"take the serving API's headers from {SERVING_CLIENT} (auth_headers):\n" + "\n".join(
+        offenders)
+    assert _bearer_headers(SRC.parent / SERVING_CLIENT), "the client no longer builds the header: update this test"
+
+
+def test_the_header_scan_sees_a_header_but_not_a_docstring(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text('def f(k):\n    """Sends ``Authorization: Bearer``."""\n    return {"Authorization": f"Bearer {k}"}\n')
+    assert _bearer_headers(p) == [3]

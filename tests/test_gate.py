@@ -52,12 +52,23 @@ class _Server:
                     return self._send(200)
                 if not self._authorized():
                     return self._send(401, {"error": "Unauthorized"})
+                if self.path == "/metrics":  # Prometheus text, as vLLM's
+                    data = b"vllm:num_requests_running 0.0\n"
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    return self.wfile.write(data)
+                if self.path == "/version":
+                    return self._send(200, {"version": "0.16.0"})
                 return self._send(200, {"data": [{"id": "m"}]})
 
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 if not self._authorized():
                     return self._send(401, {"error": "Unauthorized"})
+                if self.path == "/tokenize":  # one id per word of the prompt, or of the messages' contents
+                    words = body.get("prompt") or " ".join(m["content"] for m in body.get("messages", []))
+                    return self._send(200, {"tokens": list(range(len(words.split())))})
                 return self._send(200, {"choices": [{"text": " hi"}]})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -85,6 +96,29 @@ def test_probe_sends_the_key_and_says_why_a_401(server):
         gate.probe(server.url, "m", api_key="wrong-key")
     assert "refused" in str(e.value) and "wrong-key" not in str(e.value)
     assert gate.probe(server.url, "m", api_key=KEY) == ["m"]
+
+
+def test_the_serving_client_asks_every_endpoint_with_the_key_and_names_the_failure(server):
+    from eagle3ops.serving_http import ServingClient, ServingHTTPError, auth_headers
+
+    c = ServingClient(server.url + "/", KEY)
+    assert auth_headers(KEY) == {"Authorization": f"Bearer {KEY}"} and auth_headers("") == {}
+    c.health()
+    assert c.models() == ["m"] and c.completion("m", "Hello", 4)["choices"][0]["text"] == " hi"
+    assert "vllm:num_requests_running" in c.metrics() and c.version() == "0.16.0"
+    assert c.tokenize("m", prompt="a b c") == [0, 1, 2]
+    assert c.tokenize("m", messages=[{"role": "user", "content": "x y"}]) == [0, 1]
+    assert set(server.seen) == {f"Bearer {KEY}"}  # every request but /health was asked for the key, and had it
+    with pytest.raises(ValueError, match="a prompt or messages"):
+        c.tokenize("m")
+    with pytest.raises(ServingHTTPError) as e:
+        ServingClient(server.url, "wrong-key").models()
+    assert (e.value.status, str(e.value)) == (401, "/v1/models returned 401 Unauthorized")
+    assert ServingClient(server.url).version() is None  # refused: no version, no error
+    server.close()
+    with pytest.raises(ServingHTTPError) as e:
+        c.health()
+    assert e.value.status is None and str(e.value).startswith("/health: ")
 
 
 def test_key_from_the_containers_own_configuration():

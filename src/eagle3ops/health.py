@@ -7,20 +7,21 @@ on the host, from the serving container's own configuration (:func:`api_key_from
 in the inventory (``serving.api_key_file``, :func:`read_api_key_file`); it is never put in argv, logs, labels,
 journal entries or error messages.
 
+Its requests go through the one serving API client, :class:`eagle3ops.serving_http.ServingClient`.
+
 Standard library only (urllib): the driver side (``demo``, tests, benchmarks) imports it without the docker SDK.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from eagle3ops.serving_http import MODELS, ServingClient, ServingHTTPError
 
 #: vLLM reads an API key from this environment variable when ``--api-key`` is not given.
 API_KEY_ENV = "VLLM_API_KEY"
@@ -173,39 +174,24 @@ def probe(base_url: str, model: str, *, api_key: str | None = None, completion: 
         ProbeFailed: a request failed or answered wrongly; the message names the request (a 401 says the key is
             missing or wrong, and where the gate takes it from).
     """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-    def get(path: str, timeout: float, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        h = {**headers, **({"Content-Type": "application/json"} if data else {})}
-        req = urllib.request.Request(base_url + path, data=data, headers=h)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                if r.status != 200:
-                    raise ProbeFailed(f"{path} returned {r.status}")
-                return json.load(r) if path != "/health" else None
-        except urllib.error.HTTPError as exc:
-            if exc.code == 401:
-                raise ProbeFailed(
-                    f"{path} answered 401 Unauthorized: the server requires an API key and "
-                    f"{'the one the gate sent was refused' if api_key else 'the gate found none'} (the gate takes "
-                    f"it from the serving container's --api-key / {API_KEY_ENV}, else the file named by "
-                    f"serving.api_key_file in the inventory)") from None
-            raise ProbeFailed(f"{path} returned {exc.code} {exc.reason}") from None
-        except (urllib.error.URLError, ConnectionError, OSError, ValueError) as exc:
-            raise ProbeFailed(f"{path}: {exc}") from None
-
-    get("/health", request_timeout_s)
+    client = ServingClient(base_url, api_key, timeout_s=request_timeout_s)
     try:
-        models = [m["id"] for m in get("/v1/models", request_timeout_s)["data"]]
-    except (KeyError, TypeError) as exc:
-        raise ProbeFailed(f"/v1/models answered without a model list ({exc})") from None
-    if model not in models:
-        raise ProbeFailed(f"/v1/models lists {models}, not {model!r}")
-    if completion:
-        out = get("/v1/completions", completion_timeout_s, {"model": model, "prompt": "Hello", "max_tokens": 4})
-        if not (isinstance(out, dict) and out.get("choices")):
-            raise ProbeFailed(f"completion returned no choices: {str(out)[:300]}")
+        client.health()
+        models = client.models()
+        if model not in models:
+            raise ProbeFailed(f"{MODELS} lists {models}, not {model!r}")
+        if completion:
+            out = client.completion(model, "Hello", 4, timeout_s=completion_timeout_s)
+            if not (isinstance(out, dict) and out.get("choices")):
+                raise ProbeFailed(f"completion returned no choices: {str(out)[:300]}")
+    except ServingHTTPError as exc:
+        if exc.status == 401:
+            raise ProbeFailed(
+                f"{exc.path} answered 401 Unauthorized: the server requires an API key and "
+                f"{'the one the gate sent was refused' if api_key else 'the gate found none'} (the gate takes "
+                f"it from the serving container's --api-key / {API_KEY_ENV}, else the file named by "
+                f"serving.api_key_file in the inventory)") from None
+        raise ProbeFailed(str(exc)) from None
     return models
 
 

@@ -44,8 +44,10 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
     """
     import httpx
 
+    from eagle3ops.serving_http import auth_headers
+
     base, model, key = req["base_url"], req["model"], req.get("api_key")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = auth_headers(key)
     out: dict[str, Any] = {"levels": {str(c): [] for c in req["levels"]},
                            "counters": {str(c): [] for c in req["levels"]},
                            "traffic": {"endpoints": endpoints(req["prompts"]), "base_url": base}}

@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 
 from eagle3ops.gate.metrics import SpecCounters, parse
+from eagle3ops.serving_http import auth_headers
 
 __all__ = ["CHAT", "COMPLETIONS", "LevelResult", "ReleaseFailed", "ReplayError", "RequestFailed", "endpoints",
            "percentile", "replay_level", "request_body", "summary", "wait_idle"]
@@ -143,10 +144,6 @@ class LevelResult:
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def wait_idle(base_url: str, timeout_s: float = 120.0, api_key: str | None = None, settle_s: float = 1.0) -> None:
     """Wait until the server is idle, at most ``timeout_s`` seconds.
 
@@ -164,7 +161,7 @@ def wait_idle(base_url: str, timeout_s: float = 120.0, api_key: str | None = Non
     prev: SpecCounters | None = None
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(f"{base_url}/metrics", headers=_headers(api_key), timeout=10)
+            r = httpx.get(f"{base_url}/metrics", headers=auth_headers(api_key), timeout=10)
             answered = True
             now = parse(r.text)
             busy = (now.requests_running or 0.0) + (now.requests_waiting or 0.0)
@@ -285,7 +282,7 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str | Mapping[str,
     stop = threading.Event()
 
     def monitor() -> None:
-        with httpx.Client(headers=_headers(api_key), timeout=10) as c:
+        with httpx.Client(headers=auth_headers(api_key), timeout=10) as c:
             while not stop.wait(0.5):
                 with lock:
                     own_before = inflight[0]
@@ -305,7 +302,7 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str | Mapping[str,
 
     def work(prompt: str | Mapping[str, Any]) -> tuple[int, float | None, float | None, float]:
         if not hasattr(local, "client"):
-            local.client = httpx.Client(headers=_headers(api_key), timeout=request_timeout_s)
+            local.client = httpx.Client(headers=auth_headers(api_key), timeout=request_timeout_s)
         return _one(local.client, base_url, model, prompt, max_tokens, inflight, lock)
 
     if on_idle is not None:

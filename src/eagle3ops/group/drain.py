@@ -124,7 +124,9 @@ def metrics_requests(base_url: str, api_key: str | None = None, timeout_s: float
     ``api_key``), each read bounded by ``timeout_s``; raises :class:`httpx.HTTPError` or :class:`ValueError`."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    from eagle3ops.serving_http import auth_headers
+
+    headers = auth_headers(api_key)
 
     def read() -> float:
         resp = httpx.get(f"{base_url.rstrip('/')}/metrics", headers=headers, timeout=timeout_s)

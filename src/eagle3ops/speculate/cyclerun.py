@@ -71,8 +71,9 @@ def measure_served(base_url: str, model: str, prompts: Sequence[str | Mapping[st
     import httpx
 
     from eagle3ops.gate.replay import replay_level
+    from eagle3ops.serving_http import auth_headers
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     scrape = lambda: httpx.get(f"{base_url}/metrics", headers=headers, timeout=10).text  # noqa: E731
     before: list[str] = []
     level = replay_level(base_url, model, prompts, concurrency, max_tokens=max_tokens, api_key=api_key,

@@ -263,11 +263,12 @@ def regenerate(req: dict[str, Any]) -> dict[str, Any]:
 
     import httpx
 
+    from eagle3ops.serving_http import auth_headers
     from eagle3ops.speculate.regenerate import GenSettings, Item, answer_item, vllm_version
 
     s = GenSettings(**req["settings"])
     items = [Item(i["id"], tuple((r, c) for r, c in i["turns"])) for i in req["items"]]
-    headers = {"Authorization": f"Bearer {req['api_key']}"} if req.get("api_key") else {}
+    headers = auth_headers(req.get("api_key"))
     n = 0
     limits = httpx.Limits(max_connections=s.concurrency)
     with httpx.Client(headers=headers, limits=limits) as client, ThreadPoolExecutor(s.concurrency) as pool:

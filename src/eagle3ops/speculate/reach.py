@@ -26,8 +26,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from eagle3ops.speculate.regenerate import (
     DATASET,
     HOST_FOLDER,
@@ -38,9 +36,9 @@ from eagle3ops.speculate.regenerate import (
     RegenerateError,
     RegeneratePlan,
     RowSource,
-    auth_headers,
     regenerate,
 )
+from eagle3ops.serving_http import ServingClient, ServingHTTPError
 
 __all__ = ["ForwardRefused", "RegenerateError", "host_paths", "host_relay", "regenerate_for_host",
            "serving_api_key", "serving_endpoint", "upload"]
@@ -80,9 +78,8 @@ def serving_api_key(r: Any) -> str | None:
 def _serves(base_url: str, model: str, api_key: str | None, timeout: float = 3.0) -> bool:
     """True when ``base_url`` answers ``/v1/models`` listing ``model`` (the host's server, not some other one)."""
     try:
-        r = httpx.get(f"{base_url}/v1/models", headers=auth_headers(api_key), timeout=timeout)
-        return r.status_code == 200 and model in [m.get("id") for m in r.json().get("data", [])]
-    except (httpx.HTTPError, ValueError, AttributeError):
+        return model in ServingClient(base_url, api_key, timeout_s=timeout).models()
+    except ServingHTTPError:
         return False
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from eagle3ops.serving_http import auth_headers
 from eagle3ops.speculate.prompts import Prompt
 
 __all__ = ["ANSWERS", "DATASET", "HOST_FOLDER", "MANIFEST", "ForwardRefused", "GenSettings", "Item",
@@ -408,11 +409,6 @@ def dataset_messages(messages: list[dict[str, Any]], reasoning: str) -> list[dic
     if reasoning == "keep":
         return messages
     return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
-
-
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """HTTP headers that carry ``api_key`` (``Authorization: Bearer``); none when it is None or empty."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def vllm_version(base_url: str, api_key: str | None = None, transport: httpx.BaseTransport | None = None

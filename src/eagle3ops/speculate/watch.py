@@ -205,14 +205,12 @@ def watch_lock(host_name: str) -> Iterator[str]:
 
 
 def _scraper(base_url: str, api_key: str | None) -> Callable[[], ServerSample]:
-    import httpx
+    from eagle3ops.serving_http import ServingClient
 
-    from eagle3ops.speculate.regenerate import auth_headers
+    client = ServingClient(base_url, api_key, timeout_s=30)
 
     def scrape() -> ServerSample:
-        resp = httpx.get(f"{base_url}/metrics", headers=auth_headers(api_key), timeout=30)
-        resp.raise_for_status()
-        return parse_server(resp.text)
+        return parse_server(client.metrics())
 
     return scrape
 
@@ -377,7 +375,7 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
         if prev is None:
             try:
                 prev = (now(), scrape())
-            except Exception as exc:  # noqa: BLE001 - httpx or a body that is not Prometheus text
+            except Exception as exc:  # noqa: BLE001 - no answer (ServingHTTPError) or a body not Prometheus text
                 raise WatchError(f"{h.name}: cannot read {url}/metrics: {exc}") from None
         next_at = prev[0] + interval
         while now() < deadline and out["rollback"] is None:
