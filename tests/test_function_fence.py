@@ -31,8 +31,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                    "split by job like speculators' train/"),
     "supervisor/speculate.py::SpeculateRun.run": (165, "the speculate job's steps steered by four flags by hand; to "
                                                   "become a step table over one state object"),
-    "stages/prepare.py::run_prepare": (147, "reading, rendering, masking and writing rows in one pass; to be split "
-                                       "by step"),
     "report.py::render": (122, "one report page section after another; to be split by section"),
     "fleet_cli.py::train_nodes": (121, "plan, locks, rendezvous and per-node windows of a multi-node train; to be "
                                   "split by step"),
