@@ -29,8 +29,6 @@ MAX_CODE_LINES = 60
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "stages/train.py::run_train": (314, "setup, step loop, checkpoints and the final head in one function; to be "
                                    "split by job like speculators' train/"),
-    "fleet_cli.py::train_nodes": (121, "plan, locks, rendezvous and per-node windows of a multi-node train; to be "
-                                  "split by step"),
     "stages/extract.py::run_extract": (117, "engine start, batching, resume and sample files in one loop over "
                                        "batches of the target's forward"),
     "supervisor/runner.py::Supervisor.run": (109, "the window's try/finally: every exit restores serving and "

@@ -1,7 +1,12 @@
 """``eagle3ops extract HOST HOST...`` (the fleet plan, then its windows), ``eagle3ops train HOST --from-fleet MERGED``
 (the shards' hidden states copied to the training host, verified, then the train window) and ``eagle3ops render
 k8s|slurm RUN``: the commands over several hosts, registered on the main typer app by
-:mod:`eagle3ops.cli`."""
+:mod:`eagle3ops.cli`.
+
+Why this module is long: the multi-node train (:func:`train_nodes`) is a table of steps (plan, facts, interfaces,
+locks with the reach probe and the trial under them, windows, report), each a function of its own here because
+each exits through the CLI (``common.fail``) and reads through its remotes; they move into :mod:`eagle3ops.fleet`
+with the rest of the fleet orchestration once they raise instead of exiting."""
 
 from __future__ import annotations
 
@@ -218,8 +223,34 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     serving is restored by its own window; rerunning the same command resumes from node 0's last checkpoint on every
     node. Exit 2 for a manifest or host list that does not fit (or no ``merged_file``, or ``offline``), 1 for a failed
     trial or window. ``json_out`` (with ``dry_run``): the plan as one JSON document on stdout, the rest on stderr."""
-    import threading
+    _refuse_options(merged_file, offline, dry_run, json_out)
+    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
+    pipeline_text = common.read_pipeline(pipeline)
+    inv, hs, merged, plan = _plan_nodes(hosts, inventory, run, merged_file)
+    for line in plan.lines():
+        print(line, file=text, flush=True)
+    facts = _read_nodes(plan, hs, run, merged, pipeline_text, restart)
+    if facts is None:
+        print(f"{plan.nodes[0]} (node 0) has trained run {run} for these inputs: nothing to do on any node "
+              f"(--restart redoes it)", file=text, flush=True)
+        return
+    images, ifaces = facts
+    _name_interfaces(plan, hs, ifaces, run, text)
+    if dry_run:
+        if json_out:
+            print(json.dumps({"run": run, "rendezvous": plan.rendezvous, "images": images,
+                              "nodes": [{"host": n, "node_args": list(plan.node_args(n)), "shard": list(sh)}
+                                        for n, sh in zip(plan.nodes, plan.shards)]}, indent=2), flush=True)
+        return
+    wids = _lock_nodes(plan, hs, command, lambda: _nodes_under_locks(plan, hs, images, inv, run, merged))
+    results, errors = _node_windows(plan, hs, images, wids, run=run, command=command, pipeline_text=pipeline_text,
+                                    restart=restart)
+    _report_nodes(plan, hs, run, results, errors)
 
+
+def _refuse_options(merged_file: Path | None, offline: bool, dry_run: bool, json_out: bool) -> None:
+    """Exit 2 for options a multi-node train does not take (no ``--from-fleet``, ``--offline``, ``--json`` without
+    ``--dry-run``)."""
     if merged_file is None:
         common.fail("several hosts train together only on a fleet run's shards: pass --from-fleet MERGED (the "
                     "merged manifest of `eagle3ops extract HOST HOST... --merged MERGED`)", 2)
@@ -228,17 +259,14 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
                     "--dry-run alone prints the plan and changes nothing)", 2)
     if json_out and not dry_run:
         common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
-    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
-    pipeline_text = common.read_pipeline(pipeline)
-    from eagle3ops import executor
+
+
+def _plan_nodes(hosts: list[str], inventory: Path, run: str, merged_file: Path) -> tuple[Any, dict[str, Any],
+                                                                                          dict[str, Any], Any]:
+    """Step 1's plan (pure, from the inventory and the merged manifest): ``(inventory, {name: host}, merged,
+    plan)``, node 0's rendezvous from ``fleet.rendezvous_host`` or its hostname. Exit 2 when they do not fit."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import nodes as fn
-    from eagle3ops.fleet.driver import deployed_image
-    from eagle3ops.stages.merge import MergeError, check_merged
-    from eagle3ops.stages.shards import manifest_rel
-    from eagle3ops.window.common import LockHeld, WindowError, new_window_id
-    from eagle3ops.window.lock import acquire_lock, release_lock
-    from eagle3ops.window.run import _decide, run_window
 
     try:
         inv = load_inventory(inventory)
@@ -249,8 +277,21 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
                              or hs[probe.nodes[0]].hostname, port=inv.fleet.rendezvous_port)
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
         common.fail(f"train {' '.join(hosts)} --from-fleet {merged_file}: {exc}", 2)
-    for line in plan.lines():
-        print(line, file=text, flush=True)
+    return inv, hs, merged, plan
+
+
+def _read_nodes(plan: Any, hs: dict[str, Any], run: str, merged: dict[str, Any], pipeline_text: str,
+                restart: bool) -> tuple[dict[str, tuple[str, str | None]], dict[str, list[str]]] | None:
+    """Step 1's facts, read only: each node's deployed image, network interfaces, shard manifest and prepare
+    manifest (checked against ``merged``); node 0's train judged as a window would judge it. Returns ``(images,
+    interfaces)`` by node, or None when node 0 has trained these inputs (nothing to do anywhere). Exit 1 for a
+    node without its shard or with another prepare output."""
+    from eagle3ops import executor
+    from eagle3ops.fleet.driver import deployed_image
+    from eagle3ops.stages.merge import MergeError, check_merged
+    from eagle3ops.stages.shards import manifest_rel
+    from eagle3ops.window.run import _decide
+
     images: dict[str, tuple[str, str | None]] = {}
     ifaces: dict[str, list[str]] = {}
     for n, name in enumerate(plan.nodes):
@@ -273,22 +314,29 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
             if n == 0:
                 _text, decision = _decide(r, "train", run, pipeline_text, restart)
                 if decision is not None and decision.nothing_to_do:
-                    print(f"{name} (node 0) has trained run {run} for these inputs: nothing to do on any node "
-                          f"(--restart redoes it)", file=text, flush=True)
-                    return
-    try:  # each node's NCCL/gloo interface, named where a host has several: before any serving stops
+                    return None
+    return images, ifaces
+
+
+def _name_interfaces(plan: Any, hs: dict[str, Any], ifaces: dict[str, list[str]], run: str, text: Any) -> None:
+    """Each node's NCCL/gloo interface, named where a host has several, printed; exit 2 before any serving stops
+    when one cannot be chosen (:func:`eagle3ops.fleet.nodes.socket_interfaces`)."""
+    from eagle3ops.fleet import nodes as fn
+
+    try:
         for line in fn.socket_interfaces(plan, {n: dict(hs[n].stage_env) for n in plan.nodes}, ifaces):
             print(line, file=text, flush=True)
     except fn.NodePlanError as exc:
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {exc}", 2)
-    if dry_run:
-        if json_out:
-            print(json.dumps({"run": run, "rendezvous": plan.rendezvous, "images": images,
-                              "nodes": [{"host": n, "node_args": list(plan.node_args(n)), "shard": list(sh)}
-                                        for n, sh in zip(plan.nodes, plan.shards)]}, indent=2), flush=True)
-        return
 
-    # every node's lock before the first container starts there (the reach probe), held into its train window
+
+def _lock_nodes(plan: Any, hs: dict[str, Any], command: str, under_locks: Callable[[], None]) -> dict[str, str]:
+    """Every node's lock, taken before the first container starts there (the reach probe), then ``under_locks``
+    (steps 2 and 3); returns the window id each lock is held under, into that node's train window. A failure
+    before the windows gives every lock taken back; a lock held elsewhere exits 1."""
+    from eagle3ops.window.common import LockHeld, WindowError, new_window_id
+    from eagle3ops.window.lock import acquire_lock, release_lock
+
     wids = {n: new_window_id("train") for n in plan.nodes}
     taken: list[str] = []
     try:
@@ -299,14 +347,24 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
                 except (LockHeld, WindowError) as exc:
                     common.fail(str(exc))
             taken.append(name)
-        _nodes_under_locks(plan, hs, images, inv, run, merged)
+        under_locks()
     except BaseException:
         for name in taken:  # nothing of a window started: each lock taken here is given back
             with common.remote(hs[name]) as r:
                 release_lock(r, wids[name])
         raise
+    return wids
 
-    # one train window per node, all at once, each under the lock taken above (its window id)
+
+def _node_windows(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str, str | None]], wids: dict[str, str], *,
+                  run: str, command: str, pipeline_text: str, restart: bool) -> tuple[dict[str, dict], dict[str, str]]:
+    """Step 4: one train window per node, all at once, each under the lock taken for it (its window id); returns
+    ``(results, errors)`` by node, an error carrying the tail of that node's ``train.log``."""
+    import threading
+
+    from eagle3ops import executor
+    from eagle3ops.window.run import run_window
+
     results: dict[str, dict] = {}
     errors: dict[str, str] = {}
 
@@ -330,6 +388,14 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
         t.start()
     for t in threads:
         t.join()
+    return results, errors
+
+
+def _report_nodes(plan: Any, hs: dict[str, Any], run: str, results: dict[str, dict], errors: dict[str, str]) -> None:
+    """The windows' summary as JSON; a failed run names the node that failed first and those that followed
+    (:func:`eagle3ops.fleet.nodes.blame`) and exits 1."""
+    from eagle3ops.fleet import nodes as fn
+
     summary = {"run": run, "nodes": list(plan.nodes), "rendezvous": plan.rendezvous,
                "windows": {n: {k: results.get(n, {}).get(k) for k in ("outcome", "window_id", "downtime_s",
                                                                       "serving_healthy")} for n in plan.nodes}}
