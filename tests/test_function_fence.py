@@ -31,8 +31,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                    "split by job like speculators' train/"),
     "stages/extract.py::run_extract": (117, "engine start, batching, resume and sample files in one loop over "
                                        "batches of the target's forward"),
-    "supervisor/runner.py::Supervisor.run": (109, "the window's try/finally: every exit restores serving and "
-                                             "writes the result, so the outcome bookkeeping stays in one frame"),
     "window/run.py::run_window": (96, "the driver side of a window: upload, launch and follow with one set of "
                                   "cleanups"),
     "speculate/regenerate.py::regenerate": (96, "the request loop with resume, budget and manifest in one frame"),
