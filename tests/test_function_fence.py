@@ -29,8 +29,6 @@ MAX_CODE_LINES = 60
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "stages/train.py::run_train": (314, "setup, step loop, checkpoints and the final head in one function; to be "
                                    "split by job like speculators' train/"),
-    "stages/extract.py::run_extract": (117, "engine start, batching, resume and sample files in one loop over "
-                                       "batches of the target's forward"),
     "window/run.py::run_window": (96, "the driver side of a window: upload, launch and follow with one set of "
                                   "cleanups"),
     "speculate/regenerate.py::regenerate": (96, "the request loop with resume, budget and manifest in one frame"),
