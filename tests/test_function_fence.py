@@ -34,7 +34,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "speculate/regenerate.py::regenerate": (96, "the request loop with resume, budget and manifest in one frame"),
     "stages/probe.py::run_probe": (93, "the reference forward and vLLM's capture compared in one function"),
     "speculate/watch.py::watch": (92, "the watch loop: intervals, breaches and the rollback decision share state"),
-    "patches/proberun.py::probe_installed": (91, "the probes run in a child interpreter with their bookkeeping"),
     "supervisor/stagerun.py::run_stage": (86, "the stage container's wait with engine-restart retries (bounded) "
                                           "in one loop"),
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
