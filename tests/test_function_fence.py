@@ -38,7 +38,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                           "in one loop"),
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
     "speculate/ship.py::_inspect_and_plan": (80, "the inspect helper's answer checked field by field"),
-    "fleet_cli.py::fleet_train": (79, "hidden-state copy to the training host, then the train window"),
     "speculate/ship.py::speculate": (75, "the speculate driver: options, push, the host job and its result"),
     "patches/diffcheck.py::parse_diff": (75, "a unified-diff parser: one state machine over the lines"),
     "supervisor/kinds/process.py::ProcessServing.switch": (69, "stop, start, gate and fall back of a process "

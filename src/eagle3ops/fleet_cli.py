@@ -3,9 +3,10 @@
 k8s|slurm RUN``: the commands over several hosts, registered on the main typer app by
 :mod:`eagle3ops.cli`.
 
-Why this module is long: the multi-node train (:func:`train_nodes`) is a table of steps (plan, facts, interfaces,
-locks with the reach probe and the trial under them, windows, report), each a function of its own here because
-each exits through the CLI (``common.fail``) and reads through its remotes; they move into :mod:`eagle3ops.fleet`
+Why this module is long: the multi-node train (:func:`train_nodes`: plan, facts, interfaces, locks with the reach
+probe and the trial under them, windows, report) and the train from a fleet (:func:`fleet_train`: inputs, facts,
+rates, plan, copies under the lock) are tables of steps, each a function of its own here because each exits
+through the CLI (``common.fail``) and reads through its remotes; they move into :mod:`eagle3ops.fleet`
 with the rest of the fleet orchestration once they raise instead of exiting."""
 
 from __future__ import annotations
@@ -116,18 +117,41 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     ``host``'s free disk (before anything is written), or naming the file and the fix when a shard file is missing
     or arrives corrupted (what arrived whole stays placed); 2 for a manifest that does not hold or ``offline``.
     ``json_out`` (with ``dry_run``): stdout holds the copy plan's JSON alone, the rest goes to stderr."""
-    from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import hidden
-    from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
     from eagle3ops.transfer import hidden as move
-    from eagle3ops.window.common import LockHeld, WindowError
-    from eagle3ops.window.lock import acquire_lock, release_lock
 
     if offline:
         common.fail("--offline does not go with --from-fleet: the copy plan reads what the training host holds (drop "
                     "--offline; --dry-run alone prints the plan and changes nothing)", 2)
     if json_out and not dry_run:
         common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
+    inv, h, merged, by_host = _fleet_inputs(inventory, host, merged_file)
+    facts = _copy_facts(h, run)
+    expected_all = {f.rel: f.sha256 for fs in by_host.values() for f in fs}
+    plan = _copy_plan(merged, merged_file, run, host, facts, expected_all, _copy_rates(merged, facts["record"], inv))
+    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
+    print(hidden.render(plan), file=text)
+    print(json.dumps(plan.as_dict(), indent=2), flush=True)
+    print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", file=text,
+          flush=True)
+    try:
+        hidden.check_space(plan, facts["free"], h.data_dir)
+    except hidden.HiddenPlanError as exc:
+        common.fail(str(exc))
+    if dry_run:
+        return
+    _copy_under_lock(inv, host, h, run, merged, merged_file, plan, facts, expected_all)
+    print(f"{host}: every file of run {run}'s {len(expected_all)} samples verified in place; merged manifest "
+          f"written to {move.extract_dir(h, run)}/manifest.json", flush=True)
+    train_window()
+
+
+def _fleet_inputs(inventory: Path, host: str, merged_file: Path) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    """``(inventory, the training host, the merged manifest, its files by source host)``, judged before any host is
+    reached; exit 2 when they do not hold."""
+    from eagle3ops.config import ConfigError, load_inventory
+    from eagle3ops.fleet import hidden
+
     try:
         inv = load_inventory(inventory)
         h = inv.host(host)
@@ -137,36 +161,59 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
         by_host = hidden.files_by_host(merged)  # the manifest judged before any host is reached
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
         common.fail(f"train --from-fleet {merged_file}: {exc}", 2)
-    d = move.extract_dir(h, run)
+    return inv, h, merged, by_host
+
+
+def _copy_facts(h: Any, run: str) -> dict[str, Any]:
+    """What the training host holds (reads only): ``placed`` and ``arrived`` (file → sha256: placed, and arrived
+    from an interrupted copy), ``record`` (its ``extract/fleet-copy.json``) and ``free`` (bytes free in its data
+    dir, None when unknown)."""
+    from eagle3ops.transfer import hidden as move
+
     with _reader(h) as r:
         placed, arrived = move.read_digests(r, run)
-        rec = _json_or_empty(r, f"{d}/{COPY_RECORD}")
+        record = _json_or_empty(r, f"{move.extract_dir(h, run)}/{COPY_RECORD}")
         df = r.run(hc_free(h.data_dir), check=False)
         free = hc_parse_free(df.stdout) if df.ok else None
+    return {"placed": placed, "arrived": arrived, "record": record, "free": free}
+
+
+def _copy_rates(merged: dict[str, Any], record: dict[str, Any], inv: Any) -> dict[str, tuple[float, str]]:
+    """Per source host the link rate the plan assumes (bytes/s, where from): the last copy's measurement, else
+    ``fleet.link_mb_per_s``."""
     rates = {}
     for name in {str(s["host"]) for s in (merged.get("fleet") or {}).get("shards") or []}:
-        got = ((rec.get("sources") or {}).get(name) or {}).get("bytes_per_s")
+        got = ((record.get("sources") or {}).get(name) or {}).get("bytes_per_s")
         if got:
-            rates[name] = (float(got), f"measured by the copy of {rec.get('at', '?')}")
+            rates[name] = (float(got), f"measured by the copy of {record.get('at', '?')}")
         elif inv.fleet.link_mb_per_s:
             rates[name] = (inv.fleet.link_mb_per_s * 1e6, "fleet.link_mb_per_s")
-    expected_all = {f.rel: f.sha256 for fs in by_host.values() for f in fs}
+    return rates
+
+
+def _copy_plan(merged: dict[str, Any], merged_file: Path, run: str, host: str, facts: dict[str, Any],
+               expected_all: dict[str, str], rates: dict[str, tuple[float, str]]) -> Any:
+    """The copy plan (:func:`eagle3ops.fleet.hidden.plan_move`, pure) over what is placed and what arrived whole;
+    exit 1 when it cannot be made from the files, 2 when the manifest does not hold."""
+    from eagle3ops.fleet import hidden
+
     try:
-        good_arrived = {k: v for k, v in arrived.items() if expected_all.get(k) == v}
-        plan = hidden.plan_move(merged, run, host, {**placed, **good_arrived}, rates)
+        good_arrived = {k: v for k, v in facts["arrived"].items() if expected_all.get(k) == v}
+        return hidden.plan_move(merged, run, host, {**facts["placed"], **good_arrived}, rates)
     except (hidden.HiddenPlanError, KeyError, TypeError, ValueError) as exc:
         common.fail(f"train --from-fleet {merged_file}: {exc}", 1 if isinstance(exc, hidden.HiddenPlanError) else 2)
-    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
-    print(hidden.render(plan), file=text)
-    print(json.dumps(plan.as_dict(), indent=2), flush=True)
-    print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", file=text,
-          flush=True)
-    try:
-        hidden.check_space(plan, free, h.data_dir)
-    except hidden.HiddenPlanError as exc:
-        common.fail(str(exc))
-    if dry_run:
-        return
+
+
+def _copy_under_lock(inv: Any, host: str, h: Any, run: str, merged: dict[str, Any], merged_file: Path, plan: Any,
+                     facts: dict[str, Any], expected_all: dict[str, str]) -> None:
+    """Under the training host's lock: the copies (:func:`_copy_all`), then the merged manifest checked against the
+    host's prepare manifest and written as ``extract/manifest.json``; the lock released whatever happened. Exit 1
+    naming the files that arrived corrupted, a missing prepare manifest or one that does not match."""
+    from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
+    from eagle3ops.transfer import hidden as move
+    from eagle3ops.window.common import LockHeld, WindowError
+    from eagle3ops.window.lock import acquire_lock, release_lock
+
     wid = f"fleetcopy-{int(time.time())}"
     with common.remote(h) as r:
         try:
@@ -174,7 +221,7 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
         except (LockHeld, WindowError) as exc:
             common.fail(str(exc))
         try:
-            bad = _copy_all(r, inv, run, plan, arrived, expected_all, rec)
+            bad = _copy_all(r, inv, run, plan, facts["arrived"], expected_all, facts["record"])
             if bad:
                 common.fail(f"{host}: {len(bad)} file(s) arrived with another sha256 than {merged_file} lists and "
                             f"were removed: {', '.join(f'extract/{b} (from {src})' for b, src in bad[:5])}; the "
@@ -189,13 +236,10 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
                 check_merged(merged, prep)
             except MergeError as exc:
                 common.fail(f"{host}: {exc}")
-            r.run(hc_write(f"{d}/manifest.json"), stdin=json.dumps(bind_inputs(merged, prep), indent=2,
-                                                                   sort_keys=True) + "\n")
+            r.run(hc_write(f"{move.extract_dir(h, run)}/manifest.json"),
+                  stdin=json.dumps(bind_inputs(merged, prep), indent=2, sort_keys=True) + "\n")
         finally:
             release_lock(r, wid)
-    print(f"{host}: every file of run {run}'s {len(expected_all)} samples verified in place; merged manifest "
-          f"written to {d}/manifest.json", flush=True)
-    train_window()
 
 
 def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merged_file: Path | None,
