@@ -45,7 +45,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "fixtures/tinydraft.py::build_tiny_eagle3_draft": (68, "a tiny draft head's config and weights written field by "
                                                        "field"),
     "window/preflight.py::estimate_disk": (67, "the disk estimate's facts read and summed stage by stage"),
-    "stages/merge.py::merge_manifests": (62, "every shard manifest's field checked against shard 0's"),
     "gate/replay.py::_one": (62, "one streamed request's events parsed and timed"),
     "stages/cli.py::_run": (61, "the stage command's error translation: one except clause per error type"),
     "speculate/cycle.py::plan_cycle": (61, "the cycle's steps listed in order with their conditions"),
