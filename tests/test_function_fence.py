@@ -46,7 +46,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                                        "field"),
     "window/preflight.py::estimate_disk": (67, "the disk estimate's facts read and summed stage by stage"),
     "gate/replay.py::_one": (62, "one streamed request's events parsed and timed"),
-    "stages/cli.py::_run": (61, "the stage command's error translation: one except clause per error type"),
     "speculate/cycle.py::plan_cycle": (61, "the cycle's steps listed in order with their conditions"),
     "patches/rebase.py::rebase_series": (61, "each patch of a series carried to the new version in turn"),
 }
