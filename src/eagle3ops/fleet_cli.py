@@ -1,7 +1,13 @@
 """``eagle3ops extract HOST HOST...`` (the fleet plan, then its windows), ``eagle3ops train HOST --from-fleet MERGED``
 (the shards' hidden states copied to the training host, verified, then the train window) and ``eagle3ops render
 k8s|slurm RUN``: the commands over several hosts, registered on the main typer app by
-:mod:`eagle3ops.cli`."""
+:mod:`eagle3ops.cli`.
+
+Why this module is long: the multi-node train (:func:`train_nodes`: plan, facts, interfaces, locks with the reach
+probe and the trial under them, windows, report) and the train from a fleet (:func:`fleet_train`: inputs, facts,
+rates, plan, copies under the lock) are tables of steps, each a function of its own here because each exits
+through the CLI (``common.fail``) and reads through its remotes; they move into :mod:`eagle3ops.fleet`
+with the rest of the fleet orchestration once they raise instead of exiting."""
 
 from __future__ import annotations
 
@@ -110,18 +116,41 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
     ``host``'s free disk (before anything is written), or naming the file and the fix when a shard file is missing
     or arrives corrupted (what arrived whole stays placed); 2 for a manifest that does not hold or ``offline``.
     ``json_out`` (with ``dry_run``): stdout holds the copy plan's JSON alone, the rest goes to stderr."""
-    from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import hidden
-    from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
     from eagle3ops.transfer import hidden as move
-    from eagle3ops.window.common import LockHeld, WindowError
-    from eagle3ops.window.lock import acquire_lock, release_lock
 
     if offline:
         common.fail("--offline does not go with --from-fleet: the copy plan reads what the training host holds (drop "
                     "--offline; --dry-run alone prints the plan and changes nothing)", 2)
     if json_out and not dry_run:
         common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
+    inv, h, merged, by_host = _fleet_inputs(inventory, host, merged_file)
+    facts = _copy_facts(h, run)
+    expected_all = {f.rel: f.sha256 for fs in by_host.values() for f in fs}
+    plan = _copy_plan(merged, merged_file, run, host, facts, expected_all, _copy_rates(merged, facts["record"], inv))
+    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
+    print(hidden.render(plan), file=text)
+    print(json.dumps(plan.as_dict(), indent=2), flush=True)
+    print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", file=text,
+          flush=True)
+    try:
+        hidden.check_space(plan, facts["free"], h.data_dir)
+    except hidden.HiddenPlanError as exc:
+        common.fail(str(exc))
+    if dry_run:
+        return
+    _copy_under_lock(inv, host, h, run, merged, merged_file, plan, facts, expected_all)
+    print(f"{host}: every file of run {run}'s {len(expected_all)} samples verified in place; merged manifest "
+          f"written to {move.extract_dir(h, run)}/manifest.json", flush=True)
+    train_window()
+
+
+def _fleet_inputs(inventory: Path, host: str, merged_file: Path) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    """``(inventory, the training host, the merged manifest, its files by source host)``, judged before any host is
+    reached; exit 2 when they do not hold."""
+    from eagle3ops.config import ConfigError, load_inventory
+    from eagle3ops.fleet import hidden
+
     try:
         inv = load_inventory(inventory)
         h = inv.host(host)
@@ -131,36 +160,59 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
         by_host = hidden.files_by_host(merged)  # the manifest judged before any host is reached
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
         common.fail(f"train --from-fleet {merged_file}: {exc}", 2)
-    d = move.extract_dir(h, run)
+    return inv, h, merged, by_host
+
+
+def _copy_facts(h: Any, run: str) -> dict[str, Any]:
+    """What the training host holds (reads only): ``placed`` and ``arrived`` (file → sha256: placed, and arrived
+    from an interrupted copy), ``record`` (its ``extract/fleet-copy.json``) and ``free`` (bytes free in its data
+    dir, None when unknown)."""
+    from eagle3ops.transfer import hidden as move
+
     with _reader(h) as r:
         placed, arrived = move.read_digests(r, run)
-        rec = _json_or_empty(r, f"{d}/{COPY_RECORD}")
+        record = _json_or_empty(r, f"{move.extract_dir(h, run)}/{COPY_RECORD}")
         df = r.run(hc_free(h.data_dir), check=False)
         free = hc_parse_free(df.stdout) if df.ok else None
+    return {"placed": placed, "arrived": arrived, "record": record, "free": free}
+
+
+def _copy_rates(merged: dict[str, Any], record: dict[str, Any], inv: Any) -> dict[str, tuple[float, str]]:
+    """Per source host the link rate the plan assumes (bytes/s, where from): the last copy's measurement, else
+    ``fleet.link_mb_per_s``."""
     rates = {}
     for name in {str(s["host"]) for s in (merged.get("fleet") or {}).get("shards") or []}:
-        got = ((rec.get("sources") or {}).get(name) or {}).get("bytes_per_s")
+        got = ((record.get("sources") or {}).get(name) or {}).get("bytes_per_s")
         if got:
-            rates[name] = (float(got), f"measured by the copy of {rec.get('at', '?')}")
+            rates[name] = (float(got), f"measured by the copy of {record.get('at', '?')}")
         elif inv.fleet.link_mb_per_s:
             rates[name] = (inv.fleet.link_mb_per_s * 1e6, "fleet.link_mb_per_s")
-    expected_all = {f.rel: f.sha256 for fs in by_host.values() for f in fs}
+    return rates
+
+
+def _copy_plan(merged: dict[str, Any], merged_file: Path, run: str, host: str, facts: dict[str, Any],
+               expected_all: dict[str, str], rates: dict[str, tuple[float, str]]) -> Any:
+    """The copy plan (:func:`eagle3ops.fleet.hidden.plan_move`, pure) over what is placed and what arrived whole;
+    exit 1 when it cannot be made from the files, 2 when the manifest does not hold."""
+    from eagle3ops.fleet import hidden
+
     try:
-        good_arrived = {k: v for k, v in arrived.items() if expected_all.get(k) == v}
-        plan = hidden.plan_move(merged, run, host, {**placed, **good_arrived}, rates)
+        good_arrived = {k: v for k, v in facts["arrived"].items() if expected_all.get(k) == v}
+        return hidden.plan_move(merged, run, host, {**facts["placed"], **good_arrived}, rates)
     except (hidden.HiddenPlanError, KeyError, TypeError, ValueError) as exc:
         common.fail(f"train --from-fleet {merged_file}: {exc}", 1 if isinstance(exc, hidden.HiddenPlanError) else 2)
-    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
-    print(hidden.render(plan), file=text)
-    print(json.dumps(plan.as_dict(), indent=2), flush=True)
-    print(f"then the train window on {host}: vocab + train on the {len(expected_all)} samples' files", file=text,
-          flush=True)
-    try:
-        hidden.check_space(plan, free, h.data_dir)
-    except hidden.HiddenPlanError as exc:
-        common.fail(str(exc))
-    if dry_run:
-        return
+
+
+def _copy_under_lock(inv: Any, host: str, h: Any, run: str, merged: dict[str, Any], merged_file: Path, plan: Any,
+                     facts: dict[str, Any], expected_all: dict[str, str]) -> None:
+    """Under the training host's lock: the copies (:func:`_copy_all`), then the merged manifest checked against the
+    host's prepare manifest and written as ``extract/manifest.json``; the lock released whatever happened. Exit 1
+    naming the files that arrived corrupted, a missing prepare manifest or one that does not match."""
+    from eagle3ops.stages.merge import MergeError, bind_inputs, check_merged
+    from eagle3ops.transfer import hidden as move
+    from eagle3ops.window.common import LockHeld, WindowError
+    from eagle3ops.window.lock import acquire_lock, release_lock
+
     wid = f"fleetcopy-{int(time.time())}"
     with common.remote(h) as r:
         try:
@@ -168,7 +220,7 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
         except (LockHeld, WindowError) as exc:
             common.fail(str(exc))
         try:
-            bad = _copy_all(r, inv, run, plan, arrived, expected_all, rec)
+            bad = _copy_all(r, inv, run, plan, facts["arrived"], expected_all, facts["record"])
             if bad:
                 common.fail(f"{host}: {len(bad)} file(s) arrived with another sha256 than {merged_file} lists and "
                             f"were removed: {', '.join(f'extract/{b} (from {src})' for b, src in bad[:5])}; the "
@@ -183,13 +235,10 @@ def fleet_train(host: str, inventory: Path, dry_run: bool, run: str, merged_file
                 check_merged(merged, prep)
             except MergeError as exc:
                 common.fail(f"{host}: {exc}")
-            r.run(hc_write(f"{d}/manifest.json"), stdin=json.dumps(bind_inputs(merged, prep), indent=2,
-                                                                   sort_keys=True) + "\n")
+            r.run(hc_write(f"{move.extract_dir(h, run)}/manifest.json"),
+                  stdin=json.dumps(bind_inputs(merged, prep), indent=2, sort_keys=True) + "\n")
         finally:
             release_lock(r, wid)
-    print(f"{host}: every file of run {run}'s {len(expected_all)} samples verified in place; merged manifest "
-          f"written to {d}/manifest.json", flush=True)
-    train_window()
 
 
 def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merged_file: Path | None,
@@ -217,8 +266,34 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
     serving is restored by its own window; rerunning the same command resumes from node 0's last checkpoint on every
     node. Exit 2 for a manifest or host list that does not fit (or no ``merged_file``, or ``offline``), 1 for a failed
     trial or window. ``json_out`` (with ``dry_run``): the plan as one JSON document on stdout, the rest on stderr."""
-    import threading
+    _refuse_options(merged_file, offline, dry_run, json_out)
+    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
+    pipeline_text = common.read_pipeline(pipeline)
+    inv, hs, merged, plan = _plan_nodes(hosts, inventory, run, merged_file)
+    for line in plan.lines():
+        print(line, file=text, flush=True)
+    facts = _read_nodes(plan, hs, run, merged, pipeline_text, restart)
+    if facts is None:
+        print(f"{plan.nodes[0]} (node 0) has trained run {run} for these inputs: nothing to do on any node "
+              f"(--restart redoes it)", file=text, flush=True)
+        return
+    images, ifaces = facts
+    _name_interfaces(plan, hs, ifaces, run, text)
+    if dry_run:
+        if json_out:
+            print(json.dumps({"run": run, "rendezvous": plan.rendezvous, "images": images,
+                              "nodes": [{"host": n, "node_args": list(plan.node_args(n)), "shard": list(sh)}
+                                        for n, sh in zip(plan.nodes, plan.shards)]}, indent=2), flush=True)
+        return
+    wids = _lock_nodes(plan, hs, command, lambda: _nodes_under_locks(plan, hs, images, inv, run, merged))
+    results, errors = _node_windows(plan, hs, images, wids, run=run, command=command, pipeline_text=pipeline_text,
+                                    restart=restart)
+    _report_nodes(plan, hs, run, results, errors)
 
+
+def _refuse_options(merged_file: Path | None, offline: bool, dry_run: bool, json_out: bool) -> None:
+    """Exit 2 for options a multi-node train does not take (no ``--from-fleet``, ``--offline``, ``--json`` without
+    ``--dry-run``)."""
     if merged_file is None:
         common.fail("several hosts train together only on a fleet run's shards: pass --from-fleet MERGED (the "
                     "merged manifest of `eagle3ops extract HOST HOST... --merged MERGED`)", 2)
@@ -227,17 +302,14 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
                     "--dry-run alone prints the plan and changes nothing)", 2)
     if json_out and not dry_run:
         common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
-    text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
-    pipeline_text = common.read_pipeline(pipeline)
-    from eagle3ops import executor
+
+
+def _plan_nodes(hosts: list[str], inventory: Path, run: str, merged_file: Path) -> tuple[Any, dict[str, Any],
+                                                                                          dict[str, Any], Any]:
+    """Step 1's plan (pure, from the inventory and the merged manifest): ``(inventory, {name: host}, merged,
+    plan)``, node 0's rendezvous from ``fleet.rendezvous_host`` or its hostname. Exit 2 when they do not fit."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.fleet import nodes as fn
-    from eagle3ops.fleet.driver import deployed_image
-    from eagle3ops.stages.merge import MergeError, check_merged
-    from eagle3ops.stages.shards import manifest_rel
-    from eagle3ops.window.common import LockHeld, WindowError, new_window_id
-    from eagle3ops.window.lock import acquire_lock, release_lock
-    from eagle3ops.window.run import _decide, run_window
 
     try:
         inv = load_inventory(inventory)
@@ -248,8 +320,21 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
                              or hs[probe.nodes[0]].hostname, port=inv.fleet.rendezvous_port)
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
         common.fail(f"train {' '.join(hosts)} --from-fleet {merged_file}: {exc}", 2)
-    for line in plan.lines():
-        print(line, file=text, flush=True)
+    return inv, hs, merged, plan
+
+
+def _read_nodes(plan: Any, hs: dict[str, Any], run: str, merged: dict[str, Any], pipeline_text: str,
+                restart: bool) -> tuple[dict[str, tuple[str, str | None]], dict[str, list[str]]] | None:
+    """Step 1's facts, read only: each node's deployed image, network interfaces, shard manifest and prepare
+    manifest (checked against ``merged``); node 0's train judged as a window would judge it. Returns ``(images,
+    interfaces)`` by node, or None when node 0 has trained these inputs (nothing to do anywhere). Exit 1 for a
+    node without its shard or with another prepare output."""
+    from eagle3ops import executor
+    from eagle3ops.fleet.driver import deployed_image
+    from eagle3ops.stages.merge import MergeError, check_merged
+    from eagle3ops.stages.shards import manifest_rel
+    from eagle3ops.window.run import _decide
+
     images: dict[str, tuple[str, str | None]] = {}
     ifaces: dict[str, list[str]] = {}
     for n, name in enumerate(plan.nodes):
@@ -272,22 +357,29 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
             if n == 0:
                 _text, decision = _decide(r, "train", run, pipeline_text, restart)
                 if decision is not None and decision.nothing_to_do:
-                    print(f"{name} (node 0) has trained run {run} for these inputs: nothing to do on any node "
-                          f"(--restart redoes it)", file=text, flush=True)
-                    return
-    try:  # each node's NCCL/gloo interface, named where a host has several: before any serving stops
+                    return None
+    return images, ifaces
+
+
+def _name_interfaces(plan: Any, hs: dict[str, Any], ifaces: dict[str, list[str]], run: str, text: Any) -> None:
+    """Each node's NCCL/gloo interface, named where a host has several, printed; exit 2 before any serving stops
+    when one cannot be chosen (:func:`eagle3ops.fleet.nodes.socket_interfaces`)."""
+    from eagle3ops.fleet import nodes as fn
+
+    try:
         for line in fn.socket_interfaces(plan, {n: dict(hs[n].stage_env) for n in plan.nodes}, ifaces):
             print(line, file=text, flush=True)
     except fn.NodePlanError as exc:
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {exc}", 2)
-    if dry_run:
-        if json_out:
-            print(json.dumps({"run": run, "rendezvous": plan.rendezvous, "images": images,
-                              "nodes": [{"host": n, "node_args": list(plan.node_args(n)), "shard": list(sh)}
-                                        for n, sh in zip(plan.nodes, plan.shards)]}, indent=2), flush=True)
-        return
 
-    # every node's lock before the first container starts there (the reach probe), held into its train window
+
+def _lock_nodes(plan: Any, hs: dict[str, Any], command: str, under_locks: Callable[[], None]) -> dict[str, str]:
+    """Every node's lock, taken before the first container starts there (the reach probe), then ``under_locks``
+    (steps 2 and 3); returns the window id each lock is held under, into that node's train window. A failure
+    before the windows gives every lock taken back; a lock held elsewhere exits 1."""
+    from eagle3ops.window.common import LockHeld, WindowError, new_window_id
+    from eagle3ops.window.lock import acquire_lock, release_lock
+
     wids = {n: new_window_id("train") for n in plan.nodes}
     taken: list[str] = []
     try:
@@ -298,14 +390,24 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
                 except (LockHeld, WindowError) as exc:
                     common.fail(str(exc))
             taken.append(name)
-        _nodes_under_locks(plan, hs, images, inv, run, merged)
+        under_locks()
     except BaseException:
         for name in taken:  # nothing of a window started: each lock taken here is given back
             with common.remote(hs[name]) as r:
                 release_lock(r, wids[name])
         raise
+    return wids
 
-    # one train window per node, all at once, each under the lock taken above (its window id)
+
+def _node_windows(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str, str | None]], wids: dict[str, str], *,
+                  run: str, command: str, pipeline_text: str, restart: bool) -> tuple[dict[str, dict], dict[str, str]]:
+    """Step 4: one train window per node, all at once, each under the lock taken for it (its window id); returns
+    ``(results, errors)`` by node, an error carrying the tail of that node's ``train.log``."""
+    import threading
+
+    from eagle3ops import executor
+    from eagle3ops.window.run import run_window
+
     results: dict[str, dict] = {}
     errors: dict[str, str] = {}
 
@@ -329,6 +431,14 @@ def train_nodes(hosts: list[str], inventory: Path, dry_run: bool, run: str, merg
         t.start()
     for t in threads:
         t.join()
+    return results, errors
+
+
+def _report_nodes(plan: Any, hs: dict[str, Any], run: str, results: dict[str, dict], errors: dict[str, str]) -> None:
+    """The windows' summary as JSON; a failed run names the node that failed first and those that followed
+    (:func:`eagle3ops.fleet.nodes.blame`) and exits 1."""
+    from eagle3ops.fleet import nodes as fn
+
     summary = {"run": run, "nodes": list(plan.nodes), "rendezvous": plan.rendezvous,
                "windows": {n: {k: results.get(n, {}).get(k) for k in ("outcome", "window_id", "downtime_s",
                                                                       "serving_healthy")} for n in plan.nodes}}

@@ -146,27 +146,16 @@ def _steps(journal: list[dict[str, Any]]) -> list[tuple[str, float, float, str]]
     return out
 
 
-def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """Write ``index.html`` and the PNG plots for ``data`` (what :func:`collect` returns) into ``out_dir``.
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
-    Returns:
-        the plotted series: ``timeline`` [(window_id, step, start_s, end_s)] (seconds from the run's first event),
-        ``loss`` and ``full_acc_<k>`` [(step, value)], ``acceptance_measured`` / ``acceptance_offline``
-        {position: rate}, ``throughput`` {"baseline"|"speculative": [(concurrency, tokens/s)]}.
-    """
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from jinja2 import Environment, PackageLoader, select_autoescape
-
-    from eagle3ops import __version__
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plotted: dict[str, Any] = {}
-
-    # Window timeline
-    windows = data.get("windows") or []
+def _plot_timeline(plt: Any, windows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, str, float, float]]:
+    """``timeline.png``: each window's journaled steps on one row (shaded: serving down, from the stop's start
+    until the health gate passed); returns ``[(window_id, step, start_s, end_s)]``, seconds from the run's first
+    event."""
     t0 = min((ev["epoch"] for w in windows for ev in w["journal"] if "epoch" in ev), default=0.0)
     fig, ax = plt.subplots(figsize=(10, 1.4 + 0.5 * max(1, len(windows))))
     tab = plt.get_cmap("tab10").colors
@@ -193,13 +182,14 @@ def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.set_xlabel("seconds since the run's first window step (shaded: serving down)")
     ax.set_title("maintenance windows")
-    fig.tight_layout()
-    fig.savefig(out_dir / "timeline.png", dpi=100)
-    plt.close(fig)
-    plotted["timeline"] = timeline
+    _save(plt, fig, out_dir / "timeline.png")
+    return timeline
 
-    # Training curves
-    metrics = data.get("train_metrics") or []
+
+def _plot_training(plt: Any, metrics: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
+    """``train.png``: the loss and each draft position's full accuracy per step; returns ``{"loss" |
+    "full_acc_<k>": [(step, value)]}``."""
+    plotted: dict[str, Any] = {}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
     if metrics:
         steps = [m["step"] for m in metrics]
@@ -211,14 +201,15 @@ def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         ax2.legend(fontsize=8)
     ax1.set(title="training loss", xlabel="step")
     ax2.set(title="full accuracy per draft position", xlabel="step", ylim=(0, 1))
-    fig.tight_layout()
-    fig.savefig(out_dir / "train.png", dpi=100)
-    plt.close(fig)
+    _save(plt, fig, out_dir / "train.png")
+    return plotted
 
-    # Acceptance per position: measured vs offline estimate
-    manifest = data.get("train_manifest") or {}
-    offline = manifest.get("offline_estimate") or None
-    spec = data.get("speculate") or None
+
+def _plot_acceptance(plt: Any, spec: dict[str, Any] | None, offline: dict[str, Any] | None,
+                     out_dir: Path) -> dict[str, Any]:
+    """``acceptance.png``: the acceptance rate per draft position, measured on the host beside the offline
+    estimate; returns ``{"acceptance_measured" | "acceptance_offline": {position: rate}}`` for the sides present."""
+    plotted: dict[str, Any] = {}
     measured = {int(k): float(v) for k, v in
                 ((spec or {}).get("spec_decode", {}).get("acceptance_per_position") or {}).items()}
     offline_pos = {int(k): float(v) for k, v in ((offline or {}).get("per_position") or {}).items()}
@@ -235,11 +226,13 @@ def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     ax.set(title="acceptance rate per draft position", xlabel="position", ylim=(0, 1))
     if measured or offline_pos:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "acceptance.png", dpi=100)
-    plt.close(fig)
+    _save(plt, fig, out_dir / "acceptance.png")
+    return plotted
 
-    # Throughput against concurrency
+
+def _plot_throughput(plt: Any, spec: dict[str, Any] | None, out_dir: Path) -> dict[str, list[tuple[float, float]]]:
+    """``throughput.png``: output tokens/s against concurrency, baseline and speculative; returns
+    ``{"baseline" | "speculative": [(concurrency, tokens/s)]}``."""
     levels = (spec or {}).get("levels") or {}
     fig, ax = plt.subplots(figsize=(6, 3.5))
     thr: dict[str, list[tuple[float, float]]] = {}
@@ -248,45 +241,79 @@ def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         if pts:
             (line,) = ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=side)
             thr[side] = list(zip(line.get_xdata().tolist(), line.get_ydata().tolist()))
-    plotted["throughput"] = thr
     ax.set(title="output tokens/s against concurrency", xlabel="concurrent requests", ylabel="tokens/s")
     if thr:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "throughput.png", dpi=100)
-    plt.close(fig)
+    _save(plt, fig, out_dir / "throughput.png")
+    return thr
 
-    # Calibration across runs: offline estimate, gate, production
-    cal = data.get("calibration") or []
+
+def _plot_calibration(plt: Any, cal: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
+    """``calibration.png``: the mean acceptance length per head shipped, offline estimate, gate and production
+    (:func:`calibration_rows`); returns ``{"offline" | "gate" | "production": [(label, value)]}``."""
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cal)), 3.5))
-    plotted["calibration"] = {}
+    plotted: dict[str, Any] = {}
     for key, label, marker in (("offline", "offline estimate (train)", "s"), ("gate", "speculation gate", "o"),
                                ("production", "production (watch)", "^")):
         pts = [(i, float(row[key])) for i, row in enumerate(cal) if row.get(key) is not None]
         if pts:
             (line,) = ax.plot([i for i, _ in pts], [v for _, v in pts], marker=marker, label=label)
-            plotted["calibration"][key] = [(cal[int(i)]["label"], v) for i, v in
-                                           zip(line.get_xdata().tolist(), line.get_ydata().tolist())]
+            plotted[key] = [(cal[int(i)]["label"], v) for i, v in
+                            zip(line.get_xdata().tolist(), line.get_ydata().tolist())]
     ax.set_xticks(range(len(cal)), [row["label"] for row in cal], rotation=30, ha="right")
     ax.set(title="mean acceptance length per head shipped", xlabel="run:head digest", ylabel="tokens per target step")
-    if plotted["calibration"]:
+    if plotted:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "calibration.png", dpi=100)
-    plt.close(fig)
+    _save(plt, fig, out_dir / "calibration.png")
+    return plotted
+
+
+def _write_page(data: dict[str, Any], out_dir: Path) -> None:
+    """``index.html`` from ``templates/report.html.j2``: the windows' outcomes, the training and the decision."""
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    from eagle3ops import __version__
 
     env = Environment(loader=PackageLoader("eagle3ops", "templates"), autoescape=select_autoescape())
     rows = []
-    for w in windows:
+    for w in data.get("windows") or []:
         res = w.get("result") or {}
         rows.append({"window_id": w["plan"].get("window_id"), "kind": _window_label(w["plan"]),
                      "outcome": res.get("outcome", "running or lost"), "downtime_s": res.get("downtime_s"),
                      "wall_s": res.get("wall_s"), "stage_seconds": res.get("stage_seconds") or {},
                      "release": res.get("release"), "warnings": res.get("warnings") or []})
+    metrics = data.get("train_metrics") or []
+    manifest = data.get("train_manifest") or {}
     html = env.get_template("report.html.j2").render(
         run=data.get("run"), host=data.get("host"), generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         version=__version__, windows=rows, train_steps=len(metrics),
-        final_loss=metrics[-1]["loss"] if metrics else None, train_manifest=manifest, offline=offline,
-        decision=spec, calibration=cal)
+        final_loss=metrics[-1]["loss"] if metrics else None, train_manifest=manifest,
+        offline=manifest.get("offline_estimate") or None, decision=data.get("speculate") or None,
+        calibration=data.get("calibration") or [])
     (out_dir / "index.html").write_text(html)
+
+
+def render(data: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Write ``index.html`` and the PNG plots for ``data`` (what :func:`collect` returns) into ``out_dir``.
+
+    Returns:
+        the plotted series: ``timeline`` [(window_id, step, start_s, end_s)] (seconds from the run's first event),
+        ``loss`` and ``full_acc_<k>`` [(step, value)], ``acceptance_measured`` / ``acceptance_offline``
+        {position: rate}, ``throughput`` {"baseline"|"speculative": [(concurrency, tokens/s)]}, ``calibration``
+        {"offline"|"gate"|"production": [(label, value)]}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = data.get("speculate") or None
+    offline = (data.get("train_manifest") or {}).get("offline_estimate") or None
+    plotted: dict[str, Any] = {"timeline": _plot_timeline(plt, data.get("windows") or [], out_dir)}
+    plotted.update(_plot_training(plt, data.get("train_metrics") or [], out_dir))
+    plotted.update(_plot_acceptance(plt, spec, offline, out_dir))
+    plotted["throughput"] = _plot_throughput(plt, spec, out_dir)
+    plotted["calibration"] = _plot_calibration(plt, data.get("calibration") or [], out_dir)
+    _write_page(data, out_dir)
     return plotted

@@ -99,6 +99,75 @@ def verify_files(site_dir: Path, package: str) -> list[str]:
     return [f for f, sha in manifest.get("files_sha256", {}).items() if file_sha256(site_dir / f) != sha]
 
 
+def _probe_keys(site_dir: Path, entries: list[dict], probes_module: str, salt: str) -> dict[str, tuple[str, dict]]:
+    """Each probe's content key and the inputs it hashes (:mod:`eagle3ops.patches.probecache`)."""
+    from eagle3ops.patches import probecache
+
+    trees = probecache.patched_trees(site_dir)
+    environment = probecache.environment_fingerprint()
+    code = probecache.code_digest(probes_module)
+    keys: dict[str, tuple[str, dict]] = {}
+    for e in entries:
+        inputs = probecache.probe_key_inputs(e["probe"], probes_module, trees=trees, environment=environment,
+                                             probes_code=code, salt=salt)
+        keys[e["probe"]] = (probecache.probe_key(inputs), inputs)
+    return keys
+
+
+def _call_hook(hook: Callable | None) -> None:
+    """A registry's ``prepare``/``finish`` hook, its failure ignored (the probes report what failed to start; a
+    failing cleanup does not change decided outcomes)."""
+    if hook is None:
+        return
+    try:
+        hook()
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
+
+
+def _run_one(name: str, probe: str, fn: Callable[[], None], key: str, failed_type: type | None) -> ProbeOutcome:
+    """One probe run: passed, failed (its ``ProbeFailed`` message) or crashed (the exception and where)."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001 - any failure of a probe is a failed probe
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        if failed_type is not None and isinstance(e, failed_type):
+            detail = f"ProbeFailed: {e}"
+        else:
+            tb = traceback.extract_tb(e.__traceback__)
+            loc = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+            detail = f"probe crashed: {type(e).__name__}: {e}{loc}"
+        return ProbeOutcome(name, probe, False, detail, key=key, seconds=time.monotonic() - t0)
+    return ProbeOutcome(name, probe, True, key=key, seconds=time.monotonic() - t0)
+
+
+def _run_probes(entries: list[dict], registry: Mapping[str, Callable[[], None]], hits: dict[str, dict],
+                keys: dict[str, tuple[str, dict]], failed_type: type | None
+                ) -> tuple[list[ProbeOutcome], dict[str, ProbeOutcome]]:
+    """One outcome per patch, in order: a cached pass reused, a probe two patches name run once, an unknown probe
+    failed; returns (outcomes, the outcome of each probe that ran)."""
+    outcomes: list[ProbeOutcome] = []
+    done: dict[str, ProbeOutcome] = {}
+    for entry in entries:
+        name, probe = entry["name"], entry["probe"]
+        key = keys.get(probe, ("", {}))[0]
+        if probe in hits:
+            outcomes.append(ProbeOutcome(name, probe, True, f"passed {hits[probe].get('passed_at', '?')}",
+                                         reused=True, key=key))
+        elif probe in done:  # two patches naming one probe: it ran once
+            prev = done[probe]
+            outcomes.append(ProbeOutcome(name, probe, prev.ok, prev.detail, key=key))
+        elif registry.get(probe) is None:
+            outcomes.append(ProbeOutcome(name, probe, False, f"unknown probe {probe!r} (registry has: "
+                                                             f"{', '.join(sorted(registry)) or 'nothing'})"))
+        else:
+            done[probe] = _run_one(name, probe, registry[probe], key, failed_type)
+            outcomes.append(done[probe])
+    return outcomes, done
+
+
 def probe_installed(
     site_dir: Path,
     package: str,
@@ -144,75 +213,24 @@ def probe_installed(
         from eagle3ops.patches import probecache
 
         cache = probecache.ProbeResultCache(Path(result_cache))
-        trees = probecache.patched_trees(site_dir)
-        environment = probecache.environment_fingerprint()
-        code = probecache.code_digest(probes_module)
-        for e in entries:
-            inputs = probecache.probe_key_inputs(e["probe"], probes_module, trees=trees, environment=environment,
-                                                 probes_code=code, salt=salt)
-            keys[e["probe"]] = (probecache.probe_key(inputs), inputs)
+        keys = _probe_keys(site_dir, entries, probes_module, salt)
     LAST_TIMINGS.clear()
     LAST_TIMINGS["keys"] = time.monotonic() - t_start
     hits: dict[str, dict] = {}
     if cache is not None and not fresh and not changed:
-        for probe, (key, _) in keys.items():
-            rec = cache.get(key, probe)
-            if rec is not None:
-                hits[probe] = rec
+        hits = {probe: rec for probe, (key, _) in keys.items() if (rec := cache.get(key, probe)) is not None}
     to_run = [e["probe"] for e in entries if e["probe"] not in hits and e["probe"] in registry]
     prepare = _registry_hook(probes_module, "prepare") if probes is None else None
     t0 = time.monotonic()
     if prepare is not None and to_run:
-        try:
-            prepare(list(dict.fromkeys(to_run)))
-        except Exception:  # noqa: BLE001 - the probes report what failed to start
-            pass
+        _call_hook(lambda: prepare(list(dict.fromkeys(to_run))))
     LAST_TIMINGS["prepare"] = time.monotonic() - t0
     t_probes = time.monotonic()
-    outcomes: list[ProbeOutcome] = []
-    done: dict[str, ProbeOutcome] = {}
-    for entry in entries:
-        name, probe = entry["name"], entry["probe"]
-        key = keys.get(probe, ("", {}))[0]
-        if probe in hits:
-            outcomes.append(ProbeOutcome(name, probe, True, f"passed {hits[probe].get('passed_at', '?')}",
-                                         reused=True, key=key))
-            continue
-        if probe in done:  # two patches naming one probe: it ran once
-            prev = done[probe]
-            outcomes.append(ProbeOutcome(name, probe, prev.ok, prev.detail, key=key))
-            continue
-        fn = registry.get(probe)
-        if fn is None:
-            outcomes.append(ProbeOutcome(name, probe, False, f"unknown probe {probe!r} (registry has: {', '.join(sorted(registry)) or 'nothing'})"))
-            continue
-        t0 = time.monotonic()
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - any failure of a probe is a failed probe
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            if failed_type is not None and isinstance(e, failed_type):
-                detail = f"ProbeFailed: {e}"
-            else:
-                tb = traceback.extract_tb(e.__traceback__)
-                loc = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
-                detail = f"probe crashed: {type(e).__name__}: {e}{loc}"
-            done[probe] = ProbeOutcome(name, probe, False, detail, key=key, seconds=time.monotonic() - t0)
-            outcomes.append(done[probe])
-            continue
-        done[probe] = ProbeOutcome(name, probe, True, key=key, seconds=time.monotonic() - t0)
-        outcomes.append(done[probe])
+    outcomes, done = _run_probes(entries, registry, hits, keys, failed_type)
     LAST_TIMINGS["probes"] = time.monotonic() - t_probes
     t0 = time.monotonic()
-    finish = None
     if probes is None and to_run:
-        finish = _registry_hook(probes_module, "finish") or _registry_hook(probes_module, "shutdown")
-    if finish is not None:
-        try:
-            finish()
-        except Exception:  # noqa: BLE001 - the outcomes are decided; a failing cleanup does not change them
-            pass
+        _call_hook(_registry_hook(probes_module, "finish") or _registry_hook(probes_module, "shutdown"))
     LAST_TIMINGS["shutdown"] = time.monotonic() - t0
     if cache is not None and keys and not changed:
         # a pass is stored only when the patched files were as applied and did not change while probing

@@ -30,67 +30,101 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
+def _stage_function(stage: str) -> tuple[object, bool] | None:
+    """The function ``stage <name>`` runs and whether it takes the command's options (None for no such stage);
+    imported here, so that a command loads only its own stage's libraries."""
+    if stage == "prepare":
+        from eagle3ops.stages.prepare import run_prepare
+
+        return run_prepare, False
+    if stage == "extract":
+        from eagle3ops.stages.extract import run_extract
+
+        return run_extract, True
+    if stage == "merge":
+        from eagle3ops.stages.merge import merge_into_run
+
+        return merge_into_run, True
+    if stage == "vocab":
+        from eagle3ops.stages.vocab import run_vocab
+
+        return run_vocab, False
+    if stage == "train":
+        from eagle3ops.stages.train import run_train
+
+        return run_train, True
+    if stage == "chunked":
+        from eagle3ops.stages.chunked import run_chunked
+
+        return run_chunked, True
+    if stage == "probe":
+        from eagle3ops.stages.probe import run_probe
+
+        return run_probe, True
+    return None
+
+
+def _config(run_dir: Path) -> object:
+    """The run's pipeline config (on a venv host with the container paths mapped to the host's directories).
+
+    Raises:
+        PipelineConfigError: no run directory, or its pipeline.yaml does not hold.
+    """
     from eagle3ops.config.pipeline import PipelineConfigError, load_pipeline_config
+
+    if not run_dir.is_dir():
+        raise PipelineConfigError(f"--run-dir {run_dir}: no such directory")
+    config = load_pipeline_config(run_dir)
+    if os.environ.get("EAGLE3OPS_MOUNTS"):  # a venv host: container paths → the host's directories
+        import json
+
+        from eagle3ops.config.pipeline import apply_mounts
+
+        config = apply_mounts(config, json.loads(os.environ["EAGLE3OPS_MOUNTS"]))
+    return config
+
+
+def _already_done(stage: str, run_dir: Path, config: object, kwargs: dict[str, object]) -> bool:
+    """Whether the stage (or the fleet shard) finished for these inputs, said in the log: a finished stage is never
+    redone (nor its output touched) for the same inputs unless ``--restart``."""
+    from eagle3ops.stages.manifest import MANIFEST, STAGES, finished, stage_dir
+
+    if kwargs.get("shard") is not None:  # a fleet shard: its own manifest says whether it is done
+        from eagle3ops.stages.shards import finished_shard, manifest_path
+
+        shard = kwargs["shard"]
+        done = None if kwargs.get("restart") else finished_shard(run_dir, config, shard)  # type: ignore[arg-type]
+        if done is not None:
+            _log(f"extract: shard already done for these inputs ({manifest_path(run_dir, shard)}, "  # type: ignore[arg-type]
+                 f"{done.get('created', '?')}); nothing to do (--restart to redo it)")
+        return done is not None
+    if stage in STAGES and not kwargs.get("restart"):
+        done = finished(run_dir, stage, config)  # type: ignore[arg-type]
+        if done is not None:
+            _log(f"{stage}: already done for these inputs ({stage_dir(run_dir, stage) / MANIFEST}, "
+                 f"{done.get('created', '?')}); nothing to do (--restart to redo it)")
+            return True
+    return False
+
+
+def _run(stage: str, run_dir: Path, **kwargs: object) -> None:
+    """Run ``stage`` on ``run_dir`` unless it is done for these inputs; a config or input error exits 2 with its
+    message, a failed probe exits 1 (module doc)."""
+    from eagle3ops.config.pipeline import PipelineConfigError
     from eagle3ops.stages.chatdata import ChatDataError
-    from eagle3ops.stages.manifest import MANIFEST, STAGES, StageInputError, finished, stage_dir
+    from eagle3ops.stages.manifest import StageInputError
     from eagle3ops.stages.prepare import UnmaskableConversation
     from eagle3ops.stages.chunkplan import ChunkPlanError
     from eagle3ops.stages.trainplan import TrainPlanError
 
     try:
-        if not run_dir.is_dir():
-            raise PipelineConfigError(f"--run-dir {run_dir}: no such directory")
-        config = load_pipeline_config(run_dir)
-        if os.environ.get("EAGLE3OPS_MOUNTS"):  # a venv host: container paths → the host's directories
-            import json
-
-            from eagle3ops.config.pipeline import apply_mounts
-
-            config = apply_mounts(config, json.loads(os.environ["EAGLE3OPS_MOUNTS"]))
-        if kwargs.get("shard") is not None:  # a fleet shard: its own manifest says whether it is done
-            from eagle3ops.stages.shards import finished_shard, manifest_path
-
-            shard = kwargs["shard"]
-            done = None if kwargs.get("restart") else finished_shard(run_dir, config, shard)  # type: ignore[arg-type]
-            if done is not None:
-                _log(f"extract: shard already done for these inputs ({manifest_path(run_dir, shard)}, "  # type: ignore[arg-type]
-                     f"{done.get('created', '?')}); nothing to do (--restart to redo it)")
-                return
-        elif stage in STAGES and not kwargs.get("restart"):
-            done = finished(run_dir, stage, config)
-            if done is not None:  # a finished stage is never redone (nor its output touched) for the same inputs
-                _log(f"{stage}: already done for these inputs ({stage_dir(run_dir, stage) / MANIFEST}, "
-                     f"{done.get('created', '?')}); nothing to do (--restart to redo it)")
-                return
-        if stage == "prepare":
-            from eagle3ops.stages.prepare import run_prepare
-
-            run_prepare(run_dir, config, log=_log)
-        elif stage == "extract":
-            from eagle3ops.stages.extract import run_extract
-
-            run_extract(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
-        elif stage == "merge":
-            from eagle3ops.stages.merge import merge_into_run
-
-            merge_into_run(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
-        elif stage == "vocab":
-            from eagle3ops.stages.vocab import run_vocab
-
-            run_vocab(run_dir, config, log=_log)
-        elif stage == "train":
-            from eagle3ops.stages.train import run_train
-
-            run_train(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
-        elif stage == "chunked":
-            from eagle3ops.stages.chunked import run_chunked
-
-            run_chunked(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
-        elif stage == "probe":
-            from eagle3ops.stages.probe import run_probe
-
-            run_probe(run_dir, config, log=_log, **kwargs)  # type: ignore[arg-type]
+        config = _config(run_dir)
+        if _already_done(stage, run_dir, config, kwargs):
+            return
+        found = _stage_function(stage)
+        if found is not None:
+            function, takes_options = found
+            function(run_dir, config, log=_log, **(kwargs if takes_options else {}))  # type: ignore[operator]
     except (PipelineConfigError, StageInputError, ChatDataError, UnmaskableConversation, TrainPlanError,
             ChunkPlanError) as exc:
         print(f"error: stage {stage}: {exc}", file=sys.stderr, flush=True)

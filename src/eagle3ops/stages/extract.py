@@ -234,29 +234,16 @@ def _read_progress(out: Path) -> dict[int, dict[str, Any]]:
     return done
 
 
-def run_extract(
-    run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False, engine: Any = None,
-    shard: tuple[int, int] | None = None,
-) -> dict[str, Any]:
-    """Run stage ``extract``; returns the manifest's figures.
-
-    ``engine`` (an object with ``generate(list[list[int]])`` like speculators' generator) replaces the one
-    ``extract.engine`` names; the benchmark passes its own.
-
-    ``shard``: only samples ``[start, end)`` (a fleet run's window, :mod:`eagle3ops.stages.shards`): the same files
-    in the same ``extract/`` directory, the manifest at ``extract/shards/<start>-<end>.json``; ``restart`` then redoes
-    only the shard's samples (other shards' files on this host stay).
+def _open_output(run_dir: Path, config: PipelineConfig, inputs: dict[str, Any], layer_ids: list[int], *,
+                 restart: bool, shard: tuple[int, int] | None) -> Path:
+    """The directory this run writes (``extract/``, or for ``--restart`` over a finished extract the new one beside
+    it, promoted once complete), its earlier output checked against these inputs; only then is anything changed on
+    disk: the hidden-state folder made, a stale manifest removed and ``state.json`` written (a refused rerun leaves a
+    finished extract and its manifest as they were).
 
     Raises:
-        StageInputError: prepare/ missing or inconsistent, or earlier extract output made from other inputs.
-        RuntimeError: the engine returned other token ids, layer count or shapes than asked for.
+        StageInputError: the directory holds hidden states made from other inputs or settings.
     """
-    t0 = time.monotonic()
-    inputs = check_inputs(run_dir, "extract", config, hash_files=True)
-    aux, n_layers, hidden_size = resolve_layer_ids(config)
-    layer_ids = [*aux, n_layers - 1]
-    # --restart over a finished extract builds the new one beside it; the finished one is replaced only once the
-    # new one is complete (promote, below).
     out = stage_dir(run_dir, "extract") if shard is not None else output_dir(run_dir, "extract", restart=restart)
     state = {
         "prepare_manifest_sha256": sha256_file(stage_dir(run_dir, "prepare") / MANIFEST),
@@ -273,70 +260,88 @@ def run_extract(
                 f"differs); rerun with --restart to delete them: python -m eagle3ops stage extract --run-dir "
                 f"{run_dir} --restart"
             )
-    # Only now, with inputs and earlier output checked, does this run change anything on disk: a refused rerun
-    # leaves a finished extract (and its manifest) as it was.
     (out / HIDDEN_DIR).mkdir(parents=True, exist_ok=True)
     if shard is None:
         (out / MANIFEST).unlink(missing_ok=True)  # a manifest only describes a finished, complete stage
     else:
         shards.manifest_path(run_dir, shard).unlink(missing_ok=True)
     atomic_write_text(state_path, json.dumps(state, indent=2) + "\n")
+    return out
 
-    samples = shards.select(read_samples(run_dir), shard)
-    done = _read_progress(out)
-    if shard is not None and restart:
-        done = {i: rec for i, rec in done.items() if not shard[0] <= i < shard[1]}
-    todo = [s for s in samples if s["i"] not in done]
-    what = "" if shard is None else f" of shard [{shard[0]}, {shard[1]})"
-    log(f"extract: {len(samples)} samples{what}, {len(samples) - len(todo)} already written, {len(todo)} to do; "
-        f"layers {layer_ids}")
-    gen_s = 0.0
-    gen_tokens = 0
-    if todo:
-        if engine is None:
-            engine = (
-                TransformersEngine(config.target_model, layer_ids)
-                if config.extract.engine == "transformers"
-                else make_vllm_generator(config, layer_ids)
-            )
-        bs = config.extract.batch_size
-        with open(out / PROGRESS, "a", encoding="utf-8") as prog:
-            for start in range(0, len(todo), bs):
-                chunk = todo[start : start + bs]
-                tg = time.monotonic()
-                results = engine.generate([s["input_ids"] for s in chunk])
-                gen_s += time.monotonic() - tg
-                if len(results) != len(chunk):
-                    raise RuntimeError(f"extract: engine returned {len(results)} results for {len(chunk)} sequences")
-                for s, r in zip(chunk, results, strict=True):
-                    ids = s["input_ids"]
-                    if r["input_ids"].tolist() != ids:
-                        raise RuntimeError(f"extract: sample {s['i']}: engine returned other token ids than given")
-                    hs = r["hidden_states"]
-                    want = (len(ids), hidden_size)
-                    if len(hs) != len(layer_ids) or any(tuple(h.shape) != want for h in hs):
-                        raise RuntimeError(
-                            f"extract: sample {s['i']}: expected {len(layer_ids)} tensors of shape {want}, got "
-                            f"{[tuple(h.shape) for h in hs]}"
-                        )
-                    rel = f"{HIDDEN_DIR}/data_{s['i']:06d}.pt"
-                    _save_sample(out / rel, ids, s["loss_mask"], hs, config.extract.hidden_dtype)
-                    rec = {"i": s["i"], "file": rel, "tokens": len(ids), "bytes": (out / rel).stat().st_size,
-                           "sha256": sha256_file(out / rel)}
-                    prog.write(json.dumps(rec) + "\n")
-                    prog.flush()
-                    os.fsync(prog.fileno())
-                    done[s["i"]] = rec
-                    gen_tokens += len(ids)
-                log(f"extract: {sum(1 for x in samples if x['i'] in done)}/{len(samples)} samples written")
-        if hasattr(engine, "executor"):
-            del engine  # shut vLLM's workers down before the manifest is written
-    recs = [done[s["i"]] for s in samples]
+
+def _checked(s: dict[str, Any], r: dict[str, Any], n_layers: int, hidden_size: int) -> list[Any]:
+    """The hidden states the engine returned for sample ``s``: ``n_layers`` tensors of shape ``[T, hidden_size]``.
+
+    Raises:
+        RuntimeError: other token ids than given, or other tensors than asked for.
+    """
+    ids = s["input_ids"]
+    if r["input_ids"].tolist() != ids:
+        raise RuntimeError(f"extract: sample {s['i']}: engine returned other token ids than given")
+    hs = r["hidden_states"]
+    want = (len(ids), hidden_size)
+    if len(hs) != n_layers or any(tuple(h.shape) != want for h in hs):
+        raise RuntimeError(
+            f"extract: sample {s['i']}: expected {n_layers} tensors of shape {want}, got "
+            f"{[tuple(h.shape) for h in hs]}"
+        )
+    return hs
+
+
+def _generate(out: Path, config: PipelineConfig, engine: Any, samples: list[dict[str, Any]],
+              todo: list[dict[str, Any]], done: dict[int, dict[str, Any]], layer_ids: list[int], hidden_size: int,
+              log: Any) -> tuple[float, int]:
+    """The hidden states of ``todo`` in batches of ``extract.batch_size``, each sample's file written and recorded
+    in ``progress.jsonl`` (fsynced: a killed run resumes after it) and in ``done``; returns (seconds in the engine,
+    tokens generated). ``engine``: the caller's, else the one ``extract.engine`` names, started here and shut down
+    before this returns.
+
+    Raises:
+        RuntimeError: the engine returned another number of results, other token ids, layer count or shapes.
+    """
+    if engine is None:
+        engine = (
+            TransformersEngine(config.target_model, layer_ids)
+            if config.extract.engine == "transformers"
+            else make_vllm_generator(config, layer_ids)
+        )
+    gen_s, gen_tokens = 0.0, 0
+    bs = config.extract.batch_size
+    with open(out / PROGRESS, "a", encoding="utf-8") as prog:
+        for start in range(0, len(todo), bs):
+            chunk = todo[start : start + bs]
+            tg = time.monotonic()
+            results = engine.generate([s["input_ids"] for s in chunk])
+            gen_s += time.monotonic() - tg
+            if len(results) != len(chunk):
+                raise RuntimeError(f"extract: engine returned {len(results)} results for {len(chunk)} sequences")
+            for s, r in zip(chunk, results, strict=True):
+                hs = _checked(s, r, len(layer_ids), hidden_size)
+                rel = f"{HIDDEN_DIR}/data_{s['i']:06d}.pt"
+                _save_sample(out / rel, s["input_ids"], s["loss_mask"], hs, config.extract.hidden_dtype)
+                rec = {"i": s["i"], "file": rel, "tokens": len(s["input_ids"]), "bytes": (out / rel).stat().st_size,
+                       "sha256": sha256_file(out / rel)}
+                prog.write(json.dumps(rec) + "\n")
+                prog.flush()
+                os.fsync(prog.fileno())
+                done[s["i"]] = rec
+                gen_tokens += len(s["input_ids"])
+            log(f"extract: {sum(1 for x in samples if x['i'] in done)}/{len(samples)} samples written")
+    if hasattr(engine, "executor"):
+        del engine  # shut vLLM's workers down before the manifest is written
+    return gen_s, gen_tokens
+
+
+def _figures(config: PipelineConfig, samples: list[dict[str, Any]], recs: list[dict[str, Any]], aux: list[int],
+             layer_ids: list[int], n_layers: int, hidden_size: int, todo: int, gen_s: float, gen_tokens: int,
+             t0: float) -> dict[str, Any]:
+    """The manifest's figures (module doc), ``samples_index`` included."""
     tokens = sum(r["tokens"] for r in recs)
-    figures = {
+    dtype = config.extract.hidden_dtype
+    return {
         "samples": len(recs),
         "tokens": tokens,
-        "dtype": config.extract.hidden_dtype,
+        "dtype": dtype,
         "hidden_size": hidden_size,
         "num_layers": n_layers,
         "aux_layer_ids": aux,
@@ -345,16 +350,16 @@ def run_extract(
         "tensors_per_sample": {
             "input_ids": "long [T]",
             "loss_mask": "long [T]",
-            "hidden_states": f"{len(layer_ids)} x {config.extract.hidden_dtype} [T, {hidden_size}] (3 aux layers "
+            "hidden_states": f"{len(layer_ids)} x {dtype} [T, {hidden_size}] (3 aux layers "
                              f"+ last layer)" + (", hidden_scales: 4 x float32 [T, 1]"
-                                          if config.extract.hidden_dtype == "float8_e4m3fn" else ""),
+                                          if dtype == "float8_e4m3fn" else ""),
         },
-        "hidden_bytes_per_token": len(layer_ids) * value_bytes(hidden_size, config.extract.hidden_dtype),
-        "hidden_bytes": tokens * len(layer_ids) * value_bytes(hidden_size, config.extract.hidden_dtype),
+        "hidden_bytes_per_token": len(layer_ids) * value_bytes(hidden_size, dtype),
+        "hidden_bytes": tokens * len(layer_ids) * value_bytes(hidden_size, dtype),
         "file_bytes": sum(r["bytes"] for r in recs),
         "engine": "transformers" if config.extract.engine == "transformers" else "vllm",
         "tensor_parallel_size": resolve_tp(config) if config.extract.engine == "vllm" else 1,
-        "samples_this_run": len(todo),
+        "samples_this_run": todo,
         "generate_s": round(gen_s, 3),
         "generate_tokens_per_s": round(gen_tokens / gen_s, 1) if gen_s > 0 else None,
         # each sample's user-turn content keys travel with it: train holds samples out by content
@@ -363,7 +368,45 @@ def run_extract(
                           for r, s in zip(recs, samples)],
         "wall_s": round(time.monotonic() - t0, 3),
     }
-    figures["samples"] = len(recs)
+
+
+def run_extract(
+    run_dir: Path, config: PipelineConfig, log: Any = print, restart: bool = False, engine: Any = None,
+    shard: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """Run stage ``extract``; returns the manifest's figures. The steps: inputs checked → the output directory
+    opened (:func:`_open_output`) → the samples still to do → their hidden states generated and written
+    (:func:`_generate`) → the manifest (or the shard's) written.
+
+    ``engine`` (an object with ``generate(list[list[int]])`` like speculators' generator) replaces the one
+    ``extract.engine`` names; the benchmark passes its own.
+
+    ``shard``: only samples ``[start, end)`` (a fleet run's window, :mod:`eagle3ops.stages.shards`): the same files
+    in the same ``extract/`` directory, the manifest at ``extract/shards/<start>-<end>.json``; ``restart`` then redoes
+    only the shard's samples (other shards' files on this host stay).
+
+    Raises:
+        StageInputError: prepare/ missing or inconsistent, or earlier extract output made from other inputs.
+        RuntimeError: the engine returned other token ids, layer count or shapes than asked for.
+    """
+    t0 = time.monotonic()
+    inputs = check_inputs(run_dir, "extract", config, hash_files=True)
+    aux, n_layers, hidden_size = resolve_layer_ids(config)
+    layer_ids = [*aux, n_layers - 1]
+    out = _open_output(run_dir, config, inputs, layer_ids, restart=restart, shard=shard)
+    samples = shards.select(read_samples(run_dir), shard)
+    done = _read_progress(out)
+    if shard is not None and restart:
+        done = {i: rec for i, rec in done.items() if not shard[0] <= i < shard[1]}
+    todo = [s for s in samples if s["i"] not in done]
+    what = "" if shard is None else f" of shard [{shard[0]}, {shard[1]})"
+    log(f"extract: {len(samples)} samples{what}, {len(samples) - len(todo)} already written, {len(todo)} to do; "
+        f"layers {layer_ids}")
+    gen_s, gen_tokens = (_generate(out, config, engine, samples, todo, done, layer_ids, hidden_size, log)
+                         if todo else (0.0, 0))
+    recs = [done[s["i"]] for s in samples]
+    figures = _figures(config, samples, recs, aux, layer_ids, n_layers, hidden_size, len(todo), gen_s, gen_tokens,
+                       t0)
     files = {r["file"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in recs}
     rest = {k: v for k, v in figures.items() if k != "samples_index"}
     if shard is not None:
@@ -371,6 +414,6 @@ def run_extract(
     else:
         promote(run_dir, "extract", out)
         write_manifest(run_dir, "extract", config, files, **rest, sample_files=figures["samples_index"])
-    log(f"extract: {len(recs)} samples, {tokens} tokens, {figures['hidden_bytes']} bytes of hidden states "
-        f"in {figures['wall_s']} s")
+    log(f"extract: {len(recs)} samples, {figures['tokens']} tokens, {figures['hidden_bytes']} bytes of hidden "
+        f"states in {figures['wall_s']} s")
     return figures

@@ -42,6 +42,42 @@ class MergeError(ValueError):
     samples; the message names the shard, its host, the field and the fix (rerun that shard)."""
 
 
+def _complete_manifest(text: str | None, where: str, fix: str) -> dict[str, Any]:
+    """A shard's extract manifest from its text.
+
+    Raises:
+        MergeError: no manifest (the shard has not finished), not JSON, or not a complete extract manifest.
+    """
+    if text is None:
+        raise MergeError(f"{where}: no extract manifest (the shard has not finished); {fix}")
+    try:
+        m = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MergeError(f"{where}: extract manifest is not JSON ({exc}); {fix}") from None
+    if m.get("stage") != "extract" or m.get("status") != "complete":
+        raise MergeError(f"{where}: not a complete extract manifest; {fix}")
+    return m
+
+
+def _shard_tokens(m: dict[str, Any], s: Shard, where: str, fix: str) -> int:
+    """The tokens of shard ``s``'s samples, its manifest ``m`` checked to list exactly samples ``[start, end)`` in
+    order with the counts it states.
+
+    Raises:
+        MergeError: other samples, or counts that disagree with the sample list.
+    """
+    ids = [int(r["i"]) for r in m.get("sample_files", [])]
+    if ids != list(range(s.start, s.end)):
+        got = f"{len(ids)} samples" + (f" [{ids[0]}..{ids[-1]}]" if ids else "")
+        raise MergeError(f"{where}: manifest lists {got}, expected exactly samples {s.start}..{s.end - 1} in "
+                         f"order; {fix}")
+    tokens = sum(int(r["tokens"]) for r in m["sample_files"])
+    if m.get("samples") != s.samples or m.get("tokens") != tokens:
+        raise MergeError(f"{where}: manifest says {m.get('samples')} samples / {m.get('tokens')} tokens, its "
+                         f"sample list has {s.samples} / {tokens}; {fix}")
+    return tokens
+
+
 def merge_manifests(shards: list[Shard], texts: dict[int, str]) -> dict[str, Any]:
     """One extract manifest for the run from each shard's ``manifest.json`` text (by shard rank).
 
@@ -69,14 +105,7 @@ def merge_manifests(shards: list[Shard], texts: dict[int, str]) -> dict[str, Any
             recorded.append({**s.as_dict(), "samples": 0, "tokens": 0, "manifest_sha256": None})
             continue
         text = texts.get(s.rank)
-        if text is None:
-            raise MergeError(f"{where}: no extract manifest (the shard has not finished); {fix}")
-        try:
-            m = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise MergeError(f"{where}: extract manifest is not JSON ({exc}); {fix}") from None
-        if m.get("stage") != "extract" or m.get("status") != "complete":
-            raise MergeError(f"{where}: not a complete extract manifest; {fix}")
+        m = _complete_manifest(text, where, fix)
         shared = [k for k in SHARED if k != "inputs" or "prepare_files" not in m] + (
             ["prepare_files"] if "prepare_files" in m else [])
         if not merged:
@@ -86,15 +115,7 @@ def merge_manifests(shards: list[Shard], texts: dict[int, str]) -> dict[str, Any
                 raise MergeError(f"{where}: `{k}` is {m.get(k)!r}, shard {ordered[0].rank}'s is {merged[k]!r}: the "
                                  f"shards were extracted from other inputs or settings; {fix} with the run's "
                                  f"pipeline.yaml")
-        ids = [int(r["i"]) for r in m.get("sample_files", [])]
-        if ids != list(range(s.start, s.end)):
-            got = f"{len(ids)} samples" + (f" [{ids[0]}..{ids[-1]}]" if ids else "")
-            raise MergeError(f"{where}: manifest lists {got}, expected exactly samples {s.start}..{s.end - 1} in "
-                             f"order; {fix}")
-        tokens = sum(int(r["tokens"]) for r in m["sample_files"])
-        if m.get("samples") != s.samples or m.get("tokens") != tokens:
-            raise MergeError(f"{where}: manifest says {m.get('samples')} samples / {m.get('tokens')} tokens, its "
-                             f"sample list has {s.samples} / {tokens}; {fix}")
+        tokens = _shard_tokens(m, s, where, fix)
         for name, entry in (m.get("files") or {}).items():
             if name in files:
                 raise MergeError(f"{where}: file {name} is also listed by an earlier shard; {fix}")

@@ -374,27 +374,30 @@ def use_chat_template(tok: Any, run_dir: Path, config: PipelineConfig) -> tuple[
     return text, f"file {spec.file}" + (f" ({spec.origin})" if spec.origin else "")
 
 
-def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[str, Any]:
-    """Run stage ``prepare`` for ``run_dir``; returns the manifest's figures.
+@dataclass
+class _Read:
+    """The conversations to encode (``convs``, after the shuffle and ``max_samples``), the dataset files
+    (``paths``), the rows read (``stats``) and those without an assistant turn (``no_assistant``); ``labels``:
+    resolved path → the dataset as pipeline.yaml names it."""
 
-    Raises:
-        ChatDataError: a dataset file or row is unusable.
-        UnmaskableConversation: with ``on_unmaskable: error``, naming the conversation (file:row) and the turn.
-        ValueError: no conversation was kept.
-    """
-    t0 = time.monotonic()
-    out_dir = stage_dir(run_dir, "prepare")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: list[Path]
+    labels: dict[str, Any]
+    stats: ReadStats
+    convs: list[dict[str, Any]]
+    no_assistant: list[dict[str, Any]]
+
+    def portable(self, source: str) -> str:
+        """``source`` (``PATH:row``) with the dataset as pipeline.yaml names it, not where this host keeps the file:
+        shards prepared on several hosts (a fleet run's extraction) must write the same bytes to compare equal."""
+        path, _, row = source.rpartition(":")
+        return f"{self.labels.get(path, path)}:{row}"
+
+
+def _read(run_dir: Path, config: PipelineConfig, log: Any) -> _Read:
+    """Step 1 of :func:`run_prepare`: the datasets' conversations read (a file cut off mid-record warned about),
+    shuffled with ``config.seed`` when ``prepare.shuffle``, cut to ``prepare.max_samples``."""
     pc = config.prepare
     paths = [resolve_dataset(spec, run_dir) for spec in pc.datasets]
-    # samples.jsonl names each row by the dataset as pipeline.yaml names it, not by where this host keeps the file:
-    # shards prepared on several hosts (a fleet run's extraction) must write the same bytes to compare equal
-    labels = {str(p): spec for p, spec in zip(paths, pc.datasets)}
-
-    def portable(source: str) -> str:
-        path, _, row = source.rpartition(":")
-        return f"{labels.get(path, path)}:{row}"
-
     read = ReadStats()
     convs = load_conversations(paths, pc.truncated, read)
     for path, cut in read.truncated.items():
@@ -410,49 +413,72 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
     log(f"prepare: {len(convs)} conversations from {len(paths)} file(s) ({read.records} rows: {with_assistant} with "
         f"an assistant turn, {len(no_assistant)} without; {read.opening_with_assistant} open with the assistant"
         + (f"; max_samples {pc.max_samples}" if len(convs) < with_assistant else "") + ")")
+    return _Read(paths, {str(p): spec for p, spec in zip(paths, pc.datasets)}, read, convs, no_assistant)
 
-    tok = load_tokenizer(config.target_model)
-    template, template_source = use_chat_template(tok, run_dir, config)
-    log(f"prepare: chat template: {template_source}")
-    workers = prepare_workers(len(convs))
-    encoded = _encode_all(tok, convs, workers)
-    rows: list[str] = []
-    unrenderable: list[str] = []
-    untrained_sources: list[str] = []
-    not_trained: Counter[str] = Counter({reason: 0 for reason in NOT_TRAINED_REASONS})
-    fields: dict[str, Counter[str]] = {"kept": Counter(), "not_rendered": Counter(), "not_passed": Counter()}
-    examples: dict[str, str] = {}
-    truncated = no_trained = empty = merges = tokens = trained = assistant_turns = trained_turns = 0
-    kept_content: list[list[str]] = []
-    kept_sources: list[str] = []
-    for conv in convs:
-        source, messages = conv["source"], conv["messages"]
-        assistant_turns += sum(m["role"] == "assistant" for m in messages)
-        fields["kept"].update(k for m in messages for k in m if k not in ("role", "content", "reasoning"))
+
+@dataclass
+class _Tally:
+    """What the encoded conversations came to: the sample rows and every count of the manifest."""
+
+    rows: list[str] = field(default_factory=list)
+    unrenderable: list[str] = field(default_factory=list)
+    untrained_sources: list[str] = field(default_factory=list)
+    not_trained: Counter[str] = field(default_factory=lambda: Counter({r: 0 for r in NOT_TRAINED_REASONS}))
+    fields: dict[str, Counter[str]] = field(default_factory=lambda: {
+        "kept": Counter(), "not_rendered": Counter(), "not_passed": Counter()})
+    examples: dict[str, str] = field(default_factory=dict)
+    kept_content: list[list[str]] = field(default_factory=list)
+    kept_sources: list[str] = field(default_factory=list)
+    truncated: int = 0
+    no_trained: int = 0
+    empty: int = 0
+    merges: int = 0
+    tokens: int = 0
+    trained: int = 0
+    assistant_turns: int = 0
+    trained_turns: int = 0
+
+    def fields_of(self, conv: dict[str, Any]) -> None:
+        """The message fields ``conv`` holds beside role and content, and those not passed to the template."""
+        messages = conv["messages"]
+        self.assistant_turns += sum(m["role"] == "assistant" for m in messages)
+        self.fields["kept"].update(k for m in messages for k in m if k not in ("role", "content", "reasoning"))
         if conv.get("tools"):
-            fields["kept"]["tools"] += 1
+            self.fields["kept"]["tools"] += 1
         for name, n in conv.get("ignored_fields", {}).items():
-            fields["not_passed"][name] += n
-            examples.setdefault(f"not_passed:{name}", source)
-        try:
-            enc = next(encoded)
-            if isinstance(enc, UnmaskableConversation):
-                raise enc
-        except UnmaskableConversation as exc:
-            if pc.on_unmaskable == "error":
-                raise UnmaskableConversation(
-                    f"{source}: {exc}. Fix or remove that row, or set `prepare.on_unmaskable: skip` in "
-                    "pipeline.yaml to leave such conversations out (they are counted in the manifest)."
-                ) from exc
-            unrenderable.append(source)
-            n_turns = sum(m["role"] == "assistant" for m in messages)
-            not_trained["template_error"] += n_turns
-            if len(untrained_sources) < 50:
-                untrained_sources.append(f"{source}: all {n_turns} assistant turn(s): template_error")
-            continue
+            self.fields["not_passed"][name] += n
+            self.examples.setdefault(f"not_passed:{name}", conv["source"])
+
+    def unrendered(self, conv: dict[str, Any], exc: UnmaskableConversation, on_unmaskable: str) -> None:
+        """A conversation the chat template raises on: an error, or (``skip``) all its turns not trained.
+
+        Raises:
+            UnmaskableConversation: ``prepare.on_unmaskable: error``, naming the row.
+        """
+        source = conv["source"]
+        if on_unmaskable == "error":
+            raise UnmaskableConversation(
+                f"{source}: {exc}. Fix or remove that row, or set `prepare.on_unmaskable: skip` in "
+                "pipeline.yaml to leave such conversations out (they are counted in the manifest)."
+            ) from exc
+        self.unrenderable.append(source)
+        n_turns = sum(m["role"] == "assistant" for m in conv["messages"])
+        self.not_trained["template_error"] += n_turns
+        if len(self.untrained_sources) < 50:
+            self.untrained_sources.append(f"{source}: all {n_turns} assistant turn(s): template_error")
+
+    def add(self, conv: dict[str, Any], enc: EncodedConversation, pc: Any, portable: str) -> None:
+        """An encoded conversation: its turns counted, cut to ``prepare.max_seq_len``, kept as a row unless no
+        token is left to train.
+
+        Raises:
+            UnmaskableConversation: ``prepare.on_unmaskable: error`` and a turn the template keeps from being
+                located, naming the row and the turn.
+        """
+        source, messages = conv["source"], conv["messages"]
         for name, n in enc.not_rendered.items():
-            fields["not_rendered"][name] += n
-            examples.setdefault(f"not_rendered:{name}", source)
+            self.fields["not_rendered"][name] += n
+            self.examples.setdefault(f"not_rendered:{name}", source)
         unmaskable = [t for t in enc.not_trained if t[1] in UNMASKABLE_REASONS]
         if unmaskable and pc.on_unmaskable == "error":
             turn, _reason, detail = unmaskable[0]
@@ -467,74 +493,101 @@ def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict
         kept_turns = [t for t, a, _b in enc.trained if a < pc.max_seq_len]
         turn_reasons += [(t, "truncated", "") for t, a, _b in enc.trained if a >= pc.max_seq_len]
         for turn, reason, _detail in sorted(turn_reasons):
-            not_trained[reason] += 1
-            if len(untrained_sources) < 50:
-                untrained_sources.append(f"{source} turn {turn}: {reason}")
-        merges += enc.boundary_merges
+            self.not_trained[reason] += 1
+            if len(self.untrained_sources) < 50:
+                self.untrained_sources.append(f"{source} turn {turn}: {reason}")
+        self.merges += enc.boundary_merges
         if len(ids) > pc.max_seq_len:
             ids, mask = ids[: pc.max_seq_len], mask[: pc.max_seq_len]
-            truncated += 1
-        trained_turns += len(kept_turns)
+            self.truncated += 1
+        self.trained_turns += len(kept_turns)
         if sum(mask) == 0:
             if enc.trained:
-                empty += 1
+                self.empty += 1
             else:
-                no_trained += 1
-            continue
+                self.no_trained += 1
+            return
         # the user turns' content keys: train holds samples out by content (no held-out sample repeats a
         # trained user turn, whatever its id or position)
         content = [content_key(m["content"]) for m in messages
                    if m["role"] == "user" and isinstance(m.get("content"), str)]
-        rows.append(
-            json.dumps({"i": len(rows), "source": portable(source), "input_ids": ids, "loss_mask": mask,
-                        "content": content}, separators=(",", ":"))
-        )
-        kept_content.append(content)
-        kept_sources.append(portable(source))
-        tokens += len(ids)
-        trained += sum(mask)
-    if not rows:
-        raise ValueError(f"prepare: no conversation left to train on from {', '.join(map(str, paths))}")
-    _warn_fields(log, fields, examples, config.target_model)
-    samples = out_dir / SAMPLES
-    atomic_write_text(samples, "\n".join(rows) + "\n")
+        self.rows.append(json.dumps({"i": len(self.rows), "source": portable, "input_ids": ids, "loss_mask": mask,
+                                     "content": content}, separators=(",", ":")))
+        self.kept_content.append(content)
+        self.kept_sources.append(portable)
+        self.tokens += len(ids)
+        self.trained += sum(mask)
+
+
+def _figures(read: _Read, t: _Tally, pc: Any, tok: Any, template: str, template_source: str, workers: int,
+             t0: float) -> dict[str, Any]:
+    """The manifest's figures (module doc)."""
     figures = {
-        "samples": len(rows),
-        "tokens": tokens,
-        "assistant_tokens": trained,
+        "samples": len(t.rows),
+        "tokens": t.tokens,
+        "assistant_tokens": t.trained,
         "max_seq_len": pc.max_seq_len,
-        "skipped": {
-            "no_assistant_turn": len(no_assistant),
-            "unrenderable": len(unrenderable),
-            "no_trained_turn": no_trained,
-            "no_assistant_token_after_truncation": empty,
-        },
-        "unrenderable_sources": unrenderable[:50],
-        "turns": {"assistant": assistant_turns, "trained": trained_turns, "not_trained": dict(not_trained)},
-        "not_trained_turn_sources": untrained_sources,
-        "fields": {k: dict(sorted(v.items())) for k, v in fields.items()},
-        "truncated": truncated,
-        "boundary_merges": merges,
-        "tokenizer": {
-            "class": type(tok).__name__,
-            "is_fast": bool(getattr(tok, "is_fast", False)),
-            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
-            "chat_template_source": template_source,
-        },
-        "read": read.as_manifest(),
-        "content_groups": content_groups(kept_content, kept_sources, keyed=True).record(),
-        "datasets": {str(p): sha256_file(p) for p in paths},
-        "generation": generation_manifests(paths),
+        "skipped": {"no_assistant_turn": len(read.no_assistant), "unrenderable": len(t.unrenderable),
+                    "no_trained_turn": t.no_trained, "no_assistant_token_after_truncation": t.empty},
+        "unrenderable_sources": t.unrenderable[:50],
+        "turns": {"assistant": t.assistant_turns, "trained": t.trained_turns, "not_trained": dict(t.not_trained)},
+        "not_trained_turn_sources": t.untrained_sources,
+        "fields": {k: dict(sorted(v.items())) for k, v in t.fields.items()},
+        "truncated": t.truncated,
+        "boundary_merges": t.merges,
+        "tokenizer": {"class": type(tok).__name__, "is_fast": bool(getattr(tok, "is_fast", False)),
+                      "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+                      "chat_template_source": template_source},
+        "read": read.stats.as_manifest(),
+        "content_groups": content_groups(t.kept_content, t.kept_sources, keyed=True).record(),
+        "datasets": {str(p): sha256_file(p) for p in read.paths},
+        "generation": generation_manifests(read.paths),
         "workers": workers,
         "wall_s": round(time.monotonic() - t0, 3),
     }
-    figures["tokens_per_s"] = round(tokens / figures["wall_s"], 1) if figures["wall_s"] > 0 else None
+    figures["tokens_per_s"] = round(t.tokens / figures["wall_s"], 1) if figures["wall_s"] > 0 else None
+    return figures
+
+
+def run_prepare(run_dir: Path, config: PipelineConfig, log: Any = print) -> dict[str, Any]:
+    """Run stage ``prepare`` for ``run_dir``; returns the manifest's figures. The steps: the conversations read →
+    the tokenizer and the chat template serving uses → each conversation encoded (worker processes) and tallied →
+    ``samples.jsonl`` and the manifest written.
+
+    Raises:
+        ChatDataError: a dataset file or row is unusable.
+        UnmaskableConversation: with ``on_unmaskable: error``, naming the conversation (file:row) and the turn.
+        ValueError: no conversation was kept.
+    """
+    t0 = time.monotonic()
+    out_dir = stage_dir(run_dir, "prepare")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pc = config.prepare
+    read = _read(run_dir, config, log)
+    tok = load_tokenizer(config.target_model)
+    template, template_source = use_chat_template(tok, run_dir, config)
+    log(f"prepare: chat template: {template_source}")
+    workers = prepare_workers(len(read.convs))
+    tally = _Tally()
+    for conv, enc in zip(read.convs, _encode_all(tok, read.convs, workers)):
+        tally.fields_of(conv)
+        if isinstance(enc, UnmaskableConversation):
+            tally.unrendered(conv, enc, pc.on_unmaskable)
+        else:
+            tally.add(conv, enc, pc, read.portable(conv["source"]))
+    if not tally.rows:
+        raise ValueError(f"prepare: no conversation left to train on from {', '.join(map(str, read.paths))}")
+    _warn_fields(log, tally.fields, tally.examples, config.target_model)
+    samples = out_dir / SAMPLES
+    atomic_write_text(samples, "\n".join(tally.rows) + "\n")
+    figures = _figures(read, tally, pc, tok, template, template_source, workers, t0)
     write_manifest(run_dir, "prepare", config, {SAMPLES: file_entry(samples)}, **figures)
-    n_untrained = sum(not_trained.values())
-    log(f"prepare: wrote {len(rows)} samples, {tokens} tokens ({trained} assistant) in {figures['wall_s']} s "
-        f"({figures['tokens_per_s']} tokens/s, {workers} process{'es' if workers > 1 else ''}); "
-        f"{trained_turns} of {assistant_turns} assistant turns trained"
-        + (f", not trained: {', '.join(f'{k} {v}' for k, v in not_trained.items() if v)}" if n_untrained else ""))
+    n_untrained = sum(tally.not_trained.values())
+    log(f"prepare: wrote {len(tally.rows)} samples, {tally.tokens} tokens ({tally.trained} assistant) in "
+        f"{figures['wall_s']} s ({figures['tokens_per_s']} tokens/s, {workers} process{'es' if workers > 1 else ''}); "
+        f"{tally.trained_turns} of {tally.assistant_turns} assistant turns trained"
+        + (f", not trained: {', '.join(f'{k} {v}' for k, v in tally.not_trained.items() if v)}"
+           if n_untrained else ""))
     return figures
 
 

@@ -64,6 +64,18 @@ def _secs(seconds: float | None) -> str:
     return "for an unknown time (not back when the result was written)" if seconds is None else f"{seconds:.1f}s"
 
 
+class _Ran:
+    """What :meth:`Supervisor.run` has come to so far: ``outcome``/``error`` (the result's), ``stopped_at`` and
+    ``restored_at`` (epoch seconds of serving's stop and restore, None without them), ``extra`` (a job's result
+    fields, its audit fields under ``audit``)."""
+
+    def __init__(self) -> None:
+        self.outcome, self.error = "ok", ""
+        self.stopped_at: float | None = None
+        self.restored_at: float | None = None
+        self.extra: dict[str, Any] = {}
+
+
 class Supervisor:
     """Executes a :class:`Plan` against the host's Docker engine (docker SDK ``DockerClient``; None for a plan of
     the venv runtime, whose stages are processes: :func:`eagle3ops.supervisor.stagerun.run_stage_process`); serving
@@ -308,58 +320,25 @@ class Supervisor:
 
     # the whole window
     def run(self) -> dict[str, Any]:
-        """Execute the plan; always restores serving; writes ``result.json``, the audit line, releases the lock."""
+        """Execute the plan; always restores serving; writes ``result.json``, the audit line, releases the lock.
+
+        The steps: the engine's return noted (a restart policy started this supervisor again) → the plan carried out
+        (:meth:`_carry_out`) → an engine going down ends here with no result (exit 75: the restart policy resumes
+        the window) → a window's left stage containers removed → the result (:meth:`_result`) and the audit line →
+        the lock released when serving is healthy → ``result.json`` last."""
         t0 = self.journal.first_epoch()
-        outcome, error, stopped_at, restored_at = "ok", "", None, None
-        extra: dict[str, Any] = {}
+        ran = _Ran()
         if self._engine_up():  # started again by the restart policy after a daemon restart stopped it
             self.engine_back()
         try:
-            if not self.kind.manages:
-                outcome, error = self._stages_only()
-            elif self.plan.kind == "window":
-                self.record()  # nothing is stopped before this succeeds
-                leaving = False  # for the engine: no restore can begin while it is down
-                try:
-                    if self.journal.first("restore", "start") is None:
-                        outcome, error = self._stop_and_run_stages()
-                    else:  # resumed once serving was already being restored: never run stages beside it
-                        outcome, error = stages_from_journal(self)
-                        self.warn("supervisor", "resumed after the restore had begun; stages are not run again")
-                except Interrupted as exc:
-                    outcome, error = "interrupted", str(exc)
-                except EngineUnavailable as exc:
-                    leaving = not self._engine_up()
-                    if leaving:  # its restart policy starts it again once the engine is back: the window resumes
-                        raise
-                    outcome, error = "failed", f"{type(exc).__name__}: {exc}"
-                    self.journal.log("supervisor", "error", reason=error[-1000:])
-                except Exception as exc:  # noqa: BLE001 - whatever broke, serving is restored below
-                    outcome, error = "failed", f"{type(exc).__name__}: {exc}"
-                    self.journal.log("supervisor", "error", reason=error[-1000:])
-                finally:
-                    if not leaving:
-                        # Downtime counts from the moment the stop began (serving refuses requests from then on).
-                        stopped = self.journal.first("stop", "start")
-                        stopped_at = stopped["epoch"] if stopped else None
-                        restore_msg = self.restore()
-                        restored_at = time.time()
-                        if restore_msg != "restored":
-                            outcome = "failed" if outcome == "ok" else outcome
-                            error = (error + "; " if error else "") + f"serving {restore_msg}"
-            elif self.plan.kind in JOBS:  # its own step table
-                outcome, error, extra = JOBS[self.plan.kind](self).run()
-            else:
-                msg = self.replace_serving()
-                if "rolled back" in msg:
-                    outcome, error = "failed", msg
+            self._carry_out(ran)
         except EngineUnavailable as exc:
             self.journal.log("supervisor", "error", reason=f"{exc}; exiting so that the restart policy resumes this "
                                                            f"window when the engine is back (no verdict recorded)")
             raise SystemExit(75) from None
         except Exception as exc:  # noqa: BLE001 - recorded, then reported through the result
-            outcome, error = "failed", f"{type(exc).__name__}: {exc}"
-            self.journal.log("supervisor", "error", reason=error[-1000:])
+            ran.outcome, ran.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.journal.log("supervisor", "error", reason=ran.error[-1000:])
         if not self._engine_up():
             # The Docker engine is going down (daemon restart): leave no result, exit non-zero, and let the restart
             # policy (on-failure) start this supervisor again once the engine is back; it resumes from the journal.
@@ -368,14 +347,76 @@ class Supervisor:
             raise SystemExit(75)
         if self.plan.kind == "window":
             self._remove_left_stages()
+        result, serving_ok = self._result(ran, t0)
+        self._audit(ran, result)
+        if serving_ok:
+            self._release_lock()
+        self.journal.log("supervisor", "done", outcome=ran.outcome)
+        # Last: the driver removes this container as soon as it sees the result.
+        tmp = self.wdir / "result.json.tmp"
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.replace(self.wdir / "result.json")
+        return result
+
+    def _carry_out(self, ran: _Ran) -> None:
+        """The plan by its kind: stages only (no serving to manage), a window (:meth:`_window`), a job with its own
+        step table (:data:`JOBS`), or a release/rollback (the kind's switch)."""
+        if not self.kind.manages:
+            ran.outcome, ran.error = self._stages_only()
+        elif self.plan.kind == "window":
+            self._window(ran)
+        elif self.plan.kind in JOBS:  # its own step table
+            ran.outcome, ran.error, ran.extra = JOBS[self.plan.kind](self).run()
+        else:
+            msg = self.replace_serving()
+            if "rolled back" in msg:
+                ran.outcome, ran.error = "failed", msg
+
+    def _window(self, ran: _Ran) -> None:
+        """A window: serving recorded, stopped and the stages run (or, resumed once the restore had begun, the
+        stages' outcome from the journal), then serving restored whatever happened, unless the engine is going
+        down (its restart policy resumes the window)."""
+        self.record()  # nothing is stopped before this succeeds
+        leaving = False  # for the engine: no restore can begin while it is down
+        try:
+            if self.journal.first("restore", "start") is None:
+                ran.outcome, ran.error = self._stop_and_run_stages()
+            else:  # resumed once serving was already being restored: never run stages beside it
+                ran.outcome, ran.error = stages_from_journal(self)
+                self.warn("supervisor", "resumed after the restore had begun; stages are not run again")
+        except Interrupted as exc:
+            ran.outcome, ran.error = "interrupted", str(exc)
+        except EngineUnavailable as exc:
+            leaving = not self._engine_up()
+            if leaving:  # its restart policy starts it again once the engine is back: the window resumes
+                raise
+            ran.outcome, ran.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.journal.log("supervisor", "error", reason=ran.error[-1000:])
+        except Exception as exc:  # noqa: BLE001 - whatever broke, serving is restored below
+            ran.outcome, ran.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.journal.log("supervisor", "error", reason=ran.error[-1000:])
+        finally:
+            if not leaving:
+                # Downtime counts from the moment the stop began (serving refuses requests from then on).
+                stopped = self.journal.first("stop", "start")
+                ran.stopped_at = stopped["epoch"] if stopped else None
+                restore_msg = self.restore()
+                ran.restored_at = time.time()
+                if restore_msg != "restored":
+                    ran.outcome = "failed" if ran.outcome == "ok" else ran.outcome
+                    ran.error = (ran.error + "; " if ran.error else "") + f"serving {restore_msg}"
+
+    def _result(self, ran: _Ran, t0: float) -> tuple[dict[str, Any], bool]:
+        """The window's result (secrets masked) and whether serving is healthy; serving that is not running or not
+        healthy fails the window and keeps the lock (``recover`` retries the restore)."""
         no_serving = not self.kind.manages
         running = self.kind.running()
         serving_ok = no_serving or (bool(running) and not self.unhealthy)
         if not serving_ok:
-            error = (error + "; " if error else "") + (
+            ran.error = (ran.error + "; " if ran.error else "") + (
                 f"SERVING IS NOT {'HEALTHY' if running else 'RUNNING'} on {self.plan.host}: the lock stays held; "
                 f"`eagle3ops recover {shlex.quote(self.plan.host)}` retries the restore")
-            outcome = "failed"
+            ran.outcome = "failed"
         outside = self.outside_restarts()
         outages = engine_outages(self.journal.entries)
         notes = [f"serving was started from outside {outside} time{'s' if outside > 1 else ''} during the stages (a "
@@ -384,7 +425,7 @@ class Supervisor:
         notes += [f"the Docker engine was down {_secs(o['seconds'])} during {o['step']} (a daemon restart or crash; "
                   f"not a verdict on any release) and the window waited it out" for o in outages]
         result = {
-            "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": outcome, "error": error,
+            "window_id": self.plan.window_id, "kind": self.plan.kind, "outcome": ran.outcome, "error": ran.error,
             # serving started from outside during the stages (and killed again): the stages shared the host with it
             # for a poll each time, so the outcome is not a plain ok; `outcome` itself keeps its values (the fleet
             # and the CLI's exit status read it), the note says what else happened
@@ -393,7 +434,8 @@ class Supervisor:
             "outside_restarts": outside, "engine_outages": outages,
             **({"outcome_note": "; ".join(notes)} if notes else {}),
             "stages": self.stage_outcomes, "stage_seconds": self.stage_times,
-            "downtime_s": round((restored_at or time.time()) - stopped_at, 1) if stopped_at else None,
+            "downtime_s": (round((ran.restored_at or time.time()) - ran.stopped_at, 1) if ran.stopped_at
+                           else None),
             "wall_s": round(time.time() - t0, 1), "serving_running": running,
             "serving_healthy": None if no_serving else serving_ok, "serving": self.plan.serving_kind,
             **({"serving_note": NO_SERVING_NOTE} if no_serving else {}),
@@ -406,20 +448,24 @@ class Supervisor:
             # Seconds of each serving restart (restore, switch, rollback: start to passed gate); the plans of later
             # jobs on this host read them (eagle3ops.speculate.restarts).
             "restarts_s": restart_seconds(self.journal.entries),
-            **{k: v for k, v in extra.items() if k != "audit"},
+            **{k: v for k, v in ran.extra.items() if k != "audit"},
         }
-        result = redact.value(result, self.plan.secret_env)
+        return redact.value(result, self.plan.secret_env), serving_ok
+
+    def _audit(self, ran: _Ran, result: dict[str, Any]) -> None:
+        """The window's line in ``audit.jsonl`` (secrets masked), the file kept the SSH user's."""
         audit = self.state_dir / "audit.jsonl"
         with audit.open("a") as f:
             f.write(json.dumps(redact.value({"t": _now(), "user": self.plan.user, "host": self.plan.host,
                                 "command": self.plan.command, "window": self.plan.window_id,
-                                "outcome": outcome, "error": error, "release": result["release"],
-                                "outside_restarts": outside, "engine_outages": outages,
+                                "outcome": ran.outcome, "error": ran.error, "release": result["release"],
+                                "outside_restarts": result["outside_restarts"],
+                                "engine_outages": result["engine_outages"],
                                 "warnings": result["warnings"],
                                 # serving's stop → restore interval (epoch seconds; None without a stop): a fleet
                                 # run's down-at-once bound is checked from these lines
-                                "stopped_at": stopped_at, "restored_at": restored_at,
-                                "downtime_s": result["downtime_s"], **extra.get("audit", {})},
+                                "stopped_at": ran.stopped_at, "restored_at": ran.restored_at,
+                                "downtime_s": result["downtime_s"], **ran.extra.get("audit", {})},
                                             self.plan.secret_env)) + "\n")
         # The driver appends to the same log as the SSH user (windows that never started): keep it theirs.
         st = self.state_dir.stat()
@@ -427,14 +473,6 @@ class Supervisor:
             os.chown(audit, st.st_uid, st.st_gid)
         except OSError:
             pass
-        if serving_ok:
-            self._release_lock()
-        self.journal.log("supervisor", "done", outcome=outcome)
-        # Last: the driver removes this container as soon as it sees the result.
-        tmp = self.wdir / "result.json.tmp"
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(self.wdir / "result.json")
-        return result
 
     def _stop_and_run_stages(self) -> tuple[str, str]:
         """A window's stop and stages through Docker engine outages: when a step fails because the engine stopped

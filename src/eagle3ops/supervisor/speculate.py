@@ -16,8 +16,9 @@ dead supervisor, which resumes from the journal and the attempt folder's files):
 2b. with ``candidates`` (``speculate --method ... --k ...``): each candidate in turn, **candidate-<name>**
    (the kind's ``switch`` with its change, never made the live release) and **measure-<name>**
    (``candidate-<name>.json``), decided against the baseline at the corrected level
-   (:func:`eagle3ops.gate.decide.candidate_level`); the best kept (:func:`choose_candidate`) is the speculative
-   release of step 3, measured afresh in step 4 (the confirmation); none kept: ``return_to`` and ``rollback``;
+   (:func:`eagle3ops.gate.decide.candidate_level`); the best kept
+   (:func:`~eagle3ops.supervisor.verdict.choose_candidate`) is the speculative release of step 3, measured afresh in
+   step 4 (the confirmation); none kept: ``return_to`` and ``rollback``;
 3. **switch** to the speculative release (the kind's ``switch`` with the plan's change, or the chosen candidate's,
    health-gated; a failed gate is rolled back by the kind and decides ``rollback``);
 4. **measure** the speculative release the same way (``speculative.json``);
@@ -46,20 +47,27 @@ The result (``result.json`` in the attempt folder ``runs/<run>/speculate/<sha256
 ``runs/<run>/speculate/result.json``) is written here, under the lock, before the window's own ``result.json`` and
 the audit line (which carries the verdict and figures). The measurement and decision steps take only the plan's
 :class:`~eagle3ops.config.plan.SpeculateJob` settings and the live serving: :func:`measure_serving` and
-:func:`decide_figures` measure and decide any release, with or without a head.
+:func:`~eagle3ops.supervisor.verdict.decide_figures` (:mod:`eagle3ops.supervisor.verdict`, pure) measure and
+decide any release, with or without a head.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3ops import redact
 from eagle3ops.config.plan import Candidate, ReleaseChange, SpeculateJob
-from eagle3ops.gate.like import ReleaseIdentity, flag_names, unlike
+from eagle3ops.gate.like import ReleaseIdentity
+from eagle3ops.supervisor.verdict import (
+    choose_candidate,
+    decide_figures,
+    decide_measured,
+    failed_requests,
+)
 
 if TYPE_CHECKING:
     from eagle3ops.supervisor.runner import Supervisor
@@ -87,153 +95,59 @@ def measure_serving(sup: "Supervisor", job: SpeculateJob, passes: int | None = N
                     "idle_timeout_s": job.idle_timeout_s, "warmup_prompts": job.warmup_prompts})
 
 
-def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any],
-                   level: float | None = None, after: dict[str, Any] | None = None) -> Any:
-    """The pure decision (:func:`eagle3ops.gate.decide.decide`) on two :func:`measure_serving` answers (three with
-    ``after``, the ``aba`` design's baseline measured again after the speculative release), its
-    interval at ``level`` (default :data:`eagle3ops.gate.decide.LEVEL`); returns the
-    :class:`~eagle3ops.gate.decide.Decision` with added figures: the per-level counter deltas
-    (``spec_decode_per_level``), each side's TTFT p90 and failed requests per level (``levels[c][side]
-    ["ttft_ms_p90"]``, pooled over the passes like the median beside it; ``["failures"]``), the TTFT p90 ratio at
-    the production concurrency (``ttft_ratio_p90``), vLLM's prefix-cache queries, hits and hit rate per side and
-    level (``prefix_cache``, :func:`eagle3ops.gate.measure.prefix_cache`) and the endpoints the prompts went to
-    (``traffic``)."""
-    from eagle3ops.gate.decide import LEVEL, decide
-    from eagle3ops.gate.measure import prefix_cache, read_measurement, sum_deltas
-    from eagle3ops.gate.replay import percentile
-
-    base, _ = read_measurement(baseline)
-    spec, deltas = read_measurement(speculative)
-    again = read_measurement(after)[0] if after else None
-    decision = decide(base, spec, sum_deltas(list(deltas.values())), production_concurrency=job.levels[0],
-                      margin=job.margin, acceptance_floor=job.acceptance_floor,
-                      ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max, rule=job.rule,
-                      level=LEVEL if level is None else level, after=again)
-    decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
-
-    def p90(passes: list[Any]) -> float | None:
-        v = percentile([float(t) for p in passes for t in p.prompt_ttft_ms if t is not None], 0.9)
-        return round(v, 3) if v is not None else None
-
-    levels = decision.figures.get("levels") or {}
-    for c, row in levels.items():
-        for side, res in (("baseline", base), ("speculative", spec)):
-            if isinstance(row.get(side), dict) and int(c) in res:
-                row[side]["ttft_ms_p90"] = p90(res[int(c)])
-                row[side]["failures"] = [{"pass": j, "prompt": int(i), "error": str(why)}
-                                         for j, p in enumerate(res[int(c)]) for i, why in p.failures]
-    c0 = job.levels[0]
-    bp, sp = (p90(res[c0]) if c0 in res else None for res in (
-        ({c: [*ps, *again.get(c, [])] for c, ps in base.items()} if again else base), spec))
-    decision.figures["ttft_ratio_p90"] = round(sp / bp, 4) if bp and sp is not None else None
-    decision.figures["prefix_cache"] = {"baseline": prefix_cache(baseline), "speculative": prefix_cache(speculative),
-                                        **({"baseline_after": prefix_cache(after)} if after else {})}
-    decision.figures["traffic"] = speculative.get("traffic") or baseline.get("traffic")
-    return decision
-
-
-def failed_requests(ans: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
-    """The failed requests of a :func:`measure_serving` answer (pure), warm-up included, and how many requests it
-    sent: ``([{"concurrency", "pass" (index, or "warm-up"), "prompt" (index in the gate's order), "error"}], n)``."""
-    out: list[dict[str, Any]] = []
-    sent = 0
-    for c, fails in ((ans.get("warmup") or {}).get("failures") or {}).items():
-        out += [{"concurrency": int(c), "pass": "warm-up", "prompt": int(i), "error": str(why)} for i, why in fails]
-    if ans.get("warmup"):
-        sent += int(ans["warmup"].get("prompts") or 0) * len(ans.get("levels") or {})
-    for c, passes in (ans.get("levels") or {}).items():
-        for j, fig in enumerate(passes):
-            sent += int(fig.get("requests") or 0)
-            out += [{"concurrency": int(c), "pass": j, "prompt": int(i), "error": str(why)}
-                    for i, why in fig.get("failures") or []]
-    return out, sent
-
-
-def _failures_line(failed: list[dict[str, Any]]) -> str:
-    from eagle3ops.gate.replay import summary
-
-    by_level: dict[int, list[tuple[int, str]]] = {}
-    for f in failed:
-        by_level.setdefault(f["concurrency"], []).append((f["prompt"], f["error"]))
-    return "; ".join(f"at concurrency {c}: {summary(fs)}" for c, fs in sorted(by_level.items()))
-
-
-def decide_measured(job: SpeculateJob, baseline: dict[str, Any], speculative: dict[str, Any],
-                    change: ReleaseChange | None = None, level: float | None = None,
-                    after: dict[str, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
-    """``(verdict, reason, figures)`` from two measurements (pure): :func:`decide_figures` with one table per
-    prompt set (``figures["sets"]``, :func:`eagle3ops.gate.decide.set_tables`, when the job names sets), except that releases
-    which are not like for like (:func:`eagle3ops.gate.like.unlike` on the measurements' ``release`` identities,
-    the speculative change's flags set aside) are ``undecided``, the verdict they would have had kept in
-    ``figures["would_have_been"]``. The driver refuses unlike images before the job
-    (:func:`eagle3ops.speculate.ship.check_like_for_like`); this is the host's own check of what it measured. A
-    gated release (``rule: not_slower``) is not checked: its change (another image, a vLLM upgrade, NCCL settings)
-    is what is measured; both identities stay in the result. ``change``: the measured release's change (a
-    candidate's; default the job's); ``level``: the interval's (a candidate's corrected level); ``after``: the
-    ``aba`` design's baseline measured again after the speculative release (:func:`decide_figures`; its failed
-    requests are listed with the baseline's).
-
-    A request that failed on the speculative release (:func:`failed_requests`: a non-2xx answer, a stream error, a
-    stream cut short, a grammar failure) makes it ``rollback`` whatever else was measured, the reason naming the
-    failures and ``figures["failed_requests"]`` listing both sides'; the verdict it would have had is kept in
-    ``figures["would_have_been"]``. A time to first token above ``ttft_ratio_max`` is named in the reason whichever
-    rule decided (an earlier rule, e.g. the acceptance floor, may have decided before the TTFT rule), with the p90
-    ratio beside the median's, and recorded as ``figures["ttft_breach"]``.
-
-    Raises:
-        ValueError: from :func:`eagle3ops.gate.decide.decide` (a level or passes missing).
-    """
-    why = None if job.rule == "not_slower" else unlike(
-        ReleaseIdentity.from_dict(baseline.get("release")), ReleaseIdentity.from_dict(speculative.get("release")),
-        change_flags=flag_names((change or job.change).args))
-    decision = decide_figures(job, baseline, speculative, level, after)
-    verdict, reason, figures = decision.verdict, decision.reason, dict(decision.figures)
-    if job.prompt_sets:
-        from eagle3ops.gate.decide import set_tables
-        from eagle3ops.gate.measure import read_measurement
-
-        figures["sets"] = set_tables(read_measurement(baseline)[0], read_measurement(speculative)[0],
-                                     job.prompt_sets, production_concurrency=job.levels[0],
-                                     after=read_measurement(after)[0] if after else None)
-    if why:
-        figures["would_have_been"] = {"verdict": verdict, "reason": reason}
-        verdict, reason = "undecided", (f"unlike releases measured ({why}): the ratio mixes the image's own speed "
-                                        "with speculation's; speculate again with --control")
-    failed, sent = failed_requests(speculative)
-    if failed:  # a release that fails requests is not shipped, however fast the others went
-        base_failed = failed_requests(baseline)[0] + (failed_requests(after)[0] if after else [])
-        figures["failed_requests"] = {"speculative": failed, "baseline": base_failed}
-        figures.setdefault("would_have_been", {"verdict": verdict, "reason": reason})
-        verdict = "rollback"
-        reason = (f"{len(failed)} of {sent} requests failed on the speculative release ({_failures_line(failed)}); "
-                  + ("the baseline served every one" if not base_failed else
-                     f"the baseline failed {len(base_failed)} ({_failures_line(base_failed)})"))
-    ratio, most = figures.get("ttft_ratio"), job.ttft_ratio_max
-    if ratio is not None and most is not None and ratio > most:
-        p90 = figures.get("ttft_ratio_p90")
-        tail = f" (p90 x{p90:.3f})" if p90 is not None else ""
-        figures["ttft_breach"] = {"ttft_ratio": ratio, "ttft_ratio_p90": p90, "ttft_ratio_max": most,
-                                  "concurrency": job.levels[0]}
-        if "time to first token" in reason:
-            reason += tail.replace("(p90", "(time to first token p90")
-        else:
-            reason += (f"; also: median time to first token x{ratio:.3f} of the baseline's{tail} at concurrency "
-                       f"{job.levels[0]}, above x{most:g} (serving.gate_ttft_ratio_max)")
-    return verdict, reason, figures
-
-
-def choose_candidate(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The candidate to confirm (pure): among ``rows`` (one per candidate: ``verdict``, ``interval`` at the
-    corrected level, ``throughput_ratio``) those whose verdict is ``keep``, the one with the highest lower bound (then
-    the highest point ratio, then the first); None when none is ``keep``."""
-    kept = [r for r in rows if r.get("verdict") == "keep" and r.get("interval")]
-    if not kept:
-        return None
-    return max(kept, key=lambda r: (r["interval"]["low"], r.get("throughput_ratio") or 0.0, -rows.index(r)))
+#: The result's fields the audit line carries.
+AUDIT_FIGURES = (
+    "throughput_ratio", "interval", "drift", "design", "gate_design", "power", "passes", "ttft_ratio",
+    "ttft_ratio_max", "deciding", "spec_decode", "levels", "margin", "margin_is_negative_test_setting",
+    "acceptance_floor", "production_concurrency", "live_release", "baseline_release", "speculative_release",
+    "control", "control_release", "measured_releases", "sets", "drain", "rule", "change", "candidates",
+    "ttft_ratio_p90", "ttft_breach", "traffic", "prefix_cache", "failed_requests")
 
 
 class _Decided(Exception):
     """The job ends early with ``(verdict, reason)``, serving already where the verdict leaves it."""
+
+
+@dataclass
+class _GateState:
+    """What one speculate job has done so far, carried through the steps of :meth:`SpeculateRun.run`.
+
+    The result's fields: ``outcome``/``error`` (the window's), ``verdict``/``reason``/``figures``, the releases
+    (``base_release``: live before; ``spec_release``: the speculative one once it serves; ``rollback``: the message
+    of the return to the release live before). The flags that steer what the end must do:
+
+    - ``transient``: serving runs a release that is not the live one (the control release, a candidate, the
+      baseline's restart): an error returns to the release live before, and the kind's ``finish`` waits;
+    - ``returning``: that return was tried (never twice);
+    - ``drained``: the drain hook ran (a failed drain may have half-drained: undrain runs all the same);
+    - ``ended``: the speculative release failed its health gate at the switch (the kind rolled back): no
+      measurement follows.
+
+    ``aba`` and the blocks' passes (``before_n``, ``after_n``) are the design's; ``returned`` is the ``aba``
+    design's return to the baseline for its second block (serving on it since) and ``control_again`` that the
+    control release serves that block."""
+
+    aba: bool
+    before_n: int
+    after_n: int
+    outcome: str = "ok"
+    error: str = ""
+    verdict: str = "error"
+    reason: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+    base_release: int | None = None
+    spec_release: int | None = None
+    rollback: str | None = None
+    transient: bool = False
+    returning: bool = False
+    drained: bool = False
+    ended: bool = False
+    undrain_error: str | None = None
+    returned: str | None = None
+    control_again: bool = False
+    baseline: dict[str, Any] = field(default_factory=dict)
+    cand_figures: dict[str, Any] = field(default_factory=dict)
+    change: ReleaseChange | None = None
 
 
 class SpeculateRun:
@@ -393,11 +307,12 @@ class SpeculateRun:
                              "confirmation too), so the block shift is not measured")
         return out
 
-    def _second_block(self, base_release: int | None, passes: int) -> dict[str, Any]:
+    def _second_block(self, st: _GateState) -> dict[str, Any]:
         """The ``aba`` design's third block: the baseline restarted as its first block was (the control release
         switched to again, or the release live before returned to) and measured (``baseline-after.json``).
 
-        Sets ``_returned`` to the return's message (None with a control release, whose switch is not a return).
+        Sets ``st.returned`` to the return's message (None with a control release, whose switch is not a return)
+        and ``st.control_again`` when the control release serves again.
 
         Raises:
             _Decided: the restart failed its health gate, or the measurement failed: ``undecided``, serving on the
@@ -409,192 +324,238 @@ class SpeculateRun:
         if self.job.control is not None:
             back = kind.switch(step="control-again", change=self.job.control, live=False)
             if "rolled back" in back:  # the kind went back to the live release: no third block
-                self._returned = back
+                st.returned = back
                 raise _Decided("undecided", f"the control release failed its health gate when switched to again for "
                                             f"the baseline's second block ({back}); not decided on two blocks")
-            self._control_again = True
+            st.control_again = True
         else:
-            self._returned = kind.return_to(base_release, "the gate measures the baseline again after the "
+            st.returned = kind.return_to(st.base_release, "the gate measures the baseline again after the "
                                                           "speculative release")
         try:
-            return self._measured("baseline-after", "baseline-after.json", passes)
+            return self._measured("baseline-after", "baseline-after.json", st.after_n)
         except Interrupted:
             raise
         except Exception as exc:  # noqa: BLE001 - the baseline's second block: no decision without it
             raise _Decided("undecided", f"measuring the baseline again after the speculative release failed "
                                         f"({type(exc).__name__}: {exc}); not decided on two blocks") from None
 
+    # --- the steps (module doc: 1 to 6), each on the one state -------------------------------------------------
+
+    def _record_and_drain(self, st: _GateState) -> None:
+        """Step 1: the live serving recorded (nothing changes before this succeeds), then the drain hook."""
+        self.sup.record()
+        st.base_release = self.sup.releases.current()
+        if self.job.drain_hook:  # clients off this server before anything is measured or restarted
+            why = self._hook("drain", self.job.drain_hook)
+            st.drained = True  # a failed drain may have half-drained: undrain runs all the same
+            if why:
+                raise _Decided("error", f"{why}: nothing measured or restarted (serving.drain_hook)")
+
+    def _restart_baseline(self, st: _GateState) -> None:
+        """Step 1b / 4b's first restart: the control release (like for like: the speculative image without
+        speculation), or with ``aba`` the baseline restarted, so that every measured block follows a restart and a
+        restarted server's own speed cancels."""
+        kind = self.sup.kind
+        if self.job.control is not None:
+            msg = kind.switch(step="control", change=self.job.control, live=False)
+            if "rolled back" in msg:
+                raise _Decided("rollback", f"the control release (the speculative image without "
+                                           f"--speculative-config) failed its health gate ({msg}); nothing "
+                                           "measured, the speculative release never started")
+            st.transient = True
+        elif st.aba:
+            msg = kind.switch(step="restart-baseline", change=ReleaseChange(), live=False)
+            if "rolled back" in msg:
+                raise _Decided("rollback", f"the baseline restarted for the gate's first block failed its "
+                                           f"health gate ({msg}); nothing measured, the speculative release "
+                                           "never started")
+            st.transient = True
+
+    def _measure_baseline(self, st: _GateState) -> None:
+        """Step 2: the baseline measured (its first block with ``aba``)."""
+        st.baseline = self._measured("baseline", "baseline.json", st.before_n)
+
+    def _choose(self, st: _GateState) -> None:
+        """Step 2b, with several candidates: each measured, the best chosen as the speculative release; none kept
+        returns to the release live before and decides ``rollback``."""
+        if not self.job.candidates:
+            return
+        was_transient, st.transient = st.transient, True  # from the first switch on, a candidate may serve
+        winner, on_candidate, st.cand_figures = self._candidates(st.baseline)
+        st.transient = was_transient or on_candidate
+        first = self.sup.journal.first(f"candidate-{self.job.candidates[0].name}", "start") or {}
+        st.base_release = first.get("from_release", st.base_release)  # a process host adopts its live process
+        if winner is None:
+            if st.transient:  # a candidate (or the control release) serves: back to the release live before
+                st.returning = True
+                st.rollback = self.sup.kind.return_to(st.base_release, "no candidate cleared the gate")
+                st.transient = False
+            st.figures = {"candidates": st.cand_figures}
+            raise _Decided("rollback", f"no candidate cleared the gate at the corrected "
+                                       f"{st.cand_figures['level']:.1%} level: " + "; ".join(
+                                           f"{r['name']}: {r['verdict']}" for r in st.cand_figures["rows"]))
+        st.change = winner.change
+
+    def _switch(self, st: _GateState) -> None:
+        """Step 3: the kind's switch to the speculative release (a resumed one keeps its journaled target; a chosen
+        candidate is switched to again); a failed health gate (rolled back by the kind) decides ``rollback``."""
+        sup = self.sup
+        msg = sup.replace_serving() if st.change is None else sup.kind.switch(change=st.change)
+        st.transient = False  # the switch replaced it (or its failed gate rolled back to the live release)
+        switched = sup.journal.first("switch", "start") or {}
+        st.base_release = switched.get("from_release", st.base_release)
+        if "rolled back" in msg:
+            st.verdict, st.reason = "rollback", f"the speculative release failed its health gate ({msg})"
+            st.figures = {"baseline_levels": st.baseline["levels"]}
+            st.ended = True
+        else:
+            st.spec_release = sup.releases.current()
+
+    def _measure_and_decide(self, st: _GateState) -> None:
+        """Steps 4, 4b and 5: the speculative release measured, with ``aba`` the baseline's second block, and the
+        verdict; a release that fails the gate's traffic is a ``rollback`` naming the failures, a failed
+        measurement an ``error``."""
+        from eagle3ops.gate.replay import ReleaseFailed
+
+        journal = self.sup.journal
+        try:
+            speculative = self._measured("measure", "speculative.json")
+            after = None
+            if st.aba:  # the baseline's second block, restarted the same way as its first
+                after = self._second_block(st)
+                st.transient = st.control_again
+            st.verdict, st.reason, st.figures = decide_measured(self.job, st.baseline, speculative, st.change,
+                                                                after=after)
+            if self.job.candidates:
+                st.figures["candidates"] = st.cand_figures
+                st.reason = f"candidate {st.cand_figures['winner']}, confirmed afresh: {st.reason}"
+            journal.log("decide", "ok", verdict=st.verdict, reason=st.reason)
+        except _Decided:
+            st.rollback, st.transient = st.returned, st.control_again
+            raise
+        except ReleaseFailed as exc:  # it crashed or failed every request: a rollback, the failure named
+            st.verdict, st.reason = "rollback", f"the speculative release failed the gate's traffic: {exc}"
+            failed = [{"concurrency": exc.concurrency, "pass": None, "prompt": int(i), "error": str(why)}
+                      for i, why in exc.failures]
+            st.figures = {"baseline_levels": st.baseline["levels"], "traffic": st.baseline.get("traffic"),
+                          "failed_requests": {"speculative": failed, "baseline": failed_requests(st.baseline)[0]}}
+            journal.log("measure", "error", reason=st.reason[-800:])
+            journal.log("decide", "ok", verdict=st.verdict, reason=st.reason)
+        except Exception as exc:  # noqa: BLE001 - a failed measurement or decision rolls back
+            st.verdict, st.reason = "error", f"measuring the speculative release failed: {type(exc).__name__}: {exc}"
+            journal.log("decide", "error", reason=st.reason[-800:])
+
+    def _keep_or_return(self, st: _GateState) -> None:
+        """Step 6: the verdict in the release history first (a rollback after it never brings back what failed),
+        then keep (with ``aba`` the speculative release served again: one more restart) or return to the release
+        live before (with ``aba`` and no control release the baseline serves already)."""
+        sup, kind, journal = self.sup, self.sup.kind, self.sup.journal
+        if st.spec_release is not None and kind.keeps_release():
+            sup.releases.mark_gate(st.spec_release, st.verdict, st.reason)
+        if st.verdict == "keep" and st.aba and st.spec_release is not None:
+            back = kind.reinstate(st.spec_release, f"speculation gate: {st.verdict}")
+            st.transient = False
+            if "rolled back" in back:
+                st.verdict, st.reason = "rollback", (f"kept by the gate ({st.reason}), but the speculative release "
+                                                     f"failed its health gate when switched to again ({back})")
+                st.rollback = back
+                sup.releases.mark_gate(st.spec_release, st.verdict, st.reason)
+            else:
+                journal.log("keep", "ok", release=st.spec_release)
+        elif st.verdict == "keep":
+            journal.log("keep", "ok", release=st.spec_release)
+        elif st.returned is not None and self.job.control is None:
+            st.rollback = st.returned
+        else:
+            st.rollback = kind.return_to(st.base_release, f"speculation gate: {st.verdict}")
+            st.transient = False
+
+    def _decided(self, st: _GateState, decided: _Decided) -> None:
+        """A step ended the job with a verdict: journaled; a release that is not the live one (the control release
+        serving the baseline's second block, a candidate) is returned from."""
+        st.verdict, st.reason = decided.args
+        self.sup.journal.log("decide", "ok", verdict=st.verdict, reason=st.reason)
+        if st.transient and not st.returning:
+            st.returning = True
+            st.rollback = self.sup.kind.return_to(st.base_release, f"speculation gate: {st.verdict}")
+            st.transient = False
+
+    def _failed(self, st: _GateState, exc: Exception) -> None:
+        """A step failed: recorded; a release that is not the live one is returned from (a failed return is
+        recorded too: the kind set serving unhealthy)."""
+        st.outcome, st.error = "failed", f"{type(exc).__name__}: {exc}"
+        st.reason = st.reason or st.error
+        self.sup.journal.log("supervisor", "error", reason=st.error[-1000:])
+        if st.transient and not st.returning:
+            st.returning = True
+            try:
+                st.rollback = self.sup.kind.return_to(st.base_release, f"speculate failed while the control release "
+                                                                       f"or a candidate served: {st.error}")
+                st.transient = False
+            except Exception as back:  # noqa: BLE001 - recorded; the kind set unhealthy
+                st.error += f"; returning to release {st.base_release} failed too: {back}"
+
+    def _finish(self, st: _GateState) -> None:
+        """Whatever happened: the kind's finish (not while a transient release serves: a process host's restore
+        agent restores the recorded process once this supervisor ends), then the undrain hook."""
+        if not st.transient:
+            self.sup.kind.finish()
+        if st.drained and self.job.undrain_hook:  # serving is on the decided release (or left as it was)
+            st.undrain_error = self._hook("undrain", self.job.undrain_hook)
+            if st.undrain_error:
+                self.sup.warn("undrain", f"{st.undrain_error}: clients may still be off this server; undrain it by "
+                                         "hand (serving.undrain_hook)")
+
     def run(self) -> tuple[str, str, dict[str, Any]]:
-        """Carry out the job; returns ``(outcome, error, extra)`` for the window's result, ``extra`` holding
-        ``speculate`` (the attempt's result) and ``audit`` (what the audit line adds)."""
-        sup, journal, kind = self.sup, self.sup.journal, self.sup.kind
-        outcome, error = "ok", ""
-        verdict, reason, figures = "error", "", {}
-        base_release = spec_release = rollback = None
-        #: Serving runs a release that is not the live one (the control release, a candidate): an error returns.
-        transient = False
-        cand_figures: dict[str, Any] = {}
-        drained, undrain_error = False, None
-        returning = False  # the return to the release live before was tried (never twice)
+        """Carry out the job, step by step on one :class:`_GateState` (module doc); returns ``(outcome, error,
+        extra)`` for the window's result, ``extra`` holding ``speculate`` (the attempt's result) and ``audit``
+        (what the audit line adds)."""
         from eagle3ops.gate.decide import block_passes
 
         # the three-block order (the baseline before and after the speculative release); candidates are measured
         # in two blocks each (the result says so)
         aba = self.job.design == "aba" and not self.job.candidates
         before_n, _, after_n = block_passes(self.job.passes, "aba" if aba else "ab")
-        returned = None  # aba: the return to the baseline for its second block (serving on it since)
-        self._returned: str | None = None
-        self._control_again = False  # aba with a control release: the control serves the second block
+        st = _GateState(aba=aba, before_n=before_n, after_n=after_n)
+        steps = (self._record_and_drain, self._restart_baseline, self._measure_baseline, self._choose,
+                 self._switch, self._measure_and_decide, self._keep_or_return)
         try:
-            sup.record()  # nothing changes before this succeeds
-            base_release = sup.releases.current()
-            if self.job.drain_hook:  # clients off this server before anything is measured or restarted
-                why = self._hook("drain", self.job.drain_hook)
-                drained = True  # a failed drain may have half-drained: undrain runs all the same
-                if why:
-                    raise _Decided("error", f"{why}: nothing measured or restarted (serving.drain_hook)")
-            if self.job.control is not None:  # like for like: the speculative image without speculation first
-                msg = kind.switch(step="control", change=self.job.control, live=False)
-                if "rolled back" in msg:
-                    raise _Decided("rollback", f"the control release (the speculative image without "
-                                               f"--speculative-config) failed its health gate ({msg}); nothing "
-                                               "measured, the speculative release never started")
-                transient = True
-            elif aba:  # every measured block follows a restart: a restarted server's own speed cancels
-                msg = kind.switch(step="restart-baseline", change=ReleaseChange(), live=False)
-                if "rolled back" in msg:
-                    raise _Decided("rollback", f"the baseline restarted for the gate's first block failed its "
-                                               f"health gate ({msg}); nothing measured, the speculative release "
-                                               "never started")
-                transient = True
-            baseline = self._measured("baseline", "baseline.json", before_n)
-            change = None
-            if self.job.candidates:  # several speculative releases: measure each, confirm the best
-                was_transient, transient = transient, True  # from the first switch on, a candidate may serve
-                winner, on_candidate, cand_figures = self._candidates(baseline)
-                transient = was_transient or on_candidate
-                first = journal.first(f"candidate-{self.job.candidates[0].name}", "start") or {}
-                base_release = first.get("from_release", base_release)  # a process host adopts its live process
-                if winner is None:
-                    if transient:  # a candidate (or the control release) serves: back to the release live before
-                        returning = True
-                        rollback = kind.return_to(base_release, "no candidate cleared the gate")
-                        transient = False
-                    figures = {"candidates": cand_figures}
-                    raise _Decided("rollback", f"no candidate cleared the gate at the corrected "
-                                               f"{cand_figures['level']:.1%} level: " + "; ".join(
-                                                   f"{r['name']}: {r['verdict']}" for r in cand_figures["rows"]))
-                change = winner.change
-            # the kind's switch (a resumed one keeps its journaled target); a chosen candidate switched to again
-            msg = sup.replace_serving() if change is None else kind.switch(change=change)
-            transient = False  # the switch replaced it (or its failed gate rolled back to the live release)
-            switched = journal.first("switch", "start") or {}
-            base_release = switched.get("from_release", base_release)
-            if "rolled back" in msg:
-                verdict, reason = "rollback", f"the speculative release failed its health gate ({msg})"
-                figures = {"baseline_levels": baseline["levels"]}
-            else:
-                spec_release = sup.releases.current()
-                from eagle3ops.gate.replay import ReleaseFailed
-
-                try:
-                    speculative = self._measured("measure", "speculative.json")
-                    after = None
-                    if aba:  # the baseline's second block, restarted the same way as its first
-                        after = self._second_block(base_release, after_n)
-                        returned, transient = self._returned, self._control_again
-                    verdict, reason, figures = decide_measured(self.job, baseline, speculative, change,
-                                                               after=after)
-                    if self.job.candidates:
-                        figures["candidates"] = cand_figures
-                        reason = f"candidate {cand_figures['winner']}, confirmed afresh: {reason}"
-                    journal.log("decide", "ok", verdict=verdict, reason=reason)
-                except _Decided:
-                    rollback, transient = self._returned, self._control_again
-                    raise
-                except ReleaseFailed as exc:  # it crashed or failed every request: a rollback, the failure named
-                    verdict, reason = "rollback", f"the speculative release failed the gate's traffic: {exc}"
-                    failed = [{"concurrency": exc.concurrency, "pass": None, "prompt": int(i), "error": str(why)}
-                              for i, why in exc.failures]
-                    figures = {"baseline_levels": baseline["levels"], "traffic": baseline.get("traffic"),
-                               "failed_requests": {"speculative": failed, "baseline": failed_requests(baseline)[0]}}
-                    journal.log("measure", "error", reason=reason[-800:])
-                    journal.log("decide", "ok", verdict=verdict, reason=reason)
-                except Exception as exc:  # noqa: BLE001 - a failed measurement or decision rolls back
-                    verdict, reason = "error", f"measuring the speculative release failed: {type(exc).__name__}: {exc}"
-                    journal.log("decide", "error", reason=reason[-800:])
-                if spec_release is not None and kind.keeps_release():  # before the return: a rollback after
-                    sup.releases.mark_gate(spec_release, verdict, reason)    # it never brings back what failed
-                if verdict == "keep" and aba and spec_release is not None:  # the baseline serves: one more restart
-                    back = kind.reinstate(spec_release, f"speculation gate: {verdict}")
-                    transient = False
-                    if "rolled back" in back:
-                        verdict, reason = "rollback", (f"kept by the gate ({reason}), but the speculative release "
-                                                       f"failed its health gate when switched to again ({back})")
-                        rollback = back
-                        sup.releases.mark_gate(spec_release, verdict, reason)
-                    else:
-                        journal.log("keep", "ok", release=spec_release)
-                elif verdict == "keep":
-                    journal.log("keep", "ok", release=spec_release)
-                elif returned is not None and self.job.control is None:  # aba: the baseline serves already
-                    rollback = returned
-                else:
-                    rollback = kind.return_to(base_release, f"speculation gate: {verdict}")
-                    transient = False
+            for step in steps:
+                step(st)
+                if st.ended:
+                    break
         except _Decided as d:
-            verdict, reason = d.args
-            journal.log("decide", "ok", verdict=verdict, reason=reason)
-            if transient and not returning:  # aba: the control release serves the baseline's second block
-                returning = True
-                rollback = kind.return_to(base_release, f"speculation gate: {verdict}")
-                transient = False
+            self._decided(st, d)
         except Exception as exc:  # noqa: BLE001 - recorded; serving is the kind's to bring back
-            outcome, error = "failed", f"{type(exc).__name__}: {exc}"
-            reason = reason or error
-            journal.log("supervisor", "error", reason=error[-1000:])
-            if transient and not returning:  # the control release or a candidate serves: back to the release
-                returning = True                    # live before
-                try:
-                    rollback = kind.return_to(base_release, f"speculate failed while the control release or a "
-                                                            f"candidate served: {error}")
-                    transient = False
-                except Exception as back:  # noqa: BLE001 - recorded; the kind set unhealthy
-                    error += f"; returning to release {base_release} failed too: {back}"
+            self._failed(st, exc)
         finally:
-            if not transient:  # else no finish: a process host's restore agent restores the recorded process
-                kind.finish()  # once this supervisor ends
-            if drained and self.job.undrain_hook:  # serving is on the decided release (or left as it was)
-                undrain_error = self._hook("undrain", self.job.undrain_hook)
-                if undrain_error:
-                    sup.warn("undrain", f"{undrain_error}: clients may still be off this server; undrain it by "
-                                        "hand (serving.undrain_hook)")
-        if verdict == "error" and outcome == "ok":
-            outcome, error = "failed", reason
-        result = {"host": sup.plan.host, "window_id": sup.plan.window_id, "verdict": verdict, "reason": reason,
-                  **figures, **self.job.figures, "run": self.job.run, "head": self.job.head,
-                  "head_sha256": self.job.head_sha256, "attempt_dir": str(self.dir),
-                  "baseline_release": base_release, "speculative_release": spec_release,
-                  "rollback": rollback, "live_release": sup.releases.current() if kind.keeps_release() else None,
-                  "gate_passes": self.job.passes, "gate_design": self._design_figures(aba),
-                  "control": self.job.control is not None,
+            self._finish(st)
+        if st.verdict == "error" and st.outcome == "ok":
+            st.outcome, st.error = "failed", st.reason
+        return self._report(st)
+
+    def _report(self, st: _GateState) -> tuple[str, str, dict[str, Any]]:
+        """The attempt's ``result.json`` (and its copy at ``latest``) and the audit line's figures, written."""
+        sup, job, journal = self.sup, self.job, self.sup.journal
+        result = {"host": sup.plan.host, "window_id": sup.plan.window_id, "verdict": st.verdict, "reason": st.reason,
+                  **st.figures, **job.figures, "run": job.run, "head": job.head,
+                  "head_sha256": job.head_sha256, "attempt_dir": str(self.dir),
+                  "baseline_release": st.base_release, "speculative_release": st.spec_release,
+                  "rollback": st.rollback, "live_release": sup.releases.current() if sup.kind.keeps_release() else None,
+                  "gate_passes": job.passes, "gate_design": self._design_figures(st.aba),
+                  "control": job.control is not None,
                   "control_release": (journal.first("control", "ok") or {}).get("to_release"),
                   "measured_releases": self._identities(),
-                  "drain": ({"drain_hook": self.job.drain_hook, "undrain_hook": self.job.undrain_hook,
-                             "undrain_error": undrain_error} if self.job.drain_hook else None)}
-        if self.job.rule == "not_slower":  # a gated release: what changed, environment values and keys left out
-            result["change"] = {**self.job.change.model_dump(exclude={"env"}), "env": sorted(self.job.change.env),
-                                "args": redact.argv(self.job.change.args, self.sup.plan.secret_env)}
+                  "drain": ({"drain_hook": job.drain_hook, "undrain_hook": job.undrain_hook,
+                             "undrain_error": st.undrain_error} if job.drain_hook else None)}
+        if job.rule == "not_slower":  # a gated release: what changed, environment values and keys left out
+            result["change"] = {**job.change.model_dump(exclude={"env"}), "env": sorted(job.change.env),
+                                "args": redact.argv(job.change.args, sup.plan.secret_env)}
         self._write(self.dir / "result.json", result)
-        if self.job.latest:
-            self._write(Path(self.job.latest), result)
-        audit = {"kind": "speculate" if self.job.rule == "faster" else "release-gate", "run": self.job.run,
-                 "verdict": verdict, "reason": reason, "head_sha256": self.job.head_sha256,
+        if job.latest:
+            self._write(Path(job.latest), result)
+        audit = {"kind": "speculate" if job.rule == "faster" else "release-gate", "run": job.run,
+                 "verdict": st.verdict, "reason": st.reason, "head_sha256": job.head_sha256,
                  "attempt_dir": str(self.dir),
-                 "figures": {k: result.get(k) for k in (
-                     "throughput_ratio", "interval", "drift", "design", "gate_design", "power", "passes", "ttft_ratio", "ttft_ratio_max", "deciding",
-                     "spec_decode", "levels", "margin", "margin_is_negative_test_setting", "acceptance_floor",
-                     "production_concurrency", "live_release", "baseline_release", "speculative_release",
-                     "control", "control_release", "measured_releases", "sets", "drain", "rule", "change",
-                     "candidates", "ttft_ratio_p90", "ttft_breach", "traffic", "prefix_cache", "failed_requests")}}
-        return outcome, error, {"speculate": result, "audit": audit}
+                 "figures": {k: result.get(k) for k in AUDIT_FIGURES}}
+        return st.outcome, st.error, {"speculate": result, "audit": audit}
