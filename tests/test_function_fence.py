@@ -29,11 +29,14 @@ MAX_CODE_LINES = 60
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "stages/train.py::run_train": (314, "setup, step loop, checkpoints and the final head in one function; to be "
                                    "split by job like speculators' train/"),
-    "window/run.py::run_window": (96, "the driver side of a window: upload, launch and follow with one set of "
+    "window/run.py::run_window": (94, "the driver side of a window: upload, launch and follow with one set of "
                                   "cleanups"),
     "speculate/regenerate.py::regenerate": (96, "the request loop with resume, budget and manifest in one frame"),
     "stages/probe.py::run_probe": (93, "the reference forward and vLLM's capture compared in one function"),
-    "speculate/watch.py::watch": (92, "the watch loop: intervals, breaches and the rollback decision share state"),
+    "transfer/cli.py::push_command": (66, "the push command's facts, plan, dry-run output and per-host locked run "
+                                       "in one frame (its options shared by each step)"),
+    "transfer/pusher.py::push": (68, "one host's push: facts, plan, lock, load and tags with one set of cleanups"),
+    "speculate/watch.py::watch": (98, "the watch loop: intervals, breaches and the rollback decision share state"),
     "supervisor/stagerun.py::run_stage": (86, "the stage container's wait with engine-restart retries (bounded) "
                                           "in one loop"),
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
@@ -46,7 +49,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                                        "field"),
     "window/preflight.py::estimate_disk": (67, "the disk estimate's facts read and summed stage by stage"),
     "gate/replay.py::_one": (62, "one streamed request's events parsed and timed"),
-    "speculate/cycle.py::plan_cycle": (61, "the cycle's steps listed in order with their conditions"),
     "patches/rebase.py::rebase_series": (61, "each patch of a series carried to the new version in turn"),
 }
 
