@@ -374,8 +374,7 @@ class Bench:
 
         self.fig["cpu"] = demo.cpu_model()
         info = {n: sandbox.up(n, SSH_PORTS[n], engine="none") for n in (PROD, WORK)}
-        self.proxy = DockerProxy([info[n].root / "docker.sock" for n in (PROD, WORK)])
-        self.proxy.start()
+        self.fig["docker_proxy"] = ensure_proxy()
         self.work_dir = Path(f"/tmp/b47-{time.strftime('%Y%m%dT%H%M%S')}")
         self.work_dir.mkdir()
         self.inv = self.work_dir / "hosts.yaml"
@@ -630,7 +629,45 @@ class Bench:
             self.write()
 
 
+def serve_proxy() -> None:
+    """``--proxy``: the hosts' Docker sockets forwarded (:class:`DockerProxy`) until killed. A process of its own,
+    started detached by :func:`ensure_proxy`: a window's supervisor reaches its engine through it and outlives the
+    driver, so the socket must outlive this script too (as a host's dockerd would)."""
+    from eagle3ops_dev import sandbox
+
+    DockerProxy([sandbox.SANDBOX_BASE / n / "docker.sock" for n in (PROD, WORK)]).start()
+    threading.Event().wait()
+
+
+def proxy_answers(sock: Path) -> bool:
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=5) as c:
+            return c.get("http://docker/_ping").is_success
+    except httpx.HTTPError:
+        return False
+
+
+def ensure_proxy() -> str:
+    """Start :func:`serve_proxy` detached (its own session, log beside the sockets) unless both sockets answer."""
+    from eagle3ops_dev import sandbox
+
+    socks = [sandbox.SANDBOX_BASE / n / "docker.sock" for n in (PROD, WORK)]
+    if all(proxy_answers(s) for s in socks):
+        return "running already"
+    log = open(sandbox.SANDBOX_BASE / PROD / "docker-proxy.log", "ab")
+    p = subprocess.Popen([sys.executable, __file__, "--proxy"], stdout=log, stderr=log, start_new_session=True,
+                         stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if all(proxy_answers(s) for s in socks):
+            return f"started, pid {p.pid}"
+        time.sleep(0.3)
+    raise RuntimeError("the Docker socket proxy did not answer in 30 s")
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--proxy"]:
+        serve_proxy()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, default=HERE / "cycle-downtime.json")
     ap.add_argument("--conversations", type=int, default=40, help="ShareGPT V3 conversations regenerated per phase "
