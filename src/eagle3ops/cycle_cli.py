@@ -49,7 +49,7 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
     from eagle3ops.remote import RemoteError
     from eagle3ops.speculate.cycle import CycleFacts, WorkFacts
     from eagle3ops.speculate.restarts import parse_results
-    from eagle3ops.speculate.ship import plan_restarts
+    from eagle3ops.speculate.ship import needs_control, plan_restarts
     from eagle3ops.transfer.weights import WeightsError, plan_weights
     from eagle3ops.transfer.weightsplan import WeightsPlanError
 
@@ -58,7 +58,8 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
     reader = lambda h: common.remote(h, dry_run=True)  # noqa: E731 - reads only
     work_facts = []
     with reader(prod) as pr:
-        restarts = plan_restarts(pr)
+        control = needs_control(pr)
+        restarts = plan_restarts(pr, control=control)
         regenerated = parse_results(pr.run(cyc.regenerated_manifests(prod.data_dir), check=False).stdout or "")
         for w in works:
             if w.name in dead:
@@ -83,7 +84,7 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
         trained = gather.recorded_train(tr)
     return CycleFacts(prod.name, tuple(work_facts), restarts, float(prod.serving.acceptance_floor), extract, note,
                       tuple(dead), float(prod.serving.health_timeout_s), todo, tuple(regenerated), cfg.train.steps,
-                      trained)
+                      trained, control)
 
 
 def _checks(prod: Any, works: list[Any], pipeline: Path) -> Any:

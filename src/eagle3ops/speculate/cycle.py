@@ -102,7 +102,8 @@ class CycleFacts:
     ``regenerate_todo``: conversations regenerate will send (its own plan: answered ones in the resume log left out);
     ``regenerate_recorded``: production's regenerate manifests (:func:`regenerate_estimate`); ``train_steps``: the
     pipeline's ``train.steps``; ``train_recorded``: the train host's newest train figures
-    (:func:`eagle3ops.fleet.gather.recorded_train`).
+    (:func:`eagle3ops.fleet.gather.recorded_train`); ``control``: production's speculate job measures a control
+    release (:func:`eagle3ops.speculate.ship.needs_control`; ``restarts`` counted with it).
     """
 
     production: str
@@ -117,6 +118,7 @@ class CycleFacts:
     regenerate_recorded: tuple[dict[str, Any], ...] = ()
     train_steps: int | None = None
     train_recorded: dict[str, Any] | None = None
+    control: bool = False
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,7 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
                        f"id); mean acceptance length from /metrics deltas against the floor "
                        f"{facts.acceptance_floor:g}; its start bounded by {facts.health_timeout_s:.0f} s"),
         CycleStep("speculate", "speculate", (prod, train_host),
-                  tuple(cyc.speculate(prod, run, train_host, inv, opts.prompts_file)),
+                  tuple(cyc.speculate(prod, run, train_host, inv, opts.prompts_file, control=facts.control)),
                   restarts=(facts.restarts.keep, facts.restarts.rollback),
                   downtime_s=(facts.restarts.downtime_s(facts.restarts.keep),
                               facts.restarts.downtime_s(facts.restarts.rollback)),
