@@ -35,7 +35,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup docs prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
-        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head bench-gate-aa bench-compile-cache clean-sandbox
+        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head bench-gate-aa bench-compile-cache bench-cycle-downtime clean-sandbox
 
 setup:
 	bash scripts/setup.sh
@@ -121,6 +121,12 @@ bench-gate-aa: setup
 # started without --enforce-eager; cold and kept starts alternating). Holds the sandbox ~20-30 minutes.
 bench-compile-cache: setup
 	$(PY) benchmarks/compile-cache/compile_cache.py --repeats 3
+
+# Production's downtime as clients see it: today's two-window cycle against `eagle3ops cycle` with a production and a
+# work host, one client streaming to production throughout (real vLLM CPU serving SmolLM2, real stages; two sandbox
+# hosts sharing this machine's Docker engine). About an hour on 2 cores (benchmarks/cycle_downtime/README.md).
+bench-cycle-downtime: setup
+	$(PY) benchmarks/cycle_downtime/cycle_downtime.py --json benchmarks/cycle_downtime/cycle-downtime.json
 
 bench-push: setup
 	$(PY) benchmarks/push-transfer/push.py --repeat 3 --json benchmarks/push-transfer/push-medians.json

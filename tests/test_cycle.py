@@ -76,7 +76,12 @@ def test_plan_is_a_pure_value_from_the_recorded_facts() -> None:
     # production: only the speed gate restarts it; median of the recorded restarts (50 s)
     assert {s.key: s.restarts for s in plan.steps if any(s.restarts)} == {"speculate": (1, 2)}
     spec = plan.step("speculate")
-    assert list(spec.argv[3:10]) == ["speculate", "prod", "--run", "r1", "--head", "w1:r1", "--inventory"]
+    # --force: production holds no hidden states of the run to estimate the head on (the acceptance step measured
+    # it served instead); no --control while production's speculative image is its live one
+    assert list(spec.argv[3:11]) == ["speculate", "prod", "--run", "r1", "--head", "w1:r1", "--force", "--inventory"]
+    f = _facts()
+    unlike = cy.plan_cycle(cy.CycleFacts(f.production, f.work, f.restarts, 1.3, f.extract, control=True), _opts())
+    assert list(unlike.step("speculate").argv[9:11]) == ["--force", "--control"]
     fig = plan.production_figures()
     assert (fig["expected_downtime_keep_s"], fig["expected_downtime_rollback_s"]) == (50.0, 100.0)
     assert (fig["restarts_below_floor"], fig["expected_downtime_below_floor_s"]) == (0, 0.0)

@@ -135,3 +135,23 @@ def test_a_window_on_a_host_without_an_engine_raises_preflight_failed(host=None)
                         command="t", run="r1", pipeline_text=TINY)
     assert "no container engine answers on sandbox" in str(e.value)
     assert not [w for w in world.writes if "pipeline.yaml" in w], "nothing of the run written"
+
+
+def test_missing_target_fails_naming_the_weights_command_but_passes_a_deploy_before_the_weights():
+    """A work host is deployed before ``weights HOST --from PRODUCTION`` copies the target there: with
+    ``target_later`` (deploy of a host without serving) the missing model directory passes, said so; otherwise it
+    fails naming how to put the target there."""
+    from test_window_driver import REPO, StandInHost
+    from eagle3ops.config import load_inventory
+
+    host = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    world = StandInHost(host)
+    world.dirs.discard(host.model_path)
+    pfs = {later: wpreflight.preflight(StandInRemote(host, world), image=IMAGE, expected_image_id=IMAGE_ID,
+                                       need_serving=False, target_later=later) for later in (False, True)}
+    for later, pf in pfs.items():
+        check = next(c for c in pf.checks if c[0] == "model path")
+        assert check[1] is later, pf.checks
+        assert f"eagle3ops weights {host.name} --from" in check[2] and host.model_path in check[2]
+    assert not pfs[False].ok and "fix hosts.sandbox.model_path" in pfs[False].failures()
+    assert "not there yet" in next(c[2] for c in pfs[True].checks if c[0] == "model path")

@@ -49,7 +49,7 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
     from eagle3ops.remote import RemoteError
     from eagle3ops.speculate.cycle import CycleFacts, WorkFacts, step_durations
     from eagle3ops.speculate.restarts import parse_results
-    from eagle3ops.speculate.ship import plan_restarts, window_results
+    from eagle3ops.speculate.ship import needs_control, plan_restarts, window_results
     from eagle3ops.transfer.weights import WeightsError, plan_weights
     from eagle3ops.transfer.weightsplan import WeightsPlanError
 
@@ -59,7 +59,8 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
     work_facts = []
     with reader(prod) as pr:
         windows = window_results(pr)
-        restarts = plan_restarts(pr, results=windows)
+        control = needs_control(pr)
+        restarts = plan_restarts(pr, control=control, results=windows)
         regenerated = parse_results(pr.run(cyc.regenerated_manifests(prod.data_dir), check=False).stdout or "")
         cycles = step_durations(pr.run(cyc.cycle_journals(prod.state_dir), check=False).stdout or "")
         per_token = _hidden_bytes_per_token(pr, cfg)
@@ -90,7 +91,7 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
                  if w.get("kind") == "speculate" and isinstance(w.get("wall_s"), (int, float)))
     return CycleFacts(prod.name, tuple(work_facts), restarts, float(prod.serving.acceptance_floor), extract, note,
                       tuple(dead), float(prod.serving.health_timeout_s), todo, tuple(regenerated), cfg.train.steps,
-                      trained, cycles, gate, max(heads) if heads else None, link_mbit, per_token)
+                      trained, cycles, gate, max(heads) if heads else None, link_mbit, per_token, control)
 
 
 def _hidden_bytes_per_token(pr: Any, cfg: Any) -> int | None:

@@ -282,7 +282,9 @@ def _push_check_record(r: Any, bp: BuildPlan, built: BuiltImage, echo: Callable[
     if not dry_run and got != built.image_id:
         raise DeployError(f"{h.name}: after the push, {built.tag} has id {got or '(absent)'}, expected "
                           f"{built.image_id}; the image is not correctly on the host")
-    pf = preflight(r, image=built.tag, expected_image_id=built.image_id, need_serving=False)
+    # a host without serving (a work host) is deployed before its target arrives (`weights HOST --from P`)
+    pf = preflight(r, image=built.tag, expected_image_id=built.image_id, need_serving=False,
+                   target_later=not h.serving.managed)
     for name, ok, detail in pf.checks:
         echo(f"  preflight {'ok  ' if ok else 'FAIL'} {name}: {detail}")
     doc["preflight"] = [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in pf.checks]

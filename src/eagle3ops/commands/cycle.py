@@ -69,12 +69,16 @@ def train(host: str, run: str, pipeline: Path | str, inventory: Path | str, merg
 
 
 def speculate(production: str, run: str, head_host: str, inventory: Path | str,
-              prompts_file: Path | str | None = None) -> Change:
-    """``speculate PRODUCTION --run RUN --head HEAD_HOST:RUN [--prompts-file F --with-humaneval]``: the head fetched
-    from the work host and verified by sha256 on arrival, then the speed gate (keep or roll back)."""
+              prompts_file: Path | str | None = None, *, control: bool = False) -> Change:
+    """``speculate PRODUCTION --run RUN --head HEAD_HOST:RUN [--prompts-file F --with-humaneval] --force
+    [--control]``: the head fetched from the work host and verified by sha256 on arrival, then the speed gate (keep
+    or roll back). ``--force``: a head from elsewhere is estimated offline on production's hidden states of the run,
+    which a cycle never extracts there; the cycle's acceptance step measured the head served against the floor
+    instead. ``control``: production's speculative image is not its live one (``--control``, like for like)."""
     words = ["speculate", production, "--run", run, "--head", f"{head_host}:{run}"]
     if prompts_file is not None:
         words += ["--prompts-file", str(prompts_file), "--with-humaneval"]
+    words += ["--force", *(["--control"] if control else [])]
     return eagle3ops(words, inventory)
 
 

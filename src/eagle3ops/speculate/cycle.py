@@ -113,7 +113,9 @@ class CycleFacts:
     production's recorded ``speculate`` windows (the gate), oldest first; ``head_bytes``: the largest trained head
     on the train host (``du -sb``; None: none there); ``link_mbit``: the link rate the transfers assume;
     ``hidden_bytes_per_token``: disk bytes of one token's hidden states, from the target's ``config.json`` on
-    production and ``extract.hidden_dtype`` (:func:`eagle3ops.window.preflight.hidden_state_bytes`; None: unread).
+    production and ``extract.hidden_dtype`` (:func:`eagle3ops.window.preflight.hidden_state_bytes`; None: unread);
+    ``control``: production's speculate job measures a control release
+    (:func:`eagle3ops.speculate.ship.needs_control`; ``restarts`` counted with it).
     """
 
     production: str
@@ -133,6 +135,7 @@ class CycleFacts:
     head_bytes: int | None = None
     link_mbit: float = 1000.0
     hidden_bytes_per_token: int | None = None
+    control: bool = False
 
 
 @dataclass(frozen=True)
@@ -357,7 +360,7 @@ def _head_steps(facts: CycleFacts, opts: CycleOptions, live: list[WorkFacts], ex
                        f"id); mean acceptance length from /metrics deltas against the floor "
                        f"{facts.acceptance_floor:g}; its start bounded by {facts.health_timeout_s:.0f} s; {acc_note}"),
         CycleStep("speculate", "speculate", (prod, train_host),
-                  tuple(cyc.speculate(prod, run, train_host, inv, opts.prompts_file)),
+                  tuple(cyc.speculate(prod, run, train_host, inv, opts.prompts_file, control=facts.control)),
                   restarts=(rp.keep, rp.rollback), downtime_s=(rp.downtime_s(rp.keep), rp.downtime_s(rp.rollback)),
                   expected_s=spec_s, parts=parts,
                   note="head fetched from the work host and verified by sha256, then the speed gate"),

@@ -248,6 +248,23 @@ def plan_restarts(r: Any, control: bool = False, candidates: int = 0,
                         block_passes=block_passes(passes or r.host.serving.gate_passes, design))
 
 
+def needs_control(r: Any) -> bool:
+    """Whether a speculate job on ``r``'s host, with the inventory's images, must measure a control release
+    (``--control``): its speculative image (``serving.speculative_image``) is not the live serving container's, by
+    image id where the host has both, else by reference (:func:`check_like_for_like`'s comparison); read-only. A
+    process serves no image, and no serving container found leaves the decision to the job (False)."""
+    h = r.host
+    image = h.serving.speculative_image or h.serving.image
+    if not image or not speculative_change(h, "", 3, image).image:
+        return False
+    live_ref, live_id = _live_image(r)
+    if live_ref is None and live_id is None:
+        return False
+    got = r.run(dk.image_id(h, image), check=False)
+    spec_id = got.stdout.strip() if got.ok else ""
+    return not (live_id == spec_id if live_id and spec_id else live_ref == image)
+
+
 def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = print,
               on_event: Callable[[dict[str, Any]], None] | None = None,
               push: Callable[[str, Any], str] | None = None) -> dict[str, Any]:

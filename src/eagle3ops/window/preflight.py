@@ -325,7 +325,7 @@ def trial_stage_process(r: Remote, pf: Preflight, *, image: str, run: str) -> bo
 def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
               need_serving: bool = True, disk: DiskEstimate | None = None,
               trial: tuple[str, str, str] | None = None, memory: GpuMemoryPlan | None = None,
-              engine: tuple[int, str, str] | None = None) -> Preflight:
+              engine: tuple[int, str, str] | None = None, target_later: bool = False) -> Preflight:
     """Read-only host checks: engine, image id, model path, free disk, GPUs, serving container; and, with
     ``trial``, a throwaway container with a stage's own settings (:func:`trial_stage_container`).
 
@@ -340,6 +340,8 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
             without it fall back to ``nvidia-smi -L`` on the host.
         memory: the GPU stages' memory estimates (:func:`estimate_gpu_memory`), checked with the architectures
             against what the GPUs report (:func:`check_gpus_fit`).
+        target_later: a missing ``model_path`` passes, said so (``deploy`` of a host without serving: a work host
+            is deployed before ``weights HOST --from PRODUCTION`` puts the target there; its windows check again).
 
     A host whose container engine is missing or does not answer fails at once, with one line saying so
     (:func:`engine_status`): every later check would only repeat it. ``engine``: ``docker version``'s
@@ -364,7 +366,15 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         else:
             pf.add("pipeline image", True, got_id[:19])
     m = r.run(hc.test_dir(h.model_path), check=False)
-    pf.add("model path", m.ok, h.model_path if m.ok else f"{h.model_path} is not a directory on the host")
+    if m.ok:
+        pf.add("model path", True, h.model_path)
+    elif target_later:
+        pf.add("model path", True, f"{h.model_path}: not there yet; `eagle3ops weights {h.name} --from PRODUCTION` "
+                                   f"puts the target there (a cycle's weights step does), before any window")
+    else:
+        pf.add("model path", False, f"{h.model_path} is not a directory on the host: put the target there (from "
+                                    f"another inventory host: `eagle3ops weights {h.name} --from HOST`) or fix "
+                                    f"hosts.{h.name}.model_path")
     has_data_dir = r.run(hc.test_dir(h.data_dir), check=False).ok
     # df on the data dir, or on the state dir's filesystem while the data dir does not exist yet (created at launch).
     df = r.run(hc.free_bytes(h.data_dir if has_data_dir else "/"), check=False)

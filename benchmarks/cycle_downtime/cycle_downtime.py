@@ -1,0 +1,682 @@
+"""Production's downtime as its clients see it (NOT a CI test: real vLLM CPU serving, real stages, tens of minutes):
+today's two-window cycle (extract window + train window + speculate, as ``make demo`` runs them) against
+``eagle3ops cycle PRODUCTION --work WORK`` (extract and train on the work host, the head's served acceptance there,
+production restarted only by the speed gate), both in one run, with one client streaming chat requests to production
+the whole time.
+
+Hosts (this machine; see README.md beside this file): two sandbox hosts, each a real OpenSSH server on 127.0.0.1
+checked by host key (:func:`eagle3ops_dev.sandbox.up`, ``engine="none"``): ``b47prod`` (production, port 2247) and
+``b47work`` (the work host, port 2248, ``serving: none``). Neither starts a Docker engine of its own (three full
+engines do not fit this machine's disk): each host's ``docker_host`` is a socket in its sandbox folder
+(``/var/lib/eagle3ops-sandbox/<name>/docker.sock``, group ``e3ops``) that this script forwards byte for byte to this
+machine's Docker engine (:class:`DockerProxy`), where the images already are. So both hosts share one engine, one
+image store, one CPU (2 cores here) and one disk: a rented work host would have its own.
+
+Production serves the REAL target, SmolLM2-135M-Instruct (the demo's, copied from the ``sandbox`` sandbox when built
+there, else built as ``make demo`` builds it), with real vLLM 0.16 CPU (``eagle3ops/vllm-openai-local:v0.16.0``, the
+demo's serving container with the settings of ``deploy/sandbox-smollm2.yaml``); the stages are the real ones of the
+pipeline image (a manifest that says ``standin`` fails the benchmark). Sizes: the demo's settings, fewer
+conversations and train steps (``--conversations``, ``--train-steps``: recorded) so one run fits. Production's
+``serving.acceptance_floor`` is lowered to ``--floor`` (default 1.0, recorded): the demo's head measured 1.14 against
+the floor 1.3, and a cycle whose head stays below the floor ends before production is restarted (that path has its
+own test); the benchmark is about the restarts.
+
+The client (:class:`Probe`): one streaming chat request at a time to production's port, a new one every 0.5 s (the
+next starts when the last ended if that took longer); a request fails on a connection error, a non-2xx status, a
+stream without ``data: [DONE]``, or 30 s without a token. Per phase: failed requests by kind, the longest span
+without a successful answer, production's seconds not answering (from the first failed request of an outage to the
+start of the next successful one), each outage with the step it fell in (the cycle's journal on production; the
+baseline's own markers). The cycle's plan (``cycle --dry-run --json``, printed before the cycle ran) gives the
+expected downtime; the speculate job's result gives its restarts.
+
+Usage (root; about 45-60 minutes on 2 cores)::
+
+    .venv/bin/python benchmarks/cycle_downtime/cycle_downtime.py [--json benchmarks/cycle_downtime/cycle-downtime.json]
+
+Writes the JSON after every phase (a partial file says where it stopped: ``stopped_at``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import grp
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "src"))
+
+HERE = Path(__file__).resolve().parent
+PROD, WORK = "b47prod", "b47work"
+SSH_PORTS = {PROD: 2247, WORK: 2248}
+SERVING_PORT = 18047
+ENGINE_SOCK = "/var/run/docker.sock"
+LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
+BUILT_TARGET = Path("/var/lib/eagle3ops-sandbox/sandbox/data/models/smollm2-135m-instruct")
+#: Client settings (the issue's): a probe every 0.5 s, a request failed after 30 s without a token.
+PROBE_INTERVAL_S, TOKEN_TIMEOUT_S = 0.5, 30.0
+#: The STAND-IN balancer's port (:class:`Balancer`): production's drain_hook / undrain_hook call it.
+BALANCER_PORT = 18147
+
+
+def now() -> float:
+    return time.time()
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def parse_iso(s: str) -> float:
+    return datetime.fromisoformat(s).timestamp()
+
+
+class DockerProxy:
+    """Unix sockets ``paths`` (mode 0660, group ``e3ops``) forwarded byte for byte to ``target`` (this machine's
+    Docker engine), in a thread of their own: a sandbox host's ``docker_host`` without a second engine. Hijacked
+    streams (attach, exec) pass as they are."""
+
+    def __init__(self, paths: list[Path], target: str = ENGINE_SOCK):
+        self.paths, self.target = paths, target
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            try:
+                w.write_eof() if w.can_write_eof() else w.close()
+            except (OSError, RuntimeError):
+                pass
+
+    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        try:
+            er, ew = await asyncio.open_unix_connection(self.target)
+        except OSError:
+            cw.close()
+            return
+        await asyncio.gather(self._pipe(cr, ew), self._pipe(er, cw))
+        for w in (cw, ew):
+            w.close()
+
+    async def _serve(self) -> None:
+        gid = grp.getgrnam("e3ops").gr_gid
+        for p in self.paths:
+            p.unlink(missing_ok=True)
+            await asyncio.start_unix_server(self._handle, path=str(p))
+            os.chown(p, 0, gid)
+            os.chmod(p, 0o660)
+        self.ready.set()
+
+    def start(self) -> None:
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self._serve())
+            self.loop.run_forever()
+
+        threading.Thread(target=run, daemon=True, name="docker-proxy").start()
+        if not self.ready.wait(30):
+            raise RuntimeError("the Docker socket proxy did not start in 30 s")
+
+
+class Balancer:
+    """A STAND-IN load balancer in front of production (one backend): ``POST /drain`` takes the client off production,
+    ``POST /undrain`` puts it back; production's ``serving.drain_hook`` / ``undrain_hook`` call them (run by the
+    speculate job's supervisor, host network), so the gate measures an idle server as it requires
+    (:func:`eagle3ops.gate.replay.wait_idle`). ``events``: (time, "drain"|"undrain")."""
+
+    def __init__(self, port: int = BALANCER_PORT):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.events: list[tuple[float, str]] = []
+        self.drained = threading.Event()
+        bal = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                what = self.path.strip("/")
+                if what not in ("drain", "undrain"):
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                (bal.drained.set if what == "drain" else bal.drained.clear)()
+                bal.events.append((now(), what))
+                print(f"[bench] balancer: {what}", flush=True)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True, name="balancer").start()
+
+    @staticmethod
+    def hook(port: int, what: str) -> list[str]:
+        """The hook's argv (python3 of the pipeline image, where the supervisor runs it)."""
+        return ["python3", "-c", f"import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:{port}/{what}', "
+                                 f"method='POST'), timeout=10)"]
+
+    def intervals(self, end: float) -> list[tuple[float, float]]:
+        """The drained spans, (from, to); one still drained ends at ``end``."""
+        out, start = [], None
+        for t, what in self.events:
+            if what == "drain" and start is None:
+                start = t
+            elif what == "undrain" and start is not None:
+                out.append((start, t))
+                start = None
+        if start is not None:
+            out.append((start, end))
+        return out
+
+
+class Probe(threading.Thread):
+    """The client: streaming chat requests to ``url`` one at a time, a new one every :data:`PROBE_INTERVAL_S`
+    (module doc); ``records``: one dict per request (start ``t0``, end ``t1``, ``ok``, ``kind`` of failure, tokens);
+    ``load``: (time, 1-minute load average) every 10 s."""
+
+    def __init__(self, url: str, model: str, balancer: Balancer, max_tokens: int = 4):
+        super().__init__(daemon=True, name="probe")
+        self.url, self.model, self.max_tokens, self.balancer = url, model, max_tokens, balancer
+        self.records: list[dict[str, Any]] = []
+        self.load: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+
+    def one(self, client: httpx.Client) -> dict[str, Any]:
+        body = {"model": self.model, "messages": [{"role": "user", "content": "Say hello in three words."}],
+                "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
+        t0, tokens, done = now(), 0, False
+        try:
+            with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as resp:
+                if not 200 <= resp.status_code < 300:
+                    return {"t0": t0, "t1": now(), "ok": False, "kind": f"http {resp.status_code}"}
+                for line in resp.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    ev = json.loads(data)
+                    if "error" in ev:
+                        return {"t0": t0, "t1": now(), "ok": False, "kind": "error event", "tokens": tokens}
+                    if any((c.get("delta") or {}).get("content") for c in ev.get("choices") or []):
+                        tokens += 1
+        except httpx.ReadTimeout:
+            return {"t0": t0, "t1": now(), "ok": False, "kind": f"{TOKEN_TIMEOUT_S:.0f} s without a token",
+                    "tokens": tokens}
+        except (httpx.TransportError, ValueError) as exc:
+            kind = "connection error" if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError,
+                                                          httpx.ConnectTimeout)) else type(exc).__name__
+            return {"t0": t0, "t1": now(), "ok": False, "kind": kind, "tokens": tokens}
+        if not done:
+            return {"t0": t0, "t1": now(), "ok": False, "kind": "stream without [DONE]", "tokens": tokens}
+        if tokens == 0:
+            return {"t0": t0, "t1": now(), "ok": False, "kind": "no token", "tokens": 0}
+        return {"t0": t0, "t1": now(), "ok": True, "tokens": tokens}
+
+    def health(self, client: httpx.Client) -> dict[str, Any]:
+        """While drained: the balancer's health check (``GET /health``; no token generated, so the gate's idle
+        check and measurement see no foreign request), which tells whether production answers at all."""
+        t0 = now()
+        try:
+            ok = client.get(f"{self.url}/health", timeout=2.0).status_code == 200
+            return {"t0": t0, "t1": now(), "ok": ok, "kind": None if ok else "health non-200", "drained": True}
+        except httpx.HTTPError:
+            return {"t0": t0, "t1": now(), "ok": False, "kind": "health: connection error", "drained": True}
+
+    def run(self) -> None:
+        timeout = httpx.Timeout(connect=5.0, read=TOKEN_TIMEOUT_S, write=5.0, pool=5.0)
+        last_load = 0.0
+        with httpx.Client(timeout=timeout) as client:
+            while not self.stop.is_set():
+                rec = self.health(client) if self.balancer.drained.is_set() else self.one(client)
+                self.records.append(rec)
+                if rec["t1"] - last_load >= 10:
+                    self.load.append((rec["t1"], os.getloadavg()[0]))
+                    last_load = rec["t1"]
+                self.stop.wait(max(0.0, rec["t0"] + PROBE_INTERVAL_S - now()))
+
+
+def analyse(records: list[dict[str, Any]], start: float, end: float, spans: list[dict[str, Any]],
+            drained: list[tuple[float, float]]) -> dict[str, Any]:
+    """The client's view of ``[start, end]``: failed chat requests by kind, the longest span without a successful
+    chat answer (between the ends of successful requests; the phase's edges count; drained time counts: no client
+    got an answer from production then), outages (runs of failed probes, chat or the drained health check: from the
+    first failed probe's start to the next successful one's start) each with the span (step) it began in and
+    whether it fell in a drain, production's seconds not answering (their sum), and the seconds drained."""
+    rs = [r for r in records if start <= r["t0"] <= end]
+    ok_ends = [start] + [r["t1"] for r in rs if r["ok"] and not r.get("drained")] + [end]
+    longest = max(b - a for a, b in zip(ok_ends, ok_ends[1:]))
+    kinds: dict[str, int] = {}
+    for r in rs:
+        if not r["ok"] and not r.get("drained"):
+            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    drains = [(max(a, start), min(b, end)) for a, b in drained if b >= start and a <= end]
+    outages, cur = [], None
+    for r in rs:
+        if not r["ok"] and cur is None:
+            cur = {"from": r["t0"], "failed": 0, "kinds": set()}
+        if not r["ok"]:
+            cur["failed"] += 1
+            cur["kinds"].add(r["kind"])
+        elif cur is not None:
+            cur["to"] = r["t0"]
+            outages.append(cur)
+            cur = None
+    if cur is not None:
+        cur["to"] = end
+        outages.append(cur)
+
+    def span_of(t: float) -> str | None:
+        inside = [s["name"] for s in spans if s["from"] <= t <= s["to"]]
+        return inside[-1] if inside else None
+
+    out = [{"from": iso(o["from"]), "seconds": round(o["to"] - o["from"], 2), "failed_probes": o["failed"],
+            "kinds": sorted(o["kinds"]), "during": span_of(o["from"]),
+            "drained": any(a <= o["from"] <= b for a, b in drains)} for o in outages]
+    lat = sorted(r["t1"] - r["t0"] for r in rs if r["ok"] and not r.get("drained"))
+    chat = [r for r in rs if not r.get("drained")]
+    return {"from": iso(start), "to": iso(end), "wall_s": round(end - start, 1), "chat_requests": len(chat),
+            "answered": sum(1 for r in chat if r["ok"]), "failed_requests": sum(kinds.values()),
+            "failed_by_kind": kinds, "longest_span_without_answer_s": round(longest, 2),
+            "drained_s": round(sum(b - a for a, b in drains), 1),
+            "drains": [{"from": iso(a), "seconds": round(b - a, 1), "during": span_of(a)} for a, b in drains],
+            "health_checks_while_drained": sum(1 for r in rs if r.get("drained")),
+            "seconds_not_answering": round(sum(o["seconds"] for o in out), 2), "outages": out,
+            "answer_seconds_median": round(lat[len(lat) // 2], 3) if lat else None,
+            "answer_seconds_max": round(lat[-1], 3) if lat else None,
+            "spans": [{"name": s["name"], "from": iso(s["from"]), "seconds": round(s["to"] - s["from"], 1)}
+                      for s in spans]}
+
+
+def inventory(info: dict[str, Any], floor: float, balancer_port: int = BALANCER_PORT) -> str:
+    """The benchmark's inventory: production = ``deploy/sandbox-smollm2.yaml``'s sandbox entry (the demo's serving
+    settings) on ``b47prod`` with its own container name, serving port and ``acceptance_floor``; the work host the same
+    entry on ``b47work`` with ``serving: none``."""
+    text = (REPO / "deploy/sandbox-smollm2.yaml").read_text()
+    hosts = {}
+    for name in (PROD, WORK):
+        t = (text.replace("${EAGLE3OPS_SANDBOX:-sandbox}", name)
+             .replace("${EAGLE3OPS_SANDBOX_SSH_PORT:-2222}", str(SSH_PORTS[name]))
+             .replace("${EAGLE3OPS_SANDBOX_SERVING_PORT:-18000}", str(SERVING_PORT)))
+        e = yaml.safe_load(t)["hosts"]["sandbox"]
+        e["identity_file"], e["known_hosts"] = str(info[name].identity_file), str(info[name].known_hosts)
+        e["docker_host"] = f"unix://{info[name].root / 'docker.sock'}"
+        if name == PROD:
+            e["serving"]["container"] = "b47-vllm-serving"
+            e["serving"]["acceptance_floor"] = floor
+            e["serving"]["drain_hook"] = Balancer.hook(balancer_port, "drain")
+            e["serving"]["undrain_hook"] = Balancer.hook(balancer_port, "undrain")
+        else:
+            e["serving"] = "none"
+        hosts[name] = e
+    return yaml.safe_dump({"hosts": hosts}, sort_keys=False)
+
+
+class Bench:
+    """One run: setup, the client, the baseline, the cycle, the figures (written after each phase)."""
+
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.fig: dict[str, Any] = {
+            "what": "production's downtime as clients see it: today's two-window cycle vs `eagle3ops cycle`",
+            "started": iso(now()), "cpu": None, "cores": os.cpu_count(),
+            "settings": {"conversations": a.conversations, "train_steps": a.train_steps,
+                         "acceptance_floor": a.floor, "probe_interval_s": PROBE_INTERVAL_S,
+                         "token_timeout_s": TOKEN_TIMEOUT_S, "probe_max_tokens": 4},
+            "hosts": "two sandbox hosts (real sshd on 127.0.0.1, host keys checked), one Docker engine (this "
+                     "machine's) behind each host's own socket; production serves real vLLM 0.16 CPU",
+            "stand_ins": ["production's stand-in serving image for the speculative release "
+                          "(eagle3ops/serving:sandbox-cpu-standin, as make demo)",
+                          "the local CPU vLLM base stands in for vllm/vllm-openai:v0.16.0 (as make demo)"],
+        }
+        self.stopped_at = "setup"
+
+    def write(self) -> None:
+        self.fig["stopped_at"] = self.stopped_at
+        self.fig["finished"] = iso(now())
+        if getattr(self, "probe", None) is not None:
+            ld = [x for _, x in self.probe.load]
+            self.fig["load_average_1min"] = {"samples": len(ld), "mean": round(sum(ld) / len(ld), 2) if ld else None,
+                                             "max": max(ld) if ld else None,
+                                             "note": "this machine's 2 cores are shared with other sessions' work"}
+        self.a.json.parent.mkdir(parents=True, exist_ok=True)
+        self.a.json.write_text(json.dumps(self.fig, indent=2, default=str) + "\n")
+        print(f"[bench] wrote {self.a.json} (stopped_at {self.stopped_at})", flush=True)
+
+    # ---- setup -----------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        from eagle3ops import deployer
+        from eagle3ops.config import load_inventory
+        from eagle3ops_dev import demo, sandbox
+
+        self.fig["cpu"] = demo.cpu_model()
+        info = {n: sandbox.up(n, SSH_PORTS[n], engine="none") for n in (PROD, WORK)}
+        self.fig["docker_proxy"] = ensure_proxy()
+        self.work_dir = Path(f"/tmp/b47-{time.strftime('%Y%m%dT%H%M%S')}")
+        self.work_dir.mkdir()
+        self.inv = self.work_dir / "hosts.yaml"
+        self.inv.write_text(inventory(info, self.a.floor))
+        inv = load_inventory(self.inv)
+        self.prod, self.work = inv.host(PROD), inv.host(WORK)
+        pw = pwd.getpwnam(info[PROD].user)
+        for h in (self.prod, self.work):
+            # the work host's model directory exists but is empty: deploy's preflight asks for the directory, and the
+            # cycle's weights step fills it
+            for d in (h.data_dir, h.state_dir, str(Path(h.model_path).parent), *([h.model_path] if h is self.work
+                                                                                   else [])):
+                Path(d).mkdir(parents=True, exist_ok=True)
+                os.chown(d, pw.pw_uid, pw.pw_gid)
+        t = now()
+        model = Path(self.prod.model_path)
+        if not (model / "config.json").exists():
+            if (BUILT_TARGET / "config.json").exists() and demo.target_kind(BUILT_TARGET) == demo.DEMO_TARGET:
+                shutil.copytree(BUILT_TARGET, model)  # the demo's target as built there, copied as an operator would
+                how = f"copied from {BUILT_TARGET}"
+            else:
+                from eagle3ops import images
+
+                demo.build_tiny_model(images.content_tag("pipeline", None, LOCAL_BASE), str(model), demo.DEMO_TARGET)
+                how = "built as make demo builds it"
+            for p in [model, *model.rglob("*")]:
+                os.chown(p, pw.pw_uid, pw.pw_gid)
+        else:
+            how = "already there"
+        self.fig["target"] = {"path": str(model), "how": how,
+                              "record": json.loads((model / "eagle3ops-target.json").read_text())}
+        t = now()
+        self.fig["serving_start_s"] = round(demo.start_serving(self.prod), 1)
+        self.deployed = {}
+        for h in (self.prod, self.work):
+            t = now()
+            dep = deployer.deploy(h, base_image=LOCAL_BASE, echo=print)
+            self.deployed[h.name] = dep
+            self.fig.setdefault("deploy_s", {})[h.name] = round(now() - t, 1)
+        self.fig["pipeline_image"] = self.deployed[PROD].tag
+        self.url = f"http://127.0.0.1:{self.prod.serving.port}"
+
+    # ---- baseline: today's two-window cycle ---------------------------------------------------------------
+    def baseline(self) -> None:
+        from eagle3ops import executor
+        from eagle3ops.console import print_event
+        from eagle3ops.speculate import ship
+        from eagle3ops.window.run import run_window
+        from eagle3ops_dev import demo
+
+        run = f"base-{time.strftime('%m%dT%H%M%S')}"
+        dep = self.deployed[PROD]
+        spans: list[dict[str, Any]] = []
+        t_start = now()
+
+        def span(name: str, t0: float) -> None:
+            spans.append({"name": name, "from": t0, "to": now()})
+
+        t = now()
+        self.pipeline_text, gen = demo.regenerate_training_data(
+            self.prod, run, (REPO / "deploy/pipeline.yaml").read_text(), conversations=self.a.conversations,
+            train={**demo.DEMO_TRAIN, "steps": self.a.train_steps}, vocab=demo.DEMO_VOCAB)
+        span("regenerate", t)
+        windows = {}
+        for kind in ("extract", "train"):
+            t = now()
+            with executor.for_host(self.prod) as r:
+                res = run_window(r, kind=kind, image=dep.tag, expected_image_id=dep.image_id,
+                                 command=f"eagle3ops {kind} {PROD} --run {run} (cycle_downtime baseline)", run=run,
+                                 on_event=print_event, pipeline_text=self.pipeline_text)
+            span(f"{kind} window", t)
+            windows[kind] = {k: res.get(k) for k in ("outcome", "wall_s", "downtime_s", "stage_seconds", "stages")}
+            if res["outcome"] != "ok":
+                raise RuntimeError(f"baseline {kind} window: {res.get('outcome')} {res.get('error')}")
+        self.chat_file = self.work_dir / "gate-chat.jsonl"
+        demo.held_out_chat_set(self.prod, self.chat_file)
+        t = now()
+        sp: dict[str, Any] = {}
+        try:
+            with executor.for_host(self.prod) as r:  # as make demo: --force --control
+                sp = ship.speculate(r, ship.SpeculateOptions(
+                    run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True, control=True,
+                    serving_image=self.prod.serving.speculative_image, prompts_file=self.chat_file,
+                    with_humaneval=True, command=f"eagle3ops speculate {PROD} --run {run} --force --control "
+                                                 "(cycle_downtime baseline)"), echo=print, on_event=print_event)
+        except Exception as exc:  # noqa: BLE001 - recorded: the gate's own failure is a figure here
+            sp = {"error": f"{type(exc).__name__}: {exc}"}
+        span("speculate", t)
+        self.fig["baseline"] = {
+            "run": run, "what": "regenerate on live serving, extract window, train window (serving stopped for "
+                                "each), speculate --force --control (as make demo)",
+            "regenerate": {k: gen.get(k) for k in ("answered", "conversations", "wall_s", "completion_tokens_now")},
+            "windows": windows, "speculate": self.speculate_summary(sp),
+            "client": analyse(self.probe.records, t_start, now(), spans, self.balancer.intervals(now()))}
+
+    @staticmethod
+    def speculate_summary(sp: dict[str, Any]) -> dict[str, Any]:
+        keys = ("verdict", "reason", "restarts_s", "wall_s", "live_release", "error", "window_id")
+        out = {k: sp.get(k) for k in keys if k in sp}
+        out["mean_acceptance_length"] = (sp.get("spec_decode") or {}).get("mean_acceptance_length")
+        return out
+
+    # ---- the cycle ---------------------------------------------------------------------------------------------
+    def cycle(self) -> None:
+        from eagle3ops_dev import demo
+
+        run = f"cyc-{time.strftime('%m%dT%H%M%S')}"
+        items, record = demo.sharegpt_items(self.a.conversations)
+        ds = self.work_dir / "conversations.jsonl"
+        with ds.open("w") as f:
+            for it in items:  # the demo's selection: up to 2 answers each (the file's answers are replaced)
+                f.write(json.dumps({"messages": [{"role": r, "content": c} for r, c in it.turns]}) + "\n")
+        cfg = yaml.safe_load(self.pipeline_text)
+        pipe = self.work_dir / "pipeline.yaml"
+        pipe.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        base = [sys.executable, "-m", "eagle3ops", "cycle", PROD, "--work", WORK, "--run", run, "--dataset", str(ds),
+                "--truncated", "keep-complete", "--pipeline", str(pipe), "--prompts-file", str(self.chat_file),
+                "--inventory", str(self.inv)]
+        t = now()
+        dry = subprocess.run([*base, "--dry-run", "--json"], capture_output=True, text=True, timeout=600, cwd=REPO)
+        if dry.returncode != 0:
+            raise RuntimeError(f"cycle --dry-run exited {dry.returncode}: {dry.stderr[-2000:]}")
+        plan = json.loads(dry.stdout[dry.stdout.index("{"):])
+        self.fig["cycle"] = {"run": run, "command": " ".join(base[2:]), "plan": plan, "dry_run_s": round(now() - t, 1)}
+        self.write()
+        t_start = now()
+        log = self.work_dir / "cycle.log"
+        last: dict[str, Any] = {}
+        with log.open("w") as lf:
+            proc = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                    cwd=REPO)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lf.write(line)
+                lf.flush()
+                print(line, end="", flush=True)
+                if line.startswith("{"):
+                    try:
+                        last = json.loads(line)
+                    except ValueError:
+                        pass
+            rc = proc.wait()
+        end = now()
+        journal = Path(self.prod.state_dir) / "cycles" / run / "journal.jsonl"
+        entries = [json.loads(x) for x in journal.read_text().splitlines() if x.strip()] if journal.exists() else []
+        spans, open_ = [], {}
+        for e in entries:
+            if e["event"] == "start":
+                open_[e["step"]] = parse_iso(e["t"])
+            elif e["step"] in open_:
+                # the journal's times are whole seconds: widened by one so an outage at a step's edge counts there
+                spans.append({"name": e["step"], "from": open_.pop(e["step"]) - 1, "to": parse_iso(e["t"]) + 1})
+        for k, t0 in open_.items():
+            spans.append({"name": k, "from": t0 - 1, "to": end})
+        spec = self.cycle_speculate_result(run)
+        self.fig["cycle"].update({"rc": rc, "log": str(log), "outcome": {k: last.get(k) for k in (
+            "outcome", "steps", "verdict", "work_host_acceptance", "production_acceptance", "production_restarts")},
+            "figures": last.get("figures"), "journal": entries, "speculate": self.speculate_summary(spec),
+            "client": analyse(self.probe.records, t_start, end, spans, self.balancer.intervals(end))})
+        self.check_stages(run)
+
+    def cycle_speculate_result(self, run: str) -> dict[str, Any]:
+        found = sorted(glob.glob(f"{self.prod.data_dir}/runs/{run}/speculate/*/*/result.json"), key=os.path.getmtime)
+        found = found or sorted(glob.glob(f"{self.prod.data_dir}/runs/{run}/speculate/result.json"))
+        return json.loads(Path(found[-1]).read_text()) if found else {}
+
+    def check_stages(self, run: str) -> None:
+        """Real stages only: every stage manifest of both runs read; one that says stand-in fails the benchmark."""
+        seen = {}
+        for h, r in ((self.prod, self.fig["baseline"]["run"]), (self.work, run)):
+            for st in ("prepare", "extract", "vocab", "train"):
+                p = Path(h.data_dir) / "runs" / r / st / "manifest.json"
+                if p.exists():
+                    text = p.read_text()
+                    seen[f"{h.name}:{r}:{st}"] = "standin" not in text.lower().replace("stand-in", "standin")
+        self.fig["real_stages"] = seen
+        if not seen or not all(seen.values()):
+            raise RuntimeError(f"a stage manifest is missing or says stand-in: {seen}")
+
+    # ---- the verdict ---------------------------------------------------------------------------------------------
+    def conclude(self) -> None:
+        """The issue's questions answered from the figures: did production stop answering only during the speculate
+        job's own restarts, how that compares with the plan the cycle printed, and with the baseline."""
+        b, c = self.fig["baseline"]["client"], self.fig["cycle"]["client"]
+        plan = self.fig["cycle"]["plan"]["production_serving"]
+        sp = self.fig["cycle"]["speculate"]
+        kept = sp.get("verdict") == "keep"
+        expected = plan["expected_downtime_keep_s" if kept else "expected_downtime_rollback_s"]
+        in_spec = [o for o in c["outages"] if o["during"] == "speculate"]
+        outside = [o for o in c["outages"] if o["during"] != "speculate"]
+        measured = round(sum(o["seconds"] for o in in_spec), 2)
+        restarts = sp.get("restarts_s") or []
+
+        def client_down(x: dict[str, Any]) -> float:  # seconds no client got production: drained, or not answering
+            return round(x["drained_s"] + sum(o["seconds"] for o in x["outages"] if not o["drained"]), 1)
+
+        self.fig["verdict"] = {
+            "speculate_path": "keep" if kept else f"not kept ({sp.get('verdict') or sp.get('error')})",
+            "plan_expected_downtime_s": expected,
+            "plan_restarts": plan["restarts_keep" if kept else "restarts_rollback"],
+            "plan_per_restart_s": plan.get("per_restart_s"),
+            "speculate_restarts_reported": len(restarts), "speculate_restart_seconds": restarts,
+            "speculate_restart_seconds_sum": round(sum(restarts), 1),
+            "cycle_outages_during_speculate": len(in_spec),
+            "cycle_seconds_not_answering_during_speculate": measured,
+            "cycle_outages_outside_speculate": outside,
+            "cycle_failed_chat_requests": c["failed_requests"],
+            "only_during_speculate_restarts": not outside and c["failed_requests"] == 0
+            and len(in_spec) <= len(restarts),
+            "measured_over_expected": round(measured / expected, 3) if expected else None,
+            "within_20_percent_of_plan": (abs(measured / expected - 1) <= 0.2) if expected else None,
+            "baseline_seconds_not_answering": b["seconds_not_answering"],
+            "cycle_seconds_not_answering": c["seconds_not_answering"],
+            "cycle_over_baseline_not_answering": (round(c["seconds_not_answering"] / b["seconds_not_answering"], 3)
+                                                  if b["seconds_not_answering"] else None),
+            "baseline_drained_s": b["drained_s"], "cycle_drained_s": c["drained_s"],
+            "baseline_seconds_without_production_for_clients": client_down(b),
+            "cycle_seconds_without_production_for_clients": client_down(c),
+            "baseline_longest_span_without_answer_s": b["longest_span_without_answer_s"],
+            "cycle_longest_span_without_answer_s": c["longest_span_without_answer_s"],
+            "note": "not answering = probes failed (chat requests, or the balancer's /health while drained); drained "
+                    "= the speculate job's drain_hook to its undrain_hook, clients held off production (one backend: "
+                    "they got no answer then either)",
+        }
+
+    def main(self) -> int:
+        try:
+            self.setup()
+            self.write()
+            self.balancer = Balancer()
+            self.probe = Probe(self.url, self.prod.serving.served_model_name or "", self.balancer)
+            self.probe.start()
+            self.stopped_at = "baseline"
+            self.baseline()
+            self.write()
+            self.stopped_at = "cycle"
+            self.cycle()
+            self.write()
+            self.stopped_at = "conclude"
+            self.conclude()
+            self.stopped_at = None
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - the partial figures are written with where it stopped
+            self.fig["error"] = f"{type(exc).__name__}: {exc}"
+            self.fig["traceback"] = traceback.format_exc()[-4000:]
+            traceback.print_exc()
+            return 1
+        finally:
+            if getattr(self, "probe", None) is not None:
+                self.probe.stop.set()
+                self.probe.join(timeout=60)
+            self.write()
+
+
+def serve_proxy() -> None:
+    """``--proxy``: the hosts' Docker sockets forwarded (:class:`DockerProxy`) until killed. A process of its own,
+    started detached by :func:`ensure_proxy`: a window's supervisor reaches its engine through it and outlives the
+    driver, so the socket must outlive this script too (as a host's dockerd would)."""
+    from eagle3ops_dev import sandbox
+
+    DockerProxy([sandbox.SANDBOX_BASE / n / "docker.sock" for n in (PROD, WORK)]).start()
+    threading.Event().wait()
+
+
+def proxy_answers(sock: Path) -> bool:
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=5) as c:
+            return c.get("http://docker/_ping").is_success
+    except httpx.HTTPError:
+        return False
+
+
+def ensure_proxy() -> str:
+    """Start :func:`serve_proxy` detached (its own session, log beside the sockets) unless both sockets answer."""
+    from eagle3ops_dev import sandbox
+
+    socks = [sandbox.SANDBOX_BASE / n / "docker.sock" for n in (PROD, WORK)]
+    if all(proxy_answers(s) for s in socks):
+        return "running already"
+    log = open(sandbox.SANDBOX_BASE / PROD / "docker-proxy.log", "ab")
+    p = subprocess.Popen([sys.executable, __file__, "--proxy"], stdout=log, stderr=log, start_new_session=True,
+                         stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if all(proxy_answers(s) for s in socks):
+            return f"started, pid {p.pid}"
+        time.sleep(0.3)
+    raise RuntimeError("the Docker socket proxy did not answer in 30 s")
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--proxy"]:
+        serve_proxy()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, default=HERE / "cycle-downtime.json")
+    ap.add_argument("--conversations", type=int, default=40, help="ShareGPT V3 conversations regenerated per phase "
+                    "(the demo: 100)")
+    ap.add_argument("--train-steps", type=int, default=150, help="train steps per phase (the demo: 300)")
+    ap.add_argument("--floor", type=float, default=1.0, help="production's serving.acceptance_floor for this run "
+                    "(module doc)")
+    return Bench(ap.parse_args()).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
