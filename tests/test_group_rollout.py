@@ -562,6 +562,28 @@ def test_cli_run_under_the_group_lock_exits_by_outcome_and_a_rerun_resumes(tmp_p
     assert res.exit_code == 1 and "no unfinished rollout to abort" in _words(res)
 
 
+def test_cli_rollout_passes_force_to_every_hosts_gate_options(tmp_path: Path, monkeypatch) -> None:
+    """``group rollout --force`` reaches each host's ``SpeculateOptions`` (a head from elsewhere that a host cannot
+    estimate offline is measured, as ``speculate --force``); without it, none has it. The step callables are
+    replaced by a STAND-IN that records what it is given and stops the run."""
+    from eagle3ops import cli_common, group_cli
+
+    _, common = _cli_files(tmp_path)
+    seen: dict = {}
+
+    def steps_for(name, hosts, remotes, balancer, plan, command, **kw):
+        seen["options"] = kw["speculate_options"]
+        raise RuntimeError("stand-in steps: stop here")
+
+    monkeypatch.setattr(cli_common, "deployed_record", lambda r: {"image": "pipe:1", "image_id": None})
+    monkeypatch.setattr(group_cli, "_steps", steps_for)
+    for flag, want in ((["--force"], True), ([], False)):
+        seen.clear()
+        _invoke(monkeypatch, "group", "rollout", "chat", "--run", "r1", *flag, *common)
+        assert sorted(seen["options"]) == ["a", "b", "c"]
+        assert {o.force for o in seen["options"].values()} == {want}
+
+
 class RecordingBalancer:
     """STAND-IN wrapper around the real balancer: passes every call through and records, after each ``set_state``,
     how many hosts the real HAProxy reports out."""

@@ -228,6 +228,9 @@ def rollout(group: str, run: str = typer.Option(..., "--run", help="The pipeline
             accept_low_power: bool = typer.Option(False, "--accept-low-power", help="The gate measures even when "
                                                   "its planned power is below 80 % (as `speculate "
                                                   "--accept-low-power`)."),
+            force: bool = typer.Option(False, "--force", help="Measure a head whose offline acceptance estimate is "
+                                       "below the floor, or a head from elsewhere the canary could not estimate "
+                                       "(as `speculate --force`); the gate and the served acceptance still judge it."),
             bake: float = typer.Option(600.0, "--bake", min=0, help="Seconds the kept canary serves live traffic "
                                        "before the roll (`group promote` ends it early)."),
             bake_interval: float = typer.Option(60.0, "--bake-interval", min=1, help="Seconds between two of the "
@@ -255,7 +258,7 @@ def rollout(group: str, run: str = typer.Option(..., "--run", help="The pipeline
                 dep = common.deployed_record(r)
             opts[h.name] = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
                                             pipeline_image_id=dep.get("image_id"), head=head, serving_image=image,
-                                            control=control, prompts_file=prompts_file,
+                                            control=control, force=force, prompts_file=prompts_file,
                                             accept_low_power=accept_low_power, command=common.command_line())
         return {"speculate_options": opts, "prompts": _prompts(hosts[0], prompts_file)}
 

@@ -1,0 +1,532 @@
+"""A serving group's release as its clients see it (NOT a CI test: real vLLM CPU serving on two hosts, real HAProxy,
+tens of minutes): ``eagle3ops group rollout`` of a speculative release (canary gated → bake on live traffic → roll)
+and then ``eagle3ops group rollback``, with one client streaming chat requests through the balancer the whole time.
+
+Hosts (this machine; README.md beside this file): two sandbox hosts, each a real OpenSSH server on 127.0.0.1 checked
+by host key (:func:`eagle3ops_dev.sandbox.up`, ``engine="none"``), ``b49a`` (port 2249) and ``b49b`` (port 2250).
+Neither starts a Docker engine of its own: each host's ``docker_host`` is a socket in its sandbox folder forwarded
+byte for byte to this machine's engine (:class:`DockerProxy`, the approach of ``benchmarks/cycle_downtime``, copied
+here: that benchmark was not merged when this one was written). Both serve the REAL target SmolLM2-135M-Instruct with
+real vLLM 0.16 CPU (``deploy/sandbox-smollm2.yaml``'s serving, each its own container name and port).
+
+The balancer: Debian's HAProxy started by this script (:class:`eagle3ops_dev.haproxylocal.LocalHaproxy`: ``retries
+0``, no ``retry-on``, ``option httpchk GET /health``), the group's ``balancer`` reaching its runtime API socket.
+
+The client (:class:`Probe`): a streaming chat request through HAProxy started every 0.5 s, each on its own thread and
+connection (at most 16 at once); a request fails on a connection error, a non-2xx status, a stream
+without ``data: [DONE]``, or 30 s without a token. Per phase: failed requests by kind, the longest span without a
+successful answer, each failure with the group step it fell in (the rollout's journal on the first host).
+
+The speculative release: the committed SmolLM2 head (``benchmarks/gpu-head-smollm2/heads/``) with ``--head``, the
+CPU stand-in serving image (``serving.speculative_image``, as ``make demo``). The canary's speed gate runs beside the
+other host's load on the same 2 shared cores, so its verdict is reported, not decided on: the gate's margin is -0.9
+through the test-only switch ``EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1`` (recorded); the acceptance floor and the
+served-acceptance check apply as they are.
+
+Usage (root; about 30-45 minutes on 2 shared cores)::
+
+    nice .venv/bin/python benchmarks/group-rollout/group_rollout.py [--json benchmarks/group-rollout/group-rollout.json]
+
+Writes the JSON after every phase (a partial file says where it stopped: ``stopped_at``, and the error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import grp
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks" / "_shared"))
+from lab import write_result  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+GROUP = "g49"
+#: host -> (ssh port, serving port)
+HOSTS = {"b49a": (2249, 18049), "b49b": (2250, 18050)}
+ENGINE_SOCK = "/var/run/docker.sock"
+LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
+BUILT_TARGET = Path("/var/lib/eagle3ops-sandbox/sandbox/data/models/smollm2-135m-instruct")
+HEAD = REPO / "benchmarks/gpu-head-smollm2/heads/smollm2-135m-instruct-eagle3"
+#: The issue's client: a probe every 0.5 s, a request failed after 30 s without a token.
+PROBE_INTERVAL_S, TOKEN_TIMEOUT_S = 0.5, 30.0
+GATE_MARGIN = -0.9
+MAX_IN_FLIGHT = 16
+#: The client's chat turns (short answers: the probe's ``max_tokens``), in turn.
+PROMPTS = ["Say hello in three words.", "Write one sentence about the sea.", "Name three colours of a rainbow.",
+           "What is the capital of France? Answer in one sentence.", "Give me a short tip for sleeping well."]
+#: The test-only switch that lets the inventory hold that margin (read by every load of it, in here and in the
+#: ``eagle3ops group`` subprocesses).
+os.environ["EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN"] = "1"
+
+
+def now() -> float:
+    return time.time()
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def parse_iso(s: str) -> float:
+    return datetime.fromisoformat(s).timestamp()
+
+
+class DockerProxy:
+    """Unix sockets ``paths`` (mode 0660, group ``e3ops``) forwarded byte for byte to ``target`` (this machine's
+    Docker engine): a sandbox host's ``docker_host`` without a second engine (copied from
+    ``benchmarks/cycle_downtime``)."""
+
+    def __init__(self, paths: list[Path], target: str = ENGINE_SOCK):
+        self.paths, self.target = paths, target
+
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            try:
+                w.write_eof() if w.can_write_eof() else w.close()
+            except (OSError, RuntimeError):
+                pass
+
+    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        try:
+            er, ew = await asyncio.open_unix_connection(self.target)
+        except OSError:
+            cw.close()
+            return
+        await asyncio.gather(self._pipe(cr, ew), self._pipe(er, cw))
+        for w in (cw, ew):
+            w.close()
+
+    async def serve(self) -> None:
+        gid = grp.getgrnam("e3ops").gr_gid
+        for p in self.paths:
+            p.unlink(missing_ok=True)
+            await asyncio.start_unix_server(self._handle, path=str(p))
+            os.chown(p, 0, gid)
+            os.chmod(p, 0o660)
+        await asyncio.Event().wait()
+
+
+def proxy_answers(sock: Path) -> bool:
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=5) as c:
+            return c.get("http://docker/_ping").is_success
+    except httpx.HTTPError:
+        return False
+
+
+def ensure_proxy() -> str:
+    """The proxy as a detached process of its own (a window's supervisor reaches its engine through it and outlives
+    the driver, as a host's dockerd would) unless both sockets answer."""
+    from eagle3ops_dev import sandbox
+
+    socks = [sandbox.SANDBOX_BASE / n / "docker.sock" for n in HOSTS]
+    if all(proxy_answers(s) for s in socks):
+        return "running already"
+    log = open(sandbox.SANDBOX_BASE / next(iter(HOSTS)) / "docker-proxy.log", "ab")
+    p = subprocess.Popen([sys.executable, __file__, "--proxy"], stdout=log, stderr=log, start_new_session=True,
+                         stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if all(proxy_answers(s) for s in socks):
+            return f"started, pid {p.pid}"
+        time.sleep(0.3)
+    raise RuntimeError("the Docker socket proxy did not answer in 30 s")
+
+
+class Probe(threading.Thread):
+    """The client: a streaming chat request to ``url`` started every :data:`PROBE_INTERVAL_S` on a thread of its own
+    (so that the span without an answer measures whether the group answers, not how long one answer takes), at most
+    :data:`MAX_IN_FLIGHT` at once (a start skipped beyond that is counted: ``skipped``), the prompts of
+    :data:`PROMPTS` in turn;
+    ``records``: one dict per request (start ``t0``, end ``t1``, ``ok``, ``kind`` of failure, tokens, the server
+    that answered when HAProxy says); ``load``: (time, 1-minute load average) every 10 s."""
+
+    def __init__(self, url: str, model: str, max_tokens: int):
+        super().__init__(daemon=True, name="probe")
+        self.url, self.model, self.max_tokens = url, model, max_tokens
+        self.records: list[dict[str, Any]] = []
+        self.load: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.in_flight: list[threading.Thread] = []
+        self.skipped = 0
+
+    def one(self, client: httpx.Client, prompt: str) -> dict[str, Any]:
+        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
+        t0, tokens, done = now(), 0, False
+        try:
+            with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as resp:
+                if not 200 <= resp.status_code < 300:
+                    return {"t0": t0, "t1": now(), "ok": False, "kind": f"http {resp.status_code}"}
+                for line in resp.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    ev = json.loads(data)
+                    if "error" in ev:
+                        return {"t0": t0, "t1": now(), "ok": False, "kind": "error event", "tokens": tokens}
+                    if any((c.get("delta") or {}).get("content") for c in ev.get("choices") or []):
+                        tokens += 1
+        except httpx.ReadTimeout:
+            return {"t0": t0, "t1": now(), "ok": False, "kind": f"{TOKEN_TIMEOUT_S:.0f} s without a token",
+                    "tokens": tokens}
+        except (httpx.TransportError, ValueError) as exc:
+            kind = "connection error" if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError,
+                                                          httpx.ConnectTimeout)) else type(exc).__name__
+            return {"t0": t0, "t1": now(), "ok": False, "kind": kind, "tokens": tokens}
+        if not done:
+            return {"t0": t0, "t1": now(), "ok": False, "kind": "stream without [DONE]", "tokens": tokens}
+        if tokens == 0:
+            return {"t0": t0, "t1": now(), "ok": False, "kind": "no token", "tokens": 0}
+        return {"t0": t0, "t1": now(), "ok": True, "tokens": tokens}
+
+    def _one_recorded(self, prompt: str) -> None:
+        timeout = httpx.Timeout(connect=5.0, read=TOKEN_TIMEOUT_S, write=5.0, pool=5.0)
+        # a new connection a request: HAProxy balances each one (a kept-alive connection would stay on one server)
+        with httpx.Client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            rec = self.one(client, prompt)
+        with self.lock:
+            self.records.append(rec)
+
+    def run(self) -> None:
+        last_load, n = 0.0, 0
+        while not self.stop.is_set():
+            t0 = now()
+            with self.lock:
+                self.in_flight = [t for t in self.in_flight if t.is_alive()]
+                busy = len(self.in_flight) >= MAX_IN_FLIGHT
+            if busy:  # never more than MAX_IN_FLIGHT at once: counted, a figure of its own
+                self.skipped += 1
+            else:
+                t = threading.Thread(target=self._one_recorded, args=(PROMPTS[n % len(PROMPTS)],), daemon=True)
+                t.start()
+                with self.lock:
+                    self.in_flight.append(t)
+                n += 1
+            if t0 - last_load >= 10:
+                self.load.append((t0, os.getloadavg()[0]))
+                last_load = t0
+            self.stop.wait(max(0.0, t0 + PROBE_INTERVAL_S - now()))
+        for t in list(self.in_flight):
+            t.join(TOKEN_TIMEOUT_S + 10)
+
+
+def analyse(records: list[dict[str, Any]], start: float, end: float, spans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The client's view of ``[start, end]``: requests, failed by kind, each failure with the step it fell in, the
+    longest span without a successful answer (between the ends of successful requests; the phase's edges count),
+    answer seconds (median, max)."""
+    rs = sorted((r for r in list(records) if start <= r["t0"] <= end), key=lambda r: r["t0"])
+    ok_ends = [start] + sorted(min(r["t1"], end) for r in rs if r["ok"]) + [end]
+    gaps = [(b - a, a) for a, b in zip(ok_ends, ok_ends[1:])]
+    longest, at = max(gaps)
+
+    def span_of(t: float) -> str | None:
+        inside = [s["name"] for s in spans if s["from"] <= t <= s["to"]]
+        return inside[-1] if inside else None
+
+    kinds: dict[str, int] = {}
+    for r in rs:
+        if not r["ok"]:
+            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    lat = sorted(r["t1"] - r["t0"] for r in rs if r["ok"])
+    return {"from": iso(start), "to": iso(end), "wall_s": round(end - start, 1), "requests": len(rs),
+            "answered": sum(1 for r in rs if r["ok"]), "failed_requests": sum(kinds.values()),
+            "failed_by_kind": kinds,
+            "failures": [{"at": iso(r["t0"]), "kind": r["kind"], "during": span_of(r["t0"])} for r in rs
+                         if not r["ok"]][:50],
+            "longest_span_without_answer_s": round(longest, 2),
+            "note": "a request is started every 0.5 s, each on its own connection; the span is between the ends of "
+                    "two successful answers",
+            "longest_span_at": {"from": iso(at), "during": span_of(at)},
+            "spans_over_1s_without_answer": sum(1 for g, _ in gaps if g > 1.0),
+            "answer_seconds_median": round(lat[len(lat) // 2], 3) if lat else None,
+            "answer_seconds_p99": round(lat[int(len(lat) * 0.99)], 3) if lat else None,
+            "answer_seconds_max": round(lat[-1], 3) if lat else None,
+            "steps": [{"name": s["name"], "from": iso(s["from"]), "seconds": round(s["to"] - s["from"], 1)}
+                      for s in spans]}
+
+
+def inventory(info: dict[str, Any], socket_path: Path) -> str:
+    """Both hosts = ``deploy/sandbox-smollm2.yaml``'s sandbox entry (the demo's serving settings), each with its own
+    container name and serving port, the gate's margin :data:`GATE_MARGIN` (module doc) at concurrency 1 only (the
+    second level would double the gate's time on these cores); the group of both behind the local HAProxy."""
+    text = (REPO / "deploy/sandbox-smollm2.yaml").read_text()
+    hosts = {}
+    for name, (ssh, port) in HOSTS.items():
+        t = (text.replace("${EAGLE3OPS_SANDBOX:-sandbox}", name)
+             .replace("${EAGLE3OPS_SANDBOX_SSH_PORT:-2222}", str(ssh))
+             .replace("${EAGLE3OPS_SANDBOX_SERVING_PORT:-18000}", str(port)))
+        e = yaml.safe_load(t)["hosts"]["sandbox"]
+        e["identity_file"], e["known_hosts"] = str(info[name].identity_file), str(info[name].known_hosts)
+        e["docker_host"] = f"unix://{info[name].root / 'docker.sock'}"
+        e["serving"]["container"] = f"{name}-vllm"
+        e["serving"]["gate_margin"] = GATE_MARGIN
+        e["serving"]["gate_concurrency"] = [1]
+        # the bake's acceptance floor: the host's acceptance floor, not `break-even` (the gate's speed ratio on
+        # shared cores, which this benchmark reports and does not decide on)
+        e["serving"]["watch"] = {"acceptance_floor": e["serving"]["acceptance_floor"]}
+        hosts[name] = e
+    groups = {GROUP: {"hosts": list(HOSTS), "max_out": 1,
+                      "balancer": {"kind": "haproxy", "socket": str(socket_path), "backend": "vllm",
+                                   "servers": {n: n for n in HOSTS}, "timeout_s": 10}}}
+    return yaml.safe_dump({"hosts": hosts, "groups": groups}, sort_keys=False)
+
+
+class Bench:
+    """One run: setup, the client, the rollout, the rollback, the figures (written after each phase)."""
+
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.fig: dict[str, Any] = {
+            "what": "a serving group's speculative rollout (canary -> bake -> roll) and its rollback, as a client "
+                    "streaming chat requests through HAProxy sees them",
+            "started": iso(now()), "cpu": None, "cores": os.cpu_count(),
+            "settings": {"probe_interval_s": PROBE_INTERVAL_S, "token_timeout_s": TOKEN_TIMEOUT_S,
+                         "probe_max_tokens": a.max_tokens, "probe_max_in_flight": MAX_IN_FLIGHT,
+                         "watch_acceptance_floor": 1.3, "bake_s": a.bake, "bake_interval_s": a.bake_interval,
+                         "gate_margin": GATE_MARGIN, "gate_concurrency": [1], "max_out": 1,
+                         "haproxy": "retries 0, no retry-on, option httpchk GET /health, check inter "
+                                    f"{a.check_inter_ms} ms fall 2 rise 1, balance roundrobin"},
+            "hosts": "two sandbox hosts (real sshd on 127.0.0.1, host keys checked), one Docker engine (this "
+                     "machine's) behind each host's own socket; both serve real vLLM 0.16 CPU SmolLM2-135M-Instruct",
+            "stand_ins": ["the speculative release's serving image is the CPU stand-in "
+                          "(eagle3ops/serving:sandbox-cpu-standin, as make demo)",
+                          "the local CPU vLLM base stands in for vllm/vllm-openai:v0.16.0 (as make demo)",
+                          "the gate's margin is -0.9 through the test-only switch: its speed verdict is reported, "
+                          "not decided on (both hosts share 2 cores)"],
+        }
+        self.stopped_at = "setup"
+        self.probe: Probe | None = None
+        self.haproxy: Any = None
+
+    def write(self) -> None:
+        self.fig["stopped_at"] = self.stopped_at
+        self.fig["finished"] = iso(now())
+        if self.probe is not None:
+            ld = [x for _, x in self.probe.load]
+            self.fig["load_average_1min"] = {"samples": len(ld), "mean": round(sum(ld) / len(ld), 2) if ld else None,
+                                             "max": max(ld) if ld else None,
+                                             "note": "this machine's 2 cores are shared with other sessions' work"}
+        self.a.json.parent.mkdir(parents=True, exist_ok=True)
+        write_result(self.a.json, self.fig, indent=2, default=str)
+        print(f"[bench] wrote {self.a.json} (stopped_at {self.stopped_at})", flush=True)
+
+    def setup(self) -> None:
+        from eagle3ops import deployer
+        from eagle3ops.config import load_inventory
+        from eagle3ops_dev import demo, sandbox
+        from eagle3ops_dev.haproxylocal import LocalHaproxy
+
+        self.fig["cpu"] = demo.cpu_model()
+        info = {n: sandbox.up(n, ssh, engine="none") for n, (ssh, _) in HOSTS.items()}
+        self.fig["docker_proxy"] = ensure_proxy()
+        self.work_dir = Path(f"/tmp/b49-{time.strftime('%Y%m%dT%H%M%S')}")
+        self.work_dir.mkdir()
+        self.haproxy = LocalHaproxy(self.work_dir / "haproxy", {n: port for n, (_, port) in HOSTS.items()},
+                                    check_inter_ms=self.a.check_inter_ms)
+        self.inv = self.work_dir / "hosts.yaml"
+        self.inv.write_text(inventory(info, self.haproxy.admin_socket))
+        inv = load_inventory(self.inv)
+        self.hosts = [inv.host(n) for n in HOSTS]
+        pw = pwd.getpwnam(info[next(iter(HOSTS))].user)
+        for h in self.hosts:
+            for d in (h.data_dir, h.state_dir, str(Path(h.model_path).parent)):
+                Path(d).mkdir(parents=True, exist_ok=True)
+                os.chown(d, pw.pw_uid, pw.pw_gid)
+            model = Path(h.model_path)
+            if not (model / "config.json").exists():
+                if not ((BUILT_TARGET / "config.json").exists()
+                        and demo.target_kind(BUILT_TARGET) == demo.DEMO_TARGET):
+                    raise RuntimeError(f"{BUILT_TARGET}: the demo's SmolLM2 target is not built there (make demo "
+                                       "builds it)")
+                shutil.copytree(BUILT_TARGET, model)
+                for p in [model, *model.rglob("*")]:
+                    os.chown(p, pw.pw_uid, pw.pw_gid)
+        self.fig["target"] = json.loads((Path(self.hosts[0].model_path) / "eagle3ops-target.json").read_text())
+        self.fig["target_path"] = f"copied from {BUILT_TARGET}"
+        for h in self.hosts:
+            self.fig.setdefault("serving_start_s", {})[h.name] = round(demo.start_serving(h), 1)
+        for h in self.hosts:
+            t = now()
+            dep = deployer.deploy(h, base_image=LOCAL_BASE, echo=print)
+            self.fig.setdefault("deploy_s", {})[h.name] = round(now() - t, 1)
+            self.fig["pipeline_image"] = dep.tag
+        self.haproxy.start(timeout_s=30)
+        self.fig["haproxy"] = {"version": subprocess.run([self.haproxy_exe(), "-v"], capture_output=True,
+                                                         text=True).stdout.splitlines()[0],
+                               "config": (self.haproxy.workdir / "haproxy.cfg").read_text()}
+        self.url = f"http://127.0.0.1:{self.haproxy.port}"
+
+    @staticmethod
+    def haproxy_exe() -> str:
+        from eagle3ops_dev.haproxylocal import haproxy_binary
+
+        return haproxy_binary() or "haproxy"
+
+    def group(self, phase: str, args: list[str]) -> None:
+        """``eagle3ops group ARGS`` as a subprocess (its log kept), the client's view of it, the journal's steps."""
+        cmd = [sys.executable, "-m", "eagle3ops", "group", *args, "--inventory", str(self.inv)]
+        env = dict(os.environ)
+        t_start = now()
+        log = self.work_dir / f"{phase}.log"
+        last: dict[str, Any] = {}
+        with log.open("w") as lf:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                    cwd=REPO, env=env)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lf.write(line)
+                lf.flush()
+                print(f"[{phase}] {line}", end="", flush=True)
+                if line.startswith("{"):
+                    try:
+                        last = json.loads(line)
+                    except ValueError:
+                        pass
+            rc = proc.wait()
+        end = now()
+        entries = self.journal()
+        spans, open_ = [], {}
+        for e in entries:
+            if e.get("event") == "start":
+                open_[e["step"]] = parse_iso(e["t"])
+            elif e.get("step") in open_ and e.get("event") in ("done", "failed", "busy"):
+                # the journal's times are whole seconds: widened by one so a failure at a step's edge counts there
+                spans.append({"name": e["step"], "from": open_.pop(e["step"]) - 1, "to": parse_iso(e["t"]) + 1})
+        for k, t0 in open_.items():
+            spans.append({"name": k, "from": t0 - 1, "to": end})
+        self.fig[phase] = {"command": " ".join(["eagle3ops", "group", *args]), "rc": rc, "result": last,
+                           "log_tail": log.read_text()[-3000:], "journal": entries,
+                           "client": analyse(self.probe.records if self.probe else [], t_start, end, spans),
+                           "client_starts_skipped_total": self.probe.skipped if self.probe else None}
+        if rc != 0:
+            raise RuntimeError(f"eagle3ops group {args[0]} exited {rc} (log {log})")
+
+    def journal(self) -> list[dict[str, Any]]:
+        d = Path(self.hosts[0].state_dir) / "groups" / GROUP
+        cur = d / "current.json"
+        if not cur.exists():
+            return []
+        rid = json.loads(cur.read_text())["id"]
+        j = d / "rollouts" / rid / "journal.jsonl"
+        return [json.loads(x) for x in j.read_text().splitlines() if x.strip()] if j.exists() else []
+
+    def canary_gate(self, run: str) -> dict[str, Any]:
+        """The canary's gate result (reported, not decided on: module doc)."""
+        found = []
+        for h in self.hosts:
+            found += sorted(Path(h.data_dir, "runs", run, "speculate").rglob("result.json"),
+                            key=os.path.getmtime)
+        if not found:
+            return {}
+        sp = json.loads(found[-1].read_text())
+        keys = ("verdict", "reason", "restarts_s", "wall_s", "live_release", "speedup", "gate")
+        out = {k: sp.get(k) for k in keys if k in sp}
+        out["file"] = str(found[-1])
+        out["mean_acceptance_length"] = (sp.get("spec_decode") or {}).get("mean_acceptance_length")
+        out["note"] = ("measured beside the other host's live traffic on the same 2 shared cores (and other sessions' "
+                       "work): reported, not decided on (gate margin -0.9)")
+        return out
+
+    def main(self) -> int:
+        try:
+            self.setup()
+            self.write()
+            self.probe = Probe(self.url, self.hosts[0].serving.served_model_name or "", self.a.max_tokens)
+            self.probe.start()
+            time.sleep(10)
+            run = f"g49-{time.strftime('%m%dT%H%M%S')}"
+            self.stopped_at = "rollout"
+            try:
+                self.group("rollout", ["rollout", GROUP, "--run", run, "--head", str(HEAD), "--force",
+                                       "--control", "--accept-low-power", "--bake", str(self.a.bake), "--bake-interval",
+                                       str(self.a.bake_interval), "--drain-timeout", "900", "--out-wait", "900"])
+            finally:
+                self.fig["canary_gate"] = self.canary_gate(run)
+            self.write()
+            self.stopped_at = "rollback"
+            self.group("rollback", ["rollback", GROUP, "--drain-timeout", "900", "--out-wait", "900"])
+            time.sleep(5)
+            self.stopped_at = None
+            self.fig["verdict"] = {
+                phase: {"failed_requests": self.fig[phase]["client"]["failed_requests"],
+                        "longest_span_without_answer_s": self.fig[phase]["client"]["longest_span_without_answer_s"],
+                        "no_span_over_1s": self.fig[phase]["client"]["longest_span_without_answer_s"] <= 1.0,
+                        "outcome": (self.fig[phase]["result"] or {}).get("outcome")}
+                for phase in ("rollout", "rollback")}
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - the partial figures are written with where it stopped
+            self.fig["error"] = f"{type(exc).__name__}: {exc}"
+            self.fig["traceback"] = traceback.format_exc()[-4000:]
+            traceback.print_exc()
+            return 1
+        finally:
+            if self.probe is not None:
+                self.probe.stop.set()
+                self.probe.join(timeout=60)
+            self.write()
+            if not self.a.keep:
+                self.cleanup()
+
+    def cleanup(self) -> None:
+        """HAProxy stopped and both hosts' serving containers removed (the 2 cores are shared with other work)."""
+        if self.haproxy is not None:
+            self.haproxy.stop()
+        from eagle3ops import executor
+        from eagle3ops.commands import docker as dk
+
+        for h in getattr(self, "hosts", []):
+            try:
+                with executor.for_host(h) as r:
+                    r.run(dk.rm(h, h.serving.container, force=True), check=False)
+            except Exception as exc:  # noqa: BLE001 - cleanup must not hide the run's own error
+                print(f"[bench] {h.name}: serving not removed: {exc}", flush=True)
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--proxy"]:
+        from eagle3ops_dev import sandbox
+
+        asyncio.run(DockerProxy([sandbox.SANDBOX_BASE / n / "docker.sock" for n in HOSTS]).serve())
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, default=HERE / "group-rollout.json")
+    ap.add_argument("--bake", type=float, default=60.0, help="the canary's bake, seconds (the default 600 of "
+                    "`group rollout` is sized for production)")
+    ap.add_argument("--bake-interval", type=float, default=15.0, help="seconds between the bake's readings")
+    ap.add_argument("--check-inter-ms", type=int, default=2000, help="HAProxy's health check interval (ms); also its "
+                    "check's timeout (no `timeout check`): sized for a loaded machine")
+    ap.add_argument("--max-tokens", type=int, default=16, help="the client's answer length, tokens (the bake judges "
+                    "the canary's acceptance on this traffic)")
+    ap.add_argument("--keep", action="store_true", help="leave HAProxy running at the end")
+    return Bench(ap.parse_args()).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
