@@ -47,7 +47,9 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                                            "release in one journaled frame"),
     "fixtures/tinydraft.py::build_tiny_eagle3_draft": (68, "a tiny draft head's config and weights written field by "
                                                        "field"),
-    "window/preflight.py::estimate_disk": (67, "the disk estimate's facts read and summed stage by stage"),
+    "window/preflight.py::preflight": (63, "the host checks before a window in the order they are reported, each one "
+                                          "a branch on what the host showed (a work host's target may come later)"),
+    "window/diskestimate.py::estimate_disk": (67, "the disk estimate's facts read and summed stage by stage"),
     "gate/replay.py::_one": (62, "one streamed request's events parsed and timed"),
     "patches/rebase.py::rebase_series": (61, "each patch of a series carried to the new version in turn"),
 }

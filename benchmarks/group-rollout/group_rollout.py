@@ -64,7 +64,7 @@ ENGINE_SOCK = "/var/run/docker.sock"
 LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
 BUILT_TARGET = Path("/var/lib/eagle3ops-sandbox/sandbox/data/models/smollm2-135m-instruct")
 HEAD = REPO / "benchmarks/gpu-head-smollm2/heads/smollm2-135m-instruct-eagle3"
-#: The issue's client: a probe every 0.5 s, a request failed after 30 s without a token.
+#: The client as a careful user measures downtime: a probe every 0.5 s, a request failed after 30 s without a token.
 PROBE_INTERVAL_S, TOKEN_TIMEOUT_S = 0.5, 30.0
 GATE_MARGIN = -0.9
 MAX_IN_FLIGHT = 16

@@ -31,7 +31,7 @@ expected downtime; the speculate job's result gives its restarts.
 
 Usage (root; about 45-60 minutes on 2 cores)::
 
-    .venv/bin/python benchmarks/cycle_downtime/cycle_downtime.py [--json benchmarks/cycle_downtime/cycle-downtime.json]
+    .venv/bin/python benchmarks/cycle-downtime/cycle_downtime.py [--json benchmarks/cycle-downtime/cycle-downtime.json]
 
 Writes the JSON after every phase (a partial file says where it stopped: ``stopped_at``).
 """
@@ -68,7 +68,7 @@ SERVING_PORT = 18047
 ENGINE_SOCK = "/var/run/docker.sock"
 LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
 BUILT_TARGET = Path("/var/lib/eagle3ops-sandbox/sandbox/data/models/smollm2-135m-instruct")
-#: Client settings (the issue's): a probe every 0.5 s, a request failed after 30 s without a token.
+#: Client settings (as a careful user measures downtime): a probe every 0.5 s, a request failed after 30 s without a token.
 PROBE_INTERVAL_S, TOKEN_TIMEOUT_S = 0.5, 30.0
 #: The STAND-IN balancer's port (:class:`Balancer`): production's drain_hook / undrain_hook call it.
 BALANCER_PORT = 18147
@@ -556,7 +556,7 @@ class Bench:
 
     # ---- the verdict ---------------------------------------------------------------------------------------------
     def conclude(self) -> None:
-        """The issue's questions answered from the figures: did production stop answering only during the speculate
+        """The benchmark's questions answered from the figures: did production stop answering only during the speculate
         job's own restarts, how that compares with the plan the cycle printed, and with the baseline."""
         b, c = self.fig["baseline"]["client"], self.fig["cycle"]["client"]
         plan = self.fig["cycle"]["plan"]["production_serving"]
