@@ -58,10 +58,12 @@ def release_record(p: Path) -> bool:
     """Whether ``p`` is one of the records that restore and ``rollback`` recreate serving from, the only files
     allowed to hold serving's secrets (docs/guarantees.md): a retained release (``<state_dir>/releases/NNNN.json``), a
     window's record of the serving container (``windows/<id>/serving-inspect.json``) and of the serving process or
-    unit (``windows/<id>/process/{,next.,...}cmdline.nul``, ``environ.nul``, ``unit.show``)."""
+    unit (``windows/<id>/process/{,next.,...}cmdline.nul``, ``environ.nul``, ``unit.show``, ``unit.argv.json``,
+    ``{,next.}unit.dropin``)."""
     return (p.parent.name == "releases" and p.suffix == ".json" and p.stem.isdigit()) or \
         p.name == "serving-inspect.json" or \
-        (p.parent.name == "process" and p.name.endswith(("cmdline.nul", "environ.nul", "unit.show")))
+        (p.parent.name == "process" and p.name.endswith(("cmdline.nul", "environ.nul", "unit.show", "unit.argv.json",
+                                                         "unit.dropin")))
 
 
 def scan_with_records(roots: Iterable[Path], also: Callable[[Path], bool] = lambda p: False,

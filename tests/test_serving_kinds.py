@@ -277,10 +277,15 @@ def test_whole_window_result(world):
 
 
 def test_switch_release(world):
-    """A release: containers and processes switch to a new retained release, health-gated; systemd and none
-    refuse (a unit would have to be edited; there is no serving)."""
+    """A release: containers and processes switch to a new retained release, health-gated; none refuses (there is
+    no serving). systemd's releases are drop-ins that only a real systemd reads (and the agent would write one into
+    this machine's /etc): met in ``tests/test_systemd_real.py``; here its speculate switch is refused."""
+    if world.kind == "systemd":
+        with pytest.raises(RuntimeError, match="speculate"):
+            world.supervisor("speculate").kind.switch()
+        return
     sup = world.supervisor("release", change=ReleaseChange(args=["--label", "two"] if world.kind == "process" else []))
-    if world.kind in ("systemd", "none"):
+    if world.kind == "none":
         with pytest.raises(RuntimeError, match="not supported|nothing to release|cannot"):
             sup.replace_serving()
         return
@@ -307,7 +312,7 @@ def test_no_secret_is_written_by_a_window_a_release_or_a_rollback(kind, tmp_path
     w = World(tmp_path, kind)
     try:
         assert w.supervisor().run()["outcome"] == "ok"
-        if kind != "systemd":  # systemd releases are refused (test_switch_release)
+        if kind != "systemd":  # systemd releases: on a real systemd (test_systemd_real)
             change = ReleaseChange(args=["--label", "two"] if kind == "process" else [])
             assert w.supervisor("release", wdir=tmp_path / "w2", change=change).run()["outcome"] == "ok"
             assert w.supervisor("rollback", wdir=tmp_path / "w3").run()["outcome"] == "ok"
@@ -361,22 +366,56 @@ def test_config_docs_document_systemd_with_an_example():
 def test_systemd_driver_side_refuses_releases_and_previews_systemctl(tmp_path):
     from eagle3ops.remote import render
     from eagle3ops.window.common import WindowError
-    from eagle3ops.window.kinds import require_serving
+    from eagle3ops.window.kinds import SystemdKind, require_serving
     from eagle3ops.window.planner import build_plan, supervisor_commands
 
     h = _inv(tmp_path, "    serving: {kind: systemd, unit: vllm.service, served_model_name: m}\n")
-    for what in ("release", "rollback", "speculate"):
-        with pytest.raises(WindowError, match=rf"systemd unit 'vllm.service'.*{what} is not supported"):
-            require_serving(h, what)
+    with pytest.raises(WindowError, match=r"systemd unit 'vllm.service'.*speculate is not supported"):
+        require_serving(h, "speculate")
+    for what in ("release", "rollback"):
+        require_serving(h, what)
+    assert "--image" in SystemdKind().release_refusal(h, ReleaseChange(image="x"))
+    assert SystemdKind().release_refusal(h, ReleaseChange(args=["--max-num-seqs", "8"])) is None
     plan = build_plan(h, kind="window", window_id="w9", image="i", command="c", stages=["prepare"])
     assert (plan.serving_kind, plan.serving_unit, plan.serving_container) == ("systemd", "vllm.service", "")
     assert plan.process_dir == "/s/windows/w9/process"
     cmds = [render(c) for c in supervisor_commands(h, plan)]
     assert cmds[0].startswith("sh -c") and "systemctl show -p ExecStart -p Environment -p ActiveState vllm.service" \
-        in cmds[0]
+        in cmds[0] and "/org/freedesktop/systemd1/unit/vllm_2eservice" in cmds[0] \
+        and "/etc/systemd/system/vllm.service.d/50-eagle3ops-release.conf" in cmds[0]
     assert "eagle3ops-restore-agent" in cmds[1] and "vllm.service" in cmds[1]
     assert cmds[2] == "systemctl stop vllm.service" and cmds[-2] == "systemctl start vllm.service"
     assert " run --detach " in cmds[3] and cmds[-1].startswith("GET http://127.0.0.1:8000/health")
+    rel = build_plan(h, kind="release", window_id="w8", image="i", command="c",
+                     change=ReleaseChange(args=["--max-num-seqs", "8"]))
+    cmds = [render(c) for c in supervisor_commands(h, rel)]
+    assert cmds[2:5] == ["systemctl stop vllm.service", next(c for c in cmds if c.startswith("'# write'")),
+                         "systemctl daemon-reload"], cmds
+    assert "--max-num-seqs 8" in cmds[3] and cmds[5] == "systemctl start vllm.service" and "roll back" in cmds[7]
+
+
+def test_dropin_text_quotes_words_as_systemd_reads_them():
+    """The release's drop-in (pure): ExecStart and Environment reset, then the release's words, each double-quoted
+    with systemd's escapes (``$`` left in systemd's form: recorded words are unexpanded); a separate argv[0] with the
+    ``@`` prefix; bad input refused by name."""
+    text = sd.dropin_text(["/opt/v/bin/vllm", "serve", "/m", "--api-key", 'k"1\\', "--chat-template", "a b $HOME 5%"],
+                          ["VLLM_API_KEY=sk x", "P=$x%h"])
+    assert text.splitlines()[1:] == [
+        "[Service]", "ExecStart=",
+        'ExecStart="/opt/v/bin/vllm" "serve" "/m" "--api-key" "k\\"1\\\\" "--chat-template" "a b $HOME 5%%"',
+        "Environment=", 'Environment="VLLM_API_KEY=sk x"', 'Environment="P=$x%%h"']
+    assert 'ExecStart="@/usr/bin/python3.11" "python3" "-m"' in sd.dropin_text(["python3", "-m", "x"], [],
+                                                                              path="/usr/bin/python3.11")
+    with pytest.raises(ValueError, match="command line"):
+        sd.dropin_text([], [])
+    with pytest.raises(ValueError, match=r"NAME=VALUE"):
+        sd.dropin_text(["/x"], ["NOEQUALS"])
+    assert sd.exec_literal("a$b$$") == "a$$b$$$$"  # a word a release adds: passed as it is
+    assert sd.unit_object_path("vllm-standin.service") == "/org/freedesktop/systemd1/unit/vllm_2dstandin_2eservice"
+    exact = ('{"type":"a(sasbttttuii)","data":[["/bin/bash",["/bin/bash","-c","sleep 1 & exec sleep 2","v"],false,'
+             '1,2,0,0,67,0,0]]}')
+    assert sd.parse_execstart_json(exact) == ("/bin/bash", ["/bin/bash", "-c", "sleep 1 & exec sleep 2", "v"])
+    assert sd.parse_execstart_json("") is None and sd.parse_execstart_json('{"data": []}') is None
 
 
 def test_parse_show_reads_execstart_and_environment():
@@ -386,4 +425,5 @@ def test_parse_show_reads_execstart_and_environment():
     u = sd.parse_show(text)
     assert u["argv"] == ["/opt/venv/bin/vllm", "serve", "/m", "--api-key", "k1", "--port", "8000"]
     assert u["environ"] == ["HF_HOME=/cache", "NOTE=two words"] and u["active"] == "active"
-    assert sd.parse_show("ExecStart=\nEnvironment=\n") == {"argv": [], "environ": [], "active": ""}
+    assert u["path"] == "/opt/venv/bin/vllm"
+    assert sd.parse_show("ExecStart=\nEnvironment=\n") == {"argv": [], "environ": [], "active": "", "path": ""}

@@ -8,6 +8,12 @@ What it shows (each against systemd itself, not a stand-in of ``systemctl``):
 - the unit's secrets (``--api-key K``, ``--api-key=K``, ``--hf-token`` on its command line; ``VLLM_API_KEY``,
   ``HF_TOKEN`` and an inventory-named variable in its environment) end up in no file of the host's state and data
   dirs but the unit's record (``unit.show``, mode 0600), and in no output of the CLI's ``status`` / ``config check``;
+- a release (an added flag) and its rollback, driven by the window runner's supervisor steps (run in this process,
+  the host's state dir bind-mounted at the same files) through the real agent: the release writes the drop-in
+  ``/etc/systemd/system/<unit>.d/50-eagle3ops-release.conf`` (mode 0600, root's), ``daemon-reload``, the unit starts
+  with the flag and passes the real health gate; the rollback removes the drop-in and the unit runs as before; the
+  secrets are then in no file of the state and data dirs but the release records (0600, root's), and not in the
+  supervisor's output;
 - preflight advises ``KillMode=control-group`` for such a unit;
 - with logind's ``KillUserProcesses=yes`` applying to the SSH user, preflight detaches the agent as a user service
   (the user lingers) and the agent outlives the SSH session; without linger the window is refused before anything
@@ -16,8 +22,10 @@ What it shows (each against systemd itself, not a stand-in of ``systemctl``):
 The container: ``--cap-add SYS_ADMIN`` (systemd mounts its own file systems; ``--privileged`` fails on this machine),
 tmpfs on /run and /run/lock, the host's cgroup file system with ``--cgroupns host`` (systemd keeps to its container's
 subtree, ``/docker/<id>/...``), host networking with sshd on a free loopback port. Its image is built on the
-debootstrap minbase with Debian's packages (tests/systemd_image.py); the serving unit runs ``sleep`` processes, a stand-in
-for vLLM (no model is served: the subject is how the unit's processes are stopped and started).
+debootstrap minbase with Debian's packages (tests/systemd_image.py); the serving unit's main process is the STAND-IN
+OpenAI server (``tests/data/standin_openai_server.py``, NOT vLLM: it answers the health gate) run by Debian's python3,
+with a ``sleep`` child as a stand-in for vLLM's EngineCore (the subject is how the unit's processes are stopped,
+started and released, not serving a model).
 """
 
 from __future__ import annotations
@@ -40,15 +48,26 @@ import systemd_image
 from secretscan import ORG_NAME, leaks, planted_args, planted_env, private, scan_with_records
 
 UNIT = "vllm-standin.service"
-# The main process and a child of it, as vLLM's API server and its EngineCore; KillMode=process: `systemctl stop`
-# ends the main process only. The unit carries serving's secrets as a keyed vLLM unit would (secretscan's planted
-# values: `--api-key K`, `--api-key=K` and `--hf-token` on its command line, bash's positional words here;
-# VLLM_API_KEY, HF_TOKEN and the inventory-named ORG_TOKEN in its environment).
-UNIT_FILE = f"""[Service]
-ExecStart=/bin/bash -c 'sleep 10001 & exec sleep 20001' vllm {' '.join(planted_args())}
+SERVER = Path(__file__).resolve().parent / "data/standin_openai_server.py"
+#: Where the stand-in server is copied in the container.
+SERVER_IN = "/opt/standin/standin_openai_server.py"
+MODEL = "standin-kinds"
+
+
+def unit_file(port: int) -> str:
+    """The serving unit: the main process (the stand-in server, after bash's exec) and a ``sleep`` child, as vLLM's
+    API server and its EngineCore; KillMode=process: `systemctl stop` ends the main process only. It carries
+    serving's secrets as a keyed vLLM unit would (secretscan's planted values: `--api-key K`, `--api-key=K` and
+    `--hf-token` on its command line; VLLM_API_KEY, HF_TOKEN and the inventory-named ORG_TOKEN in its environment).
+    A word with spaces (bash's script) and ``$$`` (systemd's literal ``$``) as units have them."""
+    return f"""[Service]
+ExecStart=/bin/bash -c 'sleep 10001 & exec /usr/bin/python3 {SERVER_IN} "$$@"' vllm --port {port} --model {MODEL} \
+  {' '.join(planted_args())}
 {chr(10).join(f'Environment={k}={v}' for k, v in planted_env().items())}
 KillMode=process
 """
+
+
 #: The agent asks about "the supervisor" with these words: always running (the test plays the supervisor's part
 #: through the agent's request files).
 RUNNING = ["sh", "-c", "echo running", "eagle3ops-test-supervisor"]
@@ -69,12 +88,13 @@ def systemd_host(tmp_path_factory):
     """The inventory file of a host whose serving is systemd unit ``vllm-standin.service``, on a real systemd."""
     image = systemd_image.build()  # built by tests/prebuild.py: seconds here
     name = f"e3-systemd-{uuid.uuid4().hex[:8]}"
-    port = _free_port()
+    port, serving_port = _free_port(), _free_port()
     d = tmp_path_factory.mktemp("systemd-host")
     _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "id"))
+    (d / "e3").mkdir()  # the host's /var/lib/e3 (state and data dirs): the supervisor steps read it here
     _sh("docker", "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
         "--tmpfs", "/run", "--tmpfs", "/run/lock", "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-        "--cgroupns", "host", image)
+        "--volume", f"{d / 'e3'}:/var/lib/e3", "--cgroupns", "host", image)
     try:
         state = ""
         for _ in range(60):  # bounded: 30 s for systemd to boot
@@ -93,7 +113,10 @@ printf '[Login]\\nKillUserProcesses=yes\\nKillExcludeUsers=nobody\\n' > /etc/sys
 systemctl restart systemd-logind ssh
 """
         _sh("docker", "exec", "-i", name, "bash", "-c", setup, input=(d / "id.pub").read_text())
-        _sh("docker", "exec", "-i", name, "sh", "-c", f"cat > /etc/systemd/system/{UNIT}", input=UNIT_FILE)
+        _sh("docker", "exec", "-i", name, "sh", "-c", f"mkdir -p /opt/standin && cat > {SERVER_IN}",
+            input=SERVER.read_text())
+        _sh("docker", "exec", "-i", name, "sh", "-c", f"cat > /etc/systemd/system/{UNIT}",
+            input=unit_file(serving_port))
         _sh("docker", "exec", name, "systemctl", "daemon-reload")
         _sh("docker", "exec", name, "systemctl", "start", UNIT)
         pub = _sh("docker", "exec", name, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()
@@ -113,8 +136,8 @@ systemctl restart systemd-logind ssh
     serving:
       kind: systemd
       unit: {UNIT}
-      port: 8000
-      served_model_name: standin
+      port: {serving_port}
+      served_model_name: {MODEL}
       stop_timeout_s: 5
 """)
         yield inv, name
@@ -139,7 +162,7 @@ def _wait_file(r: Remote, path: str, timeout: float = 30) -> str:
 
 def _unit_procs(name: str) -> list[str]:
     out = _sh("docker", "exec", name, "ps", "-eo", "args", check=False).stdout
-    return [ln for ln in out.splitlines() if ln.startswith("sleep 1000") or ln.startswith("sleep 2000")]
+    return [ln for ln in out.splitlines() if ln.startswith("sleep 10001") or SERVER_IN in ln]
 
 
 def test_agent_stop_ends_the_units_control_group_and_restore_starts_it(systemd_host, tmp_path):
@@ -167,9 +190,12 @@ def test_agent_stop_ends_the_units_control_group_and_restore_starts_it(systemd_h
     _no_secret_on_the_host_or_in_the_drivers_output(inv, name, tmp_path)
 
 
-def _no_secret_on_the_host_or_in_the_drivers_output(inv: Path, name: str, tmp_path: Path) -> None:
-    """The unit's planted secrets (secretscan) are in no file under the host's state and data dirs but the unit's
-    record (``unit.show``: mode 0600, the SSH user's), and in no output of the driver's CLI over SSH about this host
+def _no_secret_on_the_host_or_in_the_drivers_output(inv: Path, name: str, tmp_path: Path,
+                                                    names: set[str] = frozenset({"unit.show", "unit.argv.json"}),
+                                                    ) -> None:
+    """The unit's planted secrets (secretscan) are in no file under the host's state and data dirs but the records
+    (by default the unit's record: ``unit.show`` and ``unit.argv.json``; ``names``: the files allowed, all of them
+    found), each mode 0600 and the SSH user's, and in no output of the driver's CLI over SSH about this host
     (``status``, ``config check``)."""
     copy = tmp_path / "host"
     copy.mkdir()
@@ -178,9 +204,10 @@ def _no_secret_on_the_host_or_in_the_drivers_output(inv: Path, name: str, tmp_pa
     subprocess.run(["tar", "-C", str(copy), "--same-owner", "-xpf", "-"], input=tar, check=True, timeout=60)
     found, records = scan_with_records([copy / "state", copy / "data"])
     assert found == {}, found
-    assert [p.name for p in records] == ["unit.show"] and private(records[0], {0}) is None, \
-        [(p, private(p, {0})) for p in records]
-    assert leaks(records[0].read_bytes()), "the unit's record lost the secrets a restore needs"
+    assert {p.name for p in records} == set(names), records
+    assert [private(p, {0}) for p in records] == [None] * len(records), [(p, private(p, {0})) for p in records]
+    show = [p for p in records if p.name == "unit.show"]
+    assert show and all(leaks(p.read_bytes()) for p in show), "the unit's record lost the secrets a restore needs"
     said = {}
     for args in (["status", "sysd"], ["config", "check", "sysd"]):
         cp = subprocess.run([sys.executable, "-m", "eagle3ops", *args, "--inventory", str(inv)], capture_output=True,
@@ -189,6 +216,67 @@ def _no_secret_on_the_host_or_in_the_drivers_output(inv: Path, name: str, tmp_pa
     assert "vllm-standin.service" in said["config check sysd"][1], said  # it read the unit
     shown = {cmd: leaks(out) for cmd, (_, out) in said.items() if leaks(out)}
     assert shown == {}, f"the CLI shows the unit's secrets: {shown}\n{said}"
+
+
+def _main_argv(name: str) -> list[str]:
+    """The unit's main process's command line (``/proc/MAINPID/cmdline``) as systemd runs it now."""
+    pid = _sh("docker", "exec", name, "systemctl", "show", "-p", "MainPID", "--value", UNIT).stdout.strip()
+    raw = _sh("docker", "exec", name, "cat", f"/proc/{pid}/cmdline", check=False).stdout
+    return [a for a in raw.split("\0") if a]
+
+
+def _switch(inv: Path, kind: str, window: str, **plan_kw) -> dict:
+    """One ``release``/``rollback`` plan on the real systemd as a window runs it: the driver's launch over SSH (the
+    unit recorded, the systemd agent started, its session open throughout), then the supervisor's steps in this
+    process on the same files (``Supervisor.run``: record, switch, the real health gate, result)."""
+    from eagle3ops.supervisor.runner import Supervisor
+    from test_serving_kinds import _Engine, _plan
+
+    h = _host(inv)
+    e3 = inv.parent / "e3"
+    pdir = f"/var/lib/e3/state/windows/{window}/process"  # on the host; the same files are under e3/ here
+    with Remote(h) as r:
+        r.run(["mkdir", "-p", pdir])
+        r.run(sd.record_unit(UNIT, pdir))
+        r.run(sd.start_agent(h, pdir=pdir, unit=UNIT, stop_timeout_s=5, supervisor=f"eagle3ops-supervisor-{window}",
+                             limit_s=120, state_words=RUNNING))
+        _wait_file(r, f"{pdir}/agent.pid")
+        plan = _plan(e3, "systemd", kind, port=h.serving.port, secret_env=[ORG_NAME], serving_unit=UNIT,
+                     process_dir=str(e3 / "state/windows" / window / "process"), **plan_kw)
+        res = Supervisor(plan.model_copy(update={"window_id": window, "budget_s": 600}), _Engine(),
+                         e3 / "state/windows" / window).run()
+        log = r.run(["cat", f"{pdir}/agent.log"]).stdout
+    assert res["outcome"] == "ok", (res, log)
+    print(log)  # its timings, for the record
+    return res
+
+
+def test_release_is_a_dropin_and_rollback_removes_it(systemd_host, tmp_path, capfd):
+    """A release (an added flag) and its rollback on the real systemd: the drop-in written (0600, root's) and read,
+    the unit gated with the flag, then removed by the rollback; the secrets only in the release records."""
+    from eagle3ops.config.plan import ReleaseChange
+
+    inv, name = systemd_host
+    before = _main_argv(name)
+    assert SERVER_IN in before and "--label" not in before, before
+    _switch(inv, "release", "rel-1", change=ReleaseChange(args=["--label", "two"]))
+    drop = sd.dropin_path(UNIT)
+    assert _sh("docker", "exec", name, "stat", "-c", "%a %u", drop).stdout.split() == ["600", "0"]
+    now = _main_argv(name)
+    assert now == [*before, "--label", "two"], now  # bash's quoted script and $$@ came through the drop-in
+    assert _sh("docker", "exec", name, "systemctl", "is-active", UNIT).stdout.strip() == "active"
+    assert len(_unit_procs(name)) == 2
+
+    _switch(inv, "rollback", "rb-1")
+    assert _sh("docker", "exec", name, "test", "-e", drop, check=False).returncode == 1, "drop-in left"
+    assert _main_argv(name) == before
+    out = capfd.readouterr()
+    assert leaks(out.out + out.err) == [], "the supervisor's output shows a secret"
+    rels = sorted(p.name for p in (inv.parent / "e3/state/releases").glob("*.json"))
+    assert rels == ["0001.json", "0002.json"], rels  # the unit as recorded, the release; the rollback added none
+    _no_secret_on_the_host_or_in_the_drivers_output(
+        inv, name, tmp_path, names={"unit.show", "unit.argv.json", "unit.dropin", "next.unit.dropin", "0001.json",
+                                    "0002.json"})
 
 
 def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(systemd_host):

@@ -7,8 +7,17 @@ variant here (:data:`AGENT_SH`) redefines the agent's four hooks: the handle it 
 is ``systemctl stop UNIT``, ``alive`` is ``systemctl is-active --quiet UNIT``, ``start_from`` is ``systemctl start
 UNIT``; the stop/restore requests, the GPU release wait, the restore when the supervisor dies and ``agent.log`` are
 the process agent's own. The unit is recorded by the driver with ``systemctl show -p ExecStart -p Environment -p
-ActiveState UNIT`` into ``unit.show`` (:func:`record_unit`, parsed by :func:`parse_show`); the unit file itself is
-never edited, so a restore is the unit as systemd has it.
+ActiveState UNIT`` into ``unit.show`` (:func:`record_unit`, parsed by :func:`parse_show`); a window never edits the
+unit, so its restore is the unit as systemd has it.
+
+Releases and rollbacks change the unit the way its users do, with a drop-in (:func:`dropin_path`:
+``/etc/systemd/system/<unit>.d/50-eagle3ops-release.conf``, :func:`dropin_text`): ``ExecStart=`` reset then the
+release's command line, ``Environment=`` reset then the release's whole environment (the unit's ``Environment=``
+as recorded, with the release's changes), so that the drop-in alone decides both whatever earlier drop-ins said. The
+supervisor writes the release's drop-in into the process dir (``next.unit.dropin``, mode 0600: it holds the unit's
+secrets, a release record); the agent copies it into place (mode 0600), runs ``systemctl daemon-reload`` and starts
+the unit. The drop-in found at record time is kept as ``unit.dropin`` (0600); restoring the recorded unit puts it
+back, or removes eagle3ops' drop-in when there was none. Secrets never travel in argv: the files carry them.
 
 The stop ends the unit's whole control group: with ``KillMode=process`` (or ``mixed``/``none``) ``systemctl stop``
 ends the main process only, and vLLM's EngineCore and workers would stay holding the GPUs; what is left in the
@@ -32,6 +41,11 @@ from eagle3ops.config import HostConfig
 
 #: Properties recorded from the unit.
 SHOW_PROPERTIES = ("ExecStart", "Environment", "ActiveState")
+#: Where systemd reads an administrator's drop-ins of a unit (``systemd.unit(5)``, "[Unit] Section Options": drop-in
+#: directories ``/etc/systemd/system/<unit>.d/``, applied in file-name order, after the unit file).
+DROPIN_DIR = "/etc/systemd/system"
+#: eagle3ops' drop-in: the one file a release writes and a rollback replaces or removes.
+DROPIN_NAME = "50-eagle3ops-release.conf"
 
 #: The systemd variant of the restore agent: the process agent's functions, the hooks redefined for a unit (its
 #: ``pid`` argument is the unit's name), then the process agent's main loop.
@@ -61,13 +75,26 @@ term() {
 }
 kill9() { systemctl kill --kill-who=all --signal=SIGKILL "$1" >> "$d/serving.log" 2>&1; }
 alive() { systemctl is-active --quiet "$1"; }
-start_from() {  # $1: ignored (a unit has no release records), $2: the file that reports the start
+start_from() {  # $1: record prefix in $d ('' = the unit as recorded), $2: the file that reports the start
+  # A switch (release/rollback) puts the record's drop-in in place (none recorded: eagle3ops' drop-in removed), then
+  # has systemd read it; a window starts the unit as systemd has it.
+  if [ -e "$d/switch" ]; then
+    dd="@DROPIN_DIR@/$pid.d" f="$d/${1}unit.dropin"
+    if [ -s "$f" ]; then
+      if mkdir -p "$dd" && (umask 077 && cp "$f" "$dd/@DROPIN_NAME@.tmp") && chmod 600 "$dd/@DROPIN_NAME@.tmp" \
+         && mv "$dd/@DROPIN_NAME@.tmp" "$dd/@DROPIN_NAME@"; then log "drop-in $dd/@DROPIN_NAME@ written (record '${1:-recorded}')"
+      else log "cannot write drop-in $dd/@DROPIN_NAME@"; fi
+    else
+      rm -f "$dd/@DROPIN_NAME@" && log "drop-in $dd/@DROPIN_NAME@ removed (record '${1:-recorded}' has none)"
+    fi
+    systemctl daemon-reload >> "$d/serving.log" 2>&1 || log "systemctl daemon-reload failed (exit $?)"
+  fi
   if systemctl start "$pid" >> "$d/serving.log" 2>&1; then log "restored: systemctl start $pid"
   else log "systemctl start $pid failed (exit $?)"; fi
   new=$pid
   put "$2" "$pid"
 }
-""" + pc.AGENT_MAIN_SH
+""".replace("@DROPIN_DIR@", DROPIN_DIR).replace("@DROPIN_NAME@", DROPIN_NAME) + pc.AGENT_MAIN_SH
 
 
 def show_argv(unit: str) -> list[str]:
@@ -100,15 +127,134 @@ def start_argv(unit: str) -> list[str]:
 
 
 _RECORD_SH = r"""
-d=$1; shift
-mkdir -p "$d" && (umask 077 && "$@" > "$d/unit.show") && cat "$d/unit.show"
+d=$1 dropin=$2 obj=$3; shift 3
+mkdir -p "$d" && (umask 077 && "$@" > "$d/unit.show") || exit
+# `systemctl show` joins ExecStart's words with spaces (a quoted word with a space in it is lost); the bus gives them
+# as they are. No busctl, or one without --json (systemd < 240): unit.show's words only.
+(umask 077 && busctl --json=short get-property org.freedesktop.systemd1 "$obj" org.freedesktop.systemd1.Service \
+  ExecStart > "$d/unit.argv.json" 2>/dev/null) || rm -f "$d/unit.argv.json"
+if [ -r "$dropin" ]; then (umask 077 && cat "$dropin" > "$d/unit.dropin") || exit; fi
+cat "$d/unit.show"
 """
 
 
 def record_unit(unit: str, pdir: str) -> Change:
-    """Record the unit into ``pdir/unit.show`` (:func:`show_argv`'s output, readable by the SSH user only: the
-    environment may hold secrets) and print it."""
-    return Change(["sh", "-c", _RECORD_SH, "eagle3ops-record", pdir, *show_argv(unit)])
+    """Record the unit into ``pdir/unit.show`` (:func:`show_argv`'s output), its ``ExecStart`` word for word into
+    ``pdir/unit.argv.json`` (``busctl --json=short get-property``, read by :func:`parse_execstart_json`) and
+    eagle3ops' drop-in of it, when one is there, into ``pdir/unit.dropin`` (what restoring the recorded unit puts
+    back), all readable by the SSH user only (the command line and environment may hold secrets); print
+    ``unit.show``."""
+    return Change(["sh", "-c", _RECORD_SH, "eagle3ops-record", pdir, dropin_path(unit), unit_object_path(unit),
+                   *show_argv(unit)])
+
+
+def unit_object_path(unit: str) -> str:
+    """The unit's D-Bus object path (pure): ``/org/freedesktop/systemd1/unit/`` + the name with every byte but
+    ASCII letters and digits (and a leading digit) written ``_xx`` in hex (systemd's ``bus_label_escape``), e.g.
+    ``vllm.service`` → ``.../vllm_2eservice``."""
+    out = []
+    for i, b in enumerate(unit.encode()):
+        c = chr(b)
+        out.append(c if (c.isascii() and c.isalpha()) or (c.isdigit() and i > 0) else f"_{b:02x}")
+    return "/org/freedesktop/systemd1/unit/" + "".join(out)
+
+
+def parse_execstart_json(text: str) -> tuple[str, list[str]] | None:
+    """The first ``ExecStart`` of ``busctl --json=short get-property ... ExecStart`` output (pure): ``(path,
+    argv)``; None when ``text`` is not that (empty, or another shape: the caller falls back to :func:`parse_show`).
+    The property's type is ``a(sasbttttuii)`` (``org.freedesktop.systemd1(5)``): path, argv, ignore-errors, times,
+    pid, code, status."""
+    import json
+
+    try:
+        first = json.loads(text)["data"][0]
+        path, argv = first[0], first[1]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(path, str) or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        return None
+    return path, argv
+
+
+def dropin_path(unit: str) -> str:
+    """eagle3ops' drop-in of ``unit``: ``/etc/systemd/system/<unit>.d/50-eagle3ops-release.conf``."""
+    return f"{DROPIN_DIR}/{unit}.d/{DROPIN_NAME}"
+
+
+def switch_preview(unit: str, pdir: str, what: str, gate: list[str]) -> list[list[str]]:
+    """What the agent and the supervisor do for a release or rollback once the unit is stopped, as readable argv
+    lists (``--dry-run``): the drop-in written from ``pdir/next.unit.dropin`` (``what``: whose it is), daemon-reload,
+    start, ``gate``; then, if the gate fails, the unit as recorded put back the same way."""
+    drop = dropin_path(unit)
+    return [["# write", drop, f"(mode 0600, from {pdir}/next.unit.dropin: {what})"], daemon_reload_argv(),
+            start_argv(unit), gate, ["# if the gate fails: roll back to the unit as recorded"], stop_argv(unit),
+            ["# restore", drop, f"as recorded ({pdir}/unit.dropin; none: removed)"], daemon_reload_argv(),
+            start_argv(unit), gate]
+
+
+def daemon_reload_argv() -> list[str]:
+    """``systemctl daemon-reload``: systemd reads changed unit files and drop-ins (the agent runs it after writing
+    or removing the drop-in; shown by ``--dry-run``)."""
+    return ["systemctl", "daemon-reload"]
+
+
+def exec_literal(word: str) -> str:
+    """``word`` as a command-line word that systemd passes as it is: every ``$`` doubled (``systemd.service(5)``,
+    "Command lines": ``$$`` is a literal ``$``). For words a release adds to a recorded command line."""
+    return word.replace("$", "$$")
+
+
+def _quoted(word: str, command_line: bool) -> str:
+    """One word as systemd reads it back unchanged (``systemd.syntax(7)``, "Quoting"; ``systemd.service(5)``,
+    "Command lines"): double-quoted with C-style escapes (backslash, double quote, control characters), ``%``
+    doubled (specifiers are resolved when the unit is loaded, so the bus and ``systemctl show`` give them resolved).
+    ``$`` is left as it is: systemd keeps a command line's ``$VAR``/``$$`` unexpanded until it runs it (measured on
+    systemd 252: ExecStart's ``"$$@"`` reads back as ``"$$@"`` over the bus), so recorded words are already in
+    systemd's form; a literal word added by a release is written with :func:`exec_literal` first."""
+    out = []
+    for ch in word:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ch == "%":
+            out.append("%%")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def dropin_text(argv: list[str], environ: list[str], path: str = "") -> str:
+    """The drop-in of a release (pure): ``[Service]``, ``ExecStart=`` (resetting the unit's) then ``argv`` as one
+    command line, ``Environment=`` (resetting the unit's ``Environment=`` lines; ``EnvironmentFile=`` is left as it
+    is) then one ``Environment="K=V"`` line per entry of ``environ``, each word quoted by :func:`_quoted`.
+
+    Args:
+        argv: the command line in systemd's form (``argv[0]`` the program; as the bus gives ``ExecStart``'s words:
+            ``$`` unexpanded, see :func:`_quoted`).
+        environ: ``["K=V", ...]``, the unit's whole ``Environment=`` for this release.
+        path: the executable systemd ran (``ExecStart``'s ``path=``); when it differs from ``argv[0]`` the line is
+            written ``@PATH ARGV0 ...`` (systemd's prefix for a separate ``argv[0]``).
+
+    Raises:
+        ValueError: ``argv`` is empty, or an ``environ`` entry has no ``=`` (neither is a setting systemd takes).
+    """
+    if not argv:
+        raise ValueError("a release's drop-in needs a command line (ExecStart): the recorded unit has none")
+    bad = [e.split("=", 1)[0] for e in environ if "=" not in e or e.startswith("=")]
+    if bad:
+        raise ValueError(f"environment entries without `NAME=`: {bad}; each must be NAME=VALUE")
+    words = [_quoted(w, True) for w in argv]
+    if path and path != argv[0]:  # systemd reads the prefix after unquoting the first word
+        words = [_quoted("@" + path, True), *words]
+    lines = ["# Written by eagle3ops (a release of this unit); a rollback replaces or removes it.", "[Service]",
+             "ExecStart=", "ExecStart=" + " ".join(words), "Environment="]
+    lines += ["Environment=" + _quoted(e, False) for e in environ]
+    return "\n".join(lines) + "\n"
 
 
 def start_agent(host: HostConfig, *, pdir: str, unit: str, stop_timeout_s: int, supervisor: str,
@@ -132,7 +278,8 @@ def _words(text: str) -> list[str]:
 
 
 def parse_show(text: str) -> dict[str, object]:
-    """The unit as :func:`show_argv` printed it (pure): ``{"argv": [...], "environ": ["K=V", ...], "active": str}``.
+    """The unit as :func:`show_argv` printed it (pure): ``{"argv": [...], "environ": ["K=V", ...], "active": str,
+    "path": str}`` (``path``: the executable of ``ExecStart``, ``""`` when none).
 
     ``ExecStart`` is systemd's ``{ path=... ; argv[]=WORDS ; ignore_errors=... ; ... }`` (the first one, when a unit
     has several); its ``argv[]`` and ``Environment``'s space-separated ``K=V`` entries are split like a shell line
@@ -145,5 +292,6 @@ def parse_show(text: str) -> dict[str, object]:
         if sep and key not in props:
             props[key] = value
     m = re.search(r"argv\[\]=(.*?) ; ", props.get("ExecStart", ""))
+    p = re.search(r"\{ path=(.*?) ; ", props.get("ExecStart", ""))
     return {"argv": _words(m.group(1)) if m else [], "environ": _words(props.get("Environment", "")),
-            "active": props.get("ActiveState", "")}
+            "active": props.get("ActiveState", ""), "path": p.group(1) if p else ""}

@@ -137,6 +137,13 @@ class ProcessServing(ServingKind):
             return {}
         return {"image": None, "image_id": None, "labels": {}, "argv": list(argv)}
 
+    def _changed(self, recorded: dict[str, Any], change: ReleaseChange) -> dict[str, Any]:
+        """The release record of ``recorded`` with ``change`` applied: its flags set (:func:`eagle3ops.commands.
+        serving.set_args`) and its environment's named variables replaced."""
+        env = [e for e in recorded["environ"] if e.split("=", 1)[0] not in change.env]
+        return {**recorded, "argv": sv.set_args(recorded["argv"], change.args),
+                "environ": env + [f"{k}={v}" for k, v in change.env.items()]}
+
     def _write_record(self, prefix: str, process: dict[str, Any]) -> None:
         """Write ``process`` (a release record's ``process``) as ``<prefix>cmdline.nul``, ``<prefix>environ.nul`` and
         ``<prefix>cwd`` in the process dir, readable by the SSH user only (the environment may hold secrets)."""
@@ -222,9 +229,7 @@ class ProcessServing(ServingKind):
             self.sup.releases.set_current(live_n)  # it serves now (preflight found it); the switch gates what follows
         if change is not None or self.plan.kind in ("release", "speculate"):  # speculate: the plan's change
             change = change or self.plan.change or ReleaseChange()
-            env = [e for e in recorded["environ"] if e.split("=", 1)[0] not in change.env]
-            new = {**recorded, "argv": sv.set_args(recorded["argv"], change.args),
-                   "environ": env + [f"{k}={v}" for k, v in change.env.items()]}
+            new = self._changed(recorded, change)
             target = self.sup.releases.add_process(new, self.plan.window_id,
                                                    change=("candidate: " if not live else "") + change.describe())
         else:

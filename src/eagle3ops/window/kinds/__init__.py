@@ -44,7 +44,7 @@ def driver_kind(h: HostConfig) -> DriverKind:
 def require_serving(h: HostConfig, what: str) -> None:
     """Refuse ``what`` (``release``, ``rollback``, ``speculate``) where the host's serving kind cannot do it
     (:meth:`DriverKind.refuse`): ``serving: none`` refuses all three, a plain process ``speculate``, a systemd unit
-    all three.
+    ``speculate``.
 
     Raises:
         WindowError: the message names the host, the inventory key and the fix.

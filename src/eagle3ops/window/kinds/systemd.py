@@ -1,5 +1,6 @@
 """Serving kind ``systemd`` on the driver side: a systemd unit, recorded with ``systemctl show`` and stopped and
-started by the restore agent's systemd variant (:mod:`eagle3ops.commands.systemd`). Windows only."""
+started by the restore agent's systemd variant (:mod:`eagle3ops.commands.systemd`). Windows, releases and rollbacks
+(a drop-in); not speculate."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from eagle3ops.commands import process as pc
 from eagle3ops.commands import stages as st
 from eagle3ops.commands import systemd as sd
 from eagle3ops.config import HostConfig
-from eagle3ops.config.plan import Plan
+from eagle3ops.config.plan import Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
 from eagle3ops.window.kinds.base import (DriverKind, agent_limit_s, check_session_kill, gate_preview, proc_argv,
                                          stage_previews, supervisor_words)
@@ -20,18 +21,28 @@ if TYPE_CHECKING:
 
 
 class SystemdKind(DriverKind):
-    """A systemd unit: recorded with ``systemctl show``, stopped and started by the restore agent's systemd variant
-    (:mod:`eagle3ops.commands.systemd`). Windows only. The agent's stop, group sweep and restore and this preflight
-    are tested against a real systemd (``tests/test_systemd_real.py``); a whole window is not (no engine there)."""
+    """A systemd unit: recorded with ``systemctl show`` (and its ``ExecStart`` from the bus), stopped and started by
+    the restore agent's systemd variant (:mod:`eagle3ops.commands.systemd`). Windows, releases and rollbacks (a
+    drop-in, ``daemon-reload``, start, health gate); not speculate. Tested against a real systemd
+    (``tests/test_systemd_real.py``: the agent's stop, group sweep, restore, a release and its rollback, this
+    preflight); a whole window is not (no Docker engine there)."""
 
     name = "systemd"
     record_form = None
     records_before_release = True
 
     def refuse(self, h: HostConfig, what: str) -> None:
-        raise WindowError(f"host {h.name} serves with systemd unit {h.serving.unit!r} (`hosts.{h.name}.serving.kind: "
-                          f"systemd`): {what} is not supported for systemd serving (windows are); change the unit "
-                          f"and restart it yourself, or run serving as a container for {what}")
+        if what not in ("release", "rollback"):
+            raise WindowError(f"host {h.name} serves with systemd unit {h.serving.unit!r} (`hosts.{h.name}.serving."
+                              f"kind: systemd`): {what} is not supported for systemd serving (windows, release and "
+                              f"rollback are); run serving as a container for {what}")
+
+    def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
+        return None if change is None or not (change.image or change.binds) else (
+            f"host {h.name} serves with systemd unit {h.serving.unit!r} (`hosts.{h.name}.serving.kind: systemd`): a "
+            f"release of it changes only server flags (--arg) and environment, written as a drop-in, not the image "
+            f"or binds (asked: {'--image' if change.image else 'binds'}); drop --image/binds, or run serving as a "
+            f"container")
 
     def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
         """``systemctl is-active UNIT`` must say ``active`` (read-only)."""
@@ -69,11 +80,17 @@ class SystemdKind(DriverKind):
         """The agent runs ``systemctl stop``, the stages run, the agent runs ``systemctl start``, the supervisor
         gates."""
         pdir, unit = plan.process_dir or "?", plan.serving_unit or "?"
-        return [sd.record_unit(unit, pdir),
+        head = [sd.record_unit(unit, pdir),
                 sd.start_agent(h, pdir=pdir, unit=unit, stop_timeout_s=plan.stop_timeout_s,
                                supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
                                state_words=supervisor_words(h, plan), detach=plan.agent_detach),
-                sd.stop_argv(unit), *stage_previews(h, plan), sd.start_argv(unit), gate_preview(plan)]
+                sd.stop_argv(unit)]
+        if plan.kind == "window":
+            return [*head, *stage_previews(h, plan), sd.start_argv(unit), gate_preview(plan)]
+        args = (plan.change or ReleaseChange()).args
+        what = (" ".join(["the recorded command line, with:", *args]) if plan.kind == "release" else
+                f"the drop-in of release {plan.to_release or 'live before the current one'} (none: removed)")
+        return [*head, *sd.switch_preview(unit, pdir, what, gate_preview(plan))]
 
     def looked_for(self, h: HostConfig) -> str:
         return f"systemd unit {h.serving.unit!r}"
