@@ -70,8 +70,8 @@ def serve(a: argparse.Namespace) -> int:
             "-v", f"{Path(a.target).resolve()}:/models/target:ro"]
     if a.head:
         argv += ["-v", f"{Path(a.head).resolve()}:/models/head:ro"]
-    if a.mount:
-        argv += ["-v", a.mount]
+    for m in a.mount:
+        argv += ["-v", m]
     argv += [a.image, "/models/target", "--served-model-name", "target", "--host", "127.0.0.1", "--port", str(port),
              "--enforce-eager", "--max-model-len", "2048", "--dtype", "bfloat16", "--block-size", str(a.block_size)]
     if a.head:
@@ -112,6 +112,7 @@ def serve(a: argparse.Namespace) -> int:
         before = spec_counters(base)
         outs = []
         for p in PROMPTS:
+            c0 = spec_counters(base)
             code, body = http(f"{base}/v1/chat/completions", {
                 "model": "target", "messages": [{"role": "user", "content": p}], "temperature": 0.0,
                 "max_tokens": a.max_tokens})
@@ -121,8 +122,14 @@ def serve(a: argparse.Namespace) -> int:
             r = json.loads(body)
             outs.append({"prompt": p, "text": r["choices"][0]["message"]["content"],
                          "completion_tokens": r["usage"]["completion_tokens"]})
+            c1 = spec_counters(base)
+            d = {k: c1[k] - c0.get(k, 0.0) for k in c1}
+            if d.get("vllm:spec_decode_num_drafts_total"):
+                outs[-1]["spec_decode_delta"] = d
+            if r.get("kv_transfer_params"):
+                outs[-1]["kv_transfer_params"] = r["kv_transfer_params"]
         entry["greedy"] = outs
-        speeds = []
+        speeds, speed_texts = [], []
         for _ in range(a.speed_runs):
             t1 = time.monotonic()
             code, body = http(f"{base}/v1/completions", {
@@ -131,10 +138,15 @@ def serve(a: argparse.Namespace) -> int:
             dt = time.monotonic() - t1
             if code == 200:
                 speeds.append(round(json.loads(body)["usage"]["completion_tokens"] / dt, 2))
+                speed_texts.append(json.loads(body)["choices"][0]["text"])
             else:
                 entry["speed_error"] = body[:2000]
                 break
         entry["output_tokens_per_s"] = speeds
+        entry["speed_run_texts_identical"] = len(set(speed_texts)) <= 1
+        entry["speed_run_text"] = speed_texts[0] if speed_texts else None
+        # the 2 cores are shared with other work: the 1-minute load average right after the speed runs
+        entry["load_average_1m_after_speed_runs"] = round(__import__("os").getloadavg()[0], 2)
         after = spec_counters(base)
         delta = {k: after[k] - before.get(k, 0.0) for k in after}
         entry["spec_decode_delta"] = delta
@@ -176,7 +188,7 @@ def main() -> int:
     s.add_argument("--head")
     s.add_argument("--k", type=int, default=3)
     s.add_argument("--extra-json", help="more --speculative-config keys (JSON object)")
-    s.add_argument("--mount", help="one more docker -v SRC:DST[:ro]")
+    s.add_argument("--mount", action="append", default=[], help="one more docker -v SRC:DST[:ro] (repeatable)")
     s.add_argument("--arg", action="append", default=[], help="one more server argument (repeatable)")
     s.add_argument("--tag", required=True)
     s.add_argument("--out", required=True)
