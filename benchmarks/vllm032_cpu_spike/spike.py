@@ -113,15 +113,24 @@ def serve(a: argparse.Namespace) -> int:
         outs = []
         for p in PROMPTS:
             c0 = spec_counters(base)
-            code, body = http(f"{base}/v1/chat/completions", {
-                "model": "target", "messages": [{"role": "user", "content": p}], "temperature": 0.0,
-                "max_tokens": a.max_tokens})
+            req = {"model": "target", "messages": [{"role": "user", "content": p}], "temperature": 0.0,
+                   "max_tokens": a.max_tokens}
+            if a.logprobs:
+                req.update(logprobs=True, top_logprobs=2)
+            code, body = http(f"{base}/v1/chat/completions", req)
             if code != 200:
                 outs.append({"prompt": p, "error": body[:2000]})
                 continue
             r = json.loads(body)
             outs.append({"prompt": p, "text": r["choices"][0]["message"]["content"],
                          "completion_tokens": r["usage"]["completion_tokens"]})
+            if a.logprobs:
+                # per generated token: the chosen token and the gap to the runner-up (a near-tie is where bf16
+                # kernels that differ in summation order may pick differently)
+                outs[-1]["top2"] = [
+                    {"token": t["token"], "gap": round(t["top_logprobs"][0]["logprob"] - t["top_logprobs"][1]["logprob"], 5)
+                     if len(t.get("top_logprobs") or []) > 1 else None}
+                    for t in r["choices"][0]["logprobs"]["content"]]
             c1 = spec_counters(base)
             d = {k: c1[k] - c0.get(k, 0.0) for k in c1}
             if d.get("vllm:spec_decode_num_drafts_total"):
@@ -197,6 +206,7 @@ def main() -> int:
     s.add_argument("--max-tokens", type=int, default=64)
     s.add_argument("--speed-runs", type=int, default=3)
     s.add_argument("--timeout", type=float, default=600)
+    s.add_argument("--logprobs", action="store_true", help="record each greedy token's top-2 logprob gap")
     s.add_argument("--sampled", action="store_true", help="end with one temperature-0.8 request")
     s.add_argument("--log", help="write the container's whole log here when it does not start")
     a = p.parse_args()
