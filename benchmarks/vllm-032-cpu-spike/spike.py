@@ -4,8 +4,8 @@ trained under the 0.16 profile, and record greedy outputs, output tokens/s and s
 
 Usage (repo root; the image from images/localbase-0.32.0/Dockerfile, the target and head as local directories):
 
-    python3 benchmarks/vllm032_cpu_spike/spike.py serve --image eagle3ops/vllm-openai-local:v0.32.0 \
-        --target DIR --tag baseline [--head DIR] [--extra-json '{...}'] --out benchmarks/vllm032_cpu_spike/serve.json
+    python3 benchmarks/vllm-032-cpu-spike/spike.py serve --image eagle3ops/vllm-openai-local:v0.32.0 \
+        --target DIR --tag baseline [--head DIR] [--extra-json '{...}'] --out benchmarks/vllm-032-cpu-spike/serve.json
 
 Each run appends one entry (keyed by --tag) to the JSON file: the exact docker argv, seconds to ready, every
 prompt's greedy completion (text and token count), output tokens/s of one 128-token greedy request repeated
@@ -23,6 +23,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))  # lab.py
+from lab import write_result  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -183,7 +188,7 @@ def finish(a: argparse.Namespace, entry: dict, rc: int) -> int:
     data = json.loads(out.read_text()) if out.exists() else {}
     entry["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     data[a.tag] = entry
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    write_result(out, data, indent=1)
     print(json.dumps(entry, indent=1)[:6000])
     return rc
 

@@ -5,7 +5,7 @@ speculative method) with a transformers forward of the same target on the same t
 Runs inside the 0.32 base image (torch 2.13.0, transformers 5.19.0):
 
     docker run --rm --network none -v TARGET:/models/target:ro -v OUT:/out -v $PWD/benchmarks:/b:ro \
-        --entrypoint python eagle3ops/vllm-openai-local:v0.32.0 /b/vllm032_cpu_spike/compare_states.py \
+        --entrypoint python eagle3ops/vllm-openai-local:v0.32.0 /b/vllm-032-cpu-spike/compare_states.py \
         --target /models/target --files /out/*.safetensors --layers 3,16,28 --json /out/compare.json
 
 vLLM's aux-layer id i is the INPUT of decoder layer i (vllm/model_executor/models/llama.py: the state after layer
