@@ -50,20 +50,20 @@ image: base
 	$(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE)
 
 deploy: setup
-	$(E3) deploy $(HOST) $(BASE_FLAG) --profile $(PROFILE)
+	$(E3) deploy $(HOST) $(BASE_FLAG) --profile $(PROFILE) $(ARGS)
 
 extract: setup
 	$(E3) extract $(if $(HOSTS),$(subst $(comma), ,$(HOSTS)),$(HOST)) --run $(RUN) $(PIPELINE_FLAG) $(if $(DRY),--dry-run) \
-	  $(foreach d,$(subst $(comma), ,$(DEAD)),--dead $(d))
+	  $(foreach d,$(subst $(comma), ,$(DEAD)),--dead $(d)) $(ARGS)
 
 train: setup
-	$(E3) train $(HOST) --run $(RUN) $(PIPELINE_FLAG)
+	$(E3) train $(HOST) --run $(RUN) $(PIPELINE_FLAG) $(ARGS)
 
 release: setup
 	$(E3) release $(HOST) $(ARGS)
 
 rollback: setup
-	$(E3) rollback $(HOST)
+	$(E3) rollback $(HOST) $(ARGS)
 
 regenerate: setup
 	$(E3) regenerate $(HOST) --run $(RUN) $(ARGS)
@@ -72,7 +72,7 @@ speculate: setup
 	$(E3) speculate $(HOST) --run $(RUN) $(ARGS)
 
 status: setup
-	$(E3) status $(HOST)
+	$(E3) status $(HOST) $(ARGS)
 
 audit: setup
 	$(E3) audit $(HOST)
