@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,7 +28,7 @@ from typing import Any, Mapping, Sequence
 from eagle3ops import redact
 from eagle3ops.commands import host as hc
 from eagle3ops.group.rollout import RolloutPlan
-from eagle3ops.speculate.cyclerun import CycleJournal
+from eagle3ops.speculate.cyclerun import CycleJournal, pid_alive
 
 __all__ = ["GroupJournal", "GroupLocked", "RolloutState", "group_dir", "new_rollout_id", "replay"]
 
@@ -48,20 +47,6 @@ def new_rollout_id(target: str) -> str:
     return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{target[:8]}"
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class GroupJournal(CycleJournal):
     """The group's lock and its rollouts in ``directory`` (:func:`group_dir`) through the executor ``r`` (anything
     with ``run(argv, check=, stdin=)``: the first host's SSH executor; tests: this machine's). ``record`` and
@@ -76,30 +61,14 @@ class GroupJournal(CycleJournal):
         self.rollout_id = rollout_id
         self.journal = f"{self.dir}/rollouts/{rollout_id}/journal.jsonl"
 
-    def acquire(self, command: str, *, take_over: bool = False) -> str | None:
-        """Take the group lock (atomic ``mkdir``); returns a line when a dead driver's lock was taken over.
+    lock_name = "the group lock"
 
-        Raises:
-            GroupLocked: held by a live driver of this machine, or by another machine (without ``take_over``).
-        """
-        self.r.run(hc.mkdir_p(self.dir))
-        if self.r.run(hc.mkdir_atomic(self.lock_dir), check=False).ok:
-            taken = None
-        else:
-            held = self.read_holder()
-            mine = held.get("machine") == socket.gethostname() and isinstance(held.get("pid"), int)
-            if not take_over and not (mine and not _pid_alive(held["pid"])):
-                raise GroupLocked(f"the group lock {self.lock_dir} is held by {held.get('user', '?')}@"
-                                  f"{held.get('machine', '?')} (pid {held.get('pid', '?')}) since "
-                                  f"{held.get('since', '?')}: `{held.get('command', '?')}`; wait for it (its "
-                                  f"progress: `eagle3ops group status`), or when that driver is dead, rerun with "
-                                  f"--take-over")
-            taken = (f"took over the group lock from {held.get('user', '?')}@{held.get('machine', '?')} pid "
-                     f"{held.get('pid', '?')}: " + ("--take-over" if take_over else "that process is gone"))
-        holder = {"machine": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "since": _now(),
-                  "command": redact.text(command, self.secret_env)}
-        self.r.run(hc.write_file(self.holder), stdin=json.dumps(holder))
-        return taken
+    def held_error(self, held: Mapping[str, Any]) -> Exception:
+        """The group lock held by a live driver here, or by another machine (``acquire`` without ``take_over``)."""
+        return GroupLocked(f"the group lock {self.lock_dir} is held by {held.get('user', '?')}@"
+                           f"{held.get('machine', '?')} (pid {held.get('pid', '?')}) since {held.get('since', '?')}: "
+                           f"`{held.get('command', '?')}`; wait for it (its progress: `eagle3ops group status`), "
+                           f"or when that driver is dead, rerun with --take-over")
 
     def holder_alive(self) -> bool | None:
         """Whether the lock's driver runs: True/False for a driver of this machine, None for another machine's
@@ -108,7 +77,7 @@ class GroupJournal(CycleJournal):
         if not held and not self.r.run(hc.test_dir(self.lock_dir), check=False).ok:
             return False
         if held.get("machine") == socket.gethostname() and isinstance(held.get("pid"), int):
-            return _pid_alive(held["pid"])
+            return pid_alive(held["pid"])
         return None
 
     def current(self) -> str | None:

@@ -159,7 +159,8 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -196,18 +197,25 @@ class CycleJournal:
         else:
             held = self.read_holder()
             mine = held.get("machine") == socket.gethostname() and isinstance(held.get("pid"), int)
-            if not take_over and not (mine and not _pid_alive(held["pid"])):
-                raise CycleLocked(f"the cycle of {self.dir} is driven by {held.get('user', '?')}@"
-                                  f"{held.get('machine', '?')} (pid {held.get('pid', '?')}) since "
-                                  f"{held.get('since', '?')}: `{held.get('command', '?')}`; wait for it, or when "
-                                  f"that driver is dead, rerun with --take-over")
-            taken = (f"took over the cycle's lock from {held.get('user', '?')}@{held.get('machine', '?')} pid "
+            if not take_over and not (mine and not pid_alive(held["pid"])):
+                raise self.held_error(held)
+            taken = (f"took over {self.lock_name} from {held.get('user', '?')}@{held.get('machine', '?')} pid "
                      f"{held.get('pid', '?')} (since {held.get('since', '?')}): "
                      + ("--take-over" if take_over else "that process is gone"))
         holder = {"machine": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "since": _now(),
                   "command": redact.text(command, self.secret_env)}
         self.r.run(hc.write_file(self.holder), stdin=json.dumps(holder))
         return taken
+
+    #: The lock as messages name it.
+    lock_name = "the cycle's lock"
+
+    def held_error(self, held: Mapping[str, Any]) -> Exception:
+        """What :meth:`acquire` raises when a live driver (or another machine's) holds the lock ``held``."""
+        return CycleLocked(f"the cycle of {self.dir} is driven by {held.get('user', '?')}@{held.get('machine', '?')} "
+                           f"(pid {held.get('pid', '?')}) since {held.get('since', '?')}: "
+                           f"`{held.get('command', '?')}`; wait for it, or when that driver is dead, rerun with "
+                           f"--take-over")
 
     def read_holder(self) -> dict[str, Any]:
         """The lock's holder (``{}``: none recorded)."""
