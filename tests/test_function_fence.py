@@ -41,7 +41,7 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                           "in one loop"),
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
     "speculate/ship.py::_inspect_and_plan": (80, "the inspect helper's answer checked field by field"),
-    "speculate/ship.py::speculate": (75, "the speculate driver: options, push, the host job and its result"),
+    "speculate/ship.py::speculate": (61, "the speculate driver: options, push, the host job and its result"),
     "patches/diffcheck.py::parse_diff": (75, "a unified-diff parser: one state machine over the lines"),
     "supervisor/kinds/process.py::ProcessServing.switch": (67, "stop, start, gate and fall back of a process "
                                                            "release in one journaled frame"),

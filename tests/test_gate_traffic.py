@@ -183,13 +183,12 @@ def test_the_reason_names_a_ttft_breach_and_failed_speculative_requests_roll_bac
 
 #: The live serving's command on the stand-in host below (the sandbox's vLLM, no tool parser).
 SERVED = ["vllm", "serve", "/models/tiny-llama", "--port", "18000"]
-_UNANSWERED = pytest.mark.xfail(strict=True, reason="tool rows serving cannot answer are not refused yet")
 
 
 @pytest.mark.parametrize("flags, choice, refused", [
-    pytest.param([], None, True, marks=_UNANSWERED, id="no-parser-auto"),
-    pytest.param([], "required", True, marks=_UNANSWERED, id="no-parser-required"),
-    pytest.param(["--tool-call-parser=hermes"], "auto", True, marks=_UNANSWERED, id="parser-without-auto"),
+    pytest.param([], None, True, id="no-parser-auto"),
+    pytest.param([], "required", True, id="no-parser-required"),
+    pytest.param(["--tool-call-parser=hermes"], "auto", True, id="parser-without-auto"),
     pytest.param([], "none", False, id="tool-choice-none"),
     pytest.param(["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"], None, False, id="both-flags"),
     pytest.param(["--tokenizer-mode", "mistral"], "auto", False, id="mistral-tokenizer"),

@@ -70,7 +70,7 @@ from eagle3ops.gate.like import control_change
 from eagle3ops.speculate.headcheck import HeadFacts, HeadMismatch, check_head
 from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _live_image, check_as_vllm_reads,
                                            check_like_for_like, check_offline_floor, check_template,
-                                           offline_estimate_for)
+                                           check_live_release, offline_estimate_for)
 from eagle3ops.speculate.onhost import head_sha256, parse_answer, safetensors_shapes
 from eagle3ops.speculate.power import power_plan
 from eagle3ops.speculate.restarts import (RestartPlan, design_for, parse_results, recorded_restart_seconds,
@@ -281,8 +281,6 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     from eagle3ops.window.kinds import require_serving
     from eagle3ops.window.common import new_window_id
     from eagle3ops.window.run import run_window, under_lock
-    from eagle3ops.window.arch import refuse_foreign_image
-    from eagle3ops.window.standin import refuse_standin_image
 
     require_serving(r.host, "speculate")  # before anything is read or written on the host
     if not rt.for_host(r.host).engine:  # its gate helper (inspect, measure) runs in a container of the pipeline image
@@ -308,20 +306,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     max_tokens = opts.max_tokens or s.gate_max_tokens
     image = opts.serving_image or s.speculative_image or s.image
     gate, source = select_gate(opts, opts.prompts or s.gate_prompts)
-    like: dict[str, Any] = {"like_for_like": True, "control": False}
-    if speculative_change(h, run_dir, 3, image).image:  # a process serves no image
-        refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
-        foreign = refuse_foreign_image(r, image, "speculate")  # an image the host lacks: the push refuses it
-        if foreign:
-            raise SpeculateError(foreign)
-        spec_id = r.run(dk.image_id(h, image), check=False)
-        like = check_like_for_like(h, _live_image(r), (image, (spec_id.stdout.strip() or None) if spec_id.ok else None),
-                                   opts.control)
-    elif opts.control:
-        raise SpeculateError(f"{h.name}: --control: this host serves with a {h.serving.kind} (no image): its "
-                             "speculative release differs from the live one by --speculative-config only, like for "
-                             "like already; drop --control")
-
+    like = check_live_release(r, opts, image, gate, serves_image=bool(speculative_change(h, run_dir, 3, image).image))
     # the plan's restarts and the gate's power, from this host's recorded windows (read-only); a gate too weak to
     # keep a good head is refused here, before anything is written on the host
     recorded = window_results(r)
