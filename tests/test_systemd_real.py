@@ -355,7 +355,6 @@ def _venv_inventory(inv: Path, out: Path) -> Path:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="the supervisor refuses a speculate job's switch on a systemd unit")
 def test_a_window_and_a_gated_release_through_the_cli(systemd_host, tmp_path):
     """Through the CLI, on the real systemd with a venv-runtime host (the STAND-IN pipeline environment,
     eagle3ops_dev.standin_env: this checkout's supervisor and stand-in stages): ``deploy --env-tarball``, an
