@@ -13,7 +13,8 @@ Images (all built on this machine's build engine; none is pulled from a registry
 - the CPU stand-in serving image (patched vLLM), tagged as the sandbox inventory's ``speculative_image``;
 - the pipeline image with its probes deferred to the host, and the pipeline image on the upstream-layout base (the
   host-probe tests' builds); the test stand-in pipeline image (:mod:`standin_images`); the real-systemd test host
-  (:mod:`systemd_image`).
+  (:mod:`systemd_image`) and the stand-in pipeline environment with the speculation gate's imports its venv host
+  gets (:func:`eagle3ops_dev.standin_env.build`, ``gate=True``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _standin_pipeline(ca) -> str:
 def main() -> int:
     from eagle3ops import images
     from eagle3ops.config import load_inventory
-    from eagle3ops_dev import bases
+    from eagle3ops_dev import bases, standin_env
 
     import systemd_image
 
@@ -65,6 +66,8 @@ def main() -> int:
             "pipeline", bases.UPSTREAM_BASE_TAG, None, ca, quiet=True).tag),
         ("test stand-in pipeline image", lambda: _standin_pipeline(ca)),
         ("real-systemd test host", lambda: systemd_image.build()),
+        # the stand-in pipeline environment with the gate's imports (tests/test_systemd_real.py's venv host)
+        ("stand-in environment with the gate", lambda: standin_env.build("/usr/bin/python3", gate=True)[1]),
     ]
     for name, build in steps:
         t0 = time.monotonic()

@@ -92,6 +92,8 @@ def test_report_shows_the_gate_decision_and_its_figures(tmp_path, recorded):
 def test_plan_run_reads_the_stage_run_dir(recorded):
     assert {report.plan_run(w["plan"]) for w in recorded["windows"]} == {recorded["run"]}
     assert report.plan_run({"run": "r1"}) == "r1" and report.plan_run({"stages": []}) is None
+    venv = {"spec": {"runtime": "venv", "argv": ["/s/env/d/bin/eagle3ops-stage", "extract", "--run-dir", "/d/runs/r2"]}}
+    assert report.plan_run({"stages": [venv]}) == "r2"  # a venv host's stage process
 
 
 def test_calibration_across_runs_plots_offline_gate_and_production(tmp_path):

@@ -279,10 +279,14 @@ def test_whole_window_result(world):
 def test_switch_release(world):
     """A release: containers and processes switch to a new retained release, health-gated; none refuses (there is
     no serving). systemd's releases are drop-ins that only a real systemd reads (and the agent would write one into
-    this machine's /etc): met in ``tests/test_systemd_real.py``; here its speculate switch is refused."""
+    this machine's /etc): met in ``tests/test_systemd_real.py``; here a speculate job's change of the recorded unit
+    becomes the drop-in the agent would put in place."""
     if world.kind == "systemd":
-        with pytest.raises(RuntimeError, match="speculate"):
-            world.supervisor("speculate").kind.switch()
+        change = ReleaseChange(args=["--label", "two"])
+        kind = world.supervisor("speculate", change=change).kind
+        new = kind._changed(kind._live(), change)
+        assert new["argv"][-2:] == ["--label", "two"] and '"--label" "two"' in new["dropin"], new["dropin"]
+        assert f'Environment="{ORG_NAME}={planted_env()[ORG_NAME]}"' in new["dropin"]  # the unit's whole env
         return
     sup = world.supervisor("release", change=ReleaseChange(args=["--label", "two"] if world.kind == "process" else []))
     if world.kind == "none":
@@ -370,10 +374,13 @@ def test_systemd_driver_side_refuses_releases_and_previews_systemctl(tmp_path):
     from eagle3ops.window.planner import build_plan, supervisor_commands
 
     h = _inv(tmp_path, "    serving: {kind: systemd, unit: vllm.service, served_model_name: m}\n")
-    with pytest.raises(WindowError, match=r"systemd unit 'vllm.service'.*speculate is not supported"):
-        require_serving(h, "speculate")
-    for what in ("release", "rollback"):
+    for what in ("release", "rollback", "speculate"):
         require_serving(h, what)
+    with pytest.raises(WindowError, match=r"systemd unit 'vllm.service'.*frobnicate is not supported"):
+        require_serving(h, "frobnicate")
+    spec = SystemdKind().speculative_change(h, "/d/runs/r/train/final", 3, "img:1")
+    assert spec.image is None and not spec.binds and spec.args[0] == "--speculative-config" \
+        and '"/d/runs/r/train/final"' in spec.args[1], spec  # the head at its host path, in the drop-in's argv
     assert "--image" in SystemdKind().release_refusal(h, ReleaseChange(image="x"))
     assert SystemdKind().release_refusal(h, ReleaseChange(args=["--max-num-seqs", "8"])) is None
     plan = build_plan(h, kind="window", window_id="w9", image="i", command="c", stages=["prepare"])
@@ -392,6 +399,21 @@ def test_systemd_driver_side_refuses_releases_and_previews_systemctl(tmp_path):
     assert cmds[2:5] == ["systemctl stop vllm.service", next(c for c in cmds if c.startswith("'# write'")),
                          "systemctl daemon-reload"], cmds
     assert "--max-num-seqs 8" in cmds[3] and cmds[5] == "systemctl start vllm.service" and "roll back" in cmds[7]
+    from eagle3ops.speculate.gated import gate_job
+
+    job = gate_job(h, ReleaseChange(args=["--max-num-seqs", "8"]), margin=0.05, passes=3, restarts={})
+    gate = build_plan(h, kind="speculate", window_id="w7", image="i", command="c", change=job.change, speculate=job)
+    cmds = [render(c) for c in supervisor_commands(h, gate)]
+    writes = [i for i, c in enumerate(cmds) if c.startswith("'# write'")]
+    assert cmds[0].startswith("'# measure' baseline") and len(writes) == 1 and "--max-num-seqs 8" in cmds[writes[0]] \
+        and cmds[writes[0] - 1] == "systemctl stop vllm.service", cmds  # measured, stopped, the drop-in written
+    back = cmds.index("'# restore' /etc/systemd/system/vllm.service.d/50-eagle3ops-release.conf 'as recorded "
+                      "(/s/windows/w7/process/unit.dropin; none: removed)'")
+    assert cmds[back - 1] == "systemctl stop vllm.service" and cmds[back + 1] == "systemctl daemon-reload", cmds
+    from eagle3ops.window.kinds import agent_stop_wait_s
+
+    wait = int(agent_stop_wait_s(gate))  # the agent waits out the baseline measured before the first stop request
+    assert wait > 600 and any("eagle3ops-restore-agent" in c and f" {wait} " in c for c in cmds), (wait, cmds)
 
 
 def test_dropin_text_quotes_words_as_systemd_reads_them():

@@ -190,15 +190,17 @@ def test_process_serving_needs_a_match_and_no_image(tmp_path):
     assert "`process_match`" in docs("inventory") and "kind: process" in (REPO / "deploy/hosts.yaml").read_text()
 
 
-def test_speculate_refuses_systemd_serving_before_touching_the_host():
-    """A process host is speculated on (tests/test_speculate_job.py); a systemd unit is not (a release would edit
-    the unit)."""
-    from eagle3ops.speculate.ship import SpeculateOptions, speculate
+def test_speculate_on_systemd_serving_refuses_a_control_release_before_touching_the_host():
+    """A systemd unit is speculated on as a process is (its releases are drop-ins: tests/test_systemd_real.py); it
+    serves no image, so ``--control`` (the speculative image without speculation) is refused, naming the kind,
+    before anything is written."""
+    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, speculate
 
     h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     h = h.model_copy(update={"serving": type(h.serving)(kind="systemd", unit="vllm.service",
                                                         served_model_name="m")})
     world = _host_with_serving(h)
-    with pytest.raises(WindowError, match="systemd unit 'vllm.service'.*speculate is not supported"):
-        speculate(StandInRemote(h, world), SpeculateOptions(run="r", pipeline_image=IMAGE, pipeline_image_id=IMAGE_ID))
+    with pytest.raises(SpeculateError, match="--control: this host serves with a systemd \\(no image\\)"):
+        speculate(StandInRemote(h, world), SpeculateOptions(run="r", pipeline_image=IMAGE, pipeline_image_id=IMAGE_ID,
+                                                            control=True))
     assert world.writes == []

@@ -14,6 +14,13 @@ What it shows (each against systemd itself, not a stand-in of ``systemctl``):
   with the flag and passes the real health gate; the rollback removes the drop-in and the unit runs as before; the
   secrets are then in no file of the state and data dirs but the release records (0600, root's), and not in the
   supervisor's output;
+- through the CLI, on the same systemd as a venv-runtime host (the STAND-IN pipeline environment of
+  ``eagle3ops_dev.standin_env``, with the gate's imports: this checkout's supervisor as a host process, stand-in
+  stages): ``deploy --env-tarball``, an ``extract`` window, ``release --gate`` (the speculation gate's job: the
+  baseline restarted, the changed release's drop-in, the unit as recorded put back for the baseline's second block,
+  the kept drop-in written again; its figures are the STAND-IN server's), ``rollback``, ``report``, ``status`` and
+  ``config check``; then the planted secrets are in no file under the state and data dirs and reports/ but the
+  release records (0600, root's), and in no output of the CLI;
 - preflight advises ``KillMode=control-group`` for such a unit;
 - with logind's ``KillUserProcesses=yes`` applying to the SSH user, preflight detaches the agent as a user service
   (the user lingers) and the agent outlives the SSH session; without linger the window is refused before anything
@@ -318,3 +325,113 @@ def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(sy
     time.sleep(6)
     with Remote(h) as r:
         assert not r.run(["kill", "-0", pid2], check=False).ok, "KillUserProcesses did not end the setsid agent"
+
+
+#: The venv-runtime host's dirs in the container: under the sandbox root (the stand-in pipeline environment is
+#: delivered to sandbox hosts only), not bind-mounted (read back with `docker exec tar`).
+SANDBOX_DIR = "/var/lib/eagle3ops-sandbox/systemd-real"
+#: The stand-in stages' pipeline (eagle3ops_dev.standin_stages: manifests, no model touched).
+TINY = """target_model: /model
+prepare: {datasets: [builtin:sharegpt], max_seq_len: 256, max_samples: 8}
+"""
+
+
+def _venv_inventory(inv: Path, out: Path) -> Path:
+    """The fixture's host as a venv-runtime host ``sysv`` (no container engine: the supervisor is a process of the
+    STAND-IN pipeline environment, the stages are its stand-in stages), its state and data under
+    :data:`SANDBOX_DIR`, with a gate cut to 4 prompts x 16 tokens at concurrency 1 (the gate's resolution is
+    tests/test_gate_simulation.py's; here the subject is the unit's restarts and where the secrets go)."""
+    import yaml
+
+    doc = yaml.safe_load(inv.read_text())
+    h = dict(doc["hosts"]["sysd"])
+    h.update(data_dir=f"{SANDBOX_DIR}/data", state_dir=f"{SANDBOX_DIR}/state", model_path=f"{SANDBOX_DIR}/model",
+             stage_runtime="venv", venv_python="/usr/bin/python3", maintenance_budget_s=600, stage_timeout_s=120)
+    h["serving"] = {**h["serving"], "health_timeout_s": 60, "gate_prompts": 4, "gate_max_tokens": 16,
+                    "gate_concurrency": [1], "gate_passes": 3, "gate_warmup_prompts": 1,
+                    # a restarted stand-in's first token moves with the machine's load, not with the change
+                    "gate_ttft_ratio_max": 4.0}
+    out.write_text(yaml.safe_dump({"hosts": {"sysv": h}}))
+    return out
+
+
+def test_a_window_and_a_gated_release_through_the_cli(systemd_host, tmp_path):
+    """Through the CLI, on the real systemd with a venv-runtime host (the STAND-IN pipeline environment,
+    eagle3ops_dev.standin_env: this checkout's supervisor and stand-in stages): ``deploy --env-tarball``, an
+    ``extract`` window (the unit stopped, the stand-in stages run, the unit started as systemd has it, gated),
+    ``release --gate`` (the speculation gate's job with the not-slower rule: the baseline restarted, the changed
+    release's drop-in written, measured, the unit as recorded put back for the baseline's second block, the kept
+    release's drop-in written again), ``rollback`` (eagle3ops' drop-in removed), ``report``, ``status`` and
+    ``config check``. The gate's figures are the STAND-IN server's (tests/data/standin_openai_server.py, not vLLM);
+    ``--margin 0.9`` keeps the change whatever they are. Then the unit's planted secrets are in no file under the
+    state and data dirs and reports/ but the release records (0600, root's), and in no output of the CLI."""
+    import json
+
+    from eagle3ops_dev import standin_env
+
+    inv0, name = systemd_host
+    inv = _venv_inventory(inv0, tmp_path / "hosts.yaml")
+    (tmp_path / "pipeline.yaml").write_text(TINY)
+    tgz, _ = standin_env.build("/usr/bin/python3", gate=True)  # the gate decides with numpy
+    _sh("docker", "exec", name, "loginctl", "enable-linger", "root")  # logind ends session processes: see above
+    _sh("docker", "exec", "-i", name, "sh", "-c", f"mkdir -p {SANDBOX_DIR}/model {SANDBOX_DIR}/data && "
+        f"cat > {SANDBOX_DIR}/model/config.json",
+        input=json.dumps({"hidden_size": 64, "intermediate_size": 256, "vocab_size": 512}))
+    before = _main_argv(name)
+    drop = sd.dropin_path(UNIT)
+    said, took = [], {}
+
+    def cli(*args: str) -> str:
+        t0 = time.monotonic()
+        cp = subprocess.run([sys.executable, "-m", "eagle3ops", *args, "--inventory", str(inv)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600)
+        took[" ".join(args[:2])] = round(time.monotonic() - t0, 1)
+        said.append(cp.stdout + cp.stderr)
+        assert cp.returncode == 0, f"{args}: exit {cp.returncode}\n{cp.stdout[-3000:]}\n{cp.stderr[-3000:]}"
+        return cp.stdout
+
+    cli("deploy", "sysv", "--env-tarball", str(tgz))
+    pid0 = _sh("docker", "exec", name, "systemctl", "show", "-p", "MainPID", "--value", UNIT).stdout.strip()
+    cli("extract", "sysv", "--run", "r1", "--pipeline", str(tmp_path / "pipeline.yaml"))
+    pid1 = _sh("docker", "exec", name, "systemctl", "show", "-p", "MainPID", "--value", UNIT).stdout.strip()
+    assert pid1 != pid0 and _main_argv(name) == before, (pid0, pid1)  # stopped, started as systemd has it
+    assert _sh("docker", "exec", name, "test", "-e", drop, check=False).returncode == 1, "a window wrote a drop-in"
+
+    out = cli("release", "sysv", "--gate", "--margin", "0.9", "--arg=--label=three")
+    assert json.loads(out.strip().splitlines()[-1])["verdict"] == "keep", out[-2000:]
+    assert _main_argv(name) == [*before, "--label=three"]
+    assert _sh("docker", "exec", name, "stat", "-c", "%a %u", drop).stdout.split() == ["600", "0"]
+    wdir = _sh("docker", "exec", name, "sh", "-c", f"ls -d {SANDBOX_DIR}/state/windows/*-release-gate-*").stdout.split()
+    assert len(wdir) == 1, wdir
+    journal = [json.loads(x) for x in
+               _sh("docker", "exec", name, "cat", f"{wdir[0]}/journal.jsonl").stdout.splitlines()]
+    restarts = [e["step"] for e in journal if e.get("event") == "ok" and e["step"] in
+                ("restart-baseline", "switch", "rollback", "keep-switch")]
+    assert restarts == ["restart-baseline", "switch", "rollback", "keep-switch"], journal
+    log = _sh("docker", "exec", name, "cat", f"{wdir[0]}/process/agent.log").stdout
+    # the baseline's second block runs the unit as recorded: eagle3ops' drop-in removed, then the kept one written
+    assert log.count(f"drop-in {sd.DROPIN_DIR}/{UNIT}.d/{sd.DROPIN_NAME} written") == 3, log
+    assert log.count(f"drop-in {sd.DROPIN_DIR}/{UNIT}.d/{sd.DROPIN_NAME} removed") == 1, log
+
+    cli("rollback", "sysv")
+    assert _sh("docker", "exec", name, "test", "-e", drop, check=False).returncode == 1, "the rollback left a drop-in"
+    assert _main_argv(name) == before and len(_unit_procs(name)) == 2  # the keyed unit as it was, its key included
+    cli("report", "sysv", "--run", "r1", "--out", str(tmp_path / "reports"))
+    assert any((tmp_path / "reports").rglob("*.html")), "report wrote no page"
+    status = cli("status", "sysv")
+    assert "rollback" in status and "serving running │ True" in status, status
+    cli("config", "check", "sysv")
+    assert UNIT in said[-1], said[-1]  # it read the unit
+    print(f"CLI on the real systemd (s): {took}")
+
+    copy = tmp_path / "host"
+    copy.mkdir()
+    tar = subprocess.run(["docker", "exec", name, "tar", "-C", SANDBOX_DIR, "-cf", "-", "state", "data"],
+                         capture_output=True, check=True, timeout=60).stdout
+    subprocess.run(["tar", "-C", str(copy), "--same-owner", "-xpf", "-"], input=tar, check=True, timeout=60)
+    found, records = scan_with_records([copy / "state", copy / "data", tmp_path / "reports"])
+    assert found == {}, found
+    assert {p.parent.name for p in records} == {"releases", "process"}, records
+    assert [private(p, {0}) for p in records] == [None] * len(records), [(p, private(p, {0})) for p in records]
+    shown = {i: leaks(o) for i, o in enumerate(said) if leaks(o)}
+    assert shown == {}, f"the CLI's output shows the unit's secrets: {shown}"

@@ -42,11 +42,13 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 
 def plan_run(plan: dict[str, Any]) -> str | None:
     """The run a window's plan belongs to: its ``run`` field, else the ``--run-dir .../runs/<run>`` of its stages
-    (release and rollback windows belong to no run unless their plan names one)."""
+    (a container's ``command``, a venv stage process's ``argv``; release and rollback windows belong to no run unless
+    their plan names one)."""
     if plan.get("run"):
         return str(plan["run"])
     for st in plan.get("stages") or []:
-        cmd = list((st.get("spec") or {}).get("command") or [])
+        spec = st.get("spec") or {}
+        cmd = list(spec.get("command") or spec.get("argv") or [])
         if "--run-dir" in cmd and cmd.index("--run-dir") + 1 < len(cmd):
             return Path(cmd[cmd.index("--run-dir") + 1]).name
     return None

@@ -29,6 +29,10 @@ from pathlib import Path
 NAME = "eagle3ops stand-in pipeline environment"
 #: Top-level modules and packages copied from the driver venv (what ``eagle3ops.supervisor`` and the config import).
 DEPS = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection", "yaml")
+#: Copied too with ``gate=True``: what the supervisor's speculation gate imports (its measurement's HTTP client and
+#: metrics parser, its decision's statistics; numpy with the wheel's bundled libraries folder, about 70 MB, so only
+#: the tests that run a gate on a venv host ask for it).
+GATE_DEPS = ("httpx", "httpcore", "h11", "anyio", "idna", "certifi", "prometheus_client", "numpy")
 #: Seconds ``python -m venv`` may take.
 VENV_TIMEOUT_S = 120
 
@@ -39,8 +43,9 @@ MARKER = {"what": NAME, "why": "its stages (eagle3ops_dev.standin_stages) write 
 STAGE_SH = '#!/bin/sh\n# stand-in stages (eagle3ops_dev.standin_stages), not the real pipeline\nexec "$(dirname "$0")/python" -m eagle3ops_standin_stages "$@"\n'
 
 
-def _sources() -> list[tuple[str, Path]]:
-    """(path inside site-packages, local path) of everything copied, files only, sorted."""
+def _sources(gate: bool = False) -> list[tuple[str, Path]]:
+    """(path inside site-packages, local path) of everything copied, files only, sorted; ``gate``: with
+    :data:`GATE_DEPS`."""
     import importlib
 
     import eagle3ops
@@ -53,11 +58,13 @@ def _sources() -> list[tuple[str, Path]]:
                 out.append((f"{prefix}/{f.relative_to(root).as_posix()}", f))
 
     add_tree("eagle3ops", Path(eagle3ops.__file__).parent)
-    for name in DEPS:
+    for name in DEPS + (GATE_DEPS if gate else ()):
         mod = importlib.import_module(name)
         p = Path(mod.__file__ or "")
         if p.name == "__init__.py":
             add_tree(name, p.parent)
+            if (p.parent.parent / f"{name}.libs").is_dir():  # a manylinux wheel's bundled shared libraries
+                add_tree(f"{name}.libs", p.parent.parent / f"{name}.libs")
         else:
             out.append((p.name, p))
     out.append(("eagle3ops_standin_stages.py", Path(__file__).with_name("standin_stages.py")))
@@ -71,9 +78,10 @@ def cache_dir() -> Path:
     return repo_root() / ".cache" / "standin-env"
 
 
-def build(python: str = "/usr/bin/python3", cache: Path | None = None) -> tuple[Path, str]:
+def build(python: str = "/usr/bin/python3", cache: Path | None = None, gate: bool = False) -> tuple[Path, str]:
     """The stand-in environment's tarball, built against ``python`` (the host's ``venv_python``), from the cache when
-    its key matches. Returns ``(tarball path, "venv:sha256:<hex>")``.
+    its key matches; ``gate``: with what the supervisor's speculation gate imports (:data:`GATE_DEPS`). Returns
+    ``(tarball path, "venv:sha256:<hex>")``.
 
     Raises:
         RuntimeError: ``python`` is not the driver's CPython minor version (the copied compiled package would not
@@ -87,7 +95,7 @@ def build(python: str = "/usr/bin/python3", cache: Path | None = None) -> tuple[
                            f"packages need {sys.version_info[0]}.{sys.version_info[1]}")
     from eagle3ops.config.standin import STANDIN_ENV_MARKER
 
-    srcs = _sources()
+    srcs = _sources(gate)
     marker = json.dumps(MARKER, indent=2, sort_keys=True) + "\n"
     key = hashlib.sha256(f"{python} {minor}\n{STAGE_SH}\n{STANDIN_ENV_MARKER}\n{marker}".encode())
     for rel, f in srcs:
@@ -110,15 +118,16 @@ def build(python: str = "/usr/bin/python3", cache: Path | None = None) -> tuple[
             (env / "bin" / "eagle3ops-stage").chmod(0o755)
             (env / STANDIN_ENV_MARKER).write_text(marker)
             part = tgz.with_suffix(".part")
-            part.write_bytes(_tar_bytes(env, first=STANDIN_ENV_MARKER))
+            # numpy's 70 MB at gzip's level 9 took 30 s on 2 cores; level 1, a few (the tarball ~25 % larger)
+            part.write_bytes(_tar_bytes(env, first=STANDIN_ENV_MARKER, level=1 if gate else 9))
             part.replace(tgz)
     digest = hashlib.sha256(tgz.read_bytes()).hexdigest()
     return tgz, f"venv:sha256:{digest}"
 
 
-def _tar_bytes(root: Path, first: str | None = None) -> bytes:
+def _tar_bytes(root: Path, first: str | None = None, level: int = 9) -> bytes:
     """A deterministic gzip tar of ``root``'s contents (sorted, mtime 0, owner 0:0, symlinks kept); the file
-    ``first`` (relative to ``root``) leads, so a reader of the head finds it."""
+    ``first`` (relative to ``root``) leads, so a reader of the head finds it; ``level``: gzip's compression level."""
     raw = io.BytesIO()
     lead = [root / first] if first else []
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -133,7 +142,7 @@ def _tar_bytes(root: Path, first: str | None = None) -> bytes:
             else:
                 tar.addfile(info)
     out = io.BytesIO()
-    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz:
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=level) as gz:
         gz.write(raw.getvalue())
     return out.getvalue()
 

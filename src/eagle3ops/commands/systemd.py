@@ -258,11 +258,14 @@ def dropin_text(argv: list[str], environ: list[str], path: str = "") -> str:
 
 
 def start_agent(host: HostConfig, *, pdir: str, unit: str, stop_timeout_s: int, supervisor: str,
-                limit_s: float, state_words: list[str] | None = None, detach: str = "setsid") -> list[str]:
+                limit_s: float, state_words: list[str] | None = None, detach: str = "setsid",
+                stop_wait_s: float = pc.AGENT_STOP_WAIT_S) -> list[str]:
     """Start the systemd variant of the restore agent (:data:`AGENT_SH`) detached on the host, managing ``unit``;
-    the arguments are :func:`eagle3ops.commands.process.start_agent`'s, with the unit in place of the pid."""
+    the arguments are :func:`eagle3ops.commands.process.start_agent`'s, with the unit in place of the pid
+    (``stop_wait_s``: a speculate job's baseline is measured before its first stop request)."""
     return pc.start_agent(host, pdir=pdir, pid=unit, stop_timeout_s=stop_timeout_s, supervisor=supervisor,
-                          limit_s=limit_s, script=AGENT_SH, state_words=state_words, detach=detach)
+                          limit_s=limit_s, script=AGENT_SH, state_words=state_words, detach=detach,
+                          stop_wait_s=stop_wait_s)
 
 
 def kill_mode(unit: str) -> Read:

@@ -8,7 +8,12 @@ therefore the ``process`` kind's request-and-gate steps with the unit's record. 
 (:func:`eagle3ops.commands.systemd.dropin_text`) that this side writes into the process dir (``next.unit.dropin``,
 mode 0600) and the agent puts in place before ``systemctl daemon-reload`` and ``systemctl start``; a release record
 (``releases/NNNN.json``, 0600) holds the unit's command line, environment and drop-in, which is what a later rollback
-writes back. Met for real in ``tests/test_systemd_real.py`` (systemd 252 as PID 1 of a container).
+writes back. A speculate job (``speculate``, ``release --gate``) switches the same way in the agent's rounds:
+each restart (the baseline restarted, the speculative or changed release, a candidate, the return to the release
+live before, the kept release served again) puts the round's drop-in in place (``next.unit.dropin``) or the unit as
+recorded back (``unit.dropin``; none recorded: eagle3ops' drop-in removed), then ``daemon-reload`` and start; a
+control release is refused as for a process (no image: like for like already). Met for real in
+``tests/test_systemd_real.py`` (systemd 252 as PID 1 of a container).
 """
 
 from __future__ import annotations
@@ -95,14 +100,3 @@ class SystemdServing(ProcessServing):
         u = self._unit()
         return api_key_from_inspect({"Config": {"Cmd": u["argv"], "Env": u["environ"]}})
 
-    def switch(self, step: str = "switch", change: Any | None = None, live: bool = True) -> str:
-        """``release``/``rollback`` of a systemd unit: :meth:`ProcessServing.switch` with the unit's drop-in as the
-        record the agent starts from (see the module doc). A speculate job's switch is refused (not tried on a
-        unit).
-
-        Raises:
-            RuntimeError: a speculate plan, or :meth:`ProcessServing.switch`'s errors.
-        """
-        if self.plan.kind == "speculate":
-            raise self._refuse("switch releases for speculate (release and rollback are supported)")
-        return super().switch(step, change, live)

@@ -43,8 +43,8 @@ def driver_kind(h: HostConfig) -> DriverKind:
 
 def require_serving(h: HostConfig, what: str) -> None:
     """Refuse ``what`` (``release``, ``rollback``, ``speculate``) where the host's serving kind cannot do it
-    (:meth:`DriverKind.refuse`): ``serving: none`` refuses all three, a plain process ``speculate``, a systemd unit
-    ``speculate``.
+    (:meth:`DriverKind.refuse`): ``serving: none`` refuses all three; a plain process and a systemd unit do all three
+    (their releases differ from the live one by flags and environment only).
 
     Raises:
         WindowError: the message names the host, the inventory key and the fix.

@@ -1,6 +1,6 @@
 """Serving kind ``systemd`` on the driver side: a systemd unit, recorded with ``systemctl show`` and stopped and
 started by the restore agent's systemd variant (:mod:`eagle3ops.commands.systemd`). Windows, releases and rollbacks
-(a drop-in); not speculate."""
+(a drop-in), and the speculation gate (``speculate``, ``release --gate``), whose releases are drop-ins too."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from eagle3ops.commands import systemd as sd
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
-from eagle3ops.window.kinds.base import (DriverKind, agent_limit_s, check_session_kill, gate_preview, proc_argv,
-                                         stage_previews, supervisor_words)
+from eagle3ops.window.kinds.base import (DriverKind, agent_limit_s, agent_stop_wait_s, check_session_kill,
+                                         gate_preview, proc_argv, speculate_preview, stage_previews,
+                                         supervisor_words)
 
 if TYPE_CHECKING:
     from eagle3ops.remote import Remote
@@ -23,19 +24,37 @@ if TYPE_CHECKING:
 class SystemdKind(DriverKind):
     """A systemd unit: recorded with ``systemctl show`` (and its ``ExecStart`` from the bus), stopped and started by
     the restore agent's systemd variant (:mod:`eagle3ops.commands.systemd`). Windows, releases and rollbacks (a
-    drop-in, ``daemon-reload``, start, health gate); not speculate. Tested against a real systemd
+    drop-in, ``daemon-reload``, start, health gate), and the speculation gate: its restarts (the baseline's restart,
+    the speculative or changed release, the return to the release live before, the kept one served again) are
+    drop-ins written, replaced or removed the same way, each the agent's next round. Tested against a real systemd
     (``tests/test_systemd_real.py``: the agent's stop, group sweep, restore, a release and its rollback, this
-    preflight); a whole window is not (no Docker engine there)."""
+    preflight, and a window and ``release --gate`` driven through the CLI on a venv-runtime host)."""
 
     name = "systemd"
     record_form = None
     records_before_release = True
 
     def refuse(self, h: HostConfig, what: str) -> None:
-        if what not in ("release", "rollback"):
+        if what not in ("release", "rollback", "speculate"):
             raise WindowError(f"host {h.name} serves with systemd unit {h.serving.unit!r} (`hosts.{h.name}.serving."
-                              f"kind: systemd`): {what} is not supported for systemd serving (windows, release and "
-                              f"rollback are); run serving as a container for {what}")
+                              f"kind: systemd`): {what} is not supported for systemd serving (windows, release, "
+                              f"rollback and speculate are); run serving as a container for {what}")
+
+    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
+                           draft_tp: int | None = None) -> ReleaseChange:
+        """The unit's command line plus ``--speculative-config`` naming the head at its host path, written as the
+        release's drop-in (a unit has no image or binds: ``image`` is not used; the unit's own vLLM must be the
+        patched one)."""
+        from eagle3ops.commands import speculate as sc
+
+        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, model=head_dir,
+                                                      draft_tp=draft_tp))
+
+    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
+        """The unit's command line plus the n-gram proposer's ``--speculative-config`` (no head, no image)."""
+        from eagle3ops.commands import speculate as sc
+
+        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0))
 
     def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
         return None if change is None or not (change.image or change.binds) else (
@@ -73,23 +92,27 @@ class SystemdKind(DriverKind):
         r.run(sd.record_unit(plan.serving_unit, plan.process_dir))
         r.run(sd.start_agent(r.host, pdir=plan.process_dir, unit=plan.serving_unit,
                              stop_timeout_s=plan.stop_timeout_s, supervisor=st.supervisor_name(plan.window_id),
-                             limit_s=agent_limit_s(plan), state_words=supervisor_words(r.host, plan),
-                             detach=plan.agent_detach))
+                             limit_s=agent_limit_s(plan), stop_wait_s=agent_stop_wait_s(plan),
+                             state_words=supervisor_words(r.host, plan), detach=plan.agent_detach))
 
     def supervisor_commands(self, h: HostConfig, plan: Plan) -> list[list[str]]:
         """The agent runs ``systemctl stop``, the stages run, the agent runs ``systemctl start``, the supervisor
-        gates."""
+        gates; a release, rollback or speculate job writes (or removes) the drop-in before the start."""
         pdir, unit = plan.process_dir or "?", plan.serving_unit or "?"
         head = [sd.record_unit(unit, pdir),
                 sd.start_agent(h, pdir=pdir, unit=unit, stop_timeout_s=plan.stop_timeout_s,
                                supervisor=st.supervisor_name(plan.window_id), limit_s=agent_limit_s(plan),
-                               state_words=supervisor_words(h, plan), detach=plan.agent_detach),
+                               stop_wait_s=agent_stop_wait_s(plan), state_words=supervisor_words(h, plan),
+                               detach=plan.agent_detach),
                 sd.stop_argv(unit)]
         if plan.kind == "window":
             return [*head, *stage_previews(h, plan), sd.start_argv(unit), gate_preview(plan)]
         args = (plan.change or ReleaseChange()).args
-        what = (" ".join(["the recorded command line, with:", *args]) if plan.kind == "release" else
+        what = (" ".join(["the recorded command line, with:", *args]) if plan.kind in ("release", "speculate") else
                 f"the drop-in of release {plan.to_release or 'live before the current one'} (none: removed)")
+        if plan.kind == "speculate":  # the switch there and, when not kept, the unit as recorded put back
+            switch = sd.switch_preview(unit, pdir, what, gate_preview(plan))
+            return speculate_preview(plan, [*head, *switch[:4]], [sd.stop_argv(unit), *switch[6:]])
         return [*head, *sd.switch_preview(unit, pdir, what, gate_preview(plan))]
 
     def looked_for(self, h: HostConfig) -> str:
