@@ -9,16 +9,48 @@ Used by :class:`eagle3ops.supervisor.runner.Supervisor` (the step table); the se
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from eagle3ops import redact
 from eagle3ops.commands import runtime as rt
-from eagle3ops.config.plan import StageStep
+from eagle3ops.config.plan import Plan, StageStep
 from eagle3ops.supervisor.errors import Interrupted, ServingRestarted
-from eagle3ops.supervisor.journal import _tail
+from eagle3ops.supervisor.journal import Journal, _tail
 
-if TYPE_CHECKING:
-    from eagle3ops.supervisor.runner import Supervisor
+
+class StageHost(Protocol):
+    """What a stage run uses of the window that runs it (the runner, :class:`eagle3ops.supervisor.runner.Supervisor`,
+    is one).
+
+    Attributes: ``plan``, ``journal``, ``client`` (docker SDK ``DockerClient``; None on a venv host), ``wdir`` (the
+    window's folder: ``<stage>.log``), ``deadline`` (end of the maintenance budget, epoch seconds),
+    ``stage_outcomes`` / ``stage_times`` (``{stage: outcome in words}`` / ``{stage: seconds}``, filled here for the
+    result), ``guard_poll_s`` (seconds between two checks that serving is still stopped), ``engine_waits`` (engine
+    outages waited out so far in this run). Methods: the window's shared policy.
+    """
+
+    plan: Plan
+    journal: Journal
+    client: Any
+    wdir: Path
+    deadline: float
+    stage_outcomes: dict[str, str]
+    stage_times: dict[str, float]
+    guard_poll_s: float
+    engine_waits: int
+
+    def warn(self, step: str, message: str) -> None:
+        """Journal a warning for the window's result."""
+
+    def guard_stopped(self, step: str) -> None:
+        """Check that serving is still stopped while ``step`` runs; raises ``ServingRestarted``."""
+
+    def engine_up(self) -> bool:
+        """Whether the Docker engine answers (always True on a venv host)."""
+
+    def wait_out_engine(self, step: str, exc: BaseException) -> bool:
+        """After ``exc``: True when the Docker engine was away and is back (retry), False when it answered."""
 
 
 def stage_error(log: str, limit: int = 600) -> str:
@@ -67,9 +99,9 @@ def create_container(client: Any, spec: dict[str, Any], image_id: str | None = N
 ENGINE_RERUNS_MAX = 2
 
 
-def run_stage(sup: "Supervisor", step: StageStep) -> bool:
+def run_stage(sup: StageHost, step: StageStep) -> bool:
     """Run one stage container to completion within its timeout and the window budget, checking while it runs
-    that serving is still stopped (:meth:`Supervisor.guard_stopped`). A Docker engine restart is waited out
+    that serving is still stopped (:meth:`StageHost.guard_stopped`). A Docker engine restart is waited out
     (bounded): a stage container that outlived it is waited for further, one that did not is run again in the same
     window (at most :data:`ENGINE_RERUNS_MAX` engine outages), serving not stopped a second time. A container of
     this stage left by an earlier attempt (an engine restart keeps it as exited) is removed before the stage starts.
@@ -143,7 +175,7 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
             log.close()
     except (Interrupted, ServingRestarted) as exc:
         reason = "supervisor interrupted" if isinstance(exc, Interrupted) else "stopped: serving kept being started"
-        if isinstance(exc, Interrupted) and not sup._engine_up():  # the restarting daemon stops the supervisor
+        if isinstance(exc, Interrupted) and not sup.engine_up():  # the restarting daemon stops the supervisor
             reason = "ended by a Docker engine restart"
         try:
             container.stop(timeout=10)
@@ -156,7 +188,7 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
         try:  # its output is in <stage>.log; the exit code goes into the journal below
             container.remove(force=True)
         except Exception as exc:  # noqa: BLE001 - cleanup only, reported as a warning
-            if sup._engine_up():
+            if sup.engine_up():
                 sup.warn(step.name, f"could not remove stage container {name}: {type(exc).__name__}: {exc}; "
                                      f"remove it by hand: docker rm --force {name}")
             else:  # the stage's next attempt, or the window's end (Supervisor._remove_left_stages), removes it
@@ -178,9 +210,9 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
     return exit_code == 0
 
 
-def _wait_guarded(sup: "Supervisor", step: str, container: Any, deadline: float) -> int | None:
+def _wait_guarded(sup: StageHost, step: str, container: Any, deadline: float) -> int | None:
     """Wait for the stage container to exit, by ``deadline`` (epoch seconds), checking every ``sup.guard_poll_s``
-    seconds that serving is still stopped (:meth:`Supervisor.guard_stopped`). Returns the exit code, or None when
+    seconds that serving is still stopped (:meth:`StageHost.guard_stopped`). Returns the exit code, or None when
     the deadline passed or the engine stopped answering (the caller stops the stage; a restarted supervisor resumes
     the window from its journal).
 
@@ -197,7 +229,7 @@ def _wait_guarded(sup: "Supervisor", step: str, container: Any, deadline: float)
         except Interrupted:
             raise
         except Exception as exc:  # noqa: BLE001 - requests ReadTimeout / ConnectionError: a poll, or the engine
-            if sup._engine_up():
+            if sup.engine_up():
                 continue
             sup.wait_out_engine(step, exc)  # bounded; raises EngineUnavailable (the restart policy resumes)
             try:  # the engine is back: a stage container that outlived it (live-restore) is waited for further
@@ -219,7 +251,7 @@ class EngineEndedStage(Exception):
     (its outputs resume), serving not stopped a second time (:func:`run_stage`)."""
 
 
-def stages_from_journal(sup: "Supervisor") -> tuple[str, str]:
+def stages_from_journal(sup: StageHost) -> tuple[str, str]:
     """Stage outcomes of an earlier attempt of this window, from the journal: (outcome, error)."""
     outcome, error = "ok", ""
     for step in sup.plan.stages:
@@ -259,7 +291,7 @@ def _stop_group(proc: Any, grace_s: float = STAGE_STOP_GRACE_S) -> None:
             continue
 
 
-def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
+def run_stage_process(sup: StageHost, step: StageStep) -> bool:
     """The venv runtime's stage (``stage_runtime: venv``): ``step.spec`` (from
     :func:`eagle3ops.commands.venv.stage_spec`: ``argv``, ``environment``, ``cwd``) run as a process in a session of
     its own, stdout and stderr appended to ``<stage>.log``, within the stage's limit and the window budget, checking
@@ -364,7 +396,7 @@ def _drain(pump: Any, log: redact.LineWriter, wait_s: float = 10.0) -> None:
     log.close()
 
 
-def _start_within_budget(sup: Any, step: Any) -> float | None:
+def _start_within_budget(sup: StageHost, step: StageStep) -> float | None:
     """Journal the stage's start with its limit in seconds: the stage's own ``timeout_s`` or what is left of the
     maintenance budget once the restore's share (``plan.reserve_s()``) is reserved, whichever is less. None (the
     stage journaled as an error and recorded ``not run (budget)``) when nothing is left."""
