@@ -33,7 +33,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                   "cleanups"),
     "speculate/regenerate.py::regenerate": (96, "the request loop with resume, budget and manifest in one frame"),
     "stages/probe.py::run_probe": (93, "the reference forward and vLLM's capture compared in one function"),
-    "transfer/pusher.py::push": (68, "one host's push: facts, plan, lock, load and tags with one set of cleanups"),
     "speculate/watch.py::watch": (98, "the watch loop: intervals, breaches and the rollback decision share state"),
     "supervisor/stagerun.py::run_stage": (86, "the stage container's wait with engine-restart retries (bounded) "
                                           "in one loop"),
