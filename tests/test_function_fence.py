@@ -46,7 +46,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                                        "field"),
     "window/preflight.py::preflight": (63, "the host checks before a window in the order they are reported, each one "
                                           "a branch on what the host showed (a work host's target may come later)"),
-    "window/diskestimate.py::estimate_disk": (67, "the disk estimate's facts read and summed stage by stage"),
     "gate/replay.py::_one": (62, "one streamed request's events parsed and timed"),
     "patches/rebase.py::rebase_series": (61, "each patch of a series carried to the new version in turn"),
 }

@@ -323,6 +323,26 @@ def test_estimate_uses_the_prepare_manifest_when_present(host):
     assert est.by_stage["extract"] == 12345 * 4 * 16 * 2 + 12345 * 16 and "12345 prepared tokens" in est.basis
 
 
+def test_estimate_bounds_the_samples_by_the_dataset_rows_or_max_samples(host):
+    """Without a prepare manifest: a dataset file in the run directory is counted on the host (``wc -l``) and
+    capped by ``prepare.max_samples``; a file that cannot be counted (Parquet) is bounded by ``max_samples`` alone,
+    and without it the estimate fails naming the file and the fix."""
+    world = _host_with_serving(host, hidden_size=16)
+    world.files[f"{host.data_dir}/runs/r/chats.jsonl"] = "{}\n" * 5
+
+    def est(datasets, max_samples=None):
+        text = ("target_model: /model\nprepare: {datasets: [" + ", ".join(datasets) + "], max_seq_len: 256"
+                + (f", max_samples: {max_samples}" if max_samples else "") + "}\n")
+        return wpreflight.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=text)
+
+    assert est(["chats.jsonl"]).basis.startswith("at most 5 samples × 256 tokens")
+    assert est(["chats.jsonl"], max_samples=3).basis.startswith("at most 3 samples × 256 tokens")
+    assert est(["chats.jsonl", "big.parquet"], max_samples=7).basis.startswith("at most 7 samples")
+    failed = est(["chats.jsonl", "big.parquet"])
+    assert failed.by_stage == {} and "cannot count the rows of big.parquet (Parquet)" in failed.error, failed.error
+    assert "set prepare.max_samples" in failed.error
+
+
 # ---- a state dir the SSH user cannot write -----------------------------------------------------------------------
 
 def test_unwritable_state_dir_names_the_real_cause(host):
