@@ -33,7 +33,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                   "cleanups"),
     "speculate/regenerate.py::regenerate": (96, "the request loop with resume, budget and manifest in one frame"),
     "stages/probe.py::run_probe": (93, "the reference forward and vLLM's capture compared in one function"),
-    "speculate/watch.py::watch": (98, "the watch loop: intervals, breaches and the rollback decision share state"),
     "supervisor/stagerun.py::run_stage": (86, "the stage container's wait with engine-restart retries (bounded) "
                                           "in one loop"),
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
