@@ -45,7 +45,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                                        "field"),
     "window/preflight.py::preflight": (63, "the host checks before a window in the order they are reported, each one "
                                           "a branch on what the host showed (a work host's target may come later)"),
-    "gate/replay.py::_one": (62, "one streamed request's events parsed and timed"),
     "patches/rebase.py::rebase_series": (61, "each patch of a series carried to the new version in turn"),
 }
 
