@@ -31,7 +31,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                    "split by job like speculators' train/"),
     "window/run.py::run_window": (94, "the driver side of a window: upload, launch and follow with one set of "
                                   "cleanups"),
-    "speculate/regenerate.py::regenerate": (96, "the request loop with resume, budget and manifest in one frame"),
     "stages/probe.py::run_probe": (93, "the reference forward and vLLM's capture compared in one function"),
     "supervisor/stagerun.py::run_stage": (86, "the stage container's wait with engine-restart retries (bounded) "
                                           "in one loop"),
