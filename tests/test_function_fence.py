@@ -32,8 +32,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "window/run.py::run_window": (94, "the driver side of a window: upload, launch and follow with one set of "
                                   "cleanups"),
     "stages/probe.py::run_probe": (93, "the reference forward and vLLM's capture compared in one function"),
-    "supervisor/stagerun.py::run_stage": (86, "the stage container's wait with engine-restart retries (bounded) "
-                                          "in one loop"),
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
     "speculate/ship.py::_inspect_and_plan": (80, "the inspect helper's answer checked field by field"),
     "speculate/ship.py::speculate": (75, "the speculate driver: options, push, the host job and its result"),

@@ -1,7 +1,8 @@
 """The narrow host context: serving kinds, stage runs and the speculate job receive what they use of the window
 (a Protocol in their own module), never the supervisor; the driver's kinds and GPU fit receive what they write of
 preflight's record. Pure: an AST scan of each module's reaches into the object it is given, against its Protocol,
-and the Protocol against what the runner (or preflight's record) provides.
+and the Protocol against what the runner (or preflight's record) provides; and a stage's end journaled through a
+STAND-IN window that has only the Protocol's members (:class:`StandinStageHost`).
 """
 
 from __future__ import annotations
@@ -107,3 +108,58 @@ def test_the_runner_members_include_what_init_sets():
     members = runner_members()
     assert {"journal", "plan", "client", "wdir", "releases", "kind", "deadline", "warn", "engine_up"} <= members
     assert "no_such_member" not in members
+
+
+class StandinStageHost:
+    """STAND-IN window for a stage run: only :class:`~eagle3ops.supervisor.stagerun.StageHost`'s members, a real
+    journal in a temp folder; ``engine`` says whether the Docker engine answers."""
+
+    def __init__(self, wdir: Path, engine: bool = True):
+        from eagle3ops.supervisor.journal import Journal
+
+        self.plan, self.client, self.wdir, self.deadline = None, None, wdir, 0.0
+        self.journal = Journal(wdir / "journal.jsonl")
+        self.stage_outcomes, self.stage_times = {}, {}
+        self.guard_poll_s, self.engine_waits, self.engine = 1.0, 0, engine
+        self.warned: list[tuple[str, str]] = []
+
+    def warn(self, step, message):
+        self.warned.append((step, message))
+
+    def guard_stopped(self, step):
+        pass
+
+    def engine_up(self):
+        return self.engine
+
+    def wait_out_engine(self, step, exc):
+        return False
+
+
+def test_a_stage_runs_end_is_journaled_from_what_the_protocol_gives(tmp_path):
+    """A stage's outcome and its container's removal need nothing but the Protocol's members: exit 0 is ``ok``;
+    another exit names what the stage's log said; a stop's reason replaces the exit; a container the engine could
+    not remove is a warning naming the command, or, with the engine down, a journal note."""
+    assert protocol_members(stagerun.StageHost) <= set(dir(StandinStageHost(tmp_path)))
+    sup = StandinStageHost(tmp_path)
+    log = tmp_path / "extract.log"
+    log.write_text("loading\nerror: datasets: x.jsonl not found; put it in the run dir\n")
+    stagerun._journal_outcome(sup, "prepare", 0, "", 1.04, log)
+    stagerun._journal_outcome(sup, "extract", 2, "", 3.0, log)
+    stagerun._journal_outcome(sup, "train", None, "budget exceeded", 9.0, log)
+    assert sup.stage_outcomes == {"prepare": "ok", "extract": "failed (exited 2: datasets: x.jsonl not found; put "
+                                  "it in the run dir)", "train": "failed (budget exceeded)"}
+    assert sup.stage_times == {"prepare": 1.0, "extract": 3.0, "train": 9.0}
+    assert [(e["step"], e["event"]) for e in sup.journal.entries] == [("prepare", "ok"), ("extract", "error"),
+                                                                      ("train", "error")]
+
+    class Stuck:
+        def remove(self, force):
+            raise RuntimeError("device busy")
+
+    stagerun._remove_stage_container(sup, "extract", Stuck(), "e3-extract")
+    assert sup.warned and "docker rm --force e3-extract" in sup.warned[0][1]
+    (tmp_path / "down").mkdir()
+    down = StandinStageHost(tmp_path / "down", engine=False)
+    stagerun._remove_stage_container(down, "extract", Stuck(), "e3-extract")
+    assert not down.warned and "removed once it is back" in down.journal.entries[-1]["message"]

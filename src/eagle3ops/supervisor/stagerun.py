@@ -8,6 +8,7 @@ Used by :class:`eagle3ops.supervisor.runner.Supervisor` (the step table); the se
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -136,34 +137,8 @@ def run_stage(sup: StageHost, step: StageStep) -> bool:
     reason, ended = "", ""
     try:
         with log_path.open("ab") as raw:
-            # Stream logs while waiting; the stream ends when the container exits.
-            import threading
-
             log = redact.LineWriter(raw, sup.plan.secret_env)
-
-            def pump() -> None:
-                # The client's read timeout (600 s) ends a follow stream when a stage prints nothing for that
-                # long: follow again from the last second seen while the container still runs (a line printed
-                # in that second may then appear twice; none is lost).
-                since: int | None = None
-                while True:
-                    try:
-                        for chunk in container.logs(stream=True, follow=True, since=since):
-                            log.write(chunk)
-                            since = int(time.time())
-                    except Exception:  # noqa: BLE001 - the log pump must never kill the supervisor
-                        pass
-                    try:
-                        container.reload()
-                        if container.status != "running":
-                            return
-                    except Exception:  # noqa: BLE001 - gone (removed) or the engine is down
-                        return
-                    since = since or int(time.time())
-                    time.sleep(1)
-
-            th = threading.Thread(target=pump, daemon=True)
-            th.start()
+            th = _follow_logs(container, log)  # the stream ends when the container exits
             try:
                 exit_code = _wait_guarded(sup, step.name, container, t0 + limit)
             except EngineEndedStage as exc:
@@ -184,30 +159,73 @@ def run_stage(sup: StageHost, step: StageStep) -> bool:
         raise
     finally:
         dt = time.time() - t0
-        sup.stage_times[step.name] = round(dt, 1)
-        try:  # its output is in <stage>.log; the exit code goes into the journal below
-            container.remove(force=True)
-        except Exception as exc:  # noqa: BLE001 - cleanup only, reported as a warning
-            if sup.engine_up():
-                sup.warn(step.name, f"could not remove stage container {name}: {type(exc).__name__}: {exc}; "
-                                     f"remove it by hand: docker rm --force {name}")
-            else:  # the stage's next attempt, or the window's end (Supervisor._remove_left_stages), removes it
-                sup.journal.log(step.name, "info", message=f"stage container {name} left while the Docker engine "
-                                                            f"is down; removed once it is back")
-        if exit_code == 0:
-            sup.journal.log(step.name, "ok", seconds=round(dt, 1))
-            sup.stage_outcomes[step.name] = "ok"
-        else:
-            why = reason or f"exited {exit_code}"
-            said = stage_error(_tail(log_path)) if exit_code is not None else ""
-            why += f": {said}" if said else ""
-            sup.journal.log(step.name, "error", seconds=round(dt, 1), reason=why)
-            sup.stage_outcomes[step.name] = f"failed ({why})"
+        _remove_stage_container(sup, step.name, container, name)
+        _journal_outcome(sup, step.name, exit_code, reason, dt, log_path)
     if ended and sup.engine_waits <= ENGINE_RERUNS_MAX:
         sup.warn(step.name, f"{ended}; running the stage again in this window (its outputs resume), serving not "
                             f"stopped a second time")
         return run_stage(sup, step)
     return exit_code == 0
+
+
+def _follow_logs(container: Any, log: redact.LineWriter) -> threading.Thread:
+    """Start a daemon thread copying the stage container's output into ``log`` until the container stops; returns
+    the thread. The client's read timeout (600 s) ends a follow stream when a stage prints nothing for that long:
+    the thread follows again from the last second seen while the container still runs (a line printed in that
+    second may then appear twice; none is lost). It never raises: the log must never kill the supervisor."""
+
+    def pump() -> None:
+        since: int | None = None
+        while True:
+            try:
+                for chunk in container.logs(stream=True, follow=True, since=since):
+                    log.write(chunk)
+                    since = int(time.time())
+            except Exception:  # noqa: BLE001 - the log pump must never kill the supervisor
+                pass
+            try:
+                container.reload()
+                if container.status != "running":
+                    return
+            except Exception:  # noqa: BLE001 - gone (removed) or the engine is down
+                return
+            since = since or int(time.time())
+            time.sleep(1)
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    return th
+
+
+def _remove_stage_container(sup: StageHost, step: str, container: Any, name: str) -> None:
+    """Remove the stage's container ``name`` (its output is in ``<stage>.log``); a failed removal is a warning naming the
+    command that removes it, or, while the engine is down, a journal note (the stage's next attempt, or the
+    window's end, removes it once the engine is back)."""
+    try:
+        container.remove(force=True)
+    except Exception as exc:  # noqa: BLE001 - cleanup only, reported as a warning
+        if sup.engine_up():
+            sup.warn(step, f"could not remove stage container {name}: {type(exc).__name__}: {exc}; "
+                           f"remove it by hand: docker rm --force {name}")
+        else:  # the stage's next attempt, or the window's end (Supervisor._remove_left_stages), removes it
+            sup.journal.log(step, "info", message=f"stage container {name} left while the Docker engine "
+                                                  f"is down; removed once it is back")
+
+
+def _journal_outcome(sup: StageHost, step: str, exit_code: int | None, reason: str, seconds: float,
+                     log_path: Path) -> None:
+    """Journal the stage's end and record its outcome and time for the result: ``ok`` on exit 0, else an error
+    with ``reason`` (or the exit code) and what the stage's log says (:func:`stage_error`)."""
+    sup.stage_times[step] = round(seconds, 1)
+    if exit_code == 0:
+        sup.journal.log(step, "ok", seconds=round(seconds, 1))
+        sup.stage_outcomes[step] = "ok"
+        return
+    why = reason or f"exited {exit_code}"
+    said = stage_error(_tail(log_path)) if exit_code is not None else ""
+    why += f": {said}" if said else ""
+    sup.journal.log(step, "error", seconds=round(seconds, 1), reason=why)
+    sup.stage_outcomes[step] = f"failed ({why})"
 
 
 def _wait_guarded(sup: StageHost, step: str, container: Any, deadline: float) -> int | None:
@@ -371,7 +389,6 @@ def _pump(stream: Any, log: redact.LineWriter) -> Any:
     """Copy a stage process's output pipe into ``log`` on a thread of its own, until the pipe closes (the stage and
     every process that inherited its output have exited). Returns the thread."""
     import os
-    import threading
 
     def copy() -> None:
         fd = stream.fileno()
