@@ -40,8 +40,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
                                                            "release in one journaled frame"),
     "fixtures/tinydraft.py::build_tiny_eagle3_draft": (68, "a tiny draft head's config and weights written field by "
                                                        "field"),
-    "window/preflight.py::preflight": (63, "the host checks before a window in the order they are reported, each one "
-                                          "a branch on what the host showed (a work host's target may come later)"),
     "patches/rebase.py::rebase_series": (61, "each patch of a series carried to the new version in turn"),
 }
 
