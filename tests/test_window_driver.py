@@ -343,6 +343,35 @@ def test_estimate_bounds_the_samples_by_the_dataset_rows_or_max_samples(host):
     assert "set prepare.max_samples" in failed.error
 
 
+def test_preflight_names_a_missing_or_changed_pipeline_image_and_the_deploy_that_fixes_it(host):
+    """The image's check: present with the recorded id passes; another id, or no such image, fails naming
+    ``deploy``."""
+    world = _host_with_serving(host)
+    r = StandInRemote(host, world)
+    found = {}
+    for expected in (IMAGE_ID, "sha256:" + "f" * 64):
+        pf = wpreflight.Preflight()
+        wpreflight._check_image(r, pf, IMAGE, expected)
+        found[expected] = pf.checks
+    assert found[IMAGE_ID] == [("pipeline image", True, IMAGE_ID[:19])]
+    (name, ok, said), = found["sha256:" + "f" * 64]
+    assert not ok and f"expected {'sha256:' + 'f' * 12}" in said and "redeploy with" in said and "deploy" in said
+    missing = StandinNoImage(host)
+    pf = wpreflight.Preflight()
+    wpreflight._check_image(StandInRemote(host, missing), pf, IMAGE, None)
+    assert not pf.ok and f"{IMAGE} is not on the host: run" in pf.checks[0][2]
+
+
+class StandinNoImage(StandInHost):
+    """STAND-IN host whose engine holds no pipeline image."""
+
+    def __call__(self, argv, stdin):
+        a = list(argv)
+        if "image" in a and "inspect" in a:
+            return 1, "", "Error: No such image"
+        return super().__call__(argv, stdin)
+
+
 # ---- a state dir the SSH user cannot write -----------------------------------------------------------------------
 
 def test_unwritable_state_dir_names_the_real_cause(host):
