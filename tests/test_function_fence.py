@@ -36,8 +36,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "speculate/ship.py::_inspect_and_plan": (80, "the inspect helper's answer checked field by field"),
     "speculate/ship.py::speculate": (75, "the speculate driver: options, push, the host job and its result"),
     "patches/diffcheck.py::parse_diff": (75, "a unified-diff parser: one state machine over the lines"),
-    "supervisor/kinds/process.py::ProcessServing.switch": (67, "stop, start, gate and fall back of a process "
-                                                           "release in one journaled frame"),
     "fixtures/tinydraft.py::build_tiny_eagle3_draft": (68, "a tiny draft head's config and weights written field by "
                                                        "field"),
     "patches/rebase.py::rebase_series": (61, "each patch of a series carried to the new version in turn"),

@@ -163,3 +163,39 @@ def test_a_stage_runs_end_is_journaled_from_what_the_protocol_gives(tmp_path):
     down = StandinStageHost(tmp_path / "down", engine=False)
     stagerun._remove_stage_container(down, "extract", Stuck(), "e3-extract")
     assert not down.warned and "removed once it is back" in down.journal.entries[-1]["message"]
+
+
+def test_a_process_switchs_target_from_what_kindhost_gives(tmp_path):
+    """The process kind's target, through a STAND-IN window with only KindHost's members and real release records:
+    a release is the live process with the change (a candidate when not live); a rollback goes to ``to_release``,
+    else to the release live before, and refuses one that is not a process release."""
+    from types import SimpleNamespace
+
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.supervisor.kinds.process import ProcessServing
+    from eagle3ops.supervisor.releases import Releases
+
+    releases = Releases(tmp_path)
+    live = {"argv": ["vllm", "serve", "/m", "--max-num-seqs", "4"], "environ": ["A=1"], "cwd": "/"}
+
+    def kind(**plan):
+        p = SimpleNamespace(**{"kind": "release", "change": None, "window_id": "w1", "to_release": None, **plan})
+        host = SimpleNamespace(plan=p, journal=None, releases=releases, client=None, wdir=tmp_path, unhealthy=False,
+                               warn=None, gate_through_signal=None, wait_out_engine=None)
+        assert protocol_members(kind_base.KindHost) <= set(vars(host))
+        return ProcessServing(host)
+
+    first = releases.add_process(live, "w0")
+    releases.set_current(first)
+    change = ReleaseChange(args=["--max-num-seqs", "8"], env={"A": "2"})
+    target, new = kind(change=change)._target(live, first, None, True)
+    assert target == first + 1 and new["argv"][-2:] == ["--max-num-seqs", "8"] and new["environ"] == ["A=2"]
+    assert releases.get(target)["process"] == new and releases.get(target)["change"] == change.describe()
+    cand, _ = kind(kind="speculate", change=change)._target(live, first, None, False)
+    assert releases.get(cand)["change"].startswith("candidate: ")
+    releases.set_current(target)
+    assert kind(kind="rollback", to_release=first)._target(live, target, None, True) == (first, live)
+    assert kind(kind="rollback")._target(live, target, None, True) == (first, live)  # the one live before
+    (tmp_path / "releases" / f"{first:04d}.json").write_text('{"release": 1, "container": {}}')
+    with pytest.raises(RuntimeError, match="release 1 is not a process release"):
+        kind(kind="rollback", to_release=first)._target(live, target, None, True)
