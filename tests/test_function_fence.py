@@ -38,7 +38,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "patches/diffcheck.py::parse_diff": (75, "a unified-diff parser: one state machine over the lines"),
     "fixtures/tinydraft.py::build_tiny_eagle3_draft": (68, "a tiny draft head's config and weights written field by "
                                                        "field"),
-    "patches/rebase.py::rebase_series": (61, "each patch of a series carried to the new version in turn"),
 }
 
 _SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
