@@ -432,6 +432,53 @@ def test_cli_dry_run_plans_from_host_facts_and_status_shows_what_comes_next(tmp_
     assert res.exit_code == 1 and "rollout r1 (release to args --max-num-seqs 8) is not finished" in _words(res)
 
 
+def test_cli_control_requests_dry_run_json_say_what_they_would_do_and_write_nothing(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """``group promote|pause|abort --dry-run --json``: one JSON document each (the rollout, its journal, the request's
+    effect, who acts on it, the one append it would make); nothing written. With no driver holding the group lock,
+    abort's plan lists the return this command would run: the drained host undrained first, then each switched
+    host returned."""
+    from eagle3ops.group.status import request_plan
+
+    inv, common = _cli_files(tmp_path)
+    p = ro.plan_rollout("chat", HOSTS, 1, "release", "k1", "args --max-num-seqs 8", {h: False for h in HOSTS})
+    d = tmp_path / "a/state/groups/chat"
+    j = GroupJournal(executor.local(), str(d))
+    j.begin("r1", p)
+    for k in ("a:drain", "a:switch", "a:health", "a:acceptance", "a:undrain", "b:drain", "b:switch", "c:drain"):
+        j.record(k, "start")
+        j.record(k, "done", **({"release": 4, "previous": 3} if k.endswith(":switch") else {}))
+    before = (d / "rollouts/r1/journal.jsonl").read_text()
+    docs = {}
+    for what in ("promote", "pause", "abort"):
+        res = _invoke(monkeypatch, "group", what, "chat", "--dry-run", "--json", *common)
+        assert res.exit_code == 0, res.output
+        docs[what] = json.loads(res.stdout)  # the whole of stdout is one document
+        doc = docs[what]
+        assert (doc["kind"], doc["group"], doc["rollout"], doc["request"]) == (f"group-{what}", "chat", "r1", what)
+        assert doc["journal"] == f"{d}/rollouts/r1/journal.jsonl" and doc["driver"] == "none", doc
+        assert doc["changes"] == [f"tee -a {d}/rollouts/r1/journal.jsonl"], doc["changes"]
+    assert (d / "rollouts/r1/journal.jsonl").read_text() == before  # nothing appended
+    assert docs["promote"]["acted_on_by"] == docs["pause"]["acted_on_by"] == "the rollout's command, rerun"
+    assert docs["abort"]["acted_on_by"] == "this command (under the group lock)"
+    assert docs["abort"]["switched"] == ["a", "b"] and docs["abort"]["out"] == "c"
+    assert docs["abort"]["return_steps"] == [
+        "return:c:undrain", *(f"return:{h}:{a}" for h in ("b", "a") for a in ro.RETURN_ACTIONS)]
+    assert docs["pause"]["return_steps"] == [] and docs["abort"]["lock"] == f"{d}/lock"
+    # a return already started resumes where it stands; a running driver acts on the request itself
+    st = replay(p, j.entries() + [{"step": "rollout", "event": "return", "switched": ["a", "b"], "out": "c"},
+                                  {"step": "return:c:undrain", "event": "done"}])
+    assert request_plan(p, st, "abort", False)["return_steps"][0] == "return:b:drain"
+    assert request_plan(p, st, "abort", True)["return_steps"] == []
+    assert request_plan(p, st, "abort", None)["acted_on_by"] == "the running driver"
+    assert request_plan(p, st, "abort", True, take_over=True)["return_steps"][0] == "return:b:drain"
+    with pytest.raises(ValueError, match="control request 'resume'"):
+        request_plan(p, st, "resume", True)
+    res = _invoke(monkeypatch, "group", "pause", "chat", "--json", *common)  # --json is for a dry run's plan
+    assert res.exit_code == 2 and "--json prints the plan of a dry run" in _words(res)
+    assert (d / "rollouts/r1/journal.jsonl").read_text() == before  # refused before the journal was reached
+
+
 def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_path: Path) -> None:
     """The real step callables' marker logic (``HostSteps.switch``/``switch_back``) on this machine's files; the
     windows are a STAND-IN (``window``: bumps ``releases/current`` like a release window, or sets it like a

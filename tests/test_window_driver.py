@@ -323,6 +323,55 @@ def test_estimate_uses_the_prepare_manifest_when_present(host):
     assert est.by_stage["extract"] == 12345 * 4 * 16 * 2 + 12345 * 16 and "12345 prepared tokens" in est.basis
 
 
+def test_estimate_bounds_the_samples_by_the_dataset_rows_or_max_samples(host):
+    """Without a prepare manifest: a dataset file in the run directory is counted on the host (``wc -l``) and
+    capped by ``prepare.max_samples``; a file that cannot be counted (Parquet) is bounded by ``max_samples`` alone,
+    and without it the estimate fails naming the file and the fix."""
+    world = _host_with_serving(host, hidden_size=16)
+    world.files[f"{host.data_dir}/runs/r/chats.jsonl"] = "{}\n" * 5
+
+    def est(datasets, max_samples=None):
+        text = ("target_model: /model\nprepare: {datasets: [" + ", ".join(datasets) + "], max_seq_len: 256"
+                + (f", max_samples: {max_samples}" if max_samples else "") + "}\n")
+        return wpreflight.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=text)
+
+    assert est(["chats.jsonl"]).basis.startswith("at most 5 samples × 256 tokens")
+    assert est(["chats.jsonl"], max_samples=3).basis.startswith("at most 3 samples × 256 tokens")
+    assert est(["chats.jsonl", "big.parquet"], max_samples=7).basis.startswith("at most 7 samples")
+    failed = est(["chats.jsonl", "big.parquet"])
+    assert failed.by_stage == {} and "cannot count the rows of big.parquet (Parquet)" in failed.error, failed.error
+    assert "set prepare.max_samples" in failed.error
+
+
+def test_preflight_names_a_missing_or_changed_pipeline_image_and_the_deploy_that_fixes_it(host):
+    """The image's check: present with the recorded id passes; another id, or no such image, fails naming
+    ``deploy``."""
+    world = _host_with_serving(host)
+    r = StandInRemote(host, world)
+    found = {}
+    for expected in (IMAGE_ID, "sha256:" + "f" * 64):
+        pf = wpreflight.Preflight()
+        wpreflight._check_image(r, pf, IMAGE, expected)
+        found[expected] = pf.checks
+    assert found[IMAGE_ID] == [("pipeline image", True, IMAGE_ID[:19])]
+    (name, ok, said), = found["sha256:" + "f" * 64]
+    assert not ok and f"expected {'sha256:' + 'f' * 12}" in said and "redeploy with" in said and "deploy" in said
+    missing = StandinNoImage(host)
+    pf = wpreflight.Preflight()
+    wpreflight._check_image(StandInRemote(host, missing), pf, IMAGE, None)
+    assert not pf.ok and f"{IMAGE} is not on the host: run" in pf.checks[0][2]
+
+
+class StandinNoImage(StandInHost):
+    """STAND-IN host whose engine holds no pipeline image."""
+
+    def __call__(self, argv, stdin):
+        a = list(argv)
+        if "image" in a and "inspect" in a:
+            return 1, "", "Error: No such image"
+        return super().__call__(argv, stdin)
+
+
 # ---- a state dir the SSH user cannot write -----------------------------------------------------------------------
 
 def test_unwritable_state_dir_names_the_real_cause(host):

@@ -339,39 +339,54 @@ def status(group: str, inventory: Path = InventoryOpt, json_out: bool = typer.Op
         f"{(v['lock'] or {}).get('command', 'free')}")
 
 
-def _request(group: str, what: str, inventory: Path, dry_run: bool) -> bool | None:
+def _request(group: str, what: str, inventory: Path, dry_run: bool, json_out: bool = False,
+             take_over: bool = False) -> bool | None:
     """Append a control request to the group's unfinished rollout; returns whether its driver runs
-    (:meth:`eagle3ops.group.journal.GroupJournal.holder_alive`)."""
+    (:meth:`eagle3ops.group.journal.GroupJournal.holder_alive`). A dry run says what the request would do
+    (:func:`eagle3ops.group.status.request_plan`), ``json_out``: as one JSON document with the commands it would
+    run on the group's first host."""
+    from eagle3ops.group.status import request_plan
+
+    if json_out and not dry_run:  # refused before any host is reached
+        common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
     _, _, hosts = _load(inventory, group)
-    with common.remote(hosts[0], dry_run=dry_run) as r0:
+    with common.remote(hosts[0], dry_run, json_out) as r0:
         j = _journal(r0, hosts[0], group)
-        if _unfinished(j) is None:
+        open_ = _unfinished(j)
+        if open_ is None:
             common.fail(f"group {group}: no unfinished rollout to {what} (`eagle3ops group status {group}`)")
         j.request(what)
         alive = j.holder_alive()
     say(f"group {group}: {what} {'would be ' if dry_run else ''}requested for rollout {j.rollout_id}"
         + ("; its driver acts on it at its next step" if alive is not False else ""))
+    if dry_run:
+        doc = request_plan(*open_, what, alive, take_over=take_over)
+        if doc["return_steps"]:
+            say(f"  then this command, under the group lock, returns: {', '.join(doc['return_steps'])}")
+        common.print_plan({"kind": f"group-{what}", "group": group, "rollout": j.rollout_id, "journal": j.journal,
+                           "lock": j.lock_dir, **doc, "changes": list(r0.changes)}, hosts[0], json_out)
     return alive
 
 
 @app.command("promote")
-def promote(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def promote(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt
+            ) -> None:
     """End the canary's bake now and roll the rest (the driver reads it at its next bake reading)."""
-    if _request(group, "promote", inventory, dry_run) is False:
+    if _request(group, "promote", inventory, dry_run, json_out) is False:
         say("no driver holds the group lock: rerun the rollout's command to continue")
 
 
 @app.command("pause")
-def pause(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def pause(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Stop the rollout after the host it is on (a rerun of its command continues)."""
-    _request(group, "pause", inventory, dry_run)
+    _request(group, "pause", inventory, dry_run, json_out)
 
 
 @app.command("abort")
-def abort(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, take_over: bool = TakeOverOpt
-          ) -> None:
+def abort(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
+          take_over: bool = TakeOverOpt) -> None:
     """Return every switched host to its previous release; with no driver running, this command returns them."""
-    alive = _request(group, "abort", inventory, dry_run)
+    alive = _request(group, "abort", inventory, dry_run, json_out, take_over)
     if dry_run or (alive is not False and not take_over):  # a running driver returns the hosts itself
         return
     inv, _, hosts = _load(inventory, group)
