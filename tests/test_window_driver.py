@@ -302,7 +302,8 @@ def test_preflight_refuses_hidden_states_that_cannot_fit(host, monkeypatch, tmp_
 
 
 def test_stage_output_estimates():
-    """Hidden states are tokens × 4·H·2 bytes; train keeps keep_checkpoints + 1 checkpoints."""
+    """Hidden states are tokens × 4·H·2 bytes; train keeps keep_checkpoints + 1 checkpoints (and, choosing the
+    checkpoint by held-out acceptance, two fp32 copies of the best weights)."""
     from eagle3ops.config.pipeline import PipelineConfig
 
     cfg = PipelineConfig.model_validate({"target_model": "/model", "train": {"keep_checkpoints": 2}})
@@ -311,7 +312,9 @@ def test_stage_output_estimates():
     trainable, frozen = wpreflight.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
     assert frozen == 2 * 128256 * 4096
     want = (trainable * 12 + frozen * 4) * 3 + (trainable + frozen) * 2
-    assert wpreflight.stage_output_bytes("train", cfg, dims, 0) == want
+    assert wpreflight.stage_output_bytes("train", cfg, dims, 0) == want + 2 * (trainable + frozen) * 4
+    last = cfg.model_copy(update={"train": cfg.train.model_copy(update={"select_checkpoint": "last"})})
+    assert wpreflight.stage_output_bytes("train", last, dims, 0) == want
     assert wpreflight.target_dims({"text_config": {"hidden_size": 7168, "vocab_size": 10}})["hidden_size"] == 7168
 
 
