@@ -260,9 +260,24 @@ def check_cmd(
             for pr in r.problems:
                 typer.echo(f"    FAIL {pr}")
             failures += 0 if r.ok else 1
+        if prof.succeeds:
+            failures += _echo_fates(profs, prof.name)
     if failures:
-        _err(f"error: {failures} series failed the check")
+        _err(f"error: {failures} series or fate checks failed")
         raise typer.Exit(5)
+
+
+def _echo_fates(profs, name: str) -> int:
+    """Print the fate of every patch of the profiles ``name`` succeeds; 1 when one has none (or two), else 0."""
+    from eagle3ops.patches.fates import fates
+
+    got, problems = fates(profs, name)
+    typer.echo(f"  fates of the patches of {', '.join(profs.get(name).succeeds)}: {'OK' if not problems else 'FAILED'}")
+    for f in got:
+        typer.echo(f"    {f.kind:<8} {f.old}" + (f" -> {f.where}" if f.where else ""))
+    for pr in problems:
+        typer.echo(f"    FAIL {pr}")
+    return 1 if problems else 0
 
 
 @app.command("new")
