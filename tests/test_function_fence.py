@@ -35,7 +35,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
     "speculate/ship.py::_inspect_and_plan": (80, "the inspect helper's answer checked field by field"),
     "speculate/ship.py::speculate": (61, "the speculate driver: options, push, the host job and its result"),
-    "patches/diffcheck.py::parse_diff": (75, "a unified-diff parser: one state machine over the lines"),
     "fixtures/tinydraft.py::build_tiny_eagle3_draft": (68, "a tiny draft head's config and weights written field by "
                                                        "field"),
 }

@@ -457,7 +457,10 @@ def test_cli_control_requests_dry_run_json_say_what_they_would_do_and_write_noth
         doc = docs[what]
         assert (doc["kind"], doc["group"], doc["rollout"], doc["request"]) == (f"group-{what}", "chat", "r1", what)
         assert doc["journal"] == f"{d}/rollouts/r1/journal.jsonl" and doc["driver"] == "none", doc
-        assert doc["changes"] == [f"tee -a {d}/rollouts/r1/journal.jsonl"], doc["changes"]
+        append = f"tee -a {d}/rollouts/r1/journal.jsonl"
+        # no driver: promote and pause wait in the journal; abort is this command's, under the group lock
+        assert doc["changes"] == ([append] if what != "abort" else [
+            f"mkdir -p {d}", f"mkdir {d}/lock", f"tee {d}/lock/holder.json", append, f"rm -rf -- {d}/lock"]), doc
     assert (d / "rollouts/r1/journal.jsonl").read_text() == before  # nothing appended
     assert docs["promote"]["acted_on_by"] == docs["pause"]["acted_on_by"] == "the rollout's command, rerun"
     assert docs["abort"]["acted_on_by"] == "this command (under the group lock)"
@@ -607,6 +610,45 @@ def test_cli_run_under_the_group_lock_exits_by_outcome_and_a_rerun_resumes(tmp_p
     assert json.loads(_invoke(monkeypatch, "group", "status", "chat", "--json", *common).stdout)["state"] == "done"
     res = _invoke(monkeypatch, "group", "abort", "chat", *common)
     assert res.exit_code == 1 and "no unfinished rollout to abort" in _words(res)
+
+
+def test_cli_abort_with_no_driver_returns_the_switched_hosts_under_the_group_lock(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """``group abort`` of a rollout whose driver is gone: this command takes the group lock, journals the abort and
+    returns the switched hosts (the drained one undrained first), exit 3 (aborted), the lock given back; the
+    STAND-IN balancer and step callables stand in for the real ones (``group_cli._steps`` replaced)."""
+    from eagle3ops import group_cli
+
+    inv, common = _cli_files(tmp_path)
+    bal = StandinBalancer(tmp_path / "bal.json")
+    steps = StandinSteps(tmp_path, bal)
+
+    class Made:
+        balancer = bal
+
+        def fns(self):
+            return steps.fns()
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(group_cli, "_steps", lambda *a, **kw: Made())
+    p = ro.plan_rollout("chat", HOSTS, 1, "release", "k1", "args --max-num-seqs 8", {h: False for h in HOSTS})
+    d = tmp_path / "a/state/groups/chat"
+    j = GroupJournal(executor.local(), str(d))
+    j.begin("r1", p)
+    for k in ("a:drain", "a:switch", "a:health", "a:acceptance", "a:undrain", "b:drain"):
+        j.record(k, "start")
+        j.record(k, "done", **({"release": 4, "previous": 3} if k.endswith(":switch") else {}))
+    bal.set_state("b", "drain")
+    res = _invoke(monkeypatch, "group", "abort", "chat", *common)
+    assert res.exit_code == 3, res.output
+    assert "no driver holds the group lock" in _words(res) and "group chat: aborted" in _words(res)
+    assert steps.lines() == ["b:undrain", "a:drain", "a:switch-back-to-3", "a:health", "a:undrain"]
+    entries = j.entries()
+    assert [e["event"] for e in entries if e["step"] == "control"] == ["abort"]
+    assert entries[-1]["event"] == "end" and entries[-1]["outcome"] == "aborted"
+    assert not (d / "lock").exists() and bal.states()["b"].state == "ready"
 
 
 def test_cli_rollout_passes_force_to_every_hosts_gate_options(tmp_path: Path, monkeypatch) -> None:

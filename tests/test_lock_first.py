@@ -485,9 +485,10 @@ def _group_inventory(tmp_path: Path) -> Path:
     return inv
 
 
-def _group_facts(argv, stdin):
+def _group_facts(argv, stdin, *, ended: bool = True):
     """Both hosts deployed; the group's newest rollout (r0, a release to ``k1``) finished ``done`` and each host's
-    marker on it (what ``group rollback`` returns from); ``rollout``/``release`` plan a new target over them."""
+    marker on it (what ``group rollback`` returns from); ``rollout``/``release`` plan a new target over them. Not
+    ``ended``: r0 stopped with sandbox switched and other drained, its driver gone (the group lock is free)."""
     from eagle3ops.group.rollout import plan_rollout
 
     last = argv[1] if argv[0] == "find" else argv[-1]
@@ -498,7 +499,13 @@ def _group_facts(argv, stdin):
                             {"sandbox": False, "other": False})
         return 0, json.dumps(plan.to_json()), ""
     if last.endswith("/groups/chat/rollouts/r0/journal.jsonl"):
-        return 0, json.dumps({"t": "x", "step": "rollout", "event": "end", "outcome": "done"}) + "\n", ""
+        rows = [{"step": "rollout", "event": "end", "outcome": "done"}] if ended else [
+            {"step": k, "event": "done", **({"release": 4, "previous": 3} if k.endswith(":switch") else {})}
+            for k in ("sandbox:drain", "sandbox:switch", "sandbox:health", "sandbox:acceptance", "sandbox:undrain",
+                      "other:drain")]
+        return 0, "".join(json.dumps({"t": "x", **r}) + "\n" for r in rows), ""
+    if argv[:2] == ["test", "-d"] and last.endswith("/groups/chat/lock"):  # no driver holds the group lock
+        return 1, "", ""
     if last.endswith("/groups/chat/live.json"):
         return 0, json.dumps({"target": "k1", "release": 4, "previous": {}}), ""
     return _two_host_facts(argv, stdin)
@@ -508,6 +515,7 @@ GROUP = [
     pytest.param(["group", "rollout", "chat", "--run", "r1", "--accept-low-power"], id="group-rollout"),
     pytest.param(["group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "8"], id="group-release"),
     pytest.param(["group", "rollback", "chat"], id="group-rollback"),
+    pytest.param(["group", "abort", "chat"], id="group-abort-no-driver"),
 ]
 
 
@@ -515,17 +523,21 @@ GROUP = [
 def test_no_host_change_precedes_the_group_lock(monkeypatch, tmp_path, args):
     """``group rollout|release|rollback``: each group host's facts (its marker, its release, its deployed image) are
     read with dry-run executors; the first change any host receives is the group lock on the group's first host
-    (``<state_dir>/groups/chat/lock``), taken before the balancer or any host is touched."""
+    (``<state_dir>/groups/chat/lock``), taken before the balancer or any host is touched. ``group abort`` of a
+    rollout whose driver is gone returns its hosts itself: its request too is journaled only under that lock."""
+    from functools import partial
+
     from eagle3ops import cli, executor
 
-    rec = RecordingHost(facts=_group_facts)
+    rec = RecordingHost(facts=partial(_group_facts, ended=args[1] != "abort"))
     monkeypatch.setattr(executor, "for_host", rec.for_host)
     out = CliRunner().invoke(cli.app, [*args, "--inventory", str(_group_inventory(tmp_path))])
     assert isinstance(out.exception, LockReached), (out.output, out.exception, [c.cmd for c in rec.calls])
     lock = rec.calls[-1]
     assert (lock.host, lock.kind) == ("sandbox", "lock") and lock.cmd.endswith("/state/groups/chat/lock"), lock
     assert {c.host for c in rec.calls if c.kind == "read"} == {"sandbox", "other"}  # every host's facts read
-    assert any("/groups/chat/live.json" in c.cmd and c.host == "other" for c in rec.calls)  # its marker
+    if args[1] != "abort":  # the planners read each host's marker; abort's plan is the journal's
+        assert any("/groups/chat/live.json" in c.cmd and c.host == "other" for c in rec.calls)
     early = pre_lock_changes(rec.calls)
     assert not early, "changes before the group lock:\n" + "\n".join(early)
 

@@ -180,8 +180,9 @@ def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timin
 
 
 def _run(inv: Any, name: str, hosts: list[Any], plan: Any, rid: str | None, take_over: bool,
-         step_kw: Callable[[list[Any]], dict[str, Any]]) -> None:
-    """Under the group lock: begin (or resume) the rollout and carry it out; exit by its outcome."""
+         step_kw: Callable[[list[Any]], dict[str, Any]], requests: tuple[str, ...] = ()) -> None:
+    """Under the group lock: begin (or resume) the rollout, journal ``requests`` (control requests this command
+    makes itself, e.g. ``abort`` with no driver running), and carry it out; exit by its outcome."""
     from eagle3ops.group.execute import ReturnFailed, StepBusy, run_rollout
     from eagle3ops.group.haproxy import open_balancer
     from eagle3ops.group.journal import GroupLocked, new_rollout_id
@@ -203,6 +204,8 @@ def _run(inv: Any, name: str, hosts: list[Any], plan: Any, rid: str | None, take
                 j.begin(new_rollout_id(plan.target), plan)
             else:
                 j.use(rid)
+            for what in requests:
+                j.request(what)
             res = run_rollout(plan, j, steps.fns(), steps.balancer, echo=say)
         except (ReturnFailed, StepBusy) as exc:
             common.fail(str(exc))
@@ -341,10 +344,11 @@ def status(group: str, inventory: Path = InventoryOpt, json_out: bool = typer.Op
 
 def _request(group: str, what: str, inventory: Path, dry_run: bool, json_out: bool = False,
              take_over: bool = False) -> bool | None:
-    """Append a control request to the group's unfinished rollout; returns whether its driver runs
-    (:meth:`eagle3ops.group.journal.GroupJournal.holder_alive`). A dry run says what the request would do
-    (:func:`eagle3ops.group.status.request_plan`), ``json_out``: as one JSON document with the commands it would
-    run on the group's first host."""
+    """Append a control request to the group's unfinished rollout (for a running driver: no lock needed, one
+    appended line); returns whether its driver runs (:meth:`eagle3ops.group.journal.GroupJournal.holder_alive`). A
+    dry run says what the request would do (:func:`eagle3ops.group.status.request_plan`), ``json_out``: as one JSON
+    document with the commands it would run on the group's first host (an abort with no driver: the group lock
+    first, the request, then, after the return steps the plan lists, the lock's release)."""
     from eagle3ops.group.status import request_plan
 
     if json_out and not dry_run:  # refused before any host is reached
@@ -355,8 +359,13 @@ def _request(group: str, what: str, inventory: Path, dry_run: bool, json_out: bo
         open_ = _unfinished(j)
         if open_ is None:
             common.fail(f"group {group}: no unfinished rollout to {what} (`eagle3ops group status {group}`)")
-        j.request(what)
         alive = j.holder_alive()
+        here = dry_run and what == "abort" and (alive is False or take_over)  # :func:`abort` carries it out
+        if here:  # as the real abort does: the request journaled under the group lock, the return, the release
+            j.acquire(common.command_line(), take_over=True)
+        j.request(what)
+        if here:
+            j.release()
     say(f"group {group}: {what} {'would be ' if dry_run else ''}requested for rollout {j.rollout_id}"
         + ("; its driver acts on it at its next step" if alive is not False else ""))
     if dry_run:
@@ -386,12 +395,19 @@ def pause(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
 def abort(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
           take_over: bool = TakeOverOpt) -> None:
     """Return every switched host to its previous release; with no driver running, this command returns them."""
-    alive = _request(group, "abort", inventory, dry_run, json_out, take_over)
-    if dry_run or (alive is not False and not take_over):  # a running driver returns the hosts itself
+    if dry_run or json_out:
+        _request(group, "abort", inventory, dry_run, json_out, take_over)
         return
     inv, _, hosts = _load(inventory, group)
-    with common.remote(hosts[0], dry_run=True) as r0:
+    with common.remote(hosts[0], dry_run=True) as r0:  # reads only: the rollout and whether its driver runs
         j = _journal(r0, hosts[0], group)
-        plan, _ = _unfinished(j)
-        rid = j.rollout_id
-    _run(inv, group, hosts, plan, rid, take_over, lambda hosts: {})
+        open_ = _unfinished(j)
+        if open_ is None:
+            common.fail(f"group {group}: no unfinished rollout to abort (`eagle3ops group status {group}`)")
+        alive, rid = j.holder_alive(), j.rollout_id
+    if alive is not False and not take_over:  # a running driver returns the hosts itself
+        _request(group, "abort", inventory, False)
+        return
+    # no driver: this command returns the hosts, and journals the request only once it holds the group lock
+    say(f"group {group}: no driver holds the group lock; this command returns the switched hosts of rollout {rid}")
+    _run(inv, group, hosts, open_[0], rid, take_over, lambda hosts: {}, requests=("abort",))
