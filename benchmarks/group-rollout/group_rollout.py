@@ -5,14 +5,14 @@ and then ``eagle3ops group rollback``, with one client streaming chat requests t
 Hosts (this machine; README.md beside this file): two sandbox hosts, each a real OpenSSH server on 127.0.0.1 checked
 by host key (:func:`eagle3ops_dev.sandbox.up`, ``engine="none"``), ``b49a`` (port 2249) and ``b49b`` (port 2250).
 Neither starts a Docker engine of its own: each host's ``docker_host`` is a socket in its sandbox folder forwarded
-byte for byte to this machine's engine (:class:`DockerProxy`, the approach of ``benchmarks/cycle_downtime``, copied
-here: that benchmark was not merged when this one was written). Both serve the REAL target SmolLM2-135M-Instruct with
+byte for byte to this machine's engine (``benchmarks/_shared/downtime.py``: :class:`DockerProxy`, shared with
+``benchmarks/cycle-downtime``). Both serve the REAL target SmolLM2-135M-Instruct with
 real vLLM 0.16 CPU (``deploy/sandbox-smollm2.yaml``'s serving, each its own container name and port).
 
 The balancer: Debian's HAProxy started by this script (:class:`eagle3ops_dev.haproxylocal.LocalHaproxy`: ``retries
 0``, no ``retry-on``, ``option httpchk GET /health``), the group's ``balancer`` reaching its runtime API socket.
 
-The client (:class:`Probe`): a streaming chat request through HAProxy started every 0.5 s, each on its own thread and
+The client (:class:`downtime.ConcurrentProbe`): a streaming chat request through HAProxy started every 0.5 s, each on its own thread and
 connection (at most 16 at once); a request fails on a connection error, a non-2xx status, a stream
 without ``data: [DONE]``, or 30 s without a token. Per phase: failed requests by kind, the longest span without a
 successful answer, each failure with the group step it fell in (the rollout's journal on the first host).
@@ -34,243 +34,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import grp
 import json
 import os
 import pwd
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks" / "_shared"))
+from downtime import (MAX_IN_FLIGHT, PROBE_INTERVAL_S, TOKEN_TIMEOUT_S, DockerProxy, ensure_proxy,  # noqa: E402
+                      iso, now, parse_iso)
+from downtime import ConcurrentProbe as Probe  # noqa: E402
+from downtime import analyse_failures as analyse  # noqa: E402
 from lab import write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 GROUP = "g49"
 #: host -> (ssh port, serving port)
 HOSTS = {"b49a": (2249, 18049), "b49b": (2250, 18050)}
-ENGINE_SOCK = "/var/run/docker.sock"
 LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
 BUILT_TARGET = Path("/var/lib/eagle3ops-sandbox/sandbox/data/models/smollm2-135m-instruct")
 HEAD = REPO / "benchmarks/gpu-head-smollm2/heads/smollm2-135m-instruct-eagle3"
-#: The client as a careful user measures downtime: a probe every 0.5 s, a request failed after 30 s without a token.
-PROBE_INTERVAL_S, TOKEN_TIMEOUT_S = 0.5, 30.0
 GATE_MARGIN = -0.9
-MAX_IN_FLIGHT = 16
-#: The client's chat turns (short answers: the probe's ``max_tokens``), in turn.
-PROMPTS = ["Say hello in three words.", "Write one sentence about the sea.", "Name three colours of a rainbow.",
-           "What is the capital of France? Answer in one sentence.", "Give me a short tip for sleeping well."]
 #: The test-only switch that lets the inventory hold that margin (read by every load of it, in here and in the
 #: ``eagle3ops group`` subprocesses).
 os.environ["EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN"] = "1"
-
-
-def now() -> float:
-    return time.time()
-
-
-def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def parse_iso(s: str) -> float:
-    return datetime.fromisoformat(s).timestamp()
-
-
-class DockerProxy:
-    """Unix sockets ``paths`` (mode 0660, group ``e3ops``) forwarded byte for byte to ``target`` (this machine's
-    Docker engine): a sandbox host's ``docker_host`` without a second engine (copied from
-    ``benchmarks/cycle_downtime``)."""
-
-    def __init__(self, paths: list[Path], target: str = ENGINE_SOCK):
-        self.paths, self.target = paths, target
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            try:
-                w.write_eof() if w.can_write_eof() else w.close()
-            except (OSError, RuntimeError):
-                pass
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        try:
-            er, ew = await asyncio.open_unix_connection(self.target)
-        except OSError:
-            cw.close()
-            return
-        await asyncio.gather(self._pipe(cr, ew), self._pipe(er, cw))
-        for w in (cw, ew):
-            w.close()
-
-    async def serve(self) -> None:
-        gid = grp.getgrnam("e3ops").gr_gid
-        for p in self.paths:
-            p.unlink(missing_ok=True)
-            await asyncio.start_unix_server(self._handle, path=str(p))
-            os.chown(p, 0, gid)
-            os.chmod(p, 0o660)
-        await asyncio.Event().wait()
-
-
-def proxy_answers(sock: Path) -> bool:
-    try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=5) as c:
-            return c.get("http://docker/_ping").is_success
-    except httpx.HTTPError:
-        return False
-
-
-def ensure_proxy() -> str:
-    """The proxy as a detached process of its own (a window's supervisor reaches its engine through it and outlives
-    the driver, as a host's dockerd would) unless both sockets answer."""
-    from eagle3ops_dev import sandbox
-
-    socks = [sandbox.SANDBOX_BASE / n / "docker.sock" for n in HOSTS]
-    if all(proxy_answers(s) for s in socks):
-        return "running already"
-    log = open(sandbox.SANDBOX_BASE / next(iter(HOSTS)) / "docker-proxy.log", "ab")
-    p = subprocess.Popen([sys.executable, __file__, "--proxy"], stdout=log, stderr=log, start_new_session=True,
-                         stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if all(proxy_answers(s) for s in socks):
-            return f"started, pid {p.pid}"
-        time.sleep(0.3)
-    raise RuntimeError("the Docker socket proxy did not answer in 30 s")
-
-
-class Probe(threading.Thread):
-    """The client: a streaming chat request to ``url`` started every :data:`PROBE_INTERVAL_S` on a thread of its own
-    (so that the span without an answer measures whether the group answers, not how long one answer takes), at most
-    :data:`MAX_IN_FLIGHT` at once (a start skipped beyond that is counted: ``skipped``), the prompts of
-    :data:`PROMPTS` in turn;
-    ``records``: one dict per request (start ``t0``, end ``t1``, ``ok``, ``kind`` of failure, tokens, the server
-    that answered when HAProxy says); ``load``: (time, 1-minute load average) every 10 s."""
-
-    def __init__(self, url: str, model: str, max_tokens: int):
-        super().__init__(daemon=True, name="probe")
-        self.url, self.model, self.max_tokens = url, model, max_tokens
-        self.records: list[dict[str, Any]] = []
-        self.load: list[tuple[float, float]] = []
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.in_flight: list[threading.Thread] = []
-        self.skipped = 0
-
-    def one(self, client: httpx.Client, prompt: str) -> dict[str, Any]:
-        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
-        t0, tokens, done = now(), 0, False
-        try:
-            with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as resp:
-                if not 200 <= resp.status_code < 300:
-                    return {"t0": t0, "t1": now(), "ok": False, "kind": f"http {resp.status_code}"}
-                for line in resp.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    ev = json.loads(data)
-                    if "error" in ev:
-                        return {"t0": t0, "t1": now(), "ok": False, "kind": "error event", "tokens": tokens}
-                    if any((c.get("delta") or {}).get("content") for c in ev.get("choices") or []):
-                        tokens += 1
-        except httpx.ReadTimeout:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": f"{TOKEN_TIMEOUT_S:.0f} s without a token",
-                    "tokens": tokens}
-        except (httpx.TransportError, ValueError) as exc:
-            kind = "connection error" if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError,
-                                                          httpx.ConnectTimeout)) else type(exc).__name__
-            return {"t0": t0, "t1": now(), "ok": False, "kind": kind, "tokens": tokens}
-        if not done:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": "stream without [DONE]", "tokens": tokens}
-        if tokens == 0:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": "no token", "tokens": 0}
-        return {"t0": t0, "t1": now(), "ok": True, "tokens": tokens}
-
-    def _one_recorded(self, prompt: str) -> None:
-        timeout = httpx.Timeout(connect=5.0, read=TOKEN_TIMEOUT_S, write=5.0, pool=5.0)
-        # a new connection a request: HAProxy balances each one (a kept-alive connection would stay on one server)
-        with httpx.Client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0)) as client:
-            rec = self.one(client, prompt)
-        with self.lock:
-            self.records.append(rec)
-
-    def run(self) -> None:
-        last_load, n = 0.0, 0
-        while not self.stop.is_set():
-            t0 = now()
-            with self.lock:
-                self.in_flight = [t for t in self.in_flight if t.is_alive()]
-                busy = len(self.in_flight) >= MAX_IN_FLIGHT
-            if busy:  # never more than MAX_IN_FLIGHT at once: counted, a figure of its own
-                self.skipped += 1
-            else:
-                t = threading.Thread(target=self._one_recorded, args=(PROMPTS[n % len(PROMPTS)],), daemon=True)
-                t.start()
-                with self.lock:
-                    self.in_flight.append(t)
-                n += 1
-            if t0 - last_load >= 10:
-                self.load.append((t0, os.getloadavg()[0]))
-                last_load = t0
-            self.stop.wait(max(0.0, t0 + PROBE_INTERVAL_S - now()))
-        for t in list(self.in_flight):
-            t.join(TOKEN_TIMEOUT_S + 10)
-
-
-def analyse(records: list[dict[str, Any]], start: float, end: float, spans: list[dict[str, Any]]) -> dict[str, Any]:
-    """The client's view of ``[start, end]``: requests, failed by kind, each failure with the step it fell in, the
-    longest span without a successful answer (between the ends of successful requests; the phase's edges count),
-    answer seconds (median, max)."""
-    rs = sorted((r for r in list(records) if start <= r["t0"] <= end), key=lambda r: r["t0"])
-    ok_ends = [start] + sorted(min(r["t1"], end) for r in rs if r["ok"]) + [end]
-    gaps = [(b - a, a) for a, b in zip(ok_ends, ok_ends[1:])]
-    longest, at = max(gaps)
-
-    def span_of(t: float) -> str | None:
-        inside = [s["name"] for s in spans if s["from"] <= t <= s["to"]]
-        return inside[-1] if inside else None
-
-    kinds: dict[str, int] = {}
-    for r in rs:
-        if not r["ok"]:
-            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
-    lat = sorted(r["t1"] - r["t0"] for r in rs if r["ok"])
-    return {"from": iso(start), "to": iso(end), "wall_s": round(end - start, 1), "requests": len(rs),
-            "answered": sum(1 for r in rs if r["ok"]), "failed_requests": sum(kinds.values()),
-            "failed_by_kind": kinds,
-            "failures": [{"at": iso(r["t0"]), "kind": r["kind"], "during": span_of(r["t0"])} for r in rs
-                         if not r["ok"]][:50],
-            "longest_span_without_answer_s": round(longest, 2),
-            "note": "a request is started every 0.5 s, each on its own connection; the span is between the ends of "
-                    "two successful answers",
-            "longest_span_at": {"from": iso(at), "during": span_of(at)},
-            "spans_over_1s_without_answer": sum(1 for g, _ in gaps if g > 1.0),
-            "answer_seconds_median": round(lat[len(lat) // 2], 3) if lat else None,
-            "answer_seconds_p99": round(lat[int(len(lat) * 0.99)], 3) if lat else None,
-            "answer_seconds_max": round(lat[-1], 3) if lat else None,
-            "steps": [{"name": s["name"], "from": iso(s["from"]), "seconds": round(s["to"] - s["from"], 1)}
-                      for s in spans]}
 
 
 def inventory(info: dict[str, Any], socket_path: Path) -> str:
@@ -346,7 +142,8 @@ class Bench:
 
         self.fig["cpu"] = demo.cpu_model()
         info = {n: sandbox.up(n, ssh, engine="none") for n, (ssh, _) in HOSTS.items()}
-        self.fig["docker_proxy"] = ensure_proxy()
+        self.fig["docker_proxy"] = ensure_proxy([sandbox.SANDBOX_BASE / n / "docker.sock" for n in HOSTS], __file__,
+                                                sandbox.SANDBOX_BASE / next(iter(HOSTS)) / "docker-proxy.log")
         self.work_dir = Path(f"/tmp/b49-{time.strftime('%Y%m%dT%H%M%S')}")
         self.work_dir.mkdir()
         self.haproxy = LocalHaproxy(self.work_dir / "haproxy", {n: port for n, (_, port) in HOSTS.items()},
