@@ -50,8 +50,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks" / "_shared"))
-from downtime import (MAX_IN_FLIGHT, PROBE_INTERVAL_S, TOKEN_TIMEOUT_S, DockerProxy, ensure_proxy,  # noqa: E402
-                      iso, now, parse_iso)
+from downtime import (MAX_IN_FLIGHT, PROBE_INTERVAL_S, TOKEN_TIMEOUT_S, DockerProxy, RecordLog,  # noqa: E402
+                      ensure_proxy, iso, journal_spans, now, parse_iso)
 from downtime import ConcurrentProbe as Probe  # noqa: E402
 from downtime import analyse_failures as analyse  # noqa: E402
 from lab import write_result  # noqa: E402
@@ -67,6 +67,31 @@ GATE_MARGIN = -0.9
 #: The test-only switch that lets the inventory hold that margin (read by every load of it, in here and in the
 #: ``eagle3ops group`` subprocesses).
 os.environ["EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN"] = "1"
+
+
+#: The journal events that end a step.
+STEP_ENDS = ("done", "failed", "busy")
+
+
+def steps_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rollout journal's steps in the order they started: name, start and end (the journal's ISO times, whole
+    seconds), seconds, how it ended (one of :data:`STEP_ENDS`, ``None`` while unfinished) and, unless done, the
+    entry's other fields (``detail``)."""
+    out: list[dict[str, Any]] = []
+    open_: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        step, ev = e.get("step"), e.get("event")
+        if step is None:
+            continue
+        if ev == "start":
+            open_[step] = {"step": step, "start": e["t"], "end": None, "seconds": None, "outcome": None}
+            out.append(open_[step])
+        elif ev in STEP_ENDS and step in open_:
+            s = open_.pop(step)
+            s.update(end=e["t"], outcome=ev, seconds=round(parse_iso(e["t"]) - parse_iso(s["start"]), 1))
+            if ev != "done":
+                s["detail"] = {k: v for k, v in e.items() if k not in ("t", "step", "event")}
+    return out
 
 
 def inventory(info: dict[str, Any], socket_path: Path) -> str:
@@ -210,21 +235,24 @@ class Bench:
             rc = proc.wait()
         end = now()
         entries = self.journal()
-        spans, open_ = [], {}
-        for e in entries:
-            if e.get("event") == "start":
-                open_[e["step"]] = parse_iso(e["t"])
-            elif e.get("step") in open_ and e.get("event") in ("done", "failed", "busy"):
-                # the journal's times are whole seconds: widened by one so a failure at a step's edge counts there
-                spans.append({"name": e["step"], "from": open_.pop(e["step"]) - 1, "to": parse_iso(e["t"]) + 1})
-        for k, t0 in open_.items():
-            spans.append({"name": k, "from": t0 - 1, "to": end})
+        # a step ends at its done/failed/busy entry (a bake's readings are entries of their own in between)
+        spans = journal_spans(entries, end, closing=lambda e: e.get("event") in STEP_ENDS)
         self.fig[phase] = {"command": " ".join(["eagle3ops", "group", *args]), "rc": rc, "result": last,
-                           "log_tail": log.read_text()[-3000:], "journal": entries,
+                           "log_tail": log.read_text()[-3000:], "steps": steps_of(entries),
+                           "status": self.status(), "journal": entries,
                            "client": analyse(self.probe.records if self.probe else [], t_start, end, spans),
                            "client_starts_skipped_total": self.probe.skipped if self.probe else None}
         if rc != 0:
             raise RuntimeError(f"eagle3ops group {args[0]} exited {rc} (log {log})")
+
+    def status(self) -> Any:
+        """``eagle3ops group status GROUP --json`` as it printed it (its output's text when that is not JSON)."""
+        p = subprocess.run([sys.executable, "-m", "eagle3ops", "group", "status", GROUP, "--json", "--inventory",
+                            str(self.inv)], capture_output=True, text=True, cwd=REPO, timeout=120)
+        try:
+            return json.loads(p.stdout)
+        except ValueError:
+            return {"rc": p.returncode, "output": (p.stdout + p.stderr)[-2000:]}
 
     def journal(self) -> list[dict[str, Any]]:
         d = Path(self.hosts[0].state_dir) / "groups" / GROUP
@@ -256,7 +284,12 @@ class Bench:
         try:
             self.setup()
             self.write()
-            self.probe = Probe(self.url, self.hosts[0].serving.served_model_name or "", self.a.max_tokens)
+            # the client's records as they are made, beside the JSON: a killed run keeps them
+            records = self.a.json.with_suffix(".client.jsonl")
+            records.unlink(missing_ok=True)
+            self.fig["client_records"] = records.name
+            self.probe = Probe(self.url, self.hosts[0].serving.served_model_name or "", self.a.max_tokens,
+                               RecordLog(records))
             self.probe.start()
             time.sleep(10)
             run = f"g49-{time.strftime('%m%dT%H%M%S')}"
