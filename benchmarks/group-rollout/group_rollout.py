@@ -64,6 +64,24 @@ LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
 BUILT_TARGET = Path("/var/lib/eagle3ops-sandbox/sandbox/data/models/smollm2-135m-instruct")
 HEAD = REPO / "benchmarks/gpu-head-smollm2/heads/smollm2-135m-instruct-eagle3"
 GATE_MARGIN = -0.9
+#: The speculative release's serving image as the demo tags it (the CPU stand-in).
+STANDIN_IMAGE = "eagle3ops/serving:sandbox-cpu-standin"
+#: Tags only this benchmark uses, on the very images it deployed: the engine is shared with other checkouts, whose
+#: builds move the common tags (the pipeline image's content tag carries its checkout's commit as a label, so two
+#: commits give two ids under one tag) and the canary's preflight would then find another image than the deployed one.
+PRIVATE_SPEC = "eagle3ops/serving:b49-standin"
+
+
+def private_pipeline(host: str) -> str:
+    """The pipeline image tag of ``host`` in this benchmark (:data:`PRIVATE_SPEC`'s reason)."""
+    return f"eagle3ops/pipeline:b49-{host}"
+
+
+def docker_tag(source: str, tag: str) -> str:
+    """``docker tag SOURCE TAG`` on this machine's engine; returns the id now under ``tag``."""
+    subprocess.run(["docker", "tag", source, tag], check=True, capture_output=True, timeout=60)
+    return subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], check=True,
+                          capture_output=True, text=True, timeout=60).stdout.strip()
 #: The test-only switch that lets the inventory hold that margin (read by every load of it, in here and in the
 #: ``eagle3ops group`` subprocesses).
 os.environ["EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN"] = "1"
@@ -108,6 +126,8 @@ def inventory(info: dict[str, Any], socket_path: Path) -> str:
         e["identity_file"], e["known_hosts"] = str(info[name].identity_file), str(info[name].known_hosts)
         e["docker_host"] = f"unix://{info[name].root / 'docker.sock'}"
         e["serving"]["container"] = f"{name}-vllm"
+        e["pipeline_image"] = private_pipeline(name)
+        e["serving"]["speculative_image"] = PRIVATE_SPEC
         e["serving"]["gate_margin"] = GATE_MARGIN
         e["serving"]["gate_concurrency"] = [1]
         # the bake's acceptance floor: the host's acceptance floor, not `break-even` (the gate's speed ratio on
@@ -195,11 +215,17 @@ class Bench:
         self.fig["target_path"] = f"copied from {BUILT_TARGET}"
         for h in self.hosts:
             self.fig.setdefault("serving_start_s", {})[h.name] = round(demo.start_serving(h), 1)
+        self.fig["speculative_image"] = {"tag": PRIVATE_SPEC, "of": STANDIN_IMAGE,
+                                         "id": docker_tag(STANDIN_IMAGE, PRIVATE_SPEC)}
         for h in self.hosts:
             t = now()
             dep = deployer.deploy(h, base_image=LOCAL_BASE, echo=print)
             self.fig.setdefault("deploy_s", {})[h.name] = round(now() - t, 1)
-            self.fig["pipeline_image"] = dep.tag
+            # the id deploy recorded, under this benchmark's own tag (PRIVATE_SPEC's reason)
+            deployed = json.loads((Path(h.state_dir) / "deployed.json").read_text())
+            self.fig.setdefault("pipeline_image", {})[h.name] = {
+                "tag": private_pipeline(h.name), "of": dep.tag,
+                "id": docker_tag(deployed["image_id"], private_pipeline(h.name))}
         self.haproxy.start(timeout_s=30)
         self.fig["haproxy"] = {"version": subprocess.run([self.haproxy_exe(), "-v"], capture_output=True,
                                                          text=True).stdout.splitlines()[0],
