@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks" / "_shared"))
 from downtime import (MAX_IN_FLIGHT, PROBE_INTERVAL_S, TOKEN_TIMEOUT_S, DockerProxy, RecordLog,  # noqa: E402
-                      ensure_proxy, iso, journal_spans, now, parse_iso)
+                      ensure_proxy, iso, journal_spans, now, parse_iso, read_records)
 from downtime import ConcurrentProbe as Probe  # noqa: E402
 from downtime import analyse_failures as analyse  # noqa: E402
 from lab import write_result  # noqa: E402
@@ -110,6 +110,62 @@ def steps_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if ev != "done":
                 s["detail"] = {k: v for k, v in e.items() if k not in ("t", "step", "event")}
     return out
+
+
+def out_intervals(entries: list[dict[str, Any]], end: float) -> list[tuple[str, float, float]]:
+    """When each host was out of the balancer: ``(host, from, to)`` from its ``HOST:drain`` step's start to its
+    ``HOST:undrain`` step's end (epoch seconds; ``end`` while not undrained), read from the rollout journal."""
+    out, since = [], {}
+    for e in entries:
+        host, _, action = str(e.get("step", "")).partition(":")
+        if action == "drain" and e.get("event") == "start":
+            since[host] = parse_iso(e["t"])
+        elif action == "undrain" and e.get("event") in STEP_ENDS and host in since:
+            out.append((host, since.pop(host), parse_iso(e["t"])))
+    out += [(h, t, end) for h, t in since.items()]
+    return out
+
+
+def spans_by_hosts_in(records: list[dict[str, Any]], start: float, end: float,
+                      outs: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """The spans without a successful answer over 1 s in ``[start, end]`` (between the ends of successful requests,
+    as :func:`downtime.analyse_failures` counts them) split by whether a host was out of the balancer during the span
+    (:func:`out_intervals`) or every host was in: a span while every host was in measures the serving's answer times
+    on this machine, not the rollout."""
+    ends = [start] + sorted(min(r["t1"], end) for r in records if r["ok"] and start <= r["t0"] <= end) + [end]
+    gaps = [(a, b) for a, b in zip(ends, ends[1:]) if b - a > 1.0]
+    with_out = [(a, b) for a, b in gaps if any(f < b and a < t for _, f, t in outs)]
+    all_in = [g for g in gaps if g not in with_out]
+    return {"spans_over_1s_with_a_host_out": len(with_out),
+            "longest_span_with_a_host_out_s": round(max((b - a for a, b in with_out), default=0.0), 2),
+            "spans_over_1s_with_every_host_in": len(all_in),
+            "longest_span_with_every_host_in_s": round(max((b - a for a, b in all_in), default=0.0), 2),
+            "hosts_out": [{"host": h, "from": iso(f), "seconds": round(t - f, 1)} for h, f, t in outs]}
+
+
+def reanalyse(path: Path) -> int:
+    """Recompute the client's figures of a run's JSON from its records file (``client_records`` beside it) and write
+    it again: each phase's spans split by hosts in (:func:`spans_by_hosts_in`) and the client's view before the
+    rollout began (both hosts serving, nothing out). For a JSON written before these figures existed."""
+    fig = json.loads(path.read_text())
+    records = [r for r in read_records(path.parent / fig["client_records"]) if "event" not in r]
+    for phase in ("rollout", "rollback"):
+        if phase not in fig:
+            continue
+        c = fig[phase]["client"]
+        a, b = parse_iso(c["from"]), parse_iso(c["to"])
+        c["by_hosts_in"] = spans_by_hosts_in(records, a, b, out_intervals(fig[phase]["journal"], b))
+    if records and "rollout" in fig:
+        fig["before_rollout"] = {"client": analyse(records, min(r["t0"] for r in records),
+                                                   parse_iso(fig["rollout"]["client"]["from"]), [])}
+    for phase, v in (fig.get("verdict") or {}).items():
+        v.update({k: fig[phase]["client"]["by_hosts_in"][k] for k in
+                  ("spans_over_1s_with_a_host_out", "longest_span_with_a_host_out_s",
+                   "spans_over_1s_with_every_host_in", "longest_span_with_every_host_in_s")})
+    fig["reanalysed"] = iso(now())
+    write_result(path, fig, indent=2, default=str)
+    print(f"[bench] rewrote {path} from {fig['client_records']}", flush=True)
+    return 0
 
 
 def inventory(info: dict[str, Any], socket_path: Path) -> str:
@@ -348,6 +404,11 @@ class Bench:
                 self.probe.stop.set()
                 self.probe.join(timeout=60)
             self.write()
+            if self.probe is not None:  # the figures split by hosts in, from the records file (as --reanalyse)
+                try:
+                    reanalyse(self.a.json)
+                except Exception:  # noqa: BLE001 - the figures written above stay; --reanalyse can redo this
+                    traceback.print_exc()
             if not self.a.keep:
                 self.cleanup()
 
@@ -381,7 +442,10 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=16, help="the client's answer length, tokens (the bake judges "
                     "the canary's acceptance on this traffic)")
     ap.add_argument("--keep", action="store_true", help="leave HAProxy running at the end")
-    return Bench(ap.parse_args()).main()
+    ap.add_argument("--reanalyse", action="store_true", help="only recompute the client's figures of --json from "
+                    "its records file (no run)")
+    a = ap.parse_args()
+    return reanalyse(a.json) if a.reanalyse else Bench(a).main()
 
 
 if __name__ == "__main__":
