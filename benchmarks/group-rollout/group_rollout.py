@@ -422,9 +422,12 @@ class Bench:
                 self.cleanup()
 
     def cleanup(self) -> None:
-        """HAProxy stopped and both hosts' serving containers removed (the 2 cores are shared with other work)."""
+        """HAProxy stopped, both hosts' serving containers removed (the 2 cores are shared with other work) and this
+        benchmark's own image tags removed (the images keep their other tags; the next run tags them again)."""
         if self.haproxy is not None:
             self.haproxy.stop()
+        subprocess.run(["docker", "image", "rm", PRIVATE_SPEC, *(private_pipeline(n) for n in HOSTS)],
+                       capture_output=True, timeout=120, check=False)
         from eagle3ops import executor
         from eagle3ops.commands import docker as dk
 
