@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -347,10 +348,14 @@ def test_killed_driver_rerun_resumes(tmp_path: Path, kill_at: str) -> None:
 
 class LocalHostExecutor:
     """STAND-IN for the SSH executor of one inventory host: this machine's executor (``executor.local()``) with the
-    host's entry, its state_dir a temp dir (the CLI's reads and the journal's writes are real commands)."""
+    host's entry, its state_dir a temp dir (the CLI's reads and the journal's writes are real commands). A dry run
+    echoes its commands as ``cli_common.remote``'s does: to stdout, or to stderr with ``json_out`` (so that a
+    command's JSON on stdout stays one document)."""
 
     def __init__(self, host, dry_run=False, json_out=False):
-        self.host, self._local = host, executor.local(dry_run=dry_run)
+        out = sys.stderr if json_out else sys.stdout
+        echo = (lambda cmd: print(cmd, file=out)) if dry_run else None
+        self.host, self._local = host, executor.local(dry_run=dry_run, echo=echo)
 
     def __getattr__(self, name):
         return getattr(self._local, name)

@@ -89,15 +89,17 @@ def _last_done_target(j: Any) -> str | None:
     return plan.target if plan and replay(plan, j.entries()).ended == "done" and plan.kind != "rollback" else None
 
 
-def _facts(hosts: list[Any], name: str, target: str, rollback_from: str | None) -> dict[str, bool]:
+def _facts(hosts: list[Any], name: str, target: str, rollback_from: str | None,
+           json_out: bool = False) -> dict[str, bool]:
     """Whether each host serves the target already (reads only): its marker and current release; for a group
-    rollback, a host not on the release being rolled back counts as on the target."""
+    rollback, a host not on the release being rolled back counts as on the target. ``json_out``: the reads' echo
+    goes to stderr (stdout keeps the plan's JSON)."""
     from eagle3ops.group.steps import on_target, read_marker
     from eagle3ops.window.common import current_release
 
     out = {}
     for h in hosts:
-        with common.remote(h, dry_run=True) as r:
+        with common.remote(h, dry_run=True, json_out=json_out) as r:
             marker = read_marker(r, name)
             out[h.name] = (marker.get("target") != rollback_from if rollback_from
                            else on_target(marker, current_release(r), target))
@@ -145,7 +147,7 @@ def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timin
     from eagle3ops.group.rollout import plan_rollout, release_key
 
     inv, g, hosts = _load(inventory, name)
-    with common.remote(hosts[0], dry_run=True) as r0:
+    with common.remote(hosts[0], dry_run=True, json_out=json_out) as r0:  # reads only
         j = _journal(r0, hosts[0], name)
         open_ = _unfinished(j)
         rollback_from = None
@@ -162,8 +164,8 @@ def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timin
     if open_ is not None:  # resumed as planned: the journal's plan, its timings included
         plan, rid = open_[0], j.rollout_id
     else:
-        t = dict(timing)
-        plan = plan_rollout(name, g.hosts, g.max_out, kind, target, label, _facts(hosts, name, target, rollback_from),
+        t, facts = dict(timing), _facts(hosts, name, target, rollback_from, json_out)
+        plan = plan_rollout(name, g.hosts, g.max_out, kind, target, label, facts,
                             bake_s=t.pop("bake_s", 0.0), bake_interval_s=t.pop("bake_interval_s", 60.0),
                             bake_sustained_s=t.pop("bake_sustained_s", 0.0), out_wait_s=t.pop("out_wait_s", 600.0),
                             options=t)
@@ -319,7 +321,8 @@ def status(group: str, inventory: Path = InventoryOpt, json_out: bool = typer.Op
     from eagle3ops.group.status import view
 
     _, _, hosts = _load(inventory, group)
-    with common.remote(hosts[0], dry_run=True) as r0:
+    # reads only; with --json the commands' echo goes to stderr, so stdout is the one JSON document
+    with common.remote(hosts[0], dry_run=True, json_out=json_out) as r0:
         j = _journal(r0, hosts[0], group)
         cur = j.current()
         if cur is None:
