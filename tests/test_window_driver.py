@@ -569,3 +569,15 @@ def test_a_new_window_removes_exited_supervisors_of_finished_windows(host, monke
     rm = next(i for i, w in enumerate(seen["writes"]) if w.endswith(f"rm eagle3ops-supervisor-{done}"))
     lock = next(i for i, w in enumerate(seen["writes"]) if "/lock" in w)
     assert lock < rm, seen["writes"]  # under the lock
+
+
+def test_the_inventorys_pipeline_image_is_verified_only_against_its_own_deploy_record():
+    """An inventory ``pipeline_image`` other than the one ``deploy`` recorded is run unverified (the recorded id is
+    another image's: checking it failed every window with a "redeploy" that could not fix it); the same tag is
+    verified against its recorded id; without the key the deployed image and its id are used."""
+    from types import SimpleNamespace
+
+    dep = {"image": "eagle3ops/pipeline:0.16.0-0.3.0-abc", "image_id": "sha256:" + "1" * 64}
+    assert wcommon.pipeline_image(SimpleNamespace(pipeline_image="site/pipeline:7"), dep) == ("site/pipeline:7", None)
+    assert wcommon.pipeline_image(SimpleNamespace(pipeline_image=dep["image"]), dep) == (dep["image"], dep["image_id"])
+    assert wcommon.pipeline_image(SimpleNamespace(pipeline_image=None), dep) == (dep["image"], dep["image_id"])

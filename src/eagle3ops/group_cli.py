@@ -126,12 +126,13 @@ def _steps(name: str, hosts: list[Any], remotes: dict[str, Any], balancer: Any, 
            **kw: Any) -> Any:
     """The real step callables of ``plan`` (:class:`eagle3ops.group.steps.HostSteps`); reads each host's deployed
     pipeline image (exit 1 naming ``deploy`` when one has none)."""
+    from eagle3ops.window.common import pipeline_image
     from eagle3ops.group.steps import HostSteps
 
     images = {}
     for h in hosts:
         dep = common.deployed_record(remotes[h.name])
-        images[h.name] = (h.pipeline_image or dep["image"], dep.get("image_id"))
+        images[h.name] = pipeline_image(h, dep)
     return HostSteps(group=name, kind=plan.kind, remotes=remotes, balancer=balancer, target=plan.target,
                      label=plan.label, command=command, images=images, echo=say, max_out=plan.max_out,
                      canary=plan.canary,
@@ -257,12 +258,14 @@ def rollout(group: str, run: str = typer.Option(..., "--run", help="The pipeline
                                        "control": control, "prompts": str(prompts_file) if prompts_file else None})
 
     def kw(hosts: list[Any]) -> dict[str, Any]:
+        from eagle3ops.window.common import pipeline_image
         opts = {}
         for h in hosts:
             with common.remote(h, dry_run=True) as r:
                 dep = common.deployed_record(r)
-            opts[h.name] = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
-                                            pipeline_image_id=dep.get("image_id"), head=head, serving_image=image,
+            pimage, pimage_id = pipeline_image(h, dep)
+            opts[h.name] = SpeculateOptions(run=run, pipeline_image=pimage, pipeline_image_id=pimage_id,
+                                            head=head, serving_image=image,
                                             control=control, force=force, prompts_file=prompts_file,
                                             accept_low_power=accept_low_power, command=common.command_line())
         return {"speculate_options": opts, "prompts": _prompts(hosts[0], prompts_file)}
