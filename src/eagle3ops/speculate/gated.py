@@ -95,7 +95,7 @@ def upgrade_flags(r: Any, change: ReleaseChange, echo: Callable[[str], None]) ->
         raise ship.SpeculateError(
             f"{r.host.name}: the vLLM {rep.new_vllm} parser of {change.image} refuses production's command line "
             f"({rep.parse_error}); flags it uses that changed since {rep.old_vllm}: {used}. Nothing was restarted: "
-            f"give the replacement with --arg (e.g. the renamed flag) or drop the removed one from serving's command")
+            f"give a renamed flag's new name with --arg; a removed flag has to leave serving's command line first")
     return rep.as_dict()
 
 
