@@ -187,3 +187,18 @@ def test_a_profile_that_disagrees_with_serving_version_is_refused_before_anythin
     bad = check(host.model_copy(update={"profile": "vllm-9"}), "0.16.0")
     assert not bad[1] and "hosts.sandbox.profile: no profile 'vllm-9'" in bad[2]
     assert version_refusal("h", "p", "0.32.0", "0.32.0") is None and version_refusal("h", "p", None, "1") is None
+
+
+def test_without_a_registry_the_default_profile_is_not_judged_but_a_set_one_fails(monkeypatch, tmp_path):
+    """A driver installed without the repository's patches/ (EAGLE3OPS_PATCHES_DIR pointing at an empty dir here):
+    no profile set → the check passes, said not judged; a profile set → it fails naming the missing registry."""
+    from test_window_driver import REPO
+    from eagle3ops.config import load_inventory
+
+    monkeypatch.setenv("EAGLE3OPS_PATCHES_DIR", str(tmp_path))
+    host = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    for h, ok in ((host, True), (host.model_copy(update={"profile": "vllm-0.32.0-serving"}), False)):
+        pf = wpreflight.preflight(StandInRemote(h, _host_with_serving(h)), image=IMAGE, expected_image_id=IMAGE_ID)
+        check = next(c for c in pf.checks if c[0] == "serving vLLM version")
+        assert check[1] is ok and "profiles.yaml" in check[2], check
+        assert check[2].startswith("not judged: ") is ok

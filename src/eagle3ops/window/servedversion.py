@@ -69,12 +69,16 @@ def served_version(r: Any) -> str | None:
 
 def check_served_version(r: Any, pf: Any) -> None:
     """Add the ``serving vLLM version`` check to preflight ``pf``: the live server's ``/version`` against the host's
-    profile (:func:`version_refusal`); an unknown profile fails it too."""
+    profile (:func:`version_refusal`); a profile set but unknown (or no registry found for it: set
+    ``$EAGLE3OPS_PATCHES_DIR``) fails it too. Without a profile and without a registry it is not judged."""
     h = r.host
     try:
         profile, pin = profile_vllm(h)
     except ValueError as e:
-        pf.add("serving vLLM version", False, str(e).splitlines()[0])
+        # no profile set and no registry at hand (a driver installed without the repository's patches/): the
+        # default cannot be named, so it is not judged; a profile that was set must be found
+        pf.add("serving vLLM version", h.profile is None, ("not judged: " if h.profile is None else "")
+               + str(e).splitlines()[0])
         return
     served = served_version(r)
     refusal = version_refusal(h.name, profile, pin, served)
