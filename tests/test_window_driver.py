@@ -49,6 +49,7 @@ class StandInHost:
         self.trials: list[list[str]] = []  # argv of each throwaway stage container (docker run --rm)
         self.trial_answer = (0, "mounts ok\n", "")
         self.writes: list[str] = []  # rendered argv of each mutating command
+        self.served_vllm: str | None = "0.16.0+cpu"  # serving's GET /version (None: it does not answer)
         model = host.model_path
         self._mkdirs(model)
         self.files[f"{model}/config.json"] = json.dumps(
@@ -124,6 +125,8 @@ class StandInHost:
             path = a[-1]
             return (0, f"{len(self.files[path].splitlines())} {path}\n", "") if path in self.files else \
                 (1, "", f"wc: {path}: No such file")
+        if cmd == "curl" and a[-1].endswith("/version"):  # hc.http_body: serving's vLLM version
+            return (0, json.dumps({"version": self.served_vllm}), "") if self.served_vllm else (22, "", "")
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-logind":  # process/systemd preflight: a host without logind
             return 0, "user=e3ops\nlogind=absent\n", ""
         raise AssertionError(f"unexpected command {a}")

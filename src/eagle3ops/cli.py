@@ -72,7 +72,8 @@ def version() -> None:
 
 @app.command()
 def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
-           profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image."),
+           profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image (default: "
+                                                 "hosts.HOST.profile, else the registry's default)."),
            base_image: Optional[str] = typer.Option(None, help="Override BASE_IMAGE (local bases)."),
            env_tarball: Optional[Path] = typer.Option(None, help="`stage_runtime: venv` hosts: the pipeline "
                                                       "environment tarball to deliver (verified by sha256); "
@@ -86,7 +87,7 @@ def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
     h = common.load_host(inventory, host)
     with common.plan_output(dry_run, json_out):  # --json: stdout keeps the plan alone
         try:
-            res = deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print,
+            res = deployer.deploy(h, dry_run=dry_run, profile=profile or h.profile, base_image=base_image, echo=console.print,
                                   env_tarball=env_tarball, command=_command_line())
         except deployer.DeployError as exc:
             common.fail(str(exc))

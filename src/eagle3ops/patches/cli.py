@@ -233,7 +233,8 @@ def check_cmd(
     probes_module: Annotated[str, typer.Option(help="module whose PROBES names the patches' probes must be in")] = "eagle3ops.patches.probes",
 ) -> None:
     """For every series: fetch the pinned wheel (sha256 verified), apply strictly in a scratch tree,
-    byte-compile, report per patch. Used by CI."""
+    byte-compile, report per patch; read each retirement record's evidence from the wheels; for a profile that
+    succeeds others, the fate of each of their patches. Used by CI."""
     from eagle3ops.patches.check import check_series
 
     profs = _profiles(patches_dir)

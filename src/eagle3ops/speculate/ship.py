@@ -67,6 +67,7 @@ from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.gate.decide import MIN_PASSES, block_passes
 from eagle3ops.gate.like import control_change
+from eagle3ops.speculate.crossread import check_as_serving_reads
 from eagle3ops.speculate.headcheck import HeadFacts, HeadMismatch, check_head
 from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _live_image, check_as_vllm_reads,
                                            check_like_for_like, check_offline_floor, check_template,
@@ -402,6 +403,7 @@ def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: st
     try:
         facts = check_head(info["head_config"], info["shapes"], info["target_config"])
         read_as = check_as_vllm_reads(info, facts, own_run=not opts.head)
+        read_as += check_as_serving_reads(r, image, head_dir, info, facts.target_layers)  # another vLLM serving it
     except HeadMismatch as e:
         raise SpeculateError(f"{h.name}: {e}") from None
     offline, floor_warnings = check_offline_floor(h, opts, info, floor)
@@ -433,9 +435,8 @@ def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: st
                                "head_check": facts.__dict__, "offline_estimate": offline,
                                "offline_estimate_record": (info.get("estimate") if opts.head else
                                                            (info.get("train_manifest") or {}).get("offline_estimate")),
-                               "force": opts.force,
-                               "warnings": warnings, "restarts": restarts.figures(), "power": power.figures(),
-                               "like": like}
+                               "force": opts.force, "warnings": warnings, "restarts": restarts.figures(),
+                               "power": power.figures(), "like": like}
     job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.request for p in gate], margin, floor, max_tokens,
                passes, figures, prompt_sets(gate))
     if r.dry_run:

@@ -267,8 +267,19 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("gpus", True, "none (CPU host)")
     if h.gpus:
         check_gpus_fit(r, pf, memory=memory, trial_ran=trial_ran)
-    driver_kind(h).preflight(r, pf, need_serving)  # the serving kind finds live serving (read-only)
+    _serving_checks(r, pf, need_serving)
     return pf
+
+
+def _serving_checks(r: Remote, pf: Preflight, need_serving: bool) -> None:
+    """The serving kind finds live serving (read-only); then, where serving answers HTTP, the host's profile
+    against the vLLM version it reports (:func:`eagle3ops.window.servedversion.check_served_version`)."""
+    from eagle3ops.window.servedversion import check_served_version
+
+    kind = driver_kind(r.host)
+    kind.preflight(r, pf, need_serving)
+    if need_serving and kind.answers_http and pf.ok:
+        check_served_version(r, pf)
 
 
 def read_releases(r: Remote) -> tuple[set[int], int | None, list[dict[str, Any]]] | None:

@@ -118,6 +118,8 @@ class DriverKind:
     #: The form of this kind's release record, which the cycle's served acceptance replays on a work host
     #: (``container``: the container's configuration; ``process``: its command line; None: not replayed).
     record_form: str | None = None
+    #: serving answers HTTP on ``serving.port`` (its ``/version`` is checked against the host's profile)
+    answers_http: bool = True
 
     def refuse(self, h: HostConfig, what: str) -> None:
         """Refuse ``what`` (``release``, ``rollback``, ``speculate``) on this kind of serving before the lock.

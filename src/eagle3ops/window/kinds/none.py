@@ -18,6 +18,7 @@ class NoServingKind(DriverKind):
 
     name = "none"
     record_form = None
+    answers_http = False
     dry_run_note = NO_SERVING_NOTE
 
     def refuse(self, h: HostConfig, what: str) -> None:
