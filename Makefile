@@ -35,7 +35,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup docs prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
-        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head bench-gate-aa bench-compile-cache bench-cycle-downtime clean-sandbox
+        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head bench-gate-aa bench-compile-cache bench-cycle-downtime clean-sandbox clean-demo clean-images
 
 setup:
 	bash scripts/setup.sh
@@ -158,6 +158,21 @@ bench-kimi-head: image
 
 clean-sandbox: setup
 	$(E3DEV) sandbox down
+
+# After the demo (docs/demo-machine.md): the sandbox stopped (sshd, its dockerd, production serving's container)
+# and its state deleted (its engine's copies of the images, data_dir, state_dir, keys; the same sandbox
+# as the tests', set up again by the next `make demo` or `make test`), then the demo's files in this checkout.
+clean-demo: setup
+	$(E3DEV) sandbox down --purge
+	rm -rf reports/sandbox-* regenerated/sandbox-*
+
+# Every image eagle3ops built in the build engine (the demo's and the tests'; the next build makes them again, minutes):
+# their tags removed, then the untagged ones of ours left by rebuilds. Parent layers go with the last tag (docker rmi
+# prunes untagged parents); an image a container still uses is refused by Docker, naming that container.
+clean-images:
+	docker image ls --format '{{.Repository}}:{{.Tag}}' --filter 'reference=eagle3ops/*' \
+	  --filter 'reference=eagle3ops-test/*' | xargs -r docker image rm
+	docker image ls -q --filter dangling=true --filter label=io.eagle3ops.base-inputs | xargs -r docker image rm
 
 # The stage probe on the demo's real target (SmolLM2-135M-Instruct, provisioned by `make demo` into the sandbox's
 # model directory): vLLM CPU hidden states vs transformers, within the dense tolerance of stages/probe.py.

@@ -69,3 +69,13 @@ def test_first_host_examples_load_as_eagle3ops_loads_them():
     pipe = REPO / "deploy/pipeline.first-host.example.yaml"
     cfg = parse_pipeline_config(pipe.read_text(), pipe)
     assert cfg.prepare.datasets == ["regenerated/dataset.jsonl"] and cfg.train.steps == 20000
+
+
+def test_every_make_target_the_readme_names_is_in_the_makefile():
+    """A newcomer types what the README shows: each ``make NAME`` in it (the demo's clean-up included) is a target."""
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", (REPO / "Makefile").read_text(), re.M))
+    text = (REPO / "README.md").read_text()
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S))  # code blocks: lines starting with make
+    named = set(re.findall(r"^make ([a-z][a-z0-9-]*)", blocks, re.M) + re.findall(r"`make ([a-z][a-z0-9-]*)", text))
+    assert {"demo", "test", "clean-demo", "clean-images"} <= named, "the README names the demo's clean-up targets"
+    assert sorted(named - targets) == [], "README names make targets the Makefile lacks"
