@@ -8,10 +8,14 @@ Inputs: ``extract/`` (speculators' v1 sample files) and ``vocab/`` (d2t/t2d). Ou
   builds the new output beside it (``<run_dir>/.train.restart/``, every rank writing there: the launching process
   passes it to the torchrun ranks in ``EAGLE3OPS_TRAIN_OUT``) and swaps it in only once complete
   (:func:`eagle3ops.stages.manifest.promote`), so a restart that fails leaves the finished head whole.
+- ``checkpoints/best/``: with ``train.select_checkpoint: held_out`` (the default), the weights of the checkpoint
+  with the best held-out offline estimate so far (:mod:`eagle3ops.stages.heldout`); ``final/`` is made from it.
 - ``final/``: the draft head in speculators' saved format (``config.json`` with ``speculators_config``,
   ``model.safetensors`` in bf16 with ``d2t``/``t2d``), which vLLM 0.16 loads with
   ``--speculative-config '{"method": "eagle3", "model": "<run_dir>/train/final", "num_speculative_tokens": 3}'``.
-- ``metrics.jsonl`` (one line per step) and ``manifest.json`` (steps, losses, steps/s, peak memory).
+- ``metrics.jsonl`` (one line per step) and ``manifest.json`` (steps, losses, steps/s, peak memory, the loss
+  trained (``train.loss``: speculators' KL or the hybrid LK loss, :func:`eagle3ops.stages.draft.lk_hybrid_loss`),
+  the held-out curve and the checkpoint chosen).
 
 What is speculators' and what is changed here
 ---------------------------------------------
