@@ -50,32 +50,34 @@ image: base
 	$(E3) image build pipeline $(BASE_FLAG) --profile $(PROFILE)
 
 deploy: setup
-	$(E3) deploy $(HOST) $(BASE_FLAG) --profile $(PROFILE) $(ARGS)
+	$(E3) deploy $(HOST) -i $(INVENTORY) $(BASE_FLAG) --profile $(PROFILE) $(ARGS)
 
+# one recipe line, so the command make echoes can be pasted as it is
+EXTRACT_HOSTS = $(if $(HOSTS),$(subst $(comma), ,$(HOSTS)),$(HOST))
+EXTRACT_DEAD = $(foreach d,$(subst $(comma), ,$(DEAD)),--dead $(d))
 extract: setup
-	$(E3) extract $(if $(HOSTS),$(subst $(comma), ,$(HOSTS)),$(HOST)) --run $(RUN) $(PIPELINE_FLAG) $(if $(DRY),--dry-run) \
-	  $(foreach d,$(subst $(comma), ,$(DEAD)),--dead $(d)) $(ARGS)
+	$(E3) extract $(EXTRACT_HOSTS) -i $(INVENTORY) --run $(RUN) $(PIPELINE_FLAG) $(if $(DRY),--dry-run) $(EXTRACT_DEAD) $(ARGS)
 
 train: setup
-	$(E3) train $(HOST) --run $(RUN) $(PIPELINE_FLAG) $(ARGS)
+	$(E3) train $(HOST) -i $(INVENTORY) --run $(RUN) $(PIPELINE_FLAG) $(ARGS)
 
 release: setup
-	$(E3) release $(HOST) $(ARGS)
+	$(E3) release $(HOST) -i $(INVENTORY) $(ARGS)
 
 rollback: setup
-	$(E3) rollback $(HOST) $(ARGS)
+	$(E3) rollback $(HOST) -i $(INVENTORY) $(ARGS)
 
 regenerate: setup
-	$(E3) regenerate $(HOST) --run $(RUN) $(ARGS)
+	$(E3) regenerate $(HOST) -i $(INVENTORY) --run $(RUN) $(ARGS)
 
 speculate: setup
-	$(E3) speculate $(HOST) --run $(RUN) $(ARGS)
+	$(E3) speculate $(HOST) -i $(INVENTORY) --run $(RUN) $(ARGS)
 
 status: setup
-	$(E3) status $(HOST) $(ARGS)
+	$(E3) status $(HOST) -i $(INVENTORY) $(ARGS)
 
 audit: setup
-	$(E3) audit $(HOST)
+	$(E3) audit $(HOST) -i $(INVENTORY) $(ARGS)
 
 demo: setup
 	$(E3DEV) demo --inventory $(DEMO_INVENTORY)
