@@ -365,12 +365,13 @@ def _candidate(name: str, speedup: str, ngram: bool = False) -> dict:
     return {"name": name, "change": {"args": [*args, "--spec-speedup", speedup]}}
 
 
+# (A second job here, two candidates at x1 and x0.9 that none clears, took ~39 s: its decision and what it leaves are
+# checked on the stand-in container host of test_a_candidate_that_fails_its_gate_does_not_stop_the_return_to_the_live_
+# release, where no candidate clears either; its return to the recorded process is the kind's return_to, which the
+# rollback job above runs on this process host.)
 @pytest.mark.parametrize("job_world,speedups,winner", [
-    (["--token-ms", "25"], {"eagle3-k2": "1.5", "eagle3-k3": "3", "ngram-k3": "1"}, "eagle3-k3"),
-    # none clears: at or below x1 nothing can be kept whatever a stall does (it only widens an interval downwards
-    # or, in the baseline, lowers the lower bound too), so its stand-in streams 2.5 times faster (~20 s less)
-    (["--token-ms", "10"], {"eagle3-k3": "1", "ngram-k3": "0.9"}, None)],
-    indirect=["job_world"], ids=["best-of-three", "none-clears"])
+    (["--token-ms", "25"], {"eagle3-k2": "1.5", "eagle3-k3": "3", "ngram-k3": "1"}, "eagle3-k3")],
+    indirect=["job_world"], ids=["best-of-three"])
 def test_the_job_measures_every_candidate_and_confirms_the_best(job_world, speedups, winner, tmp_path):
     """Each candidate switched to (never the live release) and measured against one baseline at the corrected level
     (1 - 0.10 / m), the best that clears the rule switched to again and measured afresh (the confirmation decides);
@@ -503,12 +504,25 @@ def test_a_candidate_that_fails_its_gate_does_not_stop_the_return_to_the_live_re
                 change=job.change)
     (tmp_path / "w1").mkdir()
     client = StandInClient("vllm:1")
-    res = Supervisor(plan, client, tmp_path / "w1").run()
+    sup = Supervisor(plan, client, tmp_path / "w1")
+    res = sup.run()
     attempt = res["speculate"]
     rows = {r["name"]: r["verdict"] for r in attempt["candidates"]["rows"]}
     assert rows == {"a": "rollback", "b": "undecided"} and attempt["verdict"] == "rollback", attempt["reason"]
     assert client.serving.spec["image"] == "vllm:1" and client.serving.status == "running"
     assert attempt["live_release"] == attempt["baseline_release"]
+    # none cleared: the decision and what it leaves (the process host's own run of it measured two more candidates
+    # for ~39 s; its return to the recorded process is the kind's return_to, run on a process host by the rollback
+    # job above, and the candidates' rounds there by the best-of-three job below)
+    assert attempt["reason"].startswith("no candidate cleared the gate at the corrected 95.0% level: a: rollback; "
+                                        "b: undecided"), attempt["reason"]
+    assert attempt["candidates"]["winner"] is None
+    folder = Path(job.results_dir) / "w1"
+    assert (folder / "candidate-b.json").is_file() and not (folder / "speculative.json").exists()
+    # a's rollback (its failed switch is no restart), b's switch, then the return to the release live before
+    assert len(res["restarts_s"]) == 3, res["restarts_s"]
+    steps = [e["step"] for e in sup.journal.entries if e["event"] == "start"]
+    assert steps.count("rollback") == 2 and "keep" not in steps and "switch" not in steps, steps
 
 
 @pytest.mark.parametrize("methods,ks,error", [
