@@ -124,7 +124,7 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     balancer: a file the client polls; the hooks are real argv run by the supervisor) after the record and before
     the first restart, so it never reaches a measured release (no foreign requests: the figures stay decidable), and
     ``undrain_hook`` brings it back after the decision, whichever it was. (One job for both subjects: a job of its own
-    for the drain ran the same x3 stand-in for ~25 s more of the suite.)"""
+    for the drain ran the same x3 stand-in for 24-33 s more of the suite.)"""
     drained = tmp_path / "lb-drained"
     stop, sent = threading.Event(), []
     client = threading.Thread(target=_client, args=(job_world.port, drained, stop, sent), daemon=True)
