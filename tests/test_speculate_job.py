@@ -118,8 +118,31 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
     (the two-block one runs in the sandbox's gate tests, whose inventory sets it) ``aba``: the baseline
     restarted and measured (2 passes), the speculative release measured (3), the baseline returned to and measured
     again (2), decided on the three blocks; a rejection stays on the baseline (3 restarts), a keep switches to the
-    speculative release again (4)."""
-    job = _job(tmp_path, design=design)
+    speculative release again (4).
+
+    A production client sends requests throughout the job; ``serving.drain_hook`` takes it off (a STAND-IN load
+    balancer: a file the client polls; the hooks are real argv run by the supervisor) after the record and before
+    the first restart, so it never reaches a measured release (no foreign requests: the figures stay decidable), and
+    ``undrain_hook`` brings it back after the decision, whichever it was. (One job for both subjects: a job of its own
+    for the drain ran the same x3 stand-in for 24-33 s more of the suite.)"""
+    drained = tmp_path / "lb-drained"
+    stop, sent = threading.Event(), []
+    client = threading.Thread(target=_client, args=(job_world.port, drained, stop, sent), daemon=True)
+    client.start()
+    try:
+        _whole_job(job_world, verdict, design, tmp_path, capfd, drained, sent)
+    finally:
+        stop.set()
+        client.join(15)
+
+
+def _whole_job(job_world, verdict, design, tmp_path, capfd, drained: Path, sent: list[float]) -> None:
+    """The body of :func:`test_the_supervisor_carries_out_the_whole_speculate_job`, its client running."""
+    for _ in range(100):  # production traffic flows before the job starts
+        if len(sent) >= 2:
+            break
+        threading.Event().wait(0.1)
+    job = _job(tmp_path, design=design, drain_hook=["touch", str(drained)], undrain_hook=["rm", "-f", str(drained)])
     sup = job_world.supervisor("speculate", speculate=job, change=job.change)
     # an older window's release of another process is the state dir's current one (as on the sandbox, where each
     # kill test serves its own server): the baseline's identity must be the process this window recorded
@@ -196,6 +219,22 @@ def test_the_supervisor_carries_out_the_whole_speculate_job(job_world, verdict, 
                  or p.parent.name == "bin" or p.name == "supervisor-state")
     assert found == {}, found
     assert leaks("".join(capfd.readouterr())) == []
+    # the drain: no foreign request in any measured pass; the client served before the drain and after the undrain,
+    # never in between (the hooks journaled: drain after the record and before the first restart, undrain after the
+    # decision and its last restart)
+    sides = [s for s in ("baseline", "speculative", "baseline_after") if s in attempt["levels"]["1"]]
+    assert sides[:2] == ["baseline", "speculative"], attempt["levels"]["1"].keys()
+    assert all(p["foreign_requests"] == 0 for lv in attempt["levels"].values() for s in sides for p in lv[s]["passes"])
+    t = {f"{e['step']} {e['event']}": e["epoch"] for e in sup.journal.entries}
+    assert t["record ok"] <= t["drain ok"] <= t["restart-baseline start"] <= t["baseline start"]
+    assert max(t["decide ok"], t.get("keep ok", 0)) <= t["undrain start"] <= t["undrain ok"]
+    assert any(x < t["drain start"] for x in sent)
+    assert not [x for x in sent if t["drain ok"] < x < t["undrain start"]]
+    deadline = t["undrain ok"] + 10
+    while not any(x > t["undrain ok"] for x in sent) and time_now() < deadline:
+        threading.Event().wait(0.1)
+    assert any(x > t["undrain ok"] for x in sent) and not drained.exists()
+    assert attempt["drain"]["undrain_error"] is None
 
 
 @pytest.mark.parametrize("job_world", [["--token-ms", "5", "--spec-crash-on-grammar"]], indirect=True,
@@ -290,44 +329,6 @@ def _client(port: int, drained: Path, stop: threading.Event, sent: list[float]) 
             time.sleep(0.1)  # serving restarting
 
 
-@pytest.mark.parametrize("job_world", [["--token-ms", "25", "--spec-speedup", "3"]], indirect=True, ids=["x3"])
-def test_a_drain_hook_keeps_production_clients_off_the_measured_releases(job_world, tmp_path):
-    """A client sending requests throughout the job does not reach the measured releases when
-    ``serving.drain_hook`` takes it off (a STAND-IN load balancer: a file the client polls; the hooks are real argv
-    run by the supervisor), so the figures stay decidable (no foreign requests); ``undrain_hook`` brings it back
-    after the decision; a failing drain ends the job before any restart."""
-    drained = tmp_path / "lb-drained"
-    stop, sent = threading.Event(), []
-    client = threading.Thread(target=_client, args=(job_world.port, drained, stop, sent), daemon=True)
-    client.start()
-    try:
-        for _ in range(100):  # production traffic flows before the job starts
-            if len(sent) >= 2:
-                break
-            threading.Event().wait(0.1)
-        job = _job(tmp_path, drain_hook=["touch", str(drained)], undrain_hook=["rm", "-f", str(drained)])
-        sup = job_world.supervisor("speculate", speculate=job, change=job.change)
-        res = sup.run()
-        attempt = res["speculate"]
-        assert attempt["verdict"] == "keep", attempt["reason"]  # decidable: no foreign request was measured
-        assert all(p["foreign_requests"] == 0 for lv in attempt["levels"].values()
-                   for side in ("baseline", "speculative") for p in lv[side]["passes"])
-        ev = [(e["step"], e["event"], e["epoch"]) for e in sup.journal.entries]
-        t = {f"{s} {e}": at for s, e, at in ev}
-        assert t["record ok"] <= t["drain ok"] <= t["baseline start"] and t["keep ok"] <= t["undrain ok"]
-        # the client was served before the drain and after the undrain, never in between
-        assert any(x < t["drain start"] for x in sent)
-        assert not [x for x in sent if t["drain ok"] < x < t["undrain start"]]
-        deadline = t["undrain ok"] + 10
-        while not any(x > t["undrain ok"] for x in sent) and time_now() < deadline:
-            threading.Event().wait(0.1)
-        assert any(x > t["undrain ok"] for x in sent) and not drained.exists()
-        assert attempt["drain"]["undrain_error"] is None
-    finally:
-        stop.set()
-        client.join(15)
-
-
 def time_now() -> float:
     import time
 
@@ -364,12 +365,13 @@ def _candidate(name: str, speedup: str, ngram: bool = False) -> dict:
     return {"name": name, "change": {"args": [*args, "--spec-speedup", speedup]}}
 
 
+# (A second job here, two candidates at x1 and x0.9 that none clears, took ~39 s: its decision and what it leaves are
+# checked on the stand-in container host of test_a_candidate_that_fails_its_gate_does_not_stop_the_return_to_the_live_
+# release, where no candidate clears either; its return to the recorded process is the kind's return_to, which the
+# rollback job above runs on this process host.)
 @pytest.mark.parametrize("job_world,speedups,winner", [
-    (["--token-ms", "25"], {"eagle3-k2": "1.5", "eagle3-k3": "3", "ngram-k3": "1"}, "eagle3-k3"),
-    # none clears: at or below x1 nothing can be kept whatever a stall does (it only widens an interval downwards
-    # or, in the baseline, lowers the lower bound too), so its stand-in streams 2.5 times faster (~20 s less)
-    (["--token-ms", "10"], {"eagle3-k3": "1", "ngram-k3": "0.9"}, None)],
-    indirect=["job_world"], ids=["best-of-three", "none-clears"])
+    (["--token-ms", "25"], {"eagle3-k2": "1.5", "eagle3-k3": "3", "ngram-k3": "1"}, "eagle3-k3")],
+    indirect=["job_world"], ids=["best-of-three"])
 def test_the_job_measures_every_candidate_and_confirms_the_best(job_world, speedups, winner, tmp_path):
     """Each candidate switched to (never the live release) and measured against one baseline at the corrected level
     (1 - 0.10 / m), the best that clears the rule switched to again and measured afresh (the confirmation decides);
@@ -502,12 +504,25 @@ def test_a_candidate_that_fails_its_gate_does_not_stop_the_return_to_the_live_re
                 change=job.change)
     (tmp_path / "w1").mkdir()
     client = StandInClient("vllm:1")
-    res = Supervisor(plan, client, tmp_path / "w1").run()
+    sup = Supervisor(plan, client, tmp_path / "w1")
+    res = sup.run()
     attempt = res["speculate"]
     rows = {r["name"]: r["verdict"] for r in attempt["candidates"]["rows"]}
     assert rows == {"a": "rollback", "b": "undecided"} and attempt["verdict"] == "rollback", attempt["reason"]
     assert client.serving.spec["image"] == "vllm:1" and client.serving.status == "running"
     assert attempt["live_release"] == attempt["baseline_release"]
+    # none cleared: the decision and what it leaves (the process host's own run of it measured two more candidates
+    # for ~39 s; its return to the recorded process is the kind's return_to, run on a process host by the rollback
+    # job above, and the candidates' rounds there by the best-of-three job below)
+    assert attempt["reason"].startswith("no candidate cleared the gate at the corrected 95.0% level: a: rollback; "
+                                        "b: undecided"), attempt["reason"]
+    assert attempt["candidates"]["winner"] is None
+    folder = Path(job.results_dir) / "w1"
+    assert (folder / "candidate-b.json").is_file() and not (folder / "speculative.json").exists()
+    # a's rollback (its failed switch is no restart), b's switch, then the return to the release live before
+    assert len(res["restarts_s"]) == 3, res["restarts_s"]
+    steps = [e["step"] for e in sup.journal.entries if e["event"] == "start"]
+    assert steps.count("rollback") == 2 and "keep" not in steps and "switch" not in steps, steps
 
 
 @pytest.mark.parametrize("methods,ks,error", [

@@ -322,8 +322,10 @@ def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(sy
         r.run(pc.start_agent(h, pdir=pdir2, pid=UNIT, stop_timeout_s=5, supervisor="eagle3ops-supervisor-t3",
                              limit_s=60, stop_wait_s=60, script=sd.AGENT_SH, state_words=RUNNING, detach="setsid"))
         pid2 = _wait_file(r, f"{pdir2}/agent.pid").strip()
-    time.sleep(6)
-    with Remote(h) as r:
+    with Remote(h) as r:  # asked every 0.5 s for up to 12 s, not a fixed 6 s: logind ends the scope at once
+        deadline = time.monotonic() + 12
+        while r.run(["kill", "-0", pid2], check=False).ok and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert not r.run(["kill", "-0", pid2], check=False).ok, "KillUserProcesses did not end the setsid agent"
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from eagle3ops_dev.sandbox.engines import ensure_containerd_engine
 from eagle3ops_dev.sandbox.proc import SandboxError, run_checked
+from eagle3ops_dev.sandbox.purge import purge_root
 
 
 #: Parent of every sandbox's host-side state.
@@ -524,7 +525,8 @@ def down(name: str = "sandbox", purge: bool = False) -> list[str]:
 
     Args:
         name: sandbox name.
-        purge: also delete its host-side state (images, data, keys) and its client directory.
+        purge: also delete its host-side state (images, data, keys) and its client directory; the host-side root
+            is renamed aside at once and deleted in the background (:func:`~eagle3ops_dev.sandbox.purge.purge_root`).
 
     Returns:
         the daemons that were running and got stopped.
@@ -552,7 +554,10 @@ def down(name: str = "sandbox", purge: bool = False) -> list[str]:
                 # overlay mounts of a dead daemon may linger; unmount before deleting
                 subprocess.run(["sh", "-c", 'grep -o " $0[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l',
                                 str(p)], capture_output=True, timeout=60)
-                shutil.rmtree(p, ignore_errors=True)
+                if p == root:
+                    purge_root(p)
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
         shutil.rmtree(client_dir(name), ignore_errors=True)
     return stopped
 
