@@ -305,6 +305,8 @@ def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(sy
         pf = Preflight()
         SystemdKind().preflight(r, pf, True)
         assert pf.ok and pf.agent_detach == "user-service", pf.checks
+        assert r.run(sd.dropin_writable(UNIT), check=False).ok  # root may write the unit's drop-in; nobody may not
+        assert _sh("docker", "exec", "-u", "nobody", name, *sd.dropin_writable(UNIT), check=False).returncode == 1
         pdir = f"/var/lib/e3/state/windows/t-{uuid.uuid4().hex[:6]}/process"
         r.run(["mkdir", "-p", pdir])
         r.run(pc.start_agent(h, pdir=pdir, pid=UNIT, stop_timeout_s=5, supervisor="eagle3ops-supervisor-t2",

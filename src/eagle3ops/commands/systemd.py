@@ -181,6 +181,14 @@ def dropin_path(unit: str) -> str:
     return f"{DROPIN_DIR}/{unit}.d/{DROPIN_NAME}"
 
 
+def dropin_writable(unit: str) -> Read:
+    """Whether the SSH user may write eagle3ops' drop-in of ``unit`` (read-only): exit 0 when its directory
+    (``/etc/systemd/system/<unit>.d``) is writable, or does not exist and ``/etc/systemd/system`` is (the agent
+    creates it). The agent that cannot write it would start the unit unchanged."""
+    return Read(["sh", "-c", 'd=$1; if [ -d "$d" ]; then test -w "$d"; else test -w "${d%/*}"; fi',
+                 "eagle3ops-dropin-check", dropin_path(unit).rsplit("/", 1)[0]])
+
+
 def switch_preview(unit: str, pdir: str, what: str, gate: list[str]) -> list[list[str]]:
     """What the agent and the supervisor do for a release or rollback once the unit is stopped, as readable argv
     lists (``--dry-run``): the drop-in written from ``pdir/next.unit.dropin`` (``what``: whose it is), daemon-reload,
