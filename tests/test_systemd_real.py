@@ -232,7 +232,7 @@ def _main_argv(name: str) -> list[str]:
     return [a for a in raw.split("\0") if a]
 
 
-def _switch(inv: Path, kind: str, window: str, **plan_kw) -> dict:
+def _switch(inv: Path, kind: str, window: str, outcome: str = "ok", **plan_kw) -> dict:
     """One ``release``/``rollback`` plan on the real systemd as a window runs it: the driver's launch over SSH (the
     unit recorded, the systemd agent started, its session open throughout), then the supervisor's steps in this
     process on the same files (``Supervisor.run``: record, switch, the real health gate, result)."""
@@ -253,15 +253,16 @@ def _switch(inv: Path, kind: str, window: str, **plan_kw) -> dict:
         res = Supervisor(plan.model_copy(update={"window_id": window, "budget_s": 600}), _Engine(),
                          e3 / "state/windows" / window).run()
         log = r.run(["cat", f"{pdir}/agent.log"]).stdout
-    assert res["outcome"] == "ok", (res, log)
+    assert res["outcome"] == outcome, (res, log)
     print(log)  # its timings, for the record
-    return res
+    return {**res, "agent_log": log}
 
 
 def test_release_is_a_dropin_and_rollback_removes_it(systemd_host, tmp_path, capfd):
     """A release (an added flag) and its rollback on the real systemd: the drop-in written (0600, root's) and read,
     the unit gated with the flag, then removed by the rollback; the secrets only in the release records."""
     from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.supervisor.releases import Releases
 
     inv, name = systemd_host
     before = _main_argv(name)
@@ -281,9 +282,23 @@ def test_release_is_a_dropin_and_rollback_removes_it(systemd_host, tmp_path, cap
     assert leaks(out.out + out.err) == [], "the supervisor's output shows a secret"
     rels = sorted(p.name for p in (inv.parent / "e3/state/releases").glob("*.json"))
     assert rels == ["0001.json", "0002.json"], rels  # the unit as recorded, the release; the rollback added none
+
+    # A drop-in the agent cannot put in place (its directory is a file here) fails the round: the unit started
+    # without the change is not gated as the release; the switch rolls back to the unit as recorded.
+    _sh("docker", "exec", name, "sh", "-c", f"rm -rf {drop.rsplit('/', 1)[0]} && touch {drop.rsplit('/', 1)[0]}")
+    try:
+        res = _switch(inv, "release", "rel-2", outcome="failed", change=ReleaseChange(args=["--label", "four"]))
+    finally:
+        _sh("docker", "exec", name, "rm", "-f", drop.rsplit("/", 1)[0])
+    assert "cannot write drop-in" in res["agent_log"] and _main_argv(name) == before, res["agent_log"]
+    journal = (inv.parent / "e3/state/windows/rel-2/journal.jsonl").read_text()
+    assert "rolled back to release 1" in res["error"] and "cannot write" in journal, (res, journal)
+    assert Releases(inv.parent / "e3/state").current() == 1, "the release that never ran was made live"
+    out = capfd.readouterr()
+    assert leaks(out.out + out.err) == [], "the supervisor's output shows a secret"
     _no_secret_on_the_host_or_in_the_drivers_output(
         inv, name, tmp_path, names={"unit.show", "unit.argv.json", "unit.dropin", "next.unit.dropin", "0001.json",
-                                    "0002.json"})
+                                    "0002.json", "0003.json"})
 
 
 def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(systemd_host):

@@ -80,12 +80,15 @@ start_from() {  # $1: record prefix in $d ('' = the unit as recorded), $2: the f
   # has systemd read it; a window starts the unit as systemd has it.
   if [ -e "$d/switch" ]; then
     dd="@DROPIN_DIR@/$pid.d" f="$d/${1}unit.dropin"
+    # A drop-in that cannot be put in place is reported (dropin-failed[.k]): the unit still starts, so that serving
+    # runs, but the supervisor fails this round rather than gate a unit that runs without the release's change.
     if [ -s "$f" ]; then
       if mkdir -p "$dd" && (umask 077 && cp "$f" "$dd/@DROPIN_NAME@.tmp") && chmod 600 "$dd/@DROPIN_NAME@.tmp" \
          && mv "$dd/@DROPIN_NAME@.tmp" "$dd/@DROPIN_NAME@"; then log "drop-in $dd/@DROPIN_NAME@ written (record '${1:-recorded}')"
-      else log "cannot write drop-in $dd/@DROPIN_NAME@"; fi
-    else
-      rm -f "$dd/@DROPIN_NAME@" && log "drop-in $dd/@DROPIN_NAME@ removed (record '${1:-recorded}' has none)"
+      else log "cannot write drop-in $dd/@DROPIN_NAME@"; put "dropin-failed${2#restored}" "cannot write $dd/@DROPIN_NAME@"; fi
+    elif [ ! -e "$dd/@DROPIN_NAME@" ] || rm -f "$dd/@DROPIN_NAME@"; then
+      log "drop-in $dd/@DROPIN_NAME@ removed (record '${1:-recorded}' has none)"
+    else log "cannot remove drop-in $dd/@DROPIN_NAME@"; put "dropin-failed${2#restored}" "cannot remove $dd/@DROPIN_NAME@"
     fi
     systemctl daemon-reload >> "$d/serving.log" 2>&1 || log "systemctl daemon-reload failed (exit $?)"
   fi
