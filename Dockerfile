@@ -68,7 +68,8 @@ RUN --mount=type=bind,source=src,target=/tmp/e3ctx/src --mount=type=bind,source=
 # BUILD_CHECKS run here, HOST_CHECKS are deferred to the target host (`eagle3ops probe HOST`, run by `deploy`);
 # ENGINE_CHECKS (auto, build or host) says where the checks that need an engine go.
 # Checks: pins + apply (`patch apply`), compile (every patched .py byte-compiles), import (every patched module
-# imports; needs torch), manifest (installed files = the apply manifest), probes (each applied patch's behavioural
+# imports; needs torch; with the probes at build it runs in the probe step's process, which imports that stack
+# anyway: --import-check), manifest (installed files = the apply manifest), probes (each applied patch's behavioural
 # probe: tiny models on vLLM engines -- the only check that needs an engine). eagle3ops.images passes both lists,
 # decided before the build from the base's facts and labelled io.eagle3ops.verified (build:...;host:...);
 # BUILD_CHECKS=auto (a build by hand) decides here from /opt/eagle3ops/base.json the same way: probes run here when
@@ -83,7 +84,11 @@ RUN --mount=type=bind,source=src,target=/tmp/e3ctx/src --mount=type=bind,source=
 # image: <site>/eagle3ops_patches/speculators.probes.json. PROBES_MODULE replaces the probe registry (tests).
 # VLLM_CACHE_ROOT is a cache mount too: vLLM caches what it learns about a model class (modelinfos, keyed by the
 # sha of the model's source file) and otherwise finds it out in a subprocess that imports vLLM again, one per
-# architecture (~15 s per fresh probe run on 2 busy cores). PROBE_KEY_SALT (passed by
+# architecture (~15 s per fresh probe run on 2 busy cores). The probes' fixtures -- the tiny targets and their
+# transformers reference states, which no patch changes -- are a cache mount too (EAGLE3OPS_FIXTURES_CACHE,
+# eagle3ops.patches.fixtures): built once per content hash of the code and installed packages that make them, so a
+# patch edit re-runs the probes on them without building them again; like the probe results, never in a layer.
+# PROBE_KEY_SALT (passed by
 # eagle3ops.images.probe_key_salt: the base's digest or id and a hash of every input of the layers below this step)
 # salts the keys; empty when built by hand.
 ARG PROFILE=speculators-0.3.0-vllm-0.16.0
@@ -99,6 +104,7 @@ ARG BUILD_CHECKS=auto
 ARG HOST_CHECKS=auto
 RUN --mount=type=cache,id=eagle3ops-probe-results,target=/var/cache/eagle3ops/probe-results \
     --mount=type=cache,id=eagle3ops-vllm-cache,target=/var/cache/eagle3ops/vllm \
+    --mount=type=cache,id=eagle3ops-probe-fixtures,target=/var/cache/eagle3ops/fixtures \
     case "${VERIFY}" in probes|probes-fresh|apply-only) ;; \
       *) echo "unknown VERIFY=${VERIFY} (probes, probes-fresh or apply-only)" >&2; exit 2 ;; esac \
     && python3 -m eagle3ops patch apply --profile "${PROFILE}" \
@@ -106,11 +112,13 @@ RUN --mount=type=cache,id=eagle3ops-probe-results,target=/var/cache/eagle3ops/pr
          --probes-module "${PROBES_MODULE}" --engine-checks "${ENGINE_CHECKS}" \
          --build-checks "${BUILD_CHECKS}" --host-checks "${HOST_CHECKS}" \
     && probe() { VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_CACHE_ROOT=/var/cache/eagle3ops/vllm \
+         EAGLE3OPS_FIXTURES_CACHE=/var/cache/eagle3ops/fixtures \
          python3 -m eagle3ops patch probe \
          --profile "${PROFILE}" --probes-module "${PROBES_MODULE}" --record \
          --result-cache /var/cache/eagle3ops/probe-results --salt "${PROBE_KEY_SALT}" "$@"; } \
     && if python3 -m eagle3ops.imagecheck wants probes; then \
-         if [ "${VERIFY}" = probes-fresh ]; then probe --fresh; else probe; fi; \
+         if python3 -m eagle3ops.imagecheck wants import; then set -- --import-check; fi; \
+         if [ "${VERIFY}" = probes-fresh ]; then probe --fresh "$@"; else probe "$@"; fi; \
        else echo "probes not run at build: $(python3 -m eagle3ops.imagecheck summary)"; fi
 
 WORKDIR /vllm-workspace

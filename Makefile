@@ -124,9 +124,9 @@ bench-compile-cache: setup
 
 # Production's downtime as clients see it: today's two-window cycle against `eagle3ops cycle` with a production and a
 # work host, one client streaming to production throughout (real vLLM CPU serving SmolLM2, real stages; two sandbox
-# hosts sharing this machine's Docker engine). About an hour on 2 cores (benchmarks/cycle-downtime/README.md).
+# hosts sharing this machine's Docker engine). About 45 minutes on 2 cores (benchmarks/cycle-downtime/README.md).
 bench-cycle-downtime: setup
-	$(PY) benchmarks/cycle-downtime/cycle_downtime.py --json benchmarks/cycle-downtime/cycle-downtime.json
+	$(PY) benchmarks/cycle-downtime/cycle_downtime.py --json benchmarks/cycle-downtime/cycle-downtime.json $(ARGS)
 
 bench-push: setup
 	$(PY) benchmarks/push-transfer/push.py --repeat 3 --json benchmarks/push-transfer/push-medians.json

@@ -10,7 +10,8 @@ Kinds, from the command's own type (:mod:`eagle3ops.commands.types`), as ``Remot
   as :func:`eagle3ops.window.lock.acquire_lock` sends it), and the ``mkdir -p <state_dir>`` that
   :func:`~eagle3ops.window.lock.acquire_lock` sends just before it (the lock's parent: it cannot come later); and
   likewise the cycle's lock on production, ``mkdir <state_dir>/cycles/<run>/lock`` after the ``mkdir -p`` of its
-  folder (:meth:`eagle3ops.speculate.cyclerun.CycleJournal.acquire`);
+  folder (:meth:`eagle3ops.speculate.cyclerun.CycleJournal.acquire`), and a serving group's lock on its first host,
+  ``mkdir <state_dir>/groups/<group>/lock`` (the same journal's lock, :class:`eagle3ops.group.journal.GroupJournal`);
 * ``launch``: a container started, whatever the command's type says: ``docker run``/``create``/``start``. Helpers
   that only answer questions (speculate's ``inspect``, the fleet's reach probe and trial) are typed ``Read`` so that a
   dry run shows their real answers, but starting one is a host change all the same;
@@ -135,7 +136,8 @@ class RecordingRemote(Remote):
     def _kind(self, argv: Sequence[str]) -> str:
         state, lock = lock_commands(self.host)
         cmd = render(argv)
-        if cmd == lock or (cmd == state and not is_read(argv)) or is_cycle_lock(self.host, argv):
+        if cmd == lock or (cmd == state and not is_read(argv)) or is_cycle_lock(self.host, argv) \
+                or is_cycle_lock(self.host, argv, "groups"):
             return "lock"
         if _docker_verb(argv) in ("run", "create", "start"):
             return "launch"
@@ -163,12 +165,13 @@ class RecordingRemote(Remote):
         return got if got is not None else (0, "", "")
 
 
-def is_cycle_lock(host: Any, argv: Sequence[str]) -> bool:
+def is_cycle_lock(host: Any, argv: Sequence[str], folder: str = "cycles") -> bool:
     """Whether ``argv`` takes the cycle's lock on ``host``: ``mkdir <state_dir>/cycles/<run>/lock``, or the
     ``mkdir -p <state_dir>/cycles/<run>`` just before it (the lock's folder), as
-    :meth:`eagle3ops.speculate.cyclerun.CycleJournal.acquire` sends them."""
+    :meth:`eagle3ops.speculate.cyclerun.CycleJournal.acquire` sends them. ``folder="groups"``: a serving group's lock
+    (``<state_dir>/groups/<group>/lock``), which the group's journal takes the same way."""
     a = list(argv)
-    prefix = f"{host.state_dir}/cycles/"
+    prefix = f"{host.state_dir}/{folder}/"
     if a[:2] == ["mkdir", "-p"] and len(a) == 3:
         rest = a[2][len(prefix):] if a[2].startswith(prefix) else ""
         return bool(rest) and "/" not in rest
@@ -191,13 +194,20 @@ def _docker_verb(argv: Sequence[str]) -> str:
 
 
 def pre_lock_changes(calls: list[Call]) -> list[str]:
-    """``host: command`` of each change a host received before its lock (every change, where it never took one)."""
+    """``host: command`` of each change a host received before its lock (every change, where it never took one).
+    A lock's folder (``mkdir -p``) counts as part of the lock only when that host's next command takes the lock in
+    it; else it is a change like any other (a group's folder made for a host's marker is not its lock)."""
     locked: set[str] = set()
     out = []
-    for c in calls:
+    for i, c in enumerate(calls):
         if c.kind == "lock" and c.argv[1] != "-p":
             locked.add(c.host)
-        elif c.kind in ("change", "launch") and c.host not in locked:
+            continue
+        if c.kind == "lock":
+            nxt = next((n for n in calls[i + 1:] if n.host == c.host), None)
+            if nxt is not None and nxt.kind == "lock" and nxt.argv == ["mkdir", f"{c.argv[2]}/lock"]:
+                continue
+        if c.kind in ("change", "launch", "lock") and c.host not in locked:
             cmd = " ".join(c.cmd.split())  # a script's lines on one line, its head and tail kept
             out.append(f"{c.host}: {cmd if len(cmd) <= 240 else cmd[:100] + ' ... ' + cmd[-130:]}")
     return out

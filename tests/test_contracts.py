@@ -27,6 +27,7 @@ Checks 2 and 3 cover both packages; the harness's argv builders (``provision``, 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import re
 import shutil
@@ -235,21 +236,87 @@ def _describe(graph: grimp.ImportGraph, circle: list[str]) -> str:
     return " -> ".join(steps)
 
 
+def _module_name(path: Path) -> str:
+    """The dotted module of a source file under ``src/`` (a package's ``__init__.py`` is the package)."""
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def annotation_imports(path: Path, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of each module of ``modules`` that a string annotation in ``path`` names by its dotted path
+    (``x: "eagle3ops.window.preflight.Preflight"``, or a name inside a string such as ``"list[pkg.mod.Name]"``):
+    the longest dotted prefix that is a module. Such a name needs no import to be read by a type checker, so the
+    import graph alone would not see this dependency. Names imported by the module are left to the graph."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        annotations = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            annotations += [x.annotation for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg)
+                            if x is not None and x.annotation is not None]
+            annotations += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        for ann in annotations:
+            for const in ast.walk(ann):
+                if not (isinstance(const, ast.Constant) and isinstance(const.value, str)):
+                    continue
+                try:
+                    parsed = ast.parse(const.value, mode="eval")
+                except SyntaxError:  # a Literal's string value, not a type
+                    continue
+                inner = {id(a.value) for a in ast.walk(parsed) if isinstance(a, ast.Attribute)}
+                for ref in ast.walk(parsed):
+                    if isinstance(ref, ast.Attribute) and id(ref) not in inner:  # whole dotted names only
+                        parts = ast.unparse(ref).split(".")
+                        hit = next((".".join(parts[:n]) for n in range(len(parts), 0, -1)
+                                    if ".".join(parts[:n]) in modules), None)
+                        if hit:
+                            found.append((const.lineno, hit))
+    return sorted(set(found))
+
+
 def _module_graph() -> grimp.ImportGraph:
-    """The module-level import graph of the product and the harness (no cache). Imports under ``if TYPE_CHECKING:``
-    are left out: they never run, so they order nothing at import time (the serving kinds name their ``Supervisor``
-    in annotations only)."""
-    return grimp.build_graph("eagle3ops", "eagle3ops_dev", cache_dir=None, exclude_type_checking_imports=True)
+    """The module-level import graph of the product and the harness (no cache), at type level: imports under
+    ``if TYPE_CHECKING:`` count (a type checker follows them; a circle there is a module that knows its caller),
+    and so does each module a string annotation names by its dotted path (:func:`annotation_imports`)."""
+    graph = grimp.build_graph("eagle3ops", "eagle3ops_dev", cache_dir=None, exclude_type_checking_imports=False)
+    for importer, line, imported in _annotation_edges(frozenset(graph.modules)):
+        graph.add_import(importer=importer, imported=imported, line_number=line, line_contents="string annotation")
+    return graph
+
+
+@functools.lru_cache(maxsize=1)
+def _annotation_edges(modules: frozenset[str]) -> tuple[tuple[str, int, str], ...]:
+    """(importer, line, imported) of every string annotation's module in the sources (read once per session)."""
+    return tuple((_module_name(path), line, imported) for path in _sources()
+                 for line, imported in annotation_imports(path, set(modules)) if imported != _module_name(path))
 
 
 def test_no_import_circles():
-    """No module imports itself through others, in the product or the harness: a circle means a private helper or
-    a constant sits in the wrong module (move it down to where both sides can import it)."""
+    """No module imports itself through others, in the product or the harness, at type level too: a circle means a
+    private helper or a constant sits in the wrong module (move it down to where both sides can import it), or a
+    callee names its caller's type (give it a Protocol of what it uses, in its own module)."""
     graph = _module_graph()
     assert len(graph.modules) > 100
     circles = import_cycles(graph)
     assert circles == [], "import circles (move the shared piece to the module both can import):\n" + "\n".join(
         _describe(graph, c) for c in circles)
+
+
+def test_the_circle_check_counts_type_level_imports(tmp_path):
+    """The graph holds an import made only under ``if TYPE_CHECKING:`` (commands/fleet.py names ``HostConfig``
+    in annotations only), and a string annotation's dotted module is read as an import."""
+    graph = _module_graph()
+    details = graph.get_import_details(importer="eagle3ops.commands.fleet", imported="eagle3ops.config")
+    assert [d["line_contents"] for d in details] == ["from eagle3ops.config import HostConfig"], details
+    p = tmp_path / "m.py"
+    p.write_text('from typing import Literal\n\n\ndef f(x: "eagle3ops.window.preflight.Preflight", '
+                 'y: Literal["a.b"]) -> "list[eagle3ops.cli.Thing]":\n    pass\n\n\n'
+                 'z: "eagle3ops.redact" = None\n')
+    modules = set(graph.modules)
+    assert annotation_imports(p, modules) == [(4, "eagle3ops.cli"), (4, "eagle3ops.window.preflight"),
+                                              (8, "eagle3ops.redact")]
 
 
 def test_the_circle_check_sees_a_circle():

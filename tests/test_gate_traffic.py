@@ -179,3 +179,64 @@ def test_the_reason_names_a_ttft_breach_and_failed_speculative_requests_roll_bac
     assert fig["failed_requests"]["speculative"] == [
         {"concurrency": 1, "pass": 1, "prompt": 3, "error": "HTTP 500 from /v1/chat/completions: grammar backend "
                                                             "failed"}]
+
+
+#: The live serving's command on the stand-in host below (the sandbox's vLLM, no tool parser).
+SERVED = ["vllm", "serve", "/models/tiny-llama", "--port", "18000"]
+
+
+@pytest.mark.parametrize("flags, choice, refused", [
+    pytest.param([], None, True, id="no-parser-auto"),
+    pytest.param([], "required", True, id="no-parser-required"),
+    pytest.param(["--tool-call-parser=hermes"], "auto", True, id="parser-without-auto"),
+    pytest.param([], "none", False, id="tool-choice-none"),
+    pytest.param(["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"], None, False, id="both-flags"),
+    pytest.param(["--tokenizer-mode", "mistral"], "auto", False, id="mistral-tokenizer"),
+])
+def test_tool_rows_the_live_server_cannot_answer_are_refused_before_any_restart(monkeypatch, tmp_path, flags,
+                                                                                 choice, refused):
+    """A prompts file's chat body with ``tools`` (``tool_choice`` absent, ``auto``, ``required``) against a live
+    server without a tool parser: vLLM 0.16 answers each with HTTP 400 ("auto" tool choice requires
+    --enable-auto-tool-choice and --tool-call-parser), on the baseline and the speculative release alike, so the
+    gate would spend its restarts on a rollback. The dry run (and the real run, same path) refuses it before any
+    window is planned, naming the row, the live server's missing flags and both fixes; rows vLLM answers pass."""
+    from eagle3ops.speculate import ship
+    from eagle3ops.window import run as window_run
+    from eagle3ops.config import load_inventory
+    from test_speculate_ship import TARGET, _FakeRemote, _Res
+
+    h = load_inventory(Path(__file__).resolve().parents[1] / "deploy/hosts.yaml").host("sandbox")
+
+    class _Served(_FakeRemote):
+        """Also answers the serving container's lookup and its full ``docker container inspect``."""
+
+        def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+            a = list(argv)
+            if "ps" in a and "--all" in a:
+                return _Res(f"{h.serving.container}\n")
+            if a[-3:] == ["container", "inspect", h.serving.container]:
+                return _Res(json.dumps([{"Config": {"Entrypoint": None, "Cmd": SERVED + flags}}]))
+            if a == ["cat", f"{h.model_path}/config.json"]:
+                return _Res(json.dumps({**TARGET, "model_type": "llama"}))
+            return super().run(argv, check=check, timeout=timeout, stdin=stdin)
+
+    row = {k: v for k, v in TOOL_ROW.items() if k != "tool_choice"}
+    if choice is not None:
+        row["tool_choice"] = choice
+    f = tmp_path / "agent.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in (CHAT_ROW, row)) + "\n")
+    r = _Served(h, [7])
+    r.dry_run = True
+    kinds: list[str] = []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: kinds.append(kind) or {"outcome": "dry"})
+    opts = ship.SpeculateOptions(run="r1", pipeline_image="p:1", prompts_file=f, accept_low_power=True, force=True)
+    if not refused:
+        assert ship.speculate(r, opts, echo=lambda *_: None)["verdict"] == "dry-run" and kinds == ["speculate"]
+        return
+    with pytest.raises(ship.SpeculateError) as exc:
+        ship.speculate(r, opts, echo=lambda *_: None)
+    msg = " ".join(str(exc.value).split())
+    assert not kinds, "a window was planned for prompts the live server answers with 400"
+    assert f"{f}" in msg and "tool-1" in msg and "HTTP 400" in msg, msg
+    assert "--enable-auto-tool-choice" in msg and "--tool-call-parser" in msg, msg
+    assert '"tool_choice": "none"' in msg and "nothing was restarted" in msg, msg

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -347,10 +348,14 @@ def test_killed_driver_rerun_resumes(tmp_path: Path, kill_at: str) -> None:
 
 class LocalHostExecutor:
     """STAND-IN for the SSH executor of one inventory host: this machine's executor (``executor.local()``) with the
-    host's entry, its state_dir a temp dir (the CLI's reads and the journal's writes are real commands)."""
+    host's entry, its state_dir a temp dir (the CLI's reads and the journal's writes are real commands). A dry run
+    echoes its commands as ``cli_common.remote``'s does: to stdout, or to stderr with ``json_out`` (so that a
+    command's JSON on stdout stays one document)."""
 
     def __init__(self, host, dry_run=False, json_out=False):
-        self.host, self._local = host, executor.local(dry_run=dry_run)
+        out = sys.stderr if json_out else sys.stdout
+        echo = (lambda cmd: print(cmd, file=out)) if dry_run else None
+        self.host, self._local = host, executor.local(dry_run=dry_run, echo=echo)
 
     def __getattr__(self, name):
         return getattr(self._local, name)
@@ -430,6 +435,56 @@ def test_cli_dry_run_plans_from_host_facts_and_status_shows_what_comes_next(tmp_
     res = _invoke(monkeypatch, "group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "16", "--dry-run",
                   *common)
     assert res.exit_code == 1 and "rollout r1 (release to args --max-num-seqs 8) is not finished" in _words(res)
+
+
+def test_cli_control_requests_dry_run_json_say_what_they_would_do_and_write_nothing(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """``group promote|pause|abort --dry-run --json``: one JSON document each (the rollout, its journal, the request's
+    effect, who acts on it, the one append it would make); nothing written. With no driver holding the group lock,
+    abort's plan lists the return this command would run: the drained host undrained first, then each switched
+    host returned."""
+    from eagle3ops.group.status import request_plan
+
+    inv, common = _cli_files(tmp_path)
+    p = ro.plan_rollout("chat", HOSTS, 1, "release", "k1", "args --max-num-seqs 8", {h: False for h in HOSTS})
+    d = tmp_path / "a/state/groups/chat"
+    j = GroupJournal(executor.local(), str(d))
+    j.begin("r1", p)
+    for k in ("a:drain", "a:switch", "a:health", "a:acceptance", "a:undrain", "b:drain", "b:switch", "c:drain"):
+        j.record(k, "start")
+        j.record(k, "done", **({"release": 4, "previous": 3} if k.endswith(":switch") else {}))
+    before = (d / "rollouts/r1/journal.jsonl").read_text()
+    docs = {}
+    for what in ("promote", "pause", "abort"):
+        res = _invoke(monkeypatch, "group", what, "chat", "--dry-run", "--json", *common)
+        assert res.exit_code == 0, res.output
+        docs[what] = json.loads(res.stdout)  # the whole of stdout is one document
+        doc = docs[what]
+        assert (doc["kind"], doc["group"], doc["rollout"], doc["request"]) == (f"group-{what}", "chat", "r1", what)
+        assert doc["journal"] == f"{d}/rollouts/r1/journal.jsonl" and doc["driver"] == "none", doc
+        append = f"tee -a {d}/rollouts/r1/journal.jsonl"
+        # no driver: promote and pause wait in the journal; abort is this command's, under the group lock
+        assert doc["changes"] == ([append] if what != "abort" else [
+            f"mkdir -p {d}", f"mkdir {d}/lock", f"tee {d}/lock/holder.json", append, f"rm -rf -- {d}/lock"]), doc
+    assert (d / "rollouts/r1/journal.jsonl").read_text() == before  # nothing appended
+    assert docs["promote"]["acted_on_by"] == docs["pause"]["acted_on_by"] == "the rollout's command, rerun"
+    assert docs["abort"]["acted_on_by"] == "this command (under the group lock)"
+    assert docs["abort"]["switched"] == ["a", "b"] and docs["abort"]["out"] == "c"
+    assert docs["abort"]["return_steps"] == [
+        "return:c:undrain", *(f"return:{h}:{a}" for h in ("b", "a") for a in ro.RETURN_ACTIONS)]
+    assert docs["pause"]["return_steps"] == [] and docs["abort"]["lock"] == f"{d}/lock"
+    # a return already started resumes where it stands; a running driver acts on the request itself
+    st = replay(p, j.entries() + [{"step": "rollout", "event": "return", "switched": ["a", "b"], "out": "c"},
+                                  {"step": "return:c:undrain", "event": "done"}])
+    assert request_plan(p, st, "abort", False)["return_steps"][0] == "return:b:drain"
+    assert request_plan(p, st, "abort", True)["return_steps"] == []
+    assert request_plan(p, st, "abort", None)["acted_on_by"] == "the running driver"
+    assert request_plan(p, st, "abort", True, take_over=True)["return_steps"][0] == "return:b:drain"
+    with pytest.raises(ValueError, match="control request 'resume'"):
+        request_plan(p, st, "resume", True)
+    res = _invoke(monkeypatch, "group", "pause", "chat", "--json", *common)  # --json is for a dry run's plan
+    assert res.exit_code == 2 and "--json prints the plan of a dry run" in _words(res)
+    assert (d / "rollouts/r1/journal.jsonl").read_text() == before  # refused before the journal was reached
 
 
 def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_path: Path) -> None:
@@ -560,6 +615,45 @@ def test_cli_run_under_the_group_lock_exits_by_outcome_and_a_rerun_resumes(tmp_p
     assert json.loads(_invoke(monkeypatch, "group", "status", "chat", "--json", *common).stdout)["state"] == "done"
     res = _invoke(monkeypatch, "group", "abort", "chat", *common)
     assert res.exit_code == 1 and "no unfinished rollout to abort" in _words(res)
+
+
+def test_cli_abort_with_no_driver_returns_the_switched_hosts_under_the_group_lock(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """``group abort`` of a rollout whose driver is gone: this command takes the group lock, journals the abort and
+    returns the switched hosts (the drained one undrained first), exit 3 (aborted), the lock given back; the
+    STAND-IN balancer and step callables stand in for the real ones (``group_cli._steps`` replaced)."""
+    from eagle3ops import group_cli
+
+    inv, common = _cli_files(tmp_path)
+    bal = StandinBalancer(tmp_path / "bal.json")
+    steps = StandinSteps(tmp_path, bal)
+
+    class Made:
+        balancer = bal
+
+        def fns(self):
+            return steps.fns()
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(group_cli, "_steps", lambda *a, **kw: Made())
+    p = ro.plan_rollout("chat", HOSTS, 1, "release", "k1", "args --max-num-seqs 8", {h: False for h in HOSTS})
+    d = tmp_path / "a/state/groups/chat"
+    j = GroupJournal(executor.local(), str(d))
+    j.begin("r1", p)
+    for k in ("a:drain", "a:switch", "a:health", "a:acceptance", "a:undrain", "b:drain"):
+        j.record(k, "start")
+        j.record(k, "done", **({"release": 4, "previous": 3} if k.endswith(":switch") else {}))
+    bal.set_state("b", "drain")
+    res = _invoke(monkeypatch, "group", "abort", "chat", *common)
+    assert res.exit_code == 3, res.output
+    assert "no driver holds the group lock" in _words(res) and "group chat: aborted" in _words(res)
+    assert steps.lines() == ["b:undrain", "a:drain", "a:switch-back-to-3", "a:health", "a:undrain"]
+    entries = j.entries()
+    assert [e["event"] for e in entries if e["step"] == "control"] == ["abort"]
+    assert entries[-1]["event"] == "end" and entries[-1]["outcome"] == "aborted"
+    assert not (d / "lock").exists() and bal.states()["b"].state == "ready"
 
 
 def test_cli_rollout_passes_force_to_every_hosts_gate_options(tmp_path: Path, monkeypatch) -> None:

@@ -6,6 +6,8 @@ over a stand-in transport that records every command with its kind and answers r
 The flow ends at the lock (``LockReached``); the test fails naming every change a host received before it.
 ``cycle`` is followed past its lock on production too: its acceptance step's changes on the work host must sit
 inside that host's own deploy lock (the child commands of its other steps are STAND-INS there: recorded, not run).
+A serving group's ``rollout``/``release``/``rollback`` reads every group host and changes none before the group lock
+on its first host.
 """
 
 from __future__ import annotations
@@ -467,6 +469,102 @@ def test_a_window_refused_under_a_lock_its_caller_took_releases_it(monkeypatch):
     assert any(c.startswith("rm -rf -- ") and c.endswith("/state/lock") for c in after), after
     audit = facts.files[next(p for p in facts.files if p.endswith("audit.jsonl"))]
     assert json.loads(audit.splitlines()[-1])["outcome"] == "not started"
+
+
+# --- serving groups: the group lock on the group's first host before any host is changed -------------------------
+
+def _group_inventory(tmp_path: Path) -> Path:
+    """The two-host inventory with group ``chat`` (sandbox, other) behind an HAProxy reached from sandbox's shell."""
+    import yaml
+
+    inv = _two_hosts(tmp_path)
+    data = yaml.safe_load(inv.read_text())
+    data["groups"] = {"chat": {"hosts": ["sandbox", "other"], "max_out": 1, "balancer": {
+        "kind": "haproxy", "socket": "/run/haproxy/admin.sock", "host": "sandbox", "backend": "vllm"}}}
+    inv.write_text(yaml.safe_dump(data))
+    return inv
+
+
+def _group_facts(argv, stdin, *, ended: bool = True):
+    """Both hosts deployed; the group's newest rollout (r0, a release to ``k1``) finished ``done`` and each host's
+    marker on it (what ``group rollback`` returns from); ``rollout``/``release`` plan a new target over them. Not
+    ``ended``: r0 stopped with sandbox switched and other drained, its driver gone (the group lock is free)."""
+    from eagle3ops.group.rollout import plan_rollout
+
+    last = argv[1] if argv[0] == "find" else argv[-1]
+    if last.endswith("/groups/chat/current.json"):
+        return 0, json.dumps({"id": "r0"}), ""
+    if last.endswith("/groups/chat/rollouts/r0/plan.json"):
+        plan = plan_rollout("chat", ["sandbox", "other"], 1, "release", "k1", "args --max-num-seqs 4",
+                            {"sandbox": False, "other": False})
+        return 0, json.dumps(plan.to_json()), ""
+    if last.endswith("/groups/chat/rollouts/r0/journal.jsonl"):
+        rows = [{"step": "rollout", "event": "end", "outcome": "done"}] if ended else [
+            {"step": k, "event": "done", **({"release": 4, "previous": 3} if k.endswith(":switch") else {})}
+            for k in ("sandbox:drain", "sandbox:switch", "sandbox:health", "sandbox:acceptance", "sandbox:undrain",
+                      "other:drain")]
+        return 0, "".join(json.dumps({"t": "x", **r}) + "\n" for r in rows), ""
+    if argv[:2] == ["test", "-d"] and last.endswith("/groups/chat/lock"):  # no driver holds the group lock
+        return 1, "", ""
+    if last.endswith("/groups/chat/live.json"):
+        return 0, json.dumps({"target": "k1", "release": 4, "previous": {}}), ""
+    return _two_host_facts(argv, stdin)
+
+
+GROUP = [
+    pytest.param(["group", "rollout", "chat", "--run", "r1", "--accept-low-power"], id="group-rollout"),
+    pytest.param(["group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "8"], id="group-release"),
+    pytest.param(["group", "rollback", "chat"], id="group-rollback"),
+    pytest.param(["group", "abort", "chat"], id="group-abort-no-driver"),
+]
+
+
+@pytest.mark.parametrize("args", GROUP)
+def test_no_host_change_precedes_the_group_lock(monkeypatch, tmp_path, args):
+    """``group rollout|release|rollback``: each group host's facts (its marker, its release, its deployed image) are
+    read with dry-run executors; the first change any host receives is the group lock on the group's first host
+    (``<state_dir>/groups/chat/lock``), taken before the balancer or any host is touched. ``group abort`` of a
+    rollout whose driver is gone returns its hosts itself: its request too is journaled only under that lock."""
+    from functools import partial
+
+    from eagle3ops import cli, executor
+
+    rec = RecordingHost(facts=partial(_group_facts, ended=args[1] != "abort"))
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, [*args, "--inventory", str(_group_inventory(tmp_path))])
+    assert isinstance(out.exception, LockReached), (out.output, out.exception, [c.cmd for c in rec.calls])
+    lock = rec.calls[-1]
+    assert (lock.host, lock.kind) == ("sandbox", "lock") and lock.cmd.endswith("/state/groups/chat/lock"), lock
+    assert {c.host for c in rec.calls if c.kind == "read"} == {"sandbox", "other"}  # every host's facts read
+    if args[1] != "abort":  # the planners read each host's marker; abort's plan is the journal's
+        assert any("/groups/chat/live.json" in c.cmd and c.host == "other" for c in rec.calls)
+    early = pre_lock_changes(rec.calls)
+    assert not early, "changes before the group lock:\n" + "\n".join(early)
+
+
+def test_the_lock_check_sees_a_change_before_the_group_lock(monkeypatch, tmp_path):
+    """The same flow with one host change made before the lock (a marker's folder on ``other``, as a switch makes
+    it): the check names it; the group's folder made on sandbox just before its lock is part of the lock."""
+    from eagle3ops import cli, executor
+    from eagle3ops.commands import host as hc
+    from eagle3ops.config import load_inventory
+    from eagle3ops.group import journal as gj
+
+    inv = _group_inventory(tmp_path)
+    rec = RecordingHost(facts=_group_facts)
+    acquire = gj.GroupJournal.acquire
+
+    def early(self, command, *, take_over=False):
+        with rec.for_host(load_inventory(inv).host("other")) as r:
+            r.run(hc.mkdir_p(f"{r.host.state_dir}/groups/chat"))
+        return acquire(self, command, take_over=take_over)
+
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    monkeypatch.setattr(gj.GroupJournal, "acquire", early)
+    out = CliRunner().invoke(cli.app, ["group", "rollback", "chat", "--inventory", str(inv)])
+    assert isinstance(out.exception, LockReached), (out.output, out.exception)
+    found = pre_lock_changes(rec.calls)
+    assert len(found) == 1 and found[0].startswith("other: mkdir -p ") and found[0].endswith("/groups/chat"), found
 
 
 # --- the cycle: production's cycle lock first, the acceptance server on a work host under that host's lock ----------

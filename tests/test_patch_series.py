@@ -132,10 +132,11 @@ def test_repo_profiles_file_is_valid() -> None:
     assert profs.default == "speculators-0.3.0-vllm-0.16.0"
     assert set(profs.profiles) == {"speculators-0.3.0-vllm-0.16.0", "speculators-0.4.0.1-vllm-0.16.0",
                                    "vllm-0.16.0-serving", "vllm-0.16.0-serving-cpu-standin",
-                                   "speculators-0.9.0-vllm-0.32.0"}
-    # the vLLM 0.32 profile carries no series (everything it needs is upstream) and pins its stack exactly
+                                   "speculators-0.9.0-vllm-0.32.0", "vllm-0.32.0-serving"}
+    # the vLLM 0.32 profiles pin their stack exactly and succeed the 0.16 ones (tests/test_patch_fates.py)
     new = profs.profiles["speculators-0.9.0-vllm-0.32.0"]
-    assert new.series_dirs == [] and [str(p) for p in new.requires] == ["speculators==0.9.0", "vllm==0.32.0"]
+    assert [str(p) for p in new.requires] == ["speculators==0.9.0", "vllm==0.32.0"]
+    assert new.succeeds == ["speculators-0.3.0-vllm-0.16.0", "speculators-0.4.0.1-vllm-0.16.0"]
 
 
 def test_diff_validation_rules() -> None:

@@ -155,3 +155,50 @@ def test_missing_target_fails_naming_the_weights_command_but_passes_a_deploy_bef
         assert f"eagle3ops weights {host.name} --from" in check[2] and host.model_path in check[2]
     assert not pfs[False].ok and "fix hosts.sandbox.model_path" in pfs[False].failures()
     assert "not there yet" in next(c[2] for c in pfs[True].checks if c[0] == "model path")
+
+
+def test_a_profile_that_disagrees_with_serving_version_is_refused_before_anything_stops():
+    """The host's profile (``hosts.<h>.profile``, default: the registry's, vLLM 0.16.0) against serving's
+    ``/version``: 0.16.0+cpu passes the default; 0.32.0+cpu is refused naming both versions and the key, and passes
+    once the key names the vLLM 0.32 profile; a server without /version is not judged; an unknown profile fails."""
+    from test_window_driver import REPO
+    from eagle3ops.config import load_inventory
+    from eagle3ops.window.servedversion import version_refusal
+
+    host = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+
+    def check(h, served):
+        world = _host_with_serving(h)
+        world.served_vllm = served
+        pf = wpreflight.preflight(StandInRemote(h, world), image=IMAGE, expected_image_id=IMAGE_ID)
+        return next(c for c in pf.checks if c[0] == "serving vLLM version")
+
+    assert check(host, "0.16.0+cpu") == ("serving vLLM version", True,
+                                         "0.16.0+cpu, as profile speculators-0.3.0-vllm-0.16.0 (vLLM 0.16.0)")
+    ok, detail = check(host, "0.32.0+cpu")[1:]
+    assert not ok and detail == (
+        "live serving on sandbox reports vLLM 0.32.0+cpu (/version) but hosts.sandbox.profile is "
+        "speculators-0.3.0-vllm-0.16.0 (vLLM 0.16.0): set hosts.sandbox.profile to a profile of vLLM 0.32.0 "
+        "(docs/vllm-profiles.md), or roll serving back (`eagle3ops rollback sandbox`)")
+    upgraded = host.model_copy(update={"profile": "vllm-0.32.0-serving"})
+    assert check(upgraded, "0.32.0+cpu")[1] is True
+    assert check(upgraded, None)[1:] == (True, "not judged: serving did not answer /version (profile "
+                                               "vllm-0.32.0-serving)")
+    bad = check(host.model_copy(update={"profile": "vllm-9"}), "0.16.0")
+    assert not bad[1] and "hosts.sandbox.profile: no profile 'vllm-9'" in bad[2]
+    assert version_refusal("h", "p", "0.32.0", "0.32.0") is None and version_refusal("h", "p", None, "1") is None
+
+
+def test_without_a_registry_the_default_profile_is_not_judged_but_a_set_one_fails(monkeypatch, tmp_path):
+    """A driver installed without the repository's patches/ (EAGLE3OPS_PATCHES_DIR pointing at an empty dir here):
+    no profile set → the check passes, said not judged; a profile set → it fails naming the missing registry."""
+    from test_window_driver import REPO
+    from eagle3ops.config import load_inventory
+
+    monkeypatch.setenv("EAGLE3OPS_PATCHES_DIR", str(tmp_path))
+    host = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    for h, ok in ((host, True), (host.model_copy(update={"profile": "vllm-0.32.0-serving"}), False)):
+        pf = wpreflight.preflight(StandInRemote(h, _host_with_serving(h)), image=IMAGE, expected_image_id=IMAGE_ID)
+        check = next(c for c in pf.checks if c[0] == "serving vLLM version")
+        assert check[1] is ok and "profiles.yaml" in check[2], check
+        assert check[2].startswith("not judged: ") is ok

@@ -643,7 +643,7 @@ def test_a_stop_request_while_the_engine_is_down_exits_at_once(tmp_path):
     sup = Supervisor.__new__(Supervisor)
     sup.stop_requested, sup.engine_waits, sup.engine_wait_s, sup.engine_poll_s = True, 0, 180.0, 1.0
     sup.journal = Journal(tmp_path / "journal.jsonl")
-    sup._engine_up = lambda: False  # type: ignore[method-assign]
+    sup.engine_up = lambda: False  # type: ignore[method-assign]
     t0 = _time.monotonic()
     with pytest.raises(EngineUnavailable, match="stop requested while the Docker engine is down"):
         sup._wait_out_engine("restore", ConnectionError("refused"))
@@ -667,6 +667,6 @@ def test_an_engine_whose_listener_closed_is_down_though_its_ping_passes(tmp_path
     listener.bind(path)
     listener.listen(4)
     sup.engine_socket = path
-    assert sup._engine_up() is True
+    assert sup.engine_up() is True
     listener.close()
-    assert sup._engine_up() is False, "a closed listener is an engine going down, whatever the ping says"
+    assert sup.engine_up() is False, "a closed listener is an engine going down, whatever the ping says"

@@ -76,3 +76,15 @@ def test_held_out_samples_split_within_their_unit():
     plan = tp.held_out_plan(lay, [1, 2, 3, 15])
     assert plan == [[1, 2, 15, None], [3, None, None, None]]
     assert tp.held_out_plan(tp.layout([], 20, 2), []) == []
+
+
+def test_the_checkpoint_with_the_best_held_out_acceptance_is_chosen_the_earlier_on_a_tie():
+    """An over-fitted end of training is not shipped: the best held-out acceptance length wins, not the last step;
+    of two equal ones the earlier (trained less)."""
+    curve = [{"step": 50, "acceptance_length": 2.1}, {"step": 100, "acceptance_length": 2.6},
+             {"step": 150, "acceptance_length": 2.6}, {"step": 200, "acceptance_length": 2.4}]
+    assert tp.choose_checkpoint(curve)["step"] == 100
+    assert tp.choose_checkpoint(curve[:1])["step"] == 50
+    assert tp.choose_checkpoint([*curve, {"step": 250, "acceptance_length": 2.61}])["step"] == 250
+    with pytest.raises(ValueError, match="no held-out estimate"):
+        tp.choose_checkpoint([])

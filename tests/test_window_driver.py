@@ -49,6 +49,7 @@ class StandInHost:
         self.trials: list[list[str]] = []  # argv of each throwaway stage container (docker run --rm)
         self.trial_answer = (0, "mounts ok\n", "")
         self.writes: list[str] = []  # rendered argv of each mutating command
+        self.served_vllm: str | None = "0.16.0+cpu"  # serving's GET /version (None: it does not answer)
         model = host.model_path
         self._mkdirs(model)
         self.files[f"{model}/config.json"] = json.dumps(
@@ -124,6 +125,8 @@ class StandInHost:
             path = a[-1]
             return (0, f"{len(self.files[path].splitlines())} {path}\n", "") if path in self.files else \
                 (1, "", f"wc: {path}: No such file")
+        if cmd == "curl" and a[-1].endswith("/version"):  # hc.http_body: serving's vLLM version
+            return (0, json.dumps({"version": self.served_vllm}), "") if self.served_vllm else (22, "", "")
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-logind":  # process/systemd preflight: a host without logind
             return 0, "user=e3ops\nlogind=absent\n", ""
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-dropin-check":  # systemd: the unit's drop-in is writable
@@ -304,7 +307,8 @@ def test_preflight_refuses_hidden_states_that_cannot_fit(host, monkeypatch, tmp_
 
 
 def test_stage_output_estimates():
-    """Hidden states are tokens × 4·H·2 bytes; train keeps keep_checkpoints + 1 checkpoints."""
+    """Hidden states are tokens × 4·H·2 bytes; train keeps keep_checkpoints + 1 checkpoints (and, choosing the
+    checkpoint by held-out acceptance, two fp32 copies of the best weights)."""
     from eagle3ops.config.pipeline import PipelineConfig
 
     cfg = PipelineConfig.model_validate({"target_model": "/model", "train": {"keep_checkpoints": 2}})
@@ -313,7 +317,9 @@ def test_stage_output_estimates():
     trainable, frozen = wpreflight.draft_param_count(dims, num_layers=1, draft_vocab_size=32000)
     assert frozen == 2 * 128256 * 4096
     want = (trainable * 12 + frozen * 4) * 3 + (trainable + frozen) * 2
-    assert wpreflight.stage_output_bytes("train", cfg, dims, 0) == want
+    assert wpreflight.stage_output_bytes("train", cfg, dims, 0) == want + 2 * (trainable + frozen) * 4
+    last = cfg.model_copy(update={"train": cfg.train.model_copy(update={"select_checkpoint": "last"})})
+    assert wpreflight.stage_output_bytes("train", last, dims, 0) == want
     assert wpreflight.target_dims({"text_config": {"hidden_size": 7168, "vocab_size": 10}})["hidden_size"] == 7168
 
 
@@ -323,6 +329,55 @@ def test_estimate_uses_the_prepare_manifest_when_present(host):
     world.files[f"{host.data_dir}/runs/r/prepare/manifest.json"] = json.dumps({"tokens": 12345})
     est = wpreflight.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=TINY)
     assert est.by_stage["extract"] == 12345 * 4 * 16 * 2 + 12345 * 16 and "12345 prepared tokens" in est.basis
+
+
+def test_estimate_bounds_the_samples_by_the_dataset_rows_or_max_samples(host):
+    """Without a prepare manifest: a dataset file in the run directory is counted on the host (``wc -l``) and
+    capped by ``prepare.max_samples``; a file that cannot be counted (Parquet) is bounded by ``max_samples`` alone,
+    and without it the estimate fails naming the file and the fix."""
+    world = _host_with_serving(host, hidden_size=16)
+    world.files[f"{host.data_dir}/runs/r/chats.jsonl"] = "{}\n" * 5
+
+    def est(datasets, max_samples=None):
+        text = ("target_model: /model\nprepare: {datasets: [" + ", ".join(datasets) + "], max_seq_len: 256"
+                + (f", max_samples: {max_samples}" if max_samples else "") + "}\n")
+        return wpreflight.estimate_disk(StandInRemote(host, world), kind="extract", run="r", pipeline_text=text)
+
+    assert est(["chats.jsonl"]).basis.startswith("at most 5 samples × 256 tokens")
+    assert est(["chats.jsonl"], max_samples=3).basis.startswith("at most 3 samples × 256 tokens")
+    assert est(["chats.jsonl", "big.parquet"], max_samples=7).basis.startswith("at most 7 samples")
+    failed = est(["chats.jsonl", "big.parquet"])
+    assert failed.by_stage == {} and "cannot count the rows of big.parquet (Parquet)" in failed.error, failed.error
+    assert "set prepare.max_samples" in failed.error
+
+
+def test_preflight_names_a_missing_or_changed_pipeline_image_and_the_deploy_that_fixes_it(host):
+    """The image's check: present with the recorded id passes; another id, or no such image, fails naming
+    ``deploy``."""
+    world = _host_with_serving(host)
+    r = StandInRemote(host, world)
+    found = {}
+    for expected in (IMAGE_ID, "sha256:" + "f" * 64):
+        pf = wpreflight.Preflight()
+        wpreflight._check_image(r, pf, IMAGE, expected)
+        found[expected] = pf.checks
+    assert found[IMAGE_ID] == [("pipeline image", True, IMAGE_ID[:19])]
+    (name, ok, said), = found["sha256:" + "f" * 64]
+    assert not ok and f"expected {'sha256:' + 'f' * 12}" in said and "redeploy with" in said and "deploy" in said
+    missing = StandinNoImage(host)
+    pf = wpreflight.Preflight()
+    wpreflight._check_image(StandInRemote(host, missing), pf, IMAGE, None)
+    assert not pf.ok and f"{IMAGE} is not on the host: run" in pf.checks[0][2]
+
+
+class StandinNoImage(StandInHost):
+    """STAND-IN host whose engine holds no pipeline image."""
+
+    def __call__(self, argv, stdin):
+        a = list(argv)
+        if "image" in a and "inspect" in a:
+            return 1, "", "Error: No such image"
+        return super().__call__(argv, stdin)
 
 
 # ---- a state dir the SSH user cannot write -----------------------------------------------------------------------
@@ -519,3 +574,15 @@ def test_a_new_window_removes_exited_supervisors_of_finished_windows(host, monke
     rm = next(i for i, w in enumerate(seen["writes"]) if w.endswith(f"rm eagle3ops-supervisor-{done}"))
     lock = next(i for i, w in enumerate(seen["writes"]) if "/lock" in w)
     assert lock < rm, seen["writes"]  # under the lock
+
+
+def test_the_inventorys_pipeline_image_is_verified_only_against_its_own_deploy_record():
+    """An inventory ``pipeline_image`` other than the one ``deploy`` recorded is run unverified (the recorded id is
+    another image's: checking it failed every window with a "redeploy" that could not fix it); the same tag is
+    verified against its recorded id; without the key the deployed image and its id are used."""
+    from types import SimpleNamespace
+
+    dep = {"image": "eagle3ops/pipeline:0.16.0-0.3.0-abc", "image_id": "sha256:" + "1" * 64}
+    assert wcommon.pipeline_image(SimpleNamespace(pipeline_image="site/pipeline:7"), dep) == ("site/pipeline:7", None)
+    assert wcommon.pipeline_image(SimpleNamespace(pipeline_image=dep["image"]), dep) == (dep["image"], dep["image_id"])
+    assert wcommon.pipeline_image(SimpleNamespace(pipeline_image=None), dep) == (dep["image"], dep["image_id"])

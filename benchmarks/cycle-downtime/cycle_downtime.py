@@ -21,7 +21,8 @@ conversations and train steps (``--conversations``, ``--train-steps``: recorded)
 the floor 1.3, and a cycle whose head stays below the floor ends before production is restarted (that path has its
 own test); the benchmark is about the restarts.
 
-The client (:class:`Probe`): one streaming chat request at a time to production's port, a new one every 0.5 s (the
+The client (:class:`downtime.SerialProbe`, its records written as they are made to ``cycle-downtime.records.jsonl``
+beside the JSON): one streaming chat request at a time to production's port, a new one every 0.5 s (the
 next starts when the last ended if that took longer); a request fails on a connection error, a non-2xx status, a
 stream without ``data: [DONE]``, or 30 s without a token. Per phase: failed requests by kind, the longest span
 without a successful answer, production's seconds not answering (from the first failed request of an outage to the
@@ -29,7 +30,7 @@ start of the next successful one), each outage with the step it fell in (the cyc
 baseline's own markers). The cycle's plan (``cycle --dry-run --json``, printed before the cycle ran) gives the
 expected downtime; the speculate job's result gives its restarts.
 
-Usage (root; about 45-60 minutes on 2 cores)::
+Usage (root; about 45 minutes on 2 cores with the default sizes)::
 
     .venv/bin/python benchmarks/cycle-downtime/cycle_downtime.py [--json benchmarks/cycle-downtime/cycle-downtime.json]
 
@@ -41,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
-import grp
 import json
 import os
 import pwd
@@ -51,101 +51,36 @@ import sys
 import threading
 import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks" / "_shared"))
+from downtime import (PROBE_INTERVAL_S, TOKEN_TIMEOUT_S, DockerProxy, RecordLog, SerialProbe,  # noqa: E402
+                      analyse_outages, ensure_proxy, iso, journal_spans, load_figures, now)
+from lab import write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROD, WORK = "b47prod", "b47work"
 SSH_PORTS = {PROD: 2247, WORK: 2248}
 SERVING_PORT = 18047
-ENGINE_SOCK = "/var/run/docker.sock"
 LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
 BUILT_TARGET = Path("/var/lib/eagle3ops-sandbox/sandbox/data/models/smollm2-135m-instruct")
-#: Client settings (as a careful user measures downtime): a probe every 0.5 s, a request failed after 30 s without a token.
-PROBE_INTERVAL_S, TOKEN_TIMEOUT_S = 0.5, 30.0
 #: The STAND-IN balancer's port (:class:`Balancer`): production's drain_hook / undrain_hook call it.
 BALANCER_PORT = 18147
-
-
-def now() -> float:
-    return time.time()
-
-
-def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def parse_iso(s: str) -> float:
-    return datetime.fromisoformat(s).timestamp()
-
-
-class DockerProxy:
-    """Unix sockets ``paths`` (mode 0660, group ``e3ops``) forwarded byte for byte to ``target`` (this machine's
-    Docker engine), in a thread of their own: a sandbox host's ``docker_host`` without a second engine. Hijacked
-    streams (attach, exec) pass as they are."""
-
-    def __init__(self, paths: list[Path], target: str = ENGINE_SOCK):
-        self.paths, self.target = paths, target
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            try:
-                w.write_eof() if w.can_write_eof() else w.close()
-            except (OSError, RuntimeError):
-                pass
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        try:
-            er, ew = await asyncio.open_unix_connection(self.target)
-        except OSError:
-            cw.close()
-            return
-        await asyncio.gather(self._pipe(cr, ew), self._pipe(er, cw))
-        for w in (cw, ew):
-            w.close()
-
-    async def _serve(self) -> None:
-        gid = grp.getgrnam("e3ops").gr_gid
-        for p in self.paths:
-            p.unlink(missing_ok=True)
-            await asyncio.start_unix_server(self._handle, path=str(p))
-            os.chown(p, 0, gid)
-            os.chmod(p, 0o660)
-        self.ready.set()
-
-    def start(self) -> None:
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self._serve())
-            self.loop.run_forever()
-
-        threading.Thread(target=run, daemon=True, name="docker-proxy").start()
-        if not self.ready.wait(30):
-            raise RuntimeError("the Docker socket proxy did not start in 30 s")
 
 
 class Balancer:
     """A STAND-IN load balancer in front of production (one backend): ``POST /drain`` takes the client off production,
     ``POST /undrain`` puts it back; production's ``serving.drain_hook`` / ``undrain_hook`` call them (run by the
     speculate job's supervisor, host network), so the gate measures an idle server as it requires
-    (:func:`eagle3ops.gate.replay.wait_idle`). ``events``: (time, "drain"|"undrain")."""
+    (:func:`eagle3ops.gate.replay.wait_idle`). ``events``: (time, "drain"|"undrain"), each also a marker in ``log``
+    (the client's records file) when given."""
 
-    def __init__(self, port: int = BALANCER_PORT):
+    def __init__(self, port: int = BALANCER_PORT, log: RecordLog | None = None):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.events: list[tuple[float, str]] = []
@@ -161,6 +96,8 @@ class Balancer:
                     return
                 (bal.drained.set if what == "drain" else bal.drained.clear)()
                 bal.events.append((now(), what))
+                if log is not None:
+                    log.mark(what)
                 print(f"[bench] balancer: {what}", flush=True)
                 self.send_response(200)
                 self.end_headers()
@@ -189,126 +126,6 @@ class Balancer:
         if start is not None:
             out.append((start, end))
         return out
-
-
-class Probe(threading.Thread):
-    """The client: streaming chat requests to ``url`` one at a time, a new one every :data:`PROBE_INTERVAL_S`
-    (module doc); ``records``: one dict per request (start ``t0``, end ``t1``, ``ok``, ``kind`` of failure, tokens);
-    ``load``: (time, 1-minute load average) every 10 s."""
-
-    def __init__(self, url: str, model: str, balancer: Balancer, max_tokens: int = 4):
-        super().__init__(daemon=True, name="probe")
-        self.url, self.model, self.max_tokens, self.balancer = url, model, max_tokens, balancer
-        self.records: list[dict[str, Any]] = []
-        self.load: list[tuple[float, float]] = []
-        self.stop = threading.Event()
-
-    def one(self, client: httpx.Client) -> dict[str, Any]:
-        body = {"model": self.model, "messages": [{"role": "user", "content": "Say hello in three words."}],
-                "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
-        t0, tokens, done = now(), 0, False
-        try:
-            with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as resp:
-                if not 200 <= resp.status_code < 300:
-                    return {"t0": t0, "t1": now(), "ok": False, "kind": f"http {resp.status_code}"}
-                for line in resp.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    ev = json.loads(data)
-                    if "error" in ev:
-                        return {"t0": t0, "t1": now(), "ok": False, "kind": "error event", "tokens": tokens}
-                    if any((c.get("delta") or {}).get("content") for c in ev.get("choices") or []):
-                        tokens += 1
-        except httpx.ReadTimeout:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": f"{TOKEN_TIMEOUT_S:.0f} s without a token",
-                    "tokens": tokens}
-        except (httpx.TransportError, ValueError) as exc:
-            kind = "connection error" if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError,
-                                                          httpx.ConnectTimeout)) else type(exc).__name__
-            return {"t0": t0, "t1": now(), "ok": False, "kind": kind, "tokens": tokens}
-        if not done:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": "stream without [DONE]", "tokens": tokens}
-        if tokens == 0:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": "no token", "tokens": 0}
-        return {"t0": t0, "t1": now(), "ok": True, "tokens": tokens}
-
-    def health(self, client: httpx.Client) -> dict[str, Any]:
-        """While drained: the balancer's health check (``GET /health``; no token generated, so the gate's idle
-        check and measurement see no foreign request), which tells whether production answers at all."""
-        t0 = now()
-        try:
-            ok = client.get(f"{self.url}/health", timeout=2.0).status_code == 200
-            return {"t0": t0, "t1": now(), "ok": ok, "kind": None if ok else "health non-200", "drained": True}
-        except httpx.HTTPError:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": "health: connection error", "drained": True}
-
-    def run(self) -> None:
-        timeout = httpx.Timeout(connect=5.0, read=TOKEN_TIMEOUT_S, write=5.0, pool=5.0)
-        last_load = 0.0
-        with httpx.Client(timeout=timeout) as client:
-            while not self.stop.is_set():
-                rec = self.health(client) if self.balancer.drained.is_set() else self.one(client)
-                self.records.append(rec)
-                if rec["t1"] - last_load >= 10:
-                    self.load.append((rec["t1"], os.getloadavg()[0]))
-                    last_load = rec["t1"]
-                self.stop.wait(max(0.0, rec["t0"] + PROBE_INTERVAL_S - now()))
-
-
-def analyse(records: list[dict[str, Any]], start: float, end: float, spans: list[dict[str, Any]],
-            drained: list[tuple[float, float]]) -> dict[str, Any]:
-    """The client's view of ``[start, end]``: failed chat requests by kind, the longest span without a successful
-    chat answer (between the ends of successful requests; the phase's edges count; drained time counts: no client
-    got an answer from production then), outages (runs of failed probes, chat or the drained health check: from the
-    first failed probe's start to the next successful one's start) each with the span (step) it began in and
-    whether it fell in a drain, production's seconds not answering (their sum), and the seconds drained."""
-    rs = [r for r in records if start <= r["t0"] <= end]
-    ok_ends = [start] + [r["t1"] for r in rs if r["ok"] and not r.get("drained")] + [end]
-    longest = max(b - a for a, b in zip(ok_ends, ok_ends[1:]))
-    kinds: dict[str, int] = {}
-    for r in rs:
-        if not r["ok"] and not r.get("drained"):
-            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
-    drains = [(max(a, start), min(b, end)) for a, b in drained if b >= start and a <= end]
-    outages, cur = [], None
-    for r in rs:
-        if not r["ok"] and cur is None:
-            cur = {"from": r["t0"], "failed": 0, "kinds": set()}
-        if not r["ok"]:
-            cur["failed"] += 1
-            cur["kinds"].add(r["kind"])
-        elif cur is not None:
-            cur["to"] = r["t0"]
-            outages.append(cur)
-            cur = None
-    if cur is not None:
-        cur["to"] = end
-        outages.append(cur)
-
-    def span_of(t: float) -> str | None:
-        inside = [s["name"] for s in spans if s["from"] <= t <= s["to"]]
-        return inside[-1] if inside else None
-
-    out = [{"from": iso(o["from"]), "seconds": round(o["to"] - o["from"], 2), "failed_probes": o["failed"],
-            "kinds": sorted(o["kinds"]), "during": span_of(o["from"]),
-            "drained": any(a <= o["from"] <= b for a, b in drains)} for o in outages]
-    lat = sorted(r["t1"] - r["t0"] for r in rs if r["ok"] and not r.get("drained"))
-    chat = [r for r in rs if not r.get("drained")]
-    return {"from": iso(start), "to": iso(end), "wall_s": round(end - start, 1), "chat_requests": len(chat),
-            "answered": sum(1 for r in chat if r["ok"]), "failed_requests": sum(kinds.values()),
-            "failed_by_kind": kinds, "longest_span_without_answer_s": round(longest, 2),
-            "drained_s": round(sum(b - a for a, b in drains), 1),
-            "drains": [{"from": iso(a), "seconds": round(b - a, 1), "during": span_of(a)} for a, b in drains],
-            "health_checks_while_drained": sum(1 for r in rs if r.get("drained")),
-            "seconds_not_answering": round(sum(o["seconds"] for o in out), 2), "outages": out,
-            "answer_seconds_median": round(lat[len(lat) // 2], 3) if lat else None,
-            "answer_seconds_max": round(lat[-1], 3) if lat else None,
-            "spans": [{"name": s["name"], "from": iso(s["from"]), "seconds": round(s["to"] - s["from"], 1)}
-                      for s in spans]}
 
 
 def inventory(info: dict[str, Any], floor: float, balancer_port: int = BALANCER_PORT) -> str:
@@ -353,17 +170,21 @@ class Bench:
                           "the local CPU vLLM base stands in for vllm/vllm-openai:v0.16.0 (as make demo)"],
         }
         self.stopped_at = "setup"
+        # the client's records as they are made (a killed run keeps them), beside the JSON; a new run starts it anew
+        records = a.json.with_name(a.json.stem + ".records.jsonl")
+        records.unlink(missing_ok=True)
+        self.log = RecordLog(records)
+        self.fig["records"] = {"file": records.name, "what": "one JSON line per probe (t0, t1, ok, kind, tokens; "
+                               "drained: the health check while drained) and markers (event: phase, span, drain, "
+                               "undrain)"}
 
     def write(self) -> None:
         self.fig["stopped_at"] = self.stopped_at
         self.fig["finished"] = iso(now())
         if getattr(self, "probe", None) is not None:
-            ld = [x for _, x in self.probe.load]
-            self.fig["load_average_1min"] = {"samples": len(ld), "mean": round(sum(ld) / len(ld), 2) if ld else None,
-                                             "max": max(ld) if ld else None,
-                                             "note": "this machine's 2 cores are shared with other sessions' work"}
+            self.fig["load_average_1min"] = load_figures(self.probe.load)
         self.a.json.parent.mkdir(parents=True, exist_ok=True)
-        self.a.json.write_text(json.dumps(self.fig, indent=2, default=str) + "\n")
+        write_result(self.a.json, self.fig, indent=2, default=str)
         print(f"[bench] wrote {self.a.json} (stopped_at {self.stopped_at})", flush=True)
 
     # ---- setup -----------------------------------------------------------------------------------------------
@@ -374,7 +195,7 @@ class Bench:
 
         self.fig["cpu"] = demo.cpu_model()
         info = {n: sandbox.up(n, SSH_PORTS[n], engine="none") for n in (PROD, WORK)}
-        self.fig["docker_proxy"] = ensure_proxy()
+        self.fig["docker_proxy"] = ensure_proxy(sockets(), __file__, sandbox.SANDBOX_BASE / PROD / "docker-proxy.log")
         self.work_dir = Path(f"/tmp/b47-{time.strftime('%Y%m%dT%H%M%S')}")
         self.work_dir.mkdir()
         self.inv = self.work_dir / "hosts.yaml"
@@ -429,9 +250,11 @@ class Bench:
         dep = self.deployed[PROD]
         spans: list[dict[str, Any]] = []
         t_start = now()
+        self.log.mark("phase", name="baseline", run=run)
 
         def span(name: str, t0: float) -> None:
             spans.append({"name": name, "from": t0, "to": now()})
+            self.log.mark("span", name=name, phase="baseline", **{"from": t0, "to": spans[-1]["to"]})
 
         t = now()
         self.pipeline_text, gen = demo.regenerate_training_data(
@@ -468,7 +291,7 @@ class Bench:
                                 "each), speculate --force --control (as make demo)",
             "regenerate": {k: gen.get(k) for k in ("answered", "conversations", "wall_s", "completion_tokens_now")},
             "windows": windows, "speculate": self.speculate_summary(sp),
-            "client": analyse(self.probe.records, t_start, now(), spans, self.balancer.intervals(now()))}
+            "client": analyse_outages(self.probe.records, t_start, now(), spans, self.balancer.intervals(now()))}
 
     @staticmethod
     def speculate_summary(sp: dict[str, Any]) -> dict[str, Any]:
@@ -501,6 +324,7 @@ class Bench:
         self.fig["cycle"] = {"run": run, "command": " ".join(base[2:]), "plan": plan, "dry_run_s": round(now() - t, 1)}
         self.write()
         t_start = now()
+        self.log.mark("phase", name="cycle", run=run)
         log = self.work_dir / "cycle.log"
         last: dict[str, Any] = {}
         with log.open("w") as lf:
@@ -520,20 +344,12 @@ class Bench:
         end = now()
         journal = Path(self.prod.state_dir) / "cycles" / run / "journal.jsonl"
         entries = [json.loads(x) for x in journal.read_text().splitlines() if x.strip()] if journal.exists() else []
-        spans, open_ = [], {}
-        for e in entries:
-            if e["event"] == "start":
-                open_[e["step"]] = parse_iso(e["t"])
-            elif e["step"] in open_:
-                # the journal's times are whole seconds: widened by one so an outage at a step's edge counts there
-                spans.append({"name": e["step"], "from": open_.pop(e["step"]) - 1, "to": parse_iso(e["t"]) + 1})
-        for k, t0 in open_.items():
-            spans.append({"name": k, "from": t0 - 1, "to": end})
+        spans = journal_spans(entries, end)
         spec = self.cycle_speculate_result(run)
         self.fig["cycle"].update({"rc": rc, "log": str(log), "outcome": {k: last.get(k) for k in (
             "outcome", "steps", "verdict", "work_host_acceptance", "production_acceptance", "production_restarts")},
             "figures": last.get("figures"), "journal": entries, "speculate": self.speculate_summary(spec),
-            "client": analyse(self.probe.records, t_start, end, spans, self.balancer.intervals(end))})
+            "client": analyse_outages(self.probe.records, t_start, end, spans, self.balancer.intervals(end))})
         self.check_stages(run)
 
     def cycle_speculate_result(self, run: str) -> dict[str, Any]:
@@ -568,6 +384,10 @@ class Bench:
         measured = round(sum(o["seconds"] for o in in_spec), 2)
         restarts = sp.get("restarts_s") or []
 
+        step = next((st for st in self.fig["cycle"]["plan"]["steps"] if st["key"] == "speculate"), {})
+        gate_s = next((p["expected_s"] for p in step.get("parts", []) if p["part"] == "the gate"), None)
+        held_off = round(c["drained_s"] + sum(o["seconds"] for o in in_spec if not o["drained"]), 1)
+
         def client_down(x: dict[str, Any]) -> float:  # seconds no client got production: drained, or not answering
             return round(x["drained_s"] + sum(o["seconds"] for o in x["outages"] if not o["drained"]), 1)
 
@@ -591,21 +411,28 @@ class Bench:
             "cycle_over_baseline_not_answering": (round(c["seconds_not_answering"] / b["seconds_not_answering"], 3)
                                                   if b["seconds_not_answering"] else None),
             "baseline_drained_s": b["drained_s"], "cycle_drained_s": c["drained_s"],
+            "plan_expected_gate_s": gate_s,
+            "cycle_clients_held_off_during_speculate_s": held_off,
+            "held_off_over_plan_gate": round(held_off / gate_s, 3) if gate_s else None,
             "baseline_seconds_without_production_for_clients": client_down(b),
             "cycle_seconds_without_production_for_clients": client_down(c),
             "baseline_longest_span_without_answer_s": b["longest_span_without_answer_s"],
             "cycle_longest_span_without_answer_s": c["longest_span_without_answer_s"],
-            "note": "not answering = probes failed (chat requests, or the balancer's /health while drained); drained "
-                    "= the speculate job's drain_hook to its undrain_hook, clients held off production (one backend: "
-                    "they got no answer then either)",
+            "note": "not answering = probes failed (chat requests, or the balancer's /health while drained): "
+                    "production's restarts, compared with the plan's expected downtime (its restarts x the median "
+                    "restart recorded on production). drained = the speculate job's drain_hook to its undrain_hook, "
+                    "clients held off production (one backend: they got no answer then either), compared with the "
+                    "plan's expected gate time (the median speculate window recorded on production, restarts "
+                    "included)",
         }
 
     def main(self) -> int:
         try:
             self.setup()
             self.write()
-            self.balancer = Balancer()
-            self.probe = Probe(self.url, self.prod.serving.served_model_name or "", self.balancer)
+            self.balancer = Balancer(log=self.log)
+            self.probe = SerialProbe(self.url, self.prod.serving.served_model_name or "", self.log,
+                                     self.balancer.drained)
             self.probe.start()
             self.stopped_at = "baseline"
             self.baseline()
@@ -627,52 +454,24 @@ class Bench:
                 self.probe.stop.set()
                 self.probe.join(timeout=60)
             self.write()
+            self.log.close()
 
 
-def serve_proxy() -> None:
-    """``--proxy``: the hosts' Docker sockets forwarded (:class:`DockerProxy`) until killed. A process of its own,
-    started detached by :func:`ensure_proxy`: a window's supervisor reaches its engine through it and outlives the
-    driver, so the socket must outlive this script too (as a host's dockerd would)."""
+def sockets() -> list[Path]:
+    """Both hosts' Docker sockets (forwarded by :class:`downtime.DockerProxy`)."""
     from eagle3ops_dev import sandbox
 
-    DockerProxy([sandbox.SANDBOX_BASE / n / "docker.sock" for n in (PROD, WORK)]).start()
-    threading.Event().wait()
-
-
-def proxy_answers(sock: Path) -> bool:
-    try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=5) as c:
-            return c.get("http://docker/_ping").is_success
-    except httpx.HTTPError:
-        return False
-
-
-def ensure_proxy() -> str:
-    """Start :func:`serve_proxy` detached (its own session, log beside the sockets) unless both sockets answer."""
-    from eagle3ops_dev import sandbox
-
-    socks = [sandbox.SANDBOX_BASE / n / "docker.sock" for n in (PROD, WORK)]
-    if all(proxy_answers(s) for s in socks):
-        return "running already"
-    log = open(sandbox.SANDBOX_BASE / PROD / "docker-proxy.log", "ab")
-    p = subprocess.Popen([sys.executable, __file__, "--proxy"], stdout=log, stderr=log, start_new_session=True,
-                         stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if all(proxy_answers(s) for s in socks):
-            return f"started, pid {p.pid}"
-        time.sleep(0.3)
-    raise RuntimeError("the Docker socket proxy did not answer in 30 s")
+    return [sandbox.SANDBOX_BASE / n / "docker.sock" for n in (PROD, WORK)]
 
 
 def main() -> int:
-    if sys.argv[1:] == ["--proxy"]:
-        serve_proxy()
+    if sys.argv[1:] == ["--proxy"]:  # the detached proxy (downtime.ensure_proxy): until killed
+        asyncio.run(DockerProxy(sockets()).serve())
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, default=HERE / "cycle-downtime.json")
-    ap.add_argument("--conversations", type=int, default=40, help="ShareGPT V3 conversations regenerated per phase "
+    ap.add_argument("--conversations", type=int, default=24, help="ShareGPT V3 conversations regenerated per phase "
                     "(the demo: 100)")
-    ap.add_argument("--train-steps", type=int, default=150, help="train steps per phase (the demo: 300)")
+    ap.add_argument("--train-steps", type=int, default=40, help="train steps per phase (the demo: 300)")
     ap.add_argument("--floor", type=float, default=1.0, help="production's serving.acceptance_floor for this run "
                     "(module doc)")
     return Bench(ap.parse_args()).main()

@@ -5,14 +5,14 @@ and then ``eagle3ops group rollback``, with one client streaming chat requests t
 Hosts (this machine; README.md beside this file): two sandbox hosts, each a real OpenSSH server on 127.0.0.1 checked
 by host key (:func:`eagle3ops_dev.sandbox.up`, ``engine="none"``), ``b49a`` (port 2249) and ``b49b`` (port 2250).
 Neither starts a Docker engine of its own: each host's ``docker_host`` is a socket in its sandbox folder forwarded
-byte for byte to this machine's engine (:class:`DockerProxy`, the approach of ``benchmarks/cycle_downtime``, copied
-here: that benchmark was not merged when this one was written). Both serve the REAL target SmolLM2-135M-Instruct with
+byte for byte to this machine's engine (``benchmarks/_shared/downtime.py``: :class:`DockerProxy`, shared with
+``benchmarks/cycle-downtime``). Both serve the REAL target SmolLM2-135M-Instruct with
 real vLLM 0.16 CPU (``deploy/sandbox-smollm2.yaml``'s serving, each its own container name and port).
 
 The balancer: Debian's HAProxy started by this script (:class:`eagle3ops_dev.haproxylocal.LocalHaproxy`: ``retries
 0``, no ``retry-on``, ``option httpchk GET /health``), the group's ``balancer`` reaching its runtime API socket.
 
-The client (:class:`Probe`): a streaming chat request through HAProxy started every 0.5 s, each on its own thread and
+The client (:class:`downtime.ConcurrentProbe`): a streaming chat request through HAProxy started every 0.5 s, each on its own thread and
 connection (at most 16 at once); a request fails on a connection error, a non-2xx status, a stream
 without ``data: [DONE]``, or 30 s without a token. Per phase: failed requests by kind, the longest span without a
 successful answer, each failure with the group step it fell in (the rollout's journal on the first host).
@@ -34,249 +34,152 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import grp
 import json
 import os
 import pwd
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks" / "_shared"))
+from downtime import (MAX_IN_FLIGHT, PROBE_INTERVAL_S, TOKEN_TIMEOUT_S, DockerProxy, RecordLog,  # noqa: E402
+                      ensure_proxy, iso, journal_spans, now, parse_iso, read_records)
+from downtime import ConcurrentProbe as Probe  # noqa: E402
+from downtime import analyse_failures as analyse  # noqa: E402
 from lab import write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 GROUP = "g49"
 #: host -> (ssh port, serving port)
 HOSTS = {"b49a": (2249, 18049), "b49b": (2250, 18050)}
-ENGINE_SOCK = "/var/run/docker.sock"
 LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
 BUILT_TARGET = Path("/var/lib/eagle3ops-sandbox/sandbox/data/models/smollm2-135m-instruct")
 HEAD = REPO / "benchmarks/gpu-head-smollm2/heads/smollm2-135m-instruct-eagle3"
-#: The client as a careful user measures downtime: a probe every 0.5 s, a request failed after 30 s without a token.
-PROBE_INTERVAL_S, TOKEN_TIMEOUT_S = 0.5, 30.0
 GATE_MARGIN = -0.9
-MAX_IN_FLIGHT = 16
-#: The client's chat turns (short answers: the probe's ``max_tokens``), in turn.
-PROMPTS = ["Say hello in three words.", "Write one sentence about the sea.", "Name three colours of a rainbow.",
-           "What is the capital of France? Answer in one sentence.", "Give me a short tip for sleeping well."]
+#: The speculative release's serving image as the demo tags it (the CPU stand-in).
+STANDIN_IMAGE = "eagle3ops/serving:sandbox-cpu-standin"
+#: Tags only this benchmark uses, on the very images it deployed: the engine is shared with other checkouts, whose
+#: builds move the common tags (the pipeline image's content tag carries its checkout's commit as a label, so two
+#: commits give two ids under one tag) and the canary's preflight would then find another image than the deployed one.
+PRIVATE_SPEC = "eagle3ops/serving:b49-standin"
+
+
+def private_pipeline(host: str) -> str:
+    """The pipeline image tag of ``host`` in this benchmark (:data:`PRIVATE_SPEC`'s reason)."""
+    return f"eagle3ops/pipeline:b49-{host}"
+
+
+def docker_tag(source: str, tag: str) -> str:
+    """``docker tag SOURCE TAG`` on this machine's engine; returns the id now under ``tag``."""
+    subprocess.run(["docker", "tag", source, tag], check=True, capture_output=True, timeout=60)
+    return subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], check=True,
+                          capture_output=True, text=True, timeout=60).stdout.strip()
 #: The test-only switch that lets the inventory hold that margin (read by every load of it, in here and in the
 #: ``eagle3ops group`` subprocesses).
 os.environ["EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN"] = "1"
 
 
-def now() -> float:
-    return time.time()
+#: The journal events that end a step.
+STEP_ENDS = ("done", "failed", "busy")
 
 
-def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+def steps_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rollout journal's steps in the order they started: name, start and end (the journal's ISO times, whole
+    seconds), seconds, how it ended (one of :data:`STEP_ENDS`, ``None`` while unfinished) and, unless done, the
+    entry's other fields (``detail``)."""
+    out: list[dict[str, Any]] = []
+    open_: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        step, ev = e.get("step"), e.get("event")
+        if step is None:
+            continue
+        if ev == "start":
+            open_[step] = {"step": step, "start": e["t"], "end": None, "seconds": None, "outcome": None}
+            out.append(open_[step])
+        elif ev in STEP_ENDS and step in open_:
+            s = open_.pop(step)
+            s.update(end=e["t"], outcome=ev, seconds=round(parse_iso(e["t"]) - parse_iso(s["start"]), 1))
+            if ev != "done":
+                s["detail"] = {k: v for k, v in e.items() if k not in ("t", "step", "event")}
+    return out
 
 
-def parse_iso(s: str) -> float:
-    return datetime.fromisoformat(s).timestamp()
+def out_intervals(entries: list[dict[str, Any]], end: float) -> list[tuple[str, float, float]]:
+    """When each host was out of the balancer: ``(host, from, to)`` from its ``HOST:drain`` step's start to its
+    ``HOST:undrain`` step's end (epoch seconds; ``end`` while not undrained), read from the rollout journal."""
+    out, since = [], {}
+    for e in entries:
+        host, _, action = str(e.get("step", "")).partition(":")
+        if action == "drain" and e.get("event") == "start":
+            since[host] = parse_iso(e["t"])
+        elif action == "undrain" and e.get("event") in STEP_ENDS and host in since:
+            out.append((host, since.pop(host), parse_iso(e["t"])))
+    out += [(h, t, end) for h, t in since.items()]
+    return out
 
 
-class DockerProxy:
-    """Unix sockets ``paths`` (mode 0660, group ``e3ops``) forwarded byte for byte to ``target`` (this machine's
-    Docker engine): a sandbox host's ``docker_host`` without a second engine (copied from
-    ``benchmarks/cycle_downtime``)."""
-
-    def __init__(self, paths: list[Path], target: str = ENGINE_SOCK):
-        self.paths, self.target = paths, target
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            try:
-                w.write_eof() if w.can_write_eof() else w.close()
-            except (OSError, RuntimeError):
-                pass
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        try:
-            er, ew = await asyncio.open_unix_connection(self.target)
-        except OSError:
-            cw.close()
-            return
-        await asyncio.gather(self._pipe(cr, ew), self._pipe(er, cw))
-        for w in (cw, ew):
-            w.close()
-
-    async def serve(self) -> None:
-        gid = grp.getgrnam("e3ops").gr_gid
-        for p in self.paths:
-            p.unlink(missing_ok=True)
-            await asyncio.start_unix_server(self._handle, path=str(p))
-            os.chown(p, 0, gid)
-            os.chmod(p, 0o660)
-        await asyncio.Event().wait()
+def spans_by_hosts_in(records: list[dict[str, Any]], start: float, end: float,
+                      outs: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """The spans without a successful answer over 1 s in ``[start, end]`` (between the ends of successful requests
+    that end in it, whenever they began: unlike :func:`downtime.analyse_failures`, which counts the requests begun in
+    it, so that its first span lasts as long as one answer takes) split by whether a host was out of the balancer
+    during the span (:func:`out_intervals`) or every host was in: a span while every host was in measures the
+    serving's answer times on this machine, not the rollout."""
+    ends = [start] + sorted(r["t1"] for r in records if r["ok"] and start <= r["t1"] <= end) + [end]
+    gaps = [(a, b) for a, b in zip(ends, ends[1:]) if b - a > 1.0]
+    with_out = [(a, b) for a, b in gaps if any(f < b and a < t for _, f, t in outs)]
+    all_in = [g for g in gaps if g not in with_out]
+    return {"spans_over_1s_with_a_host_out": len(with_out),
+            "longest_span_with_a_host_out_s": round(max((b - a for a, b in with_out), default=0.0), 2),
+            "longest_span_with_a_host_out_from": iso(max(with_out, key=lambda g: g[1] - g[0])[0]) if with_out else None,
+            "longest_span_without_answer_s": round(max((b - a for a, b in zip(ends, ends[1:]))), 2),
+            "spans_over_1s_with_every_host_in": len(all_in),
+            "longest_span_with_every_host_in_s": round(max((b - a for a, b in all_in), default=0.0), 2),
+            "hosts_out": [{"host": h, "from": iso(f), "seconds": round(t - f, 1)} for h, f, t in outs]}
 
 
-def proxy_answers(sock: Path) -> bool:
-    try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=5) as c:
-            return c.get("http://docker/_ping").is_success
-    except httpx.HTTPError:
-        return False
+def reanalyse(path: Path) -> int:
+    """Recompute the client's figures of a run's JSON from its records file (``client_records`` beside it) and write
+    it again: each phase's spans split by hosts in (:func:`spans_by_hosts_in`) and the client's view before the
+    rollout began (both hosts serving, nothing out). For a JSON written before these figures existed."""
+    fig = json.loads(path.read_text())
+    records = [r for r in read_records(path.parent / fig["client_records"]) if "event" not in r]
+    for phase in ("rollout", "rollback"):
+        if phase not in fig:
+            continue
+        st = fig[phase].get("status") or {}
+        if "output" in st and "\n{" in st["output"]:  # printed before `status --json` kept stdout to its JSON alone
+            fig[phase]["status"] = {**json.loads(st["output"][st["output"].index("\n{") + 1:]),
+                                    "parsed_from": "its output after the host reads' echo"}
+        c = fig[phase]["client"]
+        a, b = parse_iso(c["from"]), parse_iso(c["to"])
+        c["by_hosts_in"] = spans_by_hosts_in(records, a, b, out_intervals(fig[phase]["journal"], b))
+    if records and "rollout" in fig:
+        fig["before_rollout"] = {"client": analyse(records, min(r["t0"] for r in records),
+                                                   parse_iso(fig["rollout"]["client"]["from"]), [])}
+    for phase, v in (fig.get("verdict") or {}).items():
+        v.update({k: fig[phase]["client"]["by_hosts_in"][k] for k in
+                  ("spans_over_1s_with_a_host_out", "longest_span_with_a_host_out_s",
+                   "spans_over_1s_with_every_host_in", "longest_span_with_every_host_in_s")})
+    fig["reanalysed"] = iso(now())
+    write_result(path, fig, indent=2, default=str)
+    print(f"[bench] rewrote {path} from {fig['client_records']}", flush=True)
+    return 0
 
 
-def ensure_proxy() -> str:
-    """The proxy as a detached process of its own (a window's supervisor reaches its engine through it and outlives
-    the driver, as a host's dockerd would) unless both sockets answer."""
-    from eagle3ops_dev import sandbox
-
-    socks = [sandbox.SANDBOX_BASE / n / "docker.sock" for n in HOSTS]
-    if all(proxy_answers(s) for s in socks):
-        return "running already"
-    log = open(sandbox.SANDBOX_BASE / next(iter(HOSTS)) / "docker-proxy.log", "ab")
-    p = subprocess.Popen([sys.executable, __file__, "--proxy"], stdout=log, stderr=log, start_new_session=True,
-                         stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if all(proxy_answers(s) for s in socks):
-            return f"started, pid {p.pid}"
-        time.sleep(0.3)
-    raise RuntimeError("the Docker socket proxy did not answer in 30 s")
-
-
-class Probe(threading.Thread):
-    """The client: a streaming chat request to ``url`` started every :data:`PROBE_INTERVAL_S` on a thread of its own
-    (so that the span without an answer measures whether the group answers, not how long one answer takes), at most
-    :data:`MAX_IN_FLIGHT` at once (a start skipped beyond that is counted: ``skipped``), the prompts of
-    :data:`PROMPTS` in turn;
-    ``records``: one dict per request (start ``t0``, end ``t1``, ``ok``, ``kind`` of failure, tokens, the server
-    that answered when HAProxy says); ``load``: (time, 1-minute load average) every 10 s."""
-
-    def __init__(self, url: str, model: str, max_tokens: int):
-        super().__init__(daemon=True, name="probe")
-        self.url, self.model, self.max_tokens = url, model, max_tokens
-        self.records: list[dict[str, Any]] = []
-        self.load: list[tuple[float, float]] = []
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.in_flight: list[threading.Thread] = []
-        self.skipped = 0
-
-    def one(self, client: httpx.Client, prompt: str) -> dict[str, Any]:
-        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
-        t0, tokens, done = now(), 0, False
-        try:
-            with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as resp:
-                if not 200 <= resp.status_code < 300:
-                    return {"t0": t0, "t1": now(), "ok": False, "kind": f"http {resp.status_code}"}
-                for line in resp.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    ev = json.loads(data)
-                    if "error" in ev:
-                        return {"t0": t0, "t1": now(), "ok": False, "kind": "error event", "tokens": tokens}
-                    if any((c.get("delta") or {}).get("content") for c in ev.get("choices") or []):
-                        tokens += 1
-        except httpx.ReadTimeout:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": f"{TOKEN_TIMEOUT_S:.0f} s without a token",
-                    "tokens": tokens}
-        except (httpx.TransportError, ValueError) as exc:
-            kind = "connection error" if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError,
-                                                          httpx.ConnectTimeout)) else type(exc).__name__
-            return {"t0": t0, "t1": now(), "ok": False, "kind": kind, "tokens": tokens}
-        if not done:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": "stream without [DONE]", "tokens": tokens}
-        if tokens == 0:
-            return {"t0": t0, "t1": now(), "ok": False, "kind": "no token", "tokens": 0}
-        return {"t0": t0, "t1": now(), "ok": True, "tokens": tokens}
-
-    def _one_recorded(self, prompt: str) -> None:
-        timeout = httpx.Timeout(connect=5.0, read=TOKEN_TIMEOUT_S, write=5.0, pool=5.0)
-        # a new connection a request: HAProxy balances each one (a kept-alive connection would stay on one server)
-        with httpx.Client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0)) as client:
-            rec = self.one(client, prompt)
-        with self.lock:
-            self.records.append(rec)
-
-    def run(self) -> None:
-        last_load, n = 0.0, 0
-        while not self.stop.is_set():
-            t0 = now()
-            with self.lock:
-                self.in_flight = [t for t in self.in_flight if t.is_alive()]
-                busy = len(self.in_flight) >= MAX_IN_FLIGHT
-            if busy:  # never more than MAX_IN_FLIGHT at once: counted, a figure of its own
-                self.skipped += 1
-            else:
-                t = threading.Thread(target=self._one_recorded, args=(PROMPTS[n % len(PROMPTS)],), daemon=True)
-                t.start()
-                with self.lock:
-                    self.in_flight.append(t)
-                n += 1
-            if t0 - last_load >= 10:
-                self.load.append((t0, os.getloadavg()[0]))
-                last_load = t0
-            self.stop.wait(max(0.0, t0 + PROBE_INTERVAL_S - now()))
-        for t in list(self.in_flight):
-            t.join(TOKEN_TIMEOUT_S + 10)
-
-
-def analyse(records: list[dict[str, Any]], start: float, end: float, spans: list[dict[str, Any]]) -> dict[str, Any]:
-    """The client's view of ``[start, end]``: requests, failed by kind, each failure with the step it fell in, the
-    longest span without a successful answer (between the ends of successful requests; the phase's edges count),
-    answer seconds (median, max)."""
-    rs = sorted((r for r in list(records) if start <= r["t0"] <= end), key=lambda r: r["t0"])
-    ok_ends = [start] + sorted(min(r["t1"], end) for r in rs if r["ok"]) + [end]
-    gaps = [(b - a, a) for a, b in zip(ok_ends, ok_ends[1:])]
-    longest, at = max(gaps)
-
-    def span_of(t: float) -> str | None:
-        inside = [s["name"] for s in spans if s["from"] <= t <= s["to"]]
-        return inside[-1] if inside else None
-
-    kinds: dict[str, int] = {}
-    for r in rs:
-        if not r["ok"]:
-            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
-    lat = sorted(r["t1"] - r["t0"] for r in rs if r["ok"])
-    return {"from": iso(start), "to": iso(end), "wall_s": round(end - start, 1), "requests": len(rs),
-            "answered": sum(1 for r in rs if r["ok"]), "failed_requests": sum(kinds.values()),
-            "failed_by_kind": kinds,
-            "failures": [{"at": iso(r["t0"]), "kind": r["kind"], "during": span_of(r["t0"])} for r in rs
-                         if not r["ok"]][:50],
-            "longest_span_without_answer_s": round(longest, 2),
-            "note": "a request is started every 0.5 s, each on its own connection; the span is between the ends of "
-                    "two successful answers",
-            "longest_span_at": {"from": iso(at), "during": span_of(at)},
-            "spans_over_1s_without_answer": sum(1 for g, _ in gaps if g > 1.0),
-            "answer_seconds_median": round(lat[len(lat) // 2], 3) if lat else None,
-            "answer_seconds_p99": round(lat[int(len(lat) * 0.99)], 3) if lat else None,
-            "answer_seconds_max": round(lat[-1], 3) if lat else None,
-            "steps": [{"name": s["name"], "from": iso(s["from"]), "seconds": round(s["to"] - s["from"], 1)}
-                      for s in spans]}
-
-
-def inventory(info: dict[str, Any], socket_path: Path) -> str:
+def inventory(info: dict[str, Any], socket_path: Path, acceptance_floor: float) -> str:
     """Both hosts = ``deploy/sandbox-smollm2.yaml``'s sandbox entry (the demo's serving settings), each with its own
     container name and serving port, the gate's margin :data:`GATE_MARGIN` (module doc) at concurrency 1 only (the
-    second level would double the gate's time on these cores); the group of both behind the local HAProxy."""
+    second level would double the gate's time on these cores), ``acceptance_floor`` as the gate's floor and the bake's;
+    the group of both behind the local HAProxy."""
     text = (REPO / "deploy/sandbox-smollm2.yaml").read_text()
     hosts = {}
     for name, (ssh, port) in HOSTS.items():
@@ -287,11 +190,14 @@ def inventory(info: dict[str, Any], socket_path: Path) -> str:
         e["identity_file"], e["known_hosts"] = str(info[name].identity_file), str(info[name].known_hosts)
         e["docker_host"] = f"unix://{info[name].root / 'docker.sock'}"
         e["serving"]["container"] = f"{name}-vllm"
+        e["pipeline_image"] = private_pipeline(name)
+        e["serving"]["speculative_image"] = PRIVATE_SPEC
         e["serving"]["gate_margin"] = GATE_MARGIN
         e["serving"]["gate_concurrency"] = [1]
         # the bake's acceptance floor: the host's acceptance floor, not `break-even` (the gate's speed ratio on
         # shared cores, which this benchmark reports and does not decide on)
-        e["serving"]["watch"] = {"acceptance_floor": e["serving"]["acceptance_floor"]}
+        e["serving"]["acceptance_floor"] = acceptance_floor
+        e["serving"]["watch"] = {"acceptance_floor": acceptance_floor}
         hosts[name] = e
     groups = {GROUP: {"hosts": list(HOSTS), "max_out": 1,
                       "balancer": {"kind": "haproxy", "socket": str(socket_path), "backend": "vllm",
@@ -310,7 +216,7 @@ class Bench:
             "started": iso(now()), "cpu": None, "cores": os.cpu_count(),
             "settings": {"probe_interval_s": PROBE_INTERVAL_S, "token_timeout_s": TOKEN_TIMEOUT_S,
                          "probe_max_tokens": a.max_tokens, "probe_max_in_flight": MAX_IN_FLIGHT,
-                         "watch_acceptance_floor": 1.3, "bake_s": a.bake, "bake_interval_s": a.bake_interval,
+                         "acceptance_floor": a.acceptance_floor, "bake_s": a.bake, "bake_interval_s": a.bake_interval,
                          "gate_margin": GATE_MARGIN, "gate_concurrency": [1], "max_out": 1,
                          "haproxy": "retries 0, no retry-on, option httpchk GET /health, check inter "
                                     f"{a.check_inter_ms} ms fall 2 rise 1, balance roundrobin"},
@@ -346,13 +252,14 @@ class Bench:
 
         self.fig["cpu"] = demo.cpu_model()
         info = {n: sandbox.up(n, ssh, engine="none") for n, (ssh, _) in HOSTS.items()}
-        self.fig["docker_proxy"] = ensure_proxy()
+        self.fig["docker_proxy"] = ensure_proxy([sandbox.SANDBOX_BASE / n / "docker.sock" for n in HOSTS], __file__,
+                                                sandbox.SANDBOX_BASE / next(iter(HOSTS)) / "docker-proxy.log")
         self.work_dir = Path(f"/tmp/b49-{time.strftime('%Y%m%dT%H%M%S')}")
         self.work_dir.mkdir()
         self.haproxy = LocalHaproxy(self.work_dir / "haproxy", {n: port for n, (_, port) in HOSTS.items()},
                                     check_inter_ms=self.a.check_inter_ms)
         self.inv = self.work_dir / "hosts.yaml"
-        self.inv.write_text(inventory(info, self.haproxy.admin_socket))
+        self.inv.write_text(inventory(info, self.haproxy.admin_socket, self.a.acceptance_floor))
         inv = load_inventory(self.inv)
         self.hosts = [inv.host(n) for n in HOSTS]
         pw = pwd.getpwnam(info[next(iter(HOSTS))].user)
@@ -373,11 +280,17 @@ class Bench:
         self.fig["target_path"] = f"copied from {BUILT_TARGET}"
         for h in self.hosts:
             self.fig.setdefault("serving_start_s", {})[h.name] = round(demo.start_serving(h), 1)
+        self.fig["speculative_image"] = {"tag": PRIVATE_SPEC, "of": STANDIN_IMAGE,
+                                         "id": docker_tag(STANDIN_IMAGE, PRIVATE_SPEC)}
         for h in self.hosts:
             t = now()
             dep = deployer.deploy(h, base_image=LOCAL_BASE, echo=print)
             self.fig.setdefault("deploy_s", {})[h.name] = round(now() - t, 1)
-            self.fig["pipeline_image"] = dep.tag
+            # the id deploy recorded, under this benchmark's own tag (PRIVATE_SPEC's reason)
+            deployed = json.loads((Path(h.state_dir) / "deployed.json").read_text())
+            self.fig.setdefault("pipeline_image", {})[h.name] = {
+                "tag": private_pipeline(h.name), "of": dep.tag,
+                "id": docker_tag(deployed["image_id"], private_pipeline(h.name))}
         self.haproxy.start(timeout_s=30)
         self.fig["haproxy"] = {"version": subprocess.run([self.haproxy_exe(), "-v"], capture_output=True,
                                                          text=True).stdout.splitlines()[0],
@@ -413,21 +326,24 @@ class Bench:
             rc = proc.wait()
         end = now()
         entries = self.journal()
-        spans, open_ = [], {}
-        for e in entries:
-            if e.get("event") == "start":
-                open_[e["step"]] = parse_iso(e["t"])
-            elif e.get("step") in open_ and e.get("event") in ("done", "failed", "busy"):
-                # the journal's times are whole seconds: widened by one so a failure at a step's edge counts there
-                spans.append({"name": e["step"], "from": open_.pop(e["step"]) - 1, "to": parse_iso(e["t"]) + 1})
-        for k, t0 in open_.items():
-            spans.append({"name": k, "from": t0 - 1, "to": end})
+        # a step ends at its done/failed/busy entry (a bake's readings are entries of their own in between)
+        spans = journal_spans(entries, end, closing=lambda e: e.get("event") in STEP_ENDS)
         self.fig[phase] = {"command": " ".join(["eagle3ops", "group", *args]), "rc": rc, "result": last,
-                           "log_tail": log.read_text()[-3000:], "journal": entries,
+                           "log_tail": log.read_text()[-3000:], "steps": steps_of(entries),
+                           "status": self.status(), "journal": entries,
                            "client": analyse(self.probe.records if self.probe else [], t_start, end, spans),
                            "client_starts_skipped_total": self.probe.skipped if self.probe else None}
         if rc != 0:
             raise RuntimeError(f"eagle3ops group {args[0]} exited {rc} (log {log})")
+
+    def status(self) -> Any:
+        """``eagle3ops group status GROUP --json`` as it printed it (its output's text when that is not JSON)."""
+        p = subprocess.run([sys.executable, "-m", "eagle3ops", "group", "status", GROUP, "--json", "--inventory",
+                            str(self.inv)], capture_output=True, text=True, cwd=REPO, timeout=120)
+        try:
+            return json.loads(p.stdout)
+        except ValueError:
+            return {"rc": p.returncode, "output": (p.stdout + p.stderr)[-2000:]}
 
     def journal(self) -> list[dict[str, Any]]:
         d = Path(self.hosts[0].state_dir) / "groups" / GROUP
@@ -459,7 +375,12 @@ class Bench:
         try:
             self.setup()
             self.write()
-            self.probe = Probe(self.url, self.hosts[0].serving.served_model_name or "", self.a.max_tokens)
+            # the client's records as they are made, beside the JSON: a killed run keeps them
+            records = self.a.json.with_suffix(".client.jsonl")
+            records.unlink(missing_ok=True)
+            self.fig["client_records"] = records.name
+            self.probe = Probe(self.url, self.hosts[0].serving.served_model_name or "", self.a.max_tokens,
+                               RecordLog(records))
             self.probe.start()
             time.sleep(10)
             run = f"g49-{time.strftime('%m%dT%H%M%S')}"
@@ -492,13 +413,21 @@ class Bench:
                 self.probe.stop.set()
                 self.probe.join(timeout=60)
             self.write()
+            if self.probe is not None:  # the figures split by hosts in, from the records file (as --reanalyse)
+                try:
+                    reanalyse(self.a.json)
+                except Exception:  # noqa: BLE001 - the figures written above stay; --reanalyse can redo this
+                    traceback.print_exc()
             if not self.a.keep:
                 self.cleanup()
 
     def cleanup(self) -> None:
-        """HAProxy stopped and both hosts' serving containers removed (the 2 cores are shared with other work)."""
+        """HAProxy stopped, both hosts' serving containers removed (the 2 cores are shared with other work) and this
+        benchmark's own image tags removed (the images keep their other tags; the next run tags them again)."""
         if self.haproxy is not None:
             self.haproxy.stop()
+        subprocess.run(["docker", "image", "rm", PRIVATE_SPEC, *(private_pipeline(n) for n in HOSTS)],
+                       capture_output=True, timeout=120, check=False)
         from eagle3ops import executor
         from eagle3ops.commands import docker as dk
 
@@ -524,8 +453,14 @@ def main() -> int:
                     "check's timeout (no `timeout check`): sized for a loaded machine")
     ap.add_argument("--max-tokens", type=int, default=16, help="the client's answer length, tokens (the bake judges "
                     "the canary's acceptance on this traffic)")
+    ap.add_argument("--acceptance-floor", type=float, default=1.15, help="the gate's and the bake's acceptance floor "
+                    "(mean acceptance length; the demo's 1.3 refused this head at 1.255 on the canary, which is a "
+                    "verdict on the head, not what this benchmark measures)")
     ap.add_argument("--keep", action="store_true", help="leave HAProxy running at the end")
-    return Bench(ap.parse_args()).main()
+    ap.add_argument("--reanalyse", action="store_true", help="only recompute the client's figures of --json from "
+                    "its records file (no run)")
+    a = ap.parse_args()
+    return reanalyse(a.json) if a.reanalyse else Bench(a).main()
 
 
 if __name__ == "__main__":

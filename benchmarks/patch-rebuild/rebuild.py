@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""P4 benchmark: full build of the pipeline image, then patch-only rebuilds; wall times and ratios to the full build.
+"""Full build of the pipeline image, then patch-only rebuilds; wall times and ratios to the full build.
 
 Works on a copy of the repository's image inputs (the checkout is never modified). Builds, in order:
 
@@ -23,8 +23,11 @@ dir in ``direct_url.json``), and the printed counts show it.
     .venv/bin/python benchmarks/patch-rebuild/rebuild.py [--base-image eagle3ops/vllm-openai-local:v0.16.0] [--profile P]
         [--no-full-no-cache] [--keep]
 
-Prints one line per build and a summary with the ratios; exits non-zero if a build fails. The images it built are
-removed at the end unless --keep (the layers stay in the engine's cache).
+Prints one line per build and a summary with the ratios, and writes ``--out`` (default
+``rebuild-<cpu vendor>.json`` here) through ``_shared/lab.py``'s ``write_result``: per build its wall time, the
+BuildKit steps that ran and their seconds (from the build log), and the probe record (phases, how the fixtures were
+got: built or reused from the fixture cache); exits non-zero if a build fails. The images it built are removed at
+the end unless --keep (the layers stay in the engine's cache).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_shared"))
+
+from lab import write_result  # noqa: E402
 
 from eagle3ops import images  # noqa: E402
 from eagle3ops.patches.series import read_series_file  # noqa: E402
@@ -105,6 +111,37 @@ def probe_summary(rec: dict | None) -> str:
             f"({phases})")
 
 
+def build_steps(tag: str) -> list[dict]:
+    """The BuildKit steps of the build of ``tag`` that ran (not ``CACHED``) and their seconds, from its plain
+    progress log (``/tmp/eagle3ops-build-<tag>.log``: ``#N [k/n] RUN ...`` names a step, ``#N DONE 1.2s`` ends it)."""
+    log = Path(tempfile.gettempdir()) / f"eagle3ops-build-{re.sub(r'[^A-Za-z0-9.-]+', '_', tag)}.log"
+    if not log.is_file():
+        return []
+    names: dict[str, str] = {}
+    steps = []
+    marks: dict[str, list] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.match(r"^#(\d+) (\[.*|exporting .*|writing .*|naming .*)$", line)
+        if m and m.group(1) not in names:
+            names[m.group(1)] = m.group(2)[:100]
+        # the patch step's own output, with BuildKit's offset: where its seconds go
+        m = re.match(r"^#(\d+) ([\d.]+) (check \w+|ok   import|ok   verify|ok   \S+: probe|speculators: |checks at build)(.*)$", line)
+        if m:
+            marks.setdefault(m.group(1), []).append([float(m.group(2)), (m.group(3) + m.group(4))[:110]])
+        m = re.match(r"^#(\d+) DONE ([\d.]+)s$", line)
+        if m and m.group(1) in names:
+            steps.append({"step": names[m.group(1)], "seconds": float(m.group(2)), **(
+                {"output_at_s": marks[m.group(1)]} if m.group(1) in marks else {})})
+    return [s for s in steps if s["seconds"] >= 0.05]
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -115,7 +152,11 @@ def main() -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--no-full-no-cache", action="store_true", help="full build from the layer cache (not a real full build)")
     ap.add_argument("--keep", action="store_true", help="keep the built images")
+    ap.add_argument("--out", type=Path, default=None, help="result JSON (default: rebuild-<cpu vendor>.json here)")
     args = ap.parse_args()
+    cpu = cpu_model()
+    out = args.out or Path(__file__).resolve().parent / f"rebuild-{'amd' if 'AMD' in cpu else 'intel' if 'Intel' in cpu else 'cpu'}.json"
+    records: list[dict] = []
 
     ca = images.default_ca_bundle()
     defn = images.load_def("pipeline")
@@ -136,8 +177,15 @@ def main() -> int:
                 b = images.build_image("pipeline", args.base_image, pname, ca, root=root, verify=verify,
                                        no_cache=no_cache, quiet=True)
                 tags.append(b.tag)
-                summary = probe_summary(probe_record(b.tag))
+                rec = probe_record(b.tag)
+                summary = probe_summary(rec)
                 results.append((what, b.tag, b.seconds, f"{summary}; load before {la}"))
+                records.append({"build": what, "verify": verify, "seconds": round(b.seconds, 1), "load_before": la,
+                                "load_after": load(), "meets_target": b.seconds <= TARGET_S,
+                                "steps_run": build_steps(b.tag), "probe_record": rec and {
+                                    k: rec.get(k) for k in ("seconds", "phases_s", "fixtures")} | {
+                                    "ran": sum(not o["reused"] for o in rec["outcomes"]),
+                                    "reused": sum(o["reused"] for o in rec["outcomes"])}})
                 print(f"{b.seconds:7.1f} s  {what}  [{summary}; load {la}]  {b.tag}", flush=True)
 
             build("full build" + ("" if args.no_full_no_cache else " (--no-cache)") + ", verify=probes", "probes",
@@ -161,6 +209,14 @@ def main() -> int:
     for what, _, secs, _ in results[1:]:
         print(f"  ratio to the full build: {secs / full:6.3f}  {what}  "
               f"({'meets' if secs <= TARGET_S else 'misses'} the {TARGET_S:.0f} s target)")
+    for r in records[1:]:
+        r["ratio_to_full"] = round(r["seconds"] / full, 3)
+    write_result(out, {"question": "how long does a patch-only rebuild of the pipeline image take against a full build",
+                       "command": "make bench-rebuild", "target_s": TARGET_S, "base_image": args.base_image,
+                       "profile": pname, "measured_on": {"cpu": cpu, "cores": os.cpu_count(),
+                                                         "note": "cores shared with other work"},
+                       "builds": records}, indent=1)
+    print(f"wrote {out}")
     return 0
 
 

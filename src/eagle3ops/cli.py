@@ -42,6 +42,7 @@ _command_line = common.command_line  # this invocation, quoted and redacted (the
 
 
 def _window(kind: str, host: HostConfig, dry_run: bool, json_out: bool = False, **kw: Any) -> dict[str, Any]:
+    from eagle3ops.window.common import pipeline_image
     from eagle3ops.window.common import WindowError
     from eagle3ops.window.run import run_window
 
@@ -49,8 +50,8 @@ def _window(kind: str, host: HostConfig, dry_run: bool, json_out: bool = False, 
     with common.remote(host, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or host.pipeline_image))
         try:
-            result = run_window(r, kind=kind, image=host.pipeline_image or dep["image"],
-                                expected_image_id=dep.get("image_id"), command=command,
+            image, image_id = pipeline_image(host, dep)
+            result = run_window(r, kind=kind, image=image, expected_image_id=image_id, command=command,
                                 on_event=print_event, **kw)
         except WindowError as exc:
             common.fail(str(exc))
@@ -71,7 +72,8 @@ def version() -> None:
 
 @app.command()
 def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
-           profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image."),
+           profile: Optional[str] = typer.Option(None, help="Patch profile of the pipeline image (default: "
+                                                 "hosts.HOST.profile, else the registry's default)."),
            base_image: Optional[str] = typer.Option(None, help="Override BASE_IMAGE (local bases)."),
            env_tarball: Optional[Path] = typer.Option(None, help="`stage_runtime: venv` hosts: the pipeline "
                                                       "environment tarball to deliver (verified by sha256); "
@@ -85,7 +87,7 @@ def deploy(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt,
     h = common.load_host(inventory, host)
     with common.plan_output(dry_run, json_out):  # --json: stdout keeps the plan alone
         try:
-            res = deployer.deploy(h, dry_run=dry_run, profile=profile, base_image=base_image, echo=console.print,
+            res = deployer.deploy(h, dry_run=dry_run, profile=profile or h.profile, base_image=base_image, echo=console.print,
                                   env_tarball=env_tarball, command=_command_line())
         except deployer.DeployError as exc:
             common.fail(str(exc))
@@ -175,6 +177,7 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     flags, --env, --image), every other setting kept; health-gated; rollback on failure. The inventory's serving flags are not applied
     (`eagle3ops config check HOST` shows how they differ from the live container). With --gate: exit 0 when
     kept, 3 when measured slower (or undecided) and rolled back."""
+    from eagle3ops.window.common import pipeline_image
     from eagle3ops.config.plan import ReleaseChange
 
     h = common.load_host(inventory, host)
@@ -198,8 +201,9 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     with common.remote(h, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         try:
-            res = gated_release(r, change, pipeline_image=h.pipeline_image or dep["image"],
-                                pipeline_image_id=dep.get("image_id"), command=_command_line(), margin=margin,
+            pimage, pimage_id = pipeline_image(h, dep)
+            res = gated_release(r, change, pipeline_image=pimage, pipeline_image_id=pimage_id,
+                                command=_command_line(), margin=margin,
                                 echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:
             common.fail(str(exc))
@@ -271,6 +275,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                   "max_tokens)."),
               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
+    from eagle3ops.window.common import pipeline_image
     from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_candidate_options, select_gate
     from eagle3ops.speculate.ship import speculate as run_speculate
     from eagle3ops.window.common import WindowError
@@ -300,8 +305,8 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
-        opts = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
-                                pipeline_image_id=dep.get("image_id"),
+        pimage, pimage_id = pipeline_image(h, dep)
+        opts = SpeculateOptions(run=run, pipeline_image=pimage, pipeline_image_id=pimage_id,
                                 head=weights_cli.head_for(inventory, r, head, defer=True),  # fetched under the lock
                                 serving_image=image, force=force, allow_template_mismatch=allow_template_mismatch,
                                 control=control, with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),

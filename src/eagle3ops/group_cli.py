@@ -89,15 +89,17 @@ def _last_done_target(j: Any) -> str | None:
     return plan.target if plan and replay(plan, j.entries()).ended == "done" and plan.kind != "rollback" else None
 
 
-def _facts(hosts: list[Any], name: str, target: str, rollback_from: str | None) -> dict[str, bool]:
+def _facts(hosts: list[Any], name: str, target: str, rollback_from: str | None,
+           json_out: bool = False) -> dict[str, bool]:
     """Whether each host serves the target already (reads only): its marker and current release; for a group
-    rollback, a host not on the release being rolled back counts as on the target."""
+    rollback, a host not on the release being rolled back counts as on the target. ``json_out``: the reads' echo
+    goes to stderr (stdout keeps the plan's JSON)."""
     from eagle3ops.group.steps import on_target, read_marker
     from eagle3ops.window.common import current_release
 
     out = {}
     for h in hosts:
-        with common.remote(h, dry_run=True) as r:
+        with common.remote(h, dry_run=True, json_out=json_out) as r:
             marker = read_marker(r, name)
             out[h.name] = (marker.get("target") != rollback_from if rollback_from
                            else on_target(marker, current_release(r), target))
@@ -124,12 +126,13 @@ def _steps(name: str, hosts: list[Any], remotes: dict[str, Any], balancer: Any, 
            **kw: Any) -> Any:
     """The real step callables of ``plan`` (:class:`eagle3ops.group.steps.HostSteps`); reads each host's deployed
     pipeline image (exit 1 naming ``deploy`` when one has none)."""
+    from eagle3ops.window.common import pipeline_image
     from eagle3ops.group.steps import HostSteps
 
     images = {}
     for h in hosts:
         dep = common.deployed_record(remotes[h.name])
-        images[h.name] = (h.pipeline_image or dep["image"], dep.get("image_id"))
+        images[h.name] = pipeline_image(h, dep)
     return HostSteps(group=name, kind=plan.kind, remotes=remotes, balancer=balancer, target=plan.target,
                      label=plan.label, command=command, images=images, echo=say, max_out=plan.max_out,
                      canary=plan.canary,
@@ -145,7 +148,7 @@ def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timin
     from eagle3ops.group.rollout import plan_rollout, release_key
 
     inv, g, hosts = _load(inventory, name)
-    with common.remote(hosts[0], dry_run=True) as r0:
+    with common.remote(hosts[0], dry_run=True, json_out=json_out) as r0:  # reads only
         j = _journal(r0, hosts[0], name)
         open_ = _unfinished(j)
         rollback_from = None
@@ -162,8 +165,8 @@ def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timin
     if open_ is not None:  # resumed as planned: the journal's plan, its timings included
         plan, rid = open_[0], j.rollout_id
     else:
-        t = dict(timing)
-        plan = plan_rollout(name, g.hosts, g.max_out, kind, target, label, _facts(hosts, name, target, rollback_from),
+        t, facts = dict(timing), _facts(hosts, name, target, rollback_from, json_out)
+        plan = plan_rollout(name, g.hosts, g.max_out, kind, target, label, facts,
                             bake_s=t.pop("bake_s", 0.0), bake_interval_s=t.pop("bake_interval_s", 60.0),
                             bake_sustained_s=t.pop("bake_sustained_s", 0.0), out_wait_s=t.pop("out_wait_s", 600.0),
                             options=t)
@@ -180,8 +183,9 @@ def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timin
 
 
 def _run(inv: Any, name: str, hosts: list[Any], plan: Any, rid: str | None, take_over: bool,
-         step_kw: Callable[[list[Any]], dict[str, Any]]) -> None:
-    """Under the group lock: begin (or resume) the rollout and carry it out; exit by its outcome."""
+         step_kw: Callable[[list[Any]], dict[str, Any]], requests: tuple[str, ...] = ()) -> None:
+    """Under the group lock: begin (or resume) the rollout, journal ``requests`` (control requests this command
+    makes itself, e.g. ``abort`` with no driver running), and carry it out; exit by its outcome."""
     from eagle3ops.group.execute import ReturnFailed, StepBusy, run_rollout
     from eagle3ops.group.haproxy import open_balancer
     from eagle3ops.group.journal import GroupLocked, new_rollout_id
@@ -203,6 +207,8 @@ def _run(inv: Any, name: str, hosts: list[Any], plan: Any, rid: str | None, take
                 j.begin(new_rollout_id(plan.target), plan)
             else:
                 j.use(rid)
+            for what in requests:
+                j.request(what)
             res = run_rollout(plan, j, steps.fns(), steps.balancer, echo=say)
         except (ReturnFailed, StepBusy) as exc:
             common.fail(str(exc))
@@ -252,12 +258,14 @@ def rollout(group: str, run: str = typer.Option(..., "--run", help="The pipeline
                                        "control": control, "prompts": str(prompts_file) if prompts_file else None})
 
     def kw(hosts: list[Any]) -> dict[str, Any]:
+        from eagle3ops.window.common import pipeline_image
         opts = {}
         for h in hosts:
             with common.remote(h, dry_run=True) as r:
                 dep = common.deployed_record(r)
-            opts[h.name] = SpeculateOptions(run=run, pipeline_image=h.pipeline_image or dep["image"],
-                                            pipeline_image_id=dep.get("image_id"), head=head, serving_image=image,
+            pimage, pimage_id = pipeline_image(h, dep)
+            opts[h.name] = SpeculateOptions(run=run, pipeline_image=pimage, pipeline_image_id=pimage_id,
+                                            head=head, serving_image=image,
                                             control=control, force=force, prompts_file=prompts_file,
                                             accept_low_power=accept_low_power, command=common.command_line())
         return {"speculate_options": opts, "prompts": _prompts(hosts[0], prompts_file)}
@@ -316,7 +324,8 @@ def status(group: str, inventory: Path = InventoryOpt, json_out: bool = typer.Op
     from eagle3ops.group.status import view
 
     _, _, hosts = _load(inventory, group)
-    with common.remote(hosts[0], dry_run=True) as r0:
+    # reads only; with --json the commands' echo goes to stderr, so stdout is the one JSON document
+    with common.remote(hosts[0], dry_run=True, json_out=json_out) as r0:
         j = _journal(r0, hosts[0], group)
         cur = j.current()
         if cur is None:
@@ -339,44 +348,72 @@ def status(group: str, inventory: Path = InventoryOpt, json_out: bool = typer.Op
         f"{(v['lock'] or {}).get('command', 'free')}")
 
 
-def _request(group: str, what: str, inventory: Path, dry_run: bool) -> bool | None:
-    """Append a control request to the group's unfinished rollout; returns whether its driver runs
-    (:meth:`eagle3ops.group.journal.GroupJournal.holder_alive`)."""
+def _request(group: str, what: str, inventory: Path, dry_run: bool, json_out: bool = False,
+             take_over: bool = False) -> bool | None:
+    """Append a control request to the group's unfinished rollout (for a running driver: no lock needed, one
+    appended line); returns whether its driver runs (:meth:`eagle3ops.group.journal.GroupJournal.holder_alive`). A
+    dry run says what the request would do (:func:`eagle3ops.group.status.request_plan`), ``json_out``: as one JSON
+    document with the commands it would run on the group's first host (an abort with no driver: the group lock
+    first, the request, then, after the return steps the plan lists, the lock's release)."""
+    from eagle3ops.group.status import request_plan
+
+    if json_out and not dry_run:  # refused before any host is reached
+        common.fail("--json prints the plan of a dry run: add --dry-run, or drop --json", 2)
     _, _, hosts = _load(inventory, group)
-    with common.remote(hosts[0], dry_run=dry_run) as r0:
+    with common.remote(hosts[0], dry_run, json_out) as r0:
         j = _journal(r0, hosts[0], group)
-        if _unfinished(j) is None:
+        open_ = _unfinished(j)
+        if open_ is None:
             common.fail(f"group {group}: no unfinished rollout to {what} (`eagle3ops group status {group}`)")
-        j.request(what)
         alive = j.holder_alive()
+        here = dry_run and what == "abort" and (alive is False or take_over)  # :func:`abort` carries it out
+        if here:  # as the real abort does: the request journaled under the group lock, the return, the release
+            j.acquire(common.command_line(), take_over=True)
+        j.request(what)
+        if here:
+            j.release()
     say(f"group {group}: {what} {'would be ' if dry_run else ''}requested for rollout {j.rollout_id}"
         + ("; its driver acts on it at its next step" if alive is not False else ""))
+    if dry_run:
+        doc = request_plan(*open_, what, alive, take_over=take_over)
+        if doc["return_steps"]:
+            say(f"  then this command, under the group lock, returns: {', '.join(doc['return_steps'])}")
+        common.print_plan({"kind": f"group-{what}", "group": group, "rollout": j.rollout_id, "journal": j.journal,
+                           "lock": j.lock_dir, **doc, "changes": list(r0.changes)}, hosts[0], json_out)
     return alive
 
 
 @app.command("promote")
-def promote(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def promote(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt
+            ) -> None:
     """End the canary's bake now and roll the rest (the driver reads it at its next bake reading)."""
-    if _request(group, "promote", inventory, dry_run) is False:
+    if _request(group, "promote", inventory, dry_run, json_out) is False:
         say("no driver holds the group lock: rerun the rollout's command to continue")
 
 
 @app.command("pause")
-def pause(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt) -> None:
+def pause(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Stop the rollout after the host it is on (a rerun of its command continues)."""
-    _request(group, "pause", inventory, dry_run)
+    _request(group, "pause", inventory, dry_run, json_out)
 
 
 @app.command("abort")
-def abort(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, take_over: bool = TakeOverOpt
-          ) -> None:
+def abort(group: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt,
+          take_over: bool = TakeOverOpt) -> None:
     """Return every switched host to its previous release; with no driver running, this command returns them."""
-    alive = _request(group, "abort", inventory, dry_run)
-    if dry_run or (alive is not False and not take_over):  # a running driver returns the hosts itself
+    if dry_run or json_out:
+        _request(group, "abort", inventory, dry_run, json_out, take_over)
         return
     inv, _, hosts = _load(inventory, group)
-    with common.remote(hosts[0], dry_run=True) as r0:
+    with common.remote(hosts[0], dry_run=True) as r0:  # reads only: the rollout and whether its driver runs
         j = _journal(r0, hosts[0], group)
-        plan, _ = _unfinished(j)
-        rid = j.rollout_id
-    _run(inv, group, hosts, plan, rid, take_over, lambda hosts: {})
+        open_ = _unfinished(j)
+        if open_ is None:
+            common.fail(f"group {group}: no unfinished rollout to abort (`eagle3ops group status {group}`)")
+        alive, rid = j.holder_alive(), j.rollout_id
+    if alive is not False and not take_over:  # a running driver returns the hosts itself
+        _request(group, "abort", inventory, False)
+        return
+    # no driver: this command returns the hosts, and journals the request only once it holds the group lock
+    say(f"group {group}: no driver holds the group lock; this command returns the switched hosts of rollout {rid}")
+    _run(inv, group, hosts, open_[0], rid, take_over, lambda hosts: {}, requests=("abort",))

@@ -26,6 +26,7 @@ def watch_command(host: str, inventory: Path = InventoryOpt, dry_run: bool = Dry
                                                 "document; nothing is scraped or written.")) -> None:
     """Watch the live release's /metrics: acceptance per position and throughput per interval, recorded under
     <state_dir>/watch/; a sustained breach of serving.watch is reported, and rolled back when the policy says so."""
+    from eagle3ops.window.common import pipeline_image
     import shlex
     import sys
 
@@ -36,9 +37,11 @@ def watch_command(host: str, inventory: Path = InventoryOpt, dry_run: bool = Dry
     try:
         with wt.watch_lock(h.name), common.remote(h, dry_run, json_out) as r:
             dep = common.deployed_record(r, required=False)
-            deployed = dep.get("image") if dep.get("image_id") else None  # else a placeholder: not deployed
+            # a placeholder when never deployed: no image to name then unless the inventory names one
+            image, image_id = pipeline_image(h, dep) if dep.get("image_id") or h.pipeline_image \
+                else (None, None)
             opts = wt.WatchOptions(duration_s=duration, interval_s=interval, endpoint=endpoint,
-                                   pipeline_image=h.pipeline_image or deployed, pipeline_image_id=dep.get("image_id"),
+                                   pipeline_image=image, pipeline_image_id=image_id,
                                    command=command, plan_only=json_out)
             out = wt.watch(r, opts, echo=lambda m: common.console.print(m, markup=False))
             if json_out:

@@ -583,7 +583,53 @@ def test_train_resumes_to_the_same_weights_as_an_uninterrupted_run(tmp_path, tra
         assert torch.equal(a[k], b[k]), k
     losses = [json.loads(x)["loss"] for x in (cut / "train/metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 4
-    assert sorted(p.name for p in (cut / "train/checkpoints").iterdir()) == ["step_00000003", "step_00000004"]
+    assert sorted(p.name for p in (cut / "train/checkpoints").iterdir()) == ["best", "step_00000003", "step_00000004"]
+    # the held-out curve carried across the resume: the same measurements and choice as the uninterrupted run
+    choice = [json.loads((r / "train/manifest.json").read_text())["checkpoint_choice"] for r in (straight, cut)]
+    assert choice[0] == choice[1] and [e["step"] for e in choice[0]["curve"]] == [2, 4]
+
+
+def test_train_ships_the_best_held_out_checkpoint_and_the_lk_loss_trains_the_same_batches(tmp_path, trained_base):
+    """``train.select_checkpoint: held_out`` (the default): every checkpoint is measured on the held-out samples
+    and the final head is the best one's weights (bf16), its estimate the manifest's; ``train.loss: lk_hybrid``
+    trains on the same batches, seed and steps as ``kl`` and reaches other weights; ``select_checkpoint: last``
+    ships the last step, as before."""
+    from safetensors.torch import load_file
+
+    from eagle3ops.stages.trainplan import choose_checkpoint
+
+    runs = {}
+    for name, train in (("kl", {}), ("lk", {"loss": "lk_hybrid"}), ("last", {"select_checkpoint": "last"})):
+        run = _copy(trained_base, tmp_path / name)
+        raw = json.loads((run / "pipeline.yaml").read_text())
+        raw["train"] = {**raw["train"], "steps": 6, "lr": 3e-3, **train}
+        (run / "pipeline.yaml").write_text(json.dumps(raw))
+        run_train(run, cfg_of(run), log=QUIET)
+        runs[name] = (run, json.loads((run / "train/manifest.json").read_text()))
+    for name in ("kl", "lk"):
+        run, man = runs[name]
+        choice = man["checkpoint_choice"]
+        assert choice["by"] == "held-out acceptance length" and [e["step"] for e in choice["curve"]] == [2, 4, 6]
+        best = choose_checkpoint(choice["curve"])
+        assert choice["step"] == best["step"] and man["offline_estimate"]["acceptance_length"] == \
+            best["acceptance_length"] and man["offline_estimate"]["per_position"] == best["per_position"]
+        final = load_file(run / "train/final/model.safetensors")
+        kept = load_file(run / "train/checkpoints/best/model.safetensors")
+        assert json.loads((run / "train/checkpoints/best/state.json").read_text())["step"] == best["step"]
+        for k, v in final.items():
+            assert torch.equal(v, kept[k].to(torch.bfloat16) if kept[k].is_floating_point() else kept[k]), (name, k)
+    assert runs["kl"][1]["loss"] == {"kind": "kl"} and runs["lk"][1]["loss"] == {"kind": "lk_hybrid", "lk_eta": 3.0}
+    metrics = {n: [json.loads(x) for x in (r / "train/metrics.jsonl").read_text().splitlines()]
+               for n, (r, _m) in runs.items()}
+    assert [m["samples"] for m in metrics["kl"]] == [m["samples"] for m in metrics["lk"]]  # the same batches
+    assert metrics["kl"][0]["loss"] != pytest.approx(metrics["lk"][0]["loss"], rel=1e-3)  # another objective
+    assert [m["loss"] for m in metrics["kl"]] == [m["loss"] for m in metrics["last"]]  # measuring changes nothing
+    last_run, last_man = runs["last"]
+    assert last_man["checkpoint_choice"] == {"by": "last step", "step": 6}
+    assert not (last_run / "train/checkpoints/best").exists()
+    final = load_file(last_run / "train/final/model.safetensors")
+    step6 = load_file(last_run / "train/checkpoints/step_00000006/model.safetensors")
+    assert all(torch.equal(v, step6[k].to(torch.bfloat16)) for k, v in final.items() if v.is_floating_point())
 
 
 def test_dense_attention_equals_speculators_flex_attention(trained_base):

@@ -129,3 +129,19 @@ def inspect_images(host: HostConfig | None, ids: list[str]) -> Read:
 
 
 _IMAGE_LS = ("image", "ls", "-q", "--no-trunc")
+
+
+def run_python_stdin(host: HostConfig | None, image: str, source: str,
+                     mounts: tuple[tuple[str, str], ...] = ()) -> Read:
+    """``docker run --rm -i --network none [-v SRC:DST:ro ...] --entrypoint python3 IMAGE -c SOURCE``: a throwaway
+    container of ``image`` running the Python ``source``, its input on standard input (so values never show in the
+    host's process list), with no network, ``mounts`` read-only and nothing kept. A read: the container is gone
+    when it returns.
+
+    Args:
+        host: the inventory entry whose engine runs it (``docker_host``); None: the local client's default engine.
+        mounts: ``(host path, container path)`` pairs, bound read-only.
+    """
+    vols = [w for src, dst in mounts for w in ("-v", f"{src}:{dst}:ro")]
+    args = ("run", "--rm", "-i", "--network", "none", *vols, "--entrypoint", "python3", image, "-c", source)
+    return Read(docker(host, *args) if host is not None else ["docker", *args])

@@ -38,6 +38,12 @@ def http_status(url: str, timeout_s: int = 5) -> Read:
     return Read(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", str(timeout_s), url])
 
 
+def http_body(url: str, timeout_s: int = 5) -> Read:
+    """``curl -s -f --max-time T URL``: the body of one GET, printed (exit 22 on an HTTP error status, 127 when
+    the host has no ``curl``). Read-only: a window's preflight reads serving's ``/version`` with it."""
+    return Read(["curl", "-s", "-f", "--max-time", str(timeout_s), url])
+
+
 def quiet_shell_probe() -> Read:
     """``true``: prints nothing on a host whose login shell is quiet for non-interactive SSH commands; whatever it
     prints is what the shell's start-up files print before every command (:meth:`eagle3ops.remote.Remote`'s first

@@ -394,6 +394,12 @@ class HostConfig(StrictModel):
     pipeline_image: str | None = Field(
         None, description="Pipeline image to run stages with; default: the image `eagle3ops image build` made."
     )
+    profile: str | None = Field(
+        None, description="The stack profile this host runs, a name of patches/profiles.yaml (e.g. "
+        "`speculators-0.9.0-vllm-0.32.0`): `deploy` builds its pipeline image for it (`--profile` overrides) and a "
+        "window refuses to start when live serving's `/version` is not the profile's vLLM version; default: the "
+        "registry's default profile (vLLM 0.16.0). Compatibility matrix: docs/vllm-profiles.md."
+    )
     stage_env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Extra environment for stage containers, e.g. NCCL_PROTO, NCCL_ALGO."
     )

@@ -186,7 +186,25 @@ class TrainConfig(StrictModel):
     num_layers: int = Field(1, ge=1, description="Decoder layers of the draft head.")
     ttt_steps: int = Field(3, ge=1, description="Test-time-training unroll steps per batch (EAGLE-3).")
     ttt_step_loss_decay: float = Field(1.0, gt=0, description="Loss weight decay per ttt step.")
+    loss: Literal["kl", "lk_hybrid"] = Field(
+        "kl",
+        description="The draft head's training objective per position: `kl` = speculators' forward KL from the "
+        "target's distribution; `lk_hybrid` = the hybrid LK loss (Samarin et al., arXiv 2602.23881), "
+        "lambda * KL + (1 - lambda) * (1 - acceptance rate) with lambda = exp(-lk_eta * acceptance rate), which "
+        "trains on the acceptance rate itself once the head is warm. The manifest records which one trained.",
+    )
+    lk_eta: float = Field(3.0, ge=0, description="`loss: lk_hybrid`: decay rate of the KL weight lambda in the "
+                          "acceptance rate (0 = plain KL; 3 as in speculators' implementation of the paper).")
     checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every this many steps.")
+    select_checkpoint: Literal["held_out", "last"] = Field(
+        "held_out",
+        description="Which weights become the final draft head: `held_out` = the checkpoint (every checkpoint_every "
+        "steps and the last step) with the highest offline acceptance length on the held-out samples (each "
+        "checkpoint then costs one pass over them; the earlier one on a tie), so an over-fitted end of training is "
+        "not shipped; `last` = the last step's. Without held-out samples (held_out_fraction 0) or in a chunked run "
+        "(later chunks' held-out samples are extracted only by the last pass): the last step's, and the manifest "
+        "says why.",
+    )
     keep_checkpoints: int = Field(2, ge=1, description="Resumable checkpoints kept (older ones are deleted).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` = cuda when available, else cpu.")
     compile: bool | None = Field(

@@ -54,6 +54,14 @@ class ProfileEntry(StrictModel):
                            "production."
     )
 
+    succeeds: list[str] = Field(
+        default_factory=list,
+        description="Profiles this one replaces on an upgrade: every patch of their series must have a fate here, "
+                    "carried forward into one of this profile's series (same name without its number) or retired by "
+                    "a record `<series>/retired/<package>/<version>/<patch>.yaml` whose evidence `eagle3ops patch "
+                    "check` reads from the pinned wheels (patches/README.md).",
+    )
+
     @field_validator("series")
     @classmethod
     def _relative(cls, value: list[str]) -> list[str]:
@@ -91,6 +99,11 @@ class ProfilesRegistry(StrictModel):
         if self.default not in self.profiles:
             raise ValueError(f"default profile {self.default!r} is not defined under `profiles:`; use one of: "
                              f"{', '.join(self.profiles) or '(none)'}")
+        for name, entry in self.profiles.items():
+            for old in entry.succeeds:
+                if old not in self.profiles or old == name:
+                    raise ValueError(f"profiles.{name}.succeeds names {old!r}, which is not another profile; use one "
+                                     f"of: {', '.join(sorted(set(self.profiles) - {name}))}")
         return self
 
     def entry(self, name: str | None, *, where: str) -> tuple[str, ProfileEntry]:

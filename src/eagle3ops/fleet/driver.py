@@ -194,8 +194,9 @@ def deployed_image(r: Any) -> tuple[str, str | None]:
 
     out = r.run(hc.cat_if_exists(paths(r.host)["deployed"]), check=False).stdout
     dep = json.loads(out) if out.strip() else {}
-    image = r.host.pipeline_image or dep.get("image")
-    if not image:
+    if not (r.host.pipeline_image or dep.get("image")):
         raise FleetPlanError(f"{r.host.name}: no pipeline image deployed yet; run {hint('deploy', r.host.name)} "
                              f"first")
-    return image, dep.get("image_id")
+    from eagle3ops.window.common import pipeline_image
+
+    return pipeline_image(r.host, dep)

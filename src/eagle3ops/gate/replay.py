@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import httpx
@@ -189,6 +189,92 @@ def _check_json(what: str, text: str, path: str) -> None:
                             f"({text[:80]!r})") from None
 
 
+@dataclass
+class _Streamed:
+    """What one request's stream carried: ``first``/``last`` (monotonic seconds of the first and last chunk with
+    text, content, reasoning or a tool-call piece; None without one), ``tokens`` (the usage's completion tokens),
+    ``done`` (``data: [DONE]`` seen), ``finish`` (the last finish reason), ``content`` and ``calls`` (a chat answer's
+    content pieces, and each tool call's argument pieces by index)."""
+
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+    done: bool = False
+    finish: str | None = None
+    content: list[str] = field(default_factory=list)
+    calls: dict[int, list[str]] = field(default_factory=dict)
+
+    def take(self, ev: Mapping[str, Any], chat: bool) -> None:
+        """One ``data:`` event of the stream (a completions or chat completions chunk), timed on arrival."""
+        choice = (ev.get("choices") or [{}])[0]
+        if chat:
+            delta = choice.get("delta") or {}
+            got = any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
+            self.content.append(delta.get("content") or "")
+            for tc in delta.get("tool_calls") or []:
+                self.calls.setdefault(int(tc.get("index", 0)), []).append(
+                    (tc.get("function") or {}).get("arguments") or "")
+        else:
+            got = bool(choice.get("text"))
+        self.finish = choice.get("finish_reason") or self.finish
+        if got:
+            now = time.monotonic()
+            self.first = self.first or now
+            self.last = now
+        if ev.get("usage"):
+            self.tokens = int(ev["usage"]["completion_tokens"])
+
+
+def _read_stream(client: httpx.Client, url: str, path: str, body: Mapping[str, Any]) -> _Streamed:
+    """POST ``body`` to ``url`` and read its server-sent events to the end.
+
+    Raises:
+        RequestFailed: a non-2xx answer, an error event, a transport error or timeout, a data line that is not
+            JSON, or a stream that ended before ``data: [DONE]``.
+    """
+    got = _Streamed()
+    try:
+        with client.stream("POST", url, json=body) as r:
+            if not r.is_success:
+                r.read()
+                raise RequestFailed(f"HTTP {r.status_code} from {path}: {r.text.strip()[:200]}")
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    got.done = True
+                    continue
+                if not line.startswith("data: "):
+                    continue
+                ev = json.loads(line[6:])
+                if ev.get("error"):
+                    err = ev["error"]
+                    raise RequestFailed(f"stream error from {path}: "
+                                        f"{(err.get('message') if isinstance(err, dict) else err)}"[:300])
+                got.take(ev, path == CHAT)
+    except httpx.HTTPError as e:
+        raise RequestFailed(f"{type(e).__name__} from {path}: {e}"[:300]) from None
+    except ValueError as e:  # a data line that is not JSON
+        raise RequestFailed(f"unreadable stream from {path}: {e}"[:300]) from None
+    if not got.done:
+        raise RequestFailed(f"the stream from {path} ended before data: [DONE] (the server closed it)")
+    return got
+
+
+def _check_structured(prompt: str | Mapping[str, Any], got: _Streamed, path: str) -> None:
+    """A chat answer that ended on its own (finish reason other than ``length``): its ``response_format``
+    ``json_object``/``json_schema`` content, and each tool call's arguments, must be JSON.
+
+    Raises:
+        RequestFailed: a grammar failure, naming what is not JSON.
+    """
+    if got.finish in (None, "length"):
+        return
+    rf = (prompt.get("response_format") or {}) if isinstance(prompt, Mapping) else {}
+    if rf.get("type") in ("json_object", "json_schema") and not got.calls:
+        _check_json("the response_format answer", "".join(got.content), path)
+    for i, parts in sorted(got.calls.items()):
+        _check_json(f"tool call {i}'s arguments", "".join(parts), path)
+
+
 def _one(client: httpx.Client, base_url: str, model: str, prompt: str | Mapping[str, Any], max_tokens: int,
          inflight: list[int], lock: threading.Lock) -> tuple[int, float | None, float | None, float]:
     """Send one streamed request (:func:`request_body`); returns (output tokens, ttft s, itl s, request s).
@@ -197,61 +283,14 @@ def _one(client: httpx.Client, base_url: str, model: str, prompt: str | Mapping[
         RequestFailed: the module doc's failures, naming the endpoint.
     """
     path, body = request_body(model, prompt, max_tokens)
-    chat = path == CHAT
     with lock:
         inflight[0] += 1
     try:
         t0 = time.monotonic()
-        first = last = None
-        tokens = 0
-        done, finish = False, None
-        content: list[str] = []
-        calls: dict[int, list[str]] = {}
-        try:
-            with client.stream("POST", f"{base_url}{path}", json=body) as r:
-                if not r.is_success:
-                    r.read()
-                    raise RequestFailed(f"HTTP {r.status_code} from {path}: {r.text.strip()[:200]}")
-                for line in r.iter_lines():
-                    if line == "data: [DONE]":
-                        done = True
-                        continue
-                    if not line.startswith("data: "):
-                        continue
-                    ev = json.loads(line[6:])
-                    if ev.get("error"):
-                        err = ev["error"]
-                        raise RequestFailed(f"stream error from {path}: "
-                                            f"{(err.get('message') if isinstance(err, dict) else err)}"[:300])
-                    choice = (ev.get("choices") or [{}])[0]
-                    if chat:
-                        delta = choice.get("delta") or {}
-                        got = any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
-                        content.append(delta.get("content") or "")
-                        for tc in delta.get("tool_calls") or []:
-                            calls.setdefault(int(tc.get("index", 0)), []).append(
-                                (tc.get("function") or {}).get("arguments") or "")
-                    else:
-                        got = bool(choice.get("text"))
-                    finish = choice.get("finish_reason") or finish
-                    if got:
-                        now = time.monotonic()
-                        first = first or now
-                        last = now
-                    if ev.get("usage"):
-                        tokens = int(ev["usage"]["completion_tokens"])
-        except httpx.HTTPError as e:
-            raise RequestFailed(f"{type(e).__name__} from {path}: {e}"[:300]) from None
-        except ValueError as e:  # a data line that is not JSON
-            raise RequestFailed(f"unreadable stream from {path}: {e}"[:300]) from None
-        if not done:
-            raise RequestFailed(f"the stream from {path} ended before data: [DONE] (the server closed it)")
-        if chat and finish not in (None, "length"):
-            rf = (prompt.get("response_format") or {}) if isinstance(prompt, Mapping) else {}
-            if rf.get("type") in ("json_object", "json_schema") and not calls:
-                _check_json("the response_format answer", "".join(content), path)
-            for i, parts in sorted(calls.items()):
-                _check_json(f"tool call {i}'s arguments", "".join(parts), path)
+        got = _read_stream(client, f"{base_url}{path}", path, body)
+        if path == CHAT:
+            _check_structured(prompt, got, path)
+        first, last, tokens = got.first, got.last, got.tokens
         ttft = (first - t0) if first else None
         itl = (last - first) / (tokens - 1) if first and last and tokens > 1 else None
         return tokens, ttft, itl, (last or time.monotonic()) - t0

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import importlib
 import json
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -401,3 +403,37 @@ def read_manifest(site_dir: Path, package: str) -> dict:
     if data.get("schema") != MANIFEST_SCHEMA:
         raise PatchToolError(f"{path}: schema {data.get('schema')!r}, expected {MANIFEST_SCHEMA}", fix="re-run eagle3ops patch apply")
     return data
+
+
+def patched_modules(files: list[str] | tuple[str, ...]) -> list[str]:
+    """The module names of the ``.py`` files among ``files`` (paths relative to the site dir; a package's
+    ``__init__.py`` gives the package)."""
+    mods = []
+    for f in files:
+        if f.endswith(".py"):
+            parts = f[:-3].split("/")
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods.append(".".join(parts))
+    return mods
+
+
+def import_patched(site_dir: Path, package: str) -> tuple[int, float]:
+    """The ``import`` check: import every module ``apply`` patched (from the manifest in ``site_dir``).
+
+    Returns:
+        (modules imported, seconds).
+
+    Raises:
+        PatchToolError: no manifest, or a patched module does not import (the message names the module,
+        the site dir and the fix).
+    """
+    mods = patched_modules(sorted(read_manifest(site_dir, package).get("files_sha256", {})))
+    t0 = time.monotonic()
+    for m in mods:
+        try:
+            importlib.import_module(m)
+        except Exception as e:  # noqa: BLE001 - reported with its type: the check failed
+            raise PatchToolError(f"import: patched module {m} ({site_dir}) does not import: {type(e).__name__}: {e}",
+                                 fix="fix the patch or the pinned requirements") from None
+    return len(mods), time.monotonic() - t0

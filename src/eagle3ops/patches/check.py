@@ -11,7 +11,9 @@ files are upstream's bytes, which no patch of the series touched: compiling ever
 each vLLM profile's check). Then the very same
 :func:`~eagle3ops.patches.apply.apply_series` used in images runs twice on a second pristine copy (pin check and
 series-level state judgement included): the first run must apply every patch, the second must find the series
-already applied and change nothing (``apply`` is idempotent on this series).
+already applied and change nothing (``apply`` is idempotent on this series). A series with no patches (retirement
+records only) is not unpacked. Every retirement record of the series (:mod:`eagle3ops.patches.fates`) has its
+evidence read from each of its pinned wheels.
 Required versions of other packages are not checked (they are not in the scratch tree); the probe names are checked
 against the probe registry when it can be imported.
 """
@@ -29,6 +31,7 @@ from eagle3ops.patches.apply import Action, apply_patch, apply_series, reverse_a
 from eagle3ops.patches.diffcheck import parse_diff
 from eagle3ops.patches.diffgen import list_files
 from eagle3ops.patches.errors import PatchToolError
+from eagle3ops.patches.fates import check_evidence
 from eagle3ops.patches.series import Profile, Series, Upstream, load_series
 from eagle3ops.patches.wheels import fetch_wheel, unpack_wheel
 
@@ -125,21 +128,27 @@ def check_series(
                     if r.name == pin.name and r.version != pin.version:
                         res.problems.append(f"patch {p.name} requires {r} but profile {profile.name} requires {pin}")
     wheels = (series.upstream, *series.upstream.also)
+    fetched: dict[str, Path] = {}
     for upstream in wheels:
-        _check_wheel(series, upstream, res, cache=cache, label=f"{upstream.wheel}: " if len(wheels) > 1 else "")
+        got = _check_wheel(series, upstream, res, cache=cache, label=f"{upstream.wheel}: " if len(wheels) > 1 else "")
+        if got is not None:
+            fetched[upstream.wheel] = got
+    res.problems += check_evidence(series, fetched)
     res.ok = not res.problems and all(p.ok for p in res.patches)
     return res
 
 
-def _check_wheel(series: Series, upstream: Upstream, res: SeriesCheck, *, cache: Path | None, label: str) -> None:
+def _check_wheel(series: Series, upstream: Upstream, res: SeriesCheck, *, cache: Path | None, label: str) -> Path | None:
     """Apply ``series`` patch by patch to the pristine ``upstream`` wheel, byte-compile it, then apply the whole
     series twice to a second pristine copy; record each patch's outcome (detail prefixed by ``label``) and any
-    problem in ``res``."""
+    problem in ``res``. Returns the fetched wheel's path (None when it could not be fetched)."""
     try:
         wheel = fetch_wheel(upstream, cache)
     except PatchToolError as e:
         res.problems.append(str(e))
-        return
+        return None
+    if not series.patches:
+        return wheel  # a series of retirement records only: nothing to unpack, apply or compile
     from eagle3ops.patches.installed import find_dist
 
     with tempfile.TemporaryDirectory(prefix="eagle3ops-check-") as tmp:
@@ -167,13 +176,14 @@ def _check_wheel(series: Series, upstream: Upstream, res: SeriesCheck, *, cache:
             only = series_py_files(series)
         except PatchToolError as e:
             res.problems.append(str(e))
-            return
+            return wheel
         compiled, errors = byte_compile(site, dist.top_levels, only)
         res.compiled += compiled
         res.problems += [f"byte-compile: {label}{e}" for e in errors]
         if all_ok:
             res.problems += [label + p for p in _apply_twice(series, unpack_wheel(wheel, Path(tmp) / "site2",
                                                                                   skip_suffixes=SKIPPED))]
+    return wheel
 
 
 def _apply_twice(series: Series, site: Path) -> list[str]:

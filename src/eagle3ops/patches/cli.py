@@ -140,12 +140,14 @@ def probe_cmd(
     fresh: Annotated[bool, typer.Option("--fresh", help="with --result-cache: run every probe (passes are still stored)")] = False,
     salt: Annotated[str, typer.Option("--salt", help="extra result-cache key material (image builds pass the base image digest/id)")] = "",
     record: Annotated[bool, typer.Option("--record", help="write <site>/eagle3ops_patches/<package>.probes.json (what ran, what was reused, keys)")] = False,
+    import_check: Annotated[bool, typer.Option("--import-check", help="first import every patched module (the image build's import check, here so that the patched stack is imported once)")] = False,
 ) -> None:
     """Verify every patched file against the manifest apply wrote (sha256), then run the behavioural probe of every
     applied patch; fail on a file edited since apply, or on any failed or unknown probe. With --result-cache, passes
     whose content key matches are reused (see eagle3ops.patches.probecache)."""
     from eagle3ops.patches.apply import MANIFEST_DIR, PROBE_RECORD_SUFFIX, read_manifest
     from eagle3ops.patches.installed import find_dist
+    from eagle3ops.patches.apply import import_patched
     from eagle3ops.patches.proberun import LAST_TIMINGS, probe_installed
 
     pkgs = list(package)
@@ -158,6 +160,9 @@ def probe_cmd(
     for pkg in pkgs:
         dist = find_dist(pkg, site_dir)
         t0 = time.monotonic()
+        if import_check:
+            n, secs = import_patched(dist.site_dir, pkg)  # PatchToolError: the module, the site dir and the fix
+            typer.echo(f"ok   import: {n} patched module(s) of {pkg} import ({secs:.1f} s)")
         changed, outcomes = probe_installed(dist.site_dir, pkg, probes_module=probes_module, only=patch or None,
                                             result_cache=result_cache, fresh=fresh, salt=salt)
         for f in changed:
@@ -184,6 +189,7 @@ def probe_cmd(
             rec = {"package": pkg, "probes_module": probes_module, "result_cache": bool(result_cache),
                    "fresh": fresh, "files_changed": changed, "seconds": round(time.monotonic() - t0, 3),
                    "phases_s": {k: round(v, 3) for k, v in LAST_TIMINGS.items()},
+                   "fixtures": _fixture_sources(),
                    "outcomes": [{"patch": o.patch, "probe": o.probe, "ok": o.ok, "reused": o.reused, "key": o.key,
                                  "seconds": round(o.seconds, 3), "detail": o.detail} for o in outcomes]}
             out = dist.site_dir / MANIFEST_DIR / f"{pkg}{PROBE_RECORD_SUFFIX}"
@@ -191,6 +197,15 @@ def probe_cmd(
     if bad:
         _err(f"error: {bad} failure(s): changed file(s) or failed probe(s)")
         raise typer.Exit(6)
+
+
+def _fixture_sources() -> dict:
+    """How this run got its tiny targets and reference states (built, reused from the fixture cache, or in a
+    scratch dir) and how long getting the targets took, for the probe record."""
+    from eagle3ops.patches import fixtures, probekit
+
+    return {"targets": dict(fixtures.LAST_SOURCE), "references": dict(probekit.LAST_REFERENCE_SOURCE),
+            "seconds": round(probekit.LAST_PREPARE.get("fixtures_s", 0.0), 3)}
 
 
 def deprecated_alias(fn, old: str, new: str):
@@ -218,7 +233,8 @@ def check_cmd(
     probes_module: Annotated[str, typer.Option(help="module whose PROBES names the patches' probes must be in")] = "eagle3ops.patches.probes",
 ) -> None:
     """For every series: fetch the pinned wheel (sha256 verified), apply strictly in a scratch tree,
-    byte-compile, report per patch. Used by CI."""
+    byte-compile, report per patch; read each retirement record's evidence from the wheels; for a profile that
+    succeeds others, the fate of each of their patches. Used by CI."""
     from eagle3ops.patches.check import check_series
 
     profs = _profiles(patches_dir)
@@ -245,9 +261,24 @@ def check_cmd(
             for pr in r.problems:
                 typer.echo(f"    FAIL {pr}")
             failures += 0 if r.ok else 1
+        if prof.succeeds:
+            failures += _echo_fates(profs, prof.name)
     if failures:
-        _err(f"error: {failures} series failed the check")
+        _err(f"error: {failures} series or fate checks failed")
         raise typer.Exit(5)
+
+
+def _echo_fates(profs, name: str) -> int:
+    """Print the fate of every patch of the profiles ``name`` succeeds; 1 when one has none (or two), else 0."""
+    from eagle3ops.patches.fates import fates
+
+    got, problems = fates(profs, name)
+    typer.echo(f"  fates of the patches of {', '.join(profs.get(name).succeeds)}: {'OK' if not problems else 'FAILED'}")
+    for f in got:
+        typer.echo(f"    {f.kind:<8} {f.old}" + (f" -> {f.where}" if f.where else ""))
+    for pr in problems:
+        typer.echo(f"    FAIL {pr}")
+    return 1 if problems else 0
 
 
 @app.command("new")

@@ -136,67 +136,74 @@ def parse_diff(diff_text: str, *, where: str) -> list[FileDiff]:
         raise SeriesError(f"{where}: not a valid unified diff ({e})", fix="regenerate it with diff -u / git diff")
     if len(ps) == 0:
         raise SeriesError(f"{where}: contains no file diff", fix="a patch must change at least one file")
-    out: list[FileDiff] = []
     seen: set[str] = set()
-    for f in ps:
-        git_empty: str | None = None
-        info = [ln.rstrip("\r\n") for ln in str(f.patch_info or "").splitlines()]
-        for line in info:
-            if line.strip() in (EMPTY_NEW, EMPTY_DELETED) and len(f) == 0:
-                git_empty = line.strip()
-                continue
-            if _GIT_UNSUPPORTED.match(line):
-                raise UnsafePatch(
-                    f"{where}: unsupported diff feature {line.strip()!r} for {f.path!r}",
-                    fix="patches may only edit, create or delete regular text files (no renames, modes, binaries, "
-                    "symlinks; an empty file only as 'new file mode 100644' / 'deleted file mode 100644')",
-                )
-        if f.is_binary_file or f.is_rename:
-            raise UnsafePatch(f"{where}: binary or rename diff for {f.path!r}", fix="edit text files only")
-        if git_empty is not None:
-            out.append(_empty_file_diff(f, info, git_empty, where=where, seen=seen))
+    return [_file_diff(f, where=where, seen=seen) for f in ps]
+
+
+def _file_diff(f, *, where: str, seen: set[str]) -> FileDiff:
+    """One file's diff of a patch (a :class:`unidiff.PatchedFile`), validated: a plain edit, creation or deletion of
+    a text file under the ``-p1`` prefix, with hunks (or an empty file's git stanza), named once in the patch
+    (``seen``: the paths so far, this one added).
+
+    Raises:
+        UnsafePatch: as :func:`parse_diff` says.
+    """
+    git_empty: str | None = None
+    info = [ln.rstrip("\r\n") for ln in str(f.patch_info or "").splitlines()]
+    for line in info:
+        if line.strip() in (EMPTY_NEW, EMPTY_DELETED) and len(f) == 0:
+            git_empty = line.strip()
             continue
-        src = f.source_file.split("\t", 1)[0]
-        tgt = f.target_file.split("\t", 1)[0]
-        added = src == DEV_NULL
-        removed = tgt == DEV_NULL
-        if added and removed:
-            raise UnsafePatch(f"{where}: both sides are /dev/null", fix="remove that file diff")
-        s = None if added else _strip1(src, where=where)
-        t = None if removed else _strip1(tgt, where=where)
-        if s is not None and t is not None and s != t:
+        if _GIT_UNSUPPORTED.match(line):
             raise UnsafePatch(
-                f"{where}: old name {src!r} and new name {tgt!r} differ", fix="renames are not supported; old and new must be the same file"
+                f"{where}: unsupported diff feature {line.strip()!r} for {f.path!r}",
+                fix="patches may only edit, create or delete regular text files (no renames, modes, binaries, "
+                "symlinks; an empty file only as 'new file mode 100644' / 'deleted file mode 100644')",
             )
-        path = t or s
-        assert path is not None
-        if path in seen:
-            raise UnsafePatch(f"{where}: {path!r} appears twice in one patch", fix="merge the two diffs of that file")
-        seen.add(path)
-        hunks = tuple(
-            Hunk(
-                number=i,
-                header=f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
-                + (f" {h.section_header}" if h.section_header else ""),
-                source_start=h.source_start,
-                source_length=h.source_length,
-                target_start=h.target_start,
-                target_length=h.target_length,
-                source_lines=_source_lines(h),
-            )
-            for i, h in enumerate(f, start=1)
+    if f.is_binary_file or f.is_rename:
+        raise UnsafePatch(f"{where}: binary or rename diff for {f.path!r}", fix="edit text files only")
+    if git_empty is not None:
+        return _empty_file_diff(f, info, git_empty, where=where, seen=seen)
+    src = f.source_file.split("\t", 1)[0]
+    tgt = f.target_file.split("\t", 1)[0]
+    added = src == DEV_NULL
+    removed = tgt == DEV_NULL
+    if added and removed:
+        raise UnsafePatch(f"{where}: both sides are /dev/null", fix="remove that file diff")
+    s = None if added else _strip1(src, where=where)
+    t = None if removed else _strip1(tgt, where=where)
+    if s is not None and t is not None and s != t:
+        raise UnsafePatch(
+            f"{where}: old name {src!r} and new name {tgt!r} differ", fix="renames are not supported; old and new must be the same file"
         )
-        if not hunks:
-            raise UnsafePatch(
-                f"{where}: {path!r} has no hunks",
-                fix="an empty file is created or deleted with a git stanza ('diff --git a/P b/P' + 'new file mode "
-                "100644' or 'deleted file mode 100644'); mode/rename-only diffs are not supported",
-            )
-        old_name = DEV_NULL if added else f"a/{path}"
-        new_name = DEV_NULL if removed else f"b/{path}"
-        text = f"--- {old_name}\n+++ {new_name}\n" + "".join(str(h) for h in f)
-        out.append(FileDiff(path=path, added=added, removed=removed, hunks=hunks, text=text))
-    return out
+    path = t or s
+    assert path is not None
+    if path in seen:
+        raise UnsafePatch(f"{where}: {path!r} appears twice in one patch", fix="merge the two diffs of that file")
+    seen.add(path)
+    hunks = tuple(
+        Hunk(
+            number=i,
+            header=f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
+            + (f" {h.section_header}" if h.section_header else ""),
+            source_start=h.source_start,
+            source_length=h.source_length,
+            target_start=h.target_start,
+            target_length=h.target_length,
+            source_lines=_source_lines(h),
+        )
+        for i, h in enumerate(f, start=1)
+    )
+    if not hunks:
+        raise UnsafePatch(
+            f"{where}: {path!r} has no hunks",
+            fix="an empty file is created or deleted with a git stanza ('diff --git a/P b/P' + 'new file mode "
+            "100644' or 'deleted file mode 100644'); mode/rename-only diffs are not supported",
+        )
+    old_name = DEV_NULL if added else f"a/{path}"
+    new_name = DEV_NULL if removed else f"b/{path}"
+    text = f"--- {old_name}\n+++ {new_name}\n" + "".join(str(h) for h in f)
+    return FileDiff(path=path, added=added, removed=removed, hunks=hunks, text=text)
 
 
 def _empty_file_diff(f, info: list[str], kind: str, *, where: str, seen: set[str]) -> FileDiff:

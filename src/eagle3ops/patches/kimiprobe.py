@@ -15,6 +15,7 @@ from eagle3ops.patches.probekit import (
     ProbeFailed,
     _check_results_basic,
     _engine,
+    cached_reference,
     hidden_state_errors,
 )
 
@@ -43,8 +44,12 @@ def probe_kimi_k25_targets() -> None:
     except Exception as e:
         raise ProbeFailed(f"generate() on tiny Kimi-K2.5 failed: {type(e).__name__}: {e}") from e
     _check_results_basic(res, seqs, len(DEEPSEEK_LAYERS), "kimi-k25-targets")
-    ref = TransformersEngine(str(eng.model_dir), list(DEEPSEEK_LAYERS), device="cpu", dtype=torch.float32)
-    refs = [[h.float() for h in r["hidden_states"]] for r in ref.generate(seqs)]
+
+    def reference() -> list[list[torch.Tensor]]:
+        ref = TransformersEngine(str(eng.model_dir), list(DEEPSEEK_LAYERS), device="cpu", dtype=torch.float32)
+        return [[h.float() for h in r["hidden_states"]] for r in ref.generate(seqs)]
+
+    refs = cached_reference(eng.model_dir, "kimi-language-model-states", seqs, DEEPSEEK_LAYERS, reference)
     stats = hidden_state_errors(res, refs)
     stats.check(MOE_TOLERANCE, "tiny Kimi-K2.5 (language_model backbone), all layers")
 

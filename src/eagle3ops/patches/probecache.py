@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.patches.apply import MANIFEST_DIR, PROBE_RECORD_SUFFIX
-from eagle3ops.patches.wheels import sha256_file
+from eagle3ops.patches.digests import cpu_info as _cpu
+from eagle3ops.patches.digests import tree_digest
 
 __all__ = ["ENV_PREFIXES", "ProbeResultCache", "code_digest", "environment_fingerprint", "patched_trees",
            "probe_key", "probe_key_inputs", "tree_digest"]
@@ -56,40 +57,7 @@ SCHEMA = 1
 ENV_PREFIXES = ("VLLM_", "CUDA_", "NVIDIA_", "TORCH", "PYTORCH_", "OMP_", "KMP_", "MKL_", "HF_", "TRANSFORMERS_",
                 "TOKENIZERS_", "EAGLE3OPS_", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED")
 #: Variables with those prefixes that only say where things go, not what a probe does.
-ENV_IGNORED = frozenset({"EAGLE3OPS_PROBE_CACHE"})
-
-
-def _skip(path: Path) -> bool:
-    return "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo")
-
-
-def tree_digest(root: Path, names: tuple[str, ...] | list[str]) -> str:
-    """sha256 over the files of ``root/<name>`` for each name (a package dir or a module file).
-
-    Each file contributes its path relative to ``root``, its executable bit and the sha256 of its bytes (a
-    symlink: its target); ``__pycache__`` and ``*.pyc`` are skipped (Python writes them while probes run).
-    A missing name contributes a ``missing`` marker, so removing a package changes the digest.
-    """
-    h = hashlib.sha256()
-    for name in sorted(names):
-        base = root / name
-        if not base.exists() and (root / f"{name}.py").is_file():
-            base = root / f"{name}.py"
-        if base.is_symlink() or base.is_file():
-            files = [base]
-        elif base.is_dir():
-            files = sorted(p for p in base.rglob("*") if (p.is_file() or p.is_symlink()) and not _skip(p))
-        else:
-            h.update(f"missing {name}\n".encode())
-            continue
-        for p in files:
-            rel = p.relative_to(root).as_posix()
-            if p.is_symlink():
-                h.update(f"L {rel} {os.readlink(p)}\n".encode())
-            else:
-                x = "x" if os.access(p, os.X_OK) else "-"
-                h.update(f"F {rel} {x} {sha256_file(p)}\n".encode())
-    return h.hexdigest()
+ENV_IGNORED = frozenset({"EAGLE3OPS_PROBE_CACHE", "EAGLE3OPS_FIXTURES_CACHE"})
 
 
 def code_digest(module: str) -> str:
@@ -127,20 +95,6 @@ def _package_digest(module: str) -> str:
         raise ModuleNotFoundError(f"probe registry {module}: {top} has no source file")
     origin = Path(spec.origin)
     return tree_digest(origin.parent, [origin.name])
-
-
-def _cpu() -> dict[str, str]:
-    info: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            k, _, v = line.partition(":")
-            k = k.strip()
-            if k in ("model name", "flags", "Features", "CPU implementer", "CPU part") and k not in info:
-                info[k] = " ".join(sorted(v.split())) if k in ("flags", "Features") else v.strip()
-    except OSError:
-        pass
-    info["count"] = str(os.cpu_count())
-    return info
 
 
 def _distributions() -> list[list[str]]:

@@ -39,7 +39,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ __all__ = [
     "Tolerance",
     "finish",
     "hidden_state_errors",
+    "cached_reference",
     "prepare",
     "reference_layer_states",
     "shutdown",
@@ -157,6 +158,8 @@ class _Engine:
 
 
 _ENGINES: dict[str, _Engine] = {}
+#: The tiny targets of this run by kind (:func:`_model`).
+_MODELS: dict[str, Path] = {}
 _TMP: Path | None = None
 
 
@@ -186,16 +189,22 @@ def _quiet_idle_polling() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def _model(kind: str) -> Path:
+    """The tiny target ``kind`` of this run (seed 0): from the fixture cache when one is configured and holds it,
+    else built (:func:`eagle3ops.patches.fixtures.target`); looked up once per run."""
+    with _LOCK:
+        if kind not in _MODELS:
+            from eagle3ops.patches import fixtures
+
+            _MODELS[kind] = fixtures.target(kind, _tmpdir(), seed=0)
+        return _MODELS[kind]
+
+
 def _engine(kind: str) -> _Engine:
     """Build (once) the tiny model ``kind`` and a ``VllmHiddenStatesGenerator`` on it."""
     if kind in _ENGINES:
         return _ENGINES[kind]
-    from eagle3ops.patches import fixtures
-
-    model_dir = _tmpdir() / kind
-    if not (model_dir / "config.json").exists():
-        shutil.rmtree(model_dir, ignore_errors=True)
-        fixtures.load().build_target(model_dir, kind, seed=0)
+    model_dir = _model(kind)
     if _is_cpu_platform():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         _quiet_idle_polling()
@@ -230,6 +239,8 @@ def _engine(kind: str) -> _Engine:
 
 
 _LOCK = threading.Lock()
+#: Seconds of the last :func:`prepare`'s first part (``fixtures_s``: getting the tiny targets, cached or built).
+LAST_PREPARE: dict[str, float] = {}
 #: Which engine each probe runs on (probes not listed start none).
 PROBE_ENGINES = {
     "tokenizer-remote-code": "llama-remote-code",
@@ -244,7 +255,8 @@ PROBE_ENGINES = {
 def prepare(probe_names: Sequence[str]) -> dict[str, float]:
     """Start the engines that ``probe_names`` need, concurrently (one thread per engine kind).
 
-    The tiny models are built first (sequentially, in this process); then each engine's construction -- most of
+    The tiny models are got first (sequentially, in this process: from the fixture cache, else built, see
+    :func:`eagle3ops.patches.fixtures.target`); then each engine's construction -- most of
     it in its own spawned worker process -- overlaps the others'. ``VLLM_MLA_DISABLE=1`` is set before any start
     when the DeepSeek engine is among them, so every engine of a run sees the same environment.
 
@@ -260,13 +272,10 @@ def prepare(probe_names: Sequence[str]) -> dict[str, float]:
         _quiet_idle_polling()
         if MLA_KINDS & set(kinds):
             os.environ["VLLM_MLA_DISABLE"] = "1"
-    from eagle3ops.patches import fixtures
-
+    t0 = time.monotonic()
     for kind in kinds:
-        model_dir = _tmpdir() / kind
-        if not (model_dir / "config.json").exists():
-            shutil.rmtree(model_dir, ignore_errors=True)
-            fixtures.load().build_target(model_dir, kind, seed=0)
+        _model(kind)
+    LAST_PREPARE["fixtures_s"] = time.monotonic() - t0
     if len(kinds) == 1:
         try:
             return {kinds[0]: _engine(kinds[0]).start_s}
@@ -318,6 +327,7 @@ def finish() -> None:
     global _TMP
     engines = list(_ENGINES.values())
     _ENGINES.clear()
+    _MODELS.clear()
     for eng in engines:
         try:
             _kill(eng)
@@ -341,6 +351,7 @@ def shutdown() -> None:
     for t in threads:
         t.join()
     _ENGINES.clear()
+    _MODELS.clear()
     if _TMP is not None:
         shutil.rmtree(_TMP, ignore_errors=True)
         _TMP = None
@@ -352,12 +363,82 @@ atexit.register(shutdown)
 # ----------------------------------------------------------------------------------------------- reference
 
 
+def cached_reference(model_dir: Path, what: str, sequences: Sequence[Sequence[int]], layers: Sequence[int],
+                     compute: Callable[[], list[list[Any]]]) -> list[list[Any]]:
+    """The reference states ``compute()`` returns, kept beside the tiny target in the fixture cache.
+
+    The reference is a function of the target's bytes, the sequences, the layers, the reference code and the
+    installed torch/transformers -- never of the patched package -- so it is computed once per content hash,
+    like the target: when ``model_dir`` is a fixture-cache entry (:func:`eagle3ops.patches.fixtures.target`), the
+    key is the sha256 of the entry's key (which covers the installed distributions), ``what``, the sha256 of
+    every source file of eagle3ops (the reference code), the sequences and the layers; the tensors are stored
+    with :func:`torch.save` next to the entry (``references/<key>.pt``, written atomically) and loaded with
+    ``weights_only=True``. Any other ``model_dir`` (no cache configured): computed every time.
+
+    Returns ``refs[i][j]``: the tensor of sequence ``i``, layer ``layers[j]``, as ``compute`` returns it.
+    """
+    import hashlib
+    import json
+
+    from eagle3ops.patches import fixtures
+
+    try:
+        entry_key = json.loads((model_dir / fixtures.ENTRY_RECORD).read_text())["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return compute()
+    import torch
+
+    record = {"schema": 1, "target": entry_key, "what": what, "code": _reference_code_digest(),
+              "sequences": [list(map(int, s)) for s in sequences], "layers": list(map(int, layers))}
+    key = hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    path = model_dir.parent.parent / "references" / f"{key}.pt"
+    try:
+        refs = torch.load(path, weights_only=True)
+        if isinstance(refs, list) and len(refs) == len(sequences) and all(
+                isinstance(r, list) and len(r) == len(layers) for r in refs):
+            LAST_REFERENCE_SOURCE[what] = "reused"
+            return refs
+    except (OSError, RuntimeError, ValueError, EOFError):
+        pass
+    refs = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pt")
+    os.close(fd)
+    torch.save([[t.contiguous() for t in r] for r in refs], tmp)
+    os.replace(tmp, path)
+    LAST_REFERENCE_SOURCE[what] = "computed"
+    return refs
+
+
+#: How each reference of the last run was obtained (``computed`` or ``reused``), by :func:`cached_reference`'s
+#: ``what``.
+LAST_REFERENCE_SOURCE: dict[str, str] = {}
+_CODE_DIGEST: list[str] = []
+
+
+def _reference_code_digest() -> str:
+    """sha256 over every source file of eagle3ops (the reference forwards' code), once per process."""
+    if not _CODE_DIGEST:
+        from eagle3ops.patches.probecache import code_digest
+
+        _CODE_DIGEST.append(code_digest("eagle3ops"))
+    return _CODE_DIGEST[0]
+
+
 def reference_layer_states(model_dir: Path, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[list[Any]]:
-    """transformers fp32 outputs of decoder ``layers`` for each sequence (one forward per sequence).
+    """transformers fp32 outputs of decoder ``layers`` for each sequence (one forward per sequence), computed once
+    per content hash when ``model_dir`` is a fixture-cache entry (:func:`cached_reference`).
 
     Returns ``refs[i][j]``: tensor ``[len(sequences[i]), hidden]`` = output of decoder layer ``layers[j]``
     (the residual stream before the final norm, as captured by speculators' worker extension).
     """
+    return cached_reference(model_dir, "decoder-layer-outputs", sequences, layers,
+                            lambda: _reference_layer_states(model_dir, sequences, layers))
+
+
+def _reference_layer_states(model_dir: Path, sequences: Sequence[Sequence[int]],
+                            layers: Sequence[int]) -> list[list[Any]]:
+    """The transformers forward behind :func:`reference_layer_states`."""
     import torch
     from transformers import AutoModelForCausalLM
 

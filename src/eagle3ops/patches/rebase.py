@@ -68,6 +68,28 @@ def write_upstream(path: Path, up: Upstream, note: str | None = None) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def _target_wheel(source: Series, to_version: str, new_dir: Path, cache: Path | None) -> tuple[Upstream, Path, bool]:
+    """The new version's wheel: the one ``new_dir/upstream.yaml`` pins when it exists, else the one the index offers
+    (its ``upstream.yaml`` written, with a note to compare the sha256 with the index's published digest). Returns
+    ``(upstream, wheel path, whether upstream.yaml was written)``.
+
+    Raises:
+        WheelError: the wheel cannot be fetched, or its sha256 differs from the pinned one.
+    """
+    if (new_dir / "upstream.yaml").exists():
+        up = load_upstream(new_dir / "upstream.yaml")
+        return up, fetch_wheel(up, cache), False
+    up = discover_wheel(source.package, to_version, cache, source.upstream.index_url)
+    wheel = fetch_wheel(up, cache)
+    write_upstream(
+        new_dir / "upstream.yaml",
+        up,
+        note=f"sha256 computed from the wheel downloaded by eagle3ops patch rebase on {_dt.date.today()}; "
+        "compare it with the index's published digest before committing",
+    )
+    return up, wheel, True
+
+
 def rebase_series(source: Series, to_version: str, patches_dir: Path, *, cache: Path | None = None, force: bool = False) -> RebaseReport:
     """Rebase ``source`` onto ``to_version`` and write ``patches_dir/<pkg>/<to_version>/`` (see module docstring).
 
@@ -80,20 +102,7 @@ def rebase_series(source: Series, to_version: str, patches_dir: Path, *, cache: 
     if series_file.exists() and read_series_file(series_file) and not force:
         raise SeriesError(f"{series_file} already lists patches", fix="remove the dir or pass --force to overwrite it")
     new_dir.mkdir(parents=True, exist_ok=True)
-    written = False
-    if (new_dir / "upstream.yaml").exists():
-        up = load_upstream(new_dir / "upstream.yaml")
-        wheel = fetch_wheel(up, cache)
-    else:
-        up = discover_wheel(source.package, to_version, cache, source.upstream.index_url)
-        wheel = fetch_wheel(up, cache)
-        write_upstream(
-            new_dir / "upstream.yaml",
-            up,
-            note=f"sha256 computed from the wheel downloaded by eagle3ops patch rebase on {_dt.date.today()}; "
-            "compare it with the index's published digest before committing",
-        )
-        written = True
+    up, wheel, written = _target_wheel(source, to_version, new_dir, cache)
     report = RebaseReport(new_dir=new_dir, upstream=up, upstream_written=written)
     today = _dt.date.today().isoformat()
     kept: list[str] = []

@@ -514,6 +514,7 @@ class Profile:
     description: str
     series_dirs: list[Path]
     requires: list[Pin]
+    succeeds: list[str] = field(default_factory=list)
 
     def load(self) -> list[Series]:
         """Parse every series dir of the profile (see :func:`load_series`)."""
@@ -556,7 +557,7 @@ def load_profiles(patches_dir: Path) -> Profiles:
     for name, pm in reg.profiles.items():
         reqs = [Pin.parse(r, where=f"{path}: profile {name!r} requires") for r in pm.requires]
         out[name] = Profile(name=name, description=pm.description, series_dirs=[patches_dir / s for s in pm.series],
-                            requires=reqs)
+                            requires=reqs, succeeds=list(pm.succeeds))
     return Profiles(patches_dir=patches_dir, default=reg.default, profiles=out)
 
 

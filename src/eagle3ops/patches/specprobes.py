@@ -254,10 +254,8 @@ def run_greedy_pair(
         if d is not None and not (Path(d) / "config.json").is_file():
             raise FileNotFoundError(f"{d}/config.json: the {what} checkpoint has no config.json; pass the "
                                     f"directory of a complete checkpoint")
-    if target is None:
-        target = workdir / kind
-        if not (target / "config.json").exists():
-            fixtures.load().build_target(target, kind, seed=seed)
+    if target is None:  # from the fixture cache when one is configured, else built into workdir
+        target = fixtures.target(kind, workdir, seed=seed)
     target = Path(target)
     common = _engine_args(kind, dtype, target, seed)
     reqs = ([{"prompt_token_ids": list(p)} for p in prompts] if prompts is not None

@@ -32,7 +32,7 @@ from eagle3ops.config.plan import ReleaseChange, SpeculateJob
 from eagle3ops.gate.decide import MIN_PASSES
 from eagle3ops.speculate import ship
 
-__all__ = ["gate_job", "gated_release"]
+__all__ = ["gate_job", "gated_release", "upgrade_flags"]
 
 
 def gate_job(h: Any, change: ReleaseChange, *, margin: float, passes: int, restarts: dict[str, Any]
@@ -62,6 +62,41 @@ def gate_job(h: Any, change: ReleaseChange, *, margin: float, passes: int, resta
                         warmup_prompts=min(s.gate_warmup_prompts, len(gate)), prompt_sets=ship.prompt_sets(gate),
                         drain_hook=s.drain_hook, undrain_hook=s.undrain_hook, hook_timeout_s=s.hook_timeout_s,
                         design=s.gate_design, figures=figures)
+
+
+def upgrade_flags(r: Any, change: ReleaseChange, echo: Callable[[str], None]) -> dict[str, Any] | None:
+    """With ``--image``: production's command line parsed by the new image's own vLLM argument parser, and every
+    removed, renamed or re-defaulted flag it uses, from both images' parsers
+    (:func:`eagle3ops.images.vllmflags.upgrade_report`), printed before anything restarts. Read-only.
+
+    Returns:
+        the report as figures for the result (None: no ``--image``, no live serving container, or the same image);
+        an image whose parser cannot be dumped (e.g. one without vLLM) gives ``{"not_compared": why}``.
+
+    Raises:
+        SpeculateError: the new image's parser refuses production's command line (the message quotes it, keys
+            masked, and names the changed flags production uses).
+    """
+    from eagle3ops.images.vllmflags import FlagDumpError, upgrade_report
+
+    if not change.image:
+        return None
+    try:
+        rep = upgrade_report(r, change.image, change.args)
+    except FlagDumpError as e:
+        echo(f"note: vLLM flags not compared: {e}")
+        return {"not_compared": str(e)}
+    if rep is None:
+        return None
+    for line in rep.lines():
+        echo(line)
+    if rep.parse_ok is False:
+        used = "; ".join(c.line() for c in rep.used) or "none of the flags it uses changed by name"
+        raise ship.SpeculateError(
+            f"{r.host.name}: the vLLM {rep.new_vllm} parser of {change.image} refuses production's command line "
+            f"({rep.parse_error}); flags it uses that changed since {rep.old_vllm}: {used}. Nothing was restarted: "
+            f"give a renamed flag's new name with --arg; a removed flag has to leave serving's command line first")
+    return rep.as_dict()
 
 
 def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipeline_image_id: str | None,
@@ -104,8 +139,11 @@ def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipelin
         echo(f"note: no change given (--arg/--env/--image): this measures the live release against an identical "
              f"one (an A/A check of the gate's noise on {h.name}); kept or not, serving runs the same spec")
     t0 = time.monotonic()
+    flags = upgrade_flags(r, change, echo)
     restarts = ship.plan_restarts(r, passes=passes)
     job = gate_job(h, change, margin=margin, passes=passes, restarts=restarts.figures())
+    if flags is not None:
+        job = job.model_copy(update={"figures": {**job.figures, "vllm_flags": flags}})
     window = dict(kind="speculate", image=pipeline_image, expected_image_id=pipeline_image_id, command=command,
                   speculate=job, on_event=on_event)
     head = (f"{len(job.prompts)} prompts x {job.max_tokens} tokens at concurrency {job.levels}, {passes} passes "

@@ -1,21 +1,26 @@
 """The checks of a ``speculate`` before any serving restart: the invocation's options and
 error, and each check of the head, its data and the releases against what the host serves: the offline estimate
 against the floor, the chat template the data was rendered with, the head as vLLM 0.16 reads it, and like for like
-(the speculative image against the live one). Pure apart from :func:`_live_image`'s read of the serving container.
+(the speculative image against the live one), and the prompts file's tool rows against the live server's tool
+parser. Pure apart from :func:`_live_image`'s and :func:`check_tool_rows`'s reads of the serving host.
 :mod:`eagle3ops.speculate.ship` runs them in order and re-exports them.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eagle3ops.commands import docker as dk
+from eagle3ops.commands import host as hc
 from eagle3ops.speculate.headcheck import check_vllm_reading, check_vocab_values, offline_acceptance
 
-__all__ = ["SpeculateError", "SpeculateOptions", "check_as_vllm_reads", "check_like_for_like", "check_offline_floor",
-           "check_template", "offline_estimate_for"]
+__all__ = ["SpeculateError", "SpeculateOptions", "TOOL_FLAGS", "check_as_vllm_reads", "check_like_for_like",
+           "check_live_release", "check_offline_floor", "check_template", "check_tool_rows", "offline_estimate_for",
+           "unanswered_tool_rows"]
 
 
 class SpeculateError(RuntimeError):
@@ -247,3 +252,112 @@ def check_as_vllm_reads(info: dict[str, Any], facts: Any, *, own_run: bool) -> l
     elif vocab is None:
         warnings.append("d2t/t2d values not checked (the pipeline image predates this check: rebuild it)")
     return warnings
+
+
+#: The flags without which vLLM 0.16 makes no tool parser (``ParserManager.get_tool_parser`` returns None unless
+#: both are given) and then answers a chat request whose ``tool_choice`` is neither absent-without-tools nor
+#: ``none`` with HTTP 400 (``OpenAIServingChat``: '"auto" tool choice requires --enable-auto-tool-choice and
+#: --tool-call-parser to be set', 'tool_choice="required" requires --tool-call-parser to be set'); a request with
+#: ``tools`` and no ``tool_choice`` is ``auto`` (``ChatCompletionRequest.check_tool_usage``).
+TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser")
+
+
+def _served_flags(argv: Sequence[str]) -> dict[str, str | None]:
+    """``{--flag: value}`` of a server's command line (``--a=b`` and ``--a b``; underscores read as dashes, as
+    vLLM's argument parser does); a flag without a value maps to None."""
+    out: dict[str, str | None] = {}
+    words = list(argv)
+    for i, w in enumerate(words):
+        if not w.startswith("--"):
+            continue
+        name, eq, value = w.partition("=")
+        nxt = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None
+        out[name.replace("_", "-")] = value if eq else nxt
+    return out
+
+
+def unanswered_tool_rows(gate: Sequence[Any], argv: Sequence[str], model_type: str | None) -> list[str]:
+    """The ids of the chat bodies among ``gate`` (:class:`eagle3ops.speculate.prompts.Prompt`) that a vLLM 0.16
+    server started with ``argv`` answers with HTTP 400 for their tools (pure): a non-empty ``tools`` with
+    ``tool_choice`` absent, ``auto``, ``required`` or a named function, while the server lacks one of
+    :data:`TOOL_FLAGS`. None are where vLLM parses tools without them (``--tokenizer-mode mistral``; a harmony
+    model, ``model_type: gpt_oss``; a Mistral-family ``model_type``, whose tokenizer vLLM may pick itself) or where
+    the flags may come from a ``--config`` file (not judged)."""
+    flags = _served_flags(argv)
+    mt = (model_type or "").lower()
+    if (all(f in flags for f in TOOL_FLAGS) or "--config" in flags or flags.get("--tokenizer-mode") == "mistral"
+            or mt == "gpt_oss" or "mistral" in mt or "pixtral" in mt):
+        return []
+    return [p.id for p in gate if p.body is not None and p.body.get("tools")
+            and p.body.get("tool_choice", "auto") not in (None, "none")]
+
+
+def check_tool_rows(r: Any, gate: Sequence[Any], prompts_file: Path | None) -> None:
+    """Refuse, before anything is written on the host, a gate whose chat bodies carry ``tools`` that the live
+    server answers with HTTP 400 (:func:`unanswered_tool_rows`): they would fail on the baseline and the
+    speculative release alike, and the gate would spend its serving restarts on a rollback. Read-only: the live
+    server's command line (:meth:`eagle3ops.window.kinds.DriverKind.served_argv`) and the target's ``config.json``
+    (its ``model_type``), only when some row has ``tools``; nothing is judged without a live server (preflight
+    names that).
+
+    Raises:
+        SpeculateError: such rows; the message names the file, the rows, the missing flags and both fixes.
+    """
+    if not any(p.body is not None and p.body.get("tools") for p in gate):
+        return
+    from eagle3ops.window.kinds import driver_kind
+
+    h = r.host
+    found = driver_kind(h).served_argv(r)
+    if found is None:
+        return
+    argv, _, where = found
+    cfg = r.run(hc.cat(f"{h.model_path}/config.json"), check=False)
+    try:
+        model_type = (json.loads(cfg.stdout) or {}).get("model_type") if cfg.ok else None
+    except (ValueError, AttributeError):
+        model_type = None
+    ids = unanswered_tool_rows(gate, argv, model_type)
+    if not ids:
+        return
+    missing = " and ".join(f for f in TOOL_FLAGS if f not in _served_flags(argv))
+    rows = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    raise SpeculateError(
+        f"{h.name}: --prompts-file {prompts_file}: {len(ids)} chat bod{'y' if len(ids) == 1 else 'ies'} with `tools` "
+        f"({rows}) would be answered HTTP 400 by the live server: {where} runs without {missing}, so vLLM has no "
+        f"tool parser and refuses tool_choice auto/required, on the baseline and the speculative release alike, "
+        f"and the gate would restart serving for a rollback. Serve with `--enable-auto-tool-choice "
+        f"--tool-call-parser <the model's parser>` as production answers tools, or give those rows "
+        f"\"tool_choice\": \"none\" (or drop their tools); nothing was restarted")
+
+
+def check_live_release(r: Any, opts: SpeculateOptions, image: str, gate: Sequence[Any], *, serves_image: bool
+                       ) -> dict[str, Any]:
+    """The read-only checks of a ``speculate`` against what the host serves, before anything is written there:
+    where serving runs an image (``serves_image``), the speculative ``image`` (no stand-in, the host's architecture,
+    like for like with the live one or ``--control``: :func:`check_like_for_like`), else no ``--control``; then the
+    prompts file's tool rows the live server would answer with HTTP 400 (:func:`check_tool_rows`). Returns the
+    like-for-like figures.
+
+    Raises:
+        SpeculateError: a check refuses (the message names the fix).
+    """
+    from eagle3ops.window.arch import refuse_foreign_image
+    from eagle3ops.window.standin import refuse_standin_image
+
+    h = r.host
+    like: dict[str, Any] = {"like_for_like": True, "control": False}
+    if serves_image:  # a process serves no image
+        refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
+        foreign = refuse_foreign_image(r, image, "speculate")  # an image the host lacks: the push refuses it
+        if foreign:
+            raise SpeculateError(foreign)
+        spec_id = r.run(dk.image_id(h, image), check=False)
+        like = check_like_for_like(h, _live_image(r), (image, (spec_id.stdout.strip() or None) if spec_id.ok else None),
+                                   opts.control)
+    elif opts.control:
+        raise SpeculateError(f"{h.name}: --control: this host serves with a {h.serving.kind} (no image): its "
+                             "speculative release differs from the live one by --speculative-config only, like for "
+                             "like already; drop --control")
+    check_tool_rows(r, gate, opts.prompts_file)
+    return like

@@ -39,7 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -445,18 +445,54 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
         The manifest written to ``<out_dir>/dataset.manifest.json`` (``failed`` > 0: some items were not answered
         after their attempts; they are left out of the dataset and a rerun retries them).
     """
-    s = p.settings
-    out_dir = p.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log_path = out_dir / ANSWERS
-    lock = threading.Lock()
+    p.out_dir.mkdir(parents=True, exist_ok=True)
+    budget = p.time_budget_s if time_budget_s is None else time_budget_s
     t0 = time.monotonic()
-    answered = failed = tokens = not_started = 0
-    errors: list[str] = []
+    tally = _answer_todo(p, base_url, api_key=api_key, transport=transport, rows_from=rows_from, budget=budget,
+                         progress=progress, t0=t0)
+    manifest = _write_dataset(p, tally, time.monotonic() - t0, base_url, api_key=api_key, endpoint=endpoint,
+                              transport=transport, budget=budget, extra_manifest=extra_manifest)
+    (p.out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+@dataclass
+class _Tally:
+    """What this run did: conversations ``answered`` and ``failed`` (with their ``errors``, ``id: error``),
+    completion ``tokens`` received, ``not_started`` (past the time budget), and the ``version`` of vLLM the host's
+    relay reported (None: asked of ``base_url`` later)."""
+
+    answered: int = 0
+    failed: int = 0
+    tokens: int = 0
+    not_started: int = 0
+    errors: list[str] = field(default_factory=list)
+    version: str | None = None
+
+    def add(self, row: dict[str, Any]) -> None:
+        """One answered (or failed, or skipped) conversation's row counted."""
+        if row.get("error"):
+            self.failed += 1
+            self.errors.append(f"{row['id']}: {row['error']}")
+        elif row.get("skipped"):
+            self.tokens += row["completion_tokens"]
+        else:
+            self.answered += 1
+            self.tokens += row["completion_tokens"]
+
+
+def _answer_todo(p: RegeneratePlan, base_url: str | None, *, api_key: str | None,
+                 transport: httpx.BaseTransport | None, rows_from: RowSource | None, budget: float | None,
+                 progress: bool, t0: float) -> _Tally:
+    """Answer ``p.todo``: from here through ``base_url`` (``settings.concurrency`` at once; none started past
+    ``budget`` seconds after ``t0``, a monotonic time), or through ``rows_from``; each row appended to the resume log
+    (``<out_dir>/answers.jsonl``) as it comes, with a progress bar on stderr when ``progress``."""
+    s = p.settings
+    tally, lock = _Tally(), threading.Lock()
     limits = httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency)
     with contextlib.ExitStack() as stack:
         client = stack.enter_context(httpx.Client(headers=auth_headers(api_key), limits=limits, transport=transport))
-        log = stack.enter_context(open(log_path, "a", encoding="utf-8"))
+        log = stack.enter_context(open(p.out_dir / ANSWERS, "a", encoding="utf-8"))
         bar = task = None
         if progress and p.todo:
             from rich.console import Console
@@ -468,42 +504,41 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
             task = bar.add_task("regenerate", total=len(p.todo), tokens=0)
 
         def on_row(row: dict[str, Any]) -> None:
-            nonlocal answered, failed, tokens
             with lock:
                 log.write(json.dumps(row, ensure_ascii=False) + "\n")
                 log.flush()
-                if row.get("error"):
-                    failed += 1
-                    errors.append(f"{row['id']}: {row['error']}")
-                elif row.get("skipped"):
-                    tokens += row["completion_tokens"]
-                else:
-                    answered += 1
-                    tokens += row["completion_tokens"]
+                tally.add(row)
                 if bar is not None:
-                    bar.update(task, advance=1, tokens=tokens)
+                    bar.update(task, advance=1, tokens=tally.tokens)
 
-        version: str | None = None
         if rows_from is not None:
-            version = rows_from(p.todo, on_row) if p.todo else None
-        else:
-            budget = p.time_budget_s if time_budget_s is None else time_budget_s
-            deadline = None if budget is None else t0 + budget
+            tally.version = rows_from(p.todo, on_row) if p.todo else None
+            return tally
+        deadline = None if budget is None else t0 + budget
 
-            def work(item: Item) -> dict[str, Any] | None:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                return answer_item(client, base_url, s, item)
+        def work(item: Item) -> dict[str, Any] | None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            return answer_item(client, base_url, s, item)
 
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=s.concurrency))
-            for fut in as_completed([pool.submit(work, item) for item in p.todo]):
-                row = fut.result()
-                if row is None:
-                    not_started += 1
-                else:
-                    on_row(row)
-    wall = time.monotonic() - t0
-    rows = read_answers(log_path)
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=s.concurrency))
+        for fut in as_completed([pool.submit(work, item) for item in p.todo]):
+            row = fut.result()
+            if row is None:
+                tally.not_started += 1
+            else:
+                on_row(row)
+    return tally
+
+
+def _write_dataset(p: RegeneratePlan, tally: _Tally, wall: float, base_url: str | None, *, api_key: str | None,
+                   endpoint: str | None, transport: httpx.BaseTransport | None, budget: float | None,
+                   extra_manifest: dict[str, Any] | None) -> dict[str, Any]:
+    """Write ``<out_dir>/dataset.jsonl`` from every conversation of the plan answered so far (this run's and
+    earlier ones', from the resume log) and return its manifest: the settings, the server, what was answered,
+    skipped and cut, the reasoning kept, this run's figures (``wall`` seconds) and the dataset's sha256."""
+    s, out_dir = p.settings, p.out_dir
+    rows = read_answers(out_dir / ANSWERS)
     key = s.key()
     finished = [rows[k] for i in p.items if (k := _row_key(i.id, i.prompt_sha256(), key)) in rows]
     dataset = [{"id": r["id"], "messages": dataset_messages(r["messages"], p.reasoning)} for r in finished
@@ -515,11 +550,12 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
     with_reasoning = kept_reasoning + sum(1 for r in finished if (r.get("stopped") or {}).get("reasoning"))
     (out_dir / DATASET).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in dataset),
                                    encoding="utf-8")
-    manifest = {
+    tokens = tally.tokens
+    return {
         "kind": "regenerated-answers",
         "settings": {**asdict(s), "key": key},
         "endpoint": endpoint or base_url,
-        "vllm_version": version or (vllm_version(base_url, api_key, transport) if base_url else None),
+        "vllm_version": tally.version or (vllm_version(base_url, api_key, transport) if base_url else None),
         "prompt_set_sha256": p.prompt_set_sha256,
         "conversations": len(p.items),
         "answered": len(dataset),
@@ -531,11 +567,11 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
                       "written_with_reasoning": kept_reasoning if p.reasoning == "keep" else 0,
                       "cut_in_reasoning": skipped_turns.get("cut_in_reasoning", 0)},
         "skipped_already_answered": len(p.done),
-        "not_started_time_budget": not_started,
-        "time_budget_s": p.time_budget_s if time_budget_s is None else time_budget_s,
-        "answered_now": answered,
-        "failed": failed,
-        "errors": errors[:20],
+        "not_started_time_budget": tally.not_started,
+        "time_budget_s": budget,
+        "answered_now": tally.answered,
+        "failed": tally.failed,
+        "errors": tally.errors[:20],
         "completion_tokens": total_tokens,
         "completion_tokens_now": tokens,
         "wall_s": round(wall, 3),
@@ -544,8 +580,6 @@ def regenerate(p: RegeneratePlan, base_url: str | None, *, api_key: str | None =
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **(extra_manifest or {}),
     }
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return manifest
 
 
 def settings_for(h: Any, *, max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,

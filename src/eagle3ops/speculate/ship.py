@@ -67,10 +67,11 @@ from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.gate.decide import MIN_PASSES, block_passes
 from eagle3ops.gate.like import control_change
+from eagle3ops.speculate.crossread import check_as_serving_reads
 from eagle3ops.speculate.headcheck import HeadFacts, HeadMismatch, check_head
 from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _live_image, check_as_vllm_reads,
                                            check_like_for_like, check_offline_floor, check_template,
-                                           offline_estimate_for)
+                                           check_live_release, offline_estimate_for)
 from eagle3ops.speculate.onhost import head_sha256, parse_answer, safetensors_shapes
 from eagle3ops.speculate.power import power_plan
 from eagle3ops.speculate.restarts import (RestartPlan, design_for, parse_results, recorded_restart_seconds,
@@ -281,8 +282,6 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     from eagle3ops.window.kinds import require_switchable
     from eagle3ops.window.common import new_window_id
     from eagle3ops.window.run import run_window, under_lock
-    from eagle3ops.window.arch import refuse_foreign_image
-    from eagle3ops.window.standin import refuse_standin_image
 
     require_switchable(r, "speculate")  # read-only, before anything is written on the host
     if not rt.for_host(r.host).engine:  # its gate helper (inspect, measure) runs in a container of the pipeline image
@@ -308,20 +307,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     max_tokens = opts.max_tokens or s.gate_max_tokens
     image = opts.serving_image or s.speculative_image or s.image
     gate, source = select_gate(opts, opts.prompts or s.gate_prompts)
-    like: dict[str, Any] = {"like_for_like": True, "control": False}
-    if speculative_change(h, run_dir, 3, image).image:  # a process serves no image
-        refuse_standin_image(r, image, "speculate")  # read-only; before anything is written on the host
-        foreign = refuse_foreign_image(r, image, "speculate")  # an image the host lacks: the push refuses it
-        if foreign:
-            raise SpeculateError(foreign)
-        spec_id = r.run(dk.image_id(h, image), check=False)
-        like = check_like_for_like(h, _live_image(r), (image, (spec_id.stdout.strip() or None) if spec_id.ok else None),
-                                   opts.control)
-    elif opts.control:
-        raise SpeculateError(f"{h.name}: --control: this host serves with a {h.serving.kind} (no image): its "
-                             "speculative release differs from the live one by --speculative-config only, like for "
-                             "like already; drop --control")
-
+    like = check_live_release(r, opts, image, gate, serves_image=bool(speculative_change(h, run_dir, 3, image).image))
     # the plan's restarts and the gate's power, from this host's recorded windows (read-only); a gate too weak to
     # keep a good head is refused here, before anything is written on the host
     recorded = window_results(r)
@@ -417,6 +403,7 @@ def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: st
     try:
         facts = check_head(info["head_config"], info["shapes"], info["target_config"])
         read_as = check_as_vllm_reads(info, facts, own_run=not opts.head)
+        read_as += check_as_serving_reads(r, image, head_dir, info, facts.target_layers)  # another vLLM serving it
     except HeadMismatch as e:
         raise SpeculateError(f"{h.name}: {e}") from None
     offline, floor_warnings = check_offline_floor(h, opts, info, floor)
@@ -448,9 +435,8 @@ def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: st
                                "head_check": facts.__dict__, "offline_estimate": offline,
                                "offline_estimate_record": (info.get("estimate") if opts.head else
                                                            (info.get("train_manifest") or {}).get("offline_estimate")),
-                               "force": opts.force,
-                               "warnings": warnings, "restarts": restarts.figures(), "power": power.figures(),
-                               "like": like}
+                               "force": opts.force, "warnings": warnings, "restarts": restarts.figures(),
+                               "power": power.figures(), "like": like}
     job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.request for p in gate], margin, floor, max_tokens,
                passes, figures, prompt_sets(gate))
     if r.dry_run:

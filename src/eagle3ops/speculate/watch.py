@@ -298,33 +298,122 @@ def _interval(r: Any, opts: WatchOptions, h: Any, th: Thresholds, tracker: Track
     append_audit(r, entry)
 
 
+def _check_policy(h: Any) -> None:
+    """A host ``watch`` can follow, with a rollback its serving kind can make when the policy asks for one.
+
+    Raises:
+        WatchError: serving kind ``none``; rollback on for a kind that cannot roll back.
+    """
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.kinds import require_serving
+
+    if not h.serving.managed:
+        raise WatchError(f"host {h.name} has no production serving (`serving: none`): nothing to watch")
+    if h.serving.watch.rollback:
+        try:
+            require_serving(h, "rollback")
+        except WindowError as exc:
+            raise WatchError(f"{exc} (serving.watch.rollback is on)") from None
+
+
+@dataclass
+class _Watched:
+    """What a watch carries from one interval to the next, and across a restarted watch through the host's
+    ``watch/state.json``: the last scrape (``(epoch seconds, sample)``; None before the first), the breach tracker
+    and the pooled acceptance totals of this release."""
+
+    prev: tuple[float, ServerSample] | None
+    tracker: Tracker
+    totals: dict[str, Any] = field(default_factory=dict)
+
+    def state(self, release: int | None) -> dict[str, Any]:
+        """The state file's content (needs a scrape: ``prev``)."""
+        assert self.prev is not None
+        return {"release": release, "epoch": self.prev[0], "sample": self.prev[1].to_json(),
+                "since": self.tracker.since, "reported": self.tracker.reported, "totals": self.totals}
+
+
+def _resumed(r: Any, paths: dict[str, str], release: int | None, interval: float, sustained_s: float,
+             now: Callable[[], float], echo: Callable[[str], None]) -> _Watched:
+    """Where an earlier watch of the same release left off when its last scrape is recent (within three intervals,
+    at least 15 minutes): its scrape, breaches and totals; else a fresh start."""
+    w = _Watched(None, Tracker(sustained_s))
+    try:
+        st = json.loads(r.run(hc.cat_if_exists(paths["state"]), check=False).stdout or "{}")
+    except ValueError:
+        st = {}
+    if st.get("release") == release and now() - float(st.get("epoch", 0)) <= max(3 * interval, 900):
+        w.prev = (float(st["epoch"]), ServerSample.from_json(st["sample"]))
+        w.tracker.since.update(st.get("since") or {})
+        w.tracker.reported.update(st.get("reported") or {})
+        w.totals = st.get("totals") or {}
+        echo(f"resuming from the scrape of {time.strftime('%H:%M:%S', time.gmtime(w.prev[0]))} UTC")
+    return w
+
+
+def _follow(r: Any, opts: WatchOptions, th: Thresholds, paths: dict[str, str], release: int | None,
+            interval: float, w: _Watched, out: dict[str, Any], scrape: Callable[[], ServerSample], *,
+            deadline: float, now: Callable[[], float], sleep: Callable[[float], None],
+            echo: Callable[[str], None]) -> None:
+    """Scrape every ``interval`` seconds until ``deadline`` (epoch seconds) or a rollback: each interval judged and
+    recorded (:func:`_interval`), the state saved after it. A failed scrape is said and retried next interval; a
+    server restart (counters gone back) starts a new interval and a new breach tracker."""
+    next_at = w.prev[0] + interval
+    while now() < deadline and out["rollback"] is None:
+        wait = min(next_at, deadline) - now()
+        if wait > 0:
+            sleep(wait)
+        t = now()
+        next_at = t + interval
+        try:
+            cur = scrape()
+        except Exception as exc:  # noqa: BLE001 - serving down (a window?) or unreachable: try next interval
+            echo(f"scrape failed ({type(exc).__name__}: {exc}); trying again next interval")
+            out["scrape_errors"] = out.get("scrape_errors", 0) + 1
+            continue
+        try:
+            fig = interval_figures(w.prev[1], cur, t - w.prev[0])
+        except ValueError as exc:  # the server restarted: the deltas mean nothing; start again from here
+            echo(f"{exc}: starting a new interval")
+            w.tracker = Tracker(w.tracker.sustained_s)
+            w.prev = (t, cur)
+            continue
+        _interval(r, opts, r.host, th, w.tracker, paths, release, fig, w.prev[0], t, w.totals, out, echo)
+        w.prev = (t, cur)
+        if out["rollback"] is None:
+            r.run(hc.write_file(paths["state"]), stdin=json.dumps(w.state(release)) + "\n")
+
+
+def _plan(h: Any, opts: WatchOptions, release: int | None, th: Thresholds, interval: float,
+          paths: dict[str, str]) -> dict[str, Any]:
+    """What ``watch --dry-run`` prints: the release watched, its thresholds, the interval and duration (seconds),
+    the records' paths and what a sustained breach does."""
+    policy = h.serving.watch
+    return {"kind": "watch", "host": h.name, "release": release, "thresholds": asdict(th),
+            "interval_s": interval, "duration_s": opts.duration_s, "sustained_minutes": policy.sustained_minutes,
+            "endpoint": opts.endpoint or "direct, else an SSH forward", "records": paths,
+            "on_breach": (f"rollback to release {th.baseline_release or '(previous live)'}: a locked, "
+                          f"health-gated window" if policy.rollback else "reported (serving.watch.rollback off)")}
+
+
 def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, now: Callable[[], float] = time.time,
           sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """Watch ``r``'s live release for ``opts.duration_s`` (see the module doc). ``now``/``sleep``: the clock (tests
     pass their own). Returns ``{"exit_code", "release", "thresholds", "intervals", "breaches", "rollback",
-    "production"}``; with ``opts.plan_only``, the plan once the facts are read (release, thresholds, interval,
-    duration, the records' paths, what a sustained breach does), nothing scraped or written.
+    "production"}``; with ``opts.plan_only``, the plan once the facts are read (:func:`_plan`), nothing scraped or
+    written.
 
     Raises:
         WatchError: serving kind ``none``; rollback on for a kind that cannot roll back; the endpoint not reached
             or the API key file unreadable (from :mod:`.reach`).
     """
     from eagle3ops.speculate.reach import RegenerateError, serving_api_key, serving_endpoint
-    from eagle3ops.window.common import WindowError
-    from eagle3ops.window.kinds import require_serving
+    from eagle3ops.window.common import current_release
 
     h = r.host
     policy = h.serving.watch
-    if not h.serving.managed:
-        raise WatchError(f"host {h.name} has no production serving (`serving: none`): nothing to watch")
-    if policy.rollback:
-        try:
-            require_serving(h, "rollback")
-        except WindowError as exc:
-            raise WatchError(f"{exc} (serving.watch.rollback is on)") from None
+    _check_policy(h)
     interval = opts.interval_s or policy.interval_s
-    from eagle3ops.window.common import current_release
-
     release = current_release(r)
     gate = gate_result_for(r, release)
     th = thresholds(policy, h.serving, gate)
@@ -333,25 +422,9 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
          f"{'on, to release ' + str(th.baseline_release) if policy.rollback else 'off'}")
     paths = _state_paths(h, release)
     if opts.plan_only:
-        return {"kind": "watch", "host": h.name, "release": release, "thresholds": asdict(th),
-                "interval_s": interval, "duration_s": opts.duration_s, "sustained_minutes": policy.sustained_minutes,
-                "endpoint": opts.endpoint or "direct, else an SSH forward", "records": paths,
-                "on_breach": (f"rollback to release {th.baseline_release or '(previous live)'}: a locked, "
-                              f"health-gated window" if policy.rollback else "reported (serving.watch.rollback off)")}
+        return _plan(h, opts, release, th, interval, paths)
     r.run(hc.mkdir_p(paths["dir"]))
-    tracker = Tracker(policy.sustained_minutes * 60)
-    prev: tuple[float, ServerSample] | None = None
-    totals: dict[str, Any] = {}
-    try:
-        st = json.loads(r.run(hc.cat_if_exists(paths["state"]), check=False).stdout or "{}")
-    except ValueError:
-        st = {}
-    if st.get("release") == release and now() - float(st.get("epoch", 0)) <= max(3 * interval, 900):
-        prev = (float(st["epoch"]), ServerSample.from_json(st["sample"]))
-        tracker.since.update(st.get("since") or {})
-        tracker.reported.update(st.get("reported") or {})
-        totals = st.get("totals") or {}
-        echo(f"resuming from the scrape of {time.strftime('%H:%M:%S', time.gmtime(prev[0]))} UTC")
+    w = _resumed(r, paths, release, interval, policy.sustained_minutes * 60, now, echo)
     try:
         key = serving_api_key(r)
     except RegenerateError as exc:
@@ -359,12 +432,6 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
     out: dict[str, Any] = {"release": release, "thresholds": asdict(th), "intervals": 0, "breaches": [],
                            "rollback": None, "exit_code": EXIT_OK}
     deadline = now() + opts.duration_s
-
-    def save(state: dict[str, Any] | None) -> None:
-        r.run(hc.write_file(paths["state"]), stdin=json.dumps(state if state is not None else {
-            "release": release, "epoch": prev[0], "sample": prev[1].to_json(), "since": tracker.since,
-            "reported": tracker.reported, "totals": totals}) + "\n")
-
     with contextlib.ExitStack() as stack:
         try:
             url, how = stack.enter_context(serving_endpoint(r, key, direct=opts.endpoint))
@@ -372,40 +439,16 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
             raise WatchError(f"{exc}; or pass --endpoint URL") from None
         echo(f"serving endpoint: {how}")
         scrape = _scraper(url, key)
-        if prev is None:
+        if w.prev is None:
             try:
-                prev = (now(), scrape())
+                w.prev = (now(), scrape())
             except Exception as exc:  # noqa: BLE001 - no answer (ServingHTTPError) or a body not Prometheus text
                 raise WatchError(f"{h.name}: cannot read {url}/metrics: {exc}") from None
-        next_at = prev[0] + interval
-        while now() < deadline and out["rollback"] is None:
-            wait = min(next_at, deadline) - now()
-            if wait > 0:
-                sleep(wait)
-            t = now()
-            next_at = t + interval
-            try:
-                cur = scrape()
-            except Exception as exc:  # noqa: BLE001 - serving down (a window?) or unreachable: try next interval
-                echo(f"scrape failed ({type(exc).__name__}: {exc}); trying again next interval")
-                out["scrape_errors"] = out.get("scrape_errors", 0) + 1
-                continue
-            try:
-                fig = interval_figures(prev[1], cur, t - prev[0])
-            except ValueError as exc:  # the server restarted: the deltas mean nothing; start again from here
-                echo(f"{exc}: starting a new interval")
-                tracker = Tracker(tracker.sustained_s)
-                prev = (t, cur)
-                continue
-            _interval(r, opts, h, th, tracker, paths, release, fig, prev[0], t, totals, out, echo)
-            prev = (t, cur)
-            if out["rollback"] is None:
-                save(None)
-    if out["rollback"] is None:
-        save(None)
-    else:  # the release is gone: the next watch starts afresh on the new one
-        save({})
-    out["production"] = production_figure(release, th.run, totals)
+        _follow(r, opts, th, paths, release, interval, w, out, scrape, deadline=deadline, now=now, sleep=sleep,
+                echo=echo)
+    # the state last: after a rollback the release is gone, and the next watch starts afresh on the new one
+    r.run(hc.write_file(paths["state"]), stdin=json.dumps(w.state(release) if out["rollback"] is None else {}) + "\n")
+    out["production"] = production_figure(release, th.run, w.totals)
     where = (gate or {}).get("attempt_dir") or (f"{h.data_dir}/runs/{th.run}/speculate" if th.run else None)
     if out["production"] and where:  # beside the gate's result.json: `eagle3ops report` reads both there
         r.run(hc.write_file(f"{where}/production.json"), stdin=json.dumps(out["production"], indent=2) + "\n")

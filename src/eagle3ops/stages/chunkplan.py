@@ -55,12 +55,15 @@ def draft_param_count(dims: dict[str, int], *, num_layers: int, draft_vocab_size
 def train_output_bytes(dims: dict[str, int], config: Any) -> int:
     """Bytes stage train writes (an upper bound): ``train.keep_checkpoints + 1`` resumable checkpoints (the newest is
     written before the oldest is deleted) of :data:`CHECKPOINT_BYTES_PER_PARAM` per trainable and
-    :data:`FROZEN_BYTES_PER_PARAM` per frozen parameter (:func:`draft_param_count`), plus the bf16 final head.
-    ``dims``: ``hidden_size``, ``intermediate_size``, ``vocab_size`` of the target."""
+    :data:`FROZEN_BYTES_PER_PARAM` per frozen parameter (:func:`draft_param_count`), plus the bf16 final head, plus
+    with ``train.select_checkpoint: held_out`` two fp32 copies of the weights (``checkpoints/best/`` and the new best
+    written before it is swapped in). ``dims``: ``hidden_size``, ``intermediate_size``, ``vocab_size`` of the
+    target."""
     trainable, frozen = draft_param_count(dims, num_layers=config.train.num_layers,
                                           draft_vocab_size=config.vocab.draft_vocab_size)
     ckpt = trainable * CHECKPOINT_BYTES_PER_PARAM + frozen * FROZEN_BYTES_PER_PARAM
-    return ckpt * (config.train.keep_checkpoints + 1) + (trainable + frozen) * 2
+    best = 2 * (trainable + frozen) * 4 if config.train.select_checkpoint == "held_out" else 0
+    return ckpt * (config.train.keep_checkpoints + 1) + (trainable + frozen) * 2 + best
 
 
 class ChunkPlanError(ValueError):

@@ -14,8 +14,8 @@ from typing import Any
 from eagle3ops.config.pipeline import PipelineConfig
 from eagle3ops.stages.target import target_config, target_text_config
 
-__all__ = ["DENSE_ATTENTION", "SPECULATIVE_TOKENS", "build_draft_config", "register_dense_attention",
-           "standardize_with_norm", "target_final_norm"]
+__all__ = ["DENSE_ATTENTION", "LOSSES", "SPECULATIVE_TOKENS", "build_draft_config", "install_loss", "lk_hybrid_loss",
+           "register_dense_attention", "standardize_with_norm", "target_final_norm"]
 
 #: Draft tokens per target forward that the head is configured (and vLLM told) to propose.
 SPECULATIVE_TOKENS = 3
@@ -147,3 +147,89 @@ def standardize_with_norm(norm_weight: Any, eps: float):
         return out
 
     return fn
+
+
+#: The draft-head losses ``train.loss`` may name: ``kl`` = speculators' forward KL (its ``loss_function``, as is);
+#: ``lk_hybrid`` = :func:`lk_hybrid_loss`.
+LOSSES = ("kl", "lk_hybrid")
+
+
+def lk_hybrid_loss(logits: Any, targets: Any, loss_mask: Any, eta: float = 3.0) -> Any:
+    """The hybrid LK loss of Samarin et al., "LK Losses: Direct Acceptance Rate Optimization for Speculative
+    Decoding" (arXiv 2602.23881): per position, with ``p`` = softmax(target logits), ``q`` = softmax(draft logits)
+    and the acceptance rate ``alpha = sum_v min(p_v, q_v)`` (speculative sampling accepts with probability
+    ``alpha``: 1 - the total variation distance),
+
+        ``L = lambda * KL(p || q) + (1 - lambda) * (1 - alpha)``, ``lambda = exp(-eta * sg[alpha])``
+
+    (``sg``: stop-gradient; the weight steers, it is not differentiated). A cold head (alpha near 0) trains on
+    KL's strong gradient, a good one on the acceptance rate itself. Where this comes from: the paper's text was not
+    reachable from here, so no equation number is cited; the form, the detached weight and ``eta = 3`` are those of
+    speculators' reference implementation of the paper's hybrid objective (``speculators/losses/eager.py``,
+    ``lk_hybrid_loss``; its docs: ``lambda * KL + (1 - lambda) * TV`` with ``lambda = exp(-3 * alpha)``, detached)
+    and of NVIDIA ModelOpt's ``masked_lk_lambda_loss`` (which cites the paper's sections 4.2 and 4.4).
+
+    Reduced as speculators 0.3.0 reduces its KL (``models/eagle3/core.py``, ``loss_function``): the per-position
+    losses times ``loss_mask``, summed, over ``loss_mask.sum() + 1e-5`` (all positions without a mask), mean over
+    the batch rows, so ``train.loss`` swaps the objective and nothing else (TTT steps, decay, metrics unchanged).
+
+    Args:
+        logits: draft logits ``[B, T, V]`` (V = draft vocabulary).
+        targets: teacher (target) logits ``[B, T, V]``, no gradient needed.
+        loss_mask: ``[B, T]`` (1 = a trained position) or None.
+        eta: the weight's decay rate (``>= 0``; 0 gives plain KL).
+
+    Returns:
+        A scalar tensor (fp32).
+    """
+    import torch
+
+    logq = torch.nn.functional.log_softmax(logits.float(), dim=-1)
+    logp = torch.nn.functional.log_softmax(targets.float(), dim=-1)
+    p, q = logp.exp(), logq.exp()
+    kl = (p * (logp - logq)).sum(-1)  # [B, T]
+    alpha = torch.minimum(p, q).sum(-1)  # [B, T]
+    lam = torch.exp(-eta * alpha.detach())
+    per_pos = lam * kl + (1.0 - lam) * (1.0 - alpha)
+    if loss_mask is not None:
+        per_pos = per_pos * loss_mask
+        denominator: Any = loss_mask.sum(dim=1) + 1e-5
+    else:
+        denominator = per_pos.shape[1]
+    return (per_pos.sum(dim=1) / denominator).mean()
+
+
+_SPECULATORS_KL: list[Any] = []  # speculators' own loss_function, saved before the first swap
+
+
+def install_loss(kind: str, eta: float = 3.0) -> None:
+    """Make speculators' EAGLE-3 draft model train with ``kind`` (one of :data:`LOSSES`) in this process.
+
+    speculators 0.3.0 computes each TTT step's loss with the module function ``loss_function(logits, targets,
+    loss_mask)`` of ``speculators.models.eagle3.core`` (looked up at call time by ``compute_metrics``), so the stage
+    sets that name before the first forward: ``kl`` restores speculators' own, ``lk_hybrid`` puts
+    :func:`lk_hybrid_loss` there. Called by every training run, so one process never keeps another run's choice.
+
+    Raises:
+        ValueError: ``kind`` is not in :data:`LOSSES`, or the installed speculators has no ``loss_function`` to
+            replace (then ``train.loss: lk_hybrid`` cannot be honoured: use ``kl`` or the speculators 0.3.0 profile).
+    """
+    from speculators.models.eagle3 import core
+
+    if kind not in LOSSES:
+        raise ValueError(f"train.loss: {kind!r} is not one of {', '.join(LOSSES)}")
+    current = getattr(core, "loss_function", None)
+    if current is None:
+        raise ValueError("train.loss: this speculators has no models.eagle3.core.loss_function to replace; set "
+                         "train.loss: kl")
+    if not _SPECULATORS_KL:
+        _SPECULATORS_KL.append(current)
+    if kind == "kl":
+        core.loss_function = _SPECULATORS_KL[0]
+        return
+
+    def loss_function(logits: Any, targets: Any, loss_mask: Any) -> Any:
+        return lk_hybrid_loss(logits, targets, loss_mask, eta)
+
+    loss_function.__doc__ = f"eagle3ops: the hybrid LK loss, eta {eta} (eagle3ops.stages.draft.lk_hybrid_loss)"
+    core.loss_function = loss_function

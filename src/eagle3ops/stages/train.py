@@ -93,12 +93,15 @@ from eagle3ops.config.pipeline import PipelineConfig
 from eagle3ops.stages.draft import (
     SPECULATIVE_TOKENS,
     build_draft_config,
+    install_loss,
     register_dense_attention,
     standardize_with_norm,
     target_final_norm,
 )
 from eagle3ops.stages import trainplan
 from eagle3ops.stages.trainplan import held_out_indices  # noqa: F401 - moved there (pure); imported from here too
+from eagle3ops.stages.heldout import CheckpointChooser, HeldOutEval
+from eagle3ops.stages.heldout import offline_estimate  # noqa: F401 - moved there; imported from here too
 from eagle3ops.stages.manifest import (
     atomic_write_text,
     check_inputs,
@@ -179,56 +182,6 @@ def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any
         return {"stopped_at": json.loads((_latest_checkpoint(out / "checkpoints")
                                           / "state.json").read_text())["step"]}
     return json.loads((stage_dir(run_dir, "train") / "manifest.json").read_text())
-
-
-def offline_estimate(model: Any, held_dataset: Any, collate: Any, device: str, tc: Any, *,
-                     plan: list[int | None] | None = None, world: int = 1, dummy: Any = None,
-                     held_total: int | None = None) -> dict[str, Any] | None:
-    """Simulated acceptance length of the draft head on the held-out samples (never trained on): teacher-forced
-    (the draft sees the target's own hidden states at every position), so an optimistic estimate.
-
-    ``full_acc_k`` from speculators' ``Eagle3DraftModel.forward`` is the fraction of positions whose draft tokens
-    0..k are all correct; the expected tokens per target forward under greedy verification is then
-    ``1 + Σ_k full_acc_k`` (k < ``train.ttt_steps``), the EAGLE papers' acceptance length τ. Averaged over held-out
-    samples weighted by tokens. With several ranks each evaluates its share (``plan``: positions in
-    ``held_dataset``, None for a zero-weight forward on ``dummy`` — a sharded forward needs every rank) and the sums
-    are all-reduced (:func:`eagle3ops.stages.trainplan.held_out_plan`).
-
-    Returns:
-        ``{"acceptance_length", "per_position": {"k": full_acc_k}, "held_out_samples", "held_out_tokens", "kind"}``,
-        or None when nothing is held out.
-    """
-    import torch
-
-    if plan is None:
-        plan = list(range(len(held_dataset)))
-    total = len(held_dataset) if held_total is None else held_total
-    if total == 0:
-        return None
-    sums = torch.zeros(tc.ttt_steps + 1, dtype=torch.float64)
-    model.eval()
-    with torch.no_grad():
-        for i in plan:
-            batch = collate([held_dataset[i] if i is not None else dummy])
-            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            _d, _loss, metrics = model(**batch, ttt_steps=tc.ttt_steps, ttt_step_loss_decay=tc.ttt_step_loss_decay)
-            n = int(batch["lengths"].sum()) if i is not None else 0
-            sums[-1] += n
-            for k in range(tc.ttt_steps):
-                sums[k] += float(metrics[f"full_acc_{k}"]) * n
-    model.train()
-    if world > 1:
-        import torch.distributed as dist
-
-        red = sums.to(device)
-        dist.all_reduce(red)
-        sums = red.cpu()
-    tokens = int(sums[-1])
-    sums = {k: float(sums[k]) for k in range(tc.ttt_steps)}
-    per_pos = {str(k): round(v / tokens, 6) for k, v in sums.items()} if tokens else {}
-    return {"acceptance_length": round(1.0 + sum(per_pos.values()), 6), "per_position": per_pos,
-            "held_out_samples": total, "held_out_tokens": tokens,
-            "kind": "teacher-forced on held-out samples: an optimistic estimate of vLLM's mean acceptance length"}
 
 
 def _peak_memory_bytes(device: str) -> int:
@@ -317,6 +270,7 @@ def run_train(
     # speculators decorates the draft forward with @torch.compile; train.compile decides whether it compiles.
     use_compile = tc.compile if tc.compile is not None else device.startswith("cuda")
     torch._dynamo.config.disable = not use_compile
+    install_loss(tc.loss, tc.lk_eta)  # before the first forward (and its compile) reads it
 
     d2t = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "d2t.npy"))
     t2d = torch.from_numpy(np.load(stage_dir(run_dir, "vocab") / "t2d.npy"))
@@ -401,6 +355,7 @@ def run_train(
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         step = int(state["step"])
         log(f"train: resuming from {prev} at step {step} ({world} process{'es' if world > 1 else ''})")
+    chooser = CheckpointChooser(out, tc.select_checkpoint, bool(held), bool(chunks), state, log, is_main)
     metrics_path = out / "metrics.jsonl"
     if step == 0 and is_main:
         metrics_path.unlink(missing_ok=True)
@@ -434,7 +389,8 @@ def run_train(
             torch.save(osd, d / "optimizer.pt")
             torch.save(sched.state_dict(), d / "scheduler.pt")
             atomic_write_text(d / "state.json", json.dumps({"step": s, "world_size": world,
-                                                            "torch_rng": torch.get_rng_state().tolist()}))
+                                                            "torch_rng": torch.get_rng_state().tolist(),
+                                                            "held_out_curve": chooser.curve}))
             for old in sorted(p.parent for p in ckpt_root.glob("step_*/state.json"))[: -tc.keep_checkpoints]:
                 shutil.rmtree(old)
         if world > 1:
@@ -448,6 +404,9 @@ def run_train(
         if world > 1:
             dist.barrier()
             dist.destroy_process_group()
+
+    evaluate = HeldOutEval(model, lay, held, rank, {i: str(ext_dir / by_id[i]["file"]) for i in held}, tc,
+                           standardize_with_norm(norm_w, eps), collate, device, world, dataset[0])
 
     model.train()
     first_step = step
@@ -500,6 +459,8 @@ def run_train(
             if step % 10 == 0 or step == tc.steps:
                 log(f"train: step {step}/{tc.steps} loss {last['loss']:.4f} full_acc_0 {last.get('full_acc_0', 0):.3f}")
             if step % tc.checkpoint_every == 0 or step == tc.steps:
+                if chooser.measuring:
+                    chooser.measure(step, evaluate(), full_model_sd, model)
                 save_checkpoint(step)
             if stop_after is not None and step - first_step >= stop_after and step < tc.steps:
                 save_checkpoint(step)
@@ -511,23 +472,11 @@ def run_train(
     loop_s = time.monotonic() - t_loop
     ran = step - first_step
 
-    def held_out() -> tuple[Any, list[int | None], dict[int, int]]:  # at the end: a chunked run's are all there now
-        held_plan = trainplan.held_out_plan(lay, held)
-        my_held = [row[rank] for row in held_plan]
-        held_ids = [i for i in my_held if i is not None]
-        held_dataset: Any = Eagle3SampleFileDataset(  # speculators' dataset cannot be empty
-            max_len=tc.batch_max_tokens,
-            file_list=[str(ext_dir / by_id[i]["file"]) for i in held_ids],
-            standardize_fn=standardize_with_norm(norm_w, eps),
-        ) if held_ids else []
-        held_pos_of = {i: n for n, i in enumerate(held_ids)}
-        return held_dataset, my_held, held_pos_of
-
-    held_dataset, my_held, held_pos_of = held_out()
-    offline = offline_estimate(model, held_dataset, collate, device, tc,
-                               plan=[held_pos_of[i] if i is not None else None for i in my_held],
-                               world=world, dummy=dataset[0], held_total=len(held))
-    sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in full_model_sd().items()}
+    choice = chooser.choice()
+    offline = evaluate() if choice is None else choice["estimate"]  # the last step's, or the chosen one's
+    # full_model_sd is a collective when sharded: every rank calls it; an earlier best's weights are in best/
+    chosen_sd = full_model_sd() if choice is None or choice["step"] == step else chooser.best_weights(step)
+    sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in chosen_sd.items()}
     peak = _peak_memory_bytes(device)
     peaks = [peak]
     if world > 1:
@@ -569,12 +518,14 @@ def run_train(
         "peak_memory_bytes": max(peaks),
         "peak_memory_bytes_per_rank": peaks,
         "peak_memory_kind": "torch.cuda.max_memory_allocated" if device.startswith("cuda") else "process max RSS",
+        "loss": {"kind": tc.loss, **({"lk_eta": tc.lk_eta} if tc.loss == "lk_hybrid" else {})},
         "first_loss": history[0]["loss"] if history else None,
         "final_metrics": last or (history[-1] if history else {}),
         "aux_layer_ids_extracted": aux,
         "eagle_aux_hidden_state_layer_ids": [j + 1 for j in aux],
         "draft_vocab_size": int(d2t.shape[0]),
         "offline_estimate": offline,
+        "checkpoint_choice": chooser.record(step),
         "held_out_split": {**trainplan.held_out_split(sample_files), "held_out_samples": len(held)},
         "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "vllm_speculative_config": {

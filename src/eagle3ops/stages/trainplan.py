@@ -337,3 +337,20 @@ def held_out_of(samples: Sequence[dict[str, Any]], fraction: float, seed: int) -
     """:func:`held_out_indices` of ``samples`` (prepare's rows or the extract manifest's ``sample_files``, by
     position), by content where every sample carries its keys."""
     return held_out_indices(len(samples), fraction, seed, sample_content(samples))
+
+
+def choose_checkpoint(curve: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The entry of ``curve`` (``[{"step": int, "acceptance_length": float, ...}, ...]``, in step order: the held-out
+    offline estimate at each checkpoint of a train run) with the highest ``acceptance_length``; on a tie the earlier
+    step (as good on held-out samples, trained less: the less over-fitted). Pure.
+
+    Raises:
+        ValueError: ``curve`` is empty (nothing was evaluated: the caller keeps the last step).
+    """
+    if not curve:
+        raise ValueError("no held-out estimate was taken at any checkpoint")
+    best = curve[0]
+    for entry in curve[1:]:
+        if entry["acceptance_length"] > best["acceptance_length"]:
+            best = entry
+    return best

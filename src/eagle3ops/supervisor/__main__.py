@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
         client = docker.from_env(timeout=600)
     sup = Supervisor(plan, client, wdir)
-    if client is not None:  # the engine's socket, as docker.from_env reads DOCKER_HOST: Supervisor._engine_up
+    if client is not None:  # the engine's socket, as docker.from_env reads DOCKER_HOST: Supervisor.engine_up
         endpoint = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         sup.engine_socket = endpoint.removeprefix("unix://") if endpoint.startswith("unix://") else None
 

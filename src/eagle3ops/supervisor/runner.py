@@ -101,7 +101,7 @@ class Supervisor:
         self.engine_poll_s = 2.0
         self.engine_waits = 0
         #: The engine's unix socket as this process reaches it (``__main__`` sets it from ``DOCKER_HOST``, as
-        #: ``docker.from_env`` reads it); None: the ping alone says whether the engine is up (:meth:`_engine_up`).
+        #: ``docker.from_env`` reads it); None: the ping alone says whether the engine is up (:meth:`engine_up`).
         self.engine_socket: str | None = None
         #: Seconds between two checks during a stage that serving is still stopped (:meth:`guard_stopped`).
         self.guard_poll_s = GUARD_POLL_S
@@ -184,7 +184,7 @@ class Supervisor:
             EngineUnavailable: still unreachable after ``engine_wait_s`` seconds, or the engine went away more than
                 :data:`ENGINE_WAITS_MAX` times in this run.
         """
-        if self._engine_up():
+        if self.engine_up():
             return False
         self.engine_down(step, exc)
         if self.stop_requested:
@@ -198,7 +198,7 @@ class Supervisor:
         deadline = time.time() + self.engine_wait_s
         while time.time() < deadline:
             time.sleep(self.engine_poll_s)
-            if self._engine_up():
+            if self.engine_up():
                 self.engine_back()
                 self.journal.log(step, "info", message="Docker engine is back; retrying")
                 return True
@@ -238,7 +238,7 @@ class Supervisor:
         except Interrupted:
             raise
         except Exception as exc:  # noqa: BLE001 - an engine outage is the stage wait's to handle; else said, go on
-            if self._engine_up():
+            if self.engine_up():
                 self.warn("serving-guard", f"could not check that serving is still stopped: "
                                            f"{type(exc).__name__}: {exc}")
             return
@@ -303,13 +303,13 @@ class Supervisor:
         crashed = self.kind.crash_check()
         try:
             models = wait_healthy(f"http://127.0.0.1:{h.port}", h.model, timeout_s=timeout_s,
-                                  interval_s=h.interval_s, api_key=self._api_key, crashed=crashed)
+                                  interval_s=h.interval_s, api_key=self.api_key, crashed=crashed)
         except GateFailed as exc:
             self.journal.log("health", "error", reason=str(exc)[-800:])
             raise
         self.journal.log("health", "ok", models=models)
 
-    def _api_key(self) -> str | None:
+    def api_key(self) -> str | None:
         """The API key serving requires: from serving's own configuration (the kind's ``api_key``), else from the
         secret file the inventory names (``health.api_key_file``); None when neither has one. Never logged."""
         key = self.kind.api_key()
@@ -328,7 +328,7 @@ class Supervisor:
         the lock released when serving is healthy → ``result.json`` last."""
         t0 = self.journal.first_epoch()
         ran = _Ran()
-        if self._engine_up():  # started again by the restart policy after a daemon restart stopped it
+        if self.engine_up():  # started again by the restart policy after a daemon restart stopped it
             self.engine_back()
         try:
             self._carry_out(ran)
@@ -339,7 +339,7 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - recorded, then reported through the result
             ran.outcome, ran.error = "failed", f"{type(exc).__name__}: {exc}"
             self.journal.log("supervisor", "error", reason=ran.error[-1000:])
-        if not self._engine_up():
+        if not self.engine_up():
             # The Docker engine is going down (daemon restart): leave no result, exit non-zero, and let the restart
             # policy (on-failure) start this supervisor again once the engine is back; it resumes from the journal.
             self.journal.log("supervisor", "error", reason="Docker engine unavailable; exiting so that the restart "
@@ -387,7 +387,7 @@ class Supervisor:
         except Interrupted as exc:
             ran.outcome, ran.error = "interrupted", str(exc)
         except EngineUnavailable as exc:
-            leaving = not self._engine_up()
+            leaving = not self.engine_up()
             if leaving:  # its restart policy starts it again once the engine is back: the window resumes
                 raise
             ran.outcome, ran.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -501,7 +501,7 @@ class Supervisor:
                         return "failed", f"stage {step.name}: {self.stage_outcomes[step.name]}"
                 return "ok", ""
             except Exception as exc:  # Interrupted included: a daemon restart stops this supervisor with SIGTERM
-                if self._engine_up() or not self.wait_out_engine(step_name, exc):
+                if self.engine_up() or not self.wait_out_engine(step_name, exc):
                     raise
 
     def _remove_left_stages(self) -> None:
@@ -509,7 +509,7 @@ class Supervisor:
         whose container it then kept as exited; a resumed supervisor that ran no stage again found it): nothing
         of a window stays behind once it has a result. A container that cannot be removed is a warning naming the
         command that removes it."""
-        if self.client is None or not self._engine_up():
+        if self.client is None or not self.engine_up():
             return
         import docker.errors
 
@@ -548,7 +548,7 @@ class Supervisor:
             return "interrupted", str(exc)
         return "ok", ""
 
-    def _engine_up(self) -> bool:
+    def engine_up(self) -> bool:
         """Whether the Docker engine answers: its ping passes and, when :attr:`engine_socket` is known, its socket
         accepts a new connection. A restarting daemon closes its listener first and keeps serving the connections
         already open until it exits (Docker 20.10's API server closes only its listeners on shutdown; seen here:

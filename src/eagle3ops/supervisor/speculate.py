@@ -57,11 +57,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from eagle3ops import redact
-from eagle3ops.config.plan import Candidate, ReleaseChange, SpeculateJob
+from eagle3ops.config.plan import Candidate, Plan, ReleaseChange, SpeculateJob
 from eagle3ops.gate.like import ReleaseIdentity
+from eagle3ops.supervisor.journal import Journal
+from eagle3ops.supervisor.kinds.base import ServingKind
+from eagle3ops.supervisor.releases import Releases
 from eagle3ops.supervisor.verdict import (
     choose_candidate,
     decide_figures,
@@ -69,14 +72,39 @@ from eagle3ops.supervisor.verdict import (
     failed_requests,
 )
 
-if TYPE_CHECKING:
-    from eagle3ops.supervisor.runner import Supervisor
 
-__all__ = ["SpeculateRun", "choose_candidate", "decide_figures", "decide_measured", "failed_requests",
-           "measure_serving"]
+class SpeculateHost(Protocol):
+    """What a speculate job uses of the window that runs it (the runner,
+    :class:`eagle3ops.supervisor.runner.Supervisor`, is one).
+
+    Attributes: ``plan`` (its ``speculate`` job, ``health``, ``secret_env``), ``journal``, ``releases``, ``kind``
+    (the serving kind, which switches and returns releases), ``stop_requested`` (set by SIGTERM/SIGINT).
+    Methods: the window's record and replace steps and the API key serving requires.
+    """
+
+    plan: Plan
+    journal: Journal
+    releases: Releases
+    kind: ServingKind
+    stop_requested: bool
+
+    def warn(self, step: str, message: str) -> None:
+        """Journal a warning for the window's result."""
+
+    def record(self) -> None:
+        """Record live serving, once."""
+
+    def replace_serving(self) -> str:
+        """Replace serving by the plan's release, health-gated; what was done, in words."""
+
+    def api_key(self) -> str | None:
+        """The API key serving requires (never logged); None when it requires none."""
+
+__all__ = ["SpeculateHost", "SpeculateRun", "choose_candidate", "decide_figures", "decide_measured",
+           "failed_requests", "measure_serving"]
 
 
-def measure_serving(sup: "Supervisor", job: SpeculateJob, passes: int | None = None) -> dict[str, Any]:
+def measure_serving(sup: SpeculateHost, job: SpeculateJob, passes: int | None = None) -> dict[str, Any]:
     """Measure the live serving as the job says (prompts in order, levels, passes), from this host, with the API
     key the health gate uses. ``passes``: this block's (default the job's). Returns
     :func:`eagle3ops.gate.measure.measure`'s answer.
@@ -91,7 +119,7 @@ def measure_serving(sup: "Supervisor", job: SpeculateJob, passes: int | None = N
     assert sup.plan.health is not None
     return measure({"base_url": f"http://127.0.0.1:{sup.plan.health.port}", "model": sup.plan.health.model,
                     "prompts": job.prompts, "levels": job.levels, "max_tokens": job.max_tokens,
-                    "passes": passes or job.passes, "api_key": sup._api_key(), "request_timeout_s": job.request_timeout_s,
+                    "passes": passes or job.passes, "api_key": sup.api_key(), "request_timeout_s": job.request_timeout_s,
                     "idle_timeout_s": job.idle_timeout_s, "warmup_prompts": job.warmup_prompts})
 
 
@@ -153,7 +181,7 @@ class _GateState:
 class SpeculateRun:
     """One speculate job on ``sup`` (the window's runner: its journal, policy and serving kind)."""
 
-    def __init__(self, sup: "Supervisor"):
+    def __init__(self, sup: SpeculateHost):
         assert sup.plan.speculate is not None, "a speculate plan carries its job"
         self.sup, self.job = sup, sup.plan.speculate
         #: This attempt's folder: the head's results folder (made by the driver as the SSH user), then the window.

@@ -8,17 +8,50 @@ Used by :class:`eagle3ops.supervisor.runner.Supervisor` (the step table); the se
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from eagle3ops import redact
 from eagle3ops.commands import runtime as rt
-from eagle3ops.config.plan import StageStep
+from eagle3ops.config.plan import Plan, StageStep
 from eagle3ops.supervisor.errors import Interrupted, ServingRestarted
-from eagle3ops.supervisor.journal import _tail
+from eagle3ops.supervisor.journal import Journal, _tail
 
-if TYPE_CHECKING:
-    from eagle3ops.supervisor.runner import Supervisor
+
+class StageHost(Protocol):
+    """What a stage run uses of the window that runs it (the runner, :class:`eagle3ops.supervisor.runner.Supervisor`,
+    is one).
+
+    Attributes: ``plan``, ``journal``, ``client`` (docker SDK ``DockerClient``; None on a venv host), ``wdir`` (the
+    window's folder: ``<stage>.log``), ``deadline`` (end of the maintenance budget, epoch seconds),
+    ``stage_outcomes`` / ``stage_times`` (``{stage: outcome in words}`` / ``{stage: seconds}``, filled here for the
+    result), ``guard_poll_s`` (seconds between two checks that serving is still stopped), ``engine_waits`` (engine
+    outages waited out so far in this run). Methods: the window's shared policy.
+    """
+
+    plan: Plan
+    journal: Journal
+    client: Any
+    wdir: Path
+    deadline: float
+    stage_outcomes: dict[str, str]
+    stage_times: dict[str, float]
+    guard_poll_s: float
+    engine_waits: int
+
+    def warn(self, step: str, message: str) -> None:
+        """Journal a warning for the window's result."""
+
+    def guard_stopped(self, step: str) -> None:
+        """Check that serving is still stopped while ``step`` runs; raises ``ServingRestarted``."""
+
+    def engine_up(self) -> bool:
+        """Whether the Docker engine answers (always True on a venv host)."""
+
+    def wait_out_engine(self, step: str, exc: BaseException) -> bool:
+        """After ``exc``: True when the Docker engine was away and is back (retry), False when it answered."""
 
 
 def stage_error(log: str, limit: int = 600) -> str:
@@ -67,9 +100,9 @@ def create_container(client: Any, spec: dict[str, Any], image_id: str | None = N
 ENGINE_RERUNS_MAX = 2
 
 
-def run_stage(sup: "Supervisor", step: StageStep) -> bool:
+def run_stage(sup: StageHost, step: StageStep) -> bool:
     """Run one stage container to completion within its timeout and the window budget, checking while it runs
-    that serving is still stopped (:meth:`Supervisor.guard_stopped`). A Docker engine restart is waited out
+    that serving is still stopped (:meth:`StageHost.guard_stopped`). A Docker engine restart is waited out
     (bounded): a stage container that outlived it is waited for further, one that did not is run again in the same
     window (at most :data:`ENGINE_RERUNS_MAX` engine outages), serving not stopped a second time. A container of
     this stage left by an earlier attempt (an engine restart keeps it as exited) is removed before the stage starts.
@@ -104,34 +137,8 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
     reason, ended = "", ""
     try:
         with log_path.open("ab") as raw:
-            # Stream logs while waiting; the stream ends when the container exits.
-            import threading
-
             log = redact.LineWriter(raw, sup.plan.secret_env)
-
-            def pump() -> None:
-                # The client's read timeout (600 s) ends a follow stream when a stage prints nothing for that
-                # long: follow again from the last second seen while the container still runs (a line printed
-                # in that second may then appear twice; none is lost).
-                since: int | None = None
-                while True:
-                    try:
-                        for chunk in container.logs(stream=True, follow=True, since=since):
-                            log.write(chunk)
-                            since = int(time.time())
-                    except Exception:  # noqa: BLE001 - the log pump must never kill the supervisor
-                        pass
-                    try:
-                        container.reload()
-                        if container.status != "running":
-                            return
-                    except Exception:  # noqa: BLE001 - gone (removed) or the engine is down
-                        return
-                    since = since or int(time.time())
-                    time.sleep(1)
-
-            th = threading.Thread(target=pump, daemon=True)
-            th.start()
+            th = _follow_logs(container, log)  # the stream ends when the container exits
             try:
                 exit_code = _wait_guarded(sup, step.name, container, t0 + limit)
             except EngineEndedStage as exc:
@@ -143,7 +150,7 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
             log.close()
     except (Interrupted, ServingRestarted) as exc:
         reason = "supervisor interrupted" if isinstance(exc, Interrupted) else "stopped: serving kept being started"
-        if isinstance(exc, Interrupted) and not sup._engine_up():  # the restarting daemon stops the supervisor
+        if isinstance(exc, Interrupted) and not sup.engine_up():  # the restarting daemon stops the supervisor
             reason = "ended by a Docker engine restart"
         try:
             container.stop(timeout=10)
@@ -152,25 +159,8 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
         raise
     finally:
         dt = time.time() - t0
-        sup.stage_times[step.name] = round(dt, 1)
-        try:  # its output is in <stage>.log; the exit code goes into the journal below
-            container.remove(force=True)
-        except Exception as exc:  # noqa: BLE001 - cleanup only, reported as a warning
-            if sup._engine_up():
-                sup.warn(step.name, f"could not remove stage container {name}: {type(exc).__name__}: {exc}; "
-                                     f"remove it by hand: docker rm --force {name}")
-            else:  # the stage's next attempt, or the window's end (Supervisor._remove_left_stages), removes it
-                sup.journal.log(step.name, "info", message=f"stage container {name} left while the Docker engine "
-                                                            f"is down; removed once it is back")
-        if exit_code == 0:
-            sup.journal.log(step.name, "ok", seconds=round(dt, 1))
-            sup.stage_outcomes[step.name] = "ok"
-        else:
-            why = reason or f"exited {exit_code}"
-            said = stage_error(_tail(log_path)) if exit_code is not None else ""
-            why += f": {said}" if said else ""
-            sup.journal.log(step.name, "error", seconds=round(dt, 1), reason=why)
-            sup.stage_outcomes[step.name] = f"failed ({why})"
+        _remove_stage_container(sup, step.name, container, name)
+        _journal_outcome(sup, step.name, exit_code, reason, dt, log_path)
     if ended and sup.engine_waits <= ENGINE_RERUNS_MAX:
         sup.warn(step.name, f"{ended}; running the stage again in this window (its outputs resume), serving not "
                             f"stopped a second time")
@@ -178,9 +168,69 @@ def run_stage(sup: "Supervisor", step: StageStep) -> bool:
     return exit_code == 0
 
 
-def _wait_guarded(sup: "Supervisor", step: str, container: Any, deadline: float) -> int | None:
+def _follow_logs(container: Any, log: redact.LineWriter) -> threading.Thread:
+    """Start a daemon thread copying the stage container's output into ``log`` until the container stops; returns
+    the thread. The client's read timeout (600 s) ends a follow stream when a stage prints nothing for that long:
+    the thread follows again from the last second seen while the container still runs (a line printed in that
+    second may then appear twice; none is lost). It never raises: the log must never kill the supervisor."""
+
+    def pump() -> None:
+        since: int | None = None
+        while True:
+            try:
+                for chunk in container.logs(stream=True, follow=True, since=since):
+                    log.write(chunk)
+                    since = int(time.time())
+            except Exception:  # noqa: BLE001 - the log pump must never kill the supervisor
+                pass
+            try:
+                container.reload()
+                if container.status != "running":
+                    return
+            except Exception:  # noqa: BLE001 - gone (removed) or the engine is down
+                return
+            since = since or int(time.time())
+            time.sleep(1)
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    return th
+
+
+def _remove_stage_container(sup: StageHost, step: str, container: Any, name: str) -> None:
+    """Remove the stage's container ``name`` (its output is in ``<stage>.log``); a failed removal is a warning naming the
+    command that removes it, or, while the engine is down, a journal note (the stage's next attempt, or the
+    window's end, removes it once the engine is back)."""
+    try:
+        container.remove(force=True)
+    except Exception as exc:  # noqa: BLE001 - cleanup only, reported as a warning
+        if sup.engine_up():
+            sup.warn(step, f"could not remove stage container {name}: {type(exc).__name__}: {exc}; "
+                           f"remove it by hand: docker rm --force {name}")
+        else:  # the stage's next attempt, or the window's end (Supervisor._remove_left_stages), removes it
+            sup.journal.log(step, "info", message=f"stage container {name} left while the Docker engine "
+                                                  f"is down; removed once it is back")
+
+
+def _journal_outcome(sup: StageHost, step: str, exit_code: int | None, reason: str, seconds: float,
+                     log_path: Path) -> None:
+    """Journal the stage's end and record its outcome and time for the result: ``ok`` on exit 0, else an error
+    with ``reason`` (or the exit code) and what the stage's log says (:func:`stage_error`)."""
+    sup.stage_times[step] = round(seconds, 1)
+    if exit_code == 0:
+        sup.journal.log(step, "ok", seconds=round(seconds, 1))
+        sup.stage_outcomes[step] = "ok"
+        return
+    why = reason or f"exited {exit_code}"
+    said = stage_error(_tail(log_path)) if exit_code is not None else ""
+    why += f": {said}" if said else ""
+    sup.journal.log(step, "error", seconds=round(seconds, 1), reason=why)
+    sup.stage_outcomes[step] = f"failed ({why})"
+
+
+def _wait_guarded(sup: StageHost, step: str, container: Any, deadline: float) -> int | None:
     """Wait for the stage container to exit, by ``deadline`` (epoch seconds), checking every ``sup.guard_poll_s``
-    seconds that serving is still stopped (:meth:`Supervisor.guard_stopped`). Returns the exit code, or None when
+    seconds that serving is still stopped (:meth:`StageHost.guard_stopped`). Returns the exit code, or None when
     the deadline passed or the engine stopped answering (the caller stops the stage; a restarted supervisor resumes
     the window from its journal).
 
@@ -197,7 +247,7 @@ def _wait_guarded(sup: "Supervisor", step: str, container: Any, deadline: float)
         except Interrupted:
             raise
         except Exception as exc:  # noqa: BLE001 - requests ReadTimeout / ConnectionError: a poll, or the engine
-            if sup._engine_up():
+            if sup.engine_up():
                 continue
             sup.wait_out_engine(step, exc)  # bounded; raises EngineUnavailable (the restart policy resumes)
             try:  # the engine is back: a stage container that outlived it (live-restore) is waited for further
@@ -219,7 +269,7 @@ class EngineEndedStage(Exception):
     (its outputs resume), serving not stopped a second time (:func:`run_stage`)."""
 
 
-def stages_from_journal(sup: "Supervisor") -> tuple[str, str]:
+def stages_from_journal(sup: StageHost) -> tuple[str, str]:
     """Stage outcomes of an earlier attempt of this window, from the journal: (outcome, error)."""
     outcome, error = "ok", ""
     for step in sup.plan.stages:
@@ -259,7 +309,7 @@ def _stop_group(proc: Any, grace_s: float = STAGE_STOP_GRACE_S) -> None:
             continue
 
 
-def run_stage_process(sup: "Supervisor", step: StageStep) -> bool:
+def run_stage_process(sup: StageHost, step: StageStep) -> bool:
     """The venv runtime's stage (``stage_runtime: venv``): ``step.spec`` (from
     :func:`eagle3ops.commands.venv.stage_spec`: ``argv``, ``environment``, ``cwd``) run as a process in a session of
     its own, stdout and stderr appended to ``<stage>.log``, within the stage's limit and the window budget, checking
@@ -339,7 +389,6 @@ def _pump(stream: Any, log: redact.LineWriter) -> Any:
     """Copy a stage process's output pipe into ``log`` on a thread of its own, until the pipe closes (the stage and
     every process that inherited its output have exited). Returns the thread."""
     import os
-    import threading
 
     def copy() -> None:
         fd = stream.fileno()
@@ -364,7 +413,7 @@ def _drain(pump: Any, log: redact.LineWriter, wait_s: float = 10.0) -> None:
     log.close()
 
 
-def _start_within_budget(sup: Any, step: Any) -> float | None:
+def _start_within_budget(sup: StageHost, step: StageStep) -> float | None:
     """Journal the stage's start with its limit in seconds: the stage's own ``timeout_s`` or what is left of the
     maintenance budget once the restore's share (``plan.reserve_s()``) is reserved, whichever is less. None (the
     stage journaled as an error and recorded ``not run (budget)``) when nothing is left."""

@@ -8,12 +8,13 @@ import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from eagle3ops.transfer.errors import TransferError
 from eagle3ops.transfer.limits import STALL_S
-from eagle3ops.transfer.pusher import Progress, PushOptions, PushResult, push_many
+from eagle3ops.transfer.pusher import Progress, PushGroupResult, PushOptions, PushResult, push_many
 
 
 def _fmt_bytes(n: float) -> str:
@@ -95,7 +96,6 @@ def push_command(
     made, and held while the plan's changes are made (a host that holds the image already takes none): a host whose
     lock another run holds (a window) fails alone, naming that run."""
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, TransferSpeedColumn
 
     from eagle3ops.config import ConfigError, load_inventory
 
@@ -106,6 +106,25 @@ def push_command(
     except ConfigError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)
+    _check_options(console, compression=compression, transport=transport, containerd=containerd, dry_run=dry_run,
+                   json_out=json_out)
+    opts = PushOptions(compression=compression, transport=transport, attempts=attempts, stall_s=stall_s,
+                       containerd=containerd, dry_run=dry_run, lock=shlex.join(["eagle3ops", *sys.argv[1:]]))
+    results = _push_with_bars(console, image, host_cfgs, opts, parallel)
+    _print_results(image, results, dry_run=dry_run, json_out=json_out)
+    _report_failures(results, dry_run=dry_run)
+    if not results.ok:
+        raise typer.Exit(1)
+
+
+def _check_options(console: Any, *, compression: str, transport: str, containerd: str, dry_run: bool,
+                   json_out: bool) -> None:
+    """The push's option words and ``--json`` (only with ``--dry-run``), checked before any host is reached.
+
+    Raises:
+        typer.Exit: (status 2) a word not among its option's choices (the message names the option and them), or
+            ``--json`` without ``--dry-run``.
+    """
     for name, val, allowed in (("--compression", compression, ("auto", "none", "zstd", "gzip")),
                                ("--transport", transport, ("auto", "openssh", "paramiko")),
                                ("--containerd", containerd, ("thin", "full", "refuse"))):
@@ -115,12 +134,22 @@ def push_command(
     if json_out and not dry_run:
         console.print("[red]error:[/] --json prints the plan of a dry run: add --dry-run, or drop --json")
         raise typer.Exit(2)
-    opts = PushOptions(compression=compression, transport=transport, attempts=attempts, stall_s=stall_s,
-                       containerd=containerd, dry_run=dry_run, lock=shlex.join(["eagle3ops", *sys.argv[1:]]))
-    # Bars only on a terminal (a log or a pipe gets the table and the error lines, not a bar's last frame).
+
+
+def _push_with_bars(console: Any, image: str, host_cfgs: list[Any], opts: PushOptions, parallel: int
+                    ) -> PushGroupResult:
+    """:func:`push_many` over ``host_cfgs`` with one progress bar per host on ``console``; the bars are drawn only
+    on a terminal and never in a dry run (a log or a pipe gets the table and the error lines, not a bar's last
+    frame). Returns the hosts' results.
+
+    Raises:
+        typer.Exit: (status 2) the image cannot be pushed at all (:class:`TransferError`, said on ``console``).
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, TransferSpeedColumn
+
     with RichProgress(TextColumn("{task.fields[host]:>12}"), TextColumn("{task.description}"), BarColumn(),
                       DownloadColumn(), TransferSpeedColumn(), console=console, transient=False,
-                      disable=dry_run or not console.is_terminal) as bar:
+                      disable=opts.dry_run or not console.is_terminal) as bar:
         tasks = {h.name: bar.add_task("inventory", host=h.name, total=None) for h in host_cfgs}
         lock = threading.Lock()
 
@@ -139,6 +168,15 @@ def push_command(
             raise typer.Exit(2)
         for r in results:
             bar.update(tasks[r.host], description=r.status)
+    return results
+
+
+def _print_results(image: str, results: PushGroupResult, *, dry_run: bool, json_out: bool) -> None:
+    """What the push did, or would do: a dry run's plan per host (its facts' summary, then its commands; with
+    ``json_out`` on stderr, and stdout holds :func:`plan_doc` alone), else the results' table on a terminal or one
+    line per host."""
+    from rich.console import Console
+
     if dry_run:
         text = sys.stderr if json_out else sys.stdout  # --json: stdout holds the plan alone
         for r in results:
@@ -155,6 +193,11 @@ def push_command(
         print(f"push {image}")
         for r in results:
             print(result_line(r))
+
+
+def _report_failures(results: PushGroupResult, *, dry_run: bool) -> None:
+    """One ``error: HOST: cause`` line on stderr per failed host; a host whose engine never answered (its own audit
+    log was out of reach) is recorded in this machine's audit log instead (not in a dry run)."""
     for r in results.failed.values():
         reason = r.reason if r.reason.startswith(f"{r.host}:") else f"{r.host}: {r.reason}"
         print(f"error: {' '.join(reason.split())}", file=sys.stderr)
@@ -164,5 +207,3 @@ def push_command(
             warn = append_local_audit(r.host, shlex.join(["eagle3ops", *sys.argv[1:]]), "host not reached", reason)
             if warn:
                 print(f"warning: {warn}", file=sys.stderr)
-    if not results.ok:
-        raise typer.Exit(1)

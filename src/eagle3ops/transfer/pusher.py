@@ -409,6 +409,45 @@ def execute(remote, plan: PushPlan, facts: HostFacts, encoders: Encoders, opts: 
     _cleanup_scaffolds(remote, plan)
 
 
+def _attempt(remote, host, img: LocalImage, encoders: Encoders, opts: PushOptions, result: PushResult,
+             on_progress: Callable[[Progress], None] | None, stream_hook: Callable[[ByteStream], None] | None
+             ) -> None:
+    """One try of :func:`push`: the host's facts (reads only) → the plan (pure) → under the host's deploy lock
+    (``opts.lock``; none when the plan changes nothing) the plan carried out; ``result`` filled as it goes.
+
+    Raises:
+        ConnectFailed: the host was never reached (it fails once, within the connect bound; ``result.store`` is
+            still empty: no fact was read). TransientTransferError: the connection was lost after the host had
+            answered (a retry may pass). TransferError: the lock is held by another run (a window). RemoteError,
+            OSError: as :func:`execute` raises them.
+    """
+    from eagle3ops.remote import ConnectFailed, HostUnreachable
+
+    result.attempts += 1
+    try:
+        facts = gather(remote, encoders.source, opts)  # reads only
+    except ConnectFailed as exc:
+        if not result.store:  # never reached: fail once, within the connect bound (not a TransientTransferError)
+            raise
+        raise TransientTransferError(str(exc)) from None  # it answered a moment ago (sshd restart, blip)
+    except HostUnreachable as exc:  # the connection was lost: a retry may pass
+        raise TransientTransferError(str(exc)) from None
+    result.store = facts.store.kind  # reached: its store is known
+    plan = result.push_plan = plan_push(host, encoders.source, facts, opts)  # pure
+    result.host_id, result.id_kind = plan.expect, plan.id_kind
+    if opts.lock is None or not plan.commands(host):
+        execute(remote, plan, facts, encoders, opts, result, on_progress, stream_hook)
+        return
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.lock import holding_lock
+
+    try:
+        with holding_lock(remote, "push", opts.lock, f"push {img.ref}"):
+            execute(remote, plan, facts, encoders, opts, result, on_progress, stream_hook)
+    except WindowError as exc:  # the lock held by another run (a window): not one a retry can pass
+        raise TransferError(str(exc)) from None
+
+
 def push(image: LocalImage | str, host, *, source: LayerSource | None = None, encoders: Encoders | None = None,
          options: PushOptions | None = None, on_progress: Callable[[Progress], None] | None = None,
          stream_hook: Callable[[ByteStream], None] | None = None) -> PushResult:
@@ -432,7 +471,7 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
     from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
     from eagle3ops import executor
-    from eagle3ops.remote import ConnectFailed, HostUnreachable, RemoteError
+    from eagle3ops.remote import RemoteError
 
     opts = options or PushOptions()
     t0 = time.monotonic()
@@ -453,34 +492,9 @@ def push(image: LocalImage | str, host, *, source: LayerSource | None = None, en
             opts.echo(line)
 
     remote = executor.for_host(host, dry_run=opts.dry_run, echo=echo)
-    reached = False  # whether this push has talked to the host yet
 
     def attempt() -> None:
-        nonlocal reached
-        result.attempts += 1
-        try:
-            facts = gather(remote, src, opts)  # reads only
-        except ConnectFailed as exc:
-            if not reached:  # never reached: fail once, within the connect bound (not a TransientTransferError)
-                raise
-            raise TransientTransferError(str(exc)) from None  # it answered a moment ago (sshd restart, blip)
-        except HostUnreachable as exc:  # the connection was lost: a retry may pass
-            raise TransientTransferError(str(exc)) from None
-        reached = True
-        result.store = facts.store.kind
-        plan = result.push_plan = plan_push(host, src, facts, opts)  # pure
-        result.host_id, result.id_kind = plan.expect, plan.id_kind
-        if opts.lock is None or not plan.commands(host):
-            execute(remote, plan, facts, encoders, opts, result, on_progress, stream_hook)
-            return
-        from eagle3ops.window.common import WindowError
-        from eagle3ops.window.lock import holding_lock
-
-        try:
-            with holding_lock(remote, "push", opts.lock, f"push {img.ref}"):
-                execute(remote, plan, facts, encoders, opts, result, on_progress, stream_hook)
-        except WindowError as exc:  # the lock held by another run (a window): not one a retry can pass
-            raise TransferError(str(exc)) from None
+        _attempt(remote, host, img, encoders, opts, result, on_progress, stream_hook)
 
     try:
         for att in Retrying(stop=stop_after_attempt(max(1, opts.attempts)),

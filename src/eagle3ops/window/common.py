@@ -117,3 +117,13 @@ def append_local_audit(host: str, command: str, outcome: str, error: str) -> str
     except OSError as exc:
         return f"could not write the local audit log {path}: {exc}"
     return None
+
+
+def pipeline_image(host, dep: dict) -> tuple[str, str | None]:
+    """``(image, id to verify)`` a window on ``host`` runs, from its inventory entry and ``dep`` (the host's
+    ``deployed.json``, :func:`deployed_record`): the inventory's ``pipeline_image`` when set, verified against the
+    recorded id only when ``deploy`` recorded that same image (another image's id would fail every window with a
+    "redeploy" that cannot fix it); else the deployed image and its id. Pure."""
+    if host.pipeline_image:
+        return host.pipeline_image, dep.get("image_id") if dep.get("image") == host.pipeline_image else None
+    return dep["image"], dep.get("image_id")

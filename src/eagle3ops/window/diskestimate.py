@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import stages as st
 from eagle3ops.remote import Remote
 from eagle3ops.stages.chunkplan import train_output_bytes, value_bytes
 from eagle3ops.window.common import host_path
+
+if TYPE_CHECKING:
+    from eagle3ops.config.pipeline import PipelineConfig
 
 #: Bytes per token of extracted hidden states: 4 aux layers (3 intermediate + last) × hidden size × 2 bytes (bf16).
 AUX_LAYERS_STORED = 4
@@ -100,6 +103,47 @@ class DiskEstimate:
         return f"stage outputs {parts} ({self.basis})" if parts else self.error
 
 
+def _manifest_tokens(r: Remote, rdir: str) -> int | None:
+    """The exact token count of the run's prepare manifest (``<rdir>/prepare/manifest.json``, read-only); None when
+    prepare has not run or its manifest is unreadable."""
+    man = r.run(hc.cat_if_exists(f"{rdir}/prepare/manifest.json"), check=False)
+    try:
+        return int(json.loads(man.stdout)["tokens"]) if man.stdout.strip() else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _samples_bound(r: Remote, cfg: PipelineConfig, run: str) -> tuple[int | None, str]:
+    """At most how many samples prepare keeps, before it runs (read-only): the rows of ``cfg.prepare.datasets``
+    (a built-in set's from the package, a host file's by ``wc -l``) capped by ``prepare.max_samples``; when some
+    file cannot be counted (Parquet, outside /data and the run directory), ``max_samples`` alone. Returns
+    ``(samples, "")``, or ``(None, why)`` when a file cannot be counted and no ``max_samples`` bounds it (``why``
+    names the files and the fix)."""
+    from importlib import resources
+
+    rows, unknown = 0, []
+    for spec in cfg.prepare.datasets:
+        if spec.startswith("builtin:"):
+            f = resources.files("eagle3ops.data").joinpath(f"chat_{spec.removeprefix('builtin:')}.jsonl")
+            rows += len(f.read_text().splitlines()) if f.is_file() else 0
+            continue
+        hp = host_path(r.host, spec, run)
+        wc = r.run(hc.line_count(hp), check=False) if hp and not spec.endswith(".parquet") else None
+        if wc is not None and wc.ok and wc.stdout.split():
+            rows += int(wc.stdout.split()[0])
+        else:
+            why = (wc.stderr.strip() if wc is not None else "") or (
+                "Parquet" if hp else "not under /data or the run directory")
+            unknown.append(f"{spec} ({why})")
+    if unknown and not cfg.prepare.max_samples:
+        return None, (f"cannot count the rows of {'; '.join(unknown)} before the run; put the file in the run "
+                      f"directory or set prepare.max_samples in the pipeline config so the hidden-state size "
+                      f"can be bounded")
+    if unknown:  # rows of some files unknown: max_samples bounds the count
+        return cfg.prepare.max_samples or 0, ""
+    return (min(rows, cfg.prepare.max_samples) if cfg.prepare.max_samples else rows), ""
+
+
 def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
                   stages: list[str] | None = None) -> DiskEstimate:
     """Estimate the bytes the stages of window ``kind`` will write, from facts read before anything stops
@@ -107,7 +151,6 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
     row counts × ``prepare.max_seq_len`` (an upper bound), and the pipeline config. ``stages``: the stages that
     will run (default: all of the window's; skipped ones write nothing)."""
     import yaml
-    from importlib import resources
 
     from eagle3ops.config.pipeline import PipelineConfig
 
@@ -131,38 +174,14 @@ def estimate_disk(r: Remote, *, kind: str, run: str, pipeline_text: str,
         est.basis = f"draft head of {cfg.train.num_layers} layer(s), hidden size {dims['hidden_size']}"
         est.by_stage = {s: stage_output_bytes(s, cfg, dims, 0) for s in stages}
         return est
-    man = r.run(hc.cat_if_exists(f"{rdir}/prepare/manifest.json"), check=False)
-    tokens = None
-    try:
-        tokens = int(json.loads(man.stdout)["tokens"]) if man.stdout.strip() else None
-    except (ValueError, KeyError, TypeError):
-        tokens = None
+    tokens = _manifest_tokens(r, rdir)
     if tokens is not None:
         est.basis = f"{tokens} prepared tokens from the prepare manifest, hidden size {dims['hidden_size']}"
     else:
-        rows, unknown = 0, []
-        for spec in cfg.prepare.datasets:
-            if spec.startswith("builtin:"):
-                f = resources.files("eagle3ops.data").joinpath(f"chat_{spec.removeprefix('builtin:')}.jsonl")
-                rows += len(f.read_text().splitlines()) if f.is_file() else 0
-                continue
-            hp = host_path(h, spec, run)
-            wc = r.run(hc.line_count(hp), check=False) if hp and not spec.endswith(".parquet") else None
-            if wc is not None and wc.ok and wc.stdout.split():
-                rows += int(wc.stdout.split()[0])
-            else:
-                why = (wc.stderr.strip() if wc is not None else "") or (
-                    "Parquet" if hp else "not under /data or the run directory")
-                unknown.append(f"{spec} ({why})")
-        if unknown and not cfg.prepare.max_samples:
-            est.error = (f"cannot count the rows of {'; '.join(unknown)} before the run; put the file in the run "
-                         f"directory or set prepare.max_samples in the pipeline config so the hidden-state size "
-                         f"can be bounded")
+        n, why = _samples_bound(r, cfg, run)
+        if n is None:
+            est.error = why
             return est
-        if unknown:  # rows of some files unknown: max_samples bounds the count
-            n = cfg.prepare.max_samples or 0
-        else:
-            n = min(rows, cfg.prepare.max_samples) if cfg.prepare.max_samples else rows
         tokens = n * cfg.prepare.max_seq_len
         est.basis = (f"at most {n} samples × {cfg.prepare.max_seq_len} tokens, hidden size {dims['hidden_size']}, "
                      f"4 layers × 2 bytes per value")

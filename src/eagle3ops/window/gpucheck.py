@@ -10,14 +10,22 @@ The arithmetic is :mod:`eagle3ops.window.estimate` (pure).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from eagle3ops.commands import host as hc
 from eagle3ops.remote import Remote
 from eagle3ops.window.estimate import GpuMemoryPlan, arch_check, memory_fits, stage_memory, target_shape
 
-if TYPE_CHECKING:
-    from eagle3ops.window.preflight import Preflight
+
+class GpuFindings(Protocol):
+    """What the GPU fit reads and writes of preflight's record (:class:`eagle3ops.window.preflight.Preflight` is
+    one): ``trial_output`` (what the throwaway stage container printed, its ``cuda archs`` line included) and one
+    check per :meth:`add`."""
+
+    trial_output: str
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        """Record one check: its name, whether it passed, and what was found in words."""
 
 
 def estimate_gpu_memory(r: Remote, *, run: str, pipeline_text: str, stages: list[str]) -> GpuMemoryPlan | None:
@@ -56,7 +64,7 @@ def trial_arch_list(output: str) -> list[str] | None:
     return None
 
 
-def check_gpus_fit(r: Remote, pf: Preflight, *, memory: GpuMemoryPlan | None, trial_ran: bool) -> None:
+def check_gpus_fit(r: Remote, pf: GpuFindings, *, memory: GpuMemoryPlan | None, trial_ran: bool) -> None:
     """Add preflight's ``gpu memory`` and ``gpu architecture`` checks to ``pf`` (read-only; on GPU hosts).
 
     ``gpu memory``: each GPU stage's estimate (:func:`eagle3ops.window.estimate.memory_fits`) against

@@ -163,6 +163,43 @@ def trial_stage_process(r: Remote, pf: Preflight, *, image: str, run: str) -> bo
     return True
 
 
+def _check_image(r: Remote, pf: Preflight, image: str, expected_image_id: str | None) -> None:
+    """Add the ``pipeline image`` check: ``image`` is on the host's engine, with id ``expected_image_id`` when
+    given (``sha256:...``); a miss names ``deploy``."""
+    h = r.host
+    got = r.run(dk.image_id(h, image), check=False)
+    got_id = got.stdout.strip()
+    if not got.ok:
+        pf.add("pipeline image", False, f"{image} is not on the host: run {hint('deploy', h.name)} first")
+    elif expected_image_id and got_id != expected_image_id:
+        pf.add("pipeline image", False, f"{image} on host has id {got_id[:19]}, expected "
+                                         f"{expected_image_id[:19]}: redeploy with {hint('deploy', h.name)}")
+    else:
+        pf.add("pipeline image", True, got_id[:19])
+
+
+def _check_free_space(r: Remote, pf: Preflight, has_data_dir: bool, need_bytes: int,
+                      disk: DiskEstimate | None) -> None:
+    """Add the ``free space`` check: the free bytes of ``data_dir``'s filesystem (``/``'s while ``data_dir`` does
+    not exist yet: it is created at launch) against ``need_bytes`` + the stages' estimate ``disk`` +
+    ``min_free_gib``; an estimate that could not be made fails with its reason."""
+    h = r.host
+    df = r.run(hc.free_bytes(h.data_dir if has_data_dir else "/"), check=False)
+    if disk is not None and disk.error:
+        pf.add("free space", False, f"no disk estimate: {disk.error}")
+    elif df.ok:
+        free = hc.parse_df_free_bytes(df.stdout)
+        margin = int(h.min_free_gib * 2**30)
+        need = need_bytes + (disk.total if disk else 0) + margin
+        pf.add("free space", free >= need,
+               f"{free / 2**30:.2f} GiB free on {h.data_dir}, need {need / 2**30:.2f} GiB"
+               + (f" = {disk.describe()} + min_free_gib {h.min_free_gib:g} GiB" if disk else "")
+               + ("" if free >= need else f": free space on {h.data_dir} (or make the run smaller: "
+                                          f"prepare.max_samples / max_seq_len, train.keep_checkpoints)"))
+    else:
+        pf.add("free space", False, df.stderr.strip()[-200:])
+
+
 def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_bytes: int = 0,
               need_serving: bool = True, disk: DiskEstimate | None = None,
               trial: tuple[str, str, str] | None = None, memory: GpuMemoryPlan | None = None,
@@ -197,15 +234,7 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("docker engine", *engine_status(h, *(engine or ask_engine(r))))
         if not pf.ok:
             return pf
-        got = r.run(dk.image_id(h, image), check=False)
-        got_id = got.stdout.strip()
-        if not got.ok:
-            pf.add("pipeline image", False, f"{image} is not on the host: run {hint('deploy', h.name)} first")
-        elif expected_image_id and got_id != expected_image_id:
-            pf.add("pipeline image", False, f"{image} on host has id {got_id[:19]}, expected "
-                                             f"{expected_image_id[:19]}: redeploy with {hint('deploy', h.name)}")
-        else:
-            pf.add("pipeline image", True, got_id[:19])
+        _check_image(r, pf, image, expected_image_id)
     m = r.run(hc.test_dir(h.model_path), check=False)
     if m.ok:
         pf.add("model path", True, h.model_path)
@@ -217,21 +246,7 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
                                     f"another inventory host: `eagle3ops weights {h.name} --from HOST`) or fix "
                                     f"hosts.{h.name}.model_path")
     has_data_dir = r.run(hc.test_dir(h.data_dir), check=False).ok
-    # df on the data dir, or on the state dir's filesystem while the data dir does not exist yet (created at launch).
-    df = r.run(hc.free_bytes(h.data_dir if has_data_dir else "/"), check=False)
-    if disk is not None and disk.error:
-        pf.add("free space", False, f"no disk estimate: {disk.error}")
-    elif df.ok:
-        free = hc.parse_df_free_bytes(df.stdout)
-        margin = int(h.min_free_gib * 2**30)
-        need = need_bytes + (disk.total if disk else 0) + margin
-        pf.add("free space", free >= need,
-               f"{free / 2**30:.2f} GiB free on {h.data_dir}, need {need / 2**30:.2f} GiB"
-               + (f" = {disk.describe()} + min_free_gib {h.min_free_gib:g} GiB" if disk else "")
-               + ("" if free >= need else f": free space on {h.data_dir} (or make the run smaller: "
-                                          f"prepare.max_samples / max_seq_len, train.keep_checkpoints)"))
-    else:
-        pf.add("free space", False, df.stderr.strip()[-200:])
+    _check_free_space(r, pf, has_data_dir, need_bytes, disk)
     # The GPUs as the stages see them: a container with their settings. Only once the engine, image, model path
     # and data dir are known good: a bind mount of a missing directory would make the engine create it (as root).
     trial_ran = False
@@ -252,8 +267,19 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
         pf.add("gpus", True, "none (CPU host)")
     if h.gpus:
         check_gpus_fit(r, pf, memory=memory, trial_ran=trial_ran)
-    driver_kind(h).preflight(r, pf, need_serving)  # the serving kind finds live serving (read-only)
+    _serving_checks(r, pf, need_serving)
     return pf
+
+
+def _serving_checks(r: Remote, pf: Preflight, need_serving: bool) -> None:
+    """The serving kind finds live serving (read-only); then, where serving answers HTTP, the host's profile
+    against the vLLM version it reports (:func:`eagle3ops.window.servedversion.check_served_version`)."""
+    from eagle3ops.window.servedversion import check_served_version
+
+    kind = driver_kind(r.host)
+    kind.preflight(r, pf, need_serving)
+    if need_serving and kind.answers_http and pf.ok:
+        check_served_version(r, pf)
 
 
 def read_releases(r: Remote) -> tuple[set[int], int | None, list[dict[str, Any]]] | None:

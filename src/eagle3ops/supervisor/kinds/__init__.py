@@ -8,23 +8,18 @@ process, through the host-side restore agent), :mod:`.systemd` (a systemd unit, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from eagle3ops.supervisor.kinds.base import ServingKind
+from eagle3ops.supervisor.kinds.base import KindHost, ServingKind
 from eagle3ops.supervisor.kinds.container import ComposeServing, ContainerServing
 from eagle3ops.supervisor.kinds.none import NoServing
 from eagle3ops.supervisor.kinds.process import ProcessServing
 from eagle3ops.supervisor.kinds.systemd import SystemdServing
-
-if TYPE_CHECKING:
-    from eagle3ops.supervisor.runner import Supervisor
 
 #: The plan's ``serving_kind`` → its class.
 KINDS: dict[str, type[ServingKind]] = {k.name: k for k in (ContainerServing, ComposeServing, ProcessServing,
                                                            SystemdServing, NoServing)}
 
 
-def for_plan(sup: "Supervisor") -> ServingKind:
+def for_plan(sup: KindHost) -> ServingKind:
     """The serving kind of ``sup``'s plan, bound to ``sup``.
 
     Raises:
@@ -38,4 +33,4 @@ def for_plan(sup: "Supervisor") -> ServingKind:
     return cls(sup)
 
 
-__all__ = ["KINDS", "ServingKind", "for_plan"]
+__all__ = ["KINDS", "KindHost", "ServingKind", "for_plan"]

@@ -11,18 +11,47 @@ shows during a gate, and whether it runs. The kind is chosen once, from the plan
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from eagle3ops.supervisor.runner import Supervisor
+from eagle3ops.config.plan import Plan
+from eagle3ops.supervisor.journal import Journal
+from eagle3ops.supervisor.releases import Releases
+
+
+class KindHost(Protocol):
+    """What a serving kind uses of the window that drives it (the runner,
+    :class:`eagle3ops.supervisor.runner.Supervisor`, is one; a test may pass any object with these members).
+
+    Attributes: ``plan`` (the window's plan), ``journal``, ``releases`` (``<state_dir>/releases``), ``client`` (the
+    docker SDK ``DockerClient``; None on a venv host), ``wdir`` (the window's folder), ``unhealthy`` (set by the kind
+    when neither a restore nor a rollback brought serving back). Methods: the window's shared policy.
+    """
+
+    plan: Plan
+    journal: Journal
+    releases: Releases
+    client: Any
+    wdir: Path
+    unhealthy: bool
+
+    def warn(self, step: str, message: str) -> None:
+        """Journal a warning for the window's result."""
+
+    def gate_through_signal(self, timeout_s: float | None = None) -> None:
+        """Health gate on serving, finished through a first stop signal; raises ``GateFailed``."""
+
+    def wait_out_engine(self, step: str, exc: BaseException) -> bool:
+        """After ``exc``: True when the Docker engine was away and is back (retry), False when it answered."""
 
 
 class ServingKind:
     """One serving manager as the supervisor drives it.
 
-    ``sup`` is the window's runner: the kind reads its ``plan``, ``journal``, ``releases``, ``wdir`` and ``client``,
-    and calls back into its policy (``gate_through_signal``, ``wait_out_engine``, ``warn``); it sets
-    ``sup.unhealthy`` when neither a restore nor a rollback brought serving back.
+    ``sup`` is what the kind uses of the window (:class:`KindHost`): it reads its ``plan``, ``journal``,
+    ``releases``, ``wdir`` and ``client``, and calls back into its policy (``gate_through_signal``,
+    ``wait_out_engine``, ``warn``); it sets ``sup.unhealthy`` when neither a restore nor a rollback brought serving
+    back.
 
     Subclasses set :attr:`name` and override the steps; the defaults here refuse (a kind without production serving
     inherits them unchanged, see :class:`eagle3ops.supervisor.kinds.none.NoServing`).
@@ -34,7 +63,7 @@ class ServingKind:
     #: stages (no record, stop, restore or gate).
     manages = True
 
-    def __init__(self, sup: "Supervisor"):
+    def __init__(self, sup: KindHost):
         self.sup = sup
         self.plan = sup.plan
 

@@ -191,6 +191,30 @@ class ProcessServing(ServingKind):
                     f"{_tail(pdir / 'serving.log', 800)}")
         return None
 
+    def _target(self, recorded: dict[str, Any], live_n: int, change: Any | None, live: bool
+                ) -> tuple[int, dict[str, Any]]:
+        """The release a process switch goes to and its process record: for a release (or a speculate job's
+        candidate, ``change`` or the plan's), the recorded live process with the change, added as a new release
+        (``candidate: ...`` when not ``live``); for a rollback, ``to_release`` or the one live before ``live_n``.
+
+        Raises:
+            RuntimeError: no rollback target (the message says why), or the target is not a process release.
+        """
+        if change is not None or self.plan.kind in ("release", "speculate"):  # speculate: the plan's change
+            change = change or self.plan.change or ReleaseChange()
+            new = self._changed(recorded, change)
+            return self.sup.releases.add_process(new, self.plan.window_id, change=(
+                "candidate: " if not live else "") + change.describe()), new
+        target = self.plan.to_release
+        if target is None:
+            target, why = self.sup.releases.rollback_target(live_n)
+            if target is None:
+                raise RuntimeError(why)
+        new = self.sup.releases.get(target).get("process")
+        if not new:
+            raise RuntimeError(f"release {target} is not a process release (this host serves with a process)")
+        return target, new
+
     def switch(self, step: str = "switch", change: Any | None = None, live: bool = True) -> str:
         """``release``/``rollback`` of a host serving with a process (kind ``process``): the live process (recorded
         by the driver) is a retained release; the agent stops it and starts the target (a release: the live process
@@ -227,20 +251,7 @@ class ProcessServing(ServingKind):
             live_n = self.sup.releases.add_process(recorded, self.plan.window_id,
                                                    change="the live process, as recorded")
             self.sup.releases.set_current(live_n)  # it serves now (preflight found it); the switch gates what follows
-        if change is not None or self.plan.kind in ("release", "speculate"):  # speculate: the plan's change
-            change = change or self.plan.change or ReleaseChange()
-            new = self._changed(recorded, change)
-            target = self.sup.releases.add_process(new, self.plan.window_id,
-                                                   change=("candidate: " if not live else "") + change.describe())
-        else:
-            target = self.plan.to_release
-            if target is None:
-                target, why = self.sup.releases.rollback_target(live_n)
-                if target is None:
-                    raise RuntimeError(why)
-            new = self.sup.releases.get(target).get("process")
-            if not new:
-                raise RuntimeError(f"release {target} is not a process release (this host serves with a process)")
+        target, new = self._target(recorded, live_n, change, live)
         self._write_record("next.", new)  # read by the agent at this round's start only: the next one may rewrite it
         first = getattr(self, "_rounds", 0) == 0
         if first:

@@ -4,7 +4,7 @@ from live serving, whether the restore agent outlives the SSH session, and a hos
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from eagle3ops.commands import host as hc
 from eagle3ops.commands import logind as lg
@@ -16,7 +16,25 @@ from eagle3ops.window.hostfacts import inherited_env
 
 if TYPE_CHECKING:
     from eagle3ops.remote import Remote
-    from eagle3ops.window.preflight import Preflight
+
+
+class ServingFindings(Protocol):
+    """What a kind's preflight writes (preflight's record, :class:`eagle3ops.window.preflight.Preflight`, is one):
+    one check per :meth:`add`, and what it found of live serving for the plan.
+
+    Attributes: ``serving_container`` (the container the window manages), ``process_pid`` (kind ``process``: the
+    serving process found, else None), ``agent_detach`` (kinds ``process``/``systemd``: how the restore agent is
+    detached, ``setsid`` or ``user-service``), ``serving_env`` (``{name: value}`` of the NCCL/CUDA environment the
+    stages inherit from live serving).
+    """
+
+    serving_container: str
+    process_pid: int | None
+    agent_detach: str
+    serving_env: dict[str, str]
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        """Record one check: its name, whether it passed, and what was found in words."""
 
 
 def agent_limit_s(plan: Plan) -> float:
@@ -100,6 +118,8 @@ class DriverKind:
     #: The form of this kind's release record, which the cycle's served acceptance replays on a work host
     #: (``container``: the container's configuration; ``process``: its command line; None: not replayed).
     record_form: str | None = None
+    #: serving answers HTTP on ``serving.port`` (its ``/version`` is checked against the host's profile)
+    answers_http: bool = True
 
     def refuse(self, h: HostConfig, what: str) -> None:
         """Refuse ``what`` (``release``, ``rollback``, ``speculate``) on this kind of serving before the lock.
@@ -117,7 +137,7 @@ class DriverKind:
         what it says (read-only, before the lock); None: it can."""
         return None
 
-    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+    def preflight(self, r: "Remote", pf: ServingFindings, need_serving: bool) -> None:
         """Find live serving (read-only) and add its check to ``pf``."""
         raise NotImplementedError
 
@@ -177,7 +197,7 @@ class DriverKind:
         raise NotImplementedError
 
 
-def add_inherited_env(pf: "Preflight", pairs: list[str], source: str, host: str) -> None:
+def add_inherited_env(pf: ServingFindings, pairs: list[str], source: str, host: str) -> None:
     """Set ``pf.serving_env`` from serving's environment ``pairs`` and say what the stages inherit (``--dry-run``
     shows it with the checks)."""
     pf.serving_env = inherited_env(pairs)
@@ -186,7 +206,7 @@ def add_inherited_env(pf: "Preflight", pairs: list[str], source: str, host: str)
             f"{k}={v}" for k, v in sorted(pf.serving_env.items())) + f" (hosts.{host}.stage_env overrides)")
 
 
-def check_session_kill(r: "Remote", pf: "Preflight") -> None:
+def check_session_kill(r: "Remote", pf: ServingFindings) -> None:
     """Kinds ``process``/``systemd``: will the restore agent outlive the driver's SSH session? Reads systemd-logind's
     settings for the SSH user (:func:`eagle3ops.commands.logind.facts`, read-only) and sets ``pf.agent_detach``
     (:func:`eagle3ops.commands.logind.detach_mode`); a check fails when logind would end the agent with the session

@@ -12,11 +12,11 @@ from eagle3ops.commands import serving as sv
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
-from eagle3ops.window.kinds.base import DriverKind, add_inherited_env, gate_preview, speculate_preview, stage_previews
+from eagle3ops.window.kinds.base import (DriverKind, ServingFindings, add_inherited_env, gate_preview,
+                                         speculate_preview, stage_previews)
 
 if TYPE_CHECKING:
     from eagle3ops.remote import Remote
-    from eagle3ops.window.preflight import Preflight
 
 
 class ContainerKind(DriverKind):
@@ -25,7 +25,7 @@ class ContainerKind(DriverKind):
     name = "container"
     record_form: str | None = "container"
 
-    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+    def preflight(self, r: "Remote", pf: ServingFindings, need_serving: bool) -> None:
         """Find live serving (read-only) and add its check to ``pf``: the container (by name or Compose labels)."""
         check_serving_container(r, pf, need_serving, self)
 
@@ -138,7 +138,7 @@ class ComposeKind(ContainerKind):
         return f"Compose service {h.serving.compose_project}/{h.serving.compose_service}"
 
 
-def check_serving_container(r: "Remote", pf: "Preflight", need_serving: bool, kind: DriverKind) -> None:
+def check_serving_container(r: "Remote", pf: ServingFindings, need_serving: bool, kind: DriverKind) -> None:
     """Kinds ``container`` and ``compose``: find the serving container as ``kind`` looks for it
     (:func:`find_serving_container`), refuse more than one, and when ``need_serving`` check that it runs; sets
     ``pf.serving_container``. Read-only."""

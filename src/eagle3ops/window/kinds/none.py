@@ -7,11 +7,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import NO_SERVING_NOTE, Plan
 from eagle3ops.window.common import WindowError
-from eagle3ops.window.kinds.base import DriverKind, stage_previews
+from eagle3ops.window.kinds.base import DriverKind, ServingFindings, stage_previews
 
 if TYPE_CHECKING:
     from eagle3ops.remote import Remote
-    from eagle3ops.window.preflight import Preflight
 
 
 class NoServingKind(DriverKind):
@@ -19,6 +18,7 @@ class NoServingKind(DriverKind):
 
     name = "none"
     record_form = None
+    answers_http = False
     dry_run_note = NO_SERVING_NOTE
 
     def refuse(self, h: HostConfig, what: str) -> None:
@@ -26,7 +26,7 @@ class NoServingKind(DriverKind):
                           f"host that only trains), so there is nothing to {what}. Run {what} on a host that serves, "
                           f"or describe this host's serving (`eagle3ops config docs inventory`).")
 
-    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+    def preflight(self, r: "Remote", pf: ServingFindings, need_serving: bool) -> None:
         pf.add("serving", True, NO_SERVING_NOTE)  # no serving container to find or check
 
     def plan_fields(self, h: HostConfig, window_id: str, serving_container: str | None,

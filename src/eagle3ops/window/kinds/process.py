@@ -12,13 +12,12 @@ from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
 from eagle3ops.window.hostfacts import replay_refusal
-from eagle3ops.window.kinds.base import (DriverKind, add_inherited_env, agent_limit_s, agent_stop_wait_s,
-                                         check_session_kill, gate_preview, proc_argv, speculate_preview,
-                                         stage_previews, supervisor_words)
+from eagle3ops.window.kinds.base import (DriverKind, ServingFindings, add_inherited_env, agent_limit_s,
+                                         agent_stop_wait_s, check_session_kill, gate_preview, proc_argv,
+                                         speculate_preview, stage_previews, supervisor_words)
 
 if TYPE_CHECKING:
     from eagle3ops.remote import Remote
-    from eagle3ops.window.preflight import Preflight
 
 
 class ProcessKind(DriverKind):
@@ -56,7 +55,7 @@ class ProcessKind(DriverKind):
                 f"changes only server flags (--arg) and environment, not the image or binds (asked: "
                 f"{'--image' if change.image else 'binds'}); drop --image/binds, or run serving as a container")
 
-    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+    def preflight(self, r: "Remote", pf: ServingFindings, need_serving: bool) -> None:
         check_process(r, pf, need_serving)
         check_session_kill(r, pf)
 
@@ -123,7 +122,7 @@ class ProcessKind(DriverKind):
         return proc_argv(r, pids[0], f"process {pids[0]}") if pids else None
 
 
-def check_process(r: "Remote", pf: "Preflight", need_serving: bool = True) -> None:
+def check_process(r: "Remote", pf: ServingFindings, need_serving: bool = True) -> None:
     """Kind ``process``: find the serving process (``pgrep -o -f process_match``) and check that it runs as the SSH
     user (whose restore agent must read its /proc entries and start it again as the same user); sets
     ``pf.process_pid``. Read-only."""

@@ -12,13 +12,12 @@ from eagle3ops.commands import systemd as sd
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
-from eagle3ops.window.kinds.base import (DriverKind, agent_limit_s, agent_stop_wait_s, check_session_kill,
-                                         gate_preview, proc_argv, speculate_preview, stage_previews,
-                                         supervisor_words)
+from eagle3ops.window.kinds.base import (DriverKind, ServingFindings, agent_limit_s, agent_stop_wait_s,
+                                         check_session_kill, gate_preview, proc_argv, speculate_preview,
+                                         stage_previews, supervisor_words)
 
 if TYPE_CHECKING:
     from eagle3ops.remote import Remote
-    from eagle3ops.window.preflight import Preflight
 
 
 class SystemdKind(DriverKind):
@@ -75,7 +74,7 @@ class SystemdKind(DriverKind):
                 f"{unit}, which releases, rollbacks and the speculation gate switch the unit with); nothing was "
                 f"changed. SSH in as root (hosts.{r.host.name}.user), or create {where}/ owned by {r.host.user}")
 
-    def preflight(self, r: "Remote", pf: "Preflight", need_serving: bool) -> None:
+    def preflight(self, r: "Remote", pf: ServingFindings, need_serving: bool) -> None:
         """``systemctl is-active UNIT`` must say ``active`` (read-only)."""
         unit = r.host.serving.unit or ""
         out = r.run(sd.is_active(unit), check=False)

@@ -1,0 +1,97 @@
+"""A head checked as the *serving* image's vLLM reads it, when that vLLM is not the pipeline image's (a head
+trained under one profile served under the other, e.g. trained with vLLM 0.16's pipeline and served by 0.32).
+
+The pipeline image reads the head through its own vLLM's config loader (:func:`eagle3ops.speculate.onhost.
+vllm_view`); a serving image of another vLLM version may read the same ``config.json`` differently (keys one
+version reads and the other ignores, defaults that moved). So, before any restart, the same reader runs in the
+serving image itself: the source of :func:`~eagle3ops.speculate.onhost.vllm_view` (it imports only vLLM,
+transformers and the standard library; the serving image has no eagle3ops) is sent with ``python3 -c`` to a
+throwaway container of the serving image, the head mounted read-only at ``/head``, no network
+(:func:`eagle3ops.commands.docker.run_python_stdin`), and its answer goes through the same key-by-key check
+(:func:`eagle3ops.speculate.headcheck.check_vllm_reading`): a key read differently is refused by name, else the
+head serves as trained. Skipped when the serving image's label says it is built for a profile of the pipeline's
+vLLM version (no second vLLM import for the usual case).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import textwrap
+from typing import Any
+
+from eagle3ops.commands import docker as dk
+from eagle3ops.speculate import onhost
+from eagle3ops.speculate.headcheck import check_vllm_reading
+
+#: the in-image reader: onhost.vllm_view's own source, called on the mounted head
+HEAD_VIEW_SOURCE = ("import json\nfrom pathlib import Path\nfrom typing import Any\n\n"
+                    + textwrap.dedent(inspect.getsource(onhost.vllm_view))
+                    + "\nprint(json.dumps(vllm_view(Path('/head'))))\n")
+#: seconds the reader may take (it imports vLLM)
+READ_TIMEOUT_S = 300
+PROFILE_LABEL = "io.eagle3ops.profile"
+
+
+def _base(v: str | None) -> str | None:
+    return v.split("+", 1)[0] if v else None
+
+
+def labelled_vllm(r: Any, image: str) -> str | None:
+    """The vLLM version the serving ``image`` is labelled for (its ``io.eagle3ops.profile`` label's ``vllm`` pin in
+    patches/profiles.yaml); None when unlabelled or unknown here. Read-only."""
+    out = r.run(dk.inspect_images(r.host, [image]), check=False)
+    try:
+        labels = (json.loads(out.stdout)[0].get("Config") or {}).get("Labels") or {} if out.ok else {}
+    except (ValueError, IndexError, AttributeError):
+        return None
+    name = labels.get(PROFILE_LABEL)
+    if not name:
+        return None
+    try:
+        from eagle3ops.config.profiles import load_registry
+        from eagle3ops.patches.series import find_patches_dir
+
+        return load_registry(find_patches_dir(None)).profiles[name].pins().get("vllm")
+    except Exception:  # noqa: BLE001 - no registry here or no such profile: the image is read instead
+        return None
+
+
+def view_in_image(r: Any, image: str, head_dir: str) -> dict[str, Any]:
+    """The head at ``head_dir`` (on the host) as ``image``'s own vLLM reads it: ``vllm_view``'s answer, or
+    ``{"error": ...}`` when the image could not read it (no vLLM, a loader refusal, no JSON)."""
+    out = r.run(dk.run_python_stdin(r.host, image, HEAD_VIEW_SOURCE, mounts=((head_dir, "/head"),)), check=False,
+                timeout=READ_TIMEOUT_S, stdin="")
+    line = next((ln for ln in reversed((out.stdout or "").splitlines()) if ln.startswith("{")), "")
+    try:
+        view = json.loads(line)
+    except ValueError:
+        tail = " | ".join((out.stderr or "").strip().splitlines()[-2:])[-400:]
+        return {"error": f"{image} did not answer (exit {getattr(out, 'exited', None)}): {tail}"}
+    return view if isinstance(view, dict) else {"error": f"{image} answered {line[:200]}"}
+
+
+def check_as_serving_reads(r: Any, image: str | None, head_dir: str, info: dict[str, Any],
+                           target_layers: int) -> list[str]:
+    """Check the head as the serving ``image``'s vLLM reads it, when that is another vLLM than the pipeline image's
+    (``info["vllm_view"]``: the pipeline's reading). Read-only; runs before any restart.
+
+    Returns:
+        notes: the head serves under that version as trained, or why it was not read there; empty when there is
+        nothing to compare (no image, the same vLLM by label or by reading).
+
+    Raises:
+        HeadMismatch: that vLLM reads a key of the head otherwise than it was trained (named).
+    """
+    pipeline_v = _base((info.get("vllm_view") or {}).get("vllm_version"))
+    if not image or (pipeline_v and _base(labelled_vllm(r, image)) == pipeline_v):
+        return []
+    view = view_in_image(r, image, head_dir)
+    if view.get("error"):
+        return [f"the head was not read by the serving image's own vLLM ({view['error']})"]
+    served_v = _base(view.get("vllm_version"))
+    if served_v == pipeline_v:
+        return []
+    check_vllm_reading(info["head_config"], view, target_layers=target_layers)
+    return [f"the head as the serving image's vLLM {view.get('vllm_version')} reads it (trained with vLLM "
+            f"{pipeline_v}): every key as trained, so it serves under that version"]

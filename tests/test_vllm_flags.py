@@ -1,0 +1,173 @@
+"""A vLLM upgrade's flag changes from both parsers (``eagle3ops.images.vllmflags``): the pure diff on small dumps,
+then the two real images' dumps committed under tests/data/vllm-parser/ (written by scripts/vllm_parser_dumps.py,
+which runs each image's own ``vllm serve`` parser)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3ops.images.vllmflags import FlagChange, argv_flags, diff_parsers, flag_report
+
+DATA = Path(__file__).resolve().parent / "data" / "vllm-parser"
+
+
+def _opt(flags: list[str], dest: str, default=None, type_="int", choices=None, nargs=None) -> dict:
+    return {"flags": flags, "dest": dest, "default": default, "nargs": nargs, "type": type_, "choices": choices,
+            "action": "_StoreAction"}
+
+
+OLD = {"schema": 1, "vllm": "0.16.0", "options": [
+    _opt(["--block-size"], "block_size", 16),
+    _opt(["--disable-log-requests"], "disable_log_requests", False, None),
+    _opt(["--max-model-len"], "max_model_len"),
+    _opt(["--swap-space"], "swap_space", 4),
+    _opt(["--task"], "task", "auto", "str", ["auto", "generate"]),
+    _opt(["-O", "--compilation-config"], "compilation_config", "{}", "str"),
+]}
+NEW = {"schema": 1, "vllm": "0.32.0", "options": [
+    _opt(["--block-size"], "block_size", None),
+    _opt(["--enable-log-requests"], "disable_log_requests", True, None),
+    _opt(["--max-model-len"], "max_model_len"),
+    _opt(["--task"], "task", "auto", "str", ["auto", "generate", "embed"]),
+    _opt(["-cc", "--compilation-config"], "compilation_config", "{}", "str"),
+], "parse": {"ok": False, "error": "unrecognized arguments: --swap-space 8"}}
+
+
+def test_the_diff_names_removed_renamed_and_redefaulted_flags() -> None:
+    got = diff_parsers(OLD, NEW)
+    assert got == [FlagChange("re-defaulted", "--block-size", 16, None),
+                   FlagChange("renamed", "--disable-log-requests", ["--disable-log-requests"],
+                              ["--enable-log-requests"]),
+                   FlagChange("removed", "--swap-space")]
+    # a choice added is not a change; a short alias changed is not one either (long flags are compared)
+    assert [c.line() for c in got] == ["--block-size: default 16 -> None",
+                                       "--disable-log-requests: renamed to --enable-log-requests",
+                                       "--swap-space: removed"]
+    narrowed = {**NEW, "options": [*NEW["options"][:3], _opt(["--task"], "task", "auto", "str", ["auto"])]}
+    assert FlagChange("changed", "--task", "type 'str'", "type 'str'") not in diff_parsers(OLD, narrowed)
+    assert [c.kind for c in diff_parsers(OLD, narrowed) if c.flag == "--task"] == ["changed"]
+    with pytest.raises(ValueError, match="schema 2, expected 1: dump it again"):
+        diff_parsers({**OLD, "schema": 2}, NEW)
+
+
+def test_the_report_keeps_what_production_uses_and_the_new_parsers_verdict() -> None:
+    argv = ["vllm", "serve", "/m", "--block_size=16", "--swap-space", "8", "--compilation-config.level", "0"]
+    assert argv_flags(argv) == {"--block-size", "--swap-space", "--compilation-config"}
+    rep = flag_report(OLD, NEW, argv)
+    assert [c.flag for c in rep.used] == ["--block-size", "--swap-space"]
+    assert rep.parse_ok is False and rep.lines() == [
+        "vLLM flags 0.16.0 -> 0.32.0 (both parsers dumped from the images):",
+        "  the new parser REFUSES production's command line: unrecognized arguments: --swap-space 8",
+        "  used by production: --block-size: default 16 -> None",
+        "  used by production: --swap-space: removed",
+        "  all differences: 1 removed, 1 renamed, 1 re-defaulted, 0 changed"]
+    assert json.loads(json.dumps(rep.as_dict()))["used"][1] == {"kind": "removed", "flag": "--swap-space",
+                                                                 "old": None, "new": None}
+
+
+
+OLD_ID, NEW_ID = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+NEW_IMAGE = "eagle3ops/vllm-openai-local:v0.32.0"
+
+
+class _Res:
+    def __init__(self, stdout: str = "", exited: int = 0):
+        self.stdout, self.stderr, self.exited, self.ok = stdout, "", exited, exited == 0
+
+
+class EngineStandIn:
+    """STAND-IN for a host (its Docker engine as the flag check reads it; every other command answers nothing): a
+    serving container running the sandbox demo's command line on the 0.16 image, and each image's parser answering
+    with its committed dump (written by scripts/vllm_parser_dumps.py from the real images). Records the dump runs
+    and what they got on stdin."""
+
+    def __init__(self, host, dumps: dict[str, dict]):
+        self.host, self.dry_run, self.dumps, self.runs = host, False, dumps, []
+        self.spec = {"Image": OLD_ID, "Config": {"Entrypoint": ["vllm", "serve"], "Cmd": list(host.serving.args)}}
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+        if argv[0] != "docker":  # the host's files (no recorded restarts), the results dir: nothing there
+            return _Res("")
+        a = list(argv)[1:]
+        if a[0] == "-H":  # the host's engine endpoint (docker_host)
+            a = a[2:]
+        if a[0] == "ps":
+            return _Res(self.host.serving.container + "\n")
+        if a[:2] == ["container", "inspect"]:
+            return _Res(json.dumps([self.spec]))
+        if a[:2] == ["image", "inspect"] and "{{.Id}}" in a:
+            return _Res({OLD_ID: OLD_ID, NEW_IMAGE: NEW_ID}[a[-1]] + "\n")
+        if a[0] == "run":
+            assert timeout and "--network" in a and a[a.index("--network") + 1] == "none"
+            image = a[a.index("--entrypoint") + 2]
+            self.runs.append((image, json.loads(stdin)))
+            return _Res(json.dumps({**self.dumps[image], "parse": self.dumps[image]["parse"]
+                                    if json.loads(stdin)["argv"] is not None else None}))
+        return _Res("", exited=1)  # anything else (the architecture checks): not known, so not judged
+
+
+def _real_dumps() -> tuple[dict, dict]:
+    return (json.loads((DATA / "0.16.0.json").read_text()), json.loads((DATA / "0.32.0.json").read_text()))
+
+
+def test_the_real_016_and_032_parsers_differ_where_the_dumps_say(tmp_path: Path) -> None:
+    """The committed dumps of the real 0.16 and 0.32 images: each parsed the sandbox demo's command line in its
+    own image; their diff has removed, renamed and re-defaulted flags; the demo's own flags are all still there."""
+    old, new = _real_dumps()
+    assert old["vllm"].startswith("0.16.0") and new["vllm"].startswith("0.32.0")
+    assert old["parse"] == {"ok": True, "error": None} and old["argv"] == new["argv"]
+    rep = flag_report(old, new, old["argv"])
+    kinds = {c.kind for c in rep.changes}
+    assert {"removed", "re-defaulted"} <= kinds, kinds
+    assert rep.parse_ok is new["parse"]["ok"]
+    demo = argv_flags(old["argv"])
+    assert demo <= {f for o in new["options"] for f in o["flags"]}  # none of the demo's flags is gone
+    # what the two parsers themselves say (vLLM 0.32 dropped --swap-space and --disable-log-requests, raised the
+    # GPU memory default, and let --block-size take any integer: its CPU attention refuses 16 only at start-up)
+    removed = {c.flag for c in rep.changes if c.kind == "removed"}
+    assert {"--swap-space", "--disable-log-requests", "--disable-frontend-multiprocessing"} <= removed, removed
+    assert FlagChange("re-defaulted", "--gpu-memory-utilization", 0.9, 0.92) in rep.changes
+    assert [(c.kind, c.flag, c.new) for c in rep.used] == [("changed", "--block-size", "choices None")]
+
+
+def test_release_gate_with_image_parses_production_argv_in_the_new_image_before_anything_runs(
+        monkeypatch, tmp_path: Path) -> None:
+    """``release --gate --image``: the live image's parser dumped (then cached by its id: not run again), the new
+    image's parser run on production's command line with the --arg set (on stdin), the report printed and put in
+    the job's figures; a command line the new parser refuses stops the release before any window."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.speculate import gated, ship
+    from eagle3ops.window import run as window_run
+
+    monkeypatch.setenv("EAGLE3OPS_CACHE_DIR", str(tmp_path / "cache"))
+    host = load_inventory(Path(__file__).resolve().parents[1] / "deploy/sandbox-smollm2.yaml").host("sandbox")
+    old, new = _real_dumps()
+    eng = EngineStandIn(host, {OLD_ID: old, NEW_IMAGE: new})
+    windows, said = [], []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, **w: windows.append(w) or
+                        {"outcome": "ok", "window_id": "w", "restarts_s": [], "speculate": {"verdict": "keep"}})
+    change = ReleaseChange(args=["--max-num-seqs", "4"], image=NEW_IMAGE)
+    assert new["parse"] == {"ok": True, "error": None}  # vLLM 0.32's own parser accepts the demo's command line
+    gated.gated_release(eng, change, pipeline_image="p:1", pipeline_image_id=None, echo=said.append)
+    flags = windows[0]["speculate"].figures["vllm_flags"]
+    assert flags["parse_ok"] is True and flags["new_vllm"].startswith("0.32.0")
+    assert [img for img, _ in eng.runs] == [OLD_ID, NEW_IMAGE]
+    assert eng.runs[0][1] == {"argv": None}  # the live image: its options only
+    assert eng.runs[1][1]["argv"] == ["vllm", "serve", *host.serving.args, "--max-num-seqs", "4"]
+    assert said[:2] == ["vLLM flags 0.16.0 -> 0.32.0 (both parsers dumped from the images):",
+                        "  the new parser accepts production's command line"]
+    assert said[2].startswith("  used by production: --block-size: choices [") and said[3].startswith("  all diff")
+    # a command line the new image's parser refuses (its error as argparse words it, quoting a value back): the
+    # release stops before any window, the API key masked; the live image's dump came from the cache
+    eng.runs.clear()
+    windows.clear()
+    eng.spec["Config"]["Cmd"] = [*host.serving.args, "--api-key", "sk-SECRET123"]
+    eng.dumps[NEW_IMAGE] = {**new, "parse": {"ok": False, "error": "argument --api-key: invalid value: 'sk-SECRET123'"}}
+    with pytest.raises(ship.SpeculateError, match=r"refuses production's command line \(argument --api-key") as e:
+        gated.gated_release(eng, change, pipeline_image="p:1", pipeline_image_id=None, echo=said.append)
+    assert "sk-SECRET123" not in str(e.value) and "Nothing was restarted" in str(e.value)
+    assert windows == [] and [img for img, _ in eng.runs] == [NEW_IMAGE]
