@@ -378,6 +378,22 @@ def test_systemd_driver_side_refuses_releases_and_previews_systemctl(tmp_path):
         require_serving(h, what)
     with pytest.raises(WindowError, match=r"systemd unit 'vllm.service'.*frobnicate is not supported"):
         require_serving(h, "frobnicate")
+    from eagle3ops.window.run import refuse_release
+
+    class _Answers:  # STAND-IN of a Remote: answers the drop-in check as told, records what was asked
+        def __init__(self, ok: bool):
+            self.host, self.ok, self.asked = h, ok, []
+
+        def run(self, argv, check=True, **_):
+            self.asked.append(list(argv))
+            return type("Res", (), {"ok": self.ok, "stdout": "", "stderr": ""})()
+
+    cannot = _Answers(False)
+    for what in ("release", "rollback", "speculate"):
+        with pytest.raises(WindowError, match=r"cannot write /etc/systemd/system/vllm\.service\.d/ .*SSH in as root"):
+            refuse_release(cannot, what, ReleaseChange(args=["--max-num-seqs", "8"]))
+    assert cannot.asked[0] == sd.dropin_writable("vllm.service") and cannot.asked[0][-1].endswith("vllm.service.d")
+    refuse_release(_Answers(True), "speculate", ReleaseChange(args=["--max-num-seqs", "8"]))
     spec = SystemdKind().speculative_change(h, "/d/runs/r/train/final", 3, "img:1")
     assert spec.image is None and not spec.binds and spec.args[0] == "--speculative-config" \
         and '"/d/runs/r/train/final"' in spec.args[1], spec  # the head at its host path, in the drop-in's argv

@@ -8,12 +8,10 @@ What it shows (each against systemd itself, not a stand-in of ``systemctl``):
 - the unit's secrets (``--api-key K``, ``--api-key=K``, ``--hf-token`` on its command line; ``VLLM_API_KEY``,
   ``HF_TOKEN`` and an inventory-named variable in its environment) end up in no file of the host's state and data
   dirs but the unit's record (``unit.show``, mode 0600), and in no output of the CLI's ``status`` / ``config check``;
-- a release (an added flag) and its rollback, driven by the window runner's supervisor steps (run in this process,
-  the host's state dir bind-mounted at the same files) through the real agent: the release writes the drop-in
-  ``/etc/systemd/system/<unit>.d/50-eagle3ops-release.conf`` (mode 0600, root's), ``daemon-reload``, the unit starts
-  with the flag and passes the real health gate; the rollback removes the drop-in and the unit runs as before; the
-  secrets are then in no file of the state and data dirs but the release records (0600, root's), and not in the
-  supervisor's output;
+- a release driven by the window runner's supervisor steps (run in this process, the host's state dir bind-mounted
+  at the same files) through the real agent, whose drop-in cannot be put in place: the round fails, the switch
+  rolls back to the unit as recorded, nothing that never ran is made live; the secrets are then in no file of the
+  state and data dirs but the release records (0600, root's), and not in the supervisor's output;
 - through the CLI, on the same systemd as a venv-runtime host (the STAND-IN pipeline environment of
   ``eagle3ops_dev.standin_env``, with the gate's imports: this checkout's supervisor as a host process, stand-in
   stages): ``deploy --env-tarball``, an ``extract`` window, ``release --gate`` (the speculation gate's job: the
@@ -232,7 +230,7 @@ def _main_argv(name: str) -> list[str]:
     return [a for a in raw.split("\0") if a]
 
 
-def _switch(inv: Path, kind: str, window: str, **plan_kw) -> dict:
+def _switch(inv: Path, kind: str, window: str, outcome: str = "ok", **plan_kw) -> dict:
     """One ``release``/``rollback`` plan on the real systemd as a window runs it: the driver's launch over SSH (the
     unit recorded, the systemd agent started, its session open throughout), then the supervisor's steps in this
     process on the same files (``Supervisor.run``: record, switch, the real health gate, result)."""
@@ -253,37 +251,41 @@ def _switch(inv: Path, kind: str, window: str, **plan_kw) -> dict:
         res = Supervisor(plan.model_copy(update={"window_id": window, "budget_s": 600}), _Engine(),
                          e3 / "state/windows" / window).run()
         log = r.run(["cat", f"{pdir}/agent.log"]).stdout
-    assert res["outcome"] == "ok", (res, log)
+    assert res["outcome"] == outcome, (res, log)
     print(log)  # its timings, for the record
-    return res
+    return {**res, "agent_log": log}
 
 
-def test_release_is_a_dropin_and_rollback_removes_it(systemd_host, tmp_path, capfd):
-    """A release (an added flag) and its rollback on the real systemd: the drop-in written (0600, root's) and read,
-    the unit gated with the flag, then removed by the rollback; the secrets only in the release records."""
+def test_a_release_whose_dropin_cannot_be_put_in_place_is_rolled_back(systemd_host, tmp_path, capfd):
+    """A release on the real systemd, driven by the supervisor's steps, whose drop-in the agent cannot put in place
+    (its directory is a file here): the unit it started runs without the change, so the round fails and the switch
+    rolls back to the unit as recorded; the release that never ran is not made live. (A release written, gated and
+    kept, and a rollback that removes it: ``test_a_window_and_a_gated_release_through_the_cli``, through the CLI.)
+    The secrets are only in the release records, and not in the supervisor's output."""
     from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.supervisor.releases import Releases
 
     inv, name = systemd_host
     before = _main_argv(name)
     assert SERVER_IN in before and "--label" not in before, before
-    _switch(inv, "release", "rel-1", change=ReleaseChange(args=["--label", "two"]))
-    drop = sd.dropin_path(UNIT)
-    assert _sh("docker", "exec", name, "stat", "-c", "%a %u", drop).stdout.split() == ["600", "0"]
-    now = _main_argv(name)
-    assert now == [*before, "--label", "two"], now  # bash's quoted script and $$@ came through the drop-in
+    dropin_dir = sd.dropin_path(UNIT).rsplit("/", 1)[0]
+    _sh("docker", "exec", name, "sh", "-c", f"rm -rf {dropin_dir} && touch {dropin_dir}")
+    try:
+        res = _switch(inv, "release", "rel-1", outcome="failed", change=ReleaseChange(args=["--label", "two"]))
+    finally:
+        _sh("docker", "exec", name, "rm", "-f", dropin_dir)
+    assert "cannot write drop-in" in res["agent_log"] and _main_argv(name) == before, res["agent_log"]
     assert _sh("docker", "exec", name, "systemctl", "is-active", UNIT).stdout.strip() == "active"
     assert len(_unit_procs(name)) == 2
-
-    _switch(inv, "rollback", "rb-1")
-    assert _sh("docker", "exec", name, "test", "-e", drop, check=False).returncode == 1, "drop-in left"
-    assert _main_argv(name) == before
+    journal = (inv.parent / "e3/state/windows/rel-1/journal.jsonl").read_text()
+    assert "rolled back to release 1" in res["error"] and "cannot write" in journal, (res, journal)
+    assert Releases(inv.parent / "e3/state").current() == 1, "the release that never ran was made live"
+    rels = sorted(p.name for p in (inv.parent / "e3/state/releases").glob("*.json"))
+    assert rels == ["0001.json", "0002.json"], rels  # the unit as recorded, the release that failed
     out = capfd.readouterr()
     assert leaks(out.out + out.err) == [], "the supervisor's output shows a secret"
-    rels = sorted(p.name for p in (inv.parent / "e3/state/releases").glob("*.json"))
-    assert rels == ["0001.json", "0002.json"], rels  # the unit as recorded, the release; the rollback added none
     _no_secret_on_the_host_or_in_the_drivers_output(
-        inv, name, tmp_path, names={"unit.show", "unit.argv.json", "unit.dropin", "next.unit.dropin", "0001.json",
-                                    "0002.json"})
+        inv, name, tmp_path, names={"unit.show", "unit.argv.json", "next.unit.dropin", "0001.json", "0002.json"})
 
 
 def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(systemd_host):
@@ -305,6 +307,8 @@ def test_preflight_advises_killmode_and_detaches_the_agent_where_logind_kills(sy
         pf = Preflight()
         SystemdKind().preflight(r, pf, True)
         assert pf.ok and pf.agent_detach == "user-service", pf.checks
+        assert r.run(sd.dropin_writable(UNIT), check=False).ok  # root may write the unit's drop-in; nobody may not
+        assert _sh("docker", "exec", "-u", "nobody", name, *sd.dropin_writable(UNIT), check=False).returncode == 1
         pdir = f"/var/lib/e3/state/windows/t-{uuid.uuid4().hex[:6]}/process"
         r.run(["mkdir", "-p", pdir])
         r.run(pc.start_agent(h, pdir=pdir, pid=UNIT, stop_timeout_s=5, supervisor="eagle3ops-supervisor-t2",

@@ -129,6 +129,8 @@ class StandInHost:
             return (0, json.dumps({"version": self.served_vllm}), "") if self.served_vllm else (22, "", "")
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-logind":  # process/systemd preflight: a host without logind
             return 0, "user=e3ops\nlogind=absent\n", ""
+        if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-dropin-check":  # systemd: the unit's drop-in is writable
+            return 0, "", ""
         raise AssertionError(f"unexpected command {a}")
 
     def _docker(self, a):

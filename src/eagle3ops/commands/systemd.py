@@ -80,12 +80,15 @@ start_from() {  # $1: record prefix in $d ('' = the unit as recorded), $2: the f
   # has systemd read it; a window starts the unit as systemd has it.
   if [ -e "$d/switch" ]; then
     dd="@DROPIN_DIR@/$pid.d" f="$d/${1}unit.dropin"
+    # A drop-in that cannot be put in place is reported (dropin-failed[.k]): the unit still starts, so that serving
+    # runs, but the supervisor fails this round rather than gate a unit that runs without the release's change.
     if [ -s "$f" ]; then
       if mkdir -p "$dd" && (umask 077 && cp "$f" "$dd/@DROPIN_NAME@.tmp") && chmod 600 "$dd/@DROPIN_NAME@.tmp" \
          && mv "$dd/@DROPIN_NAME@.tmp" "$dd/@DROPIN_NAME@"; then log "drop-in $dd/@DROPIN_NAME@ written (record '${1:-recorded}')"
-      else log "cannot write drop-in $dd/@DROPIN_NAME@"; fi
-    else
-      rm -f "$dd/@DROPIN_NAME@" && log "drop-in $dd/@DROPIN_NAME@ removed (record '${1:-recorded}' has none)"
+      else log "cannot write drop-in $dd/@DROPIN_NAME@"; put "dropin-failed${2#restored}" "cannot write $dd/@DROPIN_NAME@"; fi
+    elif [ ! -e "$dd/@DROPIN_NAME@" ] || rm -f "$dd/@DROPIN_NAME@"; then
+      log "drop-in $dd/@DROPIN_NAME@ removed (record '${1:-recorded}' has none)"
+    else log "cannot remove drop-in $dd/@DROPIN_NAME@"; put "dropin-failed${2#restored}" "cannot remove $dd/@DROPIN_NAME@"
     fi
     systemctl daemon-reload >> "$d/serving.log" 2>&1 || log "systemctl daemon-reload failed (exit $?)"
   fi
@@ -179,6 +182,14 @@ def parse_execstart_json(text: str) -> tuple[str, list[str]] | None:
 def dropin_path(unit: str) -> str:
     """eagle3ops' drop-in of ``unit``: ``/etc/systemd/system/<unit>.d/50-eagle3ops-release.conf``."""
     return f"{DROPIN_DIR}/{unit}.d/{DROPIN_NAME}"
+
+
+def dropin_writable(unit: str) -> Read:
+    """Whether the SSH user may write eagle3ops' drop-in of ``unit`` (read-only): exit 0 when its directory
+    (``/etc/systemd/system/<unit>.d``) is writable, or does not exist and ``/etc/systemd/system`` is (the agent
+    creates it). The agent that cannot write it would start the unit unchanged."""
+    return Read(["sh", "-c", 'd=$1; if [ -d "$d" ]; then test -w "$d"; else test -w "${d%/*}"; fi',
+                 "eagle3ops-dropin-check", dropin_path(unit).rsplit("/", 1)[0]])
 
 
 def switch_preview(unit: str, pdir: str, what: str, gate: list[str]) -> list[list[str]]:

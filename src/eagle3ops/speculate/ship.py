@@ -277,13 +277,13 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
             prompts trained on, baseline not measurable), or the speculative release could not be measured (then
             rolled back first).
         eagle3ops.window.WindowError: a window failed to run (its own message: lock, preflight, supervisor), or the
-            host has ``serving: none`` (refused before anything is done).
+            host has ``serving: none`` or cannot switch serving (refused before anything is done).
     """
-    from eagle3ops.window.kinds import require_serving
+    from eagle3ops.window.kinds import require_switchable
     from eagle3ops.window.common import new_window_id
     from eagle3ops.window.run import run_window, under_lock
 
-    require_serving(r.host, "speculate")  # before anything is read or written on the host
+    require_switchable(r, "speculate")  # read-only, before anything is written on the host
     if not rt.for_host(r.host).engine:  # its gate helper (inspect, measure) runs in a container of the pipeline image
         raise SpeculateError(f"{r.host.name}: speculate on a `stage_runtime: venv` host (no container engine) is not "
                              f"done yet: its on-host gate helper runs in a container of the pipeline "

@@ -23,7 +23,7 @@ from eagle3ops.window.common import (LockHeld, PreflightFailed, WindowError, app
                                      paths)
 from eagle3ops.window.lock import _serving_ok, acquire_lock, describe_lock, read_lock, release_lock, supervisor_alive
 from eagle3ops.window.gpucheck import estimate_gpu_memory
-from eagle3ops.window.kinds import driver_kind, require_serving
+from eagle3ops.window.kinds import driver_kind, require_serving, require_switchable
 from eagle3ops.window.planner import StageDecision, build_plan, decide_stages, supervisor_commands
 from eagle3ops.window.preflight import (Preflight, ask_engine, check_fallbacks, engine_status, estimate_disk,
                                         preflight, read_run_state, rollback_plan)
@@ -88,7 +88,8 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
 
 def refuse_release(r: Remote, kind: str, change: ReleaseChange | None) -> None:
     """The refusals of a ``release``/``rollback``/``speculate`` window that need no lock (reads only): a host with
-    ``serving: none``, a change the serving kind cannot make, a stand-in image on a host that is not a sandbox, an
+    ``serving: none``, a change the serving kind cannot make or a host where it cannot switch serving
+    (:meth:`~eagle3ops.window.kinds.DriverKind.host_refusal`), a stand-in image on a host that is not a sandbox, an
     image built for another CPU architecture.
 
     Raises:
@@ -98,6 +99,7 @@ def refuse_release(r: Remote, kind: str, change: ReleaseChange | None) -> None:
     refusal = driver_kind(r.host).release_refusal(r.host, change)
     if refusal:
         raise WindowError(refusal)
+    require_switchable(r, kind)
     if change is not None and change.image:
         refuse_standin_image(r, change.image, f"{kind} --image")
         foreign = refuse_foreign_image(r, change.image, f"{kind} --image")

@@ -90,6 +90,20 @@ class SystemdServing(ProcessServing):
         except OSError:
             pass
 
+    def _round(self, k: int, prefix: str) -> None:
+        """:meth:`ProcessServing._round`, then the agent's ``dropin-failed[.k]``: a drop-in it could not put in place
+        (or remove) fails the round, so that a unit started without the release's change is never gated and made
+        the live release (the switch then rolls back, or reports serving unhealthy).
+
+        Raises:
+            RuntimeError: the agent's errors, or the drop-in was not put in place (the message says which file)."""
+        super()._round(k, prefix)
+        failed = self._file("dropin-failed" + self._suffix)
+        if failed:
+            raise RuntimeError(f"the restore agent {failed}: the unit runs without record '{prefix or 'recorded'}'s "
+                               f"drop-in (see {self.plan.process_dir}/agent.log); the SSH user must be able to write "
+                               f"{sd.DROPIN_DIR}/{self.plan.serving_unit}.d/")
+
     def record(self) -> None:
         """Journal the unit the driver recorded (name, ``ExecStart`` command line, state)."""
         u = self._unit()

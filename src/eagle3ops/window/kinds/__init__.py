@@ -52,6 +52,22 @@ def require_serving(h: HostConfig, what: str) -> None:
     driver_kind(h).refuse(h, what)
 
 
+def require_switchable(r: "Remote", what: str) -> None:
+    """:func:`require_serving`, then what the host says (read-only): refuse ``what`` where the host cannot switch
+    serving to another release (:meth:`DriverKind.host_refusal`, e.g. a systemd unit's drop-in the SSH user cannot
+    write).
+
+    Raises:
+        WindowError: the message names the host and the fix.
+    """
+    from eagle3ops.window.common import WindowError
+
+    require_serving(r.host, what)
+    refusal = driver_kind(r.host).host_refusal(r)
+    if refusal:
+        raise WindowError(refusal)
+
+
 def serving_container(r: "Remote") -> tuple[list[str], str]:
     """Find the host's serving container (read-only), as its serving kind looks for it
     (:func:`eagle3ops.window.kinds.container.find_serving_container`).
@@ -65,5 +81,6 @@ def serving_container(r: "Remote") -> tuple[list[str], str]:
 
 __all__ = ["DRIVER_KINDS", "ComposeKind", "ContainerKind", "DriverKind", "NoServingKind", "ProcessKind",
            "SystemdKind", "agent_limit_s", "agent_stop_wait_s", "check_process", "check_serving_container",
-           "check_session_kill", "driver_kind", "proc_argv", "require_serving", "serving_container",
+           "check_session_kill", "driver_kind", "proc_argv", "require_serving", "require_switchable",
+           "serving_container",
            "supervisor_words"]

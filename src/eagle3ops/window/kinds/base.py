@@ -132,6 +132,11 @@ class DriverKind:
         """Why a release with ``change`` cannot be made on this kind (None: it can)."""
         return None
 
+    def host_refusal(self, r: "Remote") -> str | None:
+        """Why this host cannot switch serving to another release (``release``, ``rollback``, ``speculate``), from
+        what it says (read-only, before the lock); None: it can."""
+        return None
+
     def preflight(self, r: "Remote", pf: ServingFindings, need_serving: bool) -> None:
         """Find live serving (read-only) and add its check to ``pf``."""
         raise NotImplementedError

@@ -62,6 +62,18 @@ class SystemdKind(DriverKind):
             f"or binds (asked: {'--image' if change.image else 'binds'}); drop --image/binds, or run serving as a "
             f"container")
 
+    def host_refusal(self, r: "Remote") -> str | None:
+        """The SSH user must be able to write the unit's drop-in (:func:`eagle3ops.commands.systemd.dropin_writable`):
+        a release, a rollback and each of the gate's restarts are that file, and an agent that cannot write it would
+        start the unit unchanged while the release is recorded as live."""
+        unit = r.host.serving.unit or ""
+        if r.run(sd.dropin_writable(unit), check=False).ok:
+            return None
+        where = sd.dropin_path(unit).rsplit("/", 1)[0]
+        return (f"host {r.host.name}: the SSH user ({r.host.user}) cannot write {where}/ (eagle3ops' drop-in of "
+                f"{unit}, which releases, rollbacks and the speculation gate switch the unit with); nothing was "
+                f"changed. SSH in as root (hosts.{r.host.name}.user), or create {where}/ owned by {r.host.user}")
+
     def preflight(self, r: "Remote", pf: ServingFindings, need_serving: bool) -> None:
         """``systemctl is-active UNIT`` must say ``active`` (read-only)."""
         unit = r.host.serving.unit or ""
