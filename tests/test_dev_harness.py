@@ -65,6 +65,115 @@ def test_the_probe_code_digest_covers_the_fixtures(tmp_path, monkeypatch):
     assert probecache.code_digest("eagle3ops.patches.probes") not in (before, changed, missing)
 
 
+#: A stand-in fixtures module (named so): writes a config and a weights file, and counts its builds in a file.
+COUNTING_FIXTURES = """
+from pathlib import Path
+COUNT = Path(__file__).parent.with_name("builds")  # outside the package: its files are the key
+
+def build_target(out_dir, kind, seed=0):
+    if kind not in ("llama", "deepseek-v3"):
+        raise ValueError(kind)
+    out = Path(out_dir)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text('{"kind": "%s", "seed": %d}' % (kind, seed))
+    (out / "model.safetensors").write_bytes(bytes(range(256)) * (seed + 1))
+    COUNT.write_text(str(int(COUNT.read_text() or 0) + 1) if COUNT.exists() else "1")
+    return out
+
+def build_draft(out_dir, target_dir, **kw):
+    return out_dir
+"""
+
+
+def _builds(tmp_path: Path, name: str) -> int:
+    f = tmp_path / "builds"
+    return int(f.read_text()) if f.exists() else 0
+
+
+def test_a_tiny_target_is_built_once_per_content_hash_and_rebuilt_when_damaged(tmp_path, monkeypatch):
+    """With a cache, the second request of the same kind and seed reuses the entry (no build); another seed or
+    kind, or a changed fixtures module, is another key and builds; an entry whose files changed is built again;
+    without a cache the target is built into the scratch dir. The pipeline build's probe step names the cache."""
+    name = _fake_fixtures(tmp_path, monkeypatch, COUNTING_FIXTURES)
+    monkeypatch.setenv(fixtures.ENV, name)
+    monkeypatch.delenv(fixtures.CACHE_ENV, raising=False)
+    cache, scratch = tmp_path / "cache", tmp_path / "scratch"
+
+    assert fixtures.target("llama", scratch) == scratch / "llama" and fixtures.LAST_SOURCE["llama"] == "scratch"
+    assert _builds(tmp_path, name) == 1
+    monkeypatch.setenv(fixtures.CACHE_ENV, str(cache))
+    first = fixtures.target("llama", scratch)
+    assert first.parent == cache / "targets" and fixtures.LAST_SOURCE["llama"] == "built"
+    assert first.name == fixtures.target_key(fixtures.target_key_inputs("llama")) and _builds(tmp_path, name) == 2
+    assert fixtures.target("llama", scratch) == first and fixtures.LAST_SOURCE["llama"] == "reused"
+    assert _builds(tmp_path, name) == 2
+    assert sorted(p.name for p in first.iterdir()) == [fixtures.ENTRY_RECORD, "config.json", "model.safetensors"]
+
+    other = [fixtures.target("llama", scratch, seed=1), fixtures.target("deepseek-v3", scratch)]
+    assert first not in other and len(set(other)) == 2 and _builds(tmp_path, name) == 4
+    (tmp_path / name / "__init__.py").write_text(COUNTING_FIXTURES + "\n# an edit of the builder\n")
+    edited = fixtures.target("llama", scratch)
+    assert edited != first and _builds(tmp_path, name) == 5
+
+    (first / "model.safetensors").write_bytes(b"damaged")
+    (tmp_path / name / "__init__.py").write_text(COUNTING_FIXTURES)
+    assert fixtures.target("llama", scratch) == first and fixtures.LAST_SOURCE["llama"] == "built"
+    assert (first / "model.safetensors").read_bytes() == bytes(range(256)) and _builds(tmp_path, name) == 6
+    assert not [p for p in (cache / "targets").iterdir() if p.name.startswith(".tmp-")]  # no half entry left
+    with pytest.raises(ValueError, match="kimi"):
+        fixtures.target("kimi", scratch)
+    assert not [p for p in (cache / "targets").iterdir() if p.name.startswith(".tmp-")]
+
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "id=eagle3ops-probe-fixtures,target=/var/cache/eagle3ops/fixtures" in dockerfile
+    assert f"{fixtures.CACHE_ENV}=/var/cache/eagle3ops/fixtures" in dockerfile
+    assert fixtures.CACHE_ENV in probecache.ENV_IGNORED  # where the cache is does not change a probe's key
+
+
+def test_a_patch_edit_keeps_the_fixture_key_a_new_package_changes_it(tmp_path, monkeypatch):
+    """The key covers the installed distributions by their RECORD, not the files a patch series edits: editing an
+    installed package's file (what ``patch apply`` does) keeps it; another RECORD (a reinstall, another version)
+    changes it. eagle3ops' own distribution is left out: its fixtures package is hashed file by file."""
+    site = tmp_path / "site"
+    (site / "fakespec").mkdir(parents=True)
+    (site / "fakespec" / "__init__.py").write_text("X = 1\n")
+    info = site / "fakespec-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakespec\nVersion: 1.0\n")
+    (info / "RECORD").write_text("fakespec/__init__.py,sha256=abc,6\n")
+    monkeypatch.syspath_prepend(str(site))
+
+    def key() -> str:
+        fixtures._builder_distributions.cache_clear()
+        inputs = fixtures.target_key_inputs("llama")
+        assert ["fakespec", "1.0"] in [d[:2] for d in inputs["distributions"]]
+        assert "eagle3ops" not in [d[0] for d in inputs["distributions"]]
+        return fixtures.target_key(inputs)
+
+    before = key()
+    (site / "fakespec" / "__init__.py").write_text("X = 2  # patched\n")
+    assert key() == before
+    (info / "RECORD").write_text("fakespec/__init__.py,sha256=def,6\n")
+    assert key() != before
+    fixtures._builder_distributions.cache_clear()
+
+
+def test_the_fixtures_import_nothing_of_eagle3ops_outside_their_package():
+    """The fixture key hashes only ``eagle3ops/fixtures`` (so an eagle3ops change elsewhere keeps the built
+    targets): that holds only while the builders import nothing else of eagle3ops."""
+    pkg = REPO / "src/eagle3ops/fixtures"
+    outside = []
+    for f in sorted(pkg.rglob("*.py")):
+        if "remote_code" in f.parts:
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            outside += [f"{f.name}: {n}" for n in names
+                        if n.split(".")[0] == "eagle3ops" and not n.startswith("eagle3ops.fixtures")]
+    assert outside == []
+
+
 def test_the_tiny_kimis_remote_code_is_real_python_read_byte_for_byte():
     for name in tinykimi.REMOTE_CODE_FILES:
         path = REPO / "src/eagle3ops/fixtures/remote_code" / name

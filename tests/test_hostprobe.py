@@ -149,6 +149,53 @@ def test_pipeline_on_the_upstream_layout_base_defers_the_probes() -> None:
                    ["apply", "compile", "import", "manifest", "pins"], True, False]
 
 
+# --- the import check: in the probe step's process when the probes run at build --------------------------------
+
+
+def test_the_import_check_runs_in_the_probe_step_when_the_probes_run_at_build(tmp_path, monkeypatch, capsys):
+    """With the probes at build, ``imagecheck build`` leaves the import check to the probe step (one process imports
+    the patched stack once) and says so in checks.json; the Dockerfile then passes ``--import-check`` to ``patch
+    probe``. With the probes deferred it imports here, as before. ``import_patched`` imports each patched module and
+    names the one that does not import and the fix."""
+    from eagle3ops.patches.apply import MANIFEST_DIR, MANIFEST_SCHEMA, import_patched
+    from eagle3ops.patches.errors import PatchToolError
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(imagecheck, "run_static", lambda pkg, checks: asked.append(list(checks)) or {})
+    monkeypatch.setattr(imagecheck, "BASE_FACTS", tmp_path / "base.json")
+    monkeypatch.setattr(imagecheck, "CHECKS_RECORD", tmp_path / "checks.json")
+    (tmp_path / "base.json").write_text(json.dumps(CPU_BASE))
+    argv = ["--profile", "speculators-0.3.0-vllm-0.16.0", "--verify", "probes", "--probes-module",
+            "eagle3ops.patches.probes", "--engine-checks", "auto", "--build-checks", "auto", "--host-checks", "auto"]
+    assert imagecheck.build_cmd(argv) == 0
+    assert asked == [["pins", "apply", "compile", "manifest", "probes"]]
+    rec = json.loads((tmp_path / "checks.json").read_text())
+    assert "import" in rec["build"] and rec["results"]["speculators"]["import"] == imagecheck.IMPORT_IN_PROBES
+    assert imagecheck.main(["wants", "import"]) == 0 and imagecheck.main(["wants", "probes"]) == 0
+    (tmp_path / "base.json").write_text(json.dumps(CUDA_NO_GPU))
+    assert imagecheck.build_cmd(argv) == 0
+    assert asked[-1] == ["pins", "apply", "compile", "import", "manifest"]  # probes deferred: imported here
+    assert "if python3 -m eagle3ops.imagecheck wants import; then set -- --import-check; fi" in \
+        (REPO / "Dockerfile").read_text()
+    capsys.readouterr()
+
+    site = tmp_path / "site"
+    (site / "okpkg").mkdir(parents=True)
+    (site / "okpkg" / "__init__.py").write_text("")
+    (site / "okpkg" / "fine.py").write_text("VALUE = 1\n")
+    (site / MANIFEST_DIR).mkdir()
+    manifest = {"schema": MANIFEST_SCHEMA, "files_sha256": {"okpkg/__init__.py": "x", "okpkg/fine.py": "x",
+                                                            "okpkg/data.json": "x"}}
+    (site / MANIFEST_DIR / "okpkg.json").write_text(json.dumps(manifest))
+    monkeypatch.syspath_prepend(str(site))
+    assert import_patched(site, "okpkg")[0] == 2
+    (site / "okpkg" / "broken.py").write_text("import no_such_module_here\n")
+    manifest["files_sha256"]["okpkg/broken.py"] = "x"
+    (site / MANIFEST_DIR / "okpkg.json").write_text(json.dumps(manifest))
+    with pytest.raises(PatchToolError, match=r"okpkg.broken .*ModuleNotFoundError.*\n  fix: fix the patch"):
+        import_patched(site, "okpkg")
+
+
 # --- probe on the sandbox -------------------------------------------------------------------------------------------
 
 

@@ -501,7 +501,7 @@ def test_failing_patch_stops_the_build(tmp_path: Path, standin_base: str, ca: Pa
         images.build_image("pipeline", standin_base, None, ca, root=root, quiet=True,
                            probes_module="eagle3ops.standin_probes", engine_checks="build")
     assert e.value.returncode != 0
-    assert p.name in str(e.value) and "patch apply" in str(e.value)
+    assert p.name in str(e.value) and "eagle3ops.patches apply" in str(e.value)  # the step that failed
     assert subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0
 
 

@@ -116,6 +116,33 @@ def test_tiny_model_kinds(tmp_path):
 
 
 
+def test_probe_fixtures_and_their_reference_are_built_once_per_content_hash(tmp_path, monkeypatch):
+    """With a fixture cache, the tiny DeepSeek-V3 is built once and reused (the same entry, no build), and so is
+    its transformers reference forward: the reused tensors equal the computed ones. Another set of sequences is
+    another key (computed). Without a cache nothing is kept."""
+    import torch
+
+    from eagle3ops.patches import fixtures
+
+    cache = tmp_path / "cache"
+    seqs = probekit._random_sequences(3, 8, 24, seed=7)
+    target = fixtures.target("deepseek-v3", tmp_path / "scratch", cache=cache)
+    assert fixtures.LAST_SOURCE["deepseek-v3"] == "built"
+    assert fixtures.target("deepseek-v3", tmp_path / "scratch", cache=cache) == target
+    assert fixtures.LAST_SOURCE["deepseek-v3"] == "reused"
+    first = probekit.reference_layer_states(target, seqs, probekit.DEEPSEEK_LAYERS)
+    assert probekit.LAST_REFERENCE_SOURCE["decoder-layer-outputs"] == "computed"
+    again = probekit.reference_layer_states(target, seqs, probekit.DEEPSEEK_LAYERS)
+    assert probekit.LAST_REFERENCE_SOURCE["decoder-layer-outputs"] == "reused"
+    assert all(torch.equal(a, b) for ra, rb in zip(first, again) for a, b in zip(ra, rb))
+    probekit.reference_layer_states(target, seqs[:2], probekit.DEEPSEEK_LAYERS)
+    assert probekit.LAST_REFERENCE_SOURCE["decoder-layer-outputs"] == "computed"
+    assert len(list((cache / "references").glob("*.pt"))) == 2
+    monkeypatch.delenv(fixtures.CACHE_ENV, raising=False)
+    assert fixtures.target("deepseek-v3", tmp_path / "plain") == tmp_path / "plain" / "deepseek-v3"
+    assert fixtures.LAST_SOURCE["deepseek-v3"] == "scratch"
+
+
 def test_the_image_carries_the_probes_fixtures_and_not_the_harness():
     """The image's own interpreter (``python3 -I``: no PYTHONPATH -- this suite mounts the harness there for the
     trained sandbox target's test --, no working directory on the path) loads the probes' fixtures from the installed

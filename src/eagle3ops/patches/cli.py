@@ -161,6 +161,10 @@ def probe_cmd(
         dist = find_dist(pkg, site_dir)
         t0 = time.monotonic()
         if import_check:
+            from eagle3ops.patches.probekit import _quiet_idle_polling
+
+            # before torch is imported: OpenMP reads its wait policy once, when it is loaded (see the function)
+            _quiet_idle_polling()
             n, secs = import_patched(dist.site_dir, pkg)  # PatchToolError: the module, the site dir and the fix
             typer.echo(f"ok   import: {n} patched module(s) of {pkg} import ({secs:.1f} s)")
         changed, outcomes = probe_installed(dist.site_dir, pkg, probes_module=probes_module, only=patch or None,
