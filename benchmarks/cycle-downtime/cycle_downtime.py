@@ -170,13 +170,38 @@ class Bench:
                           "the local CPU vLLM base stands in for vllm/vllm-openai:v0.16.0 (as make demo)"],
         }
         self.stopped_at = "setup"
-        # the client's records as they are made (a killed run keeps them), beside the JSON; a new run starts it anew
         records = a.json.with_name(a.json.stem + ".records.jsonl")
-        records.unlink(missing_ok=True)
+        if a.resume_after_baseline:
+            self.resume(a.resume_after_baseline)
+        else:  # the client's records as they are made (a killed run keeps them), beside the JSON; a new run anew
+            records.unlink(missing_ok=True)
         self.log = RecordLog(records)
         self.fig["records"] = {"file": records.name, "what": "one JSON line per probe (t0, t1, ok, kind, tokens; "
                                "drained: the health check while drained) and markers (event: phase, span, drain, "
                                "undrain)"}
+
+    def resume(self, folder: Path) -> None:
+        """``--resume-after-baseline FOLDER``: this run's JSON already holds a finished baseline (its partial file
+        stopped later: in the cycle phase); its figures are kept and only the cycle is run, with the baseline's
+        pipeline and gate chat set from ``FOLDER`` (that invocation's work folder). The records file is appended to.
+        ``RuntimeError`` when the JSON has no finished baseline or the folder lacks those files."""
+        prior = json.loads(self.a.json.read_text()) if self.a.json.exists() else {}
+        need = [folder / "pipeline.yaml", folder / "gate-chat.jsonl"]
+        if "client" not in prior.get("baseline", {}) or not all(p.exists() for p in need):
+            raise RuntimeError(f"--resume-after-baseline {folder}: {self.a.json} has no finished baseline, or "
+                               f"{' / '.join(p.name for p in need)} are not in that folder; run without it")
+        if prior.get("settings") != self.fig["settings"]:
+            raise RuntimeError(f"--resume-after-baseline: the settings differ from the baseline's "
+                               f"({prior.get('settings')}); pass the same --conversations/--train-steps/--floor")
+        resumed = {"at": iso(now()), "stopped_at_before": prior.get("stopped_at"), "error_before": prior.get("error"),
+                   "note": "the baseline phase finished in the first invocation of this run (same hosts, settings "
+                           "and production state); the invocation stopped before the cycle phase ran a step and "
+                           "this one ran the cycle phase only"}
+        self.fig = {k: v for k, v in prior.items() if k not in ("error", "traceback", "cycle", "verdict")}
+        self.fig["resumed"] = resumed
+        self.fig["load_average_1min_first_invocation"] = prior.get("load_average_1min")
+        self.pipeline_text = (folder / "pipeline.yaml").read_text()
+        self.chat_file = folder / "gate-chat.jsonl"
 
     def write(self) -> None:
         self.fig["stopped_at"] = self.stopped_at
@@ -198,6 +223,7 @@ class Bench:
         self.fig["docker_proxy"] = ensure_proxy(sockets(), __file__, sandbox.SANDBOX_BASE / PROD / "docker-proxy.log")
         self.work_dir = Path(f"/tmp/b47-{time.strftime('%Y%m%dT%H%M%S')}")
         self.work_dir.mkdir()
+        self.fig.setdefault("work_folders", []).append(str(self.work_dir))
         self.inv = self.work_dir / "hosts.yaml"
         self.inv.write_text(inventory(info, self.a.floor))
         inv = load_inventory(self.inv)
@@ -320,7 +346,14 @@ class Bench:
         dry = subprocess.run([*base, "--dry-run", "--json"], capture_output=True, text=True, timeout=600, cwd=REPO)
         if dry.returncode != 0:
             raise RuntimeError(f"cycle --dry-run exited {dry.returncode}: {dry.stderr[-2000:]}")
-        plan = json.loads(dry.stdout[dry.stdout.index("{"):])
+        # the plan is the JSON document that starts on a line of its own: the dry run also echoes the commands it
+        # reads the hosts with to stdout, and those hold braces (find -exec ... '{}' +)
+        lines = dry.stdout.splitlines()
+        first = next((i for i, x in enumerate(lines) if x.strip() == "{"), None)
+        if first is None:
+            raise RuntimeError(f"cycle --dry-run --json printed no JSON document: {dry.stdout[-2000:]}")
+        plan = json.loads("\n".join(lines[first:]))
+        self.fig["dry_run_stdout_lines_before_json"] = first
         self.fig["cycle"] = {"run": run, "command": " ".join(base[2:]), "plan": plan, "dry_run_s": round(now() - t, 1)}
         self.write()
         t_start = now()
@@ -434,9 +467,10 @@ class Bench:
             self.probe = SerialProbe(self.url, self.prod.serving.served_model_name or "", self.log,
                                      self.balancer.drained)
             self.probe.start()
-            self.stopped_at = "baseline"
-            self.baseline()
-            self.write()
+            if not self.a.resume_after_baseline:
+                self.stopped_at = "baseline"
+                self.baseline()
+                self.write()
             self.stopped_at = "cycle"
             self.cycle()
             self.write()
@@ -472,6 +506,9 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=24, help="ShareGPT V3 conversations regenerated per phase "
                     "(the demo: 100)")
     ap.add_argument("--train-steps", type=int, default=40, help="train steps per phase (the demo: 300)")
+    ap.add_argument("--resume-after-baseline", type=Path, metavar="FOLDER", help="the JSON holds a finished "
+                    "baseline: run only the cycle phase, with the baseline's pipeline and gate chat set from FOLDER "
+                    "(the first invocation's work folder, /tmp/b47-...)")
     ap.add_argument("--floor", type=float, default=1.0, help="production's serving.acceptance_floor for this run "
                     "(module doc)")
     return Bench(ap.parse_args()).main()
