@@ -51,6 +51,7 @@ import sys
 import threading
 import time
 import traceback
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks" / "_shared"))
 from downtime import (PROBE_INTERVAL_S, TOKEN_TIMEOUT_S, DockerProxy, RecordLog, SerialProbe,  # noqa: E402
-                      analyse_outages, ensure_proxy, iso, journal_spans, load_figures, now)
+                      analyse_outages, ensure_proxy, iso, journal_spans, load_figures, now, read_records)
 from lab import write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -171,7 +172,9 @@ class Bench:
         }
         self.stopped_at = "setup"
         records = a.json.with_name(a.json.stem + ".records.jsonl")
-        if a.resume_after_baseline:
+        if a.reanalyse:
+            self.fig = json.loads(a.json.read_text())
+        elif a.resume_after_baseline:
             self.resume(a.resume_after_baseline)
         else:  # the client's records as they are made (a killed run keeps them), beside the JSON; a new run anew
             records.unlink(missing_ok=True)
@@ -378,17 +381,51 @@ class Bench:
         journal = Path(self.prod.state_dir) / "cycles" / run / "journal.jsonl"
         entries = [json.loads(x) for x in journal.read_text().splitlines() if x.strip()] if journal.exists() else []
         spans = journal_spans(entries, end)
-        spec = self.cycle_speculate_result(run)
+        spec = self.cycle_speculate_result(self.prod.data_dir, self.prod.state_dir, run)
         self.fig["cycle"].update({"rc": rc, "log": str(log), "outcome": {k: last.get(k) for k in (
             "outcome", "steps", "verdict", "work_host_acceptance", "production_acceptance", "production_restarts")},
             "figures": last.get("figures"), "journal": entries, "speculate": self.speculate_summary(spec),
             "client": analyse_outages(self.probe.records, t_start, end, spans, self.balancer.intervals(end))})
         self.check_stages(run)
 
-    def cycle_speculate_result(self, run: str) -> dict[str, Any]:
-        found = sorted(glob.glob(f"{self.prod.data_dir}/runs/{run}/speculate/*/*/result.json"), key=os.path.getmtime)
-        found = found or sorted(glob.glob(f"{self.prod.data_dir}/runs/{run}/speculate/result.json"))
-        return json.loads(Path(found[-1]).read_text()) if found else {}
+    @staticmethod
+    def cycle_speculate_result(data_dir: str, state_dir: str, run: str) -> dict[str, Any]:
+        """The cycle's gate result on production (its newest attempt folder) with the speculate window's
+        ``restarts_s`` and ``wall_s`` (the supervisor's figures: in the window's ``result.json``, not the gate's)."""
+        found = sorted(glob.glob(f"{data_dir}/runs/{run}/speculate/*/*/result.json"), key=os.path.getmtime)
+        found = found or sorted(glob.glob(f"{data_dir}/runs/{run}/speculate/result.json"))
+        res = json.loads(Path(found[-1]).read_text()) if found else {}
+        window = Path(state_dir) / "windows" / str(res.get("window_id")) / "result.json"
+        if window.exists():
+            w = json.loads(window.read_text())
+            res.update({k: w.get(k) for k in ("restarts_s", "wall_s") if k not in res})
+        return res
+
+    def reanalyse(self) -> int:
+        """``--reanalyse``: the cycle phase's client figures, gate summary and verdict computed again from what the
+        run recorded (the records file with its drain markers, the journal in the JSON, production's window
+        results), with this script's analysis as it is now; nothing else runs."""
+        from eagle3ops_dev import sandbox
+
+        records = self.a.json.with_name(self.a.json.stem + ".records.jsonl")
+        marks = read_records(records)
+        cyc = self.fig["cycle"]
+        start = max(r["t"] for r in marks if r.get("event") == "phase" and r.get("name") == "cycle")
+        end = datetime.fromisoformat(cyc["client"]["to"]).timestamp()
+        bal = Balancer.__new__(Balancer)  # its drained spans from the markers it wrote
+        bal.events = [(r["t"], r["event"]) for r in marks if r.get("event") in ("drain", "undrain")]
+        spans = journal_spans(cyc["journal"], end)
+        root = sandbox.SANDBOX_BASE / PROD
+        spec = self.cycle_speculate_result(str(root / "data"), str(root / "state"), cyc["run"])
+        cyc["speculate"] = self.speculate_summary(spec)
+        cyc["client"] = analyse_outages([r for r in marks if "event" not in r], start, end, spans,
+                                        bal.intervals(end))
+        self.fig["reanalysed"] = iso(now())
+        self.stopped_at = "conclude"
+        self.conclude()
+        self.stopped_at = None
+        self.write()
+        return 0
 
     def check_stages(self, run: str) -> None:
         """Real stages only: every stage manifest of both runs read; one that says stand-in fails the benchmark."""
@@ -415,6 +452,7 @@ class Bench:
         in_spec = [o for o in c["outages"] if o["during"] == "speculate"]
         outside = [o for o in c["outages"] if o["during"] != "speculate"]
         measured = round(sum(o["seconds"] for o in in_spec), 2)
+        in_spec_chat = sum(o.get("failed_chat_requests", 0) for o in in_spec)
         restarts = sp.get("restarts_s") or []
 
         step = next((st for st in self.fig["cycle"]["plan"]["steps"] if st["key"] == "speculate"), {})
@@ -431,11 +469,17 @@ class Bench:
             "plan_per_restart_s": plan.get("per_restart_s"),
             "speculate_restarts_reported": len(restarts), "speculate_restart_seconds": restarts,
             "speculate_restart_seconds_sum": round(sum(restarts), 1),
+            # the job's own restart figures (each from its start to its passed health gate, a completion included:
+            # what the plan's median is taken from) against the plan: the client's drained /health check sees a
+            # server back before its first completion answers
+            "restart_seconds_sum_over_expected": round(sum(restarts) / expected, 3) if expected else None,
             "cycle_outages_during_speculate": len(in_spec),
             "cycle_seconds_not_answering_during_speculate": measured,
             "cycle_outages_outside_speculate": outside,
             "cycle_failed_chat_requests": c["failed_requests"],
-            "only_during_speculate_restarts": not outside and c["failed_requests"] == 0
+            "cycle_failed_chat_requests_in_speculate_outages": in_spec_chat,
+            "cycle_failed_chat_requests_outside_speculate_outages": c["failed_requests"] - in_spec_chat,
+            "only_during_speculate_restarts": not outside and c["failed_requests"] == in_spec_chat
             and len(in_spec) <= len(restarts),
             "measured_over_expected": round(measured / expected, 3) if expected else None,
             "within_20_percent_of_plan": (abs(measured / expected - 1) <= 0.2) if expected else None,
@@ -509,9 +553,12 @@ def main() -> int:
     ap.add_argument("--resume-after-baseline", type=Path, metavar="FOLDER", help="the JSON holds a finished "
                     "baseline: run only the cycle phase, with the baseline's pipeline and gate chat set from FOLDER "
                     "(the first invocation's work folder, /tmp/b47-...)")
+    ap.add_argument("--reanalyse", action="store_true", help="compute the cycle phase's figures and the verdict "
+                    "again from the JSON and its records file (nothing runs)")
     ap.add_argument("--floor", type=float, default=1.0, help="production's serving.acceptance_floor for this run "
                     "(module doc)")
-    return Bench(ap.parse_args()).main()
+    a = ap.parse_args()
+    return Bench(a).reanalyse() if a.reanalyse else Bench(a).main()
 
 
 if __name__ == "__main__":
