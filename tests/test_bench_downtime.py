@@ -47,11 +47,13 @@ def test_outages_run_from_the_first_failure_to_the_next_success_and_name_their_s
                {**ok(10), "drained": True}, bad(11, "health: connection error", drained=True),
                bad(12, "health: connection error", drained=True), {**ok(15), "drained": True}, ok(20)]
     spans = journal_spans([{"step": "extract", "event": "start", "t": _iso(base + 1)},
+                           {"step": "extract", "event": "child", "t": _iso(base + 1)},  # inside the step
                            {"step": "extract", "event": "done", "t": _iso(base + 5)},
                            {"step": "speculate", "event": "start", "t": _iso(base + 9)}], end=base + 21)
     assert [s["name"] for s in spans] == ["extract", "speculate"] and spans[1]["to"] == base + 21
-    assert [(o["from"] - base, o["to"] - base, o["failed"]) for o in outages(records, base, base + 21)] == [
-        (2, 4, 2), (11, 15, 2)]
+    got = outages(records, base, base + 21)
+    assert [(o["from"] - base, o["to"] - base, o["failed"], o["failed_chat"]) for o in got] == [
+        (2, 4, 2, 2), (11, 15, 2, 0)]
     a = analyse_outages(records, base, base + 21, spans, drained=[(base + 9.5, base + 16)])
     assert a["seconds_not_answering"] == 6.0
     assert [(o["during"], o["drained"]) for o in a["outages"]] == [("extract", False), ("speculate", True)]

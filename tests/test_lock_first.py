@@ -622,6 +622,20 @@ def test_no_host_change_precedes_the_cycles_lock(monkeypatch, tmp_path):
     assert not early, "changes before the cycle's lock:\n" + "\n".join(early)
 
 
+def test_the_cycles_json_plan_is_all_of_stdout(monkeypatch, tmp_path):
+    """``cycle PROD --work W --dry-run --json``: stdout is the plan's JSON document alone (a script reads it with
+    ``json.loads``); the commands the facts were read with are echoed to stderr."""
+    from eagle3ops import cli, executor
+
+    rec = RecordingHost(facts=_two_host_facts)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, [*_cycle_args(tmp_path), "--dry-run", "--json"], env={"COLUMNS": "300"})
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.stdout)
+    assert plan["production"] == "sandbox" and plan["work"] == ["w1"]
+    assert "/cycles/r1/journal.jsonl" in out.stderr  # the facts' reads, said where they do not mix with the plan
+
+
 #: Production's serving as its release 3 recorded it (the container form the acceptance step replays on w1).
 RECORD = {"Name": "vllm-serving", "ImageId": IMAGE_ID, "Networks": {},
           "Config": {"Image": "eagle3ops/vllm-openai-local:v0.16.0", "Entrypoint": ["vllm", "serve"],

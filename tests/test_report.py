@@ -153,3 +153,56 @@ def test_calibration_has_one_point_per_head_read_from_its_attempt_folder():
     rows = report.calibration_rows(audit, lambda p: json.dumps(files[p]) if p in files else "", "/d/runs")
     assert [(r["label"], r["offline"], r["gate"], r["production"]) for r in rows] == [
         ("r1:bbbbbbbb", 1.4, 1.2, None), ("r1:aaaaaaaa", 2.1, 1.8, 1.6)]
+
+
+def test_a_cycle_runs_report_finds_its_gate_result_and_the_work_hosts_training(tmp_path):
+    """A run of ``eagle3ops cycle``: production holds the gate's result of the head from the work host in the
+    attempt folder its audit entry names (no ``speculate/result.json`` of the run's own head) and the cycle's
+    journal; the training is on the work host the journal's finished ``train`` step names. Both hosts are folders
+    read through the real local executor, laid out as those commands write them (files written for this test)."""
+    from contextlib import contextmanager
+
+    from eagle3ops.config import HostConfig
+    from eagle3ops.executor import Local
+
+    def host(name: str) -> HostConfig:
+        return HostConfig(name=name, hostname="127.0.0.1", data_dir=str(tmp_path / name / "data"),
+                          state_dir=str(tmp_path / name / "state"), model_path="/m",
+                          serving={"image": "x", "served_model_name": "m"} if name == "prod" else "none")
+
+    def write(path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    run, prod, work = "cyc-1", host("prod"), host("work")
+    attempt = f"{prod.data_dir}/runs/{run}/speculate/{'ab' * 8}/w-20261207T1300"
+    gate = {"verdict": "keep", "spec_decode": {"mean_acceptance_length": 1.42}, "head_sha256": "ab" * 32}
+    write(Path(attempt) / "result.json", json.dumps(gate))
+    write(Path(prod.state_dir) / "audit.jsonl", json.dumps({"kind": "speculate", "run": run, "verdict": "keep",
+                                                             "head_sha256": "ab" * 32, "attempt_dir": attempt}) + "\n")
+    journal = [{"t": "2026-12-07T12:00:00+00:00", "step": "train", "event": "start", "hosts": ["gone"]},
+               {"t": "2026-12-07T12:01:00+00:00", "step": "train", "event": "failed", "hosts": ["gone"]},
+               {"t": "2026-12-07T12:02:00+00:00", "step": "train", "event": "start", "hosts": ["work"]},
+               {"t": "2026-12-07T12:05:00+00:00", "step": "train", "event": "done"}]
+    write(Path(prod.state_dir) / "cycles" / run / "journal.jsonl", "".join(json.dumps(e) + "\n" for e in journal))
+    metrics = [{"step": 1, "loss": 9.5, "full_acc_0": 0.1}, {"step": 2, "loss": 8.25, "full_acc_0": 0.2}]
+    write(Path(work.data_dir) / "runs" / run / "train/metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics))
+    write(Path(work.data_dir) / "runs" / run / "train/manifest.json", json.dumps({"steps": 2}))
+    opened = []
+
+    @contextmanager
+    def remote_for(name: str):
+        opened.append(name)
+        wr = Local()
+        wr.host = {"work": work}[name]
+        yield wr
+
+    r = Local()
+    r.host = prod
+    alone = report.collect(r, prod, run)  # no way to the work host: the gate's result still found, training not
+    assert alone["speculate"] == gate and alone["train_metrics"] == [] and alone["train_host"] == "work"
+    data = report.collect(r, prod, run, remote_for=remote_for)
+    assert opened == ["work"] and data["speculate"] == gate and data["train_manifest"] == {"steps": 2}
+    plotted = report.render(data, tmp_path / "out")
+    assert plotted["loss"] == [(1, 9.5), (2, 8.25)]
+    assert "1.42" in (tmp_path / "out/index.html").read_text()

@@ -335,18 +335,23 @@ def load_figures(load: Sequence[tuple[float, float]]) -> dict[str, Any]:
 # ---- the analysis ---------------------------------------------------------------------------------------------
 
 
+#: The journal events that end a step (the cycle's and the group's journals); others (``child``: a step's child
+#: process started) fall inside it.
+CLOSING_EVENTS = frozenset({"done", "failed", "ended", "busy"})
+
+
 def journal_spans(entries: Sequence[dict[str, Any]], end: float,
                   closing: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
     """Steps of a journal (``{"step", "event", "t"}`` entries; ``event == "start"`` opens a step, an entry for which
-    ``closing`` holds closes it: by default any other event of that step) as ``{"name", "from", "to"}`` (epoch
-    seconds); a step still open ends at ``end``. The journals' times are whole seconds: each span is widened by one
-    on both sides so that an outage at a step's edge counts there."""
+    ``closing`` holds closes it: by default one whose event is in :data:`CLOSING_EVENTS`) as ``{"name", "from",
+    "to"}`` (epoch seconds); a step still open ends at ``end``. The journals' times are whole seconds: each span is
+    widened by one on both sides so that an outage at a step's edge counts there."""
     spans, open_ = [], {}
     for e in entries:
         step = e.get("step")
         if e.get("event") == "start":
             open_[step] = parse_iso(e["t"])
-        elif step in open_ and (closing is None or closing(e)):
+        elif step in open_ and (closing(e) if closing else e.get("event") in CLOSING_EVENTS):
             spans.append({"name": step, "from": open_.pop(step) - 1, "to": parse_iso(e["t"]) + 1})
     for k, t0 in open_.items():
         spans.append({"name": k, "from": t0 - 1, "to": end})
@@ -361,13 +366,15 @@ def span_of(spans: Sequence[dict[str, Any]], t: float) -> str | None:
 
 def outages(records: Sequence[dict[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
     """Runs of failed probes in ``[start, end]`` (records ordered by start): each from the first failed probe's
-    start to the next successful probe's start (or ``end``), with ``failed`` (count) and ``kinds``."""
+    start to the next successful probe's start (or ``end``), with ``failed`` (count), ``failed_chat`` (those that
+    were chat requests, not a drained health check) and ``kinds``."""
     out, cur = [], None
     for r in sorted((r for r in records if start <= r["t0"] <= end), key=lambda r: r["t0"]):
         if not r["ok"]:
             if cur is None:
-                cur = {"from": r["t0"], "failed": 0, "kinds": set()}
+                cur = {"from": r["t0"], "failed": 0, "failed_chat": 0, "kinds": set()}
             cur["failed"] += 1
+            cur["failed_chat"] += 0 if r.get("drained") else 1
             cur["kinds"].add(r["kind"])
         elif cur is not None:
             cur["to"] = r["t0"]
@@ -395,7 +402,7 @@ def analyse_outages(records: Sequence[dict[str, Any]], start: float, end: float,
             kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
     drains = [(max(a, start), min(b, end)) for a, b in drained if b >= start and a <= end]
     out = [{"from": iso(o["from"]), "seconds": round(o["to"] - o["from"], 2), "failed_probes": o["failed"],
-            "kinds": sorted(o["kinds"]), "during": span_of(spans, o["from"]),
+            "failed_chat_requests": o["failed_chat"], "kinds": sorted(o["kinds"]), "during": span_of(spans, o["from"]),
             "drained": any(a <= o["from"] <= b for a, b in drains)} for o in outages(rs, start, end)]
     lat = sorted(r["t1"] - r["t0"] for r in rs if r["ok"] and not r.get("drained"))
     chat = [r for r in rs if not r.get("drained")]

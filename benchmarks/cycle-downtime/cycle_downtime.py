@@ -51,6 +51,7 @@ import sys
 import threading
 import time
 import traceback
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks" / "_shared"))
 from downtime import (PROBE_INTERVAL_S, TOKEN_TIMEOUT_S, DockerProxy, RecordLog, SerialProbe,  # noqa: E402
-                      analyse_outages, ensure_proxy, iso, journal_spans, load_figures, now)
+                      analyse_outages, ensure_proxy, iso, journal_spans, load_figures, now, read_records)
 from lab import write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -170,13 +171,40 @@ class Bench:
                           "the local CPU vLLM base stands in for vllm/vllm-openai:v0.16.0 (as make demo)"],
         }
         self.stopped_at = "setup"
-        # the client's records as they are made (a killed run keeps them), beside the JSON; a new run starts it anew
         records = a.json.with_name(a.json.stem + ".records.jsonl")
-        records.unlink(missing_ok=True)
+        if a.reanalyse:
+            self.fig = json.loads(a.json.read_text())
+        elif a.resume_after_baseline:
+            self.resume(a.resume_after_baseline)
+        else:  # the client's records as they are made (a killed run keeps them), beside the JSON; a new run anew
+            records.unlink(missing_ok=True)
         self.log = RecordLog(records)
         self.fig["records"] = {"file": records.name, "what": "one JSON line per probe (t0, t1, ok, kind, tokens; "
                                "drained: the health check while drained) and markers (event: phase, span, drain, "
                                "undrain)"}
+
+    def resume(self, folder: Path) -> None:
+        """``--resume-after-baseline FOLDER``: this run's JSON already holds a finished baseline (its partial file
+        stopped later: in the cycle phase); its figures are kept and only the cycle is run, with the baseline's
+        pipeline and gate chat set from ``FOLDER`` (that invocation's work folder). The records file is appended to.
+        ``RuntimeError`` when the JSON has no finished baseline or the folder lacks those files."""
+        prior = json.loads(self.a.json.read_text()) if self.a.json.exists() else {}
+        need = [folder / "pipeline.yaml", folder / "gate-chat.jsonl"]
+        if "client" not in prior.get("baseline", {}) or not all(p.exists() for p in need):
+            raise RuntimeError(f"--resume-after-baseline {folder}: {self.a.json} has no finished baseline, or "
+                               f"{' / '.join(p.name for p in need)} are not in that folder; run without it")
+        if prior.get("settings") != self.fig["settings"]:
+            raise RuntimeError(f"--resume-after-baseline: the settings differ from the baseline's "
+                               f"({prior.get('settings')}); pass the same --conversations/--train-steps/--floor")
+        resumed = {"at": iso(now()), "stopped_at_before": prior.get("stopped_at"), "error_before": prior.get("error"),
+                   "note": "the baseline phase finished in the first invocation of this run (same hosts, settings "
+                           "and production state); the invocation stopped before the cycle phase ran a step and "
+                           "this one ran the cycle phase only"}
+        self.fig = {k: v for k, v in prior.items() if k not in ("error", "traceback", "cycle", "verdict")}
+        self.fig["resumed"] = resumed
+        self.fig["load_average_1min_first_invocation"] = prior.get("load_average_1min")
+        self.pipeline_text = (folder / "pipeline.yaml").read_text()
+        self.chat_file = folder / "gate-chat.jsonl"
 
     def write(self) -> None:
         self.fig["stopped_at"] = self.stopped_at
@@ -198,6 +226,7 @@ class Bench:
         self.fig["docker_proxy"] = ensure_proxy(sockets(), __file__, sandbox.SANDBOX_BASE / PROD / "docker-proxy.log")
         self.work_dir = Path(f"/tmp/b47-{time.strftime('%Y%m%dT%H%M%S')}")
         self.work_dir.mkdir()
+        self.fig.setdefault("work_folders", []).append(str(self.work_dir))
         self.inv = self.work_dir / "hosts.yaml"
         self.inv.write_text(inventory(info, self.a.floor))
         inv = load_inventory(self.inv)
@@ -320,7 +349,14 @@ class Bench:
         dry = subprocess.run([*base, "--dry-run", "--json"], capture_output=True, text=True, timeout=600, cwd=REPO)
         if dry.returncode != 0:
             raise RuntimeError(f"cycle --dry-run exited {dry.returncode}: {dry.stderr[-2000:]}")
-        plan = json.loads(dry.stdout[dry.stdout.index("{"):])
+        # the plan is the JSON document that starts on a line of its own: the dry run also echoes the commands it
+        # reads the hosts with to stdout, and those hold braces (find -exec ... '{}' +)
+        lines = dry.stdout.splitlines()
+        first = next((i for i, x in enumerate(lines) if x.strip() == "{"), None)
+        if first is None:
+            raise RuntimeError(f"cycle --dry-run --json printed no JSON document: {dry.stdout[-2000:]}")
+        plan = json.loads("\n".join(lines[first:]))
+        self.fig["dry_run_stdout_lines_before_json"] = first
         self.fig["cycle"] = {"run": run, "command": " ".join(base[2:]), "plan": plan, "dry_run_s": round(now() - t, 1)}
         self.write()
         t_start = now()
@@ -345,17 +381,51 @@ class Bench:
         journal = Path(self.prod.state_dir) / "cycles" / run / "journal.jsonl"
         entries = [json.loads(x) for x in journal.read_text().splitlines() if x.strip()] if journal.exists() else []
         spans = journal_spans(entries, end)
-        spec = self.cycle_speculate_result(run)
+        spec = self.cycle_speculate_result(self.prod.data_dir, self.prod.state_dir, run)
         self.fig["cycle"].update({"rc": rc, "log": str(log), "outcome": {k: last.get(k) for k in (
             "outcome", "steps", "verdict", "work_host_acceptance", "production_acceptance", "production_restarts")},
             "figures": last.get("figures"), "journal": entries, "speculate": self.speculate_summary(spec),
             "client": analyse_outages(self.probe.records, t_start, end, spans, self.balancer.intervals(end))})
         self.check_stages(run)
 
-    def cycle_speculate_result(self, run: str) -> dict[str, Any]:
-        found = sorted(glob.glob(f"{self.prod.data_dir}/runs/{run}/speculate/*/*/result.json"), key=os.path.getmtime)
-        found = found or sorted(glob.glob(f"{self.prod.data_dir}/runs/{run}/speculate/result.json"))
-        return json.loads(Path(found[-1]).read_text()) if found else {}
+    @staticmethod
+    def cycle_speculate_result(data_dir: str, state_dir: str, run: str) -> dict[str, Any]:
+        """The cycle's gate result on production (its newest attempt folder) with the speculate window's
+        ``restarts_s`` and ``wall_s`` (the supervisor's figures: in the window's ``result.json``, not the gate's)."""
+        found = sorted(glob.glob(f"{data_dir}/runs/{run}/speculate/*/*/result.json"), key=os.path.getmtime)
+        found = found or sorted(glob.glob(f"{data_dir}/runs/{run}/speculate/result.json"))
+        res = json.loads(Path(found[-1]).read_text()) if found else {}
+        window = Path(state_dir) / "windows" / str(res.get("window_id")) / "result.json"
+        if window.exists():
+            w = json.loads(window.read_text())
+            res.update({k: w.get(k) for k in ("restarts_s", "wall_s") if k not in res})
+        return res
+
+    def reanalyse(self) -> int:
+        """``--reanalyse``: the cycle phase's client figures, gate summary and verdict computed again from what the
+        run recorded (the records file with its drain markers, the journal in the JSON, production's window
+        results), with this script's analysis as it is now; nothing else runs."""
+        from eagle3ops_dev import sandbox
+
+        records = self.a.json.with_name(self.a.json.stem + ".records.jsonl")
+        marks = read_records(records)
+        cyc = self.fig["cycle"]
+        start = max(r["t"] for r in marks if r.get("event") == "phase" and r.get("name") == "cycle")
+        end = datetime.fromisoformat(cyc["client"]["to"]).timestamp()
+        bal = Balancer.__new__(Balancer)  # its drained spans from the markers it wrote
+        bal.events = [(r["t"], r["event"]) for r in marks if r.get("event") in ("drain", "undrain")]
+        spans = journal_spans(cyc["journal"], end)
+        root = sandbox.SANDBOX_BASE / PROD
+        spec = self.cycle_speculate_result(str(root / "data"), str(root / "state"), cyc["run"])
+        cyc["speculate"] = self.speculate_summary(spec)
+        cyc["client"] = analyse_outages([r for r in marks if "event" not in r], start, end, spans,
+                                        bal.intervals(end))
+        self.fig["reanalysed"] = iso(now())
+        self.stopped_at = "conclude"
+        self.conclude()
+        self.stopped_at = None
+        self.write()
+        return 0
 
     def check_stages(self, run: str) -> None:
         """Real stages only: every stage manifest of both runs read; one that says stand-in fails the benchmark."""
@@ -382,6 +452,7 @@ class Bench:
         in_spec = [o for o in c["outages"] if o["during"] == "speculate"]
         outside = [o for o in c["outages"] if o["during"] != "speculate"]
         measured = round(sum(o["seconds"] for o in in_spec), 2)
+        in_spec_chat = sum(o.get("failed_chat_requests", 0) for o in in_spec)
         restarts = sp.get("restarts_s") or []
 
         step = next((st for st in self.fig["cycle"]["plan"]["steps"] if st["key"] == "speculate"), {})
@@ -398,11 +469,17 @@ class Bench:
             "plan_per_restart_s": plan.get("per_restart_s"),
             "speculate_restarts_reported": len(restarts), "speculate_restart_seconds": restarts,
             "speculate_restart_seconds_sum": round(sum(restarts), 1),
+            # the job's own restart figures (each from its start to its passed health gate, a completion included:
+            # what the plan's median is taken from) against the plan: the client's drained /health check sees a
+            # server back before its first completion answers
+            "restart_seconds_sum_over_expected": round(sum(restarts) / expected, 3) if expected else None,
             "cycle_outages_during_speculate": len(in_spec),
             "cycle_seconds_not_answering_during_speculate": measured,
             "cycle_outages_outside_speculate": outside,
             "cycle_failed_chat_requests": c["failed_requests"],
-            "only_during_speculate_restarts": not outside and c["failed_requests"] == 0
+            "cycle_failed_chat_requests_in_speculate_outages": in_spec_chat,
+            "cycle_failed_chat_requests_outside_speculate_outages": c["failed_requests"] - in_spec_chat,
+            "only_during_speculate_restarts": not outside and c["failed_requests"] == in_spec_chat
             and len(in_spec) <= len(restarts),
             "measured_over_expected": round(measured / expected, 3) if expected else None,
             "within_20_percent_of_plan": (abs(measured / expected - 1) <= 0.2) if expected else None,
@@ -434,9 +511,10 @@ class Bench:
             self.probe = SerialProbe(self.url, self.prod.serving.served_model_name or "", self.log,
                                      self.balancer.drained)
             self.probe.start()
-            self.stopped_at = "baseline"
-            self.baseline()
-            self.write()
+            if not self.a.resume_after_baseline:
+                self.stopped_at = "baseline"
+                self.baseline()
+                self.write()
             self.stopped_at = "cycle"
             self.cycle()
             self.write()
@@ -472,9 +550,15 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=24, help="ShareGPT V3 conversations regenerated per phase "
                     "(the demo: 100)")
     ap.add_argument("--train-steps", type=int, default=40, help="train steps per phase (the demo: 300)")
+    ap.add_argument("--resume-after-baseline", type=Path, metavar="FOLDER", help="the JSON holds a finished "
+                    "baseline: run only the cycle phase, with the baseline's pipeline and gate chat set from FOLDER "
+                    "(the first invocation's work folder, /tmp/b47-...)")
+    ap.add_argument("--reanalyse", action="store_true", help="compute the cycle phase's figures and the verdict "
+                    "again from the JSON and its records file (nothing runs)")
     ap.add_argument("--floor", type=float, default=1.0, help="production's serving.acceptance_floor for this run "
                     "(module doc)")
-    return Bench(ap.parse_args()).main()
+    a = ap.parse_args()
+    return Bench(a).reanalyse() if a.reanalyse else Bench(a).main()
 
 
 if __name__ == "__main__":

@@ -513,7 +513,7 @@ def report(host: str, run: str = typer.Option(..., "--run", help="The pipeline r
 
     h = common.load_host(inventory, host)
     with common.remote(h) as r:
-        data = rep.collect(r, h, run)
+        data = rep.collect(r, h, run, remote_for=lambda n: common.remote(common.load_host(inventory, n)))
     if not data["windows"] and not data["train_metrics"] and not data.get("speculate"):
         common.fail(f"{host}: nothing recorded for run {run!r} (no window, no training metrics, no speculation gate); "
               "check --run")

@@ -55,7 +55,8 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
 
     run, link_mbit = opts.run, opts.link_mbit
     todo = _regenerate_todo(prod, opts)
-    reader = lambda h: common.remote(h, dry_run=True)  # noqa: E731 - reads only
+    # reads only, echoed to stderr: stdout carries the plan alone (--json's document is all of it)
+    reader = lambda h: common.remote(h, dry_run=True, json_out=True)  # noqa: E731
     work_facts = []
     with reader(prod) as pr:
         windows = window_results(pr)
@@ -246,7 +247,7 @@ def _with_journaled_dead(prod: Any, run: str, works: list[str], dead: list[str])
     production, read only), said so: a rerun does not send work back to a host its shards were moved from."""
     from eagle3ops.speculate.cyclerun import CycleJournal, cycle_dir, journaled_dead
 
-    with common.remote(prod, dry_run=True) as pr:
+    with common.remote(prod, dry_run=True, json_out=True) as pr:  # reads only, echoed to stderr as the facts
         found = [h for h in journaled_dead(CycleJournal(pr, cycle_dir(prod.state_dir, run)).entries())
                  if h in works and h not in dead]
     if found:

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from eagle3ops import redact
 
-__all__ = ["calibration_rows", "collect", "plan_run", "render"]
+__all__ = ["calibration_rows", "collect", "collect_training", "cycle_train_host", "plan_run", "render"]
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:
@@ -54,17 +55,56 @@ def plan_run(plan: dict[str, Any]) -> str | None:
     return None
 
 
-def collect(r: Any, host: Any, run: str) -> dict[str, Any]:
+def _cat(r: Any) -> Callable[[str], str]:
+    from eagle3ops.commands import host as hc
+
+    return lambda path: r.run(hc.cat_if_exists(path), check=False).stdout
+
+
+def collect_training(r: Any, host: Any, run: str) -> dict[str, Any]:
+    """The train stage's ``metrics.jsonl`` and ``manifest.json`` of ``run`` on ``host`` through ``r``; read-only.
+    Returns ``{"train_metrics": [...], "train_manifest": {...} | None}``."""
+    cat, rdir = _cat(r), f"{host.data_dir}/runs/{run}"
+    manifest = cat(f"{rdir}/train/manifest.json")
+    return {"train_metrics": _json_lines(cat(f"{rdir}/train/metrics.jsonl")),
+            "train_manifest": json.loads(manifest) if manifest.strip() else None}
+
+
+def cycle_train_host(journal: list[dict[str, Any]]) -> str | None:
+    """The host that trained a cycle's head: the first host of the last ``start`` of its ``train`` step that was
+    followed by ``done`` in the cycle's journal on production (``<state_dir>/cycles/<run>/journal.jsonl``, as
+    :class:`eagle3ops.speculate.cyclerun.CycleJournal` writes it; the same reading as its ``finished_hosts``, which
+    this module may not import); None when no train step finished."""
+    started: list[str] = []
+    done: str | None = None
+    for e in journal:
+        if e.get("step") != "train":
+            continue
+        if e.get("event") == "start":
+            started, done = list(e.get("hosts") or []), None
+        elif e.get("event") == "done":
+            done = started[0] if started else None
+    return done
+
+
+def collect(r: Any, host: Any, run: str,
+            remote_for: Callable[[str], AbstractContextManager[Any]] | None = None) -> dict[str, Any]:
     """Read what ``host`` recorded for ``run`` through ``r`` (an :class:`eagle3ops.remote.Remote`); read-only.
+
+    A run of ``eagle3ops cycle`` keeps its parts elsewhere, and they are read there: the gate's result of the head
+    from the work host is in the attempt folder its newest ``speculate`` audit entry of the run names (the run's
+    ``speculate/result.json`` is only its own head's), and the training is on the work host that the cycle's
+    journal says trained it, read through ``remote_for(name)`` (a context manager giving that host's remote and
+    its config as ``.host``; None: not read).
 
     Returns:
         ``{"host", "run", "windows": [{"plan", "result", "journal"}...] (in start order), "train_metrics": [...],
-        "train_manifest": {...} | None, "speculate": {...} | None}``.
+        "train_manifest": {...} | None, "speculate": {...} | None, "train_host": name | None (the cycle's work host
+        that trained, when the training is not on ``host``), "calibration": [...]}``.
     """
     from eagle3ops.commands import host as hc
 
-    def cat(path: str) -> str:
-        return r.run(hc.cat_if_exists(path), check=False).stdout
+    cat = _cat(r)
 
     wdir = f"{host.state_dir}/windows"
     windows = []
@@ -79,15 +119,21 @@ def collect(r: Any, host: Any, run: str) -> dict[str, Any]:
         windows.append({"plan": plan, "result": json.loads(result) if result.strip() else None,
                         "journal": _json_lines(cat(f"{wdir}/{wid}/journal.jsonl"))})
     rdir = f"{host.data_dir}/runs/{run}"
-    manifest = cat(f"{rdir}/train/manifest.json")
+    audit = _json_lines(cat(f"{host.state_dir}/audit.jsonl"))
     spec = cat(f"{rdir}/speculate/result.json")
+    if not spec.strip():  # a head from elsewhere (a cycle's): its newest attempt on this run
+        tried = [e for e in audit if e.get("kind") == "speculate" and e.get("run") == run and e.get("attempt_dir")]
+        spec = cat(f"{tried[-1]['attempt_dir']}/result.json") if tried else ""
+    training, train_host = collect_training(r, host, run), None
+    if not training["train_metrics"] and training["train_manifest"] is None:
+        train_host = cycle_train_host(_json_lines(cat(f"{host.state_dir}/cycles/{run}/journal.jsonl")))
+        if train_host is not None and train_host != host.name and remote_for is not None:
+            with remote_for(train_host) as wr:
+                training = collect_training(wr, wr.host, run)
     # the plans hold the stages' and the change's environment as given: masked here, so no page or plot shows it
-    return redact.value({"host": host.name, "run": run, "windows": windows,
-                         "train_metrics": _json_lines(cat(f"{rdir}/train/metrics.jsonl")),
-                         "train_manifest": json.loads(manifest) if manifest.strip() else None,
-                         "speculate": json.loads(spec) if spec.strip() else None,
-                         "calibration": calibration_rows(_json_lines(cat(f"{host.state_dir}/audit.jsonl")), cat,
-                                                         f"{host.data_dir}/runs")}, host.secret_env)
+    return redact.value({"host": host.name, "run": run, "windows": windows, **training,
+                         "speculate": json.loads(spec) if spec.strip() else None, "train_host": train_host,
+                         "calibration": calibration_rows(audit, cat, f"{host.data_dir}/runs")}, host.secret_env)
 
 
 def calibration_rows(audit: list[dict[str, Any]], read: Any, runs_dir: str) -> list[dict[str, Any]]:
