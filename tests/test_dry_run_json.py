@@ -246,6 +246,21 @@ def test_regenerate_dry_run_json_is_the_plan_and_its_upload(monkeypatch, tmp_pat
     assert doc["changes"] == [f"mkdir -p {d}", f"tee {d}/dataset.jsonl", f"tee {d}/dataset.manifest.json"], doc
 
 
+def test_recover_of_serving_stopped_outside_a_window_dry_run_json_is_its_start_under_the_lock(monkeypatch):
+    """``recover --dry-run --json`` where serving was stopped outside a window: the container's start between the
+    lock and its release; nothing sent."""
+    from eagle3ops.config import load_inventory
+    from test_lock_first import _facts, _stopped_serving
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    rec = RecordingHost(facts=_stopped_serving(_facts), stop_at_lock=False)
+    doc = _invoke(monkeypatch, rec, ["recover", "sandbox", "--inventory", str(REPO / "deploy/hosts.yaml")])
+    assert doc["serving_started"] is True, doc
+    _lock_first(doc["changes"], h.state_dir)
+    assert [c.split()[-2:] for c in doc["changes"] if " start " in c] == [["start", h.serving.container]], doc
+    assert all(c.dry_run for c in rec.calls if c.kind != "read")
+
+
 def test_watch_dry_run_json_is_its_plan_and_scrapes_nothing(monkeypatch):
     """``watch --dry-run --json``: the release watched, its thresholds, where it records, what a breach does; nothing
     scraped or written (the endpoint is never asked)."""

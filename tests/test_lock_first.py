@@ -83,6 +83,7 @@ COMMANDS = [
     pytest.param(["speculate", "sandbox", "--run", "r1", "--accept-low-power", "--force", "--head", "{head}"],
                  id="speculate-head-dir"),
     pytest.param(["speculate", "sandbox", "--run", "r1", "--accept-low-power", "--image", ABSENT], id="speculate-push"),
+    pytest.param(["probe", "sandbox"], id="probe"),
 ]
 
 
@@ -145,6 +146,95 @@ def test_speculate_releases_its_lock_when_a_check_after_it_refuses(monkeypatch):
     assert not any("plan.json" in c or "eagle3ops-supervisor-" in c and " run " in c for c in cmds)
     audit = [json.loads(x) for x in facts.files[next(p for p in facts.files if p.endswith("audit.jsonl"))].splitlines()]
     assert audit[-1]["outcome"] == "not started" and "hidden" in audit[-1]["error"]
+
+
+def _stopped_serving(base):
+    """Serving's container exists but was stopped outside a window (``/health`` unanswered) until ``docker start``
+    starts it; then it runs and answers 200. No window on the host; the lock free until taken."""
+    started = []
+
+    def facts(argv, stdin):
+        if "start" in argv and argv[0] == "docker":
+            started.append(True)
+            return 0, "", ""
+        if argv[0] == "docker" and "ps" in argv and "--all" in argv:
+            return 0, "vllm-serving\n", ""
+        if argv[0] == "docker" and "{{.State.Status}}" in argv:
+            return 0, "running\n" if started else "exited\n", ""
+        if argv[0] == "curl":
+            return 0, "200" if started else "000", ""
+        if argv[:2] == ["ls", "-1"] and argv[-1].endswith("/state/windows"):
+            return 0, "", ""
+        return base(argv, stdin)
+    return facts
+
+
+def test_recover_starts_serving_stopped_outside_a_window_only_under_the_lock(monkeypatch):
+    """``recover`` of serving stopped outside a window: the reads (the live container, ``/health``, the lock) first;
+    the container's start, the wait for ``/health`` and the audit line under the host's lock, released after."""
+    from eagle3ops.window import live
+
+    monkeypatch.setattr(live, "POLL_S", 0.0)
+    facts = _stateful(_stopped_serving(_facts))
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    out = _run(monkeypatch, rec, "recover", "sandbox")
+    assert out.exit_code == 0 and "serving is running and healthy" in out.output, out.output
+    cmds = [c.cmd for c in rec.calls]
+    start = next(i for i, c in enumerate(rec.calls) if c.kind == "launch" and " start vllm-serving" in c.cmd)
+    lock = next(i for i, c in enumerate(rec.calls) if c.kind == "lock" and c.argv[1] != "-p")
+    released = max(i for i, c in enumerate(cmds) if c.startswith("rm -rf -- ") and c.endswith("/state/lock"))
+    assert lock < start < released, cmds
+    assert not pre_lock_changes(rec.calls), pre_lock_changes(rec.calls)
+    audit = [json.loads(x) for x in facts.files[next(p for p in facts.files if p.endswith("audit.jsonl"))].splitlines()]
+    assert audit[-1]["command"] == "recover" and audit[-1]["outcome"] == "ok"
+    assert lock < next(i for i, c in enumerate(cmds) if c.startswith("tee -a ") and c.endswith("audit.jsonl"))
+
+
+def test_recover_of_an_interrupted_window_changes_nothing_until_it_read_that_the_window_holds_the_lock(monkeypatch):
+    """``recover`` of an interrupted window takes no lock of its own: it resumes the window that holds it. Every
+    change (the old result moved aside, the exited supervisor removed, the new one started) comes after the read
+    that found the lock held by that very window; none at all when the lock is another window's."""
+    wid, other = "20990101T000000Z-extract-abcdef", "20990101T000001Z-train-fedcba"
+    plan = {"window_id": wid, "stages": [{"spec": {"image": IMAGE}}]}
+
+    def holding(holder):
+        def facts(argv, stdin):
+            last = argv[1] if argv[0] == "find" else argv[-1]
+            if argv[:2] == ["ls", "-1"] and last.endswith("/state/windows"):
+                return 0, wid + "\n", ""
+            if last.endswith("/lock/details.json"):
+                return 0, json.dumps({"window_id": holder, "holder": "alice@laptop"}), ""
+            if argv[:2] == ["test", "-d"] and last.endswith("/state/lock"):
+                return 0, "", ""
+            if last.endswith(f"/windows/{wid}/result.json"):  # its restore failed: serving not running
+                return 0, json.dumps({"window_id": wid, "outcome": "failed", "serving_running": False}), ""
+            if last.endswith(f"/windows/{wid}/plan.json"):
+                return 0, json.dumps(plan), ""
+            if argv[0] == "docker" and "ps" in argv and "--all" in argv:
+                return 0, "vllm-serving\n", ""
+            if argv[0] == "docker" and "{{.State.Status}}" in argv:
+                return 0, "exited\n", ""
+            if "{{.State.Running}} {{.State.Restarting}}" in argv:  # its supervisor exited
+                return 0, "false false", ""
+            if argv[0] == "curl":
+                return 0, "000", ""
+            return _facts(argv, stdin)
+        return facts
+
+    rec = RecordingHost(facts=holding(wid), stop_at_lock=False)
+    out = _run(monkeypatch, rec, "recover", "sandbox", "--dry-run")
+    assert out.exit_code == 0, (out.output, out.exception)
+    changes = [i for i, c in enumerate(rec.calls) if c.kind in ("change", "launch", "lock")]
+    assert any(f"eagle3ops-supervisor-{wid}" in rec.calls[i].cmd and rec.calls[i].kind == "launch"
+               for i in changes), [c.cmd for c in rec.calls]
+    alive = next(i for i, c in enumerate(rec.calls) if "{{.State.Running}} {{.State.Restarting}}" in c.argv)
+    held = max(i for i, c in enumerate(rec.calls[:changes[0]]) if "/lock/details.json" in c.cmd)
+    assert alive < held < changes[0], [c.cmd for c in rec.calls]  # relaunch's own read of the lock, then changes
+
+    rec = RecordingHost(facts=holding(other), stop_at_lock=False)
+    out = _run(monkeypatch, rec, "recover", "sandbox")
+    assert out.exit_code == 1 and other in out.output, out.output
+    assert not [c.cmd for c in rec.calls if c.kind != "read"]
 
 
 # --- commands over two hosts ----------------------------------------------------------------------------------------

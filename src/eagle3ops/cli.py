@@ -418,7 +418,8 @@ def recover(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run, json_out) as r:
         try:
-            if recover_stopped(r, echo=lambda line: console.print(line, markup=False, soft_wrap=True)):
+            if recover_stopped(r, echo=lambda line: console.print(line, markup=False, soft_wrap=True),
+                               command=_command_line()):
                 return common.print_plan({"serving_started": True, "changes": list(r.changes)}, h, json_out)
         except WindowError as exc:
             common.fail(str(exc))

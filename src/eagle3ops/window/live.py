@@ -20,7 +20,7 @@ from eagle3ops.commands import host as hc
 from eagle3ops.remote import Remote
 from eagle3ops.window.common import WindowError, append_audit, latest_window, paths
 from eagle3ops.window.kinds import driver_kind
-from eagle3ops.window.lock import read_lock
+from eagle3ops.window.lock import holding_lock, read_lock
 
 #: Seconds between two reads of the live server while ``recover`` waits for it to answer ``/health``.
 POLL_S = 2.0
@@ -95,12 +95,14 @@ def newest_record(r: Remote) -> tuple[str | None, dict[str, Any] | None]:
     return wid, (json.loads(text) if text.strip() else None)
 
 
-def recover_stopped(r: Remote, echo: Callable[[str], None]) -> bool:
+def recover_stopped(r: Remote, echo: Callable[[str], None], command: str = "eagle3ops recover") -> bool:
     """``recover``'s first step: serving that is not running while no window holds the lock (stopped outside a
     window: no supervisor will restore it) is started again (the serving kind's
     :meth:`~eagle3ops.window.kinds.DriverKind.start_stopped`) and waited for until ``/health`` answers 200
     (``serving.health_timeout_s``); the audit log gets one line. Says first where the newest window's record
-    disagrees with the live server.
+    disagrees with the live server. The start, the wait and the audit line run under the host's deploy lock
+    (:func:`~eagle3ops.window.lock.holding_lock`, a window id of kind ``recover`` naming ``command``): a window that
+    took the lock after the read above is not raced, and no host change precedes a lock.
 
     Returns:
         True when it handled the recover (serving was started, or the dry run printed it); False when serving runs
@@ -120,6 +122,14 @@ def recover_stopped(r: Remote, echo: Callable[[str], None]) -> bool:
         return False
     what, cmds = driver_kind(h).start_stopped(r)
     echo(f"{h.name}: serving is not running ({live.said}) and no window holds the lock: starting {what}")
+    with holding_lock(r, "recover", command, f"start serving stopped outside a window ({what})"):
+        return _start_and_wait(r, live, what, cmds, echo)
+
+
+def _start_and_wait(r: Remote, live: LiveServing, what: str, cmds: list[Any], echo: Callable[[str], None]) -> bool:
+    """:func:`recover_stopped`'s part under the lock: run ``cmds`` (the kind's start), then wait for ``/health`` and
+    write the audit line. Raises WindowError as :func:`recover_stopped` says."""
+    h = r.host
     for cmd in cmds:
         r.run(cmd)
     if r.dry_run:
