@@ -9,6 +9,7 @@ containers answered in memory) behind the recording host's transport (:mod:`reco
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 from typer.testing import CliRunner
@@ -18,8 +19,8 @@ from test_lock_first import ABSENT, _push, _two_host_facts, _two_hosts, pushed_i
 from test_window_driver import REPO, TINY, _host_with_serving
 
 #: (command line, the JSON path that holds the plan, a check of it); ``{pipeline}`` is a tiny pipeline config.
-#: ``train`` prints through the same path as ``extract`` (``cli._window``); its dry run on this stand-in host
-#: refuses before a plan (no finished extract), so it is not in the table.
+#: ``train`` prints through the same path as ``extract`` (``cli._window``); it needs a finished extract on the host,
+#: so it has its own test below.
 TABLE = [
     (["extract", "sandbox", "--pipeline", "{pipeline}"], ("plan",), lambda p: p["kind"] == "window"
      and [s["name"] for s in p["stages"]] == ["prepare", "extract"]),
@@ -69,6 +70,40 @@ def test_the_dry_run_prints_its_plan_as_json_and_changes_nothing(monkeypatch, tm
     assert sent and sent[0].kind == "lock", [c.cmd for c in sent]  # the plan's first change is the lock
 
 
+
+def test_train_dry_run_json_is_its_window_over_a_finished_extract(monkeypatch, tmp_path):
+    """``train --dry-run --json`` where prepare and extract are finished for these inputs (their manifests on the
+    host, made with this pipeline's settings): the window's plan (vocab, train) opening with the lock; nothing sent."""
+    import hashlib
+
+    from eagle3ops import cli, executor
+    from eagle3ops.config import load_inventory
+    from eagle3ops.config.pipeline import load_pipeline_config
+    from eagle3ops.stages.manifest import STAGE_SECTIONS
+
+    host = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    (tmp_path / "pipeline.yaml").write_text(TINY)
+    cfg = load_pipeline_config(tmp_path)
+    world = _host_with_serving(host)
+    run = f"{host.data_dir}/runs/default"
+    inputs: dict[str, str] = {}
+    for stage in ("prepare", "extract"):
+        text = json.dumps({"stage": stage, "status": "complete", "inputs": inputs,
+                           "config_digest": cfg.section_digest(*STAGE_SECTIONS[stage])})
+        world._mkdirs(f"{run}/{stage}/manifest.json")
+        world.files[f"{run}/{stage}/manifest.json"] = text
+        inputs = {stage: hashlib.sha256(text.encode()).hexdigest()}
+    rec = RecordingHost(facts=world, stop_at_lock=False)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, ["train", "sandbox", "--pipeline", str(tmp_path / "pipeline.yaml"),
+                                       "--dry-run", "--json", "--inventory", str(REPO / "deploy/hosts.yaml")])
+    assert out.exit_code == 0, (out.output, out.exception)
+    plan = json.loads(out.stdout)["plan"]
+    assert plan["kind"] == "window" and [s["name"] for s in plan["stages"]] == ["vocab", "train"], plan
+    assert world.writes == []
+    sent = [c for c in rec.calls if c.kind != "read"]
+    assert sent and sent[0].kind == "lock", [c.cmd for c in sent]
+
 #: Commands over two hosts (the repository's sandbox and ``other``, its copy): (command line, a check of the JSON).
 MULTI = [
     (["weights", "other", "--from", "sandbox"],
@@ -107,6 +142,41 @@ def test_commands_over_two_hosts_print_their_plan_as_json(monkeypatch, tmp_path,
     assert check(doc), json.dumps(doc)[:3000]
     assert not [c for c in rec.calls if c.kind != "read"]  # planned over both hosts: nothing changed or recorded
 
+
+
+def test_speculate_with_a_head_from_another_host_dry_run_json_is_one_document_with_the_fetch(monkeypatch, tmp_path):
+    """``speculate B --head A:RUN --dry-run --json`` (an image B lacks, as in the table above): stdout is one JSON document, the release plan and the head's
+    fetch from A (planned from A's train manifest, made under B's lock in a real run); the fetch's lines and every
+    command go to stderr; nothing sent to either host."""
+    from eagle3ops import cli, deployer, executor
+    from eagle3ops.config import load_inventory
+    from test_lock_first import _facts
+
+    world = _host_with_serving(load_inventory(REPO / "deploy/hosts.yaml").host("sandbox"))  # B's engine and files
+
+    def facts(argv, stdin):
+        if "eagle3ops.speculate.onhost" in argv or ABSENT in argv:  # the gate's helper; the image to push
+            return _facts(argv, stdin)
+        if argv[0] == "find" and "-printf" in argv or argv[0] in ("df", "sh") or "/runs/r1/train/" in argv[1]:
+            return _two_host_facts(argv, stdin) or (0, "", "")  # A's train manifest; B's heads (none) and room
+        if argv[0] == "docker" and "info" in argv:  # B's engine: this machine's architecture
+            return 0, platform.machine() + "\n", ""
+        return world(argv, stdin)
+
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    monkeypatch.setattr(deployer, "push_image", _push(rec))
+    out = CliRunner().invoke(cli.app, ["speculate", "other", "--run", "r1", "--accept-low-power", "--head",
+                                       "sandbox:r1", "--image", ABSENT, "--dry-run", "--json", "--inventory",
+                                       str(_two_hosts(tmp_path))])
+    assert out.exit_code == 0, (out.output, out.exception)
+    doc = json.loads(out.stdout)  # the whole of stdout is one JSON document
+    assert doc["release_plan"]["plan"]["kind"] == "speculate", json.dumps(doc)[:2000]
+    fetch = doc["head_fetch"]
+    assert (fetch["source"], fetch["dest"]) == ("sandbox", "other") and [s["path"] for s in fetch["steps"]] == [
+        "config.json"], fetch
+    assert "would be installed" in out.stderr
+    assert world.writes == [] and all(c.dry_run for c in rec.calls if c.kind != "read")
 
 def test_lock_release_dry_run_json_names_the_lock_and_its_removal(monkeypatch):
     from eagle3ops import cli, executor

@@ -307,7 +307,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         pimage, pimage_id = pipeline_image(h, dep)
         opts = SpeculateOptions(run=run, pipeline_image=pimage, pipeline_image_id=pimage_id,
-                                head=weights_cli.head_for(inventory, r, head, defer=True),  # fetched under the lock
+                                head=weights_cli.head_for(inventory, r, head, defer=True, json_out=json_out),
                                 serving_image=image, force=force, allow_template_mismatch=allow_template_mismatch,
                                 control=control, with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),
                                 draft_tps=tuple(tps),
@@ -317,8 +317,9 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:
             common.fail(str(exc))
-    if dry_run:
-        return common.print_plan(res, h, json_out)
+    if dry_run:  # a head from another host: its fetch (made under this host's lock) is part of the plan
+        fetch = getattr(opts.head, "fetch", None)
+        return common.print_plan({**res, **({"head_fetch": fetch} if fetch else {})}, h, json_out)
     speculate_result(console, res)
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release"),
                       "mean_acceptance_length": (res.get("spec_decode") or {}).get("mean_acceptance_length")}))

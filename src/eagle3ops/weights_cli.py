@@ -113,13 +113,16 @@ HEAD_REF = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9_.-]*):(?P<run>[A-Za-z0-9
 
 
 def head_for(inventory: Path, r: Any, head: Path | None, *, link_mbit: float = DEFAULT_LINK_MBIT,
-             defer: bool = False) -> Any:
+             defer: bool = False, json_out: bool = False) -> Any:
     """``speculate``'s ``--head``: a local directory is returned as it is (uploaded by the speculate job);
     ``HOST:RUN`` naming an inventory host (and no local path) fetches that run's final head from HOST into this
     host's ``<data_dir>/heads/<sha256[:12]>`` (each file verified by its sha256 from the run's train manifest on
     arrival) and returns an :class:`eagle3ops.transfer.weights.InstalledHead`; in a dry run the fetch is printed,
     not made. ``defer``: plan and check the fetch (reads only) but leave it to the caller, under this host's lock
-    (the head's ``pending``). Exits 1 naming the host, run and file when the head is missing or refused."""
+    (the head's ``pending``). ``json_out`` (``--dry-run --json``): the fetch's lines and the source's reads go to
+    stderr, stdout keeping the caller's one JSON document; the fetch's plan is the head's ``fetch``
+    (:meth:`~eagle3ops.transfer.weightsplan.WeightsPlan.as_dict`) for that document. Exits 1 naming the host, run
+    and file when the head is missing or refused."""
     from eagle3ops.config import ConfigError, load_inventory
     from eagle3ops.transfer.weights import InstalledHead, WeightsError, check_room, copy_steps, head_plan
     from eagle3ops.transfer.weightsplan import render
@@ -131,10 +134,11 @@ def head_for(inventory: Path, r: Any, head: Path | None, *, link_mbit: float = D
         src_h = load_inventory(inventory).host(m["host"])
     except ConfigError as exc:
         common.fail(f"--head {head}: neither a local directory nor HOST:RUN of an inventory host: {exc}", 2)
-    with common.remote(src_h, r.dry_run) as sr:
+    out = sys.stderr if json_out else sys.stdout
+    with common.remote(src_h, r.dry_run, json_out and r.dry_run) as sr:
         try:
             plan, digest = head_plan(sr, r, m["run"], link_mbit * 1e6 / 8)
-            print(render(plan), flush=True)
+            print(render(plan), file=out, flush=True)
             check_room(r, plan)
             if not r.dry_run and plan.send_bytes and not defer:
                 copy_steps(plan, src_h, r.host)
@@ -143,6 +147,6 @@ def head_for(inventory: Path, r: Any, head: Path | None, *, link_mbit: float = D
     later = defer and not r.dry_run and bool(plan.send_bytes)
     print(f"head {digest[:16]} of run {m['run']} on {src_h.name} "
           + ("would be installed" if r.dry_run else "to be installed under the lock" if later else "installed")
-          + f" at {r.host.name}:{plan.dest_dir}", flush=True)
+          + f" at {r.host.name}:{plan.dest_dir}", file=out, flush=True)
     return InstalledHead(str(head), plan.dest_dir, digest,
-                         pending=(lambda: copy_steps(plan, src_h, r.host)) if later else None)
+                         pending=(lambda: copy_steps(plan, src_h, r.host)) if later else None, fetch=plan.as_dict())

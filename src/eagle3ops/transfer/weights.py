@@ -227,12 +227,14 @@ class InstalledHead:
     """A head fetched from another host (``--head A:RUN``) and installed on this one: its directory there and its
     content digest (:func:`eagle3ops.speculate.onhost.head_sha256`). ``pending``: the fetch still to make (planned,
     checked for room, not sent), called by the command that holds this host's lock (speculate's head upload);
-    None when the head is installed already. It raises :class:`WeightsError` as :func:`copy_steps` does."""
+    None when the head is installed already. It raises :class:`WeightsError` as :func:`copy_steps` does. ``fetch``:
+    the fetch's plan as data (:meth:`~eagle3ops.transfer.weightsplan.WeightsPlan.as_dict`), for a dry run's JSON."""
 
     label: str
     dir: str
     digest: str
     pending: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
+    fetch: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return self.label
