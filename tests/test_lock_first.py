@@ -7,7 +7,10 @@ The flow ends at the lock (``LockReached``); the test fails naming every change 
 ``cycle`` is followed past its lock on production too: its acceptance step's changes on the work host must sit
 inside that host's own deploy lock (the child commands of its other steps are STAND-INS there: recorded, not run).
 A serving group's ``rollout``/``release``/``rollback`` reads every group host and changes none before the group lock
-on its first host.
+on its first host. ``recover`` takes the host's lock to start serving stopped outside a window, and resumes an
+interrupted window only after reading that the window holds the lock. The host-changing commands that take no deploy
+lock by design (``watch``: its own records; ``group promote|pause``: a request row for the driver that holds the group
+lock) are checked for what they change, and that a refused one changes nothing.
 """
 
 from __future__ import annotations
@@ -235,6 +238,40 @@ def test_recover_of_an_interrupted_window_changes_nothing_until_it_read_that_the
     out = _run(monkeypatch, rec, "recover", "sandbox")
     assert out.exit_code == 1 and other in out.output, out.output
     assert not [c.cmd for c in rec.calls if c.kind != "read"]
+
+
+# --- host-changing commands that take no deploy lock, by design: what they may change, and nothing before it ------
+
+def test_a_watch_that_cannot_reach_serving_changes_nothing(monkeypatch):
+    """``watch`` observes (its own lock is local, a rollback goes through a locked window) and writes only its own
+    records under ``<state_dir>/watch/``: the records' folder once serving answered, so a watch refused at its
+    checks (here: the endpoint does not answer) leaves the host as it found it."""
+    rec = RecordingHost(facts=_facts, stop_at_lock=False)
+    out = _run(monkeypatch, rec, "watch", "sandbox", "--duration", "1", "--interval", "1",
+               "--endpoint", "http://127.0.0.1:9/unreachable")
+    assert out.exit_code == 1 and "does not answer" in out.output, out.output
+    assert any("/state/watch/state.json" in c.cmd for c in rec.calls)  # its facts were read
+    assert not [c.cmd for c in rec.calls if c.kind != "read"]
+
+
+@pytest.mark.parametrize("what", ["promote", "pause"])
+def test_a_group_control_request_is_one_journal_row_and_nothing_else(monkeypatch, tmp_path, what):
+    """``group promote|pause`` are requests to the rollout's driver, which holds the group lock (taking it would
+    wait out the rollout they steer): the one change is the request's row appended to the rollout's journal on the
+    group's first host; no balancer, serving or other host is touched."""
+    from functools import partial
+
+    from eagle3ops import cli, executor
+
+    rec = RecordingHost(facts=partial(_group_facts, ended=False), stop_at_lock=False)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
+    out = CliRunner().invoke(cli.app, ["group", what, "chat", "--inventory", str(_group_inventory(tmp_path))])
+    assert out.exit_code == 0, (out.output, out.exception)
+    changes = [(c.host, c.cmd) for c in rec.calls if c.kind != "read"]
+    assert [(h, c.split()[:2]) for h, c in changes] == [("sandbox", ["tee", "-a"])], changes
+    assert changes[0][1].endswith("/groups/chat/rollouts/r0/journal.jsonl")
+    row = json.loads(rec.calls[-1].stdin)
+    assert (row["step"], row["event"]) == ("control", what), row
 
 
 # --- commands over two hosts ----------------------------------------------------------------------------------------

@@ -423,7 +423,6 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
     paths = _state_paths(h, release)
     if opts.plan_only:
         return _plan(h, opts, release, th, interval, paths)
-    r.run(hc.mkdir_p(paths["dir"]))
     w = _resumed(r, paths, release, interval, policy.sustained_minutes * 60, now, echo)
     try:
         key = serving_api_key(r)
@@ -444,6 +443,7 @@ def watch(r: Any, opts: WatchOptions, *, echo: Callable[[str], None] = print, no
                 w.prev = (now(), scrape())
             except Exception as exc:  # noqa: BLE001 - no answer (ServingHTTPError) or a body not Prometheus text
                 raise WatchError(f"{h.name}: cannot read {url}/metrics: {exc}") from None
+        r.run(hc.mkdir_p(paths["dir"]))  # the records' folder once serving answered: a watch refused writes nothing
         _follow(r, opts, th, paths, release, interval, w, out, scrape, deadline=deadline, now=now, sleep=sleep,
                 echo=echo)
     # the state last: after a rollback the release is gone, and the next watch starts afresh on the new one
