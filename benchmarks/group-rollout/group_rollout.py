@@ -61,6 +61,9 @@ GROUP = "g49"
 #: host -> (ssh port, serving port)
 HOSTS = {"b49a": (2249, 18049), "b49b": (2250, 18050)}
 LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
+#: Where the sandbox hosts keep their state (``deploy/sandbox-smollm2.yaml``'s ``state_dir``), for a JSON written
+#: before it recorded ``state_dirs``.
+STATE_BASE = Path("/var/lib/eagle3ops-sandbox")
 BUILT_TARGET = Path("/var/lib/eagle3ops-sandbox/sandbox/data/models/smollm2-135m-instruct")
 HEAD = REPO / "benchmarks/gpu-head-smollm2/heads/smollm2-135m-instruct-eagle3"
 GATE_MARGIN = -0.9
@@ -146,9 +149,66 @@ def spans_by_hosts_in(records: list[dict[str, Any]], start: float, end: float,
             "hosts_out": [{"host": h, "from": iso(f), "seconds": round(t - f, 1)} for h, f, t in outs]}
 
 
+def window_steps(state_dirs: dict[str, str], start: float, end: float) -> list[dict[str, Any]]:
+    """The steps of every host window (``<state_dir>/windows/*/journal.jsonl``: the canary's speculate job, each
+    switch's release or rollback window) that overlap ``[start, end]``: host, window (its folder's name), step, from,
+    to (ISO), seconds; a step runs from its ``start`` entry to the next ``ok``/``failed``/``done`` of the same step
+    (the journals' ``epoch`` field). Nested steps (a restart's ``health`` inside ``control``) are listed each."""
+    out: list[dict[str, Any]] = []
+    for host, sd in state_dirs.items():
+        for j in sorted(Path(sd, "windows").glob("*/journal.jsonl")):
+            open_: dict[str, float] = {}
+            for line in j.read_text().splitlines():
+                e = json.loads(line) if line.strip() else {}
+                step, ev, t = e.get("step"), e.get("event"), e.get("epoch")
+                if step is None or t is None:
+                    continue
+                if ev == "start":
+                    open_[step] = float(t)
+                elif ev in ("ok", "failed", "done") and step in open_:
+                    t0 = open_.pop(step)
+                    if t >= start and t0 <= end:
+                        out.append({"host": host, "window": j.parent.name, "step": step, "from": iso(t0),
+                                    "to": iso(float(t)), "seconds": round(float(t) - t0, 1)})
+    return sorted(out, key=lambda w: w["from"])
+
+
+def spans_by_step(records: list[dict[str, Any]], start: float, end: float, group_steps: list[dict[str, Any]],
+                  windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every span over 1 s without a successful answer in ``[start, end]`` (as :func:`spans_by_hosts_in`: between
+    the ends of successful requests) with the group step it began in (the client's ``steps``: name, from, seconds)
+    and the host window steps running when it began (:func:`window_steps`, as ``HOST:STEP``); per group step and per
+    outermost window step (the earliest-started one running; ``none``: no window step ran): how many, the longest
+    and their sum, seconds."""
+    ends = [start] + sorted(r["t1"] for r in records if r["ok"] and start <= r["t1"] <= end) + [end]
+    spans = []
+    for a, b in zip(ends, ends[1:]):
+        if b - a <= 1.0:
+            continue
+        g = [s["name"] for s in group_steps if parse_iso(s["from"]) <= a <= parse_iso(s["from"]) + s["seconds"]]
+        w = [f"{x['host']}:{x['step']}" for x in windows if parse_iso(x["from"]) <= a <= parse_iso(x["to"])]
+        spans.append({"from": iso(a), "seconds": round(b - a, 2), "group_step": g[-1] if g else None,
+                      "window_steps": w})
+
+    def summary(key: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for sp in spans:
+            k = key(sp) or "none"
+            d = out.setdefault(k, {"spans": 0, "longest_s": 0.0, "total_s": 0.0})
+            d["spans"] += 1
+            d["longest_s"] = max(d["longest_s"], sp["seconds"])
+            d["total_s"] = round(d["total_s"] + sp["seconds"], 2)
+        return out
+
+    return {"spans": spans, "by_group_step": summary(lambda sp: sp["group_step"]),
+            "by_window_step": summary(lambda sp: sp["window_steps"][0] if sp["window_steps"] else None)}
+
+
 def reanalyse(path: Path) -> int:
     """Recompute the client's figures of a run's JSON from its records file (``client_records`` beside it) and write
-    it again: each phase's spans split by hosts in (:func:`spans_by_hosts_in`) and the client's view before the
+    it again: each phase's spans split by hosts in (:func:`spans_by_hosts_in`), each span over 1 s with the group
+    step and the host window steps it began in (:func:`spans_by_step`; the windows' steps as ``windows``: a host's
+    state journals, read at this time, so run it on the machine that ran the benchmark) and the client's view before the
     rollout began (both hosts serving, nothing out). For a JSON written before these figures existed."""
     fig = json.loads(path.read_text())
     records = [r for r in read_records(path.parent / fig["client_records"]) if "event" not in r]
@@ -162,6 +222,9 @@ def reanalyse(path: Path) -> int:
         c = fig[phase]["client"]
         a, b = parse_iso(c["from"]), parse_iso(c["to"])
         c["by_hosts_in"] = spans_by_hosts_in(records, a, b, out_intervals(fig[phase]["journal"], b))
+        dirs = fig.get("state_dirs") or {n: str(STATE_BASE / n / "state") for n in HOSTS}
+        fig[phase]["windows"] = window_steps(dirs, a, b)
+        c["by_step"] = spans_by_step(records, a, b, c.get("steps") or [], fig[phase]["windows"])
     if records and "rollout" in fig:
         fig["before_rollout"] = {"client": analyse(records, min(r["t0"] for r in records),
                                                    parse_iso(fig["rollout"]["client"]["from"]), [])}
@@ -262,6 +325,7 @@ class Bench:
         self.inv.write_text(inventory(info, self.haproxy.admin_socket, self.a.acceptance_floor))
         inv = load_inventory(self.inv)
         self.hosts = [inv.host(n) for n in HOSTS]
+        self.fig["state_dirs"] = {h.name: h.state_dir for h in self.hosts}
         pw = pwd.getpwnam(info[next(iter(HOSTS))].user)
         for h in self.hosts:
             for d in (h.data_dir, h.state_dir, str(Path(h.model_path).parent)):
