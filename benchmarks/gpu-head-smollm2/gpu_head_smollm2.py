@@ -462,7 +462,7 @@ ROUND1 = {"lr": 3e-4, "warmup": "steps // 20", "schedule": "linear warmup + line
 
 def pipeline_yaml(steps: int, batch_tokens: int, lr: float = 3e-4, *, round2: bool = False,
                   warmup: int | None = None, checkpoint_every: int | None = None, coverage: float | None = None,
-                  draft_vocab_max: int = DRAFT_VOCAB) -> str:
+                  draft_vocab_max: int = DRAFT_VOCAB, loss: str = "kl", lk_eta: float = 3.0) -> str:
     """``pipeline.yaml`` of the run in ``/tmp/e3s/run`` (JSON is YAML). ``round2``: dense attention (exact, no
     compile), the draft vocabulary chosen by ``coverage`` (at most ``draft_vocab_max``: the stage's
     ``vocab.draft_vocab_size`` is the cap when ``coverage_target`` is set), ``warmup``/``checkpoint_every`` given;
@@ -472,6 +472,8 @@ def pipeline_yaml(steps: int, batch_tokens: int, lr: float = 3e-4, *, round2: bo
                    "batch_max_tokens": batch_tokens, "lr": lr if not SMOKE else 1e-3,
                    "warmup_steps": max(1, steps // 20), "ttt_steps": 3, "compile": False, "held_out_fraction": 0.05}
     extract: dict = {"engine": "transformers"}
+    if loss != "kl":  # round 6: the LK loss beside KL, same batches, seed and steps (train.loss)
+        train.update({"loss": loss, "lk_eta": lk_eta})
     if round2:
         if coverage is not None:
             vocab["coverage_target"] = coverage
@@ -706,6 +708,18 @@ def _split_large(folder: Path, limit: int = 15 << 20) -> dict:
     return split
 
 
+def learning_curve(history: list[dict], curve: list[dict]) -> list[dict]:
+    """Held-out acceptance length against training tokens: each checkpoint the stage measured (``checkpoint_choice
+    .curve``: step, offline acceptance length, per position) with the tokens trained on up to that step (the sum
+    of ``metrics.jsonl``'s per-step ``tokens``)."""
+    seen, total = {}, 0
+    for h in history:
+        total += int(h.get("tokens", 0))
+        seen[h["step"]] = total
+    return [{"step": e["step"], "tokens_seen": seen.get(e["step"]), "acceptance_length": e["acceptance_length"],
+             "per_position": e.get("per_position")} for e in curve]
+
+
 def train2(out: Path, a: argparse.Namespace) -> None:
     """Round 2 of the head (one call of the device machine; rerun in the next call to go on): regen.jsonl from
     ``--regen`` (no regeneration), stages prepare/vocab/extract (BatchedEngine) once, then stage train with
@@ -769,6 +783,8 @@ def train2(out: Path, a: argparse.Namespace) -> None:
                        "extract_engine": "BatchedEngine (benchmark stand-in: sorted, right-padded, SDPA causal)",
                        "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "noise_std": 0.0, "held_out_fraction": 0.05,
                        "seed": 0, "round1": ROUND1}
+    fig["settings"]["loss"] = {"kind": a.loss, **({"lk_eta": a.lk_eta} if a.loss == "lk_hybrid" else {})}
+    fig["settings"]["select_checkpoint"] = "held_out (the stage's default: every checkpoint measured on the held-out samples)"
     if tag != "r2":
         fig["settings"]["epochs_cap"] = a.epochs
         if a.steps:
@@ -780,8 +796,20 @@ def train2(out: Path, a: argparse.Namespace) -> None:
     def yaml(steps: int) -> None:
         (run / "pipeline.yaml").write_text(pipeline_yaml(steps, a.batch_tokens, a.lr, round2=True, warmup=a.warmup,
                                                          checkpoint_every=a.checkpoint_every, coverage=a.coverage,
-                                                         draft_vocab_max=a.draft_vocab_max))
+                                                         draft_vocab_max=a.draft_vocab_max, loss=a.loss,
+                                                         lk_eta=a.lk_eta))
 
+    if a.extract_from and not (run / "extract").exists():
+        # round 6: the second head trains on the first's prepared samples, vocabulary and hidden states (the same
+        # batches: the epoch plan depends on the samples and the seed only)
+        src = WORK / f"run-{a.extract_from}"
+        if not (src / "extract" / "manifest.json").exists():
+            raise SystemExit(f"{src}: no finished extract to share (run train2 --tag {a.extract_from} first)")
+        for d in ("prepare", "vocab", "extract"):
+            (run / d).symlink_to(src / d, target_is_directory=True)
+        fig["stages"] = json.loads((WORK / f"{a.extract_from}.json").read_text()).get("stages")
+        fig["stages_shared_with"] = a.extract_from
+        save()
     if not (run / "extract" / "manifest.json").exists():
         yaml(1)
         c = load_pipeline_config(run)
@@ -808,6 +836,13 @@ def train2(out: Path, a: argparse.Namespace) -> None:
         save()
         print(json.dumps({k: fig.get(k) for k in ("calls", "stages")}, indent=1)[-5000:])
         return
+    if plan is None and a.steps and a.no_probe:
+        # round 6: a fixed total planned from round 5's measured step time on the same GPU kind (no probe process:
+        # two heads share the session), so both heads run the same steps whatever this call's timing
+        plan = {"steps": a.steps, "limited_by": "fixed (--steps), no probe", "per_step_s": a.per_step_s,
+                "process_start_s": 22.1, "later_s": 0.0}
+        fig["plan"] = plan
+        save()
     if plan is None:
         yaml(PROBE_TOTAL)
         probe = _stage_train(run, a.probe_steps, deadline - time.monotonic() - 10)
@@ -843,7 +878,10 @@ def train2(out: Path, a: argparse.Namespace) -> None:
         save()
     done = _checkpoint_step(run)
     fit = int((deadline - time.monotonic() - plan["process_start_s"] - final_s) / plan["per_step_s"])
-    if done + fit >= plan["steps"] or a.finish:
+    if a.no_probe and a.steps:
+        yaml(plan["steps"])
+        call["train"] = _stage_train(run, None, deadline - time.monotonic() - 5)
+    elif done + fit >= plan["steps"] or a.finish:
         if done + fit < plan["steps"]:  # shorten the plan so that it ends in this call
             fig.setdefault("replans", []).append({"at_step": done, "from_steps": plan["steps"], "to_steps": done + fit})
             plan["steps"] = done + max(1, fit)
@@ -866,10 +904,11 @@ def train2(out: Path, a: argparse.Namespace) -> None:
         fig["train"] = {k: m.get(k) for k in (
             "steps", "steps_per_s", "steps_per_s_steady", "median_step_s", "tokens_per_step_mean", "peak_memory_bytes",
             "device", "attention", "compile", "first_loss", "final_metrics", "params_trainable", "draft_vocab_size",
-            "eagle_aux_hidden_state_layer_ids", "wall_s")}
+            "eagle_aux_hidden_state_layer_ids", "wall_s", "loss", "checkpoint_choice")}
         fig["train"]["epochs"] = round(m["steps"] * m["tokens_per_step_mean"] / tokens, 3)
         fig["train"]["tokens_seen"] = int(sum(h["tokens"] for h in hist))
         fig["offline_acceptance"] = m.get("offline_estimate")
+        fig["learning_curve"] = learning_curve(hist, (m.get("checkpoint_choice") or {}).get("curve") or [])
         hd = out / "head"
         hd.mkdir(exist_ok=True)
         fig["head"] = export_head(run / "train" / "final", hd)
@@ -954,6 +993,11 @@ ROUND_WHAT = {
     "r5": "benchmarks/gpu-head-smollm2/gpu_head_smollm2.py gen + train2 --tag r5 --steps N (round 5) on one lent GPU, one device "
           "session: as round 4 with about 1.4x the conversations (a longer generation budget over the first "
           "12,000 ShareGPT V3 records) and fewer epochs over them",
+    "r6kl": "benchmarks/gpu-head-smollm2/gpu_head_smollm2.py gen + train2 --tag r6kl --loss kl (round 6, KL head) on one lent "
+            "GPU, one device session beside the LK head: the checkpoint chosen by held-out acceptance, a learning "
+            "curve from every checkpoint",
+    "r6lk": "benchmarks/gpu-head-smollm2/gpu_head_smollm2.py train2 --tag r6lk --loss lk_hybrid --extract-from r6kl (round 6, "
+            "LK head): the same samples, batches, seed and steps as r6kl, the LK loss",
 }
 
 
@@ -1114,6 +1158,13 @@ def main() -> None:
     s.add_argument("--epochs", type=float, default=None, help="cap the planned steps at this many epochs (round 3)")
     s.add_argument("--steps", type=int, default=None,
                    help="round 4: plan exactly this many steps (the calls that follow train to it; --epochs still caps)")
+    s.add_argument("--loss", choices=("kl", "lk_hybrid"), default="kl", help="train.loss (round 6: both)")
+    s.add_argument("--lk-eta", type=float, default=3.0, help="train.lk_eta for --loss lk_hybrid")
+    s.add_argument("--extract-from", default=None,
+                   help="round 6: share run-TAG's prepare, vocab and extract (the same samples and batches)")
+    s.add_argument("--no-probe", action="store_true", help="with --steps: plan without a probe process")
+    s.add_argument("--per-step-s", type=float, default=0.3487,
+                   help="--no-probe: seconds a step (round 5's per_step_s on one H100, 8,192-token batches)")
     s.add_argument("--min-train-s", type=float, default=60 if SMOKE else 75,
                    help="round 3: with fewer seconds left after the stages, this call neither probes nor trains")
     s = sub.add_parser("finish")
