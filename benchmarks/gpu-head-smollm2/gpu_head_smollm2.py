@@ -115,6 +115,17 @@ epochs, 19.0 M tokens seen); draft vocabulary 18,944 ids covering 0.999; offline
 0.398) on 304 held-out samples (146,439 tokens); last training window 0.825 / 0.705 / 0.621 (still above held-out:
 more conversations remain the lever); 1,518 device seconds of 1,800.
 
+Round 6 (``gen`` + ``train2 --tag r6kl`` + ``train2 --tag r6lk --loss lk_hybrid --extract-from r6kl``, both
+``--steps 900 --no-probe``; benchmarks/gpu-head-smollm2/gpu-head-smollm2-h100-r6kl.json and -r6lk.json): the KL and the
+LK head on the same samples, batches, seed and steps. ``prep ... --conversations 12000 --split 33000000,33000000``
+(three 33 MB parts: the tree that travels is ~29 MB); call 1: wheels, src snapshot, this script to /tmp/e3s; calls
+2-3: parts 1-2; call 4: part 3 + prompts, ``gen /tmp/e3s/parts --budget-s 240 --conversations 12000 --no-overrun``,
+``train2 --tag r6kl --steps 900 --no-probe --min-train-s 100000`` (stages only); call 5: ``train2 --tag r6kl --steps 900
+--no-probe --budget-s 470 --finish``; call 6: ``train2 --tag r6lk --loss lk_hybrid --extract-from r6kl --steps 900
+--no-probe --budget-s 470 --finish``; here: ``finish`` for each tag with ``--dest ...-h100-TAG.json --head-dir
+.whl/heads/smollm2-TAG``. The figures hold ``learning_curve``: held-out acceptance length at every checkpoint against
+the tokens trained on.
+
 Why this module is long: it holds every step of one benchmark that runs on two machines (here and the lent GPU),
 round 1 kept as it ran so its figures stay reproducible beside round 2; split, the steps would share their
 constants and paths through imports of a benchmark script.
