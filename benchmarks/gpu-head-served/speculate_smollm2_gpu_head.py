@@ -85,7 +85,10 @@ R2_JSON = HEADS / "gpu-head-smollm2-h200-r2.json"
 ROUNDS = {"r2": (R2_JSON, HEAD_SRC),
           "r3": (HEADS / "gpu-head-smollm2-h200-r3.json", HEADS / "heads" / "smollm2-135m-instruct-eagle3"),
           # round 5 (32.2 MB, not committed): the device's head/ folder as it came back (shard 2 in two parts)
-          "r5": (HEADS / "gpu-head-smollm2-h100-r5.json", Path("/work/.device/5/head"))}
+          "r5": (HEADS / "gpu-head-smollm2-h100-r5.json", Path("/work/.device/5/head")),
+          # round 6 (26 MB each, not committed): the KL and the LK head as `finish` rejoined them (--head-dir)
+          "r6kl": (HEADS / "gpu-head-smollm2-h100-r6kl.json", REPO / ".whl" / "heads" / "smollm2-r6kl"),
+          "r6lk": (HEADS / "gpu-head-smollm2-h100-r6lk.json", REPO / ".whl" / "heads" / "smollm2-r6lk")}
 OUT_JSON = HERE / "speculate-smollm2-gpu-head.json"
 INVENTORY = REPO / "deploy" / "sandbox-smollm2.yaml"
 HOST = "sandbox"
