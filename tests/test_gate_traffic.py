@@ -242,16 +242,9 @@ def test_tool_rows_the_live_server_cannot_answer_are_refused_before_any_restart(
     assert '"tool_choice": "none"' in msg and "nothing was restarted" in msg, msg
 
 
-#: Until the gate refuses them: a prompt set mixing rows with a grammar and rows without is planned into a gate at
-#: concurrency above 1 on a CPU serving host, whose vLLM dies on it.
-_NOT_REFUSED_YET = pytest.mark.xfail(strict=True, reason="structured rows batched beside others are planned on CPU")
-
-
 @pytest.mark.parametrize("rows, levels, gpus, refused", [
-    pytest.param((CHAT_ROW, JSON_ROW), [1, 4], "none", True, id="mixed-cpu-4",
-                 marks=_NOT_REFUSED_YET),
-    pytest.param((CHAT_ROW, {**TOOL_ROW, "tool_choice": "required"}), [2], "none", True,
-                 id="required-tool-cpu", marks=_NOT_REFUSED_YET),
+    pytest.param((CHAT_ROW, JSON_ROW), [1, 4], "none", True, id="mixed-cpu-4"),
+    pytest.param((CHAT_ROW, {**TOOL_ROW, "tool_choice": "required"}), [2], "none", True, id="required-tool-cpu"),
     pytest.param((CHAT_ROW, JSON_ROW), [1], "none", False, id="mixed-cpu-1"),
     pytest.param((CHAT_ROW, JSON_ROW), [1, 4], "all", False, id="mixed-gpu"),
     pytest.param((JSON_ROW, {**JSON_ROW, "id": "json-2"}), [4], "none", False, id="all-structured-cpu"),
