@@ -23,9 +23,6 @@ from eagle3ops.window import lock as wl
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: Until the lock names its driver: a killed driver's lock holds the host for the launch grace, described as running.
-pytestmark = pytest.mark.xfail(strict=True, reason="the lock names no driver; a dead driver's lock is 'still running'")
-
 
 class _Res:
     def __init__(self, stdout: str = "", ok: bool = True):
