@@ -40,7 +40,6 @@ def _models(*ids: str) -> str:
     return json.dumps({"object": "list", "data": [{"id": i, "object": "model", "root": f"/models/{i}"} for i in ids]})
 
 
-@pytest.mark.xfail(strict=True, reason="preflight does not compare the live server's models with the inventory's")
 def test_a_live_server_without_the_inventorys_model_is_refused_before_the_stop():
     from eagle3ops.window.servedmodel import check_served_model
 
@@ -54,7 +53,6 @@ def test_a_live_server_without_the_inventorys_model_is_refused_before_the_stop()
     assert "hosts.sandbox.model_path" in text and "nothing was stopped" in text, text
 
 
-@pytest.mark.xfail(strict=True, reason="preflight does not compare the live server's models with the inventory's")
 @pytest.mark.parametrize("answer, judged", [
     pytest.param(_models("smollm2-135m-instruct"), True, id="listed"),
     pytest.param(_models("other", "smollm2-135m-instruct"), True, id="listed-among-others"),
@@ -70,3 +68,17 @@ def test_a_listed_model_or_an_unreadable_answer_passes(answer, judged):
     [(name, ok, detail)] = pf.checks
     assert ok and name == "served model", pf.checks
     assert ("not judged" not in detail) == judged, detail
+
+
+def test_preflight_refuses_it_before_the_stop():
+    """The check is one of preflight's serving checks (the stand-in host of ``test_window_driver``): its ``/v1/models``
+    listing another model fails preflight; listing the inventory's passes."""
+    from eagle3ops.window import preflight as wpreflight
+    from test_window_driver import IMAGE, IMAGE_ID, StandInRemote, _host_with_serving
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    for served, ok in ((["smollm2-135m-instruct"], False), ([h.serving.served_model_name], True)):
+        world = _host_with_serving(h)
+        world.served_models = served
+        pf = wpreflight.preflight(StandInRemote(h, world), image=IMAGE, expected_image_id=IMAGE_ID)
+        assert pf.ok is ok and next(c for c in pf.checks if c[0] == "served model")[1] is ok, pf.checks
