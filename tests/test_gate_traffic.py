@@ -240,3 +240,50 @@ def test_tool_rows_the_live_server_cannot_answer_are_refused_before_any_restart(
     assert f"{f}" in msg and "tool-1" in msg and "HTTP 400" in msg, msg
     assert "--enable-auto-tool-choice" in msg and "--tool-call-parser" in msg, msg
     assert '"tool_choice": "none"' in msg and "nothing was restarted" in msg, msg
+
+
+@pytest.mark.parametrize("rows, levels, gpus, refused", [
+    pytest.param((CHAT_ROW, JSON_ROW), [1, 4], "none", True, id="mixed-cpu-4"),
+    pytest.param((CHAT_ROW, {**TOOL_ROW, "tool_choice": "required"}), [2], "none", True, id="required-tool-cpu"),
+    pytest.param((CHAT_ROW, JSON_ROW), [1], "none", False, id="mixed-cpu-1"),
+    pytest.param((CHAT_ROW, JSON_ROW), [1, 4], "all", False, id="mixed-gpu"),
+    pytest.param((JSON_ROW, {**JSON_ROW, "id": "json-2"}), [4], "none", False, id="all-structured-cpu"),
+    pytest.param((CHAT_ROW, {**JSON_ROW, "response_format": {"type": "text"}}), [4], "none", False,
+                 id="text-format-cpu"),
+])
+def test_structured_rows_batched_beside_others_on_cpu_serving_are_refused_before_any_restart(
+        monkeypatch, tmp_path, rows, levels, gpus, refused):
+    """vLLM 0.16's CPU build kills its EngineCore when a request with a grammar (``response_format`` json_schema /
+    json_object, a required or named tool call) is batched beside one without: ``apply_grammar_bitmask`` then
+    builds its index tensor with ``pin_memory=True`` ("Found no NVIDIA driver on your system"), on the baseline and
+    the speculative release alike (seen on the sandbox's CPU vLLM, docs/measured/faults-retried.md). A gate that
+    replays such a mix at a concurrency above 1 on a CPU serving host would measure crashes and restart serving for a
+    rollback: the dry run (the real run's path) refuses it before any window is planned, naming the rows, the cause
+    and the fix. Concurrency 1, a GPU host, a set whose rows all carry a grammar and ``type: text`` pass."""
+    from eagle3ops.speculate import ship
+    from eagle3ops.window import run as window_run
+    from eagle3ops.config import load_inventory
+    from test_speculate_ship import _FakeRemote
+
+    h = load_inventory(Path(__file__).resolve().parents[1] / "deploy/hosts.yaml").host("sandbox")
+    h = h.model_copy(update={"gpus": 0 if gpus == "none" else 8,
+                             "serving": h.serving.model_copy(update={"gpus": gpus, "gate_concurrency": levels})})
+    f = tmp_path / "agent.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    r = _FakeRemote(h, [7])
+    r.dry_run = True
+    kinds: list[str] = []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: kinds.append(kind) or {"outcome": "dry"})
+    opts = ship.SpeculateOptions(run="r1", pipeline_image="p:1", prompts_file=f, accept_low_power=True, force=True)
+    if not refused:
+        assert ship.speculate(r, opts, echo=lambda *_: None)["verdict"] == "dry-run" and kinds == ["speculate"]
+        return
+    with pytest.raises(ship.SpeculateError) as exc:
+        ship.speculate(r, opts, echo=lambda *_: None)
+    msg = " ".join(str(exc.value).split())
+    assert not kinds, "a window was planned for a gate whose batches crash CPU vLLM"
+    structured = [x["id"] for x in rows if x.get("response_format") or x.get("tool_choice") == "required"]
+    assert f"{f}" in msg and all(i in msg for i in structured) and "chat-1" not in msg.split("(")[1], msg
+    assert "Found no NVIDIA driver" in msg and "pin_memory" in msg and f"concurrency {max(levels)}" in msg, msg
+    assert "gate_concurrency: [1]" in msg and "nothing was restarted" in msg, msg
+

@@ -50,6 +50,7 @@ class StandInHost:
         self.trial_answer = (0, "mounts ok\n", "")
         self.writes: list[str] = []  # rendered argv of each mutating command
         self.served_vllm: str | None = "0.16.0+cpu"  # serving's GET /version (None: it does not answer)
+        self.served_models: list[str] | None = None  # serving's GET /v1/models ids (None: curl -f fails, unjudged)
         model = host.model_path
         self._mkdirs(model)
         self.files[f"{model}/config.json"] = json.dumps(
@@ -127,6 +128,9 @@ class StandInHost:
                 (1, "", f"wc: {path}: No such file")
         if cmd == "curl" and a[-1].endswith("/version"):  # hc.http_body: serving's vLLM version
             return (0, json.dumps({"version": self.served_vllm}), "") if self.served_vllm else (22, "", "")
+        if cmd == "curl" and a[-1].endswith("/v1/models"):  # hc.http_body: the models serving lists
+            return ((0, json.dumps({"data": [{"id": m} for m in self.served_models]}), "")
+                    if self.served_models is not None else (22, "", ""))
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-logind":  # process/systemd preflight: a host without logind
             return 0, "user=e3ops\nlogind=absent\n", ""
         if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-dropin-check":  # systemd: the unit's drop-in is writable

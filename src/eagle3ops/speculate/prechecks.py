@@ -1,8 +1,8 @@
 """The checks of a ``speculate`` before any serving restart: the invocation's options and
 error, and each check of the head, its data and the releases against what the host serves: the offline estimate
 against the floor, the chat template the data was rendered with, the head as vLLM 0.16 reads it, and like for like
-(the speculative image against the live one), and the prompts file's tool rows against the live server's tool
-parser. Pure apart from :func:`_live_image`'s and :func:`check_tool_rows`'s reads of the serving host.
+(the speculative image against the live one), the prompts file's tool rows against the live server's tool
+parser and its grammar rows against CPU serving's batching. Pure apart from :func:`_live_image`'s and :func:`check_tool_rows`'s reads of the serving host.
 :mod:`eagle3ops.speculate.ship` runs them in order and re-exports them.
 """
 
@@ -18,9 +18,9 @@ from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
 from eagle3ops.speculate.headcheck import check_vllm_reading, check_vocab_values, offline_acceptance
 
-__all__ = ["SpeculateError", "SpeculateOptions", "TOOL_FLAGS", "check_as_vllm_reads", "check_like_for_like",
-           "check_live_release", "check_offline_floor", "check_template", "check_tool_rows", "offline_estimate_for",
-           "unanswered_tool_rows"]
+__all__ = ["SpeculateError", "SpeculateOptions", "TOOL_FLAGS", "check_as_vllm_reads", "check_grammar_batching",
+           "check_like_for_like", "check_live_release", "check_offline_floor", "check_template", "check_tool_rows",
+           "grammar_rows", "offline_estimate_for", "unanswered_tool_rows"]
 
 
 class SpeculateError(RuntimeError):
@@ -331,13 +331,66 @@ def check_tool_rows(r: Any, gate: Sequence[Any], prompts_file: Path | None) -> N
         f"\"tool_choice\": \"none\" (or drop their tools); nothing was restarted")
 
 
+#: ``response_format`` types vLLM 0.16 turns into a grammar (``ChatCompletionRequest.to_sampling_params``:
+#: ``json_object``, ``json_schema``, ``structural_tag`` set ``structured_outputs``; ``text`` sets none).
+GRAMMAR_FORMATS = ("json_object", "json_schema", "structural_tag")
+
+
+def grammar_rows(gate: Sequence[Any]) -> list[str]:
+    """The ids of the chat bodies among ``gate`` (:class:`eagle3ops.speculate.prompts.Prompt`) that vLLM 0.16
+    decodes under a grammar (pure): a ``response_format`` of a :data:`GRAMMAR_FORMATS` type, vLLM's own
+    ``structured_outputs`` or ``guided_*`` fields, or ``tools`` with ``tool_choice`` ``required`` or a named
+    function (``ToolParser.adjust_request`` then sets a JSON schema of the tools). Plain prompts have none."""
+    def grammar(b: dict[str, Any]) -> bool:
+        rf, choice = b.get("response_format"), b.get("tool_choice")
+        return ((isinstance(rf, dict) and rf.get("type") in GRAMMAR_FORMATS) or bool(b.get("structured_outputs"))
+                or any(b.get(k) is not None for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"))
+                or (bool(b.get("tools")) and (choice == "required" or isinstance(choice, dict))))
+    return [p.id for p in gate if p.body is not None and grammar(p.body)]
+
+
+def check_grammar_batching(h: Any, gate: Sequence[Any], prompts_file: Path | None) -> None:
+    """Refuse, before anything is written on the host, a gate that would batch a request decoded under a grammar
+    (:func:`grammar_rows`) beside one without on a CPU serving host (``gpus: 0`` or ``serving.gpus: none``, as
+    :func:`eagle3ops.commands.serving.inventory_drift` reads GPU use) at a concurrency above 1
+    (``serving.gate_concurrency``). Pure: the inventory's host ``h`` and the gate's prompts.
+
+    Why: vLLM 0.16's ``apply_grammar_bitmask`` (``vllm/v1/structured_output/utils.py``) builds its index tensor with
+    ``pin_memory=True`` whenever the batch holds rows without a grammar; its CPU build has no CUDA, so the
+    EngineCore dies with ``RuntimeError: Found no NVIDIA driver on your system`` (seen on the sandbox's CPU vLLM,
+    ``docs/measured/faults-retried.md``), on the baseline and the speculative release alike: the gate would
+    measure crashes and restart serving for a rollback. A structured request alone, or a batch of only structured
+    requests, takes the path without the index tensor; GPU hosts pin memory with CUDA present.
+
+    Raises:
+        SpeculateError: such a gate; the message names the file, the rows, the concurrency, the cause and the fixes.
+    """
+    s = h.serving
+    levels = [c for c in s.gate_concurrency if c > 1]
+    if not levels or not (h.gpus == 0 or s.gpus in ("none", 0)):
+        return
+    ids = grammar_rows(gate)
+    if not ids or len(ids) == len(gate):
+        return
+    rows = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    raise SpeculateError(
+        f"{h.name}: --prompts-file {prompts_file}: {len(ids)} chat bod{'y' if len(ids) == 1 else 'ies'} decoded "
+        f"under a grammar (`response_format`, a required or named tool call: {rows}) would be batched beside the "
+        f"{len(gate) - len(ids)} other prompt(s) at concurrency {max(levels)} (hosts.{h.name}.serving."
+        f"gate_concurrency) on CPU serving; vLLM 0.16's CPU build kills its EngineCore on such a batch "
+        f"(apply_grammar_bitmask builds its index tensor with pin_memory=True: \"Found no NVIDIA driver on your "
+        f"system\"), on the baseline and the speculative release alike, and the gate would restart serving for a "
+        f"rollback. Gate this set with `gate_concurrency: [1]` under hosts.{h.name}.serving, or give the grammar "
+        f"rows a prompts file of their own (every row with a grammar, or none); nothing was restarted")
+
+
 def check_live_release(r: Any, opts: SpeculateOptions, image: str, gate: Sequence[Any], *, serves_image: bool
                        ) -> dict[str, Any]:
     """The read-only checks of a ``speculate`` against what the host serves, before anything is written there:
     where serving runs an image (``serves_image``), the speculative ``image`` (no stand-in, the host's architecture,
     like for like with the live one or ``--control``: :func:`check_like_for_like`), else no ``--control``; then the
-    prompts file's tool rows the live server would answer with HTTP 400 (:func:`check_tool_rows`). Returns the
-    like-for-like figures.
+    prompts file's tool rows the live server would answer with HTTP 400 (:func:`check_tool_rows`) and its grammar
+    rows CPU serving would crash on (:func:`check_grammar_batching`). Returns the like-for-like figures.
 
     Raises:
         SpeculateError: a check refuses (the message names the fix).
@@ -360,4 +413,5 @@ def check_live_release(r: Any, opts: SpeculateOptions, image: str, gate: Sequenc
                              "speculative release differs from the live one by --speculative-config only, like for "
                              "like already; drop --control")
     check_tool_rows(r, gate, opts.prompts_file)
+    check_grammar_batching(h, gate, opts.prompts_file)
     return like

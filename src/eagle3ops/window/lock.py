@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
+import os
 import shlex
 import socket
 from collections.abc import Iterator
@@ -18,7 +19,8 @@ from eagle3ops.window.common import LockHeld, WindowError, hint, new_window_id, 
 
 
 def acquire_lock(r: Remote, window_id: str, command: str, message: str = "") -> None:
-    """Take the host's deploy lock (atomic ``mkdir``) and write who/when/what into it.
+    """Take the host's deploy lock (atomic ``mkdir``) and write who/when/what into it, with the driver that holds it
+(``driver``: this machine's hostname and this process's pid, read by :func:`lock_is_stale`).
 
     Raises:
         LockHeld: the lock exists; the message says who holds it, since when, and the command to clear it.
@@ -41,7 +43,7 @@ def acquire_lock(r: Remote, window_id: str, command: str, message: str = "") -> 
                           f"{(res.stderr or res.stdout).strip() or f'exit {res.exited}'}. {fix}")
     details = {"window_id": window_id, "holder": f"{getpass.getuser()}@{socket.gethostname()}",
                "since": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
-               "message": message}
+               "message": message, "driver": {"machine": socket.gethostname(), "pid": os.getpid()}}
     r.run(hc.write_file(p["lock_details"]), stdin=json.dumps(details, indent=2))
 
 
@@ -77,15 +79,37 @@ def supervisor_alive(r: Remote, window_id: str) -> bool:
     return runtime.alive_from(out.ok, out.stdout)
 
 
+def _driver_gone(details: dict[str, Any]) -> bool:
+    """The lock's driver (``details["driver"]``, :func:`acquire_lock`) ran on this machine and its process is gone
+    (a pid another user's process holds counts as alive). A lock from another machine, or one written before
+    drivers were named, cannot be told: False."""
+    d = details.get("driver")
+    if not isinstance(d, dict) or d.get("machine") != socket.gethostname() or not isinstance(d.get("pid"), int):
+        return False
+    try:
+        os.kill(d["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _no_plan(r: Remote, wid: str) -> bool:
+    """No plan of window ``wid`` on the host yet: its driver is in preflight or launch."""
+    return not r.run(hc.cat_if_exists(paths(r.host, wid)["plan"]), check=False).stdout.strip()
+
+
 def lock_is_stale(r: Remote, details: dict[str, Any]) -> bool:
     """True when the lock's holder is dead: its window's supervisor is not running, and it is not a driver still in
-    preflight/launch (no plan written yet and the lock younger than :data:`LAUNCH_GRACE_S`)."""
+    preflight/launch (no plan written yet and the lock younger than :data:`LAUNCH_GRACE_S`, unless the lock's driver
+    ran on this machine and is gone: a driver killed before its supervisor started holds nothing)."""
     wid = details.get("window_id")
     if not wid:
         return True
     if supervisor_alive(r, wid):
         return False
-    if r.run(hc.cat_if_exists(paths(r.host, wid)["plan"]), check=False).stdout.strip():
+    if not _no_plan(r, wid) or _driver_gone(details):
         return True
     try:
         age = (datetime.now(timezone.utc) - datetime.fromisoformat(details["since"])).total_seconds()
@@ -110,6 +134,13 @@ def describe_lock(r: Remote) -> str:
     elif stale:
         text += (f". Its supervisor is not running, so the lock looks stale: check {hint('status', r.host.name)}"
                  f", then clear it with {hint('lock', 'release', r.host.name, '--force')}.")
+    elif _no_plan(r, d["window_id"]):  # a driver in preflight or launch: `attach` would follow the previous window
+        drv = d.get("driver") if isinstance(d.get("driver"), dict) else {}
+        who = f" (pid {drv.get('pid')} on {drv.get('machine')})" if drv else ""
+        text += (f". Its driver{who} is still in preflight or launch (no plan on the host yet): wait for it; if that "
+                 f"driver was killed, the lock counts as stale {LAUNCH_GRACE_S // 60} minutes after it was taken (at "
+                 f"once from the machine it ran on), then clear it with "
+                 f"{hint('lock', 'release', r.host.name, '--force')}.")
     else:
         text += f". That window is still running: follow it with {hint('attach', r.host.name)}."
     return text

@@ -273,13 +273,16 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
 
 def _serving_checks(r: Remote, pf: Preflight, need_serving: bool) -> None:
     """The serving kind finds live serving (read-only); then, where serving answers HTTP, the host's profile
-    against the vLLM version it reports (:func:`eagle3ops.window.servedversion.check_served_version`)."""
+    against the vLLM version it reports (:func:`eagle3ops.window.servedversion.check_served_version`) and the
+    inventory's served model against the models it lists (:func:`eagle3ops.window.servedmodel.check_served_model`)."""
+    from eagle3ops.window.servedmodel import check_served_model
     from eagle3ops.window.servedversion import check_served_version
 
     kind = driver_kind(r.host)
     kind.preflight(r, pf, need_serving)
     if need_serving and kind.answers_http and pf.ok:
         check_served_version(r, pf)
+        check_served_model(r, pf)
 
 
 def read_releases(r: Remote) -> tuple[set[int], int | None, list[dict[str, Any]]] | None:

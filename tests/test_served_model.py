@@ -1,0 +1,84 @@
+"""A window whose inventory names another served model than live serving answers with: before the stop, preflight
+reads serving's ``/v1/models`` and refuses when ``serving.served_model_name`` is not listed (the restore's health gate
+would wait its whole ``health_timeout_s`` for a name the restored release does not serve, and the stages would read
+``model_path``, not the served target). Seen on the sandbox: the demo's SmolLM2 inventory run while serving served
+the tests' tiny-llama. Pure: a stand-in executor answers the one read (``curl -s -f URL``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3ops.config import load_inventory
+from eagle3ops.window.preflight import Preflight
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _Res:
+    def __init__(self, stdout: str = "", ok: bool = True):
+        self.stdout, self.stderr, self.ok = stdout, "", ok
+
+
+class _Serving:
+    """Answers ``curl ... /v1/models`` with ``answer`` (None: the request fails, e.g. HTTP 401 under ``-f``)."""
+
+    def __init__(self, answer: str | None):
+        self.host = load_inventory(REPO / "deploy/sandbox-smollm2.yaml").host("sandbox")
+        self.dry_run, self.answer, self.asked = False, answer, []
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+        self.asked.append(list(argv))
+        if argv[0] == "curl" and argv[-1].endswith("/v1/models") and self.answer is not None:
+            return _Res(self.answer)
+        return _Res(ok=False)
+
+
+def _models(*ids: str) -> str:
+    return json.dumps({"object": "list", "data": [{"id": i, "object": "model", "root": f"/models/{i}"} for i in ids]})
+
+
+def test_a_live_server_without_the_inventorys_model_is_refused_before_the_stop():
+    from eagle3ops.window.servedmodel import check_served_model
+
+    r, pf = _Serving(_models("tiny-llama")), Preflight()
+    check_served_model(r, pf)
+    [(name, ok, detail)] = pf.checks
+    text = " ".join(detail.split())
+    assert not ok and name == "served model", pf.checks
+    assert "['tiny-llama']" in text and "smollm2-135m-instruct" in text, text
+    assert "hosts.sandbox.serving.served_model_name" in text and "health_timeout_s" in text, text
+    assert "hosts.sandbox.model_path" in text and "nothing was stopped" in text, text
+
+
+@pytest.mark.parametrize("answer, judged", [
+    pytest.param(_models("smollm2-135m-instruct"), True, id="listed"),
+    pytest.param(_models("other", "smollm2-135m-instruct"), True, id="listed-among-others"),
+    pytest.param(None, False, id="no-answer"),
+    pytest.param("not json", False, id="not-json"),
+    pytest.param(json.dumps({"object": "list"}), False, id="no-data"),
+])
+def test_a_listed_model_or_an_unreadable_answer_passes(answer, judged):
+    from eagle3ops.window.servedmodel import check_served_model
+
+    r, pf = _Serving(answer), Preflight()
+    check_served_model(r, pf)
+    [(name, ok, detail)] = pf.checks
+    assert ok and name == "served model", pf.checks
+    assert ("not judged" not in detail) == judged, detail
+
+
+def test_preflight_refuses_it_before_the_stop():
+    """The check is one of preflight's serving checks (the stand-in host of ``test_window_driver``): its ``/v1/models``
+    listing another model fails preflight; listing the inventory's passes."""
+    from eagle3ops.window import preflight as wpreflight
+    from test_window_driver import IMAGE, IMAGE_ID, StandInRemote, _host_with_serving
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    for served, ok in ((["smollm2-135m-instruct"], False), ([h.serving.served_model_name], True)):
+        world = _host_with_serving(h)
+        world.served_models = served
+        pf = wpreflight.preflight(StandInRemote(h, world), image=IMAGE, expected_image_id=IMAGE_ID)
+        assert pf.ok is ok and next(c for c in pf.checks if c[0] == "served model")[1] is ok, pf.checks
