@@ -120,7 +120,8 @@ def measure_serving(sup: SpeculateHost, job: SpeculateJob, passes: int | None = 
     return measure({"base_url": f"http://127.0.0.1:{sup.plan.health.port}", "model": sup.plan.health.model,
                     "prompts": job.prompts, "levels": job.levels, "max_tokens": job.max_tokens,
                     "passes": passes or job.passes, "api_key": sup.api_key(), "request_timeout_s": job.request_timeout_s,
-                    "idle_timeout_s": job.idle_timeout_s, "warmup_prompts": job.warmup_prompts})
+                    "idle_timeout_s": job.idle_timeout_s, "warmup_prompts": job.warmup_prompts,
+                    "traffic": job.traffic})
 
 
 #: The result's fields the audit line carries.
