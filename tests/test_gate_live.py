@@ -53,7 +53,7 @@ def test_live_traffic_is_measured_beside_not_refused_and_recorded() -> None:
     assert idle.verdict == "undecided" and "foreign requests" in idle.reason
     live = _decide("live", foreign=1.0)
     assert live.verdict == "keep", live.reason  # x1.5 faster, the same clients' load on every block
-    t = live.figures["traffic"]
+    t = live.figures["clients"]
     assert t["mode"] == "live" and t["measured_beside_clients"] is True and "assumption" in t
     assert t["speculative"] == {"foreign_mean": pytest.approx(1 / 3, abs=1e-3), "foreign_most": 1.0}
     assert set(t) >= {"baseline", "baseline_after"}
@@ -64,7 +64,7 @@ def test_live_traffic_keeps_the_gate_honest() -> None:
     # without the baseline's second block nothing shows whether the clients' load changed: refused as idle
     ab = _decide("live", foreign=1.0, aba=False)
     assert ab.verdict == "undecided" and "foreign requests" in ab.reason
-    assert ab.figures["traffic"]["measured_beside_clients"] is False
+    assert ab.figures["clients"]["measured_beside_clients"] is False
     # a failed request is the release's, clients or not
     failed = _decide("live", foreign=1.0, errors=1)
     assert failed.verdict == "undecided" and "failed requests" in failed.reason
@@ -165,3 +165,25 @@ def test_the_cycle_plan_says_how_long_clients_get_no_answer() -> None:
     assert any("no answer for ~460 s" in line and "drain_hook" in line for line in drained.lines())
     bare = _plan("idle", drain=False).as_dict()["production_serving"]
     assert "gate_traffic: live" in bare["clients_held_off_note"]
+
+
+def test_the_jobs_verdict_keeps_the_clients_figures_beside_the_endpoints() -> None:
+    from types import SimpleNamespace
+
+    from eagle3ops.supervisor.verdict import decide_figures
+
+    def answer(rates: list[float], drafts: float) -> dict:
+        c0 = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "accepted_per_pos": {}, "requests_running": 1.0}
+        c1 = {**c0, "drafts": drafts, "draft_tokens": 3 * drafts, "accepted": 1.2 * drafts,
+              "accepted_per_pos": {"0": drafts}}
+        return {"levels": {"1": [p.figures() for p in _passes(rates, 1.0)]},
+                "counters": {"1": [[c0, c1] for _ in rates]},
+                "traffic": {"endpoints": {"/v1/completions": PROMPTS}, "base_url": "http://127.0.0.1:1"}}
+
+    job = SimpleNamespace(levels=[1], margin=0.1, acceptance_floor=1.5, ttft_ratio_max=None, rule="faster",
+                          traffic="live")
+    d = decide_figures(job, answer([10.0, 10.2], 0.0), answer([15.0, 15.3, 14.9, 15.1], 100.0), None,
+                       answer([10.1, 9.9], 0.0))
+    assert d.verdict == "keep", d.reason
+    assert d.figures["traffic"]["endpoints"] == {"/v1/completions": PROMPTS}
+    assert d.figures["clients"]["measured_beside_clients"] is True

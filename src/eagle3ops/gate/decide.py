@@ -613,7 +613,7 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
             measured beside the clients' traffic, so other requests are the condition measured, not a skew; the
             clients' load is assumed about the same through the three blocks, which the block drift check tests (a
             load that changed between the baseline's two blocks moves its tokens/s: ``undecided``), and its noise
-            widens the interval. ``figures["traffic"]`` records each block's mean and most foreign requests.
+            widens the interval. ``figures["clients"]`` records each block's mean and most foreign requests.
             Without ``after`` (``ab``: no second baseline block) ``live`` decides as ``idle`` does. Failed requests
             skew either way.
 
@@ -650,7 +650,7 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         figures["interval_unavailable"] = str(e)
     common = {"figures": figures, "drift": drift, "ttft_ratio": ttft_ratio}
     live = traffic == "live" and bool(a)
-    figures["traffic"] = traffic_figures(b, s, a, traffic, live)
+    figures["clients"] = traffic_figures(b, s, a, traffic, live)
     early = _rule_before_interval(baseline, speculative, pc, acc, acceptance_floor, ttft_ratio, ttft_ratio_max,
                                   drift, live=live)
     if early is not None:
