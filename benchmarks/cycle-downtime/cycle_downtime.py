@@ -129,10 +129,13 @@ class Balancer:
         return out
 
 
-def inventory(info: dict[str, Any], floor: float, balancer_port: int = BALANCER_PORT) -> str:
+def inventory(info: dict[str, Any], floor: float, balancer_port: int = BALANCER_PORT,
+              gate_traffic: str = "live") -> str:
     """The benchmark's inventory: production = ``deploy/sandbox-smollm2.yaml``'s sandbox entry (the demo's serving
-    settings) on ``b47prod`` with its own container name, serving port and ``acceptance_floor``; the work host the same
-    entry on ``b47work`` with ``serving: none``."""
+    settings) on ``b47prod`` with its own container name, serving port, ``acceptance_floor`` and
+    ``gate_traffic`` (``live``: the gate measures beside the client, no drain; ``idle``: the STAND-IN balancer's
+    drain and undrain hooks take the client off production for the whole gate); the work host the same entry on
+    ``b47work`` with ``serving: none``."""
     text = (REPO / "deploy/sandbox-smollm2.yaml").read_text()
     hosts = {}
     for name in (PROD, WORK):
@@ -145,8 +148,10 @@ def inventory(info: dict[str, Any], floor: float, balancer_port: int = BALANCER_
         if name == PROD:
             e["serving"]["container"] = "b47-vllm-serving"
             e["serving"]["acceptance_floor"] = floor
-            e["serving"]["drain_hook"] = Balancer.hook(balancer_port, "drain")
-            e["serving"]["undrain_hook"] = Balancer.hook(balancer_port, "undrain")
+            e["serving"]["gate_traffic"] = gate_traffic
+            if gate_traffic == "idle":
+                e["serving"]["drain_hook"] = Balancer.hook(balancer_port, "drain")
+                e["serving"]["undrain_hook"] = Balancer.hook(balancer_port, "undrain")
         else:
             e["serving"] = "none"
         hosts[name] = e
@@ -162,7 +167,8 @@ class Bench:
             "what": "production's downtime as clients see it: today's two-window cycle vs `eagle3ops cycle`",
             "started": iso(now()), "cpu": None, "cores": os.cpu_count(),
             "settings": {"conversations": a.conversations, "train_steps": a.train_steps,
-                         "acceptance_floor": a.floor, "probe_interval_s": PROBE_INTERVAL_S,
+                         "acceptance_floor": a.floor, "gate_traffic": a.gate_traffic,
+                         "probe_interval_s": PROBE_INTERVAL_S,
                          "token_timeout_s": TOKEN_TIMEOUT_S, "probe_max_tokens": 4},
             "hosts": "two sandbox hosts (real sshd on 127.0.0.1, host keys checked), one Docker engine (this "
                      "machine's) behind each host's own socket; production serves real vLLM 0.16 CPU",
@@ -228,7 +234,7 @@ class Bench:
         self.work_dir.mkdir()
         self.fig.setdefault("work_folders", []).append(str(self.work_dir))
         self.inv = self.work_dir / "hosts.yaml"
-        self.inv.write_text(inventory(info, self.a.floor))
+        self.inv.write_text(inventory(info, self.a.floor, gate_traffic=self.a.gate_traffic))
         inv = load_inventory(self.inv)
         self.prod, self.work = inv.host(PROD), inv.host(WORK)
         pw = pwd.getpwnam(info[PROD].user)
@@ -458,6 +464,7 @@ class Bench:
         step = next((st for st in self.fig["cycle"]["plan"]["steps"] if st["key"] == "speculate"), {})
         gate_s = next((p["expected_s"] for p in step.get("parts", []) if p["part"] == "the gate"), None)
         held_off = round(c["drained_s"] + sum(o["seconds"] for o in in_spec if not o["drained"]), 1)
+        plan_held = plan.get("clients_held_off_keep_s" if kept else "clients_held_off_rollback_s")
 
         def client_down(x: dict[str, Any]) -> float:  # seconds no client got production: drained, or not answering
             return round(x["drained_s"] + sum(o["seconds"] for o in x["outages"] if not o["drained"]), 1)
@@ -491,6 +498,9 @@ class Bench:
             "plan_expected_gate_s": gate_s,
             "cycle_clients_held_off_during_speculate_s": held_off,
             "held_off_over_plan_gate": round(held_off / gate_s, 3) if gate_s else None,
+            "gate_traffic": plan.get("gate_traffic"),
+            "plan_clients_held_off_s": plan_held,
+            "held_off_over_plan_clients_held_off": round(held_off / plan_held, 3) if plan_held else None,
             "baseline_seconds_without_production_for_clients": client_down(b),
             "cycle_seconds_without_production_for_clients": client_down(c),
             "baseline_longest_span_without_answer_s": b["longest_span_without_answer_s"],
@@ -500,7 +510,8 @@ class Bench:
                     "restart recorded on production). drained = the speculate job's drain_hook to its undrain_hook, "
                     "clients held off production (one backend: they got no answer then either), compared with the "
                     "plan's expected gate time (the median speculate window recorded on production, restarts "
-                    "included)",
+                    "included). With gate_traffic live there is no drain: clients are held off only while "
+                    "production does not answer, and the plan's clients_held_off figure is its restarts",
         }
 
     def main(self) -> int:
@@ -555,6 +566,9 @@ def main() -> int:
                     "(the first invocation's work folder, /tmp/b47-...)")
     ap.add_argument("--reanalyse", action="store_true", help="compute the cycle phase's figures and the verdict "
                     "again from the JSON and its records file (nothing runs)")
+    ap.add_argument("--gate-traffic", choices=("live", "idle"), default="live", help="production's "
+                    "serving.gate_traffic: live (the gate measures beside the client; no drain) or idle (the STAND-IN "
+                    "balancer drains the client for the whole gate, as the first runs did)")
     ap.add_argument("--floor", type=float, default=1.0, help="production's serving.acceptance_floor for this run "
                     "(module doc)")
     a = ap.parse_args()

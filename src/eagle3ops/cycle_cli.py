@@ -92,7 +92,8 @@ def _facts(inv: Any, prod: Any, works: list[Any], dead: list[str], cfg: Any, opt
                  if w.get("kind") == "speculate" and isinstance(w.get("wall_s"), (int, float)))
     return CycleFacts(prod.name, tuple(work_facts), restarts, float(prod.serving.acceptance_floor), extract, note,
                       tuple(dead), float(prod.serving.health_timeout_s), todo, tuple(regenerated), cfg.train.steps,
-                      trained, cycles, gate, max(heads) if heads else None, link_mbit, per_token, control)
+                      trained, cycles, gate, max(heads) if heads else None, link_mbit, per_token, control,
+                      prod.serving.gate_traffic, bool(prod.serving.drain_hook))
 
 
 def _hidden_bytes_per_token(pr: Any, cfg: Any) -> int | None:

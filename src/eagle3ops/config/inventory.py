@@ -208,6 +208,18 @@ class ServingConfig(StrictModel):
                              "slower (on the sandbox's CPU SmolLM2 the first baseline pass of 64 prompts ran at 22.1 "
                              "output tokens/s, the next two at 30.0 and 29.7). 0 = none.",
     )
+    gate_traffic: Literal["idle", "live"] = Field(
+        "idle", description="What the gate measures beside. `idle`: production free of other traffic (each pass "
+                            "waits until serving is idle; a client's request during a pass makes the verdict "
+                            "undecided), so a host with clients needs `drain_hook` and they are off it for the whole "
+                            "gate. `live`: measured beside the clients' own traffic, which stays on production except "
+                            "during the restarts (no idle wait; the other requests seen in each pass recorded as "
+                            "`foreign_requests` / `foreign_mean`, not refused): assumes that traffic is about as heavy "
+                            "through the whole gate, which the `aba` order checks (a change of it between the "
+                            "baseline's two blocks is the drift that makes the verdict undecided), and the "
+                            "interval carries its noise. Needs `gate_design: aba` and no `drain_hook`; the mean "
+                            "acceptance length is then the served one over the gate's and the clients' requests.",
+    )
     drain_hook: list[str] | None = Field(
         None, description="Argv run before a speculate job measures anything, to take clients off this server (e.g. "
                           "`[curl, -fsS, -X, POST, http://lb.internal/hosts/gpu-01/drain]`), so that the gate's "
@@ -277,6 +289,19 @@ class ServingConfig(StrictModel):
     @model_validator(mode="after")
     def _kind_fields(self) -> "ServingConfig":
         KIND_KEYS[self.kind].validate(self)
+        return self
+
+    @model_validator(mode="after")
+    def _live_gate(self) -> "ServingConfig":
+        if self.gate_traffic != "live":
+            return self
+        if self.gate_design != "aba":
+            raise ValueError("`gate_traffic: live` needs `gate_design: aba`: only the baseline measured before and "
+                             "after the speculative release shows whether the clients' load changed meanwhile; set "
+                             "`gate_design: aba` or `gate_traffic: idle`")
+        if self.drain_hook or self.undrain_hook:
+            raise ValueError("`gate_traffic: live` measures beside the clients, `drain_hook`/`undrain_hook` take them "
+                             "off production for the whole gate: remove the hooks or set `gate_traffic: idle`")
         return self
 
 

@@ -127,6 +127,10 @@ class SpeculateJob(BaseModel):
     drain_hook: list[str] | None = None
     undrain_hook: list[str] | None = None
     hook_timeout_s: float = 60.0
+    #: ``serving.gate_traffic``: ``idle`` (each pass waits for an idle server; another client's request makes the
+    #: verdict undecided) or ``live`` (measured beside the clients' traffic: no idle wait, other requests recorded,
+    #: not refused; :func:`eagle3ops.gate.decide.decide`'s ``traffic``).
+    traffic: Literal["idle", "live"] = "idle"
     #: Prompt sets: name -> indices into ``prompts`` (e.g. ``chat``, ``code``); one table per set in the result,
     #: cut from the same passes (:func:`eagle3ops.gate.decide.set_tables`); the decision is the whole set's.
     prompt_sets: dict[str, list[int]] = Field(default_factory=dict)

@@ -110,7 +110,7 @@ __all__ = ["ABA_DESIGN", "BLOCK_DESIGN", "DESIGNS", "DRIFT_LEVEL", "LEVEL", "MIN
            "POWER_RATIO", "POWER_TARGET", "DEFAULT_PASS_CV", "Decision", "Drift", "RatioInterval", "baseline_drift",
            "block_drift", "block_passes", "candidate_level", "decide", "design_spread", "pass_cv", "passes_for_power",
            "passes_to_decide", "pass_table", "pooled", "power", "ratio_interval", "set_tables", "subset_pass",
-           "t_quantile"]
+           "t_quantile", "traffic_figures"]
 
 #: Least passes per side at the production concurrency.
 MIN_PASSES = 3
@@ -574,7 +574,8 @@ def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult],
         return {**slim, "requests": sum(p.requests for p in ps), "errors": sum(p.errors for p in ps),
                 "output_tokens": sum(p.output_tokens for p in ps), "wall_s": round(sum(p.wall_s for p in ps), 3),
                 "output_tokens_per_s": round(pooled(ps), 3), "ttft_ms_median": _ttft(ps),
-                "foreign_requests": max(p.foreign_requests for p in ps), "passes": [p.figures() for p in ps]}
+                "foreign_requests": max(p.foreign_requests for p in ps),
+                "foreign_mean": round(sum(p.foreign_mean for p in ps) / len(ps), 4), "passes": [p.figures() for p in ps]}
 
     bt = pooled([*b, *a])
     return {"baseline": side(b), "speculative": side(s), **({"baseline_after": side(a)} if a else {}),
@@ -584,7 +585,8 @@ def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult],
 def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[int, Sequence[LevelResult]],
            spec: SpecDelta, *, production_concurrency: int, margin: float, acceptance_floor: float | None,
            ttft_ratio_max: float = math.inf, rule: Literal["faster", "not_slower"] = "faster",
-           level: float = LEVEL, after: Mapping[int, Sequence[LevelResult]] | None = None) -> Decision:
+           level: float = LEVEL, after: Mapping[int, Sequence[LevelResult]] | None = None,
+           traffic: Literal["idle", "live"] = "idle") -> Decision:
     """Decide from both releases' passes per concurrency and the speculative side's counter deltas (the module
     doc's rule, in its order).
 
@@ -606,6 +608,14 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
             (None: ``ab``). Then the interval is the three-block contrast (:func:`ratio_interval`), the drift check
             compares the baseline's two blocks (:func:`block_drift`), the TTFT ratio's baseline pools both blocks,
             and ``figures["design"]`` is :data:`ABA_DESIGN` (else :data:`BLOCK_DESIGN`, its risk stated).
+        traffic: ``idle`` (the default): a pass that saw another client's request (``foreign_requests``) is skewed
+            and the verdict ``undecided``. ``live`` (``serving.gate_traffic``), with ``after`` only: the passes were
+            measured beside the clients' traffic, so other requests are the condition measured, not a skew; the
+            clients' load is assumed about the same through the three blocks, which the block drift check tests (a
+            load that changed between the baseline's two blocks moves its tokens/s: ``undecided``), and its noise
+            widens the interval. ``figures["clients"]`` records each block's mean and most foreign requests.
+            Without ``after`` (``ab``: no second baseline block) ``live`` decides as ``idle`` does. Failed requests
+            skew either way.
 
     Raises:
         ValueError: the production concurrency was not measured on both sides, fewer than :data:`MIN_PASSES`
@@ -639,8 +649,10 @@ def decide(baseline: Mapping[int, Sequence[LevelResult]], speculative: Mapping[i
         iv = None
         figures["interval_unavailable"] = str(e)
     common = {"figures": figures, "drift": drift, "ttft_ratio": ttft_ratio}
+    live = traffic == "live" and bool(a)
+    figures["clients"] = traffic_figures(b, s, a, traffic, live)
     early = _rule_before_interval(baseline, speculative, pc, acc, acceptance_floor, ttft_ratio, ttft_ratio_max,
-                                  drift)
+                                  drift, live=live)
     if early is not None:
         return Decision(*early, **common)
     if iv is None:
@@ -676,14 +688,16 @@ def _deciding_passes(baseline: Mapping[int, Sequence[LevelResult]], speculative:
 def _rule_before_interval(baseline: Mapping[int, Sequence[LevelResult]],
                           speculative: Mapping[int, Sequence[LevelResult]], production_concurrency: int,
                           acc: float | None, acceptance_floor: float | None, ttft_ratio: float | None,
-                          ttft_ratio_max: float, drift: Drift) -> tuple[Verdict, str] | None:
+                          ttft_ratio_max: float, drift: Drift, live: bool = False) -> tuple[Verdict, str] | None:
     """Steps 1 to 5 of the module doc's rule, in order: (verdict, reason) when one decides (skewed passes,
     no draft round or acceptance below the floor, TTFT ratio above its most, the baseline drifted), else None
-    (the interval decides)."""
+    (the interval decides). ``live``: measured beside the clients' traffic (:func:`decide`'s ``traffic``), so
+    foreign requests do not skew; failed requests still do."""
     skewed = [f"{side} at {c}" for side, res in (("baseline", baseline), ("speculative", speculative))
-              for c, rs in res.items() for r in rs if r.foreign_requests > 0 or r.errors]
+              for c, rs in res.items() for r in rs if (r.foreign_requests > 0 and not live) or r.errors]
     if skewed:
-        return "undecided", (f"foreign requests or failed requests during {', '.join(sorted(set(skewed)))}: "
+        what = "failed requests" if live else "foreign requests or failed requests"
+        return "undecided", (f"{what} during {', '.join(sorted(set(skewed)))}: "
                              "not deciding on skewed figures; rolled back")
     if acc is None and acceptance_floor is not None:
         return "rollback", "no draft round ran on the speculative release (speculation not active)"
@@ -701,6 +715,26 @@ def _rule_before_interval(baseline: Mapping[int, Sequence[LevelResult]],
                              f"half the margin ({drift.limit:.1%}): the host's speed changed while the gate "
                              "measured; rolled back")
     return None
+
+
+def traffic_figures(b: Sequence[LevelResult], s: Sequence[LevelResult], a: Sequence[LevelResult], traffic: str,
+                    live: bool) -> dict[str, object]:
+    """The other clients' requests the deciding passes ran beside (pure): per block (``baseline``, ``speculative``,
+    ``baseline_after`` with ``aba``) the mean of the passes' ``foreign_mean`` and the most ``foreign_requests`` seen
+    at once; ``mode`` (``serving.gate_traffic``), ``measured_beside_clients`` (``live`` with the ``aba`` order:
+    foreign requests were not refused) and the assumption that makes such a verdict fair."""
+    def block(ps: Sequence[LevelResult]) -> dict[str, float]:
+        return {"foreign_mean": round(sum(p.foreign_mean for p in ps) / len(ps), 4) if ps else 0.0,
+                "foreign_most": max((p.foreign_requests for p in ps), default=0.0)}
+
+    out: dict[str, object] = {"mode": traffic, "measured_beside_clients": live, "baseline": block(b),
+                              "speculative": block(s), **({"baseline_after": block(a)} if a else {})}
+    if live:
+        out["assumption"] = ("the clients' load about the same through the three blocks (checked by the baseline "
+                             "blocks' drift); their requests' noise is in the interval")
+    elif traffic == "live":
+        out["assumption"] = "no second baseline block (ab order): foreign requests refused as with idle"
+    return out
 
 
 def _interval_decision(iv: RatioInterval, b: Sequence[LevelResult], s: Sequence[LevelResult],

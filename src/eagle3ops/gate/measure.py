@@ -29,7 +29,8 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
     Request: ``{"base_url", "model", "prompts" (sent in this order every pass: strings and chat bodies,
     :func:`~eagle3ops.gate.replay.request_body`), "levels", "max_tokens", "passes"
     (default 1), "api_key" (or null: sent on every request and scrape, never in argv), "request_timeout_s",
-    "idle_timeout_s", "warmup_prompts" (default 0)}``. With ``warmup_prompts`` N > 0, the first N prompts are sent
+    "idle_timeout_s", "warmup_prompts" (default 0), "traffic" (``live``: no idle wait before a level, the
+    clients' requests recorded as foreign; default ``idle``)}``. With ``warmup_prompts`` N > 0, the first N prompts are sent
     once at each level before the passes and not measured (a freshly started server's first requests are slower;
     their spec-decode counters fall before the first pass's "before" snapshot); the answer's ``warmup`` says what was
     sent and how fast, and ``warmup["failures"]`` (concurrency -> ``[prompt index, why]``) any request that
@@ -62,13 +63,14 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
         out["server"] = {"version": v.json().get("version") if v.status_code == 200 else None}
     except (httpx.HTTPError, ValueError, AttributeError):
         out["server"] = {"version": None}
+    live = req.get("traffic") == "live"  # serving.gate_traffic: measured beside the clients, no idle wait
     warm = req["prompts"][: int(req.get("warmup_prompts") or 0)]
     if warm:
         out["warmup"] = {"prompts": len(warm), "output_tokens_per_s": {}}
         for c in req["levels"]:
             res = replay_level(base, model, warm, int(c), max_tokens=int(req["max_tokens"]), api_key=key,
                                request_timeout_s=float(req.get("request_timeout_s", 300)),
-                               idle_timeout_s=float(req.get("idle_timeout_s", 120)))
+                               idle_timeout_s=float(req.get("idle_timeout_s", 120)), live=live)
             out["warmup"]["output_tokens_per_s"][str(c)] = res.figures().get("output_tokens_per_s")
             if res.errors:  # failed requests are the release's, measured or not
                 out["warmup"].setdefault("failures", {})[str(c)] = [list(f) for f in res.failures]
@@ -84,7 +86,7 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
             res = replay_level(base, model, req["prompts"], int(c), max_tokens=int(req["max_tokens"]), api_key=key,
                                request_timeout_s=float(req.get("request_timeout_s", 300)),
                                idle_timeout_s=float(req.get("idle_timeout_s", 120)),
-                               on_idle=lambda: before.append(scrape()))
+                               on_idle=lambda: before.append(scrape()), live=live)
             out["levels"][str(c)].append(res.figures())
             try:
                 after = scrape()

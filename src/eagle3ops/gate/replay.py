@@ -25,8 +25,10 @@ answering, raises :class:`ReleaseFailed`.
 
 Foreign traffic: a monitor thread scrapes ``/metrics`` while the level runs; ``vllm:num_requests_running`` above
 the replay's own in-flight count means someone else's requests shared the server, and the level is marked
-``foreign_requests`` so the gate waits or refuses to decide instead of deciding on skewed figures. Before a level
-starts the server must be idle (bounded wait).
+``foreign_requests`` (the most seen at once; ``foreign_mean``: their mean over the scrapes) so the gate waits or
+refuses to decide instead of deciding on skewed figures. Before a level starts the server must be idle (bounded
+wait), except with ``live`` (``serving.gate_traffic: live``): the level is measured beside the clients' traffic,
+which is recorded the same way but not waited for (:func:`eagle3ops.gate.decide.decide` decides on it).
 
 HTTP through ``httpx`` (sync client, one per worker thread).
 """
@@ -138,6 +140,8 @@ class LevelResult:
     ttft_ms_p90: float | None = None
     #: the failed requests: (prompt index, why), in the prompts' order
     failures: tuple[tuple[int, str], ...] | list = ()
+    #: mean requests running beyond the replay's own over the monitor's scrapes (0.0: none seen, or not scraped)
+    foreign_mean: float = 0.0
 
     def figures(self) -> dict[str, object]:
         """JSON-ready dict (per-prompt figures as lists)."""
@@ -302,22 +306,25 @@ def _one(client: httpx.Client, base_url: str, model: str, prompt: str | Mapping[
 def replay_level(base_url: str, model: str, prompts: Sequence[str | Mapping[str, Any]], concurrency: int, *,
                  max_tokens: int = 64,
                  api_key: str | None = None, request_timeout_s: float = 300.0, idle_timeout_s: float = 120.0,
-                 on_idle: Callable[[], object] | None = None) -> LevelResult:
+                 on_idle: Callable[[], object] | None = None, live: bool = False) -> LevelResult:
     """Send every prompt once with ``concurrency`` requests in flight; measure (see the module doc).
 
     ``prompts``: strings (plain prompts) and chat bodies, :func:`request_body`. ``api_key``: sent as
     ``Authorization: Bearer`` on every request, ``/metrics`` scrapes included. ``on_idle``: called once the server is
     idle, right before the first request (the gate takes its "before" counter snapshot there: after the idle wait,
-    so a foreign request finishing during the wait is not counted).
+    so a foreign request finishing during the wait is not counted). ``live``: no idle wait (the server carries its
+    clients' traffic; the monitor records it as ``foreign_requests`` / ``foreign_mean``).
 
     Raises:
-        ReplayError: the server is not idle before the level.
+        ReplayError: the server is not idle before the level (not with ``live``).
         ReleaseFailed: every request failed, or the server did not answer the idle wait at all.
     """
-    wait_idle(base_url, idle_timeout_s, api_key)
+    if not live:
+        wait_idle(base_url, idle_timeout_s, api_key)
     lock = threading.Lock()
     inflight = [0]
     foreign = [0.0]
+    seen: list[float] = []  # foreign requests per scrape, for their mean
     stop = threading.Event()
 
     def monitor() -> None:
@@ -332,9 +339,9 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str | Mapping[str,
                 with lock:
                     own = max(own_before, inflight[0])
                 foreign[0] = max(foreign[0], running - own)
+                seen.append(max(0.0, running - own))
 
     results: list[tuple[int, float | None, float | None, float] | None] = []
-    errors = 0
     failures: list[tuple[int, str]] = []
     mon = threading.Thread(target=monitor, daemon=True)
     local = threading.local()
@@ -355,28 +362,37 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str | Mapping[str,
                     results.append(fut.result())
                 except (RequestFailed, httpx.HTTPError, ValueError, KeyError) as e:
                     results.append(None)
-                    errors += 1
                     failures.append((i, str(e) if isinstance(e, RequestFailed) else f"{type(e).__name__}: {e}"))
     finally:
         stop.set()
         mon.join(timeout=15)
     wall = time.monotonic() - t0
-    done = [x for x in results if x is not None]
-    if not done:
+    if not any(x is not None for x in results):
         raise ReleaseFailed(f"all {len(prompts)} requests to {base_url} failed: {summary(failures)}", failures,
                             concurrency)
+    return _level_result(concurrency, results, failures, wall, foreign[0], seen)
+
+
+def _level_result(concurrency: int, results: Sequence[tuple[int, float | None, float | None, float] | None],
+                  failures: Sequence[tuple[int, str]], wall: float, foreign: float, seen: Sequence[float]
+                  ) -> LevelResult:
+    """A level's figures from its requests' ``(tokens, ttft s, itl s, request s)`` (None: failed, in the prompts'
+    order), its wall seconds and the monitor's foreign requests (the most at once; ``seen``: per scrape)."""
+    done = [x for x in results if x is not None]
+    errors = len(results) - len(done)
     itls = sorted(x[2] * 1000 for x in done if x[2] is not None)
     ttfts = [x[1] * 1000 for x in done if x[1] is not None]
     p90 = percentile(ttfts, 0.9)
     out = sum(x[0] for x in done)
-    return LevelResult(concurrency, len(prompts), errors, out, round(wall, 3), round(out / wall, 3),
+    return LevelResult(concurrency, len(results), errors, out, round(wall, 3), round(out / wall, 3),
                        round(statistics.median(itls), 3) if itls else None,
                        round(itls[int(0.9 * (len(itls) - 1))], 3) if itls else None,
-                       round(statistics.median(ttfts), 3) if ttfts else None, foreign[0],
+                       round(statistics.median(ttfts), 3) if ttfts else None, foreign,
                        tuple(x[0] if x else 0 for x in results),
                        tuple(round(x[3], 6) if x else None for x in results),
                        tuple(round(x[1] * 1000, 3) if x and x[1] is not None else None for x in results),
-                       round(p90, 3) if p90 is not None else None, tuple(failures))
+                       round(p90, 3) if p90 is not None else None, tuple(failures),
+                       round(statistics.fmean(seen), 4) if seen else 0.0)
 
 
 def summary(failures: Sequence[tuple[int, str] | Sequence[Any]], most: int = 3) -> str:

@@ -115,7 +115,8 @@ class CycleFacts:
     ``hidden_bytes_per_token``: disk bytes of one token's hidden states, from the target's ``config.json`` on
     production and ``extract.hidden_dtype`` (:func:`eagle3ops.window.preflight.hidden_state_bytes`; None: unread);
     ``control``: production's speculate job measures a control release
-    (:func:`eagle3ops.speculate.ship.needs_control`; ``restarts`` counted with it).
+    (:func:`eagle3ops.speculate.ship.needs_control`; ``restarts`` counted with it); ``gate_traffic``:
+    production's ``serving.gate_traffic``; ``drain``: production has a ``serving.drain_hook``.
     """
 
     production: str
@@ -136,6 +137,8 @@ class CycleFacts:
     link_mbit: float = 1000.0
     hidden_bytes_per_token: int | None = None
     control: bool = False
+    gate_traffic: str = "idle"
+    drain: bool = False
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,8 @@ class CyclePlan:
     acceptance_floor: float
     dead: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    gate_traffic: str = "idle"
+    drain: bool = False
 
     def step(self, key: str) -> CycleStep:
         """The step named ``key``. Raises: KeyError."""
@@ -195,12 +200,36 @@ class CyclePlan:
         return self.step("train").hosts[0]
 
     def production_figures(self) -> dict[str, Any]:
-        """Production's restarts and expected downtime per path (seconds; None: no restart recorded there)."""
+        """Production's restarts and expected downtime per path (seconds; None: no restart recorded there), and
+        how long its clients get no answer (:meth:`clients_held_off`)."""
         rp = self.restarts
+        held = self.clients_held_off()
         return {"restarts_keep": rp.keep, "restarts_rollback": rp.rollback, "restarts_below_floor": 0,
                 "expected_downtime_keep_s": rp.downtime_s(rp.keep),
                 "expected_downtime_rollback_s": rp.downtime_s(rp.rollback), "expected_downtime_below_floor_s": 0.0,
-                "per_restart_s": rp.per_restart_s, "recorded_restarts": rp.recorded, "restart_bound_s": rp.bound_s}
+                "per_restart_s": rp.per_restart_s, "recorded_restarts": rp.recorded, "restart_bound_s": rp.bound_s,
+                "gate_traffic": self.gate_traffic, "clients_held_off_keep_s": held[0],
+                "clients_held_off_rollback_s": held[1], "clients_held_off_below_floor_s": 0.0,
+                "clients_held_off_note": held[2]}
+
+    def clients_held_off(self) -> tuple[float | None, float | None, str]:
+        """Seconds production's clients (one backend) get no answer in the speculate step, ``(kept, rolled back,
+        why)``; None: no figure recorded. ``serving.gate_traffic: live``: only the restarts (the gate measures
+        beside them); a ``drain_hook``: the whole gate (the median of production's recorded speculate windows,
+        restarts included), whatever the path; neither: the restarts, but the gate sees their requests and
+        decides nothing (undecided: rolled back)."""
+        rp = self.restarts
+        down = (rp.downtime_s(rp.keep), rp.downtime_s(rp.rollback))
+        if self.gate_traffic == "live":
+            return (*down, "serving.gate_traffic: live: clients stay on production during the gate except for its "
+                           "restarts")
+        if self.drain:
+            gate = next((t for s in self.steps if s.key == "speculate" for p, t, _ in s.parts if p == "the gate"),
+                        None)
+            return (gate, gate, "serving.drain_hook takes clients off production for the whole gate (its median "
+                                "recorded wall time, restarts included)")
+        return (*down, "no drain_hook and serving.gate_traffic: idle: clients stay on production, and a gate that "
+                       "sees their requests is undecided (rolled back); set serving.gate_traffic: live")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (``--dry-run --json``; also ``plan.json`` beside the journal)."""
@@ -229,6 +258,12 @@ class CyclePlan:
             if s.argv:
                 out.append(f"      $ {render(s.argv)}")
         out += ["production: " + line for line in self.restarts.lines()]
+        held = self.clients_held_off()
+        if held[0] is not None and held[1] is not None:
+            out.append(f"production: clients get no answer for ~{held[0]:.0f} s (kept) / ~{held[1]:.0f} s (rolled "
+                       f"back); {held[2]}")
+        else:
+            out.append(f"production: clients' time without an answer: {NO_FIGURE}; {held[2]}")
         out.append(f"production: a head below the acceptance floor ({self.acceptance_floor:g}) on "
                    f"{self.train_host} ends the cycle with no restart of production")
         out += [f"note: {n}" for n in self.notes]
@@ -267,7 +302,8 @@ def plan_cycle(facts: CycleFacts, opts: CycleOptions) -> CyclePlan:
     ex_step, ex = _extract_step(facts, opts, live)
     steps = [*_data_steps(facts, opts, live), ex_step, *_head_steps(facts, opts, live, ex)]
     return CyclePlan(facts.production, tuple(w.name for w in facts.work), opts.run, tuple(steps), facts.restarts,
-                     facts.acceptance_floor, tuple(facts.dead), tuple(ex.notes) if ex is not None else ())
+                     facts.acceptance_floor, tuple(facts.dead), tuple(ex.notes) if ex is not None else (),
+                     facts.gate_traffic, facts.drain)
 
 
 def _live_work_hosts(facts: CycleFacts) -> list[WorkFacts]:

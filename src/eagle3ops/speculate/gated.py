@@ -61,6 +61,7 @@ def gate_job(h: Any, change: ReleaseChange, *, margin: float, passes: int, resta
                         passes=passes, margin=margin, acceptance_floor=None, ttft_ratio_max=s.gate_ttft_ratio_max,
                         warmup_prompts=min(s.gate_warmup_prompts, len(gate)), prompt_sets=ship.prompt_sets(gate),
                         drain_hook=s.drain_hook, undrain_hook=s.undrain_hook, hook_timeout_s=s.hook_timeout_s,
+                        traffic=s.gate_traffic,
                         design=s.gate_design, figures=figures)
 
 

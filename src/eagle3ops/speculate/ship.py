@@ -551,6 +551,7 @@ def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: st
                         acceptance_floor=floor, ttft_ratio_max=s.gate_ttft_ratio_max,
                         warmup_prompts=min(s.gate_warmup_prompts, len(prompts)), prompt_sets=sets or {},
                         drain_hook=s.drain_hook, undrain_hook=s.undrain_hook, hook_timeout_s=s.hook_timeout_s,
+                        traffic=s.gate_traffic,
                         design=design_for(s.gate_design, len(cands)), figures=figures)
 
 

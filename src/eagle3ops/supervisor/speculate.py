@@ -120,7 +120,8 @@ def measure_serving(sup: SpeculateHost, job: SpeculateJob, passes: int | None = 
     return measure({"base_url": f"http://127.0.0.1:{sup.plan.health.port}", "model": sup.plan.health.model,
                     "prompts": job.prompts, "levels": job.levels, "max_tokens": job.max_tokens,
                     "passes": passes or job.passes, "api_key": sup.api_key(), "request_timeout_s": job.request_timeout_s,
-                    "idle_timeout_s": job.idle_timeout_s, "warmup_prompts": job.warmup_prompts})
+                    "idle_timeout_s": job.idle_timeout_s, "warmup_prompts": job.warmup_prompts,
+                    "traffic": job.traffic})
 
 
 #: The result's fields the audit line carries.
@@ -129,7 +130,7 @@ AUDIT_FIGURES = (
     "ttft_ratio_max", "deciding", "spec_decode", "levels", "margin", "margin_is_negative_test_setting",
     "acceptance_floor", "production_concurrency", "live_release", "baseline_release", "speculative_release",
     "control", "control_release", "measured_releases", "sets", "drain", "rule", "change", "candidates",
-    "ttft_ratio_p90", "ttft_breach", "traffic", "prefix_cache", "failed_requests")
+    "ttft_ratio_p90", "ttft_breach", "traffic", "clients", "prefix_cache", "failed_requests")
 
 
 class _Decided(Exception):

@@ -36,7 +36,7 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
     decision = decide(base, spec, sum_deltas(list(deltas.values())), production_concurrency=job.levels[0],
                       margin=job.margin, acceptance_floor=job.acceptance_floor,
                       ttft_ratio_max=math.inf if job.ttft_ratio_max is None else job.ttft_ratio_max, rule=job.rule,
-                      level=LEVEL if level is None else level, after=again)
+                      level=LEVEL if level is None else level, after=again, traffic=job.traffic)
     decision.figures["spec_decode_per_level"] = {str(c): d.figures() for c, d in deltas.items()}
 
     def p90(passes: list[Any]) -> float | None:
