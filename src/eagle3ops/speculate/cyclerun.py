@@ -142,7 +142,7 @@ def copy_dataset(src_r: Any, dst_rs: Sequence[Any], run: str) -> dict[str, Any]:
         Path(d, DATASET).write_bytes(body)
         Path(d, MANIFEST).write_text(man_text, encoding="utf-8")
         for r in dst_rs:
-            dst = reach.upload(r, run, Path(d))
+            dst = reach.write_dataset(r, run, Path(d))
             got = parse_hashes(r.run(wc.hash_files(dst["dir"], [DATASET]), check=False).stdout or "").get(DATASET)
             if got != want:
                 raise StepFailed(f"{r.host.name}:{dst['dataset']}: sha256 {got} after the copy, not {want}; rerun the "
