@@ -308,16 +308,8 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     image = opts.serving_image or s.speculative_image or s.image
     gate, source = select_gate(opts, opts.prompts or s.gate_prompts)
     like = check_live_release(r, opts, image, gate, serves_image=bool(speculative_change(h, run_dir, 3, image).image))
-    # the plan's restarts and the gate's power, from this host's recorded windows (read-only); a gate too weak to
-    # keep a good head is refused here, before anything is written on the host
-    recorded = window_results(r)
-    restarts = plan_restarts(r, control=opts.control, candidates=n_candidates, results=recorded, passes=passes)
-    power = power_plan(recorded, passes=passes, margin=margin, accepted=accept_low_power, candidates=n_candidates,
-                       design=restarts.design)
-    for line in power.lines():
-        echo(f"# {line}" if r.dry_run else line)
-    if (refused := power.refusal(h.name)) is not None:
-        raise SpeculateError(refused)
+    restarts, power = _restarts_and_power(r, opts, candidates=n_candidates, passes=passes, margin=margin,
+                                          accept_low_power=accept_low_power, echo=echo)
 
     # every write and launch from here on is made under the host's lock, taken after the reads and pure checks
     # above (the head's upload, the inspect helper, the results' folder, the image push); a refusal before the
@@ -348,6 +340,27 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                              f"(window {res.get('window_id')}, outcome {res.get('outcome')}: {res.get('error')})")
     return {**attempt, "window_id": res.get("window_id"), "outcome": res.get("outcome"),
             "restarts_s": res.get("restarts_s"), "wall_s": round(time.monotonic() - t0, 1)}
+
+
+def _restarts_and_power(r: Any, opts: SpeculateOptions, *, candidates: int, passes: int, margin: float,
+                        accept_low_power: bool, echo: Callable[[str], None]) -> tuple[RestartPlan, Any]:
+    """(restarts, power) of :func:`speculate`, from this host's recorded windows (read-only): the plan's restarts
+    and expected downtime (:func:`plan_restarts`) and the gate's power at ``passes`` and ``margin``
+    (:func:`eagle3ops.speculate.power.power_plan`), its lines echoed.
+
+    Raises:
+        SpeculateError: the gate is too weak to keep a good head (and ``accept_low_power`` is off); refused here,
+            before anything is written on the host.
+    """
+    recorded = window_results(r)
+    restarts = plan_restarts(r, control=opts.control, candidates=candidates, results=recorded, passes=passes)
+    power = power_plan(recorded, passes=passes, margin=margin, accepted=accept_low_power, candidates=candidates,
+                       design=restarts.design)
+    for line in power.lines():
+        echo(f"# {line}" if r.dry_run else line)
+    if (refused := power.refusal(r.host.name)) is not None:
+        raise SpeculateError(refused)
+    return restarts, power
 
 
 def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: str, gate: list[pr.Prompt],
