@@ -30,7 +30,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "stages/train.py::run_train": (311, "setup, step loop, checkpoints and the final head in one function; to be "
                                    "split by job like speculators' train/"),
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
-    "speculate/ship.py::_inspect_and_plan": (80, "the inspect helper's answer checked field by field"),
     "fixtures/tinydraft.py::build_tiny_eagle3_draft": (68, "a tiny draft head's config and weights written field by "
                                                        "field"),
 }
