@@ -28,8 +28,6 @@ MAX_CODE_LINES = 60
 #: goes once its function is split; a ceiling is lowered whenever its function shrinks.
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
-    "fixtures/tinydraft.py::build_tiny_eagle3_draft": (68, "a tiny draft head's config and weights written field by "
-                                                       "field"),
 }
 
 _SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
