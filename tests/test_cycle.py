@@ -21,8 +21,10 @@ SSH connection refused).
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -283,7 +285,10 @@ def test_killed_driver_rerun_resumes_without_repeating_finished_steps(tmp_path: 
 def test_a_live_drivers_lock_is_refused(tmp_path: Path) -> None:
     j = cr.CycleJournal(executor.local(), str(tmp_path / "cycle"))
     assert j.acquire("eagle3ops cycle prod --work w1 --run r1") is None
-    with pytest.raises(cy.CycleLocked, match=f"pid {os.getpid()}.*--take-over"):
+    # the refusal names the holder as every journal lock does (user@machine, pid, since, command)
+    holder = re.escape(f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()}) since ")
+    with pytest.raises(cy.CycleLocked, match=f"{holder}.*: `eagle3ops cycle prod --work w1 --run r1`; wait for it, "
+                                             f".*--take-over"):
         cr.CycleJournal(executor.local(), str(tmp_path / "cycle")).acquire("again")
     assert "--take-over" in cr.CycleJournal(executor.local(), str(tmp_path / "cycle")).acquire("x", take_over=True)
 

@@ -302,18 +302,20 @@ def test_probe_dry_run_json_is_the_probe_container_under_the_lock(monkeypatch):
 
 
 def test_regenerate_dry_run_json_is_the_plan_and_its_upload(monkeypatch, tmp_path):
-    """``regenerate --dry-run --json``: the conversations to answer, the settings and the upload's commands (the
-    run's own folder: no lock); the serving is not asked."""
+    """``regenerate --dry-run --json``: the conversations to answer, the settings and the upload's commands under
+    the host's lock (an extract window of the run reads the folder under it); the serving is not asked."""
     from eagle3ops.config import load_inventory
+    from test_lock_first import _facts
 
     h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
-    rec = RecordingHost(stop_at_lock=False)
+    rec = RecordingHost(facts=_facts, stop_at_lock=False)
     doc = _invoke(monkeypatch, rec, ["regenerate", "sandbox", "--run", "r1", "--limit", "2", "--out",
                                      str(tmp_path / "out"), "--inventory", str(REPO / "deploy/hosts.yaml")])
     assert doc["kind"] == "regenerate" and doc["plan"]["conversations"] == 2 and len(doc["plan"]["to_send"]) == 2
     assert doc["plan"]["settings"]["model"] == h.serving.served_model_name, doc
     d = f"{h.data_dir}/runs/r1/regenerated"
-    assert doc["changes"] == [f"mkdir -p {d}", f"tee {d}/dataset.jsonl", f"tee {d}/dataset.manifest.json"], doc
+    _lock_first(doc["changes"], h.state_dir)
+    assert doc["changes"][3:-1] == [f"mkdir -p {d}", f"tee {d}/dataset.jsonl", f"tee {d}/dataset.manifest.json"], doc
 
 
 def test_recover_of_serving_stopped_outside_a_window_dry_run_json_is_its_start_under_the_lock(monkeypatch):

@@ -27,16 +27,7 @@ MAX_CODE_LINES = 60
 #: ``"module.py::qualname"`` → (ceiling in code lines = its length when listed, why it is long for now). A row
 #: goes once its function is split; a ceiling is lowered whenever its function shrinks.
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
-    "stages/train.py::run_train": (311, "setup, step loop, checkpoints and the final head in one function; to be "
-                                   "split by job like speculators' train/"),
-    "window/run.py::run_window": (94, "the driver side of a window: upload, launch and follow with one set of "
-                                  "cleanups"),
-    "stages/probe.py::run_probe": (93, "the reference forward and vLLM's capture compared in one function"),
     "stages/chatdata.py::_array_rows": (82, "a streaming JSON array decoder: one state machine over a text window"),
-    "speculate/ship.py::_inspect_and_plan": (80, "the inspect helper's answer checked field by field"),
-    "speculate/ship.py::speculate": (61, "the speculate driver: options, push, the host job and its result"),
-    "fixtures/tinydraft.py::build_tiny_eagle3_draft": (68, "a tiny draft head's config and weights written field by "
-                                                       "field"),
 }
 
 _SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}

@@ -327,7 +327,8 @@ def test_killed_driver_rerun_resumes(tmp_path: Path, kill_at: str) -> None:
     j = GroupJournal(executor.local(), str(tmp_path / "groups" / "chat"))
     taken = j.acquire("x")  # the dead driver's lock is taken over...
     assert taken and f"pid {pid}" in taken and "that process is gone" in taken
-    with pytest.raises(GroupLocked, match="--take-over"):  # ...a live driver's is refused
+    with pytest.raises(GroupLocked, match=r"is held by .*@.* \(pid \d+\) since .*: `x`; wait for it \(its progress: "
+                                          r"`eagle3ops group status`\).*--take-over"):  # ...a live driver's is refused
         GroupJournal(executor.local(), str(tmp_path / "groups" / "chat")).acquire("y")
     j.release()
     (tmp_path / "ran.txt").unlink()

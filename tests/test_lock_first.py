@@ -10,7 +10,8 @@ A serving group's ``rollout``/``release``/``rollback`` reads every group host an
 on its first host. ``recover`` takes the host's lock to start serving stopped outside a window, and resumes an
 interrupted window only after reading that the window holds the lock. The host-changing commands that take no deploy
 lock by design (``watch``: its own records; ``group promote|pause``: a request row for the driver that holds the group
-lock) are checked for what they change, and that a refused one changes nothing.
+lock) are checked for what they change, and that a refused one changes nothing. ``regenerate`` asks live serving
+with no lock and uploads its dataset under the host's lock.
 """
 
 from __future__ import annotations
@@ -149,6 +150,69 @@ def test_speculate_releases_its_lock_when_a_check_after_it_refuses(monkeypatch):
     assert not any("plan.json" in c or "eagle3ops-supervisor-" in c and " run " in c for c in cmds)
     audit = [json.loads(x) for x in facts.files[next(p for p in facts.files if p.endswith("audit.jsonl"))].splitlines()]
     assert audit[-1]["outcome"] == "not started" and "hidden" in audit[-1]["error"]
+
+
+def _regenerate(monkeypatch, tmp_path, facts):
+    """``regenerate sandbox --run r1 --limit 2`` against the recording host with ``facts``; STAND-INS: the live
+    serving (:class:`test_regenerate.StandInServer` behind httpx's ``MockTransport``, asked by the real
+    :func:`eagle3ops.speculate.regenerate.regenerate`) and the endpoint the driver reaches it at. Returns the
+    result, the recorder and the host's regenerated folder."""
+    import contextlib
+    import functools
+
+    import httpx
+
+    from eagle3ops.config import load_inventory
+    from eagle3ops.speculate import reach
+    from eagle3ops.speculate import regenerate as rg
+    from test_regenerate import StandInServer
+
+    monkeypatch.setattr(reach, "serving_endpoint", contextlib.contextmanager(
+        lambda r, key, **_: iter([("http://serving.invalid", "stand-in serving")])))
+    monkeypatch.setattr(reach, "regenerate", functools.partial(
+        rg.regenerate, transport=httpx.MockTransport(StandInServer())))
+    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    out = _run(monkeypatch, rec, "regenerate", "sandbox", "--run", "r1", "--limit", "2", "--out",
+               str(tmp_path / "out"))
+    return out, rec, f"{load_inventory(INVENTORY).host('sandbox').data_dir}/runs/r1/regenerated"
+
+
+def test_regenerate_uploads_only_under_the_lock_and_a_held_lock_keeps_the_answers(monkeypatch, tmp_path):
+    """``regenerate``: the answers are asked with no lock (live serving, no window: the long part); the dataset and
+    its manifest are written into the run's folder only between the host's lock and its release (an extract window
+    of that run reads the folder under the lock, so it never reads a half-written file). A lock held by a window:
+    nothing is written, the command fails naming the holder, and the answers stay local: the rerun asks nothing
+    again and only uploads."""
+    from eagle3ops.config import load_inventory
+
+    held = {"on": True}
+    lock = f"{load_inventory(INVENTORY).host('sandbox').state_dir}/lock"
+
+    def facts(argv, stdin):
+        if held["on"] and argv == ["mkdir", lock]:
+            return 1, "", f"mkdir: cannot create directory '{lock}': File exists"
+        if held["on"] and argv[:2] == ["test", "-d"] and argv[-1] == lock:
+            return 0, "", ""
+        if held["on"] and argv[:2] == ["find", f"{lock}/details.json"]:
+            return 0, json.dumps({"window_id": "20990101T000000Z-extract-abcdef", "holder": "ops@elsewhere",
+                                  "since": "2099-01-01T00:00:00+00:00", "command": "eagle3ops extract sandbox"}), ""
+        return _facts(argv, stdin)
+
+    out, rec, folder = _regenerate(monkeypatch, tmp_path, facts)
+    said = " ".join(out.output.split())
+    assert out.exit_code == 1 and "ops@elsewhere" in said and "kept in" in said, out.output
+    assert not [c.cmd for c in rec.calls if c.kind in ("change", "launch") and folder in c.cmd]
+    assert len((tmp_path / "out" / "dataset.jsonl").read_text().splitlines()) == 2  # the answers, kept
+    held["on"] = False
+    out, rec, folder = _regenerate(monkeypatch, tmp_path, facts)
+    assert out.exit_code == 0 and "(0 now, 2 resumed" in " ".join(out.output.split()), out.output
+    assert not pre_lock_changes(rec.calls), pre_lock_changes(rec.calls)
+    cmds = [c.cmd for c in rec.calls]
+    lock_at = next(i for i, c in enumerate(rec.calls) if c.kind == "lock" and c.argv[1] != "-p")
+    written = [i for i, c in enumerate(cmds) if folder in c]
+    released = max(i for i, c in enumerate(cmds) if c == f"rm -rf -- {lock}")
+    assert len(written) == 3 and lock_at < min(written) and max(written) < released, cmds
+    assert rec.calls[written[1]].stdin == (tmp_path / "out" / "dataset.jsonl").read_bytes()
 
 
 def _stopped_serving(base):

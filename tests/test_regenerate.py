@@ -299,11 +299,17 @@ def test_rows_relayed_from_the_host_reach_the_resume_log_as_they_stream(tmp_path
                                                                      None, s))
 
 
-def test_dry_run_prints_the_plan_and_the_upload_and_sends_nothing(tmp_path):
+def test_dry_run_prints_the_plan_and_the_upload_and_sends_nothing(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
+    from eagle3ops import executor
     from eagle3ops.cli import app
+    from recording_host import RecordingHost
 
+    # the lock's reads answered by a recording host: the lock is free
+    rec = RecordingHost(facts=lambda argv, _in: (1, "", "") if argv[:2] == ["test", "-d"] else None,
+                        stop_at_lock=False)
+    monkeypatch.setattr(executor, "for_host", rec.for_host)
     inv = Path(__file__).resolve().parents[1] / "deploy/hosts.yaml"
     res = CliRunner().invoke(app, ["regenerate", "sandbox", "--run", "r-dry", "--limit", "3", "--max-tokens", "9",
                                    "--concurrency", "2", "--out", str(tmp_path / "out"), "-i", str(inv),
@@ -312,4 +318,4 @@ def test_dry_run_prints_the_plan_and_the_upload_and_sends_nothing(tmp_path):
     assert "regenerate 3 conversations" in res.output and "3 to send" in res.output
     assert "max_tokens 9" in res.output and "concurrency 2" in res.output
     assert "tee /var/lib/eagle3ops-sandbox/" in res.output and "/runs/r-dry/regenerated/dataset.jsonl" in res.output
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and all(c.dry_run for c in rec.calls if c.kind != "read")

@@ -62,13 +62,8 @@ class GroupJournal(CycleJournal):
         self.journal = f"{self.dir}/rollouts/{rollout_id}/journal.jsonl"
 
     lock_name = "the group lock"
-
-    def held_error(self, held: Mapping[str, Any]) -> Exception:
-        """The group lock held by a live driver here, or by another machine (``acquire`` without ``take_over``)."""
-        return GroupLocked(f"the group lock {self.lock_dir} is held by {held.get('user', '?')}@"
-                           f"{held.get('machine', '?')} (pid {held.get('pid', '?')}) since {held.get('since', '?')}: "
-                           f"`{held.get('command', '?')}`; wait for it (its progress: `eagle3ops group status`), "
-                           f"or when that driver is dead, rerun with --take-over")
+    locked_error = GroupLocked
+    wait_hint = "wait for it (its progress: `eagle3ops group status`)"
 
     def holder_alive(self) -> bool | None:
         """Whether the lock's driver runs: True/False for a driver of this machine, None for another machine's

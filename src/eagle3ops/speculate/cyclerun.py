@@ -26,8 +26,8 @@ from eagle3ops import redact
 from eagle3ops.commands import host as hc
 from eagle3ops.speculate.cycle import CycleEnded, CycleError, CycleLocked, CyclePlan, CycleStep, StepFailed, lost_on
 
-__all__ = ["CycleJournal", "acceptance_beside", "acceptance_verdict", "copy_dataset", "cycle_dir", "finished_hosts",
-           "journaled_dead", "measure_served", "run_cycle"]
+__all__ = ["CycleJournal", "acceptance_beside", "acceptance_verdict", "copy_dataset", "cycle_dir", "describe_holder",
+           "finished_hosts", "journaled_dead", "measure_served", "run_cycle"]
 
 
 def acceptance_verdict(before: str, after: str, floor: float) -> dict[str, Any]:
@@ -142,7 +142,7 @@ def copy_dataset(src_r: Any, dst_rs: Sequence[Any], run: str) -> dict[str, Any]:
         Path(d, DATASET).write_bytes(body)
         Path(d, MANIFEST).write_text(man_text, encoding="utf-8")
         for r in dst_rs:
-            dst = reach.upload(r, run, Path(d))
+            dst = reach.write_dataset(r, run, Path(d))
             got = parse_hashes(r.run(wc.hash_files(dst["dir"], [DATASET]), check=False).stdout or "").get(DATASET)
             if got != want:
                 raise StepFailed(f"{r.host.name}:{dst['dataset']}: sha256 {got} after the copy, not {want}; rerun the "
@@ -168,6 +168,13 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def describe_holder(held: Mapping[str, Any]) -> str:
+    """The driver holding a journal's lock, as every message names it: ``user@machine (pid N) since T: `command```
+    from ``held`` (``lock/holder.json`` as :meth:`CycleJournal.acquire` writes it; a missing field reads ``?``)."""
+    return (f"{held.get('user', '?')}@{held.get('machine', '?')} (pid {held.get('pid', '?')}) since "
+            f"{held.get('since', '?')}: `{held.get('command', '?')}`")
 
 
 class CycleJournal:
@@ -199,8 +206,7 @@ class CycleJournal:
             mine = held.get("machine") == socket.gethostname() and isinstance(held.get("pid"), int)
             if not take_over and not (mine and not pid_alive(held["pid"])):
                 raise self.held_error(held)
-            taken = (f"took over {self.lock_name} from {held.get('user', '?')}@{held.get('machine', '?')} pid "
-                     f"{held.get('pid', '?')} (since {held.get('since', '?')}): "
+            taken = (f"took over {self.lock_name} from {describe_holder(held)}; "
                      + ("--take-over" if take_over else "that process is gone"))
         holder = {"machine": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "since": _now(),
                   "command": redact.text(command, self.secret_env)}
@@ -209,13 +215,16 @@ class CycleJournal:
 
     #: The lock as messages name it.
     lock_name = "the cycle's lock"
+    #: What :meth:`acquire` raises when the lock is held (a subclass's lock raises its own).
+    locked_error: type[Exception] = CycleLocked
+    #: How to wait for the holder, as the refusal says it.
+    wait_hint = "wait for it"
 
     def held_error(self, held: Mapping[str, Any]) -> Exception:
-        """What :meth:`acquire` raises when a live driver (or another machine's) holds the lock ``held``."""
-        return CycleLocked(f"the cycle of {self.dir} is driven by {held.get('user', '?')}@{held.get('machine', '?')} "
-                           f"(pid {held.get('pid', '?')}) since {held.get('since', '?')}: "
-                           f"`{held.get('command', '?')}`; wait for it, or when that driver is dead, rerun with "
-                           f"--take-over")
+        """What :meth:`acquire` raises when a live driver (or another machine's) holds the lock ``held``: a
+        :attr:`locked_error` naming the lock, its holder (:func:`describe_holder`), how to wait and ``--take-over``."""
+        return self.locked_error(f"{self.lock_name} {self.lock_dir} is held by {describe_holder(held)}; "
+                                 f"{self.wait_hint}, or when that driver is dead, rerun with --take-over")
 
     def read_holder(self) -> dict[str, Any]:
         """The lock's holder (``{}``: none recorded)."""

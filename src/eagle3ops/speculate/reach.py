@@ -11,7 +11,8 @@ The pure part (settings, items, resume log, plan, the HTTP client and its retrie
 - :func:`host_relay`: else (the host's sshd forbids forwarding, as the sandbox's does) the requests are relayed on
   the host by the deployed pipeline image (the way the speculation gate measures), its rows streamed back over SSH
   into the same resume log;
-- :func:`upload`: the dataset and its manifest go into ``<data_dir>/runs/<run>/regenerated/``;
+- :func:`upload`: the dataset and its manifest go into ``<data_dir>/runs/<run>/regenerated/``, under the host's
+  deploy lock (an extract window of that run reads the folder under it);
 - :func:`regenerate_for_host`: all of the above around :func:`eagle3ops.speculate.regenerate.regenerate`.
 """
 
@@ -41,7 +42,7 @@ from eagle3ops.speculate.regenerate import (
 from eagle3ops.serving_http import ServingClient, ServingHTTPError
 
 __all__ = ["ForwardRefused", "RegenerateError", "host_paths", "host_relay", "regenerate_for_host",
-           "serving_api_key", "serving_endpoint", "upload"]
+           "serving_api_key", "serving_endpoint", "upload", "write_dataset"]
 
 
 def serving_api_key(r: Any) -> str | None:
@@ -207,17 +208,48 @@ def host_paths(r: Any, run: str) -> dict[str, str]:
     return {"dir": base, "dataset": f"{base}/{DATASET}", "manifest": f"{base}/{MANIFEST}"}
 
 
-def upload(r: Any, run: str, out_dir: Path) -> dict[str, str]:
-    """Copy ``dataset.jsonl`` and its manifest into ``<data_dir>/runs/<run>/regenerated/`` on the host (data_dir
-    only, never serving; no window needed); returns :func:`host_paths`. Name ``regenerated/dataset.jsonl`` in
-    ``prepare.datasets`` of the run's pipeline.yaml to train on it."""
+def write_dataset(r: Any, run: str, out_dir: Path) -> dict[str, str]:
+    """Write ``dataset.jsonl`` and its manifest from the local ``out_dir`` into ``<data_dir>/runs/<run>/regenerated/``
+    on the host (data_dir only, never serving); returns :func:`host_paths`. The caller holds what keeps a reader of
+    that folder out (:func:`upload`: the host's deploy lock); a dry run records the writes and reads nothing local.
+    """
     from eagle3ops.commands import host as hc
 
     paths = host_paths(r, run)
     r.run(hc.mkdir_p(paths["dir"]))
-    r.run(hc.write_file(paths["dataset"]), stdin=(Path(out_dir) / DATASET).read_bytes(), timeout=600)
-    r.run(hc.write_file(paths["manifest"]), stdin=(Path(out_dir) / MANIFEST).read_bytes())
+    for name, key, timeout in ((DATASET, "dataset", 600), (MANIFEST, "manifest", None)):
+        body = b"" if r.dry_run else (Path(out_dir) / name).read_bytes()
+        r.run(hc.write_file(paths[key]), stdin=body, timeout=timeout)
     return paths
+
+
+def upload(r: Any, run: str, out_dir: Path, command: str) -> dict[str, str]:
+    """:func:`write_dataset` under the host's deploy lock (:func:`eagle3ops.window.lock.holding_lock`, taken for the
+    writes alone and released after, ``command`` recorded as its holder's): an extract window of the same run holds
+    that lock while it reads the folder, so it never reads a half-written dataset. Name
+    ``regenerated/dataset.jsonl`` in ``prepare.datasets`` of the run's pipeline.yaml to train on it.
+
+    Raises:
+        LockHeld: another run holds the lock (nothing written; the message names its holder and command).
+        WindowError: the lock could not be taken (the message says how to fix it).
+    """
+    from eagle3ops.window.lock import holding_lock
+
+    with holding_lock(r, "regenerate", command, f"upload the regenerated dataset of run {run}"):
+        return write_dataset(r, run, out_dir)
+
+
+def _upload(r: Any, run: str, out_dir: Path, command: str) -> dict[str, str]:
+    """:func:`upload`, its refusal (the lock held, or not takeable) raised as a :class:`RegenerateError` that says
+    the answers are kept for a rerun."""
+    from eagle3ops.window.common import WindowError
+
+    try:
+        return upload(r, run, out_dir, command)
+    except WindowError as exc:  # LockHeld included: the answers are local, so nothing done is lost
+        raise RegenerateError(f"{exc} -- the regenerated dataset was not uploaded and is kept in {out_dir}: rerun "
+                              f"the same command once the lock is free (the answered conversations are not asked "
+                              f"again; only the upload is left)") from None
 
 
 def _deployed_image(r: Any) -> str | None:
@@ -237,9 +269,11 @@ def _deployed_image(r: Any) -> str | None:
 def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | None = None,
                         ssh_forward: bool = False, image: str | None = None,
                         extra_manifest: dict[str, Any] | None = None, progress: bool = True,
-                        echo: Callable[[str], None] = print) -> dict[str, Any]:
+                        echo: Callable[[str], None] = print, command: str | None = None) -> dict[str, Any]:
     """Run plan ``p`` against host ``r``'s live serving (API key and endpoint as the module doc says), then upload
-    the dataset into ``<data_dir>/runs/<run>/regenerated/``. ``direct``/``ssh_forward``: see
+    the dataset into ``<data_dir>/runs/<run>/regenerated/`` under the host's deploy lock (:func:`upload`, taken for
+    the upload alone: answering needs no lock, a window may run meanwhile; ``command`` names the holder, default
+    ``eagle3ops regenerate HOST --run RUN``). ``direct``/``ssh_forward``: see
     :func:`serving_endpoint`; when the host refuses the SSH forward, the requests are relayed on the host
     (:func:`host_relay`) by ``image`` (default: the deployed pipeline image). In a dry run (``r.dry_run``) print
     the plan and the upload's commands; nothing is sent.
@@ -250,18 +284,15 @@ def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | No
         the upload's changes).
 
     Raises:
-        RegenerateError: serving not reachable, or the API key file unreadable.
+        RegenerateError: serving not reachable, the API key file unreadable, or the upload refused (the host's lock
+            held by another run: its holder named; the dataset kept locally for a rerun that only uploads).
     """
+    command = command or f"eagle3ops regenerate {r.host.name} --run {run}"
     echo(p.describe())
     if r.dry_run:
         echo(f"# dry run: would ask {r.host.name}'s serving ({r.host.serving.served_model_name}, port "
-             f"{r.host.serving.port}) directly or through an SSH forward, then upload:")
-        upload_paths = host_paths(r, run)
-        from eagle3ops.commands import host as hc
-
-        for argv in (hc.mkdir_p(upload_paths["dir"]), hc.write_file(upload_paths["dataset"]),
-                     hc.write_file(upload_paths["manifest"])):
-            r.run(argv)
+             f"{r.host.serving.port}) directly or through an SSH forward, then upload under the host's lock:")
+        upload_paths = _upload(r, run, p.out_dir, command)
         return {"dry_run": True, "plan": p.describe(), "host_paths": upload_paths,
                 "doc": {"kind": "regenerate", "host": r.host.name, "run": run, "plan": p.as_dict(),
                         "host_paths": upload_paths, "changes": list(r.changes)}}
@@ -280,7 +311,7 @@ def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | No
         echo(f"serving endpoint: {how}")
         manifest = regenerate(p, None, endpoint=f"{where} ({how})", extra_manifest=extra_manifest,
                               progress=progress, rows_from=host_relay(r, image, key, p.settings))
-    paths = upload(r, run, p.out_dir)
+    paths = _upload(r, run, p.out_dir, command)
     echo(f"{manifest['answered']} of {manifest['conversations']} conversations answered "
          f"({manifest['answered_now']} now, {manifest['skipped_already_answered']} resumed, {manifest['failed']} "
          f"failed), {manifest['completion_tokens_now']} tokens in {manifest['wall_s']} s; uploaded to "

@@ -47,12 +47,8 @@ sandbox (:mod:`eagle3ops.window.standin`; the window checks it again).
 
 from __future__ import annotations
 
-import io
-import json
-import tarfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -68,26 +64,19 @@ from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.gate.decide import MIN_PASSES, block_passes
 from eagle3ops.gate.like import control_change
 from eagle3ops.speculate.crossread import check_as_serving_reads
-from eagle3ops.speculate.headcheck import HeadFacts, HeadMismatch, check_head
+from eagle3ops.speculate.headcheck import HeadMismatch, check_head
+from eagle3ops.speculate.headhost import dry_run_head, inspect_on_host, upload_head
 from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _live_image, check_as_vllm_reads,
                                            check_like_for_like, check_offline_floor, check_template,
                                            check_live_release, offline_estimate_for)
-from eagle3ops.speculate.onhost import head_sha256, parse_answer, safetensors_shapes
 from eagle3ops.speculate.power import power_plan
 from eagle3ops.speculate.restarts import (RestartPlan, design_for, parse_results, recorded_restart_seconds,
                                           restart_plan, restarts_for)
 from eagle3ops.window.served_template import ServedTemplateError, read_served_template
-from eagle3ops.transfer.weights import InstalledHead
 
 __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "check_as_vllm_reads", "check_like_for_like",
            "check_offline_floor", "check_template", "gate_prompts", "offline_estimate_for",
            "prompt_sets", "select_gate", "speculate"]
-
-#: Bound on the inspect helper (pipeline image start + reading headers and chats), seconds.
-INSPECT_TIMEOUT_S = 300.0
-#: Held-out tokens the host's estimate of a head from elsewhere reads (:mod:`eagle3ops.stages.estimate`).
-ESTIMATE_MAX_TOKENS = 8192
-
 
 def gate_prompts(n: int) -> list[pr.Prompt]:
     """The first ``n`` HumanEval prompts (file order) of the gate split."""
@@ -140,73 +129,6 @@ def prompt_sets(prompts: list[pr.Prompt]) -> dict[str, list[int]]:
     for i, p in enumerate(prompts):
         out.setdefault(p.set, []).append(i)
     return out
-
-
-def _upload_head(r: Any, head: Path | InstalledHead) -> tuple[str, str]:
-    """Upload a local head directory (its regular files) to ``<data_dir>/heads/<sha256[:12]>``; returns (the path,
-    the head's sha256: :func:`eagle3ops.speculate.onhost.head_sha256`). A head already installed from another host
-    (``--head HOST:RUN``, :class:`eagle3ops.transfer.weights.InstalledHead`) is not uploaded again; one whose fetch
-    was left to the lock's holder (``pending``) is fetched now (not in a dry run).
-
-    Raises:
-        SpeculateError: the head directory has no ``config.json``, or the fetch from the other host failed (a file
-            refused on arrival, a stream cut; the message names ``--head`` and says to rerun)."""
-    if isinstance(head, InstalledHead):
-        if head.pending is not None and not r.dry_run:
-            from eagle3ops.transfer.weights import WeightsError
-
-            try:
-                head.pending()
-            except WeightsError as e:
-                raise SpeculateError(f"--head {head}: {e}") from None
-        return head.dir, head.digest
-    files = sorted(p for p in head.iterdir() if p.is_file())
-    if not (head / "config.json").is_file():
-        raise SpeculateError(f"{head}: no config.json; pass the head's directory (speculators' saved format)")
-    digest = head_sha256(head)
-    dest = f"{r.host.data_dir}/heads/{digest[:12]}"
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for p in files:
-            tar.add(p, arcname=p.name)
-    r.run(hc.mkdir_p(dest))
-    r.run(sc.untar_into(dest), stdin=buf.getvalue(), timeout=600)
-    return dest, digest
-
-
-def dry_run_head_check(r: Any, head: Path) -> HeadFacts:
-    """The head check of ``speculate --head DIR --dry-run`` (:func:`eagle3ops.speculate.headcheck.check_head`), run
-    where the dry run can without changing anything: the head's ``config.json`` and safetensors headers read here,
-    the target's ``config.json`` read on the host (``cat``, a read). The checks that need the pipeline image (vLLM's
-    reading of the head, d2t/t2d values, the offline estimate) stay with the real run's inspect helper.
-
-    Raises:
-        SpeculateError: the head directory has no ``config.json`` or an unreadable safetensors file, the target's
-            config cannot be read (``model_path`` named), or the head does not fit (the field and the fix, from
-            :class:`~eagle3ops.speculate.headcheck.HeadMismatch`).
-    """
-    h = r.host
-    try:
-        head_config = json.loads((head / "config.json").read_text())
-        shapes: dict[str, list[int]] = {}
-        for f in sorted(head.glob("*.safetensors")):
-            shapes.update(safetensors_shapes(f))
-    except (OSError, ValueError) as exc:
-        raise SpeculateError(f"{head}: cannot read the head ({exc}); pass the head's directory (speculators' saved "
-                             "format: config.json and *.safetensors)") from None
-    out = r.run(hc.cat(f"{h.model_path}/config.json"), check=False)
-    try:
-        target = json.loads(out.stdout) if out.ok else None
-    except ValueError:
-        target = None
-    if not isinstance(target, dict):
-        raise SpeculateError(f"{h.name}: dry run: the target's {h.model_path}/config.json cannot be read "
-                             f"({(out.stderr or '').strip()[-200:] or 'not JSON'}): check hosts.{h.name}.model_path")
-    try:
-        return check_head(head_config, shapes, target)
-    except HeadMismatch as e:
-        raise SpeculateError(f"{h.name}: dry run: the head check fails, a real run would refuse {head} before "
-                             f"anything changes: {e}") from None
 
 
 def _ensure_image(r: Any, image: str, echo: Callable[[str], None], push: Callable[[str, Any], str]) -> str:
@@ -308,16 +230,8 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     image = opts.serving_image or s.speculative_image or s.image
     gate, source = select_gate(opts, opts.prompts or s.gate_prompts)
     like = check_live_release(r, opts, image, gate, serves_image=bool(speculative_change(h, run_dir, 3, image).image))
-    # the plan's restarts and the gate's power, from this host's recorded windows (read-only); a gate too weak to
-    # keep a good head is refused here, before anything is written on the host
-    recorded = window_results(r)
-    restarts = plan_restarts(r, control=opts.control, candidates=n_candidates, results=recorded, passes=passes)
-    power = power_plan(recorded, passes=passes, margin=margin, accepted=accept_low_power, candidates=n_candidates,
-                       design=restarts.design)
-    for line in power.lines():
-        echo(f"# {line}" if r.dry_run else line)
-    if (refused := power.refusal(h.name)) is not None:
-        raise SpeculateError(refused)
+    restarts, power = _restarts_and_power(r, opts, candidates=n_candidates, passes=passes, margin=margin,
+                                          accept_low_power=accept_low_power, echo=echo)
 
     # every write and launch from here on is made under the host's lock, taken after the reads and pure checks
     # above (the head's upload, the inspect helper, the results' folder, the image push); a refusal before the
@@ -350,6 +264,27 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
             "restarts_s": res.get("restarts_s"), "wall_s": round(time.monotonic() - t0, 1)}
 
 
+def _restarts_and_power(r: Any, opts: SpeculateOptions, *, candidates: int, passes: int, margin: float,
+                        accept_low_power: bool, echo: Callable[[str], None]) -> tuple[RestartPlan, Any]:
+    """(restarts, power) of :func:`speculate`, from this host's recorded windows (read-only): the plan's restarts
+    and expected downtime (:func:`plan_restarts`) and the gate's power at ``passes`` and ``margin``
+    (:func:`eagle3ops.speculate.power.power_plan`), its lines echoed.
+
+    Raises:
+        SpeculateError: the gate is too weak to keep a good head (and ``accept_low_power`` is off); refused here,
+            before anything is written on the host.
+    """
+    recorded = window_results(r)
+    restarts = plan_restarts(r, control=opts.control, candidates=candidates, results=recorded, passes=passes)
+    power = power_plan(recorded, passes=passes, margin=margin, accepted=accept_low_power, candidates=candidates,
+                       design=restarts.design)
+    for line in power.lines():
+        echo(f"# {line}" if r.dry_run else line)
+    if (refused := power.refusal(r.host.name)) is not None:
+        raise SpeculateError(refused)
+    return restarts, power
+
+
 def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: str, gate: list[pr.Prompt],
                       source: dict[str, Any], margin: float, floor: float, max_tokens: int, passes: int,
                       restarts: RestartPlan, power: Any, like: dict[str, Any],
@@ -368,38 +303,13 @@ def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: st
     # 1. inspect and check (read-only, except a --head upload into data_dir and the results' folder, made here as
     # the SSH user: a bind mount of a missing run dir would make Docker create it as root)
     r.run(hc.mkdir_p(f"{run_dir}/speculate"))
-    head_dir, digest = _upload_head(r, opts.head) if opts.head else (f"{run_dir}/train/final", None)
+    head_dir, digest = upload_head(r, opts.head) if opts.head else (f"{run_dir}/train/final", None)
     if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
-        if isinstance(opts.head, InstalledHead):  # on the host, not fetched yet in a dry run: nothing to read
-            echo(f"# dry run: {opts.head.dir} would be fetched and checked against {h.model_path}")
-        else:
-            facts = dry_run_head_check(r, opts.head)
-            echo(f"# dry run: {opts.head} would be uploaded to {head_dir}; head check passed against "
-                 f"{h.model_path}/config.json (read on {h.name}): hidden size {facts.hidden_size}, vocab "
-                 f"{facts.target_vocab_size} (draft {facts.draft_vocab_size}), aux layers {facts.aux_layer_ids} of "
-                 f"{facts.target_layers}" + "".join(f"; {w}" for w in facts.warnings)
-                 + "; the real run also checks the head as vLLM reads it and its offline estimate, on the host")
+        dry_run_head(r, opts, head_dir, echo)
         job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.request for p in gate], margin, floor,
                    max_tokens, passes, {}, prompt_sets(gate))
         return job
-    mount_run = r.run(hc.test_dir(run_dir), check=False).ok
-    if not r.run(hc.exists(f"{head_dir}/config.json"), check=False).ok:  # before docker would create the bind source
-        what = (f"run {opts.run} has no trained head ({head_dir}/config.json is missing)" if mount_run
-                else f"run {opts.run} does not exist on {h.name} ({run_dir} is missing)")
-        raise SpeculateError(f"{h.name}: {what}: train it first (`eagle3ops train {h.name} --run {opts.run}`), or "
-                             "ship a head trained elsewhere with --head DIR")
-    res = r.run(sc.gate_helper(h, opts.pipeline_image, "inspect", head_dir=head_dir,
-                               run_dir=run_dir if mount_run else None),
-                stdin=json.dumps({"gate": [{"id": p.id, "text": p.text} for p in gate],
-                                  **({"estimate": {"run": opts.run, "max_tokens": ESTIMATE_MAX_TOKENS}}
-                                     if opts.head else {})}), check=False,
-                timeout=INSPECT_TIMEOUT_S)
-    try:
-        info = parse_answer(res.stdout)
-    except ValueError:
-        raise SpeculateError(f"{h.name}: cannot read the head at {head_dir} or the target at {h.model_path}: "
-                             f"{res.stderr.strip()[-600:]}; train the run first (eagle3ops train) or pass "
-                             "--head DIR") from None
+    info = inspect_on_host(r, opts, run_dir=run_dir, head_dir=head_dir, gate=gate)
     try:
         facts = check_head(info["head_config"], info["shapes"], info["target_config"])
         read_as = check_as_vllm_reads(info, facts, own_run=not opts.head)
@@ -565,12 +475,6 @@ def _dry(r: Any, opts: SpeculateOptions, job: SpeculateJob, restarts: RestartPla
                       command=opts.command, run=opts.run, speculate=job, on_event=on_event, held=window_id)
     return {"verdict": "dry-run", "reason": "dry run: nothing measured, nothing changed", "release_plan": plan,
             "speculative_change": job.change.model_dump(), "restarts": restarts.figures()}
-
-
-def upload_head(r: Any, head: Path | InstalledHead) -> tuple[str, str]:
-    """The head on ``r``'s host, as the speculate job puts it there (:func:`_upload_head`): for a serving group's
-    rolled hosts, which serve the release the canary's gate kept. Returns (its directory there, its sha256)."""
-    return _upload_head(r, head)
 
 
 def ensure_image(r: Any, image: str, echo: Callable[[str], None],

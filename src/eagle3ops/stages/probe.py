@@ -88,28 +88,16 @@ def probe_sequences(run_dir: Path, vocab_size: int, n: int, lo: int, hi: int, se
     return [[rng.randrange(a, b) for _ in range(length)] for length in lengths], "random ids"
 
 
-def run_probe(
-    run_dir: Path,
-    config: PipelineConfig,
-    log: Any = print,
-    num_seqs: int = 48,
-    max_num_batched_tokens: int = 256,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Run the probe; writes ``<run_dir>/probe/report.json`` and returns the report.
-
-    ``num_seqs`` sequences go to the engine in two calls: ``num_seqs - 8`` (must exceed 32, the scheduler's
-    sequence limit), then 8 (7 new ones and a repeat of the first). Sequence lengths lie in
-    ``[budget // 2, min(2 * budget, max_model_len - 1)]`` with ``budget = max_num_batched_tokens``, lowered to
-    ``(max_model_len - 1) // 2`` when needed so that some prompts are always chunked.
+def _plan(run_dir: Path, config: PipelineConfig, log: Any, num_seqs: int, max_num_batched_tokens: int,
+          seed: int) -> dict[str, Any]:
+    """What the probe sends (:func:`run_probe`'s doc): ``layer_ids`` (the aux layers and the last), ``hidden``,
+    ``text`` (the target's text config), ``budget`` (the step's token budget), ``calls`` (the two calls' token id
+    lists), ``source`` (where the token ids come from); the plan logged.
 
     Raises:
-        eagle3ops.patches.probekit.ProbeFailed: the engine returned wrong ids, counts or shapes, or the errors
-            exceed the tolerance (the message lists each limit crossed; the report is written first).
         ValueError: ``num_seqs`` <= 40 or ``max_num_batched_tokens`` < 32.
     """
-    from eagle3ops.patches.probekit import ProbeFailed, hidden_state_errors
-    from eagle3ops.stages.extract import TransformersEngine, make_vllm_generator, resolve_layer_ids
+    from eagle3ops.stages.extract import resolve_layer_ids
     from eagle3ops.stages.vocab import target_text_config
 
     if num_seqs <= SCHEDULER_MAX_SEQS + 8:
@@ -118,7 +106,6 @@ def run_probe(
     if max_num_batched_tokens < SCHEDULER_MAX_SEQS:
         raise ValueError(f"--max-num-batched-tokens {max_num_batched_tokens}: vLLM needs at least "
                          f"{SCHEDULER_MAX_SEQS} (max_num_seqs)")
-    t0 = time.monotonic()
     text = target_text_config(config.target_model)
     aux, n_layers, hidden = resolve_layer_ids(config)
     layer_ids = [*aux, n_layers - 1]
@@ -129,11 +116,24 @@ def run_probe(
     calls = [seqs[: num_seqs - 8], seqs[num_seqs - 8 :] + [seqs[0]]]
     log(f"probe: {config.target_model}: layers {layer_ids}, {num_seqs} sequences of {min(map(len, seqs))}.."
         f"{hi} tokens ({source}) in calls of {len(calls[0])} and {len(calls[1])}; step budget {budget} tokens")
+    return {"layer_ids": layer_ids, "hidden": hidden, "text": text, "budget": budget, "calls": calls,
+            "source": source}
 
-    gen = make_vllm_generator(config, layer_ids, max_num_batched_tokens=budget)
+
+def _capture(config: PipelineConfig, plan: dict[str, Any], log: Any) -> tuple[list[dict[str, Any]], float]:
+    """(results, seconds): vLLM's capture of the plan's two calls through the extract stage's generator, each
+    result checked to carry its own sequence; the engine shut down after (the reference model needs the devices).
+
+    Raises:
+        ProbeFailed: a call returned another count of results, or a result carries another sequence's ids.
+    """
+    from eagle3ops.patches.probekit import ProbeFailed
+    from eagle3ops.stages.extract import make_vllm_generator
+
+    gen = make_vllm_generator(config, plan["layer_ids"], max_num_batched_tokens=plan["budget"])
     t_gen = time.monotonic()
     results = []
-    for k, batch in enumerate(calls):
+    for k, batch in enumerate(plan["calls"]):
         res = gen.generate(batch)
         if len(res) != len(batch):
             raise ProbeFailed(f"generate() call {k + 1} returned {len(res)} results for {len(batch)} sequences")
@@ -142,21 +142,25 @@ def run_probe(
                 raise ProbeFailed(f"generate() call {k + 1}: result {i} carries another sequence's token ids")
         results.extend(res)
     gen_s = time.monotonic() - t_gen
-    vllm_dtype = results[0]["hidden_states"][0].dtype
     try:
         gen.executor.shutdown()  # free the devices before the reference model loads
     except Exception as exc:  # noqa: BLE001 - a failed shutdown must not hide the probe's result
         log(f"probe: vLLM executor shutdown: {type(exc).__name__}: {exc}")
     del gen
     gc.collect()
+    return results, gen_s
 
-    flat = [s for batch in calls for s in batch]
-    t_ref = time.monotonic()
-    ref_engine = TransformersEngine(config.target_model, layer_ids, dtype=vllm_dtype)
-    refs = [[h.float() for h in r["hidden_states"]] for r in ref_engine.generate(flat)]
-    ref_s = time.monotonic() - t_ref
+
+def _report(config: PipelineConfig, plan: dict[str, Any], results: list[dict[str, Any]], refs: list[Any],
+            ref_device: str, num_seqs: int, times: dict[str, float]) -> tuple[dict[str, Any], Any]:
+    """(report, problem): vLLM's hidden states against the reference's (per token relative L2, overall and per
+    layer) and the tolerance of the target's kind (dense or MoE); ``problem`` is the ProbeFailed of the limits
+    crossed, None when within."""
+    from eagle3ops.patches.probekit import ProbeFailed, hidden_state_errors
+
+    layer_ids, budget, flat = plan["layer_ids"], plan["budget"], [s for batch in plan["calls"] for s in batch]
     stats = hidden_state_errors(results, refs)
-    moe = is_moe(text)
+    moe = is_moe(plan["text"])
     dense_tol, moe_tol = _tolerances()
     tol = moe_tol if moe else dense_tol
     per_layer = [hidden_state_errors([{"hidden_states": [r["hidden_states"][j]]} for r in results],
@@ -164,13 +168,13 @@ def run_probe(
     report: dict[str, Any] = {
         "target_model": config.target_model,
         "layer_ids": layer_ids,
-        "hidden_size": hidden,
-        "dtype": str(vllm_dtype).removeprefix("torch."),
-        "reference": f"transformers eager forward on {ref_engine.device}, same layers and dtype",
+        "hidden_size": plan["hidden"],
+        "dtype": str(results[0]["hidden_states"][0].dtype).removeprefix("torch."),
+        "reference": f"transformers eager forward on {ref_device}, same layers and dtype",
         "sequences": num_seqs,
-        "calls": [len(c) for c in calls],
+        "calls": [len(c) for c in plan["calls"]],
         "tokens": stats.n_tokens,
-        "token_source": source,
+        "token_source": plan["source"],
         "max_num_batched_tokens": budget,
         "chunked_sequences": sum(len(s) > budget for s in flat),
         "error": "per token relative L2 |h - ref| / |ref|",
@@ -184,8 +188,8 @@ def run_probe(
         "tolerance_kind": "moe" if moe else "dense",
         "tolerance": {"median": tol.median, "p99": tol.q99, "max": tol.max, "seq_median": tol.seq_median,
                       "frac_above": [list(x) for x in tol.frac_above]},
-        "vllm_generate_s": round(gen_s, 3),
-        "reference_s": round(ref_s, 3),
+        "vllm_generate_s": round(times["gen_s"], 3),
+        "reference_s": round(times["ref_s"], 3),
     }
     problem = None
     try:
@@ -193,14 +197,51 @@ def run_probe(
     except ProbeFailed as exc:
         problem = exc
     report["passed"] = problem is None
+    return report, problem
+
+
+def run_probe(
+    run_dir: Path,
+    config: PipelineConfig,
+    log: Any = print,
+    num_seqs: int = 48,
+    max_num_batched_tokens: int = 256,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Run the probe; writes ``<run_dir>/probe/report.json`` and returns the report.
+
+    ``num_seqs`` sequences go to the engine in two calls: ``num_seqs - 8`` (must exceed 32, the scheduler's
+    sequence limit), then 8 (7 new ones and a repeat of the first). Sequence lengths lie in
+    ``[budget // 2, min(2 * budget, max_model_len - 1)]`` with ``budget = max_num_batched_tokens``, lowered to
+    ``(max_model_len - 1) // 2`` when needed so that some prompts are always chunked. The steps: the plan, vLLM's
+    capture, the reference forward (transformers, eager, the same layers and dtype), the comparison, the report.
+
+    Raises:
+        eagle3ops.patches.probekit.ProbeFailed: the engine returned wrong ids, counts or shapes, or the errors
+            exceed the tolerance (the message lists each limit crossed; the report is written first).
+        ValueError: ``num_seqs`` <= 40 or ``max_num_batched_tokens`` < 32.
+    """
+    from eagle3ops.stages.extract import TransformersEngine
+
+    t0 = time.monotonic()
+    plan = _plan(run_dir, config, log, num_seqs, max_num_batched_tokens, seed)
+    results, gen_s = _capture(config, plan, log)
+    t_ref = time.monotonic()
+    ref_engine = TransformersEngine(config.target_model, plan["layer_ids"],
+                                    dtype=results[0]["hidden_states"][0].dtype)
+    refs = [[h.float() for h in r["hidden_states"]]
+            for r in ref_engine.generate([s for batch in plan["calls"] for s in batch])]
+    ref_s = time.monotonic() - t_ref
+    report, problem = _report(config, plan, results, refs, str(ref_engine.device), num_seqs,
+                              {"gen_s": gen_s, "ref_s": ref_s})
     report["wall_s"] = round(time.monotonic() - t0, 3)
     out = stage_dir(run_dir, PROBE_DIR)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / REPORT, json.dumps(report, indent=2) + "\n")
     limits = ", ".join(f"{k} <= {v}" for k, v in report["tolerance"].items() if v not in (None, []))
-    log(f"probe: {stats.n_tokens} tokens: median {stats.median:.4g}, p99 {stats.q99:.4g}, max {stats.max:.4g}, "
-        f"{stats.frac_above_001:.2%} above 0.01 ({report['tolerance_kind']} tolerance: {limits}); "
-        f"{'PASS' if problem is None else 'FAIL'}; report {out / REPORT}")
+    log(f"probe: {report['tokens']} tokens: median {report['median']:.4g}, p99 {report['p99']:.4g}, max "
+        f"{report['max']:.4g}, {report['frac_above_0.01']:.2%} above 0.01 ({report['tolerance_kind']} tolerance: "
+        f"{limits}); {'PASS' if problem is None else 'FAIL'}; report {out / REPORT}")
     if problem is not None:
         raise problem
     return report

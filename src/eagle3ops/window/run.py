@@ -195,101 +195,164 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     # a gated release (``release --gate``: the speculate job under the not-slower rule) is named for what it is
     window_id = held or new_window_id("release-gate" if speculate is not None and speculate.rule == "not_slower"
                                       else kind)
-    decision, on_host_text, template, engine = None, None, None, None
     with under_lock(r, window_id, command, message, take=held is None):
         if kind not in st.WINDOWS and held is not None:  # a refusal releases the caller's lock
             refuse_release(r, kind, change)
-        if kind == "rollback":  # the target named first, before any check or stop (dry run too)
-            target, why = rollback_plan(r, to_release)
-            if on_event:
-                on_event({"step": "rollback", "event": "say", "message": f"rolling back to release {target} ({why})"
-                          if target is not None else f"rollback: {why}"})
-            # the plan names the release printed: the supervisor brings back that one (a process host's supervisor
-            # records an unrecorded live process first, which would move its own default); with none, the
-            # supervisor refuses before it stops anything
-            to_release = target if target is not None else to_release
-        if kind in st.WINDOWS:
-            # the engine first: a host without one fails preflight in one line, before the served template or the
-            # run's state is read from it (no engine, no surprise)
-            # a venv host has no engine by configuration
-            engine = ask_engine(r) if rt.for_host(r.host).engine else None
-            if engine is None or engine_status(r.host, *engine)[0]:
-                pipeline_text, template = resolve_chat_template(r, pipeline_text)
-                on_host_text, decision = _decide(r, kind, run, pipeline_text, restart, shard)
-        to_run = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
-            else st.WINDOWS.get(kind)
-        if decision is not None and decision.nothing_to_do:  # nothing will run: no host check matters
-            pf = Preflight()
-        else:
-            disk = estimate_disk(r, kind=kind, run=run, pipeline_text=pipeline_text, stages=to_run) \
-                if pipeline_text is not None and kind in st.WINDOWS else None
-            memory = estimate_gpu_memory(r, run=run, pipeline_text=pipeline_text, stages=to_run) \
-                if pipeline_text is not None and kind in st.WINDOWS else None
-            trial = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
-            pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
-                           need_serving=kind in st.WINDOWS or driver_kind(r.host).records_before_release,
-                           disk=disk, trial=trial, memory=memory, engine=engine)
-        if change is not None and change.args and pf.serving_container:  # container and compose kinds
-            check_release_flags(r, pf, change.args)
-        if pf.serving_container and not (decision is not None and decision.nothing_to_do):
-            check_fallbacks(r, pf, kind="window" if kind in st.WINDOWS else kind, to_release=to_release)
-        if template is not None:
-            pf.add("chat template", template.error is None, template.error or template.detail)
-        if decision is not None:
-            for name, detail in decision.lines():
-                pf.add(name, True, detail)
-            if decision.refuse:
-                pf.add("stage inputs", False, decision.refuse)
-        if on_event:
-            for name, ok, detail in pf.checks:
-                on_event({"step": "preflight", "event": "ok" if ok else "error", "check": name, "detail": detail})
-        if not pf.ok and not r.dry_run:
-            raise PreflightFailed(f"{r.host.name}: preflight failed, nothing was stopped:\n{pf.failures()}")
+        facts = _window_facts(r, kind, run, pipeline_text, restart, shard, to_release, on_event)
+        pf = _window_checks(r, facts, kind=kind, run=run, window_id=window_id, image=image,
+                            expected_image_id=expected_image_id, need_bytes=need_bytes, change=change,
+                            on_event=on_event)
         # under the lock, after preflight (a rerun with nothing to do included): what killed drivers left behind
         for warning in remove_left_supervisors(r, window_id):
             if on_event:
                 on_event({"step": "driver", "event": "warn", "reason": warning})
+        decision = facts.decision
         if decision is not None and decision.nothing_to_do and pf.ok:
             return {**_nothing_to_do(r, window_id, kind, command, decision, restart_hint=hint(
                 kind, r.host.name, "--run", run, "--restart")), "wall_s": round(time.monotonic() - t0, 1)}
-        plan_kind = "window" if kind in st.WINDOWS else kind
-        plan = build_plan(r.host, kind=plan_kind, window_id=window_id, image=image, command=command, run=run,
-                          stages=to_run, change=change, to_release=to_release,
-                          serving_container=pf.serving_container, restart=restart, process_pid=pf.process_pid,
-                          speculate=speculate, shard=shard, nodes=nodes, agent_detach=pf.agent_detach,
-                          serving_env=pf.serving_env)
-        # under the lock, after preflight: a refused run changes nothing on the host; an identical config stays
-        if template is not None and template.served is not None and "prepare" in (to_run or []):
-            rdir = f"{r.host.data_dir}/runs/{run}"
-            r.run(hc.mkdir_p(rdir))
-            r.run(hc.write_file(f"{rdir}/{SERVED_FILE}"), stdin=template.served.text)
-        if pipeline_text is not None and pipeline_text != on_host_text:
-            upload_pipeline_config(r, run, pipeline_text)
-        if to_run and "chunked" in to_run:  # the chunked run's plan, printed (and fitting) before serving stops
-            chunk_plan(r, image=image, run=run, window_id=window_id, on_event=on_event)
-        launch(r, plan, image)
+        plan = build_plan(r.host, kind="window" if kind in st.WINDOWS else kind, window_id=window_id, image=image,
+                          command=command, run=run, stages=facts.to_run, change=change,
+                          to_release=facts.to_release, serving_container=pf.serving_container, restart=restart,
+                          process_pid=pf.process_pid, speculate=speculate, shard=shard, nodes=nodes,
+                          agent_detach=pf.agent_detach, serving_env=pf.serving_env)
+        _write_and_launch(r, plan, facts, image=image, run=run, on_event=on_event)
     if r.host.serving.managed:  # the serving host's first window records its weights manifest (detached)
         start_weights_record(r)
     if r.dry_run:
-        on_host = supervisor_commands(r.host, plan)
-        if r.echo:
-            note = driver_kind(r.host).dry_run_note
-            if note:
-                r.echo(f"# {r.host.name}: {note}")
-            r.echo(rt.for_plan(plan).supervisor_note)
-            for argv in on_host:
-                r.echo("#   " + render(argv))
-        if not pf.ok:
-            raise PreflightFailed(f"{r.host.name}: preflight would fail, so a real run would stop before anything "
-                                  f"is stopped:\n{pf.failures()}")
-        return {"window_id": window_id, "outcome": "dry-run", "commands": list(r.history),
-                "changes": list(r.changes), "supervisor_commands": on_host, "serving": plan.serving_kind,
-                "plan": plan.model_dump(mode="json")}
+        return _dry_run_result(r, plan, pf)
     result = watch(r, window_id, on_event=on_event)
     if decision is not None and decision.skip:  # skipped stages and why, before the ones that ran
         result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
                                        **(result.get("stages") or {})}}
     return finish_window(r, window_id, result, command=command)
+
+
+@dataclass
+class WindowFacts:
+    """What a window read under its lock before any check (:func:`_window_facts`): ``to_release`` (a rollback's
+    target as printed, else the caller's), ``engine`` (the host's container engine answer; None on a venv host or
+    for a release), ``pipeline_text`` (the run's config, its chat template resolved), ``template``
+    (:class:`TemplateResolution`), ``on_host_text`` (the host's copy of the config), ``decision``
+    (:class:`~eagle3ops.window.planner.StageDecision`: which stages run and why the others do not) and ``to_run``
+    (the stages to run; a release's: the kind's)."""
+
+    to_release: int | None
+    engine: Any = None
+    pipeline_text: str | None = None
+    template: TemplateResolution | None = None
+    on_host_text: str | None = None
+    decision: StageDecision | None = None
+    to_run: list[str] | None = None
+
+
+def _window_facts(r: Remote, kind: str, run: str, pipeline_text: str | None, restart: bool,
+                  shard: tuple[int, int] | None, to_release: int | None,
+                  on_event: Callable[[dict[str, Any]], None] | None) -> WindowFacts:
+    """The window's facts (reads only): a rollback's target named first, before any check or stop (dry run too);
+    for a stage window the engine, then the served chat template and the run's state (:func:`_decide`)."""
+    facts = WindowFacts(to_release)
+    if kind == "rollback":
+        target, why = rollback_plan(r, to_release)
+        if on_event:
+            on_event({"step": "rollback", "event": "say", "message": f"rolling back to release {target} ({why})"
+                      if target is not None else f"rollback: {why}"})
+        # the plan names the release printed: the supervisor brings back that one (a process host's supervisor
+        # records an unrecorded live process first, which would move its own default); with none, the
+        # supervisor refuses before it stops anything
+        facts.to_release = target if target is not None else to_release
+    facts.pipeline_text = pipeline_text
+    if kind in st.WINDOWS:
+        # the engine first: a host without one fails preflight in one line, before the served template or the
+        # run's state is read from it (no engine, no surprise); a venv host has no engine by configuration
+        facts.engine = ask_engine(r) if rt.for_host(r.host).engine else None
+        if facts.engine is None or engine_status(r.host, *facts.engine)[0]:
+            facts.pipeline_text, facts.template = resolve_chat_template(r, pipeline_text)
+            facts.on_host_text, facts.decision = _decide(r, kind, run, facts.pipeline_text, restart, shard)
+    decision = facts.decision
+    facts.to_run = [s for s, _ in decision.run] if decision is not None and not decision.refuse \
+        else st.WINDOWS.get(kind)
+    return facts
+
+
+def _window_checks(r: Remote, facts: WindowFacts, *, kind: str, run: str, window_id: str, image: str,
+                   expected_image_id: str | None, need_bytes: int, change: ReleaseChange | None,
+                   on_event: Callable[[dict[str, Any]], None] | None) -> Preflight:
+    """The window's checks on its facts: preflight (disk and GPU memory estimates of the stages to run, a trial
+    container of the first stage), the release's flags and fallbacks, the chat template and each stage's decision;
+    each check sent to ``on_event``. A window with nothing to do checks nothing of the host.
+
+    Raises:
+        PreflightFailed: a check failed (a real run: nothing was stopped; the caller's lock is released).
+    """
+    decision, to_run, text = facts.decision, facts.to_run, facts.pipeline_text
+    if decision is not None and decision.nothing_to_do:  # nothing will run: no host check matters
+        pf = Preflight()
+    else:
+        stage_window = text is not None and kind in st.WINDOWS
+        disk = estimate_disk(r, kind=kind, run=run, pipeline_text=text, stages=to_run) if stage_window else None
+        memory = estimate_gpu_memory(r, run=run, pipeline_text=text, stages=to_run) if stage_window else None
+        trial = (run, window_id, to_run[0]) if kind in st.WINDOWS and to_run else None
+        pf = preflight(r, image=image, expected_image_id=expected_image_id, need_bytes=need_bytes,
+                       need_serving=kind in st.WINDOWS or driver_kind(r.host).records_before_release,
+                       disk=disk, trial=trial, memory=memory, engine=facts.engine)
+    if change is not None and change.args and pf.serving_container:  # container and compose kinds
+        check_release_flags(r, pf, change.args)
+    if pf.serving_container and not (decision is not None and decision.nothing_to_do):
+        check_fallbacks(r, pf, kind="window" if kind in st.WINDOWS else kind, to_release=facts.to_release)
+    if facts.template is not None:
+        pf.add("chat template", facts.template.error is None, facts.template.error or facts.template.detail)
+    if decision is not None:
+        for name, detail in decision.lines():
+            pf.add(name, True, detail)
+        if decision.refuse:
+            pf.add("stage inputs", False, decision.refuse)
+    if on_event:
+        for name, ok, detail in pf.checks:
+            on_event({"step": "preflight", "event": "ok" if ok else "error", "check": name, "detail": detail})
+    if not pf.ok and not r.dry_run:
+        raise PreflightFailed(f"{r.host.name}: preflight failed, nothing was stopped:\n{pf.failures()}")
+    return pf
+
+
+def _write_and_launch(r: Remote, plan: Plan, facts: WindowFacts, *, image: str, run: str,
+                      on_event: Callable[[dict[str, Any]], None] | None) -> None:
+    """The window's writes, under the lock and after preflight (a refused run changes nothing on the host): the
+    served chat template for prepare, the run's config (not rewritten when the host's copy is identical), a
+    chunked run's plan (printed, and fitting, before serving stops), then the plan and its supervisor
+    (:func:`launch`)."""
+    template, to_run = facts.template, facts.to_run or []
+    if template is not None and template.served is not None and "prepare" in to_run:
+        rdir = f"{r.host.data_dir}/runs/{run}"
+        r.run(hc.mkdir_p(rdir))
+        r.run(hc.write_file(f"{rdir}/{SERVED_FILE}"), stdin=template.served.text)
+    if facts.pipeline_text is not None and facts.pipeline_text != facts.on_host_text:
+        upload_pipeline_config(r, run, facts.pipeline_text)
+    if "chunked" in to_run:
+        chunk_plan(r, image=image, run=run, window_id=plan.window_id, on_event=on_event)
+    launch(r, plan, image)
+
+
+def _dry_run_result(r: Remote, plan: Plan, pf: Preflight) -> dict[str, Any]:
+    """A dry run's result: the commands it printed, the changes it would make, the supervisor's own commands on the
+    host (echoed with the serving kind's and the runtime's notes) and the plan.
+
+    Raises:
+        PreflightFailed: a check failed, so a real run would stop before anything is stopped.
+    """
+    on_host = supervisor_commands(r.host, plan)
+    if r.echo:
+        note = driver_kind(r.host).dry_run_note
+        if note:
+            r.echo(f"# {r.host.name}: {note}")
+        r.echo(rt.for_plan(plan).supervisor_note)
+        for argv in on_host:
+            r.echo("#   " + render(argv))
+    if not pf.ok:
+        raise PreflightFailed(f"{r.host.name}: preflight would fail, so a real run would stop before anything "
+                              f"is stopped:\n{pf.failures()}")
+    return {"window_id": plan.window_id, "outcome": "dry-run", "commands": list(r.history),
+            "changes": list(r.changes), "supervisor_commands": on_host, "serving": plan.serving_kind,
+            "plan": plan.model_dump(mode="json")}
 
 
 def chunk_plan(r: Remote, *, image: str, run: str, window_id: str,
