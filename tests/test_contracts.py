@@ -494,7 +494,7 @@ REMOTE_MAKERS = {"executor.py": "the one factory of executors (for_host)"}
 #: runs local commands through ``executor.local()``.
 SUBPROCESS_USERS = {
     "executor.py": "the local executor itself",
-    "stages/train/launch.py": "runs in the pipeline image (torchrun workers); the image has no driver executor",
+    "stages/train.py": "runs in the pipeline image (torchrun workers); the image has no driver executor",
     "stages/chunked.py": "runs in the pipeline image (each pass's extract and train stage as a process of its own, "
                          "so the target's engine and the trainer never hold the GPU together)",
     "supervisor/speculate.py": "the drain/undrain hooks run by the host-side supervisor in its container; the "
