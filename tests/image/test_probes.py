@@ -166,6 +166,9 @@ _RUNNER = textwrap.dedent(
     import sys
     sys.path.insert(0, sys.argv[1])
     if __name__ == "__main__":
+        from eagle3ops.patches import probes
+        # as ``patch probe`` does: the workers' forkserver starts (and imports the tree under test) first
+        assert probes.warm([sys.argv[2]])
         import speculators
         assert speculators.__file__.startswith(sys.argv[1]), speculators.__file__
         from eagle3ops.patches import probes
@@ -253,17 +256,32 @@ def test_kimi_probe_fails_without_kimi_patch(tmp_path):
 # ----------------------------------------------------------------------------- engines for patch probe
 
 
-def test_prepare_starts_engines_concurrently_and_finish_kills_their_workers():
-    """``eagle3ops patch probe`` calls prepare(names) then finish(): both engines start (concurrently), the probes
-    pass on them, and finish() leaves no worker process alive."""
+def test_prepare_starts_engines_concurrently_and_finish_kills_their_workers(monkeypatch):
+    """``eagle3ops patch probe`` calls warm(names), prepare(names) then finish(): both engines start
+    (concurrently), their workers forked from the forkserver warm started (not children of this process) with this
+    process's environment of when they started, vLLM's own start method back once they are up; the probes pass on
+    them, and finish() leaves no worker process alive."""
+    from vllm.v1.executor import multiproc_executor
+
     probes.shutdown()  # start from no engines (earlier tests share them)
+    vllm_context = multiproc_executor.get_mp_context
+    assert probes.warm(["prefill-attribution", "deepseek-capture", "no-such-probe"])
+    monkeypatch.setenv("E3_TEST_SET_AFTER_WARM", "seen by the workers")
     started = probes.prepare(["prefill-attribution", "deepseek-capture", "no-such-probe"])
     assert set(started) == {"llama-remote-code", "deepseek-v3"} == set(probekit._ENGINES)
     assert os.environ.get("VLLM_SLEEP_WHEN_IDLE") == "1" and os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"
+    assert multiproc_executor.get_mp_context is vllm_context
     probes.PROBES["cpu-device"]()
     probes.PROBES["deepseek-capture"]()
     procs = [w.proc for e in probekit._ENGINES.values() for w in e.generator.executor.workers]
     assert procs and all(p.is_alive() for p in procs)
+    for pid in (p.pid for p in procs):
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid != os.getpid(), f"worker {pid} was started by this process, not by the forkserver"
+    for eng in probekit._ENGINES.values():
+        seen = eng.generator.executor.collective_rpc(lambda _worker: (os.environ.get("E3_TEST_SET_AFTER_WARM"),
+                                                                      os.environ.get("VLLM_MLA_DISABLE")))
+        assert seen == [("seen by the workers", "1")], seen
     probes.finish()
     assert not probekit._ENGINES and not any(p.is_alive() for p in procs)
     assert probes.prepare([]) == {}

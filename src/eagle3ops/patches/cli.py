@@ -160,15 +160,19 @@ def probe_cmd(
     for pkg in pkgs:
         dist = find_dist(pkg, site_dir)
         t0 = time.monotonic()
+        before = None
         if import_check:
             from eagle3ops.patches.probekit import _quiet_idle_polling
 
             # before torch is imported: OpenMP reads its wait policy once, when it is loaded (see the function)
             _quiet_idle_polling()
-            n, secs = import_patched(dist.site_dir, pkg)  # PatchToolError: the module, the site dir and the fix
-            typer.echo(f"ok   import: {n} patched module(s) of {pkg} import ({secs:.1f} s)")
+
+            def before(pkg=pkg, dist=dist) -> None:
+                # after the registry's warm hook: the engines' forkserver imports the stack meanwhile
+                n, secs = import_patched(dist.site_dir, pkg)  # PatchToolError: the module, the site dir and the fix
+                typer.echo(f"ok   import: {n} patched module(s) of {pkg} import ({secs:.1f} s)")
         changed, outcomes = probe_installed(dist.site_dir, pkg, probes_module=probes_module, only=patch or None,
-                                            result_cache=result_cache, fresh=fresh, salt=salt)
+                                            result_cache=result_cache, fresh=fresh, salt=salt, before_probes=before)
         for f in changed:
             typer.echo(f"FAIL verify {f}: changed since eagle3ops patch apply (sha256 differs from the manifest)")
             bad += 1

@@ -16,6 +16,15 @@ API, device and attribution probes), one on the tiny DeepSeek-V3 (DeepSeek probe
 their start-ups overlap; an engine that fails to start there is started again, alone, by the first probe that
 needs it, which then reports the failure.
 
+Engine workers on vLLM's CPU platform: vLLM forces the ``spawn`` start method there, so each engine's worker would
+start a fresh interpreter and import torch, vLLM and the patched package again (on 2 cores three such imports were
+12 s of a 24 s rebuild). The probe engines' workers are instead forked from one forkserver
+(:mod:`eagle3ops.patches.forkworkers`, started by :func:`warm`) that imports that stack once -- started before the
+probe process imports it, so the two imports overlap. Each worker gets the probe process's environment as it is
+when the worker starts, as a spawned one does, and runs the same installed code on the same inputs, only without
+importing it again. Only the probe engines' workers start this way; serving, the stages and vLLM on other
+platforms are unchanged.
+
 Hidden-state reference: transformers' fp32 forward of the same checkpoint, the output of decoder layer ``L``
 (forward hook; the residual stream *before* the final norm, which is what speculators captures -- transformers'
 ``output_hidden_states[-1]`` is after the norm). The error of one token is the relative L2 error
@@ -32,6 +41,7 @@ module is import-safe (``python -m eagle3ops patch probe``, pytest).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import logging
 import os
@@ -43,6 +53,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from eagle3ops.patches import forkworkers
 
 __all__ = [
     "DEEPSEEK_LAYERS",
@@ -56,6 +68,7 @@ __all__ = [
     "Tolerance",
     "finish",
     "hidden_state_errors",
+    "warm",
     "cached_reference",
     "prepare",
     "reference_layer_states",
@@ -206,10 +219,7 @@ def _engine(kind: str) -> _Engine:
         return _ENGINES[kind]
     model_dir = _model(kind)
     if _is_cpu_platform():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        _quiet_idle_polling()
-        if kind in MLA_KINDS:
-            os.environ["VLLM_MLA_DISABLE"] = "1"  # read by the spawned worker (MLA only: no effect on Llama)
+        _probe_environment([kind])  # VLLM_MLA_DISABLE: read by the worker (MLA only: no effect on Llama)
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
@@ -220,13 +230,14 @@ def _engine(kind: str) -> _Engine:
         kwargs["max_num_batched_tokens"] = PROBE_MAX_NUM_BATCHED_TOKENS
     t0 = time.monotonic()
     try:
-        gen = VllmHiddenStatesGenerator(
-            str(model_dir),
-            layer_ids=list(layers),
-            max_model_len=MAX_MODEL_LEN,
-            gpu_memory_utilization=0.5,
-            **kwargs,
-        )
+        with forkworkers.workers_forked() if _is_cpu_platform() else contextlib.nullcontext():
+            gen = VllmHiddenStatesGenerator(
+                str(model_dir),
+                layer_ids=list(layers),
+                max_model_len=MAX_MODEL_LEN,
+                gpu_memory_utilization=0.5,
+                **kwargs,
+            )
     except Exception as e:
         raise ProbeFailed(
             f"VllmHiddenStatesGenerator({kind} tiny model) could not be constructed on the installed vLLM: "
@@ -269,9 +280,7 @@ def prepare(probe_names: Sequence[str]) -> dict[str, float]:
     if not kinds:
         return {}
     if _is_cpu_platform():
-        _quiet_idle_polling()
-        if MLA_KINDS & set(kinds):
-            os.environ["VLLM_MLA_DISABLE"] = "1"
+        _probe_environment(kinds)
     t0 = time.monotonic()
     for kind in kinds:
         _model(kind)
@@ -288,6 +297,38 @@ def prepare(probe_names: Sequence[str]) -> dict[str, float]:
     for t in threads:
         t.join()
     return {k: _ENGINES[k].start_s for k in kinds if k in _ENGINES}
+
+
+def _probe_environment(kinds: Sequence[str]) -> None:
+    """The environment the probe engines of ``kinds`` start with on vLLM's CPU platform (set before any worker or
+    the forkserver starts, so every engine of a run sees the same): the KV cache space, idle polling
+    (:func:`_quiet_idle_polling`) and, when an MLA target is among them, ``VLLM_MLA_DISABLE=1``."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    _quiet_idle_polling()
+    if MLA_KINDS & set(kinds):
+        os.environ["VLLM_MLA_DISABLE"] = "1"
+
+
+def warm(probe_names: Sequence[str]) -> bool:
+    """Start the forkserver the probe engines' workers are forked from, when ``probe_names`` need an engine and the
+    installed vLLM is a CPU build; returns whether it was started (or already ran).
+
+    Called by ``eagle3ops patch probe`` with the probes about to run, before the probe process imports the patched
+    stack (the image build's import check): the forkserver's import of torch, vLLM and the patched package
+    (:data:`eagle3ops.patches.forkworkers.WORKER_PRELOAD`) runs on the other core meanwhile. Sets the probe
+    engines' environment first (:func:`_probe_environment`): a module that reads a variable when it is imported
+    reads it in the forkserver.
+    Starting it costs one process; nothing is raised (a worker start reports what failed)."""
+    kinds = list(dict.fromkeys(PROBE_ENGINES[n] for n in probe_names if n in PROBE_ENGINES))
+    if not kinds or not forkworkers.vllm_distribution_is_cpu():
+        return False
+    _probe_environment(kinds)
+    try:
+        forkworkers.start_forkserver()
+    except Exception:  # noqa: BLE001 - the engine start tries again and reports
+        logging.getLogger(__name__).warning("the probe workers' forkserver did not start", exc_info=True)
+        return False
+    return True
 
 
 def _start_quietly(kind: str) -> None:

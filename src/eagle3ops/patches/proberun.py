@@ -15,7 +15,10 @@ its type). Nothing is judged from log text.
 The registry can be replaced by another module exposing ``PROBES`` (``--probes-module``); the fault tests use this
 to inject a failing probe. A registry may also expose ``prepare(names)``: called once with the probes about to run
 (after cache hits are removed) so that it can start what they share (``eagle3ops.patches.probes`` starts the
-vLLM engines they need, concurrently); an exception there is left for the probes themselves to report. A
+vLLM engines they need, concurrently); an exception there is left for the probes themselves to report. Before
+that, a registry's ``warm(names)`` is called with the same names as soon as they are known -- before the caller's
+``before_probes`` (the image build's import check) -- so that what the engines share can start while this process
+imports the patched stack (``eagle3ops.patches.probes``: the forkserver the engines' workers are forked from). A
 registry's ``finish()`` (else ``shutdown()``), if any, is called once the probes have run (it stops those engines).
 
 With a result cache (:mod:`eagle3ops.patches.probecache`, ``--result-cache DIR``) a probe whose content key --
@@ -36,8 +39,9 @@ from eagle3ops.patches.apply import file_sha256, read_manifest
 from eagle3ops.patches.errors import ProbeError
 
 DEFAULT_PROBES_MODULE = "eagle3ops.patches.probes"
-#: Phases of the last :func:`probe_installed` call, seconds: ``keys`` (hashing the cache inputs), ``prepare``
-#: (the registry's prepare hook: engine starts), ``probes`` (probe bodies), ``shutdown`` (the registry's shutdown).
+#: Phases of the last :func:`probe_installed` call, seconds: ``keys`` (hashing the cache inputs), ``before``
+#: (the caller's ``before_probes``: the import check), ``prepare`` (the registry's prepare hook: engine starts),
+#: ``probes`` (probe bodies), ``shutdown`` (the registry's shutdown).
 LAST_TIMINGS: dict[str, float] = {}
 
 
@@ -178,6 +182,7 @@ def probe_installed(
     result_cache: Path | None = None,
     fresh: bool = False,
     salt: str = "",
+    before_probes: Callable[[], object] | None = None,
 ) -> tuple[list[str], list[ProbeOutcome]]:
     """Verify the files against the manifest (:func:`verify_files`), then run each applied patch's probe (or reuse
     a cached pass).
@@ -190,6 +195,8 @@ def probe_installed(
         result_cache: directory of the content-addressed probe-result cache, or None (every probe runs).
         fresh: with ``result_cache``: run every probe anyway (passes are still stored).
         salt: extra key material (the image build passes the base image's digest or id).
+        before_probes: called once the probes to run are known and the registry's ``warm`` hook has had them, before
+            any probe or engine starts (the image build's import check); what it raises propagates.
 
     Returns:
         (files changed since apply, one :class:`ProbeOutcome` per patch). Unknown probe names are failed outcomes.
@@ -220,6 +227,13 @@ def probe_installed(
     if cache is not None and not fresh and not changed:
         hits = {probe: rec for probe, (key, _) in keys.items() if (rec := cache.get(key, probe)) is not None}
     to_run = [e["probe"] for e in entries if e["probe"] not in hits and e["probe"] in registry]
+    warm = _registry_hook(probes_module, "warm") if probes is None else None
+    if warm is not None and to_run:
+        _call_hook(lambda: warm(list(dict.fromkeys(to_run))))
+    t0 = time.monotonic()
+    if before_probes is not None:
+        before_probes()
+    LAST_TIMINGS["before"] = time.monotonic() - t0
     prepare = _registry_hook(probes_module, "prepare") if probes is None else None
     t0 = time.monotonic()
     if prepare is not None and to_run:

@@ -39,6 +39,7 @@ from eagle3ops.patches.probekit import (
     prepare,
     reference_layer_states,
     shutdown,
+    warm,
 )
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "prepare",
     "reference_layer_states",
     "shutdown",
+    "warm",
 ]
 
 #: speculators' MAX_NUM_SEQS is 32; the attribution probe sends more sequences than that.
