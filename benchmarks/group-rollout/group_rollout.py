@@ -66,6 +66,8 @@ GROUP = "g49"
 HOSTS = {"b49a": (2249, 18049), "b49b": (2250, 18050)}
 #: host -> the CPUs its serving container may use (``serving.cpuset_cpus``): one core each on the 2-core machine.
 CPUSETS = {"b49a": "0", "b49b": "1"}
+#: ``nice`` of the ``eagle3ops group`` driver (:meth:`Bench.group`).
+DRIVER_NICE = 10
 LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
 #: Where the sandbox hosts keep their state (``deploy/sandbox-smollm2.yaml``'s ``state_dir``), for a JSON written
 #: before it recorded ``state_dirs``.
@@ -289,7 +291,7 @@ class Bench:
                          "probe_max_tokens": a.max_tokens, "probe_max_in_flight": MAX_IN_FLIGHT,
                          "acceptance_floor": a.acceptance_floor, "bake_s": a.bake, "bake_interval_s": a.bake_interval,
                          "gate_margin": GATE_MARGIN, "gate_concurrency": [1], "max_out": 1,
-                         "serving_cpuset_cpus": None if a.no_pin else CPUSETS,
+                         "serving_cpuset_cpus": None if a.no_pin else CPUSETS, "driver_nice": DRIVER_NICE,
                          "haproxy": "retries 0, no retry-on, option httpchk GET /health, check inter "
                                     f"{a.check_inter_ms} ms fall 2 rise 1, balance roundrobin"},
             "hosts": "two sandbox hosts (real sshd on 127.0.0.1, host keys checked), one Docker engine (this "
@@ -422,7 +424,10 @@ class Bench:
 
     def group(self, phase: str, args: list[str]) -> None:
         """``eagle3ops group ARGS`` as a subprocess (its log kept), the client's view of it, the journal's steps."""
-        cmd = [sys.executable, "-m", "eagle3ops", "group", *args, "--inventory", str(self.inv)]
+        # the driver at a lower priority than the serving and the client: it only orders the steps (the hosts'
+        # supervisors do them), and its start-up and polling would otherwise share the core of the host that serves
+        cmd = ["nice", "-n", str(DRIVER_NICE), sys.executable, "-m", "eagle3ops", "group", *args, "--inventory",
+               str(self.inv)]
         env = dict(os.environ)
         t_start = now()
         log = self.work_dir / f"{phase}.log"
