@@ -333,7 +333,8 @@ class Bench:
         self.haproxy = LocalHaproxy(self.work_dir / "haproxy", {n: port for n, (_, port) in HOSTS.items()},
                                     check_inter_ms=self.a.check_inter_ms)
         self.inv = self.work_dir / "hosts.yaml"
-        self.inv.write_text(inventory(info, self.haproxy.admin_socket, self.a.acceptance_floor, pin=not self.a.no_pin))
+        self.inv.write_text(inventory(info, self.haproxy.admin_socket, self.a.acceptance_floor,
+                                      pin=not self.a.no_pin))
         inv = load_inventory(self.inv)
         self.hosts = [inv.host(n) for n in HOSTS]
         self.fig["state_dirs"] = {h.name: h.state_dir for h in self.hosts}
@@ -406,7 +407,8 @@ class Bench:
                     fmt = "{{.HostConfig.CpusetCpus}}|{{.Config.Image}}|{{.State.StartedAt}}"
                     cpus, image, started = (r.run(dk.inspect_format(h, h.serving.container, fmt),
                                                   check=False).stdout.strip().split("|") + ["", "", ""])[:3]
-                    log = r.run(dk.logs(h, h.serving.container, tail=400), check=False)
+                    # the whole log: the lines come at start-up, and uvicorn logs a line per request after them
+                    log = r.run(dk.logs(h, h.serving.container), check=False)
                 # vLLM's worker: the auto binding's choice, then the OpenMP threads as bound (``OMP tid``)
                 bind = [ln.strip()[-240:] for ln in (log.stdout + log.stderr).splitlines()
                         if "thread-binding list" in ln or "OMP tid" in ln]
