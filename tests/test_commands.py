@@ -81,3 +81,24 @@ def test_compose_serving_is_found_by_labels_and_keeps_them(host):
     plain = sv.container_spec(host, release=2)
     assert not any(k.startswith("com.docker.compose") for k in plain["labels"])
     assert "name=^/?vllm\\-serving$" in sv.find_container_argv(host)
+
+
+def test_serving_cpuset_is_given_at_provisioning_kept_by_releases_and_checked(host):
+    h = host.model_copy(update={"serving": host.serving.model_copy(update={"cpuset_cpus": "1"})})
+    argv = sv.run_argv(h, sv.container_spec(h, release=1))
+    assert argv[argv.index("--cpuset-cpus") + 1] == "1" and argv.index("--cpuset-cpus") < argv.index(h.serving.image)
+    assert "--cpuset-cpus" not in sv.run_argv(host, sv.container_spec(host, release=1))
+    # a release is the live container plus the change: the engine's CpusetCpus goes into the new container as it was
+    live = {"Name": "/vllm-serving", "Config": {"Image": h.serving.image, "Cmd": list(h.serving.args), "Env": []},
+            "HostConfig": {"CpusetCpus": "1", "NetworkMode": "host"}}
+    new = sv.apply_change(sv.container_record(live), args=["--max-num-seqs", "8"], image="serving:2")
+    body, _ = sv.create_request(new)
+    assert body["HostConfig"]["CpusetCpus"] == "1" and body["Image"] == "serving:2"
+    # config check: the inventory's set against the live one, by CPUs (0-1 is 0,1)
+    assert not [d for d in sv.inventory_drift(h, live) if d.startswith("cpuset_cpus")]
+    two = h.model_copy(update={"serving": h.serving.model_copy(update={"cpuset_cpus": "0,1"})})
+    assert not [d for d in sv.inventory_drift(two, {**live, "HostConfig": {"CpusetCpus": "0-1"}})
+                if d.startswith("cpuset_cpus")]
+    drift = [d for d in sv.inventory_drift(h, {**live, "HostConfig": {"CpusetCpus": ""}}) if d.startswith("cpuset")]
+    assert drift == ["cpuset_cpus: inventory 1, live every CPU (a release keeps the live set: `docker update "
+                     "--cpuset-cpus`, then a release restarts vLLM on it)"]

@@ -120,3 +120,22 @@ def test_duplicate_setting_inside_a_host_is_refused(tmp_path):
     p = _write(tmp_path, BASE + "    data_dir: /data2\n")
     with pytest.raises(ConfigError, match=r"hosts\.yaml:11:5: duplicate key 'data_dir' \(first given at line 5"):
         load_inventory(p)
+
+
+def test_serving_cpuset_is_checked_naming_the_key_and_fix(tmp_path):
+    ok = load_inventory(_write(tmp_path, BASE + "      cpuset_cpus: 1\n")).host("h1")
+    assert ok.serving.cpuset_cpus == "1"  # YAML's number is the one CPU it names
+    ok = load_inventory(_write(tmp_path, BASE + "      cpuset_cpus: 0-3,6\n      env: {VLLM_CPU_OMP_THREADS_BIND: "
+                                                "'0-3'}\n")).host("h1")
+    assert ok.serving.cpuset_cpus == "0-3,6"
+    for bad, says in (("'0 - 3'", r"hosts\.h1\.serving\.cpuset_cpus.*'0 - 3' is not a CPU id.*e\.g\. `0-3`"),
+                      ("3-1", r"hosts\.h1\.serving\.cpuset_cpus.*'3-1' is not a CPU id or an ascending range")):
+        with pytest.raises(ConfigError, match=says):
+            load_inventory(_write(tmp_path, BASE + f"      cpuset_cpus: {bad}\n"))
+    # vLLM's explicit OpenMP binding (per rank, `|`) must name CPUs the container may use
+    with pytest.raises(ConfigError, match=r"VLLM_CPU_OMP_THREADS_BIND` '0-1\|2-3' binds vLLM's threads to CPUs 2,3, "
+                                          r"outside `cpuset_cpus` '0-1'.*`auto`, binds to the container's CPUs"):
+        load_inventory(_write(tmp_path, BASE + "      cpuset_cpus: 0-1\n      env: {VLLM_CPU_OMP_THREADS_BIND: "
+                                               "'0-1|2-3'}\n"))
+    with pytest.raises(ConfigError, match=r"`cpuset_cpus` pins a serving container.*not kind `systemd`.*CPUAffinity="):
+        load_inventory(_write(tmp_path, BASE + "      kind: systemd\n      unit: vllm.service\n      cpuset_cpus: 1\n"))

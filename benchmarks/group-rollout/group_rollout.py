@@ -7,7 +7,10 @@ by host key (:func:`eagle3ops_dev.sandbox.up`, ``engine="none"``), ``b49a`` (por
 Neither starts a Docker engine of its own: each host's ``docker_host`` is a socket in its sandbox folder forwarded
 byte for byte to this machine's engine (``benchmarks/_shared/downtime.py``: :class:`DockerProxy`, shared with
 ``benchmarks/cycle-downtime``). Both serve the REAL target SmolLM2-135M-Instruct with
-real vLLM 0.16 CPU (``deploy/sandbox-smollm2.yaml``'s serving, each its own container name and port).
+real vLLM 0.16 CPU (``deploy/sandbox-smollm2.yaml``'s serving, each its own container name and port), each serving
+container on a core of its own (the inventory's ``serving.cpuset_cpus``: :data:`CPUSETS`), so that one host's restart
+or gate cannot take the core the other host serves on; every release keeps the set (it recreates the live container)
+and vLLM's default OpenMP binding follows it (recorded per phase: ``pinning``). ``--no-pin``: both on every CPU.
 
 The balancer: Debian's HAProxy started by this script (:class:`eagle3ops_dev.haproxylocal.LocalHaproxy`: ``retries
 0``, no ``retry-on``, ``option httpchk GET /health``), the group's ``balancer`` reaching its runtime API socket.
@@ -42,6 +45,7 @@ import subprocess
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +54,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks" / "_shared"))
-from downtime import (MAX_IN_FLIGHT, PROBE_INTERVAL_S, TOKEN_TIMEOUT_S, DockerProxy, RecordLog,  # noqa: E402
-                      ensure_proxy, iso, journal_spans, now, parse_iso, read_records)
+from downtime import (MAX_IN_FLIGHT, PROBE_INTERVAL_S, PROMPTS, TOKEN_TIMEOUT_S, DockerProxy,  # noqa: E402
+                      RecordLog, chat_request, ensure_proxy, iso, journal_spans, now, parse_iso, read_records)
 from downtime import ConcurrentProbe as Probe  # noqa: E402
 from downtime import analyse_failures as analyse  # noqa: E402
 from lab import write_result  # noqa: E402
@@ -60,6 +64,10 @@ HERE = Path(__file__).resolve().parent
 GROUP = "g49"
 #: host -> (ssh port, serving port)
 HOSTS = {"b49a": (2249, 18049), "b49b": (2250, 18050)}
+#: host -> the CPUs its serving container may use (``serving.cpuset_cpus``): one core each on the 2-core machine.
+CPUSETS = {"b49a": "0", "b49b": "1"}
+#: ``nice`` of the ``eagle3ops group`` driver (:meth:`Bench.group`).
+DRIVER_NICE = 10
 LOCAL_BASE = "eagle3ops/vllm-openai-local:v0.16.0"
 #: Where the sandbox hosts keep their state (``deploy/sandbox-smollm2.yaml``'s ``state_dir``), for a JSON written
 #: before it recorded ``state_dirs``.
@@ -238,11 +246,11 @@ def reanalyse(path: Path) -> int:
     return 0
 
 
-def inventory(info: dict[str, Any], socket_path: Path, acceptance_floor: float) -> str:
+def inventory(info: dict[str, Any], socket_path: Path, acceptance_floor: float, pin: bool = True) -> str:
     """Both hosts = ``deploy/sandbox-smollm2.yaml``'s sandbox entry (the demo's serving settings), each with its own
-    container name and serving port, the gate's margin :data:`GATE_MARGIN` (module doc) at concurrency 1 only (the
-    second level would double the gate's time on these cores), ``acceptance_floor`` as the gate's floor and the bake's;
-    the group of both behind the local HAProxy."""
+    container name, serving port and (``pin``) CPU set (:data:`CPUSETS`), the gate's margin :data:`GATE_MARGIN`
+    (module doc) at concurrency 1 only (the second level would double the gate's time on these cores),
+    ``acceptance_floor`` as the gate's floor and the bake's; the group of both behind the local HAProxy."""
     text = (REPO / "deploy/sandbox-smollm2.yaml").read_text()
     hosts = {}
     for name, (ssh, port) in HOSTS.items():
@@ -253,6 +261,8 @@ def inventory(info: dict[str, Any], socket_path: Path, acceptance_floor: float) 
         e["identity_file"], e["known_hosts"] = str(info[name].identity_file), str(info[name].known_hosts)
         e["docker_host"] = f"unix://{info[name].root / 'docker.sock'}"
         e["serving"]["container"] = f"{name}-vllm"
+        if pin:
+            e["serving"]["cpuset_cpus"] = CPUSETS[name]
         e["pipeline_image"] = private_pipeline(name)
         e["serving"]["speculative_image"] = PRIVATE_SPEC
         e["serving"]["gate_margin"] = GATE_MARGIN
@@ -281,6 +291,7 @@ class Bench:
                          "probe_max_tokens": a.max_tokens, "probe_max_in_flight": MAX_IN_FLIGHT,
                          "acceptance_floor": a.acceptance_floor, "bake_s": a.bake, "bake_interval_s": a.bake_interval,
                          "gate_margin": GATE_MARGIN, "gate_concurrency": [1], "max_out": 1,
+                         "serving_cpuset_cpus": None if a.no_pin else CPUSETS, "driver_nice": DRIVER_NICE,
                          "haproxy": "retries 0, no retry-on, option httpchk GET /health, check inter "
                                     f"{a.check_inter_ms} ms fall 2 rise 1, balance roundrobin"},
             "hosts": "two sandbox hosts (real sshd on 127.0.0.1, host keys checked), one Docker engine (this "
@@ -322,7 +333,8 @@ class Bench:
         self.haproxy = LocalHaproxy(self.work_dir / "haproxy", {n: port for n, (_, port) in HOSTS.items()},
                                     check_inter_ms=self.a.check_inter_ms)
         self.inv = self.work_dir / "hosts.yaml"
-        self.inv.write_text(inventory(info, self.haproxy.admin_socket, self.a.acceptance_floor))
+        self.inv.write_text(inventory(info, self.haproxy.admin_socket, self.a.acceptance_floor,
+                                      pin=not self.a.no_pin))
         inv = load_inventory(self.inv)
         self.hosts = [inv.host(n) for n in HOSTS]
         self.fig["state_dirs"] = {h.name: h.state_dir for h in self.hosts}
@@ -342,8 +354,14 @@ class Bench:
                     os.chown(p, pw.pw_uid, pw.pw_gid)
         self.fig["target"] = json.loads((Path(self.hosts[0].model_path) / "eagle3ops-target.json").read_text())
         self.fig["target_path"] = f"copied from {BUILT_TARGET}"
-        for h in self.hosts:
-            self.fig.setdefault("serving_start_s", {})[h.name] = round(demo.start_serving(h), 1)
+        # both at once (each on its own core when pinned), from the inventory: a container left by an earlier run
+        # (another CPU set) is replaced
+        with ThreadPoolExecutor(len(self.hosts)) as pool:
+            took = pool.map(lambda h: demo.start_serving(h, restart=True), self.hosts)
+            started = dict(zip((h.name for h in self.hosts), took))
+        self.fig["serving_start_s"] = {n: round(t, 1) for n, t in started.items()}
+        self.fig.setdefault("pinning", {})["setup"] = self.pinning()
+        self.fig["warm_up"] = self.warm_up()
         self.fig["speculative_image"] = {"tag": PRIVATE_SPEC, "of": STANDIN_IMAGE,
                                          "id": docker_tag(STANDIN_IMAGE, PRIVATE_SPEC)}
         for h in self.hosts:
@@ -361,6 +379,45 @@ class Bench:
                                "config": (self.haproxy.workdir / "haproxy.cfg").read_text()}
         self.url = f"http://127.0.0.1:{self.haproxy.port}"
 
+    def warm_up(self) -> dict[str, Any]:
+        """Each of the client's prompts once to each host's own port, before the client starts: a fresh vLLM answers
+        its first requests slower (the earlier runs' only span over 1 s with every host in came in their first
+        seconds), which is the server's start, not the rollout. Returns each host's answer seconds."""
+        import httpx
+
+        out: dict[str, Any] = {}
+        for h in self.hosts:
+            with httpx.Client(timeout=TOKEN_TIMEOUT_S) as client:
+                recs = [chat_request(client, f"http://127.0.0.1:{h.serving.port}", h.serving.served_model_name or "",
+                                     p, self.a.max_tokens) for p in PROMPTS]
+            out[h.name] = {"ok": sum(r["ok"] for r in recs), "answer_s": [round(r["t1"] - r["t0"], 3) for r in recs]}
+        return out
+
+    def pinning(self) -> dict[str, Any]:
+        """Each host's serving container as the engine runs it now: its ``HostConfig.CpusetCpus`` (empty: every
+        CPU), its image, and vLLM's own line naming the CPUs it bound its OpenMP threads to (``auto thread-binding
+        list``, from the container's log: the release that created it)."""
+        from eagle3ops import executor
+        from eagle3ops.commands import docker as dk
+
+        out: dict[str, Any] = {}
+        for h in self.hosts:
+            try:
+                with executor.for_host(h) as r:
+                    fmt = "{{.HostConfig.CpusetCpus}}|{{.Config.Image}}|{{.State.StartedAt}}"
+                    cpus, image, started = (r.run(dk.inspect_format(h, h.serving.container, fmt),
+                                                  check=False).stdout.strip().split("|") + ["", "", ""])[:3]
+                    # the whole log: the lines come at start-up, and uvicorn logs a line per request after them
+                    log = r.run(dk.logs(h, h.serving.container), check=False)
+                # vLLM's worker: the auto binding's choice, then the OpenMP threads as bound (``OMP tid``)
+                bind = [ln.strip()[-240:] for ln in (log.stdout + log.stderr).splitlines()
+                        if "thread-binding list" in ln or "OMP tid" in ln]
+                out[h.name] = {"cpuset_cpus": cpus or "every CPU", "image": image, "started": started,
+                               "vllm_binding": bind[-4:]}
+            except Exception as exc:  # noqa: BLE001 - a figure, not the run's outcome
+                out[h.name] = {"error": f"{type(exc).__name__}: {exc}"}
+        return out
+
     @staticmethod
     def haproxy_exe() -> str:
         from eagle3ops_dev.haproxylocal import haproxy_binary
@@ -369,7 +426,10 @@ class Bench:
 
     def group(self, phase: str, args: list[str]) -> None:
         """``eagle3ops group ARGS`` as a subprocess (its log kept), the client's view of it, the journal's steps."""
-        cmd = [sys.executable, "-m", "eagle3ops", "group", *args, "--inventory", str(self.inv)]
+        # the driver at a lower priority than the serving and the client: it only orders the steps (the hosts'
+        # supervisors do them), and its start-up and polling would otherwise share the core of the host that serves
+        cmd = ["nice", "-n", str(DRIVER_NICE), sys.executable, "-m", "eagle3ops", "group", *args, "--inventory",
+               str(self.inv)]
         env = dict(os.environ)
         t_start = now()
         log = self.work_dir / f"{phase}.log"
@@ -397,6 +457,7 @@ class Bench:
                            "status": self.status(), "journal": entries,
                            "client": analyse(self.probe.records if self.probe else [], t_start, end, spans),
                            "client_starts_skipped_total": self.probe.skipped if self.probe else None}
+        self.fig.setdefault("pinning", {})[phase] = self.pinning()
         if rc != 0:
             raise RuntimeError(f"eagle3ops group {args[0]} exited {rc} (log {log})")
 
@@ -520,6 +581,8 @@ def main() -> int:
     ap.add_argument("--acceptance-floor", type=float, default=1.15, help="the gate's and the bake's acceptance floor "
                     "(mean acceptance length; the demo's 1.3 refused this head at 1.255 on the canary, which is a "
                     "verdict on the head, not what this benchmark measures)")
+    ap.add_argument("--no-pin", action="store_true", help="no `serving.cpuset_cpus`: both serving containers on "
+                    "every CPU (as the runs before the pinning)")
     ap.add_argument("--keep", action="store_true", help="leave HAProxy running at the end")
     ap.add_argument("--reanalyse", action="store_true", help="only recompute the client's figures of --json from "
                     "its records file (no run)")

@@ -17,6 +17,7 @@ from eagle3ops import redact
 from eagle3ops.commands.docker import docker
 from eagle3ops.commands.types import Change, Read
 from eagle3ops.config import HostConfig, ServingConfig
+from eagle3ops.config.enginevalues import cpu_ids
 from eagle3ops.health import shell_form
 
 ROLE_LABEL = "io.eagle3ops.role"
@@ -90,6 +91,8 @@ def container_spec(host: HostConfig, *, release: int) -> dict[str, Any]:
     }
     if s.shm_size:
         spec["shm_size"] = s.shm_size
+    if s.cpuset_cpus:
+        spec["cpuset_cpus"] = s.cpuset_cpus
     return spec
 
 
@@ -131,6 +134,8 @@ def run_argv(host: HostConfig, spec: dict[str, Any], *, remove: bool = False, en
                  + (",readonly" if m.get("ReadOnly") else "")]
     if spec.get("shm_size"):
         argv += ["--shm-size", str(spec["shm_size"])]
+    if spec.get("cpuset_cpus"):
+        argv += ["--cpuset-cpus", spec["cpuset_cpus"]]
     if spec.get("ipc_mode"):
         argv += ["--ipc", spec["ipc_mode"]]
     for u in spec.get("ulimits") or []:  # stage containers on GPU hosts: memlock for NCCL
@@ -405,8 +410,8 @@ def record_run_argv(host: HostConfig, record: dict[str, Any], compile_cache: str
 def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:
     """How the inventory's serving flags differ from the live serving container (``config check HOST``).
 
-    The inventory's ``image``, ``args``, ``env``, ``volumes``, ``shm_size`` and ``gpus`` apply only where no live
-    container exists (provisioning); releases start from the live container. The compile cache's binds
+    The inventory's ``image``, ``args``, ``env``, ``volumes``, ``shm_size``, ``cpuset_cpus`` and ``gpus`` apply only
+    where no live container exists (provisioning); releases start from the live container. The compile cache's binds
     (:func:`keep_compile_cache`, under :func:`compile_cache_dir`) are eagle3ops' own and not reported. Returns one line per difference
     (values of environment variables are not shown: they may be secrets).
     """
@@ -434,6 +439,11 @@ def inventory_drift(host: HostConfig, inspect: dict[str, Any]) -> list[str]:
         out.append(f"volume {v!r}: a bind of the live container, not in the inventory")
     if s.shm_size and str(hcfg.get("ShmSize")) != str(_bytes(s.shm_size)) and hcfg.get("IpcMode") != "host":
         out.append(f"shm_size: inventory {s.shm_size}, live {hcfg.get('ShmSize')} bytes")
+    live_cpus = hcfg.get("CpusetCpus") or ""
+    if (s.cpuset_cpus or "") != live_cpus and (not s.cpuset_cpus or not live_cpus
+                                               or cpu_ids(s.cpuset_cpus) != cpu_ids(live_cpus)):
+        out.append(f"cpuset_cpus: inventory {s.cpuset_cpus or 'every CPU'}, live {live_cpus or 'every CPU'} (a "
+                   f"release keeps the live set: `docker update --cpuset-cpus`, then a release restarts vLLM on it)")
     want_gpu = not (host.gpus == 0 or s.gpus in ("none", 0))
     if want_gpu != bool(hcfg.get("DeviceRequests")):
         out.append(f"gpus: inventory {s.gpus!r}, live {'GPU request' if hcfg.get('DeviceRequests') else 'no GPUs'}")

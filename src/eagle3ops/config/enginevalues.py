@@ -23,7 +23,9 @@ Rules (each mirrors what the engine, or the kernel's ``execve``, does with the v
 - ``secret_env`` names: shell names (letters, digits, ``_``), so that ``NAME=VALUE`` is found inside a shell
   command line too (:mod:`eagle3ops.redact`);
 - container names (``serving.container``, and the ``<compose_project>-<compose_service>-1`` name a Compose service's
-  container gets): Docker's pattern, at least two characters.
+  container gets): Docker's pattern, at least two characters;
+- CPU sets (``serving.cpuset_cpus``): Docker's ``--cpuset-cpus`` list, ``N`` or ``N-M`` items joined by ``,``
+  (moby ``pkg/parsers.ParseUintList``: no spaces, a range's start not above its end).
 """
 
 from __future__ import annotations
@@ -133,6 +135,32 @@ def container_name(value: str) -> str:
     return value
 
 
+_CPU_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def cpu_ids(value: str) -> frozenset[int]:
+    """The CPU ids of a list in Docker's ``--cpuset-cpus`` form (``0-3,6``; moby ``pkg/parsers.ParseUintList``).
+
+    Raises:
+        ValueError: an item that is not ``N`` or ``N-M``, a range whose start is above its end, or an empty list.
+    """
+    out: set[int] = set()
+    for item in value.split(","):
+        m = _CPU_ITEM.fullmatch(item)
+        if m is None or (m.group(2) is not None and int(m.group(1)) > int(m.group(2))):
+            raise ValueError(f"{value!r} is not a CPU list as `docker run --cpuset-cpus` takes it: {item!r} is not a "
+                             f"CPU id or an ascending range; write ids and ranges joined by ',', no spaces, e.g. "
+                             f"`0-3` or `0,2`")
+        out.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    return frozenset(out)
+
+
+def cpu_set(value: str) -> str:
+    """Check a ``--cpuset-cpus`` value (:func:`cpu_ids`); returns it unchanged."""
+    cpu_ids(value)
+    return value
+
+
 HostPath = Annotated[str, AfterValidator(host_path)]
 Bind = Annotated[str, AfterValidator(bind)]
 EnvName = Annotated[str, AfterValidator(env_name)]
@@ -154,6 +182,7 @@ def secret_env_name(value: str) -> str:
 SecretEnvName = Annotated[str, AfterValidator(secret_env_name)]
 EnvValue = Annotated[str, AfterValidator(env_value)]
 ContainerName = Annotated[str, AfterValidator(container_name)]
+CpuSet = Annotated[str, AfterValidator(cpu_set)]
 
-__all__ = ["Bind", "ContainerName", "EnvName", "EnvValue", "HostPath", "SecretEnvName", "bind", "container_name",
-           "env_name", "env_value", "host_path", "secret_env_name"]
+__all__ = ["Bind", "ContainerName", "CpuSet", "EnvName", "EnvValue", "HostPath", "SecretEnvName", "bind",
+           "container_name", "cpu_ids", "cpu_set", "env_name", "env_value", "host_path", "secret_env_name"]

@@ -21,7 +21,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from eagle3ops.config.base import ConfigError, StrictModel, read_yaml, require_mapping, validate
-from eagle3ops.config.enginevalues import Bind, ContainerName, EnvName, EnvValue, SecretEnvName, container_name, host_path
+from eagle3ops.config.enginevalues import (Bind, ContainerName, CpuSet, EnvName, EnvValue, SecretEnvName,
+                                           container_name, cpu_ids, host_path)
 from eagle3ops.config.fleet import FleetConfig
 from eagle3ops.config.groups import GroupConfig, check_groups
 
@@ -151,6 +152,16 @@ class ServingConfig(StrictModel):
         "all", description="GPUs given to the container: `all`, `none`, or a count."
     )
     shm_size: str | None = Field(None, description="`--shm-size` for the container, e.g. `16g`.")
+    cpuset_cpus: CpuSet | None = Field(
+        None, description="CPUs the serving container may run on (`docker run --cpuset-cpus`: ids and ranges, e.g. "
+                          "`0-31` or `1`; kinds container and compose), so that other work on the machine (another "
+                          "serving container, a window's stages) cannot take its cores. vLLM CPU's default thread "
+                          "binding (`VLLM_CPU_OMP_THREADS_BIND` unset or `auto`) binds its OpenMP threads to the "
+                          "CPUs the container may use, one per core; an explicit list in `env` must lie inside this "
+                          "set. Applies where serving is provisioned from the inventory; a release keeps the live "
+                          "container's CPU set (`config check HOST` reports a difference: `docker update "
+                          "--cpuset-cpus`, then a release, which restarts vLLM so that it binds again). Default: "
+                          "every CPU.")
     health_timeout_s: float = Field(
         1800.0, gt=0, description="How long the restore health gate waits for a (slow) server start, in seconds."
     )
@@ -240,6 +251,12 @@ class ServingConfig(StrictModel):
                                "production concurrency; above it the gate rolls back whatever the throughput.",
     )
 
+    @field_validator("cpuset_cpus", mode="before")
+    @classmethod
+    def _cpuset_number(cls, v: Any) -> Any:
+        """``cpuset_cpus: 1`` in YAML is a number: the one CPU it names."""
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
     @field_validator("gate_margin")
     @classmethod
     def _margin(cls, v: float) -> float:
@@ -320,6 +337,31 @@ def _unit_name(s: ServingConfig) -> None:
                          f"`vllm.service`)")
 
 
+def _cpuset_fits(s: ServingConfig, keys: "KindKeys") -> None:
+    """``cpuset_cpus`` only on a serving container, and vLLM's explicit OpenMP binding inside it.
+
+    vLLM 0.16 CPU (``vllm/v1/worker/cpu_worker.py``, ``init_device``): ``VLLM_CPU_OMP_THREADS_BIND`` is ``auto``
+    (the default: the CPUs of ``sched_getaffinity``, i.e. the container's set), ``nobind``, or one CPU list per
+    rank joined by ``|``; a listed CPU outside the container's set cannot be bound.
+    """
+    if not keys.in_container:
+        raise ValueError(f"`cpuset_cpus` pins a serving container (kind container or compose), not kind "
+                         f"`{keys.name}`: remove it and {keys.pin_cpus or 'pin the server where it is started'}")
+    allowed = cpu_ids(s.cpuset_cpus or "")
+    bind = s.env.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    if bind in ("auto", "nobind", ""):
+        return
+    for rank in bind.split("|"):
+        try:
+            outside = sorted(cpu_ids(rank) - allowed)
+        except ValueError:
+            continue  # not a CPU list: vLLM's own error at start names it
+        if outside:
+            raise ValueError(f"`env.VLLM_CPU_OMP_THREADS_BIND` {bind!r} binds vLLM's threads to CPUs "
+                             f"{','.join(map(str, outside))}, outside `cpuset_cpus` {s.cpuset_cpus!r}: name CPUs of "
+                             f"the set, or remove it (its default, `auto`, binds to the container's CPUs)")
+
+
 #: Serving keys that belong to one kind only (key → the kind that takes it).
 KIND_ONLY_KEYS = {"compose_project": "compose", "compose_service": "compose", "process_match": "process",
                   "unit": "systemd"}
@@ -341,6 +383,8 @@ class KindKeys:
     extra: Callable[[ServingConfig], None] | None = None
     #: True: serving is a container, so the host needs an engine (refused with ``stage_runtime: venv``).
     in_container: bool = False
+    #: How to pin this kind's server to CPUs, for a kind that ``cpuset_cpus`` (a container's) cannot pin.
+    pin_cpus: str = ""
 
     def validate(self, s: ServingConfig) -> None:
         """Check ``s`` against this kind.
@@ -367,6 +411,8 @@ class KindKeys:
             keys = "/".join(f"`{k}`" for k in foreign)
             raise ValueError(f"{keys} {'are' if len(foreign) > 1 else 'is'} set but `kind` is not `{owner}` (it is "
                              f"`{self.name}`): set `kind: {owner}` or remove {'them' if len(foreign) > 1 else 'it'}")
+        if s.cpuset_cpus is not None:
+            _cpuset_fits(s, self)
         if self.extra is not None:
             self.extra(s)
 
@@ -376,8 +422,10 @@ KIND_KEYS: dict[str, KindKeys] = {k.name: k for k in (
     KindKeys("container", needs=("image", "served_model_name"), in_container=True),
     KindKeys("compose", needs=("image", "served_model_name", "compose_project", "compose_service"),
              extra=_compose_name, in_container=True),
-    KindKeys("process", needs=("served_model_name", "process_match")),
-    KindKeys("systemd", needs=("served_model_name", "unit"), extra=_unit_name),
+    KindKeys("process", needs=("served_model_name", "process_match"),
+             pin_cpus="start the server under `taskset -c CPUS`"),
+    KindKeys("systemd", needs=("served_model_name", "unit"), extra=_unit_name,
+             pin_cpus="set `CPUAffinity=` in the unit"),
     KindKeys("none", managed=False),
 )}
 assert set(KIND_KEYS) == set(SERVING_KINDS)
