@@ -68,7 +68,8 @@ class _Out:
 
 
 class _StandInConnection:
-    """Stand-in for :class:`fabric.Connection`: ``run(cmd, **kw)`` answers from the facts table; nothing runs."""
+    """Stand-in for :class:`fabric.Connection`: ``run(cmd, **kw)`` answers from the facts table (its stdout also
+    written to ``out_stream`` when given, as Invoke streams it); nothing runs."""
 
     gateway = None
     is_connected = True
@@ -76,10 +77,12 @@ class _StandInConnection:
     def __init__(self, owner: "RecordingRemote"):
         self.owner = owner
 
-    def run(self, cmd: str, *, in_stream: Any = None, **_: Any) -> _Out:
+    def run(self, cmd: str, *, in_stream: Any = None, out_stream: Any = None, **_: Any) -> _Out:
         data = in_stream.read() if in_stream is not None else b""
         data = data.encode() if isinstance(data, str) else data
         code, out, err = self.owner.answer(cmd, data)
+        if out_stream is not None and out:  # Invoke copies stdout to out_stream as it arrives (a streamed command)
+            out_stream.write(out)
         return _Out(code, out, err)
 
     def close(self) -> None:

@@ -11,7 +11,8 @@ on its first host. ``recover`` takes the host's lock to start serving stopped ou
 interrupted window only after reading that the window holds the lock. The host-changing commands that take no deploy
 lock by design (``watch``: its own records; ``group promote|pause``: a request row for the driver that holds the group
 lock) are checked for what they change, and that a refused one changes nothing. ``regenerate`` asks live serving
-with no lock and uploads its dataset under the host's lock.
+with no lock and uploads its dataset under the host's lock; relayed on the host (a helper container there), it
+answers and uploads under one hold of the lock.
 """
 
 from __future__ import annotations
@@ -152,10 +153,12 @@ def test_speculate_releases_its_lock_when_a_check_after_it_refuses(monkeypatch):
     assert audit[-1]["outcome"] == "not started" and "hidden" in audit[-1]["error"]
 
 
-def _regenerate(monkeypatch, tmp_path, facts):
+def _regenerate(monkeypatch, tmp_path, facts, *, relay: bool = False):
     """``regenerate sandbox --run r1 --limit 2`` against the recording host with ``facts``; STAND-INS: the live
     serving (:class:`test_regenerate.StandInServer` behind httpx's ``MockTransport``, asked by the real
-    :func:`eagle3ops.speculate.regenerate.regenerate`) and the endpoint the driver reaches it at. Returns the
+    :func:`eagle3ops.speculate.regenerate.regenerate`) and the endpoint the driver reaches it at. ``relay``: the
+    host refuses the SSH forward instead, so the answers come from the relay helper container on the host (its
+    output: the stand-in server's rows, as :func:`eagle3ops.speculate.onhost.regenerate` prints them). Returns the
     result, the recorder and the host's regenerated folder."""
     import contextlib
     import functools
@@ -167,11 +170,25 @@ def _regenerate(monkeypatch, tmp_path, facts):
     from eagle3ops.speculate import regenerate as rg
     from test_regenerate import StandInServer
 
-    monkeypatch.setattr(reach, "serving_endpoint", contextlib.contextmanager(
-        lambda r, key, **_: iter([("http://serving.invalid", "stand-in serving")])))
+    def endpoint(r, key, **_):
+        if relay:
+            raise reach.ForwardRefused(f"{r.host.name}: the SSH forward was refused (stand-in)")
+        yield "http://serving.invalid", "stand-in serving"
+
+    def helper(argv, stdin):  # the relay helper's answer: one row line per item, then its answer line
+        if argv[-2:] != ["eagle3ops.speculate.onhost", "regenerate"]:
+            return facts(argv, stdin)
+        req = json.loads(stdin)
+        with httpx.Client(transport=httpx.MockTransport(StandInServer())) as c:
+            rows = [rg.answer_item(c, "http://serving.invalid", rg.GenSettings(**req["settings"]),
+                                   rg.Item(i["id"], tuple(map(tuple, i["turns"])))) for i in req["items"]]
+        return 0, "".join(onhost.ROW_MARK + json.dumps(x) + "\n" for x in rows) + onhost.MARK + json.dumps(
+            {"rows": len(rows), "vllm_version": "0.16.0-stand-in"}) + "\n", ""
+
+    monkeypatch.setattr(reach, "serving_endpoint", contextlib.contextmanager(endpoint))
     monkeypatch.setattr(reach, "regenerate", functools.partial(
         rg.regenerate, transport=httpx.MockTransport(StandInServer())))
-    rec = RecordingHost(facts=facts, stop_at_lock=False)
+    rec = RecordingHost(facts=helper, stop_at_lock=False)
     out = _run(monkeypatch, rec, "regenerate", "sandbox", "--run", "r1", "--limit", "2", "--out",
                str(tmp_path / "out"))
     return out, rec, f"{load_inventory(INVENTORY).host('sandbox').data_dir}/runs/r1/regenerated"
@@ -213,6 +230,43 @@ def test_regenerate_uploads_only_under_the_lock_and_a_held_lock_keeps_the_answer
     released = max(i for i, c in enumerate(cmds) if c == f"rm -rf -- {lock}")
     assert len(written) == 3 and lock_at < min(written) and max(written) < released, cmds
     assert rec.calls[written[1]].stdin == (tmp_path / "out" / "dataset.jsonl").read_bytes()
+
+
+def test_regenerate_relayed_on_the_host_starts_its_helper_only_under_the_lock(monkeypatch, tmp_path):
+    """``regenerate`` on a host that refuses the SSH forward: the answers come from a helper container on the host,
+    which is a host change, so every change (the helper's start, the dataset's writes) sits between one taking of
+    the host's lock and its release. A lock held by a window: no container is started and nothing written, the
+    command fails naming the holder and the fixes; the rerun with the lock free answers all and uploads."""
+    from eagle3ops.config import load_inventory
+
+    held = {"on": True}
+    lock = f"{load_inventory(INVENTORY).host('sandbox').state_dir}/lock"
+
+    def facts(argv, stdin):
+        if held["on"] and argv == ["mkdir", lock]:
+            return 1, "", f"mkdir: cannot create directory '{lock}': File exists"
+        if held["on"] and argv[:2] == ["test", "-d"] and argv[-1] == lock:
+            return 0, "", ""
+        if held["on"] and argv[:2] == ["find", f"{lock}/details.json"]:
+            return 0, json.dumps({"window_id": "20990101T000000Z-extract-abcdef", "holder": "ops@elsewhere",
+                                  "since": "2099-01-01T00:00:00+00:00", "command": "eagle3ops extract sandbox"}), ""
+        return _facts(argv, stdin)
+
+    out, rec, folder = _regenerate(monkeypatch, tmp_path, facts, relay=True)
+    said = " ".join(out.output.split())
+    assert out.exit_code == 1 and "ops@elsewhere" in said and "--endpoint" in said, out.output
+    assert not [c.cmd for c in rec.calls if c.kind in ("change", "launch")], [c.cmd for c in rec.calls]
+    held["on"] = False
+    out, rec, folder = _regenerate(monkeypatch, tmp_path, facts, relay=True)
+    assert out.exit_code == 0 and "(2 now, 0 resumed" in " ".join(out.output.split()), out.output
+    assert not pre_lock_changes(rec.calls), pre_lock_changes(rec.calls)
+    taken = [i for i, c in enumerate(rec.calls) if c.kind == "lock" and c.argv[1] != "-p"]
+    released = [i for i, c in enumerate(rec.calls) if c.cmd == f"rm -rf -- {lock}"]
+    helper = [i for i, c in enumerate(rec.calls) if c.kind == "launch" and c.argv[-1] == "regenerate"]
+    written = [i for i, c in enumerate(rec.calls) if folder in c.cmd]
+    assert len(taken) == len(released) == 1 and len(helper) == 1 and len(written) == 3, [c.cmd for c in rec.calls]
+    assert taken[0] < helper[0] < min(written) and max(written) < released[0]
+    assert len((tmp_path / "out" / "dataset.jsonl").read_text().splitlines()) == 2
 
 
 def _stopped_serving(base):

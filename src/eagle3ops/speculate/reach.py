@@ -10,7 +10,8 @@ The pure part (settings, items, resume log, plan, the HTTP client and its retrie
   port-forward on the same connection;
 - :func:`host_relay`: else (the host's sshd forbids forwarding, as the sandbox's does) the requests are relayed on
   the host by the deployed pipeline image (the way the speculation gate measures), its rows streamed back over SSH
-  into the same resume log;
+  into the same resume log; that helper container is a host change, so it runs under the host's deploy lock, held
+  on through the upload;
 - :func:`upload`: the dataset and its manifest go into ``<data_dir>/runs/<run>/regenerated/``, under the host's
   deploy lock (an extract window of that run reads the folder under it);
 - :func:`regenerate_for_host`: all of the above around :func:`eagle3ops.speculate.regenerate.regenerate`.
@@ -252,6 +253,40 @@ def _upload(r: Any, run: str, out_dir: Path, command: str) -> dict[str, str]:
                               f"again; only the upload is left)") from None
 
 
+def _relayed(r: Any, run: str, p: RegeneratePlan, image: str, key: str | None, command: str, *, where: str,
+             extra_manifest: dict[str, Any] | None, progress: bool, echo: Callable[[str], None]
+             ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Plan ``p`` answered on the host by :func:`host_relay` in ``image``, then :func:`write_dataset`, under one hold
+    of the host's deploy lock: the relay starts a container on the host, a host change like any other, so it runs
+    only while no window holds the lock, and no window starts under it (one stopping serving would fail the
+    requests). Returns the manifest and :func:`host_paths`.
+
+    Raises:
+        RegenerateError: a ``stage_runtime: venv`` host (before the lock: no engine for the helper); the lock held
+            or not takeable (nothing asked, nothing changed; the message names the holder and the lock-free ways);
+            the helper failed (the lock released, the rows it streamed kept in the resume log).
+    """
+    from eagle3ops.window.common import WindowError
+    from eagle3ops.window.lock import holding_lock
+
+    rows_from = host_relay(r, image, key, p.settings)
+    how = f"relayed on the host by {image} (the SSH forward was refused)"
+    echo(f"serving endpoint: {how}")
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(holding_lock(r, "regenerate", command, f"answer (a relay helper container of "
+                                             f"{image}) and upload the regenerated dataset of run {run}"))
+        except WindowError as exc:  # LockHeld included: taken before anything is asked, so nothing is lost
+            raise RegenerateError(
+                f"{exc} -- answering on the host starts a helper container there, so it needs the host's lock: "
+                f"nothing was asked or changed (conversations answered before are kept in {p.out_dir}); rerun the "
+                "same command once the lock is free, or reach serving from the driver, which needs no lock "
+                "(--endpoint URL, or allow TCP forwarding for the SSH user: AllowTcpForwarding local)") from None
+        manifest = regenerate(p, None, endpoint=f"{where} ({how})", extra_manifest=extra_manifest,
+                              progress=progress, rows_from=rows_from)
+        return manifest, write_dataset(r, run, p.out_dir)
+
+
 def _deployed_image(r: Any) -> str | None:
     """The host's pipeline image: ``pipeline_image`` in the inventory, else the one ``deploy`` recorded."""
     from eagle3ops.commands import host as hc
@@ -272,10 +307,11 @@ def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | No
                         echo: Callable[[str], None] = print, command: str | None = None) -> dict[str, Any]:
     """Run plan ``p`` against host ``r``'s live serving (API key and endpoint as the module doc says), then upload
     the dataset into ``<data_dir>/runs/<run>/regenerated/`` under the host's deploy lock (:func:`upload`, taken for
-    the upload alone: answering needs no lock, a window may run meanwhile; ``command`` names the holder, default
-    ``eagle3ops regenerate HOST --run RUN``). ``direct``/``ssh_forward``: see
+    the upload alone: answering from the driver needs no lock, a window may run meanwhile; ``command`` names the
+    holder, default ``eagle3ops regenerate HOST --run RUN``). ``direct``/``ssh_forward``: see
     :func:`serving_endpoint`; when the host refuses the SSH forward, the requests are relayed on the host
-    (:func:`host_relay`) by ``image`` (default: the deployed pipeline image). In a dry run (``r.dry_run``) print
+    (:func:`host_relay`) by ``image`` (default: the deployed pipeline image), the relay and the upload under one
+    hold of the lock (its helper container is a host change). In a dry run (``r.dry_run``) print
     the plan and the upload's commands; nothing is sent.
 
     Returns:
@@ -285,13 +321,15 @@ def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | No
 
     Raises:
         RegenerateError: serving not reachable, the API key file unreadable, or the upload refused (the host's lock
-            held by another run: its holder named; the dataset kept locally for a rerun that only uploads).
+            held by another run: its holder named; the dataset kept locally for a rerun that only uploads), or a
+            relay refused the same way before asking anything.
     """
     command = command or f"eagle3ops regenerate {r.host.name} --run {run}"
     echo(p.describe())
     if r.dry_run:
         echo(f"# dry run: would ask {r.host.name}'s serving ({r.host.serving.served_model_name}, port "
-             f"{r.host.serving.port}) directly or through an SSH forward, then upload under the host's lock:")
+             f"{r.host.serving.port}) directly or through an SSH forward, then upload under the host's lock (a "
+             f"relay on the host, where the forward is refused, would answer under the lock too):")
         upload_paths = _upload(r, run, p.out_dir, command)
         return {"dry_run": True, "plan": p.describe(), "host_paths": upload_paths,
                 "doc": {"kind": "regenerate", "host": r.host.name, "run": run, "plan": p.as_dict(),
@@ -307,11 +345,10 @@ def regenerate_for_host(r: Any, run: str, p: RegeneratePlan, *, direct: str | No
         image = image or _deployed_image(r)
         if not image:
             raise
-        how = f"relayed on the host by {image} (the SSH forward was refused)"
-        echo(f"serving endpoint: {how}")
-        manifest = regenerate(p, None, endpoint=f"{where} ({how})", extra_manifest=extra_manifest,
-                              progress=progress, rows_from=host_relay(r, image, key, p.settings))
-    paths = _upload(r, run, p.out_dir, command)
+        manifest, paths = _relayed(r, run, p, image, key, command, where=where, extra_manifest=extra_manifest,
+                                   progress=progress, echo=echo)
+    else:
+        paths = _upload(r, run, p.out_dir, command)
     echo(f"{manifest['answered']} of {manifest['conversations']} conversations answered "
          f"({manifest['answered_now']} now, {manifest['skipped_already_answered']} resumed, {manifest['failed']} "
          f"failed), {manifest['completion_tokens_now']} tokens in {manifest['wall_s']} s; uploaded to "
