@@ -82,3 +82,39 @@ def test_preflight_refuses_it_before_the_stop():
         world.served_models = served
         pf = wpreflight.preflight(StandInRemote(h, world), image=IMAGE, expected_image_id=IMAGE_ID)
         assert pf.ok is ok and next(c for c in pf.checks if c[0] == "served model")[1] is ok, pf.checks
+
+
+class _Routes(_Serving):
+    """Answers ``curl -s -f ... URL`` by the URL's route from ``bodies`` (a route missing: the request fails)."""
+
+    def __init__(self, bodies: dict[str, str]):
+        super().__init__(None)
+        self.bodies = bodies
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+        self.asked.append(list(argv))
+        route = "/" + argv[-1].split("/", 3)[-1]
+        return _Res(self.bodies[route]) if route in self.bodies else _Res(ok=False)
+
+
+@pytest.mark.parametrize("body, version, models", [
+    pytest.param(None, None, None, id="no-answer"),
+    pytest.param("not json", None, None, id="not-json"),
+    pytest.param("[1, 2]", None, None, id="json-not-an-object"),
+    pytest.param('{"version": "", "data": "x"}', None, None, id="empty-fields"),
+    pytest.param('{"version": "0.16.0+cpu", "data": [{"id": "m"}, {"id": 3}, "n"]}', "0.16.0+cpu", ["m"], id="ok"),
+])
+def test_the_served_model_and_version_are_read_through_one_loopback_reader(body, version, models):
+    """``/version`` and ``/v1/models`` are read the same way (:func:`eagle3ops.window.loopback.read_json`): one
+    ``curl -s -f`` GET on the host's loopback at serving's port, no key in argv; no answer, a body that is not JSON
+    or not an object is None, and each reader keeps only its well-formed field."""
+    from eagle3ops.window.loopback import read_json
+    from eagle3ops.window.servedmodel import served_models
+    from eagle3ops.window.servedversion import served_version
+
+    r = _Routes({} if body is None else {"/version": body, "/v1/models": body})
+    assert served_version(r) == version and served_models(r) == models
+    port = r.host.serving.port
+    assert r.asked == [["curl", "-s", "-f", "--max-time", "5", f"http://127.0.0.1:{port}/version"],
+                       ["curl", "-s", "-f", "--max-time", "5", f"http://127.0.0.1:{port}/v1/models"]]
+    assert read_json(r, "/version") == (None if body in (None, "not json") else json.loads(body))

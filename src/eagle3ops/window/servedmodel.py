@@ -15,24 +15,19 @@ requires an API key: ``curl -f`` fails on its 401; a stand-in) is not judged: th
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from eagle3ops.commands import host as hc
+from eagle3ops.serving_http import MODELS
+from eagle3ops.window.loopback import read_json
 
 __all__ = ["check_served_model", "model_refusal", "served_models"]
 
 
 def served_models(r: Any) -> list[str] | None:
-    """The ids ``GET /v1/models`` lists on the host's loopback (read-only, one try of 5 s); None when it does not
-    answer with a ``data`` list."""
-    out = r.run(hc.http_body(f"http://127.0.0.1:{r.host.serving.port}/v1/models"), check=False)
-    if not out.ok:
-        return None
-    try:
-        data = json.loads(out.stdout).get("data")
-    except (ValueError, AttributeError):
-        return None
+    """The ids ``GET /v1/models`` lists on the host's loopback (:func:`eagle3ops.window.loopback.read_json`:
+    read-only, one try of 5 s); None when it does not answer with a ``data`` list."""
+    out = read_json(r, MODELS)
+    data = out.get("data") if isinstance(out, dict) else None
     if not isinstance(data, list):
         return None
     return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]

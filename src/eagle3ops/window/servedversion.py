@@ -13,10 +13,10 @@ does not answer it (a stand-in, an older build) is not judged: the check says so
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from eagle3ops.commands import host as hc
+from eagle3ops.serving_http import VERSION
+from eagle3ops.window.loopback import read_json
 
 KEY = "profile"
 
@@ -55,15 +55,10 @@ def version_refusal(host: str, profile: str, pin: str | None, served: str | None
 
 
 def served_version(r: Any) -> str | None:
-    """``GET /version``'s ``version`` of serving on the host's loopback (read-only, one try of 5 s); None when it
-    does not answer with one."""
-    out = r.run(hc.http_body(f"http://127.0.0.1:{r.host.serving.port}/version"), check=False)
-    if not out.ok:
-        return None
-    try:
-        v = json.loads(out.stdout).get("version")
-    except (ValueError, AttributeError):
-        return None
+    """``GET /version``'s ``version`` of serving on the host's loopback (:func:`eagle3ops.window.loopback.read_json`:
+    read-only, one try of 5 s); None when it does not answer with one."""
+    out = read_json(r, VERSION)
+    v = out.get("version") if isinstance(out, dict) else None
     return v if isinstance(v, str) and v else None
 
 
