@@ -8,7 +8,9 @@
 - the speculate path sends the serving API key (taken as the health gate takes it) to the measuring helper, in its
   stdin, and the helper sends it on every request and ``/metrics`` scrape;
 - a level's "before" counter snapshot is taken after the idle wait: a foreign request that finishes during the
-  wait is not counted in the speculative side's acceptance.
+  wait is not counted in the speculative side's acceptance;
+- requests that failed (warm-up or measured) followed by a silent ``/metrics`` end the measurement as the release's
+  failure (it went down), not as a measured level.
 
 The HTTP server below is a STAND-IN for vLLM's OpenAI server (stdlib ``http.server``): ``/metrics`` in vLLM 0.16's
 names and ``/v1/completions`` streaming, both behind a bearer key.
@@ -279,3 +281,27 @@ def test_a_margin_that_would_keep_anything_is_refused(value):
 
     with pytest.raises(ValueError, match="must be a number from 0 to below 1"):
         check_gate_margin(value)
+
+
+@pytest.mark.parametrize("warmup", [2, 0], ids=["in-the-warm-up", "in-a-pass"])
+def test_failed_requests_then_no_metrics_is_the_release_going_down(monkeypatch, warmup):
+    """A level whose requests failed, after which ``/metrics`` does not answer (nothing listens any more), ends the
+    measurement as the release's failure, naming the level, the failures and what was sent (warm-up or measured).
+    STAND-IN: the replay (a level whose two requests failed); the server is a port nobody listens on."""
+    import socket
+
+    from eagle3ops.gate import measure as gm
+    from eagle3ops.gate.replay import LevelResult, ReleaseFailed
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    failed = LevelResult(1, 2, 2, 0, 0.1, 0.0, None, None, None, 0.0, failures=((0, "HTTP 500"), (1, "HTTP 500")))
+    monkeypatch.setattr(gm, "replay_level", lambda *a, **k: failed)
+    with pytest.raises(ReleaseFailed) as got:
+        gm.measure({"base_url": f"http://127.0.0.1:{port}", "model": "m", "prompts": ["a", "b"], "levels": [1],
+                    "max_tokens": 4, "warmup_prompts": warmup, "request_timeout_s": 2})
+    said = str(got.value)
+    assert said.startswith(f"2 of 2 {'warm-up requests' if warmup else 'requests'} failed at concurrency 1")
+    assert "HTTP 500 (prompt 0, 1)" in said and "no longer answers /metrics" in said and "it went down" in said
+    assert got.value.concurrency == 1 and got.value.failures == [(0, "HTTP 500"), (1, "HTTP 500")]

@@ -45,7 +45,7 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
     """
     import httpx
 
-    from eagle3ops.serving_http import auth_headers
+    from eagle3ops.serving_http import ServingClient, auth_headers
 
     base, model, key = req["base_url"], req["model"], req.get("api_key")
     headers = auth_headers(key)
@@ -58,34 +58,16 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
         d["accepted_per_pos"] = {str(k): v for k, v in d["accepted_per_pos"].items()}
         return d
 
-    try:  # vLLM's GET /version: the like-for-like record; a server without it answers None
-        v = httpx.get(f"{base}/version", headers=headers, timeout=30)
-        out["server"] = {"version": v.json().get("version") if v.status_code == 200 else None}
-    except (httpx.HTTPError, ValueError, AttributeError):
-        out["server"] = {"version": None}
+    # vLLM's GET /version: the like-for-like record; a server without it answers None
+    out["server"] = {"version": ServingClient(base, key, timeout_s=30).version()}
     live = req.get("traffic") == "live"  # serving.gate_traffic: measured beside the clients, no idle wait
     warm = req["prompts"][: int(req.get("warmup_prompts") or 0)]
     if warm:
-        out["warmup"] = {"prompts": len(warm), "output_tokens_per_s": {}}
-        for c in req["levels"]:
-            res = replay_level(base, model, warm, int(c), max_tokens=int(req["max_tokens"]), api_key=key,
-                               request_timeout_s=float(req.get("request_timeout_s", 300)),
-                               idle_timeout_s=float(req.get("idle_timeout_s", 120)), live=live)
-            out["warmup"]["output_tokens_per_s"][str(c)] = res.figures().get("output_tokens_per_s")
-            if res.errors:  # failed requests are the release's, measured or not
-                out["warmup"].setdefault("failures", {})[str(c)] = [list(f) for f in res.failures]
-                try:
-                    scrape()
-                except (httpx.HTTPError, ValueError) as e:
-                    raise ReleaseFailed(f"{res.errors} of {res.requests} warm-up requests failed at concurrency {c} "
-                                        f"({summary(res.failures)}) and the server no longer answers /metrics "
-                                        f"({type(e).__name__}: {e}): it went down", res.failures, int(c)) from None
+        out["warmup"] = _warm_up(req, warm, live, scrape)
     for _ in range(int(req.get("passes", 1))):
         for c in req["levels"]:
             before: list[dict[str, Any]] = []
-            res = replay_level(base, model, req["prompts"], int(c), max_tokens=int(req["max_tokens"]), api_key=key,
-                               request_timeout_s=float(req.get("request_timeout_s", 300)),
-                               idle_timeout_s=float(req.get("idle_timeout_s", 120)),
+            res = replay_level(base, model, req["prompts"], int(c), **_replay_settings(req),
                                on_idle=lambda: before.append(scrape()), live=live)
             out["levels"][str(c)].append(res.figures())
             try:
@@ -93,11 +75,49 @@ def measure(req: dict[str, Any]) -> dict[str, Any]:
             except (httpx.HTTPError, ValueError) as e:
                 if not res.errors:
                     raise
-                raise ReleaseFailed(f"{res.errors} of {res.requests} requests failed at concurrency {c} "
-                                    f"({summary(res.failures)}) and the server no longer answers /metrics "
-                                    f"({type(e).__name__}: {e}): it went down", res.failures, int(c)) from None
+                raise _went_down(res, int(c), e, "requests") from None
             out["counters"][str(c)].append([before[0], after])
     return out
+
+
+def _replay_settings(req: dict[str, Any]) -> dict[str, Any]:
+    """The request's per-request settings as :func:`~eagle3ops.gate.replay.replay_level` takes them: ``max_tokens``,
+    ``api_key``, ``request_timeout_s`` (default 300 s) and ``idle_timeout_s`` (default 120 s), for the warm-up and
+    the passes alike."""
+    return {"max_tokens": int(req["max_tokens"]), "api_key": req.get("api_key"),
+            "request_timeout_s": float(req.get("request_timeout_s", 300)),
+            "idle_timeout_s": float(req.get("idle_timeout_s", 120))}
+
+
+def _went_down(res: LevelResult, c: int, exc: Exception, what: str) -> ReleaseFailed:
+    """The gate's verdict on a level whose ``what`` (``requests``, ``warm-up requests``) failed and after which
+    ``/metrics`` did not answer (``exc``): the release went down under the gate's traffic."""
+    return ReleaseFailed(f"{res.errors} of {res.requests} {what} failed at concurrency {c} ({summary(res.failures)}) "
+                         f"and the server no longer answers /metrics ({type(exc).__name__}: {exc}): it went down",
+                         res.failures, c)
+
+
+def _warm_up(req: dict[str, Any], warm: list[Any], live: bool, scrape: Any) -> dict[str, Any]:
+    """The ``warm`` prompts sent once at each level of ``req`` before its passes, not measured (:func:`measure`'s
+    doc); returns its answer's ``warmup``: ``{"prompts": N, "output_tokens_per_s": {c: figure}}``, with
+    ``"failures"`` (``{c: [[prompt index, why], ...]}``) when requests failed.
+
+    Raises:
+        ReleaseFailed: requests failed and ``scrape`` (``/metrics``) no longer answers: the server went down.
+    """
+    import httpx
+
+    got: dict[str, Any] = {"prompts": len(warm), "output_tokens_per_s": {}}
+    for c in req["levels"]:
+        res = replay_level(req["base_url"], req["model"], warm, int(c), **_replay_settings(req), live=live)
+        got["output_tokens_per_s"][str(c)] = res.figures().get("output_tokens_per_s")
+        if res.errors:  # failed requests are the release's, measured or not
+            got.setdefault("failures", {})[str(c)] = [list(f) for f in res.failures]
+            try:
+                scrape()
+            except (httpx.HTTPError, ValueError) as e:
+                raise _went_down(res, int(c), e, "warm-up requests") from None
+    return got
 
 
 def prefix_cache(ans: dict[str, Any]) -> dict[str, dict[str, float | None]]:
