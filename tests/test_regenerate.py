@@ -214,10 +214,11 @@ def test_the_api_key_comes_from_the_serving_container_and_never_from_argv():
 def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_path):
     """Four HumanEval train prompts answered by the sandbox's live target (greedy), once from the driver directly
     and once relayed on the host (the sandbox's sshd forbids the SSH forward: refused with the fixes, then relayed
-    by the deployed pipeline image); each answer is what a direct greedy request returns, the dataset is uploaded
-    to the run dir and the manifest carries the settings."""
+    by the deployed pipeline image, under the host's lock); each answer is what a direct greedy request returns, the
+    dataset is uploaded to the run dir, the lock is free again after each, and the manifest carries the settings."""
     from eagle3ops.commands import host as hc
     from eagle3ops.remote import Remote
+    from eagle3ops.window.lock import read_lock
 
     h, _dep = deployed
     run = "test-regenerate"
@@ -233,6 +234,7 @@ def test_regenerate_humaneval_prompts_with_the_sandboxs_live_vllm(deployed, tmp_
             p = rg.plan(he.items, settings, tmp_path / how)
             mans[how] = reach.regenerate_for_host(r, run, p, ssh_forward=forward, extra_manifest=he.record,
                                                progress=False, echo=lambda _m: None)
+            assert read_lock(r) is None, how  # the upload's (and the relay's) hold of the lock released
         on_host = r.run(hc.cat_if_exists(mans["relayed"]["host_paths"]["manifest"])).stdout
         with reach.serving_endpoint(r, key) as (url, how):
             assert how.startswith("direct")
