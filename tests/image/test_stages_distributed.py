@@ -153,7 +153,8 @@ def _free_port() -> int:
 def _nodes(runs: list[Path], *extra: str, kill_node: int | None = None, kill_after_s: float = 0) -> list[int]:
     """``stage train --nodes N --node-rank k --rendezvous 127.0.0.1:PORT`` for every run dir at once (one process
     each, gloo on loopback); ``kill_node``: SIGKILL that node's process group after ``kill_after_s``. Returns the
-    exit statuses (bounded: 300 s)."""
+    exit statuses (bounded: 300 s). Each node's output goes to ``<run>.node.log``; when a status is not 0 the
+    last lines of every node's log are printed (a CI log shows which node failed and how)."""
     import os
     import signal
     import subprocess
@@ -162,9 +163,14 @@ def _nodes(runs: list[Path], *extra: str, kill_node: int | None = None, kill_aft
 
     port = _free_port()
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", NPROC_ENV: "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "eagle3ops.stages", "train", "--run-dir", str(r), "--nodes",
-                               str(len(runs)), "--node-rank", str(k), "--rendezvous", f"127.0.0.1:{port}", *extra],
-                              env=env, start_new_session=True) for k, r in enumerate(runs)]
+    logs = [r.with_name(r.name + ".node.log") for r in runs]
+    procs = []
+    for k, r in enumerate(runs):
+        with open(logs[k], "w") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", "eagle3ops.stages", "train", "--run-dir", str(r),
+                                           "--nodes", str(len(runs)), "--node-rank", str(k), "--rendezvous",
+                                           f"127.0.0.1:{port}", *extra],
+                                          env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT))
     if kill_node is not None:
         time.sleep(kill_after_s)
         os.killpg(procs[kill_node].pid, signal.SIGKILL)
@@ -175,6 +181,10 @@ def _nodes(runs: list[Path], *extra: str, kill_node: int | None = None, kill_aft
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             rcs.append(p.wait())
+    if any(rcs) and kill_node is None:
+        for k, log in enumerate(logs):
+            lines = [x for x in log.read_text(errors="replace").splitlines() if "speculators.utils" not in x]
+            print(f"--- node {k} (exit {rcs[k]}), last lines of {log}:", *lines[-25:], sep="\n")
     return rcs
 
 

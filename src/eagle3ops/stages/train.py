@@ -188,6 +188,16 @@ def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any
     return json.loads((stage_dir(run_dir, "train") / "manifest.json").read_text())
 
 
+def _leave_rank() -> None:
+    """End this torchrun rank now with status 0, its output flushed, without running gloo's teardown (see
+    ``finish`` in :func:`run_train`): ``os._exit`` skips the process group's destructors and the interpreter's
+    shutdown. Only for a rank whose work is done and whose peers passed the final barrier; nothing reads a rank's
+    return value (the launching process reads the manifest rank 0 wrote)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _peak_memory_bytes(device: str) -> int:
     import torch
 
@@ -401,13 +411,19 @@ def run_train(
             dist.barrier()
 
     def finish() -> None:
-        """Tear the process group down on every rank together: a barrier first, so that no rank destroys its gloo
-        pairs (or exits) while a peer still works with them. A rank that left early made the others' gloo
-        threads die with ``terminate called without an active exception`` (SIGABRT), now and then, on CPU
-        (PyTorch: destroy_process_group must be called by all ranks, with no collective in flight)."""
+        """End the process group on every rank together: a barrier first, so that no rank tears down its pairs (or
+        exits) while a peer still works with them; then NCCL's communicators are destroyed (PyTorch:
+        destroy_process_group by all ranks, no collective in flight). A gloo rank (CPU) leaves the process
+        instead, by :func:`_leave_rank`: its outputs are complete at the barrier, and gloo's teardown —
+        ``destroy_process_group`` or the destructors at interpreter exit — still made a rank die with ``terminate
+        called without an active exception`` (SIGABRT) now and then after the barrier, on a loaded CPU; torchrun
+        then failed that node, and node 0's agent waited out its 300 s exit barrier for it."""
         if world > 1:
             dist.barrier()
-            dist.destroy_process_group()
+            if dist.get_backend() == "nccl":
+                dist.destroy_process_group()
+            else:
+                _leave_rank()
 
     evaluate = HeldOutEval(model, lay, held, rank, {i: str(ext_dir / by_id[i]["file"]) for i in held}, tc,
                            standardize_with_norm(norm_w, eps), collate, device, world, dataset[0])
