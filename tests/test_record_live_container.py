@@ -84,7 +84,6 @@ def _supervisor(tmp_path: Path, name: str, port: int, kind: str, **kw):
     return Supervisor(plan, docker.from_env(timeout=120), wdir)
 
 
-@pytest.mark.xfail(strict=True, reason="the record step trusts the release label of a container recreated outside")
 def test_serving_recreated_outside_with_the_same_label_is_a_new_release(serving, tmp_path):
     name, port, provision = serving
     provision()
