@@ -509,7 +509,7 @@ def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_p
         cur.write_text(f"{n}\n")
         if kill:
             raise Killed()
-        return {"outcome": "ok", "release": n}
+        return {"outcome": "ok", "release": n, "release_before": n - 1 if kind == "release" else None}
 
     r = LocalHostExecutor(h)
     steps = HostSteps(group="chat", kind="release", remotes={"a": r}, balancer=StandinBalancer(tmp_path / "b.json"),
@@ -519,7 +519,7 @@ def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_p
         steps.switch("a")
     assert read_marker(r, "chat")["pending"] == {"target": "k1", "before": 3}
     steps._window = lambda host, kind, **kw: window(host, kind, **kw)  # type: ignore[method-assign]
-    out = steps.switch("a")  # the rerun: the window again (release 5), the release to return to still 3
+    out = steps.switch("a")  # the rerun: the window again (release 5, found 4 live), the release to return to still 3
     assert out == {"release": 5, "previous": 3}
     m = read_marker(r, "chat")
     assert on_target(m, 5, "k1") and "pending" not in m and steps.switch("a")["repeated"] is True
@@ -527,7 +527,6 @@ def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_p
     assert cur.read_text().strip() == "3" and read_marker(r, "chat") == {}
 
 
-@pytest.mark.xfail(strict=True, reason="the marker keeps a stale previous release")
 def test_the_release_to_return_to_is_the_one_the_window_found_live(tmp_path: Path, monkeypatch) -> None:
     """A host whose marker is left from an earlier rollout (release 1, its rollback) and whose serving was
     provisioned again since: the switch's window records the live container as a new release (15) before it
