@@ -121,7 +121,9 @@ class Releases:
         rec = self.get(n)
         if rec.get("container_id") != container_id:
             rec["container_id"] = container_id
-            write_private(self.dir / f"{n:04d}.json", json.dumps(rec, indent=2))
+            tmp = self.dir / f"{n:04d}.json.tmp"
+            write_private(tmp, json.dumps(rec, indent=2))
+            tmp.replace(self.dir / f"{n:04d}.json")  # atomic: a crash keeps the release's whole record
 
     def container_id(self, n: int) -> str | None:
         """The id of the container eagle3ops last created for release ``n`` (:meth:`mark_container`), else the one
