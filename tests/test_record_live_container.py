@@ -112,3 +112,31 @@ def test_serving_recreated_outside_with_the_same_label_is_a_new_release(serving,
     again = _supervisor(tmp_path, name, port, "window")
     again.record()
     assert rels.current() == 2 and rels.numbers() == [1, 2, 3] and not again.warnings(), again.warnings()
+
+    # production as the cycle's acceptance step replays it: release 2's record while its container serves; the live
+    # container once serving is recreated outside eagle3ops again (another CPU weight)
+    from eagle3ops.speculate.cycleserve import production_serving
+
+    pr = _LocalHost(tmp_path, name, port)
+    assert production_serving(pr).source == "release 2"
+    provision("--cpu-shares", "512")
+    prod = production_serving(pr)
+    assert prod.source.startswith(f"live container {name}") and prod.record["HostConfig"]["CpuShares"] == 512, prod
+
+
+class _LocalHost:
+    """STAND-IN for the SSH executor of a host: this machine's executor (``executor.local()``, its docker CLI on
+    this machine's engine) with an inventory entry naming the test's serving container and state dir."""
+
+    def __init__(self, tmp_path: Path, name: str, port: int):
+        from eagle3ops import executor
+        from eagle3ops.config import load_inventory
+
+        inv = tmp_path / "hosts.yaml"
+        inv.write_text(f"hosts:\n  local: {{hostname: 127.0.0.1, state_dir: {tmp_path}/state, data_dir: "
+                       f"{tmp_path}/data, model_path: /m, serving: {{container: {name}, image: img, "
+                       f"served_model_name: {MODEL}, port: {port}}}}}\n")
+        self.host, self._local = load_inventory(inv).host("local"), executor.local()
+
+    def run(self, *a, **kw):
+        return self._local.run(*a, **kw)
