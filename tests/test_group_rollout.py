@@ -509,7 +509,7 @@ def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_p
         cur.write_text(f"{n}\n")
         if kill:
             raise Killed()
-        return {"outcome": "ok", "release": n}
+        return {"outcome": "ok", "release": n, "release_before": n - 1 if kind == "release" else None}
 
     r = LocalHostExecutor(h)
     steps = HostSteps(group="chat", kind="release", remotes={"a": r}, balancer=StandinBalancer(tmp_path / "b.json"),
@@ -519,12 +519,68 @@ def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_p
         steps.switch("a")
     assert read_marker(r, "chat")["pending"] == {"target": "k1", "before": 3}
     steps._window = lambda host, kind, **kw: window(host, kind, **kw)  # type: ignore[method-assign]
-    out = steps.switch("a")  # the rerun: the window again (release 5), the release to return to still 3
+    out = steps.switch("a")  # the rerun: the window again (release 5, found 4 live), the release to return to still 3
     assert out == {"release": 5, "previous": 3}
     m = read_marker(r, "chat")
     assert on_target(m, 5, "k1") and "pending" not in m and steps.switch("a")["repeated"] is True
     steps.switch_back("a", 3)
     assert cur.read_text().strip() == "3" and read_marker(r, "chat") == {}
+
+
+def test_the_release_to_return_to_is_the_one_the_window_found_live(tmp_path: Path, monkeypatch) -> None:
+    """A host whose marker is left from an earlier rollout (release 1, its rollback) and whose serving was
+    provisioned again since: the switch's window records the live container as a new release (15) before it
+    releases 16. The marker's ``previous``, the step's return target and a later group rollback's target are that
+    release 15, as the window's record step found it, never the stale marker's release 1 nor the driver's read of
+    ``releases/current`` before the window (1). The same for the canary's gate (its ``baseline_release``). Windows
+    and the speculate job are STAND-INs (results as the supervisor writes them)."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.group.steps import HostSteps, read_marker
+    from eagle3ops.speculate import ship, watch
+
+    inv, _ = _cli_files(tmp_path)
+    h = load_inventory(inv).host("a")
+    cur = tmp_path / "a/state/releases/current"
+    cur.parent.mkdir(parents=True)
+    cur.write_text("1\n")
+    stale = {"target": "old-rollback", "label": "the releases before the last rollout", "release": 1,
+             "previous": {"target": "old-rollout", "release": 6, "previous": {}}}
+    (tmp_path / "a/state/groups/chat").mkdir(parents=True)
+    (tmp_path / "a/state/groups/chat/live.json").write_text(json.dumps(stale))
+    asked = []
+
+    def window(host, kind, **kw):
+        asked.append((kind, kw.get("to_release")))
+        if kind == "rollback":
+            cur.write_text(f"{kw['to_release']}\n")
+            return {"outcome": "ok", "release": kw["to_release"], "release_before": 16}
+        cur.write_text("16\n")  # the record step recorded the live container as 15, then the release: 16
+        return {"outcome": "ok", "release": 16, "release_before": 15}
+
+    r = LocalHostExecutor(h)
+    mk = lambda kind, target: HostSteps(  # noqa: E731
+        group="chat", kind=kind, remotes={"a": r}, balancer=StandinBalancer(tmp_path / "b.json"), target=target,
+        label=kind, command="x", images={"a": ("img", None)}, echo=lambda m: None)
+    steps = mk("release", "k1")
+    steps._window = window  # type: ignore[method-assign]
+    assert steps.switch("a") == {"release": 16, "previous": 15}
+    assert read_marker(r, "chat")["previous"] == {"release": 15}
+    back = mk("rollback", "rb1")
+    back._window = window  # type: ignore[method-assign]
+    back.switch("a")
+    assert asked[-1] == ("rollback", 15) and cur.read_text().strip() == "15"
+
+    # the canary's gate: the speculate job's baseline is the release its record step found live
+    cur.write_text("1\n")
+    (tmp_path / "a/state/groups/chat/live.json").write_text(json.dumps(stale))
+    monkeypatch.setattr(ship, "speculate", lambda r, opts, echo=None: {
+        "verdict": "keep", "reason": "kept", "live_release": 13, "baseline_release": 11, "run": "r1",
+        "spec_decode": {"mean_acceptance_length": 1.3}})
+    monkeypatch.setattr(watch, "gate_result_for", lambda r, n: None)
+    canary = mk("speculate", "k2")
+    canary.speculate_options = {"a": None}
+    out = canary.gate("a")
+    assert out["previous"] == 11 and read_marker(r, "chat")["previous"] == {"release": 11}
 
 
 def test_cli_group_rollback_plans_the_hosts_on_the_last_finished_release(tmp_path: Path, monkeypatch) -> None:

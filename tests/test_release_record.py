@@ -286,6 +286,59 @@ def test_serving_recreated_outside_eagle3ops_is_recorded_as_a_new_release(tmp_pa
     assert rels.history() == [1, 2, 1, 3, 4, 3]
 
 
+def test_an_older_record_is_compared_on_the_settings_eagle3ops_sets():
+    """A release recorded before releases kept their container id: the container eagle3ops created from it differs
+    only where the engine or the image fill in (a new image's Env, Labels and Cmd, the compile cache's binds), which
+    still counts as that release; a setting changed by hand does not."""
+    rec = sv.apply_change(sv.container_record(LIVE), image="vllm/vllm-openai:v0.17.0",
+                          image_defaults={"Env": ["PATH=/usr/bin"], "Labels": {}, "Entrypoint": ["vllm", "serve"],
+                                          "WorkingDir": "/workspace"})
+    created = json.loads(json.dumps(LIVE))  # what `docker inspect` says of the container created from ``rec``
+    created["Config"].update(Image="vllm/vllm-openai:v0.17.0", Entrypoint=["vllm", "serve"], WorkingDir="/vllm",
+                             Env=[*rec["Config"]["Env"], "PATH=/usr/local/bin"],
+                             Labels={**rec["Config"]["Labels"], "org.opencontainers.image.version": "0.17.0"})
+    created["HostConfig"]["Binds"] = [*LIVE["HostConfig"]["Binds"], "/data/compile-cache/vllm:/root/.cache/vllm"]
+    assert sv.settings_differ(rec, created) == []
+    pinned = json.loads(json.dumps(created))
+    pinned["HostConfig"]["CpusetCpus"] = "0-3"
+    pinned["Config"]["Env"] = [e for e in created["Config"]["Env"] if not e.startswith("NCCL_IB_HCA=")]
+    assert sv.settings_differ(rec, pinned) == ["HostConfig.CpusetCpus", "Config.Env"]
+
+
+def test_state_written_by_an_earlier_version_keeps_working(tmp_path, monkeypatch):
+    """Release files without a container id (an earlier eagle3ops): the live container carrying the current
+    release's label and its recorded settings is that release (its id kept from then on: no new release, no
+    warning); one carrying the label with another CPU set is recorded as a new release, the warning saying why; an
+    ``adopted.json`` of an earlier version still names its container."""
+    monkeypatch.setattr(Supervisor, "gate", lambda self, timeout_s=None: self.journal.log("health", "ok"))
+    rels = Releases(tmp_path / "state")
+    rels.set_current(rels.add(sv.container_record(LIVE), "w0"))  # release 1, labelled 1 as LIVE is
+    assert "container_id" not in rels.get(1)
+    engine = _Engine(LIVE)
+    plan, wdir = _sup(tmp_path, "window")
+    same = Supervisor(plan, engine, wdir)
+    same.record()
+    assert rels.current() == 1 and rels.numbers() == [1] and not same.warnings(), same.warnings()
+    assert rels.get(1)["container_id"] == LIVE["Id"], "recognised once, known by its id from then on"
+
+    (tmp_path / "state/releases/0001.json").write_text(json.dumps({**rels.get(1), "container_id": None}))
+    pinned = json.loads(json.dumps(LIVE))
+    pinned["Id"], pinned["HostConfig"]["CpusetCpus"] = "9" * 64, "0"  # provisioned again, the same label
+    engine.by_name["vllm-serving"] = _Container(pinned)
+    plan, wdir = _sup(tmp_path, "window")
+    other = Supervisor(plan, engine, wdir)
+    other.record()
+    assert rels.current() == 2 and rels.get(2)["container"]["HostConfig"]["CpusetCpus"] == "0"
+    assert any("recorded without a container id" in w and "HostConfig.CpusetCpus" in w for w in other.warnings())
+
+    (tmp_path / "state/releases/0002.json").write_text(json.dumps({**rels.get(2), "container_id": None}))
+    (tmp_path / "state/releases/adopted.json").write_text(json.dumps({"release": 2, "container_id": "9" * 64}))
+    plan, wdir = _sup(tmp_path, "window")
+    adopted = Supervisor(plan, engine, wdir)
+    adopted.record()
+    assert rels.current() == 2 and rels.numbers() == [1, 2] and not adopted.warnings(), adopted.warnings()
+
+
 def test_the_supervisor_mounts_the_api_key_file_read_only():
     h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     h = h.model_copy(update={"serving": h.serving.model_copy(update={"api_key_file": "/etc/vllm/key"})})

@@ -178,6 +178,52 @@ def container_record(inspect: dict[str, Any]) -> dict[str, Any]:
             "HostConfig": json.loads(json.dumps(inspect.get("HostConfig") or {})), "Networks": nets}
 
 
+#: ``Config`` fields an older release record is compared on (:func:`settings_differ`); the rest are left to the
+#: engine or the image (the hostname, the image's own exposed ports and volumes).
+_COMPARED_CONFIG = ("Image", "Cmd", "Entrypoint", "Env", "User", "WorkingDir", "Labels")
+
+
+def _unset(v: Any) -> bool:
+    return v is None or v == "" or v == 0 or v == [] or v == {} or v is False
+
+
+def settings_differ(record: dict[str, Any], inspect: dict[str, Any]) -> list[str]:
+    """The settings on which the live container (its ``docker inspect``) is not the one recreated from ``record``
+    (:func:`container_record` of a release): the names of the differing fields, ``[]`` when it is.
+
+    Only for release records that carry no container id (written by eagle3ops before it kept one): the
+    container eagle3ops created from ``record`` differs from it only where the engine or the image fill in what
+    the record leaves unset, and where the recreation adds to it. So: every ``HostConfig`` field must be equal
+    (unset values alike: ``None``, ``""``, ``0``, ``[]``), but ``Binds``, of which the record's must all be live
+    (the compile cache's binds are added, :func:`keep_compile_cache`); the ``Config`` fields of
+    :data:`_COMPARED_CONFIG` that the record sets must be equal, but ``Env`` and ``Labels``, of which the record's
+    entries must all be live (the image adds its own) and the release label is left out.
+    """
+    out = []
+    rh, lh = record.get("HostConfig") or {}, inspect.get("HostConfig") or {}
+    for k in sorted(set(rh) | set(lh)):
+        a, b = rh.get(k), lh.get(k)
+        if k == "Binds":
+            if not set(a or []) <= set(b or []):
+                out.append("HostConfig.Binds")
+        elif a != b and not (_unset(a) and _unset(b)):
+            out.append(f"HostConfig.{k}")
+    rc, lc = record.get("Config") or {}, inspect.get("Config") or {}
+    for k in _COMPARED_CONFIG:
+        a, b = rc.get(k), lc.get(k)
+        if _unset(a):
+            continue  # left to the image
+        if k == "Env":
+            same = set(a) <= set(b or [])
+        elif k == "Labels":
+            same = all((b or {}).get(lk) == lv for lk, lv in a.items() if lk != RELEASE_LABEL)
+        else:
+            same = a == b
+        if not same:
+            out.append(f"Config.{k}")
+    return out
+
+
 def set_args(cmd: list[str], args: list[str]) -> list[str]:
     """``cmd`` with the server flags in ``args`` set: each ``--flag [VALUE...]`` (or ``--flag=VALUE``) of ``args``
     replaces every occurrence of that flag (with the values that follow it) in ``cmd``, then all of ``args`` is

@@ -13,7 +13,8 @@ vLLM requests for 5 s, bounded, undrained on timeout) and :func:`~eagle3ops.grou
 
 Which release each host serves, in the group's terms, is a marker on the host: ``<state_dir>/groups/<group>/
 live.json`` = ``{"target", "label", "release", "previous"}`` written after each switch (``previous``: the marker
-before it, so a return or a group rollback restores it; ``pending``, while a switch's window runs: the target and
+before it, or only the release the switch's window found live when that marker no longer names it, so a return or a
+group rollback restores what was serving; ``pending``, while a switch's window runs: the target and
 the release before it, so a rerun after a killed driver keeps the right release to return to). A host is on a
 target when its marker names it and the host's current release is still the marker's ``release`` (a release made
 outside the group since is not).
@@ -142,9 +143,24 @@ class HostSteps:
         r.run(hc.mkdir_p(f"{r.host.state_dir}/groups/{self.group}"))
         r.run(hc.write_file(marker_path(r.host.state_dir, self.group)), stdin=json.dumps(dict(marker)) + "\n")
 
-    def _mark(self, host: str, release: Any, previous: Mapping[str, Any]) -> None:
+    def _mark(self, host: str, release: Any, previous: Mapping[str, Any], before: Any) -> None:
+        """The marker after a switch of ``host`` to ``release``: its ``previous`` is the marker before the switch when
+        that one names ``before`` (the release the switch's window found live), else just ``{"release": before}``: a
+        marker left from an earlier rollout whose host was released or provisioned again since would send a later
+        return or group rollback to a release that was no longer serving."""
         prior = {k: v for k, v in previous.items() if k != "pending"}
+        if prior.get("release") != before:
+            prior = {"release": before} if before is not None else {}
         self._write(host, {"target": self.target, "label": self.label, "release": release, "previous": prior})
+
+    @staticmethod
+    def _found_live(res: Mapping[str, Any], key: str, before: Any) -> Any:
+        """The release the window's record step found live (``res[key]``: a window's ``release_before``, the
+        speculate job's ``baseline_release``), else ``before`` (the driver's read of ``releases/current`` before the
+        window): the record step records serving recreated outside eagle3ops as a new release, which is then the
+        one to return to."""
+        found = res.get(key)
+        return found if found is not None else before
 
     def switch(self, host: str) -> dict[str, Any]:
         """``host`` to the target release (a ``release`` window, or a ``rollback`` window to the release the
@@ -156,7 +172,8 @@ class HostSteps:
         if on_target(marker, before, self.target):  # a rerun after the window finished
             return {"release": before, "previous": (marker.get("previous") or {}).get("release"), "repeated": True}
         pending = marker.pop("pending", None) or {}
-        if pending.get("target") == self.target:  # a driver killed during the window: keep the release from before
+        resumed = pending.get("target") == self.target
+        if resumed:  # a driver killed during the window: keep the release from before
             before = pending.get("before")
         else:
             self._write(host, {**marker, "pending": {"target": self.target, "before": before}})
@@ -166,7 +183,9 @@ class HostSteps:
             res = self._window(host, "release", change=self.speculative(host))
         else:
             res = self._window(host, "rollback", to_release=(marker.get("previous") or {}).get("release"))
-        self._mark(host, res.get("release"), marker)
+        if not resumed:  # a rerun's window found the killed driver's release live: the one before stays pending's
+            before = self._found_live(res, "release_before", before)
+        self._mark(host, res.get("release"), marker, before)
         return {"release": res.get("release"), "previous": before}
 
     def kept(self) -> dict[str, Any]:
@@ -218,6 +237,8 @@ class HostSteps:
         marker = read_marker(r, self.group)
         res = self._window(host, "rollback", to_release=previous)
         prior = marker.get("previous") if marker.get("target") == self.target else marker
+        if not (prior or {}).get("target"):  # only the release found live (:meth:`_mark`): no marker was there
+            prior = {}
         self._write(host, {k: v for k, v in (prior or {}).items() if k != "pending"})
         return {"release": res.get("release")}
 
@@ -275,10 +296,10 @@ class HostSteps:
                 res = speculate(r, self.speculate_options[host], echo=self.echo)
             except (SpeculateError, WindowError) as exc:
                 raise StepFailed(f"{host}: the gate: {exc}") from None
-        live = res.get("live_release")
+        live, before = res.get("live_release"), self._found_live(res, "baseline_release", before)
         if res.get("verdict") == "keep":
             self._kept = dict(res)
-            self._mark(host, live, marker)
+            self._mark(host, live, marker, before)
         else:
             self._write(host, marker)
         th = thresholds(r.host.serving.watch, r.host.serving, gate_result_for(r, live) or res)

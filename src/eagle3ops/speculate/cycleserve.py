@@ -296,6 +296,25 @@ def _container_spec(cfg: dict[str, Any], hcfg: dict[str, Any], *, image: str | N
             "ports": ports, "user": cfg.get("User") or None, "working_dir": cfg.get("WorkingDir") or None}
 
 
+def _recreated_since(pr: Any, n: int, rec: dict[str, Any]) -> ProductionServing | None:
+    """The live serving container when it is not the one eagle3ops created for current release ``n`` (its record's
+    ``container_id``, :meth:`eagle3ops.supervisor.releases.Releases.mark_container`): serving recreated outside
+    eagle3ops since, whose settings (a CPU set, a flag) the record lacks; the next window's record step records it
+    as a new release, so production is the live container. None when it is release ``n``'s container, when no
+    container serves, and for a record without an id (written by an earlier version: the record stands)."""
+    from eagle3ops.window.kinds import serving_container
+
+    if not isinstance(rec.get("container"), dict) or not rec.get("container_id"):
+        return None
+    names, _ = serving_container(pr)
+    out = pr.run(dk.inspect_container(pr.host, names[0]), check=False) if names else None
+    live = json.loads(out.stdout)[0] if out is not None and out.ok and out.stdout.strip() else None
+    if live is None or live.get("Id") == rec["container_id"]:
+        return None
+    return ProductionServing("container", container_record(live), f"live container {names[0]} (recreated outside "
+                                                                  f"eagle3ops since release {n} was recorded)")
+
+
 def production_serving(pr: Any) -> ProductionServing:
     """Production's serving as recorded (reads only): its current release's record, else the live container's
     ``docker inspect`` or the live process's ``/proc`` (what a window's record step would record).
@@ -317,7 +336,7 @@ def production_serving(pr: Any) -> ProductionServing:
             rec = {}
         for form in ("container", "process"):
             if isinstance(rec.get(form), dict):
-                return ProductionServing(form, rec[form], f"release {n}")
+                return _recreated_since(pr, n, rec) or ProductionServing(form, rec[form], f"release {n}")
     form = driver_kind(h).record_form
     if form == "container":
         names, what = serving_container(pr)

@@ -113,25 +113,35 @@ class Releases:
         tmp.write_text(f"{n}\n")
         tmp.replace(self.dir / "current")  # atomic: a crash leaves the old or the new number, never half
 
-    def adopt(self, n: int, container_id: str) -> None:
-        """Remember that the live container ``container_id`` is release ``n`` although it does not carry ``n`` in its
-        release label (serving recreated outside eagle3ops, recorded by a window's record step). Windows stop and
-        start that same container, so its label never changes; this keeps later record steps from recording it
-        again. One file, ``adopted.json``, replaced atomically."""
-        tmp = self.dir / "adopted.json.tmp"
-        tmp.write_text(json.dumps({"release": n, "container_id": container_id}) + "\n")
-        tmp.replace(self.dir / "adopted.json")
+    def mark_container(self, n: int, container_id: str) -> None:
+        """Record that eagle3ops created (or, at a record step, took as release ``n``) the container
+        ``container_id`` for release ``n``: its release file gains ``container_id``. A later record step takes a live
+        container for release ``n`` only when it is this one (Docker keeps a container's id across stop, start and
+        restart; a container recreated by anyone else gets a new one, whatever labels it copies)."""
+        rec = self.get(n)
+        if rec.get("container_id") != container_id:
+            rec["container_id"] = container_id
+            tmp = self.dir / f"{n:04d}.json.tmp"
+            write_private(tmp, json.dumps(rec, indent=2))
+            tmp.replace(self.dir / f"{n:04d}.json")  # atomic: a crash keeps the release's whole record
 
-    def is_adopted(self, n: int | None, container_id: str | None) -> bool:
-        """True when ``container_id`` was adopted as release ``n`` (:meth:`adopt`)."""
+    def container_id(self, n: int) -> str | None:
+        """The id of the container eagle3ops last created for release ``n`` (:meth:`mark_container`), else the one
+        an earlier version adopted as ``n`` (``adopted.json``: ``{"release", "container_id"}``, written before
+        releases kept their id); None for a release recorded without either (an earlier version's).
+
+        Raises:
+            FileNotFoundError: no such retained release.
+        """
+        cid = self.get(n).get("container_id")
+        if cid:
+            return cid
         p = self.dir / "adopted.json"
-        if n is None or not container_id or not p.exists():
-            return False
         try:
-            rec = json.loads(p.read_text())
+            rec = json.loads(p.read_text()) if p.exists() else {}
         except ValueError:
-            return False
-        return rec.get("release") == n and rec.get("container_id") == container_id
+            rec = {}
+        return rec.get("container_id") if rec.get("release") == n else None
 
     def mark_failed(self, n: int, why: str) -> None:
         """Record that live release ``n`` failed a completed health gate: no rollback picks it until it is live again.

@@ -77,10 +77,42 @@ class ContainerServing(ServingKind):
 
     def _create_release(self, rel: dict[str, Any]) -> Any:
         """Create and start retained release ``rel`` (:meth:`Releases.get`): its whole recorded container, or the
-        docker SDK spec of a release recorded before releases kept the whole configuration."""
+        docker SDK spec of a release recorded before releases kept the whole configuration. The new container's id
+        is recorded as the release's (:meth:`Releases.mark_container`) before its gate: a later record step knows
+        it for this release, and only it."""
         if "container" in rel:
-            return self._recreate(rel["container"])
-        return create_container(self.sup.client, rel["spec"], image_id=rel.get("image_id"))
+            c = self._recreate(rel["container"])
+        else:
+            c = create_container(self.sup.client, rel["spec"], image_id=rel.get("image_id"))
+        if rel.get("release") is not None:
+            self.sup.releases.mark_container(rel["release"], c.attrs.get("Id") or "")
+        return c
+
+    def _not_release(self, n: int | None, inspect: dict[str, Any]) -> str | None:
+        """Why the live container (its ``docker inspect``) is not release ``n``, None when it is: it is the container
+        eagle3ops created or recorded for ``n`` (:meth:`Releases.container_id`). A release recorded by an earlier
+        version, without a container id, is taken as live when the container carries its release label and its
+        settings are the recorded ones (:func:`eagle3ops.commands.serving.settings_differ`); the label alone is
+        never enough: a container recreated outside eagle3ops (by hand, a provisioning script) may copy it."""
+        if n is None:
+            return "no release is current"
+        try:
+            want = self.sup.releases.container_id(n)
+            rel = self.sup.releases.get(n)
+        except FileNotFoundError:
+            return f"release {n} is not retained"
+        cid = inspect.get("Id") or ""
+        if want:
+            return None if want == cid else (f"it is container {cid[:12]}, not {want[:12]}, the one eagle3ops "
+                                             f"created for release {n}")
+        label = ((inspect.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
+        if label != str(n):
+            return f"its {sv.RELEASE_LABEL} label is {label!r}"
+        differ = sv.settings_differ(rel["container"], inspect) if "container" in rel else []
+        if differ:
+            return (f"it carries release {n}'s label, but release {n} was recorded without a container id (by an "
+                    f"earlier eagle3ops) and the live settings differ from its record: {', '.join(differ)}")
+        return None
 
     def _remove(self) -> None:
         c = self.live_container()
@@ -99,19 +131,18 @@ class ContainerServing(ServingKind):
         write_private(sup.wdir / "serving-inspect.json", json.dumps(inspect, indent=2))
         recorded, live_failed = None, None
         current = sup.releases.current()
-        label = ((inspect.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
-        # The live container is the current release when it carries its label, or an earlier window adopted it.
-        live_is_current = label == str(current) or sup.releases.is_adopted(current, inspect.get("Id"))
-        if current is not None and not live_is_current:
-            # Serving was recreated outside eagle3ops (by hand, or the demo's provisioning): the live container is
-            # not the release the state dir calls current, so rollbacks must not treat that one as live.
-            sup.warn("record", f"serving container {name!r} is not release {current} (its {sv.RELEASE_LABEL} label "
-                               f"is {label!r}): it was recreated outside eagle3ops; recording it as a new release")
-        if not live_is_current:
+        why_not = self._not_release(current, inspect)
+        if current is not None and why_not is None:
+            sup.releases.mark_container(current, inspect.get("Id") or "")  # an older record: its id from now on
+        if current is not None and why_not:
+            # Serving was recreated outside eagle3ops (by hand, or a provisioning script): the live container is not
+            # the release the state dir calls current, so rollbacks must not treat that one as live.
+            sup.warn("record", f"serving container {name!r} is not release {current} ({why_not}): it was recreated "
+                               f"outside eagle3ops; recording it as a new release")
+        if why_not:
             # Retained so that a restore can recreate it, but live only when it runs and passes its gate now.
             recorded = sup.releases.add(sv.container_record(inspect), self.plan.window_id)
-            if label != str(recorded):
-                sup.releases.adopt(recorded, inspect.get("Id") or "")
+            sup.releases.mark_container(recorded, inspect.get("Id") or "")
             c.reload()
             if c.status != "running":
                 sup.warn("record", f"serving container {name!r} is {c.status!r}, not running: recorded as release "
@@ -185,7 +216,7 @@ class ContainerServing(ServingKind):
                 c = self.live_container()
                 if c is None:
                     inspect = json.loads((sup.wdir / "serving-inspect.json").read_text())
-                    self._recreate(sv.container_record(inspect))
+                    self._mark_live(self._recreate(sv.container_record(inspect)))
                 elif c.status != "running":
                     c.start()
                 sup.gate_through_signal()
@@ -198,6 +229,14 @@ class ContainerServing(ServingKind):
             self._confirm_restored()
             sup.journal.log("restore", "ok")
             return "restored"
+
+    def _mark_live(self, c: Any) -> None:
+        """``c``, recreated from the record step's inspect output, is the release that step found live (or recorded):
+        its id becomes that release's (:meth:`Releases.mark_container`)."""
+        rec = self.sup.journal.first("record", "ok") or {}
+        n = rec.get("recorded") if rec.get("recorded") is not None else rec.get("release")
+        if n is not None:
+            self.sup.releases.mark_container(n, c.attrs.get("Id") or "")
 
     def _confirm_restored(self) -> None:
         """The restored container passed its gate: it is the live release (this clears an earlier failure mark; a
