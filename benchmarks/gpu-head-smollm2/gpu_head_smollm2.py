@@ -1225,10 +1225,15 @@ def check_carries(files: dict, calls: list[dict], tree_bytes: int) -> list[dict]
     return rows
 
 
-def _run_here(argv, what: str):
+def _run_here(argv, what: str, timeout_s: float = 120):
+    """``argv`` (built in eagle3ops_dev.provision) here, bounded by ``timeout_s``; SystemExit naming ``what`` on a
+    non-zero exit."""
     from eagle3ops import executor
 
-    res = executor.local().run(argv, check=False)
+    try:
+        res = executor.local().run(argv, check=False, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{what}: no answer in {timeout_s:.0f} s (a slow index? pack again: what is done is kept)")
     if res.returncode != 0:
         raise SystemExit(f"{what} failed (exit {res.returncode}): {(res.stderr or res.stdout)[-1500:]}")
     return res
@@ -1260,7 +1265,8 @@ def _pack_wheels(dest: Path, wheels_from: list[Path]) -> dict:
         req.write_text("".join(f"{n.split('-')[0].replace('_', '-')}=={n.split('-')[1]} --hash=sha256:"
                                f"{DEVICE_WHEELS[n]}\n" for n in missing))
         _run_here(provision.pip_download_for(sys.executable, req, wd, python_version=DEVICE_PYTHON,
-                                             platforms=DEVICE_PLATFORMS), "pip download of the device wheels")
+                                             platforms=DEVICE_PLATFORMS), "pip download of the device wheels",
+                  timeout_s=900)
         for n in missing:
             if not (wd / n).exists() or _sha256(wd / n) != DEVICE_WHEELS[n]:
                 raise SystemExit(f"{wd / n}: pip gave another file than the pinned one; delete it and pack again")
