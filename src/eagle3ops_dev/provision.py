@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3ops.commands.types import Change
+from eagle3ops.commands.types import Change, Read
 
 #: Where a pipeline-image container that runs a harness module (``python3 -m eagle3ops_dev.X``) finds the harness:
 #: the image never carries it, so this checkout's ``src/eagle3ops_dev`` is mounted read-only below this directory,
@@ -62,3 +62,36 @@ def detached(argv: list[str], *, cwd: str, log: str) -> Change:
     fixture's stand-in serving process, :func:`eagle3ops_dev.fleet.start_standin_server`)."""
     return Change(["sh", "-c", 'cd "$1" && log=$2 && shift 2 && setsid nohup "$@" >"$log" 2>&1 </dev/null &',
                    "e3-detached", cwd, log, *argv])
+
+
+def pip_download_for(python: str, requirements: Path, dest: Path, *, python_version: str,
+                     platforms: tuple[str, ...]) -> Change:
+    """Wheels for another machine (a lent GPU machine's Python ``python_version``, e.g. ``"3.12"``, on
+    ``platforms``): exactly what ``requirements`` pins (``--require-hashes``, ``--no-deps``, binary only) into
+    ``dest`` with ``python``'s pip; pip matches each ``manylinux_2_N`` platform tag exactly, hence several."""
+    argv = [python, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--require-hashes",
+            "--disable-pip-version-check", "--implementation", "cp", "--python-version", python_version]
+    for p in platforms:
+        argv += ["--platform", p]
+    return Change(argv + ["-r", str(requirements), "-d", str(dest)])
+
+
+def git_archive_src(repo: Path, out: Path, rev: str = "HEAD") -> Change:
+    """``src/`` of ``repo`` as committed at ``rev`` (not the working tree) into the gzipped tar ``out``."""
+    return Change(["git", "-C", str(repo), "archive", "--format=tar.gz", "-o", str(out), rev, "src"])
+
+
+def git_travelling_files(repo: Path) -> Read:
+    """The files of ``repo``'s working tree that a device call sends (tracked, and untracked but not ignored),
+    NUL-separated."""
+    return Read(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"])
+
+
+def git_revision(repo: Path) -> Read:
+    """``repo``'s HEAD commit (40 hex digits)."""
+    return Read(["git", "-C", str(repo), "log", "-1", "--format=%H"])
+
+
+def git_src_changes(repo: Path) -> Read:
+    """Uncommitted changes under ``repo``'s ``src/`` (``git status --porcelain``; empty: none)."""
+    return Read(["git", "-C", str(repo), "status", "--porcelain", "--", "src"])
