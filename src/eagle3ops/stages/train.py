@@ -188,9 +188,27 @@ def _launch_torchrun(run_dir: Path, nproc: int, stop_after: int | None, log: Any
     return json.loads((stage_dir(run_dir, "train") / "manifest.json").read_text())
 
 
+def _finish_ranks(world: int) -> None:
+    """End the process group on every rank together (a no-op for one process): a barrier first, so that no rank
+    tears down its pairs (or exits) while a peer still works with them; then NCCL's communicators are destroyed
+    (PyTorch: destroy_process_group by all ranks, no collective in flight). A gloo rank (CPU) leaves the process
+    instead, by :func:`_leave_rank`: its outputs are complete at the barrier, and gloo's teardown —
+    ``destroy_process_group`` or the destructors at interpreter exit — still made a rank die with ``terminate called
+    without an active exception`` (SIGABRT) now and then after the barrier, on a loaded CPU; torchrun then failed
+    that node, and node 0's agent waited out its 300 s exit barrier for it."""
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        if dist.get_backend() == "nccl":
+            dist.destroy_process_group()
+        else:
+            _leave_rank()
+
+
 def _leave_rank() -> None:
     """End this torchrun rank now with status 0, its output flushed, without running gloo's teardown (see
-    ``finish`` in :func:`run_train`): ``os._exit`` skips the process group's destructors and the interpreter's
+    :func:`_finish_ranks`): ``os._exit`` skips the process group's destructors and the interpreter's
     shutdown. Only for a rank whose work is done and whose peers passed the final barrier; nothing reads a rank's
     return value (the launching process reads the manifest rank 0 wrote)."""
     sys.stdout.flush()
@@ -410,21 +428,6 @@ def run_train(
         if world > 1:
             dist.barrier()
 
-    def finish() -> None:
-        """End the process group on every rank together: a barrier first, so that no rank tears down its pairs (or
-        exits) while a peer still works with them; then NCCL's communicators are destroyed (PyTorch:
-        destroy_process_group by all ranks, no collective in flight). A gloo rank (CPU) leaves the process
-        instead, by :func:`_leave_rank`: its outputs are complete at the barrier, and gloo's teardown —
-        ``destroy_process_group`` or the destructors at interpreter exit — still made a rank die with ``terminate
-        called without an active exception`` (SIGABRT) now and then after the barrier, on a loaded CPU; torchrun
-        then failed that node, and node 0's agent waited out its 300 s exit barrier for it."""
-        if world > 1:
-            dist.barrier()
-            if dist.get_backend() == "nccl":
-                dist.destroy_process_group()
-            else:
-                _leave_rank()
-
     evaluate = HeldOutEval(model, lay, held, rank, {i: str(ext_dir / by_id[i]["file"]) for i in held}, tc,
                            standardize_with_norm(norm_w, eps), collate, device, world, dataset[0])
 
@@ -485,7 +488,7 @@ def run_train(
             if stop_after is not None and step - first_step >= stop_after and step < tc.steps:
                 save_checkpoint(step)
                 log(f"train: stopped after {stop_after} steps at step {step}; a rerun resumes")
-                finish()
+                _finish_ranks(world)
                 return {"stopped_at": step}
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -503,7 +506,7 @@ def run_train(
         peaks = [0] * world
         dist.all_gather_object(peaks, peak)
     if not is_main:
-        finish()
+        _finish_ranks(world)
         return {"rank": rank}
     final = out / "final"
     if final.exists():
@@ -564,5 +567,5 @@ def run_train(
     log(f"train: {step} steps ({ran} this run, {figures['steps_per_s']} steps/s on {figures['device']} x {world}); "
         f"final draft head in {final}")
     os.sync()
-    finish()
+    _finish_ranks(world)
     return figures
