@@ -36,8 +36,6 @@ def test_detach_mode_user_service_only_where_needed_and_possible():
     assert "has no systemd-run" in why
 
 
-@pytest.mark.xfail(strict=True, reason="an empty KillExcludeUsers= is read as exempting nobody, while logind still "
-                                       "exempts root then; root's windows are refused for a linger they do not need")
 def test_root_stays_exempt_while_kill_exclude_users_is_empty():
     """logind's ``manager_shall_kill`` (systemd ``src/login/logind-core.c``) returns false for root while
     ``KillExcludeUsers=`` is empty (``KillExcludeUsers=`` assigned nothing): busctl then answers ``as 0``. Measured on

@@ -340,8 +340,6 @@ class LogindVenvHost(VenvHost):
         return super().__call__(argv, stdin)
 
 
-@pytest.mark.xfail(strict=True, reason="a venv host's supervisor is started with setsid nohup whatever logind does: "
-                                       "killed with the driver's SSH session where KillUserProcesses=yes applies")
 def test_where_logind_ends_the_session_the_venv_supervisor_runs_as_a_user_service():
     """On a venv host the window's supervisor is a process started over SSH: where logind's ``KillUserProcesses=yes``
     applies it must run as a user service (``systemd-run --user``, the user lingering), as the restore agent does,
