@@ -34,3 +34,16 @@ def test_detach_mode_user_service_only_where_needed_and_possible():
     assert mode == "setsid" and "loginctl enable-linger e3ops" in why and "KillExcludeUsers=e3ops" in why
     mode, why = lg.detach_mode(lg.parse(_facts("true", "as 0", "as 0", linger="yes", run=False)))
     assert "has no systemd-run" in why
+
+
+def test_root_stays_exempt_while_kill_exclude_users_is_empty():
+    """logind's ``manager_shall_kill`` (systemd ``src/login/logind-core.c``) returns false for root while
+    ``KillExcludeUsers=`` is empty (``KillExcludeUsers=`` assigned nothing): busctl then answers ``as 0``. Measured on
+    systemd 252 (Debian bookworm, the real-systemd test host): with ``KillUserProcesses=yes`` and that empty list,
+    root's SSH session scope was left ``active (abandoned)`` at logout and its ``setsid nohup`` supervisor ran on;
+    with ``KillExcludeUsers=nobody`` the same scope was stopped with it."""
+    sk = lg.parse(_facts("true", "as 0", "as 0", user="root"))
+    assert sk.applies is False
+    assert lg.detach_mode(sk) == ("setsid", None)
+    assert lg.parse(_facts("true", "as 0", "as 0", user="e3ops")).applies is True  # only root is kept by it
+    assert lg.parse(_facts("true", 'as 1 "nobody"', "as 0", user="root")).applies is True

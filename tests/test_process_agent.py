@@ -216,3 +216,29 @@ def test_the_restore_gate_counts_only_the_process_the_restore_started(wrapped):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_windows_stop_and_restore_requests_are_what_the_agent_reads(world):
+    """The supervisor's side of a window (:class:`eagle3ops.supervisor.kinds.process.ProcessServing`: ``stop``, then
+    ``restore``) against the real agent: ``restore-requested`` names the record to start (``''``: the process as
+    recorded), so the agent starts the recorded process and its log says nothing of a bad request. The supervisor's
+    health gate is a stand-in here (it passes); the subject is the request files."""
+    from types import SimpleNamespace
+
+    from eagle3ops.supervisor.kinds.process import ProcessServing
+
+    pdir = world["pdir"]
+    sup = SimpleNamespace(plan=SimpleNamespace(process_dir=str(pdir), process_pid=world["pid"], stop_timeout_s=5),
+                          journal=SimpleNamespace(log=lambda *a, **k: None), gate_through_signal=lambda: None,
+                          unhealthy=False)
+    subprocess.run(world["argv"], env=world["env"], check=True, timeout=10)
+    assert _wait(lambda: (pdir / "agent.pid").exists())
+    kind = ProcessServing(sup)
+    kind.stop()
+    assert not _alive(world["pid"])
+    assert kind.restore() == "restored"
+    new = int((pdir / "restored").read_text())  # the process the agent started (other tests' agents may start more)
+    log = (pdir / "agent.log").read_text()
+    assert new != world["pid"] and _alive(new), log
+    assert Path(f"/proc/{new}/cmdline").read_bytes() == b"sleep\0" + world["marker"] + b"\0", log
+    assert "bad record prefix" not in log and "record 'recorded'" in log, log

@@ -14,7 +14,8 @@ What it shows (each against systemd itself, not a stand-in of ``systemctl``):
   state and data dirs but the release records (0600, root's), and not in the supervisor's output;
 - through the CLI, on the same systemd as a venv-runtime host (the STAND-IN pipeline environment of
   ``eagle3ops_dev.standin_env``, with the gate's imports: this checkout's supervisor as a host process, stand-in
-  stages): ``deploy --env-tarball``, an ``extract`` window, ``release --gate`` (the speculation gate's job: the
+  stages): ``deploy --env-tarball``, an ``extract`` window whose driver is killed mid-stage (the supervisor, a user
+  service where logind ends the SSH session's processes, finishes it on the host), ``release --gate`` (the speculation gate's job: the
   baseline restarted, the changed release's drop-in, the unit as recorded put back for the baseline's second block,
   the kept drop-in written again; its figures are the STAND-IN server's), ``rollback``, ``report``, ``status`` and
   ``config check``; then the planted secrets are in no file under the state and data dirs and reports/ but the
@@ -352,7 +353,8 @@ def _venv_inventory(inv: Path, out: Path) -> Path:
     doc = yaml.safe_load(inv.read_text())
     h = dict(doc["hosts"]["sysd"])
     h.update(data_dir=f"{SANDBOX_DIR}/data", state_dir=f"{SANDBOX_DIR}/state", model_path=f"{SANDBOX_DIR}/model",
-             stage_runtime="venv", venv_python="/usr/bin/python3", maintenance_budget_s=600, stage_timeout_s=120)
+             stage_runtime="venv", venv_python="/usr/bin/python3", maintenance_budget_s=600, stage_timeout_s=120,
+             stage_env={"EAGLE3OPS_STANDIN_SLEEP_S": "3"})  # each stand-in stage 3 s: a driver killed mid-stage
     h["serving"] = {**h["serving"], "health_timeout_s": 60, "gate_prompts": 4, "gate_max_tokens": 16,
                     "gate_concurrency": [1], "gate_passes": 3, "gate_warmup_prompts": 1,
                     # a restarted stand-in's first token moves with the machine's load, not with the change
@@ -398,7 +400,34 @@ def test_a_window_and_a_gated_release_through_the_cli(systemd_host, tmp_path):
 
     cli("deploy", "sysv", "--env-tarball", str(tgz))
     pid0 = _sh("docker", "exec", name, "systemctl", "show", "-p", "MainPID", "--value", UNIT).stdout.strip()
-    cli("extract", "sysv", "--run", "r1", "--pipeline", str(tmp_path / "pipeline.yaml"))
+    # The driver killed mid-stage: its SSH session closes and logind (KillUserProcesses=yes for root here) ends the
+    # session's processes; the supervisor, a user service of the lingering user, finishes the window alone.
+    driver = subprocess.Popen([sys.executable, "-m", "eagle3ops", "extract", "sysv", "--run", "r1", "--pipeline",
+                               str(tmp_path / "pipeline.yaml"), "--inventory", str(inv)], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wdir, deadline = "", time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline and driver.poll() is None:  # bounded: 90 s for the window to reach prepare
+            started = _sh("docker", "exec", name, "sh", "-c", f"grep -l '\"step\": \"prepare\", \"event\": "
+                          f"\"start\"' {SANDBOX_DIR}/state/windows/*-extract-*/journal.jsonl", check=False).stdout
+            if started.strip():
+                wdir = started.strip().rsplit("/", 1)[0]
+                break
+            time.sleep(0.3)
+    finally:
+        driver.kill()
+        said.append(driver.communicate(timeout=30)[0])
+    assert wdir, f"the window never reached its prepare stage: {said[-1][-3000:]}"
+    cgroup = _sh("docker", "exec", name, "sh", "-c", f"cat /proc/$(cat {wdir}/supervisor.pid)/cgroup",
+                 check=False).stdout
+    assert "/user@0.service/" in cgroup and "eagle3ops-supervisor-" in cgroup, cgroup  # not the session's scope
+    result, deadline = "", time.monotonic() + 90
+    while not result and time.monotonic() < deadline:  # bounded: the rest of the window, on the host alone
+        time.sleep(1)
+        result = _sh("docker", "exec", name, "cat", f"{wdir}/result.json", check=False).stdout
+    res = json.loads(result or "{}")
+    assert res.get("outcome") == "ok" and res.get("stages") == {"prepare": "ok", "extract": "ok"}, (
+        res, _sh("docker", "exec", name, "sh", "-c", f"tail -c 3000 {wdir}/supervisor.log", check=False).stdout)
     pid1 = _sh("docker", "exec", name, "systemctl", "show", "-p", "MainPID", "--value", UNIT).stdout.strip()
     assert pid1 != pid0 and _main_argv(name) == before, (pid0, pid1)  # stopped, started as systemd has it
     assert _sh("docker", "exec", name, "test", "-e", drop, check=False).returncode == 1, "a window wrote a drop-in"

@@ -323,3 +323,37 @@ def test_speculate_and_the_host_relay_are_refused_on_a_venv_host_before_anything
     with pytest.raises(RegenerateError, match="--endpoint URL or --ssh-forward"):
         host_relay(r, ENV_IMAGE, None, None)
     assert r.history == []
+
+
+class LogindVenvHost(VenvHost):
+    """A :class:`VenvHost` whose systemd-logind ends the SSH user's session processes at logout
+    (``KillUserProcesses=yes``, the user not exempt), the user lingering or not."""
+
+    def __init__(self, host, linger: str):
+        super().__init__(host)
+        self.logind = f"user=e3ops\nprop=b true\nprop=as 0\nprop=as 0\nlinger={linger}\nsystemd_run=yes\n"
+
+    def __call__(self, argv, stdin):
+        a = list(argv)
+        if a[:2] == ["sh", "-c"] and a[3] == "eagle3ops-logind":
+            return 0, self.logind, ""
+        return super().__call__(argv, stdin)
+
+
+def test_where_logind_ends_the_session_the_venv_supervisor_runs_as_a_user_service():
+    """On a venv host the window's supervisor is a process started over SSH: where logind's ``KillUserProcesses=yes``
+    applies it must run as a user service (``systemd-run --user``, the user lingering), as the restore agent does,
+    or the window is refused before anything stops. Measured on a real systemd 252 (docs/measured/faults-retried.md):
+    with the agent a user service and the supervisor ``setsid nohup``, a driver killed mid-stage ended the window
+    ``interrupted`` (logind stopped the session scope; the agent restored serving)."""
+    h = venv_host()
+    r = StandInRemote(h, LogindVenvHost(h, linger="yes"), dry_run=True)
+    res = wrun.run_window(r, kind="extract", image=ENV_IMAGE, expected_image_id=ENV_ID, command="t", run="r1",
+                          pipeline_text=TINY)
+    launch = next(c for c in res["commands"] if "eagle3ops.supervisor" in c)
+    assert launch.startswith("systemd-run --user") and "setsid" not in launch, launch
+    assert "--unit eagle3ops-supervisor-" in launch and "supervisor.pid" in launch and "supervisor.log" in launch
+    r = StandInRemote(h, LogindVenvHost(h, linger="no"), dry_run=True)
+    with pytest.raises(PreflightFailed, match="supervisor.*loginctl enable-linger e3ops"):
+        wrun.run_window(r, kind="extract", image=ENV_IMAGE, expected_image_id=ENV_ID, command="t", run="r1",
+                        pipeline_text=TINY)

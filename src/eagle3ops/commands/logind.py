@@ -4,7 +4,9 @@ With ``KillUserProcesses=yes`` (logind.conf(5); the default of some distribution
 scope unit when the SSH session closes, and with it every process started from that session, ``setsid nohup``
 children included: the restore agent that process and systemd serving rely on would die with the driver's SSH
 connection, leaving serving stopped. logind.conf(5) exempts the users of ``KillExcludeUsers=`` (default ``root``) and,
-when ``KillOnlyUsers=`` is set, applies only to those. A user service (``systemd-run --user``) lives in the user's
+when ``KillOnlyUsers=`` is set, applies only to those; while ``KillExcludeUsers=`` is empty (assigned nothing: busctl
+answers ``as 0``) root stays exempt all the same (systemd's ``manager_shall_kill``, ``src/login/logind-core.c``;
+measured on systemd 252: root's session scope was abandoned at logout, its processes kept). A user service (``systemd-run --user``) lives in the user's
 manager, not the session's scope, and outlives the session while the user lingers (``loginctl enable-linger``;
 without linger the manager itself stops a few seconds after the last session: ``UserStopDelaySec=``). Measured on a
 real systemd 252 with sshd + pam_systemd (a container with CAP_SYS_ADMIN, 2026-12-07): a ``setsid nohup`` child of
@@ -60,8 +62,10 @@ class SessionKill:
     @property
     def applies(self) -> bool:
         """logind ends this user's session processes at logout (logind.conf(5): ``KillUserProcesses=yes``, the user
-        not in ``KillExcludeUsers=``, and in ``KillOnlyUsers=`` when that is set)."""
+        not in ``KillExcludeUsers=`` nor root while that list is empty, and in ``KillOnlyUsers=`` when that is set)."""
         if not (self.known and self.kill_user_processes) or self.user in self.exclude:
+            return False
+        if self.user == "root" and not self.exclude:  # logind keeps root while the list is empty (module doc)
             return False
         return not self.only or self.user in self.only
 
@@ -97,17 +101,19 @@ def parse(text: str) -> SessionKill:
 DETACH_MODES = ("setsid", "user-service")
 
 
-def detach_mode(sk: SessionKill) -> tuple[str, str | None]:
-    """``(mode, refusal)`` for the restore agent on a host with these facts (pure): ``setsid`` where logind leaves
-    the session's processes alone; ``user-service`` where it kills them and the user lingers with ``systemd-run``
-    available; otherwise a refusal naming the cause and the fixes (the agent would die with the SSH session)."""
+def detach_mode(sk: SessionKill, who: str = "the restore agent",
+                harm: str = "leave serving stopped") -> tuple[str, str | None]:
+    """``(mode, refusal)`` for the processes a window leaves running on a host with these facts (pure): ``setsid``
+    where logind leaves the session's processes alone; ``user-service`` where it kills them and the user lingers with
+    ``systemd-run`` available; otherwise a refusal naming the cause and the fixes (``who`` would die with the SSH
+    session, and ``harm`` follow)."""
     if not sk.applies:
         return "setsid", None
     if sk.linger and sk.systemd_run:
         return "user-service", None
     why = "does not linger" if not sk.linger else "has no systemd-run"
     return "setsid", (f"logind ends the processes of {sk.user}'s SSH sessions when they close (KillUserProcesses=yes "
-                      f"applies to {sk.user}) and {sk.user} {why}: the restore agent would die with the driver's SSH "
-                      f"session and leave serving stopped. Fix: `loginctl enable-linger {sk.user}` (the agent then "
-                      f"runs as a user service, `systemd-run --user`), or exempt the user in /etc/systemd/logind.conf "
+                      f"applies to {sk.user}) and {sk.user} {why}: {who} would die with the driver's SSH "
+                      f"session and {harm}. Fix: `loginctl enable-linger {sk.user}` (eagle3ops then runs them as "
+                      f"user services, `systemd-run --user`), or exempt the user in /etc/systemd/logind.conf "
                       f"(KillExcludeUsers={sk.user}, or KillUserProcesses=no) and restart systemd-logind")

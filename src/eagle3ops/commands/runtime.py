@@ -72,8 +72,10 @@ class StageRuntime(Protocol):
         """What removes the throwaway of :meth:`chunk_plan_argv` afterwards (None: nothing is left)."""
         ...
 
-    def supervisor_argv(self, host: HostConfig, *, image: str, window_id: str, plan_path: str) -> Change:
-        """Start the window's supervisor detached."""
+    def supervisor_argv(self, host: HostConfig, *, image: str, window_id: str, plan_path: str,
+                        detach: str = "setsid") -> Change:
+        """Start the window's supervisor detached (``detach``: how a supervisor process is detached from the SSH
+        session, :func:`eagle3ops.commands.logind.detach_mode`; a container needs none)."""
         ...
 
     def supervisor_rm(self, host: HostConfig, window_id: str) -> Change | None:
@@ -171,8 +173,10 @@ class ContainerRuntime:
         """``docker rm --force`` of the chunk plan's throwaway container."""
         return dk.rm(host, st.chunk_plan_name(window_id), force=True)
 
-    def supervisor_argv(self, host: HostConfig, *, image: str, window_id: str, plan_path: str) -> Change:
-        """:func:`eagle3ops.commands.stages.supervisor_argv` (``docker run --detach``)."""
+    def supervisor_argv(self, host: HostConfig, *, image: str, window_id: str, plan_path: str,
+                        detach: str = "setsid") -> Change:
+        """:func:`eagle3ops.commands.stages.supervisor_argv` (``docker run --detach``: the engine's, not the SSH
+        session's, so ``detach`` is not needed)."""
         return st.supervisor_argv(host, image=image, window_id=window_id, plan_path=plan_path)
 
     def supervisor_rm(self, host: HostConfig, window_id: str) -> Change | None:
@@ -273,9 +277,12 @@ class VenvRuntime:
         """None: the plan's process leaves nothing."""
         return None
 
-    def supervisor_argv(self, host: HostConfig, *, image: str, window_id: str, plan_path: str) -> Change:
-        """:func:`eagle3ops.commands.venv.supervisor_argv` (``setsid nohup``; the pid file is rewritten)."""
-        return vc.supervisor_argv(host, image=image, window_dir=_window_dir(host, window_id), plan_path=plan_path)
+    def supervisor_argv(self, host: HostConfig, *, image: str, window_id: str, plan_path: str,
+                        detach: str = "setsid") -> Change:
+        """:func:`eagle3ops.commands.venv.supervisor_argv` (``setsid nohup`` or a user service; the pid file is
+        rewritten)."""
+        return vc.supervisor_argv(host, image=image, window_dir=_window_dir(host, window_id), plan_path=plan_path,
+                                  detach=detach)
 
     def supervisor_rm(self, host: HostConfig, window_id: str) -> Change | None:
         """None: a supervisor process that exited leaves only its pid file, kept as a record."""

@@ -168,14 +168,34 @@ def pid_file(window_dir: str) -> str:
 
 _LAUNCH_SH = ('py=$1 plan=$2 pidf=$3 log=$4; setsid nohup "$py" -m eagle3ops.supervisor "$plan" </dev/null '
               '>>"$log" 2>&1 & echo $! > "$pidf.tmp" && mv "$pidf.tmp" "$pidf"')
+#: The user service's command: its own pid into the pid file, then ``exec`` the supervisor (the same pid).
+_SERVICE_SH = 'echo $$ > "$3.tmp" && mv "$3.tmp" "$3" && exec "$1" -m eagle3ops.supervisor "$2" </dev/null'
 
 
-def supervisor_argv(host: HostConfig, *, image: str, window_dir: str, plan_path: str) -> Change:
-    """Start the window's supervisor detached on the host (``setsid nohup``: it survives the SSH session and the
-    driver): the pipeline environment's python running ``-m eagle3ops.supervisor PLAN``, output appended to
-    ``<window_dir>/supervisor.log``, its pid written to :func:`pid_file` (the supervisor rewrites it when it starts)."""
-    return Change(["sh", "-c", _LAUNCH_SH, "eagle3ops-launch", env_python(host, image), plan_path,
-                   pid_file(window_dir), f"{window_dir}/supervisor.log"])
+def supervisor_argv(host: HostConfig, *, image: str, window_dir: str, plan_path: str,
+                    detach: str = "setsid") -> Change:
+    """Start the window's supervisor detached on the host, so that it survives the SSH session and the driver: the
+    pipeline environment's python running ``-m eagle3ops.supervisor PLAN``, output appended to
+    ``<window_dir>/supervisor.log``, its pid written to :func:`pid_file` (the supervisor rewrites it when it starts).
+
+    ``detach``: ``setsid`` (``setsid nohup``), or ``user-service`` where systemd-logind ends the session's processes
+    at logout (:func:`eagle3ops.commands.logind.detach_mode`, as for the restore agent): a transient user service
+    (``systemd-run --user --collect``, unit ``eagle3ops-supervisor-<window id>``) in the lingering user's manager,
+    not in the session's scope.
+
+    Raises:
+        ValueError: ``detach`` is neither."""
+    log, pidf = f"{window_dir}/supervisor.log", pid_file(window_dir)
+    if detach == "user-service":
+        unit = "eagle3ops-supervisor-" + window_dir.rstrip("/").rsplit("/", 1)[-1]
+        # systemd expands $ in a unit's command line (systemd.service(5), "Command lines"): doubled to reach sh
+        words = [w.replace("$", "$$") for w in ["sh", "-c", _SERVICE_SH, "eagle3ops-supervisor",
+                                                 env_python(host, image), plan_path, pidf]]
+        return Change(["systemd-run", "--user", "--collect", "--quiet", "--unit", unit,
+                       "-p", f"StandardOutput=append:{log}", "-p", f"StandardError=append:{log}", *words])
+    if detach != "setsid":
+        raise ValueError(f"detach must be 'setsid' or 'user-service', not {detach!r}")
+    return Change(["sh", "-c", _LAUNCH_SH, "eagle3ops-launch", env_python(host, image), plan_path, pidf, log])
 
 
 #: Whether the supervisor of a pid file runs (POSIX sh), answered as ``docker inspect --format

@@ -199,9 +199,9 @@ class Plan(BaseModel):
     #: (:func:`eagle3ops.commands.serving.keep_compile_cache`); None: not kept (another kind, whose server keeps its
     #: cache on the host's own filesystem, or a plan written before).
     compile_cache: str | None = None
-    #: Kinds ``process`` and ``systemd``: how the restore agent is detached from the driver's SSH session
-    #: (:data:`eagle3ops.commands.logind.DETACH_MODES`; ``user-service`` where systemd-logind ends a session's
-    #: processes when it closes).
+    #: How the restore agent (kinds ``process`` and ``systemd``) and a venv host's supervisor are detached from the
+    #: driver's SSH session (:data:`eagle3ops.commands.logind.DETACH_MODES`; ``user-service`` where systemd-logind
+    #: ends a session's processes when it closes).
     agent_detach: Literal["setsid", "user-service"] = "setsid"
     stop_timeout_s: int = 120
     stages: list[StageStep] = Field(default_factory=list)

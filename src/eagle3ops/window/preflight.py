@@ -19,7 +19,7 @@ from eagle3ops.window.common import hint
 from eagle3ops.window.estimate import GpuMemoryPlan, draft_param_count
 from eagle3ops.window.gpucheck import check_gpus_fit
 from eagle3ops.window.hostfacts import env_load_problems
-from eagle3ops.window.kinds import driver_kind, serving_container
+from eagle3ops.window.kinds import check_session_kill, driver_kind, serving_container
 
 # the disk estimate lives beside preflight; its names stay importable from here for the window's callers
 from eagle3ops.window.diskestimate import (AUX_LAYERS_STORED, BF16_BYTES, PREPARED_BYTES_PER_TOKEN,  # noqa: E402,F401
@@ -40,7 +40,8 @@ class Preflight:
     #: What the throwaway stage container printed when it passed (its ``cuda archs`` line: the image's CUDA
     #: architectures, see :func:`check_gpus_fit`); empty when it did not run.
     trial_output: str = ""
-    #: Kinds ``process``/``systemd``: how the restore agent is detached (:func:`eagle3ops.window.kinds.check_session_kill`).
+    #: How the restore agent (kinds ``process``/``systemd``) and a venv host's supervisor are detached
+    #: (:func:`eagle3ops.window.kinds.check_session_kill`).
     agent_detach: str = "setsid"
     #: The NCCL/CUDA environment live serving runs with, which the stages inherit
     #: (:func:`eagle3ops.window.kinds.inherited_env`); empty when none was read.
@@ -272,7 +273,9 @@ def preflight(r: Remote, *, image: str, expected_image_id: str | None, need_byte
 
 
 def _serving_checks(r: Remote, pf: Preflight, need_serving: bool) -> None:
-    """The serving kind finds live serving (read-only); then, where serving answers HTTP, the host's profile
+    """The serving kind finds live serving (read-only), and on a venv host whether logind would end the window's
+    supervisor with the SSH session (:func:`~eagle3ops.window.kinds.check_session_kill`); then, where serving
+    answers HTTP, the host's profile
     against the vLLM version it reports (:func:`eagle3ops.window.servedversion.check_served_version`) and the
     inventory's served model against the models it lists (:func:`eagle3ops.window.servedmodel.check_served_model`)."""
     from eagle3ops.window.servedmodel import check_served_model
@@ -280,6 +283,8 @@ def _serving_checks(r: Remote, pf: Preflight, need_serving: bool) -> None:
 
     kind = driver_kind(r.host)
     kind.preflight(r, pf, need_serving)
+    if not rt.for_host(r.host).engine and not kind.restore_agent:
+        check_session_kill(r, pf, agent=False)  # a venv host's supervisor is a session process (agents: asked)
     if need_serving and kind.answers_http and pf.ok:
         check_served_version(r, pf)
         check_served_model(r, pf)

@@ -44,7 +44,8 @@ def launch(r: Remote, plan: Plan, image: str) -> None:
     # the supervisor needs the change's and the stages' environment values as given (they may be secrets): private
     r.run(hc.write_private_file(p["plan"]), stdin=plan.model_dump_json(indent=2))
     driver_kind(r.host).launch(r, plan)  # e.g. a restore agent, before the supervisor that talks with it
-    r.run(rt.for_host(r.host).supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"]))
+    r.run(rt.for_host(r.host).supervisor_argv(r.host, image=image, window_id=plan.window_id, plan_path=p["plan"],
+                                              detach=plan.agent_detach))
 
 
 
@@ -81,7 +82,8 @@ def relaunch(r: Remote, window_id: str, fallback_image: str | None = None) -> bo
     runtime = rt.for_host(h)
     if (remove := runtime.supervisor_rm(h, window_id)) is not None:  # the exited container, by its name
         r.run(remove, check=False)
-    r.run(runtime.supervisor_argv(h, image=image, window_id=window_id, plan_path=p["plan"]))
+    r.run(runtime.supervisor_argv(h, image=image, window_id=window_id, plan_path=p["plan"],
+                                  detach=plan.get("agent_detach", "setsid")))
     return True
 
 

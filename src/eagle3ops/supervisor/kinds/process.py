@@ -82,8 +82,8 @@ class ProcessServing(ServingKind):
         the lock held (``recover``)."""
         assert self.plan.process_dir is not None
         req = Path(self.plan.process_dir) / "restore-requested"
-        if not req.exists():
-            req.write_text(_now())
+        if not req.exists():  # it names the record to start (AGENT_SH): '' = the process as recorded
+            req.write_text("")
         if not self._await_file("restored", 120):
             self.sup.unhealthy = True
             self.sup.journal.log("restore", "error", reason="the restore agent did not report a restore within 120 s; "

@@ -120,6 +120,9 @@ class DriverKind:
     record_form: str | None = None
     #: serving answers HTTP on ``serving.port`` (its ``/version`` is checked against the host's profile)
     answers_http: bool = True
+    #: The window starts a host-side restore agent over SSH (kinds ``process`` and ``systemd``), which must outlive
+    #: the driver's SSH session (:func:`check_session_kill`).
+    restore_agent: bool = False
 
     def refuse(self, h: HostConfig, what: str) -> None:
         """Refuse ``what`` (``release``, ``rollback``, ``speculate``) on this kind of serving before the lock.
@@ -206,19 +209,29 @@ def add_inherited_env(pf: ServingFindings, pairs: list[str], source: str, host: 
             f"{k}={v}" for k, v in sorted(pf.serving_env.items())) + f" (hosts.{host}.stage_env overrides)")
 
 
-def check_session_kill(r: "Remote", pf: ServingFindings) -> None:
-    """Kinds ``process``/``systemd``: will the restore agent outlive the driver's SSH session? Reads systemd-logind's
-    settings for the SSH user (:func:`eagle3ops.commands.logind.facts`, read-only) and sets ``pf.agent_detach``
-    (:func:`eagle3ops.commands.logind.detach_mode`); a check fails when logind would end the agent with the session
-    and no user service can hold it (the message names the fix)."""
+def check_session_kill(r: "Remote", pf: ServingFindings, agent: bool = True) -> None:
+    """Will what a window leaves running on the host outlive the driver's SSH session: the restore agent (kinds
+    ``process``/``systemd``) and, on a ``stage_runtime: venv`` host, the window's supervisor (a process started over
+    SSH there, not a container)? Reads systemd-logind's settings for the SSH user
+    (:func:`eagle3ops.commands.logind.facts`, read-only) and sets ``pf.agent_detach``
+    (:func:`eagle3ops.commands.logind.detach_mode`: both are detached the same way); a check fails when logind
+    would end them with the session and no user service can hold them (the message names the fix). ``agent``:
+    the serving kind starts a restore agent (:attr:`DriverKind.restore_agent`)."""
+    venv = not rt.for_host(r.host).engine
+    sup = "the window's supervisor (a process of the SSH session on this venv host)"
+    who = {(True, False): "the restore agent", (True, True): f"the restore agent and {sup}",
+           (False, True): sup}[(agent, venv)]
+    harm = "leave serving stopped" if agent else "end the window's stages midway"
     sk = lg.parse(r.run(lg.facts(), check=False).stdout)
-    mode, refusal = lg.detach_mode(sk)
+    mode, refusal = lg.detach_mode(sk, who=who, harm=harm)
     pf.agent_detach = mode
+    name = "restore agent" if agent else "supervisor"
     if refusal:
-        pf.add("restore agent", False, refusal)
+        pf.add(name, False, refusal)
     elif mode == "user-service":
-        pf.add("restore agent", True, f"logind ends {sk.user}'s session processes at logout (KillUserProcesses): the "
-                                      f"agent runs as a user service (systemd-run --user; {sk.user} lingers)")
+        runs = "runs as a user service" if who == "the restore agent" else "run as user services"
+        pf.add(name, True, f"logind ends {sk.user}'s session processes at logout (KillUserProcesses): {who} {runs} "
+                           f"(systemd-run --user; {sk.user} lingers)")
 
 
 def proc_argv(r: "Remote", pid: int, where: str) -> tuple[list[str], Callable[[str], str | None], str] | None:

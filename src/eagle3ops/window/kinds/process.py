@@ -26,6 +26,7 @@ class ProcessKind(DriverKind):
     name = "process"
     record_form = "process"
     records_before_release = True
+    restore_agent = True
 
     def refuse(self, h: HostConfig, what: str) -> None:
         if what not in ("release", "rollback", "speculate"):

@@ -30,6 +30,7 @@ class SystemdKind(DriverKind):
     preflight, and a window and ``release --gate`` driven through the CLI on a venv-runtime host)."""
 
     name = "systemd"
+    restore_agent = True
     record_form = None
     records_before_release = True
 
