@@ -123,3 +123,17 @@ def test_the_socket_interface_is_named_in_the_plan_and_required_where_hosts_have
     # named, but not on that host
     with pytest.raises(fn.NodePlanError, match=r"hosts.c.stage_env.NCCL_SOCKET_IFNAME is ib0, not an interface of c"):
         fn.socket_interfaces(plan, {**envs, "c": {"NCCL_SOCKET_IFNAME": "ib0"}}, ifaces)
+
+
+@pytest.mark.xfail(strict=True, reason="a host with several interfaces that names GLOO_SOCKET_IFNAME only is "
+                   "accepted: the cross-node trial (gloo) passes over the named interface while NCCL picks its own")
+@pytest.mark.parametrize("named", ["GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
+def test_a_host_with_several_interfaces_must_name_both_socket_settings(named):
+    """The trial's all-reduce runs on gloo, so a host that names only ``GLOO_SOCKET_IFNAME`` passes it while NCCL (the
+    GPU collectives of the train itself) still picks an interface on its own, maybe one the peers cannot reach; the
+    other way round the trial itself may pick the wrong one. Either half alone is refused, naming the missing key."""
+    plan = fn.plan_nodes("r1", MERGED, ["a", "b", "c"], rendezvous_host="10.0.0.2", port=29511)
+    ifaces = {"a": ["lo", "eth0", "ib0"], "b": ["lo", "eth0"], "c": ["lo", "eth0"]}
+    missing = next(k for k in fn.SOCKET_ENV if k != named)
+    with pytest.raises(fn.NodePlanError, match=rf"hosts\.a\.stage_env\.{missing}"):
+        fn.socket_interfaces(plan, {"a": {named: "eth0"}}, ifaces)
