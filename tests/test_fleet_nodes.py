@@ -125,8 +125,6 @@ def test_the_socket_interface_is_named_in_the_plan_and_required_where_hosts_have
         fn.socket_interfaces(plan, {**envs, "c": {"NCCL_SOCKET_IFNAME": "ib0"}}, ifaces)
 
 
-@pytest.mark.xfail(strict=True, reason="a host with several interfaces that names GLOO_SOCKET_IFNAME only is "
-                   "accepted: the cross-node trial (gloo) passes over the named interface while NCCL picks its own")
 @pytest.mark.parametrize("named", ["GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
 def test_a_host_with_several_interfaces_must_name_both_socket_settings(named):
     """The trial's all-reduce runs on gloo, so a host that names only ``GLOO_SOCKET_IFNAME`` passes it while NCCL (the

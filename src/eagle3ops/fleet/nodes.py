@@ -118,8 +118,9 @@ def socket_interfaces(plan: NodePlan, envs: dict[str, dict[str, str]], interface
 
     Raises:
         NodePlanError: a multi-node plan where a host with several interfaces (:data:`VIRTUAL_IFACE` not counted)
-            names none, or a named interface that host does not have; the message names the host, the key and the
-            fix.
+            names none or only one of :data:`SOCKET_ENV` (the cross-node trial runs on gloo, so it would pass while
+            NCCL picks its own interface), or a named interface that host does not have; the message names the
+            host, the key and the fix.
     """
     lines, problems = [f"socket interface of NCCL and gloo ({', '.join(SOCKET_ENV)}):"], []
     for n, name in enumerate(plan.nodes):
@@ -131,11 +132,18 @@ def socket_interfaces(plan: NodePlan, envs: dict[str, dict[str, str]], interface
                 problems.append(f"hosts.{name}.stage_env.{k} is {v}, not an interface of {name} (it has "
                                 f"{', '.join(real) or 'none but loopback'}): name the interface the other nodes "
                                 f"reach {name} on")
+        several = seen is not None and len(real) > 1 and len(plan.nodes) > 1
+        if named and several and len(named) < len(SOCKET_ENV):  # the trial (gloo) can pass while NCCL picks its own
+            missing = [k for k in SOCKET_ENV if k not in named]
+            problems.append(f"{name} has several network interfaces ({', '.join(real)}) and names "
+                            f"{' and '.join(named)} only: set hosts.{name}.stage_env.{' and '.join(missing)} too, "
+                            f"to the interface the other nodes reach {name} on, else that library picks its own and "
+                            f"its first collective may hang")
         if named:
             lines.append(f"  node {n}: {name}  " + " ".join(f"{k}={v}" for k, v in named.items()))
         elif seen is None:
             lines.append(f"  node {n}: {name}  socket interface not set; its interfaces were not read")
-        elif len(real) > 1 and len(plan.nodes) > 1:
+        elif several:
             problems.append(f"{name} has several network interfaces ({', '.join(real)}) and names none for NCCL and "
                             f"gloo: set hosts.{name}.stage_env.NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the one "
                             f"the other nodes reach {name} on (e.g. {real[0]}), else each picks its own and the first "
