@@ -40,11 +40,13 @@ image_pid=$!
 # sandboxes' sshd and processes inherit it): when it and the sandbox part both want the CPUs, the sandbox part's
 # processes get them first; alone, the rest part still gets both cores. The weight balances the two (2026-12-06,
 # fresh clones: at 256 the rest part ended last, 1,183 s against the sandbox part's 1,041 s; at 384, 1,293 s against
-# 1,216 s, a slower run of the whole machine; at 512, before work was removed, the sandbox part ended last). Without cgroup v1 nothing
+# 1,216 s, a slower run of the whole machine; at 512, before work was removed, the sandbox part ended last;
+# 2026-12-07 at 384: the rest part ended last, 1,460 s against the sandbox part's 1,185 s and the in-image suite's
+# 1,066 s, running alone its last 275 s: 512 again). Without cgroup v1 nothing
 # changes. E3_TEST_REST_CPU_SHARES: its weight (root-level tasks and the /docker group weigh 1024 each).
 rest_cg=""
 if [ -f /sys/fs/cgroup/cpu/cpu.shares ] && mkdir -p /sys/fs/cgroup/cpu/eagle3ops-test-rest 2>/dev/null \
-   && echo "${E3_TEST_REST_CPU_SHARES:-384}" > /sys/fs/cgroup/cpu/eagle3ops-test-rest/cpu.shares 2>/dev/null; then
+   && echo "${E3_TEST_REST_CPU_SHARES:-512}" > /sys/fs/cgroup/cpu/eagle3ops-test-rest/cpu.shares 2>/dev/null; then
   rest_cg=/sys/fs/cgroup/cpu/eagle3ops-test-rest
 fi
 (
