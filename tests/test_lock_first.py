@@ -194,15 +194,11 @@ def _regenerate(monkeypatch, tmp_path, facts, *, relay: bool = False):
     return out, rec, f"{load_inventory(INVENTORY).host('sandbox').data_dir}/runs/r1/regenerated"
 
 
-def test_regenerate_uploads_only_under_the_lock_and_a_held_lock_keeps_the_answers(monkeypatch, tmp_path):
-    """``regenerate``: the answers are asked with no lock (live serving, no window: the long part); the dataset and
-    its manifest are written into the run's folder only between the host's lock and its release (an extract window
-    of that run reads the folder under the lock, so it never reads a half-written file). A lock held by a window:
-    nothing is written, the command fails naming the holder, and the answers stay local: the rerun asks nothing
-    again and only uploads."""
+def _window_holds_the_lock(held: dict[str, bool]):
+    """``(lock path, facts)`` for the recording host: while ``held["on"]`` the sandbox's lock is taken by an extract
+    window of ``ops@elsewhere`` (``mkdir`` fails, the details name it); otherwise the host answers as :func:`_facts`."""
     from eagle3ops.config import load_inventory
 
-    held = {"on": True}
     lock = f"{load_inventory(INVENTORY).host('sandbox').state_dir}/lock"
 
     def facts(argv, stdin):
@@ -214,6 +210,18 @@ def test_regenerate_uploads_only_under_the_lock_and_a_held_lock_keeps_the_answer
             return 0, json.dumps({"window_id": "20990101T000000Z-extract-abcdef", "holder": "ops@elsewhere",
                                   "since": "2099-01-01T00:00:00+00:00", "command": "eagle3ops extract sandbox"}), ""
         return _facts(argv, stdin)
+
+    return lock, facts
+
+
+def test_regenerate_uploads_only_under_the_lock_and_a_held_lock_keeps_the_answers(monkeypatch, tmp_path):
+    """``regenerate``: the answers are asked with no lock (live serving, no window: the long part); the dataset and
+    its manifest are written into the run's folder only between the host's lock and its release (an extract window
+    of that run reads the folder under the lock, so it never reads a half-written file). A lock held by a window:
+    nothing is written, the command fails naming the holder, and the answers stay local: the rerun asks nothing
+    again and only uploads."""
+    held = {"on": True}
+    lock, facts = _window_holds_the_lock(held)
 
     out, rec, folder = _regenerate(monkeypatch, tmp_path, facts)
     said = " ".join(out.output.split())
@@ -237,20 +245,8 @@ def test_regenerate_relayed_on_the_host_starts_its_helper_only_under_the_lock(mo
     which is a host change, so every change (the helper's start, the dataset's writes) sits between one taking of
     the host's lock and its release. A lock held by a window: no container is started and nothing written, the
     command fails naming the holder and the fixes; the rerun with the lock free answers all and uploads."""
-    from eagle3ops.config import load_inventory
-
     held = {"on": True}
-    lock = f"{load_inventory(INVENTORY).host('sandbox').state_dir}/lock"
-
-    def facts(argv, stdin):
-        if held["on"] and argv == ["mkdir", lock]:
-            return 1, "", f"mkdir: cannot create directory '{lock}': File exists"
-        if held["on"] and argv[:2] == ["test", "-d"] and argv[-1] == lock:
-            return 0, "", ""
-        if held["on"] and argv[:2] == ["find", f"{lock}/details.json"]:
-            return 0, json.dumps({"window_id": "20990101T000000Z-extract-abcdef", "holder": "ops@elsewhere",
-                                  "since": "2099-01-01T00:00:00+00:00", "command": "eagle3ops extract sandbox"}), ""
-        return _facts(argv, stdin)
+    lock, facts = _window_holds_the_lock(held)
 
     out, rec, folder = _regenerate(monkeypatch, tmp_path, facts, relay=True)
     said = " ".join(out.output.split())
