@@ -118,3 +118,35 @@ def test_the_served_model_and_version_are_read_through_one_loopback_reader(body,
     assert r.asked == [["curl", "-s", "-f", "--max-time", "5", f"http://127.0.0.1:{port}/version"],
                        ["curl", "-s", "-f", "--max-time", "5", f"http://127.0.0.1:{port}/v1/models"]]
     assert read_json(r, "/version") == (None if body in (None, "not json") else json.loads(body))
+
+
+class _Health(_Serving):
+    """Answers ``curl -s -o /dev/null -w %{http_code} ... URL`` with ``code`` (exit 127: no curl on the host)."""
+
+    def __init__(self, code: str | None):
+        super().__init__(None)
+        self.code = code
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+        self.asked.append(list(argv))
+        res = _Res(self.code or "", ok=self.code is not None)
+        res.exited = 0 if self.code is not None else 127
+        return res
+
+
+@pytest.mark.parametrize("code, words, healthy", [
+    pytest.param("200", "/health 200", True, id="healthy"),
+    pytest.param("503", "/health 503", False, id="unhealthy"),
+    pytest.param("000", "/health: no answer", False, id="no-answer"),
+    pytest.param(None, "/health not checked (no curl on the host)", None, id="no-curl"),
+])
+def test_health_is_asked_through_the_same_loopback_reader(code, words, healthy):
+    """``status``/``recover``'s ``/health`` goes through :mod:`eagle3ops.window.loopback` too (its status code, no
+    key in argv, the same URL shape as the other routes); no curl on the host is "not checked", not unhealthy."""
+    from eagle3ops.window.live import probe_health
+
+    r = _Health(code)
+    assert probe_health(r) == (words, healthy)
+    port = r.host.serving.port
+    assert r.asked == [["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
+                        f"http://127.0.0.1:{port}/health"]]

@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 from eagle3ops.commands import host as hc
 from eagle3ops.remote import Remote
+from eagle3ops.serving_http import HEALTH
+from eagle3ops.window import loopback
 from eagle3ops.window.common import WindowError, append_audit, latest_window, paths
 from eagle3ops.window.kinds import driver_kind
 from eagle3ops.window.lock import holding_lock, read_lock
@@ -47,10 +49,9 @@ class LiveServing:
 def probe_health(r: Remote) -> tuple[str, bool | None]:
     """``GET /health`` of serving on the host's loopback (``serving.port``), one try of 5 s: (words, answered 200).
     ``None`` when the host has no ``curl`` (exit 127)."""
-    out = r.run(hc.http_status(f"http://127.0.0.1:{r.host.serving.port}/health"), check=False)
-    if out.exited == 127:
+    code = loopback.read_status(r, HEALTH)
+    if code is None:
         return "/health not checked (no curl on the host)", None
-    code = out.stdout.strip()
     if not code or code == "000":
         return "/health: no answer", False
     return f"/health {code}", code == "200"
