@@ -8,6 +8,8 @@ Each command reads ``DIR/pipeline.yaml`` and its inputs' manifests, writes only 
 
 from __future__ import annotations
 
+import importlib
+
 import os
 import sys
 from pathlib import Path
@@ -30,38 +32,25 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
+#: ``stage <name>`` → (module, function, whether it takes the command's options).
+_STAGES: dict[str, tuple[str, str, bool]] = {
+    "prepare": ("eagle3ops.stages.prepare", "run_prepare", False),
+    "extract": ("eagle3ops.stages.extract", "run_extract", True),
+    "merge": ("eagle3ops.stages.merge", "merge_into_run", True),
+    "vocab": ("eagle3ops.stages.vocab", "run_vocab", False),
+    "train": ("eagle3ops.stages.train", "run_train", True),
+    "chunked": ("eagle3ops.stages.chunked", "run_chunked", True),
+    "probe": ("eagle3ops.stages.probe", "run_probe", True),
+}
+
+
 def _stage_function(stage: str) -> tuple[object, bool] | None:
     """The function ``stage <name>`` runs and whether it takes the command's options (None for no such stage);
     imported here, so that a command loads only its own stage's libraries."""
-    if stage == "prepare":
-        from eagle3ops.stages.prepare import run_prepare
-
-        return run_prepare, False
-    if stage == "extract":
-        from eagle3ops.stages.extract import run_extract
-
-        return run_extract, True
-    if stage == "merge":
-        from eagle3ops.stages.merge import merge_into_run
-
-        return merge_into_run, True
-    if stage == "vocab":
-        from eagle3ops.stages.vocab import run_vocab
-
-        return run_vocab, False
-    if stage == "train":
-        from eagle3ops.stages.train import run_train
-
-        return run_train, True
-    if stage == "chunked":
-        from eagle3ops.stages.chunked import run_chunked
-
-        return run_chunked, True
-    if stage == "probe":
-        from eagle3ops.stages.probe import run_probe
-
-        return run_probe, True
-    return None
+    if stage not in _STAGES:
+        return None
+    module, name, takes_options = _STAGES[stage]
+    return getattr(importlib.import_module(module), name), takes_options
 
 
 def _config(run_dir: Path) -> object:
