@@ -84,26 +84,7 @@ def run_patch(diff_text: str, cwd: Path, *, dry_run: bool, reverse: bool = False
         argv.append("--dry-run")
     if reverse:
         argv.append("-R")
-    env = dict(os.environ, LC_ALL="C", LANG="C")
-    env.pop("POSIXLY_CORRECT", None)
-    env.pop("PATCH_GET", None)
-    env.pop("SIMPLE_BACKUP_SUFFIX", None)
-    env.pop("VERSION_CONTROL", None)
-    proc = subprocess.run(argv, input=diff_text.encode("utf-8"), capture_output=True, env=env, check=False)
-    out = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
-    run = PatchRun(ok=proc.returncode == 0, returncode=proc.returncode, output=out)
-    current = ""
-    for line in out.splitlines():
-        if m := _FILE_RE.match(line):
-            current = m.group(1).strip()
-        elif m := _FAILED_RE.match(line):
-            run.failed.setdefault(current, []).append(int(m.group(1)))
-        elif m := _OFFSET_RE.match(line):
-            run.offsets.setdefault(current, []).append((int(m.group(1)), int(m.group(3))))
-        elif _MISSING_RE.match(line):
-            run.missing = True
-        if _FUZZ_RE.match(line):
-            run.fuzzed = True
+    run = _run(argv, diff_text)
     if run.fuzzed:  # cannot happen with --fuzz=0; refuse rather than trust it
         run.ok = False
     return run
@@ -117,7 +98,17 @@ def run_patch_fuzzy(diff_text: str, cwd: Path, reject_file: Path, fuzz: int = 2)
         patch_binary(), "-p1", f"--fuzz={fuzz}", "--batch", "--forward", "--unified", "--no-backup-if-mismatch",
         f"--reject-file={reject_file}", "--quoting-style=literal", "-d", str(cwd),
     ]
-    proc = subprocess.run(argv, input=diff_text.encode("utf-8"), capture_output=True, env=dict(os.environ, LC_ALL="C"), check=False)
+    return _run(argv, diff_text)
+
+
+def _run(argv: list[str], diff_text: str) -> PatchRun:
+    """Run GNU patch (``argv``) on ``diff_text`` in the C locale, with the environment variables that change its
+    behaviour (``POSIXLY_CORRECT``, ``PATCH_GET``, ``SIMPLE_BACKUP_SUFFIX``, ``VERSION_CONTROL``) removed, and read
+    its report: per file the FAILED hunks, the offsets, the ignored hunks; a missing file; any fuzz."""
+    env = dict(os.environ, LC_ALL="C", LANG="C")
+    for name in ("POSIXLY_CORRECT", "PATCH_GET", "SIMPLE_BACKUP_SUFFIX", "VERSION_CONTROL"):
+        env.pop(name, None)
+    proc = subprocess.run(argv, input=diff_text.encode("utf-8"), capture_output=True, env=env, check=False)
     out = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
     run = PatchRun(ok=proc.returncode == 0, returncode=proc.returncode, output=out)
     current = ""
@@ -126,8 +117,12 @@ def run_patch_fuzzy(diff_text: str, cwd: Path, reject_file: Path, fuzz: int = 2)
             current = m.group(1).strip()
         elif m := _FAILED_RE.match(line):
             run.failed.setdefault(current, []).append(int(m.group(1)))
+        elif m := _OFFSET_RE.match(line):
+            run.offsets.setdefault(current, []).append((int(m.group(1)), int(m.group(3))))
         elif m := _IGNORED_RE.match(line):
             run.ignored[current] = int(m.group(1))
+        elif _MISSING_RE.match(line):
+            run.missing = True
         if _FUZZ_RE.match(line):
             run.fuzzed = True
     return run
