@@ -135,3 +135,43 @@ def test_a_host_with_several_interfaces_must_name_both_socket_settings(named):
     missing = next(k for k in fn.SOCKET_ENV if k != named)
     with pytest.raises(fn.NodePlanError, match=rf"hosts\.a\.stage_env\.{missing}"):
         fn.socket_interfaces(plan, {"a": {named: "eth0"}}, ifaces)
+
+
+@pytest.mark.images
+def test_a_pipeline_without_torch_or_eagle3ops_is_named_not_the_route():
+    """The trial and the reach probe run, through their own argv builders, in a pipeline image that has python3
+    but neither torch nor eagle3ops: the STAND-IN pipeline image is the debootstrap minbase (``python3`` only), on
+    this machine's engine. Each node's real exit status and output go to the verdicts, which must name the import,
+    the image and the fix, and must not send the user to the network route or the rendezvous port."""
+    import socket
+    import subprocess
+
+    from eagle3ops.fleet import trial as ft
+    from eagle3ops_dev import bases
+
+    image = bases.build_minbase()  # present already after `make prebuild`
+    h = HostConfig(name="n0", hostname="127.0.0.1", data_dir="/d", state_dir="/s", model_path="/m", serving="none")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def run(argv):
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=120)
+        return p.returncode, p.stdout + p.stderr
+
+    no_torch = run(fc.trial_argv(image, master_addr="127.0.0.1", port=port, nnodes=2, node_rank=0, timeout_s=5))
+    ok = (0, ft.TAG + '{"rank": 1, "world": 2, "seen": [0, 1]}')
+    verdict = ft.parse_trial(["n0", "n1"], {"n0": no_torch, "n1": ok}, {"n0": image, "n1": image})
+    msg = verdict.message()
+    assert not verdict.ok and verdict.unreachable == () and list(verdict.not_started) == ["n0"], verdict
+    assert "No module named 'torch'" in msg and f"in its pipeline {image}" in msg, msg
+    assert "eagle3ops deploy NODE" in msg and "route" not in msg and "rendezvous_port" not in msg, msg
+
+    no_e3 = run(fc.reach_argv(h, image, addr="127.0.0.1", port=port, timeout_s=1))
+    listener = run(fc.reach_listen_argv(h, image, port=port, seconds=1, expect=2))
+    rv = ft.parse_reach(["n0", "n1"], {"n0": no_e3, "n1": no_e3}, {"n0": image, "n1": image}, listener=listener)
+    assert not rv.ok and rv.unreachable == () and list(rv.not_started) == ["n0", "n1"], rv
+    assert "No module named 'eagle3ops'" in rv.message() and "route" not in rv.message(), rv.message()
+    # a node that ran and could not connect is still the route's: the same words as before
+    refused = (1, ft.REACH_TAG + '{"ok": false, "error": "127.0.0.1:1: [Errno 111] Connection refused"}')
+    assert ft.start_failure(*refused) is None and ft.parse_reach(["n0"], {"n0": refused}).unreachable == ("n0",)

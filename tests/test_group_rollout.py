@@ -167,6 +167,45 @@ def test_plan_canary_bake_roll_and_skips_hosts_on_target() -> None:
     assert [s.key for s in ro.return_steps(["a"], "b")][:2] == ["return:b:undrain", "return:a:drain"]
 
 
+def test_a_host_is_on_the_target_only_while_its_releases_container_serves() -> None:
+    """``not_on_target`` and ``live_not_release`` (pure): the marker and ``releases/current`` are not enough; the
+    live serving container must run and be the one eagle3ops created for that release (the record step's rule),
+    or, for a release recorded without an id, carry its label and its settings. The words are the plan's."""
+    from eagle3ops.group.steps import live_not_release, not_on_target, on_target
+
+    rec = {"release": 7, "container": {"HostConfig": {"CpusetCpus": "0-3"}}, "container_id": "a" * 64}
+    live = {"Id": "a" * 64, "Name": "/vllm", "State": {"Status": "running", "Running": True},
+            "Config": {"Labels": {"io.eagle3ops.release": "7"}}, "HostConfig": {"CpusetCpus": "0-3"}}
+    marker = {"target": "k1", "label": "args --max-num-seqs 8", "release": 7}
+    assert live_not_release(7, rec, live, "container 'vllm'") is None and on_target(marker, 7, "k1", None)
+    stopped = {**live, "State": {"Status": "exited", "Running": False}}
+    assert live_not_release(7, rec, stopped, "container 'vllm'") == "its serving container 'vllm' is exited"
+    assert live_not_release(7, rec, None, "container 'vllm'") == "no serving container (container 'vllm')"
+    by_hand = {**live, "Id": "b" * 64}  # recreated outside eagle3ops with the release's label copied
+    why = live_not_release(7, rec, by_hand, "container 'vllm'")
+    assert why == (f"its serving container is {'b' * 12}, not {'a' * 12}, the one eagle3ops created for release 7 "
+                   f"(recreated outside eagle3ops)")
+    assert not_on_target(marker, 7, "k1", why) == f"what serves is not its current release 7: {why}"
+    # a release recorded by an earlier eagle3ops (no id; adopted.json names another release): label and settings
+    old = {k: v for k, v in rec.items() if k != "container_id"}
+    assert live_not_release(7, old, by_hand, "c", {"release": 6, "container_id": "a" * 64}) is None
+    assert live_not_release(7, old, by_hand, "c", {"release": 7, "container_id": "a" * 64}).startswith(
+        f"its serving container is {'b' * 12}")
+    assert "not its settings (HostConfig.CpusetCpus)" in live_not_release(
+        7, old, {**by_hand, "HostConfig": {"CpusetCpus": "4-7"}}, "c")
+    assert "label is '6'" in live_not_release(7, old, {**by_hand, "Config": {"Labels": {
+        "io.eagle3ops.release": "6"}}}, "c")
+    # the files first: their words do not need what serves
+    assert not_on_target({}, 7, "k1", None) == "no group marker: this group never switched it"
+    assert not_on_target({**marker, "target": "k0"}, 7, "k1", None) == (
+        "its group marker names another release (args --max-num-seqs 8)")
+    assert not_on_target(marker, 8, "k1", None) == ("its current release is 8, not the marker's 7: released outside "
+                                                    "the group since")
+    p = ro.plan_rollout("chat", HOSTS, 1, "release", "k1", "x", {"a": True, "b": False, "c": False},
+                        why={"b": "no group marker: this group never switched it"})
+    assert p.not_skipped == {"b": "no group marker: this group never switched it", "c": "not on the target"}
+
+
 # --- the executor ---
 
 def test_full_rollout_keeps_within_max_out_and_reaches_every_host(tmp_path: Path) -> None:
@@ -368,12 +407,13 @@ class LocalHostExecutor:
         return False
 
 
-def _cli_files(tmp_path: Path) -> tuple[Path, list[str]]:
-    """An inventory of hosts a, b, c (state dirs under ``tmp_path``) in group ``chat``; the CLI's options for it."""
+def _cli_files(tmp_path: Path, container: str = "vllm") -> tuple[Path, list[str]]:
+    """An inventory of hosts a, b, c (state dirs under ``tmp_path``, serving container ``container`` on this
+    machine's engine) in group ``chat``; the CLI's options for it."""
     inv = tmp_path / "hosts.yaml"
     inv.write_text("hosts:\n" + "".join(
         f"  {h}: {{hostname: 127.0.0.1, state_dir: {tmp_path}/{h}/state, data_dir: {tmp_path}/{h}/data, "
-        f"model_path: /m, serving: {{container: vllm, image: img, served_model_name: m, port: 8000}}}}\n"
+        f"model_path: /m, serving: {{container: {container}, image: img, served_model_name: m, port: 8000}}}}\n"
         for h in HOSTS) + "groups:\n  chat: {hosts: [a, b, c], max_out: 1, balancer: {kind: haproxy, socket: "
                          f"{tmp_path}/haproxy.sock, backend: vllm}}}}\n")
     return inv, ["--inventory", str(inv)]
@@ -392,24 +432,75 @@ def _invoke(monkeypatch, *args):
     return CliRunner().invoke(cli.app, list(args))
 
 
-def test_cli_dry_run_plans_from_host_facts_and_status_shows_what_comes_next(tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture
+def serving_container():
+    """``(name, start)``: ``start()`` (re)creates and starts a container of that name on this machine's engine and
+    returns its id. STAND-IN for a host's serving container: the debootstrap minbase running ``sleep`` (the subject
+    is the container's identity and state, not what it serves)."""
+    import subprocess
+    import uuid
+
+    from eagle3ops_dev import bases
+
+    image, name = bases.build_minbase(), f"e3-group-{uuid.uuid4().hex[:6]}"  # present already after `make prebuild`
+
+    def docker(*args: str) -> str:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60, check=True).stdout
+
+    def start() -> str:
+        subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=60)
+        return docker("run", "--detach", "--name", name, "--network", "none", "--entrypoint", "sleep", image,
+                      "600").strip()
+
+    start.docker = docker  # type: ignore[attr-defined]
+    try:
+        yield name, start
+    finally:
+        subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=60)
+
+
+@pytest.mark.images
+def test_cli_dry_run_plans_from_host_facts_and_status_shows_what_comes_next(tmp_path: Path, monkeypatch,
+                                                                            serving_container) -> None:
     from eagle3ops.config.plan import ReleaseChange
 
-    inv, common = _cli_files(tmp_path)
+    name, start = serving_container
+    inv, common = _cli_files(tmp_path, name)
     key = ro.release_key("release", ReleaseChange(args=["--max-num-seqs", "8"]).model_dump())
-    # a is on the target already: its marker names it and its current release is the marker's
+    # a is on the target already: its marker names it, its current release is the marker's, and what serves is the
+    # container eagle3ops created for that release (its release file's id)
     (tmp_path / "a/state/releases").mkdir(parents=True)
     (tmp_path / "a/state/releases/current").write_text("7\n")
+    first = start()
+    (tmp_path / "a/state/releases/0007.json").write_text(json.dumps({"release": 7, "container": {},
+                                                                    "container_id": first}))
     (tmp_path / "a/state/groups/chat").mkdir(parents=True)
     (tmp_path / "a/state/groups/chat/live.json").write_text(json.dumps({"target": key, "release": 7}))
+    (tmp_path / "b/state/releases").mkdir(parents=True)
+    (tmp_path / "b/state/releases/current").write_text("4\n")
     (tmp_path / "b/state/groups/chat").mkdir(parents=True)  # b's marker names it, but b was released since
     (tmp_path / "b/state/groups/chat/live.json").write_text(json.dumps({"target": key, "release": 3}))
-    res = _invoke(monkeypatch, "group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "8", "--dry-run",
-                  "--json", *common)
+    release = ("group", "release", "chat", "--arg", "--max-num-seqs", "--arg", "8", "--dry-run")
+    res = _invoke(monkeypatch, *release, "--json", *common)
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
     assert plan["skipped"] == ["a"] and plan["target"] == key and plan["steps"][0]["key"] == "b:drain"
+    assert plan["not_skipped"] == {"b": "its current release is 4, not the marker's 3: released outside the group "
+                                        "since", "c": "no group marker: this group never switched it"}
     assert not (tmp_path / "a/state/groups/chat/current.json").exists()  # a dry run writes nothing
+    # the files unchanged, a is not on the target once what serves is not its release: serving stopped, then
+    # recreated outside eagle3ops (same name, a new container id); the plan says why a is not skipped
+    start.docker("kill", name)
+    res = _invoke(monkeypatch, *release, *common)
+    assert res.exit_code == 0 and "skipped (on the target): none" in _words(res), res.output
+    assert (f"a not skipped: what serves is not its current release 7: its serving container {name!r} is exited"
+            in _words(res)), res.output
+    second = start()
+    res = _invoke(monkeypatch, *release, "--json", *common)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["not_skipped"]["a"] == (
+        f"what serves is not its current release 7: its serving container is {second[:12]}, not {first[:12]}, the "
+        f"one eagle3ops created for release 7 (recreated outside eagle3ops)")
     res = _invoke(monkeypatch, "group", "rollout", "chat", "--run", "r1", "--bake", "120", "--dry-run", "--json",
                   *common)
     assert res.exit_code == 0, res.output
@@ -488,11 +579,14 @@ def test_cli_control_requests_dry_run_json_say_what_they_would_do_and_write_noth
     assert (d / "rollouts/r1/journal.jsonl").read_text() == before  # refused before the journal was reached
 
 
-def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_path: Path) -> None:
+def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_path: Path, monkeypatch) -> None:
     """The real step callables' marker logic (``HostSteps.switch``/``switch_back``) on this machine's files; the
     windows are a STAND-IN (``window``: bumps ``releases/current`` like a release window, or sets it like a
-    rollback window) and the driver's death during the window a ``BaseException``."""
+    rollback window), the driver's death during the window a ``BaseException``, and what serves a STAND-IN
+    (``serving_not_release``: the window's container, or one recreated outside eagle3ops; the real read is the
+    CLI dry run's test)."""
     from eagle3ops.config import load_inventory
+    from eagle3ops.group import steps as gs
     from eagle3ops.group.steps import HostSteps, on_target, read_marker
 
     inv, _ = _cli_files(tmp_path)
@@ -522,7 +616,18 @@ def test_host_markers_keep_the_release_to_return_to_across_a_killed_driver(tmp_p
     out = steps.switch("a")  # the rerun: the window again (release 5, found 4 live), the release to return to still 3
     assert out == {"release": 5, "previous": 3}
     m = read_marker(r, "chat")
+    recreated = "its serving container is 0123456789ab, not ba9876543210, the one eagle3ops created for release 5"
+    live = {"why": None}
+    monkeypatch.setattr(gs, "serving_not_release", lambda r, n: live["why"])
     assert on_target(m, 5, "k1") and "pending" not in m and steps.switch("a")["repeated"] is True
+    live["why"] = recreated  # serving recreated by hand since: the switch's rerun runs the window again, whose
+    # record step records the live container as release 6 before it releases 7
+    steps._window = lambda host, kind, **kw: (cur.write_text("7\n"), {  # type: ignore[method-assign]
+        "outcome": "ok", "release": 7, "release_before": 6})[1]
+    assert not on_target(m, 5, "k1", recreated) and steps.switch("a") == {"release": 7, "previous": 6}
+    assert read_marker(r, "chat")["previous"] == {"release": 6}
+    steps._window = lambda host, kind, **kw: window(host, kind, **kw)  # type: ignore[method-assign]
+    live["why"] = None
     steps.switch_back("a", 3)
     assert cur.read_text().strip() == "3" and read_marker(r, "chat") == {}
 

@@ -511,8 +511,11 @@ def _reach_probe(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str, str
                                 expect=len(plan.nodes)), reach_s + REACH_LISTEN_EXTRA_S + 2 * TRIAL_MARGIN_S)]
         + [(hs[n], lambda n=n: fc_reach(hs[n], images[n][0], addr=addr0, port=int(port0), timeout_s=reach_s),
             reach_s + 2 * TRIAL_MARGIN_S) for n in plan.nodes])
-    rv = ft.parse_reach(list(plan.nodes), dict(zip(plan.nodes, got[1:])))
+    rv = ft.parse_reach(list(plan.nodes), dict(zip(plan.nodes, got[1:])), {n: images[n][0] for n in plan.nodes},
+                        listener=got[0])
     lrc, lout = got[0]
+    if rv.not_started:  # a pipeline that cannot run the probe: neither the port nor the route is to blame
+        common.fail(f"multi-node train of run {run} refused before any serving stopped: {rv.message()}")
     if lrc != 0:
         common.fail(f"multi-node train of run {run} refused before any serving stopped: {plan.nodes[0]} could not "
                     f"listen on the rendezvous port {port0}: {lout.strip()[-300:]} (free the port or set "
@@ -541,7 +544,7 @@ def _cross_node_trial(plan: Any, hs: dict[str, Any], images: dict[str, tuple[str
     t = inv.fleet.trial_timeout_s
     got = _run_at_once([(hs[n], lambda n=n: _trial_argv(hs[n], images[n][0], plan.node_args(n), t),
                          t + 2 * TRIAL_MARGIN_S) for n in plan.nodes])
-    verdict = ft.parse_trial(list(plan.nodes), dict(zip(plan.nodes, got)))
+    verdict = ft.parse_trial(list(plan.nodes), dict(zip(plan.nodes, got)), {n: images[n][0] for n in plan.nodes})
     print(verdict.message(), flush=True)
     for line in verdict.detail:
         print(f"  {line}", flush=True)

@@ -90,19 +90,23 @@ def _last_done_target(j: Any) -> str | None:
 
 
 def _facts(hosts: list[Any], name: str, target: str, rollback_from: str | None,
-           json_out: bool = False) -> dict[str, bool]:
-    """Whether each host serves the target already (reads only): its marker and current release; for a group
-    rollback, a host not on the release being rolled back counts as on the target. ``json_out``: the reads' echo
-    goes to stderr (stdout keeps the plan's JSON)."""
-    from eagle3ops.group.steps import on_target, read_marker
+           json_out: bool = False) -> dict[str, str | None]:
+    """Why each host does not serve the target already, None where it does (reads only): its marker, its current
+    release and what serves (:func:`eagle3ops.group.steps.target_check`); for a group rollback, a host not on the
+    release being rolled back counts as on the target. ``json_out``: the reads' echo goes to stderr (stdout keeps
+    the plan's JSON)."""
+    from eagle3ops.group.steps import read_marker, target_check
     from eagle3ops.window.common import current_release
 
-    out = {}
+    out: dict[str, str | None] = {}
     for h in hosts:
         with common.remote(h, dry_run=True, json_out=json_out) as r:
             marker = read_marker(r, name)
-            out[h.name] = (marker.get("target") != rollback_from if rollback_from
-                           else on_target(marker, current_release(r), target))
+            if rollback_from:
+                out[h.name] = ("its group marker names the release being rolled back"
+                               if marker.get("target") == rollback_from else None)
+            else:
+                out[h.name] = target_check(r, marker, current_release(r), target)
     return out
 
 
@@ -118,6 +122,8 @@ def _print_plan(plan: Any, json_out: bool, resumed: str | None, secret_env: Any 
         + (f", resuming rollout {resumed}" if resumed else ""))
     say(f"  skipped (on the target): {', '.join(plan.skipped) or 'none'}; canary: {plan.canary or 'none'}; "
         f"max_out {plan.max_out}")
+    for h, why in plan.not_skipped.items():
+        say(f"  {h} not skipped: {why}")
     for s in plan.steps:
         say(f"  {s.key}")
 
@@ -165,8 +171,9 @@ def _drive(name: str, inventory: Path, kind: str, target: str, label: str, timin
     if open_ is not None:  # resumed as planned: the journal's plan, its timings included
         plan, rid = open_[0], j.rollout_id
     else:
-        t, facts = dict(timing), _facts(hosts, name, target, rollback_from, json_out)
-        plan = plan_rollout(name, g.hosts, g.max_out, kind, target, label, facts,
+        t, why = dict(timing), _facts(hosts, name, target, rollback_from, json_out)
+        plan = plan_rollout(name, g.hosts, g.max_out, kind, target, label, {h: w is None for h, w in why.items()},
+                            why={h: w for h, w in why.items() if w},
                             bake_s=t.pop("bake_s", 0.0), bake_interval_s=t.pop("bake_interval_s", 60.0),
                             bake_sustained_s=t.pop("bake_sustained_s", 0.0), out_wait_s=t.pop("out_wait_s", 600.0),
                             options=t)

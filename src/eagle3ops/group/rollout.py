@@ -57,7 +57,8 @@ class RolloutPlan:
     """The plan of one rollout of ``group`` to the release ``target`` (a key: :func:`release_key`; ``label`` says it
     in words). ``canary``: the host gated and baked first (``speculate`` only); ``skipped``: hosts already on the
     target; ``steps`` in order; ``bake_s``/``bake_interval_s``/``bake_sustained_s`` (seconds) the bake; ``max_out``
-    and ``out_wait_s`` (seconds) the capacity rule."""
+    and ``out_wait_s`` (seconds) the capacity rule; ``not_skipped``: why each rolled host is not on the target, as
+    the facts said (empty in a plan written before it was kept)."""
 
     group: str
     kind: str
@@ -74,19 +75,22 @@ class RolloutPlan:
     out_wait_s: float = 600.0
     tolerance: float = ACCEPTANCE_TOLERANCE
     options: Mapping[str, Any] = field(default_factory=dict)
+    not_skipped: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON-ready data (what ``plan.json`` and ``--dry-run --json`` hold)."""
         d = asdict(self)
         d["steps"] = [asdict(s) for s in self.steps]
         d["hosts"], d["skipped"], d["options"] = list(self.hosts), list(self.skipped), dict(self.options)
+        d["not_skipped"] = dict(self.not_skipped)
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "RolloutPlan":
         """The plan back from :meth:`to_json`'s data."""
         return cls(**{**d, "hosts": tuple(d["hosts"]), "skipped": tuple(d["skipped"]),
-                      "steps": tuple(Step(**s) for s in d["steps"]), "options": dict(d.get("options") or {})})
+                      "steps": tuple(Step(**s) for s in d["steps"]), "options": dict(d.get("options") or {}),
+                      "not_skipped": dict(d.get("not_skipped") or {})})
 
     @property
     def rolled(self) -> tuple[str, ...]:
@@ -104,9 +108,10 @@ def release_key(kind: str, what: Mapping[str, Any]) -> str:
 def plan_rollout(group: str, hosts: Sequence[str], max_out: int, kind: str, target: str, label: str,
                  on_target: Mapping[str, bool], *, bake_s: float = 0.0, bake_interval_s: float = 60.0,
                  bake_sustained_s: float = 600.0, out_wait_s: float = 600.0,
-                 options: Mapping[str, Any] | None = None) -> RolloutPlan:
+                 options: Mapping[str, Any] | None = None, why: Mapping[str, str] | None = None) -> RolloutPlan:
     """Plan a rollout of ``group`` (``hosts`` in order) to ``target``; ``on_target[host]``: the host serves the target
-    release already (skipped). ``max_out``: hosts that may be out at once (at least 1). Times in seconds.
+    release already (skipped); ``why[host]``: why a host is not (kept as the plan's ``not_skipped``).
+    ``max_out``: hosts that may be out at once (at least 1). Times in seconds.
 
     Returns a plan with no steps when every host is on the target.
 
@@ -130,7 +135,8 @@ def plan_rollout(group: str, hosts: Sequence[str], max_out: int, kind: str, targ
     return RolloutPlan(group=group, kind=kind, target=target, label=label, hosts=tuple(hosts), max_out=max_out,
                        canary=canary, skipped=skipped, steps=tuple(steps),
                        bake_s=bake_s if kind == "speculate" else 0.0, bake_interval_s=bake_interval_s,
-                       bake_sustained_s=bake_sustained_s, out_wait_s=out_wait_s, options=dict(options or {}))
+                       bake_sustained_s=bake_sustained_s, out_wait_s=out_wait_s, options=dict(options or {}),
+                       not_skipped={h: (why or {}).get(h, "not on the target") for h in todo})
 
 
 def steps_by_host(plan: RolloutPlan) -> list[tuple[str, list[Step]]]:

@@ -16,8 +16,9 @@ live.json`` = ``{"target", "label", "release", "previous"}`` written after each 
 before it, or only the release the switch's window found live when that marker no longer names it, so a return or a
 group rollback restores what was serving; ``pending``, while a switch's window runs: the target and
 the release before it, so a rerun after a killed driver keeps the right release to return to). A host is on a
-target when its marker names it and the host's current release is still the marker's ``release`` (a release made
-outside the group since is not).
+target when its marker names it, the host's current release is still the marker's ``release`` (a release made
+outside the group since is not), and what serves is that release (:func:`not_on_target`): files alone would skip a
+host whose serving was recreated by hand, restarted from another release or stopped.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from eagle3ops.commands import host as hc
 from eagle3ops.group.balancer import Balancer
 from eagle3ops.group.execute import StepBusy, StepFailed, StepFns
 
-__all__ = ["HostSteps", "marker_path", "on_target", "read_marker"]
+__all__ = ["HostSteps", "live_not_release", "marker_path", "not_on_target", "on_target", "read_marker",
+           "serving_not_release", "target_check"]
 
 
 def marker_path(state_dir: str, group: str) -> str:
@@ -49,9 +51,101 @@ def read_marker(r: Any, group: str) -> dict[str, Any]:
         return {}
 
 
-def on_target(marker: Mapping[str, Any], release: int | None, target: str) -> bool:
-    """Whether a host with ``marker`` and current ``release`` serves ``target`` (pure; see the module doc)."""
-    return marker.get("target") == target and marker.get("release") is not None and marker.get("release") == release
+def not_on_target(marker: Mapping[str, Any], release: int | None, target: str, live: str | None) -> str | None:
+    """Why a host does not serve ``target`` (pure), None when it does: its group ``marker``, its current ``release``
+    (``releases/current``) and ``live``, why what serves is not that release (:func:`serving_not_release`; None: it
+    is). The words are what ``--dry-run`` prints for a host the rollout does not skip."""
+    if not marker.get("target"):
+        return "no group marker: this group never switched it"
+    if marker.get("target") != target:
+        return f"its group marker names another release ({marker.get('label') or marker.get('target')})"
+    if marker.get("release") is None or marker.get("release") != release:
+        return (f"its current release is {release}, not the marker's {marker.get('release')}: released outside the "
+                f"group since")
+    if live:
+        return f"what serves is not its current release {release}: {live}"
+    return None
+
+
+def on_target(marker: Mapping[str, Any], release: int | None, target: str, live: str | None = None) -> bool:
+    """Whether a host with ``marker``, current ``release`` and ``live`` (see :func:`not_on_target`) serves
+    ``target`` (pure)."""
+    return not_on_target(marker, release, target, live) is None
+
+
+def live_not_release(n: int, record: Mapping[str, Any], live: Mapping[str, Any] | None, looked_for: str,
+                     adopted: Mapping[str, Any] | None = None) -> str | None:
+    """Why the live serving container (``live``: its ``docker inspect``; None: none found, ``looked_for`` says what
+    was looked for) is not release ``n`` (``record``: its release file), None when it is (pure).
+
+    It is when it runs and is the container eagle3ops created or recorded for ``n`` (``record["container_id"]``,
+    else ``adopted.json``'s id for ``n``): the record step's own rule
+    (:meth:`eagle3ops.supervisor.kinds.container.ContainerServing._not_release`; Docker keeps a container's id
+    across stop, start and restart, a recreated container gets a new one whatever labels it copies). A release
+    recorded without an id (an earlier eagle3ops) is when the container carries its release label and its settings
+    are the recorded ones (:func:`eagle3ops.commands.serving.settings_differ`)."""
+    from eagle3ops.commands import serving as sv
+
+    if live is None:
+        return f"no serving container ({looked_for})"
+    state = live.get("State") or {}
+    if not state.get("Running"):
+        return f"its serving container {live.get('Name', '').lstrip('/')!r} is {state.get('Status') or 'not running'}"
+    want = record.get("container_id") or ((adopted or {}).get("container_id")
+                                          if (adopted or {}).get("release") == n else None)
+    cid = live.get("Id") or ""
+    if want:
+        return None if want == cid else (f"its serving container is {cid[:12]}, not {want[:12]}, the one eagle3ops "
+                                         f"created for release {n} (recreated outside eagle3ops)")
+    label = ((live.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
+    if label != str(n):
+        return f"its serving container's {sv.RELEASE_LABEL} label is {label!r}, not {str(n)!r}"
+    differ = sv.settings_differ(record["container"], dict(live)) if isinstance(record.get("container"), dict) else []
+    if differ:
+        return f"its serving container carries release {n}'s label but not its settings ({', '.join(differ)})"
+    return None
+
+
+def _read_json(r: Any, path: str) -> dict[str, Any]:
+    out = r.run(hc.cat_if_exists(path), check=False).stdout or ""
+    try:
+        doc = json.loads(out) if out.strip() else {}
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def serving_not_release(r: Any, n: int) -> str | None:
+    """Why what serves on ``r``'s host now is not its release ``n``, None when it is (reads only). A host serving
+    with a container: :func:`live_not_release` on the live container's ``docker inspect`` and release ``n``'s file;
+    other serving kinds (a process, a unit), which record no identity: whether serving runs at all
+    (:meth:`eagle3ops.window.kinds.DriverKind.live_state`)."""
+    from eagle3ops.commands import docker as dk
+    from eagle3ops.window.common import paths
+    from eagle3ops.window.kinds import driver_kind, serving_container
+
+    kind = driver_kind(r.host)
+    if kind.record_form != "container":
+        said, running = kind.live_state(r)
+        return None if running else f"serving is not running ({said})"
+    names, looked_for = serving_container(r)
+    out = r.run(dk.inspect_container(r.host, names[0]), check=False) if names else None
+    try:
+        live = json.loads(out.stdout)[0] if out is not None and out.ok and out.stdout.strip() else None
+    except (ValueError, IndexError):
+        live = None
+    rel = paths(r.host)["releases"]
+    return live_not_release(n, _read_json(r, f"{rel}/{n:04d}.json"), live, looked_for,
+                            _read_json(r, f"{rel}/adopted.json"))
+
+
+def target_check(r: Any, marker: Mapping[str, Any], release: int | None, target: str) -> str | None:
+    """:func:`not_on_target` of ``r``'s host (reads only): what serves is read only when the files say it is on the
+    target."""
+    why = not_on_target(marker, release, target, None)
+    if why is None and release is not None:
+        why = not_on_target(marker, release, target, serving_not_release(r, release))
+    return why
 
 
 @dataclass
@@ -169,7 +263,7 @@ class HostSteps:
 
         r = self.remotes[host]
         marker, before = read_marker(r, self.group), current_release(r)
-        if on_target(marker, before, self.target):  # a rerun after the window finished
+        if target_check(r, marker, before, self.target) is None:  # a rerun after the window finished
             return {"release": before, "previous": (marker.get("previous") or {}).get("release"), "repeated": True}
         pending = marker.pop("pending", None) or {}
         resumed = pending.get("target") == self.target
