@@ -217,27 +217,33 @@ def _may_be_cut(exc: json.JSONDecodeError, text: str) -> bool:
     return exc.msg.startswith("Unterminated string") or (len(tail) <= 8 and not _WS_CHAR.search(tail))
 
 
-def _array_rows(path: Path, f: IO[bytes]) -> Iterator[tuple[int, Any]]:
-    """Records of a JSON array, decoded one at a time with ``json.JSONDecoder.raw_decode`` over a text window of
-    about :data:`CHUNK_BYTES` (a record longer than that widens the window until it is whole)."""
-    decoder = json.JSONDecoder()
-    text, pending = "", b""
-    base_byte = base_line = 0  # byte offset and 0-based line of text[0]
-    read = 0  # bytes read from the file
-    eof = False
+class _ArrayWindow:
+    """The text of a JSON array file ``f`` (``path`` for errors) read in windows of about :data:`CHUNK_BYTES`:
+    ``text`` is the window, ``base_byte``/``base_line`` the byte offset and 0-based line of ``text[0]``; a UTF-8
+    sequence cut by a read waits in ``pending`` for the next."""
 
-    def fill(pos: int) -> int:
-        """Drop text[:pos], append the next chunk; returns the new position of ``pos`` (0)."""
-        nonlocal text, pending, base_byte, base_line, read, eof
-        base_byte += len(text[:pos].encode("utf-8"))
-        base_line += text.count("\n", 0, pos)
-        text = text[pos:]
-        chunk = f.read(CHUNK_BYTES)
-        read += len(chunk)
-        eof = not chunk
-        data = pending + chunk
+    def __init__(self, path: Path, f: IO[bytes]):
+        self.path, self.f = path, f
+        self.text, self.pending = "", b""
+        self.base_byte = self.base_line = 0
+        self.read = 0  # bytes read from the file
+        self.eof = False
+
+    def fill(self, pos: int) -> int:
+        """Drop ``text[:pos]``, append the next chunk; returns the new position of ``pos`` (0).
+
+        Raises:
+            ChatDataError: the bytes are not UTF-8 (file, line, byte offset)."""
+        text = self.text
+        self.base_byte += len(text[:pos].encode("utf-8"))
+        self.base_line += text.count("\n", 0, pos)
+        self.text = text[pos:]
+        chunk = self.f.read(CHUNK_BYTES)
+        self.read += len(chunk)
+        self.eof = not chunk
+        data = self.pending + chunk
         cut = len(data)
-        if not eof:  # keep a UTF-8 sequence split by the chunk for the next read
+        if not self.eof:  # keep a UTF-8 sequence split by the chunk for the next read
             i = len(data) - 1
             while i > len(data) - 4 and i > 0 and data[i] & 0xC0 == 0x80:
                 i -= 1
@@ -246,63 +252,93 @@ def _array_rows(path: Path, f: IO[bytes]) -> Iterator[tuple[int, Any]]:
             if len(data) - i < need:
                 cut = i
         try:
-            text += data[:cut].decode("utf-8")
+            self.text += data[:cut].decode("utf-8")
         except UnicodeDecodeError as exc:
-            at = read - len(data)
-            raise _bad_bytes(path, data, at, base_line + 1 + text.count("\n"), exc) from None
-        pending = data[cut:]
+            at = self.read - len(data)
+            raise _bad_bytes(self.path, data, at, self.base_line + 1 + self.text.count("\n"), exc) from None
+        self.pending = data[cut:]
         return 0
 
-    def here(pos: int) -> tuple[int, int]:
-        return base_byte + len(text[:pos].encode("utf-8")), base_line + 1 + text.count("\n", 0, pos)
+    def skip_ws(self, pos: int) -> int:
+        """The first position at or after ``pos`` that is not JSON whitespace (in this window)."""
+        return _WS.match(self.text, pos).end()
 
-    def bad(pos: int, what: str) -> ChatDataError:
-        at, line = here(pos)
-        return ChatDataError(f"{path}:{line}: not valid JSON ({what}) at byte offset {at}; a JSON file of chats must "
-                             "be one array of objects (or JSONL: one object per line)")
+    def here(self, pos: int) -> tuple[int, int]:
+        """``(byte offset, 1-based line)`` in the file of window position ``pos``."""
+        return self.base_byte + len(self.text[:pos].encode("utf-8")), self.base_line + 1 + self.text.count("\n", 0, pos)
 
-    pos = fill(0)
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    pos = _WS.match(text, pos).end()
-    if text[pos:pos + 1] != "[":
-        raise bad(pos, "expected `[`")
-    pos += 1
+    def bad(self, pos: int, what: str) -> ChatDataError:
+        """The error for invalid JSON at window position ``pos``, naming the file, line and byte offset."""
+        at, line = self.here(pos)
+        return ChatDataError(f"{self.path}:{line}: not valid JSON ({what}) at byte offset {at}; a JSON file of chats "
+                             "must be one array of objects (or JSONL: one object per line)")
+
+    def truncated(self, n: int, pos: int) -> _Truncated:
+        """The file ended at window position ``pos`` inside the array, after ``n`` complete records."""
+        at, line = self.here(pos)
+        return _Truncated(n, at, line)
+
+    def start(self) -> int:
+        """Read the first window (a UTF-8 BOM dropped) and return the position after the opening ``[``.
+
+        Raises:
+            ChatDataError: the file does not start with ``[``."""
+        pos = self.fill(0)
+        if self.text.startswith("\ufeff"):
+            self.text = self.text[1:]
+        pos = self.skip_ws(pos)
+        if self.text[pos:pos + 1] != "[":
+            raise self.bad(pos, "expected `[`")
+        return pos + 1
+
+    def end(self, pos: int) -> None:
+        """After the closing ``]`` (``pos`` just past it): only whitespace may follow, to the end of the file.
+
+        Raises:
+            ChatDataError: text after the closing ``]``."""
+        while True:
+            pos = self.skip_ws(pos)
+            if pos < len(self.text):
+                raise self.bad(pos, "text after the closing `]`")
+            if self.eof:
+                return
+            pos = self.fill(pos)
+
+
+def _array_rows(path: Path, f: IO[bytes]) -> Iterator[tuple[int, Any]]:
+    """Records of a JSON array, decoded one at a time with ``json.JSONDecoder.raw_decode`` over a text window of
+    about :data:`CHUNK_BYTES` (:class:`_ArrayWindow`; a record longer than that widens the window until it is
+    whole)."""
+    decoder = json.JSONDecoder()
+    w = _ArrayWindow(path, f)
+    pos = w.start()
     n, want_value = 0, True
     while True:
-        pos = _WS.match(text, pos).end()
-        if pos >= len(text):
-            if eof:
-                at, line = here(pos)
-                raise _Truncated(n, at, line)
-            pos = fill(pos)
+        pos = w.skip_ws(pos)
+        if pos >= len(w.text):
+            if w.eof:
+                raise w.truncated(n, pos)
+            pos = w.fill(pos)
             continue
-        if not want_value or (n == 0 and text[pos] == "]"):
-            if text[pos] == "]":
-                pos += 1
-                while True:
-                    pos = _WS.match(text, pos).end()
-                    if pos < len(text):
-                        raise bad(pos, "text after the closing `]`")
-                    if eof:
-                        return
-                    pos = fill(pos)
-            if text[pos] != ",":
-                raise bad(pos, "expected `,` or `]` after a record")
+        if not want_value or (n == 0 and w.text[pos] == "]"):
+            if w.text[pos] == "]":
+                w.end(pos + 1)
+                return
+            if w.text[pos] != ",":
+                raise w.bad(pos, "expected `,` or `]` after a record")
             pos, want_value = pos + 1, True
             continue
         try:
-            obj, end = decoder.raw_decode(text, pos)
+            obj, end = decoder.raw_decode(w.text, pos)
         except json.JSONDecodeError as exc:
-            if not _may_be_cut(exc, text):
-                raise bad(exc.pos, exc.msg) from None
-            if eof:
-                at, line = here(pos)
-                raise _Truncated(n, at, line) from None
-            pos = fill(pos)
+            if not _may_be_cut(exc, w.text):
+                raise w.bad(exc.pos, exc.msg) from None
+            if w.eof:
+                raise w.truncated(n, pos) from None
+            pos = w.fill(pos)
             continue
-        if end >= len(text) and not eof and not isinstance(obj, (dict, list)):
-            pos = fill(pos)  # a number or literal may go on in the next chunk
+        if end >= len(w.text) and not w.eof and not isinstance(obj, (dict, list)):
+            pos = w.fill(pos)  # a number or literal may go on in the next chunk
             continue
         n += 1
         yield n, obj
