@@ -41,7 +41,7 @@ from invoke.exceptions import CommandTimedOut, ThreadException, UnexpectedExit
 from eagle3ops import redact
 from eagle3ops.commands.host import login_shell, quiet_shell_probe
 from eagle3ops.commands.quote import render  # noqa: F401 - the one quoting function, used here
-from eagle3ops.commands.types import Change, Read, is_read
+from eagle3ops.commands.types import Change, Read, Result, is_read
 from eagle3ops.config import HostConfig
 
 # paramiko's transport thread logs a failed handshake (a port that never sends an SSH banner) with its traceback;
@@ -121,21 +121,6 @@ class RemoteCommandError(RemoteError):
 
 class _SessionOpenFailed(Exception):
     """Opening the session channel failed: the command never started, so running it again is safe."""
-
-
-@dataclass
-class Result:
-    """What a remote command returned. ``exited`` is the exit status (0 = success)."""
-
-    argv: list[str]
-    exited: int
-    stdout: str = ""
-    stderr: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """True when the command exited 0."""
-        return self.exited == 0
 
 
 def _hop_name(c: Connection) -> str:

@@ -9,15 +9,18 @@ Both are frozen and read as a sequence of words, so whatever takes an argv (``re
 slicing, iteration) takes them unchanged; a slice is a plain ``list`` (a piece of a command has no kind). A command
 equals another of the same kind with the same words, and a plain ``list``/``tuple`` of the same words (what tests
 compare builders with); a :class:`Read` never equals a :class:`Change`.
+
+What running one returns is one type too, :class:`Result`, whichever executor ran it (a host over SSH or this
+machine), so a caller handles both alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
-__all__ = ["Change", "Command", "Read", "is_read"]
+__all__ = ["Change", "Command", "Read", "Result", "is_read"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,3 +90,30 @@ def is_read(cmd: Sequence[str]) -> bool:
     """Whether ``cmd`` only reads. A plain list (a command no builder typed) counts as a change: a dry run never
     runs a command nobody said was safe to run."""
     return isinstance(cmd, Read)
+
+
+@dataclass
+class Result:
+    """What a command returned, from any executor (:class:`eagle3ops.remote.Remote` or
+    :class:`eagle3ops.executor.Local`).
+
+    Args:
+        argv: the command as run (a plain list).
+        exited: its exit status (0 = success).
+        stdout, stderr: its output as text; bytes when a local command was run with ``text=False``.
+    """
+
+    argv: list[str]
+    exited: int
+    stdout: Any = ""
+    stderr: Any = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0."""
+        return self.exited == 0
+
+    @property
+    def returncode(self) -> int:
+        """``exited`` under :class:`subprocess.CompletedProcess`'s name."""
+        return self.exited
