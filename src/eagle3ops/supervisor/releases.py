@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.commands.serving import RELEASE_LABEL
+from eagle3ops.commands.serving import RELEASE_LABEL, release_container_id
 from eagle3ops.config.fallbacks import fallbacks_from, is_live_entry, rollback_target
 from eagle3ops.supervisor.journal import _now
 
@@ -133,15 +133,13 @@ class Releases:
         Raises:
             FileNotFoundError: no such retained release.
         """
-        cid = self.get(n).get("container_id")
-        if cid:
-            return cid
+        rel = self.get(n)
         p = self.dir / "adopted.json"
         try:
-            rec = json.loads(p.read_text()) if p.exists() else {}
+            adopted = json.loads(p.read_text()) if p.exists() else {}
         except ValueError:
-            rec = {}
-        return rec.get("container_id") if rec.get("release") == n else None
+            adopted = {}
+        return release_container_id(n, rel, adopted if isinstance(adopted, dict) else {})
 
     def mark_failed(self, n: int, why: str) -> None:
         """Record that live release ``n`` failed a completed health gate: no rollback picks it until it is live again.
