@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from eagle3ops.commands.quote import render
-from eagle3ops.commands.types import Result, is_read
+from eagle3ops.commands.types import Result, log_command
 from eagle3ops.config import HostConfig
 
 __all__ = ["Executor", "Local", "Result", "engine", "for_host", "local"]
@@ -82,13 +82,7 @@ class Local:
 
     def _record(self, argv: Sequence[str]) -> bool:
         """Record ``argv``; True when it must not run (a change in a dry run)."""
-        cmd = render(argv)
-        changes = not is_read(argv)
-        self.history.append(cmd)
-        if changes:
-            self.changes.append(cmd)
-        if self.echo:
-            self.echo(cmd)
+        _, changes = log_command(argv, self.history, self.changes, self.echo)
         return self.dry_run and changes
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = None,

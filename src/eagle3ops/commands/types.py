@@ -16,11 +16,13 @@ machine), so a caller handles both alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-__all__ = ["Change", "Command", "Read", "Result", "is_read"]
+from eagle3ops.commands.quote import render
+
+__all__ = ["Change", "Command", "Read", "Result", "is_read", "log_command"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,6 +93,26 @@ def is_read(cmd: Sequence[str]) -> bool:
     runs a command nobody said was safe to run."""
     return isinstance(cmd, Read)
 
+
+
+def log_command(argv: Sequence[str], history: list[str], changes: list[str],
+                echo: Callable[[str], None] | None) -> tuple[str, bool]:
+    """How every executor logs a command it is given, before it runs it (or, in a dry run, instead): rendered once
+    (:func:`eagle3ops.commands.quote.render`), appended to ``history`` and, unless it is a :class:`Read`, to
+    ``changes``, then handed to ``echo`` (None: silent). Returns (the rendered command, whether it changes
+    something: :func:`is_read` is false).
+
+    Raises:
+        TypeError: a word of ``argv`` is not a ``str``.
+    """
+    cmd = render(argv)
+    changes_host = not is_read(argv)
+    history.append(cmd)
+    if changes_host:
+        changes.append(cmd)
+    if echo:
+        echo(cmd)
+    return cmd, changes_host
 
 @dataclass
 class Result:
