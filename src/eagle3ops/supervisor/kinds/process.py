@@ -9,7 +9,6 @@ and uid plus the intended change) are switched here the same way.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from eagle3ops.health import GateFailed
 from eagle3ops.health import api_key_from_inspect
 from eagle3ops.supervisor.journal import _now, _tail
 from eagle3ops.supervisor.kinds.base import ServingKind
+from eagle3ops.supervisor.releases import write_private
 
 
 class ProcessServing(ServingKind):
@@ -155,15 +155,7 @@ class ProcessServing(ServingKind):
 
         for name, text in (("cmdline.nul", nul(process["argv"])), ("environ.nul", nul(process["environ"])),
                            ("cwd", process.get("cwd") or "/")):
-            path = pdir / f"{prefix}{name}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(text.encode(errors="surrogateescape"))
-            st = pdir.stat()
-            try:
-                os.chown(path, st.st_uid, st.st_gid)
-            except OSError:
-                pass
+            write_private(pdir / f"{prefix}{name}", text.encode(errors="surrogateescape"))
 
     def _round(self, k: int, prefix: str) -> None:
         """Round ``k`` (2, 3, ...) of a switch: the agent stops the process it started last, then starts the record
