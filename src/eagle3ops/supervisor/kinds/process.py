@@ -260,13 +260,9 @@ class ProcessServing(ServingKind):
                 journal.log(step, "error", to_release=target, reason=str(exc)[-500:],
                             verdict=isinstance(exc, GateFailed))
                 journal.log("rollback", "start", to_release=live_n, failed_release=target)
-                self._rounds += 1
                 try:
-                    self._round(self._rounds, "")
-                    self.sup.gate_through_signal()
+                    self._recorded_again(live_n)
                 except (GateFailed, RuntimeError) as exc2:
-                    self.sup.unhealthy = True
-                    journal.log("rollback", "error", to_release=live_n, reason=str(exc2)[-500:])
                     raise RuntimeError(f"release {target} failed ({exc}); the rollback to release {live_n} failed "
                                        f"too ({exc2}); see {pdir}/serving.log") from None
                 self.sup.releases.set_current(live_n)
@@ -281,6 +277,23 @@ class ProcessServing(ServingKind):
         finally:
             if self.plan.kind != "speculate":  # a speculate job may switch back: it calls finish() at its end
                 self.finish()
+
+    def _recorded_again(self, release: int | None) -> None:
+        """A rollback's round: the agent's next round stops the started process and starts the recorded one again
+        (it is ``release``), health-gated.
+
+        Raises:
+            GateFailed, RuntimeError: the agent did not answer or the recorded process failed its gate; serving is
+                then marked unhealthy and the rollback's error journaled.
+        """
+        self._rounds = getattr(self, "_rounds", 1) + 1
+        try:
+            self._round(self._rounds, "")
+            self.sup.gate_through_signal()
+        except (GateFailed, RuntimeError) as exc:
+            self.sup.unhealthy = True
+            self.sup.journal.log("rollback", "error", to_release=release, reason=str(exc)[-500:])
+            raise
 
     def finish(self) -> None:
         """Tell the restore agent the switch is over (``done``): it exits, leaving the started process serving."""
@@ -298,13 +311,9 @@ class ProcessServing(ServingKind):
         journal = self.sup.journal
         journal.log("rollback", "start", to_release=release, failed_release=self.sup.releases.current(),
                     reason=why[-300:])
-        self._rounds = getattr(self, "_rounds", 1) + 1
         try:
-            self._round(self._rounds, "")
-            self.sup.gate_through_signal()
+            self._recorded_again(release)
         except (GateFailed, RuntimeError) as exc:
-            self.sup.unhealthy = True
-            journal.log("rollback", "error", to_release=release, reason=str(exc)[-500:])
             raise RuntimeError(f"the rollback to release {release} failed ({exc}); see "
                                f"{self.plan.process_dir}/serving.log") from None
         if release is not None:
