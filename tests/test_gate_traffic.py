@@ -185,6 +185,28 @@ def test_the_reason_names_a_ttft_breach_and_failed_speculative_requests_roll_bac
 SERVED = ["vllm", "serve", "/models/tiny-llama", "--port", "18000"]
 
 
+def _dry_speculate(monkeypatch, tmp_path: Path, r, rows) -> tuple[Path, str | None]:
+    """Write ``rows`` as a prompts file and dry-run ``speculate`` on the fake remote ``r``: (the file, the refusal's
+    message on one line; None when it was not refused, and then its one speculate window was planned). A refusal
+    must come before any window is planned."""
+    from eagle3ops.speculate import ship
+    from eagle3ops.window import run as window_run
+
+    f = tmp_path / "agent.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    r.dry_run = True
+    kinds: list[str] = []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: kinds.append(kind) or {"outcome": "dry"})
+    opts = ship.SpeculateOptions(run="r1", pipeline_image="p:1", prompts_file=f, accept_low_power=True, force=True)
+    try:
+        out = ship.speculate(r, opts, echo=lambda *_: None)
+    except ship.SpeculateError as exc:
+        assert not kinds, f"a window was planned before the refusal: {kinds}"
+        return f, " ".join(str(exc).split())
+    assert out["verdict"] == "dry-run" and kinds == ["speculate"], (out, kinds)
+    return f, None
+
+
 @pytest.mark.parametrize("flags, choice, refused", [
     pytest.param([], None, True, id="no-parser-auto"),
     pytest.param([], "required", True, id="no-parser-required"),
@@ -200,8 +222,6 @@ def test_tool_rows_the_live_server_cannot_answer_are_refused_before_any_restart(
     --enable-auto-tool-choice and --tool-call-parser), on the baseline and the speculative release alike, so the
     gate would spend its restarts on a rollback. The dry run (and the real run, same path) refuses it before any
     window is planned, naming the row, the live server's missing flags and both fixes; rows vLLM answers pass."""
-    from eagle3ops.speculate import ship
-    from eagle3ops.window import run as window_run
     from eagle3ops.config import load_inventory
     from test_speculate_ship import TARGET, _FakeRemote, _Res
 
@@ -223,20 +243,10 @@ def test_tool_rows_the_live_server_cannot_answer_are_refused_before_any_restart(
     row = {k: v for k, v in TOOL_ROW.items() if k != "tool_choice"}
     if choice is not None:
         row["tool_choice"] = choice
-    f = tmp_path / "agent.jsonl"
-    f.write_text("\n".join(json.dumps(x) for x in (CHAT_ROW, row)) + "\n")
-    r = _Served(h, [7])
-    r.dry_run = True
-    kinds: list[str] = []
-    monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: kinds.append(kind) or {"outcome": "dry"})
-    opts = ship.SpeculateOptions(run="r1", pipeline_image="p:1", prompts_file=f, accept_low_power=True, force=True)
+    f, msg = _dry_speculate(monkeypatch, tmp_path, _Served(h, [7]), (CHAT_ROW, row))
+    assert (msg is not None) == refused, msg
     if not refused:
-        assert ship.speculate(r, opts, echo=lambda *_: None)["verdict"] == "dry-run" and kinds == ["speculate"]
         return
-    with pytest.raises(ship.SpeculateError) as exc:
-        ship.speculate(r, opts, echo=lambda *_: None)
-    msg = " ".join(str(exc.value).split())
-    assert not kinds, "a window was planned for prompts the live server answers with 400"
     assert f"{f}" in msg and "tool-1" in msg and "HTTP 400" in msg, msg
     assert "--enable-auto-tool-choice" in msg and "--tool-call-parser" in msg, msg
     assert '"tool_choice": "none"' in msg and "nothing was restarted" in msg, msg
@@ -260,28 +270,16 @@ def test_structured_rows_batched_beside_others_on_cpu_serving_are_refused_before
     replays such a mix at a concurrency above 1 on a CPU serving host would measure crashes and restart serving for a
     rollback: the dry run (the real run's path) refuses it before any window is planned, naming the rows, the cause
     and the fix. Concurrency 1, a GPU host, a set whose rows all carry a grammar and ``type: text`` pass."""
-    from eagle3ops.speculate import ship
-    from eagle3ops.window import run as window_run
     from eagle3ops.config import load_inventory
     from test_speculate_ship import _FakeRemote
 
     h = load_inventory(Path(__file__).resolve().parents[1] / "deploy/hosts.yaml").host("sandbox")
     h = h.model_copy(update={"gpus": 0 if gpus == "none" else 8,
                              "serving": h.serving.model_copy(update={"gpus": gpus, "gate_concurrency": levels})})
-    f = tmp_path / "agent.jsonl"
-    f.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
-    r = _FakeRemote(h, [7])
-    r.dry_run = True
-    kinds: list[str] = []
-    monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: kinds.append(kind) or {"outcome": "dry"})
-    opts = ship.SpeculateOptions(run="r1", pipeline_image="p:1", prompts_file=f, accept_low_power=True, force=True)
+    f, msg = _dry_speculate(monkeypatch, tmp_path, _FakeRemote(h, [7]), rows)
+    assert (msg is not None) == refused, msg
     if not refused:
-        assert ship.speculate(r, opts, echo=lambda *_: None)["verdict"] == "dry-run" and kinds == ["speculate"]
         return
-    with pytest.raises(ship.SpeculateError) as exc:
-        ship.speculate(r, opts, echo=lambda *_: None)
-    msg = " ".join(str(exc.value).split())
-    assert not kinds, "a window was planned for a gate whose batches crash CPU vLLM"
     structured = [x["id"] for x in rows if x.get("response_format") or x.get("tool_choice") == "required"]
     assert f"{f}" in msg and all(i in msg for i in structured) and "chat-1" not in msg.split("(")[1], msg
     assert "Found no NVIDIA driver" in msg and "pin_memory" in msg and f"concurrency {max(levels)}" in msg, msg

@@ -63,6 +63,24 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _recorded(tmp_path: Path, pid: int, port: int, *, stop_timeout_s: float) -> dict:
+    """Record process ``pid`` and build its restore agent's argv (not started): the sandbox's inventory entry with
+    serving on ``port``, and a STAND-IN ``docker`` on PATH (a shell script, not Docker) that answers the
+    supervisor's state from a file. Returns ``pdir``, ``state`` (that file, "running"), ``argv`` and ``env``."""
+    pdir = tmp_path / "w" / "process"
+    subprocess.run(pc.record_process(pid, str(pdir)), check=True, capture_output=True)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    state = tmp_path / "supervisor-state"
+    state.write_text("running")
+    (bindir / "docker").write_text(f"#!/bin/sh\ncat {state}\n")
+    (bindir / "docker").chmod(0o755)
+    base = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    host = base.model_copy(update={"docker_host": None, "serving": base.serving.model_copy(update={"port": port})})
+    argv = pc.start_agent(host, pdir=str(pdir), pid=pid, stop_timeout_s=stop_timeout_s, supervisor="sup", limit_s=60)
+    return {"pdir": pdir, "state": state, "argv": argv, "env": {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}}
+
+
 @pytest.fixture
 def world(tmp_path):
     """A served stand-in process (``sleep``, reaped at once by a thread so that no zombie stays), its record, a
@@ -73,21 +91,8 @@ def world(tmp_path):
     proc = subprocess.Popen(["sleep", secs], cwd=work, env={"PATH": os.environ["PATH"], "E3_MARK": "x y"},
                             start_new_session=True)
     threading.Thread(target=proc.wait, daemon=True).start()
-    pdir = tmp_path / "w" / "process"
-    subprocess.run(pc.record_process(proc.pid, str(pdir)), check=True, capture_output=True)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    state = tmp_path / "supervisor-state"
-    state.write_text("running")
-    (bindir / "docker").write_text(f"#!/bin/sh\ncat {state}\n")
-    (bindir / "docker").chmod(0o755)
-    base = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
     # A port nothing listens on: never the sandbox's serving port (the agent checks that port after the stop)
-    host = base.model_copy(update={"docker_host": None,
-                                   "serving": base.serving.model_copy(update={"port": _free_port()})})
-    argv = pc.start_agent(host, pdir=str(pdir), pid=proc.pid, stop_timeout_s=5, supervisor="sup", limit_s=60)
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
-    yield {"pid": proc.pid, "pdir": pdir, "state": state, "argv": argv, "env": env, "marker": secs.encode(),
+    yield {**_recorded(tmp_path, proc.pid, _free_port(), stop_timeout_s=5), "pid": proc.pid, "marker": secs.encode(),
            "work": work}
     for pid in _pids_of(b"sleep\0" + secs.encode()):
         os.kill(pid, 9)
@@ -159,20 +164,7 @@ def wrapped(tmp_path):
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     threading.Thread(target=proc.wait, daemon=True).start()
     assert _wait(lambda: _listening(port), 30), "the stand-in server did not start"
-    pdir = tmp_path / "w" / "process"
-    subprocess.run(pc.record_process(proc.pid, str(pdir)), check=True, capture_output=True)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    state = tmp_path / "supervisor-state"
-    state.write_text("running")
-    (bindir / "docker").write_text(f"#!/bin/sh\ncat {state}\n")
-    (bindir / "docker").chmod(0o755)
-    base = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
-    host = base.model_copy(update={"docker_host": None,
-                                   "serving": base.serving.model_copy(update={"port": port})})
-    argv = pc.start_agent(host, pdir=str(pdir), pid=proc.pid, stop_timeout_s=2, supervisor="sup", limit_s=60)
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
-    yield {"pid": proc.pid, "pdir": pdir, "state": state, "argv": argv, "env": env, "port": port,
+    yield {**_recorded(tmp_path, proc.pid, port, stop_timeout_s=2), "pid": proc.pid, "port": port,
            "marker": mark.encode(), "server": server}
     for pid in _pids_of(mark.encode()):
         os.kill(pid, 9)

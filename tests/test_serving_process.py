@@ -326,6 +326,13 @@ def test_release_changing_the_image_of_a_serving_process_is_refused_clearly():
                    change=ReleaseChange(image="other:tag"))
     with pytest.raises(ValueError, match=r"not the image or binds \(asked: --image\)"):
         build_plan(h, kind="release", window_id="w", image="i", command="c", change=ReleaseChange(image="o"))
+    from eagle3ops.window.kinds import require_serving
+
+    for what in ("release", "rollback", "speculate"):
+        require_serving(h, what)
+    with pytest.raises(WindowError, match=r"serves with a process \(`hosts\.sandbox\.serving\.kind: process`\): "
+                                          r"frobnicate is not supported for process serving"):
+        require_serving(h, "frobnicate")
 
 
 # --- Real vLLM as a plain process -------------------------------------------------------------------------------

@@ -197,6 +197,16 @@ def _fake_stage(run: Path, cfg: PipelineConfig, stage: str, name: str, data: byt
     return d / name
 
 
+
+def _upstream_made(tmp_path: Path) -> tuple[Path, PipelineConfig]:
+    """A run whose prepare, extract and vocab outputs are made (stand-in files, one manifest each): train's inputs."""
+    run = _write(tmp_path / "run", "target_model: /m\n")
+    cfg = load_pipeline_config(run)
+    _fake_stage(run, cfg, "prepare", "samples.jsonl", b"{}\n")
+    _fake_stage(run, cfg, "extract", "data.pt", b"x")
+    _fake_stage(run, cfg, "vocab", "d2t.npy", b"y")
+    return run, cfg
+
 def test_inputs_are_checked_and_refusals_name_file_and_stage(tmp_path):
     run = _write(tmp_path / "run", "target_model: /m\n")
     cfg = load_pipeline_config(run)
@@ -223,11 +233,7 @@ def test_inputs_are_checked_and_refusals_name_file_and_stage(tmp_path):
 
 
 def test_downstream_refuses_output_made_from_an_older_upstream(tmp_path):
-    run = _write(tmp_path / "run", "target_model: /m\n")
-    cfg = load_pipeline_config(run)
-    _fake_stage(run, cfg, "prepare", "samples.jsonl", b"{}\n")
-    _fake_stage(run, cfg, "extract", "data.pt", b"x")
-    _fake_stage(run, cfg, "vocab", "d2t.npy", b"y")
+    run, cfg = _upstream_made(tmp_path)
     assert set(check_inputs(run, "train", cfg)) == {"extract", "vocab"}
     _fake_stage(run, cfg, "prepare", "samples.jsonl", b"{}\n{}\n")  # prepare rerun: new manifest digest
     with pytest.raises(StageInputError, match=r"made from another `prepare` output.*rerun stage `extract`"):
@@ -246,11 +252,7 @@ def test_stage_cli_exits_2_with_the_reason(tmp_path):
 
 
 def test_a_changed_upstream_setting_is_caught_two_stages_down(tmp_path):
-    run = _write(tmp_path / "run", "target_model: /m\n")
-    cfg = load_pipeline_config(run)
-    _fake_stage(run, cfg, "prepare", "samples.jsonl", b"{}\n")
-    _fake_stage(run, cfg, "extract", "data.pt", b"x")
-    _fake_stage(run, cfg, "vocab", "d2t.npy", b"y")
+    run, cfg = _upstream_made(tmp_path)
     changed = _write(run, "target_model: /m\nprepare: {max_seq_len: 128}\n")
     with pytest.raises(StageInputError, match=r"prepare/manifest\.json \(input of `extract`\).*rerun stage `prepare`"):
         check_inputs(changed, "train", load_pipeline_config(changed))

@@ -48,8 +48,10 @@ def test_shards_of_a_merged_manifest_must_be_contiguous():
     man = {"fleet": {"shards": [{"rank": 1, "start": 10, "end": 20}, {"rank": 0, "start": 0, "end": 10}]}}
     assert tp.shards_of(man) == [(0, 10), (10, 20)]
     assert tp.shards_of({}) == []
-    with pytest.raises(tp.TrainPlanError, match="uncovered"):
+    with pytest.raises(tp.TrainPlanError, match=r"samples \[10, 12\) uncovered"):
         tp.shards_of({"fleet": {"shards": [{"start": 0, "end": 10}, {"start": 12, "end": 20}]}})
+    with pytest.raises(tp.TrainPlanError, match=r"samples \[10, 8\) uncovered or overlap"):
+        tp.shards_of({"fleet": {"shards": [{"start": 0, "end": 10}, {"start": 8, "end": 20}]}})
     with pytest.raises(tp.TrainPlanError, match="fleet.shards"):
         tp.shards_of({"fleet": {"shards": [{"start": 0}]}})
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from eagle3ops.commands.quote import render
-from eagle3ops.commands.types import is_read
+from eagle3ops.commands.types import Result, log_command
 from eagle3ops.config import HostConfig
 
-__all__ = ["Executor", "Local", "LocalResult", "engine", "for_host", "local"]
+__all__ = ["Executor", "Local", "Result", "engine", "for_host", "local"]
 
 
 class Executor(Protocol):
@@ -35,9 +35,8 @@ class Executor(Protocol):
     changes: list[str]
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = None,
-            stdin: Any = None) -> Any:
-        """Run one typed command (see the module docstring); returns a result with ``exited``, ``stdout``,
-        ``stderr`` and ``ok``."""
+            stdin: Any = None) -> Result:
+        """Run one typed command (see the module docstring); returns its :class:`Result`."""
 
 
 def for_host(host: HostConfig, *, dry_run: bool = False, echo: Callable[[str], None] | None = None):
@@ -52,27 +51,6 @@ def for_host(host: HostConfig, *, dry_run: bool = False, echo: Callable[[str], N
     from eagle3ops import remote
 
     return remote.Remote(host, dry_run=dry_run, echo=echo)
-
-
-@dataclass
-class LocalResult:
-    """What a local command returned: ``exited`` (0 = success), ``stdout``/``stderr`` as text, or bytes when the
-    command was run with ``text=False``."""
-
-    argv: list[str]
-    exited: int
-    stdout: Any = ""
-    stderr: Any = ""
-
-    @property
-    def ok(self) -> bool:
-        """True when the command exited 0."""
-        return self.exited == 0
-
-    @property
-    def returncode(self) -> int:
-        """``exited`` under :class:`subprocess.CompletedProcess`'s name."""
-        return self.exited
 
 
 class LocalCommandError(subprocess.CalledProcessError):
@@ -104,18 +82,12 @@ class Local:
 
     def _record(self, argv: Sequence[str]) -> bool:
         """Record ``argv``; True when it must not run (a change in a dry run)."""
-        cmd = render(argv)
-        changes = not is_read(argv)
-        self.history.append(cmd)
-        if changes:
-            self.changes.append(cmd)
-        if self.echo:
-            self.echo(cmd)
+        _, changes = log_command(argv, self.history, self.changes, self.echo)
         return self.dry_run and changes
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = None,
             stdin: str | bytes | IO | None = None, text: bool = True, env: dict[str, str] | None = None,
-            cwd: str | Path | None = None) -> LocalResult:
+            cwd: str | Path | None = None) -> Result:
         """Run one command here and wait for it.
 
         Args:
@@ -133,7 +105,7 @@ class Local:
             OSError: the program does not exist or cannot start.
         """
         if self._record(argv):
-            return LocalResult(list(argv), 0, "" if text else b"", "" if text else b"")
+            return Result(list(argv), 0, "" if text else b"", "" if text else b"")
         kwargs: dict[str, Any] = {"capture_output": True, "timeout": timeout, "env": env, "cwd": cwd}
         if isinstance(stdin, (str, bytes)):
             kwargs["input"] = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
@@ -145,7 +117,7 @@ class Local:
             out, err = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         if check and cp.returncode != 0:
             raise LocalCommandError(cp.returncode, list(argv), out, err)
-        return LocalResult(list(argv), cp.returncode, out, err)
+        return Result(list(argv), cp.returncode, out, err)
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
         """Start a command here without waiting (a stream: ``docker save``, ``zstd``, the bulk ``ssh``, a build

@@ -41,7 +41,7 @@ from invoke.exceptions import CommandTimedOut, ThreadException, UnexpectedExit
 from eagle3ops import redact
 from eagle3ops.commands.host import login_shell, quiet_shell_probe
 from eagle3ops.commands.quote import render  # noqa: F401 - the one quoting function, used here
-from eagle3ops.commands.types import Change, Read, is_read
+from eagle3ops.commands.types import Change, Read, Result, is_read, log_command
 from eagle3ops.config import HostConfig
 
 # paramiko's transport thread logs a failed handshake (a port that never sends an SSH banner) with its traceback;
@@ -121,21 +121,6 @@ class RemoteCommandError(RemoteError):
 
 class _SessionOpenFailed(Exception):
     """Opening the session channel failed: the command never started, so running it again is safe."""
-
-
-@dataclass
-class Result:
-    """What a remote command returned. ``exited`` is the exit status (0 = success)."""
-
-    argv: list[str]
-    exited: int
-    stdout: str = ""
-    stderr: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """True when the command exited 0."""
-        return self.exited == 0
 
 
 def _hop_name(c: Connection) -> str:
@@ -431,13 +416,7 @@ class Remote:
             ConnectionLost: the connection was lost while the command ran (both are :class:`HostUnreachable`).
             RemoteCommandError: non-zero exit (or death by a signal) with ``check=True``, or timeout.
         """
-        cmd = render(argv)
-        changes = not is_read(argv)
-        self.history.append(cmd)
-        if changes:
-            self.changes.append(cmd)
-        if self.echo:
-            self.echo(cmd)
+        cmd, changes = log_command(argv, self.history, self.changes, self.echo)
         if self.dry_run and changes:
             return Result(list(argv), 0)
         if isinstance(stdin, bytes):
@@ -502,13 +481,9 @@ class Remote:
         """
         if is_read(argv):
             raise TypeError(f"record_stream records a change; {argv!r} is a Read")
-        cmd = render(argv)
-        self.history.append(cmd)
-        self.changes.append(cmd)
-        if self.echo:
-            self.echo(cmd)
-            if note:
-                self.echo(f"#   {note}")
+        cmd, _ = log_command(argv, self.history, self.changes, self.echo)
+        if self.echo and note:
+            self.echo(f"#   {note}")
         return cmd
 
     def run_all(self, commands: Iterable[Sequence[str]], **kwargs) -> list[Result]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from eagle3ops import redact
@@ -223,6 +224,42 @@ def settings_differ(record: dict[str, Any], inspect: dict[str, Any]) -> list[str
             out.append(f"Config.{k}")
     return out
 
+
+
+def release_container_id(n: int, record: Mapping[str, Any], adopted: Mapping[str, Any] | None) -> str | None:
+    """The id of the container eagle3ops last created for release ``n`` (pure): ``record["container_id"]`` (its
+    release file), else the one an earlier version adopted as ``n`` (``adopted``: ``adopted.json``, ``{"release",
+    "container_id"}``, written before releases kept their id); None for a release recorded without either."""
+    adopted = adopted or {}
+    return record.get("container_id") or (adopted.get("container_id") if adopted.get("release") == n else None)
+
+
+def container_not_release(n: int, record: Mapping[str, Any], inspect: Mapping[str, Any],
+                          want: str | None) -> str | None:
+    """Why the container ``inspect`` (its ``docker inspect``) is not release ``n`` (``record``: its release file),
+    None when it is (pure). The one rule of the record step
+    (:class:`eagle3ops.supervisor.kinds.container.ContainerServing`) and the group's target check
+    (:func:`eagle3ops.group.steps.live_not_release`).
+
+    It is when it is the container eagle3ops created or recorded for ``n`` (``want``:
+    :func:`release_container_id`): Docker keeps a container's id across stop, start and restart, a recreated
+    container gets a new one whatever labels it copies. A release recorded without an id (``want`` None: an earlier
+    eagle3ops) is when the container carries its release label and its settings are the recorded ones
+    (:func:`settings_differ`); the label alone is never enough: a container recreated outside eagle3ops (by hand, a
+    provisioning script) may copy it."""
+    cid = inspect.get("Id") or ""
+    if want:
+        return None if want == cid else (f"its serving container is {cid[:12]}, not {want[:12]}, the one eagle3ops "
+                                         f"created for release {n}")
+    label = ((inspect.get("Config") or {}).get("Labels") or {}).get(RELEASE_LABEL)
+    if label != str(n):
+        return f"its serving container's {RELEASE_LABEL} label is {label!r}, not {str(n)!r}"
+    container = record.get("container")
+    differ = settings_differ(container, dict(inspect)) if isinstance(container, dict) else []
+    if differ:
+        return (f"its serving container carries release {n}'s label but not its settings ({', '.join(differ)}); "
+                f"release {n} was recorded without a container id (by an earlier eagle3ops)")
+    return None
 
 def set_args(cmd: list[str], args: list[str]) -> list[str]:
     """``cmd`` with the server flags in ``args`` set: each ``--flag [VALUE...]`` (or ``--flag=VALUE``) of ``args``

@@ -9,15 +9,20 @@ Both are frozen and read as a sequence of words, so whatever takes an argv (``re
 slicing, iteration) takes them unchanged; a slice is a plain ``list`` (a piece of a command has no kind). A command
 equals another of the same kind with the same words, and a plain ``list``/``tuple`` of the same words (what tests
 compare builders with); a :class:`Read` never equals a :class:`Change`.
+
+What running one returns is one type too, :class:`Result`, whichever executor ran it (a host over SSH or this
+machine), so a caller handles both alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
-__all__ = ["Change", "Command", "Read", "is_read"]
+from eagle3ops.commands.quote import render
+
+__all__ = ["Change", "Command", "Read", "Result", "is_read", "log_command"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,3 +92,50 @@ def is_read(cmd: Sequence[str]) -> bool:
     """Whether ``cmd`` only reads. A plain list (a command no builder typed) counts as a change: a dry run never
     runs a command nobody said was safe to run."""
     return isinstance(cmd, Read)
+
+
+
+def log_command(argv: Sequence[str], history: list[str], changes: list[str],
+                echo: Callable[[str], None] | None) -> tuple[str, bool]:
+    """How every executor logs a command it is given, before it runs it (or, in a dry run, instead): rendered once
+    (:func:`eagle3ops.commands.quote.render`), appended to ``history`` and, unless it is a :class:`Read`, to
+    ``changes``, then handed to ``echo`` (None: silent). Returns (the rendered command, whether it changes
+    something: :func:`is_read` is false).
+
+    Raises:
+        TypeError: a word of ``argv`` is not a ``str``.
+    """
+    cmd = render(argv)
+    changes_host = not is_read(argv)
+    history.append(cmd)
+    if changes_host:
+        changes.append(cmd)
+    if echo:
+        echo(cmd)
+    return cmd, changes_host
+
+@dataclass
+class Result:
+    """What a command returned, from any executor (:class:`eagle3ops.remote.Remote` or
+    :class:`eagle3ops.executor.Local`).
+
+    Args:
+        argv: the command as run (a plain list).
+        exited: its exit status (0 = success).
+        stdout, stderr: its output as text; bytes when a local command was run with ``text=False``.
+    """
+
+    argv: list[str]
+    exited: int
+    stdout: Any = ""
+    stderr: Any = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0."""
+        return self.exited == 0
+
+    @property
+    def returncode(self) -> int:
+        """``exited`` under :class:`subprocess.CompletedProcess`'s name."""
+        return self.exited

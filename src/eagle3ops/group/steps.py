@@ -76,14 +76,9 @@ def on_target(marker: Mapping[str, Any], release: int | None, target: str, live:
 def live_not_release(n: int, record: Mapping[str, Any], live: Mapping[str, Any] | None, looked_for: str,
                      adopted: Mapping[str, Any] | None = None) -> str | None:
     """Why the live serving container (``live``: its ``docker inspect``; None: none found, ``looked_for`` says what
-    was looked for) is not release ``n`` (``record``: its release file), None when it is (pure).
-
-    It is when it runs and is the container eagle3ops created or recorded for ``n`` (``record["container_id"]``,
-    else ``adopted.json``'s id for ``n``): the record step's own rule
-    (:meth:`eagle3ops.supervisor.kinds.container.ContainerServing._not_release`; Docker keeps a container's id
-    across stop, start and restart, a recreated container gets a new one whatever labels it copies). A release
-    recorded without an id (an earlier eagle3ops) is when the container carries its release label and its settings
-    are the recorded ones (:func:`eagle3ops.commands.serving.settings_differ`)."""
+    was looked for) is not release ``n`` (``record``: its release file; ``adopted``: ``adopted.json``), None when
+    it is (pure): it must run, and be release ``n`` by the record step's own rule
+    (:func:`eagle3ops.commands.serving.container_not_release`)."""
     from eagle3ops.commands import serving as sv
 
     if live is None:
@@ -91,19 +86,9 @@ def live_not_release(n: int, record: Mapping[str, Any], live: Mapping[str, Any] 
     state = live.get("State") or {}
     if not state.get("Running"):
         return f"its serving container {live.get('Name', '').lstrip('/')!r} is {state.get('Status') or 'not running'}"
-    want = record.get("container_id") or ((adopted or {}).get("container_id")
-                                          if (adopted or {}).get("release") == n else None)
-    cid = live.get("Id") or ""
-    if want:
-        return None if want == cid else (f"its serving container is {cid[:12]}, not {want[:12]}, the one eagle3ops "
-                                         f"created for release {n} (recreated outside eagle3ops)")
-    label = ((live.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
-    if label != str(n):
-        return f"its serving container's {sv.RELEASE_LABEL} label is {label!r}, not {str(n)!r}"
-    differ = sv.settings_differ(record["container"], dict(live)) if isinstance(record.get("container"), dict) else []
-    if differ:
-        return f"its serving container carries release {n}'s label but not its settings ({', '.join(differ)})"
-    return None
+    want = sv.release_container_id(n, record, adopted)
+    why = sv.container_not_release(n, record, live, want)
+    return f"{why} (recreated outside eagle3ops)" if why and want else why
 
 
 def _read_json(r: Any, path: str) -> dict[str, Any]:

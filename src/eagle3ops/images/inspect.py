@@ -40,7 +40,7 @@ def list_images(runner: Runner | None = None, *, all_images: bool = False, host:
     """eagle3ops images (those with an ``io.eagle3ops.*`` label) on the local engine or, with ``runner``, a host.
 
     ``runner(argv)`` runs a docker command where the images are and returns its stdout (a str, or an object with
-    ``.stdout`` such as :class:`eagle3ops.remote.Result`); e.g. ``lambda argv: Remote(host).run(argv)``.
+    ``.stdout`` such as :class:`eagle3ops.commands.types.Result`); e.g. ``lambda argv: Remote(host).run(argv)``.
     ``host`` (a :class:`eagle3ops.config.HostConfig`) names the engine the commands address (its ``docker_host``;
     argv from :mod:`eagle3ops.commands.docker`); None: the default engine where ``runner`` runs. Without ``runner``
     the local engine is asked through the docker SDK.

@@ -196,20 +196,20 @@ def apply_patch(patch: Patch, tree: Path, top_levels: tuple[str, ...], dist_labe
     check_targets(files, tree, top_levels, where=where)
     check_landing(files, tree, patch_name=patch.name)
     text = render(files)
+
+    def exact(dry: bool) -> None:  # GNU patch, strict: a rejected hunk or one at an offset refuses the patch
+        ran = run_patch(text, tree, dry_run=dry)
+        if not ran.ok:
+            raise rejected_error(patch, files, ran, dist_label)
+        if ran.offsets:
+            _refuse_offsets(patch, files, ran, dist_label)
+
     if text:
-        fwd = run_patch(text, tree, dry_run=True)
-        if not fwd.ok:
-            raise rejected_error(patch, files, fwd, dist_label)
-        if fwd.offsets:
-            _refuse_offsets(patch, files, fwd, dist_label)
+        exact(True)
     if dry_run:
         return PatchResult(patch=patch, action=Action.WOULD_APPLY, files=[f.path for f in files])
     if text:
-        real = run_patch(text, tree, dry_run=False)
-        if not real.ok:
-            raise rejected_error(patch, files, real, dist_label)
-        if real.offsets:
-            _refuse_offsets(patch, files, real, dist_label)
+        exact(False)
     apply_empty_files(files, tree)
     return PatchResult(patch=patch, action=Action.APPLIED, files=[f.path for f in files])
 

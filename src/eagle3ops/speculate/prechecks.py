@@ -321,14 +321,21 @@ def check_tool_rows(r: Any, gate: Sequence[Any], prompts_file: Path | None) -> N
     if not ids:
         return
     missing = " and ".join(f for f in TOOL_FLAGS if f not in _served_flags(argv))
-    rows = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    lead, rows = _bodies_said(h.name, prompts_file, ids)
     raise SpeculateError(
-        f"{h.name}: --prompts-file {prompts_file}: {len(ids)} chat bod{'y' if len(ids) == 1 else 'ies'} with `tools` "
-        f"({rows}) would be answered HTTP 400 by the live server: {where} runs without {missing}, so vLLM has no "
-        f"tool parser and refuses tool_choice auto/required, on the baseline and the speculative release alike, "
-        f"and the gate would restart serving for a rollback. Serve with `--enable-auto-tool-choice "
+        f"{lead} with `tools` ({rows}) would be answered HTTP 400 by the live server: {where} runs without "
+        f"{missing}, so vLLM has no tool parser and refuses tool_choice auto/required, on the baseline and the "
+        f"speculative release alike, and the gate would restart serving for a rollback. Serve with "
+        f"`--enable-auto-tool-choice "
         f"--tool-call-parser <the model's parser>` as production answers tools, or give those rows "
         f"\"tool_choice\": \"none\" (or drop their tools); nothing was restarted")
+
+
+def _bodies_said(host: str, prompts_file: Path | None, ids: list[str]) -> tuple[str, str]:
+    """How a refusal names the chat bodies ``ids`` of ``prompts_file`` on ``host`` (pure): its lead (``h:
+    --prompts-file F: 2 chat bodies``) and the rows (the first five ids, then how many more)."""
+    rows = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    return f"{host}: --prompts-file {prompts_file}: {len(ids)} chat bod{'y' if len(ids) == 1 else 'ies'}", rows
 
 
 #: ``response_format`` types vLLM 0.16 turns into a grammar (``ChatCompletionRequest.to_sampling_params``:
@@ -372,16 +379,15 @@ def check_grammar_batching(h: Any, gate: Sequence[Any], prompts_file: Path | Non
     ids = grammar_rows(gate)
     if not ids or len(ids) == len(gate):
         return
-    rows = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    lead, rows = _bodies_said(h.name, prompts_file, ids)
     raise SpeculateError(
-        f"{h.name}: --prompts-file {prompts_file}: {len(ids)} chat bod{'y' if len(ids) == 1 else 'ies'} decoded "
-        f"under a grammar (`response_format`, a required or named tool call: {rows}) would be batched beside the "
-        f"{len(gate) - len(ids)} other prompt(s) at concurrency {max(levels)} (hosts.{h.name}.serving."
-        f"gate_concurrency) on CPU serving; vLLM 0.16's CPU build kills its EngineCore on such a batch "
-        f"(apply_grammar_bitmask builds its index tensor with pin_memory=True: \"Found no NVIDIA driver on your "
-        f"system\"), on the baseline and the speculative release alike, and the gate would restart serving for a "
-        f"rollback. Gate this set with `gate_concurrency: [1]` under hosts.{h.name}.serving, or give the grammar "
-        f"rows a prompts file of their own (every row with a grammar, or none); nothing was restarted")
+        f"{lead} decoded under a grammar (`response_format`, a required or named tool call: {rows}) would be "
+        f"batched beside the {len(gate) - len(ids)} other prompt(s) at concurrency {max(levels)} "
+        f"(hosts.{h.name}.serving.gate_concurrency) on CPU serving; vLLM 0.16's CPU build kills its EngineCore on "
+        f"such a batch (apply_grammar_bitmask builds its index tensor with pin_memory=True: \"Found no NVIDIA "
+        f"driver on your system\"), on the baseline and the speculative release alike, and the gate would restart "
+        f"serving for a rollback. Gate this set with `gate_concurrency: [1]` under hosts.{h.name}.serving, or give "
+        f"the grammar rows a prompts file of their own (every row with a grammar, or none); nothing was restarted")
 
 
 def check_live_release(r: Any, opts: SpeculateOptions, image: str, gate: Sequence[Any], *, serves_image: bool

@@ -156,6 +156,18 @@ def _int(environ: Mapping[str, str], name: str) -> int:
         raise ValueError(f"{name} {environ[name]!r} is not an integer") from None
 
 
+
+def uncovered(ranges: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """Where ``[start, end)`` ``ranges``, in order, stop being contiguous from 0 (pure): ``(end of the one before, 0
+    first; start of the one that does not begin there)`` at the first range that begins elsewhere or ends before it
+    starts; None when they are contiguous (an empty list is)."""
+    at = 0
+    for start, end in ranges:
+        if start != at or end < start:
+            return at, start
+        at = end
+    return None
+
 def ranges_from_env(environ: Mapping[str, str]) -> list[tuple[int, int]] | None:
     """Every task's ``(start, end)`` from :data:`ENV_RANGES`, checked against :data:`ENV_COUNT`; None when
     :data:`ENV_RANGES` is not set.
@@ -172,12 +184,9 @@ def ranges_from_env(environ: Mapping[str, str]) -> list[tuple[int, int]] | None:
         ranges = [(int(a), int(b)) for a, b in raw]
     except (ValueError, TypeError):
         raise ValueError(f"{ENV_RANGES} {text!r}: write JSON [[start, end], ...], e.g. [[0,4],[4,7]]") from None
-    expect = 0
-    for a, b in ranges:
-        if a != expect or b < a:
-            raise ValueError(f"{ENV_RANGES} {text}: the ranges must be contiguous from 0, each end >= its start "
-                             f"(render them with `eagle3ops render`)")
-        expect = b
+    if uncovered(ranges) is not None:
+        raise ValueError(f"{ENV_RANGES} {text}: the ranges must be contiguous from 0, each end >= its start "
+                         f"(render them with `eagle3ops render`)")
     count = _int(environ, ENV_COUNT)
     if count != len(ranges):
         raise ValueError(f"{ENV_COUNT} {count} but {ENV_RANGES} lists {len(ranges)} ranges: render the run again")

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from eagle3ops.stages.shards import uncovered
+
 
 class TrainPlanError(ValueError):
     """The extract manifest's shards cannot make a plan (the message names the field and the fix)."""
@@ -79,12 +81,10 @@ def shards_of(manifest: dict[str, Any]) -> list[tuple[int, int]]:
     except (KeyError, TypeError, ValueError) as exc:
         raise TrainPlanError(f"extract/manifest.json: fleet.shards holds an entry without integer start/end "
                              f"({exc}); rewrite it with the fleet extract's merged manifest") from exc
-    at = 0
-    for start, end in ranges:
-        if start != at or end < start:
-            raise TrainPlanError(f"extract/manifest.json: fleet.shards leave samples [{at}, {start}) uncovered or "
-                                 f"overlap; rewrite it with the fleet extract's merged manifest")
-        at = end
+    gap = uncovered(ranges)
+    if gap is not None:
+        raise TrainPlanError(f"extract/manifest.json: fleet.shards leave samples [{gap[0]}, {gap[1]}) uncovered or "
+                             f"overlap; rewrite it with the fleet extract's merged manifest")
     return ranges
 
 

@@ -7,17 +7,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eagle3ops.commands.serving import RELEASE_LABEL
+from eagle3ops.commands.serving import RELEASE_LABEL, release_container_id
 from eagle3ops.config.fallbacks import fallbacks_from, is_live_entry, rollback_target
 from eagle3ops.supervisor.journal import _now
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (0600), owned like the directory it is in (the SSH
-    user's state dir): a recorded container configuration holds its environment and command line, which may carry
-    secrets (an API key). Ownership that cannot be changed is left as it is."""
+def write_private(path: Path, text: str | bytes) -> None:
+    """Write ``text`` (bytes as they are) to ``path`` readable by its owner only (0600), owned like the directory it
+    is in (the SSH user's state dir): a recorded container configuration, a process's command line and environment
+    or a unit's drop-in may carry secrets (an API key). Ownership that cannot be changed is left as it is."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
         f.write(text)
     os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
     st = path.parent.stat()
@@ -133,15 +133,13 @@ class Releases:
         Raises:
             FileNotFoundError: no such retained release.
         """
-        cid = self.get(n).get("container_id")
-        if cid:
-            return cid
+        rel = self.get(n)
         p = self.dir / "adopted.json"
         try:
-            rec = json.loads(p.read_text()) if p.exists() else {}
+            adopted = json.loads(p.read_text()) if p.exists() else {}
         except ValueError:
-            rec = {}
-        return rec.get("container_id") if rec.get("release") == n else None
+            adopted = {}
+        return release_container_id(n, rel, adopted if isinstance(adopted, dict) else {})
 
     def mark_failed(self, n: int, why: str) -> None:
         """Record that live release ``n`` failed a completed health gate: no rollback picks it until it is live again.

@@ -89,11 +89,9 @@ class ContainerServing(ServingKind):
         return c
 
     def _not_release(self, n: int | None, inspect: dict[str, Any]) -> str | None:
-        """Why the live container (its ``docker inspect``) is not release ``n``, None when it is: it is the container
-        eagle3ops created or recorded for ``n`` (:meth:`Releases.container_id`). A release recorded by an earlier
-        version, without a container id, is taken as live when the container carries its release label and its
-        settings are the recorded ones (:func:`eagle3ops.commands.serving.settings_differ`); the label alone is
-        never enough: a container recreated outside eagle3ops (by hand, a provisioning script) may copy it."""
+        """Why the live container (its ``docker inspect``) is not release ``n``, None when it is
+        (:func:`eagle3ops.commands.serving.container_not_release`: the container eagle3ops created or recorded for
+        ``n``, :meth:`Releases.container_id`; for a release recorded without an id, its label and settings)."""
         if n is None:
             return "no release is current"
         try:
@@ -101,18 +99,7 @@ class ContainerServing(ServingKind):
             rel = self.sup.releases.get(n)
         except FileNotFoundError:
             return f"release {n} is not retained"
-        cid = inspect.get("Id") or ""
-        if want:
-            return None if want == cid else (f"it is container {cid[:12]}, not {want[:12]}, the one eagle3ops "
-                                             f"created for release {n}")
-        label = ((inspect.get("Config") or {}).get("Labels") or {}).get(sv.RELEASE_LABEL)
-        if label != str(n):
-            return f"its {sv.RELEASE_LABEL} label is {label!r}"
-        differ = sv.settings_differ(rel["container"], inspect) if "container" in rel else []
-        if differ:
-            return (f"it carries release {n}'s label, but release {n} was recorded without a container id (by an "
-                    f"earlier eagle3ops) and the live settings differ from its record: {', '.join(differ)}")
-        return None
+        return sv.container_not_release(n, rel, inspect, want)
 
     def _remove(self) -> None:
         c = self.live_container()

@@ -9,7 +9,6 @@ and uid plus the intended change) are switched here the same way.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from eagle3ops.health import GateFailed
 from eagle3ops.health import api_key_from_inspect
 from eagle3ops.supervisor.journal import _now, _tail
 from eagle3ops.supervisor.kinds.base import ServingKind
+from eagle3ops.supervisor.releases import write_private
 
 
 class ProcessServing(ServingKind):
@@ -155,15 +155,7 @@ class ProcessServing(ServingKind):
 
         for name, text in (("cmdline.nul", nul(process["argv"])), ("environ.nul", nul(process["environ"])),
                            ("cwd", process.get("cwd") or "/")):
-            path = pdir / f"{prefix}{name}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(text.encode(errors="surrogateescape"))
-            st = pdir.stat()
-            try:
-                os.chown(path, st.st_uid, st.st_gid)
-            except OSError:
-                pass
+            write_private(pdir / f"{prefix}{name}", text.encode(errors="surrogateescape"))
 
     def _round(self, k: int, prefix: str) -> None:
         """Round ``k`` (2, 3, ...) of a switch: the agent stops the process it started last, then starts the record
@@ -268,13 +260,9 @@ class ProcessServing(ServingKind):
                 journal.log(step, "error", to_release=target, reason=str(exc)[-500:],
                             verdict=isinstance(exc, GateFailed))
                 journal.log("rollback", "start", to_release=live_n, failed_release=target)
-                self._rounds += 1
                 try:
-                    self._round(self._rounds, "")
-                    self.sup.gate_through_signal()
+                    self._recorded_again(live_n)
                 except (GateFailed, RuntimeError) as exc2:
-                    self.sup.unhealthy = True
-                    journal.log("rollback", "error", to_release=live_n, reason=str(exc2)[-500:])
                     raise RuntimeError(f"release {target} failed ({exc}); the rollback to release {live_n} failed "
                                        f"too ({exc2}); see {pdir}/serving.log") from None
                 self.sup.releases.set_current(live_n)
@@ -289,6 +277,23 @@ class ProcessServing(ServingKind):
         finally:
             if self.plan.kind != "speculate":  # a speculate job may switch back: it calls finish() at its end
                 self.finish()
+
+    def _recorded_again(self, release: int | None) -> None:
+        """A rollback's round: the agent's next round stops the started process and starts the recorded one again
+        (it is ``release``), health-gated.
+
+        Raises:
+            GateFailed, RuntimeError: the agent did not answer or the recorded process failed its gate; serving is
+                then marked unhealthy and the rollback's error journaled.
+        """
+        self._rounds = getattr(self, "_rounds", 1) + 1
+        try:
+            self._round(self._rounds, "")
+            self.sup.gate_through_signal()
+        except (GateFailed, RuntimeError) as exc:
+            self.sup.unhealthy = True
+            self.sup.journal.log("rollback", "error", to_release=release, reason=str(exc)[-500:])
+            raise
 
     def finish(self) -> None:
         """Tell the restore agent the switch is over (``done``): it exits, leaving the started process serving."""
@@ -306,13 +311,9 @@ class ProcessServing(ServingKind):
         journal = self.sup.journal
         journal.log("rollback", "start", to_release=release, failed_release=self.sup.releases.current(),
                     reason=why[-300:])
-        self._rounds = getattr(self, "_rounds", 1) + 1
         try:
-            self._round(self._rounds, "")
-            self.sup.gate_through_signal()
+            self._recorded_again(release)
         except (GateFailed, RuntimeError) as exc:
-            self.sup.unhealthy = True
-            journal.log("rollback", "error", to_release=release, reason=str(exc)[-500:])
             raise RuntimeError(f"the rollback to release {release} failed ({exc}); see "
                                f"{self.plan.process_dir}/serving.log") from None
         if release is not None:

@@ -18,7 +18,6 @@ control release is refused as for a process (no image: like for like already). M
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from eagle3ops.commands import systemd as sd
 from eagle3ops.config.plan import ReleaseChange
 from eagle3ops.health import api_key_from_inspect
 from eagle3ops.supervisor.kinds.process import ProcessServing
+from eagle3ops.supervisor.releases import write_private
 
 
 class SystemdServing(ProcessServing):
@@ -78,17 +78,8 @@ class SystemdServing(ProcessServing):
             raise RuntimeError(f"the target release is not a release of systemd unit {self.plan.serving_unit!r} "
                                f"(it records {process.get('unit') or 'a process'}): roll back to a release of this "
                                f"unit (`eagle3ops status {self.plan.host}` lists them), or change the unit yourself")
-        pdir = Path(self.plan.process_dir)
-        path = pdir / f"{prefix}unit.dropin"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(str(process["dropin"]).encode(errors="surrogateescape"))
-        os.chmod(path, 0o600)  # an older file keeps its mode through O_TRUNC
-        st = pdir.stat()
-        try:
-            os.chown(path, st.st_uid, st.st_gid)
-        except OSError:
-            pass
+        write_private(Path(self.plan.process_dir) / f"{prefix}unit.dropin",
+                      str(process["dropin"]).encode(errors="surrogateescape"))
 
     def _round(self, k: int, prefix: str) -> None:
         """:meth:`ProcessServing._round`, then the agent's ``dropin-failed[.k]``: a drop-in it could not put in place

@@ -1,5 +1,5 @@
 """The driver side's serving-kind interface, :class:`DriverKind`, and what several kinds share: the restore agent's
-bounds, the ``--dry-run`` previews (the health gate, the stages, a speculate job), the environment stages inherit
+bounds and the kinds it serves (:class:`AgentKind`), the ``--dry-run`` previews (the health gate, the stages, a speculate job), the environment stages inherit
 from live serving, whether the restore agent outlives the SSH session, and a host process's command line."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from eagle3ops.commands import process as pc
 from eagle3ops.commands import runtime as rt
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import Plan, ReleaseChange
+from eagle3ops.window.common import WindowError
 from eagle3ops.window.hostfacts import inherited_env
 
 if TYPE_CHECKING:
@@ -199,6 +200,53 @@ class DriverKind:
         cannot be read), and where it runs in words; None when no serving is found. Read-only."""
         raise NotImplementedError
 
+
+
+class AgentKind(DriverKind):
+    """A serving manager whose server the host-side restore agent stops and restores (``process``, ``systemd``):
+    it has no image or binds, so a release of it, the speculative one included, differs from the live server by
+    flags (``--arg``) and environment only, and it does windows, releases, rollbacks and speculation, nothing else.
+    A subclass says in :meth:`serves_with` what serves and in :attr:`release_form` how a release is written."""
+
+    restore_agent = True
+    records_before_release = True
+    #: How a release's flags reach the server, in words after "environment" (empty: said no further).
+    release_form = ""
+
+    def serves_with(self, h: HostConfig) -> str:
+        """What serves on ``h``, in words after "serves with" (``a process``, ``systemd unit 'vllm.service'``)."""
+        raise NotImplementedError
+
+    def _serves(self, h: HostConfig) -> str:
+        return f"host {h.name} serves with {self.serves_with(h)} (`hosts.{h.name}.serving.kind: {self.name}`)"
+
+    def refuse(self, h: HostConfig, what: str) -> None:
+        if what not in ("release", "rollback", "speculate"):
+            raise WindowError(f"{self._serves(h)}: {what} is not supported for {self.name} serving (windows, "
+                              f"release, rollback and speculate are); run serving as a container for {what}")
+
+    def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
+        if change is None or not (change.image or change.binds):
+            return None
+        return (f"{self._serves(h)}: a release of it changes only server flags (--arg) and environment"
+                f"{self.release_form}, not the image or binds (asked: {'--image' if change.image else 'binds'}); "
+                f"drop --image/binds, or run serving as a container")
+
+    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
+                           draft_tp: int | None = None) -> ReleaseChange:
+        """The live server's command line plus ``--speculative-config`` naming the head at its host path (no image
+        or binds: ``image`` is not used; the server's own vLLM must be the patched one)."""
+        from eagle3ops.commands import speculate as sc
+
+        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, model=head_dir,
+                                                      draft_tp=draft_tp))
+
+    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
+        """The live server's command line plus the n-gram proposer's ``--speculative-config`` (no head, no
+        image)."""
+        from eagle3ops.commands import speculate as sc
+
+        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0))
 
 def add_inherited_env(pf: ServingFindings, pairs: list[str], source: str, host: str) -> None:
     """Set ``pf.serving_env`` from serving's environment ``pairs`` and say what the stages inherit (``--dry-run``

@@ -12,7 +12,7 @@ from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import Plan, ReleaseChange
 from eagle3ops.window.common import WindowError
 from eagle3ops.window.hostfacts import replay_refusal
-from eagle3ops.window.kinds.base import (DriverKind, ServingFindings, add_inherited_env, agent_limit_s,
+from eagle3ops.window.kinds.base import (AgentKind, ServingFindings, add_inherited_env, agent_limit_s,
                                          agent_stop_wait_s, check_session_kill, gate_preview, proc_argv,
                                          speculate_preview, stage_previews, supervisor_words)
 
@@ -20,41 +20,14 @@ if TYPE_CHECKING:
     from eagle3ops.remote import Remote
 
 
-class ProcessKind(DriverKind):
+class ProcessKind(AgentKind):
     """A plain process: found with ``pgrep``, recorded from /proc and handed to the host-side restore agent."""
 
     name = "process"
     record_form = "process"
-    records_before_release = True
-    restore_agent = True
 
-    def refuse(self, h: HostConfig, what: str) -> None:
-        if what not in ("release", "rollback", "speculate"):
-            raise WindowError(f"host {h.name} serves with a process (`hosts.{h.name}.serving.kind: process`): {what} "
-                              f"is not supported for process serving yet (windows, release, rollback and speculate "
-                              f"are); run serving as a container for {what}")
-
-    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
-                           draft_tp: int | None = None) -> ReleaseChange:
-        """The live process plus ``--speculative-config`` naming the head at its host path (a process has no
-        image or binds: ``image`` is not used; the process's own vLLM must be the patched one)."""
-        from eagle3ops.commands import speculate as sc
-
-        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, model=head_dir,
-                                                      draft_tp=draft_tp))
-
-    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
-        """The live process plus the n-gram proposer's ``--speculative-config`` (no head, no image)."""
-        from eagle3ops.commands import speculate as sc
-
-        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0))
-
-    def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
-        if change is None or not (change.image or change.binds):
-            return None
-        return (f"host {h.name} serves with a process (`hosts.{h.name}.serving.kind: process`): a release of it "
-                f"changes only server flags (--arg) and environment, not the image or binds (asked: "
-                f"{'--image' if change.image else 'binds'}); drop --image/binds, or run serving as a container")
+    def serves_with(self, h: HostConfig) -> str:
+        return "a process"
 
     def preflight(self, r: "Remote", pf: ServingFindings, need_serving: bool) -> None:
         check_process(r, pf, need_serving)

@@ -11,8 +11,7 @@ from eagle3ops.commands import stages as st
 from eagle3ops.commands import systemd as sd
 from eagle3ops.config import HostConfig
 from eagle3ops.config.plan import Plan, ReleaseChange
-from eagle3ops.window.common import WindowError
-from eagle3ops.window.kinds.base import (DriverKind, ServingFindings, agent_limit_s, agent_stop_wait_s,
+from eagle3ops.window.kinds.base import (AgentKind, ServingFindings, agent_limit_s, agent_stop_wait_s,
                                          check_session_kill, gate_preview, proc_argv, speculate_preview,
                                          stage_previews, supervisor_words)
 
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
     from eagle3ops.remote import Remote
 
 
-class SystemdKind(DriverKind):
+class SystemdKind(AgentKind):
     """A systemd unit: recorded with ``systemctl show`` (and its ``ExecStart`` from the bus), stopped and started by
     the restore agent's systemd variant (:mod:`eagle3ops.commands.systemd`). Windows, releases and rollbacks (a
     drop-in, ``daemon-reload``, start, health gate), and the speculation gate: its restarts (the baseline's restart,
@@ -30,38 +29,11 @@ class SystemdKind(DriverKind):
     preflight, and a window and ``release --gate`` driven through the CLI on a venv-runtime host)."""
 
     name = "systemd"
-    restore_agent = True
     record_form = None
-    records_before_release = True
+    release_form = ", written as a drop-in"
 
-    def refuse(self, h: HostConfig, what: str) -> None:
-        if what not in ("release", "rollback", "speculate"):
-            raise WindowError(f"host {h.name} serves with systemd unit {h.serving.unit!r} (`hosts.{h.name}.serving."
-                              f"kind: systemd`): {what} is not supported for systemd serving (windows, release, "
-                              f"rollback and speculate are); run serving as a container for {what}")
-
-    def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
-                           draft_tp: int | None = None) -> ReleaseChange:
-        """The unit's command line plus ``--speculative-config`` naming the head at its host path, written as the
-        release's drop-in (a unit has no image or binds: ``image`` is not used; the unit's own vLLM must be the
-        patched one)."""
-        from eagle3ops.commands import speculate as sc
-
-        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, model=head_dir,
-                                                      draft_tp=draft_tp))
-
-    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
-        """The unit's command line plus the n-gram proposer's ``--speculative-config`` (no head, no image)."""
-        from eagle3ops.commands import speculate as sc
-
-        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0))
-
-    def release_refusal(self, h: HostConfig, change: ReleaseChange | None) -> str | None:
-        return None if change is None or not (change.image or change.binds) else (
-            f"host {h.name} serves with systemd unit {h.serving.unit!r} (`hosts.{h.name}.serving.kind: systemd`): a "
-            f"release of it changes only server flags (--arg) and environment, written as a drop-in, not the image "
-            f"or binds (asked: {'--image' if change.image else 'binds'}); drop --image/binds, or run serving as a "
-            f"container")
+    def serves_with(self, h: HostConfig) -> str:
+        return f"systemd unit {h.serving.unit!r}"
 
     def host_refusal(self, r: "Remote") -> str | None:
         """The SSH user must be able to write the unit's drop-in (:func:`eagle3ops.commands.systemd.dropin_writable`):
