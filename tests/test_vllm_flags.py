@@ -171,3 +171,80 @@ def test_release_gate_with_image_parses_production_argv_in_the_new_image_before_
         gated.gated_release(eng, change, pipeline_image="p:1", pipeline_image_id=None, echo=said.append)
     assert "sk-SECRET123" not in str(e.value) and "Nothing was restarted" in str(e.value)
     assert windows == [] and [img for img, _ in eng.runs] == [NEW_IMAGE]
+
+
+# --- the served tokenizer under both images (eagle3ops.speculate.tokenread) --------------------------------------
+
+
+def test_tokenizer_path_and_its_host_path_from_the_command_line_and_binds() -> None:
+    from eagle3ops.speculate.tokenread import host_path, tokenizer_path
+
+    assert tokenizer_path(["vllm", "serve", "/models/m", "--port", "8000"]) == "/models/m"
+    assert tokenizer_path(["/models/m", "--tokenizer", "/models/m/tok"]) == "/models/m/tok"
+    assert tokenizer_path(["vllm", "serve", "--model=/models/x", "--dtype", "bf16"]) == "/models/x"
+    assert tokenizer_path(["vllm", "serve", "--port", "1"]) is None
+    binds = ["/data/models:/models:ro", "/data/m2:/models/m:ro", "/cache:/root/.cache/vllm"]
+    assert host_path("/models/m/tok", binds) == "/data/m2/tok"  # the longest container prefix wins
+    assert host_path("/models/other", binds) == "/data/models/other"
+    assert host_path("HuggingFaceTB/SmolLM2-135M-Instruct", binds) is None
+    assert host_path("/modelsX", binds) is None
+
+
+class TokenizingEngineStandIn(EngineStandIn):
+    """STAND-IN as :class:`EngineStandIn`, whose serving container binds the model directory and whose images answer
+    the tokenizer reading with ``readings[image]`` (made-up ids; the real readings are the benchmark's:
+    benchmarks/vllm-upgrade-gate/). Records each reading's image and mount."""
+
+    def __init__(self, host, dumps: dict[str, dict], readings: dict[str, dict]):
+        super().__init__(host, dumps)
+        self.readings, self.reads = readings, []
+        self.spec["Config"]["Image"] = host.serving.image
+        self.spec["HostConfig"] = {"Binds": list(host.serving.volumes)}
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+        a = list(argv)
+        if a[0] == "docker" and "run" in a and "AutoTokenizer" in a[-1]:
+            assert timeout and a[a.index("--network") + 1] == "none"
+            image = a[a.index("--entrypoint") + 2]
+            self.reads.append((image, a[a.index("-v") + 1]))
+            return _Res("some warning\n" + json.dumps(self.readings[image]))
+        return super().run(argv, check=check, timeout=timeout, stdin=stdin)
+
+
+def test_release_gate_with_image_refuses_a_tokenizer_the_new_image_reads_otherwise(monkeypatch, tmp_path: Path) -> None:
+    """``release --gate --image``: production's tokenizer (the model directory, or ``--tokenizer`` given with
+    ``--arg``) read by the live image's and the new image's own transformers before anything runs, through the
+    container's bind; other ids refuse the release naming both classes, the same ids go into the job's figures."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.speculate import gated, ship
+    from eagle3ops.speculate.tokenread import SAMPLES
+    from eagle3ops.window import run as window_run
+
+    monkeypatch.setenv("EAGLE3OPS_CACHE_DIR", str(tmp_path / "cache"))
+    host = load_inventory(Path(__file__).resolve().parents[1] / "deploy/sandbox-smollm2.yaml").host("sandbox")
+    old, new = _real_dumps()
+    ids = [[i, i + 1] for i in range(len(SAMPLES))]
+    v16 = {"transformers": "4.57.6", "class": "LlamaTokenizerFast", "ids": ids}
+    v32 = {"transformers": "5.19.0", "class": "LlamaTokenizer", "ids": [*ids[:1], [7, 7, 7], *ids[2:]]}
+    eng = TokenizingEngineStandIn(host, {OLD_ID: old, NEW_IMAGE: new}, {host.serving.image: v16, NEW_IMAGE: v32})
+    windows, said = [], []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, **w: windows.append(w) or
+                        {"outcome": "ok", "window_id": "w", "restarts_s": [], "speculate": {"verdict": "keep"}})
+    model_dir = host.serving.volumes[0].split(":")[0]
+    with pytest.raises(ship.SpeculateError, match=r"reads differently under .*LlamaTokenizer\) than under the live "
+                                                  r".*LlamaTokenizerFast\): 'def add") as e:
+        gated.gated_release(eng, ReleaseChange(args=["--block-size=32"], image=NEW_IMAGE), pipeline_image="p:1",
+                            pipeline_image_id=None, echo=said.append)
+    assert "Nothing was restarted" in str(e.value) and windows == []
+    assert eng.reads == [(host.serving.image, f"{model_dir}:/tokenizer:ro"), (NEW_IMAGE, f"{model_dir}:/tokenizer:ro")]
+    # a --tokenizer both read alike (given with --arg, under the model's bind): released, the reading in the figures
+    eng.reads.clear()
+    eng.readings[NEW_IMAGE] = {**v32, "class": "PreTrainedTokenizerFast", "ids": ids}
+    change = ReleaseChange(args=["--tokenizer", "/models/smollm2-135m-instruct/tok"], image=NEW_IMAGE)
+    gated.gated_release(eng, change, pipeline_image="p:1", pipeline_image_id=None, echo=said.append)
+    assert [m for _, m in eng.reads] == [f"{model_dir}/tok:/tokenizer:ro"] * 2
+    assert windows[0]["speculate"].figures["tokenizer"] == {
+        "path": "/models/smollm2-135m-instruct/tok", "same": True,
+        "old": {"transformers": "4.57.6", "class": "LlamaTokenizerFast"},
+        "new": {"transformers": "5.19.0", "class": "PreTrainedTokenizerFast"}}

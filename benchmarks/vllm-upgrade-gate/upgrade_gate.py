@@ -254,6 +254,7 @@ def _main(a: argparse.Namespace, extra: list[str], inventory: Path, t0: float) -
 
             res = json.loads(r.run(hc.cat(gate["result_file"])).stdout)
             gate["vllm_flags"] = res.get("vllm_flags")
+            gate["tokenizer"] = res.get("tokenizer")
             gate["measured_releases"] = res.get("measured_releases")
             gate["restarts"] = res.get("restarts")
         released = serving_settings(h)
