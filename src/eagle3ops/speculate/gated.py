@@ -104,25 +104,33 @@ def upgrade_flags(r: Any, change: ReleaseChange, echo: Callable[[str], None]) ->
 
 
 def upgrade_tokenizer(r: Any, change: ReleaseChange, echo: Callable[[str], None]) -> dict[str, Any] | None:
-    """With ``--image``: production's tokenizer read by the live image's and the new image's own transformers
-    (:func:`eagle3ops.speculate.tokenread.check_tokenizer`), before anything restarts. Read-only.
+    """With ``--image``: whether the new image's vLLM starts in the live container's ``/dev/shm``
+    (:func:`eagle3ops.speculate.shmread.check_shm`) and production's tokenizer read by the live image's and the new
+    image's own transformers (:func:`eagle3ops.speculate.tokenread.check_tokenizer`), before anything restarts.
+    Read-only.
 
     Returns:
-        the comparison as figures for the result, or None (no ``--image``, no live container, the same image).
+        the tokenizer comparison (with the ``/dev/shm`` reading under ``shm``) as figures for the result, or None
+        (no ``--image``, no live container, the same image).
 
     Raises:
-        SpeculateError: the two read it differently (the message names both classes and the first text).
+        SpeculateError: the new vLLM's shared-memory ring does not fit the container's ``/dev/shm`` (both sizes
+            named), or the two images read the tokenizer differently (both classes and the first text named).
     """
-    from eagle3ops.speculate.tokenread import check_tokenizer
+    from eagle3ops.speculate.shmread import check_shm
+    from eagle3ops.speculate.tokenread import check_tokenizer, live_spec
 
     try:
+        shm = check_shm(r, change.image, live_spec(r, change.image))
         got = check_tokenizer(r, change.image, change.args)
     except ValueError as e:
         raise ship.SpeculateError(str(e)) from None
+    if shm is not None and "not_compared" in shm:
+        echo(f"note: /dev/shm not compared: {shm['not_compared']}")
     if got is not None:
         echo(f"tokenizer {got['path']}: read alike by both images ({got['old']} / {got['new']})" if got.get("same")
              else f"note: tokenizer not compared: {got.get('not_compared')}")
-    return got
+    return None if got is None and shm is None else {**(got or {}), **({"shm": shm} if shm else {})}
 
 
 def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipeline_image_id: str | None,

@@ -103,19 +103,9 @@ def read_in_image(r: Any, image: str, host_dir: str) -> dict[str, Any]:
     return got if isinstance(got, dict) else {"error": f"{image} answered {line[:200]}"}
 
 
-def check_tokenizer(r: Any, image: str | None, args: list[str]) -> dict[str, Any] | None:
-    """With a new ``image``: production's tokenizer (the live serving container's command line with ``args`` set
-    as the release sets them) read by the live image and by ``image``. Read-only; runs before any restart.
-
-    Returns:
-        figures for the result: ``{"path", "old", "new", "same": True}``, or ``{"not_compared": why}`` (no
-        tokenizer found on a bind, an image that could not read it); None: no image, no live serving container, or
-        the same image.
-
-    Raises:
-        ValueError: the two readings encode a sample differently (:func:`tokenizer_refusal`'s message).
-    """
-    from eagle3ops.commands import serving as sv
+def live_spec(r: Any, image: str | None) -> dict[str, Any] | None:
+    """The live serving container's ``docker inspect`` when a release to ``image`` changes its image; None when
+    there is no ``image``, no live serving container, or it already runs ``image`` (same id). Read-only."""
     from eagle3ops.window.kinds import driver_kind
     from eagle3ops.window.kinds.container import find_serving_container
 
@@ -132,6 +122,26 @@ def check_tokenizer(r: Any, image: str | None, args: list[str]) -> dict[str, Any
     if not spec or not spec.get("Image"):
         return None
     if r.run(dk.image_id(r.host, image), check=False).stdout.strip() == spec["Image"]:
+        return None
+    return spec
+
+
+def check_tokenizer(r: Any, image: str | None, args: list[str]) -> dict[str, Any] | None:
+    """With a new ``image``: production's tokenizer (the live serving container's command line with ``args`` set
+    as the release sets them) read by the live image and by ``image``. Read-only; runs before any restart.
+
+    Returns:
+        figures for the result: ``{"path", "old", "new", "same": True}``, or ``{"not_compared": why}`` (no
+        tokenizer found on a bind, an image that could not read it); None: no image, no live serving container, or
+        the same image.
+
+    Raises:
+        ValueError: the two readings encode a sample differently (:func:`tokenizer_refusal`'s message).
+    """
+    from eagle3ops.commands import serving as sv
+
+    spec = live_spec(r, image)
+    if spec is None:
         return None
     cfg, hcfg = spec.get("Config") or {}, spec.get("HostConfig") or {}
     argv = sv.set_args([*(cfg.get("Entrypoint") or []), *(cfg.get("Cmd") or [])], list(args))
