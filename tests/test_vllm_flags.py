@@ -215,9 +215,10 @@ class TokenizingEngineStandIn(EngineStandIn):
 
 
 def test_release_gate_with_image_refuses_a_tokenizer_the_new_image_reads_otherwise(monkeypatch, tmp_path: Path) -> None:
-    """``release --gate --image``: production's tokenizer (the model directory, or ``--tokenizer`` given with
-    ``--arg``) read by the live image's and the new image's own transformers before anything runs, through the
-    container's bind; other ids refuse the release naming both classes, the same ids go into the job's figures."""
+    """``release --gate --image``: production's tokenizer as served today (the model directory, by the live image's
+    transformers) against the release's (the model, or ``--tokenizer`` given with ``--arg``, by the new image's)
+    before anything runs, through the container's bind; other ids refuse the release naming both classes, the same
+    ids go into the job's figures."""
     from eagle3ops.config import load_inventory
     from eagle3ops.config.plan import ReleaseChange
     from eagle3ops.speculate import gated, ship
@@ -246,9 +247,10 @@ def test_release_gate_with_image_refuses_a_tokenizer_the_new_image_reads_otherwi
     eng.readings[NEW_IMAGE] = {**v32, "class": "PreTrainedTokenizerFast", "ids": ids}
     change = ReleaseChange(args=["--tokenizer", "/models/smollm2-135m-instruct/tok"], image=NEW_IMAGE)
     gated.gated_release(eng, change, pipeline_image="p:1", pipeline_image_id=None, echo=said.append)
-    assert [m for _, m in eng.reads] == [f"{model_dir}/tok:/tokenizer:ro"] * 2
+    assert eng.reads == [(host.serving.image, f"{model_dir}:/tokenizer:ro"),
+                         (NEW_IMAGE, f"{model_dir}/tok:/tokenizer:ro")]
     assert windows[0]["speculate"].figures["tokenizer"] == {
-        "path": "/models/smollm2-135m-instruct/tok", "same": True,
+        "path": "/models/smollm2-135m-instruct/tok", "live_path": "/models/smollm2-135m-instruct", "same": True,
         "old": {"transformers": "4.57.6", "class": "LlamaTokenizerFast"},
         "new": {"transformers": "5.19.0", "class": "PreTrainedTokenizerFast"},
         "shm": {"ring_bytes": 240 * 2**20, "checks": True, "shm_bytes": 2**30, "ipc_mode": "private"}}

@@ -127,11 +127,12 @@ def live_spec(r: Any, image: str | None) -> dict[str, Any] | None:
 
 
 def check_tokenizer(r: Any, image: str | None, args: list[str]) -> dict[str, Any] | None:
-    """With a new ``image``: production's tokenizer (the live serving container's command line with ``args`` set
-    as the release sets them) read by the live image and by ``image``. Read-only; runs before any restart.
+    """With a new ``image``: production's tokenizer as it serves today (the live container's command line, read by
+    the live image) against the release's (that command line with ``args`` set as the release sets them, read by
+    ``image``). Read-only; runs before any restart.
 
     Returns:
-        figures for the result: ``{"path", "old", "new", "same": True}``, or ``{"not_compared": why}`` (no
+        figures for the result: ``{"path", "live_path", "old", "new", "same": True}``, or ``{"not_compared": why}`` (no
         tokenizer found on a bind, an image that could not read it); None: no image, no live serving container, or
         the same image.
 
@@ -144,18 +145,21 @@ def check_tokenizer(r: Any, image: str | None, args: list[str]) -> dict[str, Any
     if spec is None:
         return None
     cfg, hcfg = spec.get("Config") or {}, spec.get("HostConfig") or {}
-    argv = sv.set_args([*(cfg.get("Entrypoint") or []), *(cfg.get("Cmd") or [])], list(args))
-    path = tokenizer_path(argv)
-    src = host_path(path, list(hcfg.get("Binds") or [])) if path else None
-    if src is None:
-        return {"not_compared": f"the tokenizer {path or '(none named)'} is not on a bind of the serving container"}
-    old = read_in_image(r, cfg.get("Image") or spec["Image"], src)
-    new = read_in_image(r, image, src)
+    live = [*(cfg.get("Entrypoint") or []), *(cfg.get("Cmd") or [])]
+    binds = list(hcfg.get("Binds") or [])
+    # production's tokenizer as it serves today, against the one the release will serve (--tokenizer may change)
+    paths = (tokenizer_path(live), tokenizer_path(sv.set_args(live, list(args))))
+    srcs = [host_path(p, binds) if p else None for p in paths]
+    if None in srcs:
+        bad = paths[srcs.index(None)] or "(none named)"
+        return {"not_compared": f"the tokenizer {bad} is not on a bind of the serving container"}
+    old_image = cfg.get("Image") or spec["Image"]
+    old, new = read_in_image(r, old_image, srcs[0]), read_in_image(r, image, srcs[1])
     if old.get("error") or new.get("error"):
-        return {"not_compared": old.get("error") or new.get("error"), "path": path}
-    refusal = tokenizer_refusal(r.host.name, old, new, old_image=cfg.get("Image") or spec["Image"], new_image=image,
-                                path=path)
+        return {"not_compared": old.get("error") or new.get("error"), "path": paths[1]}
+    shown = paths[1] if paths[0] == paths[1] else f"{paths[1]} (production: {paths[0]})"
+    refusal = tokenizer_refusal(r.host.name, old, new, old_image=old_image, new_image=image, path=shown)
     if refusal:
         raise ValueError(refusal)
-    return {"path": path, "old": {k: old.get(k) for k in ("transformers", "class")},
+    return {"path": paths[1], "live_path": paths[0], "old": {k: old.get(k) for k in ("transformers", "class")},
             "new": {k: new.get(k) for k in ("transformers", "class")}, "same": True}
