@@ -127,7 +127,7 @@ def test_definitions_validate() -> None:
         assert d.base.image == "vllm/vllm-openai:v0.16.0"
         assert d.profile(None)[0] == "speculators-0.3.0-vllm-0.16.0"  # the registry's default
         both = {"speculators-0.3.0-vllm-0.16.0", "speculators-0.4.0.1-vllm-0.16.0"}
-        serving = {"vllm-0.16.0-serving", "vllm-0.16.0-serving-cpu-standin"}
+        serving = {"vllm-0.16.0-serving", "vllm-0.16.0-serving-cpu-standin", "vllm-0.32.0-serving"}
         assert set(d.profiles) == (both | serving if name == "serving" else both)
 
 
@@ -726,6 +726,60 @@ def test_serving_patches_are_validated_diffs_in_series_order(tmp_path: Path) -> 
                              vllm_patches=out, base={"image": "b"}, pins={}, profile="p")
     assert rendered.count("patch -d \"$site\" -p1 --fuzz=0 --forward") == 4
     assert "\n\n    " not in rendered.split("RUN set -eu", 1)[1]  # no empty continuation lines
+
+
+def test_serving_032_profile_builds_from_its_own_base_without_series(tmp_path: Path) -> None:
+    """The vLLM 0.32 serving profile: its own base (not the definition's 0.16 one), the 0.32 / 0.9.0 pins in the tag
+    and labels, and no patch step in the rendered Dockerfile (every 0.16 patch is upstream in 0.32)."""
+    defn = images.load_def("serving")
+    pname, spec = defn.profile("vllm-0.32.0-serving")
+    assert defn.base_for(spec).image == "vllm/vllm-openai:v0.32.0"
+    assert defn.base_for(defn.profile("vllm-0.16.0-serving")[1]).image == "vllm/vllm-openai:v0.16.0"
+    base = {"image": "vllm/vllm-openai:v0.32.0", "id": "sha256:" + "cd" * 32}
+    inputs = images.content_inputs(defn, pname, base_id=base)
+    tag = images._tag(defn, inputs)
+    assert re.match(r"^eagle3ops/serving:0\.32\.0-0\.9\.0-[0-9a-f]{12}$", tag), tag
+    labels = images.image_labels(defn, inputs, tag)
+    assert json.loads(labels["io.eagle3ops.pins"]) == {"speculators": "0.9.0", "vllm": "0.32.0"}
+    assert json.loads(labels["io.eagle3ops.patches"]) == {} and "io.eagle3ops.standin" not in labels
+    assert labels["io.eagle3ops.profile"] == "vllm-0.32.0-serving"
+    assert labels["org.opencontainers.image.base.name"] == "vllm/vllm-openai:v0.32.0"
+    assert images.write_serving_patches(spec, tmp_path) == [] and not (tmp_path / "vllm-patches").exists()
+    rendered = images.render((images.REPO_ROOT / defn.dockerfile).read_text(), env=inputs["env"], vllm_patches=[],
+                             base=base, pins=spec.pins, profile=pname)
+    assert "FROM vllm/vllm-openai:v0.32.0\n" in rendered
+    assert "patch -d" not in rendered and "vllm-patches" not in rendered.split("FROM", 1)[1]
+    assert 'ENV VLLM_CPU_KVCACHE_SPACE="1"' in rendered
+
+
+def test_serving_032_profile_digest_of_its_own_base(root: Path) -> None:
+    f = root / "images/serving.yaml"
+    digest = "sha256:" + "2" * 64
+    f.write_text(f.read_text().replace('base: {image: "vllm/vllm-openai:v0.32.0", digest: null}',
+                                       f'base: {{image: "vllm/vllm-openai:v0.32.0", digest: "{digest}"}}'))
+    defn = images.load_def("serving", root / "images")
+    own = defn.base_for(defn.profile("vllm-0.32.0-serving")[1])
+    assert images.base_identity(defn, own=own) == {"image": "vllm/vllm-openai:v0.32.0", "digest": digest}
+    # the definition's own base keeps its (null) digest: a 0.16 build is not hashed with the 0.32 digest
+    assert "digest" not in images.content_inputs(defn, "vllm-0.16.0-serving", base_id=BASE_ID)["base"]
+
+
+def test_serving_profile_on_a_base_of_another_vllm_release_is_refused() -> None:
+    """A base whose vLLM release (tag, or a local stand-in base's label) is not the profile's pin is refused before
+    the build, naming both versions; a base that does not say is not judged."""
+    spec = images.load_def("serving").profile("vllm-0.32.0-serving")[1]
+    local016 = {"io.eagle3ops.stand-in-for": "vllm/vllm-openai:v0.16.0"}
+    local032 = {"io.eagle3ops.stand-in-for": "vllm/vllm-openai:v0.32.0"}
+    for ref, labels in (("vllm/vllm-openai:v0.16.0", {}), (bases.LOCAL_BASE_TAG, local016)):
+        with pytest.raises(images.ImageError, match=r"pins vLLM 0\.32\.0, but its base .* is vLLM 0\.16\.0: pass "
+                                                    r"--base-image"):
+            images.check_base_version("serving", "vllm-0.32.0-serving", spec, ref, labels)
+    images.check_base_version("serving", "vllm-0.32.0-serving", spec, bases.LOCAL_BASE_032_TAG, local032)
+    images.check_base_version("serving", "vllm-0.32.0-serving", spec, "registry.example/vllm:prod", {})
+    assert images.base_vllm_version("docker.io/vllm/vllm-openai:v0.32.0", {}) == "0.32.0"
+    # through the plan, on the engine's real local 0.16 base (its label says 0.16.0)
+    with pytest.raises(images.ImageError, match="is vLLM 0.16.0"):
+        images.plan_build("serving", bases.LOCAL_BASE_TAG, "vllm-0.32.0-serving")
 
 
 def test_serving_series_with_an_unsafe_diff_is_refused(root: Path, tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ class EngineStandIn:
     and what they got on stdin."""
 
     def __init__(self, host, dumps: dict[str, dict]):
-        self.host, self.dry_run, self.dumps, self.runs = host, False, dumps, []
+        self.host, self.dry_run, self.dumps, self.runs, self.shm_reads = host, False, dumps, [], []
         self.spec = {"Image": OLD_ID, "Config": {"Entrypoint": ["vllm", "serve"], "Cmd": list(host.serving.args)}}
 
     def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
@@ -103,6 +103,9 @@ class EngineStandIn:
         if a[0] == "run":
             assert timeout and "--network" in a and a[a.index("--network") + 1] == "none"
             image = a[a.index("--entrypoint") + 2]
+            if "shm_broadcast" in a[-1]:  # the /dev/shm reading: vLLM 0.32's MessageQueue defaults and check
+                self.shm_reads.append(image)
+                return _Res(json.dumps({"checks": True, "ring_bytes": 240 * 2**20}))
             self.runs.append((image, json.loads(stdin)))
             return _Res(json.dumps({**self.dumps[image], "parse": self.dumps[image]["parse"]
                                     if json.loads(stdin)["argv"] is not None else None}))
@@ -171,3 +174,119 @@ def test_release_gate_with_image_parses_production_argv_in_the_new_image_before_
         gated.gated_release(eng, change, pipeline_image="p:1", pipeline_image_id=None, echo=said.append)
     assert "sk-SECRET123" not in str(e.value) and "Nothing was restarted" in str(e.value)
     assert windows == [] and [img for img, _ in eng.runs] == [NEW_IMAGE]
+
+
+# --- the served tokenizer under both images (eagle3ops.speculate.tokenread) --------------------------------------
+
+
+def test_tokenizer_path_and_its_host_path_from_the_command_line_and_binds() -> None:
+    from eagle3ops.speculate.tokenread import host_path, tokenizer_path
+
+    assert tokenizer_path(["vllm", "serve", "/models/m", "--port", "8000"]) == "/models/m"
+    assert tokenizer_path(["/models/m", "--tokenizer", "/models/m/tok"]) == "/models/m/tok"
+    assert tokenizer_path(["vllm", "serve", "--model=/models/x", "--dtype", "bf16"]) == "/models/x"
+    assert tokenizer_path(["vllm", "serve", "--port", "1"]) is None
+    binds = ["/data/models:/models:ro", "/data/m2:/models/m:ro", "/cache:/root/.cache/vllm"]
+    assert host_path("/models/m/tok", binds) == "/data/m2/tok"  # the longest container prefix wins
+    assert host_path("/models/other", binds) == "/data/models/other"
+    assert host_path("HuggingFaceTB/SmolLM2-135M-Instruct", binds) is None
+    assert host_path("/modelsX", binds) is None
+
+
+class TokenizingEngineStandIn(EngineStandIn):
+    """STAND-IN as :class:`EngineStandIn`, whose serving container binds the model directory and whose images answer
+    the tokenizer reading with ``readings[image]`` (made-up ids; the real readings are the benchmark's:
+    benchmarks/vllm-upgrade-gate/). Records each reading's image and mount."""
+
+    def __init__(self, host, dumps: dict[str, dict], readings: dict[str, dict]):
+        super().__init__(host, dumps)
+        self.readings, self.reads = readings, []
+        self.spec["Config"]["Image"] = host.serving.image
+        self.spec["HostConfig"] = {"Binds": list(host.serving.volumes), "ShmSize": 2**30, "IpcMode": "private"}
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+        a = list(argv)
+        if a[0] == "docker" and "run" in a and "AutoTokenizer" in a[-1]:
+            assert timeout and a[a.index("--network") + 1] == "none"
+            image = a[a.index("--entrypoint") + 2]
+            self.reads.append((image, a[a.index("-v") + 1]))
+            return _Res("some warning\n" + json.dumps(self.readings[image]))
+        return super().run(argv, check=check, timeout=timeout, stdin=stdin)
+
+
+def test_release_gate_with_image_refuses_a_tokenizer_the_new_image_reads_otherwise(monkeypatch, tmp_path: Path) -> None:
+    """``release --gate --image``: production's tokenizer as served today (the model directory, by the live image's
+    transformers) against the release's (the model, or ``--tokenizer`` given with ``--arg``, by the new image's)
+    before anything runs, through the container's bind; other ids refuse the release naming both classes, the same
+    ids go into the job's figures."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.speculate import gated, ship
+    from eagle3ops.speculate.tokenread import SAMPLES
+    from eagle3ops.window import run as window_run
+
+    monkeypatch.setenv("EAGLE3OPS_CACHE_DIR", str(tmp_path / "cache"))
+    host = load_inventory(Path(__file__).resolve().parents[1] / "deploy/sandbox-smollm2.yaml").host("sandbox")
+    old, new = _real_dumps()
+    ids = [[i, i + 1] for i in range(len(SAMPLES))]
+    v16 = {"transformers": "4.57.6", "class": "LlamaTokenizerFast", "ids": ids}
+    v32 = {"transformers": "5.19.0", "class": "LlamaTokenizer", "ids": [*ids[:1], [7, 7, 7], *ids[2:]]}
+    eng = TokenizingEngineStandIn(host, {OLD_ID: old, NEW_IMAGE: new}, {host.serving.image: v16, NEW_IMAGE: v32})
+    windows, said = [], []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, **w: windows.append(w) or
+                        {"outcome": "ok", "window_id": "w", "restarts_s": [], "speculate": {"verdict": "keep"}})
+    model_dir = host.serving.volumes[0].split(":")[0]
+    with pytest.raises(ship.SpeculateError, match=r"reads differently under .*LlamaTokenizer\) than under the live "
+                                                  r".*LlamaTokenizerFast\): 'def add") as e:
+        gated.gated_release(eng, ReleaseChange(args=["--block-size=32"], image=NEW_IMAGE), pipeline_image="p:1",
+                            pipeline_image_id=None, echo=said.append)
+    assert "Nothing was restarted" in str(e.value) and windows == []
+    assert eng.reads == [(host.serving.image, f"{model_dir}:/tokenizer:ro"), (NEW_IMAGE, f"{model_dir}:/tokenizer:ro")]
+    # a --tokenizer both read alike (given with --arg, under the model's bind): released, the reading in the figures
+    eng.reads.clear()
+    eng.readings[NEW_IMAGE] = {**v32, "class": "PreTrainedTokenizerFast", "ids": ids}
+    change = ReleaseChange(args=["--tokenizer", "/models/smollm2-135m-instruct/tok"], image=NEW_IMAGE)
+    gated.gated_release(eng, change, pipeline_image="p:1", pipeline_image_id=None, echo=said.append)
+    assert eng.reads == [(host.serving.image, f"{model_dir}:/tokenizer:ro"),
+                         (NEW_IMAGE, f"{model_dir}/tok:/tokenizer:ro")]
+    assert windows[0]["speculate"].figures["tokenizer"] == {
+        "path": "/models/smollm2-135m-instruct/tok", "live_path": "/models/smollm2-135m-instruct", "same": True,
+        "old": {"transformers": "4.57.6", "class": "LlamaTokenizerFast"},
+        "new": {"transformers": "5.19.0", "class": "PreTrainedTokenizerFast"},
+        "shm": {"ring_bytes": 240 * 2**20, "checks": True, "shm_bytes": 2**30, "ipc_mode": "private"}}
+    assert eng.shm_reads == [NEW_IMAGE, NEW_IMAGE]
+
+
+def test_release_gate_with_image_refuses_a_dev_shm_the_new_vllm_does_not_start_in(monkeypatch, tmp_path: Path
+                                                                                  ) -> None:
+    """``release --gate --image`` to a vLLM that checks its shared-memory ring at start-up (0.32): Docker's default
+    64 MiB ``/dev/shm`` of the live container is refused before anything runs, naming both sizes and the key;
+    ``--ipc host`` (the host's own ``/dev/shm``) is not judged; an image that does not check is not either."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.config.plan import ReleaseChange
+    from eagle3ops.speculate import gated, ship
+    from eagle3ops.speculate.shmread import shm_refusal
+    from eagle3ops.speculate.tokenread import SAMPLES
+    from eagle3ops.window import run as window_run
+
+    monkeypatch.setenv("EAGLE3OPS_CACHE_DIR", str(tmp_path / "cache"))
+    host = load_inventory(Path(__file__).resolve().parents[1] / "deploy/sandbox-smollm2.yaml").host("sandbox")
+    same = {"transformers": "4.57.6", "class": "PreTrainedTokenizerFast", "ids": [[1]] * len(SAMPLES)}
+    eng = TokenizingEngineStandIn(host, dict(zip((OLD_ID, NEW_IMAGE), _real_dumps())),
+                                  {host.serving.image: same, NEW_IMAGE: same})
+    eng.spec["HostConfig"]["ShmSize"] = 64 * 2**20
+    windows = []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, **w: windows.append(w) or
+                        {"outcome": "ok", "window_id": "w", "restarts_s": [], "speculate": {"verdict": "keep"}})
+    with pytest.raises(ship.SpeculateError, match=r"needs 240 MiB of /dev/shm .* the serving container has 64 MiB, "
+                                                  r"which a release keeps\. Nothing was restarted: .*hosts\.sandbox\."
+                                                  r"serving\.shm_size"):
+        gated.gated_release(eng, ReleaseChange(image=NEW_IMAGE), pipeline_image="p:1", pipeline_image_id=None,
+                            echo=lambda _: None)
+    assert windows == [] and eng.shm_reads == [NEW_IMAGE]
+    eng.spec["HostConfig"]["IpcMode"] = "host"
+    gated.gated_release(eng, ReleaseChange(image=NEW_IMAGE), pipeline_image="p:1", pipeline_image_id=None,
+                        echo=lambda _: None)
+    assert len(windows) == 1
+    assert shm_refusal("h", "i", {"checks": False, "ring_bytes": 240 * 2**20}, 64 * 2**20, "private") is None
+    assert shm_refusal("h", "i", {"checks": True, "ring_bytes": 240 * 2**20}, 2**30, "private") is None

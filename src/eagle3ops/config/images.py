@@ -67,19 +67,26 @@ class ImageProfile(StrictModel):
         None, description="Hash-pinned requirements lock of this profile's Python packages (path from the repository "
                           "root, e.g. `requirements/pipeline-speculators-0.3.0.lock`); its bytes enter the content tag."
     )
+    base: BaseRef | None = Field(
+        None, description="The base this profile builds on when it is not the definition's `base` (e.g. "
+                          "`{image: vllm/vllm-openai:v0.32.0}` for a vLLM 0.32 profile of a definition whose base is "
+                          "the 0.16 image); omitted: the definition's `base`. `--base-image` overrides either."
+    )
 
 
 @dataclass(frozen=True)
 class ProfileSpec:
     """One profile as an image is built for it: version pins (the registry's ``requires`` + the definition's
     ``pins``), the lock (from the definition), the patch series dirs (from the registry, relative to the repository
-    root, e.g. ``patches/speculators/0.3.0``) and ``standin`` (from the registry: build only on the local stand-in
-    base)."""
+    root, e.g. ``patches/speculators/0.3.0``), ``standin`` (from the registry: build only on the local stand-in
+    base) and ``base`` (the profile's own base from the definition, else the definition's; ``None`` only for a spec
+    built by hand, read as the definition's)."""
 
     pins: dict[str, str]
     lock: str | None = None
     series: list[str] = field(default_factory=list)
     standin: bool = False
+    base: BaseRef | None = None
 
 
 class ImageDef(StrictModel):
@@ -121,6 +128,10 @@ class ImageDef(StrictModel):
         if not re.fullmatch(r"[a-z0-9]+([._/-][a-z0-9]+)*", v):
             raise ValueError(f"name must be a lowercase docker repository name, got {v!r}")
         return v
+
+    def base_for(self, spec: ProfileSpec) -> BaseRef:
+        """The base a build of ``spec`` uses when no ``--base-image`` is given: the profile's own, else ``base``."""
+        return spec.base or self.base
 
     def profile(self, name: str | None) -> tuple[str, ProfileSpec]:
         """The named profile (default: ``default_profile``, else the registry's default) as ``(name, spec)``.
@@ -173,7 +184,8 @@ class ImageDef(StrictModel):
                     )
             series = [f"{patches_rel}/{s}" for s in entry.series
                       if wanted is None or normalize_name(Path(s).parts[0]) in wanted]
-            specs[pname] = ProfileSpec(pins=pins, lock=extra.lock, series=series, standin=entry.standin)
+            specs[pname] = ProfileSpec(pins=pins, lock=extra.lock, series=series, standin=entry.standin,
+                                       base=extra.base or self.base)
         default = self.default_profile or registry.default
         if default not in specs:
             key = "default_profile" if self.default_profile else f"profiles (the registry's default {default!r})"

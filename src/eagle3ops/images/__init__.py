@@ -29,7 +29,9 @@ from eagle3ops.images.build import (
     LOCAL_BASE_TAG,
     BuildPlan,
     BuiltImage,
+    base_vllm_version,
     build_image,
+    check_base_version,
     plan_build,
     write_serving_patches,
 )
@@ -71,7 +73,8 @@ __all__ = [
     "probe_key_salt", "render",
     # buildkit and build
     "DEFAULT_CA_BUNDLE", "BuildFailed", "buildkit_build", "buildkit_command", "default_ca_bundle",
-    "LOCAL_BASE_TAG", "BuildPlan", "BuiltImage", "build_image", "plan_build", "write_serving_patches",
+    "LOCAL_BASE_TAG", "BuildPlan", "BuiltImage", "base_vllm_version", "build_image", "check_base_version",
+    "plan_build", "write_serving_patches",
     # facts
     "FACTS_CACHE", "base_facts", "checks_plan",
     # inspect

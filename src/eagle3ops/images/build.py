@@ -6,6 +6,7 @@ for those without (the serving image)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -24,7 +25,16 @@ from eagle3ops.config.images import (
 from eagle3ops.images.buildkit import BuildFailed, buildkit_build
 from eagle3ops.images.facts import checks_plan
 from eagle3ops.images.engine import docker_client
-from eagle3ops.images.tags import _extra_args, _short, _tag, content_inputs, image_labels, probe_key_salt, render
+from eagle3ops.images.tags import (
+    LABEL_PREFIX,
+    _extra_args,
+    _short,
+    _tag,
+    content_inputs,
+    image_labels,
+    probe_key_salt,
+    render,
+)
 
 #: The local CPU base's tag (stand-in for ``vllm/vllm-openai:v0.16.0``, built by the development harness:
 #: ``make base``): the only base a profile with a stand-in series may build on.
@@ -71,6 +81,40 @@ def write_serving_patches(spec: ProfileSpec, ctx: Path, root: Path = REPO_ROOT) 
     if out:
         (dest / "manifest.json").write_text(json.dumps({"schema": 1, "patches": manifest}, indent=2) + "\n")
     return out
+
+
+#: ``vllm/vllm-openai:v0.16.0`` → ``0.16.0``: the vLLM release a base reference's tag names (upstream's tag scheme)
+_VLLM_TAG = re.compile(r"(?:^|/)vllm-openai[^:/]*:v?(\d+\.\d+\.\d+)$")
+
+
+def base_vllm_version(ref: str, labels: dict[str, str]) -> str | None:
+    """The vLLM release base ``ref`` carries, when it says so: the ``io.eagle3ops.stand-in-for`` label of a local
+    stand-in base (``vllm/vllm-openai:v0.32.0``), else the tag of a ``vllm/vllm-openai``-named reference
+    (``vllm/vllm-openai:v0.16.0`` → ``"0.16.0"``; upstream tags each release ``v<version>``). ``None``: the base does
+    not say (a private tag such as ``registry.example/vllm:prod``), which is not judged."""
+    for text in (labels.get(f"{LABEL_PREFIX}.stand-in-for", ""), ref):
+        m = _VLLM_TAG.search(text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def check_base_version(name: str, pname: str, spec: ProfileSpec, base_ref: str, base_labels: dict[str, str]) -> None:
+    """Refuse a base whose vLLM release (:func:`base_vllm_version`) is not the profile's ``vllm`` pin: a vLLM 0.32
+    profile on the 0.16 base would build, then serve 0.16 under a 0.32 label (every window compares the label's
+    profile with ``/version``).
+
+    Raises:
+        ImageError: naming the base, both versions and the fix (``--base-image`` or ``profiles.<p>.base``).
+    """
+    want = spec.pins.get("vllm")
+    have = base_vllm_version(base_ref, base_labels)
+    if want and have and have != want:
+        raise ImageError(
+            f"images/{name}.yaml profile {pname} pins vLLM {want}, but its base {base_ref} is vLLM {have}: pass "
+            f"--base-image with a vLLM {want} base (e.g. vllm/vllm-openai:v{want}), or set profiles.{pname}.base "
+            f"in images/{name}.yaml"
+        )
 
 
 @dataclass
@@ -167,17 +211,17 @@ def plan_build(
     """
     defn = load_def(name, root / "images")
     pname, spec = defn.profile(profile)
-    if spec.standin and (base_image or defn.base.image) != LOCAL_BASE_TAG:
+    base_ref = base_image or defn.base_for(spec).image
+    if spec.standin and base_ref != LOCAL_BASE_TAG:
         raise ImageError(
             f"images/{name}.yaml profile {pname} carries a stand-in series for the sandbox's CPU build; it is built "
-            f"only on {LOCAL_BASE_TAG}, not on {base_image or defn.base.image} (use a profile without stand-in "
-            "series for production)"
+            f"only on {LOCAL_BASE_TAG}, not on {base_ref} (use a profile without stand-in series for production)"
         )
     client = docker_client()
     inputs = content_inputs(defn, pname, base_image, root=root, client=client,
                             extra_build_args=_extra_args(defn, verify, probes_module, engine_checks))
     tag = _tag(defn, inputs)
-    variables = {"profile": pname, "pins": spec.pins, "base": {**inputs["base"], "image": base_image or defn.base.image}}
+    variables = {"profile": pname, "pins": spec.pins, "base": {**inputs["base"], "image": base_ref}}
     checks = None
     if "VERIFY" in inputs["build_args"]:
         checks = checks_plan(inputs, variables["base"]["image"], client=client, root=root)
@@ -197,6 +241,7 @@ def plan_build(
         base_labels = dict(client.images.get(variables["base"]["image"]).labels or {})
     except Exception:  # noqa: BLE001 - not on the engine (a digest-pinned base pulled at build time): none known
         base_labels = {}
+    check_base_version(name, pname, spec, base_ref, base_labels)
     return BuildPlan(name=name, profile=pname, base=variables["base"]["image"],
                      base_id=str(inputs["base"].get("id") or ""), tag=tag, build_args=build_args, labels=labels,
                      dockerfile=defn.dockerfile, exists=exists, defn=defn, spec=spec, inputs=inputs,

@@ -24,6 +24,7 @@ from typing import Any
 
 from eagle3ops.config.images import (
     REPO_ROOT,
+    BaseRef,
     ImageDef,
     ImageError,
     ProfileSpec,
@@ -127,18 +128,21 @@ def eagle3ops_version() -> str:
         return m.group(1) if m else "0+unknown"
 
 
-def base_identity(defn: ImageDef, base_image: str | None = None, client: Any = None) -> dict[str, str]:
+def base_identity(defn: ImageDef, base_image: str | None = None, client: Any = None,
+                  own: BaseRef | None = None) -> dict[str, str]:
     """What identifies the base: ``{"image": ref, "digest"| "id": ...}``.
 
-    The definition's digest is used when the base is the definition's own reference; otherwise the local engine's
+    ``own`` is the base the profile builds on when ``base_image`` is not given (:meth:`ImageDef.base_for`; default:
+    the definition's ``base``). Its digest is used when the base is that reference; otherwise the local engine's
     ``RepoDigests`` (when the image came from a registry) or its image id (a locally built base).
 
     Raises:
         ImageError: the base is neither digest-pinned nor present on the engine (build or load it first).
     """
-    ref = base_image or defn.base.image
-    if ref == defn.base.image and defn.base.digest:
-        return {"image": ref, "digest": defn.base.digest}
+    own = own or defn.base
+    ref = base_image or own.image
+    if ref == own.image and own.digest:
+        return {"image": ref, "digest": own.digest}
     from eagle3ops.images.engine import docker_client  # the engine only here
 
     client = client or docker_client()
@@ -177,7 +181,7 @@ def content_inputs(
     ``extra_build_args`` (e.g. ``VERIFY``, ``PROBES_MODULE``) are added to the rendered build args and hashed.
     """
     pname, spec = defn.profile(profile)
-    base = base_id or base_identity(defn, base_image, client)
+    base = base_id or base_identity(defn, base_image, client, defn.base_for(spec))
     variables = {"profile": pname, "pins": spec.pins, "base": base}
     lock = None
     if spec.lock:

@@ -12,7 +12,10 @@ to the release live before, health-gated → undrain. A driver that dies at any 
 for ``speculate``; the plan prints the serving restarts and the downtime to expect from this host's records.
 
 The change is what is measured, so the host does not refuse an unlike release (another image or vLLM version):
-both releases' identities (image, id, labels, argv with keys redacted, ``/version``) are in the result.
+both releases' identities (image, id, labels, argv with keys redacted, ``/version``) are in the result. What speed
+cannot show is read before any restart when ``--image`` is given: production's command line under the new image's
+vLLM parser (:func:`upgrade_flags`) and production's tokenizer under the new image's transformers
+(:func:`upgrade_tokenizer`: other token ids serve other answers at the same speed).
 
 Results: ``<state_dir>/gates/<window id>/`` (``baseline.json``, ``speculative.json``: the changed release's
 measurement, ``result.json``), written by the supervisor under the lock, and one audit line ``kind: release-gate``
@@ -32,7 +35,7 @@ from eagle3ops.config.plan import ReleaseChange, SpeculateJob
 from eagle3ops.gate.decide import MIN_PASSES
 from eagle3ops.speculate import ship
 
-__all__ = ["gate_job", "gated_release", "upgrade_flags"]
+__all__ = ["gate_job", "gated_release", "upgrade_flags", "upgrade_tokenizer"]
 
 
 def gate_job(h: Any, change: ReleaseChange, *, margin: float, passes: int, restarts: dict[str, Any]
@@ -100,6 +103,36 @@ def upgrade_flags(r: Any, change: ReleaseChange, echo: Callable[[str], None]) ->
     return rep.as_dict()
 
 
+def upgrade_tokenizer(r: Any, change: ReleaseChange, echo: Callable[[str], None]) -> dict[str, Any] | None:
+    """With ``--image``: whether the new image's vLLM starts in the live container's ``/dev/shm``
+    (:func:`eagle3ops.speculate.shmread.check_shm`) and production's tokenizer read by the live image's and the new
+    image's own transformers (:func:`eagle3ops.speculate.tokenread.check_tokenizer`), before anything restarts.
+    Read-only.
+
+    Returns:
+        the tokenizer comparison (with the ``/dev/shm`` reading under ``shm``) as figures for the result, or None
+        (no ``--image``, no live container, the same image).
+
+    Raises:
+        SpeculateError: the new vLLM's shared-memory ring does not fit the container's ``/dev/shm`` (both sizes
+            named), or the two images read the tokenizer differently (both classes and the first text named).
+    """
+    from eagle3ops.speculate.shmread import check_shm
+    from eagle3ops.speculate.tokenread import check_tokenizer, live_spec
+
+    try:
+        shm = check_shm(r, change.image, live_spec(r, change.image))
+        got = check_tokenizer(r, change.image, change.args)
+    except ValueError as e:
+        raise ship.SpeculateError(str(e)) from None
+    if shm is not None and "not_compared" in shm:
+        echo(f"note: /dev/shm not compared: {shm['not_compared']}")
+    if got is not None:
+        echo(f"tokenizer {got['path']}: read alike by both images ({got['old']} / {got['new']})" if got.get("same")
+             else f"note: tokenizer not compared: {got.get('not_compared')}")
+    return None if got is None and shm is None else {**(got or {}), **({"shm": shm} if shm else {})}
+
+
 def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipeline_image_id: str | None,
                   command: str = "eagle3ops release --gate", margin: float | None = None,
                   passes: int | None = None, echo: Callable[[str], None] = print,
@@ -141,10 +174,12 @@ def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipelin
              f"one (an A/A check of the gate's noise on {h.name}); kept or not, serving runs the same spec")
     t0 = time.monotonic()
     flags = upgrade_flags(r, change, echo)
+    tokenizer = upgrade_tokenizer(r, change, echo)
     restarts = ship.plan_restarts(r, passes=passes)
     job = gate_job(h, change, margin=margin, passes=passes, restarts=restarts.figures())
-    if flags is not None:
-        job = job.model_copy(update={"figures": {**job.figures, "vllm_flags": flags}})
+    if flags is not None or tokenizer is not None:
+        extra = {k: v for k, v in (("vllm_flags", flags), ("tokenizer", tokenizer)) if v is not None}
+        job = job.model_copy(update={"figures": {**job.figures, **extra}})
     window = dict(kind="speculate", image=pipeline_image, expected_image_id=pipeline_image_id, command=command,
                   speculate=job, on_event=on_event)
     head = (f"{len(job.prompts)} prompts x {job.max_tokens} tokens at concurrency {job.levels}, {passes} passes "
