@@ -14,7 +14,7 @@ from eagle3ops import cpuattn
 from eagle3ops.config import load_inventory
 from eagle3ops.speculate import prompts as pr
 from eagle3ops.stages.vocab import choose_draft_size, coverage_curve
-from eagle3ops_dev import demo, provision, smollm2
+from eagle3ops_dev import demo, demofigures, provision, smollm2
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,7 +125,7 @@ def test_the_demo_reads_its_figures_from_the_stage_manifests(tmp_path):
         "size_choice": {"by": "coverage", "coverage_target": 0.99}, "coverage_curve": {"4096": 0.991}}))
     (tmp_path / "train").mkdir()
     (tmp_path / "train/manifest.json").write_text(json.dumps({"steps_this_run": 300, "offline_estimate": 1.7}))
-    figs = dict(demo.stage_figures(tmp_path, "train"))
+    figs = dict(demofigures.stage_figures(tmp_path, "train"))
     assert "4096 of 49152" in figs["  draft vocabulary"] and "coverage 0.991" in figs["  draft vocabulary"]
     assert "steps_this_run 300" in figs["  train"] and "offline_estimate 1.7" in figs["  train"]
-    assert demo.stage_figures(tmp_path, "extract") == []  # no prepare manifest: nothing invented
+    assert demofigures.stage_figures(tmp_path, "extract") == []  # no prepare manifest: nothing invented

@@ -7,6 +7,7 @@ them (read-only checks still run, so the plan shows real answers); with ``--json
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -276,43 +277,26 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
               inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt, json_out: bool = JsonOpt) -> None:
     """Ship a draft head as a speculative serving release; keep it only when measured faster (else roll back)."""
     from eagle3ops.window.common import pipeline_image
-    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_candidate_options, select_gate
+    from eagle3ops.speculate.ship import SpeculateError, SpeculateOptions, check_invocation
     from eagle3ops.speculate.ship import speculate as run_speculate
     from eagle3ops.window.common import WindowError
-    from eagle3ops.config.inventory import check_gate_margin
 
-    if margin is not None:
-        try:
-            check_gate_margin(margin)
-        except ValueError as e:
-            common.fail(f"--margin: {e}", code=2)
     methods = [m.strip() for m in method.split(",") if m.strip()]
     ks, tps = common.int_list(k, "--k", "2,3"), common.int_list(draft_tp, "--draft-tp", "1,8")
+    asked = SpeculateOptions(run=run, pipeline_image="", serving_image=image, force=force, control=control,
+                             allow_template_mismatch=allow_template_mismatch, with_humaneval=with_humaneval,
+                             methods=tuple(methods), ks=tuple(ks), draft_tps=tuple(tps), margin=margin, passes=passes,
+                             accept_low_power=accept_low_power, prompts_file=prompts_file, command=_command_line())
     try:  # before the inventory is read or the host reached
-        check_candidate_options(host, SpeculateOptions(run=run, pipeline_image="", methods=tuple(methods),
-                                                       ks=tuple(ks), draft_tps=tuple(tps)))
+        check_invocation(host, asked)
     except SpeculateError as e:
         common.fail(str(e), code=2)
-    if with_humaneval and prompts_file is None:
-        common.fail("--with-humaneval adds HumanEval's gate split beside a --prompts-file set; without "
-                    "--prompts-file HumanEval's gate split is the gate's prompts already: drop --with-humaneval",
-                    code=2)
-    if prompts_file is not None:  # checked before the inventory is read or the host reached
-        try:
-            select_gate(SpeculateOptions(run=run, pipeline_image="", prompts_file=prompts_file), 0)
-        except SpeculateError as e:
-            common.fail(str(e), code=2)
     h = common.load_host(inventory, host)
     with common.remote(h, dry_run, json_out) as r:
         dep = common.deployed_record(r, required=not (dry_run or h.pipeline_image))
         pimage, pimage_id = pipeline_image(h, dep)
-        opts = SpeculateOptions(run=run, pipeline_image=pimage, pipeline_image_id=pimage_id,
-                                head=weights_cli.head_for(inventory, r, head, defer=True, json_out=json_out),
-                                serving_image=image, force=force, allow_template_mismatch=allow_template_mismatch,
-                                control=control, with_humaneval=with_humaneval, methods=tuple(methods), ks=tuple(ks),
-                                draft_tps=tuple(tps),
-                                margin=margin, passes=passes, accept_low_power=accept_low_power,
-                                prompts_file=prompts_file, command=_command_line())
+        opts = dataclasses.replace(asked, pipeline_image=pimage, pipeline_image_id=pimage_id,
+                                   head=weights_cli.head_for(inventory, r, head, defer=True, json_out=json_out))
         try:
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:

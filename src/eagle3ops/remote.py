@@ -419,13 +419,8 @@ class Remote:
         cmd, changes = log_command(argv, self.history, self.changes, self.echo)
         if self.dry_run and changes:
             return Result(list(argv), 0)
-        if isinstance(stdin, bytes):
-            stdin = io.BytesIO(stdin)
-        elif isinstance(stdin, str):
-            stdin = io.BytesIO(stdin.encode("utf-8"))
-        elif stdin is None:
-            stdin = io.BytesIO(b"")
-        kwargs: dict = {"hide": True, "warn": True, "timeout": timeout, "in_stream": stdin, "encoding": "utf-8"}
+        kwargs: dict = {"hide": True, "warn": True, "timeout": timeout, "in_stream": _in_stream(stdin),
+                        "encoding": "utf-8"}
         if stream is not None:
             kwargs["out_stream"] = _CallbackStream(stream)  # invoke un-hides stdout when out_stream is given
         for attempt in (1, 2):
@@ -452,22 +447,34 @@ class Remote:
                 raise ConnectionLost(f"{self.host.name}: connection lost while running `{cmd}`: {exc}") from None
         exited = r.exited
         if exited == -1:  # paramiko: the channel closed without an exit status
-            transport = conn.client.get_transport()
-            if transport is None or not transport.is_active():
-                self.close()
-                raise ConnectionLost(f"{self.host.name}: connection lost while running `{cmd}` (no exit status; "
-                                      f"it may or may not have finished on the host)")
-            if check:
-                # invoke's timer closed the channel, but on a loaded machine the result can come back before its
-                # timeout flag is read (no CommandTimedOut; seen in CI on 2026-12-02): past the timeout, it timed out
-                timed_out = timeout is not None and time.monotonic() - started >= timeout
-                raise RemoteCommandError(self.host, argv, None, r.stdout, r.stderr,
-                                         why=(f"timed out after {timeout}s" if timed_out
-                                              else "ended without an exit status (killed by a signal?)"))
+            self._no_exit_status(conn, argv, cmd, r, check=check, timeout=timeout, started=started)
         result = Result(list(argv), exited, r.stdout, r.stderr)
         if check and not result.ok:
             raise RemoteCommandError(self.host, argv, exited, r.stdout, r.stderr)
         return result
+
+    def _no_exit_status(self, conn: Connection, argv: Sequence[str], cmd: str, r, *, check: bool,
+                        timeout: float | None, started: float) -> None:
+        """Judge a command whose channel closed without an exit status (invoke result ``r``, ``r.exited == -1``);
+        returns (the caller records exit -1) only when the connection is alive and ``check`` is off.
+
+        Raises:
+            ConnectionLost: the transport is gone (the command may or may not have finished on the host).
+            RemoteCommandError: with ``check``: "timed out" when ``timeout`` seconds have passed since ``started``
+                (``time.monotonic()`` when this attempt's command started), else "ended without an exit status".
+        """
+        transport = conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            self.close()
+            raise ConnectionLost(f"{self.host.name}: connection lost while running `{cmd}` (no exit status; "
+                                  f"it may or may not have finished on the host)")
+        if check:
+            # invoke's timer closed the channel, but on a loaded machine the result can come back before its
+            # timeout flag is read (no CommandTimedOut; seen in CI on 2026-12-02): past the timeout, it timed out
+            timed_out = timeout is not None and time.monotonic() - started >= timeout
+            raise RemoteCommandError(self.host, argv, None, r.stdout, r.stderr,
+                                     why=(f"timed out after {timeout}s" if timed_out
+                                          else "ended without an exit status (killed by a signal?)"))
 
     def record_stream(self, argv: Change, note: str = "") -> str:
         """Record (history, changes, echo) a host-changing command whose bytes go over a bulk stream of its own
@@ -509,6 +516,18 @@ class Remote:
                 raise RemoteCommandError(self.host, argv, r.exited, r.stdout, r.stderr,
                                          why=f"did not succeed within {timeout:.0f}s")
             time.sleep(interval)
+
+
+def _in_stream(stdin: str | bytes | IO | None) -> IO:
+    """What :meth:`Remote.run` hands invoke as the command's stdin: text as UTF-8 bytes, bytes as they are, a
+    file-like object as it is; None: an empty stream, so the command reads EOF at once instead of waiting."""
+    if isinstance(stdin, bytes):
+        return io.BytesIO(stdin)
+    if isinstance(stdin, str):
+        return io.BytesIO(stdin.encode("utf-8"))
+    if stdin is None:
+        return io.BytesIO(b"")
+    return stdin
 
 
 def _tune(c: Connection) -> None:

@@ -19,13 +19,18 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from eagle3ops.config import HostConfig, load_inventory
 from eagle3ops.console import print_event, summary
+
+from eagle3ops_dev.demofigures import gate_figures, regenerate_figures, window_figures
+
+if TYPE_CHECKING:
+    from eagle3ops.deployer import DeployResult
 
 console = Console()
 SANDBOX = "sandbox"
@@ -334,31 +339,104 @@ def cpu_model() -> str:
     return f"{names[0]} x {len(names)}" if names else "unknown"
 
 
-def stage_figures(run_dir: Path, window: str) -> list[tuple[str, str]]:
-    """Figures from the stage manifests of ``window`` (``extract``: prepare + extract; ``train``: vocab + train) in
-    the run directory ``run_dir`` (the sandbox's data directory is on this machine); a manifest not there is
-    skipped."""
-    out: list[tuple[str, str]] = []
+def provision_serving(h: HostConfig, pipeline_tag: str, t: float) -> list[tuple[str, str]]:
+    """Demo step 3: push the serving image, build the tiny target in the pipeline image ``pipeline_tag`` and start
+    production serving on the sandbox host. Returns its figures; ``t`` is the step's start (``time.monotonic()``)."""
+    from eagle3ops import deployer
 
-    def man(stage: str) -> dict[str, Any] | None:
-        f = run_dir / stage / "manifest.json"
-        try:
-            return json.loads(f.read_text())
-        except (OSError, ValueError):
-            return None
+    figures: list[tuple[str, str]] = []
+    console.print(deployer.push_image(h.serving.image, h))
+    t_build = time.monotonic()
+    replaced = build_tiny_model(pipeline_tag, h.model_path, DEMO_TARGET)
+    figures.append(("provision target", f"{time.monotonic() - t_build:.1f} s"))
+    from eagle3ops_dev.smollm2 import RECORD
 
-    if window == "extract" and (m := man("prepare")):
-        keep = ("samples", "tokens", "assistant_tokens", "truncated", "wall_s")
-        out.append(("  prepare", ", ".join(f"{k} {m[k]}" for k in keep if k in m) or "ok"))
-    if window == "train":
-        if m := man("vocab"):
-            out.append(("  draft vocabulary", f"{m.get('draft_vocab_size')} of {m.get('target_vocab_size')} ids, "
-                                              f"coverage {m.get('coverage')} ({m.get('size_choice')}); curve "
-                                              f"{m.get('coverage_curve')}"))
-        if m := man("train"):
-            keep = ("steps_this_run", "first_loss", "final_metrics", "offline_estimate", "steps_per_s", "wall_s")
-            out.append(("  train", ", ".join(f"{k} {m[k]}" for k in keep if k in m) or "ok"))
-    return out
+    prov = json.loads((Path(h.model_path) / RECORD).read_text())
+    figures.append(("target", f"{prov.get('model')}: {prov.get('package', {}).get('name')} "
+                              f"{prov.get('package', {}).get('version')}, GGUF sha256 "
+                              f"{prov.get('gguf', {}).get('sha256', '')[:12]}…, {prov.get('dtype')}, "
+                              f"{prov.get('parameters')} parameters ({Path(h.model_path) / RECORD})"))
+    ready_s = start_serving(h, restart=replaced)
+    figures.append(("serving start (cold)", f"{ready_s:.1f} s"))
+    figures.append(("provision serving", f"{time.monotonic() - t:.1f} s"))
+    return figures
+
+
+def release_then_rollback(h: HostConfig, dep: DeployResult, prev: int, figures: list[tuple[str, str]]) -> bool:
+    """Demo step 6: a second serving release (a changed flag) with the deployed pipeline image ``dep``
+    (:func:`eagle3ops.deployer.deploy`'s result), then a rollback, which must bring back release ``prev`` (the one
+    live before). Appends both windows' figures to ``figures``; returns whether both went ok and back to ``prev``."""
+    from eagle3ops import executor
+    from eagle3ops.window.run import run_window
+
+    with executor.for_host(h) as r:
+        from eagle3ops.config.plan import ReleaseChange
+
+        rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
+                         command=f"eagle3ops release {SANDBOX} --arg --max-num-seqs --arg 8 (demo)",
+                         change=ReleaseChange(args=["--max-num-seqs", "8"]), on_event=print_event)
+        figures.append(("release", f"{rel['outcome']} → release {rel['release']}, {rel['wall_s']} s"))
+        rb = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,
+                        command=f"eagle3ops rollback {SANDBOX} (demo)", on_event=print_event)
+        figures.append(("rollback", f"{rb['outcome']} → release {rb['release']}, {rb['wall_s']} s"))
+        return rel["outcome"] == "ok" and rb["outcome"] == "ok" and rb["release"] == prev
+
+
+def speculate_step(h: HostConfig, run: str, dep: DeployResult, base: str, ca: Path | None) -> list[tuple[str, str]]:
+    """Demo step 7: build the stand-in speculative serving image on ``base`` (CA bundle ``ca``), write the held-out
+    chat prompt set and ship the run's trained head through the gate with the deployed pipeline image ``dep``.
+    Returns its figures (:func:`eagle3ops_dev.demofigures.gate_figures`)."""
+    from eagle3ops import executor, images
+    from eagle3ops.speculate import ship
+
+    figures: list[tuple[str, str]] = []
+    spec_img = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin",
+                                  ca_bundle=ca, extra_tags=[h.serving.speculative_image] if
+                                  h.serving.speculative_image else ())
+    chat_file = Path("reports") / f"{SANDBOX}-{run}" / "gate-chat.jsonl"
+    chat = held_out_chat_set(h, chat_file)
+    figures.append(("gate prompt sets", f"chat: {chat['count']} held-out ShareGPT turns "
+                                        f"({chat['prompt_tokens_mean']} prompt tokens on average); code: "
+                                        f"{h.serving.gate_prompts} HumanEval gate-split prompts"))
+    with executor.for_host(h) as r:
+        # --force: whatever the head's offline estimate, the demo shows the gate's measured decision;
+        # --control: production serves the local base, the speculative release the stand-in serving image, so
+        # the baseline measured is that image without --speculative-config (like for like)
+        sp = ship.speculate(r, ship.SpeculateOptions(
+            run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True, control=True,
+            serving_image=h.serving.speculative_image or spec_img.tag, prompts_file=chat_file,
+            with_humaneval=True, command=f"eagle3ops speculate {SANDBOX} --run {run} --force --control "
+                                         f"--prompts-file {chat_file} --with-humaneval (demo)"), echo=console.print,
+            on_event=print_event)
+    return figures + gate_figures(sp)
+
+
+def report_step(h: HostConfig, run: str) -> list[tuple[str, str]]:
+    """Demo step 8: collect the run's report over SSH and render it (HTML + plots) under ``reports/``; its figure."""
+    from eagle3ops import executor, report
+
+    with executor.for_host(h) as r:
+        data = report.collect(r, h, run)
+    folder = Path("reports") / f"{SANDBOX}-{run}"
+    report.render(data, folder)
+    return [("report", f"{folder / 'index.html'} ({len(data['windows'])} windows, "
+                        f"{len(data['train_metrics'])} train steps)")]
+
+
+def write_figures(figures: list[tuple[str, str]], run: str, inventory: Path) -> None:
+    """Write the demo's figures to ``reports/<sandbox>-<run>/demo-figures.json`` (with the run, the inventory and
+    this machine's CPU) and print them as a table."""
+    out = Path("reports") / f"{SANDBOX}-{run}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo-figures.json").write_text(json.dumps(
+        {"run": run, "inventory": str(inventory), "cpu": cpu_model(), "figures": dict(figures)}, indent=2) + "\n")
+    table = Table(title="eagle3ops demo: measured figures")
+    table.add_column("what")
+    table.add_column("figure")
+    for k, v in figures:
+        table.add_row(k, v)
+    console.print(table)
+    console.print(f"figures written to {out / 'demo-figures.json'}")
 
 
 def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline.yaml")) -> int:
@@ -391,20 +469,7 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
     figures.append(("pipeline image size", f"{built.size / 1e9:.2f} GB ({built.tag})"))
 
     t = _step("3. production serving on the sandbox host: real vLLM 0.16 serving SmolLM2-135M-Instruct")
-    console.print(deployer.push_image(h.serving.image, h))
-    t_build = time.monotonic()
-    replaced = build_tiny_model(built.tag, h.model_path, DEMO_TARGET)
-    figures.append(("provision target", f"{time.monotonic() - t_build:.1f} s"))
-    from eagle3ops_dev.smollm2 import RECORD
-
-    prov = json.loads((Path(h.model_path) / RECORD).read_text())
-    figures.append(("target", f"{prov.get('model')}: {prov.get('package', {}).get('name')} "
-                              f"{prov.get('package', {}).get('version')}, GGUF sha256 "
-                              f"{prov.get('gguf', {}).get('sha256', '')[:12]}…, {prov.get('dtype')}, "
-                              f"{prov.get('parameters')} parameters ({Path(h.model_path) / RECORD})"))
-    ready_s = start_serving(h, restart=replaced)
-    figures.append(("serving start (cold)", f"{ready_s:.1f} s"))
-    figures.append(("provision serving", f"{time.monotonic() - t:.1f} s"))
+    figures += provision_serving(h, built.tag, t)
 
     t = _step(f"4. deploy {SANDBOX}: push the pipeline image over SSH (missing layers only), verify, preflight")
     dep = deployer.deploy(h, base_image=base, echo=console.print)
@@ -416,16 +481,7 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
     t = _step(f"4b. training data: {DEMO_CONVERSATIONS} ShareGPT V3 conversations answered multi-turn by the live "
               "target")
     pipeline_text, gen = regenerate_training_data(h, run, pipeline.read_text(), train=DEMO_TRAIN, vocab=DEMO_VOCAB)
-    sel = gen.get("selection") or {}
-    figures.append(("regenerate (live serving)", f"{gen['answered']} of {gen['conversations']} conversations, "
-                                                 f"{gen['completion_tokens_now']} tokens in {gen['wall_s']} s "
-                                                 f"({gen['tokens_per_s_now']} tokens/s, concurrency "
-                                                 f"{gen['settings']['concurrency']}, up to {sel.get('max_turns')} "
-                                                 f"answers each; finish {gen.get('finish_reasons')}; not started "
-                                                 f"(time budget) {gen.get('not_started_time_budget')})"))
-    figures.append(("  data", f"{DEMO_DATASET}: {sel.get('conversations_read')} conversations read, "
-                              f"{sel.get('held_out')} held out by hash, {sel.get('within_prompt_chars')} of the rest "
-                              f"within {sel.get('prompt_chars')} prompt characters"))
+    figures += regenerate_figures(gen, DEMO_DATASET)
     for kind in ("extract", "train"):
         t = _step(f"5. {kind} window on {SANDBOX}")
         with executor.for_host(h) as r:
@@ -434,107 +490,25 @@ def run(inventory: Path = DEMO_INVENTORY, pipeline: Path = Path("deploy/pipeline
                              pipeline_text=pipeline_text)
         summary(res)
         ok &= res["outcome"] == "ok"
-        figures.append((f"{kind} window", f"{res['outcome']}, wall {res['wall_s']} s, serving downtime "
-                                           f"{res['downtime_s']} s"))
-        for name, secs in (res.get("stage_seconds") or {}).items():
-            figures.append((f"  stage {name}", f"{secs} s ({res['stages'][name]})"))
-        figures.extend(stage_figures(Path(h.data_dir) / "runs" / run, kind))
+        figures += window_figures(kind, res, Path(h.data_dir) / "runs" / run)
         if res["outcome"] != "ok":
             break
 
     if ok:
         t = _step("6. a second serving release (changed flag), then rollback to the previous one")
-        with executor.for_host(h) as r:
-            from eagle3ops.config.plan import ReleaseChange
-
-            rel = run_window(r, kind="release", image=dep.tag, expected_image_id=dep.image_id,
-                             command=f"eagle3ops release {SANDBOX} --arg --max-num-seqs --arg 8 (demo)",
-                             change=ReleaseChange(args=["--max-num-seqs", "8"]), on_event=print_event)
-            figures.append(("release", f"{rel['outcome']} → release {rel['release']}, {rel['wall_s']} s"))
-            prev = res["release"]  # live before the new release (release numbers need not be consecutive)
-            rb = run_window(r, kind="rollback", image=dep.tag, expected_image_id=dep.image_id,
-                            command=f"eagle3ops rollback {SANDBOX} (demo)", on_event=print_event)
-            figures.append(("rollback", f"{rb['outcome']} → release {rb['release']}, {rb['wall_s']} s"))
-            ok &= rel["outcome"] == "ok" and rb["outcome"] == "ok" and rb["release"] == prev
+        # live before the new release (release numbers need not be consecutive)
+        ok &= release_then_rollback(h, dep, res["release"], figures)
 
     if ok:
         t = _step("7. speculate: the trained head as a speculative release, kept only when measured faster")
-        from eagle3ops.speculate import ship
-
-        spec_img = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin",
-                                      ca_bundle=ca, extra_tags=[h.serving.speculative_image] if
-                                      h.serving.speculative_image else ())
-        chat_file = Path("reports") / f"{SANDBOX}-{run}" / "gate-chat.jsonl"
-        chat = held_out_chat_set(h, chat_file)
-        figures.append(("gate prompt sets", f"chat: {chat['count']} held-out ShareGPT turns "
-                                            f"({chat['prompt_tokens_mean']} prompt tokens on average); code: "
-                                            f"{h.serving.gate_prompts} HumanEval gate-split prompts"))
-        with executor.for_host(h) as r:
-            # --force: whatever the head's offline estimate, the demo shows the gate's measured decision;
-            # --control: production serves the local base, the speculative release the stand-in serving image, so
-            # the baseline measured is that image without --speculative-config (like for like)
-            sp = ship.speculate(r, ship.SpeculateOptions(
-                run=run, pipeline_image=dep.tag, pipeline_image_id=dep.image_id, force=True, control=True,
-                serving_image=h.serving.speculative_image or spec_img.tag, prompts_file=chat_file,
-                with_humaneval=True, command=f"eagle3ops speculate {SANDBOX} --run {run} --force --control "
-                                             f"--prompts-file {chat_file} --with-humaneval (demo)"), echo=console.print,
-                on_event=print_event)
-        sd = sp.get("spec_decode") or {}
-        figures.append(("speculation gate", f"{sp['verdict']}: {sp['reason']}"))
-        for c, lv in (sp.get("levels") or {}).items():
-            spec_tps = (lv.get("speculative") or {}).get("output_tokens_per_s")
-            figures.append((f"  concurrency {c}", f"baseline {lv['baseline']['output_tokens_per_s']} tok/s, "
-                                                  f"speculative {spec_tps} tok/s (x{lv.get('throughput_ratio')})"))
-        figures.append(("  acceptance length", f"{sd.get('mean_acceptance_length')} (per position "
-                                               f"{sd.get('acceptance_per_position')})"))
-        figures.append(("  live release", str(sp.get("live_release"))))
-        iv = sp.get("interval") or {}
-        if iv:
-            figures.append(("  90 % interval", f"x{iv.get('low')} to x{iv.get('high')} (point x{iv.get('point')}, "
-                                               f"{iv.get('baseline_passes')} + {iv.get('speculative_passes')} passes x "
-                                               f"{iv.get('prompts')} prompts)"))
-        gd = sp.get("gate_design") or {}
-        if gd:
-            figures.append(("  gate design", f"{gd.get('used')}: {gd.get('order')} (block passes "
-                                             f"{gd.get('block_passes')})"))
-        pw = sp.get("power") or {}
-        if pw:  # planned before any restart; the demo's 3 passes are accepted below the target (its inventory)
-            figures.append(("  planned gate power", f"{pw.get('power')} at x{pw.get('true_ratio')} with "
-                                                    f"{pw.get('passes')} passes, pass CV {pw.get('pass_cv')} (target "
-                                                    f"{pw.get('target')}; low power accepted: "
-                                                    f"{pw.get('accepted_low_power')})"))
-        for name, t in (sp.get("sets") or {}).items():
-            for c, row in (t.get("levels") or {}).items():
-                siv = row.get("interval")
-                figures.append((f"  set {name}, concurrency {c}",
-                                f"x{row.get('throughput_ratio')}" + (f" (x{siv['low']} to x{siv['high']})" if siv
-                                                                     else "") + f", TTFT x{row.get('ttft_ratio')}"))
-        figures.append(("  gate wall time", f"{sp.get('wall_s')} s ({len(sp.get('restarts_s') or [])} serving "
-                                            "restarts)"))
+        figures += speculate_step(h, run, dep, base, ca)
 
     if ok:
         t = _step("8. the run's report (HTML + plots)")
-        from eagle3ops import report
-
-        with executor.for_host(h) as r:
-            data = report.collect(r, h, run)
-        folder = Path("reports") / f"{SANDBOX}-{run}"
-        report.render(data, folder)
-        figures.append(("report", f"{folder / 'index.html'} ({len(data['windows'])} windows, "
-                                  f"{len(data['train_metrics'])} train steps)"))
+        figures += report_step(h, run)
 
     healthy = serving_healthy(h, completion=True)
     figures.append(("serving healthy at the end", str(healthy)))
     figures.append(("demo wall time", f"{time.monotonic() - t_start:.1f} s"))
-    out = Path("reports") / f"{SANDBOX}-{run}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "demo-figures.json").write_text(json.dumps(
-        {"run": run, "inventory": str(inventory), "cpu": cpu_model(), "figures": dict(figures)}, indent=2) + "\n")
-    table = Table(title="eagle3ops demo: measured figures")
-    table.add_column("what")
-    table.add_column("figure")
-    for k, v in figures:
-        table.add_row(k, v)
-    console.print(table)
-    console.print(f"figures written to {out / 'demo-figures.json'}")
+    write_figures(figures, run, inventory)
     return 0 if ok and healthy else 1

@@ -34,9 +34,13 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle3ops.patches.apply import file_sha256, read_manifest
 from eagle3ops.patches.errors import ProbeError
+
+if TYPE_CHECKING:
+    from eagle3ops.patches import probecache
 
 DEFAULT_PROBES_MODULE = "eagle3ops.patches.probes"
 #: Phases of the last :func:`probe_installed` call, seconds: ``keys`` (hashing the cache inputs), ``before``
@@ -246,16 +250,27 @@ def probe_installed(
     if probes is None and to_run:
         _call_hook(_registry_hook(probes_module, "finish") or _registry_hook(probes_module, "shutdown"))
     LAST_TIMINGS["shutdown"] = time.monotonic() - t0
-    if cache is not None and keys and not changed:
-        # a pass is stored only when the patched files were as applied and did not change while probing
-        from eagle3ops.patches import probecache
-
-        trees_before = next(iter(keys.values()))[1]["patched_trees"]
-        if probecache.patched_trees(site_dir) == trees_before:
-            for o in outcomes:
-                if o.ok and not o.reused and o.probe in done and done[o.probe] is o:
-                    cache.put(o.key, o.probe, patch=o.patch, seconds=o.seconds, inputs=keys[o.probe][1])
+    if cache is not None and keys and not changed:  # a pass is stored only when the patched files were as applied
+        _store_passes(cache, keys, site_dir, outcomes, done)
     return changed, outcomes
+
+
+def _store_passes(cache: probecache.ProbeResultCache, keys: dict[str, tuple[str, dict]], site_dir: Path, outcomes: list[ProbeOutcome],
+                  done: dict[str, ProbeOutcome]) -> None:
+    """Store each probe that ran and passed in the result ``cache`` under its
+    key from ``keys`` (probe -> (key, key inputs)); ``done`` maps each probe that ran to its own outcome, so a
+    reused pass or the copy a second patch naming one probe got is not stored twice.
+
+    Nothing is stored when the patched trees changed while probing: the keys were computed before, so a pass would
+    be filed under files it did not run against.
+    """
+    from eagle3ops.patches import probecache
+
+    trees_before = next(iter(keys.values()))[1]["patched_trees"]
+    if probecache.patched_trees(site_dir) == trees_before:
+        for o in outcomes:
+            if o.ok and not o.reused and o.probe in done and done[o.probe] is o:
+                cache.put(o.key, o.probe, patch=o.patch, seconds=o.seconds, inputs=keys[o.probe][1])
 
 
 def _registry_hook(module: str, name: str) -> Callable | None:

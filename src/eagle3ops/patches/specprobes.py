@@ -208,6 +208,48 @@ def _counters(llm: Any) -> dict[str, Any]:
     return out
 
 
+def _logprob_gaps(outs: list[Any]) -> list[list[float]]:
+    """Per request output (vLLM ``RequestOutput``, generated with ``logprobs=2``), per position: the top-1 minus the
+    top-2 logprob (inf where only one was returned) - the margin a numerically different path must not cross."""
+    gaps = []
+    for o in outs:
+        row = []
+        for pos in o.outputs[0].logprobs or []:
+            top = sorted((lp.logprob for lp in pos.values()), reverse=True)
+            row.append(top[0] - top[1] if len(top) > 1 else float("inf"))
+        gaps.append(row)
+    return gaps
+
+
+def _spec_config(method: str, kind: str, target: Path, draft: Path | None, base: list[list[int]], *,
+                 workdir: Path, seed: int) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for the second engine of :func:`run_greedy_pair` (its ``method`` and ``draft``
+    arguments mean what they mean there).
+
+    ``eagle3`` without a ``draft``: a random tiny head is built first, in ``<workdir>/<kind>-draft`` (replacing what
+    is there), its vocabulary the :data:`DRAFT_VOCAB` most frequent tokens of the reference output ``base`` (token
+    ids per prompt) and its aux layers (1, L // 2, L - 1) of the target's L layers.
+    """
+    from eagle3ops.patches import fixtures
+
+    if method == "ngram":
+        lo, hi = NGRAM_LOOKUP
+        return {"method": "ngram", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+                "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    if draft is None:
+        n_layers = _num_layers(target)
+        freq = collections.Counter(t for ids in base for t in ids)
+        draft = workdir / f"{kind}-draft"
+        if draft.exists():
+            import shutil
+
+            shutil.rmtree(draft)
+        fixtures.load().build_draft(draft, target, draft_vocab=[t for t, _ in freq.most_common(DRAFT_VOCAB)],
+                                    seed=seed, aux_layer_ids=(1, n_layers // 2, n_layers - 1))
+    return {"method": "eagle3", "model": str(draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+            "disable_padded_drafter_batch": True}
+
+
 def run_greedy_pair(
     kind: str,
     dtype: str,
@@ -271,32 +313,10 @@ def run_greedy_pair(
         del llm
         gc.collect()
     base = [list(o.outputs[0].token_ids) for o in outs]
-    gaps = []
-    for o in outs:
-        row = []
-        for pos in o.outputs[0].logprobs or []:
-            top = sorted((lp.logprob for lp in pos.values()), reverse=True)
-            row.append(top[0] - top[1] if len(top) > 1 else float("inf"))
-        gaps.append(row)
+    gaps = _logprob_gaps(outs)
     t_base = time.monotonic() - t0
 
-    if method == "ngram":
-        lo, hi = NGRAM_LOOKUP
-        spec_config: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-                                       "prompt_lookup_min": lo, "prompt_lookup_max": hi}
-    elif draft is None:
-        n_layers = _num_layers(target)
-        freq = collections.Counter(t for ids in base for t in ids)
-        draft = workdir / f"{kind}-draft"
-        if draft.exists():
-            import shutil
-
-            shutil.rmtree(draft)
-        fixtures.load().build_draft(draft, target, draft_vocab=[t for t, _ in freq.most_common(DRAFT_VOCAB)],
-                                seed=seed, aux_layer_ids=(1, n_layers // 2, n_layers - 1))
-    if method != "ngram":
-        spec_config = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-                       "disable_padded_drafter_batch": True}
+    spec_config = _spec_config(method, kind, target, draft, base, workdir=workdir, seed=seed)
     t0 = time.monotonic()
     llm = LLM(**common, speculative_config=spec_config)
     try:

@@ -107,6 +107,27 @@ def _short(digest: str | None) -> str:
     return "absent" if digest is None else f"sha256 {digest[:12]}"
 
 
+def _recorded_state(
+    manifest: dict, k: int, touched: dict[str, list[int]], pristine: dict[str, str | None]
+) -> dict[str, str | None] | None:
+    """The sha256 every touched file must have in state ``k`` by the manifest: the recorded sum for a file one of
+    the first ``k`` patches touches, the wheel's (``pristine``) for the others; None when the manifest lacks the sum
+    of such a file (state ``k`` cannot be checked, so it is not claimed).
+
+    ``touched`` maps each path to the indexes of the patches touching it (as :func:`judge_tree` builds it).
+    """
+    sums = manifest.get("files_sha256") or {}
+    recorded: dict[str, str | None] = {}
+    for p in touched:
+        if any(i < k for i in touched[p]):
+            if p not in sums:
+                return None
+            recorded[p] = sums[p]
+        else:
+            recorded[p] = pristine[p]
+    return recorded
+
+
 def judge_tree(
     series: Series,
     files: list[list[FileDiff]],
@@ -138,18 +159,7 @@ def judge_tree(
     now = {p: file_digest(dist.site_dir / p) for p in touched}
     pristine = {p: record.get(p) for p in touched}
     k = manifest_prefix(manifest, series, dist.name)
-    recorded: dict[str, str | None] | None = None
-    if k:
-        sums = manifest.get("files_sha256") or {}  # type: ignore[union-attr]
-        recorded = {}
-        for p in touched:
-            if any(i < k for i in touched[p]):
-                if p not in sums:
-                    recorded = None
-                    break
-                recorded[p] = sums[p]
-            else:
-                recorded[p] = pristine[p]
+    recorded = _recorded_state(manifest, k, touched, pristine) if k and manifest is not None else None
     if recorded is not None and all(now[p] == recorded[p] for p in touched):
         return TreeState(applied=k or 0, basis=f"manifest {manifest_where}")
     if all(now[p] == pristine[p] for p in touched):

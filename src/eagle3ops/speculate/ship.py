@@ -398,6 +398,30 @@ def check_candidate_options(name: str, opts: SpeculateOptions) -> int:
     return n
 
 
+def check_invocation(name: str, opts: SpeculateOptions) -> None:
+    """Every option of a ``speculate`` on host ``name`` that is checked before the inventory is read or the host
+    reached, in this order: ``margin`` (:func:`~eagle3ops.config.inventory.check_gate_margin`), the candidates
+    (:func:`check_candidate_options`), ``with_humaneval`` only beside a ``prompts_file``, and the prompts file
+    itself (:func:`select_gate`). Pure apart from reading the prompts file; ``opts.pipeline_image`` is not used.
+
+    Raises:
+        SpeculateError: the first option refused; the message names the option (``--margin``, ``--method``...) and
+            the fix (the CLI exits 2 with it, a usage error).
+    """
+    if opts.margin is not None:
+        try:
+            check_gate_margin(opts.margin)
+        except ValueError as e:
+            raise SpeculateError(f"--margin: {e}") from None
+    check_candidate_options(name, opts)
+    if opts.with_humaneval and opts.prompts_file is None:
+        raise SpeculateError("--with-humaneval adds HumanEval's gate split beside a --prompts-file set; without "
+                             "--prompts-file HumanEval's gate split is the gate's prompts already: drop "
+                             "--with-humaneval")
+    if opts.prompts_file is not None:  # the file alone, as the gate reads it before HumanEval's split is added
+        select_gate(SpeculateOptions(run=opts.run, pipeline_image="", prompts_file=opts.prompts_file), 0)
+
+
 def target_tp(h: Any) -> int:
     """The target's tensor parallelism as host ``h``'s serving flags give it (``--tensor-parallel-size N``, ``-tp
     N`` or ``--tensor-parallel-size=N``; vLLM's default 1)."""

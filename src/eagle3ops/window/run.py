@@ -194,9 +194,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
     if kind not in st.WINDOWS and held is None:  # refused before the lock (a caller holding one: under it, below)
         refuse_release(r, kind, change)
     t0 = time.monotonic()
-    # a gated release (``release --gate``: the speculate job under the not-slower rule) is named for what it is
-    window_id = held or new_window_id("release-gate" if speculate is not None and speculate.rule == "not_slower"
-                                      else kind)
+    window_id = held or _new_window_id(kind, speculate)
     with under_lock(r, window_id, command, message, take=held is None):
         if kind not in st.WINDOWS and held is not None:  # a refusal releases the caller's lock
             refuse_release(r, kind, change)
@@ -205,9 +203,7 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
                             expected_image_id=expected_image_id, need_bytes=need_bytes, change=change,
                             on_event=on_event)
         # under the lock, after preflight (a rerun with nothing to do included): what killed drivers left behind
-        for warning in remove_left_supervisors(r, window_id):
-            if on_event:
-                on_event({"step": "driver", "event": "warn", "reason": warning})
+        _remove_left_supervisors(r, window_id, on_event)
         decision = facts.decision
         if decision is not None and decision.nothing_to_do and pf.ok:
             return {**_nothing_to_do(r, window_id, kind, command, decision, restart_hint=hint(
@@ -222,11 +218,31 @@ def run_window(r: Remote, *, kind: str, image: str, expected_image_id: str | Non
         start_weights_record(r)
     if r.dry_run:
         return _dry_run_result(r, plan, pf)
-    result = watch(r, window_id, on_event=on_event)
-    if decision is not None and decision.skip:  # skipped stages and why, before the ones that ran
-        result = {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
-                                       **(result.get("stages") or {})}}
+    result = _with_skipped(watch(r, window_id, on_event=on_event), decision)
     return finish_window(r, window_id, result, command=command)
+
+
+def _new_window_id(kind: str, speculate: SpeculateJob | None) -> str:
+    """A fresh window id for a window of ``kind``; a gated release (``release --gate``: the speculate job under the
+    not-slower rule) is named ``release-gate``, for what it is."""
+    return new_window_id("release-gate" if speculate is not None and speculate.rule == "not_slower" else kind)
+
+
+def _remove_left_supervisors(r: Remote, window_id: str, on_event: Callable[[dict[str, Any]], None] | None) -> None:
+    """Remove the exited supervisor containers earlier windows left (:func:`remove_left_supervisors`); each
+    warning it gives becomes a ``driver``/``warn`` event."""
+    for warning in remove_left_supervisors(r, window_id):
+        if on_event:
+            on_event({"step": "driver", "event": "warn", "reason": warning})
+
+
+def _with_skipped(result: dict[str, Any], decision: StageDecision | None) -> dict[str, Any]:
+    """The supervisor's ``result`` with the stages ``decision`` skipped (``"skipped (<why>)"``) listed in its
+    ``stages`` before the ones that ran; ``result`` itself when nothing was skipped."""
+    if decision is None or not decision.skip:
+        return result
+    return {**result, "stages": {**{s: f"skipped ({why})" for s, why in decision.skip},
+                                 **(result.get("stages") or {})}}
 
 
 @dataclass

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle3ops_dev.sandbox.engines import ensure_containerd_engine
+from eagle3ops_dev.sandbox.keys import ensure_keys
 from eagle3ops_dev.sandbox.proc import SandboxError, run_checked
 from eagle3ops_dev.sandbox.purge import purge_root
 
@@ -461,31 +462,8 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
     for d in (inf.data_dir, inf.state_dir):
         d.mkdir(mode=0o755, exist_ok=True)
         os.chown(d, uid, gid)
-    # Client side: user key + known_hosts.
-    cdir = inf.identity_file.parent
-    cdir.mkdir(parents=True, exist_ok=True)
-    os.chmod(cdir, 0o700)
-    if not inf.identity_file.exists():
-        run_checked([progs["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-C", f"eagle3ops-{name}-client",
-              "-f", str(inf.identity_file)])
-    pub = Path(str(inf.identity_file) + ".pub").read_text().strip()
-    # Host side: host key (kept across ups so known_hosts stays valid), authorized_keys, sshd_config.
     ssh = root / "ssh"
-    hostkey = ssh / "ssh_host_ed25519_key"
-    if not hostkey.exists():
-        run_checked([progs["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-C", f"eagle3ops-{name}-host",
-              "-f", str(hostkey)])
-    os.chmod(hostkey, 0o600)
-    ak = ssh / "authorized_keys"
-    # Shared host state is added to, never overwritten: a second checkout (its own client key) must not lock
-    # the first one out of the same sandbox.
-    keys = ak.read_text().splitlines() if ak.exists() else []
-    if pub not in (k.strip() for k in keys):
-        ak.write_text("".join(f"{k}\n" for k in [*keys, pub] if k.strip()))
-    os.chown(ak, 0, 0)
-    os.chmod(ak, 0o644)
-    host_pub = Path(str(hostkey) + ".pub").read_text().split()
-    inf.known_hosts.write_text(f"[{listen}]:{ssh_port} {host_pub[0]} {host_pub[1]}\n")
+    ensure_keys(inf.identity_file, inf.known_hosts, ssh, progs["ssh-keygen"], name, listen, ssh_port)
     config_text = _sshd_config(inf)
     cfg = ssh / "sshd_config"
     config_changed = not cfg.exists() or cfg.read_text() != config_text
@@ -508,16 +486,27 @@ def up(name: str = "sandbox", ssh_port: int = 2222, listen: str = "127.0.0.1", n
     if sshd_pid is None:
         _start_sshd(inf, progs["sshd"])
         started.append("sshd")
-    # Verify over real SSH, as e3ops, with strict host-key checking (with no engine: the login alone).
+    version = _verify_login(inf, name, engine)
+    return SandboxInfo(**{**asdict(inf), "docker_version": version, "started": tuple(started)})
+
+
+
+
+def _verify_login(inf: SandboxInfo, name: str, engine: str) -> str:
+    """Log in over real SSH, as ``e3ops``, with strict host-key checking, and ask the engine its version (step of
+    :func:`up`); with no engine the login alone. Returns the engine's server version ("" with no engine).
+
+    Raises:
+        SandboxError: the login or the ``docker version`` failed (exit status and the stderr tail, the logs named).
+    """
     check = (["sh", "-c", "echo none"] if engine == "none"
              else ["docker", "-H", inf.docker_host, "version", "--format", "{{.Server.Version}}"])
     cp = subprocess.run(_ssh_argv(inf, check), capture_output=True, text=True, timeout=60)
     if cp.returncode != 0 or not cp.stdout.strip():
         raise SandboxError(f"sandbox {name}: SSH login as {USER} + `{shlex.join(check)}` failed "
                            f"(exit {cp.returncode}): "
-                           f"{cp.stderr.strip()[-800:]}; see {root / 'sshd.log'} and {root / 'dockerd.log'}")
-    version = "" if engine == "none" else cp.stdout.strip()
-    return SandboxInfo(**{**asdict(inf), "docker_version": version, "started": tuple(started)})
+                           f"{cp.stderr.strip()[-800:]}; see {inf.root / 'sshd.log'} and {inf.root / 'dockerd.log'}")
+    return "" if engine == "none" else cp.stdout.strip()
 
 
 def down(name: str = "sandbox", purge: bool = False) -> list[str]:
