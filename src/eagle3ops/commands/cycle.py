@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from eagle3ops.commands.types import Change, Read
 
-__all__ = ["cycle_journals", "eagle3ops", "extract", "head_sizes", "listening_ports", "log_tail", "parse_listening",
+__all__ = ["cycle_journals", "eagle3ops", "extract", "head_sizes", "bound_ports", "log_tail", "parse_ports",
            "proc_cwd", "regenerate", "regenerated_manifests", "report", "serve_container", "session_alive", "speculate",
            "start_process", "step_child", "stop_session", "train", "weights", "write_private"]
 
@@ -128,14 +128,16 @@ def head_sizes(data_dir: str) -> Read:
 
 # ---- the head served on a work host (the cycle's acceptance step) -------------------------------------------------
 
-def listening_ports() -> Read:
-    """The TCP ports listened on (IPv4 and IPv6, ``/proc/net/tcp*``, state ``0A``), one ``ADDR:PORT`` (hex) per line
-    (:func:`parse_listening`)."""
-    return Read(["awk", '$4 == "0A" { print $2 }', "/proc/net/tcp", "/proc/net/tcp6"])
+def bound_ports() -> Read:
+    """The local ports of the host's TCP sockets (IPv4 and IPv6, ``/proc/net/tcp*``): listeners and the local ends
+    of connections, which a new listener cannot bind either; not those in TIME_WAIT (state ``06``), which a server
+    binding with ``SO_REUSEADDR`` (uvicorn's, vLLM's server) may take. One ``ADDR:PORT`` (hex) per line
+    (:func:`parse_ports`)."""
+    return Read(["awk", 'FNR > 1 && $4 != "06" { print $2 }', "/proc/net/tcp", "/proc/net/tcp6"])
 
 
-def parse_listening(out: str) -> set[int]:
-    """The port numbers of :func:`listening_ports`' output."""
+def parse_ports(out: str) -> set[int]:
+    """The port numbers of :func:`bound_ports`' output."""
     ports = set()
     for line in out.split():
         try:

@@ -109,15 +109,16 @@ def _remap_word(word: str, pairs: Sequence[tuple[str, str]]) -> str:
     return remap(word, pairs)
 
 
-def choose_port(listening: set[int], start: int, span: int = 200) -> int:
+def choose_port(in_use: set[int], start: int, span: int = 200) -> int:
     """The first port from ``start`` (production's serving port: the work host serves nothing, so it is usually
-    free) not in ``listening``.
+    free) not in ``in_use`` (:func:`eagle3ops.commands.cycle.bound_ports`: listeners and the local ends of
+    connections alike, since a listener cannot bind a port a client connection holds either).
 
     Raises:
-        StepFailed: all ``span`` ports from ``start`` are listened on.
+        StepFailed: all ``span`` ports from ``start`` are in use.
     """
     for p in range(start, min(start + span, 65536)):
-        if p not in listening:
+        if p not in in_use:
             return p
     raise StepFailed(f"no free port in {start}..{start + span - 1} on the work host")
 
@@ -500,7 +501,7 @@ def _serve_and_measure(pr: Any, wr: Any, src: ProductionServing, *, run: str, k:
             defaults = json.loads(got.stdout) if got.ok else None
         except ValueError:
             defaults = None
-    port = choose_port(cyc.parse_listening(wr.run(cyc.listening_ports(), check=False).stdout or ""),
+    port = choose_port(cyc.parse_ports(wr.run(cyc.bound_ports(), check=False).stdout or ""),
                        prod.serving.port)
     ws = plan_work_serving(prod, work, src, run=run, k=k, port=port, image=image, image_id=image_id,
                            image_defaults=defaults)
