@@ -212,23 +212,12 @@ def upgrade_report(r: Any, image: str, args: list[str], *, cache: Path | None = 
     from eagle3ops import redact
     from eagle3ops.commands import serving as sv
     from eagle3ops.window.kinds import driver_kind
-    from eagle3ops.window.kinds.container import find_serving_container
+    from eagle3ops.window.kinds.container import live_spec_for_image
 
-    kind = driver_kind(r.host)
-    names, _ = find_serving_container(r, kind)
-    if not names:
-        return None
-    out = r.run(dk.inspect_container(r.host, names[0]), check=False)
-    try:
-        spec = json.loads(out.stdout)[0] if out.ok else None
-    except (ValueError, IndexError):
-        spec = None
-    if not spec or not spec.get("Image"):
+    spec = live_spec_for_image(r, driver_kind(r.host), image)
+    if spec is None:
         return None
     cfg = spec.get("Config") or {}
-    new_id = r.run(dk.image_id(r.host, image), check=False).stdout.strip()
-    if new_id and new_id == spec["Image"]:
-        return None
     argv = sv.set_args([*(cfg.get("Entrypoint") or []), *(cfg.get("Cmd") or [])], list(args))
     old = dump_parser(r, spec["Image"], cache=cache)
     new = dump_parser(r, image, argv=argv, cache=cache)

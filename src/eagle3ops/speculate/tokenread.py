@@ -104,26 +104,12 @@ def read_in_image(r: Any, image: str, host_dir: str) -> dict[str, Any]:
 
 
 def live_spec(r: Any, image: str | None) -> dict[str, Any] | None:
-    """The live serving container's ``docker inspect`` when a release to ``image`` changes its image; None when
-    there is no ``image``, no live serving container, or it already runs ``image`` (same id). Read-only."""
+    """:func:`eagle3ops.window.kinds.container.live_spec_for_image` (the live serving container's ``docker inspect``
+    when a release to ``image`` changes its image; None otherwise). Read-only."""
     from eagle3ops.window.kinds import driver_kind
-    from eagle3ops.window.kinds.container import find_serving_container
+    from eagle3ops.window.kinds.container import live_spec_for_image
 
-    if not image:
-        return None
-    names, _ = find_serving_container(r, driver_kind(r.host))
-    if not names:
-        return None
-    out = r.run(dk.inspect_container(r.host, names[0]), check=False)
-    try:
-        spec = json.loads(out.stdout)[0] if out.ok else None
-    except (ValueError, IndexError):
-        spec = None
-    if not spec or not spec.get("Image"):
-        return None
-    if r.run(dk.image_id(r.host, image), check=False).stdout.strip() == spec["Image"]:
-        return None
-    return spec
+    return live_spec_for_image(r, driver_kind(r.host), image)
 
 
 def check_tokenizer(r: Any, image: str | None, args: list[str]) -> dict[str, Any] | None:

@@ -175,3 +175,24 @@ def find_serving_container(r: "Remote", kind: DriverKind) -> tuple[list[str], st
     out = r.run(sv.find_container_argv(r.host), check=False)
     names = [n for n in out.stdout.split() if n] if out.ok else []
     return names, what
+
+
+def live_spec_for_image(r: Any, kind: DriverKind, image: str | None) -> dict[str, Any] | None:
+    """The live serving container's ``docker inspect`` (found as ``kind``, the host's driver kind, looks for it) when
+    a release to ``image`` changes its image; None when there is no ``image``, no live serving container, or it
+    already runs ``image`` (same id). Read-only."""
+    if not image:
+        return None
+    names, _ = find_serving_container(r, kind)
+    if not names:
+        return None
+    out = r.run(dk.inspect_container(r.host, names[0]), check=False)
+    try:
+        spec = json.loads(out.stdout)[0] if out.ok else None
+    except (ValueError, IndexError):
+        spec = None
+    if not spec or not spec.get("Image"):
+        return None
+    if r.run(dk.image_id(r.host, image), check=False).stdout.strip() == spec["Image"]:
+        return None
+    return spec
