@@ -591,6 +591,18 @@ def test_work_host_process_is_productions_command_line_remapped(tmp_path: Path) 
         in_use = cyc.parse_ports(subprocess.run(list(cyc.bound_ports()), capture_output=True, text=True).stdout)
         assert {srv.getsockname()[1], cli.getsockname()[1]} <= in_use
         assert cserve.choose_port(in_use, cli.getsockname()[1]) != cli.getsockname()[1]
+    # The work host's server is alive while its launcher's pid runs, before that pid leads a session of its own
+    # (its setsid not run yet): a process of this test's session stands for it; gone once it has exited.
+    sid_dir = Path(tmp_path, "alive")
+    sid_dir.mkdir()
+    launcher = subprocess.Popen(["sleep", "30"])
+    try:
+        Path(sid_dir, "sid").write_text(f"{launcher.pid}\n")
+        assert subprocess.run(list(cyc.session_alive(str(sid_dir)))).returncode == 0
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert subprocess.run(list(cyc.session_alive(str(sid_dir)))).returncode != 0
     assert cserve.secrets_to_env(["a", "--api-key=k", "--hf-token", "t", "b"]) == (
         ["a", "b"], {"VLLM_API_KEY": "k", "HF_TOKEN": "t"})
     assert cserve.remap("/m2/x", [("/m", "/w")]) == "/m2/x" and cserve.remap("/m/x", [("/m", "/w"), ("/m/x", "/v")]) == "/v"

@@ -185,8 +185,12 @@ def stop_session(d: str, timeout_s: int) -> Change:
 
 
 def session_alive(d: str) -> Read:
-    """Exits 0 while a process of the session in ``d/sid`` runs."""
-    return Read(["sh", "-c", 'pgrep -s "$(cat "$1/sid")" >/dev/null', "eagle3ops-cycle-alive", d])
+    """Exits 0 while a process of the session in ``d/sid`` runs, or the launcher whose pid that is: until its
+    ``setsid`` has run (a moment after :func:`start_process` returns, longer on a loaded host) the session does not
+    exist yet, and a check then must not read the server as gone. A launcher that exited but was not reaped (a
+    zombie: the host's init may not reap orphans) is gone."""
+    return Read(["sh", "-c", 'sid=$(cat "$1/sid") && { pgrep -s "$sid" >/dev/null || '
+                 '{ st=$(ps -o stat= -p "$sid") && [ "${st#Z}" = "$st" ]; }; }', "eagle3ops-cycle-alive", d])
 
 
 def write_private(path: str) -> Change:
