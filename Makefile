@@ -200,10 +200,12 @@ bench-speculate-gpu-head: setup
 # README.md there). gpu-round-pack puts what the lent GPU machine needs into the ignored .whl/ and prints the device
 # calls to make in order; gpu-round-finish takes the folders their files came back to (DEVICE_DIR, one or several),
 # checks every head file's sha256 and writes the figures JSON and the heads (.whl/heads/). GPU_ROUND: the round's tag;
-# PACK: another folder than .whl; WHEELS_FROM: a folder of wheels to take the pinned ones from before downloading.
+# PACK: another folder than .whl; WHEELS_FROM: a folder of wheels to take the pinned ones from before downloading;
+# GEN_S: seconds of generation on the device (default 240); STEPS: training steps of each head (default 900).
 GPU_SCRIPT := benchmarks/gpu-head-smollm2/gpu_head_smollm2.py
 gpu-round-pack: setup
-	$(PY) $(GPU_SCRIPT) pack $(if $(PACK),--dest $(PACK)) $(if $(GPU_ROUND),--round $(GPU_ROUND)) $(if $(WHEELS_FROM),--wheels-from $(WHEELS_FROM))
+	$(PY) $(GPU_SCRIPT) pack $(if $(PACK),--dest $(PACK)) $(if $(GPU_ROUND),--round $(GPU_ROUND)) $(if $(WHEELS_FROM),--wheels-from $(WHEELS_FROM)) \
+	  $(if $(GEN_S),--gen-budget-s $(GEN_S)) $(if $(STEPS),--steps $(STEPS))
 
 gpu-round-finish: setup
 	@test -n "$(DEVICE_DIR)" || { echo "make gpu-round-finish DEVICE_DIR='<files_at of the device calls>' [DEVICE_S='<status JSON>']"; exit 2; }
