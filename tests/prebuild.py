@@ -56,7 +56,7 @@ def main() -> int:
             ca_bundle=ca, quiet=True, extra_tags=[sandbox.serving.speculative_image]).tag),
         ("test stand-in base (venv)", lambda: bases.build_standin_base(ca_bundle=ca)),
         ("test stand-in base (system)", lambda: bases.build_standin_base(ca_bundle=ca, layout="system")),
-        ("upstream-layout base", lambda: bases.build_upstream_base(ca_bundle=ca, quiet=True)),
+        ("upstream-layout base", lambda: bases.build_base("upstream", ca, quiet=True)),
         # what tests/test_hostprobe.py builds: the pipeline image whose probes are deferred to the host (on the CPU
         # local base: ``engine_checks="host"``), and the pipeline image on the upstream-layout base
         ("pipeline image, probes deferred to the host", lambda: images.build_image(

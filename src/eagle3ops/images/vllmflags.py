@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3ops.commands import docker as dk
+from eagle3ops.executor import read_in_image
 
 #: the in-image script's text (run with ``python3 -c``)
 DUMP_SOURCE = (Path(__file__).with_name("vllm_parser_dump.py")).read_text(encoding="utf-8")
@@ -184,17 +185,11 @@ def dump_parser(r: Any, image: str, *, argv: list[str] | None = None, cache: Pat
     path = cache_file(image_id, cache)
     if argv is None and path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))
-    out = r.run(dk.run_python_stdin(r.host, image, DUMP_SOURCE), check=False, timeout=DUMP_TIMEOUT_S,
-                stdin=json.dumps({"argv": argv}))
-    line = next((ln for ln in reversed((out.stdout or "").splitlines()) if ln.startswith("{")), "")
-    try:
-        dump = json.loads(line)
-    except ValueError:
-        dump = None
-    if not out.ok or not isinstance(dump, dict) or dump.get("schema") != SCHEMA:
-        tail = " | ".join((out.stderr or out.stdout or "").strip().splitlines()[-3:])[-600:]
+    got = read_in_image(r, image, DUMP_SOURCE, timeout=DUMP_TIMEOUT_S, stdin=json.dumps({"argv": argv}))
+    dump = got.answer
+    if not got.ok or dump is None or dump.get("schema") != SCHEMA:
         raise FlagDumpError(f"{r.host.name}: could not dump the vLLM argument parser of {image} (exit "
-                            f"{out.exited}): {tail}")
+                            f"{got.exited}): {got.tail}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**dump, "parse": None, "image_id": image_id}, indent=1) + "\n", encoding="utf-8")
     return {**dump, "image_id": image_id}

@@ -7,7 +7,7 @@ version reads and the other ignores, defaults that moved). So, before any restar
 serving image itself: the source of :func:`~eagle3ops.speculate.onhost.vllm_view` (it imports only vLLM,
 transformers and the standard library; the serving image has no eagle3ops) is sent with ``python3 -c`` to a
 throwaway container of the serving image, the head mounted read-only at ``/head``, no network
-(:func:`eagle3ops.commands.docker.run_python_stdin`), and its answer goes through the same key-by-key check
+(:func:`eagle3ops.executor.read_in_image`), and its answer goes through the same key-by-key check
 (:func:`eagle3ops.speculate.headcheck.check_vllm_reading`): a key read differently is refused by name, else the
 head serves as trained. Skipped when the serving image's label says it is built for a profile of the pipeline's
 vLLM version (no second vLLM import for the usual case).
@@ -21,6 +21,7 @@ import textwrap
 from typing import Any
 
 from eagle3ops.commands import docker as dk
+from eagle3ops.executor import read_in_image
 from eagle3ops.speculate import onhost
 from eagle3ops.speculate.headcheck import check_vllm_reading
 
@@ -60,15 +61,8 @@ def labelled_vllm(r: Any, image: str) -> str | None:
 def view_in_image(r: Any, image: str, head_dir: str) -> dict[str, Any]:
     """The head at ``head_dir`` (on the host) as ``image``'s own vLLM reads it: ``vllm_view``'s answer, or
     ``{"error": ...}`` when the image could not read it (no vLLM, a loader refusal, no JSON)."""
-    out = r.run(dk.run_python_stdin(r.host, image, HEAD_VIEW_SOURCE, mounts=((head_dir, "/head"),)), check=False,
-                timeout=READ_TIMEOUT_S, stdin="")
-    line = next((ln for ln in reversed((out.stdout or "").splitlines()) if ln.startswith("{")), "")
-    try:
-        view = json.loads(line)
-    except ValueError:
-        tail = " | ".join((out.stderr or "").strip().splitlines()[-2:])[-400:]
-        return {"error": f"{image} did not answer (exit {getattr(out, 'exited', None)}): {tail}"}
-    return view if isinstance(view, dict) else {"error": f"{image} answered {line[:200]}"}
+    got = read_in_image(r, image, HEAD_VIEW_SOURCE, mounts=((head_dir, "/head"),), timeout=READ_TIMEOUT_S)
+    return got.answer if got.answer is not None else {"error": got.silence()}
 
 
 def check_as_serving_reads(r: Any, image: str | None, head_dir: str, info: dict[str, Any],

@@ -11,10 +11,9 @@ ring takes, and a container whose ``/dev/shm`` is smaller is refused, naming bot
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from eagle3ops.commands import docker as dk
+from eagle3ops.executor import read_in_image
 
 #: seconds the reading may take (it imports vLLM)
 READ_TIMEOUT_S = 300
@@ -58,13 +57,10 @@ def check_shm(r: Any, image: str | None, spec: dict[str, Any] | None) -> dict[st
     """
     if not image or not spec:
         return None
-    out = r.run(dk.run_python_stdin(r.host, image, SHM_SOURCE), check=False, timeout=READ_TIMEOUT_S, stdin="")
-    line = next((ln for ln in reversed((out.stdout or "").splitlines()) if ln.startswith("{")), "")
-    try:
-        reading = json.loads(line)
-    except ValueError:
-        tail = " | ".join((out.stderr or "").strip().splitlines()[-2:])[-400:]
-        return {"not_compared": f"{image} did not answer (exit {getattr(out, 'exited', None)}): {tail}"}
+    got = read_in_image(r, image, SHM_SOURCE, timeout=READ_TIMEOUT_S)
+    if got.answer is None:
+        return {"not_compared": got.silence()}
+    reading = got.answer
     hcfg = spec.get("HostConfig") or {}
     shm, ipc = hcfg.get("ShmSize"), hcfg.get("IpcMode")
     refusal = shm_refusal(r.host.name, image, reading, shm, ipc)

@@ -6,7 +6,7 @@ transformers 5.19 (vLLM 0.32) reads a saved ``tokenizer_class: LlamaTokenizer`` 
 speed, which ``release --gate`` (a speed gate) keeps (benchmarks/vllm-upgrade-gate/, docs/spikes/vllm-0.32-cpu.md).
 So, before any restart, the tokenizer production serves (``--tokenizer``, else the model, as the release's command
 line names it) is loaded in a throwaway container of the live image and of the new one (mounted read-only, no
-network: :func:`eagle3ops.commands.docker.run_python_stdin`) with ``AutoTokenizer.from_pretrained`` (how vLLM
+network: :func:`eagle3ops.executor.read_in_image`) with ``AutoTokenizer.from_pretrained`` (how vLLM
 loads a Hugging Face tokenizer) and a few fixed texts are encoded; different ids refuse the release, naming the
 class each version loaded and the first text that differs.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eagle3ops.commands import docker as dk
+from eagle3ops.executor import read_in_image
 
 #: texts encoded by both images: plain English, code with indentation, non-ASCII (byte-level BPE's edge)
 SAMPLES = ("Hello world, what is the capital of France?", "def add(a, b):\n    return a + b\n",
@@ -89,18 +89,12 @@ def tokenizer_refusal(host: str, old: dict[str, Any], new: dict[str, Any], *, ol
     return None
 
 
-def read_in_image(r: Any, image: str, host_dir: str) -> dict[str, Any]:
+def tokenize_in_image(r: Any, image: str, host_dir: str) -> dict[str, Any]:
     """:data:`TOKENIZE_SOURCE`'s answer in a throwaway container of ``image`` with ``host_dir`` at
-    :data:`TOKENIZER_AT`, or ``{"error": ...}`` when it gave none. Read-only."""
-    out = r.run(dk.run_python_stdin(r.host, image, TOKENIZE_SOURCE, mounts=((host_dir, TOKENIZER_AT),)),
-                check=False, timeout=READ_TIMEOUT_S, stdin="")
-    line = next((ln for ln in reversed((out.stdout or "").splitlines()) if ln.startswith("{")), "")
-    try:
-        got = json.loads(line)
-    except ValueError:
-        tail = " | ".join((out.stderr or "").strip().splitlines()[-2:])[-400:]
-        return {"error": f"{image} did not answer (exit {getattr(out, 'exited', None)}): {tail}"}
-    return got if isinstance(got, dict) else {"error": f"{image} answered {line[:200]}"}
+    :data:`TOKENIZER_AT` (:func:`eagle3ops.executor.read_in_image`), or ``{"error": ...}`` when it gave none.
+    Read-only."""
+    got = read_in_image(r, image, TOKENIZE_SOURCE, mounts=((host_dir, TOKENIZER_AT),), timeout=READ_TIMEOUT_S)
+    return got.answer if got.answer is not None else {"error": got.silence()}
 
 
 def live_spec(r: Any, image: str | None) -> dict[str, Any] | None:
@@ -140,7 +134,7 @@ def check_tokenizer(r: Any, image: str | None, args: list[str]) -> dict[str, Any
         bad = paths[srcs.index(None)] or "(none named)"
         return {"not_compared": f"the tokenizer {bad} is not on a bind of the serving container"}
     old_image = cfg.get("Image") or spec["Image"]
-    old, new = read_in_image(r, old_image, srcs[0]), read_in_image(r, image, srcs[1])
+    old, new = tokenize_in_image(r, old_image, srcs[0]), tokenize_in_image(r, image, srcs[1])
     if old.get("error") or new.get("error"):
         return {"not_compared": old.get("error") or new.get("error"), "path": paths[1]}
     shown = paths[1] if paths[0] == paths[1] else f"{paths[1]} (production: {paths[0]})"
