@@ -96,7 +96,7 @@ RUN = "gpu-head-smollm2"
 PROMPTS = 64
 PROMPT_CHARS = 1500  # first user turn under this many characters (round 1's agreement-prompt rule)
 EXTRA_CANDIDATES = 48  # held-out records read beyond --prompts, for those the round trip or the context refuses
-GATE_TIMEOUT_S = 3300.0
+GATE_TIMEOUT_S = 9000.0  # two concurrencies x 3 passes x both releases on a 2-core CPU without AMX
 
 
 # ---------------------------------------------------------------- 3. prompts (in the pipeline image, then served)
