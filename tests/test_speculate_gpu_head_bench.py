@@ -53,6 +53,23 @@ def test_the_head_is_joined_and_checked_against_the_recorded_sha256(tmp_path: Pa
         b.assemble_head(src, tmp_path / "again", r2)
 
 
+def test_a_shard_joined_before_is_taken_only_with_the_recorded_sha256(tmp_path: Path) -> None:
+    """finish-round leaves the split shard joined and its parts gone: the joined file is checked like a joined one."""
+    src, r2 = _head(tmp_path)
+    name = "model-00002-of-00002.safetensors"
+    (src / name).write_bytes((src / f"{name}.part1").read_bytes() + (src / f"{name}.part2").read_bytes())
+    for part in (1, 2):
+        (src / f"{name}.part{part}").unlink()
+    rec = b.assemble_head(src, tmp_path / "head", r2)
+    assert rec["joined"] == {name: ["joined before"]} and rec["files"][name]["bytes"] == 10240
+    (src / name).write_bytes(b"damaged")
+    with pytest.raises(SystemExit, match="a part is damaged"):
+        b.assemble_head(src, tmp_path / "again", r2)
+    (src / name).unlink()
+    with pytest.raises(SystemExit, match="and no joined"):
+        b.assemble_head(src, tmp_path / "third", r2)
+
+
 def _passes(c: int, tps: float, n: int = 3) -> list[LevelResult]:
     out = []
     for j in range(n):

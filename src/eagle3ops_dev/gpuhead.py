@@ -22,7 +22,8 @@ DONE = {"acceptance_length_min": 2.5, "interval_low_min": 1.05, "offline_gap_max
 
 
 def assemble_head(src: Path, dest: Path, r2: dict[str, Any]) -> dict[str, Any]:
-    """Copy the head from ``src`` into ``dest``, joining split shards (``NAME.part1`` + ``.part2`` ...), and check
+    """Copy the head from ``src`` into ``dest``, joining split shards (``NAME.part1`` + ``.part2`` ...; a shard
+    already joined, as ``finish-round`` leaves it, is taken as it is), and check
     it against the round-2 record ``r2["head"]``: each split shard's sha256 and size, every shard of
     ``model.safetensors.index.json`` present, the shard files those of ``r2["head"]["files"]``.
 
@@ -30,7 +31,7 @@ def assemble_head(src: Path, dest: Path, r2: dict[str, Any]) -> dict[str, Any]:
         ``{"source", "files": {name: {"bytes", "sha256"}}, "joined": {name: parts}, "sha256_checked": [...]}``.
 
     Raises:
-        SystemExit: a part is missing, a joined shard's sha256 or size differs, or a shard is missing.
+        SystemExit: a part is missing (and the shard is not there joined), a joined shard's sha256 or size differs, or a shard is missing.
     """
     dest.mkdir(parents=True, exist_ok=True)
     split = r2["head"].get("split") or {}
@@ -42,17 +43,19 @@ def assemble_head(src: Path, dest: Path, r2: dict[str, Any]) -> dict[str, Any]:
     for name, rec in split.items():
         parts = [src / part for part in rec["parts"]]
         missing = [str(p) for p in parts if not p.is_file()]
-        if missing:
-            raise SystemExit(f"{src}: parts of {name} missing: {missing}")
-        with open(dest / name, "wb") as out:
-            for p in parts:
-                with open(p, "rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 22)
+        # `gpu_head_smollm2.py finish-round` leaves the shard joined: checked below as a joined one is
+        if missing and not (src / name).is_file():
+            raise SystemExit(f"{src}: parts of {name} missing: {missing} (and no joined {name})")
+        if not missing:
+            with open(dest / name, "wb") as out:
+                for p in parts:
+                    with open(p, "rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 22)
         got, size = sha256_file(dest / name), (dest / name).stat().st_size
         if got != rec["sha256"] or size != rec["bytes"]:
             raise SystemExit(f"{dest / name}: sha256 {got} ({size} bytes) != {rec['sha256']} ({rec['bytes']} bytes) "
                              "recorded in the round's JSON: a part is damaged")
-        joined[name] = rec["parts"]
+        joined[name] = rec["parts"] if not missing else ["joined before"]
     index = json.loads((dest / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     if shards != sorted(r2["head"]["files"]) or not all((dest / s).is_file() for s in shards):
