@@ -159,3 +159,120 @@ def test_the_repeat_count_goes_beside_both_acceptance_figures_and_only_for_the_g
     rep["gate"]["repeating"].append({"index": 12001})
     with pytest.raises(SystemExit, match="rep.json: counted on other prompts"):
         b.add_repeats(fig, rep, "rep.json")
+
+
+def test_a_finished_round_is_found_by_tag_and_a_missing_one_names_the_fix(tmp_path: Path) -> None:
+    """``--round r7kl``: the round's JSON by glob whatever GPU trained it, the head where ``gpu-round-finish`` put it;
+    no JSON, two JSONs or no head refuse by name (``make gpu-round-finish``), the JSON alone serves ``--read``."""
+    js, heads = tmp_path / "rounds", tmp_path / "heads"
+    js.mkdir()
+    with pytest.raises(SystemExit, match=r"gpu-head-smollm2-\*-r7kl.json: no round JSON .*make gpu-round-finish"):
+        b.round_files("r7kl", js, heads)
+    (js / "gpu-head-smollm2-h200-r7kl.json").write_text("{}")
+    (js / "gpu-head-smollm2-h100-r7lk.json").write_text("{}")  # the other head of the round: not taken
+    with pytest.raises(SystemExit, match=r"smollm2-r7kl: no head of round r7kl .*make gpu-round-finish.*--head-src"):
+        b.round_files("r7kl", js, heads)
+    assert b.round_files("r7kl", js, heads, need_head=False) == (js / "gpu-head-smollm2-h200-r7kl.json",
+                                                                 heads / "smollm2-r7kl")
+    (heads / "smollm2-r7kl").mkdir(parents=True)
+    (heads / "smollm2-r7kl" / "model.safetensors.index.json").write_text("{}")
+    assert b.round_files("r7kl", js, heads)[0].name == "gpu-head-smollm2-h200-r7kl.json"
+    (js / "gpu-head-smollm2-h100-r7kl.json").write_text("{}")
+    with pytest.raises(SystemExit, match="2 round JSONs for r7kl .*h100-r7kl.json, gpu-head-smollm2-h200-r7kl"):
+        b.round_files("r7kl", js, heads)
+    # round 6 as committed, found the same way
+    assert b.round_files("r6lk", R3_JSON.parent, heads, need_head=False)[0].name == "gpu-head-smollm2-h100-r6lk.json"
+
+
+def test_each_prompt_set_writes_its_own_file() -> None:
+    assert b.out_json_name("r7kl", "chat") == "speculate-smollm2-gpu-head-r7kl-chat.json"
+    assert b.out_json_name("r7lk", "code") == "speculate-smollm2-gpu-head-r7lk-code.json"
+    with pytest.raises(ValueError, match="one of"):
+        b.out_json_name("r7kl", "both")
+    chat, code = {"prompts": {"source": "prompts file"}}, {"prompts": {"source": "HumanEval gate split"}}
+    b.check_result_set(chat, "chat")
+    b.check_result_set(code, "code")
+    with pytest.raises(SystemExit, match="replayed 'HumanEval gate split', not the chat set.*give --set code"):
+        b.check_result_set(code, "chat")
+    with pytest.raises(SystemExit, match="counters mix the sets"):
+        b.check_result_set({"prompts": {"source": "prompts file + HumanEval gate split"}}, "chat")
+
+
+def _pack(tmp_path: Path, rows: list[dict]) -> Path:
+    """A stand-in round pack's prompts.jsonl.gz (the shape gpu_head_smollm2.py's prep writes; user turns cut at
+    40 characters here instead of 3,000)."""
+    import gzip
+
+    path = tmp_path / "g3" / "prompts.jsonl.gz"
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def test_a_gate_prompt_equal_to_a_trained_user_turn_refuses_and_none_equal_is_recorded(tmp_path: Path) -> None:
+    """Every gate prompt against every user turn of the round's pack, normalized as held_out_by_content does: one
+    equal (case, width and whitespace aside; at any turn of a record) refuses naming the prompt and the record;
+    a prompt longer than the pack's cut is compared cut; none equal records the counts and the file's sha256."""
+    pack = _pack(tmp_path, [{"id": "a", "index": 3, "users": ["Write a poem", "Now shorter"]},
+                            {"id": "b", "index": 7, "users": ["x" * 40]}])
+    ok = b.trained_turn_check([("sharegpt-v3/12000", "Write a poem about tea"), ("HumanEval/6", "def f():")],
+                              pack, "g3/prompts.jsonl.gz")
+    assert ok["equal"] == 0 and ok["user_turns"] == 3 and ok["records"] == 2 and ok["gate_prompts"] == 2
+    assert ok["sha256"] == hashlib.sha256(pack.read_bytes()).hexdigest() and "NFKC" in ok["normalization"]
+    assert ok["checked_against"] == "g3/prompts.jsonl.gz"
+    with pytest.raises(SystemExit, match=r"1 of 2 gate prompts equal a trained user turn.*sharegpt-v3/12005 = "
+                                         r"record 3"):
+        b.trained_turn_check([("sharegpt-v3/12000", "tea"), ("sharegpt-v3/12005", "  NOW   ｓhorter\n")], pack)
+    with pytest.raises(SystemExit, match="HumanEval/9 = record 7"):
+        b.trained_turn_check([("HumanEval/9", "x" * 55)], pack)
+    with pytest.raises(SystemExit, match=r"missing.gz: the round pack's prompts .*--pack-prompts"):
+        b.trained_turn_check([("p", "t")], tmp_path / "missing.gz")
+    man = tmp_path / "script" / "pack.json"
+    man.parent.mkdir()
+    man.write_text(json.dumps({"round": "r7", "made_at": "T", "recipe": {"conversations": 12000},
+                               "files": {"g3/prompts.jsonl.gz": {"sha256": ok["sha256"]}}}))
+    rec = b.pack_provenance(ok, man, {"pack": {"made_at": "T"}}, "r7kl")["pack"]
+    assert rec["sha256_matches_manifest"] and rec["same_pack_as_round_json"] and "note" not in rec
+    old = b.pack_provenance(ok, man, {}, "r6lk")["pack"]
+    assert old["same_pack_as_round_json"] is None and "round r7's, the head round r6's" in old["note"]
+
+
+def _result(acc_counts: dict, *, k: int = 3, count: int = 64, max_tokens: int = 128, source: str = "prompts file"
+            ) -> dict:
+    base, spec = {1: _passes(1, 20.0), 4: _passes(4, 50.0)}, {1: _passes(1, 30.0), 4: _passes(4, 55.0)}
+    d = dec.decide(base, spec, SpecDelta(100, 300, sum(acc_counts.values()), acc_counts), production_concurrency=1,
+                   margin=0.05, acceptance_floor=1.3)
+    return {"verdict": d.verdict, "reason": d.reason, **d.figures, "num_speculative_tokens": k, "gate_passes": 3,
+            "prompts": {"source": source, "count": count, "max_tokens": max_tokens}}
+
+
+def test_the_chat_target_is_2_3_at_k_3_and_the_code_set_is_reported_beside_it() -> None:
+    """``done_when.chat_acceptance_at_k3``: 2.3 on the chat set at k = 3, 128 tokens, 3 passes, 64 prompts (each
+    condition recorded); the code set is reported without a target; both levels (1 and 4) have their figures; the
+    speed verdict carries the CPU and whether it has AMX; the offline estimate says how its samples were split."""
+    r6 = json.loads((R3_JSON.parent / "gpu-head-smollm2-h100-r6kl.json").read_text())
+    kw = dict(head=None, prompts=None, levels={"measured": [1, 4]}, timing={}, target=None, gate_wall_s=None,
+              record=R3_JSON.parent / "gpu-head-smollm2-h100-r6kl.json")
+    hit = b.figures(_result({0: 70, 1: 45, 2: 25}), r6, prompt_set="chat", amx=False, **kw)  # 1 + 1.40 = 2.40
+    e = hit["done_when"]["chat_acceptance_at_k3"]
+    assert hit["set"] == "chat" and e["holds"] is True and e["value"] == pytest.approx(2.4) and e["short_by"] == 0.0
+    assert sorted(hit["per_level"]) == ["1", "4"] and all(lv["interval"] for lv in hit["per_level"].values())
+    assert hit["done_when"]["speed_verdict"]["amx"] is False and "keep is not expected" in \
+        hit["done_when"]["speed_verdict"]["note"] and hit["machine"]["amx"] is False
+    assert hit["offline_estimate"]["held_out_split"]["held_out_samples"] == 140
+    assert hit["prompts"]["set"] == "chat" and "chat set" in hit["what"]
+    low = b.figures(_result({0: 60, 1: 40, 2: 20}), r6, prompt_set="chat", amx=True, **kw)  # 2.20
+    assert low["done_when"]["chat_acceptance_at_k3"]["holds"] is False
+    assert low["done_when"]["chat_acceptance_at_k3"]["short_by"] == pytest.approx(0.1)
+    short = b.figures(_result({0: 70, 1: 45, 2: 25}, max_tokens=32, count=8), r6, prompt_set="chat", amx=True, **kw)
+    s = short["done_when"]["chat_acceptance_at_k3"]
+    assert s["holds"] is False and s["conditions"]["max_tokens 128"] is False and s["conditions"]["prompts >= 64"] \
+        is False and s["conditions"]["k = 3"] is True
+    code = b.figures(_result({0: 70, 1: 45, 2: 25}, count=39, source="HumanEval gate split"), r6, prompt_set="code",
+                     amx=True, trained_check={"equal": 0}, **kw)
+    c = code["done_when"]["chat_acceptance_at_k3"]
+    assert code["set"] == "code" and c["holds"] is None and c["value"] == pytest.approx(2.4)
+    assert "HumanEval" in code["what"]
+    assert code["prompts"]["trained_user_turns"] == {"equal": 0}
