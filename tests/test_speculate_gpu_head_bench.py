@@ -259,6 +259,7 @@ def test_the_chat_target_is_2_3_at_k_3_and_the_code_set_is_reported_beside_it() 
     e = hit["done_when"]["chat_acceptance_at_k3"]
     assert hit["set"] == "chat" and e["holds"] is True and e["value"] == pytest.approx(2.4) and e["short_by"] == 0.0
     assert sorted(hit["per_level"]) == ["1", "4"] and all(lv["interval"] for lv in hit["per_level"].values())
+    assert all("holds" in v for v in hit["done_when"].values()) and "learning_curve" not in e
     assert hit["done_when"]["speed_verdict"]["amx"] is False and "keep is not expected" in \
         hit["done_when"]["speed_verdict"]["note"] and hit["machine"]["amx"] is False
     assert hit["offline_estimate"]["held_out_split"]["held_out_samples"] == 140
@@ -266,6 +267,9 @@ def test_the_chat_target_is_2_3_at_k_3_and_the_code_set_is_reported_beside_it() 
     low = b.figures(_result({0: 60, 1: 40, 2: 20}), r6, prompt_set="chat", amx=True, **kw)  # 2.20
     assert low["done_when"]["chat_acceptance_at_k3"]["holds"] is False
     assert low["done_when"]["chat_acceptance_at_k3"]["short_by"] == pytest.approx(0.1)
+    curve = low["done_when"]["chat_acceptance_at_k3"]["learning_curve"]["points"]  # missed: the round's curve
+    assert len(curve) >= 3 and curve == [{"tokens_seen": c["tokens_seen"], "step": c["step"],
+                                          "acceptance_length": c["acceptance_length"]} for c in r6["learning_curve"]]
     short = b.figures(_result({0: 70, 1: 45, 2: 25}, max_tokens=32, count=8), r6, prompt_set="chat", amx=True, **kw)
     s = short["done_when"]["chat_acceptance_at_k3"]
     assert s["holds"] is False and s["conditions"]["max_tokens 128"] is False and s["conditions"]["prompts >= 64"] \
