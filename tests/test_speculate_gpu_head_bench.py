@@ -280,3 +280,31 @@ def test_the_chat_target_is_2_3_at_k_3_and_the_code_set_is_reported_beside_it() 
     assert code["set"] == "code" and c["holds"] is None and c["value"] == pytest.approx(2.4)
     assert "HumanEval" in code["what"]
     assert code["prompts"]["trained_user_turns"] == {"equal": 0}
+
+
+def test_the_script_refuses_a_code_set_repeating_a_trained_turn_before_building_anything(tmp_path: Path) -> None:
+    """The script as the lead runs it (``--round r6kl --set code``), up to its first check: HumanEval's gate split
+    (39 prompts, the whole split: the count the derived inventory gives ``serving.gate_prompts``) against a
+    stand-in pack (one record whose second user turn is HumanEval/15's prompt, upper-cased) stops it with the
+    prompt named, before the head is copied, an image built or the sandbox reached; ``--prompts`` past the split
+    is refused by name."""
+    import gzip
+    import subprocess
+    import sys
+
+    from eagle3ops.speculate.ship import gate_prompts
+
+    split = gate_prompts(10**6)
+    hit = next(p for p in split if p.id == "HumanEval/15")
+    pack = tmp_path / "prompts.jsonl.gz"
+    with gzip.open(pack, "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "z", "index": 42, "users": ["hi", hit.text.upper()]}) + "\n")
+    script = REPO / "benchmarks" / "gpu-head-served" / "speculate_smollm2_gpu_head.py"
+    base = [sys.executable, str(script), "--round", "r6kl", "--set", "code", "--head-src", str(tmp_path / "none"),
+            "--pack-prompts", str(pack), "--levels", "1,4", "--max-tokens", "128"]
+    r = subprocess.run(base, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and len(split) == 39, r.stderr[-2000:]
+    assert f"1 of {len(split)} gate prompts equal a trained user turn" in r.stderr
+    assert "HumanEval/15 = record 42" in r.stderr and "head:" not in r.stdout
+    r = subprocess.run([*base, "--prompts", "40"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--prompts 40: HumanEval's gate split holds 39 prompts" in r.stderr
