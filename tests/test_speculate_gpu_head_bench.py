@@ -287,7 +287,7 @@ def test_the_script_refuses_a_code_set_repeating_a_trained_turn_before_building_
     (39 prompts, the whole split: the count the derived inventory gives ``serving.gate_prompts``) against a
     stand-in pack (one record whose second user turn is HumanEval/15's prompt, upper-cased) stops it with the
     prompt named, before the head is copied, an image built or the sandbox reached; ``--prompts`` past the split
-    is refused by name."""
+    is refused by name, and so is ``--read --pre-gate`` with another set's record (before the host is read)."""
     import gzip
     import subprocess
     import sys
@@ -308,3 +308,8 @@ def test_the_script_refuses_a_code_set_repeating_a_trained_turn_before_building_
     assert "HumanEval/15 = record 42" in r.stderr and "head:" not in r.stdout
     r = subprocess.run([*base, "--prompts", "40"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "--prompts 40: HumanEval's gate split holds 39 prompts" in r.stderr
+    pre = tmp_path / "pre-gate.json"  # another set's record is not merged into this set's figures
+    pre.write_text(json.dumps({"round": "r6kl", "set": "chat", "head": None, "prompts": {}, "trained_user_turns": {}}))
+    r = subprocess.run([*base[:6], "--read", "--pre-gate", str(pre)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "recorded for round r6kl set chat, not --round r6kl --set code" in r.stderr

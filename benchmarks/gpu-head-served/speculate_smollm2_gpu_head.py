@@ -82,6 +82,7 @@ Usage (``make bench-speculate-gpu-head [LEVELS=1]``)::
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set chat --levels 1,4 --max-tokens 128
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set code --levels 1,4 --max-tokens 128
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set code --read  # figures only
+    python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set chat --read --pre-gate WORK/pre-gate.json
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py [--levels 1] [--prompts 64]
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --read     # figures from the run's recorded result only
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r5 --levels 1 --max-tokens 128 --json J
@@ -376,6 +377,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, help="gate_max_tokens replacing the inventory's (its default is 128; "
                                                    "the sandbox inventory's 32 keeps the demo short)")
     ap.add_argument("--read", action="store_true", help="only read the run's recorded result and write the JSON")
+    ap.add_argument("--pre-gate", type=Path, help="with --read: the pre-gate.json a run that stopped waiting wrote "
+                                                  "(the prompts it sent, their check, the head)")
     ap.add_argument("--json", type=Path, default=None,
                     help="figures file (default: rounds r2-r5 speculate-smollm2-gpu-head.json, later rounds "
                          "speculate-smollm2-gpu-head-ROUND-SET.json, here)")
@@ -503,6 +506,10 @@ def main() -> int:
         argv = [str(REPO / ".venv/bin/eagle3ops"), "speculate", HOST, "--run", RUN, "--head", str(work / "head"),
                 "--force", "--control", *(["--prompts-file", str(pfile)] if pfile else []), "--inventory", str(inv)]
         log = work / "speculate.log"
+        prompts["command"] = " ".join(argv[1:])
+        pre = work / "pre-gate.json"  # what --read cannot see again: the prompts sent and their check
+        pre.write_text(json.dumps({"round": a.round, "set": a.prompt_set, "head": head, "prompts": prompts,
+                                   "trained_user_turns": trained, "timing": timing}))
         before = attempts_count(h)
         print(f"gate: {' '.join(argv[1:])} (output: {log})", flush=True)
         t = time.monotonic()
@@ -513,12 +520,18 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 raise SystemExit(f"eagle3ops speculate still running after {timeout_s:.0f} s (log {log}); the "
                                  "host's supervisor carries the gate to its end: when `eagle3ops status sandbox` "
-                                 "shows it done, rerun with the same options and --read") from None
+                                 f"shows it done, rerun with the same options and --read --pre-gate {pre}") from None
         gate_wall = round(time.monotonic() - t, 1)
         print(log.read_text()[-5000:])
         if rc != 0:
             print(f"eagle3ops speculate exited {rc} (log {log})", file=sys.stderr)
-        prompts["command"] = " ".join(argv[1:])
+    elif a.pre_gate:
+        pre = json.loads(a.pre_gate.read_text())
+        if (pre.get("round"), pre.get("set")) != (a.round, a.prompt_set):
+            raise SystemExit(f"--pre-gate {a.pre_gate}: recorded for round {pre.get('round')} set {pre.get('set')}, "
+                             f"not --round {a.round} --set {a.prompt_set}")
+        head, prompts, trained = pre["head"], pre["prompts"], pre["trained_user_turns"]
+        timing.update(pre.get("timing") or {})
     result = read_result(h, newer_than=None if a.read else before)
     check_result_set(result, a.prompt_set)
     timing["total_s"] = round(time.monotonic() - t_all, 1)
