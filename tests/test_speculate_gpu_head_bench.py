@@ -51,6 +51,18 @@ def test_the_head_is_joined_and_checked_against_the_recorded_sha256(tmp_path: Pa
     (src / "model-00002-of-00002.safetensors.part2").write_bytes(b"damaged")
     with pytest.raises(SystemExit, match="a part is damaged"):
         b.assemble_head(src, tmp_path / "again", r2)
+    # rejoined already (gpu-round-finish's head folder): the whole shard taken, its sha256 checked all the same
+    for part in src.glob("*.part*"):
+        part.unlink()
+    with pytest.raises(SystemExit, match="parts of model-00002-of-00002.safetensors missing.*no joined"):
+        b.assemble_head(src, tmp_path / "none", r2)
+    (src / joined.name).write_bytes(joined.read_bytes())
+    rec = b.assemble_head(src, tmp_path / "whole", r2)
+    assert rec["joined"] == {joined.name: ["joined already"]} and rec["sha256_checked"] == [joined.name]
+    assert (tmp_path / "whole" / joined.name).read_bytes() == joined.read_bytes()
+    (src / joined.name).write_bytes(b"x" + joined.read_bytes()[1:])
+    with pytest.raises(SystemExit, match="the joined shard differs"):
+        b.assemble_head(src, tmp_path / "bad", r2)
 
 
 def _passes(c: int, tps: float, n: int = 3) -> list[LevelResult]:

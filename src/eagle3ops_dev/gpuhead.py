@@ -185,8 +185,9 @@ def cpu_has_amx(cpuinfo: str | None = None) -> bool:
 
 
 def assemble_head(src: Path, dest: Path, r2: dict[str, Any]) -> dict[str, Any]:
-    """Copy the head from ``src`` into ``dest``, joining split shards (``NAME.part1`` + ``.part2`` ...), and check
-    it against the round-2 record ``r2["head"]``: each split shard's sha256 and size, every shard of
+    """Copy the head from ``src`` into ``dest``, joining split shards (``NAME.part1`` + ``.part2`` ...; a shard
+    ``src`` holds joined already, as ``make gpu-round-finish`` leaves it, is taken as it is), and check it against
+    the round's record ``r2["head"]``: each split shard's sha256 and size, every shard of
     ``model.safetensors.index.json`` present, the shard files those of ``r2["head"]["files"]``.
 
     Returns:
@@ -205,17 +206,20 @@ def assemble_head(src: Path, dest: Path, r2: dict[str, Any]) -> dict[str, Any]:
     for name, rec in split.items():
         parts = [src / part for part in rec["parts"]]
         missing = [str(p) for p in parts if not p.is_file()]
-        if missing:
-            raise SystemExit(f"{src}: parts of {name} missing: {missing}")
-        with open(dest / name, "wb") as out:
-            for p in parts:
-                with open(p, "rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 22)
+        whole = missing and (src / name).is_file()  # rejoined already (``gpu-round-finish``'s head folder)
+        if missing and not whole:
+            raise SystemExit(f"{src}: parts of {name} missing: {missing} (and no joined {name})")
+        if not whole:
+            with open(dest / name, "wb") as out:
+                for p in parts:
+                    with open(p, "rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 22)
         got, size = sha256_file(dest / name), (dest / name).stat().st_size
         if got != rec["sha256"] or size != rec["bytes"]:
             raise SystemExit(f"{dest / name}: sha256 {got} ({size} bytes) != {rec['sha256']} ({rec['bytes']} bytes) "
-                             "recorded in the round's JSON: a part is damaged")
-        joined[name] = rec["parts"]
+                             "recorded in the round's JSON: " + ("the joined shard differs" if whole else
+                                                                  "a part is damaged"))
+        joined[name] = ["joined already"] if whole else rec["parts"]
     index = json.loads((dest / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     if shards != sorted(r2["head"]["files"]) or not all((dest / s).is_file() for s in shards):
