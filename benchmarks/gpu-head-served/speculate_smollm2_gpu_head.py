@@ -332,7 +332,8 @@ def read_result(h: Any, newer_than: int | None = None) -> dict[str, Any]:
             raise SystemExit(f"{h.name}: run {RUN} has no speculate attempt in the host's audit log")
         if newer_than is not None and len(hits) <= newer_than:
             raise SystemExit(f"{h.name}: no new speculate attempt of run {RUN} after this gate (still {len(hits)}): "
-                             "it stopped before measuring; its log says why (the older result is not read)")
+                             "it stopped before measuring (its log says why) or is still measuring (`eagle3ops "
+                             "status`); the older result is not read")
         out = r.run(hc.cat_if_exists(f"{hits[-1]['attempt_dir']}/result.json"), check=False)
     if not out.stdout.strip():
         raise SystemExit(f"{h.name}: {hits[-1]['attempt_dir']}/result.json is missing")
@@ -507,10 +508,10 @@ def main() -> int:
                 "--force", "--control", *(["--prompts-file", str(pfile)] if pfile else []), "--inventory", str(inv)]
         log = work / "speculate.log"
         prompts["command"] = " ".join(argv[1:])
+        before = attempts_count(h)
         pre = work / "pre-gate.json"  # what --read cannot see again: the prompts sent and their check
         pre.write_text(json.dumps({"round": a.round, "set": a.prompt_set, "head": head, "prompts": prompts,
-                                   "trained_user_turns": trained, "timing": timing}))
-        before = attempts_count(h)
+                                   "trained_user_turns": trained, "timing": timing, "attempts_before": before}))
         print(f"gate: {' '.join(argv[1:])} (output: {log})", flush=True)
         t = time.monotonic()
         timeout_s = GATE_TIMEOUT_S * len(levels)  # round 5's gate: 2,759 s at one level, 64 prompts, 128 tokens
@@ -532,7 +533,8 @@ def main() -> int:
                              f"not --round {a.round} --set {a.prompt_set}")
         head, prompts, trained = pre["head"], pre["prompts"], pre["trained_user_turns"]
         timing.update(pre.get("timing") or {})
-    result = read_result(h, newer_than=None if a.read else before)
+        before = pre.get("attempts_before")  # the result read must be that gate's, not an older attempt's
+    result = read_result(h, newer_than=before)
     check_result_set(result, a.prompt_set)
     timing["total_s"] = round(time.monotonic() - t_all, 1)
     fig = figures(result, r2, head=head, prompts=prompts, levels=level_rec, timing=timing,
