@@ -267,7 +267,8 @@ def test_the_chat_target_is_2_3_at_k_3_and_the_code_set_is_reported_beside_it() 
     r6 = json.loads((R3_JSON.parent / "gpu-head-smollm2-h100-r6kl.json").read_text())
     kw = dict(head=None, prompts=None, levels={"measured": [1, 4]}, timing={}, target=None, gate_wall_s=None,
               record=R3_JSON.parent / "gpu-head-smollm2-h100-r6kl.json")
-    hit = b.figures(_result({0: 70, 1: 45, 2: 25}), r6, prompt_set="chat", amx=False, **kw)  # 1 + 1.40 = 2.40
+    hit = b.figures(_result({0: 70, 1: 45, 2: 25}), r6, prompt_set="chat", amx=False, trained_check={"equal": 0},
+                    **kw)  # 1 + 1.40 = 2.40
     e = hit["done_when"]["chat_acceptance_at_k3"]
     assert hit["set"] == "chat" and e["holds"] is True and e["value"] == pytest.approx(2.4) and e["short_by"] == 0.0
     assert sorted(hit["per_level"]) == ["1", "4"] and all(lv["interval"] for lv in hit["per_level"].values())
@@ -286,6 +287,7 @@ def test_the_chat_target_is_2_3_at_k_3_and_the_code_set_is_reported_beside_it() 
     s = short["done_when"]["chat_acceptance_at_k3"]
     assert s["holds"] is False and s["conditions"]["max_tokens 128"] is False and s["conditions"]["prompts >= 64"] \
         is False and s["conditions"]["k = 3"] is True
+    assert s["conditions"]["no prompt equals a trained user turn (checked)"] is False  # not checked: not held
     code = b.figures(_result({0: 70, 1: 45, 2: 25}, count=39, source="HumanEval gate split"), r6, prompt_set="code",
                      amx=True, trained_check={"equal": 0}, **kw)
     c = code["done_when"]["chat_acceptance_at_k3"]

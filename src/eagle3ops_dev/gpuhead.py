@@ -270,11 +270,12 @@ def what_text(record_name: str, device: str | None, prompt_set: str = "chat") ->
             f"{device or 'H200'} ({record_name}) served on the sandbox through {how}")
 
 
-def chat_k3_entry(result: dict[str, Any], prompt_set: str, curve: list[dict[str, Any]] | None = None
-                  ) -> dict[str, Any]:
+def chat_k3_entry(result: dict[str, Any], prompt_set: str, curve: list[dict[str, Any]] | None = None,
+                  trained_check: dict[str, Any] | None = None) -> dict[str, Any]:
     """``done_when.chat_acceptance_at_k3`` (pure): the served acceptance length against
     :data:`CHAT_K3_MIN` (2.3 at k = 3), holding only on the chat set measured as the target asks (k = 3, 128 tokens,
-    3 passes or more, 64 prompts or more: each condition recorded with whether it held), and when it does not the
+    3 passes or more, 64 prompts or more, none equal to a trained user turn by ``trained_check``,
+    :func:`trained_turn_check`'s record: each condition recorded with whether it held), and when it does not the
     round's ``curve`` (its JSON's ``learning_curve``: held-out acceptance against training tokens) beside it; on the
     code set the figure is reported with ``holds`` None (no target)."""
     t = CHAT_K3_MIN
@@ -283,7 +284,8 @@ def chat_k3_entry(result: dict[str, Any], prompt_set: str, curve: list[dict[str,
     cond = {"set chat": prompt_set == "chat", f"k = {t['k']}": result.get("num_speculative_tokens") == t["k"],
             f"max_tokens {t['max_tokens']}": p.get("max_tokens") == t["max_tokens"],
             f"passes >= {t['passes_min']}": (result.get("gate_passes") or 0) >= t["passes_min"],
-            f"prompts >= {t['prompts_min']}": (p.get("count") or 0) >= t["prompts_min"]}
+            f"prompts >= {t['prompts_min']}": (p.get("count") or 0) >= t["prompts_min"],
+            "no prompt equals a trained user turn (checked)": (trained_check or {}).get("equal") == 0}
     if prompt_set != "chat":
         return {"value": acc, "needs": "reported beside the chat set (no target on the code set)", "holds": None,
                 "k": result.get("num_speculative_tokens"), "max_tokens": p.get("max_tokens")}
@@ -339,7 +341,7 @@ def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] 
         "offline_within_0.3": {"value": diff, "needs": f"|served - offline| <= {DONE['offline_gap_max']} (or the "
                                                        "difference explained by a measurement)",
                                "holds": diff is not None and abs(diff) <= DONE["offline_gap_max"]},
-        "chat_acceptance_at_k3": chat_k3_entry(result, prompt_set, r2.get("learning_curve")),
+        "chat_acceptance_at_k3": chat_k3_entry(result, prompt_set, r2.get("learning_curve"), trained_check),
     }
     amx = cpu_has_amx() if amx is None else amx
     cpu = cpu_model()
