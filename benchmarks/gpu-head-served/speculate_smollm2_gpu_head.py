@@ -54,7 +54,8 @@ prompts were taken by index alone: 9 of the gate's 64 (10 of the whole-answer 64
 
 Rounds 6 and 7 (``--round r6kl|r6lk|r7kl|r7lk``, made by ``make gpu-round-pack`` / ``gpu-round-finish``): the
 round's JSON is found by tag (``gpu-head-smollm2-*-TAG.json``, whatever GPU), the head in ``.whl/heads/smollm2-TAG``;
-either missing stops the script naming it and ``make gpu-round-finish``. Each head is judged on two prompt sets,
+either missing stops the script naming it and ``make gpu-round-finish``; 128 tokens a request unless
+``--max-tokens``. Each head is judged on two prompt sets,
 one gate run each (``--set chat|code``; vLLM's spec-decode counters are server-wide, so one run replaying both
 could not split acceptance by set), each written to its own JSON (``speculate-smollm2-gpu-head-TAG-SET.json``,
 ``set`` recorded; a result of the other set is refused, :func:`eagle3ops_dev.gpuhead.check_result_set`):
@@ -79,8 +80,8 @@ AMX. The result read is this gate's own (a new attempt in the host's audit log, 
 
 Usage (``make bench-speculate-gpu-head [LEVELS=1]``)::
 
-    python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set chat --levels 1,4 --max-tokens 128
-    python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set code --levels 1,4 --max-tokens 128
+    python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set chat --levels 1,4  # 128 tokens
+    python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set code --levels 1,4
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set code --read  # figures only
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set chat --read --pre-gate WORK/pre-gate.json
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py [--levels 1] [--prompts 64]
@@ -376,7 +377,8 @@ def main() -> int:
     ap.add_argument("--levels", help="comma-separated gate concurrencies replacing the inventory's (e.g. 1,4)")
     ap.add_argument("--inventory", type=Path, default=INVENTORY)
     ap.add_argument("--max-tokens", type=int, help="gate_max_tokens replacing the inventory's (its default is 128; "
-                                                   "the sandbox inventory's 32 keeps the demo short)")
+                                                   "the sandbox inventory's 32 keeps the demo short; rounds r6kl.. "
+                                                   "default to 128, the tokens the chat target is judged at)")
     ap.add_argument("--read", action="store_true", help="only read the run's recorded result and write the JSON")
     ap.add_argument("--pre-gate", type=Path, help="with --read: the pre-gate.json a run that stopped waiting wrote "
                                                   "(the prompts it sent, their check, the head)")
@@ -395,8 +397,8 @@ def main() -> int:
         select_in_container(a.n, a.out)
         return 0
     # the pure parts (the head joined and checked, the figures); after "select": the harness is not in the image
-    from eagle3ops_dev.gpuhead import (add_repeats, add_whole_answers, assemble_head, check_result_set, figures,
-                                       out_json_name, pack_provenance, trained_turn_check)
+    from eagle3ops_dev.gpuhead import (CHAT_K3_MIN, add_repeats, add_whole_answers, assemble_head, check_result_set,
+                                       figures, out_json_name, pack_provenance, trained_turn_check)
 
     if a.json is None:
         a.json = HERE / out_json_name(a.round, a.prompt_set) if a.round in FINISHED_ROUNDS else OUT_JSON
@@ -419,6 +421,8 @@ def main() -> int:
     from eagle3ops.config import load_inventory
 
     t_all = time.monotonic()
+    if a.max_tokens is None and a.round in FINISHED_ROUNDS:
+        a.max_tokens = CHAT_K3_MIN["max_tokens"]  # the tokens a request the chat target is judged at
     a.inventory = a.inventory.resolve()
     record, default_src = round_paths(a.round, need_head=not (a.read or a.head_src))
     r2 = json.loads(record.read_text())
