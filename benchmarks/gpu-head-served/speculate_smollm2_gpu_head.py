@@ -441,6 +441,10 @@ def main() -> int:
                              f"(give 1..{len(split)}, or leave it out for all)")
         code = split[:n]
     n_prompts = len(code) if code is not None else (a.prompts or PROMPTS)
+    saved = json.loads(a.pre_gate.read_text()) if a.read and a.pre_gate else None
+    if saved and (saved.get("round"), saved.get("set")) != (a.round, a.prompt_set):
+        raise SystemExit(f"--pre-gate {a.pre_gate}: recorded for round {saved.get('round')} set {saved.get('set')}, "
+                         f"not --round {a.round} --set {a.prompt_set}")
     if not a.read and not a.pack_prompts.is_file():
         raise SystemExit(f"{a.pack_prompts}: the round pack's user turns are missing (every gate prompt is checked "
                          "against them): give --pack-prompts the prompts.jsonl.gz `make gpu-round-pack` wrote")
@@ -530,14 +534,10 @@ def main() -> int:
         print(log.read_text()[-5000:])
         if rc != 0:
             print(f"eagle3ops speculate exited {rc} (log {log})", file=sys.stderr)
-    elif a.pre_gate:
-        pre = json.loads(a.pre_gate.read_text())
-        if (pre.get("round"), pre.get("set")) != (a.round, a.prompt_set):
-            raise SystemExit(f"--pre-gate {a.pre_gate}: recorded for round {pre.get('round')} set {pre.get('set')}, "
-                             f"not --round {a.round} --set {a.prompt_set}")
-        head, prompts, trained = pre["head"], pre["prompts"], pre["trained_user_turns"]
-        timing.update(pre.get("timing") or {})
-        before = pre.get("attempts_before")  # the result read must be that gate's, not an older attempt's
+    elif saved:
+        head, prompts, trained = saved["head"], saved["prompts"], saved["trained_user_turns"]
+        timing.update(saved.get("timing") or {})
+        before = saved.get("attempts_before")  # the result read must be that gate's, not an older attempt's
     result = read_result(h, newer_than=before)
     check_result_set(result, a.prompt_set)
     timing["total_s"] = round(time.monotonic() - t_all, 1)
