@@ -78,7 +78,7 @@ held_out_split`` records what the round's JSON says of how the offline estimate'
 >= 64 prompts; each condition recorded); ``done_when.speed_verdict``: the verdict with the CPU and whether it has
 AMX. The result read is this gate's own (a new attempt in the host's audit log, else the script stops).
 
-Usage (``make bench-speculate-gpu-head [LEVELS=1]``)::
+Usage (``make bench-speculate-gpu-head [ROUND=r7kl] [LEVELS=1,4] [SET=chat|code]``)::
 
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set chat --levels 1,4  # 128 tokens
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set code --levels 1,4
