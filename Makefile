@@ -194,7 +194,7 @@ bench-probe-smollm2: image
 ROUND ?= r3
 bench-speculate-gpu-head: setup
 	$(PY) benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round $(ROUND) $(if $(HEAD_SRC),--head-src $(HEAD_SRC)) \
-	  --inventory $(DEMO_INVENTORY) $(if $(LEVELS),--levels $(LEVELS))
+	  --inventory $(DEMO_INVENTORY) $(if $(LEVELS),--levels $(LEVELS)) $(if $(SET),--set $(SET))
 
 # A GPU round of the SmolLM2 heads in pieces (recipe and steps: benchmarks/gpu-head-smollm2/gpu_head_smollm2.py,
 # README.md there). gpu-round-pack puts what the lent GPU machine needs into the ignored .whl/ and prints the device

@@ -51,23 +51,18 @@ def test_the_head_is_joined_and_checked_against_the_recorded_sha256(tmp_path: Pa
     (src / "model-00002-of-00002.safetensors.part2").write_bytes(b"damaged")
     with pytest.raises(SystemExit, match="a part is damaged"):
         b.assemble_head(src, tmp_path / "again", r2)
-
-
-def test_a_shard_joined_before_is_taken_only_with_the_recorded_sha256(tmp_path: Path) -> None:
-    """finish-round leaves the split shard joined and its parts gone: the joined file is checked like a joined one."""
-    src, r2 = _head(tmp_path)
-    name = "model-00002-of-00002.safetensors"
-    (src / name).write_bytes((src / f"{name}.part1").read_bytes() + (src / f"{name}.part2").read_bytes())
-    for part in (1, 2):
-        (src / f"{name}.part{part}").unlink()
-    rec = b.assemble_head(src, tmp_path / "head", r2)
-    assert rec["joined"] == {name: ["joined before"]} and rec["files"][name]["bytes"] == 10240
-    (src / name).write_bytes(b"damaged")
-    with pytest.raises(SystemExit, match="a part is damaged"):
-        b.assemble_head(src, tmp_path / "again", r2)
-    (src / name).unlink()
-    with pytest.raises(SystemExit, match="and no joined"):
-        b.assemble_head(src, tmp_path / "third", r2)
+    # rejoined already (gpu-round-finish's head folder): the whole shard taken, its sha256 checked all the same
+    for part in src.glob("*.part*"):
+        part.unlink()
+    with pytest.raises(SystemExit, match="parts of model-00002-of-00002.safetensors missing.*no joined"):
+        b.assemble_head(src, tmp_path / "none", r2)
+    (src / joined.name).write_bytes(joined.read_bytes())
+    rec = b.assemble_head(src, tmp_path / "whole", r2)
+    assert rec["joined"] == {joined.name: ["joined already"]} and rec["sha256_checked"] == [joined.name]
+    assert (tmp_path / "whole" / joined.name).read_bytes() == joined.read_bytes()
+    (src / joined.name).write_bytes(b"x" + joined.read_bytes()[1:])
+    with pytest.raises(SystemExit, match="the joined shard differs"):
+        b.assemble_head(src, tmp_path / "bad", r2)
 
 
 def _passes(c: int, tps: float, n: int = 3) -> list[LevelResult]:
@@ -176,3 +171,159 @@ def test_the_repeat_count_goes_beside_both_acceptance_figures_and_only_for_the_g
     rep["gate"]["repeating"].append({"index": 12001})
     with pytest.raises(SystemExit, match="rep.json: counted on other prompts"):
         b.add_repeats(fig, rep, "rep.json")
+
+
+def test_a_finished_round_is_found_by_tag_and_a_missing_one_names_the_fix(tmp_path: Path) -> None:
+    """``--round r7kl``: the round's JSON by glob whatever GPU trained it, the head where ``gpu-round-finish`` put it;
+    no JSON, two JSONs or no head refuse by name (``make gpu-round-finish``), the JSON alone serves ``--read``."""
+    js, heads = tmp_path / "rounds", tmp_path / "heads"
+    js.mkdir()
+    with pytest.raises(SystemExit, match=r"gpu-head-smollm2-\*-r7kl.json: no round JSON .*make gpu-round-finish"):
+        b.round_files("r7kl", js, heads)
+    (js / "gpu-head-smollm2-h200-r7kl.json").write_text("{}")
+    (js / "gpu-head-smollm2-h100-r7lk.json").write_text("{}")  # the other head of the round: not taken
+    with pytest.raises(SystemExit, match=r"smollm2-r7kl: no head of round r7kl .*make gpu-round-finish.*--head-src"):
+        b.round_files("r7kl", js, heads)
+    assert b.round_files("r7kl", js, heads, need_head=False) == (js / "gpu-head-smollm2-h200-r7kl.json",
+                                                                 heads / "smollm2-r7kl")
+    (heads / "smollm2-r7kl").mkdir(parents=True)
+    (heads / "smollm2-r7kl" / "model.safetensors.index.json").write_text("{}")
+    assert b.round_files("r7kl", js, heads)[0].name == "gpu-head-smollm2-h200-r7kl.json"
+    (js / "gpu-head-smollm2-h100-r7kl.json").write_text("{}")
+    with pytest.raises(SystemExit, match="2 round JSONs for r7kl .*h100-r7kl.json, gpu-head-smollm2-h200-r7kl"):
+        b.round_files("r7kl", js, heads)
+    # round 6 as committed, found the same way
+    assert b.round_files("r6lk", R3_JSON.parent, heads, need_head=False)[0].name == "gpu-head-smollm2-h100-r6lk.json"
+
+
+def test_each_prompt_set_writes_its_own_file() -> None:
+    assert b.out_json_name("r7kl", "chat") == "speculate-smollm2-gpu-head-r7kl-chat.json"
+    assert b.out_json_name("r7lk", "code") == "speculate-smollm2-gpu-head-r7lk-code.json"
+    with pytest.raises(ValueError, match="one of"):
+        b.out_json_name("r7kl", "both")
+    chat, code = {"prompts": {"source": "prompts file"}}, {"prompts": {"source": "HumanEval gate split"}}
+    b.check_result_set(chat, "chat")
+    b.check_result_set(code, "code")
+    with pytest.raises(SystemExit, match="replayed 'HumanEval gate split', not the chat set.*give --set code"):
+        b.check_result_set(code, "chat")
+    with pytest.raises(SystemExit, match="counters mix the sets"):
+        b.check_result_set({"prompts": {"source": "prompts file + HumanEval gate split"}}, "chat")
+
+
+def _pack(tmp_path: Path, rows: list[dict]) -> Path:
+    """A stand-in round pack's prompts.jsonl.gz (the shape gpu_head_smollm2.py's prep writes; user turns cut at
+    40 characters here instead of 3,000)."""
+    import gzip
+
+    path = tmp_path / "g3" / "prompts.jsonl.gz"
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def test_a_gate_prompt_equal_to_a_trained_user_turn_refuses_and_none_equal_is_recorded(tmp_path: Path) -> None:
+    """Every gate prompt against every user turn of the round's pack, normalized as held_out_by_content does: one
+    equal (case, width and whitespace aside; at any turn of a record) refuses naming the prompt and the record;
+    a prompt longer than the pack's cut is compared cut; none equal records the counts and the file's sha256."""
+    pack = _pack(tmp_path, [{"id": "a", "index": 3, "users": ["Write a poem", "Now shorter"]},
+                            {"id": "b", "index": 7, "users": ["x" * 40]}])
+    ok = b.trained_turn_check([("sharegpt-v3/12000", "Write a poem about tea"), ("HumanEval/6", "def f():")],
+                              pack, "g3/prompts.jsonl.gz")
+    assert ok["equal"] == 0 and ok["user_turns"] == 3 and ok["records"] == 2 and ok["gate_prompts"] == 2
+    assert ok["sha256"] == hashlib.sha256(pack.read_bytes()).hexdigest() and "NFKC" in ok["normalization"]
+    assert ok["checked_against"] == "g3/prompts.jsonl.gz"
+    with pytest.raises(SystemExit, match=r"1 of 2 gate prompts equal a trained user turn.*sharegpt-v3/12005 = "
+                                         r"record 3"):
+        b.trained_turn_check([("sharegpt-v3/12000", "tea"), ("sharegpt-v3/12005", "  NOW   ｓhorter\n")], pack)
+    with pytest.raises(SystemExit, match="HumanEval/9 = record 7"):
+        b.trained_turn_check([("HumanEval/9", "x" * 55)], pack)
+    with pytest.raises(SystemExit, match=r"missing.gz: the round pack's prompts .*--pack-prompts"):
+        b.trained_turn_check([("p", "t")], tmp_path / "missing.gz")
+    man = tmp_path / "script" / "pack.json"
+    man.parent.mkdir()
+    man.write_text(json.dumps({"round": "r7", "made_at": "T", "recipe": {"conversations": 12000},
+                               "files": {"g3/prompts.jsonl.gz": {"sha256": ok["sha256"]}}}))
+    rec = b.pack_provenance(ok, man, {"pack": {"made_at": "T"}}, "r7kl")["pack"]
+    assert rec["sha256_matches_manifest"] and rec["same_pack_as_round_json"] and "note" not in rec
+    old = b.pack_provenance(ok, man, {}, "r6lk")["pack"]
+    assert old["same_pack_as_round_json"] is None and "round r7's, the head round r6's" in old["note"]
+
+
+def _result(acc_counts: dict, *, k: int = 3, count: int = 64, max_tokens: int = 128, source: str = "prompts file"
+            ) -> dict:
+    base, spec = {1: _passes(1, 20.0), 4: _passes(4, 50.0)}, {1: _passes(1, 30.0), 4: _passes(4, 55.0)}
+    d = dec.decide(base, spec, SpecDelta(100, 300, sum(acc_counts.values()), acc_counts), production_concurrency=1,
+                   margin=0.05, acceptance_floor=1.3)
+    return {"verdict": d.verdict, "reason": d.reason, **d.figures, "num_speculative_tokens": k, "gate_passes": 3,
+            "prompts": {"source": source, "count": count, "max_tokens": max_tokens}}
+
+
+def test_the_chat_target_is_2_3_at_k_3_and_the_code_set_is_reported_beside_it() -> None:
+    """``done_when.chat_acceptance_at_k3``: 2.3 on the chat set at k = 3, 128 tokens, 3 passes, 64 prompts (each
+    condition recorded); the code set is reported without a target; both levels (1 and 4) have their figures; the
+    speed verdict carries the CPU and whether it has AMX; the offline estimate says how its samples were split."""
+    r6 = json.loads((R3_JSON.parent / "gpu-head-smollm2-h100-r6kl.json").read_text())
+    kw = dict(head=None, prompts=None, levels={"measured": [1, 4]}, timing={}, target=None, gate_wall_s=None,
+              record=R3_JSON.parent / "gpu-head-smollm2-h100-r6kl.json")
+    hit = b.figures(_result({0: 70, 1: 45, 2: 25}), r6, prompt_set="chat", amx=False, trained_check={"equal": 0},
+                    **kw)  # 1 + 1.40 = 2.40
+    e = hit["done_when"]["chat_acceptance_at_k3"]
+    assert hit["set"] == "chat" and e["holds"] is True and e["value"] == pytest.approx(2.4) and e["short_by"] == 0.0
+    assert sorted(hit["per_level"]) == ["1", "4"] and all(lv["interval"] for lv in hit["per_level"].values())
+    assert all("holds" in v for v in hit["done_when"].values()) and "learning_curve" not in e
+    assert hit["done_when"]["speed_verdict"]["amx"] is False and "keep is not expected" in \
+        hit["done_when"]["speed_verdict"]["note"] and hit["machine"]["amx"] is False
+    assert hit["offline_estimate"]["held_out_split"]["held_out_samples"] == 140
+    assert hit["prompts"]["set"] == "chat" and "chat set" in hit["what"]
+    low = b.figures(_result({0: 60, 1: 40, 2: 20}), r6, prompt_set="chat", amx=True, **kw)  # 2.20
+    assert low["done_when"]["chat_acceptance_at_k3"]["holds"] is False
+    assert low["done_when"]["chat_acceptance_at_k3"]["short_by"] == pytest.approx(0.1)
+    curve = low["done_when"]["chat_acceptance_at_k3"]["learning_curve"]["points"]  # missed: the round's curve
+    assert len(curve) >= 3 and curve == [{"tokens_seen": c["tokens_seen"], "step": c["step"],
+                                          "acceptance_length": c["acceptance_length"]} for c in r6["learning_curve"]]
+    short = b.figures(_result({0: 70, 1: 45, 2: 25}, max_tokens=32, count=8), r6, prompt_set="chat", amx=True, **kw)
+    s = short["done_when"]["chat_acceptance_at_k3"]
+    assert s["holds"] is False and s["conditions"]["max_tokens 128"] is False and s["conditions"]["prompts >= 64"] \
+        is False and s["conditions"]["k = 3"] is True
+    assert s["conditions"]["no prompt equals a trained user turn (checked)"] is False  # not checked: not held
+    code = b.figures(_result({0: 70, 1: 45, 2: 25}, count=39, source="HumanEval gate split"), r6, prompt_set="code",
+                     amx=True, trained_check={"equal": 0}, **kw)
+    c = code["done_when"]["chat_acceptance_at_k3"]
+    assert code["set"] == "code" and c["holds"] is None and c["value"] == pytest.approx(2.4)
+    assert "HumanEval" in code["what"]
+    assert code["prompts"]["trained_user_turns"] == {"equal": 0}
+
+
+def test_the_script_refuses_a_code_set_repeating_a_trained_turn_before_building_anything(tmp_path: Path) -> None:
+    """The script as the lead runs it (``--round r6kl --set code``), up to its first check: HumanEval's gate split
+    (39 prompts, the whole split: the count the derived inventory gives ``serving.gate_prompts``) against a
+    stand-in pack (one record whose second user turn is HumanEval/15's prompt, upper-cased) stops it with the
+    prompt named, before the head is copied, an image built or the sandbox reached; ``--prompts`` past the split
+    is refused by name, and so is ``--read --pre-gate`` with another set's record (before the host is read)."""
+    import gzip
+    import subprocess
+    import sys
+
+    from eagle3ops.speculate.ship import gate_prompts
+
+    split = gate_prompts(10**6)
+    hit = next(p for p in split if p.id == "HumanEval/15")
+    pack = tmp_path / "prompts.jsonl.gz"
+    with gzip.open(pack, "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "z", "index": 42, "users": ["hi", hit.text.upper()]}) + "\n")
+    script = REPO / "benchmarks" / "gpu-head-served" / "speculate_smollm2_gpu_head.py"
+    base = [sys.executable, str(script), "--round", "r6kl", "--set", "code", "--head-src", str(tmp_path / "none"),
+            "--pack-prompts", str(pack), "--levels", "1,4", "--max-tokens", "128"]
+    r = subprocess.run(base, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and len(split) == 39, r.stderr[-2000:]
+    assert f"1 of {len(split)} gate prompts equal a trained user turn" in r.stderr
+    assert "HumanEval/15 = record 42" in r.stderr and "head:" not in r.stdout
+    r = subprocess.run([*base, "--prompts", "40"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--prompts 40: HumanEval's gate split holds 39 prompts" in r.stderr
+    pre = tmp_path / "pre-gate.json"  # another set's record is not merged into this set's figures
+    pre.write_text(json.dumps({"round": "r6kl", "set": "chat", "head": None, "prompts": {}, "trained_user_turns": {}}))
+    r = subprocess.run([*base[:6], "--read", "--pre-gate", str(pre)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "recorded for round r6kl set chat, not --round r6kl --set code" in r.stderr

@@ -924,7 +924,7 @@ def train2(out: Path, a: argparse.Namespace) -> None:
         fig["train"] = {k: m.get(k) for k in (
             "steps", "steps_per_s", "steps_per_s_steady", "median_step_s", "tokens_per_step_mean", "peak_memory_bytes",
             "device", "attention", "compile", "first_loss", "final_metrics", "params_trainable", "draft_vocab_size",
-            "eagle_aux_hidden_state_layer_ids", "wall_s", "loss", "checkpoint_choice")}
+            "eagle_aux_hidden_state_layer_ids", "wall_s", "loss", "checkpoint_choice", "held_out_split")}
         fig["train"]["epochs"] = round(m["steps"] * m["tokens_per_step_mean"] / tokens, 3)
         fig["train"]["tokens_seen"] = int(sum(h["tokens"] for h in hist))
         fig["offline_acceptance"] = m.get("offline_estimate")
