@@ -22,7 +22,7 @@ from eagle3ops import cli_common as common
 from eagle3ops.cli_common import DryRunOpt, InventoryOpt, JsonOpt
 from eagle3ops.config import HostConfig
 from eagle3ops.config_cli import app as config_app
-from eagle3ops.console import print_event, speculate_result, summary
+from eagle3ops.console import answer_lines, print_event, speculate_result, summary
 from eagle3ops.image_cli import app as image_app
 from eagle3ops.lock_cli import app as lock_app
 from eagle3ops.patches.cli import app as patch_app
@@ -211,6 +211,8 @@ def release(host: str, inventory: Path = InventoryOpt, dry_run: bool = DryRunOpt
     if dry_run:
         return common.print_plan(res, h, json_out)
     console.print(f"[bold]{res['verdict']}[/bold]: {res['reason']}")
+    for line in answer_lines(res):  # reported beside the verdict, not part of it
+        console.print(line, markup=False)
     print(json.dumps({"verdict": res["verdict"], "live_release": res.get("live_release")}))
     if res["verdict"] != "keep":
         raise typer.Exit(3)

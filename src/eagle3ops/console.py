@@ -13,7 +13,7 @@ from rich.table import Table
 
 from eagle3ops import redact
 
-__all__ = ["err", "print_event", "speculate_result", "summary"]
+__all__ = ["answer_lines", "err", "print_event", "speculate_result", "summary"]
 
 #: Events and errors go to stderr (stdout stays for machine-readable output such as JSON).
 err = Console(stderr=True)
@@ -97,6 +97,8 @@ def speculate_result(console: Console, res: dict[str, Any]) -> None:
         console.print(f"  planned power {pwr['power']:.0%} at x{pwr['true_ratio']} ({pwr['passes']} passes, pass CV "
                       f"{pwr['pass_cv']:.1%}" + (", accepted below the target)" if pwr.get("accepted_low_power")
                                                  else ")"))
+    for line in answer_lines(res):
+        console.print(f"  {escape(line)}")
     if sd:  # absent when no speculative release was measured as a whole (e.g. no candidate cleared the gate)
         console.print(f"  mean acceptance length {sd.get('mean_acceptance_length')}, per position "
                       f"{sd.get('acceptance_per_position')}")
@@ -122,3 +124,25 @@ def speculate_result(console: Console, res: dict[str, Any]) -> None:
     for side, rel in (res.get("measured_releases") or {}).items():
         what = "control release" if side == "baseline" and res.get("control") else side
         console.print(f"  {side} measured: {what}, {ReleaseIdentity.from_dict(rel).describe()}")
+
+
+def answer_lines(res: dict[str, Any]) -> list[str]:
+    """One line per level of a gate result's ``answer_agreement`` (:func:`eagle3ops.gate.answers.answer_agreement`):
+    how many greedy answers the measured release shares with the baseline, the first differing prompts and the
+    baseline's agreement with itself; none for a result without it (one recorded before answers were kept)."""
+    out = []
+    for c, row in (res.get("answer_agreement") or {}).items():
+        if "not_recorded" in row:
+            out.append(f"greedy answers not compared at concurrency {c}: {row['not_recorded']}")
+            continue
+        line = f"greedy answers identical to the baseline's: {row['identical']}/{row['prompts']} at concurrency {c}"
+        notes = []
+        if row.get("differing"):
+            notes.append("first differing: prompt " + ", ".join(map(str, row["differing"])))
+        if row.get("not_compared"):
+            notes.append(f"{row['not_compared']} failed on a side, not compared")
+        own = row.get("baseline_self") or {}
+        if "identical" in own:
+            notes.append(f"the baseline against itself: {own['identical']}/{own['prompts']}")
+        out.append(line + (f" ({'; '.join(notes)})" if notes else ""))
+    return out

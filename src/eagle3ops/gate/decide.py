@@ -569,13 +569,15 @@ def _level_figures(b: Sequence[LevelResult], s: Sequence[LevelResult],
     plus every pass; ``a``: the baseline's block after the speculative release's (``baseline_after``; the ratio
     then pools both baseline blocks)."""
     def side(ps: Sequence[LevelResult]) -> dict[str, object]:
-        first = ps[0].figures()
+        first = ps[0].figures(answers=False)
         slim = {k: v for k, v in first.items() if not k.startswith("prompt_")}
         return {**slim, "requests": sum(p.requests for p in ps), "errors": sum(p.errors for p in ps),
                 "output_tokens": sum(p.output_tokens for p in ps), "wall_s": round(sum(p.wall_s for p in ps), 3),
                 "output_tokens_per_s": round(pooled(ps), 3), "ttft_ms_median": _ttft(ps),
                 "foreign_requests": max(p.foreign_requests for p in ps),
-                "foreign_mean": round(sum(p.foreign_mean for p in ps) / len(ps), 4), "passes": [p.figures() for p in ps]}
+                "foreign_mean": round(sum(p.foreign_mean for p in ps) / len(ps), 4),
+                # the answers' digests stay in the measurement; the result carries their agreement
+                "passes": [p.figures(answers=False) for p in ps]}
 
     bt = pooled([*b, *a])
     return {"baseline": side(b), "speculative": side(s), **({"baseline_after": side(a)} if a else {}),

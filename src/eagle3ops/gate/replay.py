@@ -16,6 +16,11 @@ Per prompt, in the prompts' own (fixed) order whatever the order of completion: 
 (sent to last token) and time to first token: the gate checks that both sides sent the same prompts and cuts prompt
 sets out of the passes (:func:`eagle3ops.gate.decide.ratio_interval`, :func:`eagle3ops.gate.decide.set_tables`).
 
+Per prompt too, the answer itself (:func:`answer_text`): its SHA-256 (``answer_sha256``) and its first
+:data:`ANSWER_HEAD_CHARS` characters (``answer_head``; None for a failed request), so that the gate can say how many
+greedy answers the two releases share (:func:`eagle3ops.gate.answers.answer_agreement`): a release may be fast
+because it answers garbage, and throughput alone never sees it.
+
 A request fails (:class:`RequestFailed`; the level's ``errors`` and ``failures`` name it) on a non-2xx answer, an
 error event in the stream (vLLM streams ``data: {"error": {...}}`` when generation fails), a stream that ends before
 ``data: [DONE]`` (the server closed it: it died), a transport error or timeout, or a grammar failure: a
@@ -35,6 +40,7 @@ HTTP through ``httpx`` (sync client, one per worker thread).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import threading
@@ -49,11 +55,16 @@ import httpx
 from eagle3ops.gate.metrics import SpecCounters, parse
 from eagle3ops.serving_http import auth_headers
 
-__all__ = ["CHAT", "COMPLETIONS", "LevelResult", "ReleaseFailed", "ReplayError", "RequestFailed", "endpoints",
-           "percentile", "replay_level", "request_body", "summary", "wait_idle"]
+__all__ = ["ANSWER_HEAD_CHARS", "CHAT", "COMPLETIONS", "LevelResult", "ReleaseFailed", "ReplayError",
+           "RequestFailed", "answer_text", "endpoints", "percentile", "replay_level", "request_body", "summary",
+           "wait_idle"]
 
 #: The endpoints the replay sends to: plain prompts, chat bodies.
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+#: How many leading characters of each answer a level keeps beside its digest: enough to tell garbage from a
+#: late one-token difference when reading a result, short enough that a pass's figures stay small. The answers
+#: are the served model's to the operator's own gate prompts, which the job already carries in full.
+ANSWER_HEAD_CHARS = 80
 
 
 class ReplayError(RuntimeError):
@@ -142,10 +153,16 @@ class LevelResult:
     failures: tuple[tuple[int, str], ...] | list = ()
     #: mean requests running beyond the replay's own over the monitor's scrapes (0.0: none seen, or not scraped)
     foreign_mean: float = 0.0
+    #: per prompt, in the prompts' order: SHA-256 (hex) of the answer's :func:`answer_text`, and its first
+    #: :data:`ANSWER_HEAD_CHARS` characters (None: failed; both empty in figures recorded before answers were kept)
+    answer_sha256: tuple[str | None, ...] | list[str | None] = ()
+    answer_head: tuple[str | None, ...] | list[str | None] = ()
 
-    def figures(self) -> dict[str, object]:
-        """JSON-ready dict (per-prompt figures as lists)."""
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+    def figures(self, answers: bool = True) -> dict[str, object]:
+        """JSON-ready dict (per-prompt figures as lists); ``answers=False`` leaves out ``answer_sha256`` and
+        ``answer_head`` (a report row that carries the agreement's summary instead)."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)
+                if answers or not f.name.startswith("answer_")}
 
 
 def wait_idle(base_url: str, timeout_s: float = 120.0, api_key: str | None = None, settle_s: float = 1.0) -> None:
@@ -193,12 +210,30 @@ def _check_json(what: str, text: str, path: str) -> None:
                             f"({text[:80]!r})") from None
 
 
+def answer_text(content: str, reasoning: str = "", calls: Mapping[int, tuple[str, str]] | None = None) -> str:
+    """The answer a level digests and compares: a completion's text, or a chat answer's content, joined from the
+    streamed pieces. A chat answer that also streamed reasoning or tool calls is the compact JSON
+    ``{"content", "reasoning", "tool_calls": [{"name", "arguments"}, ...]}`` (keys sorted, calls by index, not
+    ASCII-escaped), so that an answer differing only in a tool call's arguments differs here too.
+
+    Text, not token ids: the streamed chunks carry text (token ids only with a vLLM request extension the gate does
+    not send, as production's clients do not), and the joined text is the same however a release splits it into
+    chunks (under speculation one chunk carries several tokens). Two id sequences that decode to the same text
+    compare equal; for a report of whether the answers changed, that is the difference that matters to a client."""
+    if not reasoning and not calls:
+        return content
+    return json.dumps({"content": content, "reasoning": reasoning,
+                       "tool_calls": [{"name": n, "arguments": a} for _, (n, a) in sorted((calls or {}).items())]},
+                      sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
 @dataclass
 class _Streamed:
     """What one request's stream carried: ``first``/``last`` (monotonic seconds of the first and last chunk with
     text, content, reasoning or a tool-call piece; None without one), ``tokens`` (the usage's completion tokens),
-    ``done`` (``data: [DONE]`` seen), ``finish`` (the last finish reason), ``content`` and ``calls`` (a chat answer's
-    content pieces, and each tool call's argument pieces by index)."""
+    ``done`` (``data: [DONE]`` seen), ``finish`` (the last finish reason), ``content`` (a completion's text or a chat
+    answer's content pieces), ``reasoning`` (a chat answer's reasoning pieces), ``calls`` and ``names`` (each tool
+    call's argument pieces and name pieces by index)."""
 
     first: float | None = None
     last: float | None = None
@@ -206,7 +241,9 @@ class _Streamed:
     done: bool = False
     finish: str | None = None
     content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
     calls: dict[int, list[str]] = field(default_factory=dict)
+    names: dict[int, list[str]] = field(default_factory=dict)
 
     def take(self, ev: Mapping[str, Any], chat: bool) -> None:
         """One ``data:`` event of the stream (a completions or chat completions chunk), timed on arrival."""
@@ -215,11 +252,15 @@ class _Streamed:
             delta = choice.get("delta") or {}
             got = any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
             self.content.append(delta.get("content") or "")
+            # vLLM 0.16 streams reasoning_content; later versions name it reasoning (one of the two per chunk)
+            self.reasoning.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
             for tc in delta.get("tool_calls") or []:
-                self.calls.setdefault(int(tc.get("index", 0)), []).append(
-                    (tc.get("function") or {}).get("arguments") or "")
+                i, fn = int(tc.get("index", 0)), tc.get("function") or {}
+                self.calls.setdefault(i, []).append(fn.get("arguments") or "")
+                self.names.setdefault(i, []).append(fn.get("name") or "")
         else:
             got = bool(choice.get("text"))
+            self.content.append(choice.get("text") or "")
         self.finish = choice.get("finish_reason") or self.finish
         if got:
             now = time.monotonic()
@@ -227,6 +268,11 @@ class _Streamed:
             self.last = now
         if ev.get("usage"):
             self.tokens = int(ev["usage"]["completion_tokens"])
+
+    def answer(self) -> str:
+        """The stream's :func:`answer_text`."""
+        return answer_text("".join(self.content), "".join(self.reasoning),
+                           {i: ("".join(self.names.get(i, [])), "".join(parts)) for i, parts in self.calls.items()})
 
 
 def _read_stream(client: httpx.Client, url: str, path: str, body: Mapping[str, Any]) -> _Streamed:
@@ -279,9 +325,14 @@ def _check_structured(prompt: str | Mapping[str, Any], got: _Streamed, path: str
         _check_json(f"tool call {i}'s arguments", "".join(parts), path)
 
 
+#: One request's figures: (output tokens, ttft s, itl s, request s, answer SHA-256 hex, answer's first characters).
+_Figures = tuple[int, float | None, float | None, float, str, str]
+
+
 def _one(client: httpx.Client, base_url: str, model: str, prompt: str | Mapping[str, Any], max_tokens: int,
-         inflight: list[int], lock: threading.Lock) -> tuple[int, float | None, float | None, float]:
-    """Send one streamed request (:func:`request_body`); returns (output tokens, ttft s, itl s, request s).
+         inflight: list[int], lock: threading.Lock) -> _Figures:
+    """Send one streamed request (:func:`request_body`); returns (output tokens, ttft s, itl s, request s, the
+    SHA-256 hex of its :func:`answer_text`, that text's first :data:`ANSWER_HEAD_CHARS` characters).
 
     Raises:
         RequestFailed: the module doc's failures, naming the endpoint.
@@ -297,7 +348,9 @@ def _one(client: httpx.Client, base_url: str, model: str, prompt: str | Mapping[
         first, last, tokens = got.first, got.last, got.tokens
         ttft = (first - t0) if first else None
         itl = (last - first) / (tokens - 1) if first and last and tokens > 1 else None
-        return tokens, ttft, itl, (last or time.monotonic()) - t0
+        text = got.answer()
+        return (tokens, ttft, itl, (last or time.monotonic()) - t0, hashlib.sha256(text.encode()).hexdigest(),
+                text[:ANSWER_HEAD_CHARS])
     finally:
         with lock:
             inflight[0] -= 1
@@ -341,12 +394,12 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str | Mapping[str,
                 foreign[0] = max(foreign[0], running - own)
                 seen.append(max(0.0, running - own))
 
-    results: list[tuple[int, float | None, float | None, float] | None] = []
+    results: list[_Figures | None] = []
     failures: list[tuple[int, str]] = []
     mon = threading.Thread(target=monitor, daemon=True)
     local = threading.local()
 
-    def work(prompt: str | Mapping[str, Any]) -> tuple[int, float | None, float | None, float]:
+    def work(prompt: str | Mapping[str, Any]) -> _Figures:
         if not hasattr(local, "client"):
             local.client = httpx.Client(headers=auth_headers(api_key), timeout=request_timeout_s)
         return _one(local.client, base_url, model, prompt, max_tokens, inflight, lock)
@@ -373,11 +426,10 @@ def replay_level(base_url: str, model: str, prompts: Sequence[str | Mapping[str,
     return _level_result(concurrency, results, failures, wall, foreign[0], seen)
 
 
-def _level_result(concurrency: int, results: Sequence[tuple[int, float | None, float | None, float] | None],
-                  failures: Sequence[tuple[int, str]], wall: float, foreign: float, seen: Sequence[float]
-                  ) -> LevelResult:
-    """A level's figures from its requests' ``(tokens, ttft s, itl s, request s)`` (None: failed, in the prompts'
-    order), its wall seconds and the monitor's foreign requests (the most at once; ``seen``: per scrape)."""
+def _level_result(concurrency: int, results: Sequence[_Figures | None], failures: Sequence[tuple[int, str]],
+                  wall: float, foreign: float, seen: Sequence[float]) -> LevelResult:
+    """A level's figures from its requests' :func:`_one` figures (None: failed, in the prompts' order), its wall
+    seconds and the monitor's foreign requests (the most at once; ``seen``: per scrape)."""
     done = [x for x in results if x is not None]
     errors = len(results) - len(done)
     itls = sorted(x[2] * 1000 for x in done if x[2] is not None)
@@ -392,7 +444,8 @@ def _level_result(concurrency: int, results: Sequence[tuple[int, float | None, f
                        tuple(round(x[3], 6) if x else None for x in results),
                        tuple(round(x[1] * 1000, 3) if x and x[1] is not None else None for x in results),
                        round(p90, 3) if p90 is not None else None, tuple(failures),
-                       round(statistics.fmean(seen), 4) if seen else 0.0)
+                       round(statistics.fmean(seen), 4) if seen else 0.0,
+                       tuple(x[4] if x else None for x in results), tuple(x[5] if x else None for x in results))
 
 
 def summary(failures: Sequence[tuple[int, str] | Sequence[Any]], most: int = 3) -> str:

@@ -130,7 +130,7 @@ AUDIT_FIGURES = (
     "ttft_ratio_max", "deciding", "spec_decode", "levels", "margin", "margin_is_negative_test_setting",
     "acceptance_floor", "production_concurrency", "live_release", "baseline_release", "speculative_release",
     "control", "control_release", "measured_releases", "sets", "drain", "rule", "change", "candidates",
-    "ttft_ratio_p90", "ttft_breach", "traffic", "clients", "prefix_cache", "failed_requests")
+    "ttft_ratio_p90", "ttft_breach", "traffic", "clients", "prefix_cache", "failed_requests", "answer_agreement")
 
 
 class _Decided(Exception):

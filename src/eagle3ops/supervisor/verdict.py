@@ -24,8 +24,10 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
     (``spec_decode_per_level``), each side's TTFT p90 and failed requests per level (``levels[c][side]
     ["ttft_ms_p90"]``, pooled over the passes like the median beside it; ``["failures"]``), the TTFT p90 ratio at
     the production concurrency (``ttft_ratio_p90``), vLLM's prefix-cache queries, hits and hit rate per side and
-    level (``prefix_cache``, :func:`eagle3ops.gate.measure.prefix_cache`) and the endpoints the prompts went to
-    (``traffic``)."""
+    level (``prefix_cache``, :func:`eagle3ops.gate.measure.prefix_cache`), the endpoints the prompts went to
+    (``traffic``) and how many greedy answers the two releases share per level (``answer_agreement``,
+    :func:`eagle3ops.gate.answers.answer_agreement`; reported, not decided on)."""
+    from eagle3ops.gate.answers import answer_agreement
     from eagle3ops.gate.decide import LEVEL, decide
     from eagle3ops.gate.measure import prefix_cache, read_measurement, sum_deltas
     from eagle3ops.gate.replay import percentile
@@ -57,6 +59,7 @@ def decide_figures(job: SpeculateJob, baseline: dict[str, Any], speculative: dic
     decision.figures["prefix_cache"] = {"baseline": prefix_cache(baseline), "speculative": prefix_cache(speculative),
                                         **({"baseline_after": prefix_cache(after)} if after else {})}
     decision.figures["traffic"] = speculative.get("traffic") or baseline.get("traffic")
+    decision.figures["answer_agreement"] = answer_agreement(base, spec, again)
     return decision
 
 
