@@ -4,6 +4,7 @@ disjoint from training, load replay against real vLLM serving on the sandbox, an
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import threading
 import time
@@ -13,7 +14,7 @@ import pytest
 from eagle3ops.gate import decide as dec
 from eagle3ops.gate import metrics
 from eagle3ops.speculate import prompts
-from eagle3ops.gate.replay import LevelResult, replay_level
+from eagle3ops.gate.replay import ANSWER_HEAD_CHARS, LevelResult, replay_level
 
 #: Stand-in for a vLLM 0.16 /metrics body with speculation on (counter names from shared/FACTS.md; a `_created`
 #: sample beside each counter, as prometheus_client exports them).
@@ -238,6 +239,12 @@ def test_replay_measures_real_vllm_serving_and_sees_foreign_requests(deployed):
         assert r.errors == 0 and r.output_tokens == 4 * 8 and r.output_tokens_per_s > 0
         assert r.itl_ms_median is not None and r.ttft_ms_median is not None and r.foreign_requests == 0
         assert r.ttft_ms_p90 is not None and r.failures == ()
+        # vLLM's streamed text digested per prompt in the prompts' order (8 tokens: a head shorter than its cut is
+        # the whole answer, so its digest is the head's)
+        assert len(r.answer_sha256) == len(r.answer_head) == 4 and None not in r.answer_sha256
+        assert all(hashlib.sha256(t.encode()).hexdigest() == d for t, d in zip(r.answer_head, r.answer_sha256,
+                                                                                strict=True)
+                   if len(t) < ANSWER_HEAD_CHARS)
     # chat bodies through vLLM's own /v1/chat/completions (its chat template; xgrammar for response_format): the
     # replay reads vLLM's chat stream (delta content, usage, [DONE]); ignore_eos only on the unconstrained body
     chat = [{"messages": [{"role": "user", "content": "Say hi."}]},
