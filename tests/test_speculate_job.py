@@ -212,6 +212,11 @@ def _whole_job(job_world, verdict, design, tmp_path, capfd, drained: Path, sent:
     audit = [json.loads(x) for x in (Path(sup.plan.state_dir) / "audit.jsonl").read_text().splitlines()]
     assert audit[-1]["kind"] == "speculate" and audit[-1]["verdict"] == verdict
     assert audit[-1]["figures"]["spec_decode"]["drafts"] > 0 and KEY not in json.dumps(audit)
+    # the stand-in answers every prompt alike on both releases: every greedy answer agrees (result and audit)
+    agree = stored["answer_agreement"]["1"]
+    assert agree["identical"] == agree["prompts"] > 0 and agree["differing"] == []
+    assert agree["baseline_self"]["share"] == 1
+    assert audit[-1]["figures"]["answer_agreement"] == stored["answer_agreement"]
     assert KEY not in (folder / "result.json").read_text() + (folder / "baseline.json").read_text()
     # serving's planted secrets (secretscan): in no file of the state dir or of the run's data (the attempt folder)
     # but the release records, nor in the supervisor's log
