@@ -93,6 +93,11 @@ def test_figures_give_each_levels_interval_and_the_done_when_shortfalls() -> Non
     assert fig["served_minus_offline"] == pytest.approx(2.4 - 2.803669, abs=1e-4)
     assert done["offline_within_0.3"]["holds"] is False
     assert fig["served_minus_offline_per_position"]["0"] == pytest.approx(0.7 - 0.759811, abs=1e-4)
+    # a gate image that predates answer digests says so; one that has them is carried as the gate wrote it
+    assert fig["answer_agreement"] == "not recorded by this gate's image"
+    agree = {"1": {"compared": 8, "identical": 8}}
+    assert b.figures({**result, "answer_agreement": agree}, r2, head=None, prompts=None, levels={"measured": [1]},
+                     timing={}, target=None, gate_wall_s=None)["answer_agreement"] == agree
 
 
 def test_the_committed_round_3_head_matches_its_provenance_and_record(tmp_path: Path) -> None:

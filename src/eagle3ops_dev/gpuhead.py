@@ -367,6 +367,8 @@ def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] 
             if k in offline["per_position"]},
         "production_concurrency": int(prod), "interval_at_production": iv,
         "ttft_ratio": result.get("ttft_ratio"), "ttft_ratio_max": result.get("ttft_ratio_max"),
+        # greedy answers against the baseline's (the gate's own record; a gate image older than it recorded none)
+        "answer_agreement": result.get("answer_agreement") or "not recorded by this gate's image",
         "drift": result.get("drift"), "margin": result.get("margin"),
         "acceptance_floor": result.get("acceptance_floor"), "gate_passes": result.get("gate_passes"),
         "levels": levels, "per_level": per_level,
