@@ -1,7 +1,8 @@
 """The GPU head's serving benchmark's pure parts (:mod:`eagle3ops_dev.gpuhead`, used by
 ``benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py``): the head reassembled from its split shard with
 the recorded sha256 checked, and its figures (per-level throughput intervals by the gate's own method, the serving
-targets' checks with their shortfalls) from a gate result made by the gate's real decision on synthetic passes.
+targets' checks with their shortfalls) from a gate result made by the gate's real decision on synthetic passes; the
+same head under two vLLM versions judged (:mod:`eagle3ops_dev.headversions`, ``--compare-with``).
 No host, no image, no head from the device machine (a tiny one is written here)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from eagle3ops.gate import decide as dec
 from eagle3ops.gate.metrics import SpecDelta
 from eagle3ops.gate.replay import LevelResult
 from eagle3ops_dev import gpuhead as b
+from eagle3ops_dev import headversions as hv
 
 REPO = Path(__file__).resolve().parents[1]
 #: The round-3 head committed in the lab, and the round's training JSON (its provenance's figures).
@@ -332,3 +334,129 @@ def test_the_script_refuses_a_code_set_repeating_a_trained_turn_before_building_
     r = subprocess.run([*base[:6], "--read", "--pre-gate", str(pre)], cwd=tmp_path, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and "recorded for round r6kl set chat, not --round r6kl --set code" in r.stderr
+
+
+def _script():
+    """The benchmark script imported as a module (its pure helpers: the derived inventory)."""
+    import importlib.util
+
+    path = REPO / "benchmarks" / "gpu-head-served" / "speculate_smollm2_gpu_head.py"
+    spec = importlib.util.spec_from_file_location("speculate_smollm2_gpu_head", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_derived_inventory_serves_the_head_on_the_given_image(tmp_path: Path) -> None:
+    """``--speculative-image``: the derived copy of the sandbox inventory names IMAGE as
+    ``serving.speculative_image`` (read back by the real inventory loader), the other settings as asked; without it
+    the inventory's own (the 0.16 stand-in) stays. The image's vLLM comes from its pins label and names the file."""
+    from eagle3ops.config import load_inventory
+
+    mod = _script()
+    src = REPO / "deploy" / "sandbox-smollm2.yaml"
+    own = load_inventory(src).host("sandbox").serving.speculative_image
+    img = "eagle3ops/serving:0.32.0-0.9.0-30dcddcb3010"
+    h = load_inventory(mod.derived_inventory(src, [1, 4], tmp_path / "a.yaml", 128, None, img)).host("sandbox")
+    assert h.serving.speculative_image == img != own
+    assert list(h.serving.gate_concurrency) == [1, 4] and h.serving.gate_max_tokens == 128
+    h = load_inventory(mod.derived_inventory(src, [1], tmp_path / "b.yaml")).host("sandbox")
+    assert h.serving.speculative_image == own
+    rec = hv.image_record(img, {"io.eagle3ops.pins": '{"speculators": "0.9.0", "vllm": "0.32.0"}',
+                               "io.eagle3ops.profile": "vllm-0.32.0-serving",
+                               "org.opencontainers.image.base.name": "eagle3ops/vllm-openai-local:v0.32.0"})
+    assert rec["vllm"] == "0.32.0" and rec["profile"] == "vllm-0.32.0-serving"
+    assert b.out_json_name("r6kl", "chat", rec["vllm"]) == "speculate-smollm2-gpu-head-r6kl-chat-vllm032.json"
+    with pytest.raises(SystemExit, match="no vLLM version in its label io.eagle3ops.pins.*--profile vllm-0.32.0"):
+        hv.image_record("some/image:1", {"io.eagle3ops.profile": "x"})
+    with pytest.raises(ValueError, match="MAJOR.MINOR"):
+        b.vllm_suffix("latest")
+
+
+def _versions(acc: float, *, agree: dict | None = None, sha: str = "s" * 64, head: str = "h" * 64,
+              base_image: str | None = None) -> tuple[dict, dict]:
+    """A --speculative-image run's figures (vLLM 0.32, the baseline the same image: --control) and the 0.16 run's
+    (acceptance 1.90), with the keys figures() writes."""
+    img = "eagle3ops/serving:0.32.0-0.9.0-30dcddcb3010"
+
+    def fig(a: float, vllm: str | None, image: str) -> dict:
+        return {"set": "chat", "acceptance_length": a, "head_sha256": "h" * 64, "num_speculative_tokens": 3,
+                "levels": {"measured": [1, 4]},
+                "prompts": {"gate": {"file_sha256": "s" * 64, "count": 64, "max_tokens": 128}},
+                "measured_releases": {"baseline": {"image": base_image or image, "vllm_version": vllm},
+                                      "speculative": {"image": image, "vllm_version": vllm}},
+                "answer_agreement": {"1": {"prompts": 64, "identical": 64, "not_compared": 0},
+                                     "4": {"prompts": 64, "identical": 64, "not_compared": 0}}}
+
+    new = {**fig(acc, "0.32.0", img), "speculative_image": {"tag": img, "vllm": "0.32.0"}}
+    new["prompts"]["gate"]["file_sha256"], new["head_sha256"] = sha, head
+    if agree is not None:
+        new["answer_agreement"] = agree
+    return new, fig(1.90, "0.16.0", "eagle3ops/serving:sandbox-cpu-standin")
+
+
+def test_the_head_under_032_holds_within_005_with_identical_answers_on_the_same_prompts() -> None:
+    """``--compare-with``: acceptance within 0.05 of the 0.16 run's, every answer identical to no speculation at
+    both levels, the same prompts file, head and settings -> holds, each figure given; 0.06 apart -> the
+    acceptance condition (and the whole) does not hold, the others still do."""
+    key, e = hv.head_across_versions(*_versions(1.94), "speculate-smollm2-gpu-head-r6kl-chat.json")
+    assert key == "head_under_032" and e["holds"] is True
+    assert e["acceptance"] == {"this": 1.94, "other": 1.90, "difference": 0.04, "needs": "|difference| <= 0.05",
+                               "holds": True}
+    assert e["answers_identical_to_no_speculation"]["value"] == {"1": "64/64", "4": "64/64"}
+    assert e["vllm"] == {"this": "0.32.0", "other": "0.16.0"} and e["same_prompts"]["holds"]
+    assert hv.head_across_versions(*_versions(1.85), "x.json")[1]["holds"] is True  # -0.05: the boundary holds
+    _, e = hv.head_across_versions(*_versions(1.84), "x.json")
+    assert e["holds"] is False and e["acceptance"]["holds"] is False and e["acceptance"]["difference"] == -0.06
+    assert e["answers_identical_to_no_speculation"]["holds"] and e["same_head"]["holds"]
+
+
+def test_a_differing_answer_other_prompts_or_another_baseline_do_not_hold_and_are_named() -> None:
+    """One differing greedy answer at concurrency 4, a prompts file of another sha256, a baseline on another image
+    than the speculative release (not --control), an agreement the gate did not record, or a JSON of another prompt
+    set: each stops the entry from holding (or is refused), named."""
+    agree = {"1": {"prompts": 64, "identical": 64, "not_compared": 0},
+             "4": {"prompts": 64, "identical": 63, "differing": [17], "not_compared": 0}}
+    _, e = hv.head_across_versions(*_versions(1.92, agree=agree), "x.json")
+    a = e["answers_identical_to_no_speculation"]
+    assert e["holds"] is False and a["holds"] is False and a["value"]["4"] == "63/64"
+    assert a["why"] == "concurrency 4: 1 of 64 greedy answers differ (first prompts [17])"
+    assert e["acceptance"]["holds"] and e["same_prompts"]["holds"]
+    _, e = hv.head_across_versions(*_versions(1.92, sha="t" * 64), "x.json")
+    assert e["holds"] is False and e["same_prompts"]["holds"] is False
+    assert e["same_prompts"]["this"]["file_sha256"] != e["same_prompts"]["other"]["file_sha256"]
+    _, e = hv.head_across_versions(*_versions(1.92, base_image="eagle3ops/vllm-openai-local:v0.16.0"), "x.json")
+    assert e["holds"] is False and "not the same image" in e["answers_identical_to_no_speculation"]["why"]
+    _, e = hv.head_across_versions(*_versions(1.92, agree={}), "x.json")
+    assert e["answers_identical_to_no_speculation"]["why"].startswith("the gate recorded no answer agreement")
+    _, e = hv.head_across_versions(*_versions(1.92, head="g" * 64), "x.json")
+    assert e["holds"] is False and e["same_head"]["holds"] is False
+    new, old = _versions(1.92)
+    with pytest.raises(SystemExit, match="prompt set 'code', this run's is 'chat'"):
+        hv.head_across_versions(new, {**old, "set": "code"}, "x.json")
+    with pytest.raises(SystemExit, match="records no --speculative-image"):
+        hv.head_across_versions(old, new, "x.json")
+
+
+def test_compare_with_rewrites_the_json_with_the_entry(tmp_path: Path) -> None:
+    """The script's ``--compare-with JSON_016`` (pure: no image, no host): ``--json``'s other keys kept,
+    ``done_when.head_under_032`` added with its figures; the 0.16 file is not changed."""
+    import subprocess
+    import sys
+
+    new, old = _versions(1.93)
+    new["done_when"] = {"kept": {"holds": True}}
+    j32, j16 = tmp_path / "r6kl-chat-vllm032.json", tmp_path / "r6kl-chat.json"
+    j32.write_text(json.dumps(new))
+    j16.write_text(json.dumps(old))
+    script = REPO / "benchmarks" / "gpu-head-served" / "speculate_smollm2_gpu_head.py"
+    r = subprocess.run([sys.executable, str(script), "--round", "r6kl", "--set", "chat", "--json", str(j32),
+                        "--speculative-image", "eagle3ops/serving:0.32.0-0.9.0-30dcddcb3010",
+                        "--compare-with", str(j16)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "head_under_032: holds True" in r.stdout
+    got = json.loads(j32.read_text())
+    assert got["done_when"]["kept"] == {"holds": True} and got["acceptance_length"] == 1.93
+    assert got["done_when"]["head_under_032"]["acceptance"]["difference"] == 0.03
+    assert got["done_when"]["head_under_032"]["compared_with"] == j16.name
+    assert json.loads(j16.read_text()) == old

