@@ -117,6 +117,48 @@ def test_speculate_refuses_before_any_window_and_plans_the_control_with_one_more
     assert any("control release (serving:patched without --speculative-config)" in m for m in said)
 
 
+def test_arg_flags_go_on_the_speculative_release_and_its_control_alike_and_are_recorded(monkeypatch):
+    """``speculate --arg``: the flags a speculative image needs (vLLM 0.32's ``--block-size=32`` on CPU) set on the
+    speculative release and its control baseline by release's own rule (``set_args``), recorded in the plan; refused
+    without ``--control``, for ``--speculative-config`` and for a flag the candidate sets itself, before the host."""
+    from eagle3ops.window import run as window_run
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    windows: list[dict] = []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: windows.append(kw) or {"outcome": "dry"})
+    r = _LiveImageRemote(h, [7], results=json.dumps({"window_id": "w0", "restarts_s": [20.0, 40.0]}))
+    r.dry_run = True
+    opts = ship.SpeculateOptions(run="r1", pipeline_image="p:1", serving_image="serving:patched", control=True,
+                                 args=("--block-size=32", "--max-num-seqs", "4"))
+    res = ship.speculate(r, opts, echo=lambda *_: None)
+    job = windows[0]["speculate"]
+    assert job.change.args[:3] == ["--block-size=32", "--max-num-seqs", "4"]
+    assert job.change.args[3] == "--speculative-config"
+    assert job.control.args == ["--block-size=32", "--max-num-seqs", "4", *control_change(job.change.args[3:])]
+    assert job.figures["server_args"] == ["--block-size=32", "--max-num-seqs", "4"]
+    assert res["speculative_change"]["args"] == job.change.args
+    # the host's like-for-like check: control and speculative differ by the speculative flags only
+    base = ["vllm", "serve", "/m", "--block-size", "16"]
+    from eagle3ops.commands.serving import set_args
+    from eagle3ops.gate.like import flag_names
+
+    assert unlike(_id(argv=set_args(base, job.control.args)), _id(argv=set_args(base, job.change.args)),
+                  change_flags=flag_names(job.change.args)) is None
+    # refusals, before the host is reached (check_invocation runs before the inventory is read)
+    with pytest.raises(ship.SpeculateError, match=r"--arg --block-size=32: .*need --control"):
+        ship.check_invocation("sandbox", ship.SpeculateOptions(run="r", pipeline_image="", args=("--block-size=32",)))
+    with pytest.raises(ship.SpeculateError, match=r"--arg --speculative-config: speculate sets it"):
+        ship.check_invocation("sandbox", ship.SpeculateOptions(run="r", pipeline_image="", control=True,
+                                                               args=("--speculative-config", "{}")))
+    with pytest.raises(ship.SpeculateError, match=r"--arg --override-generation-config: the speculative release "
+                                                  r"sets it itself"):
+        ship.candidates_for(h, ship.SpeculateOptions(run="r", pipeline_image="", control=True, args=(
+            "--override-generation-config", "{}")), "/h", 3, "serving:patched")
+    # --control on the live image itself is the live release with the --arg flags: not refused then
+    live = ("eagle3ops/vllm-openai-local:v0.16.0", "sha256:" + "b" * 64)
+    assert ship.check_like_for_like(h, live, live, control=True, server_args=["--block-size=32"])["control"] is True
+
+
 def _measurement(tps: float, release: ReleaseIdentity, passes: int = 3, prompts: int = 4) -> dict:
     per = [16] * prompts
     secs = [16 / tps] * prompts

@@ -251,6 +251,9 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
                   False, "--control", help="Measure a control release (the speculative image without "
                   "--speculative-config, every other flag equal) as the baseline: needed when the speculative "
                   "image differs from the live one (like for like); one more serving restart."),
+              arg: list[str] = typer.Option([], "--arg", help="Server flag to set on the speculative release and its "
+                                            "--control baseline alike, as release --arg sets it (repeatable), e.g. "
+                                            "--arg=--block-size=32; needs --control."),
               margin: Optional[float] = typer.Option(None, "--margin", help="Override serving.gate_margin (0 or "
                                                      "more; negative only in tests, with "
                                                      "EAGLE3OPS_TEST_ALLOW_NEGATIVE_MARGIN=1)."),
@@ -288,6 +291,7 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
     asked = SpeculateOptions(run=run, pipeline_image="", serving_image=image, force=force, control=control,
                              allow_template_mismatch=allow_template_mismatch, with_humaneval=with_humaneval,
                              methods=tuple(methods), ks=tuple(ks), draft_tps=tuple(tps), margin=margin, passes=passes,
+                             args=tuple(arg),
                              accept_low_power=accept_low_power, prompts_file=prompts_file, command=_command_line())
     try:  # before the inventory is read or the host reached
         check_invocation(host, asked)

@@ -83,6 +83,10 @@ class SpeculateOptions:
     #: The EAGLE-3 draft's tensor parallelism to measure (``--draft-tp``; empty: the target's, vLLM's default):
     #: one EAGLE-3 candidate each; vLLM 0.16 takes 1 or the target's TP (on a PCIe host the choice matters most).
     draft_tps: tuple[int, ...] = ()
+    #: Server flags (``--arg``) set on the speculative release and on its control baseline alike, as ``release
+    #: --arg`` sets them (each replaces the same flag of the live command line): what a speculative image of
+    #: another vLLM needs to start (e.g. ``--block-size=32`` for vLLM 0.32's CPU attention). Needs ``control``.
+    args: tuple[str, ...] = ()
     command: str = "eagle3ops speculate"
 
 
@@ -134,7 +138,7 @@ def check_template(h: Any, opts: "SpeculateOptions", info: dict[str, Any], serve
 
 
 def check_like_for_like(h: Any, live: tuple[str | None, str | None], speculative: tuple[str, str | None],
-                        control: bool) -> dict[str, Any]:
+                        control: bool, server_args: Sequence[str] = ()) -> dict[str, Any]:
     """The speculative release's image against the live one's, before anything changes (like for like;
     the host checks the measured releases again: :func:`eagle3ops.gate.like.unlike`).
 
@@ -142,6 +146,8 @@ def check_like_for_like(h: Any, live: tuple[str | None, str | None], speculative
         live, speculative: ``(image reference, image id or None)`` of the live serving container and of the
             speculative image on the host (None id: not on the host yet; then references are compared).
         control: ``--control`` was given.
+        server_args: the ``--arg`` flags (:attr:`SpeculateOptions.args`): with them the live image's control
+            release differs from the live one by those flags, so ``--control`` is not refused for the same image.
 
     Returns:
         the figures for the result: ``{"live_image", "speculative_image", "like_for_like", "control"}``
@@ -149,7 +155,7 @@ def check_like_for_like(h: Any, live: tuple[str | None, str | None], speculative
 
     Raises:
         SpeculateError: the images differ and ``control`` is False, naming both and the two fixes; or
-            ``control`` is given for images that are the same (nothing to control for).
+            ``control`` is given for images that are the same and no ``server_args`` (nothing to control for).
     """
     (live_ref, live_id), (spec_ref, spec_id) = live, speculative
     if live_ref is None and live_id is None:  # no serving container found: the job's record step will say so,
@@ -166,7 +172,7 @@ def check_like_for_like(h: Any, live: tuple[str | None, str | None], speculative
             f"the image's own speed with speculation's. Pass --control to measure {spec_ref} without "
             f"--speculative-config (every other flag equal) as the baseline (one more serving restart), or serve "
             f"the baseline on it first (`eagle3ops release {h.name} --image {spec_ref}`) and speculate again")
-    if same and control:
+    if same and control and not server_args:
         raise SpeculateError(f"{h.name}: --control: the speculative release runs the live image ({live_ref}): the "
                              "live release is the like-for-like baseline already; drop --control")
     return figures
@@ -413,11 +419,13 @@ def check_live_release(r: Any, opts: SpeculateOptions, image: str, gate: Sequenc
             raise SpeculateError(foreign)
         spec_id = r.run(dk.image_id(h, image), check=False)
         like = check_like_for_like(h, _live_image(r), (image, (spec_id.stdout.strip() or None) if spec_id.ok else None),
-                                   opts.control)
+                                   opts.control, opts.args)
     elif opts.control:
         raise SpeculateError(f"{h.name}: --control: this host serves with a {h.serving.kind} (no image): its "
                              "speculative release differs from the live one by --speculative-config only, like for "
-                             "like already; drop --control")
+                             "like already; drop --control" + (
+                                 f" and set the --arg flags on the live release first (`eagle3ops release {h.name} "
+                                 f"--arg ...`)" if opts.args else ""))
     check_tool_rows(r, gate, opts.prompts_file)
     check_grammar_batching(h, gate, opts.prompts_file)
     return like

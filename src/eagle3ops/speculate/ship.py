@@ -38,7 +38,9 @@ it cannot be estimated there, unless ``force`` (:func:`check_offline_floor`).
 Like for like: a speculative image other than the live one is refused before anything changes, naming
 both, unless ``control`` (``--control``): the job then measures a control release, the speculative image without
 ``--speculative-config``, as its baseline (:func:`check_like_for_like`; the host checks the measured releases'
-identities again, :mod:`eagle3ops.gate.like`).
+identities again, :mod:`eagle3ops.gate.like`). Server flags a speculative image needs (``--arg``, e.g. vLLM 0.32's
+``--block-size=32`` on CPU) are set on the speculative release and its control alike (:func:`with_server_args`);
+they need ``--control`` (:func:`check_server_args`).
 
 Refused before anything is read from serving: a negative margin without the test-only switch
 (:func:`eagle3ops.config.inventory.check_gate_margin`), and a stand-in serving image on a host that is not a
@@ -53,6 +55,7 @@ from typing import Any
 
 import yaml
 
+from eagle3ops import redact
 from eagle3ops.config.inventory import check_gate_margin
 from eagle3ops.config.plan import Candidate, ReleaseChange, SpeculateJob
 from eagle3ops.commands import docker as dk
@@ -62,7 +65,8 @@ from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.gate.decide import MIN_PASSES, block_passes
-from eagle3ops.gate.like import control_change
+from eagle3ops.gate.like import SPECULATIVE_FLAG, control_change, flag_names
+from eagle3ops.commands import serving as sv
 from eagle3ops.speculate.crossread import check_as_serving_reads
 from eagle3ops.speculate.headcheck import HeadMismatch, check_head
 from eagle3ops.speculate.headhost import dry_run_head, inspect_on_host, upload_head
@@ -76,7 +80,7 @@ from eagle3ops.window.served_template import ServedTemplateError, read_served_te
 
 __all__ = ["GATE_FRACTION", "SpeculateError", "SpeculateOptions", "check_as_vllm_reads", "check_like_for_like",
            "check_offline_floor", "check_template", "gate_prompts", "offline_estimate_for",
-           "prompt_sets", "select_gate", "speculate"]
+           "prompt_sets", "select_gate", "speculate", "check_server_args", "with_server_args"]
 
 def gate_prompts(n: int) -> list[pr.Prompt]:
     """The first ``n`` HumanEval prompts (file order) of the gate split."""
@@ -211,6 +215,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
                              f"done yet: its on-host gate helper runs in a container of the pipeline "
                              f"image; nothing was done")
     n_candidates = check_candidate_options(r.host.name, opts)  # before anything is read from the host
+    check_server_args(r.host.name, opts)
     try:
         margin_override = None if opts.margin is None else check_gate_margin(opts.margin)
     except ValueError as e:
@@ -338,6 +343,7 @@ def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: st
     k = int(ttt or 3)
     figures: dict[str, Any] = {"head_source": str(opts.head or "run"), "serving_image": image,
                                "num_speculative_tokens": k,
+                               "server_args": redact.argv(list(opts.args), h.secret_env),
                                "prompts": {**source, "count": len(gate), "max_tokens": max_tokens,
                                            "endpoints": endpoints([p.request for p in gate]),
                                            "disjointness": disjoint, "order": [p.id for p in gate],
@@ -401,7 +407,7 @@ def check_candidate_options(name: str, opts: SpeculateOptions) -> int:
 def check_invocation(name: str, opts: SpeculateOptions) -> None:
     """Every option of a ``speculate`` on host ``name`` that is checked before the inventory is read or the host
     reached, in this order: ``margin`` (:func:`~eagle3ops.config.inventory.check_gate_margin`), the candidates
-    (:func:`check_candidate_options`), ``with_humaneval`` only beside a ``prompts_file``, and the prompts file
+    (:func:`check_candidate_options`), the ``--arg`` flags (:func:`check_server_args`), ``with_humaneval`` only beside a ``prompts_file``, and the prompts file
     itself (:func:`select_gate`). Pure apart from reading the prompts file; ``opts.pipeline_image`` is not used.
 
     Raises:
@@ -414,12 +420,56 @@ def check_invocation(name: str, opts: SpeculateOptions) -> None:
         except ValueError as e:
             raise SpeculateError(f"--margin: {e}") from None
     check_candidate_options(name, opts)
+    check_server_args(name, opts)
     if opts.with_humaneval and opts.prompts_file is None:
         raise SpeculateError("--with-humaneval adds HumanEval's gate split beside a --prompts-file set; without "
                              "--prompts-file HumanEval's gate split is the gate's prompts already: drop "
                              "--with-humaneval")
     if opts.prompts_file is not None:  # the file alone, as the gate reads it before HumanEval's split is added
         select_gate(SpeculateOptions(run=opts.run, pipeline_image="", prompts_file=opts.prompts_file), 0)
+
+
+def check_server_args(name: str, opts: SpeculateOptions) -> None:
+    """The ``--arg`` flags of a ``speculate`` on host ``name`` (``opts.args``), before the host is reached (pure).
+
+    Raises:
+        SpeculateError: flags without ``--control`` (the baseline would be the live release without them, and the
+            host's like-for-like check sets the change's flags aside, so the ratio would mix the flags' own speed
+            with speculation's), or a flag speculate sets itself (``--speculative-config``); the message names the
+            flag and the fix.
+    """
+    if not opts.args:
+        return
+    if SPECULATIVE_FLAG in flag_names(opts.args):
+        raise SpeculateError(f"{name}: --arg {SPECULATIVE_FLAG}: speculate sets it from the head (--k, --draft-tp, "
+                             "--method); to gate a speculative config of your own: `eagle3ops release "
+                             f"{name} --gate --arg {SPECULATIVE_FLAG} --arg JSON`")
+    if not opts.control:
+        raise SpeculateError(f"{name}: --arg {' '.join(opts.args)}: the flags are set on the speculative release "
+                             "and on its control baseline alike, so they need --control (the live release lacks "
+                             "them, and a ratio against it would mix their own speed with speculation's); pass "
+                             f"--control, or release them first (`eagle3ops release {name} --arg ...`) and "
+                             "speculate without --arg")
+
+
+def with_server_args(name: str, change: ReleaseChange, args: tuple[str, ...] | list[str]) -> ReleaseChange:
+    """``change`` (a speculative candidate's) with the ``--arg`` flags ``args`` under it (pure): the flags are set
+    by the same rule a release sets its ``--arg`` flags on the live command line
+    (:func:`eagle3ops.commands.serving.set_args`), the candidate's own over them; the control release keeps them
+    (:func:`eagle3ops.gate.like.control_change` drops ``--speculative-config`` only).
+
+    Raises:
+        SpeculateError: a flag of ``args`` that the candidate sets itself (e.g. ``--override-generation-config``
+            on a CPU host of vLLM 0.16), named.
+    """
+    if not args:
+        return change
+    clash = sorted(flag_names(args) & flag_names(change.args))
+    if clash:
+        raise SpeculateError(f"{name}: --arg {', '.join(clash)}: the speculative release sets "
+                             f"{'it' if len(clash) == 1 else 'them'} itself ({' '.join(change.args)}); drop "
+                             f"{'it' if len(clash) == 1 else 'them'} from --arg")
+    return change.model_copy(update={"args": sv.set_args(list(args), list(change.args))})
 
 
 def target_tp(h: Any) -> int:
@@ -438,7 +488,8 @@ def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image:
     """The speculative releases a job measures (pure): per speculative length of ``opts.ks`` (default the head's
     ``k``), one EAGLE-3 release per draft TP of ``opts.draft_tps`` (named ``eagle3-k<k>-dtp<t>``; none given: the
     target's, named ``eagle3-k<k>``) and one per other method (``ngram-k<k>``), each the host's serving kind's change
-    (:meth:`eagle3ops.window.kinds.DriverKind.speculative_change` / ``ngram_change``).
+    (:meth:`eagle3ops.window.kinds.DriverKind.speculative_change` / ``ngram_change``) with the ``--arg`` flags
+    (:func:`with_server_args`).
 
     Raises:
         SpeculateError: from :func:`check_candidate_options`; a draft TP other than 1 or the target's TP
@@ -457,11 +508,12 @@ def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image:
     for m in opts.methods:
         for x in list(opts.ks) or [k]:
             if m != "eagle3":
-                out.append(Candidate(name=f"{m}-k{x}", change=kind.ngram_change(h, x, image)))
+                out.append(Candidate(name=f"{m}-k{x}",
+                                     change=with_server_args(h.name, kind.ngram_change(h, x, image), opts.args)))
                 continue
             for t in list(opts.draft_tps) or [None]:
-                out.append(Candidate(name=f"eagle3-k{x}" + (f"-dtp{t}" if t is not None else ""),
-                                     change=speculative_change(h, head_dir, x, image, t)))
+                out.append(Candidate(name=f"eagle3-k{x}" + (f"-dtp{t}" if t is not None else ""), change=
+                                     with_server_args(h.name, speculative_change(h, head_dir, x, image, t), opts.args)))
     return out
 
 
