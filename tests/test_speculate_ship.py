@@ -97,6 +97,16 @@ def test_speculative_config_and_the_gate_helper_argv():
     assert args[2:] == ["--override-generation-config", '{"temperature": 0.0}']  # greedy-only CPU stand-in
     assert sc.speculative_args(num_speculative_tokens=4, cpu=False) == [
         "--speculative-config", '{"method": "eagle3", "model": "/eagle3ops/draft", "num_speculative_tokens": 4}']
+    # by the serving image's vLLM, not by the host alone: vLLM 0.32 on CPU takes the plain config (sampled requests
+    # work there), 0.16 (labelled with a local version, or not known) the stand-in's keys
+    assert sc.speculative_args(num_speculative_tokens=3, cpu=True, vllm="0.32.0") == [
+        "--speculative-config", '{"method": "eagle3", "model": "/eagle3ops/draft", "num_speculative_tokens": 3}']
+    assert sc.speculative_args(num_speculative_tokens=3, cpu=True, vllm="0.16.0+cpu") == args
+    assert sc.ngram_args(num_speculative_tokens=3, cpu=True, vllm="0.32.0")[2:] == []
+    assert sc.ngram_args(num_speculative_tokens=3, cpu=True, vllm="0.16.0")[2:] == [
+        "--override-generation-config", '{"temperature": 0.0}']
+    assert [sc.cpu_standin_keys(True, v) for v in ("0.31.9", "0.32.0", "1.0.0", "0.33.1+cpu", "main", None)] == [
+        True, False, False, False, True, True]
     argv = sc.gate_helper(h, "img:1", "inspect", head_dir="/d/h ead", run_dir="/d/runs/r")
     assert argv[:3] == ["docker", "-H", h.docker_host] and argv[-3:] == ["-m", "eagle3ops.speculate.onhost", "inspect"]
     assert "/d/h ead:/head:ro" in argv and f"{h.model_path}:/target:ro" in argv and "/d/runs/r:/run:ro" in argv
@@ -467,6 +477,48 @@ def test_the_dry_run_prints_restarts_and_expected_downtime(monkeypatch):
     assert res["restarts"]["restarts_keep"] == 1 and res["restarts"]["restarts_rollback"] == 2
     assert any(m.startswith("# serving restarts: 1 if kept, 2 if rolled back; expected downtime 45 s if kept, "
                             "90 s if rolled back") for m in said), said
+
+
+class _LabelledImagesRemote(_FakeRemote):
+    """The driver's stand-in remote whose engine answers ``docker image inspect IMAGE`` with ``labels[IMAGE]`` (as
+    :func:`eagle3ops.images.tags.image_labels` writes them)."""
+
+    def __init__(self, host, labels: dict[str, dict[str, str]]):
+        super().__init__(host, [7], results=json.dumps({"window_id": "w0", "restarts_s": [20.0, 40.0]}))
+        self.labels, self.dry_run = labels, True
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **kw):
+        a = list(argv)
+        if a[:1] == ["docker"] and "image" in a and "inspect" in a and "--format" not in a:
+            return _Res(json.dumps([{"Config": {"Labels": self.labels.get(a[-1], {})}}]))
+        return super().run(argv, check=check, timeout=timeout, stdin=stdin, **kw)
+
+
+@pytest.mark.parametrize("labels,vllm,standin", [
+    ({"io.eagle3ops.profile": "vllm-0.32.0-serving"}, "0.32.0", False),
+    ({"io.eagle3ops.pins": '{"speculators": "0.9.0", "vllm": "0.32.0"}'}, "0.32.0", False),
+    ({"io.eagle3ops.profile": "vllm-0.16.0-serving-cpu-standin"}, "0.16.0", True),
+    ({}, None, True)])
+def test_the_speculative_config_is_chosen_by_the_serving_images_labelled_vllm(monkeypatch, labels, vllm, standin):
+    """On the same CPU host, a serving image labelled for vLLM 0.32 (profile or pins label) gets the plain
+    ``{"method": "eagle3", ...}``, a 0.16 one (or an unlabelled one) the stand-in's CPU keys; the version and where it
+    was read are in the plan's figures."""
+    from eagle3ops.speculate import ship
+    from eagle3ops.window import run as window_run
+
+    h = load_inventory(REPO / "deploy/hosts.yaml").host("sandbox")
+    assert h.gpus == 0
+    windows: list[dict] = []
+    monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: windows.append(kw) or {"outcome": "dry"})
+    r = _LabelledImagesRemote(h, {"serving:x": labels})
+    ship.speculate(r, ship.SpeculateOptions(run="r1", pipeline_image="p:1", serving_image="serving:x"),
+                   echo=lambda *_: None)
+    job = windows[0]["speculate"]
+    cfg = json.loads(job.change.args[job.change.args.index("--speculative-config") + 1])
+    assert ("disable_padded_drafter_batch" in cfg) is standin
+    assert ("--override-generation-config" in job.change.args) is standin
+    assert job.figures["serving_vllm"]["vllm"] == vllm
+    assert ("label io.eagle3ops" in job.figures["serving_vllm"]["from"]) is (vllm is not None)
 
 
 def test_a_head_below_the_offline_floor_is_refused_before_anything_changes(monkeypatch):

@@ -32,6 +32,7 @@ HEAD_VIEW_SOURCE = ("import json\nfrom pathlib import Path\nfrom typing import A
 #: seconds the reader may take (it imports vLLM)
 READ_TIMEOUT_S = 300
 PROFILE_LABEL = "io.eagle3ops.profile"
+PINS_LABEL = "io.eagle3ops.pins"
 
 
 def _base(v: str | None) -> str | None:
@@ -39,23 +40,39 @@ def _base(v: str | None) -> str | None:
 
 
 def labelled_vllm(r: Any, image: str) -> str | None:
-    """The vLLM version the serving ``image`` is labelled for (its ``io.eagle3ops.profile`` label's ``vllm`` pin in
-    patches/profiles.yaml); None when unlabelled or unknown here. Read-only."""
+    """The vLLM version the serving ``image`` is labelled for (:func:`image_vllm`); None when unlabelled or unknown
+    here. Read-only."""
+    return image_vllm(r, image)[0]
+
+
+def image_vllm(r: Any, image: str) -> tuple[str | None, str]:
+    """``(vLLM version, where it was read)`` of the serving ``image``, from its labels (read-only: ``docker image
+    inspect``): its ``io.eagle3ops.profile`` label's ``vllm`` pin in patches/profiles.yaml, else the ``vllm`` of its
+    ``io.eagle3ops.pins`` label (JSON, written by :func:`eagle3ops.images.tags.image_labels`); ``(None, why)`` for
+    an image without either (e.g. an upstream image) or one not on the host."""
     out = r.run(dk.inspect_images(r.host, [image]), check=False)
     try:
         labels = (json.loads(out.stdout)[0].get("Config") or {}).get("Labels") or {} if out.ok else {}
     except (ValueError, IndexError, AttributeError):
-        return None
+        return None, f"{image}: no image inspect answer"
     name = labels.get(PROFILE_LABEL)
-    if not name:
-        return None
-    try:
-        from eagle3ops.config.profiles import load_registry
-        from eagle3ops.patches.series import find_patches_dir
+    if name:
+        try:
+            from eagle3ops.config.profiles import load_registry
+            from eagle3ops.patches.series import find_patches_dir
 
-        return load_registry(find_patches_dir(None)).profiles[name].pins().get("vllm")
-    except Exception:  # noqa: BLE001 - no registry here or no such profile: the image is read instead
-        return None
+            pin = load_registry(find_patches_dir(None)).profiles[name].pins().get("vllm")
+            if pin:
+                return pin, f"label {PROFILE_LABEL} ({name})"
+        except Exception:  # noqa: BLE001 - no registry here or no such profile: the pins label is read instead
+            pass
+    try:
+        pin = json.loads(labels.get(PINS_LABEL) or "{}").get("vllm")
+    except (ValueError, AttributeError):
+        pin = None
+    if isinstance(pin, str) and pin:
+        return pin, f"label {PINS_LABEL}"
+    return None, f"{image}: no {PROFILE_LABEL} or {PINS_LABEL} label naming its vLLM"
 
 
 def view_in_image(r: Any, image: str, head_dir: str) -> dict[str, Any]:

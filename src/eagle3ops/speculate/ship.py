@@ -67,7 +67,7 @@ from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.gate.decide import MIN_PASSES, block_passes
 from eagle3ops.gate.like import SPECULATIVE_FLAG, control_change, flag_names
 from eagle3ops.commands import serving as sv
-from eagle3ops.speculate.crossread import check_as_serving_reads
+from eagle3ops.speculate.crossread import check_as_serving_reads, image_vllm
 from eagle3ops.speculate.headcheck import HeadMismatch, check_head
 from eagle3ops.speculate.headhost import dry_run_head, inspect_on_host, upload_head
 from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _live_image, check_as_vllm_reads,
@@ -142,13 +142,29 @@ def _ensure_image(r: Any, image: str, echo: Callable[[str], None], push: Callabl
     return push(image, r.host)
 
 
-def speculative_change(h: Any, head_dir: str, k: int, image: str, draft_tp: int | None = None) -> ReleaseChange:
+def speculative_change(h: Any, head_dir: str, k: int, image: str, draft_tp: int | None = None,
+                       vllm: str | None = None) -> ReleaseChange:
     """The speculative release of host ``h``'s serving kind (:meth:`eagle3ops.window.kinds.DriverKind.
     speculative_change`): a container gets ``--speculative-config``, the patched ``image`` and the head mounted
-    read-only at :data:`sc.HEAD_MOUNT`; a process gets ``--speculative-config`` naming the head's host path."""
+    read-only at :data:`sc.HEAD_MOUNT`; a process gets ``--speculative-config`` naming the head's host path.
+    ``vllm``: the serving vLLM's version (:func:`serving_vllm`), which chooses the config's keys on CPU."""
     from eagle3ops.window.kinds import driver_kind
 
-    return driver_kind(h).speculative_change(h, head_dir, k, image, draft_tp)
+    return driver_kind(h).speculative_change(h, head_dir, k, image, draft_tp, vllm)
+
+
+def serving_vllm(r: Any, image: str, serves_image: bool) -> dict[str, Any]:
+    """The vLLM version the speculative release will serve, as a fact for its speculative config
+    (:func:`eagle3ops.commands.speculate.speculative_args`) and the cross-version checks: ``{"vllm": version or
+    None, "from": where it was read}``; read-only. A container's is the serving ``image``'s label
+    (:func:`eagle3ops.speculate.crossread.image_vllm`); a process serves its own vLLM, read from live serving's
+    ``/version`` (:func:`eagle3ops.window.servedversion.served_version`)."""
+    if serves_image:
+        version, where = image_vllm(r, image)
+        return {"vllm": version, "from": where}
+    from eagle3ops.window.servedversion import served_version
+
+    return {"vllm": served_version(r), "from": "/version of the live server (a process serves no image)"}
 
 
 def window_results(r: Any) -> list[dict[str, Any]]:
@@ -234,7 +250,9 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     max_tokens = opts.max_tokens or s.gate_max_tokens
     image = opts.serving_image or s.speculative_image or s.image
     gate, source = select_gate(opts, opts.prompts or s.gate_prompts)
-    like = check_live_release(r, opts, image, gate, serves_image=bool(speculative_change(h, run_dir, 3, image).image))
+    serves_image = bool(speculative_change(h, run_dir, 3, image).image)
+    like = check_live_release(r, opts, image, gate, serves_image=serves_image)
+    vllm = serving_vllm(r, image, serves_image)  # read-only: its label chooses the speculative config's keys
     restarts, power = _restarts_and_power(r, opts, candidates=n_candidates, passes=passes, margin=margin,
                                           accept_low_power=accept_low_power, echo=echo)
 
@@ -246,7 +264,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     with under_lock(r, window_id, opts.command, message):
         job = _inspect_and_plan(r, opts, run_dir=run_dir, image=image, gate=gate, source=source, margin=margin,
                                 floor=floor, max_tokens=max_tokens, passes=passes, restarts=restarts, power=power,
-                                like=like, echo=echo)
+                                like=like, vllm=vllm, echo=echo)
         if not r.dry_run:
             # 2.-6. the host's supervisor carries out the whole job under the lock; this driver only watches it
             for line in restarts.lines():
@@ -292,12 +310,13 @@ def _restarts_and_power(r: Any, opts: SpeculateOptions, *, candidates: int, pass
 
 def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: str, gate: list[pr.Prompt],
                       source: dict[str, Any], margin: float, floor: float, max_tokens: int, passes: int,
-                      restarts: RestartPlan, power: Any, like: dict[str, Any],
+                      restarts: RestartPlan, power: Any, like: dict[str, Any], vllm: dict[str, Any],
                       echo: Callable[[str], None]) -> SpeculateJob:
     """Step 1 of :func:`speculate`, under the host's lock: the results' folder and a ``--head`` upload, the inspect
     helper on the host and the checks of its answer (head fit, as vLLM reads it, offline floor, chat template, gate
     prompts' disjointness), then the job (pure). In a dry run with ``--head`` the head is checked here, not uploaded
-    (the job carries a placeholder digest); in a dry run the job's summary is echoed.
+    (the job carries a placeholder digest); in a dry run the job's summary is echoed. ``vllm``: the serving vLLM
+    (:func:`serving_vllm`), for the speculative config's keys and the result's figures.
 
     Raises:
         SpeculateError: the run has no trained head, the head or target cannot be read, a check refuses.
@@ -312,7 +331,7 @@ def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: st
     if r.dry_run and opts.head:  # not uploaded in a dry run: nothing on the host to inspect
         dry_run_head(r, opts, head_dir, echo)
         job = _job(opts, h, run_dir, head_dir, digest or "0" * 64, 3, image, [p.request for p in gate], margin, floor,
-                   max_tokens, passes, {}, prompt_sets(gate))
+                   max_tokens, passes, {"serving_vllm": vllm}, prompt_sets(gate), vllm=vllm["vllm"])
         return job
     info = inspect_on_host(r, opts, run_dir=run_dir, head_dir=head_dir, gate=gate)
     try:
@@ -343,7 +362,7 @@ def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: st
     k = int(ttt or 3)
     figures: dict[str, Any] = {"head_source": str(opts.head or "run"), "serving_image": image,
                                "num_speculative_tokens": k,
-                               "server_args": redact.argv(list(opts.args), h.secret_env),
+                               "server_args": redact.argv(list(opts.args), h.secret_env), "serving_vllm": vllm,
                                "prompts": {**source, "count": len(gate), "max_tokens": max_tokens,
                                            "endpoints": endpoints([p.request for p in gate]),
                                            "disjointness": disjoint, "order": [p.id for p in gate],
@@ -354,7 +373,7 @@ def _inspect_and_plan(r: Any, opts: SpeculateOptions, *, run_dir: str, image: st
                                "force": opts.force, "warnings": warnings, "restarts": restarts.figures(),
                                "power": power.figures(), "like": like}
     job = _job(opts, h, run_dir, head_dir, digest, k, image, [p.request for p in gate], margin, floor, max_tokens,
-               passes, figures, prompt_sets(gate))
+               passes, figures, prompt_sets(gate), vllm=vllm["vllm"])
     if r.dry_run:
         echo(f"# dry run: head checked ({facts.__dict__}); would measure {len(gate)} prompts x {max_tokens} tokens "
              f"at concurrency {job.levels}, {passes} passes, on both releases, in the host's supervisor"
@@ -484,12 +503,13 @@ def target_tp(h: Any) -> int:
     return 1
 
 
-def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image: str) -> list[Candidate]:
+def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image: str,
+                   vllm: str | None = None) -> list[Candidate]:
     """The speculative releases a job measures (pure): per speculative length of ``opts.ks`` (default the head's
     ``k``), one EAGLE-3 release per draft TP of ``opts.draft_tps`` (named ``eagle3-k<k>-dtp<t>``; none given: the
     target's, named ``eagle3-k<k>``) and one per other method (``ngram-k<k>``), each the host's serving kind's change
-    (:meth:`eagle3ops.window.kinds.DriverKind.speculative_change` / ``ngram_change``) with the ``--arg`` flags
-    (:func:`with_server_args`).
+    (:meth:`eagle3ops.window.kinds.DriverKind.speculative_change` / ``ngram_change``; ``vllm``: the serving
+    vLLM's version, :func:`serving_vllm`) with the ``--arg`` flags (:func:`with_server_args`).
 
     Raises:
         SpeculateError: from :func:`check_candidate_options`; a draft TP other than 1 or the target's TP
@@ -509,25 +529,27 @@ def candidates_for(h: Any, opts: SpeculateOptions, head_dir: str, k: int, image:
         for x in list(opts.ks) or [k]:
             if m != "eagle3":
                 out.append(Candidate(name=f"{m}-k{x}",
-                                     change=with_server_args(h.name, kind.ngram_change(h, x, image), opts.args)))
+                                     change=with_server_args(h.name, kind.ngram_change(h, x, image, vllm), opts.args)))
                 continue
             for t in list(opts.draft_tps) or [None]:
                 out.append(Candidate(name=f"eagle3-k{x}" + (f"-dtp{t}" if t is not None else ""), change=
-                                     with_server_args(h.name, speculative_change(h, head_dir, x, image, t), opts.args)))
+                                     with_server_args(h.name, speculative_change(h, head_dir, x, image, t, vllm),
+                                                      opts.args)))
     return out
 
 
 def _job(opts: SpeculateOptions, h: Any, run_dir: str, head_dir: str, digest: str, k: int, image: str,
          prompts: list[str], margin: float, floor: float, max_tokens: int, passes: int,
-         figures: dict[str, Any], sets: dict[str, list[int]] | None = None) -> SpeculateJob:
+         figures: dict[str, Any], sets: dict[str, list[int]] | None = None, vllm: str | None = None) -> SpeculateJob:
     """The plan's :class:`~eagle3ops.config.plan.SpeculateJob` (pure): one speculative release, or with several
-    candidates (:func:`candidates_for`) all of them, ``change`` the first's until the host confirms the best."""
+    candidates (:func:`candidates_for`; ``vllm``: the serving vLLM's version) all of them, ``change`` the first's
+    until the host confirms the best."""
     s = h.serving
     results = f"{run_dir}/speculate/{digest[:16]}"
     # A head from elsewhere keeps its newest result in its own folder: the run's speculate/result.json (what the
     # run's report reads) stays the run's own head's.
     latest = f"{results}/result.json" if opts.head else f"{run_dir}/speculate/result.json"
-    cands = candidates_for(h, opts, head_dir, k, image)
+    cands = candidates_for(h, opts, head_dir, k, image, vllm)
     change = cands[0].change
     control = (ReleaseChange(image=change.image, args=control_change(change.args))
                if opts.control and change.image else None)

@@ -158,16 +158,18 @@ class DriverKind:
         raise NotImplementedError
 
     def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
-                           draft_tp: int | None = None) -> ReleaseChange:
-        """The speculative release of the live server with the head at ``head_dir`` (``k`` speculative tokens).
+                           draft_tp: int | None = None, vllm: str | None = None) -> ReleaseChange:
+        """The speculative release of the live server with the head at ``head_dir`` (``k`` speculative tokens;
+        ``vllm``: the serving image's vLLM version when known, which chooses the speculative config's keys).
 
         Raises:
             NotImplementedError: a kind that refuses ``speculate`` (:meth:`refuse`) makes none.
         """
         raise NotImplementedError(f"serving kind {self.name} makes no speculative release")
 
-    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
-        """vLLM's n-gram proposer as a speculative release of the live server.
+    def ngram_change(self, h: HostConfig, k: int, image: str, vllm: str | None = None) -> ReleaseChange:
+        """vLLM's n-gram proposer as a speculative release of the live server (``vllm`` as for
+        :meth:`speculative_change`).
 
         Raises:
             NotImplementedError: a kind that refuses ``speculate`` (:meth:`refuse`) makes none.
@@ -233,20 +235,22 @@ class AgentKind(DriverKind):
                 f"drop --image/binds, or run serving as a container")
 
     def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
-                           draft_tp: int | None = None) -> ReleaseChange:
+                           draft_tp: int | None = None, vllm: str | None = None) -> ReleaseChange:
         """The live server's command line plus ``--speculative-config`` naming the head at its host path (no image
-        or binds: ``image`` is not used; the server's own vLLM must be the patched one)."""
+        or binds: ``image`` is not used; the server's own vLLM must be the patched one); ``vllm``: that vLLM's
+        version when known (its speculative config's keys on CPU: :func:`eagle3ops.commands.speculate.
+        speculative_args`)."""
         from eagle3ops.commands import speculate as sc
 
         return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, model=head_dir,
-                                                      draft_tp=draft_tp))
+                                                      draft_tp=draft_tp, vllm=vllm))
 
-    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
+    def ngram_change(self, h: HostConfig, k: int, image: str, vllm: str | None = None) -> ReleaseChange:
         """The live server's command line plus the n-gram proposer's ``--speculative-config`` (no head, no
-        image)."""
+        image; ``vllm`` as for :meth:`speculative_change`)."""
         from eagle3ops.commands import speculate as sc
 
-        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0))
+        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0, vllm=vllm))
 
 def add_inherited_env(pf: ServingFindings, pairs: list[str], source: str, host: str) -> None:
     """Set ``pf.serving_env`` from serving's environment ``pairs`` and say what the stages inherit (``--dry-run``

@@ -66,22 +66,25 @@ class ContainerKind(DriverKind):
         return cmds
 
     def speculative_change(self, h: HostConfig, head_dir: str, k: int, image: str,
-                           draft_tp: int | None = None) -> ReleaseChange:
+                           draft_tp: int | None = None, vllm: str | None = None) -> ReleaseChange:
         """The speculative release: the live container plus ``--speculative-config`` (``draft_tp``: the draft's
-        tensor parallelism; and on a CPU host the stand-in's settings), the patched serving ``image`` and the head
-        mounted read-only at :data:`eagle3ops.commands.speculate.HEAD_MOUNT`; everything else of the live container
-        unchanged."""
+        tensor parallelism; on a CPU host of vLLM 0.16 the stand-in's settings, chosen by ``vllm``, the serving
+        ``image``'s labelled vLLM version: :func:`eagle3ops.commands.speculate.speculative_args`), the serving
+        ``image`` and the head mounted read-only at :data:`eagle3ops.commands.speculate.HEAD_MOUNT`; everything
+        else of the live container unchanged."""
         from eagle3ops.commands import speculate as sc
 
-        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, draft_tp=draft_tp),
+        return ReleaseChange(args=sc.speculative_args(num_speculative_tokens=k, cpu=h.gpus == 0, draft_tp=draft_tp,
+                                                      vllm=vllm),
                              image=image, binds=[f"{head_dir}:{sc.HEAD_MOUNT}:ro"])
 
-    def ngram_change(self, h: HostConfig, k: int, image: str) -> ReleaseChange:
+    def ngram_change(self, h: HostConfig, k: int, image: str, vllm: str | None = None) -> ReleaseChange:
         """vLLM's n-gram proposer as a speculative release: the live container plus its ``--speculative-config``
-        on the patched serving ``image``; no head (one of the candidates ``speculate --method`` chooses from)."""
+        on the serving ``image`` (``vllm``: its vLLM version, as for :meth:`speculative_change`); no head (one of
+        the candidates ``speculate --method`` chooses from)."""
         from eagle3ops.commands import speculate as sc
 
-        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0), image=image)
+        return ReleaseChange(args=sc.ngram_args(num_speculative_tokens=k, cpu=h.gpus == 0, vllm=vllm), image=image)
 
     def live_state(self, r: "Remote") -> tuple[str, bool | None]:
         """The live server as the host has it now (read-only): ``(words, running)``; ``running`` is None for a host
