@@ -290,3 +290,68 @@ def test_release_gate_with_image_refuses_a_dev_shm_the_new_vllm_does_not_start_i
     assert len(windows) == 1
     assert shm_refusal("h", "i", {"checks": False, "ring_bytes": 240 * 2**20}, 64 * 2**20, "private") is None
     assert shm_refusal("h", "i", {"checks": True, "ring_bytes": 240 * 2**20}, 2**30, "private") is None
+
+
+# --- speculate with a speculative image of another vLLM: the same checks, through the same entry point ----------
+
+
+class LabelledEngineStandIn(TokenizingEngineStandIn):
+    """STAND-IN as :class:`TokenizingEngineStandIn` whose images carry profile labels (``labels[image]``) and whose
+    serving container answers the like-for-like read (``{{.Config.Image}} {{.Image}}``)."""
+
+    def __init__(self, host, dumps: dict[str, dict], readings: dict[str, dict], labels: dict[str, str]):
+        super().__init__(host, dumps, readings)
+        self.labels, self.calls = labels, []
+
+    def run(self, argv, *, check=True, timeout=None, stdin=None, **_):
+        a = list(argv)
+        self.calls.append(a)
+        if a[0] == "docker" and "inspect" in a and "{{.Config.Image}} {{.Image}}" in a:
+            return _Res(f"{self.spec['Config']['Image']} {OLD_ID}\n")
+        if a[0] == "docker" and "image" in a and "inspect" in a and "--format" not in a:
+            label = self.labels.get(a[-1])
+            return _Res(json.dumps([{"Config": {"Labels": {"io.eagle3ops.profile": label} if label else {}}}]))
+        return super().run(argv, check=check, timeout=timeout, stdin=stdin)
+
+
+def test_speculate_with_an_image_of_another_vllm_runs_release_images_checks_before_any_restart(
+        monkeypatch, tmp_path: Path) -> None:
+    """``speculate --image`` of vLLM 0.32 on a host serving 0.16 (by the images' profile labels): the new image's
+    parser reads production's command line with the ``--arg`` flags and the speculative config set, then ``/dev/shm``
+    and the tokenizer are read, through ``release --image``'s own entry point; a tokenizer 0.32 reads otherwise is
+    refused before any window or lock, naming the tokenizer and the fix. A speculative image of the live vLLM is not
+    read at all."""
+    from eagle3ops.config import load_inventory
+    from eagle3ops.speculate import ship, upgrade
+    from eagle3ops.speculate.tokenread import SAMPLES
+    from eagle3ops.window import run as window_run
+
+    monkeypatch.setenv("EAGLE3OPS_CACHE_DIR", str(tmp_path / "cache"))
+    host = load_inventory(Path(__file__).resolve().parents[1] / "deploy/sandbox-smollm2.yaml").host("sandbox")
+    ids = [[i, i + 1] for i in range(len(SAMPLES))]
+    v16 = {"transformers": "4.57.6", "class": "LlamaTokenizerFast", "ids": ids}
+    v32 = {"transformers": "5.19.0", "class": "LlamaTokenizer", "ids": [*ids[:1], [7, 7, 7], *ids[2:]]}
+    labels = {OLD_ID: "vllm-0.16.0-serving-cpu-standin", NEW_IMAGE: "vllm-0.32.0-serving"}
+    eng = LabelledEngineStandIn(host, dict(zip((OLD_ID, NEW_IMAGE), _real_dumps())),
+                                {host.serving.image: v16, NEW_IMAGE: v32}, labels)
+    monkeypatch.setattr(window_run, "run_window", lambda *a, **k: pytest.fail("a window ran"))
+    said: list[str] = []
+    opts = ship.SpeculateOptions(run="r1", pipeline_image="p:1", serving_image=NEW_IMAGE, control=True,
+                                 args=("--block-size=32",))
+    with pytest.raises(ship.SpeculateError, match=r"tokenizer at .* reads differently under .*LlamaTokenizer\).*"
+                                                  r"Nothing was restarted: .*--arg=--tokenizer"):
+        ship.speculate(eng, opts, echo=said.append)
+    assert not any(c[:2] == ["mkdir", "-p"] or "mkdir" in c[:1] for c in eng.calls)  # no lock, nothing written
+    parsed = eng.runs[-1][1]["argv"]  # the new image's parser over production's argv as the release will run it
+    assert eng.runs[-1][0] == NEW_IMAGE and "--block-size" in host.serving.args  # production's --block-size 16
+    assert "--block-size=32" in parsed and "--block-size" not in parsed  # ... replaced by the --arg
+    spec_cfg = json.loads(parsed[parsed.index("--speculative-config") + 1])
+    assert "disable_padded_drafter_batch" not in spec_cfg  # chosen by the image's vLLM: 0.32 takes the plain one
+    assert eng.shm_reads == [NEW_IMAGE] and [img for img, _ in eng.reads] == [host.serving.image, NEW_IMAGE]
+    assert any("serves vLLM 0.32.0, live serving 0.16.0" in m for m in said)
+    # the same entry point, for a speculative image of live serving's vLLM: skipped, nothing read in an image
+    eng.runs.clear(), eng.reads.clear(), eng.shm_reads.clear()
+    change = ship.speculative_change(host, "/h", 3, "serving:016", None, "0.16.0")
+    got = upgrade.speculate_checks(eng, change, "0.16.0", said.append)
+    assert got["cross_version"]["checked"] is False and got["cross_version"]["live_vllm"]["vllm"] == "0.16.0"
+    assert eng.runs == [] and eng.reads == [] and eng.shm_reads == []

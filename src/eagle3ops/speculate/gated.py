@@ -13,9 +13,10 @@ for ``speculate``; the plan prints the serving restarts and the downtime to expe
 
 The change is what is measured, so the host does not refuse an unlike release (another image or vLLM version):
 both releases' identities (image, id, labels, argv with keys redacted, ``/version``) are in the result. What speed
-cannot show is read before any restart when ``--image`` is given: production's command line under the new image's
-vLLM parser (:func:`upgrade_flags`) and production's tokenizer under the new image's transformers
-(:func:`upgrade_tokenizer`: other token ids serve other answers at the same speed).
+cannot show is read before any restart when ``--image`` is given (:func:`eagle3ops.speculate.upgrade.upgrade_checks`,
+shared with ``speculate``): production's command line under the new image's vLLM parser (:func:`upgrade_flags`),
+``/dev/shm`` and production's tokenizer under the new image's transformers (:func:`upgrade_tokenizer`: other token
+ids serve other answers at the same speed).
 
 Results: ``<state_dir>/gates/<window id>/`` (``baseline.json``, ``speculative.json``: the changed release's
 measurement, ``result.json``), written by the supervisor under the lock, and one audit line ``kind: release-gate``
@@ -34,6 +35,7 @@ from eagle3ops.config.inventory import check_gate_margin
 from eagle3ops.config.plan import ReleaseChange, SpeculateJob
 from eagle3ops.gate.decide import MIN_PASSES
 from eagle3ops.speculate import ship
+from eagle3ops.speculate.upgrade import upgrade_checks, upgrade_flags, upgrade_tokenizer
 
 __all__ = ["gate_job", "gated_release", "upgrade_flags", "upgrade_tokenizer"]
 
@@ -66,71 +68,6 @@ def gate_job(h: Any, change: ReleaseChange, *, margin: float, passes: int, resta
                         drain_hook=s.drain_hook, undrain_hook=s.undrain_hook, hook_timeout_s=s.hook_timeout_s,
                         traffic=s.gate_traffic,
                         design=s.gate_design, figures=figures)
-
-
-def upgrade_flags(r: Any, change: ReleaseChange, echo: Callable[[str], None]) -> dict[str, Any] | None:
-    """With ``--image``: production's command line parsed by the new image's own vLLM argument parser, and every
-    removed, renamed or re-defaulted flag it uses, from both images' parsers
-    (:func:`eagle3ops.images.vllmflags.upgrade_report`), printed before anything restarts. Read-only.
-
-    Returns:
-        the report as figures for the result (None: no ``--image``, no live serving container, or the same image);
-        an image whose parser cannot be dumped (e.g. one without vLLM) gives ``{"not_compared": why}``.
-
-    Raises:
-        SpeculateError: the new image's parser refuses production's command line (the message quotes it, keys
-            masked, and names the changed flags production uses).
-    """
-    from eagle3ops.images.vllmflags import FlagDumpError, upgrade_report
-
-    if not change.image:
-        return None
-    try:
-        rep = upgrade_report(r, change.image, change.args)
-    except FlagDumpError as e:
-        echo(f"note: vLLM flags not compared: {e}")
-        return {"not_compared": str(e)}
-    if rep is None:
-        return None
-    for line in rep.lines():
-        echo(line)
-    if rep.parse_ok is False:
-        used = "; ".join(c.line() for c in rep.used) or "none of the flags it uses changed by name"
-        raise ship.SpeculateError(
-            f"{r.host.name}: the vLLM {rep.new_vllm} parser of {change.image} refuses production's command line "
-            f"({rep.parse_error}); flags it uses that changed since {rep.old_vllm}: {used}. Nothing was restarted: "
-            f"give a renamed flag's new name with --arg; a removed flag has to leave serving's command line first")
-    return rep.as_dict()
-
-
-def upgrade_tokenizer(r: Any, change: ReleaseChange, echo: Callable[[str], None]) -> dict[str, Any] | None:
-    """With ``--image``: whether the new image's vLLM starts in the live container's ``/dev/shm``
-    (:func:`eagle3ops.speculate.shmread.check_shm`) and production's tokenizer read by the live image's and the new
-    image's own transformers (:func:`eagle3ops.speculate.tokenread.check_tokenizer`), before anything restarts.
-    Read-only.
-
-    Returns:
-        the tokenizer comparison (with the ``/dev/shm`` reading under ``shm``) as figures for the result, or None
-        (no ``--image``, no live container, the same image).
-
-    Raises:
-        SpeculateError: the new vLLM's shared-memory ring does not fit the container's ``/dev/shm`` (both sizes
-            named), or the two images read the tokenizer differently (both classes and the first text named).
-    """
-    from eagle3ops.speculate.shmread import check_shm
-    from eagle3ops.speculate.tokenread import check_tokenizer, live_spec
-
-    try:
-        shm = check_shm(r, change.image, live_spec(r, change.image))
-        got = check_tokenizer(r, change.image, change.args)
-    except ValueError as e:
-        raise ship.SpeculateError(str(e)) from None
-    if shm is not None and "not_compared" in shm:
-        echo(f"note: /dev/shm not compared: {shm['not_compared']}")
-    if got is not None:
-        echo(f"tokenizer {got['path']}: read alike by both images ({got['old']} / {got['new']})" if got.get("same")
-             else f"note: tokenizer not compared: {got.get('not_compared')}")
-    return None if got is None and shm is None else {**(got or {}), **({"shm": shm} if shm else {})}
 
 
 def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipeline_image_id: str | None,
@@ -173,12 +110,10 @@ def gated_release(r: Any, change: ReleaseChange, *, pipeline_image: str, pipelin
         echo(f"note: no change given (--arg/--env/--image): this measures the live release against an identical "
              f"one (an A/A check of the gate's noise on {h.name}); kept or not, serving runs the same spec")
     t0 = time.monotonic()
-    flags = upgrade_flags(r, change, echo)
-    tokenizer = upgrade_tokenizer(r, change, echo)
+    extra = upgrade_checks(r, change, echo)  # with --image: the new vLLM's parser, /dev/shm, the tokenizer
     restarts = ship.plan_restarts(r, passes=passes)
     job = gate_job(h, change, margin=margin, passes=passes, restarts=restarts.figures())
-    if flags is not None or tokenizer is not None:
-        extra = {k: v for k, v in (("vllm_flags", flags), ("tokenizer", tokenizer)) if v is not None}
+    if extra:
         job = job.model_copy(update={"figures": {**job.figures, **extra}})
     window = dict(kind="speculate", image=pipeline_image, expected_image_id=pipeline_image_id, command=command,
                   speculate=job, on_event=on_event)

@@ -1,7 +1,8 @@
 """The checks of a ``speculate`` before any serving restart: the invocation's options and
 error, and each check of the head, its data and the releases against what the host serves: the offline estimate
 against the floor, the chat template the data was rendered with, the head as vLLM 0.16 reads it, and like for like
-(the speculative image against the live one), the prompts file's tool rows against the live server's tool
+(the speculative image against the live one), the ``--arg`` flags (with ``--control``, set under each candidate's),
+the prompts file's tool rows against the live server's tool
 parser and its grammar rows against CPU serving's batching. Pure apart from :func:`_live_image`'s and :func:`check_tool_rows`'s reads of the serving host.
 :mod:`eagle3ops.speculate.ship` runs them in order and re-exports them.
 """
@@ -16,11 +17,14 @@ from typing import Any
 
 from eagle3ops.commands import docker as dk
 from eagle3ops.commands import host as hc
+from eagle3ops.commands import serving as sv
+from eagle3ops.config.plan import ReleaseChange
+from eagle3ops.gate.like import SPECULATIVE_FLAG, flag_names
 from eagle3ops.speculate.headcheck import check_vllm_reading, check_vocab_values, offline_acceptance
 
 __all__ = ["SpeculateError", "SpeculateOptions", "TOOL_FLAGS", "check_as_vllm_reads", "check_grammar_batching",
            "check_like_for_like", "check_live_release", "check_offline_floor", "check_template", "check_tool_rows",
-           "grammar_rows", "offline_estimate_for", "unanswered_tool_rows"]
+           "check_server_args", "grammar_rows", "offline_estimate_for", "unanswered_tool_rows", "with_server_args"]
 
 
 class SpeculateError(RuntimeError):
@@ -429,3 +433,47 @@ def check_live_release(r: Any, opts: SpeculateOptions, image: str, gate: Sequenc
     check_tool_rows(r, gate, opts.prompts_file)
     check_grammar_batching(h, gate, opts.prompts_file)
     return like
+
+
+def check_server_args(name: str, opts: SpeculateOptions) -> None:
+    """The ``--arg`` flags of a ``speculate`` on host ``name`` (``opts.args``), before the host is reached (pure).
+
+    Raises:
+        SpeculateError: flags without ``--control`` (the baseline would be the live release without them, and the
+            host's like-for-like check sets the change's flags aside, so the ratio would mix the flags' own speed
+            with speculation's), or a flag speculate sets itself (``--speculative-config``); the message names the
+            flag and the fix.
+    """
+    if not opts.args:
+        return
+    if SPECULATIVE_FLAG in flag_names(opts.args):
+        raise SpeculateError(f"{name}: --arg {SPECULATIVE_FLAG}: speculate sets it from the head (--k, --draft-tp, "
+                             "--method); to gate a speculative config of your own: `eagle3ops release "
+                             f"{name} --gate --arg {SPECULATIVE_FLAG} --arg JSON`")
+    if not opts.control:
+        raise SpeculateError(f"{name}: --arg {' '.join(opts.args)}: the flags are set on the speculative release "
+                             "and on its control baseline alike, so they need --control (the live release lacks "
+                             "them, and a ratio against it would mix their own speed with speculation's); pass "
+                             f"--control, or release them first (`eagle3ops release {name} --arg ...`) and "
+                             "speculate without --arg")
+
+
+def with_server_args(name: str, change: ReleaseChange, args: tuple[str, ...] | list[str]) -> ReleaseChange:
+    """``change`` (a speculative candidate's) with the ``--arg`` flags ``args`` under it (pure): the flags are set
+    by the same rule a release sets its ``--arg`` flags on the live command line
+    (:func:`eagle3ops.commands.serving.set_args`), the candidate's own over them; the control release keeps them
+    (:func:`eagle3ops.gate.like.control_change` drops ``--speculative-config`` only).
+
+    Raises:
+        SpeculateError: a flag of ``args`` that the candidate sets itself (e.g. ``--override-generation-config``
+            on a CPU host of vLLM 0.16), named.
+    """
+    if not args:
+        return change
+    clash = sorted(flag_names(args) & flag_names(change.args))
+    if clash:
+        raise SpeculateError(f"{name}: --arg {', '.join(clash)}: the speculative release sets "
+                             f"{'it' if len(clash) == 1 else 'them'} itself ({' '.join(change.args)}); drop "
+                             f"{'it' if len(clash) == 1 else 'them'} from --arg")
+    return change.model_copy(update={"args": sv.set_args(list(args), list(change.args))})
+

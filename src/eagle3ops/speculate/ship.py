@@ -65,14 +65,14 @@ from eagle3ops.commands import speculate as sc
 from eagle3ops.speculate import prompts as pr
 from eagle3ops.speculate.prompts import GATE_FRACTION
 from eagle3ops.gate.decide import MIN_PASSES, block_passes
-from eagle3ops.gate.like import SPECULATIVE_FLAG, control_change, flag_names
-from eagle3ops.commands import serving as sv
+from eagle3ops.gate.like import control_change
 from eagle3ops.speculate.crossread import check_as_serving_reads, image_vllm
 from eagle3ops.speculate.headcheck import HeadMismatch, check_head
 from eagle3ops.speculate.headhost import dry_run_head, inspect_on_host, upload_head
 from eagle3ops.speculate.prechecks import (SpeculateError, SpeculateOptions, _live_image, check_as_vllm_reads,
-                                           check_like_for_like, check_offline_floor, check_template,
-                                           check_live_release, offline_estimate_for)
+                                           check_like_for_like, check_offline_floor, check_server_args,
+                                           check_template, check_live_release, offline_estimate_for,
+                                           with_server_args)
 from eagle3ops.speculate.power import power_plan
 from eagle3ops.speculate.restarts import (RestartPlan, design_for, parse_results, recorded_restart_seconds,
                                           restart_plan, restarts_for)
@@ -167,6 +167,28 @@ def serving_vllm(r: Any, image: str, serves_image: bool) -> dict[str, Any]:
     return {"vllm": served_version(r), "from": "/version of the live server (a process serves no image)"}
 
 
+def cross_version_checks(r: Any, opts: SpeculateOptions, image: str, vllm: dict[str, Any],
+                         echo: Callable[[str], None]) -> dict[str, Any]:
+    """The checks ``release --image`` runs before a restart (:func:`eagle3ops.speculate.upgrade.speculate_checks`:
+    the new vLLM's parser over production's command line, ``/dev/shm``, the tokenizer), for the speculative release
+    as it will run: the serving ``image``, the ``--arg`` flags and ``--speculative-config`` (for ``k`` 3: the
+    parser reads the config as one string, whatever ``k``), when ``vllm`` (:func:`serving_vllm`) is not live
+    serving's. Read-only; before anything is written on the host.
+
+    Returns:
+        figures for the result (``cross_version`` and what was checked).
+
+    Raises:
+        SpeculateError: a check refuses (naming the flag, ``/dev/shm`` or the tokenizer, and the fix), or an
+            ``--arg`` flag the speculative release sets itself (:func:`with_server_args`).
+    """
+    from eagle3ops.speculate.upgrade import speculate_checks
+
+    h = r.host
+    change = speculative_change(h, f"{h.data_dir}/runs/{opts.run}/train/final", 3, image, None, vllm["vllm"])
+    return speculate_checks(r, with_server_args(h.name, change, opts.args), vllm["vllm"], echo)
+
+
 def window_results(r: Any) -> list[dict[str, Any]]:
     """Every window result recorded on ``r``'s host (read-only; runs in ``--dry-run`` too)."""
     from eagle3ops.window.common import paths
@@ -253,6 +275,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
     serves_image = bool(speculative_change(h, run_dir, 3, image).image)
     like = check_live_release(r, opts, image, gate, serves_image=serves_image)
     vllm = serving_vllm(r, image, serves_image)  # read-only: its label chooses the speculative config's keys
+    upgrade = cross_version_checks(r, opts, image, vllm, echo)  # read-only: a speculative image of another vLLM
     restarts, power = _restarts_and_power(r, opts, candidates=n_candidates, passes=passes, margin=margin,
                                           accept_low_power=accept_low_power, echo=echo)
 
@@ -272,6 +295,7 @@ def speculate(r: Any, opts: SpeculateOptions, *, echo: Callable[[str], None] = p
             if job.change.image:
                 job.figures["image_push"] = _ensure_image(r, job.change.image, echo, push)
             r.run(hc.mkdir_p(job.results_dir))  # as the SSH user (the supervisor writes the attempt folder inside)
+    job.figures.update(upgrade)
     if r.dry_run:
         return _dry(r, opts, job, restarts, run_window, on_event, echo, window_id)
     res = run_window(r, kind="speculate", image=opts.pipeline_image, expected_image_id=opts.pipeline_image_id,
@@ -446,49 +470,6 @@ def check_invocation(name: str, opts: SpeculateOptions) -> None:
                              "--with-humaneval")
     if opts.prompts_file is not None:  # the file alone, as the gate reads it before HumanEval's split is added
         select_gate(SpeculateOptions(run=opts.run, pipeline_image="", prompts_file=opts.prompts_file), 0)
-
-
-def check_server_args(name: str, opts: SpeculateOptions) -> None:
-    """The ``--arg`` flags of a ``speculate`` on host ``name`` (``opts.args``), before the host is reached (pure).
-
-    Raises:
-        SpeculateError: flags without ``--control`` (the baseline would be the live release without them, and the
-            host's like-for-like check sets the change's flags aside, so the ratio would mix the flags' own speed
-            with speculation's), or a flag speculate sets itself (``--speculative-config``); the message names the
-            flag and the fix.
-    """
-    if not opts.args:
-        return
-    if SPECULATIVE_FLAG in flag_names(opts.args):
-        raise SpeculateError(f"{name}: --arg {SPECULATIVE_FLAG}: speculate sets it from the head (--k, --draft-tp, "
-                             "--method); to gate a speculative config of your own: `eagle3ops release "
-                             f"{name} --gate --arg {SPECULATIVE_FLAG} --arg JSON`")
-    if not opts.control:
-        raise SpeculateError(f"{name}: --arg {' '.join(opts.args)}: the flags are set on the speculative release "
-                             "and on its control baseline alike, so they need --control (the live release lacks "
-                             "them, and a ratio against it would mix their own speed with speculation's); pass "
-                             f"--control, or release them first (`eagle3ops release {name} --arg ...`) and "
-                             "speculate without --arg")
-
-
-def with_server_args(name: str, change: ReleaseChange, args: tuple[str, ...] | list[str]) -> ReleaseChange:
-    """``change`` (a speculative candidate's) with the ``--arg`` flags ``args`` under it (pure): the flags are set
-    by the same rule a release sets its ``--arg`` flags on the live command line
-    (:func:`eagle3ops.commands.serving.set_args`), the candidate's own over them; the control release keeps them
-    (:func:`eagle3ops.gate.like.control_change` drops ``--speculative-config`` only).
-
-    Raises:
-        SpeculateError: a flag of ``args`` that the candidate sets itself (e.g. ``--override-generation-config``
-            on a CPU host of vLLM 0.16), named.
-    """
-    if not args:
-        return change
-    clash = sorted(flag_names(args) & flag_names(change.args))
-    if clash:
-        raise SpeculateError(f"{name}: --arg {', '.join(clash)}: the speculative release sets "
-                             f"{'it' if len(clash) == 1 else 'them'} itself ({' '.join(change.args)}); drop "
-                             f"{'it' if len(clash) == 1 else 'them'} from --arg")
-    return change.model_copy(update={"args": sv.set_args(list(args), list(change.args))})
 
 
 def target_tp(h: Any) -> int:
