@@ -494,13 +494,17 @@ class _LabelledImagesRemote(_FakeRemote):
         return super().run(argv, check=check, timeout=timeout, stdin=stdin, **kw)
 
 
-@pytest.mark.parametrize("labels,vllm,standin", [
-    ({"io.eagle3ops.profile": "vllm-0.32.0-serving"}, "0.32.0", False),
-    ({"io.eagle3ops.pins": '{"speculators": "0.9.0", "vllm": "0.32.0"}'}, "0.32.0", False),
-    ({"io.eagle3ops.profile": "vllm-0.16.0-serving-cpu-standin"}, "0.16.0", True),
-    ({}, None, True)])
-def test_the_speculative_config_is_chosen_by_the_serving_images_labelled_vllm(monkeypatch, labels, vllm, standin):
-    """On the same CPU host, a serving image labelled for vLLM 0.32 (profile or pins label) gets the plain
+@pytest.mark.parametrize("image,labels,vllm,standin", [
+    ("serving:x", {"io.eagle3ops.profile": "vllm-0.32.0-serving"}, "0.32.0", False),
+    ("serving:x", {"io.eagle3ops.pins": '{"speculators": "0.9.0", "vllm": "0.32.0"}'}, "0.32.0", False),
+    ("serving:x", {"io.eagle3ops.stand-in-for": "vllm/vllm-openai:v0.32.0"}, "0.32.0", False),
+    ("vllm/vllm-openai:v0.32.0", {}, "0.32.0", False),
+    ("serving:x", {"io.eagle3ops.profile": "vllm-0.16.0-serving-cpu-standin"}, "0.16.0", True),
+    ("serving:x", {}, None, True)])
+def test_the_speculative_config_is_chosen_by_the_serving_images_labelled_vllm(monkeypatch, image, labels, vllm,
+                                                                               standin):
+    """On the same CPU host, a serving image labelled for vLLM 0.32 (profile, pins or stand-in-for label; an
+    upstream image by its tag) gets the plain
     ``{"method": "eagle3", ...}``, a 0.16 one (or an unlabelled one) the stand-in's CPU keys; the version and where it
     was read are in the plan's figures."""
     from eagle3ops.speculate import ship
@@ -510,15 +514,15 @@ def test_the_speculative_config_is_chosen_by_the_serving_images_labelled_vllm(mo
     assert h.gpus == 0
     windows: list[dict] = []
     monkeypatch.setattr(window_run, "run_window", lambda r_, *, kind, **kw: windows.append(kw) or {"outcome": "dry"})
-    r = _LabelledImagesRemote(h, {"serving:x": labels})
-    ship.speculate(r, ship.SpeculateOptions(run="r1", pipeline_image="p:1", serving_image="serving:x"),
+    r = _LabelledImagesRemote(h, {image: labels})
+    ship.speculate(r, ship.SpeculateOptions(run="r1", pipeline_image="p:1", serving_image=image),
                    echo=lambda *_: None)
     job = windows[0]["speculate"]
     cfg = json.loads(job.change.args[job.change.args.index("--speculative-config") + 1])
     assert ("disable_padded_drafter_batch" in cfg) is standin
     assert ("--override-generation-config" in job.change.args) is standin
     assert job.figures["serving_vllm"]["vllm"] == vllm
-    assert ("label io.eagle3ops" in job.figures["serving_vllm"]["from"]) is (vllm is not None)
+    assert (" no label or tag naming its vLLM" in job.figures["serving_vllm"]["from"]) is (vllm is None)
 
 
 def test_a_head_below_the_offline_floor_is_refused_before_anything_changes(monkeypatch):

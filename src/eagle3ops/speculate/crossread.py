@@ -45,11 +45,13 @@ def labelled_vllm(r: Any, image: str) -> str | None:
     return image_vllm(r, image)[0]
 
 
-def image_vllm(r: Any, image: str) -> tuple[str | None, str]:
-    """``(vLLM version, where it was read)`` of the serving ``image``, from its labels (read-only: ``docker image
-    inspect``): its ``io.eagle3ops.profile`` label's ``vllm`` pin in patches/profiles.yaml, else the ``vllm`` of its
-    ``io.eagle3ops.pins`` label (JSON, written by :func:`eagle3ops.images.tags.image_labels`); ``(None, why)`` for
-    an image without either (e.g. an upstream image) or one not on the host."""
+def image_vllm(r: Any, image: str, ref: str | None = None) -> tuple[str | None, str]:
+    """``(vLLM version, where it was read)`` of the serving ``image`` (a reference or an id; ``ref``: its reference
+    when ``image`` is an id), from its labels (read-only: ``docker image inspect``): its ``io.eagle3ops.profile``
+    label's ``vllm`` pin in patches/profiles.yaml, else the ``vllm`` of its ``io.eagle3ops.pins`` label (JSON,
+    written by :func:`eagle3ops.images.tags.image_labels`), else what a base says of itself
+    (:func:`eagle3ops.images.build.base_vllm_version`: a local stand-in base's ``io.eagle3ops.stand-in-for``, an
+    upstream ``vllm/vllm-openai:vX.Y.Z`` tag); ``(None, why)`` when none says."""
     out = r.run(dk.inspect_images(r.host, [image]), check=False)
     try:
         labels = (json.loads(out.stdout)[0].get("Config") or {}).get("Labels") or {} if out.ok else {}
@@ -72,7 +74,12 @@ def image_vllm(r: Any, image: str) -> tuple[str | None, str]:
         pin = None
     if isinstance(pin, str) and pin:
         return pin, f"label {PINS_LABEL}"
-    return None, f"{image}: no {PROFILE_LABEL} or {PINS_LABEL} label naming its vLLM"
+    from eagle3ops.images.build import base_vllm_version
+
+    said = base_vllm_version(ref or image, labels)
+    if said:
+        return said, "the stand-in-for label or the vllm/vllm-openai tag"
+    return None, f"{ref or image}: no label or tag naming its vLLM"
 
 
 def view_in_image(r: Any, image: str, head_dir: str) -> dict[str, Any]:

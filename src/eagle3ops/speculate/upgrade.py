@@ -122,7 +122,7 @@ def live_vllm(r: Any) -> dict[str, Any]:
 
     ref, image_id = _live_image(r)
     if ref or image_id:
-        version, where = image_vllm(r, image_id or ref or "")
+        version, where = image_vllm(r, image_id or ref or "", ref)
         if version:
             return {"vllm": version, "from": f"live container's image {ref}: {where}"}
     version = served_version(r)
