@@ -145,8 +145,11 @@ def test_arg_flags_go_on_the_speculative_release_and_its_control_alike_and_are_r
     assert unlike(_id(argv=set_args(base, job.control.args)), _id(argv=set_args(base, job.change.args)),
                   change_flags=flag_names(job.change.args)) is None
     # refusals, before the host is reached (check_invocation runs before the inventory is read)
-    with pytest.raises(ship.SpeculateError, match=r"--arg --block-size=32: .*need --control"):
+    with pytest.raises(ship.SpeculateError, match=r"--arg --block-size: .*need --control"):
         ship.check_invocation("sandbox", ship.SpeculateOptions(run="r", pipeline_image="", args=("--block-size=32",)))
+    with pytest.raises(ship.SpeculateError, match=r"--arg --api-key: ") as e:  # named, its value not shown
+        ship.check_invocation("sandbox", ship.SpeculateOptions(run="r", pipeline_image="", args=("--api-key", "sk-S3")))
+    assert "sk-S3" not in str(e.value)
     with pytest.raises(ship.SpeculateError, match=r"--arg --speculative-config: speculate sets it"):
         ship.check_invocation("sandbox", ship.SpeculateOptions(run="r", pipeline_image="", control=True,
                                                                args=("--speculative-config", "{}")))

@@ -451,9 +451,11 @@ def check_server_args(name: str, opts: SpeculateOptions) -> None:
                              "--method); to gate a speculative config of your own: `eagle3ops release "
                              f"{name} --gate --arg {SPECULATIVE_FLAG} --arg JSON`")
     if not opts.control:
-        raise SpeculateError(f"{name}: --arg {' '.join(opts.args)}: the flags are set on the speculative release "
-                             "and on its control baseline alike, so they need --control (the live release lacks "
-                             "them, and a ratio against it would mix their own speed with speculation's); pass "
+        # flag names only: a value may be a secret (an --api-key), and this runs before the inventory is read
+        raise SpeculateError(f"{name}: --arg {', '.join(sorted(flag_names(opts.args)))}: the flags are set on the "
+                             "speculative release and on its control baseline alike, so they need --control (the "
+                             "live release lacks them, and a ratio against it would mix their own speed with "
+                             "speculation's); pass "
                              f"--control, or release them first (`eagle3ops release {name} --arg ...`) and "
                              "speculate without --arg")
 

@@ -450,8 +450,9 @@ def check_candidate_options(name: str, opts: SpeculateOptions) -> int:
 def check_invocation(name: str, opts: SpeculateOptions) -> None:
     """Every option of a ``speculate`` on host ``name`` that is checked before the inventory is read or the host
     reached, in this order: ``margin`` (:func:`~eagle3ops.config.inventory.check_gate_margin`), the candidates
-    (:func:`check_candidate_options`), the ``--arg`` flags (:func:`check_server_args`), ``with_humaneval`` only beside a ``prompts_file``, and the prompts file
-    itself (:func:`select_gate`). Pure apart from reading the prompts file; ``opts.pipeline_image`` is not used.
+    (:func:`check_candidate_options`), the ``--arg`` flags (:func:`check_server_args`), ``with_humaneval`` only
+    beside a ``prompts_file``, and the prompts file itself (:func:`select_gate`). Pure apart from reading the
+    prompts file; ``opts.pipeline_image`` is not used.
 
     Raises:
         SpeculateError: the first option refused; the message names the option (``--margin``, ``--method``...) and
