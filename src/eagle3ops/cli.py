@@ -307,6 +307,12 @@ def speculate(host: str, run: str = typer.Option(..., "--run", help="The pipelin
             res = run_speculate(r, opts, echo=lambda m: console.print(m), on_event=print_event)
         except (SpeculateError, WindowError) as exc:
             common.fail(str(exc))
+    _speculate_report(res, opts, h, dry_run, json_out)
+
+
+def _speculate_report(res: dict, opts, h, dry_run: bool, json_out: bool) -> None:
+    """What ``speculate`` prints: the plan (with a head fetched from another host, that fetch too), or the result
+    and its one-line JSON summary."""
     if dry_run:  # a head from another host: its fetch (made under this host's lock) is part of the plan
         fetch = getattr(opts.head, "fetch", None)
         return common.print_plan({**res, **({"head_fetch": fetch} if fetch else {})}, h, json_out)

